@@ -1,0 +1,139 @@
+"""The admin pages where operators edit tiers, endpoint rules and assignments, and read usage.
+
+Bad input becomes a form error on the field to change (see :mod:`django_throttle.forms`), never
+a 500; list pages load related rows up front so they cost a fixed number of queries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest
+
+from django_throttle.forms import (
+    EndpointLimitFormSet,
+    EndpointRuleForm,
+    LimitForm,
+    TierLimitFormSet,
+)
+from django_throttle.models import (
+    EndpointLimit,
+    EndpointRule,
+    Tier,
+    TierAssignment,
+    TierLimit,
+    UsageCount,
+)
+
+
+class TierLimitInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = TierLimit
+    form = LimitForm
+    formset = TierLimitFormSet
+    fields = ["rate", "burst", "algorithm"]
+    extra = 1
+
+
+@admin.register(Tier)
+class TierAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = [
+        "name",
+        "slug",
+        "is_default_anonymous",
+        "is_default_authenticated",
+        "priority",
+        "limits_summary",
+    ]
+    list_filter = ["is_default_anonymous", "is_default_authenticated"]
+    search_fields = ["name", "slug", "description"]
+    prepopulated_fields = {"slug": ["name"]}
+    inlines = [TierLimitInline]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Tier]:
+        return super().get_queryset(request).prefetch_related("limits")
+
+    @admin.display(description="limits")
+    def limits_summary(self, obj: Tier) -> str:
+        return ", ".join(str(limit) for limit in obj.limits.all()) or "unlimited"
+
+
+class EndpointLimitInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = EndpointLimit
+    form = LimitForm
+    formset = EndpointLimitFormSet
+    fields = ["tier", "rate", "burst", "algorithm"]
+    extra = 1
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[EndpointLimit]:
+        return super().get_queryset(request).select_related("tier")
+
+
+@admin.register(EndpointRule)
+class EndpointRuleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    form = EndpointRuleForm
+    list_display = ["name", "match_type", "pattern", "methods", "cost", "enabled", "shadow"]
+    list_editable = ["enabled", "shadow"]
+    list_filter = ["match_type", "enabled", "shadow"]
+    search_fields = ["name", "pattern"]
+    fields = ["name", "match_type", "pattern", "methods", "cost", "enabled", "shadow"]
+    inlines = [EndpointLimitInline]
+
+
+def _searchable(site: admin.AdminSite, model: type[Model]) -> bool:
+    """Whether ``model`` has an admin that autocomplete can search."""
+    model_admin = site._registry.get(model)
+    return model_admin is not None and bool(model_admin.search_fields)
+
+
+@admin.register(TierAssignment)
+class TierAssignmentAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ["tier", "user", "group", "note", "created"]
+    list_select_related = ["tier", "user", "group"]
+    list_filter = ["tier"]
+    search_fields = ["user__username", "group__name", "note"]
+    fields = ["tier", "user", "group", "note"]
+    # Autocomplete needs a searchable admin for the user model, which a project with a custom
+    # user model may not register; fall back to raw ids rather than fail a system check.
+    raw_id_fields = ["user", "group"]
+
+    def get_autocomplete_fields(self, request: HttpRequest) -> list[str]:
+        return [
+            name
+            for name in ("user", "group")
+            if _searchable(self.admin_site, self.model._meta.get_field(name).related_model)
+        ]
+
+
+class HadDenialsFilter(admin.SimpleListFilter):
+    title = "denials"
+    parameter_name = "denied"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "some denied"), ("no", "none denied")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "yes":
+            return queryset.filter(denied__gt=0)
+        if self.value() == "no":
+            return queryset.filter(denied=0)
+        return queryset
+
+
+@admin.register(UsageCount)
+class UsageCountAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Read-only: the usage flusher writes these rows, people only read (or delete) them."""
+
+    list_display = ["window_start", "client", "tier", "endpoint", "allowed", "denied"]
+    list_filter = [HadDenialsFilter, "tier", "endpoint"]
+    search_fields = ["client", "endpoint"]
+    date_hierarchy = "window_start"
+    # Counting a large usage table for the "N total" link is slow; it is not needed here.
+    show_full_result_count = False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -1,0 +1,166 @@
+"""System checks: one per ``DJANGO_THROTTLE_*`` setting, ids ``django_throttle.E001``…
+
+Checks read the raw settings (not :mod:`conf`, which converts types) so a bad value is
+reported with its name instead of crashing at first use.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlparse
+
+from django.conf import settings
+from django.core import checks
+from django.utils.module_loading import import_string
+
+from django_throttle.conf import PREFIX
+
+_MISSING = object()
+Validator = Callable[[Any], str | None]
+
+
+def _bool(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "must be True or False"
+
+
+def _int_range(low: int, high: int | None = None) -> Validator:
+    def validate(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return "must be a whole number"
+        if value < low or (high is not None and value > high):
+            return f"must be between {low} and {high}" if high is not None else f"must be ≥ {low}"
+        return None
+
+    return validate
+
+
+def _number(low: float, *, strict: bool) -> Validator:
+    def validate(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return "must be a number of seconds"
+        if not math.isfinite(value):
+            return "must be a finite number of seconds"
+        if value < low or (strict and value == low):
+            return f"must be {'>' if strict else '≥'} {low}"
+        return None
+
+    return validate
+
+
+def _dotted(kind: type | None = None) -> Validator:
+    def validate(value: Any) -> str | None:
+        if not isinstance(value, str):
+            return "must be a dotted import path"
+        try:
+            obj = import_string(value)
+        except ImportError as exc:
+            return f"cannot be imported ({exc})"
+        if kind is not None and not (isinstance(obj, type) and issubclass(obj, kind)):
+            return f"must name a subclass of {kind.__module__}.{kind.__qualname__}"
+        if kind is None and not callable(obj):
+            return "must name a callable"
+        return None
+
+    return validate
+
+
+def _backend(value: Any) -> str | None:
+    from django_throttle.backends.base import Backend
+
+    return _dotted(Backend)(value)
+
+
+def _redis_url(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or urlparse(value).scheme not in {"redis", "rediss", "unix"}:
+        return "must be None or a URL such as 'redis://127.0.0.1:6379/0' (redis, rediss, unix)"
+    return None
+
+
+def _dict(value: Any) -> str | None:
+    return None if isinstance(value, dict) else "must be a dict of redis-py client options"
+
+
+def _key_prefix(value: Any) -> str | None:
+    if not isinstance(value, str) or not value or any(c in value for c in "{} \t\r\n"):
+        return "must be non-empty text without braces or whitespace"
+    return None
+
+
+def _failure_mode(value: Any) -> str | None:
+    return None if value in ("open", "closed") else "must be 'open' or 'closed'"
+
+
+def _alias(value: Any) -> str | None:
+    return None if isinstance(value, str) and value else "must name a cache in CACHES"
+
+
+#: (check id, setting name, validator). Only settings that are set are validated.
+SETTINGS: tuple[tuple[str, str, Validator], ...] = (
+    ("E001", "BACKEND", _backend),
+    ("E002", "REDIS_URL", _redis_url),
+    ("E003", "REDIS_OPTIONS", _dict),
+    ("E004", "CACHE_ALIAS", _alias),
+    ("E005", "KEY_PREFIX", _key_prefix),
+    ("E006", "FAILURE_MODE", _failure_mode),
+    ("E007", "TRUSTED_PROXY_COUNT", _int_range(0, 32)),
+    ("E008", "IPV4_PREFIX", _int_range(8, 32)),
+    ("E009", "IPV6_PREFIX", _int_range(16, 128)),
+    ("E010", "IDENTITY_RESOLVER", _dotted()),
+    ("E011", "POLICY_REFRESH_INTERVAL", _number(0, strict=True)),
+    ("E012", "USER_TIER_CACHE_SIZE", _int_range(1)),
+    ("E013", "IETF_HEADERS", _bool),
+    ("E014", "USAGE_ENABLED", _bool),
+    ("E015", "USAGE_FLUSH_INTERVAL", _number(0, strict=False)),
+    ("E016", "USAGE_RETENTION_DAYS", _int_range(1)),
+    ("E017", "ENABLED", _bool),
+)
+
+
+def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
+    errors: list[checks.CheckMessage] = []
+    for check_id, name, validate in SETTINGS:
+        value = getattr(settings, PREFIX + name, _MISSING)
+        if value is _MISSING:
+            continue
+        problem = validate(value)
+        if problem is not None:
+            errors.append(
+                checks.Error(
+                    f"{PREFIX}{name} = {value!r} {problem}.",
+                    hint="See the Settings section of the django-throttle README.",
+                    id=f"django_throttle.{check_id}",
+                )
+            )
+    errors.extend(_check_redis_source())
+    return errors
+
+
+def _check_redis_source() -> list[checks.CheckMessage]:
+    """E018: the Redis backend needs a URL or a django-redis cache to borrow a client from."""
+    backend = getattr(settings, PREFIX + "BACKEND", "django_throttle.backends.redis.RedisBackend")
+    if backend != "django_throttle.backends.redis.RedisBackend":
+        return []
+    if getattr(settings, PREFIX + "REDIS_URL", None):
+        return []
+    alias = getattr(settings, PREFIX + "CACHE_ALIAS", "default")
+    cache = getattr(settings, "CACHES", {}).get(alias, {})
+    if str(cache.get("BACKEND", "")).startswith("django_redis."):
+        return []
+    return [
+        checks.Error(
+            "The Redis backend has no Redis: DJANGO_THROTTLE_REDIS_URL is unset and "
+            f"CACHES[{alias!r}] is not a django-redis cache.",
+            hint="Set DJANGO_THROTTLE_REDIS_URL = 'redis://…', point "
+            "DJANGO_THROTTLE_CACHE_ALIAS at a django-redis cache, or use DJANGO_THROTTLE_BACKEND = "
+            "'django_throttle.backends.memory.MemoryBackend' for a single process.",
+            id="django_throttle.E018",
+        )
+    ]
+
+
+def register() -> None:
+    checks.register(check_settings, checks.Tags.compatibility)

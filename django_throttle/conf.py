@@ -1,0 +1,111 @@
+"""Typed ``DJANGO_THROTTLE_*`` settings, each with a default, read on every access.
+
+Reading on access (never caching at import) keeps ``override_settings`` working; each setting is
+validated by a system check in :mod:`django_throttle.checks`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+PREFIX = "DJANGO_THROTTLE_"
+
+
+class Settings:
+    """The app's settings. Each property documents its setting and default."""
+
+    def _get(self, name: str, default: Any) -> Any:
+        return getattr(settings, PREFIX + name, default)
+
+    @property
+    def ENABLED(self) -> bool:
+        """Master switch: ``False`` lets every request through without counting."""
+        return bool(self._get("ENABLED", True))
+
+    @property
+    def BACKEND(self) -> str:
+        """Dotted path of the counting backend class."""
+        return str(self._get("BACKEND", "django_throttle.backends.redis.RedisBackend"))
+
+    @property
+    def REDIS_URL(self) -> str | None:
+        """Redis the Redis backend connects to. ``None``: reuse the django-redis cache
+        named by ``CACHE_ALIAS``."""
+        value = self._get("REDIS_URL", None)
+        return value or None
+
+    @property
+    def REDIS_OPTIONS(self) -> dict[str, Any]:
+        """Extra keyword arguments for the Redis client the backend builds (timeouts, pool)."""
+        return dict(self._get("REDIS_OPTIONS", {}))
+
+    @property
+    def CACHE_ALIAS(self) -> str:
+        """django-redis cache whose connection is reused when ``REDIS_URL`` is unset."""
+        return str(self._get("CACHE_ALIAS", "default"))
+
+    @property
+    def KEY_PREFIX(self) -> str:
+        """First part of every Redis key the app writes."""
+        return str(self._get("KEY_PREFIX", "dt"))
+
+    @property
+    def FAILURE_MODE(self) -> str:
+        """``"open"`` serves requests when the backend fails; ``"closed"`` refuses them (429)."""
+        return str(self._get("FAILURE_MODE", "open"))
+
+    @property
+    def TRUSTED_PROXY_COUNT(self) -> int:
+        """Reverse proxies in front of Django that append to ``X-Forwarded-For``. 0 (default)
+        ignores the header and uses ``REMOTE_ADDR``."""
+        return int(self._get("TRUSTED_PROXY_COUNT", 0))
+
+    @property
+    def IPV4_PREFIX(self) -> int:
+        """Anonymous IPv4 clients are grouped by this prefix length (32: one address)."""
+        return int(self._get("IPV4_PREFIX", 32))
+
+    @property
+    def IPV6_PREFIX(self) -> int:
+        """Anonymous IPv6 clients are grouped by this prefix length (64: one subnet)."""
+        return int(self._get("IPV6_PREFIX", 64))
+
+    @property
+    def IDENTITY_RESOLVER(self) -> str:
+        """Dotted path of ``callable(request) -> Identity`` that names the client."""
+        return str(self._get("IDENTITY_RESOLVER", "django_throttle.identity.resolve_identity"))
+
+    @property
+    def POLICY_REFRESH_INTERVAL(self) -> float:
+        """Seconds between checks of the policy version; admin edits show within this."""
+        return float(self._get("POLICY_REFRESH_INTERVAL", 1.0))
+
+    @property
+    def USER_TIER_CACHE_SIZE(self) -> int:
+        """How many user → tier answers each process remembers."""
+        return int(self._get("USER_TIER_CACHE_SIZE", 10_000))
+
+    @property
+    def IETF_HEADERS(self) -> bool:
+        """Also send the IETF ``RateLimit`` and ``RateLimit-Policy`` response fields."""
+        return bool(self._get("IETF_HEADERS", False))
+
+    @property
+    def USAGE_ENABLED(self) -> bool:
+        """Count allowed and denied requests for ``manage.py throttle_usage``."""
+        return bool(self._get("USAGE_ENABLED", True))
+
+    @property
+    def USAGE_FLUSH_INTERVAL(self) -> float:
+        """Seconds between writes of buffered usage counts to the database (0: manual only)."""
+        return float(self._get("USAGE_FLUSH_INTERVAL", 10.0))
+
+    @property
+    def USAGE_RETENTION_DAYS(self) -> int:
+        """Days usage rows are kept before the flusher deletes them."""
+        return int(self._get("USAGE_RETENTION_DAYS", 7))
+
+
+app_settings = Settings()

@@ -1,0 +1,51 @@
+"""Django REST framework adapter: the only module that imports ``rest_framework``.
+
+Use ``django_throttle.drf.PolicyThrottle`` in ``DEFAULT_THROTTLE_CLASSES`` or a view's
+``throttle_classes``; a view's ``throttle_scope`` selects endpoint rules of type "scope".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.exceptions import Throttled
+from rest_framework.request import Request
+from rest_framework.throttling import BaseThrottle
+
+from django_throttle import core
+from django_throttle.headers import throttled_body
+from django_throttle.rates import Decision
+
+__all__ = ["PolicyThrottle", "PolicyThrottled"]
+
+
+class PolicyThrottled(Throttled):
+    """429 whose body names the limit; DRF adds ``Retry-After`` from ``wait``."""
+
+    def __init__(self, decision: Decision) -> None:
+        super().__init__(wait=decision.retry_after_header)
+        self.detail = throttled_body(decision)
+
+
+class PolicyThrottle(BaseThrottle):
+    """Apply the admin-managed policy (tier limits + endpoint rules) to a DRF view.
+
+    A denial raises :class:`PolicyThrottled` directly so the 429 body can name the limit;
+    :meth:`wait` still returns the seconds to wait, as DRF's throttles do. The decision is left
+    on the Django request for :class:`~django_throttle.middleware.RateLimitHeadersMiddleware`.
+    """
+
+    decision: Decision | None = None
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        decision = core.check(request, scope=getattr(view, "throttle_scope", None))
+        self.decision = decision
+        request._request.throttle_decision = decision  # type: ignore[attr-defined]
+        if decision.allowed:
+            return True
+        raise PolicyThrottled(decision)
+
+    def wait(self) -> float | None:
+        if self.decision is None or self.decision.allowed:
+            return None
+        return self.decision.retry_after

@@ -1,0 +1,43 @@
+"""Adds ``X-RateLimit-*`` headers to responses whose request was checked by a throttle.
+
+DRF throttle classes cannot touch responses, so :class:`~django_throttle.drf.PolicyThrottle`
+leaves its decision on the request and this middleware writes the headers. Works in sync and
+async stacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.http import HttpRequest, HttpResponseBase
+
+from django_throttle.headers import apply_headers
+
+
+class RateLimitHeadersMiddleware:
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self._acall(request)
+        return self._finish(request, self.get_response(request))
+
+    async def _acall(self, request: HttpRequest) -> HttpResponseBase:
+        response = await self.get_response(request)
+        return self._finish(request, response)
+
+    @staticmethod
+    def _finish(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
+        decision = getattr(request, "throttle_decision", None)
+        if decision is not None:
+            apply_headers(response, decision)
+        return response

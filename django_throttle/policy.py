@@ -1,0 +1,261 @@
+"""The compiled, immutable policy snapshot, and how a request finds its limits in it.
+
+Admin rows are compiled once into plain objects; requests read only the snapshot and a bounded
+user → tier cache, so the steady state costs zero SQL queries. Every process checks a shared
+version (kept by the backend) at most once per ``DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL`` and
+recompiles when it changed, so admin edits reach all workers within seconds, without restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django_throttle.backends import BackendError, get_backend
+from django_throttle.conf import app_settings
+from django_throttle.identity import Identity
+from django_throttle.rates import Limit
+
+logger = logging.getLogger("django_throttle.policy")
+
+__all__ = ["EndpointPolicy", "Policy", "TierPolicy", "current", "invalidate", "reset"]
+
+
+@dataclass(frozen=True, slots=True)
+class TierPolicy:
+    id: int
+    slug: str
+    name: str
+    priority: int
+    limits: tuple[Limit, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointPolicy:
+    """An enabled endpoint rule; ``limits_by_tier`` already holds tier + endpoint limits."""
+
+    id: int
+    name: str
+    match_type: str
+    pattern: str
+    methods: frozenset[str]
+    cost: int
+    shadow: bool
+    limits_by_tier: dict[int, tuple[Limit, ...]]
+
+    def accepts(self, method: str) -> bool:
+        return not self.methods or method in self.methods
+
+
+class _UserTierCache:
+    """A bounded, thread-safe LRU of user id → tier id (``None``: no assignment)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._data: OrderedDict[Any, int | None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, user_id: Any) -> tuple[bool, int | None]:
+        with self._lock:
+            if user_id in self._data:
+                self._data.move_to_end(user_id)
+                return True, self._data[user_id]
+        return False, None
+
+    def put(self, user_id: Any, tier_id: int | None) -> None:
+        with self._lock:
+            self._data[user_id] = tier_id
+            self._data.move_to_end(user_id)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Everything a request needs to find its limits, with no database access."""
+
+    tiers: dict[int, TierPolicy]
+    default_anonymous: TierPolicy | None
+    default_authenticated: TierPolicy | None
+    by_scope: dict[str, tuple[EndpointPolicy, ...]]
+    by_route: dict[str, tuple[EndpointPolicy, ...]]
+    by_path: tuple[EndpointPolicy, ...]
+    version: str | None = None
+    user_tiers: _UserTierCache = field(default_factory=lambda: _UserTierCache(10_000))
+
+    def match(
+        self, method: str, scope: str | None = None, route: str | None = None, path: str = ""
+    ) -> EndpointPolicy | None:
+        """The endpoint rule for a request: by scope, else route name, else longest path
+        prefix; among rules with the same pattern, one naming the method beats one for all."""
+        if scope is not None:
+            for rule in self.by_scope.get(scope, ()):
+                if rule.accepts(method):
+                    return rule
+        if route is not None:
+            for rule in self.by_route.get(route, ()):
+                if rule.accepts(method):
+                    return rule
+        for rule in self.by_path:
+            if path.startswith(rule.pattern) and rule.accepts(method):
+                return rule
+        return None
+
+    def tier_for(self, identity: Identity) -> TierPolicy | None:
+        """The client's tier: own assignment, else best group assignment, else the default."""
+        if identity.user_id is None:
+            return self.default_anonymous if identity.kind == "ip" else self.default_authenticated
+        found, tier_id = self.user_tiers.get(identity.user_id)
+        if not found:
+            tier_id = _assigned_tier(identity.user_id, self.tiers)
+            self.user_tiers.put(identity.user_id, tier_id)
+        if tier_id is not None and tier_id in self.tiers:
+            return self.tiers[tier_id]
+        return self.default_authenticated
+
+    def limits_for(
+        self, tier: TierPolicy | None, endpoint: EndpointPolicy | None
+    ) -> tuple[Limit, ...]:
+        if tier is None:
+            return ()
+        if endpoint is None:
+            return tier.limits
+        return endpoint.limits_by_tier.get(tier.id, tier.limits)
+
+
+def _assigned_tier(user_id: Any, tiers: dict[int, TierPolicy]) -> int | None:
+    """One query: the user's own assignment wins; among group assignments, highest priority."""
+    from django.db.models import Q
+
+    from django_throttle.models import TierAssignment
+
+    best: int | None = None
+    for own_user, tier_id in TierAssignment.objects.filter(
+        Q(user_id=user_id) | Q(group__user__id=user_id)
+    ).values_list("user_id", "tier_id"):
+        if own_user is not None:
+            return int(tier_id)
+        if best is None or _priority(tiers, tier_id) > _priority(tiers, best):
+            best = int(tier_id)
+    return best
+
+
+def _priority(tiers: dict[int, TierPolicy], tier_id: int) -> int:
+    tier = tiers.get(tier_id)
+    return tier.priority if tier is not None else -(2**31)
+
+
+def compile_policy(version: str | None = None) -> Policy:
+    """Read every policy row (a fixed handful of queries) into an immutable snapshot."""
+    from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierLimit
+
+    tier_limits: dict[int, list[Limit]] = {}
+    for row in TierLimit.objects.select_related("tier").order_by("tier_id", "id"):
+        tier_limits.setdefault(row.tier_id, []).append(row.to_limit())
+    tiers = {
+        t.id: TierPolicy(t.id, t.slug, t.name, t.priority, tuple(tier_limits.get(t.id, ())))
+        for t in Tier.objects.all()
+    }
+    endpoint_limits: dict[tuple[int, int], list[Limit]] = {}
+    for endpoint_row in EndpointLimit.objects.select_related("rule", "tier").order_by("id"):
+        endpoint_limits.setdefault((endpoint_row.rule_id, endpoint_row.tier_id), []).append(
+            endpoint_row.to_limit()
+        )
+    rules = []
+    for rule in EndpointRule.objects.filter(enabled=True).order_by("id"):
+        by_tier = {
+            tier_id: tier.limits + tuple(endpoint_limits.get((rule.id, tier_id), ()))
+            for tier_id, tier in tiers.items()
+        }
+        rules.append(
+            EndpointPolicy(
+                id=rule.id,
+                name=rule.name,
+                match_type=rule.match_type,
+                pattern=rule.pattern,
+                methods=frozenset(rule.method_set),
+                cost=rule.cost,
+                shadow=rule.shadow,
+                limits_by_tier=by_tier,
+            )
+        )
+    return Policy(
+        tiers=tiers,
+        default_anonymous=_default(tiers, Tier.objects.filter(is_default_anonymous=True)),
+        default_authenticated=_default(tiers, Tier.objects.filter(is_default_authenticated=True)),
+        by_scope=_index(r for r in rules if r.match_type == "scope"),
+        by_route=_index(r for r in rules if r.match_type == "route"),
+        by_path=tuple(
+            sorted(
+                (r for r in rules if r.match_type == "path"),
+                key=lambda r: (-len(r.pattern), not r.methods),
+            )
+        ),
+        version=version,
+        user_tiers=_UserTierCache(app_settings.USER_TIER_CACHE_SIZE),
+    )
+
+
+def _default(tiers: dict[int, TierPolicy], queryset: Any) -> TierPolicy | None:
+    tier_id = queryset.values_list("id", flat=True).first()
+    return None if tier_id is None else tiers.get(tier_id)
+
+
+def _index(rules: Iterable[EndpointPolicy]) -> dict[str, tuple[EndpointPolicy, ...]]:
+    index: dict[str, list[EndpointPolicy]] = {}
+    for rule in rules:
+        index.setdefault(rule.pattern, []).append(rule)
+    # A rule naming methods is more specific than one for every method.
+    return {k: tuple(sorted(v, key=lambda r: not r.methods)) for k, v in index.items()}
+
+
+class _Cache:
+    """The process's snapshot and when its version was last checked."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.policy: Policy | None = None
+        self.checked_at = 0.0
+
+
+_cache = _Cache()
+
+
+def current() -> Policy:
+    """The snapshot to use now; reloads when the shared version moved (checked at most once
+    per refresh interval, so most calls touch neither the database nor the backend)."""
+    policy = _cache.policy
+    now = time.monotonic()
+    if policy is not None and now - _cache.checked_at < app_settings.POLICY_REFRESH_INTERVAL:
+        return policy
+    with _cache.lock:
+        policy = _cache.policy
+        if policy is not None and now - _cache.checked_at < app_settings.POLICY_REFRESH_INTERVAL:
+            return policy
+        _cache.checked_at = now
+        try:
+            version = get_backend().get_policy_version()
+        except BackendError as exc:
+            logger.warning("policy version check failed, keeping the current policy: %s", exc)
+            version = policy.version if policy is not None else None
+        if policy is None or version != policy.version:
+            policy = _cache.policy = compile_policy(version)
+            logger.info("policy loaded (version %s)", version)
+        return policy
+
+
+def invalidate() -> None:
+    """Recompile on next use in this process (other processes follow the shared version)."""
+    with _cache.lock:
+        _cache.policy = None
+
+
+def reset() -> None:
+    """Forget the snapshot entirely (tests, settings changes)."""
+    invalidate()
+    _cache.checked_at = 0.0

@@ -1,0 +1,145 @@
+"""The one command a newcomer runs: Redis, database, demo data, banner, development server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import textwrap
+from types import FrameType
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.signals import setting_changed
+
+from example_project.private_redis import PrivateRedis
+
+HOST = "127.0.0.1"
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the demo: start a private redis-server unless REDIS_URL is set, migrate, seed the "
+        "demo data, print what to try, and serve on 127.0.0.1:8000 until Ctrl-C."
+    )
+    requires_system_checks: list[str] = []  # runserver runs them once the settings are final
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--port",
+            type=int,
+            default=int(os.environ.get("PORT", "8000")),
+            help="port of the development server (default: $PORT or 8000)",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        port: int = options["port"]
+        verbosity: int = options["verbosity"]
+        # runserver exits the process without cleanup when it cannot bind; find out first.
+        _check_port_free(port)
+        # SIGTERM (kill, a test harness, docker stop) must stop our redis-server as Ctrl-C does.
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        private: PrivateRedis | None = None
+        try:
+            url = os.environ.get("REDIS_URL")
+            if url:
+                _check_redis(url)
+                where = f"{url} (from REDIS_URL)"
+            else:
+                try:
+                    private = PrivateRedis().start()
+                except RuntimeError as exc:
+                    raise CommandError(str(exc)) from exc
+                url = private.url
+                where = f"{url} (private redis-server, stopped on exit)"
+            _use_redis(url)
+
+            call_command("migrate", interactive=False, verbosity=max(0, verbosity - 1))
+            call_command("seed_demo", verbosity=verbosity)
+            self.stdout.write(_banner(port, where))
+            call_command("runserver", f"{HOST}:{port}", use_reloader=False)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            if private is not None:
+                private.stop()
+                self.stdout.write("Stopped the private redis-server.")
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _check_port_free(port: int) -> None:
+    with socket.socket() as sock:
+        try:
+            sock.bind((HOST, port))
+        except OSError as exc:
+            raise CommandError(
+                f"{HOST}:{port} is not free ({exc.strerror}): pass another port, e.g. "
+                f"'manage.py run_demo --port {port + 1}'"
+            ) from exc
+
+
+def _check_redis(url: str) -> None:
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise CommandError(
+            f"Redis at REDIS_URL={url} does not answer ({exc}): start it, fix REDIS_URL, or "
+            "unset REDIS_URL to let run_demo start a private redis-server."
+        ) from exc
+    finally:
+        client.close()
+
+
+def _use_redis(url: str) -> None:
+    """Point this process at ``url`` although the settings module was read before Redis ran.
+
+    ``setting_changed`` makes django-throttle drop any backend it already built.
+    """
+    os.environ["REDIS_URL"] = url
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+    setting_changed.send(
+        sender=settings._wrapped.__class__,
+        setting="DJANGO_THROTTLE_REDIS_URL",
+        value=url,
+        enter=True,
+    )
+
+
+def _banner(port: int, redis_where: str) -> str:
+    base = f"http://{HOST}:{port}"
+    loop = f"for i in $(seq 12); do curl -s -o /dev/null -w '%{{http_code}} ' {base}/api/ping/"
+    return textwrap.dedent(
+        f"""
+        ─────────────────────────── django-throttle demo ───────────────────────────
+        Admin      {base}/admin/   log in as admin / admin
+                   edit tiers and endpoint rules; the server picks changes up within 1 s
+        Redis      {redis_where}
+        Users      alice / alice (tier free), bob / bob (tier pro)
+
+        Try, in another terminal:
+
+          # anonymous: token bucket of 10, refilling 2 a second -> 10 x 200, then 429
+          {loop}; done; echo
+
+          # X-RateLimit-* headers; Retry-After when refused
+          curl -i {base}/api/ping/
+
+          # alice's own bucket (tier free: 60/min)
+          curl -i -u alice:alice {base}/api/items/
+
+          # costs 10 tokens of free's 20/h export limit: the third call in a row is refused
+          curl -i -u alice:alice -X POST {base}/api/export/
+
+          # a plain Django view with @throttle(rate="5/min")
+          curl -i {base}/hello/
+        ─────────────────────────────────────────────────────────────────────────────
+        """
+    )

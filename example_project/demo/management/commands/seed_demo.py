@@ -1,0 +1,134 @@
+"""Create the demo's tiers, endpoint rule and users; running it again changes nothing."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierAssignment, TierLimit
+
+#: slug → (name, description, priority, default for anonymous, default for authenticated,
+#: [(rate, burst)]). "2/s" with burst 10 is the reference token bucket: capacity 10, refilling
+#: 2 tokens a second.
+TIERS: dict[str, tuple[str, str, int, bool, bool, list[tuple[str, int | None]]]] = {
+    "anonymous": (
+        "Anonymous",
+        "Clients that are not logged in, counted per IP address.",
+        0,
+        True,
+        False,
+        [("2/s", 10)],
+    ),
+    "free": (
+        "Free",
+        "Every logged-in user without an assignment.",
+        10,
+        False,
+        True,
+        [("60/min", 60), ("1000/day", None)],
+    ),
+    "pro": ("Pro", "Paying customers.", 20, False, False, [("600/min", 600)]),
+}
+#: Per-tier limits of the "export" rule: every POST to a view with throttle_scope "export"
+#: costs 10 tokens, so free users get two exports in a row, pro users twenty.
+EXPORT_LIMITS: dict[str, tuple[str, int]] = {"free": ("20/h", 20), "pro": ("200/h", 200)}
+#: username (= password) → (superuser, tier slug assigned directly or None for the default).
+USERS: dict[str, tuple[bool, str | None]] = {
+    "admin": (True, None),
+    "alice": (False, None),
+    "bob": (False, "pro"),
+}
+
+
+class Command(BaseCommand):
+    help = (
+        "Create the demo tiers (anonymous, free, pro), the 'export' endpoint rule and the "
+        "users admin/admin, alice/alice (free) and bob/bob (pro). Safe to run again."
+    )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self.changes: Counter[str] = Counter()
+        with transaction.atomic():
+            tiers = self._seed_tiers()
+            self._seed_export_rule(tiers)
+            self._seed_users(tiers)
+        summary = ", ".join(f"{n} {what}" for what, n in sorted(self.changes.items()))
+        self.stdout.write(self.style.SUCCESS(f"Demo data ready ({summary})."))
+
+    def _seed_tiers(self) -> dict[str, Tier]:
+        tiers: dict[str, Tier] = {}
+        for slug, (name, description, priority, anonymous, authenticated, limits) in TIERS.items():
+            # At most one tier may be each kind of default; hand the flag over to ours.
+            for flag, wanted in (
+                ("is_default_anonymous", anonymous),
+                ("is_default_authenticated", authenticated),
+            ):
+                if wanted:
+                    Tier.objects.filter(**{flag: True}).exclude(slug=slug).update(**{flag: False})
+            tiers[slug] = tier = self._upsert(
+                Tier,
+                {"slug": slug},
+                name=name,
+                description=description,
+                priority=priority,
+                is_default_anonymous=anonymous,
+                is_default_authenticated=authenticated,
+            )
+            for rate, burst in limits:
+                self._upsert(TierLimit, {"tier": tier, "rate": rate}, burst=burst)
+        return tiers
+
+    def _seed_export_rule(self, tiers: dict[str, Tier]) -> None:
+        rule = self._upsert(
+            EndpointRule,
+            {"name": "export"},
+            match_type=EndpointRule.MatchType.SCOPE,
+            pattern="export",
+            methods="POST",
+            cost=10,
+            enabled=True,
+            shadow=False,
+        )
+        for slug, (rate, burst) in EXPORT_LIMITS.items():
+            self._upsert(
+                EndpointLimit, {"rule": rule, "tier": tiers[slug], "rate": rate}, burst=burst
+            )
+
+    def _seed_users(self, tiers: dict[str, Tier]) -> None:
+        User = get_user_model()
+        for username, (superuser, tier_slug) in USERS.items():
+            user = self._upsert(
+                User,
+                {"username": username},
+                email=f"{username}@example.com",
+                is_staff=superuser,
+                is_superuser=superuser,
+                is_active=True,
+            )
+            if not user.check_password(username):
+                user.set_password(username)
+                user.save(update_fields=["password"])
+                self.changes["passwords set"] += 1
+            if tier_slug is not None:
+                self._upsert(TierAssignment, {"user": user}, tier=tiers[tier_slug])
+
+    def _upsert(self, model: type[Any], lookup: dict[str, Any], **values: Any) -> Any:
+        """Like ``update_or_create``, but saves only when a value differs, so a rerun writes
+        nothing (and does not make every process reload the policy)."""
+        obj, created = model.objects.get_or_create(**lookup, defaults=values)
+        if created:
+            self.changes["created"] += 1
+            return obj
+        changed = [name for name, value in values.items() if getattr(obj, name) != value]
+        if changed:
+            for name in changed:
+                setattr(obj, name, values[name])
+            obj.save(update_fields=changed)
+            self.changes["updated"] += 1
+        else:
+            self.changes["unchanged"] += 1
+        return obj

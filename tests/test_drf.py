@@ -1,0 +1,150 @@
+"""PolicyThrottle on real DRF views, counted in the suite's Redis: what clients see."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from django_throttle.drf import PolicyThrottle
+from tests.factories import endpoint, tier
+
+pytestmark = pytest.mark.django_db
+
+
+def statuses(client: Client, path: str, n: int, method: str = "get", **extra: str) -> list[int]:
+    return [getattr(client, method)(path, **extra).status_code for _ in range(n)]
+
+
+def test_anonymous_tier_admits_its_burst_then_429(client: Client) -> None:
+    tier("anonymous", "2/s", burst=10, is_default_anonymous=True)
+    assert statuses(client, "/api/ping/", 12) == [200] * 10 + [429] * 2
+
+
+def test_headers_on_allowed_and_denied(client: Client) -> None:
+    tier("anonymous", "1/m", burst=3, is_default_anonymous=True)
+    first = client.get("/api/ping/")
+    assert first.status_code == 200
+    assert first["X-RateLimit-Limit"] == "3"
+    assert first["X-RateLimit-Remaining"] == "2"
+    assert first["X-RateLimit-Reset"] == "60"
+    assert "Retry-After" not in first
+    client.get("/api/ping/")
+    client.get("/api/ping/")
+    denied = client.get("/api/ping/")
+    assert denied.status_code == 429
+    assert denied["X-RateLimit-Remaining"] == "0"
+    assert 1 <= int(denied["Retry-After"]) <= 60
+    body = denied.json()
+    assert body["limit"] == "anonymous 1/m"
+    assert body["retry_after"] == int(denied["Retry-After"])
+    assert "throttled" in body["detail"]
+
+
+def test_ietf_headers_on_request(client: Client, settings: object) -> None:
+    settings.DJANGO_THROTTLE_IETF_HEADERS = True  # type: ignore[attr-defined]
+    row = tier("anonymous", "10/m", is_default_anonymous=True)
+    response = client.get("/api/ping/")
+    limit_id = f"t{row.limits.get().pk}"
+    assert response["RateLimit-Policy"] == f'"{limit_id}";q=10;w=60'
+    assert response["RateLimit"] == f'"{limit_id}";r=9;t=6'
+
+
+def test_authenticated_users_get_their_own_generous_bucket(
+    client: Client, django_user_model: type
+) -> None:
+    tier("anonymous", "1/m", is_default_anonymous=True)
+    tier("free", "100/m", is_default_authenticated=True)
+    alice = django_user_model.objects.create_user("alice", password="pw")
+    assert statuses(client, "/api/ping/", 2) == [200, 429]
+    client.force_login(alice)
+    assert statuses(client, "/api/ping/", 5) == [200] * 5
+    assert client.get("/api/ping/")["X-RateLimit-Limit"] == "100"
+
+
+def test_endpoint_rule_by_scope_costs_tokens_and_adds_limits(client: Client) -> None:
+    anon = tier("anonymous", "1/m", burst=30, is_default_anonymous=True)
+    endpoint("export", "scope", "export", cost=10, methods="POST", limits={anon: "20/h"})
+    assert statuses(client, "/api/export/", 3, "post") == [202, 202, 429]
+    # The two exports took 20 of the tier's 30 tokens: 10 pings remain.
+    assert statuses(client, "/api/ping/", 11) == [200] * 10 + [429]
+
+
+def test_endpoint_rule_by_route_name_and_path(client: Client) -> None:
+    anon = tier("anonymous", "100/m", is_default_anonymous=True)
+    endpoint("reports", "route", "report", limits={anon: "1/m"})
+    assert statuses(client, "/api/reports/1/", 2) == [200, 429]
+    assert client.get("/api/ping/").status_code == 200
+    endpoint("pings", "path", "/api/pi", limits={anon: "1/h"})
+    # The rule edit reloaded this process's policy at once.
+    assert statuses(client, "/api/ping/", 2) == [200, 429]
+
+
+def test_shadow_rule_counts_but_lets_requests_pass(client: Client) -> None:
+    anon = tier("anonymous", "100/m", is_default_anonymous=True)
+    endpoint("pings", "route", "ping", shadow=True, limits={anon: "1/h"})
+    assert statuses(client, "/api/ping/", 3) == [200, 200, 200]
+
+
+def test_no_tier_means_no_limit(client: Client) -> None:
+    response = client.get("/api/ping/")
+    assert response.status_code == 200
+    assert "X-RateLimit-Limit" not in response
+
+
+def test_retry_after_is_honest(client: Client) -> None:
+    """Wait Retry-After seconds (on the server clock) and the retry succeeds."""
+    import time
+
+    tier("anonymous", "1/s", burst=1, is_default_anonymous=True)
+    assert client.get("/api/ping/").status_code == 200
+    denied = client.get("/api/ping/")
+    assert denied.status_code == 429
+    assert denied["Retry-After"] == "1"
+    time.sleep(int(denied["Retry-After"]))
+    assert client.get("/api/ping/").status_code == 200
+
+
+def test_wait_matches_the_decision(rf: object) -> None:
+    from rest_framework.exceptions import Throttled
+    from rest_framework.request import Request
+
+    tier("anonymous", "1/h", is_default_anonymous=True)
+    throttle = PolicyThrottle()
+    request = Request(rf.get("/api/ping/"))  # type: ignore[attr-defined]
+    assert throttle.allow_request(request, view=object()) is True
+    assert throttle.wait() is None
+    with pytest.raises(Throttled) as excinfo:
+        throttle.allow_request(Request(rf.get("/api/ping/")), view=object())  # type: ignore[attr-defined]
+    assert throttle.wait() == pytest.approx(3600, abs=5)
+    assert excinfo.value.wait == 3600 or excinfo.value.wait == pytest.approx(3600, abs=5)
+
+
+def test_redis_outage_fails_open_by_default(client: Client, settings: object) -> None:
+    tier("anonymous", "1/h", is_default_anonymous=True)
+    client.get("/api/ping/")  # load the policy while Redis is reachable
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # type: ignore[attr-defined]
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {}  # type: ignore[attr-defined]
+    assert statuses(client, "/api/ping/", 3) == [200, 200, 200]
+
+
+def test_redis_outage_fails_closed_when_asked(client: Client, settings: object) -> None:
+    tier("anonymous", "10/h", is_default_anonymous=True)
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # type: ignore[attr-defined]
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {}  # type: ignore[attr-defined]
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "closed"  # type: ignore[attr-defined]
+    response = client.get("/api/ping/")
+    assert response.status_code == 429
+    assert response["Retry-After"] == "1"
+
+
+def test_malformed_forwarded_header_is_not_an_error(client: Client, settings: object) -> None:
+    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1  # type: ignore[attr-defined]
+    tier("anonymous", "10/m", is_default_anonymous=True)
+    for junk in ["", "garbage", "1.2.3.999", "[::1", "a" * 5000, ",,,"]:
+        assert client.get("/api/ping/", HTTP_X_FORWARDED_FOR=junk).status_code == 200
+
+
+def test_disabled_switch_lets_everything_through(client: Client, settings: object) -> None:
+    tier("anonymous", "1/h", is_default_anonymous=True)
+    settings.DJANGO_THROTTLE_ENABLED = False  # type: ignore[attr-defined]
+    assert statuses(client, "/api/ping/", 3) == [200, 200, 200]

@@ -1,0 +1,227 @@
+"""Models: what the database and ``full_clean`` accept, and the limits rows turn into."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+
+from django_throttle.models import (
+    EndpointLimit,
+    EndpointRule,
+    Tier,
+    TierAssignment,
+    TierLimit,
+    validate_rate,
+)
+from django_throttle.rates import Algorithm, Limit, Rate
+
+
+def errors_of(obj: object) -> dict[str, list[str]]:
+    with pytest.raises(ValidationError) as info:
+        obj.full_clean()  # type: ignore[attr-defined]
+    return info.value.message_dict
+
+
+@pytest.fixture
+def free() -> Tier:
+    return Tier.objects.create(slug="free", name="Free")
+
+
+@pytest.fixture
+def rule() -> EndpointRule:
+    return EndpointRule.objects.create(name="search", pattern="search", cost=2)
+
+
+@pytest.mark.parametrize(
+    ("rate", "says"),
+    [
+        ("10/x", "unknown period unit 'x'"),
+        ("-5/m", "the count must be a whole number of at least 1"),
+        ("0/m", "the count must be a whole number of at least 1"),
+        ("100/month", "months and years vary in length"),
+        ("100/M", "did you mean 'm'?"),
+        ("lots", "'lots' is not a rate"),
+        ("", "'' is not a rate"),
+    ],
+)
+def test_validate_rate_explains_what_is_wrong(rate: str, says: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        validate_rate(rate)
+    assert says in info.value.messages[0]
+
+
+@pytest.mark.parametrize("rate", ["100/min", "10/s", "5000/day", "20/15m", "1/h"])
+def test_validate_rate_accepts_what_rate_parse_accepts(rate: str) -> None:
+    validate_rate(rate)
+
+
+@pytest.mark.django_db
+def test_full_clean_puts_rate_and_burst_errors_on_their_fields(free: Tier) -> None:
+    errors = errors_of(TierLimit(tier=free, rate="100/month", burst=0))
+    assert "months and years vary in length" in errors["rate"][0]
+    assert errors["burst"] == ["Ensure this value is greater than or equal to 1."]
+
+
+@pytest.mark.django_db
+def test_second_default_tier_is_a_field_error_naming_the_first(free: Tier) -> None:
+    free.is_default_anonymous = True
+    free.save()
+    pro = Tier(slug="pro", name="Pro", is_default_anonymous=True, is_default_authenticated=True)
+    errors = errors_of(pro)
+    assert errors == {
+        "is_default_anonymous": ["'Free' is already the default tier for anonymous clients"]
+    }
+
+
+@pytest.mark.django_db
+def test_a_default_tier_can_be_saved_again(free: Tier) -> None:
+    free.is_default_authenticated = True
+    free.save()
+    free.full_clean()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("field", ["is_default_anonymous", "is_default_authenticated"])
+def test_database_refuses_two_defaults_of_a_kind(field: str) -> None:
+    Tier.objects.create(slug="a", name="A", **{field: True})
+    Tier.objects.create(slug="b", name="B")  # any number of non-defaults
+    Tier.objects.create(slug="c", name="C")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Tier.objects.create(slug="d", name="D", **{field: True})
+
+
+@pytest.mark.django_db
+def test_tiers_order_by_priority_then_name() -> None:
+    Tier.objects.create(slug="b", name="B")
+    Tier.objects.create(slug="a", name="A")
+    Tier.objects.create(slug="z", name="Z", priority=5)
+    assert [str(t) for t in Tier.objects.all()] == ["Z", "A", "B"]
+
+
+@pytest.mark.django_db
+def test_assignment_needs_exactly_one_of_user_or_group(free: Tier) -> None:
+    user = User.objects.create_user("ann")
+    group = Group.objects.create(name="staff")
+    both = errors_of(TierAssignment(tier=free, user=user, group=group))
+    assert both["user"] == ["Choose a user or a group, not both"]
+    assert both["group"] == ["Choose a user or a group, not both"]
+    assert errors_of(TierAssignment(tier=free))["user"] == ["Choose a user or a group"]
+    TierAssignment(tier=free, user=user).full_clean()
+    TierAssignment(tier=free, group=group).full_clean()
+
+
+@pytest.mark.django_db
+def test_database_refuses_an_assignment_with_both_or_neither(free: Tier) -> None:
+    user = User.objects.create_user("ann")
+    group = Group.objects.create(name="staff")
+    for kwargs in ({"user": user, "group": group}, {}):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            TierAssignment.objects.create(tier=free, **kwargs)
+
+
+@pytest.mark.django_db
+def test_a_user_has_at_most_one_direct_assignment(free: Tier) -> None:
+    user = User.objects.create_user("ann")
+    TierAssignment.objects.create(tier=free, user=user)
+    pro = Tier.objects.create(slug="pro", name="Pro")
+    assert "user" in errors_of(TierAssignment(tier=pro, user=user))
+
+
+def test_clean_is_safe_on_new_objects_without_relations() -> None:
+    """No database access is allowed here: clean() must not follow unset relations."""
+    with pytest.raises(ValidationError):
+        TierAssignment().clean()
+    EndpointRule(name="x", pattern="x").clean()
+    Tier(slug="x", name="X").clean()
+    TierLimit(rate="1/s").clean()
+    EndpointLimit(rate="1/s").clean()
+
+
+@pytest.mark.django_db
+def test_tier_limit_to_limit_defaults_burst_to_the_rate_count(free: Tier) -> None:
+    row = TierLimit.objects.create(tier=free, rate="100/min")
+    limit = TierLimit.objects.select_related("tier").get().to_limit()
+    assert limit == Limit(
+        id=f"t{row.pk}",
+        rate=Rate(100, 60),
+        burst=100,
+        algorithm=Algorithm.TOKEN_BUCKET,
+        name="free 100/m",
+    )
+    assert row.capacity == 100
+
+
+@pytest.mark.django_db
+def test_endpoint_limit_to_limit_keeps_its_burst(free: Tier, rule: EndpointRule) -> None:
+    row = EndpointLimit.objects.create(rule=rule, tier=free, rate="20/15m", burst=5)
+    limit = row.to_limit()
+    assert limit.id == f"e{row.pk}"
+    assert limit.rate == Rate(20, 900)
+    assert limit.burst == 5 == row.capacity
+    assert limit.name == "search (free) 20/15m"
+
+
+@pytest.mark.django_db
+def test_endpoint_limits_are_unique_per_rule_tier_and_rate(free: Tier, rule: EndpointRule) -> None:
+    EndpointLimit.objects.create(rule=rule, tier=free, rate="10/m")
+    EndpointLimit.objects.create(rule=rule, tier=free, rate="100/h")
+    errors = errors_of(EndpointLimit(rule=rule, tier=free, rate="10/m"))
+    assert errors["__all__"] == ["This rule already has this rate for this tier."]
+
+
+@pytest.mark.parametrize(
+    ("typed", "stored", "method_set"),
+    [
+        ("", "", frozenset()),
+        ("post", "POST", {"POST"}),
+        (" put , get,GET ", "GET,PUT", {"GET", "PUT"}),
+        ("delete,patch,head", "HEAD,PATCH,DELETE", {"HEAD", "PATCH", "DELETE"}),
+    ],
+)
+def test_rule_methods_are_normalised(typed: str, stored: str, method_set: set[str]) -> None:
+    rule = EndpointRule(name="r", pattern="r", methods=typed)
+    rule.clean()
+    assert rule.methods == stored
+    assert rule.method_set == method_set
+
+
+def test_rule_rejects_unknown_methods_naming_the_field() -> None:
+    with pytest.raises(ValidationError) as info:
+        EndpointRule(name="r", pattern="r", methods="GET, FETCH").clean()
+    assert "unknown HTTP method FETCH" in info.value.message_dict["methods"][0]
+
+
+@pytest.mark.parametrize(
+    ("match_type", "pattern", "ok"),
+    [
+        (EndpointRule.MatchType.PATH, "/api/", True),
+        (EndpointRule.MatchType.PATH, "api/", False),
+        (EndpointRule.MatchType.ROUTE, "api:orders", True),
+        (EndpointRule.MatchType.ROUTE, "api:", False),
+        (EndpointRule.MatchType.SCOPE, "uploads", True),
+        (EndpointRule.MatchType.SCOPE, "two words", False),
+    ],
+)
+def test_rule_pattern_fits_its_match_type(match_type: str, pattern: str, ok: bool) -> None:
+    rule = EndpointRule(name="r", match_type=match_type, pattern=pattern)
+    if ok:
+        rule.clean()
+    else:
+        with pytest.raises(ValidationError) as info:
+            rule.clean()
+        assert list(info.value.message_dict) == ["pattern"]
+
+
+@pytest.mark.django_db
+def test_rule_cost_below_one_is_refused() -> None:
+    errors = errors_of(EndpointRule(name="r", pattern="r", cost=0))
+    assert errors["cost"] == ["Ensure this value is greater than or equal to 1."]
+
+
+@pytest.mark.django_db
+def test_rules_are_unique_per_match_type_pattern_and_methods() -> None:
+    EndpointRule.objects.create(name="a", pattern="p", methods="GET,POST")
+    errors = errors_of(EndpointRule(name="b", pattern="p", methods="post, get"))
+    assert errors["__all__"] == ["Another rule has this match type, pattern and methods."]

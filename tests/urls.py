@@ -1,0 +1,15 @@
+from django.contrib import admin
+from django.urls import path
+
+from tests import views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/ping/", views.Ping.as_view(), name="ping"),
+    path("api/export/", views.Export.as_view(), name="export"),
+    path("api/reports/<int:pk>/", views.Ping.as_view(), name="report"),
+    path("hello/", views.hello, name="hello"),
+    path("hello-async/", views.hello_async, name="hello-async"),
+    path("login/", views.login, name="login"),
+    path("cbv/", views.ClassBased.as_view(), name="cbv"),
+]

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.decorators import method_decorator
+from django.views import View
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from django_throttle.decorators import throttle
+
+
+class Ping(APIView):
+    permission_classes = [AllowAny]
+
+    def get(self, request: Request, pk: int | None = None) -> Response:
+        return Response({"pong": True})
+
+
+class Export(APIView):
+    permission_classes = [AllowAny]
+    throttle_scope = "export"
+
+    def post(self, request: Request) -> Response:
+        return Response({"status": "queued"}, status=202)
+
+
+@throttle(rate="5/min")
+def hello(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"hello": "world"})
+
+
+@throttle(rate="2/min")
+async def hello_async(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"hello": "async"})
+
+
+@throttle(scope="login")
+def login(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("login form")
+
+
+@method_decorator(throttle(rate="1/min", scope="cbv"), name="dispatch")
+class ClassBased(View):
+    def get(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse("cbv")
