@@ -56,7 +56,7 @@ PATHS = ("raw_evalsha", "policy_throttle", "drf_user_rate_throttle")
 LABELS = {
     "raw_evalsha": "(a) raw EVALSHA, 1 round trip",
     "policy_throttle": "(b) PolicyThrottle",
-    "drf_user_rate_throttle": "(c) DRF UserRateThrottle (django-redis)",
+    "drf_user_rate_throttle": "(c) DRF UserRateThrottle",
 }
 
 
@@ -142,8 +142,8 @@ class BenchView:
     """Stands in for a DRF view: no ``throttle_scope``, so only the tier limits apply."""
 
 
-def timed(step: Callable[[Any], object], items: Sequence[Any], seconds: float) -> float:
-    """Call ``step`` on ``items`` round-robin for about ``seconds``; decisions per second."""
+def timed(step: Callable[[Any], object], items: Sequence[Any], seconds: float) -> tuple[int, float]:
+    """Call ``step`` on ``items`` round-robin for about ``seconds``: (calls, seconds taken)."""
     count = 0
     start = time.perf_counter()
     deadline = start + seconds
@@ -153,7 +153,7 @@ def timed(step: Callable[[Any], object], items: Sequence[Any], seconds: float) -
         count += len(items)
         now = time.perf_counter()
         if now >= deadline:
-            return count / (now - start)
+            return count, now - start
 
 
 class CommandStats:
@@ -248,13 +248,11 @@ def run(seconds: float, redis_url: str, prefix: str, profile: bool) -> dict[str,
         for name in PATHS:
             step, items = steps[name]
             before = stats.snapshot() if name in commands else {}
-            start = time.perf_counter()
-            rate = timed(step, items, round_seconds)
-            elapsed = time.perf_counter() - start
-            rates[name].append(rate)
+            count, elapsed = timed(step, items, round_seconds)
+            rates[name].append(count / elapsed)
             if name in commands:
                 add_into(commands[name], stats.delta(before, stats.snapshot()))
-                decisions[name] += round(rate * elapsed)
+                decisions[name] += count
 
     # The script's own GET/SET/TIME show up in commandstats too: learn how many it issues per
     # EVALSHA from (a), where every call is exactly one EVALSHA, and take them out of (b).
@@ -323,9 +321,10 @@ def run(seconds: float, redis_url: str, prefix: str, profile: bool) -> dict[str,
 
 def print_table(result: dict[str, Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=max(100, Console().width))
     rates = result["decisions_per_second"]
     table = Table(
         title=(
@@ -368,8 +367,10 @@ def print_table(result: dict[str, Any]) -> None:
     console.print(
         f"(b) per decision: {policy['round_trips_per_decision']:.4f} Redis round trips "
         f"({policy['evalsha_per_decision']:.4f} EVALSHA) over {policy['decisions_counted']:,} "
-        f"decisions [commandstats: {commands}; {policy['script_commands_per_evalsha']} per "
-        f"EVALSHA issued by the script itself]"
+        + escape(
+            f"decisions [commandstats: {commands}; {policy['script_commands_per_evalsha']} "
+            "per EVALSHA issued by the script itself]"
+        )
     )
     console.print(
         f"(b) per decision: {policy['sql_queries_per_decision']:g} SQL queries over "
@@ -378,8 +379,8 @@ def print_table(result: dict[str, Any]) -> None:
     )
     drf = result["drf_user_rate_throttle"]
     console.print(
-        f"(c) DRF: {drf['denied']} denied; its per-user history held "
-        f"{drf['mean_history_length']:.0f} timestamps on average at the end (pickled on "
+        f"(c) DRF on the django-redis cache: {drf['denied']} denied; its per-user history "
+        f"held {drf['mean_history_length']:.0f} timestamps on average at the end (pickled on "
         "every GET and SET)"
     )
     if result["profile"]:

@@ -73,7 +73,7 @@ def _backend(value: Any) -> str | None:
 
 
 def _redis_url(value: Any) -> str | None:
-    if value is None:
+    if value is None or value == "":  # unset, e.g. os.environ.get("REDIS_URL", "")
         return None
     if not isinstance(value, str) or urlparse(value).scheme not in {"redis", "rediss", "unix"}:
         return "must be None or a URL such as 'redis://127.0.0.1:6379/0' (redis, rediss, unix)"

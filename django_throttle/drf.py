@@ -10,7 +10,6 @@ from typing import Any
 
 from rest_framework.exceptions import Throttled
 from rest_framework.request import Request
-from rest_framework.throttling import BaseThrottle
 
 from django_throttle import core
 from django_throttle.headers import throttled_body
@@ -27,8 +26,12 @@ class PolicyThrottled(Throttled):
         self.detail = throttled_body(decision)
 
 
-class PolicyThrottle(BaseThrottle):
+class PolicyThrottle:
     """Apply the admin-managed policy (tier limits + endpoint rules) to a DRF view.
+
+    It implements DRF's throttle interface (``allow_request`` and ``wait``) without subclassing
+    ``rest_framework.throttling.BaseThrottle``: importing that module reads DRF's settings at
+    class definition (DRF #6030), and this module must import before settings are configured.
 
     A denial raises :class:`PolicyThrottled` directly so the 429 body can name the limit;
     :meth:`wait` still returns the seconds to wait, as DRF's throttles do. The decision is left

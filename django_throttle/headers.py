@@ -8,13 +8,12 @@ are added: ``q`` is a limit's capacity and ``w`` the seconds its bucket takes to
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from django.http import HttpResponseBase, JsonResponse
 
 from django_throttle.conf import app_settings
-from django_throttle.rates import Decision
+from django_throttle.rates import Decision, whole_seconds
 
 __all__ = ["apply_headers", "rate_limit_headers", "throttled_body", "throttled_response"]
 
@@ -24,7 +23,7 @@ def rate_limit_headers(decision: Decision) -> dict[str, str]:
     limit = decision.limit
     if limit is None:
         return {}
-    reset = math.ceil(decision.reset_after)
+    reset = decision.reset_header
     headers = {
         "X-RateLimit-Limit": str(limit.capacity),
         "X-RateLimit-Remaining": str(decision.remaining),
@@ -34,7 +33,7 @@ def rate_limit_headers(decision: Decision) -> dict[str, str]:
         headers["Retry-After"] = str(decision.retry_after_header)
     if app_settings.IETF_HEADERS:
         headers["RateLimit-Policy"] = ", ".join(
-            f'"{item.id}";q={item.capacity};w={math.ceil(item.window)}'
+            f'"{item.id}";q={item.capacity};w={whole_seconds(item.window)}'
             for item in decision.limits or (limit,)
         )
         headers["RateLimit"] = f'"{limit.id}";r={decision.remaining};t={reset}'

@@ -150,7 +150,7 @@ class Limit:
     @property
     def window(self) -> float:
         """Seconds an empty bucket takes to fill completely."""
-        return self.burst * self.rate.interval
+        return self.burst * self.rate.period / self.rate.count
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +177,18 @@ class Decision:
     @property
     def retry_after_header(self) -> int:
         """``Retry-After`` in whole seconds: rounded up, never below 1."""
-        return max(1, math.ceil(self.retry_after - 1e-9))
+        return max(1, whole_seconds(self.retry_after))
+
+    @property
+    def reset_header(self) -> int:
+        """``X-RateLimit-Reset`` in whole seconds, rounded up."""
+        return whole_seconds(self.reset_after)
+
+
+def whole_seconds(seconds: float) -> int:
+    """Round up to whole seconds, forgiving the microsecond that float rounding adds
+    (backends report microseconds rounded up, so 3600 s may arrive as 3600.000001 s)."""
+    return max(0, math.ceil(seconds - 1e-6))
 
 
 #: The decision when no limit applies to a request.

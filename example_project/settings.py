@@ -81,6 +81,9 @@ REST_FRAMEWORK = {
 
 # run_demo sets REDIS_URL to a private redis-server when you have not set it yourself.
 DJANGO_THROTTLE_REDIS_URL = os.environ.get("REDIS_URL")
+if not DJANGO_THROTTLE_REDIS_URL:
+    # Without Redis (plain `manage.py runserver`, `migrate`…) count in this one process.
+    DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"
 # Lets several demo runs (or the test suite) share one Redis without sharing counters.
 DJANGO_THROTTLE_KEY_PREFIX = os.environ.get("DJANGO_THROTTLE_KEY_PREFIX", "dt")
 # Admin edits reach the running server within this many seconds.

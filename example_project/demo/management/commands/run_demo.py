@@ -99,18 +99,17 @@ def _check_redis(url: str) -> None:
 
 
 def _use_redis(url: str) -> None:
-    """Point this process at ``url`` although the settings module was read before Redis ran.
+    """Count in the Redis at ``url``, although the settings were read before it was known.
 
     ``setting_changed`` makes django-throttle drop any backend it already built.
     """
     os.environ["REDIS_URL"] = url
-    settings.DJANGO_THROTTLE_REDIS_URL = url
-    setting_changed.send(
-        sender=settings._wrapped.__class__,
-        setting="DJANGO_THROTTLE_REDIS_URL",
-        value=url,
-        enter=True,
-    )
+    for name, value in (
+        ("DJANGO_THROTTLE_REDIS_URL", url),
+        ("DJANGO_THROTTLE_BACKEND", "django_throttle.backends.redis.RedisBackend"),
+    ):
+        setattr(settings, name, value)
+        setting_changed.send(sender=type(settings), setting=name, value=value, enter=True)
 
 
 def _banner(port: int, redis_where: str) -> str:

@@ -1,0 +1,198 @@
+"""Response headers and the 429 response a client sees for a decision."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.http import HttpResponse
+
+from django_throttle.headers import apply_headers, rate_limit_headers, throttled_response
+from django_throttle.rates import UNLIMITED, Decision, Limit
+
+PER_SECOND = Limit.build("a", "10/s")  # q=10, w=1
+HOURLY = Limit.build("b", "100/h", burst=20)  # one token per 36 s: q=20, w=720
+MINUTELY = Limit.build("c", "3/m", burst=2, name="Login attempts")  # q=2, w=40
+
+IETF = ("RateLimit", "RateLimit-Policy")
+
+
+def allowed(limit: Limit = HOURLY, **kwargs: Any) -> Decision:
+    values: dict[str, Any] = {"remaining": 7, "reset_after": 2.3}
+    return Decision(allowed=True, limit=limit, **values | kwargs)
+
+
+def denied(limit: Limit = HOURLY, **kwargs: Any) -> Decision:
+    values: dict[str, Any] = {"remaining": 0, "reset_after": 720.0, "retry_after": 35.2}
+    return Decision(allowed=False, limit=limit, **values | kwargs)
+
+
+def test_allowed_headers() -> None:
+    assert rate_limit_headers(allowed()) == {
+        "X-RateLimit-Limit": "20",
+        "X-RateLimit-Remaining": "7",
+        "X-RateLimit-Reset": "3",
+    }
+
+
+@pytest.mark.parametrize(("reset_after", "header"), [(0.0, "0"), (0.2, "1"), (3.0, "3")])
+def test_reset_is_whole_seconds_rounded_up(reset_after: float, header: str) -> None:
+    headers = rate_limit_headers(allowed(reset_after=reset_after))
+
+    assert headers["X-RateLimit-Reset"] == header
+
+
+def test_denied_headers_add_retry_after() -> None:
+    assert rate_limit_headers(denied()) == {
+        "X-RateLimit-Limit": "20",
+        "X-RateLimit-Remaining": "0",
+        "X-RateLimit-Reset": "720",
+        "Retry-After": "36",
+    }
+
+
+@pytest.mark.parametrize(("retry_after", "header"), [(0.0, "1"), (0.3, "1"), (1.0, "1")])
+def test_retry_after_is_at_least_one_second(retry_after: float, header: str) -> None:
+    headers = rate_limit_headers(denied(retry_after=retry_after))
+
+    assert headers["Retry-After"] == header
+
+
+def test_allowed_has_no_retry_after() -> None:
+    assert "Retry-After" not in rate_limit_headers(allowed())
+
+
+def test_unlimited_has_no_headers(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_IETF_HEADERS = True
+
+    assert rate_limit_headers(UNLIMITED) == {}
+
+
+@pytest.mark.parametrize("decision", [allowed(), denied()])
+def test_ietf_headers_off_by_default(decision: Decision) -> None:
+    headers = rate_limit_headers(decision)
+
+    assert not any(name in headers for name in IETF)
+
+
+def test_ietf_headers_list_every_limit(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_IETF_HEADERS = True
+    decision = allowed(
+        HOURLY, remaining=4, reset_after=575.2, limits=(PER_SECOND, HOURLY, MINUTELY)
+    )
+
+    headers = rate_limit_headers(decision)
+
+    assert headers["RateLimit-Policy"] == '"a";q=10;w=1, "b";q=20;w=720, "c";q=2;w=40'
+    assert headers["RateLimit"] == '"b";r=4;t=576'
+    assert headers["X-RateLimit-Limit"] == "20"
+
+
+def test_ietf_headers_on_a_denial(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_IETF_HEADERS = True
+
+    headers = rate_limit_headers(denied(MINUTELY, reset_after=40.0, limits=(MINUTELY,)))
+
+    assert headers["RateLimit-Policy"] == '"c";q=2;w=40'
+    assert headers["RateLimit"] == '"c";r=0;t=40'
+    assert headers["Retry-After"] == "36"
+
+
+def test_ietf_policy_falls_back_to_the_reported_limit(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_IETF_HEADERS = True
+
+    headers = rate_limit_headers(allowed(PER_SECOND, limits=()))
+
+    assert headers["RateLimit-Policy"] == '"a";q=10;w=1'
+
+
+@pytest.mark.parametrize(
+    ("rate", "burst", "window"),
+    [
+        ("100/min", None, 60),
+        ("20/15m", None, 900),
+        ("3/10s", None, 10),
+        ("100/min", 7, 5),  # 4.2 s, rounded up
+        ("7/h", None, 3600),
+        ("7/15m", None, 900),
+        ("21/d", None, 86400),
+    ],
+)
+def test_ietf_policy_window_is_the_refill_time(
+    settings: Any, rate: str, burst: int | None, window: int
+) -> None:
+    """A full-burst limit of N per period advertises exactly that period as its window."""
+    settings.DJANGO_THROTTLE_IETF_HEADERS = True
+    limit = Limit.build("x", rate, burst=burst)
+
+    headers = rate_limit_headers(allowed(limit, limits=(limit,)))
+
+    assert headers["RateLimit-Policy"] == f'"x";q={limit.capacity};w={window}'
+
+
+def test_throttled_response() -> None:
+    response = throttled_response(denied(MINUTELY, retry_after=2.5, reset_after=40.0))
+
+    assert response.status_code == 429
+    assert response["Content-Type"] == "application/json"
+    assert json.loads(response.content) == {
+        "detail": "Request was throttled. Expected available in 3 seconds.",
+        "limit": "Login attempts",
+        "retry_after": 3,
+    }
+    assert response["Retry-After"] == "3"
+    assert response["X-RateLimit-Limit"] == "2"
+    assert response["X-RateLimit-Remaining"] == "0"
+    assert response["X-RateLimit-Reset"] == "40"
+
+
+def test_throttled_response_one_second_and_default_name() -> None:
+    response = throttled_response(denied(Limit.build("api", "100/min"), retry_after=0.4))
+
+    body = json.loads(response.content)
+    assert body["detail"] == "Request was throttled. Expected available in 1 second."
+    assert body["limit"] == "100/m"
+    assert body["retry_after"] == 1
+    assert response["Retry-After"] == "1"
+
+
+def test_throttled_response_with_ietf_headers(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_IETF_HEADERS = True
+
+    response = throttled_response(denied(MINUTELY, reset_after=40.0, limits=(MINUTELY,)))
+
+    assert response["RateLimit"] == '"c";r=0;t=40'
+    assert response["RateLimit-Policy"] == '"c";q=2;w=40'
+
+
+def test_apply_headers_adds_headers() -> None:
+    response = HttpResponse("ok")
+
+    apply_headers(response, allowed())
+
+    assert response["X-RateLimit-Limit"] == "20"
+    assert response["X-RateLimit-Remaining"] == "7"
+    assert response["X-RateLimit-Reset"] == "3"
+
+
+def test_apply_headers_keeps_existing_headers() -> None:
+    response = HttpResponse("slow down", status=429)
+    response["Retry-After"] = "120"
+    response["x-ratelimit-limit"] = "999"
+
+    apply_headers(response, denied())
+
+    assert response["Retry-After"] == "120"
+    assert response["X-RateLimit-Limit"] == "999"
+    assert response["X-RateLimit-Remaining"] == "0"
+
+
+def test_apply_headers_for_unlimited_adds_nothing() -> None:
+    response = HttpResponse("ok")
+
+    apply_headers(response, UNLIMITED)
+
+    assert not any(
+        name.lower().startswith(("x-ratelimit", "ratelimit")) for name in response.headers
+    )
