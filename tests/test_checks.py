@@ -101,7 +101,6 @@ def test_bad_value_has_its_own_id(settings: Any, name: str, value: Any, check_id
         ("BACKEND", REDIS),
         ("REDIS_URL", "rediss://cache.internal:6380/2"),
         ("REDIS_URL", "unix:///run/redis.sock"),
-        ("REDIS_URL", ""),
         ("REDIS_OPTIONS", {}),
         ("KEY_PREFIX", "api-throttle"),
         ("FAILURE_MODE", "closed"),
@@ -190,3 +189,9 @@ def test_manage_py_check_fails_on_a_bad_setting(settings: Any) -> None:
 
     assert "django_throttle.E006" in str(excinfo.value)
     assert "DJANGO_THROTTLE_FAILURE_MODE" in str(excinfo.value)
+
+
+def test_empty_redis_url_means_unset(settings: Any) -> None:
+    """``os.environ.get("REDIS_URL", "")`` is not a malformed URL, just no URL (→ E018)."""
+    settings.DJANGO_THROTTLE_REDIS_URL = ""
+    assert [error.id for error in check_settings()] == ["django_throttle.E018"]
