@@ -43,7 +43,6 @@ def check(
         return UNLIMITED
     identity = get_resolver()(request)
     tier_slug = endpoint_name = ""
-    shadow = False
     if limits is None:
         try:
             policy = policy_module.current()
@@ -57,21 +56,18 @@ def check(
         limits = policy.limits_for(tier, endpoint)
         if endpoint is not None:
             cost = endpoint.cost if cost is None else cost
-            endpoint_name, shadow = endpoint.name, endpoint.shadow
+            endpoint_name = endpoint.name
         if tier is not None:
             tier_slug = tier.slug
     if not limits:
         return UNLIMITED
     decision = _hit(identity, limits, 1 if cost is None else cost)
-    if not decision.allowed and shadow:
-        logger.info("shadow rule %r would deny %s (%s)", endpoint_name, identity.key, decision)
-        decision = dataclasses.replace(decision, allowed=True, shadow=True)
-    usage.record(identity.key, tier_slug, endpoint_name or scope or "", not _denied(decision))
+    if decision.shadow:
+        logger.info("shadow rule %r would deny %s", endpoint_name, identity.key)
+    # A shadow would-deny counts as denied in the usage report: that is what it would do.
+    allowed = decision.allowed and not decision.shadow
+    usage.record(identity.key, tier_slug, endpoint_name or scope or "", allowed)
     return decision
-
-
-def _denied(decision: Decision) -> bool:
-    return not decision.allowed or decision.shadow
 
 
 def _hit(identity: Identity, limits: Sequence[Limit], cost: int) -> Decision:

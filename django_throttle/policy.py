@@ -8,6 +8,7 @@ recompiles when it changed, so admin edits reach all workers within seconds, wit
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -168,8 +169,13 @@ def compile_policy(version: str | None = None) -> Policy:
         )
     rules = []
     for rule in EndpointRule.objects.filter(enabled=True).order_by("id"):
+        # A shadow rule's limits are counted but never deny; the tier's limits still apply.
         by_tier = {
-            tier_id: tier.limits + tuple(endpoint_limits.get((rule.id, tier_id), ()))
+            tier_id: tier.limits
+            + tuple(
+                dataclasses.replace(limit, shadow=True) if rule.shadow else limit
+                for limit in endpoint_limits.get((rule.id, tier_id), ())
+            )
             for tier_id, tier in tiers.items()
         }
         rules.append(

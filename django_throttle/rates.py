@@ -111,7 +111,8 @@ class Limit:
     """One limit to enforce: a rate with a burst capacity, counted by one algorithm.
 
     ``id`` names the counter (stable across restarts, unique per limit, short: it becomes part
-    of a Redis key); ``name`` is what users see in the 429 body and the policy headers.
+    of a Redis key); ``name`` is what users see in the 429 body and the policy headers. A
+    ``shadow`` limit is counted but never denies: a would-deny is only reported.
     """
 
     id: str
@@ -119,6 +120,7 @@ class Limit:
     burst: int
     algorithm: Algorithm = Algorithm.TOKEN_BUCKET
     name: str = ""
+    shadow: bool = False
 
     def __post_init__(self) -> None:
         if self.burst < 1:
@@ -132,6 +134,7 @@ class Limit:
         burst: int | None = None,
         algorithm: Algorithm | str = Algorithm.TOKEN_BUCKET,
         name: str = "",
+        shadow: bool = False,
     ) -> Limit:
         """Make a limit from admin-style values; ``burst`` defaults to the rate's count."""
         parsed = rate if isinstance(rate, Rate) else Rate.parse(rate)
@@ -141,6 +144,7 @@ class Limit:
             burst=parsed.count if burst is None else burst,
             algorithm=Algorithm(algorithm),
             name=name or str(parsed),
+            shadow=shadow,
         )
 
     @property
@@ -161,8 +165,9 @@ class Decision:
     or, when all allowed, the one with the fewest tokens left (``None`` when nothing applied).
     ``remaining`` is whole tokens left after this request, ``reset_after`` seconds until that
     limit is full again, ``retry_after`` seconds after which the same request would be allowed
-    (0 when allowed). ``shadow`` marks a would-deny that was let through; ``failed_open`` a
-    request let through because the backend could not answer.
+    (0 when allowed). ``shadow`` says a shadow limit would have denied (the request was not
+    held back by it); ``failed_open`` marks a request let through because the backend could
+    not answer.
     """
 
     allowed: bool

@@ -88,6 +88,30 @@ def test_all_or_nothing_across_limits(backend: Backend) -> None:
     assert denied.retry_after == pytest.approx(60.0)
 
 
+def test_shadow_limit_counts_but_never_denies(backend: Backend) -> None:
+    enforced = Limit.build("enforced", "10/m", burst=10)
+    shadow = Limit.build("shadow", "1/m", burst=2, shadow=True)
+    decisions = [backend.hit("c", [enforced, shadow], now=T0) for _ in range(4)]
+    assert [d.allowed for d in decisions] == [True] * 4
+    assert [d.shadow for d in decisions] == [False, False, True, True]
+    # Headers report the enforced limit, which paid for all four requests.
+    assert decisions[-1].limit == enforced
+    assert decisions[-1].remaining == 6
+    # The shadow bucket was consumed while it allowed, and not past its capacity.
+    assert backend.peek("c", [shadow], now=T0).remaining == 0
+
+
+def test_shadow_limit_does_not_hide_an_enforced_denial(backend: Backend) -> None:
+    enforced = Limit.build("enforced", "1/m", burst=1)
+    shadow = Limit.build("shadow", "100/m", shadow=True)
+    assert backend.hit("c", [enforced, shadow], now=T0).allowed
+    denied = backend.hit("c", [enforced, shadow], now=T0)
+    assert not denied.allowed
+    assert denied.limit == enforced
+    # All-or-nothing still holds: the shadow limit was not charged for the denied request.
+    assert backend.peek("c", [shadow], now=T0).remaining == 99
+
+
 def test_denial_reports_longest_wait(backend: Backend) -> None:
     a = Limit.build("a", "1/s", burst=1)
     b = Limit.build("b", "1/m", burst=1)

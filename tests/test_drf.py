@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from django.test import Client
 
@@ -79,10 +81,20 @@ def test_endpoint_rule_by_route_name_and_path(client: Client) -> None:
     assert statuses(client, "/api/ping/", 2) == [200, 429]
 
 
-def test_shadow_rule_counts_but_lets_requests_pass(client: Client) -> None:
+def test_shadow_rule_counts_but_lets_requests_pass(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
     anon = tier("anonymous", "100/m", is_default_anonymous=True)
     endpoint("pings", "route", "ping", shadow=True, limits={anon: "1/h"})
-    assert statuses(client, "/api/ping/", 3) == [200, 200, 200]
+    with caplog.at_level(logging.INFO, logger="django_throttle"):
+        assert statuses(client, "/api/ping/", 3) == [200, 200, 200]
+    assert caplog.text.count("shadow rule 'pings' would deny") == 2
+
+
+def test_shadow_rule_still_enforces_the_tier(client: Client) -> None:
+    anon = tier("anonymous", "2/h", is_default_anonymous=True)
+    endpoint("pings", "route", "ping", shadow=True, limits={anon: "100/h"})
+    assert statuses(client, "/api/ping/", 3) == [200, 200, 429]
 
 
 def test_no_tier_means_no_limit(client: Client) -> None:

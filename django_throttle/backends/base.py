@@ -64,6 +64,7 @@ def decision_from(
     remaining: int,
     reset_us: float,
     retry_us: float,
+    shadow: bool = False,
 ) -> Decision:
     """Build a :class:`Decision` from a backend's reply (``index`` is 0-based)."""
     return Decision(
@@ -73,4 +74,5 @@ def decision_from(
         reset_after=reset_us / 1e6,
         retry_after=retry_us / 1e6,
         limits=tuple(limits),
+        shadow=shadow,
     )

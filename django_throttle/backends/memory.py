@@ -81,8 +81,9 @@ class MemoryBackend(Backend):
         with self._lock:
             if next(self._calls) % _SWEEP_EVERY == 0:
                 self._sweep(now_us)
-            allowed = True
+            allowed, shadow_denied = True, False
             pick, pick_remaining, pick_reset, pick_retry = 0, -1, 0.0, -1.0
+            spick, spick_remaining, spick_reset = 0, -1, 0.0  # when only shadow limits apply
             writes: list[tuple[tuple[str, str], tuple[State, float]]] = []
             for i, limit in enumerate(limits):
                 key = (client, limit.id)
@@ -97,14 +98,21 @@ class MemoryBackend(Backend):
                 if ok:
                     assert new_state is not None
                     writes.append((key, (new_state, now_us + reset)))
-                    if allowed and (pick_remaining < 0 or remaining < pick_remaining):
+                    if limit.shadow:
+                        if spick_remaining < 0 or remaining < spick_remaining:
+                            spick, spick_remaining, spick_reset = i, remaining, reset
+                    elif allowed and (pick_remaining < 0 or remaining < pick_remaining):
                         pick, pick_remaining, pick_reset = i, remaining, reset
+                elif limit.shadow:
+                    shadow_denied = True
                 else:
                     if allowed or retry > pick_retry:
                         pick, pick_remaining, pick_reset, pick_retry = i, remaining, reset, retry
                     allowed = False
             if allowed and consume:
                 self._state.update(writes)
+            if allowed and pick_remaining < 0 <= spick_remaining:
+                pick, pick_remaining, pick_reset = spick, spick_remaining, spick_reset
         return decision_from(
             limits,
             allowed,
@@ -112,6 +120,7 @@ class MemoryBackend(Backend):
             max(pick_remaining, 0),
             math.ceil(pick_reset),
             0 if allowed else math.ceil(pick_retry),
+            shadow_denied,
         )
 
     def _sweep(self, now_us: float) -> None:

@@ -110,9 +110,16 @@ class RedisBackend(Backend):
         keys = [f"{self.prefix}:{{{digest}}}:{limit.id}" for limit in limits]
         args: list[Any] = ["" if now is None else repr(now * 1e6), cost, mode]
         for limit in limits:
-            args += (limit.algorithm.value, limit.burst, repr(limit.rate.interval * 1e6))
-        allowed, index, remaining, reset_us, retry_us = self._run(self._script, keys, args)
-        return decision_from(limits, allowed == 1, index - 1, remaining, reset_us, retry_us)
+            args += (
+                limit.algorithm.value,
+                limit.burst,
+                repr(limit.rate.interval * 1e6),
+                "1" if limit.shadow else "0",
+            )
+        allowed, index, remaining, reset_us, retry_us, shadow = self._run(self._script, keys, args)
+        return decision_from(
+            limits, allowed == 1, index - 1, remaining, reset_us, retry_us, shadow == 1
+        )
 
     @staticmethod
     def _run(func: Any, *args: Any) -> Any:
