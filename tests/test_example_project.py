@@ -56,7 +56,7 @@ class Demo:
 
 
 @contextmanager
-def run_demo(tmp_path: Path, redis_url: str | None) -> Iterator[Demo]:
+def run_demo(tmp_path: Path, redis_url: str | None, key_prefix: str = "") -> Iterator[Demo]:
     """Start ``manage.py run_demo`` on a free port with a throwaway SQLite file (and without
     ``REDIS_URL`` when ``redis_url`` is None); stop it with SIGTERM and insist it exits
     cleanly."""
@@ -67,7 +67,7 @@ def run_demo(tmp_path: Path, redis_url: str | None) -> Iterator[Demo]:
         # pytest-django exports tests.settings; the demo must use its own.
         "DJANGO_SETTINGS_MODULE": "example_project.settings",
         "DATABASE_URL": f"sqlite:///{tmp_path / 'demo.sqlite3'}",
-        "DJANGO_THROTTLE_KEY_PREFIX": f"dtdemo{uuid.uuid4().hex[:8]}",
+        "DJANGO_THROTTLE_KEY_PREFIX": key_prefix or f"dtdemo{uuid.uuid4().hex[:8]}",
         "PYTHONUNBUFFERED": "1",
     }
     child_env.pop("PORT", None)
@@ -172,3 +172,35 @@ def test_run_demo_starts_and_stops_its_own_redis(tmp_path: Path) -> None:
 
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", redis_port), 1):
         pass
+
+
+def test_an_edit_reaches_the_running_server_within_two_seconds(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """Another process (here: this test, as an admin's worker would) changes the anonymous
+    tier and publishes the new policy version; the running server enforces it within 2 s."""
+    import sqlite3
+
+    import redis
+
+    prefix = f"dtdemo{uuid.uuid4().hex[:8]}"
+    with run_demo(tmp_path, redis_url, key_prefix=prefix) as demo:
+        status, headers = demo.get("/api/ping/")
+        assert status == 200
+        assert headers["X-RateLimit-Limit"] == "10"
+
+        with sqlite3.connect(tmp_path / "demo.sqlite3") as db:
+            db.execute(
+                "UPDATE django_throttle_tierlimit SET rate = '50/s', burst = 50 WHERE tier_id = "
+                "(SELECT id FROM django_throttle_tier WHERE slug = 'anonymous')"
+            )
+        client = redis.Redis.from_url(redis_url)
+        client.incr(f"{prefix}:policy-version")
+        client.close()
+
+        edited = time.monotonic()
+        while headers["X-RateLimit-Limit"] != "50":
+            assert time.monotonic() - edited < 2.0, "the edit was not seen within 2 s"
+            time.sleep(0.1)
+            status, headers = demo.get("/api/ping/")
+        assert status == 200
