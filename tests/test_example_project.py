@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from email.message import Message
 from pathlib import Path
 
@@ -189,7 +189,7 @@ def test_an_edit_reaches_the_running_server_within_two_seconds(
         assert status == 200
         assert headers["X-RateLimit-Limit"] == "10"
 
-        with sqlite3.connect(tmp_path / "demo.sqlite3") as db:
+        with closing(sqlite3.connect(tmp_path / "demo.sqlite3")) as db, db:
             db.execute(
                 "UPDATE django_throttle_tierlimit SET rate = '50/s', burst = 50 WHERE tier_id = "
                 "(SELECT id FROM django_throttle_tier WHERE slug = 'anonymous')"
