@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import redis
 from django.test import Client
 
 from django_throttle.drf import PolicyThrottle
@@ -160,3 +161,49 @@ def test_disabled_switch_lets_everything_through(client: Client, settings: objec
     tier("anonymous", "1/h", is_default_anonymous=True)
     settings.DJANGO_THROTTLE_ENABLED = False  # type: ignore[attr-defined]
     assert statuses(client, "/api/ping/", 3) == [200, 200, 200]
+
+
+def test_one_redis_round_trip_per_request_however_many_limits(
+    client: Client, settings: object, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted on the wire: every packet the backend's client sends to the real Redis."""
+    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 3600  # type: ignore[attr-defined]
+    anon = tier("anonymous", "100/s", "1000/m", "10000/h", "100000/d", is_default_anonymous=True)
+    endpoint("pings", "route", "ping", limits={anon: "500/s"})
+    client.get("/api/ping/")  # warm: loads the policy and the script
+    evalsha_before = redis_client.info("commandstats")["cmdstat_evalsha"]["calls"]
+    sent: list[object] = []
+    original = redis.connection.AbstractConnection.send_packed_command
+
+    def counting(self: object, command: object, check_health: bool = True) -> None:
+        sent.append(command)
+        original(self, command, check_health)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
+    for _ in range(25):
+        response = client.get("/api/ping/")
+        assert response.status_code == 200
+        assert response["X-RateLimit-Limit"] == "100"
+    monkeypatch.undo()
+    assert len(sent) == 25
+    assert redis_client.info("commandstats")["cmdstat_evalsha"]["calls"] - evalsha_before == 25
+
+
+def test_usage_report_counts_what_clients_saw(client: Client) -> None:
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from django_throttle import usage
+
+    tier("anonymous", "1/m", burst=10, is_default_anonymous=True)
+    assert statuses(client, "/api/ping/", 12) == [200] * 10 + [429] * 2
+    usage.flush()
+    out = StringIO()
+    call_command("throttle_usage", "--by", "client", "--format", "json", stdout=out)
+    rows = json.loads(out.getvalue())
+    assert [(r["client"], r["allowed"], r["denied"]) for r in rows] == [("ip:127.0.0.1", 10, 2)]
+    out = StringIO()
+    call_command("throttle_usage", "--by", "tier", "--format", "json", stdout=out)
+    assert [(r["tier"], r["total"]) for r in json.loads(out.getvalue())] == [("anonymous", 12)]
