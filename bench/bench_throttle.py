@@ -156,6 +156,26 @@ def timed(step: Callable[[Any], object], items: Sequence[Any], seconds: float) -
             return count, now - start
 
 
+def captured_call(backend: Any, client: str, limits: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """The (keys, args) ``backend.hit(client, limits)`` passes to its script, taken from a
+    real call so the baseline follows any change to the argument layout."""
+    seen: list[tuple[list[Any], list[Any]]] = []
+    script = backend._script
+
+    def spy(keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        seen.append((list(keys), list(args)))
+        return script(keys, args)
+
+    backend._script = spy
+    try:
+        backend.hit(client, limits)
+    finally:
+        backend._script = script
+    if len(seen) != 1:
+        raise RuntimeError(f"expected RedisBackend.hit to run its script once, saw {len(seen)}")
+    return seen[0]
+
+
 class CommandStats:
     """Commands Redis executed, from ``INFO commandstats`` (our own INFO calls left out)."""
 
@@ -206,12 +226,11 @@ def run(seconds: float, redis_url: str, prefix: str, profile: bool) -> dict[str,
 
     backend = get_backend()
     assert isinstance(backend, RedisBackend), type(backend)
-    limit = policy_module.current().default_authenticated.limits[0]  # type: ignore[union-attr]
-    # Exactly what RedisBackend._call sends for one limit, prebuilt: the round-trip floor.
+    limits = policy_module.current().default_authenticated.limits  # type: ignore[union-attr]
+    # Exactly the keys and arguments RedisBackend._call sends for each user's one limit,
+    # captured from a real call and prebuilt: the floor for one round trip.
     script = backend.client.register_script(load_script())
-    raw_args = ["", 1, "hit"]
-    raw_args += (limit.algorithm.value, limit.burst, repr(limit.rate.interval * 1e6))
-    raw_calls = [([backend.key(f"user:{user.pk}", limit)], raw_args) for user in users]
+    raw_calls = [captured_call(backend, f"user:{user.pk}", limits) for user in users]
 
     denied = {"drf": 0}
 

@@ -1,7 +1,10 @@
-"""Typed ``DJANGO_THROTTLE_*`` settings, each with a default, read on every access.
+"""Typed ``DJANGO_THROTTLE_*`` settings, each with a default.
 
-Reading on access (never caching at import) keeps ``override_settings`` working; each setting is
-validated by a system check in :mod:`django_throttle.checks`.
+Values are read from ``django.conf.settings`` on first access and remembered until a
+``setting_changed`` signal (``override_settings``, the pytest ``settings`` fixture) clears them:
+every request reads several settings, and a missing Django setting costs a raised
+``AttributeError`` on each plain read. Nothing is read at import. Each setting is validated by
+a system check in :mod:`django_throttle.checks`.
 """
 
 from __future__ import annotations
@@ -16,8 +19,19 @@ PREFIX = "DJANGO_THROTTLE_"
 class Settings:
     """The app's settings. Each property documents its setting and default."""
 
+    def __init__(self) -> None:
+        self._values: dict[str, Any] = {}
+
     def _get(self, name: str, default: Any) -> Any:
-        return getattr(settings, PREFIX + name, default)
+        try:
+            return self._values[name]
+        except KeyError:
+            value = self._values[name] = getattr(settings, PREFIX + name, default)
+            return value
+
+    def reload(self) -> None:
+        """Forget remembered values; the next access reads Django's settings again."""
+        self._values.clear()
 
     @property
     def ENABLED(self) -> bool:

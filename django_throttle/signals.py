@@ -13,7 +13,7 @@ from django.core.signals import setting_changed
 from django.db import transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
-from django_throttle.conf import PREFIX
+from django_throttle.conf import PREFIX, app_settings
 
 logger = logging.getLogger("django_throttle.policy")
 
@@ -41,6 +41,7 @@ def settings_changed(setting: str, **kwargs: Any) -> None:
     if setting.startswith(PREFIX):
         from django_throttle import backends, policy
 
+        app_settings.reload()
         backends.reset_backend_cache()
         policy.reset()
 

@@ -73,6 +73,7 @@ class RedisBackend(Backend):
         self.prefix = app_settings.KEY_PREFIX
         self._script = self.client.register_script(load_script())
         self._version_key = f"{self.prefix}:policy-version"
+        self._encodings: dict[int, tuple[Sequence[Limit], tuple[str, ...], tuple[Any, ...]]] = {}
 
     def key(self, client: str, limit: Limit) -> str:
         return f"{self.prefix}:{{{self.digest(client)}}}:{limit.id}"
@@ -106,9 +107,23 @@ class RedisBackend(Backend):
     def _call(
         self, client: str, limits: Sequence[Limit], cost: int, now: float | None, mode: str
     ) -> Decision:
-        digest = self.digest(client)
-        keys = [f"{self.prefix}:{{{digest}}}:{limit.id}" for limit in limits]
-        args: list[Any] = ["" if now is None else repr(now * 1e6), cost, mode]
+        tag = f"{self.prefix}:{{{self.digest(client)}}}:"
+        suffixes, limit_args = self._encoded(limits)
+        keys = [tag + suffix for suffix in suffixes]
+        args = ("" if now is None else repr(now * 1e6), cost, mode, *limit_args)
+        allowed, index, remaining, reset_us, retry_us, shadow = self._run(self._script, keys, args)
+        return decision_from(
+            limits, allowed == 1, index - 1, remaining, reset_us, retry_us, shadow == 1
+        )
+
+    def _encoded(self, limits: Sequence[Limit]) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+        """Key suffixes and script arguments of a limit list, cached by the list's identity:
+        the policy snapshot hands out the same tuple for every request of a tier/endpoint."""
+        cached = self._encodings.get(id(limits))
+        if cached is not None and cached[0] is limits:
+            return cached[1], cached[2]
+        suffixes = tuple(limit.id for limit in limits)
+        args: tuple[Any, ...] = ()
         for limit in limits:
             args += (
                 limit.algorithm.value,
@@ -116,10 +131,10 @@ class RedisBackend(Backend):
                 repr(limit.rate.interval * 1e6),
                 "1" if limit.shadow else "0",
             )
-        allowed, index, remaining, reset_us, retry_us, shadow = self._run(self._script, keys, args)
-        return decision_from(
-            limits, allowed == 1, index - 1, remaining, reset_us, retry_us, shadow == 1
-        )
+        if len(self._encodings) >= 4096:  # bounded: policy reloads leave old tuples behind
+            self._encodings.clear()
+        self._encodings[id(limits)] = (limits, suffixes, args)
+        return suffixes, args
 
     @staticmethod
     def _run(func: Any, *args: Any) -> Any:
