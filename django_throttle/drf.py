@@ -41,9 +41,14 @@ class PolicyThrottle:
     decision: Decision | None = None
 
     def allow_request(self, request: Request, view: Any) -> bool:
-        decision = core.check(request, scope=getattr(view, "throttle_scope", None))
+        # DRF has authenticated by now and copied the user onto the Django request; reading the
+        # Django request directly skips DRF's attribute proxy on every lookup.
+        http_request = request._request
+        if getattr(http_request, "user", None) is not request.user:
+            http_request.user = request.user
+        decision = core.check(http_request, scope=getattr(view, "throttle_scope", None))
         self.decision = decision
-        request._request.throttle_decision = decision  # type: ignore[attr-defined]
+        http_request.throttle_decision = decision  # type: ignore[attr-defined]
         if decision.allowed:
             return True
         raise PolicyThrottled(decision)
