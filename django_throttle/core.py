@@ -11,8 +11,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import DatabaseError
-
 from django_throttle import policy as policy_module
 from django_throttle import usage
 from django_throttle.backends import BackendError, get_backend
@@ -44,11 +42,7 @@ def check(
     identity = get_resolver()(request)
     tier_slug = endpoint_name = ""
     if limits is None:
-        try:
-            policy = policy_module.current()
-        except DatabaseError as exc:
-            logger.error("throttle policy could not be loaded, request not limited: %s", exc)
-            return UNLIMITED
+        policy = policy_module.current()
         endpoint = policy.match(
             request.method or "GET", scope, _route_name(request), request.path_info
         )

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db import DatabaseError
+
 from django_throttle.backends import BackendError, get_backend
 from django_throttle.conf import app_settings
 from django_throttle.identity import Identity
@@ -88,6 +90,8 @@ class Policy:
     by_path: tuple[EndpointPolicy, ...]
     version: str | None = None
     user_tiers: _UserTierCache = field(default_factory=lambda: _UserTierCache(10_000))
+    #: False for the empty stand-in used while the database cannot be read.
+    loaded: bool = True
 
     def match(
         self, method: str, scope: str | None = None, route: str | None = None, path: str = ""
@@ -113,7 +117,12 @@ class Policy:
             return self.default_anonymous if identity.kind == "ip" else self.default_authenticated
         found, tier_id = self.user_tiers.get(identity.user_id)
         if not found:
-            tier_id = _assigned_tier(identity.user_id, self.tiers)
+            try:
+                tier_id = _assigned_tier(identity.user_id, self.tiers)
+            except DatabaseError as exc:
+                # Not cached: the next request asks again once the database is back.
+                logger.error("tier assignment lookup failed, using the default tier: %s", exc)
+                return self.default_authenticated
             self.user_tiers.put(identity.user_id, tier_id)
         if tier_id is not None and tier_id in self.tiers:
             return self.tiers[tier_id]
@@ -249,9 +258,18 @@ def current() -> Policy:
         except BackendError as exc:
             logger.warning("policy version check failed, keeping the current policy: %s", exc)
             version = policy.version if policy is not None else None
-        if policy is None or version != policy.version:
-            policy = _cache.policy = compile_policy(version)
-            logger.info("policy loaded (version %s)", version)
+        if policy is None or not policy.loaded or version != policy.version:
+            try:
+                policy = compile_policy(version)
+            except DatabaseError as exc:
+                # Keep serving: the last good policy, or none at all; retry next interval
+                # rather than on every request.
+                logger.error("throttle policy could not be loaded: %s", exc)
+                if policy is None or not policy.loaded:
+                    policy = Policy({}, None, None, {}, {}, (), version, loaded=False)
+            else:
+                logger.info("policy loaded (version %s)", version)
+            _cache.policy = policy
         return policy
 
 

@@ -104,11 +104,64 @@ def test_admin_save_bumps_the_shared_version(
     assert get_backend().get_policy_version() != before
 
 
-def test_policy_load_failure_does_not_break_requests(client: Client, monkeypatch: object) -> None:
+def test_policy_load_failure_does_not_break_requests(
+    client: Client, monkeypatch: pytest.MonkeyPatch, settings: object
+) -> None:
+    """An unreadable database lets requests through, and is retried once per refresh
+    interval, not on every request."""
     from django.db import DatabaseError
 
+    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 3600  # type: ignore[attr-defined]
+    tier("anonymous", "1/h", is_default_anonymous=True)
+    attempts: list[object] = []
+    real_compile = policy.compile_policy
+
     def broken(version: object = None) -> object:
+        attempts.append(version)
         raise DatabaseError("no such table")
 
-    monkeypatch.setattr(policy, "compile_policy", broken)  # type: ignore[attr-defined]
+    monkeypatch.setattr(policy, "compile_policy", broken)
+    assert [client.get("/api/ping/").status_code for _ in range(3)] == [200, 200, 200]
+    assert len(attempts) == 1
+    # The database is back: the next refresh loads the real policy.
+    monkeypatch.setattr(policy, "compile_policy", real_compile)
+    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 0.001  # type: ignore[attr-defined]
+    time.sleep(0.01)
+    assert [client.get("/api/ping/").status_code for _ in range(2)] == [200, 429]
+
+
+def test_last_good_policy_survives_a_failed_reload(
+    client: Client, monkeypatch: pytest.MonkeyPatch, settings: object
+) -> None:
+    from django.db import DatabaseError
+
+    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 0.001  # type: ignore[attr-defined]
+    tier("anonymous", "1/h", is_default_anonymous=True)
     assert client.get("/api/ping/").status_code == 200
+
+    def broken(version: object = None) -> object:
+        raise DatabaseError("server closed the connection")
+
+    monkeypatch.setattr(policy, "compile_policy", broken)
+    get_backend().bump_policy_version()
+    time.sleep(0.01)
+    assert client.get("/api/ping/").status_code == 429
+
+
+def test_tier_lookup_failure_falls_back_to_the_default_tier(
+    django_user_model: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import DatabaseError
+
+    free = tier("free", "10/m", is_default_authenticated=True)
+    user = django_user_model.objects.create_user("u")
+    snapshot = policy.current()
+
+    def broken(user_id: object, tiers: object) -> object:
+        raise DatabaseError("connection refused")
+
+    monkeypatch.setattr(policy, "_assigned_tier", broken)
+    ident = Identity("user", str(user.pk), user_id=user.pk)
+    assert snapshot.tier_for(ident).id == free.pk
+    monkeypatch.undo()
+    assert snapshot.tier_for(ident).id == free.pk

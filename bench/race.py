@@ -1,0 +1,143 @@
+"""N concurrent requests against a limit of 10: how many does each throttle admit?
+
+Run from the repository root::
+
+    .venv/bin/python bench/race.py [--requests 40] [--rounds 5]
+
+Starts a private ``redis-server`` (or uses ``REDIS_URL`` under a random, deleted key prefix),
+then fires ``--requests`` requests of one user at once from as many threads, released together
+by a barrier, through (a) ``PolicyThrottle`` with a tier limit of 10/min and (b) DRF's
+``UserRateThrottle`` at ``10/min`` on a django-redis cache. A correct limiter admits exactly 10.
+DRF reads the request history, decides, then writes it back in a second step, so requests
+that read before any write all see an empty history.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+LIMIT = 10
+
+
+def configure(redis_url: str, prefix: str, database: str) -> None:
+    import django
+    from django.conf import settings
+
+    settings.configure(
+        SECRET_KEY="bench-only-not-secret",
+        USE_TZ=True,
+        DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
+        # A file, not ":memory:": every racing thread opens its own connection.
+        DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": database}},
+        INSTALLED_APPS=["django.contrib.auth", "django.contrib.contenttypes", "django_throttle"],
+        CACHES={
+            "default": {
+                "BACKEND": "django_redis.cache.RedisCache",
+                "LOCATION": redis_url,
+                "KEY_PREFIX": f"{prefix}-cache",
+            }
+        },
+        REST_FRAMEWORK={
+            "DEFAULT_AUTHENTICATION_CLASSES": [],
+            "DEFAULT_THROTTLE_RATES": {"user": f"{LIMIT}/min"},
+        },
+        DJANGO_THROTTLE_REDIS_URL=redis_url,
+        DJANGO_THROTTLE_KEY_PREFIX=prefix,
+        DJANGO_THROTTLE_REDIS_OPTIONS={"socket_timeout": 2.0, "socket_connect_timeout": 2.0},
+        DJANGO_THROTTLE_USAGE_ENABLED=False,
+    )
+    django.setup()
+
+
+def race(allow: Callable[[Any], bool], requests: list[Any]) -> int:
+    """Release one request per thread at the same instant; count the admitted ones."""
+    barrier = threading.Barrier(len(requests))
+    admitted: list[bool] = []
+
+    def fire(request: Any) -> None:
+        barrier.wait()
+        try:
+            admitted.append(allow(request))
+        except Exception:  # PolicyThrottle raises Throttled (a 429) on denial
+            admitted.append(False)
+
+    threads = [threading.Thread(target=fire, args=(r,)) for r in requests]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(admitted)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=5)
+    options = parser.parse_args(argv)
+
+    import os
+    import tempfile
+
+    from example_project.private_redis import PrivateRedis
+
+    workdir = tempfile.TemporaryDirectory(prefix="django-throttle-race-")
+
+    private = None if os.environ.get("REDIS_URL") else PrivateRedis().start()
+    url = os.environ.get("REDIS_URL") or private.url  # type: ignore[union-attr]
+    prefix = f"dtrace{uuid.uuid4().hex[:8]}"
+    try:
+        configure(url, prefix, os.path.join(workdir.name, "race.sqlite3"))
+        from django.contrib.auth import get_user_model
+        from django.core.cache import cache
+        from django.core.management import call_command
+        from rest_framework.request import Request
+        from rest_framework.test import APIRequestFactory
+        from rest_framework.throttling import UserRateThrottle
+
+        from django_throttle.drf import PolicyThrottle
+        from django_throttle.models import Tier, TierLimit
+
+        call_command("migrate", verbosity=0)
+        tier = Tier.objects.create(slug="race", name="Race", is_default_authenticated=True)
+        TierLimit.objects.create(tier=tier, rate=f"{LIMIT}/m")
+        factory = APIRequestFactory()
+        print(f"{options.requests} concurrent requests of one user against a limit of {LIMIT}:")
+        for round_no in range(1, options.rounds + 1):
+            user = get_user_model().objects.create_user(f"racer{round_no}")
+            requests = []
+            for _ in range(options.requests):
+                request = Request(factory.get("/race/"))
+                request.user = user
+                requests.append(request)
+            ours = race(lambda r: PolicyThrottle().allow_request(r, view=None), requests)
+            drf = race(lambda r: UserRateThrottle().allow_request(r, view=None), requests)
+            print(
+                f"  round {round_no}: PolicyThrottle admitted {ours:3d}   "
+                f"DRF UserRateThrottle admitted {drf:3d}"
+            )
+        cache.clear()
+    finally:
+        workdir.cleanup()
+        if private is not None:
+            private.stop()
+        else:
+            import redis
+
+            client = redis.Redis.from_url(url)
+            for key in client.scan_iter(f"{prefix}*"):
+                client.delete(key)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
