@@ -85,7 +85,7 @@ def record(client: str, tier: str, endpoint: str, allowed: bool) -> None:
     global _folded
     if not app_settings.USAGE_ENABLED:
         return
-    if _started_pid != os.getpid():
+    if _started_pid is None:  # first use in this process (the at-fork hook resets it)
         _start()
     key = (int(time.time()) // 60, client, tier, endpoint)
     with _lock:

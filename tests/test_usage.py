@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import logging
+import os
 import time
 import types
 from datetime import UTC, datetime, timedelta
@@ -246,13 +247,21 @@ def test_flusher_thread_starts_once_and_stops_on_reset(settings) -> None:  # typ
     assert not flushers[0].is_alive()
 
 
-def test_a_forked_child_starts_with_an_empty_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_starts_with_an_empty_buffer() -> None:
+    """A real fork (gunicorn's preload): the parent's counts stay the parent's to flush."""
     usage.record("user:parent", "", "", True)
-    monkeypatch.setattr(usage, "_started_pid", -1)  # as if recorded before a fork
-    usage.record("user:child", "", "", True)
-    usage.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit code, never return into pytest
+        try:
+            usage.record("user:child", "", "", True)
+            os._exit(0 if {key[1] for key in usage._buffer} == {"user:child"} else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
 
-    assert counts() == {("user:child", "", ""): (1, 0)}
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert {key[1] for key in usage._buffer} == {"user:parent"}
 
 
 # Reports
