@@ -225,3 +225,12 @@ def test_rules_are_unique_per_match_type_pattern_and_methods() -> None:
     EndpointRule.objects.create(name="a", pattern="p", methods="GET,POST")
     errors = errors_of(EndpointRule(name="b", pattern="p", methods="post, get"))
     assert errors["__all__"] == ["Another rule has this match type, pattern and methods."]
+
+
+def test_migrations_match_the_models() -> None:
+    """A model change without its migration fails here, not in a user's deploy."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    call_command("makemigrations", "django_throttle", "--check", "--dry-run", stdout=StringIO())
