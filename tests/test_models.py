@@ -227,6 +227,7 @@ def test_rules_are_unique_per_match_type_pattern_and_methods() -> None:
     assert errors["__all__"] == ["Another rule has this match type, pattern and methods."]
 
 
+@pytest.mark.django_db
 def test_migrations_match_the_models() -> None:
     """A model change without its migration fails here, not in a user's deploy."""
     from io import StringIO
