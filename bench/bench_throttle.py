@@ -75,7 +75,15 @@ class _ErrorCounter(logging.Handler):
         self.count += 1
 
 
-def configure_django(redis_url: str, prefix: str) -> None:
+def configure_django(
+    redis_url: str,
+    prefix: str,
+    *,
+    database: str = ":memory:",
+    drf_rate: str = NEVER_DENY,
+    count_usage: bool = True,
+) -> None:
+    """Configure Django in-process for a benchmark (also used by ``race.py``)."""
     import django
     from django.conf import settings
 
@@ -84,7 +92,7 @@ def configure_django(redis_url: str, prefix: str) -> None:
         SECRET_KEY="bench-only-not-secret",
         USE_TZ=True,
         DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
-        DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+        DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": database}},
         INSTALLED_APPS=[
             "django.contrib.auth",
             "django.contrib.contenttypes",
@@ -101,14 +109,14 @@ def configure_django(redis_url: str, prefix: str) -> None:
         },
         REST_FRAMEWORK={
             "DEFAULT_AUTHENTICATION_CLASSES": [],
-            "DEFAULT_THROTTLE_RATES": {"user": NEVER_DENY, "anon": NEVER_DENY},
+            "DEFAULT_THROTTLE_RATES": {"user": drf_rate, "anon": drf_rate},
         },
         DJANGO_THROTTLE_REDIS_URL=redis_url,
         DJANGO_THROTTLE_KEY_PREFIX=prefix,
         # A loaded machine (CI, this benchmark's own Redis on the same cores) can stall for
         # more than the 50 ms production default; a timeout would fail open and skew numbers.
         DJANGO_THROTTLE_REDIS_OPTIONS={"socket_timeout": 1.0, "socket_connect_timeout": 1.0},
-        DJANGO_THROTTLE_USAGE_ENABLED=True,
+        DJANGO_THROTTLE_USAGE_ENABLED=count_usage,
         DJANGO_THROTTLE_USAGE_FLUSH_INTERVAL=0,
     )
     django.setup()

@@ -23,40 +23,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for folder in (ROOT, ROOT / "bench"):
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
 LIMIT = 10
-
-
-def configure(redis_url: str, prefix: str, database: str) -> None:
-    import django
-    from django.conf import settings
-
-    settings.configure(
-        SECRET_KEY="bench-only-not-secret",
-        USE_TZ=True,
-        DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
-        # A file, not ":memory:": every racing thread opens its own connection.
-        DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": database}},
-        INSTALLED_APPS=["django.contrib.auth", "django.contrib.contenttypes", "django_throttle"],
-        CACHES={
-            "default": {
-                "BACKEND": "django_redis.cache.RedisCache",
-                "LOCATION": redis_url,
-                "KEY_PREFIX": f"{prefix}-cache",
-            }
-        },
-        REST_FRAMEWORK={
-            "DEFAULT_AUTHENTICATION_CLASSES": [],
-            "DEFAULT_THROTTLE_RATES": {"user": f"{LIMIT}/min"},
-        },
-        DJANGO_THROTTLE_REDIS_URL=redis_url,
-        DJANGO_THROTTLE_KEY_PREFIX=prefix,
-        DJANGO_THROTTLE_REDIS_OPTIONS={"socket_timeout": 2.0, "socket_connect_timeout": 2.0},
-        DJANGO_THROTTLE_USAGE_ENABLED=False,
-    )
-    django.setup()
 
 
 def race(allow: Callable[[Any], bool], requests: list[Any]) -> int:
@@ -96,7 +67,16 @@ def main(argv: list[str] | None = None) -> int:
     url = os.environ.get("REDIS_URL") or private.url  # type: ignore[union-attr]
     prefix = f"dtrace{uuid.uuid4().hex[:8]}"
     try:
-        configure(url, prefix, os.path.join(workdir.name, "race.sqlite3"))
+        from bench_throttle import configure_django
+
+        # A file, not ":memory:": every racing thread opens its own connection.
+        configure_django(
+            url,
+            prefix,
+            database=os.path.join(workdir.name, "race.sqlite3"),
+            drf_rate=f"{LIMIT}/min",
+            count_usage=False,
+        )
         from django.contrib.auth import get_user_model
         from django.core.cache import cache
         from django.core.management import call_command

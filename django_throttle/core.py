@@ -15,7 +15,7 @@ from django_throttle import policy as policy_module
 from django_throttle import usage
 from django_throttle.backends import BackendError, get_backend
 from django_throttle.conf import app_settings
-from django_throttle.identity import Identity, get_resolver
+from django_throttle.identity import get_resolver
 from django_throttle.rates import UNLIMITED, Decision, Limit
 
 logger = logging.getLogger("django_throttle")
@@ -55,18 +55,19 @@ def check(
             tier_slug = tier.slug
     if not limits:
         return UNLIMITED
-    decision = _hit(identity, limits, 1 if cost is None else cost)
+    client = identity.key
+    decision = _hit(client, limits, 1 if cost is None else cost)
     if decision.shadow:
-        logger.info("shadow rule %r would deny %s", endpoint_name, identity.key)
+        logger.info("shadow rule %r would deny %s", endpoint_name, client)
     # A shadow would-deny counts as denied in the usage report: that is what it would do.
     allowed = decision.allowed and not decision.shadow
-    usage.record(identity.key, tier_slug, endpoint_name or scope or "", allowed)
+    usage.record(client, tier_slug, endpoint_name or scope or "", allowed)
     return decision
 
 
-def _hit(identity: Identity, limits: Sequence[Limit], cost: int) -> Decision:
+def _hit(client: str, limits: Sequence[Limit], cost: int) -> Decision:
     try:
-        return get_backend().hit(identity.key, limits, cost)
+        return get_backend().hit(client, limits, cost)
     except BackendError as exc:
         mode = app_settings.FAILURE_MODE
         logger.error("throttle backend failed (failure mode %s): %s", mode, exc)

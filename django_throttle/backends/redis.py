@@ -76,7 +76,11 @@ class RedisBackend(Backend):
         self._encodings: dict[int, tuple[Sequence[Limit], tuple[str, ...], tuple[Any, ...]]] = {}
 
     def key(self, client: str, limit: Limit) -> str:
-        return f"{self.prefix}:{{{self.digest(client)}}}:{limit.id}"
+        return self._tag(client) + limit.id
+
+    def _tag(self, client: str) -> str:
+        """The key prefix all of one client's counters share: one Cluster hash slot."""
+        return f"{self.prefix}:{{{self.digest(client)}}}:"
 
     def hit(
         self, client: str, limits: Sequence[Limit], cost: int = 1, *, now: float | None = None
@@ -107,7 +111,7 @@ class RedisBackend(Backend):
     def _call(
         self, client: str, limits: Sequence[Limit], cost: int, now: float | None, mode: str
     ) -> Decision:
-        tag = f"{self.prefix}:{{{self.digest(client)}}}:"
+        tag = self._tag(client)
         suffixes, limit_args = self._encoded(limits)
         keys = [tag + suffix for suffix in suffixes]
         args = ("" if now is None else repr(now * 1e6), cost, mode, *limit_args)
