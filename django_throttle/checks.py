@@ -90,8 +90,13 @@ def _key_prefix(value: Any) -> str | None:
     return None
 
 
-def _failure_mode(value: Any) -> str | None:
-    return None if value in ("open", "closed") else "must be 'open' or 'closed'"
+def _choice(*choices: Any) -> Validator:
+    def validate(value: Any) -> str | None:
+        if value in choices and not isinstance(value, bool):
+            return None
+        return "must be " + " or ".join(repr(c) for c in choices)
+
+    return validate
 
 
 def _alias(value: Any) -> str | None:
@@ -105,7 +110,7 @@ SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E003", "REDIS_OPTIONS", _dict),
     ("E004", "CACHE_ALIAS", _alias),
     ("E005", "KEY_PREFIX", _key_prefix),
-    ("E006", "FAILURE_MODE", _failure_mode),
+    ("E006", "FAILURE_MODE", _choice("open", "closed", "local")),
     ("E007", "TRUSTED_PROXY_COUNT", _int_range(0, 32)),
     ("E008", "IPV4_PREFIX", _int_range(8, 32)),
     ("E009", "IPV6_PREFIX", _int_range(16, 128)),
@@ -117,6 +122,13 @@ SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E015", "USAGE_FLUSH_INTERVAL", _number(0, strict=False)),
     ("E016", "USAGE_RETENTION_DAYS", _int_range(1)),
     ("E017", "ENABLED", _bool),
+    # E018 is the Redis source check below.
+    ("E019", "FAILURE_STATUS", _choice(503, 429)),
+    ("E020", "BREAKER_THRESHOLD", _int_range(1, 1000)),
+    ("E021", "BREAKER_COOLDOWN", _number(0, strict=True)),
+    ("E022", "LOCAL_FALLBACK_MAX_CLIENTS", _int_range(1)),
+    ("E023", "UNKNOWN_CLIENT", _choice("deny", "allow", "shared")),
+    ("E024", "USER_TIER_CACHE_TTL", _number(0, strict=True)),
 )
 
 

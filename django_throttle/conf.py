@@ -67,8 +67,43 @@ class Settings:
 
     @property
     def FAILURE_MODE(self) -> str:
-        """``"open"`` serves requests when the backend fails; ``"closed"`` refuses them (429)."""
+        """What happens when the backend cannot answer, unless a tier or endpoint rule says
+        otherwise: ``"open"`` serves the request uncounted, ``"closed"`` refuses it with
+        ``FAILURE_STATUS`` and ``Retry-After``, ``"local"`` counts it in a per-process
+        in-memory limiter with the same semantics."""
         return str(self._get("FAILURE_MODE", "open"))
+
+    @property
+    def FAILURE_STATUS(self) -> int:
+        """HTTP status of a request refused because the limiter is unavailable (fail-closed)
+        or cannot identify the client: 503 (default) or 429."""
+        return int(self._get("FAILURE_STATUS", 503))
+
+    @property
+    def BREAKER_THRESHOLD(self) -> int:
+        """Consecutive backend failures after which the circuit breaker opens: while open,
+        backend calls fail at once instead of waiting for a timeout."""
+        return int(self._get("BREAKER_THRESHOLD", 3))
+
+    @property
+    def BREAKER_COOLDOWN(self) -> float:
+        """Seconds the breaker stays open before one request probes the backend again."""
+        return float(self._get("BREAKER_COOLDOWN", 0.5))
+
+    @property
+    def LOCAL_FALLBACK_MAX_CLIENTS(self) -> int:
+        """Most (client, limit) states the per-process fallback limiter of failure mode
+        ``"local"`` keeps; the least recently used are forgotten beyond it."""
+        return int(self._get("LOCAL_FALLBACK_MAX_CLIENTS", 100_000))
+
+    @property
+    def UNKNOWN_CLIENT(self) -> str:
+        """Anonymous requests whose address cannot be read (empty or garbage ``REMOTE_ADDR``,
+        e.g. behind a Unix-socket proxy without ``TRUSTED_PROXY_COUNT``): ``"deny"`` refuses
+        them with ``FAILURE_STATUS`` (default), ``"allow"`` serves them uncounted,
+        ``"shared"`` counts them all in one bucket. Each choice logs an error at most once a
+        minute per process naming the fix."""
+        return str(self._get("UNKNOWN_CLIENT", "deny"))
 
     @property
     def TRUSTED_PROXY_COUNT(self) -> int:
@@ -100,6 +135,12 @@ class Settings:
     def USER_TIER_CACHE_SIZE(self) -> int:
         """How many user → tier answers each process remembers."""
         return int(self._get("USER_TIER_CACHE_SIZE", 10_000))
+
+    @property
+    def USER_TIER_CACHE_TTL(self) -> float:
+        """Seconds a process trusts a cached user → tier answer; bounds how long a change the
+        signals cannot see (``QuerySet.update``, ``bulk_create``, raw SQL) takes to apply."""
+        return float(self._get("USER_TIER_CACHE_TTL", 60.0))
 
     @property
     def IETF_HEADERS(self) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from django.db import models
 
-__all__ = ["Algorithm", "Decision", "InvalidRate", "Limit", "Rate"]
+__all__ = ["MAX_COUNT", "MAX_WINDOW", "Algorithm", "Decision", "InvalidRate", "Limit", "Rate"]
 
 
 class Algorithm(models.TextChoices):
@@ -45,7 +45,11 @@ _CANONICAL = ((86400, "d"), (3600, "h"), (60, "m"), (1, "s"))
 _RATE_RE = re.compile(r"^\s*(?P<count>[+-]?\d+)\s*/\s*(?P<mult>\d+)?\s*(?P<unit>[A-Za-z]+)\s*$")
 #: Longest period a rate may name; longer windows belong in a quota system, not a throttle.
 MAX_PERIOD = 366 * 86400
+#: Largest count, burst or cost: far beyond any real limit, and exact in a Lua double.
 MAX_COUNT = 10**9
+#: Longest an empty bucket may take to fill (burst x period / count): keeps every key's
+#: expiry (in ms) far inside what ``SET PX`` accepts.
+MAX_WINDOW = 10 * 366 * 86400
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +127,15 @@ class Limit:
     shadow: bool = False
 
     def __post_init__(self) -> None:
-        if self.burst < 1:
-            raise InvalidRate(f"burst must be at least 1, not {self.burst}")
+        if isinstance(self.burst, bool) or not isinstance(self.burst, int):
+            raise InvalidRate(f"burst must be a whole number, not {self.burst!r}")
+        if not 1 <= self.burst <= MAX_COUNT:
+            raise InvalidRate(f"burst must be between 1 and {MAX_COUNT:,}, not {self.burst}")
+        if self.window > MAX_WINDOW:
+            raise InvalidRate(
+                f"burst {self.burst} at {self.rate} takes {self.window / 86400:,.0f} days to "
+                f"refill; the most is {MAX_WINDOW // 86400:,} days: lower the burst"
+            )
 
     @classmethod
     def build(
@@ -178,6 +189,8 @@ class Decision:
     limits: tuple[Limit, ...] = ()
     shadow: bool = False
     failed_open: bool = False
+    unavailable: bool = False
+    local: bool = False
 
     @property
     def retry_after_header(self) -> int:
