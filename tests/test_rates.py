@@ -119,7 +119,7 @@ def test_limit_burst_defaults_to_count() -> None:
 
 @pytest.mark.parametrize("burst", [0, -1])
 def test_limit_rejects_burst_below_one(burst: int) -> None:
-    with pytest.raises(InvalidRate, match="burst must be at least 1"):
+    with pytest.raises(InvalidRate, match="burst must be between 1 and"):
         Limit.build("api", "100/min", burst=burst)
 
 
@@ -168,3 +168,15 @@ def test_retry_after_header_rounds_up_and_is_at_least_one(retry_after: float, he
     )
 
     assert decision.retry_after_header == header
+
+
+@pytest.mark.parametrize("burst", [10**9 + 1, 9223372036854775807])
+def test_limit_rejects_a_burst_beyond_what_a_double_holds_exactly(burst: int) -> None:
+    with pytest.raises(InvalidRate, match="between 1 and 1,000,000,000"):
+        Limit.build("api", "100/min", burst=burst)
+
+
+def test_limit_rejects_a_bucket_that_takes_over_ten_years_to_refill() -> None:
+    assert Limit.build("api", "1/366d", burst=10).window == 3660 * 86400
+    with pytest.raises(InvalidRate, match="lower the burst"):
+        Limit.build("api", "1/366d", burst=11)
