@@ -4,9 +4,12 @@ Run from the repository root::
 
     .venv/bin/python bench/race.py [--requests 40] [--rounds 5]
 
-Starts a private ``redis-server`` (or uses ``REDIS_URL`` under a random, deleted key prefix),
-then fires ``--requests`` requests of one user at once from as many threads, released together
-by a barrier, through (a) ``PolicyThrottle`` with a tier limit of 10/min and (b) DRF's
+Starts a private ``redis-server`` and stops it at the end. With ``REDIS_URL`` it uses that
+Redis instead, but only under a random key prefix, and at the end deletes exactly the keys under
+that prefix (``SCAN MATCH``): it never flushes, or touches a key of, a Redis it did not start.
+
+Then it fires ``--requests`` requests of one user at once from as many threads, released
+together by a barrier, through (a) ``PolicyThrottle`` with a tier limit of 10/min and (b) DRF's
 ``UserRateThrottle`` at ``10/min`` on a django-redis cache. A correct limiter admits exactly 10.
 DRF reads the request history, decides, then writes it back in a second step, so requests
 that read before any write all see an empty history.
@@ -78,7 +81,6 @@ def main(argv: list[str] | None = None) -> int:
             count_usage=False,
         )
         from django.contrib.auth import get_user_model
-        from django.core.cache import cache
         from django.core.management import call_command
         from rest_framework.request import Request
         from rest_framework.test import APIRequestFactory
@@ -105,18 +107,37 @@ def main(argv: list[str] | None = None) -> int:
                 f"  round {round_no}: PolicyThrottle admitted {ours:3d}   "
                 f"DRF UserRateThrottle admitted {drf:3d}"
             )
-        cache.clear()
     finally:
         workdir.cleanup()
         if private is not None:
             private.stop()
         else:
-            import redis
-
-            client = redis.Redis.from_url(url)
-            for key in client.scan_iter(f"{prefix}*"):
-                client.delete(key)
+            delete_own_keys(url, prefix)
     return 0
+
+
+def delete_own_keys(url: str, prefix: str) -> int:
+    """Delete this run's keys, and only those, from a Redis we did not start.
+
+    Every key the run writes starts with ``prefix`` (the throttle's ``KEY_PREFIX`` and the DRF
+    cache's ``<prefix>-cache``). Never ``FLUSHDB``: that Redis may hold someone else's data.
+    """
+    import redis
+
+    client = redis.Redis.from_url(url)
+    deleted = 0
+    try:
+        batch: list[bytes] = []
+        for key in client.scan_iter(match=f"{prefix}*", count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                deleted += client.delete(*batch)
+                batch.clear()
+        if batch:
+            deleted += client.delete(*batch)
+    finally:
+        client.close()
+    return deleted
 
 
 if __name__ == "__main__":

@@ -1,16 +1,21 @@
 """The admin pages where operators edit tiers, endpoint rules and assignments, and read usage.
 
 Bad input becomes a form error on the field to change (see :mod:`django_throttle.forms`), never
-a 500; list pages load related rows up front so they cost a fixed number of queries.
+a 500; list pages load related rows up front so they cost a fixed number of queries, and flag
+rows written around the admin that the policy skips (a "problems" column).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.contrib import admin
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext_lazy as _
 
 from django_throttle.forms import (
     EndpointLimitFormSet,
@@ -26,6 +31,25 @@ from django_throttle.models import (
     TierLimit,
     UsageCount,
 )
+
+
+def _problems(rows: Iterable[Any]) -> SafeString:
+    """Each row's problems, as the policy compiler would log them; empty when all are fine."""
+    found = [
+        (type(row)._meta.verbose_name, row.pk, field, reason)
+        for row in rows
+        for field, reason in row.row_problems().items()
+    ]
+    if not found:
+        return mark_safe("")
+    items = format_html_join(
+        "", "<li>{} {}: {}: {}</li>", ((str(v), pk, f, r) for v, pk, f, r in found)
+    )
+    return format_html(
+        '<ul class="errorlist" title="{}">{}</ul>',
+        _("skipped by the throttle policy until corrected"),
+        items,
+    )
 
 
 class TierLimitInline(admin.TabularInline):  # type: ignore[type-arg]
@@ -44,7 +68,9 @@ class TierAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "is_default_anonymous",
         "is_default_authenticated",
         "priority",
+        "failure_mode",
         "limits_summary",
+        "problems",
     ]
     list_filter = ["is_default_anonymous", "is_default_authenticated"]
     search_fields = ["name", "slug", "description"]
@@ -54,9 +80,23 @@ class TierAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def get_queryset(self, request: HttpRequest) -> QuerySet[Tier]:
         return super().get_queryset(request).prefetch_related("limits")
 
-    @admin.display(description="limits")
+    fields = [
+        "name",
+        "slug",
+        "description",
+        "is_default_anonymous",
+        "is_default_authenticated",
+        "priority",
+        "failure_mode",
+    ]
+
+    @admin.display(description=_("limits"))
     def limits_summary(self, obj: Tier) -> str:
-        return ", ".join(str(limit) for limit in obj.limits.all()) or "unlimited"
+        return ", ".join(str(limit) for limit in obj.limits.all()) or str(_("unlimited"))
+
+    @admin.display(description=_("problems"))
+    def problems(self, obj: Tier) -> SafeString:
+        return _problems([obj, *obj.limits.all()])
 
 
 class EndpointLimitInline(admin.TabularInline):  # type: ignore[type-arg]
@@ -73,12 +113,38 @@ class EndpointLimitInline(admin.TabularInline):  # type: ignore[type-arg]
 @admin.register(EndpointRule)
 class EndpointRuleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     form = EndpointRuleForm
-    list_display = ["name", "match_type", "pattern", "methods", "cost", "enabled", "shadow"]
+    list_display = [
+        "name",
+        "match_type",
+        "pattern",
+        "methods",
+        "cost",
+        "enabled",
+        "shadow",
+        "failure_mode",
+        "problems",
+    ]
     list_editable = ["enabled", "shadow"]
-    list_filter = ["match_type", "enabled", "shadow"]
+    list_filter = ["match_type", "enabled", "shadow", "failure_mode"]
     search_fields = ["name", "pattern"]
-    fields = ["name", "match_type", "pattern", "methods", "cost", "enabled", "shadow"]
+    fields = [
+        "name",
+        "match_type",
+        "pattern",
+        "methods",
+        "cost",
+        "enabled",
+        "shadow",
+        "failure_mode",
+    ]
     inlines = [EndpointLimitInline]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[EndpointRule]:
+        return super().get_queryset(request).prefetch_related("limits")
+
+    @admin.display(description=_("problems"))
+    def problems(self, obj: EndpointRule) -> SafeString:
+        return _problems([obj, *obj.limits.all()])
 
 
 def _searchable(site: admin.AdminSite, model: type[Model]) -> bool:
@@ -107,11 +173,11 @@ class TierAssignmentAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 class HadDenialsFilter(admin.SimpleListFilter):
-    title = "denials"
+    title = _("denials")
     parameter_name = "denied"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("yes", "some denied"), ("no", "none denied")]
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("yes", _("some denied")), ("no", _("none denied"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == "yes":
@@ -125,7 +191,17 @@ class HadDenialsFilter(admin.SimpleListFilter):
 class UsageCountAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Read-only: the usage flusher writes these rows, people only read (or delete) them."""
 
-    list_display = ["window_start", "client", "tier", "endpoint", "allowed", "denied"]
+    list_display = [
+        "window_start",
+        "client",
+        "tier",
+        "endpoint",
+        "allowed",
+        "denied",
+        "shadow_denied",
+        "failed_open",
+        "failed_closed",
+    ]
     list_filter = [HadDenialsFilter, "tier", "endpoint"]
     search_fields = ["client", "endpoint"]
     date_hierarchy = "window_start"

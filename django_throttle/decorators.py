@@ -2,8 +2,9 @@
 
 ``@throttle(scope="login")`` applies the admin rules for that scope (plus the client's tier
 limits); ``@throttle(rate="5/min")`` an inline limit keyed by client identity, shared by every
-view that uses the same ``scope`` (or private to the view when no scope is given). Class-based
-views take it through ``method_decorator``.
+view that uses the same ``scope``, else private to the view. Class-based views take it through
+``method_decorator``; each class gets its own bucket even though they share
+``View.dispatch``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_asy
 
 from django_throttle import core
 from django_throttle.headers import apply_headers, throttled_response
-from django_throttle.rates import Limit, Rate
+from django_throttle.rates import MAX_COUNT, Limit, Rate
 
 __all__ = ["throttle"]
 
@@ -29,27 +30,52 @@ def throttle(
     rate: str | None = None,
     burst: int | None = None,
     cost: int | None = None,
+    failure_mode: str | None = None,
+    credential: bool | None = None,
 ) -> Callable[[View], View]:
     """Limit a view; a denied request gets 429 with ``Retry-After`` and a JSON body.
 
-    ``rate`` is parsed here, so a bad rate fails at import time with a message saying what is
-    wrong, not on the first request.
+    ``rate``, ``burst``, ``cost`` and ``failure_mode`` are checked here, so a bad value fails
+    at import time with a message saying what is wrong, not on the first request.
+    ``failure_mode`` ("open", "closed" or "local") overrides the policy's choice for when the
+    backend cannot answer. ``credential=True`` marks a login or token view: unless a mode is
+    given here or in the admin, it fails closed. Django's ``LoginView`` (and subclasses)
+    decorated through ``method_decorator`` is recognised as one without the flag.
     """
     if scope is None and rate is None:
         raise TypeError("throttle() needs scope='…' (admin rules) or rate='…' (inline limit)")
-    if cost is not None and cost < 1:
-        raise ValueError(f"throttle(cost={cost}): cost must be at least 1")
+    if cost is not None and not 1 <= cost <= MAX_COUNT:
+        raise ValueError(f"throttle(cost={cost}): cost must be between 1 and {MAX_COUNT:,}")
+    if failure_mode is not None and failure_mode not in core.FAILURE_MODES:
+        raise ValueError(
+            f"throttle(failure_mode={failure_mode!r}): use one of "
+            + ", ".join(repr(mode) for mode in core.FAILURE_MODES)
+        )
     parsed = Rate.parse(rate) if rate is not None else None
+    if parsed is not None:
+        # Validates the burst (and the bucket's refill time) now, with the Limit's message.
+        probe = Limit.build("probe", parsed, burst)
+        if cost is not None and cost > probe.capacity:
+            raise ValueError(
+                f"throttle(cost={cost}): a request costing {cost} could never pass a limit "
+                f"holding {probe.capacity}; raise the burst or lower the cost"
+            )
 
     def decorator(view: View) -> View:
         limits: tuple[Limit, ...] | None = None
         if parsed is not None:
-            owner = scope or f"{view.__module__}.{view.__qualname__}"
-            digest = hashlib.blake2b(f"{owner}|{parsed}|{burst}".encode(), digest_size=6)
-            limits = (Limit.build(f"i{digest.hexdigest()}", parsed, burst, name=owner),)
+            limits = _inline_limits(scope or _owner(view), parsed, burst, scope)
+        is_credential = _is_login_view(view) if credential is None else credential
 
         def run_check(request: Any) -> Any:
-            return core.check(request, scope=scope, limits=limits, cost=cost)
+            return core.check(
+                request,
+                scope=scope,
+                limits=limits,
+                cost=cost,
+                failure_mode=failure_mode,
+                credential=is_credential,
+            )
 
         if iscoroutinefunction(view):
 
@@ -78,3 +104,43 @@ def throttle(
         return wrapper  # type: ignore[return-value]
 
     return decorator
+
+
+def _instance(view: Callable[..., Any]) -> Any:
+    """The view instance behind a ``method_decorator`` partial, else ``None``."""
+    func: Any = view.func if isinstance(view, functools.partial) else view
+    instance = getattr(func, "__self__", None)
+    return None if isinstance(instance, type) else instance
+
+
+def _is_login_view(view: Callable[..., Any]) -> bool:
+    instance = _instance(view)
+    if instance is None:
+        return False
+    from django.contrib.auth.views import LoginView
+
+    return isinstance(instance, LoginView)
+
+
+def _owner(view: Callable[..., Any]) -> str:
+    """The name that gives an unscoped inline limit its own bucket.
+
+    ``method_decorator`` hands the decorator a ``functools.partial`` of the bound method on
+    every call, named after the method's defining class (``View.dispatch`` for every
+    class-based view); the instance's own class is what tells one view from another.
+    """
+    instance = _instance(view)
+    if instance is not None:
+        cls = type(instance)
+        return f"{cls.__module__}.{cls.__qualname__}.{getattr(view, '__name__', '')}"
+    return f"{getattr(view, '__module__', '')}.{getattr(view, '__qualname__', repr(view))}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _inline_limits(
+    owner: str, rate: Rate, burst: int | None, scope: str | None
+) -> tuple[Limit, ...]:
+    """The inline limit of one view (or scope), built once: ``method_decorator`` decorates on
+    every request. Its public name is the scope or the rate, never a module path."""
+    digest = hashlib.blake2b(f"{owner}|{rate}|{burst}".encode(), digest_size=6).hexdigest()
+    return (Limit.build(f"i{digest}", rate, burst, name=scope or str(rate)),)

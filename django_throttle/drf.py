@@ -6,28 +6,49 @@ Use ``django_throttle.drf.PolicyThrottle`` in ``DEFAULT_THROTTLE_CLASSES`` or a 
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-from rest_framework.exceptions import Throttled
+from rest_framework.exceptions import APIException, Throttled
 from rest_framework.request import Request
 
 from django_throttle import core
-from django_throttle.headers import throttled_body
+from django_throttle.headers import retry_after_seconds, throttled_body, throttled_status
 from django_throttle.rates import Decision
 
-__all__ = ["PolicyThrottle", "PolicyThrottled"]
+__all__ = ["LimiterUnavailable", "PolicyThrottle", "PolicyThrottled"]
 
 
 class PolicyThrottled(Throttled):
     """429 whose body names the limit; DRF adds ``Retry-After`` from ``wait``."""
 
     def __init__(self, decision: Decision) -> None:
-        super().__init__(wait=decision.retry_after_header)
+        super().__init__(wait=retry_after_seconds(decision.retry_after))
+        self.detail = throttled_body(decision)
+
+
+class LimiterUnavailable(APIException):
+    """503 (``DJANGO_THROTTLE_FAILURE_STATUS``) when the failure mode is closed and the backend
+    could not answer, or when the client cannot be identified: not the client's fault, so not
+    a 429. DRF's exception handler adds ``Retry-After`` from ``wait``."""
+
+    status_code = 503
+    default_code = "limiter_unavailable"
+
+    def __init__(self, decision: Decision) -> None:
+        super().__init__()
+        self.status_code = throttled_status(decision)
+        self.wait = None if decision.unidentified else retry_after_seconds(decision.retry_after)
         self.detail = throttled_body(decision)
 
 
 class PolicyThrottle:
     """Apply the admin-managed policy (tier limits + endpoint rules) to a DRF view.
+
+    View attributes it reads: ``throttle_scope`` (selects endpoint rules of type "scope"),
+    ``throttle_failure_mode`` ("open", "closed" or "local": beats the admin's and the
+    setting's) and ``throttle_credential`` (a login/token view: fails closed unless a mode
+    is set; DRF's ``ObtainAuthToken`` counts as one).
 
     It implements DRF's throttle interface (``allow_request`` and ``wait``) without subclassing
     ``rest_framework.throttling.BaseThrottle``: importing that module reads DRF's settings at
@@ -46,14 +67,32 @@ class PolicyThrottle:
         http_request = request._request
         if getattr(http_request, "user", None) is not request.user:
             http_request.user = request.user
-        decision = core.check(http_request, scope=getattr(view, "throttle_scope", None))
+        decision = core.check(
+            http_request,
+            scope=getattr(view, "throttle_scope", None),
+            failure_mode=getattr(view, "throttle_failure_mode", None),
+            credential=_is_credential_view(view),
+        )
         self.decision = decision
         http_request.throttle_decision = decision  # type: ignore[attr-defined]
         if decision.allowed:
             return True
+        if decision.unavailable:
+            raise LimiterUnavailable(decision)
         raise PolicyThrottled(decision)
 
     def wait(self) -> float | None:
         if self.decision is None or self.decision.allowed:
             return None
         return self.decision.retry_after
+
+
+def _is_credential_view(view: Any) -> bool:
+    """A login or token view fails closed unless told otherwise: ``throttle_credential`` on
+    the view, else whether it is DRF's ``ObtainAuthToken`` (looked up only when that module
+    was imported, so this adapter never imports the authtoken app itself)."""
+    flag = getattr(view, "throttle_credential", None)
+    if flag is not None:
+        return bool(flag)
+    authtoken = sys.modules.get("rest_framework.authtoken.views")
+    return authtoken is not None and isinstance(view, authtoken.ObtainAuthToken)

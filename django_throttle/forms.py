@@ -3,7 +3,9 @@ every limit it would meet.
 
 A token bucket never holds more than its capacity, so a request costing more than some limit's
 capacity would be denied forever. These forms refuse such a configuration, naming the field to
-change, instead of letting it reach the policy.
+change, instead of letting it reach the policy. A row that is invalid on its own (bad rate,
+burst out of range) already has its error; it is not checked against costs as well, so every
+mistake gets exactly one message.
 """
 
 from __future__ import annotations
@@ -12,36 +14,27 @@ from collections.abc import Iterable
 from typing import Any
 
 from django import forms
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
-from django_throttle.models import EndpointRule, TierLimit
+from django_throttle.models import BadRow, EndpointRule, TierLimit
 from django_throttle.rates import InvalidRate, Rate
 
 __all__ = ["EndpointLimitFormSet", "EndpointRuleForm", "LimitForm", "TierLimitFormSet"]
 
 
-def _capacity(rate: str | None, burst: int | None) -> int | None:
-    """Capacity of a limit from form values, or ``None`` when they are not valid yet."""
-    if burst is not None:
-        return burst if burst >= 1 else None
-    try:
-        return Rate.parse(rate or "").count
-    except InvalidRate:
-        return None
-
-
-def _never_passes(cost: int, capacity: int) -> str:
-    return (
-        f"a request costing {cost} could never pass: this limit holds at most {capacity}; "
-        f"set the burst to at least {cost} or lower the cost"
-    )
-
-
-def _live_forms(formset: forms.BaseInlineFormSet[Any, Any, Any]) -> Iterable[forms.Form]:
-    """Forms that will be saved: filled in, valid so far and not marked for deletion."""
+def _valid_rows(formset: forms.BaseInlineFormSet[Any, Any, Any]) -> Iterable[tuple[Any, int]]:
+    """Forms that will be saved and are valid on their own, with their limit's capacity
+    (computed by :class:`~django_throttle.rates.Limit`, the one place that knows)."""
     for form in formset.forms:
         data = getattr(form, "cleaned_data", None)
-        if data and not data.get("DELETE"):
-            yield form
+        if not data or data.get("DELETE") or form.errors:
+            continue
+        try:
+            capacity = form.instance.capacity
+        except BadRow:
+            continue
+        yield form, capacity
 
 
 def _flag_row(form: forms.Form, message: str) -> None:
@@ -72,14 +65,18 @@ class TierLimitFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
         if not costly:
             return
         name, cost = costly[0]
-        for form in _live_forms(self):
-            capacity = _capacity(form.cleaned_data.get("rate"), form.cleaned_data.get("burst"))
-            if capacity is not None and capacity < cost:
+        for form, capacity in _valid_rows(self):
+            if capacity < cost:
                 _flag_row(
                     form,
-                    f"rule '{name}' costs {cost} per request, and this limit holds at most "
-                    f"{capacity}, so clients of this tier could never call it; set the burst to "
-                    f"at least {cost}",
+                    str(
+                        _(
+                            "rule '%(name)s' costs %(cost)s per request, and this limit holds "
+                            "at most %(capacity)s, so clients of this tier could never call it; "
+                            "set the burst to at least %(cost)s"
+                        )
+                    )
+                    % {"name": name, "cost": cost, "capacity": capacity},
                 )
 
 
@@ -90,12 +87,21 @@ class EndpointLimitFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
         super().clean()
         rule: EndpointRule = self.instance
         cost = rule.cost
-        if not isinstance(cost, int) or cost < 1:
+        if "cost" in rule.row_problems():
             return  # the rule form reports the cost itself
-        for form in _live_forms(self):
-            capacity = _capacity(form.cleaned_data.get("rate"), form.cleaned_data.get("burst"))
-            if capacity is not None and capacity < cost:
-                _flag_row(form, _never_passes(cost, capacity))
+        for form, capacity in _valid_rows(self):
+            if capacity < cost:
+                _flag_row(
+                    form,
+                    str(
+                        _(
+                            "a request costing %(cost)s could never pass: this limit holds at "
+                            "most %(capacity)s; set the burst to at least %(cost)s or lower "
+                            "the cost"
+                        )
+                    )
+                    % {"cost": cost, "capacity": capacity},
+                )
 
 
 class EndpointRuleForm(forms.ModelForm):  # type: ignore[type-arg]
@@ -106,25 +112,30 @@ class EndpointRuleForm(forms.ModelForm):  # type: ignore[type-arg]
         model = EndpointRule
         fields = "__all__"
 
-    def clean(self) -> dict[str, Any]:
-        super().clean()
-        data = self.cleaned_data
-        cost = data.get("cost")
-        if not isinstance(cost, int) or cost <= 1:
-            return data
+    def _post_clean(self) -> None:
+        # After the model's own validation, so a cost out of range has its one error and is
+        # not also compared with the tier limits.
+        super()._post_clean()  # type: ignore[misc]
+        cost = self.cleaned_data.get("cost")
+        if "cost" in self.errors or not isinstance(cost, int) or cost <= 1:
+            return
         too_small = []
         for limit in TierLimit.objects.select_related("tier").order_by("tier__name", "pk"):
             try:
                 capacity = limit.capacity
-            except InvalidRate:
+            except BadRow:
                 continue
             if capacity < cost:
                 too_small.append(f"'{limit.tier.name}' {limit.rate} holds at most {capacity}")
         if too_small:
             self.add_error(
                 "cost",
-                f"a request costing {cost} could never pass the tier limit"
-                f"{'s' if len(too_small) > 1 else ''} {'; '.join(too_small)}; lower the cost "
-                "or raise those bursts",
+                ngettext(
+                    "a request costing %(cost)s could never pass the tier limit %(limits)s; "
+                    "lower the cost or raise those bursts",
+                    "a request costing %(cost)s could never pass the tier limits %(limits)s; "
+                    "lower the cost or raise those bursts",
+                    len(too_small),
+                )
+                % {"cost": cost, "limits": "; ".join(too_small)},
             )
-        return data

@@ -1,40 +1,65 @@
-"""Turn a decision into response headers and the 429 response.
+"""Turn a decision into response headers and the 429 / 503 response.
 
 ``X-RateLimit-Limit`` is the reported limit's capacity, ``-Remaining`` whole tokens left,
-``-Reset`` whole seconds until that limit is full again. With ``DJANGO_THROTTLE_IETF_HEADERS``
-the IETF ``RateLimit`` / ``RateLimit-Policy`` fields (draft-ietf-httpapi-ratelimit-headers)
-are added: ``q`` is a limit's capacity and ``w`` the seconds its bucket takes to refill.
+``-Reset`` whole seconds until that limit is full again. They describe enforced limits only: a
+shadow rule's limits are counted and logged, never advertised. With
+``DJANGO_THROTTLE_IETF_HEADERS`` the IETF ``RateLimit`` / ``RateLimit-Policy`` fields
+(draft-ietf-httpapi-ratelimit-headers) are added: ``q`` is a limit's capacity and ``w`` the
+seconds its bucket takes to refill. ``X-RateLimit-Degraded`` says the backend could not answer
+and the failure mode decided: ``open`` (served uncounted) or ``local`` (counted per process).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.http import HttpResponseBase, JsonResponse
+from django.utils.translation import gettext, ngettext
 
 from django_throttle.conf import app_settings
 from django_throttle.rates import Decision, whole_seconds
 
-__all__ = ["apply_headers", "rate_limit_headers", "throttled_body", "throttled_response"]
+__all__ = [
+    "apply_headers",
+    "rate_limit_headers",
+    "retry_after_seconds",
+    "throttled_body",
+    "throttled_response",
+    "throttled_status",
+]
+
+
+def retry_after_seconds(seconds: float) -> int:
+    """``Retry-After`` in whole seconds: rounded up with no tolerance (a retry after it must
+    succeed, so it is never short, not even by a microsecond), and at least 1."""
+    return max(1, math.ceil(seconds))
 
 
 def rate_limit_headers(decision: Decision) -> dict[str, str]:
-    """Every header the decision implies (empty when no limit applied)."""
+    """Every header the decision implies (empty when no enforced limit applied)."""
+    headers: dict[str, str] = {}
+    if decision.failed_open:
+        headers["X-RateLimit-Degraded"] = "open"
+    elif decision.local:
+        headers["X-RateLimit-Degraded"] = "local"
+    if decision.unavailable:
+        if not decision.unidentified:
+            headers["Retry-After"] = str(retry_after_seconds(decision.retry_after))
+        return headers
     limit = decision.limit
-    if limit is None:
-        return {}
-    reset = decision.reset_header
-    headers = {
-        "X-RateLimit-Limit": str(limit.capacity),
-        "X-RateLimit-Remaining": str(decision.remaining),
-        "X-RateLimit-Reset": str(reset),
-    }
+    if limit is None or limit.shadow:
+        return headers
+    reset = whole_seconds(decision.reset_after)
+    headers["X-RateLimit-Limit"] = str(limit.capacity)
+    headers["X-RateLimit-Remaining"] = str(decision.remaining)
+    headers["X-RateLimit-Reset"] = str(reset)
     if not decision.allowed:
-        headers["Retry-After"] = str(decision.retry_after_header)
+        headers["Retry-After"] = str(retry_after_seconds(decision.retry_after))
     if app_settings.IETF_HEADERS:
+        enforced = [item for item in decision.limits if not item.shadow] or [limit]
         headers["RateLimit-Policy"] = ", ".join(
-            f'"{item.id}";q={item.capacity};w={whole_seconds(item.window)}'
-            for item in decision.limits or (limit,)
+            f'"{item.id}";q={item.capacity};w={whole_seconds(item.window)}' for item in enforced
         )
         headers["RateLimit"] = f'"{limit.id}";r={decision.remaining};t={reset}'
     return headers
@@ -47,19 +72,47 @@ def apply_headers(response: HttpResponseBase, decision: Decision) -> None:
             response[name] = value
 
 
+def throttled_status(decision: Decision) -> int:
+    """429 for a limit the client exceeded; ``DJANGO_THROTTLE_FAILURE_STATUS`` (503 by
+    default) when the limiter itself could not decide: that is not the client's fault."""
+    return app_settings.FAILURE_STATUS if decision.unavailable else 429
+
+
 def throttled_body(decision: Decision) -> dict[str, Any]:
-    """The JSON body of a 429: what was exceeded and when to retry."""
-    wait = decision.retry_after_header
+    """The JSON body of a refusal: what was exceeded (or why nothing could be decided) and
+    when to retry."""
+    if decision.unidentified:
+        return {
+            "detail": gettext(
+                "The server could not determine the client address, so the request cannot "
+                "be rate limited and was refused. This is a server configuration problem."
+            ),
+            "limit": None,
+            "retry_after": None,
+        }
+    wait = retry_after_seconds(decision.retry_after)
+    if decision.unavailable:
+        detail = ngettext(
+            "Rate limiting is temporarily unavailable. Try again in %(wait)d second.",
+            "Rate limiting is temporarily unavailable. Try again in %(wait)d seconds.",
+            wait,
+        )
+        return {"detail": detail % {"wait": wait}, "limit": None, "retry_after": wait}
+    detail = ngettext(
+        "Request was throttled. Expected available in %(wait)d second.",
+        "Request was throttled. Expected available in %(wait)d seconds.",
+        wait,
+    )
     return {
-        "detail": f"Request was throttled. Expected available in {wait} second"
-        f"{'' if wait == 1 else 's'}.",
+        "detail": detail % {"wait": wait},
         "limit": decision.limit.name if decision.limit is not None else None,
         "retry_after": wait,
     }
 
 
 def throttled_response(decision: Decision) -> JsonResponse:
-    """HTTP 429 with ``Retry-After``, the rate-limit headers and a small JSON body."""
-    response = JsonResponse(throttled_body(decision), status=429)
+    """The refusal: 429 (or the failure status) with ``Retry-After``, the rate-limit headers
+    and a small JSON body."""
+    response = JsonResponse(throttled_body(decision), status=throttled_status(decision))
     apply_headers(response, decision)
     return response

@@ -3,7 +3,9 @@
 The resolver is pluggable (``DJANGO_THROTTLE_IDENTITY_RESOLVER``). The default never trusts
 ``X-Forwarded-For`` unless ``DJANGO_THROTTLE_TRUSTED_PROXY_COUNT`` says proxies append to it,
 groups IPv6 clients by prefix (a /64 is one subscriber), unwraps IPv4-mapped IPv6, and never
-raises on a malformed header: it falls back to ``REMOTE_ADDR``.
+raises on a malformed header: it falls back to ``REMOTE_ADDR``. A request with no usable
+address at all is :data:`UNIDENTIFIED`, never silently one shared bucket: the core applies
+``DJANGO_THROTTLE_UNKNOWN_CLIENT`` to it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from django_throttle.conf import app_settings
 
 logger = logging.getLogger("django_throttle.identity")
 
-__all__ = ["Identity", "client_ip", "get_resolver", "resolve_identity"]
+__all__ = ["UNIDENTIFIED", "Identity", "client_ip", "get_resolver", "resolve_identity"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,11 +43,13 @@ class Identity:
 
     @property
     def is_authenticated(self) -> bool:
-        return self.kind != "ip"
+        return self.kind in ("user", "key")
 
 
-#: The identity of a request whose address cannot be read at all.
-UNKNOWN = Identity("ip", "unknown")
+#: A request whose address cannot be read at all (empty or garbage ``REMOTE_ADDR``, e.g.
+#: behind a Unix-socket proxy): it has no bucket of its own. A custom resolver returns this
+#: (or any identity of kind ``"unknown"``) for the same treatment.
+UNIDENTIFIED = Identity("unknown", "")
 
 
 def resolve_identity(request: Any) -> Identity:
@@ -54,7 +58,7 @@ def resolve_identity(request: Any) -> Identity:
     if user is not None and getattr(user, "is_authenticated", False):
         return Identity("user", str(user.pk), user_id=user.pk)
     address = client_ip(request.META)
-    return UNKNOWN if address is None else Identity("ip", address)
+    return UNIDENTIFIED if address is None else Identity("ip", address)
 
 
 def client_ip(meta: Any) -> str | None:

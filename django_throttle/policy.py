@@ -2,8 +2,12 @@
 
 Admin rows are compiled once into plain objects; requests read only the snapshot and a bounded
 user → tier cache, so the steady state costs zero SQL queries. Every process checks a shared
-version (kept by the backend) at most once per ``DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL`` and
-recompiles when it changed, so admin edits reach all workers within seconds, without restarts.
+version (kept by the backend, through the circuit breaker) at most once per
+``DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL`` and recompiles when it changed, so admin edits reach
+all workers within seconds, without restarts.
+
+A row no limit can be built from (written around the admin) is skipped with one ERROR line per
+compile naming it; the rest of the policy applies. Compiling never raises into a request.
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ import dataclasses
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +26,7 @@ from django_throttle.backends import BackendError, get_backend
 from django_throttle.conf import app_settings
 from django_throttle.identity import Identity
 from django_throttle.rates import Limit
+from django_throttle.user_tiers import UserTierCache, assigned_tier
 
 logger = logging.getLogger("django_throttle.policy")
 
@@ -36,6 +40,8 @@ class TierPolicy:
     name: str
     priority: int
     limits: tuple[Limit, ...]
+    #: "" inherits the setting; else "open", "closed" or "local".
+    failure_mode: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,32 +56,18 @@ class EndpointPolicy:
     cost: int
     shadow: bool
     limits_by_tier: dict[int, tuple[Limit, ...]]
+    #: "" inherits the tier's; else "open", "closed" or "local".
+    failure_mode: str = ""
 
     def accepts(self, method: str) -> bool:
         return not self.methods or method in self.methods
 
-
-class _UserTierCache:
-    """A bounded, thread-safe LRU of user id → tier id (``None``: no assignment)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._data: OrderedDict[Any, int | None] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, user_id: Any) -> tuple[bool, int | None]:
-        with self._lock:
-            if user_id in self._data:
-                self._data.move_to_end(user_id)
-                return True, self._data[user_id]
-        return False, None
-
-    def put(self, user_id: Any, tier_id: int | None) -> None:
-        with self._lock:
-            self._data[user_id] = tier_id
-            self._data.move_to_end(user_id)
-            while len(self._data) > self.size:
-                self._data.popitem(last=False)
+    def matches_path(self, path: str) -> bool:
+        """Whole path segments: ``/api/pi`` covers ``/api/pi`` and ``/api/pi/x``, never
+        ``/api/pizza``; a pattern ending in ``/`` covers everything below it."""
+        if self.pattern.endswith("/"):
+            return path.startswith(self.pattern)
+        return path == self.pattern or path.startswith(self.pattern + "/")
 
 
 @dataclass(frozen=True)
@@ -89,7 +81,7 @@ class Policy:
     by_route: dict[str, tuple[EndpointPolicy, ...]]
     by_path: tuple[EndpointPolicy, ...]
     version: str | None = None
-    user_tiers: _UserTierCache = field(default_factory=lambda: _UserTierCache(10_000))
+    user_tiers: UserTierCache = field(default_factory=lambda: UserTierCache(10_000, 60.0))
     #: False for the empty stand-in used while the database cannot be read.
     loaded: bool = True
 
@@ -97,7 +89,8 @@ class Policy:
         self, method: str, scope: str | None = None, route: str | None = None, path: str = ""
     ) -> EndpointPolicy | None:
         """The endpoint rule for a request: by scope, else route name, else longest path
-        prefix; among rules with the same pattern, one naming the method beats one for all."""
+        pattern covering the path (whole segments); among rules with the same pattern, one
+        naming the method beats one for all."""
         if scope is not None:
             for rule in self.by_scope.get(scope, ()):
                 if rule.accepts(method):
@@ -107,7 +100,7 @@ class Policy:
                 if rule.accepts(method):
                     return rule
         for rule in self.by_path:
-            if path.startswith(rule.pattern) and rule.accepts(method):
+            if rule.matches_path(path) and rule.accepts(method):
                 return rule
         return None
 
@@ -118,7 +111,7 @@ class Policy:
         found, tier_id = self.user_tiers.get(identity.user_id)
         if not found:
             try:
-                tier_id = _assigned_tier(identity.user_id, self.tiers)
+                tier_id = assigned_tier(identity.user_id, self.tiers)
             except DatabaseError as exc:
                 # Not cached: the next request asks again once the database is back.
                 logger.error("tier assignment lookup failed, using the default tier: %s", exc)
@@ -137,47 +130,62 @@ class Policy:
             return tier.limits
         return endpoint.limits_by_tier.get(tier.id, tier.limits)
 
-
-def _assigned_tier(user_id: Any, tiers: dict[int, TierPolicy]) -> int | None:
-    """One query: the user's own assignment wins; among group assignments, highest priority."""
-    from django.db.models import Q
-
-    from django_throttle.models import TierAssignment
-
-    best: int | None = None
-    for own_user, tier_id in TierAssignment.objects.filter(
-        Q(user_id=user_id) | Q(group__user__id=user_id)
-    ).values_list("user_id", "tier_id"):
-        if own_user is not None:
-            return int(tier_id)
-        if best is None or _priority(tiers, tier_id) > _priority(tiers, best):
-            best = int(tier_id)
-    return best
+    def failure_mode_for(
+        self,
+        tier: TierPolicy | None,
+        endpoint: EndpointPolicy | None,
+        default: str | None = None,
+    ) -> str:
+        """The endpoint rule's failure mode, else the tier's, else ``default`` (a credential
+        endpoint's "closed"), else the setting."""
+        if endpoint is not None and endpoint.failure_mode:
+            return endpoint.failure_mode
+        if tier is not None and tier.failure_mode:
+            return tier.failure_mode
+        return default or app_settings.FAILURE_MODE
 
 
-def _priority(tiers: dict[int, TierPolicy], tier_id: int) -> int:
-    tier = tiers.get(tier_id)
-    return tier.priority if tier is not None else -(2**31)
+def _usable(row: Any, outcome: str = "skipped") -> bool:
+    """Whether a policy row can be compiled; logs one ERROR line naming it when not."""
+    problems = row.row_problems()
+    if problems:
+        logger.error(
+            "Throttle policy row %s pk=%s %s: %s. Fix it in the admin "
+            "(manage.py check lists every such row).",
+            type(row).__name__,
+            row.pk,
+            outcome,
+            "; ".join(f"{name}: {reason}" for name, reason in problems.items()),
+        )
+    return not problems
 
 
 def compile_policy(version: str | None = None) -> Policy:
-    """Read every policy row (a fixed handful of queries) into an immutable snapshot."""
+    """Read every policy row (a fixed handful of queries) into an immutable snapshot,
+    skipping rows no limit can be built from."""
     from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierLimit
 
     tier_limits: dict[int, list[Limit]] = {}
     for row in TierLimit.objects.select_related("tier").order_by("tier_id", "id"):
-        tier_limits.setdefault(row.tier_id, []).append(row.to_limit())
-    tiers = {
-        t.id: TierPolicy(t.id, t.slug, t.name, t.priority, tuple(tier_limits.get(t.id, ())))
-        for t in Tier.objects.all()
-    }
+        if _usable(row):
+            tier_limits.setdefault(row.tier_id, []).append(row.to_limit())
+    tiers = {}
+    for t in Tier.objects.all():
+        # A bad failure mode is logged and inherited: skipping the tier would lift its limits.
+        failure_mode = t.failure_mode if _usable(t, "kept, its failure mode ignored") else ""
+        tiers[t.id] = TierPolicy(
+            t.id, t.slug, t.name, t.priority, tuple(tier_limits.get(t.id, ())), failure_mode
+        )
     endpoint_limits: dict[tuple[int, int], list[Limit]] = {}
     for endpoint_row in EndpointLimit.objects.select_related("rule", "tier").order_by("id"):
-        endpoint_limits.setdefault((endpoint_row.rule_id, endpoint_row.tier_id), []).append(
-            endpoint_row.to_limit()
-        )
+        if _usable(endpoint_row):
+            endpoint_limits.setdefault((endpoint_row.rule_id, endpoint_row.tier_id), []).append(
+                endpoint_row.to_limit()
+            )
     rules = []
     for rule in EndpointRule.objects.filter(enabled=True).order_by("id"):
+        if not _usable(rule):
+            continue
         # A shadow rule's limits are counted but never deny; the tier's limits still apply.
         by_tier = {
             tier_id: tier.limits
@@ -197,6 +205,7 @@ def compile_policy(version: str | None = None) -> Policy:
                 cost=rule.cost,
                 shadow=rule.shadow,
                 limits_by_tier=by_tier,
+                failure_mode=rule.failure_mode,
             )
         )
     return Policy(
@@ -212,7 +221,9 @@ def compile_policy(version: str | None = None) -> Policy:
             )
         ),
         version=version,
-        user_tiers=_UserTierCache(app_settings.USER_TIER_CACHE_SIZE),
+        user_tiers=UserTierCache(
+            app_settings.USER_TIER_CACHE_SIZE, app_settings.USER_TIER_CACHE_TTL
+        ),
     )
 
 
@@ -253,24 +264,43 @@ def current() -> Policy:
         if policy is not None and now - _cache.checked_at < app_settings.POLICY_REFRESH_INTERVAL:
             return policy
         _cache.checked_at = now
-        try:
-            version = get_backend().get_policy_version()
-        except BackendError as exc:
-            logger.warning("policy version check failed, keeping the current policy: %s", exc)
-            version = policy.version if policy is not None else None
+        version = _shared_version(policy)
         if policy is None or not policy.loaded or version != policy.version:
-            try:
-                policy = compile_policy(version)
-            except DatabaseError as exc:
-                # Keep serving: the last good policy, or none at all; retry next interval
-                # rather than on every request.
-                logger.error("throttle policy could not be loaded: %s", exc)
-                if policy is None or not policy.loaded:
-                    policy = Policy({}, None, None, {}, {}, (), version, loaded=False)
-            else:
-                logger.info("policy loaded (version %s)", version)
+            policy = _compile(policy, version)
             _cache.policy = policy
         return policy
+
+
+def _shared_version(policy: Policy | None) -> str | None:
+    """The backend's policy version, through the circuit breaker; the snapshot's own version
+    (no reload) when the backend cannot answer. An open breaker logs nothing here: the breaker
+    itself logs when it opens and closes."""
+    from django_throttle.breaker import CircuitOpen, get_breaker
+
+    try:
+        return get_breaker().call(get_backend().get_policy_version)
+    except CircuitOpen:
+        pass
+    except BackendError as exc:
+        logger.warning("policy version check failed, keeping the current policy: %s", exc)
+    return policy.version if policy is not None else None
+
+
+def _compile(last: Policy | None, version: str | None) -> Policy:
+    """A fresh snapshot, else the last good one, else an empty stand-in retried next interval
+    (never an exception: requests must not fail because the policy cannot be read)."""
+    try:
+        policy = compile_policy(version)
+    except Exception as exc:
+        if isinstance(exc, DatabaseError):
+            logger.error("throttle policy could not be loaded: %s", exc)
+        else:
+            logger.exception("throttle policy could not be compiled")
+        if last is not None and last.loaded:
+            return last
+        return Policy({}, None, None, {}, {}, (), version, loaded=False)
+    logger.info("policy loaded (version %s)", version)
+    return policy
 
 
 def invalidate() -> None:

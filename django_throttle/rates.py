@@ -191,6 +191,7 @@ class Decision:
     failed_open: bool = False
     unavailable: bool = False
     local: bool = False
+    unidentified: bool = False
 
     @property
     def retry_after_header(self) -> int:
@@ -204,9 +205,10 @@ class Decision:
 
 
 def whole_seconds(seconds: float) -> int:
-    """Round up to whole seconds, forgiving the microsecond that float rounding adds
-    (backends report microseconds rounded up, so 3600 s may arrive as 3600.000001 s)."""
-    return max(0, math.ceil(seconds - 1e-6))
+    """Round up to whole seconds, forgiving nothing: backends report waits already free of
+    float noise (an exact 3600 s arrives as 3600.0 s), so waiting the rounded value is never
+    too short."""
+    return max(0, math.ceil(seconds))
 
 
 #: The decision when no limit applies to a request.

@@ -1,21 +1,30 @@
 """Signal receivers, connected in ``AppConfig.ready()``.
 
 Policy edits bump the shared policy version (after the transaction commits) so every process
-reloads within its refresh interval; settings changes drop cached backends and policies.
+reloads within its refresh interval; an edited limit also has its stored counters re-timed to
+the new rate, so tightening a limit never hands out a free burst. Group membership changes bump
+only when a group involved puts its members in a tier. Settings changes drop cached backends
+and policies.
 """
 
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 from django.core.signals import setting_changed
 from django.db import transaction
+from django.db.models import Model
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
 from django_throttle.conf import PREFIX, app_settings
 
 logger = logging.getLogger("django_throttle.policy")
+
+#: Set on a user or group between ``pre_clear`` and ``post_clear`` when the groups being
+#: cleared include one with a tier assignment.
+_CLEARS_TIERED = "_django_throttle_clears_tiered_group"
 
 
 def policy_changed(**kwargs: Any) -> None:
@@ -24,6 +33,16 @@ def policy_changed(**kwargs: Any) -> None:
 
     policy.invalidate()
     transaction.on_commit(_bump, using=kwargs.get("using"))
+
+
+def limit_saved(instance: Any, created: bool, **kwargs: Any) -> None:
+    """Bump the version, then re-time the limit's stored counters (both after commit).
+
+    A counter written under the old rate expires when it would have been full under the old
+    rate; re-timing makes it last until full under the new one. New rows have no counters."""
+    policy_changed(**kwargs)
+    if not created:
+        transaction.on_commit(partial(_retime, type(instance), instance.pk), kwargs.get("using"))
 
 
 def _bump() -> None:
@@ -35,6 +54,69 @@ def _bump() -> None:
         get_backend().bump_policy_version()
     except BackendError as exc:
         logger.warning("could not publish the policy change to other processes: %s", exc)
+
+
+def _retime(model: Any, pk: Any) -> None:
+    from django_throttle.backends import BackendError, get_backend
+    from django_throttle.models import BadRow
+
+    row = model._default_manager.filter(pk=pk).select_related(*_RELATED[model.__name__]).first()
+    if row is None:
+        return
+    try:
+        limit = row.to_limit()
+    except BadRow:
+        return  # the compiler skips the row (and logs it); nothing counts under it
+    try:
+        get_backend().retime([limit])
+    except BackendError as exc:
+        logger.warning(
+            "could not re-time stored counters of %s to its new rate (they expire on the old "
+            "schedule): %s",
+            limit.name,
+            exc,
+        )
+
+
+_RELATED = {"TierLimit": ("tier",), "EndpointLimit": ("rule", "tier")}
+
+
+def groups_changed(
+    instance: Any, action: str, reverse: bool, pk_set: set[Any] | None, **kwargs: Any
+) -> None:
+    """Bump once per membership change that can move someone between tiers.
+
+    ``user.groups.add(g)`` sends pre_add and post_add; only the post_* signals bump, and only
+    when a group involved has a tier assignment, so group changes elsewhere on the site cost
+    the workers nothing. ``clear`` sends no ``pk_set``: pre_clear notes whether a tiered group
+    is among those being removed."""
+    if action == "pre_clear":
+        setattr(instance, _CLEARS_TIERED, _has_tiered_group(instance, reverse, None))
+        return
+    if action == "post_clear":
+        tiered = getattr(instance, _CLEARS_TIERED, False)
+        if hasattr(instance, _CLEARS_TIERED):
+            delattr(instance, _CLEARS_TIERED)
+    elif action in ("post_add", "post_remove"):
+        tiered = bool(pk_set) and _has_tiered_group(instance, reverse, pk_set)
+    else:
+        return
+    if tiered:
+        policy_changed(using=kwargs.get("using"))
+
+
+def _has_tiered_group(instance: Any, reverse: bool, pk_set: set[Any] | None) -> bool:
+    """Whether any group involved has a tier assignment. Forward (``user.groups``): the
+    groups in ``pk_set``, or all the user's groups for a clear; reverse (``group.user_set``):
+    the group itself."""
+    from django_throttle.models import TierAssignment
+
+    assignments = TierAssignment.objects.filter(group__isnull=False)
+    if reverse:
+        return assignments.filter(group_id=instance.pk).exists()
+    if pk_set is None:
+        return assignments.filter(group__user=instance).exists()
+    return assignments.filter(group_id__in=pk_set).exists()
 
 
 def settings_changed(setting: str, **kwargs: Any) -> None:
@@ -51,15 +133,18 @@ def connect() -> None:
 
     from django_throttle import models
 
-    for model in (
+    policy_models: tuple[type[Model], ...] = (
         models.Tier,
         models.TierLimit,
         models.EndpointRule,
         models.EndpointLimit,
         models.TierAssignment,
-    ):
-        post_save.connect(policy_changed, sender=model, dispatch_uid=f"dt-save-{model.__name__}")
-        post_delete.connect(policy_changed, sender=model, dispatch_uid=f"dt-del-{model.__name__}")
+    )
+    for model in policy_models:
+        name = model.__name__
+        on_save = limit_saved if name in _RELATED else policy_changed
+        post_save.connect(on_save, sender=model, dispatch_uid=f"dt-save-{name}")
+        post_delete.connect(policy_changed, sender=model, dispatch_uid=f"dt-del-{name}")
     groups = get_user_model().groups.through
-    m2m_changed.connect(policy_changed, sender=groups, dispatch_uid="dt-user-groups")
+    m2m_changed.connect(groups_changed, sender=groups, dispatch_uid="dt-user-groups")
     setting_changed.connect(settings_changed, dispatch_uid="dt-settings")

@@ -1,4 +1,9 @@
-"""Usage counters: allowed and denied requests per minute, client, tier and endpoint.
+"""Usage counters: what happened to requests, per minute, client, tier and endpoint.
+
+Each request lands in exactly one outcome: :data:`ALLOWED`, :data:`DENIED`,
+:data:`SHADOW_DENIED` (served, but a shadow rule would have denied it), :data:`FAILED_OPEN`
+(served uncounted: the limiter was unavailable) or :data:`FAILED_CLOSED` (refused: the limiter
+was unavailable).
 
 :func:`record` is on the request path, so it does no I/O: it bumps a counter in a process-local
 buffer under a lock. :func:`flush` moves the buffer into :class:`~django_throttle.models.UsageCount`
@@ -6,8 +11,12 @@ rows in batches, from a daemon thread every ``DJANGO_THROTTLE_USAGE_FLUSH_INTERV
 interpreter exit, and from ``manage.py throttle_usage``. :func:`report` sums the rows for that
 command.
 
-Counts are best effort: a process killed hard loses at most one flush interval of counts, and a
-buffer holding more than :data:`MAX_KEYS` distinct keys folds new clients into :data:`OTHER`.
+Counts are best effort. What reaches the database: everything flushed so far (every
+``DJANGO_THROTTLE_USAGE_FLUSH_INTERVAL`` seconds) plus, on a clean interpreter exit (``sys.exit``,
+Ctrl-C, a server's graceful shutdown that exits normally), the rest. A process ended by a signal
+it does not handle (SIGTERM under ``runserver`` or a bare ``python``, SIGKILL, the OOM killer)
+loses what it counted since its last flush: at most one flush interval. A buffer holding more
+than :data:`MAX_KEYS` distinct keys folds new clients into :data:`OTHER`.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connections, router, transaction
@@ -31,7 +40,21 @@ from django_throttle.conf import app_settings
 if TYPE_CHECKING:
     from django_throttle.models import UsageCount
 
-__all__ = ["MAX_KEYS", "OTHER", "UsageRow", "flush", "record", "report", "reset"]
+__all__ = [
+    "ALLOWED",
+    "DENIED",
+    "FAILED_CLOSED",
+    "FAILED_OPEN",
+    "MAX_KEYS",
+    "OTHER",
+    "OUTCOMES",
+    "SHADOW_DENIED",
+    "UsageRow",
+    "flush",
+    "record",
+    "report",
+    "reset",
+]
 
 logger = logging.getLogger("django_throttle.usage")
 
@@ -44,10 +67,19 @@ CHUNK_SIZE = 500
 #: Seconds between deletions of rows older than ``USAGE_RETENTION_DAYS`` (per process).
 PRUNE_INTERVAL = 3600.0
 
+ALLOWED = "allowed"
+DENIED = "denied"
+SHADOW_DENIED = "shadow_denied"
+FAILED_OPEN = "failed_open"
+FAILED_CLOSED = "failed_closed"
+#: Every outcome, in column order; each is a :class:`~django_throttle.models.UsageCount` field.
+OUTCOMES: tuple[str, ...] = (ALLOWED, DENIED, SHADOW_DENIED, FAILED_OPEN, FAILED_CLOSED)
+_INDEX = {outcome: i for i, outcome in enumerate(OUTCOMES)}
+
 ReportBy = Literal["client", "tier", "endpoint"]
 REPORT_BY: tuple[str, ...] = ("client", "tier", "endpoint")
 
-# (minute since the epoch, client, tier, endpoint) -> [allowed, denied]
+# (minute since the epoch, client, tier, endpoint) -> one count per outcome, in OUTCOMES order
 _Key = tuple[int, str, str, str]
 _Buffer = dict[_Key, list[int]]
 
@@ -62,12 +94,16 @@ _hooks_installed = False
 
 @dataclass(frozen=True, slots=True)
 class UsageRow:
-    """Summed counts for one client, tier or endpoint (``key``; ``""`` means none)."""
+    """Summed counts for one client, tier or endpoint (``key``; ``""`` means none);
+    ``total`` is the sum of the outcomes."""
 
     key: str
     allowed: int
     denied: int
     total: int
+    shadow_denied: int = 0
+    failed_open: int = 0
+    failed_closed: int = 0
 
     @property
     def denied_percent(self) -> float:
@@ -75,14 +111,18 @@ class UsageRow:
         return 100.0 * self.denied / self.total if self.total else 0.0
 
 
-def record(client: str, tier: str, endpoint: str, allowed: bool) -> None:
-    """Count one request as allowed or denied. Thread safe; no I/O, no allocation beyond the key.
+def record(client: str, tier: str, endpoint: str, outcome: str) -> None:
+    """Count one request under ``outcome`` (one of :data:`OUTCOMES`). Thread safe; no I/O, no
+    allocation beyond the key.
 
     ``client`` is the identity as text (``"user:42"``, ``"ip:203.0.113.7"``), ``tier`` the tier
     slug and ``endpoint`` the endpoint rule name, ``""`` for none. A no-op when
-    ``DJANGO_THROTTLE_USAGE_ENABLED`` is false.
+    ``DJANGO_THROTTLE_USAGE_ENABLED`` is false. Raises ``ValueError`` for an unknown outcome.
     """
     global _folded
+    index = _INDEX.get(outcome) if isinstance(outcome, str) else None
+    if index is None:
+        raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
     if not app_settings.USAGE_ENABLED:
         return
     if _started_pid is None:  # first use in this process (the at-fork hook resets it)
@@ -98,18 +138,19 @@ def record(client: str, tier: str, endpoint: str, allowed: bool) -> None:
                 _folded += 1
                 counts = _buffer.get(key)
             if counts is None:
-                counts = _buffer[key] = [0, 0]
-        counts[0 if allowed else 1] += 1
+                counts = _buffer[key] = [0] * len(OUTCOMES)
+        counts[index] += 1
 
 
 def flush() -> int:
     """Write the buffered counts to the database and return how many rows were written.
 
-    Each key adds to its row (``allowed = allowed + n``), creating it when missing; a row created
-    by another process at the same moment is retried as an update inside a savepoint, so the
-    surrounding transaction stays usable on PostgreSQL. Keys are written in sorted order, in
-    transactions of :data:`CHUNK_SIZE`, so concurrent flushes never deadlock. At most once per
-    :data:`PRUNE_INTERVAL` the flush also deletes rows older than ``USAGE_RETENTION_DAYS``.
+    Each key adds to its row (``allowed = allowed + n``, likewise for every outcome), creating
+    it when missing; a row created by another process at the same moment is retried as an
+    update inside a savepoint, so the surrounding transaction stays usable on PostgreSQL. Keys
+    are written in sorted order, in transactions of :data:`CHUNK_SIZE`, so concurrent flushes
+    never deadlock. At most once per :data:`PRUNE_INTERVAL` the flush also deletes rows older
+    than ``USAGE_RETENTION_DAYS``.
 
     Database errors are logged, never raised: the counts of a failed chunk go back into the
     buffer for the next flush (or are dropped, with a warning, when the buffer is full).
@@ -132,11 +173,12 @@ def flush() -> int:
 
     alias = router.db_for_write(UsageCount)
     merged: _Buffer = {}
-    for (minute, client, tier, endpoint), (allowed, denied) in batch.items():
+    for (minute, client, tier, endpoint), added in batch.items():
         # Truncate to the column sizes; keys that collide after truncation add up.
-        counts = merged.setdefault((minute, client[:200], tier[:100], endpoint[:100]), [0, 0])
-        counts[0] += allowed
-        counts[1] += denied
+        key = (minute, client[:200], tier[:100], endpoint[:100])
+        counts = merged.setdefault(key, [0] * len(OUTCOMES))
+        for i, n in enumerate(added):
+            counts[i] += n
 
     items = sorted(merged.items())
     written = 0
@@ -144,8 +186,8 @@ def flush() -> int:
         chunk = items[start : start + CHUNK_SIZE]
         try:
             with transaction.atomic(using=alias):
-                for key, (allowed, denied) in chunk:
-                    _add(UsageCount, alias, key, allowed, denied)
+                for key, counts in chunk:
+                    _add(UsageCount, alias, key, counts)
         except DatabaseError:
             logger.exception("Could not write %d usage rows; keeping them for later.", len(chunk))
             _restore(chunk)
@@ -169,7 +211,7 @@ def reset() -> None:
 
 
 def report(since: datetime, by: str, top: int | None) -> list[UsageRow]:
-    """Sum allowed and denied counts per ``by`` ("client", "tier" or "endpoint") since ``since``.
+    """Sum each outcome per ``by`` ("client", "tier" or "endpoint") since ``since``.
 
     Includes the whole minute window containing ``since``. Rows come busiest first: by total
     requests, then by denied requests, then by key, so the clients (or tiers, endpoints) that
@@ -183,24 +225,22 @@ def report(since: datetime, by: str, top: int | None) -> list[UsageRow]:
     if top is not None and top < 1:
         raise ValueError(f"top must be at least 1, not {top}")
     since = since.replace(second=0, microsecond=0)
+    total: Any = F(OUTCOMES[0])
+    for outcome in OUTCOMES[1:]:
+        total = total + F(outcome)
     rows = (
         UsageCount.objects.filter(window_start__gte=since)
         .values(by)
-        .annotate(
-            sum_allowed=Sum("allowed"),
-            sum_denied=Sum("denied"),
-            sum_total=Sum(F("allowed") + F("denied")),
-        )
-        .order_by("-sum_total", "-sum_denied", by)
+        .annotate(sum_total=Sum(total), **{f"sum_{outcome}": Sum(outcome) for outcome in OUTCOMES})
+        .order_by("-sum_total", f"-sum_{DENIED}", by)
     )
     if top is not None:
         rows = rows[:top]
     return [
         UsageRow(
             key=row[by],
-            allowed=int(row["sum_allowed"]),
-            denied=int(row["sum_denied"]),
             total=int(row["sum_total"]),
+            **{outcome: int(row[f"sum_{outcome}"]) for outcome in OUTCOMES},
         )
         for row in rows
     ]
@@ -214,30 +254,20 @@ def _window_start(minute: int) -> datetime:
     return timezone.make_naive(value, timezone.get_default_timezone())
 
 
-def _add(
-    model: type[UsageCount],
-    alias: str,
-    key: _Key,
-    allowed: int,
-    denied: int,
-) -> None:
+def _add(model: type[UsageCount], alias: str, key: _Key, counts: list[int]) -> None:
     minute, client, tier, endpoint = key
     window_start = _window_start(minute)
     rows = model._default_manager.using(alias).filter(
         window_start=window_start, client=client, tier=tier, endpoint=endpoint
     )
-    increment = {"allowed": F("allowed") + allowed, "denied": F("denied") + denied}
+    added = {outcome: n for outcome, n in zip(OUTCOMES, counts, strict=True) if n}
+    increment = {outcome: F(outcome) + n for outcome, n in added.items()}
     if rows.update(**increment):
         return
     try:
         with transaction.atomic(using=alias):
             rows.create(
-                window_start=window_start,
-                client=client,
-                tier=tier,
-                endpoint=endpoint,
-                allowed=allowed,
-                denied=denied,
+                window_start=window_start, client=client, tier=tier, endpoint=endpoint, **added
             )
     except IntegrityError:
         # Another process created the row between our update and insert.
@@ -248,15 +278,15 @@ def _restore(chunk: list[tuple[_Key, list[int]]]) -> None:
     """Put the counts of a failed write back into the buffer, within its bound."""
     dropped = 0
     with _lock:
-        for key, (allowed, denied) in chunk:
+        for key, added in chunk:
             counts = _buffer.get(key)
             if counts is None:
                 if len(_buffer) >= MAX_KEYS:
-                    dropped += allowed + denied
+                    dropped += sum(added)
                     continue
-                counts = _buffer[key] = [0, 0]
-            counts[0] += allowed
-            counts[1] += denied
+                counts = _buffer[key] = [0] * len(OUTCOMES)
+            for i, n in enumerate(added):
+                counts[i] += n
     if dropped:
         logger.warning(
             "Usage buffer full: dropped %d requests' counts after a failed write.", dropped

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.db import connection
+
 from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierLimit
 
 
@@ -28,3 +33,28 @@ def endpoint(
     for owner, rate in (limits or {}).items():
         EndpointLimit.objects.create(rule=rule, tier=owner, rate=rate)
     return rule
+
+
+@contextmanager
+def check_constraints_off() -> Iterator[None]:
+    """Write rows as a database that predates migration 0002 could hold them."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            cursor.execute("PRAGMA ignore_check_constraints = ON")
+            try:
+                yield
+            finally:
+                cursor.execute("PRAGMA ignore_check_constraints = OFF")
+            return
+        # Fire the deferred foreign-key checks now: PostgreSQL refuses ALTER TABLE while
+        # trigger events are pending.
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        for table, name in (
+            ("django_throttle_tierlimit", "django_throttle_tier_limit_burst_range"),
+            ("django_throttle_endpointlimit", "django_throttle_endpoint_limit_burst_range"),
+            ("django_throttle_endpointrule", "django_throttle_endpoint_rule_cost_range"),
+        ):
+            # Inside the test's transaction: rolled back with it.
+            cursor.execute(f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {name}")
+        cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+        yield

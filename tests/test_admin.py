@@ -21,6 +21,8 @@ from django_throttle.models import (
     TierLimit,
     UsageCount,
 )
+from django_throttle.rates import MAX_COUNT, MAX_WINDOW
+from tests.factories import check_constraints_off
 
 pytestmark = pytest.mark.django_db
 
@@ -80,13 +82,14 @@ def free() -> Tier:
 
 
 def test_tier_with_limits_is_saved(admin_client: Client) -> None:
-    data = tier_form(is_default_authenticated="on") | inline(
+    data = tier_form(is_default_authenticated="on", failure_mode="local") | inline(
         [limit_row("100/min"), limit_row("5000/day", "200")]
     )
     response = admin_client.post(reverse("admin:django_throttle_tier_add"), data)
     assert response.status_code == 302
     tier = Tier.objects.get(slug="pro")
     assert tier.is_default_authenticated
+    assert tier.failure_mode == "local"
     # Rates are stored in canonical form so that equal rates compare equal.
     assert [(row.rate, row.burst) for row in tier.limits.all()] == [
         ("100/m", None),
@@ -117,12 +120,58 @@ def test_bad_rate_is_an_error_on_the_rate(admin_client: Client, rate: str, messa
     assert not TierLimit.objects.exists()
 
 
-def test_burst_zero_is_an_error_on_the_burst(admin_client: Client) -> None:
-    data = tier_form() | inline([limit_row("10/s", "0")])
+@pytest.mark.parametrize("burst", ["0", "-3"])
+def test_burst_below_one_is_one_error_on_the_burst(admin_client: Client, burst: str) -> None:
+    """No '≥ 0' from the field type, and no second 'set the burst to at least 10' from the
+    cost check while the burst itself is invalid."""
+    EndpointRule.objects.create(name="export", pattern="export", cost=10)
+    data = tier_form() | inline([limit_row("5/s", burst)])
     response = admin_client.post(reverse("admin:django_throttle_tier_add"), data)
     assert response.status_code == 200
-    assert row_errors(response) == [{"burst": ["Ensure this value is greater than or equal to 1."]}]
+    assert row_errors(response) == [{"burst": ["The burst must be at least 1."]}]
+    assert shows(response, "The burst must be at least 1.")
     assert not Tier.objects.exists()
+
+
+def test_huge_burst_is_refused_naming_the_bound(admin_client: Client) -> None:
+    data = tier_form() | inline([limit_row("10/s", "9223372036854775807")])
+    response = admin_client.post(reverse("admin:django_throttle_tier_add"), data)
+    assert response.status_code == 200
+    assert row_errors(response) == [{"burst": [f"The burst must be at most {MAX_COUNT}."]}]
+    assert not Tier.objects.exists()
+
+
+def test_burst_that_takes_too_long_to_refill_gets_the_limits_message(
+    admin_client: Client,
+) -> None:
+    data = tier_form() | inline([limit_row("1/366d", "100")])
+    response = admin_client.post(reverse("admin:django_throttle_tier_add"), data)
+    assert response.status_code == 200
+    [errors] = row_errors(response)
+    assert list(errors) == ["burst"]
+    assert errors["burst"][0].startswith("burst 100 at 1/366d takes 36,600 days to refill")
+    assert f"the most is {MAX_WINDOW // 86400:,} days" in errors["burst"][0]
+    assert not Tier.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("cost", "message"),
+    [
+        ("0", "The cost must be at least 1."),
+        ("-3", "The cost must be at least 1."),
+        ("9223372036854775807", f"The cost must be at most {MAX_COUNT}."),
+    ],
+)
+def test_cost_out_of_range_is_one_error(
+    admin_client: Client, free: Tier, cost: str, message: str
+) -> None:
+    TierLimit.objects.create(tier=free, rate="10/s")  # would also "never pass" a huge cost
+    data = rule_form(cost=cost) | inline([limit_row("10/s", tier=str(free.pk))])
+    response = admin_client.post(reverse("admin:django_throttle_endpointrule_add"), data)
+    assert response.status_code == 200
+    assert form_errors(response) == {"cost": [message]}
+    assert row_errors(response) == [{}]
+    assert not EndpointRule.objects.exists()
 
 
 def test_second_default_tier_is_an_error_naming_the_first(admin_client: Client, free: Tier) -> None:
@@ -161,22 +210,15 @@ def test_tier_change_page_and_deleting_a_limit(admin_client: Client, free: Tier)
 
 
 def test_rule_with_endpoint_limits_is_saved(admin_client: Client, free: Tier) -> None:
-    data = rule_form(methods="post, get", cost="5") | inline(
+    data = rule_form(methods="post, get", cost="5", failure_mode="closed") | inline(
         [limit_row("10/min", tier=str(free.pk)), limit_row("1/s", "5", tier=str(free.pk))]
     )
     response = admin_client.post(reverse("admin:django_throttle_endpointrule_add"), data)
     assert response.status_code == 302
     rule = EndpointRule.objects.get()
     assert (rule.methods, rule.cost, rule.enabled, rule.shadow) == ("GET,POST", 5, True, False)
+    assert rule.failure_mode == "closed"
     assert sorted(rule.limits.values_list("rate", flat=True)) == ["1/s", "10/m"]
-
-
-def test_cost_zero_is_an_error_on_the_cost(admin_client: Client) -> None:
-    data = rule_form(cost="0") | inline([])
-    response = admin_client.post(reverse("admin:django_throttle_endpointrule_add"), data)
-    assert response.status_code == 200
-    assert form_errors(response) == {"cost": ["Ensure this value is greater than or equal to 1."]}
-    assert not EndpointRule.objects.exists()
 
 
 def test_endpoint_limit_below_the_cost_is_an_error_on_that_row(
@@ -370,3 +412,37 @@ def test_changelist_queries_do_not_grow_with_rows(admin_client: Client, model: s
     with CaptureQueriesContext(connection) as many:
         admin_client.get(url)
     assert len(many) == len(few)
+
+
+def test_failure_mode_choices_and_credential_hint_are_on_the_rule_page(
+    admin_client: Client,
+) -> None:
+    response = admin_client.get(reverse("admin:django_throttle_endpointrule_add"))
+    page = response.content.decode()
+    assert 'name="failure_mode"' in page
+    assert "use 'closed' for credential endpoints (login, token)" in page
+    data = rule_form(failure_mode="sideways") | inline([])
+    response = admin_client.post(reverse("admin:django_throttle_endpointrule_add"), data)
+    assert list(form_errors(response)) == ["failure_mode"]
+
+
+# Rows written around the admin are flagged on the lists -------------------------------------
+
+
+def test_changelists_flag_rows_the_policy_skips(admin_client: Client, free: Tier) -> None:
+    good = TierLimit.objects.create(tier=free, rate="10/s")
+    bad = TierLimit.objects.create(tier=free, rate="5/s")
+    TierLimit.objects.filter(pk=bad.pk).update(rate="10/month")
+    rule = EndpointRule.objects.create(name="export", pattern="export")
+    EndpointLimit.objects.create(rule=rule, tier=free, rate="1/s")
+    with check_constraints_off():
+        EndpointRule.objects.filter(pk=rule.pk).update(cost=0)
+        EndpointLimit.objects.filter(rule=rule).update(algorithm="leaky")
+
+    tiers = admin_client.get(reverse("admin:django_throttle_tier_changelist"))
+    rules = admin_client.get(reverse("admin:django_throttle_endpointrule_changelist"))
+
+    assert shows(tiers, f"tier limit {bad.pk}: rate: '10/month': unknown period unit 'month'")
+    assert f"tier limit {good.pk}:" not in tiers.content.decode()
+    assert shows(rules, f"endpoint rule {rule.pk}: cost: the cost must be between 1 and")
+    assert shows(rules, "algorithm: unknown algorithm 'leaky'")

@@ -5,18 +5,24 @@ The Redis backend runs against the real redis-server the suite started; there is
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import multiprocessing
+import random
+import re
 import threading
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
 
-from django_throttle.backends import get_backend
+from django_throttle.backends import BackendError, get_backend, reset_backend_cache
 from django_throttle.backends.base import Backend
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis import RedisBackend, load_script
-from django_throttle.rates import Limit
+from django_throttle.rates import Limit, Rate
 
 T0 = 1_700_000_000.0
 REFERENCE = Limit.build("ref", "2/s", burst=10)
@@ -29,6 +35,11 @@ def backend(request: pytest.FixtureRequest, settings: object) -> Iterator[Backen
     instance = get_backend()
     assert isinstance(instance, RedisBackend if request.param == "redis" else MemoryBackend)
     yield instance
+
+
+def enforced_twin(limit: Limit) -> Limit:
+    """The same counter as an enforced limit: peeking at a shadow limit reports nothing."""
+    return dataclasses.replace(limit, shadow=False)
 
 
 def allowed_count(backend: Backend, client: str, limits: list[Limit], n: int, at: float) -> int:
@@ -98,7 +109,7 @@ def test_shadow_limit_counts_but_never_denies(backend: Backend) -> None:
     assert decisions[-1].limit == enforced
     assert decisions[-1].remaining == 6
     # The shadow bucket was consumed while it allowed, and not past its capacity.
-    assert backend.peek("c", [shadow], now=T0).remaining == 0
+    assert backend.peek("c", [enforced_twin(shadow)], now=T0).remaining == 0
 
 
 def test_shadow_limit_does_not_hide_an_enforced_denial(backend: Backend) -> None:
@@ -109,7 +120,7 @@ def test_shadow_limit_does_not_hide_an_enforced_denial(backend: Backend) -> None
     assert not denied.allowed
     assert denied.limit == enforced
     # All-or-nothing still holds: the shadow limit was not charged for the denied request.
-    assert backend.peek("c", [shadow], now=T0).remaining == 99
+    assert backend.peek("c", [enforced_twin(shadow)], now=T0).remaining == 99
 
 
 def test_denial_reports_longest_wait(backend: Backend) -> None:
@@ -209,7 +220,7 @@ def _process_worker(url: str, prefix: str, barrier: object, out: object, n: int)
     barrier.wait()  # type: ignore[attr-defined]
     allowed = 0
     for _ in range(n):
-        reply = script(keys=[backend_key], args=["", 1, "hit", "token_bucket", 10, 360e6])
+        reply = script(keys=[backend_key], args=["", 1, "hit", "token_bucket", 10, 360e6, "0"])
         allowed += reply[0]
     out.put(allowed)  # type: ignore[attr-defined]
 
@@ -281,6 +292,26 @@ def test_script_cache_loss_is_recovered(
     assert not redis_backend.hit("c", [one]).allowed
 
 
+def test_script_cache_flushed_again_during_the_reload_is_recovered(
+    redis_backend: RedisBackend, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SCRIPT FLUSH (or failover) between a reload and the retried EVALSHA: redis-py's
+    register_script fails with a second NOSCRIPT; the script is then sent with EVAL instead,
+    and it counts exactly once."""
+    load = redis_backend.client.script_load
+
+    def load_then_flush(script: str) -> Any:
+        sha = load(script)
+        redis_client.script_flush()
+        return sha
+
+    monkeypatch.setattr(redis_backend.client, "script_load", load_then_flush)
+    one = Limit.build("one", "1/m", burst=3)
+    redis_client.script_flush()
+    assert redis_backend.hit("c", [one]).allowed
+    assert redis_backend.peek("c", [one]).remaining == 2
+
+
 def test_server_clock_is_used(redis_backend: RedisBackend) -> None:
     one = Limit.build("one", "1/m", burst=1)
     assert redis_backend.hit("c", [one]).allowed
@@ -306,3 +337,282 @@ def test_unreachable_redis_raises_backend_error_quickly(settings: object) -> Non
     settings.DJANGO_THROTTLE_REDIS_OPTIONS = {}  # type: ignore[attr-defined]
     with pytest.raises(BackendError):
         get_backend().hit("c", [REFERENCE])
+
+
+# --- Issue 5: honest waits, changed limits, bad state, shadow-only, bounded memory ---------
+
+
+def test_retry_after_is_never_short(backend: Backend) -> None:
+    """Defect 10: 1/2s, retried at +0.9999996 s: the true wait is 1.0000004 s, so the header
+    must say 2 and a request at now + retry_after must pass; one 1 µs earlier fails."""
+    limit = Limit.build("slow", "1/2s")
+    assert backend.hit("c", [limit], now=T0).allowed
+    at = T0 + 0.9999996
+    denied = backend.hit("c", [limit], now=at)
+    assert not denied.allowed
+    assert denied.retry_after == pytest.approx(1.000001)
+    assert denied.retry_after_header == 2
+    assert not backend.hit("c", [limit], now=at + denied.retry_after - 1e-6).allowed
+    assert backend.hit("c", [limit], now=at + denied.retry_after).allowed
+
+
+def test_exact_waits_are_not_rounded_up_by_float_noise(backend: Backend) -> None:
+    """7/s has an interval of 142857.142857… µs: a full bucket's 1 s must not become 2 s."""
+    limit = Limit.build("seven", "7/s")
+    decisions = [backend.hit("c", [limit], cost=7, now=T0), backend.hit("c", [limit], now=T0)]
+    assert decisions[0].reset_header == 1
+    assert decisions[1].retry_after_header == 1
+    assert decisions[1].reset_header == 1
+    slow = Limit.build("slow", "1/2s")
+    backend.hit("d", [slow], now=T0)
+    denied = backend.hit("d", [slow], now=T0)
+    assert denied.retry_after == 2.0
+    assert denied.retry_after_header == 2
+
+
+def test_retry_after_is_an_upper_bound_for_many_rates(backend: Backend) -> None:
+    """Property: for random rates, bursts, costs and times, a retry at now + retry_after and at
+    now + the Retry-After header (whole seconds) passes. A small epoch keeps the test's own
+    float seconds exact to far below a microsecond, as the server's integer clock is."""
+    rng = random.Random(5)
+    epoch = 1000.0
+    for case in range(150):
+        count = rng.randint(1, 100)
+        period = rng.choice([1, 2, 7, 60, 90, 3600])
+        limit = Limit.build(f"p{case}", Rate(count, period), burst=rng.randint(1, 2 * count))
+        cost = rng.randint(1, limit.burst)
+        start = epoch + rng.randint(0, 10**6) / 1e6
+        at = start + rng.uniform(0, limit.window)
+        for client in ("a", "b"):
+            backend.hit(client, [limit], cost=limit.burst, now=start)
+        denied = backend.hit("a", [limit], cost=cost, now=at)
+        if denied.allowed:
+            continue
+        backend.hit("b", [limit], cost=cost, now=at)
+        assert denied.retry_after <= limit.window + 1e-6, (case, limit, cost)
+        assert backend.hit("a", [limit], cost=cost, now=at + denied.retry_after).allowed, case
+        header = denied.retry_after_header
+        assert backend.hit("b", [limit], cost=cost, now=at + header).allowed, case
+
+
+def test_lowering_a_limit_hands_out_no_burst(backend: Backend) -> None:
+    """Defect 3: drain 10/s, edit to 10/h and retime, wait 1.1 s: 0 of 12 requests pass."""
+    fast = Limit.build("edited", "10/s", burst=10)
+    slow = Limit.build("edited", "10/h", burst=10)
+    clock = _Clock(T0)
+    if isinstance(backend, MemoryBackend):
+        backend.clock = clock
+    assert sum(backend.hit("c", [fast]).allowed for _ in range(10)) == 10
+    backend.hit("other", [fast])
+    assert backend.retime([slow]) == 2
+    if isinstance(backend, MemoryBackend):
+        clock.now += 1.1
+    else:
+        time.sleep(1.1)  # the one real wait: the old TTL (1 s) must not empty the bucket
+    assert sum(backend.hit("c", [slow]).allowed for _ in range(12)) == 0
+    assert backend.hit("other", [slow]).allowed
+
+
+def test_raising_a_limit_gives_the_headroom_at_once(backend: Backend) -> None:
+    small = Limit.build("edited", "10/h", burst=10)
+    big = Limit.build("edited", "20/h", burst=20)
+    assert allowed_count(backend, "c", [small], 12, T0) == 10
+    assert backend.retime([big], now=T0) == 1
+    assert allowed_count(backend, "c", [big], 12, T0) == 10
+
+
+def test_retime_touches_only_the_named_limit(backend: Backend) -> None:
+    limits = [Limit.build(name, "10/m") for name in ("a", "ab", "b:a", "[a]")]
+    for client in ("x", "y", "z"):
+        backend.hit(client, limits, now=T0)
+    assert backend.retime([Limit.build("a", "1/m")], now=T0) == 3
+    assert backend.retime([Limit.build("[a]", "1/m")], now=T0) == 3
+    assert backend.retime([Limit.build("missing", "1/m")], now=T0) == 0
+    # "ab" and "b:a" kept their own expiry: still 9 of 10 left (2 tokens back in 12 s).
+    assert backend.peek("x", [limits[1], limits[2]], now=T0 + 12).remaining == 10
+
+
+def test_tightened_burst_keeps_an_empty_bucket_empty(backend: Backend) -> None:
+    big = Limit.build("edited", "10/m", burst=10)
+    small = Limit.build("edited", "10/m", burst=5)
+    assert allowed_count(backend, "c", [big], 10, T0) == 10
+    backend.retime([small], now=T0)
+    assert not backend.hit("c", [small], now=T0 + 5).allowed
+    # Empty, not "5 below empty": one token back after one interval (6 s).
+    assert backend.hit("c", [small], now=T0 + 6).allowed
+
+
+def test_shadow_only_decision_reports_no_limit(backend: Backend) -> None:
+    """Defect 4: with no enforced limit, nothing is advertised; the shadow flag still says
+    a shadow limit would have denied."""
+    shadow = Limit.build("trial", "1/m", burst=1, shadow=True)
+    first = backend.hit("c", [shadow], now=T0)
+    second = backend.hit("c", [shadow], now=T0)
+    for decision in (first, second):
+        assert decision.allowed
+        assert (decision.limit, decision.remaining, decision.reset_after) == (None, 0, 0.0)
+        assert decision.limits == (shadow,)
+    assert (first.shadow, second.shadow) == (False, True)
+
+
+def _corrupt(backend: Backend, client: str, limit: Limit, state: str) -> None:
+    if isinstance(backend, MemoryBackend):
+        used, _, stamp = state.partition(" ")
+        try:
+            parsed = (float(used), float(stamp))
+        except ValueError:
+            return  # the memory backend cannot hold text; missing state is its twin
+        if math.isfinite(parsed[0]) and math.isfinite(parsed[1]):  # nor write non-finite ones
+            backend._state[(client, limit.id)] = (parsed, math.inf)
+    else:
+        assert isinstance(backend, RedisBackend)
+        backend.client.set(backend.key(client, limit), state, px=3_600_000)
+
+
+@pytest.mark.parametrize("state", ["garbage", "1", "x 5", "5 y", "nan 5", "inf 5", "5 inf", ""])
+def test_corrupt_state_counts_as_a_full_bucket(backend: Backend, state: str) -> None:
+    limit = Limit.build("corrupt", "10/m", burst=10)
+    _corrupt(backend, "c", limit, state)
+    decision = backend.hit("c", [limit], now=T0)
+    assert decision.allowed
+    assert decision.remaining == 9
+
+
+def test_state_from_the_future_never_gives_negative_or_huge_waits(backend: Backend) -> None:
+    """A key written by a clock an hour ahead, with a used count far past capacity: the wait
+    is bounded by one full window, never negative (the key's TTL bounds how long it lives)."""
+    limit = Limit.build("future", "1/s", burst=10)
+    _corrupt(backend, "c", limit, f"1e12 {(T0 + 3600) * 1e6!r}")
+    denied = backend.hit("c", [limit], now=T0)
+    assert not denied.allowed
+    assert 0 < denied.retry_after <= limit.window
+    assert 0 <= denied.reset_after <= limit.window
+    assert denied.retry_after_header == 1
+
+
+@pytest.mark.parametrize("cost", [-1, 10**9 + 1, 1.5])
+def test_bad_cost_is_refused_before_anything_is_counted(backend: Backend, cost: Any) -> None:
+    with pytest.raises(BackendError, match="cost"):
+        backend.hit("c", [REFERENCE], cost=cost, now=T0)
+    assert backend.peek("c", [REFERENCE], now=T0).remaining == 10
+
+
+class _Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# --- memory only -------------------------------------------------------------------------
+
+
+def test_memory_backend_is_bounded_least_recently_used_first() -> None:
+    backend = MemoryBackend(max_entries=100)
+    one = Limit.build("one", "1/h", burst=1)
+    assert backend.hit("kept", [one], now=T0).allowed
+    for i in range(1000):
+        backend.hit(f"client-{i}", [one], now=T0)
+        # The drained client keeps knocking: recently used, so it is never forgotten.
+        assert not backend.hit("kept", [one], now=T0).allowed
+        assert len(backend) <= 100
+    assert len(backend) == 100
+    assert not backend.hit("client-999", [one], now=T0).allowed
+    assert backend.hit("client-0", [one], now=T0).allowed  # forgotten: a full bucket again
+
+
+def test_memory_backend_bound_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_entries"):
+        MemoryBackend(max_entries=0)
+
+
+def test_local_fallback_backend_is_bounded_by_its_setting(settings: Any) -> None:
+    from django_throttle.backends import get_local_backend
+
+    settings.DJANGO_THROTTLE_LOCAL_FALLBACK_MAX_CLIENTS = 7
+    local = get_local_backend()
+    assert local is get_local_backend()
+    assert local.max_entries == 7
+    reset_backend_cache()
+    assert get_local_backend() is not local
+
+
+# --- Redis only: the script checks every argument before its first write ----------------
+
+VALID_LIMIT = ["token_bucket", "10", repr(1e6), "0"]
+
+
+def _script_args(*limits: list[str], cost: str = "1", mode: str = "hit") -> list[str]:
+    return ["", cost, mode, *(arg for limit in limits for arg in limit)]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # Defect 11: cost 2^31-1 against 1/366d with capacity 2^31-1 overflowed SET PX after
+        # the first key had been written.
+        (
+            _script_args(
+                VALID_LIMIT,
+                ["token_bucket", str(10**9), repr(366 * 86400e6), "0"],
+                cost=str(10**9),
+            ),
+            "ARGV[9..10] capacity x interval",
+        ),
+        (_script_args(VALID_LIMIT, VALID_LIMIT, cost=str(2**31 - 1)), "ARGV[2] cost"),
+        (_script_args(VALID_LIMIT, VALID_LIMIT, cost="-1"), "ARGV[2] cost"),
+        (_script_args(VALID_LIMIT, VALID_LIMIT, cost="1.5"), "ARGV[2] cost"),
+        (_script_args(VALID_LIMIT, VALID_LIMIT, mode="bogus"), "ARGV[3] mode"),
+        (_script_args(VALID_LIMIT, ["gcra", "10", "1e6", "0"]), "ARGV[8] unknown algorithm"),
+        (_script_args(VALID_LIMIT, ["token_bucket", "0", "1e6", "0"]), "ARGV[9] capacity"),
+        (_script_args(VALID_LIMIT, ["token_bucket", "2.5", "1e6", "0"]), "ARGV[9] capacity"),
+        (_script_args(VALID_LIMIT, ["token_bucket", "x", "1e6", "0"]), "ARGV[9] capacity"),
+        (_script_args(VALID_LIMIT, ["token_bucket", "10", "0", "0"]), "ARGV[10] interval"),
+        (_script_args(VALID_LIMIT, ["token_bucket", "10", "-5", "0"]), "ARGV[10] interval"),
+        (_script_args(VALID_LIMIT, ["token_bucket", "10", "inf", "0"]), "ARGV[10] interval"),
+        (_script_args(VALID_LIMIT, ["token_bucket", "10", "nan", "0"]), "ARGV[10] interval"),
+        (_script_args(VALID_LIMIT, ["token_bucket", "10", "1e6", "yes"]), "ARGV[11] shadow"),
+        (_script_args(VALID_LIMIT, VALID_LIMIT)[:-1], "expected 11 arguments"),
+        (["soon", *_script_args(VALID_LIMIT, VALID_LIMIT)[1:]], "ARGV[1] now"),
+    ],
+)
+def test_script_validates_every_argument_before_writing(
+    redis_backend: RedisBackend, redis_client: redis.Redis, args: list[str], message: str
+) -> None:
+    keys = [redis_backend.key("c", Limit.build(name, "1/s")) for name in ("first", "second")]
+    with pytest.raises(BackendError, match=re.escape(message)):
+        redis_backend._run(redis_backend._script, keys, args)
+    assert redis_client.exists(*keys) == 0
+
+
+def test_retime_script_validates_its_arguments(
+    redis_backend: RedisBackend, redis_client: redis.Redis
+) -> None:
+    limit = Limit.build("kept", "10/s")
+    redis_backend.hit("c", [limit])
+    key = redis_backend.key("c", limit)
+    before = redis_client.pttl(key)
+    args = ["token_bucket", str(10**9), repr(366 * 86400e6), ""]
+    with pytest.raises(BackendError, match=re.escape("ARGV[2..3] capacity x interval")):
+        redis_backend._run(redis_backend._retime_script, [key], args)
+    assert 0 < redis_client.pttl(key) <= before
+
+
+def test_retime_rewrites_ttls_without_keys_command(
+    redis_backend: RedisBackend, redis_client: redis.Redis
+) -> None:
+    fast = Limit.build("edited", "10/s", burst=10)
+    for i in range(25):
+        redis_backend.hit(f"client-{i}", [fast], cost=10)
+    keys_before = _command_calls(redis_client, "keys")
+    assert redis_backend.retime([Limit.build("edited", "10/h", burst=10)]) == 25
+    assert _command_calls(redis_client, "keys") == keys_before
+    ttls = [redis_client.pttl(redis_backend.key(f"client-{i}", fast)) for i in range(25)]
+    # 10 tokens used at 360 s each: an hour, less the few ms since the hits.
+    assert all(3_590_000 < ttl <= 3_600_000 for ttl in ttls)
+
+
+def _command_calls(client: redis.Redis, command: str) -> int:
+    stats = client.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))

@@ -18,7 +18,8 @@ def test_inline_rate_on_a_sync_view(client: Client) -> None:
     assert codes == [200] * 5 + [429]
     response = client.get("/hello/")
     assert response["Content-Type"] == "application/json"
-    assert response.json()["limit"] == "tests.views.hello"
+    # The public name is the rate, not the view's module path.
+    assert response.json()["limit"] == "5/m"
     assert int(response["Retry-After"]) >= 1
     assert response["X-RateLimit-Limit"] == "5"
 
@@ -55,3 +56,33 @@ def test_bad_rate_fails_at_decoration_time() -> None:
 def test_decorator_needs_a_scope_or_a_rate() -> None:
     with pytest.raises(TypeError):
         throttle()
+
+
+def test_unscoped_class_based_views_each_get_their_own_bucket(client: Client) -> None:
+    # Both classes inherit View.dispatch: under method_decorator they used to share one bucket.
+    assert client.get("/cbv-a/").status_code == 200
+    assert client.get("/cbv-b/").status_code == 200
+    assert client.get("/cbv-a/").status_code == 429
+    denied = client.get("/cbv-b/")
+    assert denied.status_code == 429
+    assert denied.json()["limit"] == "1/m"
+    assert "django.views" not in denied.content.decode()
+
+
+def test_one_class_based_view_keeps_one_bucket_across_requests(client: Client) -> None:
+    # method_decorator decorates on every request; the bucket must not change with it.
+    assert [client.get("/cbv-a/").status_code for _ in range(3)] == [200, 429, 429]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"rate": "5/m", "cost": 0}, "cost must be between 1"),
+        ({"rate": "5/m", "cost": 6}, "could never pass"),
+        ({"rate": "5/m", "burst": 0}, "burst must be between 1"),
+        ({"rate": "5/m", "failure_mode": "sideways"}, "failure_mode"),
+    ],
+)
+def test_bad_arguments_fail_at_decoration_time(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        throttle(**kwargs)  # type: ignore[arg-type]

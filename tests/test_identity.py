@@ -10,7 +10,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.http import HttpRequest
 from django.test import RequestFactory
 
-from django_throttle.identity import Identity, get_resolver, resolve_identity
+from django_throttle.identity import UNIDENTIFIED, Identity, get_resolver, resolve_identity
 
 
 def my_resolver(request: HttpRequest) -> Identity:
@@ -179,13 +179,17 @@ def test_malformed_forwarded_for_falls_back_to_remote_addr(
 
 @pytest.mark.parametrize("proxies", [0, 1])
 @pytest.mark.parametrize("remote", [None, "", "garbage", "1.2.3.999", "[::1", "x" * 10_000])
-def test_unreadable_remote_addr_is_unknown(
+def test_unreadable_remote_addr_is_unidentified_not_a_shared_ip_bucket(
     rf: RequestFactory, settings: Any, proxies: int, remote: str | None
 ) -> None:
     settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = proxies
     request = make_request(rf, remote, forwarded="not-an-ip")
 
-    assert resolve_identity(request) == Identity("ip", "unknown")
+    identity = resolve_identity(request)
+
+    assert identity is UNIDENTIFIED
+    assert identity.kind == "unknown"
+    assert not identity.is_authenticated
 
 
 def test_default_resolver(settings: Any) -> None:

@@ -19,7 +19,11 @@ PACKAGE = ROOT / "django_throttle"
 
 #: Modules that define models or load them at import, so need configured apps.
 NEEDS_APPS = ("django_throttle.models", "django_throttle.admin", "django_throttle.forms")
-NEEDS_APPS_UNDER = ("django_throttle.migrations.", "django_throttle.management.commands.")
+NEEDS_APPS_UNDER = (
+    "django_throttle.migrations.",
+    "django_throttle.management.commands.",
+    "django_throttle.models.",
+)
 
 IMPORT_EVERYTHING = textwrap.dedent(
     """
@@ -179,9 +183,15 @@ def test_wheel_ships_lua_and_type_marker(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    [wheel] = tmp_path.glob("django_throttle-*.whl")
+    # The distribution is django-throttle-policies: "django-throttle" on the package index
+    # is an unrelated project. The import name stays django_throttle.
+    [wheel] = tmp_path.glob("django_throttle_policies-*.whl")
 
-    names = set(zipfile.ZipFile(wheel).namelist())
+    archive = zipfile.ZipFile(wheel)
+    names = set(archive.namelist())
+    [metadata] = [name for name in names if name.endswith(".dist-info/METADATA")]
+    assert "Name: django-throttle-policies" in archive.read(metadata).decode()
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
 
     assert {
         "django_throttle/backends/lua/token_bucket.lua",

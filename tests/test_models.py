@@ -15,7 +15,7 @@ from django_throttle.models import (
     TierLimit,
     validate_rate,
 )
-from django_throttle.rates import Algorithm, Limit, Rate
+from django_throttle.rates import MAX_COUNT, MAX_WINDOW, Algorithm, Limit, Rate
 
 
 def errors_of(obj: object) -> dict[str, list[str]]:
@@ -61,7 +61,7 @@ def test_validate_rate_accepts_what_rate_parse_accepts(rate: str) -> None:
 def test_full_clean_puts_rate_and_burst_errors_on_their_fields(free: Tier) -> None:
     errors = errors_of(TierLimit(tier=free, rate="100/month", burst=0))
     assert "months and years vary in length" in errors["rate"][0]
-    assert errors["burst"] == ["Ensure this value is greater than or equal to 1."]
+    assert errors["burst"] == ["The burst must be at least 1."]
 
 
 @pytest.mark.django_db
@@ -217,7 +217,7 @@ def test_rule_pattern_fits_its_match_type(match_type: str, pattern: str, ok: boo
 @pytest.mark.django_db
 def test_rule_cost_below_one_is_refused() -> None:
     errors = errors_of(EndpointRule(name="r", pattern="r", cost=0))
-    assert errors["cost"] == ["Ensure this value is greater than or equal to 1."]
+    assert errors["cost"] == ["The cost must be at least 1."]
 
 
 @pytest.mark.django_db
@@ -235,3 +235,79 @@ def test_migrations_match_the_models() -> None:
     from django.core.management import call_command
 
     call_command("makemigrations", "django_throttle", "--check", "--dry-run", stdout=StringIO())
+
+
+# Bounds: one message per mistake, and the database refuses what the admin refuses ----------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("burst", [0, -3])
+def test_burst_below_one_is_one_error(free: Tier, burst: int) -> None:
+    assert errors_of(TierLimit(tier=free, rate="10/s", burst=burst)) == {
+        "burst": ["The burst must be at least 1."]
+    }
+
+
+@pytest.mark.django_db
+def test_burst_above_max_count_is_one_error_naming_the_bound(free: Tier) -> None:
+    errors = errors_of(TierLimit(tier=free, rate="10/s", burst=9223372036854775807))
+    assert errors == {"burst": [f"The burst must be at most {MAX_COUNT}."]}
+
+
+@pytest.mark.django_db
+def test_burst_whose_window_is_too_long_gets_the_limits_message(free: Tier) -> None:
+    burst = MAX_WINDOW // 86400 + 1  # at 1/d: one day per token, one day too many
+    errors = errors_of(TierLimit(tier=free, rate="1/d", burst=burst))
+    assert list(errors) == ["burst"]
+    assert errors["burst"][0].startswith(f"burst {burst} at 1/d takes")
+    assert "lower the burst" in errors["burst"][0]
+    TierLimit(tier=free, rate="1/d", burst=burst - 1).full_clean()
+
+
+@pytest.mark.django_db
+def test_cost_above_max_count_is_one_error() -> None:
+    errors = errors_of(EndpointRule(name="r", pattern="r", cost=MAX_COUNT + 1))
+    assert errors == {"cost": [f"The cost must be at most {MAX_COUNT}."]}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("burst", [0, -3, MAX_COUNT + 1])
+def test_database_refuses_a_burst_out_of_range(free: Tier, rule: EndpointRule, burst: int) -> None:
+    with pytest.raises(IntegrityError), transaction.atomic():
+        TierLimit.objects.create(tier=free, rate="10/s", burst=burst)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        EndpointLimit.objects.create(rule=rule, tier=free, rate="10/s", burst=burst)
+    limit = TierLimit.objects.create(tier=free, rate="10/s", burst=5)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        TierLimit.objects.filter(pk=limit.pk).update(burst=burst)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("cost", [0, -1, MAX_COUNT + 1])
+def test_database_refuses_a_cost_out_of_range(cost: int) -> None:
+    with pytest.raises(IntegrityError), transaction.atomic():
+        EndpointRule.objects.create(name="r", pattern="r", cost=cost)
+
+
+@pytest.mark.django_db
+def test_row_problems_name_the_field(free: Tier, rule: EndpointRule) -> None:
+    """What the policy compiler, the system check and the admin list all rely on."""
+    assert TierLimit(tier=free, rate="10/s").row_problems() == {}
+    assert list(TierLimit(tier=free, rate="10/month").row_problems()) == ["rate"]
+    assert list(TierLimit(tier=free, rate="10/s", algorithm="magic").row_problems()) == [
+        "algorithm"
+    ]
+    assert list(TierLimit(tier=free, rate="1/d", burst=MAX_COUNT).row_problems()) == ["burst"]
+    assert EndpointRule(name="r", pattern="r").row_problems() == {}
+    bad = EndpointRule(
+        name="r", match_type="regex", pattern="r", methods="FETCH", cost=0, failure_mode="x"
+    )
+    assert sorted(bad.row_problems()) == ["cost", "failure_mode", "match_type", "methods"]
+    assert list(Tier(slug="t", name="T", failure_mode="sideways").row_problems()) == [
+        "failure_mode"
+    ]
+
+
+def test_failure_mode_defaults_to_inherit() -> None:
+    assert Tier(slug="t", name="T").failure_mode == ""
+    assert EndpointRule(name="r", pattern="r").failure_mode == ""

@@ -1,7 +1,9 @@
-"""The compiled policy: tiers, assignments, zero queries when warm, edits seen within 2 s."""
+"""The compiled policy: tiers, assignments, zero queries when warm, edits seen within 2 s, bad
+rows skipped (never a 500), whole-segment paths, failure modes, user-tier expiry."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -13,8 +15,8 @@ from django.test.utils import CaptureQueriesContext
 from django_throttle import policy
 from django_throttle.backends import get_backend
 from django_throttle.identity import Identity
-from django_throttle.models import TierAssignment, TierLimit
-from tests.factories import tier
+from django_throttle.models import EndpointLimit, EndpointRule, TierAssignment, TierLimit
+from tests.factories import check_constraints_off, endpoint, tier
 
 pytestmark = pytest.mark.django_db
 
@@ -160,8 +162,310 @@ def test_tier_lookup_failure_falls_back_to_the_default_tier(
     def broken(user_id: object, tiers: object) -> object:
         raise DatabaseError("connection refused")
 
-    monkeypatch.setattr(policy, "_assigned_tier", broken)
+    monkeypatch.setattr(policy, "assigned_tier", broken)
     ident = Identity("user", str(user.pk), user_id=user.pk)
     assert snapshot.tier_for(ident).id == free.pk
     monkeypatch.undo()
     assert snapshot.tier_for(ident).id == free.pk
+
+
+# Defect 1: a bad row is skipped, logged once per compile, and never breaks a request ---------
+
+
+def skipped_rows(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "django_throttle.policy" and r.levelno == logging.ERROR
+    ]
+
+
+BAD_LIMIT_VALUES = [
+    ({"rate": "10/month"}, "rate", "months and years vary in length"),
+    ({"algorithm": "leaky"}, "algorithm", "unknown algorithm 'leaky'"),
+    ({"rate": "1/d", "burst": 1_000_000}, "burst", "lower the burst"),
+    ({"burst": 0}, "burst", "burst must be between 1 and"),
+]
+
+
+@pytest.mark.parametrize(("values", "field", "says"), BAD_LIMIT_VALUES)
+def test_a_bad_tier_limit_is_skipped_with_one_error(
+    caplog: pytest.LogCaptureFixture, values: dict[str, object], field: str, says: str
+) -> None:
+    free = tier("free", "10/m", "1000/d")
+    bad = TierLimit.objects.create(tier=free, rate="5/s")
+    with check_constraints_off():
+        TierLimit.objects.filter(pk=bad.pk).update(**values)
+
+    with caplog.at_level(logging.ERROR, logger="django_throttle.policy"):
+        compiled = policy.compile_policy()
+
+    assert [str(limit.rate) for limit in compiled.tiers[free.pk].limits] == ["10/m", "1000/d"]
+    [line] = skipped_rows(caplog)
+    assert f"TierLimit pk={bad.pk}" in line
+    assert f"{field}: " in line
+    assert says in line
+
+
+@pytest.mark.parametrize(("values", "field", "says"), BAD_LIMIT_VALUES)
+def test_a_bad_endpoint_limit_drops_only_that_limit(
+    caplog: pytest.LogCaptureFixture, values: dict[str, object], field: str, says: str
+) -> None:
+    free = tier("free", "100/m")
+    rule = endpoint("export", "scope", "export", limits={free: "10/m"})
+    bad = EndpointLimit.objects.create(rule=rule, tier=free, rate="1/s")
+    with check_constraints_off():
+        EndpointLimit.objects.filter(pk=bad.pk).update(**values)
+
+    with caplog.at_level(logging.ERROR, logger="django_throttle.policy"):
+        compiled = policy.compile_policy()
+
+    limits = compiled.limits_for(compiled.tiers[free.pk], compiled.match("POST", "export"))
+    assert [str(limit.rate) for limit in limits] == ["100/m", "10/m"]
+    [line] = skipped_rows(caplog)
+    assert f"EndpointLimit pk={bad.pk}" in line
+    assert says in line
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"cost": 0}, "cost"),
+        ({"cost": 2_000_000_000}, "cost"),
+        ({"methods": "GET,FETCH"}, "methods"),
+        ({"match_type": "regex"}, "match_type"),
+        ({"failure_mode": "sideways"}, "failure_mode"),
+        ({"match_type": "path", "pattern": "api/"}, "pattern"),
+    ],
+)
+def test_a_bad_rule_is_skipped(
+    caplog: pytest.LogCaptureFixture, values: dict[str, object], field: str
+) -> None:
+    free = tier("free", "100/m")
+    good = endpoint("search", "scope", "search", limits={free: "10/m"})
+    bad = endpoint("export", "scope", "export", limits={free: "1/m"})
+    with check_constraints_off():
+        EndpointRule.objects.filter(pk=bad.pk).update(**values)
+
+    with caplog.at_level(logging.ERROR, logger="django_throttle.policy"):
+        compiled = policy.compile_policy()
+
+    assert [rule.id for rules in compiled.by_scope.values() for rule in rules] == [good.pk]
+    assert compiled.by_path == ()
+    assert compiled.by_route == {}
+    [line] = skipped_rows(caplog)
+    assert f"EndpointRule pk={bad.pk}" in line
+    assert f"{field}: " in line
+
+
+def test_a_tier_with_a_bad_failure_mode_keeps_its_limits(caplog: pytest.LogCaptureFixture) -> None:
+    free = tier("free", "10/m", failure_mode="closed")
+    Tier = type(free)
+    Tier.objects.filter(pk=free.pk).update(failure_mode="sideways")
+    with caplog.at_level(logging.ERROR, logger="django_throttle.policy"):
+        compiled = policy.compile_policy()
+    assert [str(limit.rate) for limit in compiled.tiers[free.pk].limits] == ["10/m"]
+    assert compiled.tiers[free.pk].failure_mode == ""
+    assert len(skipped_rows(caplog)) == 1
+
+
+def make_anonymous_policy_with_a_bad_row() -> None:
+    anon = tier("anonymous", "2/h", is_default_anonymous=True)
+    bad = TierLimit.objects.create(tier=anon, rate="1/h")
+    rule = endpoint("ping", "route", "ping", limits={anon: "1/h"})
+    bad_endpoint = EndpointLimit.objects.create(rule=rule, tier=anon, rate="5/h")
+    TierLimit.objects.filter(pk=bad.pk).update(rate="10/month")
+    EndpointLimit.objects.filter(pk=bad_endpoint.pk).update(algorithm="unknown")
+
+
+def test_bad_rows_never_500_on_first_compile(client: Client) -> None:
+    """A freshly started process: the first request compiles a policy with bad rows."""
+    make_anonymous_policy_with_a_bad_row()
+    policy.reset()
+    # The remaining endpoint limit (1/h) decides; the bad 1/h tier limit is skipped.
+    assert [client.get("/api/ping/").status_code for _ in range(3)] == [200, 429, 429]
+
+
+def test_bad_rows_never_500_after_a_version_bump(client: Client, settings: object) -> None:
+    """A running process whose next reload meets bad rows keeps answering 200/429."""
+    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 0.001  # type: ignore[attr-defined]
+    tier("anonymous", "3/h", is_default_anonymous=True)
+    assert client.get("/api/ping/").status_code == 200
+    make_bad = TierLimit.objects.create(tier=TierLimit.objects.get().tier, rate="1/h")
+    TierLimit.objects.filter(pk=make_bad.pk).update(algorithm="bogus")
+    get_backend().bump_policy_version()
+    time.sleep(0.01)
+    assert [client.get("/api/ping/").status_code for _ in range(3)] == [200, 200, 429]
+
+
+def test_an_unexpected_compile_error_keeps_the_last_policy(
+    client: Client, monkeypatch: pytest.MonkeyPatch, settings: object
+) -> None:
+    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 0.001  # type: ignore[attr-defined]
+    tier("anonymous", "1/h", is_default_anonymous=True)
+    assert client.get("/api/ping/").status_code == 200
+
+    def broken(version: object = None) -> object:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(policy, "compile_policy", broken)
+    get_backend().bump_policy_version()
+    time.sleep(0.01)
+    assert client.get("/api/ping/").status_code == 429
+    policy.reset()
+    assert client.get("/api/ping/").status_code == 200  # nothing to keep: unlimited, no 500
+
+
+# Defect 9: path rules match whole segments ------------------------------------------------
+
+
+def test_path_rules_match_whole_segments() -> None:
+    pi = endpoint("pi", "path", "/api/pi")
+    api = endpoint("api", "path", "/api/")
+    root = endpoint("root", "path", "/")
+    compiled = policy.compile_policy()
+
+    def rule_for(path: str) -> int | None:
+        rule = compiled.match("GET", path=path)
+        return None if rule is None else rule.id
+
+    assert rule_for("/api/pi") == pi.pk
+    assert rule_for("/api/pi/") == pi.pk
+    assert rule_for("/api/pi/digits") == pi.pk
+    assert rule_for("/api/pizza/") == api.pk
+    assert rule_for("/api/pi.json") == api.pk
+    assert rule_for("/api/") == api.pk
+    assert rule_for("/api") == root.pk  # "/api/" covers what is below it, not "/api"
+    assert rule_for("/apixyz") == root.pk
+
+
+# Failure modes per tier and rule ----------------------------------------------------------
+
+
+def test_failure_mode_is_the_rules_else_the_tiers_else_the_setting(settings: object) -> None:
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "open"  # type: ignore[attr-defined]
+    free = tier("free", "10/m")
+    strict = tier("strict", "10/m", failure_mode="local")
+    endpoint("login", "scope", "login", limits={free: "5/m"})
+    EndpointRule.objects.filter(name="login").update(failure_mode="closed")
+    endpoint("search", "scope", "search")
+    compiled = policy.compile_policy()
+    login, search = compiled.match("POST", "login"), compiled.match("GET", "search")
+    plain, local = compiled.tiers[free.pk], compiled.tiers[strict.pk]
+
+    assert compiled.failure_mode_for(plain, login) == "closed"
+    assert compiled.failure_mode_for(local, login) == "closed"
+    assert compiled.failure_mode_for(local, search) == "local"
+    assert compiled.failure_mode_for(local, None) == "local"
+    assert compiled.failure_mode_for(plain, search) == "open"
+    assert compiled.failure_mode_for(None, None) == "open"
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "closed"  # type: ignore[attr-defined]
+    assert compiled.failure_mode_for(plain, None) == "closed"
+
+
+# Defect 8: user tiers expire, so changes no signal sees apply within the TTL ---------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def snapshot_with(clock: FakeClock) -> policy.Policy:
+    snapshot = policy.current()
+    snapshot.user_tiers.clock = clock
+    return snapshot
+
+
+def test_queryset_update_of_an_assignment_applies_within_the_ttl(
+    django_user_model: type, clock: FakeClock, settings: object
+) -> None:
+    settings.DJANGO_THROTTLE_USER_TIER_CACHE_TTL = 60  # type: ignore[attr-defined]
+    free = tier("free", "10/m", is_default_authenticated=True)
+    pro = tier("pro", "100/m")
+    user = django_user_model.objects.create_user("u")
+    TierAssignment.objects.create(user=user, tier=free)
+    ident = Identity("user", str(user.pk), user_id=user.pk)
+    snapshot = snapshot_with(clock)
+    assert snapshot.tier_for(ident).slug == "free"
+
+    TierAssignment.objects.filter(user=user).update(tier=pro)  # no signal
+    clock.now += 59
+    assert snapshot.tier_for(ident).slug == "free"
+    clock.now += 1
+    assert snapshot.tier_for(ident).slug == "pro"
+
+
+def test_bulk_created_assignment_applies_within_the_ttl(
+    django_user_model: type, clock: FakeClock, settings: object
+) -> None:
+    settings.DJANGO_THROTTLE_USER_TIER_CACHE_TTL = 5  # type: ignore[attr-defined]
+    tier("free", "10/m", is_default_authenticated=True)
+    pro = tier("pro", "100/m")
+    user = django_user_model.objects.create_user("u")
+    ident = Identity("user", str(user.pk), user_id=user.pk)
+    snapshot = snapshot_with(clock)
+    assert snapshot.tier_for(ident).slug == "free"
+
+    TierAssignment.objects.bulk_create([TierAssignment(user=user, tier=pro)])  # no signal
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")  # raw SQL would be the same: only time helps
+    clock.now += 5
+    assert snapshot.tier_for(ident).slug == "pro"
+
+
+def test_a_cached_answer_costs_no_query_until_it_expires(
+    django_user_model: type, clock: FakeClock, django_assert_num_queries: object, settings: object
+) -> None:
+    settings.DJANGO_THROTTLE_USER_TIER_CACHE_TTL = 10  # type: ignore[attr-defined]
+    tier("free", "10/m", is_default_authenticated=True)
+    user = django_user_model.objects.create_user("u")
+    ident = Identity("user", str(user.pk), user_id=user.pk)
+    snapshot = snapshot_with(clock)
+    snapshot.tier_for(ident)
+    with django_assert_num_queries(0):  # type: ignore[operator]
+        clock.now += 9.9
+        snapshot.tier_for(ident)
+    with django_assert_num_queries(1):  # type: ignore[operator]
+        clock.now += 0.1
+        snapshot.tier_for(ident)
+
+
+# The version check goes through the circuit breaker ----------------------------------------
+
+
+def test_an_open_breaker_keeps_the_policy_and_logs_nothing_per_request(
+    settings: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    from django_throttle.backends import BackendError
+    from django_throttle.breaker import get_breaker
+
+    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 0.001  # type: ignore[attr-defined]
+    settings.DJANGO_THROTTLE_BREAKER_COOLDOWN = 3600  # type: ignore[attr-defined]
+    tier("anonymous", "2/h", is_default_anonymous=True)
+    warm = policy.current()
+    breaker = get_breaker()
+
+    def down() -> None:
+        raise BackendError("connection refused")
+
+    for _ in range(breaker.threshold):
+        with pytest.raises(BackendError):
+            breaker.call(down)
+    assert breaker.state == "open"
+    get_backend().bump_policy_version()  # unseen while open: the check is not even tried
+    short_circuited = breaker.short_circuited
+    with caplog.at_level(logging.DEBUG, logger="django_throttle.policy"):
+        for _ in range(5):
+            time.sleep(0.002)
+            assert policy.current() is warm
+    assert [r for r in caplog.records if r.name == "django_throttle.policy"] == []
+    assert breaker.short_circuited == short_circuited + 5

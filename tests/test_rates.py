@@ -156,6 +156,9 @@ def test_limit_rejects_unknown_algorithm() -> None:
         (0, 1),
         (2.5, 3),
         (59.0, 59),
+        # Defect 10: a wait of 1.000001 s is not 1 s; backends report exact waits exactly.
+        (1.000001, 2),
+        (3600.000001, 3601),
     ],
 )
 def test_retry_after_header_rounds_up_and_is_at_least_one(retry_after: float, header: int) -> None:

@@ -7,9 +7,14 @@ import io
 import json
 import logging
 import os
+import signal
+import sqlite3
+import subprocess
+import sys
 import time
 import types
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -18,10 +23,18 @@ from django.db.models import QuerySet
 
 from django_throttle import usage
 from django_throttle.models import UsageCount
+from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
 
 NOW = (int(time.time()) // 60) * 60 + 30  # mid-minute, so no test straddles a window
+OUTCOMES = ["allowed", "denied", "shadow_denied", "failed_open", "failed_closed"]
+#: The outcomes the ``traffic`` fixture never records.
+NONE = {
+    "shadow_denied": 0,
+    "failed_open": 0,
+    "failed_closed": 0,
+}  # mid-minute, so no test straddles a window
 
 
 @pytest.fixture(autouse=True)
@@ -30,6 +43,9 @@ def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> float:
     clock = types.SimpleNamespace(time=lambda: float(NOW), monotonic=time.monotonic)
     monkeypatch.setattr(usage, "time", clock)
     return float(NOW)
+
+
+ALLOWED_OR_DENIED = (usage.ALLOWED, usage.DENIED)
 
 
 def window() -> datetime:
@@ -45,9 +61,9 @@ def counts() -> dict[tuple[str, str, str], tuple[int, int]]:
 
 def record_many(client: str, tier: str, endpoint: str, allowed: int, denied: int) -> None:
     for _ in range(allowed):
-        usage.record(client, tier, endpoint, True)
+        usage.record(client, tier, endpoint, usage.ALLOWED)
     for _ in range(denied):
-        usage.record(client, tier, endpoint, False)
+        usage.record(client, tier, endpoint, usage.DENIED)
 
 
 def run(*args: str) -> str:
@@ -83,7 +99,7 @@ def test_flush_writes_one_row_per_window_client_tier_endpoint() -> None:
 
 
 def test_flush_empties_the_buffer() -> None:
-    usage.record("user:1", "", "", True)
+    usage.record("user:1", "", "", usage.ALLOWED)
     assert usage.flush() == 1
     assert usage.flush() == 0
     assert counts() == {("user:1", "", ""): (1, 0)}
@@ -100,9 +116,9 @@ def test_flushes_add_up() -> None:
 
 
 def test_each_minute_gets_its_own_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    usage.record("user:1", "", "", True)
+    usage.record("user:1", "", "", usage.ALLOWED)
     monkeypatch.setattr(usage.time, "time", lambda: float(NOW + 60))
-    usage.record("user:1", "", "", False)
+    usage.record("user:1", "", "", usage.DENIED)
     usage.flush()
 
     rows = list(UsageCount.objects.order_by("window_start").values_list("window_start", "denied"))
@@ -112,7 +128,7 @@ def test_each_minute_gets_its_own_row(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_record_makes_no_queries(django_assert_num_queries) -> None:  # type: ignore[no-untyped-def]
     with django_assert_num_queries(0):
         for n in range(100):
-            usage.record(f"ip:198.51.100.{n}", "free", "search", n % 2 == 0)
+            usage.record(f"ip:198.51.100.{n}", "free", "search", ALLOWED_OR_DENIED[n % 2])
 
 
 def test_flush_of_nothing_makes_no_queries(django_assert_num_queries) -> None:  # type: ignore[no-untyped-def]
@@ -122,22 +138,82 @@ def test_flush_of_nothing_makes_no_queries(django_assert_num_queries) -> None:  
 
 def test_record_is_a_no_op_when_disabled(settings) -> None:  # type: ignore[no-untyped-def]
     settings.DJANGO_THROTTLE_USAGE_ENABLED = False
-    usage.record("user:1", "", "", True)
+    usage.record("user:1", "", "", usage.ALLOWED)
     assert usage.flush() == 0
     assert not UsageCount.objects.exists()
 
 
 def test_reset_forgets_buffered_counts() -> None:
-    usage.record("user:1", "", "", True)
+    usage.record("user:1", "", "", usage.ALLOWED)
     usage.reset()
     assert usage.flush() == 0
 
 
 def test_long_names_are_truncated_to_the_columns() -> None:
-    usage.record("user:" + "x" * 300, "t" * 150, "e" * 150, True)
+    usage.record("user:" + "x" * 300, "t" * 150, "e" * 150, usage.ALLOWED)
     usage.flush()
     row = UsageCount.objects.get()
     assert (len(row.client), len(row.tier), len(row.endpoint)) == (200, 100, 100)
+
+
+# Outcomes: each request in exactly one column
+
+
+def test_each_outcome_has_its_own_column_and_total_is_their_sum() -> None:
+    for outcome, n in zip(usage.OUTCOMES, (5, 4, 3, 2, 1), strict=True):
+        for _ in range(n):
+            usage.record("user:1", "pro", "search", outcome)
+    usage.flush()
+
+    row = UsageCount.objects.get()
+    assert (row.allowed, row.denied, row.shadow_denied, row.failed_open, row.failed_closed) == (
+        5,
+        4,
+        3,
+        2,
+        1,
+    )
+    [summed] = usage.report(window() - timedelta(hours=1), "client", top=None)
+    assert summed == usage.UsageRow(
+        "user:1", allowed=5, denied=4, shadow_denied=3, failed_open=2, failed_closed=1, total=15
+    )
+
+
+@pytest.mark.parametrize("outcome", [True, False, "ok", None])
+def test_record_refuses_anything_but_an_outcome(outcome: object) -> None:
+    with pytest.raises(ValueError, match="outcome must be one of allowed, denied"):
+        usage.record("user:1", "", "", outcome)  # type: ignore[arg-type]
+
+
+def test_shadow_would_denies_are_not_denied() -> None:
+    """Defect 5: the client got 200, 200, 200; a shadow rule would have denied two."""
+    usage.record("ip:203.0.113.7", "anonymous", "ping", usage.ALLOWED)
+    usage.record("ip:203.0.113.7", "anonymous", "ping", usage.SHADOW_DENIED)
+    usage.record("ip:203.0.113.7", "anonymous", "ping", usage.SHADOW_DENIED)
+
+    [item] = json.loads(run("--by", "endpoint", "--format", "json"))
+    assert item == {
+        "endpoint": "ping",
+        "allowed": 1,
+        "denied": 0,
+        "shadow_denied": 2,
+        "failed_open": 0,
+        "failed_closed": 0,
+        "total": 3,
+        "denied_percent": 0.0,
+    }
+
+
+def test_shadow_would_denies_through_requests(client: object) -> None:
+    """The same through the API: needs core to record outcomes (``usage.SHADOW_DENIED``)."""
+    anon = tier("anonymous", "100/h", is_default_anonymous=True)
+    endpoint("ping", "route", "ping", shadow=True, limits={anon: "1/h"})
+
+    statuses = [client.get("/api/ping/").status_code for _ in range(3)]  # type: ignore[attr-defined]
+
+    assert statuses == [200, 200, 200]
+    [item] = json.loads(run("--by", "endpoint", "--format", "json"))
+    assert (item["allowed"], item["shadow_denied"], item["denied"]) == (1, 2, 0)
 
 
 # Bounds and failures
@@ -148,8 +224,10 @@ def test_buffer_is_bounded_and_folds_new_clients_into_other(
 ) -> None:
     monkeypatch.setattr(usage, "MAX_KEYS", 3)
     for n in range(10):
-        usage.record(f"ip:198.51.100.{n}", "free", "search", n % 2 == 0)
-    usage.record("ip:198.51.100.0", "free", "search", True)  # known client keeps its own key
+        usage.record(f"ip:198.51.100.{n}", "free", "search", ALLOWED_OR_DENIED[n % 2])
+    usage.record(
+        "ip:198.51.100.0", "free", "search", usage.ALLOWED
+    )  # known client keeps its own key
 
     assert len(usage._buffer) == 4  # three clients + one "(other)" for this tier and endpoint
     with caplog.at_level(logging.WARNING, logger="django_throttle.usage"):
@@ -207,17 +285,17 @@ def test_flush_deletes_rows_past_retention(settings) -> None:  # type: ignore[no
     settings.DJANGO_THROTTLE_USAGE_RETENTION_DAYS = 7
     UsageCount.objects.create(window_start=window() - timedelta(days=8), client="old")
     UsageCount.objects.create(window_start=window() - timedelta(days=6), client="recent")
-    usage.record("user:1", "", "", True)
+    usage.record("user:1", "", "", usage.ALLOWED)
     usage.flush()
 
     assert sorted(UsageCount.objects.values_list("client", flat=True)) == ["recent", "user:1"]
 
 
 def test_retention_runs_at_most_once_an_hour() -> None:
-    usage.record("user:1", "", "", True)
+    usage.record("user:1", "", "", usage.ALLOWED)
     usage.flush()
     UsageCount.objects.create(window_start=window() - timedelta(days=30), client="old")
-    usage.record("user:1", "", "", True)
+    usage.record("user:1", "", "", usage.ALLOWED)
     usage.flush()
 
     assert UsageCount.objects.filter(client="old").exists()
@@ -227,7 +305,7 @@ def test_retention_runs_at_most_once_an_hour() -> None:
 
 
 def test_no_flusher_thread_when_interval_is_zero() -> None:
-    usage.record("user:1", "", "", True)
+    usage.record("user:1", "", "", usage.ALLOWED)
     assert usage._stop is None
 
 
@@ -235,8 +313,8 @@ def test_flusher_thread_starts_once_and_stops_on_reset(settings) -> None:  # typ
     import threading
 
     settings.DJANGO_THROTTLE_USAGE_FLUSH_INTERVAL = 3600
-    usage.record("user:1", "", "", True)
-    usage.record("user:2", "", "", True)
+    usage.record("user:1", "", "", usage.ALLOWED)
+    usage.record("user:2", "", "", usage.ALLOWED)
 
     flushers = [t for t in threading.enumerate() if t.name == "django-throttle-usage"]
     assert len(flushers) == 1
@@ -250,11 +328,11 @@ def test_flusher_thread_starts_once_and_stops_on_reset(settings) -> None:  # typ
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_starts_with_an_empty_buffer() -> None:
     """A real fork (gunicorn's preload): the parent's counts stay the parent's to flush."""
-    usage.record("user:parent", "", "", True)
+    usage.record("user:parent", "", "", usage.ALLOWED)
     pid = os.fork()
     if pid == 0:  # the child: report through the exit code, never return into pytest
         try:
-            usage.record("user:child", "", "", True)
+            usage.record("user:child", "", "", usage.ALLOWED)
             os._exit(0 if {key[1] for key in usage._buffer} == {"user:child"} else 1)
         except BaseException:
             os._exit(2)
@@ -296,9 +374,30 @@ def test_report_top_and_bad_arguments(traffic: None) -> None:
 
 def test_command_json_by_client(traffic: None) -> None:
     assert json.loads(run("--format", "json")) == [
-        {"client": "user:1", "allowed": 6, "denied": 3, "total": 9, "denied_percent": 33.33},
-        {"client": "user:2", "allowed": 2, "denied": 4, "total": 6, "denied_percent": 66.67},
-        {"client": "ip:203.0.113.7", "allowed": 1, "denied": 1, "total": 2, "denied_percent": 50.0},
+        {
+            "client": "user:1",
+            **NONE,
+            "allowed": 6,
+            "denied": 3,
+            "total": 9,
+            "denied_percent": 33.33,
+        },
+        {
+            "client": "user:2",
+            **NONE,
+            "allowed": 2,
+            "denied": 4,
+            "total": 6,
+            "denied_percent": 66.67,
+        },
+        {
+            "client": "ip:203.0.113.7",
+            **NONE,
+            "allowed": 1,
+            "denied": 1,
+            "total": 2,
+            "denied_percent": 50.0,
+        },
     ]
 
 
@@ -314,8 +413,8 @@ def test_command_csv(traffic: None, by: str, expected: list[list[object]]) -> No
     reader = csv.reader(io.StringIO(run("--by", by, "--format", "csv")))
     header, *rows = list(reader)
 
-    assert header == [by, "allowed", "denied", "total", "denied_percent"]
-    assert [[key, int(a), int(d), int(t)] for key, a, d, t, _ in rows] == expected
+    assert header == [by, *OUTCOMES, "total", "denied_percent"]
+    assert [[key, int(a), int(d), int(t)] for key, a, d, _, _, _, t, _ in rows] == expected
 
 
 @pytest.mark.parametrize("by", ["client", "tier", "endpoint"])
@@ -323,7 +422,7 @@ def test_command_json_for_each_grouping(traffic: None, by: str) -> None:
     data = json.loads(run("--by", by, "--format", "json"))
     totals = {"client": 17, "tier": 17, "endpoint": 17}
     assert sum(item["total"] for item in data) == totals[by]
-    assert all(set(item) == {by, "allowed", "denied", "total", "denied_percent"} for item in data)
+    assert all(set(item) == {by, *OUTCOMES, "total", "denied_percent"} for item in data)
 
 
 def test_command_table(traffic: None) -> None:
@@ -333,9 +432,19 @@ def test_command_table(traffic: None) -> None:
     assert "UTC)" in output
     lines = output.splitlines()
     header = next(line for line in lines if "Endpoint" in line)
-    assert all(name in header for name in ("Allowed", "Denied", "Total", "Denied %"))
+    for name in ("Allowed", "Denied", "Shadow", "Failed", "Total", "Denied %"):
+        assert name in header
     search = next(line for line in lines if "search" in line)
-    assert [cell.strip() for cell in search.split("│")[1:-1]] == ["search", "7", "4", "11", "36.4"]
+    assert [cell.strip() for cell in search.split("│")[1:-1]] == [
+        "search",
+        "7",
+        "4",
+        "0",
+        "0",
+        "0",
+        "11",
+        "36.4",
+    ]
     assert any("(none)" in line for line in lines)
     assert "\x1b[" not in output  # no colour codes when not writing to a terminal
 
@@ -361,6 +470,7 @@ def test_command_since_excludes_older_rows(traffic: None) -> None:
     assert "user:old" not in [item["client"] for item in recent]
     assert wider[0] == {
         "client": "user:old",
+        **NONE,
         "allowed": 100,
         "denied": 0,
         "total": 100,
@@ -371,7 +481,9 @@ def test_command_since_excludes_older_rows(traffic: None) -> None:
 def test_command_with_no_usage_prints_a_sentence() -> None:
     assert run("--since", "30s") == "No requests recorded in the last 30s.\n"
     assert json.loads(run("--format", "json")) == []
-    assert run("--format", "csv") == "client,allowed,denied,total,denied_percent\n"
+    assert run("--format", "csv") == (
+        "client,allowed,denied,shadow_denied,failed_open,failed_closed,total,denied_percent\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -405,3 +517,70 @@ def test_command_rejects_bad_keyword_options(options: dict[str, object], message
     """call_command(**options) bypasses argparse, so the command checks again."""
     with pytest.raises(CommandError, match=message):
         call_command("throttle_usage", stdout=io.StringIO(), **options)
+
+
+# What survives the end of a process (defect 14)
+
+CHILD = """
+import os, sys, time
+import django
+django.setup()
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+from django_throttle import usage
+for _ in range(5):
+    usage.record("user:1", "", "", usage.ALLOWED)
+usage.flush()  # what the flusher thread does every USAGE_FLUSH_INTERVAL seconds
+for _ in range(7):
+    usage.record("user:1", "", "", usage.ALLOWED)
+print("ready", flush=True)
+if sys.argv[1] == "exit":
+    sys.exit(0)
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("ending", "recorded"),
+    [
+        ("exit", 12),  # a clean exit flushes the rest (atexit)
+        (signal.SIGINT, 12),  # Ctrl-C: KeyboardInterrupt, then a clean exit
+        (signal.SIGTERM, 5),  # unhandled SIGTERM (runserver, a bare python): no atexit
+        (signal.SIGKILL, 5),
+    ],
+)
+def test_what_reaches_the_database_when_a_process_ends(
+    tmp_path: Path, ending: object, recorded: int
+) -> None:
+    """Counts flushed before the end survive; the rest survive only a clean exit."""
+    database = tmp_path / "usage.sqlite3"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": f"sqlite:///{database}",
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+    }
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, "exit" if ending == "exit" else "wait"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    with child.stdout:
+        try:
+            assert child.stdout.readline() == "ready\n"
+            if isinstance(ending, signal.Signals):
+                child.send_signal(ending)
+            child.wait(timeout=30)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    db = sqlite3.connect(database)
+    try:
+        [(allowed,)] = db.execute("SELECT SUM(allowed) FROM django_throttle_usagecount")
+    finally:
+        db.close()
+    assert allowed == recorded

@@ -11,5 +11,10 @@ urlpatterns = [
     path("hello/", views.hello, name="hello"),
     path("hello-async/", views.hello_async, name="hello-async"),
     path("login/", views.login, name="login"),
+    path("login-closed/", views.login_closed, name="login-closed"),
+    path("accounts/login/", views.ThrottledLogin.as_view(), name="django-login"),
+    path("api/token/", views.TokenLogin.as_view(), name="token"),
     path("cbv/", views.ClassBased.as_view(), name="cbv"),
+    path("cbv-a/", views.UnscopedA.as_view(), name="cbv-a"),
+    path("cbv-b/", views.UnscopedB.as_view(), name="cbv-b"),
 ]

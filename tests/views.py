@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.contrib.auth.views import LoginView
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
@@ -41,7 +42,37 @@ def login(request: HttpRequest) -> HttpResponse:
     return HttpResponse("login form")
 
 
+@throttle(rate="5/min", failure_mode="closed")
+def login_closed(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("login form")
+
+
 @method_decorator(throttle(rate="1/min", scope="cbv"), name="dispatch")
 class ClassBased(View):
     def get(self, request: HttpRequest) -> HttpResponse:
         return HttpResponse("cbv")
+
+
+@method_decorator(throttle(rate="1/min"), name="dispatch")
+class UnscopedA(View):
+    def get(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse("a")
+
+
+@method_decorator(throttle(rate="1/min"), name="dispatch")
+class UnscopedB(View):
+    def get(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse("b")
+
+
+@method_decorator(throttle(rate="5/min"), name="dispatch")
+class ThrottledLogin(LoginView):
+    """Django's own login view: a credential endpoint, so it fails closed by default."""
+
+
+class TokenLogin(APIView):
+    permission_classes = [AllowAny]
+    throttle_credential = True
+
+    def post(self, request: Request) -> Response:
+        return Response({"token": "t"})

@@ -1,7 +1,8 @@
 """Counting backends, chosen by the ``DJANGO_THROTTLE_BACKEND`` dotted path.
 
 The instance is built lazily on first use, cached per process, and dropped when a
-``DJANGO_THROTTLE_*`` setting changes (see :mod:`django_throttle.signals`).
+``DJANGO_THROTTLE_*`` setting changes (see :mod:`django_throttle.signals`), together with the
+local fallback limiter and the circuit breaker (:mod:`django_throttle.breaker`).
 """
 
 from __future__ import annotations
@@ -12,12 +13,20 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from django_throttle.backends.base import Backend, BackendError
+from django_throttle.backends.memory import MemoryBackend
 from django_throttle.conf import app_settings
 
-__all__ = ["Backend", "BackendError", "get_backend", "reset_backend_cache"]
+__all__ = [
+    "Backend",
+    "BackendError",
+    "get_backend",
+    "get_local_backend",
+    "reset_backend_cache",
+]
 
 _lock = threading.Lock()
 _backend: Backend | None = None
+_local: MemoryBackend | None = None
 
 
 def get_backend() -> Backend:
@@ -43,10 +52,28 @@ def _build() -> Backend:
         return _backend
 
 
+def get_local_backend() -> MemoryBackend:
+    """The process's fallback limiter for failure mode ``"local"``: an in-memory backend
+    bounded by ``DJANGO_THROTTLE_LOCAL_FALLBACK_MAX_CLIENTS`` states, built on first use."""
+    global _local
+    local = _local
+    if local is not None:
+        return local
+    with _lock:
+        if _local is None:
+            _local = MemoryBackend(max_entries=app_settings.LOCAL_FALLBACK_MAX_CLIENTS)
+        return _local
+
+
 def reset_backend_cache() -> None:
-    """Forget the cached backend (closing its connections); the next use builds a new one."""
-    global _backend
+    """Forget the cached backend (closing its connections), the local fallback limiter and
+    the circuit breaker; the next use builds new ones."""
+    global _backend, _local
+    from django_throttle.breaker import reset_breaker
+
     with _lock:
         if _backend is not None:
             _backend.close()
         _backend = None
+        _local = None
+    reset_breaker()

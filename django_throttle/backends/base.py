@@ -14,6 +14,10 @@ from collections.abc import Sequence
 
 from django_throttle.rates import Decision, Limit
 
+#: Bytes of a client digest; keys carry it as twice as many hex characters.
+DIGEST_SIZE = 12
+DIGEST_CHARS = 2 * DIGEST_SIZE
+
 
 class BackendError(Exception):
     """The backend could not answer (connection, timeout, server error)."""
@@ -41,6 +45,16 @@ class Backend(ABC):
         """Refill the client's buckets for these limits (forget their state)."""
 
     @abstractmethod
+    def retime(self, limits: Sequence[Limit], *, now: float | None = None) -> int:
+        """Make every stored state of these limits (matched by ``limit.id``, all clients)
+        expire when its bucket is full under the limit's current rate and burst.
+
+        Call it after a limit changed: a state written under a faster rate would otherwise
+        expire early and hand the client a full bucket. Returns the number of states touched.
+        ``now`` (Unix seconds) overrides the backend's clock, for deterministic tests only.
+        """
+
+    @abstractmethod
     def get_policy_version(self) -> str | None:
         """The shared policy version, bumped whenever an admin edits a policy."""
 
@@ -54,7 +68,7 @@ class Backend(ABC):
     @staticmethod
     def digest(client: str) -> str:
         """A fixed-length digest of the client, so user-controlled text never shapes a key."""
-        return hashlib.blake2b(client.encode(), digest_size=12).hexdigest()
+        return hashlib.blake2b(client.encode(), digest_size=DIGEST_SIZE).hexdigest()
 
 
 def decision_from(
@@ -66,10 +80,11 @@ def decision_from(
     retry_us: float,
     shadow: bool = False,
 ) -> Decision:
-    """Build a :class:`Decision` from a backend's reply (``index`` is 0-based)."""
+    """Build a :class:`Decision` from a backend's reply (``index`` is 0-based; -1 when no
+    enforced limit was passed, so nothing is reported)."""
     return Decision(
         allowed=allowed,
-        limit=limits[index],
+        limit=limits[index] if index >= 0 else None,
         remaining=remaining,
         reset_after=reset_us / 1e6,
         retry_after=retry_us / 1e6,

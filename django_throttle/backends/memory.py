@@ -1,7 +1,10 @@
-"""In-process backend with the same semantics as the Redis scripts, for development and tests.
+"""In-process backend with the same semantics as the Redis scripts, for development, tests and
+the per-process fallback of failure mode ``"local"``.
 
 State lives in this process only: use it with one process, or accept per-process limits. It is
 thread-safe (one lock) and takes an injectable ``clock`` so tests can move time by hand.
+``max_entries`` bounds memory: beyond it the least recently used (client, limit) states are
+forgotten (those clients get a full bucket back).
 """
 
 from __future__ import annotations
@@ -10,10 +13,11 @@ import itertools
 import math
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from django_throttle.backends.base import Backend, decision_from
-from django_throttle.rates import Algorithm, Decision, Limit
+from django_throttle.backends.base import Backend, BackendError, decision_from
+from django_throttle.rates import MAX_COUNT, Algorithm, Decision, Limit
 
 #: Same tolerance as the Lua prelude, in tokens.
 TOLERANCE = 1e-9
@@ -22,37 +26,59 @@ _SWEEP_EVERY = 4096
 State = tuple[float, float]
 
 
+def _used(state: State | None, now: float, capacity: int, interval: float) -> float:
+    """Tokens used as of ``now``, within [0, capacity]: the twin of ``token_bucket_used``."""
+    if state is None:
+        return 0.0
+    used = min(state[0], capacity) - max(0.0, now - state[1]) / interval
+    return 0.0 if used < 0 else used
+
+
 def token_bucket(
     state: State | None, now: float, capacity: int, interval: float, cost: int
 ) -> tuple[bool, State | None, int, float, float]:
     """Python twin of ``lua/token_bucket.lua``: (allowed, new_state, remaining, reset, retry).
 
-    Times are microseconds; ``state`` is (tokens used, timestamp).
+    Times are microseconds; ``state`` is (tokens used, timestamp). The state's expiry (the
+    script's TTL) is ``new_state[0] * interval`` after ``now``.
     """
-    used = 0.0
-    if state is not None:
-        used = max(0.0, state[0] - max(0.0, now - state[1]) / interval)
+    used = _used(state, now, capacity, interval)
     after = used + cost
     if after <= capacity + TOLERANCE:
-        refill = after * interval
         remaining = max(0, math.floor(capacity - after + TOLERANCE))
-        return True, (after, now), remaining, refill, 0.0
+        return True, (after, now), remaining, max(0.0, (after - TOLERANCE / 2) * interval), 0.0
     remaining = max(0, math.floor(capacity - used + TOLERANCE))
-    return False, None, remaining, used * interval, (after - capacity) * interval
+    reset = max(0.0, (used - TOLERANCE / 2) * interval)
+    return False, None, remaining, reset, max(0.0, (after - capacity - TOLERANCE / 2) * interval)
+
+
+def token_bucket_ttl(state: State, now: float, capacity: int, interval: float) -> float:
+    """Microseconds until ``state`` no longer matters under this capacity and interval."""
+    return _used(state, now, capacity, interval) * interval
 
 
 _ALGORITHMS = {Algorithm.TOKEN_BUCKET.value: token_bucket}
+_TTLS = {Algorithm.TOKEN_BUCKET.value: token_bucket_ttl}
 
 
 class MemoryBackend(Backend):
-    """Counts in a dict guarded by a lock; expired state is swept as it is met."""
+    """Counts in an ordered dict guarded by a lock; expired state is swept as it is met."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.time, max_entries: int | None = None
+    ) -> None:
+        if max_entries is not None and max_entries < 1:
+            raise ValueError(f"max_entries must be at least 1, not {max_entries}")
         self.clock = clock
+        self.max_entries = max_entries
         self._lock = threading.Lock()
-        self._state: dict[tuple[str, str], tuple[State, float]] = {}
+        #: (client, limit id) -> (state, expiry in µs), least recently used first.
+        self._state: OrderedDict[tuple[str, str], tuple[State, float]] = OrderedDict()
         self._version = 0
         self._calls = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._state)
 
     def hit(
         self, client: str, limits: Sequence[Limit], cost: int = 1, *, now: float | None = None
@@ -67,6 +93,21 @@ class MemoryBackend(Backend):
             for limit in limits:
                 self._state.pop((client, limit.id), None)
 
+    def retime(self, limits: Sequence[Limit], *, now: float | None = None) -> int:
+        now_us = (self.clock() if now is None else now) * 1e6
+        by_id = {limit.id: limit for limit in limits}
+        touched = 0
+        with self._lock:
+            for key, (state, _) in list(self._state.items()):
+                limit = by_id.get(key[1])
+                if limit is None:
+                    continue
+                ttl = _TTLS[limit.algorithm](state, now_us, limit.burst, limit.rate.interval * 1e6)
+                # Expiry at whole milliseconds, at least 1 ms ahead: PEXPIRE's twin.
+                self._state[key] = (state, now_us + max(1, math.ceil(ttl / 1000)) * 1000)
+                touched += 1
+        return touched
+
     def get_policy_version(self) -> str | None:
         return str(self._version)
 
@@ -77,31 +118,39 @@ class MemoryBackend(Backend):
     def _run(
         self, client: str, limits: Sequence[Limit], cost: int, now: float | None, consume: bool
     ) -> Decision:
+        if not 0 <= cost <= MAX_COUNT or cost != int(cost):
+            raise BackendError(f"cost must be a whole number in [0, {MAX_COUNT}], not {cost!r}")
         now_us = (self.clock() if now is None else now) * 1e6
+        states = self._state
         with self._lock:
             if next(self._calls) % _SWEEP_EVERY == 0:
                 self._sweep(now_us)
             allowed, shadow_denied = True, False
-            pick, pick_remaining, pick_reset, pick_retry = 0, -1, 0.0, -1.0
-            spick, spick_remaining, spick_reset = 0, -1, 0.0  # when only shadow limits apply
+            pick, pick_remaining, pick_reset, pick_retry = -1, -1, 0.0, -1.0
             writes: list[tuple[tuple[str, str], tuple[State, float]]] = []
             for i, limit in enumerate(limits):
                 key = (client, limit.id)
-                entry = self._state.get(key)
+                entry = states.get(key)
+                if entry is not None:
+                    states.move_to_end(key)
+                interval = limit.rate.interval * 1e6
                 ok, new_state, remaining, reset, retry = _ALGORITHMS[limit.algorithm](
                     None if entry is None or entry[1] <= now_us else entry[0],
                     now_us,
                     limit.burst,
-                    limit.rate.interval * 1e6,
+                    interval,
                     min(cost, limit.burst),
                 )
                 if ok:
                     assert new_state is not None
-                    writes.append((key, (new_state, now_us + reset)))
-                    if limit.shadow:
-                        if spick_remaining < 0 or remaining < spick_remaining:
-                            spick, spick_remaining, spick_reset = i, remaining, reset
-                    elif allowed and (pick_remaining < 0 or remaining < pick_remaining):
+                    # Expiry at whole milliseconds, at least 1 ms ahead: SET PX's twin.
+                    ttl_ms = max(1, math.ceil(new_state[0] * interval / 1000))
+                    writes.append((key, (new_state, now_us + ttl_ms * 1e3)))
+                    if (
+                        not limit.shadow
+                        and allowed
+                        and (pick_remaining < 0 or remaining < pick_remaining)
+                    ):
                         pick, pick_remaining, pick_reset = i, remaining, reset
                 elif limit.shadow:
                     shadow_denied = True
@@ -110,9 +159,9 @@ class MemoryBackend(Backend):
                         pick, pick_remaining, pick_reset, pick_retry = i, remaining, reset, retry
                     allowed = False
             if allowed and consume:
-                self._state.update(writes)
-            if allowed and pick_remaining < 0 <= spick_remaining:
-                pick, pick_remaining, pick_reset = spick, spick_remaining, spick_reset
+                states.update(writes)
+                if self.max_entries is not None and len(states) > self.max_entries:
+                    self._evict(self.max_entries)
         return decision_from(
             limits,
             allowed,
@@ -122,6 +171,12 @@ class MemoryBackend(Backend):
             0 if allowed else math.ceil(pick_retry),
             shadow_denied,
         )
+
+    def _evict(self, bound: int) -> None:
+        """Forget the least recently used states beyond ``bound`` (lock held)."""
+        states = self._state
+        while len(states) > bound:
+            states.popitem(last=False)
 
     def _sweep(self, now_us: float) -> None:
         """Drop state past its expiry (the bucket is full again): the Redis TTL's twin."""

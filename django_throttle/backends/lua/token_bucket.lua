@@ -4,33 +4,61 @@
 -- (fractional) as of timestamp (microseconds, server clock). At `now`, used has drained by
 -- elapsed / interval: refill is continuous and never truncated to whole tokens or seconds.
 -- Storing what was used (not what is left) keeps full double precision in the fraction, and
--- means an operator who raises a limit gives clients the new headroom at once.
+-- means an operator who raises a limit gives clients the new headroom at once, while one who
+-- lowers it never hands out a burst (used is capped at capacity: an empty bucket stays empty).
 --
 -- token_bucket(state, now, capacity, interval, cost)
---   state     stored string, or false (missing key = nothing used = full bucket)
+--   state     stored string, or false (missing key = nothing used = full bucket); corrupt
+--             state counts as a full bucket
 --   now       microseconds
 --   capacity  tokens (burst)
 --   interval  microseconds to earn one token back (period / count)
---   cost      tokens this request takes (0 = peek)
--- returns allowed (boolean), new_state (string or nil), ttl_us, remaining (whole tokens),
---         reset_us (until full again), retry_us (until this request would pass; 0 if allowed)
-local function token_bucket(state, now, capacity, interval, cost)
-  local used = 0
-  if state then
-    local space = string.find(state, ' ', 1, true)
-    local elapsed = now - tonumber(string.sub(state, space + 1))
-    -- A clock that stepped back must not mint tokens: clamp negative elapsed time to 0.
-    if elapsed < 0 then elapsed = 0 end
-    used = math.max(0, tonumber(string.sub(state, 1, space - 1)) - elapsed / interval)
-  end
-  local after = used + cost
-  if after <= capacity + TOLERANCE then
-    local refill = after * interval
-    return true, string.format('%.17g %.17g', after, now), refill,
-      math.max(0, math.floor(capacity - after + TOLERANCE)), refill, 0
-  end
-  return false, nil, 0, math.max(0, math.floor(capacity - used + TOLERANCE)), used * interval,
-    (after - capacity) * interval
+--   cost      tokens this request takes (0 = peek), at most capacity
+-- returns allowed (boolean), new_state (string or nil), ttl_us (until full again, exact),
+--         remaining (whole tokens), reset_us (until full again), retry_us (until this request
+--         would pass; 0 if allowed); reset_us and retry_us are within the tolerance, so a
+--         request at now + ceil(retry_us) passes
+-- Every duration returned is within [0, capacity x interval], whatever the stored state:
+-- a timestamp in the future (clock stepped back, another server) counts as no time elapsed.
+--
+-- token_bucket_ttl(state, now, capacity, interval)
+--   microseconds until the stored state no longer matters (the bucket is full) under this
+--   capacity and interval, or nil for missing or corrupt state (used by the retime script).
+
+-- Tokens used as of `now`, within [0, capacity]. A stored count above capacity (the burst was
+-- lowered, or the state is bad) counts as an empty bucket, which then refills as usual.
+local function token_bucket_used(state, now, capacity, interval)
+  local used, stamp = two_numbers(state)
+  if used == nil then return 0 end
+  if used > capacity then used = capacity end
+  local elapsed = now - stamp
+  -- A clock that stepped back must not mint tokens: clamp negative elapsed time to 0.
+  if elapsed < 0 then elapsed = 0 end
+  used = used - elapsed / interval
+  if used < 0 then return 0 end
+  return used
 end
 
-ALGORITHMS['token_bucket'] = token_bucket
+local function token_bucket(state, now, capacity, interval, cost)
+  local used = token_bucket_used(state, now, capacity, interval)
+  local after = used + cost
+  -- Reported waits are less half the tolerance the comparison forgives: float noise then
+  -- never rounds an exact wait up to the next microsecond (2 s reported as 2.000001 s, a 3 s
+  -- Retry-After), and a retry at now + ceil(retry) still has half the tolerance to spare, so
+  -- it passes. The TTL is the exact time until full.
+  if after <= capacity + TOLERANCE then
+    return true, string.format('%.17g %.17g', after, now), after * interval,
+      math.max(0, math.floor(capacity - after + TOLERANCE)),
+      math.max(0, (after - TOLERANCE / 2) * interval), 0
+  end
+  return false, nil, 0, math.max(0, math.floor(capacity - used + TOLERANCE)),
+    math.max(0, (used - TOLERANCE / 2) * interval),
+    math.max(0, (after - capacity - TOLERANCE / 2) * interval)
+end
+
+local function token_bucket_ttl(state, now, capacity, interval)
+  if two_numbers(state) == nil then return nil end
+  return token_bucket_used(state, now, capacity, interval) * interval
+end
+
+ALGORITHMS['token_bucket'] = {decide = token_bucket, ttl = token_bucket_ttl}

@@ -1,4 +1,8 @@
-"""``manage.py throttle_usage``: who used the API and who was throttled, over a recent window."""
+"""``manage.py throttle_usage``: who used the API and who was throttled, over a recent window.
+
+One column per outcome (allowed, denied, shadow would-deny, failed open, failed closed); the
+total is their sum.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ from django_throttle import usage
 FORMATS = ("table", "json", "csv")
 _DURATION_RE = re.compile(r"^\s*(?P<count>[+-]?\d+)\s*(?P<unit>[a-zA-Z]+)\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+#: Table heading per outcome, in :data:`usage.OUTCOMES` order.
+_HEADINGS = ("Allowed", "Denied", "Shadow would-deny", "Failed open", "Failed closed")
 
 
 def parse_duration(text: str) -> timedelta:
@@ -41,8 +47,9 @@ def parse_duration(text: str) -> timedelta:
 
 class Command(BaseCommand):
     help = (
-        "Show allowed and denied requests per client, tier or endpoint over a recent window, "
-        "busiest first (most requests, then most denied)."
+        "Show requests per client, tier or endpoint over a recent window, one column per "
+        "outcome (allowed, denied, shadow would-deny, failed open, failed closed), busiest "
+        "first (most requests, then most denied)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -109,8 +116,7 @@ class Command(BaseCommand):
         data = [
             {
                 by: row.key,
-                "allowed": row.allowed,
-                "denied": row.denied,
+                **{outcome: getattr(row, outcome) for outcome in usage.OUTCOMES},
                 "total": row.total,
                 "denied_percent": round(row.denied_percent, 2),
             }
@@ -121,10 +127,15 @@ class Command(BaseCommand):
     def _write_csv(self, rows: list[usage.UsageRow], by: str) -> None:
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow([by, "allowed", "denied", "total", "denied_percent"])
+        writer.writerow([by, *usage.OUTCOMES, "total", "denied_percent"])
         for row in rows:
             writer.writerow(
-                [row.key, row.allowed, row.denied, row.total, f"{row.denied_percent:.2f}"]
+                [
+                    row.key,
+                    *(getattr(row, outcome) for outcome in usage.OUTCOMES),
+                    row.total,
+                    f"{row.denied_percent:.2f}",
+                ]
             )
         self.stdout.write(buffer.getvalue(), ending="")
 
@@ -136,13 +147,12 @@ class Command(BaseCommand):
         # min_width keeps the title on one line above a narrow table.
         table = Table(title=title, min_width=len(title))
         table.add_column(by.capitalize(), overflow="fold")
-        for name in ("Allowed", "Denied", "Total", "Denied %"):
+        for name in (*_HEADINGS, "Total", "Denied %"):
             table.add_column(name, justify="right", no_wrap=True)
         for row in rows:
             table.add_row(
                 row.key or "(none)",
-                f"{row.allowed:,}",
-                f"{row.denied:,}",
+                *(f"{getattr(row, outcome):,}" for outcome in usage.OUTCOMES),
                 f"{row.total:,}",
                 f"{row.denied_percent:.1f}",
             )

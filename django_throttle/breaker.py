@@ -1,0 +1,201 @@
+"""A per-process circuit breaker around backend calls.
+
+After ``threshold`` consecutive :class:`BackendError` failures the breaker opens: calls fail at
+once with :class:`CircuitOpen` instead of each waiting for a timeout. After ``cooldown``
+seconds it is half-open: exactly one caller probes the backend while the others still fail at
+once; the probe's success closes the breaker, its failure opens it for another cooldown. So a
+dead or hung Redis costs a process a handful of timeouts, then microseconds per request, and
+exact limiting resumes within one cooldown of Redis answering again.
+
+Thread-safe. A closed breaker costs a call a few attribute reads and no lock; transitions take
+the lock and are logged once each (opening at WARNING with the error, recovery at WARNING),
+never per request. ``clock`` is injectable (monotonic seconds) so tests move time by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django_throttle.backends.base import BackendError
+from django_throttle.conf import app_settings
+
+__all__ = ["CircuitBreaker", "CircuitOpen", "get_breaker", "reset_breaker"]
+
+logger = logging.getLogger("django_throttle.breaker")
+
+T = TypeVar("T")
+
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
+
+
+class CircuitOpen(BackendError):
+    """The breaker is open: the backend was not called."""
+
+
+class CircuitBreaker:
+    """Closed / open / half-open state around one backend, shared by a process's threads.
+
+    Counters for metrics: ``failures`` (backend errors seen), ``opened`` (times it opened,
+    re-opening after a failed probe included) and ``short_circuited`` (calls refused at once).
+    """
+
+    def __init__(
+        self,
+        threshold: int = 3,
+        cooldown: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if threshold < 1:
+            raise ValueError(f"threshold must be at least 1, not {threshold}")
+        if cooldown < 0:
+            raise ValueError(f"cooldown must be at least 0, not {cooldown}")
+        self.threshold = threshold
+        self.cooldown = cooldown
+        self.clock = clock
+        self.failures = 0
+        self.opened = 0
+        self.short_circuited = 0
+        self._lock = threading.Lock()
+        self._streak = 0  # consecutive failures while closed
+        self._opened_at: float | None = None  # None while closed
+        self._probing = False
+        self._down_since = 0.0  # when it opened from closed
+        self._refused_before = 0  # short_circuited when it opened from closed
+        # Bumped on every open and close: a call that started before a transition does not
+        # move the streak of the state that followed it.
+        self._epoch = 0
+
+    @property
+    def state(self) -> str:
+        opened_at = self._opened_at
+        if opened_at is None:
+            return CLOSED
+        if self._probing or self.clock() - opened_at >= self.cooldown:
+            return HALF_OPEN
+        return OPEN
+
+    def retry_after(self) -> float:
+        """Seconds until a call may reach the backend again (0 while closed or due a probe)."""
+        with self._lock:
+            if self._opened_at is None:
+                return 0.0
+            if self._probing:
+                return self.cooldown
+            return max(0.0, self._opened_at + self.cooldown - self.clock())
+
+    def call(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``func`` unless the breaker is open; a :class:`BackendError` it raises counts
+        as a failure and propagates. Other exceptions propagate and count as nothing."""
+        epoch = self._epoch
+        if self._opened_at is not None:
+            if self._admit():
+                return self._probe(func, args, kwargs)
+            epoch = self._epoch  # closed meanwhile
+        try:
+            result = func(*args, **kwargs)
+        except BackendError as exc:
+            self._failed(exc, epoch)
+            raise
+        if self._streak:
+            with self._lock:
+                if self._epoch == epoch:
+                    self._streak = 0
+        return result
+
+    def _admit(self) -> bool:
+        """True if this caller is the half-open probe; False if the breaker closed meanwhile;
+        raise :class:`CircuitOpen` otherwise."""
+        with self._lock:
+            if self._opened_at is None:
+                return False
+            wait = self._opened_at + self.cooldown - self.clock()
+            if self._probing or wait > 0:
+                self.short_circuited += 1
+                raise CircuitOpen(
+                    f"circuit open after {self.threshold} consecutive backend failures; "
+                    f"next probe in {max(wait, 0.0):.3f} s"
+                )
+            self._probing = True
+            return True
+
+    def _probe(self, func: Callable[..., T], args: Any, kwargs: Any) -> T:
+        try:
+            result = func(*args, **kwargs)
+        except BackendError as exc:
+            with self._lock:
+                self.failures += 1
+                self.opened += 1
+                self._epoch += 1
+                self._opened_at = self.clock()
+                self._probing = False
+            logger.debug("throttle backend probe failed; breaker open again: %s", exc)
+            raise
+        except BaseException:
+            with self._lock:
+                self._probing = False  # undecided: let the next caller probe
+            raise
+        with self._lock:
+            self._epoch += 1
+            self._opened_at = None
+            self._probing = False
+            self._streak = 0
+            down = self.clock() - self._down_since
+            refused = self.short_circuited - self._refused_before
+        logger.warning(
+            "throttle backend answering again; circuit breaker closed after %.1f s open "
+            "(%d calls refused at once meanwhile)",
+            down,
+            refused,
+        )
+        return result
+
+    def _failed(self, exc: BackendError, epoch: int) -> None:
+        with self._lock:
+            self.failures += 1
+            if epoch != self._epoch or self._opened_at is not None:
+                return
+            self._streak += 1
+            if self._streak < self.threshold:
+                return
+            self.opened += 1
+            self._epoch += 1
+            self._opened_at = self._down_since = self.clock()
+            self._refused_before = self.short_circuited
+            self._streak = 0
+        logger.warning(
+            "throttle backend failed %d times in a row; circuit breaker open, calls fail at "
+            "once for %.3g s before one probes again: %s",
+            self.threshold,
+            self.cooldown,
+            exc,
+        )
+
+
+_lock = threading.Lock()
+_breaker: CircuitBreaker | None = None
+
+
+def get_breaker() -> CircuitBreaker:
+    """The process's breaker, built on first use from ``DJANGO_THROTTLE_BREAKER_THRESHOLD``
+    and ``DJANGO_THROTTLE_BREAKER_COOLDOWN``."""
+    global _breaker
+    breaker = _breaker
+    if breaker is not None:
+        return breaker
+    with _lock:
+        if _breaker is None:
+            _breaker = CircuitBreaker(
+                threshold=app_settings.BREAKER_THRESHOLD, cooldown=app_settings.BREAKER_COOLDOWN
+            )
+        return _breaker
+
+
+def reset_breaker() -> None:
+    """Forget the process's breaker (``backends.reset_backend_cache`` calls this)."""
+    global _breaker
+    with _lock:
+        _breaker = None

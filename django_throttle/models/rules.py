@@ -1,0 +1,170 @@
+"""Endpoint rules (which requests form an endpoint, their cost) and their per-tier limits."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
+
+from django_throttle.models.fields import (
+    HTTP_METHODS,
+    FailureMode,
+    choice_problem,
+    count_field,
+    in_range,
+)
+from django_throttle.models.tiers import LimitFields, Tier
+from django_throttle.rates import MAX_COUNT, Rate
+
+
+class EndpointRule(models.Model):
+    """Which requests form one endpoint, what each costs, and whether denials are enforced."""
+
+    class MatchType(models.TextChoices):
+        SCOPE = "scope", _("DRF throttle scope")
+        ROUTE = "route", _("URL route name")
+        PATH = "path", _("Path prefix")
+
+    name = models.CharField(max_length=100, unique=True)
+    match_type = models.CharField(max_length=10, choices=MatchType.choices, default=MatchType.SCOPE)
+    pattern = models.CharField(
+        max_length=255,
+        help_text=_(
+            "scope: a DRF throttle_scope; route: a URL name such as 'api:orders'; "
+            "path: a prefix starting with '/'"
+        ),
+    )
+    methods = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text=_("comma-separated HTTP methods, e.g. 'POST, PUT'; empty = all methods"),
+    )
+    cost = count_field(
+        _("The cost must be at least %(limit_value)s."),
+        _("The cost must be at most %(limit_value)s."),
+        default=1,
+        help_text=_("tokens one matching request takes from every limit that applies"),
+    )
+    enabled = models.BooleanField(default=True)
+    shadow = models.BooleanField(
+        default=False, help_text=_("a would-deny is counted and logged, the request passes")
+    )
+    failure_mode = models.CharField(
+        _("failure mode"),
+        max_length=10,
+        choices=FailureMode.choices,
+        default=FailureMode.INHERIT,
+        blank=True,
+        help_text=_(
+            "what matching requests meet when Redis cannot answer; use 'closed' for credential "
+            "endpoints (login, token) so an outage never lifts their limit"
+        ),
+    )
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["match_type", "pattern", "methods"],
+                name="django_throttle_unique_endpoint_match",
+                violation_error_message=_("Another rule has this match type, pattern and methods."),
+            ),
+            models.CheckConstraint(
+                condition=in_range("cost"), name="django_throttle_endpoint_rule_cost_range"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def method_set(self) -> frozenset[str]:
+        """Methods the rule covers; empty means every method."""
+        return frozenset(m.strip().upper() for m in self.methods.split(",") if m.strip())
+
+    def row_problems(self) -> dict[str, str]:
+        """Values the admin would refuse, by field (empty when the rule is usable)."""
+        errors: dict[str, str] = {}
+        unknown = sorted(self.method_set.difference(HTTP_METHODS))
+        if unknown:
+            errors["methods"] = str(_("unknown HTTP method %(unknown)s: use %(known)s")) % {
+                "unknown": ", ".join(unknown),
+                "known": ", ".join(HTTP_METHODS),
+            }
+        for field, choices, what in (
+            ("match_type", self.MatchType, _("match type")),
+            ("failure_mode", FailureMode, _("failure mode")),
+        ):
+            problem = choice_problem(getattr(self, field), choices, what)
+            if problem is not None:
+                errors[field] = problem
+        if isinstance(self.cost, bool) or not isinstance(self.cost, int):
+            errors["cost"] = str(_("the cost must be a whole number"))
+        elif not 1 <= self.cost <= MAX_COUNT:
+            errors["cost"] = str(_("the cost must be between 1 and %(max)s, not %(cost)s")) % {
+                "max": MAX_COUNT,
+                "cost": self.cost,
+            }
+        pattern = (self.pattern or "").strip()
+        if not pattern:
+            errors["pattern"] = str(_("enter a pattern"))
+        elif any(c.isspace() for c in pattern):
+            errors["pattern"] = str(_("a pattern cannot contain spaces"))
+        elif self.match_type == self.MatchType.PATH and not pattern.startswith("/"):
+            errors["pattern"] = str(_("a path prefix starts with '/', e.g. '/%(pattern)s'")) % {
+                "pattern": pattern
+            }
+        elif self.match_type == self.MatchType.ROUTE and (
+            pattern.startswith(":") or pattern.endswith(":") or "::" in pattern
+        ):
+            errors["pattern"] = str(_("a route name is 'name' or 'namespace:name'"))
+        return errors
+
+    def clean(self) -> None:
+        """Normalise methods (so the uniqueness constraint sees one spelling) and check the
+        pattern fits its match type. Cost and choices are their fields' own errors."""
+        self.pattern = (self.pattern or "").strip()
+        errors = {
+            field: message
+            for field, message in self.row_problems().items()
+            if field in ("methods", "pattern")
+        }
+        if "methods" not in errors:
+            self.methods = ",".join(m for m in HTTP_METHODS if m in self.method_set)
+        if errors:
+            raise ValidationError(errors)
+
+
+class EndpointLimit(LimitFields):
+    """A limit on one endpoint for clients of one tier, on top of the tier's own limits."""
+
+    rule = models.ForeignKey(EndpointRule, on_delete=models.CASCADE, related_name="limits")
+    tier = models.ForeignKey(Tier, on_delete=models.CASCADE, related_name="endpoint_limits")
+
+    class Meta:
+        ordering = ["rule", "tier", "pk"]
+        verbose_name = _("endpoint limit")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["rule", "tier", "rate"],
+                name="django_throttle_unique_endpoint_limit",
+                violation_error_message=_("This rule already has this rate for this tier."),
+            ),
+            models.CheckConstraint(
+                condition=Q(burst__isnull=True) | in_range("burst"),
+                name="django_throttle_endpoint_limit_burst_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.rate} (burst {self.burst})" if self.burst else self.rate
+
+    @property
+    def limit_id(self) -> str:
+        return f"e{self.pk}"
+
+    def limit_name(self, rate: Rate) -> str:
+        return f"{self.rule.name} ({self.tier.slug}) {rate}"

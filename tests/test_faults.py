@@ -1,0 +1,628 @@
+"""Fault injection against real redis-servers: what clients see when Redis misbehaves.
+
+Every test runs the DRF view ``/api/ping/`` (``PolicyThrottle``, admin policy rows) through the
+Django test client, from several threads at once, against a private ``redis-server`` this module
+starts (never the suite's or the system's Redis), usually through :class:`FaultProxy`, which can
+refuse, black-hole, delay, drop replies and reset connections. The server itself can be paused
+(SIGSTOP), killed (SIGKILL) and restarted on the same port.
+
+Assertions are on counts: statuses, headers, commands the proxy saw, breaker counters, tokens
+left in Redis. Never on wall time; waits poll with generous deadlines.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+from django.test import Client
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from django_throttle import policy
+from tests.factories import tier
+from tests.faultproxy import FaultProxy
+from tests.redis_servers import RedisServer
+
+pytestmark = pytest.mark.django_db
+
+#: Backend timeouts for the app under test: short, as in production, so faults cost little.
+FAULT_TIMEOUT = 0.2
+#: For tests whose healthy phase must never time out on a loaded machine.
+HEALTHY_TIMEOUT = 2.0
+#: How long ``delay`` holds each reply: well beyond FAULT_TIMEOUT.
+DELAY = 0.6
+THRESHOLD = 3
+THREADS = 6
+PER_THREAD = 15
+#: Backend calls that may fail before the breaker opens: the threshold, plus every thread
+#: that was already inside a call when the threshold was reached.
+MAX_FAILURES = THRESHOLD + THREADS
+PROXY_FAULTS = ("refuse", "blackhole", "delay", "drop_reply", "reset")
+SERVER_FAULTS = ("sigkill", "sigstop")
+PATH = "/api/ping/"
+
+
+# -- fixtures -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def redis_process() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def server(redis_process: RedisServer) -> Iterator[RedisServer]:
+    """The module's server, running, answering, empty and with default limits, before and
+    after each test (a test may pause, kill or reconfigure it)."""
+    redis_process.ensure_healthy()
+    yield redis_process
+    redis_process.ensure_healthy()
+
+
+@pytest.fixture
+def proxy(server: RedisServer) -> Iterator[FaultProxy]:
+    with FaultProxy(server.port) as fault_proxy:
+        yield fault_proxy
+
+
+@pytest.fixture
+def admin_client(server: RedisServer) -> Iterator[redis.Redis]:
+    """Our own connection to the server, with generous timeouts, for setup and inspection."""
+    client = server.client()
+    yield client
+    client.close()
+
+
+def configure(
+    settings: Any,
+    url: str,
+    *,
+    timeout: float = FAULT_TIMEOUT,
+    threshold: int = THRESHOLD,
+    cooldown: float = 3600.0,
+    mode: str = "open",
+    **extra: Any,
+) -> None:
+    """Point the app at ``url`` with short timeouts and the given breaker and failure mode.
+
+    The default cooldown is long so no half-open probe happens unless a test asks for one; the
+    policy refresh interval is long so the only Redis calls are the counting ones.
+    """
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+    }
+    settings.DJANGO_THROTTLE_BREAKER_THRESHOLD = threshold
+    settings.DJANGO_THROTTLE_BREAKER_COOLDOWN = cooldown
+    settings.DJANGO_THROTTLE_FAILURE_MODE = mode
+    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 3600.0
+    for name, value in extra.items():
+        setattr(settings, f"DJANGO_THROTTLE_{name}", value)
+
+
+def anonymous_tier(rate: str, burst: int | None = None, **flags: Any) -> None:
+    """The default anonymous tier, compiled here: worker threads then never touch the DB."""
+    tier("anonymous", rate, burst=burst, is_default_anonymous=True, **flags)
+    policy.reset()
+    policy.current()
+
+
+def get_breaker() -> Any:
+    from django_throttle.breaker import get_breaker
+
+    return get_breaker()
+
+
+# -- load -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What one client saw."""
+
+    status: int | str
+    degraded: str | None = None
+    retry_after: str | None = None
+    remaining: str | None = None
+
+
+def request(address: str, path: str = PATH) -> Seen:
+    response = Client(raise_request_exception=False).get(path, REMOTE_ADDR=address)
+    return Seen(
+        response.status_code,
+        response.get("X-RateLimit-Degraded"),
+        response.get("Retry-After"),
+        response.get("X-RateLimit-Remaining"),
+    )
+
+
+def hammer(
+    address: Callable[[int, int], str],
+    threads: int = THREADS,
+    per_thread: int = PER_THREAD,
+    between: Callable[[], None] | None = None,
+) -> list[Seen]:
+    """``threads`` x ``per_thread`` requests, threads released together; an exception is
+    recorded as what the client saw, never lost in a thread."""
+    seen: list[Seen] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(threads)
+
+    def work(thread: int) -> None:
+        client = Client(raise_request_exception=False)
+        barrier.wait()
+        for index in range(per_thread):
+            try:
+                response = client.get(PATH, REMOTE_ADDR=address(thread, index))
+                result = Seen(
+                    response.status_code,
+                    response.get("X-RateLimit-Degraded"),
+                    response.get("Retry-After"),
+                    response.get("X-RateLimit-Remaining"),
+                )
+            except BaseException as exc:  # shown in the assertion instead
+                result = Seen(f"exception {exc!r}")
+            with lock:
+                seen.append(result)
+            if between is not None:
+                between()
+
+    workers = [threading.Thread(target=work, args=(n,)) for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+    assert not any(worker.is_alive() for worker in workers), "a request hung"
+    return seen
+
+
+def distinct(thread: int, index: int) -> str:
+    return f"10.{thread}.{index // 250}.{index % 250 + 1}"
+
+
+def statuses(seen: list[Seen]) -> collections.Counter[int | str]:
+    return collections.Counter(item.status for item in seen)
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def used_tokens(client: redis.Redis, prefix: str) -> dict[str, float]:
+    """Tokens used per bucket key under ``prefix``, read from the token-bucket state
+    ``"<used> <timestamp>"``."""
+    found = {}
+    for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+        value = client.get(key)
+        if value is not None and b" " in value:
+            found[key.decode()] = float(value.split(b" ", 1)[0])
+    return found
+
+
+def inject(fault: str, proxy: FaultProxy, server: RedisServer) -> None:
+    if fault == "sigkill":
+        server.kill()
+    elif fault == "sigstop":
+        server.pause()
+    else:
+        proxy.set_mode(fault, delay=DELAY)
+
+
+def heal(fault: str, proxy: FaultProxy, server: RedisServer) -> None:
+    proxy.set_mode("pass")
+    if fault == "sigkill":
+        server.start()
+    elif fault == "sigstop":
+        server.resume()
+
+
+# -- the proxy itself ---------------------------------------------------------------------------
+
+
+def test_fault_proxy_modes_do_what_they_say(proxy: FaultProxy, admin_client: redis.Redis) -> None:
+    """The instrument first: each mode fails a client the way it claims, and says whether the
+    command reached Redis."""
+
+    def incr(mode: str) -> str:
+        """INCR on a connection opened before the fault, as the app's pooled ones are."""
+        client = redis.Redis.from_url(
+            proxy.url, socket_timeout=0.2, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
+        )
+        try:
+            client.ping()
+            proxy.set_mode(mode, delay=DELAY)
+            return str(client.incr("counter"))
+        except redis.TimeoutError:
+            return "timeout"
+        except redis.ConnectionError:
+            return "connection error"
+        finally:
+            client.close()
+            proxy.set_mode("pass")
+
+    outcomes = {}
+    for mode in ("pass", "refuse", "blackhole", "delay", "drop_reply", "reset"):
+        before = proxy.counts()["forwarded"].get("INCRBY", 0)
+        outcome = incr(mode)
+        outcomes[mode] = (outcome, proxy.counts()["forwarded"].get("INCRBY", 0) - before)
+    assert outcomes == {
+        "pass": ("1", 1),
+        "refuse": ("connection error", 0),
+        "blackhole": ("timeout", 0),
+        "delay": ("timeout", 1),
+        "drop_reply": ("connection error", 1),
+        "reset": ("connection error", 1),
+    }
+    # delay, drop_reply and reset forwarded the command: Redis counted it.
+    wait_until(lambda: admin_client.get("counter") == b"4", "the delayed INCR to land")
+
+
+# -- 0 x 500, a handful of backend calls, then none ---------------------------------------------
+
+
+@pytest.mark.parametrize("fault", PROXY_FAULTS + SERVER_FAULTS)
+def test_fault_costs_a_handful_of_backend_calls_then_none_and_never_500(
+    fault: str, settings: Any, proxy: FaultProxy, server: RedisServer
+) -> None:
+    configure(settings, proxy.url)
+    anonymous_tier("1000/d", burst=1000)
+    assert request("10.255.0.1") == Seen(200, None, None, "999")
+
+    inject(fault, proxy, server)
+    proxy.reset_counts()
+    seen = hammer(distinct)
+
+    assert statuses(seen) == {200: THREADS * PER_THREAD}, statuses(seen)
+    assert {item.degraded for item in seen} == {"open"}
+    breaker = get_breaker()
+    assert breaker.state == "open"
+    assert 1 <= breaker.failures <= MAX_FAILURES
+    # Independent of the breaker's own account: what reached the proxy.
+    counts = proxy.counts()
+    assert proxy.scripts_seen() <= MAX_FAILURES, counts
+    if fault == "refuse":
+        assert counts["connections"] == 0, counts
+    if fault == "sigkill":
+        assert counts["upstream_failures"] + proxy.scripts_seen() <= MAX_FAILURES, counts
+
+    # While open, requests do not touch Redis at all.
+    before = proxy.counts()
+    more = hammer(distinct, threads=2, per_thread=10)
+    assert statuses(more) == {200: 20}
+    assert {item.degraded for item in more} == {"open"}
+    assert proxy.counts() == before
+    assert breaker.failures <= MAX_FAILURES
+    assert breaker.short_circuited >= 20
+
+
+def test_redis_restarted_under_load_never_500_and_counts_again(
+    settings: Any, proxy: FaultProxy, server: RedisServer
+) -> None:
+    """SIGKILL and restart on the same port while threads send requests: pooled connections
+    die, the new server has no script and no data; clients see 200s throughout, then exact
+    counting on the new server."""
+    configure(settings, proxy.url, cooldown=0.3)
+    anonymous_tier("1000/d", burst=1000)
+    finished = itertools.count(1)
+    restarts = []
+
+    def restart_after_the_20th_request() -> None:
+        if next(finished) == 20:
+            server.restart()
+            restarts.append(server.pid)
+
+    seen = hammer(distinct, between=restart_after_the_20th_request)
+    assert statuses(seen) == {200: THREADS * PER_THREAD}, statuses(seen)
+    assert len(restarts) == 1
+    breaker = get_breaker()
+    wait_until(lambda: breaker.retry_after() == 0, "the cooldown to end")
+    fresh = [request("10.9.0.1") for _ in range(3)]
+    assert fresh == [Seen(200, None, None, str(n)) for n in (999, 998, 997)]
+
+
+# -- the failure mode decides what clients see --------------------------------------------------
+
+
+def test_failure_mode_open_serves_and_says_the_limiter_was_bypassed(
+    settings: Any, proxy: FaultProxy
+) -> None:
+    configure(settings, proxy.url, mode="open")
+    anonymous_tier("2/h", burst=2)
+    proxy.set_mode("refuse")
+    seen = [request("10.6.0.1") for _ in range(2 * MAX_FAILURES)]
+    assert seen == [Seen(200, "open")] * len(seen)
+
+
+@pytest.mark.parametrize("status", [503, 429])
+def test_failure_mode_closed_refuses_with_retry_after_and_says_why(
+    status: int, settings: Any, proxy: FaultProxy
+) -> None:
+    cooldown = 30.0
+    configure(settings, proxy.url, mode="closed", cooldown=cooldown, FAILURE_STATUS=status)
+    anonymous_tier("1000/h", burst=1000)
+    proxy.set_mode("refuse")
+    client = Client(raise_request_exception=False)
+    responses = [client.get(PATH, REMOTE_ADDR="10.6.0.2") for _ in range(2 * MAX_FAILURES)]
+
+    assert [response.status_code for response in responses] == [status] * len(responses)
+    waits = [int(response["Retry-After"]) for response in responses]
+    assert all(1 <= wait <= cooldown for wait in waits), waits
+    # Once the breaker is open, Retry-After is the time until it probes again.
+    assert get_breaker().state == "open"
+    assert waits[-1] > 1
+    body = responses[-1].json()
+    assert "unavailable" in body["detail"], body
+    assert body["retry_after"] == waits[-1]
+    assert "X-RateLimit-Remaining" not in responses[-1]  # no invented limit
+
+
+def test_failure_mode_local_enforces_the_limit_in_process(settings: Any, proxy: FaultProxy) -> None:
+    configure(settings, proxy.url, mode="local")
+    anonymous_tier("3/h", burst=3)
+    proxy.set_mode("refuse")
+    seen = [request("10.6.0.3") for _ in range(5)]
+    assert [item.status for item in seen] == [200, 200, 200, 429, 429]
+    assert [item.degraded for item in seen] == ["local"] * 5
+    assert [item.remaining for item in seen[:3]] == ["2", "1", "0"]
+    assert all(item.retry_after is not None and int(item.retry_after) >= 1 for item in seen[3:])
+    # Per client, as in Redis: another client has its own local bucket.
+    assert request("10.6.0.4") == Seen(200, "local", None, "2")
+
+
+def test_a_tier_failure_mode_overrides_the_setting(settings: Any, proxy: FaultProxy) -> None:
+    configure(settings, proxy.url, mode="open")
+    anonymous_tier("1000/h", burst=1000, failure_mode="closed")
+    proxy.set_mode("refuse")
+    assert request("10.6.0.5").status == 503
+
+
+# -- lost replies: at most one charge per request --------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["drop_reply", "reset", "delay"])
+def test_a_lost_reply_charges_once_and_is_never_replayed(
+    fault: str,
+    settings: Any,
+    proxy: FaultProxy,
+    admin_client: redis.Redis,
+    _isolated_throttle: str,
+) -> None:
+    """Redis executed the script but the reply never arrived: the request fails open, and it
+    cost exactly one EVALSHA and one token, never a second attempt."""
+    requests = 12
+    # The breaker effectively off, so every request reaches the proxy.
+    configure(settings, proxy.url, threshold=1000)
+    anonymous_tier("1000/d", burst=1000)
+    assert request("10.0.0.1").status == 200  # loads the script, charges 1
+
+    proxy.set_mode(fault, delay=DELAY)
+    proxy.reset_counts()
+    seen = [request("10.0.0.1") for _ in range(requests)]
+    proxy.set_mode("pass")
+
+    # One EVALSHA per request reached Redis (none replayed), and Redis ran each once: a delayed
+    # reply's script ran when the command was forwarded, before the reply was held back.
+    assert proxy.scripts_forwarded() == requests, proxy.counts()
+    used = used_tokens(admin_client, _isolated_throttle)
+    assert len(used) == 1
+    assert round(next(iter(used.values()))) == 1 + requests, used
+    assert seen == [Seen(200, "open")] * requests
+
+
+def test_lost_replies_under_threads_never_charge_more_than_requests(
+    settings: Any, proxy: FaultProxy, admin_client: redis.Redis, _isolated_throttle: str
+) -> None:
+    configure(settings, proxy.url, threshold=1000)
+    anonymous_tier("1000/d", burst=1000)
+    assert request("10.0.0.1").status == 200
+    proxy.set_mode("drop_reply")
+    proxy.reset_counts()
+    seen = hammer(lambda thread, index: "10.0.0.1", per_thread=5)
+    proxy.set_mode("pass")
+    assert proxy.scripts_forwarded() == THREADS * 5, proxy.counts()
+    used = used_tokens(admin_client, _isolated_throttle)
+    assert round(next(iter(used.values()))) == 1 + THREADS * 5
+    assert statuses(seen) == {200: THREADS * 5}
+    assert {item.degraded for item in seen} == {"open"}
+
+
+# -- recovery ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["refuse", "blackhole", "sigkill", "sigstop"])
+def test_limiting_is_exact_again_at_the_first_request_after_the_cooldown(
+    fault: str, settings: Any, proxy: FaultProxy, server: RedisServer
+) -> None:
+    configure(settings, proxy.url, cooldown=0.3)
+    anonymous_tier("5/h", burst=5)
+    assert request("10.1.0.1") == Seen(200, None, None, "4")
+
+    inject(fault, proxy, server)
+    breaker = get_breaker()
+    outage = []
+    while breaker.state != "open" and len(outage) < 3 * MAX_FAILURES:
+        outage.append(request("10.1.0.2"))
+    assert breaker.state == "open"
+    assert {item.status for item in outage} == {200}
+    heal(fault, proxy, server)
+
+    # The first request once the cooldown is over probes Redis, succeeds and closes the breaker.
+    wait_until(lambda: breaker.retry_after() == 0, "the cooldown to end")
+    fresh = [request("10.1.0.3") for _ in range(7)]
+    assert [item.status for item in fresh] == [200] * 5 + [429] * 2
+    assert [item.remaining for item in fresh[:5]] == ["4", "3", "2", "1", "0"]
+    assert {item.degraded for item in fresh} == {None}
+    assert breaker.state == "closed"
+    if fault != "sigkill":  # the server kept its data: the earlier client's bucket is intact
+        assert [request("10.1.0.1").status for _ in range(5)] == [200] * 4 + [429]
+
+
+# -- SCRIPT FLUSH under load ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("burst", "admitted"), [(1000, 6 * 25), (50, 50)])
+def test_script_flush_every_20ms_costs_no_error_and_no_double_charge(
+    burst: int,
+    admitted: int,
+    settings: Any,
+    server: RedisServer,
+    admin_client: redis.Redis,
+    _isolated_throttle: str,
+) -> None:
+    requests = THREADS * 25
+    configure(settings, server.url, timeout=HEALTHY_TIMEOUT)
+    anonymous_tier(f"{burst}/d", burst=burst)
+    stop = threading.Event()
+    flushes = 0
+
+    def flusher() -> None:
+        nonlocal flushes
+        client = server.client()
+        while not stop.is_set():
+            client.script_flush()
+            flushes += 1
+            stop.wait(0.02)
+        client.close()
+
+    noscript_before = _noscript_errors(admin_client)
+    thread = threading.Thread(target=flusher)
+    thread.start()
+    try:
+        seen = hammer(lambda thread, index: "10.2.0.1", per_thread=25)
+    finally:
+        stop.set()
+        thread.join()
+
+    assert {item.degraded for item in seen} == {None}, collections.Counter(seen)
+    assert statuses(seen) == collections.Counter({200: admitted, 429: requests - admitted})
+    assert flushes >= 2
+    assert _noscript_errors(admin_client) > noscript_before  # the flushes did bite
+    used = used_tokens(admin_client, _isolated_throttle)
+    assert round(next(iter(used.values()))) == admitted
+    assert get_breaker().failures == 0
+
+
+def _noscript_errors(client: redis.Redis) -> int:
+    stats = client.info("errorstats")
+    return int(stats.get("errorstat_NOSCRIPT", {}).get("count", 0))
+
+
+# -- OOM and BUSY take the failure mode ----------------------------------------------------------
+
+
+def _assert_failure_mode(mode: str, seen: Seen) -> None:
+    if mode == "open":
+        assert seen == Seen(200, "open"), seen
+    else:
+        assert seen.status == 503, seen
+        assert seen.retry_after is not None and int(seen.retry_after) >= 1, seen
+
+
+@pytest.mark.parametrize("mode", ["open", "closed"])
+def test_out_of_memory_takes_the_failure_mode(
+    mode: str, settings: Any, server: RedisServer, admin_client: redis.Redis
+) -> None:
+    configure(settings, server.url, timeout=HEALTHY_TIMEOUT, mode=mode)
+    anonymous_tier("1000/d", burst=1000)
+    assert request("10.3.0.1").status == 200  # keys exist; the script is loaded
+    admin_client.config_set("maxmemory-policy", "noeviction")
+    admin_client.config_set("maxmemory", 1)
+    with pytest.raises(redis.ResponseError, match="maxmemory"):
+        admin_client.set("probe", "x")
+
+    _assert_failure_mode(mode, request("10.3.0.2"))
+    _assert_failure_mode(mode, request("10.3.0.1"))
+
+    admin_client.config_set("maxmemory", 0)
+    assert request("10.3.0.1") == Seen(200, None, None, "998")
+
+
+@pytest.mark.parametrize("mode", ["open", "closed"])
+def test_busy_script_takes_the_failure_mode(
+    mode: str, settings: Any, server: RedisServer, admin_client: redis.Redis
+) -> None:
+    configure(settings, server.url, timeout=HEALTHY_TIMEOUT, mode=mode)
+    anonymous_tier("1000/d", burst=1000)
+    assert request("10.4.0.1").status == 200
+    admin_client.config_set("busy-reply-threshold", 10)  # BUSY after 10 ms, not 5 s
+
+    def busy_loop() -> None:
+        client = server.client(timeout=60)
+        try:
+            client.eval("while true do end", 0)
+        except redis.ResponseError:
+            pass  # killed by SCRIPT KILL below
+        finally:
+            client.close()
+
+    looper = threading.Thread(target=busy_loop)
+    looper.start()
+    try:
+        wait_until(lambda: _is_busy(admin_client), "Redis to answer BUSY")
+        _assert_failure_mode(mode, request("10.4.0.2"))
+        _assert_failure_mode(mode, request("10.4.0.1"))
+    finally:
+        wait_until(lambda: _script_killed(admin_client), "SCRIPT KILL to succeed")
+        looper.join(timeout=30)
+    assert request("10.4.0.1") == Seen(200, None, None, "998")
+
+
+def _is_busy(client: redis.Redis) -> bool:
+    try:
+        client.ping()
+    except redis.ResponseError as exc:
+        return "BUSY" in str(exc)
+    return False
+
+
+def _script_killed(client: redis.Redis) -> bool:
+    try:
+        client.script_kill()
+    except redis.ResponseError as exc:
+        return "NOTBUSY" in str(exc)
+    return True
+
+
+# -- a clock in the future ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("used", ["5", "4.5", "1e9"])
+def test_state_from_a_future_clock_never_yields_a_negative_or_huge_retry_after(
+    used: str,
+    settings: Any,
+    server: RedisServer,
+    admin_client: redis.Redis,
+    _isolated_throttle: str,
+) -> None:
+    """A state written when the server's clock was ten years ahead (then stepped back)."""
+    configure(settings, server.url, timeout=HEALTHY_TIMEOUT)
+    anonymous_tier("1/m", burst=5)  # window: 5 tokens x 60 s
+    window = 300
+    assert request("10.5.0.1").status == 200
+    (key,) = used_tokens(admin_client, _isolated_throttle)
+    seconds, micros = admin_client.time()
+    future = (seconds + 10 * 366 * 86400) * 1_000_000 + micros
+    admin_client.set(key, f"{used} {future}", px=window * 1000)
+
+    seen = [request("10.5.0.1") for _ in range(3)]
+    for item in seen:
+        assert item.status in (200, 429), item
+        assert item.remaining is not None and 0 <= int(item.remaining) <= 5, item
+        if item.status == 429:
+            assert item.retry_after is not None and 1 <= int(item.retry_after) <= window, item
+    assert seen[-1].status == 429

@@ -1,0 +1,64 @@
+"""``manage.py check`` flags every stored policy row the compiler would skip."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+
+from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierLimit
+from django_throttle.row_checks import check_rows
+from tests.factories import check_constraints_off, endpoint, tier
+
+
+@pytest.mark.django_db
+def test_good_rows_pass() -> None:
+    free = tier("free", "10/s", "1000/d")
+    endpoint("export", "scope", "export", cost=5, limits={free: "10/m"})
+    assert check_rows() == []
+    call_command("check")
+
+
+@pytest.mark.django_db
+def test_each_bad_row_is_an_error_naming_row_field_and_problem() -> None:
+    free = tier("free", "10/s")
+    rule = endpoint("export", "scope", "export", limits={free: "10/m"})
+    with check_constraints_off():
+        Tier.objects.filter(pk=free.pk).update(failure_mode="sideways")
+        TierLimit.objects.filter(tier=free).update(rate="10/month")
+        EndpointRule.objects.filter(pk=rule.pk).update(cost=0)
+        EndpointLimit.objects.filter(rule=rule).update(algorithm="leaky")
+    limit, endpoint_limit = TierLimit.objects.get(), EndpointLimit.objects.get()
+
+    errors = check_rows()
+
+    assert [(e.id, e.obj.pk) for e in errors] == [
+        ("django_throttle.E101", free.pk),
+        ("django_throttle.E102", limit.pk),
+        ("django_throttle.E103", rule.pk),
+        ("django_throttle.E104", endpoint_limit.pk),
+    ]
+    assert errors[1].msg.startswith(f"TierLimit pk={limit.pk} cannot be used")
+    assert "rate: '10/month': unknown period unit 'month'" in errors[1].msg
+    assert "cost: the cost must be between 1 and" in errors[2].msg
+    assert "algorithm: unknown algorithm 'leaky'" in errors[3].msg
+    with pytest.raises(SystemCheckError) as info:
+        call_command("check")
+    assert "django_throttle.E102" in str(info.value)
+
+
+def test_no_database_means_nothing_to_report() -> None:
+    """Without the django_db mark the test runner refuses database access, as a missing
+    database or table would: the check stays silent rather than crash ``check``."""
+    assert check_rows() == []
+
+
+@pytest.mark.django_db
+def test_missing_tables_mean_nothing_to_report() -> None:
+    """As before ``migrate``; the drop is rolled back with the test's transaction."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE django_throttle_endpointlimit")
+    assert check_rows() == []
+    assert Tier.objects.count() == 0  # the surrounding transaction is still usable

@@ -1,0 +1,171 @@
+"""Signal receivers: what bumps the shared policy version (and what must not), group changes,
+and re-timing stored counters when a limit is edited."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group
+from django.db import transaction
+from django.test import Client
+
+from django_throttle import policy
+from django_throttle.backends import get_backend
+from django_throttle.identity import Identity
+from django_throttle.models import TierAssignment, TierLimit
+from tests.factories import tier
+
+pytestmark = pytest.mark.django_db
+
+
+def version() -> int:
+    return int(get_backend().get_policy_version() or 0)
+
+
+@pytest.fixture
+def bumps(django_capture_on_commit_callbacks: Any) -> Callable[[Callable[[], object]], int]:
+    """Run an action as a committed transaction and count the version bumps it caused."""
+
+    def count(action: Callable[[], object]) -> int:
+        before = version()
+        with django_capture_on_commit_callbacks(execute=True):
+            action()
+        return version() - before
+
+    return count
+
+
+@pytest.fixture
+def user(django_user_model: type) -> Any:
+    return django_user_model.objects.create_user("u")
+
+
+@pytest.fixture
+def tiered_group() -> Group:
+    group = Group.objects.create(name="team")
+    TierAssignment.objects.create(group=group, tier=tier("team", "50/m", priority=5))
+    return group
+
+
+def tier_of(user: Any) -> str | None:
+    found = policy.current().tier_for(Identity("user", str(user.pk), user_id=user.pk))
+    return None if found is None else found.slug
+
+
+# Group membership (defect 8) ---------------------------------------------------------------
+
+
+def test_adding_a_user_to_a_tiered_group_bumps_once(
+    bumps: Callable[..., int], user: Any, tiered_group: Group
+) -> None:
+    tier("free", "10/m", is_default_authenticated=True)
+    assert tier_of(user) == "free"
+    assert bumps(lambda: user.groups.add(tiered_group)) == 1
+    assert tier_of(user) == "team"
+    assert bumps(lambda: user.groups.remove(tiered_group)) == 1
+    assert tier_of(user) == "free"
+
+
+def test_reverse_add_and_clear_bump_once(
+    bumps: Callable[..., int], user: Any, tiered_group: Group
+) -> None:
+    tier("free", "10/m", is_default_authenticated=True)
+    assert bumps(lambda: tiered_group.user_set.add(user)) == 1
+    assert tier_of(user) == "team"
+    assert bumps(lambda: user.groups.clear()) == 1
+    assert tier_of(user) == "free"
+    user.groups.add(tiered_group)
+    assert bumps(lambda: tiered_group.user_set.clear()) == 1
+    assert tier_of(user) == "free"
+
+
+def test_group_changes_without_a_tier_bump_nothing(
+    bumps: Callable[..., int], user: Any, tiered_group: Group
+) -> None:
+    """Groups used for permissions elsewhere on the site cost the workers no reload."""
+    other = Group.objects.create(name="editors")
+    assert bumps(lambda: user.groups.add(other)) == 0
+    assert bumps(lambda: other.user_set.add(user)) == 0
+    assert bumps(lambda: user.groups.remove(other)) == 0
+    assert bumps(lambda: user.groups.clear()) == 0  # only untiered groups to clear
+    assert bumps(lambda: other.user_set.clear()) == 0
+    assert bumps(lambda: Group.objects.create(name="x")) == 0
+
+
+def test_deleting_a_tiered_group_moves_its_members(
+    bumps: Callable[..., int], user: Any, tiered_group: Group
+) -> None:
+    tier("free", "10/m", is_default_authenticated=True)
+    user.groups.add(tiered_group)
+    assert tier_of(user) == "team"
+    assert bumps(tiered_group.delete) == 1
+    assert tier_of(user) == "free"
+
+
+def test_deleting_an_untiered_group_bumps_nothing_and_keeps_tiers(
+    bumps: Callable[..., int], user: Any, tiered_group: Group
+) -> None:
+    tier("free", "10/m", is_default_authenticated=True)
+    other = Group.objects.create(name="editors")
+    user.groups.add(tiered_group, other)
+    assert tier_of(user) == "team"
+    assert bumps(other.delete) == 0
+    assert tier_of(user) == "team"
+
+
+# Editing a limit re-times stored counters (defect 3) --------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tightening_a_drained_limit_hands_out_no_free_burst(client: Client) -> None:
+    """Drain 10/s, edit it to 10/h, wait past the old refill time: still drained."""
+    anon = tier("anonymous", "10/s", is_default_anonymous=True)
+    assert [client.get("/api/ping/").status_code for _ in range(10)] == [200] * 10
+    assert client.get("/api/ping/").status_code == 429
+    with transaction.atomic():
+        limit = TierLimit.objects.get(tier=anon)
+        limit.rate = "10/h"
+        limit.save()
+    time.sleep(1.1)  # the old key's TTL (1 s to refill under 10/s) has run out
+    assert [client.get("/api/ping/").status_code for _ in range(12)] == [429] * 12
+
+
+def test_saving_a_limit_bumps_then_retimes(
+    bumps: Callable[..., int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    free = tier("free", "10/s")
+    limit = TierLimit.objects.get(tier=free)
+    calls: list[tuple[str, list[str]]] = []
+    backend = get_backend()
+    real_retime = backend.retime
+
+    def retime(limits: Any) -> int:
+        calls.append((get_backend().get_policy_version() or "", [lim.id for lim in limits]))
+        return real_retime(limits)
+
+    monkeypatch.setattr(backend, "retime", retime)
+    before = version()
+    limit.rate = "10/h"
+    assert bumps(limit.save) == 1
+    assert calls == [(str(before + 1), [f"t{limit.pk}"])]
+    assert bumps(lambda: TierLimit.objects.create(tier=free, rate="1/d")) == 1
+    assert len(calls) == 1  # a new limit has no stored counters to re-time
+
+
+def test_a_retime_failure_is_a_warning_not_an_error(
+    bumps: Callable[..., int], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from django_throttle.backends import BackendError
+
+    limit = TierLimit.objects.get(tier=tier("free", "10/s"))
+
+    def broken(limits: Any) -> int:
+        raise BackendError("connection refused")
+
+    monkeypatch.setattr(get_backend(), "retime", broken)
+    limit.burst = 20
+    assert bumps(limit.save) == 1
+    assert "could not re-time stored counters of free 10/s" in caplog.text
