@@ -18,6 +18,8 @@ from django.utils.module_loading import import_string
 from django_throttle.conf import PREFIX
 
 _MISSING = object()
+#: Django's own Redis cache: the backend builds its client from its LOCATION too.
+DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
 Validator = Callable[[Any], str | None]
 
 
@@ -160,12 +162,13 @@ def _check_redis_source() -> list[checks.CheckMessage]:
         return []
     alias = getattr(settings, PREFIX + "CACHE_ALIAS", "default")
     cache = getattr(settings, "CACHES", {}).get(alias, {})
-    if str(cache.get("BACKEND", "")).startswith("django_redis."):
+    backend_path = str(cache.get("BACKEND", ""))
+    if backend_path.startswith("django_redis.") or backend_path == DJANGO_REDIS_CACHE:
         return []
     return [
         checks.Error(
             "The Redis backend has no Redis: DJANGO_THROTTLE_REDIS_URL is unset and "
-            f"CACHES[{alias!r}] is not a django-redis cache.",
+            f"CACHES[{alias!r}] is neither a django-redis cache nor Django's RedisCache.",
             hint="Set DJANGO_THROTTLE_REDIS_URL = 'redis://…', point "
             "DJANGO_THROTTLE_CACHE_ALIAS at a django-redis cache, or use DJANGO_THROTTLE_BACKEND = "
             "'django_throttle.backends.memory.MemoryBackend' for a single process.",

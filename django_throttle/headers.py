@@ -18,7 +18,7 @@ from django.http import HttpResponseBase, JsonResponse
 from django.utils.translation import gettext, ngettext
 
 from django_throttle.conf import app_settings
-from django_throttle.rates import Decision, whole_seconds
+from django_throttle.rates import Decision
 
 __all__ = [
     "apply_headers",
@@ -27,13 +27,20 @@ __all__ = [
     "throttled_body",
     "throttled_response",
     "throttled_status",
+    "whole_seconds",
 ]
+
+
+def whole_seconds(seconds: float) -> int:
+    """Round up to whole seconds, forgiving nothing: backends report waits free of float
+    noise (an exact 3600 s arrives as 3600.0 s), so waiting the rounded value is never short."""
+    return max(0, math.ceil(seconds))
 
 
 def retry_after_seconds(seconds: float) -> int:
     """``Retry-After`` in whole seconds: rounded up with no tolerance (a retry after it must
     succeed, so it is never short, not even by a microsecond), and at least 1."""
-    return max(1, math.ceil(seconds))
+    return max(1, whole_seconds(seconds))
 
 
 def rate_limit_headers(decision: Decision) -> dict[str, str]:

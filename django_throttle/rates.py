@@ -6,7 +6,6 @@ settings or does I/O, so every other layer can import it.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
@@ -192,23 +191,6 @@ class Decision:
     unavailable: bool = False
     local: bool = False
     unidentified: bool = False
-
-    @property
-    def retry_after_header(self) -> int:
-        """``Retry-After`` in whole seconds: rounded up, never below 1."""
-        return max(1, whole_seconds(self.retry_after))
-
-    @property
-    def reset_header(self) -> int:
-        """``X-RateLimit-Reset`` in whole seconds, rounded up."""
-        return whole_seconds(self.reset_after)
-
-
-def whole_seconds(seconds: float) -> int:
-    """Round up to whole seconds, forgiving nothing: backends report waits already free of
-    float noise (an exact 3600 s arrives as 3600.0 s), so waiting the rounded value is never
-    too short."""
-    return max(0, math.ceil(seconds))
 
 
 #: The decision when no limit applies to a request.

@@ -48,16 +48,18 @@ def limit_saved(instance: Any, created: bool, **kwargs: Any) -> None:
 def _bump() -> None:
     from django_throttle import policy
     from django_throttle.backends import BackendError, get_backend
+    from django_throttle.breaker import get_breaker
 
     policy.invalidate()
     try:
-        get_backend().bump_policy_version()
+        get_breaker().call(get_backend().bump_policy_version)
     except BackendError as exc:
         logger.warning("could not publish the policy change to other processes: %s", exc)
 
 
 def _retime(model: Any, pk: Any) -> None:
     from django_throttle.backends import BackendError, get_backend
+    from django_throttle.breaker import get_breaker
     from django_throttle.models import BadRow
 
     row = model._default_manager.filter(pk=pk).select_related(*_RELATED[model.__name__]).first()
@@ -68,7 +70,7 @@ def _retime(model: Any, pk: Any) -> None:
     except BadRow:
         return  # the compiler skips the row (and logs it); nothing counts under it
     try:
-        get_backend().retime([limit])
+        get_breaker().call(get_backend().retime, [limit])
     except BackendError as exc:
         logger.warning(
             "could not re-time stored counters of %s to its new rate (they expire on the old "

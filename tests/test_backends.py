@@ -22,6 +22,7 @@ from django_throttle.backends import BackendError, get_backend, reset_backend_ca
 from django_throttle.backends.base import Backend
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis import RedisBackend, load_script
+from django_throttle.headers import retry_after_seconds, whole_seconds
 from django_throttle.rates import Limit, Rate
 
 T0 = 1_700_000_000.0
@@ -60,10 +61,10 @@ def test_reference_example(backend: Backend) -> None:
     assert [d.allowed for d in decisions] == [True] * 7 + [False]
     denied = decisions[-1]
     assert denied.retry_after == pytest.approx(0.5)
-    assert denied.retry_after_header == 1
+    assert retry_after_seconds(denied.retry_after) == 1
     assert denied.remaining == 0
     # Honest Retry-After: after the advertised wait, the same request passes.
-    assert backend.hit("ip:1", limits, now=T0 + 3 + denied.retry_after_header).allowed
+    assert backend.hit("ip:1", limits, now=T0 + 3 + retry_after_seconds(denied.retry_after)).allowed
 
 
 def test_fractional_refill_is_exact(backend: Backend) -> None:
@@ -351,7 +352,7 @@ def test_retry_after_is_never_short(backend: Backend) -> None:
     denied = backend.hit("c", [limit], now=at)
     assert not denied.allowed
     assert denied.retry_after == pytest.approx(1.000001)
-    assert denied.retry_after_header == 2
+    assert retry_after_seconds(denied.retry_after) == 2
     assert not backend.hit("c", [limit], now=at + denied.retry_after - 1e-6).allowed
     assert backend.hit("c", [limit], now=at + denied.retry_after).allowed
 
@@ -360,14 +361,14 @@ def test_exact_waits_are_not_rounded_up_by_float_noise(backend: Backend) -> None
     """7/s has an interval of 142857.142857… µs: a full bucket's 1 s must not become 2 s."""
     limit = Limit.build("seven", "7/s")
     decisions = [backend.hit("c", [limit], cost=7, now=T0), backend.hit("c", [limit], now=T0)]
-    assert decisions[0].reset_header == 1
-    assert decisions[1].retry_after_header == 1
-    assert decisions[1].reset_header == 1
+    assert whole_seconds(decisions[0].reset_after) == 1
+    assert retry_after_seconds(decisions[1].retry_after) == 1
+    assert whole_seconds(decisions[1].reset_after) == 1
     slow = Limit.build("slow", "1/2s")
     backend.hit("d", [slow], now=T0)
     denied = backend.hit("d", [slow], now=T0)
     assert denied.retry_after == 2.0
-    assert denied.retry_after_header == 2
+    assert retry_after_seconds(denied.retry_after) == 2
 
 
 def test_retry_after_is_an_upper_bound_for_many_rates(backend: Backend) -> None:
@@ -391,7 +392,7 @@ def test_retry_after_is_an_upper_bound_for_many_rates(backend: Backend) -> None:
         backend.hit("b", [limit], cost=cost, now=at)
         assert denied.retry_after <= limit.window + 1e-6, (case, limit, cost)
         assert backend.hit("a", [limit], cost=cost, now=at + denied.retry_after).allowed, case
-        header = denied.retry_after_header
+        header = retry_after_seconds(denied.retry_after)
         assert backend.hit("b", [limit], cost=cost, now=at + header).allowed, case
 
 
@@ -487,7 +488,7 @@ def test_state_from_the_future_never_gives_negative_or_huge_waits(backend: Backe
     assert not denied.allowed
     assert 0 < denied.retry_after <= limit.window
     assert 0 <= denied.reset_after <= limit.window
-    assert denied.retry_after_header == 1
+    assert retry_after_seconds(denied.retry_after) == 1
 
 
 @pytest.mark.parametrize("cost", [-1, 10**9 + 1, 1.5])

@@ -191,6 +191,18 @@ def test_redis_backend_borrowing_a_django_redis_cache(settings: Any) -> None:
     assert ids() == []
 
 
+def test_redis_backend_building_its_client_from_djangos_redis_cache(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = None
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://127.0.0.1:6379/0",
+        }
+    }
+
+    assert ids() == []
+
+
 def test_memory_backend_needs_no_redis(settings: Any) -> None:
     settings.DJANGO_THROTTLE_REDIS_URL = None
     settings.DJANGO_THROTTLE_BACKEND = MEMORY

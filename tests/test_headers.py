@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 from django.http import HttpResponse
 
-from django_throttle.headers import apply_headers, rate_limit_headers, throttled_response
+from django_throttle.headers import (
+    apply_headers,
+    rate_limit_headers,
+    retry_after_seconds,
+    throttled_response,
+)
 from django_throttle.rates import UNLIMITED, Decision, Limit
 
 PER_SECOND = Limit.build("a", "10/s")  # q=10, w=1
@@ -196,3 +201,29 @@ def test_apply_headers_for_unlimited_adds_nothing() -> None:
     assert not any(
         name.lower().startswith(("x-ratelimit", "ratelimit")) for name in response.headers
     )
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "header"),
+    [
+        (0.2, 1),
+        (1.0, 1),
+        (1.01, 2),
+        (0, 1),
+        (2.5, 3),
+        (59.0, 59),
+        # Defect 10: a wait of 1.000001 s is not 1 s; backends report exact waits exactly.
+        (1.000001, 2),
+        (3600.000001, 3601),
+    ],
+)
+def test_retry_after_header_rounds_up_and_is_at_least_one(retry_after: float, header: int) -> None:
+    decision = Decision(
+        allowed=False,
+        limit=Limit.build("api", "1/m"),
+        remaining=0,
+        reset_after=60.0,
+        retry_after=retry_after,
+    )
+
+    assert retry_after_seconds(decision.retry_after) == header

@@ -42,11 +42,20 @@ def token_bucket(
     Times are microseconds; ``state`` is (tokens used, timestamp). The state's expiry (the
     script's TTL) is ``new_state[0] * interval`` after ``now``.
     """
-    used = _used(state, now, capacity, interval)
+    used = 0.0
+    if state is not None:  # _used, inlined: this is the hot path
+        used, elapsed = state[0], now - state[1]
+        if used > capacity:
+            used = capacity
+        if elapsed > 0:
+            used -= elapsed / interval
+            if used < 0:
+                used = 0.0
     after = used + cost
     if after <= capacity + TOLERANCE:
         remaining = max(0, math.floor(capacity - after + TOLERANCE))
-        return True, (after, now), remaining, max(0.0, (after - TOLERANCE / 2) * interval), 0.0
+        reset = (after - TOLERANCE / 2) * interval
+        return True, (after, now), remaining, reset if reset > 0 else 0.0, 0.0
     remaining = max(0, math.floor(capacity - used + TOLERANCE))
     reset = max(0.0, (used - TOLERANCE / 2) * interval)
     return False, None, remaining, reset, max(0.0, (after - capacity - TOLERANCE / 2) * interval)
@@ -72,8 +81,14 @@ class MemoryBackend(Backend):
         self.clock = clock
         self.max_entries = max_entries
         self._lock = threading.Lock()
-        #: (client, limit id) -> (state, expiry in µs), least recently used first.
-        self._state: OrderedDict[tuple[str, str], tuple[State, float]] = OrderedDict()
+        # (client, limit id) -> (state, expiry in µs). Bounded: an ordered dict kept least
+        # recently used first; unbounded: a plain dict, cheaper per hit.
+        self._lru: OrderedDict[tuple[str, str], tuple[State, float]] | None = (
+            None if max_entries is None else OrderedDict()
+        )
+        self._state: dict[tuple[str, str], tuple[State, float]] = (
+            {} if self._lru is None else self._lru
+        )
         self._version = 0
         self._calls = itertools.count()
 
@@ -98,13 +113,12 @@ class MemoryBackend(Backend):
         by_id = {limit.id: limit for limit in limits}
         touched = 0
         with self._lock:
-            for key, (state, _) in list(self._state.items()):
+            for key, (state, expires) in list(self._state.items()):
                 limit = by_id.get(key[1])
-                if limit is None:
+                if limit is None or expires <= now_us:  # gone, as its Redis key would be
                     continue
                 ttl = _TTLS[limit.algorithm](state, now_us, limit.burst, limit.rate.interval * 1e6)
-                # Expiry at whole milliseconds, at least 1 ms ahead: PEXPIRE's twin.
-                self._state[key] = (state, now_us + max(1, math.ceil(ttl / 1000)) * 1000)
+                self._state[key] = (state, now_us + ttl)  # PEXPIRE's twin
                 touched += 1
         return touched
 
@@ -118,10 +132,10 @@ class MemoryBackend(Backend):
     def _run(
         self, client: str, limits: Sequence[Limit], cost: int, now: float | None, consume: bool
     ) -> Decision:
-        if not 0 <= cost <= MAX_COUNT or cost != int(cost):
+        if not 0 <= cost <= MAX_COUNT or cost % 1:
             raise BackendError(f"cost must be a whole number in [0, {MAX_COUNT}], not {cost!r}")
         now_us = (self.clock() if now is None else now) * 1e6
-        states = self._state
+        states, lru = self._state, self._lru
         with self._lock:
             if next(self._calls) % _SWEEP_EVERY == 0:
                 self._sweep(now_us)
@@ -131,21 +145,19 @@ class MemoryBackend(Backend):
             for i, limit in enumerate(limits):
                 key = (client, limit.id)
                 entry = states.get(key)
-                if entry is not None:
-                    states.move_to_end(key)
-                interval = limit.rate.interval * 1e6
+                if lru is not None and entry is not None:
+                    lru.move_to_end(key)
                 ok, new_state, remaining, reset, retry = _ALGORITHMS[limit.algorithm](
                     None if entry is None or entry[1] <= now_us else entry[0],
                     now_us,
                     limit.burst,
-                    interval,
+                    limit.rate.interval * 1e6,
                     min(cost, limit.burst),
                 )
                 if ok:
                     assert new_state is not None
-                    # Expiry at whole milliseconds, at least 1 ms ahead: SET PX's twin.
-                    ttl_ms = max(1, math.ceil(new_state[0] * interval / 1000))
-                    writes.append((key, (new_state, now_us + ttl_ms * 1e3)))
+                    # The TTL's twin: reset is the time until full, to within the tolerance.
+                    writes.append((key, (new_state, now_us + reset)))
                     if (
                         not limit.shadow
                         and allowed
@@ -160,8 +172,10 @@ class MemoryBackend(Backend):
                     allowed = False
             if allowed and consume:
                 states.update(writes)
-                if self.max_entries is not None and len(states) > self.max_entries:
-                    self._evict(self.max_entries)
+                if lru is not None:
+                    bound = self.max_entries or 0
+                    while len(lru) > bound:
+                        lru.popitem(last=False)
         return decision_from(
             limits,
             allowed,
@@ -171,12 +185,6 @@ class MemoryBackend(Backend):
             0 if allowed else math.ceil(pick_retry),
             shadow_denied,
         )
-
-    def _evict(self, bound: int) -> None:
-        """Forget the least recently used states beyond ``bound`` (lock held)."""
-        states = self._state
-        while len(states) > bound:
-            states.popitem(last=False)
 
     def _sweep(self, now_us: float) -> None:
         """Drop state past its expiry (the bucket is full again): the Redis TTL's twin."""
