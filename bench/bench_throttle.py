@@ -82,8 +82,10 @@ def configure_django(
     database: str = ":memory:",
     drf_rate: str = NEVER_DENY,
     count_usage: bool = True,
+    redis_options: dict[str, Any] | None = None,
 ) -> None:
-    """Configure Django in-process for a benchmark (also used by ``race.py``)."""
+    """Configure Django in-process for a benchmark (also used by ``race.py`` and
+    ``bench_failures.py``, which passes ``redis_options={}`` for the production timeouts)."""
     import django
     from django.conf import settings
 
@@ -115,7 +117,11 @@ def configure_django(
         DJANGO_THROTTLE_KEY_PREFIX=prefix,
         # A loaded machine (CI, this benchmark's own Redis on the same cores) can stall for
         # more than the 50 ms production default; a timeout would fail open and skew numbers.
-        DJANGO_THROTTLE_REDIS_OPTIONS={"socket_timeout": 1.0, "socket_connect_timeout": 1.0},
+        DJANGO_THROTTLE_REDIS_OPTIONS=(
+            {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}
+            if redis_options is None
+            else redis_options
+        ),
         DJANGO_THROTTLE_USAGE_ENABLED=count_usage,
         DJANGO_THROTTLE_USAGE_FLUSH_INTERVAL=0,
     )

@@ -55,13 +55,23 @@ def free_port() -> int:
 
 
 class PrivateRedis:
-    """One ``redis-server`` process owned by this Python process."""
+    """One ``redis-server`` process owned by this Python process; ``extra_args`` are more
+    ``redis-server`` options (``"--requirepass", "s3cret"``)."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, *, extra_args: tuple[str, ...] = ()) -> None:
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.extra_args = extra_args
         self._dir = tempfile.TemporaryDirectory(prefix="django-throttle-redis-")
         self._process: subprocess.Popen[bytes] | None = None
+        self._stop_at_exit = False
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
 
     def start(self, timeout: float = 10.0) -> PrivateRedis:
         command = [
@@ -73,11 +83,14 @@ class PrivateRedis:
             "--dir", self._dir.name,
             "--daemonize", "no",
             "--loglevel", "warning",
+            *self.extra_args,
         ]  # fmt: skip
         self._process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        atexit.register(self.stop)
+        if not self._stop_at_exit:
+            self._stop_at_exit = True
+            atexit.register(self.stop)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -85,7 +98,7 @@ class PrivateRedis:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
                     sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
+                    if sock.recv(16)[:1] in (b"+", b"-"):  # PONG, or NOAUTH: it is up
                         return self
             except OSError:
                 time.sleep(0.05)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -26,47 +24,22 @@ from redis.retry import Retry
 from django_throttle.backends import BackendError, get_backend, reset_backend_cache
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.rates import Limit
-from example_project.private_redis import find_redis_server, free_port
+from example_project.private_redis import PrivateRedis, free_port
 
 LIMIT = Limit.build("l", "100/s")
 
 
-class OwnRedis:
+class OwnRedis(PrivateRedis):
     """A redis-server this module starts with extra arguments, and stops."""
 
     def __init__(self, *extra: str) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._dir = tempfile.TemporaryDirectory(prefix="django-throttle-errors-")
-        command = [
-            find_redis_server(),
-            "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--dir", self._dir.name, "--loglevel", "warning", *extra,
-        ]  # fmt: skip
-        self._process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        for _ in range(500):
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock,
-            ):
-                sock.sendall(b"PING\r\n")
-                if sock.recv(16)[:1] in (b"+", b"-"):  # PONG, or NOAUTH: it is up
-                    return
-            time.sleep(0.02)
-        self.stop()
-        raise RuntimeError("redis-server did not start")
+        super().__init__(extra_args=extra)
+        self.start()
 
     def client(self, password: str | None = None) -> redis.Redis:
         return redis.Redis(
             port=self.port, password=password, socket_timeout=5, retry=Retry(NoBackoff(), 0)
         )
-
-    def stop(self) -> None:
-        self._process.terminate()
-        self._process.wait(timeout=10)
-        self._dir.cleanup()
 
 
 class FakeRedis:

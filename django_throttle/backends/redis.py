@@ -4,9 +4,9 @@ Keys are ``<prefix>:{<client digest>}:<limit id>``: one hash tag per client, so 
 call share a Redis Cluster slot. Scripts ship as ``.lua`` files in this package and run by
 EVALSHA; on NOSCRIPT (the script did not run) they are sent once more with EVAL, which carries
 the source. Nothing else is ever replayed, because a call that timed out may already have
-counted: the
-clients this module builds have retries off, short timeouts and a bounded pool, and every
-failure (redis-py's errors, socket errors, a garbled reply) surfaces as :class:`BackendError`.
+counted: the clients this module builds have retries off, short timeouts and a bounded pool,
+and every failure (redis-py's errors, socket errors, a garbled reply) surfaces as
+:class:`BackendError`.
 """
 
 from __future__ import annotations

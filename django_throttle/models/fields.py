@@ -49,6 +49,18 @@ class FailureMode(models.TextChoices):
     LOCAL = "local", _("local: count in this process only")
 
 
+def failure_mode_field(help_text: StrOrPromise) -> models.CharField[Any, Any]:
+    """A tier's or rule's own failure mode; blank inherits the next one down."""
+    return models.CharField(
+        _("failure mode"),
+        max_length=10,
+        choices=FailureMode.choices,
+        default=FailureMode.INHERIT,
+        blank=True,
+        help_text=help_text,
+    )
+
+
 def validate_rate(value: str) -> None:
     """Accept exactly the rates :meth:`Rate.parse` accepts, with its explanation on failure."""
     try:

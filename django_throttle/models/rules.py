@@ -12,6 +12,7 @@ from django_throttle.models.fields import (
     FailureMode,
     choice_problem,
     count_field,
+    failure_mode_field,
     in_range,
 )
 from django_throttle.models.tiers import LimitFields, Tier
@@ -50,16 +51,11 @@ class EndpointRule(models.Model):
     shadow = models.BooleanField(
         default=False, help_text=_("a would-deny is counted and logged, the request passes")
     )
-    failure_mode = models.CharField(
-        _("failure mode"),
-        max_length=10,
-        choices=FailureMode.choices,
-        default=FailureMode.INHERIT,
-        blank=True,
-        help_text=_(
+    failure_mode = failure_mode_field(
+        _(
             "what matching requests meet when Redis cannot answer; use 'closed' for credential "
             "endpoints (login, token) so an outage never lifts their limit"
-        ),
+        )
     )
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)

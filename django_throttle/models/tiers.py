@@ -15,6 +15,7 @@ from django_throttle.models.fields import (
     FailureMode,
     choice_problem,
     count_field,
+    failure_mode_field,
     in_range,
     validate_rate,
 )
@@ -46,16 +47,11 @@ class Tier(models.Model):
         default=0,
         help_text=_("when a user's groups map to several tiers, the highest priority wins"),
     )
-    failure_mode = models.CharField(
-        _("failure mode"),
-        max_length=10,
-        choices=FailureMode.choices,
-        default=FailureMode.INHERIT,
-        blank=True,
-        help_text=_(
+    failure_mode = failure_mode_field(
+        _(
             "what this tier's requests meet when Redis cannot answer; an endpoint rule's own "
             "failure mode wins"
-        ),
+        )
     )
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
