@@ -6,6 +6,7 @@ Use ``django_throttle.drf.PolicyThrottle`` in ``DEFAULT_THROTTLE_CLASSES`` or a 
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
@@ -17,6 +18,8 @@ from django_throttle.headers import retry_after_seconds, throttled_body, throttl
 from django_throttle.rates import Decision
 
 __all__ = ["LimiterUnavailable", "PolicyThrottle", "PolicyThrottled"]
+
+logger = logging.getLogger("django_throttle")
 
 
 class PolicyThrottled(Throttled):
@@ -70,7 +73,7 @@ class PolicyThrottle:
         decision = core.check(
             http_request,
             scope=getattr(view, "throttle_scope", None),
-            failure_mode=getattr(view, "throttle_failure_mode", None),
+            failure_mode=_failure_mode(view),
             credential=_is_credential_view(view),
         )
         self.decision = decision
@@ -85,6 +88,27 @@ class PolicyThrottle:
         if self.decision is None or self.decision.allowed:
             return None
         return self.decision.retry_after
+
+
+def _failure_mode(view: Any) -> str | None:
+    """The view's ``throttle_failure_mode``; an unknown value is logged (once per view class)
+    and ignored, so the admin's or the setting's mode applies instead of a guess."""
+    mode = getattr(view, "throttle_failure_mode", None)
+    if mode is None or mode in core.FAILURE_MODES:
+        return mode
+    name = f"{type(view).__module__}.{type(view).__qualname__}"
+    if name not in _warned:
+        _warned.add(name)
+        logger.error(
+            "%s.throttle_failure_mode = %r is not one of %s; ignoring it.",
+            name,
+            mode,
+            ", ".join(core.FAILURE_MODES),
+        )
+    return None
+
+
+_warned: set[str] = set()
 
 
 def _is_credential_view(view: Any) -> bool:

@@ -211,3 +211,28 @@ def test_usage_report_counts_what_clients_saw(client: Client) -> None:
     out = StringIO()
     call_command("throttle_usage", "--by", "tier", "--format", "json", stdout=out)
     assert [(r["tier"], r["total"]) for r in json.loads(out.getvalue())] == [("anonymous", 12)]
+
+
+def test_an_unknown_view_failure_mode_is_logged_and_ignored(
+    rf: object, settings: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    from rest_framework.request import Request
+
+    from django_throttle.drf import LimiterUnavailable
+
+    tier("anonymous", "10/h", is_default_anonymous=True)
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # type: ignore[attr-defined]
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {}  # type: ignore[attr-defined]
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "closed"  # type: ignore[attr-defined]
+
+    class Sideways:
+        throttle_failure_mode = "sideways"
+
+    throttle = PolicyThrottle()
+    with caplog.at_level(logging.ERROR, logger="django_throttle"):
+        for _ in range(3):
+            request = Request(rf.get("/api/ping/"))  # type: ignore[attr-defined]
+            with pytest.raises(LimiterUnavailable):  # the setting's "closed" applies
+                throttle.allow_request(request, view=Sideways())
+
+    assert caplog.text.count("throttle_failure_mode = 'sideways'") == 1
