@@ -32,14 +32,27 @@ LIMIT = Limit.build("l", "100/s")
 class OwnRedis(PrivateRedis):
     """A redis-server this module starts with extra arguments, and stops."""
 
-    def __init__(self, *extra: str) -> None:
-        super().__init__(extra_args=extra)
+    def __init__(self, *extra: str, port: int | None = None) -> None:
+        super().__init__(port, extra_args=extra)
         self.start()
 
     def client(self, password: str | None = None) -> redis.Redis:
         return redis.Redis(
             port=self.port, password=password, socket_timeout=5, retry=Retry(NoBackoff(), 0)
         )
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free and valid too: an ephemeral
+    port above 55535 has no bus port, and the server would exit at start."""
+    for _ in range(100):
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with contextlib.suppress(OSError), socket.socket() as probe:
+            probe.bind(("127.0.0.1", port + 10000))
+            return port
+    raise RuntimeError("no free port pair for a cluster-mode redis-server")
 
 
 class FakeRedis:
@@ -176,7 +189,7 @@ def _eval_quietly(client: redis.Redis, script: str) -> None:
 
 
 def test_cluster_down_is_a_backend_error(settings: Any) -> None:
-    server = OwnRedis("--cluster-enabled", "yes")
+    server = OwnRedis("--cluster-enabled", "yes", port=cluster_port())
     try:
         with pytest.raises(BackendError, match="ClusterDownError"):
             backend_for(settings, server.url).hit("c", [LIMIT])
