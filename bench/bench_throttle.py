@@ -56,8 +56,9 @@ MIN_ROUNDS, MAX_ROUNDS, ROUND_SECONDS = 5, 15, 0.3
 #: Decisions of (b) counted for SQL queries, after warm-up.
 ACCOUNTING_DECISIONS = 500
 
-PATHS = ("raw_evalsha", "policy_throttle", "drf_user_rate_throttle")
+PATHS = ("ping", "raw_evalsha", "policy_throttle", "drf_user_rate_throttle")
 LABELS = {
+    "ping": "(0) PING round trip, plain redis-py client",
     "raw_evalsha": "(a) raw EVALSHA, 1 round trip",
     "policy_throttle": "(b) PolicyThrottle",
     "drf_user_rate_throttle": "(c) DRF UserRateThrottle",
@@ -257,6 +258,11 @@ def run(seconds: float, redis_url: str, prefix: str, profile: bool) -> dict[str,
     raw_calls = [captured_call(backend, f"user:{user.pk}", limits) for user in users]
 
     denied = {"drf": 0}
+    # The floor every path pays: one round trip on a client that shares none of our code.
+    ping_client = redis.Redis.from_url(redis_url)
+
+    def ping_step(item: object) -> object:
+        return ping_client.ping()
 
     def raw_step(call: tuple[list[str], list[Any]]) -> object:
         return script(*call)
@@ -270,6 +276,7 @@ def run(seconds: float, redis_url: str, prefix: str, profile: bool) -> dict[str,
         return None
 
     steps: dict[str, tuple[Callable[[Any], object], Sequence[Any]]] = {
+        "ping": (ping_step, raw_calls),
         "raw_evalsha": (raw_step, raw_calls),
         "policy_throttle": (policy_step, requests),
         "drf_user_rate_throttle": (drf_step, requests),
@@ -331,6 +338,7 @@ def run(seconds: float, redis_url: str, prefix: str, profile: bool) -> dict[str,
 
     reset_backend_cache()
     stats_client.close()
+    ping_client.close()
     medians = {name: statistics.median(rates[name]) for name in PATHS}
     # Ratios of rounds run back to back, then their median: drift between rounds cancels.
     policy = rates["policy_throttle"]
@@ -338,6 +346,7 @@ def run(seconds: float, redis_url: str, prefix: str, profile: bool) -> dict[str,
     vs_drf = statistics.median(
         b / c for b, c in zip(policy, rates["drf_user_rate_throttle"], strict=True)
     )
+    vs_ping = statistics.median(b / p for b, p in zip(policy, rates["ping"], strict=True))
     return {
         "redis": {"version": server.get("redis_version"), "url": redis_url},
         "seconds_per_path": seconds,
@@ -351,7 +360,11 @@ def run(seconds: float, redis_url: str, prefix: str, profile: bool) -> dict[str,
             }
             for name in PATHS
         },
-        "ratios": {"policy_vs_raw_evalsha": vs_raw, "policy_vs_drf": vs_drf},
+        "ratios": {
+            "policy_vs_ping": vs_ping,
+            "policy_vs_raw_evalsha": vs_raw,
+            "policy_vs_drf": vs_drf,
+        },
         "targets": {
             "policy_vs_raw_evalsha": {"target": TARGET_VS_RAW, "pass": vs_raw >= TARGET_VS_RAW},
             "policy_vs_drf": {"target": TARGET_VS_DRF, "pass": vs_drf >= TARGET_VS_DRF},
@@ -418,6 +431,7 @@ def print_table(result: dict[str, Any]) -> None:
             label, f"{result['ratios'][key]:.2f}x", f">= {target['target']:.1f}x", verdict
         )
     console.print(targets)
+    console.print(f"(b) / (0) PING: {result['ratios']['policy_vs_ping']:.2f}x")
 
     policy = result["policy_throttle"]
     commands = ", ".join(f"{k} {v}" for k, v in sorted(policy["redis_commands"].items()))

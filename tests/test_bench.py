@@ -40,7 +40,7 @@ def test_bench_counts_one_round_trip_and_no_sql_per_decision(redis_url: str) -> 
     assert policy["sql_queries_per_decision"] == 0, policy
     assert policy["backend_errors_logged"] == 0, result.stderr
     assert report["drf_user_rate_throttle"]["denied"] == 0
-    for path in ("raw_evalsha", "policy_throttle", "drf_user_rate_throttle"):
+    for path in ("ping", "raw_evalsha", "policy_throttle", "drf_user_rate_throttle"):
         assert report["decisions_per_second"][path]["median"] > 0
     assert set(report["targets"]) == {"policy_vs_raw_evalsha", "policy_vs_drf"}
 
