@@ -1,25 +1,30 @@
-"""How fast is one throttle decision? PolicyThrottle against one raw EVALSHA and DRF's own.
+"""How fast and how lean is one throttle decision, next to a PING round trip in the same run?
 
 Run from the repository root::
 
-    .venv/bin/python bench/bench_throttle.py [--seconds 3] [--json] [--profile]
+    .venv/bin/python bench/bench_throttle.py [--seconds 3] [--users 100000] [--json] [--profile]
 
 One run starts a private ``redis-server`` (or uses ``REDIS_URL``; keys then live under a random
 prefix and are deleted at the end), configures Django in-process (in-memory SQLite, a
-django-redis default cache on the same Redis, usage counting on with manual flushes), creates a
-default tier whose one limit never denies, then measures decisions per second for
+django-redis default cache on the same Redis), creates the policy and ``--users`` users (see
+``bench_paths.py``), then measures:
 
-(a) the EVALSHA the Redis backend sends for one limit, called in a loop: one round trip;
-(b) ``PolicyThrottle().allow_request()``: identity, policy snapshot, backend call, usage;
-(c) DRF's ``UserRateThrottle().allow_request()`` on the django-redis cache (GET + SET).
+0   PING on a plain redis-py client (``execute_command``): the floor (and, for scale, PING
+    written to a raw socket: redis-py's own cost per command);
+1   a minimal token bucket of its own (GET, refill, SET PX) by ``execute_command("EVALSHA")``,
+    distinct keys (a) and one hot key (b);
+2   ``RedisBackend.hit()`` alone, distinct clients (a) and one hot client (b);
+3   ``PolicyThrottle().allow_request(request, view)`` plus the X-RateLimit headers the
+    middleware writes (``apply_headers``): anonymous distinct IPs (a), users never seen before
+    (b), one hot user (c), policy from the database;
+4   DRF's ``UserRateThrottle`` on django-redis, distinct users with histories of a few hundred
+    timestamps;
+5   a whole DRF request through Django's test client, with and without ``PolicyThrottle``.
 
-Each path runs ``--seconds`` in total after a warm-up, in short interleaved rounds (a, b, c,
-a, b, c, ...); decisions/s is the median round, a ratio the median of the ratios of rounds run
-back to back. Round trips per decision of (b) come from Redis's ``INFO commandstats`` around
-the (b) rounds, minus the commands the script itself issues (measured on the (a) rounds); they
-are server-wide, so a ``REDIS_URL`` that other clients use inflates them. SQL queries per
-decision come from a separate steady-state run. Timings are printed, never asserted: the exit
-status is 0 whether or not the targets are met.
+Paths 0-4 run in short interleaved slices; decisions/s and ÷PING are medians over the rounds,
+p50/p99 over every timed call. Request objects (authenticated as DRF would have) are built
+outside the timing: only the step is timed. Round trips, SQL, bytes and memory come from a
+separate untimed pass per path (see ``bench_meter.py``). Targets are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -35,34 +40,31 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for folder in (ROOT, ROOT / "bench"):
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
-#: PolicyThrottle must reach this share of the raw EVALSHA rate...
-TARGET_VS_RAW = 0.7
-#: ...and be this many times faster than DRF's UserRateThrottle.
-TARGET_VS_DRF = 1.5
-#: A rate no path ever reaches, so every decision is "allowed" and does the same work.
+#: A rate no path ever reaches (``race.py`` and ``bench_failures.py`` rely on the default).
 NEVER_DENY = "1000000/s"
-USERS = 8
-#: Rounds per path: short ones interleave finely (drift on a shared machine hits all paths
-#: alike), within these bounds.
-MIN_ROUNDS, MAX_ROUNDS, ROUND_SECONDS = 5, 15, 0.3
-#: Decisions of (b) counted for SQL queries, after warm-up.
-ACCOUNTING_DECISIONS = 500
-
-PATHS = ("ping", "raw_evalsha", "policy_throttle", "drf_user_rate_throttle")
-LABELS = {
-    "ping": "(0) PING round trip, plain redis-py client",
-    "raw_evalsha": "(a) raw EVALSHA, 1 round trip",
-    "policy_throttle": "(b) PolicyThrottle",
-    "drf_user_rate_throttle": "(c) DRF UserRateThrottle",
-}
+#: (label, path key, field, comparison, target) — printed with "met" or "not met".
+TARGETS = (
+    ("3a full path, anonymous ÷ PING", "full_anon", "vs_ping", ">=", 0.75),
+    ("3b full path, users never seen ÷ PING", "full_user_new", "vs_ping", ">=", 0.75),
+    ("2a RedisBackend.hit() ÷ PING", "hit", "vs_ping", ">=", 0.85),
+    ("3b ÷ 3a (users within 10% of anonymous)", "full_user_new", "vs_anon", ">=", 0.90),
+    ("3b SQL queries per decision", "full_user_new", "sql_queries", "<=", 0),
+    ("3a bytes on the wire per decision", "full_anon", "wire_bytes", "<=", 180),
+    ("3b bytes on the wire per decision", "full_user_new", "wire_bytes", "<=", 180),
+    ("3a MEMORY USAGE bytes per key", "full_anon", "memory_usage_per_key", "<=", 88),
+    ("3a used_memory per client x limit", "full_anon", "used_memory_marginal", "<=", 150),
+    ("5 added latency p50 µs", "latency", "added_p50_us", "<=", 60),
+    ("5 added latency p99 µs", "latency", "added_p99_us", "<=", 250),
+)
 
 
 class _ErrorCounter(logging.Handler):
@@ -84,9 +86,11 @@ def configure_django(
     drf_rate: str = NEVER_DENY,
     count_usage: bool = True,
     redis_options: dict[str, Any] | None = None,
+    extra_settings: dict[str, Any] | None = None,
 ) -> None:
-    """Configure Django in-process for a benchmark (also used by ``race.py`` and
-    ``bench_failures.py``, which passes ``redis_options={}`` for the production timeouts)."""
+    """Configure Django in-process for a benchmark (also used by ``race.py``,
+    ``bench_failures.py`` (``redis_options={}``: the production timeouts) and
+    ``bench_async.py``); ``extra_settings`` adds or overrides settings."""
     import django
     from django.conf import settings
 
@@ -125,362 +129,174 @@ def configure_django(
         ),
         DJANGO_THROTTLE_USAGE_ENABLED=count_usage,
         DJANGO_THROTTLE_USAGE_FLUSH_INTERVAL=0,
+        **(extra_settings or {}),
     )
     django.setup()
 
 
-def create_fixtures() -> list[Any]:
-    """Migrate, then a default tier with one never-denying limit and ``USERS`` users."""
-    from django.contrib.auth import get_user_model
-    from django.core.management import call_command
+def run(args: argparse.Namespace, redis_url: str, prefix: str) -> dict[str, Any]:
+    from bench_paths import DRF_RATE, URLCONF
 
-    from django_throttle.models import Tier, TierLimit
-
-    call_command("migrate", verbosity=0)
-    tier = Tier.objects.create(slug="bench", name="Bench", is_default_authenticated=True)
-    TierLimit.objects.create(tier=tier, rate=NEVER_DENY)
-    user_model = get_user_model()
-    return [user_model.objects.create_user(f"bench{i}") for i in range(USERS)]
-
-
-def build_requests(users: Sequence[Any]) -> list[Any]:
-    """One authenticated DRF request per user, built before anything is timed."""
-    from rest_framework.request import Request
-    from rest_framework.test import APIRequestFactory
-
-    factory = APIRequestFactory()
-    requests = []
-    for user in users:
-        request = Request(factory.get("/bench/"))
-        request.user = user
-        requests.append(request)
-    return requests
-
-
-class BenchView:
-    """Stands in for a DRF view: no ``throttle_scope``, so only the tier limits apply."""
-
-
-def timed(
-    step: Callable[[Any], object], items: Sequence[Any], seconds: float
-) -> tuple[int, float, float]:
-    """Call ``step`` on ``items`` round-robin for about ``seconds``.
-
-    Returns (calls, wall seconds, CPU seconds of this process, which includes the kernel's
-    socket work but not the time spent waiting for Redis)."""
-    count = 0
-    cpu_start = time.process_time()
-    start = time.perf_counter()
-    deadline = start + seconds
-    while True:
-        for item in items:
-            step(item)
-        count += len(items)
-        now = time.perf_counter()
-        if now >= deadline:
-            return count, now - start, time.process_time() - cpu_start
-
-
-def captured_call(backend: Any, client: str, limits: Sequence[Any]) -> tuple[list[Any], list[Any]]:
-    """The (keys, args) ``backend.hit(client, limits)`` passes to its script, taken from a
-    real call so the baseline follows any change to the argument layout."""
-    seen: list[tuple[list[Any], list[Any]]] = []
-    script = backend._script
-
-    def spy(keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        seen.append((list(keys), list(args)))
-        return script(keys, args)
-
-    backend._script = spy
-    try:
-        backend.hit(client, limits)
-    finally:
-        backend._script = script
-    if len(seen) != 1:
-        raise RuntimeError(f"expected RedisBackend.hit to run its script once, saw {len(seen)}")
-    return seen[0]
-
-
-class CommandStats:
-    """Commands Redis executed, from ``INFO commandstats`` (our own INFO calls left out)."""
-
-    def __init__(self, client: Any) -> None:
-        self.client = client
-
-    def snapshot(self) -> dict[str, int]:
-        stats = self.client.info("commandstats")
-        return {
-            name.removeprefix("cmdstat_"): int(value["calls"])
-            for name, value in stats.items()
-            if name != "cmdstat_info"
-        }
-
-    @staticmethod
-    def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-        return {
-            name: after[name] - before.get(name, 0)
-            for name in after
-            if after[name] != before.get(name, 0)
-        }
-
-
-def add_into(total: dict[str, int], part: dict[str, int]) -> None:
-    for name, calls in part.items():
-        total[name] = total.get(name, 0) + calls
-
-
-def run(seconds: float, redis_url: str, prefix: str, profile: bool) -> dict[str, Any]:
-    configure_django(redis_url, prefix)
-
+    configure_django(
+        redis_url,
+        prefix,
+        drf_rate=DRF_RATE,
+        extra_settings={
+            "ROOT_URLCONF": URLCONF,
+            "MIDDLEWARE": ["django_throttle.middleware.RateLimitHeadersMiddleware"],
+            "ALLOWED_HOSTS": ["*"],
+        },
+    )
     import redis
+    from bench_costs import Server, account
+    from bench_latency import added_latency
+    from bench_meter import interleave, percentile, ratio_median, run_slice
+    from bench_paths import build_paths, create_policy, prefill_drf
     from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-    from rest_framework.throttling import UserRateThrottle
 
     from django_throttle import policy as policy_module
     from django_throttle.backends import get_backend, reset_backend_cache
-    from django_throttle.backends.redis import RedisBackend, load_script
-    from django_throttle.drf import PolicyThrottle
 
     errors = _ErrorCounter()
     logging.getLogger("django_throttle").addHandler(errors)
+    phases: dict[str, float] = {}
+    clock = time.perf_counter()
 
-    users = create_fixtures()
-    requests = build_requests(users)
-    view = BenchView()
+    def phase(name: str) -> None:
+        nonlocal clock
+        phases[name] = time.perf_counter() - clock
+        clock = time.perf_counter()
 
-    backend = get_backend()
-    assert isinstance(backend, RedisBackend), type(backend)
-    limits = policy_module.current().default_authenticated.limits  # type: ignore[union-attr]
-    # Exactly the keys and arguments RedisBackend._call sends for each user's one limit,
-    # captured from a real call and prebuilt: the floor for one round trip.
-    script = backend.client.register_script(load_script())
-    raw_calls = [captured_call(backend, f"user:{user.pk}", limits) for user in users]
-
-    denied = {"drf": 0}
-    # The floor every path pays: one round trip on a client that shares none of our code.
-    ping_client = redis.Redis.from_url(redis_url)
-
-    def ping_step(item: object) -> object:
-        return ping_client.ping()
-
-    def raw_step(call: tuple[list[str], list[Any]]) -> object:
-        return script(*call)
-
-    def policy_step(request: Any) -> object:
-        return PolicyThrottle().allow_request(request, view)  # raises when denied
-
-    def drf_step(request: Any) -> object:
-        if not UserRateThrottle().allow_request(request, view):
-            denied["drf"] += 1
-        return None
-
-    steps: dict[str, tuple[Callable[[Any], object], Sequence[Any]]] = {
-        "ping": (ping_step, raw_calls),
-        "raw_evalsha": (raw_step, raw_calls),
-        "policy_throttle": (policy_step, requests),
-        "drf_user_rate_throttle": (drf_step, requests),
+    fixtures = create_policy(args.users)
+    phase("fixtures")
+    policy_module.reset()
+    plain = redis.Redis.from_url(redis_url)
+    server = Server(redis.Redis.from_url(redis_url))
+    server.calibrate()
+    ctx: dict[str, Any] = {
+        "plain": plain,
+        "backend": get_backend(),
+        "fixtures": fixtures,
+        "prefix": prefix,
+        "server": server,
     }
+    drf_prefill = prefill_drf(ctx, min(args.drf_clients, args.users))
+    paths = build_paths(ctx)
+    phase("drf_prefill")
+    for path in paths:  # warm-up: script load, policy compile, connections, caches
+        run_slice(path, min(0.3, args.seconds / 5))
+        path.rates.clear()
+        path.samples.clear()
+    phase("warm_up")
+    accounting = {
+        path.key: account(path, args.accounting, server, connection, max_seconds=3.0)
+        for path in paths
+    }
+    phase("accounting")
+    rounds = interleave(paths, args.seconds, args.slice)
+    phase("timed")
+    latency = added_latency(args.latency_pairs, args.latency_repetitions)
+    phase("latency")
 
-    warmup = min(1.0, max(0.1, seconds / 5))
-    for name in PATHS:
-        step, items = steps[name]
-        timed(step, items, warmup)
-
-    stats_client = redis.Redis.from_url(redis_url)
-    stats = CommandStats(stats_client)
-    server = stats_client.info("server")
-    rounds = max(MIN_ROUNDS, min(MAX_ROUNDS, round(seconds / ROUND_SECONDS)))
-    round_seconds = seconds / rounds
-    rates: dict[str, list[float]] = {name: [] for name in PATHS}
-    cpu: dict[str, list[float]] = {name: [] for name in PATHS}
-    commands: dict[str, dict[str, int]] = {"raw_evalsha": {}, "policy_throttle": {}}
-    decisions = {"raw_evalsha": 0, "policy_throttle": 0}
-    for _ in range(rounds):
-        for name in PATHS:
-            step, items = steps[name]
-            before = stats.snapshot() if name in commands else {}
-            count, elapsed, cpu_seconds = timed(step, items, round_seconds)
-            rates[name].append(count / elapsed)
-            cpu[name].append(cpu_seconds / count * 1e6)
-            if name in commands:
-                add_into(commands[name], stats.delta(before, stats.snapshot()))
-                decisions[name] += count
-
-    # The script's own GET/SET/TIME show up in commandstats too: learn how many it issues per
-    # EVALSHA from (a), where every call is exactly one EVALSHA, and take them out of (b).
-    raw_cmds = commands["raw_evalsha"]
-    per_script = round((sum(raw_cmds.values()) - raw_cmds["evalsha"]) / raw_cmds["evalsha"])
-    policy_cmds = commands["policy_throttle"]
-    evalshas = policy_cmds.get("evalsha", 0)
-    round_trips = sum(policy_cmds.values()) - per_script * evalshas
-    n_policy = decisions["policy_throttle"]
-
-    # Steady-state SQL: the policy snapshot and the user -> tier cache are warm by now.
-    with CaptureQueriesContext(connection) as queries:
-        for i in range(ACCOUNTING_DECISIONS):
-            policy_step(requests[i % len(requests)])
-    sql_per_decision = len(queries.captured_queries) / ACCOUNTING_DECISIONS
-
-    profile_text = None
-    if profile:
-        profiler = cProfile.Profile()
-        profiler.enable()
-        timed(policy_step, requests, seconds)
-        profiler.disable()
-        out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(30)
-        profile_text = out.getvalue()
-
-    drf_history = [
-        len(UserRateThrottle.cache.get(f"throttle_user_{user.pk}", [])) for user in users
-    ]
-
-    reset_backend_cache()
-    stats_client.close()
-    ping_client.close()
-    medians = {name: statistics.median(rates[name]) for name in PATHS}
-    # Ratios of rounds run back to back, then their median: drift between rounds cancels.
-    policy = rates["policy_throttle"]
-    vs_raw = statistics.median(b / a for b, a in zip(policy, rates["raw_evalsha"], strict=True))
-    vs_drf = statistics.median(
-        b / c for b, c in zip(policy, rates["drf_user_rate_throttle"], strict=True)
+    by_key = {path.key: path for path in paths}
+    ping = by_key["ping"]
+    results: dict[str, Any] = {}
+    for path in paths:
+        results[path.key] = {
+            "label": path.label,
+            "decisions_per_s": statistics.median(path.rates),
+            "rounds": path.rates,
+            "vs_ping": ratio_median(path.rates, ping.rates),
+            "p50_us": percentile(path.samples, 0.5) / 1e3,
+            "p99_us": percentile(path.samples, 0.99) / 1e3,
+            "timed_calls": len(path.samples),
+            **accounting[path.key],
+        }
+    results["full_user_new"]["vs_anon"] = ratio_median(
+        by_key["full_user_new"].rates, by_key["full_anon"].rates
     )
-    vs_ping = statistics.median(b / p for b, p in zip(policy, rates["ping"], strict=True))
+    results["latency"] = latency
+    targets = []
+    for label, key, name, comparison, target in TARGETS:
+        value = results[key].get(name)
+        met = value is not None and (value >= target if comparison == ">=" else value <= target)
+        targets.append(
+            {"target": label, "value": value, "comparison": comparison, "goal": target, "met": met}
+        )
+
+    profile_text = profile(by_key["full_anon"], args.seconds) if args.profile else None
+    phase("profile")
+    users_source = by_key["full_user_new"].source
+    version = server.client.info("server").get("redis_version")
+    reset_backend_cache()
+    ctx["raw_socket"].close()
+    server.client.close()
+    plain.close()
     return {
-        "redis": {"version": server.get("redis_version"), "url": redis_url},
-        "seconds_per_path": seconds,
+        "redis": {"version": version, "url": redis_url, "key_prefix": prefix},
+        "load_average": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "seconds_per_path": args.seconds,
         "rounds": rounds,
-        "users": USERS,
-        "decisions_per_second": {
-            name: {
-                "median": medians[name],
-                "rounds": rates[name],
-                "client_cpu_us_per_decision": statistics.median(cpu[name]),
-            }
-            for name in PATHS
+        "fixtures": fixtures,
+        "never_seen_users": {
+            "used": users_source.handed_out,
+            "wrapped": users_source.wrapped,
         },
-        "ratios": {
-            "policy_vs_ping": vs_ping,
-            "policy_vs_raw_evalsha": vs_raw,
-            "policy_vs_drf": vs_drf,
-        },
-        "targets": {
-            "policy_vs_raw_evalsha": {"target": TARGET_VS_RAW, "pass": vs_raw >= TARGET_VS_RAW},
-            "policy_vs_drf": {"target": TARGET_VS_DRF, "pass": vs_drf >= TARGET_VS_DRF},
-        },
-        "policy_throttle": {
-            "decisions_counted": n_policy,
-            "round_trips_per_decision": round_trips / n_policy,
-            "evalsha_per_decision": evalshas / n_policy,
-            "redis_commands": policy_cmds,
-            "script_commands_per_evalsha": per_script,
-            "sql_queries_per_decision": sql_per_decision,
-            "sql_decisions_counted": ACCOUNTING_DECISIONS,
-            "backend_errors_logged": errors.count,
-        },
-        "drf_user_rate_throttle": {
-            "denied": denied["drf"],
-            "mean_history_length": statistics.mean(drf_history),
-        },
+        "drf": {**drf_prefill, "denied": ctx["drf_denied"][0]},
+        "paths": results,
+        "targets": targets,
+        "backend_errors_logged": errors.count,
+        "phase_seconds": phases,
         "profile": profile_text,
     }
 
 
-def print_table(result: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    console = Console(width=max(100, Console().width))
-    rates = result["decisions_per_second"]
-    table = Table(
-        title=(
-            f"decisions/s, median of {result['rounds']} interleaved rounds, "
-            f"{result['seconds_per_path']:g} s per path, {result['users']} users, "
-            f"Redis {result['redis']['version']}"
-        )
-    )
-    table.add_column("path")
-    table.add_column("decisions/s", justify="right")
-    table.add_column("µs/decision", justify="right")
-    table.add_column("client CPU µs", justify="right")
-    table.add_column("rounds min-max", justify="right")
-    for name in PATHS:
-        median = rates[name]["median"]
-        rounds = rates[name]["rounds"]
-        table.add_row(
-            LABELS[name],
-            f"{median:,.0f}",
-            f"{1e6 / median:.1f}",
-            f"{rates[name]['client_cpu_us_per_decision']:.1f}",
-            f"{min(rounds):,.0f}-{max(rounds):,.0f}",
-        )
-    console.print(table)
-
-    targets = Table(title="(b) PolicyThrottle against its targets")
-    targets.add_column("ratio")
-    targets.add_column("measured", justify="right")
-    targets.add_column("target", justify="right")
-    targets.add_column("result")
-    names = {"policy_vs_raw_evalsha": "(b) / (a) raw EVALSHA", "policy_vs_drf": "(b) / (c) DRF"}
-    for key, label in names.items():
-        target = result["targets"][key]
-        verdict = "[green]PASS[/]" if target["pass"] else "[red]MISS[/]"
-        targets.add_row(
-            label, f"{result['ratios'][key]:.2f}x", f">= {target['target']:.1f}x", verdict
-        )
-    console.print(targets)
-    console.print(f"(b) / (0) PING: {result['ratios']['policy_vs_ping']:.2f}x")
-
-    policy = result["policy_throttle"]
-    commands = ", ".join(f"{k} {v}" for k, v in sorted(policy["redis_commands"].items()))
-    console.print(
-        f"(b) per decision: {policy['round_trips_per_decision']:.4f} Redis round trips "
-        f"({policy['evalsha_per_decision']:.4f} EVALSHA) over {policy['decisions_counted']:,} "
-        + escape(
-            f"decisions [commandstats: {commands}; {policy['script_commands_per_evalsha']} "
-            "per EVALSHA issued by the script itself]"
-        )
-    )
-    console.print(
-        f"(b) per decision: {policy['sql_queries_per_decision']:g} SQL queries over "
-        f"{policy['sql_decisions_counted']} steady-state decisions; "
-        f"backend errors logged: {policy['backend_errors_logged']}"
-    )
-    drf = result["drf_user_rate_throttle"]
-    console.print(
-        f"(c) DRF on the django-redis cache: {drf['denied']} denied; its per-user history "
-        f"held {drf['mean_history_length']:.0f} timestamps on average at the end (pickled on "
-        "every GET and SET)"
-    )
-    if result["profile"]:
-        print(result["profile"])  # unwrapped: pstats lines are wider than a terminal
+def profile(path: Any, seconds: float) -> str:
+    """cProfile the steps of one path (items built first, outside the profile)."""
+    items = path.source.take(max(100, int(path.last_rate * min(seconds, 3.0))))
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for item in items:
+        path.step(item)
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("tottime").print_stats(25)
+    return f"{len(items)} decisions of {path.label}\n{out.getvalue()}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--seconds", type=float, default=3.0, help="measured time per path (default 3)"
-    )
+    parser.add_argument("--seconds", type=float, default=3.0, help="timed seconds per path")
+    parser.add_argument("--users", type=int, default=100_000, help="users in the database")
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    parser.add_argument("--profile", action="store_true", help="cProfile path 3a, top 25")
+    parser.add_argument("--slice", type=float, default=0.2, help="seconds per interleaved slice")
     parser.add_argument(
-        "--profile", action="store_true", help="also cProfile (b) for --seconds and print it"
+        "--accounting", type=int, default=3000, help="decisions per path counted for bytes etc."
     )
+    parser.add_argument("--drf-clients", type=int, default=10_000, help="DRF users prefilled")
+    parser.add_argument("--latency-pairs", type=int, default=2000, help="path 5 request pairs")
+    parser.add_argument("--latency-repetitions", type=int, default=3)
     args = parser.parse_args(argv)
-    if args.seconds <= 0:
-        parser.error("--seconds must be positive")
+    if args.seconds <= 0 or args.users < 10 or args.accounting < 1:
+        parser.error("--seconds must be positive, --users at least 10, --accounting at least 1")
 
+    # Our own server gets the production prefix (bytes and key sizes as deployed); a shared
+    # REDIS_URL a random one, deleted afterwards.
     prefix = f"dtbench{uuid.uuid4().hex[:10]}"
     private = None
     redis_url = os.environ.get("REDIS_URL")
     if not redis_url:
+        prefix = "dt"
         from example_project.private_redis import PrivateRedis
 
-        private = PrivateRedis().start()
+        # DEBUG SET-ACTIVE-EXPIRE holds expiry while memory is measured (see bench_meter).
+        private = PrivateRedis(extra_args=("--enable-debug-command", "local")).start()
         redis_url = private.url
     try:
-        result = run(args.seconds, redis_url, prefix, args.profile)
+        result = run(args, redis_url, prefix)
     finally:
         if private is not None:
             private.stop()
@@ -489,6 +305,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
+        from bench_report import print_table
+
         print_table(result)
     return 0
 

@@ -187,9 +187,28 @@ class HadDenialsFilter(admin.SimpleListFilter):
         return queryset
 
 
+class UsageKindFilter(admin.SimpleListFilter):
+    """Tier x endpoint totals (exact) apart from per-client rows (the heaviest clients)."""
+
+    title = _("rows")
+    parameter_name = "kind"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("totals", _("tier and endpoint totals")), ("clients", _("per client"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "totals":
+            return queryset.filter(client=UsageCount.ALL)
+        if self.value() == "clients":
+            return queryset.exclude(client=UsageCount.ALL)
+        return queryset
+
+
 @admin.register(UsageCount)
 class UsageCountAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """Read-only: the usage flusher writes these rows, people only read (or delete) them."""
+    """Read-only: ``manage.py throttle_usage --rollup`` writes these rows from the backend's
+    counts; people only read (or delete) them. ``*`` stands for every client (a total row)
+    or every tier and endpoint (a per-client row)."""
 
     list_display = [
         "window_start",
@@ -202,7 +221,7 @@ class UsageCountAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "failed_open",
         "failed_closed",
     ]
-    list_filter = [HadDenialsFilter, "tier", "endpoint"]
+    list_filter = [UsageKindFilter, HadDenialsFilter, "tier", "endpoint"]
     search_fields = ["client", "endpoint"]
     date_hierarchy = "window_start"
     # Counting a large usage table for the "N total" link is slow; it is not needed here.

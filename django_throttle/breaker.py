@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from django_throttle.backends.base import BackendError
@@ -93,7 +93,13 @@ class CircuitBreaker:
         epoch = self._epoch
         if self._opened_at is not None:
             if self._admit():
-                return self._probe(func, args, kwargs)
+                try:
+                    result = func(*args, **kwargs)
+                except BaseException as exc:
+                    self._probe_failed(exc)
+                    raise
+                self._probe_succeeded()
+                return result
             epoch = self._epoch  # closed meanwhile
         try:
             result = func(*args, **kwargs)
@@ -101,10 +107,35 @@ class CircuitBreaker:
             self._failed(exc, epoch)
             raise
         if self._streak:
-            with self._lock:
-                if self._epoch == epoch:
-                    self._streak = 0
+            self._succeeded(epoch)
         return result
+
+    async def acall(self, func: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """:meth:`call` for a coroutine function: the same states, shared with sync callers."""
+        epoch = self._epoch
+        if self._opened_at is not None:
+            if self._admit():
+                try:
+                    result = await func(*args, **kwargs)
+                except BaseException as exc:
+                    self._probe_failed(exc)
+                    raise
+                self._probe_succeeded()
+                return result
+            epoch = self._epoch
+        try:
+            result = await func(*args, **kwargs)
+        except BackendError as exc:
+            self._failed(exc, epoch)
+            raise
+        if self._streak:
+            self._succeeded(epoch)
+        return result
+
+    def _succeeded(self, epoch: int) -> None:
+        with self._lock:
+            if self._epoch == epoch:
+                self._streak = 0
 
     def _admit(self) -> bool:
         """True if this caller is the half-open probe; False if the breaker closed meanwhile;
@@ -122,22 +153,20 @@ class CircuitBreaker:
             self._probing = True
             return True
 
-    def _probe(self, func: Callable[..., T], args: Any, kwargs: Any) -> T:
-        try:
-            result = func(*args, **kwargs)
-        except BackendError as exc:
-            with self._lock:
-                self.failures += 1
-                self.opened += 1
-                self._epoch += 1
-                self._opened_at = self.clock()
-                self._probing = False
-            logger.debug("throttle backend probe failed; breaker open again: %s", exc)
-            raise
-        except BaseException:
-            with self._lock:
-                self._probing = False  # undecided: let the next caller probe
-            raise
+    def _probe_failed(self, exc: BaseException) -> None:
+        """A backend error re-opens the breaker; anything else leaves the probe undecided, so
+        the next caller probes."""
+        with self._lock:
+            self._probing = False
+            if not isinstance(exc, BackendError):
+                return
+            self.failures += 1
+            self.opened += 1
+            self._epoch += 1
+            self._opened_at = self.clock()
+        logger.debug("throttle backend probe failed; breaker open again: %s", exc)
+
+    def _probe_succeeded(self) -> None:
         with self._lock:
             self._epoch += 1
             self._opened_at = None
@@ -151,7 +180,6 @@ class CircuitBreaker:
             down,
             refused,
         )
-        return result
 
     def _failed(self, exc: BackendError, epoch: int) -> None:
         with self._lock:

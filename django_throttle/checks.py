@@ -118,10 +118,10 @@ SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E009", "IPV6_PREFIX", _int_range(16, 128)),
     ("E010", "IDENTITY_RESOLVER", _dotted()),
     ("E011", "POLICY_REFRESH_INTERVAL", _number(0, strict=True)),
-    ("E012", "USER_TIER_CACHE_SIZE", _int_range(1)),
+    # E012 was USER_TIER_CACHE_SIZE (removed: see REMOVED).
     ("E013", "IETF_HEADERS", _bool),
     ("E014", "USAGE_ENABLED", _bool),
-    ("E015", "USAGE_FLUSH_INTERVAL", _number(0, strict=False)),
+    # E015 was USAGE_FLUSH_INTERVAL (removed: see REMOVED).
     ("E016", "USAGE_RETENTION_DAYS", _int_range(1)),
     ("E017", "ENABLED", _bool),
     # E018 is the Redis source check below.
@@ -130,7 +130,28 @@ SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E021", "BREAKER_COOLDOWN", _number(0, strict=True)),
     ("E022", "LOCAL_FALLBACK_MAX_CLIENTS", _int_range(1)),
     ("E023", "UNKNOWN_CLIENT", _choice("deny", "allow", "shared")),
-    ("E024", "USER_TIER_CACHE_TTL", _number(0, strict=True)),
+    # E024 was USER_TIER_CACHE_TTL (removed: see REMOVED).
+    ("E025", "POLICY_MAX_AGE", _number(0, strict=False)),
+    ("E026", "KEY_SHARDS", _int_range(1, 1024)),
+    ("E027", "USAGE_REDIS_TTL", _int_range(120, 30 * 86400)),
+    ("E028", "USAGE_TOP_CLIENTS", _int_range(1, 1_000_000)),
+)
+
+_NO_USER_TIER_CACHE = (
+    "tier assignments are compiled into each process's policy snapshot, so there is no "
+    "per-user cache any more; DJANGO_THROTTLE_POLICY_MAX_AGE bounds how long a change made "
+    "around the signals (QuerySet.update, bulk_create, raw SQL) takes to apply"
+)
+#: (setting name, why it does nothing now): set, each is a warning (W001), not an error, so
+#: an upgrade does not stop a site from starting.
+REMOVED: tuple[tuple[str, str], ...] = (
+    ("USER_TIER_CACHE_SIZE", _NO_USER_TIER_CACHE),
+    ("USER_TIER_CACHE_TTL", _NO_USER_TIER_CACHE),
+    (
+        "USAGE_FLUSH_INTERVAL",
+        "usage is counted in the backend by each decision's own call, with no flusher thread; "
+        "schedule 'manage.py throttle_usage --rollup' to copy it to the database",
+    ),
 )
 
 
@@ -150,6 +171,15 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                 )
             )
     errors.extend(_check_redis_source())
+    errors.extend(
+        checks.Warning(
+            f"{PREFIX}{name} no longer does anything: {why}.",
+            hint=f"Remove {PREFIX}{name} from your settings.",
+            id="django_throttle.W001",
+        )
+        for name, why in REMOVED
+        if hasattr(settings, PREFIX + name)
+    )
     return errors
 
 

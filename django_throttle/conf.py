@@ -66,6 +66,12 @@ class Settings:
         return str(self._get("KEY_PREFIX", "dt"))
 
     @property
+    def KEY_SHARDS(self) -> int:
+        """Hash-tag shards of the keys (1-1024): each is one Redis Cluster slot holding its
+        clients' counters and usage. Raise it above the number of cluster primaries."""
+        return int(self._get("KEY_SHARDS", 16))
+
+    @property
     def FAILURE_MODE(self) -> str:
         """What happens when the backend cannot answer, unless a tier or endpoint rule says
         otherwise: ``"open"`` serves the request uncounted, ``"closed"`` refuses it with
@@ -132,15 +138,11 @@ class Settings:
         return float(self._get("POLICY_REFRESH_INTERVAL", 1.0))
 
     @property
-    def USER_TIER_CACHE_SIZE(self) -> int:
-        """How many user → tier answers each process remembers."""
-        return int(self._get("USER_TIER_CACHE_SIZE", 10_000))
-
-    @property
-    def USER_TIER_CACHE_TTL(self) -> float:
-        """Seconds a process trusts a cached user → tier answer; bounds how long a change the
-        signals cannot see (``QuerySet.update``, ``bulk_create``, raw SQL) takes to apply."""
-        return float(self._get("USER_TIER_CACHE_TTL", 60.0))
+    def POLICY_MAX_AGE(self) -> float:
+        """Seconds after which a process recompiles its policy even if the shared version did
+        not move; bounds how long a change the signals cannot see (``QuerySet.update``,
+        ``bulk_create``, raw SQL) takes to apply. 0 disables it."""
+        return float(self._get("POLICY_MAX_AGE", 300.0))
 
     @property
     def IETF_HEADERS(self) -> bool:
@@ -149,17 +151,28 @@ class Settings:
 
     @property
     def USAGE_ENABLED(self) -> bool:
-        """Count allowed and denied requests for ``manage.py throttle_usage``."""
+        """Count every decision's outcome for ``manage.py throttle_usage`` (in the decision's
+        own backend call)."""
         return bool(self._get("USAGE_ENABLED", True))
 
     @property
-    def USAGE_FLUSH_INTERVAL(self) -> float:
-        """Seconds between writes of buffered usage counts to the database (0: manual only)."""
-        return float(self._get("USAGE_FLUSH_INTERVAL", 10.0))
+    def USAGE_REDIS_TTL(self) -> int:
+        """Seconds usage counters live in Redis (default 3 hours): run ``manage.py
+        throttle_usage --rollup`` more often than this, or older minutes are lost."""
+        return int(self._get("USAGE_REDIS_TTL", 3 * 3600))
+
+    @property
+    def USAGE_TOP_CLIENTS(self) -> int:
+        """Clients listed per minute and outcome (default 1,000; in Redis each key shard keeps
+        its heaviest ``ceil(N / KEY_SHARDS)``): bounds memory per minute (about 21 bytes a
+        client) whatever the number of clients. Beyond it a new client replaces the smallest
+        and inherits its count, so per-client numbers become estimates; tier and endpoint
+        totals stay exact."""
+        return int(self._get("USAGE_TOP_CLIENTS", 1000))
 
     @property
     def USAGE_RETENTION_DAYS(self) -> int:
-        """Days usage rows are kept before the flusher deletes them."""
+        """Days usage rows are kept in the database before the rollup deletes them."""
         return int(self._get("USAGE_RETENTION_DAYS", 7))
 
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from asgiref.sync import sync_to_async
 
 from django_throttle import policy as policy_module
 from django_throttle import usage
@@ -19,11 +22,12 @@ from django_throttle.backends import BackendError, get_backend, get_local_backen
 from django_throttle.breaker import CircuitBreaker, get_breaker
 from django_throttle.conf import app_settings
 from django_throttle.identity import UNIDENTIFIED, Identity, get_resolver
+from django_throttle.policy import EndpointPolicy, Policy, TierPolicy
 from django_throttle.rates import UNLIMITED, Decision, Limit
 
 logger = logging.getLogger("django_throttle")
 
-__all__ = ["FAILURE_MODES", "check"]
+__all__ = ["FAILURE_MODES", "acheck", "check"]
 
 #: What a request meets when the backend cannot answer (see ``DJANGO_THROTTLE_FAILURE_MODE``).
 FAILURE_MODES = ("open", "closed", "local")
@@ -36,6 +40,21 @@ _UNIDENTIFIED_DENIED = Decision(
 )
 _SHARED_UNKNOWN = Identity("ip", "unknown")
 _last_unidentified_log = -UNIDENTIFIED_LOG_INTERVAL
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What a request will be counted against, worked out before the backend call."""
+
+    client: str
+    limits: Sequence[Limit]
+    cost: int
+    field: str | None
+    failure_mode: str | None
+    credential: bool
+    policy: Policy | None
+    tier: TierPolicy | None
+    endpoint: EndpointPolicy | None
 
 
 def check(
@@ -59,6 +78,64 @@ def check(
     """
     if not app_settings.ENABLED:
         return UNLIMITED
+    planned = _plan(request, scope, limits, cost, failure_mode, credential, policy_module.current)
+    if not isinstance(planned, _Plan):
+        return planned
+    breaker = get_breaker()
+    try:
+        decision = breaker.call(
+            get_backend().hit, planned.client, planned.limits, planned.cost, usage=planned.field
+        )
+    except BackendError:
+        return _degraded(planned, breaker)
+    if usage.pending:
+        usage.flush_pending()
+    return _counted(planned, decision)
+
+
+async def acheck(
+    request: Any,
+    *,
+    scope: str | None = None,
+    limits: Sequence[Limit] | None = None,
+    cost: int | None = None,
+    failure_mode: str | None = None,
+    credential: bool = False,
+) -> Decision:
+    """:func:`check` for ``async def`` views: the backend call is awaited on the event loop
+    (``redis.asyncio``), never in a thread. Only work that may touch the database (reloading
+    the policy snapshot, at most once per refresh interval) and pushing counts kept while the
+    backend was down run in a worker thread."""
+    if not app_settings.ENABLED:
+        return UNLIMITED
+    snapshot = policy_module.fresh()
+    if snapshot is None and limits is None:
+        snapshot = await sync_to_async(policy_module.current)()
+    planned = _plan(request, scope, limits, cost, failure_mode, credential, lambda: snapshot)
+    if not isinstance(planned, _Plan):
+        return planned
+    breaker = get_breaker()
+    try:
+        decision = await breaker.acall(
+            get_backend().ahit, planned.client, planned.limits, planned.cost, usage=planned.field
+        )
+    except BackendError:
+        return _degraded(planned, breaker)
+    if usage.pending:
+        await sync_to_async(usage.flush_pending, thread_sensitive=False)()
+    return _counted(planned, decision)
+
+
+def _plan(
+    request: Any,
+    scope: str | None,
+    limits: Sequence[Limit] | None,
+    cost: int | None,
+    failure_mode: str | None,
+    credential: bool,
+    snapshot: Callable[[], Policy | None],
+) -> _Plan | Decision:
+    """Identity, policy lookup and usage field: everything but the backend call."""
     identity = get_resolver()(request)
     if identity.kind == UNIDENTIFIED.kind:
         decision = _unidentified()
@@ -68,7 +145,9 @@ def check(
     tier_slug = endpoint_name = ""
     policy = tier = endpoint = None
     if limits is None:
-        policy = policy_module.current()
+        policy = snapshot()
+        if policy is None:
+            return UNLIMITED
         endpoint = policy.match(
             request.method or "GET", scope, _route_name(request), request.path_info
         )
@@ -81,33 +160,44 @@ def check(
             tier_slug = tier.slug
     if not limits:
         return UNLIMITED
-    client = identity.key
-    cost = 1 if cost is None else cost
-    breaker = get_breaker()
-    try:
-        decision = breaker.call(get_backend().hit, client, limits, cost)
-    except BackendError:
-        # The breaker logs when it opens and closes; a line per failed request would flood
-        # the log exactly when the operator needs it. The mode is only worked out here, off
-        # the healthy path.
-        default = "closed" if credential else None
-        if failure_mode is None and policy is not None:
-            failure_mode = policy.failure_mode_for(tier, endpoint, default)
-        decision = _degraded(
-            client, limits, cost, failure_mode or default or app_settings.FAILURE_MODE, breaker
-        )
+    return _Plan(
+        client=identity.key,
+        limits=limits,
+        cost=1 if cost is None else cost,
+        field=usage.field_for(tier_slug, endpoint_name or scope or ""),
+        failure_mode=failure_mode,
+        credential=credential,
+        policy=policy,
+        tier=tier,
+        endpoint=endpoint,
+    )
+
+
+def _counted(planned: _Plan, decision: Decision) -> Decision:
     if decision.shadow:
-        logger.info("shadow rule %r would deny %s", endpoint_name, client)
-    usage.record(client, tier_slug, endpoint_name or scope or "", _outcome(decision))
+        logger.info(
+            "shadow rule %r would deny %s",
+            planned.endpoint.name if planned.endpoint is not None else "",
+            planned.client,
+        )
     return decision
 
 
-def _degraded(
-    client: str, limits: Sequence[Limit], cost: int, failure_mode: str, breaker: CircuitBreaker
-) -> Decision:
-    """The decision when the backend could not answer, by failure mode."""
+def _degraded(planned: _Plan, breaker: CircuitBreaker) -> Decision:
+    """The decision when the backend could not answer, by failure mode, counted in-process
+    until the backend is back.
+
+    The breaker logs when it opens and closes; a line per failed request would flood the log
+    exactly when the operator needs it. The mode is only worked out here, off the healthy
+    path."""
+    failure_mode = planned.failure_mode
+    default = "closed" if planned.credential else None
+    if failure_mode is None and planned.policy is not None:
+        failure_mode = planned.policy.failure_mode_for(planned.tier, planned.endpoint, default)
+    failure_mode = failure_mode or default or app_settings.FAILURE_MODE
+    limits, client = planned.limits, planned.client
     if failure_mode == "closed":
-        return Decision(
+        decision = Decision(
             allowed=False,
             limit=None,
             remaining=0,
@@ -116,9 +206,13 @@ def _degraded(
             limits=tuple(limits),
             unavailable=True,
         )
-    if failure_mode == "local":
-        return dataclasses.replace(get_local_backend().hit(client, limits, cost), local=True)
-    return _FAILED_OPEN
+    elif failure_mode == "local":
+        local = get_local_backend().hit(client, limits, planned.cost)
+        decision = dataclasses.replace(local, local=True)
+    else:
+        decision = _FAILED_OPEN
+    usage.record_degraded(planned.field, client, _outcome(decision))
+    return decision
 
 
 def _unidentified() -> Decision | None:
@@ -149,15 +243,12 @@ def _unidentified() -> Decision | None:
 
 
 def _outcome(decision: Decision) -> str:
+    """The usage column of a decision the backend did not make."""
     if decision.unavailable:
         return usage.FAILED_CLOSED
     if decision.failed_open:
         return usage.FAILED_OPEN
-    if not decision.allowed:
-        return usage.DENIED
-    if decision.shadow:
-        return usage.SHADOW_DENIED
-    return usage.ALLOWED
+    return usage.ALLOWED if decision.allowed else usage.DENIED
 
 
 def _route_name(request: Any) -> str | None:

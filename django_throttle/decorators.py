@@ -14,7 +14,7 @@ import hashlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
 from django_throttle import core
 from django_throttle.headers import apply_headers, throttled_response
@@ -67,21 +67,19 @@ def throttle(
             limits = _inline_limits(scope or _owner(view), parsed, burst, scope)
         is_credential = _is_login_view(view) if credential is None else credential
 
-        def run_check(request: Any) -> Any:
-            return core.check(
-                request,
-                scope=scope,
-                limits=limits,
-                cost=cost,
-                failure_mode=failure_mode,
-                credential=is_credential,
-            )
+        options: dict[str, Any] = {
+            "scope": scope,
+            "limits": limits,
+            "cost": cost,
+            "failure_mode": failure_mode,
+            "credential": is_credential,
+        }
 
         if iscoroutinefunction(view):
 
             @functools.wraps(view)
             async def async_wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
-                decision = await sync_to_async(run_check)(request)
+                decision = await core.acheck(request, **options)
                 request.throttle_decision = decision
                 if not decision.allowed:
                     return throttled_response(decision)
@@ -93,7 +91,7 @@ def throttle(
 
         @functools.wraps(view)
         def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
-            decision = run_check(request)
+            decision = core.check(request, **options)
             request.throttle_decision = decision
             if not decision.allowed:
                 return throttled_response(decision)

@@ -17,7 +17,7 @@ from django_throttle import core
 from django_throttle.headers import retry_after_seconds, throttled_body, throttled_status
 from django_throttle.rates import Decision
 
-__all__ = ["LimiterUnavailable", "PolicyThrottle", "PolicyThrottled"]
+__all__ = ["AsyncPolicyThrottle", "LimiterUnavailable", "PolicyThrottle", "PolicyThrottled"]
 
 logger = logging.getLogger("django_throttle")
 
@@ -65,19 +65,18 @@ class PolicyThrottle:
     decision: Decision | None = None
 
     def allow_request(self, request: Request, view: Any) -> bool:
-        # DRF has authenticated by now and copied the user onto the Django request; reading the
-        # Django request directly skips DRF's attribute proxy on every lookup.
-        http_request = request._request
-        if getattr(http_request, "user", None) is not request.user:
-            http_request.user = request.user
+        http_request = _django_request(request)
         decision = core.check(
             http_request,
             scope=getattr(view, "throttle_scope", None),
             failure_mode=_failure_mode(view),
             credential=_is_credential_view(view),
         )
+        return self._decided(http_request, decision)
+
+    def _decided(self, http_request: Any, decision: Decision) -> bool:
         self.decision = decision
-        http_request.throttle_decision = decision  # type: ignore[attr-defined]
+        http_request.throttle_decision = decision
         if decision.allowed:
             return True
         if decision.unavailable:
@@ -88,6 +87,31 @@ class PolicyThrottle:
         if self.decision is None or self.decision.allowed:
             return None
         return self.decision.retry_after
+
+
+class AsyncPolicyThrottle(PolicyThrottle):
+    """:class:`PolicyThrottle` with ``async def allow_request``, for async DRF views (adrf's
+    ``APIView`` awaits such throttles): the decision is awaited on the event loop through
+    ``redis.asyncio``, like the ``@throttle`` decorator on an ``async def`` view."""
+
+    async def allow_request(self, request: Request, view: Any) -> bool:  # type: ignore[override]
+        http_request = _django_request(request)
+        decision = await core.acheck(
+            http_request,
+            scope=getattr(view, "throttle_scope", None),
+            failure_mode=_failure_mode(view),
+            credential=_is_credential_view(view),
+        )
+        return self._decided(http_request, decision)
+
+
+def _django_request(request: Request) -> Any:
+    """DRF has authenticated by now; copy the user onto the Django request, which is read
+    directly to skip DRF's attribute proxy on every lookup."""
+    http_request = request._request
+    if getattr(http_request, "user", None) is not request.user:
+        http_request.user = request.user
+    return http_request
 
 
 def _failure_mode(view: Any) -> str | None:

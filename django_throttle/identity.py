@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -80,10 +81,23 @@ def client_ip(meta: Any) -> str | None:
                 len(forwarded),
                 proxies,
             )
-    network = _network(candidate, app_settings.IPV4_PREFIX, app_settings.IPV6_PREFIX)
+    v4_prefix = app_settings.IPV4_PREFIX
+    if v4_prefix == 32 and _is_plain_ipv4(candidate):
+        return candidate  # the common case, in a fraction of ipaddress's time
+    network = _network(candidate, v4_prefix, app_settings.IPV6_PREFIX)
     if network is None and candidate != remote:
         network = _network(remote, app_settings.IPV4_PREFIX, app_settings.IPV6_PREFIX)
     return network
+
+
+def _is_plain_ipv4(text: str) -> bool:
+    """Whether ``text`` is a dotted-quad IPv4 address exactly as ``str(IPv4Address)`` writes
+    it (inet_pton refuses leading zeros, spaces, ports and short forms)."""
+    try:
+        socket.inet_pton(socket.AF_INET, text)
+    except (OSError, ValueError, TypeError):
+        return False
+    return True
 
 
 @lru_cache(maxsize=4096)

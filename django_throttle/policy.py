@@ -1,10 +1,12 @@
 """The compiled, immutable policy snapshot, and how a request finds its limits in it.
 
-Admin rows are compiled once into plain objects; requests read only the snapshot and a bounded
-user → tier cache, so the steady state costs zero SQL queries. Every process checks a shared
-version (kept by the backend, through the circuit breaker) at most once per
-``DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL`` and recompiles when it changed, so admin edits reach
-all workers within seconds, without restarts.
+Admin rows, tier assignments included (:mod:`~django_throttle.user_tiers`), are compiled once
+into plain objects; requests read only the snapshot, so a request costs zero SQL queries for any
+user. Every process checks a shared version (kept by the backend, through the circuit breaker)
+at most once per ``DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL`` and recompiles when it changed, so
+admin edits reach all workers within seconds, without restarts; it also recompiles once the
+snapshot is ``DJANGO_THROTTLE_POLICY_MAX_AGE`` old, so writes no signal sees
+(``QuerySet.update``, ``bulk_create``, raw SQL) apply within that time.
 
 A row no limit can be built from (written around the admin) is skipped with one ERROR line per
 compile naming it; the rest of the policy applies. Compiling never raises into a request.
@@ -14,23 +16,27 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DatabaseError
+from django.db import DatabaseError, router, transaction
 
 from django_throttle.backends import BackendError, get_backend
 from django_throttle.conf import app_settings
 from django_throttle.identity import Identity
 from django_throttle.rates import Limit
-from django_throttle.user_tiers import UserTierCache, assigned_tier
+from django_throttle.user_tiers import UserTiers, compile_user_tiers
 
 logger = logging.getLogger("django_throttle.policy")
 
 __all__ = ["EndpointPolicy", "Policy", "TierPolicy", "current", "invalidate", "reset"]
+
+#: Monotonic seconds; tests replace it to age a snapshot without sleeping.
+clock = time.monotonic
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +87,9 @@ class Policy:
     by_route: dict[str, tuple[EndpointPolicy, ...]]
     by_path: tuple[EndpointPolicy, ...]
     version: str | None = None
-    user_tiers: UserTierCache = field(default_factory=lambda: UserTierCache(10_000, 60.0))
+    user_tiers: UserTiers = field(default_factory=UserTiers)
+    #: ``clock()`` when compiling started, for ``DJANGO_THROTTLE_POLICY_MAX_AGE``.
+    compiled_at: float = 0.0
     #: False for the empty stand-in used while the database cannot be read.
     loaded: bool = True
 
@@ -105,21 +113,14 @@ class Policy:
         return None
 
     def tier_for(self, identity: Identity) -> TierPolicy | None:
-        """The client's tier: own assignment, else best group assignment, else the default."""
+        """The client's tier: own assignment, else best group assignment, else the default.
+        No query: assignments were compiled into the snapshot."""
         if identity.user_id is None:
             return self.default_anonymous if identity.kind == "ip" else self.default_authenticated
-        found, tier_id = self.user_tiers.get(identity.user_id)
-        if not found:
-            try:
-                tier_id = assigned_tier(identity.user_id, self.tiers)
-            except DatabaseError as exc:
-                # Not cached: the next request asks again once the database is back.
-                logger.error("tier assignment lookup failed, using the default tier: %s", exc)
-                return self.default_authenticated
-            self.user_tiers.put(identity.user_id, tier_id)
-        if tier_id is not None and tier_id in self.tiers:
-            return self.tiers[tier_id]
-        return self.default_authenticated
+        tier_id = self.user_tiers.get(identity.user_id)
+        if tier_id is None:
+            return self.default_authenticated
+        return self.tiers.get(tier_id, self.default_authenticated)
 
     def limits_for(
         self, tier: TierPolicy | None, endpoint: EndpointPolicy | None
@@ -161,8 +162,17 @@ def _usable(row: Any, outcome: str = "skipped") -> bool:
 
 
 def compile_policy(version: str | None = None) -> Policy:
-    """Read every policy row (a fixed handful of queries) into an immutable snapshot,
-    skipping rows no limit can be built from."""
+    """Read every policy row and assignment (a fixed handful of queries, whatever the number
+    of users) into an immutable snapshot, skipping rows no limit can be built from. In one
+    transaction (a savepoint inside a request's), so a failed query breaks no caller's."""
+    from django_throttle.models import TierAssignment
+
+    started = clock()
+    with transaction.atomic(using=router.db_for_read(TierAssignment)):
+        return _read_policy(version, started)
+
+
+def _read_policy(version: str | None, started: float) -> Policy:
     from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierLimit
 
     tier_limits: dict[int, list[Limit]] = {}
@@ -170,12 +180,16 @@ def compile_policy(version: str | None = None) -> Policy:
         if _usable(row):
             tier_limits.setdefault(row.tier_id, []).append(row.to_limit())
     tiers = {}
+    defaults: dict[str, TierPolicy] = {}
     for t in Tier.objects.all():
         # A bad failure mode is logged and inherited: skipping the tier would lift its limits.
         failure_mode = t.failure_mode if _usable(t, "kept, its failure mode ignored") else ""
         tiers[t.id] = TierPolicy(
             t.id, t.slug, t.name, t.priority, tuple(tier_limits.get(t.id, ())), failure_mode
         )
+        for flag in ("is_default_anonymous", "is_default_authenticated"):
+            if getattr(t, flag):  # a unique constraint allows one of each
+                defaults[flag] = tiers[t.id]
     endpoint_limits: dict[tuple[int, int], list[Limit]] = {}
     for endpoint_row in EndpointLimit.objects.select_related("rule", "tier").order_by("id"):
         if _usable(endpoint_row):
@@ -210,8 +224,8 @@ def compile_policy(version: str | None = None) -> Policy:
         )
     return Policy(
         tiers=tiers,
-        default_anonymous=_default(tiers, Tier.objects.filter(is_default_anonymous=True)),
-        default_authenticated=_default(tiers, Tier.objects.filter(is_default_authenticated=True)),
+        default_anonymous=defaults.get("is_default_anonymous"),
+        default_authenticated=defaults.get("is_default_authenticated"),
         by_scope=_index(r for r in rules if r.match_type == "scope"),
         by_route=_index(r for r in rules if r.match_type == "route"),
         by_path=tuple(
@@ -221,15 +235,9 @@ def compile_policy(version: str | None = None) -> Policy:
             )
         ),
         version=version,
-        user_tiers=UserTierCache(
-            app_settings.USER_TIER_CACHE_SIZE, app_settings.USER_TIER_CACHE_TTL
-        ),
+        user_tiers=compile_user_tiers({t.id: t.priority for t in tiers.values()}),
+        compiled_at=started,
     )
-
-
-def _default(tiers: dict[int, TierPolicy], queryset: Any) -> TierPolicy | None:
-    tier_id = queryset.values_list("id", flat=True).first()
-    return None if tier_id is None else tiers.get(tier_id)
 
 
 def _index(rules: Iterable[EndpointPolicy]) -> dict[str, tuple[EndpointPolicy, ...]]:
@@ -241,22 +249,26 @@ def _index(rules: Iterable[EndpointPolicy]) -> dict[str, tuple[EndpointPolicy, .
 
 
 class _Cache:
-    """The process's snapshot and when its version was last checked."""
+    """The process's snapshot, when its version was last checked, and whether this process
+    changed the policy itself (recompile without waiting for the version)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.policy: Policy | None = None
-        self.checked_at = 0.0
+        self.checked_at = -math.inf
+        self.changed_here = False
 
 
 _cache = _Cache()
 
 
 def current() -> Policy:
-    """The snapshot to use now; reloads when the shared version moved (checked at most once
-    per refresh interval, so most calls touch neither the database nor the backend)."""
+    """The snapshot to use now; reloads when the shared version moved, when this process
+    changed the policy, or when the snapshot is older than ``POLICY_MAX_AGE`` (all checked
+    at most once per refresh interval, so most calls touch neither the database nor the
+    backend). Other threads keep the previous snapshot while one thread recompiles."""
     policy = _cache.policy
-    now = time.monotonic()
+    now = clock()
     if policy is not None and now - _cache.checked_at < app_settings.POLICY_REFRESH_INTERVAL:
         return policy
     with _cache.lock:
@@ -265,10 +277,28 @@ def current() -> Policy:
             return policy
         _cache.checked_at = now
         version = _shared_version(policy)
-        if policy is None or not policy.loaded or version != policy.version:
+        max_age = app_settings.POLICY_MAX_AGE
+        if (
+            policy is None
+            or not policy.loaded
+            or _cache.changed_here
+            or version != policy.version
+            or (max_age > 0 and now - policy.compiled_at >= max_age)
+        ):
+            # Cleared first: a change signalled while compiling triggers another compile.
+            _cache.changed_here = False
             policy = _compile(policy, version)
             _cache.policy = policy
         return policy
+
+
+def fresh() -> Policy | None:
+    """The snapshot when no refresh check is due, else ``None`` (then call :func:`current`,
+    which may read the backend and the database): lets async code stay off threads."""
+    policy = _cache.policy
+    if policy is not None and clock() - _cache.checked_at < app_settings.POLICY_REFRESH_INTERVAL:
+        return policy
+    return None
 
 
 def _shared_version(policy: Policy | None) -> str | None:
@@ -304,12 +334,15 @@ def _compile(last: Policy | None, version: str | None) -> Policy:
 
 
 def invalidate() -> None:
-    """Recompile on next use in this process (other processes follow the shared version)."""
-    with _cache.lock:
-        _cache.policy = None
+    """Recompile on next use in this process (other processes follow the shared version),
+    keeping the current snapshot in case the database cannot be read."""
+    _cache.changed_here = True
+    _cache.checked_at = -math.inf
 
 
 def reset() -> None:
     """Forget the snapshot entirely (tests, settings changes)."""
-    invalidate()
-    _cache.checked_at = 0.0
+    with _cache.lock:
+        _cache.policy = None
+        _cache.changed_here = False
+        _cache.checked_at = -math.inf

@@ -2,9 +2,11 @@
 
 Policy edits bump the shared policy version (after the transaction commits) so every process
 reloads within its refresh interval; an edited limit also has its stored counters re-timed to
-the new rate, so tightening a limit never hands out a free burst. Group membership changes bump
-only when a group involved puts its members in a tier. Settings changes drop cached backends
-and policies.
+the new rate, so tightening a limit never hands out a free burst. Tier assignments are
+compiled into the snapshot, so whatever changes who is in which tier bumps too: assignment
+saves and deletes (also through a deleted user, group or tier), and group membership changes
+(both directions, clears, deleted users) when a group involved puts its members in a tier.
+Settings changes drop cached backends and policies.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 from django.core.signals import setting_changed
 from django.db import transaction
 from django.db.models import Model
-from django.db.models.signals import m2m_changed, post_delete, post_save
+from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete
 
 from django_throttle.conf import PREFIX, app_settings
 
@@ -25,6 +27,8 @@ logger = logging.getLogger("django_throttle.policy")
 #: Set on a user or group between ``pre_clear`` and ``post_clear`` when the groups being
 #: cleared include one with a tier assignment.
 _CLEARS_TIERED = "_django_throttle_clears_tiered_group"
+#: Set on a user between ``pre_delete`` and ``post_delete`` when they are in a tiered group.
+_LEAVES_TIERED = "_django_throttle_leaves_tiered_group"
 
 
 def policy_changed(**kwargs: Any) -> None:
@@ -121,6 +125,19 @@ def _has_tiered_group(instance: Any, reverse: bool, pk_set: set[Any] | None) -> 
     return assignments.filter(group_id__in=pk_set).exists()
 
 
+def user_deleting(instance: Any, **kwargs: Any) -> None:
+    """Note whether a user being deleted is in a tiered group: the database drops their
+    memberships with no m2m signal. (Their own assignment is deleted with a signal.)"""
+    if _has_tiered_group(instance, False, None):
+        setattr(instance, _LEAVES_TIERED, True)
+
+
+def user_deleted(instance: Any, **kwargs: Any) -> None:
+    if getattr(instance, _LEAVES_TIERED, False):
+        delattr(instance, _LEAVES_TIERED)
+        policy_changed(using=kwargs.get("using"))
+
+
 def settings_changed(setting: str, **kwargs: Any) -> None:
     if setting.startswith(PREFIX):
         from django_throttle import backends, policy
@@ -147,6 +164,10 @@ def connect() -> None:
         on_save = limit_saved if name in _RELATED else policy_changed
         post_save.connect(on_save, sender=model, dispatch_uid=f"dt-save-{name}")
         post_delete.connect(policy_changed, sender=model, dispatch_uid=f"dt-del-{name}")
-    groups = get_user_model().groups.through
-    m2m_changed.connect(groups_changed, sender=groups, dispatch_uid="dt-user-groups")
+    user_model = get_user_model()
+    m2m_changed.connect(
+        groups_changed, sender=user_model.groups.through, dispatch_uid="dt-user-groups"
+    )
+    pre_delete.connect(user_deleting, sender=user_model, dispatch_uid="dt-user-deleting")
+    post_delete.connect(user_deleted, sender=user_model, dispatch_uid="dt-user-deleted")
     setting_changed.connect(settings_changed, dispatch_uid="dt-settings")

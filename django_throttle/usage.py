@@ -1,71 +1,63 @@
-"""Usage counters: what happened to requests, per minute, client, tier and endpoint.
+"""Usage accounting: what happened to each request, counted where the decision is made.
 
 Each request lands in exactly one outcome: :data:`ALLOWED`, :data:`DENIED`,
 :data:`SHADOW_DENIED` (served, but a shadow rule would have denied it), :data:`FAILED_OPEN`
 (served uncounted: the limiter was unavailable) or :data:`FAILED_CLOSED` (refused: the limiter
 was unavailable).
 
-:func:`record` is on the request path, so it does no I/O: it bumps a counter in a process-local
-buffer under a lock. :func:`flush` moves the buffer into :class:`~django_throttle.models.UsageCount`
-rows in batches, from a daemon thread every ``DJANGO_THROTTLE_USAGE_FLUSH_INTERVAL`` seconds, at
-interpreter exit, and from ``manage.py throttle_usage``. :func:`report` sums the rows for that
-command.
+The backend counts every decision it makes in the same atomic step, under the usage field
+:func:`field_for` names (tier and endpoint): the Redis backend inside the decision's own script
+call (``backends/lua/usage.lua``), the memory backend under its lock. So the request path has
+no thread, no database write and no extra round trip, and a worker killed right after its
+response loses nothing: the count was in Redis before the response existed.
 
-Counts are best effort. What reaches the database: everything flushed so far (every
-``DJANGO_THROTTLE_USAGE_FLUSH_INTERVAL`` seconds) plus, on a clean interpreter exit (``sys.exit``,
-Ctrl-C, a server's graceful shutdown that exits normally), the rest. A process ended by a signal
-it does not handle (SIGTERM under ``runserver`` or a bare ``python``, SIGKILL, the OOM killer)
-loses what it counted since its last flush: at most one flush interval. A buffer holding more
-than :data:`MAX_KEYS` distinct keys folds new clients into :data:`OTHER`.
+Decisions made without the backend (failed open, failed closed, failure mode ``"local"``)
+are kept in this process by :func:`record_degraded` and pushed into the backend by
+:func:`flush_pending`, which ``core`` calls after the next successful backend call; a push
+whose reply was lost is retried without counting twice. What a process dies holding (Redis
+was down for all of its last requests) is lost: at most :data:`MAX_PENDING` distinct
+(minute, client, tier, endpoint, outcome) counts, beyond which new clients count as
+:data:`OTHER`.
+
+Reports and the rollup to the database live in :mod:`django_throttle.usage_report`.
 """
 
 from __future__ import annotations
 
-import atexit
+import functools
 import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+import uuid
+from typing import Any
 
-from django.conf import settings
-from django.db import DatabaseError, IntegrityError, connections, router, transaction
-from django.db.models import F, Sum
-from django.utils import timezone
-
+from django_throttle.backends import BackendError, get_backend
+from django_throttle.backends.usage_base import LETTERS, PendingCount, UsageStore
+from django_throttle.breaker import get_breaker
 from django_throttle.conf import app_settings
 
-if TYPE_CHECKING:
-    from django_throttle.models import UsageCount
-
 __all__ = [
+    "ALL",
     "ALLOWED",
     "DENIED",
     "FAILED_CLOSED",
     "FAILED_OPEN",
-    "MAX_KEYS",
+    "MAX_PENDING",
     "OTHER",
     "OUTCOMES",
     "SHADOW_DENIED",
-    "UsageRow",
-    "flush",
-    "record",
-    "report",
+    "UsageUnavailable",
+    "field_for",
+    "flush_pending",
+    "get_store",
+    "pending",
+    "record_degraded",
     "reset",
+    "split_field",
 ]
 
 logger = logging.getLogger("django_throttle.usage")
-
-#: Most distinct (minute, client, tier, endpoint) keys one process buffers between flushes.
-MAX_KEYS = 50_000
-#: Client name that absorbs new clients once the buffer is full.
-OTHER = "(other)"
-#: Keys written per transaction: bounds how long one flush holds row locks.
-CHUNK_SIZE = 500
-#: Seconds between deletions of rows older than ``USAGE_RETENTION_DAYS`` (per process).
-PRUNE_INTERVAL = 3600.0
 
 ALLOWED = "allowed"
 DENIED = "denied"
@@ -74,299 +66,177 @@ FAILED_OPEN = "failed_open"
 FAILED_CLOSED = "failed_closed"
 #: Every outcome, in column order; each is a :class:`~django_throttle.models.UsageCount` field.
 OUTCOMES: tuple[str, ...] = (ALLOWED, DENIED, SHADOW_DENIED, FAILED_OPEN, FAILED_CLOSED)
-_INDEX = {outcome: i for i, outcome in enumerate(OUTCOMES)}
+#: The one-letter code of each outcome in Redis (see ``backends/lua/usage.lua``).
+LETTER = dict(zip(OUTCOMES, LETTERS, strict=True))
+#: Stands for "every client" (tier/endpoint total rows) or "every tier/endpoint" (per-client
+#: rows) in :class:`~django_throttle.models.UsageCount`.
+ALL = "*"
+#: Between tier slug and endpoint name in a usage field; a slug never holds it.
+SEPARATOR = "|"
+#: Longest usage field, in UTF-8 bytes (the script refuses longer ones).
+MAX_FIELD_BYTES = 200
+#: Most distinct counts a process keeps while the backend cannot answer.
+MAX_PENDING = 10_000
+#: Client name that absorbs new clients once :data:`MAX_PENDING` is reached.
+OTHER = "(other)"
 
-ReportBy = Literal["client", "tier", "endpoint"]
-REPORT_BY: tuple[str, ...] = ("client", "tier", "endpoint")
-
-# (minute since the epoch, client, tier, endpoint) -> one count per outcome, in OUTCOMES order
-_Key = tuple[int, str, str, str]
-_Buffer = dict[_Key, list[int]]
-
+#: Truthy while counts wait to be pushed: ``core`` checks it after every successful backend
+#: call, so the healthy path pays one truthiness test.
+pending: set[str] = set()
+_counts: dict[tuple[int, str, str, str], int] = {}
+_unsent: list[tuple[str, list[PendingCount]]] = []  # (batch id, counts) whose push failed
 _lock = threading.Lock()
-_buffer: _Buffer = {}
-_folded = 0  # requests counted under OTHER since the last flush
-_started_pid: int | None = None  # process whose flusher (or decision not to start one) is current
-_stop: threading.Event | None = None
-_last_prune: float | None = None
-_hooks_installed = False
+_owner: int | None = None  # pid that recorded the counts (a forked child drops its copy)
+_clock = time.time
+_push_store: tuple[Any, UsageStore] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class UsageRow:
-    """Summed counts for one client, tier or endpoint (``key``; ``""`` means none);
-    ``total`` is the sum of the outcomes."""
-
-    key: str
-    allowed: int
-    denied: int
-    total: int
-    shadow_denied: int = 0
-    failed_open: int = 0
-    failed_closed: int = 0
-
-    @property
-    def denied_percent(self) -> float:
-        """Share of requests denied, 0-100 (0 when there were none)."""
-        return 100.0 * self.denied / self.total if self.total else 0.0
+class UsageUnavailable(Exception):
+    """The configured backend keeps no usage counts."""
 
 
-def record(client: str, tier: str, endpoint: str, outcome: str) -> None:
-    """Count one request under ``outcome`` (one of :data:`OUTCOMES`). Thread safe; no I/O, no
-    allocation beyond the key.
+def field_for(tier: str, endpoint: str) -> str | None:
+    """The usage field for a tier slug and endpoint name (``""`` for none): what the backend
+    counts a decision under, or ``None`` when ``DJANGO_THROTTLE_USAGE_ENABLED`` is off.
 
-    ``client`` is the identity as text (``"user:42"``, ``"ip:203.0.113.7"``), ``tier`` the tier
-    slug and ``endpoint`` the endpoint rule name, ``""`` for none. A no-op when
-    ``DJANGO_THROTTLE_USAGE_ENABLED`` is false. Raises ``ValueError`` for an unknown outcome.
+    ``"<tier>|<endpoint>"`` (just ``"<tier>"`` with no endpoint: every byte is sent with every
+    decision), cut to :data:`MAX_FIELD_BYTES`; :func:`split_field` reverses it. A ``|`` in a
+    tier slug (only possible in rows written around the admin) becomes ``-``.
     """
-    global _folded
-    index = _INDEX.get(outcome) if isinstance(outcome, str) else None
-    if index is None:
-        raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
     if not app_settings.USAGE_ENABLED:
-        return
-    if _started_pid is None:  # first use in this process (the at-fork hook resets it)
-        _start()
-    key = (int(time.time()) // 60, client, tier, endpoint)
-    with _lock:
-        counts = _buffer.get(key)
-        if counts is None:
-            if len(_buffer) >= MAX_KEYS:
-                # A flood of distinct clients must not grow memory without bound; tiers and
-                # endpoints come from the admin, so at most one OTHER key per pair per minute.
-                key = (key[0], OTHER, tier, endpoint)
-                _folded += 1
-                counts = _buffer.get(key)
-            if counts is None:
-                counts = _buffer[key] = [0] * len(OUTCOMES)
-        counts[index] += 1
+        return None
+    return _field(tier, endpoint)
 
 
-def flush() -> int:
-    """Write the buffered counts to the database and return how many rows were written.
+@functools.lru_cache(maxsize=4096)
+def _field(tier: str, endpoint: str) -> str:
+    field = tier.replace(SEPARATOR, "-") + (SEPARATOR + endpoint if endpoint else "")
+    if not field:
+        return SEPARATOR  # counted too: "" would mean "count nothing"
+    data = field.encode()
+    if len(data) > MAX_FIELD_BYTES:
+        field = data[:MAX_FIELD_BYTES].decode("utf-8", "ignore")
+    return field
 
-    Each key adds to its row (``allowed = allowed + n``, likewise for every outcome), creating
-    it when missing; a row created by another process at the same moment is retried as an
-    update inside a savepoint, so the surrounding transaction stays usable on PostgreSQL. Keys
-    are written in sorted order, in transactions of :data:`CHUNK_SIZE`, so concurrent flushes
-    never deadlock. At most once per :data:`PRUNE_INTERVAL` the flush also deletes rows older
-    than ``USAGE_RETENTION_DAYS``.
 
-    Database errors are logged, never raised: the counts of a failed chunk go back into the
-    buffer for the next flush (or are dropped, with a warning, when the buffer is full).
+def split_field(field: str) -> tuple[str, str]:
+    """(tier slug, endpoint name) of a usage field."""
+    tier, _, endpoint = field.partition(SEPARATOR)
+    return tier, endpoint
+
+
+def get_store(backend: Any = None) -> UsageStore:
+    """Where ``backend`` (default: the configured one) keeps its usage counts.
+
+    Raise :class:`UsageUnavailable` for a backend that keeps none. A Redis store may hold a
+    client of its own: call its ``close()`` when done.
     """
-    global _buffer, _folded
+    backend = get_backend() if backend is None else backend
+    store = getattr(backend, "usage", None)
+    if isinstance(store, UsageStore):
+        return store
+    if callable(getattr(backend, "shard_tags", None)):
+        from django_throttle.backends.redis_usage import RedisUsage
+
+        return RedisUsage(backend)
+    raise UsageUnavailable(
+        f"DJANGO_THROTTLE_BACKEND {type(backend).__name__} keeps no usage counts; the Redis "
+        "and memory backends do."
+    )
+
+
+def record_degraded(field: str | None, client: str, outcome: str) -> None:
+    """Count a decision made without the backend, to push when it answers again.
+
+    ``field`` is :func:`field_for`'s value (``None``: count nothing); ``outcome`` is
+    :data:`FAILED_OPEN`, :data:`FAILED_CLOSED`, or :data:`ALLOWED` / :data:`DENIED` for
+    failure mode ``"local"``. Thread safe; no I/O. Raises ``ValueError`` for another outcome.
+    """
+    global _owner
+    letter = LETTER.get(outcome) if isinstance(outcome, str) else None
+    if letter is None:
+        raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
+    if not field:
+        return
+    key = (int(_clock() // 60), field, client, letter)
+    pid = os.getpid()
     with _lock:
-        batch, _buffer = _buffer, {}
-        folded, _folded = _folded, 0
-    if folded:
-        logger.warning(
-            "Usage buffer full (%d keys): counted %d requests from new clients as %r.",
-            MAX_KEYS,
-            folded,
-            OTHER,
-        )
-    if not batch:
-        return 0
+        if _owner != pid:
+            _forget()
+            _owner = pid
+        if key not in _counts and len(_counts) >= MAX_PENDING:
+            key = (key[0], field, OTHER, letter)
+        _counts[key] = _counts.get(key, 0) + 1
+        pending.add("counts")
 
-    from django_throttle.models import UsageCount
 
-    alias = router.db_for_write(UsageCount)
-    merged: _Buffer = {}
-    for (minute, client, tier, endpoint), added in batch.items():
-        # Truncate to the column sizes; keys that collide after truncation add up.
-        key = (minute, client[:200], tier[:100], endpoint[:100])
-        counts = merged.setdefault(key, [0] * len(OUTCOMES))
-        for i, n in enumerate(added):
-            counts[i] += n
-
-    items = sorted(merged.items())
-    written = 0
-    for start in range(0, len(items), CHUNK_SIZE):
-        chunk = items[start : start + CHUNK_SIZE]
-        try:
-            with transaction.atomic(using=alias):
-                for key, counts in chunk:
-                    _add(UsageCount, alias, key, counts)
-        except DatabaseError:
-            logger.exception("Could not write %d usage rows; keeping them for later.", len(chunk))
-            _restore(chunk)
-        else:
-            written += len(chunk)
-    _prune(UsageCount, alias)
-    return written
+def flush_pending() -> None:
+    """Push the counts :func:`record_degraded` kept into the backend, through the circuit
+    breaker, in one pipeline. Never raises: on failure they stay for the next call."""
+    with _lock:
+        if _owner != os.getpid():  # forked: the counts are the parent's to push
+            _forget()
+            return
+        batches = list(_unsent)
+        _unsent.clear()
+        if _counts:
+            counts = [(m, f, c, letter, n) for (m, f, c, letter), n in _counts.items()]
+            _counts.clear()
+            batches.append((uuid.uuid4().hex, counts))
+        pending.clear()
+    done = 0
+    try:
+        store = _store_for_push()
+        breaker = get_breaker()
+        for batch, counts in batches:
+            breaker.call(store.push, batch, counts)
+            done += 1
+    except (BackendError, UsageUnavailable) as exc:
+        _keep(batches[done:], exc)
 
 
 def reset() -> None:
-    """Forget buffered counts and stop this process's flusher (for tests)."""
-    global _buffer, _folded, _started_pid, _stop, _last_prune
+    """Forget kept counts (tests, and a backend change)."""
+    global _push_store
     with _lock:
-        _buffer = {}
-        _folded = 0
-        if _stop is not None:
-            _stop.set()
-        _stop = None
-        _started_pid = None
-        _last_prune = None
+        _forget()
+        _push_store = None
 
 
-def report(since: datetime, by: str, top: int | None) -> list[UsageRow]:
-    """Sum each outcome per ``by`` ("client", "tier" or "endpoint") since ``since``.
-
-    Includes the whole minute window containing ``since``. Rows come busiest first: by total
-    requests, then by denied requests, then by key, so the clients (or tiers, endpoints) that
-    matter most lead and equal totals list the most throttled first. ``top`` keeps the first
-    ``top`` rows; ``None`` keeps all. Only flushed counts are seen.
-    """
-    from django_throttle.models import UsageCount
-
-    if by not in REPORT_BY:
-        raise ValueError(f"by must be one of {', '.join(REPORT_BY)}, not {by!r}")
-    if top is not None and top < 1:
-        raise ValueError(f"top must be at least 1, not {top}")
-    since = since.replace(second=0, microsecond=0)
-    total: Any = F(OUTCOMES[0])
-    for outcome in OUTCOMES[1:]:
-        total = total + F(outcome)
-    rows = (
-        UsageCount.objects.filter(window_start__gte=since)
-        .values(by)
-        .annotate(sum_total=Sum(total), **{f"sum_{outcome}": Sum(outcome) for outcome in OUTCOMES})
-        .order_by("-sum_total", f"-sum_{DENIED}", by)
-    )
-    if top is not None:
-        rows = rows[:top]
-    return [
-        UsageRow(
-            key=row[by],
-            total=int(row["sum_total"]),
-            **{outcome: int(row[f"sum_{outcome}"]) for outcome in OUTCOMES},
-        )
-        for row in rows
-    ]
+def _forget() -> None:
+    _counts.clear()
+    _unsent.clear()
+    pending.clear()
 
 
-def _window_start(minute: int) -> datetime:
-    """The datetime of a minute window as the database expects it (aware UTC under USE_TZ)."""
-    value = datetime.fromtimestamp(minute * 60, tz=UTC)
-    if settings.USE_TZ:
-        return value
-    return timezone.make_naive(value, timezone.get_default_timezone())
+def _store_for_push() -> UsageStore:
+    """The configured backend's store, built once per backend instance."""
+    global _push_store
+    backend = get_backend()
+    cached = _push_store
+    if cached is not None and cached[0] is backend:
+        return cached[1]
+    store = get_store(backend)
+    _push_store = (backend, store)
+    return store
 
 
-def _add(model: type[UsageCount], alias: str, key: _Key, counts: list[int]) -> None:
-    minute, client, tier, endpoint = key
-    window_start = _window_start(minute)
-    rows = model._default_manager.using(alias).filter(
-        window_start=window_start, client=client, tier=tier, endpoint=endpoint
-    )
-    added = {outcome: n for outcome, n in zip(OUTCOMES, counts, strict=True) if n}
-    increment = {outcome: F(outcome) + n for outcome, n in added.items()}
-    if rows.update(**increment):
-        return
-    try:
-        with transaction.atomic(using=alias):
-            rows.create(
-                window_start=window_start, client=client, tier=tier, endpoint=endpoint, **added
-            )
-    except IntegrityError:
-        # Another process created the row between our update and insert.
-        rows.update(**increment)
-
-
-def _restore(chunk: list[tuple[_Key, list[int]]]) -> None:
-    """Put the counts of a failed write back into the buffer, within its bound."""
+def _keep(batches: list[tuple[str, list[PendingCount]]], exc: Exception) -> None:
+    """Keep batches that could not be pushed, under the :data:`MAX_PENDING` bound."""
     dropped = 0
     with _lock:
-        for key, added in chunk:
-            counts = _buffer.get(key)
-            if counts is None:
-                if len(_buffer) >= MAX_KEYS:
-                    dropped += sum(added)
-                    continue
-                counts = _buffer[key] = [0] * len(OUTCOMES)
-            for i, n in enumerate(added):
-                counts[i] += n
+        _unsent.extend(batches)
+        kept = sum(len(counts) for _, counts in _unsent)
+        while _unsent and kept > MAX_PENDING:
+            _, counts = _unsent.pop(0)
+            kept -= len(counts)
+            dropped += sum(count[4] for count in counts)
+        if _unsent:
+            pending.add("unsent")
     if dropped:
         logger.warning(
-            "Usage buffer full: dropped %d requests' counts after a failed write.", dropped
+            "Dropped %d requests' usage counts: the backend has not answered a usage push "
+            "for a long time (%s).",
+            dropped,
+            exc,
         )
-
-
-def _prune(model: type[UsageCount], alias: str) -> None:
-    """Delete rows past the retention period, at most once per PRUNE_INTERVAL per process."""
-    global _last_prune
-    now = time.monotonic()
-    if _last_prune is not None and now - _last_prune < PRUNE_INTERVAL:
-        return
-    _last_prune = now
-    days = app_settings.USAGE_RETENTION_DAYS
-    if days <= 0:
-        return
-    cutoff = timezone.now() - timedelta(days=days)
-    try:
-        model._default_manager.using(alias).filter(window_start__lt=cutoff).delete()
-    except DatabaseError:
-        logger.exception("Could not delete usage rows older than %d days.", days)
-
-
-def _start() -> None:
-    """Start this process's flusher thread once (again in a forked child)."""
-    global _started_pid, _stop, _buffer, _folded
-    pid = os.getpid()
-    with _lock:
-        if _started_pid == pid:
-            return
-        if _started_pid is not None:
-            # Forked: the parent flushes what it buffered before the fork.
-            _buffer = {}
-            _folded = 0
-        _started_pid = pid
-        _install_hooks()
-        interval = app_settings.USAGE_FLUSH_INTERVAL
-        if interval <= 0:
-            _stop = None
-            return
-        stop = _stop = threading.Event()
-    threading.Thread(
-        target=_run, args=(stop, interval), name="django-throttle-usage", daemon=True
-    ).start()
-
-
-def _run(stop: threading.Event, interval: float) -> None:
-    """Flush every ``interval`` seconds until ``stop`` is set."""
-    while not stop.wait(interval):
-        try:
-            flush()
-        except Exception:
-            logger.exception("Usage flush failed.")
-        finally:
-            # Close this thread's connections so an idle flusher holds none open.
-            connections.close_all()
-
-
-def _install_hooks() -> None:
-    """Flush at exit and start clean after fork; installed once per interpreter."""
-    global _hooks_installed
-    if _hooks_installed:
-        return
-    _hooks_installed = True
-    atexit.register(_flush_at_exit)
-    os.register_at_fork(after_in_child=_after_fork)
-
-
-def _after_fork() -> None:
-    # The lock may have been held by a thread that does not exist in the child.
-    global _lock, _buffer, _folded, _started_pid, _stop
-    _lock = threading.Lock()
-    _buffer = {}
-    _folded = 0
-    _started_pid = None
-    _stop = None
-
-
-def _flush_at_exit() -> None:
-    try:
-        flush()
-    except Exception:
-        logger.warning("Could not flush usage counts at exit.", exc_info=True)

@@ -1,78 +1,189 @@
-"""Which tier a logged-in user is in: one query on first sight, then a bounded cache.
+"""Which tier each assigned user is in, compiled into the policy snapshot so that resolving a
+request's tier never queries the database, for the millionth user as for the first.
 
-The cache is per policy snapshot (a policy edit starts a fresh one) and every answer expires
-after ``DJANGO_THROTTLE_USER_TIER_CACHE_TTL`` seconds, so changes the signals cannot see
-(``QuerySet.update``, ``bulk_create``, raw SQL) apply within that time.
+A per-request lookup with a cache costs a query for every user a process has not seen, and
+every policy reload empties the cache: after an admin save, every worker re-queries all active
+users. Instead the compiler reads every assignment in one streamed query (own assignments and
+memberships of groups that have a tier, sorted by user by the database) and keeps, for integer
+primary keys, two parallel arrays searched with :mod:`bisect`: the sorted user ids
+(``array('q')``, 8 bytes each) and each user's tier slot (1 byte while at most 256 tiers are
+assigned). That is about 9.5 bytes per assigned user where a dict of the same answers costs
+60-75. Other primary keys (UUID users) fall back to a dict.
 """
 
 from __future__ import annotations
 
-import threading
-import time
-from collections import OrderedDict
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from array import array
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Mapping
+from itertools import chain
+from typing import Any
 
-__all__ = ["UserTierCache", "assigned_tier"]
+from django.core.exceptions import FieldDoesNotExist, ValidationError
+from django.db.models import Value
+from django.db.models.sql.constants import MULTI
 
+__all__ = ["UserTiers", "compile_user_tiers"]
 
-class _Prioritised(Protocol):
-    @property
-    def priority(self) -> int: ...
-
-
-class UserTierCache:
-    """A bounded, thread-safe LRU of user id → tier id (``None``: no assignment), each answer
-    trusted for ``ttl`` seconds of ``clock`` (monotonic seconds, injectable for tests)."""
-
-    def __init__(self, size: int, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.size = size
-        self.ttl = ttl
-        self.clock = clock
-        self._data: OrderedDict[Any, tuple[float, int | None]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, user_id: Any) -> tuple[bool, int | None]:
-        """``(True, tier id)`` for a fresh answer, ``(False, None)`` when unknown or stale."""
-        now = self.clock()
-        with self._lock:
-            entry = self._data.get(user_id)
-            if entry is None:
-                return False, None
-            expires, tier_id = entry
-            if now >= expires:
-                del self._data[user_id]
-                return False, None
-            self._data.move_to_end(user_id)
-            return True, tier_id
-
-    def put(self, user_id: Any, tier_id: int | None) -> None:
-        expires = self.clock() + self.ttl
-        with self._lock:
-            self._data[user_id] = (expires, tier_id)
-            self._data.move_to_end(user_id)
-            while len(self._data) > self.size:
-                self._data.popitem(last=False)
+#: Rows fetched per round trip while streaming assignments.
+CHUNK_SIZE = 20_000
+_INTEGER_FIELDS = frozenset(
+    {
+        "AutoField",
+        "BigAutoField",
+        "SmallAutoField",
+        "IntegerField",
+        "BigIntegerField",
+        "SmallIntegerField",
+        "PositiveIntegerField",
+        "PositiveBigIntegerField",
+        "PositiveSmallIntegerField",
+    }
+)
 
 
-def assigned_tier(user_id: Any, tiers: Mapping[int, _Prioritised]) -> int | None:
-    """One query: the user's own assignment wins; among group assignments, the highest
-    priority (a tier missing from ``tiers`` ranks last)."""
-    from django.db.models import Q
+class UserTiers:
+    """Immutable user id → tier id for every user with an assignment of their own or through
+    a group. Thread-safe: nothing changes after construction."""
 
+    __slots__ = ("_by_key", "_coerce", "_ids", "_slots", "_tier_ids")
+
+    def __init__(
+        self,
+        ids: array[int] | None = None,
+        slots: array[int] | None = None,
+        tier_ids: tuple[int, ...] = (),
+        by_key: dict[Any, int] | None = None,
+        coerce: Callable[[Any], Any] = int,
+    ) -> None:
+        self._ids = ids
+        self._slots = slots
+        self._tier_ids = tier_ids
+        self._by_key = by_key
+        self._coerce = coerce
+
+    def get(self, user_id: Any) -> int | None:
+        """The user's tier id, or ``None`` when the user has no assignment."""
+        ids = self._ids
+        if ids is not None:
+            if type(user_id) is not int:  # e.g. "42" from a custom identity resolver
+                try:
+                    user_id = int(user_id)
+                except (TypeError, ValueError):
+                    return None
+            i = bisect_left(ids, user_id)
+            if i != len(ids) and ids[i] == user_id:
+                return self._tier_ids[self._slots[i]]  # type: ignore[index]
+            return None
+        if self._by_key is None:
+            return None
+        found = self._by_key.get(user_id)
+        if found is None and isinstance(user_id, str):
+            try:
+                found = self._by_key.get(self._coerce(user_id))
+            except (TypeError, ValueError, ValidationError):
+                return None
+        return found
+
+    def __len__(self) -> int:
+        if self._ids is not None:
+            return len(self._ids)
+        return len(self._by_key or ())
+
+
+def compile_user_tiers(priorities: Mapping[int, int]) -> UserTiers:
+    """Read every assignment (one query, streamed) into a :class:`UserTiers`.
+
+    ``priorities`` maps the snapshot's tier ids to their priority. A user's own assignment
+    wins; among their groups' tiers the highest priority (then the lowest tier id) wins, a
+    tier missing from ``priorities`` ranking last.
+    """
+    from django.contrib.auth import get_user_model
+
+    user_model = get_user_model()
+    pk: Any = user_model._meta.pk
+    while pk.is_relation:  # multi-table inheritance: the parent's key
+        pk = pk.target_field
+    query = _assignments(user_model)
+    if pk.get_internal_type() in _INTEGER_FIELDS:
+        ids, tiers = _best(chain.from_iterable(_chunks(query)), priorities, array("q"))
+        return _pack(ids, tiers)
+    users, tiers = _best(query.iterator(chunk_size=CHUNK_SIZE), priorities, [])
+    return UserTiers(by_key=dict(zip(users, tiers, strict=True)), coerce=pk.to_python)
+
+
+def _assignments(user_model: Any) -> Any:
+    """(user id, tier id, 0) for each own assignment and (user id, tier id, 1) for each
+    membership of a group with a tier, by user id: the database sorts, Python takes one pass."""
     from django_throttle.models import TierAssignment
 
-    best: int | None = None
-    for own_user, tier_id in TierAssignment.objects.filter(
-        Q(user_id=user_id) | Q(group__user__id=user_id)
-    ).values_list("user_id", "tier_id"):
-        if own_user is not None:
-            return int(tier_id)
-        if best is None or _priority(tiers, tier_id) > _priority(tiers, best):
-            best = int(tier_id)
-    return best
+    own = (
+        TierAssignment.objects.filter(user__isnull=False)
+        .order_by()
+        .values_list("user_id", "tier_id", Value(0))
+    )
+    try:
+        field = user_model._meta.get_field("groups")
+    except FieldDoesNotExist:  # a custom user model without groups
+        return own.order_by("user_id")
+    through = field.remote_field.through
+    user_column = through._meta.get_field(field.m2m_field_name()).attname
+    group = field.m2m_reverse_field_name()
+    by_group = (
+        through.objects.filter(**{f"{group}__throttle_assignment__isnull": False})
+        .order_by()
+        .values_list(user_column, f"{group}__throttle_assignment__tier_id", Value(1))
+    )
+    return own.union(by_group, all=True).order_by("user_id")
 
 
-def _priority(tiers: Mapping[int, _Prioritised], tier_id: int) -> int:
-    tier = tiers.get(tier_id)
-    return tier.priority if tier is not None else -(2**31)
+def _chunks(queryset: Any) -> Iterator[list[tuple[int, int, int]]]:
+    """Lists of raw rows of an integer values_list query, streamed (a server-side cursor
+    where the database has one), without building a Python object per row."""
+    compiler = queryset.query.get_compiler(queryset.db)
+    chunks: Iterator[list[tuple[int, int, int]]] = compiler.execute_sql(
+        MULTI, chunked_fetch=True, chunk_size=CHUNK_SIZE
+    )
+    return chunks
+
+
+def _best(
+    rows: Iterator[tuple[Any, int, int]], priorities: Mapping[int, int], ids: Any
+) -> tuple[Any, array[int]]:
+    """Each user's tier from the user-sorted rows of :func:`_assignments`, appended to
+    ``ids`` (an array or a list) and a parallel array of tier ids."""
+    rank = _Rank((tier, priority * 2**64 - tier) for tier, priority in priorities.items())
+    tiers: array[int] = array("q")
+    last: Any = None
+    own = False
+    best = 0
+    for user_id, tier_id, by_group in rows:
+        if user_id != last:
+            ids.append(user_id)
+            tiers.append(tier_id)
+            last, own = user_id, not by_group
+            best = rank[tier_id]
+        elif own:
+            continue
+        elif not by_group:
+            tiers[-1], own = tier_id, True
+        elif rank[tier_id] > best:
+            tiers[-1], best = tier_id, rank[tier_id]
+    return ids, tiers
+
+
+class _Rank(dict[int, int]):
+    """Tier id → one integer ordering tiers by priority, then lowest id; a tier missing from
+    the snapshot ranks below every known one."""
+
+    def __missing__(self, tier_id: int) -> int:
+        return -(2**100) - tier_id
+
+
+def _pack(ids: array[int], tiers: array[int]) -> UserTiers:
+    """Replace each tier id by a slot in the smallest array type that holds them all."""
+    tier_ids = tuple(sorted(set(tiers)))
+    slot_of = {tier_id: slot for slot, tier_id in enumerate(tier_ids)}
+    typecode = "B" if len(tier_ids) <= 2**8 else "H" if len(tier_ids) <= 2**16 else "I"
+    slots = array(typecode, map(slot_of.__getitem__, tiers))
+    return UserTiers(ids=ids, slots=slots, tier_ids=tier_ids)

@@ -68,4 +68,3 @@ DJANGO_THROTTLE_REDIS_URL = os.environ.get(
 )
 # A loaded 2-core CI machine can stall for more than the production default of 50 ms.
 DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
-DJANGO_THROTTLE_USAGE_FLUSH_INTERVAL = 0

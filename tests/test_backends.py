@@ -5,6 +5,7 @@ The Redis backend runs against the real redis-server the suite started; there is
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import multiprocessing
@@ -21,7 +22,7 @@ import redis
 from django_throttle.backends import BackendError, get_backend, reset_backend_cache
 from django_throttle.backends.base import Backend
 from django_throttle.backends.memory import MemoryBackend
-from django_throttle.backends.redis import RedisBackend, load_script
+from django_throttle.backends.redis import RETIME_FILES, RedisBackend, load_script
 from django_throttle.headers import retry_after_seconds, whole_seconds
 from django_throttle.rates import Limit, Rate
 
@@ -221,8 +222,8 @@ def _process_worker(url: str, prefix: str, barrier: object, out: object, n: int)
     barrier.wait()  # type: ignore[attr-defined]
     allowed = 0
     for _ in range(n):
-        reply = script(keys=[backend_key], args=["", 1, "hit", "token_bucket", 10, 360e6, "0"])
-        allowed += reply[0]
+        reply = script(keys=[backend_key], args=["1", "t10:360000000"])
+        allowed += int(reply.split()[0]) & 1  # status + 4 x index
     out.put(allowed)  # type: ignore[attr-defined]
 
 
@@ -344,11 +345,12 @@ def test_unreachable_redis_raises_backend_error_quickly(settings: object) -> Non
 
 
 def test_retry_after_is_never_short(backend: Backend) -> None:
-    """Defect 10: 1/2s, retried at +0.9999996 s: the true wait is 1.0000004 s, so the header
-    must say 2 and a request at now + retry_after must pass; one 1 µs earlier fails."""
+    """Defect 10: 1/2s, retried at +0.999999 s: the true wait is 1.000001 s, so the header
+    must say 2 and a request at now + retry_after must pass; one 1 µs earlier fails. (Time
+    is whole microseconds on both backends, like the server clock.)"""
     limit = Limit.build("slow", "1/2s")
     assert backend.hit("c", [limit], now=T0).allowed
-    at = T0 + 0.9999996
+    at = T0 + 0.999999
     denied = backend.hit("c", [limit], now=at)
     assert not denied.allowed
     assert denied.retry_after == pytest.approx(1.000001)
@@ -467,7 +469,19 @@ def _corrupt(backend: Backend, client: str, limit: Limit, state: str) -> None:
             backend._state[(client, limit.id)] = (parsed, math.inf)
     else:
         assert isinstance(backend, RedisBackend)
-        backend.client.set(backend.key(client, limit), state, px=3_600_000)
+        used, space, stamp = state.partition(" ")
+        with contextlib.suppress(ValueError, OverflowError):
+            stamp = _base36(int(float(stamp)))  # the script stores µs stamps in base 36
+        backend.client.set(backend.key(client, limit), used + space + stamp, px=3_600_000)
+
+
+def _base36(n: int) -> str:
+    digits = ""
+    while True:
+        n, digit = divmod(n, 36)
+        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[digit] + digits
+        if not n:
+            return digits
 
 
 @pytest.mark.parametrize("state", ["garbage", "1", "x 5", "5 y", "nan 5", "inf 5", "5 inf", ""])
@@ -541,11 +555,11 @@ def test_local_fallback_backend_is_bounded_by_its_setting(settings: Any) -> None
 
 # --- Redis only: the script checks every argument before its first write ----------------
 
-VALID_LIMIT = ["token_bucket", "10", repr(1e6), "0"]
+VALID_LIMIT = "t10:1000000"
 
 
-def _script_args(*limits: list[str], cost: str = "1", mode: str = "hit") -> list[str]:
-    return ["", cost, mode, *(arg for limit in limits for arg in limit)]
+def _script_args(*limits: str, op: str = "1") -> list[str]:
+    return [op, *limits]
 
 
 @pytest.mark.parametrize(
@@ -554,36 +568,39 @@ def _script_args(*limits: list[str], cost: str = "1", mode: str = "hit") -> list
         # Defect 11: cost 2^31-1 against 1/366d with capacity 2^31-1 overflowed SET PX after
         # the first key had been written.
         (
-            _script_args(
-                VALID_LIMIT,
-                ["token_bucket", str(10**9), repr(366 * 86400e6), "0"],
-                cost=str(10**9),
-            ),
-            "ARGV[9..10] capacity x interval",
+            _script_args(VALID_LIMIT, f"t{10**9}:{366 * 86400 * 10**6}", op=str(10**9)),
+            "ARGV[3] capacity x interval",
         ),
-        (_script_args(VALID_LIMIT, VALID_LIMIT, cost=str(2**31 - 1)), "ARGV[2] cost"),
-        (_script_args(VALID_LIMIT, VALID_LIMIT, cost="-1"), "ARGV[2] cost"),
-        (_script_args(VALID_LIMIT, VALID_LIMIT, cost="1.5"), "ARGV[2] cost"),
-        (_script_args(VALID_LIMIT, VALID_LIMIT, mode="bogus"), "ARGV[3] mode"),
-        (_script_args(VALID_LIMIT, ["gcra", "10", "1e6", "0"]), "ARGV[8] unknown algorithm"),
-        (_script_args(VALID_LIMIT, ["token_bucket", "0", "1e6", "0"]), "ARGV[9] capacity"),
-        (_script_args(VALID_LIMIT, ["token_bucket", "2.5", "1e6", "0"]), "ARGV[9] capacity"),
-        (_script_args(VALID_LIMIT, ["token_bucket", "x", "1e6", "0"]), "ARGV[9] capacity"),
-        (_script_args(VALID_LIMIT, ["token_bucket", "10", "0", "0"]), "ARGV[10] interval"),
-        (_script_args(VALID_LIMIT, ["token_bucket", "10", "-5", "0"]), "ARGV[10] interval"),
-        (_script_args(VALID_LIMIT, ["token_bucket", "10", "inf", "0"]), "ARGV[10] interval"),
-        (_script_args(VALID_LIMIT, ["token_bucket", "10", "nan", "0"]), "ARGV[10] interval"),
-        (_script_args(VALID_LIMIT, ["token_bucket", "10", "1e6", "yes"]), "ARGV[11] shadow"),
-        (_script_args(VALID_LIMIT, VALID_LIMIT)[:-1], "expected 11 arguments"),
-        (["soon", *_script_args(VALID_LIMIT, VALID_LIMIT)[1:]], "ARGV[1] now"),
+        (
+            _script_args(VALID_LIMIT, VALID_LIMIT, op=str(2**31 - 1)),
+            "ARGV[1] must be 'p' or a cost",
+        ),
+        (_script_args(VALID_LIMIT, VALID_LIMIT, op="-1"), "ARGV[1] must be 'p' or a cost"),
+        (_script_args(VALID_LIMIT, VALID_LIMIT, op="1.5"), "ARGV[1] must be 'p' or a cost"),
+        (_script_args(VALID_LIMIT, VALID_LIMIT, op="hit"), "ARGV[1] must be 'p' or a cost"),
+        (_script_args(VALID_LIMIT, "g10:1000000"), "ARGV[3] limit spec"),
+        (_script_args(VALID_LIMIT, "token_bucket10:1000000"), "ARGV[3] limit spec"),
+        (_script_args(VALID_LIMIT, "t0:1000000"), "ARGV[3] capacity"),
+        (_script_args(VALID_LIMIT, "t2.5:1000000"), "ARGV[3] limit spec"),
+        (_script_args(VALID_LIMIT, "tx:1000000"), "ARGV[3] limit spec"),
+        (_script_args(VALID_LIMIT, "t10:0"), "ARGV[3] interval"),
+        (_script_args(VALID_LIMIT, "t10:-5"), "ARGV[3] interval"),
+        (_script_args(VALID_LIMIT, "t10:inf"), "ARGV[3] interval"),
+        (_script_args(VALID_LIMIT, "t10:nan"), "ARGV[3] interval"),
+        (_script_args(VALID_LIMIT, "t?10:1000000"), "ARGV[3] limit spec"),
+        (_script_args(VALID_LIMIT, VALID_LIMIT)[:-1], "expected 3 arguments"),
+        (_script_args(VALID_LIMIT, VALID_LIMIT, op="1@soon"), "ARGV[1] now"),
+        (_script_args(VALID_LIMIT, VALID_LIMIT, op="1@1.5"), "ARGV[1] now"),
+        (["1\n" + "f" * 201 + "\nc", VALID_LIMIT, VALID_LIMIT], "ARGV[1] usage field and client"),
+        (["1\nf\n" + "c" * 201, VALID_LIMIT, VALID_LIMIT], "ARGV[1] usage field and client"),
     ],
 )
 def test_script_validates_every_argument_before_writing(
     redis_backend: RedisBackend, redis_client: redis.Redis, args: list[str], message: str
 ) -> None:
     keys = [redis_backend.key("c", Limit.build(name, "1/s")) for name in ("first", "second")]
-    with pytest.raises(BackendError, match=re.escape(message)):
-        redis_backend._run(redis_backend._script, keys, args)
+    with pytest.raises(redis.ResponseError, match=re.escape(message)):
+        redis_client.eval(load_script(), len(keys), *keys, *args)
     assert redis_client.exists(*keys) == 0
 
 
@@ -594,9 +611,9 @@ def test_retime_script_validates_its_arguments(
     redis_backend.hit("c", [limit])
     key = redis_backend.key("c", limit)
     before = redis_client.pttl(key)
-    args = ["token_bucket", str(10**9), repr(366 * 86400e6), ""]
-    with pytest.raises(BackendError, match=re.escape("ARGV[2..3] capacity x interval")):
-        redis_backend._run(redis_backend._retime_script, [key], args)
+    args = [f"t{10**9}:{366 * 86400 * 10**6}", ""]
+    with pytest.raises(redis.ResponseError, match=re.escape("ARGV[1] capacity x interval")):
+        redis_client.eval(load_script(RETIME_FILES), 1, key, *args)
     assert 0 < redis_client.pttl(key) <= before
 
 
@@ -617,3 +634,23 @@ def test_retime_rewrites_ttls_without_keys_command(
 def _command_calls(client: redis.Redis, command: str) -> int:
     stats = client.info("commandstats")
     return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def test_a_decision_costs_at_most_180_bytes_on_the_wire(
+    redis_backend: RedisBackend, redis_client: redis.Redis
+) -> None:
+    """Request + reply of one decision (one limit, an IPv4 client, a short tier name), as
+    the server counts them: the byte budget of issue 6."""
+    from django_throttle import usage
+
+    limits = (Limit.build("t12", "100/m"),)
+    field = usage.field_for("anonymous", "")
+    redis_backend.hit("ip:203.0.113.7", limits, usage=field)  # connect and load the script
+    stats = redis_client.info("stats")
+    before = stats["total_net_input_bytes"] + stats["total_net_output_bytes"]
+    for i in range(100):
+        redis_backend.hit(f"ip:203.0.113.{i}", limits, usage=field)
+    stats = redis_client.info("stats")
+    after = stats["total_net_input_bytes"] + stats["total_net_output_bytes"]
+    info_call = 2000  # generous bound for the INFO command and its reply in between
+    assert (after - before - info_call) / 100 <= 180

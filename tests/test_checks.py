@@ -68,15 +68,10 @@ def test_defaults_pass(settings: Any) -> None:
         ("POLICY_REFRESH_INTERVAL", -0.5, "E011"),
         ("POLICY_REFRESH_INTERVAL", float("nan"), "E011"),
         ("POLICY_REFRESH_INTERVAL", float("inf"), "E011"),
-        ("USER_TIER_CACHE_SIZE", 0, "E012"),
-        ("USER_TIER_CACHE_SIZE", 10.5, "E012"),
         ("IETF_HEADERS", "yes", "E013"),
         ("IETF_HEADERS", 1, "E013"),
         ("USAGE_ENABLED", "no", "E014"),
         ("USAGE_ENABLED", 0, "E014"),
-        ("USAGE_FLUSH_INTERVAL", -1, "E015"),
-        ("USAGE_FLUSH_INTERVAL", "10", "E015"),
-        ("USAGE_FLUSH_INTERVAL", float("nan"), "E015"),
         ("USAGE_RETENTION_DAYS", 0, "E016"),
         ("USAGE_RETENTION_DAYS", "7", "E016"),
         ("ENABLED", "false", "E017"),
@@ -90,8 +85,12 @@ def test_defaults_pass(settings: Any) -> None:
         ("LOCAL_FALLBACK_MAX_CLIENTS", 0, "E022"),
         ("UNKNOWN_CLIENT", "share", "E023"),
         ("UNKNOWN_CLIENT", None, "E023"),
-        ("USER_TIER_CACHE_TTL", 0, "E024"),
-        ("USER_TIER_CACHE_TTL", "60", "E024"),
+        ("POLICY_MAX_AGE", -1, "E025"),
+        ("POLICY_MAX_AGE", "300", "E025"),
+        ("POLICY_MAX_AGE", float("inf"), "E025"),
+        ("KEY_SHARDS", 0, "E026"),
+        ("KEY_SHARDS", 1025, "E026"),
+        ("KEY_SHARDS", "16", "E026"),
     ],
 )
 def test_bad_value_has_its_own_id(settings: Any, name: str, value: Any, check_id: str) -> None:
@@ -124,18 +123,18 @@ def test_bad_value_has_its_own_id(settings: Any, name: str, value: Any, check_id
         ("UNKNOWN_CLIENT", "deny"),
         ("UNKNOWN_CLIENT", "allow"),
         ("UNKNOWN_CLIENT", "shared"),
-        ("USER_TIER_CACHE_TTL", 5),
+        ("POLICY_MAX_AGE", 0),
+        ("POLICY_MAX_AGE", 30.5),
+        ("KEY_SHARDS", 1),
+        ("KEY_SHARDS", 1024),
         ("TRUSTED_PROXY_COUNT", 0),
         ("TRUSTED_PROXY_COUNT", 32),
         ("IPV4_PREFIX", 8),
         ("IPV6_PREFIX", 128),
         ("IDENTITY_RESOLVER", "tests.test_identity.my_resolver"),
         ("POLICY_REFRESH_INTERVAL", 0.25),
-        ("USER_TIER_CACHE_SIZE", 1),
         ("IETF_HEADERS", True),
         ("USAGE_ENABLED", False),
-        ("USAGE_FLUSH_INTERVAL", 0),
-        ("USAGE_FLUSH_INTERVAL", 2.5),
         ("USAGE_RETENTION_DAYS", 30),
         ("ENABLED", False),
     ],
@@ -228,3 +227,16 @@ def test_empty_redis_url_means_unset(settings: Any) -> None:
     """``os.environ.get("REDIS_URL", "")`` is not a malformed URL, just no URL (→ E018)."""
     settings.DJANGO_THROTTLE_REDIS_URL = ""
     assert [error.id for error in check_settings()] == ["django_throttle.E018"]
+
+
+@pytest.mark.parametrize("name", ["USER_TIER_CACHE_SIZE", "USER_TIER_CACHE_TTL"])
+def test_a_removed_setting_is_a_warning_saying_why(settings: Any, name: str) -> None:
+    setattr(settings, f"DJANGO_THROTTLE_{name}", 10_000)
+
+    [warning] = check_settings()
+
+    assert warning.id == "django_throttle.W001"
+    assert not warning.is_serious()
+    assert f"DJANGO_THROTTLE_{name} no longer does anything" in warning.msg
+    assert "compiled into each process's policy snapshot" in warning.msg
+    assert "DJANGO_THROTTLE_POLICY_MAX_AGE" in warning.msg

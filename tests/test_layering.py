@@ -152,7 +152,14 @@ def imported_roots(path: Path) -> set[str]:
     ("dependency", "allowed_in"),
     [
         ("rest_framework", {"django_throttle/drf.py"}),
-        ("redis", {"django_throttle/backends/redis.py"}),
+        (
+            "redis",
+            {
+                "django_throttle/backends/redis.py",
+                "django_throttle/backends/wire.py",
+                "django_throttle/backends/redis_async.py",
+            },
+        ),
         ("django_redis", {"django_throttle/backends/redis.py"}),
     ],
 )

@@ -116,6 +116,40 @@ def test_deleting_an_untiered_group_bumps_nothing_and_keeps_tiers(
     assert tier_of(user) == "team"
 
 
+def test_deleting_a_user_of_a_tiered_group_bumps_once(
+    bumps: Callable[..., int], user: Any, tiered_group: Group, django_user_model: Any
+) -> None:
+    """The database drops a deleted user's memberships without an m2m signal."""
+    user.groups.add(tiered_group)
+    assert bumps(user.delete) == 1
+    bystander = django_user_model.objects.create_user("b")
+    bystander.groups.add(Group.objects.create(name="editors"))
+    assert bumps(bystander.delete) == 0
+
+
+def test_deleting_a_user_with_an_own_assignment_bumps(
+    bumps: Callable[..., int], user: Any, tiered_group: Group
+) -> None:
+    TierAssignment.objects.create(user=user, tier=tier("gold", "1/s"))
+    assert bumps(user.delete) >= 1
+    assert not TierAssignment.objects.filter(group=None).exists()
+
+
+def test_assignment_saves_and_deletes_bump(
+    bumps: Callable[..., int], user: Any, tiered_group: Group
+) -> None:
+    tier("free", "10/m", is_default_authenticated=True)
+    gold = tier("gold", "1/s")
+    assignment = TierAssignment(user=user, tier=gold)
+    assert bumps(assignment.save) == 1
+    assert tier_of(user) == "gold"
+    assignment.tier = TierAssignment.objects.get(group=tiered_group).tier
+    assert bumps(assignment.save) == 1
+    assert tier_of(user) == "team"
+    assert bumps(assignment.delete) == 1
+    assert tier_of(user) == "free"
+
+
 # Editing a limit re-times stored counters (defect 3) --------------------------------------
 
 

@@ -8,15 +8,13 @@ one atomic, all-or-nothing step.
 
 from __future__ import annotations
 
-import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from django_throttle.rates import Decision, Limit
 
-#: Bytes of a client digest; keys carry it as twice as many hex characters.
+#: Bytes of a client digest (96 bits: no two of a billion clients share one in practice).
 DIGEST_SIZE = 12
-DIGEST_CHARS = 2 * DIGEST_SIZE
 
 
 class BackendError(Exception):
@@ -28,13 +26,38 @@ class Backend(ABC):
 
     @abstractmethod
     def hit(
-        self, client: str, limits: Sequence[Limit], cost: int = 1, *, now: float | None = None
+        self,
+        client: str,
+        limits: Sequence[Limit],
+        cost: int = 1,
+        *,
+        now: float | None = None,
+        usage: str | None = None,
     ) -> Decision:
         """Take ``cost`` tokens from every limit if all can give them; otherwise take none.
 
-        ``now`` (Unix seconds) overrides the backend's clock, for deterministic tests only.
-        Raise :class:`BackendError` when the storage cannot answer.
+        ``usage`` (a field from :func:`django_throttle.usage.field_for`) counts the outcome
+        for the usage report in the same atomic step; ``None`` counts nothing. ``now`` (Unix
+        seconds) overrides the backend's clock, for deterministic tests only. Raise
+        :class:`BackendError` when the storage cannot answer.
         """
+
+    async def ahit(
+        self,
+        client: str,
+        limits: Sequence[Limit],
+        cost: int = 1,
+        *,
+        now: float | None = None,
+        usage: str | None = None,
+    ) -> Decision:
+        """:meth:`hit` for ``async def`` views. Backends with a native async client override
+        it; this default runs :meth:`hit` in a worker thread."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self.hit, thread_sensitive=False)(
+            client, limits, cost, now=now, usage=usage
+        )
 
     @abstractmethod
     def peek(self, client: str, limits: Sequence[Limit], *, now: float | None = None) -> Decision:
@@ -64,11 +87,6 @@ class Backend(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the instance is not used afterwards."""
-
-    @staticmethod
-    def digest(client: str) -> str:
-        """A fixed-length digest of the client, so user-controlled text never shapes a key."""
-        return hashlib.blake2b(client.encode(), digest_size=DIGEST_SIZE).hexdigest()
 
 
 def decision_from(

@@ -15,9 +15,13 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from django_throttle.backends.base import Backend, BackendError, decision_from
 from django_throttle.rates import MAX_COUNT, Algorithm, Decision, Limit
+
+if TYPE_CHECKING:
+    from django_throttle.backends.memory_usage import MemoryUsage
 
 #: Same tolerance as the Lua prelude, in tokens.
 TOLERANCE = 1e-9
@@ -39,8 +43,9 @@ def token_bucket(
 ) -> tuple[bool, State | None, int, float, float]:
     """Python twin of ``lua/token_bucket.lua``: (allowed, new_state, remaining, reset, retry).
 
-    Times are microseconds; ``state`` is (tokens used, timestamp). The state's expiry (the
-    script's TTL) is ``new_state[0] * interval`` after ``now``.
+    Times are whole microseconds; ``state`` is (tokens used, timestamp). The state's expiry
+    (the script's TTL) is ``new_state[0] * interval`` after ``now``. Like the script, it keeps
+    16 significant digits of what was used and answers from that stored value.
     """
     used = 0.0
     if state is not None:  # _used, inlined: this is the hot path
@@ -53,6 +58,7 @@ def token_bucket(
                 used = 0.0
     after = used + cost
     if after <= capacity + TOLERANCE:
+        after = float(f"{after:.16g}")
         remaining = max(0, math.floor(capacity - after + TOLERANCE))
         reset = (after - TOLERANCE / 2) * interval
         return True, (after, now), remaining, reset if reset > 0 else 0.0, 0.0
@@ -91,14 +97,42 @@ class MemoryBackend(Backend):
         )
         self._version = 0
         self._calls = itertools.count()
+        self._usage: MemoryUsage | None = None
 
     def __len__(self) -> int:
         return len(self._state)
 
+    @property
+    def usage(self) -> MemoryUsage:
+        """This backend's usage counters (the Redis script's usage keys' twin)."""
+        if self._usage is None:
+            from django_throttle.backends.memory_usage import MemoryUsage
+
+            self._usage = MemoryUsage(clock=self.clock)
+        return self._usage
+
     def hit(
-        self, client: str, limits: Sequence[Limit], cost: int = 1, *, now: float | None = None
+        self,
+        client: str,
+        limits: Sequence[Limit],
+        cost: int = 1,
+        *,
+        now: float | None = None,
+        usage: str | None = None,
     ) -> Decision:
-        return self._run(client, limits, cost, now, consume=True)
+        return self._run(client, limits, cost, now, consume=True, usage=usage)
+
+    async def ahit(
+        self,
+        client: str,
+        limits: Sequence[Limit],
+        cost: int = 1,
+        *,
+        now: float | None = None,
+        usage: str | None = None,
+    ) -> Decision:
+        """In-process and lock-held for microseconds: no need for a thread."""
+        return self._run(client, limits, cost, now, consume=True, usage=usage)
 
     def peek(self, client: str, limits: Sequence[Limit], *, now: float | None = None) -> Decision:
         return self._run(client, limits, 0, now, consume=False)
@@ -109,7 +143,7 @@ class MemoryBackend(Backend):
                 self._state.pop((client, limit.id), None)
 
     def retime(self, limits: Sequence[Limit], *, now: float | None = None) -> int:
-        now_us = (self.clock() if now is None else now) * 1e6
+        now_us = float(round((self.clock() if now is None else now) * 1e6))
         by_id = {limit.id: limit for limit in limits}
         touched = 0
         with self._lock:
@@ -130,11 +164,18 @@ class MemoryBackend(Backend):
             self._version += 1
 
     def _run(
-        self, client: str, limits: Sequence[Limit], cost: int, now: float | None, consume: bool
+        self,
+        client: str,
+        limits: Sequence[Limit],
+        cost: int,
+        now: float | None,
+        consume: bool,
+        usage: str | None = None,
     ) -> Decision:
         if not 0 <= cost <= MAX_COUNT or cost % 1:
             raise BackendError(f"cost must be a whole number in [0, {MAX_COUNT}], not {cost!r}")
-        now_us = (self.clock() if now is None else now) * 1e6
+        # Whole microseconds, like the server clock the script reads.
+        now_us = float(round((self.clock() if now is None else now) * 1e6))
         states, lru = self._state, self._lru
         with self._lock:
             if next(self._calls) % _SWEEP_EVERY == 0:
@@ -176,6 +217,9 @@ class MemoryBackend(Backend):
                     bound = self.max_entries or 0
                     while len(lru) > bound:
                         lru.popitem(last=False)
+            if consume and usage and limits:
+                outcome = ("s" if shadow_denied else "a") if allowed else "d"
+                self.usage.count(now_us, usage, client, outcome)
         return decision_from(
             limits,
             allowed,

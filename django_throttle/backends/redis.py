@@ -1,19 +1,21 @@
 """Redis backend: every limit of a request checked in one EVALSHA, on the server's clock.
 
-Keys are ``<prefix>:{<client digest>}:<limit id>``: one hash tag per client, so all keys of one
-call share a Redis Cluster slot. Scripts ship as ``.lua`` files in this package and run by
-EVALSHA; on NOSCRIPT (the script did not run) they are sent once more with EVAL, which carries
-the source. Nothing else is ever replayed, because a call that timed out may already have
-counted: the clients this module builds have retries off, short timeouts and a bounded pool,
-and every failure (redis-py's errors, socket errors, a garbled reply) surfaces as
-:class:`BackendError`.
+Keys are ``<prefix>:{<shard>}<client digest>:<limit id>``: the hash tag is the shard, so all
+keys of one call, and that shard's usage counters, share a Redis Cluster slot. Scripts ship as
+``.lua`` files in this package and run by EVALSHA; on NOSCRIPT (the script did not run) they are
+sent once more with EVAL, which carries the source. Nothing else is ever replayed, because a call
+that timed out may already have counted: the clients this module builds have retries off, short
+timeouts and a bounded pool, and every failure (redis-py's errors, socket errors, a garbled
+reply) surfaces as :class:`BackendError`. Counting calls skip redis-py's per-command machinery
+(see :mod:`.wire`); ``async def`` views use :mod:`.redis_async`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from base64 import urlsafe_b64encode
+from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 
@@ -24,14 +26,18 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
-from django_throttle.backends.base import DIGEST_CHARS, Backend, BackendError, decision_from
+from django_throttle.backends.base import DIGEST_SIZE, Backend, BackendError, decision_from
+from django_throttle.backends.redis_async import AsyncStacks
+from django_throttle.backends.wire import Calls, Stack, limit_spec
 from django_throttle.conf import app_settings
 from django_throttle.rates import Algorithm, Decision, Limit
 
-#: Lua files making up the counting script, in load order: shared prelude, algorithms, driver.
-SCRIPT_FILES = ("prelude.lua", *(f"{a.value}.lua" for a in Algorithm), "driver.lua")
+#: Lua files making up the counting script, in load order: shared prelude, algorithms, usage
+#: counting, driver.
+ALGORITHM_FILES = tuple(f"{a.value}.lua" for a in Algorithm)
+SCRIPT_FILES = ("prelude.lua", *ALGORITHM_FILES, "usage.lua", "driver.lua")
 #: The same definitions with the retime driver (after a limit changed, see ``retime``).
-RETIME_FILES = (*SCRIPT_FILES[:-1], "retime.lua")
+RETIME_FILES = ("prelude.lua", *ALGORITHM_FILES, "retime.lua")
 #: A stalled Redis must cost a request tens of milliseconds, not redis-py's default 5 s x 10.
 DEFAULT_CLIENT_OPTIONS: dict[str, Any] = {
     "socket_connect_timeout": 0.05,
@@ -45,34 +51,23 @@ _NOT_BORROWED = ("retry", "retry_on_timeout", "retry_on_error", "timeout", "max_
 POLICY_VERSION_TTL = 30 * 86400
 #: Keys asked of each SCAN step, and so at most this many per retime script call.
 RETIME_BATCH = 1000
-_FLAGS = (0, 1)
+#: Characters of the client digest in a key (base64url of DIGEST_SIZE bytes).
+DIGEST_KEY_CHARS = 4 * DIGEST_SIZE // 3
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
 
 
-def load_script(files: Sequence[str] = SCRIPT_FILES) -> str:
-    """A script's source, assembled from the package's ``.lua`` files."""
+def load_script(files: Sequence[str] = SCRIPT_FILES, shards: int | None = None) -> str:
+    """A script's source, assembled from the package's ``.lua`` files; ``usage.lua`` gets the
+    usage settings written in (constants in the script cost no bytes per request)."""
+    from django_throttle.backends.redis_usage import lua_source
+
     folder = resources.files("django_throttle.backends") / "lua"
-    return "\n".join((folder / name).read_text(encoding="utf-8") for name in files)
-
-
-class Script:
-    """One Lua script, called as ``script(keys, args)``.
-
-    EVALSHA first; on NOSCRIPT, EVAL with the source, which loads it for the next EVALSHA.
-    redis-py's ``register_script`` reloads with SCRIPT LOAD and then runs EVALSHA again, which
-    fails when the cache is flushed in between (a failover, ``SCRIPT FLUSH``); EVAL cannot.
-    """
-
-    def __init__(self, client: redis.Redis, source: str) -> None:
-        self.client = client
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
-
-    def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        try:
-            return self.client.evalsha(self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            return self.client.eval(self.source, len(keys), *keys, *args)
+    return "\n".join(
+        lua_source(shards or app_settings.KEY_SHARDS)
+        if name == "usage.lua"
+        else (folder / name).read_text(encoding="utf-8")
+        for name in files
+    )
 
 
 def build_client() -> redis.Redis:
@@ -129,32 +124,53 @@ def cache_connection(alias: str) -> tuple[str, dict[str, Any]]:
 class RedisBackend(Backend):
     """Counts in Redis (single server or anything speaking its protocol with EVALSHA).
 
-    A ``client`` passed in is used as it is: give it short timeouts and no retries.
+    A ``client`` passed in is used as it is: give it short timeouts and no retries. Counting
+    calls use connections of the same pool class and options, from :class:`wire.Stack`.
     """
 
     def __init__(self, client: redis.Redis | None = None) -> None:
         self._owns_client = client is None
         self.client = client if client is not None else build_client()
         self.prefix = app_settings.KEY_PREFIX
-        self._script = Script(self.client, load_script())
-        self._retime_script = Script(self.client, load_script(RETIME_FILES))
+        self.shards = app_settings.KEY_SHARDS
+        self._tags = tuple(tag.encode() for tag in self.shard_tags())
+        source = load_script(shards=self.shards)
+        self._calls = Calls(hashlib.sha1(source.encode()).hexdigest(), source)
+        pool = self.client.connection_pool
+        self._stack = Stack(pool)
+        self._async_stacks = AsyncStacks(pool)
+        self._retime_source = load_script(RETIME_FILES)
+        self._retime_sha = hashlib.sha1(self._retime_source.encode()).hexdigest()
         self._version_key = f"{self.prefix}:policy-version"
-        self._encodings: dict[int, tuple[Sequence[Limit], tuple[str, ...], tuple[Any, ...]]] = {}
+
+    def shard_tags(self) -> tuple[str, ...]:
+        """Every shard's key prefix, ``"<prefix>:{<n>}"``: one Redis Cluster slot each."""
+        return tuple(f"{self.prefix}:{{{n}}}" for n in range(self.shards))
 
     def key(self, client: str, limit: Limit) -> str:
-        return self._tag(client) + limit.id
+        return self._client_tag(client).decode() + limit.id
 
-    def _tag(self, client: str) -> str:
-        """The key prefix all of one client's counters share: one Cluster hash slot."""
-        return f"{self.prefix}:{{{self.digest(client)}}}:"
+    def _client_tag(self, client: str) -> bytes:
+        """``<prefix>:{<shard>}<digest>:``, the start of every key of this client: a 96-bit
+        digest in 16 base64url characters (user-controlled text never shapes a key), the
+        shard taken from the same digest."""
+        digest = hashlib.blake2b(client.encode(), digest_size=DIGEST_SIZE).digest()
+        shard = int.from_bytes(digest[:2], "big") % self.shards
+        return self._tags[shard] + urlsafe_b64encode(digest) + b":"
 
     def hit(
-        self, client: str, limits: Sequence[Limit], cost: int = 1, *, now: float | None = None
+        self,
+        client: str,
+        limits: Sequence[Limit],
+        cost: int = 1,
+        *,
+        now: float | None = None,
+        usage: str | None = None,
     ) -> Decision:
-        return self._call(client, limits, cost, now, "hit")
+        return self._call(client, limits, cost, now, usage)
 
     def peek(self, client: str, limits: Sequence[Limit], *, now: float | None = None) -> Decision:
-        return self._call(client, limits, 0, now, "peek")
+        return self._call(client, limits, None, now, None)
 
     def reset(self, client: str, limits: Sequence[Limit]) -> None:
         if limits:
@@ -168,24 +184,30 @@ class RedisBackend(Backend):
         group a batch's keys by slot.
         """
         touched = 0
-        when = "" if now is None else repr(now * 1e6)
+        when = "" if now is None else str(round(now * 1e6))
         for limit in limits:
-            pattern = "{}:{{{}}}:{}".format(
+            pattern = "{}:{{*}}{}:{}".format(
                 _GLOB_SPECIAL.sub(r"\\\1", self.prefix),
-                "?" * DIGEST_CHARS,
+                "?" * DIGEST_KEY_CHARS,
                 _GLOB_SPECIAL.sub(r"\\\1", limit.id),
             )
-            args = (limit.algorithm.value, limit.burst, repr(limit.rate.interval * 1e6), when)
+            args = (limit_spec(limit), when)
             cursor = 0
             while True:
                 cursor, keys = self._run(
                     self.client.scan, cursor=cursor, match=pattern, count=RETIME_BATCH
                 )
                 if keys:
-                    touched += int(self._run(self._retime_script, keys, args))
+                    touched += int(self._run(self._retime, keys, args))
                 if not cursor:
                     break
         return touched
+
+    def _retime(self, keys: Sequence[Any], args: Sequence[str]) -> Any:
+        try:
+            return self.client.evalsha(self._retime_sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return self.client.eval(self._retime_source, len(keys), *keys, *args)
 
     def get_policy_version(self) -> str | None:
         value = self._run(self.client.get, self._version_key)
@@ -198,45 +220,82 @@ class RedisBackend(Backend):
         self._run(pipe.execute)
 
     def close(self) -> None:
+        self._stack.close()
         if self._owns_client:
             self.client.connection_pool.disconnect()
 
-    def _call(
-        self, client: str, limits: Sequence[Limit], cost: int, now: float | None, mode: str
+    async def ahit(
+        self,
+        client: str,
+        limits: Sequence[Limit],
+        cost: int = 1,
+        *,
+        now: float | None = None,
+        usage: str | None = None,
     ) -> Decision:
-        tag = self._tag(client)
-        suffixes, limit_args = self._encoded(limits)
-        keys = [tag + suffix for suffix in suffixes]
-        args = ("" if now is None else repr(now * 1e6), cost, mode, *limit_args)
+        """:meth:`hit` on ``redis.asyncio``: the same script and bytes, no thread."""
         try:
-            allowed, index, remaining, reset_us, retry_us, shadow = self._script(keys, args)
-            if allowed not in _FLAGS or shadow not in _FLAGS or not 0 <= index <= len(limits):
-                raise ValueError(f"unexpected reply {[allowed, index, shadow]!r}")
-            return decision_from(
-                limits, allowed == 1, index - 1, remaining, reset_us, retry_us, shadow == 1
-            )
+            body, fallback = self._request(client, limits, cost, now, usage)
+            try:
+                reply = await self._async_stacks.call(body)
+            except NoScriptError:
+                reply = await self._async_stacks.call(fallback())
+            return self._decision(limits, reply)
         except Exception as exc:  # anything out of redis-py: see _run
             raise BackendError(f"{type(exc).__name__}: {exc}") from exc
 
-    def _encoded(self, limits: Sequence[Limit]) -> tuple[tuple[str, ...], tuple[Any, ...]]:
-        """Key suffixes and script arguments of a limit list, cached by the list's identity:
-        the policy snapshot hands out the same tuple for every request of a tier/endpoint."""
-        cached = self._encodings.get(id(limits))
-        if cached is not None and cached[0] is limits:
-            return cached[1], cached[2]
-        suffixes = tuple(limit.id for limit in limits)
-        args: tuple[Any, ...] = ()
-        for limit in limits:
-            args += (
-                limit.algorithm.value,
-                limit.burst,
-                repr(limit.rate.interval * 1e6),
-                "1" if limit.shadow else "0",
-            )
-        if len(self._encodings) >= 4096:  # bounded: policy reloads leave old tuples behind
-            self._encodings.clear()
-        self._encodings[id(limits)] = (limits, suffixes, args)
-        return suffixes, args
+    def _call(
+        self,
+        client: str,
+        limits: Sequence[Limit],
+        cost: int | None,
+        now: float | None,
+        usage: str | None,
+    ) -> Decision:
+        try:
+            body, fallback = self._request(client, limits, cost, now, usage)
+            try:
+                reply = self._stack.call(body)
+            except NoScriptError:
+                # The script cache was flushed (restart, failover, SCRIPT FLUSH): EVAL runs
+                # it and loads it for the next EVALSHA. NOSCRIPT means nothing ran.
+                reply = self._stack.call(fallback())
+            return self._decision(limits, reply)
+        except Exception as exc:  # anything out of redis-py: see _run
+            raise BackendError(f"{type(exc).__name__}: {exc}") from exc
+
+    def _request(
+        self,
+        client: str,
+        limits: Sequence[Limit],
+        cost: int | None,
+        now: float | None,
+        usage: str | None,
+    ) -> tuple[bytes, Callable[[], bytes]]:
+        """The EVALSHA to send, and how to build its EVAL twin if the script is missing."""
+        calls = self._calls
+        encoded = calls.encoded(limits)
+        tag = self._client_tag(client)
+        op = calls.op(cost, None if now is None else round(now * 1e6))
+        field = calls.field(usage)
+        label = client.encode()
+        return (
+            calls.body(encoded, tag, op, field, label),
+            lambda: calls.body(encoded, tag, op, field, label, False),
+        )
+
+    @staticmethod
+    def _decision(limits: Sequence[Limit], reply: Any) -> Decision:
+        """Parse ``"<status + 4 x index> <remaining> <reset>[ <retry>]"`` (see driver.lua)."""
+        parts = reply.split()
+        code, remaining, reset_us = int(parts[0]), int(parts[1]), int(parts[2])
+        retry_us = int(parts[3]) if len(parts) == 4 else 0
+        status, index = code & 3, code >> 2
+        if len(parts) != 3 + (status & 1 == 0) or not 0 <= index <= len(limits) or code < 0:
+            raise ValueError(f"unexpected reply {reply!r}")
+        return decision_from(
+            limits, status & 1 == 1, index - 1, remaining, reset_us, retry_us, status >= 2
+        )
 
     @staticmethod
     def _run(func: Any, *args: Any, **kwargs: Any) -> Any:

@@ -1,4 +1,5 @@
-"""Per-minute usage counts, written by the usage flusher and read by ``throttle_usage``."""
+"""Per-minute usage counts, copied from the backend by the rollup and read by
+``throttle_usage`` (see :mod:`django_throttle.usage_report`)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,31 @@ from django.utils.translation import gettext_lazy as _
 
 
 class UsageCount(models.Model):
-    """What happened to one client's requests in one minute, written by the usage flusher.
+    """What happened to requests in one minute, copied from the backend by the rollup.
 
-    Each request is counted in exactly one column; their sum is all requests.
+    Two kinds of rows: a tier x endpoint total (``client`` is ``"*"``: every client, exact)
+    and a per-client row (``tier`` and ``endpoint`` are ``"*"``) for the heaviest clients of
+    the minute. Each request is counted in exactly one outcome column; their sum is all
+    requests.
     """
+
+    #: ``client`` of a total row, ``tier`` and ``endpoint`` of a per-client row.
+    ALL = "*"
 
     window_start = models.DateTimeField(
         db_index=True, help_text=_("start of a one-minute window, UTC")
     )
-    client = models.CharField(max_length=200, help_text=_("e.g. 'user:42', 'ip:203.0.113.0/24'"))
-    tier = models.CharField(max_length=100, blank=True, help_text=_("tier slug"))
+    client = models.CharField(
+        max_length=200,
+        help_text=_("e.g. 'user:42', 'ip:203.0.113.7'; '*' on a tier and endpoint total"),
+    )
+    tier = models.CharField(
+        max_length=100, blank=True, help_text=_("tier slug; '*' on a per-client row")
+    )
     endpoint = models.CharField(
-        max_length=100, blank=True, help_text=_("endpoint rule name or scope")
+        max_length=100,
+        blank=True,
+        help_text=_("endpoint rule name or scope; '*' on a per-client row"),
     )
     allowed = models.PositiveBigIntegerField(default=0, help_text=_("served within the limits"))
     denied = models.PositiveBigIntegerField(default=0, help_text=_("refused with 429"))
@@ -45,4 +59,5 @@ class UsageCount(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.client} {self.endpoint or '*'} @ {self.window_start:%Y-%m-%d %H:%M}"
+        where = f"{self.tier or '-'} {self.endpoint or '-'}"
+        return f"{self.client} {where} @ {self.window_start:%Y-%m-%d %H:%M}"

@@ -1,16 +1,20 @@
--- Check and consume every limit of one request atomically, all-or-nothing.
+-- Check and consume every limit of one request atomically, all-or-nothing, and count the
+-- outcome for the usage report in the same step.
 --
--- KEYS[i]  counter of limit i; callers put all keys of one request in one hash-tag slot
--- ARGV[1]  now in microseconds, or '' to read the server clock with TIME (tests only pass it)
--- ARGV[2]  cost in tokens, a whole number in [0, 1e9] (clamped per limit to its capacity)
--- ARGV[3]  'hit' to consume, 'peek' to only look
--- ARGV[4 + 4(i-1) ..]  per limit: algorithm name, capacity (whole tokens in [1, 1e9]),
---          interval (microseconds per token, finite, > 0; capacity x interval <= 3660 days),
---          '1' for a shadow limit (counted, never denies) else '0'
--- Reply: {allowed 0|1, index of the reported limit (1-based; 0 when no enforced limit was
---         passed), remaining tokens, reset in microseconds (ceil), retry_after in
---         microseconds (ceil, 0 when allowed), 1 if a shadow limit would have denied else 0}
---         or an error naming the first bad argument, with nothing written.
+-- KEYS[i]  counter of limit i; all keys of one call share one hash tag "<prefix>:{<shard>}",
+--          so they live in one Redis Cluster slot with that shard's usage counters
+-- ARGV[1]  "<op>[\n<usage field>\n<client>]", one argument to save bytes on the wire:
+--          op is "<cost>" to consume (a whole number in [0, 1e9], clamped per limit to its
+--          capacity; empty means 1) or "p" to only look, with "@<now>" appended (whole
+--          microseconds) in tests to replace the server clock; the usage field (see usage.lua; none: nothing is
+--          counted) and the client label ("user:42") are at most 200 bytes each
+-- ARGV[1 + i]  limit i's spec "<algorithm>[!]<capacity>:<interval>", see limit_spec
+-- Reply: one string "<code> <remaining> <reset>[ <retry>]", short because it crosses the wire
+--        on every request: code = status + 4 x index, status 1 allowed or 0 denied, plus 2
+--        when a shadow limit would have denied, index the reported limit (1-based; 0 when no
+--        enforced limit was passed); remaining tokens; reset and retry in microseconds (ceil;
+--        retry only when denied). Or an error naming the first bad argument, with nothing
+--        written.
 -- Every argument is validated before anything is read or written. Enforced limits are
 -- all-or-nothing: nothing is written unless every one allows. A shadow limit that would deny
 -- is reported and left unchanged; the others are consumed with the enforced ones. The
@@ -18,40 +22,33 @@
 -- fewest tokens left; shadow limits are never reported (remaining and reset are then 0).
 -- Every write sets a TTL equal to the time until the state stops mattering (the bucket is
 -- full again), at most 3660 days.
-if #ARGV ~= 3 + 4 * #KEYS then
-  return fail('expected ' .. (3 + 4 * #KEYS) .. ' arguments for ' .. #KEYS .. ' keys, got ' .. #ARGV)
+if #ARGV ~= 1 + #KEYS then
+  return fail('expected ' .. (1 + #KEYS) .. ' arguments for ' .. #KEYS .. ' keys, got ' .. #ARGV)
 end
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-  if now == nil or now ~= now or now < 0 or now >= math.huge then
-    return fail('ARGV[1] now must be microseconds or empty, not ' .. ARGV[1])
+local head, field, client = string.match(ARGV[1], '^([^\n]*)\n?([^\n]*)\n?(.*)$')
+local op, when = string.match(head, '^([^@]*)@?(.*)$')
+local now, err = clock(when, 1)
+if err then return err end
+local peek = op == 'p'
+local cost = 0
+if op == '' then
+  cost = 1
+elseif not peek then
+  cost = whole(op, 0, MAX_COUNT)
+  if cost == nil then
+    return fail("ARGV[1] must be 'p' or a cost: a whole number in [0, " .. MAX_COUNT
+      .. '], not ' .. ARGV[1])
   end
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local cost = whole(ARGV[2], 0, MAX_COUNT)
-if cost == nil then
-  return fail('ARGV[2] cost must be a whole number in [0, ' .. MAX_COUNT .. '], not '
-    .. tostring(ARGV[2]))
+if #field > 200 or #client > 200 then
+  return fail('ARGV[1] usage field and client must be at most 200 bytes each')
 end
-local peek = ARGV[3] == 'peek'
-if not peek and ARGV[3] ~= 'hit' then
-  return fail("ARGV[3] mode must be 'hit' or 'peek', not " .. tostring(ARGV[3]))
-end
-if peek then cost = 0 end
 
 local algorithms, capacities, intervals, shadows = {}, {}, {}, {}
 for i = 1, #KEYS do
-  local base = 3 + (i - 1) * 4
-  local algorithm, capacity, interval, err = limit_args(base + 1)
-  if err then return err end
-  local flag = ARGV[base + 4]
-  if flag ~= '0' and flag ~= '1' then
-    return fail('ARGV[' .. (base + 4) .. "] shadow flag must be '0' or '1', not " .. tostring(flag))
-  end
-  algorithms[i], capacities[i], intervals[i], shadows[i] = algorithm, capacity, interval, flag == '1'
+  local algorithm, capacity, interval, shadow, bad = limit_spec(1 + i)
+  if bad then return bad end
+  algorithms[i], capacities[i], intervals[i], shadows[i] = algorithm, capacity, interval, shadow
 end
 
 local allowed, shadow_denied = true, 0
@@ -69,7 +66,7 @@ for i = 1, #KEYS do
       pick, pick_remaining, pick_reset = i, remaining, reset
     end
   elseif shadow then
-    shadow_denied = 1
+    shadow_denied = 2
   else
     if allowed or retry > pick_retry then
       pick, pick_remaining, pick_reset, pick_retry = i, remaining, reset, retry
@@ -87,5 +84,14 @@ if allowed and not peek then
   end
 end
 if allowed then pick_retry = 0 end
-return {allowed and 1 or 0, pick, pick_remaining or 0, math.ceil(pick_reset),
-  math.ceil(pick_retry), shadow_denied}
+if not peek and field ~= '' and #KEYS > 0 then
+  local outcome = 'd'
+  if allowed then outcome = shadow_denied == 2 and 's' or 'a' end
+  count_usage(string.match(KEYS[1], '^[^{]*{[^}]*}') or '', now, field, client, outcome)
+end
+local code = (allowed and 1 or 0) + shadow_denied + 4 * pick
+if allowed then
+  return string.format('%d %d %d', code, pick_remaining or 0, math.ceil(pick_reset))
+end
+return string.format('%d %d %d %d', code, pick_remaining or 0, math.ceil(pick_reset),
+  math.ceil(pick_retry))

@@ -12,7 +12,9 @@ local MAX_COUNT = 1000000000
 -- Longest an empty bucket may take to fill, in microseconds (rates.MAX_WINDOW, 3660 days):
 -- every expiry stays far inside what SET PX / PEXPIRE accept.
 local MAX_WINDOW = 3660 * 86400 * 1000000
+-- Algorithms by their one-letter code in a limit spec (see limit_spec).
 local ALGORITHMS = {}
+local DIGITS36 = '0123456789abcdefghijklmnopqrstuvwxyz'
 
 local function fail(message)
   return redis.error_reply('django_throttle: ' .. message)
@@ -25,40 +27,72 @@ local function whole(text, low, high)
   return n
 end
 
--- Capacity (tokens), interval (microseconds per token) of one limit, or nil and an error
--- reply naming the bad argument. `at` is the ARGV index of the limit's algorithm name.
-local function limit_args(at)
-  local algorithm = ALGORITHMS[ARGV[at]]
-  if algorithm == nil then
-    return nil, nil, nil, fail('ARGV[' .. at .. '] unknown algorithm ' .. tostring(ARGV[at]))
-  end
-  local capacity = whole(ARGV[at + 1], 1, MAX_COUNT)
-  if capacity == nil then
-    return nil, nil, nil, fail('ARGV[' .. (at + 1) .. '] capacity must be a whole number in [1, '
-      .. MAX_COUNT .. '], not ' .. tostring(ARGV[at + 1]))
-  end
-  local interval = tonumber(ARGV[at + 2])
-  if interval == nil or interval ~= interval or interval <= 0 or interval >= math.huge then
-    return nil, nil, nil, fail('ARGV[' .. (at + 2) .. '] interval must be a finite number of '
-      .. 'microseconds above 0, not ' .. tostring(ARGV[at + 2]))
-  end
-  if capacity * interval > MAX_WINDOW then
-    return nil, nil, nil, fail('ARGV[' .. (at + 1) .. '..' .. (at + 2) .. '] capacity x interval '
-      .. 'must be at most ' .. MAX_WINDOW .. ' microseconds')
-  end
-  return algorithm, capacity, interval, nil
+-- A whole number >= 0 (below 2^53) in base 36: timestamps in stored state take 10 characters
+-- instead of 16, which keeps a state small enough for Redis's 48-byte allocation class.
+local function to36(n)
+  local out = ''
+  repeat
+    local digit = n % 36
+    out = string.sub(DIGITS36, digit + 1, digit + 1) .. out
+    n = (n - digit) / 36
+  until n == 0
+  return out
 end
 
--- Parse "<a> <b>" into two finite numbers; nil for a missing key or corrupt state, which the
--- algorithms then treat as an empty (full) bucket instead of failing every request.
-local function two_numbers(state)
+-- One limit's spec "<code>[!]<capacity>:<interval>" ('!' marks a shadow limit; capacity in
+-- whole tokens within [1, 1e9]; interval in microseconds per token, finite, > 0; capacity x
+-- interval <= 3660 days): algorithm, capacity, interval, shadow, or nil and an error reply
+-- naming ARGV[at].
+local function limit_spec(at)
+  local spec = ARGV[at]
+  local code, bang, capacity_text, interval_text =
+    string.match(spec, '^(%l+)(!?)(%d+):([^:]+)$')
+  local algorithm = code and ALGORITHMS[code]
+  if algorithm == nil then
+    return nil, nil, nil, nil, fail('ARGV[' .. at .. '] limit spec must be '
+      .. '<algorithm>[!]<capacity>:<interval> with a known algorithm, not ' .. tostring(spec))
+  end
+  local capacity = whole(capacity_text, 1, MAX_COUNT)
+  if capacity == nil then
+    return nil, nil, nil, nil, fail('ARGV[' .. at .. '] capacity must be a whole number in [1, '
+      .. MAX_COUNT .. '], not ' .. capacity_text)
+  end
+  local interval = tonumber(interval_text)
+  if interval == nil or interval ~= interval or interval <= 0 or interval >= math.huge then
+    return nil, nil, nil, nil, fail('ARGV[' .. at .. '] interval must be a finite number of '
+      .. 'microseconds above 0, not ' .. interval_text)
+  end
+  if capacity * interval > MAX_WINDOW then
+    return nil, nil, nil, nil, fail('ARGV[' .. at .. '] capacity x interval must be at most '
+      .. MAX_WINDOW .. ' microseconds')
+  end
+  return algorithm, capacity, interval, bang == '!', nil
+end
+
+-- The clock: `text` (microseconds, a whole number; tests pass it) or the server's TIME.
+-- Returns now, or nil and an error reply naming ARGV[at].
+local function clock(text, at)
+  if text == nil or text == '' then
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000000 + tonumber(t[2]), nil
+  end
+  local now = whole(text, 0, 2 ^ 53)
+  if now == nil then
+    return nil, fail('ARGV[' .. at .. '] now must be whole microseconds, not ' .. text)
+  end
+  return now, nil
+end
+
+-- Parse "<number> <base-36 timestamp>" into two finite numbers; nil for a missing key or
+-- corrupt state, which the algorithms then treat as an empty (full) bucket instead of failing
+-- every request.
+local function number_and_time(state)
   if not state then return nil end
   local space = string.find(state, ' ', 1, true)
   if space == nil then return nil end
   local a = tonumber(string.sub(state, 1, space - 1))
-  local b = tonumber(string.sub(state, space + 1))
-  if a == nil or b == nil or a ~= a or b ~= b or a == math.huge or a == -math.huge
-    or b == math.huge or b == -math.huge then
+  local b = tonumber(string.sub(state, space + 1), 36)
+  if a == nil or b == nil or a ~= a or a == math.huge or a == -math.huge then
     return nil
   end
   return a, b

@@ -1,7 +1,9 @@
-"""``manage.py throttle_usage``: who used the API and who was throttled, over a recent window.
+"""``manage.py throttle_usage``: who used the API and who was throttled, over a recent window;
+``--rollup`` copies finished minutes from the backend to the database (run it from cron).
 
 One column per outcome (allowed, denied, shadow would-deny, failed open, failed closed); the
-total is their sum.
+total is their sum. Tier and endpoint totals are exact; per-client rows are the heaviest
+clients of each minute (see :mod:`django_throttle.usage_report`).
 """
 
 from __future__ import annotations
@@ -15,17 +17,32 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
 from django.utils import timezone
 from rich.console import Console
 from rich.table import Table
 
 from django_throttle import usage
+from django_throttle.backends import BackendError
+from django_throttle.conf import app_settings
+from django_throttle.usage_report import REPORT_BY, Report, UsageRow, report, rollup
 
 FORMATS = ("table", "json", "csv")
 _DURATION_RE = re.compile(r"^\s*(?P<count>[+-]?\d+)\s*(?P<unit>[a-zA-Z]+)\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 #: Table heading per outcome, in :data:`usage.OUTCOMES` order.
 _HEADINGS = ("Allowed", "Denied", "Shadow would-deny", "Failed open", "Failed closed")
+_ESTIMATED = (
+    "Per-client counts may be estimates: in some minutes a top-client list was full "
+    "(DJANGO_THROTTLE_USAGE_TOP_CLIENTS), so smaller clients may have been folded into those "
+    "listed. Tier and endpoint totals are exact."
+)
+
+
+def _close(store: Any) -> None:
+    close = getattr(store, "close", None)
+    if close is not None:
+        close()
 
 
 def parse_duration(text: str) -> timedelta:
@@ -49,7 +66,11 @@ class Command(BaseCommand):
     help = (
         "Show requests per client, tier or endpoint over a recent window, one column per "
         "outcome (allowed, denied, shadow would-deny, failed open, failed closed), busiest "
-        "first (most requests, then most denied)."
+        "first (most requests, then most denied). Tier and endpoint totals are exact; "
+        "per-client rows list the heaviest clients of each minute "
+        "(DJANGO_THROTTLE_USAGE_TOP_CLIENTS): with more clients than that, smaller ones are "
+        "folded into those listed. With --rollup, copy finished minutes from Redis to the "
+        "database instead: schedule it more often than DJANGO_THROTTLE_USAGE_REDIS_TTL."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -64,7 +85,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--by",
             default="client",
-            choices=usage.REPORT_BY,
+            choices=REPORT_BY,
             help="Group by client, tier or endpoint (default: client).",
         )
         parser.add_argument(
@@ -73,15 +94,25 @@ class Command(BaseCommand):
             choices=FORMATS,
             help="Output as a table, JSON (a list of objects) or CSV with a header row.",
         )
+        parser.add_argument(
+            "--rollup",
+            action="store_true",
+            help="Copy every finished minute the database lacks from the backend to the "
+            "database (idempotent; safe to run concurrently), delete rows older than "
+            "DJANGO_THROTTLE_USAGE_RETENTION_DAYS, print one line, and show no report.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options.get("rollup"):
+            self._rollup()
+            return
         # call_command(**options) skips argparse's type and choices checks: validate here.
         since_text = str(options["since"])
         delta = parse_duration(since_text)
         top = self._parse_top(options["top"])
         by = options["by"]
-        if by not in usage.REPORT_BY:
-            raise CommandError(f"--by must be one of {', '.join(usage.REPORT_BY)}, not {by!r}.")
+        if by not in REPORT_BY:
+            raise CommandError(f"--by must be one of {', '.join(REPORT_BY)}, not {by!r}.")
         fmt = options["format"]
         if fmt not in FORMATS:
             raise CommandError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}.")
@@ -90,9 +121,8 @@ class Command(BaseCommand):
         except OverflowError:
             raise CommandError(f"--since {since_text!r} is too long.") from None
 
-        usage.flush()
-        rows = usage.report(since=since, by=by, top=top)
-
+        result = self._read(since, by, top)
+        rows = result.rows
         if fmt == "json":
             self._write_json(rows, by)
         elif fmt == "csv":
@@ -100,7 +130,48 @@ class Command(BaseCommand):
         elif not rows:
             self.stdout.write(f"No requests recorded in the last {since_text.strip()}.")
         else:
-            self._write_table(rows, by, since_text.strip(), since)
+            self._write_table(result, by, since_text.strip(), since)
+        if result.uncopied_before is not None:
+            self.stderr.write(
+                f"Note: counts from before {result.uncopied_before:%Y-%m-%d %H:%M} UTC are "
+                "missing unless a rollup copied them: Redis keeps them "
+                f"{app_settings.USAGE_REDIS_TTL} s (DJANGO_THROTTLE_USAGE_REDIS_TTL). Schedule "
+                "'manage.py throttle_usage --rollup' more often than that."
+            )
+        if result.estimated and fmt != "table":
+            self.stderr.write(_ESTIMATED)
+
+    def _read(self, since: datetime, by: str, top: int) -> Report:
+        store = self._store()
+        try:
+            return report(since=since, by=by, top=top, store=store)
+        except BackendError as exc:
+            raise CommandError(f"Could not read usage from the backend: {exc}") from exc
+        finally:
+            _close(store)
+
+    def _rollup(self) -> None:
+        store = self._store()
+        try:
+            done = rollup(store)
+        except BackendError as exc:
+            raise CommandError(f"Could not read usage from the backend: {exc}") from exc
+        except DatabaseError as exc:
+            raise CommandError(f"Could not write usage rows: {exc}") from exc
+        finally:
+            _close(store)
+        through = "nothing yet" if done.through is None else f"{done.through:%Y-%m-%d %H:%M} UTC"
+        self.stdout.write(
+            f"Rolled up {done.minutes} minute(s) into {done.rows} row(s); the database holds "
+            f"usage through {through}."
+        )
+
+    @staticmethod
+    def _store() -> Any:
+        try:
+            return usage.get_store()
+        except usage.UsageUnavailable as exc:
+            raise CommandError(str(exc)) from exc
 
     @staticmethod
     def _parse_top(value: object) -> int:
@@ -112,7 +183,7 @@ class Command(BaseCommand):
             raise CommandError(f"--top must be at least 1, not {top}.")
         return top
 
-    def _write_json(self, rows: list[usage.UsageRow], by: str) -> None:
+    def _write_json(self, rows: list[UsageRow], by: str) -> None:
         data = [
             {
                 by: row.key,
@@ -124,7 +195,7 @@ class Command(BaseCommand):
         ]
         self.stdout.write(json.dumps(data, indent=2))
 
-    def _write_csv(self, rows: list[usage.UsageRow], by: str) -> None:
+    def _write_csv(self, rows: list[UsageRow], by: str) -> None:
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow([by, *usage.OUTCOMES, "total", "denied_percent"])
@@ -139,13 +210,17 @@ class Command(BaseCommand):
             )
         self.stdout.write(buffer.getvalue(), ending="")
 
-    def _write_table(
-        self, rows: list[usage.UsageRow], by: str, since_text: str, since: datetime
-    ) -> None:
+    def _write_table(self, result: Report, by: str, since_text: str, since: datetime) -> None:
+        rows = result.rows
         zone = since.tzname() or "local time"
         title = f"Requests by {by}, last {since_text} (since {since:%Y-%m-%d %H:%M} {zone})"
         # min_width keeps the title on one line above a narrow table.
-        table = Table(title=title, min_width=len(title))
+        table = Table(
+            title=title,
+            min_width=len(title),
+            caption=_ESTIMATED if result.estimated else None,
+            caption_justify="left",
+        )
         table.add_column(by.capitalize(), overflow="fold")
         for name in (*_HEADINGS, "Total", "Denied %"):
             table.add_column(name, justify="right", no_wrap=True)

@@ -1,0 +1,11 @@
+"""ASGI entry point: ``uvicorn loadproject.asgi:application`` (run from ``bench/``)."""
+
+from __future__ import annotations
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loadproject.settings")
+
+application = get_asgi_application()

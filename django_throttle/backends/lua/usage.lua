@@ -1,0 +1,56 @@
+-- Usage counting: what happened to each request, per minute, inside the decision's own call.
+--
+-- Loaded after the algorithm files and before a driver. count_usage writes only keys under
+-- the shard tag it is given (e.g. "dt:{3}"), so it shares the Redis Cluster slot of the
+-- call's other keys. Per shard and minute (minute = floor(now / 60 s), since the Unix epoch):
+--   <tag>u<minute>            hash: "<outcome letter><usage field>" -> requests. Exact.
+--   <tag>t<letter><minute>    sorted set per outcome: client label -> requests, at most
+--                             USAGE_TOP members, kept with the Space-Saving rule: a client not
+--                             in a full set replaces the smallest and inherits its count + n,
+--                             so every client above 1/USAGE_TOP of the shard's requests that
+--                             minute is listed, the scores sum to the exact total, and a
+--                             listed count is high by at most the count it inherited.
+-- Outcome letters: a allowed, d denied, s shadow would-deny, o failed open, c failed closed.
+-- Every key gets a TTL of USAGE_TTL seconds when it is created; the rollup
+-- (manage.py throttle_usage --rollup) copies finished minutes to the database before then.
+-- Memory per minute (measured by bench/bench_usage.py, Redis 7.0, 16 shards): the hashes
+-- hold a field per shard x tier x endpoint x outcome seen, about 800 bytes per tier x
+-- endpoint x minute with allowed and denied in every shard (1,800 with all five outcomes;
+-- 2,400 once a shard's hash outgrows hash-max-listpack-entries); the top lists hold at most
+-- USAGE_TOP members per shard and outcome, about 21 bytes each (118 beyond
+-- zset-max-listpack-entries, 128). Cost: 2 commands when the client is listed, 5 when it
+-- replaces the smallest (2.5 and 6.5 us of script time on the benchmark machine).
+--
+-- Writes use redis.pcall and ignore errors (a key of the wrong type, OOM): counting must never
+-- fail or undo a decision that was already written.
+
+local USAGE_TTL, USAGE_TOP = 10800, 63 -- @settings (rewritten from Django settings at load)
+
+-- Count n (default 1) requests of `client` under `field` and `outcome` in now's minute.
+-- now: microseconds; field, client: strings of at most 200 bytes; outcome: one letter.
+local function count_usage(tag, now, field, client, outcome, n)
+  n = n or 1
+  local minute = string.format('%d', math.floor(now / 60000000))
+  local totals = tag .. 'u' .. minute
+  if redis.pcall('HINCRBY', totals, outcome .. field, n) == n then
+    -- The field is new, and maybe the key: (re)arm its TTL.
+    redis.pcall('EXPIRE', totals, USAGE_TTL)
+  end
+  local top = tag .. 't' .. outcome .. minute
+  -- Already listed: one command. (An error reply is a table, also truthy: give up quietly.)
+  if redis.pcall('ZADD', top, 'XX', 'INCR', n, client) then return end
+  local size = redis.pcall('ZCARD', top)
+  if type(size) ~= 'number' then return end
+  local score = n
+  if size >= USAGE_TOP then
+    local smallest = redis.pcall('ZPOPMIN', top)
+    if type(smallest) == 'table' and smallest[2] then
+      score = (tonumber(smallest[2]) or 0) + n
+    end
+    size = size - 1
+  end
+  redis.pcall('ZADD', top, score, client)
+  if size == 0 then
+    redis.pcall('EXPIRE', top, USAGE_TTL)
+  end
+end

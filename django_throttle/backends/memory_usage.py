@@ -1,0 +1,130 @@
+"""Usage counts of the memory backend: the in-process twin of ``lua/usage.lua``.
+
+Same shape and rules as the Redis keys, without shards: per minute, exact counts per usage
+field and outcome, and per outcome a top list of at most ``DJANGO_THROTTLE_USAGE_TOP_CLIENTS``
+clients kept with the Space-Saving rule (a new client in a full list replaces the smallest and
+inherits its count). Minutes older than ``DJANGO_THROTTLE_USAGE_REDIS_TTL`` are dropped.
+
+Counts live in this process only: ``manage.py throttle_usage`` in another process sees none.
+Thread-safe (one lock); the memory backend calls :meth:`MemoryUsage.count` inside its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from django_throttle.backends.usage_base import (
+    LETTERS,
+    SLOT,
+    MinuteCounts,
+    PendingCount,
+    UsageStore,
+    add_to,
+)
+from django_throttle.conf import app_settings
+
+__all__ = ["MemoryUsage"]
+
+
+class MemoryUsage(UsageStore):
+    """Per-minute usage counts in process; ``clock`` (Unix seconds) gives the current minute
+    for reports. Reads its settings when built (the backend is rebuilt when they change)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        # minute -> (totals: "<letter><field>" -> n, tops: letter -> client -> n)
+        self._minutes: dict[int, tuple[dict[str, int], dict[str, dict[str, int]]]] = {}
+        self._full: set[int] = set()
+        self._watermark: int | None = None
+        self._late: set[int] = set()
+        self._applied: set[str] = set()
+        self.top_size = max(1, int(app_settings.USAGE_TOP_CLIENTS))
+        self._keep = max(1, int(app_settings.USAGE_REDIS_TTL) // 60)
+
+    def count(self, now_us: float, field: str, client: str, outcome: str, n: int = 1) -> None:
+        """Count ``n`` requests of ``client`` under ``field`` and outcome letter ``outcome``
+        in the minute of ``now_us`` (microseconds)."""
+        minute = int(now_us // 60_000_000)
+        top_size = self.top_size
+        with self._lock:
+            entry = self._minutes.get(minute)
+            if entry is None:
+                entry = self._minutes[minute] = ({}, {})
+                self._expire(minute)
+            totals, tops = entry
+            key = outcome + field
+            totals[key] = totals.get(key, 0) + n
+            top = tops.get(outcome)
+            if top is None:
+                top = tops[outcome] = {}
+            if client in top:
+                top[client] += n
+            elif len(top) < top_size:
+                top[client] = n
+            else:
+                # ZPOPMIN's choice: the smallest count, ties to the lowest label.
+                smallest = min(top.items(), key=lambda item: (item[1], item[0]))
+                del top[smallest[0]]
+                top[client] = smallest[1] + n
+                self._full.add(minute)
+
+    def _expire(self, minute: int) -> None:
+        oldest = minute - self._keep
+        for old in [m for m in self._minutes if m < oldest]:
+            del self._minutes[old]
+            self._full.discard(old)
+
+    def now_minute(self) -> int:
+        return int(self.clock() // 60)
+
+    def read(
+        self, minutes: Sequence[int], *, totals: bool = True, clients: bool = True
+    ) -> dict[int, MinuteCounts]:
+        found: dict[int, MinuteCounts] = {}
+        with self._lock:
+            for minute in minutes:
+                entry = self._minutes.get(minute)
+                if entry is None:
+                    continue
+                counts = found[minute] = MinuteCounts(full=minute in self._full and clients)
+                if totals:
+                    for key, n in entry[0].items():
+                        add_to(counts.totals, key[1:], SLOT[key[0]], n)
+                if clients:
+                    for letter, top in entry[1].items():
+                        for client, n in top.items():
+                            add_to(counts.clients, client, SLOT[letter], n)
+        return found
+
+    def push(self, batch: str, counts: Sequence[PendingCount]) -> None:
+        with self._lock:
+            if batch in self._applied:
+                return
+            if len(self._applied) >= 10_000:  # bounded; a retry comes soon after its batch
+                self._applied.clear()
+            self._applied.add(batch)
+        for minute, field, client, letter, n in counts:
+            if letter in LETTERS and n >= 1:
+                self.count(minute * 60_000_000.0, field, client, letter, n)
+                with self._lock:
+                    self._late.add(minute)
+
+    def watermark(self) -> int | None:
+        return self._watermark
+
+    def advance_watermark(self, minute: int) -> None:
+        with self._lock:
+            if self._watermark is None or minute > self._watermark:
+                self._watermark = minute
+
+    def take_late(self) -> set[int]:
+        with self._lock:
+            late, self._late = self._late, set()
+        return late
+
+    def return_late(self, minutes: Iterable[int]) -> None:
+        with self._lock:
+            self._late.update(minutes)

@@ -1,0 +1,261 @@
+"""Usage counts in Redis: the configured ``usage.lua`` and a store that reads them back.
+
+The counting script (``lua/usage.lua``, called by the driver in the decision's own
+``EVALSHA``) writes per shard and minute a hash of exact counts per tier/endpoint/outcome and
+one top-clients sorted set per outcome, each with a TTL of ``DJANGO_THROTTLE_USAGE_REDIS_TTL``.
+:class:`RedisUsage` reads them in pipelines (one round trip per :data:`BATCH` commands) for
+the report and the rollup, and pushes counts a process kept while Redis was away.
+
+It never imports redis-py: it drives the backend's client.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import zlib
+from collections.abc import Iterable, Sequence
+from importlib import resources
+from typing import Any
+
+from django_throttle.backends.base import BackendError
+from django_throttle.backends.usage_base import (
+    SLOT,
+    MinuteCounts,
+    PendingCount,
+    UsageStore,
+    add_to,
+)
+from django_throttle.conf import app_settings
+
+__all__ = ["BATCH", "RedisUsage", "lua_source", "top_per_shard"]
+
+#: Read script calls per pipeline round trip.
+BATCH = 64
+#: Minutes one read script call covers: bounds how long it holds the server.
+MINUTES_PER_CALL = 10
+#: Counts per push script call (bounds how long one call holds the server).
+PUSH_CHUNK = 200
+#: Seconds a rollup watermark is kept (a rollup that stopped for longer starts afresh).
+WATERMARK_TTL = 30 * 86400
+#: Read timeout for reports and rollups: a report may wait longer than a request.
+READ_TIMEOUT = 10.0
+_SETTINGS_LINE = re.compile(r"^local USAGE_TTL, USAGE_TOP = .*-- @settings.*$", re.MULTILINE)
+_ADVANCE = (
+    "local old = tonumber(redis.call('GET', KEYS[1]) or '-1') "
+    "if tonumber(ARGV[1]) > old then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) end"
+)
+
+
+def _lua(name: str) -> str:
+    return (resources.files("django_throttle.backends") / "lua" / name).read_text("utf-8")
+
+
+def top_per_shard(shards: int) -> int:
+    """Clients one shard's top list holds per minute and outcome: ``USAGE_TOP_CLIENTS``
+    spread over the shards (clients spread evenly over shards by their digest)."""
+    return max(1, math.ceil(app_settings.USAGE_TOP_CLIENTS / max(1, shards)))
+
+
+def lua_source(shards: int) -> str:
+    """``usage.lua`` with ``DJANGO_THROTTLE_USAGE_REDIS_TTL`` and the per-shard top size
+    written in: constants in the script cost no bytes per request."""
+    line = (
+        f"local USAGE_TTL, USAGE_TOP = {int(app_settings.USAGE_REDIS_TTL)}, "
+        f"{top_per_shard(shards)} -- @settings"
+    )
+    text, found = _SETTINGS_LINE.subn(line, _lua("usage.lua"), count=1)
+    if not found:  # pragma: no cover - the file ships with the line
+        raise RuntimeError("usage.lua lost its '-- @settings' line")
+    return text
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+class RedisUsage(UsageStore):
+    """Reads and pushes the usage counts a :class:`~django_throttle.backends.redis.RedisBackend`
+    keeps. Pushes use the backend's client; reads a client with longer timeouts, built on first
+    use: call :meth:`close` when done reading."""
+
+    def __init__(self, backend: Any) -> None:
+        self.tags: tuple[str, ...] = tuple(backend.shard_tags())
+        self.top_size = top_per_shard(len(self.tags))
+        self.push_client = backend.client
+        self._reader: Any = None
+        self._own = False
+        self._watermark_key = f"{backend.prefix}:usage-rolled"
+        self._push_source = lua_source(len(self.tags)) + "\n" + _lua("usage_push.lua")
+        self._push_sha = hashlib.sha1(self._push_source.encode()).hexdigest()
+        self._read_source = _lua("usage_read.lua")
+        self._read_sha = hashlib.sha1(self._read_source.encode()).hexdigest()
+
+    @property
+    def client(self) -> Any:
+        """The client for reads, with :data:`READ_TIMEOUT`; built on first use."""
+        if self._reader is None:
+            self._reader, self._own = _patient_client(self.push_client)
+        return self._reader
+
+    def close(self) -> None:
+        if self._own:
+            self._reader.connection_pool.disconnect()
+
+    def now_minute(self) -> int:
+        seconds, _ = _run(self.client.time)
+        return int(seconds) // 60
+
+    def read(
+        self, minutes: Sequence[int], *, totals: bool = True, clients: bool = True
+    ) -> dict[int, MinuteCounts]:
+        """One read script call per shard and run of up to :data:`MINUTES_PER_CALL`
+        minutes, pipelined :data:`BATCH` calls per round trip."""
+        calls = [
+            (tag, first, last, "1" if totals else "0", "1" if clients else "0")
+            for first, last in _runs(sorted(set(minutes)))
+            for tag in self.tags
+        ]
+        found: dict[int, MinuteCounts] = {}
+        for start in range(0, len(calls), BATCH):
+            batch = calls[start : start + BATCH]
+            for reply in self._read_batch(batch):
+                for entry in reply:
+                    if isinstance(entry, list):  # a name holds a NUL byte: parts apart
+                        parts = [_text(part) for part in entry]
+                    else:
+                        parts = _text(entry).split("\0")
+                    _merge(found, parts, self.top_size)
+        return found
+
+    def _read_batch(self, calls: list[tuple[str, int, int, str, str]]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for tag, *args in calls:
+            pipe.evalsha(self._read_sha, 1, tag, *args)
+        replies = _run(pipe.execute, raise_on_error=False)
+        for i, reply in enumerate(replies):
+            if _noscript(reply):  # the script cache was flushed: EVAL carries the source
+                replies[i] = _run(self.client.eval, self._read_source, 1, *calls[i])
+            elif isinstance(reply, Exception):
+                raise BackendError(f"{type(reply).__name__}: {reply}")
+        return list(replies)
+
+    def push(self, batch: str, counts: Sequence[PendingCount]) -> None:
+        by_tag: dict[str, list[PendingCount]] = {}
+        for count in counts:
+            tag = self.tags[zlib.crc32(count[2].encode()) % len(self.tags)]
+            by_tag.setdefault(tag, []).append(count)
+        calls: list[tuple[str, list[Any]]] = []
+        for tag, items in sorted(by_tag.items()):
+            for start in range(0, len(items), PUSH_CHUNK):
+                args: list[Any] = [f"{batch}:{tag}:{start}"]
+                for minute, field, client, letter, n in items[start : start + PUSH_CHUNK]:
+                    args += (minute, field, client, letter, n)
+                calls.append((tag, args))
+        pipe = self.push_client.pipeline(transaction=False)
+        for tag, args in calls:
+            pipe.evalsha(self._push_sha, 1, tag, *args)
+        replies = _run(pipe.execute, raise_on_error=False)
+        retry = [call for call, reply in zip(calls, replies, strict=True) if _noscript(reply)]
+        failed = [r for r in replies if isinstance(r, Exception) and not _noscript(r)]
+        if retry:  # the script cache was flushed: EVAL carries the source
+            pipe = self.push_client.pipeline(transaction=False)
+            for tag, args in retry:
+                pipe.eval(self._push_source, 1, tag, *args)
+            replies = _run(pipe.execute, raise_on_error=False)
+            failed += [r for r in replies if isinstance(r, Exception)]
+        if failed:
+            raise BackendError(f"{type(failed[0]).__name__}: {failed[0]}")
+
+    def watermark(self) -> int | None:
+        value = _run(self.client.get, self._watermark_key)
+        return None if value is None else int(value)
+
+    def advance_watermark(self, minute: int) -> None:
+        _run(self.client.eval, _ADVANCE, 1, self._watermark_key, minute, WATERMARK_TTL)
+
+    def take_late(self) -> set[int]:
+        pipe = self.client.pipeline(transaction=False)
+        for tag in self.tags:
+            pipe.spop(f"{tag}l", 1_000_000)
+        return {int(m) for popped in _run(pipe.execute) for m in popped or ()}
+
+    def return_late(self, minutes: Iterable[int]) -> None:
+        minutes = list(minutes)
+        if minutes:
+            late = f"{self.tags[0]}l"
+            pipe = self.client.pipeline(transaction=False)
+            pipe.sadd(late, *minutes)
+            pipe.expire(late, int(app_settings.USAGE_REDIS_TTL))
+            _run(pipe.execute)
+
+
+def _runs(minutes: list[int]) -> Iterable[tuple[int, int]]:
+    """(first, last) runs of consecutive minutes, at most MINUTES_PER_CALL long."""
+    run_start = previous = None
+    for minute in minutes:
+        if run_start is None or previous is None:
+            run_start = minute
+        elif minute != previous + 1 or minute - run_start >= MINUTES_PER_CALL:
+            yield run_start, previous
+            run_start = minute
+        previous = minute
+    if run_start is not None and previous is not None:
+        yield run_start, previous
+
+
+def _merge(found: dict[int, MinuteCounts], parts: list[str], top_size: int) -> None:
+    """Add one key's contents (minute, kind, then name/count pairs) to ``found``."""
+    minute, kind, *items = parts
+    counts = found.get(int(minute))
+    if counts is None:
+        counts = found[int(minute)] = MinuteCounts()
+    if kind == "u":
+        table = counts.totals
+        for i in range(0, len(items) - 1, 2):
+            name = items[i]
+            slot = SLOT.get(name[:1])
+            if slot is not None:
+                add_to(table, name[1:], slot, int(items[i + 1]))
+        return
+    slot = SLOT[kind[1:]]
+    table = counts.clients
+    for i in range(0, len(items) - 1, 2):
+        row = table.get(items[i])
+        if row is None:
+            row = table[items[i]] = [0, 0, 0, 0, 0]
+        score = items[i + 1]
+        row[slot] += int(score) if score.isdigit() else round(float(score))
+    if len(items) // 2 >= top_size:
+        counts.full = True
+
+
+def _noscript(reply: Any) -> bool:
+    """A NOSCRIPT error reply (redis-py's NoScriptError, matched without importing redis)."""
+    return isinstance(reply, Exception) and type(reply).__name__ == "NoScriptError"
+
+
+def _patient_client(client: Any) -> tuple[Any, bool]:
+    """A client like ``client`` (same server, credentials and pool class) whose reads may
+    take :data:`READ_TIMEOUT` seconds: the backend's own times out in tens of milliseconds,
+    right for a request and wrong for a report over many keys. Anything else (a cluster
+    client) is used as it is."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if pool is None or not isinstance(kwargs, dict):
+        return client, False
+    options = {**kwargs, "socket_timeout": READ_TIMEOUT, "socket_connect_timeout": READ_TIMEOUT}
+    try:
+        patient_pool = type(pool)(connection_class=pool.connection_class, **options)
+        return type(client)(connection_pool=patient_pool), True
+    except Exception:  # an unusual pool class: the backend's client still works
+        return client, False
+
+
+def _run(func: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call into redis-py; whatever it raises is a :class:`BackendError`."""
+    try:
+        return func(*args, **kwargs)
+    except Exception as exc:
+        raise BackendError(f"{type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,88 @@
+"""The contract of a usage store: where a backend keeps per-minute usage counts.
+
+The Redis backend counts in the decision's own script call (``lua/usage.lua``, read back by
+:class:`~django_throttle.backends.redis_usage.RedisUsage`); the memory backend keeps the same
+shape in process (:class:`~django_throttle.backends.memory_usage.MemoryUsage`). Reports and
+the rollup (:mod:`django_throttle.usage_report`) read either through this contract.
+
+Minutes are whole minutes since the Unix epoch. Counts per outcome are lists in
+:data:`LETTERS` order (allowed, denied, shadow would-deny, failed open, failed closed).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["LETTERS", "SLOT", "MinuteCounts", "PendingCount", "UsageStore", "add_to"]
+
+#: One letter per outcome, in report column order: allowed, denied, shadow would-deny,
+#: failed open, failed closed. The Lua scripts use the same letters.
+LETTERS = "adsoc"
+#: Position of each letter's count in a counts list.
+SLOT = {letter: i for i, letter in enumerate(LETTERS)}
+
+#: (minute, usage field, client label, outcome letter, requests): one count kept in process
+#: while the backend could not answer, pushed with :meth:`UsageStore.push`.
+PendingCount = tuple[int, str, str, str, int]
+
+
+@dataclass(slots=True)
+class MinuteCounts:
+    """One minute's counts. ``totals`` are exact, per usage field (tier and endpoint).
+    ``clients`` are the top clients per outcome (heavy hitters, see ``lua/usage.lua``);
+    ``full`` says a top list was full that minute, so clients beyond it were folded into the
+    counts of those listed and per-client numbers are estimates."""
+
+    totals: dict[str, list[int]] = field(default_factory=dict)
+    clients: dict[str, list[int]] = field(default_factory=dict)
+    full: bool = False
+
+
+def add_to(table: dict[str, list[int]], key: str, slot: int, n: int) -> None:
+    """Add ``n`` to ``table[key][slot]``, creating the row of zeros when missing."""
+    row = table.get(key)
+    if row is None:
+        row = table[key] = [0] * len(LETTERS)
+    row[slot] += n
+
+
+class UsageStore(ABC):
+    """Per-minute usage counts a backend keeps, plus the rollup's bookkeeping.
+
+    ``top_size`` is how many clients one top list holds (per shard and outcome for Redis).
+    """
+
+    top_size: int
+
+    @abstractmethod
+    def now_minute(self) -> int:
+        """The current minute on the clock the counts are written with."""
+
+    @abstractmethod
+    def read(
+        self, minutes: Sequence[int], *, totals: bool = True, clients: bool = True
+    ) -> dict[int, MinuteCounts]:
+        """The counts of each of ``minutes`` that has any (the others are left out)."""
+
+    @abstractmethod
+    def push(self, batch: str, counts: Sequence[PendingCount]) -> None:
+        """Add counts kept in process to their minutes, at most once per ``batch`` id (a
+        retry after a lost reply is a no-op). Raise ``BackendError`` when it cannot."""
+
+    @abstractmethod
+    def watermark(self) -> int | None:
+        """The last minute the rollup copied to the database, if known."""
+
+    @abstractmethod
+    def advance_watermark(self, minute: int) -> None:
+        """Record that every minute up to ``minute`` is in the database (never moves back)."""
+
+    @abstractmethod
+    def take_late(self) -> set[int]:
+        """Minutes that :meth:`push` wrote to since the last call, and forget them."""
+
+    @abstractmethod
+    def return_late(self, minutes: Iterable[int]) -> None:
+        """Give back minutes from :meth:`take_late` that the rollup could not copy."""

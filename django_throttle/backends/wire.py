@@ -1,0 +1,238 @@
+"""The bytes of one counting call and the connections they travel on.
+
+A decision is one ``EVALSHA`` whose constant parts (script digest, limit specs) are framed once
+per limit list and reused, so a request only frames its keys, cost, usage field and client.
+It is sent on a connection taken from a per-process stack without redis-py's per-command work
+(pool bookkeeping, argument encoding, response callbacks): those cost more than the Lua script
+itself. Everything else (policy version, retime, usage reports) goes through the ordinary
+redis-py client.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import InvalidResponse, ResponseError
+
+try:
+    from redis._parsers.base import BaseParser
+except ImportError:  # pragma: no cover - older or newer layouts of redis-py
+
+    class BaseParser:  # type: ignore[no-redef]
+        @staticmethod
+        def parse_error(message: str) -> ResponseError:
+            return ResponseError(message)
+
+
+from django_throttle.rates import Algorithm, Limit
+
+__all__ = ["ALGORITHM_CODES", "Calls", "Encoded", "Stack", "frame", "limit_spec"]
+
+#: Each algorithm's code in a limit spec (see lua/prelude.lua ``limit_spec``).
+ALGORITHM_CODES = {Algorithm.TOKEN_BUCKET: "t"}
+#: A pooled connection idle longer than this is checked before use: the server may have
+#: closed it, and a command sent on it would fail a request for nothing.
+IDLE_CHECK_SECONDS = 1.0
+#: Bytes asked of one recv: a decision's reply is a few dozen.
+RECV_SIZE = 4096
+
+
+def frame(value: bytes) -> bytes:
+    """One RESP bulk string."""
+    return b"$%d\r\n%s\r\n" % (len(value), value)
+
+
+def limit_spec(limit: Limit) -> str:
+    """``<code>[!]<capacity>:<microseconds per token>``, ``!`` for a shadow limit."""
+    interval = limit.rate.interval * 1e6
+    text = str(int(interval)) if interval.is_integer() else repr(interval)
+    return f"{ALGORITHM_CODES[limit.algorithm]}{'!' if limit.shadow else ''}{limit.burst}:{text}"
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """What one limit list adds to every call: key suffixes and the framed tail of specs."""
+
+    limits: Sequence[Limit]
+    suffixes: tuple[bytes, ...]
+    evalsha_head: bytes
+    eval_head: bytes
+    tail: bytes
+
+
+class Calls:
+    """Frames calls of one script; limit lists are encoded once and cached by identity (the
+    policy snapshot hands out the same tuple for every request of a tier and endpoint)."""
+
+    def __init__(self, sha: str, source: str) -> None:
+        self.sha = sha.encode()
+        self.source = source.encode()
+        self._cache: dict[int, Encoded] = {}
+        self._fields: dict[str, bytes] = {}
+
+    def encoded(self, limits: Sequence[Limit]) -> Encoded:
+        found = self._cache.get(id(limits))
+        if found is not None and found.limits is limits:
+            return found
+        count = len(limits)
+        rest = b"%s" % frame(str(count).encode())
+        elements = b"*%d\r\n" % (4 + 2 * count)
+        encoded = Encoded(
+            limits=limits,
+            suffixes=tuple(limit.id.encode() for limit in limits),
+            evalsha_head=elements + b"$7\r\nEVALSHA\r\n" + frame(self.sha) + rest,
+            eval_head=elements + b"$4\r\nEVAL\r\n" + frame(self.source) + rest,
+            tail=b"".join(frame(limit_spec(limit).encode()) for limit in limits),
+        )
+        if len(self._cache) >= 4096:  # bounded: policy reloads leave old tuples behind
+            self._cache.clear()
+        self._cache[id(limits)] = encoded
+        return encoded
+
+    @staticmethod
+    def op(cost: int | None, now_us: int | None) -> bytes:
+        """The cost (``None``: ``p``, a peek; 1, the usual cost, is sent as nothing), ``@now``
+        in tests."""
+        if cost == 1 and type(cost) is int:
+            text = b""
+        elif cost is None:
+            text = b"p"
+        else:
+            text = b"%d" % cost if type(cost) is int else str(cost).encode()
+        return text if now_us is None else b"%s@%d" % (text, now_us)
+
+    def field(self, field: str | None) -> bytes:
+        """``\n<field>\n`` to put between the op and the client, ``b""`` for none."""
+        if not field:
+            return b""
+        framed = self._fields.get(field)
+        if framed is None:
+            if len(self._fields) >= 4096:
+                self._fields.clear()
+            framed = self._fields[field] = b"\n" + field.replace("\n", " ").encode() + b"\n"
+        return framed
+
+    @staticmethod
+    def body(
+        encoded: Encoded, tag: bytes, op: bytes, field: bytes, client: bytes, evalsha: bool = True
+    ) -> bytes:
+        """The whole command: head, one key per limit (``tag + suffix``), ARGV[1] (op, and
+        with a usage field the field and the client), specs."""
+        head = encoded.evalsha_head if evalsha else encoded.eval_head
+        keys = b"".join(
+            b"$%d\r\n%s%s\r\n" % (len(tag) + len(suffix), tag, suffix)
+            for suffix in encoded.suffixes
+        )
+        first = op + field + client.replace(b"\n", b" ") if field else op
+        return b"".join((head, keys, frame(first), encoded.tail))
+
+
+def parse_error(message: bytes) -> ResponseError:
+    """An error reply as redis-py's own exception: NOSCRIPT, OOM, READONLY, CLUSTERDOWN,
+    LOADING, ... each get their class."""
+    error: ResponseError = BaseParser.parse_error(message.decode(errors="replace"))  # type: ignore[no-untyped-call]
+    return error
+
+
+def read_bulk(sock: Any) -> bytes:
+    """One reply that must be a bulk string (``$<n>\\r\\n<bytes>\\r\\n``) or an error
+    (``-...``, raised as redis-py's ``ResponseError`` / ``NoScriptError``). Anything else, or
+    bytes beyond the reply, means the stream is out of step: raise, and the caller closes the
+    connection."""
+    data = sock.recv(RECV_SIZE)
+    while True:
+        if not data:
+            raise RedisConnectionError("Connection closed by server.")
+        end = data.find(b"\r\n")
+        if end >= 0:
+            break
+        data += sock.recv(RECV_SIZE)
+    kind, head, rest = data[:1], data[1:end], data[end + 2 :]
+    if kind == b"$":
+        size = int(head)
+        while len(rest) < size + 2:
+            more = sock.recv(RECV_SIZE)
+            if not more:
+                raise RedisConnectionError("Connection closed by server.")
+            rest += more
+        if size < 0 or len(rest) != size + 2 or rest[size:] != b"\r\n":
+            raise InvalidResponse(f"unexpected reply {data[:80]!r}")
+        reply: bytes = rest[:size]
+        return reply
+    if kind == b"-" and not rest:
+        raise parse_error(head)
+    raise InvalidResponse(f"unexpected reply {data[:80]!r}")
+
+
+class Stack:
+    """This process's connections for counting calls: last in, first out, no lock on the fast
+    path (list pop and append are atomic). Connections are checked out of the client's pool
+    once and kept, so the pool's ``max_connections`` and wait ``timeout`` still bound them;
+    none is used across a fork.
+
+    A connection that raised anything but a server error reply is closed and handed back to
+    the pool: its stream may hold a late reply that would answer the next request.
+    """
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self._idle: list[tuple[Any, float]] = []
+        self._pid = os.getpid()
+
+    def call(self, command: bytes) -> bytes:
+        """Send one packed command and read its bulk-string reply straight off the socket
+        (server error replies raise ``ResponseError`` and keep the connection)."""
+        conn = self._take()
+        try:
+            sock = conn._sock
+            if sock is None:
+                conn.connect()  # handshake (AUTH, SELECT, ...) through redis-py
+                sock = conn._sock
+            sock.sendall(command)
+            reply = read_bulk(sock)
+        except ResponseError:
+            self._idle.append((conn, time.monotonic()))
+            raise
+        except BaseException:
+            self._discard(conn)
+            raise
+        self._idle.append((conn, time.monotonic()))
+        return reply
+
+    def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn, _ in idle:
+            self._discard(conn)
+
+    def _take(self) -> Any:
+        if self._pid != os.getpid():
+            # The parent's sockets are not ours: forget them without closing them.
+            self._idle = []
+            self._pid = os.getpid()
+        try:
+            conn, since = self._idle.pop()
+        except IndexError:
+            return self.pool.get_connection()
+        if time.monotonic() - since > IDLE_CHECK_SECONDS:
+            self._check(conn)
+        return conn
+
+    @staticmethod
+    def _check(conn: Any) -> None:
+        """Drop the socket of an idle connection the server closed (reconnects on send)."""
+        try:
+            if conn._sock is not None and conn.can_read(timeout=0):
+                conn.disconnect()
+        except Exception:
+            conn.disconnect()
+
+    def _discard(self, conn: Any) -> None:
+        try:
+            conn.disconnect()
+        finally:
+            self.pool.release(conn)

@@ -1,0 +1,272 @@
+"""Usage reports, and the rollup that copies usage counts from the backend to the database.
+
+The backend keeps usage per minute (Redis: for ``DJANGO_THROTTLE_USAGE_REDIS_TTL`` seconds).
+:func:`rollup` copies finished minutes into :class:`~django_throttle.models.UsageCount` rows
+(``manage.py throttle_usage --rollup``, from cron or any periodic job, more often than that
+TTL) and records how far it got (the watermark). :func:`report` reads the rows for minutes up
+to the watermark and the backend for later ones: each minute comes from exactly one place.
+
+The rollup writes absolute counts: a minute's rows are replaced, never added to, so running
+it twice, concurrently, or again after a crash half way never counts twice. Counts pushed late
+into a minute already copied (decisions made while Redis was down) mark that minute, and the
+next rollup copies it again.
+
+Two kinds of rows per minute, both with every outcome column:
+
+- tier x endpoint totals (``client`` is ``"*"``): exact, every request counted;
+- per-client rows (``tier`` and ``endpoint`` are ``"*"``): the heaviest clients per outcome,
+  at most ``DJANGO_THROTTLE_USAGE_TOP_CLIENTS`` a minute. Beyond that, a new client takes the
+  place of the smallest and inherits its count (Space-Saving): every client with a large share
+  is listed and the counts add up to the exact total, but a listed count can be too high by
+  what it inherited, and small clients are missing. Exact while fewer clients were seen.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connections, router, transaction
+from django.db.models import Max, Sum
+from django.utils import timezone
+
+from django_throttle.backends.usage_base import MinuteCounts, UsageStore
+from django_throttle.conf import app_settings
+from django_throttle.usage import ALL, DENIED, OUTCOMES, get_store, split_field
+
+__all__ = ["REPORT_BY", "Report", "Rollup", "UsageRow", "report", "rollup"]
+
+REPORT_BY: tuple[str, ...] = ("client", "tier", "endpoint")
+#: Minutes copied per database transaction (and per watermark step).
+CHUNK_MINUTES = 5
+_UNIQUE = ["window_start", "client", "tier", "endpoint"]
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """Summed counts for one client, tier or endpoint (``key``; ``""`` means none);
+    ``total`` is the sum of the outcomes."""
+
+    key: str
+    allowed: int
+    denied: int
+    total: int
+    shadow_denied: int = 0
+    failed_open: int = 0
+    failed_closed: int = 0
+
+    @property
+    def denied_percent(self) -> float:
+        """Share of requests denied, 0-100 (0 when there were none)."""
+        return 100.0 * self.denied / self.total if self.total else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """Rows busiest first. ``estimated``: a top-client list read from the backend was full,
+    so clients beyond it may have been folded into those listed (per-client counts are then
+    estimates; totals never are). ``uncopied_before``:
+    the window reaches minutes that left the backend without a rollup copying them (their
+    start, a UTC datetime), else ``None``."""
+
+    rows: list[UsageRow]
+    estimated: bool = False
+    uncopied_before: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rollup:
+    """What one rollup did: minutes read, rows written, the last minute copied (UTC)."""
+
+    minutes: int
+    rows: int
+    through: datetime | None
+
+
+def _kept_minutes() -> int:
+    """Minutes whose counts are surely still in the backend, the current one included."""
+    return max(2, int(app_settings.USAGE_REDIS_TTL) // 60)
+
+
+def _window_start(minute: int) -> datetime:
+    """The datetime of a minute as the database expects it (aware UTC under USE_TZ)."""
+    value = datetime.fromtimestamp(minute * 60, tz=UTC)
+    return value if settings.USE_TZ else timezone.make_naive(value)
+
+
+def _minute(value: datetime) -> int:
+    if timezone.is_naive(value):
+        value = timezone.make_aware(value)
+    return math.floor(value.timestamp() / 60)
+
+
+def _last_row_minute() -> int | None:
+    from django_throttle.models import UsageCount
+
+    last = UsageCount.objects.aggregate(last=Max("window_start"))["last"]
+    return None if last is None else _minute(last)
+
+
+def _split(store: UsageStore) -> int | None:
+    """The last minute the database holds: the watermark, else (the backend lost it, e.g. a
+    Redis restart) the newest row's minute."""
+    watermark = store.watermark()
+    return watermark if watermark is not None else _last_row_minute()
+
+
+def rollup(store: UsageStore | None = None) -> Rollup:
+    """Copy every finished minute the database lacks from the backend into UsageCount rows,
+    then delete rows older than ``DJANGO_THROTTLE_USAGE_RETENTION_DAYS``. Idempotent."""
+    from django_throttle.models import UsageCount
+
+    store = get_store() if store is None else store
+    now = store.now_minute()
+    first = now - _kept_minutes() + 1
+    split = _split(store)
+    start = first if split is None else max(first, split + 1)
+    late = store.take_late()
+    redo = sorted(m for m in late if first <= m < start)
+    minutes = [*redo, *range(start, now)]
+    alias = router.db_for_write(UsageCount)
+    features = connections[alias].features
+    upsert: dict[str, Any] = {}
+    if features.supports_update_conflicts:
+        upsert = {"update_conflicts": True, "update_fields": list(OUTCOMES)}
+        if features.supports_update_conflicts_with_target:
+            upsert["unique_fields"] = _UNIQUE
+    written = 0
+    done: set[int] = set()
+    try:
+        for at in range(0, len(minutes), CHUNK_MINUTES):
+            chunk = minutes[at : at + CHUNK_MINUTES]
+            found = store.read(chunk)
+            rows = [UsageCount(**row) for row in _rows(found)]
+            with transaction.atomic(using=alias):
+                if found:
+                    windows = [_window_start(m) for m in found]
+                    UsageCount.objects.using(alias).filter(window_start__in=windows).delete()
+                UsageCount.objects.using(alias).bulk_create(rows, batch_size=500, **upsert)
+            written += len(rows)
+            done.update(chunk)
+            fresh = [m for m in chunk if m >= start]
+            if fresh:
+                store.advance_watermark(max(fresh))
+    except BaseException:
+        store.return_late(m for m in redo if m not in done)
+        raise
+    _prune(alias)
+    through = max(minutes) if minutes else split
+    return Rollup(
+        minutes=len(minutes),
+        rows=written,
+        through=None if through is None else datetime.fromtimestamp(through * 60, tz=UTC),
+    )
+
+
+def _rows(found: dict[int, MinuteCounts]) -> Iterable[dict[str, Any]]:
+    """UsageCount field values for each minute's totals and clients, cut to the columns
+    (names that collide after the cut add up). A NUL byte, which PostgreSQL refuses in text,
+    becomes U+FFFD: one odd name must not stop every rollup."""
+    for minute, counts in found.items():
+        merged: dict[tuple[str, str, str], list[int]] = {}
+        for field, values in counts.totals.items():
+            tier, endpoint = split_field(_storable(field))
+            _add(merged, (ALL, tier[:100], endpoint[:100]), values)
+        for client, values in counts.clients.items():
+            _add(merged, (_storable(client)[:200], ALL, ALL), values)
+        window = _window_start(minute)
+        for (client, tier, endpoint), values in merged.items():
+            yield {
+                "window_start": window,
+                "client": client,
+                "tier": tier,
+                "endpoint": endpoint,
+                **dict(zip(OUTCOMES, values, strict=True)),
+            }
+
+
+def _storable(name: str) -> str:
+    return name.replace("\x00", "\ufffd") if "\x00" in name else name
+
+
+def _add(table: dict[Any, list[int]], key: Any, values: list[int]) -> None:
+    row = table.get(key)
+    if row is None:
+        table[key] = list(values)
+    else:
+        for i, n in enumerate(values):
+            row[i] += n
+
+
+def _prune(alias: str) -> None:
+    from django_throttle.models import UsageCount
+
+    cutoff = timezone.now() - timedelta(days=app_settings.USAGE_RETENTION_DAYS)
+    UsageCount.objects.using(alias).filter(window_start__lt=cutoff).delete()
+
+
+def report(since: datetime, by: str, top: int | None, store: UsageStore | None = None) -> Report:
+    """Sum each outcome per ``by`` ("client", "tier" or "endpoint") from the minute holding
+    ``since`` to now: database rows up to the rollup's watermark, the backend after it.
+
+    Rows come busiest first: by total requests, then by denied requests, then by key. ``top``
+    keeps the first ``top`` rows; ``None`` keeps all. Writes nothing.
+    """
+    from django_throttle.models import UsageCount
+
+    if by not in REPORT_BY:
+        raise ValueError(f"by must be one of {', '.join(REPORT_BY)}, not {by!r}")
+    if top is not None and top < 1:
+        raise ValueError(f"top must be at least 1, not {top}")
+    store = get_store() if store is None else store
+    now = store.now_minute()
+    first = now - _kept_minutes() + 1
+    since_minute = _minute(since)
+    split = _split(store)
+    sums: dict[str, list[int]] = {}
+
+    if split is not None and since_minute <= split:
+        rows = UsageCount.objects.filter(
+            window_start__gte=_window_start(since_minute), window_start__lte=_window_start(split)
+        )
+        rows = rows.exclude(client=ALL) if by == "client" else rows.filter(client=ALL)
+        names = [f"sum_{o}" for o in OUTCOMES]
+        grouped = (
+            rows.order_by()
+            .values(by)
+            .annotate(**{name: Sum(o) for name, o in zip(names, OUTCOMES, strict=True)})
+            .values_list(by, *names)
+        )
+        for key, *values in grouped.iterator(chunk_size=10_000):
+            sums[key] = [int(n or 0) for n in values]  # keys are distinct: GROUP BY
+
+    live_from = max(since_minute, first if split is None else max(first, split + 1))
+    live = store.read(range(live_from, now + 1), totals=by != "client", clients=by == "client")
+    for counts in live.values():
+        if by == "client":
+            for client, values in counts.clients.items():
+                _add(sums, client, values)
+        else:
+            for field, values in counts.totals.items():
+                _add(sums, split_field(field)[by == "endpoint"], values)
+
+    missing_from = since_minute if split is None else max(since_minute, split + 1)
+    denied = OUTCOMES.index(DENIED)
+    ranked = [(-sum(values), -values[denied], key, values) for key, values in sums.items()]
+    # Only the rows shown are built: a report over 100,000 clients shows 20.
+    chosen = sorted(ranked) if top is None else heapq.nsmallest(top, ranked)
+    return Report(
+        rows=[
+            UsageRow(key=key, total=-total, **dict(zip(OUTCOMES, values, strict=True)))
+            for total, _, key, values in chosen
+        ],
+        estimated=by == "client" and any(counts.full for counts in live.values()),
+        uncopied_before=(
+            datetime.fromtimestamp(first * 60, tz=UTC) if missing_from < first else None
+        ),
+    )

@@ -1,0 +1,459 @@
+"""Usage reports and the rollup to the database: ``manage.py throttle_usage`` [``--rollup``]."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis
+from django.core.management import CommandError, call_command
+from django.db import DatabaseError, connection
+from django.db.migrations.executor import MigrationExecutor
+from django.db.models import QuerySet
+from django.urls import reverse
+
+from django_throttle import usage, usage_report
+from django_throttle.backends import get_backend
+from django_throttle.backends.base import Backend
+from django_throttle.checks import check_settings
+from django_throttle.models import UsageCount
+from tests.test_usage import MEMORY, OUTCOMES, by, columns, run, send
+
+pytestmark = pytest.mark.django_db
+
+NONE = {"shadow_denied": 0, "failed_open": 0, "failed_closed": 0}
+ALL = UsageCount.ALL
+
+
+@pytest.fixture(params=["redis", "memory"])
+def backend(request: pytest.FixtureRequest, settings: Any) -> Backend:
+    if request.param == "memory":
+        settings.DJANGO_THROTTLE_BACKEND = MEMORY
+    return get_backend()
+
+
+@pytest.fixture
+def traffic() -> None:
+    """Three clients over two tiers and three endpoints, this minute."""
+    backend = get_backend()
+    send(backend, "user:1", "pro", "search", allowed=5)
+    send(backend, "user:1", "pro", "export", allowed=1, denied=3)
+    send(backend, "user:2", "free", "search", allowed=2, denied=4)
+    send(backend, "ip:203.0.113.7", "free", "", allowed=1, denied=1)
+
+
+def minutes_ago(n: int) -> float:
+    """Mid-minute, n minutes back: no test straddles a minute."""
+    return (int(time.time()) // 60 - n) * 60 + 30.0
+
+
+def rows() -> set[tuple[str, str, str, int, int, int]]:
+    return {
+        (r.client, r.tier, r.endpoint, r.allowed, r.denied, r.failed_open)
+        for r in UsageCount.objects.all()
+    }
+
+
+def rollup() -> str:
+    return run("--rollup")
+
+
+# Reports
+
+
+def test_report_orders_by_total_then_denied(traffic: None) -> None:
+    send(get_backend(), "user:3", "free", "search", allowed=6)  # same total as user:2
+
+    found = usage_report.report(datetime.now(UTC) - timedelta(hours=1), "client", top=None)
+
+    assert found.rows == [
+        usage_report.UsageRow("user:1", allowed=6, denied=3, total=9),
+        usage_report.UsageRow("user:2", allowed=2, denied=4, total=6),
+        usage_report.UsageRow("user:3", allowed=6, denied=0, total=6),
+        usage_report.UsageRow("ip:203.0.113.7", allowed=1, denied=1, total=2),
+    ]
+    assert found.rows[1].denied_percent == pytest.approx(66.666, rel=1e-3)
+    assert not found.estimated
+
+
+def test_report_top_and_bad_arguments(traffic: None) -> None:
+    since = datetime.now(UTC) - timedelta(hours=1)
+    assert [row.key for row in usage_report.report(since, "tier", top=1).rows] == ["pro"]
+    with pytest.raises(ValueError, match="by must be one of client, tier, endpoint"):
+        usage_report.report(since, "user", top=None)
+    with pytest.raises(ValueError, match="top must be at least 1"):
+        usage_report.report(since, "client", top=0)
+
+
+def test_command_json_by_client(traffic: None) -> None:
+    assert json.loads(run("--format", "json")) == [
+        {
+            "client": "user:1",
+            **NONE,
+            "allowed": 6,
+            "denied": 3,
+            "total": 9,
+            "denied_percent": 33.33,
+        },
+        {
+            "client": "user:2",
+            **NONE,
+            "allowed": 2,
+            "denied": 4,
+            "total": 6,
+            "denied_percent": 66.67,
+        },
+        {
+            "client": "ip:203.0.113.7",
+            **NONE,
+            "allowed": 1,
+            "denied": 1,
+            "total": 2,
+            "denied_percent": 50.0,
+        },
+    ]
+
+
+@pytest.mark.parametrize(
+    ("group", "expected"),
+    [
+        ("client", [["user:1", 6, 3, 9], ["user:2", 2, 4, 6], ["ip:203.0.113.7", 1, 1, 2]]),
+        ("tier", [["pro", 6, 3, 9], ["free", 3, 5, 8]]),
+        ("endpoint", [["search", 7, 4, 11], ["export", 1, 3, 4], ["", 1, 1, 2]]),
+    ],
+)
+def test_command_csv(traffic: None, group: str, expected: list[list[object]]) -> None:
+    reader = csv.reader(io.StringIO(run("--by", group, "--format", "csv")))
+    header, *lines = list(reader)
+
+    assert header == [group, *OUTCOMES, "total", "denied_percent"]
+    assert [[key, int(a), int(d), int(t)] for key, a, d, _, _, _, t, _ in lines] == expected
+
+
+def test_command_table(traffic: None) -> None:
+    output = run("--by", "endpoint", "--since", "15m")
+
+    assert "Requests by endpoint, last 15m (since" in output
+    assert "UTC)" in output
+    lines = output.splitlines()
+    header = next(line for line in lines if "Endpoint" in line)
+    for name in ("Allowed", "Denied", "Shadow", "Failed", "Total", "Denied %"):
+        assert name in header
+    search = next(line for line in lines if "search" in line)
+    cells = [cell.strip() for cell in search.split("│")[1:-1]]
+    assert cells == ["search", "7", "4", "0", "0", "0", "11", "36.4"]
+    assert any("(none)" in line for line in lines)
+    assert "estimates" not in output
+    assert "\x1b[" not in output  # no colour codes when not writing to a terminal
+
+
+def test_command_top_limits_rows(traffic: None) -> None:
+    data = json.loads(run("--top", "1", "--format", "json"))
+    assert [item["client"] for item in data] == ["user:1"]
+
+
+def test_command_with_no_usage_prints_a_sentence() -> None:
+    assert run("--since", "30s") == "No requests recorded in the last 30s.\n"
+    assert json.loads(run("--format", "json")) == []
+    assert run("--format", "csv") == (
+        "client,allowed,denied,shadow_denied,failed_open,failed_closed,total,denied_percent\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--since", "5x"], "--since '5x' is not a duration"),
+        (["--since=-1h"], "the duration must be at least 1 h"),
+        (["--since", "0m"], "the duration must be at least 1 m"),
+        (["--since", "99999999999w"], "--since '99999999999w' is too long"),
+        (["--top", "0"], "--top must be at least 1, not 0"),
+        (["--top", "many"], "--top must be a whole number"),
+        (["--by", "foo"], "invalid choice: 'foo'"),
+        (["--format", "xml"], "invalid choice: 'xml'"),
+    ],
+)
+def test_command_rejects_bad_arguments(args: list[str], message: str) -> None:
+    with pytest.raises(CommandError, match=message.replace("(", r"\(")):
+        run(*args)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"since": "-1h"}, "the duration must be at least 1 h"),
+        ({"top": 0}, "--top must be at least 1, not 0"),
+        ({"by": "foo"}, "--by must be one of client, tier, endpoint, not 'foo'"),
+        ({"format": "xml"}, "--format must be one of table, json, csv, not 'xml'"),
+    ],
+)
+def test_command_rejects_bad_keyword_options(options: dict[str, object], message: str) -> None:
+    """call_command(**options) bypasses argparse, so the command checks again."""
+    with pytest.raises(CommandError, match=message):
+        call_command("throttle_usage", stdout=io.StringIO(), **options)
+
+
+def test_command_says_when_redis_cannot_answer(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"
+    with pytest.raises(CommandError, match="Could not read usage from the backend"):
+        run()
+    with pytest.raises(CommandError, match="Could not read usage from the backend"):
+        rollup()
+
+
+def test_more_clients_than_the_top_lists_hold_are_estimates(
+    backend: Backend, settings: Any
+) -> None:
+    settings.DJANGO_THROTTLE_USAGE_TOP_CLIENTS = 2
+    settings.DJANGO_THROTTLE_KEY_SHARDS = 1
+    backend = get_backend()  # rebuilt with the settings
+    send(backend, "user:1", "pro", "search", allowed=30)
+    for client in ["user:2", "user:3", "user:4"]:
+        send(backend, client, "pro", "search", allowed=3)
+    stderr = io.StringIO()
+
+    clients = by("client")
+    table = run()
+    run("--format", "json", stderr=stderr)
+
+    assert len(clients) == 2  # bounded
+    assert clients["user:1"]["allowed"] >= 30  # above 1/top of the requests: always listed
+    assert sum(row["allowed"] for row in clients.values()) == 39  # still adds up
+    assert by("tier") == {"pro": columns(allowed=39)}  # exact
+    assert "Per-client counts may be estimates" in " ".join(table.split())
+    assert "Per-client counts may be estimates" in stderr.getvalue()
+
+
+# The rollup
+
+
+def test_rollup_copies_finished_minutes_and_reports_count_them_once(backend: Backend) -> None:
+    send(backend, "user:1", "pro", "search", allowed=3, denied=2, at=minutes_ago(10))
+    send(backend, "user:1", "pro", "search", allowed=1)  # this minute: not finished
+
+    assert rollup().startswith("Rolled up ")
+
+    assert rows() == {
+        (ALL, "pro", "search", 3, 2, 0),
+        ("user:1", ALL, ALL, 3, 2, 0),
+    }
+    assert by("client") == {"user:1": columns(allowed=4, denied=2)}
+    assert by("tier") == {"pro": columns(allowed=4, denied=2)}
+
+
+def test_rollup_twice_or_without_its_watermark_writes_the_same_rows(
+    redis_client: redis.Redis,
+) -> None:
+    backend = get_backend()
+    send(backend, "user:1", "pro", "search", allowed=3, at=minutes_ago(10))
+    send(backend, "user:2", "pro", "", denied=1, at=minutes_ago(5))
+    rollup()
+    first = rows()
+    rollup()
+    redis_client.delete(f"{backend.prefix}:usage-rolled")  # type: ignore[attr-defined]
+    rollup()
+
+    assert rows() == first
+    assert by("client") == {"user:1": columns(allowed=3), "user:2": columns(denied=1)}
+
+
+def test_counts_outlive_redis_once_rolled_up(redis_client: redis.Redis) -> None:
+    backend = get_backend()
+    send(backend, "user:1", "pro", "search", allowed=3, denied=1, at=minutes_ago(10))
+    rollup()
+    for tag in backend.shard_tags():  # type: ignore[attr-defined]
+        for key in redis_client.keys(f"{tag}*"):
+            redis_client.delete(key)  # what the TTL does later
+
+    assert by("client") == {"user:1": columns(allowed=3, denied=1)}
+    assert by("endpoint") == {"search": columns(allowed=3, denied=1)}
+
+
+def test_a_late_push_into_a_copied_minute_is_copied_again(backend: Backend) -> None:
+    at = minutes_ago(10)
+    send(backend, "user:1", "pro", "search", allowed=2, at=at)
+    rollup()
+    store = usage.get_store(backend)
+    store.push("late-1", [(int(at) // 60, "pro|search", "user:1", "o", 5)])
+
+    rollup()
+
+    assert (ALL, "pro", "search", 2, 0, 5) in rows()
+    assert by("client") == {"user:1": columns(allowed=2, fo=5)}
+
+
+def test_a_rollup_that_fails_half_way_loses_and_doubles_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend = get_backend()
+    send(backend, "user:1", "pro", "search", allowed=2, at=minutes_ago(20))
+    send(backend, "user:1", "pro", "search", allowed=3, at=minutes_ago(10))
+    monkeypatch.setattr(usage_report, "CHUNK_MINUTES", 1)
+    real = QuerySet.bulk_create
+    calls: list[int] = []
+
+    def fail_the_second_chunk(self: QuerySet[Any], objs: Any, *args: Any, **kwargs: Any) -> Any:
+        objs = list(objs)
+        if objs:
+            calls.append(len(objs))
+            if len(calls) == 2:
+                raise DatabaseError("disk full")
+        return real(self, objs, *args, **kwargs)
+
+    monkeypatch.setattr(QuerySet, "bulk_create", fail_the_second_chunk)
+    with pytest.raises(CommandError, match="Could not write usage rows: disk full"):
+        rollup()
+    rollup()
+
+    assert by("client") == {"user:1": columns(allowed=5)}
+    assert UsageCount.objects.filter(client="user:1").count() == 2  # one row per minute
+
+
+def test_an_odd_name_never_stops_the_rollup() -> None:
+    """PostgreSQL refuses NUL bytes in text: they are stored as U+FFFD."""
+    send(get_backend(), "key:a\x00b", "pro", "x\x00y", allowed=2, at=minutes_ago(10))
+    send(get_backend(), "user:1", "pro", "search", allowed=1, at=minutes_ago(10))
+
+    rollup()
+
+    assert ("key:a\ufffdb", ALL, ALL, 2, 0, 0) in rows()
+    assert (ALL, "pro", "x\ufffdy", 2, 0, 0) in rows()
+    assert by("tier") == {"pro": columns(allowed=3)}
+
+
+def test_rollup_deletes_rows_past_retention(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_USAGE_RETENTION_DAYS = 7
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    UsageCount.objects.create(window_start=now - timedelta(days=8), client="old")
+    UsageCount.objects.create(window_start=now - timedelta(days=6), client="recent")
+
+    rollup()
+
+    assert list(UsageCount.objects.values_list("client", flat=True)) == ["recent"]
+
+
+def test_report_reads_rows_older_than_redis_keeps(traffic: None) -> None:
+    three_hours_ago = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=3)
+    UsageCount.objects.create(
+        window_start=three_hours_ago, client="user:old", tier=ALL, endpoint=ALL, allowed=100
+    )
+    UsageCount.objects.create(
+        window_start=three_hours_ago, client=ALL, tier="old", endpoint="", allowed=100
+    )
+
+    recent = json.loads(run("--since", "2h", "--format", "json"))
+    wider = json.loads(run("--since", "1d", "--format", "json"))
+
+    assert "user:old" not in [item["client"] for item in recent]
+    assert [item["client"] for item in wider] == ["user:old", "user:1", "user:2", "ip:203.0.113.7"]
+    assert wider[0] == {
+        "client": "user:old",
+        **NONE,
+        "allowed": 100,
+        "denied": 0,
+        "total": 100,
+        "denied_percent": 0.0,
+    }
+    assert by("tier", "--since", "1d")["old"] == columns(allowed=100)
+
+
+def test_report_notes_minutes_that_left_redis_uncopied(traffic: None, settings: Any) -> None:
+    settings.DJANGO_THROTTLE_USAGE_REDIS_TTL = 3600
+    stderr = io.StringIO()
+
+    run("--since", "2h", stderr=stderr)
+
+    assert "missing unless a rollup copied them" in stderr.getvalue()
+    assert "throttle_usage --rollup" in stderr.getvalue()
+    quiet = io.StringIO()
+    run("--since", "30m", stderr=quiet)
+    assert quiet.getvalue() == ""
+
+
+# Upgrading: rows the old flusher wrote
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_splits_old_rows_into_totals_and_clients() -> None:
+    executor = MigrationExecutor(connection)
+    executor.migrate([("django_throttle", "0002_bounds_failure_modes_usage_outcomes")])
+    old = executor.loader.project_state(
+        ("django_throttle", "0002_bounds_failure_modes_usage_outcomes")
+    ).apps.get_model("django_throttle", "UsageCount")
+    minute = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    for client, tier_slug, endpoint_name, allowed, denied in [
+        ("user:1", "pro", "search", 3, 1),
+        ("user:1", "pro", "export", 2, 0),
+        ("user:2", "pro", "search", 1, 4),
+    ]:
+        old.objects.create(
+            window_start=minute,
+            client=client,
+            tier=tier_slug,
+            endpoint=endpoint_name,
+            allowed=allowed,
+            denied=denied,
+        )
+
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes("django_throttle"))
+
+    assert {
+        (r[0], r[1], r[2], r[3], r[4])
+        for r in UsageCount.objects.values_list("client", "tier", "endpoint", "allowed", "denied")
+    } == {
+        (ALL, "pro", "search", 4, 5),
+        (ALL, "pro", "export", 2, 0),
+        ("user:1", ALL, ALL, 5, 1),
+        ("user:2", ALL, ALL, 1, 4),
+    }
+
+
+# Admin and settings
+
+
+def test_admin_lists_totals_apart_from_clients(admin_client: Any) -> None:
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    UsageCount.objects.create(
+        window_start=now, client=ALL, tier="pro", endpoint="endpoint-xyz", allowed=7
+    )
+    UsageCount.objects.create(window_start=now, client="user:42", tier=ALL, endpoint=ALL, allowed=7)
+    url = reverse("admin:django_throttle_usagecount_changelist")
+
+    def listed(kind: str) -> list[tuple[str, str]]:
+        page = admin_client.get(url, {"kind": kind})
+        return [(row.client, row.endpoint) for row in page.context["cl"].result_list]
+
+    assert listed("totals") == [(ALL, "endpoint-xyz")]
+    assert listed("clients") == [("user:42", ALL)]
+
+
+def test_the_flush_interval_setting_is_gone(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_USAGE_FLUSH_INTERVAL = 10
+    [warning] = check_settings()
+    assert warning.id == "django_throttle.W001"
+    assert "DJANGO_THROTTLE_USAGE_FLUSH_INTERVAL no longer does anything" in warning.msg
+    assert "throttle_usage --rollup" in warning.msg
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "check_id"),
+    [
+        ("USAGE_REDIS_TTL", 60, "E027"),
+        ("USAGE_REDIS_TTL", "3h", "E027"),
+        ("USAGE_REDIS_TTL", 31 * 86400, "E027"),
+        ("USAGE_TOP_CLIENTS", 0, "E028"),
+        ("USAGE_TOP_CLIENTS", 10.5, "E028"),
+    ],
+)
+def test_bad_usage_settings_have_their_own_ids(
+    settings: Any, name: str, value: Any, check_id: str
+) -> None:
+    setattr(settings, f"DJANGO_THROTTLE_{name}", value)
+    assert [error.id for error in check_settings()] == [f"django_throttle.{check_id}"]
