@@ -3,7 +3,7 @@ throttle, django_throttle's PolicyThrottle and DRF's AnonRateThrottle, driven by
 
 Run by hand from the repository root (never in CI)::
 
-    .venv/bin/python bench/load_test.py            # about 7 minutes
+    .venv/bin/python bench/load_test.py            # about 8 minutes
     .venv/bin/python bench/load_test.py --quick    # about 1 minute, writes *_quick files
     .venv/bin/python bench/load_test.py --realistic --clients 2000   # 100/min, some 429s
 
@@ -113,7 +113,7 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row.update(rps=statistics.median(rates), rps_min=min(rates), rps_max=max(rates))
         for key in ("p50", "p90", "p99", "max"):
             row[f"{key}_ms"] = round(statistics.median(r[f"{key}_us"] for r in group) / 1e3, 3)
-        for key in ("foreign_cpu", "own_cpu"):
+        for key in ("foreign_cpu", "own_cpu", "server_cpu_us", "redis_cpu_us"):
             row[key] = statistics.median(run[key] for run in group)
         for key in ("requests", "non_2xx", "socket_errors", "server_log_problems"):
             row[key] = sum(run[key] for run in group)
@@ -136,15 +136,18 @@ def measured_run(server: Server, connections: int, args: argparse.Namespace) -> 
     best: dict[str, Any] = {}
     for attempt in range(1, args.retries + 2):
         run_wrk(server.url, connections, args.warmup, args)
-        with cpu.Meter(*args.ours) as meter:
+        with cpu.Meter(*args.ours, server.process.pid) as meter:
             run = run_wrk(server.url, connections, args.seconds, args)
         run.update(foreign_cpu=meter.foreign, own_cpu=meter.ours, attempts=attempt)
+        served = max(run["requests"], 1)
+        run["server_cpu_us"] = round(meter.server / served * 1e6, 1)
+        run["redis_cpu_us"] = round(meter.redis_seconds / served * 1e6, 1)
         if not best or run["foreign_cpu"] < best["foreign_cpu"]:
             best = run
         if meter.foreign <= args.max_foreign:
             break
         for _ in range(args.patience):  # give the other work a chance to finish first
-            with cpu.Meter(*args.ours) as idle:
+            with cpu.Meter(*args.ours, 0) as idle:
                 time.sleep(1)
             if idle.foreign <= args.max_foreign:
                 break
@@ -172,7 +175,8 @@ def measure(servers: list[Server], args: argparse.Namespace) -> list[dict[str, A
                 print(
                     f"rep {repetition + 1}/{args.repeat} c={connections:<3} {server.name:8} "
                     f"{server.variant:6} {run['rps']:6.0f} req/s  p50 {run['p50_us'] / 1e3:6.2f}"
-                    f" ms  p99 {run['p99_us'] / 1e3:7.2f} ms  cpu ours {run['own_cpu']:.2f}"
+                    f" ms  p99 {run['p99_us'] / 1e3:7.2f} ms  CPU/req {run['server_cpu_us']:4.0f}"
+                    f"+{run['redis_cpu_us']:3.0f} us  cores ours {run['own_cpu']:.2f}"
                     f" others {run['foreign_cpu']:.2f} (x{run['attempts']}){flag}",
                     flush=True,
                 )
@@ -237,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         for number, server in enumerate(servers, start=1):
             check_variant(server, f"192.0.2.{number}", client)
         print(f"servers up; rate {rate}; {args.clients} client addresses", flush=True)
-        args.ours = ({redis_server.pid}, {server.process.pid for server in servers})
+        args.ours = (redis_server.pid, {server.process.pid for server in servers})
         runs = measure(servers, args)
         machine = report.machine_info(str(client.info("server")["redis_version"]), ROOT)
         client.close()

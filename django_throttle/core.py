@@ -160,16 +160,16 @@ def _plan(
             tier_slug = tier.slug
     if not limits:
         return UNLIMITED
-    return _Plan(
-        client=identity.key,
-        limits=limits,
-        cost=1 if cost is None else cost,
-        field=usage.field_for(tier_slug, endpoint_name or scope or ""),
-        failure_mode=failure_mode,
-        credential=credential,
-        policy=policy,
-        tier=tier,
-        endpoint=endpoint,
+    return _Plan(  # positional, in field order: once per request
+        identity.key,
+        limits,
+        1 if cost is None else cost,
+        usage.field_for(tier_slug, endpoint_name or scope or ""),
+        failure_mode,
+        credential,
+        policy,
+        tier,
+        endpoint,
     )
 
 

@@ -21,9 +21,9 @@ def machine_busy() -> float:
     return (sum(values) - values[3] - values[4]) / TICK  # minus idle and iowait
 
 
-def processes_cpu(pids: set[int], groups: set[int]) -> float:
-    """CPU seconds of the live processes in ``pids`` or in the process groups ``groups``."""
-    total = 0
+def processes() -> dict[int, tuple[int, float]]:
+    """pid -> (process group, CPU seconds) of every live process."""
+    found = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -31,35 +31,42 @@ def processes_cpu(pids: set[int], groups: set[int]) -> float:
             fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue  # exited meanwhile
-        if int(entry.name) in pids or int(fields[2]) in groups:
-            total += int(fields[11]) + int(fields[12])  # utime + stime
-    return total / TICK
+        found[int(entry.name)] = (int(fields[2]), (int(fields[11]) + int(fields[12])) / TICK)
+    return found
 
 
-def own_cpu(pids: set[int], groups: set[int]) -> float:
-    """This process, its waited-for children (wrk) and the given processes and groups."""
+def this_process() -> float:
+    """CPU seconds of this process and its waited-for children (the finished wrk runs)."""
     mine = resource.getrusage(resource.RUSAGE_SELF)
     waited = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (mine.ru_utime + mine.ru_stime + waited.ru_utime + waited.ru_stime) + processes_cpu(
-        pids, groups
-    )
+    return mine.ru_utime + mine.ru_stime + waited.ru_utime + waited.ru_stime
 
 
 class Meter:
-    """``with Meter(pids, groups) as meter: ...`` then ``meter.foreign`` (cores) and
-    ``meter.ours`` (cores), both averaged over the block's wall time."""
+    """CPU over a ``with`` block. ``redis`` is the Redis pid, ``groups`` the process groups of
+    every server, ``measured`` the one under load. Afterwards: ``foreign`` and ``ours`` in
+    cores (averaged over the block's wall time), ``server`` and ``redis_seconds`` in CPU
+    seconds of the measured server's processes and of Redis."""
 
-    def __init__(self, pids: set[int], groups: set[int]) -> None:
-        self.pids, self.groups = pids, groups
-        self.foreign = self.ours = 0.0
+    def __init__(self, redis: int | None, groups: set[int], measured: int) -> None:
+        self.redis, self.groups, self.measured = redis, groups, measured
+        self.foreign = self.ours = self.server = self.redis_seconds = 0.0
+
+    def _snapshot(self) -> tuple[float, float, float, float, float]:
+        table = processes()
+        servers = sum(cpu for group, cpu in table.values() if group in self.groups)
+        measured = sum(cpu for group, cpu in table.values() if group == self.measured)
+        redis = table.get(self.redis or -1, (0, 0.0))[1]
+        return time.monotonic(), machine_busy(), this_process() + servers + redis, measured, redis
 
     def __enter__(self) -> Meter:
-        self._start = (time.monotonic(), machine_busy(), own_cpu(self.pids, self.groups))
+        self._start = self._snapshot()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        wall = time.monotonic() - self._start[0]
-        busy = machine_busy() - self._start[1]
-        ours = own_cpu(self.pids, self.groups) - self._start[2]
+        wall, busy, ours, server, redis = (
+            end - start for end, start in zip(self._snapshot(), self._start, strict=True)
+        )
         self.ours = round(ours / wall, 3)
         self.foreign = round(max(busy - ours, 0.0) / wall, 3)
+        self.server, self.redis_seconds = server, redis

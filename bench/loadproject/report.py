@@ -27,6 +27,8 @@ COLUMNS = (
     "non_2xx",
     "socket_errors",
     "server_log_problems",
+    "server_cpu_us",
+    "redis_cpu_us",
     "own_cpu",
     "foreign_cpu",
     "repetitions",
@@ -104,14 +106,16 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The table printed at the end (and pasted into bench/README.md)."""
     lines = [
-        "| server | variant | conc. | req/s | vs none | p50 ms | p99 ms | non-2xx | errors |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| server | variant | conc. | req/s | vs none | p50 ms | p99 ms | server CPU µs/req "
+        "| Redis CPU µs/req | non-2xx | errors |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in rows:
         errors = row["socket_errors"] + row["server_log_problems"]
         lines.append(
             f"| {row['server']} | {row['variant']} | {row['concurrency']} | {row['rps']:.0f} "
             f"| {row['vs_none']:.2f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} "
+            f"| {row['server_cpu_us']:.0f} | {row['redis_cpu_us']:.0f} "
             f"| {row['non_2xx']} | {errors} |"
         )
     return "\n".join(lines)

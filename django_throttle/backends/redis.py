@@ -155,7 +155,7 @@ class RedisBackend(Backend):
         digest in 16 base64url characters (user-controlled text never shapes a key), the
         shard taken from the same digest."""
         digest = hashlib.blake2b(client.encode(), digest_size=DIGEST_SIZE).digest()
-        shard = int.from_bytes(digest[:2], "big") % self.shards
+        shard = (digest[0] << 8 | digest[1]) % self.shards
         return self._tags[shard] + urlsafe_b64encode(digest) + b":"
 
     def hit(
