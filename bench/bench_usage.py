@@ -28,14 +28,9 @@ import argparse
 import io
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,35 +38,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.bench_assignments import throwaway_database  # noqa: E402  (after the path setup)
+
 ALLOW_RATE = "1000000/s"
 DENY_RATE = "1/h"
-
-
-@contextmanager
-def throwaway_database(url: str | None) -> Iterator[dict[str, Any]]:
-    """Django DATABASES['default'] for a database created here and dropped on exit."""
-    if not url:
-        folder = tempfile.mkdtemp(prefix="dt-bench-usage-")
-        try:
-            yield {"ENGINE": "django.db.backends.sqlite3", "NAME": f"{folder}/bench.sqlite3"}
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        return
-    import dj_database_url
-    import psycopg
-
-    config = dj_database_url.parse(url)
-    name = f"dt_bench_{uuid.uuid4().hex[:12]}"
-    admin = psycopg.connect(url, autocommit=True)
-    admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield {**config, "NAME": name}
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        admin.close()
 
 
 def configure(database: dict[str, Any], redis_url: str, top_clients: int) -> None:

@@ -25,6 +25,7 @@ from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis import RETIME_FILES, RedisBackend, load_script
 from django_throttle.headers import retry_after_seconds, whole_seconds
 from django_throttle.rates import Limit, Rate
+from tests.bucket_state import base36
 
 T0 = 1_700_000_000.0
 REFERENCE = Limit.build("ref", "2/s", burst=10)
@@ -215,9 +216,11 @@ def redis_backend() -> RedisBackend:
     return backend
 
 
-def _process_worker(url: str, prefix: str, barrier: object, out: object, n: int) -> None:
+def _process_worker(
+    url: str, prefix: str, barrier: object, out: object, n: int, source: str
+) -> None:
     client = redis.Redis.from_url(url)
-    script = client.register_script(load_script())
+    script = client.register_script(source)
     backend_key = f"{prefix}:{{proc}}:race"
     barrier.wait()  # type: ignore[attr-defined]
     allowed = 0
@@ -233,7 +236,10 @@ def test_processes_racing_admit_exactly_capacity(redis_url: str, _isolated_throt
     ctx = multiprocessing.get_context("spawn")
     barrier, out = ctx.Barrier(4), ctx.Queue()
     workers = [
-        ctx.Process(target=_process_worker, args=(redis_url, _isolated_throttle, barrier, out, 10))
+        ctx.Process(
+            target=_process_worker,
+            args=(redis_url, _isolated_throttle, barrier, out, 10, load_script()),
+        )
         for _ in range(4)
     ]
     for worker in workers:
@@ -471,17 +477,8 @@ def _corrupt(backend: Backend, client: str, limit: Limit, state: str) -> None:
         assert isinstance(backend, RedisBackend)
         used, space, stamp = state.partition(" ")
         with contextlib.suppress(ValueError, OverflowError):
-            stamp = _base36(int(float(stamp)))  # the script stores µs stamps in base 36
+            stamp = base36(int(float(stamp)))  # the script stores µs stamps in base 36
         backend.client.set(backend.key(client, limit), used + space + stamp, px=3_600_000)
-
-
-def _base36(n: int) -> str:
-    digits = ""
-    while True:
-        n, digit = divmod(n, 36)
-        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[digit] + digits
-        if not n:
-            return digits
 
 
 @pytest.mark.parametrize("state", ["garbage", "1", "x 5", "5 y", "nan 5", "inf 5", "5 inf", ""])

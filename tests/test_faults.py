@@ -27,6 +27,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from django_throttle import policy
+from tests.bucket_state import base36
 from tests.factories import tier
 from tests.faultproxy import FaultProxy
 from tests.redis_servers import RedisServer
@@ -212,16 +213,6 @@ def used_tokens(client: redis.Redis, prefix: str) -> dict[str, float]:
         if value is not None and b" " in value:
             found[key.decode()] = float(value.split(b" ", 1)[0])
     return found
-
-
-def base36(n: int) -> str:
-    """The token bucket's stored timestamp format: whole microseconds in base 36."""
-    digits = ""
-    while True:
-        n, digit = divmod(n, 36)
-        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[digit] + digits
-        if not n:
-            return digits
 
 
 def inject(fault: str, proxy: FaultProxy, server: RedisServer) -> None:

@@ -11,6 +11,7 @@ Thread-safe (one lock); the memory backend calls :meth:`MemoryUsage.count` insid
 
 from __future__ import annotations
 
+import heapq
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -35,8 +36,12 @@ class MemoryUsage(UsageStore):
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self._lock = threading.Lock()
-        # minute -> (totals: "<letter><field>" -> n, tops: letter -> client -> n)
-        self._minutes: dict[int, tuple[dict[str, int], dict[str, dict[str, int]]]] = {}
+        # minute -> (totals: "<letter><field>" -> n, tops: letter -> client -> n,
+        #            heaps: letter -> (n, client) entries, some stale, to find the smallest)
+        self._minutes: dict[
+            int,
+            tuple[dict[str, int], dict[str, dict[str, int]], dict[str, list[tuple[int, str]]]],
+        ] = {}
         self._full: set[int] = set()
         self._watermark: int | None = None
         self._late: set[int] = set()
@@ -52,24 +57,34 @@ class MemoryUsage(UsageStore):
         with self._lock:
             entry = self._minutes.get(minute)
             if entry is None:
-                entry = self._minutes[minute] = ({}, {})
+                entry = self._minutes[minute] = ({}, {}, {})
                 self._expire(minute)
-            totals, tops = entry
+            totals, tops, heaps = entry
             key = outcome + field
             totals[key] = totals.get(key, 0) + n
             top = tops.get(outcome)
             if top is None:
                 top = tops[outcome] = {}
+                heaps[outcome] = []
+            heap = heaps[outcome]
             if client in top:
                 top[client] += n
             elif len(top) < top_size:
                 top[client] = n
             else:
-                # ZPOPMIN's choice: the smallest count, ties to the lowest label.
-                smallest = min(top.items(), key=lambda item: (item[1], item[0]))
-                del top[smallest[0]]
-                top[client] = smallest[1] + n
+                # ZPOPMIN's choice: the smallest count, ties to the lowest label. A heap with
+                # stale entries skipped on the way finds it in O(log K), not a scan of K.
+                while True:
+                    smallest, label = heapq.heappop(heap)
+                    if top.get(label) == smallest:
+                        break
+                del top[label]
+                top[client] = smallest + n
                 self._full.add(minute)
+            heapq.heappush(heap, (top[client], client))
+            if len(heap) > 4 * top_size + 64:  # stale entries: rebuild from the counts
+                heap[:] = [(count, name) for name, count in top.items()]
+                heapq.heapify(heap)
 
     def _expire(self, minute: int) -> None:
         oldest = minute - self._keep
