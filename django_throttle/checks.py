@@ -135,6 +135,7 @@ SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E026", "KEY_SHARDS", _int_range(1, 1024)),
     ("E027", "USAGE_REDIS_TTL", _int_range(120, 30 * 86400)),
     ("E028", "USAGE_TOP_CLIENTS", _int_range(1, 1_000_000)),
+    ("E029", "USAGE_CLIENT_SAMPLE", _int_range(1, 1024)),
 )
 
 _NO_USER_TIER_CACHE = (

@@ -171,6 +171,15 @@ class Settings:
         return int(self._get("USAGE_TOP_CLIENTS", 1000))
 
     @property
+    def USAGE_CLIENT_SAMPLE(self) -> int:
+        """Allowed requests enter the per-client lists one in N (chosen by the microseconds of
+        the server clock), each counting N: the lists' cost per request drops N-fold while a
+        client's allowed count stays an unbiased estimate. Denied and shadow would-deny
+        requests are always counted; tier and endpoint totals are always exact. 1 counts
+        every request."""
+        return int(self._get("USAGE_CLIENT_SAMPLE", 8))
+
+    @property
     def USAGE_RETENTION_DAYS(self) -> int:
         """Days usage rows are kept in the database before the rollup deletes them."""
         return int(self._get("USAGE_RETENTION_DAYS", 7))

@@ -91,6 +91,8 @@ def test_defaults_pass(settings: Any) -> None:
         ("KEY_SHARDS", 0, "E026"),
         ("KEY_SHARDS", 1025, "E026"),
         ("KEY_SHARDS", "16", "E026"),
+        ("USAGE_CLIENT_SAMPLE", 0, "E029"),
+        ("USAGE_CLIENT_SAMPLE", 2000, "E029"),
     ],
 )
 def test_bad_value_has_its_own_id(settings: Any, name: str, value: Any, check_id: str) -> None:
@@ -127,6 +129,8 @@ def test_bad_value_has_its_own_id(settings: Any, name: str, value: Any, check_id
         ("POLICY_MAX_AGE", 30.5),
         ("KEY_SHARDS", 1),
         ("KEY_SHARDS", 1024),
+        ("USAGE_CLIENT_SAMPLE", 1),
+        ("USAGE_CLIENT_SAMPLE", 64),
         ("TRUSTED_PROXY_COUNT", 0),
         ("TRUSTED_PROXY_COUNT", 32),
         ("IPV4_PREFIX", 8),

@@ -47,11 +47,17 @@ class MemoryUsage(UsageStore):
         self._late: set[int] = set()
         self._applied: set[str] = set()
         self.top_size = max(1, int(app_settings.USAGE_TOP_CLIENTS))
+        self.sample = max(1, int(app_settings.USAGE_CLIENT_SAMPLE))
         self._keep = max(1, int(app_settings.USAGE_REDIS_TTL) // 60)
 
-    def count(self, now_us: float, field: str, client: str, outcome: str, n: int = 1) -> None:
-        """Count ``n`` requests of ``client`` under ``field`` and outcome letter ``outcome``
-        in the minute of ``now_us`` (microseconds)."""
+    def count(
+        self, now_us: float, field: str, client: str, outcome: str, n: int | None = None
+    ) -> None:
+        """Count ``n`` (default 1) requests of ``client`` under ``field`` and outcome letter
+        ``outcome`` in the minute of ``now_us`` (whole microseconds). A single allowed request
+        enters the top list one time in ``USAGE_CLIENT_SAMPLE``, like the script."""
+        sampled = n is None and outcome == "a" and self.sample > 1
+        n = 1 if n is None else n
         minute = int(now_us // 60_000_000)
         top_size = self.top_size
         with self._lock:
@@ -62,6 +68,10 @@ class MemoryUsage(UsageStore):
             totals, tops, heaps = entry
             key = outcome + field
             totals[key] = totals.get(key, 0) + n
+            if sampled:
+                if int(now_us) % self.sample:
+                    return
+                n = self.sample
             top = tops.get(outcome)
             if top is None:
                 top = tops[outcome] = {}

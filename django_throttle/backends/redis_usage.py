@@ -41,7 +41,7 @@ PUSH_CHUNK = 200
 WATERMARK_TTL = 30 * 86400
 #: Read timeout for reports and rollups: a report may wait longer than a request.
 READ_TIMEOUT = 10.0
-_SETTINGS_LINE = re.compile(r"^local USAGE_TTL, USAGE_TOP = .*-- @settings.*$", re.MULTILINE)
+_SETTINGS_LINE = re.compile(r"^local USAGE_TTL, USAGE_TOP\b.*-- @settings.*$", re.MULTILINE)
 _ADVANCE = (
     "local old = tonumber(redis.call('GET', KEYS[1]) or '-1') "
     "if tonumber(ARGV[1]) > old then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) end"
@@ -59,11 +59,11 @@ def top_per_shard(shards: int) -> int:
 
 
 def lua_source(shards: int) -> str:
-    """``usage.lua`` with ``DJANGO_THROTTLE_USAGE_REDIS_TTL`` and the per-shard top size
-    written in: constants in the script cost no bytes per request."""
+    """``usage.lua`` with ``DJANGO_THROTTLE_USAGE_REDIS_TTL``, the per-shard top size and
+    ``USAGE_CLIENT_SAMPLE`` written in: constants in the script cost no bytes per request."""
     line = (
-        f"local USAGE_TTL, USAGE_TOP = {int(app_settings.USAGE_REDIS_TTL)}, "
-        f"{top_per_shard(shards)} -- @settings"
+        f"local USAGE_TTL, USAGE_TOP, USAGE_SAMPLE = {int(app_settings.USAGE_REDIS_TTL)}, "
+        f"{top_per_shard(shards)}, {max(1, int(app_settings.USAGE_CLIENT_SAMPLE))} -- @settings"
     )
     text, found = _SETTINGS_LINE.subn(line, _lua("usage.lua"), count=1)
     if not found:  # pragma: no cover - the file ships with the line

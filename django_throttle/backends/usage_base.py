@@ -56,6 +56,9 @@ class UsageStore(ABC):
 
     top_size: int
 
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections of the store's own (a Redis store may open a reading client)."""
+
     @abstractmethod
     def now_minute(self) -> int:
         """The current minute on the clock the counts are written with."""

@@ -24,17 +24,25 @@
 -- Writes use redis.pcall and ignore errors (a key of the wrong type, OOM): counting must never
 -- fail or undo a decision that was already written.
 
-local USAGE_TTL, USAGE_TOP = 10800, 63 -- @settings (rewritten from Django settings at load)
+local USAGE_TTL, USAGE_TOP, USAGE_SAMPLE = 10800, 63, 8 -- @settings (rewritten from Django settings at load)
 
 -- Count n (default 1) requests of `client` under `field` and `outcome` in now's minute.
 -- now: microseconds; field, client: strings of at most 200 bytes; outcome: one letter.
+-- A single allowed request (no n: the decision's own call) enters the top list only one time
+-- in USAGE_SAMPLE, picked by the clock's microseconds, counting USAGE_SAMPLE: most decisions
+-- then cost one command here, and a client's listed count stays an unbiased estimate.
 local function count_usage(tag, now, field, client, outcome, n)
+  local sampled = n == nil and outcome == 'a' and USAGE_SAMPLE > 1
   n = n or 1
   local minute = string.format('%d', math.floor(now / 60000000))
   local totals = tag .. 'u' .. minute
   if redis.pcall('HINCRBY', totals, outcome .. field, n) == n then
     -- The field is new, and maybe the key: (re)arm its TTL.
     redis.pcall('EXPIRE', totals, USAGE_TTL)
+  end
+  if sampled then
+    if now % USAGE_SAMPLE ~= 0 then return end
+    n = USAGE_SAMPLE
   end
   local top = tag .. 't' .. outcome .. minute
   -- Already listed: one command. (An error reply is a table, also truthy: give up quietly.)
