@@ -8,8 +8,9 @@
 --                             USAGE_TOP members, kept with the Space-Saving rule: a client not
 --                             in a full set replaces the smallest and inherits its count + n,
 --                             so every client above 1/USAGE_TOP of the shard's requests that
---                             minute is listed, the scores sum to the exact total, and a
---                             listed count is high by at most the count it inherited.
+--                             minute is listed and a listed count is high by at most the
+--                             count it inherited. Allowed requests are sampled (one in
+--                             USAGE_SAMPLE, weighted), so the allowed scores are estimates.
 -- Outcome letters: a allowed, d denied, s shadow would-deny, o failed open, c failed closed.
 -- Every key gets a TTL of USAGE_TTL seconds when it is created; the rollup
 -- (manage.py throttle_usage --rollup) copies finished minutes to the database before then.
@@ -18,8 +19,9 @@
 -- endpoint x minute with allowed and denied in every shard (1,800 with all five outcomes;
 -- 2,400 once a shard's hash outgrows hash-max-listpack-entries); the top lists hold at most
 -- USAGE_TOP members per shard and outcome, about 21 bytes each (118 beyond
--- zset-max-listpack-entries, 128). Cost: 2 commands when the client is listed, 5 when it
--- replaces the smallest (2.5 and 6.5 us of script time on the benchmark machine).
+-- zset-max-listpack-entries, 128). Cost: 1 command (HINCRBY) for an allowed request outside
+-- the sample; otherwise 2 when the client is listed, 5 when it replaces the smallest (2.5 and
+-- 6.5 us of script time on the benchmark machine).
 --
 -- Writes use redis.pcall and ignore errors (a key of the wrong type, OOM): counting must never
 -- fail or undo a decision that was already written.
