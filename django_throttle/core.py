@@ -22,8 +22,8 @@ from django_throttle.backends import BackendError, get_backend, get_local_backen
 from django_throttle.breaker import CircuitBreaker, get_breaker
 from django_throttle.conf import app_settings
 from django_throttle.identity import UNIDENTIFIED, Identity, get_resolver
-from django_throttle.policy import EndpointPolicy, Policy, TierPolicy
 from django_throttle.rates import UNLIMITED, Decision, Limit
+from django_throttle.snapshot import EndpointPolicy, Policy, TierPolicy
 
 logger = logging.getLogger("django_throttle")
 
