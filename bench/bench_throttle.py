@@ -128,7 +128,6 @@ def configure_django(
             else redis_options
         ),
         DJANGO_THROTTLE_USAGE_ENABLED=count_usage,
-        DJANGO_THROTTLE_USAGE_FLUSH_INTERVAL=0,
         **(extra_settings or {}),
     )
     django.setup()
