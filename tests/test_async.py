@@ -138,3 +138,19 @@ def test_async_drf_view_through_adrf(monkeypatch: pytest.MonkeyPatch) -> None:
     responses = async_to_sync(three)()
     assert [r.status_code for r in responses] == [200, 200, 429]
     assert int(responses[-1]["Retry-After"]) >= 1
+
+
+def test_async_path_recovers_a_flushed_script_cache(redis_client: Any) -> None:
+    """NOSCRIPT on the pipelined connection: the call is sent once more as EVAL, counted once."""
+    from django_throttle.rates import Limit
+
+    backend = backends.get_backend()
+    limit = (Limit.build("async-flush", "1/m", burst=3),)
+
+    async def run() -> list[int]:
+        first = await backend.ahit("ip:10.20.0.9", limit)
+        redis_client.script_flush()
+        second = await backend.ahit("ip:10.20.0.9", limit)
+        return [first.remaining, second.remaining]
+
+    assert async_to_sync(run)() == [2, 1]

@@ -651,3 +651,27 @@ def test_a_decision_costs_at_most_180_bytes_on_the_wire(
     after = stats["total_net_input_bytes"] + stats["total_net_output_bytes"]
     info_call = 2000  # generous bound for the INFO command and its reply in between
     assert (after - before - info_call) / 100 <= 180
+
+
+def test_a_forked_child_never_reads_its_parents_replies(redis_backend: RedisBackend) -> None:
+    """A child forked after the parent counted (gunicorn's preload) counts on a connection of
+    its own, on its own bucket, and the parent's connection keeps working."""
+    import os
+
+    parent_sockets = {conn._sock.fileno() for conn, _ in redis_backend._stack._idle}
+
+    limit = (Limit.build("forked", "100/h", burst=100),)
+    assert redis_backend.hit("parent", limit).remaining == 99
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if its own call was counted on its own bucket
+        try:
+            ok = redis_backend.hit("child", limit).remaining == 99
+            mine = {conn._sock.fileno() for conn, _ in redis_backend._stack._idle}
+            ok = ok and not mine & parent_sockets
+        except BaseException:
+            ok = False
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert redis_backend.hit("parent", limit).remaining == 98
+    assert redis_backend.peek("child", limit).remaining == 99
