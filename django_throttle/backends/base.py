@@ -8,8 +8,11 @@ one atomic, all-or-nothing step.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import Any
 
 from django_throttle.rates import Decision, Limit
 
@@ -23,6 +26,30 @@ class BackendError(Exception):
 
 class Backend(ABC):
     """Counting storage. Implementations must be thread-safe."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Adapt a backend written before ``hit`` took ``usage``: the core always passes it,
+        and a ``TypeError`` would reach the request as a 500. Such a backend counts no usage
+        (the report shows its decisions only when made while it was failing)."""
+        super().__init_subclass__(**kwargs)
+        hit = cls.__dict__.get("hit")
+        if hit is None or _accepts(hit, "usage"):
+            return
+
+        @functools.wraps(hit)
+        def adapted(
+            self: Backend,
+            client: str,
+            limits: Sequence[Limit],
+            cost: int = 1,
+            *,
+            now: float | None = None,
+            usage: str | None = None,
+        ) -> Decision:
+            result: Decision = hit(self, client, limits, cost, now=now)
+            return result
+
+        cls.hit = adapted  # type: ignore[method-assign]
 
     @abstractmethod
     def hit(
@@ -87,6 +114,12 @@ class Backend(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the instance is not used afterwards."""
+
+
+def _accepts(func: Any, name: str) -> bool:
+    """Whether ``func`` takes a keyword argument ``name`` (by name or through ``**kwargs``)."""
+    parameters = inspect.signature(func).parameters.values()
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 def decision_from(
