@@ -52,12 +52,21 @@ def _problems(rows: Iterable[Any]) -> SafeString:
     )
 
 
-class TierLimitInline(admin.TabularInline):  # type: ignore[type-arg]
-    model = TierLimit
+class LimitInline(admin.TabularInline):  # type: ignore[type-arg]
+    """A limit row: rate and algorithm, then the burst (bucket algorithms) or the time zone
+    (calendar quota); ``limit_fields.js`` hides what the chosen algorithm does not use."""
+
     form = LimitForm
-    formset = TierLimitFormSet
-    fields = ["rate", "burst", "algorithm"]
+    fields = ["rate", "algorithm", "burst", "timezone"]
     extra = 1
+
+    class Media:
+        js = ["django_throttle/limit_fields.js"]
+
+
+class TierLimitInline(LimitInline):
+    model = TierLimit
+    formset = TierLimitFormSet
 
 
 @admin.register(Tier)
@@ -99,12 +108,10 @@ class TierAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return _problems([obj, *obj.limits.all()])
 
 
-class EndpointLimitInline(admin.TabularInline):  # type: ignore[type-arg]
+class EndpointLimitInline(LimitInline):
     model = EndpointLimit
-    form = LimitForm
     formset = EndpointLimitFormSet
-    fields = ["tier", "rate", "burst", "algorithm"]
-    extra = 1
+    fields = ["tier", *LimitInline.fields]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[EndpointLimit]:
         return super().get_queryset(request).select_related("tier")

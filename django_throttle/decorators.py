@@ -2,13 +2,15 @@
 
 ``@throttle(scope="login")`` applies the admin rules for that scope (plus the client's tier
 limits); ``@throttle(rate="5/min")`` an inline limit keyed by client identity, shared by every
-view that uses the same ``scope``, else private to the view. Class-based views take it through
-``method_decorator``; each class gets its own bucket even though they share
+view that uses the same ``scope``, else private to the view; ``algorithm=`` picks how it
+counts (``@throttle(rate="10000/month", algorithm="calendar_quota")``). Class-based views take
+it through ``method_decorator``; each class gets its own bucket even though they share
 ``View.dispatch``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from collections.abc import Callable
@@ -18,7 +20,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
 from django_throttle import core
 from django_throttle.headers import apply_headers, throttled_response
-from django_throttle.rates import MAX_COUNT, Limit, Rate
+from django_throttle.rates import MAX_COUNT, WINDOW_ALGORITHMS, Algorithm, InvalidRate, Limit
 
 __all__ = ["throttle"]
 
@@ -32,18 +34,28 @@ def throttle(
     cost: int | None = None,
     failure_mode: str | None = None,
     credential: bool | None = None,
+    algorithm: Algorithm | str = Algorithm.TOKEN_BUCKET,
+    timezone: str = "",
 ) -> Callable[[View], View]:
     """Limit a view; a denied request gets 429 with ``Retry-After`` and a JSON body.
 
-    ``rate``, ``burst``, ``cost`` and ``failure_mode`` are checked here, so a bad value fails
-    at import time with a message saying what is wrong, not on the first request.
-    ``failure_mode`` ("open", "closed" or "local") overrides the policy's choice for when the
-    backend cannot answer. ``credential=True`` marks a login or token view: unless a mode is
-    given here or in the admin, it fails closed. Django's ``LoginView`` (and subclasses)
-    decorated through ``method_decorator`` is recognised as one without the flag.
+    ``rate``, ``burst``, ``algorithm``, ``timezone``, ``cost`` and ``failure_mode`` are
+    checked here, so a bad value fails at import time with a message saying what is wrong,
+    not on the first request. ``algorithm`` (an :class:`~django_throttle.rates.Algorithm`
+    value such as ``"gcra"`` or ``"calendar_quota"``) and ``timezone`` (a calendar quota's;
+    empty = the ``TIME_ZONE`` setting) shape the inline limit. ``failure_mode`` ("open",
+    "closed" or "local") overrides the policy's choice for when the backend cannot answer.
+    ``credential=True`` marks a login or token view: unless a mode is given here or in the
+    admin, it fails closed. Django's ``LoginView`` (and subclasses) decorated through
+    ``method_decorator`` is recognised as one without the flag.
     """
     if scope is None and rate is None:
         raise TypeError("throttle() needs scope='…' (admin rules) or rate='…' (inline limit)")
+    if rate is None and (algorithm != Algorithm.TOKEN_BUCKET or timezone or burst is not None):
+        raise TypeError(
+            "throttle(): burst, algorithm and timezone shape an inline limit: give rate='…' "
+            "too, or set them on the scope's limits in the admin"
+        )
     if cost is not None and not 1 <= cost <= MAX_COUNT:
         raise ValueError(f"throttle(cost={cost}): cost must be between 1 and {MAX_COUNT:,}")
     if failure_mode is not None and failure_mode not in core.FAILURE_MODES:
@@ -51,35 +63,41 @@ def throttle(
             f"throttle(failure_mode={failure_mode!r}): use one of "
             + ", ".join(repr(mode) for mode in core.FAILURE_MODES)
         )
-    parsed = Rate.parse(rate) if rate is not None else None
-    if parsed is not None:
-        # Validates the burst (and the bucket's refill time) now, with the Limit's message.
-        probe = Limit.build("probe", parsed, burst)
-        if cost is not None and cost > probe.capacity:
-            raise ValueError(
-                f"throttle(cost={cost}): a request costing {cost} could never pass a limit "
-                f"holding {probe.capacity}; raise the burst or lower the cost"
-            )
+    probe = None if rate is None else _probe(rate, burst, algorithm, timezone)
+    if probe is not None and cost is not None and cost > probe.capacity:
+        fix = "the rate's count" if probe.algorithm in WINDOW_ALGORITHMS else "the burst"
+        raise ValueError(
+            f"throttle(cost={cost}): a request costing {cost} could never pass a limit "
+            f"holding {probe.capacity}; raise {fix} or lower the cost"
+        )
 
     def decorator(view: View) -> View:
-        limits: tuple[Limit, ...] | None = None
-        if parsed is not None:
-            limits = _inline_limits(scope or _owner(view), parsed, burst, scope)
+        owner = scope or _owner(view)
         is_credential = _is_login_view(view) if credential is None else credential
 
-        options: dict[str, Any] = {
-            "scope": scope,
-            "limits": limits,
-            "cost": cost,
-            "failure_mode": failure_mode,
-            "credential": is_credential,
-        }
+        def options() -> dict[str, Any]:
+            limits = None
+            if probe is not None:
+                # A calendar quota's empty time zone is the setting's, read per request.
+                zone = timezone or (_site_zone() if probe.algorithm == Algorithm.CALENDAR else "")
+                limits = _inline_limits(owner, probe, burst, scope, zone)
+            return {
+                "scope": scope,
+                "limits": limits,
+                "cost": cost,
+                "failure_mode": failure_mode,
+                "credential": is_credential,
+            }
+
+        # Built once unless they depend on the TIME_ZONE setting.
+        site_zoned = probe is not None and probe.algorithm == Algorithm.CALENDAR and not timezone
+        built = None if site_zoned else options()
 
         if iscoroutinefunction(view):
 
             @functools.wraps(view)
             async def async_wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
-                decision = await core.acheck(request, **options)
+                decision = await core.acheck(request, **(built or options()))
                 request.throttle_decision = decision
                 if not decision.allowed:
                     return throttled_response(decision)
@@ -91,7 +109,7 @@ def throttle(
 
         @functools.wraps(view)
         def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
-            decision = core.check(request, **options)
+            decision = core.check(request, **(built or options()))
             request.throttle_decision = decision
             if not decision.allowed:
                 return throttled_response(decision)
@@ -134,11 +152,40 @@ def _owner(view: Callable[..., Any]) -> str:
     return f"{getattr(view, '__module__', '')}.{getattr(view, '__qualname__', repr(view))}"
 
 
+def _probe(rate: str, burst: int | None, algorithm: Algorithm | str, timezone: str) -> Limit:
+    """The inline limit without id or name: every value judged now, by the limit itself."""
+    try:
+        return Limit.build("probe", rate, burst, algorithm, timezone=timezone)
+    except InvalidRate as exc:
+        given = ", ".join(
+            f"{name}={value!r}"
+            for name, value, default in (
+                ("rate", rate, None),
+                ("burst", burst, None),
+                ("algorithm", str(algorithm), Algorithm.TOKEN_BUCKET),
+                ("timezone", timezone, ""),
+            )
+            if value != default
+        )
+        raise InvalidRate(f"throttle({given}): {exc}") from exc
+
+
+def _site_zone() -> str:
+    from django.conf import settings
+
+    return settings.TIME_ZONE or ""
+
+
 @functools.lru_cache(maxsize=1024)
 def _inline_limits(
-    owner: str, rate: Rate, burst: int | None, scope: str | None
+    owner: str, probe: Limit, burst: int | None, scope: str | None, zone: str
 ) -> tuple[Limit, ...]:
     """The inline limit of one view (or scope), built once: ``method_decorator`` decorates on
-    every request. Its public name is the scope or the rate, never a module path."""
-    digest = hashlib.blake2b(f"{owner}|{rate}|{burst}".encode(), digest_size=6).hexdigest()
-    return (Limit.build(f"i{digest}", rate, burst, name=scope or str(rate)),)
+    every request. Its public name is the scope or the rate, never a module path. The id
+    differs per algorithm (a token bucket's stays as it was before there were others)."""
+    key = f"{owner}|{probe.rate}|{burst}"
+    if probe.algorithm != Algorithm.TOKEN_BUCKET:
+        key += f"|{probe.algorithm.value}"
+    digest = hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
+    name = scope or str(probe.rate)
+    return (dataclasses.replace(probe, id=f"i{digest}", name=name, timezone=zone),)

@@ -11,17 +11,82 @@ from dataclasses import dataclass
 
 from django.db import models
 
-__all__ = ["MAX_COUNT", "MAX_WINDOW", "Algorithm", "Decision", "InvalidRate", "Limit", "Rate"]
+__all__ = [
+    "CALENDAR_UNITS",
+    "GCRA_MAX_ROUNDING",
+    "MAX_COUNT",
+    "MAX_LOG_COUNT",
+    "MAX_WINDOW",
+    "TOKEN_ALGORITHMS",
+    "WINDOW_ALGORITHMS",
+    "Algorithm",
+    "Decision",
+    "InvalidRate",
+    "Limit",
+    "Rate",
+]
 
 
 class Algorithm(models.TextChoices):
-    """How a limit counts. Token bucket is the default; the field is ready for more."""
+    """How a limit counts (see the README's algorithm table). Stored in the admin's rows."""
 
     TOKEN_BUCKET = "token_bucket", "Token bucket"
+    GCRA = "gcra", "GCRA"
+    LEAKY_BUCKET = "leaky_bucket", "Leaky bucket"
+    FIXED_WINDOW = "fixed_window", "Fixed window"
+    SLIDING_LOG = "sliding_window_log", "Sliding window log"
+    SLIDING_COUNTER = "sliding_window_counter", "Sliding window counter"
+    CALENDAR = "calendar_quota", "Calendar quota"
+
+
+#: Algorithms with a burst: a bucket of ``burst`` tokens earned back one per ``interval``.
+TOKEN_ALGORITHMS = frozenset({Algorithm.TOKEN_BUCKET, Algorithm.GCRA, Algorithm.LEAKY_BUCKET})
+#: Algorithms that count requests per window of ``period``: the capacity is the rate's count.
+WINDOW_ALGORITHMS = frozenset(
+    {
+        Algorithm.FIXED_WINDOW,
+        Algorithm.SLIDING_LOG,
+        Algorithm.SLIDING_COUNTER,
+        Algorithm.CALENDAR,
+    }
+)
+#: Largest count of a sliding window log: it keeps one entry per request in the window, so
+#: memory and script time grow with the limit. Above it, the sliding window counter.
+MAX_LOG_COUNT = 10_000
+#: GCRA keeps whole microseconds: a rate whose interval rounds off by more than this share
+#: would run visibly faster or slower than stated (15000/s would be 14925/s), so it is refused.
+GCRA_MAX_ROUNDING = 1e-3
+#: Calendar windows a quota can reset on, with the nominal length used for headers and bounds.
+CALENDAR_UNITS: dict[str, int] = {
+    "day": 86400,
+    "week": 7 * 86400,
+    "month": 31 * 86400,
+    "year": 366 * 86400,
+}
+#: Seconds a daylight-saving change can add to a calendar window (two hours, at most, anywhere).
+CALENDAR_SLACK = 7200
+_CALENDAR_ALIASES = {
+    "mo": "month",
+    "mon": "month",
+    "month": "month",
+    "months": "month",
+    "y": "year",
+    "yr": "year",
+    "year": "year",
+    "years": "year",
+}
 
 
 class InvalidRate(ValueError):
-    """A rate string that does not say exactly one thing."""
+    """A rate or limit that does not say exactly one thing.
+
+    ``field`` names what the operator must change ("rate", "burst", "algorithm" or
+    "timezone"), so a form can put the message on that field.
+    """
+
+    def __init__(self, message: str, field: str = "rate") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 _UNITS: dict[str, int] = {
@@ -39,8 +104,14 @@ _UNITS: dict[str, int] = {
     "d": 86400,
     "day": 86400,
     "days": 86400,
+    "w": 7 * 86400,
+    "week": 7 * 86400,
+    "weeks": 7 * 86400,
 }
 _CANONICAL = ((86400, "d"), (3600, "h"), (60, "m"), (1, "s"))
+#: What a calendar quota's rate may say, by its period: one day or one week (one month and
+#: one year parse as calendar rates already).
+_CALENDAR_BY_PERIOD = {86400: "day", 7 * 86400: "week"}
 _RATE_RE = re.compile(r"^\s*(?P<count>[+-]?\d+)\s*/\s*(?P<mult>\d+)?\s*(?P<unit>[A-Za-z]+)\s*$")
 #: Longest period a rate may name; longer windows belong in a quota system, not a throttle.
 MAX_PERIOD = 366 * 86400
@@ -56,18 +127,24 @@ class Rate:
     """``count`` requests per ``period`` seconds, parsed from text such as ``"100/min"``.
 
     Accepted forms: ``<count>/<unit>`` and ``<count>/<multiplier><unit>`` (``"20/15m"``), with
-    units s, m, h, d (or sec/second(s), min/minute(s), hour(s), day(s)), lowercase. Months and
-    years are rejected because their length varies; anything else ambiguous is rejected too.
+    units s, m, h, d (or sec/second(s), min/minute(s), hour(s), day(s)), lowercase, and
+    ``w``/``week`` (7 days). ``<count>/month`` and ``<count>/year`` are calendar rates
+    (``calendar`` set): their length varies, so only the calendar quota algorithm takes them,
+    which resets on the 1st (on 1 January) in the limit's time zone. Anything ambiguous is
+    rejected.
     """
 
     count: int
     period: int
+    calendar: str = ""
 
     def __post_init__(self) -> None:
         if not 1 <= self.count <= MAX_COUNT:
             raise InvalidRate(f"count must be between 1 and {MAX_COUNT}, not {self.count}")
         if not 1 <= self.period <= MAX_PERIOD:
             raise InvalidRate(f"period must be between 1 s and 366 days, not {self.period} s")
+        if self.calendar and CALENDAR_UNITS.get(self.calendar) != self.period:
+            raise InvalidRate(f"unknown calendar window {self.calendar!r}")
 
     @classmethod
     def parse(cls, text: str) -> Rate:
@@ -83,13 +160,18 @@ class Rate:
         if count < 1:
             raise InvalidRate(f"'{text}': the count must be a whole number of at least 1")
         unit = match["unit"]
+        calendar = _CALENDAR_ALIASES.get(unit)
+        if calendar is not None:
+            if match["mult"] is not None:
+                raise InvalidRate(
+                    f"'{text}': a calendar rate counts per one {calendar}, with no multiplier"
+                )
+            return cls(count, CALENDAR_UNITS[calendar], calendar)
         if unit not in _UNITS:
-            if unit.lower() in {"mo", "mon", "month", "months", "y", "yr", "year", "years"}:
-                hint = "months and years vary in length; give the period in days"
-            elif unit.lower() in _UNITS:
+            if unit.lower() in _CALENDAR_ALIASES or unit.lower() in _UNITS:
                 hint = f"units are lowercase; did you mean '{unit.lower()}'?"
             else:
-                hint = "use s, m, h or d (or sec, min, hour, day)"
+                hint = "use s, m, h, d or w (or sec, min, hour, day, week), or month, year"
             raise InvalidRate(f"'{text}': unknown period unit '{unit}': {hint}")
         multiplier = int(match["mult"]) if match["mult"] is not None else 1
         if multiplier < 1:
@@ -102,6 +184,8 @@ class Rate:
         return self.period / self.count
 
     def __str__(self) -> str:
+        if self.calendar:
+            return f"{self.count}/{self.calendar}"
         for seconds, unit in _CANONICAL:
             if self.period % seconds == 0:
                 mult = self.period // seconds
@@ -111,11 +195,17 @@ class Rate:
 
 @dataclass(frozen=True, slots=True)
 class Limit:
-    """One limit to enforce: a rate with a burst capacity, counted by one algorithm.
+    """One limit to enforce: a rate with a capacity, counted by one algorithm.
 
     ``id`` names the counter (stable across restarts, unique per limit, short: it becomes part
     of a Redis key); ``name`` is what users see in the 429 body and the policy headers. A
     ``shadow`` limit is counted but never denies: a would-deny is only reported.
+
+    Token algorithms (token bucket, GCRA, leaky bucket) hold ``burst`` tokens and earn one
+    back every ``rate.interval`` seconds. Window algorithms (fixed window, sliding log and
+    counter, calendar quota) admit ``rate.count`` per window; their ``burst`` is the count.
+    A calendar quota's windows follow the calendar in ``timezone`` (an IANA name; empty means
+    UTC).
     """
 
     id: str
@@ -124,17 +214,73 @@ class Limit:
     algorithm: Algorithm = Algorithm.TOKEN_BUCKET
     name: str = ""
     shadow: bool = False
+    timezone: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.burst, bool) or not isinstance(self.burst, int):
-            raise InvalidRate(f"burst must be a whole number, not {self.burst!r}")
+            raise InvalidRate(f"burst must be a whole number, not {self.burst!r}", "burst")
         if not 1 <= self.burst <= MAX_COUNT:
-            raise InvalidRate(f"burst must be between 1 and {MAX_COUNT:,}, not {self.burst}")
+            raise InvalidRate(
+                f"burst must be between 1 and {MAX_COUNT:,}, not {self.burst}", "burst"
+            )
+        algorithm = self.algorithm
+        if self.rate.calendar and algorithm != Algorithm.CALENDAR:
+            raise InvalidRate(
+                f"'{self.rate}': {self.rate.calendar}s vary in length; choose the calendar "
+                f"quota algorithm (it resets on the calendar), or give the period in days",
+                "algorithm",
+            )
+        if algorithm in WINDOW_ALGORITHMS and self.burst != self.rate.count:
+            raise InvalidRate(
+                f"the {algorithm.label.lower()} has no burst: it admits {self.rate.count} per "
+                "window; leave the burst empty",
+                "burst",
+            )
+        if algorithm == Algorithm.CALENDAR:
+            self._check_calendar()
+        elif self.timezone:
+            raise InvalidRate("only a calendar quota has a time zone; leave it empty", "timezone")
+        if algorithm == Algorithm.SLIDING_LOG and self.rate.count > MAX_LOG_COUNT:
+            raise InvalidRate(
+                f"a sliding window log keeps every request of its window, so it takes at most "
+                f"{MAX_LOG_COUNT:,} per window, not {self.rate.count:,}; use the sliding window "
+                "counter for larger limits",
+                "algorithm",
+            )
+        if algorithm == Algorithm.GCRA:
+            interval = self.interval_us
+            if interval < 1 or abs(round(interval) - interval) > GCRA_MAX_ROUNDING * interval:
+                raise InvalidRate(
+                    f"GCRA counts whole microseconds: at {self.rate} one request every "
+                    f"{interval:.3f} µs would run at {1e6 / max(1, round(interval)):,.1f}/s; "
+                    "use the token bucket for this rate",
+                    "algorithm",
+                )
         if self.window > MAX_WINDOW:
             raise InvalidRate(
                 f"burst {self.burst} at {self.rate} takes {self.window / 86400:,.0f} days to "
-                f"refill; the most is {MAX_WINDOW // 86400:,} days: lower the burst"
+                f"refill; the most is {MAX_WINDOW // 86400:,} days: lower the burst",
+                "burst",
             )
+
+    def _check_calendar(self) -> None:
+        calendar = self.rate.calendar or _CALENDAR_BY_PERIOD.get(self.rate.period, "")
+        if not calendar or self.rate.period != CALENDAR_UNITS[calendar]:
+            raise InvalidRate(
+                f"'{self.rate}': a calendar quota counts per day, week, month or year, e.g. "
+                "'10000/month' or '500/day'"
+            )
+        if self.timezone:
+            from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+            try:
+                ZoneInfo(self.timezone)
+            except (ZoneInfoNotFoundError, ValueError):
+                raise InvalidRate(
+                    f"unknown time zone {self.timezone!r}: use an IANA name such as "
+                    "'Europe/Berlin' or 'UTC'",
+                    "timezone",
+                ) from None
 
     @classmethod
     def build(
@@ -145,16 +291,34 @@ class Limit:
         algorithm: Algorithm | str = Algorithm.TOKEN_BUCKET,
         name: str = "",
         shadow: bool = False,
+        timezone: str = "",
     ) -> Limit:
-        """Make a limit from admin-style values; ``burst`` defaults to the rate's count."""
+        """Make a limit from admin-style values; ``burst`` defaults to the rate's count.
+
+        For a calendar quota, ``"500/day"`` and ``"2000/week"`` become calendar rates (midnight,
+        Monday midnight): the algorithm is what asks for the alignment, never the text alone.
+        """
         parsed = rate if isinstance(rate, Rate) else Rate.parse(rate)
+        try:
+            chosen = Algorithm(algorithm)
+        except ValueError:
+            raise InvalidRate(
+                f"unknown algorithm {algorithm!r}; use one of "
+                + ", ".join(repr(value) for value in Algorithm.values),
+                "algorithm",
+            ) from None
+        if chosen == Algorithm.CALENDAR and not parsed.calendar:
+            unit = _CALENDAR_BY_PERIOD.get(parsed.period)
+            if unit is not None:
+                parsed = Rate(parsed.count, parsed.period, unit)
         return cls(
             id=id,
             rate=parsed,
             burst=parsed.count if burst is None else burst,
-            algorithm=Algorithm(algorithm),
+            algorithm=chosen,
             name=name or str(parsed),
             shadow=shadow,
+            timezone=timezone,
         )
 
     @property
@@ -162,8 +326,38 @@ class Limit:
         return self.burst
 
     @property
+    def interval_us(self) -> float:
+        """Microseconds to earn back one token (token algorithms)."""
+        return self.rate.period * 1e6 / self.rate.count
+
+    @property
+    def emission_us(self) -> int:
+        """GCRA's emission interval: :attr:`interval_us` in whole microseconds."""
+        return max(1, round(self.interval_us))
+
+    @property
+    def period_us(self) -> int:
+        """The window in whole microseconds (window algorithms; nominal for a calendar)."""
+        return self.rate.period * 1_000_000
+
+    @property
+    def calendar_unit(self) -> str:
+        """A calendar quota's window: "day", "week", "month" or "year" ("" for the others)."""
+        if self.algorithm != Algorithm.CALENDAR:
+            return ""
+        return self.rate.calendar or _CALENDAR_BY_PERIOD.get(self.rate.period, "")
+
+    @property
     def window(self) -> float:
-        """Seconds an empty bucket takes to fill completely."""
+        """Seconds an empty limit takes to be whole again: the bucket's refill time for token
+        algorithms, the window for window algorithms (for a calendar quota the longest its
+        window can last: a clock change lengthens a local day by up to two hours)."""
+        if self.algorithm == Algorithm.CALENDAR:
+            return float(self.rate.period + CALENDAR_SLACK)
+        if self.algorithm in WINDOW_ALGORITHMS:
+            return float(self.rate.period)
+        if self.algorithm == Algorithm.GCRA:
+            return self.burst * self.emission_us / 1e6
         return self.burst * self.rate.period / self.rate.count
 
 

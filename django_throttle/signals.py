@@ -2,10 +2,13 @@
 
 Policy edits bump the shared policy version (after the transaction commits) so every process
 reloads within its refresh interval; an edited limit also has its stored counters re-timed to
-the new rate, so tightening a limit never hands out a free burst. Tier assignments are
-compiled into the snapshot, so whatever changes who is in which tier bumps too: assignment
-saves and deletes (also through a deleted user, group or tier), and group membership changes
-(both directions, clears, deleted users) when a group involved puts its members in a tier.
+the new rate, so tightening a limit never hands out a free burst (the limit as it was before
+the edit is read in ``pre_save``: GCRA needs the old rate to convert its state). A limit whose
+algorithm changed starts its counters afresh (keys differ per algorithm): nothing to re-time.
+Tier assignments are compiled into the snapshot, so whatever changes who is in which tier bumps
+too: assignment saves and deletes (also through a deleted user, group or tier), and group
+membership changes (both directions, clears, deleted users) when a group involved puts its
+members in a tier.
 Settings changes drop cached backends and policies.
 """
 
@@ -18,9 +21,10 @@ from typing import Any
 from django.core.signals import setting_changed
 from django.db import transaction
 from django.db.models import Model
-from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete
+from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete, pre_save
 
 from django_throttle.conf import PREFIX, app_settings
+from django_throttle.rates import Limit
 
 logger = logging.getLogger("django_throttle.policy")
 
@@ -39,14 +43,38 @@ def policy_changed(**kwargs: Any) -> None:
     transaction.on_commit(_bump, using=kwargs.get("using"))
 
 
+#: Set on a limit row between ``pre_save`` and ``post_save``: the limit before the edit
+#: (``None`` when the stored row could not be compiled, so nothing counted under it).
+_PREVIOUS = "_django_throttle_previous_limit"
+
+
+def limit_saving(sender: Any, instance: Any, raw: bool = False, **kwargs: Any) -> None:
+    """Note the limit as stored before this save, for :func:`limit_saved` (one query)."""
+    from django_throttle.models import BadRow
+
+    if raw or instance.pk is None:
+        return
+    old = sender._default_manager.using(kwargs.get("using")).filter(pk=instance.pk)
+    row = old.select_related(*_RELATED[sender.__name__]).first()
+    if row is None:
+        return
+    try:
+        previous = row.to_limit()
+    except BadRow:
+        previous = None
+    setattr(instance, _PREVIOUS, previous)
+
+
 def limit_saved(instance: Any, created: bool, **kwargs: Any) -> None:
     """Bump the version, then re-time the limit's stored counters (both after commit).
 
     A counter written under the old rate expires when it would have been full under the old
     rate; re-timing makes it last until full under the new one. New rows have no counters."""
     policy_changed(**kwargs)
+    previous = instance.__dict__.pop(_PREVIOUS, None)
     if not created:
-        transaction.on_commit(partial(_retime, type(instance), instance.pk), kwargs.get("using"))
+        retime = partial(_retime, type(instance), instance.pk, previous)
+        transaction.on_commit(retime, kwargs.get("using"))
 
 
 def _bump() -> None:
@@ -61,7 +89,7 @@ def _bump() -> None:
         logger.warning("could not publish the policy change to other processes: %s", exc)
 
 
-def _retime(model: Any, pk: Any) -> None:
+def _retime(model: Any, pk: Any, previous: Limit | None) -> None:
     from django_throttle.backends import BackendError, get_backend
     from django_throttle.breaker import get_breaker
     from django_throttle.models import BadRow
@@ -73,8 +101,11 @@ def _retime(model: Any, pk: Any) -> None:
         limit = row.to_limit()
     except BadRow:
         return  # the compiler skips the row (and logs it); nothing counts under it
+    if previous is not None and previous.algorithm != limit.algorithm:
+        return  # the new algorithm's keys are new: it starts afresh
     try:
-        get_breaker().call(get_backend().retime, [limit])
+        old = None if previous is None else [previous]
+        get_breaker().call(get_backend().retime, [limit], previous=old)
     except BackendError as exc:
         logger.warning(
             "could not re-time stored counters of %s to its new rate (they expire on the old "
@@ -162,6 +193,8 @@ def connect() -> None:
     for model in policy_models:
         name = model.__name__
         on_save = limit_saved if name in _RELATED else policy_changed
+        if name in _RELATED:
+            pre_save.connect(limit_saving, sender=model, dispatch_uid=f"dt-saving-{name}")
         post_save.connect(on_save, sender=model, dispatch_uid=f"dt-save-{name}")
         post_delete.connect(policy_changed, sender=model, dispatch_uid=f"dt-del-{name}")
     user_model = get_user_model()

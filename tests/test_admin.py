@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import re
 from typing import Any
 
 import pytest
@@ -100,14 +101,14 @@ def test_tier_with_limits_is_saved(admin_client: Client) -> None:
 @pytest.mark.parametrize(
     ("rate", "message"),
     [
-        ("10/x", "'10/x': unknown period unit 'x': use s, m, h or d (or sec, min, hour, day)"),
+        (
+            "10/x",
+            "'10/x': unknown period unit 'x': use s, m, h, d or w (or sec, min, hour, day, "
+            "week), or month, year",
+        ),
         ("-5/m", "'-5/m': the count must be a whole number of at least 1"),
         ("0/m", "'0/m': the count must be a whole number of at least 1"),
-        (
-            "100/month",
-            "'100/month': unknown period unit 'month': months and years vary in length; "
-            "give the period in days",
-        ),
+        ("100/2month", "'100/2month': a calendar rate counts per one month, with no multiplier"),
     ],
 )
 def test_bad_rate_is_an_error_on_the_rate(admin_client: Client, rate: str, message: str) -> None:
@@ -266,7 +267,7 @@ def test_cost_above_a_tier_limit_is_an_error_on_the_cost(admin_client: Client, f
     assert response.status_code == 200
     message = (
         "a request costing 4 could never pass the tier limit 'Free' 100/min holds at most 3; "
-        "lower the cost or raise those bursts"
+        "lower the cost or raise that limit"
     )
     assert form_errors(response) == {"cost": [message]}
     assert shows(response, message)
@@ -442,7 +443,261 @@ def test_changelists_flag_rows_the_policy_skips(admin_client: Client, free: Tier
     tiers = admin_client.get(reverse("admin:django_throttle_tier_changelist"))
     rules = admin_client.get(reverse("admin:django_throttle_endpointrule_changelist"))
 
-    assert shows(tiers, f"tier limit {bad.pk}: rate: '10/month': unknown period unit 'month'")
+    assert shows(tiers, f"tier limit {bad.pk}: algorithm: '10/month': months vary in length")
     assert f"tier limit {good.pk}:" not in tiers.content.decode()
     assert shows(rules, f"endpoint rule {rule.pk}: cost: the cost must be between 1 and")
     assert shows(rules, "algorithm: unknown algorithm 'leaky'")
+
+
+# Algorithms: each row picks one, sees only its parameters, and gets field errors -----------
+
+
+def uses_by_option(html_text: str) -> dict[str, str]:
+    """``data-uses`` of the first algorithm select's options in ``html_text``."""
+    select = html_text[: html_text.index("</select>", html_text.index("django-throttle-algorithm"))]
+    options = re.findall(r'<option value="(\w+)"[^>]*? data-uses="([^"]*)"', select)
+    return dict(options)
+
+
+def test_limit_rows_carry_what_each_algorithm_uses(admin_client: Client, settings: Any) -> None:
+    """The select's options tell the page script which fields to show and what the rate
+    means, on the saved rows and on the template "Add another" copies."""
+    settings.TIME_ZONE = "Europe/Berlin"
+    response = admin_client.get(reverse("admin:django_throttle_tier_add"))
+    page = response.content.decode()
+    assert "django_throttle/limit_fields.js" in page
+    assert 'placeholder="Europe/Berlin"' in page
+    empty_row = page[page.index('id="limits-empty"') :]
+    assert uses_by_option(empty_row) == {
+        "token_bucket": "burst",
+        "gcra": "burst",
+        "leaky_bucket": "burst",
+        "fixed_window": "",
+        "sliding_window_log": "",
+        "sliding_window_counter": "",
+        "calendar_quota": "timezone",
+    }
+    assert shows(response, "resets at midnight in the time zone (empty = the site's TIME_ZONE)")
+
+
+def test_the_page_script_ships_with_the_package() -> None:
+    from pathlib import Path
+
+    import django_throttle
+
+    script = Path(django_throttle.__file__).parent / "static/django_throttle/limit_fields.js"
+    text = script.read_text()
+    assert "formset:added" in text  # rows added with "Add another"
+    assert "http" not in text  # nothing downloaded
+
+
+@pytest.mark.parametrize(
+    ("row", "stored"),
+    [
+        (limit_row("10/s", "50", algorithm="gcra"), ("10/s", "gcra", 50, "")),
+        (limit_row("2/s", "20", algorithm="leaky_bucket"), ("2/s", "leaky_bucket", 20, "")),
+        (limit_row("100/min", algorithm="fixed_window"), ("100/m", "fixed_window", None, "")),
+        (
+            limit_row("100/h", algorithm="sliding_window_log"),
+            ("100/h", "sliding_window_log", None, ""),
+        ),
+        (
+            limit_row("50000/h", algorithm="sliding_window_counter"),
+            ("50000/h", "sliding_window_counter", None, ""),
+        ),
+        (
+            limit_row("10000/month", algorithm="calendar_quota", timezone="Europe/Berlin"),
+            ("10000/month", "calendar_quota", None, "Europe/Berlin"),
+        ),
+        (limit_row("500/day", algorithm="calendar_quota"), ("500/d", "calendar_quota", None, "")),
+    ],
+)
+def test_each_algorithm_is_saved_with_its_parameters(
+    admin_client: Client, row: dict[str, str], stored: tuple[object, ...]
+) -> None:
+    response = admin_client.post(
+        reverse("admin:django_throttle_tier_add"), tier_form() | inline([row])
+    )
+    assert response.status_code == 302, row_errors(response)
+    limit = TierLimit.objects.get()
+    assert (limit.rate, limit.algorithm, limit.burst, limit.timezone) == stored
+    assert limit.row_problems() == {}
+
+
+ALGORITHM_MISTAKES = [
+    (
+        limit_row("100/min", "20", algorithm="fixed_window"),
+        "burst",
+        "the fixed window has no burst: it admits 100 per window; leave the burst empty",
+    ),
+    (
+        limit_row("10000/month"),
+        "algorithm",
+        "'10000/month': months vary in length; choose the calendar quota algorithm (it resets "
+        "on the calendar), or give the period in days",
+    ),
+    (
+        limit_row("1/year", algorithm="sliding_window_counter"),
+        "algorithm",
+        "'1/year': years vary in length; choose the calendar quota algorithm",
+    ),
+    (
+        limit_row("100/h", algorithm="calendar_quota"),
+        "rate",
+        "'100/h': a calendar quota counts per day, week, month or year, e.g. '10000/month' or "
+        "'500/day'",
+    ),
+    (
+        limit_row("10000/month", algorithm="calendar_quota", timezone="Europe/Berlinn"),
+        "timezone",
+        "unknown time zone 'Europe/Berlinn': use an IANA name such as 'Europe/Berlin' or 'UTC'",
+    ),
+    (
+        limit_row("100/min", timezone="Europe/Berlin"),
+        "timezone",
+        "only a calendar quota has a time zone; leave it empty",
+    ),
+    (
+        limit_row("20000/h", algorithm="sliding_window_log"),
+        "algorithm",
+        "a sliding window log keeps every request of its window, so it takes at most 10,000 per "
+        "window, not 20,000; use the sliding window counter for larger limits",
+    ),
+    (limit_row("15000/s", algorithm="gcra"), "algorithm", "use the token bucket for this rate"),
+]
+
+
+@pytest.mark.parametrize(("row", "field", "message"), ALGORITHM_MISTAKES)
+def test_algorithm_mistakes_are_one_error_on_the_field_to_change(
+    admin_client: Client, row: dict[str, str], field: str, message: str
+) -> None:
+    response = admin_client.post(
+        reverse("admin:django_throttle_tier_add"), tier_form() | inline([row])
+    )
+    assert response.status_code == 200
+    [errors] = row_errors(response)
+    assert list(errors) == [field]
+    [shown] = errors[field]
+    assert message in shown
+    assert shows(response, shown)
+    assert not Tier.objects.exists()
+
+
+@pytest.mark.parametrize(("row", "field", "message"), ALGORITHM_MISTAKES)
+def test_endpoint_limit_rows_get_the_same_errors(
+    admin_client: Client, free: Tier, row: dict[str, str], field: str, message: str
+) -> None:
+    data = rule_form() | inline([{**row, "tier": str(free.pk)}])
+    response = admin_client.post(reverse("admin:django_throttle_endpointrule_add"), data)
+    assert response.status_code == 200
+    [errors] = row_errors(response)
+    assert list(errors) == [field]
+    assert message in errors[field][0]
+    assert not EndpointRule.objects.exists()
+
+
+def test_an_unknown_algorithm_is_one_error_on_the_select(admin_client: Client) -> None:
+    """The form refuses the choice; the row's other values are not judged with the old one."""
+    row = limit_row("10000/month", algorithm="leaky")
+    response = admin_client.post(
+        reverse("admin:django_throttle_tier_add"), tier_form() | inline([row])
+    )
+    assert row_errors(response) == [
+        {"algorithm": ["Select a valid choice. leaky is not one of the available choices."]}
+    ]
+
+
+def test_a_window_limit_below_the_cost_asks_for_a_larger_count(
+    admin_client: Client, free: Tier
+) -> None:
+    data = rule_form(cost="10") | inline(
+        [limit_row("5/min", algorithm="fixed_window", tier=str(free.pk))]
+    )
+    response = admin_client.post(reverse("admin:django_throttle_endpointrule_add"), data)
+    assert row_errors(response) == [
+        {
+            "rate": [
+                "a request costing 10 could never pass: this limit holds at most 5; raise the "
+                "rate's count to at least 10 or lower the cost"
+            ]
+        }
+    ]
+
+
+def test_a_window_limit_holds_its_count_whatever_the_cost_check(admin_client: Client) -> None:
+    """Capacity is the count for window algorithms: 100/h holds a request costing 50."""
+    EndpointRule.objects.create(name="export", pattern="export", cost=50)
+    data = tier_form() | inline(
+        [
+            limit_row("100/h", algorithm="sliding_window_counter"),
+            limit_row("10/d", algorithm="calendar_quota"),
+        ]
+    )
+    response = admin_client.post(reverse("admin:django_throttle_tier_add"), data)
+    assert row_errors(response) == [
+        {},
+        {
+            "rate": [
+                "rule 'export' costs 50 per request, and this limit holds at most 10, so "
+                "clients of this tier could never call it; raise the rate's count to at least 50"
+            ]
+        },
+    ]
+
+
+def test_a_calendar_quota_saved_in_the_admin_is_in_the_policy(
+    admin_client: Client, settings: Any
+) -> None:
+    from django_throttle import policy
+    from django_throttle.rates import Algorithm, Rate
+
+    settings.TIME_ZONE = "Europe/Berlin"
+    data = tier_form() | inline(
+        [
+            limit_row("10000/month", algorithm="calendar_quota"),
+            limit_row("500/day", algorithm="calendar_quota", timezone="Asia/Tokyo"),
+            limit_row("10/s", "20", algorithm="gcra"),
+        ]
+    )
+    assert admin_client.post(reverse("admin:django_throttle_tier_add"), data).status_code == 302
+    tier = Tier.objects.get()
+    limits = policy.compile_policy().tiers[tier.pk].limits
+    assert [(lim.algorithm, lim.rate, lim.burst, lim.timezone, lim.name) for lim in limits] == [
+        (
+            Algorithm.CALENDAR,
+            Rate(10000, 31 * 86400, "month"),
+            10000,
+            "Europe/Berlin",
+            "pro 10000/month",
+        ),
+        (Algorithm.CALENDAR, Rate(500, 86400, "day"), 500, "Asia/Tokyo", "pro 500/day"),
+        (Algorithm.GCRA, Rate(10, 1), 20, "", "pro 10/s"),
+    ]
+
+
+def test_changing_a_limits_algorithm_on_the_change_page(admin_client: Client, free: Tier) -> None:
+    limit = TierLimit.objects.create(tier=free, rate="100/min", burst=20)
+    url = reverse("admin:django_throttle_tier_change", args=[free.pk])
+    page = admin_client.get(url).content.decode()
+    assert re.search(r'<option value="token_bucket" selected data-uses="burst"', page)
+    assert 'data-help="The rate is the refill speed' in page
+    base = {"id": str(limit.pk), "tier": str(free.pk)}
+    data = tier_form(slug="free", name="Free") | inline(
+        [limit_row("100/min", "20", algorithm="sliding_window_log", **base)], initial=1
+    )
+    response = admin_client.post(url, data)
+    message = "the sliding window log has no burst: it admits 100 per window; leave the burst empty"
+    assert row_errors(response) == [{"burst": [message]}]
+    data = tier_form(slug="free", name="Free") | inline(
+        [limit_row("100/min", algorithm="sliding_window_log", **base)], initial=1
+    )
+    assert admin_client.post(url, data).status_code == 302
+    limit.refresh_from_db()
+    assert (limit.algorithm, limit.burst) == ("sliding_window_log", None)
+
+
+def test_the_list_summarises_algorithms(admin_client: Client, free: Tier) -> None:
+    TierLimit.objects.create(tier=free, rate="10/s", burst=20, algorithm="gcra")
+    TierLimit.objects.create(tier=free, rate="1000/month", algorithm="calendar_quota")
+    response = admin_client.get(reverse("admin:django_throttle_tier_changelist"))
+    assert "10/s (GCRA, burst 20), 1000/month (calendar quota)" in response.content.decode()

@@ -25,7 +25,7 @@ from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis import RETIME_FILES, RedisBackend, load_script
 from django_throttle.headers import retry_after_seconds, whole_seconds
 from django_throttle.rates import Limit, Rate
-from tests.bucket_state import base36
+from tests.bucket_state import base36, legacy_bucket, unpack_bucket
 
 T0 = 1_700_000_000.0
 REFERENCE = Limit.build("ref", "2/s", burst=10)
@@ -472,7 +472,9 @@ def _corrupt(backend: Backend, client: str, limit: Limit, state: str) -> None:
         except ValueError:
             return  # the memory backend cannot hold text; missing state is its twin
         if math.isfinite(parsed[0]) and math.isfinite(parsed[1]):  # nor write non-finite ones
-            backend._state[(client, limit.id)] = (parsed, math.inf)
+            # (used, millisecond): the memory twin of the script's state.
+            state_ms = (parsed[0], int(parsed[1]) // 1000)
+            backend._state[(client, limit.id, "t")] = (state_ms, 2**62)
     else:
         assert isinstance(backend, RedisBackend)
         used, space, stamp = state.partition(" ")
@@ -575,7 +577,7 @@ def _script_args(*limits: str, op: str = "1") -> list[str]:
         (_script_args(VALID_LIMIT, VALID_LIMIT, op="-1"), "ARGV[1] must be 'p' or a cost"),
         (_script_args(VALID_LIMIT, VALID_LIMIT, op="1.5"), "ARGV[1] must be 'p' or a cost"),
         (_script_args(VALID_LIMIT, VALID_LIMIT, op="hit"), "ARGV[1] must be 'p' or a cost"),
-        (_script_args(VALID_LIMIT, "g10:1000000"), "ARGV[3] limit spec"),
+        (_script_args(VALID_LIMIT, "x10:1000000"), "ARGV[3] limit spec"),
         (_script_args(VALID_LIMIT, "token_bucket10:1000000"), "ARGV[3] limit spec"),
         (_script_args(VALID_LIMIT, "t0:1000000"), "ARGV[3] capacity"),
         (_script_args(VALID_LIMIT, "t2.5:1000000"), "ARGV[3] limit spec"),
@@ -675,3 +677,432 @@ def test_a_forked_child_never_reads_its_parents_replies(redis_backend: RedisBack
     assert os.WEXITSTATUS(status) == 0
     assert redis_backend.hit("parent", limit).remaining == 98
     assert redis_backend.peek("child", limit).remaining == 99
+
+
+# --- Every algorithm -------------------------------------------------------------------------
+
+#: One limit per algorithm admitting 10 at once, with a refill or window of 5 s.
+ALGORITHM_LIMITS = {
+    "token_bucket": Limit.build("t12", "2/s", burst=10),
+    "gcra": Limit.build("t12", "2/s", burst=10, algorithm="gcra"),
+    "leaky_bucket": Limit.build("t12", "2/s", burst=10, algorithm="leaky_bucket"),
+    "fixed_window": Limit.build("t12", "10/5s", algorithm="fixed_window"),
+    "sliding_window_log": Limit.build("t12", "10/5s", algorithm="sliding_window_log"),
+    "sliding_window_counter": Limit.build("t12", "10/5s", algorithm="sliding_window_counter"),
+    "calendar_quota": Limit.build("t12", "10/day", algorithm="calendar_quota"),
+}
+#: Algorithms whose retry-after is exact: a microsecond earlier is still denied.
+EXACT = ("token_bucket", "gcra", "leaky_bucket", "fixed_window", "sliding_window_log")
+ALGORITHMS = pytest.mark.parametrize("algorithm", list(ALGORITHM_LIMITS))
+#: A grid-aligned instant (a multiple of every window above, UTC midnight): 2023-11-15.
+MIDNIGHT = 1_700_006_400.0
+
+
+@ALGORITHMS
+def test_each_algorithm_admits_its_capacity_then_denies_honestly(
+    backend: Backend, algorithm: str
+) -> None:
+    limit = ALGORITHM_LIMITS[algorithm]
+    limits = [limit]
+    at = MIDNIGHT + 1
+    decisions = [backend.hit("c", limits, now=at) for _ in range(11)]
+    assert [d.allowed for d in decisions] == [True] * 10 + [False]
+    assert [d.remaining for d in decisions] == [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 0]
+    denied = decisions[-1]
+    assert denied.limit == limit
+    assert 0 < denied.retry_after <= limit.window
+    assert 0 <= denied.reset_after <= 2 * limit.window
+    if algorithm in EXACT:
+        assert not backend.hit("c", limits, now=at + denied.retry_after - 1e-6).allowed
+    assert backend.hit("c", limits, now=at + denied.retry_after).allowed
+
+
+@ALGORITHMS
+def test_each_algorithm_denial_takes_nothing(backend: Backend, algorithm: str) -> None:
+    limit = ALGORITHM_LIMITS[algorithm]
+    assert backend.hit("c", [limit], cost=8, now=MIDNIGHT).allowed
+    denied = backend.hit("c", [limit], cost=3, now=MIDNIGHT)
+    assert not denied.allowed
+    assert denied.remaining == 2
+    assert backend.hit("c", [limit], cost=2, now=MIDNIGHT).allowed
+
+
+@ALGORITHMS
+def test_each_algorithm_peek_counts_nothing(backend: Backend, algorithm: str) -> None:
+    limit = ALGORITHM_LIMITS[algorithm]
+    backend.hit("c", [limit], cost=4, now=MIDNIGHT)
+    for _ in range(3):
+        assert backend.peek("c", [limit], now=MIDNIGHT).remaining == 6
+
+
+def test_mixed_algorithms_are_all_or_nothing(backend: Backend) -> None:
+    """Seven algorithms in one call: the one that denies stops every other from counting."""
+    roomy = [
+        dataclasses.replace(limit, id=f"r{i}") for i, limit in enumerate(ALGORITHM_LIMITS.values())
+    ]
+    tight = Limit.build("tight", "2/h", algorithm="fixed_window")
+    limits = [*roomy, tight]
+    assert allowed_count(backend, "c", limits, 5, MIDNIGHT) == 2
+    for limit in roomy:
+        assert backend.peek("c", [limit], now=MIDNIGHT).remaining == 8, limit.algorithm
+    denied = backend.hit("c", limits, now=MIDNIGHT)
+    assert denied.limit == tight
+    assert denied.retry_after == 3600
+
+
+def test_a_denying_calendar_quota_reports_the_longest_wait(backend: Backend) -> None:
+    quota = Limit.build("quota", "2/month", algorithm="calendar_quota")
+    burst = Limit.build("burst", "1/s", burst=1, algorithm="gcra")
+    backend.hit("c", [quota, burst], now=MIDNIGHT)
+    backend.hit("c", [quota, burst], now=MIDNIGHT + 1)
+    denied = backend.hit("c", [quota, burst], now=MIDNIGHT + 1)
+    assert denied.limit == quota
+    # 2023-11-15 00:00:01 UTC to 2023-12-01 00:00 UTC.
+    assert denied.retry_after == 16 * 86400 - 1
+
+
+def test_gcra_is_exact_in_whole_microseconds(backend: Backend) -> None:
+    limit = Limit.build("g", "3/s", burst=3, algorithm="gcra")  # 333,333 µs per request
+    assert allowed_count(backend, "c", [limit], 4, MIDNIGHT) == 3
+    denied = backend.hit("c", [limit], now=MIDNIGHT)
+    assert denied.retry_after == pytest.approx(0.333333, abs=1e-9)
+    assert denied.reset_after == pytest.approx(0.999999, abs=1e-9)
+    assert not backend.hit("c", [limit], now=MIDNIGHT + 0.333332).allowed
+    assert backend.hit("c", [limit], now=MIDNIGHT + 0.333333).allowed
+
+
+def test_fixed_window_lets_twice_the_count_through_across_a_boundary(backend: Backend) -> None:
+    """The documented price of one counter per window: C at the end of one window and C at
+    the start of the next, within one period."""
+    limit = ALGORITHM_LIMITS["fixed_window"]
+    assert allowed_count(backend, "c", [limit], 11, MIDNIGHT + 4.9) == 10
+    assert allowed_count(backend, "c", [limit], 11, MIDNIGHT + 5.0) == 10
+
+
+def test_sliding_log_waits_for_the_oldest_entries_to_leave(backend: Backend) -> None:
+    limit = ALGORITHM_LIMITS["sliding_window_log"]
+    for second in range(5):
+        assert allowed_count(backend, "c", [limit], 2, MIDNIGHT + second) == 2
+    denied = backend.hit("c", [limit], cost=3, now=MIDNIGHT + 4.5)
+    # Three must leave: two taken at +0, one at +1: the third leaves at +6.
+    assert denied.retry_after == pytest.approx(1.5)
+    assert denied.reset_after == pytest.approx(4.5)
+    assert not backend.hit("c", [limit], cost=3, now=MIDNIGHT + 5.999999).allowed
+    assert backend.hit("c", [limit], cost=3, now=MIDNIGHT + 6).allowed
+
+
+def test_sliding_counter_weighs_the_previous_window(backend: Backend) -> None:
+    limit = ALGORITHM_LIMITS["sliding_window_counter"]
+    assert allowed_count(backend, "c", [limit], 10, MIDNIGHT) == 10
+    # 1 s into the next window, the previous one still weighs 4/5 x 10 = 8.
+    assert backend.peek("c", [limit], now=MIDNIGHT + 6).remaining == 2
+    assert allowed_count(backend, "c", [limit], 5, MIDNIGHT + 6) == 2
+    denied = backend.hit("c", [limit], now=MIDNIGHT + 6)
+    # 8 + 2 + 1 > 10 until the previous window weighs 7: at 1.5 s into the window.
+    assert denied.retry_after == pytest.approx(0.5)
+    assert backend.hit("c", [limit], now=MIDNIGHT + 6.5).allowed
+
+
+def test_calendar_quota_resets_at_local_midnight(backend: Backend) -> None:
+    """A daily quota in Berlin (UTC+1 in November) resets at 23:00 UTC."""
+    limit = Limit.build("q", "3/day", algorithm="calendar_quota", timezone="Europe/Berlin")
+    before = MIDNIGHT - 3600 - 10  # 22:59:50 UTC, 23:59:50 in Berlin
+    assert allowed_count(backend, "c", [limit], 4, before) == 3
+    denied = backend.hit("c", [limit], now=before)
+    assert denied.retry_after == 10
+    assert allowed_count(backend, "c", [limit], 4, before + 10) == 3
+
+
+def test_calendar_quota_month_across_daylight_saving(backend: Backend) -> None:
+    """October 2026 in Berlin has 31 days and a 25-hour day: the quota ends at 23:00 UTC on
+    31 October, not at 22:00 (CEST's midnight)."""
+    limit = Limit.build("q", "1/month", algorithm="calendar_quota", timezone="Europe/Berlin")
+    oct_31_2200_utc = 1_793_484_000.0  # 2026-10-31 22:00 UTC = 23:00 CET
+    assert backend.hit("c", [limit], now=oct_31_2200_utc).allowed
+    denied = backend.hit("c", [limit], now=oct_31_2200_utc)
+    assert denied.retry_after == 3600
+    assert backend.hit("c", [limit], now=oct_31_2200_utc + 3600).allowed
+
+
+# --- Every algorithm, Redis only ---------------------------------------------------------
+
+
+@ALGORITHMS
+def test_each_algorithm_key_has_a_ttl(
+    redis_backend: RedisBackend, redis_client: redis.Redis, algorithm: str
+) -> None:
+    limit = ALGORITHM_LIMITS[algorithm]
+    for _ in range(3):
+        assert redis_backend.hit("ttl", [limit]).allowed
+    (key,) = redis_client.scan_iter(f"{redis_backend.prefix}:*")
+    assert key.decode() == redis_backend.key("ttl", limit)
+    ttl_ms = redis_client.pttl(key)
+    assert 0 < ttl_ms <= 2 * limit.window * 1000
+    if algorithm in ("token_bucket", "gcra", "leaky_bucket"):
+        assert ttl_ms > 1400  # three tokens at 2/s: 1.5 s
+
+
+def test_keys_name_their_algorithm(redis_backend: RedisBackend) -> None:
+    """``…<digest>:id`` for the token bucket (the keys of earlier versions), ``…<digest><code>id``
+    for the others: same length, no collisions, and a new algorithm starts afresh."""
+    keys = {name: redis_backend.key("c", limit) for name, limit in ALGORITHM_LIMITS.items()}
+    assert keys["token_bucket"].endswith(":t12")
+    tag_and_digest = keys["token_bucket"][: -len(":t12")]
+    assert {key[len(tag_and_digest) :] for key in keys.values()} == {
+        ":t12",
+        "gt12",
+        "lt12",
+        "ft12",
+        "wt12",
+        "st12",
+        "ct12",
+    }
+    assert redis_backend.hit("c", [ALGORITHM_LIMITS["token_bucket"]], cost=10).remaining == 0
+    assert redis_backend.hit("c", [ALGORITHM_LIMITS["gcra"]]).remaining == 9
+
+
+def test_token_bucket_state_is_12_bytes(
+    redis_backend: RedisBackend, redis_client: redis.Redis, settings: Any
+) -> None:
+    """With the default prefix and a short limit id, a token bucket key takes 88 bytes of
+    Redis memory and a GCRA key 72 (an int-encoded string)."""
+    settings.DJANGO_THROTTLE_KEY_PREFIX = "dt"
+    reset_backend_cache()
+    backend = get_backend()
+    assert isinstance(backend, RedisBackend)
+    bucket, gcra = ALGORITHM_LIMITS["token_bucket"], ALGORITHM_LIMITS["gcra"]
+    client = f"ip:198.51.100.{random.randrange(256)}-{time.time_ns()}"
+    try:
+        backend.hit(client, [bucket, gcra], now=T0)
+        bucket_key, gcra_key = backend.key(client, bucket), backend.key(client, gcra)
+        assert len(bucket_key) <= 28
+        raw = redis_client.get(bucket_key)
+        assert raw is not None
+        assert len(raw) == 12
+        used, stamp_ms = unpack_bucket(raw)
+        assert (used, stamp_ms) == (1.0, round(T0 * 1000) % 2**32)
+        assert redis_client.memory_usage(bucket_key) == 88
+        assert redis_client.get(gcra_key) == str(round(T0 * 1e6) + 500_000).encode()
+        assert redis_client.object("encoding", gcra_key) == b"int"
+        assert redis_client.memory_usage(gcra_key) == 72
+    finally:
+        backend.reset(client, [bucket, gcra])
+
+
+def test_slow_token_buckets_keep_the_whole_millisecond(
+    redis_backend: RedisBackend, redis_client: redis.Redis
+) -> None:
+    """A bucket that takes longer than 2e12 µs (23 days) to fill stores 14 bytes: the low 32
+    bits of the millisecond would wrap (49.7 days) while the key still lives."""
+    limit = Limit.build("slow", "1/d", burst=30)
+    assert redis_backend.hit("c", [limit], cost=30, now=T0).allowed
+    raw = redis_client.get(redis_backend.key("c", limit))
+    assert raw is not None
+    assert len(raw) == 14
+    assert unpack_bucket(raw) == (30.0, round(T0 * 1000))
+    assert redis_backend.peek("c", [limit], now=T0 + 29 * 86400).remaining == 29
+    assert redis_backend.hit("c", [limit], cost=29, now=T0 + 29 * 86400).allowed
+    assert not redis_backend.hit("c", [limit], now=T0 + 29 * 86400).allowed
+
+
+def test_token_bucket_compact_state_reads_across_the_32_bit_wrap(
+    redis_backend: RedisBackend, redis_client: redis.Redis
+) -> None:
+    limit = Limit.build("wrap", "1/h", burst=10)
+    wrap_ms = (round(T0 * 1000) // 2**32 + 1) * 2**32  # the next 2^32 ms boundary
+    at = wrap_ms / 1000 - 1800  # 30 minutes before it
+    assert redis_backend.hit("c", [limit], cost=10, now=at).allowed
+    # An hour later, past the wrap: one token back, not a full or empty bucket.
+    assert redis_backend.peek("c", [limit], now=at + 3600).remaining == 1
+
+
+@pytest.mark.parametrize("used", [3, 2.5])
+def test_legacy_token_bucket_state_still_decodes(
+    redis_backend: RedisBackend, redis_client: redis.Redis, used: float
+) -> None:
+    """States written before the binary form ("<used> <base-36 µs>") keep their tokens used,
+    so an upgrade resets nobody; the next write converts them."""
+    limit = REFERENCE
+    key = redis_backend.key("c", limit)
+    redis_client.set(key, legacy_bucket(used, round(T0 * 1e6)), px=60_000)
+    assert redis_backend.peek("c", [limit], now=T0).remaining == math.floor(10 - used)
+    assert redis_backend.peek("c", [limit], now=T0 + 1).remaining == math.floor(12 - used)
+    decision = redis_backend.hit("c", [limit], now=T0 + 1)
+    assert decision.remaining == math.floor(11 - used)
+    assert len(redis_client.get(key) or b"") == 12
+
+
+def test_calendar_quota_works_on_the_server_clock(
+    redis_backend: RedisBackend, redis_client: redis.Redis
+) -> None:
+    limit = Limit.build("q", "2/day", algorithm="calendar_quota")
+    assert [redis_backend.hit("c", [limit]).allowed for _ in range(3)] == [True, True, False]
+    ttl_ms = redis_client.pttl(redis_backend.key("c", limit))
+    assert 0 < ttl_ms <= 86_400_000
+
+
+def test_calendar_specs_are_encoded_again_when_their_window_ends(
+    redis_backend: RedisBackend,
+) -> None:
+    from django_throttle.backends.wire import FOREVER
+
+    calls = redis_backend._calls
+    plain = (REFERENCE,)
+    assert calls.encoded(plain).valid_until is FOREVER
+    assert calls.encoded(plain) is calls.encoded(plain)
+    quota = (Limit.build("q", "2/day", algorithm="calendar_quota"),)
+    first = calls.encoded(quota)
+    assert time.time() < first.valid_until <= time.time() + 86400
+    assert calls.encoded(quota) is first
+    # A test's clock encodes its own windows and leaves the cached ones alone.
+    yesterday = calls.encoded(quota, round((time.time() - 86400) * 1e6))
+    assert yesterday.valid_until == first.valid_until - 86400
+    assert calls.encoded(quota) is first
+    calls._cache[id(quota)] = dataclasses.replace(first, valid_until=time.time() - 1)
+    again = calls.encoded(quota)
+    assert again.valid_until == first.valid_until
+    assert again is not first
+
+
+def test_async_calls_send_the_same_bytes(redis_backend: RedisBackend) -> None:
+    import asyncio
+
+    limits = [ALGORITHM_LIMITS["calendar_quota"], ALGORITHM_LIMITS["sliding_window_log"]]
+    sync = redis_backend.hit("c", limits, now=MIDNIGHT)
+
+    async def run() -> Any:
+        try:
+            return await redis_backend.ahit("c", limits, now=MIDNIGHT)
+        finally:
+            await redis_backend._async_stacks.close()
+
+    assert sync.remaining == 9
+    assert asyncio.run(run()).remaining == 8
+
+
+def test_gcra_retime_keeps_the_tokens_used(
+    redis_backend: RedisBackend, redis_client: redis.Redis
+) -> None:
+    fast = Limit.build("edited", "10/s", burst=10, algorithm="gcra")
+    slow = Limit.build("edited", "10/h", burst=10, algorithm="gcra")
+    assert allowed_count(redis_backend, "c", [fast], 10, T0) == 5 * 2
+    assert redis_backend.retime([slow], now=T0, previous=[fast]) == 1
+    # Ten used at 360 s each: an hour to be full, none back after a second.
+    assert not redis_backend.hit("c", [slow], now=T0 + 1).allowed
+    assert redis_backend.peek("c", [slow], now=T0 + 360).remaining == 1
+    assert (
+        redis_client.get(redis_backend.key("c", slow))
+        == str(round(T0 * 1e6) + 3600 * 10**6).encode()
+    )
+    # Without the old rate the stored instant stays: one second of debt only.
+    redis_backend.reset("c", [fast])
+    assert allowed_count(redis_backend, "c", [fast], 10, T0) == 10
+    assert redis_backend.retime([slow], now=T0) == 1
+    assert redis_backend.hit("c", [slow], now=T0 + 1).allowed
+
+
+def test_gcra_retime_is_exact_for_large_products(
+    redis_backend: RedisBackend, redis_client: redis.Redis
+) -> None:
+    """(TAT - now) x E_new overflows a double's 53 bits: the script's split products still
+    round up exactly, as Python's integers do."""
+    old = Limit.build("edited", "7/d", burst=1000, algorithm="gcra")  # E = 12,342,857 µs
+    new = Limit.build("edited", "3/d", burst=1000, algorithm="gcra")  # E = 28,800,000 µs
+    assert redis_backend.hit("c", [old], cost=999, now=T0).allowed
+    ahead = 999 * old.emission_us
+    redis_backend.retime([new], now=T0, previous=[old])
+    stored = int(redis_client.get(redis_backend.key("c", new)) or 0)
+    assert stored - round(T0 * 1e6) == -(-ahead * new.emission_us // old.emission_us)
+
+
+@ALGORITHMS
+def test_retime_touches_each_algorithms_own_keys(
+    redis_backend: RedisBackend, redis_client: redis.Redis, algorithm: str
+) -> None:
+    limit = ALGORITHM_LIMITS[algorithm]
+    other = ALGORITHM_LIMITS["token_bucket" if algorithm != "token_bucket" else "gcra"]
+    for client in ("x", "y"):
+        redis_backend.hit(client, [limit, dataclasses.replace(other, id="other")], now=MIDNIGHT)
+        redis_backend.hit(client, [other], now=MIDNIGHT)
+    assert redis_backend.retime([limit], now=MIDNIGHT, previous=[limit]) == 2
+    ttl_ms = redis_client.pttl(redis_backend.key("x", limit))
+    assert ttl_ms > 0
+
+
+def test_retime_of_a_changed_algorithm_ignores_the_old_spec(
+    redis_backend: RedisBackend,
+) -> None:
+    bucket, gcra = ALGORITHM_LIMITS["token_bucket"], ALGORITHM_LIMITS["gcra"]
+    redis_backend.hit("c", [gcra], now=T0)
+    assert redis_backend.retime([gcra], now=T0, previous=[bucket]) == 1
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("g10:1.5", "ARGV[3] emission interval"),
+        ("g10:0", "ARGV[3] emission interval"),
+        (f"g{10**9}:{10**9}", "ARGV[3] capacity x emission interval"),
+        ("l10:0", "ARGV[3] interval"),
+        ("f10:0", "ARGV[3] period"),
+        ("f10:1:2", "ARGV[3] fixed window spec"),
+        ("s10:1.5", "ARGV[3] period"),
+        ("w10001:1000000", "ARGV[3] capacity must be at most 10000"),
+        ("w10:-1", "ARGV[3] period"),
+        ("c10:1:2:3", "ARGV[3] calendar boundaries must be 4"),
+        ("c10:4:3:2:1", "ARGV[3] calendar boundaries must be 4"),
+        ("c10:1:2:3:4", "ARGV[3] calendar boundaries must cover now"),
+        ("t10:1000000:5", "ARGV[3] limit spec"),
+    ],
+)
+def test_every_algorithm_spec_is_validated_before_writing(
+    redis_backend: RedisBackend, redis_client: redis.Redis, spec: str, message: str
+) -> None:
+    limits = [Limit.build(name, "1/s") for name in ("first", "second")]
+    keys = [redis_backend.key("c", limit) for limit in limits]
+    with pytest.raises(redis.ResponseError, match=re.escape(message)):
+        redis_client.eval(load_script(), 2, *keys, "1", "w10:1000000", spec)
+    assert redis_client.exists(*keys) == 0
+
+
+def test_retime_refuses_an_old_spec_of_another_algorithm(
+    redis_backend: RedisBackend, redis_client: redis.Redis
+) -> None:
+    limit = Limit.build("kept", "10/s", algorithm="gcra")
+    redis_backend.hit("c", [limit])
+    key = redis_backend.key("c", limit)
+    before = redis_client.get(key)
+    with pytest.raises(redis.ResponseError, match=re.escape("ARGV[3] old spec must be")):
+        redis_client.eval(load_script(RETIME_FILES), 1, key, "g10:100000", "", "t10:100000")
+    assert redis_client.get(key) == before
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window_counter", "gcra"])
+def test_corrupt_window_and_gcra_state_counts_nothing_used(
+    redis_backend: RedisBackend, redis_client: redis.Redis, algorithm: str
+) -> None:
+    limit = ALGORITHM_LIMITS[algorithm]
+    for state in ("garbage", "1.5 x", "-3 abc", "1 2", "inf", ""):
+        redis_client.set(redis_backend.key("c", limit), state, px=60_000)
+        assert redis_backend.hit("c", [limit], now=MIDNIGHT).remaining == 9, state
+        redis_backend.reset("c", [limit])
+
+
+def test_sliding_log_key_of_another_type_is_replaced(
+    redis_backend: RedisBackend, redis_client: redis.Redis
+) -> None:
+    limit = ALGORITHM_LIMITS["sliding_window_log"]
+    key = redis_backend.key("c", limit)
+    redis_client.set(key, "not a log", px=60_000)
+    assert redis_backend.hit("c", [limit], cost=3, now=MIDNIGHT).remaining == 7
+    assert redis_client.zcard(key) == 3
+    assert redis_backend.peek("c", [limit], now=MIDNIGHT).remaining == 7
+
+
+def test_sliding_log_takes_a_large_cost_in_one_call(
+    redis_backend: RedisBackend, redis_client: redis.Redis
+) -> None:
+    limit = Limit.build("big", "10000/h", algorithm="sliding_window_log")
+    assert redis_backend.hit("c", [limit], cost=10_000, now=MIDNIGHT).allowed
+    assert redis_client.zcard(redis_backend.key("c", limit)) == 10_000
+    assert not redis_backend.hit("c", [limit], now=MIDNIGHT + 1).allowed

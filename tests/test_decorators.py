@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
+from typing import Any
+
 import pytest
 from asgiref.sync import async_to_sync
-from django.test import AsyncClient, Client
+from django.http import HttpResponse
+from django.test import AsyncClient, Client, RequestFactory
 
+from django_throttle import core
 from django_throttle.decorators import throttle
-from django_throttle.rates import InvalidRate
+from django_throttle.rates import UNLIMITED, Algorithm, Decision, InvalidRate, Limit
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
@@ -86,3 +91,130 @@ def test_one_class_based_view_keeps_one_bucket_across_requests(client: Client) -
 def test_bad_arguments_fail_at_decoration_time(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         throttle(**kwargs)  # type: ignore[arg-type]
+
+
+# Algorithms ---------------------------------------------------------------------------------
+
+
+def inline_limit(monkeypatch: pytest.MonkeyPatch, view: Any, request: Any = None) -> Limit:
+    """The one inline limit ``view`` hands to ``core.check`` for a request."""
+    seen: list[Limit] = []
+
+    def check(request: Any, *, limits: Any = None, **kwargs: Any) -> Decision:
+        seen.extend(limits)
+        return UNLIMITED
+
+    monkeypatch.setattr(core, "check", check)
+    view(request or RequestFactory().get("/"))
+    [limit] = seen
+    return limit
+
+
+def ok(request: Any) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "algorithm", "capacity"),
+    [
+        ({"rate": "10/s", "burst": 50, "algorithm": "gcra"}, Algorithm.GCRA, 50),
+        ({"rate": "10/s", "algorithm": Algorithm.LEAKY_BUCKET}, Algorithm.LEAKY_BUCKET, 10),
+        ({"rate": "100/h", "algorithm": "fixed_window"}, Algorithm.FIXED_WINDOW, 100),
+        ({"rate": "100/h", "algorithm": "sliding_window_log"}, Algorithm.SLIDING_LOG, 100),
+        ({"rate": "9/m", "algorithm": "sliding_window_counter"}, Algorithm.SLIDING_COUNTER, 9),
+    ],
+)
+def test_the_inline_limit_counts_with_the_chosen_algorithm(
+    monkeypatch: pytest.MonkeyPatch, kwargs: dict[str, Any], algorithm: str, capacity: int
+) -> None:
+    limit = inline_limit(monkeypatch, throttle(**kwargs)(ok))
+    assert (limit.algorithm, limit.capacity, limit.timezone) == (algorithm, capacity, "")
+    assert limit.name == kwargs["rate"]
+
+
+def test_a_calendar_quota_counts_in_its_time_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    view = throttle(rate="10000/month", algorithm="calendar_quota", timezone="Europe/Berlin")(ok)
+    limit = inline_limit(monkeypatch, view)
+    assert (limit.algorithm, limit.timezone, limit.calendar_unit) == (
+        Algorithm.CALENDAR,
+        "Europe/Berlin",
+        "month",
+    )
+    assert limit.name == "10000/month"
+
+
+def test_a_calendar_quota_without_a_zone_follows_the_setting(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    view = throttle(rate="500/day", algorithm="calendar_quota")(ok)
+    settings.TIME_ZONE = "Asia/Tokyo"
+    assert inline_limit(monkeypatch, view).timezone == "Asia/Tokyo"
+    settings.TIME_ZONE = "UTC"
+    assert inline_limit(monkeypatch, view).timezone == "UTC"
+
+
+def test_the_inline_limit_id_differs_per_algorithm(monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = {
+        algorithm: inline_limit(monkeypatch, throttle(rate="60/m", algorithm=algorithm)(ok)).id
+        for algorithm in ("token_bucket", "gcra", "fixed_window", "sliding_window_counter")
+    }
+    assert len(set(ids.values())) == 4
+    # A token bucket keeps the id it had before there were other algorithms: no counter reset.
+    owner = f"{ok.__module__}.{ok.__qualname__}"
+    old = hashlib.blake2b(f"{owner}|60/m|None".encode(), digest_size=6).hexdigest()
+    assert ids["token_bucket"] == f"i{old}"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"rate": "100/m", "burst": 20, "algorithm": "fixed_window"},
+            "throttle(rate='100/m', burst=20, algorithm='fixed_window'): the fixed window has "
+            "no burst: it admits 100 per window; leave the burst empty",
+        ),
+        (
+            {"rate": "100/month"},
+            "throttle(rate='100/month'): '100/month': months vary in length; choose the "
+            "calendar quota algorithm",
+        ),
+        (
+            {"rate": "100/h", "algorithm": "calendar_quota"},
+            "throttle(rate='100/h', algorithm='calendar_quota'): '100/h': a calendar quota "
+            "counts per day, week, month or year",
+        ),
+        (
+            {"rate": "1/d", "algorithm": "calendar_quota", "timezone": "Berlin"},
+            "unknown time zone 'Berlin'",
+        ),
+        ({"rate": "1/d", "timezone": "UTC"}, "only a calendar quota has a time zone"),
+        (
+            {"rate": "20000/h", "algorithm": "sliding_window_log"},
+            "use the sliding window counter",
+        ),
+        ({"rate": "15000/s", "algorithm": "gcra"}, "use the token bucket for this rate"),
+        ({"rate": "5/s", "algorithm": "leaky"}, "unknown algorithm 'leaky'; use one of"),
+    ],
+)
+def test_bad_algorithm_arguments_fail_at_decoration_time(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidRate) as info:
+        throttle(**kwargs)
+    assert message in str(info.value)
+
+
+def test_a_window_limit_below_the_cost_asks_for_a_larger_count() -> None:
+    with pytest.raises(ValueError, match="holding 5; raise the rate's count or lower the cost"):
+        throttle(rate="5/m", algorithm="fixed_window", cost=6)
+
+
+def test_algorithm_without_an_inline_rate_is_refused() -> None:
+    with pytest.raises(TypeError, match="give rate='…' too"):
+        throttle(scope="login", algorithm="gcra")
+
+
+def test_a_fixed_window_view_end_to_end() -> None:
+    view = throttle(rate="2/m", algorithm="fixed_window")(ok)
+    codes = [view(RequestFactory().get("/")).status_code for _ in range(3)]
+    assert codes == [200, 200, 429]

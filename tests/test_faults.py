@@ -27,7 +27,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from django_throttle import policy
-from tests.bucket_state import base36
+from tests.bucket_state import base36, stored_used
 from tests.factories import tier
 from tests.faultproxy import FaultProxy
 from tests.redis_servers import RedisServer
@@ -205,13 +205,13 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 15.0) 
 
 
 def used_tokens(client: redis.Redis, prefix: str) -> dict[str, float]:
-    """Tokens used per bucket key under ``prefix``, read from the token-bucket state
-    ``"<used> <timestamp>"``."""
+    """Tokens used per bucket key under ``prefix``, read from the token-bucket state (binary,
+    or the legacy text form)."""
     found = {}
-    for key in client.scan_iter(match=f"{prefix}:{{*}}*:*", count=1000):  # buckets only
-        value = client.get(key)
-        if value is not None and b" " in value:
-            found[key.decode()] = float(value.split(b" ", 1)[0])
+    for key in client.scan_iter(match=f"{prefix}:{{*}}*:*", count=1000):  # token buckets only
+        used = stored_used(client.get(key))
+        if used is not None:
+            found[key.decode()] = used
     return found
 
 

@@ -40,7 +40,7 @@ def rule() -> EndpointRule:
         ("10/x", "unknown period unit 'x'"),
         ("-5/m", "the count must be a whole number of at least 1"),
         ("0/m", "the count must be a whole number of at least 1"),
-        ("100/month", "months and years vary in length"),
+        ("100/2month", "a calendar rate counts per one month, with no multiplier"),
         ("100/M", "did you mean 'm'?"),
         ("lots", "'lots' is not a rate"),
         ("", "'' is not a rate"),
@@ -52,16 +52,23 @@ def test_validate_rate_explains_what_is_wrong(rate: str, says: str) -> None:
     assert says in info.value.messages[0]
 
 
-@pytest.mark.parametrize("rate", ["100/min", "10/s", "5000/day", "20/15m", "1/h"])
+@pytest.mark.parametrize(
+    "rate", ["100/min", "10/s", "5000/day", "20/15m", "1/h", "2000/week", "10000/month", "1/year"]
+)
 def test_validate_rate_accepts_what_rate_parse_accepts(rate: str) -> None:
     validate_rate(rate)
 
 
 @pytest.mark.django_db
 def test_full_clean_puts_rate_and_burst_errors_on_their_fields(free: Tier) -> None:
-    errors = errors_of(TierLimit(tier=free, rate="100/month", burst=0))
-    assert "months and years vary in length" in errors["rate"][0]
-    assert errors["burst"] == ["The burst must be at least 1."]
+    errors = errors_of(TierLimit(tier=free, rate="100/x", burst=0))
+    assert errors == {
+        "rate": [
+            "'100/x': unknown period unit 'x': use s, m, h, d or w (or sec, min, hour, day, "
+            "week), or month, year"
+        ],
+        "burst": ["The burst must be at least 1."],
+    }
 
 
 @pytest.mark.django_db
@@ -161,6 +168,85 @@ def test_endpoint_limit_to_limit_keeps_its_burst(free: Tier, rule: EndpointRule)
     assert limit.rate == Rate(20, 900)
     assert limit.burst == 5 == row.capacity
     assert limit.name == "search (free) 20/15m"
+
+
+@pytest.mark.django_db
+def test_a_calendar_quota_counts_in_the_site_time_zone_unless_it_names_one(
+    free: Tier, settings: object
+) -> None:
+    settings.TIME_ZONE = "Europe/Berlin"  # type: ignore[attr-defined]
+    row = TierLimit.objects.create(tier=free, rate="10000/month", algorithm="calendar_quota")
+    limit = TierLimit.objects.select_related("tier").get().to_limit()
+    assert (limit.algorithm, limit.rate, limit.timezone) == (
+        Algorithm.CALENDAR,
+        Rate(10000, 31 * 86400, "month"),
+        "Europe/Berlin",
+    )
+    assert (limit.burst, row.capacity, limit.name) == (10000, 10000, "free 10000/month")
+    row.timezone = "America/New_York"
+    assert row.to_limit().timezone == "America/New_York"
+    daily = TierLimit(tier=free, rate="500/d", algorithm="calendar_quota").to_limit()
+    assert (daily.rate.calendar, daily.calendar_unit) == ("day", "day")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "algorithm", ["gcra", "leaky_bucket", "fixed_window", "sliding_window_log"]
+)
+def test_other_algorithms_have_no_time_zone(free: Tier, algorithm: str) -> None:
+    limit = TierLimit(tier=free, rate="60/m", algorithm=algorithm).to_limit()
+    assert (limit.algorithm, limit.timezone, limit.capacity) == (algorithm, "", 60)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("values", "field", "says"),
+    [
+        ({"algorithm": "fixed_window", "burst": 20}, "burst", "leave the burst empty"),
+        ({"rate": "10000/month"}, "algorithm", "choose the calendar quota algorithm"),
+        ({"algorithm": "calendar_quota", "rate": "10/h"}, "rate", "counts per day, week"),
+        ({"algorithm": "calendar_quota", "timezone": "Mars/Base"}, "timezone", "unknown time"),
+        ({"timezone": "UTC"}, "timezone", "only a calendar quota has a time zone"),
+        (
+            {"algorithm": "sliding_window_log", "rate": "20000/h"},
+            "algorithm",
+            "use the sliding window counter",
+        ),
+        ({"algorithm": "gcra", "rate": "15000/s"}, "algorithm", "use the token bucket"),
+    ],
+)
+def test_full_clean_puts_each_refusal_on_the_field_to_change(
+    free: Tier, values: dict[str, object], field: str, says: str
+) -> None:
+    row = TierLimit(tier=free, **{"rate": "100/d", **values})
+    errors = errors_of(row)
+    assert list(errors) == [field]
+    [message] = errors[field]
+    assert says in message
+
+
+@pytest.mark.django_db
+def test_a_window_algorithm_takes_a_burst_equal_to_its_count(free: Tier) -> None:
+    TierLimit(tier=free, rate="100/m", algorithm="fixed_window", burst=100).full_clean()
+    TierLimit(tier=free, rate="100/m", algorithm="fixed_window").full_clean()
+
+
+@pytest.mark.django_db
+def test_fields_a_form_refused_are_not_judged_together(free: Tier) -> None:
+    """A model form excludes a field it refused (the instance keeps its old value), so the
+    combination is not checked: the field has its one error from the form."""
+    row = TierLimit(tier=free, rate="100/m", algorithm="fixed_window", burst=20)
+    row.full_clean(exclude=["burst"])
+    with pytest.raises(ValidationError):
+        row.full_clean()
+
+
+def test_limit_rows_describe_themselves() -> None:
+    assert str(TierLimit(rate="10/s")) == "10/s"
+    assert str(TierLimit(rate="10/s", burst=20)) == "10/s (burst 20)"
+    assert str(TierLimit(rate="10/s", algorithm="gcra", burst=20)) == "10/s (GCRA, burst 20)"
+    calendar = TierLimit(rate="1/month", algorithm="calendar_quota", timezone="Asia/Tokyo")
+    assert str(calendar) == "1/month (calendar quota, Asia/Tokyo)"
 
 
 @pytest.mark.django_db
@@ -293,7 +379,14 @@ def test_database_refuses_a_cost_out_of_range(cost: int) -> None:
 def test_row_problems_name_the_field(free: Tier, rule: EndpointRule) -> None:
     """What the policy compiler, the system check and the admin list all rely on."""
     assert TierLimit(tier=free, rate="10/s").row_problems() == {}
-    assert list(TierLimit(tier=free, rate="10/month").row_problems()) == ["rate"]
+    assert list(TierLimit(tier=free, rate="10/x").row_problems()) == ["rate"]
+    assert list(TierLimit(tier=free, rate="10/month").row_problems()) == ["algorithm"]
+    calendar = {"algorithm": "calendar_quota"}
+    assert list(TierLimit(tier=free, rate="10/h", **calendar).row_problems()) == ["rate"]
+    assert list(
+        TierLimit(tier=free, rate="10/d", timezone="Nowhere", **calendar).row_problems()
+    ) == ["timezone"]
+    assert list(TierLimit(tier=free, rate="10/d", timezone="UTC").row_problems()) == ["timezone"]
     assert list(TierLimit(tier=free, rate="10/s", algorithm="magic").row_problems()) == [
         "algorithm"
     ]

@@ -197,8 +197,19 @@ def skipped_rows(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 BAD_LIMIT_VALUES = [
-    ({"rate": "10/month"}, "rate", "months and years vary in length"),
+    ({"rate": "10/x"}, "rate", "unknown period unit 'x'"),
+    ({"rate": "10/month"}, "algorithm", "months vary in length; choose the calendar quota"),
     ({"algorithm": "leaky"}, "algorithm", "unknown algorithm 'leaky'"),
+    ({"algorithm": "fixed_window", "burst": 20}, "burst", "leave the burst empty"),
+    ({"algorithm": "calendar_quota", "rate": "10/h"}, "rate", "counts per day, week"),
+    (
+        {"algorithm": "calendar_quota", "rate": "10/d", "timezone": "Mars/Base"},
+        "timezone",
+        "unknown time zone",
+    ),
+    ({"timezone": "UTC"}, "timezone", "only a calendar quota has a time zone"),
+    ({"algorithm": "sliding_window_log", "rate": "20000/h"}, "algorithm", "window counter"),
+    ({"algorithm": "gcra", "rate": "15000/s"}, "algorithm", "use the token bucket"),
     ({"rate": "1/d", "burst": 1_000_000}, "burst", "lower the burst"),
     ({"burst": 0}, "burst", "burst must be between 1 and"),
 ]

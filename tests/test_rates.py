@@ -24,6 +24,8 @@ from django_throttle.rates import Algorithm, InvalidRate, Limit, Rate
         ("7/30sec", 7, 30),
         ("1000000000/s", 1_000_000_000, 1),
         ("1/366d", 1, 366 * 86400),
+        ("2000/week", 2000, 7 * 86400),
+        ("10/2w", 10, 14 * 86400),
     ],
 )
 def test_parse_accepts(text: str, count: int, period: int) -> None:
@@ -60,8 +62,9 @@ def test_str_is_canonical_and_round_trips(text: str, canonical: str) -> None:
         ("10/x", "unknown period unit 'x'"),
         ("-5/m", "at least 1"),
         ("0/m", "at least 1"),
-        ("100/month", "in days"),
-        ("3/year", "in days"),
+        ("100/2month", "a calendar rate counts per one month, with no multiplier"),
+        ("3/10y", "per one year"),
+        ("3/Year", "lowercase"),
         ("10/M", "lowercase"),
         ("10/Min", "lowercase"),
         ("", "e.g. '100/min'"),
@@ -143,8 +146,8 @@ def test_limit_keeps_given_name_and_algorithm_text() -> None:
 
 
 def test_limit_rejects_unknown_algorithm() -> None:
-    with pytest.raises(ValueError):
-        Limit.build("api", "5/m", algorithm="leaky_bucket")
+    with pytest.raises(InvalidRate, match="unknown algorithm 'leaky'; use one of 'token_bucket'"):
+        Limit.build("api", "5/m", algorithm="leaky")
 
 
 @pytest.mark.parametrize("burst", [10**9 + 1, 9223372036854775807])
@@ -157,3 +160,84 @@ def test_limit_rejects_a_bucket_that_takes_over_ten_years_to_refill() -> None:
     assert Limit.build("api", "1/366d", burst=10).window == 3660 * 86400
     with pytest.raises(InvalidRate, match="lower the burst"):
         Limit.build("api", "1/366d", burst=11)
+
+
+# Calendar rates and the algorithms ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "count", "unit"),
+    [
+        ("10000/month", 10000, "month"),
+        ("5/mo", 5, "month"),
+        ("1/year", 1, "year"),
+        ("7/y", 7, "year"),
+    ],
+)
+def test_month_and_year_parse_as_calendar_rates(text: str, count: int, unit: str) -> None:
+    rate = Rate.parse(text)
+    assert (rate.count, rate.calendar) == (count, unit)
+    assert str(rate) == f"{count}/{unit}"
+    assert Rate.parse(str(rate)) == rate
+
+
+@pytest.mark.parametrize(
+    ("rate", "unit"),
+    [("500/day", "day"), ("500/24h", "day"), ("2000/week", "week"), ("9/month", "month")],
+)
+def test_a_calendar_quota_aligns_days_and_weeks(rate: str, unit: str) -> None:
+    limit = Limit.build("q", rate, algorithm="calendar_quota", timezone="Europe/Berlin")
+    assert (limit.calendar_unit, limit.capacity, limit.timezone) == (
+        unit,
+        limit.rate.count,
+        "Europe/Berlin",
+    )
+    assert Limit.build("q", rate.replace("month", "31d")).calendar_unit == ""
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"rate": "10/month"}, "choose the calendar quota algorithm"),
+        ({"rate": "10/month", "algorithm": "gcra"}, "choose the calendar quota algorithm"),
+        ({"rate": "10/h", "algorithm": "calendar_quota"}, "a calendar quota counts per day"),
+        ({"rate": "10/2d", "algorithm": "calendar_quota"}, "a calendar quota counts per day"),
+        (
+            {"rate": "10/d", "algorithm": "calendar_quota", "timezone": "Nowhere/Land"},
+            "unknown time zone",
+        ),
+        ({"rate": "10/d", "timezone": "UTC"}, "only a calendar quota has a time zone"),
+        ({"rate": "10/m", "burst": 5, "algorithm": "fixed_window"}, "has no burst"),
+        ({"rate": "10/m", "burst": 11, "algorithm": "sliding_window_counter"}, "has no burst"),
+        ({"rate": "10001/h", "algorithm": "sliding_window_log"}, "use the sliding window counter"),
+        ({"rate": "15000/s", "algorithm": "gcra"}, "use the token bucket"),
+    ],
+)
+def test_limit_refuses_what_its_algorithm_cannot_do(kwargs: dict[str, Any], says: str) -> None:
+    with pytest.raises(InvalidRate, match=says):
+        Limit.build("x", **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "burst", "capacity", "window"),
+    [
+        ("token_bucket", 20, 20, 20 * 6.0),
+        ("gcra", 20, 20, 20 * 6.0),
+        ("leaky_bucket", None, 10, 60.0),
+        ("fixed_window", None, 10, 60.0),
+        ("fixed_window", 10, 10, 60.0),
+        ("sliding_window_log", None, 10, 60.0),
+        ("sliding_window_counter", None, 10, 60.0),
+    ],
+)
+def test_capacity_is_the_burst_for_buckets_and_the_count_for_windows(
+    algorithm: str, burst: int | None, capacity: int, window: float
+) -> None:
+    limit = Limit.build("x", "10/m", burst=burst, algorithm=algorithm)
+    assert (limit.capacity, limit.window) == (capacity, pytest.approx(window))
+
+
+def test_gcra_keeps_whole_microseconds() -> None:
+    limit = Limit.build("x", "3/s", algorithm="gcra")
+    assert (limit.interval_us, limit.emission_us) == (pytest.approx(333333.333), 333333)
+    assert Limit.build("x", "10000/s", algorithm="gcra").emission_us == 100

@@ -27,7 +27,9 @@ def test_each_bad_row_is_an_error_naming_row_field_and_problem() -> None:
         Tier.objects.filter(pk=free.pk).update(failure_mode="sideways")
         TierLimit.objects.filter(tier=free).update(rate="10/month")
         EndpointRule.objects.filter(pk=rule.pk).update(cost=0)
-        EndpointLimit.objects.filter(rule=rule).update(algorithm="leaky")
+        EndpointLimit.objects.filter(rule=rule).update(
+            rate="1/d", algorithm="calendar_quota", timezone="Moon"
+        )
     limit, endpoint_limit = TierLimit.objects.get(), EndpointLimit.objects.get()
 
     errors = check_rows()
@@ -39,9 +41,11 @@ def test_each_bad_row_is_an_error_naming_row_field_and_problem() -> None:
         ("django_throttle.E104", endpoint_limit.pk),
     ]
     assert errors[1].msg.startswith(f"TierLimit pk={limit.pk} cannot be used")
-    assert "rate: '10/month': unknown period unit 'month'" in errors[1].msg
+    assert "algorithm: '10/month': months vary in length; choose the calendar quota" in (
+        errors[1].msg
+    )
     assert "cost: the cost must be between 1 and" in errors[2].msg
-    assert "algorithm: unknown algorithm 'leaky'" in errors[3].msg
+    assert "timezone: unknown time zone 'Moon'" in errors[3].msg
     with pytest.raises(SystemCheckError) as info:
         call_command("check")
     assert "django_throttle.E102" in str(info.value)
@@ -51,6 +55,29 @@ def test_no_database_means_nothing_to_report() -> None:
     """Without the django_db mark the test runner refuses database access, as a missing
     database or table would: the check stays silent rather than crash ``check``."""
     assert check_rows() == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [
+        ({"algorithm": "leaky"}, "algorithm: unknown algorithm 'leaky'"),
+        ({"algorithm": "sliding_window_log", "rate": "20000/h"}, "algorithm: a sliding window"),
+        ({"algorithm": "calendar_quota", "rate": "10/h"}, "rate: '10/h': a calendar quota"),
+        ({"algorithm": "fixed_window", "burst": 3}, "burst: the fixed window has no burst"),
+        ({"timezone": "Europe/Berlin"}, "timezone: only a calendar quota has a time zone"),
+    ],
+)
+def test_bad_algorithm_and_time_zone_rows_are_reported(
+    values: dict[str, object], says: str
+) -> None:
+    free = tier("free", "10/s")
+    rule = endpoint("export", "scope", "export", limits={free: "10/m"})
+    TierLimit.objects.filter(tier=free).update(**values)
+    EndpointLimit.objects.filter(rule=rule).update(**values)
+    errors = check_rows()
+    assert [e.id for e in errors] == ["django_throttle.E102", "django_throttle.E104"]
+    assert all(says in e.msg for e in errors)
 
 
 @pytest.mark.django_db

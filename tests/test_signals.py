@@ -15,8 +15,9 @@ from django.test import Client
 from django_throttle import policy
 from django_throttle.backends import get_backend
 from django_throttle.identity import Identity
-from django_throttle.models import TierAssignment, TierLimit
-from tests.factories import tier
+from django_throttle.models import EndpointLimit, TierAssignment, TierLimit
+from django_throttle.rates import Limit
+from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
 
@@ -176,9 +177,9 @@ def test_saving_a_limit_bumps_then_retimes(
     backend = get_backend()
     real_retime = backend.retime
 
-    def retime(limits: Any) -> int:
+    def retime(limits: Any, *, previous: Any = None) -> int:
         calls.append((get_backend().get_policy_version() or "", [lim.id for lim in limits]))
-        return real_retime(limits)
+        return real_retime(limits, previous=previous)
 
     monkeypatch.setattr(backend, "retime", retime)
     before = version()
@@ -196,10 +197,98 @@ def test_a_retime_failure_is_a_warning_not_an_error(
 
     limit = TierLimit.objects.get(tier=tier("free", "10/s"))
 
-    def broken(limits: Any) -> int:
+    def broken(limits: Any, *, previous: Any = None) -> int:
         raise BackendError("connection refused")
 
     monkeypatch.setattr(get_backend(), "retime", broken)
     limit.burst = 20
     assert bumps(limit.save) == 1
     assert "could not re-time stored counters of free 10/s" in caplog.text
+
+
+@pytest.fixture
+def retimed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[Limit], list[Limit] | None]]:
+    """What each re-time call received: the limits and the limits before the edit."""
+    calls: list[tuple[list[Limit], list[Limit] | None]] = []
+
+    def retime(limits: Any, *, previous: Any = None, now: Any = None) -> int:
+        calls.append((list(limits), None if previous is None else list(previous)))
+        return 0
+
+    monkeypatch.setattr(get_backend(), "retime", retime)
+    return calls
+
+
+def test_retime_gets_the_limit_as_it_was_before_the_edit(
+    bumps: Callable[..., int], retimed: list[Any]
+) -> None:
+    free = tier("free")
+    row = TierLimit.objects.create(tier=free, rate="10/s", burst=20, algorithm="gcra")
+    row.rate = "1/s"
+    assert bumps(row.save) == 1
+    [(limits, previous)] = retimed
+    assert [(lim.id, str(lim.rate), lim.burst) for lim in limits] == [(f"t{row.pk}", "1/s", 20)]
+    assert [(lim.id, str(lim.rate), lim.algorithm) for lim in previous] == [
+        (f"t{row.pk}", "10/s", "gcra")
+    ]
+
+
+def test_an_endpoint_limit_edit_passes_the_old_limit_too(
+    bumps: Callable[..., int], retimed: list[Any]
+) -> None:
+    free = tier("free")
+    rule = endpoint("export", "scope", "export", limits={free: "10/m"})
+    row = EndpointLimit.objects.get(rule=rule)
+    row.burst = 5
+    assert bumps(row.save) == 1
+    [(limits, previous)] = retimed
+    assert [(lim.burst, lim.name) for lim in limits] == [(5, "export (free) 10/m")]
+    assert [(lim.burst, lim.name) for lim in previous] == [(10, "export (free) 10/m")]
+
+
+def test_a_new_algorithm_starts_afresh_without_retime(
+    bumps: Callable[..., int], retimed: list[Any]
+) -> None:
+    row = TierLimit.objects.get(tier=tier("free", "100/h"))
+    row.algorithm = "fixed_window"
+    assert bumps(row.save) == 1
+    assert retimed == []
+
+
+def test_an_edit_through_the_admin_passes_the_old_limit(
+    admin_client: Client, django_capture_on_commit_callbacks: Any, retimed: list[Any]
+) -> None:
+    free = tier("free")
+    row = TierLimit.objects.create(tier=free, rate="500/d", algorithm="calendar_quota")
+    data = {
+        "slug": "free",
+        "name": "Free",
+        "priority": "0",
+        "limits-TOTAL_FORMS": "1",
+        "limits-INITIAL_FORMS": "1",
+        "limits-MIN_NUM_FORMS": "0",
+        "limits-MAX_NUM_FORMS": "1000",
+        "limits-0-id": str(row.pk),
+        "limits-0-tier": str(free.pk),
+        "limits-0-rate": "500/d",
+        "limits-0-algorithm": "calendar_quota",
+        "limits-0-timezone": "Asia/Tokyo",
+    }
+    with django_capture_on_commit_callbacks(execute=True):
+        response = admin_client.post(f"/admin/django_throttle/tier/{free.pk}/change/", data)
+    assert response.status_code == 302
+    [(limits, previous)] = retimed
+    assert [lim.timezone for lim in limits] == ["Asia/Tokyo"]
+    assert [lim.timezone for lim in previous] == ["America/Chicago"]  # the TIME_ZONE default
+
+
+def test_a_row_that_could_not_be_compiled_is_retimed_without_a_previous_limit(
+    bumps: Callable[..., int], retimed: list[Any]
+) -> None:
+    row = TierLimit.objects.get(tier=tier("free", "10/s"))
+    TierLimit.objects.filter(pk=row.pk).update(rate="10/x")
+    row.rate = "5/s"
+    assert bumps(row.save) == 1
+    [(limits, previous)] = retimed
+    assert [str(lim.rate) for lim in limits] == ["5/s"]
+    assert previous is None

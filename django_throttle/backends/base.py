@@ -95,13 +95,22 @@ class Backend(ABC):
         """Refill the client's buckets for these limits (forget their state)."""
 
     @abstractmethod
-    def retime(self, limits: Sequence[Limit], *, now: float | None = None) -> int:
-        """Make every stored state of these limits (matched by ``limit.id``, all clients)
-        expire when its bucket is full under the limit's current rate and burst.
+    def retime(
+        self,
+        limits: Sequence[Limit],
+        *,
+        now: float | None = None,
+        previous: Sequence[Limit] | None = None,
+    ) -> int:
+        """Make every stored state of these limits (matched by ``limit.id`` and algorithm, all
+        clients) expire when it stops mattering under the limit's current rate and burst.
 
         Call it after a limit changed: a state written under a faster rate would otherwise
-        expire early and hand the client a full bucket. Returns the number of states touched.
-        ``now`` (Unix seconds) overrides the backend's clock, for deterministic tests only.
+        expire early and hand the client a full bucket. ``previous`` (as long as ``limits``,
+        or ``None`` when unknown) holds each limit as it was before the edit: GCRA, which
+        stores a time rather than a count, needs the old rate to keep the tokens used.
+        Returns the number of states touched. ``now`` (Unix seconds) overrides the
+        backend's clock, for deterministic tests only.
         """
 
     @abstractmethod

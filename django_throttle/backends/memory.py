@@ -1,10 +1,11 @@
 """In-process backend with the same semantics as the Redis scripts, for development, tests and
 the per-process fallback of failure mode ``"local"``.
 
-State lives in this process only: use it with one process, or accept per-process limits. It is
-thread-safe (one lock) and takes an injectable ``clock`` so tests can move time by hand.
-``max_entries`` bounds memory: beyond it the least recently used (client, limit) states are
-forgotten (those clients get a full bucket back).
+Every algorithm's decision is its script's twin, bit for bit (memory_algorithms), and every
+state expires at the millisecond its Redis key would. State lives in this process only: use it
+with one process, or accept per-process limits. It is thread-safe (one lock) and takes an
+injectable ``clock`` so tests can move time by hand. ``max_entries`` bounds memory: beyond it
+the least recently used (client, limit) states are forgotten (those clients start afresh).
 """
 
 from __future__ import annotations
@@ -15,65 +16,22 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django_throttle.backends.base import Backend, BackendError, decision_from
-from django_throttle.rates import MAX_COUNT, Algorithm, Decision, Limit
+from django_throttle.backends.memory_algorithms import TWINS, Compiled, compile_limit, expiry_ms
+from django_throttle.rates import MAX_COUNT, Decision, Limit
 
 if TYPE_CHECKING:
     from django_throttle.backends.memory_usage import MemoryUsage
 
-#: Same tolerance as the Lua prelude, in tokens.
-TOLERANCE = 1e-9
 _SWEEP_EVERY = 4096
 
-State = tuple[float, float]
-
-
-def _used(state: State | None, now: float, capacity: int, interval: float) -> float:
-    """Tokens used as of ``now``, within [0, capacity]: the twin of ``token_bucket_used``."""
-    if state is None:
-        return 0.0
-    used = min(state[0], capacity) - max(0.0, now - state[1]) / interval
-    return 0.0 if used < 0 else used
-
-
-def token_bucket(
-    state: State | None, now: float, capacity: int, interval: float, cost: int
-) -> tuple[bool, State | None, int, float, float]:
-    """Python twin of ``lua/token_bucket.lua``: (allowed, new_state, remaining, reset, retry).
-
-    Times are whole microseconds; ``state`` is (tokens used, timestamp). The state's expiry
-    (the script's TTL) is ``new_state[0] * interval`` after ``now``. Like the script, it keeps
-    16 significant digits of what was used and answers from that stored value.
-    """
-    used = 0.0
-    if state is not None:  # _used, inlined: this is the hot path
-        used, elapsed = state[0], now - state[1]
-        if used > capacity:
-            used = capacity
-        if elapsed > 0:
-            used -= elapsed / interval
-            if used < 0:
-                used = 0.0
-    after = used + cost
-    if after <= capacity + TOLERANCE:
-        after = float(f"{after:.16g}")
-        remaining = max(0, math.floor(capacity - after + TOLERANCE))
-        reset = (after - TOLERANCE / 2) * interval
-        return True, (after, now), remaining, reset if reset > 0 else 0.0, 0.0
-    remaining = max(0, math.floor(capacity - used + TOLERANCE))
-    reset = max(0.0, (used - TOLERANCE / 2) * interval)
-    return False, None, remaining, reset, max(0.0, (after - capacity - TOLERANCE / 2) * interval)
-
-
-def token_bucket_ttl(state: State, now: float, capacity: int, interval: float) -> float:
-    """Microseconds until ``state`` no longer matters under this capacity and interval."""
-    return _used(state, now, capacity, interval) * interval
-
-
-_ALGORITHMS = {Algorithm.TOKEN_BUCKET.value: token_bucket}
-_TTLS = {Algorithm.TOKEN_BUCKET.value: token_bucket_ttl}
+#: (client, limit id, algorithm code): like the Redis key, a limit's algorithm is part of its
+#: counter's name, so changing it starts the counter afresh.
+Key = tuple[str, str, str]
+#: (algorithm state, last millisecond it lives): the Redis key and its PX expiry.
+Entry = tuple[Any, int]
 
 
 class MemoryBackend(Backend):
@@ -87,14 +45,12 @@ class MemoryBackend(Backend):
         self.clock = clock
         self.max_entries = max_entries
         self._lock = threading.Lock()
-        # (client, limit id) -> (state, expiry in µs). Bounded: an ordered dict kept least
-        # recently used first; unbounded: a plain dict, cheaper per hit.
-        self._lru: OrderedDict[tuple[str, str], tuple[State, float]] | None = (
-            None if max_entries is None else OrderedDict()
-        )
-        self._state: dict[tuple[str, str], tuple[State, float]] = (
-            {} if self._lru is None else self._lru
-        )
+        # Key -> Entry. Bounded: an ordered dict kept least recently used first; unbounded: a
+        # plain dict, cheaper per hit.
+        self._lru: OrderedDict[Key, Entry] | None = None if max_entries is None else OrderedDict()
+        self._state: dict[Key, Entry] = {} if self._lru is None else self._lru
+        # Limit lists compiled once, by identity (the policy snapshot reuses its tuples).
+        self._compiled: dict[int, tuple[Sequence[Limit], tuple[Compiled, ...]]] = {}
         self._version = 0
         self._calls = itertools.count()
         self._usage: MemoryUsage | None = None
@@ -140,20 +96,42 @@ class MemoryBackend(Backend):
     def reset(self, client: str, limits: Sequence[Limit]) -> None:
         with self._lock:
             for limit in limits:
-                self._state.pop((client, limit.id), None)
+                self._state.pop((client, limit.id, TWINS[limit.algorithm].code), None)
 
-    def retime(self, limits: Sequence[Limit], *, now: float | None = None) -> int:
-        now_us = float(round((self.clock() if now is None else now) * 1e6))
-        by_id = {limit.id: limit for limit in limits}
+    def retime(
+        self,
+        limits: Sequence[Limit],
+        *,
+        now: float | None = None,
+        previous: Sequence[Limit] | None = None,
+    ) -> int:
+        """Re-time every live state of these limits (retime.lua's twin): each algorithm's edit
+        rule from the state and, for GCRA, the limit before the edit (``previous[i]``)."""
+        now_us = round((self.clock() if now is None else now) * 1e6)
+        now_ms = now_us // 1000
         touched = 0
         with self._lock:
-            for key, (state, expires) in list(self._state.items()):
-                limit = by_id.get(key[1])
-                if limit is None or expires <= now_us:  # gone, as its Redis key would be
-                    continue
-                ttl = _TTLS[limit.algorithm](state, now_us, limit.burst, limit.rate.interval * 1e6)
-                self._state[key] = (state, now_us + ttl)  # PEXPIRE's twin
-                touched += 1
+            for i, limit in enumerate(limits):
+                twin = TWINS[limit.algorithm]
+                old = previous[i] if previous is not None else None
+                old_param = (
+                    twin.param(old)
+                    if old is not None and old.algorithm == limit.algorithm
+                    else None
+                )
+                param, capacity = twin.param(limit), limit.capacity
+                for key, (state, expires) in list(self._state.items()):
+                    if key[1] != limit.id or key[2] != twin.code:
+                        continue
+                    if expires < now_ms:  # gone, as its Redis key would be
+                        del self._state[key]
+                        continue
+                    touched += 1
+                    state, ttl = twin.retime(state, now_us, capacity, param, old_param)
+                    if ttl <= 0:  # the state no longer matters: deleted, as the script does
+                        del self._state[key]
+                    else:
+                        self._state[key] = (state, expiry_ms(now_us, ttl))
         return touched
 
     def get_policy_version(self) -> str | None:
@@ -162,6 +140,16 @@ class MemoryBackend(Backend):
     def bump_policy_version(self) -> None:
         with self._lock:
             self._version += 1
+
+    def _specs(self, limits: Sequence[Limit]) -> tuple[Compiled, ...]:
+        found = self._compiled.get(id(limits))
+        if found is not None and found[0] is limits:
+            return found[1]
+        compiled = tuple(compile_limit(limit) for limit in limits)
+        if len(self._compiled) >= 4096:  # bounded: policy reloads leave old tuples behind
+            self._compiled.clear()
+        self._compiled[id(limits)] = (limits, compiled)
+        return compiled
 
     def _run(
         self,
@@ -174,45 +162,53 @@ class MemoryBackend(Backend):
     ) -> Decision:
         if not 0 <= cost <= MAX_COUNT or cost % 1:
             raise BackendError(f"cost must be a whole number in [0, {MAX_COUNT}], not {cost!r}")
+        cost = int(cost)
         # Whole microseconds, like the server clock the script reads.
-        now_us = float(round((self.clock() if now is None else now) * 1e6))
+        now_us = round((self.clock() if now is None else now) * 1e6)
+        now_ms = now_us // 1000
         states, lru = self._state, self._lru
         with self._lock:
+            specs = self._specs(limits)
             if next(self._calls) % _SWEEP_EVERY == 0:
-                self._sweep(now_us)
+                self._sweep(now_ms)
             allowed, shadow_denied = True, False
             pick, pick_remaining, pick_reset, pick_retry = -1, -1, 0.0, -1.0
-            writes: list[tuple[tuple[str, str], tuple[State, float]]] = []
-            for i, limit in enumerate(limits):
-                key = (client, limit.id)
+            writes: list[tuple[Key, Any, float, Any]] = []
+            for i, spec in enumerate(specs):
+                key = (client, spec.id, spec.code)
                 entry = states.get(key)
-                if lru is not None and entry is not None:
-                    lru.move_to_end(key)
-                ok, new_state, remaining, reset, retry = _ALGORITHMS[limit.algorithm](
-                    None if entry is None or entry[1] <= now_us else entry[0],
-                    now_us,
-                    limit.burst,
-                    limit.rate.interval * 1e6,
-                    min(cost, limit.burst),
+                state = None
+                if entry is not None:
+                    if lru is not None:
+                        lru.move_to_end(key)
+                    if entry[1] >= now_ms:
+                        state = entry[0]
+                capacity = spec.capacity
+                ok, remaining, reset, retry, pending, ttl = spec.decide(
+                    state, now_us, capacity, spec.param, cost if cost < capacity else capacity
                 )
                 if ok:
-                    assert new_state is not None
-                    # The TTL's twin: reset is the time until full, to within the tolerance.
-                    writes.append((key, (new_state, now_us + reset)))
+                    if pending is not None:
+                        writes.append((key, pending, ttl, spec.commit))
                     if (
-                        not limit.shadow
+                        not spec.shadow
                         and allowed
                         and (pick_remaining < 0 or remaining < pick_remaining)
                     ):
                         pick, pick_remaining, pick_reset = i, remaining, reset
-                elif limit.shadow:
+                elif spec.shadow:
                     shadow_denied = True
                 else:
                     if allowed or retry > pick_retry:
                         pick, pick_remaining, pick_reset, pick_retry = i, remaining, reset, retry
                     allowed = False
             if allowed and consume:
-                states.update(writes)
+                for key, pending, ttl, commit in writes:
+                    if commit is not None:
+                        entry = states.get(key)
+                        live = entry is not None and entry[1] >= now_ms
+                        pending = commit(entry[0] if live else None, pending)  # type: ignore[index]
+                    states[key] = (pending, expiry_ms(now_us, ttl))
                 if lru is not None:
                     bound = self.max_entries or 0
                     while len(lru) > bound:
@@ -230,8 +226,8 @@ class MemoryBackend(Backend):
             shadow_denied,
         )
 
-    def _sweep(self, now_us: float) -> None:
-        """Drop state past its expiry (the bucket is full again): the Redis TTL's twin."""
-        expired = [key for key, (_, expires) in self._state.items() if expires <= now_us]
+    def _sweep(self, now_ms: int) -> None:
+        """Drop state past its expiry: the Redis TTL's twin."""
+        expired = [key for key, (_, expires) in self._state.items() if expires < now_ms]
         for key in expired:
             del self._state[key]

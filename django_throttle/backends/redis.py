@@ -1,13 +1,16 @@
 """Redis backend: every limit of a request checked in one EVALSHA, on the server's clock.
 
-Keys are ``<prefix>:{<shard>}<client digest>:<limit id>``: the hash tag is the shard, so all
-keys of one call, and that shard's usage counters, share a Redis Cluster slot. Scripts ship as
-``.lua`` files in this package and run by EVALSHA; on NOSCRIPT (the script did not run) they are
-sent once more with EVAL, which carries the source. Nothing else is ever replayed, because a call
-that timed out may already have counted: the clients this module builds have retries off, short
-timeouts and a bounded pool, and every failure (redis-py's errors, socket errors, a garbled
-reply) surfaces as :class:`BackendError`. Counting calls skip redis-py's per-command machinery
-(see :mod:`.wire`); ``async def`` views use :mod:`.redis_async`.
+Keys are ``<prefix>:{<shard>}<client digest>:<limit id>`` for a token bucket and
+``<prefix>:{<shard>}<client digest><code><limit id>`` for the other algorithms (``g`` GCRA,
+``l`` leaky bucket, ``f`` fixed window, ``w`` sliding log, ``s`` sliding counter, ``c`` calendar
+quota): the hash tag is the shard, so all keys of one call, and that shard's usage counters,
+share a Redis Cluster slot. Scripts ship as ``.lua`` files in this package and run by EVALSHA;
+on NOSCRIPT (the script did not run) they are sent once more with EVAL, which carries the
+source. Nothing else is ever replayed, because a call that timed out may already have counted:
+the clients this module builds have retries off, short timeouts and a bounded pool, and every
+failure (redis-py's errors, socket errors, a garbled reply) surfaces as :class:`BackendError`.
+Counting calls skip redis-py's per-command machinery (see :mod:`.wire`); ``async def`` views use
+:mod:`.redis_async`.
 """
 
 from __future__ import annotations
@@ -28,13 +31,22 @@ from redis.retry import Retry
 
 from django_throttle.backends.base import DIGEST_SIZE, Backend, BackendError, decision_from
 from django_throttle.backends.redis_async import AsyncStacks
-from django_throttle.backends.wire import Calls, Stack, limit_spec
+from django_throttle.backends.wire import Calls, Stack, key_suffix, limit_spec
 from django_throttle.conf import app_settings
-from django_throttle.rates import Algorithm, Decision, Limit
+from django_throttle.rates import Decision, Limit
 
-#: Lua files making up the counting script, in load order: shared prelude, algorithms, usage
-#: counting, driver.
-ALGORITHM_FILES = tuple(f"{a.value}.lua" for a in Algorithm)
+#: Lua files making up the counting script, in load order: shared prelude, algorithms (the
+#: leaky bucket reuses the token bucket, the calendar quota the fixed window), usage counting,
+#: driver.
+ALGORITHM_FILES = (
+    "token_bucket.lua",
+    "leaky_bucket.lua",
+    "gcra.lua",
+    "fixed_window.lua",
+    "calendar_quota.lua",
+    "sliding_log.lua",
+    "sliding_counter.lua",
+)
 SCRIPT_FILES = ("prelude.lua", *ALGORITHM_FILES, "usage.lua", "driver.lua")
 #: The same definitions with the retime driver (after a limit changed, see ``retime``).
 RETIME_FILES = ("prelude.lua", *ALGORITHM_FILES, "retime.lua")
@@ -148,15 +160,15 @@ class RedisBackend(Backend):
         return tuple(f"{self.prefix}:{{{n}}}" for n in range(self.shards))
 
     def key(self, client: str, limit: Limit) -> str:
-        return self._client_tag(client).decode() + limit.id
+        return self._client_tag(client).decode() + key_suffix(limit)
 
     def _client_tag(self, client: str) -> bytes:
-        """``<prefix>:{<shard>}<digest>:``, the start of every key of this client: a 96-bit
+        """``<prefix>:{<shard>}<digest>``, the start of every key of this client: a 96-bit
         digest in 16 base64url characters (user-controlled text never shapes a key), the
         shard taken from the same digest."""
         digest = hashlib.blake2b(client.encode(), digest_size=DIGEST_SIZE).digest()
         shard = (digest[0] << 8 | digest[1]) % self.shards
-        return self._tags[shard] + urlsafe_b64encode(digest) + b":"
+        return self._tags[shard] + urlsafe_b64encode(digest)
 
     def hit(
         self,
@@ -176,22 +188,37 @@ class RedisBackend(Backend):
         if limits:
             self._run(self.client.delete, *(self.key(client, limit) for limit in limits))
 
-    def retime(self, limits: Sequence[Limit], *, now: float | None = None) -> int:
+    def retime(
+        self,
+        limits: Sequence[Limit],
+        *,
+        now: float | None = None,
+        previous: Sequence[Limit] | None = None,
+    ) -> int:
         """SCAN each limit's keys (never KEYS: no long server stall) and re-time them in
-        batches, one small script call per batch.
+        batches, one small script call per batch. ``previous[i]``, the limit before the edit,
+        lets GCRA keep the tokens used when its rate changed; one of another algorithm kept
+        other keys and is ignored.
 
         Not Cluster-ready yet: one batch mixes slots; on a cluster, scan each primary and
         group a batch's keys by slot.
         """
         touched = 0
-        when = "" if now is None else str(round(now * 1e6))
-        for limit in limits:
-            pattern = "{}:{{*}}{}:{}".format(
+        now_us = None if now is None else round(now * 1e6)
+        when = "" if now_us is None else str(now_us)
+        olds = previous if previous is not None else [None] * len(limits)
+        for limit, old in zip(limits, olds, strict=True):
+            pattern = "{}:{{*}}{}{}".format(
                 _GLOB_SPECIAL.sub(r"\\\1", self.prefix),
                 "?" * DIGEST_KEY_CHARS,
-                _GLOB_SPECIAL.sub(r"\\\1", limit.id),
+                _GLOB_SPECIAL.sub(r"\\\1", key_suffix(limit)),
             )
-            args = (limit_spec(limit), when)
+            same = old is not None and old.algorithm == limit.algorithm
+            args = (
+                limit_spec(limit, now_us),
+                when,
+                limit_spec(old, now_us) if same and old is not None else "",
+            )
             cursor = 0
             while True:
                 cursor, keys = self._run(
@@ -274,9 +301,10 @@ class RedisBackend(Backend):
     ) -> tuple[bytes, Callable[[], bytes]]:
         """The EVALSHA to send, and how to build its EVAL twin if the script is missing."""
         calls = self._calls
-        encoded = calls.encoded(limits)
+        now_us = None if now is None else round(now * 1e6)
+        encoded = calls.encoded(limits, now_us)
         tag = self._client_tag(client)
-        op = calls.op(cost, None if now is None else round(now * 1e6))
+        op = calls.op(cost, now_us)
         field = calls.field(usage)
         label = client.encode()
         return (

@@ -10,6 +10,7 @@ redis-py client.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -29,12 +30,32 @@ except ImportError:  # pragma: no cover - older or newer layouts of redis-py
             return ResponseError(message)
 
 
+from django_throttle.calendar import windows
 from django_throttle.rates import Algorithm, Limit
 
-__all__ = ["ALGORITHM_CODES", "Calls", "Encoded", "Stack", "frame", "limit_spec"]
+__all__ = [
+    "ALGORITHM_CODES",
+    "FOREVER",
+    "Calls",
+    "Encoded",
+    "Stack",
+    "frame",
+    "key_suffix",
+    "limit_spec",
+]
 
-#: Each algorithm's code in a limit spec (see lua/prelude.lua ``limit_spec``).
-ALGORITHM_CODES = {Algorithm.TOKEN_BUCKET: "t"}
+#: Each algorithm's code in a limit spec and its keys (see lua/prelude.lua ``limit_spec``).
+ALGORITHM_CODES = {
+    Algorithm.TOKEN_BUCKET: "t",
+    Algorithm.GCRA: "g",
+    Algorithm.LEAKY_BUCKET: "l",
+    Algorithm.FIXED_WINDOW: "f",
+    Algorithm.SLIDING_LOG: "w",
+    Algorithm.SLIDING_COUNTER: "s",
+    Algorithm.CALENDAR: "c",
+}
+#: ``Encoded.valid_until`` of a limit list without calendar quotas (compared by identity).
+FOREVER = math.inf
 #: A pooled connection idle longer than this is checked before use: the server may have
 #: closed it, and a command sent on it would fail a request for nothing.
 IDLE_CHECK_SECONDS = 1.0
@@ -47,22 +68,47 @@ def frame(value: bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(value), value)
 
 
-def limit_spec(limit: Limit) -> str:
-    """``<code>[!]<capacity>:<microseconds per token>``, ``!`` for a shadow limit."""
-    interval = limit.rate.interval * 1e6
-    text = str(int(interval)) if interval.is_integer() else repr(interval)
-    return f"{ALGORITHM_CODES[limit.algorithm]}{'!' if limit.shadow else ''}{limit.burst}:{text}"
+def limit_spec(limit: Limit, now_us: int | None = None) -> str:
+    """``<code>[!]<capacity>:<parameters>``, ``!`` for a shadow limit: the interval in
+    microseconds per token (token and leaky bucket, a float; GCRA, whole), the period in whole
+    microseconds (windows), or a calendar quota's four window boundaries around ``now_us``
+    (Unix microseconds, default now)."""
+    code = ALGORITHM_CODES[limit.algorithm]
+    if code in "tl":
+        interval = limit.interval_us
+        text = str(int(interval)) if interval.is_integer() else repr(interval)
+    elif code == "g":
+        text = str(limit.emission_us)
+    elif code == "c":
+        when = round(time.time() * 1e6) if now_us is None else now_us
+        text = ":".join(map(str, windows(limit.calendar_unit, limit.timezone, when)))
+    else:
+        text = str(limit.period_us)
+    return f"{code}{'!' if limit.shadow else ''}{limit.burst}:{text}"
+
+
+def key_suffix(limit: Limit) -> str:
+    """What follows the client digest in a limit's key: ``:<id>`` for the token bucket (the
+    keys of earlier versions), ``<code letter><id>`` for the others. The digest has a fixed
+    length, so keys never collide, and a limit whose algorithm changes starts afresh."""
+    code = ALGORITHM_CODES[limit.algorithm]
+    return (":" if code == "t" else code) + limit.id
 
 
 @dataclass(frozen=True, slots=True)
 class Encoded:
-    """What one limit list adds to every call: key suffixes and the framed tail of specs."""
+    """What one limit list adds to every call: key suffixes and the framed tail of specs.
+
+    ``valid_until`` (Unix seconds) is when a calendar quota's window ends and the specs must
+    be encoded again; :data:`FOREVER` when the list has none.
+    """
 
     limits: Sequence[Limit]
     suffixes: tuple[bytes, ...]
     evalsha_head: bytes
     eval_head: bytes
     tail: bytes
+    valid_until: float = FOREVER
 
 
 class Calls:
@@ -75,24 +121,42 @@ class Calls:
         self._cache: dict[int, Encoded] = {}
         self._fields: dict[str, bytes] = {}
 
-    def encoded(self, limits: Sequence[Limit]) -> Encoded:
+    def encoded(self, limits: Sequence[Limit], now_us: int | None = None) -> Encoded:
+        """The list's encoding, cached. One with calendar quotas is made again once its
+        window has passed, and for a test's ``now_us`` (then not cached: real time keeps its
+        own)."""
         found = self._cache.get(id(limits))
         if found is not None and found.limits is limits:
-            return found
+            if found.valid_until is FOREVER:
+                return found
+            if now_us is None and time.time() < found.valid_until:
+                return found
+        encoded = self._encode(limits, now_us)
+        if now_us is None or encoded.valid_until is FOREVER:
+            if len(self._cache) >= 4096:  # bounded: policy reloads leave old tuples behind
+                self._cache.clear()
+            self._cache[id(limits)] = encoded
+        return encoded
+
+    def _encode(self, limits: Sequence[Limit], now_us: int | None) -> Encoded:
+        if now_us is None:
+            now_us = round(time.time() * 1e6)
+        until = FOREVER
+        for limit in limits:
+            if limit.algorithm == Algorithm.CALENDAR:
+                ends = windows(limit.calendar_unit, limit.timezone, now_us)[2] / 1e6
+                until = min(until, ends)
         count = len(limits)
         rest = b"%s" % frame(str(count).encode())
         elements = b"*%d\r\n" % (4 + 2 * count)
-        encoded = Encoded(
+        return Encoded(
             limits=limits,
-            suffixes=tuple(limit.id.encode() for limit in limits),
+            suffixes=tuple(key_suffix(limit).encode() for limit in limits),
             evalsha_head=elements + b"$7\r\nEVALSHA\r\n" + frame(self.sha) + rest,
             eval_head=elements + b"$4\r\nEVAL\r\n" + frame(self.source) + rest,
-            tail=b"".join(frame(limit_spec(limit).encode()) for limit in limits),
+            tail=b"".join(frame(limit_spec(limit, now_us).encode()) for limit in limits),
+            valid_until=until,
         )
-        if len(self._cache) >= 4096:  # bounded: policy reloads leave old tuples behind
-            self._cache.clear()
-        self._cache[id(limits)] = encoded
-        return encoded
 
     @staticmethod
     def op(cost: int | None, now_us: int | None) -> bytes:

@@ -11,11 +11,14 @@ the admin lists flag it.
 from __future__ import annotations
 
 from django_throttle.models.fields import HTTP_METHODS, BadRow, FailureMode, validate_rate
+from django_throttle.models.limits import ALGORITHM_FIELDS, ALGORITHM_HELP, LimitFields
 from django_throttle.models.rules import EndpointLimit, EndpointRule
-from django_throttle.models.tiers import LimitFields, Tier, TierAssignment, TierLimit
+from django_throttle.models.tiers import Tier, TierAssignment, TierLimit
 from django_throttle.models.usage import UsageCount
 
 __all__ = [
+    "ALGORITHM_FIELDS",
+    "ALGORITHM_HELP",
     "HTTP_METHODS",
     "BadRow",
     "EndpointLimit",

@@ -1,5 +1,6 @@
-"""What the policy models share: the bad-row error, failure-mode choices, the rate validator
-and the bounded count field (bounds from :mod:`~django_throttle.rates`)."""
+"""What the policy models share: the bad-row error, failure-mode choices, the rate validator,
+the bounded count field (bounds from :mod:`~django_throttle.rates`) and which field a refused
+limit's message belongs to."""
 
 from __future__ import annotations
 
@@ -67,6 +68,11 @@ def validate_rate(value: str) -> None:
         Rate.parse(value)
     except InvalidRate as exc:
         raise ValidationError(str(exc), code="invalid_rate") from exc
+
+
+def refused_field(exc: InvalidRate) -> str:
+    """The limit field (rate, burst, algorithm or timezone) whose change fixes ``exc``."""
+    return exc.field
 
 
 def count_field(

@@ -15,7 +15,8 @@ from django_throttle.models.fields import (
     failure_mode_field,
     in_range,
 )
-from django_throttle.models.tiers import LimitFields, Tier
+from django_throttle.models.limits import LimitFields
+from django_throttle.models.tiers import Tier
 from django_throttle.rates import MAX_COUNT, Rate
 
 
@@ -154,9 +155,6 @@ class EndpointLimit(LimitFields):
                 name="django_throttle_endpoint_limit_burst_range",
             ),
         ]
-
-    def __str__(self) -> str:
-        return f"{self.rate} (burst {self.burst})" if self.burst else self.rate
 
     @property
     def limit_id(self) -> str:

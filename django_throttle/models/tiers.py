@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
-from django_throttle.models.fields import (
-    BadRow,
-    FailureMode,
-    choice_problem,
-    count_field,
-    failure_mode_field,
-    in_range,
-    validate_rate,
-)
-from django_throttle.rates import MAX_COUNT, Algorithm, InvalidRate, Limit, Rate
+from django_throttle.models.fields import FailureMode, choice_problem, failure_mode_field, in_range
+from django_throttle.models.limits import LimitFields
+from django_throttle.rates import Rate
 
 
 class Tier(models.Model):
@@ -101,84 +92,6 @@ class Tier(models.Model):
         return {} if problem is None else {"failure_mode": problem}
 
 
-class LimitFields(models.Model):
-    """Rate, burst and algorithm shared by tier-wide and per-endpoint limits."""
-
-    rate = models.CharField(
-        max_length=32,
-        validators=[validate_rate],
-        help_text=_("requests per period, e.g. '100/min', '10/s', '5000/day' or '20/15m'"),
-    )
-    burst = count_field(
-        _("The burst must be at least %(limit_value)s."),
-        _("The burst must be at most %(limit_value)s."),
-        null=True,
-        blank=True,
-        help_text=_("bucket capacity; empty = the rate's count"),
-    )
-    algorithm = models.CharField(
-        max_length=32, choices=Algorithm.choices, default=Algorithm.TOKEN_BUCKET
-    )
-
-    class Meta:
-        abstract = True
-
-    @property
-    def limit_id(self) -> str:
-        """Stable, short counter id; becomes part of a Redis key."""
-        raise NotImplementedError
-
-    def limit_name(self, rate: Rate) -> str:
-        """What clients see in the 429 body and policy headers."""
-        raise NotImplementedError
-
-    def validated_limit(self) -> Limit:
-        """The limit this row's values describe, without id or name (no related rows read).
-
-        :class:`~django_throttle.rates.Limit` is the one judge of what a limit may be; this
-        only says which column a refusal belongs to. Raises :class:`BadRow`.
-        """
-        try:
-            rate = Rate.parse(self.rate)
-        except InvalidRate as exc:
-            raise BadRow("rate", str(exc)) from exc
-        problem = choice_problem(self.algorithm, Algorithm, _("algorithm"))
-        if problem is not None:
-            raise BadRow("algorithm", problem)
-        try:
-            return Limit.build(id="", rate=rate, burst=self.burst, algorithm=self.algorithm)
-        except InvalidRate as exc:
-            raise BadRow("burst", str(exc)) from exc
-
-    @property
-    def capacity(self) -> int:
-        """Most cost one burst can absorb. Raises :class:`BadRow` for a bad row."""
-        return self.validated_limit().capacity
-
-    def to_limit(self) -> Limit:
-        """The compiled limit. Raises :class:`BadRow` naming the bad column."""
-        limit = self.validated_limit()
-        return dataclasses.replace(limit, id=self.limit_id, name=self.limit_name(limit.rate))
-
-    def row_problems(self) -> dict[str, str]:
-        """Why no limit can be built from this row, by field (empty when it can)."""
-        try:
-            self.validated_limit()
-        except BadRow as exc:
-            return {exc.field: exc.message}
-        return {}
-
-    def clean(self) -> None:
-        """Refuse a burst that takes longer than ``MAX_WINDOW`` to refill, with the limit's
-        own message. A bad rate, an out-of-range burst and an unknown algorithm are their
-        fields' errors already (one message each), so they are not repeated here."""
-        if self.burst is None or not 1 <= self.burst <= MAX_COUNT:
-            return
-        problem = self.row_problems()
-        if "burst" in problem:
-            raise ValidationError({"burst": problem["burst"]})
-
-
 class TierLimit(LimitFields):
     """A limit on everything a client of the tier does, whatever the endpoint."""
 
@@ -193,9 +106,6 @@ class TierLimit(LimitFields):
                 name="django_throttle_tier_limit_burst_range",
             ),
         ]
-
-    def __str__(self) -> str:
-        return f"{self.rate} (burst {self.burst})" if self.burst else self.rate
 
     @property
     def limit_id(self) -> str:

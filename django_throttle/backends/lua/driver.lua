@@ -8,7 +8,8 @@
 --          capacity; empty means 1) or "p" to only look, with "@<now>" appended (whole
 --          microseconds) in tests to replace the server clock; the usage field (see usage.lua; none: nothing is
 --          counted) and the client label ("user:42") are at most 200 bytes each
--- ARGV[1 + i]  limit i's spec "<algorithm>[!]<capacity>:<interval>", see limit_spec
+-- ARGV[1 + i]  limit i's spec "<code>[!]<capacity>:<parameters>", see limit_spec in the
+--          prelude and the algorithm files
 -- Reply: one string "<code> <remaining> <reset>[ <retry>]", short because it crosses the wire
 --        on every request: code = status + 4 x index, status 1 allowed or 0 denied, plus 2
 --        when a shadow limit would have denied, index the reported limit (1-based; 0 when no
@@ -20,8 +21,9 @@
 -- is reported and left unchanged; the others are consumed with the enforced ones. The
 -- reported limit is the denying one with the longest wait, else the enforced one with the
 -- fewest tokens left; shadow limits are never reported (remaining and reset are then 0).
--- Every write sets a TTL equal to the time until the state stops mattering (the bucket is
--- full again), at most 3660 days.
+-- Each algorithm decides on what it read; the writes follow only when every enforced limit
+-- allowed, so a denial writes nothing. Every write sets a TTL equal to the time until the
+-- state stops mattering (the limit is whole again), at most 3660 days.
 if #ARGV ~= 1 + #KEYS then
   return fail('expected ' .. (1 + #KEYS) .. ' arguments for ' .. #KEYS .. ' keys, got ' .. #ARGV)
 end
@@ -44,24 +46,23 @@ if #field > 200 or #client > 200 then
   return fail('ARGV[1] usage field and client must be at most 200 bytes each')
 end
 
-local algorithms, capacities, intervals, shadows = {}, {}, {}, {}
+local algorithms, params, shadows = {}, {}, {}
 for i = 1, #KEYS do
-  local algorithm, capacity, interval, shadow, bad = limit_spec(1 + i)
+  local algorithm, p, shadow, bad = limit_spec(1 + i, now)
   if bad then return bad end
-  algorithms[i], capacities[i], intervals[i], shadows[i] = algorithm, capacity, interval, shadow
+  algorithms[i], params[i], shadows[i] = algorithm, p, shadow
 end
 
 local allowed, shadow_denied = true, 0
 local pick, pick_remaining, pick_reset, pick_retry = 0, nil, 0, -1
-local writes = {}
+local pending = {}
 for i = 1, #KEYS do
-  local capacity, shadow = capacities[i], shadows[i]
+  local p, shadow = params[i], shadows[i]
   local c = cost
-  if c > capacity then c = capacity end
-  local ok, state, ttl, remaining, reset, retry =
-    algorithms[i].decide(redis.call('GET', KEYS[i]), now, capacity, intervals[i], c)
+  if c > p.capacity then c = p.capacity end
+  local ok, remaining, reset, retry, write = algorithms[i].decide(KEYS[i], now, p, c)
   if ok then
-    writes[i] = {state, ttl}
+    pending[i] = write
     if not shadow and allowed and (pick_remaining == nil or remaining < pick_remaining) then
       pick, pick_remaining, pick_reset = i, remaining, reset
     end
@@ -77,9 +78,8 @@ end
 
 if allowed and not peek then
   for i = 1, #KEYS do
-    local w = writes[i]
-    if w then
-      redis.call('SET', KEYS[i], w[1], 'PX', math.max(1, math.ceil(w[2] / 1000)))
+    if pending[i] ~= nil then
+      algorithms[i].commit(KEYS[i], now, params[i], pending[i])
     end
   end
 end

@@ -3,15 +3,29 @@
 -- Every argument is checked here, before the first write, so a bad call writes nothing and
 -- fails with an error naming the argument (the driver's all-or-nothing promise must hold even
 -- for hand-made calls that never went through Python's Limit validation).
+--
+-- Each algorithm file registers ALGORITHMS[<code>] = {
+--   parse   = function(capacity, fields, now) -> params table, or nil and an error message
+--             (fields: the spec's text after "<code>[!]<capacity>:", split on ':')
+--   decide  = function(key, now, params, cost) -> allowed, remaining, reset_us, retry_us,
+--             pending (what commit writes; nil: nothing to write). Reads only.
+--   commit  = function(key, now, params, pending): the write, with its TTL
+--   retime  = function(key, now, params, old_params_or_nil) -> 1 if the key was re-timed or
+--             deleted, 0 if it was missing or corrupt
+-- }
+-- params always holds capacity and code; now is whole microseconds; cost is whole tokens,
+-- already clamped to the capacity (0 = take nothing).
 
 -- Fraction of a token forgiven when comparing, so float rounding in rates whose interval is
 -- not a whole number of microseconds (7/s) never denies a request that is exactly due.
 local TOLERANCE = 1e-9
 -- Largest capacity or cost: exact in a double (rates.MAX_COUNT).
 local MAX_COUNT = 1000000000
--- Longest an empty bucket may take to fill, in microseconds (rates.MAX_WINDOW, 3660 days):
--- every expiry stays far inside what SET PX / PEXPIRE accept.
+-- Longest an empty limit may take to be whole again, in microseconds (rates.MAX_WINDOW,
+-- 3660 days): every expiry stays far inside what SET PX / PEXPIRE accept.
 local MAX_WINDOW = 3660 * 86400 * 1000000
+-- Largest capacity of a sliding window log (rates.MAX_LOG_COUNT): one member per request.
+local MAX_LOG_COUNT = 10000
 -- Algorithms by their one-letter code in a limit spec (see limit_spec).
 local ALGORITHMS = {}
 local DIGITS36 = '0123456789abcdefghijklmnopqrstuvwxyz'
@@ -28,7 +42,7 @@ local function whole(text, low, high)
 end
 
 -- A whole number >= 0 (below 2^53) in base 36: timestamps in stored state take 10 characters
--- instead of 16, which keeps a state small enough for Redis's 48-byte allocation class.
+-- instead of 16, which keeps a state small enough for Redis's smallest allocation classes.
 local function to36(n)
   local out = ''
   repeat
@@ -39,34 +53,79 @@ local function to36(n)
   return out
 end
 
--- One limit's spec "<code>[!]<capacity>:<interval>" ('!' marks a shadow limit; capacity in
--- whole tokens within [1, 1e9]; interval in microseconds per token, finite, > 0; capacity x
--- interval <= 3660 days): algorithm, capacity, interval, shadow, or nil and an error reply
--- naming ARGV[at].
-local function limit_spec(at)
+-- A whole number as decimal text (never exponent notation).
+local function decimal(n)
+  return string.format('%d', n)
+end
+
+-- Milliseconds for SET PX / PEXPIRE from a TTL in microseconds: rounded up, at least 1.
+local function px(ttl_us)
+  return math.max(1, math.ceil(ttl_us / 1000))
+end
+
+-- Set `key`'s expiry to ttl_us, or delete it when its state no longer matters: 1 (touched).
+local function expire_or_delete(key, ttl_us)
+  if ttl_us <= 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('PEXPIRE', key, px(ttl_us))
+  end
+  return 1
+end
+
+-- The window counters of a "<count> <start>" or "<cur> <prev> <start>" state (whole counts
+-- in decimal, the start in base-36 microseconds), matched by `pattern`: up to three numbers,
+-- or nil for a missing key or corrupt state (the algorithms then count nothing used instead
+-- of failing every request).
+local function window_state(state, pattern)
+  if type(state) ~= 'string' then return nil end
+  local a, b, c = string.match(state, pattern)
+  if a == nil then return nil end
+  a, b = tonumber(a), tonumber(b, c and 10 or 36)
+  if c then c = tonumber(c, 36) end
+  if a >= 2 ^ 53 or b >= 2 ^ 53 or (c and c >= 2 ^ 53) then return nil end
+  return a, b, c
+end
+
+-- One limit's spec "<code>[!]<capacity>:<field>[:<field>...]" ('!' marks a shadow limit;
+-- capacity in whole tokens within [1, 1e9]; the fields are the algorithm's, see its file):
+-- algorithm, params, shadow, or nil, nil, nil and an error reply naming ARGV[at].
+local function limit_spec(at, now)
   local spec = ARGV[at]
-  local code, bang, capacity_text, interval_text =
-    string.match(spec, '^(%l+)(!?)(%d+):([^:]+)$')
+  local code, bang, capacity_text, rest = string.match(spec, '^(%l)(!?)(%d+):(.+)$')
   local algorithm = code and ALGORITHMS[code]
   if algorithm == nil then
-    return nil, nil, nil, nil, fail('ARGV[' .. at .. '] limit spec must be '
-      .. '<algorithm>[!]<capacity>:<interval> with a known algorithm, not ' .. tostring(spec))
+    return nil, nil, nil, fail('ARGV[' .. at .. '] limit spec must be '
+      .. '<algorithm>[!]<capacity>:<parameters> with a known algorithm, not ' .. tostring(spec))
   end
   local capacity = whole(capacity_text, 1, MAX_COUNT)
   if capacity == nil then
-    return nil, nil, nil, nil, fail('ARGV[' .. at .. '] capacity must be a whole number in [1, '
+    return nil, nil, nil, fail('ARGV[' .. at .. '] capacity must be a whole number in [1, '
       .. MAX_COUNT .. '], not ' .. capacity_text)
   end
-  local interval = tonumber(interval_text)
-  if interval == nil or interval ~= interval or interval <= 0 or interval >= math.huge then
-    return nil, nil, nil, nil, fail('ARGV[' .. at .. '] interval must be a finite number of '
-      .. 'microseconds above 0, not ' .. interval_text)
+  local fields = {}
+  for field in string.gmatch(rest .. ':', '([^:]*):') do
+    fields[#fields + 1] = field
   end
-  if capacity * interval > MAX_WINDOW then
-    return nil, nil, nil, nil, fail('ARGV[' .. at .. '] capacity x interval must be at most '
-      .. MAX_WINDOW .. ' microseconds')
+  local params, message = algorithm.parse(capacity, fields, now)
+  if params == nil then
+    return nil, nil, nil, fail('ARGV[' .. at .. '] ' .. message)
   end
-  return algorithm, capacity, interval, bang == '!', nil
+  params.capacity, params.code = capacity, code
+  return algorithm, params, bang == '!', nil
+end
+
+-- A period field: whole microseconds in [1, MAX_WINDOW], or nil and an error message.
+local function period_field(fields, what)
+  if #fields ~= 1 then
+    return nil, what .. ' spec must be <capacity>:<period>, not ' .. table.concat(fields, ':')
+  end
+  local period = whole(fields[1], 1, MAX_WINDOW)
+  if period == nil then
+    return nil, 'period must be whole microseconds in [1, ' .. MAX_WINDOW .. '], not '
+      .. fields[1]
+  end
+  return period, nil
 end
 
 -- The clock: `text` (microseconds, a whole number; tests pass it) or the server's TIME.
@@ -81,19 +140,4 @@ local function clock(text, at)
     return nil, fail('ARGV[' .. at .. '] now must be whole microseconds, not ' .. text)
   end
   return now, nil
-end
-
--- Parse "<number> <base-36 timestamp>" into two finite numbers; nil for a missing key or
--- corrupt state, which the algorithms then treat as an empty (full) bucket instead of failing
--- every request.
-local function number_and_time(state)
-  if not state then return nil end
-  local space = string.find(state, ' ', 1, true)
-  if space == nil then return nil end
-  local a = tonumber(string.sub(state, 1, space - 1))
-  local b = tonumber(string.sub(state, space + 1), 36)
-  if a == nil or b == nil or a ~= a or a == math.huge or a == -math.huge then
-    return nil
-  end
-  return a, b
 end

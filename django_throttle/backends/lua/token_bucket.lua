@@ -1,69 +1,125 @@
 -- Token bucket with continuous, exact refill. Spec code 't'.
 --
--- State per key is one string "<used> <timestamp>": tokens taken and not yet refilled
--- (fractional, 16 significant digits) as of timestamp (whole microseconds of the server
--- clock, base 36). At `now`, used has drained by elapsed / interval: refill is continuous and
--- never truncated to whole tokens or seconds. Storing what was used (not what is left, and not
--- a time at which the bucket is full) keeps the state independent of the rate: an operator who
--- raises a limit gives clients the new headroom at once, one who lowers it never hands out a
--- burst (used is capped at capacity: an empty bucket stays empty), and a worker still on the
--- old policy for a few seconds cannot strand a client with a debt measured in the old rate.
+-- Spec "t[!]<capacity>:<interval>": capacity C in tokens (the burst); interval T in
+-- microseconds to earn one token back (period x 1e6 / count, any finite float > 0, written
+-- as Python's repr); C x T <= MAX_WINDOW.
 --
--- token_bucket(state, now, capacity, interval, cost)
---   state     stored string, or false (missing key = nothing used = full bucket); corrupt
---             state counts as a full bucket
---   now       whole microseconds
---   capacity  tokens (burst)
---   interval  microseconds to earn one token back (period / count)
---   cost      tokens this request takes (0 = peek), at most capacity
--- returns allowed (boolean), new_state (string or nil), ttl_us (until full again, exact),
---         remaining (whole tokens), reset_us (until full again), retry_us (until this request
---         would pass; 0 if allowed); reset_us and retry_us are within the tolerance, so a
---         request at now + ceil(retry_us) passes. Replies are computed from the state as
---         stored (used rounded to 16 digits), so a retry is judged on exactly what was written.
--- Every duration returned is within [0, capacity x interval], whatever the stored state:
--- a timestamp in the future (clock stepped back, another server) counts as no time elapsed.
+-- State per key: U tokens used as of the millisecond ts_ms, in 12 bytes
+-- struct.pack('>dI4', U, ts_ms % 2^32) when C x T <= 2e12 us (Redis MEMORY USAGE 88 for a
+-- key of up to 28 characters), else 14 bytes '>dI4I2' (U, ts_ms % 2^32, floor(ts_ms / 2^32)).
+-- The compact form keeps only the low 32 bits of the millisecond: the key lives at most
+-- C x T <= 2e12 us (23 days), well inside the +-2^31 ms (24.8 days) the reader resolves
+-- around now. The legacy text form "<used> <base-36 us timestamp>" written by earlier
+-- versions still decodes, so an upgrade resets nobody; anything else counts as nothing used.
+-- Storing what was used (not what is left, and not a time at which the bucket is full)
+-- keeps the state independent of the rate: an operator who raises a limit gives clients the
+-- new headroom at once, one who lowers it never hands out a burst (used is capped at the
+-- capacity: an empty bucket stays empty).
 --
--- token_bucket_ttl(state, now, capacity, interval)
---   microseconds until the stored state no longer matters (the bucket is full) under this
---   capacity and interval, or nil for missing or corrupt state (used by the retime script).
+-- Decide at now (whole microseconds) with cost c: used as of now (below), after = used + c;
+-- allowed iff after <= C + TOLERANCE.
+--   allowed: remaining = floor(C - after + TOL), reset = (after - TOL/2) x T, retry 0;
+--            writes (if after > 0) with TTL after x T
+--   denied:  remaining = floor(C - used + TOL), reset = (used - TOL/2) x T,
+--            retry = (after - C - TOL/2) x T
+-- Waits are less half the tolerance the comparison forgives: float noise never rounds an
+-- exact wait up to the next microsecond, and a retry at now + ceil(retry) passes. Every
+-- duration is within [0, C x T], whatever the stored state: a timestamp in the future (clock
+-- stepped back, another server) counts as no time elapsed.
+-- Retime: the state is kept (used is rate-independent); the TTL becomes used x T_new.
 
--- Tokens used as of `now`, within [0, capacity]. A stored count above capacity (the burst was
--- lowered, or the state is bad) counts as an empty bucket, which then refills as usual.
-local function token_bucket_used(state, now, capacity, interval)
-  local used, stamp = number_and_time(state)
-  if used == nil then return 0 end
+local COMPACT_WINDOW = 2e12
+
+local function bucket_parse(capacity, fields)
+  if #fields ~= 1 then
+    return nil, 'limit spec must be <code>[!]<capacity>:<interval>, not '
+      .. table.concat(fields, ':')
+  end
+  local interval = tonumber(fields[1])
+  if interval == nil or interval ~= interval or interval <= 0 or interval >= math.huge then
+    return nil, 'interval must be a finite number of microseconds above 0, not ' .. fields[1]
+  end
+  if capacity * interval > MAX_WINDOW then
+    return nil, 'capacity x interval must be at most ' .. MAX_WINDOW .. ' microseconds'
+  end
+  return {interval = interval, compact = capacity * interval <= COMPACT_WINDOW}, nil
+end
+
+-- Tokens used as of `now`, within [0, capacity]; nil for a missing key or corrupt state.
+local function bucket_used(state, now, capacity, interval)
+  if type(state) ~= 'string' then return nil end
+  local used, elapsed
+  local legacy_used, legacy_stamp = string.match(state, '^([%d%.eE%+%-]+) ([%da-z]+)$')
+  if legacy_used then
+    used, elapsed = tonumber(legacy_used), tonumber(legacy_stamp, 36)
+    if used == nil or elapsed == nil then return nil end
+    elapsed = now - elapsed
+    -- A clock that stepped back must not mint tokens.
+    if elapsed < 0 then elapsed = 0 end
+  else
+    local n, low, high = #state, nil, 0
+    if n == 12 then
+      used, low = struct.unpack('>dI4', state)
+    elseif n == 14 then
+      used, low, high = struct.unpack('>dI4I2', state)
+    else
+      return nil
+    end
+    local now_ms = math.floor(now / 1000)
+    local stamp_ms
+    if n == 12 then
+      local d = (now_ms - low) % 4294967296
+      if d >= 2147483648 then d = d - 4294967296 end
+      stamp_ms = now_ms - d
+    else
+      stamp_ms = high * 4294967296 + low
+    end
+    elapsed = now - stamp_ms * 1000
+    -- Written up to 999 us ahead (the millisecond is rounded up); beyond, the clock stepped
+    -- back and no time elapsed.
+    if elapsed < -999 then elapsed = -999 end
+  end
+  if used ~= used or used == math.huge or used == -math.huge then return nil end
   if used > capacity then used = capacity end
-  local elapsed = now - stamp
-  -- A clock that stepped back must not mint tokens: clamp negative elapsed time to 0.
-  if elapsed < 0 then elapsed = 0 end
   used = used - elapsed / interval
   if used < 0 then return 0 end
+  if used > capacity then return capacity end
   return used
 end
 
-local function token_bucket(state, now, capacity, interval, cost)
-  local used = token_bucket_used(state, now, capacity, interval)
+local function bucket_decide(key, now, p, cost)
+  local capacity, interval = p.capacity, p.interval
+  local used = bucket_used(redis.call('GET', key), now, capacity, interval) or 0
   local after = used + cost
-  -- Reported waits are less half the tolerance the comparison forgives: float noise then
-  -- never rounds an exact wait up to the next microsecond (2 s reported as 2.000001 s, a 3 s
-  -- Retry-After), and a retry at now + ceil(retry) still has half the tolerance to spare, so
-  -- it passes. The TTL is the exact time until full.
   if after <= capacity + TOLERANCE then
-    local text = string.format('%.16g', after)
-    after = tonumber(text)
-    return true, text .. ' ' .. to36(now), after * interval,
-      math.max(0, math.floor(capacity - after + TOLERANCE)),
-      math.max(0, (after - TOLERANCE / 2) * interval), 0
+    return true, math.max(0, math.floor(capacity - after + TOLERANCE)),
+      math.max(0, (after - TOLERANCE / 2) * interval), 0, after > 0 and after or nil
   end
-  return false, nil, 0, math.max(0, math.floor(capacity - used + TOLERANCE)),
+  return false, math.max(0, math.floor(capacity - used + TOLERANCE)),
     math.max(0, (used - TOLERANCE / 2) * interval),
-    math.max(0, (after - capacity - TOLERANCE / 2) * interval)
+    math.max(0, (after - capacity - TOLERANCE / 2) * interval), nil
 end
 
-local function token_bucket_ttl(state, now, capacity, interval)
-  if number_and_time(state) == nil then return nil end
-  return token_bucket_used(state, now, capacity, interval) * interval
+local function bucket_commit(key, now, p, after)
+  local interval = p.interval
+  local stamp_ms = math.ceil(now / 1000)
+  local used = after - (stamp_ms * 1000 - now) / interval
+  local low = stamp_ms % 4294967296
+  local state
+  if p.compact then
+    state = struct.pack('>dI4', used, low)
+  else
+    state = struct.pack('>dI4I2', used, low, (stamp_ms - low) / 4294967296)
+  end
+  redis.call('SET', key, state, 'PX', px(after * interval))
 end
 
-ALGORITHMS['t'] = {decide = token_bucket, ttl = token_bucket_ttl}
+local function bucket_retime(key, now, p)
+  local used = bucket_used(redis.call('GET', key), now, p.capacity, p.interval)
+  if used == nil then return 0 end
+  return expire_or_delete(key, used * p.interval)
+end
+
+ALGORITHMS['t'] = {
+  parse = bucket_parse, decide = bucket_decide, commit = bucket_commit, retime = bucket_retime,
+}

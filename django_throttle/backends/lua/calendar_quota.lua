@@ -1,0 +1,58 @@
+-- Calendar quota: a fixed window whose windows follow the calendar. Spec code 'c'; loaded
+-- after fixed_window.lua, whose decide and commit it shares.
+--
+-- Spec "c[!]<capacity>:<b0>:<b1>:<b2>:<b3>": capacity C requests per window; four window
+-- boundaries in whole Unix microseconds, strictly increasing, with b0 <= now < b3: the
+-- previous window's start, the current one's, the next one's and the one after, as Python
+-- computed them (django_throttle.calendar.windows: local midnight, Monday, the 1st or 1
+-- January in the quota's time zone; Lua cannot read time zones). The script picks the window
+-- [b_i, b_i+1) holding its own clock, so a server clock a little off Python's still counts in
+-- the right window.
+--
+-- State per key: "<count> <start base 36>", as the fixed window. Read at now: a stored start
+-- at or after b_i counts in this window (and is kept); else the count is 0 and start = b_i.
+-- Decide with cost c: allowed iff count + c <= C; reset and retry = b_i+1 - now (the quota
+-- comes back whole at the next boundary); TTL b_i+1 - now.
+-- Retime: a count of the current window keeps it, with TTL b_i+1 - now; an older one is
+-- deleted.
+
+local function calendar_parse(capacity, fields, now)
+  local bounds = {}
+  local ok = #fields == 4
+  for i = 1, 4 do
+    bounds[i] = ok and whole(fields[i], 0, 2 ^ 53) or nil
+    if bounds[i] == nil or (i > 1 and bounds[i] <= bounds[i - 1]) then ok = false end
+  end
+  if not ok then
+    return nil, 'calendar boundaries must be 4 increasing whole microseconds '
+      .. '<b0>:<b1>:<b2>:<b3>, not ' .. table.concat(fields, ':')
+  end
+  for i = 1, 3 do
+    if bounds[i] <= now and now < bounds[i + 1] then
+      if bounds[i + 1] - bounds[i] > MAX_WINDOW then
+        return nil, 'calendar window must be at most ' .. MAX_WINDOW .. ' microseconds'
+      end
+      return {start = bounds[i], stop = bounds[i + 1]}, nil
+    end
+  end
+  return nil, 'calendar boundaries must cover now (' .. decimal(now) .. '), not '
+    .. table.concat(fields, ':')
+end
+
+local function calendar_decide(key, now, p, cost)
+  local count, start = window_state(redis.call('GET', key), FIXED_PATTERN)
+  if count == nil or start < p.start then count, start = 0, p.start end
+  return window_decide(count, start, p.stop, now, p.capacity, cost)
+end
+
+local function calendar_retime(key, now, p)
+  local count, start = window_state(redis.call('GET', key), FIXED_PATTERN)
+  if count == nil then return 0 end
+  if start < p.start then return expire_or_delete(key, 0) end
+  return expire_or_delete(key, p.stop - now)
+end
+
+ALGORITHMS['c'] = {
+  parse = calendar_parse, decide = calendar_decide, commit = window_commit,
+  retime = calendar_retime,
+}

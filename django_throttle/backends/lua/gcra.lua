@@ -1,0 +1,119 @@
+-- GCRA, the generic cell rate algorithm: a token bucket kept as one instant. Spec code 'g'.
+--
+-- Spec "g[!]<capacity>:<emission>": capacity C in tokens (the burst); emission interval E in
+-- whole microseconds per token (>= 1); C x E <= MAX_WINDOW.
+--
+-- State per key: the theoretical arrival time TAT in whole microseconds, stored as a decimal
+-- integer so Redis keeps it int-encoded (MEMORY USAGE 72 for a short key). The bucket is
+-- empty until TAT - C x E and full from TAT on. Missing or corrupt state reads as TAT = now.
+-- Everything is integer arithmetic on values below 2^53: exact, no tolerance.
+--
+-- Decide at now with cost c: tat = max(stored, now), capped at now + C x E (a state from a
+-- clock that ran ahead); new = tat + c x E; allowed iff new - now <= C x E.
+--   allowed: remaining = floor((C x E - (new - now)) / E), reset = new - now, retry 0;
+--            writes new (if new > now) with TTL new - now
+--   denied:  remaining = floor((C x E - (tat - now)) / E), reset = tat - now,
+--            retry = new - now - C x E
+-- Retime: with the old spec (E_old), tokens used are kept: tat' = now + ceil((tat - now) x
+-- E_new / E_old), capped at now + C_new x E_new (exact, see ceil_muldiv), written with TTL
+-- tat' - now; without it only the TTL is re-set to tat - now. A TAT at or before now is
+-- deleted (nothing used).
+
+local function gcra_parse(capacity, fields)
+  if #fields ~= 1 then
+    return nil, 'limit spec must be g[!]<capacity>:<emission>, not ' .. table.concat(fields, ':')
+  end
+  local emission = whole(fields[1], 1, MAX_WINDOW)
+  if emission == nil then
+    return nil, 'emission interval must be whole microseconds in [1, ' .. MAX_WINDOW
+      .. '], not ' .. fields[1]
+  end
+  if capacity * emission > MAX_WINDOW then
+    return nil, 'capacity x emission interval must be at most ' .. MAX_WINDOW .. ' microseconds'
+  end
+  return {emission = emission}, nil
+end
+
+-- The stored TAT as of now: within [now, now + C x E].
+local function gcra_tat(state, now, limit)
+  local tat = tonumber(state)
+  if tat == nil or tat ~= math.floor(tat) or tat <= now or tat >= 2 ^ 53 then return now end
+  if tat - now > limit then return now + limit end
+  return tat
+end
+
+local function gcra_decide(key, now, p, cost)
+  local emission = p.emission
+  local limit = p.capacity * emission
+  local tat = gcra_tat(redis.call('GET', key), now, limit)
+  local new = tat + cost * emission
+  if new - now <= limit then
+    return true, math.floor((limit - (new - now)) / emission), new - now, 0,
+      new > now and new or nil
+  end
+  return false, math.floor((limit - (tat - now)) / emission), tat - now, new - now - limit, nil
+end
+
+local function gcra_commit(key, now, p, new)
+  redis.call('SET', key, decimal(new), 'PX', px(new - now))
+end
+
+-- x x y as (high, middle, low) in base 2^25, exactly, for whole x, y < 2^50.
+local function product(x, y)
+  local base = 33554432
+  local xl, yl = x % base, y % base
+  local xh, yh = (x - xl) / base, (y - yl) / base
+  local low, middle, high = xl * yl, xh * yl + xl * yh, xh * yh
+  local carry = low % base
+  middle, low = middle + (low - carry) / base, carry
+  carry = middle % base
+  high, middle = high + (middle - carry) / base, carry
+  return high, middle, low
+end
+
+-- -1, 0 or 1 as a x b is below, equal to or above c x d (whole numbers below 2^50).
+local function compare_products(a, b, c, d)
+  local h1, m1, l1 = product(a, b)
+  local h2, m2, l2 = product(c, d)
+  if h1 ~= h2 then return h1 < h2 and -1 or 1 end
+  if m1 ~= m2 then return m1 < m2 and -1 or 1 end
+  if l1 ~= l2 then return l1 < l2 and -1 or 1 end
+  return 0
+end
+
+-- ceil(a x b / c) exactly, for whole a, b, c below 2^50 whose result is below 2^50: the
+-- float quotient is off by at most one either way, and exact products settle it.
+local function ceil_muldiv(a, b, c)
+  local q = math.floor(a * b / c)
+  while q > 0 and compare_products(q, c, a, b) > 0 do q = q - 1 end
+  while compare_products(q + 1, c, a, b) <= 0 do q = q + 1 end
+  if compare_products(q, c, a, b) == 0 then return q end
+  return q + 1
+end
+
+local function gcra_retime(key, now, p, old)
+  local state = redis.call('GET', key)
+  local tat = tonumber(state)
+  if tat == nil or tat ~= math.floor(tat) or tat >= 2 ^ 53 then return 0 end
+  if old == nil then
+    return expire_or_delete(key, tat - now)
+  end
+  if tat <= now then return expire_or_delete(key, 0) end
+  -- Beyond MAX_WINDOW ahead only a corrupt state or a clock far off: bounded so the exact
+  -- products below stay within 2^50.
+  local ahead = math.min(tat - now, MAX_WINDOW)
+  local limit = p.capacity * p.emission
+  local moved
+  -- ahead x E_new / E_old >= C_new x E_new exactly when ahead >= C_new x E_old.
+  if compare_products(ahead, 1, p.capacity, old.emission) >= 0 then
+    moved = limit
+  else
+    moved = ceil_muldiv(ahead, p.emission, old.emission)
+  end
+  redis.call('SET', key, decimal(now + moved), 'PX', px(moved))
+  return 1
+end
+
+ALGORITHMS['g'] = {
+  parse = gcra_parse, decide = gcra_decide, commit = gcra_commit, retime = gcra_retime,
+}

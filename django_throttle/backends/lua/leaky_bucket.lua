@@ -1,0 +1,11 @@
+-- Leaky bucket as a meter. Spec code 'l'; loaded after token_bucket.lua, whose maths it is.
+--
+-- Spec "l[!]<capacity>:<interval>": capacity C = the queue size (the burst); interval T in
+-- microseconds for one request to leak out (period x 1e6 / count); C x T <= MAX_WINDOW.
+-- State: the token bucket's (12 or 14 bytes, see token_bucket.lua), read as the level: the
+-- requests still in the bucket, leaking continuously at one per T. A request is admitted when
+-- the level plus its cost fits in C; remaining is the room left, reset the time until the
+-- bucket is empty, retry the time until enough has leaked. It differs from the token bucket
+-- only in its key (its own counters) and in how it is explained: the same shape a meter and a
+-- bucket of tokens give, never a queue that delays requests.
+ALGORITHMS['l'] = ALGORITHMS['t']

@@ -1,0 +1,100 @@
+-- Sliding window log: an exact count of the requests of the last period. Spec code 'w'.
+--
+-- Spec "w[!]<capacity>:<period>": capacity C requests (at most MAX_LOG_COUNT = 10,000) per
+-- sliding period P in whole microseconds (<= MAX_WINDOW).
+--
+-- State per key: a sorted set with one member per unit of cost taken, scored by the
+-- microsecond it was taken at; member "<now base 36>.<n>", n counting on from the live
+-- entries, so members of one microsecond stay unique. Live entries: score > now - P (a score
+-- in the future, from a clock that stepped back, is live). A key of another type reads as
+-- nothing used and is replaced on the next write.
+-- Decide at now with cost c: count = live entries; allowed iff count + c <= C.
+--   allowed: remaining = C - count - c, reset = newest live score (now, if c > 0) + P - now,
+--            retry 0; writes: drops dead entries, adds c members at now, TTL = reset
+--            (nothing when c = 0 and nothing is live)
+--   denied:  remaining = C - count (0 if the capacity was lowered below it), reset = newest
+--            live score + P - now, retry = t_k + P - now where t_k is the score of the k-th
+--            oldest live entry, k = count + c - C: the moment enough entries have left
+-- Work per request: O(log n + c) (ZCOUNT, one ZRANGE, ZADD of c members); memory O(C).
+-- Every duration is within [0, P].
+-- Retime: entries are kept; the TTL becomes newest + P_new - now (deleted when nothing is
+-- live any more).
+
+-- Members per ZADD: unpack() of a whole 10,000-request cost would overflow Lua's C stack.
+local LOG_BATCH = 500
+
+local function log_parse(capacity, fields)
+  if capacity > MAX_LOG_COUNT then
+    return nil, 'capacity must be at most ' .. MAX_LOG_COUNT .. ' for the sliding window log, '
+      .. 'not ' .. capacity
+  end
+  local period, message = period_field(fields, 'sliding window log')
+  if period == nil then return nil, message end
+  return {period = period}, nil
+end
+
+-- The newest score in the log, or nil when it is empty.
+local function log_newest(key)
+  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  return newest[2] and tonumber(newest[2]) or nil
+end
+
+local function log_clamp(duration, period)
+  if duration < 0 then return 0 end
+  if duration > period then return period end
+  return duration
+end
+
+local function log_decide(key, now, p, cost)
+  local capacity, period = p.capacity, p.period
+  local floor = '(' .. decimal(now - period)
+  local count = redis.pcall('ZCOUNT', key, floor, '+inf')
+  local replace = false
+  if type(count) ~= 'number' then
+    count, replace = 0, true  -- not a sorted set: nothing used, replaced on write
+  end
+  local newest = nil
+  if count > 0 then newest = log_newest(key) end
+  if count + cost <= capacity then
+    if cost > 0 and (newest == nil or newest < now) then newest = now end
+    local reset = newest and log_clamp(newest + period - now, period) or 0
+    local pending = nil
+    if cost > 0 or count > 0 then pending = {cost, count, reset, replace} end
+    return true, capacity - count - cost, reset, 0, pending
+  end
+  local k = count + cost - capacity
+  local oldest = redis.call('ZRANGEBYSCORE', key, floor, '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)
+  return false, math.max(0, capacity - count), log_clamp(newest + period - now, period),
+    log_clamp(tonumber(oldest[2]) + period - now, period), nil
+end
+
+local function log_commit(key, now, p, pending)
+  local cost, count, reset, replace = pending[1], pending[2], pending[3], pending[4]
+  if replace then
+    redis.call('DEL', key)
+  else
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', decimal(now - p.period))
+  end
+  local stamp, score = to36(now) .. '.', decimal(now)
+  local n = 0
+  while n < cost do
+    local args = {}
+    for i = 1, math.min(LOG_BATCH, cost - n) do
+      args[2 * i - 1], args[2 * i] = score, stamp .. (count + n)
+      n = n + 1
+    end
+    redis.call('ZADD', key, unpack(args))
+  end
+  redis.call('PEXPIRE', key, px(reset))
+end
+
+local function log_retime(key, now, p)
+  local newest = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+  newest = type(newest) == 'table' and newest[2] and tonumber(newest[2])
+  if not newest then return 0 end
+  return expire_or_delete(key, newest + p.period - now)
+end
+
+ALGORITHMS['w'] = {
+  parse = log_parse, decide = log_decide, commit = log_commit, retime = log_retime,
+}

@@ -1,0 +1,78 @@
+"""Calendar windows for calendar quotas: "10,000 requests per month, reset on the 1st".
+
+A window starts at local midnight (a day), Monday midnight (a week), the 1st at midnight (a
+month) or 1 January (a year) in the quota's time zone, so it follows daylight saving time: the
+day the clocks go forward is 23 hours long. Both backends take the same boundaries from here:
+the Redis script receives them with the limit (it cannot read time zones), and picks the window
+that holds the server's clock.
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime, timedelta
+from functools import lru_cache
+from zoneinfo import ZoneInfo
+
+__all__ = ["windows"]
+
+_EPOCH = date(1970, 1, 1)
+_UTC = ZoneInfo("UTC")
+
+
+def windows(unit: str, tz: str, now_us: int) -> tuple[int, int, int, int]:
+    """Boundaries ``b0 < b1 <= now_us < b2 < b3`` in Unix microseconds: the previous window's
+    start, the current one's, the next one's and the one after (``tz`` empty means UTC)."""
+    zone = ZoneInfo(tz or "UTC")
+    local = datetime.fromtimestamp(now_us // 1_000_000, zone).date()
+    start = _start(unit, local)
+    bounds = _bounds(unit, tz or "UTC", start)
+    if now_us < bounds[1]:  # the second is rounded down; the microseconds are not past b1
+        bounds = _bounds(unit, tz or "UTC", _step(unit, start, -1))
+    elif now_us >= bounds[2]:
+        bounds = _bounds(unit, tz or "UTC", _step(unit, start, 1))
+    return bounds
+
+
+@lru_cache(maxsize=1024)
+def _bounds(unit: str, tz: str, start: date) -> tuple[int, int, int, int]:
+    zone = ZoneInfo(tz)
+    days = [_step(unit, start, n) for n in (-1, 0, 1, 2)]
+    b0, b1, b2, b3 = (_midnight_us(day, zone) for day in days)
+    return b0, b1, b2, b3
+
+
+def _start(unit: str, day: date) -> date:
+    """The first day of the window holding ``day``."""
+    if unit == "day":
+        return day
+    if unit == "week":
+        return day - timedelta(days=day.weekday())
+    if unit == "month":
+        return day.replace(day=1)
+    if unit == "year":
+        return day.replace(month=1, day=1)
+    raise ValueError(f"unknown calendar window {unit!r}: day, week, month or year")
+
+
+def _step(unit: str, start: date, n: int) -> date:
+    """The first day of the window ``n`` windows after the one starting on ``start``."""
+    if unit == "day":
+        return start + timedelta(days=n)
+    if unit == "week":
+        return start + timedelta(weeks=n)
+    if unit == "month":
+        months = start.year * 12 + start.month - 1 + n
+        return date(months // 12, months % 12 + 1, 1)
+    if unit == "year":
+        return date(start.year + n, 1, 1)
+    raise ValueError(f"unknown calendar window {unit!r}: day, week, month or year")
+
+
+def _midnight_us(day: date, zone: ZoneInfo) -> int:
+    """The first instant of ``day`` in ``zone``, in Unix microseconds. Where midnight does not
+    exist (a zone that springs forward at 00:00), PEP 495 reads the gap with the offset from
+    before the transition: that is the transition itself, the day's first real instant."""
+    utc = datetime(day.year, day.month, day.day, tzinfo=zone).astimezone(_UTC)
+    return (utc.date() - _EPOCH).days * 86_400_000_000 + (
+        utc.hour * 3600 + utc.minute * 60 + utc.second
+    ) * 1_000_000

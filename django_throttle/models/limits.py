@@ -1,0 +1,231 @@
+"""The columns a limit row shares (tier-wide and per-endpoint): rate, algorithm, burst and
+time zone, and how a row becomes a :class:`~django_throttle.rates.Limit`.
+
+:class:`~django_throttle.rates.Limit` is the one judge of what a limit may be; a row only says
+which column a refusal belongs to, so the admin puts each message on the field to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from django_throttle.models.fields import (
+    BadRow,
+    choice_problem,
+    count_field,
+    refused_field,
+    validate_rate,
+)
+from django_throttle.rates import MAX_COUNT, TOKEN_ALGORITHMS, Algorithm, InvalidRate, Limit, Rate
+
+if TYPE_CHECKING:
+    from django_throttle.models.fields import StrOrPromise
+
+__all__ = ["ALGORITHM_FIELDS", "ALGORITHM_HELP", "LIMIT_FIELDS", "LimitFields"]
+
+
+#: What the rate means under each algorithm, for the admin (help next to the select).
+ALGORITHM_HELP: dict[str, StrOrPromise] = {
+    Algorithm.TOKEN_BUCKET: _(
+        "The rate is the refill speed: one request's worth comes back every period ÷ count; "
+        "the burst is how many may come at once (empty = the count)."
+    ),
+    Algorithm.GCRA: _(
+        "The token bucket's limits, timed to the microsecond: one request every period ÷ "
+        "count, and up to the burst at once (empty = the count)."
+    ),
+    Algorithm.LEAKY_BUCKET: _(
+        "Requests fill a queue of burst places (empty = the count) that drains at the rate: "
+        "once it is full, one request every period ÷ count."
+    ),
+    Algorithm.FIXED_WINDOW: _(
+        "At most count requests per period, counted in windows on the clock (10:00, "
+        "10:01, …); up to twice the count can pass around a window's edge."
+    ),
+    Algorithm.SLIDING_LOG: _(
+        "At most count requests in any period-long span, exactly: every request is kept, "
+        "so the count is at most 10,000."
+    ),
+    Algorithm.SLIDING_COUNTER: _(
+        "About count requests in any period-long span, estimated from this window and the "
+        "previous one: little memory, any count."
+    ),
+    Algorithm.CALENDAR: _(
+        "count requests per calendar day, week (from Monday), month or year, e.g. "
+        "'10000/month'; it resets at midnight in the time zone (empty = the site's TIME_ZONE)."
+    ),
+}
+#: The optional fields each algorithm uses; the admin shows only these.
+ALGORITHM_FIELDS: dict[str, tuple[str, ...]] = {
+    **{algorithm: ("burst",) for algorithm in TOKEN_ALGORITHMS},
+    Algorithm.CALENDAR: ("timezone",),
+}
+#: The columns of a limit row, all judged together by :class:`~django_throttle.rates.Limit`.
+LIMIT_FIELDS = ("rate", "algorithm", "burst", "timezone")
+
+
+class LimitFields(models.Model):
+    """Rate, algorithm, burst and time zone shared by tier-wide and per-endpoint limits."""
+
+    rate = models.CharField(
+        max_length=32,
+        validators=[validate_rate],
+        help_text=_(
+            "requests per period, e.g. '100/min', '10/s', '5000/day' or '20/15m'; "
+            "'10000/month' or '/year' with the calendar quota"
+        ),
+    )
+    burst = count_field(
+        _("The burst must be at least %(limit_value)s."),
+        _("The burst must be at most %(limit_value)s."),
+        null=True,
+        blank=True,
+        help_text=_(
+            "token bucket, GCRA and leaky bucket only: how many requests may come at once "
+            "(the leaky bucket's queue size); empty = the rate's count"
+        ),
+    )
+    algorithm = models.CharField(
+        max_length=32,
+        choices=Algorithm.choices,
+        default=Algorithm.TOKEN_BUCKET,
+        help_text=_(
+            "how requests are counted: token bucket, GCRA and leaky bucket allow a burst; "
+            "the window algorithms allow the rate's count per window; the calendar quota "
+            "counts per calendar day, week, month or year"
+        ),
+    )
+    timezone = models.CharField(
+        _("time zone"),
+        max_length=64,
+        blank=True,
+        default="",
+        help_text=_(
+            "calendar quota only: where its days start, as an IANA name such as "
+            "'Europe/Berlin'; empty = the TIME_ZONE setting"
+        ),
+    )
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        details = [] if self.algorithm == Algorithm.TOKEN_BUCKET else [self.algorithm_name]
+        if self.burst:
+            details.append(f"burst {self.burst}")
+        if self.timezone:
+            details.append(self.timezone)
+        return f"{self.rate} ({', '.join(details)})" if details else self.rate
+
+    @property
+    def algorithm_name(self) -> str:
+        """The algorithm's label as in a sentence (the stored value when it is unknown)."""
+        if self.algorithm not in Algorithm.values:
+            return self.algorithm
+        label = str(Algorithm(self.algorithm).label)
+        return label if label.isupper() else label.lower()
+
+    @property
+    def limit_id(self) -> str:
+        """Stable, short counter id; becomes part of a Redis key."""
+        raise NotImplementedError
+
+    def limit_name(self, rate: Rate) -> str:
+        """What clients see in the 429 body and policy headers."""
+        raise NotImplementedError
+
+    def zone(self) -> str:
+        """The time zone the limit counts in: a calendar quota's own, else the TIME_ZONE
+        setting (read now, so ``override_settings`` applies); other algorithms have none."""
+        if self.timezone or self.algorithm != Algorithm.CALENDAR:
+            return self.timezone
+        return settings.TIME_ZONE or ""
+
+    def validated_limit(self) -> Limit:
+        """The limit this row's values describe, without id or name (no related rows read).
+
+        :class:`~django_throttle.rates.Limit` is the one judge of what a limit may be; this
+        only says which column a refusal belongs to. Raises :class:`BadRow`.
+        """
+        try:
+            Rate.parse(self.rate)
+        except InvalidRate as exc:
+            raise BadRow("rate", str(exc)) from exc
+        problem = choice_problem(self.algorithm, Algorithm, _("algorithm"))
+        if problem is not None:
+            raise BadRow("algorithm", problem)
+        try:
+            # The text, not the parsed rate: a calendar quota reads "/day" as a calendar day.
+            return Limit.build(
+                id="",
+                rate=self.rate,
+                burst=self.burst,
+                algorithm=self.algorithm,
+                timezone=self.zone(),
+            )
+        except InvalidRate as exc:
+            raise BadRow(refused_field(exc), str(exc)) from exc
+
+    @property
+    def capacity(self) -> int:
+        """Most cost one request may have. Raises :class:`BadRow` for a bad row."""
+        return self.validated_limit().capacity
+
+    def to_limit(self) -> Limit:
+        """The compiled limit. Raises :class:`BadRow` naming the bad column."""
+        limit = self.validated_limit()
+        return dataclasses.replace(limit, id=self.limit_id, name=self.limit_name(limit.rate))
+
+    def row_problems(self) -> dict[str, str]:
+        """Why no limit can be built from this row, by field (empty when it can)."""
+        try:
+            self.validated_limit()
+        except BadRow as exc:
+            return {exc.field: exc.message}
+        return {}
+
+    def full_clean(
+        self,
+        exclude: Iterable[str] | None = None,
+        validate_unique: bool = True,
+        validate_constraints: bool = True,
+    ) -> None:
+        # A model form excludes the fields it already refused; clean() needs to know.
+        excluded = set(exclude or ())
+        self._unchecked = frozenset(excluded)
+        try:
+            super().full_clean(excluded, validate_unique, validate_constraints)
+        finally:
+            del self._unchecked
+
+    def clean(self) -> None:
+        """Refuse values that are fine alone but not together (a burst for a window
+        algorithm, '/month' without the calendar quota, an unknown time zone…), with the
+        limit's own message on the field to change. A bad rate, an out-of-range burst and an
+        unknown algorithm are their fields' errors already, and a field a form refused is
+        not validated here: every mistake gets exactly one message."""
+        unchecked: frozenset[str] = getattr(self, "_unchecked", frozenset())
+        if unchecked.intersection(LIMIT_FIELDS) or not self._valid_alone():
+            return
+        problems = self.row_problems()
+        if problems:
+            raise ValidationError(problems)
+
+    def _valid_alone(self) -> bool:
+        """Whether each field passes its own validation (the checks :meth:`clean` skips)."""
+        if self.algorithm not in Algorithm.values:
+            return False
+        if self.burst is not None and not 1 <= self.burst <= MAX_COUNT:
+            return False
+        try:
+            Rate.parse(self.rate)
+        except InvalidRate:
+            return False
+        return True
