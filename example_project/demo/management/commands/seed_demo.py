@@ -12,16 +12,16 @@ from django.db import transaction
 from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierAssignment, TierLimit
 
 #: slug → (name, description, priority, default for anonymous, default for authenticated,
-#: [(rate, burst)]). "2/s" with burst 10 is the reference token bucket: capacity 10, refilling
-#: 2 tokens a second.
-TIERS: dict[str, tuple[str, str, int, bool, bool, list[tuple[str, int | None]]]] = {
+#: [(rate, burst, algorithm)]). "2/s" with burst 10 is the reference token bucket: capacity 10,
+#: refilling 2 tokens a second.
+TIERS: dict[str, tuple[str, str, int, bool, bool, list[tuple[str, int | None, str]]]] = {
     "anonymous": (
         "Anonymous",
         "Clients that are not logged in, counted per IP address.",
         0,
         True,
         False,
-        [("2/s", 10)],
+        [("2/s", 10, "token_bucket")],
     ),
     "free": (
         "Free",
@@ -29,9 +29,23 @@ TIERS: dict[str, tuple[str, str, int, bool, bool, list[tuple[str, int | None]]]]
         10,
         False,
         True,
-        [("60/min", 60), ("1000/day", None)],
+        [("60/min", 60, "token_bucket"), ("1000/day", None, "token_bucket")],
     ),
-    "pro": ("Pro", "Paying customers.", 20, False, False, [("600/min", 600)]),
+    # A request of a pro user meets three algorithms at once, still in one Redis call: a token
+    # bucket (bursts up to 600), GCRA (no more than 20 a second) and a calendar quota (reset on
+    # the 1st of each month, UTC).
+    "pro": (
+        "Pro",
+        "Paying customers.",
+        20,
+        False,
+        False,
+        [
+            ("600/min", 600, "token_bucket"),
+            ("20/s", None, "gcra"),
+            ("100000/month", None, "calendar_quota"),
+        ],
+    ),
 }
 #: Per-tier limits of the "export" rule: every POST to a view with throttle_scope "export"
 #: costs 10 tokens, so free users get two exports in a row, pro users twenty.
@@ -78,8 +92,14 @@ class Command(BaseCommand):
                 is_default_anonymous=anonymous,
                 is_default_authenticated=authenticated,
             )
-            for rate, burst in limits:
-                self._upsert(TierLimit, {"tier": tier, "rate": rate}, burst=burst)
+            for rate, burst, algorithm in limits:
+                self._upsert(
+                    TierLimit,
+                    {"tier": tier, "rate": rate},
+                    burst=burst,
+                    algorithm=algorithm,
+                    timezone="UTC" if algorithm == "calendar_quota" else "",
+                )
         return tiers
 
     def _seed_export_rule(self, tiers: dict[str, Tier]) -> None:
