@@ -889,6 +889,34 @@ def test_token_bucket_state_is_12_bytes(
         backend.reset(client, [bucket, gcra])
 
 
+def test_a_state_keeps_its_own_allocation_whatever_ran_before(
+    redis_backend: RedisBackend, redis_client: redis.Redis, settings: Any
+) -> None:
+    """Redis lends a script's command arguments objects cached from earlier commands at the
+    same position, by any script (usage counting in ours, another library's): a 12-byte
+    state written after a longer argument took its 40-48 bytes (MEMORY USAGE 104-120 instead
+    of 88). Each state gets an allocation of its own."""
+    settings.DJANGO_THROTTLE_KEY_PREFIX = "dt"
+    reset_backend_cache()
+    backend = get_backend()
+    assert isinstance(backend, RedisBackend)
+    bucket, window = ALGORITHM_LIMITS["token_bucket"], ALGORITHM_LIMITS["fixed_window"]
+    scratch = f"dt:{{0}}scratch-{time.time_ns()}"
+    clients = [f"ip:198.51.100.{n}-{time.time_ns()}" for n in range(4)]
+    try:
+        for n, client in enumerate(clients):
+            # Another script leaves a long argument in position 2 of the shared cache.
+            redis_client.eval("redis.call('HINCRBY', KEYS[1], ARGV[1], 1)", 1, scratch, "x" * 40)
+            backend.hit(client, [bucket, window], usage="anonymous|api" if n % 2 else None)
+            assert len(backend.key(client, bucket)) <= 28
+            assert redis_client.memory_usage(backend.key(client, bucket)) == 88
+            assert redis_client.memory_usage(backend.key(client, window)) == 88
+    finally:
+        redis_client.delete(scratch)
+        for client in clients:
+            backend.reset(client, [bucket, window])
+
+
 def test_slow_token_buckets_keep_the_whole_millisecond(
     redis_backend: RedisBackend, redis_client: redis.Redis
 ) -> None:

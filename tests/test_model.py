@@ -265,9 +265,10 @@ class AlgorithmMachine(RuleBasedStateMachine):
                 px = modelled[1] - self.now // 1000
                 assert self.redis_written, "Redis did not write where the model did"
                 if self.redis_expiry is None:
-                    # A PX of a few ms can run out on Redis's clock before PERSIST: drop the
-                    # state everywhere, as if it expired now (consistent, not checked).
-                    assert px <= 100, f"Redis has no key where the model has one (PX {px})"
+                    # A short PX can run out on Redis's clock before PERSIST (a loaded CI
+                    # machine can stall a step for a second): drop the state everywhere, as if
+                    # it expired now (consistent, not checked).
+                    assert px <= SHORT_PX_MS, f"Redis has no key where the model has one (PX {px})"
                     del self.model.store[(self.limit.id, self.limit.algorithm)]
                     del self.memory._state[(self.client, self.limit.id, code)]
                     return
@@ -297,6 +298,10 @@ class AlgorithmMachine(RuleBasedStateMachine):
 
     def _count(self) -> None:
         STEPS[self.algorithm] = STEPS.get(self.algorithm, 0) + 1
+
+
+#: A key whose PX is at most this may vanish on Redis's own clock before the test reads it.
+SHORT_PX_MS = 2000
 
 
 def _server_ms(time: Any) -> int:

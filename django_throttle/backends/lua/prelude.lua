@@ -63,6 +63,17 @@ local function px(ttl_us)
   return math.max(1, math.ceil(ttl_us / 1000))
 end
 
+-- SET a state string with a TTL of ttl_us, in an allocation of the value's own size.
+-- Redis hands a script's command arguments objects it cached from the script's earlier
+-- commands, per argument position, keeping their allocation: a 12-byte state written after a
+-- usage field (or a sliding log's score) took that longer argument's 40 or 48 bytes, 16-32
+-- bytes per key more than needed (MEMORY USAGE 104-120 instead of 88). Storing an empty
+-- placeholder first takes the cached object out of circulation; the value then gets its own.
+local function store(key, value, ttl_us)
+  redis.call('SET', key, '')
+  redis.call('SET', key, value, 'PX', px(ttl_us))
+end
+
 -- Set `key`'s expiry to ttl_us, or delete it when its state no longer matters: 1 (touched).
 local function expire_or_delete(key, ttl_us)
   if ttl_us <= 0 then

@@ -75,8 +75,8 @@ local function counter_decide(key, now, p, cost)
 end
 
 local function counter_commit(key, now, p, pending)
-  redis.call('SET', key, decimal(pending[1]) .. ' ' .. decimal(pending[2]) .. ' '
-    .. to36(pending[3]), 'PX', px(pending[4]))
+  store(key, decimal(pending[1]) .. ' ' .. decimal(pending[2]) .. ' ' .. to36(pending[3]),
+    pending[4])
 end
 
 local function counter_retime(key, now, p)

@@ -111,7 +111,7 @@ local function bucket_commit(key, now, p, after)
   else
     state = struct.pack('>dI4I2', used, low, (stamp_ms - low) / 4294967296)
   end
-  redis.call('SET', key, state, 'PX', px(after * interval))
+  store(key, state, after * interval)
 end
 
 local function bucket_retime(key, now, p)
