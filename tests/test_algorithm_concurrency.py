@@ -5,11 +5,8 @@ and plot once, tiny, so they keep working (their counts, never their timings).""
 from __future__ import annotations
 
 import importlib.util
-import json
 import multiprocessing
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +17,7 @@ import pytest
 
 from django_throttle.calendar import windows
 from django_throttle.rates import Algorithm
+from tests.bench_scripts import run_json
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCESSES = 4
@@ -137,24 +135,9 @@ def test_quiet_limits_keep_every_window_boundary_away() -> None:
         assert arguments.get("timezone", "UTC") != "UTC" or algorithm != Algorithm.CALENDAR
 
 
-def _run(script: str, *args: str) -> dict[str, Any]:
-    env = {**os.environ}
-    env.pop("DJANGO_SETTINGS_MODULE", None)  # the scripts configure Django themselves
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), *args, "--json"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    return dict(json.loads(result.stdout))
-
-
 @pytest.mark.slow
 def test_algorithm_benchmark_runs_and_counts_one_round_trip_per_decision() -> None:
-    report = _run(
+    report = run_json(
         "bench_algorithms.py",
         *("--seconds", "0.2", "--clients", "300", "--accounting", "100"),
         *("--log-limits", "10,200", "--log-requests", "30"),
@@ -180,7 +163,7 @@ def test_algorithm_plot_writes_its_files_and_the_log_is_exact(tmp_path: Path) ->
     # matplotlib comes with the bench extra; without it the data files are still checked.
     png = importlib.util.find_spec("matplotlib") is not None
     args = ("--limit", "20", "--days", "1.5", "--out-dir", str(tmp_path))
-    report = _run("plot_algorithms.py", *args, *(() if png else ("--no-png",)))
+    report = run_json("plot_algorithms.py", *args, *(() if png else ("--no-png",)))
     for name in ("algorithms.png",) * png + ("algorithms.csv", "algorithms.json"):
         assert (tmp_path / name).stat().st_size > 0, name
     summary = report["summary"]

@@ -7,14 +7,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.bench_scripts import ROOT, run_json
 from tests.redis_servers import RedisServer
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "bench" / "bench_throttle.py"
 RACE = ROOT / "bench" / "race.py"
 
 
@@ -25,28 +23,10 @@ ONE_ROUND_TRIP = (
 )  # fmt: skip
 
 
-def _run_json(script: Path, *args: str, redis_url: str | None = None) -> dict:
-    env = {**os.environ}
-    env.pop("DJANGO_SETTINGS_MODULE", None)  # the scripts configure Django themselves
-    env.pop("REDIS_URL", None)
-    if redis_url is not None:
-        env["REDIS_URL"] = redis_url
-    result = subprocess.run(
-        [sys.executable, str(script), *args, "--json"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    return dict(json.loads(result.stdout))
-
-
 @pytest.mark.slow
 def test_bench_counts_one_round_trip_and_no_sql_per_decision(redis_url: str) -> None:
-    report = _run_json(
-        SCRIPT,
+    report = run_json(
+        "bench_throttle.py",
         *("--seconds", "0.3", "--users", "300", "--drf-clients", "50", "--accounting", "200"),
         *("--latency-pairs", "20", "--latency-repetitions", "1"),
         redis_url=redis_url,
@@ -77,8 +57,8 @@ def test_bench_counts_one_round_trip_and_no_sql_per_decision(redis_url: str) -> 
 def test_async_bench_serves_every_request_of_a_burst(redis_url: str) -> None:
     """bench_async.py runs uvicorn end to end; its counts, not its timings."""
     requests = 40
-    report = _run_json(
-        ROOT / "bench" / "bench_async.py",
+    report = run_json(
+        "bench_async.py",
         *("--requests", str(requests), "--repetitions", "1"),
         # Patient timeouts: a loaded test machine must not turn decisions into fail-opens.
         *("--redis-options", '{"socket_timeout": 5, "socket_connect_timeout": 5}'),
@@ -157,3 +137,18 @@ def test_failure_benchmark_counts_a_handful_of_failures_then_recovers() -> None:
     hung_off = rows["hung", "off"]
     assert hung_off["failures_before_open"] is None
     assert hung_off["backend_failures"] >= hung_off["decisions"]
+
+
+@pytest.mark.slow
+def test_python_overhead_bench_runs() -> None:
+    """bench_python.py decides with a backend that answers at once: it must not need Redis."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_python.py")],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "µs per decision, no Redis:" in result.stdout

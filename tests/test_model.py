@@ -35,7 +35,7 @@ from hypothesis.stateful import (
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.memory_algorithms import TWINS
 from django_throttle.backends.redis import RedisBackend
-from django_throttle.rates import Decision, Limit
+from django_throttle.rates import Algorithm, Decision, Limit
 from tests.model import EXACT, Model, Reply, TokenBucket, model_of
 
 #: 2026-03-28 23:00 UTC: a day before Europe's clocks go forward, so calendar runs cross it.
@@ -317,15 +317,7 @@ def _numbers(decision: Decision) -> tuple[Any, ...]:
     )
 
 
-ALGORITHMS = [
-    "token_bucket",
-    "gcra",
-    "leaky_bucket",
-    "fixed_window",
-    "sliding_window_log",
-    "sliding_window_counter",
-    "calendar_quota",
-]
+ALGORITHMS = list(Algorithm.values)
 
 
 def _run(algorithm: str, examples: int, steps: int) -> int:

@@ -20,7 +20,7 @@ import pytest
 from django_throttle.backends.base import Backend
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis import RedisBackend
-from django_throttle.rates import Limit
+from django_throttle.rates import Algorithm, Limit
 from tests.model import Model
 
 VECTORS = Path(__file__).parent / "vectors"
@@ -51,16 +51,7 @@ def backend(request: pytest.FixtureRequest, redis_url: str) -> Iterator[Backend]
 
 def test_every_algorithm_has_vectors() -> None:
     names = {path.stem for path in VECTORS.glob("*.json")}
-    assert {
-        "token_bucket",
-        "gcra",
-        "leaky_bucket",
-        "fixed_window",
-        "sliding_window_log",
-        "sliding_window_counter",
-        "calendar_quota",
-        "mixed",
-    } <= names
+    assert {*Algorithm.values, "mixed"} <= names
 
 
 @pytest.mark.parametrize("case", CASES)
