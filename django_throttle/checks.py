@@ -6,7 +6,9 @@ reported with its name instead of crashing at first use.
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
@@ -105,6 +107,44 @@ def _alias(value: Any) -> str | None:
     return None if isinstance(value, str) and value else "must name a cache in CACHES"
 
 
+def _proxy_networks(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple, set, frozenset)):
+        return "must be a list of networks such as ['10.0.0.0/8', '2001:db8::/32']"
+    for entry in value:
+        if not isinstance(entry, str):
+            return f"has {entry!r}, which is not text such as '10.0.0.0/8'"
+        try:
+            ipaddress.ip_network(entry)
+        except ValueError:
+            try:
+                meant = ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                return f"has {entry!r}, which is not an IP network such as '10.0.0.0/8'"
+            return f"has {entry!r}, which has host bits set (did you mean {str(meant)!r}?)"
+    return None
+
+
+_HEADER_NAME = re.compile(r"[A-Za-z0-9-]+")
+#: Headers that carry a list or pairs, not the one address ``CLIENT_IP_HEADER`` expects.
+_NOT_ONE_ADDRESS = {
+    "x-forwarded-for": "is a list: trust it with TRUSTED_PROXY_COUNT or TRUSTED_PROXIES instead",
+    "forwarded": "holds for=/by= pairs, not one address",
+}
+
+
+def _header_name(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _HEADER_NAME.fullmatch(value):
+        return (
+            "must be None or a header name as sent, such as 'X-Real-IP' (letters, digits and "
+            "'-'; Django reads it as HTTP_X_REAL_IP, and servers drop names with '_')"
+        )
+    return _NOT_ONE_ADDRESS.get(value.lower())
+
+
 #: (check id, setting name, validator). Only settings that are set are validated.
 SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E001", "BACKEND", _backend),
@@ -115,7 +155,7 @@ SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E006", "FAILURE_MODE", _choice("open", "closed", "local")),
     ("E007", "TRUSTED_PROXY_COUNT", _int_range(0, 32)),
     ("E008", "IPV4_PREFIX", _int_range(8, 32)),
-    ("E009", "IPV6_PREFIX", _int_range(16, 128)),
+    ("E009", "IPV6_PREFIX", _int_range(32, 128)),
     ("E010", "IDENTITY_RESOLVER", _dotted()),
     ("E011", "POLICY_REFRESH_INTERVAL", _number(0, strict=True)),
     # E012 was USER_TIER_CACHE_SIZE (removed: see REMOVED).
@@ -136,6 +176,9 @@ SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E027", "USAGE_REDIS_TTL", _int_range(120, 30 * 86400)),
     ("E028", "USAGE_TOP_CLIENTS", _int_range(1, 1_000_000)),
     ("E029", "USAGE_CLIENT_SAMPLE", _int_range(1, 1024)),
+    ("E030", "TRUSTED_PROXIES", _proxy_networks),
+    ("E031", "CLIENT_IP_HEADER", _header_name),
+    # E032 is the proxy trust check below.
 )
 
 _NO_USER_TIER_CACHE = (
@@ -172,6 +215,7 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                 )
             )
     errors.extend(_check_redis_source())
+    errors.extend(_check_proxy_trust())
     errors.extend(
         checks.Warning(
             f"{PREFIX}{name} no longer does anything: {why}.",
@@ -206,6 +250,35 @@ def _check_redis_source() -> list[checks.CheckMessage]:
             id="django_throttle.E018",
         )
     ]
+
+
+def _check_proxy_trust() -> list[checks.CheckMessage]:
+    """E032: proxies are trusted by count or by network, not both; W002: a client IP header
+    with no trusted proxy is never read."""
+    count = getattr(settings, PREFIX + "TRUSTED_PROXY_COUNT", 0)
+    networks = getattr(settings, PREFIX + "TRUSTED_PROXIES", None)
+    header = getattr(settings, PREFIX + "CLIENT_IP_HEADER", None)
+    if count and networks:
+        return [
+            checks.Error(
+                f"Both {PREFIX}TRUSTED_PROXY_COUNT = {count!r} and {PREFIX}TRUSTED_PROXIES = "
+                f"{networks!r} are set: proxies are trusted by count or by network, not both.",
+                hint="Keep TRUSTED_PROXIES (it also checks that REMOTE_ADDR is one of your "
+                "proxies) and remove TRUSTED_PROXY_COUNT, or the other way round.",
+                id="django_throttle.E032",
+            )
+        ]
+    if header and _header_name(header) is None and not count and not networks:
+        return [
+            checks.Warning(
+                f"{PREFIX}CLIENT_IP_HEADER = {header!r} is never read: no trusted proxy is "
+                "configured, so every request is counted by REMOTE_ADDR.",
+                hint=f"Set {PREFIX}TRUSTED_PROXIES to your proxies' networks (or "
+                f"{PREFIX}TRUSTED_PROXY_COUNT), or remove CLIENT_IP_HEADER.",
+                id="django_throttle.W002",
+            )
+        ]
+    return []
 
 
 def register() -> None:

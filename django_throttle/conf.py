@@ -9,7 +9,8 @@ a system check in :mod:`django_throttle.checks`.
 
 from __future__ import annotations
 
-from typing import Any
+import ipaddress
+from typing import Any, NamedTuple
 
 from django.conf import settings
 
@@ -118,13 +119,50 @@ class Settings:
         return int(self._get("TRUSTED_PROXY_COUNT", 0))
 
     @property
+    def TRUSTED_PROXIES(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        """Networks of the reverse proxies in front of Django, e.g. ``["10.0.0.0/8",
+        "2001:db8::/32"]`` (default none). With them, ``X-Forwarded-For`` is read only from a
+        trusted ``REMOTE_ADDR``, and the client is its right-most address that is not itself
+        trusted. Exclusive with ``TRUSTED_PROXY_COUNT``. Entries that do not parse are
+        skipped (trusting less); a system check names them."""
+        return _networks(self._get("TRUSTED_PROXIES", ()))
+
+    @property
+    def CLIENT_IP_HEADER(self) -> str | None:
+        """A header holding the one client address, overwritten by the edge proxy, e.g.
+        ``"X-Real-IP"`` (default ``None``). Read instead of ``X-Forwarded-For``, and only
+        from a trusted proxy: ``REMOTE_ADDR`` in ``TRUSTED_PROXIES``, or any connection when
+        ``TRUSTED_PROXY_COUNT`` > 0."""
+        value = self._get("CLIENT_IP_HEADER", None)
+        return (value.strip() or None) if isinstance(value, str) else None
+
+    @property
+    def proxy_trust(self) -> ProxyTrust:
+        """The three proxy settings parsed together once per settings change: the client-IP
+        path reads this one value on every request."""
+        try:
+            return self._values["_proxy_trust"]  # type: ignore[no-any-return]
+        except KeyError:
+            networks = self.TRUSTED_PROXIES
+            header = self.CLIENT_IP_HEADER
+            count = self.TRUSTED_PROXY_COUNT
+            trust = self._values["_proxy_trust"] = ProxyTrust(
+                configured=count > 0 or bool(networks),
+                proxy_count=count,
+                v4=tuple(n for n in networks if isinstance(n, ipaddress.IPv4Network)),
+                v6=tuple(n for n in networks if isinstance(n, ipaddress.IPv6Network)),
+                header=None if header is None else "HTTP_" + header.upper().replace("-", "_"),
+            )
+            return trust
+
+    @property
     def IPV4_PREFIX(self) -> int:
         """Anonymous IPv4 clients are grouped by this prefix length (32: one address)."""
         return int(self._get("IPV4_PREFIX", 32))
 
     @property
     def IPV6_PREFIX(self) -> int:
-        """Anonymous IPv6 clients are grouped by this prefix length (64: one subnet)."""
+        """Anonymous IPv6 clients are grouped by this prefix length (64: one subnet; 32-128)."""
         return int(self._get("IPV6_PREFIX", 64))
 
     @property
@@ -183,6 +221,29 @@ class Settings:
     def USAGE_RETENTION_DAYS(self) -> int:
         """Days usage rows are kept in the database before the rollup deletes them."""
         return int(self._get("USAGE_RETENTION_DAYS", 7))
+
+
+class ProxyTrust(NamedTuple):
+    """Who may name the client. Networks are split by version because ``IPv4Address in
+    IPv6Network`` compares bare integers, not versions; ``header`` is a ``request.META`` key
+    (``"HTTP_X_REAL_IP"``)."""
+
+    configured: bool
+    proxy_count: int
+    v4: tuple[ipaddress.IPv4Network, ...]
+    v6: tuple[ipaddress.IPv6Network, ...]
+    header: str | None
+
+
+def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    entries = [value] if isinstance(value, str) else value
+    networks = []
+    for entry in entries if isinstance(entries, (list, tuple, set, frozenset)) else ():
+        try:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+        except (TypeError, ValueError):
+            continue
+    return tuple(networks)
 
 
 app_settings = Settings()

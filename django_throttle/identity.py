@@ -1,9 +1,10 @@
 """Who is calling: the authenticated user, else the client IP (through trusted proxies only).
 
 The resolver is pluggable (``DJANGO_THROTTLE_IDENTITY_RESOLVER``). The default never trusts
-``X-Forwarded-For`` unless ``DJANGO_THROTTLE_TRUSTED_PROXY_COUNT`` says proxies append to it,
-groups IPv6 clients by prefix (a /64 is one subscriber), unwraps IPv4-mapped IPv6, and never
-raises on a malformed header: it falls back to ``REMOTE_ADDR``. A request with no usable
+``X-Forwarded-For`` (or ``CLIENT_IP_HEADER``) unless proxies are configured, by count
+(``TRUSTED_PROXY_COUNT``) or by network (``TRUSTED_PROXIES``); groups IPv6 clients by prefix
+(a /64 is one subscriber); unwraps IPv4-mapped and NAT64 IPv6; and never raises on a
+malformed header: it falls back to ``REMOTE_ADDR``. A request with no usable
 address at all is :data:`UNIDENTIFIED`, never silently one shared bucket: the core applies
 ``DJANGO_THROTTLE_UNKNOWN_CLIENT`` to it.
 """
@@ -20,7 +21,7 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
-from django_throttle.conf import app_settings
+from django_throttle.conf import ProxyTrust, app_settings
 
 logger = logging.getLogger("django_throttle.identity")
 
@@ -40,7 +41,18 @@ class Identity:
 
     @property
     def key(self) -> str:
-        return f"{self.kind}:{self.value}"
+        """``kind:value``, always encodable as UTF-8 (backends hash its bytes). A value with
+        lone surrogates (bytes a custom resolver decoded with ``surrogateescape``) would fail
+        every backend call; it is written as ``<kind>\\0<hex of its bytes>`` instead, which
+        no ``kind:value`` key equals unless a kind holds ``:`` or NUL."""
+        key = f"{self.kind}:{self.value}"
+        if not key.isascii():
+            try:
+                key.encode()
+            except UnicodeEncodeError:
+                value = str(self.value).encode("utf-8", "surrogatepass").hex()
+                return f"{self.kind}\0{value}"
+        return key
 
     @property
     def is_authenticated(self) -> bool:
@@ -63,31 +75,115 @@ def resolve_identity(request: Any) -> Identity:
 
 
 def client_ip(meta: Any) -> str | None:
-    """The client's network as text (``203.0.113.7``, ``2001:db8:1:2::/64``), or ``None``."""
+    """The client's network as text (``203.0.113.7``, ``2001:db8:1:2::/64``), or ``None``.
+
+    Precedence: with ``TRUSTED_PROXIES``, a ``REMOTE_ADDR`` outside them is the client and
+    every header is ignored; from a trusted one (or with ``TRUSTED_PROXY_COUNT``), the
+    ``CLIENT_IP_HEADER`` when set, else ``X-Forwarded-For``. Any header value that does not
+    hold one usable address falls back to ``REMOTE_ADDR``.
+    """
     remote = meta.get("REMOTE_ADDR") or ""
-    proxies = app_settings.TRUSTED_PROXY_COUNT
-    candidate = remote
-    if proxies > 0:
-        forwarded = [part.strip() for part in str(meta.get("HTTP_X_FORWARDED_FOR", "")).split(",")]
-        forwarded = [part for part in forwarded if part]
-        if len(forwarded) >= proxies:
-            # Each trusted proxy appended the address it saw; the proxies-th from the right
-            # was written by the outermost trusted proxy and is the first we can believe.
-            candidate = forwarded[-proxies]
-        else:
-            logger.warning(
-                "X-Forwarded-For has %d address(es) but DJANGO_THROTTLE_TRUSTED_PROXY_COUNT is "
-                "%d; counting the request by REMOTE_ADDR",
-                len(forwarded),
-                proxies,
+    trust = app_settings.proxy_trust
+    if not trust.configured:
+        candidate = remote
+        if FORWARDED_FOR in meta:
+            _warn_once(
+                "untrusted-forwarded-for",
+                "A request carries X-Forwarded-For but no trusted proxy is configured: the "
+                "header is ignored; set DJANGO_THROTTLE_TRUSTED_PROXY_COUNT or "
+                "DJANGO_THROTTLE_TRUSTED_PROXIES if a proxy sets it. (Logged once per process.)",
             )
+    elif trust.v4 or trust.v6:  # also when the count is set too (a system check error)
+        candidate = _through_listed_proxies(meta, remote, trust)
+    else:
+        candidate = _through_counted_proxies(meta, remote, trust)
     v4_prefix = app_settings.IPV4_PREFIX
     if v4_prefix == 32 and _is_plain_ipv4(candidate):
         return candidate  # the common case, in a fraction of ipaddress's time
-    network = _network(candidate, v4_prefix, app_settings.IPV6_PREFIX)
+    v6_prefix = app_settings.IPV6_PREFIX
+    network = _network(candidate, v4_prefix, v6_prefix)
     if network is None and candidate != remote:
-        network = _network(remote, app_settings.IPV4_PREFIX, app_settings.IPV6_PREFIX)
+        network = _network(remote, v4_prefix, v6_prefix)
     return network
+
+
+#: ``request.META`` key of ``X-Forwarded-For``.
+FORWARDED_FOR = "HTTP_X_FORWARDED_FOR"
+#: Longer text is no address (the longest, ``[<IPv6 with IPv4 tail>%<zone>]:<port>``, is
+#: far shorter): refused before it can fill the parse caches with attacker-chosen keys.
+MAX_ADDRESS_LENGTH = 100
+#: RFC 6052's well-known NAT64 prefix: ``64:ff9b::198.51.100.9`` is that IPv4 client.
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+_warned: set[str] = set()
+
+
+def _warn_once(topic: str, message: str, *args: Any) -> None:
+    """Log a configuration problem once per process: requests would repeat it forever."""
+    if topic not in _warned:
+        _warned.add(topic)
+        logger.warning(message, *args)
+
+
+def _through_listed_proxies(meta: Any, remote: str, trust: ProxyTrust) -> str:
+    """The client address text when proxies are trusted by network."""
+    if not _is_trusted(_address(remote), trust):
+        return remote  # a client talking to us directly: whatever it wrote is ignored
+    if trust.header is not None:
+        return _single_header(meta, trust.header, remote)
+    parts = str(meta.get(FORWARDED_FOR, "")).split(",")
+    leftmost = remote
+    for part in reversed(parts):
+        part = part.strip()
+        if not part:
+            continue
+        address = _address(part)
+        if address is None:
+            return remote  # "unknown", garbage: no address can be believed past this
+        if not _is_trusted(address, trust):
+            return part  # appended by a trusted proxy: the first hop we do not trust
+        leftmost = part
+    # Every hop is trusted (an internal client): the earliest one is the most specific.
+    return leftmost
+
+
+def _through_counted_proxies(meta: Any, remote: str, trust: ProxyTrust) -> str:
+    """The client address text when ``trust.proxy_count`` proxies are trusted, whoever connects."""
+    count = trust.proxy_count
+    if trust.header is not None:
+        return _single_header(meta, trust.header, remote)
+    forwarded = [part.strip() for part in str(meta.get(FORWARDED_FOR, "")).split(",")]
+    forwarded = [part for part in forwarded if part]
+    if len(forwarded) >= count:
+        # Each trusted proxy appended the address it saw; the count-th from the right
+        # was written by the outermost trusted proxy and is the first we can believe.
+        return forwarded[-count]
+    logger.warning(
+        "X-Forwarded-For has %d address(es) but DJANGO_THROTTLE_TRUSTED_PROXY_COUNT is "
+        "%d; counting the request by REMOTE_ADDR",
+        len(forwarded),
+        count,
+    )
+    return remote
+
+
+def _single_header(meta: Any, header: str, remote: str) -> str:
+    """``CLIENT_IP_HEADER``'s one address; a missing, empty or joined (``a, b``: sent twice)
+    value falls back to ``REMOTE_ADDR``."""
+    value = str(meta.get(header, "")).strip()
+    if not value or "," in value:
+        return remote
+    return value
+
+
+def _is_trusted(
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address | None, trust: ProxyTrust
+) -> bool:
+    if isinstance(address, ipaddress.IPv4Address):
+        return any(address in network for network in trust.v4)
+    if isinstance(address, ipaddress.IPv6Address):
+        return any(address in network for network in trust.v6)
+    return False
 
 
 def _is_plain_ipv4(text: str) -> bool:
@@ -100,8 +196,16 @@ def _is_plain_ipv4(text: str) -> bool:
     return True
 
 
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address ``text`` names, port and zone id stripped, IPv4-mapped and NAT64 IPv6
+    unwrapped to IPv4; ``None`` for anything else."""
+    if len(text) > MAX_ADDRESS_LENGTH:
+        return None
+    return _parse_address(text)
+
+
 @lru_cache(maxsize=4096)
-def _network(text: str, v4_prefix: int, v6_prefix: int) -> str | None:
+def _parse_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     text = text.strip()
     if text.startswith("[") and "]" in text:  # "[2001:db8::1]:443"
         text = text[1 : text.index("]")]
@@ -111,8 +215,25 @@ def _network(text: str, v4_prefix: int, v6_prefix: int) -> str | None:
         address = ipaddress.ip_address(text.split("%", 1)[0])
     except ValueError:
         return None
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return address.ipv4_mapped
+        if address in NAT64:
+            return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return address
+
+
+def _network(text: str, v4_prefix: int, v6_prefix: int) -> str | None:
+    if len(text) > MAX_ADDRESS_LENGTH:
+        return None
+    return _format_network(text, v4_prefix, v6_prefix)
+
+
+@lru_cache(maxsize=4096)
+def _format_network(text: str, v4_prefix: int, v6_prefix: int) -> str | None:
+    address = _parse_address(text)
+    if address is None:
+        return None
     prefix = v4_prefix if address.version == 4 else v6_prefix
     if prefix >= address.max_prefixlen:
         return str(address)

@@ -61,6 +61,7 @@ def test_defaults_pass(settings: Any) -> None:
         ("IPV4_PREFIX", 7, "E008"),
         ("IPV6_PREFIX", 200, "E009"),
         ("IPV6_PREFIX", 15, "E009"),
+        ("IPV6_PREFIX", 31, "E009"),
         ("IDENTITY_RESOLVER", "tests.nowhere.resolver", "E010"),
         ("IDENTITY_RESOLVER", "django_throttle.conf.PREFIX", "E010"),
         ("POLICY_REFRESH_INTERVAL", 0, "E011"),
@@ -93,6 +94,19 @@ def test_defaults_pass(settings: Any) -> None:
         ("KEY_SHARDS", "16", "E026"),
         ("USAGE_CLIENT_SAMPLE", 0, "E029"),
         ("USAGE_CLIENT_SAMPLE", 2000, "E029"),
+        ("TRUSTED_PROXIES", "10.0.0.0/8", "E030"),
+        ("TRUSTED_PROXIES", ["10.0.0.0/8", "10.0.0.300/8"], "E030"),
+        ("TRUSTED_PROXIES", ["10.0.0.1/8"], "E030"),
+        ("TRUSTED_PROXIES", ["2001:db8::/129"], "E030"),
+        ("TRUSTED_PROXIES", [10], "E030"),
+        ("TRUSTED_PROXIES", {"net": "10.0.0.0/8"}, "E030"),
+        ("CLIENT_IP_HEADER", "HTTP_X_REAL_IP", "E031"),
+        ("CLIENT_IP_HEADER", "", "E031"),
+        ("CLIENT_IP_HEADER", "X Real IP", "E031"),
+        ("CLIENT_IP_HEADER", "X-Real-IP:", "E031"),
+        ("CLIENT_IP_HEADER", "X-Forwarded-For", "E031"),
+        ("CLIENT_IP_HEADER", "forwarded", "E031"),
+        ("CLIENT_IP_HEADER", 42, "E031"),
     ],
 )
 def test_bad_value_has_its_own_id(settings: Any, name: str, value: Any, check_id: str) -> None:
@@ -141,6 +155,12 @@ def test_bad_value_has_its_own_id(settings: Any, name: str, value: Any, check_id
         ("USAGE_ENABLED", False),
         ("USAGE_RETENTION_DAYS", 30),
         ("ENABLED", False),
+        ("IPV6_PREFIX", 32),
+        ("TRUSTED_PROXIES", ["10.0.0.0/8", "2001:db8::/32", "192.0.2.1"]),
+        ("TRUSTED_PROXIES", ("172.16.0.0/12",)),
+        ("TRUSTED_PROXIES", []),
+        ("TRUSTED_PROXIES", None),
+        ("CLIENT_IP_HEADER", None),
     ],
 )
 def test_good_value_passes(settings: Any, name: str, value: Any) -> None:
@@ -244,3 +264,93 @@ def test_a_removed_setting_is_a_warning_saying_why(settings: Any, name: str) -> 
     assert f"DJANGO_THROTTLE_{name} no longer does anything" in warning.msg
     assert "compiled into each process's policy snapshot" in warning.msg
     assert "DJANGO_THROTTLE_POLICY_MAX_AGE" in warning.msg
+
+
+@pytest.mark.parametrize(
+    ("entries", "named", "hint"),
+    [
+        (["10.0.0.0/8", "10.0.0.300/8"], "'10.0.0.300/8'", "not an IP network"),
+        (["10.0.0.1/8"], "'10.0.0.1/8'", "did you mean '10.0.0.0/8'?"),
+        (["2001:db8::/32", "2001:db8::1/32"], "'2001:db8::1/32'", "did you mean '2001:db8::/32'?"),
+        (["10.0.0.0/8", None], "None", "not text"),
+    ],
+)
+def test_trusted_proxies_check_names_the_bad_entry(
+    settings: Any, entries: list[Any], named: str, hint: str
+) -> None:
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = entries
+
+    [error] = check_settings()
+
+    assert error.id == "django_throttle.E030"
+    assert f"has {named}, which" in error.msg
+    assert hint in error.msg
+
+
+def test_a_single_string_is_not_a_list_of_proxies(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = "10.0.0.0/8"
+
+    [error] = check_settings()
+
+    assert "must be a list of networks such as ['10.0.0.0/8'" in error.msg
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("HTTP_X_REAL_IP", "a header name as sent, such as 'X-Real-IP'"),
+        ("X-Forwarded-For", "trust it with TRUSTED_PROXY_COUNT or TRUSTED_PROXIES"),
+    ],
+)
+def test_client_ip_header_check_says_what_to_write(settings: Any, value: str, says: str) -> None:
+    settings.DJANGO_THROTTLE_CLIENT_IP_HEADER = value
+    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
+
+    [error] = check_settings()
+
+    assert error.id == "django_throttle.E031"
+    assert says in error.msg
+
+
+def test_proxies_by_count_and_by_network_is_an_error(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = ["10.0.0.0/8"]
+
+    [error] = check_settings()
+
+    assert error.id == "django_throttle.E032"
+    assert error.is_serious()
+    assert "DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1" in error.msg
+    assert "DJANGO_THROTTLE_TRUSTED_PROXIES = ['10.0.0.0/8']" in error.msg
+    assert "by count or by network, not both" in error.msg
+    assert "remove TRUSTED_PROXY_COUNT" in error.hint
+
+
+def test_networks_with_a_zero_count_pass(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 0
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = ["10.0.0.0/8"]
+    settings.DJANGO_THROTTLE_CLIENT_IP_HEADER = "X-Real-IP"
+
+    assert check_settings() == []
+
+
+def test_manage_py_check_fails_when_proxies_are_trusted_twice(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 2
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = ["10.0.0.0/8"]
+
+    with pytest.raises(SystemCheckError, match=r"django_throttle\.E032"):
+        call_command("check")
+
+
+def test_client_ip_header_without_a_trusted_proxy_is_a_warning(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_CLIENT_IP_HEADER = "X-Real-IP"
+
+    [warning] = check_settings()
+
+    assert warning.id == "django_throttle.W002"
+    assert not warning.is_serious()
+    assert "DJANGO_THROTTLE_CLIENT_IP_HEADER = 'X-Real-IP' is never read" in warning.msg
+    assert "DJANGO_THROTTLE_TRUSTED_PROXIES" in warning.hint
+
+    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
+    assert check_settings() == []
