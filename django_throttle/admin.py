@@ -1,4 +1,5 @@
-"""The admin pages where operators edit tiers, endpoint rules and assignments, and read usage.
+"""The admin pages where operators edit tiers, endpoint rules, assignments and API keys, and read
+usage.
 
 Bad input becomes a form error on the field to change (see :mod:`django_throttle.forms`), never
 a 500; list pages load related rows up front so they cost a fixed number of queries, and flag
@@ -10,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db import router
 from django.db.models import Model, QuerySet
+from django.forms import ModelForm
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
@@ -24,6 +27,7 @@ from django_throttle.forms import (
     TierLimitFormSet,
 )
 from django_throttle.models import (
+    ApiKey,
     EndpointLimit,
     EndpointRule,
     Tier,
@@ -177,6 +181,57 @@ class TierAssignmentAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             for name in ("user", "group")
             if _searchable(self.admin_site, self.model._meta.get_field(name).related_model)
         ]
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Adding a key shows the full key once, in the message after saving; only its prefix
+    and digest are stored. Revoke a key by unticking "active" (or the list action)."""
+
+    list_display = ["prefix", "name", "tier", "owner", "active", "expires", "created"]
+    list_select_related = ["tier", "owner"]
+    list_filter = ["active", "tier"]
+    search_fields = ["name", "prefix"]
+    fields = ["name", "tier", "owner", "active", "expires"]
+    change_fields = ["prefix", *fields, "created"]
+    raw_id_fields = ["owner"]
+    actions = ["revoke"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [] if obj is None else ["prefix", "created"]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return self.fields if obj is None else self.change_fields
+
+    def get_autocomplete_fields(self, request: HttpRequest) -> list[str]:
+        owner_model = self.model._meta.get_field("owner").related_model
+        return ["owner"] if _searchable(self.admin_site, owner_model) else []
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: ModelForm, change: bool) -> None:  # type: ignore[type-arg]
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        full_key = obj.set_new_key()
+        super().save_model(request, obj, form, change)
+        messages.warning(
+            request,
+            format_html(
+                "{} <code>{}</code>",
+                _("The new API key is shown only this once; copy it now:"),
+                full_key,
+            ),
+        )
+
+    @admin.action(description=_("Revoke selected API keys"), permissions=["change"])
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        # One save per key: each is logged in the admin history and bumps the policy.
+        revoked = 0
+        for api_key in queryset.filter(active=True):
+            api_key.active = False
+            api_key.save(update_fields=["active"], using=router.db_for_write(ApiKey))
+            self.log_change(request, api_key, [{"changed": {"fields": ["active"]}}])
+            revoked += 1
+        self.message_user(request, _("%(count)d API key(s) revoked.") % {"count": revoked})
 
 
 class HadDenialsFilter(admin.SimpleListFilter):

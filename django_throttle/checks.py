@@ -145,6 +145,26 @@ def _header_name(value: Any) -> str | None:
     return _NOT_ONE_ADDRESS.get(value.lower())
 
 
+def _api_key_headers(value: Any) -> str | None:
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(name, str) and _HEADER_NAME.fullmatch(name) for name in value
+    ):
+        return (
+            "must be a list of header names as sent, such as ['Authorization', 'X-API-Key'] "
+            "(letters, digits and '-'), or [] to turn API keys off"
+        )
+    return None
+
+
+def _api_key_secret(value: Any) -> str | None:
+    if not isinstance(value, str) or len(value) < 32:
+        return (
+            "must be a string of at least 32 characters (API keys are stored as its HMAC); "
+            "leave it unset to use SECRET_KEY"
+        )
+    return None
+
+
 #: (check id, setting name, validator). Only settings that are set are validated.
 SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E001", "BACKEND", _backend),
@@ -179,6 +199,8 @@ SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E030", "TRUSTED_PROXIES", _proxy_networks),
     ("E031", "CLIENT_IP_HEADER", _header_name),
     # E032 is the proxy trust check below.
+    ("E033", "API_KEY_HEADERS", _api_key_headers),
+    ("E034", "API_KEY_SECRET", _api_key_secret),
 )
 
 _NO_USER_TIER_CACHE = (

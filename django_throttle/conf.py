@@ -156,6 +156,48 @@ class Settings:
             return trust
 
     @property
+    def API_KEY_HEADERS(self) -> tuple[str, ...]:
+        """Headers an API key is read from, in order (default ``("Authorization",
+        "X-API-Key")``). ``Authorization`` carries it as ``Api-Key <key>``; any other header
+        holds the bare key. An empty list turns API keys off."""
+        value = self._get("API_KEY_HEADERS", ("Authorization", "X-API-Key"))
+        return tuple(value) if isinstance(value, (list, tuple)) else ()
+
+    @property
+    def api_key_headers(self) -> tuple[tuple[str, bool], ...]:
+        """``API_KEY_HEADERS`` as (``request.META`` key, is ``Authorization``) pairs, parsed
+        once per settings change: every request reads it."""
+        try:
+            return self._values["_api_key_headers"]  # type: ignore[no-any-return]
+        except KeyError:
+            parsed = self._values["_api_key_headers"] = tuple(
+                (
+                    "HTTP_" + name.upper().replace("-", "_"),
+                    name.lower() == "authorization",
+                )
+                for name in self.API_KEY_HEADERS
+                if isinstance(name, str) and name
+            )
+            return parsed
+
+    @property
+    def API_KEY_SECRET(self) -> str:
+        """Key of the HMAC-SHA256 digest API keys are stored as (default ``SECRET_KEY``).
+        Changing it invalidates every API key issued before: set it on its own to rotate
+        ``SECRET_KEY`` without re-issuing keys."""
+        value = self._get("API_KEY_SECRET", None)
+        return str(value) if value else str(getattr(settings, "SECRET_KEY", ""))
+
+    @property
+    def api_key_secret(self) -> bytes:
+        """``API_KEY_SECRET`` encoded once per settings change."""
+        try:
+            return self._values["_api_key_secret"]  # type: ignore[no-any-return]
+        except KeyError:
+            secret = self._values["_api_key_secret"] = self.API_KEY_SECRET.encode()
+            return secret
+
+    @property
     def IPV4_PREFIX(self) -> int:
         """Anonymous IPv4 clients are grouped by this prefix length (32: one address)."""
         return int(self._get("IPV4_PREFIX", 32))

@@ -2,22 +2,32 @@
 
 Use ``django_throttle.drf.PolicyThrottle`` in ``DEFAULT_THROTTLE_CLASSES`` or a view's
 ``throttle_classes``; a view's ``throttle_scope`` selects endpoint rules of type "scope".
+``ApiKeyAuthentication`` lets an API key authenticate too (throttling by key works without it).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from functools import partial
 from typing import Any
 
+from django.utils.functional import SimpleLazyObject
 from rest_framework.exceptions import APIException, Throttled
 from rest_framework.request import Request
 
 from django_throttle import core
 from django_throttle.headers import retry_after_seconds, throttled_body, throttled_status
+from django_throttle.identity import verified_api_key
 from django_throttle.rates import Decision
 
-__all__ = ["AsyncPolicyThrottle", "LimiterUnavailable", "PolicyThrottle", "PolicyThrottled"]
+__all__ = [
+    "ApiKeyAuthentication",
+    "AsyncPolicyThrottle",
+    "LimiterUnavailable",
+    "PolicyThrottle",
+    "PolicyThrottled",
+]
 
 logger = logging.getLogger("django_throttle")
 
@@ -103,6 +113,45 @@ class AsyncPolicyThrottle(PolicyThrottle):
             credential=_is_credential_view(view),
         )
         return self._decided(http_request, decision)
+
+
+class ApiKeyAuthentication:
+    """DRF authentication by API key (``Authorization: Api-Key <key>`` or ``X-API-Key``).
+
+    A valid key sets ``request.user`` to its owner (loaded from the database only when the
+    view reads it) or ``AnonymousUser`` when it has none, and ``request.auth`` to the key as
+    the policy snapshot holds it (:class:`~django_throttle.snapshot.ApiKeyPolicy`). A missing,
+    unknown, wrong, revoked or expired key authenticates no one (``None``: the next class
+    tries, else the request is anonymous) rather than a 401, so such requests are throttled
+    under their IP like any anonymous client; permission classes decide what they may do.
+
+    Like :class:`PolicyThrottle`, it implements DRF's interface without subclassing
+    ``BaseAuthentication``.
+    """
+
+    def authenticate(self, request: Request) -> tuple[Any, Any] | None:
+        from django.contrib.auth.models import AnonymousUser
+
+        api_key = verified_api_key(request._request)
+        if api_key is None:
+            return None
+        if api_key.owner_id is None:
+            return AnonymousUser(), api_key
+        return SimpleLazyObject(partial(_owner, api_key.owner_id)), api_key
+
+    def authenticate_header(self, request: Request) -> str:
+        return "Api-Key"
+
+
+def _owner(pk: Any) -> Any:
+    """The key's owner, or ``AnonymousUser`` when they were deleted or deactivated."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import AnonymousUser
+
+    user = get_user_model()._default_manager.filter(pk=pk).first()
+    if user is None or not getattr(user, "is_active", True):
+        return AnonymousUser()
+    return user
 
 
 def _django_request(request: Request) -> Any:

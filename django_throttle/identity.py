@@ -1,4 +1,10 @@
-"""Who is calling: the authenticated user, else the client IP (through trusted proxies only).
+"""Who is calling: a verified API key, else the authenticated user, else the client IP (through
+trusted proxies only).
+
+An API key (``Authorization: Api-Key <key>`` or ``X-API-Key``, see
+``DJANGO_THROTTLE_API_KEY_HEADERS``) is checked against the compiled policy snapshot: no query,
+one HMAC. A key that is unknown, wrong, revoked or expired is ignored, never a bucket of its
+own: the request is counted as if it had sent none (so an anonymous client under its IP).
 
 The resolver is pluggable (``DJANGO_THROTTLE_IDENTITY_RESOLVER``). The default never trusts
 ``X-Forwarded-For`` (or ``CLIENT_IP_HEADER``) unless proxies are configured, by count
@@ -11,21 +17,37 @@ address at all is :data:`UNIDENTIFIED`, never silently one shared bucket: the co
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.utils.module_loading import import_string
 
 from django_throttle.conf import ProxyTrust, app_settings
 
+if TYPE_CHECKING:
+    from django_throttle.snapshot import ApiKeyPolicy, Policy
+
 logger = logging.getLogger("django_throttle.identity")
 
-__all__ = ["UNIDENTIFIED", "Identity", "client_ip", "get_resolver", "resolve_identity"]
+__all__ = [
+    "UNIDENTIFIED",
+    "Identity",
+    "client_ip",
+    "get_resolver",
+    "presented_key",
+    "resolve_identity",
+    "verified_api_key",
+]
+
+#: Unix seconds, for API key expiry; tests replace it to expire a key without sleeping.
+clock = time.time
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +88,62 @@ UNIDENTIFIED = Identity("unknown", "")
 
 
 def resolve_identity(request: Any) -> Identity:
-    """The default resolver: the user's pk when authenticated, else the client network."""
+    """The default resolver: a verified API key's prefix, else the user's pk when
+    authenticated, else the client network."""
+    api_key = verified_api_key(request)
+    if api_key is not None:
+        return Identity("key", api_key.prefix)
     user = getattr(request, "user", None)
     if user is not None and getattr(user, "is_authenticated", False):
         return Identity("user", str(user.pk), user_id=user.pk)
     address = client_ip(request.META)
     return UNIDENTIFIED if address is None else Identity("ip", address)
+
+
+def presented_key(meta: Any) -> str | None:
+    """The API key the request carries in the first ``API_KEY_HEADERS`` header that holds
+    one, unverified; ``None`` when it carries none. ``Authorization`` counts only with the
+    ``Api-Key`` scheme (``Basic``, ``Bearer``… are someone else's)."""
+    for meta_key, is_authorization in app_settings.api_key_headers:
+        value = meta.get(meta_key)
+        if not value or not isinstance(value, str):
+            continue
+        if is_authorization:
+            scheme, _, value = value.strip().partition(" ")
+            if scheme.lower() != "api-key":
+                continue
+        value = value.strip()
+        if value:
+            return value
+    return None
+
+
+def verified_api_key(request: Any) -> ApiKeyPolicy | None:
+    """The active, unexpired API key the request presents, from the policy snapshot (no
+    query), else ``None``. Every presented key costs the same: see
+    :meth:`~django_throttle.snapshot.Policy.verify_key`."""
+    key = presented_key(request.META)
+    if key is None:
+        return None
+    snapshot = _snapshot()
+    if snapshot is None:
+        return None
+    return snapshot.verify_key(key, app_settings.api_key_secret, clock())
+
+
+def _snapshot() -> Policy | None:
+    """The policy snapshot; on an event loop, never one that needs the database (the async
+    core has refreshed it already when the view uses the admin policy)."""
+    from django_throttle import policy
+
+    snapshot = policy.fresh()
+    if snapshot is not None:
+        return snapshot
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return policy.current()
+    return policy.last()
 
 
 def client_ip(meta: Any) -> str | None:

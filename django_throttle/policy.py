@@ -1,12 +1,12 @@
 """The compiled, immutable policy snapshot, and how a request finds its limits in it.
 
-Admin rows, tier assignments included (:mod:`~django_throttle.user_tiers`), are compiled once
-into plain objects; requests read only the snapshot, so a request costs zero SQL queries for any
-user. Every process checks a shared version (kept by the backend, through the circuit breaker)
-at most once per ``DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL`` and recompiles when it changed, so
-admin edits reach all workers within seconds, without restarts; it also recompiles once the
-snapshot is ``DJANGO_THROTTLE_POLICY_MAX_AGE`` old, so writes no signal sees
-(``QuerySet.update``, ``bulk_create``, raw SQL) apply within that time.
+Admin rows, tier assignments (:mod:`~django_throttle.user_tiers`) and API keys (their digests)
+included, are compiled once into plain objects; requests read only the snapshot, so a request
+costs zero SQL queries for any user or key. Every process checks a shared version (kept by the
+backend, through the circuit breaker) at most once per ``DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL``
+and recompiles when it changed, so admin edits reach all workers within seconds, without
+restarts; it also recompiles once the snapshot is ``DJANGO_THROTTLE_POLICY_MAX_AGE`` old, so
+writes no signal sees (``QuerySet.update``, ``bulk_create``, raw SQL) apply within that time.
 
 A row no limit can be built from (written around the admin) is skipped with one ERROR line per
 compile naming it; the rest of the policy applies. Compiling never raises into a request.
@@ -27,7 +27,7 @@ from django.db import DatabaseError, router, transaction
 from django_throttle.backends import BackendError, get_backend
 from django_throttle.conf import app_settings
 from django_throttle.rates import Limit
-from django_throttle.snapshot import EndpointPolicy, Policy, TierPolicy
+from django_throttle.snapshot import ApiKeyPolicy, EndpointPolicy, Policy, TierPolicy
 from django_throttle.user_tiers import compile_user_tiers
 
 logger = logging.getLogger("django_throttle.policy")
@@ -40,6 +40,7 @@ __all__ = [
     "current",
     "fresh",
     "invalidate",
+    "last",
     "reset",
 ]
 
@@ -138,7 +139,34 @@ def _read_policy(version: str | None, started: float) -> Policy:
         version=version,
         user_tiers=compile_user_tiers({t.id: t.priority for t in tiers.values()}),
         compiled_at=started,
+        api_keys=_api_keys(),
     )
+
+
+def _api_keys() -> dict[str, ApiKeyPolicy]:
+    """Every active API key by prefix (one query). Expired keys stay: expiry is checked
+    against the clock on each request, so it needs no reload."""
+    from django_throttle.models import ApiKey
+
+    keys = {}
+    rows = ApiKey.objects.filter(active=True).values_list(
+        "pk", "prefix", "hashed", "tier_id", "expires", "owner_id"
+    )
+    for pk, prefix, hashed, tier_id, expires, owner_id in rows.iterator():
+        try:
+            digest = bytes.fromhex(hashed)
+        except ValueError:
+            logger.error("Throttle API key pk=%s skipped: its stored hash is not hex.", pk)
+            continue
+        keys[prefix] = ApiKeyPolicy(
+            pk,
+            prefix,
+            digest,
+            tier_id,
+            None if expires is None else expires.timestamp(),
+            owner_id,
+        )
+    return keys
 
 
 def _index(rules: Iterable[EndpointPolicy]) -> dict[str, tuple[EndpointPolicy, ...]]:
@@ -232,6 +260,12 @@ def _compile(last: Policy | None, version: str | None) -> Policy:
         return Policy({}, None, None, {}, {}, (), version, loaded=False)
     logger.info("policy loaded (version %s)", version)
     return policy
+
+
+def last() -> Policy | None:
+    """The snapshot this process holds, however old, without any refresh check (for code
+    that must not touch the database, e.g. on an event loop); ``None`` before the first."""
+    return _cache.policy
 
 
 def invalidate() -> None:

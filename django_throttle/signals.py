@@ -8,7 +8,7 @@ algorithm changed starts its counters afresh (keys differ per algorithm): nothin
 Tier assignments are compiled into the snapshot, so whatever changes who is in which tier bumps
 too: assignment saves and deletes (also through a deleted user, group or tier), and group
 membership changes (both directions, clears, deleted users) when a group involved puts its
-members in a tier.
+members in a tier. API keys are compiled too: creating, revoking, editing or deleting one bumps.
 Settings changes drop cached backends and policies.
 """
 
@@ -189,6 +189,7 @@ def connect() -> None:
         models.EndpointRule,
         models.EndpointLimit,
         models.TierAssignment,
+        models.ApiKey,
     )
     for model in policy_models:
         name = model.__name__

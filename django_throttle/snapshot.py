@@ -1,4 +1,5 @@
-"""The compiled policy snapshot's types: what a request reads to find its tier and limits.
+"""The compiled policy snapshot's types: what a request reads to find its tier and limits, and
+how it checks an API key against the keys' digests (one HMAC-SHA256, no query).
 
 Plain frozen objects with no database access; :mod:`django_throttle.policy` builds them from
 the admin rows and keeps the current one per process.
@@ -6,14 +7,61 @@ the admin rows and keeps the current one per process.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from dataclasses import dataclass, field
+from typing import Any
 
 from django_throttle.conf import app_settings
 from django_throttle.identity import Identity
 from django_throttle.rates import Limit
 from django_throttle.user_tiers import UserTiers
 
-__all__ = ["EndpointPolicy", "Policy", "TierPolicy"]
+__all__ = [
+    "KEY_MAX_LENGTH",
+    "ApiKeyPolicy",
+    "EndpointPolicy",
+    "Policy",
+    "TierPolicy",
+    "key_digest",
+    "key_prefix",
+]
+
+#: Every API key starts with this: ``dt_<prefix>_<secret>``.
+KEY_SCHEME = "dt"
+#: Longer presented keys are refused unhashed: ours are 56 characters.
+KEY_MAX_LENGTH = 200
+#: Compared against when no key has the presented prefix, so an unknown prefix costs what a
+#: wrong secret costs: one HMAC and one constant-time comparison.
+_DUMMY_DIGEST = bytes(32)
+
+
+def key_digest(secret: bytes, key: str) -> bytes:
+    """HMAC-SHA256 of a whole API key: fast, and enough for high-entropy secrets (a password
+    hasher would add milliseconds per request and nothing else)."""
+    return hmac.new(secret, key.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
+
+
+def key_prefix(key: str) -> str:
+    """The visible lookup prefix of ``dt_<prefix>_<secret>``, or "" for anything else."""
+    scheme, _, rest = key.partition("_")
+    prefix, _, secret = rest.partition("_")
+    if scheme != KEY_SCHEME or not secret:
+        return ""
+    return prefix
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyPolicy:
+    """An active API key as the snapshot holds it: never the key, only its digest.
+    ``expires`` is Unix seconds (``None``: never), checked on every request."""
+
+    pk: int
+    prefix: str
+    digest: bytes
+    tier_id: int
+    expires: float | None = None
+    owner_id: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +117,23 @@ class Policy:
     compiled_at: float = 0.0
     #: False for the empty stand-in used while the database cannot be read.
     loaded: bool = True
+    #: Active API keys by prefix.
+    api_keys: dict[str, ApiKeyPolicy] = field(default_factory=dict)
+
+    def verify_key(self, key: str, secret: bytes, now: float) -> ApiKeyPolicy | None:
+        """The active, unexpired API key ``key`` is, else ``None``. No query; every key of a
+        plausible length costs one HMAC and one constant-time comparison, whether its prefix
+        is unknown, its secret wrong, or it is revoked or expired."""
+        if len(key) > KEY_MAX_LENGTH:
+            return None
+        found = self.api_keys.get(key_prefix(key))
+        expected = _DUMMY_DIGEST if found is None else found.digest
+        matches = hmac.compare_digest(key_digest(secret, key), expected)
+        if found is None or not matches:
+            return None
+        if found.expires is not None and now >= found.expires:
+            return None
+        return found
 
     def match(
         self, method: str, scope: str | None = None, route: str | None = None, path: str = ""
@@ -91,7 +156,12 @@ class Policy:
 
     def tier_for(self, identity: Identity) -> TierPolicy | None:
         """The client's tier: own assignment, else best group assignment, else the default.
-        No query: assignments were compiled into the snapshot."""
+        An API key's tier is its own. No query: assignments were compiled into the snapshot."""
+        if identity.kind == "key":
+            api_key = self.api_keys.get(identity.value)
+            if api_key is None:  # revoked between resolving and now: treated as unknown
+                return self.default_anonymous
+            return self.tiers.get(api_key.tier_id, self.default_authenticated)
         if identity.user_id is None:
             return self.default_anonymous if identity.kind == "ip" else self.default_authenticated
         tier_id = self.user_tiers.get(identity.user_id)

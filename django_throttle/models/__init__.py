@@ -1,5 +1,5 @@
 """Database rows an operator edits in the admin: tiers, their limits, endpoint rules, who is in
-which tier, and the per-minute usage counts the flusher writes.
+which tier, API keys, and the per-minute usage counts the flusher writes.
 
 The admin refuses every value :mod:`~django_throttle.rates` rejects, and the database refuses a
 burst or cost outside ``[1, MAX_COUNT]``. Rows written some other way (fixtures, SQL,
@@ -10,6 +10,7 @@ the admin lists flag it.
 
 from __future__ import annotations
 
+from django_throttle.models.api_keys import ApiKey
 from django_throttle.models.fields import HTTP_METHODS, BadRow, FailureMode, validate_rate
 from django_throttle.models.limits import ALGORITHM_FIELDS, ALGORITHM_HELP, LimitFields
 from django_throttle.models.rules import EndpointLimit, EndpointRule
@@ -20,6 +21,7 @@ __all__ = [
     "ALGORITHM_FIELDS",
     "ALGORITHM_HELP",
     "HTTP_METHODS",
+    "ApiKey",
     "BadRow",
     "EndpointLimit",
     "EndpointRule",

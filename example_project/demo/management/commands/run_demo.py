@@ -59,7 +59,7 @@ class Command(BaseCommand):
 
             call_command("migrate", interactive=False, verbosity=max(0, verbosity - 1))
             call_command("seed_demo", verbosity=verbosity)
-            self.stdout.write(_banner(port, where))
+            self.stdout.write(_banner(port, where, _demo_api_key()))
             call_command("runserver", f"{HOST}:{port}", use_reloader=False)
         except KeyboardInterrupt:
             pass
@@ -112,7 +112,21 @@ def _use_redis(url: str) -> None:
         setting_changed.send(sender=type(settings), setting=name, value=value, enter=True)
 
 
-def _banner(port: int, redis_where: str) -> str:
+def _demo_api_key() -> str:
+    """A fresh key of the partner tier: a key is shown only when it is made, so each run of
+    the demo replaces the previous one."""
+    from django_throttle.models import ApiKey, Tier
+
+    ApiKey.objects.filter(name=DEMO_KEY_NAME).delete()
+    _, key = ApiKey.objects.create_key(name=DEMO_KEY_NAME, tier=Tier.objects.get(slug="partner"))
+    return key
+
+
+#: The API key run_demo issues (and replaces on the next run).
+DEMO_KEY_NAME = "demo partner"
+
+
+def _banner(port: int, redis_where: str, api_key: str) -> str:
     base = f"http://{HOST}:{port}"
     loop = f"for i in $(seq 12); do curl -s -o /dev/null -w '%{{http_code}} ' {base}/api/ping/"
     return textwrap.dedent(
@@ -122,6 +136,7 @@ def _banner(port: int, redis_where: str) -> str:
                    edit tiers and endpoint rules; the server picks changes up within 1 s
         Redis      {redis_where}
         Users      alice / alice (tier free), bob / bob (tier pro)
+        API key    {api_key} (tier partner; a new one each run)
 
         Try, in another terminal:
 
@@ -139,6 +154,9 @@ def _banner(port: int, redis_where: str) -> str:
 
           # a plain Django view with @throttle(rate="5/min")
           curl -i {base}/hello/
+
+          # an API key of tier partner (300/min): its own bucket, whatever the address
+          curl -i -H "X-API-Key: {api_key}" {base}/api/ping/
         ─────────────────────────────────────────────────────────────────────────────
         """
     )

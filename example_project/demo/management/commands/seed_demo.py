@@ -31,6 +31,15 @@ TIERS: dict[str, tuple[str, str, int, bool, bool, list[tuple[str, int | None, st
         True,
         [("60/min", 60, "token_bucket"), ("1000/day", None, "token_bucket")],
     ),
+    # Clients that send an API key (run_demo issues one): counted by key, whatever their address.
+    "partner": (
+        "Partner",
+        "Servers of partners, identified by API key.",
+        15,
+        False,
+        False,
+        [("300/min", None, "token_bucket")],
+    ),
     # A request of a pro user meets three algorithms at once, still in one Redis call: a token
     # bucket (bursts up to 600), GCRA (no more than 20 a second) and a calendar quota (reset on
     # the 1st of each month, UTC).
