@@ -9,17 +9,24 @@ rows written around the admin that the policy skips (a "problems" column).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
+from django.conf import settings
 from django.contrib import admin, messages
 from django.db import router
 from django.db.models import Model, QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 
+from django_throttle import usage
+from django_throttle.backends import BackendError
 from django_throttle.forms import (
     EndpointLimitFormSet,
     EndpointRuleForm,
@@ -30,6 +37,7 @@ from django_throttle.models import (
     ApiKey,
     EndpointLimit,
     EndpointRule,
+    Exemption,
     Tier,
     TierAssignment,
     TierLimit,
@@ -71,6 +79,7 @@ class LimitInline(admin.TabularInline):  # type: ignore[type-arg]
 class TierLimitInline(LimitInline):
     model = TierLimit
     formset = TierLimitFormSet
+    fields = [*LimitInline.fields, "shared"]
 
 
 @admin.register(Tier)
@@ -115,7 +124,7 @@ class TierAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 class EndpointLimitInline(LimitInline):
     model = EndpointLimit
     formset = EndpointLimitFormSet
-    fields = ["tier", *LimitInline.fields]
+    fields = ["tier", *LimitInline.fields, "counted_by"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[EndpointLimit]:
         return super().get_queryset(request).select_related("tier")
@@ -130,13 +139,14 @@ class EndpointRuleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "pattern",
         "methods",
         "cost",
+        "counts",
         "enabled",
         "shadow",
         "failure_mode",
         "problems",
     ]
     list_editable = ["enabled", "shadow"]
-    list_filter = ["match_type", "enabled", "shadow", "failure_mode"]
+    list_filter = ["match_type", "counts", "enabled", "shadow", "failure_mode"]
     search_fields = ["name", "pattern"]
     fields = [
         "name",
@@ -144,6 +154,7 @@ class EndpointRuleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "pattern",
         "methods",
         "cost",
+        "counts",
         "enabled",
         "shadow",
         "failure_mode",
@@ -183,22 +194,67 @@ class TierAssignmentAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         ]
 
 
+@admin.register(Exemption)
+class ExemptionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Users, groups and networks never limited (compiled into the policy: no query and no
+    Redis call per exempt request)."""
+
+    list_display = ["__str__", "note", "created"]
+    list_select_related = ["user", "group"]
+    search_fields = ["user__username", "group__name", "network", "note"]
+    fields = ["user", "group", "network", "note"]
+    raw_id_fields = ["user", "group"]
+
+    def get_autocomplete_fields(self, request: HttpRequest) -> list[str]:
+        return [
+            name
+            for name in ("user", "group")
+            if _searchable(self.admin_site, self.model._meta.get_field(name).related_model)
+        ]
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Adding a key shows the full key once, in the message after saving; only its prefix
     and digest are stored. Revoke a key by unticking "active" (or the list action)."""
 
-    list_display = ["prefix", "name", "tier", "owner", "active", "expires", "created"]
+    list_display = [
+        "prefix",
+        "name",
+        "tier",
+        "owner",
+        "active",
+        "expires",
+        "created",
+        "last_used_at",
+    ]
     list_select_related = ["tier", "owner"]
     list_filter = ["active", "tier"]
     search_fields = ["name", "prefix"]
     fields = ["name", "tier", "owner", "active", "expires"]
-    change_fields = ["prefix", *fields, "created"]
+    change_fields = ["prefix", *fields, "created", "last_used_at"]
     raw_id_fields = ["owner"]
-    actions = ["revoke"]
+    actions = ["revoke", "reset_buckets"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [] if obj is None else ["prefix", "created"]
+        return [] if obj is None else ["prefix", "created", "last_used_at"]
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        # One backend round trip for the page's keys, not one per row.
+        changelist = super().get_changelist_instance(request)
+        _attach_live_use(changelist.result_list)
+        return changelist
+
+    @admin.display(description=_("last used"))
+    def last_used_at(self, obj: ApiKey) -> Any:
+        """The backend's live time (recorded with the usage counts, see
+        ``lua/usage.lua``), else the column the rollup copied it to."""
+        if not hasattr(obj, "_live_last_used"):
+            _attach_live_use([obj])
+        live = obj._live_last_used  # type: ignore[attr-defined]
+        stored = obj.last_used
+        newest = max((t for t in (live, stored) if t is not None), default=None)
+        return newest if newest is not None else _("never (since the last rollup)")
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return self.fields if obj is None else self.change_fields
@@ -224,14 +280,88 @@ class ApiKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.action(description=_("Revoke selected API keys"), permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        # One save per key: each is logged in the admin history and bumps the policy.
+        # One save per key: each is logged in the admin history (worded as the change form
+        # words it: the field's label) and bumps the policy.
+        label = str(capfirst(ApiKey._meta.get_field("active").verbose_name))
         revoked = 0
         for api_key in queryset.filter(active=True):
             api_key.active = False
             api_key.save(update_fields=["active"], using=router.db_for_write(ApiKey))
-            self.log_change(request, api_key, [{"changed": {"fields": ["active"]}}])
+            self.log_change(request, api_key, [{"changed": {"fields": [label]}}])
             revoked += 1
         self.message_user(request, _("%(count)d API key(s) revoked.") % {"count": revoked})
+
+    @admin.action(
+        description=_("Reset the rate limit buckets of selected API keys"), permissions=["change"]
+    )
+    def reset_buckets(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> Any:
+        """Ask first (an intermediate page listing the keys), then clear each key's buckets,
+        recorded in the admin history."""
+        from django.contrib.admin import helpers
+        from django.template.response import TemplateResponse
+
+        from django_throttle.admin_views import log_reset
+        from django_throttle.identity import Identity
+        from django_throttle.inspection import Subject, reset
+
+        keys = list(queryset.select_related("tier"))
+        if request.POST.get("post") != "yes":
+            context = {
+                **self.admin_site.each_context(request),
+                "title": _("Reset the rate limit buckets of these API keys?"),
+                "opts": self.model._meta,
+                "keys": keys,
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+                "action": "reset_buckets",
+            }
+            return TemplateResponse(
+                request, "admin/django_throttle/apikey/reset_buckets.html", context
+            )
+        count = 0
+        for api_key in keys:
+            subject = Subject(
+                Identity("key", api_key.prefix),
+                f"API key {api_key.prefix} ({api_key.name})",
+                api_key=api_key,
+            )
+            try:
+                limits = reset(subject)
+            except BackendError as exc:
+                self.message_user(
+                    request,
+                    _("The backend could not reset: %(error)s") % {"error": exc},
+                    messages.ERROR,
+                )
+                return None
+            log_reset(request, subject, limits)
+            count += 1
+        self.message_user(
+            request, _("Reset the buckets of %(count)d API key(s).") % {"count": count}
+        )
+        return None
+
+
+def _attach_live_use(keys: Iterable[ApiKey]) -> None:
+    """Set ``_live_last_used`` on each key from the backend's usage store (``None`` when it
+    has none, keeps none, or cannot answer: the page falls back to the stored column, never
+    an error)."""
+    keys = list(keys)
+    seen: dict[str, int] = {}
+    if keys:
+        try:
+            store = usage.get_store()
+            try:
+                seen = store.keys_last_used([key.prefix for key in keys])
+            finally:
+                store.close()
+        except (BackendError, usage.UsageUnavailable):
+            seen = {}
+    for key in keys:
+        second = seen.get(key.prefix)
+        live = None if second is None else datetime.fromtimestamp(second, tz=UTC)
+        if live is not None and not settings.USE_TZ:
+            live = timezone.make_naive(live)
+        key._live_last_used = live  # type: ignore[attr-defined]
 
 
 class HadDenialsFilter(admin.SimpleListFilter):
@@ -288,6 +418,31 @@ class UsageCountAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     date_hierarchy = "window_start"
     # Counting a large usage table for the "N total" link is slow; it is not needed here.
     show_full_result_count = False
+    change_list_template = "admin/django_throttle/usagecount/change_list.html"
+
+    def get_urls(self) -> list[Any]:
+        """The dashboard and the inspector live under the usage list (see admin_views)."""
+        from django.urls import path
+
+        from django_throttle import admin_views
+
+        name = f"{self.opts.app_label}_{self.opts.model_name}"
+        pages = {
+            "dashboard": admin_views.dashboard,
+            "inspect": admin_views.inspector,
+            "inspect/reset": admin_views.reset_client,
+        }
+        return [
+            *(
+                path(
+                    f"{page}/",
+                    self.admin_site.admin_view(partial(view, model_admin=self)),
+                    name=f"{name}_{page.replace('/', '_')}",
+                )
+                for page, view in pages.items()
+            ),
+            *super().get_urls(),
+        ]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

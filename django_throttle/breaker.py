@@ -20,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from django_throttle import events
 from django_throttle.backends.base import BackendError
 from django_throttle.conf import app_settings
 
@@ -68,6 +69,9 @@ class CircuitBreaker:
         # Bumped on every open and close: a call that started before a transition does not
         # move the streak of the state that followed it.
         self._epoch = 0
+        #: The last backend failure, for the admin dashboard: its message and when (Unix).
+        self.last_error = ""
+        self.last_error_at: float | None = None
 
     @property
     def state(self) -> str:
@@ -160,11 +164,13 @@ class CircuitBreaker:
             self._probing = False
             if not isinstance(exc, BackendError):
                 return
+            self._note(exc)
             self.failures += 1
             self.opened += 1
             self._epoch += 1
             self._opened_at = self.clock()
         logger.debug("throttle backend probe failed; breaker open again: %s", exc)
+        _announce(events.backend_error, error=exc, reason=events.error_reason(exc))
 
     def _probe_succeeded(self) -> None:
         with self._lock:
@@ -180,8 +186,15 @@ class CircuitBreaker:
             down,
             refused,
         )
+        _announce(events.backend_available, down_seconds=down)
+
+    def _note(self, exc: BaseException) -> None:
+        self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+        self.last_error_at = time.time()
 
     def _failed(self, exc: BackendError, epoch: int) -> None:
+        self._note(exc)
+        _announce(events.backend_error, error=exc, reason=events.error_reason(exc))
         with self._lock:
             self.failures += 1
             if epoch != self._epoch or self._opened_at is not None:
@@ -201,6 +214,11 @@ class CircuitBreaker:
             self.cooldown,
             exc,
         )
+        _announce(events.backend_unavailable, error=exc)
+
+
+def _announce(signal: Any, **kwargs: Any) -> None:
+    events.send(signal, CircuitBreaker, **kwargs)
 
 
 _lock = threading.Lock()

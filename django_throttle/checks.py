@@ -70,6 +70,15 @@ def _dotted(kind: type | None = None) -> Validator:
     return validate
 
 
+def _optional(validate: Validator) -> Validator:
+    """``validate``, but ``None`` (the default: not used) is fine."""
+
+    def optional(value: Any) -> str | None:
+        return None if value is None else validate(value)
+
+    return optional
+
+
 def _backend(value: Any) -> str | None:
     from django_throttle.backends.base import Backend
 
@@ -165,6 +174,12 @@ def _api_key_secret(value: Any) -> str | None:
     return None
 
 
+def _scope(value: Any) -> str | None:
+    if not isinstance(value, str) or not value.strip() or value != value.strip():
+        return "must be a non-empty endpoint-rule scope without surrounding spaces"
+    return None
+
+
 #: (check id, setting name, validator). Only settings that are set are validated.
 SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E001", "BACKEND", _backend),
@@ -201,6 +216,11 @@ SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     # E032 is the proxy trust check below.
     ("E033", "API_KEY_HEADERS", _api_key_headers),
     ("E034", "API_KEY_SECRET", _api_key_secret),
+    ("E035", "AUTHENTICATION_SCOPE", _scope),
+    ("E036", "DENIED_RESPONSE", _optional(_dotted())),
+    ("E037", "EXEMPT_STAFF", _bool),
+    ("E038", "EXEMPT_SUPERUSERS", _bool),
+    ("E039", "METRICS", _bool),
 )
 
 _NO_USER_TIER_CACHE = (
@@ -303,5 +323,43 @@ def _check_proxy_trust() -> list[checks.CheckMessage]:
     return []
 
 
+MIDDLEWARE_PATH = "django_throttle.middleware.RateLimitHeadersMiddleware"
+
+
+def check_settling_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
+    """W003: a rule counts only successes or failures, but DRF views' reservations are given
+    back by the middleware, which is not installed (``@throttle`` settles by itself)."""
+    if MIDDLEWARE_PATH in (getattr(settings, "MIDDLEWARE", None) or ()):
+        return []
+    from django.db import transaction
+
+    from django_throttle.models import EndpointRule
+
+    try:
+        # A savepoint, so a missing table cannot break a surrounding transaction.
+        with transaction.atomic(using=EndpointRule.objects.db):
+            names = list(
+                EndpointRule.objects.filter(enabled=True)
+                .exclude(counts=EndpointRule.Counts.ALL)
+                .values_list("name", flat=True)[:5]
+            )
+    except Exception:
+        # No tables yet, no database, or database access refused (test runners).
+        return []
+    if not names:
+        return []
+    return [
+        checks.Warning(
+            f"Endpoint rules count only successes or failures ({', '.join(names)}), but "
+            f"{MIDDLEWARE_PATH} is not in MIDDLEWARE: DRF views under them count every "
+            "request.",
+            hint=f"Add '{MIDDLEWARE_PATH}' to MIDDLEWARE (it gives back the tokens of "
+            "requests the rule does not count), or set the rules' 'counts' to 'all'.",
+            id="django_throttle.W003",
+        )
+    ]
+
+
 def register() -> None:
     checks.register(check_settings, checks.Tags.compatibility)
+    checks.register(check_settling_middleware, checks.Tags.models)

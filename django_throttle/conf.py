@@ -260,6 +260,36 @@ class Settings:
         return int(self._get("USAGE_CLIENT_SAMPLE", 8))
 
     @property
+    def AUTHENTICATION_SCOPE(self) -> str:
+        """The endpoint-rule scope whose limits the DRF ``Protected*Authentication`` classes
+        count before the wrapped authentication checks a credential."""
+        return str(self._get("AUTHENTICATION_SCOPE", "authentication"))
+
+    @property
+    def EXEMPT_STAFF(self) -> bool:
+        """Never limit logged-in staff users (``is_staff``)."""
+        return bool(self._get("EXEMPT_STAFF", False))
+
+    @property
+    def EXEMPT_SUPERUSERS(self) -> bool:
+        """Never limit logged-in superusers."""
+        return bool(self._get("EXEMPT_SUPERUSERS", False))
+
+    @property
+    def DENIED_RESPONSE(self) -> str | None:
+        """Dotted path of a callable ``(request, decision) -> HttpResponse`` that builds the
+        429 (and the fail-closed 503) of plain Django views and of DRF views using
+        ``django_throttle.drf.exception_handler``; ``None`` keeps the JSON default."""
+        value = self._get("DENIED_RESPONSE", None)
+        return None if value is None else str(value)
+
+    @property
+    def METRICS(self) -> bool:
+        """Keep Prometheus metrics (needs prometheus_client; see
+        :mod:`django_throttle.metrics`). Off by default: they cost each decision a few µs."""
+        return bool(self._get("METRICS", False))
+
+    @property
     def USAGE_RETENTION_DAYS(self) -> int:
         """Days usage rows are kept in the database before the rollup deletes them."""
         return int(self._get("USAGE_RETENTION_DAYS", 7))

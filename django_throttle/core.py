@@ -3,6 +3,9 @@
 No DRF and no responses here; adapters turn the :class:`~django_throttle.rates.Decision` into
 headers, a 429 or a 503. A backend failure goes through the process's circuit breaker and
 becomes the failure mode that applies (open, closed or local), never an exception.
+
+Limits counted by IP address or username, and rules that count only successes or failures,
+reserve tokens that :mod:`~django_throttle.reservations` gives back when they must not count.
 """
 
 from __future__ import annotations
@@ -16,18 +19,28 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from django_throttle import credentials, events, usage
 from django_throttle import policy as policy_module
-from django_throttle import usage
 from django_throttle.backends import BackendError, get_backend, get_local_backend
 from django_throttle.breaker import CircuitBreaker, get_breaker
 from django_throttle.conf import app_settings
-from django_throttle.identity import UNIDENTIFIED, Identity, get_resolver
+from django_throttle.exemptions import exempt_client, is_exempt_view
+from django_throttle.identity import UNIDENTIFIED, Identity, client_ip, get_resolver
 from django_throttle.rates import UNLIMITED, Decision, Limit
+from django_throttle.reservations import (
+    Group,
+    Reservation,
+    ahit_groups,
+    asettle,
+    hit_groups,
+    only_if_denied,
+    settle,
+)
 from django_throttle.snapshot import EndpointPolicy, Policy, TierPolicy
 
 logger = logging.getLogger("django_throttle")
 
-__all__ = ["FAILURE_MODES", "acheck", "check"]
+__all__ = ["FAILURE_MODES", "acheck", "asettle", "check", "settle"]
 
 #: What a request meets when the backend cannot answer (see ``DJANGO_THROTTLE_FAILURE_MODE``).
 FAILURE_MODES = ("open", "closed", "local")
@@ -44,7 +57,9 @@ _last_unidentified_log = -UNIDENTIFIED_LOG_INTERVAL
 
 @dataclass(slots=True)
 class _Plan:
-    """What a request will be counted against, worked out before the backend call."""
+    """What a request will be counted against, worked out before the backend call: the
+    first group (``client``, ``limits``), the further ``groups`` (limits counted by IP
+    address or username), and what the rule's counting policy may give back."""
 
     client: str
     limits: Sequence[Limit]
@@ -55,6 +70,8 @@ class _Plan:
     policy: Policy | None
     tier: TierPolicy | None
     endpoint: EndpointPolicy | None
+    groups: tuple[Group, ...] = ()
+    refunds: tuple[Group, ...] = ()
 
 
 def check(
@@ -65,32 +82,57 @@ def check(
     cost: int | None = None,
     failure_mode: str | None = None,
     credential: bool = False,
+    rule_only: bool = False,
 ) -> Decision:
     """Count ``request`` against its limits and say whether it may proceed.
 
     Without ``limits``, the admin policy decides: the client's tier limits plus those of the
     endpoint rule matching ``scope``, the URL route name or the path. With ``limits`` (a
-    decorator's inline rate), exactly those apply.
+    decorator's inline rate), exactly those apply. ``rule_only`` counts only the limits of
+    the rule matching ``scope`` (no route or path match, no tier limits): a check before
+    authentication, whose view counts the tier's limits later.
 
     When the backend cannot answer, the failure mode is the first of: ``failure_mode``, the
     endpoint rule's, the tier's, ``"closed"`` for a ``credential`` endpoint (login, token: an
     outage must not open the door to password guessing), the setting.
+
+    An allowed request whose rule counts only successes or failures leaves a
+    :class:`Reservation` on ``request.throttle_reservations`` for :func:`settle`.
     """
     if not app_settings.ENABLED:
         return UNLIMITED
-    planned = _plan(request, scope, limits, cost, failure_mode, credential, policy_module.current)
+    started = time.perf_counter() if events.watching() else 0.0
+    planned = _plan(
+        request, scope, limits, cost, failure_mode, credential, policy_module.current, rule_only
+    )
     if not isinstance(planned, _Plan):
         return planned
     breaker = get_breaker()
+    backend = get_backend()
     try:
+        field = only_if_denied(planned.field) if planned.groups else planned.field
         decision = breaker.call(
-            get_backend().hit, planned.client, planned.limits, planned.cost, usage=planned.field
+            backend.hit, planned.client, planned.limits, planned.cost, usage=field
         )
+        if planned.groups and decision.allowed:
+            decision = hit_groups(
+                (planned.client, planned.limits),
+                planned.groups,
+                planned.cost,
+                decision,
+                breaker,
+                backend,
+                planned.field,
+            )
     except BackendError:
-        return _degraded(planned, breaker)
-    if usage.pending:
-        usage.flush_pending()
-    return _counted(planned, decision)
+        decision = _degraded(planned, breaker)
+    else:
+        if usage.pending:
+            usage.flush_pending()
+        decision = _counted(planned, decision, request)
+    if started:
+        _announce(request, planned, decision, started)
+    return decision
 
 
 async def acheck(
@@ -101,6 +143,7 @@ async def acheck(
     cost: int | None = None,
     failure_mode: str | None = None,
     credential: bool = False,
+    rule_only: bool = False,
 ) -> Decision:
     """:func:`check` for ``async def`` views: the backend call is awaited on the event loop
     (``redis.asyncio``), never in a thread. Only work that may touch the database (reloading
@@ -108,22 +151,48 @@ async def acheck(
     backend was down run in a worker thread."""
     if not app_settings.ENABLED:
         return UNLIMITED
+    started = time.perf_counter() if events.watching() else 0.0
     snapshot = policy_module.fresh()
     if snapshot is None and limits is None:
         snapshot = await sync_to_async(policy_module.current)()
-    planned = _plan(request, scope, limits, cost, failure_mode, credential, lambda: snapshot)
+    planned = _plan(
+        request,
+        scope,
+        limits,
+        cost,
+        failure_mode,
+        credential,
+        lambda: snapshot or policy_module.last(),
+        rule_only,
+    )
     if not isinstance(planned, _Plan):
         return planned
     breaker = get_breaker()
+    backend = get_backend()
     try:
+        field = only_if_denied(planned.field) if planned.groups else planned.field
         decision = await breaker.acall(
-            get_backend().ahit, planned.client, planned.limits, planned.cost, usage=planned.field
+            backend.ahit, planned.client, planned.limits, planned.cost, usage=field
         )
+        if planned.groups and decision.allowed:
+            decision = await ahit_groups(
+                (planned.client, planned.limits),
+                planned.groups,
+                planned.cost,
+                decision,
+                breaker,
+                backend,
+                planned.field,
+            )
     except BackendError:
-        return _degraded(planned, breaker)
-    if usage.pending:
-        await sync_to_async(usage.flush_pending, thread_sensitive=False)()
-    return _counted(planned, decision)
+        decision = _degraded(planned, breaker)
+    else:
+        if usage.pending:
+            await sync_to_async(usage.flush_pending, thread_sensitive=False)()
+        decision = _counted(planned, decision, request)
+    if started:
+        _announce(request, planned, decision, started)
+    return decision
 
 
 def _plan(
@@ -134,33 +203,63 @@ def _plan(
     failure_mode: str | None,
     credential: bool,
     snapshot: Callable[[], Policy | None],
+    rule_only: bool = False,
 ) -> _Plan | Decision:
-    """Identity, policy lookup and usage field: everything but the backend call."""
+    """Identity, policy lookup and usage field: everything but the backend call. An exempt
+    view, user or address stops here: no backend call, no headers."""
+    match = getattr(request, "resolver_match", None)
+    if match is not None and is_exempt_view(match.func):
+        return UNLIMITED
+    policy = snapshot()
     identity = get_resolver()(request)
+    if exempt_client(request, identity, policy.exemptions if policy is not None else None):
+        return UNLIMITED
     if identity.kind == UNIDENTIFIED.kind:
         decision = _unidentified()
         if decision is not None:
             return decision
         identity = _SHARED_UNKNOWN
     tier_slug = endpoint_name = ""
-    policy = tier = endpoint = None
+    tier = endpoint = None
+    groups: tuple[tuple[str, tuple[Limit, ...]], ...] = ()
     if limits is None:
-        policy = snapshot()
         if policy is None:
             return UNLIMITED
-        endpoint = policy.match(
-            request.method or "GET", scope, _route_name(request), request.path_info
-        )
+        if rule_only:
+            endpoint = policy.match(request.method or "GET", scope)
+            if endpoint is None:
+                return UNLIMITED
+        else:
+            endpoint = policy.match(
+                request.method or "GET", scope, _route_name(request), request.path_info
+            )
         tier = policy.tier_for(identity)
         limits = policy.limits_for(tier, endpoint)
         if endpoint is not None:
             cost = endpoint.cost if cost is None else cost
             endpoint_name = endpoint.name
+            if rule_only and tier is not None:
+                limits = endpoint.rule_limits_by_tier.get(tier.id, ())
+            groups = policy.groups_for(tier, endpoint)
         if tier is not None:
             tier_slug = tier.slug
+    if groups and endpoint is not None and tier is not None:
+        return _grouped(
+            request,
+            identity,
+            limits,
+            groups,
+            endpoint,
+            tier,
+            cost,
+            failure_mode,
+            credential,
+            policy,
+            usage.field_for(tier_slug, endpoint_name or scope or ""),
+        )
     if not limits:
         return UNLIMITED
-    return _Plan(  # positional, in field order: once per request
+    planned = _Plan(  # positional, in field order: once per request
         identity.key,
         limits,
         1 if cost is None else cost,
@@ -171,15 +270,84 @@ def _plan(
         tier,
         endpoint,
     )
+    if endpoint is not None and endpoint.counts != "all" and tier is not None:
+        own = endpoint.rule_limits_by_tier.get(tier.id, ())
+        if own:
+            planned.refunds = ((identity.key, own),)
+    return planned
 
 
-def _counted(planned: _Plan, decision: Decision) -> Decision:
+def _grouped(
+    request: Any,
+    identity: Identity,
+    limits: Sequence[Limit],
+    groups: tuple[tuple[str, tuple[Limit, ...]], ...],
+    endpoint: EndpointPolicy,
+    tier: TierPolicy,
+    cost: int | None,
+    failure_mode: str | None,
+    credential: bool,
+    policy: Policy | None,
+    field: str | None,
+) -> _Plan | Decision:
+    """The plan of a rule with limits counted by IP address or username: one group per
+    distinct counter, the client's first. A counter equal to the client's (an anonymous
+    client's IP address) joins its group, so the call count stays as low as it can."""
+    calls: dict[str, list[Limit]] = {identity.key: list(limits)}
+    refunds: dict[str, list[Limit]] = {
+        identity.key: list(endpoint.rule_limits_by_tier.get(tier.id, ()))
+    }
+    for counted_by, counted in groups:
+        if counted_by == "ip":
+            address = client_ip(request.META)
+            if address is None:
+                continue
+            key = Identity("ip", address).key
+        else:
+            username = credentials.presented_username(request)
+            if username is None:
+                continue  # nothing presented: nothing to count it by
+            key = Identity("username", username).key
+        calls.setdefault(key, []).extend(counted)
+        refunds.setdefault(key, []).extend(counted)
+    planned_groups = [(key, tuple(found)) for key, found in calls.items() if found]
+    if not planned_groups:
+        return UNLIMITED
+    (client, first), *rest = planned_groups
+    planned = _Plan(
+        client,
+        first,
+        1 if cost is None else cost,
+        field,
+        failure_mode,
+        credential,
+        policy,
+        tier,
+        endpoint,
+        tuple(rest),
+    )
+    if endpoint.counts != "all":
+        planned.refunds = tuple((key, tuple(found)) for key, found in refunds.items() if found)
+    return planned
+
+
+def _counted(planned: _Plan, decision: Decision, request: Any) -> Decision:
     if decision.shadow:
         logger.info(
             "shadow rule %r would deny %s",
             planned.endpoint.name if planned.endpoint is not None else "",
             planned.client,
         )
+    if planned.refunds and decision.allowed and planned.endpoint is not None:
+        counts = planned.endpoint.counts
+        if counts == "failures":
+            credentials.watch_login_failures()
+        reservation = Reservation(counts, planned.cost, planned.refunds)
+        reservations = getattr(request, "throttle_reservations", None)
+        if reservations is None:
+            request.throttle_reservations = [reservation]
+        else:
+            reservations.append(reservation)
     return decision
 
 
@@ -213,6 +381,36 @@ def _degraded(planned: _Plan, breaker: CircuitBreaker) -> Decision:
         decision = _FAILED_OPEN
     usage.record_degraded(planned.field, client, _outcome(decision))
     return decision
+
+
+def _announce(request: Any, planned: _Plan, decision: Decision, started: float) -> None:
+    """Tell :mod:`django_throttle.events` listeners about a decision (only called when one
+    listens)."""
+    tier = planned.tier.slug if planned.tier is not None else ""
+    endpoint = planned.endpoint.name if planned.endpoint is not None else ""
+    outcome = _outcome(decision)
+    if outcome == usage.ALLOWED and decision.shadow:
+        outcome = usage.SHADOW_DENIED
+    events.send(
+        events.request_decided,
+        check,
+        request=request,
+        decision=decision,
+        tier=tier,
+        endpoint=endpoint,
+        outcome=outcome,
+        seconds=time.perf_counter() - started,
+    )
+    if outcome in (usage.DENIED, usage.SHADOW_DENIED):
+        events.send(
+            events.request_throttled,
+            check,
+            request=request,
+            decision=decision,
+            tier=tier,
+            endpoint=endpoint,
+            shadow=outcome == usage.SHADOW_DENIED,
+        )
 
 
 def _unidentified() -> Decision | None:

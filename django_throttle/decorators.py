@@ -6,6 +6,10 @@ view that uses the same ``scope``, else private to the view; ``algorithm=`` pick
 counts (``@throttle(rate="10000/month", algorithm="calendar_quota")``). Class-based views take
 it through ``method_decorator``; each class gets its own bucket even though they share
 ``View.dispatch``.
+
+A rule that counts only successes or only failures is settled when the view returns: the
+request's reservation is given back when the response's status (or a failed login during
+the request) is an outcome the rule does not count. A view that raises is settled as a 500.
 """
 
 from __future__ import annotations
@@ -97,11 +101,20 @@ def throttle(
 
             @functools.wraps(view)
             async def async_wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
+                first = len(getattr(request, "throttle_reservations", ()))
                 decision = await core.acheck(request, **(built or options()))
                 request.throttle_decision = decision
                 if not decision.allowed:
-                    return throttled_response(decision)
-                response = await view(request, *args, **kwargs)
+                    return throttled_response(decision, request)
+                if len(getattr(request, "throttle_reservations", ())) == first:
+                    response = await view(request, *args, **kwargs)
+                else:  # the rule counts only some outcomes: settle once it is known
+                    status = 500
+                    try:
+                        response = await view(request, *args, **kwargs)
+                        status = response.status_code
+                    finally:
+                        await core.asettle(request, status, first=first)
                 apply_headers(response, decision)
                 return response
 
@@ -109,11 +122,20 @@ def throttle(
 
         @functools.wraps(view)
         def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
+            first = len(getattr(request, "throttle_reservations", ()))
             decision = core.check(request, **(built or options()))
             request.throttle_decision = decision
             if not decision.allowed:
-                return throttled_response(decision)
-            response = view(request, *args, **kwargs)
+                return throttled_response(decision, request)
+            if len(getattr(request, "throttle_reservations", ())) == first:
+                response = view(request, *args, **kwargs)
+            else:  # the rule counts only some outcomes: settle once it is known
+                status = 500
+                try:
+                    response = view(request, *args, **kwargs)
+                    status = response.status_code
+                finally:
+                    core.settle(request, status, first=first)
             apply_headers(response, decision)
             return response
 

@@ -3,6 +3,9 @@
 Use ``django_throttle.drf.PolicyThrottle`` in ``DEFAULT_THROTTLE_CLASSES`` or a view's
 ``throttle_classes``; a view's ``throttle_scope`` selects endpoint rules of type "scope".
 ``ApiKeyAuthentication`` lets an API key authenticate too (throttling by key works without it).
+``ProtectedBasicAuthentication``, ``ProtectedTokenAuthentication``,
+``ProtectedSessionAuthentication`` (or ``protect_authentication(AnyClass)``) count credential
+attempts before the password or token is checked.
 """
 
 from __future__ import annotations
@@ -13,11 +16,23 @@ from functools import partial
 from typing import Any
 
 from django.utils.functional import SimpleLazyObject
+from rest_framework.authentication import (
+    BasicAuthentication,
+    SessionAuthentication,
+    TokenAuthentication,
+)
 from rest_framework.exceptions import APIException, Throttled
 from rest_framework.request import Request
 
 from django_throttle import core
-from django_throttle.headers import retry_after_seconds, throttled_body, throttled_status
+from django_throttle.conf import app_settings
+from django_throttle.exemptions import is_exempt_view
+from django_throttle.headers import (
+    retry_after_seconds,
+    throttled_body,
+    throttled_response,
+    throttled_status,
+)
 from django_throttle.identity import verified_api_key
 from django_throttle.rates import Decision
 
@@ -27,6 +42,11 @@ __all__ = [
     "LimiterUnavailable",
     "PolicyThrottle",
     "PolicyThrottled",
+    "ProtectedBasicAuthentication",
+    "ProtectedSessionAuthentication",
+    "ProtectedTokenAuthentication",
+    "exception_handler",
+    "protect_authentication",
 ]
 
 logger = logging.getLogger("django_throttle")
@@ -38,6 +58,7 @@ class PolicyThrottled(Throttled):
     def __init__(self, decision: Decision) -> None:
         super().__init__(wait=retry_after_seconds(decision.retry_after))
         self.detail = throttled_body(decision)
+        self.decision = decision
 
 
 class LimiterUnavailable(APIException):
@@ -50,9 +71,28 @@ class LimiterUnavailable(APIException):
 
     def __init__(self, decision: Decision) -> None:
         super().__init__()
+        self.decision = decision
         self.status_code = throttled_status(decision)
         self.wait = None if decision.unidentified else retry_after_seconds(decision.retry_after)
         self.detail = throttled_body(decision)
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
+    """A DRF ``EXCEPTION_HANDLER`` that builds throttle refusals with
+    ``DJANGO_THROTTLE_DENIED_RESPONSE`` and leaves every other exception to DRF's default
+    handler. With your own handler, call this one first, or build the response yourself from
+    ``exc.decision`` (set on :class:`PolicyThrottled` and :class:`LimiterUnavailable`)."""
+    from rest_framework.views import exception_handler as drf_handler
+
+    decision = getattr(exc, "decision", None)
+    if (
+        isinstance(exc, PolicyThrottled | LimiterUnavailable)
+        and decision is not None
+        and app_settings.DENIED_RESPONSE is not None
+    ):
+        request = context.get("request")
+        return throttled_response(decision, getattr(request, "_request", request))
+    return drf_handler(exc, context)
 
 
 class PolicyThrottle:
@@ -75,6 +115,8 @@ class PolicyThrottle:
     decision: Decision | None = None
 
     def allow_request(self, request: Request, view: Any) -> bool:
+        if is_exempt_view(view):
+            return True
         http_request = _django_request(request)
         decision = core.check(
             http_request,
@@ -105,6 +147,8 @@ class AsyncPolicyThrottle(PolicyThrottle):
     ``redis.asyncio``, like the ``@throttle`` decorator on an ``async def`` view."""
 
     async def allow_request(self, request: Request, view: Any) -> bool:  # type: ignore[override]
+        if is_exempt_view(view):
+            return True
         http_request = _django_request(request)
         decision = await core.acheck(
             http_request,
@@ -141,6 +185,102 @@ class ApiKeyAuthentication:
 
     def authenticate_header(self, request: Request) -> str:
         return "Api-Key"
+
+
+class CredentialProtection:
+    """Mixed in before a DRF authentication class: when the request presents that scheme's
+    credentials, count them against the limits of the endpoint rules of scope
+    ``DJANGO_THROTTLE_AUTHENTICATION_SCOPE`` ("authentication") *before* the wrapped class
+    checks them, so a refused attempt (429) never reaches the password hasher or the token
+    table. Only the rule's limits are counted (the view's :class:`PolicyThrottle` counts the
+    tier's later). Under a rule counting failures, an ``AuthenticationFailed`` keeps the
+    tokens and a success gives them back. Fails closed when the backend cannot answer,
+    unless the rule or tier names another failure mode.
+
+    ``protection_scope`` overrides the setting per class.
+    """
+
+    protection_scope: str | None = None
+
+    def presents_credentials(self, request: Request) -> bool:
+        """Whether the request carries this scheme's credentials: by default an
+        ``Authorization`` header whose scheme is the one ``authenticate_header`` names
+        (every request when it names none)."""
+        header = self.authenticate_header(request)  # type: ignore[attr-defined]
+        if not header:
+            return True
+        scheme = str(header).split(maxsplit=1)[0].lower()
+        return _authorization_scheme(request) == scheme
+
+    def authenticate(self, request: Request) -> tuple[Any, Any] | None:
+        wrapped = super().authenticate  # type: ignore[misc]
+        if not self.presents_credentials(request):
+            return wrapped(request)  # type: ignore[no-any-return]
+        http_request = request._request
+        first = len(getattr(http_request, "throttle_reservations", ()))
+        decision = core.check(
+            http_request,
+            scope=self.protection_scope or app_settings.AUTHENTICATION_SCOPE,
+            credential=True,
+            rule_only=True,
+        )
+        if not decision.allowed:
+            if decision.unavailable:
+                raise LimiterUnavailable(decision)
+            raise PolicyThrottled(decision)
+        status = 500
+        try:
+            result = wrapped(request)
+            status = 200
+            return result  # type: ignore[no-any-return]
+        except APIException as exc:
+            status = exc.status_code
+            raise
+        finally:
+            core.settle(http_request, status, first=first)
+
+
+def protect_authentication(cls: type) -> type:
+    """``cls`` (a DRF authentication class) with :class:`CredentialProtection` in front.
+    Override ``presents_credentials`` on the result when the scheme is not an
+    ``Authorization`` header named by ``authenticate_header``."""
+    return type(
+        f"Protected{cls.__name__}",
+        (CredentialProtection, cls),
+        {"__module__": cls.__module__, "__doc__": f"{cls.__name__}, protected."},
+    )
+
+
+class ProtectedBasicAuthentication(CredentialProtection, BasicAuthentication):
+    """``BasicAuthentication`` that counts ``Authorization: Basic`` attempts before the
+    password hash runs (a limit counted by username keys on the user part)."""
+
+    def presents_credentials(self, request: Request) -> bool:
+        return _authorization_scheme(request) == "basic"
+
+
+class ProtectedTokenAuthentication(CredentialProtection, TokenAuthentication):
+    """``TokenAuthentication`` that counts ``Authorization: Token …`` attempts (its
+    ``keyword``) before the token is looked up."""
+
+    def presents_credentials(self, request: Request) -> bool:
+        return _authorization_scheme(request) == self.keyword.lower()
+
+
+class ProtectedSessionAuthentication(CredentialProtection, SessionAuthentication):
+    """``SessionAuthentication`` counted when the request sends a session cookie."""
+
+    def presents_credentials(self, request: Request) -> bool:
+        from django.conf import settings
+
+        return settings.SESSION_COOKIE_NAME in request._request.COOKIES
+
+
+def _authorization_scheme(request: Request) -> str:
+    header = request._request.META.get("HTTP_AUTHORIZATION", "")
+    if not isinstance(header, str):
+        return ""
+    return header.strip().partition(" ")[0].lower()
 
 
 def _owner(pk: Any) -> Any:

@@ -11,6 +11,8 @@ and the failure mode decided: ``open`` (served uncounted) or ``local`` (counted 
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from typing import Any
 
@@ -18,7 +20,9 @@ from django.http import HttpResponseBase, JsonResponse
 from django.utils.translation import gettext, ngettext
 
 from django_throttle.conf import app_settings
-from django_throttle.rates import Decision
+from django_throttle.rates import Decision, Limit
+
+logger = logging.getLogger("django_throttle")
 
 __all__ = [
     "apply_headers",
@@ -57,6 +61,8 @@ def rate_limit_headers(decision: Decision) -> dict[str, str]:
     limit = decision.limit
     if limit is None or limit.shadow:
         return headers
+    if limit.shared:
+        limit = _share(limit, app_settings.KEY_SHARDS)
     reset = whole_seconds(decision.reset_after)
     headers["X-RateLimit-Limit"] = str(limit.capacity)
     headers["X-RateLimit-Remaining"] = str(decision.remaining)
@@ -64,12 +70,25 @@ def rate_limit_headers(decision: Decision) -> dict[str, str]:
     if not decision.allowed:
         headers["Retry-After"] = str(retry_after_seconds(decision.retry_after))
     if app_settings.IETF_HEADERS:
-        enforced = [item for item in decision.limits if not item.shadow] or [limit]
+        enforced = [
+            _share(item, app_settings.KEY_SHARDS) if item.shared else item
+            for item in decision.limits
+            if not item.shadow
+        ] or [limit]
         headers["RateLimit-Policy"] = ", ".join(
             f'"{item.id}";q={item.capacity};w={whole_seconds(item.window)}' for item in enforced
         )
         headers["RateLimit"] = f'"{limit.id}";r={decision.remaining};t={reset}'
     return headers
+
+
+@functools.lru_cache(maxsize=256)
+def _share(limit: Limit, shards: int) -> Limit:
+    """A shared limit as the client meets it: its shard's share (the remaining count is of
+    that share, so the capacity shown must be too)."""
+    from django_throttle.backends.base import per_shard
+
+    return per_shard(limit, shards)
 
 
 def apply_headers(response: HttpResponseBase, decision: Decision) -> None:
@@ -149,9 +168,35 @@ def throttled_body(decision: Decision) -> dict[str, Any]:
     }
 
 
-def throttled_response(decision: Decision) -> JsonResponse:
+def throttled_response(decision: Decision, request: Any = None) -> HttpResponseBase:
     """The refusal: 429 (or the failure status) with ``Retry-After``, the rate-limit headers
-    and a small JSON body."""
-    response = JsonResponse(throttled_body(decision), status=throttled_status(decision))
+    and a small JSON body; or what ``DJANGO_THROTTLE_DENIED_RESPONSE`` builds, with the same
+    headers added where it did not set them. A callable that fails is logged and the default
+    response is sent instead: a refusal must never become a 500."""
+    response: HttpResponseBase | None = None
+    factory = app_settings.DENIED_RESPONSE
+    if factory is not None:
+        response = _custom_response(factory, request, decision)
+    if response is None:
+        response = JsonResponse(throttled_body(decision), status=throttled_status(decision))
     apply_headers(response, decision)
+    return response
+
+
+def _custom_response(path: str, request: Any, decision: Decision) -> HttpResponseBase | None:
+    from django.utils.module_loading import import_string
+
+    try:
+        response = import_string(path)(request, decision)
+    except Exception:
+        logger.exception("DJANGO_THROTTLE_DENIED_RESPONSE %s failed; sending the default", path)
+        return None
+    if not isinstance(response, HttpResponseBase):
+        logger.error(
+            "DJANGO_THROTTLE_DENIED_RESPONSE %s returned %r, not an HttpResponse; sending the "
+            "default",
+            path,
+            type(response).__name__,
+        )
+        return None
     return response

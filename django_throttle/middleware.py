@@ -1,8 +1,12 @@
-"""Adds ``X-RateLimit-*`` headers to responses whose request was checked by a throttle.
+"""Adds ``X-RateLimit-*`` headers to responses whose request was checked by a throttle, and
+settles the counting policy of DRF views.
 
 DRF throttle classes cannot touch responses, so :class:`~django_throttle.drf.PolicyThrottle`
-leaves its decision on the request and this middleware writes the headers. Works in sync and
-async stacks.
+leaves its decision on the request and this middleware writes the headers; a rule that counts
+only successes or failures also leaves a reservation, which this middleware gives back once
+the response shows an outcome the rule does not count (without the middleware every request
+counts). Works in sync and async stacks; a request without a reservation costs one attribute
+lookup.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 
+from django_throttle import core
 from django_throttle.headers import apply_headers
 
 
@@ -29,10 +34,15 @@ class RateLimitHeadersMiddleware:
     def __call__(self, request: HttpRequest) -> Any:
         if self.is_async:
             return self._acall(request)
-        return self._finish(request, self.get_response(request))
+        response = self.get_response(request)
+        if getattr(request, "throttle_reservations", None):
+            core.settle(request, response.status_code)
+        return self._finish(request, response)
 
     async def _acall(self, request: HttpRequest) -> HttpResponseBase:
         response = await self.get_response(request)
+        if getattr(request, "throttle_reservations", None):
+            await core.asettle(request, response.status_code)
         return self._finish(request, response)
 
     @staticmethod

@@ -24,8 +24,10 @@ from typing import Any
 
 from django.db import DatabaseError, router, transaction
 
+from django_throttle import events
 from django_throttle.backends import BackendError, get_backend
 from django_throttle.conf import app_settings
+from django_throttle.exemptions import compile_exemptions
 from django_throttle.rates import Limit
 from django_throttle.snapshot import ApiKeyPolicy, EndpointPolicy, Policy, TierPolicy
 from django_throttle.user_tiers import compile_user_tiers
@@ -92,25 +94,35 @@ def _read_policy(version: str | None, started: float) -> Policy:
         for flag in ("is_default_anonymous", "is_default_authenticated"):
             if getattr(t, flag):  # a unique constraint allows one of each
                 defaults[flag] = tiers[t.id]
-    endpoint_limits: dict[tuple[int, int], list[Limit]] = {}
+    # (rule, tier) -> counted by -> limits, in row order.
+    endpoint_limits: dict[tuple[int, int], dict[str, list[Limit]]] = {}
     for endpoint_row in EndpointLimit.objects.select_related("rule", "tier").order_by("id"):
         if _usable(endpoint_row):
-            endpoint_limits.setdefault((endpoint_row.rule_id, endpoint_row.tier_id), []).append(
-                endpoint_row.to_limit()
-            )
+            rows = endpoint_limits.setdefault((endpoint_row.rule_id, endpoint_row.tier_id), {})
+            rows.setdefault(endpoint_row.counted_by, []).append(endpoint_row.to_limit())
     rules = []
     for rule in EndpointRule.objects.filter(enabled=True).order_by("id"):
         if not _usable(rule):
             continue
-        # A shadow rule's limits are counted but never deny; the tier's limits still apply.
-        by_tier = {
-            tier_id: tier.limits
-            + tuple(
-                dataclasses.replace(limit, shadow=True) if rule.shadow else limit
-                for limit in endpoint_limits.get((rule.id, tier_id), ())
-            )
-            for tier_id, tier in tiers.items()
-        }
+        own: dict[int, tuple[Limit, ...]] = {}
+        groups: dict[int, tuple[tuple[str, tuple[Limit, ...]], ...]] = {}
+        for tier_id in tiers:
+            by_counter: dict[str, tuple[Limit, ...]] = {
+                # A shadow rule's limits are counted but never deny; the tier's still apply.
+                counter: tuple(
+                    dataclasses.replace(limit, shadow=True) if rule.shadow else limit
+                    for limit in limits
+                )
+                for counter, limits in endpoint_limits.get((rule.id, tier_id), {}).items()
+            }
+            own[tier_id] = by_counter.pop("client", ())
+            if by_counter:
+                groups[tier_id] = tuple(
+                    (counter, by_counter[counter])
+                    for counter in ("ip", "username")
+                    if counter in by_counter
+                )
+        by_tier = {tier_id: tier.limits + own[tier_id] for tier_id, tier in tiers.items()}
         rules.append(
             EndpointPolicy(
                 id=rule.id,
@@ -122,6 +134,9 @@ def _read_policy(version: str | None, started: float) -> Policy:
                 shadow=rule.shadow,
                 limits_by_tier=by_tier,
                 failure_mode=rule.failure_mode,
+                counts=rule.counts,
+                rule_limits_by_tier=own,
+                groups_by_tier=groups,
             )
         )
     return Policy(
@@ -140,6 +155,7 @@ def _read_policy(version: str | None, started: float) -> Policy:
         user_tiers=compile_user_tiers({t.id: t.priority for t in tiers.values()}),
         compiled_at=started,
         api_keys=_api_keys(),
+        exemptions=compile_exemptions(),
     )
 
 
@@ -259,6 +275,7 @@ def _compile(last: Policy | None, version: str | None) -> Policy:
             return last
         return Policy({}, None, None, {}, {}, (), version, loaded=False)
     logger.info("policy loaded (version %s)", version)
+    events.send(events.policy_reloaded, Policy, policy=policy, seconds=clock() - policy.compiled_at)
     return policy
 
 

@@ -206,6 +206,11 @@ class Limit:
     counter, calendar quota) admit ``rate.count`` per window; their ``burst`` is the count.
     A calendar quota's windows follow the calendar in ``timezone`` (an IANA name; empty means
     UTC).
+
+    A ``shared`` limit counts every client together (a global ceiling, e.g. for all anonymous
+    clients). Backends keep it per key shard, so that a decision stays in one Redis Cluster
+    slot: each shard admits ``ceil(count / shards)`` per period with a burst of
+    ``ceil(burst / shards)``, which is exact per shard and approximates the whole.
     """
 
     id: str
@@ -215,6 +220,7 @@ class Limit:
     name: str = ""
     shadow: bool = False
     timezone: str = ""
+    shared: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.burst, bool) or not isinstance(self.burst, int):
@@ -292,6 +298,7 @@ class Limit:
         name: str = "",
         shadow: bool = False,
         timezone: str = "",
+        shared: bool = False,
     ) -> Limit:
         """Make a limit from admin-style values; ``burst`` defaults to the rate's count.
 
@@ -319,6 +326,7 @@ class Limit:
             name=name or str(parsed),
             shadow=shadow,
             timezone=timezone,
+            shared=shared,
         )
 
     @property

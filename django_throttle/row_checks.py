@@ -21,14 +21,16 @@ CHECK_IDS = {
     "TierLimit": "django_throttle.E102",
     "EndpointRule": "django_throttle.E103",
     "EndpointLimit": "django_throttle.E104",
+    "Exemption": "django_throttle.E105",
 }
 
 
 def bad_rows() -> Iterator[tuple[Any, dict[str, str]]]:
     """Every policy row with a problem, with its problems by field (a few queries)."""
-    from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierLimit
+    from django_throttle.models import EndpointLimit, EndpointRule, Exemption, Tier, TierLimit
 
     querysets = (
+        Exemption.objects.order_by("pk"),
         Tier.objects.order_by("pk"),
         TierLimit.objects.select_related("tier").order_by("pk"),
         EndpointRule.objects.order_by("pk"),

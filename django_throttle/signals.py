@@ -143,17 +143,22 @@ def groups_changed(
 
 
 def _has_tiered_group(instance: Any, reverse: bool, pk_set: set[Any] | None) -> bool:
-    """Whether any group involved has a tier assignment. Forward (``user.groups``): the
-    groups in ``pk_set``, or all the user's groups for a clear; reverse (``group.user_set``):
-    the group itself."""
-    from django_throttle.models import TierAssignment
+    """Whether any group involved has a tier assignment or an exemption. Forward
+    (``user.groups``): the groups in ``pk_set``, or all the user's groups for a clear; reverse
+    (``group.user_set``): the group itself."""
+    from django_throttle.models import Exemption, TierAssignment
 
-    assignments = TierAssignment.objects.filter(group__isnull=False)
-    if reverse:
-        return assignments.filter(group_id=instance.pk).exists()
-    if pk_set is None:
-        return assignments.filter(group__user=instance).exists()
-    return assignments.filter(group_id__in=pk_set).exists()
+    for model in (TierAssignment, Exemption):  # groups that place, or exempt, their members
+        rows = model.objects.filter(group__isnull=False)
+        if reverse:
+            found = rows.filter(group_id=instance.pk).exists()
+        elif pk_set is None:
+            found = rows.filter(group__user=instance).exists()
+        else:
+            found = rows.filter(group_id__in=pk_set).exists()
+        if found:
+            return True
+    return False
 
 
 def user_deleting(instance: Any, **kwargs: Any) -> None:
@@ -190,6 +195,7 @@ def connect() -> None:
         models.EndpointLimit,
         models.TierAssignment,
         models.ApiKey,
+        models.Exemption,
     )
     for model in policy_models:
         name = model.__name__

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django_throttle.conf import app_settings
+from django_throttle.exemptions import Exemptions
 from django_throttle.identity import Identity
 from django_throttle.rates import Limit
 from django_throttle.user_tiers import UserTiers
@@ -20,6 +21,7 @@ from django_throttle.user_tiers import UserTiers
 __all__ = [
     "KEY_MAX_LENGTH",
     "ApiKeyPolicy",
+    "CountedGroup",
     "EndpointPolicy",
     "Policy",
     "TierPolicy",
@@ -75,9 +77,18 @@ class TierPolicy:
     failure_mode: str = ""
 
 
+#: Limits counted under one counter other than the client's: ``("ip", limits)`` or
+#: ``("username", limits)``.
+CountedGroup = tuple[str, tuple[Limit, ...]]
+
+
 @dataclass(frozen=True, slots=True)
 class EndpointPolicy:
-    """An enabled endpoint rule; ``limits_by_tier`` already holds tier + endpoint limits."""
+    """An enabled endpoint rule; ``limits_by_tier`` already holds tier + endpoint limits
+    counted by client, ``rule_limits_by_tier`` the rule's own share of them (what its
+    counting policy may give back, and what a credential check counts), and
+    ``groups_by_tier`` the rule's limits counted by IP address or username (only tiers that
+    have some). ``counts`` is "all", "success" or "failures"."""
 
     id: int
     name: str
@@ -89,6 +100,9 @@ class EndpointPolicy:
     limits_by_tier: dict[int, tuple[Limit, ...]]
     #: "" inherits the tier's; else "open", "closed" or "local".
     failure_mode: str = ""
+    counts: str = "all"
+    rule_limits_by_tier: dict[int, tuple[Limit, ...]] = field(default_factory=dict)
+    groups_by_tier: dict[int, tuple[CountedGroup, ...]] = field(default_factory=dict)
 
     def accepts(self, method: str) -> bool:
         return not self.methods or method in self.methods
@@ -119,6 +133,8 @@ class Policy:
     loaded: bool = True
     #: Active API keys by prefix.
     api_keys: dict[str, ApiKeyPolicy] = field(default_factory=dict)
+    #: Users (direct and through groups) and networks never limited.
+    exemptions: Exemptions = field(default_factory=Exemptions)
 
     def verify_key(self, key: str, secret: bytes, now: float) -> ApiKeyPolicy | None:
         """The active, unexpired API key ``key`` is, else ``None``. No query; every key of a
@@ -177,6 +193,14 @@ class Policy:
         if endpoint is None:
             return tier.limits
         return endpoint.limits_by_tier.get(tier.id, tier.limits)
+
+    def groups_for(
+        self, tier: TierPolicy | None, endpoint: EndpointPolicy | None
+    ) -> tuple[CountedGroup, ...]:
+        """The endpoint's limits counted by IP address or username for this tier."""
+        if tier is None or endpoint is None or not endpoint.groups_by_tier:
+            return ()
+        return endpoint.groups_by_tier.get(tier.id, ())
 
     def failure_mode_for(
         self,

@@ -25,21 +25,23 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import reduce
 from typing import Any
 
 from django.conf import settings
 from django.db import connections, router, transaction
-from django.db.models import Max, Sum
+from django.db.models import Case, F, Max, Q, Sum, Value, When
 from django.utils import timezone
 
 from django_throttle.backends.usage_base import MinuteCounts, UsageStore
 from django_throttle.conf import app_settings
 from django_throttle.usage import ALL, DENIED, OUTCOMES, get_store, split_field
 
-__all__ = ["REPORT_BY", "Report", "Rollup", "UsageRow", "report", "rollup"]
+__all__ = ["REPORT_BY", "Report", "Rollup", "UsageRow", "copy_key_use", "report", "rollup"]
 
 REPORT_BY: tuple[str, ...] = ("client", "tier", "endpoint")
 #: Minutes copied per database transaction (and per watermark step).
@@ -81,11 +83,13 @@ class Report:
 
 @dataclass(frozen=True, slots=True)
 class Rollup:
-    """What one rollup did: minutes read, rows written, the last minute copied (UTC)."""
+    """What one rollup did: minutes read, rows written, the last minute copied (UTC), and
+    API keys whose ``last_used`` moved forward."""
 
     minutes: int
     rows: int
     through: datetime | None
+    keys: int = 0
 
 
 def _kept_minutes() -> int:
@@ -160,12 +164,53 @@ def rollup(store: UsageStore | None = None) -> Rollup:
         store.return_late(m for m in redo if m not in done)
         raise
     _prune(alias)
+    keys = copy_key_use(store)
     through = max(minutes) if minutes else split
     return Rollup(
         minutes=len(minutes),
         rows=written,
         through=None if through is None else datetime.fromtimestamp(through * 60, tz=UTC),
+        keys=keys,
     )
+
+
+#: API keys per UPDATE statement (each costs three query parameters).
+KEY_UPDATE_BATCH = 300
+
+
+def copy_key_use(store: UsageStore) -> int:
+    """Copy the backend's last-use times of API keys into ``ApiKey.last_used``, where they
+    are later than the column (the backend forgets them: see ``lua/usage.lua``). One UPDATE
+    per :data:`KEY_UPDATE_BATCH` keys, so one per run for most sites; returns the rows
+    updated."""
+    from django_throttle.models import ApiKey
+
+    seen = sorted(store.keys_last_used().items())
+    alias = router.db_for_write(ApiKey)
+    updated = 0
+    for at in range(0, len(seen), KEY_UPDATE_BATCH):
+        when = {prefix: _instant(second) for prefix, second in seen[at : at + KEY_UPDATE_BATCH]}
+        later = [
+            Q(prefix=prefix) & (Q(last_used__isnull=True) | Q(last_used__lt=value))
+            for prefix, value in when.items()
+        ]
+        updated += (
+            ApiKey.objects.using(alias)
+            .filter(reduce(operator.or_, later))
+            .update(
+                last_used=Case(
+                    *(When(prefix=prefix, then=Value(value)) for prefix, value in when.items()),
+                    default=F("last_used"),
+                )
+            )
+        )
+    return updated
+
+
+def _instant(second: int) -> datetime:
+    """A Unix second as the database expects it (aware UTC under USE_TZ)."""
+    value = datetime.fromtimestamp(second, tz=UTC)
+    return value if settings.USE_TZ else timezone.make_naive(value)
 
 
 def _rows(found: dict[int, MinuteCounts]) -> Iterable[dict[str, Any]]:

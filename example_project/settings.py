@@ -26,6 +26,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "rest_framework.authtoken",
     "django_throttle",
     "example_project.demo",
 ]
@@ -70,14 +71,23 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
+LOGIN_REDIRECT_URL = "/api/items/"
 
 REST_FRAMEWORK = {
+    # Basic and Token attempts are counted (rule "authentication") before the password hash
+    # runs or the token table is read.
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.BasicAuthentication",
+        "django_throttle.drf.ProtectedBasicAuthentication",
+        "django_throttle.drf.ProtectedTokenAuthentication",
     ],
     "DEFAULT_THROTTLE_CLASSES": ["django_throttle.drf.PolicyThrottle"],
+    # /api/schema/ documents each throttled operation's 429 and 503 (drf-spectacular).
+    "DEFAULT_SCHEMA_CLASS": "django_throttle.openapi.ThrottledAutoSchema",
 }
+
+# Prometheus metrics at /metrics (django_throttle.metrics).
+DJANGO_THROTTLE_METRICS = True
 
 # run_demo sets REDIS_URL to a private redis-server when you have not set it yourself.
 DJANGO_THROTTLE_REDIS_URL = os.environ.get("REDIS_URL")

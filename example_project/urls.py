@@ -1,10 +1,17 @@
-"""URLs of the demo project: the admin, three DRF endpoints and two plain Django views."""
+"""URLs of the demo project: the admin (with the throttle dashboard and inspector under
+"Usage counts"), three DRF endpoints, two plain Django views, a login page and a token
+endpoint whose attempts are counted before the password is checked, the OpenAPI schema and
+Prometheus metrics."""
 
 from __future__ import annotations
 
 from django.contrib import admin
+from django.contrib.auth.views import LoginView
 from django.urls import path
+from rest_framework.authtoken.views import obtain_auth_token
 
+from django_throttle.credentials import protect_credentials
+from django_throttle.metrics import metrics_view
 from example_project.demo import views
 
 urlpatterns = [
@@ -14,4 +21,19 @@ urlpatterns = [
     path("api/export/", views.ExportView.as_view(), name="export"),
     path("hello/", views.hello, name="hello"),
     path("hello-async/", views.hello_async, name="hello-async"),
+    # Rule "login": 5 failed attempts a minute per IP address, 10 an hour per username.
+    path(
+        "accounts/login/",
+        protect_credentials(LoginView.as_view(template_name="demo/login.html")),
+        name="login",
+    ),
+    path("api/token/", protect_credentials(obtain_auth_token), name="api-token"),
+    path("metrics", metrics_view, name="metrics"),
 ]
+
+try:
+    from drf_spectacular.views import SpectacularAPIView
+except ImportError:  # the demo extra installs it; without it there is no schema page
+    pass
+else:
+    urlpatterns.append(path("api/schema/", SpectacularAPIView.as_view(), name="schema"))

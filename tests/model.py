@@ -89,6 +89,13 @@ class TokenBucket:
     def retime(self, state: Any, now: int, old: Limit | None) -> tuple[Any, Fraction]:
         return state, self.used(state, now) * self.T
 
+    def refund(self, state: Any, now: int, c: int) -> tuple[Any, Fraction | None]:
+        after = self.used(state, now) - c
+        if after <= TOL:
+            return None, Fraction(0)
+        ts_ms = -(-now // _MS)
+        return (after - Fraction(ts_ms * _MS - now) / self.T, ts_ms), after * self.T
+
     def earliest(self, state: Any, now: int, c: int) -> int:
         """Whole µs to wait until ``c`` passes exactly (with the tolerance), nothing else
         happening: the best a retry-after can say."""
@@ -129,6 +136,10 @@ class Gcra:
         tat = now + min(owed, self.C * self.E)
         return tat, Fraction(tat - now)
 
+    def refund(self, state: Any, now: int, c: int) -> tuple[Any, Fraction | None]:
+        new = min(max(state, now), now + self.C * self.E) - c * self.E
+        return (new, Fraction(new - now)) if new > now else (None, Fraction(0))
+
 
 class FixedWindow:
     """Fixed window on the grid of multiples of P since the epoch: (count, start)."""
@@ -154,6 +165,18 @@ class FixedWindow:
 
     def retime(self, state: Any, now: int, old: Limit | None) -> tuple[Any, Fraction]:
         return state, Fraction(min(state[1] + self.P - now, self.P))
+
+    def refund(self, state: Any, now: int, c: int) -> tuple[Any, Fraction | None]:
+        count, start = state
+        if start > now:
+            start = (now // self.P) * self.P
+        elif now >= start + self.P:
+            return state, None  # an earlier window: left as it is
+        return _window_refund(count - c, start, start + self.P - now)
+
+
+def _window_refund(left: int, start: int, ttl: int) -> tuple[Any, Fraction | None]:
+    return ((left, start), Fraction(ttl)) if left > 0 else (None, Fraction(0))
 
 
 def _window_outcome(count: int, start: int, end: int, now: int, C: int, c: int) -> Outcome:
@@ -201,6 +224,12 @@ class CalendarQuota:
         begin, end = calendar_bounds(self.unit, self.tz, now)
         return state, Fraction(end - now if state[1] >= begin else 0)
 
+    def refund(self, state: Any, now: int, c: int) -> tuple[Any, Fraction | None]:
+        begin, end = calendar_bounds(self.unit, self.tz, now)
+        if state[1] < begin:
+            return state, None
+        return _window_refund(state[0] - c, state[1], end - now)
+
 
 class SlidingLog:
     """One timestamp per unit of cost; live while newer than now - P."""
@@ -229,6 +258,14 @@ class SlidingLog:
 
     def retime(self, state: Any, now: int, old: Limit | None) -> tuple[Any, Fraction]:
         return state, Fraction(max(state) + self.P - now if state else 0)
+
+    def refund(self, state: Any, now: int, c: int) -> tuple[Any, Fraction | None]:
+        """The ``c`` newest live entries go (and the dead ones, as a write drops them)."""
+        live = sorted(t for t in state if t > now - self.P)
+        if len(live) <= c:
+            return None, Fraction(0)
+        live = live[: len(live) - c]
+        return tuple(live), min(Fraction(live[-1] + self.P - now), Fraction(self.P))
 
 
 class SlidingCounter:
@@ -278,6 +315,17 @@ class SlidingCounter:
             ambiguous=ambiguous,
             fuzzy_remaining=fuzzy,
         )
+
+    def refund(self, state: Any, now: int, c: int) -> tuple[Any, Fraction | None]:
+        """Only a state of now's window gives back (an older one's count now weighs as the
+        previous window's)."""
+        w = (now // self.P) * self.P
+        cur, prev, start = state
+        if start < w:
+            return state, None
+        cur = max(0, cur - c)
+        r = w + 2 * self.P - now if cur > 0 else w + self.P - now if prev > 0 else 0
+        return ((cur, prev, w), Fraction(r)) if r > 0 else (None, Fraction(0))
 
     def retime(self, state: Any, now: int, old: Limit | None) -> tuple[Any, Fraction]:
         return state, Fraction(state[2] + 2 * self.P - now)
@@ -369,6 +417,26 @@ class Model:
             shadow,
             outcomes,
         )
+
+    def refund(self, limits: list[Limit], cost: int, now: int) -> None:
+        """Give ``cost`` back to each limit (Backend.refund): missing stays missing, an
+        earlier window is left as it is, nothing used is no state; a cost of 0 touches
+        nothing."""
+        if not cost:
+            return
+        for limit in limits:
+            state = self.state(limit, now)
+            key = (limit.id, limit.algorithm)
+            if state is None:
+                self.store.pop(key, None)
+                continue
+            state, ttl = model_of(limit).refund(state, now, min(cost, limit.capacity))
+            if ttl is None:
+                continue
+            if state is None or ttl <= 0:
+                del self.store[key]
+            else:
+                self.store[key] = (state, expiry(now, ttl))
 
     def retime(self, limit: Limit, now: int, old: Limit | None) -> int:
         state = self.state(limit, now)

@@ -20,9 +20,13 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    # The browser tests' live server serves the admin's CSS and scripts (tests/browser.py).
+    "django.contrib.staticfiles",
     "rest_framework",
+    "rest_framework.authtoken",
     "django_throttle",
 ]
+STATIC_URL = "/static/"
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

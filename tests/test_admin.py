@@ -52,13 +52,21 @@ def rule_form(**fields: str) -> dict[str, str]:
         "pattern": "export",
         "methods": "",
         "cost": "1",
+        "counts": "all",
         "enabled": "on",
         **fields,
     }
 
 
 def limit_row(rate: str, burst: str = "", **extra: str) -> dict[str, str]:
-    return {"rate": rate, "burst": burst, "algorithm": "token_bucket", **extra}
+    # A browser always posts a select's preselected value; the tier inline ignores counted_by.
+    return {
+        "rate": rate,
+        "burst": burst,
+        "algorithm": "token_bucket",
+        "counted_by": "client",
+        **extra,
+    }
 
 
 def form_errors(response: Any) -> dict[str, list[str]]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import signal
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -203,4 +205,46 @@ def test_an_edit_reaches_the_running_server_within_two_seconds(
             assert time.monotonic() - edited < 2.0, "the edit was not seen within 2 s"
             time.sleep(0.1)
             status, headers = demo.get("/api/ping/")
+        assert status == 200
+
+
+def _post_form(demo: Demo, path: str, fields: dict[str, str]) -> tuple[int, bytes]:
+    data = urllib.parse.urlencode(fields).encode()
+    request = urllib.request.Request(demo.base + path, data=data, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, error.read()
+
+
+def test_run_demo_counts_failed_credentials_before_checking_them(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """The seeded "login" and "authentication" rules: 5 failures a minute per address on the
+    token endpoint and on Basic authentication, each its own counter."""
+    with run_demo(tmp_path, redis_url) as demo:
+        status, body = _post_form(demo, "/api/token/", {"username": "alice", "password": "alice"})
+        assert status == 200
+        token = json.loads(body)["token"]
+        wrong = {"username": "alice", "password": "wrong"}
+        assert [_post_form(demo, "/api/token/", wrong)[0] for _ in range(6)] == [400] * 5 + [429]
+        assert _post_form(demo, "/api/token/", wrong)[0] == 429
+
+        request = urllib.request.Request(demo.base + "/api/items/")
+        request.add_header("Authorization", f"Token {token}")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
+        # A wrong Basic password: 403, as SessionAuthentication comes first (no challenge).
+        assert [demo.get("/api/items/", auth=("bob", "wrong"))[0] for _ in range(6)] == [
+            403
+        ] * 5 + [429]
+        # The address is refused for every scheme of the rule now, a right token too.
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 429
+        refused.value.close()
+
+        status, _ = demo.get("/accounts/login/")
         assert status == 200

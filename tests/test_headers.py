@@ -227,3 +227,18 @@ def test_retry_after_header_rounds_up_and_is_at_least_one(retry_after: float, he
     )
 
     assert retry_after_seconds(decision.retry_after) == header
+
+
+@pytest.mark.django_db
+def test_a_shared_ceiling_is_shown_as_the_share_a_client_can_use(client: Any) -> None:
+    from django_throttle.models import TierLimit
+    from tests.factories import tier as make_tier
+
+    anonymous = make_tier("anonymous", is_default_anonymous=True)
+    TierLimit.objects.create(tier=anonymous, rate="50/min", shared=True)
+
+    response = client.get("/api/ping/", REMOTE_ADDR="203.0.113.61")
+
+    assert response.status_code == 200
+    # 50/min over the 16 key shards: each enforces 4; the client used 1 of its shard's 4.
+    assert (response["X-RateLimit-Limit"], response["X-RateLimit-Remaining"]) == ("4", "3")

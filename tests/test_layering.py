@@ -18,7 +18,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "django_throttle"
 
 #: Modules that define models or load them at import, so need configured apps.
-NEEDS_APPS = ("django_throttle.models", "django_throttle.admin", "django_throttle.forms")
+NEEDS_APPS = (
+    "django_throttle.models",
+    "django_throttle.admin",
+    "django_throttle.forms",
+    # Reads and writes policy rows throughout (manage.py throttle_policy).
+    "django_throttle.policy_file",
+)
 NEEDS_APPS_UNDER = (
     "django_throttle.migrations.",
     "django_throttle.management.commands.",
@@ -152,6 +158,8 @@ def imported_roots(path: Path) -> set[str]:
     ("dependency", "allowed_in"),
     [
         ("rest_framework", {"django_throttle/drf.py"}),
+        ("drf_spectacular", {"django_throttle/openapi.py"}),
+        ("prometheus_client", {"django_throttle/metrics.py"}),
         (
             "redis",
             {

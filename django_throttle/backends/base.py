@@ -3,21 +3,32 @@
 A backend counts; it knows nothing of requests, models or policies. ``client`` is an opaque
 string naming who is counted (``"user:42"``); each :class:`~django_throttle.rates.Limit` names a
 counter by its ``id``. All limits passed to one :meth:`Backend.hit` are checked and consumed as
-one atomic, all-or-nothing step.
+one atomic, all-or-nothing step; :meth:`Backend.refund` undoes an allowed hit.
+
+A :attr:`~django_throttle.rates.Limit.shared` limit is counted per key shard for every client
+of that shard together: see :func:`shard_of` and :func:`per_shard`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
 import inspect
+import logging
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
-from django_throttle.rates import Decision, Limit
+from django_throttle.rates import WINDOW_ALGORITHMS, Decision, InvalidRate, Limit, Rate
 
 #: Bytes of a client digest (96 bits: no two of a billion clients share one in practice).
 DIGEST_SIZE = 12
+
+logger = logging.getLogger("django_throttle")
+#: Backend classes already warned about lacking ``refund``: one warning each, not one per call.
+_WARNED: set[type] = set()
 
 
 class BackendError(Exception):
@@ -86,9 +97,47 @@ class Backend(ABC):
             client, limits, cost, now=now, usage=usage
         )
 
+    def refund(
+        self, client: str, limits: Sequence[Limit], cost: int = 1, *, now: float | None = None
+    ) -> None:
+        """Give ``cost`` tokens back to each of ``limits`` for ``client``: the undo of a
+        :meth:`hit` that was allowed (a reservation whose request did not count), as one
+        atomic step.
+
+        Each limit is clamped so its state never goes below "nothing used"; a missing or
+        expired state stays missing; a window that is no longer the current one is left as
+        it is; shadow limits are refunded too (the hit consumed them). This default, for
+        backends written before refunds, does nothing but log one warning per class: a
+        request must never fail because its reservation could not be given back.
+        """
+        cls = type(self)
+        if cls not in _WARNED:
+            _WARNED.add(cls)
+            logger.warning(
+                "%s.%s has no refund(): requests that should not count are counted",
+                cls.__module__,
+                cls.__qualname__,
+            )
+
+    async def arefund(
+        self, client: str, limits: Sequence[Limit], cost: int = 1, *, now: float | None = None
+    ) -> None:
+        """:meth:`refund` for ``async def`` views; this default runs it in a worker thread."""
+        if type(self).refund is Backend.refund:
+            self.refund(client, limits, cost, now=now)  # only logs: no thread needed
+            return
+        from asgiref.sync import sync_to_async
+
+        await sync_to_async(self.refund, thread_sensitive=False)(client, limits, cost, now=now)
+
     @abstractmethod
-    def peek(self, client: str, limits: Sequence[Limit], *, now: float | None = None) -> Decision:
-        """Report the current state of the limits without consuming anything."""
+    def peek(
+        self, client: str, limits: Sequence[Limit], *, now: float | None = None, cost: int = 0
+    ) -> Decision:
+        """Report the current state of the limits without consuming anything. With a
+        ``cost``, decide exactly as :meth:`hit` with that cost would (allowed, reported
+        limit, remaining, reset, retry), still writing nothing and counting no usage: what
+        the next request would get."""
 
     @abstractmethod
     def reset(self, client: str, limits: Sequence[Limit]) -> None:
@@ -129,6 +178,48 @@ def _accepts(func: Any, name: str) -> bool:
     """Whether ``func`` takes a keyword argument ``name`` (by name or through ``**kwargs``)."""
     parameters = inspect.signature(func).parameters.values()
     return any(p.name == name or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def client_digest(client: str) -> bytes:
+    """The client's 96-bit digest: its keys' name, and (first two bytes) its shard."""
+    return hashlib.blake2b(client.encode(), digest_size=DIGEST_SIZE).digest()
+
+
+def shard_of(client: str, shards: int) -> int:
+    """The key shard (``0 <= n < shards``) of every key of ``client``, the shared limits'
+    among them: the Redis backend's hash tag, and the memory backend's twin of it."""
+    digest = client_digest(client)
+    return (digest[0] << 8 | digest[1]) % shards
+
+
+def per_shard(limit: Limit, shards: int) -> Limit:
+    """What each of ``shards`` shards enforces of a shared limit: ``ceil(count / shards)``
+    per period and a burst of ``ceil(burst / shards)``; ``limit`` itself when it is not
+    shared.
+
+    Exact per shard, an approximation of the whole (clients spread over the shards by their
+    digest; the total admitted is at most ``shards x`` the share). Rounding up keeps a small
+    ceiling usable: 50/min over 16 shards is 4/min per shard, at most 64/min in all. Should
+    the share break a rule of its algorithm (GCRA's whole-microsecond interval), the next
+    larger count that keeps it is taken.
+    """
+    if not limit.shared or shards <= 1:
+        return limit
+    rate = limit.rate
+    burst = math.ceil(limit.burst / shards)
+    count = math.ceil(rate.count / shards)
+    while True:
+        try:
+            return dataclasses.replace(
+                limit,
+                rate=Rate(count, rate.period, rate.calendar),
+                # A window algorithm's burst is its count.
+                burst=count if limit.algorithm in WINDOW_ALGORITHMS else burst,
+            )
+        except InvalidRate:
+            if count >= rate.count:
+                return limit
+            count += 1
 
 
 def decision_from(

@@ -6,6 +6,8 @@ state expires at the millisecond its Redis key would. State lives in this proces
 with one process, or accept per-process limits. It is thread-safe (one lock) and takes an
 injectable ``clock`` so tests can move time by hand. ``max_entries`` bounds memory: beyond it
 the least recently used (client, limit) states are forgotten (those clients start afresh).
+A shared limit keeps one state per (key shard, limit), as the Redis keys do, so both backends
+admit the same requests.
 """
 
 from __future__ import annotations
@@ -18,8 +20,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from django_throttle.backends.base import Backend, BackendError, decision_from
+from django_throttle.backends.base import (
+    Backend,
+    BackendError,
+    decision_from,
+    per_shard,
+    shard_of,
+)
 from django_throttle.backends.memory_algorithms import TWINS, Compiled, compile_limit, expiry_ms
+from django_throttle.backends.usage_base import IF_DENIED
 from django_throttle.rates import MAX_COUNT, Decision, Limit
 
 if TYPE_CHECKING:
@@ -28,8 +37,9 @@ if TYPE_CHECKING:
 _SWEEP_EVERY = 4096
 
 #: (client, limit id, algorithm code): like the Redis key, a limit's algorithm is part of its
-#: counter's name, so changing it starts the counter afresh.
-Key = tuple[str, str, str]
+#: counter's name, so changing it starts the counter afresh. A shared limit's state has the
+#: key shard (an int, never equal to a client's text) in place of the client.
+Key = tuple[str | int, str, str]
 #: (algorithm state, last millisecond it lives): the Redis key and its PX expiry.
 Entry = tuple[Any, int]
 
@@ -38,12 +48,17 @@ class MemoryBackend(Backend):
     """Counts in an ordered dict guarded by a lock; expired state is swept as it is met."""
 
     def __init__(
-        self, clock: Callable[[], float] = time.time, max_entries: int | None = None
+        self,
+        clock: Callable[[], float] = time.time,
+        max_entries: int | None = None,
+        shards: int | None = None,
     ) -> None:
         if max_entries is not None and max_entries < 1:
             raise ValueError(f"max_entries must be at least 1, not {max_entries}")
         self.clock = clock
         self.max_entries = max_entries
+        # Key shards of shared limits: DJANGO_THROTTLE_KEY_SHARDS, read when first needed.
+        self._shards = shards
         self._lock = threading.Lock()
         # Key -> Entry. Bounded: an ordered dict kept least recently used first; unbounded: a
         # plain dict, cheaper per hit.
@@ -90,13 +105,69 @@ class MemoryBackend(Backend):
         """In-process and lock-held for microseconds: no need for a thread."""
         return self._run(client, limits, cost, now, consume=True, usage=usage)
 
-    def peek(self, client: str, limits: Sequence[Limit], *, now: float | None = None) -> Decision:
-        return self._run(client, limits, 0, now, consume=False)
+    def peek(
+        self, client: str, limits: Sequence[Limit], *, now: float | None = None, cost: int = 0
+    ) -> Decision:
+        return self._run(client, limits, cost, now, consume=False)
+
+    def refund(
+        self, client: str, limits: Sequence[Limit], cost: int = 1, *, now: float | None = None
+    ) -> None:
+        """Give ``cost`` back to every limit, each by its algorithm's rule (refund.lua's
+        twin, see memory_algorithms), under the lock: one atomic step."""
+        if not 0 <= cost <= MAX_COUNT or cost % 1:
+            raise BackendError(f"cost must be a whole number in [0, {MAX_COUNT}], not {cost!r}")
+        cost = int(cost)
+        now_us = round((self.clock() if now is None else now) * 1e6)
+        now_ms = now_us // 1000
+        states = self._state
+        with self._lock:
+            specs = self._specs(limits)
+            for spec in specs:
+                key = self._key(client, spec)
+                entry = states.get(key)
+                if entry is None or not cost:
+                    continue
+                if entry[1] < now_ms:  # expired: missing, as its Redis key would be
+                    del states[key]
+                    continue
+                capacity = spec.capacity
+                state, ttl = spec.refund(
+                    entry[0], now_us, capacity, spec.param, cost if cost < capacity else capacity
+                )
+                if ttl is None:
+                    continue
+                if state is None or ttl <= 0:
+                    del states[key]
+                else:
+                    states[key] = (state, expiry_ms(now_us, ttl))
+
+    async def arefund(
+        self, client: str, limits: Sequence[Limit], cost: int = 1, *, now: float | None = None
+    ) -> None:
+        """In-process and lock-held for microseconds: no need for a thread."""
+        self.refund(client, limits, cost, now=now)
 
     def reset(self, client: str, limits: Sequence[Limit]) -> None:
+        """Forget the client's states; for a shared limit, its shard's (everyone's there)."""
         with self._lock:
             for limit in limits:
-                self._state.pop((client, limit.id, TWINS[limit.algorithm].code), None)
+                code = TWINS[limit.algorithm].code
+                owner = shard_of(client, self.shards) if limit.shared else client
+                self._state.pop((owner, limit.id, code), None)
+
+    @property
+    def shards(self) -> int:
+        if self._shards is None:
+            from django_throttle.conf import app_settings
+
+            self._shards = app_settings.KEY_SHARDS
+        return self._shards
+
+    def _key(self, client: str, spec: Compiled) -> Key:
+        if spec.shared:
+            return (shard_of(client, self.shards), spec.id, spec.code)
+        return (client, spec.id, spec.code)
 
     def retime(
         self,
@@ -115,13 +186,16 @@ class MemoryBackend(Backend):
                 twin = TWINS[limit.algorithm]
                 old = previous[i] if previous is not None else None
                 old_param = (
-                    twin.param(old)
+                    twin.param(per_shard(old, self.shards))
                     if old is not None and old.algorithm == limit.algorithm
                     else None
                 )
-                param, capacity = twin.param(limit), limit.capacity
+                counted = per_shard(limit, self.shards) if limit.shared else limit
+                param, capacity = twin.param(counted), counted.capacity
+                # A shared limit's states are keyed by shard (int), the others by client.
+                owner = int if limit.shared else str
                 for key, (state, expires) in list(self._state.items()):
-                    if key[1] != limit.id or key[2] != twin.code:
+                    if key[1] != limit.id or key[2] != twin.code or type(key[0]) is not owner:
                         continue
                     if expires < now_ms:  # gone, as its Redis key would be
                         del self._state[key]
@@ -145,7 +219,10 @@ class MemoryBackend(Backend):
         found = self._compiled.get(id(limits))
         if found is not None and found[0] is limits:
             return found[1]
-        compiled = tuple(compile_limit(limit) for limit in limits)
+        compiled = tuple(
+            compile_limit(per_shard(limit, self.shards) if limit.shared else limit)
+            for limit in limits
+        )
         if len(self._compiled) >= 4096:  # bounded: policy reloads leave old tuples behind
             self._compiled.clear()
         self._compiled[id(limits)] = (limits, compiled)
@@ -175,7 +252,7 @@ class MemoryBackend(Backend):
             pick, pick_remaining, pick_reset, pick_retry = -1, -1, 0.0, -1.0
             writes: list[tuple[Key, Any, float, Any]] = []
             for i, spec in enumerate(specs):
-                key = (client, spec.id, spec.code)
+                key = (client, spec.id, spec.code) if not spec.shared else self._key(client, spec)
                 entry = states.get(key)
                 state = None
                 if entry is not None:
@@ -214,8 +291,11 @@ class MemoryBackend(Backend):
                     while len(lru) > bound:
                         lru.popitem(last=False)
             if consume and usage and limits:
-                outcome = ("s" if shadow_denied else "a") if allowed else "d"
-                self.usage.count(now_us, usage, client, outcome)
+                if usage[0] == IF_DENIED:  # lua/driver.lua: counted only when denied
+                    usage = usage[1:] if not allowed else ""
+                if usage:
+                    outcome = ("s" if shadow_denied else "a") if allowed else "d"
+                    self.usage.count(now_us, usage, client, outcome)
         return decision_from(
             limits,
             allowed,

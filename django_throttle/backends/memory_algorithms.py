@@ -11,6 +11,9 @@ store if the whole call commits (``None``: write nothing) and ``ttl_us`` the tim
 from which the backend derives the key's expiry as Redis does (``PX = max(1, ceil(ttl/1000))``).
 ``retime(state, now, capacity, param, old_param)`` returns ``(state, ttl_us)`` after a limit
 edit; a TTL of 0 or less means the state no longer matters (the key is deleted).
+``refund(state, now, capacity, param, cost)`` gives ``cost`` back to a live state (never past
+"nothing used") and returns ``(state, ttl_us)`` the same way, or a TTL of ``None`` when the
+state is left as it is (a window that is no longer the current one).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ MAX_WINDOW_US = MAX_WINDOW * 1_000_000
 
 Decide = Callable[[Any, int, int, Any, int], tuple[bool, int, Any, Any, Any, Any]]
 Retime = Callable[[Any, int, int, Any, Any], tuple[Any, Any]]
+Refund = Callable[[Any, int, int, Any, int], tuple[Any, Any]]
 
 
 def token_bucket(state: Any, now: int, capacity: int, interval: float, cost: int) -> Any:
@@ -88,6 +92,27 @@ def token_bucket_retime(
     return state, used * interval
 
 
+def token_bucket_refund(
+    state: Any, now: int, capacity: int, interval: float, cost: int
+) -> tuple[Any, Any]:
+    """Used as of now, less ``cost``, written as a hit writes it; under the tolerance the
+    bucket is full again and the state is deleted (float noise leaves no crumbs)."""
+    elapsed = now - state[1] * 1000
+    if elapsed < -999:
+        elapsed = -999
+    u = state[0]
+    used = (u if u < capacity else capacity) - elapsed / interval
+    if used < 0:
+        used = 0.0
+    elif used > capacity:
+        used = float(capacity)
+    after = used - cost
+    if after <= TOLERANCE:
+        return None, 0
+    ts_ms = -(-now // 1000)
+    return (after - (ts_ms * 1000 - now) / interval, ts_ms), after * interval
+
+
 def gcra(state: Any, now: int, capacity: int, emission: int, cost: int) -> Any:
     """``g``: state = the theoretical arrival time (µs); integers only, exact."""
     tat = now if state is None or state < now else state
@@ -117,6 +142,16 @@ def gcra_retime(state: Any, now: int, capacity: int, emission: int, old: Any) ->
     return now + moved, moved
 
 
+def gcra_refund(state: Any, now: int, capacity: int, emission: int, cost: int) -> tuple[Any, Any]:
+    """TAT moves back by ``cost`` emission intervals, never before now (deleted at now)."""
+    tat = now if state < now else state
+    full = capacity * emission
+    if tat - now > full:
+        tat = now + full
+    new = tat - cost * emission
+    return (new, new - now) if new > now else (None, 0)
+
+
 def fixed_window(state: Any, now: int, capacity: int, period: int, cost: int) -> Any:
     """``f``: state ``(count, start)`` of the window ``[start, start + P)``."""
     if state is None:
@@ -139,6 +174,22 @@ def fixed_window_retime(
 ) -> tuple[Any, Any]:
     ttl = state[1] + period - now
     return state, ttl if ttl < period else period
+
+
+def fixed_window_refund(
+    state: Any, now: int, capacity: int, period: int, cost: int
+) -> tuple[Any, Any]:
+    """The current window's count less ``cost``; an earlier window is left alone."""
+    count, start = state
+    if start > now:
+        start = now - now % period
+    elif now >= start + period:
+        return state, None
+    return _window_refund(count - cost, start, start + period - now)
+
+
+def _window_refund(left: int, start: int, ttl: int) -> tuple[Any, Any]:
+    return ((left, start), ttl) if left > 0 else (None, 0)
 
 
 #: The current window of each (unit, time zone), reused while ``now`` is inside it: the hot
@@ -172,6 +223,15 @@ def calendar_quota_retime(
 ) -> tuple[Any, Any]:
     begin, end = _calendar_window(unit_tz, now)
     return state, end - now if state[1] >= begin else 0
+
+
+def calendar_quota_refund(
+    state: Any, now: int, capacity: int, unit_tz: Any, cost: int
+) -> tuple[Any, Any]:
+    begin, end = _calendar_window(unit_tz, now)
+    if state[1] < begin:
+        return state, None
+    return _window_refund(state[0] - cost, state[1], end - now)
 
 
 class LogCommit(NamedTuple):
@@ -233,6 +293,19 @@ def sliding_log_retime(
     return state, state[-1] + period - now if state else 0
 
 
+def sliding_log_refund(
+    state: Any, now: int, capacity: int, period: int, cost: int
+) -> tuple[Any, Any]:
+    """Drop the ``cost`` newest live entries (and the dead ones, as a hit's write does)."""
+    dead = bisect_right(state, now - period)
+    if len(state) - dead <= cost:
+        return None, 0
+    del state[len(state) - cost :]
+    del state[:dead]
+    reset = state[-1] + period - now
+    return state, reset if reset < period else period
+
+
 def sliding_counter(state: Any, now: int, capacity: int, period: int, cost: int) -> Any:
     """``s``: state ``(cur, prev, start)``; the previous window weighs by what is left of it."""
     grid = now - now % period
@@ -268,14 +341,28 @@ def sliding_counter_retime(
     return state, state[2] + 2 * period - now
 
 
+def sliding_counter_refund(
+    state: Any, now: int, capacity: int, period: int, cost: int
+) -> tuple[Any, Any]:
+    """The current window's count less ``cost``; a state of an earlier window is left."""
+    grid = now - now % period
+    cur, prev, start = state
+    if start < grid:
+        return state, None
+    cur = cur - cost if cur > cost else 0
+    reset = grid + 2 * period - now if cur > 0 else grid + period - now if prev > 0 else 0
+    return ((cur, prev, grid), reset) if reset > 0 else (None, 0)
+
+
 class Twin(NamedTuple):
-    """One algorithm: its spec code (also the key's tag), decide, commit and retime."""
+    """One algorithm: its spec code (also the key's tag), decide, commit, retime, refund."""
 
     code: str
     decide: Decide
     commit: Callable[[Any, Any], Any] | None
     retime: Retime
     param: Callable[[Limit], Any]
+    refund: Refund
 
 
 def _interval(limit: Limit) -> float:
@@ -287,15 +374,23 @@ def _period(limit: Limit) -> int:
 
 
 TWINS: dict[str, Twin] = {
-    Algorithm.TOKEN_BUCKET.value: Twin("t", token_bucket, None, token_bucket_retime, _interval),
-    Algorithm.LEAKY_BUCKET.value: Twin("l", token_bucket, None, token_bucket_retime, _interval),
-    Algorithm.GCRA.value: Twin("g", gcra, None, gcra_retime, lambda limit: limit.emission_us),
-    Algorithm.FIXED_WINDOW.value: Twin("f", fixed_window, None, fixed_window_retime, _period),
+    Algorithm.TOKEN_BUCKET.value: Twin(
+        "t", token_bucket, None, token_bucket_retime, _interval, token_bucket_refund
+    ),
+    Algorithm.LEAKY_BUCKET.value: Twin(
+        "l", token_bucket, None, token_bucket_retime, _interval, token_bucket_refund
+    ),
+    Algorithm.GCRA.value: Twin(
+        "g", gcra, None, gcra_retime, lambda limit: limit.emission_us, gcra_refund
+    ),
+    Algorithm.FIXED_WINDOW.value: Twin(
+        "f", fixed_window, None, fixed_window_retime, _period, fixed_window_refund
+    ),
     Algorithm.SLIDING_LOG.value: Twin(
-        "w", sliding_log, sliding_log_commit, sliding_log_retime, _period
+        "w", sliding_log, sliding_log_commit, sliding_log_retime, _period, sliding_log_refund
     ),
     Algorithm.SLIDING_COUNTER.value: Twin(
-        "s", sliding_counter, None, sliding_counter_retime, _period
+        "s", sliding_counter, None, sliding_counter_retime, _period, sliding_counter_refund
     ),
     Algorithm.CALENDAR.value: Twin(
         "c",
@@ -303,6 +398,7 @@ TWINS: dict[str, Twin] = {
         None,
         calendar_quota_retime,
         lambda limit: (limit.calendar_unit, limit.timezone),
+        calendar_quota_refund,
     ),
 }
 
@@ -317,9 +413,13 @@ class Compiled(NamedTuple):
     capacity: int
     param: Any
     shadow: bool
+    refund: Refund
+    shared: bool
 
 
 def compile_limit(limit: Limit) -> Compiled:
+    """``limit`` as counted: a shared limit's capacity is its per-shard share (the caller
+    passes :func:`~django_throttle.backends.base.per_shard` of it)."""
     twin = TWINS[limit.algorithm]
     return Compiled(
         limit.id,
@@ -329,6 +429,8 @@ def compile_limit(limit: Limit) -> Compiled:
         limit.capacity,
         twin.param(limit),
         limit.shadow,
+        twin.refund,
+        limit.shared,
     )
 
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from django_throttle.backends.usage_base import (
+    KEYS_SEEN_MAX,
     LETTERS,
     SLOT,
     MinuteCounts,
@@ -46,6 +47,7 @@ class MemoryUsage(UsageStore):
         self._watermark: int | None = None
         self._late: set[int] = set()
         self._applied: set[str] = set()
+        self._keys_seen: dict[str, int] = {}  # API key prefix -> last second used
         self.top_size = max(1, int(app_settings.USAGE_TOP_CLIENTS))
         self.sample = max(1, int(app_settings.USAGE_CLIENT_SAMPLE))
         self._keep = max(1, int(app_settings.USAGE_REDIS_TTL) // 60)
@@ -55,7 +57,10 @@ class MemoryUsage(UsageStore):
     ) -> None:
         """Count ``n`` (default 1) requests of ``client`` under ``field`` and outcome letter
         ``outcome`` in the minute of ``now_us`` (whole microseconds). A single allowed request
-        enters the top list one time in ``USAGE_CLIENT_SAMPLE``, like the script."""
+        enters the top list one time in ``USAGE_CLIENT_SAMPLE``, like the script, and the
+        decision's own count (no ``n``) records an API key client's last use."""
+        if n is None and client.startswith("key:"):
+            self._note_key_use(client[4:], int(now_us // 1_000_000))
         sampled = n is None and outcome == "a" and self.sample > 1
         n = 1 if n is None else n
         minute = int(now_us // 60_000_000)
@@ -95,6 +100,25 @@ class MemoryUsage(UsageStore):
             if len(heap) > 4 * top_size + 64:  # stale entries: rebuild from the counts
                 heap[:] = [(count, name) for name, count in top.items()]
                 heapq.heapify(heap)
+
+    def _note_key_use(self, prefix: str, second: int) -> None:
+        """The script's ``note_key_use``: never moves back; the least recently used key is
+        forgotten beyond :data:`KEYS_SEEN_MAX`."""
+        with self._lock:
+            seen = self._keys_seen
+            if prefix in seen:
+                seen[prefix] = max(seen[prefix], second)
+                return
+            seen[prefix] = second
+            if len(seen) > KEYS_SEEN_MAX:  # rare: only when a new key arrives at the bound
+                del seen[min(seen, key=lambda name: (seen[name], name))]
+
+    def keys_last_used(self, prefixes: Iterable[str] | None = None) -> dict[str, int]:
+        with self._lock:
+            seen = dict(self._keys_seen)
+        if prefixes is None:
+            return seen
+        return {prefix: seen[prefix] for prefix in prefixes if prefix in seen}
 
     def _expire(self, minute: int) -> None:
         oldest = minute - self._keep

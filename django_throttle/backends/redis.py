@@ -4,12 +4,15 @@ Keys are ``<prefix>:{<shard>}<client digest>:<limit id>`` for a token bucket and
 ``<prefix>:{<shard>}<client digest><code><limit id>`` for the other algorithms (``g`` GCRA,
 ``l`` leaky bucket, ``f`` fixed window, ``w`` sliding log, ``s`` sliding counter, ``c`` calendar
 quota): the hash tag is the shard, so all keys of one call, and that shard's usage counters,
-share a Redis Cluster slot. Scripts ship as ``.lua`` files in this package and run by EVALSHA;
-on NOSCRIPT (the script did not run) they are sent once more with EVAL, which carries the
-source. Nothing else is ever replayed, because a call that timed out may already have counted:
-the clients this module builds have retries off, short timeouts and a bounded pool, and every
-failure (redis-py's errors, socket errors, a garbled reply) surfaces as :class:`BackendError`.
-Counting calls skip redis-py's per-command machinery (see :mod:`.wire`); ``async def`` views use
+share a Redis Cluster slot. A shared limit's key has ``*`` in place of the client digest,
+``<prefix>:{<shard>}*<suffix>``: one state per shard for every client of that shard, still in
+the calling client's slot, each enforcing its share of the capacity (:func:`.base.per_shard`).
+Scripts ship as ``.lua`` files in this package and run by EVALSHA; on NOSCRIPT (the script did
+not run) they are sent once more with EVAL, which carries the source. Nothing else is ever
+replayed, because a call that timed out may already have counted: the clients this module
+builds have retries off, short timeouts and a bounded pool, and every failure (redis-py's
+errors, socket errors, a garbled reply) surfaces as :class:`BackendError`. Counting calls skip
+redis-py's per-command machinery (see :mod:`.wire`); ``async def`` views use
 :mod:`.redis_async`.
 """
 
@@ -29,9 +32,23 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
-from django_throttle.backends.base import DIGEST_SIZE, Backend, BackendError, decision_from
+from django_throttle import events
+from django_throttle.backends.base import (
+    DIGEST_SIZE,
+    Backend,
+    BackendError,
+    decision_from,
+    per_shard,
+)
 from django_throttle.backends.redis_async import AsyncStacks
-from django_throttle.backends.wire import Calls, Stack, key_suffix, limit_spec
+from django_throttle.backends.wire import (
+    DIGEST_KEY_CHARS,
+    SHARED_MARK,
+    Calls,
+    Stack,
+    key_suffix,
+    limit_spec,
+)
 from django_throttle.conf import app_settings
 from django_throttle.rates import Decision, Limit
 
@@ -50,6 +67,10 @@ ALGORITHM_FILES = (
 SCRIPT_FILES = ("prelude.lua", *ALGORITHM_FILES, "usage.lua", "driver.lua")
 #: The same definitions with the retime driver (after a limit changed, see ``retime``).
 RETIME_FILES = ("prelude.lua", *ALGORITHM_FILES, "retime.lua")
+#: The same definitions with the refund driver (a reservation given back, see ``refund``);
+#: ``refunding.lua`` has the algorithm files define their refund functions, which the
+#: counting script leaves out.
+REFUND_FILES = ("prelude.lua", "refunding.lua", *ALGORITHM_FILES, "refund.lua")
 #: A stalled Redis must cost a request tens of milliseconds, not redis-py's default 5 s x 10.
 DEFAULT_CLIENT_OPTIONS: dict[str, Any] = {
     "socket_connect_timeout": 0.05,
@@ -63,8 +84,6 @@ _NOT_BORROWED = ("retry", "retry_on_timeout", "retry_on_error", "timeout", "max_
 POLICY_VERSION_TTL = 30 * 86400
 #: Keys asked of each SCAN step, and so at most this many per retime script call.
 RETIME_BATCH = 1000
-#: Characters of the client digest in a key (base64url of DIGEST_SIZE bytes).
-DIGEST_KEY_CHARS = 4 * DIGEST_SIZE // 3
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
 
 
@@ -147,7 +166,11 @@ class RedisBackend(Backend):
         self.shards = app_settings.KEY_SHARDS
         self._tags = tuple(tag.encode() for tag in self.shard_tags())
         source = load_script(shards=self.shards)
-        self._calls = Calls(hashlib.sha1(source.encode()).hexdigest(), source)
+        self._calls = Calls(hashlib.sha1(source.encode()).hexdigest(), source, self.shards)
+        refund_source = load_script(REFUND_FILES)
+        self._refunds = Calls(
+            hashlib.sha1(refund_source.encode()).hexdigest(), refund_source, self.shards
+        )
         pool = self.client.connection_pool
         self._stack = Stack(pool)
         self._async_stacks = AsyncStacks(pool)
@@ -160,7 +183,11 @@ class RedisBackend(Backend):
         return tuple(f"{self.prefix}:{{{n}}}" for n in range(self.shards))
 
     def key(self, client: str, limit: Limit) -> str:
-        return self._client_tag(client).decode() + key_suffix(limit)
+        """The key of ``client``'s state of ``limit`` (for a shared limit, its shard's)."""
+        tag = self._client_tag(client)
+        if limit.shared:
+            tag = tag[:-DIGEST_KEY_CHARS] + SHARED_MARK
+        return tag.decode() + key_suffix(limit)
 
     def _client_tag(self, client: str) -> bytes:
         """``<prefix>:{<shard>}<digest>``, the start of every key of this client: a 96-bit
@@ -181,8 +208,40 @@ class RedisBackend(Backend):
     ) -> Decision:
         return self._call(client, limits, cost, now, usage)
 
-    def peek(self, client: str, limits: Sequence[Limit], *, now: float | None = None) -> Decision:
-        return self._call(client, limits, None, now, None)
+    def peek(
+        self, client: str, limits: Sequence[Limit], *, now: float | None = None, cost: int = 0
+    ) -> Decision:
+        return self._call(client, limits, cost, now, None, peek=True)
+
+    def refund(
+        self, client: str, limits: Sequence[Limit], cost: int = 1, *, now: float | None = None
+    ) -> None:
+        """One EVALSHA of refund.lua over the keys the hit used (same framing, same slot)."""
+        if not limits:
+            return
+        try:
+            body, fallback = self._request(client, limits, cost, now, None, self._refunds)
+            try:
+                self._stack.call(body)
+            except NoScriptError:
+                self._stack.call(fallback())
+        except Exception as exc:  # anything out of redis-py: see _run
+            raise BackendError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def arefund(
+        self, client: str, limits: Sequence[Limit], cost: int = 1, *, now: float | None = None
+    ) -> None:
+        """:meth:`refund` on ``redis.asyncio``, as :meth:`ahit`."""
+        if not limits:
+            return
+        try:
+            body, fallback = self._request(client, limits, cost, now, None, self._refunds)
+            try:
+                await self._async_stacks.call(body)
+            except NoScriptError:
+                await self._async_stacks.call(fallback())
+        except Exception as exc:  # anything out of redis-py: see _run
+            raise BackendError(f"{type(exc).__name__}: {exc}") from exc
 
     def reset(self, client: str, limits: Sequence[Limit]) -> None:
         if limits:
@@ -210,14 +269,15 @@ class RedisBackend(Backend):
         for limit, old in zip(limits, olds, strict=True):
             pattern = "{}:{{*}}{}{}".format(
                 _GLOB_SPECIAL.sub(r"\\\1", self.prefix),
-                "?" * DIGEST_KEY_CHARS,
+                # A shared limit's keys have "*" where the others have the client digest.
+                "\\*" if limit.shared else "?" * DIGEST_KEY_CHARS,
                 _GLOB_SPECIAL.sub(r"\\\1", key_suffix(limit)),
             )
             same = old is not None and old.algorithm == limit.algorithm
             args = (
-                limit_spec(limit, now_us),
+                limit_spec(per_shard(limit, self.shards), now_us),
                 when,
-                limit_spec(old, now_us) if same and old is not None else "",
+                limit_spec(per_shard(old, self.shards), now_us) if same and old is not None else "",
             )
             cursor = 0
             while True:
@@ -278,9 +338,10 @@ class RedisBackend(Backend):
         cost: int | None,
         now: float | None,
         usage: str | None,
+        peek: bool = False,
     ) -> Decision:
         try:
-            body, fallback = self._request(client, limits, cost, now, usage)
+            body, fallback = self._request(client, limits, cost, now, usage, peek=peek)
             try:
                 reply = self._stack.call(body)
             except NoScriptError:
@@ -298,19 +359,25 @@ class RedisBackend(Backend):
         cost: int | None,
         now: float | None,
         usage: str | None,
+        calls: Calls | None = None,
+        peek: bool = False,
     ) -> tuple[bytes, Callable[[], bytes]]:
-        """The EVALSHA to send, and how to build its EVAL twin if the script is missing."""
-        calls = self._calls
+        """The EVALSHA to send (of the counting script, or of ``calls``'), and how to build
+        its EVAL twin if the script is missing. ``peek``: decide on ``cost``, write nothing."""
+        calls = calls or self._calls
         now_us = None if now is None else round(now * 1e6)
         encoded = calls.encoded(limits, now_us)
         tag = self._client_tag(client)
-        op = calls.op(cost, now_us)
+        op = calls.op(cost, now_us, peek)
         field = calls.field(usage)
         label = client.encode()
-        return (
-            calls.body(encoded, tag, op, field, label),
-            lambda: calls.body(encoded, tag, op, field, label, False),
-        )
+
+        def fallback() -> bytes:
+            # Redis lost the script (restart, failover, SCRIPT FLUSH): EVAL loads it again.
+            events.send(events.script_loaded, type(self))
+            return calls.body(encoded, tag, op, field, label, False)
+
+        return calls.body(encoded, tag, op, field, label), fallback
 
     @staticmethod
     def _decision(limits: Sequence[Limit], reply: Any) -> Decision:

@@ -103,6 +103,30 @@ class RedisUsage(UsageStore):
         if self._own:
             self._reader.connection_pool.disconnect()
 
+    def keys_last_used(self, prefixes: Iterable[str] | None = None) -> dict[str, int]:
+        """Every shard's ``<tag>k`` set (see ``lua/usage.lua``) in one pipeline: ZMSCORE of
+        ``prefixes`` in each, on the backend's own client (an admin page's small read must
+        not wait :data:`READ_TIMEOUT` on a stalled Redis), or the whole set (at most
+        ``KEYS_SEEN_MAX`` members a shard, for the rollup)."""
+        names = None if prefixes is None else sorted(set(prefixes))
+        if names == []:
+            return {}
+        client = self.client if names is None else self.push_client
+        pipe = client.pipeline(transaction=False)
+        for tag in self.tags:
+            if names is None:
+                pipe.zrange(f"{tag}k", 0, -1, withscores=True)
+            else:
+                pipe.zmscore(f"{tag}k", names)
+        found: dict[str, int] = {}
+        for reply in _run(pipe.execute):
+            pairs = reply if names is None else zip(names, reply, strict=True)
+            for name, score in pairs:
+                if score is not None:
+                    prefix, second = _text(name), int(score)
+                    found[prefix] = max(second, found.get(prefix, second))
+        return found
+
     def now_minute(self) -> int:
         seconds, _ = _run(self.client.time)
         return int(seconds) // 60

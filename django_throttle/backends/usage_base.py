@@ -15,13 +15,29 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["LETTERS", "SLOT", "MinuteCounts", "PendingCount", "UsageStore", "add_to"]
+__all__ = [
+    "IF_DENIED",
+    "KEYS_SEEN_MAX",
+    "LETTERS",
+    "SLOT",
+    "MinuteCounts",
+    "PendingCount",
+    "UsageStore",
+    "add_to",
+]
+
+#: Prefix of a usage field counted only when the request is denied (see lua/driver.lua): the
+#: first calls of a request counted in several calls, whose outcome the last call counts.
+IF_DENIED = "\x01"
 
 #: One letter per outcome, in report column order: allowed, denied, shadow would-deny,
 #: failed open, failed closed. The Lua scripts use the same letters.
 LETTERS = "adsoc"
 #: Position of each letter's count in a counts list.
 SLOT = {letter: i for i, letter in enumerate(LETTERS)}
+#: API keys whose last use a store remembers (per shard for Redis: ``lua/usage.lua``'s
+#: ``KEYS_SEEN_MAX``); beyond it the least recently used are forgotten.
+KEYS_SEEN_MAX = 10_000
 
 #: (minute, usage field, client label, outcome letter, requests): one count kept in process
 #: while the backend could not answer, pushed with :meth:`UsageStore.push`.
@@ -58,6 +74,12 @@ class UsageStore(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections of the store's own (a Redis store may open a reading client)."""
+
+    def keys_last_used(self, prefixes: Iterable[str] | None = None) -> dict[str, int]:
+        """The last second (Unix) a decision counted each API key, by key prefix: those of
+        ``prefixes`` that were seen (``None``: every key remembered). Kept only while usage
+        counting is on. A store that keeps none (this default) knows of no use."""
+        return {}
 
     @abstractmethod
     def now_minute(self) -> int:

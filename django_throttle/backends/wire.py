@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover - older or newer layouts of redis-py
             return ResponseError(message)
 
 
+from django_throttle.backends.base import DIGEST_SIZE, per_shard
 from django_throttle.calendar import windows
 from django_throttle.rates import Algorithm, Limit
 
@@ -61,6 +62,10 @@ FOREVER = math.inf
 IDLE_CHECK_SECONDS = 1.0
 #: Bytes asked of one recv: a decision's reply is a few dozen.
 RECV_SIZE = 4096
+#: Characters of the client digest in a key (base64url of DIGEST_SIZE bytes).
+DIGEST_KEY_CHARS = 4 * DIGEST_SIZE // 3
+#: What stands in a shared limit's key for the client digest (never a base64url character).
+SHARED_MARK = b"*"
 
 
 def frame(value: bytes) -> bytes:
@@ -100,7 +105,9 @@ class Encoded:
     """What one limit list adds to every call: key suffixes and the framed tail of specs.
 
     ``valid_until`` (Unix seconds) is when a calendar quota's window ends and the specs must
-    be encoded again; :data:`FOREVER` when the list has none.
+    be encoded again; :data:`FOREVER` when the list has none. ``shared`` marks the shared
+    limits (empty when there are none, the usual case): their keys carry the shard's tag and
+    :data:`SHARED_MARK` instead of the client's tag.
     """
 
     limits: Sequence[Limit]
@@ -109,15 +116,18 @@ class Encoded:
     eval_head: bytes
     tail: bytes
     valid_until: float = FOREVER
+    shared: tuple[bool, ...] = ()
 
 
 class Calls:
     """Frames calls of one script; limit lists are encoded once and cached by identity (the
-    policy snapshot hands out the same tuple for every request of a tier and endpoint)."""
+    policy snapshot hands out the same tuple for every request of a tier and endpoint).
+    ``shards`` splits a shared limit's capacity (see :func:`~.base.per_shard`)."""
 
-    def __init__(self, sha: str, source: str) -> None:
+    def __init__(self, sha: str, source: str, shards: int = 1) -> None:
         self.sha = sha.encode()
         self.source = source.encode()
+        self.shards = shards
         self._cache: dict[int, Encoded] = {}
         self._fields: dict[str, bytes] = {}
 
@@ -149,23 +159,31 @@ class Calls:
         count = len(limits)
         rest = b"%s" % frame(str(count).encode())
         elements = b"*%d\r\n" % (4 + 2 * count)
+        shared = tuple(limit.shared for limit in limits)
         return Encoded(
             limits=limits,
             suffixes=tuple(key_suffix(limit).encode() for limit in limits),
             evalsha_head=elements + b"$7\r\nEVALSHA\r\n" + frame(self.sha) + rest,
             eval_head=elements + b"$4\r\nEVAL\r\n" + frame(self.source) + rest,
-            tail=b"".join(frame(limit_spec(limit, now_us).encode()) for limit in limits),
+            tail=b"".join(
+                frame(limit_spec(per_shard(limit, self.shards), now_us).encode())
+                for limit in limits
+            ),
             valid_until=until,
+            shared=shared if any(shared) else (),
         )
 
     @staticmethod
-    def op(cost: int | None, now_us: int | None) -> bytes:
-        """The cost (``None``: ``p``, a peek; 1, the usual cost, is sent as nothing), ``@now``
-        in tests."""
-        if cost == 1 and type(cost) is int:
+    def op(cost: int | None, now_us: int | None, peek: bool = False) -> bytes:
+        """The cost (1, the usual cost, is sent as nothing), or for a peek ``p`` and the cost
+        it asks about (``None`` or 0: none); ``@now`` in tests."""
+        if peek or cost is None:
+            if not cost:
+                text = b"p"
+            else:
+                text = b"p%d" % cost if type(cost) is int else b"p" + str(cost).encode()
+        elif cost == 1 and type(cost) is int:
             text = b""
-        elif cost is None:
-            text = b"p"
         else:
             text = b"%d" % cost if type(cost) is int else str(cost).encode()
         return text if now_us is None else b"%s@%d" % (text, now_us)
@@ -188,10 +206,17 @@ class Calls:
         """The whole command: head, one key per limit (``tag + suffix``), ARGV[1] (op, and
         with a usage field the field and the client), specs."""
         head = encoded.evalsha_head if evalsha else encoded.eval_head
-        keys = b"".join(
-            b"$%d\r\n%s%s\r\n" % (len(tag) + len(suffix), tag, suffix)
-            for suffix in encoded.suffixes
-        )
+        if encoded.shared:
+            shard = tag[:-DIGEST_KEY_CHARS] + SHARED_MARK
+            keys = b"".join(
+                frame((shard if shared else tag) + suffix)
+                for suffix, shared in zip(encoded.suffixes, encoded.shared, strict=True)
+            )
+        else:
+            keys = b"".join(
+                b"$%d\r\n%s%s\r\n" % (len(tag) + len(suffix), tag, suffix)
+                for suffix in encoded.suffixes
+            )
         first = op + field + client.replace(b"\n", b" ") if field else op
         return b"".join((head, keys, frame(first), encoded.tail))
 

@@ -11,6 +11,7 @@ the admin lists flag it.
 from __future__ import annotations
 
 from django_throttle.models.api_keys import ApiKey
+from django_throttle.models.exemptions import Exemption
 from django_throttle.models.fields import HTTP_METHODS, BadRow, FailureMode, validate_rate
 from django_throttle.models.limits import ALGORITHM_FIELDS, ALGORITHM_HELP, LimitFields
 from django_throttle.models.rules import EndpointLimit, EndpointRule
@@ -25,6 +26,7 @@ __all__ = [
     "BadRow",
     "EndpointLimit",
     "EndpointRule",
+    "Exemption",
     "FailureMode",
     "LimitFields",
     "Tier",

@@ -82,6 +82,16 @@ class ApiKey(models.Model):
         _("expires"), null=True, blank=True, help_text=_("empty: never expires")
     )
     created = models.DateTimeField(_("created"), auto_now_add=True)
+    last_used = models.DateTimeField(
+        _("last used"),
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=_(
+            "as of the last usage rollup (manage.py throttle_usage --rollup); the admin shows "
+            "the live time from the backend when it has one"
+        ),
+    )
 
     objects = ApiKeyManager()
 

@@ -214,7 +214,8 @@ class LimitFields(models.Model):
         unchecked: frozenset[str] = getattr(self, "_unchecked", frozenset())
         if unchecked.intersection(LIMIT_FIELDS) or not self._valid_alone():
             return
-        problems = self.row_problems()
+        # Only the limit's columns: any other field's problem is that field's own error.
+        problems = {f: m for f, m in self.row_problems().items() if f in LIMIT_FIELDS}
         if problems:
             raise ValidationError(problems)
 

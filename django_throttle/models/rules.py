@@ -28,6 +28,13 @@ class EndpointRule(models.Model):
         ROUTE = "route", _("URL route name")
         PATH = "path", _("Path prefix")
 
+    class Counts(models.TextChoices):
+        """Which finished requests keep the tokens they took (the others are refunded)."""
+
+        ALL = "all", _("all requests")
+        SUCCESS = "success", _("successes only (status below 400)")
+        FAILURES = "failures", _("failures only (status 400-499, or a failed login)")
+
     name = models.CharField(max_length=100, unique=True)
     match_type = models.CharField(max_length=10, choices=MatchType.choices, default=MatchType.SCOPE)
     pattern = models.CharField(
@@ -57,6 +64,18 @@ class EndpointRule(models.Model):
             "what matching requests meet when Redis cannot answer; use 'closed' for credential "
             "endpoints (login, token) so an outage never lifts their limit"
         )
+    )
+    counts = models.CharField(
+        _("counts"),
+        max_length=10,
+        choices=Counts.choices,
+        default=Counts.ALL,
+        help_text=_(
+            "which requests use up the limits: every request takes its cost when it arrives "
+            "(so concurrent requests never pass the limit together), and gets it back when it "
+            "ends in an outcome this rule does not count; 'failures' suits a login or token "
+            "endpoint (a wrong password, or any 4xx, counts)"
+        ),
     )
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
@@ -94,6 +113,7 @@ class EndpointRule(models.Model):
         for field, choices, what in (
             ("match_type", self.MatchType, _("match type")),
             ("failure_mode", FailureMode, _("failure mode")),
+            ("counts", self.Counts, _("counting policy")),
         ):
             problem = choice_problem(getattr(self, field), choices, what)
             if problem is not None:
@@ -138,8 +158,27 @@ class EndpointRule(models.Model):
 class EndpointLimit(LimitFields):
     """A limit on one endpoint for clients of one tier, on top of the tier's own limits."""
 
+    class CountedBy(models.TextChoices):
+        """Whose requests share this limit's counter."""
+
+        CLIENT = "client", _("client (API key, else user, else IP address)")
+        IP = "ip", _("IP address")
+        USERNAME = "username", _("username presented (login and token requests)")
+
     rule = models.ForeignKey(EndpointRule, on_delete=models.CASCADE, related_name="limits")
     tier = models.ForeignKey(Tier, on_delete=models.CASCADE, related_name="endpoint_limits")
+    counted_by = models.CharField(
+        _("counted by"),
+        max_length=10,
+        choices=CountedBy.choices,
+        default=CountedBy.CLIENT,
+        help_text=_(
+            "whose requests share the counter: the client as identified (API key, user, IP), "
+            "the IP address even for a signed-in user, or the username a login or token "
+            "request presents (to slow password guessing spread over many addresses; "
+            "requests that present no username skip this limit)"
+        ),
+    )
 
     class Meta:
         ordering = ["rule", "tier", "pk"]
@@ -159,6 +198,14 @@ class EndpointLimit(LimitFields):
     @property
     def limit_id(self) -> str:
         return f"e{self.pk}"
+
+    def row_problems(self) -> dict[str, str]:
+        """The limit's problems, and a counted-by value written around the admin."""
+        problems = super().row_problems()
+        problem = choice_problem(self.counted_by, self.CountedBy, _("counted by"))
+        if problem is not None:
+            problems["counted_by"] = problem
+        return problems
 
     def limit_name(self, rate: Rate) -> str:
         return f"{self.rule.name} ({self.tier.slug}) {rate}"

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
+from django_throttle.backends.base import per_shard
+from django_throttle.conf import app_settings
 from django_throttle.models.fields import FailureMode, choice_problem, failure_mode_field, in_range
 from django_throttle.models.limits import LimitFields
-from django_throttle.rates import Rate
+from django_throttle.rates import Limit, Rate
 
 
 class Tier(models.Model):
@@ -96,6 +100,16 @@ class TierLimit(LimitFields):
     """A limit on everything a client of the tier does, whatever the endpoint."""
 
     tier = models.ForeignKey(Tier, on_delete=models.CASCADE, related_name="limits")
+    shared = models.BooleanField(
+        _("for all clients of this tier together"),
+        default=False,
+        help_text=_(
+            "one ceiling for every client of the tier together (e.g. all anonymous traffic, "
+            "against address rotation) instead of one per client; each of the "
+            "DJANGO_THROTTLE_KEY_SHARDS key shards enforces its share, the rate divided by the "
+            "number of shards and rounded up"
+        ),
+    )
 
     class Meta:
         ordering = ["tier", "pk"]
@@ -113,7 +127,25 @@ class TierLimit(LimitFields):
 
     def limit_name(self, rate: Rate) -> str:
         # The policy compiler loads tiers with select_related, so this costs no query there.
-        return f"{self.tier.slug} {rate}"
+        return f"{self.tier.slug} {rate}{' shared' if self.shared else ''}"
+
+    def to_limit(self) -> Limit:
+        limit = super().to_limit()
+        return dataclasses.replace(limit, shared=True) if self.shared else limit
+
+    @property
+    def capacity(self) -> int:
+        """Most cost one request may have; for a shared limit, what one key shard holds
+        (its share of the ceiling). Raises :class:`BadRow` for a bad row."""
+        limit = self.validated_limit()
+        if not self.shared:
+            return limit.capacity
+        shared = dataclasses.replace(limit, shared=True)
+        return per_shard(shared, app_settings.KEY_SHARDS).capacity
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text}, {_('shared')}" if self.shared else text
 
 
 class TierAssignment(models.Model):

@@ -15,6 +15,8 @@
 -- comes back whole at the next boundary); TTL b_i+1 - now.
 -- Retime: a count of the current window keeps it, with TTL b_i+1 - now; an older one is
 -- deleted.
+-- Refund c: a count of the current window becomes count - c, with TTL b_i+1 - now (deleted at
+-- 0); an older one is left alone.
 
 local function calendar_parse(capacity, fields, now)
   local bounds = {}
@@ -56,3 +58,11 @@ ALGORITHMS['c'] = {
   parse = calendar_parse, decide = calendar_decide, commit = window_commit,
   retime = calendar_retime,
 }
+
+if REFUND then
+  ALGORITHMS['c'].refund = function(key, now, p, cost)
+    local count, start = window_state(redis.call('GET', key), FIXED_PATTERN)
+    if count == nil or start < p.start then return 0 end
+    return window_refund(key, now, count - cost, start, p.stop)
+  end
+end

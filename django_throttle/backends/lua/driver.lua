@@ -5,9 +5,11 @@
 --          so they live in one Redis Cluster slot with that shard's usage counters
 -- ARGV[1]  "<op>[\n<usage field>\n<client>]", one argument to save bytes on the wire:
 --          op is "<cost>" to consume (a whole number in [0, 1e9], clamped per limit to its
---          capacity; empty means 1) or "p" to only look, with "@<now>" appended (whole
+--          capacity; empty means 1) or "p[<cost>]" to only look: decide as that cost would
+--          (none: 0) and write nothing, count nothing; with "@<now>" appended (whole
 --          microseconds) in tests to replace the server clock; the usage field (see usage.lua; none: nothing is
---          counted) and the client label ("user:42") are at most 200 bytes each
+--          counted; starting with byte 1: counted only when denied) and the client label
+--          ("user:42") are at most 200 bytes each
 -- ARGV[1 + i]  limit i's spec "<code>[!]<capacity>:<parameters>", see limit_spec in the
 --          prelude and the algorithm files
 -- Reply: one string "<code> <remaining> <reset>[ <retry>]", short because it crosses the wire
@@ -31,20 +33,26 @@ local head, field, client = string.match(ARGV[1], '^([^\n]*)\n?([^\n]*)\n?(.*)$'
 local op, when = string.match(head, '^([^@]*)@?(.*)$')
 local now, err = clock(when, 1)
 if err then return err end
-local peek = op == 'p'
+local peek_cost = string.match(op, '^p(.*)$')
+local peek = peek_cost ~= nil
 local cost = 0
 if op == '' then
   cost = 1
-elseif not peek then
-  cost = whole(op, 0, MAX_COUNT)
+elseif not peek or peek_cost ~= '' then
+  cost = whole(peek_cost or op, 0, MAX_COUNT)
   if cost == nil then
     return fail("ARGV[1] must be 'p' or a cost: a whole number in [0, " .. MAX_COUNT
-      .. '], not ' .. ARGV[1])
+      .. "] ('p<cost>' peeks at that cost), not " .. ARGV[1])
   end
 end
 if #field > 200 or #client > 200 then
   return fail('ARGV[1] usage field and client must be at most 200 bytes each')
 end
+-- A field starting with byte 1 is counted only if the request is denied: the first calls of
+-- a request counted in several calls (limits by IP address or username), whose outcome the
+-- last call counts unless an earlier one denies.
+local only_denials = string.byte(field, 1) == 1
+if only_denials then field = string.sub(field, 2) end
 
 local algorithms, params, shadows = {}, {}, {}
 for i = 1, #KEYS do
@@ -84,7 +92,7 @@ if allowed and not peek then
   end
 end
 if allowed then pick_retry = 0 end
-if not peek and field ~= '' and #KEYS > 0 then
+if not peek and field ~= '' and #KEYS > 0 and not (only_denials and allowed) then
   local outcome = 'd'
   if allowed then outcome = shadow_denied == 2 and 's' or 'a' end
   count_usage(string.match(KEYS[1], '^[^{]*{[^}]*}') or '', now, field, client, outcome)

@@ -16,6 +16,8 @@
 -- A client can pass 2 x C within one P straddling a boundary: the price of one counter.
 -- Retime: the count is kept for the stored window, which now ends at start + P_new; the TTL
 -- becomes start + P_new - now (the key is deleted when that has passed).
+-- Refund c: in the window read as decide reads it, if it is still open, the count becomes
+-- count - c, written with TTL end - now (deleted at 0); a past window is left alone.
 
 local FIXED_PATTERN = '^(%d+) ([%da-z]+)$'
 
@@ -60,3 +62,25 @@ end
 ALGORITHMS['f'] = {
   parse = fixed_parse, decide = fixed_decide, commit = window_commit, retime = fixed_retime,
 }
+
+-- Give back to a window counter: `left` requests counted in [start, stop), or the key
+-- deleted when none are (refund scripts only; the calendar quota uses it too).
+local window_refund
+if REFUND then
+  window_refund = function(key, now, left, start, stop)
+    if left <= 0 then return delete(key) end
+    window_commit(key, now, nil, {left, start, stop})
+    return 1
+  end
+
+  ALGORITHMS['f'].refund = function(key, now, p, cost)
+    local count, start = window_state(redis.call('GET', key), FIXED_PATTERN)
+    if count == nil then return 0 end
+    if start > now then
+      start = now - now % p.period
+    elseif now >= start + p.period then
+      return 0
+    end
+    return window_refund(key, now, count - cost, start, start + p.period)
+  end
+end

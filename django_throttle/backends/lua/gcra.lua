@@ -18,6 +18,8 @@
 -- E_new / E_old), capped at now + C_new x E_new (exact, see ceil_muldiv), written with TTL
 -- tat' - now; without it only the TTL is re-set to tat - now. A TAT at or before now is
 -- deleted (nothing used).
+-- Refund c: tat = the stored TAT as decide reads it; new = tat - c x E, written with TTL
+-- new - now, or the key deleted when new <= now. A corrupt state is left alone.
 
 local function gcra_parse(capacity, fields)
   if #fields ~= 1 then
@@ -117,3 +119,14 @@ end
 ALGORITHMS['g'] = {
   parse = gcra_parse, decide = gcra_decide, commit = gcra_commit, retime = gcra_retime,
 }
+
+if REFUND then
+  ALGORITHMS['g'].refund = function(key, now, p, cost)
+    local tat = tonumber(redis.call('GET', key))
+    if tat == nil or tat ~= math.floor(tat) or tat >= 2 ^ 53 then return 0 end
+    local new = gcra_tat(tat, now, p.capacity * p.emission) - cost * p.emission
+    if new <= now then return delete(key) end
+    gcra_commit(key, now, p, new)
+    return 1
+  end
+end

@@ -22,6 +22,9 @@
 -- A retry at now + retry passes; one a little earlier may pass too (the estimate is not a
 -- log of exact times).
 -- Retime: counts are kept; the TTL becomes start + 2 P_new - now (deleted once passed).
+-- Refund c: a state of now's window (start >= w) gets cur = max(0, cur - c), written as
+-- (cur, prev, w) with TTL = reset (deleted when both counts are 0); an older state is left
+-- alone (its requests now weigh as the previous window's).
 
 local COUNTER_PATTERN = '^(%d+) (%d+) ([%da-z]+)$'
 
@@ -89,3 +92,17 @@ ALGORITHMS['s'] = {
   parse = counter_parse, decide = counter_decide, commit = counter_commit,
   retime = counter_retime,
 }
+
+if REFUND then
+  ALGORITHMS['s'].refund = function(key, now, p, cost)
+    local period = p.period
+    local w = now - now % period
+    local cur, prev, start = window_state(redis.call('GET', key), COUNTER_PATTERN)
+    if cur == nil or start < w then return 0 end
+    cur = math.max(0, cur - cost)
+    local reset = counter_reset(cur, prev, w, now, period)
+    if reset <= 0 then return delete(key) end
+    counter_commit(key, now, p, {cur, prev, w, reset})
+    return 1
+  end
+end

@@ -19,6 +19,10 @@
 -- Every duration is within [0, P].
 -- Retime: entries are kept; the TTL becomes newest + P_new - now (deleted when nothing is
 -- live any more).
+-- Refund c: the c newest live entries are removed (of those sharing one microsecond, the
+-- highest-numbered, so the next hit's members stay unique), dead ones trimmed, TTL = newest
+-- live + P - now; the key is deleted when nothing live would be left. A key of another type
+-- is left alone.
 
 -- Members per ZADD: unpack() of a whole 10,000-request cost would overflow Lua's C stack.
 local LOG_BATCH = 500
@@ -98,3 +102,38 @@ end
 ALGORITHMS['w'] = {
   parse = log_parse, decide = log_decide, commit = log_commit, retime = log_retime,
 }
+
+if REFUND then
+  -- The number in a member "<stamp base 36>.<n>" (-1 if it has none).
+  local function member_number(member)
+    return tonumber(string.match(member, '%.(%d+)$')) or -1
+  end
+
+  ALGORITHMS['w'].refund = function(key, now, p, cost)
+    local period = p.period
+    local live = redis.pcall('ZCOUNT', key, '(' .. decimal(now - period), '+inf')
+    if type(live) ~= 'number' then return 0 end
+    if live == 0 then return redis.call('DEL', key) end
+    if live <= cost then return delete(key) end
+    -- Everything scored above the cost-th newest entry goes, and the rest of the cost from
+    -- the entries at its score: members of one microsecond are numbered on from the live
+    -- count, so removing the highest numbers keeps the next hit's numbers free.
+    local score = decimal(tonumber(redis.call('ZREVRANGE', key, cost - 1, cost - 1,
+      'WITHSCORES')[2]))
+    local left = cost - redis.call('ZREMRANGEBYSCORE', key, '(' .. score, '+inf')
+    local tied = redis.call('ZRANGEBYSCORE', key, score, score)
+    table.sort(tied, function(a, b) return member_number(a) > member_number(b) end)
+    local n = 0
+    while n < left do
+      local args = {}
+      for i = 1, math.min(LOG_BATCH, left - n) do
+        n = n + 1
+        args[i] = tied[n]
+      end
+      redis.call('ZREM', key, unpack(args))
+    end
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', decimal(now - period))
+    redis.call('PEXPIRE', key, px(log_clamp(log_newest(key) + period - now, period)))
+    return 1
+  end
+end

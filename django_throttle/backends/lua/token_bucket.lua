@@ -27,6 +27,8 @@
 -- duration is within [0, C x T], whatever the stored state: a timestamp in the future (clock
 -- stepped back, another server) counts as no time elapsed.
 -- Retime: the state is kept (used is rate-independent); the TTL becomes used x T_new.
+-- Refund c: after = used as of now - c, written as a hit writes it (TTL after x T); at or
+-- below TOLERANCE the bucket is full again and the key is deleted.
 
 local COMPACT_WINDOW = 2e12
 
@@ -123,3 +125,14 @@ end
 ALGORITHMS['t'] = {
   parse = bucket_parse, decide = bucket_decide, commit = bucket_commit, retime = bucket_retime,
 }
+
+if REFUND then
+  ALGORITHMS['t'].refund = function(key, now, p, cost)
+    local used = bucket_used(redis.call('GET', key), now, p.capacity, p.interval)
+    if used == nil then return 0 end
+    local after = used - cost
+    if after <= TOLERANCE then return delete(key) end
+    bucket_commit(key, now, p, after)
+    return 1
+  end
+end

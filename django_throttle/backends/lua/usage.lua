@@ -23,17 +23,48 @@
 -- the sample; otherwise 2 when the client is listed, 5 when it replaces the smallest (2.5 and
 -- 6.5 us of script time on the benchmark machine).
 --
+-- API keys (client label "key:<prefix>"): <tag>k, a sorted set of key prefix -> the last
+-- second (Unix) a decision counted that key, so the admin can say when a key was last used
+-- without a database write per request (manage.py throttle_usage --rollup copies it to
+-- ApiKey.last_used). Cost: one ZADD per decision of a key client (none for others); when the
+-- member is new, EXPIRE (KEYS_SEEN_TTL, armed only then) and ZCARD, and beyond KEYS_SEEN_MAX
+-- members per shard the least recently used are dropped (their time is in the database after a
+-- rollup). Memory (MEMORY USAGE, Redis 7.0, 8-character prefixes): about 17 bytes per key while
+-- a shard's set holds at most zset-max-listpack-entries (128), about 113 beyond; so at most
+-- 1.1 MB per shard.
+--
 -- Writes use redis.pcall and ignore errors (a key of the wrong type, OOM): counting must never
 -- fail or undo a decision that was already written.
 
 local USAGE_TTL, USAGE_TOP, USAGE_SAMPLE = 10800, 63, 8 -- @settings (rewritten from Django settings at load)
+-- Keys' last use: members per shard, and seconds the set outlives its newest member.
+local KEYS_SEEN_MAX, KEYS_SEEN_TTL = 10000, 2592000
+
+-- Record that the API key of `client` ("key:<prefix>") was used at now (microseconds).
+local function note_key_use(tag, now, client)
+  if string.sub(client, 1, 4) ~= 'key:' then return end
+  local seen = tag .. 'k'
+  -- GT: a late or test-clock call never moves a key's last use back.
+  if redis.pcall('ZADD', seen, 'GT', string.format('%d', math.floor(now / 1000000)),
+      string.sub(client, 5)) ~= 1 then
+    return
+  end
+  redis.pcall('EXPIRE', seen, KEYS_SEEN_TTL)
+  local size = redis.pcall('ZCARD', seen)
+  if type(size) == 'number' and size > KEYS_SEEN_MAX then
+    redis.pcall('ZREMRANGEBYRANK', seen, 0, size - KEYS_SEEN_MAX - 1)
+  end
+end
 
 -- Count n (default 1) requests of `client` under `field` and `outcome` in now's minute.
 -- now: microseconds; field, client: strings of at most 200 bytes; outcome: one letter.
 -- A single allowed request (no n: the decision's own call) enters the top list only one time
 -- in USAGE_SAMPLE, picked by the clock's microseconds, counting USAGE_SAMPLE: most decisions
--- then cost one command here, and a client's listed count stays an unbiased estimate.
+-- then cost one command here, and a client's listed count stays an unbiased estimate. The
+-- decision's own call also records an API key client's last use (note_key_use); counts pushed
+-- later (n given) do not.
 local function count_usage(tag, now, field, client, outcome, n)
+  if n == nil then note_key_use(tag, now, client) end
   local sampled = n == nil and outcome == 'a' and USAGE_SAMPLE > 1
   n = n or 1
   local minute = string.format('%d', math.floor(now / 60000000))

@@ -70,7 +70,8 @@ class Command(BaseCommand):
         "per-client rows list the heaviest clients of each minute "
         "(DJANGO_THROTTLE_USAGE_TOP_CLIENTS): with more clients than that, smaller ones are "
         "folded into those listed. With --rollup, copy finished minutes from Redis to the "
-        "database instead: schedule it more often than DJANGO_THROTTLE_USAGE_REDIS_TTL."
+        "database instead (and API keys' last use): schedule it more often than "
+        "DJANGO_THROTTLE_USAGE_REDIS_TTL."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -163,7 +164,7 @@ class Command(BaseCommand):
         through = "nothing yet" if done.through is None else f"{done.through:%Y-%m-%d %H:%M} UTC"
         self.stdout.write(
             f"Rolled up {done.minutes} minute(s) into {done.rows} row(s); the database holds "
-            f"usage through {through}."
+            f"usage through {through}. API keys with a newer last use: {done.keys}."
         )
 
     @staticmethod

@@ -59,6 +59,13 @@ TIERS: dict[str, tuple[str, str, int, bool, bool, list[tuple[str, int | None, st
 #: Per-tier limits of the "export" rule: every POST to a view with throttle_scope "export"
 #: costs 10 tokens, so free users get two exports in a row, pro users twenty.
 EXPORT_LIMITS: dict[str, tuple[str, int]] = {"free": ("20/h", 20), "pro": ("200/h", 200)}
+#: Credential rules: scope → (rule name, [(rate, counted by)]) for anonymous clients, each
+#: counting failed attempts only. "login" guards /accounts/login/ and /api/token/
+#: (``protect_credentials``), "authentication" the API's Basic and Token authentication.
+CREDENTIAL_RULES: dict[str, list[tuple[str, str]]] = {
+    "login": [("5/min", "ip"), ("10/h", "username")],
+    "authentication": [("5/min", "ip"), ("10/h", "username")],
+}
 #: username (= password) → (superuser, tier slug assigned directly or None for the default).
 USERS: dict[str, tuple[bool, str | None]] = {
     "admin": (True, None),
@@ -69,8 +76,9 @@ USERS: dict[str, tuple[bool, str | None]] = {
 
 class Command(BaseCommand):
     help = (
-        "Create the demo tiers (anonymous, free, pro), the 'export' endpoint rule and the "
-        "users admin/admin, alice/alice (free) and bob/bob (pro). Safe to run again."
+        "Create the demo tiers (anonymous, free, pro), the 'export', 'login' and "
+        "'authentication' endpoint rules and the users admin/admin, alice/alice (free) and "
+        "bob/bob (pro). Safe to run again."
     )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -78,6 +86,7 @@ class Command(BaseCommand):
         with transaction.atomic():
             tiers = self._seed_tiers()
             self._seed_export_rule(tiers)
+            self._seed_credential_rules(tiers)
             self._seed_users(tiers)
         summary = ", ".join(f"{n} {what}" for what, n in sorted(self.changes.items()))
         self.stdout.write(self.style.SUCCESS(f"Demo data ready ({summary})."))
@@ -126,6 +135,26 @@ class Command(BaseCommand):
             self._upsert(
                 EndpointLimit, {"rule": rule, "tier": tiers[slug], "rate": rate}, burst=burst
             )
+
+    def _seed_credential_rules(self, tiers: dict[str, Tier]) -> None:
+        for scope, limits in CREDENTIAL_RULES.items():
+            rule = self._upsert(
+                EndpointRule,
+                {"name": scope},
+                match_type=EndpointRule.MatchType.SCOPE,
+                pattern=scope,
+                methods="",
+                cost=1,
+                enabled=True,
+                shadow=False,
+                counts=EndpointRule.Counts.FAILURES,
+            )
+            for rate, counted_by in limits:
+                self._upsert(
+                    EndpointLimit,
+                    {"rule": rule, "tier": tiers["anonymous"], "rate": rate},
+                    counted_by=counted_by,
+                )
 
     def _seed_users(self, tiers: dict[str, Tier]) -> None:
         User = get_user_model()

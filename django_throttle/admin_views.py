@@ -1,0 +1,227 @@
+"""Pages the admin adds under "Usage counts": the dashboard, the client inspector (with
+"explain" and "reset"). :mod:`django_throttle.admin` mounts them; each checks its own
+permission: viewing usage counts to look, changing tiers to reset."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.translation import gettext as _
+
+from django_throttle import policy as policy_module
+from django_throttle.backends import BackendError
+from django_throttle.breaker import get_breaker
+from django_throttle.charts import LABELS, stacked_bars
+from django_throttle.conf import app_settings
+from django_throttle.dashboard_data import CHARTED, WINDOWS, Timeline, timeline
+from django_throttle.usage_report import report
+
+__all__ = ["dashboard", "inspector", "reset_client"]
+
+#: Clients listed under "most limited".
+TOP_LIMITED = 20
+
+
+def dashboard(request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> HttpResponse:
+    """Requests per minute by outcome (overall, per tier, per endpoint), the most limited
+    clients and the backend's health. Needs the "view usage count" permission."""
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    window = request.GET.get("window", "hour")
+    if window not in WINDOWS:
+        window = "hour"
+    data = timeline(window)
+    fmt = "%H:%M"
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": _("Rate limiting dashboard"),
+        "opts": model_admin.model._meta,
+        "window": window,
+        "windows": list(WINDOWS),
+        "timeline": data,
+        "outcomes": [(name, LABELS[name], data.overall.totals.get(name, 0)) for name in CHARTED],
+        "overall": stacked_bars(_("All requests"), data.starts, data.overall.bars, time_format=fmt),
+        "tier_charts": _charts(data, data.by_tier, fmt),
+        "endpoint_charts": _charts(data, data.by_endpoint, fmt),
+        "limited": _most_limited(window),
+        "inspect_url": reverse("admin:django_throttle_usagecount_inspect"),
+        "health": _health(),
+    }
+    return TemplateResponse(request, "admin/django_throttle/dashboard.html", context)
+
+
+def _charts(data: Timeline, charts: list[Any], fmt: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "title": chart.title,
+            "totals": chart.totals,
+            "svg": stacked_bars(chart.title, data.starts, chart.bars, time_format=fmt),
+        }
+        for chart in charts
+    ]
+
+
+def _most_limited(window: str) -> list[Any]:
+    span, _step = WINDOWS[window]
+    since = datetime.now(tz=UTC) - timedelta(minutes=span - 1)
+    try:
+        rows = report(since, "client", None).rows
+    except BackendError:
+        return []
+    limited = [row for row in rows if row.denied or row.shadow_denied]
+    limited.sort(key=lambda row: (-row.denied, -row.shadow_denied, row.key))
+    return limited[:TOP_LIMITED]
+
+
+def _health() -> dict[str, Any]:
+    """Whether the backend answers (and how fast), the breaker, and the policy snapshot."""
+    from django_throttle.backends import get_backend
+
+    breaker = get_breaker()
+    started = time.perf_counter()
+    error = ""
+    try:
+        version = get_backend().get_policy_version()
+        latency_ms: float | None = (time.perf_counter() - started) * 1e3
+    except BackendError as exc:
+        version, latency_ms, error = None, None, f"{type(exc).__name__}: {exc}"
+    snapshot = policy_module.last()
+    return {
+        "backend": app_settings.BACKEND.rsplit(".", 1)[-1],
+        "reachable": not error,
+        "error": error,
+        "latency_ms": latency_ms,
+        "breaker": breaker.state,
+        "breaker_opened": breaker.opened,
+        "last_error": breaker.last_error,
+        "last_error_at": (
+            datetime.fromtimestamp(breaker.last_error_at, tz=UTC)
+            if breaker.last_error_at is not None
+            else None
+        ),
+        "policy_version": version,
+        "policy_age": (
+            None
+            if snapshot is None or not snapshot.compiled_at
+            else max(0.0, policy_module.clock() - snapshot.compiled_at)
+        ),
+        "tiers": None if snapshot is None else len(snapshot.tiers),
+    }
+
+
+# --- the inspector ----------------------------------------------------------------------------
+
+
+def inspector(request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> HttpResponse:
+    """One client's tier (and why) and live buckets, an "explain" form for a request it might
+    send, and a button to reset its buckets (confirmed on a second page)."""
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    from django_throttle.inspection import UnknownClient, explain, inspect, parse_client
+
+    text = request.GET.get("client", "").strip()
+    method = request.GET.get("method", "GET").strip().upper() or "GET"
+    path = request.GET.get("path", "").strip()
+    context: dict[str, Any] = {
+        **model_admin.admin_site.each_context(request),
+        "title": _("Inspect a client"),
+        "opts": model_admin.model._meta,
+        "client_text": text,
+        "method": method,
+        "path": path,
+        "methods": ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
+        "can_reset": _can_reset(request),
+    }
+    if text:
+        try:
+            subject = parse_client(text)
+            context["inspection"] = inspect(subject)
+            if path:
+                context["explanation"] = explain(subject, method, path)
+        except UnknownClient as exc:
+            context["error"] = _("Unknown client: %(reason)s.") % {"reason": exc}
+        except BackendError as exc:
+            context["error"] = _("The backend could not be read: %(error)s") % {"error": exc}
+    return TemplateResponse(request, "admin/django_throttle/inspector.html", context)
+
+
+def reset_client(request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> HttpResponse:
+    """Confirm (GET), then clear (POST, CSRF-checked) one client's buckets, recorded in the
+    admin history. Needs the permission to change tiers."""
+    from django.contrib import messages
+    from django.http import HttpResponseRedirect
+    from django.urls import reverse
+    from django.utils.http import urlencode
+
+    from django_throttle.inspection import UnknownClient, client_limits, parse_client, reset
+
+    if not _can_reset(request):
+        raise PermissionDenied
+    text = (request.POST.get("client") or request.GET.get("client", "")).strip()
+    inspect_url = reverse("admin:django_throttle_usagecount_inspect")
+    try:
+        subject = parse_client(text)
+    except UnknownClient as exc:
+        messages.error(request, _("Unknown client: %(reason)s.") % {"reason": exc})
+        return HttpResponseRedirect(inspect_url)
+    back = f"{inspect_url}?{urlencode({'client': text})}"
+    if request.method == "POST":
+        try:
+            limits = reset(subject)
+        except BackendError as exc:
+            messages.error(request, _("The backend could not reset: %(error)s") % {"error": exc})
+            return HttpResponseRedirect(back)
+        log_reset(request, subject, limits)
+        messages.success(
+            request,
+            _("Reset %(count)d bucket(s) of %(client)s.")
+            % {"count": len(limits), "client": subject.label},
+        )
+        return HttpResponseRedirect(back)
+    snapshot = policy_module.current()
+    from django_throttle.inspection import tier_and_reason
+
+    tier, _reason = tier_and_reason(subject, snapshot)
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": _("Reset the buckets of %(client)s?") % {"client": subject.label},
+        "opts": model_admin.model._meta,
+        "subject": subject,
+        "client_text": text,
+        "limits": [limit for limit, _where in client_limits(tier, snapshot)],
+        "back": back,
+    }
+    return TemplateResponse(request, "admin/django_throttle/reset_confirmation.html", context)
+
+
+def _can_reset(request: HttpRequest) -> bool:
+    user = getattr(request, "user", None)
+    return bool(user is not None and user.has_perm("django_throttle.change_tier"))
+
+
+def log_reset(request: HttpRequest, subject: Any, limits: list[Any]) -> None:
+    """An admin history entry: against the user or API key when there is one, else under
+    usage counts with the client's name."""
+    from django.contrib.admin.models import CHANGE, LogEntry
+    from django.contrib.contenttypes.models import ContentType
+
+    from django_throttle.models import UsageCount
+
+    target = subject.user or subject.api_key
+    content_type = ContentType.objects.get_for_model(target or UsageCount, for_concrete_model=False)
+    names = ", ".join(limit.name or limit.id for limit in limits) or "none"
+    LogEntry.objects.create(
+        user_id=request.user.pk or 0,
+        content_type=content_type,
+        object_id=None if target is None else str(target.pk),
+        object_repr=subject.label[:200],
+        action_flag=CHANGE,
+        change_message=f"Reset the rate limit buckets of {subject.client}: {names}",
+    )

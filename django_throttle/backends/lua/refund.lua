@@ -1,0 +1,41 @@
+-- Give tokens back to every limit of one request atomically: the undo of a hit that was
+-- allowed, for a reservation whose request does not count (see Backend.refund).
+--
+-- KEYS[i]  counter of limit i, as the counting call names it (one hash tag, one slot)
+-- ARGV[1]  "<cost>[@<now>]": the tokens to give back, a whole number in [0, 1e9] (empty means
+--          1), clamped per limit to its capacity; "@<now>" (whole microseconds) in tests
+--          replaces the server clock
+-- ARGV[1 + i]  limit i's spec "<code>[!]<capacity>:<parameters>", see limit_spec; a shadow
+--          limit is refunded like the others (the hit consumed it)
+-- Reply: the number of keys given back to, as a string (the counting connection reads bulk
+--        strings only), or an error naming the first bad argument, with nothing written.
+-- Each limit follows its algorithm's "Refund" rule (in its file): its state never goes below
+-- nothing used, a missing key stays missing, and every write sets the TTL a hit would.
+if #ARGV ~= 1 + #KEYS then
+  return fail('expected ' .. (1 + #KEYS) .. ' arguments for ' .. #KEYS .. ' keys, got ' .. #ARGV)
+end
+local op, when = string.match(ARGV[1], '^([^@]*)@?(.*)$')
+local now, err = clock(when, 1)
+if err then return err end
+local cost = 1
+if op ~= '' then
+  cost = whole(op, 0, MAX_COUNT)
+  if cost == nil then
+    return fail('ARGV[1] must be a cost: a whole number in [0, ' .. MAX_COUNT .. '], not '
+      .. ARGV[1])
+  end
+end
+local algorithms, params = {}, {}
+for i = 1, #KEYS do
+  local algorithm, p, _, bad = limit_spec(1 + i, now)
+  if bad then return bad end
+  algorithms[i], params[i] = algorithm, p
+end
+local touched = 0
+if cost > 0 then
+  for i = 1, #KEYS do
+    touched = touched + algorithms[i].refund(KEYS[i], now, params[i],
+      math.min(cost, params[i].capacity))
+  end
+end
+return decimal(touched)

@@ -1,0 +1,88 @@
+"""Django signals for exporters and alerting: connect a receiver to watch what the limiter
+does. The Prometheus metrics in :mod:`django_throttle.metrics` are built on them.
+
+Every signal is sent with ``sender`` set to the class or module that sends it; receivers
+should accept ``**kwargs``. A signal without receivers costs a request well under a
+microsecond. Receivers run in the request's thread: keep them fast, and never raise (an
+exception in a receiver is logged and swallowed, so it cannot fail a request).
+
+- :data:`request_decided`: every decision that reached a verdict (``decision``, ``tier``,
+  ``endpoint``, ``outcome``: one of ``allowed``, ``denied``, ``shadow_denied``,
+  ``failed_open``, ``failed_closed``; ``seconds``: time spent deciding).
+- :data:`request_throttled`: a request refused with 429 (``request``, ``decision``, ``tier``,
+  ``endpoint``). Also sent for a shadow would-deny, with ``shadow=True``.
+- :data:`backend_error`: a backend call failed (``error``, ``reason``: ``timeout``,
+  ``connection``, ``script`` or ``other``); calls the open circuit breaker refuses at once
+  are not errors of their own.
+- :data:`backend_unavailable` / :data:`backend_available`: the circuit breaker opened /
+  closed again (``error`` / ``down_seconds``).
+- :data:`policy_reloaded`: this process compiled a new policy snapshot (``policy``,
+  ``seconds``).
+- :data:`script_loaded`: the backend (re)loaded its Lua script into Redis (after a restart
+  or ``SCRIPT FLUSH``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.dispatch import Signal
+
+__all__ = [
+    "backend_available",
+    "backend_error",
+    "backend_unavailable",
+    "error_reason",
+    "policy_reloaded",
+    "request_decided",
+    "request_throttled",
+    "script_loaded",
+    "send",
+    "watching",
+]
+
+logger = logging.getLogger("django_throttle.events")
+
+request_decided = Signal()
+request_throttled = Signal()
+backend_error = Signal()
+backend_unavailable = Signal()
+backend_available = Signal()
+policy_reloaded = Signal()
+script_loaded = Signal()
+
+
+def watching() -> bool:
+    """Whether anyone listens to decisions: the request path times itself only then."""
+    return bool(request_decided.receivers or request_throttled.receivers)
+
+
+def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
+    """Send ``signal`` (nearly free with no receiver); a receiver that raises is logged,
+    never raised."""
+    for receiver, result in signal.send_robust(sender, **kwargs):
+        if isinstance(result, Exception):
+            logger.error(
+                "django_throttle signal receiver %r raised %s: %s",
+                receiver,
+                type(result).__name__,
+                result,
+            )
+
+
+def error_reason(error: BaseException) -> str:
+    """A short, bounded label for a backend error (metrics labels must not grow without
+    bound): ``circuit_open``, ``timeout``, ``connection``, ``script`` or ``other``."""
+    from django_throttle.breaker import CircuitOpen
+
+    if isinstance(error, CircuitOpen):
+        return "circuit_open"
+    text = str(error).lower()
+    if "timeout" in text or "timed out" in text:
+        return "timeout"
+    if "connect" in text or "connection" in text or "closed" in text or "reset" in text:
+        return "connection"
+    if "script" in text or "django_throttle:" in text or "noscript" in text:
+        return "script"
+    return "other"

@@ -1,0 +1,134 @@
+"""``manage.py throttle_policy``: policies as files, for version control and for moving them
+between environments.
+
+    throttle_policy export [--format json|yaml] [--output FILE] [--no-assignments]
+    throttle_policy import FILE [--dry-run] [--prune] [--format json|yaml]
+    throttle_policy from-drf [--format json|yaml] [--output FILE] [--apply [--dry-run]]
+
+``import`` prints every change (``+`` added, ``~`` changed, ``-`` deleted); with ``--dry-run``
+it prints them and writes nothing. A file with any problem is refused whole, each problem
+naming its entry and field. ``from-drf`` turns the ``REST_FRAMEWORK`` throttle settings into a
+policy file, or imports it with ``--apply``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_throttle.policy_file import (
+    Change,
+    PolicyFileError,
+    dump,
+    export_policy,
+    from_drf,
+    import_policy,
+    load,
+)
+
+FORMATS = ("json", "yaml")
+
+
+class Command(BaseCommand):
+    help = "Export, import or convert throttle policies (tiers, endpoint rules, assignments)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+        export = actions.add_parser("export", help="write the policy in the database to a file")
+        _format(export)
+        export.add_argument("--output", "-o", help="file to write (default: standard output)")
+        export.add_argument(
+            "--no-assignments",
+            action="store_true",
+            help="leave out who is in which tier (users and groups differ between sites)",
+        )
+        load_ = actions.add_parser("import", help="make the database hold a policy file")
+        load_.add_argument("file", help="a policy file, or - for standard input")
+        _format(load_, default=None)
+        _changes(load_)
+        drf = actions.add_parser(
+            "from-drf", help="convert REST_FRAMEWORK's DEFAULT_THROTTLE_RATES to a policy"
+        )
+        _format(drf)
+        drf.add_argument("--output", "-o", help="file to write (default: standard output)")
+        drf.add_argument("--apply", action="store_true", help="import it instead of printing")
+        _changes(drf)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            if options["action"] == "export":
+                document = export_policy(assignments=not options["no_assignments"])
+                self._write(dump(document, options["format"]), options["output"])
+            elif options["action"] == "import":
+                fmt = options["format"] or _guess(options["file"])
+                document = load(_read(options["file"]), fmt)
+                self._apply(document, options)
+            else:
+                document = from_drf(getattr(settings, "REST_FRAMEWORK", {}) or {})
+                if options["apply"]:
+                    self._apply(document, options)
+                else:
+                    self._write(dump(document, options["format"]), options["output"])
+        except PolicyFileError as exc:
+            lines = "\n".join(f"  {problem}" for problem in exc.problems)
+            raise CommandError(f"Nothing was imported; the policy has problems:\n{lines}") from exc
+
+    def _apply(self, document: Any, options: dict[str, Any]) -> None:
+        changes = import_policy(document, dry_run=options["dry_run"], prune=options["prune"])
+        self._report(changes, dry_run=options["dry_run"])
+
+    def _report(self, changes: list[Change], *, dry_run: bool) -> None:
+        for change in changes:
+            style = {"+": self.style.SUCCESS, "-": self.style.ERROR}.get(
+                change.action, self.style.WARNING
+            )
+            self.stdout.write(style(str(change)))
+        count = f"{len(changes)} change{'' if len(changes) == 1 else 's'}"
+        if not changes:
+            self.stdout.write("No changes: the database already holds this policy.")
+        elif dry_run:
+            self.stdout.write(f"Dry run: {count} listed, nothing written.")
+        else:
+            self.stdout.write(f"Imported: {count}.")
+
+    def _write(self, text: str, output: str | None) -> None:
+        if output:
+            Path(output).write_text(text, encoding="utf-8")
+            self.stderr.write(f"Wrote {output}")
+        else:
+            self.stdout.write(text, ending="")
+
+
+def _format(parser: CommandParser, default: str | None = "json") -> None:
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=default,
+        help="file format" + (f" (default {default})" if default else " (default: by extension)"),
+    )
+
+
+def _changes(parser: CommandParser) -> None:
+    parser.add_argument("--dry-run", action="store_true", help="list the changes, write nothing")
+    parser.add_argument(
+        "--prune",
+        action="store_true",
+        help="also delete tiers, rules (and assignments, when the file has them) not in it",
+    )
+
+
+def _guess(path: str) -> str:
+    return "yaml" if path.lower().endswith((".yaml", ".yml")) else "json"
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CommandError(f"Cannot read {path}: {exc.strerror or exc}") from exc

@@ -1,0 +1,92 @@
+"""Output shared by the operator commands: the same rows as a table (rich), JSON (a list of
+objects) or CSV with a header row, chosen with ``--format`` as in ``throttle_usage``."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+from collections.abc import Sequence
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from rich.console import Console
+from rich.table import Table
+
+FORMATS = ("table", "json", "csv")
+
+
+def add_format_argument(parser: CommandParser) -> None:
+    parser.add_argument(
+        "--format",
+        default="table",
+        choices=FORMATS,
+        help="Output as a table, JSON (a list of objects) or CSV with a header row.",
+    )
+
+
+def checked_format(value: Any) -> str:
+    """``--format``, checked (``call_command`` skips argparse's choices)."""
+    if value not in FORMATS:
+        raise CommandError(f"--format must be one of {', '.join(FORMATS)}, not {value!r}.")
+    return str(value)
+
+
+def write_rows(
+    command: BaseCommand,
+    fmt: str,
+    rows: Sequence[dict[str, Any]],
+    columns: Sequence[tuple[str, str]],
+    *,
+    title: str = "",
+    caption: str | None = None,
+    document: dict[str, Any] | None = None,
+) -> None:
+    """Write ``rows`` (dicts keyed by column key) under ``columns`` (key, heading). JSON is
+    the list of rows, or ``document`` with the rows under ``"rows"`` when given."""
+    if fmt == "json":
+        data: Any = rows if document is None else {**document, "rows": list(rows)}
+        command.stdout.write(json.dumps(data, indent=2, default=str))
+        return
+    if fmt == "csv":
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow([key for key, _heading in columns])
+        for row in rows:
+            writer.writerow(["" if row.get(key) is None else row.get(key) for key, _ in columns])
+        command.stdout.write(buffer.getvalue(), ending="")
+        return
+    table = Table(
+        title=title or None,
+        min_width=min(len(title), 100),
+        caption=caption,
+        caption_justify="left",
+    )
+    for key, heading in columns:
+        numeric = bool(rows) and all(isinstance(row.get(key), int | float) for row in rows)
+        table.add_column(heading, justify="right" if numeric else "left", overflow="fold")
+    for row in rows:
+        table.add_row(*(_cell(row.get(key)) for key, _ in columns))
+    is_tty = command.stdout.isatty()
+    buffer = io.StringIO()
+    console = Console(
+        file=buffer,
+        force_terminal=is_tty,
+        no_color=not is_tty,
+        width=shutil.get_terminal_size().columns if is_tty else 140,
+    )
+    console.print(table)
+    command.stdout.write(buffer.getvalue(), ending="")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:,.3f}".rstrip("0").rstrip(".")
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)

@@ -1,0 +1,137 @@
+"""Prometheus metrics, from :mod:`django_throttle.events` (``pip install
+"django-throttle-policies[metrics]"``, set ``DJANGO_THROTTLE_METRICS = True`` and add
+``path("metrics", metrics_view)`` to your URLs).
+
+Under gunicorn, uWSGI or any server with several processes, set ``PROMETHEUS_MULTIPROC_DIR``
+to an empty directory writable by every worker before they start (and empty it on each
+deploy): each process then writes its values there and :func:`metrics_view` adds them up, so
+a scrape sees the whole server whichever worker answers it. See prometheus_client's
+"multiprocess mode" documentation.
+
+Metrics (all prefixed ``django_throttle_``):
+
+- ``decisions_total{tier, endpoint, outcome}``: outcome is ``allowed``, ``denied``,
+  ``shadow_denied``, ``failed_open`` or ``failed_closed``;
+- ``decision_seconds``: a histogram of the time a decision took, backend call included;
+- ``backend_errors_total{reason}``: ``timeout``, ``connection``, ``script`` or ``other``;
+- ``circuit_breaker_open``: 1 while a process's breaker is open (the highest of the live
+  processes in multiprocess mode); ``circuit_breaker_transitions_total{to}``;
+- ``script_loads_total``: Lua scripts loaded into Redis after NOSCRIPT;
+- ``policy_reloads_total``: policy snapshots compiled.
+
+Tier and endpoint labels come from the admin's policy, so their number is bounded by it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+
+from django_throttle import events
+
+__all__ = ["connect", "metrics_view"]
+
+_metrics: dict[str, Any] = {}
+
+
+def available() -> bool:
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _build() -> dict[str, Any]:
+    from prometheus_client import Counter, Gauge, Histogram
+
+    return {
+        "decisions": Counter(
+            "django_throttle_decisions",
+            "Rate limit decisions by tier, endpoint and outcome.",
+            ["tier", "endpoint", "outcome"],
+        ),
+        "seconds": Histogram(
+            "django_throttle_decision_seconds",
+            "Time to decide one request, backend call included.",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+        ),
+        "errors": Counter(
+            "django_throttle_backend_errors", "Failed backend calls by reason.", ["reason"]
+        ),
+        "open": Gauge(
+            "django_throttle_circuit_breaker_open",
+            "1 while the circuit breaker is open.",
+            multiprocess_mode="livemax",
+        ),
+        "transitions": Counter(
+            "django_throttle_circuit_breaker_transitions",
+            "Circuit breaker openings and closings.",
+            ["to"],
+        ),
+        "scripts": Counter("django_throttle_script_loads", "Lua scripts loaded into Redis."),
+        "reloads": Counter("django_throttle_policy_reloads", "Policy snapshots compiled."),
+    }
+
+
+def connect() -> bool:
+    """Create the metrics and connect them to the signals, once per process. Returns whether
+    metrics are on (``DJANGO_THROTTLE_METRICS`` and prometheus_client installed)."""
+    from django_throttle.conf import app_settings
+
+    if _metrics:
+        return True
+    if not app_settings.METRICS or not available():
+        return False
+    _metrics.update(_build())
+    events.request_decided.connect(_decided, dispatch_uid="dt-metrics-decided")
+    events.backend_error.connect(_error, dispatch_uid="dt-metrics-error")
+    events.backend_unavailable.connect(_opened, dispatch_uid="dt-metrics-open")
+    events.backend_available.connect(_closed, dispatch_uid="dt-metrics-closed")
+    events.script_loaded.connect(_script, dispatch_uid="dt-metrics-script")
+    events.policy_reloaded.connect(_reloaded, dispatch_uid="dt-metrics-reloaded")
+    return True
+
+
+def _decided(*, tier: str, endpoint: str, outcome: str, seconds: float, **_: Any) -> None:
+    _metrics["decisions"].labels(tier, endpoint, outcome).inc()
+    _metrics["seconds"].observe(seconds)
+
+
+def _error(*, reason: str, **_: Any) -> None:
+    _metrics["errors"].labels(reason).inc()
+
+
+def _opened(**_: Any) -> None:
+    _metrics["open"].set(1)
+    _metrics["transitions"].labels("open").inc()
+
+
+def _closed(**_: Any) -> None:
+    _metrics["open"].set(0)
+    _metrics["transitions"].labels("closed").inc()
+
+
+def _script(**_: Any) -> None:
+    _metrics["scripts"].inc()
+
+
+def _reloaded(**_: Any) -> None:
+    _metrics["reloads"].inc()
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """Prometheus text exposition of every metric of this process (or, in multiprocess mode,
+    of all processes). Protect it as you would any internal endpoint."""
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+        return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

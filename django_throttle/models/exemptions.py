@@ -1,0 +1,124 @@
+"""Clients the limiter never counts: one user, every member of a group, or an IP network
+(an office, a monitoring service). Compiled into the policy snapshot, so an exempt request
+costs no query and no Redis call."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
+
+from django_throttle.conf import app_settings
+
+#: Longest network text: a full IPv6 address with a /128 suffix.
+NETWORK_MAX_LENGTH = 43
+
+
+def parse_network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """``text`` as a network (a bare address is a /32 or /128; host bits are dropped:
+    ``203.0.113.7/24`` is ``203.0.113.0/24``). Raises ``ValueError``."""
+    network = ipaddress.ip_network(text.strip(), strict=False)
+    mapped = getattr(network.network_address, "ipv4_mapped", None)
+    if mapped is not None and network.prefixlen >= 96:
+        # ::ffff:a.b.c.d is counted as a.b.c.d: exempt it the same way.
+        network = ipaddress.ip_network(f"{mapped}/{network.prefixlen - 96}")
+    return network
+
+
+class Exemption(models.Model):
+    """Exactly one of a user, a group (all its members) or an IP network."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="throttle_exemption",
+    )
+    group = models.OneToOneField(
+        "auth.Group",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="throttle_exemption",
+    )
+    network = models.CharField(
+        _("IP address or network"),
+        max_length=NETWORK_MAX_LENGTH,
+        blank=True,
+        help_text=_(
+            "an address or CIDR range such as 203.0.113.7, 198.51.100.0/24 or 2001:db8::/48, "
+            "matched against the client address as the limiter reads it (behind your trusted "
+            "proxies)"
+        ),
+    )
+    note = models.CharField(
+        max_length=255, blank=True, help_text=_("why, e.g. 'office', 'uptime monitor'")
+    )
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["pk"]
+        verbose_name = _("exemption")
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    Q(user__isnull=False, group__isnull=True, network="")
+                    | Q(user__isnull=True, group__isnull=False, network="")
+                    | (Q(user__isnull=True, group__isnull=True) & ~Q(network=""))
+                ),
+                name="django_throttle_exemption_one_kind",
+                violation_error_message=_("Exempt exactly one user, group or network."),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        if self.user_id is not None:
+            return f"user {self.user}"
+        if self.group_id is not None:
+            return f"group {self.group}"
+        return f"network {self.network}"
+
+    def row_problems(self) -> dict[str, str]:
+        """Values the admin would refuse, by field (the compiler skips such a row)."""
+        if self.network:
+            try:
+                parse_network(self.network)
+            except ValueError:
+                return {
+                    "network": str(
+                        _("'%(value)s' is not an IP address or network (e.g. 198.51.100.0/24)")
+                    )
+                    % {"value": self.network}
+                }
+        return {}
+
+    def clean(self) -> None:
+        """One kind per row, and a network stored in its normal form."""
+        self.network = (self.network or "").strip()
+        chosen = [self.user_id is not None, self.group_id is not None, bool(self.network)]
+        if sum(chosen) != 1:
+            message = _("Exempt exactly one user, group or network.")
+            raise ValidationError({"user": message, "group": message, "network": message})
+        problems = self.row_problems()
+        if problems:
+            raise ValidationError(problems)
+        if self.network:
+            network = parse_network(self.network)
+            self.network = str(network)
+            if network.version == 6 and network.prefixlen > app_settings.IPV6_PREFIX:
+                wider = network.supernet(new_prefix=app_settings.IPV6_PREFIX)
+                raise ValidationError(
+                    {
+                        "network": _(
+                            "IPv6 clients are counted by /%(prefix)d networks "
+                            "(DJANGO_THROTTLE_IPV6_PREFIX), so this never matches one: exempt "
+                            "%(wider)s or a wider network"
+                        )
+                        % {"prefix": app_settings.IPV6_PREFIX, "wider": wider}
+                    }
+                )

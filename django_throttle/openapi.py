@@ -1,0 +1,182 @@
+"""OpenAPI for throttled views, through drf-spectacular (an optional dependency).
+
+Set ``REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"] = "django_throttle.openapi.ThrottledAutoSchema"``,
+or mix :class:`ThrottleSchemaMixin` into your own ``AutoSchema``. Every operation of a view
+guarded by :class:`~django_throttle.drf.PolicyThrottle` then documents:
+
+- a ``429`` response with ``Retry-After`` and ``X-RateLimit-*`` headers and the JSON body the
+  throttle sends (``detail``, ``limit``, ``retry_after``);
+- a ``503`` response with ``Retry-After`` (failing closed when Redis cannot answer);
+- the ``X-RateLimit-*`` headers on its successful responses (and the IETF ``RateLimit`` and
+  ``RateLimit-Policy`` fields when ``DJANGO_THROTTLE_IETF_HEADERS`` is on).
+
+An operation that already documents a 429 or 503 keeps its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django_throttle.conf import app_settings
+
+# ThrottledAutoSchema is built by the module __getattr__ below.
+__all__ = ["ThrottleSchemaMixin", "ThrottledAutoSchema", "is_throttled"]  # noqa: F822
+
+#: The component name of the refusal body.
+BODY_COMPONENT = "ThrottledError"
+
+_INTEGER = {"type": "integer", "minimum": 0}
+_RATE_HEADERS = {
+    "X-RateLimit-Limit": ("The request limit that applies (the tightest one).", _INTEGER),
+    "X-RateLimit-Remaining": ("Requests left before this limit denies.", _INTEGER),
+    "X-RateLimit-Reset": ("Seconds until the limit is whole again.", _INTEGER),
+}
+_IETF_HEADERS = {
+    "RateLimit": (
+        "IETF RateLimit field: the limit's remaining quota and reset.",
+        {"type": "string"},
+    ),
+    "RateLimit-Policy": ("IETF RateLimit-Policy field: the quota policies.", {"type": "string"}),
+}
+_RETRY_AFTER = {"Retry-After": ("Seconds to wait before retrying.", _INTEGER)}
+
+
+def is_throttled(view: Any) -> bool:
+    """Whether ``view`` runs :class:`~django_throttle.drf.PolicyThrottle` (or a subclass)."""
+    from django_throttle.drf import PolicyThrottle
+
+    classes = getattr(view, "throttle_classes", None) or ()
+    return any(isinstance(c, type) and issubclass(c, PolicyThrottle) for c in classes)
+
+
+class ThrottleSchemaMixin:
+    """Adds the throttle's responses and headers to the operations of throttled views."""
+
+    view: Any
+    registry: Any
+
+    def _get_response_bodies(self, direction: str = "response") -> dict[str, Any]:
+        responses: dict[str, Any] = super()._get_response_bodies(direction)  # type: ignore[misc]
+        if direction != "response" or not is_throttled(self.view):
+            return responses
+        body = {"application/json": {"schema": self._body_reference()}}
+        responses.setdefault(
+            "429",
+            {
+                "description": "Too many requests: a rate limit denied this request.",
+                "headers": _headers({**_RETRY_AFTER, **_rate_headers()}),
+                "content": body,
+            },
+        )
+        responses.setdefault(
+            "503",
+            {
+                "description": "Rate limiting is unavailable and this endpoint fails closed.",
+                "headers": _headers(_RETRY_AFTER),
+                "content": body,
+            },
+        )
+        return responses
+
+    def _get_response_headers_for_code(self, status_code: str, direction: str = "response") -> Any:
+        headers = super()._get_response_headers_for_code(status_code, direction)  # type: ignore[misc]
+        if direction == "response" and str(status_code).startswith("2") and is_throttled(self.view):
+            headers = {**_headers(_rate_headers()), **(headers or {})}
+        return headers
+
+    def _body_reference(self) -> dict[str, Any]:
+        from drf_spectacular.plumbing import ResolvedComponent
+
+        component = ResolvedComponent(  # type: ignore[no-untyped-call]
+            name=BODY_COMPONENT,
+            type=ResolvedComponent.SCHEMA,
+            object=BODY_COMPONENT,
+            schema={
+                "type": "object",
+                "properties": {
+                    "detail": {"type": "string", "description": "What happened, for people."},
+                    "limit": {
+                        "type": "string",
+                        "nullable": True,
+                        "description": "The limit that denied the request.",
+                    },
+                    "retry_after": {
+                        "type": "integer",
+                        "nullable": True,
+                        "description": "Seconds to wait, as in Retry-After.",
+                    },
+                },
+                "required": ["detail", "limit", "retry_after"],
+            },
+        )
+        self.registry.register_on_missing(component)
+        reference: dict[str, Any] = component.ref
+        return reference
+
+
+def __getattr__(name: str) -> Any:
+    """``ThrottledAutoSchema`` is built on first use: drf-spectacular imports DRF, which reads
+    the settings, and this module must import before settings are configured."""
+    if name != "ThrottledAutoSchema":
+        raise AttributeError(name)
+    from drf_spectacular.openapi import AutoSchema
+
+    _register_authentication_schemes()
+    cls = type(
+        "ThrottledAutoSchema",
+        (ThrottleSchemaMixin, AutoSchema),
+        {
+            "__module__": __name__,
+            "__doc__": "drf-spectacular's ``AutoSchema`` that documents the throttle.",
+        },
+    )
+    globals()["ThrottledAutoSchema"] = cls
+    return cls
+
+
+def _rate_headers() -> dict[str, tuple[str, dict[str, Any]]]:
+    return {**_RATE_HEADERS, **(_IETF_HEADERS if app_settings.IETF_HEADERS else {})}
+
+
+def _headers(spec: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    return {name: {"description": text, "schema": schema} for name, (text, schema) in spec.items()}
+
+
+def _register_authentication_schemes() -> None:
+    """Describe our DRF authentication classes as the schemes they wrap (drf-spectacular
+    matches its built-in extensions by exact class), and API keys as an ``apiKey`` header.
+    Extensions register themselves when their class is created: once per process."""
+    if _registered:
+        return
+    _registered.append(True)
+    from drf_spectacular.authentication import BasicScheme, SessionScheme, TokenScheme
+    from drf_spectacular.extensions import OpenApiAuthenticationExtension
+
+    for base, target in (
+        (BasicScheme, "ProtectedBasicAuthentication"),
+        (TokenScheme, "ProtectedTokenAuthentication"),
+        (SessionScheme, "ProtectedSessionAuthentication"),
+    ):
+        type(
+            f"{target}Scheme",
+            (base,),
+            {"target_class": f"django_throttle.drf.{target}", "__module__": __name__},
+        )
+
+    def api_key_definition(self: Any, auto_schema: Any) -> dict[str, Any]:
+        header = app_settings.API_KEY_HEADERS[-1] if app_settings.API_KEY_HEADERS else "X-API-Key"
+        return {"type": "apiKey", "in": "header", "name": header}
+
+    type(
+        "ApiKeyScheme",
+        (OpenApiAuthenticationExtension,),
+        {
+            "target_class": "django_throttle.drf.ApiKeyAuthentication",
+            "name": "apiKeyAuth",
+            "get_security_definition": api_key_definition,
+            "__module__": __name__,
+        },
+    )
+
+
+_registered: list[bool] = []

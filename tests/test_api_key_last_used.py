@@ -1,0 +1,185 @@
+"""API keys' last use: recorded by the decision's own backend call (no database write per
+request), shown live in the admin, and copied to ``ApiKey.last_used`` by the usage rollup."""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+import redis
+from django.contrib.admin.utils import display_for_value
+from django.core.management import call_command
+from django.test import Client, RequestFactory
+from django.urls import reverse
+
+from django_throttle import core, policy, usage
+from django_throttle.backends import get_backend
+from django_throttle.backends.base import Backend
+from django_throttle.backends.memory import MemoryBackend
+from django_throttle.backends.redis import RedisBackend
+from django_throttle.models import ApiKey, Tier
+from django_throttle.rates import Limit
+from tests.factories import tier
+
+pytestmark = pytest.mark.django_db
+
+MEMORY = "django_throttle.backends.memory.MemoryBackend"
+LIMITS = (Limit.build("seen", "1000000/s"),)
+
+
+@pytest.fixture(params=["redis", "memory"])
+def backend(request: pytest.FixtureRequest, settings: Any) -> Iterator[Backend]:
+    if request.param == "memory":
+        settings.DJANGO_THROTTLE_BACKEND = MEMORY
+    instance = get_backend()
+    assert isinstance(instance, RedisBackend if request.param == "redis" else MemoryBackend)
+    yield instance
+
+
+@pytest.fixture
+def partner(settings: Any) -> Tier:
+    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 3600
+    tier("anonymous", "1000/m", is_default_anonymous=True)
+    return tier("partner", "1000/m")
+
+
+@pytest.fixture
+def warm() -> Callable[[], None]:
+    def compile_once() -> None:
+        assert policy.current().loaded
+
+    return compile_once
+
+
+def request_with(key: str) -> Any:
+    return RequestFactory().get("/api/ping/", HTTP_AUTHORIZATION=f"Api-Key {key}")
+
+
+def shown(value: datetime | None) -> str:
+    """How the admin list prints a time."""
+    return str(display_for_value(value, ""))
+
+
+def test_100_requests_with_a_key_write_nothing_to_the_database_and_the_rollup_copies_the_last_use(
+    backend: Backend,
+    partner: Tier,
+    warm: Callable[[], None],
+    django_assert_num_queries: Any,
+) -> None:
+    row, full_key = ApiKey.objects.create_key(name="ci", tier=partner)
+    warm()
+    before = int(time.time())
+    with django_assert_num_queries(0):
+        for _ in range(100):
+            assert core.check(request_with(full_key)).allowed
+    after = int(time.time())
+    row.refresh_from_db()
+    assert row.last_used is None  # nothing written on the request path
+
+    out = io.StringIO()
+    call_command("throttle_usage", "--rollup", stdout=out)
+
+    row.refresh_from_db()
+    assert row.last_used is not None
+    assert before <= row.last_used.timestamp() <= after + 1
+    assert "API keys with a newer last use: 1." in out.getvalue()
+
+
+def test_the_admin_shows_the_live_last_use_before_any_rollup(
+    backend: Backend, partner: Tier, warm: Callable[[], None], admin_client: Client
+) -> None:
+    used, used_key = ApiKey.objects.create_key(name="used", tier=partner)
+    ApiKey.objects.create_key(name="idle", tier=partner)
+    warm()
+    assert core.check(request_with(used_key)).allowed
+    second = usage.get_store().keys_last_used([used.prefix])[used.prefix]
+
+    response = admin_client.get(reverse("admin:django_throttle_apikey_changelist"))
+    page = response.content.decode()
+    detail = admin_client.get(reverse("admin:django_throttle_apikey_change", args=[used.pk]))
+
+    assert response.status_code == 200
+    assert shown(datetime.fromtimestamp(second, tz=UTC)) in page
+    assert "never (since the last rollup)" in page  # the idle key
+    assert shown(datetime.fromtimestamp(second, tz=UTC)) in detail.content.decode()
+
+
+def test_the_admin_falls_back_to_the_rolled_up_time_when_the_backend_cannot_answer(
+    partner: Tier, admin_client: Client, settings: Any
+) -> None:
+    row, _ = ApiKey.objects.create_key(name="ci", tier=partner)
+    stored = datetime(2026, 5, 4, 3, 2, 1, tzinfo=UTC)
+    ApiKey.objects.filter(pk=row.pk).update(last_used=stored)
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+
+    response = admin_client.get(reverse("admin:django_throttle_apikey_changelist"))
+
+    assert response.status_code == 200
+    assert shown(stored) in response.content.decode()
+
+
+def test_the_rollup_never_moves_last_used_back(backend: Backend, partner: Tier) -> None:
+    row, _ = ApiKey.objects.create_key(name="ci", tier=partner)
+    later = datetime(2100, 1, 1, tzinfo=UTC)
+    ApiKey.objects.filter(pk=row.pk).update(last_used=later)
+    backend.hit(f"key:{row.prefix}", LIMITS, usage=usage.field_for("partner", ""))
+
+    call_command("throttle_usage", "--rollup", stdout=io.StringIO())
+
+    row.refresh_from_db()
+    assert row.last_used == later
+
+
+def test_only_key_clients_are_recorded_and_a_later_time_wins(backend: Backend) -> None:
+    field = usage.field_for("t", "")
+    backend.hit("ip:203.0.113.7", LIMITS, usage=field)
+    backend.hit("user:42", LIMITS, usage=field)
+    backend.hit("key:abcd1234", LIMITS, usage=field, now=2_000_000_000.5)
+    backend.hit("key:abcd1234", LIMITS, usage=field, now=1_900_000_000.0)  # late: ignored
+
+    assert usage.get_store().keys_last_used() == {"abcd1234": 2_000_000_000}
+
+
+def test_without_usage_counting_nothing_is_recorded(backend: Backend) -> None:
+    backend.hit("key:abcd1234", LIMITS, usage=None)
+
+    assert usage.get_store().keys_last_used() == {}
+
+
+def test_the_redis_set_gets_its_ttl_when_a_member_is_new(
+    redis_client: redis.Redis, settings: Any
+) -> None:
+    settings.DJANGO_THROTTLE_KEY_SHARDS = 1
+    backend = get_backend()
+    assert isinstance(backend, RedisBackend)
+    field = usage.field_for("t", "")
+    seen = f"{backend.prefix}:{{0}}k"
+    backend.hit("key:abcd1234", LIMITS, usage=field)
+    assert redis_client.ttl(seen) > 0
+    redis_client.persist(seen)
+
+    backend.hit("key:abcd1234", LIMITS, usage=field)
+    assert redis_client.ttl(seen) == -1  # a known member: one ZADD, the TTL left alone
+    backend.hit("key:abcd1235", LIMITS, usage=field)
+    assert redis_client.ttl(seen) > 0  # a new member arms it again
+
+
+def test_the_set_is_bounded_per_shard(backend: Backend, settings: Any) -> None:
+    from django_throttle.backends.usage_base import KEYS_SEEN_MAX
+
+    settings.DJANGO_THROTTLE_KEY_SHARDS = 1
+    backend = get_backend()
+    field = usage.field_for("t", "")
+    start = 1_800_000_000.0
+    for i in range(KEYS_SEEN_MAX + 5):
+        backend.hit(f"key:k{i:05d}", LIMITS, usage=field, now=start + i)
+
+    seen = usage.get_store().keys_last_used()
+
+    assert len(seen) == KEYS_SEEN_MAX
+    assert "k00000" not in seen  # the least recently used went first
+    assert seen[f"k{KEYS_SEEN_MAX + 4:05d}"] == start + KEYS_SEEN_MAX + 4

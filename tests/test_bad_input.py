@@ -1,0 +1,183 @@
+"""Bad input, as a client or an operator sends it, and what it gets: the rows of the README's
+"Bad input" table that no other test module covers. Never a 500, never a lost or shared
+bucket.
+
+Each header case goes through a real throttled view (``/hello/``: 5 a minute per client) from
+``REMOTE_ADDR`` 10.0.0.1: it must be counted in that address's bucket (5 x 200 then 429, and
+the same bucket as a request without the header), and another address sending the same bad
+value must have a bucket of its own.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from django_throttle.models import EndpointRule, Tier
+from tests.factories import tier
+
+pytestmark = pytest.mark.django_db
+
+TEN_KB = "x" * 10_240
+#: Bytes that are not UTF-8, as a WSGI or ASGI server hands them to Django (decoded as
+#: latin-1: a header value never holds a character above U+00FF).
+INVALID_UTF8 = b"\xff\xfe\xc3\x28".decode("latin-1")
+#: An emoji as it arrives: its UTF-8 bytes, decoded as latin-1.
+EMOJI = "\U0001f600".encode().decode("latin-1")
+
+#: (header, value, settings): the proxy settings under which the header is read at all.
+FORWARDED = {"TRUSTED_PROXY_COUNT": 1}
+REAL_IP = {"TRUSTED_PROXY_COUNT": 1, "CLIENT_IP_HEADER": "X-Real-IP"}
+HEADER_CASES = [
+    pytest.param("HTTP_X_FORWARDED_FOR", "garbage", FORWARDED, id="xff-garbage"),
+    pytest.param("HTTP_X_FORWARDED_FOR", "unknown", FORWARDED, id="xff-unknown"),
+    pytest.param("HTTP_X_FORWARDED_FOR", "", FORWARDED, id="xff-empty"),
+    pytest.param("HTTP_X_FORWARDED_FOR", " , , ", FORWARDED, id="xff-only-commas"),
+    pytest.param("HTTP_X_FORWARDED_FOR", TEN_KB, FORWARDED, id="xff-10kb"),
+    pytest.param("HTTP_X_FORWARDED_FOR", "2001:db8::1%" + "z" * 100, FORWARDED, id="xff-too-long"),
+    pytest.param("HTTP_X_FORWARDED_FOR", "1.2.3.4\x00", FORWARDED, id="xff-nul"),
+    pytest.param("HTTP_X_FORWARDED_FOR", EMOJI, FORWARDED, id="xff-emoji"),
+    pytest.param("HTTP_X_FORWARDED_FOR", INVALID_UTF8, FORWARDED, id="xff-invalid-utf8"),
+    pytest.param("HTTP_X_REAL_IP", "garbage", REAL_IP, id="real-ip-garbage"),
+    pytest.param("HTTP_X_REAL_IP", "198.51.100.7, 203.0.113.9", REAL_IP, id="real-ip-twice"),
+    pytest.param("HTTP_X_REAL_IP", TEN_KB, REAL_IP, id="real-ip-10kb"),
+    pytest.param("HTTP_X_REAL_IP", "\x00", REAL_IP, id="real-ip-nul"),
+    pytest.param("HTTP_X_REAL_IP", INVALID_UTF8, REAL_IP, id="real-ip-invalid-utf8"),
+    pytest.param("HTTP_AUTHORIZATION", "Api-Key garbage", {}, id="authorization-garbage-key"),
+    pytest.param("HTTP_AUTHORIZATION", "Api-Key", {}, id="authorization-scheme-only"),
+    pytest.param("HTTP_AUTHORIZATION", f"Api-Key {TEN_KB}", {}, id="authorization-10kb"),
+    pytest.param("HTTP_AUTHORIZATION", "Api-Key dt_\x00_\x00", {}, id="authorization-nul"),
+    pytest.param("HTTP_AUTHORIZATION", f"Api-Key {EMOJI}", {}, id="authorization-emoji"),
+    pytest.param(
+        "HTTP_AUTHORIZATION", f"Api-Key {INVALID_UTF8}", {}, id="authorization-invalid-utf8"
+    ),
+    pytest.param("HTTP_X_API_KEY", "dt_", {}, id="x-api-key-garbage"),
+    pytest.param("HTTP_X_API_KEY", TEN_KB, {}, id="x-api-key-10kb"),
+    pytest.param("HTTP_X_API_KEY", "dt_1234abcd_\x00", {}, id="x-api-key-nul"),
+    pytest.param("HTTP_X_API_KEY", f"dt_{EMOJI}_{EMOJI}", {}, id="x-api-key-emoji"),
+    pytest.param("HTTP_X_API_KEY", INVALID_UTF8, {}, id="x-api-key-invalid-utf8"),
+]
+
+
+@pytest.fixture
+def anonymous() -> Tier:
+    """A key tier exists, so presented keys are looked up (and must fail) for real."""
+    tier("partner", "1000/min")
+    return tier("anonymous", "1000/min", is_default_anonymous=True)
+
+
+@pytest.mark.parametrize(("header", "value", "trust"), HEADER_CASES)
+def test_bad_header_is_counted_in_the_remote_addr_bucket(
+    client: Client,
+    settings: Any,
+    anonymous: Tier,
+    header: str,
+    value: str,
+    trust: dict[str, Any],
+) -> None:
+    for name, setting in trust.items():
+        setattr(settings, f"DJANGO_THROTTLE_{name}", setting)
+    if header != "HTTP_X_FORWARDED_FOR" and trust:
+        bad = {header: value, "HTTP_X_FORWARDED_FOR": "10.0.0.1"}  # the proxy's own hop
+    else:
+        bad = {header: value}
+
+    codes = [client.get("/hello/", REMOTE_ADDR="10.0.0.1", **bad).status_code for _ in range(6)]
+    without = client.get("/hello/", REMOTE_ADDR="10.0.0.1").status_code
+    other = client.get("/hello/", REMOTE_ADDR="10.0.0.2", **bad).status_code
+
+    assert codes == [200] * 5 + [429]
+    assert without == 429  # the same bucket: not a fresh one per bad value
+    assert other == 200  # not shared with other clients sending the same value
+
+
+def test_duplicate_forwarded_for_headers_count_the_hop_the_proxy_appended(
+    client: Client, settings: Any
+) -> None:
+    """A header sent twice reaches Django joined with ', ' (WSGI): the client's own copy is
+    ignored, the trusted proxy's appended address is the client."""
+    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
+
+    def codes(forwarded: str) -> list[int]:
+        return [
+            client.get(
+                "/hello/", REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR=forwarded
+            ).status_code
+            for _ in range(6)
+        ]
+
+    assert codes("203.0.113.5, 198.51.100.7") == [200] * 5 + [429]
+    assert codes("203.0.113.6, 198.51.100.7")[0] == 429  # rotating the client's part: same bucket
+
+
+def test_bad_authorization_on_a_drf_view_is_anonymous_not_a_500(
+    client: Client, anonymous: Tier
+) -> None:
+    """DRF's own Basic authentication refuses a malformed ``Basic`` header (403 here, where
+    SessionAuthentication comes first and sends no challenge; 401 with Basic first), before
+    any throttle runs; an ``Api-Key`` that verifies nothing is anonymous, counted by IP."""
+    garbage_basic = "Basic " + base64.b64encode(b"\xff\xfe:\x00").decode()
+    responses = [
+        client.get("/api/ping/", HTTP_AUTHORIZATION=value)
+        for value in ("Basic !!!", garbage_basic, f"Api-Key {TEN_KB}", f"Api-Key {EMOJI}")
+    ]
+
+    assert [r.status_code for r in responses] == [403, 403, 200, 200]
+    assert responses[2]["X-RateLimit-Limit"] == "1000"  # the anonymous tier's limit
+
+
+# Admin values not covered in test_admin.py --------------------------------------------------
+
+
+def rule_data(**fields: str) -> dict[str, str]:
+    return {
+        "name": "login",
+        "match_type": "scope",
+        "pattern": "login",
+        "methods": "",
+        "cost": "1",
+        "counts": "all",
+        "enabled": "on",
+        "limits-TOTAL_FORMS": "0",
+        "limits-INITIAL_FORMS": "0",
+        "limits-MIN_NUM_FORMS": "0",
+        "limits-MAX_NUM_FORMS": "1000",
+        **fields,
+    }
+
+
+@pytest.mark.parametrize("counts", ["sometimes", "", "ALL", "\x00"])
+def test_admin_bad_counting_policy_is_an_error_on_counts(admin_client: Client, counts: str) -> None:
+    response = admin_client.post(
+        reverse("admin:django_throttle_endpointrule_add"), rule_data(counts=counts)
+    )
+
+    assert response.status_code == 200
+    assert list(response.context["adminform"].form.errors) == ["counts"]
+    assert not EndpointRule.objects.exists()
+
+
+@pytest.mark.parametrize("counted_by", ["everyone", "", "IP"])
+def test_admin_bad_counted_by_is_an_error_on_that_row(
+    admin_client: Client, anonymous: Tier, counted_by: str
+) -> None:
+    row = {
+        "limits-TOTAL_FORMS": "1",
+        "limits-0-tier": str(anonymous.pk),
+        "limits-0-rate": "5/min",
+        "limits-0-burst": "",
+        "limits-0-algorithm": "token_bucket",
+        "limits-0-counted_by": counted_by,
+    }
+    response = admin_client.post(
+        reverse("admin:django_throttle_endpointrule_add"), rule_data(**row)
+    )
+
+    assert response.status_code == 200
+    formset = response.context["inline_admin_formsets"][0].formset
+    assert [list(errors) for errors in formset.errors] == [["counted_by"]]
+    assert not EndpointRule.objects.exists()

@@ -1,0 +1,204 @@
+"""Exemptions: views, staff and superusers by setting, and users, groups and networks listed in
+the admin. An exempt request is served without a backend call and without rate limit headers;
+everyone else is limited as before."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import include, path
+from rest_framework.decorators import api_view
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from django_throttle import policy
+from django_throttle.backends import get_backend
+from django_throttle.decorators import throttle
+from django_throttle.exemptions import throttle_exempt
+from django_throttle.models import Exemption
+from tests.factories import tier
+
+pytestmark = pytest.mark.django_db
+
+
+class Open(APIView):
+    permission_classes = [AllowAny]
+    throttle_exempt = True
+
+    def get(self, request: Request) -> Response:
+        return Response({"ok": True})
+
+
+@throttle_exempt
+@api_view(["GET"])
+def open_function(request: Request) -> Response:
+    return Response({"ok": True})
+
+
+@throttle_exempt
+@throttle(rate="1/h")
+def open_plain(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"ok": True})
+
+
+urlpatterns = [
+    path("open/", Open.as_view()),
+    path("open-function/", open_function),
+    path("open-plain/", open_plain),
+    path("", include("tests.urls")),
+]
+
+
+@pytest.fixture
+def limited(settings: Any) -> None:
+    """Everyone: 2 requests per hour."""
+    settings.ROOT_URLCONF = __name__
+    tier("anonymous", "2/h", is_default_anonymous=True)
+    tier("users", "2/h", is_default_authenticated=True)
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Clients the backend was asked about (counts calls; the backend stays real)."""
+    backend = get_backend()
+    seen: list[str] = []
+    original = backend.hit
+
+    def counting(client: str, *args: Any, **kwargs: Any) -> Any:
+        seen.append(client)
+        return original(client, *args, **kwargs)
+
+    monkeypatch.setattr(backend, "hit", counting)
+    return seen
+
+
+def statuses(client: Any, url: str = "/api/ping/", n: int = 4, **extra: Any) -> list[int]:
+    return [client.get(url, **extra).status_code for _ in range(n)]
+
+
+@pytest.mark.parametrize("url", ["/open/", "/open-function/", "/open-plain/"])
+def test_exempt_views_are_never_limited(
+    client: Any, limited: None, calls: list[str], url: str
+) -> None:
+    assert statuses(client, url) == [200] * 4
+    assert "X-RateLimit-Limit" not in client.get(url)
+    assert calls == []
+    assert statuses(client) == [200, 200, 429, 429]  # other views still are
+
+
+def test_an_exempt_user_makes_no_backend_call(client: Any, limited: None, calls: list[str]) -> None:
+    alice = User.objects.create_user("alice")
+    Exemption.objects.create(user=alice, note="support")
+    client.force_login(alice)
+
+    assert statuses(client) == [200] * 4
+    assert calls == []
+    client.force_login(User.objects.create_user("bob"))
+    assert statuses(client) == [200, 200, 429, 429]
+
+
+def test_group_members_are_exempt_and_joining_takes_effect(client: Any, limited: None) -> None:
+    staff_group = Group.objects.create(name="internal")
+    Exemption.objects.create(group=staff_group)
+    carol = User.objects.create_user("carol")
+    client.force_login(carol)
+    assert statuses(client) == [200, 200, 429, 429]
+
+    carol.groups.add(staff_group)  # bumps the policy: the next request sees it
+
+    assert statuses(client) == [200] * 4
+
+
+@pytest.mark.parametrize(
+    ("network", "address", "exempt"),
+    [
+        ("198.51.100.0/24", "198.51.100.7", True),
+        ("198.51.100.0/24", "198.51.101.7", False),
+        ("203.0.113.9", "203.0.113.9", True),
+        ("::ffff:203.0.113.9", "203.0.113.9", True),
+        ("2001:db8::/48", "2001:db8:0:7::1", True),  # counted as 2001:db8:0:7::/64, inside
+        ("2001:db8::/48", "2001:db9::1", False),
+    ],
+)
+def test_networks(client: Any, limited: None, network: str, address: str, exempt: bool) -> None:
+    row = Exemption(network=network)
+    row.full_clean()
+    row.save()
+    expected = [200] * 4 if exempt else [200, 200, 429, 429]
+    assert statuses(client, REMOTE_ADDR=address) == expected
+
+
+@pytest.mark.parametrize("flag", ["EXEMPT_STAFF", "EXEMPT_SUPERUSERS"])
+def test_staff_and_superusers_by_setting(
+    client: Any, limited: None, settings: Any, flag: str
+) -> None:
+    user = User.objects.create_user("root", is_staff=True, is_superuser=flag == "EXEMPT_SUPERUSERS")
+    client.force_login(user)
+    assert statuses(client) == [200, 200, 429, 429]  # not by default
+
+    setattr(settings, f"DJANGO_THROTTLE_{flag}", True)
+    from django_throttle.testing import reset_caches
+
+    reset_caches()
+    get_backend()
+    assert statuses(client, "/api/reports/1/") == [200] * 4
+
+
+def test_exempt_requests_cost_no_sql(
+    client: Any, limited: None, django_assert_num_queries: Any
+) -> None:
+    Exemption.objects.create(network="203.0.113.0/24")
+    policy.current()
+    with django_assert_num_queries(0):
+        assert statuses(client, REMOTE_ADDR="203.0.113.77", n=20) == [200] * 20
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({}, "Exempt exactly one user, group or network."),
+        ({"network": "not-an-ip"}, "'not-an-ip' is not an IP address or network"),
+        ({"network": "10.0.0.0/33"}, "is not an IP address or network"),
+        ({"network": "2001:db8:0:7::1"}, "exempt 2001:db8:0:7::/64 or a wider network"),
+    ],
+)
+def test_bad_rows_get_a_form_error(fields: dict[str, str], error: str) -> None:
+    with pytest.raises(ValidationError, match=error):
+        Exemption(**fields).full_clean()
+
+
+def test_a_network_is_stored_in_its_normal_form() -> None:
+    row = Exemption(network=" 203.0.113.7/24 ")
+    row.full_clean()
+    assert row.network == "203.0.113.0/24"
+
+
+def test_the_admin_adds_an_exemption_and_refuses_a_bad_network(admin_client: Any) -> None:
+    url = "/admin/django_throttle/exemption/add/"
+    bad = admin_client.post(url, {"network": "10.0.0.0/33", "note": "office"})
+    assert bad.status_code == 200
+    assert "is not an IP address or network" in bad.content.decode()
+
+    good = admin_client.post(url, {"network": "198.51.100.0/24", "note": "office"})
+
+    assert good.status_code == 302
+    assert Exemption.objects.get().network == "198.51.100.0/24"
+    assert policy.current().exemptions.covers_address("198.51.100.20")
+
+
+def test_a_bad_row_written_around_the_admin_is_skipped_and_named_by_check() -> None:
+    from django_throttle.row_checks import check_rows
+
+    Exemption.objects.create(network="garbage")
+    Exemption.objects.create(network="198.51.100.0/24")
+
+    assert [e.id for e in check_rows()] == ["django_throttle.E105"]
+    policy.reset()
+    compiled = policy.current().exemptions
+    assert compiled.networks and not compiled.addresses

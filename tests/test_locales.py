@@ -1,0 +1,95 @@
+"""Shipped translations: what a client reads in a 429 and what an operator reads in the admin,
+in German and French, chosen per request by Django's LocaleMiddleware."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+
+from tests.factories import tier
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def localized(settings: Any) -> None:
+    middleware = list(settings.MIDDLEWARE)
+    middleware.insert(
+        middleware.index("django.middleware.common.CommonMiddleware"),
+        "django.middleware.locale.LocaleMiddleware",
+    )
+    settings.MIDDLEWARE = middleware
+    settings.LANGUAGES = [("en", "English"), ("de", "Deutsch"), ("fr", "Français")]
+
+
+@pytest.mark.parametrize(
+    ("language", "detail"),
+    [
+        ("de", "Die Anfrage wurde gedrosselt. Voraussichtlich wieder verfügbar in"),
+        ("fr", "Requête ralentie. Disponible à nouveau dans"),
+        ("en", "Request was throttled. Expected available in"),
+    ],
+)
+def test_the_429_body_speaks_the_clients_language(
+    client: Any, localized: None, language: str, detail: str
+) -> None:
+    for _ in range(2):
+        response = client.get("/hello/", HTTP_ACCEPT_LANGUAGE=language)
+    for _ in range(5):
+        response = client.get("/hello/", HTTP_ACCEPT_LANGUAGE=language)
+    assert response.status_code == 429
+    assert response.json()["detail"].startswith(detail)
+
+
+@pytest.mark.parametrize(
+    ("language", "title"), [("de", "Einen Client untersuchen"), ("fr", "Inspecter un client")]
+)
+def test_the_admin_pages_are_translated(
+    client: Any, localized: None, language: str, title: str
+) -> None:
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    tier("anonymous", "5/h", is_default_anonymous=True)
+    html = client.get(
+        "/admin/django_throttle/usagecount/inspect/", HTTP_ACCEPT_LANGUAGE=language
+    ).content.decode()
+    assert title in html
+
+
+def translations(po: str) -> list[tuple[str, list[str]]]:
+    """(msgid, its msgstr values) for each entry of a .po file, continuation lines joined."""
+    entries = []
+    for block in po.split("\n\n"):
+        fields: dict[str, str] = {}
+        current = None
+        for line in block.splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            if line.startswith('"'):
+                if current is not None:
+                    fields[current] += line[1:-1]
+                continue
+            current, _, value = line.partition(" ")
+            fields[current] = value[1:-1]
+        if fields.get("msgid"):
+            entries.append(
+                (fields["msgid"], [v for k, v in fields.items() if k.startswith("msgstr")])
+            )
+    return entries
+
+
+def test_every_message_is_translated_in_both_catalogues() -> None:
+    from pathlib import Path
+
+    import django_throttle
+
+    root = Path(django_throttle.__file__).parent / "locale"
+    for language in ("de", "fr"):
+        po = (root / language / "LC_MESSAGES" / "django.po").read_text(encoding="utf-8")
+        assert (root / language / "LC_MESSAGES" / "django.mo").exists()
+        assert "#, fuzzy" not in po
+        entries = translations(po)
+        assert len(entries) > 150
+        untranslated = [msgid for msgid, values in entries if not values or not all(values)]
+        assert untranslated == [], f"{language}: untranslated: {untranslated[:5]}"

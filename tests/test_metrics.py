@@ -1,0 +1,236 @@
+"""Signals and Prometheus metrics: every counter and signal is caused by a test, including
+across several processes (prometheus_client's multiprocess mode)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import RequestFactory
+from prometheus_client import REGISTRY
+
+from django_throttle import core, events, metrics, policy
+from django_throttle.backends import BackendError
+from django_throttle.breaker import CircuitBreaker
+from django_throttle.rates import Limit
+from tests.factories import endpoint, tier
+
+pytestmark = pytest.mark.django_db
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def metrics_on(settings: Any) -> None:
+    """Metrics are opt-in (DJANGO_THROTTLE_METRICS); this module turns them on."""
+    settings.DJANGO_THROTTLE_METRICS = True
+
+
+@pytest.fixture
+def received() -> Any:
+    """Connect a receiver to every signal; yields {signal name: [kwargs, ...]}."""
+    names = [
+        "request_decided",
+        "request_throttled",
+        "backend_error",
+        "backend_unavailable",
+        "backend_available",
+        "policy_reloaded",
+        "script_loaded",
+    ]
+    found: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    receivers = {}
+    for name in names:
+
+        def receiver(sender: Any, _name: str = name, **kwargs: Any) -> None:
+            found[_name].append(kwargs)
+
+        receivers[name] = receiver
+        getattr(events, name).connect(receiver)
+    yield found
+    for name, receiver in receivers.items():
+        getattr(events, name).disconnect(receiver)
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_decisions_send_signals_and_count_in_metrics(client: Any, received: Any) -> None:
+    assert metrics.connect()
+    anon = tier("anonymous", "100/h", is_default_anonymous=True)
+    endpoint("ping", "route", "ping", limits={anon: "2/h"})
+    labels = {"tier": "anonymous", "endpoint": "ping"}
+    before = {
+        o: sample("django_throttle_decisions_total", **labels, outcome=o)
+        for o in ("allowed", "denied")
+    }
+    seconds_before = sample("django_throttle_decision_seconds_count")
+
+    statuses = [client.get("/api/ping/", REMOTE_ADDR="198.51.100.1").status_code for _ in range(3)]
+
+    assert statuses == [200, 200, 429]
+    assert [d["outcome"] for d in received["request_decided"]] == ["allowed", "allowed", "denied"]
+    assert all(d["seconds"] > 0 for d in received["request_decided"])
+    [throttled] = received["request_throttled"]
+    assert (throttled["tier"], throttled["endpoint"], throttled["shadow"]) == (
+        "anonymous",
+        "ping",
+        False,
+    )
+    assert throttled["decision"].retry_after > 0
+    assert (
+        sample("django_throttle_decisions_total", **labels, outcome="allowed") - before["allowed"]
+        == 2
+    )
+    assert (
+        sample("django_throttle_decisions_total", **labels, outcome="denied") - before["denied"]
+        == 1
+    )
+    assert sample("django_throttle_decision_seconds_count") - seconds_before == 3
+
+
+def test_shadow_would_denies_are_their_own_outcome(client: Any, received: Any) -> None:
+    anon = tier("anonymous", "100/h", is_default_anonymous=True)
+    rule = endpoint("ping", "route", "ping", shadow=True, limits={anon: "1/h"})
+    assert rule.shadow
+    for _ in range(2):
+        assert client.get("/api/ping/").status_code == 200
+    assert [d["outcome"] for d in received["request_decided"]] == ["allowed", "shadow_denied"]
+    assert received["request_throttled"][0]["shadow"] is True
+
+
+def test_a_dead_backend_counts_errors_and_failed_open(settings: Any, received: Any) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "open"
+    settings.DJANGO_THROTTLE_BREAKER_THRESHOLD = 2
+    metrics.connect()
+    errors_before = sample("django_throttle_backend_errors_total", reason="connection")
+    request = RequestFactory().get("/")
+    limits = (Limit.build("dead", "5/h"),)
+
+    outcomes = [core.check(request, limits=limits) for _ in range(3)]
+
+    assert all(d.failed_open for d in outcomes)
+    assert [d["outcome"] for d in received["request_decided"]] == ["failed_open"] * 3
+    assert [e["reason"] for e in received["backend_error"]] == ["connection", "connection"]
+    assert len(received["backend_unavailable"]) == 1  # the breaker opened after 2
+    assert sample("django_throttle_backend_errors_total", reason="connection") - errors_before == 2
+    assert sample("django_throttle_circuit_breaker_open") == 1
+
+
+def test_the_breaker_announces_recovery(received: Any) -> None:
+    metrics.connect()
+    now = [0.0]
+    breaker = CircuitBreaker(threshold=1, cooldown=1.0, clock=lambda: now[0])
+
+    def fail() -> None:
+        raise BackendError("Timeout reading from socket")
+
+    with pytest.raises(BackendError):
+        breaker.call(fail)
+    now[0] = 2.0
+    assert breaker.call(lambda: "ok") == "ok"
+
+    assert [e["reason"] for e in received["backend_error"]] == ["timeout"]
+    assert len(received["backend_unavailable"]) == 1
+    assert len(received["backend_available"]) == 1
+    assert received["backend_available"][0]["down_seconds"] == 2.0
+    assert sample("django_throttle_circuit_breaker_open") == 0
+
+
+def test_policy_reloads_are_announced(received: Any) -> None:
+    metrics.connect()
+    before = sample("django_throttle_policy_reloads_total")
+    tier("anonymous", "5/h", is_default_anonymous=True)
+    policy.reset()
+
+    snapshot = policy.current()
+
+    assert received["policy_reloaded"][-1]["policy"] is snapshot
+    assert sample("django_throttle_policy_reloads_total") - before >= 1
+
+
+def test_a_receiver_that_raises_never_fails_a_request(client: Any) -> None:
+    def broken(**kwargs: Any) -> None:
+        raise RuntimeError("exporter bug")
+
+    events.request_decided.connect(broken)
+    try:
+        tier("anonymous", "5/h", is_default_anonymous=True)
+        assert client.get("/api/ping/").status_code == 200
+    finally:
+        events.request_decided.disconnect(broken)
+
+
+def test_the_metrics_view_serves_the_exposition(client: Any, settings: Any) -> None:
+    from django.urls import path
+
+    metrics.connect()
+    urls = type("urls", (), {"urlpatterns": [path("metrics", metrics.metrics_view)]})
+    settings.ROOT_URLCONF = urls
+    tier("anonymous", "5/h", is_default_anonymous=True)
+
+    response = client.get("/metrics")
+
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    assert b"django_throttle_decisions_total" in response.content
+
+
+def test_metrics_add_up_across_processes(
+    tmp_path: Path, settings: Any, monkeypatch: Any, redis_url: str
+) -> None:
+    """Three worker processes share one Redis bucket of 3 per hour, 4 requests each: the
+    metrics view, reading every process's files, shows exactly 3 allowed and 9 denied."""
+    directory = tmp_path / "prometheus"
+    directory.mkdir()
+    env = {
+        **os.environ,
+        "PROMETHEUS_MULTIPROC_DIR": str(directory),
+        "DJANGO_THROTTLE_TEST_REDIS_URL": redis_url,
+        "WORKER_KEY_PREFIX": settings.DJANGO_THROTTLE_KEY_PREFIX,
+        "PYTHONPATH": str(ROOT),
+    }
+    workers = [
+        subprocess.Popen([sys.executable, "-m", "tests.metrics_worker", "4"], cwd=ROOT, env=env)
+        for _ in range(3)
+    ]
+    assert [w.wait(timeout=60) for w in workers] == [0, 0, 0]
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
+
+    text = metrics.metrics_view(RequestFactory().get("/metrics")).content.decode()
+
+    lines = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert lines['django_throttle_decisions_total{endpoint="",outcome="allowed",tier=""}'] == 3
+    assert lines['django_throttle_decisions_total{endpoint="",outcome="denied",tier=""}'] == 9
+    assert lines["django_throttle_decision_seconds_count"] == 12
+
+
+def test_a_flushed_script_cache_is_reloaded_and_counted(redis_client: Any, received: Any) -> None:
+    """SCRIPT FLUSH on the suite's own private Redis (never a shared one)."""
+    from django_throttle.backends import get_backend
+    from tests import conftest
+
+    if conftest._private is None:
+        pytest.skip("flushes scripts: only on the redis-server the suite started itself")
+
+    metrics.connect()
+    backend = get_backend()
+    limits = (Limit.build("flush", "5/h"),)
+    assert backend.hit("ip:198.51.100.9", limits).allowed
+    before = sample("django_throttle_script_loads_total")
+    redis_client.script_flush()
+
+    assert backend.hit("ip:198.51.100.9", limits).remaining == 3
+
+    assert len(received["script_loaded"]) == 1
+    assert sample("django_throttle_script_loads_total") - before == 1

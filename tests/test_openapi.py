@@ -1,0 +1,121 @@
+"""The drf-spectacular extension: a throttled view's operations document 429 and 503 with
+Retry-After and X-RateLimit-* headers; other views are left alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from django.urls import path
+from drf_spectacular.generators import SchemaGenerator
+from drf_spectacular.utils import extend_schema
+from drf_spectacular.validation import validate_schema
+from rest_framework import serializers
+from rest_framework.decorators import api_view, throttle_classes
+from rest_framework.decorators import schema as schema_for
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from django_throttle.drf import PolicyThrottle
+from django_throttle.openapi import ThrottledAutoSchema
+
+
+class ItemSerializer(serializers.Serializer):
+    name = serializers.CharField()
+
+
+class Throttled(APIView):
+    throttle_classes = [PolicyThrottle]
+    serializer_class = ItemSerializer
+
+    def get(self, request: Any) -> Response:
+        return Response({"name": "x"})
+
+    def post(self, request: Any) -> Response:
+        return Response({"name": "x"})
+
+
+class Plain(APIView):
+    throttle_classes: list[Any] = []
+    serializer_class = ItemSerializer
+
+    def get(self, request: Any) -> Response:
+        return Response({"name": "x"})
+
+
+# A function view's schema is fixed when @api_view runs (DRF reads DEFAULT_SCHEMA_CLASS then).
+@api_view(["GET"])
+@throttle_classes([PolicyThrottle])
+@schema_for(ThrottledAutoSchema())
+@extend_schema(responses=ItemSerializer)
+def function_view(request: Any) -> Response:
+    return Response({"name": "x"})
+
+
+urlpatterns = [
+    path("throttled/", Throttled.as_view()),
+    path("plain/", Plain.as_view()),
+    path("function/", function_view),
+]
+
+REST = {"DEFAULT_SCHEMA_CLASS": "django_throttle.openapi.ThrottledAutoSchema"}
+
+
+def schema() -> dict[str, Any]:
+    generated = SchemaGenerator(patterns=urlpatterns).get_schema(request=None, public=True)
+    validate_schema(generated)  # a valid OpenAPI 3 document
+    return generated
+
+
+@override_settings(REST_FRAMEWORK=REST)
+def test_throttled_operations_document_429_and_503_with_headers() -> None:
+    paths = schema()["paths"]
+    for method in ("get", "post"):
+        responses = paths["/throttled/"][method]["responses"]
+        assert set(responses["429"]["headers"]) == {
+            "Retry-After",
+            "X-RateLimit-Limit",
+            "X-RateLimit-Remaining",
+            "X-RateLimit-Reset",
+        }
+        assert set(responses["503"]["headers"]) == {"Retry-After"}
+        ref = responses["429"]["content"]["application/json"]["schema"]["$ref"]
+        assert ref == "#/components/schemas/ThrottledError"
+    ok = paths["/throttled/"]["get"]["responses"]["200"]
+    assert "X-RateLimit-Remaining" in ok["headers"]
+    assert "X-RateLimit-Remaining" in paths["/throttled/"]["post"]["responses"]["200"]["headers"]
+
+
+@override_settings(REST_FRAMEWORK=REST)
+def test_the_error_body_matches_what_the_throttle_sends() -> None:
+    body = schema()["components"]["schemas"]["ThrottledError"]
+    assert set(body["properties"]) == {"detail", "limit", "retry_after"}
+
+
+@override_settings(REST_FRAMEWORK=REST)
+def test_unthrottled_views_are_left_alone_and_function_views_are_covered() -> None:
+    paths = schema()["paths"]
+    plain = paths["/plain/"]["get"]["responses"]
+    assert "429" not in plain
+    assert "headers" not in plain["200"]
+    assert "429" in paths["/function/"]["get"]["responses"]
+
+
+@override_settings(REST_FRAMEWORK=REST, DJANGO_THROTTLE_IETF_HEADERS=True)
+def test_ietf_fields_are_documented_when_switched_on() -> None:
+    headers = schema()["paths"]["/throttled/"]["get"]["responses"]["429"]["headers"]
+    assert {"RateLimit", "RateLimit-Policy"} <= set(headers)
+
+
+def test_the_schema_class_works_when_set_on_a_view() -> None:
+    class Own(Throttled):
+        schema = ThrottledAutoSchema()
+
+    generated = SchemaGenerator(patterns=[path("own/", Own.as_view())]).get_schema(
+        request=None, public=True
+    )
+    assert "429" in generated["paths"]["/own/"]["get"]["responses"]
+
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

@@ -1,0 +1,176 @@
+"""``throttle_inspect``, ``throttle_explain`` and ``throttle_reset`` as an operator runs them,
+on Redis and in memory: the tier and why, bucket states read without consuming, the decision a
+request would get, clearing one client, and clear errors."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.core.management import CommandError, call_command
+
+from django_throttle.backends import get_backend
+from django_throttle.models import ApiKey, TierAssignment
+from tests.factories import endpoint, tier
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(params=["redis", "memory"])
+def backend(request: pytest.FixtureRequest, settings: Any) -> Any:
+    if request.param == "memory":
+        settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"
+    return get_backend()
+
+
+@pytest.fixture
+def policy(db: Any) -> dict[str, Any]:
+    anon = tier("anonymous", "5/min", is_default_anonymous=True)
+    free = tier("free", "100/min", is_default_authenticated=True)
+    pro = tier("pro", "1000/min")
+    endpoint("export", "scope", "export", cost=2, limits={anon: "4/h", free: "10/h", pro: "50/h"})
+    alice = User.objects.create_user("alice", password="pw")
+    bob = User.objects.create_user("bob", password="pw")
+    partners = Group.objects.create(name="partners")
+    bob.groups.add(partners)
+    TierAssignment.objects.create(user=alice, tier=pro)
+    TierAssignment.objects.create(group=partners, tier=pro)
+    return {"anon": anon, "free": free, "pro": pro, "alice": alice, "bob": bob}
+
+
+def run(command: str, *args: str) -> str:
+    out = io.StringIO()
+    call_command(command, *args, stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+def as_json(command: str, *args: str) -> Any:
+    return json.loads(run(command, *args, "--format", "json"))
+
+
+def test_inspect_says_the_tier_and_why(backend: Any, policy: Any) -> None:
+    assert as_json("throttle_inspect", "alice")["reason"] == "assigned to 'pro' directly"
+    assert as_json("throttle_inspect", "user:bob")["reason"] == (
+        "member of group 'partners', assigned to 'pro'"
+    )
+    carol = User.objects.create_user("carol")
+    found = as_json("throttle_inspect", f"user:{carol.pk}")
+    assert (found["tier"], found["reason"]) == (
+        "free",
+        "the default tier for authenticated users ('free')",
+    )
+    found = as_json("throttle_inspect", "203.0.113.9")
+    assert (found["client"], found["tier"]) == ("ip:203.0.113.9", "anonymous")
+
+
+def test_inspect_reads_bucket_state_without_consuming(
+    client: Any, backend: Any, policy: Any
+) -> None:
+    for _ in range(3):
+        assert client.get("/api/ping/", REMOTE_ADDR="203.0.113.9").status_code == 200
+
+    first = as_json("throttle_inspect", "ip:203.0.113.9")
+    second = as_json("throttle_inspect", "ip:203.0.113.9")
+
+    tier_row = next(row for row in first["rows"] if row["from"] == "tier 'anonymous'")
+    assert (tier_row["capacity"], tier_row["remaining"]) == (5, 2)
+    # Looking consumed nothing (only the clock moved).
+    assert [row["remaining"] for row in first["rows"]] == [r["remaining"] for r in second["rows"]]
+    rule_row = next(row for row in first["rows"] if row["from"] == "rule 'export'")
+    assert rule_row["remaining"] == 4  # untouched
+
+
+def test_ipv6_addresses_are_inspected_by_network(backend: Any, policy: Any) -> None:
+    assert as_json("throttle_inspect", "2001:db8:1:2::7")["client"] == "ip:2001:db8:1:2::/64"
+
+
+def test_an_api_key_is_inspected_by_prefix_or_whole_key(backend: Any, policy: Any) -> None:
+    row, key = ApiKey.objects.create_key(name="ci", tier=policy["pro"])
+
+    by_key = as_json("throttle_inspect", key)
+    by_prefix = as_json("throttle_inspect", f"key:{row.prefix}")
+
+    assert by_key["client"] == by_prefix["client"] == f"key:{row.prefix}"
+    assert by_key["reason"] == "the API key's own tier ('pro')"
+
+
+def test_explain_names_rule_limits_cost_and_the_next_decision(
+    client: Any, backend: Any, policy: Any
+) -> None:
+    found = as_json(
+        "throttle_explain", "--ip", "203.0.113.9", "--method", "POST", "--path", "/api/export/"
+    )
+
+    assert (found["rule"], found["scope"], found["cost"], found["tier"]) == (
+        "export",
+        "export",
+        2,
+        "anonymous",
+    )
+    assert found["next_request"] == "allowed"
+    assert {row["from"] for row in found["rows"]} == {"rule 'export'", "tier 'anonymous'"}
+
+    statuses = [
+        client.post("/api/export/", REMOTE_ADDR="203.0.113.9").status_code for _ in range(3)
+    ]
+    assert statuses == [202, 202, 429]  # 4/h at cost 2
+
+    found = as_json(
+        "throttle_explain", "--ip", "203.0.113.9", "--method", "POST", "--path", "/api/export/"
+    )
+    assert found["next_request"].startswith("denied (429) by export (anonymous) 4/h")
+
+
+def test_explain_as_a_table_reads_like_a_sentence(backend: Any, policy: Any) -> None:
+    out = run("throttle_explain", "--user", "alice", "--path", "/api/ping/")
+    assert "Tier reason: assigned to 'pro' directly" in out
+    assert "Next request: allowed" in out
+    assert "1000/m" in out
+
+
+def test_reset_clears_one_clients_buckets_only(client: Any, backend: Any, policy: Any) -> None:
+    for address in ("203.0.113.9", "203.0.113.10"):
+        for _ in range(5):
+            client.get("/api/ping/", REMOTE_ADDR=address)
+    assert client.get("/api/ping/", REMOTE_ADDR="203.0.113.9").status_code == 429
+
+    out = run("throttle_reset", "203.0.113.9")
+
+    assert "Reset 2 bucket(s) of IP 203.0.113.9" in out
+    assert client.get("/api/ping/", REMOTE_ADDR="203.0.113.9").status_code == 200
+    assert client.get("/api/ping/", REMOTE_ADDR="203.0.113.10").status_code == 429
+
+
+def test_reset_of_one_limit_and_unknown_limit_ids(client: Any, backend: Any, policy: Any) -> None:
+    limit_id = f"t{policy['anon'].limits.get().pk}"
+    assert as_json("throttle_reset", "203.0.113.9", "--limit", limit_id)["reset"] == 1
+    with pytest.raises(CommandError, match=r"not a limit of IP 203\.0\.113\.9: nope"):
+        run("throttle_reset", "203.0.113.9", "--limit", "nope")
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "message"),
+    [
+        ("throttle_inspect", ["ghost"], "Unknown client: no user with the username or id 'ghost'"),
+        ("throttle_inspect", ["ip:not-an-ip"], "'not-an-ip' is not an IP address"),
+        ("throttle_inspect", ["key:zzz"], "no API key with the prefix 'zzz'"),
+        ("throttle_reset", ["user:ghost"], "Unknown client"),
+        ("throttle_explain", ["--user", "ghost", "--path", "/"], "Unknown client"),
+        ("throttle_inspect", ["alice", "--format", "xml"], "invalid choice: 'xml'"),
+    ],
+)
+def test_bad_arguments_get_clear_errors(
+    backend: Any, policy: Any, command: str, args: list[str], message: str
+) -> None:
+    with pytest.raises((CommandError, SystemExit)) as error:
+        run(command, *args)
+    if isinstance(error.value, CommandError):
+        assert message in str(error.value)
+
+
+def test_csv_has_a_header_row(backend: Any, policy: Any) -> None:
+    out = run("throttle_inspect", "alice", "--format", "csv")
+    assert out.splitlines()[0] == "limit,id,from,algorithm,capacity,remaining,reset_seconds,shadow"

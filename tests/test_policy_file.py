@@ -1,0 +1,344 @@
+"""``manage.py throttle_policy``: export, import (idempotent, all-or-nothing, dry run) and
+conversion of DRF's throttle settings, checked through the command as an operator runs it."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from django.contrib.auth.models import Group, User
+from django.core.management import CommandError, call_command
+from django.test import override_settings
+
+from django_throttle import policy
+from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierAssignment, TierLimit
+from tests.factories import endpoint, tier
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args: str, stdin: str | None = None) -> str:
+    out = io.StringIO()
+    if stdin is not None:
+        import sys
+
+        old, sys.stdin = sys.stdin, io.StringIO(stdin)
+        try:
+            call_command("throttle_policy", *args, stdout=out, stderr=io.StringIO())
+        finally:
+            sys.stdin = old
+    else:
+        call_command("throttle_policy", *args, stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+def seed() -> None:
+    """A policy with every kind of row: defaults, several algorithms, rules, assignments."""
+    anon = tier("anon", "20/min", is_default_anonymous=True)
+    free = tier("free", "100/min", is_default_authenticated=True)
+    pro = tier("pro", "600/min", burst=50, priority=10)
+    TierLimit.objects.create(tier=pro, rate="100000/month", algorithm="calendar_quota")
+    TierLimit.objects.create(tier=pro, rate="20/s", algorithm="gcra")
+    endpoint("export", "path", "/api/export/", cost=5, methods="POST", limits={free: "10/min"})
+    rule = endpoint("search", "scope", "search", shadow=True, limits={anon: "5/min", pro: "50/min"})
+    EndpointLimit.objects.create(rule=rule, tier=free, rate="30/min", algorithm="fixed_window")
+    alice = User.objects.create_user("alice")
+    TierAssignment.objects.create(user=alice, tier=pro, note="paid")
+    partners = Group.objects.create(name="partners")
+    TierAssignment.objects.create(group=partners, tier=pro)
+
+
+def snapshot_shape() -> Any:
+    """What the compiled snapshot enforces, without the row ids that name counters."""
+    policy.invalidate()
+    compiled = policy.compile_policy()
+    slugs = {t.id: t.slug for t in compiled.tiers.values()}
+
+    def limits(values: Any) -> list[tuple[Any, ...]]:
+        return sorted(
+            (
+                lim.rate.count,
+                lim.rate.period,
+                lim.burst,
+                str(lim.algorithm),
+                lim.timezone,
+                lim.shadow,
+            )
+            for lim in values
+        )
+
+    tiers = {
+        t.slug: (t.name, t.priority, t.failure_mode, limits(t.limits))
+        for t in compiled.tiers.values()
+    }
+    rules = [*compiled.by_path]
+    for group in (*compiled.by_scope.values(), *compiled.by_route.values()):
+        rules.extend(group)
+    endpoints = {
+        r.name: (
+            r.match_type,
+            r.pattern,
+            sorted(r.methods),
+            r.cost,
+            r.shadow,
+            r.failure_mode,
+            {slugs[t]: limits(v) for t, v in r.limits_by_tier.items()},
+        )
+        for r in rules
+    }
+    defaults = (compiled.default_anonymous.slug, compiled.default_authenticated.slug)
+    alice = User.objects.get(username="alice")
+    return tiers, endpoints, defaults, slugs[compiled.user_tiers.get(alice.pk)]
+
+
+def test_export_import_round_trip_gives_an_identical_policy(tmp_path: Path) -> None:
+    seed()
+    exported = run("export")
+    shape = snapshot_shape()
+    path = tmp_path / "policy.json"
+    path.write_text(exported)
+
+    Tier.objects.all().delete()
+    EndpointRule.objects.all().delete()
+    assert not TierAssignment.objects.exists()
+    output = run("import", str(path))
+
+    assert "Imported:" in output
+    assert run("export") == exported
+    assert snapshot_shape() == shape
+
+
+def test_import_twice_changes_nothing_and_keeps_every_limit_row(tmp_path: Path) -> None:
+    seed()
+    path = tmp_path / "policy.json"
+    path.write_text(run("export"))
+    ids = sorted(TierLimit.objects.values_list("pk", flat=True))
+    endpoint_ids = sorted(EndpointLimit.objects.values_list("pk", flat=True))
+
+    output = run("import", str(path))
+
+    assert "No changes" in output
+    assert sorted(TierLimit.objects.values_list("pk", flat=True)) == ids
+    assert sorted(EndpointLimit.objects.values_list("pk", flat=True)) == endpoint_ids
+
+
+def test_a_changed_rate_edits_the_row_in_place_so_counters_are_kept(tmp_path: Path) -> None:
+    seed()
+    document = json.loads(run("export"))
+    free = next(t for t in document["tiers"] if t["slug"] == "free")
+    free["limits"][0]["rate"] = "120/min"
+    free["priority"] = 5
+    row = TierLimit.objects.get(tier__slug="free")
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(document))
+
+    output = run("import", str(path))
+
+    assert "~ tier 'free': priority: 0 → 5" in output
+    assert "~ tier 'free' limit: 100/min → 120/min" in output
+    row.refresh_from_db()
+    assert row.rate == "120/min"  # same row, same counter id
+
+
+def test_dry_run_prints_the_diff_and_writes_nothing(tmp_path: Path) -> None:
+    seed()
+    document = json.loads(run("export"))
+    document["tiers"].append({"slug": "gold", "name": "Gold", "limits": [{"rate": "5000/min"}]})
+    document["rules"] = [r for r in document["rules"] if r["name"] != "export"]
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(document))
+
+    output = run("import", str(path), "--dry-run", "--prune")
+
+    assert "+ tier 'gold'" in output
+    assert "+ tier 'gold' limit: 5000/min" in output
+    assert "- rule 'export'" in output
+    assert "Dry run:" in output
+    assert not Tier.objects.filter(slug="gold").exists()
+    assert EndpointRule.objects.filter(name="export").exists()
+
+
+def test_without_prune_rows_missing_from_the_file_are_kept(tmp_path: Path) -> None:
+    seed()
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"version": 1, "tiers": [], "rules": []}))
+
+    assert "No changes" in run("import", str(path))
+    assert Tier.objects.count() == 3
+
+
+def test_an_invalid_file_is_refused_whole_naming_entry_and_field(tmp_path: Path) -> None:
+    seed()
+    document = json.loads(run("export"))
+    document["tiers"].append({"slug": "gold", "name": "Gold", "limits": [{"rate": "5000/min"}]})
+    pro = next(t for t in document["tiers"] if t["slug"] == "pro")
+    pro["limits"][0]["rate"] = "lots"
+    document["rules"][0]["cost"] = 0
+    document["rules"][0]["limits"][0]["tier"] = "platinum"
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(document))
+    before = run("export")
+
+    with pytest.raises(CommandError) as error:
+        run("import", str(path))
+
+    message = str(error.value)
+    assert "Nothing was imported" in message
+    assert "tiers[2] 'pro'.limits[0].rate:" in message
+    assert "rules[0] 'export'.cost:" in message
+    assert "rules[0] 'export'.limits[0].tier: no tier 'platinum'" in message
+    assert run("export") == before  # gold was valid, but nothing was written
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        ({"tiers": []}, "version: must be 1"),
+        ({"version": 1, "tier": []}, "unknown section 'tier'"),
+        ({"version": 1, "tiers": {}}, "tiers: must be a list"),
+        ({"version": 1, "tiers": [{"slug": "x", "colour": "red"}]}, "unknown field 'colour'"),
+        (
+            {"version": 1, "tiers": [{"slug": "x", "name": "X", "limits": [{"rat": "1/s"}]}]},
+            "tiers[0] 'x'.limits[0]: unknown field 'rat'",
+        ),
+        ({"version": 1, "assignments": [{"tier": "x", "user": "nobody"}]}, "no tier 'x'"),
+        (
+            {"version": 1, "tiers": [{"slug": "bad slug!", "name": "X"}]},
+            "tiers[0] 'bad slug!'.slug:",
+        ),
+        (
+            {
+                "version": 1,
+                "tiers": [
+                    {"slug": "t", "name": "T", "limits": [{"rate": "1/s", "algorithm": "magic"}]}
+                ],
+            },
+            "tiers[0] 't'.limits[0].algorithm:",
+        ),
+    ],
+)
+def test_bad_documents_get_a_message(tmp_path: Path, document: Any, expected: str) -> None:
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(CommandError, match=r"(?s)Nothing was imported.*" + _re(expected)):
+        run("import", str(path))
+
+
+def _re(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+def test_unknown_user_in_an_assignment_is_refused(tmp_path: Path) -> None:
+    tier("pro", "1/s")
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"version": 1, "assignments": [{"tier": "pro", "user": "ghost"}]}))
+    with pytest.raises(CommandError, match=r"assignments\[0\]\.user: no user 'ghost'"):
+        run("import", str(path))
+
+
+def test_syntax_errors_and_missing_files_are_clear(tmp_path: Path) -> None:
+    path = tmp_path / "policy.json"
+    path.write_text("{not json")
+    with pytest.raises(CommandError, match="not valid JSON"):
+        run("import", str(path))
+    with pytest.raises(CommandError, match="Cannot read"):
+        run("import", str(tmp_path / "missing.json"))
+
+
+def test_yaml_round_trip_and_stdin(tmp_path: Path) -> None:
+    seed()
+    exported = run("export", "--format", "yaml")
+    assert yaml.safe_load(exported)["version"] == 1
+    Tier.objects.all().delete()
+    EndpointRule.objects.all().delete()
+    path = tmp_path / "policy.yaml"
+    path.write_text(exported)
+
+    run("import", str(path))
+
+    assert run("export", "--format", "yaml") == exported
+    assert "No changes" in run("import", "-", "--format", "yaml", stdin=exported)
+
+
+def test_moving_the_default_tier_is_not_refused_as_a_second_default(tmp_path: Path) -> None:
+    tier("old", "1/s", is_default_anonymous=True)
+    path = tmp_path / "policy.json"
+    path.write_text(
+        json.dumps(
+            {"version": 1, "tiers": [{"slug": "new", "name": "New", "is_default_anonymous": True}]}
+        )
+    )
+
+    output = run("import", str(path))
+
+    assert "~ tier 'old': is_default_anonymous: True → False" in output
+    assert Tier.objects.get(is_default_anonymous=True).slug == "new"
+
+
+def test_import_bumps_the_policy_so_workers_reload() -> None:
+    tier("free", "100/min", is_default_authenticated=True)
+    before = policy.current()
+    document = {
+        "version": 1,
+        "tiers": [{"slug": "free", "name": "Free", "limits": [{"rate": "5/min"}]}],
+    }
+    from django_throttle.policy_file import import_policy
+
+    import_policy(document)
+
+    after = policy.current()
+    assert after is not before
+    free = next(t for t in after.tiers.values() if t.slug == "free")
+    assert [str(limit.rate) for limit in free.limits] == ["5/m"]
+
+
+@override_settings(
+    REST_FRAMEWORK={
+        "DEFAULT_THROTTLE_CLASSES": [
+            "rest_framework.throttling.AnonRateThrottle",
+            "rest_framework.throttling.UserRateThrottle",
+            "rest_framework.throttling.ScopedRateThrottle",
+        ],
+        "DEFAULT_THROTTLE_RATES": {
+            "anon": "100/day",
+            "user": "1000/hour",
+            "uploads": "20/minute",
+            "burst": "60000/min",
+            "off": None,
+        },
+    }
+)
+def test_from_drf_converts_rates_to_tiers_and_scope_rules() -> None:
+    document = json.loads(run("from-drf"))
+
+    tiers = {t["slug"]: t for t in document["tiers"]}
+    assert tiers["anonymous"]["is_default_anonymous"] is True
+    # DRF's UserRateThrottle also counts anonymous clients (by IP) at the user rate.
+    assert tiers["anonymous"]["limits"] == [
+        {"rate": "100/d", "algorithm": "sliding_window_log"},
+        {"rate": "1000/h", "algorithm": "sliding_window_log"},
+    ]
+    assert tiers["authenticated"]["limits"] == [
+        {"rate": "1000/h", "algorithm": "sliding_window_log"}
+    ]
+    rules = {r["name"]: r for r in document["rules"]}
+    assert set(rules) == {"uploads", "burst"}
+    assert rules["uploads"]["pattern"] == "uploads"
+    assert rules["burst"]["limits"][0]["algorithm"] == "sliding_window_counter"
+
+    output = run("from-drf", "--apply")
+
+    assert "+ tier 'anonymous'" in output
+    assert EndpointRule.objects.get(name="uploads").limits.count() == 2
+
+
+@override_settings(REST_FRAMEWORK={"DEFAULT_THROTTLE_RATES": {"anon": "many/day"}})
+def test_from_drf_names_a_rate_drf_could_not_read() -> None:
+    with pytest.raises(CommandError, match="DEFAULT_THROTTLE_RATES\\['anon'\\]: 'many/day'"):
+        run("from-drf")

@@ -1,0 +1,406 @@
+"""Refunds: a reservation given back (``Backend.refund``) on both backends and every algorithm.
+
+A refund is the undo of an allowed hit: after N hits and k refunds a client sees what N - k
+hits would have shown, never more than a full limit, and a refund of nothing writes nothing.
+The Redis backend runs against the suite's private redis-server; no mocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+
+import pytest
+import redis
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import rule, run_state_machine_as_test
+
+from django_throttle.backends import BackendError, get_backend
+from django_throttle.backends.base import Backend
+from django_throttle.backends.memory import MemoryBackend
+from django_throttle.backends.memory_algorithms import TWINS
+from django_throttle.backends.redis import REFUND_FILES, RedisBackend, load_script
+from django_throttle.rates import Algorithm, Decision, Limit
+from tests.test_model import SHORT_PX_MS, AlgorithmMachine
+
+T0 = 1_700_000_000.0
+CAPACITY = 5
+
+
+@pytest.fixture(params=["redis", "memory"])
+def backend(request: pytest.FixtureRequest, settings: object) -> Iterator[Backend]:
+    if request.param == "memory":
+        settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"  # type: ignore[attr-defined]
+    instance = get_backend()
+    assert isinstance(instance, RedisBackend if request.param == "redis" else MemoryBackend)
+    yield instance
+
+
+def limit_for(algorithm: str, capacity: int = CAPACITY, **kwargs: object) -> Limit:
+    """A limit of ``capacity`` per minute (per day for the calendar quota)."""
+    period = "day" if algorithm == Algorithm.CALENDAR else "m"
+    return Limit.build(f"r{algorithm[:4]}", f"{capacity}/{period}", algorithm=algorithm, **kwargs)  # type: ignore[arg-type]
+
+
+def stored_states(backend: Backend, redis_client: redis.Redis, prefix: str) -> int:
+    """How many states the backend holds (Redis: keys under this test's prefix)."""
+    if isinstance(backend, MemoryBackend):
+        return len(backend)
+    return len(redis_client.keys(f"{prefix}:*"))
+
+
+def seen(decision: Decision) -> tuple[bool, int, int, int]:
+    """What a client sees of a decision: allowed, remaining, reset and retry in whole µs."""
+    return (
+        decision.allowed,
+        decision.remaining,
+        round(decision.reset_after * 1e6),
+        round(decision.retry_after * 1e6),
+    )
+
+
+def hits(backend: Backend, client: str, limits: Sequence[Limit], n: int, at: float) -> None:
+    for _ in range(n):
+        assert backend.hit(client, limits, now=at).allowed
+
+
+ALGORITHMS = pytest.mark.parametrize("algorithm", Algorithm.values)
+
+
+@ALGORITHMS
+@pytest.mark.parametrize(("n", "k"), [(1, 1), (4, 1), (5, 2), (5, 5)])
+def test_refund_gives_what_fewer_hits_give(
+    backend: Backend, algorithm: str, n: int, k: int
+) -> None:
+    """N hits then k refunds answer as N - k hits did, now and for the hits that follow."""
+    limits = [limit_for(algorithm)]
+    hits(backend, "refunded", limits, n, T0)
+    for _ in range(k):
+        backend.refund("refunded", limits, now=T0)
+    hits(backend, "plain", limits, n - k, T0)
+    assert seen(backend.peek("refunded", limits, now=T0)) == seen(
+        backend.peek("plain", limits, now=T0)
+    )
+    for _ in range(k + 1):  # up to and including the first denial
+        assert seen(backend.hit("refunded", limits, now=T0)) == seen(
+            backend.hit("plain", limits, now=T0)
+        )
+
+
+@ALGORITHMS
+def test_refund_later_in_the_window(backend: Backend, algorithm: str) -> None:
+    """A refund some seconds after the hits matches a client who made one hit fewer."""
+    limits = [limit_for(algorithm)]
+    for client, count in (("refunded", 4), ("plain", 3)):
+        hits(backend, client, limits, count, T0)
+    backend.refund("refunded", limits, now=T0 + 7)
+    for at in (T0 + 7, T0 + 8.5):
+        assert seen(backend.peek("refunded", limits, now=at)) == seen(
+            backend.peek("plain", limits, now=at)
+        )
+
+
+@ALGORITHMS
+def test_refund_of_a_cost_above_one(backend: Backend, algorithm: str) -> None:
+    limits = [limit_for(algorithm, capacity=20)]
+    backend.hit("refunded", limits, 12, now=T0)
+    backend.refund("refunded", limits, 3, now=T0)
+    backend.hit("plain", limits, 9, now=T0)
+    for cost in (3, 9):
+        assert seen(backend.hit("refunded", limits, cost, now=T0)) == seen(
+            backend.hit("plain", limits, cost, now=T0)
+        )
+
+
+@ALGORITHMS
+def test_refund_never_exceeds_a_full_limit(
+    backend: Backend, algorithm: str, redis_client: redis.Redis, _isolated_throttle: str
+) -> None:
+    limits = [limit_for(algorithm)]
+    hits(backend, "c", limits, 2, T0)
+    backend.refund("c", limits, 3, now=T0)
+    backend.refund("c", limits, 1000, now=T0)
+    assert backend.peek("c", limits, now=T0).remaining == CAPACITY
+    # Nothing used is no state at all: the key is gone, not negative.
+    assert stored_states(backend, redis_client, _isolated_throttle) == 0
+    assert [backend.hit("c", limits, now=T0).allowed for _ in range(CAPACITY + 1)] == [
+        True
+    ] * CAPACITY + [False]
+
+
+@ALGORITHMS
+def test_refund_of_a_missing_state_writes_nothing(
+    backend: Backend, algorithm: str, redis_client: redis.Redis, _isolated_throttle: str
+) -> None:
+    limits = [limit_for(algorithm)]
+    backend.refund("never-seen", limits, now=T0)
+    backend.refund("never-seen", limits, 5, now=T0)
+    assert stored_states(backend, redis_client, _isolated_throttle) == 0
+    assert backend.peek("never-seen", limits, now=T0).remaining == CAPACITY
+
+
+@ALGORITHMS
+def test_refund_long_after_the_hits_gives_nothing_extra(
+    backend: Backend, algorithm: str, redis_client: redis.Redis, _isolated_throttle: str
+) -> None:
+    """Two days on, the limit is whole: a refund then adds nothing and creates nothing (in
+    memory the expired state is dropped; in Redis, whose TTLs run on the server's clock, the
+    hits' key keeps its TTL)."""
+    limits = [limit_for(algorithm)]
+    hits(backend, "c", limits, 3, T0)
+    before = stored_states(backend, redis_client, _isolated_throttle)
+    later = T0 + 2 * 86400
+    backend.refund("c", limits, 5, now=later)
+    assert backend.peek("c", limits, now=later).remaining == CAPACITY
+    assert stored_states(backend, redis_client, _isolated_throttle) <= before
+    assert all(redis_client.pttl(key) > 0 for key in redis_client.keys(f"{_isolated_throttle}:*"))
+    if isinstance(backend, MemoryBackend):
+        assert len(backend) == 0
+
+
+@ALGORITHMS
+def test_every_key_keeps_a_ttl_after_a_refund(
+    algorithm: str, redis_client: redis.Redis, _isolated_throttle: str
+) -> None:
+    """Real time (no test clock), so the TTLs are the ones production keys get."""
+    backend = get_backend()
+    assert isinstance(backend, RedisBackend)
+    limits = [limit_for(algorithm, capacity=10)]
+    for _ in range(4):
+        assert backend.hit("refunded", limits).allowed
+    backend.refund("refunded", limits)
+    for _ in range(3):
+        assert backend.hit("plain", limits).allowed
+    assert len(redis_client.keys(f"{_isolated_throttle}:*")) == 2
+    refunded = redis_client.pttl(backend.key("refunded", limits[0]))
+    plain = redis_client.pttl(backend.key("plain", limits[0]))
+    # The TTL three hits give (the two clients' calls are milliseconds apart).
+    assert refunded > 0
+    assert abs(refunded - plain) < 250
+    assert backend.peek("refunded", limits).remaining == 7
+
+
+@ALGORITHMS
+def test_memory_state_expires_after_a_refund(algorithm: str) -> None:
+    backend = MemoryBackend(shards=16)
+    limits = [limit_for(algorithm)]
+    hits(backend, "c", limits, 3, T0)
+    backend.refund("c", limits, now=T0 + 1)
+    assert len(backend) == 1
+    backend.refund("c", limits, now=T0 + 2 * limits[0].window + 1)  # long expired: dropped
+    assert len(backend) == 0
+
+
+@ALGORITHMS
+def test_shadow_limits_are_refunded_too(backend: Backend, algorithm: str) -> None:
+    enforced = limit_for(algorithm, capacity=10)
+    shadow = dataclasses.replace(limit_for(algorithm), id="shadow", shadow=True)
+    hits(backend, "c", [enforced, shadow], 3, T0)
+    backend.refund("c", [enforced, shadow], 2, now=T0)
+    assert backend.peek("c", [enforced], now=T0).remaining == 9
+    assert backend.peek("c", [dataclasses.replace(shadow, shadow=False)], now=T0).remaining == 4
+
+
+@pytest.mark.parametrize("algorithm", [Algorithm.FIXED_WINDOW, Algorithm.SLIDING_COUNTER])
+def test_refund_after_the_window_ended_changes_nothing(backend: Backend, algorithm: str) -> None:
+    """Windows count what happened in them: a refund in the next window takes nothing from
+    it (a sliding counter's previous window keeps its weight)."""
+    limits = [limit_for(algorithm)]
+    start = T0 - T0 % 60
+    for client in ("refunded", "plain"):
+        hits(backend, client, limits, 4, start + 50)
+    backend.refund("refunded", limits, 4, now=start + 70)
+    for at in (start + 70, start + 80):
+        assert seen(backend.peek("refunded", limits, now=at)) == seen(
+            backend.peek("plain", limits, now=at)
+        )
+
+
+def test_sliding_log_refund_keeps_members_unique(backend: Backend) -> None:
+    """Twelve entries in one microsecond are numbered 0-11; refunding three removes 9-11
+    (not "9" as the greatest text), so the next three hits are counted as three."""
+    limits = [limit_for(Algorithm.SLIDING_LOG, capacity=20)]
+    hits(backend, "c", limits, 12, T0)
+    backend.refund("c", limits, 3, now=T0)
+    hits(backend, "c", limits, 3, T0)
+    assert backend.peek("c", limits, now=T0).remaining == 8
+
+
+def test_refund_of_several_limits_in_one_call(backend: Backend) -> None:
+    limits = [limit_for(algorithm) for algorithm in Algorithm.values]
+    hits(backend, "c", limits, 4, T0)
+    backend.refund("c", limits, 3, now=T0)
+    for limit in limits:
+        assert backend.peek("c", [limit], now=T0).remaining == CAPACITY - 1, limit.algorithm
+
+
+@ALGORITHMS
+def test_async_refund(backend: Backend, algorithm: str) -> None:
+    limits = [limit_for(algorithm)]
+
+    async def scenario() -> int:
+        for _ in range(4):
+            assert (await backend.ahit("c", limits, now=T0)).allowed
+        await backend.arefund("c", limits, 3, now=T0)
+        return (await backend.ahit("c", limits, now=T0)).remaining
+
+    assert asyncio.run(scenario()) == CAPACITY - 2
+
+
+@pytest.mark.parametrize("cost", [-1, 1.5, 10**9 + 1])
+def test_refund_rejects_a_bad_cost(backend: Backend, cost: float) -> None:
+    with pytest.raises(BackendError):
+        backend.refund("c", [limit_for(Algorithm.TOKEN_BUCKET)], cost, now=T0)  # type: ignore[arg-type]
+
+
+def test_refund_of_no_limits_is_a_no_op(backend: Backend) -> None:
+    backend.refund("c", [], now=T0)
+
+
+@ALGORITHMS
+@pytest.mark.parametrize("kind", ["redis", "memory"])
+def test_concurrent_hit_then_refund_never_drifts(
+    kind: str, algorithm: str, redis_url: str, redis_client: redis.Redis, _isolated_throttle: str
+) -> None:
+    """100 threads each reserve and give back on a limit of 5: once all are done the limit
+    is whole again, with no state left. (The Redis client gets a pool of 100 connections:
+    the default's 64, with a 50 ms wait, would fail some threads before they count.)"""
+    backend: Backend = MemoryBackend()
+    if kind == "redis":
+        pool = redis.BlockingConnectionPool.from_url(redis_url, max_connections=100, timeout=10)
+        backend = RedisBackend(redis.Redis(connection_pool=pool))
+    limits = [limit_for(algorithm)]
+    start = threading.Barrier(100)
+    admitted: list[bool] = []
+
+    def worker() -> None:
+        start.wait()
+        decision = backend.hit("c", limits, now=T0)
+        admitted.append(decision.allowed)
+        if decision.allowed:
+            backend.refund("c", limits, now=T0)
+
+    threads = [threading.Thread(target=worker) for _ in range(100)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(admitted) == 100 and any(admitted)
+    assert backend.peek("c", limits, now=T0).remaining == CAPACITY
+    assert stored_states(backend, redis_client, _isolated_throttle) == 0
+    backend.close()
+
+
+def test_refund_script_checks_every_argument_first(
+    redis_client: redis.Redis, _isolated_throttle: str
+) -> None:
+    """A bad spec anywhere fails the call before the first key is touched."""
+    backend = get_backend()
+    assert isinstance(backend, RedisBackend)
+    good = limit_for(Algorithm.FIXED_WINDOW)
+    backend.hit("c", [good], 3, now=T0)
+    key = backend.key("c", good)
+    before = redis_client.get(key)
+    script = load_script(REFUND_FILES)
+    now = str(round(T0 * 1e6))
+    for args in (["1@" + now, "f5:60000000", "x5:1"], ["-1@" + now, "f5:60000000", "f5:1"]):
+        with pytest.raises(redis.ResponseError, match="django_throttle: ARGV"):
+            redis_client.eval(script, 2, key, key + "2", *args)
+    assert redis_client.get(key) == before
+    assert redis_client.exists(key + "2") == 0
+
+
+def test_refund_survives_a_flushed_script_cache(redis_client: redis.Redis) -> None:
+    backend = get_backend()
+    limits = [limit_for(Algorithm.GCRA)]
+    hits(backend, "c", limits, 3, T0)
+    redis_client.script_flush()
+    backend.refund("c", limits, now=T0)
+    assert backend.peek("c", limits, now=T0).remaining == CAPACITY - 2
+
+
+class _LegacyBackend(MemoryBackend):
+    """A backend written before refunds: its class has no refund of its own."""
+
+    refund = Backend.refund  # type: ignore[assignment]
+    arefund = Backend.arefund  # type: ignore[assignment]
+
+
+def test_a_backend_without_refund_warns_once_and_counts(caplog: pytest.LogCaptureFixture) -> None:
+    backend = _LegacyBackend()
+    limits = [limit_for(Algorithm.TOKEN_BUCKET)]
+    hits(backend, "c", limits, 2, T0)
+    with caplog.at_level(logging.WARNING, logger="django_throttle"):
+        backend.refund("c", limits, now=T0)
+        backend.refund("c", limits, now=T0)
+        asyncio.run(backend.arefund("c", limits, now=T0))
+    warnings = [r for r in caplog.records if "has no refund()" in r.getMessage()]
+    assert len(warnings) == 1
+    assert backend.peek("c", limits, now=T0).remaining == CAPACITY - 2
+
+
+class RefundMachine(AlgorithmMachine):
+    """The model-based machine of tests/test_model.py (time moves, hits, peeks, edits) with
+    refunds among its steps: after each, memory, Redis and the model answer a peek alike."""
+
+    @rule(cost=st.integers(0, 12))
+    def refund(self, cost: int) -> None:
+        at = self.now / 1e6
+        self.model.refund([self.limit], cost, self.now)
+        self.memory.refund(self.client, [self.limit], cost, now=at)
+        if self.redis is not None:
+            self._on_redis(
+                lambda backend: backend.refund(self.client, [self.limit], cost, now=at), self.limit
+            )
+            key = (self.limit.id, self.limit.algorithm)
+            model = self.model.store.get(key)
+            if model is None:  # nothing used: no key anywhere
+                assert not self.redis.client.exists(self.redis.key(self.client, self.limit))
+            elif self.redis_written and self.redis_expiry is None:
+                # Written with a PX so short it ran out on Redis's clock before the machine
+                # read it: drop the state everywhere, as _check_expiry does after a hit.
+                assert model[1] - self.now // 1000 <= SHORT_PX_MS
+                del self.model.store[key]
+                del self.memory._state[
+                    (self.client, self.limit.id, TWINS[self.limit.algorithm].code)
+                ]
+        self._check_expiry()
+        self._call(0, peek=True)
+
+
+@ALGORITHMS
+def test_refunds_follow_the_model(algorithm: str) -> None:
+    """Random walks of 100 steps (hits, refunds, time, edits) on both backends and the model;
+    about 2,000 steps per algorithm."""
+    redis_backend = RedisBackend()
+    machine = type(
+        f"{algorithm}_refund_machine",
+        (RefundMachine,),
+        {"algorithm": algorithm, "shared_redis": redis_backend},
+    )
+    try:
+        run_state_machine_as_test(
+            machine,
+            settings=settings(
+                max_examples=20,
+                stateful_step_count=100,
+                deadline=None,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+            ),
+        )
+    finally:
+        redis_backend.close()
+
+
+def test_the_counting_script_leaves_the_refund_functions_out() -> None:
+    """Refunds must not cost the request path: only refund.lua's script defines them."""
+    from django_throttle.backends.redis import SCRIPT_FILES
+
+    assert "refunding.lua" in REFUND_FILES and "refunding.lua" not in SCRIPT_FILES
+    assert "REFUND = true" in load_script(REFUND_FILES)
+    assert "REFUND = true" not in load_script(SCRIPT_FILES)

@@ -1,0 +1,210 @@
+"""Shared limits (``Limit.shared``): one ceiling for all clients, kept per key shard.
+
+Every shard enforces ``ceil(count / shards)`` (burst likewise) for the clients whose keys live
+in it, so a decision stays in one Redis Cluster slot. Both backends, same expectations; the
+Redis backend runs against the suite's private redis-server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import defaultdict
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from django_throttle.backends import get_backend
+from django_throttle.backends.base import Backend, per_shard, shard_of
+from django_throttle.backends.memory import MemoryBackend
+from django_throttle.backends.redis import RedisBackend
+from django_throttle.rates import Algorithm, Limit
+
+T0 = 1_700_000_000.0
+SHARDS = 16  # DJANGO_THROTTLE_KEY_SHARDS's default
+
+
+@pytest.fixture(params=["redis", "memory"])
+def backend(request: pytest.FixtureRequest, settings: object) -> Iterator[Backend]:
+    if request.param == "memory":
+        settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"  # type: ignore[attr-defined]
+    instance = get_backend()
+    assert isinstance(instance, RedisBackend if request.param == "redis" else MemoryBackend)
+    yield instance
+
+
+def shared_limit(algorithm: str = Algorithm.TOKEN_BUCKET, rate: str = "50/m") -> Limit:
+    if algorithm == Algorithm.CALENDAR:
+        rate = rate.replace("/m", "/day")
+    return Limit.build("ceiling", rate, algorithm=algorithm, shared=True)
+
+
+def clients_by_shard(count: int = 400) -> dict[int, list[str]]:
+    found: dict[int, list[str]] = defaultdict(list)
+    for n in range(count):
+        client = f"ip:10.0.{n // 256}.{n % 256}"
+        found[shard_of(client, SHARDS)].append(client)
+    return found
+
+
+def admitted(backend: Backend, client: str, limits: list[Limit], n: int) -> int:
+    return sum(backend.hit(client, limits, now=T0).allowed for _ in range(n))
+
+
+@pytest.mark.parametrize("algorithm", Algorithm.values)
+def test_clients_of_one_shard_share_its_bucket(backend: Backend, algorithm: str) -> None:
+    """50/min over 16 shards: each shard admits ceil(50 / 16) = 4, whoever asks."""
+    limits = [shared_limit(algorithm)]
+    first, second, third = clients_by_shard()[3][:3]
+    assert admitted(backend, first, limits, 3) == 3
+    assert admitted(backend, second, limits, 3) == 1
+    assert not backend.hit(third, limits, now=T0).allowed
+
+
+@pytest.mark.parametrize("algorithm", Algorithm.values)
+def test_clients_of_other_shards_are_independent(backend: Backend, algorithm: str) -> None:
+    limits = [shared_limit(algorithm)]
+    shards = clients_by_shard()
+    assert admitted(backend, shards[3][0], limits, 10) == 4
+    for shard in (0, 7, 15):
+        assert admitted(backend, shards[shard][0], limits, 10) == 4
+
+
+def test_total_admitted_is_the_shards_times_their_share(backend: Backend) -> None:
+    """400 distinct clients, 3 requests each, against a shared 50/min: every shard gives out
+    its 4, so the whole admits 16 x 4 = 64 (the documented bound), not 50 and not 1,200."""
+    limits = [shared_limit()]
+    clients = [client for group in clients_by_shard().values() for client in group]
+    total = sum(admitted(backend, client, limits, 3) for client in clients)
+    assert total == SHARDS * 4
+
+
+def test_share_is_rounded_up(backend: Backend) -> None:
+    # 20/min: ceil(20 / 16) = 2 per shard; 16/min: exactly 1.
+    for rate, share in (("20/m", 2), ("16/m", 1), ("1/m", 1), ("160/m", 10)):
+        limits = [Limit.build(f"c{share}{rate[:-2]}", rate, shared=True)]
+        assert admitted(backend, clients_by_shard()[5][0], limits, 20) == share, rate
+
+
+def test_one_shard_means_one_exact_ceiling(settings: object) -> None:
+    settings.DJANGO_THROTTLE_KEY_SHARDS = 1  # type: ignore[attr-defined]
+    for backend in (get_backend(), MemoryBackend()):
+        limits = [shared_limit(rate="10/m")]
+        total = sum(admitted(backend, f"ip:192.0.2.{n}", limits, 1) for n in range(30))
+        assert total == 10
+
+
+def test_per_shard_splits_capacity_and_rate() -> None:
+    limit = Limit.build("c", "50/m", burst=100, shared=True)
+    split = per_shard(limit, SHARDS)
+    assert (split.rate.count, split.rate.period, split.burst) == (4, 60, 7)
+    assert split.id == limit.id and split.shared
+    # A limit that is not shared, or one shard, is counted as it is.
+    plain = Limit.build("c", "50/m")
+    assert per_shard(plain, SHARDS) is plain
+    assert per_shard(limit, 1) is limit
+    # A window's burst is its count.
+    window = per_shard(shared_limit(Algorithm.SLIDING_LOG), SHARDS)
+    assert window.burst == window.rate.count == 4
+
+
+def test_per_shard_keeps_gcra_valid() -> None:
+    """GCRA counts whole microseconds: 40,035/s is fine (24.98 µs rounds off by 0.07%), but
+    its share ceil(40,035 / 16) = 2,503/s would be 399.52 µs (0.12%): the next count GCRA
+    can keep, 2,504/s (399.36 µs), is taken instead of failing the request."""
+    limit = Limit.build("g", "40035/s", algorithm=Algorithm.GCRA, shared=True)
+    with pytest.raises(ValueError):
+        Limit.build("g", "2503/s", algorithm=Algorithm.GCRA)
+    split = per_shard(limit, SHARDS)
+    assert (split.rate.count, split.burst, split.algorithm) == (2504, 2503, Algorithm.GCRA)
+
+
+def test_keys_carry_the_shard_and_no_client_digest(
+    redis_client: redis.Redis, _isolated_throttle: str
+) -> None:
+    backend = get_backend()
+    assert isinstance(backend, RedisBackend)
+    limits = [
+        Limit.build(f"s{n}", "50/day", algorithm=algorithm, shared=True)
+        for n, algorithm in enumerate(Algorithm.values)
+    ]
+    shards = clients_by_shard()
+    for client in shards[3][:2] + shards[9][:1]:
+        assert backend.hit(client, limits).allowed
+    keys = sorted(key.decode() for key in redis_client.keys(f"{_isolated_throttle}:*"))
+    codes = dict(zip(Algorithm.values, ":glfwsc", strict=True))
+    expected = sorted(
+        f"{_isolated_throttle}:{{{shard}}}*{codes[limit.algorithm]}{limit.id}"
+        for shard in (3, 9)
+        for limit in limits
+    )
+    assert keys == expected
+    assert backend.key(shards[3][0], limits[0]) == f"{_isolated_throttle}:{{3}}*:s0"
+    assert all(redis_client.pttl(key) > 0 for key in keys)
+
+
+def test_shared_and_per_client_limits_in_one_call(backend: Backend) -> None:
+    """All-or-nothing across both kinds: a denial by the client's own limit takes nothing
+    from the shard's ceiling."""
+    own = Limit.build("own", "2/m")
+    ceiling = shared_limit()
+    first, second = clients_by_shard()[4][:2]
+    assert admitted(backend, first, [own, ceiling], 5) == 2
+    assert backend.peek(first, [ceiling], now=T0).remaining == 2
+    assert admitted(backend, second, [own, ceiling], 5) == 2
+    denied = backend.hit(clients_by_shard()[4][2], [own, ceiling], now=T0)
+    assert not denied.allowed and denied.limit == ceiling
+
+
+def test_refund_gives_back_to_the_shared_bucket(backend: Backend) -> None:
+    limits = [shared_limit()]
+    first, second = clients_by_shard()[6][:2]
+    assert admitted(backend, first, limits, 4) == 4
+    backend.refund(first, limits, 2, now=T0)
+    assert admitted(backend, second, limits, 4) == 2
+
+
+def test_reset_empties_the_shard_bucket(backend: Backend) -> None:
+    limits = [shared_limit()]
+    first, second = clients_by_shard()[2][:2]
+    assert admitted(backend, first, limits, 4) == 4
+    backend.reset(second, limits)
+    assert admitted(backend, first, limits, 4) == 4
+
+
+def test_retime_reaches_shared_states(backend: Backend) -> None:
+    old = shared_limit(Algorithm.GCRA)
+    shards = clients_by_shard()
+    for shard in (1, 2):
+        assert admitted(backend, shards[shard][0], [old], 2) == 2
+    new = Limit.build("ceiling", "25/m", algorithm=Algorithm.GCRA, shared=True)
+    assert backend.retime([new], now=T0, previous=[old]) == 2
+
+
+def test_async_hit_on_shared_limits(backend: Backend) -> None:
+    limits = [shared_limit()]
+    first, second = clients_by_shard()[8][:2]
+
+    async def scenario() -> list[bool]:
+        return [(await backend.ahit(c, limits, now=T0)).allowed for c in [first, second] * 3]
+
+    assert asyncio.run(scenario()) == [True] * 4 + [False] * 2
+
+
+def test_shared_is_part_of_a_limits_identity() -> None:
+    plain = Limit.build("x", "10/m")
+    shared = Limit.build("x", "10/m", shared=True)
+    assert plain != shared
+    assert len({plain, shared}) == 2
+    assert not plain.shared and shared.shared
+
+
+def test_shard_matches_the_redis_key(_isolated_throttle: str) -> None:
+    backend = get_backend()
+    assert isinstance(backend, RedisBackend)
+    plain = Limit.build("p", "10/m")
+    for client in itertools.islice((f"user:{n}" for n in itertools.count()), 50):
+        assert backend.key(client, plain).startswith(
+            f"{_isolated_throttle}:{{{shard_of(client, SHARDS)}}}"
+        )
