@@ -175,15 +175,11 @@ def _searchable(site: admin.AdminSite, model: type[Model]) -> bool:
     return model_admin is not None and bool(model_admin.search_fields)
 
 
-@admin.register(TierAssignment)
-class TierAssignmentAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["tier", "user", "group", "note", "created"]
-    list_select_related = ["tier", "user", "group"]
-    list_filter = ["tier"]
-    search_fields = ["user__username", "group__name", "note"]
-    fields = ["tier", "user", "group", "note"]
-    # Autocomplete needs a searchable admin for the user model, which a project with a custom
-    # user model may not register; fall back to raw ids rather than fail a system check.
+class _UserOrGroupAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Rows naming one user or one group: autocomplete where the user model's admin can
+    search, raw ids otherwise (a project with a custom user model may not register one, and
+    autocomplete without it fails a system check)."""
+
     raw_id_fields = ["user", "group"]
 
     def get_autocomplete_fields(self, request: HttpRequest) -> list[str]:
@@ -194,8 +190,17 @@ class TierAssignmentAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         ]
 
 
+@admin.register(TierAssignment)
+class TierAssignmentAdmin(_UserOrGroupAdmin):
+    list_display = ["tier", "user", "group", "note", "created"]
+    list_select_related = ["tier", "user", "group"]
+    list_filter = ["tier"]
+    search_fields = ["user__username", "group__name", "note"]
+    fields = ["tier", "user", "group", "note"]
+
+
 @admin.register(Exemption)
-class ExemptionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ExemptionAdmin(_UserOrGroupAdmin):
     """Users, groups and networks never limited (compiled into the policy: no query and no
     Redis call per exempt request)."""
 
@@ -203,14 +208,6 @@ class ExemptionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_select_related = ["user", "group"]
     search_fields = ["user__username", "group__name", "network", "note"]
     fields = ["user", "group", "network", "note"]
-    raw_id_fields = ["user", "group"]
-
-    def get_autocomplete_fields(self, request: HttpRequest) -> list[str]:
-        return [
-            name
-            for name in ("user", "group")
-            if _searchable(self.admin_site, self.model._meta.get_field(name).related_model)
-        ]
 
 
 @admin.register(ApiKey)

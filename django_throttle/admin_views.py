@@ -127,7 +127,11 @@ def inspector(request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> HttpR
     from django_throttle.inspection import UnknownClient, explain, inspect, parse_client
 
     text = request.GET.get("client", "").strip()
-    method = request.GET.get("method", "GET").strip().upper() or "GET"
+    from django_throttle.models.fields import HTTP_METHODS
+
+    method = request.GET.get("method", "GET").strip().upper()
+    if method not in HTTP_METHODS:
+        method = "GET"
     path = request.GET.get("path", "").strip()
     context: dict[str, Any] = {
         **model_admin.admin_site.each_context(request),
@@ -136,7 +140,7 @@ def inspector(request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> HttpR
         "client_text": text,
         "method": method,
         "path": path,
-        "methods": ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
+        "methods": HTTP_METHODS,
         "can_reset": _can_reset(request),
     }
     if text:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -48,6 +49,21 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
     yield client
     client.close()
+
+
+@pytest.fixture(params=["redis", "memory"])
+def backend(request: pytest.FixtureRequest, settings: Any) -> Iterator[Any]:
+    """The configured backend, once as Redis (the suite's own server) and once in memory: a
+    test taking it runs against both, with the same expectations."""
+    from django_throttle.backends import get_backend
+    from django_throttle.backends.memory import MemoryBackend
+    from django_throttle.backends.redis import RedisBackend
+
+    if request.param == "memory":
+        settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"
+    instance = get_backend()
+    assert isinstance(instance, RedisBackend if request.param == "redis" else MemoryBackend)
+    yield instance
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,7 +14,6 @@ from django.urls import reverse
 from django_throttle import core, policy
 from django_throttle.backends import get_backend
 from django_throttle.backends.base import Backend, shard_of
-from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.conf import app_settings
 from django_throttle.models import TierLimit
@@ -29,15 +27,6 @@ CEILING = 50
 PER_CLIENT = 1000
 ADDRESSES = [f"198.51.{i // 250}.{i % 250 + 1}" for i in range(200)]
 REQUESTS_EACH = 3
-
-
-@pytest.fixture(params=["redis", "memory"])
-def backend(request: pytest.FixtureRequest, settings: Any) -> Iterator[Backend]:
-    if request.param == "memory":
-        settings.DJANGO_THROTTLE_BACKEND = MEMORY
-    instance = get_backend()
-    assert isinstance(instance, RedisBackend if request.param == "redis" else MemoryBackend)
-    yield instance
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,7 +19,6 @@ from django.urls import reverse
 from django_throttle import core, policy, usage
 from django_throttle.backends import get_backend
 from django_throttle.backends.base import Backend
-from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.models import ApiKey, Tier
 from django_throttle.rates import Limit
@@ -29,15 +28,6 @@ pytestmark = pytest.mark.django_db
 
 MEMORY = "django_throttle.backends.memory.MemoryBackend"
 LIMITS = (Limit.build("seen", "1000000/s"),)
-
-
-@pytest.fixture(params=["redis", "memory"])
-def backend(request: pytest.FixtureRequest, settings: Any) -> Iterator[Backend]:
-    if request.param == "memory":
-        settings.DJANGO_THROTTLE_BACKEND = MEMORY
-    instance = get_backend()
-    assert isinstance(instance, RedisBackend if request.param == "redis" else MemoryBackend)
-    yield instance
 
 
 @pytest.fixture

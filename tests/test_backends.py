@@ -13,7 +13,6 @@ import random
 import re
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,15 +28,6 @@ from tests.bucket_state import base36, legacy_bucket, unpack_bucket
 
 T0 = 1_700_000_000.0
 REFERENCE = Limit.build("ref", "2/s", burst=10)
-
-
-@pytest.fixture(params=["redis", "memory"])
-def backend(request: pytest.FixtureRequest, settings: object) -> Iterator[Backend]:
-    if request.param == "memory":
-        settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"  # type: ignore[attr-defined]
-    instance = get_backend()
-    assert isinstance(instance, RedisBackend if request.param == "redis" else MemoryBackend)
-    yield instance
 
 
 def enforced_twin(limit: Limit) -> Limit:
@@ -1134,3 +1124,22 @@ def test_sliding_log_takes_a_large_cost_in_one_call(
     assert redis_backend.hit("c", [limit], cost=10_000, now=MIDNIGHT).allowed
     assert redis_client.zcard(redis_backend.key("c", limit)) == 10_000
     assert not redis_backend.hit("c", [limit], now=MIDNIGHT + 1).allowed
+
+
+def test_a_sliding_log_keeps_every_entry_when_its_period_shrinks(backend: Backend) -> None:
+    """Regression (found by the refund model test): after an edit shortened the period, a hit
+    in the same microsecond as the log's newest entry reused that entry's member name on
+    Redis, so one request went uncounted and the limit admitted one too many."""
+    t = T0
+    one = Limit.build("log", "1/s", algorithm="sliding_window_log")
+    two_per_2s = Limit.build("log", "2/2s", algorithm="sliding_window_log")
+    two_per_s = Limit.build("log", "2/s", algorithm="sliding_window_log")
+    assert backend.hit("c", [one], now=t).allowed
+    t += 1.0
+    backend.retime([two_per_2s], now=t, previous=[one])
+    assert backend.hit("c", [two_per_2s], now=t).allowed  # 2 in the last 2 s
+    backend.retime([two_per_s], now=t, previous=[two_per_2s])
+    assert backend.hit("c", [two_per_s], now=t).allowed  # the entry at t0 left the second
+
+    assert backend.peek("c", [two_per_s], now=t).remaining == 0
+    assert not backend.hit("c", [two_per_s], now=t).allowed

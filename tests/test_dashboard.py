@@ -19,13 +19,6 @@ pytestmark = pytest.mark.django_db
 URL = "/admin/django_throttle/usagecount/dashboard/"
 
 
-@pytest.fixture(params=["redis", "memory"])
-def backend(request: pytest.FixtureRequest, settings: Any) -> Any:
-    if request.param == "memory":
-        settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"
-    return get_backend()
-
-
 def traffic(client: Any) -> None:
     """5 allowed and 3 denied on /api/ping/ for the anonymous tier."""
     anon = tier("anonymous", "1000/h", is_default_anonymous=True)

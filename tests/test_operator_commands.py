@@ -12,18 +12,10 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.core.management import CommandError, call_command
 
-from django_throttle.backends import get_backend
 from django_throttle.models import ApiKey, TierAssignment
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(params=["redis", "memory"])
-def backend(request: pytest.FixtureRequest, settings: Any) -> Any:
-    if request.param == "memory":
-        settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"
-    return get_backend()
 
 
 @pytest.fixture
@@ -160,6 +152,11 @@ def test_reset_of_one_limit_and_unknown_limit_ids(client: Any, backend: Any, pol
         ("throttle_reset", ["user:ghost"], "Unknown client"),
         ("throttle_explain", ["--user", "ghost", "--path", "/"], "Unknown client"),
         ("throttle_inspect", ["alice", "--format", "xml"], "invalid choice: 'xml'"),
+        (
+            "throttle_explain",
+            ["--user", "alice", "--method", "FETCH", "--path", "/"],
+            "--method 'FETCH' is not an HTTP method",
+        ),
     ],
 )
 def test_bad_arguments_get_clear_errors(

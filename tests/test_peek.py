@@ -6,8 +6,6 @@ algorithm; the Redis backend runs against the suite's private redis-server.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import redis
 
@@ -18,15 +16,6 @@ from django_throttle.backends.redis import RedisBackend
 from django_throttle.rates import Algorithm, Decision, Limit
 
 T0 = 1_700_000_000.0
-
-
-@pytest.fixture(params=["redis", "memory"])
-def backend(request: pytest.FixtureRequest, settings: object) -> Iterator[Backend]:
-    if request.param == "memory":
-        settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"  # type: ignore[attr-defined]
-    instance = get_backend()
-    assert isinstance(instance, RedisBackend if request.param == "redis" else MemoryBackend)
-    yield instance
 
 
 def five_per_minute(algorithm: str) -> Limit:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 import redis
@@ -29,15 +30,6 @@ from tests.test_model import SHORT_PX_MS, AlgorithmMachine
 
 T0 = 1_700_000_000.0
 CAPACITY = 5
-
-
-@pytest.fixture(params=["redis", "memory"])
-def backend(request: pytest.FixtureRequest, settings: object) -> Iterator[Backend]:
-    if request.param == "memory":
-        settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"  # type: ignore[attr-defined]
-    instance = get_backend()
-    assert isinstance(instance, RedisBackend if request.param == "redis" else MemoryBackend)
-    yield instance
 
 
 def limit_for(algorithm: str, capacity: int = CAPACITY, **kwargs: object) -> Limit:
@@ -386,7 +378,7 @@ def test_refunds_follow_the_model(algorithm: str) -> None:
         run_state_machine_as_test(
             machine,
             settings=settings(
-                max_examples=20,
+                max_examples=int(os.environ.get("REFUND_MODEL_EXAMPLES", "20")),
                 stateful_step_count=100,
                 deadline=None,
                 database=None,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import defaultdict
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -23,15 +22,6 @@ from django_throttle.rates import Algorithm, Limit
 
 T0 = 1_700_000_000.0
 SHARDS = 16  # DJANGO_THROTTLE_KEY_SHARDS's default
-
-
-@pytest.fixture(params=["redis", "memory"])
-def backend(request: pytest.FixtureRequest, settings: object) -> Iterator[Backend]:
-    if request.param == "memory":
-        settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"  # type: ignore[attr-defined]
-    instance = get_backend()
-    assert isinstance(instance, RedisBackend if request.param == "redis" else MemoryBackend)
-    yield instance
 
 
 def shared_limit(algorithm: str = Algorithm.TOKEN_BUCKET, rate: str = "50/m") -> Limit:

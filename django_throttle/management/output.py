@@ -68,13 +68,20 @@ def write_rows(
         table.add_column(heading, justify="right" if numeric else "left", overflow="fold")
     for row in rows:
         table.add_row(*(_cell(row.get(key)) for key, _ in columns))
+    print_table(command, table)
+
+
+def print_table(command: BaseCommand, table: Table, width: int = 140) -> None:
+    """Write a rich table to the command's stdout: in colour on a terminal, plain text
+    ``width`` columns wide otherwise. Rendered to text first: Django's OutputWrapper appends
+    a newline to every write() it is given, and rich may write in pieces."""
     is_tty = command.stdout.isatty()
     buffer = io.StringIO()
     console = Console(
         file=buffer,
         force_terminal=is_tty,
         no_color=not is_tty,
-        width=shutil.get_terminal_size().columns if is_tty else 140,
+        width=shutil.get_terminal_size().columns if is_tty else width,
     )
     console.print(table)
     command.stdout.write(buffer.getvalue(), ending="")

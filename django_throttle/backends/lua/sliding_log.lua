@@ -4,8 +4,9 @@
 -- sliding period P in whole microseconds (<= MAX_WINDOW).
 --
 -- State per key: a sorted set with one member per unit of cost taken, scored by the
--- microsecond it was taken at; member "<now base 36>.<n>", n counting on from the live
--- entries, so members of one microsecond stay unique. Live entries: score > now - P (a score
+-- microsecond it was taken at; member "<now base 36>.<n>", n counting on from the highest
+-- number already taken in that microsecond (0 in a new one), so members of one microsecond
+-- stay unique even after the period shrank (an edit) and older entries left the count. Live entries: score > now - P (a score
 -- in the future, from a clock that stepped back, is live). A key of another type reads as
 -- nothing used and is replaced on the next write.
 -- Decide at now with cost c: count = live entries; allowed iff count + c <= C.
@@ -49,6 +50,16 @@ local function log_clamp(duration, period)
   return duration
 end
 
+-- The number after the highest "<stamp>.<n>" already scored at now: the first free one.
+local function log_next_number(key, now)
+  local next = 0
+  for _, member in ipairs(redis.call('ZRANGEBYSCORE', key, decimal(now), decimal(now))) do
+    local n = tonumber(string.match(member, '%.(%d+)$'))
+    if n and n >= next then next = n + 1 end
+  end
+  return next
+end
+
 local function log_decide(key, now, p, cost)
   local capacity, period = p.capacity, p.period
   local floor = '(' .. decimal(now - period)
@@ -60,10 +71,12 @@ local function log_decide(key, now, p, cost)
   local newest = nil
   if count > 0 then newest = log_newest(key) end
   if count + cost <= capacity then
+    local first = 0
+    if cost > 0 and newest == now then first = log_next_number(key, now) end
     if cost > 0 and (newest == nil or newest < now) then newest = now end
     local reset = newest and log_clamp(newest + period - now, period) or 0
     local pending = nil
-    if cost > 0 or count > 0 then pending = {cost, count, reset, replace} end
+    if cost > 0 or count > 0 then pending = {cost, first, reset, replace} end
     return true, capacity - count - cost, reset, 0, pending
   end
   local k = count + cost - capacity
@@ -73,7 +86,7 @@ local function log_decide(key, now, p, cost)
 end
 
 local function log_commit(key, now, p, pending)
-  local cost, count, reset, replace = pending[1], pending[2], pending[3], pending[4]
+  local cost, first, reset, replace = pending[1], pending[2], pending[3], pending[4]
   if replace then
     redis.call('DEL', key)
   else
@@ -84,7 +97,7 @@ local function log_commit(key, now, p, pending)
   while n < cost do
     local args = {}
     for i = 1, math.min(LOG_BATCH, cost - n) do
-      args[2 * i - 1], args[2 * i] = score, stamp .. (count + n)
+      args[2 * i - 1], args[2 * i] = score, stamp .. (first + n)
       n = n + 1
     end
     redis.call('ZADD', key, unpack(args))
@@ -116,8 +129,8 @@ if REFUND then
     if live == 0 then return redis.call('DEL', key) end
     if live <= cost then return delete(key) end
     -- Everything scored above the cost-th newest entry goes, and the rest of the cost from
-    -- the entries at its score: members of one microsecond are numbered on from the live
-    -- count, so removing the highest numbers keeps the next hit's numbers free.
+    -- the entries at its score, the highest-numbered first (the next hit numbers on from
+    -- the highest left).
     local score = decimal(tonumber(redis.call('ZREVRANGE', key, cost - 1, cost - 1,
       'WITHSCORES')[2]))
     local left = cost - redis.call('ZREMRANGEBYSCORE', key, '(' .. score, '+inf')

@@ -15,6 +15,7 @@ from django_throttle.backends import BackendError
 from django_throttle.inspection import UnknownClient, explain, parse_client
 from django_throttle.management.commands.throttle_inspect import COLUMNS, bucket_row
 from django_throttle.management.output import add_format_argument, checked_format, write_rows
+from django_throttle.models.fields import HTTP_METHODS
 
 
 class Command(BaseCommand):
@@ -43,6 +44,13 @@ class Command(BaseCommand):
         )
         if not text:
             raise CommandError("Name the client with --user, --api-key, --ip or --client.")
+        method = str(options["method"]).strip().upper()
+        if method not in HTTP_METHODS:
+            raise CommandError(
+                f"--method {options['method']!r} is not an HTTP method: use one of "
+                f"{', '.join(HTTP_METHODS)}."
+            )
+        options["method"] = method
         try:
             subject = parse_client(text)
             found = explain(subject, options["method"], options["path"], options.get("scope"))

@@ -12,19 +12,18 @@ import csv
 import io
 import json
 import re
-import shutil
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 from django.utils import timezone
-from rich.console import Console
 from rich.table import Table
 
 from django_throttle import usage
 from django_throttle.backends import BackendError
 from django_throttle.conf import app_settings
+from django_throttle.management.output import print_table
 from django_throttle.usage_report import REPORT_BY, Report, UsageRow, report, rollup
 
 FORMATS = ("table", "json", "csv")
@@ -232,15 +231,4 @@ class Command(BaseCommand):
                 f"{row.total:,}",
                 f"{row.denied_percent:.1f}",
             )
-        # Render to text first: OutputWrapper appends a newline to every write() it is given,
-        # and Console may write in pieces.
-        is_tty = self.stdout.isatty()
-        buffer = io.StringIO()
-        console = Console(
-            file=buffer,
-            force_terminal=is_tty,
-            no_color=not is_tty,
-            width=shutil.get_terminal_size().columns if is_tty else 120,
-        )
-        console.print(table)
-        self.stdout.write(buffer.getvalue(), ending="")
+        print_table(self, table, width=120)
