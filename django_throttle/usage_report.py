@@ -185,7 +185,14 @@ def copy_key_use(store: UsageStore) -> int:
     updated."""
     from django_throttle.models import ApiKey
 
-    seen = sorted(store.keys_last_used().items())
+    # Only labels that can be a stored prefix: a client label is anything a custom resolver
+    # returned ("key:a\x00b"), and PostgreSQL refuses NUL in a query parameter.
+    longest = ApiKey._meta.get_field("prefix").max_length or 0
+    seen = sorted(
+        (prefix, second)
+        for prefix, second in store.keys_last_used().items()
+        if "\x00" not in prefix and len(prefix) <= longest
+    )
     alias = router.db_for_write(ApiKey)
     updated = 0
     for at in range(0, len(seen), KEY_UPDATE_BATCH):
