@@ -215,6 +215,13 @@ def test_wheel_ships_lua_and_type_marker(tmp_path: Path) -> None:
         "django_throttle/py.typed",
         "django_throttle/rates.py",
         "django_throttle/migrations/0001_initial.py",
+        "django_throttle/backends/lua/refund.lua",
+        "django_throttle/templates/admin/django_throttle/dashboard.html",
+        "django_throttle/templates/admin/django_throttle/inspector.html",
+        "django_throttle/static/django_throttle/dashboard.css",
+        "django_throttle/static/django_throttle/limit_fields.js",
+        "django_throttle/locale/de/LC_MESSAGES/django.mo",
+        "django_throttle/locale/fr/LC_MESSAGES/django.mo",
     } <= names
     assert not [name for name in names if name.startswith(("example_project/", "tests/"))]
     assert not [name for name in names if name.endswith(".pyc") or "__pycache__" in name]
