@@ -107,6 +107,28 @@ def flood(
     return {"decisions": done, "allowed": allowed, "seconds": time.perf_counter() - started}
 
 
+def ping_rate(backend: Any, count: int, batch: int) -> float:
+    """The floor, in the same run: ``count`` PINGs pipelined in batches of ``batch`` on a
+    socket of our own, as the flood sends its scripts. Returns PINGs per second."""
+    kwargs = backend.client.connection_pool.connection_kwargs
+    sock = socket.create_connection((kwargs.get("host", "127.0.0.1"), kwargs.get("port", 6379)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    reply = b"+PONG\r\n"
+    started = time.perf_counter()
+    try:
+        sent = 0
+        while sent < count:
+            n = min(batch, count - sent)
+            sock.sendall(b"*1\r\n$4\r\nPING\r\n" * n)
+            expected, got = len(reply) * n, 0
+            while got < expected:
+                got += len(sock.recv(RECV_SIZE))
+            sent += n
+    finally:
+        sock.close()
+    return count / (time.perf_counter() - started)
+
+
 def keyspace(client: Any, match: str) -> dict[str, int]:
     """Keys matching ``match``, how many have no TTL (PTTL -1) or vanished while read, and
     the least PTTL seen (ms): a full SCAN, PTTL pipelined per step."""
@@ -144,6 +166,7 @@ def measure(
     client.execute_command("MEMORY", "PURGE")
     before = int(client.info("memory")["used_memory"])
     keys_before = int(client.dbsize())
+    pings = ping_rate(backend, min(count, 200_000), batch)
     result = flood(backend, addresses(count, start), limits, field, batch=batch)
     client.execute_command("MEMORY", "PURGE")
     after = int(client.info("memory")["used_memory"])
@@ -155,6 +178,8 @@ def measure(
     return {
         **result,
         "decisions_per_second": round(result["decisions"] / result["seconds"]),
+        "pings_per_second": round(pings),
+        "ratio_to_ping": round(result["decisions"] / result["seconds"] / pings, 3),
         "used_memory_growth": after - before,
         "bytes_per_identity": round((after - before) / count, 1),
         "memory_usage_per_key": max(sample) if sample else 0,
@@ -241,13 +266,14 @@ def main(argv: list[str] | None = None) -> int:
         if "with_ceiling" in results:
             scenarios.append((f"+ shared {args.ceiling}", results["with_ceiling"]))
         print(
-            "| scenario | dec/s | allowed | denied | used_memory / identity | MEMORY USAGE / key"
-            " | keys | keys without TTL |"
+            "| scenario | dec/s | ÷ pipelined PING | allowed | denied | used_memory / identity"
+            " | MEMORY USAGE / key | keys | keys without TTL |"
         )
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|")
         for name, r in scenarios:
             print(
-                f"| {name} | {r['decisions_per_second']:,} | {r['allowed']:,} | "
+                f"| {name} | {r['decisions_per_second']:,} | {r['ratio_to_ping']} "
+                f"({r['pings_per_second']:,} PING/s) | {r['allowed']:,} | "
                 f"{r['decisions'] - r['allowed']:,} | {r['bytes_per_identity']} B | "
                 f"{r['memory_usage_per_key']} B | {r['keys']:,} | {r['without_ttl']} |"
             )
