@@ -158,6 +158,13 @@ class Server:
         stats = self.client.info("stats")
         return int(stats["total_net_input_bytes"]) + int(stats["total_net_output_bytes"])
 
+    def command_usec(self) -> dict[str, int]:
+        """Microseconds the server spent executing each command so far (INFO
+        commandstats). A script's own commands are counted inside it and again under their
+        names: take only the commands a client sent."""
+        stats = self.client.info("commandstats")
+        return {name.split("_", 1)[1]: int(row["usec"]) for name, row in stats.items()}
+
     def used_memory(self) -> int:
         return int(self.client.info("memory")["used_memory"])
 
@@ -217,6 +224,7 @@ def account(
     done = 0
     deadline = time.perf_counter() + max_seconds
     bytes_before = server.net_bytes()
+    usec_before = server.command_usec()
     try:
         with CaptureQueriesContext(connection) as queries:
             while done < n and (done == 0 or time.perf_counter() < deadline):
@@ -227,6 +235,7 @@ def account(
                 memory.append(server.used_memory())
                 written.append(len(wire.written(path.state_commands)))
         bytes_after = server.net_bytes()
+        usec_after = server.command_usec()
     finally:
         if paused:
             server.active_expiry(True)
@@ -240,6 +249,10 @@ def account(
         "sql_queries": len(queries.captured_queries) / n,
         "wire_bytes": (bytes_after - bytes_before - overhead) / n,
         "client_bytes": (wire.bytes_sent + wire.bytes_received) / n,
+        "server_us": sum(
+            usec_after.get(name, 0) - usec_before.get(name, 0) for name in wire.commands
+        )
+        / n,
         "memory_usage_per_key": None,
         "used_memory_per_key": None,
         "used_memory_marginal": None,

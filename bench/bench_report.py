@@ -29,7 +29,7 @@ def print_table(result: dict[str, Any]) -> None:
     )
     for column in (
         "path", "dec/s", "÷PING", "p50 µs", "p99 µs", "round trips", "SQL",
-        "bytes/dec", "MEMORY USAGE B/key", "used_memory B/(client x limit)",
+        "bytes/dec", "server µs/dec", "MEMORY USAGE B/key", "used_memory B/(client x limit)",
     ):  # fmt: skip
         table.add_column(column, justify="left" if column == "path" else "right")
     for key, row in paths.items():
@@ -44,18 +44,23 @@ def print_table(result: dict[str, Any]) -> None:
             f"{row['round_trips']:.3f}",
             f"{row['sql_queries']:.3f}",
             _number(row["wire_bytes"]),
+            _number(row["server_us"], 1),
             _number(row["memory_usage_per_key"]),
             _number(row["used_memory_marginal"]),
         )
     console.print(table)
     latency = paths["latency"]
     console.print(
-        f"5   whole DRF request (test client, {latency['pairs']:,} interleaved pairs x "
+        f"5   whole DRF request (test client, {latency['pairs']:,} rounds of 3 views x "
         f"{latency['repetitions']}): without throttle p50 {latency['plain_p50_us']:.0f} / "
         f"p99 {latency['plain_p99_us']:.0f} µs, with p50 {latency['throttled_p50_us']:.0f} / "
         f"p99 {latency['throttled_p99_us']:.0f} µs: added p50 {latency['added_p50_us']:+.0f} "
         f"µs, p99 {latency['added_p99_us']:+.0f} µs"
-        f" (non-200: {latency['bad_status']}, missing headers: {latency['missing_headers']})"
+        f" (non-200: {latency['bad_status']}, missing headers: {latency['missing_headers']})\n"
+        f"5f  the floor, one PING round trip in the same request instead of the throttle: "
+        f"added p50 {latency['ping_added_p50_us']:+.0f} µs, p99 "
+        f"{latency['ping_added_p99_us']:+.0f} µs; the throttle beyond it: p50 "
+        f"{latency['above_ping_p50_us']:+.0f} µs, p99 {latency['above_ping_p99_us']:+.0f} µs"
     )
     targets = Table(title="Targets (printed, never asserted)")
     for column in ("target", "measured", "goal", ""):
@@ -66,6 +71,11 @@ def print_table(result: dict[str, Any]) -> None:
         verdict = "[green]met[/]" if target["met"] else "[red]not met[/]"
         targets.add_row(
             target["target"], shown, f"{target['comparison']} {target['goal']:g}", verdict
+        )
+    for row in result.get("floor", ()):
+        value = row["value"]
+        targets.add_row(
+            f"[dim]{row['context']}[/]", "-" if value is None else f"{value:,.0f}", "", "context"
         )
     console.print(targets)
     drf, users = result["drf"], result["never_seen_users"]

@@ -65,6 +65,14 @@ TARGETS = (
     ("5 added latency p50 µs", "latency", "added_p50_us", "<=", 60),
     ("5 added latency p99 µs", "latency", "added_p99_us", "<=", 250),
 )
+#: Printed beside the targets as context (not targets): the same request with one PING
+#: round trip in place of the throttle, the floor any Redis-backed throttle pays.
+FLOOR = (
+    ("5f one PING round trip in the request, added p50 µs", "latency", "ping_added_p50_us"),
+    ("5f one PING round trip in the request, added p99 µs", "latency", "ping_added_p99_us"),
+    ("5f throttle beyond that round trip, p50 µs", "latency", "above_ping_p50_us"),
+    ("5f throttle beyond that round trip, p99 µs", "latency", "above_ping_p99_us"),
+)
 
 
 class _ErrorCounter(logging.Handler):
@@ -222,6 +230,7 @@ def run(args: argparse.Namespace, redis_url: str, prefix: str) -> dict[str, Any]
         targets.append(
             {"target": label, "value": value, "comparison": comparison, "goal": target, "met": met}
         )
+    floor = [{"context": label, "value": results[key].get(name)} for label, key, name in FLOOR]
 
     profile_text = profile(by_key["full_anon"], args.seconds) if args.profile else None
     phase("profile")
@@ -245,6 +254,7 @@ def run(args: argparse.Namespace, redis_url: str, prefix: str) -> dict[str, Any]
         "drf": {**drf_prefill, "denied": ctx["drf_denied"][0]},
         "paths": results,
         "targets": targets,
+        "floor": floor,
         "backend_errors_logged": errors.count,
         "phase_seconds": phases,
         "profile": profile_text,

@@ -290,6 +290,36 @@ def test_script_cache_loss_is_recovered(
     assert not redis_backend.hit("c", [one]).allowed
 
 
+def test_each_mix_of_algorithms_runs_a_script_defining_only_those_algorithms(
+    redis_backend: RedisBackend, redis_client: redis.Redis
+) -> None:
+    """Redis runs a script's whole body on every call, so every algorithm a script defines
+    costs each decision: a call uses a script with just its limits' algorithms (and the
+    ones they reuse), each mix loaded and recovered after a flush on its own."""
+    bucket = Limit.build("b", "5/m")
+    leaky = Limit.build("l", "5/m", algorithm="leaky_bucket")
+    gcra = Limit.build("g", "5/m", algorithm="gcra")
+    quota = Limit.build("q", "5/day", algorithm="calendar_quota")
+    mixes = ((bucket,), (leaky, gcra), (quota,), (bucket, leaky, gcra, quota))
+    registered = re.compile(r"^ALGORITHMS\['(\w)'\] =", re.MULTILINE)
+    defined = {}
+    for mix in mixes:
+        _, source = redis_backend._calls.script(mix)
+        defined[mix] = set(registered.findall(source.decode()))
+    assert defined[(bucket,)] == {"t"}
+    assert defined[(leaky, gcra)] == {"t", "l", "g"}
+    assert defined[(quota,)] == {"f", "c"}
+    assert defined[mixes[-1]] == {"t", "l", "g", "f", "c"}
+    for round_ in range(2):
+        redis_client.script_flush()
+        for n, mix in enumerate(mixes):
+            decision = redis_backend.hit(f"mix-{round_}-{n}", mix)
+            assert decision.allowed and decision.remaining == 4
+    shas = [redis_backend._calls.script(mix)[0].decode() for mix in mixes]
+    assert len(set(shas)) == len(mixes)
+    assert redis_client.script_exists(*shas) == [True] * len(mixes)
+
+
 def test_script_cache_flushed_again_during_the_reload_is_recovered(
     redis_backend: RedisBackend, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -48,6 +48,8 @@ def test_bench_counts_one_round_trip_and_no_sql_per_decision(redis_url: str) -> 
         assert paths[key]["memory_usage_per_key"] > 0, key
     assert paths["latency"]["bad_status"] == 0
     assert paths["latency"]["missing_headers"] == 0
+    assert paths["latency"]["ping_added_p50_us"] is not None
+    assert [row["value"] is not None for row in report["floor"]] == [True] * 4
     assert report["backend_errors_logged"] == 0
     assert report["drf"]["denied"] == 0
     assert report["targets"] and all(isinstance(t["met"], bool) for t in report["targets"])

@@ -10,10 +10,11 @@ redis-py client.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,14 +123,28 @@ class Encoded:
 class Calls:
     """Frames calls of one script; limit lists are encoded once and cached by identity (the
     policy snapshot hands out the same tuple for every request of a tier and endpoint).
-    ``shards`` splits a shared limit's capacity (see :func:`~.base.per_shard`)."""
 
-    def __init__(self, sha: str, source: str, shards: int = 1) -> None:
-        self.sha = sha.encode()
-        self.source = source.encode()
+    ``source_for(codes)`` gives the script's source defining just the algorithms of those
+    spec codes: each distinct mix of algorithms is its own script (its own digest), and most
+    policies use one or two mixes. ``shards`` splits a shared limit's capacity (see
+    :func:`~.base.per_shard`).
+    """
+
+    def __init__(self, source_for: Callable[[frozenset[str]], str], shards: int = 1) -> None:
+        self.source_for = source_for
         self.shards = shards
         self._cache: dict[int, Encoded] = {}
         self._fields: dict[str, bytes] = {}
+        self._scripts: dict[frozenset[str], tuple[bytes, bytes]] = {}
+
+    def script(self, limits: Sequence[Limit]) -> tuple[bytes, bytes]:
+        """The digest and source of the script for ``limits``' mix of algorithms."""
+        codes = frozenset(ALGORITHM_CODES[limit.algorithm] for limit in limits)
+        found = self._scripts.get(codes)
+        if found is None:
+            source = self.source_for(codes).encode()
+            found = self._scripts[codes] = (hashlib.sha1(source).hexdigest().encode(), source)
+        return found
 
     def encoded(self, limits: Sequence[Limit], now_us: int | None = None) -> Encoded:
         """The list's encoding, cached. One with calendar quotas is made again once its
@@ -160,11 +175,12 @@ class Calls:
         rest = b"%s" % frame(str(count).encode())
         elements = b"*%d\r\n" % (4 + 2 * count)
         shared = tuple(limit.shared for limit in limits)
+        sha, source = self.script(limits)
         return Encoded(
             limits=limits,
             suffixes=tuple(key_suffix(limit).encode() for limit in limits),
-            evalsha_head=elements + b"$7\r\nEVALSHA\r\n" + frame(self.sha) + rest,
-            eval_head=elements + b"$4\r\nEVAL\r\n" + frame(self.source) + rest,
+            evalsha_head=elements + b"$7\r\nEVALSHA\r\n" + frame(sha) + rest,
+            eval_head=elements + b"$4\r\nEVAL\r\n" + frame(source) + rest,
             tail=b"".join(
                 frame(limit_spec(per_shard(limit, self.shards), now_us).encode())
                 for limit in limits

@@ -1,0 +1,167 @@
+"""What defining every algorithm in the counting script costs each decision, in server time.
+
+Run from the repository root::
+
+    .venv/bin/python bench/bench_script_mix.py [--calls 2000] [--laps 15] [--json]
+
+Redis runs a script's whole body on each ``EVALSHA``: every ``local function`` and algorithm
+table it defines is built again per call. The backend therefore sends, per limit list, a
+script holding only that list's algorithms (``RedisBackend._calls``). This benchmark sends
+the same decisions through two framings of the same backend on one private
+``redis-server``: the script the backend uses ("own mix") and the script holding all seven
+algorithms (as every decision ran before), in alternating laps of ``--calls`` fresh clients,
+one limit of each algorithm in turn, usage counted as in production. Each lap's server time
+per call comes from ``INFO commandstats`` (``usec`` of ``evalsha``, which includes the
+commands the script ran); the table gives the median lap, and the same for two baselines in
+the same laps: a ``PING`` and a minimal token bucket of the benchmark's own (see
+``bench_paths.MINIMAL_BUCKET``, 15 lines of Lua), each sent by redis-py's
+``execute_command``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+for folder in (ROOT, ROOT / "bench"):
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+
+ALGORITHMS = (
+    "token_bucket",
+    "gcra",
+    "leaky_bucket",
+    "fixed_window",
+    "sliding_window_log",
+    "sliding_window_counter",
+    "calendar_quota",
+)
+
+
+def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
+    from bench_throttle import configure_django
+
+    configure_django(redis_url, "dt")
+    from functools import partial
+
+    import redis
+    from bench_paths import MINIMAL_BUCKET
+
+    from django_throttle.backends import get_backend
+    from django_throttle.backends.redis import ALGORITHM_FILES, SCRIPT_FILES, load_script
+    from django_throttle.backends.wire import Calls
+    from django_throttle.rates import Limit
+
+    plain = redis.Redis.from_url(redis_url)
+    backend = get_backend()
+    every = load_script(SCRIPT_FILES, backend.shards)
+    framings = {
+        "own mix": backend._calls,
+        "all seven": Calls(partial(lambda source, codes: source, every), backend.shards),
+    }
+    minimal = plain.script_load(MINIMAL_BUCKET)
+    rate = "1000/hour"
+    counter = iter(range(10**9))
+
+    def lap(send: Any) -> float:
+        plain.config_resetstat()
+        for _ in range(args.calls):
+            send(next(counter))
+        stats = plain.info("commandstats")
+        row = stats.get("cmdstat_evalsha") or stats.get("cmdstat_ping")
+        return float(row["usec"]) / int(row["calls"])
+
+    results: dict[str, Any] = {}
+    for algorithm in ALGORITHMS:
+        chosen = "10000/month" if algorithm == "calendar_quota" else rate
+        limits = (Limit.build("t12", chosen, algorithm=algorithm),)
+        laps: dict[str, list[float]] = {name: [] for name in (*framings, "ping", "minimal")}
+
+        def decide(calls: Any, n: int, limits: Any = limits) -> None:
+            encoded = calls.encoded(limits)
+            tag = backend._client_tag(f"ip:10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}")
+            field = calls.field("anon|bench")
+            body = calls.body(encoded, tag, b"", field, b"ip:10.0.0.1")
+            backend._stack.call(body)
+
+        for calls in framings.values():  # load each script once, outside the laps
+            plain.script_load(calls.script(limits)[1].decode())
+            decide(calls, next(counter))
+        for _ in range(args.laps):
+            for name, calls in framings.items():
+                laps[name].append(lap(partial(decide, calls)))
+            laps["ping"].append(lap(lambda n: plain.execute_command("PING")))
+            laps["minimal"].append(
+                lap(
+                    lambda n: plain.execute_command(
+                        "EVALSHA", minimal, 1, f"dt-mb:{n}", 1000, 3.6e6, 1
+                    )
+                )
+            )
+        medians = {name: statistics.median(values) for name, values in laps.items()}
+        medians["saved_us"] = medians["all seven"] - medians["own mix"]
+        medians["saved_share"] = medians["saved_us"] / medians["all seven"]
+        results[algorithm] = medians
+    version = plain.info("server").get("redis_version")
+    plain.close()
+    return {
+        "redis": version,
+        "calls_per_lap": args.calls,
+        "laps": args.laps,
+        "algorithm_files": len(ALGORITHM_FILES),
+        "server_us_per_call": results,
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=(
+            "Server time per decision (µs, median of "
+            f"{result['laps']} laps x {result['calls_per_lap']:,} calls, INFO commandstats)"
+        )
+    )
+    for column in ("algorithm", "own mix", "all seven", "saved", "minimal bucket", "PING"):
+        table.add_column(column, justify="left" if column == "algorithm" else "right")
+    for algorithm, row in result["server_us_per_call"].items():
+        table.add_row(
+            algorithm,
+            f"{row['own mix']:.1f}",
+            f"{row['all seven']:.1f}",
+            f"{row['saved_us']:.1f} ({row['saved_share']:.0%})",
+            f"{row['minimal']:.1f}",
+            f"{row['ping']:.2f}",
+        )
+    Console().print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=2000, help="decisions per lap")
+    parser.add_argument("--laps", type=int, default=15, help="laps per framing and algorithm")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    from example_project.private_redis import PrivateRedis
+
+    # CONFIG RESETSTAT clears the server's statistics: only on a server of our own.
+    private = PrivateRedis().start()
+    try:
+        result = run(args, private.url)
+    finally:
+        private.stop()
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_table(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
