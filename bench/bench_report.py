@@ -25,6 +25,7 @@ def print_table(result: dict[str, Any]) -> None:
             f"users ({fixtures['direct_assignments']:,} assigned directly, "
             f"{fixtures['group_members']:,} through a group); load average "
             f"{result['load_average'][0]:.1f} on {result['cpus']} CPUs"
+            + ("; this process and redis-server pinned to CPU 0" if result.get("one_cpu") else "")
         )
     )
     for column in (

@@ -243,6 +243,7 @@ def run(args: argparse.Namespace, redis_url: str, prefix: str) -> dict[str, Any]
     return {
         "redis": {"version": version, "url": redis_url, "key_prefix": prefix},
         "load_average": os.getloadavg(),
+        "one_cpu": args.one_cpu,
         "cpus": os.cpu_count(),
         "seconds_per_path": args.seconds,
         "rounds": rounds,
@@ -288,6 +289,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--drf-clients", type=int, default=10_000, help="DRF users prefilled")
     parser.add_argument("--latency-pairs", type=int, default=2000, help="path 5 request pairs")
     parser.add_argument("--latency-repetitions", type=int, default=3)
+    parser.add_argument(
+        "--one-cpu",
+        action="store_true",
+        help="pin this process and its own redis-server to CPU 0 (no cross-CPU wake-ups)",
+    )
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.users < 10 or args.accounting < 1:
         parser.error("--seconds must be positive, --users at least 10, --accounting at least 1")
@@ -304,6 +310,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # DEBUG SET-ACTIVE-EXPIRE holds expiry while memory is measured (see bench_meter).
         private = PrivateRedis(extra_args=("--enable-debug-command", "local")).start()
         redis_url = private.url
+        if args.one_cpu and private.pid is not None:
+            os.sched_setaffinity(private.pid, {0})
+            os.sched_setaffinity(0, {0})
+    elif args.one_cpu:
+        parser.error("--one-cpu pins the benchmark's own redis-server: not with REDIS_URL")
     try:
         result = run(args, redis_url, prefix)
     finally:

@@ -320,6 +320,20 @@ def test_each_mix_of_algorithms_runs_a_script_defining_only_those_algorithms(
     assert redis_client.script_exists(*shas) == [True] * len(mixes)
 
 
+@pytest.mark.parametrize(
+    "n", [1, 10, 100, 1000, 3600000, 86_400_000_000, 1_234_000, 10**15, 2**53 - 1, 316224e9]
+)
+def test_compact_numbers_in_specs_are_read_exactly_by_lua(
+    redis_client: redis.Redis, n: float
+) -> None:
+    from django_throttle.backends.wire import compact
+
+    text = compact(int(n))
+    assert len(text) <= len(str(int(n)))
+    same = "return tonumber(ARGV[1]) == tonumber(ARGV[2]) and 1 or 0"
+    assert redis_client.eval(same, 0, text, str(int(n))) == 1
+
+
 def test_script_cache_flushed_again_during_the_reload_is_recovered(
     redis_backend: RedisBackend, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -74,22 +74,32 @@ def frame(value: bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(value), value)
 
 
+def compact(n: int) -> str:
+    """A whole number in its shortest form Lua's ``tonumber`` reads exactly: trailing zeros
+    as an exponent when that is shorter (3600000 as ``36e5``). Round rates give round
+    intervals, and the spec crosses the wire on every decision."""
+    text = str(n)
+    digits = text.rstrip("0")
+    zeros = len(text) - len(digits)
+    return f"{digits}e{zeros}" if zeros >= 3 and digits else text
+
+
 def limit_spec(limit: Limit, now_us: int | None = None) -> str:
     """``<code>[!]<capacity>:<parameters>``, ``!`` for a shadow limit: the interval in
     microseconds per token (token and leaky bucket, a float; GCRA, whole), the period in whole
     microseconds (windows), or a calendar quota's four window boundaries around ``now_us``
-    (Unix microseconds, default now)."""
+    (Unix microseconds, default now). Whole numbers are written :func:`compact`."""
     code = ALGORITHM_CODES[limit.algorithm]
     if code in "tl":
         interval = limit.interval_us
-        text = str(int(interval)) if interval.is_integer() else repr(interval)
+        text = compact(int(interval)) if interval.is_integer() else repr(interval)
     elif code == "g":
-        text = str(limit.emission_us)
+        text = compact(limit.emission_us)
     elif code == "c":
         when = round(time.time() * 1e6) if now_us is None else now_us
         text = ":".join(map(str, windows(limit.calendar_unit, limit.timezone, when)))
     else:
-        text = str(limit.period_us)
+        text = compact(limit.period_us)
     return f"{code}{'!' if limit.shadow else ''}{limit.burst}:{text}"
 
 

@@ -108,7 +108,8 @@ local function window_state(state, pattern)
 end
 
 -- One limit's spec "<code>[!]<capacity>:<field>[:<field>...]" ('!' marks a shadow limit;
--- capacity in whole tokens within [1, 1e9]; the fields are the algorithm's, see its file):
+-- capacity in whole tokens within [1, 1e9]; the fields are the algorithm's, see its file,
+-- numbers as tonumber reads them, so 3600000 may come as 36e5: fewer bytes per decision):
 -- algorithm, params, shadow, or nil, nil, nil and an error reply naming ARGV[at].
 local function limit_spec(at, now)
   local spec = ARGV[at]

@@ -2,7 +2,7 @@
 --
 -- Spec "t[!]<capacity>:<interval>": capacity C in tokens (the burst); interval T in
 -- microseconds to earn one token back (period x 1e6 / count, any finite float > 0, written
--- as Python's repr); C x T <= MAX_WINDOW.
+-- as Python's repr, or a whole number as <digits>e<zeros>); C x T <= MAX_WINDOW.
 --
 -- State per key: U tokens used as of the millisecond ts_ms, in 12 bytes
 -- struct.pack('>dI4', U, ts_ms % 2^32) when C x T <= 2e12 us (Redis MEMORY USAGE 88 for a
