@@ -154,3 +154,15 @@ def test_python_overhead_bench_runs() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "µs per decision, no Redis:" in result.stdout
+
+
+@pytest.mark.slow
+def test_script_mix_bench_times_both_framings_of_every_algorithm() -> None:
+    """bench_script_mix.py runs end to end on its own server: every algorithm, both framings
+    and both baselines timed by the server (the numbers themselves are never asserted)."""
+    report = run_json("bench_script_mix.py", "--calls", "30", "--laps", "1")
+    rows = report["server_us_per_call"]
+    assert len(rows) == 7
+    for row in rows.values():
+        for name in ("own mix", "all seven", "minimal", "ping"):
+            assert row[name] > 0, (name, row)
