@@ -164,5 +164,6 @@ def test_script_mix_bench_times_both_framings_of_every_algorithm() -> None:
     rows = report["server_us_per_call"]
     assert len(rows) == 7
     for row in rows.values():
-        for name in ("own mix", "all seven", "minimal", "ping"):
+        for name in ("own mix", "all seven", "minimal"):
             assert row[name] > 0, (name, row)
+        assert row["ping"] >= 0, row  # 30 PINGs can add up to under a microsecond
