@@ -148,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--laps", type=int, default=15, help="laps per framing and algorithm")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.calls < 1 or args.laps < 1:
+        parser.error("--calls and --laps must be at least 1")
     from example_project.private_redis import PrivateRedis
 
     # CONFIG RESETSTAT clears the server's statistics: only on a server of our own.

@@ -297,6 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.users < 10 or args.accounting < 1:
         parser.error("--seconds must be positive, --users at least 10, --accounting at least 1")
+    if args.one_cpu and not hasattr(os, "sched_setaffinity"):
+        parser.error("--one-cpu needs os.sched_setaffinity (Linux)")
 
     # Our own server gets the production prefix (bytes and key sizes as deployed); a shared
     # REDIS_URL a random one, deleted afterwards.
