@@ -90,3 +90,17 @@ def test_a_path_that_does_not_import_is_a_system_check_error(settings: Any) -> N
     settings.DJANGO_THROTTLE_DENIED_RESPONSE = "myproject.nowhere.respond"
     with pytest.raises(SystemCheckError, match=r"django_throttle\.E036"):
         call_command("check")
+
+
+def test_plain_and_drf_views_send_the_same_429_body(client: Any) -> None:
+    """One format for every 429: the bytes DRF's JSON renderer writes (compact, UTF-8)."""
+    tier("anonymous", "1/h", is_default_anonymous=True)
+    drf = exhaust(client, "/api/ping/", 2)
+    plain = exhaust(client, "/hello/", 6)  # @throttle(rate="5/min")
+
+    assert drf.status_code == plain.status_code == 429
+    assert drf.content.startswith(b'{"detail":"Request was throttled.')
+    assert plain.content == (
+        b'{"detail":"Request was throttled. Expected available in 12 seconds.",'
+        b'"limit":"5/m","retry_after":12}'
+    )
