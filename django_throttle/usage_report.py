@@ -106,10 +106,12 @@ class UsageRow:
 
 def label(by: str, row: UsageRow) -> str:
     """The one name every operator view gives a row's key, as plain text: :data:`NO_TIER`
-    and :data:`NO_ENDPOINT` for none, and checks before authentication marked as such."""
+    and :data:`NO_ENDPOINT` for none, :data:`BEFORE_AUTHENTICATION` for the tier of checks
+    before authentication (an endpoint row of those keeps its rule's name and says so in
+    ``before_authentication``)."""
     key = row.key or (NO_TIER if by == "tier" else NO_ENDPOINT if by == "endpoint" else "")
-    if row.before_authentication:
-        key = BEFORE_AUTHENTICATION if by == "tier" else f"{key} {BEFORE_AUTHENTICATION}"
+    if row.before_authentication and by == "tier":
+        key = BEFORE_AUTHENTICATION  # no tier had served the request yet
     return plain_text(key)
 
 

@@ -164,8 +164,11 @@ def test_a_basic_auth_request_counts_once_under_the_users_tier(
     assert by_tier["members"]["before_authentication"] is False
     assert by_tier["(before authentication)"]["allowed"] == 5
     assert by_tier["(before authentication)"]["before_authentication"] is True
-    by_endpoint = {row["endpoint"]: row["total"] for row in report("endpoint")}
-    assert by_endpoint == {"(no endpoint rule)": 5, "authentication (before authentication)": 5}
+    by_endpoint = {
+        (row["endpoint"], row["before_authentication"]): row["total"] for row in report("endpoint")
+    }
+    assert by_endpoint == {("(no endpoint rule)", False): 5, ("authentication", True): 5}
+    assert "│ authentication (before " in run("--by", "endpoint")
 
     operator(client)
     html = dashboard(client)
@@ -187,12 +190,11 @@ def test_a_refused_login_counts_as_a_check_before_authentication(
     ]
     assert statuses == [200, 200, 429]
 
-    rows = {row["endpoint"]: row for row in report("endpoint")}
-    assert list(rows) == ["login (before authentication)"]
-    assert (rows["login (before authentication)"]["allowed"], rows[next(iter(rows))]["denied"]) == (
-        2,
-        1,
-    )
+    (row,) = report("endpoint")
+    assert (row["endpoint"], row["before_authentication"]) == ("login", True)
+    assert (row["allowed"], row["denied"]) == (2, 1)
+    (row,) = report("tier")
+    assert (row["tier"], row["total"]) == ("(before authentication)", 3)
     operator(client)
     html = dashboard(client)
     assert charts(html, "before-authentication") == {"login": (2, 1)}

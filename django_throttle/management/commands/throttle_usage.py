@@ -257,6 +257,8 @@ class Command(BaseCommand):
             key = record[by]
             if by == "client" and record["name"]:
                 key = f"{record['name']} ({key})"
+            elif by == "endpoint" and record["before_authentication"]:
+                key = f"{key} {usage.BEFORE_AUTHENTICATION}"
             cells = [f"{record[field]:,}" for field in (*usage.OUTCOMES, "total")] + [
                 f"{record['denied_percent']:.1f}"
             ]
