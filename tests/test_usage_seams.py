@@ -363,3 +363,20 @@ def test_nothing_has_one_name_in_every_view(client: Any, backend: str) -> None:
 def test_plain_and_log_text(value: str, shown: str, logged: str) -> None:
     assert plain_text(value) == shown
     assert log_text(value) == logged
+
+
+def test_inspect_and_explain_show_an_odd_username_as_plain_text(
+    backend: str, tiers: tuple[Tier, Tier]
+) -> None:
+    from django.core.management import call_command
+
+    user = User.objects.create_user("[/x][link=https://x]\x1b[2J\r\nme", password="pw")
+    for command, args in (
+        ("throttle_inspect", [f"user:{user.pk}"]),
+        ("throttle_explain", ["--client", f"user:{user.pk}", "--path", "/api/ping/"]),
+    ):
+        out = io.StringIO()
+        call_command(command, *args, stdout=out)  # rich raised MarkupError on "[/x]"
+        text = out.getvalue()
+        assert "[/x][link=https://x]" in text
+        assert not CONTROL.search(text.replace("\n", ""))
