@@ -52,6 +52,7 @@ ODD = [
     "\x1b[31mred\x1b[0m\x1b]8;;https://x\x1b\\",
     "a\r\nb",
     "rtl\u202eevil",
+    '=HYPERLINK("https://x")',
 ]
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202e]")
 
@@ -283,6 +284,8 @@ def test_odd_usernames_are_plain_text_in_every_view(
     assert not any("hunter2" in label for label in rows)
     text = run("--format", "csv", "--top", "1000")
     assert not CONTROL.search(text.replace("\n", ""))
+    names = {line["name"] for line in csv.DictReader(io.StringIO(text))}
+    assert '\'=HYPERLINK("https://x")' in names  # never run as a spreadsheet formula
     assert "hunter2" not in text and "hunter2" not in run("--format", "json")
 
     operator(client)
