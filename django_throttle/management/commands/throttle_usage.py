@@ -237,10 +237,8 @@ class Command(BaseCommand):
         records = self._records(result, by)
         zone = since.tzname() or "local time"
         title = f"Requests by {by}, last {since_text} (since {since:%Y-%m-%d %H:%M} {zone})"
-        notes = []
-        if result.estimated:
-            notes.append(_ESTIMATED)
-        elif result.sample > 1:
+        notes = [_ESTIMATED] if result.estimated else []
+        if result.sample > 1:
             notes.append(_sampled(result.sample))
         # min_width keeps the title on one line above a narrow table.
         table = Table(
@@ -259,15 +257,13 @@ class Command(BaseCommand):
                 key = f"{record['name']} ({key})"
             elif by == "endpoint" and record["before_authentication"]:
                 key = f"{key} {usage.BEFORE_AUTHENTICATION}"
-            cells = [f"{record[field]:,}" for field in (*usage.OUTCOMES, "total")] + [
-                f"{record['denied_percent']:.1f}"
-            ]
-            fields = (*usage.OUTCOMES, "total", "denied_percent")
+            cells = {field: f"{record[field]:,}" for field in (*usage.OUTCOMES, "total")}
+            cells["denied_percent"] = f"{record['denied_percent']:.1f}"
             table.add_row(
                 table_cell(key),
                 *(
                     table_cell(f"≈{cell}" if field in estimated else cell)
-                    for field, cell in zip(fields, cells, strict=True)
+                    for field, cell in cells.items()
                 ),
             )
         print_table(self, table, width=120)
