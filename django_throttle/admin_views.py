@@ -21,6 +21,8 @@ from django_throttle.breaker import get_breaker
 from django_throttle.charts import LABELS, stacked_bars
 from django_throttle.conf import app_settings
 from django_throttle.dashboard_data import CHARTED, WINDOWS, Timeline, timeline
+from django_throttle.plain import plain_text
+from django_throttle.usage_names import client_names
 from django_throttle.usage_report import report
 
 __all__ = ["dashboard", "inspector", "reset_client"]
@@ -30,8 +32,10 @@ TOP_LIMITED = 20
 
 
 def dashboard(request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> HttpResponse:
-    """Requests per minute by outcome (overall, per tier, per endpoint), the most limited
-    clients and the backend's health. Needs the "view usage count" permission."""
+    """Requests per minute by outcome (overall, per tier, per endpoint; each request once,
+    under the tier that served it), checks before authentication per rule, the most limited
+    clients (named, linked to their user or API key, estimates marked ``≈``) and the
+    backend's health. Needs the "view usage count" permission."""
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
     window = request.GET.get("window", "hour")
@@ -50,7 +54,8 @@ def dashboard(request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> HttpR
         "overall": stacked_bars(_("All requests"), data.starts, data.overall.bars, time_format=fmt),
         "tier_charts": _charts(data, data.by_tier, fmt),
         "endpoint_charts": _charts(data, data.by_endpoint, fmt),
-        "limited": _most_limited(window),
+        "before_authentication_charts": _charts(data, data.before_authentication, fmt),
+        **_most_limited(window),
         "inspect_url": reverse("admin:django_throttle_usagecount_inspect"),
         "health": _health(),
     }
@@ -68,16 +73,24 @@ def _charts(data: Timeline, charts: list[Any], fmt: str) -> list[dict[str, Any]]
     ]
 
 
-def _most_limited(window: str) -> list[Any]:
+def _most_limited(window: str) -> dict[str, Any]:
+    """The clients denied most, each with who it is (:func:`client_names`), and which of
+    their figures are estimates (sampled or folded: see ``Report.estimated_fields``)."""
     span, _step = WINDOWS[window]
     since = datetime.now(tz=UTC) - timedelta(minutes=span - 1)
     try:
-        rows = report(since, "client", None).rows
+        result = report(since, "client", None)
     except BackendError:
-        return []
-    limited = [row for row in rows if row.denied or row.shadow_denied]
+        return {"limited": [], "estimated": (), "sample": 1}
+    limited = [row for row in result.rows if row.denied or row.shadow_denied]
     limited.sort(key=lambda row: (-row.denied, -row.shadow_denied, row.key))
-    return limited[:TOP_LIMITED]
+    limited = limited[:TOP_LIMITED]
+    names = client_names(row.key for row in limited)
+    return {
+        "limited": [{"row": row, "client": names[row.key]} for row in limited],
+        "estimated": result.estimated_fields,
+        "sample": result.sample,
+    }
 
 
 def _health() -> dict[str, Any]:
@@ -91,7 +104,7 @@ def _health() -> dict[str, Any]:
         version = get_backend().get_policy_version()
         latency_ms: float | None = (time.perf_counter() - started) * 1e3
     except BackendError as exc:
-        version, latency_ms, error = None, None, f"{type(exc).__name__}: {exc}"
+        version, latency_ms, error = None, None, plain_text(f"{type(exc).__name__}: {exc}")
     snapshot = policy_module.last()
     return {
         "backend": app_settings.BACKEND.rsplit(".", 1)[-1],
@@ -100,7 +113,7 @@ def _health() -> dict[str, Any]:
         "latency_ms": latency_ms,
         "breaker": breaker.state,
         "breaker_opened": breaker.opened,
-        "last_error": breaker.last_error,
+        "last_error": plain_text(breaker.last_error) if breaker.last_error else "",
         "last_error_at": (
             datetime.fromtimestamp(breaker.last_error_at, tz=UTC)
             if breaker.last_error_at is not None

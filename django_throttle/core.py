@@ -26,6 +26,7 @@ from django_throttle.breaker import CircuitBreaker, get_breaker
 from django_throttle.conf import app_settings
 from django_throttle.exemptions import exempt_client, is_exempt_view
 from django_throttle.identity import UNIDENTIFIED, Identity, client_ip, get_resolver
+from django_throttle.plain import log_text
 from django_throttle.rates import UNLIMITED, Decision, Limit
 from django_throttle.reservations import (
     Group,
@@ -255,7 +256,9 @@ def _plan(
             failure_mode,
             credential,
             policy,
-            usage.field_for(tier_slug, endpoint_name or scope or ""),
+            usage.field_for(
+                tier_slug, endpoint_name or scope or "", before_authentication=rule_only
+            ),
         )
     if not limits:
         return UNLIMITED
@@ -263,7 +266,7 @@ def _plan(
         identity.key,
         limits,
         1 if cost is None else cost,
-        usage.field_for(tier_slug, endpoint_name or scope or ""),
+        usage.field_for(tier_slug, endpoint_name or scope or "", before_authentication=rule_only),
         failure_mode,
         credential,
         policy,
@@ -336,7 +339,7 @@ def _counted(planned: _Plan, decision: Decision, request: Any) -> Decision:
         logger.info(
             "shadow rule %r would deny %s",
             planned.endpoint.name if planned.endpoint is not None else "",
-            planned.client,
+            log_text(planned.client),
         )
     if planned.refunds and decision.allowed and planned.endpoint is not None:
         counts = planned.endpoint.counts

@@ -1,6 +1,11 @@
 """What the admin dashboard shows, read from the usage counts: requests per time bucket by
 outcome, overall, per tier and per endpoint, over the last hour or day.
 
+Each request is counted once in the overall, tier and endpoint charts, under the tier that
+served it. Checks made before authentication (a credential rule's check of a login or an
+``Authorization`` header, which the request's tier then checks again) are a series of their
+own, charted per rule in :attr:`Timeline.before_authentication`.
+
 Minutes the rollup copied come from ``UsageCount`` total rows; later minutes come from the
 backend's live counts (the same split as ``manage.py throttle_usage``). Nothing is written.
 """
@@ -16,7 +21,9 @@ from django.db.models import Sum
 
 from django_throttle.backends import BackendError
 from django_throttle.backends.usage_base import UsageStore
-from django_throttle.usage import ALL, OUTCOMES, get_store, split_field
+from django_throttle.plain import plain_text
+from django_throttle.usage import ALL, BEFORE_AUTHENTICATION, OUTCOMES, get_store, split_field
+from django_throttle.usage_report import NO_ENDPOINT, NO_TIER
 
 __all__ = ["CHARTED", "WINDOWS", "Chart", "Timeline", "timeline"]
 
@@ -53,6 +60,8 @@ class Timeline:
     by_endpoint: list[Chart]
     #: Whether any minute of the window could not be read (backend down): counts are partial.
     partial: bool = False
+    #: Checks before authentication, per endpoint rule (not in the charts above).
+    before_authentication: list[Chart] = field(default_factory=list)
 
 
 def timeline(window: str = "hour", store: UsageStore | None = None) -> Timeline:
@@ -113,13 +122,16 @@ def timeline(window: str = "hour", store: UsageStore | None = None) -> Timeline:
             add(minute, tier, endpoint, values)
 
     starts = [_start(first + i * step) for i in range(bars)]
+    served = {key: row for key, row in cells.items() if key[0] != BEFORE_AUTHENTICATION}
+    checks = {key: row for key, row in cells.items() if key[0] == BEFORE_AUTHENTICATION}
     return Timeline(
         window=window,
         starts=starts,
-        overall=_sum("all requests", cells.values(), bars),
-        by_tier=_charts(cells, 0, bars, "(no tier)"),
-        by_endpoint=_charts(cells, 1, bars, "(no endpoint rule)"),
+        overall=_sum("all requests", served.values(), bars),
+        by_tier=_charts(served, 0, bars, NO_TIER),
+        by_endpoint=_charts(served, 1, bars, NO_ENDPOINT),
         partial=partial,
+        before_authentication=_charts(checks, 1, bars, NO_ENDPOINT),
     )
 
 
@@ -128,7 +140,7 @@ def _charts(
 ) -> list[Chart]:
     grouped: dict[str, list[dict[str, list[int]]]] = {}
     for key, row in cells.items():
-        grouped.setdefault(key[part] or blank, []).append(row)
+        grouped.setdefault(plain_text(key[part]) or blank, []).append(row)
     charts = [_sum(name, rows, bars) for name, rows in grouped.items()]
     charts.sort(key=lambda c: (-c.total, c.title))
     if len(charts) > MAX_CHARTS:

@@ -21,6 +21,7 @@ from django_throttle import credentials
 from django_throttle.backends import Backend, BackendError, get_backend
 from django_throttle.backends.usage_base import IF_DENIED
 from django_throttle.breaker import CircuitBreaker, get_breaker
+from django_throttle.plain import log_text
 from django_throttle.rates import Decision, Limit
 
 logger = logging.getLogger("django_throttle")
@@ -71,7 +72,7 @@ def settle(request: Any, status: int, *, first: int = 0) -> None:
         try:
             get_breaker().call(get_backend().refund, client, limits, cost)
         except BackendError as exc:
-            logger.warning("a reservation of %s could not be given back: %s", client, exc)
+            logger.warning("a reservation of %s could not be given back: %s", log_text(client), exc)
 
 
 async def asettle(request: Any, status: int, *, first: int = 0) -> None:
@@ -80,7 +81,7 @@ async def asettle(request: Any, status: int, *, first: int = 0) -> None:
         try:
             await get_breaker().acall(get_backend().arefund, client, limits, cost)
         except BackendError as exc:
-            logger.warning("a reservation of %s could not be given back: %s", client, exc)
+            logger.warning("a reservation of %s could not be given back: %s", log_text(client), exc)
 
 
 def _refunds(request: Any, status: int, first: int) -> list[tuple[str, Sequence[Limit], int]]:
@@ -168,7 +169,9 @@ def _give_back(taken: list[Group], cost: int, breaker: CircuitBreaker, backend: 
         try:
             breaker.call(backend.refund, client, limits, cost)
         except BackendError as exc:
-            logger.warning("tokens taken from %s could not be given back: %s", client, exc)
+            logger.warning(
+                "tokens taken from %s could not be given back: %s", log_text(client), exc
+            )
 
 
 async def _agive_back(
@@ -178,7 +181,9 @@ async def _agive_back(
         try:
             await breaker.acall(backend.arefund, client, limits, cost)
         except BackendError as exc:
-            logger.warning("tokens taken from %s could not be given back: %s", client, exc)
+            logger.warning(
+                "tokens taken from %s could not be given back: %s", log_text(client), exc
+            )
 
 
 def _reported(head: Group, groups: Sequence[Group], decisions: list[Decision]) -> Decision:

@@ -40,6 +40,7 @@ from django_throttle.conf import app_settings
 __all__ = [
     "ALL",
     "ALLOWED",
+    "BEFORE_AUTHENTICATION",
     "DENIED",
     "FAILED_CLOSED",
     "FAILED_OPEN",
@@ -73,6 +74,11 @@ LETTER = dict(zip(OUTCOMES, LETTERS, strict=True))
 ALL = "*"
 #: Between tier slug and endpoint name in a usage field; a slug never holds it.
 SEPARATOR = "|"
+#: The tier part of the usage field of a check made before authentication (a credential
+#: rule's check of a login or an ``Authorization`` header): those checks are a series of
+#: their own, apart from the tiers, so a request checked before authentication and then by
+#: its tier is one request in the tier totals. A slug never holds spaces or parentheses.
+BEFORE_AUTHENTICATION = "(before authentication)"
 #: Longest usage field, in UTF-8 bytes (the script refuses longer ones).
 MAX_FIELD_BYTES = 200
 #: Most distinct counts a process keeps while the backend cannot answer.
@@ -95,17 +101,19 @@ class UsageUnavailable(Exception):
     """The configured backend keeps no usage counts."""
 
 
-def field_for(tier: str, endpoint: str) -> str | None:
+def field_for(tier: str, endpoint: str, *, before_authentication: bool = False) -> str | None:
     """The usage field for a tier slug and endpoint name (``""`` for none): what the backend
     counts a decision under, or ``None`` when ``DJANGO_THROTTLE_USAGE_ENABLED`` is off.
 
     ``"<tier>|<endpoint>"`` (just ``"<tier>"`` with no endpoint: every byte is sent with every
     decision), cut to :data:`MAX_FIELD_BYTES`; :func:`split_field` reverses it. A ``|`` in a
     tier slug (only possible in rows written around the admin) becomes ``-``.
+    ``before_authentication`` (a check before the caller is authenticated, whatever its tier
+    then looked like) counts under :data:`BEFORE_AUTHENTICATION` instead of ``tier``.
     """
     if not app_settings.USAGE_ENABLED:
         return None
-    return _field(tier, endpoint)
+    return _field(BEFORE_AUTHENTICATION if before_authentication else tier, endpoint)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -120,7 +128,8 @@ def _field(tier: str, endpoint: str) -> str:
 
 
 def split_field(field: str) -> tuple[str, str]:
-    """(tier slug, endpoint name) of a usage field."""
+    """(tier slug, endpoint name) of a usage field; the tier part of a check before
+    authentication is :data:`BEFORE_AUTHENTICATION`."""
     tier, _, endpoint = field.partition(SEPARATOR)
     return tier, endpoint
 

@@ -19,6 +19,15 @@ Two kinds of rows per minute, both with every outcome column:
   place of the smallest and inherits its count (Space-Saving): every client with a large share
   is listed and the counts add up to the exact total, but a listed count can be too high by
   what it inherited, and small clients are missing. Exact while fewer clients were seen.
+  Allowed requests enter these lists one in ``DJANGO_THROTTLE_USAGE_CLIENT_SAMPLE``, counted
+  that many times: per-client allowed figures are then estimates, and every report says so
+  (:attr:`Report.estimated_fields`).
+
+Checks made before authentication (a credential rule's, see
+:data:`~django_throttle.usage.BEFORE_AUTHENTICATION`) are their own series: a tier or endpoint
+report lists them in rows of their own (``UsageRow.before_authentication``), so the tier rows
+count each request once, under the tier that served it. A presented username is kept and
+shown only as :func:`~django_throttle.usage_names.private_labels` allows.
 """
 
 from __future__ import annotations
@@ -39,11 +48,36 @@ from django.utils import timezone
 
 from django_throttle.backends.usage_base import MinuteCounts, UsageStore
 from django_throttle.conf import app_settings
-from django_throttle.usage import ALL, DENIED, OUTCOMES, get_store, split_field
+from django_throttle.plain import plain_text
+from django_throttle.usage import (
+    ALL,
+    ALLOWED,
+    BEFORE_AUTHENTICATION,
+    DENIED,
+    OUTCOMES,
+    get_store,
+    split_field,
+)
+from django_throttle.usage_names import private_labels
 
-__all__ = ["REPORT_BY", "Report", "Rollup", "UsageRow", "copy_key_use", "report", "rollup"]
+__all__ = [
+    "NO_ENDPOINT",
+    "NO_TIER",
+    "REPORT_BY",
+    "Report",
+    "Rollup",
+    "UsageRow",
+    "copy_key_use",
+    "label",
+    "report",
+    "rollup",
+]
 
 REPORT_BY: tuple[str, ...] = ("client", "tier", "endpoint")
+#: What every operator view (dashboard, table, CSV, JSON) calls an empty tier (limits given
+#: inline to ``@throttle``) and an empty endpoint (no endpoint rule or scope).
+NO_TIER = "(no tier)"
+NO_ENDPOINT = "(no endpoint rule)"
 #: Minutes copied per database transaction (and per watermark step).
 CHUNK_MINUTES = 5
 _UNIQUE = ["window_start", "client", "tier", "endpoint"]
@@ -61,6 +95,8 @@ class UsageRow:
     shadow_denied: int = 0
     failed_open: int = 0
     failed_closed: int = 0
+    #: Counts of checks made before authentication (tier and endpoint reports only).
+    before_authentication: bool = False
 
     @property
     def denied_percent(self) -> float:
@@ -68,17 +104,41 @@ class UsageRow:
         return 100.0 * self.denied / self.total if self.total else 0.0
 
 
+def label(by: str, row: UsageRow) -> str:
+    """The one name every operator view gives a row's key, as plain text: :data:`NO_TIER`
+    and :data:`NO_ENDPOINT` for none, :data:`BEFORE_AUTHENTICATION` for the tier of checks
+    before authentication (an endpoint row of those keeps its rule's name and says so in
+    ``before_authentication``)."""
+    key = row.key or (NO_TIER if by == "tier" else NO_ENDPOINT if by == "endpoint" else "")
+    if row.before_authentication and by == "tier":
+        key = BEFORE_AUTHENTICATION  # no tier had served the request yet
+    return plain_text(key)
+
+
 @dataclass(frozen=True, slots=True)
 class Report:
     """Rows busiest first. ``estimated``: a top-client list read from the backend was full,
     so clients beyond it may have been folded into those listed (per-client counts are then
-    estimates; totals never are). ``uncopied_before``:
-    the window reaches minutes that left the backend without a rollup copying them (their
-    start, a UTC datetime), else ``None``."""
+    estimates; totals never are). ``sample``: per-client allowed figures are 1-in-``sample``
+    samples, each counted ``sample`` times (1: exact; tier and endpoint reports are always
+    exact). ``uncopied_before``: the window reaches minutes that left the backend without a
+    rollup copying them (their start, a UTC datetime), else ``None``."""
 
     rows: list[UsageRow]
     estimated: bool = False
     uncopied_before: datetime | None = None
+    sample: int = 1
+
+    @property
+    def estimated_fields(self) -> tuple[str, ...]:
+        """The row fields that are estimates, not counts: every outcome (and the total and
+        denied share) when a top list was full, the allowed figure (and so the total and
+        denied share) when allowed requests were sampled, else none."""
+        if self.estimated:
+            return (*OUTCOMES, "total", "denied_percent")
+        if self.sample > 1:
+            return (ALLOWED, "total", "denied_percent")
+        return ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,14 +283,16 @@ def _instant(second: int) -> datetime:
 def _rows(found: dict[int, MinuteCounts]) -> Iterable[dict[str, Any]]:
     """UsageCount field values for each minute's totals and clients, cut to the columns
     (names that collide after the cut add up). A NUL byte, which PostgreSQL refuses in text,
-    becomes U+FFFD: one odd name must not stop every rollup."""
+    becomes U+FFFD: one odd name must not stop every rollup. A presented username that names
+    no user is stored only as its digest (:func:`private_labels`)."""
+    private = private_labels(client for counts in found.values() for client in counts.clients)
     for minute, counts in found.items():
         merged: dict[tuple[str, str, str], list[int]] = {}
         for field, values in counts.totals.items():
             tier, endpoint = split_field(_storable(field))
             _add(merged, (ALL, tier[:100], endpoint[:100]), values)
         for client, values in counts.clients.items():
-            _add(merged, (_storable(client)[:200], ALL, ALL), values)
+            _add(merged, (_storable(private.get(client, client))[:200], ALL, ALL), values)
         window = _window_start(minute)
         for (client, tier, endpoint), values in merged.items():
             yield {
@@ -267,7 +329,9 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
     ``since`` to now: database rows up to the rollup's watermark, the backend after it.
 
     Rows come busiest first: by total requests, then by denied requests, then by key. ``top``
-    keeps the first ``top`` rows; ``None`` keeps all. Writes nothing.
+    keeps the first ``top`` rows; ``None`` keeps all. Writes nothing. Checks before
+    authentication are rows of their own; presented usernames that name no user are shown
+    as digests.
     """
     from django_throttle.models import UsageCount
 
@@ -280,7 +344,8 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
     first = now - _kept_minutes() + 1
     since_minute = _minute(since)
     split = _split(store)
-    sums: dict[str, list[int]] = {}
+    # (key, before authentication) -> counts per outcome
+    sums: dict[tuple[str, bool], list[int]] = {}
 
     if split is not None and since_minute <= split:
         rows = UsageCount.objects.filter(
@@ -288,24 +353,28 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
         )
         rows = rows.exclude(client=ALL) if by == "client" else rows.filter(client=ALL)
         names = [f"sum_{o}" for o in OUTCOMES]
+        group = (by, "tier") if by == "endpoint" else (by, by)
         grouped = (
             rows.order_by()
-            .values(by)
+            .values(*dict.fromkeys(group))
             .annotate(**{name: Sum(o) for name, o in zip(names, OUTCOMES, strict=True)})
-            .values_list(by, *names)
+            .values_list(*group, *names)
         )
-        for key, *values in grouped.iterator(chunk_size=10_000):
-            sums[key] = [int(n or 0) for n in values]  # keys are distinct: GROUP BY
+        for key, tier, *values in grouped.iterator(chunk_size=10_000):
+            _add(sums, _series(by, key, tier), [int(n or 0) for n in values])
 
     live_from = max(since_minute, first if split is None else max(first, split + 1))
     live = store.read(range(live_from, now + 1), totals=by != "client", clients=by == "client")
     for counts in live.values():
         if by == "client":
             for client, values in counts.clients.items():
-                _add(sums, client, values)
+                _add(sums, (client, False), values)
         else:
             for field, values in counts.totals.items():
-                _add(sums, split_field(field)[by == "endpoint"], values)
+                tier, endpoint = split_field(field)
+                _add(sums, _series(by, endpoint if by == "endpoint" else tier, tier), values)
+    if by == "client":
+        sums = _private(sums)
 
     missing_from = since_minute if split is None else max(since_minute, split + 1)
     denied = OUTCOMES.index(DENIED)
@@ -314,11 +383,35 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
     chosen = sorted(ranked) if top is None else heapq.nsmallest(top, ranked)
     return Report(
         rows=[
-            UsageRow(key=key, total=-total, **dict(zip(OUTCOMES, values, strict=True)))
-            for total, _, key, values in chosen
+            UsageRow(
+                key=key,
+                total=-total,
+                before_authentication=before,
+                **dict(zip(OUTCOMES, values, strict=True)),
+            )
+            for total, _, (key, before), values in chosen
         ],
         estimated=by == "client" and any(counts.full for counts in live.values()),
         uncopied_before=(
             datetime.fromtimestamp(first * 60, tz=UTC) if missing_from < first else None
         ),
+        sample=max(1, int(app_settings.USAGE_CLIENT_SAMPLE)) if by == "client" else 1,
     )
+
+
+def _series(by: str, key: str, tier: str) -> tuple[str, bool]:
+    """The report key of a tier or endpoint count: checks before authentication apart."""
+    if by == "client" or tier != BEFORE_AUTHENTICATION:
+        return key, False
+    return ("" if by == "tier" else key), True
+
+
+def _private(sums: dict[tuple[str, bool], list[int]]) -> dict[tuple[str, bool], list[int]]:
+    """Client sums with presented usernames that name no user folded into their digests."""
+    private = private_labels(key for key, _ in sums)
+    if not private:
+        return sums
+    merged: dict[tuple[str, bool], list[int]] = {}
+    for (key, before), values in sums.items():
+        _add(merged, (private.get(key, key), before), values)
+    return merged

@@ -26,7 +26,7 @@ from tests.test_usage import MEMORY, OUTCOMES, by, columns, run, send
 
 pytestmark = pytest.mark.django_db
 
-NONE = {"shadow_denied": 0, "failed_open": 0, "failed_closed": 0}
+NONE = {"shadow_denied": 0, "failed_open": 0, "failed_closed": 0, "name": "", "estimated": []}
 ALL = UsageCount.ALL
 
 
@@ -124,15 +124,19 @@ def test_command_json_by_client(traffic: None) -> None:
     [
         ("client", [["user:1", 6, 3, 9], ["user:2", 2, 4, 6], ["ip:203.0.113.7", 1, 1, 2]]),
         ("tier", [["pro", 6, 3, 9], ["free", 3, 5, 8]]),
-        ("endpoint", [["search", 7, 4, 11], ["export", 1, 3, 4], ["", 1, 1, 2]]),
+        (
+            "endpoint",
+            [["search", 7, 4, 11], ["export", 1, 3, 4], ["(no endpoint rule)", 1, 1, 2]],
+        ),
     ],
 )
 def test_command_csv(traffic: None, group: str, expected: list[list[object]]) -> None:
     reader = csv.reader(io.StringIO(run("--by", group, "--format", "csv")))
     header, *lines = list(reader)
 
-    assert header == [group, *OUTCOMES, "total", "denied_percent"]
-    assert [[key, int(a), int(d), int(t)] for key, a, d, _, _, _, t, _ in lines] == expected
+    second = "name" if group == "client" else "before_authentication"
+    assert header == [group, second, *OUTCOMES, "total", "denied_percent", "estimated"]
+    assert [[key, int(a), int(d), int(t)] for key, _, a, d, _, _, _, t, _, _ in lines] == expected
 
 
 def test_command_table(traffic: None) -> None:
@@ -147,8 +151,8 @@ def test_command_table(traffic: None) -> None:
     search = next(line for line in lines if "search" in line)
     cells = [cell.strip() for cell in search.split("│")[1:-1]]
     assert cells == ["search", "7", "4", "0", "0", "0", "11", "36.4"]
-    assert any("(none)" in line for line in lines)
-    assert "estimates" not in output
+    assert any("(no endpoint rule)" in line for line in lines)
+    assert "estimate" not in output
     assert "\x1b[" not in output  # no colour codes when not writing to a terminal
 
 
@@ -161,7 +165,8 @@ def test_command_with_no_usage_prints_a_sentence() -> None:
     assert run("--since", "30s") == "No requests recorded in the last 30s.\n"
     assert json.loads(run("--format", "json")) == []
     assert run("--format", "csv") == (
-        "client,allowed,denied,shadow_denied,failed_open,failed_closed,total,denied_percent\n"
+        "client,name,allowed,denied,shadow_denied,failed_open,failed_closed,total,"
+        "denied_percent,estimated\n"
     )
 
 

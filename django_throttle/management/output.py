@@ -1,5 +1,12 @@
 """Output shared by the operator commands: the same rows as a table (rich), JSON (a list of
-objects) or CSV with a header row, chosen with ``--format`` as in ``throttle_usage``."""
+objects) or CSV with a header row, chosen with ``--format`` as in ``throttle_usage``.
+
+Every data cell is plain text: a client label or username is attacker-chosen, so a table
+cell is a rich ``Text`` (``[/x]`` or ``[link=…]`` is shown, never parsed as markup) and table
+and CSV cells have control characters removed (:func:`~django_throttle.plain.plain_text`: no
+ESC sequence reaches the operator's terminal). A CSV text cell that a spreadsheet would run
+as a formula (``=``, ``+``, ``-``, ``@``) starts with ``'``. JSON escapes control characters
+itself."""
 
 from __future__ import annotations
 
@@ -13,8 +20,13 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from django_throttle.plain import plain_text
 
 FORMATS = ("table", "json", "csv")
+#: First characters that make a spreadsheet read a CSV cell as a formula.
+_FORMULA = ("=", "+", "-", "@")
 
 
 def add_format_argument(parser: CommandParser) -> None:
@@ -54,21 +66,36 @@ def write_rows(
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow([key for key, _heading in columns])
         for row in rows:
-            writer.writerow(["" if row.get(key) is None else row.get(key) for key, _ in columns])
+            writer.writerow([csv_cell(row.get(key)) for key, _ in columns])
         command.stdout.write(buffer.getvalue(), ending="")
         return
     table = Table(
-        title=title or None,
+        title=Text(plain_text(title)) if title else None,
         min_width=min(len(title), 100),
-        caption=caption,
+        caption=None if caption is None else Text(plain_text(caption)),
         caption_justify="left",
     )
     for key, heading in columns:
         numeric = bool(rows) and all(isinstance(row.get(key), int | float) for row in rows)
-        table.add_column(heading, justify="right" if numeric else "left", overflow="fold")
+        table.add_column(Text(heading), justify="right" if numeric else "left", overflow="fold")
     for row in rows:
-        table.add_row(*(_cell(row.get(key)) for key, _ in columns))
+        table.add_row(*(table_cell(_cell(row.get(key))) for key, _ in columns))
     print_table(command, table)
+
+
+def table_cell(value: object) -> Text:
+    """A table cell that shows ``value`` as it is: plain text, never rich markup."""
+    return Text(plain_text(value))
+
+
+def csv_cell(value: object) -> object:
+    """A CSV cell: numbers as they are, ``None`` empty, text plain and never a formula."""
+    if value is None:
+        return ""
+    if isinstance(value, bool | int | float):
+        return value
+    text = plain_text(value)
+    return "'" + text if text.startswith(_FORMULA) else text
 
 
 def print_table(command: BaseCommand, table: Table, width: int = 140) -> None:

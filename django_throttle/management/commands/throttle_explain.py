@@ -16,6 +16,7 @@ from django_throttle.inspection import UnknownClient, explain, parse_client
 from django_throttle.management.commands.throttle_inspect import COLUMNS, bucket_row
 from django_throttle.management.output import add_format_argument, checked_format, write_rows
 from django_throttle.models.fields import HTTP_METHODS
+from django_throttle.plain import plain_text
 
 
 class Command(BaseCommand):
@@ -82,7 +83,7 @@ class Command(BaseCommand):
         }
         if fmt == "table":
             for key, value in summary.items():
-                shown = "-" if value is None else value
+                shown = "-" if value is None else plain_text(value)
                 self.stdout.write(f"{key.replace('_', ' ').capitalize():>13}: {shown}")
             self.stdout.write("")
         write_rows(

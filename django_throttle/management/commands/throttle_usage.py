@@ -3,7 +3,10 @@
 
 One column per outcome (allowed, denied, shadow would-deny, failed open, failed closed); the
 total is their sum. Tier and endpoint totals are exact; per-client rows are the heaviest
-clients of each minute (see :mod:`django_throttle.usage_report`).
+clients of each minute, and their allowed figures are sampled (see
+:mod:`django_throttle.usage_report`): every output marks the figures that are estimates
+(``≈`` in the table, ``estimated`` in JSON and CSV). Checks before authentication are rows
+of their own. Every cell is plain text (:mod:`django_throttle.management.output`).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from rich.table import Table
 from django_throttle import usage
 from django_throttle.backends import BackendError
 from django_throttle.conf import app_settings
-from django_throttle.management.output import print_table
-from django_throttle.usage_report import REPORT_BY, Report, UsageRow, report, rollup
+from django_throttle.management.output import csv_cell, print_table, table_cell
+from django_throttle.usage_names import client_names
+from django_throttle.usage_report import REPORT_BY, Report, label, report, rollup
 
 FORMATS = ("table", "json", "csv")
 _DURATION_RE = re.compile(r"^\s*(?P<count>[+-]?\d+)\s*(?P<unit>[a-zA-Z]+)\s*$")
@@ -124,9 +128,9 @@ class Command(BaseCommand):
         result = self._read(since, by, top)
         rows = result.rows
         if fmt == "json":
-            self._write_json(rows, by)
+            self._write_json(result, by)
         elif fmt == "csv":
-            self._write_csv(rows, by)
+            self._write_csv(result, by)
         elif not rows:
             self.stdout.write(f"No requests recorded in the last {since_text.strip()}.")
         else:
@@ -183,52 +187,91 @@ class Command(BaseCommand):
             raise CommandError(f"--top must be at least 1, not {top}.")
         return top
 
-    def _write_json(self, rows: list[UsageRow], by: str) -> None:
-        data = [
-            {
-                by: row.key,
-                **{outcome: getattr(row, outcome) for outcome in usage.OUTCOMES},
-                "total": row.total,
-                "denied_percent": round(row.denied_percent, 2),
-            }
-            for row in rows
-        ]
-        self.stdout.write(json.dumps(data, indent=2))
+    def _records(self, result: Report, by: str) -> list[dict[str, Any]]:
+        """One dict per row, the same in JSON, CSV and the table: the key under its one
+        label (:func:`~django_throttle.usage_report.label`), for clients also the user or
+        API key it names, and the fields that are estimates."""
+        estimated = list(result.estimated_fields)
+        names = client_names(row.key for row in result.rows) if by == "client" else {}
+        records = []
+        for row in result.rows:
+            record: dict[str, Any] = {}
+            if by == "client":
+                name = names[row.key]
+                record.update({"client": name.label, "name": name.name})
+            else:
+                record.update(
+                    {by: label(by, row), "before_authentication": row.before_authentication}
+                )
+            record.update({outcome: getattr(row, outcome) for outcome in usage.OUTCOMES})
+            record.update(
+                {
+                    "total": row.total,
+                    "denied_percent": round(row.denied_percent, 2),
+                    "estimated": estimated,
+                }
+            )
+            records.append(record)
+        return records
 
-    def _write_csv(self, rows: list[UsageRow], by: str) -> None:
+    def _write_json(self, result: Report, by: str) -> None:
+        self.stdout.write(json.dumps(self._records(result, by), indent=2))
+
+    def _write_csv(self, result: Report, by: str) -> None:
+        records = self._records(result, by)
+        heading = [by, "name"] if by == "client" else [by, "before_authentication"]
+        heading += [*usage.OUTCOMES, "total", "denied_percent", "estimated"]
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow([by, *usage.OUTCOMES, "total", "denied_percent"])
-        for row in rows:
-            writer.writerow(
-                [
-                    row.key,
-                    *(getattr(row, outcome) for outcome in usage.OUTCOMES),
-                    row.total,
-                    f"{row.denied_percent:.2f}",
-                ]
-            )
+        writer.writerow(heading)
+        for record in records:
+            cells = {
+                **record,
+                "denied_percent": f"{record['denied_percent']:.2f}",
+                "estimated": " ".join(record["estimated"]),
+            }
+            writer.writerow([csv_cell(cells[key]) for key in heading])
         self.stdout.write(buffer.getvalue(), ending="")
 
     def _write_table(self, result: Report, by: str, since_text: str, since: datetime) -> None:
-        rows = result.rows
+        records = self._records(result, by)
         zone = since.tzname() or "local time"
         title = f"Requests by {by}, last {since_text} (since {since:%Y-%m-%d %H:%M} {zone})"
+        notes = [_ESTIMATED] if result.estimated else []
+        if result.sample > 1:
+            notes.append(_sampled(result.sample))
         # min_width keeps the title on one line above a narrow table.
         table = Table(
-            title=title,
+            title=table_cell(title),
             min_width=len(title),
-            caption=_ESTIMATED if result.estimated else None,
+            caption=table_cell(" ".join(notes)) if notes else None,
             caption_justify="left",
         )
         table.add_column(by.capitalize(), overflow="fold")
         for name in (*_HEADINGS, "Total", "Denied %"):
             table.add_column(name, justify="right", no_wrap=True)
-        for row in rows:
+        estimated = set(result.estimated_fields)
+        for record in records:
+            key = record[by]
+            if by == "client" and record["name"]:
+                key = f"{record['name']} ({key})"
+            elif by == "endpoint" and record["before_authentication"]:
+                key = f"{key} {usage.BEFORE_AUTHENTICATION}"
+            cells = {field: f"{record[field]:,}" for field in (*usage.OUTCOMES, "total")}
+            cells["denied_percent"] = f"{record['denied_percent']:.1f}"
             table.add_row(
-                row.key or "(none)",
-                *(f"{getattr(row, outcome):,}" for outcome in usage.OUTCOMES),
-                f"{row.total:,}",
-                f"{row.denied_percent:.1f}",
+                table_cell(key),
+                *(
+                    table_cell(f"≈{cell}" if field in estimated else cell)
+                    for field, cell in cells.items()
+                ),
             )
         print_table(self, table, width=120)
+
+
+def _sampled(sample: int) -> str:
+    return (
+        f"≈: an estimate. Allowed requests enter the per-client counts one in {sample}, "
+        f"each counted {sample} times (DJANGO_THROTTLE_USAGE_CLIENT_SAMPLE; 1 counts every "
+        "one). Tier and endpoint totals (--by tier, --by endpoint) are exact."
+    )

@@ -1,0 +1,166 @@
+"""Who a usage client label is, for the operator tools; and presented usernames kept private.
+
+A usage report lists client labels as the backend counted them: ``user:2``, ``key:k_7f3a``,
+``ip:203.0.113.7``, ``username:alice`` (a credential rule's counter by username). The
+dashboard and ``manage.py throttle_usage`` show who that is (:func:`client_names`: the
+username of ``user:2``, the name of an API key, and the admin page of either), in one query
+per kind of label for all the rows shown, never one per row.
+
+A username presented at a failed login is often a password typed in the wrong field, so it
+is never shown or kept as typed unless it names an existing user (:func:`private_labels`):
+any other ``username:`` label becomes ``username:#<digest>``, a keyed digest (HMAC with
+``SECRET_KEY``, so a dictionary of common passwords cannot reverse it) that still tells one
+presented name from another. The rollup stores only those, and reports read from the
+backend show only those.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.urls import NoReverseMatch, reverse
+from django.utils.crypto import salted_hmac
+
+from django_throttle.plain import plain_text
+
+__all__ = ["USERNAME", "ClientName", "client_names", "private_labels", "username_digest"]
+
+#: Label prefix of a counter by presented username (``Identity("username", …).key``).
+USERNAME = "username:"
+#: Marks a digested username: ``username:#<hex>``.
+DIGEST_MARK = "#"
+_SALT = "django_throttle.usage_names.username"
+#: Labels per database query (each costs two query parameters for usernames).
+QUERY_BATCH = 250
+
+
+@dataclass(frozen=True, slots=True)
+class ClientName:
+    """What to show for one client label: ``label`` as plain text (control characters
+    removed; what ``throttle_inspect`` accepts), ``name`` the user's username or the API
+    key's name (``""`` when the label names neither), and ``url`` the admin page of that
+    user or key (``""`` when there is none, or the admin does not register the model)."""
+
+    label: str
+    name: str = ""
+    url: str = ""
+
+    @property
+    def text(self) -> str:
+        """One line for a table cell: ``alice (user:2)``, else the label."""
+        return f"{self.name} ({self.label})" if self.name else self.label
+
+
+def username_digest(value: str) -> str:
+    """``username:#<16 hex digits>`` for a presented username: keyed, stable while
+    ``SECRET_KEY`` is, distinct for distinct names (64 bits)."""
+    return USERNAME + DIGEST_MARK + salted_hmac(_SALT, value).hexdigest()[:16]
+
+
+def private_labels(labels: Iterable[str]) -> dict[str, str]:
+    """Each ``username:`` label of ``labels`` → what may be kept and shown: the label itself
+    when it names an existing user (the username field matched as typed, case-folded or
+    NFKC-normalised), else :func:`username_digest`. Other labels are left out (they are
+    kept as they are). One query per :data:`QUERY_BATCH` usernames."""
+    presented = {
+        label: label[len(USERNAME) :]
+        for label in labels
+        if label.startswith(USERNAME) and not label.startswith(USERNAME + DIGEST_MARK)
+    }
+    known = _users_by_username(set(presented.values()))
+    return {
+        label: label if value in known else username_digest(value)
+        for label, value in presented.items()
+    }
+
+
+def client_names(labels: Iterable[str]) -> dict[str, ClientName]:
+    """A :class:`ClientName` for each label: users and API keys looked up in one query per
+    kind (never one per row); anything else is its plain label."""
+    labels = list(dict.fromkeys(labels))
+    users = _users({label[5:] for label in labels if label.startswith("user:")})
+    keys = _keys({label[4:] for label in labels if label.startswith("key:")})
+    named = _users_by_username(
+        {label[len(USERNAME) :] for label in labels if label.startswith(USERNAME)}
+    )
+    result: dict[str, ClientName] = {}
+    for label in labels:
+        kind, _, value = label.partition(":")
+        found = {"user": users, "key": keys, "username": named}.get(kind, {}).get(value)
+        name, url = found if found is not None else ("", "")
+        result[label] = ClientName(plain_text(label), plain_text(name), url)
+    return result
+
+
+def _admin_url(model: Any, pk: Any) -> str:
+    meta = model._meta
+    try:
+        return reverse(f"admin:{meta.app_label}_{meta.model_name}_change", args=[pk])
+    except NoReverseMatch:
+        return ""
+
+
+def _users(pks: set[str]) -> dict[str, tuple[str, str]]:
+    """``str(pk)`` → (username, admin URL) of the users that exist."""
+    from django.contrib.auth import get_user_model
+
+    model = get_user_model()
+    valid = []
+    for text in pks:
+        try:
+            valid.append(model._meta.pk.to_python(text))
+        except (ValidationError, ValueError, TypeError):
+            continue  # not a pk of this model: shown as its label
+    found: dict[str, tuple[str, str]] = {}
+    for at in range(0, len(valid), QUERY_BATCH):
+        for user in model._default_manager.filter(pk__in=valid[at : at + QUERY_BATCH]):
+            found[str(user.pk)] = (user.get_username(), _admin_url(model, user.pk))
+    return found
+
+
+def _users_by_username(values: set[str]) -> dict[str, tuple[str, str]]:
+    """A presented username → (username, admin URL) of the user it names: the username
+    field matched as typed, case-folded or NFKC-normalised and case-folded."""
+    from django.contrib.auth import get_user_model
+    from django.db.models import Q
+    from django.db.models.functions import Lower
+
+    values = {value for value in values if not value.startswith(DIGEST_MARK)}
+    if not values:
+        return {}
+    model = get_user_model()
+    field = getattr(model, "USERNAME_FIELD", "username")
+
+    found: dict[str, tuple[str, str]] = {}
+    ordered = sorted(values)
+    for at in range(0, len(ordered), QUERY_BATCH):
+        batch = ordered[at : at + QUERY_BATCH]
+        folded = sorted({value.casefold() for value in batch})
+        users = model._default_manager.annotate(folded_username=Lower(field)).filter(
+            Q(**{f"{field}__in": batch}) | Q(folded_username__in=folded)
+        )
+        for user in users:
+            name = user.get_username()
+            entry = (name, _admin_url(model, user.pk))
+            for spelling in (name, name.casefold(), unicodedata.normalize("NFKC", name).casefold()):
+                if spelling in values:
+                    found.setdefault(spelling, entry)
+    return found
+
+
+def _keys(prefixes: set[str]) -> dict[str, tuple[str, str]]:
+    """A key prefix → (the key's name, admin URL) of the API keys that exist."""
+    from django_throttle.models import ApiKey
+
+    longest = ApiKey._meta.get_field("prefix").max_length or 0
+    wanted = sorted(p for p in prefixes if len(p) <= longest and "\x00" not in p)
+    found: dict[str, tuple[str, str]] = {}
+    for at in range(0, len(wanted), QUERY_BATCH):
+        rows = ApiKey.objects.filter(prefix__in=wanted[at : at + QUERY_BATCH])
+        for pk, prefix, name in rows.values_list("pk", "prefix", "name"):
+            found[prefix] = (name or prefix, _admin_url(ApiKey, pk))
+    return found
