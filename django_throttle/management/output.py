@@ -13,6 +13,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 FORMATS = ("table", "json", "csv")
 
@@ -97,3 +98,73 @@ def _cell(value: Any) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
+
+
+#: C0 and C1 control characters (ESC, CR, LF, BEL…), DEL included.
+_CONTROL = dict.fromkeys([*range(0x20), *range(0x7F, 0xA0)])
+
+
+def plain(value: Any) -> str:
+    """``value`` as text a terminal shows as it is: control characters (ESC sequences, CR,
+    LF, BEL) removed. Data from clients (usernames, paths) reaches the operator's terminal
+    through it."""
+    return str(value).translate(_CONTROL)
+
+
+def write_plain_rows(
+    command: BaseCommand,
+    fmt: str,
+    rows: Sequence[dict[str, Any]],
+    columns: Sequence[tuple[str, str]],
+    *,
+    title: str = "",
+    caption: str | None = None,
+    document: dict[str, Any] | None = None,
+) -> None:
+    """:func:`write_rows` for rows holding data a client chose (usernames, paths): in the
+    table, the title, caption and every cell are plain text, never rich markup (``[red]``
+    or ``[link=…]`` in a username is shown as typed), and control characters are removed
+    there and in CSV; JSON keeps the exact values (escaped by JSON itself)."""
+    if fmt == "csv":
+        rows = [
+            {key: plain(value) if isinstance(value, str) else value for key, value in row.items()}
+            for row in rows
+        ]
+    if fmt != "table":
+        write_rows(command, fmt, rows, columns, title=title, caption=caption, document=document)
+        return
+    table = Table(
+        title=Text(plain(title)) if title else None,
+        min_width=min(len(title), 100),
+        caption=Text(plain(caption)) if caption else None,
+        caption_justify="left",
+    )
+    for key, heading in columns:
+        numeric = bool(rows) and all(isinstance(row.get(key), int | float) for row in rows)
+        table.add_column(heading, justify="right" if numeric else "left", overflow="fold")
+    for row in rows:
+        table.add_row(*(Text(plain(_cell(row.get(key)))) for key, _ in columns))
+    print_table(command, table)
+
+
+class CountersCommand(BaseCommand):
+    """A command that reads or clears the counters the site's requests made. Run from the
+    command line (a process that serves no requests) against a backend counting in this
+    process's memory, it refuses with a one-line error instead of showing full buckets or
+    "resetting" nothing; called in a process that serves requests (``call_command``), it
+    reads that process's counters."""
+
+    from_command_line = False
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        self.from_command_line = True
+        super().run_from_argv(argv)
+
+    def refuse_in_process_backend(self) -> None:
+        if not self.from_command_line:
+            return
+        from django_throttle.inspection import in_process_backend
+
+        reason = in_process_backend()
+        if reason is not None:
+            raise CommandError(reason)
