@@ -249,7 +249,8 @@ def _rule_requests(
             route = rule.pattern
         else:
             path = rule.pattern
-        methods: Sequence[str] = sorted(rule.methods) or HTTP_METHODS
+        # POST first: logins present their username in a POST's form, as probes do.
+        methods: Sequence[str] = sorted(rule.methods or HTTP_METHODS, key=lambda m: m != "POST")
         method = next((m for m in methods if snapshot.match(m, scope, route, path) is rule), None)
         if method is None:
             continue  # another rule always wins: no request meets this one
