@@ -26,7 +26,17 @@ from django_throttle.identity import Identity, client_ip
 from django_throttle.rates import Decision, Limit
 from django_throttle.snapshot import EndpointPolicy, Policy, TierPolicy
 
-__all__ = ["Check", "Counter", "Planned", "Probe", "build_request", "planned", "view_checks"]
+__all__ = [
+    "Check",
+    "Counter",
+    "Planned",
+    "Probe",
+    "build_request",
+    "every_counter",
+    "planned",
+    "rules",
+    "view_checks",
+]
 
 #: Who a probe request comes from when only the username it presents matters: an anonymous
 #: caller (TEST-NET-1, RFC 5737), whose own counters are left out.
@@ -240,7 +250,7 @@ def _rule_requests(
     from django_throttle.models.fields import HTTP_METHODS
 
     yield Check("the view's throttle"), "GET", "", None
-    for rule in _rules(snapshot):
+    for rule in rules(snapshot):
         scope = route = None
         path = ""
         if rule.match_type == "scope":
@@ -265,7 +275,8 @@ def _rule_requests(
             )
 
 
-def _rules(snapshot: Policy) -> list[EndpointPolicy]:
+def rules(snapshot: Policy) -> list[EndpointPolicy]:
+    """Every enabled endpoint rule of the policy, once each, by name."""
     rules = list(snapshot.by_path)
     for group in (*snapshot.by_scope.values(), *snapshot.by_route.values()):
         rules.extend(group)

@@ -366,3 +366,34 @@ def test_a_300_character_username_is_explained_and_reset(
     assert found["next_request"].startswith("denied (429) by login (anonymous) 10/h")
     run("throttle_reset", "198.51.100.99", "--username", name)
     assert guess(client, username=name, address="198.51.100.99").status_code == 400
+
+
+# --- the backends: refilling a ceiling in every shard -------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ["token_bucket", "gcra", "sliding_window_log"])
+def test_reset_shared_refills_every_shard_and_nothing_else(backend: Any, algorithm: str) -> None:
+    """``reset_shared`` is the ceiling's own reset: every key shard's state of the shared
+    limit goes, a client's own limit stays."""
+    from django_throttle.backends.base import shard_of
+    from django_throttle.conf import app_settings
+    from django_throttle.rates import Limit
+
+    shards = app_settings.KEY_SHARDS
+    ceiling = Limit.build("c1", "64/m", algorithm=algorithm, shared=True)
+    own = Limit.build("o1", "5/m", algorithm=algorithm)
+    by_shard: dict[int, str] = {}
+    for n in range(10_000):
+        by_shard.setdefault(
+            shard_of(f"ip:10.0.{n // 256}.{n % 256}", shards), f"ip:10.0.{n // 256}.{n % 256}"
+        )
+        if len(by_shard) == shards:
+            break
+    for client in by_shard.values():
+        assert backend.hit(client, [ceiling, own], 4).allowed
+
+    backend.reset_shared([ceiling, own])
+
+    for client in by_shard.values():
+        assert backend.peek(client, [ceiling]).remaining == 4  # the shard's whole share
+        assert backend.peek(client, [own]).remaining == 1
