@@ -187,7 +187,8 @@ def explain(
     snapshot = _snapshot()
     tier, reason = tier_and_reason(subject, snapshot)
     who = _probe(subject, address, username)
-    checks = _view_checks(func, method, scope) if app_settings.ENABLED else []
+    basic = who.username is not None and method != "POST"  # see probes.build_request
+    checks = _view_checks(func, method, scope, basic) if app_settings.ENABLED else []
     plans = [planned(who, check, method, path, match, snapshot) for check in checks]
     seen: dict[tuple[str, str], Counter] = {}
     for plan in plans:

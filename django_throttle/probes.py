@@ -169,12 +169,13 @@ def planned(
     return Planned(check, plan.tier, plan.endpoint, plan.cost, tuple(groups))
 
 
-def view_checks(func: Any, method: str, scope: str | None) -> list[Check]:
+def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) -> list[Check]:
     """The checks a request to the view ``func`` makes, in the order it makes them: a
-    ``protect_credentials`` check before a login's password is read (``POST`` only), then
-    the view's own throttle (a DRF view's only when a ``PolicyThrottle`` is among its
-    throttle classes; any other view is assumed to be throttled by the policy, as a path
-    rule or ``@throttle(scope=...)`` would)."""
+    ``protect_credentials`` check before a login's password is read (``POST`` only); on a
+    DRF view, the credential check of a protected Basic authentication class when the
+    request sends ``basic`` credentials; then the view's own throttle (a DRF view's only
+    when a ``PolicyThrottle`` is among its throttle classes; any other view is assumed to
+    be throttled by the policy, as a path rule or ``@throttle(scope=...)`` would)."""
     credential_scope = drf_view = None
     seen: set[int] = set()
     while func is not None and id(func) not in seen:  # down the __wrapped__ chain
@@ -193,6 +194,8 @@ def view_checks(func: Any, method: str, scope: str | None) -> list[Check]:
             )
         )
     if drf_view is not None:
+        if basic:
+            checks.extend(_basic_protection(drf_view))
         if _has_policy_throttle(drf_view):
             checks.append(
                 Check(
@@ -204,6 +207,26 @@ def view_checks(func: Any, method: str, scope: str | None) -> list[Check]:
     elif credential_scope is None:
         checks.append(Check("the view's throttle", scope))
     return checks
+
+
+def _basic_protection(view_class: Any) -> list[Check]:
+    """The check of the first protected Basic authentication class of a DRF view (DRF
+    tries its classes in order; only a Basic one reads Basic credentials)."""
+    drf = sys.modules.get("django_throttle.drf")
+    if drf is None:
+        return []
+    from django_throttle.conf import app_settings
+
+    for auth in getattr(view_class, "authentication_classes", ()) or ():
+        if (
+            isinstance(auth, type)
+            and issubclass(auth, drf.CredentialProtection)
+            and issubclass(auth, drf.BasicAuthentication)
+        ):
+            scope = getattr(auth, "protection_scope", None) or app_settings.AUTHENTICATION_SCOPE
+            name = f"{auth.__name__} (scope '{scope}')"
+            return [Check(name, scope, credential=True, rule_only=True)]
+    return []
 
 
 def _has_policy_throttle(view_class: Any) -> bool:

@@ -6,6 +6,7 @@ command line."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 from typing import Any
@@ -397,3 +398,32 @@ def test_reset_shared_refills_every_shard_and_nothing_else(backend: Any, algorit
     for client in by_shard.values():
         assert backend.peek(client, [ceiling]).remaining == 4  # the shard's whole share
         assert backend.peek(client, [own]).remaining == 1
+
+
+def test_explain_sees_the_protected_basic_authentication_check(
+    client: Any, backend: Any, login_policy: Any
+) -> None:
+    """Wrong Basic passwords to a DRF view are counted by rule "authentication" before the
+    password is checked; explained with the username, the next one is the server's 429."""
+    rule = EndpointRule.objects.create(
+        name="authentication",
+        match_type="scope",
+        pattern="authentication",
+        counts=EndpointRule.Counts.FAILURES,
+    )
+    EndpointLimit.objects.create(
+        rule=rule, tier=login_policy["anon"], rate="3/min", counted_by="username"
+    )
+    wrong = "Basic " + base64.b64encode(b"alice:wrong").decode()
+    statuses = [
+        client.get("/api/basic-ping/", HTTP_AUTHORIZATION=wrong).status_code for _ in range(4)
+    ]
+    assert statuses == [401, 401, 401, 429]
+
+    found = as_json(
+        "throttle_explain",
+        *("--ip", HOME, "--username", "alice", "--path", "/api/basic-ping/"),
+    )
+
+    assert found["checks"].startswith("ProtectedBasicAuthentication (scope 'authentication')")
+    assert found["next_request"].startswith("denied (429) by authentication (anonymous) 3/m")
