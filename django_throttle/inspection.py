@@ -24,6 +24,7 @@ from django_throttle import policy as policy_module
 from django_throttle.backends import Backend, get_backend
 from django_throttle.backends.base import per_shard
 from django_throttle.conf import app_settings
+from django_throttle.identity import client_ip
 from django_throttle.probes import Counter, Planned, Probe, every_counter, planned, rules
 from django_throttle.probes import view_checks as _view_checks
 from django_throttle.rates import Decision, Limit
@@ -125,6 +126,8 @@ def _probe(subject: Subject, address: str | None, username: str | None) -> Probe
     presenting ``username`` (a user's own username by default)."""
     if address is None:
         address = subject.address
+    elif client_ip({"REMOTE_ADDR": address}) is None:
+        raise UnknownClient(_("%(value)r is not an IP address") % {"value": address})
     if username is None and subject.user is not None:
         username = subject.user.get_username()
     return Probe(subject.identity, subject.user, address, username)
@@ -189,7 +192,7 @@ def explain(
     who = _probe(subject, address, username)
     basic = who.username is not None and method != "POST"  # see probes.build_request
     checks = _view_checks(func, method, scope, basic) if app_settings.ENABLED else []
-    plans = [planned(who, check, method, path, match, snapshot) for check in checks]
+    plans = [planned(who, check, method, path, match) for check in checks]
     seen: dict[tuple[str, str], Counter] = {}
     for plan in plans:
         for client, found in plan.groups:

@@ -128,7 +128,6 @@ def planned(
     method: str,
     path: str,
     match: ResolverMatch | None,
-    snapshot: Policy,
 ) -> Planned:
     """Ask the request path what ``check`` would count for ``probe``'s request."""
     request = build_request(probe, method, path, match)
@@ -249,7 +248,7 @@ def every_counter(probe: Probe, snapshot: Policy) -> list[Counter]:
         if who is None:
             continue
         for check, method, path, match in _rule_requests(snapshot):
-            result = planned(who, check, method, path, match, snapshot)
+            result = planned(who, check, method, path, match)
             for client, counters in result.groups:
                 if not own and client == who.identity.key:
                     continue  # the stand-in caller's own counters are not the probe's

@@ -427,3 +427,22 @@ def test_explain_sees_the_protected_basic_authentication_check(
 
     assert found["checks"].startswith("ProtectedBasicAuthentication (scope 'authentication')")
     assert found["next_request"].startswith("denied (429) by authentication (anonymous) 3/m")
+
+
+@pytest.mark.parametrize(
+    ("command", "args"),
+    [
+        ("throttle_explain", ["--user", "alice", "--ip", "nope", "--path", TOKEN]),
+        ("throttle_inspect", ["alice", "--ip", "nope"]),
+        ("throttle_reset", ["alice", "--ip", "nope"]),
+        ("throttle_reset", ["alice", "--ceiling", "t1"]),
+        ("throttle_reset", []),
+        ("throttle_explain", ["--user", "alice", "--client", "ip:1.2.3.4", "--path", TOKEN]),
+    ],
+)
+def test_bad_probe_arguments_get_one_line_errors(
+    backend: Any, login_policy: Any, command: str, args: list[str]
+) -> None:
+    with pytest.raises(CommandError) as error:
+        run(command, *args)
+    assert "\n" not in str(error.value)
