@@ -177,6 +177,8 @@ def reset_client(request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> Ht
     if not _can_reset(request):
         raise PermissionDenied
     data = request.POST if request.method == "POST" else request.GET
+    if data.get("ceiling"):
+        return _reset_ceiling(request, model_admin, data.get("ceiling", "").strip())
     text = data.get("client", "").strip()
     username = data.get("username", "").strip() or None
     address = data.get("ip", "").strip() or None
@@ -217,6 +219,59 @@ def reset_client(request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> Ht
         "username": username or "",
         "address": address or "",
         "counters": found,
+        "back": back,
+    }
+    return TemplateResponse(request, "admin/django_throttle/reset_confirmation.html", context)
+
+
+def _reset_ceiling(
+    request: HttpRequest, model_admin: admin.ModelAdmin[Any], limit_id: str
+) -> HttpResponse:
+    """Confirm (GET), then refill (POST) one shared limit in every key shard: a ceiling's
+    own reset, recorded in the admin history (resetting a client never touches it)."""
+    from django.contrib import messages
+    from django.contrib.admin.models import CHANGE, LogEntry
+    from django.contrib.contenttypes.models import ContentType
+    from django.http import HttpResponseRedirect
+    from django.utils.http import urlencode
+
+    from django_throttle.inspection import reset_ceilings, shared_limits
+    from django_throttle.models import UsageCount
+
+    data = request.POST if request.method == "POST" else request.GET
+    client = data.get("client", "").strip()
+    inspect_url = reverse("admin:django_throttle_usagecount_inspect")
+    back = f"{inspect_url}?{urlencode({'client': client})}" if client else inspect_url
+    limit = shared_limits().get(limit_id)
+    if limit is None:
+        messages.error(request, _("%(id)r is not a shared limit.") % {"id": limit_id})
+        return HttpResponseRedirect(inspect_url)
+    if request.method == "POST":
+        try:
+            reset_ceilings([limit_id])
+        except BackendError as exc:
+            messages.error(request, _("The backend could not reset: %(error)s") % {"error": exc})
+            return HttpResponseRedirect(back)
+        LogEntry.objects.create(
+            user_id=request.user.pk or 0,
+            content_type=ContentType.objects.get_for_model(UsageCount),
+            object_id=None,
+            object_repr=(limit.name or limit.id)[:200],
+            action_flag=CHANGE,
+            change_message=f"Reset the shared limit {limit.name or limit.id} in every key shard",
+        )
+        messages.success(
+            request,
+            _("Reset the shared limit %(limit)s for every client.")
+            % {"limit": limit.name or limit.id},
+        )
+        return HttpResponseRedirect(back)
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": _("Reset the shared limit %(limit)s?") % {"limit": limit.name or limit.id},
+        "opts": model_admin.model._meta,
+        "ceiling": limit,
+        "client_text": client,
         "back": back,
     }
     return TemplateResponse(request, "admin/django_throttle/reset_confirmation.html", context)

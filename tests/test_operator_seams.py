@@ -446,3 +446,29 @@ def test_bad_probe_arguments_get_one_line_errors(
     with pytest.raises(CommandError) as error:
         run(command, *args)
     assert "\n" not in str(error.value)
+
+
+def test_the_admin_resets_a_client_but_not_its_ceiling_and_the_ceiling_on_its_own(
+    client: Any, one_shard: None
+) -> None:
+    from django.contrib.admin.models import LogEntry
+    from django.test import Client
+
+    anon = tier("anonymous", "100/min", is_default_anonymous=True)
+    ceiling = TierLimit.objects.create(tier=anon, rate="3/min", shared=True)
+    for _ in range(3):
+        client.get("/api/ping/", REMOTE_ADDR="203.0.113.1")
+    admin = Client()
+    admin.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    page = "/admin/django_throttle/usagecount/inspect/"
+
+    html = admin.get(page, {"client": "203.0.113.1"}).content.decode()
+    admin.post(f"{page}reset/", {"client": "203.0.113.1"})
+
+    assert 'data-shared="yes"' in html and "dt-reset-ceiling" in html
+    assert client.get("/api/ping/", REMOTE_ADDR="203.0.113.2").status_code == 429
+    confirm = admin.get(f"{page}reset/", {"ceiling": f"t{ceiling.pk}"}).content.decode()
+    assert "in every key shard" in confirm
+    admin.post(f"{page}reset/", {"ceiling": f"t{ceiling.pk}", "client": "203.0.113.1"})
+    assert client.get("/api/ping/", REMOTE_ADDR="203.0.113.2").status_code == 200
+    assert LogEntry.objects.filter(change_message__contains="in every key shard").exists()
