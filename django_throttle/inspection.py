@@ -215,7 +215,7 @@ def explain(
         decision=decision,
         exempt="" if app_settings.ENABLED else "DJANGO_THROTTLE_ENABLED is off",
         checks=tuple(check.name for check in checks),
-        notes=_unseen(plans, who, snapshot),
+        notes=_unseen(plans, who, snapshot) + _uncounted(plans, method, route, path, snapshot),
         denied_by=denied_by,
     )
 
@@ -275,6 +275,32 @@ def _unseen(plans: Sequence[Planned], who: Probe, snapshot: Policy) -> tuple[str
                 % {"rule": plan.rule.name}
             )
     return tuple(dict.fromkeys(notes))
+
+
+def _uncounted(
+    plans: Sequence[Planned], method: str, route: str | None, path: str, snapshot: Policy
+) -> tuple[str, ...]:
+    """A check that counts nothing though a rule matches it: said, so "no limit applies"
+    is not read as "no rule matches"."""
+    notes: list[str] = []
+    for plan in plans:
+        if plan.uncounted is None:
+            continue
+        check = plan.check
+        rule = (
+            snapshot.match(method, check.scope)
+            if check.rule_only
+            else snapshot.match(method, check.scope, route, path)
+        )
+        if rule is not None:
+            notes.append(
+                _(
+                    "rule '%(rule)s' matches %(check)s but counts nothing for this client "
+                    "(no limits for its tier, or it is exempt)"
+                )
+                % {"rule": rule.name, "check": check.name}
+            )
+    return tuple(notes)
 
 
 def reset_counters(

@@ -81,11 +81,11 @@ def test_explain_gives_the_servers_429_and_retry_after_after_the_password_loop(
     assert found["next_request"].startswith("denied (429) by login (anonymous) 5/m")
     assert before >= found["retry_after"] >= after  # the server's Retry-After, as time runs
     assert found["rule"] == "login"
-    assert found["checks"] == "protect_credentials (scope 'login')"
+    assert found["checks"] == ["protect_credentials (scope 'login')"]
     assert {(row["id"], row["remaining"]) for row in found["rows"]} == {
         (f"e{login_policy['by_ip'].pk}", 0)
     }
-    assert "counts by username" in found["notes"]
+    assert found["notes"] == ["rule 'login' also counts by username: give the username to see it"]
 
 
 def test_explain_with_a_username_shows_its_counter_and_the_longest_wait(
@@ -115,7 +115,7 @@ def test_explain_with_a_username_shows_its_counter_and_the_longest_wait(
     assert retry_after(denied) >= found["retry_after"] >= later
     counted = {row["counted_by"]: row["remaining"] for row in found["rows"]}
     assert counted == {"this client": 5, "username alice": 0}
-    assert found["notes"] is None
+    assert found["notes"] == []
 
 
 def test_inspect_lists_the_login_counters_by_ip_and_by_username(
@@ -425,7 +425,7 @@ def test_explain_sees_the_protected_basic_authentication_check(
         *("--ip", HOME, "--username", "alice", "--path", "/api/basic-ping/"),
     )
 
-    assert found["checks"].startswith("ProtectedBasicAuthentication (scope 'authentication')")
+    assert found["checks"][0] == "ProtectedBasicAuthentication (scope 'authentication')"
     assert found["next_request"].startswith("denied (429) by authentication (anonymous) 3/m")
 
 
@@ -472,3 +472,17 @@ def test_the_admin_resets_a_client_but_not_its_ceiling_and_the_ceiling_on_its_ow
     admin.post(f"{page}reset/", {"ceiling": f"t{ceiling.pk}", "client": "203.0.113.1"})
     assert client.get("/api/ping/", REMOTE_ADDR="203.0.113.2").status_code == 200
     assert LogEntry.objects.filter(change_message__contains="in every key shard").exists()
+
+
+def test_explain_says_when_a_matching_rule_counts_nothing(backend: Any, login_policy: Any) -> None:
+    """The login rule has limits for the anonymous tier only (78bbfa0's request path then
+    counts nothing for a signed-in user posting to it): explain says so rather than only
+    "no limit applies"."""
+    found = as_json("throttle_explain", "--user", "alice", "--method", "POST", "--path", TOKEN)
+    if found["rows"]:  # the request path counts the login rule for every tier
+        assert found["rule"] == "login"
+    else:
+        assert found["notes"] == [
+            "rule 'login' matches protect_credentials (scope 'login') but counts nothing for "
+            "this client (no limits for its tier, or it is exempt)"
+        ]

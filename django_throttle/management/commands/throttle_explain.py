@@ -116,7 +116,7 @@ class Command(CountersCommand):
             "scope": found.scope,
             "tier": found.tier.slug if found.tier is not None else None,
             "tier_reason": found.reason,
-            "checks": ", ".join(found.checks) or None,
+            "checks": list(found.checks),
             "rule": rule.name if rule is not None else None,
             "cost": found.cost,
             "next_request": verdict(found),
@@ -126,12 +126,14 @@ class Command(CountersCommand):
                 if decision is not None and denied
                 else None
             ),
-            "notes": "; ".join(found.notes) or None,
+            "notes": list(found.notes),
         }
         if fmt == "table":
             for key, value in summary.items():
-                if key in ("denied_by", "retry_after", "notes") and value is None:
+                if key in ("denied_by", "retry_after", "notes") and not value:
                     continue
+                if isinstance(value, list):
+                    value = ("; " if key == "notes" else ", ").join(value) or None
                 shown = "-" if value is None else plain(value)
                 self.stdout.write(f"{key.replace('_', ' ').capitalize():>13}: {shown}")
             self.stdout.write("")
