@@ -14,6 +14,7 @@ resetting one client leaves it alone: :func:`reset_ceilings` is its own explicit
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -25,8 +26,15 @@ from django_throttle.backends import Backend, get_backend
 from django_throttle.backends.base import per_shard
 from django_throttle.conf import app_settings
 from django_throttle.identity import client_ip
-from django_throttle.probes import Counter, Planned, Probe, every_counter, planned, rules
-from django_throttle.probes import view_checks as _view_checks
+from django_throttle.probes import (
+    Counter,
+    Planned,
+    Probe,
+    every_counter,
+    planned,
+    rules,
+    view_checks,
+)
 from django_throttle.rates import Decision, Limit
 from django_throttle.snapshot import EndpointPolicy, Policy, TierPolicy
 from django_throttle.subjects import Subject, UnknownClient, parse_client, tier_and_reason
@@ -111,7 +119,7 @@ class Explanation:
     denied_by: str = ""
 
 
-# --- tier and limits ------------------------------------------------------------------------
+# --- the policy ---------------------------------------------------------------------------
 
 
 def _snapshot() -> Policy:
@@ -191,7 +199,7 @@ def explain(
     tier, reason = tier_and_reason(subject, snapshot)
     who = _probe(subject, address, username)
     basic = who.username is not None and method != "POST"  # see probes.build_request
-    checks = _view_checks(func, method, scope, basic) if app_settings.ENABLED else []
+    checks = view_checks(func, method, scope, basic) if app_settings.ENABLED else []
     plans = [planned(who, check, method, path, match) for check in checks]
     seen: dict[tuple[str, str], Counter] = {}
     for plan in plans:
@@ -245,8 +253,6 @@ def _predict(backend: Backend, client: str, limits: Sequence[Limit], cost: int) 
     """The decision a request of ``cost`` would get now, without consuming: the backend's
     peek with that cost. A backend written before ``peek`` took a cost is asked for the state
     alone, and the request is judged by the fewest tokens left."""
-    import dataclasses
-
     try:
         return backend.peek(client, limits, cost=cost)
     except TypeError:
