@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 import json
 from typing import Any
 
@@ -486,3 +487,76 @@ def test_explain_says_when_a_matching_rule_counts_nothing(backend: Any, login_po
             "rule 'login' matches protect_credentials (scope 'login') but counts nothing for "
             "this client (no limits for its tier, or it is exempt)"
         ]
+
+
+# --- the class of bug: explain predicts the next request, for every kind of counter --------
+
+WRONG_BASIC = "Basic " + base64.b64encode(b"alice:wrong").decode()
+#: A fresh address for each guess of the username scenario (198.51.100.250 is explained).
+ADDRESSES = itertools.count()
+
+
+@pytest.mark.parametrize(
+    ("scenario", "send", "explain_args"),
+    [
+        (
+            "tier limit",
+            lambda c: c.get("/api/ping/", REMOTE_ADDR="203.0.113.5"),
+            ["--ip", "203.0.113.5", "--path", "/api/ping/"],
+        ),
+        (
+            "rule by client, cost 2",
+            lambda c: c.post("/api/export/", REMOTE_ADDR="203.0.113.5"),
+            ["--ip", "203.0.113.5", "--method", "POST", "--path", "/api/export/"],
+        ),
+        (
+            "login counted by IP",
+            lambda c: guess(c, username="nobody", address="203.0.113.5"),
+            ["--ip", "203.0.113.5", "--method", "POST", "--path", TOKEN],
+        ),
+        (
+            "login counted by username",
+            lambda c: guess(c, address=f"198.51.100.{next(ADDRESSES)}"),
+            ["--ip", "198.51.100.250", "--username", "alice", "--method", "POST", "--path", TOKEN],
+        ),
+        (
+            "Basic authentication by username",
+            lambda c: c.get("/api/basic-ping/", HTTP_AUTHORIZATION=WRONG_BASIC),
+            ["--ip", HOME, "--username", "alice", "--path", "/api/basic-ping/"],
+        ),
+    ],
+)
+def test_explain_predicts_every_next_request(
+    client: Any, backend: Any, login_policy: Any, scenario: str, send: Any, explain_args: Any
+) -> None:
+    """Request after request, explain's verdict is the next request's: allowed (whatever
+    the view then answers) or 429 by the same limit. Hourly limits: nothing refills while
+    the test runs, however slow the machine."""
+    anon = login_policy["anon"]
+    anon.limits.update(rate="6/h")
+    rule = EndpointRule.objects.create(name="export", match_type="scope", pattern="export")
+    EndpointLimit.objects.create(rule=rule, tier=anon, rate="5/h")
+    rule.cost = 2
+    rule.save()
+    auth = EndpointRule.objects.create(
+        name="authentication",
+        match_type="scope",
+        pattern="authentication",
+        counts=EndpointRule.Counts.FAILURES,
+    )
+    EndpointLimit.objects.create(rule=auth, tier=anon, rate="3/h", counted_by="username")
+    EndpointLimit.objects.filter(pk=login_policy["by_ip"].pk).update(rate="4/h")
+    EndpointLimit.objects.filter(pk=login_policy["by_name"].pk).update(rate="5/h")
+    outcomes = []
+    for _ in range(8):
+        predicted = as_json("throttle_explain", *explain_args)
+        response = send(client)
+        denied = response.status_code == 429
+        outcomes.append(denied)
+        assert predicted["next_request"].startswith("denied") == denied, (scenario, outcomes)
+        if denied:
+            assert predicted["next_request"].startswith(
+                f"denied (429) by {response.json()['limit']};"
+            )
+            assert predicted["retry_after"] >= int(response.headers["Retry-After"])
+    assert outcomes[-1], f"{scenario}: never limited in 8 requests"
