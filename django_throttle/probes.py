@@ -41,6 +41,9 @@ __all__ = [
 #: Who a probe request comes from when only the username it presents matters: an anonymous
 #: caller (TEST-NET-1, RFC 5737), whose own counters are left out.
 _SOMEONE = Identity("ip", "192.0.2.1")
+#: A signed-in user with no tier of its own (so the default tier for authenticated users),
+#: who stands in when only the address it sends from matters.
+_SIGNED_IN = Identity("user", "\0probe")
 
 
 @dataclass(frozen=True)
@@ -241,10 +244,11 @@ def _has_policy_throttle(view_class: Any) -> bool:
 def every_counter(probe: Probe, snapshot: Policy) -> list[Counter]:
     """Every counter a request from ``probe`` could meet under the policy: its tier's, each
     endpoint rule's (as its throttle and as a credential check), counted by client, by its
-    address and by the username it presents; and, for a username, the counters of that
-    username that anonymous callers fill (a login's "by username" limits). Each once."""
+    address and by the username it presents; for a username, the counters of that
+    username that anonymous callers fill (a login's "by username" limits); for an address,
+    those that signed-in users of the default tier fill from it. Each once."""
     found: dict[tuple[str, str], Counter] = {}
-    for who, own in ((probe, True), (_presenting(probe), False)):
+    for who, own in ((probe, True), (_presenting(probe), False), (_signed_in_from(probe), False)):
         if who is None:
             continue
         for check, method, path, match in _rule_requests(snapshot):
@@ -262,6 +266,14 @@ def _presenting(probe: Probe) -> Probe | None:
     if probe.username is None:
         return None
     return Probe(_SOMEONE, username=probe.username)
+
+
+def _signed_in_from(probe: Probe) -> Probe | None:
+    """A signed-in user (of the default tier for authenticated users) sending from an IP
+    client's address, whose counters by IP address are that address's too."""
+    if probe.identity.kind != "ip" or probe.address is None:
+        return None
+    return Probe(_SIGNED_IN, address=probe.address)
 
 
 def _rule_requests(

@@ -560,3 +560,25 @@ def test_explain_predicts_every_next_request(
             )
             assert predicted["retry_after"] >= int(response.headers["Retry-After"])
     assert outcomes[-1], f"{scenario}: never limited in 8 requests"
+
+
+def test_an_address_counter_filled_by_signed_in_users_is_inspected_and_reset(
+    client: Any, backend: Any, login_policy: Any
+) -> None:
+    """Signed-in users of the default tier guessing at the login from one address fill its
+    counter by IP (under their tier's limit): inspecting and resetting the address see it."""
+    from django_throttle.models import Tier
+
+    free = Tier.objects.get(slug="free")
+    rule = EndpointRule.objects.get(name="login")
+    by_ip = EndpointLimit.objects.create(rule=rule, tier=free, rate="2/h", counted_by="ip")
+    client.force_login(User.objects.create_user("carol", password="pw"))
+    assert [guess(client, "bob").status_code for _ in range(3)][-1] == 429
+
+    rows = as_json("throttle_inspect", HOME)["rows"]
+    reset = as_json("throttle_reset", HOME)
+
+    row = next(row for row in rows if row["id"] == f"e{by_ip.pk}")
+    assert (row["counted_by"], row["remaining"]) == (f"IP {HOME}", 0)
+    assert f"e{by_ip.pk}" in {row["id"] for row in reset["rows"]}
+    assert guess(client, "bob").status_code == 400
