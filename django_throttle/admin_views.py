@@ -133,19 +133,21 @@ def _health() -> dict[str, Any]:
 
 
 def inspector(request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> HttpResponse:
-    """One client's tier (and why) and live buckets, an "explain" form for a request it might
-    send, and a button to reset its buckets (confirmed on a second page)."""
+    """One client's tier (and why) and every counter its requests meet (by client, by IP
+    address, by username; shared ceilings marked), an "explain" form for a request it might
+    send, and a button to reset its counters (confirmed on a second page)."""
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
     from django_throttle.inspection import UnknownClient, explain, inspect, parse_client
-
-    text = request.GET.get("client", "").strip()
     from django_throttle.models.fields import HTTP_METHODS
 
+    text = request.GET.get("client", "").strip()
     method = request.GET.get("method", "GET").strip().upper()
     if method not in HTTP_METHODS:
         method = "GET"
     path = request.GET.get("path", "").strip()
+    username = request.GET.get("username", "").strip() or None
+    address = request.GET.get("ip", "").strip() or None
     context: dict[str, Any] = {
         **model_admin.admin_site.each_context(request),
         "title": _("Inspect a client"),
@@ -153,15 +155,21 @@ def inspector(request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> HttpR
         "client_text": text,
         "method": method,
         "path": path,
+        "username": username or "",
+        "address": address or "",
         "methods": HTTP_METHODS,
         "can_reset": _can_reset(request),
     }
     if text:
         try:
             subject = parse_client(text)
-            context["inspection"] = inspect(subject)
+            if address is not None:
+                parse_client(f"ip:{address}")  # a bad address is an error, not "none"
+            context["inspection"] = inspect(subject, username, address)
             if path:
-                context["explanation"] = explain(subject, method, path)
+                context["explanation"] = explain(
+                    subject, method, path, address=address, username=username
+                )
         except UnknownClient as exc:
             context["error"] = _("Unknown client: %(reason)s.") % {"reason": exc}
         except BackendError as exc:
@@ -170,49 +178,113 @@ def inspector(request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> HttpR
 
 
 def reset_client(request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> HttpResponse:
-    """Confirm (GET), then clear (POST, CSRF-checked) one client's buckets, recorded in the
-    admin history. Needs the permission to change tiers."""
+    """Confirm (GET), then clear (POST, CSRF-checked) every counter of one client (by
+    client, by its address, by its username; never a shared ceiling), recorded in the admin
+    history. Needs the permission to change tiers."""
     from django.contrib import messages
     from django.http import HttpResponseRedirect
-    from django.urls import reverse
     from django.utils.http import urlencode
 
-    from django_throttle.inspection import UnknownClient, client_limits, parse_client, reset
+    from django_throttle.inspection import UnknownClient, counters, parse_client, reset_counters
 
     if not _can_reset(request):
         raise PermissionDenied
-    text = (request.POST.get("client") or request.GET.get("client", "")).strip()
+    data = request.POST if request.method == "POST" else request.GET
+    if data.get("ceiling"):
+        return _reset_ceiling(request, model_admin, data.get("ceiling", "").strip())
+    text = data.get("client", "").strip()
+    username = data.get("username", "").strip() or None
+    address = data.get("ip", "").strip() or None
     inspect_url = reverse("admin:django_throttle_usagecount_inspect")
     try:
         subject = parse_client(text)
+        if address is not None:
+            parse_client(f"ip:{address}")
     except UnknownClient as exc:
         messages.error(request, _("Unknown client: %(reason)s.") % {"reason": exc})
         return HttpResponseRedirect(inspect_url)
-    back = f"{inspect_url}?{urlencode({'client': text})}"
+    query = {"client": text, "username": username or "", "ip": address or ""}
+    back = f"{inspect_url}?{urlencode({k: v for k, v in query.items() if v})}"
     if request.method == "POST":
         try:
-            limits = reset(subject)
+            found = reset_counters(subject, username=username, address=address)
         except BackendError as exc:
             messages.error(request, _("The backend could not reset: %(error)s") % {"error": exc})
             return HttpResponseRedirect(back)
-        log_reset(request, subject, limits)
+        log_reset(request, subject, [counter.limit for counter in found])
         messages.success(
             request,
             _("Reset %(count)d bucket(s) of %(client)s.")
-            % {"count": len(limits), "client": subject.label},
+            % {"count": len(found), "client": subject.label},
         )
         return HttpResponseRedirect(back)
-    snapshot = policy_module.current()
-    from django_throttle.inspection import tier_and_reason
-
-    tier, _reason = tier_and_reason(subject, snapshot)
+    try:
+        found = [c for c in counters(subject, username, address) if not c.limit.shared]
+    except BackendError as exc:
+        messages.error(request, _("The backend could not be read: %(error)s") % {"error": exc})
+        return HttpResponseRedirect(back)
     context = {
         **model_admin.admin_site.each_context(request),
         "title": _("Reset the buckets of %(client)s?") % {"client": subject.label},
         "opts": model_admin.model._meta,
         "subject": subject,
         "client_text": text,
-        "limits": [limit for limit, _where in client_limits(tier, snapshot)],
+        "username": username or "",
+        "address": address or "",
+        "counters": found,
+        "back": back,
+    }
+    return TemplateResponse(request, "admin/django_throttle/reset_confirmation.html", context)
+
+
+def _reset_ceiling(
+    request: HttpRequest, model_admin: admin.ModelAdmin[Any], limit_id: str
+) -> HttpResponse:
+    """Confirm (GET), then refill (POST) one shared limit in every key shard: a ceiling's
+    own reset, recorded in the admin history (resetting a client never touches it)."""
+    from django.contrib import messages
+    from django.contrib.admin.models import CHANGE, LogEntry
+    from django.contrib.contenttypes.models import ContentType
+    from django.http import HttpResponseRedirect
+    from django.utils.http import urlencode
+
+    from django_throttle.inspection import reset_ceilings, shared_limits
+    from django_throttle.models import UsageCount
+
+    data = request.POST if request.method == "POST" else request.GET
+    client = data.get("client", "").strip()
+    inspect_url = reverse("admin:django_throttle_usagecount_inspect")
+    back = f"{inspect_url}?{urlencode({'client': client})}" if client else inspect_url
+    limit = shared_limits().get(limit_id)
+    if limit is None:
+        messages.error(request, _("%(id)r is not a shared limit.") % {"id": limit_id})
+        return HttpResponseRedirect(inspect_url)
+    if request.method == "POST":
+        try:
+            reset_ceilings([limit_id])
+        except BackendError as exc:
+            messages.error(request, _("The backend could not reset: %(error)s") % {"error": exc})
+            return HttpResponseRedirect(back)
+        LogEntry.objects.create(
+            user_id=request.user.pk or 0,
+            content_type=ContentType.objects.get_for_model(UsageCount),
+            object_id=None,
+            object_repr=(limit.name or limit.id)[:200],
+            action_flag=CHANGE,
+            change_message=f"Reset the shared limit {limit.name or limit.id} in every key shard",
+        )
+        messages.success(
+            request,
+            _("Reset the shared limit %(limit)s for every client.")
+            % {"limit": limit.name or limit.id},
+        )
+        return HttpResponseRedirect(back)
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": _("Reset the shared limit %(limit)s?") % {"limit": limit.name or limit.id},
+        "opts": model_admin.model._meta,
+        "ceiling": limit,
+        "client_text": client,
         "back": back,
     }
     return TemplateResponse(request, "admin/django_throttle/reset_confirmation.html", context)

@@ -41,7 +41,7 @@ from django_throttle.snapshot import EndpointPolicy, Policy, TierPolicy
 
 logger = logging.getLogger("django_throttle")
 
-__all__ = ["FAILURE_MODES", "acheck", "asettle", "check", "settle"]
+__all__ = ["FAILURE_MODES", "acheck", "asettle", "check", "plan", "settle"]
 
 #: What a request meets when the backend cannot answer (see ``DJANGO_THROTTLE_FAILURE_MODE``).
 FAILURE_MODES = ("open", "closed", "local")
@@ -196,6 +196,24 @@ async def acheck(
     return decision
 
 
+def plan(
+    request: Any,
+    identity: Identity,
+    *,
+    scope: str | None = None,
+    credential: bool = False,
+    rule_only: bool = False,
+) -> _Plan | Decision:
+    """What :func:`check` with these arguments would count ``request`` against, were it sent
+    by ``identity``, without calling the backend: the counters in the order the check calls
+    them (``client``/``limits``, then ``groups``), the cost, the tier and the rule; or the
+    decision it returns without counting (exempt, nothing applies). For the operator tools,
+    which must see exactly what requests meet, never work it out another way."""
+    return _plan(
+        request, scope, None, None, None, credential, policy_module.current, rule_only, identity
+    )
+
+
 def _plan(
     request: Any,
     scope: str | None,
@@ -205,6 +223,7 @@ def _plan(
     credential: bool,
     snapshot: Callable[[], Policy | None],
     rule_only: bool = False,
+    identity: Identity | None = None,
 ) -> _Plan | Decision:
     """Identity, policy lookup and usage field: everything but the backend call. An exempt
     view, user or address stops here: no backend call, no headers."""
@@ -212,7 +231,8 @@ def _plan(
     if match is not None and is_exempt_view(match.func):
         return UNLIMITED
     policy = snapshot()
-    identity = get_resolver()(request)
+    if identity is None:
+        identity = get_resolver()(request)
     if exempt_client(request, identity, policy.exemptions if policy is not None else None):
         return UNLIMITED
     if identity.kind == UNIDENTIFIED.kind:

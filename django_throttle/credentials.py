@@ -170,6 +170,7 @@ def protect_credentials(view: Any = None, *, scope: str = "login") -> Any:
             finally:
                 await core.asettle(request, status, first=first)
 
+        async_wrapper.throttle_credential_scope = scope  # type: ignore[attr-defined]
         return markcoroutinefunction(async_wrapper)
 
     @functools.wraps(view)
@@ -189,4 +190,6 @@ def protect_credentials(view: Any = None, *, scope: str = "login") -> Any:
         finally:
             core.settle(request, status, first=first)
 
+    # The operator tools (throttle_explain) read it to know the check this view makes.
+    wrapper.throttle_credential_scope = scope  # type: ignore[attr-defined]
     return wrapper

@@ -170,4 +170,6 @@ def test_bad_arguments_get_clear_errors(
 
 def test_csv_has_a_header_row(backend: Any, policy: Any) -> None:
     out = run("throttle_inspect", "alice", "--format", "csv")
-    assert out.splitlines()[0] == "limit,id,from,algorithm,capacity,remaining,reset_seconds,shadow"
+    assert out.splitlines()[0] == (
+        "limit,id,from,counted_by,algorithm,capacity,remaining,reset_seconds,shared,shadow"
+    )

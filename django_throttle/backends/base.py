@@ -143,6 +143,13 @@ class Backend(ABC):
     def reset(self, client: str, limits: Sequence[Limit]) -> None:
         """Refill the client's buckets for these limits (forget their state)."""
 
+    def reset_shared(self, limits: Sequence[Limit]) -> None:
+        """Refill these shared limits in every key shard: the whole ceiling, for every client
+        at once (:meth:`reset` of a client leaves a shared limit alone, since it is not the
+        client's own). Limits that are not shared are ignored. This default, for backends
+        written before shared limits could be reset, raises :class:`BackendError`."""
+        raise BackendError(f"{type(self).__name__} cannot reset shared limits")
+
     @abstractmethod
     def retime(
         self,

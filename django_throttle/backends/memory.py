@@ -156,6 +156,15 @@ class MemoryBackend(Backend):
                 owner = shard_of(client, self.shards) if limit.shared else client
                 self._state.pop((owner, limit.id, code), None)
 
+    def reset_shared(self, limits: Sequence[Limit]) -> None:
+        """Forget every shard's state of these shared limits."""
+        with self._lock:
+            for limit in limits:
+                if limit.shared:
+                    code = TWINS[limit.algorithm].code
+                    for shard in range(self.shards):
+                        self._state.pop((shard, limit.id, code), None)
+
     @property
     def shards(self) -> int:
         if self._shards is None:

@@ -269,6 +269,21 @@ class RedisBackend(Backend):
         if limits:
             self._run(self.client.delete, *(self.key(client, limit) for limit in limits))
 
+    def reset_shared(self, limits: Sequence[Limit]) -> None:
+        """Delete every shard's key of these shared limits: one ``DEL`` per key (each shard
+        is a Cluster slot of its own), pipelined."""
+        keys = [
+            (tag + SHARED_MARK).decode() + key_suffix(limit)
+            for limit in limits
+            if limit.shared
+            for tag in self._tags
+        ]
+        if keys:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.delete(key)
+            self._run(pipe.execute)
+
     def retime(
         self,
         limits: Sequence[Limit],

@@ -124,3 +124,26 @@ def _cell(value: Any) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
+
+
+class CountersCommand(BaseCommand):
+    """A command that reads or clears the counters the site's requests made. Run from the
+    command line (a process that serves no requests) against a backend counting in this
+    process's memory, it refuses with a one-line error instead of showing full buckets or
+    "resetting" nothing; called in a process that serves requests (``call_command``), it
+    reads that process's counters."""
+
+    from_command_line = False
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        self.from_command_line = True
+        super().run_from_argv(argv)
+
+    def refuse_in_process_backend(self) -> None:
+        if not self.from_command_line:
+            return
+        from django_throttle.inspection import in_process_backend
+
+        reason = in_process_backend()
+        if reason is not None:
+            raise CommandError(reason)

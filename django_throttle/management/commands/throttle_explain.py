@@ -1,33 +1,67 @@
-"""``manage.py throttle_explain --user alice --method POST --path /api/export/``: which rule
-a request would match, which limits apply at what cost, and what it would get right now,
-before anyone sends it (nothing is consumed).
+"""``manage.py throttle_explain --user alice --method POST --path /api/export/``: which checks
+a request would meet (a login's credential check, the view's throttle), which rule each
+matches, every counter at what cost (by client, by IP address, by username), and the decision
+and ``Retry-After`` the server would give it right now, before anyone sends it (nothing is
+consumed).
 
-Name the client with one of ``--user``, ``--api-key``, ``--ip`` or ``--client``.
+Name the client with one of ``--user``, ``--api-key``, ``--ip`` or ``--client``; ``--ip``
+with another says where its request comes from, ``--username`` what it presents at a login.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from django_throttle.backends import BackendError
-from django_throttle.inspection import UnknownClient, explain, parse_client
+from django_throttle.headers import retry_after_seconds
+from django_throttle.inspection import Explanation, UnknownClient, explain, parse_client
 from django_throttle.management.commands.throttle_inspect import COLUMNS, bucket_row
-from django_throttle.management.output import add_format_argument, checked_format, write_rows
+from django_throttle.management.output import (
+    CountersCommand,
+    add_format_argument,
+    checked_format,
+    write_rows,
+)
 from django_throttle.models.fields import HTTP_METHODS
 from django_throttle.plain import plain_text
 
 
-class Command(BaseCommand):
-    help = "Explain how a request would be limited: rule, limits, cost, and the decision now."
+def verdict(found: Explanation) -> str:
+    """The next request's fate in words, as the server would answer it."""
+    decision = found.decision
+    if decision is None:
+        return "allowed: no limit applies" + (f" ({found.exempt})" if found.exempt else "")
+    if decision.allowed:
+        return "allowed"
+    name = decision.limit.name if decision.limit is not None else "a limit"
+    return (
+        f"denied (429) by {name}; Retry-After: {retry_after_seconds(decision.retry_after)} "
+        f"({decision.retry_after:.3f} s)"
+    )
+
+
+class Command(CountersCommand):
+    help = (
+        "Explain how a request would be limited: the checks it meets, rule, every counter, "
+        "cost, and the decision and Retry-After the server would give now."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        who = parser.add_mutually_exclusive_group(required=True)
-        who.add_argument("--user", help="a username (or user id)")
-        who.add_argument("--api-key", help="an API key or its prefix")
-        who.add_argument("--ip", help="a client IP address")
-        who.add_argument("--client", help="user:<name|id>, key:<prefix>, ip:<address>")
+        parser.add_argument("--user", help="a username (or user id)")
+        parser.add_argument("--api-key", help="an API key or its prefix")
+        parser.add_argument(
+            "--ip",
+            help="a client IP address; with --user, --api-key or --client, the address the "
+            "request comes from",
+        )
+        parser.add_argument("--client", help="user:<name|id>, key:<prefix>, ip:<address>")
+        parser.add_argument(
+            "--username",
+            help="the username the request presents (a login's form field or Basic user; "
+            "a user's own by default)",
+        )
         parser.add_argument("--method", default="GET", help="HTTP method (default GET)")
         parser.add_argument("--path", required=True, help="request path, e.g. /api/export/")
         parser.add_argument(
@@ -37,37 +71,42 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         fmt = checked_format(options["format"])
-        text = (
-            (options.get("user") and f"user:{options['user']}")
-            or (options.get("api_key") and f"key:{options['api_key']}")
-            or (options.get("ip") and f"ip:{options['ip']}")
-            or options.get("client")
-        )
-        if not text:
+        named = [
+            text
+            for option, prefix in (("user", "user"), ("api_key", "key"), ("client", ""))
+            if (value := options.get(option))
+            for text in [f"{prefix}:{value}" if prefix else str(value)]
+        ]
+        address = options.get("ip") or None
+        if len(named) > 1:
+            raise CommandError("Name the client with one of --user, --api-key or --client.")
+        if not named and address is None:
             raise CommandError("Name the client with --user, --api-key, --ip or --client.")
+        text = named[0] if named else f"ip:{address}"
         method = str(options["method"]).strip().upper()
         if method not in HTTP_METHODS:
             raise CommandError(
                 f"--method {options['method']!r} is not an HTTP method: use one of "
                 f"{', '.join(HTTP_METHODS)}."
             )
-        options["method"] = method
+        self.refuse_in_process_backend()
         try:
             subject = parse_client(text)
-            found = explain(subject, options["method"], options["path"], options.get("scope"))
+            found = explain(
+                subject,
+                method,
+                options["path"],
+                options.get("scope"),
+                address=address if named else None,
+                username=options.get("username"),
+            )
         except UnknownClient as exc:
             raise CommandError(f"Unknown client: {exc}.") from exc
         except BackendError as exc:
             raise CommandError(f"Could not read the buckets from the backend: {exc}") from exc
         rule = found.rule
         decision = found.decision
-        if decision is None:
-            verdict = "allowed: no limit applies" + (f" ({found.exempt})" if found.exempt else "")
-        elif decision.allowed:
-            verdict = "allowed"
-        else:
-            name = decision.limit.name if decision.limit is not None else "a limit"
-            verdict = f"denied (429) by {name}; Retry-After {decision.retry_after:.3f} s"
+        denied = decision is not None and not decision.allowed
         summary = {
             "client": subject.client,
             "label": subject.label,
@@ -77,12 +116,24 @@ class Command(BaseCommand):
             "scope": found.scope,
             "tier": found.tier.slug if found.tier is not None else None,
             "tier_reason": found.reason,
+            "checks": list(found.checks),
             "rule": rule.name if rule is not None else None,
             "cost": found.cost,
-            "next_request": verdict,
+            "next_request": verdict(found),
+            "denied_by": found.denied_by or None,
+            "retry_after": (
+                retry_after_seconds(decision.retry_after)
+                if decision is not None and denied
+                else None
+            ),
+            "notes": list(found.notes),
         }
         if fmt == "table":
             for key, value in summary.items():
+                if key in ("denied_by", "retry_after", "notes") and not value:
+                    continue
+                if isinstance(value, list):
+                    value = ("; " if key == "notes" else ", ").join(value) or None
                 shown = "-" if value is None else plain_text(value)
                 self.stdout.write(f"{key.replace('_', ' ').capitalize():>13}: {shown}")
             self.stdout.write("")
@@ -91,7 +142,7 @@ class Command(BaseCommand):
             fmt,
             [bucket_row(bucket) for bucket in found.buckets],
             COLUMNS,
-            title="Limits that apply",
+            title="Counters the request meets",
             caption=None if found.buckets else "No limits apply.",
             document=summary,
         )

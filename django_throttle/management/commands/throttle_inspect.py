@@ -1,58 +1,87 @@
 """``manage.py throttle_inspect <client>``: a client's tier and why, and the live state of
-each of its buckets (remaining, reset), read without consuming anything.
+every counter its requests meet (remaining, reset), read without consuming anything: its
+tier's and endpoint rules' limits counted by client, by its IP address and by its username,
+and shared ceilings (marked as shared).
 
 A client is ``user:<username or id>``, ``key:<prefix>``, ``ip:<address>`` or a bare username,
-API key or address (IPv6 addresses are counted by network, as requests are).
+API key or address (IPv6 addresses are counted by network, as requests are). A user's
+username counters are those of its own username; ``--username`` names the one another client
+presents at logins, ``--ip`` the address a user's or key's requests come from.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from django_throttle.backends import BackendError
 from django_throttle.inspection import Bucket, UnknownClient, inspect, parse_client
-from django_throttle.management.output import add_format_argument, checked_format, write_rows
+from django_throttle.management.output import (
+    CountersCommand,
+    add_format_argument,
+    checked_format,
+    write_rows,
+)
 
 COLUMNS = (
     ("limit", "Limit"),
     ("id", "Id"),
     ("from", "From"),
+    ("counted_by", "Counted by"),
     ("algorithm", "Algorithm"),
     ("capacity", "Capacity"),
     ("remaining", "Remaining"),
     ("reset_seconds", "Whole again in (s)"),
+    ("shared", "Shared"),
     ("shadow", "Shadow"),
 )
 
 
 def bucket_row(bucket: Bucket) -> dict[str, Any]:
+    """A bucket as a row (``counter``, the backend's key, is in JSON only)."""
     limit = bucket.limit
     return {
         "limit": limit.name or str(limit.rate),
         "id": limit.id,
         "from": bucket.where,
+        "counted_by": bucket.counted_by,
+        "counter": bucket.client,
         "algorithm": str(limit.algorithm),
-        "capacity": limit.capacity,
+        "capacity": bucket.capacity,
         "remaining": bucket.state.remaining,
         "reset_seconds": round(bucket.state.reset_after, 3),
+        "shared": limit.shared,
         "shadow": limit.shadow,
     }
 
 
-class Command(BaseCommand):
-    help = "Show a client's tier (and why) and the live state of each of its buckets."
+def add_probe_arguments(parser: CommandParser, ip: bool = True) -> None:
+    parser.add_argument(
+        "--username",
+        help="the username the client presents at logins (a user's own by default)",
+    )
+    if ip:
+        parser.add_argument("--ip", help="the address a user's or API key's requests come from")
+
+
+class Command(CountersCommand):
+    help = (
+        "Show a client's tier (and why) and the live state of every counter its requests "
+        "meet: by client, by IP address, by username, and shared ceilings."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("client", help="user:<name|id>, key:<prefix>, ip:<address>, or bare")
+        add_probe_arguments(parser)
         add_format_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         fmt = checked_format(options["format"])
+        self.refuse_in_process_backend()
         try:
             subject = parse_client(options["client"])
-            found = inspect(subject)
+            found = inspect(subject, options.get("username"), options.get("ip"))
         except UnknownClient as exc:
             raise CommandError(f"Unknown client: {exc}.") from exc
         except BackendError as exc:
@@ -71,5 +100,6 @@ class Command(BaseCommand):
                 "label": subject.label,
                 "tier": tier,
                 "reason": found.reason,
+                "username": found.username,
             },
         )

@@ -1,0 +1,332 @@
+"""The requests the operator tools build, so that the request path itself says what a client
+meets.
+
+``throttle_inspect``, ``throttle_explain``, ``throttle_reset`` and the admin's inspector never
+work out a client's counters on their own: they build the request the client would send
+(method, path, address, user, the username it presents), ask :func:`django_throttle.core.plan`
+what :func:`~django_throttle.core.check` would count it against, and read those counters. So
+every counter a request meets is seen, whether it is counted by client, by IP address or by
+username, and a change to the request path changes the tools with it.
+"""
+
+from __future__ import annotations
+
+import base64
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.http import HttpRequest
+from django.urls import ResolverMatch
+
+from django_throttle import core
+from django_throttle.identity import Identity, client_ip
+from django_throttle.rates import Decision, Limit
+from django_throttle.snapshot import EndpointPolicy, Policy, TierPolicy
+
+__all__ = [
+    "Check",
+    "Counter",
+    "Planned",
+    "Probe",
+    "build_request",
+    "every_counter",
+    "planned",
+    "rules",
+    "view_checks",
+]
+
+#: Who a probe request comes from when only the username it presents matters: an anonymous
+#: caller (TEST-NET-1, RFC 5737), whose own counters are left out.
+_SOMEONE = Identity("ip", "192.0.2.1")
+#: A signed-in user with no tier of its own (so the default tier for authenticated users),
+#: who stands in when only the address it sends from matters.
+_SIGNED_IN = Identity("user", "\0probe")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One call an adapter makes to the request path for a view: ``name`` says which, in
+    words; the rest are :func:`~django_throttle.core.check`'s arguments."""
+
+    name: str
+    scope: str | None = None
+    credential: bool = False
+    rule_only: bool = False
+
+
+@dataclass(frozen=True)
+class Counter:
+    """One bucket a request meets: the backend's ``(client, limit)`` pair, where the limit
+    comes from (``"tier 'free'"``, ``"rule 'login'"``) and whose counter it is
+    (``"this client"``, ``"IP 203.0.113.9"``, ``"username alice"``)."""
+
+    client: str
+    limit: Limit
+    where: str
+    counted_by: str
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What one check would count: the counters in the order it calls the backend (one
+    call per distinct counter: ``groups``), at ``cost``, under ``tier`` and ``rule``."""
+
+    check: Check
+    tier: TierPolicy | None
+    rule: EndpointPolicy | None
+    cost: int
+    groups: tuple[tuple[str, tuple[Counter, ...]], ...]
+    #: The decision the check returns without counting (exempt, no limits), else ``None``.
+    uncounted: Decision | None = None
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Who sends the probe requests: ``identity`` as the limiter counts it, the ``user``
+    signed in (``None``: anonymous), the ``address`` it comes from and the ``username`` it
+    presents at a login (``None``: none)."""
+
+    identity: Identity
+    user: Any = None
+    address: str | None = None
+    username: str | None = None
+
+
+def build_request(
+    probe: Probe, method: str, path: str, match: ResolverMatch | None = None
+) -> HttpRequest:
+    """The request ``probe`` would send: a ``POST`` presents the username in the login
+    form's field, another method in ``Authorization: Basic`` (both where the request path
+    reads it); no address at all when none is known."""
+    from django.contrib.auth.models import AnonymousUser
+    from django.test import RequestFactory
+
+    factory = RequestFactory()
+    extra: dict[str, Any] = {}
+    if probe.username is not None and method != "POST":
+        pair = f"{probe.username}:".encode()
+        extra["HTTP_AUTHORIZATION"] = "Basic " + base64.b64encode(pair).decode()
+    if method == "POST":
+        data = {} if probe.username is None else {_username_field(): probe.username}
+        request = factory.post(path or "/", data=data, **extra)
+    else:
+        request = factory.generic(method, path or "/", **extra)
+    if probe.address is None:
+        request.META.pop("REMOTE_ADDR", None)
+    else:
+        request.META["REMOTE_ADDR"] = probe.address
+    if not path:
+        request.path_info = ""  # matches no path rule: the tier's limits alone
+    request.user = probe.user if probe.user is not None else AnonymousUser()
+    request.resolver_match = match
+    return request
+
+
+def planned(
+    probe: Probe,
+    check: Check,
+    method: str,
+    path: str,
+    match: ResolverMatch | None,
+) -> Planned:
+    """Ask the request path what ``check`` would count for ``probe``'s request."""
+    request = build_request(probe, method, path, match)
+    plan = core.plan(
+        request,
+        probe.identity,
+        scope=check.scope,
+        credential=check.credential,
+        rule_only=check.rule_only,
+    )
+    if isinstance(plan, Decision):
+        return Planned(check, None, None, 1, (), uncounted=plan)
+    tier_ids = {limit.id for limit in plan.tier.limits} if plan.tier is not None else set()
+    network = client_ip({"REMOTE_ADDR": probe.address}) if probe.address is not None else None
+    ip_key = Identity("ip", network).key if network is not None else None
+    groups = []
+    for client, limits in ((plan.client, plan.limits), *plan.groups):
+        if client == probe.identity.key:
+            counted_by = "this client"
+        elif client == ip_key:
+            counted_by = f"IP {network}"
+        else:  # the only other kind of counter a plan holds
+            counted_by = f"username {probe.username}"
+        counters = tuple(
+            Counter(
+                client,
+                limit,
+                f"tier '{plan.tier.slug}'"
+                if plan.tier is not None and limit.id in tier_ids
+                else f"rule '{plan.endpoint.name}'"
+                if plan.endpoint is not None
+                else "",
+                counted_by,
+            )
+            for limit in limits
+        )
+        groups.append((client, counters))
+    return Planned(check, plan.tier, plan.endpoint, plan.cost, tuple(groups))
+
+
+def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) -> list[Check]:
+    """The checks a request to the view ``func`` makes, in the order it makes them: a
+    ``protect_credentials`` check before a login's password is read (``POST`` only); on a
+    DRF view, the credential check of a protected Basic authentication class when the
+    request sends ``basic`` credentials; then the view's own throttle (a DRF view's only
+    when a ``PolicyThrottle`` is among its throttle classes; any other view is assumed to
+    be throttled by the policy, as a path rule or ``@throttle(scope=...)`` would)."""
+    credential_scope = drf_view = None
+    seen: set[int] = set()
+    while func is not None and id(func) not in seen:  # down the __wrapped__ chain
+        seen.add(id(func))
+        credential_scope = credential_scope or getattr(func, "throttle_credential_scope", None)
+        drf_view = drf_view or getattr(func, "cls", None)
+        func = getattr(func, "__wrapped__", None)
+    checks = []
+    if credential_scope is not None and method == "POST":
+        checks.append(
+            Check(
+                f"protect_credentials (scope '{credential_scope}')",
+                str(credential_scope),
+                credential=True,
+                rule_only=True,
+            )
+        )
+    if drf_view is not None:
+        if basic:
+            checks.extend(_basic_protection(drf_view))
+        if _has_policy_throttle(drf_view):
+            checks.append(
+                Check(
+                    "PolicyThrottle",
+                    scope if scope is not None else getattr(drf_view, "throttle_scope", None),
+                    credential=bool(getattr(drf_view, "throttle_credential", False)),
+                )
+            )
+    elif credential_scope is None:
+        checks.append(Check("the view's throttle", scope))
+    return checks
+
+
+def _basic_protection(view_class: Any) -> list[Check]:
+    """The check of the first protected Basic authentication class of a DRF view (DRF
+    tries its classes in order; only a Basic one reads Basic credentials)."""
+    drf = sys.modules.get("django_throttle.drf")
+    if drf is None:
+        return []
+    from django_throttle.conf import app_settings
+
+    for auth in getattr(view_class, "authentication_classes", ()) or ():
+        if (
+            isinstance(auth, type)
+            and issubclass(auth, drf.CredentialProtection)
+            and issubclass(auth, drf.BasicAuthentication)
+        ):
+            scope = getattr(auth, "protection_scope", None) or app_settings.AUTHENTICATION_SCOPE
+            name = f"{auth.__name__} (scope '{scope}')"
+            return [Check(name, scope, credential=True, rule_only=True)]
+    return []
+
+
+def _has_policy_throttle(view_class: Any) -> bool:
+    throttles = getattr(view_class, "throttle_classes", ()) or ()
+    # Reading throttle_classes imported the DRF adapter if the settings name it.
+    drf = sys.modules.get("django_throttle.drf")
+    return drf is not None and any(
+        isinstance(throttle, type) and issubclass(throttle, drf.PolicyThrottle)
+        for throttle in throttles
+    )
+
+
+def every_counter(probe: Probe, snapshot: Policy) -> list[Counter]:
+    """Every counter a request from ``probe`` could meet under the policy: its tier's, each
+    endpoint rule's (as its throttle and as a credential check), counted by client, by its
+    address and by the username it presents; for a username, the counters of that
+    username that anonymous callers fill (a login's "by username" limits); for an address,
+    those that signed-in users of the default tier fill from it. Each once."""
+    found: dict[tuple[str, str], Counter] = {}
+    for who, own in ((probe, True), (_presenting(probe), False), (_signed_in_from(probe), False)):
+        if who is None:
+            continue
+        for check, method, path, match in _rule_requests(snapshot):
+            result = planned(who, check, method, path, match)
+            for client, counters in result.groups:
+                if not own and client == who.identity.key:
+                    continue  # the stand-in caller's own counters are not the probe's
+                for counter in counters:
+                    found.setdefault((client, counter.limit.id), counter)
+    return list(found.values())
+
+
+def _presenting(probe: Probe) -> Probe | None:
+    """An anonymous caller presenting ``probe``'s username, if it presents one."""
+    if probe.username is None:
+        return None
+    return Probe(_SOMEONE, username=probe.username)
+
+
+def _signed_in_from(probe: Probe) -> Probe | None:
+    """A signed-in user (of the default tier for authenticated users) sending from an IP
+    client's address, whose counters by IP address are that address's too."""
+    if probe.identity.kind != "ip" or probe.address is None:
+        return None
+    return Probe(_SIGNED_IN, address=probe.address)
+
+
+def _rule_requests(
+    snapshot: Policy,
+) -> Iterable[tuple[Check, str, str, ResolverMatch | None]]:
+    """A request matching no rule (the tier's limits), then, for each rule, one it matches
+    (with a method it accepts), as the view's throttle and as a credential check."""
+    from django_throttle.models.fields import HTTP_METHODS
+
+    yield Check("the view's throttle"), "GET", "", None
+    for rule in rules(snapshot):
+        scope = route = None
+        path = ""
+        if rule.match_type == "scope":
+            scope = rule.pattern
+        elif rule.match_type == "route":
+            route = rule.pattern
+        else:
+            path = rule.pattern
+        # POST first: logins present their username in a POST's form, as probes do.
+        methods: Sequence[str] = sorted(rule.methods or HTTP_METHODS, key=lambda m: m != "POST")
+        method = next((m for m in methods if snapshot.match(m, scope, route, path) is rule), None)
+        if method is None:
+            continue  # another rule always wins: no request meets this one
+        match = None if route is None else _route_match(route)
+        yield Check("the view's throttle", scope), method, path, match
+        if scope is not None:
+            yield (
+                Check("credential check", scope, credential=True, rule_only=True),
+                method,
+                "",
+                None,
+            )
+
+
+def rules(snapshot: Policy) -> list[EndpointPolicy]:
+    """Every enabled endpoint rule of the policy, once each, by name."""
+    rules = list(snapshot.by_path)
+    for group in (*snapshot.by_scope.values(), *snapshot.by_route.values()):
+        rules.extend(group)
+    unique = {rule.id: rule for rule in rules}
+    return sorted(unique.values(), key=lambda rule: rule.name)
+
+
+def _route_match(view_name: str) -> ResolverMatch:
+    *names, url_name = view_name.split(":")
+    namespaces: list[str | None] = list(names)
+    return ResolverMatch(_no_view, (), {}, url_name=url_name, namespaces=namespaces)
+
+
+def _no_view(request: HttpRequest) -> None:
+    """Stands in for the view of a route rule's probe request (never called)."""
+
+
+def _username_field() -> str:
+    return str(getattr(get_user_model(), "USERNAME_FIELD", "username"))
