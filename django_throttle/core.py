@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.utils.functional import LazyObject
 
 from django_throttle import credentials, events, usage
 from django_throttle import policy as policy_module
@@ -114,7 +115,7 @@ def check(
         decision = breaker.call(
             backend.hit, planned.client, planned.limits, planned.cost, usage=field
         )
-        if planned.groups and decision.allowed:
+        if planned.groups:
             decision = hit_groups(
                 (planned.client, planned.limits),
                 planned.groups,
@@ -144,14 +145,25 @@ async def acheck(
     failure_mode: str | None = None,
     credential: bool = False,
     rule_only: bool = False,
+    user_loaded: bool = False,
 ) -> Decision:
     """:func:`check` for ``async def`` views: the backend call is awaited on the event loop
     (``redis.asyncio``), never in a thread. Only work that may touch the database (reloading
-    the policy snapshot, at most once per refresh interval) and pushing counts kept while the
-    backend was down run in a worker thread."""
+    the policy snapshot, at most once per refresh interval; loading the signed-in user) and
+    pushing counts kept while the backend was down run in a worker thread.
+
+    ``request.user`` as ``AuthenticationMiddleware`` leaves it is a lazy object whose first
+    read queries the database, which Django refuses on an event loop
+    (``SynchronousOnlyOperation``). So a lazy user is first replaced by the one Django's
+    async API gives, ``await request.auser()``, as Django's own async ``login_required``
+    does (an anonymous request without a session costs no thread). ``user_loaded=True``
+    says an authentication step already ran and set ``request.user`` (DRF's): it is read as
+    it is."""
     if not app_settings.ENABLED:
         return UNLIMITED
     started = time.perf_counter() if events.watching() else 0.0
+    if not user_loaded:
+        await _aload_user(request)
     snapshot = policy_module.fresh()
     if snapshot is None and limits is None:
         snapshot = await sync_to_async(policy_module.current)()
@@ -174,7 +186,7 @@ async def acheck(
         decision = await breaker.acall(
             backend.ahit, planned.client, planned.limits, planned.cost, usage=field
         )
-        if planned.groups and decision.allowed:
+        if planned.groups:
             decision = await ahit_groups(
                 (planned.client, planned.limits),
                 planned.groups,
@@ -193,6 +205,26 @@ async def acheck(
     if started:
         _announce(request, planned, decision, started)
     return decision
+
+
+async def _aload_user(request: Any) -> None:
+    """Make ``request.user`` safe to read on the event loop (see :func:`acheck`). A lazy
+    user without Django's ``auser`` twin (set by some other middleware) is evaluated in a
+    worker thread instead; a user that is no lazy object is left alone (it was set by a
+    login, a remote-user middleware or an authentication class, and reading it costs no
+    query)."""
+    user = getattr(request, "user", None)
+    if not isinstance(user, LazyObject):  # a lazy object's type() is never its target's
+        return
+    auser = getattr(request, "auser", None)
+    if callable(auser):
+        request.user = await auser()
+    else:
+        await sync_to_async(_is_authenticated)(user)
+
+
+def _is_authenticated(user: Any) -> bool:
+    return bool(getattr(user, "is_authenticated", False))
 
 
 def _plan(
@@ -240,10 +272,10 @@ def _plan(
             endpoint_name = endpoint.name
             if rule_only and tier is not None:
                 limits = endpoint.rule_limits_by_tier.get(tier.id, ())
-            groups = policy.groups_for(tier, endpoint)
+            groups = policy.groups_for(tier, endpoint, credential)
         if tier is not None:
             tier_slug = tier.slug
-    if groups and endpoint is not None and tier is not None:
+    if groups and endpoint is not None:
         return _grouped(
             request,
             identity,
@@ -283,7 +315,7 @@ def _grouped(
     limits: Sequence[Limit],
     groups: tuple[tuple[str, tuple[Limit, ...]], ...],
     endpoint: EndpointPolicy,
-    tier: TierPolicy,
+    tier: TierPolicy | None,
     cost: int | None,
     failure_mode: str | None,
     credential: bool,
@@ -293,10 +325,9 @@ def _grouped(
     """The plan of a rule with limits counted by IP address or username: one group per
     distinct counter, the client's first. A counter equal to the client's (an anonymous
     client's IP address) joins its group, so the call count stays as low as it can."""
+    own = endpoint.rule_limits_by_tier.get(tier.id, ()) if tier is not None else ()
     calls: dict[str, list[Limit]] = {identity.key: list(limits)}
-    refunds: dict[str, list[Limit]] = {
-        identity.key: list(endpoint.rule_limits_by_tier.get(tier.id, ()))
-    }
+    refunds: dict[str, list[Limit]] = {identity.key: list(own)}
     for counted_by, counted in groups:
         if counted_by == "ip":
             address = client_ip(request.META)
