@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from django.http import HttpRequest, HttpResponse
-from django.test import RequestFactory
+from django.test import AsyncClient, RequestFactory
+from django.urls import path
 
 from django_throttle import backends
 from django_throttle.backends.redis import RedisBackend
@@ -27,6 +28,9 @@ async def limited(request: HttpRequest) -> HttpResponse:
 @throttle(scope="async-admin")
 async def admin_limited(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok")
+
+
+urlpatterns = [path("limited/", limited), path("admin-limited/", admin_limited)]
 
 
 def _requests(count: int, address: str = "10.20.0.1") -> list[HttpRequest]:
@@ -154,3 +158,27 @@ def test_async_path_recovers_a_flushed_script_cache(redis_client: Any) -> None:
         return [first.remaining, second.remaining]
 
     assert async_to_sync(run)() == [2, 1]
+
+
+@pytest.mark.urls("tests.test_async")
+@pytest.mark.parametrize("signed_in", [False, True], ids=["anonymous", "signed-in"])
+def test_concurrent_requests_through_the_asgi_stack_admit_exactly_the_limit(
+    monkeypatch: pytest.MonkeyPatch, django_user_model: Any, signed_in: bool
+) -> None:
+    """Through ``AsyncClient`` and the real session and authentication middleware, where
+    ``request.user`` is lazy and may not be read on the event loop: a signed-in user is
+    counted under their tier's limit, on the event loop, never a 500."""
+    tier("anonymous", "3/h", burst=3, is_default_anonymous=True)
+    tier("members", "5/h", burst=5, is_default_authenticated=True)
+    _no_sync_hit(monkeypatch)
+    client = AsyncClient()
+    if signed_in:
+        client.force_login(django_user_model.objects.create_user("[async]"))
+
+    async def burst() -> list[int]:
+        responses = await asyncio.gather(*(client.get("/admin-limited/") for _ in range(20)))
+        return [response.status_code for response in responses]
+
+    codes = async_to_sync(burst)()
+    assert codes.count(200) == (5 if signed_in else 3)
+    assert codes.count(429) == len(codes) - codes.count(200)
