@@ -139,24 +139,22 @@ def methods(sequence: str, count: int) -> list[str]:
 @pytest.mark.parametrize("kind", ["wsgi", "asgi"])
 @pytest.mark.parametrize("sequence", ["GET", "HEAD", "mixed"])
 @pytest.mark.parametrize("view", VIEWS)
-@pytest.mark.parametrize(
-    "username", [None, *USERNAMES], ids=["anonymous", "150", "unicode", "markup"]
-)
 def test_every_adapter_limits_each_caller_by_its_tier(
-    gold: Tier, view: str, sequence: str, kind: str, username: str | None
+    gold: Tier, view: str, sequence: str, kind: str
 ) -> None:
-    """Anonymous callers meet the anonymous tier's share of the GET rule, a signed-in user
-    the share of the tier assigned to them, and HEAD (answered by the GET handler) counts
-    against the same rule: never a 500, never a free pass."""
-    user = None if username is None else gold_user(gold, username)
-    limit = ANONYMOUS_LIMIT if user is None else GOLD_LIMIT
-    requests = [(method, VIEWS[view], {}) for method in methods(sequence, limit + 1)]
-    responses = send(kind, requests, user)
-    assert statuses(responses) == [200] * limit + [429]
-    assert [r["X-RateLimit-Limit"] for r in responses] == [str(limit)] * (limit + 1)
-    assert int(responses[-1]["Retry-After"]) > 1
-    if requests[0][0] == "GET":
-        assert responses[0].json() == {"user": username or ""}  # type: ignore[attr-defined]
+    """Anonymous callers meet the anonymous tier's share of the GET rule, each signed-in
+    user (odd usernames) the share of the tier assigned to them, and HEAD (answered by the
+    GET handler) counts against the same rule: never a 500, never a free pass."""
+    for username in [None, *USERNAMES]:
+        user = None if username is None else gold_user(gold, username)
+        limit = ANONYMOUS_LIMIT if user is None else GOLD_LIMIT
+        requests = [(method, VIEWS[view], {}) for method in methods(sequence, limit + 1)]
+        responses = send(kind, requests, user)
+        assert statuses(responses) == [200] * limit + [429], username
+        assert [r["X-RateLimit-Limit"] for r in responses] == [str(limit)] * (limit + 1)
+        assert int(responses[-1]["Retry-After"]) > 1
+        if requests[0][0] == "GET":
+            assert responses[0].json() == {"user": username or ""}  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("kind", ["wsgi", "asgi"])
