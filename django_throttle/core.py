@@ -11,6 +11,7 @@ reserve tokens that :mod:`~django_throttle.reservations` gives back when they mu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -157,20 +158,21 @@ async def acheck(
 
     ``request.user`` as ``AuthenticationMiddleware`` leaves it is a lazy object whose first
     read queries the database, which Django refuses on an event loop
-    (``SynchronousOnlyOperation``). So a lazy user is first replaced by the one Django's
-    async API gives, ``await request.auser()``, as Django's own async ``login_required``
-    does (an anonymous request without a session costs no thread). ``user_loaded=True``
-    says an authentication step already ran and set ``request.user`` (DRF's): it is read as
-    it is."""
+    (``SynchronousOnlyOperation``). So the request is counted by the user Django's async
+    API gives, ``await request.auser()``, as Django's own async ``login_required`` does (an
+    anonymous request without a session costs no thread); the identity resolver and the
+    staff and superuser exemptions see that user as ``request.user``, and the view gets
+    the lazy one back untouched. ``user_loaded=True`` says an authentication step already
+    ran and set ``request.user`` (DRF's): it is read as it is."""
     if not app_settings.ENABLED:
         return UNLIMITED
     started = time.perf_counter() if events.watching() else 0.0
-    if not user_loaded:
-        await _aload_user(request)
+    counted_as = None if user_loaded else await _async_user(request)
     snapshot = policy_module.fresh()
     if snapshot is None and limits is None:
         snapshot = await sync_to_async(policy_module.current)()
-    planned = _plan(
+    plan = functools.partial(
+        _plan,
         request,
         scope,
         limits,
@@ -180,6 +182,16 @@ async def acheck(
         lambda: snapshot or policy_module.last(),
         rule_only,
     )
+    if counted_as is None:
+        planned = plan()
+    else:
+        # Shown to the identity resolver and the exemptions only (planning never awaits, so
+        # nothing else runs meanwhile); the view gets the request's own user back.
+        own, request.user = request.user, counted_as
+        try:
+            planned = plan()
+        finally:
+            request.user = own
     if not isinstance(planned, _Plan):
         return planned
     breaker = get_breaker()
@@ -210,20 +222,20 @@ async def acheck(
     return decision
 
 
-async def _aload_user(request: Any) -> None:
-    """Make ``request.user`` safe to read on the event loop (see :func:`acheck`). A lazy
-    user without Django's ``auser`` twin (set by some other middleware) is evaluated in a
-    worker thread instead; a user that is no lazy object is left alone (it was set by a
-    login, a remote-user middleware or an authentication class, and reading it costs no
-    query)."""
+async def _async_user(request: Any) -> Any:
+    """The user to count ``request`` by on an event loop, when ``request.user`` is a lazy
+    object that may query the database (see :func:`acheck`): ``await request.auser()``.
+    ``None`` when ``request.user`` can be read as it is: a plain user object (set by a
+    login, a remote-user middleware or an authentication class), or a lazy one without
+    Django's ``auser`` twin, which is then evaluated in a worker thread."""
     user = getattr(request, "user", None)
     if not isinstance(user, LazyObject):  # a lazy object's type() is never its target's
-        return
+        return None
     auser = getattr(request, "auser", None)
     if callable(auser):
-        request.user = await auser()
-    else:
-        await sync_to_async(_is_authenticated)(user)
+        return await auser()
+    await sync_to_async(_is_authenticated)(user)
+    return None
 
 
 def _is_authenticated(user: Any) -> bool:
