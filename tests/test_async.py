@@ -182,3 +182,49 @@ def test_concurrent_requests_through_the_asgi_stack_admit_exactly_the_limit(
     codes = async_to_sync(burst)()
     assert codes.count(200) == (5 if signed_in else 3)
     assert codes.count(429) == len(codes) - codes.count(200)
+
+
+class TokenUser:
+    """A middleware that signs requests in from a header, lazily and without the database
+    (as JWT middlewares do), after Django's AuthenticationMiddleware."""
+
+    sync_capable = False
+    async_capable = True
+
+    def __init__(self, get_response: Any) -> None:
+        from asgiref.sync import markcoroutinefunction
+
+        self.get_response = get_response
+        markcoroutinefunction(self)
+
+    async def __call__(self, request: Any) -> Any:
+        from django.contrib.auth.models import AnonymousUser
+        from django.utils.functional import SimpleLazyObject
+
+        if "HTTP_X_TOKEN_USER" in request.META:
+            name = request.META["HTTP_X_TOKEN_USER"]
+            user = type("Token", (AnonymousUser,), {"username": name})()
+            request.user = SimpleLazyObject(lambda: user)
+        return await self.get_response(request)
+
+
+@throttle(rate="10/h")
+async def who(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(request.user.username)
+
+
+urlpatterns.append(path("who/", who))
+
+
+@pytest.mark.urls("tests.test_async")
+def test_an_async_view_keeps_its_own_request_user(settings: Any) -> None:
+    """The check reads the signed-in user through ``request.auser()`` and never replaces
+    the request's own (here another middleware's lazy user) for the view."""
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, "tests.test_async.TokenUser"]
+
+    async def get() -> HttpResponse:
+        return await AsyncClient().get("/who/", headers={"X-Token-User": "[token]"})  # type: ignore[no-any-return]
+
+    response = async_to_sync(get)()
+    assert response.status_code == 200
+    assert response.content == b"[token]"
