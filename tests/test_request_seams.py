@@ -206,6 +206,24 @@ def test_credential_counters_hold_whatever_the_callers_tier(
 
 
 @pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+@pytest.mark.parametrize("who", ["anonymous", "signed-in"])
+@pytest.mark.parametrize("presented", PRESENTED, ids=["300", "unicode", "markup"])
+def test_basic_credentials_meet_the_counters_whatever_the_callers_tier(
+    gold: Tier, who: str, kind: str, presented: str
+) -> None:
+    """DRF's protected Basic authentication counts the attempt before the password is
+    checked, also when the request carries the session of a user of another tier."""
+    import base64
+
+    user, _ = caller(who, gold)
+    token = base64.b64encode(f"{presented}:guess".encode()).decode()
+    attempt = ("GET", "/seams/basic/", {})
+    responses = send(kind, [attempt] * 4, user, {"Authorization": f"Basic {token}"})
+    assert statuses(responses) == [401, 401, 401, 429]
+    assert USERNAME_WAIT - 60 < int(responses[-1]["Retry-After"]) <= USERNAME_WAIT
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
 @pytest.mark.parametrize("login", LOGINS)
 def test_a_retry_after_retry_after_passes(settings: Any, gold: Tier, login: str, kind: str) -> None:
     """On the memory backend's injected clock: one second before ``Retry-After`` the login

@@ -26,4 +26,5 @@ urlpatterns = [
     path("seams/login-async/", views.seam_login_async),
     path("seams/token/", views.SeamToken.as_view()),
     path("seams/token-async/", views.SeamAsyncToken.as_view()),
+    path("seams/basic/", views.SeamBasic.as_view()),
 ]

@@ -12,7 +12,7 @@ from rest_framework.views import APIView
 
 from django_throttle.credentials import protect_credentials
 from django_throttle.decorators import throttle
-from django_throttle.drf import AsyncPolicyThrottle
+from django_throttle.drf import AsyncPolicyThrottle, ProtectedBasicAuthentication
 
 
 class Ping(APIView):
@@ -143,3 +143,17 @@ class SeamAsyncToken(AsyncAPIView):  # type: ignore[misc]
 
     async def post(self, request: Request) -> Response:
         return Response({"detail": "wrong password"}, status=401)
+
+
+class SeamBasicAuthentication(ProtectedBasicAuthentication):
+    protection_scope = "seam-login"
+
+
+class SeamBasic(APIView):
+    """Basic credentials counted under the credential rule before the password is checked."""
+
+    authentication_classes = [SeamBasicAuthentication]
+    permission_classes = [AllowAny]
+
+    def get(self, request: Request) -> Response:
+        return Response({"user": request.user.get_username()})
