@@ -93,9 +93,10 @@ def check(
     decorator's inline rate), exactly those apply. ``rule_only`` counts only the limits of
     the rule matching ``scope`` (no route or path match, no tier limits): a check before
     authentication, whose view counts the tier's limits later. A ``credential`` check
-    (login, token) meets the rule's limits counted by IP address and by username of every
-    tier, whatever the caller's: they protect the account named and the server, so a
-    signed-in caller or an API key holder guessing another account's password meets them.
+    (login, token), or any check under a credential rule (one counting failures or by
+    username), meets the rule's limits counted by IP address and by username of every tier,
+    whatever the caller's: they protect the account named and the server, so a signed-in
+    caller or an API key holder guessing another account's password meets them.
 
     When the backend cannot answer, the failure mode is the first of: ``failure_mode``, the
     endpoint rule's, the tier's, ``"closed"`` for a ``credential`` endpoint (login, token: an

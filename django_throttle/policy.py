@@ -139,6 +139,8 @@ def _read_policy(version: str | None, started: float) -> Policy:
                 rule_limits_by_tier=own,
                 groups_by_tier=groups,
                 credential_groups=credential_groups,
+                credential=rule.counts == "failures"
+                or any(counter == "username" for counter, _ in credential_groups),
             )
         )
     return Policy(

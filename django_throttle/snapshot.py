@@ -107,6 +107,10 @@ class EndpointPolicy:
     #: Every tier's limits counted by IP address or username, for credential checks: those
     #: counters protect the account and the server, whoever the caller is.
     credential_groups: tuple[CountedGroup, ...] = ()
+    #: A login or token endpoint's rule by its rows: one with a limit counted by username
+    #: (only credential requests present one), or one counting failures. Its checks are
+    #: credential checks whichever adapter makes them.
+    credential: bool = False
 
     def accepts(self, method: str) -> bool:
         """Whether the rule covers ``method``. A rule naming GET covers HEAD too: Django
@@ -208,12 +212,13 @@ class Policy:
         credential: bool = False,
     ) -> tuple[CountedGroup, ...]:
         """The endpoint's limits counted by IP address or username for this tier; for a
-        ``credential`` check (login, token, authentication), those of every tier whatever
-        the caller's: they protect the account named and the server, so a signed-in caller
-        or an API key holder guessing someone else's password meets them too."""
+        ``credential`` check (login, token, authentication) or a credential rule
+        (:attr:`EndpointPolicy.credential`), those of every tier whatever the caller's: they
+        protect the account named and the server, so a signed-in caller or an API key
+        holder guessing someone else's password meets them too."""
         if endpoint is None:
             return ()
-        if credential:
+        if credential or endpoint.credential:
             return endpoint.credential_groups
         if tier is None or not endpoint.groups_by_tier:
             return ()

@@ -38,11 +38,14 @@ VIEWS = {
     "drf": "/seams/api/",
     "drf-async": "/seams/api-async/",
 }
-#: Views under the credential rule of scope "seam-login": protect_credentials, and the DRF
-#: throttle class on a token view (``throttle_credential``).
+#: Views under the credential rule of scope "seam-login": protect_credentials, ``@throttle``
+#: (no ``credential=True``: the rule's rows make it one), and the DRF throttle class on a
+#: token view (``throttle_credential``).
 LOGINS = {
     "protect_credentials": "/seams/login/",
     "protect_credentials-async": "/seams/login-async/",
+    "decorator": "/seams/login-decorated/",
+    "decorator-async": "/seams/login-decorated-async/",
     "drf-token": "/seams/token/",
     "drf-token-async": "/seams/token-async/",
 }

@@ -24,6 +24,8 @@ urlpatterns = [
     path("seams/api-async/", views.SeamAsyncApi.as_view()),
     path("seams/login/", views.seam_login),
     path("seams/login-async/", views.seam_login_async),
+    path("seams/login-decorated/", views.seam_login_decorated),
+    path("seams/login-decorated-async/", views.seam_login_decorated_async),
     path("seams/token/", views.SeamToken.as_view()),
     path("seams/token-async/", views.SeamAsyncToken.as_view()),
     path("seams/basic/", views.SeamBasic.as_view()),

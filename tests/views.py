@@ -124,6 +124,17 @@ async def seam_login_async(request: HttpRequest) -> HttpResponse:
     return HttpResponse("wrong password", status=401)
 
 
+@throttle(scope="seam-login")
+def seam_login_decorated(request: HttpRequest) -> HttpResponse:
+    """A login under ``@throttle`` with no ``credential=True``: the rule says it is one."""
+    return HttpResponse("wrong password", status=401)
+
+
+@throttle(scope="seam-login")
+async def seam_login_decorated_async(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("wrong password", status=401)
+
+
 class SeamToken(APIView):
     """A token endpoint under the credential rule, through the DRF throttle class."""
 
