@@ -228,7 +228,9 @@ def test_basic_credentials_meet_the_counters_whatever_the_callers_tier(
 
 @pytest.mark.parametrize("kind", ["wsgi", "asgi"])
 @pytest.mark.parametrize("login", LOGINS)
-def test_a_retry_once_retry_after_has_passed_gets_through(settings: Any, gold: Tier, login: str, kind: str) -> None:
+def test_a_retry_once_retry_after_has_passed_gets_through(
+    settings: Any, gold: Tier, login: str, kind: str
+) -> None:
     """On the memory backend's injected clock: one second before ``Retry-After`` the login
     is still refused, at ``Retry-After`` it is let through to the password check."""
     settings.DJANGO_THROTTLE_BACKEND = MEMORY
