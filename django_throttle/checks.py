@@ -360,6 +360,62 @@ def check_settling_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
     ]
 
 
+def check_credential_rules(**kwargs: Any) -> list[checks.CheckMessage]:
+    """W005: a credential rule limits some tiers only.
+
+    A credential rule is one with a limit counted by username, or one counting failures (a
+    login or token endpoint's; :attr:`~django_throttle.snapshot.EndpointPolicy.credential`).
+    Its limits counted by IP address or username apply to every caller whatever the tier
+    (they protect the account and the server); its limits counted by client apply only to
+    the tiers they are given for, so signed-in users and API keys of the other tiers meet
+    none of them there."""
+    from django.db import transaction
+
+    from django_throttle.models import EndpointLimit, EndpointRule, Tier
+
+    try:
+        # A savepoint, so a missing table cannot break a surrounding transaction.
+        with transaction.atomic(using=EndpointRule.objects.db):
+            tiers = dict(Tier.objects.order_by("pk").values_list("pk", "slug"))
+            rules = dict(EndpointRule.objects.filter(enabled=True).values_list("pk", "counts"))
+            rows = list(
+                EndpointLimit.objects.filter(rule__in=list(rules))
+                .order_by("pk")
+                .values_list("rule_id", "rule__name", "tier_id", "counted_by")
+            )
+    except Exception:
+        # No tables yet, no database, or database access refused (test runners).
+        return []
+    names: dict[int, str] = {}
+    credential: set[int] = {pk for pk, counts in rules.items() if counts == "failures"}
+    client_tiers: dict[int, set[int]] = {}
+    for rule_id, name, tier_id, counted_by in rows:
+        names[rule_id] = name
+        if counted_by == "username":
+            credential.add(rule_id)
+        elif counted_by == "client":
+            client_tiers.setdefault(rule_id, set()).add(tier_id)
+    warnings: list[checks.CheckMessage] = []
+    for rule_id, limited in sorted(client_tiers.items()):
+        unlimited = [slug for pk, slug in tiers.items() if pk not in limited]
+        if rule_id not in credential or not unlimited:
+            continue
+        given = ", ".join(slug for pk, slug in tiers.items() if pk in limited)
+        warnings.append(
+            checks.Warning(
+                f"Credential rule {names[rule_id]!r} limits its callers by client for tier(s) "
+                f"{given} only: callers of tier(s) {', '.join(unlimited)} (signed-in users, "
+                "API keys) meet none of those limits on that login or token endpoint. Its "
+                "limits counted by IP address and username apply whatever the tier.",
+                hint="Give the rule a limit counted by client for every tier, or count it "
+                "by IP address or username instead.",
+                id="django_throttle.W005",
+            )
+        )
+    return warnings
+
+
 def register() -> None:
     checks.register(check_settings, checks.Tags.compatibility)
     checks.register(check_settling_middleware, checks.Tags.models)
+    checks.register(check_credential_rules, checks.Tags.models)

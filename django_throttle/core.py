@@ -11,6 +11,7 @@ reserve tokens that :mod:`~django_throttle.reservations` gives back when they mu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.utils.functional import LazyObject
 
 from django_throttle import credentials, events, usage
 from django_throttle import policy as policy_module
@@ -91,7 +93,11 @@ def check(
     endpoint rule matching ``scope``, the URL route name or the path. With ``limits`` (a
     decorator's inline rate), exactly those apply. ``rule_only`` counts only the limits of
     the rule matching ``scope`` (no route or path match, no tier limits): a check before
-    authentication, whose view counts the tier's limits later.
+    authentication, whose view counts the tier's limits later. A ``credential`` check
+    (login, token), or any check under a credential rule (one counting failures or by
+    username), meets the rule's limits counted by IP address and by username of every tier,
+    whatever the caller's: they protect the account named and the server, so a signed-in
+    caller or an API key holder guessing another account's password meets them.
 
     When the backend cannot answer, the failure mode is the first of: ``failure_mode``, the
     endpoint rule's, the tier's, ``"closed"`` for a ``credential`` endpoint (login, token: an
@@ -115,7 +121,7 @@ def check(
         decision = breaker.call(
             backend.hit, planned.client, planned.limits, planned.cost, usage=field
         )
-        if planned.groups and decision.allowed:
+        if planned.groups:
             decision = hit_groups(
                 (planned.client, planned.limits),
                 planned.groups,
@@ -145,18 +151,30 @@ async def acheck(
     failure_mode: str | None = None,
     credential: bool = False,
     rule_only: bool = False,
+    user_loaded: bool = False,
 ) -> Decision:
     """:func:`check` for ``async def`` views: the backend call is awaited on the event loop
     (``redis.asyncio``), never in a thread. Only work that may touch the database (reloading
-    the policy snapshot, at most once per refresh interval) and pushing counts kept while the
-    backend was down run in a worker thread."""
+    the policy snapshot, at most once per refresh interval; loading the signed-in user) and
+    pushing counts kept while the backend was down run in a worker thread.
+
+    ``request.user`` as ``AuthenticationMiddleware`` leaves it is a lazy object whose first
+    read queries the database, which Django refuses on an event loop
+    (``SynchronousOnlyOperation``). So the request is counted by the user Django's async
+    API gives, ``await request.auser()``, as Django's own async ``login_required`` does (an
+    anonymous request without a session costs no thread); the identity resolver and the
+    staff and superuser exemptions see that user as ``request.user``, and the view gets
+    the lazy one back untouched. ``user_loaded=True`` says an authentication step already
+    ran and set ``request.user`` (DRF's): it is read as it is."""
     if not app_settings.ENABLED:
         return UNLIMITED
     started = time.perf_counter() if events.watching() else 0.0
+    counted_as = None if user_loaded else await _async_user(request)
     snapshot = policy_module.fresh()
     if snapshot is None and limits is None:
         snapshot = await sync_to_async(policy_module.current)()
-    planned = _plan(
+    plan = functools.partial(
+        _plan,
         request,
         scope,
         limits,
@@ -166,6 +184,16 @@ async def acheck(
         lambda: snapshot or policy_module.last(),
         rule_only,
     )
+    if counted_as is None:
+        planned = plan()
+    else:
+        # Shown to the identity resolver and the exemptions only (planning never awaits, so
+        # nothing else runs meanwhile); the view gets the request's own user back.
+        own, request.user = request.user, counted_as
+        try:
+            planned = plan()
+        finally:
+            request.user = own
     if not isinstance(planned, _Plan):
         return planned
     breaker = get_breaker()
@@ -175,7 +203,7 @@ async def acheck(
         decision = await breaker.acall(
             backend.ahit, planned.client, planned.limits, planned.cost, usage=field
         )
-        if planned.groups and decision.allowed:
+        if planned.groups:
             decision = await ahit_groups(
                 (planned.client, planned.limits),
                 planned.groups,
@@ -212,6 +240,26 @@ def plan(
     return _plan(
         request, scope, None, None, None, credential, policy_module.current, rule_only, identity
     )
+
+
+async def _async_user(request: Any) -> Any:
+    """The user to count ``request`` by on an event loop, when ``request.user`` is a lazy
+    object that may query the database (see :func:`acheck`): ``await request.auser()``.
+    ``None`` when ``request.user`` can be read as it is: a plain user object (set by a
+    login, a remote-user middleware or an authentication class), or a lazy one without
+    Django's ``auser`` twin, which is then evaluated in a worker thread."""
+    user = getattr(request, "user", None)
+    if not isinstance(user, LazyObject):  # a lazy object's type() is never its target's
+        return None
+    auser = getattr(request, "auser", None)
+    if callable(auser):
+        return await auser()
+    await sync_to_async(_is_authenticated)(user)
+    return None
+
+
+def _is_authenticated(user: Any) -> bool:
+    return bool(getattr(user, "is_authenticated", False))
 
 
 def _plan(
@@ -261,10 +309,10 @@ def _plan(
             endpoint_name = endpoint.name
             if rule_only and tier is not None:
                 limits = endpoint.rule_limits_by_tier.get(tier.id, ())
-            groups = policy.groups_for(tier, endpoint)
+            groups = policy.groups_for(tier, endpoint, credential)
         if tier is not None:
             tier_slug = tier.slug
-    if groups and endpoint is not None and tier is not None:
+    if groups and endpoint is not None:
         return _grouped(
             request,
             identity,
@@ -306,7 +354,7 @@ def _grouped(
     limits: Sequence[Limit],
     groups: tuple[tuple[str, tuple[Limit, ...]], ...],
     endpoint: EndpointPolicy,
-    tier: TierPolicy,
+    tier: TierPolicy | None,
     cost: int | None,
     failure_mode: str | None,
     credential: bool,
@@ -316,10 +364,9 @@ def _grouped(
     """The plan of a rule with limits counted by IP address or username: one group per
     distinct counter, the client's first. A counter equal to the client's (an anonymous
     client's IP address) joins its group, so the call count stays as low as it can."""
+    own = endpoint.rule_limits_by_tier.get(tier.id, ()) if tier is not None else ()
     calls: dict[str, list[Limit]] = {identity.key: list(limits)}
-    refunds: dict[str, list[Limit]] = {
-        identity.key: list(endpoint.rule_limits_by_tier.get(tier.id, ()))
-    }
+    refunds: dict[str, list[Limit]] = {identity.key: list(own)}
     for counted_by, counted in groups:
         if counted_by == "ip":
             address = client_ip(request.META)

@@ -155,6 +155,7 @@ class AsyncPolicyThrottle(PolicyThrottle):
             scope=getattr(view, "throttle_scope", None),
             failure_mode=_failure_mode(view),
             credential=_is_credential_view(view),
+            user_loaded=True,  # DRF authenticated the request (in adrf's worker thread)
         )
         return self._decided(http_request, decision)
 

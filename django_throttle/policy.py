@@ -123,6 +123,7 @@ def _read_policy(version: str | None, started: float) -> Policy:
                     if counter in by_counter
                 )
         by_tier = {tier_id: tier.limits + own[tier_id] for tier_id, tier in tiers.items()}
+        credential_groups = _every_tier(groups.values())
         rules.append(
             EndpointPolicy(
                 id=rule.id,
@@ -137,6 +138,9 @@ def _read_policy(version: str | None, started: float) -> Policy:
                 counts=rule.counts,
                 rule_limits_by_tier=own,
                 groups_by_tier=groups,
+                credential_groups=credential_groups,
+                credential=rule.counts == "failures"
+                or any(counter == "username" for counter, _ in credential_groups),
             )
         )
     return Policy(
@@ -157,6 +161,18 @@ def _read_policy(version: str | None, started: float) -> Policy:
         api_keys=_api_keys(),
         exemptions=compile_exemptions(),
     )
+
+
+def _every_tier(
+    groups: Iterable[tuple[tuple[str, tuple[Limit, ...]], ...]],
+) -> tuple[tuple[str, tuple[Limit, ...]], ...]:
+    """A rule's limits counted by IP address or username, of every tier together: what a
+    credential check meets whatever the caller's tier (each row keeps its own counter)."""
+    every: dict[str, list[Limit]] = {"ip": [], "username": []}
+    for tier_groups in groups:
+        for counted_by, limits in tier_groups:
+            every[counted_by].extend(limits)
+    return tuple((counter, tuple(limits)) for counter, limits in every.items() if limits)
 
 
 def _api_keys() -> dict[str, ApiKeyPolicy]:

@@ -30,9 +30,11 @@ __all__ = [
     "Group",
     "Reservation",
     "ahit_groups",
+    "alongest_wait",
     "asettle",
     "counted",
     "hit_groups",
+    "longest_wait",
     "only_if_denied",
     "settle",
 ]
@@ -114,7 +116,10 @@ def hit_groups(
 
     The request is counted once in the usage report, under ``field``: every call but the
     last counts it only if it denies (:func:`only_if_denied`; the head's call too), the last
-    call counts whatever it decides."""
+    call counts whatever it decides. When ``first`` is a denial, nothing more is taken: the
+    groups are only looked at, for the longest wait (:func:`longest_wait`)."""
+    if not first.allowed:
+        return _reported(head, groups, [longest_wait(first, groups, cost, breaker, backend)])
     taken: list[Group] = [head]
     decisions = [first]
     try:
@@ -123,7 +128,8 @@ def hit_groups(
             decision = breaker.call(backend.hit, client, limits, cost, usage=usage)
             if not decision.allowed:
                 _give_back(taken, cost, breaker, backend)
-                return _reported(head, groups, [decision])
+                denied = longest_wait(decision, groups[n:], cost, breaker, backend)
+                return _reported(head, groups, [denied])
             taken.append((client, limits))
             decisions.append(decision)
     except BackendError:
@@ -142,6 +148,9 @@ async def ahit_groups(
     field: str | None = None,
 ) -> Decision:
     """:func:`hit_groups`, awaited."""
+    if not first.allowed:
+        denied = await alongest_wait(first, groups, cost, breaker, backend)
+        return _reported(head, groups, [denied])
     taken: list[Group] = [head]
     decisions = [first]
     try:
@@ -150,13 +159,57 @@ async def ahit_groups(
             decision = await breaker.acall(backend.ahit, client, limits, cost, usage=usage)
             if not decision.allowed:
                 await _agive_back(taken, cost, breaker, backend)
-                return _reported(head, groups, [decision])
+                denied = await alongest_wait(decision, groups[n:], cost, breaker, backend)
+                return _reported(head, groups, [denied])
             taken.append((client, limits))
             decisions.append(decision)
     except BackendError:
         await _agive_back(taken, cost, breaker, backend)
         raise
     return _reported(head, groups, decisions)
+
+
+def longest_wait(
+    denied: Decision,
+    rest: Sequence[Group],
+    cost: int,
+    breaker: CircuitBreaker,
+    backend: Backend,
+) -> Decision:
+    """The denial to report when ``denied`` stopped a request before the groups in ``rest``
+    were counted: of ``denied`` and those groups' own denials (looked at, nothing taken),
+    the one with the longest wait. ``Retry-After`` promises that the retry passes, so it
+    must cover every counter that refuses now, not only the first one asked; the groups
+    that allowed only fill up while the client waits. A group that cannot be looked at
+    leaves the denial as it is: the request is refused either way."""
+    worst = denied
+    for client, limits in rest:
+        try:
+            decision = breaker.call(backend.peek, client, limits, cost=cost)
+        except BackendError:
+            break
+        if not decision.allowed and decision.retry_after > worst.retry_after:
+            worst = decision
+    return worst
+
+
+async def alongest_wait(
+    denied: Decision,
+    rest: Sequence[Group],
+    cost: int,
+    breaker: CircuitBreaker,
+    backend: Backend,
+) -> Decision:
+    """:func:`longest_wait`, awaited."""
+    worst = denied
+    for client, limits in rest:
+        try:
+            decision = await breaker.acall(backend.apeek, client, limits, cost=cost)
+        except BackendError:
+            break
+        if not decision.allowed and decision.retry_after > worst.retry_after:
+            worst = decision
+    return worst
 
 
 def only_if_denied(field: str | None) -> str | None:

@@ -88,7 +88,8 @@ class EndpointPolicy:
     counted by client, ``rule_limits_by_tier`` the rule's own share of them (what its
     counting policy may give back, and what a credential check counts), and
     ``groups_by_tier`` the rule's limits counted by IP address or username (only tiers that
-    have some). ``counts`` is "all", "success" or "failures"."""
+    have some), ``credential_groups`` those of every tier together. ``counts`` is "all",
+    "success" or "failures"."""
 
     id: int
     name: str
@@ -103,9 +104,21 @@ class EndpointPolicy:
     counts: str = "all"
     rule_limits_by_tier: dict[int, tuple[Limit, ...]] = field(default_factory=dict)
     groups_by_tier: dict[int, tuple[CountedGroup, ...]] = field(default_factory=dict)
+    #: Every tier's limits counted by IP address or username, for credential checks: those
+    #: counters protect the account and the server, whoever the caller is.
+    credential_groups: tuple[CountedGroup, ...] = ()
+    #: A login or token endpoint's rule by its rows: one with a limit counted by username
+    #: (only credential requests present one), or one counting failures. Its checks are
+    #: credential checks whichever adapter makes them.
+    credential: bool = False
 
     def accepts(self, method: str) -> bool:
-        return not self.methods or method in self.methods
+        """Whether the rule covers ``method``. A rule naming GET covers HEAD too: Django
+        (and DRF) answer HEAD with the GET handler, so a HEAD costs the server what a GET
+        does and must not escape the GET's limits."""
+        if not self.methods or method in self.methods:
+            return True
+        return method == "HEAD" and "GET" in self.methods
 
     def matches_path(self, path: str) -> bool:
         """Whole path segments: ``/api/pi`` covers ``/api/pi`` and ``/api/pi/x``, never
@@ -156,19 +169,17 @@ class Policy:
     ) -> EndpointPolicy | None:
         """The endpoint rule for a request: by scope, else route name, else longest path
         pattern covering the path (whole segments); among rules with the same pattern, one
-        naming the method beats one for all."""
+        naming the method beats one for all. HEAD meets the rules of GET (see
+        :meth:`EndpointPolicy.accepts`), after a rule naming HEAD itself."""
         if scope is not None:
-            for rule in self.by_scope.get(scope, ()):
-                if rule.accepts(method):
-                    return rule
+            found = _pick(self.by_scope.get(scope, ()), method)
+            if found is not None:
+                return found
         if route is not None:
-            for rule in self.by_route.get(route, ()):
-                if rule.accepts(method):
-                    return rule
-        for rule in self.by_path:
-            if rule.matches_path(path) and rule.accepts(method):
-                return rule
-        return None
+            found = _pick(self.by_route.get(route, ()), method)
+            if found is not None:
+                return found
+        return _pick(self.by_path, method, path)
 
     def tier_for(self, identity: Identity) -> TierPolicy | None:
         """The client's tier: own assignment, else best group assignment, else the default.
@@ -195,10 +206,21 @@ class Policy:
         return endpoint.limits_by_tier.get(tier.id, tier.limits)
 
     def groups_for(
-        self, tier: TierPolicy | None, endpoint: EndpointPolicy | None
+        self,
+        tier: TierPolicy | None,
+        endpoint: EndpointPolicy | None,
+        credential: bool = False,
     ) -> tuple[CountedGroup, ...]:
-        """The endpoint's limits counted by IP address or username for this tier."""
-        if tier is None or endpoint is None or not endpoint.groups_by_tier:
+        """The endpoint's limits counted by IP address or username for this tier; for a
+        ``credential`` check (login, token, authentication) or a credential rule
+        (:attr:`EndpointPolicy.credential`), those of every tier whatever the caller's: they
+        protect the account named and the server, so a signed-in caller or an API key
+        holder guessing someone else's password meets them too."""
+        if endpoint is None:
+            return ()
+        if credential or endpoint.credential:
+            return endpoint.credential_groups
+        if tier is None or not endpoint.groups_by_tier:
             return ()
         return endpoint.groups_by_tier.get(tier.id, ())
 
@@ -215,3 +237,23 @@ class Policy:
         if tier is not None and tier.failure_mode:
             return tier.failure_mode
         return default or app_settings.FAILURE_MODE
+
+
+def _pick(
+    rules: tuple[EndpointPolicy, ...], method: str, path: str | None = None
+) -> EndpointPolicy | None:
+    """The first of ``rules`` (ordered most specific first: longest pattern, then those
+    naming methods) that covers ``method`` (and ``path``, when given). A rule that covers
+    HEAD only by naming GET yields to a rule of the same pattern naming HEAD, and beats one
+    of the same pattern for every method."""
+    covering: EndpointPolicy | None = None
+    for rule in rules:
+        if path is not None and not rule.matches_path(path):
+            continue
+        if covering is not None and rule.pattern != covering.pattern:
+            break
+        if not rule.methods or method in rule.methods:
+            return covering if covering is not None and not rule.methods else rule
+        if covering is None and method == "HEAD" and "GET" in rule.methods:
+            covering = rule
+    return covering

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from django.http import HttpRequest, HttpResponse
-from django.test import RequestFactory
+from django.test import AsyncClient, RequestFactory
+from django.urls import path
 
 from django_throttle import backends
 from django_throttle.backends.redis import RedisBackend
@@ -27,6 +28,9 @@ async def limited(request: HttpRequest) -> HttpResponse:
 @throttle(scope="async-admin")
 async def admin_limited(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok")
+
+
+urlpatterns = [path("limited/", limited), path("admin-limited/", admin_limited)]
 
 
 def _requests(count: int, address: str = "10.20.0.1") -> list[HttpRequest]:
@@ -154,3 +158,73 @@ def test_async_path_recovers_a_flushed_script_cache(redis_client: Any) -> None:
         return [first.remaining, second.remaining]
 
     assert async_to_sync(run)() == [2, 1]
+
+
+@pytest.mark.urls("tests.test_async")
+@pytest.mark.parametrize("signed_in", [False, True], ids=["anonymous", "signed-in"])
+def test_concurrent_requests_through_the_asgi_stack_admit_exactly_the_limit(
+    monkeypatch: pytest.MonkeyPatch, django_user_model: Any, signed_in: bool
+) -> None:
+    """Through ``AsyncClient`` and the real session and authentication middleware, where
+    ``request.user`` is lazy and may not be read on the event loop: a signed-in user is
+    counted under their tier's limit, on the event loop, never a 500."""
+    tier("anonymous", "3/h", burst=3, is_default_anonymous=True)
+    tier("members", "5/h", burst=5, is_default_authenticated=True)
+    _no_sync_hit(monkeypatch)
+    client = AsyncClient()
+    if signed_in:
+        client.force_login(django_user_model.objects.create_user("[async]"))
+
+    async def burst() -> list[int]:
+        responses = await asyncio.gather(*(client.get("/admin-limited/") for _ in range(20)))
+        return [response.status_code for response in responses]
+
+    codes = async_to_sync(burst)()
+    assert codes.count(200) == (5 if signed_in else 3)
+    assert codes.count(429) == len(codes) - codes.count(200)
+
+
+class TokenUser:
+    """A middleware that signs requests in from a header, lazily and without the database
+    (as JWT middlewares do), after Django's AuthenticationMiddleware."""
+
+    sync_capable = False
+    async_capable = True
+
+    def __init__(self, get_response: Any) -> None:
+        from asgiref.sync import markcoroutinefunction
+
+        self.get_response = get_response
+        markcoroutinefunction(self)
+
+    async def __call__(self, request: Any) -> Any:
+        from django.contrib.auth.models import AnonymousUser
+        from django.utils.functional import SimpleLazyObject
+
+        if "HTTP_X_TOKEN_USER" in request.META:
+            name = request.META["HTTP_X_TOKEN_USER"]
+            user = type("Token", (AnonymousUser,), {"username": name})()
+            request.user = SimpleLazyObject(lambda: user)
+        return await self.get_response(request)
+
+
+@throttle(rate="10/h")
+async def who(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(request.user.username)
+
+
+urlpatterns.append(path("who/", who))
+
+
+@pytest.mark.urls("tests.test_async")
+def test_an_async_view_keeps_its_own_request_user(settings: Any) -> None:
+    """The check reads the signed-in user through ``request.auser()`` and never replaces
+    the request's own (here another middleware's lazy user) for the view."""
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, "tests.test_async.TokenUser"]
+
+    async def get() -> HttpResponse:
+        return await AsyncClient().get("/who/", headers={"X-Token-User": "[token]"})  # type: ignore[no-any-return]
+
+    response = async_to_sync(get)()
+    assert response.status_code == 200
+    assert response.content == b"[token]"

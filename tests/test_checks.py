@@ -354,3 +354,32 @@ def test_client_ip_header_without_a_trusted_proxy_is_a_warning(settings: Any) ->
 
     settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
     assert check_settings() == []
+
+
+@pytest.mark.django_db
+def test_a_credential_rule_limiting_some_tiers_by_client_is_a_warning() -> None:
+    """W005: signed-in users and API keys of the other tiers would meet none of the rule's
+    limits counted by client; its counters by IP address and username apply to every tier
+    (tests/test_request_seams.py), so a rule with only those is fine."""
+    from django.core.checks import run_checks
+
+    from django_throttle.models import EndpointLimit, EndpointRule
+    from tests.factories import tier
+
+    anonymous = tier("anonymous", "100/h", is_default_anonymous=True)
+    tier("members", "100/h", is_default_authenticated=True)
+    login = EndpointRule.objects.create(name="login", pattern="login", counts="failures")
+    EndpointLimit.objects.create(rule=login, tier=anonymous, rate="5/min", counted_by="ip")
+    EndpointLimit.objects.create(rule=login, tier=anonymous, rate="10/h", counted_by="username")
+    export = EndpointRule.objects.create(name="export", pattern="export")
+    EndpointLimit.objects.create(rule=export, tier=anonymous, rate="1/h")  # not a login
+
+    def warnings() -> list[str]:
+        return [m.msg for m in run_checks() if m.id == "django_throttle.W005"]
+
+    assert warnings() == []
+    EndpointLimit.objects.create(rule=login, tier=anonymous, rate="3/min")
+    (message,) = warnings()
+    assert "'login'" in message
+    assert "tier(s) anonymous only" in message
+    assert "members" in message

@@ -223,3 +223,77 @@ def test_a_backend_without_the_usage_argument_still_decides(client: Client, sett
     settings.DJANGO_THROTTLE_BACKEND = f"{__name__}.OldStyleBackend"
     tier("anonymous", "2/h", burst=2, is_default_anonymous=True)
     assert [client.get("/api/ping/").status_code for _ in range(3)] == [200, 200, 429]
+
+
+# --- HEAD meets the GET rules ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("match_type", "pattern", "path"),
+    [
+        ("path", "/api/ping/", "/api/ping/"),
+        ("route", "report", "/api/reports/7/"),
+    ],
+)
+def test_a_get_rule_covers_head(client: Client, match_type: str, pattern: str, path: str) -> None:
+    """Django and DRF answer HEAD with the GET handler: ten HEADs must not pass a 2/min GET
+    rule, and GET and HEAD share its counter (scopes: tests/test_request_seams.py)."""
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    endpoint("ping", match_type, pattern, methods="GET", limits={anonymous: "2/min"})
+
+    assert [client.head(path).status_code for _ in range(3)] == [200, 200, 429]
+    assert client.get(path).status_code == 429
+
+
+def test_head_prefers_a_rule_naming_head_then_one_naming_get_then_one_for_all() -> None:
+    from django_throttle.policy import compile_policy
+
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    endpoint("every", "path", "/api/", limits={anonymous: "9/min"})
+    get = endpoint("get", "path", "/api/", methods="GET", limits={anonymous: "2/min"})
+    policy = compile_policy()
+
+    assert policy.match("HEAD", path="/api/ping/").name == "get"  # type: ignore[union-attr]
+    assert policy.match("POST", path="/api/ping/").name == "every"  # type: ignore[union-attr]
+    longer = endpoint("longer", "path", "/api/ping/", limits={anonymous: "5/min"})
+    head = endpoint("head", "path", "/api/", methods="HEAD", limits={anonymous: "1/min"})
+    policy = compile_policy()
+    assert policy.match("HEAD", path="/api/ping/").name == longer.name  # type: ignore[union-attr]
+    assert policy.match("HEAD", path="/api/other/").name == head.name  # type: ignore[union-attr]
+    assert policy.match("GET", path="/api/other/").name == get.name  # type: ignore[union-attr]
+
+
+# --- Retry-After: the longest wait of every limit that refuses -------------------------------
+
+
+@pytest.mark.parametrize(
+    "algorithm",
+    [
+        "token_bucket",
+        "gcra",
+        "leaky_bucket",
+        "fixed_window",
+        "sliding_window_log",
+        "sliding_window_counter",
+    ],
+)
+@pytest.mark.parametrize("order", ["short-first", "long-first"])
+def test_several_limits_denied_in_one_call_report_the_longest_wait(
+    backend: Any, algorithm: str, order: str
+) -> None:
+    """Redis (driver.lua) and memory agree: whichever order the limits come in, the denial
+    reported is the one whose wait is longest."""
+    from django_throttle.rates import Limit
+
+    short = Limit.build("short", "2/min", algorithm=algorithm)
+    long = Limit.build("long", "2/h", algorithm=algorithm)
+    limits = (short, long) if order == "short-first" else (long, short)
+    now = 1_800_000_000.0
+    assert all(backend.hit("ip:198.51.100.1", limits, now=now).allowed for _ in range(2))
+
+    denied = backend.hit("ip:198.51.100.1", limits, now=now)
+
+    assert not denied.allowed
+    assert denied.limit.id == "long"
+    assert denied.retry_after >= 1800
+    assert backend.hit("ip:198.51.100.1", limits, now=now + denied.retry_after).allowed

@@ -17,4 +17,16 @@ urlpatterns = [
     path("cbv/", views.ClassBased.as_view(), name="cbv"),
     path("cbv-a/", views.UnscopedA.as_view(), name="cbv-a"),
     path("cbv-b/", views.UnscopedB.as_view(), name="cbv-b"),
+    # tests/test_request_seams.py
+    path("seams/view/", views.seam_view),
+    path("seams/view-async/", views.seam_view_async),
+    path("seams/api/", views.SeamApi.as_view()),
+    path("seams/api-async/", views.SeamAsyncApi.as_view()),
+    path("seams/login/", views.seam_login),
+    path("seams/login-async/", views.seam_login_async),
+    path("seams/login-decorated/", views.seam_login_decorated),
+    path("seams/login-decorated-async/", views.seam_login_decorated_async),
+    path("seams/token/", views.SeamToken.as_view()),
+    path("seams/token-async/", views.SeamAsyncToken.as_view()),
+    path("seams/basic/", views.SeamBasic.as_view()),
 ]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from adrf.views import APIView as AsyncAPIView
 from django.contrib.auth.views import LoginView
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.decorators import method_decorator
@@ -9,7 +10,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from django_throttle.credentials import protect_credentials
 from django_throttle.decorators import throttle
+from django_throttle.drf import AsyncPolicyThrottle, ProtectedBasicAuthentication
 
 
 class Ping(APIView):
@@ -76,3 +79,92 @@ class TokenLogin(APIView):
 
     def post(self, request: Request) -> Response:
         return Response({"token": "t"})
+
+
+# The seams (tests/test_request_seams.py): every adapter, sync and async, under the admin
+# rules of scope "seam" (a GET rule) and "seam-login" (a credential rule).
+
+
+@throttle(scope="seam")
+def seam_view(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"user": request.user.get_username()})
+
+
+@throttle(scope="seam")
+async def seam_view_async(request: HttpRequest) -> HttpResponse:
+    user = await request.auser()
+    return JsonResponse({"user": user.get_username()})
+
+
+class SeamApi(APIView):
+    permission_classes = [AllowAny]
+    throttle_scope = "seam"
+
+    def get(self, request: Request) -> Response:
+        return Response({"user": request.user.get_username()})
+
+
+class SeamAsyncApi(AsyncAPIView):  # type: ignore[misc]
+    permission_classes = [AllowAny]
+    throttle_classes = [AsyncPolicyThrottle]
+    throttle_scope = "seam"
+
+    async def get(self, request: Request) -> Response:
+        return Response({"user": request.user.get_username()})
+
+
+@protect_credentials(scope="seam-login")
+def seam_login(request: HttpRequest) -> HttpResponse:
+    """A login whose every attempt fails (the rule counts failures)."""
+    return HttpResponse("wrong password", status=401)
+
+
+@protect_credentials(scope="seam-login")
+async def seam_login_async(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("wrong password", status=401)
+
+
+@throttle(scope="seam-login")
+def seam_login_decorated(request: HttpRequest) -> HttpResponse:
+    """A login under ``@throttle`` with no ``credential=True``: the rule says it is one."""
+    return HttpResponse("wrong password", status=401)
+
+
+@throttle(scope="seam-login")
+async def seam_login_decorated_async(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("wrong password", status=401)
+
+
+class SeamToken(APIView):
+    """A token endpoint under the credential rule, through the DRF throttle class."""
+
+    permission_classes = [AllowAny]
+    throttle_scope = "seam-login"
+    throttle_credential = True
+
+    def post(self, request: Request) -> Response:
+        return Response({"detail": "wrong password"}, status=401)
+
+
+class SeamAsyncToken(AsyncAPIView):  # type: ignore[misc]
+    permission_classes = [AllowAny]
+    throttle_classes = [AsyncPolicyThrottle]
+    throttle_scope = "seam-login"
+    throttle_credential = True
+
+    async def post(self, request: Request) -> Response:
+        return Response({"detail": "wrong password"}, status=401)
+
+
+class SeamBasicAuthentication(ProtectedBasicAuthentication):
+    protection_scope = "seam-login"
+
+
+class SeamBasic(APIView):
+    """Basic credentials counted under the credential rule before the password is checked."""
+
+    authentication_classes = [SeamBasicAuthentication]
+    permission_classes = [AllowAny]
+
+    def get(self, request: Request) -> Response:
+        return Response({"user": request.user.get_username()})

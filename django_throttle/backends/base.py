@@ -139,6 +139,17 @@ class Backend(ABC):
         limit, remaining, reset, retry), still writing nothing and counting no usage: what
         the next request would get."""
 
+    async def apeek(
+        self, client: str, limits: Sequence[Limit], *, now: float | None = None, cost: int = 0
+    ) -> Decision:
+        """:meth:`peek` for ``async def`` views. Backends with a native async client override
+        it; this default runs :meth:`peek` in a worker thread."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self.peek, thread_sensitive=False)(
+            client, limits, now=now, cost=cost
+        )
+
     @abstractmethod
     def reset(self, client: str, limits: Sequence[Limit]) -> None:
         """Refill the client's buckets for these limits (forget their state)."""

@@ -110,6 +110,12 @@ class MemoryBackend(Backend):
     ) -> Decision:
         return self._run(client, limits, cost, now, consume=False)
 
+    async def apeek(
+        self, client: str, limits: Sequence[Limit], *, now: float | None = None, cost: int = 0
+    ) -> Decision:
+        """In-process and lock-held for microseconds: no need for a thread."""
+        return self._run(client, limits, cost, now, consume=False)
+
     def refund(
         self, client: str, limits: Sequence[Limit], cost: int = 1, *, now: float | None = None
     ) -> None:

@@ -368,6 +368,20 @@ class RedisBackend(Backend):
         except Exception as exc:  # anything out of redis-py: see _run
             raise BackendError(f"{type(exc).__name__}: {exc}") from exc
 
+    async def apeek(
+        self, client: str, limits: Sequence[Limit], *, now: float | None = None, cost: int = 0
+    ) -> Decision:
+        """:meth:`peek` on ``redis.asyncio``, as :meth:`ahit`."""
+        try:
+            body, fallback = self._request(client, limits, cost, now, None, peek=True)
+            try:
+                reply = await self._async_stacks.call(body)
+            except NoScriptError:
+                reply = await self._async_stacks.call(fallback())
+            return self._decision(limits, reply)
+        except Exception as exc:  # anything out of redis-py: see _run
+            raise BackendError(f"{type(exc).__name__}: {exc}") from exc
+
     def _call(
         self,
         client: str,
