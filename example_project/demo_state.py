@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -27,7 +28,7 @@ class RunningDemo(TypedDict):
     key_prefix: str
 
 
-def state_file(database: dict[str, Any], base_dir: Path) -> Path:
+def state_file(database: Mapping[str, Any], base_dir: Path) -> Path:
     """The record of the demo using ``database`` (a ``DATABASES`` entry): next to its SQLite
     file, else one per project in ``base_dir``."""
     name = str(database.get("NAME") or "")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 
+from django.utils.safestring import SafeString, mark_safe
 from django.views.debug import ExceptionReporter
 
 from django_throttle.redaction import redact_text
@@ -29,11 +30,12 @@ __all__ = ["RedactingExceptionReporter", "RedactingLogFilter"]
 class RedactingExceptionReporter(ExceptionReporter):
     """:class:`ExceptionReporter` whose pages and texts have every URL password masked."""
 
-    def get_traceback_html(self) -> str:
-        return redact_text(str(super().get_traceback_html()))
+    # Masking changes only the text of URLs, never markup, so the pages stay safe.
+    def get_traceback_html(self) -> SafeString:
+        return mark_safe(redact_text(super().get_traceback_html()))
 
-    def get_traceback_text(self) -> str:
-        return redact_text(str(super().get_traceback_text()))
+    def get_traceback_text(self) -> SafeString:
+        return mark_safe(redact_text(super().get_traceback_text()))
 
 
 class RedactingLogFilter(logging.Filter):

@@ -71,7 +71,9 @@ class Command(BaseCommand):
                 url = private.url
                 where = f"{url} (private redis-server, stopped on exit)"
             _use_redis(url)
-            demo_state.record(state_file, url, settings.DJANGO_THROTTLE_KEY_PREFIX)
+            demo_state.record(
+                state_file, url, getattr(settings, "DJANGO_THROTTLE_KEY_PREFIX", "dt")
+            )
 
             call_command("migrate", interactive=False, verbosity=max(0, verbosity - 1))
             call_command("seed_demo", verbosity=verbosity)
