@@ -53,7 +53,8 @@ class Command(BaseCommand):
         if running is not None:
             raise CommandError(
                 f"Another run_demo (process {running['pid']}) uses this database: stop it "
-                "first, or give this one its own database with DATABASE_URL."
+                "first, or give this one its own database with DATABASE_URL (its record: "
+                f"{state_file})."
             )
         # SIGTERM (kill, a test harness, docker stop) must stop our redis-server as Ctrl-C does.
         previous = signal.signal(signal.SIGTERM, _interrupt)
