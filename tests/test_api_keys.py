@@ -37,9 +37,11 @@ KEY_PATTERN = re.compile(r"dt_[0-9a-f]{8}_[A-Za-z0-9_-]{43}")
 
 @pytest.fixture
 def partner() -> Tier:
-    tier("anonymous", f"{ANONYMOUS_LIMIT}/m", is_default_anonymous=True)
-    tier("free", "100/m", is_default_authenticated=True)
-    return tier("partner", f"{KEY_LIMIT}/m")
+    """Hourly limits: the counts the tests read cannot refill while they run (3/h gets a
+    token back every 20 minutes, 50/h every 72 s), however slow the machine."""
+    tier("anonymous", f"{ANONYMOUS_LIMIT}/h", is_default_anonymous=True)
+    tier("free", "100/h", is_default_authenticated=True)
+    return tier("partner", f"{KEY_LIMIT}/h")
 
 
 @pytest.fixture
