@@ -385,8 +385,8 @@ def check_api_key_owners(
 
     ``ApiKeyAuthentication`` logs a key in as its owner, with every permission the owner has,
     so such a key is a superuser's (or staff) login in the hands of whoever holds it. A
-    database check (``manage.py check --database default``, and the test runner): it reads
-    the key table, so plain ``manage.py check`` without a database stays quiet.
+    database check (``manage.py check --database default``, ``migrate``, the test runner):
+    it reads the key table (two small queries), so plain ``manage.py check`` stays quiet.
     """
     if not databases:
         return []
@@ -398,28 +398,28 @@ def check_api_key_owners(
 
     messages: list[checks.CheckMessage] = []
     for alias in databases:
+        privileged = (
+            ApiKey.objects.using(alias)
+            .filter(active=True)
+            .filter(Q(expires__isnull=True) | Q(expires__gt=timezone.now()))
+            .filter(Q(owner__is_superuser=True) | Q(owner__is_staff=True))
+        )
         try:
             # A savepoint, so a missing table cannot break a surrounding transaction.
             with transaction.atomic(using=alias):
-                keys = list(
-                    ApiKey.objects.using(alias)
-                    .filter(active=True)
-                    .filter(Q(expires__isnull=True) | Q(expires__gt=timezone.now()))
-                    .filter(Q(owner__is_superuser=True) | Q(owner__is_staff=True))
-                    .select_related("owner")
-                    .order_by("pk")
-                )
+                total = privileged.count()
+                shown = list(privileged.select_related("owner").order_by("pk")[:5])
         except (DatabaseError, FieldError):
             # No tables yet (before migrate), or a user model without is_superuser/is_staff.
             continue
-        if not keys:
+        if not total:
             continue
-        shown = ", ".join(_privileged_key(key) for key in keys[:5])
-        more = f" and {len(keys) - 5} more" if len(keys) > 5 else ""
+        named = ", ".join(_privileged_key(key) for key in shown)
+        more = f" and {total - len(shown)} more" if total > len(shown) else ""
         messages.append(
             checks.Warning(
-                f"{len(keys)} active API key(s) in database {alias!r} are owned by a superuser "
-                f"or staff user: {shown}{more}. ApiKeyAuthentication logs a key in as its "
+                f"{total} active API key(s) in database {alias!r} are owned by a superuser "
+                f"or staff user: {named}{more}. ApiKeyAuthentication logs a key in as its "
                 "owner, with all the owner's permissions.",
                 hint="Give each key an owner with only the permissions its holder needs (or no "
                 "owner: the key then selects its tier only), revoke it, or authenticate keys "

@@ -536,3 +536,14 @@ def test_the_database_check_is_quiet_without_privileged_keys(
         name="key of pat", tier=api_key[0].tier, owner=django_user_model.objects.create_user("pat")
     )
     assert "W020" not in _database_check("default")
+
+
+def test_the_database_check_names_five_keys_and_counts_the_rest(
+    partner: Tier, django_user_model: Any
+) -> None:
+    root = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    for i in range(7):
+        ApiKey.objects.create_key(name=f"key {i}", tier=partner, owner=root)
+    output = _database_check("default")
+    assert "7 active API key(s)" in output and "and 2 more" in output
+    assert "'key 4'" in output and "'key 5'" not in output
