@@ -15,9 +15,11 @@ from urllib.parse import urlparse
 
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import FieldError
 from django.utils.module_loading import import_string
 
 from django_throttle.conf import PREFIX
+from django_throttle.redaction import redact_text
 
 _MISSING = object()
 #: Django's own Redis cache: the backend builds its client from its LOCATION too.
@@ -251,7 +253,7 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         if problem is not None:
             errors.append(
                 checks.Error(
-                    f"{PREFIX}{name} = {value!r} {problem}.",
+                    f"{PREFIX}{name} = {_shown(name, value)} {problem}.",
                     hint="See the Settings section of the django-throttle README.",
                     id=f"django_throttle.{check_id}",
                 )
@@ -268,6 +270,17 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         if hasattr(settings, PREFIX + name)
     )
     return errors
+
+
+#: Settings whose value is a secret: a check names them but never shows the value.
+SECRET_SETTINGS = frozenset({"API_KEY_SECRET"})
+
+
+def _shown(name: str, value: Any) -> str:
+    """``value`` as a check may show it: a secret hidden, a URL's password masked."""
+    if name in SECRET_SETTINGS:
+        return "<hidden>" if not isinstance(value, str) else f"<hidden, {len(value)} characters>"
+    return redact_text(repr(value))
 
 
 def _check_redis_source() -> list[checks.CheckMessage]:
@@ -419,3 +432,64 @@ def register() -> None:
     checks.register(check_settings, checks.Tags.compatibility)
     checks.register(check_settling_middleware, checks.Tags.models)
     checks.register(check_credential_rules, checks.Tags.models)
+    # Reads the key table: runs with `manage.py check --database …` (and the test runner),
+    # never breaks `check` on a machine without a database.
+    checks.register(check_api_key_owners, checks.Tags.database)
+
+
+def check_api_key_owners(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """W020: an active API key owned by a superuser or a staff user.
+
+    ``ApiKeyAuthentication`` logs a key in as its owner, with every permission the owner has,
+    so such a key is a superuser's (or staff) login in the hands of whoever holds it. A
+    database check (``manage.py check --database default``, ``migrate``, the test runner):
+    it reads the key table (two small queries), so plain ``manage.py check`` stays quiet.
+    """
+    if not databases:
+        return []
+    from django.db import DatabaseError, transaction
+    from django.db.models import Q
+    from django.utils import timezone
+
+    from django_throttle.models import ApiKey
+
+    messages: list[checks.CheckMessage] = []
+    for alias in databases:
+        privileged = (
+            ApiKey.objects.using(alias)
+            .filter(active=True)
+            .filter(Q(expires__isnull=True) | Q(expires__gt=timezone.now()))
+            .filter(Q(owner__is_superuser=True) | Q(owner__is_staff=True))
+        )
+        try:
+            # A savepoint, so a missing table cannot break a surrounding transaction.
+            with transaction.atomic(using=alias):
+                total = privileged.count()
+                shown = list(privileged.select_related("owner").order_by("pk")[:5])
+        except (DatabaseError, FieldError):
+            # No tables yet (before migrate), or a user model without is_superuser/is_staff.
+            continue
+        if not total:
+            continue
+        named = ", ".join(_privileged_key(key) for key in shown)
+        more = f" and {total - len(shown)} more" if total > len(shown) else ""
+        messages.append(
+            checks.Warning(
+                f"{total} active API key(s) in database {alias!r} are owned by a superuser "
+                f"or staff user: {named}{more}. ApiKeyAuthentication logs a key in as its "
+                "owner, with all the owner's permissions.",
+                hint="Give each key an owner with only the permissions its holder needs (or no "
+                "owner: the key then selects its tier only), revoke it, or authenticate keys "
+                "with a subclass of ApiKeyAuthentication that sets acts_as_owner = False.",
+                id="django_throttle.W020",
+            )
+        )
+    return messages
+
+
+def _privileged_key(key: Any) -> str:
+    owner = key.owner
+    kind = "superuser" if getattr(owner, "is_superuser", False) else "staff"
+    return f"{key.name!r} ({key.prefix}, owner {owner.get_username()!r}, {kind})"

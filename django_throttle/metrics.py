@@ -1,6 +1,7 @@
 """Prometheus metrics, from :mod:`django_throttle.events` (``pip install
 "django-throttle-policies[metrics]"``, set ``DJANGO_THROTTLE_METRICS = True`` and add
-``path("metrics", metrics_view)`` to your URLs).
+``path("metrics", metrics_view)`` to your URLs, protected: the view answers 404 while metrics
+are off, and checks no one's rights while they are on).
 
 Under gunicorn, uWSGI or any server with several processes, set ``PROMETHEUS_MULTIPROC_DIR``
 to an empty directory writable by every worker before they start (and empty it on each
@@ -27,7 +28,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 
 from django_throttle import events
 
@@ -124,7 +125,18 @@ def _reloaded(**_: Any) -> None:
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """Prometheus text exposition of every metric of this process (or, in multiprocess mode,
-    of all processes). Protect it as you would any internal endpoint."""
+    of all processes), the default registry's whole content.
+
+    Served only while metrics are on (``DJANGO_THROTTLE_METRICS = True`` and prometheus_client
+    installed): otherwise 404, whatever else the registry holds, so mounting the URL does not
+    publish anything by itself. The view checks no one's rights: protect it as you would any
+    internal endpoint (wrap it with ``staff_member_required``, an IP allow-list of your
+    scrapers, or serve it on an internal port only).
+    """
+    from django_throttle.conf import app_settings
+
+    if not app_settings.METRICS or not available():
+        raise Http404("Metrics are off (DJANGO_THROTTLE_METRICS).")
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")

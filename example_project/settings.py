@@ -3,6 +3,14 @@
 Start it with ``python manage.py run_demo``: that command points ``REDIS_URL`` at a private
 ``redis-server`` when you have not set it, creates the SQLite database, seeds the demo tiers
 and users, and runs the development server. ``DATABASE_URL`` selects another database.
+
+While it runs, ``manage.py`` commands in another terminal (``throttle_inspect alice``,
+``throttle_reset alice``…) count in the same Redis: ``run_demo`` records where, next to the
+database (:mod:`example_project.demo_state`).
+
+Safe to start from: ``DEBUG`` is off unless ``DJANGO_DEBUG=1``, the admin login is limited
+like the other login endpoints, ``/metrics`` is for staff only, and a Redis password never
+reaches a debug page (:mod:`example_project.reporting`).
 """
 
 from __future__ import annotations
@@ -12,10 +20,13 @@ from pathlib import Path
 
 import dj_database_url
 
+from example_project import demo_state
+
 BASE_DIR = Path(__file__).resolve().parent
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "django-insecure-demo-only-never-deploy-this")
-DEBUG = True
+# Off unless asked for: Django's debug page shows settings and tracebacks to any visitor.
+DEBUG = os.environ.get("DJANGO_DEBUG", "").lower() in {"1", "true", "yes", "on"}
 ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
 
 INSTALLED_APPS = [
@@ -65,6 +76,8 @@ DATABASES = {
     "default": dj_database_url.config(default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# Where run_demo records its Redis for the commands of other terminals.
+RUN_DEMO_STATE_FILE = demo_state.state_file(DATABASES["default"], BASE_DIR)
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -86,16 +99,29 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "django_throttle.openapi.ThrottledAutoSchema",
 }
 
-# Prometheus metrics at /metrics (django_throttle.metrics).
+# Prometheus metrics at /metrics (django_throttle.metrics), for staff only (see urls.py).
 DJANGO_THROTTLE_METRICS = True
 
-# run_demo sets REDIS_URL to a private redis-server when you have not set it yourself.
-DJANGO_THROTTLE_REDIS_URL = os.environ.get("REDIS_URL")
+# REDIS_URL if you set it; else the Redis of the run_demo running on this database (its
+# private redis-server), so commands in a second terminal see and reset the server's counters.
+_running_demo = demo_state.read(RUN_DEMO_STATE_FILE)
+DJANGO_THROTTLE_REDIS_URL = os.environ.get("REDIS_URL") or (
+    _running_demo["redis_url"] if _running_demo else None
+)
 if not DJANGO_THROTTLE_REDIS_URL:
     # Without Redis (plain `manage.py runserver`, `migrate`…) count in this one process.
     DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"
-# Lets several demo runs (or the test suite) share one Redis without sharing counters.
-DJANGO_THROTTLE_KEY_PREFIX = os.environ.get("DJANGO_THROTTLE_KEY_PREFIX", "dt")
+# Lets several demo runs (or the test suite) share one Redis without sharing counters; the
+# running demo's prefix when counting in its Redis.
+DJANGO_THROTTLE_KEY_PREFIX = os.environ.get("DJANGO_THROTTLE_KEY_PREFIX") or (
+    _running_demo["key_prefix"]
+    if _running_demo and _running_demo["redis_url"] == DJANGO_THROTTLE_REDIS_URL
+    else "dt"
+)
+
+# Masks Redis passwords (settings, environment, messages, traceback variables) on the debug
+# page and in error reports, should DEBUG be turned on; RedactingLogFilter does it for logs.
+DEFAULT_EXCEPTION_REPORTER = "example_project.reporting.RedactingExceptionReporter"
 # Admin edits reach the running server within this many seconds.
 DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 1.0
 
@@ -103,8 +129,13 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"redact": {"()": "example_project.reporting.RedactingLogFilter"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}
+    },
     "loggers": {
         "django_throttle": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        # Server errors with their tracebacks, in run_demo's terminal whether DEBUG is on or off.
+        "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
     },
 }

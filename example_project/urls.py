@@ -1,11 +1,12 @@
 """URLs of the demo project: the admin (with the throttle dashboard and inspector under
 "Usage counts"), three DRF endpoints, two plain Django views, a login page and a token
-endpoint whose attempts are counted before the password is checked, the OpenAPI schema and
-Prometheus metrics."""
+endpoint whose attempts are counted before the password is checked (the admin's login too),
+the OpenAPI schema and Prometheus metrics (for staff only)."""
 
 from __future__ import annotations
 
 from django.contrib import admin
+from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.views import LoginView
 from django.urls import path
 from rest_framework.authtoken.views import obtain_auth_token
@@ -15,6 +16,9 @@ from django_throttle.metrics import metrics_view
 from example_project.demo import views
 
 urlpatterns = [
+    # Rule "admin-login": the admin's login counts failures like the other login endpoints
+    # (before admin.site.urls, which would serve the unprotected view).
+    path("admin/login/", protect_credentials(admin.site.login, scope="admin-login")),
     path("admin/", admin.site.urls),
     path("api/ping/", views.PingView.as_view(), name="ping"),
     path("api/items/", views.ItemsView.as_view(), name="items"),
@@ -28,7 +32,9 @@ urlpatterns = [
         name="login",
     ),
     path("api/token/", protect_credentials(obtain_auth_token), name="api-token"),
-    path("metrics", metrics_view, name="metrics"),
+    # Staff only: the metrics name every tier and endpoint. A Prometheus server that cannot log
+    # in gets the view on an internal port or behind an IP allow-list instead.
+    path("metrics", staff_member_required(metrics_view), name="metrics"),
 ]
 
 try:

@@ -37,9 +37,11 @@ KEY_PATTERN = re.compile(r"dt_[0-9a-f]{8}_[A-Za-z0-9_-]{43}")
 
 @pytest.fixture
 def partner() -> Tier:
-    tier("anonymous", f"{ANONYMOUS_LIMIT}/m", is_default_anonymous=True)
-    tier("free", "100/m", is_default_authenticated=True)
-    return tier("partner", f"{KEY_LIMIT}/m")
+    """Hourly limits: the counts the tests read cannot refill while they run (3/h gets a
+    token back every 20 minutes, 50/h every 72 s), however slow the machine."""
+    tier("anonymous", f"{ANONYMOUS_LIMIT}/h", is_default_anonymous=True)
+    tier("free", "100/h", is_default_authenticated=True)
+    return tier("partner", f"{KEY_LIMIT}/h")
 
 
 @pytest.fixture
@@ -427,3 +429,121 @@ def test_bad_api_key_settings_are_system_check_errors(
 def test_good_api_key_settings_pass(settings: Any, name: str, value: Any) -> None:
     setattr(settings, f"DJANGO_THROTTLE_{name}", value)
     assert check_settings() == []
+
+
+def test_a_bad_api_key_secret_is_reported_without_showing_it(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_API_KEY_SECRET = "hunter2-but-too-short"
+    [error] = check_settings()
+    assert error.id == "django_throttle.E034"
+    assert "hunter2" not in error.msg
+    assert "21 characters" in error.msg
+
+
+# Who a key logs in as --------------------------------------------------------------------------
+
+
+class KeyWhoAmI(APIView):
+    authentication_classes = [ApiKeyAuthentication]
+    permission_classes = [AllowAny]
+
+    def get(self, request: Request) -> Response:
+        return Response(
+            {
+                "user": request.user.get_username(),
+                "staff": request.user.is_staff,
+                "superuser": request.user.is_superuser,
+                "key": request.auth.prefix if request.auth else None,
+            }
+        )
+
+
+class KeyOnlyAuthentication(ApiKeyAuthentication):
+    acts_as_owner = False
+
+
+class KeyOnlyWhoAmI(KeyWhoAmI):
+    authentication_classes = [KeyOnlyAuthentication]
+
+
+def test_a_key_logs_in_as_its_owner_with_all_the_owners_permissions(
+    partner: Tier, django_user_model: Any
+) -> None:
+    """The documented default: a superuser's key is a superuser login."""
+    owner = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    row, full_key = ApiKey.objects.create_key(name="root's", tier=partner, owner=owner)
+    response = KeyWhoAmI.as_view()(APIRequestFactory().get("/", **auth(full_key)))
+    assert response.data == {"user": "root", "staff": True, "superuser": True, "key": row.prefix}
+
+
+def test_acts_as_owner_false_keeps_the_key_apart_from_its_owner(
+    partner: Tier, django_user_model: Any
+) -> None:
+    owner = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    row, full_key = ApiKey.objects.create_key(name="root's", tier=partner, owner=owner)
+    response = KeyOnlyWhoAmI.as_view()(APIRequestFactory().get("/", **auth(full_key)))
+    assert response.data == {"user": "", "staff": False, "superuser": False, "key": row.prefix}
+    # Still counted as the key, in the key's tier.
+    view = RateLimitHeadersMiddleware(KeyOnlyWhoAmI.as_view())
+    assert view(APIRequestFactory().get("/", **auth(full_key)))["X-RateLimit-Limit"] == str(
+        KEY_LIMIT
+    )
+
+
+def _database_check(*databases: str) -> str:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out, err = StringIO(), StringIO()
+    if databases:
+        call_command("check", databases=list(databases), stdout=out, stderr=err)
+    else:
+        call_command("check", stdout=out, stderr=err)
+    return out.getvalue() + err.getvalue()
+
+
+def test_the_database_check_warns_about_active_keys_of_superusers_and_staff(
+    partner: Tier, django_user_model: Any
+) -> None:
+    root = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    staff = django_user_model.objects.create_user("sam", is_staff=True)
+    plain = django_user_model.objects.create_user("pat")
+    ApiKey.objects.create_key(name="partner key of root", tier=partner, owner=root)
+    ApiKey.objects.create_key(name="key of sam", tier=partner, owner=staff)
+    ApiKey.objects.create_key(name="key of pat", tier=partner, owner=plain)
+    ApiKey.objects.create_key(name="ownerless", tier=partner)
+    ApiKey.objects.create_key(name="revoked", tier=partner, owner=root, active=False)
+    ApiKey.objects.create_key(
+        name="expired", tier=partner, owner=root, expires=timezone.now() - timedelta(days=1)
+    )
+
+    output = _database_check("default")
+
+    assert output.count("django_throttle.W020") == 1
+    assert "2 active API key(s)" in output
+    assert "'partner key of root'" in output and "superuser" in output
+    assert "'key of sam'" in output and "staff" in output
+    for quiet in ("key of pat", "ownerless", "revoked", "expired"):
+        assert f"'{quiet}'" not in output
+    # Plain `check` (no database) never queries the key table.
+    assert "W020" not in _database_check()
+
+
+def test_the_database_check_is_quiet_without_privileged_keys(
+    api_key: tuple[ApiKey, str], django_user_model: Any
+) -> None:
+    ApiKey.objects.create_key(
+        name="key of pat", tier=api_key[0].tier, owner=django_user_model.objects.create_user("pat")
+    )
+    assert "W020" not in _database_check("default")
+
+
+def test_the_database_check_names_five_keys_and_counts_the_rest(
+    partner: Tier, django_user_model: Any
+) -> None:
+    root = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    for i in range(7):
+        ApiKey.objects.create_key(name=f"key {i}", tier=partner, owner=root)
+    output = _database_check("default")
+    assert "7 active API key(s)" in output and "and 2 more" in output
+    assert "'key 4'" in output and "'key 5'" not in output

@@ -4,6 +4,8 @@ themes, and save screenshots (see tests/browser.py)."""
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
 
 import pytest
@@ -39,6 +41,7 @@ def login(page: Any, live_server: Any) -> None:
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_dashboard_charts_show_the_counts(browser: Any, live_server: Any, scheme: str) -> None:  # noqa: F811
+    started = time.monotonic()
     traffic()
     context = browser.new_context(color_scheme=scheme, viewport={"width": 1280, "height": 900})
     page = context.new_page()
@@ -72,7 +75,12 @@ def test_dashboard_charts_show_the_counts(browser: Any, live_server: Any, scheme
     remaining = sorted(
         int(row.get_attribute("data-remaining")) for row in page.query_selector_all("tr.dt-bucket")
     )
-    assert remaining == [0, 995]
+    # The ping rule's 5/h bucket is empty (a token per 12 min); the tier's 1000/h one had 5
+    # taken and gets one back every 3.6 s, as many as the test's own time allows for (a
+    # loaded machine logs in slowly).
+    refilled = math.floor((time.monotonic() - started) / 3.6)
+    assert remaining[0] == 0
+    assert 995 <= remaining[1] <= min(1000, 995 + refilled), (remaining, refilled)
     context.close()
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 import redis
 from django.test import Client
 
+from django_throttle.backends import get_backend
 from django_throttle.backends.wire import Stack
 from django_throttle.drf import PolicyThrottle
 from tests.factories import endpoint, tier
@@ -20,7 +22,8 @@ def statuses(client: Client, path: str, n: int, method: str = "get", **extra: st
 
 
 def test_anonymous_tier_admits_its_burst_then_429(client: Client) -> None:
-    tier("anonymous", "2/s", burst=10, is_default_anonymous=True)
+    # A refill of one token per half hour: however slow the requests, none comes back.
+    tier("anonymous", "2/h", burst=10, is_default_anonymous=True)
     assert statuses(client, "/api/ping/", 12) == [200] * 10 + [429] * 2
 
 
@@ -105,16 +108,37 @@ def test_no_tier_means_no_limit(client: Client) -> None:
     assert "X-RateLimit-Limit" not in response
 
 
-def test_retry_after_is_honest(client: Client) -> None:
-    """Wait Retry-After seconds (on the server clock) and the retry succeeds."""
-    import time
-
+def test_retry_after_is_honest(client: Client, settings: Any) -> None:
+    """Wait Retry-After seconds and the retry succeeds; a moment less and it is still refused.
+    On a clock moved by hand (the memory backend's), so exact whatever the machine's speed."""
+    settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"
+    now = [1_700_000_000.0]
+    get_backend().clock = lambda: now[0]  # type: ignore[attr-defined]
     tier("anonymous", "1/s", burst=1, is_default_anonymous=True)
     assert client.get("/api/ping/").status_code == 200
     denied = client.get("/api/ping/")
     assert denied.status_code == 429
     assert denied["Retry-After"] == "1"
-    time.sleep(int(denied["Retry-After"]))
+    now[0] += int(denied["Retry-After"]) - 0.001
+    assert client.get("/api/ping/").status_code == 429
+    now[0] += 0.001
+    assert client.get("/api/ping/").status_code == 200
+
+
+def test_retry_after_is_honest_on_the_redis_server_clock(client: Client) -> None:
+    """The same on Redis's own clock: a real wait of Retry-After seconds (a longer one on a
+    loaded machine only makes the retry surer). The refusal is asserted only when the two
+    requests came within the second that could refill the bucket."""
+    import time
+
+    tier("anonymous", "1/s", burst=1, is_default_anonymous=True)
+    started = time.monotonic()
+    assert client.get("/api/ping/").status_code == 200
+    denied = client.get("/api/ping/")
+    if time.monotonic() - started < 1:
+        assert denied.status_code == 429
+        assert denied["Retry-After"] == "1"
+        time.sleep(int(denied["Retry-After"]))
     assert client.get("/api/ping/").status_code == 200
 
 

@@ -1,10 +1,17 @@
 """The demo project, run the way the README tells a newcomer to run it: a real
-``manage.py run_demo`` process answering real HTTP requests."""
+``manage.py run_demo`` process answering real HTTP requests, and a second terminal's
+``manage.py`` commands next to it.
+
+Timing: no assertion depends on the machine's speed. Waits poll with generous deadlines, and a
+count that a bucket's refill could change is checked against bounds computed from the time
+the requests really took (the slower the machine, the more refill is allowed for)."""
 
 from __future__ import annotations
 
 import base64
+import http.cookiejar
 import json
+import math
 import os
 import re
 import signal
@@ -16,26 +23,38 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from email.message import Message
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from example_project.private_redis import free_port
+from example_project.private_redis import PrivateRedis, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL_DB = ROOT / "example_project" / "db.sqlite3"
 
-pytestmark = pytest.mark.slow
+#: Spawns ``manage.py run_demo`` (migrate, seed, development server): seconds per test.
+spawns_the_demo = pytest.mark.slow
+
+#: The seeded credential rules: failures per IP address (token bucket 5, refilling 5 a minute).
+CREDENTIAL_BURST = 5
+CREDENTIAL_REFILL_SECONDS = 60 / 5
+#: How long a poll waits for something the demo promises "within a second": far more than a
+#: loaded machine needs, so only a real failure runs into it.
+PATIENCE = 60.0
 
 
 class Demo:
-    def __init__(self, process: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    def __init__(
+        self, process: subprocess.Popen[bytes], port: int, log: Path, env: dict[str, str]
+    ) -> None:
         self.process = process
         self.base = f"http://127.0.0.1:{port}"
         self.log = log
+        self.env = env
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -84,9 +103,9 @@ def run_demo(tmp_path: Path, redis_url: str | None, key_prefix: str = "") -> Ite
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    demo = Demo(process, port, log)
+    demo = Demo(process, port, log, child_env)
     try:
-        _wait_until_listening(demo, port, timeout=60)
+        _wait_until_listening(demo, port, timeout=PATIENCE)
         yield demo
     finally:
         if process.poll() is None:
@@ -121,6 +140,7 @@ def _has_rate_limit_headers(headers: Message) -> bool:
     )
 
 
+@spawns_the_demo
 def test_run_demo_serves_the_throttled_api(tmp_path: Path, redis_url: str) -> None:
     real_db_before = REAL_DB.stat().st_mtime_ns if REAL_DB.exists() else None
 
@@ -136,12 +156,12 @@ def test_run_demo_serves_the_throttled_api(tmp_path: Path, redis_url: str) -> No
         assert status == 200
         assert _has_rate_limit_headers(headers)
 
-        # The anonymous bucket (10 tokens, 2 a second) is full again after this, whether or
-        # not the requests above drew from it.
-        time.sleep(1.5)
+        # The anonymous bucket: 10 tokens, refilling 2 a second. The requests above never drew
+        # from it (permissions refuse before throttling, alice has her own bucket), so it is
+        # full: 10 requests pass, and more only as the refill allows for the time they took.
         statuses: list[int] = []
         started = time.monotonic()
-        while len(statuses) < 40:
+        while len(statuses) < 500:
             status, headers = demo.get("/api/ping/")
             statuses.append(status)
             if status == 429:
@@ -149,10 +169,10 @@ def test_run_demo_serves_the_throttled_api(tmp_path: Path, redis_url: str) -> No
             assert _has_rate_limit_headers(headers)
         elapsed = time.monotonic() - started
 
-        assert statuses[:10] == [200] * 10
         assert statuses[-1] == 429, statuses
-        if elapsed < 0.45:  # too fast for a refill: exactly the 11th request is refused
-            assert len(statuses) == 11, statuses
+        passed = len(statuses) - 1
+        assert statuses[:passed] == [200] * passed
+        assert 10 <= passed <= 10 + math.floor(2 * elapsed), (passed, elapsed)
         assert int(headers["Retry-After"]) >= 1
         assert _has_rate_limit_headers(headers)
         assert headers["X-RateLimit-Remaining"] == "0"
@@ -163,6 +183,7 @@ def test_run_demo_serves_the_throttled_api(tmp_path: Path, redis_url: str) -> No
     assert (REAL_DB.stat().st_mtime_ns if REAL_DB.exists() else None) == real_db_before
 
 
+@spawns_the_demo
 def test_run_demo_starts_and_stops_its_own_redis(tmp_path: Path) -> None:
     with run_demo(tmp_path, redis_url=None) as demo:
         status, headers = demo.get("/api/ping/")
@@ -176,11 +197,12 @@ def test_run_demo_starts_and_stops_its_own_redis(tmp_path: Path) -> None:
         pass
 
 
-def test_an_edit_reaches_the_running_server_within_two_seconds(
-    tmp_path: Path, redis_url: str
-) -> None:
+@spawns_the_demo
+def test_an_edit_reaches_the_running_server(tmp_path: Path, redis_url: str) -> None:
     """Another process (here: this test, as an admin's worker would) changes the anonymous
-    tier and publishes the new policy version; the running server enforces it within 2 s."""
+    tier and publishes the new policy version; the running server enforces it at its next
+    refresh (1 s in the demo; the poll allows far more, so a loaded machine passes too; the
+    interval itself is tested with an injected clock in test_policy.py)."""
     import sqlite3
 
     import redis
@@ -200,10 +222,11 @@ def test_an_edit_reaches_the_running_server_within_two_seconds(
         client.incr(f"{prefix}:policy-version")
         client.close()
 
-        edited = time.monotonic()
+        deadline = time.monotonic() + PATIENCE
         while headers["X-RateLimit-Limit"] != "50":
-            assert time.monotonic() - edited < 2.0, "the edit was not seen within 2 s"
-            time.sleep(0.1)
+            assert time.monotonic() < deadline, f"the edit was not seen within {PATIENCE} s"
+            # Slower than the old bucket refills (2 a second): polling never empties it.
+            time.sleep(0.5)
             status, headers = demo.get("/api/ping/")
         assert status == 200
 
@@ -219,6 +242,32 @@ def _post_form(demo: Demo, path: str, fields: dict[str, str]) -> tuple[int, byte
             return error.code, error.read()
 
 
+def _failures_until_refused(send: Callable[[], int], failure: int) -> tuple[int, float]:
+    """Send until the first 429; return how many ``failure`` answers came first and the
+    seconds the whole run took (measured around it, so at least what the server saw)."""
+    started = time.monotonic()
+    statuses: list[int] = []
+    while not statuses or statuses[-1] != 429:
+        assert len(statuses) < 100, statuses
+        statuses.append(send())
+    elapsed = time.monotonic() - started
+    assert statuses[:-1] == [failure] * (len(statuses) - 1), statuses
+    return len(statuses) - 1, elapsed
+
+
+def _assert_credential_limit(failures: int, elapsed: float) -> None:
+    """Exactly the burst when the run was fast; one more per refill interval it took."""
+    most = CREDENTIAL_BURST + math.floor(elapsed / CREDENTIAL_REFILL_SECONDS)
+    assert CREDENTIAL_BURST <= failures <= most, (failures, elapsed)
+
+
+def _still_empty(failures: int, since_first: float) -> bool:
+    """Whether the bucket cannot have a whole token again ``since_first`` seconds after its
+    first failure, ``failures`` failures later: then a request must still be refused."""
+    return since_first < (failures - CREDENTIAL_BURST + 1) * CREDENTIAL_REFILL_SECONDS
+
+
+@spawns_the_demo
 def test_run_demo_counts_failed_credentials_before_checking_them(
     tmp_path: Path, redis_url: str
 ) -> None:
@@ -229,22 +278,301 @@ def test_run_demo_counts_failed_credentials_before_checking_them(
         assert status == 200
         token = json.loads(body)["token"]
         wrong = {"username": "alice", "password": "wrong"}
-        assert [_post_form(demo, "/api/token/", wrong)[0] for _ in range(6)] == [400] * 5 + [429]
-        assert _post_form(demo, "/api/token/", wrong)[0] == 429
+        started = time.monotonic()
+        failures, elapsed = _failures_until_refused(
+            lambda: _post_form(demo, "/api/token/", wrong)[0], failure=400
+        )
+        _assert_credential_limit(failures, elapsed)
+        status = _post_form(demo, "/api/token/", wrong)[0]
+        if _still_empty(failures, time.monotonic() - started):
+            assert status == 429
 
         request = urllib.request.Request(demo.base + "/api/items/")
         request.add_header("Authorization", f"Token {token}")
         with urllib.request.urlopen(request, timeout=10) as response:
             assert response.status == 200
         # A wrong Basic password: 403, as SessionAuthentication comes first (no challenge).
-        assert [demo.get("/api/items/", auth=("bob", "wrong"))[0] for _ in range(6)] == [
-            403
-        ] * 5 + [429]
+        started = time.monotonic()
+        failures, elapsed = _failures_until_refused(
+            lambda: demo.get("/api/items/", auth=("bob", "wrong"))[0], failure=403
+        )
+        _assert_credential_limit(failures, elapsed)
         # The address is refused for every scheme of the rule now, a right token too.
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(request, timeout=10)
-        assert refused.value.code == 429
-        refused.value.close()
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                status = response.status
+        except urllib.error.HTTPError as refused:
+            status = refused.code
+            refused.close()
+        if _still_empty(failures, time.monotonic() - started):
+            assert status == 429
 
         status, _ = demo.get("/accounts/login/")
         assert status == 200
+
+
+# A second terminal -----------------------------------------------------------------------------
+
+
+def _manage(demo: Demo, *args: str) -> subprocess.CompletedProcess[str]:
+    """``manage.py <args>`` as a newcomer runs it in a second terminal: the demo's database
+    (the same directory, here a throwaway file), but neither REDIS_URL nor a key prefix."""
+    env = {
+        k: v for k, v in demo.env.items() if k not in ("REDIS_URL", "DJANGO_THROTTLE_KEY_PREFIX")
+    }
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=PATIENCE,
+    )
+
+
+def _post_as(demo: Demo, path: str, auth: tuple[str, str]) -> int:
+    return demo.get(path, auth=auth, method="POST")[0]
+
+
+@spawns_the_demo
+def test_commands_in_a_second_terminal_reach_the_demos_redis(tmp_path: Path) -> None:
+    """run_demo with its private redis-server; throttle_inspect and throttle_reset in another
+    process see and clear the counters the server keeps. Alice's export limit (free tier:
+    20 an hour, each export costs 10) refills one token every 3 minutes, so the counts below
+    cannot change during the test."""
+    with run_demo(tmp_path, redis_url=None) as demo:
+        alice = ("alice", "alice")
+        assert [_post_as(demo, "/api/export/", alice) for _ in range(3)] == [202, 202, 429]
+
+        inspected = _manage(demo, "throttle_inspect", "alice", "--format", "json")
+        assert inspected.returncode == 0, inspected.stderr
+        rows = json.loads(inspected.stdout)["rows"]
+        export = [row for row in rows if row["capacity"] == 20]
+        assert export, rows
+        assert all(row["remaining"] < 10 for row in export), rows
+
+        reset = _manage(demo, "throttle_reset", "alice")
+        assert reset.returncode == 0, reset.stderr
+        assert _post_as(demo, "/api/export/", alice) == 202
+
+        state = tmp_path / "demo.sqlite3.run_demo.json"
+        assert state.exists()
+        assert state.stat().st_mode & 0o777 == 0o600
+    assert not state.exists(), "run_demo left its record behind"
+
+
+# Safe to deploy from ---------------------------------------------------------------------------
+
+REDIS_PASSWORD = "s3cret-of-the-demo"
+
+
+@pytest.fixture
+def redis_with_password() -> Iterator[str]:
+    server = PrivateRedis(extra_args=("--requirepass", REDIS_PASSWORD)).start()
+    try:
+        yield f"redis://:{REDIS_PASSWORD}@127.0.0.1:{server.port}/0"
+    finally:
+        server.stop()
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    """A browser of sorts: keeps cookies, does not follow redirects."""
+
+    class NoRedirects(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: object, **kwargs: object) -> None:
+            return None
+
+    return urllib.request.build_opener(
+        urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()), NoRedirects()
+    )
+
+
+def _open(
+    opener: urllib.request.OpenerDirector, request: urllib.request.Request
+) -> tuple[int, Message, bytes]:
+    try:
+        with opener.open(request, timeout=10) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, error.headers, error.read()
+
+
+def _admin_login(demo: Demo, opener: urllib.request.OpenerDirector, password: str) -> int:
+    """One attempt at the admin's login form, CSRF token and all, as a browser makes it."""
+    status, _, page = _open(opener, urllib.request.Request(demo.base + "/admin/login/"))
+    assert status == 200
+    token = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+    assert token, page[:500]
+    fields = {
+        "csrfmiddlewaretoken": token[1].decode(),
+        "username": "admin",
+        "password": password,
+        "next": "/admin/",
+    }
+    request = urllib.request.Request(
+        demo.base + "/admin/login/", data=urllib.parse.urlencode(fields).encode(), method="POST"
+    )
+    request.add_header("Referer", demo.base + "/admin/login/")
+    return _open(opener, request)[0]
+
+
+@spawns_the_demo
+def test_the_demo_is_safe_to_start_from(tmp_path: Path, redis_with_password: str) -> None:
+    """The first thing people deploy from: no debug page for a foreign Host, the admin login
+    limited like the others, /metrics for staff only, and the Redis password nowhere."""
+    with run_demo(tmp_path, redis_with_password) as demo:
+        opener = _opener()
+        foreign = urllib.request.Request(demo.base + "/api/ping/", headers={"Host": "evil.example"})
+        status, _, body = _open(opener, foreign)
+        assert status == 400
+        assert b"DisallowedHost" not in body and b"Traceback" not in body
+        assert REDIS_PASSWORD.encode() not in body
+
+        status, headers, _ = _open(opener, urllib.request.Request(demo.base + "/metrics"))
+        assert status == 302 and headers["Location"].startswith("/admin/login/")
+
+        # The admin's login counts failures per address like the other login endpoints.
+        started = time.monotonic()
+        failures, elapsed = _failures_until_refused(
+            lambda: _admin_login(demo, opener, "wrong"), failure=200
+        )
+        _assert_credential_limit(failures, elapsed)
+        status = _admin_login(demo, _opener(), "admin")
+        if _still_empty(failures, time.monotonic() - started):
+            assert status == 429  # the password is not even checked
+
+    output = demo.output()
+    assert REDIS_PASSWORD not in output
+    assert "redis://:***@127.0.0.1:" in output
+
+
+# In process: the settings and the debug page ---------------------------------------------------
+
+
+def _example_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **env: str) -> Any:
+    """The demo's settings as a fresh run of their module under the given environment sees
+    them (names as attributes)."""
+    import runpy
+    from types import SimpleNamespace
+
+    for name in ("DJANGO_DEBUG", "REDIS_URL", "DJANGO_THROTTLE_KEY_PREFIX"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path / 'demo.sqlite3'}")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return SimpleNamespace(**runpy.run_module("example_project.settings"))
+
+
+def test_the_demo_settings_keep_debug_off_unless_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert _example_settings(monkeypatch, tmp_path).DEBUG is False
+    assert _example_settings(monkeypatch, tmp_path, DJANGO_DEBUG="0").DEBUG is False
+    assert _example_settings(monkeypatch, tmp_path, DJANGO_DEBUG="1").DEBUG is True
+
+
+def test_the_demo_settings_count_in_the_running_demos_redis(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """What a second terminal gets: the recorded Redis and prefix while run_demo runs, its own
+    REDIS_URL when set, and the memory backend once the demo is gone."""
+    from example_project import demo_state
+
+    memory = "django_throttle.backends.memory.MemoryBackend"
+    quiet = _example_settings(monkeypatch, tmp_path)
+    assert memory == quiet.DJANGO_THROTTLE_BACKEND
+
+    record = Path(quiet.RUN_DEMO_STATE_FILE)
+    assert record.parent == tmp_path
+    demo_state.record(record, "redis://127.0.0.1:7777/0", "dtdemo1")
+    running = _example_settings(monkeypatch, tmp_path)
+    assert running.DJANGO_THROTTLE_REDIS_URL == "redis://127.0.0.1:7777/0"
+    assert running.DJANGO_THROTTLE_KEY_PREFIX == "dtdemo1"
+    assert not hasattr(running, "DJANGO_THROTTLE_BACKEND")
+
+    own = _example_settings(monkeypatch, tmp_path, REDIS_URL="redis://127.0.0.1:8888/0")
+    assert own.DJANGO_THROTTLE_REDIS_URL == "redis://127.0.0.1:8888/0"
+    assert own.DJANGO_THROTTLE_KEY_PREFIX == "dt"
+
+    # A record left by a process that is gone (a crash) is ignored.
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    record.write_text(
+        json.dumps({"pid": int(gone.stdout), "redis_url": "redis://x/0", "key_prefix": "p"})
+    )
+    assert memory == _example_settings(monkeypatch, tmp_path).DJANGO_THROTTLE_BACKEND
+    demo_state.forget(record)
+    assert record.exists(), "forget removes only this process's own record"
+
+
+def test_the_demo_debug_page_masks_redis_passwords(
+    monkeypatch: pytest.MonkeyPatch, settings: Any, rf: Any
+) -> None:
+    """With DEBUG on, Django's debug page shows settings, request META (which holds the
+    environment under the development server) and traceback variables: every Redis password
+    in them is masked."""
+    from django.views.debug import technical_500_response
+
+    url = f"redis://:{REDIS_PASSWORD}@cache.internal:6379/0"
+    settings.DEBUG = True
+    settings.DEFAULT_EXCEPTION_REPORTER = "example_project.reporting.RedactingExceptionReporter"
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+    settings.CACHES = {
+        **settings.CACHES,
+        "redis": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": url},
+    }
+    request = rf.get("/api/ping/", REDIS_URL=url)
+
+    def failing(redis_url: str) -> None:
+        options = {"url": redis_url, "db": 0}
+        raise RuntimeError(f"cannot reach {options['url']}")
+
+    try:
+        failing(url)
+    except RuntimeError:
+        response = technical_500_response(request, *sys.exc_info())
+        request.META["HTTP_ACCEPT"] = "text/plain"
+        text = technical_500_response(request, *sys.exc_info())
+    page = response.content.decode()
+
+    assert "cache.internal" in page and "cannot reach redis://:***@cache.internal" in page
+    assert REDIS_PASSWORD not in page
+    assert "cache.internal" in text.content.decode()
+    assert REDIS_PASSWORD not in text.content.decode()
+
+
+def test_the_demo_log_lines_mask_redis_passwords(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The demo's LOGGING: messages, their arguments and logged tracebacks, masked."""
+    import io
+    import logging.config
+
+    config = _example_settings(monkeypatch, tmp_path).LOGGING
+    stream = io.StringIO()
+    config["handlers"]["console"]["stream"] = stream
+    loggers = [logging.getLogger(name) for name in config["loggers"]]
+    saved = [(lg, lg.handlers[:], lg.level, lg.propagate, lg.disabled) for lg in loggers]
+    url = f"redis://:{REDIS_PASSWORD}@cache.internal:6379/0"
+    logging.config.dictConfig(config)
+    try:
+        logging.getLogger("django_throttle").warning("could not reach %s", url)
+        try:
+            raise ConnectionError(f"Error connecting to {url}")
+        except ConnectionError:
+            logging.getLogger("django.request").exception("Internal Server Error: /x")
+    finally:
+        for logger, handlers, level, propagate, disabled in saved:
+            logger.handlers[:] = handlers
+            logger.setLevel(level)
+            logger.propagate, logger.disabled = propagate, disabled
+    logged = stream.getvalue()
+
+    assert "could not reach redis://:***@cache.internal:6379/0" in logged
+    assert "ConnectionError: Error connecting to redis://:***@cache.internal" in logged
+    assert REDIS_PASSWORD not in logged

@@ -182,6 +182,53 @@ def test_the_metrics_view_serves_the_exposition(client: Any, settings: Any) -> N
     assert b"django_throttle_decisions_total" in response.content
 
 
+@pytest.mark.parametrize("metrics_setting", [False, None])
+def test_the_metrics_view_serves_nothing_while_metrics_are_off(
+    client: Any, settings: Any, metrics_setting: bool | None
+) -> None:
+    """Off (False, or unset: the default) means 404, though this process connected metrics
+    earlier and the registry is full of them."""
+    from django.urls import path
+
+    metrics.connect()
+    urls = type("urls", (), {"urlpatterns": [path("metrics", metrics.metrics_view)]})
+    settings.ROOT_URLCONF = urls
+    if metrics_setting is None:
+        del settings.DJANGO_THROTTLE_METRICS
+    else:
+        settings.DJANGO_THROTTLE_METRICS = metrics_setting
+    tier("anonymous", "5/h", is_default_anonymous=True)
+    client.get("/api/ping/")
+
+    response = client.get("/metrics")
+
+    assert response.status_code == 404
+    assert b"django_throttle_" not in response.content
+    assert b"python_gc" not in response.content
+
+
+def test_the_documented_staff_only_metrics_url(
+    client: Any, admin_client: Any, settings: Any
+) -> None:
+    """The README's way to restrict the view: staff_member_required around it."""
+    from django.contrib import admin
+    from django.contrib.admin.views.decorators import staff_member_required
+    from django.urls import path
+
+    metrics.connect()
+    patterns = [
+        path("admin/", admin.site.urls),
+        path("metrics", staff_member_required(metrics.metrics_view)),
+    ]
+    urls = type("urls", (), {"urlpatterns": patterns})
+    settings.ROOT_URLCONF = urls
+
+    assert client.get("/metrics").status_code == 302  # to the admin login
+    response = admin_client.get("/metrics")
+    assert response.status_code == 200
+    assert b"django_throttle_decisions_total" in response.content
+
+
 def test_metrics_add_up_across_processes(
     tmp_path: Path, settings: Any, monkeypatch: Any, redis_url: str
 ) -> None:

@@ -3,7 +3,6 @@ and re-timing stored counters when a limit is edited."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -155,8 +154,19 @@ def test_assignment_saves_and_deletes_bump(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_tightening_a_drained_limit_hands_out_no_free_burst(client: Client) -> None:
-    """Drain 10/s, edit it to 10/h, wait past the old refill time: still drained."""
+def test_tightening_a_drained_limit_hands_out_no_free_burst(
+    client: Client, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Drain 10/s, edit it to 10/h, wait past the old refill time: still drained.
+
+    Time is a clock moved by hand (the memory backend's and the policy's), so a slow machine
+    cannot refill the bucket between requests; tests/test_backends.py's
+    test_lowering_a_limit_hands_out_no_burst runs the same on Redis, whose key TTL it checks."""
+    settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"
+    now = [1_700_000_000.0]
+    backend = get_backend()
+    backend.clock = lambda: now[0]  # type: ignore[attr-defined]
+    monkeypatch.setattr(policy, "clock", lambda: now[0])
     anon = tier("anonymous", "10/s", is_default_anonymous=True)
     assert [client.get("/api/ping/").status_code for _ in range(10)] == [200] * 10
     assert client.get("/api/ping/").status_code == 429
@@ -164,7 +174,7 @@ def test_tightening_a_drained_limit_hands_out_no_free_burst(client: Client) -> N
         limit = TierLimit.objects.get(tier=anon)
         limit.rate = "10/h"
         limit.save()
-    time.sleep(1.1)  # the old key's TTL (1 s to refill under 10/s) has run out
+    now[0] += 1.1  # the old bucket (1 s to refill under 10/s) would be full again
     assert [client.get("/api/ping/").status_code for _ in range(12)] == [429] * 12
 
 

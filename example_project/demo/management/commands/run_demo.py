@@ -1,4 +1,9 @@
-"""The one command a newcomer runs: Redis, database, demo data, banner, development server."""
+"""The one command a newcomer runs: Redis, database, demo data, banner, development server.
+
+It records its Redis URL next to the database (:mod:`example_project.demo_state`), so
+``manage.py`` commands in another terminal count in the same Redis, and removes the record on
+exit. A Redis password is shown masked, in the banner as in errors.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import os
 import signal
 import socket
 import textwrap
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -15,6 +21,8 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.signals import setting_changed
 
+from django_throttle.redaction import redact_url
+from example_project import demo_state
 from example_project.private_redis import PrivateRedis
 
 HOST = "127.0.0.1"
@@ -40,6 +48,14 @@ class Command(BaseCommand):
         verbosity: int = options["verbosity"]
         # runserver exits the process without cleanup when it cannot bind; find out first.
         _check_port_free(port)
+        state_file = Path(settings.RUN_DEMO_STATE_FILE)
+        running = demo_state.read(state_file)
+        if running is not None:
+            raise CommandError(
+                f"Another run_demo (process {running['pid']}) uses this database: stop it "
+                "first, or give this one its own database with DATABASE_URL (its record: "
+                f"{state_file})."
+            )
         # SIGTERM (kill, a test harness, docker stop) must stop our redis-server as Ctrl-C does.
         previous = signal.signal(signal.SIGTERM, _interrupt)
         private: PrivateRedis | None = None
@@ -47,7 +63,7 @@ class Command(BaseCommand):
             url = os.environ.get("REDIS_URL")
             if url:
                 _check_redis(url)
-                where = f"{url} (from REDIS_URL)"
+                where = f"{redact_url(url)} (from REDIS_URL)"
             else:
                 try:
                     private = PrivateRedis().start()
@@ -56,14 +72,20 @@ class Command(BaseCommand):
                 url = private.url
                 where = f"{url} (private redis-server, stopped on exit)"
             _use_redis(url)
+            demo_state.record(
+                state_file, url, getattr(settings, "DJANGO_THROTTLE_KEY_PREFIX", "dt")
+            )
 
             call_command("migrate", interactive=False, verbosity=max(0, verbosity - 1))
             call_command("seed_demo", verbosity=verbosity)
             self.stdout.write(_banner(port, where, _demo_api_key()))
-            call_command("runserver", f"{HOST}:{port}", use_reloader=False)
+            # With DEBUG off (the default) runserver serves the admin's CSS and scripts only
+            # when told to; the demo's server is a development server on 127.0.0.1 anyway.
+            call_command("runserver", f"{HOST}:{port}", use_reloader=False, insecure_serving=True)
         except KeyboardInterrupt:
             pass
         finally:
+            demo_state.forget(state_file)
             if private is not None:
                 private.stop()
                 self.stdout.write("Stopped the private redis-server.")
@@ -91,7 +113,8 @@ def _check_redis(url: str) -> None:
         client.ping()
     except redis.RedisError as exc:
         raise CommandError(
-            f"Redis at REDIS_URL={url} does not answer ({exc}): start it, fix REDIS_URL, or "
+            f"Redis at REDIS_URL={redact_url(url)} does not answer ({exc}): start it, fix "
+            "REDIS_URL, or "
             "unset REDIS_URL to let run_demo start a private redis-server."
         ) from exc
     finally:
@@ -135,6 +158,8 @@ def _banner(port: int, redis_where: str, api_key: str) -> str:
         Admin      {base}/admin/   log in as admin / admin
                    edit tiers and endpoint rules; the server picks changes up within 1 s
         Redis      {redis_where}
+                   manage.py commands in another terminal count here too, e.g.
+                   manage.py throttle_inspect alice, manage.py throttle_reset alice
         Users      alice / alice (tier free), bob / bob (tier pro)
         API key    {api_key} (tier partner; a new one each run)
 

@@ -61,9 +61,11 @@ TIERS: dict[str, tuple[str, str, int, bool, bool, list[tuple[str, int | None, st
 EXPORT_LIMITS: dict[str, tuple[str, int]] = {"free": ("20/h", 20), "pro": ("200/h", 200)}
 #: Credential rules: scope → (rule name, [(rate, counted by)]) for anonymous clients, each
 #: counting failed attempts only. "login" guards /accounts/login/ and /api/token/
-#: (``protect_credentials``), "authentication" the API's Basic and Token authentication.
+#: (``protect_credentials``), "admin-login" the admin's login page, "authentication" the
+#: API's Basic and Token authentication.
 CREDENTIAL_RULES: dict[str, list[tuple[str, str]]] = {
     "login": [("5/min", "ip"), ("10/h", "username")],
+    "admin-login": [("5/min", "ip"), ("10/h", "username")],
     "authentication": [("5/min", "ip"), ("10/h", "username")],
 }
 #: username (= password) → (superuser, tier slug assigned directly or None for the default).
@@ -76,7 +78,7 @@ USERS: dict[str, tuple[bool, str | None]] = {
 
 class Command(BaseCommand):
     help = (
-        "Create the demo tiers (anonymous, free, pro), the 'export', 'login' and "
+        "Create the demo tiers (anonymous, free, pro), the 'export', 'login', 'admin-login' and "
         "'authentication' endpoint rules and the users admin/admin, alice/alice (free) and "
         "bob/bob (pro). Safe to run again."
     )
