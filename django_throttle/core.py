@@ -21,7 +21,12 @@ from asgiref.sync import sync_to_async
 
 from django_throttle import credentials, events, usage
 from django_throttle import policy as policy_module
-from django_throttle.backends import BackendError, get_backend, get_local_backend
+from django_throttle.backends import (
+    ArgumentRefused,
+    BackendError,
+    get_backend,
+    get_local_backend,
+)
 from django_throttle.breaker import CircuitBreaker, get_breaker
 from django_throttle.conf import app_settings
 from django_throttle.exemptions import exempt_client, is_exempt_view
@@ -124,8 +129,8 @@ def check(
                 backend,
                 planned.field,
             )
-    except BackendError:
-        decision = _degraded(planned, breaker)
+    except BackendError as exc:
+        decision = _degraded(planned, breaker, isinstance(exc, ArgumentRefused))
     else:
         if usage.pending:
             usage.flush_pending()
@@ -184,8 +189,8 @@ async def acheck(
                 backend,
                 planned.field,
             )
-    except BackendError:
-        decision = _degraded(planned, breaker)
+    except BackendError as exc:
+        decision = _degraded(planned, breaker, isinstance(exc, ArgumentRefused))
     else:
         if usage.pending:
             await sync_to_async(usage.flush_pending, thread_sensitive=False)()
@@ -304,10 +309,10 @@ def _grouped(
                 continue
             key = Identity("ip", address).key
         else:
-            username = credentials.presented_username(request)
-            if username is None:
+            counter = credentials.username_counter(request)
+            if counter is None:
                 continue  # nothing presented: nothing to count it by
-            key = Identity("username", username).key
+            key = counter
         calls.setdefault(key, []).extend(counted)
         refunds.setdefault(key, []).extend(counted)
     planned_groups = [(key, tuple(found)) for key, found in calls.items() if found]
@@ -351,9 +356,11 @@ def _counted(planned: _Plan, decision: Decision, request: Any) -> Decision:
     return decision
 
 
-def _degraded(planned: _Plan, breaker: CircuitBreaker) -> Decision:
+def _degraded(planned: _Plan, breaker: CircuitBreaker, refused: bool = False) -> Decision:
     """The decision when the backend could not answer, by failure mode, counted in-process
-    until the backend is back.
+    until the backend is back. A ``refused`` call (the backend answered, refusing one of our
+    arguments: a bug, logged by the breaker) is counted in-process where the mode would
+    serve it uncounted: whatever provoked it must not slip past the limits.
 
     The breaker logs when it opens and closes; a line per failed request would flood the log
     exactly when the operator needs it. The mode is only worked out here, off the healthy
@@ -363,6 +370,8 @@ def _degraded(planned: _Plan, breaker: CircuitBreaker) -> Decision:
     if failure_mode is None and planned.policy is not None:
         failure_mode = planned.policy.failure_mode_for(planned.tier, planned.endpoint, default)
     failure_mode = failure_mode or default or app_settings.FAILURE_MODE
+    if refused and failure_mode == "open":
+        failure_mode = "local"
     limits, client = planned.limits, planned.client
     if failure_mode == "closed":
         decision = Decision(
