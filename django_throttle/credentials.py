@@ -17,17 +17,24 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import enum
 import functools
 import json
+import unicodedata
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
+from django_throttle.identity import Identity
+
 __all__ = [
+    "UNREADABLE_COUNTER",
     "login_failed",
+    "normalise_username",
     "presented_username",
     "protect_credentials",
+    "username_counter",
     "watch_login_failures",
 ]
 
@@ -35,24 +42,43 @@ View = TypeVar("View", bound=Callable[..., Any])
 
 #: Longest username kept: a longer one is cut (its counter is shared by whatever starts alike).
 MAX_USERNAME = 256
-#: Largest JSON body read for a username; a bigger one is not a login.
-MAX_JSON_BODY = 64 * 1024
+#: Bodies read through ``request.POST`` (Django's and DRF's form parsers read them alike).
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 #: Set on the (Django) request when ``user_login_failed`` fires for it.
 FAILED_ATTRIBUTE = "throttle_login_failed"
+#: Set on the (Django) request when ``user_logged_in`` fires for it.
+LOGGED_IN_ATTRIBUTE = "throttle_logged_in"
+#: The username the request presents, once read (see ``_presented``).
+USERNAME_ATTRIBUTE = "throttle_presented_username"
+#: Set (true) by an authentication class that checks the ``Authorization`` header only, while
+#: its check runs: the body is then not read for a username.
+HEADER_ONLY = "throttle_credentials_in_header"
 
 _watching = False
 
 
 def watch_login_failures() -> None:
-    """Connect the ``user_login_failed`` receiver (once per process). Called on first need
-    rather than in ``AppConfig.ready()``, so a site that counts no failures pays nothing."""
+    """Connect the ``user_login_failed`` and ``user_logged_in`` receivers (once per
+    process). Called on first need rather than in ``AppConfig.ready()``, so a site that
+    counts no failures pays nothing."""
     global _watching
     if _watching:
         return
-    from django.contrib.auth.signals import user_login_failed
+    from django.contrib.auth.signals import user_logged_in, user_login_failed
 
     user_login_failed.connect(_login_failed, dispatch_uid="django_throttle.login_failed")
+    user_logged_in.connect(_logged_in, dispatch_uid="django_throttle.logged_in")
     _watching = True
+
+
+def _logged_in(sender: Any, request: Any = None, user: Any = None, **kwargs: Any) -> None:
+    """Mark the request of a real sign-in (``django.contrib.auth.login``): the only proof
+    that earns the browser a device cookie (a 200 or 302 alone proves nothing)."""
+    if request is None or user is None:
+        return
+    target = getattr(request, "_request", request)
+    with contextlib.suppress(AttributeError):
+        setattr(target, LOGGED_IN_ATTRIBUTE, True)
 
 
 def _login_failed(sender: Any, credentials: Any = None, request: Any = None, **kwargs: Any) -> None:
@@ -70,34 +96,131 @@ def login_failed(request: Any) -> bool:
 
 
 def presented_username(request: Any) -> str | None:
-    """The username a credential request presents, normalised (stripped, case-folded, at
-    most :data:`MAX_USERNAME` characters), or ``None`` when it presents none.
+    """The username a credential request presents, normalised as :func:`normalise_username`
+    does, or ``None`` when it presents none or none can be read (see
+    :func:`username_counter` for what such a request is counted against).
 
-    Looked for in the user part of ``Authorization: Basic``, then the POST form field named
-    by the user model's ``USERNAME_FIELD``, then ``username`` and ``email``; the same fields
-    of a JSON body when the request is JSON. Never raises: a garbled header or body just
-    presents no username.
+    Read exactly as the authenticators read it, so that no spelling the authenticator
+    accepts escapes the counter: the user part of ``Authorization: Basic`` decoded as DRF's
+    ``BasicAuthentication`` decodes it (stray non-base64 characters dropped, UTF-8 else
+    Latin-1); a form body through ``request.POST``; any other POST body as JSON whatever its
+    ``Content-Type`` says (DRF matches media types case-insensitively, and ``*/*`` selects
+    its JSON parser) and whatever its size (up to ``DATA_UPLOAD_MAX_MEMORY_SIZE``: DRF
+    parses any), with DRF's ``CharField`` rule (a number is its text). Fields looked
+    at: the user model's ``USERNAME_FIELD``, ``username`` and ``email``. Never raises.
     """
-    name = _basic_username(request.META.get("HTTP_AUTHORIZATION"))
-    if name is None and request.method == "POST":
-        name = _posted_username(request)
-    if name is None:
+    found = _presented(request)
+    return found if isinstance(found, str) else None
+
+
+def username_counter(request: Any) -> str | None:
+    """The client label the request's limits counted by username are counted under, or
+    ``None`` when it presents no username (nothing for the authenticator to check either).
+
+    - a username, read as :func:`presented_username` reads it: ``username:<name>``, unless
+      the request carries a valid device cookie for that very username
+      (:mod:`~django_throttle.device_cookies`): then that device's own counter;
+    - credentials that cannot be read (a Basic header that does not decode, a body that
+      does not parse or is over Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE``, a body and a
+      header, or two fields, naming different users): :data:`UNREADABLE_COUNTER`, one
+      counter shared by every such request, so sending something the limiter cannot read
+      never skips the limit.
+    """
+    found = _presented(request)
+    if found is None:
         return None
-    name = name.strip().casefold()[:MAX_USERNAME]
-    return name or None
+    if not isinstance(found, str):
+        return UNREADABLE_COUNTER
+    from django_throttle import device_cookies
+
+    device = device_cookies.device_for(request, found)
+    if device is not None:
+        return Identity("device", device).key
+    return Identity("username", found).key
 
 
-def _basic_username(header: Any) -> str | None:
+def normalise_username(name: str) -> str:
+    """``name`` as its counter knows it: stripped, NFKC-normalised (what Django's
+    ``UsernameField`` and ``AbstractBaseUser.normalize_username`` do, so the fullwidth
+    ``bf1`` is ``bf1``) and case-folded (databases and backends that match
+    case-insensitively), at most :data:`MAX_USERNAME` characters. Every spelling an
+    authenticator may accept for one account maps to one counter; two accounts may share one
+    (``Bob`` and ``bob``), which only ever limits more."""
+    name = unicodedata.normalize("NFKC", name[: 4 * MAX_USERNAME].strip())
+    return unicodedata.normalize("NFKC", name.casefold()).strip()[:MAX_USERNAME]
+
+
+class _Unreadable(enum.Enum):
+    """Credentials are presented, but no one username can be read from them."""
+
+    UNREADABLE = "unreadable"
+
+
+UNREADABLE = _Unreadable.UNREADABLE
+#: The one counter of every request whose username cannot be read: the empty username,
+#: which no request that presents a username is counted under.
+UNREADABLE_COUNTER = Identity("username", "").key
+
+_Found = str | _Unreadable | None
+
+
+def _presented(request: Any) -> _Found:
+    """The normalised username, :data:`UNREADABLE` or ``None``; worked out once per request
+    (after the view, a body DRF has read can no longer be read again)."""
+    header_only = bool(getattr(request, HEADER_ONLY, False))
+    cached: dict[bool, _Found] | None = getattr(request, USERNAME_ATTRIBUTE, None)
+    if cached is not None and header_only in cached:
+        return cached[header_only]
+    found = _read(request, header_only)
+    if cached is None:
+        cached = {}
+        with contextlib.suppress(AttributeError):  # a request object that takes no attributes
+            setattr(request, USERNAME_ATTRIBUTE, cached)
+    cached[header_only] = found
+    return found
+
+
+def _read(request: Any, header_only: bool) -> _Found:
+    names: set[str] = set()
+    header = _basic_username(request.META.get("HTTP_AUTHORIZATION"))
+    if header is UNREADABLE:
+        return UNREADABLE
+    if isinstance(header, str):
+        names.add(header)
+    # A DRF authentication class checks the header only; a login view may check both (a
+    # DRF token view also runs BasicAuthentication): a body naming another user is
+    # unreadable, else guesses for one user could be counted under another's name.
+    if request.method == "POST" and not header_only:
+        body = _posted_username(request)
+        if body is UNREADABLE:
+            return UNREADABLE
+        names.update(body or ())
+    if len(names) > 1:
+        return UNREADABLE
+    return names.pop() if names else None
+
+
+def _basic_username(header: Any) -> _Found:
+    """The user part of ``Authorization: Basic``, parsed as DRF's ``BasicAuthentication``
+    parses it; ``None`` for another scheme or no header."""
     if not isinstance(header, str):
         return None
-    scheme, _, encoded = header.strip().partition(" ")
-    if scheme.lower() != "basic" or not encoded:
+    parts = header.encode("latin-1", "replace").split()
+    if not parts or parts[0].lower() != b"basic":
         return None
+    if len(parts) != 2:
+        return UNREADABLE
     try:
-        decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
+        raw = base64.b64decode(parts[1])  # not validate=True: DRF drops stray characters
+        try:
+            decoded = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            decoded = raw.decode("latin-1")
+        name, _ = decoded.split(":", 1)
     except (binascii.Error, ValueError):
-        return None
-    return decoded.partition(":")[0]
+        return UNREADABLE
+    name = normalise_username(name)
+    return name or None
 
 
 def _field_names() -> tuple[str, ...]:
@@ -107,25 +230,34 @@ def _field_names() -> tuple[str, ...]:
     return tuple(dict.fromkeys((field, "username", "email")))
 
 
-def _posted_username(request: Any) -> str | None:
-    content_type = request.META.get("CONTENT_TYPE", "")
+def _posted_username(request: Any) -> set[str] | _Unreadable:
+    """The distinct usernames a POST body presents (empty: none)."""
+    meta = request.META
+    media = str(meta.get("CONTENT_TYPE") or "").split(";", 1)[0].strip().lower()
     try:
-        if content_type.startswith("application/json"):
-            length = int(request.META.get("CONTENT_LENGTH") or 0)
-            if not 0 < length <= MAX_JSON_BODY:
-                return None
-            data = json.loads(request.body)
+        if media in FORM_TYPES:
+            data: Any = request.POST
         else:
-            data = request.POST
-    except Exception:  # unreadable body, bad JSON, body already read by a parser: none
-        return None
+            if not int(meta.get("CONTENT_LENGTH") or 0):
+                return set()  # no body: nothing for an authenticator to read either
+            body = request.body  # bounded by DATA_UPLOAD_MAX_MEMORY_SIZE
+            if not body.strip():
+                return set()
+            data = json.loads(body)
+    except Exception:  # unreadable body, bad JSON, body already read, too big, bad length
+        return UNREADABLE
     if not hasattr(data, "get"):
-        return None
+        return set()  # a JSON list or number: no authenticator takes fields from it
+    names = set()
     for field in _field_names():
         value = data.get(field)
-        if isinstance(value, str) and value.strip():
-            return value
-    return None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)  # DRF's CharField takes numbers as their text
+        if isinstance(value, str):
+            name = normalise_username(value)
+            if name:
+                names.add(name)
+    return names
 
 
 @overload
@@ -142,6 +274,10 @@ def protect_credentials(view: Any = None, *, scope: str = "login") -> Any:
     Works on function views, ``LoginView.as_view()``, the admin's login and DRF's
     ``obtain_auth_token``, sync or async. Fails closed when the backend cannot answer,
     unless the rule or tier names another failure mode.
+
+    A view that signs the user in (``django.contrib.auth.login``: ``LoginView``, the
+    admin's login) also gives the browser a device cookie, which keeps it an allowance of
+    its own while its username is under attack (:mod:`~django_throttle.device_cookies`).
     """
     if view is None:
         return functools.partial(protect_credentials, scope=scope)
@@ -166,6 +302,7 @@ def protect_credentials(view: Any = None, *, scope: str = "login") -> Any:
             try:
                 response = await view(request, *args, **kwargs)
                 status = response.status_code
+                _remember_device(request, response)
                 return response
             finally:
                 await core.asettle(request, status, first=first)
@@ -185,8 +322,26 @@ def protect_credentials(view: Any = None, *, scope: str = "login") -> Any:
         try:
             response = view(request, *args, **kwargs)
             status = response.status_code
+            _remember_device(request, response)
             return response
         finally:
             core.settle(request, status, first=first)
 
     return wrapper
+
+
+def _remember_device(request: Any, response: Any) -> None:
+    """After a real sign-in (``user_logged_in`` fired for this request), give the browser
+    its device cookie for the username it presented (see
+    :mod:`~django_throttle.device_cookies`)."""
+    if not getattr(request, LOGGED_IN_ATTRIBUTE, False) or login_failed(request):
+        return
+    username = presented_username(request)
+    if username is None:
+        user = getattr(request, "user", None)
+        get_username = getattr(user, "get_username", None)
+        username = normalise_username(str(get_username())) if get_username else None
+    if username:
+        from django_throttle import device_cookies
+
+        device_cookies.remember(request, response, username)
