@@ -309,10 +309,10 @@ def _grouped(
                 continue
             key = Identity("ip", address).key
         else:
-            counter = credentials.username_counter(request)
-            if counter is None:
-                continue  # nothing presented: nothing to count it by
-            key = counter
+            for key in credentials.username_counters(request):  # none: nothing presented
+                calls.setdefault(key, []).extend(counted)
+                refunds.setdefault(key, []).extend(counted)
+            continue
         calls.setdefault(key, []).extend(counted)
         refunds.setdefault(key, []).extend(counted)
     planned_groups = [(key, tuple(found)) for key, found in calls.items() if found]

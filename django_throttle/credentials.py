@@ -34,7 +34,7 @@ __all__ = [
     "normalise_username",
     "presented_username",
     "protect_credentials",
-    "username_counter",
+    "username_counters",
     "watch_login_failures",
 ]
 
@@ -97,46 +97,53 @@ def login_failed(request: Any) -> bool:
 
 def presented_username(request: Any) -> str | None:
     """The username a credential request presents, normalised as :func:`normalise_username`
-    does, or ``None`` when it presents none or none can be read (see
-    :func:`username_counter` for what such a request is counted against).
+    does, or ``None`` when it presents none, several, or none that can be read (see
+    :func:`username_counters` for what such a request is counted against).
 
-    Read exactly as the authenticators read it, so that no spelling the authenticator
+    Read exactly as the authenticators read it, so that no spelling an authenticator
     accepts escapes the counter: the user part of ``Authorization: Basic`` decoded as DRF's
     ``BasicAuthentication`` decodes it (stray non-base64 characters dropped, UTF-8 else
-    Latin-1); a form body through ``request.POST``; any other POST body as JSON whatever its
+    Latin-1); a form body through ``request.POST``; any other POST body whatever its
     ``Content-Type`` says (DRF matches media types case-insensitively, and ``*/*`` selects
-    its JSON parser) and whatever its size (up to ``DATA_UPLOAD_MAX_MEMORY_SIZE``: DRF
-    parses any), with DRF's ``CharField`` rule (a number is its text). Fields looked
-    at: the user model's ``USERNAME_FIELD``, ``username`` and ``email``. Never raises.
+    one of its parsers) and whatever its size (up to ``DATA_UPLOAD_MAX_MEMORY_SIZE``: DRF
+    parses any), as JSON, else as a form; a number is its text (DRF's ``CharField``).
+    Fields looked at: the user model's ``USERNAME_FIELD``, ``username`` and ``email``.
+    Never raises.
     """
     found = _presented(request)
-    return found if isinstance(found, str) else None
+    if isinstance(found, tuple) and len(found) == 1:
+        return found[0]
+    return None
 
 
-def username_counter(request: Any) -> str | None:
-    """The client label the request's limits counted by username are counted under, or
-    ``None`` when it presents no username (nothing for the authenticator to check either).
+def username_counters(request: Any) -> tuple[str, ...]:
+    """The client labels the request's limits counted by username are counted under; none
+    when it presents no username (nothing for an authenticator to check either).
 
-    - a username, read as :func:`presented_username` reads it: ``username:<name>``, unless
-      the request carries a valid device cookie for that very username
-      (:mod:`~django_throttle.device_cookies`): then that device's own counter;
+    - each username it presents, read as :func:`presented_username` reads it:
+      ``username:<name>``, unless the request carries a valid device cookie for that very
+      username (:mod:`~django_throttle.device_cookies`): then that device's own counter. A
+      request naming several users (a Basic header and a body, or two fields, that
+      disagree) is counted under each: an authenticator may check any of them;
     - credentials that cannot be read (a Basic header that does not decode, a body that
-      does not parse or is over Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE``, a body and a
-      header, or two fields, naming different users): :data:`UNREADABLE_COUNTER`, one
-      counter shared by every such request, so sending something the limiter cannot read
-      never skips the limit.
+      parses neither as JSON nor as a form, or is over ``DATA_UPLOAD_MAX_MEMORY_SIZE``):
+      :data:`UNREADABLE_COUNTER`, one counter shared by every such request, so sending
+      something the limiter cannot read never skips the limit.
     """
     found = _presented(request)
-    if found is None:
-        return None
-    if not isinstance(found, str):
-        return UNREADABLE_COUNTER
+    if not isinstance(found, tuple):
+        return (UNREADABLE_COUNTER,)
+    if not found:
+        return ()
     from django_throttle import device_cookies
 
-    device = device_cookies.device_for(request, found)
-    if device is not None:
-        return Identity("device", device).key
-    return Identity("username", found).key
+    counters = []
+    for name in found:
+        device = device_cookies.device_for(request, name)
+        counters.append(
+            Identity("username", name).key if device is None else Identity("device", device).key
+        )
+    return tuple(counters)
 
 
 def normalise_username(name: str) -> str:
@@ -151,7 +158,7 @@ def normalise_username(name: str) -> str:
 
 
 class _Unreadable(enum.Enum):
-    """Credentials are presented, but no one username can be read from them."""
+    """Credentials are presented, but no username can be read from them."""
 
     UNREADABLE = "unreadable"
 
@@ -160,13 +167,16 @@ UNREADABLE = _Unreadable.UNREADABLE
 #: The one counter of every request whose username cannot be read: the empty username,
 #: which no request that presents a username is counted under.
 UNREADABLE_COUNTER = Identity("username", "").key
+#: Most usernames one request is counted under (a Basic header and three fields).
+MAX_NAMES = 4
 
-_Found = str | _Unreadable | None
+#: The sorted, distinct usernames presented (empty: none), or :data:`UNREADABLE`.
+_Found = tuple[str, ...] | _Unreadable
 
 
 def _presented(request: Any) -> _Found:
-    """The normalised username, :data:`UNREADABLE` or ``None``; worked out once per request
-    (after the view, a body DRF has read can no longer be read again)."""
+    """What the request presents, worked out once per request and reading (after the view,
+    a body DRF has read can no longer be read again)."""
     header_only = bool(getattr(request, HEADER_ONLY, False))
     cached: dict[bool, _Found] | None = getattr(request, USERNAME_ATTRIBUTE, None)
     if cached is not None and header_only in cached:
@@ -188,19 +198,16 @@ def _read(request: Any, header_only: bool) -> _Found:
     if isinstance(header, str):
         names.add(header)
     # A DRF authentication class checks the header only; a login view may check both (a
-    # DRF token view also runs BasicAuthentication): a body naming another user is
-    # unreadable, else guesses for one user could be counted under another's name.
+    # DRF token view also runs BasicAuthentication).
     if request.method == "POST" and not header_only:
-        body = _posted_username(request)
+        body = _posted_usernames(request)
         if body is UNREADABLE:
             return UNREADABLE
-        names.update(body or ())
-    if len(names) > 1:
-        return UNREADABLE
-    return names.pop() if names else None
+        names.update(body)
+    return tuple(sorted(names))[:MAX_NAMES]
 
 
-def _basic_username(header: Any) -> _Found:
+def _basic_username(header: Any) -> str | _Unreadable | None:
     """The user part of ``Authorization: Basic``, parsed as DRF's ``BasicAuthentication``
     parses it; ``None`` for another scheme or no header."""
     if not isinstance(header, str):
@@ -230,24 +237,37 @@ def _field_names() -> tuple[str, ...]:
     return tuple(dict.fromkeys((field, "username", "email")))
 
 
-def _posted_username(request: Any) -> set[str] | _Unreadable:
+def _posted_usernames(request: Any) -> set[str] | _Unreadable:
     """The distinct usernames a POST body presents (empty: none)."""
     meta = request.META
     media = str(meta.get("CONTENT_TYPE") or "").split(";", 1)[0].strip().lower()
     try:
         if media in FORM_TYPES:
-            data: Any = request.POST
-        else:
-            if not int(meta.get("CONTENT_LENGTH") or 0):
-                return set()  # no body: nothing for an authenticator to read either
-            body = request.body  # bounded by DATA_UPLOAD_MAX_MEMORY_SIZE
-            if not body.strip():
-                return set()
-            data = json.loads(body)
-    except Exception:  # unreadable body, bad JSON, body already read, too big, bad length
+            return _fields(request.POST)
+        if not int(meta.get("CONTENT_LENGTH") or 0):
+            return set()  # no body: nothing for an authenticator to read either
+        body = request.body  # bounded by DATA_UPLOAD_MAX_MEMORY_SIZE
+    except Exception:  # unreadable body, body already read, too big, bad length
         return UNREADABLE
-    if not hasattr(data, "get"):
-        return set()  # a JSON list or number: no authenticator takes fields from it
+    if not body.strip():
+        return set()
+    try:
+        data = json.loads(body)
+    except ValueError:
+        pass
+    else:
+        # A JSON list or number: no authenticator takes fields from it.
+        return _fields(data) if isinstance(data, dict) else set()
+    from django.http import QueryDict
+
+    try:  # a form body under another content type (``*/*`` picks DRF's form parser)
+        names = _fields(QueryDict(body, encoding=request.encoding))
+    except Exception:
+        return UNREADABLE
+    return names or UNREADABLE  # text, XML, YAML…: a parser of its own may read a name
+
+
+def _fields(data: Any) -> set[str]:
     names = set()
     for field in _field_names():
         value = data.get(field)
