@@ -236,3 +236,20 @@ def test_a_refused_argument_closes_a_half_open_breaker(settings: Any) -> None:
     with pytest.raises(ArgumentRefused):
         breaker.call(backend.hit, "c" * 300, [Limit.build("l", "5/min")], usage="field")
     assert breaker.state == "closed"
+
+
+def test_async_calls_report_a_refused_argument_as_no_outage() -> None:
+    from asgiref.sync import async_to_sync
+
+    backend = get_backend()
+    breaker = get_breaker()
+    limit = Limit.build("l", "5/min")
+
+    async def refused() -> None:
+        for _ in range(5):
+            with pytest.raises(ArgumentRefused):
+                await breaker.acall(backend.ahit, "c" * 300, [limit], usage="field")
+
+    async_to_sync(refused)()
+    assert breaker.state == "closed"
+    assert (breaker.failures, breaker.refused) == (0, 5)
