@@ -47,6 +47,9 @@ class BasicProtected(APIView):
     def get(self, request: Request) -> Response:
         return Response({"user": str(request.user)})
 
+    def post(self, request: Request) -> Response:
+        return Response({"created": request.data.get("username")}, status=201)
+
 
 urlpatterns = [
     path("login/", protect_credentials(FormLogin.as_view())),
@@ -192,6 +195,22 @@ def test_a_header_and_a_body_naming_two_users_count_for_both(rules: Tier, victim
     assert response.status_code == 429
     both = {"username": "bf1", "email": "other@example.com", "password": "right"}
     assert json_post("/token/", both) == 429
+
+
+def test_an_authentication_class_counts_the_header_only(rules: Tier, victim: Any) -> None:
+    """An API call authenticated by Basic whose body names someone else (a user it creates)
+    is counted under the Basic user only: the body is not what that class checks."""
+    for _ in range(3):
+        response = Client().post(
+            "/basic/",
+            {"username": "newbie"},
+            content_type="application/json",
+            HTTP_AUTHORIZATION=basic("bf1:wrong"),
+            REMOTE_ADDR=elsewhere(),
+        )
+        assert response.status_code == 401
+    assert Client().get("/basic/", HTTP_AUTHORIZATION=basic("bf1:right")).status_code == 429
+    assert Client().get("/basic/", HTTP_AUTHORIZATION=basic("newbie:x")).status_code == 401
 
 
 def test_credentials_that_cannot_be_read_share_one_counter(rules: Tier, victim: Any) -> None:
