@@ -360,3 +360,29 @@ def test_memory_stays_flat_whatever_clients_send(settings: Any) -> None:
         logging.disable(logging.NOTSET)
     assert peak - start < 8_000_000, f"peak grew by {peak - start:,} bytes"
     assert end - start < 4_000_000, f"kept {end - start:,} bytes"
+
+
+def test_limits_built_anew_for_every_call_keep_memory_flat(backend: str) -> None:
+    """Equal limits built for each call (inline limits, per-request groups) share one cache
+    entry: what 2,000 calls keep alive stays far below one script copy per call."""
+    from django_throttle.backends import get_backend
+    from django_throttle.rates import Limit
+
+    counting = get_backend()
+
+    def calls(count: int) -> None:
+        for i in range(count):
+            limits = (Limit.build("a", "5/min"), Limit.build("b", "100/h"))
+            counting.hit(f"ip:198.51.100.{i % 250}", limits)
+
+    calls(100)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        calls(2_000)
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert kept < 1_000_000, f"kept {kept:,} bytes"
