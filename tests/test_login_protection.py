@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from django.contrib import admin
 from django.contrib.auth.views import LoginView
-from django.http import HttpResponse
-from django.test import Client
+from django.http import HttpRequest, HttpResponse
+from django.test import AsyncClient, Client
 from django.urls import path
 from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.permissions import AllowAny
@@ -51,8 +51,23 @@ class BasicProtected(APIView):
         return Response({"created": request.data.get("username")}, status=201)
 
 
+@protect_credentials
+async def async_login(request: HttpRequest) -> HttpResponse:
+    """An ``async def`` login view: ``aauthenticate`` and ``alogin``."""
+    from django.contrib.auth import aauthenticate, alogin
+
+    user = await aauthenticate(
+        request, username=request.POST.get("username"), password=request.POST.get("password")
+    )
+    if user is None:
+        return HttpResponse("wrong", status=401)
+    await alogin(request, user)
+    return HttpResponse("in", status=302)
+
+
 urlpatterns = [
     path("login/", protect_credentials(FormLogin.as_view())),
+    path("async-login/", async_login),
     path("token/", protect_credentials(obtain_auth_token)),
     path("basic/", BasicProtected.as_view()),
     path("admin/login/", protect_credentials(admin.site.login)),
@@ -246,6 +261,27 @@ def test_a_signed_in_browser_keeps_its_own_allowance_under_attack(rules: Tier, v
     assert Client().post("/login/", {"username": "bf1", "password": "right"}).status_code == 429
     # The browser that signed in before still gets in, with the right password.
     assert browser.post("/login/", {"username": "bf1", "password": "right"}).status_code == 302
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_login_view_gives_a_device_cookie_too(rules: Tier, victim: Any) -> None:
+    from asgiref.sync import async_to_sync
+
+    async def scenario() -> list[int]:
+        browser = AsyncClient()
+        signed_in = await browser.post("/async-login/", {"username": "bf1", "password": "right"})
+        assert device_cookies.COOKIE_NAME in signed_in.cookies
+        await browser.post("/admin/logout/")
+        statuses = [signed_in.status_code]
+        for _ in range(4):  # an attacker, from anywhere
+            attempt = await AsyncClient().post(
+                "/async-login/", {"username": "bf1", "password": "wrong"}, REMOTE_ADDR=elsewhere()
+            )
+            statuses.append(attempt.status_code)
+        again = await browser.post("/async-login/", {"username": "bf1", "password": "right"})
+        return [*statuses, again.status_code]
+
+    assert async_to_sync(scenario)() == [302, 401, 401, 401, 429, 302]
 
 
 def test_a_device_cookie_that_keeps_failing_is_locked_out_on_its_own(
