@@ -180,8 +180,8 @@ class CircuitBreaker:
             self._refused_logged = now
         logger.error(
             "the throttle backend refused an argument of a counting call (a bug, not an "
-            "outage: the breaker stays as it is; that request got its failure mode): %s%s",
-            exc,
+            "outage: the breaker stays as it is; that request got its failure mode): %r%s",
+            str(exc)[:500],  # quoted: the arguments may hold a client's CR, LF or ESC
             f" ({quiet} more since the last such line)" if quiet else "",
         )
 
