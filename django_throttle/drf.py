@@ -282,10 +282,13 @@ class ProtectedSessionAuthentication(CredentialProtection, SessionAuthentication
 
 
 def _authorization_scheme(request: Request) -> str:
+    """The ``Authorization`` scheme, split off as DRF's own classes split it (bytes, on any
+    ASCII whitespace): a tab after ``Basic`` must not hide the credentials from the check."""
     header = request._request.META.get("HTTP_AUTHORIZATION", "")
     if not isinstance(header, str):
         return ""
-    return header.strip().partition(" ")[0].lower()
+    parts = header.encode("latin-1", "replace").split()
+    return parts[0].decode("latin-1").lower() if parts else ""
 
 
 def _owner(pk: Any) -> Any:

@@ -188,6 +188,15 @@ def test_basic_credentials_with_a_stray_character_are_read(rules: Tier, victim: 
     assert response.status_code == 429
 
 
+def test_basic_credentials_after_a_tab_are_counted(rules: Tier, victim: Any) -> None:
+    """DRF splits the header on any whitespace: so does the check that decides whether a
+    request presents Basic credentials at all."""
+    lock("/basic/")
+    encoded = base64.b64encode(b"bf1:right").decode()
+    for header in (f"Basic\t{encoded}", f"  basic   {encoded}  "):
+        assert Client().get("/basic/", HTTP_AUTHORIZATION=header).status_code == 429
+
+
 @pytest.mark.parametrize("spelling", ["ｂｆ１", "𝐛𝐟𝟏", "BF1", " bf1 "])  # noqa: RUF001
 def test_every_spelling_the_login_form_accepts_shares_one_counter(
     rules: Tier, victim: Any, spelling: str
