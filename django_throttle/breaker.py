@@ -10,6 +10,12 @@ exact limiting resumes within one cooldown of Redis answering again.
 Thread-safe. A closed breaker costs a call a few attribute reads and no lock; transitions take
 the lock and are logged once each (opening at WARNING with the error, recovery at WARNING),
 never per request. ``clock`` is injectable (monotonic seconds) so tests move time by hand.
+
+An :class:`~django_throttle.backends.base.ArgumentRefused` (the backend answered, refusing an
+argument this package sent) is no failure: it propagates for the caller to decide that one
+request, counts as the backend answering (it closes a half-open breaker like any answer), and
+is logged at ERROR, at most once per :data:`REFUSED_LOG_INTERVAL` (a client that can provoke
+it must not flood the log either).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from django_throttle import events
-from django_throttle.backends.base import BackendError
+from django_throttle.backends.base import ArgumentRefused, BackendError
 from django_throttle.conf import app_settings
 
 __all__ = ["CircuitBreaker", "CircuitOpen", "get_breaker", "reset_breaker"]
@@ -31,6 +37,8 @@ logger = logging.getLogger("django_throttle.breaker")
 T = TypeVar("T")
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
+#: Seconds between two error lines about refused arguments, per breaker.
+REFUSED_LOG_INTERVAL = 60.0
 
 
 class CircuitOpen(BackendError):
@@ -41,7 +49,8 @@ class CircuitBreaker:
     """Closed / open / half-open state around one backend, shared by a process's threads.
 
     Counters for metrics: ``failures`` (backend errors seen), ``opened`` (times it opened,
-    re-opening after a failed probe included) and ``short_circuited`` (calls refused at once).
+    re-opening after a failed probe included), ``short_circuited`` (calls refused at once)
+    and ``refused`` (calls whose arguments the backend refused: not failures).
     """
 
     def __init__(
@@ -60,6 +69,9 @@ class CircuitBreaker:
         self.failures = 0
         self.opened = 0
         self.short_circuited = 0
+        self.refused = 0
+        self._refused_logged: float | None = None  # when the last refusal was logged
+        self._refused_quiet = 0  # refusals not logged since
         self._lock = threading.Lock()
         self._streak = 0  # consecutive failures while closed
         self._opened_at: float | None = None  # None while closed
@@ -99,6 +111,10 @@ class CircuitBreaker:
             if self._admit():
                 try:
                     result = func(*args, **kwargs)
+                except ArgumentRefused as exc:
+                    self._probe_succeeded()
+                    self._refused(exc)
+                    raise
                 except BaseException as exc:
                     self._probe_failed(exc)
                     raise
@@ -107,6 +123,11 @@ class CircuitBreaker:
             epoch = self._epoch  # closed meanwhile
         try:
             result = func(*args, **kwargs)
+        except ArgumentRefused as exc:
+            if self._streak:
+                self._succeeded(epoch)
+            self._refused(exc)
+            raise
         except BackendError as exc:
             self._failed(exc, epoch)
             raise
@@ -121,6 +142,10 @@ class CircuitBreaker:
             if self._admit():
                 try:
                     result = await func(*args, **kwargs)
+                except ArgumentRefused as exc:
+                    self._probe_succeeded()
+                    self._refused(exc)
+                    raise
                 except BaseException as exc:
                     self._probe_failed(exc)
                     raise
@@ -129,12 +154,36 @@ class CircuitBreaker:
             epoch = self._epoch
         try:
             result = await func(*args, **kwargs)
+        except ArgumentRefused as exc:
+            if self._streak:
+                self._succeeded(epoch)
+            self._refused(exc)
+            raise
         except BackendError as exc:
             self._failed(exc, epoch)
             raise
         if self._streak:
             self._succeeded(epoch)
         return result
+
+    def _refused(self, exc: ArgumentRefused) -> None:
+        """Log a refused argument (a bug of this package, or of a custom resolver or backend)
+        at ERROR, at most once per interval, with how many went unlogged since."""
+        with self._lock:
+            self.refused += 1
+            now = self.clock()
+            last = self._refused_logged
+            if last is not None and now - last < REFUSED_LOG_INTERVAL:
+                self._refused_quiet += 1
+                return
+            quiet, self._refused_quiet = self._refused_quiet, 0
+            self._refused_logged = now
+        logger.error(
+            "the throttle backend refused an argument of a counting call (a bug, not an "
+            "outage: the breaker stays as it is; that request got its failure mode): %r%s",
+            str(exc)[:500],  # quoted: the arguments may hold a client's CR, LF or ESC
+            f" ({quiet} more since the last such line)" if quiet else "",
+        )
 
     def _succeeded(self, epoch: int) -> None:
         with self._lock:

@@ -23,7 +23,12 @@ from django.utils.functional import LazyObject
 
 from django_throttle import credentials, events, usage
 from django_throttle import policy as policy_module
-from django_throttle.backends import BackendError, get_backend, get_local_backend
+from django_throttle.backends import (
+    ArgumentRefused,
+    BackendError,
+    get_backend,
+    get_local_backend,
+)
 from django_throttle.breaker import CircuitBreaker, get_breaker
 from django_throttle.conf import app_settings
 from django_throttle.exemptions import exempt_client, is_exempt_view
@@ -131,8 +136,8 @@ def check(
                 backend,
                 planned.field,
             )
-    except BackendError:
-        decision = _degraded(planned, breaker)
+    except BackendError as exc:
+        decision = _degraded(planned, breaker, isinstance(exc, ArgumentRefused))
     else:
         if usage.pending:
             usage.flush_pending()
@@ -213,8 +218,8 @@ async def acheck(
                 backend,
                 planned.field,
             )
-    except BackendError:
-        decision = _degraded(planned, breaker)
+    except BackendError as exc:
+        decision = _degraded(planned, breaker, isinstance(exc, ArgumentRefused))
     else:
         if usage.pending:
             await sync_to_async(usage.flush_pending, thread_sensitive=False)()
@@ -374,10 +379,10 @@ def _grouped(
                 continue
             key = Identity("ip", address).key
         else:
-            username = credentials.presented_username(request)
-            if username is None:
-                continue  # nothing presented: nothing to count it by
-            key = Identity("username", username).key
+            for key in credentials.username_counters(request):  # none: nothing presented
+                calls.setdefault(key, []).extend(counted)
+                refunds.setdefault(key, []).extend(counted)
+            continue
         calls.setdefault(key, []).extend(counted)
         refunds.setdefault(key, []).extend(counted)
     planned_groups = [(key, tuple(found)) for key, found in calls.items() if found]
@@ -421,9 +426,11 @@ def _counted(planned: _Plan, decision: Decision, request: Any) -> Decision:
     return decision
 
 
-def _degraded(planned: _Plan, breaker: CircuitBreaker) -> Decision:
+def _degraded(planned: _Plan, breaker: CircuitBreaker, refused: bool = False) -> Decision:
     """The decision when the backend could not answer, by failure mode, counted in-process
-    until the backend is back.
+    until the backend is back. A ``refused`` call (the backend answered, refusing one of our
+    arguments: a bug, logged by the breaker) is counted in-process where the mode would
+    serve it uncounted: whatever provoked it must not slip past the limits.
 
     The breaker logs when it opens and closes; a line per failed request would flood the log
     exactly when the operator needs it. The mode is only worked out here, off the healthy
@@ -433,6 +440,8 @@ def _degraded(planned: _Plan, breaker: CircuitBreaker) -> Decision:
     if failure_mode is None and planned.policy is not None:
         failure_mode = planned.policy.failure_mode_for(planned.tier, planned.endpoint, default)
     failure_mode = failure_mode or default or app_settings.FAILURE_MODE
+    if refused and failure_mode == "open":
+        failure_mode = "local"
     limits, client = planned.limits, planned.client
     if failure_mode == "closed":
         decision = Decision(

@@ -2,10 +2,11 @@
 token request against the endpoint rules of a scope *before* the view checks the password, and
 gives the tokens back unless the attempt failed.
 
-Also the two request facts the counting policy needs: the username a credential request
-presents (a limit counted by username keys on it) and whether Django's ``user_login_failed``
-signal fired for the request (``LoginView`` answers a wrong password with a 200 re-render, so
-the status alone does not tell a failure).
+Also the request facts the counting policy needs: the username a credential request
+presents (read in :mod:`~django_throttle.usernames`; a limit counted by username keys on
+it), whether Django's ``user_login_failed`` signal fired for the request (``LoginView``
+answers a wrong password with a 200 re-render, so the status alone does not tell a failure),
+and whether ``user_logged_in`` did (which earns the browser a device cookie).
 
 Only the rule's own limits are counted here, never the tier's: the view's own throttle (if
 any) counts those. A refused attempt gets 429 before the view runs, so the password hasher
@@ -14,45 +15,64 @@ never runs for it.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import functools
-import json
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
+from django_throttle.usernames import (
+    HEADER_ONLY,
+    UNREADABLE_COUNTER,
+    normalise_username,
+    presented_username,
+    username_counters,
+)
+
 __all__ = [
+    "HEADER_ONLY",
+    "UNREADABLE_COUNTER",
     "login_failed",
+    "normalise_username",
     "presented_username",
     "protect_credentials",
+    "username_counters",
     "watch_login_failures",
 ]
 
 View = TypeVar("View", bound=Callable[..., Any])
 
-#: Longest username kept: a longer one is cut (its counter is shared by whatever starts alike).
-MAX_USERNAME = 256
-#: Largest JSON body read for a username; a bigger one is not a login.
-MAX_JSON_BODY = 64 * 1024
 #: Set on the (Django) request when ``user_login_failed`` fires for it.
 FAILED_ATTRIBUTE = "throttle_login_failed"
+#: Set on the (Django) request when ``user_logged_in`` fires for it.
+LOGGED_IN_ATTRIBUTE = "throttle_logged_in"
 
 _watching = False
 
 
 def watch_login_failures() -> None:
-    """Connect the ``user_login_failed`` receiver (once per process). Called on first need
-    rather than in ``AppConfig.ready()``, so a site that counts no failures pays nothing."""
+    """Connect the ``user_login_failed`` and ``user_logged_in`` receivers (once per
+    process). Called on first need rather than in ``AppConfig.ready()``, so a site that
+    counts no failures pays nothing."""
     global _watching
     if _watching:
         return
-    from django.contrib.auth.signals import user_login_failed
+    from django.contrib.auth.signals import user_logged_in, user_login_failed
 
     user_login_failed.connect(_login_failed, dispatch_uid="django_throttle.login_failed")
+    user_logged_in.connect(_logged_in, dispatch_uid="django_throttle.logged_in")
     _watching = True
+
+
+def _logged_in(sender: Any, request: Any = None, user: Any = None, **kwargs: Any) -> None:
+    """Mark the request of a real sign-in (``django.contrib.auth.login``): the only proof
+    that earns the browser a device cookie (a 200 or 302 alone proves nothing)."""
+    if request is None or user is None:
+        return
+    target = getattr(request, "_request", request)
+    with contextlib.suppress(AttributeError):
+        setattr(target, LOGGED_IN_ATTRIBUTE, True)
 
 
 def _login_failed(sender: Any, credentials: Any = None, request: Any = None, **kwargs: Any) -> None:
@@ -69,65 +89,6 @@ def login_failed(request: Any) -> bool:
     return bool(getattr(request, FAILED_ATTRIBUTE, False))
 
 
-def presented_username(request: Any) -> str | None:
-    """The username a credential request presents, normalised (stripped, case-folded, at
-    most :data:`MAX_USERNAME` characters), or ``None`` when it presents none.
-
-    Looked for in the user part of ``Authorization: Basic``, then the POST form field named
-    by the user model's ``USERNAME_FIELD``, then ``username`` and ``email``; the same fields
-    of a JSON body when the request is JSON. Never raises: a garbled header or body just
-    presents no username.
-    """
-    name = _basic_username(request.META.get("HTTP_AUTHORIZATION"))
-    if name is None and request.method == "POST":
-        name = _posted_username(request)
-    if name is None:
-        return None
-    name = name.strip().casefold()[:MAX_USERNAME]
-    return name or None
-
-
-def _basic_username(header: Any) -> str | None:
-    if not isinstance(header, str):
-        return None
-    scheme, _, encoded = header.strip().partition(" ")
-    if scheme.lower() != "basic" or not encoded:
-        return None
-    try:
-        decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, ValueError):
-        return None
-    return decoded.partition(":")[0]
-
-
-def _field_names() -> tuple[str, ...]:
-    from django.contrib.auth import get_user_model
-
-    field = getattr(get_user_model(), "USERNAME_FIELD", "username")
-    return tuple(dict.fromkeys((field, "username", "email")))
-
-
-def _posted_username(request: Any) -> str | None:
-    content_type = request.META.get("CONTENT_TYPE", "")
-    try:
-        if content_type.startswith("application/json"):
-            length = int(request.META.get("CONTENT_LENGTH") or 0)
-            if not 0 < length <= MAX_JSON_BODY:
-                return None
-            data = json.loads(request.body)
-        else:
-            data = request.POST
-    except Exception:  # unreadable body, bad JSON, body already read by a parser: none
-        return None
-    if not hasattr(data, "get"):
-        return None
-    for field in _field_names():
-        value = data.get(field)
-        if isinstance(value, str) and value.strip():
-            return value
-    return None
-
-
 @overload
 def protect_credentials(view: View, *, scope: str = "login") -> View: ...
 @overload
@@ -142,6 +103,10 @@ def protect_credentials(view: Any = None, *, scope: str = "login") -> Any:
     Works on function views, ``LoginView.as_view()``, the admin's login and DRF's
     ``obtain_auth_token``, sync or async. Fails closed when the backend cannot answer,
     unless the rule or tier names another failure mode.
+
+    A view that signs the user in (``django.contrib.auth.login``: ``LoginView``, the
+    admin's login) also gives the browser a device cookie, which keeps it an allowance of
+    its own while its username is under attack (:mod:`~django_throttle.device_cookies`).
     """
     if view is None:
         return functools.partial(protect_credentials, scope=scope)
@@ -166,6 +131,7 @@ def protect_credentials(view: Any = None, *, scope: str = "login") -> Any:
             try:
                 response = await view(request, *args, **kwargs)
                 status = response.status_code
+                _remember_device(request, response)
                 return response
             finally:
                 await core.asettle(request, status, first=first)
@@ -186,6 +152,7 @@ def protect_credentials(view: Any = None, *, scope: str = "login") -> Any:
         try:
             response = view(request, *args, **kwargs)
             status = response.status_code
+            _remember_device(request, response)
             return response
         finally:
             core.settle(request, status, first=first)
@@ -193,3 +160,20 @@ def protect_credentials(view: Any = None, *, scope: str = "login") -> Any:
     # The operator tools (throttle_explain) read it to know the check this view makes.
     wrapper.throttle_credential_scope = scope  # type: ignore[attr-defined]
     return wrapper
+
+
+def _remember_device(request: Any, response: Any) -> None:
+    """After a real sign-in (``user_logged_in`` fired for this request), give the browser
+    its device cookie for the username it presented (see
+    :mod:`~django_throttle.device_cookies`)."""
+    if not getattr(request, LOGGED_IN_ATTRIBUTE, False) or login_failed(request):
+        return
+    username = presented_username(request)
+    if username is None:
+        user = getattr(request, "user", None)
+        get_username = getattr(user, "get_username", None)
+        username = normalise_username(str(get_username())) if get_username else None
+    if username:
+        from django_throttle import device_cookies
+
+        device_cookies.remember(request, response, username)

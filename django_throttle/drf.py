@@ -24,7 +24,7 @@ from rest_framework.authentication import (
 from rest_framework.exceptions import APIException, Throttled
 from rest_framework.request import Request
 
-from django_throttle import core
+from django_throttle import core, credentials
 from django_throttle.conf import app_settings
 from django_throttle.exemptions import is_exempt_view
 from django_throttle.headers import (
@@ -232,12 +232,17 @@ class CredentialProtection:
             return wrapped(request)  # type: ignore[no-any-return]
         http_request = request._request
         first = len(getattr(http_request, "throttle_reservations", ()))
-        decision = core.check(
-            http_request,
-            scope=self.protection_scope or app_settings.AUTHENTICATION_SCOPE,
-            credential=True,
-            rule_only=True,
-        )
+        # Only the header is checked here: its username is the header's, not the body's.
+        setattr(http_request, credentials.HEADER_ONLY, True)
+        try:
+            decision = core.check(
+                http_request,
+                scope=self.protection_scope or app_settings.AUTHENTICATION_SCOPE,
+                credential=True,
+                rule_only=True,
+            )
+        finally:
+            setattr(http_request, credentials.HEADER_ONLY, False)
         if not decision.allowed:
             if decision.unavailable:
                 raise LimiterUnavailable(decision)
@@ -291,10 +296,13 @@ class ProtectedSessionAuthentication(CredentialProtection, SessionAuthentication
 
 
 def _authorization_scheme(request: Request) -> str:
+    """The ``Authorization`` scheme, split off as DRF's own classes split it (bytes, on any
+    ASCII whitespace): a tab after ``Basic`` must not hide the credentials from the check."""
     header = request._request.META.get("HTTP_AUTHORIZATION", "")
     if not isinstance(header, str):
         return ""
-    return header.strip().partition(" ")[0].lower()
+    parts = header.encode("latin-1", "replace").split()
+    return parts[0].decode("latin-1").lower() if parts else ""
 
 
 def _owner(pk: Any) -> Any:

@@ -18,6 +18,7 @@ address at all is :data:`UNIDENTIFIED`, never silently one shared bucket: the co
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import ipaddress
 import logging
 import socket
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_throttle.identity")
 
 __all__ = [
+    "MAX_KEY_BYTES",
     "UNIDENTIFIED",
     "Identity",
     "client_ip",
@@ -46,8 +48,18 @@ __all__ = [
     "verified_api_key",
 ]
 
+#: Longest client label, in UTF-8 bytes; a longer one is digested (see :attr:`Identity.key`).
+#: The counting script refuses labels over 200 bytes: this stays well under, with room for
+#: a custom resolver's kind.
+MAX_KEY_BYTES = 128
+
 #: Unix seconds, for API key expiry; tests replace it to expire a key without sleeping.
 clock = time.time
+
+
+def _digest(value: bytes) -> str:
+    """128 bits of BLAKE2b in hex: distinct long values keep distinct labels."""
+    return hashlib.blake2b(value, digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,18 +75,33 @@ class Identity:
 
     @property
     def key(self) -> str:
-        """``kind:value``, always encodable as UTF-8 (backends hash its bytes). A value with
-        lone surrogates (bytes a custom resolver decoded with ``surrogateescape``) would fail
-        every backend call; it is written as ``<kind>\\0<hex of its bytes>`` instead, which
-        no ``kind:value`` key equals unless a kind holds ``:`` or NUL."""
+        """``kind:value``: the client label every backend counts under, always encodable as
+        UTF-8 and at most :data:`MAX_KEY_BYTES` bytes, whatever the value (a 300-character
+        username, an e-mail address, a custom resolver's long token).
+
+        A longer key is written ``<kind>#<digest>`` (128 bits of BLAKE2b over the whole
+        value, in hex), so two long values stay two clients. A value with lone surrogates
+        (bytes a custom resolver decoded with ``surrogateescape``) would fail every backend
+        call; it is written ``<kind>\\0<hex of its bytes>`` instead (digested too when
+        long). No ``kind:value`` key equals either form as long as no kind holds ``:``,
+        ``#`` or NUL: the label is bounded here, once, for every kind of identity.
+        """
         key = f"{self.kind}:{self.value}"
-        if not key.isascii():
-            try:
-                key.encode()
-            except UnicodeEncodeError:
-                value = str(self.value).encode("utf-8", "surrogatepass").hex()
-                return f"{self.kind}\0{value}"
-        return key
+        if key.isascii():
+            if len(key) <= MAX_KEY_BYTES:
+                return key
+            return f"{self.kind}#{_digest(str(self.value).encode())}"
+        try:
+            encoded = key.encode()
+        except UnicodeEncodeError:
+            raw = str(self.value).encode("utf-8", "surrogatepass")
+            key = f"{self.kind}\0{raw.hex()}"
+            if len(key) <= MAX_KEY_BYTES:
+                return key
+            return f"{self.kind}\0#{_digest(raw)}"
+        if len(encoded) <= MAX_KEY_BYTES:
+            return key
+        return f"{self.kind}#{_digest(str(self.value).encode())}"
 
     @property
     def is_authenticated(self) -> bool:

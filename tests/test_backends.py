@@ -1048,7 +1048,7 @@ def test_calendar_specs_are_encoded_again_when_their_window_ends(
     yesterday = calls.encoded(quota, round((time.time() - 86400) * 1e6))
     assert yesterday.valid_until == first.valid_until - 86400
     assert calls.encoded(quota) is first
-    calls._cache[id(quota)] = dataclasses.replace(first, valid_until=time.time() - 1)
+    calls._cache.put(quota, dataclasses.replace(first, valid_until=time.time() - 1))
     again = calls.encoded(quota)
     assert again.valid_until == first.valid_until
     assert again is not first

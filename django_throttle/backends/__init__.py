@@ -12,11 +12,12 @@ import threading
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from django_throttle.backends.base import Backend, BackendError
+from django_throttle.backends.base import ArgumentRefused, Backend, BackendError
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.conf import app_settings
 
 __all__ = [
+    "ArgumentRefused",
     "Backend",
     "BackendError",
     "get_backend",

@@ -19,12 +19,17 @@ import logging
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from django_throttle.rates import WINDOW_ALGORITHMS, Decision, InvalidRate, Limit, Rate
 
 #: Bytes of a client digest (96 bits: no two of a billion clients share one in practice).
 DIGEST_SIZE = 12
+
+#: Limit lists a :class:`LimitsCache` keeps before it starts afresh.
+CACHED_LISTS = 4096
+
+T = TypeVar("T")
 
 logger = logging.getLogger("django_throttle")
 #: Backend classes already warned about lacking ``refund``: one warning each, not one per call.
@@ -33,6 +38,17 @@ _WARNED: set[type] = set()
 
 class BackendError(Exception):
     """The backend could not answer (connection, timeout, server error)."""
+
+
+class ArgumentRefused(BackendError):
+    """The backend answered, refusing an argument this package sent (a client label, cost
+    or limit spec out of the script's bounds): a bug of ours, never an outage.
+
+    A :class:`BackendError` so that every caller already turns it into a decision instead of
+    a 500, but the circuit breaker does not count it as a failure (the backend is answering),
+    and logs it as an error instead: one such request must never switch limiting off for
+    every client of the process.
+    """
 
 
 class Backend(ABC):
@@ -190,6 +206,49 @@ class Backend(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the instance is not used afterwards."""
+
+
+class LimitsCache(Generic[T]):
+    """What a backend works out once per limit list (framed specs, compiled algorithms),
+    found again for any list of the same limits.
+
+    Keyed by the limits a list holds, not by the list: the request path builds a new tuple
+    per request for the counters by IP address and username, from the same :class:`Limit`
+    objects of the policy snapshot, and each must find the entry its first one made. The
+    first lookup is by the ids of the limits (an entry holds its limits, so those ids cannot
+    be reused while it lives); a list of new but equal limits is found by value (hashing
+    them: about a microsecond per limit). At most
+    :data:`CACHED_LISTS` lists are kept (policy reloads leave old limits behind): memory
+    stays bounded whatever clients send. Thread-safe (single dict operations).
+    """
+
+    def __init__(self, size: int = CACHED_LISTS) -> None:
+        self.size = size
+        self._by_ids: dict[tuple[int, ...], tuple[tuple[Limit, ...], T]] = {}
+        self._by_value: dict[tuple[Limit, ...], T] = {}
+
+    def get(self, limits: Sequence[Limit]) -> T | None:
+        """The value stored for these limits, else ``None``."""
+        found = self._by_ids.get(tuple(map(id, limits)))
+        if found is not None:
+            return found[1]
+        # Equal limits, but other objects (built anew for the call): found by value, and not
+        # kept by their ids, which would hold every call's limits until the next clear.
+        return self._by_value.get(tuple(limits))
+
+    def put(self, limits: Sequence[Limit], value: T) -> None:
+        held = tuple(limits)
+        if len(self._by_ids) >= self.size or len(self._by_value) >= self.size:
+            self.clear()
+        self._by_ids[tuple(map(id, held))] = (held, value)
+        self._by_value[held] = value
+
+    def clear(self) -> None:
+        self._by_ids.clear()
+        self._by_value.clear()
+
+    def __len__(self) -> int:
+        return len(self._by_value)
 
 
 def _accepts(func: Any, name: str) -> bool:

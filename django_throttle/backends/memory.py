@@ -21,8 +21,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django_throttle.backends.base import (
+    ArgumentRefused,
     Backend,
-    BackendError,
+    LimitsCache,
     decision_from,
     per_shard,
     shard_of,
@@ -65,7 +66,7 @@ class MemoryBackend(Backend):
         self._lru: OrderedDict[Key, Entry] | None = None if max_entries is None else OrderedDict()
         self._state: dict[Key, Entry] = {} if self._lru is None else self._lru
         # Limit lists compiled once, by identity (the policy snapshot reuses its tuples).
-        self._compiled: dict[int, tuple[Sequence[Limit], tuple[Compiled, ...]]] = {}
+        self._compiled: LimitsCache[tuple[Compiled, ...]] = LimitsCache()
         self._version = 0
         self._calls = itertools.count()
         self._usage: MemoryUsage | None = None
@@ -122,7 +123,7 @@ class MemoryBackend(Backend):
         """Give ``cost`` back to every limit, each by its algorithm's rule (refund.lua's
         twin, see memory_algorithms), under the lock: one atomic step."""
         if not 0 <= cost <= MAX_COUNT or cost % 1:
-            raise BackendError(f"cost must be a whole number in [0, {MAX_COUNT}], not {cost!r}")
+            raise ArgumentRefused(f"cost must be a whole number in [0, {MAX_COUNT}], not {cost!r}")
         cost = int(cost)
         now_us = round((self.clock() if now is None else now) * 1e6)
         now_ms = now_us // 1000
@@ -231,16 +232,14 @@ class MemoryBackend(Backend):
             self._version += 1
 
     def _specs(self, limits: Sequence[Limit]) -> tuple[Compiled, ...]:
-        found = self._compiled.get(id(limits))
-        if found is not None and found[0] is limits:
-            return found[1]
+        found = self._compiled.get(limits)
+        if found is not None:
+            return found
         compiled = tuple(
             compile_limit(per_shard(limit, self.shards) if limit.shared else limit)
             for limit in limits
         )
-        if len(self._compiled) >= 4096:  # bounded: policy reloads leave old tuples behind
-            self._compiled.clear()
-        self._compiled[id(limits)] = (limits, compiled)
+        self._compiled.put(limits, compiled)
         return compiled
 
     def _run(
@@ -253,7 +252,7 @@ class MemoryBackend(Backend):
         usage: str | None = None,
     ) -> Decision:
         if not 0 <= cost <= MAX_COUNT or cost % 1:
-            raise BackendError(f"cost must be a whole number in [0, {MAX_COUNT}], not {cost!r}")
+            raise ArgumentRefused(f"cost must be a whole number in [0, {MAX_COUNT}], not {cost!r}")
         cost = int(cost)
         # Whole microseconds, like the server clock the script reads.
         now_us = round((self.clock() if now is None else now) * 1e6)

@@ -11,7 +11,9 @@ Scripts ship as ``.lua`` files in this package and run by EVALSHA; on NOSCRIPT (
 not run) they are sent once more with EVAL, which carries the source. Nothing else is ever
 replayed, because a call that timed out may already have counted: the clients this module
 builds have retries off, short timeouts and a bounded pool, and every failure (redis-py's
-errors, socket errors, a garbled reply) surfaces as :class:`BackendError`. Counting calls skip
+errors, socket errors, a garbled reply) surfaces as :class:`BackendError`; an error reply of
+the counting script itself (an argument it refuses) as :class:`~.base.ArgumentRefused`, which
+is our bug and no outage (see :func:`.wire.failure`). Counting calls skip
 redis-py's per-command machinery (see :mod:`.wire`); ``async def`` views use
 :mod:`.redis_async`.
 """
@@ -47,6 +49,7 @@ from django_throttle.backends.wire import (
     SHARED_MARK,
     Calls,
     Stack,
+    failure,
     key_suffix,
     limit_spec,
 )
@@ -248,7 +251,7 @@ class RedisBackend(Backend):
             except NoScriptError:
                 self._stack.call(fallback())
         except Exception as exc:  # anything out of redis-py: see _run
-            raise BackendError(f"{type(exc).__name__}: {exc}") from exc
+            raise failure(exc) from exc
 
     async def arefund(
         self, client: str, limits: Sequence[Limit], cost: int = 1, *, now: float | None = None
@@ -263,7 +266,7 @@ class RedisBackend(Backend):
             except NoScriptError:
                 await self._async_stacks.call(fallback())
         except Exception as exc:  # anything out of redis-py: see _run
-            raise BackendError(f"{type(exc).__name__}: {exc}") from exc
+            raise failure(exc) from exc
 
     def reset(self, client: str, limits: Sequence[Limit]) -> None:
         if limits:
@@ -366,7 +369,7 @@ class RedisBackend(Backend):
                 reply = await self._async_stacks.call(fallback())
             return self._decision(limits, reply)
         except Exception as exc:  # anything out of redis-py: see _run
-            raise BackendError(f"{type(exc).__name__}: {exc}") from exc
+            raise failure(exc) from exc
 
     async def apeek(
         self, client: str, limits: Sequence[Limit], *, now: float | None = None, cost: int = 0
@@ -401,7 +404,7 @@ class RedisBackend(Backend):
                 reply = self._stack.call(fallback())
             return self._decision(limits, reply)
         except Exception as exc:  # anything out of redis-py: see _run
-            raise BackendError(f"{type(exc).__name__}: {exc}") from exc
+            raise failure(exc) from exc
 
     def _request(
         self,

@@ -31,7 +31,13 @@ except ImportError:  # pragma: no cover - older or newer layouts of redis-py
             return ResponseError(message)
 
 
-from django_throttle.backends.base import DIGEST_SIZE, per_shard
+from django_throttle.backends.base import (
+    DIGEST_SIZE,
+    ArgumentRefused,
+    BackendError,
+    LimitsCache,
+    per_shard,
+)
 from django_throttle.calendar import windows
 from django_throttle.rates import Algorithm, Limit
 
@@ -41,6 +47,7 @@ __all__ = [
     "Calls",
     "Encoded",
     "Stack",
+    "failure",
     "frame",
     "key_suffix",
     "limit_spec",
@@ -118,21 +125,33 @@ class Encoded:
     ``valid_until`` (Unix seconds) is when a calendar quota's window ends and the specs must
     be encoded again; :data:`FOREVER` when the list has none. ``shared`` marks the shared
     limits (empty when there are none, the usual case): their keys carry the shard's tag and
-    :data:`SHARED_MARK` instead of the client's tag.
+    :data:`SHARED_MARK` instead of the client's tag. ``source`` is the script's source, the
+    one object every list of that mix of algorithms shares (only an EVAL, after NOSCRIPT,
+    frames it): an entry costs a few hundred bytes, not a copy of the script.
     """
 
-    limits: Sequence[Limit]
     suffixes: tuple[bytes, ...]
     evalsha_head: bytes
-    eval_head: bytes
     tail: bytes
+    source: bytes
     valid_until: float = FOREVER
     shared: tuple[bool, ...] = ()
 
+    @property
+    def eval_head(self) -> bytes:
+        """The head of the EVAL twin of the call, framing the script's source."""
+        count = len(self.suffixes)
+        return (
+            b"*%d\r\n$4\r\nEVAL\r\n" % (4 + 2 * count)
+            + frame(self.source)
+            + frame(str(count).encode())
+        )
+
 
 class Calls:
-    """Frames calls of one script; limit lists are encoded once and cached by identity (the
-    policy snapshot hands out the same tuple for every request of a tier and endpoint).
+    """Frames calls of one script; limit lists are encoded once and cached by the limits they
+    hold (:class:`~.base.LimitsCache`: a list built per request from the policy's limits
+    finds its entry).
 
     ``source_for(codes)`` gives the script's source defining just the algorithms of those
     spec codes: each distinct mix of algorithms is its own script (its own digest), and most
@@ -143,7 +162,7 @@ class Calls:
     def __init__(self, source_for: Callable[[frozenset[str]], str], shards: int = 1) -> None:
         self.source_for = source_for
         self.shards = shards
-        self._cache: dict[int, Encoded] = {}
+        self._cache: LimitsCache[Encoded] = LimitsCache()
         self._fields: dict[str, bytes] = {}
         self._scripts: dict[frozenset[str], tuple[bytes, bytes]] = {}
 
@@ -160,17 +179,15 @@ class Calls:
         """The list's encoding, cached. One with calendar quotas is made again once its
         window has passed, and for a test's ``now_us`` (then not cached: real time keeps its
         own)."""
-        found = self._cache.get(id(limits))
-        if found is not None and found.limits is limits:
+        found = self._cache.get(limits)
+        if found is not None:
             if found.valid_until is FOREVER:
                 return found
             if now_us is None and time.time() < found.valid_until:
                 return found
         encoded = self._encode(limits, now_us)
         if now_us is None or encoded.valid_until is FOREVER:
-            if len(self._cache) >= 4096:  # bounded: policy reloads leave old tuples behind
-                self._cache.clear()
-            self._cache[id(limits)] = encoded
+            self._cache.put(limits, encoded)
         return encoded
 
     def _encode(self, limits: Sequence[Limit], now_us: int | None) -> Encoded:
@@ -187,10 +204,9 @@ class Calls:
         shared = tuple(limit.shared for limit in limits)
         sha, source = self.script(limits)
         return Encoded(
-            limits=limits,
             suffixes=tuple(key_suffix(limit).encode() for limit in limits),
             evalsha_head=elements + b"$7\r\nEVALSHA\r\n" + frame(sha) + rest,
-            eval_head=elements + b"$4\r\nEVAL\r\n" + frame(source) + rest,
+            source=source,
             tail=b"".join(
                 frame(limit_spec(per_shard(limit, self.shards), now_us).encode())
                 for limit in limits
@@ -245,6 +261,25 @@ class Calls:
             )
         first = op + field + client.replace(b"\n", b" ") if field else op
         return b"".join((head, keys, frame(first), encoded.tail))
+
+
+#: How the scripts' own error replies begin (``fail`` in lua/prelude.lua).
+SCRIPT_ERROR_PREFIX = "django_throttle:"
+
+
+def failure(exc: BaseException) -> BackendError:
+    """What a counting call's exception means to the request path: an error reply of our
+    own script (it refused an argument we sent, and wrote nothing) is
+    :class:`~.base.ArgumentRefused`; anything else out of redis-py, the socket or a garbled
+    reply is a :class:`~.base.BackendError`, an outage the breaker counts."""
+    message = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, ResponseError):
+        text = str(exc)
+        if text.startswith("ERR "):  # servers that prefix an error code of their own
+            text = text[4:]
+        if text.startswith(SCRIPT_ERROR_PREFIX):
+            return ArgumentRefused(message)
+    return BackendError(message)
 
 
 def parse_error(message: bytes) -> ResponseError:

@@ -1,0 +1,224 @@
+"""The username a credential request presents, read exactly as the authenticators will
+read it, and the counters a limit counted by username counts it under.
+
+The per-username counter is the only defence against guessing spread over many addresses,
+so every spelling an authenticator accepts for an account must reach that account's counter
+(same parsing as DRF and Django, same normalisation), and credentials the limiter cannot
+read are counted in one shared counter rather than skipping the limit.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import enum
+import json
+import unicodedata
+from typing import Any
+
+from django_throttle.identity import Identity
+
+__all__ = [
+    "HEADER_ONLY",
+    "MAX_USERNAME",
+    "UNREADABLE_COUNTER",
+    "normalise_username",
+    "presented_username",
+    "username_counters",
+]
+
+#: Longest username kept: a longer one is cut (its counter is shared by whatever starts alike).
+MAX_USERNAME = 256
+#: Bodies read through ``request.POST`` (Django's and DRF's form parsers read them alike).
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+#: The username the request presents, once read (see ``_presented``).
+USERNAME_ATTRIBUTE = "throttle_presented_username"
+#: Set (true) by an authentication class that checks the ``Authorization`` header only, while
+#: its check runs: the body is then not read for a username.
+HEADER_ONLY = "throttle_credentials_in_header"
+
+
+def presented_username(request: Any) -> str | None:
+    """The username a credential request presents, normalised as :func:`normalise_username`
+    does, or ``None`` when it presents none, several, or none that can be read (see
+    :func:`username_counters` for what such a request is counted against).
+
+    Read exactly as the authenticators read it, so that no spelling an authenticator
+    accepts escapes the counter: the user part of ``Authorization: Basic`` decoded as DRF's
+    ``BasicAuthentication`` decodes it (stray non-base64 characters dropped, UTF-8 else
+    Latin-1); a form body through ``request.POST``; any other POST body whatever its
+    ``Content-Type`` says (DRF matches media types case-insensitively, and ``*/*`` selects
+    one of its parsers) and whatever its size (up to ``DATA_UPLOAD_MAX_MEMORY_SIZE``: DRF
+    parses any), as JSON, else as a form; a number is its text (DRF's ``CharField``).
+    Fields looked at: the user model's ``USERNAME_FIELD``, ``username`` and ``email``.
+    Never raises.
+    """
+    found = _presented(request)
+    if isinstance(found, tuple) and len(found) == 1:
+        return found[0]
+    return None
+
+
+def username_counters(request: Any) -> tuple[str, ...]:
+    """The client labels the request's limits counted by username are counted under; none
+    when it presents no username (nothing for an authenticator to check either).
+
+    - each username it presents, read as :func:`presented_username` reads it:
+      ``username:<name>``, unless the request carries a valid device cookie for that very
+      username (:mod:`~django_throttle.device_cookies`): then that device's own counter. A
+      request naming several users (a Basic header and a body, or two fields, that
+      disagree) is counted under each: an authenticator may check any of them;
+    - credentials that cannot be read (a Basic header that does not decode, a body that
+      parses neither as JSON nor as a form, or is over ``DATA_UPLOAD_MAX_MEMORY_SIZE``):
+      :data:`UNREADABLE_COUNTER`, one counter shared by every such request, so sending
+      something the limiter cannot read never skips the limit.
+    """
+    found = _presented(request)
+    if not isinstance(found, tuple):
+        return (UNREADABLE_COUNTER,)
+    if not found:
+        return ()
+    from django_throttle import device_cookies
+
+    counters = []
+    for name in found:
+        device = device_cookies.device_for(request, name)
+        counters.append(
+            Identity("username", name).key if device is None else Identity("device", device).key
+        )
+    return tuple(counters)
+
+
+def normalise_username(name: str) -> str:
+    """``name`` as its counter knows it: stripped, NFKC-normalised (what Django's
+    ``UsernameField`` and ``AbstractBaseUser.normalize_username`` do, so the fullwidth
+    ``bf1`` is ``bf1``) and case-folded (databases and backends that match
+    case-insensitively), at most :data:`MAX_USERNAME` characters. Every spelling an
+    authenticator may accept for one account maps to one counter; two accounts may share one
+    (``Bob`` and ``bob``), which only ever limits more."""
+    name = unicodedata.normalize("NFKC", name[: 4 * MAX_USERNAME].strip())
+    return unicodedata.normalize("NFKC", name.casefold()).strip()[:MAX_USERNAME]
+
+
+class _Unreadable(enum.Enum):
+    """Credentials are presented, but no username can be read from them."""
+
+    UNREADABLE = "unreadable"
+
+
+UNREADABLE = _Unreadable.UNREADABLE
+#: The one counter of every request whose username cannot be read: the empty username,
+#: which no request that presents a username is counted under.
+UNREADABLE_COUNTER = Identity("username", "").key
+#: Most usernames one request is counted under (a Basic header and three fields).
+MAX_NAMES = 4
+
+#: The sorted, distinct usernames presented (empty: none), or :data:`UNREADABLE`.
+_Found = tuple[str, ...] | _Unreadable
+
+
+def _presented(request: Any) -> _Found:
+    """What the request presents, worked out once per request and reading (after the view,
+    a body DRF has read can no longer be read again)."""
+    header_only = bool(getattr(request, HEADER_ONLY, False))
+    cached: dict[bool, _Found] | None = getattr(request, USERNAME_ATTRIBUTE, None)
+    if cached is not None and header_only in cached:
+        return cached[header_only]
+    found = _read(request, header_only)
+    if cached is None:
+        cached = {}
+        with contextlib.suppress(AttributeError):  # a request object that takes no attributes
+            setattr(request, USERNAME_ATTRIBUTE, cached)
+    cached[header_only] = found
+    return found
+
+
+def _read(request: Any, header_only: bool) -> _Found:
+    names: set[str] = set()
+    header = _basic_username(request.META.get("HTTP_AUTHORIZATION"))
+    if header is UNREADABLE:
+        return UNREADABLE
+    if isinstance(header, str):
+        names.add(header)
+    # A DRF authentication class checks the header only; a login view may check both (a
+    # DRF token view also runs BasicAuthentication).
+    if request.method == "POST" and not header_only:
+        body = _posted_usernames(request)
+        if body is UNREADABLE:
+            return UNREADABLE
+        names.update(body)
+    return tuple(sorted(names))[:MAX_NAMES]
+
+
+def _basic_username(header: Any) -> str | _Unreadable | None:
+    """The user part of ``Authorization: Basic``, parsed as DRF's ``BasicAuthentication``
+    parses it; ``None`` for another scheme or no header."""
+    if not isinstance(header, str):
+        return None
+    parts = header.encode("latin-1", "replace").split()
+    if not parts or parts[0].lower() != b"basic":
+        return None
+    if len(parts) != 2:
+        return UNREADABLE
+    try:
+        raw = base64.b64decode(parts[1])  # not validate=True: DRF drops stray characters
+        try:
+            decoded = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            decoded = raw.decode("latin-1")
+        name, _ = decoded.split(":", 1)
+    except (binascii.Error, ValueError):
+        return UNREADABLE
+    name = normalise_username(name)
+    return name or None
+
+
+def _field_names() -> tuple[str, ...]:
+    from django.contrib.auth import get_user_model
+
+    field = getattr(get_user_model(), "USERNAME_FIELD", "username")
+    return tuple(dict.fromkeys((field, "username", "email")))
+
+
+def _posted_usernames(request: Any) -> set[str] | _Unreadable:
+    """The distinct usernames a POST body presents (empty: none)."""
+    meta = request.META
+    media = str(meta.get("CONTENT_TYPE") or "").split(";", 1)[0].strip().lower()
+    try:
+        if media in FORM_TYPES:
+            return _fields(request.POST)
+        if not int(meta.get("CONTENT_LENGTH") or 0):
+            return set()  # no body: nothing for an authenticator to read either
+        body = request.body  # bounded by DATA_UPLOAD_MAX_MEMORY_SIZE
+    except Exception:  # unreadable body, body already read, too big, bad length
+        return UNREADABLE
+    if not body.strip():
+        return set()
+    try:
+        data = json.loads(body)
+    except ValueError:
+        pass
+    else:
+        # A JSON list or number: no authenticator takes fields from it.
+        return _fields(data) if isinstance(data, dict) else set()
+    from django.http import QueryDict
+
+    try:  # a form body under another content type (``*/*`` picks DRF's form parser)
+        names = _fields(QueryDict(body, encoding=request.encoding))
+    except Exception:
+        return UNREADABLE
+    return names or UNREADABLE  # text, XML, YAML…: a parser of its own may read a name
+
+
+def _fields(data: Any) -> set[str]:
+    names = set()
+    for field in _field_names():
+        value = data.get(field)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)  # DRF's CharField takes numbers as their text
+        if isinstance(value, str):
+            name = normalise_username(value)
+            if name:
+                names.add(name)
+    return names
