@@ -11,12 +11,16 @@ migration is exported and imported without changes here.
 
 An import is one transaction: every entry is validated with the admin's own rules
 (``full_clean`` and ``row_problems``), and a single problem refuses the whole file with a
-message naming the entry and field. ``dry_run`` runs the same code and rolls back.
+message naming the entry and field; so does a limit written twice for one parent (it would
+be counted twice). ``dry_run`` runs the same code and rolls back. Files are bounded before they
+are read into values (:data:`MAX_DEPTH`, :data:`MAX_VALUES`), so no file hangs or crashes an
+import.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -407,6 +411,8 @@ def _sync_limits(
             )
             continue
         wanted.append((j, dict(values), dict(relations)))
+    if _duplicates(state, where, model, wanted, new):
+        return
 
     def same(row: Any, values: dict[str, Any], relations: dict[str, Any]) -> bool:
         candidate = new()
@@ -460,6 +466,36 @@ def _sync_limits(
             state.changes.append(Change("~", f"{parent} limit{tier}", f"{before} → {row}"))
 
 
+def _duplicates(
+    state: _Import,
+    where: str,
+    model: type[models.Model],
+    wanted: Sequence[tuple[int, dict[str, Any], dict[str, Any]]],
+    new: Any,
+) -> bool:
+    """Note every limit entry that repeats an earlier one of the same parent (the same
+    counter twice: each request would take its cost from both); whether there was one."""
+    defaults = {f.name: f.get_default() for f in _columns(model)}
+    first: dict[tuple[object, ...], int] = {}
+    found = False
+    for j, values, relations in wanted:
+        candidate = new()
+        for name, value in {**defaults, **values, **relations}.items():
+            setattr(candidate, name, value)
+        key = candidate.duplicate_key()
+        if key is None:
+            continue  # its own problem is reported when it is validated
+        if key in first:
+            state.problems.append(
+                f"{where}.limits[{j}]: the same limit as limits[{first[key]}] ({candidate}); "
+                "every request would count it twice: remove one"
+            )
+            found = True
+        else:
+            first[key] = j
+    return found
+
+
 # --- from DRF's settings --------------------------------------------------------------------
 
 #: DRF reads only the first letter of a rate's period ("100/day", "5/minute").
@@ -477,10 +513,20 @@ def from_drf(rest_framework: Mapping[str, Any]) -> dict[str, Any]:
     counts anonymous clients by IP); every other rate becomes an endpoint rule matching that
     DRF ``throttle_scope`` (``ScopedRateThrottle``) with the rate for both tiers. DRF counts
     with a sliding window log, so the limits use it too. Raises :class:`PolicyFileError` for a
-    rate DRF itself could not read.
+    rate DRF itself could not read, and when the setting holds no rate at all (the document
+    would only take limits away).
     """
     rates = dict(rest_framework.get("DEFAULT_THROTTLE_RATES") or {})
     classes = [str(c) for c in rest_framework.get("DEFAULT_THROTTLE_CLASSES") or ()]
+    if not any(rate is not None for rate in rates.values()):
+        # Converting nothing would give both tiers no limits: applied, it would delete the
+        # anonymous tier's limits and hand the authenticated default to an unlimited tier.
+        raise PolicyFileError(
+            [
+                "REST_FRAMEWORK['DEFAULT_THROTTLE_RATES'] holds no rates, so there is nothing "
+                "to convert (applied, it would remove every limit of the default tiers)"
+            ]
+        )
     problems = []
     limits: dict[str, dict[str, Any]] = {}
     for scope, rate in rates.items():
@@ -552,7 +598,30 @@ def _drf_limit(rate: Any) -> dict[str, Any] | None:
     return {"rate": f"{count}/{unit}", "algorithm": str(algorithm)}
 
 
-# --- files ----------------------------------------------------------------------------------
+# --- files ---------------------------------------------------------------------------------
+
+#: Deepest nesting a policy file may have (a document needs 5: sections, entries, limits).
+MAX_DEPTH = 20
+#: Most values (mappings, lists and scalars, each alias counted as what it expands to) a
+#: policy file may hold: hundreds of tiers and rules fit, and an import stays quick.
+MAX_VALUES = 200_000
+# A JSON string (skipped over: brackets inside it do not nest) or one bracket.
+_JSON_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def _too_deep() -> PolicyFileError:
+    return PolicyFileError(
+        [f"the file nests deeper than {MAX_DEPTH} levels; a policy file needs 5 at most"]
+    )
+
+
+def _too_big() -> PolicyFileError:
+    return PolicyFileError(
+        [
+            f"the file holds more than {MAX_VALUES:,} values (aliases counted as what they "
+            "expand to); split the policy or write it without repeated aliases"
+        ]
+    )
 
 
 def dump(document: Mapping[str, Any], fmt: str) -> str:
@@ -564,17 +633,109 @@ def dump(document: Mapping[str, Any], fmt: str) -> str:
 
 
 def load(text: str, fmt: str) -> Any:
-    """Parse ``json`` or ``yaml`` text; a syntax error is a :class:`PolicyFileError`."""
+    """Parse ``json`` or ``yaml`` text; a syntax error is a :class:`PolicyFileError`.
+
+    A file nested deeper than :data:`MAX_DEPTH` or holding more than :data:`MAX_VALUES` values
+    is refused before its values are built, in time proportional to its length: an operator's
+    file must not end in a ``RecursionError``, nor keep an import busy expanding YAML aliases
+    (a few kilobytes of them can stand for millions of entries)."""
+    if fmt == "yaml":
+        return _load_yaml(text)
+    depth = 0
+    for token in _JSON_TOKENS.finditer(text):
+        bracket = token.group()
+        if bracket in ("[", "{"):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _too_deep()
+        elif bracket in ("]", "}"):
+            depth -= 1
     try:
-        if fmt == "yaml":
-            yaml = _yaml()
-            try:
-                return yaml.safe_load(text)
-            except yaml.YAMLError as exc:
-                raise PolicyFileError([f"not valid YAML: {exc}"]) from exc
-        return json.loads(text)
+        document = json.loads(text)
     except json.JSONDecodeError as exc:
         raise PolicyFileError([f"not valid JSON: {exc}"]) from exc
+    _count_values(document)
+    return document
+
+
+def _count_values(document: Any) -> None:
+    """Refuse a parsed document of more than :data:`MAX_VALUES` values (no aliases in JSON:
+    each value is counted once, without recursion)."""
+    pending, seen = [document], 0
+    while pending:
+        value = pending.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise _too_big()
+        if isinstance(value, dict):
+            pending.extend(value.values())
+            seen += len(value)  # the keys
+        elif isinstance(value, list):
+            pending.extend(value)
+
+
+def _load_yaml(text: str) -> Any:
+    """Compose the YAML node graph (bounded depth), measure what its aliases expand to, and
+    only then build the values (PyYAML's composer recurses once per level; its constructor
+    copies merged mappings, so an alias bomb costs time only when it is built)."""
+    yaml = _yaml()
+
+    class Loader(yaml.SafeLoader):  # type: ignore[misc,name-defined]
+        depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise _too_deep()
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    loader = Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _measure(node, {}, 1)
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise PolicyFileError([f"not valid YAML: {' '.join(str(exc).split())}"]) from exc
+    finally:
+        loader.dispose()
+
+
+def _measure(node: Any, known: dict[int, tuple[int, int] | None], depth: int) -> tuple[int, int]:
+    """``node``'s size and height as built (an alias counts as the whole node it names), at
+    ``depth`` in the document; :class:`PolicyFileError` when either is over its bound or an
+    alias names a node that contains it. Each node is measured once."""
+    if depth > MAX_DEPTH:
+        raise _too_deep()
+    key = id(node)
+    if key in known:
+        measured = known[key]
+        if measured is None:
+            raise PolicyFileError(["an alias names a value that contains it (a loop)"])
+        if depth + measured[1] - 1 > MAX_DEPTH:
+            raise _too_deep()
+        return measured
+    known[key] = None
+    # PyYAML's node kinds: a scalar holds text, a sequence its nodes, a mapping its pairs.
+    if node.id == "mapping":
+        children = [part for pair in node.value for part in pair]
+    elif node.id == "sequence":
+        children = node.value
+    else:
+        children = []
+    size, height = 1, 1
+    for child in children:
+        child_size, child_height = _measure(child, known, depth + 1)
+        size += child_size
+        height = max(height, child_height + 1)
+        if size > MAX_VALUES:
+            raise _too_big()
+    known[key] = (size, height)
+    return size, height
 
 
 def _yaml() -> Any:

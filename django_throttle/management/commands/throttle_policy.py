@@ -74,6 +74,8 @@ class Command(BaseCommand):
                 else:
                     self._write(dump(document, options["format"]), options["output"])
         except PolicyFileError as exc:
+            if len(exc.problems) == 1:
+                raise CommandError(f"Nothing was imported: {exc.problems[0]}") from exc
             lines = "\n".join(f"  {problem}" for problem in exc.problems)
             raise CommandError(f"Nothing was imported; the policy has problems:\n{lines}") from exc
 
