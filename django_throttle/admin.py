@@ -64,6 +64,13 @@ def _problems(rows: Iterable[Any]) -> SafeString:
     )
 
 
+def _warn(request: HttpRequest, warnings: Iterable[str]) -> None:
+    """Show what the forms accepted but the operator should know (see
+    :class:`~django_throttle.forms.TierLimitFormSet`), once the change is saved."""
+    for warning in warnings:
+        messages.warning(request, warning)
+
+
 class LimitInline(admin.TabularInline):  # type: ignore[type-arg]
     """A limit row: rate and algorithm, then the burst (bucket algorithms) or the time zone
     (calendar quota); ``limit_fields.js`` hides what the chosen algorithm does not use."""
@@ -111,6 +118,10 @@ class TierAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "priority",
         "failure_mode",
     ]
+
+    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        super().save_formset(request, form, formset, change)
+        _warn(request, getattr(formset, "warnings", ()))
 
     @admin.display(description=_("limits"))
     def limits_summary(self, obj: Tier) -> str:
@@ -163,6 +174,16 @@ class EndpointRuleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[EndpointRule]:
         return super().get_queryset(request).prefetch_related("limits")
+
+    def save_model(
+        self,
+        request: HttpRequest,
+        obj: EndpointRule,
+        form: ModelForm,  # type: ignore[type-arg]
+        change: bool,
+    ) -> None:
+        super().save_model(request, obj, form, change)
+        _warn(request, getattr(form, "warnings", ()))
 
     @admin.display(description=_("problems"))
     def problems(self, obj: EndpointRule) -> SafeString:

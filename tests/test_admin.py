@@ -193,15 +193,77 @@ def test_second_default_tier_is_an_error_naming_the_first(admin_client: Client, 
     assert list(Tier.objects.all()) == [free]
 
 
-def test_tier_limit_below_an_existing_rule_cost_is_refused(admin_client: Client) -> None:
+def messages_of(response: Any) -> list[tuple[str, str]]:
+    return [(m.level_tag, m.message) for m in response.context["messages"]]
+
+
+def test_tightening_a_tier_below_a_rules_cost_is_saved_with_a_warning(
+    admin_client: Client,
+) -> None:
+    """Anonymous clients never reach a view that requires login: a burst below the cost of
+    the signed-in export is the obvious tightening, saved, with a warning naming the rule and
+    the tier (it was refused)."""
     EndpointRule.objects.create(name="export", pattern="export", cost=10)
-    data = tier_form() | inline([limit_row("5/min"), limit_row("100/h", "3")])
+    EndpointRule.objects.create(name="bulk", pattern="bulk", cost=50)
+    EndpointRule.objects.create(name="old", pattern="old", cost=500, enabled=False)
+    data = tier_form(name="Anonymous") | inline(
+        [limit_row("5/min"), limit_row("100/h", "20"), limit_row("100/h", "50")]
+    )
+    response = admin_client.post(reverse("admin:django_throttle_tier_add"), data, follow=True)
+    assert response.redirect_chain[-1][1] == 302
+    tier = Tier.objects.get(slug="pro")
+    assert [(row.rate, row.burst) for row in tier.limits.all()] == [
+        ("5/m", None),
+        ("100/h", 20),
+        ("100/h", 50),
+    ]
+    warnings = [text for level, text in messages_of(response) if level == "warning"]
+    assert warnings == [
+        "Tier 'Anonymous': its limit 5/m holds at most 5, so its clients can never call rule "
+        "'bulk' (cost 50), rule 'export' (cost 10). Fine if they cannot reach it anyway (e.g. "
+        "it requires login); otherwise set the burst to at least 50.",
+        "Tier 'Anonymous': its limit 100/h (burst 20) holds at most 20, so its clients can "
+        "never call rule 'bulk' (cost 50). Fine if they cannot reach it anyway (e.g. it "
+        "requires login); otherwise set the burst to at least 50.",
+    ]
+    assert shows(response, warnings[0])
+
+
+def test_a_warning_never_hides_an_error(admin_client: Client) -> None:
+    EndpointRule.objects.create(name="export", pattern="export", cost=10)
+    data = tier_form() | inline([limit_row("5/min"), limit_row("lots")])
     response = admin_client.post(reverse("admin:django_throttle_tier_add"), data)
     assert response.status_code == 200
-    errors = row_errors(response)
-    assert "rule 'export' costs 10 per request" in errors[0]["rate"][0]
-    assert "holds at most 3" in errors[1]["burst"][0]
+    assert list(row_errors(response)[1]) == ["rate"]
+    assert messages_of(response) == []
     assert not Tier.objects.exists()
+
+
+def test_a_limit_written_twice_in_a_tier_is_an_error_on_its_rate(
+    admin_client: Client, free: Tier
+) -> None:
+    """The admin accepted 200 copies of one limit, and each request then counted 200
+    buckets. Rates compare as parsed, so '100/min' repeats '100/m'."""
+    kept = TierLimit.objects.create(tier=free, rate="100/m")
+    data = tier_form(slug="free", name="Free", is_default_anonymous="on") | inline(
+        [
+            limit_row("100/m", id=str(kept.pk), tier=str(free.pk)),
+            limit_row("100/min"),
+            limit_row("100/min", shared="on"),  # a shared ceiling is another counter
+            limit_row("100/min", "5"),  # and so is another burst
+        ],
+        initial=1,
+    )
+    url = reverse("admin:django_throttle_tier_change", args=[free.pk])
+    response = admin_client.post(url, data)
+    assert response.status_code == 200
+    message = (
+        "the same limit as another row (100/m): every request would count it twice; "
+        "remove one of them"
+    )
+    assert row_errors(response) == [{}, {"rate": [message]}, {}, {}]
+    assert shows(response, message)
+    assert list(free.limits.all()) == [kept]
 
 
 def test_tier_change_page_and_deleting_a_limit(admin_client: Client, free: Tier) -> None:
@@ -268,18 +330,20 @@ def test_raising_the_cost_above_existing_endpoint_limits_is_refused(
     assert rule.cost == 1
 
 
-def test_cost_above_a_tier_limit_is_an_error_on_the_cost(admin_client: Client, free: Tier) -> None:
+def test_a_cost_above_a_tier_limit_is_saved_with_a_warning(
+    admin_client: Client, free: Tier
+) -> None:
     TierLimit.objects.create(tier=free, rate="100/min", burst=3)
     data = rule_form(cost="4") | inline([])
-    response = admin_client.post(reverse("admin:django_throttle_endpointrule_add"), data)
-    assert response.status_code == 200
+    url = reverse("admin:django_throttle_endpointrule_add")
+    response = admin_client.post(url, data, follow=True)
+    assert EndpointRule.objects.get().cost == 4
     message = (
-        "a request costing 4 could never pass the tier limit 'Free' 100/min holds at most 3; "
-        "lower the cost or raise that limit"
+        "Tier 'Free': its limit 100/min (burst 3) holds at most 3, so its clients can never "
+        "call rule 'export' (cost 4). Fine if they cannot reach it anyway (e.g. it requires "
+        "login); otherwise lower the cost or raise that limit."
     )
-    assert form_errors(response) == {"cost": [message]}
-    assert shows(response, message)
-    assert not EndpointRule.objects.exists()
+    assert ("warning", message) in messages_of(response)
 
 
 @pytest.mark.parametrize(
@@ -641,16 +705,14 @@ def test_a_window_limit_holds_its_count_whatever_the_cost_check(admin_client: Cl
             limit_row("10/d", algorithm="calendar_quota"),
         ]
     )
-    response = admin_client.post(reverse("admin:django_throttle_tier_add"), data)
-    assert row_errors(response) == [
-        {},
-        {
-            "rate": [
-                "rule 'export' costs 50 per request, and this limit holds at most 10, so "
-                "clients of this tier could never call it; raise the rate's count to at least 50"
-            ]
-        },
-    ]
+    response = admin_client.post(reverse("admin:django_throttle_tier_add"), data, follow=True)
+    assert Tier.objects.get().limits.count() == 2
+    assert messages_of(response)[0] == (
+        "warning",
+        "Tier 'Pro': its limit 10/d (calendar quota) holds at most 10, so its clients can "
+        "never call rule 'export' (cost 50). Fine if they cannot reach it anyway (e.g. it "
+        "requires login); otherwise raise the rate's count to at least 50.",
+    )
 
 
 def test_a_calendar_quota_saved_in_the_admin_is_in_the_policy(
