@@ -38,11 +38,34 @@ from django_throttle.models import (
     EndpointLimit,
     EndpointRule,
     Exemption,
+    FailureMode,
     Tier,
     TierAssignment,
     TierLimit,
     UsageCount,
 )
+
+
+class _AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Every page of the app's models loads its stylesheet, which keeps each page within a
+    1,280 px window whatever the data (long words wrap, limit rows stay narrow)."""
+
+    class Media:
+        css = {"all": ["django_throttle/admin.css"]}
+
+
+#: A failure mode in a list column: the word, its explanation is on the change page.
+_FAILURE_MODE_WORDS = {
+    FailureMode.INHERIT: _("inherit"),
+    FailureMode.OPEN: _("open"),
+    FailureMode.CLOSED: _("closed"),
+    FailureMode.LOCAL: _("local"),
+}
+
+
+def _failure_mode_word(value: str) -> str:
+    """The list column's word for a failure mode (a value written around the admin as is)."""
+    return str(_FAILURE_MODE_WORDS.get(value, value))  # type: ignore[call-overload]
 
 
 def _problems(rows: Iterable[Any]) -> SafeString:
@@ -90,18 +113,18 @@ class TierLimitInline(LimitInline):
 
 
 @admin.register(Tier)
-class TierAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class TierAdmin(_AppAdmin):
     list_display = [
         "name",
         "slug",
-        "is_default_anonymous",
-        "is_default_authenticated",
+        "default_anonymous",
+        "default_authenticated",
         "priority",
-        "failure_mode",
+        "failure_mode_word",
         "limits_summary",
         "problems",
     ]
-    list_filter = ["is_default_anonymous", "is_default_authenticated"]
+    # No filters: a site has a handful of tiers, and the list's room goes to their limits.
     search_fields = ["name", "slug", "description"]
     prepopulated_fields = {"slug": ["name"]}
     inlines = [TierLimitInline]
@@ -118,6 +141,27 @@ class TierAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "priority",
         "failure_mode",
     ]
+
+    def formfield_for_choice_field(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "failure_mode":
+            # A tier has nothing between it and the setting to inherit from.
+            kwargs["choices"] = [
+                (FailureMode.INHERIT, _("inherit (the DJANGO_THROTTLE_FAILURE_MODE setting)")),
+                *((value, label) for value, label in FailureMode.choices if value),
+            ]
+        return super().formfield_for_choice_field(db_field, request, **kwargs)
+
+    @admin.display(description=_("anonymous default"), boolean=True)
+    def default_anonymous(self, obj: Tier) -> bool:
+        return obj.is_default_anonymous
+
+    @admin.display(description=_("users' default"), boolean=True)
+    def default_authenticated(self, obj: Tier) -> bool:
+        return obj.is_default_authenticated
+
+    @admin.display(description=_("failure mode"), ordering="failure_mode")
+    def failure_mode_word(self, obj: Tier) -> str:
+        return _failure_mode_word(obj.failure_mode)
 
     def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
         super().save_formset(request, form, formset, change)
@@ -140,20 +184,29 @@ class EndpointLimitInline(LimitInline):
     def get_queryset(self, request: HttpRequest) -> QuerySet[EndpointLimit]:
         return super().get_queryset(request).select_related("tier")
 
+    def formfield_for_choice_field(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "counted_by":
+            # The row is a line of a table: one word each, the column's help says the rest.
+            kwargs["choices"] = [
+                (EndpointLimit.CountedBy.CLIENT, _("client")),
+                (EndpointLimit.CountedBy.IP, _("IP address")),
+                (EndpointLimit.CountedBy.USERNAME, _("username")),
+            ]
+        return super().formfield_for_choice_field(db_field, request, **kwargs)
+
 
 @admin.register(EndpointRule)
-class EndpointRuleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class EndpointRuleAdmin(_AppAdmin):
     form = EndpointRuleForm
     list_display = [
         "name",
-        "match_type",
-        "pattern",
-        "methods",
+        "matches",
+        "method_list",
         "cost",
-        "counts",
+        "counts_word",
         "enabled",
         "shadow",
-        "failure_mode",
+        "failure_mode_word",
         "problems",
     ]
     list_editable = ["enabled", "shadow"]
@@ -185,6 +238,32 @@ class EndpointRuleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         super().save_model(request, obj, form, change)
         _warn(request, getattr(form, "warnings", ()))
 
+    @admin.display(description=_("matches"), ordering="pattern")
+    def matches(self, obj: EndpointRule) -> str:
+        kinds = {
+            EndpointRule.MatchType.SCOPE: _("scope"),
+            EndpointRule.MatchType.ROUTE: _("route"),
+            EndpointRule.MatchType.PATH: _("path"),
+        }
+        return f"{kinds.get(obj.match_type, obj.match_type)} {obj.pattern}"  # type: ignore[call-overload]
+
+    @admin.display(description=_("counts"), ordering="counts")
+    def counts_word(self, obj: EndpointRule) -> str:
+        words = {
+            EndpointRule.Counts.ALL: _("all"),
+            EndpointRule.Counts.SUCCESS: _("successes"),
+            EndpointRule.Counts.FAILURES: _("failures"),
+        }
+        return str(words.get(obj.counts, obj.counts))  # type: ignore[call-overload]
+
+    @admin.display(description=_("methods"), ordering="methods")
+    def method_list(self, obj: EndpointRule) -> str:
+        return ", ".join(obj.methods.split(",")) if obj.methods else str(_("all"))
+
+    @admin.display(description=_("failure mode"), ordering="failure_mode")
+    def failure_mode_word(self, obj: EndpointRule) -> str:
+        return _failure_mode_word(obj.failure_mode)
+
     @admin.display(description=_("problems"))
     def problems(self, obj: EndpointRule) -> SafeString:
         return _problems([obj, *obj.limits.all()])
@@ -196,7 +275,7 @@ def _searchable(site: admin.AdminSite, model: type[Model]) -> bool:
     return model_admin is not None and bool(model_admin.search_fields)
 
 
-class _UserOrGroupAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class _UserOrGroupAdmin(_AppAdmin):
     """Rows naming one user or one group: autocomplete where the user model's admin can
     search, raw ids otherwise (a project with a custom user model may not register one, and
     autocomplete without it fails a system check)."""
@@ -232,7 +311,7 @@ class ExemptionAdmin(_UserOrGroupAdmin):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ApiKeyAdmin(_AppAdmin):
     """Adding a key shows the full key once, in the message after saving; only its prefix
     and digest are stored. Revoke a key by unticking "active" (or the list action)."""
 
@@ -415,7 +494,7 @@ class UsageKindFilter(admin.SimpleListFilter):
 
 
 @admin.register(UsageCount)
-class UsageCountAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class UsageCountAdmin(_AppAdmin):
     """Read-only: ``manage.py throttle_usage --rollup`` writes these rows from the backend's
     counts; people only read (or delete) them. ``*`` stands for every client (a total row)
     or every tier and endpoint (a per-client row)."""
@@ -428,8 +507,7 @@ class UsageCountAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "allowed",
         "denied",
         "shadow_denied",
-        "failed_open",
-        "failed_closed",
+        "failed",
     ]
     list_filter = [UsageKindFilter, HadDenialsFilter, "tier", "endpoint"]
     search_fields = ["client", "endpoint"]
@@ -437,6 +515,12 @@ class UsageCountAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     # Counting a large usage table for the "N total" link is slow; it is not needed here.
     show_full_result_count = False
     change_list_template = "admin/django_throttle/usagecount/change_list.html"
+
+    @admin.display(description=_("failed open / closed"))
+    def failed(self, obj: UsageCount) -> str:
+        """Requests the backend could not count, served (open) and refused (closed): one
+        column, so the list keeps to the window's width."""
+        return f"{obj.failed_open} / {obj.failed_closed}"
 
     def get_urls(self) -> list[Any]:
         """The dashboard and the inspector live under the usage list (see admin_views)."""

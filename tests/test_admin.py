@@ -771,3 +771,59 @@ def test_the_list_summarises_algorithms(admin_client: Client, free: Tier) -> Non
     TierLimit.objects.create(tier=free, rate="1000/month", algorithm="calendar_quota")
     response = admin_client.get(reverse("admin:django_throttle_tier_changelist"))
     assert "10/s (GCRA, burst 20), 1000/month (calendar quota)" in response.content.decode()
+
+
+# Words: algorithms by name, durations in units ---------------------------------------------
+
+
+def test_the_inspector_names_algorithms_and_writes_durations_in_units(
+    admin_client: Client,
+) -> None:
+    """Algorithms showed as raw ids ('calendar_quota') and durations as raw seconds
+    ('2,614,036.723', '3456.2 s'): the inspector and explain say 'Token bucket', '3 d'."""
+    anonymous = Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
+    TierLimit.objects.create(tier=anonymous, rate="1/3d", algorithm="token_bucket")
+    TierLimit.objects.create(tier=anonymous, rate="100/h", algorithm="sliding_window_counter")
+    assert Client().get("/api/ping/", REMOTE_ADDR="203.0.113.9").status_code == 200
+
+    url = reverse("admin:django_throttle_usagecount_inspect")
+    response = admin_client.get(url, {"client": "203.0.113.9", "path": "/api/ping/"})
+
+    page = response.content.decode()
+    rows = re.findall(r'<tr class="dt-bucket".*?</tr>', page, re.S)
+    cells = [re.findall(r"<td>(.*?)</td>", row, re.S) for row in rows]
+    assert {(cell[2], cell[5]) for cell in cells} >= {("Token bucket", "3 d")}
+    assert "Sliding window counter" in {cell[2] for cell in cells}
+    assert "token_bucket" not in page and "sliding_window_counter" not in page
+    verdict = re.search(r'id="dt-verdict">(.*?)</td>', page, re.S)
+    assert verdict is not None
+    assert "Retry-After 3 d</span>" in verdict.group(1)
+
+
+def test_lists_show_failure_modes_and_counting_in_a_word(admin_client: Client) -> None:
+    """The tier list repeated the long failure-mode text on every row, pushing the limits
+    off screen; a tier's own page offered "inherit (tier, else …)" though a tier inherits
+    from the setting only."""
+    Tier.objects.create(slug="free", name="Free")
+    EndpointRule.objects.create(
+        name="login",
+        pattern="/login/",
+        match_type="path",
+        counts="failures",
+        failure_mode="closed",
+        methods="GET,POST",
+    )
+    tiers = admin_client.get(reverse("admin:django_throttle_tier_changelist")).content.decode()
+    assert '<td class="field-failure_mode_word">inherit</td>' in tiers
+    assert "DJANGO_THROTTLE_FAILURE_MODE" not in tiers
+    rules = admin_client.get(reverse("admin:django_throttle_endpointrule_changelist"))
+    text = rules.content.decode()
+    assert '<td class="field-matches">path /login/</td>' in text
+    assert '<td class="field-method_list">GET, POST</td>' in text
+    assert '<td class="field-counts_word">failures</td>' in text
+    assert '<td class="field-failure_mode_word">closed</td>' in text
+    add = admin_client.get(reverse("admin:django_throttle_tier_add")).content.decode()
+    assert "inherit (the DJANGO_THROTTLE_FAILURE_MODE setting)" in add
+    assert "inherit (tier, else" not in add
+    rule_page = admin_client.get(reverse("admin:django_throttle_endpointrule_add"))
+    assert '<option value="ip">IP address</option>' in rule_page.content.decode()
