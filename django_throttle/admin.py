@@ -461,6 +461,42 @@ def _attach_live_use(keys: Iterable[ApiKey]) -> None:
         key._live_last_used = live  # type: ignore[attr-defined]
 
 
+def _attach_client_links(site: admin.AdminSite, rows: Iterable[UsageCount]) -> None:
+    """Set ``_client_link`` (name, admin URL or ``None``) on rows counting a user
+    (``user:<pk>``) or an API key (``key:<prefix>``) that still exists."""
+    from django.contrib.auth import get_user_model
+    from django.urls import NoReverseMatch, reverse
+
+    rows = list(rows)
+    wanted: dict[str, set[str]] = {"user": set(), "key": set()}
+    for row in rows:
+        kind, _sep, value = row.client.partition(":")
+        if kind in wanted and value:
+            wanted[kind].add(value)
+    user_model = get_user_model()
+    found: dict[tuple[str, str], tuple[str, Model]] = {}
+    user_pks = [pk for pk in wanted["user"] if pk.isdigit()]
+    for user in user_model._default_manager.filter(pk__in=user_pks):
+        found["user", str(user.pk)] = (user.get_username(), user)
+    for api_key in ApiKey.objects.filter(prefix__in=wanted["key"]):
+        found["key", api_key.prefix] = (api_key.name, api_key)
+    for row in rows:
+        kind, _sep, value = row.client.partition(":")
+        if (kind, value) not in found:
+            continue
+        name, target = found[kind, value]
+        url = None
+        if site.is_registered(type(target)):
+            meta = target._meta
+            try:
+                url = reverse(
+                    f"{site.name}:{meta.app_label}_{meta.model_name}_change", args=[target.pk]
+                )
+            except NoReverseMatch:
+                url = None
+        row._client_link = (name, url)  # type: ignore[attr-defined]
+
+
 class HadDenialsFilter(admin.SimpleListFilter):
     title = _("denials")
     parameter_name = "denied"
@@ -501,7 +537,7 @@ class UsageCountAdmin(_AppAdmin):
 
     list_display = [
         "window_start",
-        "client",
+        "client_link",
         "tier",
         "endpoint",
         "allowed",
@@ -515,6 +551,22 @@ class UsageCountAdmin(_AppAdmin):
     # Counting a large usage table for the "N total" link is slow; it is not needed here.
     show_full_result_count = False
     change_list_template = "admin/django_throttle/usagecount/change_list.html"
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        # Two queries for the page's users and keys, not one per row.
+        changelist = super().get_changelist_instance(request)
+        _attach_client_links(self.admin_site, changelist.result_list)
+        return changelist
+
+    @admin.display(description=_("client"), ordering="client")
+    def client_link(self, obj: UsageCount) -> str:
+        """A user or API key by name, linked to its admin page; other clients as recorded."""
+        name, url = getattr(obj, "_client_link", (None, None))
+        if name is None:
+            return obj.client
+        if url is None:
+            return format_html("{} <small>({})</small>", name, obj.client)
+        return format_html('<a href="{}">{}</a> <small>({})</small>', url, name, obj.client)
 
     @admin.display(description=_("failed open / closed"))
     def failed(self, obj: UsageCount) -> str:

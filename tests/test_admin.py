@@ -827,3 +827,28 @@ def test_lists_show_failure_modes_and_counting_in_a_word(admin_client: Client) -
     assert "inherit (tier, else" not in add
     rule_page = admin_client.get(reverse("admin:django_throttle_endpointrule_add"))
     assert '<option value="ip">IP address</option>' in rule_page.content.decode()
+
+
+def test_usage_rows_name_users_and_keys_with_a_link(admin_client: Client) -> None:
+    """Clients showed as 'user:2'; a user or an API key is now its name, linked to its admin
+    page, with the recorded client beside it. Other clients are as recorded, as plain text."""
+    from django_throttle.models import ApiKey
+
+    free = Tier.objects.create(slug="free", name="Free")
+    alice = User.objects.create_user("alice")
+    api_key, _full = ApiKey.objects.create_key(name="partner <b>feed</b>", tier=free)
+    minute = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+    for client in (f"user:{alice.pk}", f"key:{api_key.prefix}", "ip:203.0.113.9", "user:999"):
+        UsageCount.objects.create(window_start=minute, client=client, tier="free", endpoint="*")
+
+    page = admin_client.get(reverse("admin:django_throttle_usagecount_changelist"))
+    text = page.content.decode()
+    user_url = reverse("admin:auth_user_change", args=[alice.pk])
+    key_url = reverse("admin:django_throttle_apikey_change", args=[api_key.pk])
+    assert f'<a href="{user_url}">alice</a> <small>(user:{alice.pk})</small>' in text
+    assert (
+        f'<a href="{key_url}">partner &lt;b&gt;feed&lt;/b&gt;</a> '
+        f"<small>(key:{api_key.prefix})</small>"
+    ) in text
+    assert '<td class="field-client_link">ip:203.0.113.9</td>' in text
+    assert '<td class="field-client_link">user:999</td>' in text
