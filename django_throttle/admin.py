@@ -26,6 +26,12 @@ from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 
 from django_throttle import usage
+from django_throttle.admin_columns import (
+    attach_client_links,
+    counts_word,
+    failure_mode_word,
+    match_word,
+)
 from django_throttle.backends import BackendError
 from django_throttle.forms import (
     EndpointLimitFormSet,
@@ -52,20 +58,6 @@ class _AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     class Media:
         css = {"all": ["django_throttle/admin.css"]}
-
-
-#: A failure mode in a list column: the word, its explanation is on the change page.
-_FAILURE_MODE_WORDS = {
-    FailureMode.INHERIT: _("inherit"),
-    FailureMode.OPEN: _("open"),
-    FailureMode.CLOSED: _("closed"),
-    FailureMode.LOCAL: _("local"),
-}
-
-
-def _failure_mode_word(value: str) -> str:
-    """The list column's word for a failure mode (a value written around the admin as is)."""
-    return str(_FAILURE_MODE_WORDS.get(value, value))  # type: ignore[call-overload]
 
 
 def _problems(rows: Iterable[Any]) -> SafeString:
@@ -161,7 +153,7 @@ class TierAdmin(_AppAdmin):
 
     @admin.display(description=_("failure mode"), ordering="failure_mode")
     def failure_mode_word(self, obj: Tier) -> str:
-        return _failure_mode_word(obj.failure_mode)
+        return failure_mode_word(obj.failure_mode)
 
     def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
         super().save_formset(request, form, formset, change)
@@ -240,21 +232,11 @@ class EndpointRuleAdmin(_AppAdmin):
 
     @admin.display(description=_("matches"), ordering="pattern")
     def matches(self, obj: EndpointRule) -> str:
-        kinds = {
-            EndpointRule.MatchType.SCOPE: _("scope"),
-            EndpointRule.MatchType.ROUTE: _("route"),
-            EndpointRule.MatchType.PATH: _("path"),
-        }
-        return f"{kinds.get(obj.match_type, obj.match_type)} {obj.pattern}"  # type: ignore[call-overload]
+        return f"{match_word(obj.match_type)} {obj.pattern}"
 
     @admin.display(description=_("counts"), ordering="counts")
     def counts_word(self, obj: EndpointRule) -> str:
-        words = {
-            EndpointRule.Counts.ALL: _("all"),
-            EndpointRule.Counts.SUCCESS: _("successes"),
-            EndpointRule.Counts.FAILURES: _("failures"),
-        }
-        return str(words.get(obj.counts, obj.counts))  # type: ignore[call-overload]
+        return counts_word(obj.counts)
 
     @admin.display(description=_("methods"), ordering="methods")
     def method_list(self, obj: EndpointRule) -> str:
@@ -262,7 +244,7 @@ class EndpointRuleAdmin(_AppAdmin):
 
     @admin.display(description=_("failure mode"), ordering="failure_mode")
     def failure_mode_word(self, obj: EndpointRule) -> str:
-        return _failure_mode_word(obj.failure_mode)
+        return failure_mode_word(obj.failure_mode)
 
     @admin.display(description=_("problems"))
     def problems(self, obj: EndpointRule) -> SafeString:
@@ -461,42 +443,6 @@ def _attach_live_use(keys: Iterable[ApiKey]) -> None:
         key._live_last_used = live  # type: ignore[attr-defined]
 
 
-def _attach_client_links(site: admin.AdminSite, rows: Iterable[UsageCount]) -> None:
-    """Set ``_client_link`` (name, admin URL or ``None``) on rows counting a user
-    (``user:<pk>``) or an API key (``key:<prefix>``) that still exists."""
-    from django.contrib.auth import get_user_model
-    from django.urls import NoReverseMatch, reverse
-
-    rows = list(rows)
-    wanted: dict[str, set[str]] = {"user": set(), "key": set()}
-    for row in rows:
-        kind, _sep, value = row.client.partition(":")
-        if kind in wanted and value:
-            wanted[kind].add(value)
-    user_model = get_user_model()
-    found: dict[tuple[str, str], tuple[str, Model]] = {}
-    user_pks = [pk for pk in wanted["user"] if pk.isdigit()]
-    for user in user_model._default_manager.filter(pk__in=user_pks):
-        found["user", str(user.pk)] = (user.get_username(), user)
-    for api_key in ApiKey.objects.filter(prefix__in=wanted["key"]):
-        found["key", api_key.prefix] = (api_key.name, api_key)
-    for row in rows:
-        kind, _sep, value = row.client.partition(":")
-        if (kind, value) not in found:
-            continue
-        name, target = found[kind, value]
-        url = None
-        if site.is_registered(type(target)):
-            meta = target._meta
-            try:
-                url = reverse(
-                    f"{site.name}:{meta.app_label}_{meta.model_name}_change", args=[target.pk]
-                )
-            except NoReverseMatch:
-                url = None
-        row._client_link = (name, url)  # type: ignore[attr-defined]
-
-
 class HadDenialsFilter(admin.SimpleListFilter):
     title = _("denials")
     parameter_name = "denied"
@@ -555,7 +501,7 @@ class UsageCountAdmin(_AppAdmin):
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         # Two queries for the page's users and keys, not one per row.
         changelist = super().get_changelist_instance(request)
-        _attach_client_links(self.admin_site, changelist.result_list)
+        attach_client_links(self.admin_site, changelist.result_list)
         return changelist
 
     @admin.display(description=_("client"), ordering="client")

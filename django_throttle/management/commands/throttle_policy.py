@@ -20,15 +20,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_throttle.policy_file import (
-    Change,
-    PolicyFileError,
-    dump,
-    export_policy,
-    from_drf,
-    import_policy,
-    load,
-)
+from django_throttle.policy_file import Change, export_policy, from_drf, import_policy
+from django_throttle.policy_text import PolicyFileError, dump, load
 
 FORMATS = ("json", "yaml")
 
