@@ -311,13 +311,14 @@ def test_no_admin_page_scrolls_sideways_at_1280_by_800(
     page = browser.new_page(viewport={"width": 1280, "height": 800})
     login(page, live_server)
     too_wide = {}
-    for url in _admin_pages(pks):
+    for number, url in enumerate(_admin_pages(pks)):
         response = page.goto(f"{live_server.url}{url}")
         assert response is not None and response.status == 200, url
         wide = page.evaluate(SIDEWAYS)
         if wide:
             too_wide[url] = wide + page.evaluate(WIDEST)
-        screenshot(page, "layout-" + re.sub(r"[^\w-]+", "-", url.strip("/"))[:80])
+        name = re.sub(r"[^\w-]+", "-", url.removeprefix("/admin/django_throttle").strip("/"))
+        screenshot(page, f"layout-{number:02}-{name[:60] or 'index'}")
     # The API key action's confirmation page (a POST from the list).
     page.goto(f"{live_server.url}/admin/django_throttle/apikey/")
     page.check("#action-toggle")
