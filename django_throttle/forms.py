@@ -201,6 +201,8 @@ class EndpointRuleForm(forms.ModelForm):  # type: ignore[type-arg]
         cost = self.cleaned_data.get("cost")
         if "cost" in self.errors or not isinstance(cost, int) or cost <= 1:
             return
+        if not self.cleaned_data.get("enabled", True):
+            return  # a disabled rule costs nothing; enabling it is checked then
         for limit in TierLimit.objects.select_related("tier").order_by("tier__name", "pk"):
             try:
                 capacity = limit.capacity
