@@ -101,9 +101,10 @@ def _count_values(document: Any) -> None:
 
 
 def _load_yaml(text: str) -> Any:
-    """Compose the YAML node graph (bounded depth), measure what its aliases expand to, and
-    only then build the values (PyYAML's composer recurses once per level; its constructor
-    copies merged mappings, so an alias bomb costs time only when it is built)."""
+    """Compose the YAML node graph (bounded depth: PyYAML's composer recurses once per level),
+    measure what its aliases expand to, and only then build the values. Built values share
+    what an alias names, so building is cheap; it is whatever walks them afterwards
+    (validation, a field's text) that would pay the whole expansion."""
     yaml = _yaml()
 
     class Loader(yaml.SafeLoader):  # type: ignore[misc,name-defined]
