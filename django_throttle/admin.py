@@ -24,6 +24,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 from django_throttle import usage
 from django_throttle.admin_columns import (
@@ -180,9 +181,9 @@ class EndpointLimitInline(LimitInline):
         if db_field.name == "counted_by":
             # The row is a line of a table: one word each, the column's help says the rest.
             kwargs["choices"] = [
-                (EndpointLimit.CountedBy.CLIENT, _("client")),
+                (EndpointLimit.CountedBy.CLIENT, pgettext_lazy("admin list", "client")),
                 (EndpointLimit.CountedBy.IP, _("IP address")),
-                (EndpointLimit.CountedBy.USERNAME, _("username")),
+                (EndpointLimit.CountedBy.USERNAME, pgettext_lazy("admin list", "username")),
             ]
         return super().formfield_for_choice_field(db_field, request, **kwargs)
 
@@ -230,7 +231,7 @@ class EndpointRuleAdmin(_AppAdmin):
         super().save_model(request, obj, form, change)
         _warn(request, getattr(form, "warnings", ()))
 
-    @admin.display(description=_("matches"), ordering="pattern")
+    @admin.display(description=pgettext_lazy("admin list", "matches"), ordering="pattern")
     def matches(self, obj: EndpointRule) -> str:
         return f"{match_word(obj.match_type)} {obj.pattern}"
 
@@ -238,9 +239,13 @@ class EndpointRuleAdmin(_AppAdmin):
     def counts_word(self, obj: EndpointRule) -> str:
         return counts_word(obj.counts)
 
-    @admin.display(description=_("methods"), ordering="methods")
+    @admin.display(description=pgettext_lazy("admin list", "methods"), ordering="methods")
     def method_list(self, obj: EndpointRule) -> str:
-        return ", ".join(obj.methods.split(",")) if obj.methods else str(_("all"))
+        return (
+            ", ".join(obj.methods.split(","))
+            if obj.methods
+            else str(pgettext_lazy("admin list", "all"))
+        )
 
     @admin.display(description=_("failure mode"), ordering="failure_mode")
     def failure_mode_word(self, obj: EndpointRule) -> str:
@@ -504,7 +509,7 @@ class UsageCountAdmin(_AppAdmin):
         attach_client_links(self.admin_site, changelist.result_list)
         return changelist
 
-    @admin.display(description=_("client"), ordering="client")
+    @admin.display(description=pgettext_lazy("admin list", "client"), ordering="client")
     def client_link(self, obj: UsageCount) -> str:
         """A user or API key by name, linked to its admin page; other clients as recorded."""
         name, url = getattr(obj, "_client_link", (None, None))

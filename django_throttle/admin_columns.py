@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from django.urls import NoReverseMatch, reverse
-from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 if TYPE_CHECKING:
     from django.contrib import admin
@@ -20,15 +20,24 @@ if TYPE_CHECKING:
 __all__ = ["attach_client_links", "counts_word", "failure_mode_word", "match_word"]
 
 # By stored value (the choices of :mod:`django_throttle.models`); a value written around the
-# admin is shown as it is.
+# admin is shown as it is. The context "admin list" keeps these words ("open", "all")
+# translated apart from the same words elsewhere.
 _FAILURE_MODES: dict[str, Any] = {
-    "": _("inherit"),
-    "open": _("open"),
-    "closed": _("closed"),
-    "local": _("local"),
+    "": pgettext_lazy("admin list", "inherit"),
+    "open": pgettext_lazy("admin list", "open"),
+    "closed": pgettext_lazy("admin list", "closed"),
+    "local": pgettext_lazy("admin list", "local"),
 }
-_COUNTS: dict[str, Any] = {"all": _("all"), "success": _("successes"), "failures": _("failures")}
-_MATCH_TYPES: dict[str, Any] = {"scope": _("scope"), "route": _("route"), "path": _("path")}
+_COUNTS: dict[str, Any] = {
+    "all": pgettext_lazy("admin list", "all"),
+    "success": pgettext_lazy("admin list", "successes"),
+    "failures": pgettext_lazy("admin list", "failures"),
+}
+_MATCH_TYPES: dict[str, Any] = {
+    "scope": pgettext_lazy("admin list", "scope"),
+    "route": pgettext_lazy("admin list", "route"),
+    "path": pgettext_lazy("admin list", "path"),
+}
 
 
 def failure_mode_word(value: str) -> str:
