@@ -24,8 +24,15 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 from django_throttle import usage
+from django_throttle.admin_columns import (
+    attach_client_links,
+    counts_word,
+    failure_mode_word,
+    match_word,
+)
 from django_throttle.backends import BackendError
 from django_throttle.forms import (
     EndpointLimitFormSet,
@@ -38,11 +45,20 @@ from django_throttle.models import (
     EndpointLimit,
     EndpointRule,
     Exemption,
+    FailureMode,
     Tier,
     TierAssignment,
     TierLimit,
     UsageCount,
 )
+
+
+class _AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Every page of the app's models loads its stylesheet, which keeps each page within a
+    1,280 px window whatever the data (long words wrap, limit rows stay narrow)."""
+
+    class Media:
+        css = {"all": ["django_throttle/admin.css"]}
 
 
 def _problems(rows: Iterable[Any]) -> SafeString:
@@ -64,6 +80,13 @@ def _problems(rows: Iterable[Any]) -> SafeString:
     )
 
 
+def _warn(request: HttpRequest, warnings: Iterable[str]) -> None:
+    """Show what the forms accepted but the operator should know (see
+    :class:`~django_throttle.forms.TierLimitFormSet`), once the change is saved."""
+    for warning in warnings:
+        messages.warning(request, warning)
+
+
 class LimitInline(admin.TabularInline):  # type: ignore[type-arg]
     """A limit row: rate and algorithm, then the burst (bucket algorithms) or the time zone
     (calendar quota); ``limit_fields.js`` hides what the chosen algorithm does not use."""
@@ -83,18 +106,18 @@ class TierLimitInline(LimitInline):
 
 
 @admin.register(Tier)
-class TierAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class TierAdmin(_AppAdmin):
     list_display = [
         "name",
         "slug",
-        "is_default_anonymous",
-        "is_default_authenticated",
+        "default_anonymous",
+        "default_authenticated",
         "priority",
-        "failure_mode",
+        "failure_mode_word",
         "limits_summary",
         "problems",
     ]
-    list_filter = ["is_default_anonymous", "is_default_authenticated"]
+    # No filters: a site has a handful of tiers, and the list's room goes to their limits.
     search_fields = ["name", "slug", "description"]
     prepopulated_fields = {"slug": ["name"]}
     inlines = [TierLimitInline]
@@ -111,6 +134,31 @@ class TierAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "priority",
         "failure_mode",
     ]
+
+    def formfield_for_choice_field(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "failure_mode":
+            # A tier has nothing between it and the setting to inherit from.
+            kwargs["choices"] = [
+                (FailureMode.INHERIT, _("inherit (the DJANGO_THROTTLE_FAILURE_MODE setting)")),
+                *((value, label) for value, label in FailureMode.choices if value),
+            ]
+        return super().formfield_for_choice_field(db_field, request, **kwargs)
+
+    @admin.display(description=_("anonymous default"), boolean=True)
+    def default_anonymous(self, obj: Tier) -> bool:
+        return obj.is_default_anonymous
+
+    @admin.display(description=_("users' default"), boolean=True)
+    def default_authenticated(self, obj: Tier) -> bool:
+        return obj.is_default_authenticated
+
+    @admin.display(description=_("failure mode"), ordering="failure_mode")
+    def failure_mode_word(self, obj: Tier) -> str:
+        return failure_mode_word(obj.failure_mode)
+
+    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        super().save_formset(request, form, formset, change)
+        _warn(request, getattr(formset, "warnings", ()))
 
     @admin.display(description=_("limits"))
     def limits_summary(self, obj: Tier) -> str:
@@ -129,20 +177,29 @@ class EndpointLimitInline(LimitInline):
     def get_queryset(self, request: HttpRequest) -> QuerySet[EndpointLimit]:
         return super().get_queryset(request).select_related("tier")
 
+    def formfield_for_choice_field(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "counted_by":
+            # The row is a line of a table: one word each, the column's help says the rest.
+            kwargs["choices"] = [
+                (EndpointLimit.CountedBy.CLIENT, pgettext_lazy("admin list", "client")),
+                (EndpointLimit.CountedBy.IP, _("IP address")),
+                (EndpointLimit.CountedBy.USERNAME, pgettext_lazy("admin list", "username")),
+            ]
+        return super().formfield_for_choice_field(db_field, request, **kwargs)
+
 
 @admin.register(EndpointRule)
-class EndpointRuleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class EndpointRuleAdmin(_AppAdmin):
     form = EndpointRuleForm
     list_display = [
         "name",
-        "match_type",
-        "pattern",
-        "methods",
+        "matches",
+        "method_list",
         "cost",
-        "counts",
+        "counts_word",
         "enabled",
         "shadow",
-        "failure_mode",
+        "failure_mode_word",
         "problems",
     ]
     list_editable = ["enabled", "shadow"]
@@ -164,6 +221,36 @@ class EndpointRuleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def get_queryset(self, request: HttpRequest) -> QuerySet[EndpointRule]:
         return super().get_queryset(request).prefetch_related("limits")
 
+    def save_model(
+        self,
+        request: HttpRequest,
+        obj: EndpointRule,
+        form: ModelForm,  # type: ignore[type-arg]
+        change: bool,
+    ) -> None:
+        super().save_model(request, obj, form, change)
+        _warn(request, getattr(form, "warnings", ()))
+
+    @admin.display(description=pgettext_lazy("admin list", "matches"), ordering="pattern")
+    def matches(self, obj: EndpointRule) -> str:
+        return f"{match_word(obj.match_type)} {obj.pattern}"
+
+    @admin.display(description=_("counts"), ordering="counts")
+    def counts_word(self, obj: EndpointRule) -> str:
+        return counts_word(obj.counts)
+
+    @admin.display(description=pgettext_lazy("admin list", "methods"), ordering="methods")
+    def method_list(self, obj: EndpointRule) -> str:
+        return (
+            ", ".join(obj.methods.split(","))
+            if obj.methods
+            else str(pgettext_lazy("admin list", "all"))
+        )
+
+    @admin.display(description=_("failure mode"), ordering="failure_mode")
+    def failure_mode_word(self, obj: EndpointRule) -> str:
+        return failure_mode_word(obj.failure_mode)
+
     @admin.display(description=_("problems"))
     def problems(self, obj: EndpointRule) -> SafeString:
         return _problems([obj, *obj.limits.all()])
@@ -175,7 +262,7 @@ def _searchable(site: admin.AdminSite, model: type[Model]) -> bool:
     return model_admin is not None and bool(model_admin.search_fields)
 
 
-class _UserOrGroupAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class _UserOrGroupAdmin(_AppAdmin):
     """Rows naming one user or one group: autocomplete where the user model's admin can
     search, raw ids otherwise (a project with a custom user model may not register one, and
     autocomplete without it fails a system check)."""
@@ -211,7 +298,7 @@ class ExemptionAdmin(_UserOrGroupAdmin):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ApiKeyAdmin(_AppAdmin):
     """Adding a key shows the full key once, in the message after saving; only its prefix
     and digest are stored. Revoke a key by unticking "active" (or the list action)."""
 
@@ -394,21 +481,20 @@ class UsageKindFilter(admin.SimpleListFilter):
 
 
 @admin.register(UsageCount)
-class UsageCountAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class UsageCountAdmin(_AppAdmin):
     """Read-only: ``manage.py throttle_usage --rollup`` writes these rows from the backend's
     counts; people only read (or delete) them. ``*`` stands for every client (a total row)
     or every tier and endpoint (a per-client row)."""
 
     list_display = [
         "window_start",
-        "client",
+        "client_link",
         "tier",
         "endpoint",
         "allowed",
         "denied",
         "shadow_denied",
-        "failed_open",
-        "failed_closed",
+        "failed",
     ]
     list_filter = [UsageKindFilter, HadDenialsFilter, "tier", "endpoint"]
     search_fields = ["client", "endpoint"]
@@ -416,6 +502,28 @@ class UsageCountAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     # Counting a large usage table for the "N total" link is slow; it is not needed here.
     show_full_result_count = False
     change_list_template = "admin/django_throttle/usagecount/change_list.html"
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        # Two queries for the page's users and keys, not one per row.
+        changelist = super().get_changelist_instance(request)
+        attach_client_links(self.admin_site, changelist.result_list)
+        return changelist
+
+    @admin.display(description=pgettext_lazy("admin list", "client"), ordering="client")
+    def client_link(self, obj: UsageCount) -> str:
+        """A user or API key by name, linked to its admin page; other clients as recorded."""
+        name, url = getattr(obj, "_client_link", (None, None))
+        if name is None:
+            return obj.client
+        if url is None:
+            return format_html("{} <small>({})</small>", name, obj.client)
+        return format_html('<a href="{}">{}</a> <small>({})</small>', url, name, obj.client)
+
+    @admin.display(description=_("failed open / closed"))
+    def failed(self, obj: UsageCount) -> str:
+        """Requests the backend could not count, served (open) and refused (closed): one
+        column, so the list keeps to the window's width."""
+        return f"{obj.failed_open} / {obj.failed_closed}"
 
     def get_urls(self) -> list[Any]:
         """The dashboard and the inspector live under the usage list (see admin_views)."""

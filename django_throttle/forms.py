@@ -1,12 +1,14 @@
 """Admin forms: the limit row's widgets (an algorithm select that says which fields it uses),
-and what a single row cannot check: a request's cost against the capacity of every limit it
-would meet.
+and what a single row cannot check: a limit written twice, and a request's cost against the
+capacity of every limit it would meet.
 
 No limit admits more than its capacity at once (a bucket's burst, a window's count), so a
-request costing more than some limit's capacity would be denied forever. These forms refuse
-such a configuration, naming the field to change, instead of letting it reach the policy. A row
-that is invalid on its own (bad rate, burst out of range) already has its error; it is not
-checked against costs as well, so every mistake gets exactly one message.
+request costing more than some limit's capacity would be denied forever. A rule's own limit
+that cannot hold the rule's cost is certain to deny: an error on the field to change. A
+tier-wide limit below some rule's cost only matters if the tier's clients can reach that
+endpoint, which the admin cannot know: a warning (``warnings``, shown after saving). A row that
+is invalid on its own (bad rate, burst out of range) already has its error; it is not checked
+against costs as well, so every mistake gets exactly one message.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from typing import Any
 from django import forms
 from django.conf import settings
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import ngettext
 
 from django_throttle.models import ALGORITHM_FIELDS, ALGORITHM_HELP, BadRow, EndpointRule, TierLimit
 from django_throttle.rates import WINDOW_ALGORITHMS, InvalidRate, Rate
@@ -88,31 +89,74 @@ class LimitForm(forms.ModelForm):  # type: ignore[type-arg]
             return value  # the model's validator reports it with the explanation
 
 
+def _refuse_duplicates(formset: forms.BaseInlineFormSet[Any, Any, Any]) -> None:
+    """An error on the rate of every row that repeats an earlier one (the same counter twice:
+    each request would take its cost from both, and count twice against the client)."""
+    first: dict[tuple[object, ...], Any] = {}
+    for form, _capacity in _valid_rows(formset):
+        key = form.instance.duplicate_key()
+        if key is None:
+            continue
+        if key in first:
+            form.add_error(
+                "rate",
+                str(
+                    _(
+                        "the same limit as another row (%(limit)s): every request would count "
+                        "it twice; remove one of them"
+                    )
+                )
+                % {"limit": first[key].instance},
+            )
+        else:
+            first[key] = form
+
+
 class TierLimitFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
-    """Refuse a tier limit smaller than the cost of an existing endpoint rule."""
+    """Refuse a limit written twice; warn about a limit smaller than the cost of an enabled
+    endpoint rule.
+
+    A request costing more than a limit holds is denied forever, but whether the tier's
+    clients can reach that endpoint at all is the project's business (a view requiring login
+    is out of the anonymous tier's reach): tightening the anonymous tier below the cost of a
+    signed-in export is normal. So that is a warning the admin shows after saving
+    (:attr:`warnings`), naming the rule and the tier, not an error."""
 
     def clean(self) -> None:
         super().clean()
+        self.warnings: list[str] = []
+        _refuse_duplicates(self)
         costly = list(
-            EndpointRule.objects.filter(cost__gt=1).order_by("-cost").values_list("name", "cost")
+            EndpointRule.objects.filter(cost__gt=1, enabled=True)
+            .order_by("-cost", "name")
+            .values_list("name", "cost")
         )
         if not costly:
             return
-        name, cost = costly[0]
         for form, capacity in _valid_rows(self):
-            if capacity < cost:
-                field, fix = _fix(form, cost)
-                form.add_error(
-                    field,
-                    str(
-                        _(
-                            "rule '%(name)s' costs %(cost)s per request, and this limit holds "
-                            "at most %(capacity)s, so clients of this tier could never call it; "
-                            "%(fix)s"
-                        )
+            beyond = [(name, cost) for name, cost in costly if cost > capacity]
+            if not beyond:
+                continue
+            _field, fix = _fix(form, beyond[0][1])
+            self.warnings.append(
+                str(
+                    _(
+                        "Tier '%(tier)s': its limit %(limit)s holds at most %(capacity)s, so "
+                        "its clients can never call %(rules)s. Fine if they cannot reach it "
+                        "anyway (e.g. it requires login); otherwise %(fix)s."
                     )
-                    % {"name": name, "cost": cost, "capacity": capacity, "fix": fix},
                 )
+                % {
+                    "tier": self.instance.name,
+                    "limit": form.instance,
+                    "capacity": capacity,
+                    "rules": ", ".join(
+                        str(_("rule '%(name)s' (cost %(cost)s)")) % {"name": n, "cost": c}
+                        for n, c in beyond
+                    ),
+                    "fix": fix,
+                }
+            )
 
 
 class EndpointLimitFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
@@ -140,8 +184,10 @@ class EndpointLimitFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
 
 
 class EndpointRuleForm(forms.ModelForm):  # type: ignore[type-arg]
-    """Refuse a cost that some tier-wide limit can never hold; limits of this rule are checked
-    row by row in :class:`EndpointLimitFormSet`."""
+    """Warn about a cost that some tier-wide limit can never hold (a warning shown after
+    saving, :attr:`warnings`: that tier's clients may never reach this endpoint, see
+    :class:`TierLimitFormSet`); limits of this rule itself are checked row by row in
+    :class:`EndpointLimitFormSet`, and there a cost too high is an error."""
 
     class Meta:
         model = EndpointRule
@@ -151,26 +197,32 @@ class EndpointRuleForm(forms.ModelForm):  # type: ignore[type-arg]
         # After the model's own validation, so a cost out of range has its one error and is
         # not also compared with the tier limits.
         super()._post_clean()  # type: ignore[misc]
+        self.warnings: list[str] = []
         cost = self.cleaned_data.get("cost")
         if "cost" in self.errors or not isinstance(cost, int) or cost <= 1:
             return
-        too_small = []
+        if not self.cleaned_data.get("enabled", True):
+            return  # a disabled rule costs nothing; enabling it is checked then
         for limit in TierLimit.objects.select_related("tier").order_by("tier__name", "pk"):
             try:
                 capacity = limit.capacity
             except BadRow:
                 continue
             if capacity < cost:
-                too_small.append(f"'{limit.tier.name}' {limit.rate} holds at most {capacity}")
-        if too_small:
-            self.add_error(
-                "cost",
-                ngettext(
-                    "a request costing %(cost)s could never pass the tier limit %(limits)s; "
-                    "lower the cost or raise that limit",
-                    "a request costing %(cost)s could never pass the tier limits %(limits)s; "
-                    "lower the cost or raise those limits",
-                    len(too_small),
+                self.warnings.append(
+                    str(
+                        _(
+                            "Tier '%(tier)s': its limit %(limit)s holds at most %(capacity)s, "
+                            "so its clients can never call rule '%(rule)s' (cost %(cost)s). "
+                            "Fine if they cannot reach it anyway (e.g. it requires login); "
+                            "otherwise lower the cost or raise that limit."
+                        )
+                    )
+                    % {
+                        "tier": limit.tier.name,
+                        "limit": limit,
+                        "capacity": capacity,
+                        "rule": self.cleaned_data.get("name", ""),
+                        "cost": cost,
+                    }
                 )
-                % {"cost": cost, "limits": "; ".join(too_small)},
-            )

@@ -80,8 +80,12 @@ def _read_policy(version: str | None, started: float) -> Policy:
     from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierLimit
 
     tier_limits: dict[int, list[Limit]] = {}
+    # A limit row repeating another counts the same thing: count it once (manage.py check
+    # lists the copy, django_throttle.W106).
+    seen: set[tuple[object, ...] | None] = set()
     for row in TierLimit.objects.select_related("tier").order_by("tier_id", "id"):
-        if _usable(row):
+        if _usable(row) and (key := row.duplicate_key()) not in seen:
+            seen.add(key)
             tier_limits.setdefault(row.tier_id, []).append(row.to_limit())
     tiers = {}
     defaults: dict[str, TierPolicy] = {}
@@ -97,7 +101,8 @@ def _read_policy(version: str | None, started: float) -> Policy:
     # (rule, tier) -> counted by -> limits, in row order.
     endpoint_limits: dict[tuple[int, int], dict[str, list[Limit]]] = {}
     for endpoint_row in EndpointLimit.objects.select_related("rule", "tier").order_by("id"):
-        if _usable(endpoint_row):
+        if _usable(endpoint_row) and (key := endpoint_row.duplicate_key()) not in seen:
+            seen.add(key)
             rows = endpoint_limits.setdefault((endpoint_row.rule_id, endpoint_row.tier_id), {})
             rows.setdefault(endpoint_row.counted_by, []).append(endpoint_row.to_limit())
     rules = []

@@ -11,12 +11,13 @@ migration is exported and imported without changes here.
 
 An import is one transaction: every entry is validated with the admin's own rules
 (``full_clean`` and ``row_problems``), and a single problem refuses the whole file with a
-message naming the entry and field. ``dry_run`` runs the same code and rolls back.
+message naming the entry and field; so does a limit written twice for one parent (it would
+be counted twice). ``dry_run`` runs the same code and rolls back. Reading a file's text, with
+its bounds, is :mod:`django_throttle.policy_text`'s job.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -28,16 +29,16 @@ from django.core.exceptions import ValidationError
 from django.db import models, transaction
 
 from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierAssignment, TierLimit
+from django_throttle.policy_text import PolicyFileError
 from django_throttle.rates import MAX_LOG_COUNT, Algorithm
 
 __all__ = [
     "FORMAT_VERSION",
     "Change",
     "PolicyFileError",
-    "dump",
     "export_policy",
+    "from_drf",
     "import_policy",
-    "load",
 ]
 
 #: The document's ``version``; an import refuses any other.
@@ -46,15 +47,6 @@ FORMAT_VERSION = 1
 SECTIONS = ("tiers", "rules", "assignments")
 #: Columns that are bookkeeping, not policy.
 _SKIPPED = frozenset({"id", "created", "updated"})
-
-
-class PolicyFileError(Exception):
-    """The document cannot be imported; ``problems`` lists every reason, each naming the entry
-    and field (``tiers[1] 'pro'.limits[0].rate: ...``). Nothing was written."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
 
 
 @dataclass(frozen=True)
@@ -407,6 +399,8 @@ def _sync_limits(
             )
             continue
         wanted.append((j, dict(values), dict(relations)))
+    if _duplicates(state, where, model, wanted, new):
+        return
 
     def same(row: Any, values: dict[str, Any], relations: dict[str, Any]) -> bool:
         candidate = new()
@@ -460,6 +454,36 @@ def _sync_limits(
             state.changes.append(Change("~", f"{parent} limit{tier}", f"{before} → {row}"))
 
 
+def _duplicates(
+    state: _Import,
+    where: str,
+    model: type[models.Model],
+    wanted: Sequence[tuple[int, dict[str, Any], dict[str, Any]]],
+    new: Any,
+) -> bool:
+    """Note every limit entry that repeats an earlier one of the same parent (the same
+    counter twice: each request would take its cost from both); whether there was one."""
+    defaults = {f.name: f.get_default() for f in _columns(model)}
+    first: dict[tuple[object, ...], int] = {}
+    found = False
+    for j, values, relations in wanted:
+        candidate = new()
+        for name, value in {**defaults, **values, **relations}.items():
+            setattr(candidate, name, value)
+        key = candidate.duplicate_key()
+        if key is None:
+            continue  # its own problem is reported when it is validated
+        if key in first:
+            state.problems.append(
+                f"{where}.limits[{j}]: the same limit as limits[{first[key]}] ({candidate}); "
+                "every request would count it twice: remove one"
+            )
+            found = True
+        else:
+            first[key] = j
+    return found
+
+
 # --- from DRF's settings --------------------------------------------------------------------
 
 #: DRF reads only the first letter of a rate's period ("100/day", "5/minute").
@@ -477,10 +501,20 @@ def from_drf(rest_framework: Mapping[str, Any]) -> dict[str, Any]:
     counts anonymous clients by IP); every other rate becomes an endpoint rule matching that
     DRF ``throttle_scope`` (``ScopedRateThrottle``) with the rate for both tiers. DRF counts
     with a sliding window log, so the limits use it too. Raises :class:`PolicyFileError` for a
-    rate DRF itself could not read.
+    rate DRF itself could not read, and when the setting holds no rate at all (the document
+    would only take limits away).
     """
     rates = dict(rest_framework.get("DEFAULT_THROTTLE_RATES") or {})
     classes = [str(c) for c in rest_framework.get("DEFAULT_THROTTLE_CLASSES") or ()]
+    if not any(rate is not None for rate in rates.values()):
+        # Converting nothing would give both tiers no limits: applied, it would delete the
+        # anonymous tier's limits and hand the authenticated default to an unlimited tier.
+        raise PolicyFileError(
+            [
+                "REST_FRAMEWORK['DEFAULT_THROTTLE_RATES'] holds no rates, so there is nothing "
+                "to convert (applied, it would remove every limit of the default tiers)"
+            ]
+        )
     problems = []
     limits: dict[str, dict[str, Any]] = {}
     for scope, rate in rates.items():
@@ -550,38 +584,3 @@ def _drf_limit(rate: Any) -> dict[str, Any] | None:
     log = count <= MAX_LOG_COUNT
     algorithm = Algorithm.SLIDING_LOG if log else Algorithm.SLIDING_COUNTER
     return {"rate": f"{count}/{unit}", "algorithm": str(algorithm)}
-
-
-# --- files ----------------------------------------------------------------------------------
-
-
-def dump(document: Mapping[str, Any], fmt: str) -> str:
-    """The document as ``json`` or ``yaml`` text."""
-    if fmt == "yaml":
-        text: str = _yaml().safe_dump(dict(document), sort_keys=False, allow_unicode=True)
-        return text
-    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
-
-
-def load(text: str, fmt: str) -> Any:
-    """Parse ``json`` or ``yaml`` text; a syntax error is a :class:`PolicyFileError`."""
-    try:
-        if fmt == "yaml":
-            yaml = _yaml()
-            try:
-                return yaml.safe_load(text)
-            except yaml.YAMLError as exc:
-                raise PolicyFileError([f"not valid YAML: {exc}"]) from exc
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PolicyFileError([f"not valid JSON: {exc}"]) from exc
-
-
-def _yaml() -> Any:
-    try:
-        import yaml
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise PolicyFileError(
-            ["YAML needs PyYAML: pip install 'django-throttle-policies[yaml]', or use JSON"]
-        ) from exc
-    return yaml

@@ -1,5 +1,7 @@
 """System checks on stored policy rows: ``manage.py check`` lists every row the policy
-compiler would skip (ids ``django_throttle.E101``…), naming the row, the field and the fix.
+compiler would skip (ids ``django_throttle.E101``…), naming the row, the field and the fix,
+and every limit row that repeats another of the same tier or rule (``django_throttle.W106``:
+the compiler counts it once, but the copy is clutter an operator should delete).
 
 Rows written around the admin (fixtures, SQL, ``QuerySet.update``) can hold values the admin
 refuses. The compiler skips such a row and logs it; this check makes it visible before a
@@ -13,7 +15,7 @@ from typing import Any
 
 from django.core import checks
 
-__all__ = ["CHECK_IDS", "bad_rows", "check_rows", "register"]
+__all__ = ["CHECK_IDS", "DUPLICATE_ID", "bad_rows", "check_rows", "duplicate_rows", "register"]
 
 #: Check id per model.
 CHECK_IDS = {
@@ -23,6 +25,8 @@ CHECK_IDS = {
     "EndpointLimit": "django_throttle.E104",
     "Exemption": "django_throttle.E105",
 }
+#: Check id of a limit row that repeats another.
+DUPLICATE_ID = "django_throttle.W106"
 
 
 def bad_rows() -> Iterator[tuple[Any, dict[str, str]]]:
@@ -43,6 +47,26 @@ def bad_rows() -> Iterator[tuple[Any, dict[str, str]]]:
                 yield row, problems
 
 
+def duplicate_rows() -> Iterator[tuple[Any, Any]]:
+    """Every limit row that repeats an earlier one (same parent, same counter: see
+    ``duplicate_key``), with the row it repeats (two queries)."""
+    from django_throttle.models import EndpointLimit, TierLimit
+
+    for queryset in (
+        TierLimit.objects.select_related("tier").order_by("pk"),
+        EndpointLimit.objects.select_related("rule", "tier").order_by("pk"),
+    ):
+        first: dict[tuple[object, ...], Any] = {}
+        for row in queryset:
+            key = row.duplicate_key()
+            if key is None:
+                continue
+            if key in first:
+                yield row, first[key]
+            else:
+                first[key] = row
+
+
 def check_rows(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     from django.db import transaction
 
@@ -53,6 +77,7 @@ def check_rows(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessa
         # A savepoint, so a missing table cannot break a surrounding transaction.
         with transaction.atomic(using=Tier.objects.db):
             found = list(bad_rows())
+            repeated = list(duplicate_rows())
     except Exception:
         # No tables yet, no database, or database access refused (test runners): a check
         # that cannot read rows has nothing to say.
@@ -66,6 +91,18 @@ def check_rows(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessa
                 hint=f"Correct or delete it in the admin ({model} {row.pk}).",
                 obj=row,
                 id=CHECK_IDS[model],
+            )
+        )
+    for row, original in repeated:
+        model = type(row).__name__
+        parent = f"tier '{row.tier.slug}'" if model == "TierLimit" else f"rule '{row.rule.name}'"
+        errors.append(
+            checks.Warning(
+                f"{model} pk={row.pk} repeats {model} pk={original.pk} of {parent} ({row}): "
+                "the policy counts that limit once and ignores the copy.",
+                hint=f"Delete one of them in the admin ({parent}).",
+                obj=row,
+                id=DUPLICATE_ID,
             )
         )
     return errors

@@ -193,15 +193,77 @@ def test_second_default_tier_is_an_error_naming_the_first(admin_client: Client, 
     assert list(Tier.objects.all()) == [free]
 
 
-def test_tier_limit_below_an_existing_rule_cost_is_refused(admin_client: Client) -> None:
+def messages_of(response: Any) -> list[tuple[str, str]]:
+    return [(m.level_tag, m.message) for m in response.context["messages"]]
+
+
+def test_tightening_a_tier_below_a_rules_cost_is_saved_with_a_warning(
+    admin_client: Client,
+) -> None:
+    """Anonymous clients never reach a view that requires login: a burst below the cost of
+    the signed-in export is the obvious tightening, saved, with a warning naming the rule and
+    the tier (it was refused)."""
     EndpointRule.objects.create(name="export", pattern="export", cost=10)
-    data = tier_form() | inline([limit_row("5/min"), limit_row("100/h", "3")])
+    EndpointRule.objects.create(name="bulk", pattern="bulk", cost=50)
+    EndpointRule.objects.create(name="old", pattern="old", cost=500, enabled=False)
+    data = tier_form(name="Anonymous") | inline(
+        [limit_row("5/min"), limit_row("100/h", "20"), limit_row("100/h", "50")]
+    )
+    response = admin_client.post(reverse("admin:django_throttle_tier_add"), data, follow=True)
+    assert response.redirect_chain[-1][1] == 302
+    tier = Tier.objects.get(slug="pro")
+    assert [(row.rate, row.burst) for row in tier.limits.all()] == [
+        ("5/m", None),
+        ("100/h", 20),
+        ("100/h", 50),
+    ]
+    warnings = [text for level, text in messages_of(response) if level == "warning"]
+    assert warnings == [
+        "Tier 'Anonymous': its limit 5/m holds at most 5, so its clients can never call rule "
+        "'bulk' (cost 50), rule 'export' (cost 10). Fine if they cannot reach it anyway (e.g. "
+        "it requires login); otherwise set the burst to at least 50.",
+        "Tier 'Anonymous': its limit 100/h (burst 20) holds at most 20, so its clients can "
+        "never call rule 'bulk' (cost 50). Fine if they cannot reach it anyway (e.g. it "
+        "requires login); otherwise set the burst to at least 50.",
+    ]
+    assert shows(response, warnings[0])
+
+
+def test_a_warning_never_hides_an_error(admin_client: Client) -> None:
+    EndpointRule.objects.create(name="export", pattern="export", cost=10)
+    data = tier_form() | inline([limit_row("5/min"), limit_row("lots")])
     response = admin_client.post(reverse("admin:django_throttle_tier_add"), data)
     assert response.status_code == 200
-    errors = row_errors(response)
-    assert "rule 'export' costs 10 per request" in errors[0]["rate"][0]
-    assert "holds at most 3" in errors[1]["burst"][0]
+    assert list(row_errors(response)[1]) == ["rate"]
+    assert messages_of(response) == []
     assert not Tier.objects.exists()
+
+
+def test_a_limit_written_twice_in_a_tier_is_an_error_on_its_rate(
+    admin_client: Client, free: Tier
+) -> None:
+    """The admin accepted 200 copies of one limit, and each request then counted 200
+    buckets. Rates compare as parsed, so '100/min' repeats '100/m'."""
+    kept = TierLimit.objects.create(tier=free, rate="100/m")
+    data = tier_form(slug="free", name="Free", is_default_anonymous="on") | inline(
+        [
+            limit_row("100/m", id=str(kept.pk), tier=str(free.pk)),
+            limit_row("100/min"),
+            limit_row("100/min", shared="on"),  # a shared ceiling is another counter
+            limit_row("100/min", "5"),  # and so is another burst
+        ],
+        initial=1,
+    )
+    url = reverse("admin:django_throttle_tier_change", args=[free.pk])
+    response = admin_client.post(url, data)
+    assert response.status_code == 200
+    message = (
+        "the same limit as another row (100/m): every request would count it twice; "
+        "remove one of them"
+    )
+    assert row_errors(response) == [{}, {"rate": [message]}, {}, {}]
+    assert shows(response, message)
+    assert list(free.limits.all()) == [kept]
 
 
 def test_tier_change_page_and_deleting_a_limit(admin_client: Client, free: Tier) -> None:
@@ -268,18 +330,20 @@ def test_raising_the_cost_above_existing_endpoint_limits_is_refused(
     assert rule.cost == 1
 
 
-def test_cost_above_a_tier_limit_is_an_error_on_the_cost(admin_client: Client, free: Tier) -> None:
+def test_a_cost_above_a_tier_limit_is_saved_with_a_warning(
+    admin_client: Client, free: Tier
+) -> None:
     TierLimit.objects.create(tier=free, rate="100/min", burst=3)
     data = rule_form(cost="4") | inline([])
-    response = admin_client.post(reverse("admin:django_throttle_endpointrule_add"), data)
-    assert response.status_code == 200
+    url = reverse("admin:django_throttle_endpointrule_add")
+    response = admin_client.post(url, data, follow=True)
+    assert EndpointRule.objects.get().cost == 4
     message = (
-        "a request costing 4 could never pass the tier limit 'Free' 100/min holds at most 3; "
-        "lower the cost or raise that limit"
+        "Tier 'Free': its limit 100/min (burst 3) holds at most 3, so its clients can never "
+        "call rule 'export' (cost 4). Fine if they cannot reach it anyway (e.g. it requires "
+        "login); otherwise lower the cost or raise that limit."
     )
-    assert form_errors(response) == {"cost": [message]}
-    assert shows(response, message)
-    assert not EndpointRule.objects.exists()
+    assert ("warning", message) in messages_of(response)
 
 
 @pytest.mark.parametrize(
@@ -641,16 +705,14 @@ def test_a_window_limit_holds_its_count_whatever_the_cost_check(admin_client: Cl
             limit_row("10/d", algorithm="calendar_quota"),
         ]
     )
-    response = admin_client.post(reverse("admin:django_throttle_tier_add"), data)
-    assert row_errors(response) == [
-        {},
-        {
-            "rate": [
-                "rule 'export' costs 50 per request, and this limit holds at most 10, so "
-                "clients of this tier could never call it; raise the rate's count to at least 50"
-            ]
-        },
-    ]
+    response = admin_client.post(reverse("admin:django_throttle_tier_add"), data, follow=True)
+    assert Tier.objects.get().limits.count() == 2
+    assert messages_of(response)[0] == (
+        "warning",
+        "Tier 'Pro': its limit 10/d (calendar quota) holds at most 10, so its clients can "
+        "never call rule 'export' (cost 50). Fine if they cannot reach it anyway (e.g. it "
+        "requires login); otherwise raise the rate's count to at least 50.",
+    )
 
 
 def test_a_calendar_quota_saved_in_the_admin_is_in_the_policy(
@@ -709,3 +771,84 @@ def test_the_list_summarises_algorithms(admin_client: Client, free: Tier) -> Non
     TierLimit.objects.create(tier=free, rate="1000/month", algorithm="calendar_quota")
     response = admin_client.get(reverse("admin:django_throttle_tier_changelist"))
     assert "10/s (GCRA, burst 20), 1000/month (calendar quota)" in response.content.decode()
+
+
+# Words: algorithms by name, durations in units ---------------------------------------------
+
+
+def test_the_inspector_names_algorithms_and_writes_durations_in_units(
+    admin_client: Client,
+) -> None:
+    """Algorithms showed as raw ids ('calendar_quota') and durations as raw seconds
+    ('2,614,036.723', '3456.2 s'): the inspector and explain say 'Token bucket', '3 d'."""
+    anonymous = Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
+    TierLimit.objects.create(tier=anonymous, rate="1/3d", algorithm="token_bucket")
+    TierLimit.objects.create(tier=anonymous, rate="100/h", algorithm="sliding_window_counter")
+    assert Client().get("/api/ping/", REMOTE_ADDR="203.0.113.9").status_code == 200
+
+    url = reverse("admin:django_throttle_usagecount_inspect")
+    response = admin_client.get(url, {"client": "203.0.113.9", "path": "/api/ping/"})
+
+    page = response.content.decode()
+    rows = re.findall(r'<tr class="dt-bucket".*?</tr>', page, re.S)
+    cells = [re.findall(r"<td>(.*?)</td>", row, re.S) for row in rows]
+    assert {(cell[2], cell[5]) for cell in cells} >= {("Token bucket", "3 d")}
+    assert "Sliding window counter" in {cell[2] for cell in cells}
+    assert "token_bucket" not in page and "sliding_window_counter" not in page
+    verdict = re.search(r'id="dt-verdict">(.*?)</td>', page, re.S)
+    assert verdict is not None
+    assert "Retry-After 3 d</span>" in verdict.group(1)
+
+
+def test_lists_show_failure_modes_and_counting_in_a_word(admin_client: Client) -> None:
+    """The tier list repeated the long failure-mode text on every row, pushing the limits
+    off screen; a tier's own page offered "inherit (tier, else …)" though a tier inherits
+    from the setting only."""
+    Tier.objects.create(slug="free", name="Free")
+    EndpointRule.objects.create(
+        name="login",
+        pattern="/login/",
+        match_type="path",
+        counts="failures",
+        failure_mode="closed",
+        methods="GET,POST",
+    )
+    tiers = admin_client.get(reverse("admin:django_throttle_tier_changelist")).content.decode()
+    assert '<td class="field-failure_mode_word">inherit</td>' in tiers
+    assert "DJANGO_THROTTLE_FAILURE_MODE" not in tiers
+    rules = admin_client.get(reverse("admin:django_throttle_endpointrule_changelist"))
+    text = rules.content.decode()
+    assert '<td class="field-matches">path /login/</td>' in text
+    assert '<td class="field-method_list">GET, POST</td>' in text
+    assert '<td class="field-counts_word">failures</td>' in text
+    assert '<td class="field-failure_mode_word">closed</td>' in text
+    add = admin_client.get(reverse("admin:django_throttle_tier_add")).content.decode()
+    assert "inherit (the DJANGO_THROTTLE_FAILURE_MODE setting)" in add
+    assert "inherit (tier, else" not in add
+    rule_page = admin_client.get(reverse("admin:django_throttle_endpointrule_add"))
+    assert '<option value="ip">IP address</option>' in rule_page.content.decode()
+
+
+def test_usage_rows_name_users_and_keys_with_a_link(admin_client: Client) -> None:
+    """Clients showed as 'user:2'; a user or an API key is now its name, linked to its admin
+    page, with the recorded client beside it. Other clients are as recorded, as plain text."""
+    from django_throttle.models import ApiKey
+
+    free = Tier.objects.create(slug="free", name="Free")
+    alice = User.objects.create_user("alice")
+    api_key, _full = ApiKey.objects.create_key(name="partner <b>feed</b>", tier=free)
+    minute = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+    for client in (f"user:{alice.pk}", f"key:{api_key.prefix}", "ip:203.0.113.9", "user:999"):
+        UsageCount.objects.create(window_start=minute, client=client, tier="free", endpoint="*")
+
+    page = admin_client.get(reverse("admin:django_throttle_usagecount_changelist"))
+    text = page.content.decode()
+    user_url = reverse("admin:auth_user_change", args=[alice.pk])
+    key_url = reverse("admin:django_throttle_apikey_change", args=[api_key.pk])
+    assert f'<a href="{user_url}">alice</a> <small>(user:{alice.pk})</small>' in text
+    assert (
+        f'<a href="{key_url}">partner &lt;b&gt;feed&lt;/b&gt;</a> '
+        f"<small>(key:{api_key.prefix})</small>"
+    ) in text
+    assert '<td class="field-client_link">ip:203.0.113.9</td>' in text
+    assert '<td class="field-client_link">user:999</td>' in text

@@ -5,6 +5,7 @@ themes, and save screenshots (see tests/browser.py)."""
 from __future__ import annotations
 
 import math
+import re
 import time
 from typing import Any
 
@@ -158,3 +159,190 @@ def test_the_example_project_dashboard_inspector_explain_and_reset(
         assert "Reset" in page.inner_text(".messagelist")
         assert demo.get("/api/ping/")[0] == 200
         page.close()
+
+
+# Layout: no admin page of the app scrolls sideways at 1,280 x 800 ----------------------------
+
+#: A long unbroken word: a path prefix, a scope or an attacker's username.
+LONG = "very-long-segment-" * 5
+
+
+def policy_with_long_and_realistic_data() -> dict[str, Any]:
+    """Every kind of row, each with a realistic value and one as long as its column allows,
+    and the usage a busy day leaves; the pks of one row of each kind."""
+    from datetime import UTC, datetime
+
+    from django.contrib.auth.models import Group
+
+    from django_throttle.models import (
+        ApiKey,
+        EndpointLimit,
+        EndpointRule,
+        Exemption,
+        Tier,
+        TierAssignment,
+        TierLimit,
+        UsageCount,
+    )
+
+    anon = tier("anonymous", "1000/h", is_default_anonymous=True)
+    TierLimit.objects.create(tier=anon, rate="100/min", shared=True)
+    free = Tier.objects.create(
+        slug="free-" + "x" * 40,
+        name="Free plan for very small teams with a name that goes on and on " + "x" * 36,
+        description="A description of a tier, written the way operators write them. " * 8,
+        is_default_authenticated=True,
+        failure_mode="closed",
+    )
+    for rate, algorithm, burst, zone in [
+        ("10/s", "token_bucket", 50, ""),
+        ("600/min", "gcra", 30, ""),
+        ("1000/h", "leaky_bucket", 100, ""),
+        ("5000/d", "fixed_window", None, ""),
+        ("100/5m", "sliding_window_log", None, ""),
+        ("20000/d", "sliding_window_counter", None, ""),
+        ("100000/month", "calendar_quota", None, "America/Argentina/ComodRivadavia"),
+    ]:
+        TierLimit.objects.create(
+            tier=free, rate=rate, algorithm=algorithm, burst=burst, timezone=zone
+        )
+    for i in range(8):
+        Tier.objects.create(slug=f"tier-{i}", name=f"Tier {i}", priority=i, failure_mode="local")
+    rule = EndpointRule.objects.create(
+        name="export " + "x" * 93,
+        match_type="path",
+        pattern="/api/" + LONG * 2,
+        methods="GET,HEAD,POST,PUT,PATCH,DELETE,OPTIONS,TRACE",
+        cost=10,
+        counts="failures",
+        failure_mode="closed",
+    )
+    for owner in (anon, free):
+        for counted_by in ("client", "ip", "username"):
+            EndpointLimit.objects.create(
+                rule=rule,
+                tier=owner,
+                rate={"client": "100/month", "ip": "20/min", "username": "10/min"}[counted_by],
+                algorithm="calendar_quota" if counted_by == "client" else "sliding_window_log",
+                timezone="America/Argentina/ComodRivadavia" if counted_by == "client" else "",
+                counted_by=counted_by,
+            )
+    endpoint("login", "route", "login", limits={anon: "5/min"})
+    long_user = User.objects.create_user("u" * 150, "long@example.com")
+    group = Group.objects.create(name="g" * 150)
+    assignment = TierAssignment.objects.create(user=long_user, tier=free, note="n " * 127)
+    TierAssignment.objects.create(group=group, tier=free, note="partners")
+    exemption = Exemption.objects.create(
+        network="2001:db8:abcd:1234:5678:9abc:def0:1234/128", note="monitoring " * 23
+    )
+    Exemption.objects.create(user=long_user)
+    api_key, _full = ApiKey.objects.create_key(name="k" * 100, tier=free, owner=long_user)
+    minute = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    usage = UsageCount.objects.create(
+        window_start=minute,
+        client="username:" + LONG * 2,
+        tier=free.slug,
+        endpoint=rule.name,
+        allowed=123456789,
+        denied=98765,
+    )
+    UsageCount.objects.create(window_start=minute, client="*", tier="anonymous", endpoint="*")
+    return {
+        "tier": free.pk,
+        "endpointrule": rule.pk,
+        "tierassignment": assignment.pk,
+        "exemption": exemption.pk,
+        "apikey": api_key.pk,
+        "usagecount": usage.pk,
+    }
+
+
+def _admin_pages(pks: dict[str, Any]) -> list[str]:
+    base = "/admin/django_throttle"
+    pages = [f"{base}/"]
+    for model, pk in pks.items():
+        pages += [f"{base}/{model}/", f"{base}/{model}/{pk}/change/"]
+        if model != "usagecount":
+            pages.append(f"{base}/{model}/add/")
+    client = "u" * 150
+    pages += [
+        f"{base}/usagecount/dashboard/",
+        f"{base}/usagecount/dashboard/?window=day",
+        f"{base}/usagecount/inspect/",
+        f"{base}/usagecount/inspect/?client={client}",
+        f"{base}/usagecount/inspect/?client={client}&method=POST&path=/api/{LONG * 2}",
+        f"{base}/usagecount/inspect/?client=203.0.113.9&method=GET&path=/api/ping/",
+        f"{base}/usagecount/inspect/reset/?client={client}",
+    ]
+    return pages
+
+
+#: What scrolls sideways on the page: the document, or a box of its own that scrolls (the
+#: changelist's results table), so that a column is off screen.
+SIDEWAYS = """() => {
+  const doc = document.scrollingElement;
+  const wide = [];
+  if (doc.scrollWidth > doc.clientWidth) wide.push(`document ${doc.scrollWidth}px`);
+  for (const box of document.querySelectorAll("#changelist .results, .inline-related")) {
+    if (box.scrollWidth > box.clientWidth + 1) {
+      wide.push(`${box.className} ${box.scrollWidth}px in ${box.clientWidth}px`);
+    }
+  }
+  return wide;
+}"""
+
+
+#: The innermost elements reaching past the window: what to fix, in the failure message.
+WIDEST = """() => {
+  const limit = document.scrollingElement.clientWidth;
+  const out = [];
+  const wide = el => el.getBoundingClientRect().left + el.scrollWidth > limit + 1;
+  for (const el of document.querySelectorAll("body *")) {
+    if (wide(el) && ![...el.children].some(wide)) {
+      const right = Math.round(el.getBoundingClientRect().left + el.scrollWidth);
+      out.push(`${el.tagName.toLowerCase()}.${el.className}#${el.id} to ${right}px`);
+    }
+  }
+  return out.slice(0, 4);
+}"""
+
+
+def test_no_admin_page_scrolls_sideways_at_1280_by_800(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+) -> None:
+    """Every page the app adds to the admin (lists, change and add forms, the dashboard, the
+    inspector with explain, the reset confirmations) fits a 1,280 x 800 window with long
+    names, patterns, usernames and notes: nothing scrolls sideways, no column is off screen."""
+    pks = policy_with_long_and_realistic_data()
+    traffic_from_a_long_username()
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    login(page, live_server)
+    too_wide = {}
+    for number, url in enumerate(_admin_pages(pks)):
+        response = page.goto(f"{live_server.url}{url}")
+        assert response is not None and response.status == 200, url
+        wide = page.evaluate(SIDEWAYS)
+        if wide:
+            too_wide[url] = wide + page.evaluate(WIDEST)
+        name = re.sub(r"[^\w-]+", "-", url.removeprefix("/admin/django_throttle").strip("/"))
+        screenshot(page, f"layout-{number:02}-{name[:60] or 'index'}")
+    # The API key action's confirmation page (a POST from the list).
+    page.goto(f"{live_server.url}/admin/django_throttle/apikey/")
+    page.check("#action-toggle")
+    page.select_option("select[name=action]", "reset_buckets")
+    page.click("button[name=index]")
+    page.wait_for_selector("#dt-confirm-reset")
+    wide = page.evaluate(SIDEWAYS)
+    if wide:
+        too_wide["apikey reset confirmation"] = wide
+    assert too_wide == {}, "\n".join(f"{url}: {wide}" for url, wide in too_wide.items())
+    page.close()
+
+
+def traffic_from_a_long_username() -> None:
+    """A signed-in user with a 150-character username, limited on the long endpoint."""
+    client = Client()
+    client.force_login(User.objects.get(username="u" * 150))
+    for _ in range(3):
+        client.get("/api/ping/", REMOTE_ADDR="203.0.113.9")

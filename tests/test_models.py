@@ -404,3 +404,29 @@ def test_row_problems_name_the_field(free: Tier, rule: EndpointRule) -> None:
 def test_failure_mode_defaults_to_inherit() -> None:
     assert Tier(slug="t", name="T").failure_mode == ""
     assert EndpointRule(name="r", pattern="r").failure_mode == ""
+
+
+@pytest.mark.django_db
+def test_duplicate_keys_say_when_two_rows_count_the_same(free: Tier, settings: object) -> None:
+    """Two limit rows with one key would count the same thing twice: rates compare as parsed
+    and an empty time zone as the zone it stands for; anything that counts apart differs."""
+    settings.TIME_ZONE = "Europe/Berlin"  # type: ignore[attr-defined]
+    pro = Tier.objects.create(slug="pro", name="Pro")
+    rule = EndpointRule.objects.create(name="login", pattern="login")
+
+    def key(**fields: object) -> object:
+        model = EndpointLimit if "counted_by" in fields else TierLimit
+        parent = {"rule": rule, "tier": free} if model is EndpointLimit else {"tier": free}
+        return model(**{**parent, **fields}).duplicate_key()  # type: ignore[arg-type]
+
+    assert key(rate="10/m") == key(rate="10/min") == key(rate="10/60s")
+    assert key(rate="5/d", algorithm="calendar_quota") == key(
+        rate="5/d", algorithm="calendar_quota", timezone="Europe/Berlin"
+    )
+    assert key(rate="10/m") != key(rate="10/m", burst=5)
+    assert key(rate="10/m") != key(rate="10/m", shared=True)
+    assert key(rate="10/m") != key(rate="10/m", algorithm="gcra")
+    assert key(rate="10/m") != TierLimit(tier=pro, rate="10/m").duplicate_key()
+    assert key(rate="10/m", counted_by="ip") != key(rate="10/m", counted_by="username")
+    assert key(rate="10/m", counted_by="client") != key(rate="10/m")
+    assert key(rate="lots") is None

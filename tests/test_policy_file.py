@@ -342,3 +342,127 @@ def test_from_drf_converts_rates_to_tiers_and_scope_rules() -> None:
 def test_from_drf_names_a_rate_drf_could_not_read() -> None:
     with pytest.raises(CommandError, match="DEFAULT_THROTTLE_RATES\\['anon'\\]: 'many/day'"):
         run("from-drf")
+
+
+@pytest.mark.parametrize("rest_framework", [{}, {"DEFAULT_THROTTLE_RATES": {"anon": None}}])
+def test_from_drf_without_rates_is_refused_and_changes_nothing(rest_framework: Any) -> None:
+    """Applying a conversion of no rates would delete the anonymous tier's only limit and
+    move the authenticated default to an unlimited tier; it is refused, printed or applied."""
+    tier("anonymous", "20/min", is_default_anonymous=True)
+    tier("free", "100/min", is_default_authenticated=True)
+    before = run("export")
+
+    with override_settings(REST_FRAMEWORK=rest_framework):
+        for args in (("from-drf", "--apply"), ("from-drf",)):
+            with pytest.raises(CommandError) as error:
+                run(*args)
+            assert str(error.value) == (
+                "Nothing was imported: REST_FRAMEWORK['DEFAULT_THROTTLE_RATES'] holds no "
+                "rates, so there is nothing to convert (applied, it would remove every limit "
+                "of the default tiers)"
+            )
+
+    assert run("export") == before
+    assert Tier.objects.get(slug="free").is_default_authenticated
+
+
+def _nested(depth: int, fmt: str) -> str:
+    lists = "[" * depth + "]" * depth  # JSON, and YAML's flow style
+    return (
+        '{"version": 1, "tiers": ' + lists + "}"
+        if fmt == "json"
+        else f"version: 1\ntiers: {lists}\n"
+    )
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_a_deeply_nested_file_is_refused_in_one_line(tmp_path: Path, fmt: str) -> None:
+    """100,000 levels ended in a RecursionError traceback; a file is refused when it nests
+    deeper than any policy could, before its values are built."""
+    path = tmp_path / f"policy.{fmt}"
+    path.write_text(_nested(100_000, fmt))
+    with pytest.raises(CommandError) as error:
+        run("import", str(path))
+    assert str(error.value) == (
+        "Nothing was imported: the file nests deeper than 20 levels; a policy file needs 5 at most"
+    )
+
+
+def test_a_file_nested_as_deep_as_allowed_still_gets_its_own_message(tmp_path: Path) -> None:
+    path = tmp_path / "policy.json"
+    path.write_text(_nested(19, "json"))
+    with pytest.raises(CommandError, match="tiers\\[0\\]: must be a mapping, not list"):
+        run("import", str(path))
+
+
+def _alias_bomb(levels: int) -> str:
+    """A few hundred bytes of YAML standing for 10**levels entries: each anchor holds the one
+    before it ten times (the "billion laughs"), all in a tier's description (which used to be
+    written out as text, the whole expansion)."""
+    value = "&l0 x"
+    for level in range(1, levels + 1):
+        value = f"&l{level} [{value}, {', '.join([f'*l{level - 1}'] * 9)}]"
+    return f"version: 1\ntiers:\n- slug: anon\n  name: Anon\n  description: {value}\n"
+
+
+@pytest.mark.parametrize("levels", [6, 12])
+def test_a_yaml_alias_bomb_is_refused_before_it_is_built(tmp_path: Path, levels: int) -> None:
+    """Aliases expanding to millions (or a trillion) of entries kept the import and its
+    transaction busy for minutes; the expanded size is measured on the node graph, so the
+    refusal costs as much as reading the few hundred bytes."""
+    tier("anon", "20/min", is_default_anonymous=True)
+    path = tmp_path / "policy.yaml"
+    path.write_text(_alias_bomb(levels))
+    before = run("export")
+    with pytest.raises(CommandError) as error:
+        run("import", str(path))
+    assert str(error.value) == (
+        "Nothing was imported: the file holds more than 200,000 values (aliases counted as "
+        "what they expand to); split the policy or write it without repeated aliases"
+    )
+    assert run("export") == before
+
+
+def test_yaml_aliases_within_bounds_and_a_loop_of_aliases(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        "version: 1\nlimit: &limit {rate: 5/s}\n"
+        "tiers: [{slug: a, name: A, limits: [*limit]}, {slug: b, name: B, limits: [*limit]}]\n"
+    )
+    with pytest.raises(CommandError, match="unknown section 'limit'"):
+        run("import", str(path))
+    path.write_text("version: 1\ntiers: &loop [*loop]\n")
+    with pytest.raises(CommandError, match="an alias names a value that contains it"):
+        run("import", str(path))
+
+
+def test_a_limit_written_twice_for_one_tier_is_refused(tmp_path: Path) -> None:
+    """200 copies of one limit were imported, and each request then counted 200 buckets.
+    Rates compare as parsed: '100/m' is '100/min'."""
+    path = tmp_path / "policy.json"
+    limits = [{"rate": "100/min"}, {"rate": "100/m"}, {"rate": "100/min", "burst": 5}]
+    document = {"version": 1, "tiers": [{"slug": "free", "name": "Free", "limits": limits}]}
+    path.write_text(json.dumps(document))
+    with pytest.raises(CommandError) as error:
+        run("import", str(path))
+    assert str(error.value) == (
+        "Nothing was imported: tiers[0] 'free'.limits[1]: the same limit as limits[0] "
+        "(100/m); every request would count it twice: remove one"
+    )
+    assert not Tier.objects.exists()
+
+    # A shared ceiling and a per-client limit of the same rate are two limits.
+    limits[1:] = [{"rate": "100/min", "shared": True}]
+    path.write_text(json.dumps(document))
+    assert "Imported" in run("import", str(path))
+    assert TierLimit.objects.count() == 2
+
+
+def test_an_endpoint_limit_written_twice_is_refused(tmp_path: Path) -> None:
+    tier("free", "100/min")
+    limit = {"tier": "free", "rate": "5/min", "counted_by": "ip"}
+    rule = {"name": "login", "match_type": "path", "pattern": "/login/", "limits": [limit] * 2}
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"version": 1, "rules": [rule]}))
+    with pytest.raises(CommandError, match=r"rules\[0\] 'login'\.limits\[1\]: the same limit"):
+        run("import", str(path))

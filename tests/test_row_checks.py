@@ -89,3 +89,32 @@ def test_missing_tables_mean_nothing_to_report() -> None:
         cursor.execute("DROP TABLE django_throttle_endpointlimit")
     assert check_rows() == []
     assert Tier.objects.count() == 0  # the surrounding transaction is still usable
+
+
+@pytest.mark.django_db
+def test_a_limit_repeated_around_the_admin_is_listed_and_counted_once() -> None:
+    """Rows written around the admin (fixtures, SQL) can repeat a limit; ``check`` names the
+    copy, and the policy counts that limit once: a request does not take its cost twice."""
+    from django_throttle import policy
+
+    free = tier("free", "100/m")
+    copy = TierLimit.objects.create(tier=free, rate="100/min")
+    TierLimit.objects.create(tier=free, rate="100/m", shared=True)  # another counter
+    original = TierLimit.objects.get(tier=free, shared=False, pk__lt=copy.pk)
+
+    warnings = [e for e in check_rows() if e.id == "django_throttle.W106"]
+
+    assert [(w.obj.pk, w.msg) for w in warnings] == [
+        (
+            copy.pk,
+            f"TierLimit pk={copy.pk} repeats TierLimit pk={original.pk} of tier 'free' "
+            "(100/min): the policy counts that limit once and ignores the copy.",
+        )
+    ]
+    assert warnings[0].hint == "Delete one of them in the admin (tier 'free')."
+    policy.invalidate()
+    compiled = policy.compile_policy().tiers[free.pk]
+    assert [(limit.id, limit.shared) for limit in compiled.limits] == [
+        (f"t{original.pk}", False),
+        (f"t{original.pk + 2}", True),
+    ]

@@ -183,6 +183,22 @@ class LimitFields(models.Model):
         limit = self.validated_limit()
         return dataclasses.replace(limit, id=self.limit_id, name=self.limit_name(limit.rate))
 
+    def duplicate_key(self) -> tuple[object, ...] | None:
+        """What this row counts, and for whom: two rows with the same key are one limit
+        written twice (every request would take its cost from both), ``None`` for a row no
+        limit can be built from. Rates compare as parsed ('10/m' is '10/min'), and an empty
+        time zone as the zone it stands for."""
+        try:
+            limit = self.validated_limit()
+        except BadRow:
+            return None
+        return (*self.duplicate_scope(), limit)
+
+    def duplicate_scope(self) -> tuple[object, ...]:
+        """The columns besides the limit's own that make two rows count apart (the parent,
+        whose clients, how they share the counter)."""
+        raise NotImplementedError
+
     def row_problems(self) -> dict[str, str]:
         """Why no limit can be built from this row, by field (empty when it can)."""
         try:

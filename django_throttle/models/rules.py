@@ -199,6 +199,9 @@ class EndpointLimit(LimitFields):
     def limit_id(self) -> str:
         return f"e{self.pk}"
 
+    def duplicate_scope(self) -> tuple[object, ...]:
+        return ("rule", self.rule_id, self.tier_id, self.counted_by)
+
     def row_problems(self) -> dict[str, str]:
         """The limit's problems, and a counted-by value written around the admin."""
         problems = super().row_problems()

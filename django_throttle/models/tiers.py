@@ -129,6 +129,9 @@ class TierLimit(LimitFields):
         # The policy compiler loads tiers with select_related, so this costs no query there.
         return f"{self.tier.slug} {rate}{' shared' if self.shared else ''}"
 
+    def duplicate_scope(self) -> tuple[object, ...]:
+        return ("tier", self.tier_id, self.shared)
+
     def to_limit(self) -> Limit:
         limit = super().to_limit()
         return dataclasses.replace(limit, shared=True) if self.shared else limit

@@ -20,15 +20,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_throttle.policy_file import (
-    Change,
-    PolicyFileError,
-    dump,
-    export_policy,
-    from_drf,
-    import_policy,
-    load,
-)
+from django_throttle.policy_file import Change, export_policy, from_drf, import_policy
+from django_throttle.policy_text import PolicyFileError, dump, load
 
 FORMATS = ("json", "yaml")
 
@@ -74,6 +67,8 @@ class Command(BaseCommand):
                 else:
                     self._write(dump(document, options["format"]), options["output"])
         except PolicyFileError as exc:
+            if len(exc.problems) == 1:
+                raise CommandError(f"Nothing was imported: {exc.problems[0]}") from exc
             lines = "\n".join(f"  {problem}" for problem in exc.problems)
             raise CommandError(f"Nothing was imported; the policy has problems:\n{lines}") from exc
 

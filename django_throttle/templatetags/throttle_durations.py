@@ -1,0 +1,21 @@
+"""``{% load throttle_durations %}``: ``{{ seconds|duration }}`` writes float seconds as
+:func:`~django_throttle.durations.format_duration` does ("30 d 6 h", "58 min")."""
+
+from __future__ import annotations
+
+from django import template
+
+from django_throttle.durations import format_duration
+
+register = template.Library()
+
+
+@register.filter
+def duration(seconds: float | int | str | None) -> str:
+    """The duration, or an empty string for a value that is not a number of seconds."""
+    if seconds is None or seconds == "":
+        return ""
+    try:
+        return format_duration(float(seconds))
+    except (TypeError, ValueError):
+        return ""
