@@ -792,8 +792,9 @@ def test_the_inspector_names_algorithms_and_writes_durations_in_units(
     page = response.content.decode()
     rows = re.findall(r'<tr class="dt-bucket".*?</tr>', page, re.S)
     cells = [re.findall(r"<td>(.*?)</td>", row, re.S) for row in rows]
-    assert {(cell[2], cell[5]) for cell in cells} >= {("Token bucket", "3 d")}
-    assert "Sliding window counter" in {cell[2] for cell in cells}
+    # Limit, From, Counted by, Algorithm, Capacity, Remaining, Whole again in.
+    assert {(cell[3], cell[6]) for cell in cells} >= {("Token bucket", "3 d")}
+    assert "Sliding window counter" in {cell[3] for cell in cells}
     assert "token_bucket" not in page and "sliding_window_counter" not in page
     verdict = re.search(r'id="dt-verdict">(.*?)</td>', page, re.S)
     assert verdict is not None
