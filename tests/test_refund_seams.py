@@ -160,3 +160,13 @@ def test_a_backend_whose_refund_predates_taken_at_still_gets_its_refunds() -> No
     backend.refund("c", [log_limit()], 2, taken_at=123)
     async_to_sync(backend.arefund)("c", [log_limit()], 3, taken_at=123)
     assert given == [("c", 2), ("c", -3)]
+
+
+def test_an_awaited_refund_removes_that_hits_entry(backend: Backend) -> None:
+    """``arefund`` (async views) gives back the same as ``refund``, on ``redis.asyncio`` too."""
+    limits = [log_limit()]
+    first = backend.hit("c", limits, now=T0)
+    assert backend.hit("c", limits, now=T0 + 30).allowed
+    async_to_sync(backend.arefund)("c", limits, now=T0 + 31, taken_at=first.taken[0][1])
+    assert backend.hit("c", limits, now=T0 + 61).allowed
+    assert not backend.hit("c", limits, now=T0 + 62).allowed
