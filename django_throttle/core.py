@@ -417,7 +417,7 @@ def _counted(planned: _Plan, decision: Decision, request: Any) -> Decision:
         counts = planned.endpoint.counts
         if counts == "failures":
             credentials.watch_login_failures()
-        reservation = Reservation(counts, planned.cost, planned.refunds)
+        reservation = Reservation(counts, planned.cost, planned.refunds, decision.taken)
         reservations = getattr(request, "throttle_reservations", None)
         if reservations is None:
             request.throttle_reservations = [reservation]

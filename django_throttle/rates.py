@@ -379,7 +379,9 @@ class Decision:
     limit is full again, ``retry_after`` seconds after which the same request would be allowed
     (0 when allowed). ``shadow`` says a shadow limit would have denied (the request was not
     held back by it); ``failed_open`` marks a request let through because the backend could
-    not answer.
+    not answer. ``taken`` names, for an allowed hit, each backend call that took its tokens:
+    (client, the instant in whole microseconds on the backend's clock); a refund given that
+    instant (``Backend.refund(..., taken_at=)``) gives back exactly what that call took.
     """
 
     allowed: bool
@@ -393,6 +395,7 @@ class Decision:
     unavailable: bool = False
     local: bool = False
     unidentified: bool = False
+    taken: tuple[tuple[str, int], ...] = ()
 
 
 #: The decision when no limit applies to a request.

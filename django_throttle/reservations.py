@@ -52,6 +52,9 @@ class Reservation:
     counts: str
     cost: int
     groups: tuple[Group, ...]
+    #: (client, instant) of each call that took the tokens (``Decision.taken``): the refund
+    #: gives back what this request took, not what a later one did.
+    taken: tuple[tuple[str, int], ...] = ()
 
 
 def counted(counts: str, status: int, login_failed: bool = False) -> bool:
@@ -70,23 +73,27 @@ def settle(request: Any, status: int, *, first: int = 0) -> None:
     ``user_login_failed`` fired for it) their rule does not count. Call it once the outcome
     is known; a backend error only means the tokens stay taken. ``first`` leaves the
     reservations made before that many alone (a check inside another settles its own)."""
-    for client, limits, cost in _refunds(request, status, first):
+    for client, limits, cost, taken_at in _refunds(request, status, first):
         try:
-            get_breaker().call(get_backend().refund, client, limits, cost)
+            get_breaker().call(get_backend().refund, client, limits, cost, taken_at=taken_at)
         except BackendError as exc:
             logger.warning("a reservation of %s could not be given back: %s", log_text(client), exc)
 
 
 async def asettle(request: Any, status: int, *, first: int = 0) -> None:
     """:func:`settle` for async stacks: the refund is awaited on the event loop."""
-    for client, limits, cost in _refunds(request, status, first):
+    for client, limits, cost, taken_at in _refunds(request, status, first):
         try:
-            await get_breaker().acall(get_backend().arefund, client, limits, cost)
+            await get_breaker().acall(
+                get_backend().arefund, client, limits, cost, taken_at=taken_at
+            )
         except BackendError as exc:
             logger.warning("a reservation of %s could not be given back: %s", log_text(client), exc)
 
 
-def _refunds(request: Any, status: int, first: int) -> list[tuple[str, Sequence[Limit], int]]:
+def _refunds(
+    request: Any, status: int, first: int
+) -> list[tuple[str, Sequence[Limit], int, int | None]]:
     """The refunds the request's reservations from ``first`` on call for; those
     reservations are used up."""
     reservations: list[Reservation] | None = getattr(request, "throttle_reservations", None)
@@ -95,7 +102,7 @@ def _refunds(request: Any, status: int, first: int) -> list[tuple[str, Sequence[
     request.throttle_reservations, reservations = reservations[:first], reservations[first:]
     login_failed = credentials.login_failed(request)
     return [
-        (client, limits, reservation.cost)
+        (client, limits, reservation.cost, dict(reservation.taken).get(client))
         for reservation in reservations
         if not counted(reservation.counts, status, login_failed)
         for client, limits in reservation.groups
@@ -127,13 +134,13 @@ def hit_groups(
             usage = field if n == len(groups) else only_if_denied(field)
             decision = breaker.call(backend.hit, client, limits, cost, usage=usage)
             if not decision.allowed:
-                _give_back(taken, cost, breaker, backend)
+                _give_back(taken, decisions, cost, breaker, backend)
                 denied = longest_wait(decision, groups[n:], cost, breaker, backend)
                 return _reported(head, groups, [denied])
             taken.append((client, limits))
             decisions.append(decision)
     except BackendError:
-        _give_back(taken, cost, breaker, backend)
+        _give_back(taken, decisions, cost, breaker, backend)
         raise
     return _reported(head, groups, decisions)
 
@@ -158,13 +165,13 @@ async def ahit_groups(
             usage = field if n == len(groups) else only_if_denied(field)
             decision = await breaker.acall(backend.ahit, client, limits, cost, usage=usage)
             if not decision.allowed:
-                await _agive_back(taken, cost, breaker, backend)
+                await _agive_back(taken, decisions, cost, breaker, backend)
                 denied = await alongest_wait(decision, groups[n:], cost, breaker, backend)
                 return _reported(head, groups, [denied])
             taken.append((client, limits))
             decisions.append(decision)
     except BackendError:
-        await _agive_back(taken, cost, breaker, backend)
+        await _agive_back(taken, decisions, cost, breaker, backend)
         raise
     return _reported(head, groups, decisions)
 
@@ -217,10 +224,17 @@ def only_if_denied(field: str | None) -> str | None:
     return None if not field else IF_DENIED + field
 
 
-def _give_back(taken: list[Group], cost: int, breaker: CircuitBreaker, backend: Backend) -> None:
+def _give_back(
+    taken: list[Group],
+    decisions: list[Decision],
+    cost: int,
+    breaker: CircuitBreaker,
+    backend: Backend,
+) -> None:
+    at = dict(pair for decision in decisions for pair in decision.taken)
     for client, limits in taken:
         try:
-            breaker.call(backend.refund, client, limits, cost)
+            breaker.call(backend.refund, client, limits, cost, taken_at=at.get(client))
         except BackendError as exc:
             logger.warning(
                 "tokens taken from %s could not be given back: %s", log_text(client), exc
@@ -228,11 +242,16 @@ def _give_back(taken: list[Group], cost: int, breaker: CircuitBreaker, backend: 
 
 
 async def _agive_back(
-    taken: list[Group], cost: int, breaker: CircuitBreaker, backend: Backend
+    taken: list[Group],
+    decisions: list[Decision],
+    cost: int,
+    breaker: CircuitBreaker,
+    backend: Backend,
 ) -> None:
+    at = dict(pair for decision in decisions for pair in decision.taken)
     for client, limits in taken:
         try:
-            await breaker.acall(backend.arefund, client, limits, cost)
+            await breaker.acall(backend.arefund, client, limits, cost, taken_at=at.get(client))
         except BackendError as exc:
             logger.warning(
                 "tokens taken from %s could not be given back: %s", log_text(client), exc
@@ -248,4 +267,5 @@ def _reported(head: Group, groups: Sequence[Group], decisions: list[Decision]) -
     )
     every = tuple(head[1]) + tuple(limit for _client, limits in groups for limit in limits)
     shadow = any(d.shadow for d in decisions)
-    return dataclasses.replace(worst, limits=every, shadow=shadow)
+    taken = tuple(pair for d in decisions for pair in d.taken) if worst.allowed else ()
+    return dataclasses.replace(worst, limits=every, shadow=shadow, taken=taken)

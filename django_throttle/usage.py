@@ -13,8 +13,10 @@ response loses nothing: the count was in Redis before the response existed.
 
 Decisions made without the backend (failed open, failed closed, failure mode ``"local"``)
 are kept in this process by :func:`record_degraded` and pushed into the backend by
-:func:`flush_pending`, which ``core`` calls after the next successful backend call; a push
-whose reply was lost is retried without counting twice. What a process dies holding (Redis
+:func:`flush_pending`, which ``core`` calls after each successful backend call while counts
+wait: one batch of at most :data:`PUSH_PER_CALL` counts per call, so the backlog of a long
+outage is spread over the requests that follow it; a push whose reply was lost is retried
+without counting twice. What a process dies holding (Redis
 was down for all of its last requests) is lost: at most :data:`MAX_PENDING` distinct
 (minute, client, tier, endpoint, outcome) counts, beyond which new clients count as
 :data:`OTHER`.
@@ -25,6 +27,7 @@ Reports and the rollup to the database live in :mod:`django_throttle.usage_repor
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import threading
@@ -47,6 +50,7 @@ __all__ = [
     "MAX_PENDING",
     "OTHER",
     "OUTCOMES",
+    "PUSH_PER_CALL",
     "SHADOW_DENIED",
     "UsageUnavailable",
     "field_for",
@@ -85,6 +89,10 @@ MAX_FIELD_BYTES = 200
 MAX_PENDING = 10_000
 #: Client name that absorbs new clients once :data:`MAX_PENDING` is reached.
 OTHER = "(other)"
+#: Most counts one :func:`flush_pending` call pushes: the request that runs it pays for one
+#: push of this size (one round trip, a bounded script time), never for a whole outage's
+#: backlog; the rest follows on the next requests.
+PUSH_PER_CALL = 200
 
 #: Truthy while counts wait to be pushed: ``core`` checks it after every successful backend
 #: call, so the healthy path pays one truthiness test.
@@ -180,28 +188,33 @@ def record_degraded(field: str | None, client: str, outcome: str) -> None:
 
 
 def flush_pending() -> None:
-    """Push the counts :func:`record_degraded` kept into the backend, through the circuit
-    breaker, in one pipeline. Never raises: on failure they stay for the next call."""
+    """Push one batch of at most :data:`PUSH_PER_CALL` of the counts :func:`record_degraded`
+    kept into the backend, through the circuit breaker, in one pipeline; what is left stays
+    :data:`pending` for the next call (the next request), so no request carries an outage's
+    whole backlog. A batch whose push failed is retried first, whole and under its own id (a
+    retry after a lost reply is a no-op). Never raises: on failure the batch stays for the
+    next call."""
     with _lock:
         if _owner != os.getpid():  # forked: the counts are the parent's to push
             _forget()
             return
-        batches = list(_unsent)
-        _unsent.clear()
-        if _counts:
-            counts = [(m, f, c, letter, n) for (m, f, c, letter), n in _counts.items()]
-            _counts.clear()
-            batches.append((uuid.uuid4().hex, counts))
-        pending.clear()
-    done = 0
+        if _unsent:
+            batch = _unsent.pop(0)
+        elif _counts:
+            taken = list(itertools.islice(_counts.items(), PUSH_PER_CALL))
+            for key, _n in taken:
+                del _counts[key]
+            batch = (uuid.uuid4().hex, [(m, f, c, letter, n) for (m, f, c, letter), n in taken])
+        else:
+            pending.clear()
+            return
+        if not _unsent and not _counts:
+            pending.clear()
     try:
-        store = _store_for_push()
         breaker = get_breaker()
-        for batch, counts in batches:
-            breaker.call(store.push, batch, counts)
-            done += 1
+        breaker.call(_store_for_push().push, *batch)
     except (BackendError, UsageUnavailable) as exc:
-        _keep(batches[done:], exc)
+        _keep([batch], exc)
 
 
 def reset() -> None:
@@ -234,7 +247,7 @@ def _keep(batches: list[tuple[str, list[PendingCount]]], exc: Exception) -> None
     """Keep batches that could not be pushed, under the :data:`MAX_PENDING` bound."""
     dropped = 0
     with _lock:
-        _unsent.extend(batches)
+        _unsent[:0] = batches  # first in line again: the oldest counts go first
         kept = sum(len(counts) for _, counts in _unsent)
         while _unsent and kept > MAX_PENDING:
             _, counts = _unsent.pop(0)

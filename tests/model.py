@@ -89,7 +89,9 @@ class TokenBucket:
     def retime(self, state: Any, now: int, old: Limit | None) -> tuple[Any, Fraction]:
         return state, self.used(state, now) * self.T
 
-    def refund(self, state: Any, now: int, c: int) -> tuple[Any, Fraction | None]:
+    def refund(
+        self, state: Any, now: int, c: int, taken: int | None = None
+    ) -> tuple[Any, Fraction | None]:
         after = self.used(state, now) - c
         if after <= TOL:
             return None, Fraction(0)
@@ -136,7 +138,9 @@ class Gcra:
         tat = now + min(owed, self.C * self.E)
         return tat, Fraction(tat - now)
 
-    def refund(self, state: Any, now: int, c: int) -> tuple[Any, Fraction | None]:
+    def refund(
+        self, state: Any, now: int, c: int, taken: int | None = None
+    ) -> tuple[Any, Fraction | None]:
         new = min(max(state, now), now + self.C * self.E) - c * self.E
         return (new, Fraction(new - now)) if new > now else (None, Fraction(0))
 
@@ -166,12 +170,16 @@ class FixedWindow:
     def retime(self, state: Any, now: int, old: Limit | None) -> tuple[Any, Fraction]:
         return state, Fraction(min(state[1] + self.P - now, self.P))
 
-    def refund(self, state: Any, now: int, c: int) -> tuple[Any, Fraction | None]:
+    def refund(
+        self, state: Any, now: int, c: int, taken: int | None = None
+    ) -> tuple[Any, Fraction | None]:
         count, start = state
         if start > now:
             start = (now // self.P) * self.P
         elif now >= start + self.P:
             return state, None  # an earlier window: left as it is
+        if taken is not None and taken < start:
+            return state, None  # the hit was counted in an earlier window: already gone
         return _window_refund(count - c, start, start + self.P - now)
 
 
@@ -224,9 +232,11 @@ class CalendarQuota:
         begin, end = calendar_bounds(self.unit, self.tz, now)
         return state, Fraction(end - now if state[1] >= begin else 0)
 
-    def refund(self, state: Any, now: int, c: int) -> tuple[Any, Fraction | None]:
+    def refund(
+        self, state: Any, now: int, c: int, taken: int | None = None
+    ) -> tuple[Any, Fraction | None]:
         begin, end = calendar_bounds(self.unit, self.tz, now)
-        if state[1] < begin:
+        if state[1] < begin or (taken is not None and taken < begin):
             return state, None
         return _window_refund(state[0] - c, state[1], end - now)
 
@@ -259,13 +269,24 @@ class SlidingLog:
     def retime(self, state: Any, now: int, old: Limit | None) -> tuple[Any, Fraction]:
         return state, Fraction(max(state) + self.P - now if state else 0)
 
-    def refund(self, state: Any, now: int, c: int) -> tuple[Any, Fraction | None]:
-        """The ``c`` newest live entries go (and the dead ones, as a write drops them)."""
+    def refund(
+        self, state: Any, now: int, c: int, taken: int | None = None
+    ) -> tuple[Any, Fraction | None]:
+        """The refunded hit's own entries go: up to ``c`` timestamps equal to ``taken``, the
+        instant it was counted at (none left: nothing to give back); without ``taken``, the
+        ``c`` newest live entries. The dead ones go too, as a write drops them."""
         live = sorted(t for t in state if t > now - self.P)
-        if len(live) <= c:
+        if taken is None:
+            kept = live[: max(0, len(live) - c)]
+        else:
+            own = live.count(taken)
+            if not own:
+                return state, None
+            kept = [t for t in live if t != taken] + [taken] * max(0, own - c)
+            kept.sort()
+        if not kept:
             return None, Fraction(0)
-        live = live[: len(live) - c]
-        return tuple(live), min(Fraction(live[-1] + self.P - now), Fraction(self.P))
+        return tuple(kept), min(Fraction(kept[-1] + self.P - now), Fraction(self.P))
 
 
 class SlidingCounter:
@@ -316,12 +337,14 @@ class SlidingCounter:
             fuzzy_remaining=fuzzy,
         )
 
-    def refund(self, state: Any, now: int, c: int) -> tuple[Any, Fraction | None]:
+    def refund(
+        self, state: Any, now: int, c: int, taken: int | None = None
+    ) -> tuple[Any, Fraction | None]:
         """Only a state of now's window gives back (an older one's count now weighs as the
-        previous window's)."""
+        previous window's), and only for a hit counted in now's window."""
         w = (now // self.P) * self.P
         cur, prev, start = state
-        if start < w:
+        if start < w or (taken is not None and taken < w):
             return state, None
         cur = max(0, cur - c)
         r = w + 2 * self.P - now if cur > 0 else w + self.P - now if prev > 0 else 0
@@ -418,10 +441,10 @@ class Model:
             outcomes,
         )
 
-    def refund(self, limits: list[Limit], cost: int, now: int) -> None:
-        """Give ``cost`` back to each limit (Backend.refund): missing stays missing, an
-        earlier window is left as it is, nothing used is no state; a cost of 0 touches
-        nothing."""
+    def refund(self, limits: list[Limit], cost: int, now: int, taken: int | None = None) -> None:
+        """Give ``cost`` back to each limit (Backend.refund) for the hit made at ``taken``
+        (``None``: the newest): missing stays missing, an earlier window is left as it is,
+        nothing used is no state; a cost of 0 touches nothing."""
         if not cost:
             return
         for limit in limits:
@@ -430,7 +453,7 @@ class Model:
             if state is None:
                 self.store.pop(key, None)
                 continue
-            state, ttl = model_of(limit).refund(state, now, min(cost, limit.capacity))
+            state, ttl = model_of(limit).refund(state, now, min(cost, limit.capacity), taken)
             if ttl is None:
                 continue
             if state is None or ttl <= 0:

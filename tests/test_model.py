@@ -19,7 +19,6 @@ import math
 import os
 import time
 import uuid
-from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -35,8 +34,8 @@ from hypothesis.stateful import (
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.memory_algorithms import TWINS
 from django_throttle.backends.redis import RedisBackend
-from django_throttle.rates import Algorithm, Decision, Limit
-from tests.model import EXACT, Model, Reply, TokenBucket, model_of
+from django_throttle.rates import MAX_PERIOD, Algorithm, Decision, Limit
+from tests.model import EXACT, TOL, Model, Reply, TokenBucket, model_of
 
 #: 2026-03-28 23:00 UTC: a day before Europe's clocks go forward, so calendar runs cross it.
 BASE_US = 1_774_738_800_000_000
@@ -49,8 +48,17 @@ BACKENDS = os.environ.get("DJANGO_THROTTLE_MODEL_BACKENDS", "memory,redis").spli
 ZONES = ["", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe"]
 
 
+#: Slow periods, up to the longest the admin accepts (rates.MAX_PERIOD, 366 days): a bucket
+#: retimed from a fast rate to one of these keeps its key for months or years, and the
+#: machine's window-sized time steps become gaps of as long.
+FAST_PERIODS = [1, 2, 3, 7, 60]
+SLOW_PERIODS = [86_400, 30 * 86_400, 365 * 86_400, MAX_PERIOD]
+
+
 def limit_strategy(algorithm: str) -> st.SearchStrategy[Limit]:
-    """Small limits of ``algorithm``: short windows so time advances cross many of them."""
+    """Small limits of ``algorithm``: mostly short windows so time advances cross many of
+    them, and one in five slow (days to a year), so edits switch between fast and slow rates
+    and time moves by months."""
     count = st.integers(1, 8)
     if algorithm == "calendar_quota":
         return st.builds(
@@ -59,7 +67,7 @@ def limit_strategy(algorithm: str) -> st.SearchStrategy[Limit]:
             st.sampled_from(["day", "week", "month", "year"]),
             st.sampled_from(ZONES),
         )
-    period = st.sampled_from([1, 2, 3, 7, 60])
+    period = st.sampled_from([*FAST_PERIODS, *FAST_PERIODS, *SLOW_PERIODS])
     if algorithm in ("token_bucket", "leaky_bucket", "gcra"):
         return st.builds(
             lambda n, p, b: Limit.build("m", f"{n}/{p}s", burst=b, algorithm=algorithm),
@@ -91,6 +99,8 @@ class AlgorithmMachine(RuleBasedStateMachine):
         self.client = uuid.uuid4().hex
         self.limit = Limit.build("m", "1/s")
         self.last: Reply | None = None
+        #: (instant, tokens) of every allowed hit: what a refund may give back.
+        self.hits: list[tuple[int, int]] = []
         self.redis_expiry: tuple[int, int, int] | None = None
         self.server_ms = 0
         self.redis_written = False
@@ -177,6 +187,14 @@ class AlgorithmMachine(RuleBasedStateMachine):
         first = decisions[0]
         for other in decisions[1:]:
             assert _numbers(other) == _numbers(first), "memory and Redis disagree"
+        # An allowed hit names the instant it took its tokens at, where a refund needs it
+        # (every algorithm but the buckets and GCRA, whose refunds do not depend on it).
+        stamped = self.limit.algorithm not in ("token_bucket", "leaky_bucket", "gcra")
+        for decision in decisions:
+            named = decision.allowed and not peek and stamped
+            assert decision.taken == (((self.client, self.now),) if named else ())
+        if first.allowed and not peek:
+            self.hits.append((self.now, min(cost, self.limit.capacity)))
         reply = self.model.call(limits, cost, self.now, peek=peek, prefer=first.allowed)
         out = reply.outcomes[0]
         assert first.allowed == reply.allowed
@@ -226,9 +244,14 @@ class AlgorithmMachine(RuleBasedStateMachine):
     def _check_invariants(self, decision: Decision, state: Any, c: int) -> None:
         limit, algorithm = self.limit, model_of(self.limit)
         window = self.window_us * (2 if limit.algorithm == "sliding_window_counter" else 1)
+        # A bucket forgives TOLERANCE tokens: at slow rates (a token a year) that is
+        # tens of milliseconds of the window.
+        slack = 1
+        if isinstance(algorithm, TokenBucket):
+            slack += math.ceil(algorithm.T * TOL)
         assert decision.remaining >= 0
-        assert 0 <= micros(decision.retry_after) <= window + 1
-        assert 0 <= micros(decision.reset_after) <= window + 1
+        assert 0 <= micros(decision.retry_after) <= window + slack
+        assert 0 <= micros(decision.reset_after) <= window + slack
         if decision.allowed or (self.edited and isinstance(algorithm, TokenBucket)):
             return
         retry = micros(decision.retry_after)
@@ -240,7 +263,7 @@ class AlgorithmMachine(RuleBasedStateMachine):
             assert not before.allowed, "a retry 1 µs before retry-after would pass"
         elif isinstance(algorithm, TokenBucket):
             best = algorithm.earliest(state, self.now, c)
-            assert 0 <= retry - best <= max(1, math.ceil(algorithm.T * Fraction(1, 2 * 10**9)))
+            assert 0 <= retry - best <= 1 + math.ceil(algorithm.T * TOL / 2)
             if retry == best:
                 assert not algorithm.decide(state, self.now + retry - 1, c).allowed
 
@@ -361,3 +384,88 @@ def test_backends_follow_the_model(algorithm: str) -> None:
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_backends_follow_the_model_for_ten_thousand_steps(algorithm: str) -> None:
     assert _run(algorithm, examples=10, steps=STEPS_PER_ALGORITHM) >= STEPS_PER_ALGORITHM
+
+
+DAY = 86_400.0
+
+
+@pytest.mark.parametrize("algorithm", ["token_bucket", "leaky_bucket"])
+def test_a_bucket_retimed_to_a_slow_rate_refills_after_months(backend: Any, algorithm: str) -> None:
+    """10/d drained, then edited to 10/365d: 200 days on, 200/36.5 tokens are back (one
+    taken now leaves 4), on Redis as in memory. Redis read the compact state's 32-bit
+    millisecond, which wraps after 24.8 days, as a recent one and kept the client out."""
+    t0 = BASE_US / 1e6
+    fast = Limit.build("slowed", "10/d", algorithm=algorithm)  # type: ignore[arg-type]
+    slow = dataclasses.replace(Limit.build("slowed", "10/365d", algorithm=algorithm))  # type: ignore[arg-type]
+    for _ in range(10):
+        assert backend.hit("c", [fast], now=t0).allowed
+    assert not backend.hit("c", [fast], now=t0).allowed
+    assert backend.retime([slow], now=t0, previous=[fast]) == 1
+    decision = backend.hit("c", [slow], now=t0 + 200 * DAY)
+    assert (decision.allowed, decision.remaining) == (True, 4)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize(
+    ("fast_rate", "slow_rate"),
+    [("10/d", "10/365d"), ("5/h", "5/366d"), ("3/s", "3/30d"), ("10/365d", "10/d")],
+)
+def test_backends_agree_on_slow_rates_and_long_gaps(
+    algorithm: str, fast_rate: str, slow_rate: str
+) -> None:
+    """Drained under one rate, retimed to another (up to the longest period a rate may
+    have), then peeked and hit at gaps from minutes to years: memory and Redis answer alike."""
+    if algorithm == "calendar_quota":
+        fast_rate, slow_rate = "10/day", "10/year"
+    t0 = BASE_US / 1e6
+    now = [t0]
+    memory = MemoryBackend(clock=lambda: now[0])
+    redis_backend = RedisBackend()
+    client = uuid.uuid4().hex
+    fast = Limit.build(uuid.uuid4().hex[:8], fast_rate, algorithm=algorithm)  # type: ignore[arg-type]
+    slow = dataclasses.replace(
+        Limit.build("x", slow_rate, algorithm=algorithm),  # type: ignore[arg-type]
+        id=fast.id,
+    )
+    key = redis_backend.key(client, slow)
+    expires = [math.inf]
+
+    def on_redis(call: Any, at: float) -> Any:
+        """Redis keys expire on the server's clock, not the test's: note when a PX this call
+        set runs out on the test's clock (the key is then PERSISTed, so that a later call
+        tells its own writes apart), and delete the key once that has passed."""
+        if at > expires[0]:
+            redis_backend.client.delete(key)
+            expires[0] = math.inf
+        result = call()
+        pttl = redis_backend.client.pttl(key)
+        if pttl >= 0:
+            expires[0] = at + pttl / 1000
+            redis_backend.client.persist(key)
+        elif pttl == -2:
+            expires[0] = math.inf
+        return result
+
+    try:
+        for _ in range(fast.capacity + 1):
+            memory.hit(client, [fast], now=t0)
+            on_redis(lambda: redis_backend.hit(client, [fast], now=t0), t0)
+        assert memory.retime([slow], now=t0, previous=[fast]) == on_redis(
+            lambda: redis_backend.retime([slow], now=t0, previous=[fast]), t0
+        )
+        for gap_days in (0.01, 20.3, 24.9, 25.1, 50.7, 200.2, 366.4, 800.6, 3000.5):
+            at = now[0] = t0 + gap_days * DAY
+            seen = [(_numbers(memory.peek(client, [slow], now=at)),)]
+            seen[0] += (_numbers(memory.hit(client, [slow], now=at)),)
+            seen.append(
+                (
+                    _numbers(
+                        on_redis(lambda at=at: redis_backend.peek(client, [slow], now=at), at)
+                    ),
+                    _numbers(on_redis(lambda at=at: redis_backend.hit(client, [slow], now=at), at)),
+                )
+            )
+            assert seen[0] == seen[1], f"memory and Redis disagree {gap_days} days on"
+    finally:
+        redis_backend.reset(client, [fast, slow])
+        redis_backend.close()

@@ -341,12 +341,28 @@ class RefundMachine(AlgorithmMachine):
 
     @rule(cost=st.integers(0, 12))
     def refund(self, cost: int) -> None:
+        """Give back the newest tokens (a refund that names no hit)."""
+        self._refund(cost, None)
+
+    @rule(data=st.data())
+    def refund_a_hit(self, data: st.DataObject) -> None:
+        """Give back one earlier allowed hit, named by its instant, as a reservation does:
+        the model removes that hit's own entries, whatever came after it."""
+        if not self.hits:
+            return
+        taken, cost = self.hits.pop(data.draw(st.integers(0, len(self.hits) - 1)))
+        self._refund(cost, taken)
+
+    def _refund(self, cost: int, taken: int | None) -> None:
         at = self.now / 1e6
-        self.model.refund([self.limit], cost, self.now)
-        self.memory.refund(self.client, [self.limit], cost, now=at)
+        self.model.refund([self.limit], cost, self.now, taken)
+        self.memory.refund(self.client, [self.limit], cost, now=at, taken_at=taken)
         if self.redis is not None:
             self._on_redis(
-                lambda backend: backend.refund(self.client, [self.limit], cost, now=at), self.limit
+                lambda backend: backend.refund(
+                    self.client, [self.limit], cost, now=at, taken_at=taken
+                ),
+                self.limit,
             )
             key = (self.limit.id, self.limit.algorithm)
             model = self.model.store.get(key)

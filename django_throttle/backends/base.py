@@ -59,6 +59,7 @@ class Backend(ABC):
         and a ``TypeError`` would reach the request as a 500. Such a backend counts no usage
         (the report shows its decisions only when made while it was failing)."""
         super().__init_subclass__(**kwargs)
+        _adapt_refund(cls)
         hit = cls.__dict__.get("hit")
         if hit is None or _accepts(hit, "usage"):
             return
@@ -114,11 +115,22 @@ class Backend(ABC):
         )
 
     def refund(
-        self, client: str, limits: Sequence[Limit], cost: int = 1, *, now: float | None = None
+        self,
+        client: str,
+        limits: Sequence[Limit],
+        cost: int = 1,
+        *,
+        now: float | None = None,
+        taken_at: int | None = None,
     ) -> None:
         """Give ``cost`` tokens back to each of ``limits`` for ``client``: the undo of a
         :meth:`hit` that was allowed (a reservation whose request did not count), as one
         atomic step.
+
+        ``taken_at`` is the instant that hit took its tokens (its ``Decision.taken``): the
+        refund then gives back what that hit took and nothing another request took since (a
+        sliding log's entries of that instant, a window's count only if the hit was counted
+        in the current window); ``None`` gives back the newest.
 
         Each limit is clamped so its state never goes below "nothing used"; a missing or
         expired state stays missing; a window that is no longer the current one is left as
@@ -136,7 +148,13 @@ class Backend(ABC):
             )
 
     async def arefund(
-        self, client: str, limits: Sequence[Limit], cost: int = 1, *, now: float | None = None
+        self,
+        client: str,
+        limits: Sequence[Limit],
+        cost: int = 1,
+        *,
+        now: float | None = None,
+        taken_at: int | None = None,
     ) -> None:
         """:meth:`refund` for ``async def`` views; this default runs it in a worker thread."""
         if type(self).refund is Backend.refund:
@@ -144,7 +162,9 @@ class Backend(ABC):
             return
         from asgiref.sync import sync_to_async
 
-        await sync_to_async(self.refund, thread_sensitive=False)(client, limits, cost, now=now)
+        await sync_to_async(self.refund, thread_sensitive=False)(
+            client, limits, cost, now=now, taken_at=taken_at
+        )
 
     @abstractmethod
     def peek(
@@ -299,6 +319,34 @@ def per_shard(limit: Limit, shards: int) -> Limit:
             count += 1
 
 
+def _adapt_refund(cls: type) -> None:
+    """Adapt a backend whose ``refund`` (or ``arefund``) predates ``taken_at``: the request
+    path passes it, and a ``TypeError`` would lose the refund; such a backend gives back
+    the newest tokens."""
+    for name in ("refund", "arefund"):
+        method = cls.__dict__.get(name)
+        if method is None or _accepts(method, "taken_at"):
+            continue
+        if inspect.iscoroutinefunction(method):
+
+            @functools.wraps(method)
+            async def adapted_async(
+                self: Any, *args: Any, taken_at: int | None = None, _m: Any = method, **kw: Any
+            ) -> None:
+                await _m(self, *args, **kw)
+
+            setattr(cls, name, adapted_async)
+        else:
+
+            @functools.wraps(method)
+            def adapted(
+                self: Any, *args: Any, taken_at: int | None = None, _m: Any = method, **kw: Any
+            ) -> None:
+                _m(self, *args, **kw)
+
+            setattr(cls, name, adapted)
+
+
 def decision_from(
     limits: Sequence[Limit],
     allowed: bool,
@@ -307,11 +355,12 @@ def decision_from(
     reset_us: float,
     retry_us: float,
     shadow: bool = False,
+    taken: tuple[tuple[str, int], ...] = (),
 ) -> Decision:
     """Build a :class:`Decision` from a backend's reply (``index`` is 0-based; -1 when no
-    enforced limit was passed, so nothing is reported)."""
-    # Positional (allowed, limit, remaining, reset_after, retry_after, limits, shadow): once
-    # per request, and keywords cost a frozen dataclass noticeably more.
+    enforced limit was passed, so nothing is reported); ``taken``: see ``Decision.taken``."""
+    # Positional (allowed, limit, remaining, reset_after, retry_after, limits, shadow, ...):
+    # once per request, and keywords cost a frozen dataclass noticeably more.
     return Decision(
         allowed,
         limits[index] if index >= 0 else None,
@@ -320,4 +369,9 @@ def decision_from(
         retry_us / 1e6,
         tuple(limits),
         shadow,
+        False,
+        False,
+        False,
+        False,
+        taken,
     )

@@ -118,10 +118,17 @@ class MemoryBackend(Backend):
         return self._run(client, limits, cost, now, consume=False)
 
     def refund(
-        self, client: str, limits: Sequence[Limit], cost: int = 1, *, now: float | None = None
+        self,
+        client: str,
+        limits: Sequence[Limit],
+        cost: int = 1,
+        *,
+        now: float | None = None,
+        taken_at: int | None = None,
     ) -> None:
         """Give ``cost`` back to every limit, each by its algorithm's rule (refund.lua's
-        twin, see memory_algorithms), under the lock: one atomic step."""
+        twin, see memory_algorithms), under the lock: one atomic step. ``taken_at``: see
+        :meth:`Backend.refund`."""
         if not 0 <= cost <= MAX_COUNT or cost % 1:
             raise ArgumentRefused(f"cost must be a whole number in [0, {MAX_COUNT}], not {cost!r}")
         cost = int(cost)
@@ -140,7 +147,12 @@ class MemoryBackend(Backend):
                     continue
                 capacity = spec.capacity
                 state, ttl = spec.refund(
-                    entry[0], now_us, capacity, spec.param, cost if cost < capacity else capacity
+                    entry[0],
+                    now_us,
+                    capacity,
+                    spec.param,
+                    cost if cost < capacity else capacity,
+                    taken_at,
                 )
                 if ttl is None:
                     continue
@@ -150,10 +162,16 @@ class MemoryBackend(Backend):
                     states[key] = (state, expiry_ms(now_us, ttl))
 
     async def arefund(
-        self, client: str, limits: Sequence[Limit], cost: int = 1, *, now: float | None = None
+        self,
+        client: str,
+        limits: Sequence[Limit],
+        cost: int = 1,
+        *,
+        now: float | None = None,
+        taken_at: int | None = None,
     ) -> None:
         """In-process and lock-held for microseconds: no need for a thread."""
-        self.refund(client, limits, cost, now=now)
+        self.refund(client, limits, cost, now=now, taken_at=taken_at)
 
     def reset(self, client: str, limits: Sequence[Limit]) -> None:
         """Forget the client's states; for a shared limit, its shard's (everyone's there)."""
@@ -318,6 +336,7 @@ class MemoryBackend(Backend):
             math.ceil(pick_reset),
             0 if allowed else math.ceil(pick_retry),
             shadow_denied,
+            ((client, now_us),) if allowed and consume and _stamped(specs) else (),
         )
 
     def _sweep(self, now_ms: int) -> None:
@@ -325,3 +344,12 @@ class MemoryBackend(Backend):
         expired = [key for key, (_, expires) in self._state.items() if expires < now_ms]
         for key in expired:
             del self._state[key]
+
+
+#: Spec codes whose refund depends on when the hit was made (lua/prelude.lua ``STAMPED``):
+#: only a hit with such a limit names its instant (``Decision.taken``), as the script does.
+STAMPED_CODES = frozenset("wfcs")
+
+
+def _stamped(specs: Sequence[Any]) -> bool:
+    return any(spec.code in STAMPED_CODES for spec in specs)

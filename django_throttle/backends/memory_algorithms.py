@@ -19,7 +19,7 @@ state is left as it is (a window that is no longer the current one).
 from __future__ import annotations
 
 import math
-from bisect import bisect_right, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -33,7 +33,7 @@ MAX_WINDOW_US = MAX_WINDOW * 1_000_000
 
 Decide = Callable[[Any, int, int, Any, int], tuple[bool, int, Any, Any, Any, Any]]
 Retime = Callable[[Any, int, int, Any, Any], tuple[Any, Any]]
-Refund = Callable[[Any, int, int, Any, int], tuple[Any, Any]]
+Refund = Callable[[Any, int, int, Any, int, "int | None"], tuple[Any, Any]]
 
 
 def token_bucket(state: Any, now: int, capacity: int, interval: float, cost: int) -> Any:
@@ -93,7 +93,7 @@ def token_bucket_retime(
 
 
 def token_bucket_refund(
-    state: Any, now: int, capacity: int, interval: float, cost: int
+    state: Any, now: int, capacity: int, interval: float, cost: int, taken: int | None = None
 ) -> tuple[Any, Any]:
     """Used as of now, less ``cost``, written as a hit writes it; under the tolerance the
     bucket is full again and the state is deleted (float noise leaves no crumbs)."""
@@ -142,7 +142,9 @@ def gcra_retime(state: Any, now: int, capacity: int, emission: int, old: Any) ->
     return now + moved, moved
 
 
-def gcra_refund(state: Any, now: int, capacity: int, emission: int, cost: int) -> tuple[Any, Any]:
+def gcra_refund(
+    state: Any, now: int, capacity: int, emission: int, cost: int, taken: int | None = None
+) -> tuple[Any, Any]:
     """TAT moves back by ``cost`` emission intervals, never before now (deleted at now)."""
     tat = now if state < now else state
     full = capacity * emission
@@ -177,13 +179,16 @@ def fixed_window_retime(
 
 
 def fixed_window_refund(
-    state: Any, now: int, capacity: int, period: int, cost: int
+    state: Any, now: int, capacity: int, period: int, cost: int, taken: int | None = None
 ) -> tuple[Any, Any]:
-    """The current window's count less ``cost``; an earlier window is left alone."""
+    """The current window's count less ``cost``; an earlier window is left alone, and so is
+    the current one when the refunded hit (``taken``) was counted before it started."""
     count, start = state
     if start > now:
         start = now - now % period
     elif now >= start + period:
+        return state, None
+    if taken is not None and taken < start:
         return state, None
     return _window_refund(count - cost, start, start + period - now)
 
@@ -226,10 +231,10 @@ def calendar_quota_retime(
 
 
 def calendar_quota_refund(
-    state: Any, now: int, capacity: int, unit_tz: Any, cost: int
+    state: Any, now: int, capacity: int, unit_tz: Any, cost: int, taken: int | None = None
 ) -> tuple[Any, Any]:
     begin, end = _calendar_window(unit_tz, now)
-    if state[1] < begin:
+    if state[1] < begin or (taken is not None and taken < begin):
         return state, None
     return _window_refund(state[0] - cost, state[1], end - now)
 
@@ -294,14 +299,26 @@ def sliding_log_retime(
 
 
 def sliding_log_refund(
-    state: Any, now: int, capacity: int, period: int, cost: int
+    state: Any, now: int, capacity: int, period: int, cost: int, taken: int | None = None
 ) -> tuple[Any, Any]:
-    """Drop the ``cost`` newest live entries (and the dead ones, as a hit's write does)."""
+    """Drop up to ``cost`` entries of the refunded hit's instant ``taken`` (none left there:
+    nothing to give back), or without it the ``cost`` newest live entries; and the dead
+    ones, as a hit's write does."""
     dead = bisect_right(state, now - period)
-    if len(state) - dead <= cost:
+    if taken is not None:
+        if taken <= now - period:
+            return state, None
+        first, last = bisect_left(state, taken), bisect_right(state, taken)
+        if first == last:
+            return state, None
+        del state[max(first, last - cost) : last]
+    elif len(state) - dead <= cost:
         return None, 0
-    del state[len(state) - cost :]
+    else:
+        del state[len(state) - cost :]
     del state[:dead]
+    if not state:
+        return None, 0
     reset = state[-1] + period - now
     return state, reset if reset < period else period
 
@@ -342,12 +359,13 @@ def sliding_counter_retime(
 
 
 def sliding_counter_refund(
-    state: Any, now: int, capacity: int, period: int, cost: int
+    state: Any, now: int, capacity: int, period: int, cost: int, taken: int | None = None
 ) -> tuple[Any, Any]:
-    """The current window's count less ``cost``; a state of an earlier window is left."""
+    """The current window's count less ``cost``; a state of an earlier window is left, and
+    so is the current one when the refunded hit (``taken``) was counted in an earlier one."""
     grid = now - now % period
     cur, prev, start = state
-    if start < grid:
+    if start < grid or (taken is not None and taken < grid):
         return state, None
     cur = cur - cost if cur > cost else 0
     reset = grid + 2 * period - now if cur > 0 else grid + period - now if prev > 0 else 0

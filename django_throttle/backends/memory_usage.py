@@ -160,6 +160,10 @@ class MemoryUsage(UsageStore):
                 self.count(minute * 60_000_000.0, field, client, letter, n)
                 with self._lock:
                     self._late.add(minute)
+        with self._lock:
+            # Bounded like the script's <tag>l: a minute whose counts have expired has nothing
+            # left to copy.
+            self._late.intersection_update(self._minutes)
 
     def watermark(self) -> int | None:
         return self._watermark

@@ -239,13 +239,22 @@ class RedisBackend(Backend):
         return self._call(client, limits, cost, now, None, peek=True)
 
     def refund(
-        self, client: str, limits: Sequence[Limit], cost: int = 1, *, now: float | None = None
+        self,
+        client: str,
+        limits: Sequence[Limit],
+        cost: int = 1,
+        *,
+        now: float | None = None,
+        taken_at: int | None = None,
     ) -> None:
-        """One EVALSHA of refund.lua over the keys the hit used (same framing, same slot)."""
+        """One EVALSHA of refund.lua over the keys the hit used (same framing, same slot);
+        ``taken_at`` travels as ARGV[1]'s ``#<taken>``."""
         if not limits:
             return
         try:
-            body, fallback = self._request(client, limits, cost, now, None, self._refunds)
+            body, fallback = self._request(
+                client, limits, cost, now, None, self._refunds, taken_at=taken_at
+            )
             try:
                 self._stack.call(body)
             except NoScriptError:
@@ -254,13 +263,21 @@ class RedisBackend(Backend):
             raise failure(exc) from exc
 
     async def arefund(
-        self, client: str, limits: Sequence[Limit], cost: int = 1, *, now: float | None = None
+        self,
+        client: str,
+        limits: Sequence[Limit],
+        cost: int = 1,
+        *,
+        now: float | None = None,
+        taken_at: int | None = None,
     ) -> None:
         """:meth:`refund` on ``redis.asyncio``, as :meth:`ahit`."""
         if not limits:
             return
         try:
-            body, fallback = self._request(client, limits, cost, now, None, self._refunds)
+            body, fallback = self._request(
+                client, limits, cost, now, None, self._refunds, taken_at=taken_at
+            )
             try:
                 await self._async_stacks.call(body)
             except NoScriptError:
@@ -367,7 +384,7 @@ class RedisBackend(Backend):
                 reply = await self._async_stacks.call(body)
             except NoScriptError:
                 reply = await self._async_stacks.call(fallback())
-            return self._decision(limits, reply)
+            return self._decision(client, limits, reply)
         except Exception as exc:  # anything out of redis-py: see _run
             raise failure(exc) from exc
 
@@ -402,7 +419,7 @@ class RedisBackend(Backend):
                 # The script cache was flushed (restart, failover, SCRIPT FLUSH): EVAL runs
                 # it and loads it for the next EVALSHA. NOSCRIPT means nothing ran.
                 reply = self._stack.call(fallback())
-            return self._decision(limits, reply)
+            return self._decision(client, limits, reply)
         except Exception as exc:  # anything out of redis-py: see _run
             raise failure(exc) from exc
 
@@ -415,6 +432,7 @@ class RedisBackend(Backend):
         usage: str | None,
         calls: Calls | None = None,
         peek: bool = False,
+        taken_at: int | None = None,
     ) -> tuple[bytes, Callable[[], bytes]]:
         """The EVALSHA to send (of the counting script, or of ``calls``'), and how to build
         its EVAL twin if the script is missing. ``peek``: decide on ``cost``, write nothing."""
@@ -423,6 +441,8 @@ class RedisBackend(Backend):
         encoded = calls.encoded(limits, now_us)
         tag = self._client_tag(client)
         op = calls.op(cost, now_us, peek)
+        if taken_at is not None:
+            op += b"#%d" % taken_at
         field = calls.field(usage)
         label = client.encode()
 
@@ -434,16 +454,28 @@ class RedisBackend(Backend):
         return calls.body(encoded, tag, op, field, label), fallback
 
     @staticmethod
-    def _decision(limits: Sequence[Limit], reply: Any) -> Decision:
-        """Parse ``"<status + 4 x index> <remaining> <reset>[ <retry>]"`` (see driver.lua)."""
+    def _decision(client: str, limits: Sequence[Limit], reply: Any) -> Decision:
+        """Parse ``"<status + 4 x index> <remaining> <reset>[ <retry>| @<now>]"`` (see
+        driver.lua): an allowed hit's ``@<now>`` (base 36) is its ``Decision.taken``."""
         parts = reply.split()
         code, remaining, reset_us = int(parts[0]), int(parts[1]), int(parts[2])
-        retry_us = int(parts[3]) if len(parts) == 4 else 0
         status, index = code & 3, code >> 2
-        if len(parts) != 3 + (status & 1 == 0) or not 0 <= index <= len(limits) or code < 0:
+        allowed = status & 1 == 1
+        retry_us = 0
+        taken: tuple[tuple[str, int], ...] = ()
+        if len(parts) == 4:
+            if allowed:
+                if parts[3][:1] != b"@":
+                    raise ValueError(f"unexpected reply {reply!r}")
+                taken = ((client, int(parts[3][1:], 36)),)
+            else:
+                retry_us = int(parts[3])
+        elif not allowed:
+            raise ValueError(f"unexpected reply {reply!r}")
+        if len(parts) not in (3, 4) or not 0 <= index <= len(limits) or code < 0:
             raise ValueError(f"unexpected reply {reply!r}")
         return decision_from(
-            limits, status & 1 == 1, index - 1, remaining, reset_us, retry_us, status >= 2
+            limits, allowed, index - 1, remaining, reset_us, retry_us, status >= 2, taken
         )
 
     @staticmethod

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import time
 import zlib
 from collections.abc import Iterable, Sequence
 from importlib import resources
@@ -21,6 +22,7 @@ from typing import Any
 
 from django_throttle.backends.base import BackendError
 from django_throttle.backends.usage_base import (
+    LETTERS,
     SLOT,
     MinuteCounts,
     PendingCount,
@@ -154,13 +156,15 @@ class RedisUsage(UsageStore):
         return found
 
     def _read_batch(self, calls: list[tuple[str, int, int, str, str]]) -> list[Any]:
+        framed = [_read_call(*call) for call in calls]
         pipe = self.client.pipeline(transaction=False)
-        for tag, *args in calls:
-            pipe.evalsha(self._read_sha, 1, tag, *args)
+        for keys, args in framed:
+            pipe.evalsha(self._read_sha, len(keys), *keys, *args)
         replies = _run(pipe.execute, raise_on_error=False)
         for i, reply in enumerate(replies):
             if _noscript(reply):  # the script cache was flushed: EVAL carries the source
-                replies[i] = _run(self.client.eval, self._read_source, 1, *calls[i])
+                keys, args = framed[i]
+                replies[i] = _run(self.client.eval, self._read_source, len(keys), *keys, *args)
             elif isinstance(reply, Exception):
                 raise BackendError(f"{type(reply).__name__}: {reply}")
         return list(replies)
@@ -170,23 +174,25 @@ class RedisUsage(UsageStore):
         for count in counts:
             tag = self.tags[zlib.crc32(count[2].encode()) % len(self.tags)]
             by_tag.setdefault(tag, []).append(count)
-        calls: list[tuple[str, list[Any]]] = []
+        calls: list[tuple[list[str], list[Any]]] = []
         for tag, items in sorted(by_tag.items()):
             for start in range(0, len(items), PUSH_CHUNK):
-                args: list[Any] = [f"{batch}:{tag}:{start}"]
+                keys = [f"{tag}p{batch}:{start}", f"{tag}l"]
+                args: list[Any] = []
                 for minute, field, client, letter, n in items[start : start + PUSH_CHUNK]:
+                    keys += (f"{tag}u{minute}", f"{tag}t{letter}{minute}")
                     args += (minute, field, client, letter, n)
-                calls.append((tag, args))
+                calls.append((keys, args))
         pipe = self.push_client.pipeline(transaction=False)
-        for tag, args in calls:
-            pipe.evalsha(self._push_sha, 1, tag, *args)
+        for keys, args in calls:
+            pipe.evalsha(self._push_sha, len(keys), *keys, *args)
         replies = _run(pipe.execute, raise_on_error=False)
         retry = [call for call, reply in zip(calls, replies, strict=True) if _noscript(reply)]
         failed = [r for r in replies if isinstance(r, Exception) and not _noscript(r)]
         if retry:  # the script cache was flushed: EVAL carries the source
             pipe = self.push_client.pipeline(transaction=False)
-            for tag, args in retry:
-                pipe.eval(self._push_source, 1, tag, *args)
+            for keys, args in retry:
+                pipe.eval(self._push_source, len(keys), *keys, *args)
             replies = _run(pipe.execute, raise_on_error=False)
             failed += [r for r in replies if isinstance(r, Exception)]
         if failed:
@@ -200,19 +206,35 @@ class RedisUsage(UsageStore):
         _run(self.client.eval, _ADVANCE, 1, self._watermark_key, minute, WATERMARK_TTL)
 
     def take_late(self) -> set[int]:
+        """Every shard's ``<tag>l`` minutes (those pushed to within ``USAGE_REDIS_TTL``:
+        the push trims older ones), popped."""
         pipe = self.client.pipeline(transaction=False)
         for tag in self.tags:
-            pipe.spop(f"{tag}l", 1_000_000)
-        return {int(m) for popped in _run(pipe.execute) for m in popped or ()}
+            pipe.zpopmin(f"{tag}l", 1_000_000)
+        return {int(m) for popped in _run(pipe.execute) for m, _score in popped or ()}
 
     def return_late(self, minutes: Iterable[int]) -> None:
         minutes = list(minutes)
         if minutes:
             late = f"{self.tags[0]}l"
             pipe = self.client.pipeline(transaction=False)
-            pipe.sadd(late, *minutes)
+            second = int(time.time())  # as the push scores them: when pushed
+            pipe.zadd(late, dict.fromkeys(map(str, minutes), second))
             pipe.expire(late, int(app_settings.USAGE_REDIS_TTL))
             _run(pipe.execute)
+
+
+def _read_call(
+    tag: str, first: int, last: int, totals: str, clients: str
+) -> tuple[list[str], tuple[int, int, str, str]]:
+    """The KEYS and ARGV of one ``usage_read.lua`` call: every key it reads, in its order."""
+    keys: list[str] = []
+    for minute in range(first, last + 1):
+        if totals == "1":
+            keys.append(f"{tag}u{minute}")
+        if clients == "1":
+            keys += (f"{tag}t{letter}{minute}" for letter in LETTERS)
+    return keys, (first, last, totals, clients)
 
 
 def _runs(minutes: list[int]) -> Iterable[tuple[int, int]]:

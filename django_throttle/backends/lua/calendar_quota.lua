@@ -16,7 +16,8 @@
 -- Retime: a count of the current window keeps it, with TTL b_i+1 - now; an older one is
 -- deleted.
 -- Refund c: a count of the current window becomes count - c, with TTL b_i+1 - now (deleted at
--- 0); an older one is left alone.
+-- 0); an older one is left alone, as is the current one when the refunded hit (taken) was
+-- counted in an earlier window.
 
 local function calendar_parse(capacity, fields, now)
   local bounds = {}
@@ -60,9 +61,10 @@ ALGORITHMS['c'] = {
 }
 
 if REFUND then
-  ALGORITHMS['c'].refund = function(key, now, p, cost)
+  ALGORITHMS['c'].refund = function(key, now, p, cost, taken)
     local count, start = window_state(redis.call('GET', key), FIXED_PATTERN)
     if count == nil or start < p.start then return 0 end
+    if taken ~= nil and taken < p.start then return 0 end
     return window_refund(key, now, count - cost, start, p.stop)
   end
 end

@@ -12,12 +12,15 @@
 --          ("user:42") are at most 200 bytes each
 -- ARGV[1 + i]  limit i's spec "<code>[!]<capacity>:<parameters>", see limit_spec in the
 --          prelude and the algorithm files
--- Reply: one string "<code> <remaining> <reset>[ <retry>]", short because it crosses the wire
---        on every request: code = status + 4 x index, status 1 allowed or 0 denied, plus 2
+-- Reply: one string "<code> <remaining> <reset>[ <retry>| @<now>]", short because it crosses
+--        the wire on every request: code = status + 4 x index, status 1 allowed or 0 denied, plus 2
 --        when a shadow limit would have denied, index the reported limit (1-based; 0 when no
 --        enforced limit was passed); remaining tokens; reset and retry in microseconds (ceil;
---        retry only when denied). Or an error naming the first bad argument, with nothing
---        written.
+--        retry only when denied); an allowed hit (not a peek) with a limit whose refund
+--        depends on when it was taken (sliding log, windows, calendar quota: STAMPED) ends
+--        with " @<now in base 36>", the microsecond its tokens were taken at, which
+--        refund.lua takes to give back exactly what this hit took (buckets and GCRA give
+--        back the same whenever: their replies stay short). Or an error naming the first bad argument, with nothing written.
 -- Every argument is validated before anything is read or written. Enforced limits are
 -- all-or-nothing: nothing is written unless every one allows. A shadow limit that would deny
 -- is reported and left unchanged; the others are consumed with the enforced ones. The
@@ -55,10 +58,13 @@ local only_denials = string.byte(field, 1) == 1
 if only_denials then field = string.sub(field, 2) end
 
 local algorithms, params, shadows = {}, {}, {}
+-- Whether a limit's refund depends on when the hit was made (see the reply).
+local stamped = false
 for i = 1, #KEYS do
   local algorithm, p, shadow, bad = limit_spec(1 + i, now)
   if bad then return bad end
   algorithms[i], params[i], shadows[i] = algorithm, p, shadow
+  if STAMPED[p.code] then stamped = true end
 end
 
 local allowed, shadow_denied = true, 0
@@ -98,7 +104,10 @@ if not peek and field ~= '' and #KEYS > 0 and not (only_denials and allowed) the
   count_usage(string.match(KEYS[1], '^[^{]*{[^}]*}') or '', now, field, client, outcome)
 end
 local code = (allowed and 1 or 0) + shadow_denied + 4 * pick
-if allowed then
+if allowed and not peek and stamped then
+  return string.format('%d %d %d @%s', code, pick_remaining or 0, math.ceil(pick_reset),
+    to36(now))
+elseif allowed then
   return string.format('%d %d %d', code, pick_remaining or 0, math.ceil(pick_reset))
 end
 return string.format('%d %d %d %d', code, pick_remaining or 0, math.ceil(pick_reset),

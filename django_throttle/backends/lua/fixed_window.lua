@@ -17,7 +17,8 @@
 -- Retime: the count is kept for the stored window, which now ends at start + P_new; the TTL
 -- becomes start + P_new - now (the key is deleted when that has passed).
 -- Refund c: in the window read as decide reads it, if it is still open, the count becomes
--- count - c, written with TTL end - now (deleted at 0); a past window is left alone.
+-- count - c, written with TTL end - now (deleted at 0); a past window is left alone, and so
+-- is the stored window when the refunded hit (taken) was counted before it started.
 
 local FIXED_PATTERN = '^(%d+) ([%da-z]+)$'
 
@@ -73,7 +74,7 @@ if REFUND then
     return 1
   end
 
-  ALGORITHMS['f'].refund = function(key, now, p, cost)
+  ALGORITHMS['f'].refund = function(key, now, p, cost, taken)
     local count, start = window_state(redis.call('GET', key), FIXED_PATTERN)
     if count == nil then return 0 end
     if start > now then
@@ -81,6 +82,8 @@ if REFUND then
     elseif now >= start + p.period then
       return 0
     end
+    -- A hit counted in an earlier window than the one stored: that count is gone already.
+    if taken ~= nil and taken < start then return 0 end
     return window_refund(key, now, count - cost, start, start + p.period)
   end
 end

@@ -12,10 +12,12 @@
 --   commit  = function(key, now, params, pending): the write, with its TTL
 --   retime  = function(key, now, params, old_params_or_nil) -> 1 if the key was re-timed or
 --             deleted, 0 if it was missing or corrupt
---   refund  = function(key, now, params, cost) -> 1 if cost was given back (the key written
---             with its TTL, or deleted once nothing is used), 0 if it was missing, corrupt
---             or of a window that is no longer the current one (left as it is); defined
---             only when REFUND is true (below)
+--   refund  = function(key, now, params, cost, taken) -> 1 if cost was given back (the key
+--             written with its TTL, or deleted once nothing is used), 0 if it was missing,
+--             corrupt or of a window that is no longer the current one (left as it is);
+--             taken (or nil: unknown) is the microsecond the refunded hit took its tokens
+--             at, so the refund gives back what that hit took and nothing another request
+--             took; defined only when REFUND is true (below)
 -- }
 -- params always holds capacity and code; now is whole microseconds; cost is whole tokens,
 -- already clamped to the capacity (0 = take nothing).
@@ -32,6 +34,9 @@ local MAX_WINDOW = 3660 * 86400 * 1000000
 local MAX_LOG_COUNT = 10000
 -- Algorithms by their one-letter code in a limit spec (see limit_spec).
 local ALGORITHMS = {}
+-- Codes whose refund gives back what the hit at a given instant took (see refund.lua): an
+-- allowed hit of such a limit names its instant in the reply (see driver.lua).
+local STAMPED = {w = true, f = true, c = true, s = true}
 -- True only in refund.lua's script (refunding.lua sets it, and defines `delete`): the
 -- algorithm files build their refund functions only then, so the counting script, run on
 -- every request, makes no closures it never calls (about 1 us per call).

@@ -24,7 +24,8 @@
 -- Retime: counts are kept; the TTL becomes start + 2 P_new - now (deleted once passed).
 -- Refund c: a state of now's window (start >= w) gets cur = max(0, cur - c), written as
 -- (cur, prev, w) with TTL = reset (deleted when both counts are 0); an older state is left
--- alone (its requests now weigh as the previous window's).
+-- alone (its requests now weigh as the previous window's), and so is a state of now's window
+-- when the refunded hit (taken) was counted in an earlier one.
 
 local COUNTER_PATTERN = '^(%d+) (%d+) ([%da-z]+)$'
 
@@ -94,11 +95,12 @@ ALGORITHMS['s'] = {
 }
 
 if REFUND then
-  ALGORITHMS['s'].refund = function(key, now, p, cost)
+  ALGORITHMS['s'].refund = function(key, now, p, cost, taken)
     local period = p.period
     local w = now - now % period
     local cur, prev, start = window_state(redis.call('GET', key), COUNTER_PATTERN)
     if cur == nil or start < w then return 0 end
+    if taken ~= nil and taken < w then return 0 end
     cur = math.max(0, cur - cost)
     local reset = counter_reset(cur, prev, w, now, period)
     if reset <= 0 then return delete(key) end

@@ -20,10 +20,11 @@
 -- Every duration is within [0, P].
 -- Retime: entries are kept; the TTL becomes newest + P_new - now (deleted when nothing is
 -- live any more).
--- Refund c: the c newest live entries are removed (of those sharing one microsecond, the
--- highest-numbered, so the next hit's members stay unique), dead ones trimmed, TTL = newest
--- live + P - now; the key is deleted when nothing live would be left. A key of another type
--- is left alone.
+-- Refund c of the hit at `taken`: up to c entries scored at taken are removed (the
+-- highest-numbered, so the next hit's members stay unique): the refunded request's own, never
+-- a later request's; none there (it left the period) gives back nothing. Without taken, the
+-- c newest live entries. Then dead ones are trimmed, TTL = newest live + P - now; the key is
+-- deleted when nothing live is left. A key of another type is left alone.
 
 -- Members per ZADD: unpack() of a whole 10,000-request cost would overflow Lua's C stack.
 local LOG_BATCH = 500
@@ -122,11 +123,46 @@ if REFUND then
     return tonumber(string.match(member, '%.(%d+)$')) or -1
   end
 
-  ALGORITHMS['w'].refund = function(key, now, p, cost)
+  -- Remove up to `left` of `members`, the highest-numbered first (the next hit numbers on
+  -- from the highest left).
+  local function remove_highest(key, members, left)
+    table.sort(members, function(a, b) return member_number(a) > member_number(b) end)
+    left = math.min(left, #members)
+    local n = 0
+    while n < left do
+      local args = {}
+      for i = 1, math.min(LOG_BATCH, left - n) do
+        n = n + 1
+        args[i] = members[n]
+      end
+      redis.call('ZREM', key, unpack(args))
+    end
+  end
+
+  -- Drop the dead entries; TTL = newest live + P - now, or the key deleted when none is left.
+  local function log_settle(key, now, period)
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', decimal(now - period))
+    local newest = log_newest(key)
+    if newest == nil then return delete(key) end
+    redis.call('PEXPIRE', key, px(log_clamp(newest + period - now, period)))
+    return 1
+  end
+
+  ALGORITHMS['w'].refund = function(key, now, p, cost, taken)
     local period = p.period
     local live = redis.pcall('ZCOUNT', key, '(' .. decimal(now - period), '+inf')
     if type(live) ~= 'number' then return 0 end
     if live == 0 then return redis.call('DEL', key) end
+    if taken ~= nil then
+      -- The refunded hit's own entries, scored at its microsecond (entries of one
+      -- microsecond are alike: any of them counts the same). Already gone (left the
+      -- period, or refunded before): nothing to give back.
+      if taken <= now - period then return 0 end
+      local own = redis.call('ZRANGEBYSCORE', key, decimal(taken), decimal(taken))
+      if #own == 0 then return 0 end
+      remove_highest(key, own, cost)
+      return log_settle(key, now, period)
+    end
     if live <= cost then return delete(key) end
     -- Everything scored above the cost-th newest entry goes, and the rest of the cost from
     -- the entries at its score, the highest-numbered first (the next hit numbers on from
@@ -134,19 +170,7 @@ if REFUND then
     local score = decimal(tonumber(redis.call('ZREVRANGE', key, cost - 1, cost - 1,
       'WITHSCORES')[2]))
     local left = cost - redis.call('ZREMRANGEBYSCORE', key, '(' .. score, '+inf')
-    local tied = redis.call('ZRANGEBYSCORE', key, score, score)
-    table.sort(tied, function(a, b) return member_number(a) > member_number(b) end)
-    local n = 0
-    while n < left do
-      local args = {}
-      for i = 1, math.min(LOG_BATCH, left - n) do
-        n = n + 1
-        args[i] = tied[n]
-      end
-      redis.call('ZREM', key, unpack(args))
-    end
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', decimal(now - period))
-    redis.call('PEXPIRE', key, px(log_clamp(log_newest(key) + period - now, period)))
-    return 1
+    remove_highest(key, redis.call('ZRANGEBYSCORE', key, score, score), left)
+    return log_settle(key, now, period)
   end
 end

@@ -26,7 +26,10 @@
 -- exact wait up to the next microsecond, and a retry at now + ceil(retry) passes. Every
 -- duration is within [0, C x T], whatever the stored state: a timestamp in the future (clock
 -- stepped back, another server) counts as no time elapsed.
--- Retime: the state is kept (used is rate-independent); the TTL becomes used x T_new.
+-- Retime: the state is kept (used is rate-independent); the TTL becomes used x T_new. A
+-- compact state retimed to a spec with C x T_new > 2e12 us is rewritten in the 14-byte form
+-- first: its key may now live for years, and a 32-bit millisecond read months later would
+-- resolve to the wrong time (a client locked out for months while the bucket should refill).
 -- Refund c: after = used as of now - c, written as a hit writes it (TTL after x T); at or
 -- below TOLERANCE the bucket is full again and the key is deleted.
 
@@ -45,6 +48,14 @@ local function bucket_parse(capacity, fields)
     return nil, 'capacity x interval must be at most ' .. MAX_WINDOW .. ' microseconds'
   end
   return {interval = interval, compact = capacity * interval <= COMPACT_WINDOW}, nil
+end
+
+-- The whole millisecond a compact state's low 32 bits `low` stand for: the one nearest now.
+local function compact_stamp(low, now)
+  local now_ms = math.floor(now / 1000)
+  local d = (now_ms - low) % 4294967296
+  if d >= 2147483648 then d = d - 4294967296 end
+  return now_ms - d
 end
 
 -- Tokens used as of `now`, within [0, capacity]; nil for a missing key or corrupt state.
@@ -67,12 +78,9 @@ local function bucket_used(state, now, capacity, interval)
     else
       return nil
     end
-    local now_ms = math.floor(now / 1000)
     local stamp_ms
     if n == 12 then
-      local d = (now_ms - low) % 4294967296
-      if d >= 2147483648 then d = d - 4294967296 end
-      stamp_ms = now_ms - d
+      stamp_ms = compact_stamp(low, now)
     else
       stamp_ms = high * 4294967296 + low
     end
@@ -117,9 +125,19 @@ local function bucket_commit(key, now, p, after)
 end
 
 local function bucket_retime(key, now, p)
-  local used = bucket_used(redis.call('GET', key), now, p.capacity, p.interval)
+  local state = redis.call('GET', key)
+  local used = bucket_used(state, now, p.capacity, p.interval)
   if used == nil then return 0 end
-  return expire_or_delete(key, used * p.interval)
+  local ttl = used * p.interval
+  if #state == 12 and not p.compact and ttl > 0 then
+    -- A compact state may now outlive the +-24.8 days its 32-bit stamp resolves: written
+    -- again in the full form, as it stands (same tokens used as of the same millisecond).
+    local raw, low = struct.unpack('>dI4', state)
+    local stamp_ms = compact_stamp(low, now)
+    store(key, struct.pack('>dI4I2', raw, low, (stamp_ms - low) / 4294967296), ttl)
+    return 1
+  end
+  return expire_or_delete(key, ttl)
 end
 
 ALGORITHMS['t'] = {

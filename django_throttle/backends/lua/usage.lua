@@ -40,10 +40,10 @@ local USAGE_TTL, USAGE_TOP, USAGE_SAMPLE = 10800, 63, 8 -- @settings (rewritten 
 -- Keys' last use: members per shard, and seconds the set outlives its newest member.
 local KEYS_SEEN_MAX, KEYS_SEEN_TTL = 10000, 2592000
 
--- Record that the API key of `client` ("key:<prefix>") was used at now (microseconds).
-local function note_key_use(tag, now, client)
+-- Record in `seen` (the shard's <tag>k) that the API key of `client` ("key:<prefix>") was
+-- used at now (microseconds).
+local function note_key_use(seen, now, client)
   if string.sub(client, 1, 4) ~= 'key:' then return end
-  local seen = tag .. 'k'
   -- GT: a late or test-clock call never moves a key's last use back.
   if redis.pcall('ZADD', seen, 'GT', string.format('%d', math.floor(now / 1000000)),
       string.sub(client, 5)) ~= 1 then
@@ -56,19 +56,18 @@ local function note_key_use(tag, now, client)
   end
 end
 
--- Count n (default 1) requests of `client` under `field` and `outcome` in now's minute.
--- now: microseconds; field, client: strings of at most 200 bytes; outcome: one letter.
--- A single allowed request (no n: the decision's own call) enters the top list only one time
--- in USAGE_SAMPLE, picked by the clock's microseconds, counting USAGE_SAMPLE: most decisions
--- then cost one command here, and a client's listed count stays an unbiased estimate. The
--- decision's own call also records an API key client's last use (note_key_use); counts pushed
--- later (n given) do not.
-local function count_usage(tag, now, field, client, outcome, n)
-  if n == nil then note_key_use(tag, now, client) end
+-- Count n (default 1) requests of `client` under `field` and `outcome` in the minute of the
+-- keys `totals` and `top` (see usage_keys). now: microseconds; field, client: strings of at
+-- most 200 bytes; outcome: one letter. A single allowed request (no n: the decision's own
+-- call) enters the top list only one time in USAGE_SAMPLE, picked by the clock's
+-- microseconds, counting USAGE_SAMPLE: most decisions then cost one command here, and a
+-- client's listed count stays an unbiased estimate. The decision's own call also records an
+-- API key client's last use in `seen` (note_key_use); counts pushed later (n given, seen nil)
+-- do not.
+local function count_into(totals, top, seen, now, field, client, outcome, n)
+  if n == nil and seen then note_key_use(seen, now, client) end
   local sampled = n == nil and outcome == 'a' and USAGE_SAMPLE > 1
   n = n or 1
-  local minute = string.format('%d', math.floor(now / 60000000))
-  local totals = tag .. 'u' .. minute
   if redis.pcall('HINCRBY', totals, outcome .. field, n) == n then
     -- The field is new, and maybe the key: (re)arm its TTL.
     redis.pcall('EXPIRE', totals, USAGE_TTL)
@@ -77,7 +76,6 @@ local function count_usage(tag, now, field, client, outcome, n)
     if now % USAGE_SAMPLE ~= 0 then return end
     n = USAGE_SAMPLE
   end
-  local top = tag .. 't' .. outcome .. minute
   -- Already listed: one command. (An error reply is a table, also truthy: give up quietly.)
   if redis.pcall('ZADD', top, 'XX', 'INCR', n, client) then return end
   local size = redis.pcall('ZCARD', top)
@@ -94,4 +92,12 @@ local function count_usage(tag, now, field, client, outcome, n)
   if size == 0 then
     redis.pcall('EXPIRE', top, USAGE_TTL)
   end
+end
+
+-- count_into the usage keys of shard `tag` ("dt:{3}") for the minute of now: the driver's
+-- call, whose minute comes from the server clock inside the script.
+local function count_usage(tag, now, field, client, outcome, n)
+  local minute = string.format('%d', math.floor(now / 60000000))
+  count_into(tag .. 'u' .. minute, tag .. 't' .. outcome .. minute, tag .. 'k', now, field,
+    client, outcome, n)
 end

@@ -1,30 +1,42 @@
 -- Add counts a process kept while Redis could not answer (failed open, failed closed, local
 -- decisions) to the minutes they happened in, at most once per batch. Loaded after usage.lua.
 --
--- KEYS[1]  a shard tag, e.g. "dt:{3}" (its hash tag names the shard's slot)
--- ARGV[1]  batch id: a batch whose id is already in <tag>p was applied before (its reply was
---          lost) and is skipped, so a retry never counts twice
--- ARGV[2 + 5(i-1) ..]  per count: minute (since the Unix epoch), usage field, client label,
+-- KEYS[1]  the batch's mark "<tag>p<batch id>" (tag: a shard tag such as "dt:{3}", whose hash
+--          tag names the shard's slot; every key below shares it): set when the batch is
+--          applied, with a TTL of USAGE_TTL, so a retry after a lost reply is skipped and the
+--          marks of past batches expire on their own (one small key per batch, never a
+--          structure that grows while pushes keep coming)
+-- KEYS[2]  "<tag>l", the minutes pushes wrote to (a sorted set: minute -> the second it was
+--          last pushed to), so the rollup copies them again even if it had already passed
+--          them; minutes last pushed to more than USAGE_TTL ago (their counts have expired)
+--          are trimmed on every push, so it holds at most the minutes of the last USAGE_TTL
+-- KEYS[1 + 2i], KEYS[2 + 2i]  count i's totals hash "<tag>u<minute>" and top list
+--          "<tag>t<outcome letter><minute>" (see usage.lua)
+-- ARGV[5(i-1) + 1 ..]  per count: minute (since the Unix epoch), usage field, client label,
 --          outcome letter, requests (a whole number >= 1)
--- Reply: 1 when applied, 0 when skipped as a repeat.
--- The minutes written are added to <tag>l, so the rollup copies them again even if it had
--- already passed them.
-local tag = KEYS[1]
-local applied = tag .. 'p'
-if redis.call('SADD', applied, ARGV[1]) == 0 then return 0 end
-redis.call('EXPIRE', applied, USAGE_TTL)
-local late = tag .. 'l'
+-- Reply: 1 when applied, 0 when skipped as a repeat; an error (nothing written) when the keys
+--        and counts do not match.
+if #KEYS ~= 2 + 2 * (#ARGV / 5) or #ARGV % 5 ~= 0 then
+  return redis.error_reply('django_throttle: expected 2 + 2 keys per count and 5 arguments '
+    .. 'per count, got ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
+end
+if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', USAGE_TTL) then return 0 end
+local late = KEYS[2]
 local seen = {}
-for i = 2, #ARGV - 4, 5 do
-  local minute, n = tonumber(ARGV[i]), tonumber(ARGV[i + 4])
+for i = 1, #ARGV / 5 do
+  local at = 5 * (i - 1)
+  local minute, n = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 5])
   if minute and n and n >= 1 and minute >= 0 then
     minute = math.floor(minute)
-    count_usage(tag, minute * 60000000, ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], math.floor(n))
+    count_into(KEYS[1 + 2 * i], KEYS[2 + 2 * i], nil, minute * 60000000, ARGV[at + 2],
+      ARGV[at + 3], ARGV[at + 4], math.floor(n))
     seen[minute] = true
   end
 end
+local second = tonumber(redis.call('TIME')[1])
 for minute in pairs(seen) do
-  redis.call('SADD', late, string.format('%d', minute))
+  redis.pcall('ZADD', late, second, string.format('%d', minute))
 end
-redis.call('EXPIRE', late, USAGE_TTL)
+redis.pcall('ZREMRANGEBYSCORE', late, '-inf', '(' .. string.format('%d', second - USAGE_TTL))
+redis.pcall('EXPIRE', late, USAGE_TTL)
 return 1

@@ -1,0 +1,172 @@
+"""A refund gives back what the refunded request took, never what a later request took.
+
+A rule counting only successes or only failures reserves at entry and gives the reservation
+back once the response shows an outcome it does not count. Requests overlap: when a request
+that started first is refunded after a later one was counted, the sliding log removed the
+newest entry (the later, counted request's) and kept the refunded one's older entry, which
+then left the window early: three counted requests passed a 2/min limit within 60 s. The
+hit now names the instant it took its tokens at (``Decision.taken``) and the refund gives
+back exactly that (``Backend.refund(..., taken_at=)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.http import HttpRequest, HttpResponse
+from django.test import AsyncClient
+from django.urls import path
+
+from django_throttle import policy
+from django_throttle.backends import get_backend
+from django_throttle.backends.base import Backend
+from django_throttle.decorators import throttle
+from django_throttle.models import EndpointLimit, EndpointRule, Tier
+from django_throttle.rates import Algorithm, Limit
+
+pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.test_refund_seams")]
+
+MEMORY = "django_throttle.backends.memory.MemoryBackend"
+T0 = 1_700_000_000.0
+#: Set by the view once a request with ``?hold`` is past its check; the test then lets it go.
+ENTERED: dict[str, asyncio.Event] = {}
+RELEASE: dict[str, asyncio.Event] = {}
+
+
+@throttle(scope="login")
+async def login(request: HttpRequest) -> HttpResponse:
+    hold = request.GET.get("hold")
+    if hold:
+        ENTERED[hold].set()
+        await RELEASE[hold].wait()
+    return HttpResponse("", status=int(request.GET.get("status", "200")))
+
+
+urlpatterns = [path("login/", login)]
+
+
+@pytest.mark.parametrize("counts", ["failures", "success"])
+def test_an_overlapping_refund_keeps_the_later_request_counted(settings: Any, counts: str) -> None:
+    """A starts at 0 s and holds; B starts at 30 s and is counted; A then ends with an
+    outcome the rule does not count. At 61 s, B (30 s) is still in the last minute, so of C
+    and D only one more may pass: the later request, not the refunded one, stays counted."""
+    settings.DJANGO_THROTTLE_BACKEND = MEMORY
+    anonymous = Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
+    anonymous.limits.create(rate="1000/min")
+    rule = EndpointRule.objects.create(name="login", pattern="login", counts=counts)
+    EndpointLimit.objects.create(
+        rule=rule, tier=anonymous, rate="2/min", algorithm=Algorithm.SLIDING_LOG
+    )
+    policy.current()
+    now = [T0]
+    get_backend().clock = lambda: now[0]  # type: ignore[attr-defined]
+    counted, uncounted = (401, 200) if counts == "failures" else (200, 401)
+
+    async def run() -> list[int]:
+        client = AsyncClient()
+        ENTERED["a"], RELEASE["a"] = asyncio.Event(), asyncio.Event()
+        first = asyncio.ensure_future(client.get("/login/", {"hold": "a", "status": uncounted}))
+        await ENTERED["a"].wait()  # A took its token at T0
+        now[0] = T0 + 30
+        second = (await client.get("/login/", {"status": counted})).status_code
+        RELEASE["a"].set()
+        a = (await first).status_code  # A ends uncounted: its reservation goes back
+        now[0] = T0 + 61
+        c = (await client.get("/login/", {"status": counted})).status_code
+        now[0] = T0 + 62
+        d = (await client.get("/login/", {"status": counted})).status_code
+        return [a, second, c, d]
+
+    assert async_to_sync(run)() == [uncounted, counted, counted, 429]
+
+
+def log_limit(rate: str = "2/min") -> Limit:
+    return Limit.build("seam-log", rate, algorithm=Algorithm.SLIDING_LOG)
+
+
+def test_a_refund_of_an_earlier_hit_removes_that_hits_entry(backend: Backend) -> None:
+    """Backend level, Redis and memory: hits at 0 s and 30 s, the first refunded at 31 s;
+    at 61 s one more passes (the 30 s entry is live), at 62 s none."""
+    limits = [log_limit()]
+    first = backend.hit("c", limits, now=T0)
+    assert backend.hit("c", limits, now=T0 + 30).allowed
+    ((client, taken),) = first.taken
+    assert client == "c" and taken == round(T0 * 1e6)
+    backend.refund("c", limits, now=T0 + 31, taken_at=taken)
+    assert backend.hit("c", limits, now=T0 + 61).allowed
+    decision = backend.hit("c", limits, now=T0 + 62)
+    assert not decision.allowed
+    assert round(decision.retry_after) == 28  # when the 30 s entry leaves
+
+
+def test_a_refund_of_a_hit_that_left_the_window_gives_nothing(backend: Backend) -> None:
+    limits = [log_limit()]
+    first = backend.hit("c", limits, now=T0)
+    backend.hit("c", limits, now=T0 + 50)
+    backend.hit("c", limits, now=T0 + 70)  # the 0 s entry has left: 50 s and 70 s are live
+    backend.refund("c", limits, now=T0 + 71, taken_at=first.taken[0][1])
+    assert not backend.hit("c", limits, now=T0 + 72).allowed
+
+
+@pytest.mark.parametrize(
+    "algorithm", [Algorithm.FIXED_WINDOW, Algorithm.SLIDING_COUNTER, Algorithm.CALENDAR]
+)
+def test_a_refund_of_a_hit_from_an_earlier_window_keeps_this_windows_count(
+    backend: Backend, algorithm: str
+) -> None:
+    """A hit late in one window, refunded after a hit of the next window: the next window's
+    count stays (the refunded hit was counted in a window that is over)."""
+    period, rate = (86_400, "1/day") if algorithm == Algorithm.CALENDAR else (60, "1/min")
+    if algorithm == Algorithm.SLIDING_COUNTER:
+        rate = "2/min"  # the early hit still weighs 59/60 in the next window
+    limit = Limit.build("seam-w", rate, algorithm=algorithm)  # type: ignore[arg-type]
+    start = (T0 // period + 1) * period  # a window boundary
+    early = backend.hit("c", [limit], now=start - 1)
+    assert early.allowed
+    assert backend.hit("c", [limit], now=start + 1).allowed  # counted in the new window
+    backend.refund("c", [limit], now=start + 2, taken_at=early.taken[0][1])
+    assert not backend.hit("c", [limit], now=start + 3).allowed
+
+
+def test_a_peek_or_a_denial_takes_nothing(backend: Backend) -> None:
+    limits = [log_limit("1/min")]
+    assert backend.peek("c", limits, now=T0).taken == ()
+    assert backend.hit("c", limits, now=T0).taken == (("c", round(T0 * 1e6)),)
+    assert backend.hit("c", limits, now=T0).taken == ()
+
+
+def test_a_backend_whose_refund_predates_taken_at_still_gets_its_refunds() -> None:
+    """The request path passes ``taken_at``; a backend written before it is adapted (it
+    gives back the newest tokens) instead of failing with a TypeError."""
+    from django_throttle.backends.memory import MemoryBackend
+
+    given: list[tuple[str, int]] = []
+
+    class Older(MemoryBackend):
+        def refund(  # type: ignore[override]
+            self, client: str, limits: Any, cost: int = 1, *, now: float | None = None
+        ) -> None:
+            given.append((client, cost))
+
+        async def arefund(  # type: ignore[override]
+            self, client: str, limits: Any, cost: int = 1, *, now: float | None = None
+        ) -> None:
+            given.append((client, -cost))
+
+    backend = Older()
+    backend.refund("c", [log_limit()], 2, taken_at=123)
+    async_to_sync(backend.arefund)("c", [log_limit()], 3, taken_at=123)
+    assert given == [("c", 2), ("c", -3)]
+
+
+def test_an_awaited_refund_removes_that_hits_entry(backend: Backend) -> None:
+    """``arefund`` (async views) gives back the same as ``refund``, on ``redis.asyncio`` too."""
+    limits = [log_limit()]
+    first = backend.hit("c", limits, now=T0)
+    assert backend.hit("c", limits, now=T0 + 30).allowed
+    async_to_sync(backend.arefund)("c", limits, now=T0 + 31, taken_at=first.taken[0][1])
+    assert backend.hit("c", limits, now=T0 + 61).allowed
+    assert not backend.hit("c", limits, now=T0 + 62).allowed
