@@ -260,3 +260,24 @@ def test_retry_after_of_a_rule_with_several_limits_is_the_longest(
     responses = send(kind, [("GET", VIEWS[view], {})] * 3)
     assert statuses(responses) == [200, 200, 429]
     assert 1740 < int(responses[-1]["Retry-After"]) <= 1800  # 2/h: a token every 1,800 s
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+@pytest.mark.parametrize("slower", ["ip", "username"])
+def test_retry_after_is_the_longest_whichever_counter_refuses_first(
+    backend_name: str, db: Any, kind: str, slower: str
+) -> None:
+    """Counters by IP address and by username are separate backend calls: whichever one
+    refuses first, the others are looked at (sync and async, on Redis and in memory) and
+    ``Retry-After`` is the longest wait."""
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    rule = EndpointRule.objects.create(
+        name="seam-login", pattern="seam-login", counts=EndpointRule.Counts.FAILURES
+    )
+    for counted_by in ("ip", "username"):
+        rate = "3/h" if counted_by == slower else "3/min"
+        EndpointLimit.objects.create(rule=rule, tier=anonymous, rate=rate, counted_by=counted_by)
+    attempt = ("POST", LOGINS["protect_credentials-async"], {"username": "victim", "password": "x"})
+    responses = send(kind, [attempt] * 4)
+    assert statuses(responses) == [401, 401, 401, 429]
+    assert USERNAME_WAIT - 60 < int(responses[-1]["Retry-After"]) <= USERNAME_WAIT

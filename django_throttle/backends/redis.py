@@ -398,9 +398,9 @@ class RedisBackend(Backend):
                 reply = await self._async_stacks.call(body)
             except NoScriptError:
                 reply = await self._async_stacks.call(fallback())
-            return self._decision(limits, reply)
+            return self._decision(client, limits, reply)
         except Exception as exc:  # anything out of redis-py: see _run
-            raise BackendError(f"{type(exc).__name__}: {exc}") from exc
+            raise failure(exc) from exc
 
     def _call(
         self,
