@@ -205,6 +205,7 @@ def test_invalid_revoked_and_expired_keys_get_exactly_what_no_key_gets(
     assert outcomes == dict.fromkeys(outcomes, expected)
 
 
+@pytest.mark.slow
 def test_10000_random_keys_from_one_ip_get_no_more_than_the_anonymous_limit(
     api_key: tuple[ApiKey, str], warm: Callable[[], object]
 ) -> None:

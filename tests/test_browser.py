@@ -307,6 +307,7 @@ WIDEST = """() => {
 }"""
 
 
+@pytest.mark.slow
 def test_no_admin_page_scrolls_sideways_at_1280_by_800(
     browser: Any,  # noqa: F811
     live_server: Any,

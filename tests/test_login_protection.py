@@ -366,6 +366,7 @@ def test_a_failed_login_gives_no_device_cookie(rules: Tier, victim: Any) -> None
     assert device_cookies.COOKIE_NAME not in response.cookies
 
 
+@pytest.mark.slow
 def test_memory_stays_flat_whatever_clients_send(settings: Any) -> None:
     """Refused Basic requests with a new username each: before, each kept ~24 KB in the
     worker (a frame cache entry holding the whole script), ~100 MB at its 4,096-entry bound.

@@ -380,10 +380,9 @@ class RefundMachine(AlgorithmMachine):
         self._call(0, peek=True)
 
 
-@ALGORITHMS
-def test_refunds_follow_the_model(algorithm: str) -> None:
-    """Random walks of 100 steps (hits, refunds, time, edits) on both backends and the model;
-    about 2,000 steps per algorithm."""
+def _run_refund_model(algorithm: str, examples: int) -> None:
+    """Random walks of 100 steps each (hits, refunds, time, edits) on both backends and the
+    model."""
     redis_backend = RedisBackend()
     machine = type(
         f"{algorithm}_refund_machine",
@@ -394,7 +393,7 @@ def test_refunds_follow_the_model(algorithm: str) -> None:
         run_state_machine_as_test(
             machine,
             settings=settings(
-                max_examples=int(os.environ.get("REFUND_MODEL_EXAMPLES", "20")),
+                max_examples=examples,
                 stateful_step_count=100,
                 deadline=None,
                 database=None,
@@ -403,6 +402,19 @@ def test_refunds_follow_the_model(algorithm: str) -> None:
         )
     finally:
         redis_backend.close()
+
+
+@ALGORITHMS
+def test_refunds_follow_the_model(algorithm: str) -> None:
+    """A short run for every test pass: about 500 steps per algorithm."""
+    _run_refund_model(algorithm, examples=5)
+
+
+@pytest.mark.slow
+@ALGORITHMS
+def test_refunds_follow_the_model_for_longer(algorithm: str) -> None:
+    """About 2,000 steps per algorithm (``REFUND_MODEL_EXAMPLES`` walks of 100)."""
+    _run_refund_model(algorithm, examples=int(os.environ.get("REFUND_MODEL_EXAMPLES", "20")))
 
 
 def test_the_counting_script_leaves_the_refund_functions_out() -> None:
