@@ -141,9 +141,11 @@ class TierLimitFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
             self.warnings.append(
                 str(
                     _(
-                        "Tier '%(tier)s': its limit %(limit)s holds at most %(capacity)s, so "
-                        "its clients can never call %(rules)s. Fine if they cannot reach it "
-                        "anyway (e.g. it requires login); otherwise %(fix)s."
+                        "Tier '%(tier)s': its limit %(limit)s holds at most %(capacity)s, "
+                        "less than the cost of %(rules)s: such a call is charged the whole "
+                        "limit (%(capacity)s) and passes only when the limit is full. Fine if "
+                        "the tier's clients cannot reach it anyway (e.g. it requires login); "
+                        "otherwise %(fix)s."
                     )
                 )
                 % {
@@ -213,9 +215,11 @@ class EndpointRuleForm(forms.ModelForm):  # type: ignore[type-arg]
                     str(
                         _(
                             "Tier '%(tier)s': its limit %(limit)s holds at most %(capacity)s, "
-                            "so its clients can never call rule '%(rule)s' (cost %(cost)s). "
-                            "Fine if they cannot reach it anyway (e.g. it requires login); "
-                            "otherwise lower the cost or raise that limit."
+                            "less than the cost of rule '%(rule)s' (cost %(cost)s): such a call "
+                            "is charged the whole limit (%(capacity)s) and passes only when the "
+                            "limit is full. Fine if the tier's clients cannot reach it anyway "
+                            "(e.g. it requires login); otherwise lower the cost or raise that "
+                            "limit."
                         )
                     )
                     % {

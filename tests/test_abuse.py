@@ -111,7 +111,7 @@ def test_the_admin_warns_about_a_shared_ceiling_whose_share_a_rule_cost_exceeds(
     response = admin_client.post(reverse("admin:django_throttle_tier_add"), data, follow=True)
 
     [warning] = [m.message for m in response.context["messages"] if m.level_tag == "warning"]
-    assert "holds at most 4, so its clients can never call rule 'export'" in warning
+    assert "holds at most 4, less than the cost of rule 'export'" in warning
     assert TierLimit.objects.get().shared
 
 

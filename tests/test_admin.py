@@ -219,11 +219,13 @@ def test_tightening_a_tier_below_a_rules_cost_is_saved_with_a_warning(
     ]
     warnings = [text for level, text in messages_of(response) if level == "warning"]
     assert warnings == [
-        "Tier 'Anonymous': its limit 5/m holds at most 5, so its clients can never call rule "
-        "'bulk' (cost 50), rule 'export' (cost 10). Fine if they cannot reach it anyway (e.g. "
-        "it requires login); otherwise set the burst to at least 50.",
-        "Tier 'Anonymous': its limit 100/h (burst 20) holds at most 20, so its clients can "
-        "never call rule 'bulk' (cost 50). Fine if they cannot reach it anyway (e.g. it "
+        "Tier 'Anonymous': its limit 5/m holds at most 5, less than the cost of rule 'bulk' "
+        "(cost 50), rule 'export' (cost 10): such a call is charged the whole limit (5) and "
+        "passes only when the limit is full. Fine if the tier's clients cannot reach it anyway "
+        "(e.g. it requires login); otherwise set the burst to at least 50.",
+        "Tier 'Anonymous': its limit 100/h (burst 20) holds at most 20, less than the cost of "
+        "rule 'bulk' (cost 50): such a call is charged the whole limit (20) and passes only "
+        "when the limit is full. Fine if the tier's clients cannot reach it anyway (e.g. it "
         "requires login); otherwise set the burst to at least 50.",
     ]
     assert shows(response, warnings[0])
@@ -339,8 +341,9 @@ def test_a_cost_above_a_tier_limit_is_saved_with_a_warning(
     response = admin_client.post(url, data, follow=True)
     assert EndpointRule.objects.get().cost == 4
     message = (
-        "Tier 'Free': its limit 100/min (burst 3) holds at most 3, so its clients can never "
-        "call rule 'export' (cost 4). Fine if they cannot reach it anyway (e.g. it requires "
+        "Tier 'Free': its limit 100/min (burst 3) holds at most 3, less than the cost of rule "
+        "'export' (cost 4): such a call is charged the whole limit (3) and passes only when the "
+        "limit is full. Fine if the tier's clients cannot reach it anyway (e.g. it requires "
         "login); otherwise lower the cost or raise that limit."
     )
     assert ("warning", message) in messages_of(response)
@@ -709,8 +712,9 @@ def test_a_window_limit_holds_its_count_whatever_the_cost_check(admin_client: Cl
     assert Tier.objects.get().limits.count() == 2
     assert messages_of(response)[0] == (
         "warning",
-        "Tier 'Pro': its limit 10/d (calendar quota) holds at most 10, so its clients can "
-        "never call rule 'export' (cost 50). Fine if they cannot reach it anyway (e.g. it "
+        "Tier 'Pro': its limit 10/d (calendar quota) holds at most 10, less than the cost of "
+        "rule 'export' (cost 50): such a call is charged the whole limit (10) and passes only "
+        "when the limit is full. Fine if the tier's clients cannot reach it anyway (e.g. it "
         "requires login); otherwise raise the rate's count to at least 50.",
     )
 
