@@ -58,7 +58,7 @@ class ClientName:
 def username_digest(value: str) -> str:
     """``username:#<16 hex digits>`` for a presented username: keyed, stable while
     ``SECRET_KEY`` is, distinct for distinct names (64 bits)."""
-    return USERNAME + DIGEST_MARK + salted_hmac(_SALT, value).hexdigest()[:16]
+    return USERNAME + DIGEST_MARK + salted_hmac(_SALT, value, algorithm="sha256").hexdigest()[:16]
 
 
 def private_labels(labels: Iterable[str]) -> dict[str, str]:

@@ -279,15 +279,13 @@ def squeezed(text: str) -> str:
 def column(table: str, heading: str) -> list[str]:
     """The cells of one column of a rich table, each put back together from the lines it
     was folded over (a continuation line has an empty "Id" cell), without whitespace."""
-    lines = [
-        line.strip().strip("│┃").split("│" if line.startswith("│") else "┃")
-        for line in table.splitlines()
-        if line.startswith(("│", "┃"))
-    ]
-    headings = [cell.strip() for cell in lines[0]]
-    index, id_index = headings.index(heading), headings.index("Id")
+    head = [line.strip().strip("┃").split("┃") for line in table.splitlines() if line[:1] == "┃"]
+    rows = [line.strip().strip("│").split("│") for line in table.splitlines() if line[:1] == "│"]
+    # A narrow column folds its heading too ("Counted" over "by"): join each over its lines.
+    headings = ["".join(squeezed(line[n]) for line in head) for n in range(len(head[0]))]
+    index, id_index = headings.index(squeezed(heading)), headings.index("Id")
     cells: list[str] = []
-    for parts in lines[1:]:
+    for parts in rows:
         if parts[id_index].strip() or not cells:
             cells.append("")
         cells[-1] += squeezed(parts[index])
