@@ -12,21 +12,6 @@ import struct
 COMPACT_WINDOW_US = 2e12
 
 
-def base36(n: int) -> str:
-    """A whole number in base 36: the scripts' stored µs timestamps."""
-    digits = ""
-    while True:
-        n, digit = divmod(n, 36)
-        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[digit] + digits
-        if not n:
-            return digits
-
-
-def legacy_bucket(used: float, stamp_us: int) -> str:
-    """A token bucket state as versions before the binary form wrote it."""
-    return f"{used!r} {base36(stamp_us)}"
-
-
 def pack_bucket(used: float, stamp_ms: int, compact: bool = True) -> bytes:
     """A token bucket state: ``used`` tokens as of millisecond ``stamp_ms``."""
     if compact:
@@ -46,14 +31,8 @@ def unpack_bucket(raw: bytes) -> tuple[float, int]:
 
 def stored_used(raw: bytes | None) -> float | None:
     """Tokens used as a stored token bucket state says (as of its own timestamp), in either
-    form; ``None`` for anything else (a missing key, another algorithm's state)."""
-    if raw is None:
-        return None
-    if b" " in raw and raw[:1] in b"0123456789.-+":
-        try:
-            return float(raw.split(b" ", 1)[0])
-        except ValueError:
-            return None
-    if len(raw) in (12, 14):
+    form (compact or full); ``None`` for anything else (a missing key, another algorithm's
+    state)."""
+    if raw is not None and len(raw) in (12, 14):
         return unpack_bucket(raw)[0]
     return None

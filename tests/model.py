@@ -56,7 +56,8 @@ class TokenBucket:
             return Fraction(0)
         u, ts_ms = state
         elapsed = max(now - ts_ms * _MS, -999)
-        return min(max(min(u, self.C) - elapsed / self.T, Fraction(0)), Fraction(self.C))
+        full = self.C + TOL
+        return min(max(min(u, full) - elapsed / self.T, Fraction(0)), full)
 
     def decide(self, state: Any, now: int, c: int, force: bool | None = None) -> Outcome:
         used = self.used(state, now)
@@ -69,7 +70,7 @@ class TokenBucket:
             return Outcome(
                 True,
                 max(0, remaining),
-                max(Fraction(0), (after - TOL / 2) * self.T),
+                min(self.C * self.T, max(Fraction(0), (after - TOL / 2) * self.T)),
                 Fraction(0),
                 pending,
                 after * self.T,
@@ -80,8 +81,8 @@ class TokenBucket:
         return Outcome(
             False,
             max(0, remaining),
-            max(Fraction(0), (used - TOL / 2) * self.T),
-            max(Fraction(0), (after - self.C - TOL / 2) * self.T),
+            min(self.C * self.T, max(Fraction(0), (used - TOL / 2) * self.T)),
+            min(c * self.T, max(Fraction(0), (after - self.C - TOL / 2) * self.T)),
             ambiguous=ambiguous,
             fuzzy_remaining=fuzzy,
         )
@@ -92,7 +93,7 @@ class TokenBucket:
     def refund(
         self, state: Any, now: int, c: int, taken: int | None = None
     ) -> tuple[Any, Fraction | None]:
-        after = self.used(state, now) - c
+        after = min(self.used(state, now), Fraction(self.C)) - c
         if after <= TOL:
             return None, Fraction(0)
         ts_ms = -(-now // _MS)

@@ -24,7 +24,7 @@ from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis import RETIME_FILES, RedisBackend, load_script
 from django_throttle.headers import retry_after_seconds, whole_seconds
 from django_throttle.rates import Limit, Rate
-from tests.bucket_state import base36, legacy_bucket, unpack_bucket
+from tests.bucket_state import pack_bucket, unpack_bucket
 
 T0 = 1_700_000_000.0
 REFERENCE = Limit.build("ref", "2/s", burst=10)
@@ -521,10 +521,12 @@ def _corrupt(backend: Backend, client: str, limit: Limit, state: str) -> None:
             backend._state[(client, limit.id, "t")] = (state_ms, 2**62)
     else:
         assert isinstance(backend, RedisBackend)
-        used, space, stamp = state.partition(" ")
+        used, _, stamp = state.partition(" ")
+        raw: bytes | str = state
         with contextlib.suppress(ValueError, OverflowError):
-            stamp = base36(int(float(stamp)))  # the script stores µs stamps in base 36
-        backend.client.set(backend.key(client, limit), used + space + stamp, px=3_600_000)
+            # The script's binary state (non-finite used included), where the text has one.
+            raw = pack_bucket(float(used), int(float(stamp)) // 1000, compact=False)
+        backend.client.set(backend.key(client, limit), raw, px=3_600_000)
 
 
 @pytest.mark.parametrize("state", ["garbage", "1", "x 5", "5 y", "nan 5", "inf 5", "5 inf", ""])
@@ -1006,22 +1008,6 @@ def test_token_bucket_compact_state_reads_across_the_32_bit_wrap(
     assert redis_backend.peek("c", [limit], now=at + 3600).remaining == 1
 
 
-@pytest.mark.parametrize("used", [3, 2.5])
-def test_legacy_token_bucket_state_still_decodes(
-    redis_backend: RedisBackend, redis_client: redis.Redis, used: float
-) -> None:
-    """States written before the binary form ("<used> <base-36 µs>") keep their tokens used,
-    so an upgrade resets nobody; the next write converts them."""
-    limit = REFERENCE
-    key = redis_backend.key("c", limit)
-    redis_client.set(key, legacy_bucket(used, round(T0 * 1e6)), px=60_000)
-    assert redis_backend.peek("c", [limit], now=T0).remaining == math.floor(10 - used)
-    assert redis_backend.peek("c", [limit], now=T0 + 1).remaining == math.floor(12 - used)
-    decision = redis_backend.hit("c", [limit], now=T0 + 1)
-    assert decision.remaining == math.floor(11 - used)
-    assert len(redis_client.get(key) or b"") == 12
-
-
 def test_calendar_quota_works_on_the_server_clock(
     redis_backend: RedisBackend, redis_client: redis.Redis
 ) -> None:
@@ -1215,3 +1201,25 @@ def test_a_sliding_log_keeps_every_entry_when_its_period_shrinks(backend: Backen
 
     assert backend.peek("c", [two_per_s], now=t).remaining == 0
     assert not backend.hit("c", [two_per_s], now=t).allowed
+
+
+@pytest.mark.parametrize("algorithm", ["token_bucket", "leaky_bucket"])
+def test_slow_bucket_retry_after_a_hit_the_tolerance_admitted_passes(
+    backend: Backend, algorithm: str
+) -> None:
+    """1/day: a hit 78 µs before the bucket is full again passes (float tolerance) and leaves
+    a hair more than the capacity used, stamped 900 µs ahead (the millisecond is rounded up).
+    The read capped that at the capacity, so the Retry-After of the next hit came out 34 µs
+    early (milliseconds on a yearly rate) and a retry then was denied."""
+    limit = Limit.build("slow", "1/d", burst=1, algorithm=algorithm)  # type: ignore[arg-type]
+    day_us = 86_400_000_000
+    t0_us = 1_700_000_000_000_178  # so that t1 is 100 µs into its millisecond
+    assert backend.hit("c", [limit], now=t0_us / 1e6).allowed
+    t1_us = t0_us + day_us - 78
+    assert backend.hit("c", [limit], now=t1_us / 1e6).allowed
+    t2_us = t1_us + 1
+    denied = backend.hit("c", [limit], now=t2_us / 1e6)
+    assert not denied.allowed
+    wait_us = math.ceil(denied.retry_after * 1e6)
+    assert wait_us <= day_us
+    assert backend.hit("c", [limit], now=(t2_us + wait_us) / 1e6).allowed

@@ -27,7 +27,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from django_throttle import policy
-from tests.bucket_state import base36, stored_used
+from tests.bucket_state import pack_bucket, stored_used
 from tests.factories import tier
 from tests.faultproxy import FaultProxy
 from tests.redis_servers import RedisServer
@@ -205,8 +205,7 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 15.0) 
 
 
 def used_tokens(client: redis.Redis, prefix: str) -> dict[str, float]:
-    """Tokens used per bucket key under ``prefix``, read from the token-bucket state (binary,
-    or the legacy text form)."""
+    """Tokens used per bucket key under ``prefix``, read from the token-bucket state."""
     found = {}
     for key in client.scan_iter(match=f"{prefix}:{{*}}*:*", count=1000):  # token buckets only
         used = stored_used(client.get(key))
@@ -621,7 +620,8 @@ def test_state_from_a_future_clock_never_yields_a_negative_or_huge_retry_after(
     (key,) = used_tokens(admin_client, _isolated_throttle)
     seconds, micros = admin_client.time()
     future = (seconds + 10 * 366 * 86400) * 1_000_000 + micros
-    admin_client.set(key, f"{used} {base36(future)}", px=window * 1000)
+    state = pack_bucket(float(used), future // 1000, compact=False)  # the full stamp: 10 years on
+    admin_client.set(key, state, px=window * 1000)
 
     seen = [request("10.5.0.1") for _ in range(3)]
     for item in seen:

@@ -36,23 +36,29 @@ Retime = Callable[[Any, int, int, Any, Any], tuple[Any, Any]]
 Refund = Callable[[Any, int, int, Any, int, "int | None"], tuple[Any, Any]]
 
 
+def _bucket_used(state: Any, now: int, capacity: int, interval: float) -> float:
+    """Tokens used as of ``now``, within ``[0, capacity + TOLERANCE]`` (token_bucket.lua's
+    ``bucket_used``: a hit the tolerance admitted leaves up to that much, and hiding it would
+    make a slow rate's Retry-After early)."""
+    if state is None:
+        return 0.0
+    elapsed = now - state[1] * 1000
+    if elapsed < -999:  # a clock that stepped back: no time elapsed
+        elapsed = -999
+    full = capacity + TOLERANCE
+    u = state[0]
+    used = (u if u < full else full) - elapsed / interval
+    return 0.0 if used < 0 else full if used > full else used
+
+
 def token_bucket(state: Any, now: int, capacity: int, interval: float, cost: int) -> Any:
     """``t`` and ``l``: state ``(U, ts_ms)``, U tokens used as of ``ts_ms`` milliseconds."""
-    used = 0.0
-    if state is not None:
-        elapsed = now - state[1] * 1000
-        if elapsed < -999:  # a clock that stepped back: no time elapsed
-            elapsed = -999
-        u = state[0]
-        used = (u if u < capacity else capacity) - elapsed / interval
-        if used < 0:
-            used = 0.0
-        elif used > capacity:
-            used = float(capacity)
+    used = _bucket_used(state, now, capacity, interval)
     after = used + cost
+    longest = capacity * interval
     if after <= capacity + TOLERANCE:
         remaining = math.floor(capacity - after + TOLERANCE)
-        reset = (after - _HALF) * interval
+        reset = min(longest, (after - _HALF) * interval)
         if after > 0:
             ts_ms = -(-now // 1000)
             pending: Any = (after - (ts_ms * 1000 - now) / interval, ts_ms)
@@ -67,8 +73,8 @@ def token_bucket(state: Any, now: int, capacity: int, interval: float, cost: int
             after * interval,
         )
     remaining = math.floor(capacity - used + TOLERANCE)
-    reset = (used - _HALF) * interval
-    retry = (after - capacity - _HALF) * interval
+    reset = min(longest, (used - _HALF) * interval)
+    retry = min(cost * interval, (after - capacity - _HALF) * interval)
     return (
         False,
         remaining if remaining > 0 else 0,
@@ -84,29 +90,16 @@ def token_bucket_retime(
 ) -> tuple[Any, Any]:
     """The state is rate-independent (used is capped at the new capacity when read): only its
     expiry moves, to ``used x T_new``."""
-    elapsed = now - state[1] * 1000
-    if elapsed < -999:
-        elapsed = -999
-    used = min(state[0], capacity) - elapsed / interval
-    used = 0.0 if used < 0 else float(capacity) if used > capacity else used
-    return state, used * interval
+    return state, _bucket_used(state, now, capacity, interval) * interval
 
 
 def token_bucket_refund(
     state: Any, now: int, capacity: int, interval: float, cost: int, taken: int | None = None
 ) -> tuple[Any, Any]:
-    """Used as of now, less ``cost``, written as a hit writes it; under the tolerance the
+    """Used as of now (at most the capacity: a full refund leaves no crumb of what the
+    tolerance overfilled), less ``cost``, written as a hit writes it; under the tolerance the
     bucket is full again and the state is deleted (float noise leaves no crumbs)."""
-    elapsed = now - state[1] * 1000
-    if elapsed < -999:
-        elapsed = -999
-    u = state[0]
-    used = (u if u < capacity else capacity) - elapsed / interval
-    if used < 0:
-        used = 0.0
-    elif used > capacity:
-        used = float(capacity)
-    after = used - cost
+    after = min(_bucket_used(state, now, capacity, interval), capacity) - cost
     if after <= TOLERANCE:
         return None, 0
     ts_ms = -(-now // 1000)

@@ -9,8 +9,7 @@
 -- key of up to 28 characters), else 14 bytes '>dI4I2' (U, ts_ms % 2^32, floor(ts_ms / 2^32)).
 -- The compact form keeps only the low 32 bits of the millisecond: the key lives at most
 -- C x T <= 2e12 us (23 days), well inside the +-2^31 ms (24.8 days) the reader resolves
--- around now. The legacy text form "<used> <base-36 us timestamp>" written by earlier
--- versions still decodes, so an upgrade resets nobody; anything else counts as nothing used.
+-- around now. Anything else counts as nothing used.
 -- Storing what was used (not what is left, and not a time at which the bucket is full)
 -- keeps the state independent of the rate: an operator who raises a limit gives clients the
 -- new headroom at once, one who lowers it never hands out a burst (used is capped at the
@@ -21,16 +20,19 @@
 --   allowed: remaining = floor(C - after + TOL), reset = (after - TOL/2) x T, retry 0;
 --            writes (if after > 0) with TTL after x T
 --   denied:  remaining = floor(C - used + TOL), reset = (used - TOL/2) x T,
---            retry = (after - C - TOL/2) x T
+--            retry = (after - C - TOL/2) x T, at most c x T
 -- Waits are less half the tolerance the comparison forgives: float noise never rounds an
--- exact wait up to the next microsecond, and a retry at now + ceil(retry) passes. Every
--- duration is within [0, C x T], whatever the stored state: a timestamp in the future (clock
--- stepped back, another server) counts as no time elapsed.
+-- exact wait up to the next microsecond, and a retry at now + ceil(retry) passes. Used is
+-- read up to C + TOL, not C: a hit the tolerance admitted leaves that much, and a slow rate
+-- (T of a day) turns the TOL x T it would hide into a Retry-After milliseconds early. Every
+-- duration is within [0, C x T] (a wait of c x T always suffices, as used <= C + TOL),
+-- whatever the stored state: a timestamp in the future (clock stepped back, another server)
+-- counts as no time elapsed.
 -- Retime: the state is kept (used is rate-independent); the TTL becomes used x T_new. A
 -- compact state retimed to a spec with C x T_new > 2e12 us is rewritten in the 14-byte form
 -- first: its key may now live for years, and a 32-bit millisecond read months later would
 -- resolve to the wrong time (a client locked out for months while the bucket should refill).
--- Refund c: after = used as of now - c, written as a hit writes it (TTL after x T); at or
+-- Refund c: after = min(used as of now, C) - c, written as a hit writes it (TTL after x T); at or
 -- below TOLERANCE the bucket is full again and the key is deleted.
 
 local COMPACT_WINDOW = 2e12
@@ -58,42 +60,30 @@ local function compact_stamp(low, now)
   return now_ms - d
 end
 
--- Tokens used as of `now`, within [0, capacity]; nil for a missing key or corrupt state.
+-- Tokens used as of `now`, within [0, capacity + TOLERANCE]; nil for a missing key or
+-- corrupt state.
 local function bucket_used(state, now, capacity, interval)
   if type(state) ~= 'string' then return nil end
-  local used, elapsed
-  local legacy_used, legacy_stamp = string.match(state, '^([%d%.eE%+%-]+) ([%da-z]+)$')
-  if legacy_used then
-    used, elapsed = tonumber(legacy_used), tonumber(legacy_stamp, 36)
-    if used == nil or elapsed == nil then return nil end
-    elapsed = now - elapsed
-    -- A clock that stepped back must not mint tokens.
-    if elapsed < 0 then elapsed = 0 end
+  local n, used, low, high = #state, nil, nil, 0
+  local stamp_ms
+  if n == 12 then
+    used, low = struct.unpack('>dI4', state)
+    stamp_ms = compact_stamp(low, now)
+  elseif n == 14 then
+    used, low, high = struct.unpack('>dI4I2', state)
+    stamp_ms = high * 4294967296 + low
   else
-    local n, low, high = #state, nil, 0
-    if n == 12 then
-      used, low = struct.unpack('>dI4', state)
-    elseif n == 14 then
-      used, low, high = struct.unpack('>dI4I2', state)
-    else
-      return nil
-    end
-    local stamp_ms
-    if n == 12 then
-      stamp_ms = compact_stamp(low, now)
-    else
-      stamp_ms = high * 4294967296 + low
-    end
-    elapsed = now - stamp_ms * 1000
-    -- Written up to 999 us ahead (the millisecond is rounded up); beyond, the clock stepped
-    -- back and no time elapsed.
-    if elapsed < -999 then elapsed = -999 end
+    return nil
   end
   if used ~= used or used == math.huge or used == -math.huge then return nil end
-  if used > capacity then used = capacity end
+  -- Written up to 999 us ahead (the millisecond is rounded up); beyond, the clock stepped
+  -- back and no time elapsed.
+  local elapsed = math.max(now - stamp_ms * 1000, -999)
+  local full = capacity + TOLERANCE
+  if used > full then used = full end
   used = used - elapsed / interval
   if used < 0 then return 0 end
-  if used > capacity then return capacity end
+  if used > full then return full end
   return used
 end
 
@@ -101,13 +91,15 @@ local function bucket_decide(key, now, p, cost)
   local capacity, interval = p.capacity, p.interval
   local used = bucket_used(redis.call('GET', key), now, capacity, interval) or 0
   local after = used + cost
+  local longest = capacity * interval
   if after <= capacity + TOLERANCE then
     return true, math.max(0, math.floor(capacity - after + TOLERANCE)),
-      math.max(0, (after - TOLERANCE / 2) * interval), 0, after > 0 and after or nil
+      math.min(longest, math.max(0, (after - TOLERANCE / 2) * interval)), 0,
+      after > 0 and after or nil
   end
   return false, math.max(0, math.floor(capacity - used + TOLERANCE)),
-    math.max(0, (used - TOLERANCE / 2) * interval),
-    math.max(0, (after - capacity - TOLERANCE / 2) * interval), nil
+    math.min(longest, math.max(0, (used - TOLERANCE / 2) * interval)),
+    math.min(cost * interval, math.max(0, (after - capacity - TOLERANCE / 2) * interval)), nil
 end
 
 local function bucket_commit(key, now, p, after)
@@ -148,7 +140,9 @@ if REFUND then
   ALGORITHMS['t'].refund = function(key, now, p, cost)
     local used = bucket_used(redis.call('GET', key), now, p.capacity, p.interval)
     if used == nil then return 0 end
-    local after = used - cost
+    -- From at most the capacity: a refund of everything empties a bucket the tolerance
+    -- overfilled, instead of leaving a crumb of it on the edge of the deletion test.
+    local after = math.min(used, p.capacity) - cost
     if after <= TOLERANCE then return delete(key) end
     bucket_commit(key, now, p, after)
     return 1
