@@ -1,0 +1,119 @@
+"""Reference pages written from the code, so they cannot drift from it.
+
+- ``.. throttle-settings::`` lists every ``DJANGO_THROTTLE_*`` setting of
+  :class:`django_throttle.conf.Settings` (its property docstring, its type, the default as
+  ``conf.py`` writes it) with the system check that validates it (``checks.SETTINGS``).
+- ``.. throttle-commands::`` prints each management command's ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import inspect
+import os
+from pathlib import Path
+from typing import Any
+
+from docutils import nodes
+from docutils.statemachine import StringList
+from sphinx.application import Sphinx
+from sphinx.util.docutils import SphinxDirective
+from sphinx.util.nodes import nested_parse_with_titles
+
+
+def settings_reference() -> list[dict[str, str]]:
+    """Every setting in ``conf.Settings``, in the order ``conf.py`` defines them."""
+    from django_throttle import checks, conf
+
+    source = Path(inspect.getfile(conf)).read_text()
+    tree = ast.parse(source)
+    check_ids = {name: check_id for check_id, name, _ in checks.SETTINGS}
+    (cls,) = (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings")
+    found = []
+    for prop in cls.body:
+        if not (isinstance(prop, ast.FunctionDef) and prop.name.isupper()):
+            continue
+        default = None
+        for call in ast.walk(prop):
+            if (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute)
+                and call.func.attr == "_get"
+                and isinstance(call.args[0], ast.Constant)
+                and call.args[0].value == prop.name
+            ):
+                default = ast.get_source_segment(source, call.args[1])
+        if default is None:
+            raise ValueError(f"conf.Settings.{prop.name} reads no setting of its own name")
+        found.append(
+            {
+                "name": conf.PREFIX + prop.name,
+                "type": ast.get_source_segment(source, prop.returns) if prop.returns else "",
+                "default": default,
+                "check": check_ids.get(prop.name, ""),
+                "doc": ast.get_docstring(prop) or "",
+            }
+        )
+    return found
+
+
+def _parse(directive: SphinxDirective, lines: list[str]) -> list[nodes.Node]:
+    node = nodes.section()
+    node.document = directive.state.document
+    nested_parse_with_titles(directive.state, StringList(lines, directive.get_source_info()[0]), node)
+    return node.children
+
+
+class SettingsDirective(SphinxDirective):
+    def run(self) -> list[nodes.Node]:
+        lines: list[str] = []
+        for setting in settings_reference():
+            name = setting["name"]
+            lines += [f"``{name}``", "~" * (len(name) + 4), ""]
+            lines += [f":Default: ``{setting['default']}``", f":Type: ``{setting['type']}``"]
+            if setting["check"]:
+                lines.append(f":Checked by: ``django_throttle.{setting['check']}``")
+            lines += ["", *setting["doc"].splitlines(), ""]
+        return _parse(self, lines)
+
+
+def _subcommand_helps(parser: argparse.ArgumentParser) -> list[str]:
+    return [
+        sub.format_help()
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for sub in action.choices.values()
+    ]
+
+
+def command_names() -> list[str]:
+    from django.core.management import find_commands
+
+    import django_throttle
+
+    folder = os.path.join(os.path.dirname(django_throttle.__file__), "management")
+    return sorted(find_commands(folder))
+
+
+class CommandsDirective(SphinxDirective):
+    def run(self) -> list[nodes.Node]:
+        from django.core.management import load_command_class
+
+        os.environ["COLUMNS"] = "92"
+        lines: list[str] = []
+        for name in command_names():
+            command = load_command_class("django_throttle", name)
+            parser = command.create_parser("manage.py", name)
+            lines += [f"``{name}``", "~" * (len(name) + 4), ""]
+            for help_text in [parser.format_help(), *_subcommand_helps(parser)]:
+                lines += ["::", ""]
+                lines += ["   " + line if line else "" for line in help_text.splitlines()]
+                lines.append("")
+        return _parse(self, lines)
+
+
+def setup(app: Sphinx) -> dict[str, Any]:
+    app.add_directive("throttle-settings", SettingsDirective)
+    app.add_directive("throttle-commands", CommandsDirective)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
