@@ -3,6 +3,7 @@
 - ``.. throttle-settings::`` lists every ``DJANGO_THROTTLE_*`` setting of
   :class:`django_throttle.conf.Settings` (its property docstring, its type, the default as
   ``conf.py`` writes it) with the system check that validates it (``checks.SETTINGS``).
+- ``.. throttle-setting-checks::`` lists the check id of each setting, with what it accepts.
 - ``.. throttle-commands::`` prints each management command's ``--help``.
 """
 
@@ -29,6 +30,7 @@ def settings_reference() -> list[dict[str, str]]:
     source = Path(inspect.getfile(conf)).read_text()
     tree = ast.parse(source)
     check_ids = {name: check_id for check_id, name, _ in checks.SETTINGS}
+    validators = {name: validate for _, name, validate in checks.SETTINGS}
     (cls,) = (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings")
     found = []
     for prop in cls.body:
@@ -53,9 +55,19 @@ def settings_reference() -> list[dict[str, str]]:
                 "default": default,
                 "check": check_ids.get(prop.name, ""),
                 "doc": ast.get_docstring(prop) or "",
+                "valid": _valid_values(validators.get(prop.name)),
             }
         )
     return found
+
+
+def _valid_values(validate: Any) -> str:
+    """What the setting's system check accepts, in the check's own words: its message for a
+    value no setting takes (a huge negative number fails every type and range test)."""
+    if validate is None:
+        return ""
+    problem = validate(-(10**12))
+    return "" if problem is None else problem[0].upper() + problem[1:] + "."
 
 
 def _parse(directive: SphinxDirective, lines: list[str]) -> list[nodes.Node]:
@@ -67,13 +79,22 @@ def _parse(directive: SphinxDirective, lines: list[str]) -> list[nodes.Node]:
 
 class SettingsDirective(SphinxDirective):
     def run(self) -> list[nodes.Node]:
-        lines: list[str] = []
-        for setting in settings_reference():
+        found = settings_reference()
+        lines = [".. list-table::", "   :header-rows: 1", "", "   * - setting", "     - default"]
+        lines.append("     - check")
+        for setting in found:
+            lines.append(f"   * - :ref:`{setting['name']} <setting-{setting['name']}>`")
+            lines.append(f"     - ``{setting['default']}``")
+            lines.append(f"     - ``{setting['check']}``" if setting["check"] else "     -")
+        lines.append("")
+        for setting in found:
             name = setting["name"]
-            lines += [f"``{name}``", "~" * (len(name) + 4), ""]
+            lines += [f".. _setting-{name}:", "", f"``{name}``", "~" * (len(name) + 4), ""]
             lines += [f":Default: ``{setting['default']}``", f":Type: ``{setting['type']}``"]
             if setting["check"]:
                 lines.append(f":Checked by: ``django_throttle.{setting['check']}``")
+            if setting["valid"]:
+                lines.append(f":Valid values: {setting['valid']}")
             lines += ["", *setting["doc"].splitlines(), ""]
         return _parse(self, lines)
 
@@ -85,6 +106,18 @@ def _subcommand_helps(parser: argparse.ArgumentParser) -> list[str]:
         if isinstance(action, argparse._SubParsersAction)
         for sub in action.choices.values()
     ]
+
+
+class SettingChecksDirective(SphinxDirective):
+    def run(self) -> list[nodes.Node]:
+        lines = [".. list-table::", "   :header-rows: 1", "", "   * - id", "     - setting"]
+        lines.append("     - the check's message ends")
+        for setting in sorted(settings_reference(), key=lambda s: s["check"]):
+            if setting["check"]:
+                lines.append(f"   * - ``django_throttle.{setting['check']}``")
+                lines.append(f"     - :ref:`{setting['name']} <setting-{setting['name']}>`")
+                lines.append(f"     - {setting['valid'] or '-'}")
+        return _parse(self, lines)
 
 
 def command_names() -> list[str]:
@@ -116,4 +149,5 @@ class CommandsDirective(SphinxDirective):
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("throttle-settings", SettingsDirective)
     app.add_directive("throttle-commands", CommandsDirective)
+    app.add_directive("throttle-setting-checks", SettingChecksDirective)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
