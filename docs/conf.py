@@ -20,7 +20,7 @@ django.setup()
 
 project = "django-throttle"
 author = "django-throttle developers"
-copyright = "django-throttle developers"  # noqa: A001
+copyright = "django-throttle developers"
 
 extensions = [
     "myst_parser",
