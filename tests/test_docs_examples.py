@@ -9,7 +9,9 @@ A Python block in a page under ``docs/`` is run when the line before its fence s
   a settings example can point a dotted path at it;
 - ``% settings-in-tests``: the block is a settings file. Its ``DJANGO_THROTTLE_*`` values must
   pass django-throttle's system checks, and every app, middleware and class it names must
-  import.
+  import;
+- ``% policy-in-tests`` before a ``json`` block: a policy file, which ``manage.py
+  throttle_policy import`` must take, and then find nothing to change in a second time.
 
 The README's test command must be the one ``.ci/run`` runs, byte for byte.
 """
@@ -17,6 +19,7 @@ The README's test command must be the one ``.ci/run`` runs, byte for byte.
 from __future__ import annotations
 
 import importlib
+import io
 import re
 import sys
 import types
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.test import override_settings
 from django.utils.module_loading import import_string
 
@@ -36,8 +40,8 @@ sys.path.insert(0, str(DOCS / "_ext"))
 from throttle_settings import settings_reference  # noqa: E402
 
 MARKED = re.compile(
-    r"^% (?P<kind>runs-in-tests|settings-in-tests)(?: as (?P<module>[\w.]+))?\n"
-    r"```python\n(?P<code>.*?)^```",
+    r"^% (?P<kind>runs-in-tests|settings-in-tests|policy-in-tests)(?: as (?P<module>[\w.]+))?\n"
+    r"```(?:python|json)\n(?P<code>.*?)^```",
     re.MULTILINE | re.DOTALL,
 )
 PAGES = sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.parts)
@@ -99,7 +103,7 @@ def check_settings_example(namespace: dict[str, Any]) -> None:
     "page", PAGES_WITH_EXAMPLES, ids=[str(p.relative_to(DOCS)) for p in PAGES_WITH_EXAMPLES]
 )
 def test_examples_of_the_page_run(
-    page: Path, monkeypatch: pytest.MonkeyPatch, django_user_model: Any
+    page: Path, monkeypatch: pytest.MonkeyPatch, django_user_model: Any, tmp_path: Path
 ) -> None:
     user = django_user_model.objects.create_user("docs-example", password="docs-example")
     found = examples(page)
@@ -128,6 +132,13 @@ def test_examples_of_the_page_run(
                 namespace: dict[str, Any] = {}
                 exec(compile(code, f"{page}:{line}", "exec"), namespace)
                 check_settings_example(namespace)
+            elif kind == "policy-in-tests":
+                policy = tmp_path / f"policy-{line}.json"
+                policy.write_text(code)
+                call_command("throttle_policy", "import", str(policy), stdout=io.StringIO())
+                again = io.StringIO()
+                call_command("throttle_policy", "import", str(policy), stdout=again)
+                assert "No changes" in again.getvalue()
 
 
 def test_the_readme_test_command_is_the_one_ci_runs() -> None:
