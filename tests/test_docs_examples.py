@@ -163,7 +163,7 @@ def test_the_settings_reference_has_every_setting_with_a_docstring_and_a_check()
 
 
 def _expand(ids: set[str]) -> set[str]:
-    """``E101``–``E105`` written as a range in the checks page."""
+    """``E101`` to ``E105``, written as a range in the checks page."""
     return {f"E{n}" for n in range(101, 106)} if {"E101", "E105"} <= ids else set()
 
 
