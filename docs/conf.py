@@ -28,7 +28,7 @@ extensions = [
     "throttle_reference",
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
-exclude_patterns = ["_build", "README.md"]
+exclude_patterns = ["_build"]
 myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence"]
 
