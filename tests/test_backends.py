@@ -251,7 +251,7 @@ def test_every_key_has_a_ttl_matching_refill(
         redis_backend.hit("ttl-client", limits)
     keys = list(redis_client.scan_iter(f"{redis_backend.prefix}:*"))
     assert len(keys) == 2
-    ttls = {k.decode().rsplit(":", 1)[1]: redis_client.pttl(k) for k in keys}
+    ttls = {limit.id: redis_client.pttl(redis_backend.key("ttl-client", limit)) for limit in limits}
     # 3 tokens at 2/min refill in 90 s; at 5000/day in 3 x 17.28 s.
     assert 60_000 < ttls["ref"] <= 90_000
     assert 30_000 < ttls["day"] <= 51_840
