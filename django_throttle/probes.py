@@ -223,7 +223,7 @@ def _basic_protection(view_class: Any) -> list[Check]:
             and issubclass(auth, drf.CredentialProtection)
             and issubclass(auth, drf.BasicAuthentication)
         ):
-            scope = auth.protection_scope
+            scope: str = getattr(auth, "protection_scope", "authentication")
             name = f"{auth.__name__} (scope '{scope}')"
             return [Check(name, scope, credential=True, rule_only=True)]
     return []

@@ -217,7 +217,8 @@ def used_tokens(client: redis.Redis, prefix: str) -> dict[str, float]:
     """Tokens used per bucket key under ``prefix``, read from the token-bucket state (binary,
     or the legacy text form)."""
     found = {}
-    for key in client.scan_iter(match=f"{prefix}:{{*}}*:*", count=1000):  # token buckets only
+    # Token buckets only: the 16-character client digest, then their code letter "t".
+    for key in client.scan_iter(match=f"{prefix}:{{*}}{'?' * 16}t*", count=1000):
         used = stored_used(client.get(key))
         if used is not None:
             found[key.decode()] = used
