@@ -205,7 +205,7 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
             errors.append(
                 checks.Error(
                     f"{PREFIX}{name} = {_shown(name, value)} {problem}.",
-                    hint="See the Settings section of the django-throttle README.",
+                    hint="See the settings reference in the django-throttle docs.",
                     id=f"django_throttle.{check_id}",
                 )
             )
@@ -229,8 +229,8 @@ def _check_unknown_names() -> list[checks.CheckMessage]:
                 f"{full_name} is not a django-throttle setting, so it changes nothing.",
                 hint=f"Did you mean {PREFIX}{meant[0]}?"
                 if meant
-                else "Remove it; the Settings section of the django-throttle README lists "
-                "the settings there are.",
+                else "Remove it; the settings reference in the django-throttle docs lists "
+                "every setting.",
                 id="django_throttle.W001",
             )
         )
