@@ -8,7 +8,7 @@ Starts its own ``redis-server`` on a free loopback port (it never uses or flushe
 Redis), configures Django in-process with the backend's production client settings (50 ms
 connect and read timeouts, no retries), a file SQLite database and a default anonymous tier
 whose one limit never denies, and builds requests from ``--clients`` distinct addresses. Then,
-for the circuit breaker on (``BREAKER_THRESHOLD`` 3, ``BREAKER_COOLDOWN`` 0.5 s, the defaults)
+for the circuit breaker on (``breaker.THRESHOLD`` 3, ``breaker.COOLDOWN`` 0.5 s, the package's)
 and effectively off (threshold 10**9), it measures ``PolicyThrottle().allow_request()`` per
 request:
 
@@ -173,11 +173,14 @@ def fault_phase(
     logs: LogCounter,
 ) -> dict[str, Any]:
     """Break Redis under load, then bring it back; what did it cost?"""
-    from django.test.utils import override_settings
+    from unittest.mock import patch
 
+    from django_throttle import breaker as breaker_module
+    from django_throttle.backends import reset_backend_cache
     from django_throttle.breaker import get_breaker
 
-    with override_settings(DJANGO_THROTTLE_BREAKER_THRESHOLD=BREAKERS[breaker]):
+    with patch.object(breaker_module, "THRESHOLD", BREAKERS[breaker]):
+        reset_backend_cache()  # a fresh backend and a breaker built with this threshold
         for request in requests[:50]:
             decide(request)  # connections pooled, script loaded
         logs.count = 0

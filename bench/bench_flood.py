@@ -170,9 +170,11 @@ def measure(
     result = flood(backend, addresses(count, start), limits, field, batch=batch)
     client.execute_command("MEMORY", "PURGE")
     after = int(client.info("memory")["used_memory"])
+    # Token bucket keys: the shard's tag, the 16-character client digest, the code letter "t".
+    buckets = f"{backend.prefix}:{{*}}{'?' * 16}t*"
     sample = [
         client.memory_usage(key, samples=0) or 0
-        for key in client.scan(cursor=0, match=f"{backend.prefix}:*:*", count=2000)[1][:200]
+        for key in client.scan(cursor=0, match=buckets, count=2000)[1][:200]
     ]
     space = keyspace(client, f"{backend.prefix}:*")
     return {

@@ -58,9 +58,11 @@ def configure(database: dict[str, Any], redis_url: str, top_clients: int) -> Non
         DJANGO_THROTTLE_REDIS_URL=redis_url,
         DJANGO_THROTTLE_KEY_PREFIX="dtb",
         DJANGO_THROTTLE_REDIS_OPTIONS={"socket_timeout": 2.0, "socket_connect_timeout": 2.0},
-        DJANGO_THROTTLE_USAGE_TOP_CLIENTS=top_clients,
     )
     django.setup()
+    from django_throttle.backends import usage_base
+
+    usage_base.TOP_CLIENTS = top_clients  # a knob of the package, turned for this run
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
@@ -120,15 +122,18 @@ def memory_of(client: Any, keys: list[bytes]) -> int:
 def shapes(client: Any) -> list[dict[str, Any]]:
     """Bytes of the exact counters per tier x endpoint x minute, per shape, and of the
     top-client lists: each shape under its own prefix, one minute, every shard."""
+    from unittest.mock import patch
+
     from django.test.utils import override_settings
 
+    from django_throttle.backends import usage_base
     from django_throttle.backends.redis import RedisBackend
     from django_throttle.rates import Limit
 
     allow = (Limit.build("allow", ALLOW_RATE),)
     deny = (Limit.build("deny", DENY_RATE),)
     results = []
-    # (pairs, outcomes, clients per pair, USAGE_TOP_CLIENTS): 48 clients per pair put every
+    # (pairs, outcomes, clients per pair, TOP_CLIENTS): 48 clients per pair put every
     # pair in every shard (the worst case for the hashes); 300 x 2 outgrows a listpack hash
     # (hash-max-listpack-entries); 10,000 clients with a top of 10,000 outgrow listpack lists.
     for pairs, outcomes, per_pair, top in (
@@ -140,9 +145,9 @@ def shapes(client: Any) -> list[dict[str, Any]]:
         (300, 2, 48, 1000),
         (1, 1, 10_000, 10_000),
     ):
-        with override_settings(
-            DJANGO_THROTTLE_KEY_PREFIX=f"dtm{pairs}x{outcomes}x{per_pair}",
-            DJANGO_THROTTLE_USAGE_TOP_CLIENTS=top,
+        with (
+            override_settings(DJANGO_THROTTLE_KEY_PREFIX=f"dtm{pairs}x{outcomes}x{per_pair}"),
+            patch.object(usage_base, "TOP_CLIENTS", top),
         ):
             backend = RedisBackend(client)
         tags = backend.shard_tags()
@@ -264,7 +269,7 @@ def show(result: dict[str, Any]) -> None:
     print(
         f"Redis {result['redis']}, {result['database']}; {result['clients']:,} distinct clients "
         f"over {result['minutes']} minutes, {result['fields']} tier x endpoint fields, "
-        f"USAGE_TOP_CLIENTS={result['top_clients']:,}"
+        f"TOP_CLIENTS={result['top_clients']:,}"
     )
     print(
         f"driven: {drive['decisions']:,} decisions ({drive['denied']:,} denied) in "

@@ -28,7 +28,6 @@ from typing import Any, TypeVar
 
 from django_throttle import events
 from django_throttle.backends.base import ArgumentRefused, BackendError
-from django_throttle.conf import app_settings
 
 __all__ = ["CircuitBreaker", "CircuitOpen", "get_breaker", "reset_breaker"]
 
@@ -39,6 +38,12 @@ T = TypeVar("T")
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
 #: Seconds between two error lines about refused arguments, per breaker.
 REFUSED_LOG_INTERVAL = 60.0
+#: Consecutive failures that open the process's breaker: one timeout is noise, three in a row
+#: is an outage, and each costs a request its socket timeout.
+THRESHOLD = 3
+#: Seconds the process's breaker stays open before one request probes the backend: exact
+#: limiting resumes within half a second of Redis answering again.
+COOLDOWN = 0.5
 
 
 class CircuitOpen(BackendError):
@@ -55,8 +60,8 @@ class CircuitBreaker:
 
     def __init__(
         self,
-        threshold: int = 3,
-        cooldown: float = 0.5,
+        threshold: int = THRESHOLD,
+        cooldown: float = COOLDOWN,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if threshold < 1:
@@ -275,17 +280,14 @@ _breaker: CircuitBreaker | None = None
 
 
 def get_breaker() -> CircuitBreaker:
-    """The process's breaker, built on first use from ``DJANGO_THROTTLE_BREAKER_THRESHOLD``
-    and ``DJANGO_THROTTLE_BREAKER_COOLDOWN``."""
+    """The process's breaker, built on first use with :data:`THRESHOLD` and :data:`COOLDOWN`."""
     global _breaker
     breaker = _breaker
     if breaker is not None:
         return breaker
     with _lock:
         if _breaker is None:
-            _breaker = CircuitBreaker(
-                threshold=app_settings.BREAKER_THRESHOLD, cooldown=app_settings.BREAKER_COOLDOWN
-            )
+            _breaker = CircuitBreaker(threshold=THRESHOLD, cooldown=COOLDOWN)
         return _breaker
 
 

@@ -1,4 +1,5 @@
-"""System checks: one per ``DJANGO_THROTTLE_*`` setting, ids ``django_throttle.E001``…
+"""System checks: one per ``DJANGO_THROTTLE_*`` setting, ids ``django_throttle.E001``…, and
+one (W001) for a ``DJANGO_THROTTLE_*`` name that is no setting.
 
 Checks read the raw settings (not :mod:`conf`, which converts types) so a bad value is
 reported with its name instead of crashing at first use.
@@ -6,8 +7,8 @@ reported with its name instead of crashing at first use.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
-import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +19,7 @@ from django.core import checks
 from django.core.exceptions import FieldError
 from django.utils.module_loading import import_string
 
-from django_throttle.conf import PREFIX
+from django_throttle.conf import NAMES, PREFIX
 from django_throttle.redaction import redact_text
 
 _MISSING = object()
@@ -37,19 +38,6 @@ def _int_range(low: int, high: int | None = None) -> Validator:
             return "must be a whole number"
         if value < low or (high is not None and value > high):
             return f"must be between {low} and {high}" if high is not None else f"must be ≥ {low}"
-        return None
-
-    return validate
-
-
-def _number(low: float, *, strict: bool) -> Validator:
-    def validate(value: Any) -> str | None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return "must be a number of seconds"
-        if not math.isfinite(value):
-            return "must be a finite number of seconds"
-        if value < low or (strict and value == low):
-            return f"must be {'>' if strict else '≥'} {low}"
         return None
 
     return validate
@@ -176,12 +164,6 @@ def _api_key_secret(value: Any) -> str | None:
     return None
 
 
-def _scope(value: Any) -> str | None:
-    if not isinstance(value, str) or not value.strip() or value != value.strip():
-        return "must be a non-empty endpoint-rule scope without surrounding spaces"
-    return None
-
-
 #: (check id, setting name, validator). Only settings that are set are validated.
 SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E001", "BACKEND", _backend),
@@ -194,52 +176,21 @@ SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E008", "IPV4_PREFIX", _int_range(8, 32)),
     ("E009", "IPV6_PREFIX", _int_range(32, 128)),
     ("E010", "IDENTITY_RESOLVER", _dotted()),
-    ("E011", "POLICY_REFRESH_INTERVAL", _number(0, strict=True)),
-    # E012 was USER_TIER_CACHE_SIZE (removed: see REMOVED).
     ("E013", "IETF_HEADERS", _bool),
     ("E014", "USAGE_ENABLED", _bool),
-    # E015 was USAGE_FLUSH_INTERVAL (removed: see REMOVED).
     ("E016", "USAGE_RETENTION_DAYS", _int_range(1)),
     ("E017", "ENABLED", _bool),
     # E018 is the Redis source check below.
     ("E019", "FAILURE_STATUS", _choice(503, 429)),
-    ("E020", "BREAKER_THRESHOLD", _int_range(1, 1000)),
-    ("E021", "BREAKER_COOLDOWN", _number(0, strict=True)),
-    ("E022", "LOCAL_FALLBACK_MAX_CLIENTS", _int_range(1)),
     ("E023", "UNKNOWN_CLIENT", _choice("deny", "allow", "shared")),
-    # E024 was USER_TIER_CACHE_TTL (removed: see REMOVED).
-    ("E025", "POLICY_MAX_AGE", _number(0, strict=False)),
     ("E026", "KEY_SHARDS", _int_range(1, 1024)),
-    ("E027", "USAGE_REDIS_TTL", _int_range(120, 30 * 86400)),
-    ("E028", "USAGE_TOP_CLIENTS", _int_range(1, 1_000_000)),
-    ("E029", "USAGE_CLIENT_SAMPLE", _int_range(1, 1024)),
     ("E030", "TRUSTED_PROXIES", _proxy_networks),
     ("E031", "CLIENT_IP_HEADER", _header_name),
     # E032 is the proxy trust check below.
     ("E033", "API_KEY_HEADERS", _api_key_headers),
     ("E034", "API_KEY_SECRET", _api_key_secret),
-    ("E035", "AUTHENTICATION_SCOPE", _scope),
     ("E036", "DENIED_RESPONSE", _optional(_dotted())),
-    ("E037", "EXEMPT_STAFF", _bool),
-    ("E038", "EXEMPT_SUPERUSERS", _bool),
     ("E039", "METRICS", _bool),
-)
-
-_NO_USER_TIER_CACHE = (
-    "tier assignments are compiled into each process's policy snapshot, so there is no "
-    "per-user cache any more; DJANGO_THROTTLE_POLICY_MAX_AGE bounds how long a change made "
-    "around the signals (QuerySet.update, bulk_create, raw SQL) takes to apply"
-)
-#: (setting name, why it does nothing now): set, each is a warning (W001), not an error, so
-#: an upgrade does not stop a site from starting.
-REMOVED: tuple[tuple[str, str], ...] = (
-    ("USER_TIER_CACHE_SIZE", _NO_USER_TIER_CACHE),
-    ("USER_TIER_CACHE_TTL", _NO_USER_TIER_CACHE),
-    (
-        "USAGE_FLUSH_INTERVAL",
-        "usage is counted in the backend by each decision's own call, with no flusher thread; "
-        "schedule 'manage.py throttle_usage --rollup' to copy it to the database",
-    ),
 )
 
 
@@ -254,22 +205,36 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
             errors.append(
                 checks.Error(
                     f"{PREFIX}{name} = {_shown(name, value)} {problem}.",
-                    hint="See the Settings section of the django-throttle README.",
+                    hint="See the settings reference in the django-throttle docs.",
                     id=f"django_throttle.{check_id}",
                 )
             )
     errors.extend(_check_redis_source())
     errors.extend(_check_proxy_trust())
-    errors.extend(
-        checks.Warning(
-            f"{PREFIX}{name} no longer does anything: {why}.",
-            hint=f"Remove {PREFIX}{name} from your settings.",
-            id="django_throttle.W001",
-        )
-        for name, why in REMOVED
-        if hasattr(settings, PREFIX + name)
-    )
+    errors.extend(_check_unknown_names())
     return errors
+
+
+def _check_unknown_names() -> list[checks.CheckMessage]:
+    """W001: a ``DJANGO_THROTTLE_*`` name that is no setting of this app, most likely a typo:
+    the setting meant keeps its default without a word."""
+    warnings: list[checks.CheckMessage] = []
+    for full_name in dir(settings):
+        name = full_name.removeprefix(PREFIX)
+        if name == full_name or name in NAMES:
+            continue
+        meant = difflib.get_close_matches(name, NAMES, n=1, cutoff=0.8)
+        warnings.append(
+            checks.Warning(
+                f"{full_name} is not a django-throttle setting, so it changes nothing.",
+                hint=f"Did you mean {PREFIX}{meant[0]}?"
+                if meant
+                else "Remove it; the settings reference in the django-throttle docs lists "
+                "every setting.",
+                id="django_throttle.W001",
+            )
+        )
+    return warnings
 
 
 #: Settings whose value is a secret: a check names them but never shows the value.

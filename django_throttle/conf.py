@@ -87,23 +87,6 @@ class Settings:
         return int(self._get("FAILURE_STATUS", 503))
 
     @property
-    def BREAKER_THRESHOLD(self) -> int:
-        """Consecutive backend failures after which the circuit breaker opens: while open,
-        backend calls fail at once instead of waiting for a timeout."""
-        return int(self._get("BREAKER_THRESHOLD", 3))
-
-    @property
-    def BREAKER_COOLDOWN(self) -> float:
-        """Seconds the breaker stays open before one request probes the backend again."""
-        return float(self._get("BREAKER_COOLDOWN", 0.5))
-
-    @property
-    def LOCAL_FALLBACK_MAX_CLIENTS(self) -> int:
-        """Most (client, limit) states the per-process fallback limiter of failure mode
-        ``"local"`` keeps; the least recently used are forgotten beyond it."""
-        return int(self._get("LOCAL_FALLBACK_MAX_CLIENTS", 100_000))
-
-    @property
     def UNKNOWN_CLIENT(self) -> str:
         """Anonymous requests whose address cannot be read (empty or garbage ``REMOTE_ADDR``,
         e.g. behind a Unix-socket proxy without ``TRUSTED_PROXY_COUNT``): ``"deny"`` refuses
@@ -213,18 +196,6 @@ class Settings:
         return str(self._get("IDENTITY_RESOLVER", "django_throttle.identity.resolve_identity"))
 
     @property
-    def POLICY_REFRESH_INTERVAL(self) -> float:
-        """Seconds between checks of the policy version; admin edits show within this."""
-        return float(self._get("POLICY_REFRESH_INTERVAL", 1.0))
-
-    @property
-    def POLICY_MAX_AGE(self) -> float:
-        """Seconds after which a process recompiles its policy even if the shared version did
-        not move; bounds how long a change the signals cannot see (``QuerySet.update``,
-        ``bulk_create``, raw SQL) takes to apply. 0 disables it."""
-        return float(self._get("POLICY_MAX_AGE", 300.0))
-
-    @property
     def IETF_HEADERS(self) -> bool:
         """Also send the IETF ``RateLimit`` and ``RateLimit-Policy`` response fields."""
         return bool(self._get("IETF_HEADERS", False))
@@ -234,46 +205,6 @@ class Settings:
         """Count every decision's outcome for ``manage.py throttle_usage`` (in the decision's
         own backend call)."""
         return bool(self._get("USAGE_ENABLED", True))
-
-    @property
-    def USAGE_REDIS_TTL(self) -> int:
-        """Seconds usage counters live in Redis (default 3 hours): run ``manage.py
-        throttle_usage --rollup`` more often than this, or older minutes are lost."""
-        return int(self._get("USAGE_REDIS_TTL", 3 * 3600))
-
-    @property
-    def USAGE_TOP_CLIENTS(self) -> int:
-        """Clients listed per minute and outcome (default 1,000; in Redis each key shard keeps
-        its heaviest ``ceil(N / KEY_SHARDS)``): bounds memory per minute (about 21 bytes a
-        client) whatever the number of clients. Beyond it a new client replaces the smallest
-        and inherits its count, so per-client numbers become estimates; tier and endpoint
-        totals stay exact."""
-        return int(self._get("USAGE_TOP_CLIENTS", 1000))
-
-    @property
-    def USAGE_CLIENT_SAMPLE(self) -> int:
-        """Allowed requests enter the per-client lists one in N (chosen by the microseconds of
-        the server clock), each counting N: the lists' cost per request drops N-fold while a
-        client's allowed count stays an unbiased estimate. Denied and shadow would-deny
-        requests are always counted; tier and endpoint totals are always exact. 1 counts
-        every request."""
-        return int(self._get("USAGE_CLIENT_SAMPLE", 8))
-
-    @property
-    def AUTHENTICATION_SCOPE(self) -> str:
-        """The endpoint-rule scope whose limits the DRF ``Protected*Authentication`` classes
-        count before the wrapped authentication checks a credential."""
-        return str(self._get("AUTHENTICATION_SCOPE", "authentication"))
-
-    @property
-    def EXEMPT_STAFF(self) -> bool:
-        """Never limit logged-in staff users (``is_staff``)."""
-        return bool(self._get("EXEMPT_STAFF", False))
-
-    @property
-    def EXEMPT_SUPERUSERS(self) -> bool:
-        """Never limit logged-in superusers."""
-        return bool(self._get("EXEMPT_SUPERUSERS", False))
 
     @property
     def DENIED_RESPONSE(self) -> str | None:
@@ -317,5 +248,11 @@ def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network
             continue
     return tuple(networks)
 
+
+#: Every setting's name without :data:`PREFIX`: a ``DJANGO_THROTTLE_*`` name outside it is a
+#: typo or a setting this app does not have (system check W001).
+NAMES = frozenset(
+    name for name, value in vars(Settings).items() if isinstance(value, property) and name.isupper()
+)
 
 app_settings = Settings()

@@ -286,7 +286,7 @@ def _plan(
     policy = snapshot()
     if identity is None:
         identity = get_resolver()(request)
-    if exempt_client(request, identity, policy.exemptions if policy is not None else None):
+    if exempt_client(identity, policy.exemptions if policy is not None else None):
         return UNLIMITED
     if identity.kind == UNIDENTIFIED.kind:
         decision = _unidentified()

@@ -204,17 +204,17 @@ class ApiKeyAuthentication:
 class CredentialProtection:
     """Mixed in before a DRF authentication class: when the request presents that scheme's
     credentials, count them against the limits of the endpoint rules of scope
-    ``DJANGO_THROTTLE_AUTHENTICATION_SCOPE`` ("authentication") *before* the wrapped class
+    :attr:`protection_scope` ("authentication") *before* the wrapped class
     checks them, so a refused attempt (429) never reaches the password hasher or the token
     table. Only the rule's limits are counted (the view's :class:`PolicyThrottle` counts the
     tier's later). Under a rule counting failures, an ``AuthenticationFailed`` keeps the
     tokens and a success gives them back. Fails closed when the backend cannot answer,
     unless the rule or tier names another failure mode.
 
-    ``protection_scope`` overrides the setting per class.
+    Set ``protection_scope`` on a subclass to count the rules of another scope.
     """
 
-    protection_scope: str | None = None
+    protection_scope: str = "authentication"
 
     def presents_credentials(self, request: Request) -> bool:
         """Whether the request carries this scheme's credentials: by default an
@@ -237,7 +237,7 @@ class CredentialProtection:
         try:
             decision = core.check(
                 http_request,
-                scope=self.protection_scope or app_settings.AUTHENTICATION_SCOPE,
+                scope=self.protection_scope,
                 credential=True,
                 rule_only=True,
             )

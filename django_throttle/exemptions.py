@@ -2,7 +2,6 @@
 
 - Views: :func:`throttle_exempt` on a function or class-based view, or ``throttle_exempt =
   True`` on a DRF view.
-- Staff and superusers: ``DJANGO_THROTTLE_EXEMPT_STAFF`` / ``DJANGO_THROTTLE_EXEMPT_SUPERUSERS``.
 - Users, groups and IP networks listed in the admin (:class:`~django_throttle.models.Exemption`):
   compiled into the policy snapshot as :class:`Exemptions`, so checking one costs no query.
 
@@ -16,7 +15,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from django_throttle.conf import app_settings
 from django_throttle.identity import Identity
 
 __all__ = ["Exemptions", "compile_exemptions", "exempt_client", "is_exempt_view", "throttle_exempt"]
@@ -79,17 +77,11 @@ class Exemptions:
         )
 
 
-def exempt_client(request: Any, identity: Identity, exemptions: Exemptions | None) -> bool:
-    """Whether the client, as ``identity`` names it, is exempt: a user by the settings or
-    the admin's list, an address by the admin's networks. Reads only what resolving the
-    identity already loaded (an API key's owner is never fetched)."""
+def exempt_client(identity: Identity, exemptions: Exemptions | None) -> bool:
+    """Whether the client, as ``identity`` names it, is exempt: a user by the admin's list
+    (directly or through a group), an address by the admin's networks. Reads only what
+    resolving the identity already loaded (an API key's owner is never fetched)."""
     if identity.kind == "user":
-        if app_settings.EXEMPT_SUPERUSERS or app_settings.EXEMPT_STAFF:
-            user = getattr(request, "user", None)
-            if app_settings.EXEMPT_SUPERUSERS and getattr(user, "is_superuser", False):
-                return True
-            if app_settings.EXEMPT_STAFF and getattr(user, "is_staff", False):
-                return True
         return bool(exemptions) and exemptions.covers_user(identity.user_id)  # type: ignore[union-attr]
     if identity.kind == "ip" and exemptions:
         return exemptions.covers_address(identity.value)

@@ -14,7 +14,6 @@ resetting one client leaves it alone: :func:`reset_ceilings` is its own explicit
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -22,7 +21,7 @@ from django.urls import Resolver404, resolve
 from django.utils.translation import gettext as _
 
 from django_throttle import policy as policy_module
-from django_throttle.backends import Backend, get_backend
+from django_throttle.backends import get_backend
 from django_throttle.backends.base import per_shard
 from django_throttle.conf import app_settings
 from django_throttle.identity import client_ip
@@ -237,7 +236,7 @@ def _decide(plans: Sequence[Planned]) -> tuple[Decision | None, str]:
     allowed: list[Decision] = []
     for plan in plans:
         decisions = [
-            _predict(backend, client, [counter.limit for counter in found], plan.cost)
+            backend.peek(client, [counter.limit for counter in found], cost=plan.cost)
             for client, found in plan.groups
         ]
         denied = [d for d in decisions if not d.allowed]
@@ -247,19 +246,6 @@ def _decide(plans: Sequence[Planned]) -> tuple[Decision | None, str]:
     if not allowed:
         return None, ""
     return min(allowed, key=lambda d: (d.limit is None, d.remaining)), ""
-
-
-def _predict(backend: Backend, client: str, limits: Sequence[Limit], cost: int) -> Decision:
-    """The decision a request of ``cost`` would get now, without consuming: the backend's
-    peek with that cost. A backend written before ``peek`` took a cost is asked for the state
-    alone, and the request is judged by the fewest tokens left."""
-    try:
-        return backend.peek(client, limits, cost=cost)
-    except TypeError:
-        state = backend.peek(client, limits)
-        if state.remaining >= cost:
-            return state
-        return dataclasses.replace(state, allowed=False, retry_after=state.reset_after)
 
 
 def _unseen(plans: Sequence[Planned], who: Probe, snapshot: Policy) -> tuple[str, ...]:

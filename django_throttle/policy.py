@@ -3,9 +3,9 @@
 Admin rows, tier assignments (:mod:`~django_throttle.user_tiers`) and API keys (their digests)
 included, are compiled once into plain objects; requests read only the snapshot, so a request
 costs zero SQL queries for any user or key. Every process checks a shared version (kept by the
-backend, through the circuit breaker) at most once per ``DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL``
-and recompiles when it changed, so admin edits reach all workers within seconds, without
-restarts; it also recompiles once the snapshot is ``DJANGO_THROTTLE_POLICY_MAX_AGE`` old, so
+backend, through the circuit breaker) at most once per :data:`REFRESH_INTERVAL` and
+recompiles when it changed, so admin edits reach all workers within a second, without
+restarts; it also recompiles once the snapshot is :data:`MAX_AGE` old, so
 writes no signal sees (``QuerySet.update``, ``bulk_create``, raw SQL) apply within that time.
 
 A row no limit can be built from (written around the admin) is skipped with one ERROR line per
@@ -26,7 +26,6 @@ from django.db import DatabaseError, router, transaction
 
 from django_throttle import events
 from django_throttle.backends import BackendError, get_backend
-from django_throttle.conf import app_settings
 from django_throttle.exemptions import compile_exemptions
 from django_throttle.rates import Limit
 from django_throttle.snapshot import ApiKeyPolicy, EndpointPolicy, Policy, TierPolicy
@@ -48,6 +47,13 @@ __all__ = [
 
 #: Monotonic seconds; tests replace it to age a snapshot without sleeping.
 clock = time.monotonic
+#: Seconds between two checks of the shared policy version: an admin edit reaches every
+#: process within it, for one cheap backend read per process and second.
+REFRESH_INTERVAL = 1.0
+#: Seconds after which a process recompiles its snapshot though the version did not move:
+#: bounds how long a change no signal sees (``QuerySet.update``, ``bulk_create``, raw SQL)
+#: takes to apply, for one compile per process every five minutes.
+MAX_AGE = 300.0
 
 
 def _usable(row: Any, outcome: str = "skipped") -> bool:
@@ -230,26 +236,25 @@ _cache = _Cache()
 
 def current() -> Policy:
     """The snapshot to use now; reloads when the shared version moved, when this process
-    changed the policy, or when the snapshot is older than ``POLICY_MAX_AGE`` (all checked
+    changed the policy, or when the snapshot is older than :data:`MAX_AGE` (all checked
     at most once per refresh interval, so most calls touch neither the database nor the
     backend). Other threads keep the previous snapshot while one thread recompiles."""
     policy = _cache.policy
     now = clock()
-    if policy is not None and now - _cache.checked_at < app_settings.POLICY_REFRESH_INTERVAL:
+    if policy is not None and now - _cache.checked_at < REFRESH_INTERVAL:
         return policy
     with _cache.lock:
         policy = _cache.policy
-        if policy is not None and now - _cache.checked_at < app_settings.POLICY_REFRESH_INTERVAL:
+        if policy is not None and now - _cache.checked_at < REFRESH_INTERVAL:
             return policy
         _cache.checked_at = now
         version = _shared_version(policy)
-        max_age = app_settings.POLICY_MAX_AGE
         if (
             policy is None
             or not policy.loaded
             or _cache.changed_here
             or version != policy.version
-            or (max_age > 0 and now - policy.compiled_at >= max_age)
+            or now - policy.compiled_at >= MAX_AGE
         ):
             # Cleared first: a change signalled while compiling triggers another compile.
             _cache.changed_here = False
@@ -262,7 +267,7 @@ def fresh() -> Policy | None:
     """The snapshot when no refresh check is due, else ``None`` (then call :func:`current`,
     which may read the backend and the database): lets async code stay off threads."""
     policy = _cache.policy
-    if policy is not None and clock() - _cache.checked_at < app_settings.POLICY_REFRESH_INTERVAL:
+    if policy is not None and clock() - _cache.checked_at < REFRESH_INTERVAL:
         return policy
     return None
 

@@ -217,15 +217,13 @@ def _basic_protection(view_class: Any) -> list[Check]:
     drf = sys.modules.get("django_throttle.drf")
     if drf is None:
         return []
-    from django_throttle.conf import app_settings
-
     for auth in getattr(view_class, "authentication_classes", ()) or ():
         if (
             isinstance(auth, type)
             and issubclass(auth, drf.CredentialProtection)
             and issubclass(auth, drf.BasicAuthentication)
         ):
-            scope = getattr(auth, "protection_scope", None) or app_settings.AUTHENTICATION_SCOPE
+            scope: str = getattr(auth, "protection_scope", "authentication")
             name = f"{auth.__name__} (scope '{scope}')"
             return [Check(name, scope, credential=True, rule_only=True)]
     return []

@@ -140,7 +140,7 @@ class Policy:
     by_path: tuple[EndpointPolicy, ...]
     version: str | None = None
     user_tiers: UserTiers = field(default_factory=UserTiers)
-    #: ``clock()`` when compiling started, for ``DJANGO_THROTTLE_POLICY_MAX_AGE``.
+    #: ``clock()`` when compiling started, for :data:`django_throttle.policy.MAX_AGE`.
     compiled_at: float = 0.0
     #: False for the empty stand-in used while the database cannot be read.
     loaded: bool = True

@@ -1,10 +1,11 @@
 """Usage reports, and the rollup that copies usage counts from the backend to the database.
 
-The backend keeps usage per minute (Redis: for ``DJANGO_THROTTLE_USAGE_REDIS_TTL`` seconds).
-:func:`rollup` copies finished minutes into :class:`~django_throttle.models.UsageCount` rows
-(``manage.py throttle_usage --rollup``, from cron or any periodic job, more often than that
-TTL) and records how far it got (the watermark). :func:`report` reads the rows for minutes up
-to the watermark and the backend for later ones: each minute comes from exactly one place.
+The backend keeps usage per minute, for
+:data:`~django_throttle.backends.usage_base.USAGE_TTL` seconds. :func:`rollup` copies
+finished minutes into :class:`~django_throttle.models.UsageCount` rows (``manage.py
+throttle_usage --rollup``, from cron or any periodic job, more often than that TTL) and
+records how far it got (the watermark). :func:`report` reads the rows for minutes up to the
+watermark and the backend for later ones: each minute comes from exactly one place.
 
 The rollup writes absolute counts: a minute's rows are replaced, never added to, so running
 it twice, concurrently, or again after a crash half way never counts twice. Counts pushed late
@@ -15,12 +16,13 @@ Two kinds of rows per minute, both with every outcome column:
 
 - tier x endpoint totals (``client`` is ``"*"``): exact, every request counted;
 - per-client rows (``tier`` and ``endpoint`` are ``"*"``): the heaviest clients per outcome,
-  at most ``DJANGO_THROTTLE_USAGE_TOP_CLIENTS`` a minute. Beyond that, a new client takes the
-  place of the smallest and inherits its count (Space-Saving): every client with a large share
-  is listed and the counts add up to the exact total, but a listed count can be too high by
-  what it inherited, and small clients are missing. Exact while fewer clients were seen.
-  Allowed requests enter these lists one in ``DJANGO_THROTTLE_USAGE_CLIENT_SAMPLE``, counted
-  that many times: per-client allowed figures are then estimates, and every report says so
+  at most :data:`~django_throttle.backends.usage_base.TOP_CLIENTS` a minute. Beyond that, a
+  new client takes the place of the smallest and inherits its count (Space-Saving): every
+  client with a large share is listed and the counts add up to the exact total, but a listed
+  count can be too high by what it inherited, and small clients are missing. Exact while
+  fewer clients were seen. Allowed requests enter these lists one in
+  :data:`~django_throttle.backends.usage_base.CLIENT_SAMPLE`, counted that many times:
+  per-client allowed figures are then estimates, and every report says so
   (:attr:`Report.estimated_fields`).
 
 Checks made before authentication (a credential rule's, see
@@ -46,6 +48,7 @@ from django.db import connections, router, transaction
 from django.db.models import Case, F, Max, Q, Sum, Value, When
 from django.utils import timezone
 
+from django_throttle.backends import usage_base
 from django_throttle.backends.usage_base import MinuteCounts, UsageStore
 from django_throttle.conf import app_settings
 from django_throttle.plain import plain_text
@@ -154,7 +157,7 @@ class Rollup:
 
 def _kept_minutes() -> int:
     """Minutes whose counts are surely still in the backend, the current one included."""
-    return max(2, int(app_settings.USAGE_REDIS_TTL) // 60)
+    return max(2, usage_base.USAGE_TTL // 60)
 
 
 def _window_start(minute: int) -> datetime:
@@ -395,7 +398,7 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
         uncopied_before=(
             datetime.fromtimestamp(first * 60, tz=UTC) if missing_from < first else None
         ),
-        sample=max(1, int(app_settings.USAGE_CLIENT_SAMPLE)) if by == "client" else 1,
+        sample=usage_base.CLIENT_SAMPLE if by == "client" else 1,
     )
 
 

@@ -122,8 +122,6 @@ DJANGO_THROTTLE_KEY_PREFIX = os.environ.get("DJANGO_THROTTLE_KEY_PREFIX") or (
 # Masks Redis passwords (settings, environment, messages, traceback variables) on the debug
 # page and in error reports, should DEBUG be turned on; RedactingLogFilter does it for logs.
 DEFAULT_EXCEPTION_REPORTER = "example_project.reporting.RedactingExceptionReporter"
-# Admin edits reach the running server within this many seconds.
-DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 1.0
 
 LOGGING = {
     "version": 1,

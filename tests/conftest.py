@@ -67,10 +67,13 @@ def backend(request: pytest.FixtureRequest, settings: Any) -> Iterator[Any]:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_throttle(settings: object) -> Iterator[str]:
-    """Give every test its own key prefix, backend instance and policy cache."""
+def _isolated_throttle(settings: object, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Give every test its own key prefix, backend instance and policy cache, and exact
+    per-client usage counts (tests/test_usage_sampling.py covers the sampled default)."""
     from django_throttle import backends, policy, usage
+    from django_throttle.backends import usage_base
 
+    monkeypatch.setattr(usage_base, "CLIENT_SAMPLE", 1)
     prefix = f"dtt{uuid.uuid4().hex[:10]}"
     settings.DJANGO_THROTTLE_KEY_PREFIX = prefix  # type: ignore[attr-defined]
     backends.reset_backend_cache()

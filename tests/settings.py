@@ -72,5 +72,3 @@ DJANGO_THROTTLE_REDIS_URL = os.environ.get(
 )
 # A loaded 2-core CI machine can stall for more than the production default of 50 ms.
 DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
-# Exact per-client usage counts in tests; tests/test_usage_sampling.py covers the sampled default.
-DJANGO_THROTTLE_USAGE_CLIENT_SAMPLE = 1

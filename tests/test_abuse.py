@@ -30,11 +30,11 @@ REQUESTS_EACH = 3
 
 
 @pytest.fixture
-def ceiling(settings: Any) -> None:
+def ceiling(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Anonymous: 1000/min per client and 50/h for all of them together; signed-in users
     have a tier of their own. The ceiling's share per shard (4) gets a token back every 19
     minutes, so however slow the machine, none comes back during a test."""
-    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 3600
+    monkeypatch.setattr(policy, "REFRESH_INTERVAL", 3600)
     anonymous = tier("anonymous", f"{PER_CLIENT}/min", is_default_anonymous=True)
     TierLimit.objects.create(tier=anonymous, rate=f"{CEILING}/h", shared=True)
     tier("members", "1000/min", is_default_authenticated=True)

@@ -31,8 +31,8 @@ LIMITS = (Limit.build("seen", "1000000/s"),)
 
 
 @pytest.fixture
-def partner(settings: Any) -> Tier:
-    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 3600
+def partner(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Tier:
+    monkeypatch.setattr(policy, "REFRESH_INTERVAL", 3600)
     tier("anonymous", "1000/m", is_default_anonymous=True)
     return tier("partner", "1000/m")
 

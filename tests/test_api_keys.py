@@ -50,9 +50,9 @@ def api_key(partner: Tier) -> tuple[ApiKey, str]:
 
 
 @pytest.fixture
-def warm(settings: Any) -> Callable[[], policy.Policy]:
+def warm(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Callable[[], policy.Policy]:
     """Compile the policy once, then never check the version during the test."""
-    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 3600
+    monkeypatch.setattr(policy, "REFRESH_INTERVAL", 3600)
 
     def compile_once() -> policy.Policy:
         compiled = policy.current()

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import redis
 
+from django_throttle import backends
 from django_throttle.backends import BackendError, get_backend, reset_backend_cache
 from django_throttle.backends.base import Backend
 from django_throttle.backends.memory import MemoryBackend
@@ -250,7 +251,7 @@ def test_every_key_has_a_ttl_matching_refill(
         redis_backend.hit("ttl-client", limits)
     keys = list(redis_client.scan_iter(f"{redis_backend.prefix}:*"))
     assert len(keys) == 2
-    ttls = {k.decode().rsplit(":", 1)[1]: redis_client.pttl(k) for k in keys}
+    ttls = {limit.id: redis_client.pttl(redis_backend.key("ttl-client", limit)) for limit in limits}
     # 3 tokens at 2/min refill in 90 s; at 5000/day in 3 x 17.28 s.
     assert 60_000 < ttls["ref"] <= 90_000
     assert 30_000 < ttls["day"] <= 51_840
@@ -587,10 +588,10 @@ def test_memory_backend_bound_must_be_positive() -> None:
         MemoryBackend(max_entries=0)
 
 
-def test_local_fallback_backend_is_bounded_by_its_setting(settings: Any) -> None:
+def test_local_fallback_backend_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     from django_throttle.backends import get_local_backend
 
-    settings.DJANGO_THROTTLE_LOCAL_FALLBACK_MAX_CLIENTS = 7
+    monkeypatch.setattr(backends, "LOCAL_FALLBACK_MAX_CLIENTS", 7)
     local = get_local_backend()
     assert local is get_local_backend()
     assert local.max_entries == 7
@@ -907,13 +908,12 @@ def test_each_algorithm_key_has_a_ttl(
 
 
 def test_keys_name_their_algorithm(redis_backend: RedisBackend) -> None:
-    """``…<digest>:id`` for the token bucket (the keys of earlier versions), ``…<digest><code>id``
-    for the others: same length, no collisions, and a new algorithm starts afresh."""
+    """``…<digest><code>id``: same length, no collisions, and a new algorithm starts afresh."""
     keys = {name: redis_backend.key("c", limit) for name, limit in ALGORITHM_LIMITS.items()}
-    assert keys["token_bucket"].endswith(":t12")
-    tag_and_digest = keys["token_bucket"][: -len(":t12")]
+    assert keys["token_bucket"].endswith("tt12")
+    tag_and_digest = keys["token_bucket"][: -len("tt12")]
     assert {key[len(tag_and_digest) :] for key in keys.values()} == {
-        ":t12",
+        "tt12",
         "gt12",
         "lt12",
         "ft12",

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from django_throttle import breaker as breaker_module
 from django_throttle.backends import BackendError, get_backend, reset_backend_cache
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.breaker import CircuitBreaker, CircuitOpen, get_breaker
@@ -255,9 +256,11 @@ def _errors(call: Callable[[], Any], times: int) -> list[BaseException]:
     return errors
 
 
-def test_process_breaker_follows_settings_and_is_reset_with_the_backends(settings: Any) -> None:
-    settings.DJANGO_THROTTLE_BREAKER_THRESHOLD = 7
-    settings.DJANGO_THROTTLE_BREAKER_COOLDOWN = 2.5
+def test_process_breaker_is_built_from_the_constants_and_reset_with_the_backends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(breaker_module, "THRESHOLD", 7)
+    monkeypatch.setattr(breaker_module, "COOLDOWN", 2.5)
     breaker = get_breaker()
     assert breaker is get_breaker()
     assert (breaker.threshold, breaker.cooldown) == (7, 2.5)

@@ -16,7 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_throttle import policy
-from django_throttle.checks import check_settings, check_settling_middleware
+from django_throttle.checks import check_settling_middleware
 from django_throttle.decorators import throttle
 from django_throttle.models import EndpointLimit, EndpointRule, Tier
 
@@ -220,9 +220,3 @@ def test_warning_when_a_rule_counts_some_outcomes_without_the_middleware(
     assert warning.id == "django_throttle.W003"
     assert warning.level == checks.WARNING
     assert "search" in warning.msg
-
-
-@pytest.mark.parametrize("value", ["", "  auth", 5])
-def test_a_bad_authentication_scope_is_an_error(settings: Any, value: object) -> None:
-    settings.DJANGO_THROTTLE_AUTHENTICATION_SCOPE = value
-    assert [e.id for e in check_settings()] == ["django_throttle.E035"]

@@ -9,6 +9,7 @@ import pytest
 import redis
 from django.test import Client
 
+from django_throttle import policy
 from django_throttle.backends import get_backend
 from django_throttle.backends.wire import Stack
 from django_throttle.drf import PolicyThrottle
@@ -197,7 +198,7 @@ def test_one_redis_round_trip_per_request_however_many_limits(
 ) -> None:
     """Counted at both ways out: redis-py's command sending and the backend's own lean
     counting call (one packed command each), against the real Redis."""
-    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 3600  # type: ignore[attr-defined]
+    monkeypatch.setattr(policy, "REFRESH_INTERVAL", 3600)
     anon = tier("anonymous", "100/s", "1000/m", "10000/h", "100000/d", is_default_anonymous=True)
     endpoint("pings", "route", "ping", limits={anon: "500/s"})
     client.get("/api/ping/")  # warm: loads the policy and the script

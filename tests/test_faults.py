@@ -13,6 +13,7 @@ left in Redis. Never on wall time; waits poll with generous deadlines.
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import threading
 import time
@@ -26,6 +27,7 @@ from django.test import Client
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from django_throttle import breaker as breaker_module
 from django_throttle import policy
 from tests.bucket_state import pack_bucket, stored_used
 from tests.factories import tier
@@ -84,8 +86,15 @@ def admin_client(server: RedisServer) -> Iterator[redis.Redis]:
     client.close()
 
 
-def configure(
+@pytest.fixture
+def configure(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    """:func:`_configure` for this test."""
+    return functools.partial(_configure, settings, monkeypatch)
+
+
+def _configure(
     settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
     url: str,
     *,
     timeout: float = FAULT_TIMEOUT,
@@ -104,10 +113,10 @@ def configure(
         "socket_timeout": timeout,
         "socket_connect_timeout": timeout,
     }
-    settings.DJANGO_THROTTLE_BREAKER_THRESHOLD = threshold
-    settings.DJANGO_THROTTLE_BREAKER_COOLDOWN = cooldown
+    monkeypatch.setattr(breaker_module, "THRESHOLD", threshold)
+    monkeypatch.setattr(breaker_module, "COOLDOWN", cooldown)
     settings.DJANGO_THROTTLE_FAILURE_MODE = mode
-    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 3600.0
+    monkeypatch.setattr(policy, "REFRESH_INTERVAL", 3600.0)
     for name, value in extra.items():
         setattr(settings, f"DJANGO_THROTTLE_{name}", value)
 
@@ -207,7 +216,8 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 15.0) 
 def used_tokens(client: redis.Redis, prefix: str) -> dict[str, float]:
     """Tokens used per bucket key under ``prefix``, read from the token-bucket state."""
     found = {}
-    for key in client.scan_iter(match=f"{prefix}:{{*}}*:*", count=1000):  # token buckets only
+    # Token buckets only: the 16-character client digest, then their code letter "t".
+    for key in client.scan_iter(match=f"{prefix}:{{*}}{'?' * 16}t*", count=1000):
         used = stored_used(client.get(key))
         if used is not None:
             found[key.decode()] = used
@@ -277,9 +287,13 @@ def test_fault_proxy_modes_do_what_they_say(proxy: FaultProxy, admin_client: red
 
 @pytest.mark.parametrize("fault", PROXY_FAULTS + SERVER_FAULTS)
 def test_fault_costs_a_handful_of_backend_calls_then_none_and_never_500(
-    fault: str, settings: Any, proxy: FaultProxy, server: RedisServer
+    fault: str,
+    settings: Any,
+    proxy: FaultProxy,
+    server: RedisServer,
+    configure: Callable[..., None],
 ) -> None:
-    configure(settings, proxy.url)
+    configure(proxy.url)
     anonymous_tier("1000/d", burst=1000)
     assert request("10.255.0.1") == Seen(200, None, None, "999")
 
@@ -311,12 +325,15 @@ def test_fault_costs_a_handful_of_backend_calls_then_none_and_never_500(
 
 
 def test_redis_restarted_under_load_never_500_and_counts_again(
-    settings: Any, proxy: FaultProxy, server: RedisServer
+    settings: Any,
+    proxy: FaultProxy,
+    server: RedisServer,
+    configure: Callable[..., None],
 ) -> None:
     """SIGKILL and restart on the same port while threads send requests: pooled connections
     die, the new server has no script and no data; clients see 200s throughout, then exact
     counting on the new server."""
-    configure(settings, proxy.url, cooldown=0.3)
+    configure(proxy.url, cooldown=0.3)
     anonymous_tier("1000/d", burst=1000)
     finished = itertools.count(1)
     restarts = []
@@ -342,9 +359,11 @@ def test_redis_restarted_under_load_never_500_and_counts_again(
 
 
 def test_failure_mode_open_serves_and_says_the_limiter_was_bypassed(
-    settings: Any, proxy: FaultProxy
+    settings: Any,
+    proxy: FaultProxy,
+    configure: Callable[..., None],
 ) -> None:
-    configure(settings, proxy.url, mode="open")
+    configure(proxy.url, mode="open")
     anonymous_tier("2/h", burst=2)
     proxy.set_mode("refuse")
     seen = [request("10.6.0.1") for _ in range(2 * MAX_FAILURES)]
@@ -353,10 +372,13 @@ def test_failure_mode_open_serves_and_says_the_limiter_was_bypassed(
 
 @pytest.mark.parametrize("status", [503, 429])
 def test_failure_mode_closed_refuses_with_retry_after_and_says_why(
-    status: int, settings: Any, proxy: FaultProxy
+    status: int,
+    settings: Any,
+    proxy: FaultProxy,
+    configure: Callable[..., None],
 ) -> None:
     cooldown = 30.0
-    configure(settings, proxy.url, mode="closed", cooldown=cooldown, FAILURE_STATUS=status)
+    configure(proxy.url, mode="closed", cooldown=cooldown, FAILURE_STATUS=status)
     anonymous_tier("1000/h", burst=1000)
     proxy.set_mode("refuse")
     client = Client(raise_request_exception=False)
@@ -374,8 +396,10 @@ def test_failure_mode_closed_refuses_with_retry_after_and_says_why(
     assert "X-RateLimit-Remaining" not in responses[-1]  # no invented limit
 
 
-def test_failure_mode_local_enforces_the_limit_in_process(settings: Any, proxy: FaultProxy) -> None:
-    configure(settings, proxy.url, mode="local")
+def test_failure_mode_local_enforces_the_limit_in_process(
+    settings: Any, proxy: FaultProxy, configure: Callable[..., None]
+) -> None:
+    configure(proxy.url, mode="local")
     anonymous_tier("3/h", burst=3)
     proxy.set_mode("refuse")
     seen = [request("10.6.0.3") for _ in range(5)]
@@ -387,8 +411,10 @@ def test_failure_mode_local_enforces_the_limit_in_process(settings: Any, proxy: 
     assert request("10.6.0.4") == Seen(200, "local", None, "2")
 
 
-def test_a_tier_failure_mode_overrides_the_setting(settings: Any, proxy: FaultProxy) -> None:
-    configure(settings, proxy.url, mode="open")
+def test_a_tier_failure_mode_overrides_the_setting(
+    settings: Any, proxy: FaultProxy, configure: Callable[..., None]
+) -> None:
+    configure(proxy.url, mode="open")
     anonymous_tier("1000/h", burst=1000, failure_mode="closed")
     proxy.set_mode("refuse")
     assert request("10.6.0.5").status == 503
@@ -404,12 +430,13 @@ def test_a_lost_reply_charges_once_and_is_never_replayed(
     proxy: FaultProxy,
     admin_client: redis.Redis,
     _isolated_throttle: str,
+    configure: Callable[..., None],
 ) -> None:
     """Redis executed the script but the reply never arrived: the request fails open, and it
     cost exactly one EVALSHA and one token, never a second attempt."""
     requests = 12
     # The breaker effectively off, so every request reaches the proxy.
-    configure(settings, proxy.url, threshold=1000)
+    configure(proxy.url, threshold=1000)
     anonymous_tier("1000/d", burst=1000)
     assert request("10.0.0.1").status == 200  # loads the script, charges 1
 
@@ -428,9 +455,13 @@ def test_a_lost_reply_charges_once_and_is_never_replayed(
 
 
 def test_lost_replies_under_threads_never_charge_more_than_requests(
-    settings: Any, proxy: FaultProxy, admin_client: redis.Redis, _isolated_throttle: str
+    settings: Any,
+    proxy: FaultProxy,
+    admin_client: redis.Redis,
+    _isolated_throttle: str,
+    configure: Callable[..., None],
 ) -> None:
-    configure(settings, proxy.url, threshold=1000)
+    configure(proxy.url, threshold=1000)
     anonymous_tier("1000/d", burst=1000)
     assert request("10.0.0.1").status == 200
     proxy.set_mode("drop_reply")
@@ -449,9 +480,13 @@ def test_lost_replies_under_threads_never_charge_more_than_requests(
 
 @pytest.mark.parametrize("fault", ["refuse", "blackhole", "sigkill", "sigstop"])
 def test_limiting_is_exact_again_at_the_first_request_after_the_cooldown(
-    fault: str, settings: Any, proxy: FaultProxy, server: RedisServer
+    fault: str,
+    settings: Any,
+    proxy: FaultProxy,
+    server: RedisServer,
+    configure: Callable[..., None],
 ) -> None:
-    configure(settings, proxy.url, cooldown=0.3)
+    configure(proxy.url, cooldown=0.3)
     anonymous_tier("5/h", burst=5)
     assert request("10.1.0.1") == Seen(200, None, None, "4")
 
@@ -486,9 +521,10 @@ def test_script_flush_every_20ms_costs_no_error_and_no_double_charge(
     server: RedisServer,
     admin_client: redis.Redis,
     _isolated_throttle: str,
+    configure: Callable[..., None],
 ) -> None:
     requests = THREADS * 25
-    configure(settings, server.url, timeout=HEALTHY_TIMEOUT)
+    configure(server.url, timeout=HEALTHY_TIMEOUT)
     anonymous_tier(f"{burst}/d", burst=burst)
     stop = threading.Event()
     flushes = 0
@@ -538,9 +574,13 @@ def _assert_failure_mode(mode: str, seen: Seen) -> None:
 
 @pytest.mark.parametrize("mode", ["open", "closed"])
 def test_out_of_memory_takes_the_failure_mode(
-    mode: str, settings: Any, server: RedisServer, admin_client: redis.Redis
+    mode: str,
+    settings: Any,
+    server: RedisServer,
+    admin_client: redis.Redis,
+    configure: Callable[..., None],
 ) -> None:
-    configure(settings, server.url, timeout=HEALTHY_TIMEOUT, mode=mode)
+    configure(server.url, timeout=HEALTHY_TIMEOUT, mode=mode)
     anonymous_tier("1000/d", burst=1000)
     assert request("10.3.0.1").status == 200  # keys exist; the script is loaded
     admin_client.config_set("maxmemory-policy", "noeviction")
@@ -557,9 +597,13 @@ def test_out_of_memory_takes_the_failure_mode(
 
 @pytest.mark.parametrize("mode", ["open", "closed"])
 def test_busy_script_takes_the_failure_mode(
-    mode: str, settings: Any, server: RedisServer, admin_client: redis.Redis
+    mode: str,
+    settings: Any,
+    server: RedisServer,
+    admin_client: redis.Redis,
+    configure: Callable[..., None],
 ) -> None:
-    configure(settings, server.url, timeout=HEALTHY_TIMEOUT, mode=mode)
+    configure(server.url, timeout=HEALTHY_TIMEOUT, mode=mode)
     anonymous_tier("1000/d", burst=1000)
     assert request("10.4.0.1").status == 200
     admin_client.config_set("busy-reply-threshold", 10)  # BUSY after 10 ms, not 5 s
@@ -611,9 +655,10 @@ def test_state_from_a_future_clock_never_yields_a_negative_or_huge_retry_after(
     server: RedisServer,
     admin_client: redis.Redis,
     _isolated_throttle: str,
+    configure: Callable[..., None],
 ) -> None:
     """A state written when the server's clock was ten years ahead (then stepped back)."""
-    configure(settings, server.url, timeout=HEALTHY_TIMEOUT)
+    configure(server.url, timeout=HEALTHY_TIMEOUT)
     anonymous_tier("1/m", burst=5)  # window: 5 tokens x 60 s
     window = 300
     assert request("10.5.0.1").status == 200

@@ -16,6 +16,7 @@ from django.http import HttpRequest, HttpResponse
 from django.test import Client
 from django.urls import path
 
+from django_throttle import breaker as breaker_module
 from django_throttle import policy
 from django_throttle.backends import ArgumentRefused, BackendError, get_backend
 from django_throttle.backends.redis import RedisBackend
@@ -82,11 +83,11 @@ class PaddedLabels(RedisBackend):
 
 
 @pytest.fixture
-def login_rule(settings: Any) -> Tier:
+def login_rule(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Tier:
     """The demo's login rule (by IP address and by username, failures counted); a breaker
     that would stay open for an hour once opened."""
-    settings.DJANGO_THROTTLE_BREAKER_COOLDOWN = 3600
-    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 3600
+    monkeypatch.setattr(breaker_module, "COOLDOWN", 3600)
+    monkeypatch.setattr(policy, "REFRESH_INTERVAL", 3600)
     anonymous = Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
     anonymous.limits.create(rate="1000/min")
     rule = EndpointRule.objects.create(name="login", pattern="login", counts="failures")
@@ -173,9 +174,11 @@ def test_every_kind_of_identity_gets_a_bounded_distinct_label(identity: Identity
     assert Identity(identity.kind, key.partition("#")[2]).key != key
 
 
-def test_a_custom_resolver_with_long_identities_is_counted(settings: Any) -> None:
+def test_a_custom_resolver_with_long_identities_is_counted(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     settings.DJANGO_THROTTLE_IDENTITY_RESOLVER = "tests.test_long_identities.long_value_resolver"
-    settings.DJANGO_THROTTLE_BREAKER_COOLDOWN = 3600
+    monkeypatch.setattr(breaker_module, "COOLDOWN", 3600)
     client = Client()
 
     def get(token: str) -> int:
@@ -187,10 +190,12 @@ def test_a_custom_resolver_with_long_identities_is_counted(settings: Any) -> Non
 
 
 def test_an_argument_the_script_refuses_never_opens_the_breaker(
-    settings: Any, caplog: pytest.LogCaptureFixture
+    settings: Any,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings.DJANGO_THROTTLE_BACKEND = "tests.test_long_identities.PaddedLabels"
-    settings.DJANGO_THROTTLE_BREAKER_COOLDOWN = 3600
+    monkeypatch.setattr(breaker_module, "COOLDOWN", 3600)
     settings.DJANGO_THROTTLE_FAILURE_MODE = "open"
     client = Client()
     with caplog.at_level(logging.ERROR, logger="django_throttle.breaker"):
@@ -220,9 +225,11 @@ def test_the_redis_backend_reports_a_refused_argument_as_no_outage() -> None:
     assert backend.hit("user:1", [limit], usage="field").allowed
 
 
-def test_a_refused_argument_closes_a_half_open_breaker(settings: Any) -> None:
+def test_a_refused_argument_closes_a_half_open_breaker(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The backend answered: the probe proves it is back."""
-    settings.DJANGO_THROTTLE_BREAKER_COOLDOWN = 0
+    monkeypatch.setattr(breaker_module, "COOLDOWN", 0)
     backend = get_backend()
     breaker = get_breaker()
 

@@ -13,6 +13,7 @@ import pytest
 from django.test import RequestFactory
 from prometheus_client import REGISTRY
 
+from django_throttle import breaker as breaker_module
 from django_throttle import core, events, metrics, policy
 from django_throttle.backends import BackendError
 from django_throttle.breaker import CircuitBreaker
@@ -104,10 +105,12 @@ def test_shadow_would_denies_are_their_own_outcome(client: Any, received: Any) -
     assert received["request_throttled"][0]["shadow"] is True
 
 
-def test_a_dead_backend_counts_errors_and_failed_open(settings: Any, received: Any) -> None:
+def test_a_dead_backend_counts_errors_and_failed_open(
+    settings: Any, received: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"
     settings.DJANGO_THROTTLE_FAILURE_MODE = "open"
-    settings.DJANGO_THROTTLE_BREAKER_THRESHOLD = 2
+    monkeypatch.setattr(breaker_module, "THRESHOLD", 2)
     metrics.connect()
     errors_before = sample("django_throttle_backend_errors_total", reason="connection")
     request = RequestFactory().get("/")

@@ -15,6 +15,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from django_throttle import breaker as breaker_module
 from django_throttle import policy
 from django_throttle.backends import get_backend
 from django_throttle.identity import Identity
@@ -46,9 +47,13 @@ def test_anonymous_gets_default_anonymous_tier() -> None:
 
 
 def test_zero_queries_per_request_once_warm(
-    client: Client, django_user_model: type, django_assert_num_queries: object, settings: object
+    client: Client,
+    django_user_model: type,
+    django_assert_num_queries: object,
+    settings: object,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 3600  # type: ignore[attr-defined]
+    monkeypatch.setattr(policy, "REFRESH_INTERVAL", 3600)
     tier("anonymous", "100/s", is_default_anonymous=True)
     tier("free", "100/s", "1000/d", is_default_authenticated=True)
     user = django_user_model.objects.create_user("u", password="pw")
@@ -67,11 +72,14 @@ def test_zero_queries_per_request_once_warm(
 
 
 def test_admin_edit_reaches_another_process_within_refresh_interval(
-    client: Client, settings: object, clock: FakeClock
+    client: Client,
+    settings: object,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A worker that did not make the edit sees it once the shared version moves: at its
     next check, one refresh interval after the last."""
-    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 0.5  # type: ignore[attr-defined]
+    monkeypatch.setattr(policy, "REFRESH_INTERVAL", 0.5)
     anon = tier("anonymous", "1/h", is_default_anonymous=True)
     assert [client.get("/api/ping/").status_code for _ in range(2)] == [200, 429]
     # Simulate another process's edit: change the row without this process's signals...
@@ -117,7 +125,7 @@ def test_policy_load_failure_does_not_break_requests(
     interval, not on every request."""
     from django.db import DatabaseError
 
-    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 3600  # type: ignore[attr-defined]
+    monkeypatch.setattr(policy, "REFRESH_INTERVAL", 3600)
     tier("anonymous", "1/h", is_default_anonymous=True)
     attempts: list[object] = []
     real_compile = policy.compile_policy
@@ -140,7 +148,7 @@ def test_last_good_policy_survives_a_failed_reload(
 ) -> None:
     from django.db import DatabaseError
 
-    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 1  # type: ignore[attr-defined]
+    monkeypatch.setattr(policy, "REFRESH_INTERVAL", 1)
     tier("anonymous", "1/h", is_default_anonymous=True)
     assert client.get("/api/ping/").status_code == 200
 
@@ -317,10 +325,13 @@ def test_bad_rows_never_500_on_first_compile(client: Client) -> None:
 
 
 def test_bad_rows_never_500_after_a_version_bump(
-    client: Client, settings: object, clock: FakeClock
+    client: Client,
+    settings: object,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A running process whose next reload meets bad rows keeps answering 200/429."""
-    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 1  # type: ignore[attr-defined]
+    monkeypatch.setattr(policy, "REFRESH_INTERVAL", 1)
     tier("anonymous", "3/h", is_default_anonymous=True)
     assert client.get("/api/ping/").status_code == 200
     make_bad = TierLimit.objects.create(tier=TierLimit.objects.get().tier, rate="1/h")
@@ -333,7 +344,7 @@ def test_bad_rows_never_500_after_a_version_bump(
 def test_an_unexpected_compile_error_keeps_the_last_policy(
     client: Client, monkeypatch: pytest.MonkeyPatch, settings: object, clock: FakeClock
 ) -> None:
-    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 1  # type: ignore[attr-defined]
+    monkeypatch.setattr(policy, "REFRESH_INTERVAL", 1)
     tier("anonymous", "1/h", is_default_anonymous=True)
     assert client.get("/api/ping/").status_code == 200
 
@@ -395,7 +406,7 @@ def test_failure_mode_is_the_rules_else_the_tiers_else_the_setting(settings: obj
     assert compiled.failure_mode_for(plain, None) == "closed"
 
 
-# Changes no signal sees apply after POLICY_MAX_AGE -----------------------------------------
+# Changes no signal sees apply after policy.MAX_AGE -----------------------------------------
 
 
 class FakeClock:
@@ -414,10 +425,13 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
 
 
 def test_a_queryset_update_applies_after_the_max_age(
-    client: Client, clock: FakeClock, settings: object
+    client: Client,
+    clock: FakeClock,
+    settings: object,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 1  # type: ignore[attr-defined]
-    settings.DJANGO_THROTTLE_POLICY_MAX_AGE = 120  # type: ignore[attr-defined]
+    monkeypatch.setattr(policy, "REFRESH_INTERVAL", 1)
+    monkeypatch.setattr(policy, "MAX_AGE", 120)
     anon = tier("anonymous", "1/h", is_default_anonymous=True)
     assert [client.get("/api/ping/").status_code for _ in range(2)] == [200, 429]
     TierLimit.objects.filter(tier=anon).update(rate="100/h")  # no signal, no bump
@@ -428,10 +442,13 @@ def test_a_queryset_update_applies_after_the_max_age(
 
 
 def test_the_max_age_is_checked_once_per_refresh_interval(
-    clock: FakeClock, settings: object, django_assert_num_queries: object
+    clock: FakeClock,
+    settings: object,
+    django_assert_num_queries: object,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 10  # type: ignore[attr-defined]
-    settings.DJANGO_THROTTLE_POLICY_MAX_AGE = 5  # type: ignore[attr-defined]
+    monkeypatch.setattr(policy, "REFRESH_INTERVAL", 10)
+    monkeypatch.setattr(policy, "MAX_AGE", 5)
     first = policy.current()
     clock.now += 9
     with django_assert_num_queries(0):  # type: ignore[operator]
@@ -444,13 +461,16 @@ def test_the_max_age_is_checked_once_per_refresh_interval(
 
 
 def test_an_open_breaker_keeps_the_policy_and_logs_nothing_per_request(
-    settings: object, caplog: pytest.LogCaptureFixture, clock: FakeClock
+    settings: object,
+    caplog: pytest.LogCaptureFixture,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from django_throttle.backends import BackendError
     from django_throttle.breaker import get_breaker
 
-    settings.DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL = 0.001  # type: ignore[attr-defined]
-    settings.DJANGO_THROTTLE_BREAKER_COOLDOWN = 3600  # type: ignore[attr-defined]
+    monkeypatch.setattr(policy, "REFRESH_INTERVAL", 0.001)
+    monkeypatch.setattr(breaker_module, "COOLDOWN", 3600)
     tier("anonymous", "2/h", is_default_anonymous=True)
     warm = policy.current()
     breaker = get_breaker()

@@ -123,14 +123,14 @@ def test_keys_carry_the_shard_and_no_client_digest(
     for client in shards[3][:2] + shards[9][:1]:
         assert backend.hit(client, limits).allowed
     keys = sorted(key.decode() for key in redis_client.keys(f"{_isolated_throttle}:*"))
-    codes = dict(zip(Algorithm.values, ":glfwsc", strict=True))
+    codes = dict(zip(Algorithm.values, "tglfwsc", strict=True))
     expected = sorted(
         f"{_isolated_throttle}:{{{shard}}}*{codes[limit.algorithm]}{limit.id}"
         for shard in (3, 9)
         for limit in limits
     )
     assert keys == expected
-    assert backend.key(shards[3][0], limits[0]) == f"{_isolated_throttle}:{{3}}*:s0"
+    assert backend.key(shards[3][0], limits[0]) == f"{_isolated_throttle}:{{3}}*ts0"
     assert all(redis_client.pttl(key) > 0 for key in keys)
 
 

@@ -17,7 +17,7 @@ from django.core.management import call_command
 from django.test import RequestFactory
 
 from django_throttle import core, usage
-from django_throttle.backends import get_backend
+from django_throttle.backends import get_backend, usage_base
 from django_throttle.backends.base import Backend
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis_usage import lua_source
@@ -173,9 +173,9 @@ def test_a_field_is_short_and_bounded() -> None:
 
 
 @pytest.fixture
-def count(redis_client: redis.Redis, settings: Any) -> Iterator[Any]:
-    """Call count_usage directly: usage.lua as configured, and a one-line driver."""
-    settings.DJANGO_THROTTLE_USAGE_TOP_CLIENTS = 3
+def count(redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Call count_usage directly: usage.lua with a top size of 3, and a one-line driver."""
+    monkeypatch.setattr(usage_base, "TOP_CLIENTS", 3)
     driver = "count_usage(KEYS[1], tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]))"
     source = lua_source(shards=1) + "\n" + driver
     tag = f"test-{os.urandom(4).hex()}:{{0}}"
@@ -215,11 +215,13 @@ def test_lua_sets_a_ttl_on_every_key_it_writes(count: Any, redis_client: redis.R
     keys = redis_client.keys(f"{count.tag}*")
 
     assert len(keys) == 6  # the totals hash and one top list per outcome
-    assert all(0 < redis_client.ttl(key) <= 3 * 3600 for key in keys)
+    assert all(0 < redis_client.ttl(key) <= usage_base.USAGE_TTL for key in keys)
 
 
-def test_lua_top_of_one_keeps_its_ttl(count: Any, redis_client: redis.Redis, settings: Any) -> None:
-    settings.DJANGO_THROTTLE_USAGE_TOP_CLIENTS = 1
+def test_lua_top_of_one_keeps_its_ttl(
+    count: Any, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(usage_base, "TOP_CLIENTS", 1)
     source = (
         lua_source(shards=1) + "\ncount_usage(KEYS[1], tonumber(ARGV[1]), 'f', ARGV[2], 'a', 1)"
     )

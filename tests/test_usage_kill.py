@@ -27,6 +27,8 @@ from django.conf import settings
 settings.DJANGO_THROTTLE_KEY_PREFIX = sys.argv[1]
 import django
 django.setup()
+from django_throttle.backends import usage_base
+usage_base.CLIENT_SAMPLE = 1  # exact per-client counts, as in the suite (tests/conftest.py)
 from django.core.management import call_command
 call_command("migrate", verbosity=0)
 from tests.factories import endpoint, tier

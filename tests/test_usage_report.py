@@ -18,9 +18,8 @@ from django.db.models import QuerySet
 from django.urls import reverse
 
 from django_throttle import usage, usage_report
-from django_throttle.backends import get_backend
+from django_throttle.backends import get_backend, usage_base
 from django_throttle.backends.base import Backend
-from django_throttle.checks import check_settings
 from django_throttle.models import UsageCount
 from tests.test_usage import MEMORY, OUTCOMES, by, columns, run, send
 
@@ -212,11 +211,11 @@ def test_command_says_when_redis_cannot_answer(settings: Any) -> None:
 
 
 def test_more_clients_than_the_top_lists_hold_are_estimates(
-    backend: Backend, settings: Any
+    backend: Backend, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings.DJANGO_THROTTLE_USAGE_TOP_CLIENTS = 2
+    monkeypatch.setattr(usage_base, "TOP_CLIENTS", 2)
     settings.DJANGO_THROTTLE_KEY_SHARDS = 1
-    backend = get_backend()  # rebuilt with the settings
+    backend = get_backend()  # rebuilt with the new size
     send(backend, "user:1", "pro", "search", allowed=30)
     for client in ["user:2", "user:3", "user:4"]:
         send(backend, client, "pro", "search", allowed=3)
@@ -367,8 +366,10 @@ def test_report_reads_rows_older_than_redis_keeps(traffic: None) -> None:
     assert by("tier", "--since", "1d")["old"] == columns(allowed=100)
 
 
-def test_report_notes_minutes_that_left_redis_uncopied(traffic: None, settings: Any) -> None:
-    settings.DJANGO_THROTTLE_USAGE_REDIS_TTL = 3600
+def test_report_notes_minutes_that_left_redis_uncopied(
+    traffic: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(usage_base, "USAGE_TTL", 3600)
     stderr = io.StringIO()
 
     run("--since", "2h", stderr=stderr)
@@ -420,7 +421,7 @@ def test_migration_splits_old_rows_into_totals_and_clients() -> None:
     }
 
 
-# Admin and settings
+# Admin
 
 
 def test_admin_lists_totals_apart_from_clients(admin_client: Any) -> None:
@@ -437,28 +438,3 @@ def test_admin_lists_totals_apart_from_clients(admin_client: Any) -> None:
 
     assert listed("totals") == [(ALL, "endpoint-xyz")]
     assert listed("clients") == [("user:42", ALL)]
-
-
-def test_the_flush_interval_setting_is_gone(settings: Any) -> None:
-    settings.DJANGO_THROTTLE_USAGE_FLUSH_INTERVAL = 10
-    [warning] = check_settings()
-    assert warning.id == "django_throttle.W001"
-    assert "DJANGO_THROTTLE_USAGE_FLUSH_INTERVAL no longer does anything" in warning.msg
-    assert "throttle_usage --rollup" in warning.msg
-
-
-@pytest.mark.parametrize(
-    ("name", "value", "check_id"),
-    [
-        ("USAGE_REDIS_TTL", 60, "E027"),
-        ("USAGE_REDIS_TTL", "3h", "E027"),
-        ("USAGE_REDIS_TTL", 31 * 86400, "E027"),
-        ("USAGE_TOP_CLIENTS", 0, "E028"),
-        ("USAGE_TOP_CLIENTS", 10.5, "E028"),
-    ],
-)
-def test_bad_usage_settings_have_their_own_ids(
-    settings: Any, name: str, value: Any, check_id: str
-) -> None:
-    setattr(settings, f"DJANGO_THROTTLE_{name}", value)
-    assert [error.id for error in check_settings()] == [f"django_throttle.{check_id}"]

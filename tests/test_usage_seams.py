@@ -32,6 +32,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from django_throttle.backends import reset_backend_cache, usage_base
 from django_throttle.credentials import protect_credentials
 from django_throttle.drf import ProtectedBasicAuthentication
 from django_throttle.identity import Identity, resolve_identity
@@ -215,9 +216,10 @@ def traffic(client: Any, tiers: tuple[Tier, Tier]) -> None:
 
 
 def test_sampled_per_client_figures_are_marked_as_estimates(
-    client: Any, backend: str, tiers: tuple[Tier, Tier], settings: Any
+    client: Any, backend: str, tiers: tuple[Tier, Tier], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings.DJANGO_THROTTLE_USAGE_CLIENT_SAMPLE = 8
+    monkeypatch.setattr(usage_base, "CLIENT_SAMPLE", 8)
+    reset_backend_cache()
     traffic(client, tiers)
     estimated = ["allowed", "total", "denied_percent"]
 

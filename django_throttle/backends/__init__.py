@@ -25,6 +25,11 @@ __all__ = [
     "reset_backend_cache",
 ]
 
+#: Most (client, limit) states the fallback limiter of failure mode ``"local"`` keeps, the
+#: least recently used forgotten beyond it: bounds what an outage costs a process in memory,
+#: whatever the number of clients.
+LOCAL_FALLBACK_MAX_CLIENTS = 100_000
+
 _lock = threading.Lock()
 _backend: Backend | None = None
 _local: MemoryBackend | None = None
@@ -55,14 +60,14 @@ def _build() -> Backend:
 
 def get_local_backend() -> MemoryBackend:
     """The process's fallback limiter for failure mode ``"local"``: an in-memory backend
-    bounded by ``DJANGO_THROTTLE_LOCAL_FALLBACK_MAX_CLIENTS`` states, built on first use."""
+    bounded by :data:`LOCAL_FALLBACK_MAX_CLIENTS` states, built on first use."""
     global _local
     local = _local
     if local is not None:
         return local
     with _lock:
         if _local is None:
-            _local = MemoryBackend(max_entries=app_settings.LOCAL_FALLBACK_MAX_CLIENTS)
+            _local = MemoryBackend(max_entries=LOCAL_FALLBACK_MAX_CLIENTS)
         return _local
 
 

@@ -1,9 +1,9 @@
 """Usage counts of the memory backend: the in-process twin of ``lua/usage.lua``.
 
 Same shape and rules as the Redis keys, without shards: per minute, exact counts per usage
-field and outcome, and per outcome a top list of at most ``DJANGO_THROTTLE_USAGE_TOP_CLIENTS``
+field and outcome, and per outcome a top list of at most :data:`~.usage_base.TOP_CLIENTS`
 clients kept with the Space-Saving rule (a new client in a full list replaces the smallest and
-inherits its count). Minutes older than ``DJANGO_THROTTLE_USAGE_REDIS_TTL`` are dropped.
+inherits its count). Minutes older than :data:`~.usage_base.USAGE_TTL` are dropped.
 
 Counts live in this process only: ``manage.py throttle_usage`` in another process sees none.
 Thread-safe (one lock); the memory backend calls :meth:`MemoryUsage.count` inside its own.
@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+from django_throttle.backends import usage_base
 from django_throttle.backends.usage_base import (
     KEYS_SEEN_MAX,
     LETTERS,
@@ -25,7 +26,6 @@ from django_throttle.backends.usage_base import (
     UsageStore,
     add_to,
 )
-from django_throttle.conf import app_settings
 
 __all__ = ["MemoryUsage"]
 
@@ -48,16 +48,16 @@ class MemoryUsage(UsageStore):
         self._late: set[int] = set()
         self._applied: set[str] = set()
         self._keys_seen: dict[str, int] = {}  # API key prefix -> last second used
-        self.top_size = max(1, int(app_settings.USAGE_TOP_CLIENTS))
-        self.sample = max(1, int(app_settings.USAGE_CLIENT_SAMPLE))
-        self._keep = max(1, int(app_settings.USAGE_REDIS_TTL) // 60)
+        self.top_size = usage_base.TOP_CLIENTS
+        self.sample = usage_base.CLIENT_SAMPLE
+        self._keep = usage_base.USAGE_TTL // 60
 
     def count(
         self, now_us: float, field: str, client: str, outcome: str, n: int | None = None
     ) -> None:
         """Count ``n`` (default 1) requests of ``client`` under ``field`` and outcome letter
         ``outcome`` in the minute of ``now_us`` (whole microseconds). A single allowed request
-        enters the top list one time in ``USAGE_CLIENT_SAMPLE``, like the script, and the
+        enters the top list one time in ``CLIENT_SAMPLE``, like the script, and the
         decision's own count (no ``n``) records an API key client's last use."""
         if n is None and client.startswith("key:"):
             self._note_key_use(client[4:], int(now_us // 1_000_000))

@@ -2,7 +2,7 @@
 
 The counting script (``lua/usage.lua``, called by the driver in the decision's own
 ``EVALSHA``) writes per shard and minute a hash of exact counts per tier/endpoint/outcome and
-one top-clients sorted set per outcome, each with a TTL of ``DJANGO_THROTTLE_USAGE_REDIS_TTL``.
+one top-clients sorted set per outcome, each with a TTL of :data:`~.usage_base.USAGE_TTL`.
 :class:`RedisUsage` reads them in pipelines (one round trip per :data:`BATCH` commands) for
 the report and the rollup, and pushes counts a process kept while Redis was away.
 
@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from importlib import resources
 from typing import Any
 
+from django_throttle.backends import usage_base
 from django_throttle.backends.base import BackendError
 from django_throttle.backends.usage_base import (
     LETTERS,
@@ -29,7 +30,6 @@ from django_throttle.backends.usage_base import (
     UsageStore,
     add_to,
 )
-from django_throttle.conf import app_settings
 
 __all__ = ["BATCH", "RedisUsage", "lua_source", "top_per_shard"]
 
@@ -55,17 +55,18 @@ def _lua(name: str) -> str:
 
 
 def top_per_shard(shards: int) -> int:
-    """Clients one shard's top list holds per minute and outcome: ``USAGE_TOP_CLIENTS``
+    """Clients one shard's top list holds per minute and outcome: :data:`~.usage_base.TOP_CLIENTS`
     spread over the shards (clients spread evenly over shards by their digest)."""
-    return max(1, math.ceil(app_settings.USAGE_TOP_CLIENTS / max(1, shards)))
+    return max(1, math.ceil(usage_base.TOP_CLIENTS / max(1, shards)))
 
 
 def lua_source(shards: int) -> str:
-    """``usage.lua`` with ``DJANGO_THROTTLE_USAGE_REDIS_TTL``, the per-shard top size and
-    ``USAGE_CLIENT_SAMPLE`` written in: constants in the script cost no bytes per request."""
+    """``usage.lua`` with :data:`~.usage_base.USAGE_TTL`, the per-shard top size and
+    :data:`~.usage_base.CLIENT_SAMPLE` written in: constants in the script cost no bytes per
+    request."""
     line = (
-        f"local USAGE_TTL, USAGE_TOP, USAGE_SAMPLE = {int(app_settings.USAGE_REDIS_TTL)}, "
-        f"{top_per_shard(shards)}, {max(1, int(app_settings.USAGE_CLIENT_SAMPLE))} -- @settings"
+        f"local USAGE_TTL, USAGE_TOP, USAGE_SAMPLE = {usage_base.USAGE_TTL}, "
+        f"{top_per_shard(shards)}, {usage_base.CLIENT_SAMPLE} -- @settings"
     )
     text, found = _SETTINGS_LINE.subn(line, _lua("usage.lua"), count=1)
     if not found:  # pragma: no cover - the file ships with the line
@@ -206,7 +207,7 @@ class RedisUsage(UsageStore):
         _run(self.client.eval, _ADVANCE, 1, self._watermark_key, minute, WATERMARK_TTL)
 
     def take_late(self) -> set[int]:
-        """Every shard's ``<tag>l`` minutes (those pushed to within ``USAGE_REDIS_TTL``:
+        """Every shard's ``<tag>l`` minutes (those pushed to within ``USAGE_TTL``:
         the push trims older ones), popped."""
         pipe = self.client.pipeline(transaction=False)
         for tag in self.tags:
@@ -220,7 +221,7 @@ class RedisUsage(UsageStore):
             pipe = self.client.pipeline(transaction=False)
             second = int(time.time())  # as the push scores them: when pushed
             pipe.zadd(late, dict.fromkeys(map(str, minutes), second))
-            pipe.expire(late, int(app_settings.USAGE_REDIS_TTL))
+            pipe.expire(late, usage_base.USAGE_TTL)
             _run(pipe.execute)
 
 

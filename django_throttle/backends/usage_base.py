@@ -16,10 +16,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
+    "CLIENT_SAMPLE",
     "IF_DENIED",
     "KEYS_SEEN_MAX",
     "LETTERS",
     "SLOT",
+    "TOP_CLIENTS",
+    "USAGE_TTL",
     "MinuteCounts",
     "PendingCount",
     "UsageStore",
@@ -38,6 +41,20 @@ SLOT = {letter: i for i, letter in enumerate(LETTERS)}
 #: API keys whose last use a store remembers (per shard for Redis: ``lua/usage.lua``'s
 #: ``KEYS_SEEN_MAX``); beyond it the least recently used are forgotten.
 KEYS_SEEN_MAX = 10_000
+#: Seconds a minute's usage counts live in the backend (3 hours): ``manage.py throttle_usage
+#: --rollup`` copies them to the database and must run more often (it says when it did not).
+#: Longer costs Redis memory for every minute kept, shorter loses minutes to a late cron job.
+USAGE_TTL = 3 * 3600
+#: Clients kept per minute and outcome (in Redis each key shard keeps its heaviest
+#: ``ceil(TOP_CLIENTS / KEY_SHARDS)``). Beyond it a new client replaces the smallest and
+#: inherits its count (Space-Saving): a minute's memory is bounded whatever the number of
+#: clients, while every client with a noticeable share of the traffic is listed.
+TOP_CLIENTS = 1000
+#: Allowed requests enter the per-client lists one in this many (chosen by the microseconds of
+#: the server clock), each counting that many: the lists' cost per request drops eightfold,
+#: and a client's allowed count stays an unbiased estimate. Denied and shadow would-deny
+#: requests, and the tier and endpoint totals, are always exact.
+CLIENT_SAMPLE = 8
 
 #: (minute, usage field, client label, outcome letter, requests): one count kept in process
 #: while the backend could not answer, pushed with :meth:`UsageStore.push`.

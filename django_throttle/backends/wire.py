@@ -111,11 +111,9 @@ def limit_spec(limit: Limit, now_us: int | None = None) -> str:
 
 
 def key_suffix(limit: Limit) -> str:
-    """What follows the client digest in a limit's key: ``:<id>`` for the token bucket (the
-    keys of earlier versions), ``<code letter><id>`` for the others. The digest has a fixed
-    length, so keys never collide, and a limit whose algorithm changes starts afresh."""
-    code = ALGORITHM_CODES[limit.algorithm]
-    return (":" if code == "t" else code) + limit.id
+    """What follows the client digest in a limit's key: ``<code letter><id>``. The digest has
+    a fixed length, so keys never collide, and a limit whose algorithm changes starts afresh."""
+    return ALGORITHM_CODES[limit.algorithm] + limit.id
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,8 +24,8 @@ from django.utils import timezone
 from rich.table import Table
 
 from django_throttle import usage
-from django_throttle.backends import BackendError
-from django_throttle.conf import app_settings
+from django_throttle.backends import BackendError, usage_base
+from django_throttle.durations import format_duration
 from django_throttle.management.output import csv_cell, print_table, table_cell
 from django_throttle.usage_names import client_names
 from django_throttle.usage_report import REPORT_BY, Report, label, report, rollup
@@ -36,9 +36,9 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 #: Table heading per outcome, in :data:`usage.OUTCOMES` order.
 _HEADINGS = ("Allowed", "Denied", "Shadow would-deny", "Failed open", "Failed closed")
 _ESTIMATED = (
-    "Per-client counts may be estimates: in some minutes a top-client list was full "
-    "(DJANGO_THROTTLE_USAGE_TOP_CLIENTS), so smaller clients may have been folded into those "
-    "listed. Tier and endpoint totals are exact."
+    "Per-client counts may be estimates: in some minutes a top-client list was full, so "
+    "smaller clients may have been folded into those listed. Tier and endpoint totals are "
+    "exact."
 )
 
 
@@ -70,11 +70,12 @@ class Command(BaseCommand):
         "Show requests per client, tier or endpoint over a recent window, one column per "
         "outcome (allowed, denied, shadow would-deny, failed open, failed closed), busiest "
         "first (most requests, then most denied). Tier and endpoint totals are exact; "
-        "per-client rows list the heaviest clients of each minute "
-        "(DJANGO_THROTTLE_USAGE_TOP_CLIENTS): with more clients than that, smaller ones are "
-        "folded into those listed. With --rollup, copy finished minutes from Redis to the "
-        "database instead (and API keys' last use): schedule it more often than "
-        "DJANGO_THROTTLE_USAGE_REDIS_TTL."
+        f"per-client rows list the {usage_base.TOP_CLIENTS} heaviest clients of each minute: "
+        "with more clients than that, smaller ones are folded into those listed. With "
+        "--rollup, copy finished minutes from Redis to the database instead (and API keys' "
+        "last use): "
+        "schedule it more often than Redis keeps them "
+        f"({format_duration(usage_base.USAGE_TTL)})."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -139,8 +140,8 @@ class Command(BaseCommand):
             self.stderr.write(
                 f"Note: counts from before {result.uncopied_before:%Y-%m-%d %H:%M} UTC are "
                 "missing unless a rollup copied them: Redis keeps them "
-                f"{app_settings.USAGE_REDIS_TTL} s (DJANGO_THROTTLE_USAGE_REDIS_TTL). Schedule "
-                "'manage.py throttle_usage --rollup' more often than that."
+                f"{format_duration(usage_base.USAGE_TTL)}. Schedule 'manage.py throttle_usage "
+                "--rollup' more often than that."
             )
         if result.estimated and fmt != "table":
             self.stderr.write(_ESTIMATED)
@@ -272,6 +273,6 @@ class Command(BaseCommand):
 def _sampled(sample: int) -> str:
     return (
         f"≈: an estimate. Allowed requests enter the per-client counts one in {sample}, "
-        f"each counted {sample} times (DJANGO_THROTTLE_USAGE_CLIENT_SAMPLE; 1 counts every "
-        "one). Tier and endpoint totals (--by tier, --by endpoint) are exact."
+        f"each counted {sample} times. Tier and endpoint totals (--by tier, --by endpoint) "
+        "are exact."
     )
