@@ -149,9 +149,3 @@ class AsyncConnections:
             found = self._pools[loop] = _LoopPool(self._factory())
             await found.close_with_loop()
         return found
-
-    async def close(self) -> None:
-        """Close the current loop's connections."""
-        found = self._pools.pop(asyncio.get_running_loop(), None)
-        if found is not None:
-            await found.pool.disconnect()
