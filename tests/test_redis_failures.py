@@ -194,7 +194,7 @@ def test_cluster_down_is_a_backend_error(settings: Any) -> None:
     server = OwnRedis("--cluster-enabled", "yes", port=cluster_port())
     try:
         # ClusterDownError from redis-py 6.0; a plain ResponseError naming it before.
-        with pytest.raises(BackendError, match="ClusterDownError|CLUSTERDOWN"):
+        with pytest.raises(BackendError, match=r"ClusterDownError|CLUSTERDOWN"):
             backend_for(settings, server.url).hit("c", [LIMIT])
     finally:
         server.stop()
