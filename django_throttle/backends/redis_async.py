@@ -101,13 +101,17 @@ class AsyncConnections:
             kwargs["driver_info"] = None
         else:
             kwargs["lib_name"] = kwargs["lib_version"] = None
-        limit = getattr(pool, "max_connections", None)
         if isinstance(pool, redis.BlockingConnectionPool):
-            wait = pool.timeout
+            size: int = pool.max_connections
+            # A call waits for a free connection without a time bound of its own: a thousand
+            # concurrent requests on one loop keep it busy longer than the sync pool's wait
+            # (tens of ms), which would fail them while Redis is healthy. Each call holding a
+            # connection is bounded by the socket timeouts, so the wait is bounded too.
             self._factory: Callable[[], Any] = lambda: aio.BlockingConnectionPool(
-                connection_class=cls, max_connections=limit or 50, timeout=wait, **kwargs
+                connection_class=cls, max_connections=size, timeout=None, **kwargs
             )
         else:
+            limit = getattr(pool, "max_connections", None)
             self._factory = lambda: aio.ConnectionPool(
                 connection_class=cls, max_connections=limit, **kwargs
             )
