@@ -87,7 +87,7 @@ def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
             tag = backend._client_tag(f"ip:10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}")
             field = calls.field("anon|bench")
             body = calls.body(encoded, tag, b"", field, b"ip:10.0.0.1")
-            backend._stack.call(body)
+            backend._connections.call(body, lambda: body)
 
         for calls in framings.values():  # load each script once, outside the laps
             plain.script_load(calls.script(limits)[1].decode())

@@ -258,8 +258,7 @@ class EndpointRuleAdmin(_AppAdmin):
 
 def _searchable(site: admin.AdminSite, model: type[Model]) -> bool:
     """Whether ``model`` has an admin that autocomplete can search."""
-    model_admin = site._registry.get(model)
-    return model_admin is not None and bool(model_admin.search_fields)
+    return site.is_registered(model) and bool(site.get_model_admin(model).search_fields)
 
 
 class _UserOrGroupAdmin(_AppAdmin):
@@ -333,9 +332,9 @@ class ApiKeyAdmin(_AppAdmin):
     def last_used_at(self, obj: ApiKey) -> Any:
         """The backend's live time (recorded with the usage counts, see
         ``lua/usage.lua``), else the column the rollup copied it to."""
-        if not hasattr(obj, "_live_last_used"):
+        if not hasattr(obj, "throttle_live_last_used"):
             _attach_live_use([obj])
-        live = obj._live_last_used  # type: ignore[attr-defined]
+        live = obj.throttle_live_last_used  # type: ignore[attr-defined]
         stored = obj.last_used
         newest = max((t for t in (live, stored) if t is not None), default=None)
         return newest if newest is not None else _("never (since the last rollup)")
@@ -426,7 +425,7 @@ class ApiKeyAdmin(_AppAdmin):
 
 
 def _attach_live_use(keys: Iterable[ApiKey]) -> None:
-    """Set ``_live_last_used`` on each key from the backend's usage store (``None`` when it
+    """Set ``throttle_live_last_used`` on each key from the backend's usage store (``None`` when it
     has none, keeps none, or cannot answer: the page falls back to the stored column, never
     an error)."""
     keys = list(keys)
@@ -445,7 +444,7 @@ def _attach_live_use(keys: Iterable[ApiKey]) -> None:
         live = None if second is None else datetime.fromtimestamp(second, tz=UTC)
         if live is not None and not settings.USE_TZ:
             live = timezone.make_naive(live)
-        key._live_last_used = live  # type: ignore[attr-defined]
+        key.throttle_live_last_used = live  # type: ignore[attr-defined]
 
 
 class HadDenialsFilter(admin.SimpleListFilter):
@@ -512,7 +511,7 @@ class UsageCountAdmin(_AppAdmin):
     @admin.display(description=pgettext_lazy("admin list", "client"), ordering="client")
     def client_link(self, obj: UsageCount) -> str:
         """A user or API key by name, linked to its admin page; other clients as recorded."""
-        name, url = getattr(obj, "_client_link", (None, None))
+        name, url = getattr(obj, "throttle_client_link", (None, None))
         if name is None:
             return obj.client
         if url is None:

@@ -53,7 +53,7 @@ def match_word(value: str) -> str:
 
 
 def attach_client_links(site: admin.AdminSite, rows: Iterable[Any]) -> None:
-    """Set ``_client_link`` (name, admin URL or ``None``) on rows counting a user
+    """Set ``throttle_client_link`` (name, admin URL or ``None``) on rows counting a user
     (``user:<pk>``) or an API key (``key:<prefix>``) that still exists."""
     from django.contrib.auth import get_user_model
 
@@ -86,4 +86,4 @@ def attach_client_links(site: admin.AdminSite, rows: Iterable[Any]) -> None:
                 )
             except NoReverseMatch:
                 url = None
-        row._client_link = (name, url)
+        row.throttle_client_link = (name, url)

@@ -91,7 +91,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
         and app_settings.DENIED_RESPONSE is not None
     ):
         request = context.get("request")
-        return throttled_response(decision, getattr(request, "_request", request))
+        return throttled_response(decision, None if request is None else _wrapped(request))
     return drf_handler(exc, context)
 
 
@@ -190,7 +190,7 @@ class ApiKeyAuthentication:
     def authenticate(self, request: Request) -> tuple[Any, Any] | None:
         from django.contrib.auth.models import AnonymousUser
 
-        api_key = verified_api_key(request._request)
+        api_key = verified_api_key(_wrapped(request))
         if api_key is None:
             return None
         if api_key.owner_id is None or not self.acts_as_owner:
@@ -230,7 +230,7 @@ class CredentialProtection:
         wrapped = super().authenticate  # type: ignore[misc]
         if not self.presents_credentials(request):
             return wrapped(request)  # type: ignore[no-any-return]
-        http_request = request._request
+        http_request = _wrapped(request)
         first = len(getattr(http_request, "throttle_reservations", ()))
         # Only the header is checked here: its username is the header's, not the body's.
         setattr(http_request, credentials.HEADER_ONLY, True)
@@ -292,13 +292,13 @@ class ProtectedSessionAuthentication(CredentialProtection, SessionAuthentication
     def presents_credentials(self, request: Request) -> bool:
         from django.conf import settings
 
-        return settings.SESSION_COOKIE_NAME in request._request.COOKIES
+        return settings.SESSION_COOKIE_NAME in request.COOKIES
 
 
 def _authorization_scheme(request: Request) -> str:
     """The ``Authorization`` scheme, split off as DRF's own classes split it (bytes, on any
     ASCII whitespace): a tab after ``Basic`` must not hide the credentials from the check."""
-    header = request._request.META.get("HTTP_AUTHORIZATION", "")
+    header = request.META.get("HTTP_AUTHORIZATION", "")
     if not isinstance(header, str):
         return ""
     parts = header.encode("latin-1", "replace").split()
@@ -316,10 +316,17 @@ def _owner(pk: Any) -> Any:
     return user
 
 
+def _wrapped(request: Request) -> Any:
+    """The Django ``HttpRequest`` a DRF ``Request`` wraps. DRF has no public accessor for it
+    (its own ``SessionAuthentication`` reads the attribute too): this is the one place here
+    that reads it."""
+    return request._request  # noqa: SLF001
+
+
 def _django_request(request: Request) -> Any:
     """DRF has authenticated by now; copy the user onto the Django request, which is read
     directly to skip DRF's attribute proxy on every lookup."""
-    http_request = request._request
+    http_request = _wrapped(request)
     if getattr(http_request, "user", None) is not request.user:
         http_request.user = request.user
     return http_request

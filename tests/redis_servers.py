@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from typing import Any
 
 import redis
 
@@ -76,3 +77,19 @@ class RedisServer(PrivateRedis):
     def stop(self) -> None:
         self.resume()  # a stopped process cannot act on SIGTERM
         super().stop()
+
+
+def attempts(retry: Any) -> int:
+    """How many times a redis-py ``Retry`` runs a call that keeps failing with a connection
+    error: 1 means retries are off. (``Retry.get_retries`` came in redis-py 6.0; this works
+    on every supported version.)"""
+    tried = 0
+
+    def fail() -> None:
+        nonlocal tried
+        tried += 1
+        raise redis.ConnectionError("down")
+
+    with contextlib.suppress(redis.ConnectionError):
+        retry.call_with_retry(fail, lambda error: None)
+    return tried

@@ -1,7 +1,9 @@
 """Fault injection against real redis-servers: what clients see when Redis misbehaves.
 
-Every test runs the DRF view ``/api/ping/`` (``PolicyThrottle``, admin policy rows) through the
-Django test client, from several threads at once, against a private ``redis-server`` this module
+Every test runs twice (the ``app`` fixture): the DRF view ``/api/ping/`` (``PolicyThrottle``,
+admin policy rows) through the Django test client from several threads at once, and its adrf
+twin (``AsyncPolicyThrottle``, ``redis.asyncio``) through Django's ASGI handler as concurrent
+tasks on one long-lived event loop. Both run against a private ``redis-server`` this module
 starts (never the suite's or the system's Redis), usually through :class:`FaultProxy`, which can
 refuse, black-hole, delay, drop replies and reset connections. The server itself can be paused
 (SIGSTOP), killed (SIGKILL) and restarted on the same port.
@@ -12,23 +14,31 @@ left in Redis. Never on wall time; waits poll with generous deadlines.
 
 from __future__ import annotations
 
+import asyncio
 import collections
-import functools
 import itertools
+import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import redis
+from adrf.views import APIView as AsyncAPIView
+from django.core.handlers.asgi import ASGIHandler
 from django.test import Client
+from django.urls import path
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
 
 from django_throttle import breaker as breaker_module
 from django_throttle import policy
+from django_throttle.drf import AsyncPolicyThrottle
 from tests.bucket_state import pack_bucket, stored_used
 from tests.factories import tier
 from tests.faultproxy import FaultProxy
@@ -51,6 +61,7 @@ MAX_FAILURES = THRESHOLD + THREADS
 PROXY_FAULTS = ("refuse", "blackhole", "delay", "drop_reply", "reset")
 SERVER_FAULTS = ("sigkill", "sigstop")
 PATH = "/api/ping/"
+ASYNC_PATH = "/api/ping-async/"
 
 
 # -- fixtures -------------------------------------------------------------------------------------
@@ -86,15 +97,33 @@ def admin_client(server: RedisServer) -> Iterator[redis.Redis]:
     client.close()
 
 
-@pytest.fixture
-def configure(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
-    """:func:`_configure` for this test."""
-    return functools.partial(_configure, settings, monkeypatch)
+@pytest.fixture(params=["sync", "async"])
+def app(request: pytest.FixtureRequest, settings: Any) -> Iterator[App]:
+    """Every scenario runs twice: on the sync path (WSGI, DRF) and on the async path (ASGI,
+    adrf, ``redis.asyncio``)."""
+    if request.param == "sync":
+        instance = App()
+    else:
+        settings.ROOT_URLCONF = __name__
+        instance = AsyncApp()
+    yield instance
+    instance.close()
 
 
-def _configure(
+@pytest.fixture(autouse=True)
+def _restore_constants(monkeypatch: pytest.MonkeyPatch) -> None:
+    """:func:`configure` sets the breaker's and the policy cache's constants; each test gets
+    them back as they were."""
+    for module, name in (
+        (breaker_module, "THRESHOLD"),
+        (breaker_module, "COOLDOWN"),
+        (policy, "REFRESH_INTERVAL"),
+    ):
+        monkeypatch.setattr(module, name, getattr(module, name))
+
+
+def configure(
     settings: Any,
-    monkeypatch: pytest.MonkeyPatch,
     url: str,
     *,
     timeout: float = FAULT_TIMEOUT,
@@ -113,10 +142,11 @@ def _configure(
         "socket_timeout": timeout,
         "socket_connect_timeout": timeout,
     }
-    monkeypatch.setattr(breaker_module, "THRESHOLD", threshold)
-    monkeypatch.setattr(breaker_module, "COOLDOWN", cooldown)
+    # Constants, not settings: _restore_constants puts them back after the test.
+    breaker_module.THRESHOLD = threshold
+    breaker_module.COOLDOWN = cooldown
     settings.DJANGO_THROTTLE_FAILURE_MODE = mode
-    monkeypatch.setattr(policy, "REFRESH_INTERVAL", 3600.0)
+    policy.REFRESH_INTERVAL = 3600.0
     for name, value in extra.items():
         setattr(settings, f"DJANGO_THROTTLE_{name}", value)
 
@@ -147,54 +177,169 @@ class Seen:
     remaining: str | None = None
 
 
-def request(address: str, path: str = PATH) -> Seen:
-    response = Client(raise_request_exception=False).get(path, REMOTE_ADDR=address)
-    return Seen(
-        response.status_code,
-        response.get("X-RateLimit-Degraded"),
-        response.get("Retry-After"),
-        response.get("X-RateLimit-Remaining"),
-    )
+@dataclass(frozen=True)
+class Reply:
+    """One response: status, headers (lower-case names) and body."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def seen(self) -> Seen:
+        get = self.headers.get
+        return Seen(
+            self.status,
+            get("x-ratelimit-degraded"),
+            get("retry-after"),
+            get("x-ratelimit-remaining"),
+        )
 
 
-def hammer(
-    address: Callable[[int, int], str],
-    threads: int = THREADS,
-    per_thread: int = PER_THREAD,
-    between: Callable[[], None] | None = None,
-) -> list[Seen]:
-    """``threads`` x ``per_thread`` requests, threads released together; an exception is
-    recorded as what the client saw, never lost in a thread."""
-    seen: list[Seen] = []
-    lock = threading.Lock()
-    barrier = threading.Barrier(threads)
+class App:
+    """The throttled ping view, called as WSGI calls it: DRF's ``PolicyThrottle`` through the
+    Django test client, concurrent requests from threads."""
 
-    def work(thread: int) -> None:
-        client = Client(raise_request_exception=False)
-        barrier.wait()
-        for index in range(per_thread):
-            try:
-                response = client.get(PATH, REMOTE_ADDR=address(thread, index))
-                result = Seen(
-                    response.status_code,
-                    response.get("X-RateLimit-Degraded"),
-                    response.get("Retry-After"),
-                    response.get("X-RateLimit-Remaining"),
-                )
-            except BaseException as exc:  # shown in the assertion instead
-                result = Seen(f"exception {exc!r}")
-            with lock:
+    def get(self, address: str) -> Reply:
+        response = Client(raise_request_exception=False).get(PATH, REMOTE_ADDR=address)
+        headers = {name.lower(): value for name, value in response.headers.items()}
+        return Reply(response.status_code, headers, response.content)
+
+    def request(self, address: str) -> Seen:
+        return self.get(address).seen()
+
+    def hammer(
+        self,
+        address: Callable[[int, int], str],
+        threads: int = THREADS,
+        per_thread: int = PER_THREAD,
+        between: Callable[[], None] | None = None,
+    ) -> list[Seen]:
+        """``threads`` x ``per_thread`` requests, threads released together; an exception is
+        recorded as what the client saw, never lost in a thread."""
+        seen: list[Seen] = []
+        lock = threading.Lock()
+        barrier = threading.Barrier(threads)
+
+        def work(thread: int) -> None:
+            barrier.wait()
+            for index in range(per_thread):
+                try:
+                    result = self.request(address(thread, index))
+                except BaseException as exc:  # shown in the assertion instead
+                    result = Seen(f"exception {exc!r}")
+                with lock:
+                    seen.append(result)
+                if between is not None:
+                    between()
+
+        workers = [threading.Thread(target=work, args=(n,)) for n in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=120)
+        assert not any(worker.is_alive() for worker in workers), "a request hung"
+        return seen
+
+    def close(self) -> None:
+        pass
+
+
+class AsyncPing(AsyncAPIView):  # type: ignore[misc]
+    permission_classes = [AllowAny]
+    throttle_classes = [AsyncPolicyThrottle]
+
+    async def get(self, request: Request) -> Response:
+        return Response({"pong": True})
+
+
+urlpatterns = [path(ASYNC_PATH.lstrip("/"), AsyncPing.as_view())]
+
+
+class AsyncApp(App):
+    """The same view on adrf with ``AsyncPolicyThrottle``, called as an ASGI server calls
+    Django: one event loop for the whole test (its connection pool lives as long),
+    concurrent requests as tasks on it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.handler = ASGIHandler()
+
+    def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=120)
+
+    async def aget(self, address: str) -> Reply:
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "GET",
+            "scheme": "http",
+            "path": ASYNC_PATH,
+            "raw_path": ASYNC_PATH.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"host", b"testserver")],
+            "client": (address, 50000),
+            "server": ("testserver", 80),
+        }
+        sent: list[dict[str, Any]] = []
+        requested = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal requested
+            if not requested:
+                requested = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            await asyncio.Event().wait()  # the client never disconnects
+            raise AssertionError("unreachable")
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await self.handler(scope, receive, send)
+        start = next(m for m in sent if m["type"] == "http.response.start")
+        headers = {name.decode().lower(): value.decode() for name, value in start["headers"]}
+        body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+        return Reply(start["status"], headers, body)
+
+    def get(self, address: str) -> Reply:
+        reply: Reply = self.run(self.aget(address))
+        return reply
+
+    def hammer(
+        self,
+        address: Callable[[int, int], str],
+        threads: int = THREADS,
+        per_thread: int = PER_THREAD,
+        between: Callable[[], None] | None = None,
+    ) -> list[Seen]:
+        """``threads`` tasks of ``per_thread`` requests each, started together."""
+        seen: list[Seen] = []
+
+        async def work(thread: int) -> None:
+            for index in range(per_thread):
+                try:
+                    result = (await self.aget(address(thread, index))).seen()
+                except Exception as exc:  # shown in the assertion instead
+                    result = Seen(f"exception {exc!r}")
                 seen.append(result)
-            if between is not None:
-                between()
+                if between is not None:
+                    between()
 
-    workers = [threading.Thread(target=work, args=(n,)) for n in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=120)
-    assert not any(worker.is_alive() for worker in workers), "a request hung"
-    return seen
+        async def every() -> None:
+            await asyncio.gather(*(work(n) for n in range(threads)))
+
+        self.run(every())
+        return seen
+
+    def close(self) -> None:
+        # Closes the backend's pools of this loop (see backends/redis_async.py), then the loop.
+        self.run(self.loop.shutdown_asyncgens())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
+        self.loop.close()
 
 
 def distinct(thread: int, index: int) -> str:
@@ -287,19 +432,15 @@ def test_fault_proxy_modes_do_what_they_say(proxy: FaultProxy, admin_client: red
 
 @pytest.mark.parametrize("fault", PROXY_FAULTS + SERVER_FAULTS)
 def test_fault_costs_a_handful_of_backend_calls_then_none_and_never_500(
-    fault: str,
-    settings: Any,
-    proxy: FaultProxy,
-    server: RedisServer,
-    configure: Callable[..., None],
+    app: App, fault: str, settings: Any, proxy: FaultProxy, server: RedisServer
 ) -> None:
-    configure(proxy.url)
+    configure(settings, proxy.url)
     anonymous_tier("1000/d", burst=1000)
-    assert request("10.255.0.1") == Seen(200, None, None, "999")
+    assert app.request("10.255.0.1") == Seen(200, None, None, "999")
 
     inject(fault, proxy, server)
     proxy.reset_counts()
-    seen = hammer(distinct)
+    seen = app.hammer(distinct)
 
     assert statuses(seen) == {200: THREADS * PER_THREAD}, statuses(seen)
     assert {item.degraded for item in seen} == {"open"}
@@ -316,7 +457,7 @@ def test_fault_costs_a_handful_of_backend_calls_then_none_and_never_500(
 
     # While open, requests do not touch Redis at all.
     before = proxy.counts()
-    more = hammer(distinct, threads=2, per_thread=10)
+    more = app.hammer(distinct, threads=2, per_thread=10)
     assert statuses(more) == {200: 20}
     assert {item.degraded for item in more} == {"open"}
     assert proxy.counts() == before
@@ -325,15 +466,12 @@ def test_fault_costs_a_handful_of_backend_calls_then_none_and_never_500(
 
 
 def test_redis_restarted_under_load_never_500_and_counts_again(
-    settings: Any,
-    proxy: FaultProxy,
-    server: RedisServer,
-    configure: Callable[..., None],
+    app: App, settings: Any, proxy: FaultProxy, server: RedisServer
 ) -> None:
     """SIGKILL and restart on the same port while threads send requests: pooled connections
     die, the new server has no script and no data; clients see 200s throughout, then exact
     counting on the new server."""
-    configure(proxy.url, cooldown=0.3)
+    configure(settings, proxy.url, cooldown=0.3)
     anonymous_tier("1000/d", burst=1000)
     finished = itertools.count(1)
     restarts = []
@@ -343,15 +481,15 @@ def test_redis_restarted_under_load_never_500_and_counts_again(
             server.restart()
             restarts.append(server.pid)
 
-    seen = hammer(distinct, between=restart_after_the_20th_request)
+    seen = app.hammer(distinct, between=restart_after_the_20th_request)
     assert statuses(seen) == {200: THREADS * PER_THREAD}, statuses(seen)
     assert len(restarts) == 1
     breaker = get_breaker()
     wait_until(lambda: breaker.retry_after() == 0, "the cooldown to end")
     # The breaker's probe may itself time out on a loaded machine (the new server loads the
     # script first): wait, by another client, until requests are counted again.
-    wait_until(lambda: request("10.9.0.2").degraded is None, "requests counted again", 60.0)
-    fresh = [request("10.9.0.1") for _ in range(3)]
+    wait_until(lambda: app.request("10.9.0.2").degraded is None, "requests counted again", 60.0)
+    fresh = [app.request("10.9.0.1") for _ in range(3)]
     assert fresh == [Seen(200, None, None, str(n)) for n in (999, 998, 997)]
 
 
@@ -359,65 +497,59 @@ def test_redis_restarted_under_load_never_500_and_counts_again(
 
 
 def test_failure_mode_open_serves_and_says_the_limiter_was_bypassed(
-    settings: Any,
-    proxy: FaultProxy,
-    configure: Callable[..., None],
+    app: App, settings: Any, proxy: FaultProxy
 ) -> None:
-    configure(proxy.url, mode="open")
+    configure(settings, proxy.url, mode="open")
     anonymous_tier("2/h", burst=2)
     proxy.set_mode("refuse")
-    seen = [request("10.6.0.1") for _ in range(2 * MAX_FAILURES)]
+    seen = [app.request("10.6.0.1") for _ in range(2 * MAX_FAILURES)]
     assert seen == [Seen(200, "open")] * len(seen)
 
 
 @pytest.mark.parametrize("status", [503, 429])
 def test_failure_mode_closed_refuses_with_retry_after_and_says_why(
-    status: int,
-    settings: Any,
-    proxy: FaultProxy,
-    configure: Callable[..., None],
+    app: App, status: int, settings: Any, proxy: FaultProxy
 ) -> None:
     cooldown = 30.0
-    configure(proxy.url, mode="closed", cooldown=cooldown, FAILURE_STATUS=status)
+    configure(settings, proxy.url, mode="closed", cooldown=cooldown, FAILURE_STATUS=status)
     anonymous_tier("1000/h", burst=1000)
     proxy.set_mode("refuse")
-    client = Client(raise_request_exception=False)
-    responses = [client.get(PATH, REMOTE_ADDR="10.6.0.2") for _ in range(2 * MAX_FAILURES)]
+    responses = [app.get("10.6.0.2") for _ in range(2 * MAX_FAILURES)]
 
-    assert [response.status_code for response in responses] == [status] * len(responses)
-    waits = [int(response["Retry-After"]) for response in responses]
+    assert [response.status for response in responses] == [status] * len(responses)
+    waits = [int(response.headers["retry-after"]) for response in responses]
     assert all(1 <= wait <= cooldown for wait in waits), waits
     # Once the breaker is open, Retry-After is the time until it probes again.
     assert get_breaker().state == "open"
     assert waits[-1] > 1
-    body = responses[-1].json()
+    body = json.loads(responses[-1].body)
     assert "unavailable" in body["detail"], body
     assert body["retry_after"] == waits[-1]
-    assert "X-RateLimit-Remaining" not in responses[-1]  # no invented limit
+    assert "x-ratelimit-remaining" not in responses[-1].headers  # no invented limit
 
 
 def test_failure_mode_local_enforces_the_limit_in_process(
-    settings: Any, proxy: FaultProxy, configure: Callable[..., None]
+    app: App, settings: Any, proxy: FaultProxy
 ) -> None:
-    configure(proxy.url, mode="local")
+    configure(settings, proxy.url, mode="local")
     anonymous_tier("3/h", burst=3)
     proxy.set_mode("refuse")
-    seen = [request("10.6.0.3") for _ in range(5)]
+    seen = [app.request("10.6.0.3") for _ in range(5)]
     assert [item.status for item in seen] == [200, 200, 200, 429, 429]
     assert [item.degraded for item in seen] == ["local"] * 5
     assert [item.remaining for item in seen[:3]] == ["2", "1", "0"]
     assert all(item.retry_after is not None and int(item.retry_after) >= 1 for item in seen[3:])
     # Per client, as in Redis: another client has its own local bucket.
-    assert request("10.6.0.4") == Seen(200, "local", None, "2")
+    assert app.request("10.6.0.4") == Seen(200, "local", None, "2")
 
 
 def test_a_tier_failure_mode_overrides_the_setting(
-    settings: Any, proxy: FaultProxy, configure: Callable[..., None]
+    app: App, settings: Any, proxy: FaultProxy
 ) -> None:
-    configure(proxy.url, mode="open")
+    configure(settings, proxy.url, mode="open")
     anonymous_tier("1000/h", burst=1000, failure_mode="closed")
     proxy.set_mode("refuse")
-    assert request("10.6.0.5").status == 503
+    assert app.request("10.6.0.5").status == 503
 
 
 # -- lost replies: at most one charge per request --------------------------------------------------
@@ -425,24 +557,24 @@ def test_a_tier_failure_mode_overrides_the_setting(
 
 @pytest.mark.parametrize("fault", ["drop_reply", "reset", "delay"])
 def test_a_lost_reply_charges_once_and_is_never_replayed(
+    app: App,
     fault: str,
     settings: Any,
     proxy: FaultProxy,
     admin_client: redis.Redis,
     _isolated_throttle: str,
-    configure: Callable[..., None],
 ) -> None:
     """Redis executed the script but the reply never arrived: the request fails open, and it
     cost exactly one EVALSHA and one token, never a second attempt."""
     requests = 12
     # The breaker effectively off, so every request reaches the proxy.
-    configure(proxy.url, threshold=1000)
+    configure(settings, proxy.url, threshold=1000)
     anonymous_tier("1000/d", burst=1000)
-    assert request("10.0.0.1").status == 200  # loads the script, charges 1
+    assert app.request("10.0.0.1").status == 200  # loads the script, charges 1
 
     proxy.set_mode(fault, delay=DELAY)
     proxy.reset_counts()
-    seen = [request("10.0.0.1") for _ in range(requests)]
+    seen = [app.request("10.0.0.1") for _ in range(requests)]
     proxy.set_mode("pass")
 
     # One EVALSHA per request reached Redis (none replayed), and Redis ran each once: a delayed
@@ -455,18 +587,14 @@ def test_a_lost_reply_charges_once_and_is_never_replayed(
 
 
 def test_lost_replies_under_threads_never_charge_more_than_requests(
-    settings: Any,
-    proxy: FaultProxy,
-    admin_client: redis.Redis,
-    _isolated_throttle: str,
-    configure: Callable[..., None],
+    app: App, settings: Any, proxy: FaultProxy, admin_client: redis.Redis, _isolated_throttle: str
 ) -> None:
-    configure(proxy.url, threshold=1000)
+    configure(settings, proxy.url, threshold=1000)
     anonymous_tier("1000/d", burst=1000)
-    assert request("10.0.0.1").status == 200
+    assert app.request("10.0.0.1").status == 200
     proxy.set_mode("drop_reply")
     proxy.reset_counts()
-    seen = hammer(lambda thread, index: "10.0.0.1", per_thread=5)
+    seen = app.hammer(lambda thread, index: "10.0.0.1", per_thread=5)
     proxy.set_mode("pass")
     assert proxy.scripts_forwarded() == THREADS * 5, proxy.counts()
     used = used_tokens(admin_client, _isolated_throttle)
@@ -478,36 +606,53 @@ def test_lost_replies_under_threads_never_charge_more_than_requests(
 # -- recovery ----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("fault", ["blackhole", "delay"])
+def test_after_a_silent_partition_the_next_request_is_counted_again(
+    app: App, fault: str, settings: Any, proxy: FaultProxy, server: RedisServer
+) -> None:
+    """Replies stop coming on open connections (a partition, or replies held back):
+    one request times out and fails open; once traffic flows again the next one is counted,
+    on a fresh connection, never answered by the lost call's late reply."""
+    configure(settings, proxy.url, threshold=1000)  # the breaker effectively off
+    anonymous_tier("1000/d", burst=1000)
+    assert app.request("10.8.0.1") == Seen(200, None, None, "999")
+
+    inject(fault, proxy, server)
+    assert app.request("10.8.0.1") == Seen(200, "open")
+    heal(fault, proxy, server)
+
+    # blackhole swallowed the call; delay forwarded it (Redis counted it) and held the reply.
+    left = 998 if fault == "blackhole" else 997
+    fresh = [app.request("10.8.0.1") for _ in range(3)]
+    assert fresh == [Seen(200, None, None, str(n)) for n in (left, left - 1, left - 2)]
+
+
 @pytest.mark.parametrize("fault", ["refuse", "blackhole", "sigkill", "sigstop"])
 def test_limiting_is_exact_again_at_the_first_request_after_the_cooldown(
-    fault: str,
-    settings: Any,
-    proxy: FaultProxy,
-    server: RedisServer,
-    configure: Callable[..., None],
+    app: App, fault: str, settings: Any, proxy: FaultProxy, server: RedisServer
 ) -> None:
-    configure(proxy.url, cooldown=0.3)
+    configure(settings, proxy.url, cooldown=0.3)
     anonymous_tier("5/h", burst=5)
-    assert request("10.1.0.1") == Seen(200, None, None, "4")
+    assert app.request("10.1.0.1") == Seen(200, None, None, "4")
 
     inject(fault, proxy, server)
     breaker = get_breaker()
     outage = []
     while breaker.state != "open" and len(outage) < 3 * MAX_FAILURES:
-        outage.append(request("10.1.0.2"))
+        outage.append(app.request("10.1.0.2"))
     assert breaker.state == "open"
     assert {item.status for item in outage} == {200}
     heal(fault, proxy, server)
 
     # The first request once the cooldown is over probes Redis, succeeds and closes the breaker.
     wait_until(lambda: breaker.retry_after() == 0, "the cooldown to end")
-    fresh = [request("10.1.0.3") for _ in range(7)]
+    fresh = [app.request("10.1.0.3") for _ in range(7)]
     assert [item.status for item in fresh] == [200] * 5 + [429] * 2
     assert [item.remaining for item in fresh[:5]] == ["4", "3", "2", "1", "0"]
     assert {item.degraded for item in fresh} == {None}
     assert breaker.state == "closed"
     if fault != "sigkill":  # the server kept its data: the earlier client's bucket is intact
-        assert [request("10.1.0.1").status for _ in range(5)] == [200] * 4 + [429]
+        assert [app.request("10.1.0.1").status for _ in range(5)] == [200] * 4 + [429]
 
 
 # -- SCRIPT FLUSH under load ---------------------------------------------------------------------
@@ -515,16 +660,16 @@ def test_limiting_is_exact_again_at_the_first_request_after_the_cooldown(
 
 @pytest.mark.parametrize(("burst", "admitted"), [(1000, 6 * 25), (50, 50)])
 def test_script_flush_every_20ms_costs_no_error_and_no_double_charge(
+    app: App,
     burst: int,
     admitted: int,
     settings: Any,
     server: RedisServer,
     admin_client: redis.Redis,
     _isolated_throttle: str,
-    configure: Callable[..., None],
 ) -> None:
     requests = THREADS * 25
-    configure(server.url, timeout=HEALTHY_TIMEOUT)
+    configure(settings, server.url, timeout=HEALTHY_TIMEOUT)
     anonymous_tier(f"{burst}/d", burst=burst)
     stop = threading.Event()
     flushes = 0
@@ -542,7 +687,7 @@ def test_script_flush_every_20ms_costs_no_error_and_no_double_charge(
     thread = threading.Thread(target=flusher)
     thread.start()
     try:
-        seen = hammer(lambda thread, index: "10.2.0.1", per_thread=25)
+        seen = app.hammer(lambda thread, index: "10.2.0.1", per_thread=25)
     finally:
         stop.set()
         thread.join()
@@ -574,38 +719,30 @@ def _assert_failure_mode(mode: str, seen: Seen) -> None:
 
 @pytest.mark.parametrize("mode", ["open", "closed"])
 def test_out_of_memory_takes_the_failure_mode(
-    mode: str,
-    settings: Any,
-    server: RedisServer,
-    admin_client: redis.Redis,
-    configure: Callable[..., None],
+    app: App, mode: str, settings: Any, server: RedisServer, admin_client: redis.Redis
 ) -> None:
-    configure(server.url, timeout=HEALTHY_TIMEOUT, mode=mode)
+    configure(settings, server.url, timeout=HEALTHY_TIMEOUT, mode=mode)
     anonymous_tier("1000/d", burst=1000)
-    assert request("10.3.0.1").status == 200  # keys exist; the script is loaded
+    assert app.request("10.3.0.1").status == 200  # keys exist; the script is loaded
     admin_client.config_set("maxmemory-policy", "noeviction")
     admin_client.config_set("maxmemory", 1)
     with pytest.raises(redis.ResponseError, match="maxmemory"):
         admin_client.set("probe", "x")
 
-    _assert_failure_mode(mode, request("10.3.0.2"))
-    _assert_failure_mode(mode, request("10.3.0.1"))
+    _assert_failure_mode(mode, app.request("10.3.0.2"))
+    _assert_failure_mode(mode, app.request("10.3.0.1"))
 
     admin_client.config_set("maxmemory", 0)
-    assert request("10.3.0.1") == Seen(200, None, None, "998")
+    assert app.request("10.3.0.1") == Seen(200, None, None, "998")
 
 
 @pytest.mark.parametrize("mode", ["open", "closed"])
 def test_busy_script_takes_the_failure_mode(
-    mode: str,
-    settings: Any,
-    server: RedisServer,
-    admin_client: redis.Redis,
-    configure: Callable[..., None],
+    app: App, mode: str, settings: Any, server: RedisServer, admin_client: redis.Redis
 ) -> None:
-    configure(server.url, timeout=HEALTHY_TIMEOUT, mode=mode)
+    configure(settings, server.url, timeout=HEALTHY_TIMEOUT, mode=mode)
     anonymous_tier("1000/d", burst=1000)
-    assert request("10.4.0.1").status == 200
+    assert app.request("10.4.0.1").status == 200
     admin_client.config_set("busy-reply-threshold", 10)  # BUSY after 10 ms, not 5 s
 
     def busy_loop() -> None:
@@ -621,12 +758,12 @@ def test_busy_script_takes_the_failure_mode(
     looper.start()
     try:
         wait_until(lambda: _is_busy(admin_client), "Redis to answer BUSY")
-        _assert_failure_mode(mode, request("10.4.0.2"))
-        _assert_failure_mode(mode, request("10.4.0.1"))
+        _assert_failure_mode(mode, app.request("10.4.0.2"))
+        _assert_failure_mode(mode, app.request("10.4.0.1"))
     finally:
         wait_until(lambda: _script_killed(admin_client), "SCRIPT KILL to succeed")
         looper.join(timeout=30)
-    assert request("10.4.0.1") == Seen(200, None, None, "998")
+    assert app.request("10.4.0.1") == Seen(200, None, None, "998")
 
 
 def _is_busy(client: redis.Redis) -> bool:
@@ -650,25 +787,25 @@ def _script_killed(client: redis.Redis) -> bool:
 
 @pytest.mark.parametrize("used", ["5", "4.5", "1e9"])
 def test_state_from_a_future_clock_never_yields_a_negative_or_huge_retry_after(
+    app: App,
     used: str,
     settings: Any,
     server: RedisServer,
     admin_client: redis.Redis,
     _isolated_throttle: str,
-    configure: Callable[..., None],
 ) -> None:
     """A state written when the server's clock was ten years ahead (then stepped back)."""
-    configure(server.url, timeout=HEALTHY_TIMEOUT)
+    configure(settings, server.url, timeout=HEALTHY_TIMEOUT)
     anonymous_tier("1/m", burst=5)  # window: 5 tokens x 60 s
     window = 300
-    assert request("10.5.0.1").status == 200
+    assert app.request("10.5.0.1").status == 200
     (key,) = used_tokens(admin_client, _isolated_throttle)
     seconds, micros = admin_client.time()
     future = (seconds + 10 * 366 * 86400) * 1_000_000 + micros
     state = pack_bucket(float(used), future // 1000, compact=False)  # the full stamp: 10 years on
     admin_client.set(key, state, px=window * 1000)
 
-    seen = [request("10.5.0.1") for _ in range(3)]
+    seen = [app.request("10.5.0.1") for _ in range(3)]
     for item in seen:
         assert item.status in (200, 429), item
         assert item.remaining is not None and 0 <= int(item.remaining) <= 5, item

@@ -13,8 +13,8 @@ replayed, because a call that timed out may already have counted: the clients th
 builds have retries off, short timeouts and a bounded pool, and every failure (redis-py's
 errors, socket errors, a garbled reply) surfaces as :class:`BackendError`; an error reply of
 the counting script itself (an argument it refuses) as :class:`~.base.ArgumentRefused`, which
-is our bug and no outage (see :func:`.wire.failure`). Counting calls skip
-redis-py's per-command machinery (see :mod:`.wire`); ``async def`` views use
+is our bug and no outage (see :func:`.wire.failure`). Counting calls are framed once per
+limit list and sent on the client's own pool (see :mod:`.wire`); ``async def`` views use
 :mod:`.redis_async`.
 """
 
@@ -43,12 +43,12 @@ from django_throttle.backends.base import (
     decision_from,
     per_shard,
 )
-from django_throttle.backends.redis_async import AsyncStacks
+from django_throttle.backends.redis_async import AsyncConnections
 from django_throttle.backends.wire import (
     DIGEST_KEY_CHARS,
     SHARED_MARK,
     Calls,
-    Stack,
+    Connections,
     failure,
     key_suffix,
     limit_spec,
@@ -181,7 +181,8 @@ class RedisBackend(Backend):
     """Counts in Redis (single server or anything speaking its protocol with EVALSHA).
 
     A ``client`` passed in is used as it is: give it short timeouts and no retries. Counting
-    calls use connections of the same pool class and options, from :class:`wire.Stack`.
+    calls use its pool (:class:`.wire.Connections`), ``async def`` ones a ``redis.asyncio``
+    pool with the same options (:class:`.redis_async.AsyncConnections`).
     """
 
     def __init__(self, client: redis.Redis | None = None) -> None:
@@ -193,8 +194,8 @@ class RedisBackend(Backend):
         self._calls = Calls(partial(self._script_for, SCRIPT_FILES), self.shards)
         self._refunds = Calls(partial(self._script_for, REFUND_FILES), self.shards)
         pool = self.client.connection_pool
-        self._stack = Stack(pool)
-        self._async_stacks = AsyncStacks(pool)
+        self._connections = Connections(pool)
+        self._async_connections = AsyncConnections(pool)
         self._retime_source = load_script(RETIME_FILES)
         self._retime_sha = hashlib.sha1(self._retime_source.encode()).hexdigest()
         self._version_key = f"{self.prefix}:policy-version"
@@ -249,18 +250,11 @@ class RedisBackend(Backend):
     ) -> None:
         """One EVALSHA of refund.lua over the keys the hit used (same framing, same slot);
         ``taken_at`` travels as ARGV[1]'s ``#<taken>``."""
-        if not limits:
-            return
-        try:
-            body, fallback = self._request(
+        if limits:
+            request = self._request(
                 client, limits, cost, now, None, self._refunds, taken_at=taken_at
             )
-            try:
-                self._stack.call(body)
-            except NoScriptError:
-                self._stack.call(fallback())
-        except Exception as exc:  # anything out of redis-py: see _run
-            raise failure(exc) from exc
+            self._connections.call(*request)
 
     async def arefund(
         self,
@@ -272,18 +266,11 @@ class RedisBackend(Backend):
         taken_at: int | None = None,
     ) -> None:
         """:meth:`refund` on ``redis.asyncio``, as :meth:`ahit`."""
-        if not limits:
-            return
-        try:
-            body, fallback = self._request(
+        if limits:
+            request = self._request(
                 client, limits, cost, now, None, self._refunds, taken_at=taken_at
             )
-            try:
-                await self._async_stacks.call(body)
-            except NoScriptError:
-                await self._async_stacks.call(fallback())
-        except Exception as exc:  # anything out of redis-py: see _run
-            raise failure(exc) from exc
+            await self._async_connections.call(*request)
 
     def reset(self, client: str, limits: Sequence[Limit]) -> None:
         if limits:
@@ -364,7 +351,6 @@ class RedisBackend(Backend):
         self._run(pipe.execute)
 
     def close(self) -> None:
-        self._stack.close()
         if self._owns_client:
             self.client.connection_pool.disconnect()
 
@@ -378,29 +364,15 @@ class RedisBackend(Backend):
         usage: str | None = None,
     ) -> Decision:
         """:meth:`hit` on ``redis.asyncio``: the same script and bytes, no thread."""
-        try:
-            body, fallback = self._request(client, limits, cost, now, usage)
-            try:
-                reply = await self._async_stacks.call(body)
-            except NoScriptError:
-                reply = await self._async_stacks.call(fallback())
-            return self._decision(client, limits, reply)
-        except Exception as exc:  # anything out of redis-py: see _run
-            raise failure(exc) from exc
+        request = self._request(client, limits, cost, now, usage)
+        return self._decision(client, limits, await self._async_connections.call(*request))
 
     async def apeek(
         self, client: str, limits: Sequence[Limit], *, now: float | None = None, cost: int = 0
     ) -> Decision:
         """:meth:`peek` on ``redis.asyncio``, as :meth:`ahit`."""
-        try:
-            body, fallback = self._request(client, limits, cost, now, None, peek=True)
-            try:
-                reply = await self._async_stacks.call(body)
-            except NoScriptError:
-                reply = await self._async_stacks.call(fallback())
-            return self._decision(client, limits, reply)
-        except Exception as exc:  # anything out of redis-py: see _run
-            raise failure(exc) from exc
+        request = self._request(client, limits, cost, now, None, peek=True)
+        return self._decision(client, limits, await self._async_connections.call(*request))
 
     def _call(
         self,
@@ -411,17 +383,8 @@ class RedisBackend(Backend):
         usage: str | None,
         peek: bool = False,
     ) -> Decision:
-        try:
-            body, fallback = self._request(client, limits, cost, now, usage, peek=peek)
-            try:
-                reply = self._stack.call(body)
-            except NoScriptError:
-                # The script cache was flushed (restart, failover, SCRIPT FLUSH): EVAL runs
-                # it and loads it for the next EVALSHA. NOSCRIPT means nothing ran.
-                reply = self._stack.call(fallback())
-            return self._decision(client, limits, reply)
-        except Exception as exc:  # anything out of redis-py: see _run
-            raise failure(exc) from exc
+        request = self._request(client, limits, cost, now, usage, peek=peek)
+        return self._decision(client, limits, self._connections.call(*request))
 
     def _request(
         self,
@@ -435,28 +398,43 @@ class RedisBackend(Backend):
         taken_at: int | None = None,
     ) -> tuple[bytes, Callable[[], bytes]]:
         """The EVALSHA to send (of the counting script, or of ``calls``'), and how to build
-        its EVAL twin if the script is missing. ``peek``: decide on ``cost``, write nothing."""
+        its EVAL twin if the script is missing. ``peek``: decide on ``cost``, write nothing.
+        What cannot be framed (a client no UTF-8 encodes) is a :class:`BackendError`."""
         calls = calls or self._calls
         now_us = None if now is None else round(now * 1e6)
-        encoded = calls.encoded(limits, now_us)
-        tag = self._client_tag(client)
-        op = calls.op(cost, now_us, peek)
-        if taken_at is not None:
-            op += b"#%d" % taken_at
-        field = calls.field(usage)
-        label = client.encode()
+        try:
+            encoded = calls.encoded(limits, now_us)
+            tag = self._client_tag(client)
+            op = calls.op(cost, now_us, peek)
+            if taken_at is not None:
+                op += b"#%d" % taken_at
+            field = calls.field(usage)
+            label = client.encode()
+            body = calls.body(encoded, tag, op, field, label)
+        except Exception as exc:
+            raise failure(exc) from exc
 
         def fallback() -> bytes:
             # Redis lost the script (restart, failover, SCRIPT FLUSH): EVAL loads it again.
             events.send(events.script_loaded, type(self))
             return calls.body(encoded, tag, op, field, label, False)
 
-        return calls.body(encoded, tag, op, field, label), fallback
+        return body, fallback
 
     @staticmethod
     def _decision(client: str, limits: Sequence[Limit], reply: Any) -> Decision:
         """Parse ``"<status + 4 x index> <remaining> <reset>[ <retry>| @<now>]"`` (see
-        driver.lua): an allowed hit's ``@<now>`` (base 36) is its ``Decision.taken``."""
+        driver.lua): an allowed hit's ``@<now>`` (base 36) is its ``Decision.taken``. A reply
+        of another shape is a :class:`BackendError`."""
+        try:
+            return RedisBackend._parse(client, limits, reply)
+        except Exception as exc:
+            raise failure(exc) from exc
+
+    @staticmethod
+    def _parse(client: str, limits: Sequence[Limit], reply: Any) -> Decision:
+        if type(reply) is not bytes:
+            raise ValueError(f"unexpected reply {reply!r}")
         parts = reply.split()
         code, remaining, reset_us = int(parts[0]), int(parts[1]), int(parts[2])
         status, index = code & 3, code >> 2

@@ -1,12 +1,13 @@
-"""The counting call for ``async def`` views: the same bytes as the sync path, on a
-``redis.asyncio`` connection, so a decision never borrows a thread.
+"""The counting call for ``async def`` views: the same frames as the sync path, on pooled
+``redis.asyncio`` connections, so a decision never borrows a thread.
 
-Each event loop gets one connection, pipelined: requests write their command in turn and one
-reader task hands replies back in order, so a thousand concurrent requests share one socket
-instead of queueing for a pool (Redis answers in order and runs one command at a time anyway).
-A request waits at most the socket timeout for its reply; a reply that comes later is read and
-dropped, so the stream stays in step. A broken connection fails every request waiting on it
-(the failure mode applies) and the next request reconnects.
+Each running event loop gets a ``redis.asyncio`` pool built from the sync pool's options (same
+server, credentials, TLS, timeouts, ``max_connections``; retries off). A call takes one of its
+connections, sends the frame with ``send_packed_command``, reads the reply with
+``read_response`` (bounded by the socket timeout) and always releases the connection; one that
+timed out, was cancelled or broke is disconnected first, so no late reply ever answers the
+next call. Only the sending differs from :class:`.wire.Connections`: the frames, the NOSCRIPT
+answer and the error mapping are the same code.
 """
 
 from __future__ import annotations
@@ -16,20 +17,18 @@ import contextlib
 import inspect
 import os
 import weakref
-from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import redis
 from redis.asyncio import connection as aio
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import InvalidResponse
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import NoScriptError, ResponseError
 
-from django_throttle.backends.wire import parse_error
+from django_throttle.backends.wire import connection_getter, failure
 
-__all__ = ["AsyncStacks"]
+__all__ = ["AsyncConnections"]
 
 _CLASSES = {
     "Connection": aio.Connection,
@@ -48,115 +47,6 @@ _SYNC_ONLY = (
     "oss_cluster_maint_notifications_handler",
     "redis_connect_func",
 )
-#: Requests that may wait on one connection; beyond, Redis is too slow and they fail at once.
-MAX_IN_FLIGHT = 10_000
-#: Loop turns a timed-out request gives the reader task to hand over a reply already received.
-CATCH_UP_TURNS = 3
-
-
-class _Pipe:
-    """One event loop's pipelined connection."""
-
-    def __init__(self, factory: Any, timeout: float) -> None:
-        self.factory = factory
-        self.timeout = timeout
-        self.conn: Any = None
-        self.waiting: deque[asyncio.Future[bytes]] = deque()
-        self.reader: asyncio.Task[None] | None = None
-        self.connecting = asyncio.Lock()
-        self.closer: AsyncIterator[None] | None = None
-
-    async def call(self, command: bytes) -> bytes:
-        if self.conn is None:
-            async with self.connecting:
-                if self.conn is None:
-                    await self._connect()
-        if len(self.waiting) >= MAX_IN_FLIGHT:
-            raise RedisConnectionError(f"{MAX_IN_FLIGHT} calls already wait for Redis")
-        reply: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self.waiting.append(reply)
-        self.conn._writer.write(command)
-        try:
-            return await asyncio.wait_for(asyncio.shield(reply), self.timeout)
-        except TimeoutError:  # asyncio's (the builtin), not redis-py's
-            pass
-        # A loop too busy to run the reader task looks like a slow Redis: the timer and the
-        # socket's data come due in the same loop turn, and the timer wins. Let the reader
-        # catch up on what already arrived before calling it a timeout.
-        for _ in range(CATCH_UP_TURNS):
-            await asyncio.sleep(0)
-            if reply.done():
-                return reply.result()
-        raise RedisTimeoutError("Timeout reading from Redis")
-
-    async def _connect(self) -> None:
-        conn = self.factory()
-        await conn.connect()  # handshake (AUTH, SELECT, ...) through redis-py
-        self.conn = conn
-        self.reader = asyncio.get_running_loop().create_task(self._read(conn))
-
-    async def _read(self, conn: Any) -> None:
-        """Hand each reply to the oldest waiting request, until the stream breaks."""
-        stream = conn._reader
-        try:
-            while True:
-                head = await stream.readuntil(b"\r\n")
-                kind = head[:1]
-                result: bytes | BaseException
-                if kind == b"$":
-                    size = int(head[1:-2])
-                    body = await stream.readexactly(size + 2)
-                    result = body[:size]
-                elif kind == b"-":
-                    result = parse_error(head[1:-2])
-                else:
-                    raise InvalidResponse(f"unexpected reply {head[:80]!r}")
-                waiter = self.waiting.popleft()
-                if not waiter.done():
-                    if isinstance(result, BaseException):
-                        waiter.set_exception(result)
-                    else:
-                        waiter.set_result(result)
-        except BaseException as exc:
-            await self._broken(conn, exc)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-
-    async def _broken(self, conn: Any, exc: BaseException) -> None:
-        """Fail everyone waiting on ``conn`` and forget it; the next call reconnects."""
-        if self.conn is conn:
-            self.conn = None
-        waiting, self.waiting = self.waiting, deque()
-        error = RedisConnectionError(f"Redis connection lost: {type(exc).__name__}: {exc}")
-        for waiter in waiting:
-            if not waiter.done():
-                waiter.set_exception(error)
-        with contextlib.suppress(Exception):
-            await conn.disconnect()
-
-    async def close_with_loop(self) -> None:
-        """Close the connection when its loop shuts down: ``asyncio.run`` (and so Django's
-        ``async_to_sync``, which runs an async view under WSGI in a loop of its own per
-        request) finalizes async generators before closing the loop."""
-
-        async def closer() -> AsyncIterator[None]:
-            try:
-                yield
-            finally:
-                await self.close()
-
-        self.closer = closer()  # kept: collecting it early would close the connection
-        await self.closer.__anext__()
-
-    async def close(self) -> None:
-        if self.reader is not None:
-            self.reader.cancel()
-            with contextlib.suppress(BaseException):
-                await self.reader
-        if self.conn is not None:
-            with contextlib.suppress(Exception):
-                await self.conn.disconnect()
-            self.conn = None
 
 
 def _parameters(cls: type) -> set[str]:
@@ -169,8 +59,33 @@ def _parameters(cls: type) -> set[str]:
     return names
 
 
-class AsyncStacks:
-    """One pipelined connection per running event loop, built from the sync pool's options."""
+class _LoopPool:
+    """One event loop's pool and how to take a connection from it."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.get = connection_getter(pool)
+        self.closer: AsyncIterator[None] | None = None
+
+    async def close_with_loop(self) -> None:
+        """Close the pool's connections when its loop shuts down: ``asyncio.run`` (and so
+        Django's ``async_to_sync``, which runs an async view under WSGI in a loop of its own
+        per request) finalizes async generators before closing the loop."""
+
+        async def closer() -> AsyncIterator[None]:
+            try:
+                yield
+            finally:
+                with contextlib.suppress(Exception):
+                    await self.pool.disconnect()
+
+        self.closer = closer()  # kept: collecting it early would close the connections
+        await self.closer.__anext__()
+
+
+class AsyncConnections:
+    """Counting calls from ``async def`` code, on a ``redis.asyncio`` pool per running loop
+    (connections belong to the loop that opened them)."""
 
     def __init__(self, pool: Any) -> None:
         cls = _CLASSES.get(pool.connection_class.__name__, aio.Connection)
@@ -186,28 +101,55 @@ class AsyncStacks:
             kwargs["driver_info"] = None
         else:
             kwargs["lib_name"] = kwargs["lib_version"] = None
-        self._factory = lambda: cls(**kwargs)
-        self._timeout = float(kwargs.get("socket_timeout") or 0.05)
-        self._pipes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pipe] = (
+        if isinstance(pool, redis.BlockingConnectionPool):
+            size: int = pool.max_connections
+            # A call waits for a free connection without a time bound of its own: a thousand
+            # concurrent requests on one loop keep it busy longer than the sync pool's wait
+            # (tens of ms), which would fail them while Redis is healthy. Each call holding a
+            # connection is bounded by the socket timeouts, so the wait is bounded too.
+            self._factory: Callable[[], Any] = lambda: aio.BlockingConnectionPool(
+                connection_class=cls, max_connections=size, timeout=None, **kwargs
+            )
+        else:
+            limit = getattr(pool, "max_connections", None)
+            self._factory = lambda: aio.ConnectionPool(
+                connection_class=cls, max_connections=limit, **kwargs
+            )
+        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopPool] = (
             weakref.WeakKeyDictionary()
         )
         self._pid = os.getpid()
 
-    async def call(self, command: bytes) -> bytes:
-        """Send one packed command and await its bulk-string reply; server error replies
-        raise redis-py's ``ResponseError`` subclasses, anything else ``ConnectionError``."""
-        if self._pid != os.getpid():
-            self._pipes = weakref.WeakKeyDictionary()
+    async def call(self, body: bytes, fallback: Callable[[], bytes]) -> Any:
+        """:meth:`.wire.Connections.call` on the running loop's pool."""
+        try:
+            pool = await self._loop_pool()
+            conn = await pool.get()
+            try:
+                try:
+                    await conn.send_packed_command((body,), False)
+                    return await conn.read_response(disable_decoding=True)
+                except NoScriptError:
+                    await conn.send_packed_command((fallback(),), False)
+                    return await conn.read_response(disable_decoding=True)
+            except ResponseError:
+                raise  # the error reply was read: the stream is in step
+            except BaseException:
+                # Timed out, cancelled or broken: a reply may still be on its way.
+                await conn.disconnect(nowait=True)
+                raise
+            finally:
+                await pool.pool.release(conn)
+        except Exception as exc:
+            raise failure(exc) from exc
+
+    async def _loop_pool(self) -> _LoopPool:
+        if self._pid != os.getpid():  # the parent's connections are not ours
+            self._pools = weakref.WeakKeyDictionary()
             self._pid = os.getpid()
         loop = asyncio.get_running_loop()
-        pipe = self._pipes.get(loop)
-        if pipe is None:
-            pipe = self._pipes[loop] = _Pipe(self._factory, self._timeout)
-            await pipe.close_with_loop()
-        return await pipe.call(command)
-
-    async def close(self) -> None:
-        """Close the current loop's connection."""
-        pipe = self._pipes.pop(asyncio.get_running_loop(), None)
-        if pipe is not None:
-            await pipe.close()
+        found = self._pools.get(loop)
+        if found is None:
+            found = self._pools[loop] = _LoopPool(self._factory())
+            await found.close_with_loop()
+        return found

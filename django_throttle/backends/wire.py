@@ -2,34 +2,26 @@
 
 A decision is one ``EVALSHA`` whose constant parts (script digest, limit specs) are framed once
 per limit list and reused, so a request only frames its keys, cost, usage field and client.
-It is sent on a connection taken from a per-process stack without redis-py's per-command work
-(pool bookkeeping, argument encoding, response callbacks): those cost more than the Lua script
-itself. Everything else (policy version, retime, usage reports) goes through the ordinary
-redis-py client.
+The framed command goes out on a pooled connection through redis-py's public connection API
+(``send_packed_command`` / ``read_response``), skipping only its per-command argument encoding
+and response callbacks. :class:`Connections` sends it from sync code; :mod:`.redis_async`
+from ``async def`` code, with the same frames, the same NOSCRIPT answer and the same error
+mapping (:func:`failure`). Everything else (policy version, retime, usage reports) goes through
+the ordinary redis-py client.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import InvalidResponse, ResponseError
-
-try:
-    from redis._parsers.base import BaseParser
-except ImportError:  # pragma: no cover - older or newer layouts of redis-py
-
-    class BaseParser:  # type: ignore[no-redef]
-        @staticmethod
-        def parse_error(message: str) -> ResponseError:
-            return ResponseError(message)
-
+from redis.exceptions import NoScriptError, ResponseError
 
 from django_throttle.backends.base import (
     DIGEST_SIZE,
@@ -45,8 +37,9 @@ __all__ = [
     "ALGORITHM_CODES",
     "FOREVER",
     "Calls",
+    "Connections",
     "Encoded",
-    "Stack",
+    "connection_getter",
     "failure",
     "frame",
     "key_suffix",
@@ -65,11 +58,6 @@ ALGORITHM_CODES = {
 }
 #: ``Encoded.valid_until`` of a limit list without calendar quotas (compared by identity).
 FOREVER = math.inf
-#: A pooled connection idle longer than this is checked before use: the server may have
-#: closed it, and a command sent on it would fail a request for nothing.
-IDLE_CHECK_SECONDS = 1.0
-#: Bytes asked of one recv: a decision's reply is a few dozen.
-RECV_SIZE = 4096
 #: Characters of the client digest in a key (base64url of DIGEST_SIZE bytes).
 DIGEST_KEY_CHARS = 4 * DIGEST_SIZE // 3
 #: What stands in a shared limit's key for the client digest (never a base64url character).
@@ -280,107 +268,51 @@ def failure(exc: BaseException) -> BackendError:
     return BackendError(message)
 
 
-def parse_error(message: bytes) -> ResponseError:
-    """An error reply as redis-py's own exception: NOSCRIPT, OOM, READONLY, CLUSTERDOWN,
-    LOADING, ... each get their class."""
-    error: ResponseError = BaseParser.parse_error(message.decode(errors="replace"))  # type: ignore[no-untyped-call]
-    return error
+def connection_getter(pool: Any) -> Callable[[], Any]:
+    """``pool.get_connection`` as a call without arguments. redis-py 5.3 made the command
+    name optional (and warns when one is passed); before, it was required. Works for the
+    sync and the asyncio pools alike."""
+    parameters = list(inspect.signature(pool.get_connection).parameters.values())
+    if parameters and parameters[0].default is inspect.Parameter.empty:
+        return partial(pool.get_connection, "EVALSHA")
+    getter: Callable[[], Any] = pool.get_connection
+    return getter
 
 
-def read_bulk(sock: Any) -> bytes:
-    """One reply that must be a bulk string (``$<n>\\r\\n<bytes>\\r\\n``) or an error
-    (``-...``, raised as redis-py's ``ResponseError`` / ``NoScriptError``). Anything else, or
-    bytes beyond the reply, means the stream is out of step: raise, and the caller closes the
-    connection."""
-    data = sock.recv(RECV_SIZE)
-    while True:
-        if not data:
-            raise RedisConnectionError("Connection closed by server.")
-        end = data.find(b"\r\n")
-        if end >= 0:
-            break
-        data += sock.recv(RECV_SIZE)
-    kind, head, rest = data[:1], data[1:end], data[end + 2 :]
-    if kind == b"$":
-        size = int(head)
-        while len(rest) < size + 2:
-            more = sock.recv(RECV_SIZE)
-            if not more:
-                raise RedisConnectionError("Connection closed by server.")
-            rest += more
-        if size < 0 or len(rest) != size + 2 or rest[size:] != b"\r\n":
-            raise InvalidResponse(f"unexpected reply {data[:80]!r}")
-        reply: bytes = rest[:size]
-        return reply
-    if kind == b"-" and not rest:
-        raise parse_error(head)
-    raise InvalidResponse(f"unexpected reply {data[:80]!r}")
+class Connections:
+    """Sends counting calls on connections of the client's own pool, through redis-py's
+    public connection API: one connection per call, taken with ``get_connection`` and
+    always given back with ``release``, so counting shares the pool's ``max_connections``
+    with every other command of the client.
 
-
-class Stack:
-    """This process's connections for counting calls: last in, first out, no lock on the fast
-    path (list pop and append are atomic). Connections are checked out of the client's pool
-    once and kept, so the pool's ``max_connections`` and wait ``timeout`` still bound them;
-    none is used across a fork.
-
-    A connection that raised anything but a server error reply is closed and handed back to
-    the pool: its stream may hold a late reply that would answer the next request.
+    A connection that raised anything but a server error reply is disconnected before it
+    goes back: its stream may still hold the reply, which would answer the next call.
+    Thread safe (the pool is); after a fork the pool starts afresh.
     """
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
-        self._idle: list[tuple[Any, float]] = []
-        self._pid = os.getpid()
+        self._get = connection_getter(pool)
 
-    def call(self, command: bytes) -> bytes:
-        """Send one packed command and read its bulk-string reply straight off the socket
-        (server error replies raise ``ResponseError`` and keep the connection)."""
-        conn = self._take()
+    def call(self, body: bytes, fallback: Callable[[], bytes]) -> Any:
+        """Send ``body`` and return its reply (bytes, undecoded); on NOSCRIPT (nothing ran)
+        send ``fallback()`` on the same connection. Any failure raises what :func:`failure`
+        makes of it."""
         try:
-            sock = conn._sock
-            if sock is None:
-                conn.connect()  # handshake (AUTH, SELECT, ...) through redis-py
-                sock = conn._sock
-            sock.sendall(command)
-            reply = read_bulk(sock)
-        except ResponseError:
-            self._idle.append((conn, time.monotonic()))
-            raise
-        except BaseException:
-            self._discard(conn)
-            raise
-        self._idle.append((conn, time.monotonic()))
-        return reply
-
-    def close(self) -> None:
-        idle, self._idle = self._idle, []
-        for conn, _ in idle:
-            self._discard(conn)
-
-    def _take(self) -> Any:
-        if self._pid != os.getpid():
-            # The parent's sockets are not ours: forget them without closing them.
-            self._idle = []
-            self._pid = os.getpid()
-        try:
-            conn, since = self._idle.pop()
-        except IndexError:
-            return self.pool.get_connection()
-        if time.monotonic() - since > IDLE_CHECK_SECONDS:
-            self._check(conn)
-        return conn
-
-    @staticmethod
-    def _check(conn: Any) -> None:
-        """Drop the socket of an idle connection the server closed (reconnects on send)."""
-        try:
-            if conn._sock is not None and conn.can_read(timeout=0):
+            conn = self._get()
+            try:
+                try:
+                    conn.send_packed_command((body,), False)
+                    return conn.read_response(disable_decoding=True)
+                except NoScriptError:
+                    conn.send_packed_command((fallback(),), False)
+                    return conn.read_response(disable_decoding=True)
+            except ResponseError:
+                raise  # the error reply was read: the stream is in step
+            except BaseException:
                 conn.disconnect()
-        except Exception:
-            conn.disconnect()
-
-    def _discard(self, conn: Any) -> None:
-        try:
-            conn.disconnect()
-        finally:
-            self.pool.release(conn)
+                raise
+            finally:
+                self.pool.release(conn)
+        except Exception as exc:
+            raise failure(exc) from exc

@@ -1,0 +1,171 @@
+"""The counting call's connections: taken from the client's pool, always given back, never
+reused with a reply pending, sync and async alike (django_throttle/backends/wire.py and
+redis_async.py). Real redis-servers; faults through :class:`tests.faultproxy.FaultProxy`."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from django_throttle.backends import get_backend
+from django_throttle.backends.base import BackendError
+from django_throttle.backends.redis import RedisBackend
+from django_throttle.rates import Limit
+from tests.faultproxy import FaultProxy
+from tests.redis_servers import RedisServer
+
+#: Slow to refill (one token per 86 s): counts stay exact for the length of a test.
+CAPACITY = 1000
+LIMITS = (Limit.build("pool", "1000/d", burst=CAPACITY),)
+THREADS = 8
+PER_THREAD = 50
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    process = RedisServer().start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def proxy(server: RedisServer) -> Iterator[FaultProxy]:
+    with FaultProxy(server.port) as fault_proxy:
+        yield fault_proxy
+
+
+def small_pool_backend(settings: Any, url: str, timeout: float = 2.0) -> RedisBackend:
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {
+        "max_connections": 4,
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "timeout": 2.0,  # a thread waits this long for a free connection
+    }
+    backend = get_backend()
+    assert isinstance(backend, RedisBackend)
+    return backend
+
+
+def test_counting_gives_its_connections_back_to_the_pool(settings: Any, redis_url: str) -> None:
+    """Eight threads counting on a pool of four: every hit is counted, and afterwards the
+    client's other commands (policy version, reset, retime) still find a connection."""
+    backend = small_pool_backend(settings, redis_url)
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(THREADS)
+
+    def work(n: int) -> None:
+        barrier.wait()
+        try:
+            for _ in range(PER_THREAD):
+                backend.hit("shared-client", LIMITS)
+        except BaseException as exc:  # shown in the assertion
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work, args=(n,)) for n in range(THREADS)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+    assert errors == []
+    assert backend.peek("shared-client", LIMITS).remaining == CAPACITY - THREADS * PER_THREAD
+
+    backend.bump_policy_version()
+    assert backend.get_policy_version() == "1"
+    assert backend.retime(LIMITS) == 1
+    backend.reset("shared-client", LIMITS)
+    assert backend.peek("shared-client", LIMITS).remaining == CAPACITY
+
+
+def test_async_counting_gives_its_connections_back_to_the_pool(
+    settings: Any, redis_url: str
+) -> None:
+    """Forty concurrent async calls on a pool of four, twice: all counted, none waits in vain."""
+    backend = small_pool_backend(settings, redis_url)
+
+    async def burst() -> list[int]:
+        calls = [backend.ahit("async-client", LIMITS) for _ in range(40)]
+        first = [decision.remaining for decision in await asyncio.gather(*calls)]
+        calls = [backend.ahit("async-client", LIMITS) for _ in range(40)]
+        return first + [decision.remaining for decision in await asyncio.gather(*calls)]
+
+    remaining = asyncio.run(burst())
+    assert sorted(remaining) == list(range(CAPACITY - 80, CAPACITY))
+    backend.bump_policy_version()
+    assert backend.get_policy_version() == "1"
+
+
+@pytest.mark.parametrize("mode", ["blackhole", "delay"])
+def test_a_timed_out_connection_is_never_reused_sync(
+    mode: str, settings: Any, proxy: FaultProxy
+) -> None:
+    """A call that timed out leaves its connection disconnected: the late reply (``delay``)
+    never answers the next call, and after a partition the next call works at once."""
+    backend = small_pool_backend(settings, proxy.url, timeout=0.2)
+    assert backend.hit("late", LIMITS).remaining == CAPACITY - 1
+    proxy.set_mode(mode, delay=0.6)
+    with pytest.raises(BackendError, match="Timeout"):
+        backend.hit("late", LIMITS)
+    proxy.set_mode("pass")
+    # With "delay" Redis ran the timed-out call: it counted, and its reply was never read.
+    expected = CAPACITY - 3 if mode == "delay" else CAPACITY - 2
+    assert [backend.hit("late", LIMITS).remaining for _ in range(3)] == [
+        expected,
+        expected - 1,
+        expected - 2,
+    ]
+
+
+@pytest.mark.parametrize("mode", ["blackhole", "delay"])
+def test_a_timed_out_connection_is_never_reused_async(
+    mode: str, settings: Any, proxy: FaultProxy
+) -> None:
+    backend = small_pool_backend(settings, proxy.url, timeout=0.2)
+
+    async def run() -> list[int]:
+        assert (await backend.ahit("late", LIMITS)).remaining == CAPACITY - 1
+        proxy.set_mode(mode, delay=0.6)
+        with pytest.raises(BackendError, match="Timeout"):
+            await backend.ahit("late", LIMITS)
+        proxy.set_mode("pass")
+        return [(await backend.ahit("late", LIMITS)).remaining for _ in range(3)]
+
+    expected = CAPACITY - 3 if mode == "delay" else CAPACITY - 2
+    assert asyncio.run(run()) == [expected, expected - 1, expected - 2]
+
+
+def test_timed_out_async_calls_leave_nothing_for_asyncio_to_log(
+    settings: Any, proxy: FaultProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No "Future exception was never retrieved" (or any other loop error) after async calls
+    that timed out, however their connections end afterwards."""
+    backend = small_pool_backend(settings, proxy.url, timeout=0.1)
+    reported: list[dict[str, Any]] = []
+
+    async def run() -> int:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda loop, context: reported.append(context)
+        )
+        await backend.ahit("quiet", LIMITS)
+        proxy.set_mode("blackhole")
+        failed = 0
+        for _ in range(5):
+            calls = [backend.ahit("quiet", LIMITS) for _ in range(4)]
+            for outcome in await asyncio.gather(*calls, return_exceptions=True):
+                failed += isinstance(outcome, BackendError)
+        proxy.set_mode("refuse")  # resets every open connection
+        proxy.set_mode("pass")
+        await asyncio.sleep(0.05)  # the resets arrive
+        return failed
+
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        assert asyncio.run(run()) == 20
+        gc.collect()
+    assert reported == []
+    assert [record.getMessage() for record in caplog.records if record.name == "asyncio"] == []
