@@ -9,9 +9,11 @@ and one that answers a handshake and then garbage.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -201,14 +203,28 @@ def test_cluster_down_is_a_backend_error(settings: Any) -> None:
 
 
 def test_pool_exhausted_is_a_backend_error(settings: Any, redis_url: str) -> None:
+    """Counting's own connections, all in use for longer than the pool's timeout: the next
+    call fails over (a BackendError), and counts again once one comes back."""
     backend = backend_for(settings, redis_url, max_connections=1, timeout=0.01)
-    held = connection_getter(backend.client.connection_pool)()
+    connections = backend._connections
+    held = connections._take()
     try:
         with pytest.raises(BackendError, match=r"(?i)no connection available"):
             backend.hit("c", [LIMIT])
     finally:
-        backend.client.connection_pool.release(held)
+        connections._give(held)
     assert backend.hit("c", [LIMIT]).allowed
+
+
+def test_the_client_pool_exhausted_does_not_stop_counting(settings: Any, redis_url: str) -> None:
+    """Counting has connections of its own: every connection of the client's pool held (by
+    other commands of the process) leaves decisions unaffected."""
+    backend = backend_for(settings, redis_url, max_connections=1, timeout=0.01)
+    held = connection_getter(backend.client.connection_pool)()
+    try:
+        assert backend.hit("c", [LIMIT]).allowed
+    finally:
+        backend.client.connection_pool.release(held)
 
 
 @pytest.mark.parametrize(
@@ -369,3 +385,24 @@ def test_cache_the_throttle_cannot_connect_through_is_a_configuration_error(
     settings.CACHES = {"default": cache}
     with pytest.raises(ImproperlyConfigured, match="DJANGO_THROTTLE_REDIS_URL"):
         backend_for(settings, None)
+
+
+def test_a_forked_child_counts_on_connections_of_its_own(settings: Any, redis_url: str) -> None:
+    """The parent's sockets are not the child's: after a fork, the child's counting opens its
+    own connection and the parent's keeps answering the parent."""
+    backend = backend_for(settings, redis_url)
+    assert backend.hit("fork", [LIMIT]).allowed
+    parents = list(backend._connections._idle)
+    assert parents
+    with warnings.catch_warnings():
+        # Python 3.12+ warns about forking a process with threads (other tests' servers).
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: report by exit status only
+        ok = backend._connections._idle == [] and backend.hit("fork", [LIMIT]).allowed
+        ok = ok and all(conn not in parents for conn in backend._connections._idle)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert backend._connections._idle == parents
+    assert backend.hit("fork", [LIMIT]).allowed

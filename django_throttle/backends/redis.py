@@ -351,6 +351,7 @@ class RedisBackend(Backend):
         self._run(pipe.execute)
 
     def close(self) -> None:
+        self._connections.disconnect()
         if self._owns_client:
             self.client.connection_pool.disconnect()
 

@@ -15,12 +15,16 @@ from __future__ import annotations
 import hashlib
 import inspect
 import math
+import os
+import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
 from django_throttle.backends.base import (
@@ -280,26 +284,87 @@ def connection_getter(pool: Any) -> Callable[[], Any]:
 
 
 class Connections:
-    """Sends counting calls on connections of the client's own pool, through redis-py's
-    public connection API: one connection per call, taken with ``get_connection`` and
-    always given back with ``release``, so counting shares the pool's ``max_connections``
-    with every other command of the client.
+    """Sends counting calls through redis-py's public connection API (``send_packed_command``
+    / ``read_response``) on connections of their own, made as the client's pool makes its
+    connections (``pool.connection_class(**pool.connection_kwargs)``: the same server, TLS,
+    credentials and timeouts) and kept in a pool of ours: a LIFO of idle connections, at most
+    ``pool.max_connections`` of them in use at once, a caller waiting up to the client pool's
+    ``timeout`` for one beyond that.
 
-    A connection that raised anything but a server error reply is disconnected before it
-    goes back: its stream may still hold the reply, which would answer the next call.
-    Thread safe (the pool is); after a fork the pool starts afresh.
+    Counting never takes the client's own connections, so no burst of requests can starve the
+    client's other commands (policy versions, admin edits reaching other workers, resets,
+    usage pushes); and taking or giving back one of ours is a list pop and append, where the
+    client pool's checkout would cost a third of the counting call. A connection always goes
+    back; one that raised anything but a server error reply is disconnected first (its stream
+    may still hold the reply, which would answer the next call). Thread safe; a forked child
+    starts with none of its parent's connections.
     """
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
-        self._get = connection_getter(pool)
+        self._make = partial(pool.connection_class, **pool.connection_kwargs)
+        self._room = int(getattr(pool, "max_connections", 0) or 2**31)
+        #: How long a caller waits for a connection when all are in use (None: as long as it
+        #: takes), as the client's BlockingConnectionPool would; 0 for a plain pool.
+        self._patience: float | None = getattr(pool, "timeout", 0)
+        self._forget()
+        forget = weakref.WeakMethod(self._forget)
+        os.register_at_fork(after_in_child=lambda: _call_if_alive(forget))
+
+    def _forget(self) -> None:
+        """Start with no connections (at creation, and in a forked child: the parent's
+        sockets are not the child's to use)."""
+        self._idle: list[Any] = []
+        self._made = 0
+        self._waiting = 0
+        self._freed = threading.Condition(threading.Lock())
+
+    def _take(self) -> Any:
+        try:
+            conn = self._idle.pop()
+        except IndexError:
+            return self._take_slowly()
+        return conn
+
+    def _take_slowly(self) -> Any:
+        """No idle connection: make one while fewer than ``max_connections`` exist, else wait
+        for one to come back. The waiter is counted before it looks, so a connection given
+        back meanwhile is either seen or announced."""
+        with self._freed:
+            self._waiting += 1
+            try:
+                deadline = None if self._patience is None else time.monotonic() + self._patience
+                while not self._idle:
+                    if self._made < self._room:
+                        self._made += 1
+                        break
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise RedisConnectionError("No connection available.")
+                    self._freed.wait(left)
+                else:
+                    return self._idle.pop()
+            finally:
+                self._waiting -= 1
+        try:
+            return self._make()
+        except BaseException:
+            with self._freed:
+                self._made -= 1
+            raise
+
+    def _give(self, conn: Any) -> None:
+        self._idle.append(conn)
+        if self._waiting:
+            with self._freed:
+                self._freed.notify()
 
     def call(self, body: bytes, fallback: Callable[[], bytes]) -> Any:
         """Send ``body`` and return its reply (bytes, undecoded); on NOSCRIPT (nothing ran)
         send ``fallback()`` on the same connection. Any failure raises what :func:`failure`
         makes of it."""
         try:
-            conn = self._get()
+            conn = self._take()
             try:
                 try:
                     conn.send_packed_command((body,), False)
@@ -313,6 +378,21 @@ class Connections:
                 conn.disconnect()
                 raise
             finally:
-                self.pool.release(conn)
+                self._give(conn)
         except Exception as exc:
             raise failure(exc) from exc
+
+    def disconnect(self) -> None:
+        """Close the idle connections; one in use still goes back, and reconnects when used
+        again."""
+        with self._freed:
+            idle, self._idle = self._idle, []
+            self._made -= len(idle)
+        for conn in idle:
+            conn.disconnect()
+
+
+def _call_if_alive(method: weakref.WeakMethod[Callable[[], None]]) -> None:
+    bound = method()
+    if bound is not None:
+        bound()
