@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from django_throttle.backends.memory import MemoryBackend
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
@@ -206,23 +205,6 @@ def test_retry_after_rounds_up_with_no_tolerance(seconds: float, header: int) ->
     from django_throttle.headers import retry_after_seconds
 
     assert retry_after_seconds(seconds) == header
-
-
-class OldStyleBackend(MemoryBackend):
-    """A custom backend written before ``hit`` took ``usage`` (the released signature)."""
-
-    def hit(  # type: ignore[override]
-        self, client: str, limits: Any, cost: int = 1, *, now: float | None = None
-    ) -> Any:
-        return super().hit(client, limits, cost, now=now)
-
-
-def test_a_backend_without_the_usage_argument_still_decides(client: Client, settings: Any) -> None:
-    """The core passes ``usage=`` to every backend; one that predates it is adapted, never a
-    TypeError turned 500."""
-    settings.DJANGO_THROTTLE_BACKEND = f"{__name__}.OldStyleBackend"
-    tier("anonymous", "2/h", burst=2, is_default_anonymous=True)
-    assert [client.get("/api/ping/").status_code for _ in range(3)] == [200, 200, 429]
 
 
 # --- HEAD meets the GET rules ----------------------------------------------------------------
