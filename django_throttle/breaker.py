@@ -70,10 +70,11 @@ class CircuitBreaker:
         self.opened = 0
         self.short_circuited = 0
         self.refused = 0
+        #: Consecutive failures while closed (each call's guard reads it on the way out).
+        self.streak = 0
         self._refused_logged: float | None = None  # when the last refusal was logged
         self._refused_quiet = 0  # refusals not logged since
         self._lock = threading.Lock()
-        self._streak = 0  # consecutive failures while closed
         self._opened_at: float | None = None  # None while closed
         self._probing = False
         self._down_since = 0.0  # when it opened from closed
@@ -81,7 +82,7 @@ class CircuitBreaker:
         # Bumped on every open and close: a call that started before a transition does not
         # move the streak of the state that followed it.
         self._epoch = 0
-        self._closed = _Passage(self._passed, 0, False)
+        self._closed = _Passage(self, self._passed, 0, False)
         #: The last backend failure, for the admin dashboard: its message and when (Unix).
         self.last_error = ""
         self.last_error_at: float | None = None
@@ -116,7 +117,7 @@ class CircuitBreaker:
         if self._opened_at is None:
             return passage
         if self._admit():
-            return _Passage(self._passed, self._epoch, True)
+            return _Passage(self, self._passed, self._epoch, True)
         return self._closed  # closed meanwhile
 
     def call(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -135,7 +136,7 @@ class CircuitBreaker:
         if exc is None or isinstance(exc, ArgumentRefused):  # the backend answered
             if probe:
                 self._probe_succeeded()
-            elif self._streak:
+            elif self.streak:
                 self._succeeded(epoch)
             if exc is not None:
                 self._refused(exc)
@@ -147,7 +148,7 @@ class CircuitBreaker:
     def _next_epoch(self) -> None:
         """Move to the next epoch (under the lock), with the closed state's guard of it."""
         self._epoch += 1
-        self._closed = _Passage(self._passed, self._epoch, False)
+        self._closed = _Passage(self, self._passed, self._epoch, False)
 
     def _refused(self, exc: ArgumentRefused) -> None:
         """Log a refused argument (a bug of this package, or of a custom resolver or backend)
@@ -171,7 +172,7 @@ class CircuitBreaker:
     def _succeeded(self, epoch: int) -> None:
         with self._lock:
             if self._epoch == epoch:
-                self._streak = 0
+                self.streak = 0
 
     def _admit(self) -> bool:
         """True if this caller is the half-open probe; False if the breaker closed meanwhile;
@@ -209,7 +210,7 @@ class CircuitBreaker:
             self._next_epoch()
             self._opened_at = None
             self._probing = False
-            self._streak = 0
+            self.streak = 0
             down = self.clock() - self._down_since
             refused = self.short_circuited - self._refused_before
         logger.warning(
@@ -231,14 +232,14 @@ class CircuitBreaker:
             self.failures += 1
             if epoch != self._epoch or self._opened_at is not None:
                 return
-            self._streak += 1
-            if self._streak < self.threshold:
+            self.streak += 1
+            if self.streak < self.threshold:
                 return
             self.opened += 1
             self._next_epoch()
             self._opened_at = self._down_since = self.clock()
             self._refused_before = self.short_circuited
-            self._streak = 0
+            self.streak = 0
         logger.warning(
             "throttle backend failed %d times in a row; circuit breaker open, calls fail at "
             "once for %.3g s before one probes again: %s",
@@ -251,13 +252,19 @@ class CircuitBreaker:
 
 class _Passage:
     """One call's way through a breaker (:meth:`CircuitBreaker.guard`): the epoch it
-    started in and whether it is the half-open probe; ``done`` counts how it ended."""
+    started in and whether it is the half-open probe; ``done`` counts how it ended, unless
+    it ended as nearly every call does (answered, closed, no failure streak to reset)."""
 
-    __slots__ = ("done", "epoch", "probe")
+    __slots__ = ("breaker", "done", "epoch", "probe")
 
     def __init__(
-        self, done: Callable[[int, bool, BaseException | None], None], epoch: int, probe: bool
+        self,
+        breaker: CircuitBreaker,
+        done: Callable[[int, bool, BaseException | None], None],
+        epoch: int,
+        probe: bool,
     ) -> None:
+        self.breaker = breaker
         self.done = done
         self.epoch = epoch
         self.probe = probe
@@ -266,6 +273,8 @@ class _Passage:
         return None
 
     def __exit__(self, kind: object, exc: BaseException | None, traceback: object) -> None:
+        if exc is None and not self.probe and not self.breaker.streak:
+            return  # the healthy path: nothing to count
         self.done(self.epoch, self.probe, exc)
 
 

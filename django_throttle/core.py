@@ -204,7 +204,8 @@ def run(steps: Steps[T]) -> T:
     try:
         call = next(steps)
         while True:
-            call = _resumed(steps, _called(call))
+            reply = _called(call)  # an error is raised into the steps, anything else sent
+            call = steps.throw(reply) if isinstance(reply, BackendError) else steps.send(reply)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
 
@@ -215,7 +216,8 @@ async def arun(steps: Steps[T]) -> T:
     try:
         call = next(steps)
         while True:
-            call = _resumed(steps, await _acalled(call))
+            reply = await _acalled(call)
+            call = steps.throw(reply) if isinstance(reply, BackendError) else steps.send(reply)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
 
@@ -224,7 +226,8 @@ def _called(call: Call) -> Any:
     """The reply to one call: what the backend returned, or the :class:`BackendError`."""
     name, args, kwargs = call
     try:
-        reply = get_breaker().call(getattr(get_backend(), name), *args, **kwargs)
+        with get_breaker().guard():
+            reply = getattr(get_backend(), name)(*args, **kwargs)
     except BackendError as exc:
         return exc
     if usage.pending:
@@ -236,20 +239,13 @@ async def _acalled(call: Call) -> Any:
     """:func:`_called`, awaited."""
     name, args, kwargs = call
     try:
-        reply = await get_breaker().acall(getattr(get_backend(), "a" + name), *args, **kwargs)
+        with get_breaker().guard():
+            reply = await getattr(get_backend(), "a" + name)(*args, **kwargs)
     except BackendError as exc:
         return exc
     if usage.pending:
         await sync_to_async(usage.flush_pending, thread_sensitive=False)()
     return reply
-
-
-def _resumed(steps: Steps[Any], reply: Any) -> Call:
-    """The next call of ``steps``, given the last one's reply (raised at the ``yield`` if
-    it is an error)."""
-    if isinstance(reply, BackendError):
-        return steps.throw(reply)
-    return steps.send(reply)
 
 
 def _counting(planned: _Plan, request: Any, started: float) -> Steps[Decision]:

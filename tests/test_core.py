@@ -4,6 +4,8 @@ honest ``Retry-After``, through real DRF and plain Django views on the suite's R
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -279,3 +281,17 @@ def test_several_limits_denied_in_one_call_report_the_longest_wait(
     assert denied.limit.id == "long"
     assert denied.retry_after >= 1800
     assert backend.hit("ip:198.51.100.1", limits, now=now + denied.retry_after).allowed
+
+
+# --- the request path sits below its adapters ----------------------------------------------
+
+
+@pytest.mark.parametrize("module", ["django_throttle.core", "django_throttle.reservations"])
+def test_the_request_path_does_not_import_the_credential_guard(module: str) -> None:
+    """``credentials.protect_credentials`` calls the request path; the request path must not
+    import it back (no circle): what both need lives below, in the request path."""
+    script = f"import sys, {module}; print('django_throttle.credentials' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.strip() == "False"
