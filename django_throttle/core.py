@@ -7,10 +7,13 @@ becomes the failure mode that applies (open, closed or local), never an exceptio
 Limits counted by IP address or username, and rules that count only successes or failures,
 reserve tokens that :mod:`~django_throttle.reservations` gives back when they must not count.
 
-The decision is written once, as steps (:func:`_counting`, and the steps of
-:mod:`~django_throttle.reservations`) that yield each backend call they need; :func:`run`
-makes those calls blocking and :func:`arun` awaits them. That is all that differs between
-:func:`check` and :func:`acheck` once the request is planned.
+The decision is written once: a plan (plain), the one backend call the plan names, and a
+finish (plain) from its reply. Only that call differs between :func:`check` and
+:func:`acheck`: made blocking or awaited, through the circuit breaker, a
+:class:`BackendError` being a reply like any other. What takes more calls (the counters by IP
+address or username after the client's, refunds) is written as steps in
+:mod:`~django_throttle.reservations`, generators that yield each call they need, driven by
+:func:`run` (blocking) and :func:`arun` (awaited).
 """
 
 from __future__ import annotations
@@ -112,6 +115,16 @@ class _Plan:
     groups: tuple[Group, ...] = ()
     refunds: tuple[Group, ...] = ()
 
+    def first_call(self) -> Call:
+        """The one backend call of a request (the first of several with ``groups``)."""
+        field = only_if_denied(self.field) if self.groups else self.field
+        return ("hit", (self.client, self.limits, self.cost), {"usage": field})
+
+    def rest(self, first: Decision) -> Steps[Decision | BackendError]:
+        """The ``groups``' calls after the first call decided ``first``."""
+        head = (self.client, self.limits)
+        return hit_groups(head, self.groups, self.cost, first, self.field)
+
 
 def check(request: Any, **options: Unpack[CheckOptions]) -> Decision:
     """Count ``request`` against its limits and say whether it may proceed.
@@ -139,7 +152,10 @@ def check(request: Any, **options: Unpack[CheckOptions]) -> Decision:
     planned = _plan(request, policy_module.current, None, **options)
     if not isinstance(planned, _Plan):
         return planned
-    return run(_counting(planned, request, started))
+    reply = _called(planned.first_call())
+    if planned.groups and isinstance(reply, Decision):
+        reply = run(planned.rest(reply))
+    return _finished(planned, reply, request, started)
 
 
 async def acheck(
@@ -181,7 +197,10 @@ async def acheck(
             request.user = own
     if not isinstance(planned, _Plan):
         return planned
-    return await arun(_counting(planned, request, started))
+    reply = await _acalled(planned.first_call())
+    if planned.groups and isinstance(reply, Decision):
+        reply = await arun(planned.rest(reply))
+    return _finished(planned, reply, request, started)
 
 
 def settle(request: Any, status: int, *, first: int = 0) -> None:
@@ -248,20 +267,15 @@ async def _acalled(call: Call) -> Any:
     return reply
 
 
-def _counting(planned: _Plan, request: Any, started: float) -> Steps[Decision]:
-    """A planned request's backend calls and its decision (``started``: see :func:`check`)."""
-    try:
-        field = only_if_denied(planned.field) if planned.groups else planned.field
-        decision = yield ("hit", (planned.client, planned.limits, planned.cost), {"usage": field})
-        if planned.groups:
-            head = (planned.client, planned.limits)
-            decision = yield from hit_groups(
-                head, planned.groups, planned.cost, decision, planned.field
-            )
-    except BackendError as exc:
-        decision = _degraded(planned, isinstance(exc, ArgumentRefused))
+def _finished(
+    planned: _Plan, reply: Decision | BackendError, request: Any, started: float
+) -> Decision:
+    """The decision on a planned request, from the backend's ``reply`` (``started``: see
+    :func:`check`)."""
+    if isinstance(reply, BackendError):
+        decision = _degraded(planned, isinstance(reply, ArgumentRefused))
     else:
-        decision = _counted(planned, decision, request)
+        decision = _counted(planned, reply, request)
     if started:
         _announce(request, planned, decision, started)
     return decision

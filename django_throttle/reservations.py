@@ -144,9 +144,11 @@ def settling(request: Any, status: int, first: int = 0) -> Steps[None]:
 
 def hit_groups(
     head: Group, groups: Sequence[Group], cost: int, first: Decision, field: str | None = None
-) -> Steps[Decision]:
+) -> Steps[Decision | BackendError]:
     """Count the ``groups`` after ``head`` (already counted, with ``first`` the decision);
-    on a denial give back what was taken (a denied request consumes nothing anywhere).
+    on a denial give back what was taken (a denied request consumes nothing anywhere). A
+    backend error stops the counting: what was taken is given back, and the error is the
+    result.
 
     The request is counted once in the usage report, under ``field``: every call but the
     last counts it only if it denies (:func:`only_if_denied`; the head's call too), the last
@@ -167,9 +169,9 @@ def hit_groups(
                 return _reported(head, groups, [denied])
             taken.append((client, limits))
             decisions.append(decision)
-    except BackendError:
+    except BackendError as exc:
         yield from _give_back(taken, cost, _taken_at(decisions), "tokens taken from")
-        raise
+        return exc
     return _reported(head, groups, decisions)
 
 
