@@ -75,10 +75,11 @@ class CircuitBreaker:
         self.opened = 0
         self.short_circuited = 0
         self.refused = 0
+        #: Consecutive failures while closed (each call's guard reads it on the way out).
+        self.streak = 0
         self._refused_logged: float | None = None  # when the last refusal was logged
         self._refused_quiet = 0  # refusals not logged since
         self._lock = threading.Lock()
-        self._streak = 0  # consecutive failures while closed
         self._opened_at: float | None = None  # None while closed
         self._probing = False
         self._down_since = 0.0  # when it opened from closed
@@ -86,6 +87,7 @@ class CircuitBreaker:
         # Bumped on every open and close: a call that started before a transition does not
         # move the streak of the state that followed it.
         self._epoch = 0
+        self._closed = _Passage(self, self._passed, 0, False)
         #: The last backend failure, for the admin dashboard: its message and when (Unix).
         self.last_error = ""
         self.last_error_at: float | None = None
@@ -108,68 +110,50 @@ class CircuitBreaker:
                 return self.cooldown
             return max(0.0, self._opened_at + self.cooldown - self.clock())
 
+    def guard(self) -> _Passage:
+        """A context manager around one backend call, sync or awaited alike (``with
+        breaker.guard(): ...``). Asking for it raises :class:`CircuitOpen` while the breaker
+        is open (the call must not be made); leaving it with a :class:`BackendError` counts a
+        failure, leaving it with an answer closes a half-open breaker.
+
+        While closed, every call of an epoch shares one guard: a healthy request allocates
+        nothing here."""
+        passage = self._closed  # read before the state: a transition since is seen by epoch
+        if self._opened_at is None:
+            return passage
+        if self._admit():
+            return _Passage(self, self._passed, self._epoch, True)
+        return self._closed  # closed meanwhile
+
     def call(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``func`` unless the breaker is open; a :class:`BackendError` it raises counts
         as a failure and propagates. Other exceptions propagate and count as nothing."""
-        epoch = self._epoch
-        if self._opened_at is not None:
-            if self._admit():
-                try:
-                    result = func(*args, **kwargs)
-                except ArgumentRefused as exc:
-                    self._probe_succeeded()
-                    self._refused(exc)
-                    raise
-                except BaseException as exc:
-                    self._probe_failed(exc)
-                    raise
-                self._probe_succeeded()
-                return result
-            epoch = self._epoch  # closed meanwhile
-        try:
-            result = func(*args, **kwargs)
-        except ArgumentRefused as exc:
-            if self._streak:
-                self._succeeded(epoch)
-            self._refused(exc)
-            raise
-        except BackendError as exc:
-            self._failed(exc, epoch)
-            raise
-        if self._streak:
-            self._succeeded(epoch)
-        return result
+        with self.guard():
+            return func(*args, **kwargs)
 
     async def acall(self, func: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """:meth:`call` for a coroutine function: the same states, shared with sync callers."""
-        epoch = self._epoch
-        if self._opened_at is not None:
-            if self._admit():
-                try:
-                    result = await func(*args, **kwargs)
-                except ArgumentRefused as exc:
-                    self._probe_succeeded()
-                    self._refused(exc)
-                    raise
-                except BaseException as exc:
-                    self._probe_failed(exc)
-                    raise
+        with self.guard():
+            return await func(*args, **kwargs)
+
+    def _passed(self, epoch: int, probe: bool, exc: BaseException | None) -> None:
+        """Count how a guarded call ended: ``exc`` is what it raised, ``None`` if nothing."""
+        if exc is None or isinstance(exc, ArgumentRefused):  # the backend answered
+            if probe:
                 self._probe_succeeded()
-                return result
-            epoch = self._epoch
-        try:
-            result = await func(*args, **kwargs)
-        except ArgumentRefused as exc:
-            if self._streak:
+            elif self.streak:
                 self._succeeded(epoch)
-            self._refused(exc)
-            raise
-        except BackendError as exc:
+            if exc is not None:
+                self._refused(exc)
+        elif probe:
+            self._probe_failed(exc)
+        elif isinstance(exc, BackendError):
             self._failed(exc, epoch)
-            raise
-        if self._streak:
-            self._succeeded(epoch)
-        return result
+
+    def _next_epoch(self) -> None:
+        """Move to the next epoch (under the lock), with the closed state's guard of it."""
+        self._epoch += 1
+        self._closed = _Passage(self, self._passed, self._epoch, False)
 
     def _refused(self, exc: ArgumentRefused) -> None:
         """Log a refused argument (a bug of this package, or of a custom resolver or backend)
@@ -193,7 +177,7 @@ class CircuitBreaker:
     def _succeeded(self, epoch: int) -> None:
         with self._lock:
             if self._epoch == epoch:
-                self._streak = 0
+                self.streak = 0
 
     def _admit(self) -> bool:
         """True if this caller is the half-open probe; False if the breaker closed meanwhile;
@@ -221,17 +205,17 @@ class CircuitBreaker:
             self._note(exc)
             self.failures += 1
             self.opened += 1
-            self._epoch += 1
+            self._next_epoch()
             self._opened_at = self.clock()
         logger.debug("throttle backend probe failed; breaker open again: %s", exc)
         _announce(events.backend_error, error=exc, reason=events.error_reason(exc))
 
     def _probe_succeeded(self) -> None:
         with self._lock:
-            self._epoch += 1
+            self._next_epoch()
             self._opened_at = None
             self._probing = False
-            self._streak = 0
+            self.streak = 0
             down = self.clock() - self._down_since
             refused = self.short_circuited - self._refused_before
         logger.warning(
@@ -253,14 +237,14 @@ class CircuitBreaker:
             self.failures += 1
             if epoch != self._epoch or self._opened_at is not None:
                 return
-            self._streak += 1
-            if self._streak < self.threshold:
+            self.streak += 1
+            if self.streak < self.threshold:
                 return
             self.opened += 1
-            self._epoch += 1
+            self._next_epoch()
             self._opened_at = self._down_since = self.clock()
             self._refused_before = self.short_circuited
-            self._streak = 0
+            self.streak = 0
         logger.warning(
             "throttle backend failed %d times in a row; circuit breaker open, calls fail at "
             "once for %.3g s before one probes again: %s",
@@ -269,6 +253,34 @@ class CircuitBreaker:
             exc,
         )
         _announce(events.backend_unavailable, error=exc)
+
+
+class _Passage:
+    """One call's way through a breaker (:meth:`CircuitBreaker.guard`): the epoch it
+    started in and whether it is the half-open probe; ``done`` counts how it ended, unless
+    it ended as nearly every call does (answered, closed, no failure streak to reset)."""
+
+    __slots__ = ("breaker", "done", "epoch", "probe")
+
+    def __init__(
+        self,
+        breaker: CircuitBreaker,
+        done: Callable[[int, bool, BaseException | None], None],
+        epoch: int,
+        probe: bool,
+    ) -> None:
+        self.breaker = breaker
+        self.done = done
+        self.epoch = epoch
+        self.probe = probe
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, traceback: object) -> None:
+        if exc is None and not self.probe and not self.breaker.streak:
+            return  # the healthy path: nothing to count
+        self.done(self.epoch, self.probe, exc)
 
 
 def _announce(signal: Any, **kwargs: Any) -> None:

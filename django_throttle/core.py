@@ -6,6 +6,14 @@ becomes the failure mode that applies (open, closed or local), never an exceptio
 
 Limits counted by IP address or username, and rules that count only successes or failures,
 reserve tokens that :mod:`~django_throttle.reservations` gives back when they must not count.
+
+The decision is written once: a plan (plain), the one backend call the plan names, and a
+finish (plain) from its reply. Only that call differs between :func:`check` and
+:func:`acheck`: made blocking or awaited, through the circuit breaker, a
+:class:`BackendError` being a reply like any other. What takes more calls (the counters by IP
+address or username after the client's, refunds) is written as steps in
+:mod:`~django_throttle.reservations`, generators that yield each call they need, driven by
+:func:`run` (blocking) and :func:`arun` (awaited).
 """
 
 from __future__ import annotations
@@ -16,12 +24,12 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, TypeVar, Unpack
 
 from asgiref.sync import sync_to_async
 from django.utils.functional import LazyObject
 
-from django_throttle import credentials, events, usage
+from django_throttle import events, usage
 from django_throttle import policy as policy_module
 from django_throttle.backends import (
     ArgumentRefused,
@@ -29,26 +37,52 @@ from django_throttle.backends import (
     get_backend,
     get_local_backend,
 )
-from django_throttle.breaker import CircuitBreaker, get_breaker
+from django_throttle.breaker import get_breaker
 from django_throttle.conf import app_settings
 from django_throttle.exemptions import exempt_client, is_exempt_view
 from django_throttle.identity import UNIDENTIFIED, Identity, client_ip, get_resolver
 from django_throttle.plain import log_text
 from django_throttle.rates import UNLIMITED, Decision, Limit
 from django_throttle.reservations import (
+    Call,
     Group,
     Reservation,
-    ahit_groups,
-    asettle,
+    Steps,
     hit_groups,
     only_if_denied,
-    settle,
+    settling,
+    watch_login_failures,
 )
 from django_throttle.snapshot import EndpointPolicy, Policy, TierPolicy
+from django_throttle.usernames import username_counters
 
 logger = logging.getLogger("django_throttle")
 
-__all__ = ["FAILURE_MODES", "acheck", "asettle", "check", "plan", "settle"]
+__all__ = [
+    "FAILURE_MODES",
+    "CheckOptions",
+    "acheck",
+    "arun",
+    "asettle",
+    "check",
+    "plan",
+    "run",
+    "settle",
+]
+
+T = TypeVar("T")
+
+
+class CheckOptions(TypedDict, total=False):
+    """The keyword arguments of :func:`check` (and :func:`acheck`): see :func:`check`."""
+
+    scope: str | None
+    limits: Sequence[Limit] | None
+    cost: int | None
+    failure_mode: str | None
+    credential: bool
+    rule_only: bool
+
 
 #: What a request meets when the backend cannot answer (see ``DJANGO_THROTTLE_FAILURE_MODE``).
 FAILURE_MODES = ("open", "closed", "local")
@@ -81,17 +115,18 @@ class _Plan:
     groups: tuple[Group, ...] = ()
     refunds: tuple[Group, ...] = ()
 
+    def first_call(self) -> Call:
+        """The one backend call of a request (the first of several with ``groups``)."""
+        field = only_if_denied(self.field) if self.groups else self.field
+        return ("hit", (self.client, self.limits, self.cost), {"usage": field})
 
-def check(
-    request: Any,
-    *,
-    scope: str | None = None,
-    limits: Sequence[Limit] | None = None,
-    cost: int | None = None,
-    failure_mode: str | None = None,
-    credential: bool = False,
-    rule_only: bool = False,
-) -> Decision:
+    def rest(self, first: Decision) -> Steps[Decision | BackendError]:
+        """The ``groups``' calls after the first call decided ``first``."""
+        head = (self.client, self.limits)
+        return hit_groups(head, self.groups, self.cost, first, self.field)
+
+
+def check(request: Any, **options: Unpack[CheckOptions]) -> Decision:
     """Count ``request`` against its limits and say whether it may proceed.
 
     Without ``limits``, the admin policy decides: the client's tier limits plus those of the
@@ -114,54 +149,23 @@ def check(
     if not app_settings.ENABLED:
         return UNLIMITED
     started = time.perf_counter() if events.watching() else 0.0
-    planned = _plan(
-        request, scope, limits, cost, failure_mode, credential, policy_module.current, rule_only
-    )
+    planned = _plan(request, policy_module.current, None, **options)
     if not isinstance(planned, _Plan):
         return planned
-    breaker = get_breaker()
-    backend = get_backend()
-    try:
-        field = only_if_denied(planned.field) if planned.groups else planned.field
-        decision = breaker.call(
-            backend.hit, planned.client, planned.limits, planned.cost, usage=field
-        )
-        if planned.groups:
-            decision = hit_groups(
-                (planned.client, planned.limits),
-                planned.groups,
-                planned.cost,
-                decision,
-                breaker,
-                backend,
-                planned.field,
-            )
-    except BackendError as exc:
-        decision = _degraded(planned, breaker, isinstance(exc, ArgumentRefused))
-    else:
-        if usage.pending:
-            usage.flush_pending()
-        decision = _counted(planned, decision, request)
-    if started:
-        _announce(request, planned, decision, started)
-    return decision
+    reply = _called(planned.first_call())
+    if planned.groups and isinstance(reply, Decision):
+        reply = run(planned.rest(reply))
+    return _finished(planned, reply, request, started)
 
 
 async def acheck(
-    request: Any,
-    *,
-    scope: str | None = None,
-    limits: Sequence[Limit] | None = None,
-    cost: int | None = None,
-    failure_mode: str | None = None,
-    credential: bool = False,
-    rule_only: bool = False,
-    user_loaded: bool = False,
+    request: Any, *, user_loaded: bool = False, **options: Unpack[CheckOptions]
 ) -> Decision:
-    """:func:`check` for ``async def`` views: the backend call is awaited on the event loop
-    (``redis.asyncio``), never in a thread. Only work that may touch the database (reloading
-    the policy snapshot, at most once per refresh interval; loading the signed-in user) and
-    pushing counts kept while the backend was down run in a worker thread.
+    """:func:`check` for ``async def`` views, with the same keyword arguments: the backend
+    call is awaited on the event loop (``redis.asyncio``), never in a thread. Only work that
+    may touch the database (reloading the policy snapshot, at most once per refresh
+    interval; loading the signed-in user) and pushing counts kept while the backend was down
+    run in a worker thread.
 
     ``request.user`` as ``AuthenticationMiddleware`` leaves it is a lazy object whose first
     read queries the database, which Django refuses on an event loop
@@ -176,18 +180,10 @@ async def acheck(
     started = time.perf_counter() if events.watching() else 0.0
     counted_as = None if user_loaded else await _async_user(request)
     snapshot = policy_module.fresh()
-    if snapshot is None and limits is None:
+    if snapshot is None and options.get("limits") is None:
         snapshot = await sync_to_async(policy_module.current)()
     plan = functools.partial(
-        _plan,
-        request,
-        scope,
-        limits,
-        cost,
-        failure_mode,
-        credential,
-        lambda: snapshot or policy_module.last(),
-        rule_only,
+        _plan, request, lambda: snapshot or policy_module.last(), None, **options
     )
     if counted_as is None:
         planned = plan()
@@ -201,29 +197,85 @@ async def acheck(
             request.user = own
     if not isinstance(planned, _Plan):
         return planned
-    breaker = get_breaker()
-    backend = get_backend()
+    reply = await _acalled(planned.first_call())
+    if planned.groups and isinstance(reply, Decision):
+        reply = await arun(planned.rest(reply))
+    return _finished(planned, reply, request, started)
+
+
+def settle(request: Any, status: int, *, first: int = 0) -> None:
+    """Give back the reservations left on ``request`` whose outcome (``status``, and whether
+    ``user_login_failed`` fired for it) their rule does not count. Call it once the outcome
+    is known; a backend error only means the tokens stay taken. ``first`` leaves the
+    reservations made before that many alone (a check inside another settles its own)."""
+    run(settling(request, status, first))
+
+
+async def asettle(request: Any, status: int, *, first: int = 0) -> None:
+    """:func:`settle` for async stacks: the refunds are awaited on the event loop."""
+    await arun(settling(request, status, first))
+
+
+def run(steps: Steps[T]) -> T:
+    """Make the backend calls ``steps`` yield, blocking, through the process's circuit
+    breaker; a :class:`BackendError` is raised into the steps at their ``yield``. Counts
+    kept while the backend was down are pushed once it answers again."""
     try:
-        field = only_if_denied(planned.field) if planned.groups else planned.field
-        decision = await breaker.acall(
-            backend.ahit, planned.client, planned.limits, planned.cost, usage=field
-        )
-        if planned.groups:
-            decision = await ahit_groups(
-                (planned.client, planned.limits),
-                planned.groups,
-                planned.cost,
-                decision,
-                breaker,
-                backend,
-                planned.field,
-            )
+        call = next(steps)
+        while True:
+            reply = _called(call)  # an error is raised into the steps, anything else sent
+            call = steps.throw(reply) if isinstance(reply, BackendError) else steps.send(reply)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def arun(steps: Steps[T]) -> T:
+    """:func:`run` on an event loop: each call is awaited (``redis.asyncio``), never made in
+    a thread; only pushing kept counts, which is blocking, runs in a worker thread."""
+    try:
+        call = next(steps)
+        while True:
+            reply = await _acalled(call)
+            call = steps.throw(reply) if isinstance(reply, BackendError) else steps.send(reply)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def _called(call: Call) -> Any:
+    """The reply to one call: what the backend returned, or the :class:`BackendError`."""
+    name, args, kwargs = call
+    try:
+        with get_breaker().guard():
+            reply = getattr(get_backend(), name)(*args, **kwargs)
     except BackendError as exc:
-        decision = _degraded(planned, breaker, isinstance(exc, ArgumentRefused))
+        return exc
+    if usage.pending:
+        usage.flush_pending()
+    return reply
+
+
+async def _acalled(call: Call) -> Any:
+    """:func:`_called`, awaited."""
+    name, args, kwargs = call
+    try:
+        with get_breaker().guard():
+            reply = await getattr(get_backend(), "a" + name)(*args, **kwargs)
+    except BackendError as exc:
+        return exc
+    if usage.pending:
+        await sync_to_async(usage.flush_pending, thread_sensitive=False)()
+    return reply
+
+
+def _finished(
+    planned: _Plan, reply: Decision | BackendError, request: Any, started: float
+) -> Decision:
+    """The decision on a planned request, from the backend's ``reply`` (``started``: see
+    :func:`check`)."""
+    if isinstance(reply, BackendError):
+        decision = _degraded(planned, isinstance(reply, ArgumentRefused))
     else:
-        if usage.pending:
-            await sync_to_async(usage.flush_pending, thread_sensitive=False)()
-        decision = _counted(planned, decision, request)
+        decision = _counted(planned, reply, request)
     if started:
         _announce(request, planned, decision, started)
     return decision
@@ -243,7 +295,7 @@ def plan(
     decision it returns without counting (exempt, nothing applies). For the operator tools,
     which must see exactly what requests meet, never work it out another way."""
     return _plan(
-        request, scope, None, None, None, credential, policy_module.current, rule_only, identity
+        request, policy_module.current, identity, scope, credential=credential, rule_only=rule_only
     )
 
 
@@ -269,14 +321,14 @@ def _is_authenticated(user: Any) -> bool:
 
 def _plan(
     request: Any,
-    scope: str | None,
-    limits: Sequence[Limit] | None,
-    cost: int | None,
-    failure_mode: str | None,
-    credential: bool,
     snapshot: Callable[[], Policy | None],
-    rule_only: bool = False,
     identity: Identity | None = None,
+    scope: str | None = None,
+    limits: Sequence[Limit] | None = None,
+    cost: int | None = None,
+    failure_mode: str | None = None,
+    credential: bool = False,
+    rule_only: bool = False,
 ) -> _Plan | Decision:
     """Identity, policy lookup and usage field: everything but the backend call. An exempt
     view, user or address stops here: no backend call, no headers."""
@@ -379,7 +431,7 @@ def _grouped(
                 continue
             key = Identity("ip", address).key
         else:
-            for key in credentials.username_counters(request):  # none: nothing presented
+            for key in username_counters(request):  # none: nothing presented
                 calls.setdefault(key, []).extend(counted)
                 refunds.setdefault(key, []).extend(counted)
             continue
@@ -416,7 +468,7 @@ def _counted(planned: _Plan, decision: Decision, request: Any) -> Decision:
     if planned.refunds and decision.allowed and planned.endpoint is not None:
         counts = planned.endpoint.counts
         if counts == "failures":
-            credentials.watch_login_failures()
+            watch_login_failures()
         reservation = Reservation(counts, planned.cost, planned.refunds, decision.taken)
         reservations = getattr(request, "throttle_reservations", None)
         if reservations is None:
@@ -426,7 +478,7 @@ def _counted(planned: _Plan, decision: Decision, request: Any) -> Decision:
     return decision
 
 
-def _degraded(planned: _Plan, breaker: CircuitBreaker, refused: bool = False) -> Decision:
+def _degraded(planned: _Plan, refused: bool = False) -> Decision:
     """The decision when the backend could not answer, by failure mode, counted in-process
     until the backend is back. A ``refused`` call (the backend answered, refusing one of our
     arguments: a bug, logged by the breaker) is counted in-process where the mode would
@@ -449,7 +501,7 @@ def _degraded(planned: _Plan, breaker: CircuitBreaker, refused: bool = False) ->
             limit=None,
             remaining=0,
             reset_after=0.0,
-            retry_after=breaker.retry_after(),
+            retry_after=get_breaker().retry_after(),
             limits=tuple(limits),
             unavailable=True,
         )

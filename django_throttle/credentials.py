@@ -2,11 +2,11 @@
 token request against the endpoint rules of a scope *before* the view checks the password, and
 gives the tokens back unless the attempt failed.
 
-Also the request facts the counting policy needs: the username a credential request
-presents (read in :mod:`~django_throttle.usernames`; a limit counted by username keys on
-it), whether Django's ``user_login_failed`` signal fired for the request (``LoginView``
-answers a wrong password with a 200 re-render, so the status alone does not tell a failure),
-and whether ``user_logged_in`` did (which earns the browser a device cookie).
+Also, for plain views and DRF alike, the username a credential request presents (read in
+:mod:`~django_throttle.usernames`; a limit counted by username keys on it) and whether
+Django's ``user_login_failed`` signal fired for the request (kept by
+:mod:`~django_throttle.reservations`: ``LoginView`` answers a wrong password with a 200
+re-render, so the status alone does not tell a failure).
 
 Only the rule's own limits are counted here, never the tier's: the view's own throttle (if
 any) counts those. A refused attempt gets 429 before the view runs, so the password hasher
@@ -15,13 +15,19 @@ never runs for it.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
+from django_throttle import core
+from django_throttle.headers import throttled_response
+from django_throttle.reservations import (
+    LOGGED_IN_ATTRIBUTE,
+    login_failed,
+    watch_login_failures,
+)
 from django_throttle.usernames import (
     HEADER_ONLY,
     UNREADABLE_COUNTER,
@@ -42,51 +48,6 @@ __all__ = [
 ]
 
 View = TypeVar("View", bound=Callable[..., Any])
-
-#: Set on the (Django) request when ``user_login_failed`` fires for it.
-FAILED_ATTRIBUTE = "throttle_login_failed"
-#: Set on the (Django) request when ``user_logged_in`` fires for it.
-LOGGED_IN_ATTRIBUTE = "throttle_logged_in"
-
-_watching = False
-
-
-def watch_login_failures() -> None:
-    """Connect the ``user_login_failed`` and ``user_logged_in`` receivers (once per
-    process). Called on first need rather than in ``AppConfig.ready()``, so a site that
-    counts no failures pays nothing."""
-    global _watching
-    if _watching:
-        return
-    from django.contrib.auth.signals import user_logged_in, user_login_failed
-
-    user_login_failed.connect(_login_failed, dispatch_uid="django_throttle.login_failed")
-    user_logged_in.connect(_logged_in, dispatch_uid="django_throttle.logged_in")
-    _watching = True
-
-
-def _logged_in(sender: Any, request: Any = None, user: Any = None, **kwargs: Any) -> None:
-    """Mark the request of a real sign-in (``django.contrib.auth.login``): the only proof
-    that earns the browser a device cookie (a 200 or 302 alone proves nothing)."""
-    if request is None or user is None:
-        return
-    target = getattr(request, "_request", request)
-    with contextlib.suppress(AttributeError):
-        setattr(target, LOGGED_IN_ATTRIBUTE, True)
-
-
-def _login_failed(sender: Any, credentials: Any = None, request: Any = None, **kwargs: Any) -> None:
-    if request is None:
-        return
-    # DRF's serializers pass DRF's Request; the flag belongs on the Django request.
-    target = getattr(request, "_request", request)
-    with contextlib.suppress(AttributeError):  # a request object that takes no attributes
-        setattr(target, FAILED_ATTRIBUTE, True)
-
-
-def login_failed(request: Any) -> bool:
-    """Whether ``user_login_failed`` fired for ``request`` (once watching started)."""
-    return bool(getattr(request, FAILED_ATTRIBUTE, False))
 
 
 @overload
@@ -110,9 +71,6 @@ def protect_credentials(view: Any = None, *, scope: str = "login") -> Any:
     """
     if view is None:
         return functools.partial(protect_credentials, scope=scope)
-    from django_throttle import core
-    from django_throttle.headers import throttled_response
-
     options: dict[str, Any] = {"scope": scope, "credential": True, "rule_only": True}
     watch = watch_login_failures
 

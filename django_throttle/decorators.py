@@ -203,11 +203,9 @@ def _inline_limits(
     owner: str, probe: Limit, burst: int | None, scope: str | None, zone: str
 ) -> tuple[Limit, ...]:
     """The inline limit of one view (or scope), built once: ``method_decorator`` decorates on
-    every request. Its public name is the scope or the rate, never a module path. The id
-    differs per algorithm (a token bucket's stays as it was before there were others)."""
-    key = f"{owner}|{probe.rate}|{burst}"
-    if probe.algorithm != Algorithm.TOKEN_BUCKET:
-        key += f"|{probe.algorithm.value}"
+    every request. Its public name is the scope or the rate, never a module path; its id
+    names the owner, the rate, the burst and the algorithm (a new algorithm, a new counter)."""
+    key = f"{owner}|{probe.rate}|{burst}|{probe.algorithm.value}"
     digest = hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
     name = scope or str(probe.rate)
     return (dataclasses.replace(probe, id=f"i{digest}", name=name, timezone=zone),)

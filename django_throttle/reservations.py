@@ -5,47 +5,67 @@ more backend call per such counter, after the client's: all are taken, or, when 
 those already taken are given back (:func:`hit_groups`), so a denied request consumes nothing
 anywhere. A rule that counts only successes or only failures (``EndpointRule.counts``)
 reserves like any other, so concurrent requests never pass its limits together; the
-reservation is left on the request and :func:`settle` gives it back once the response shows
-an outcome the rule does not count.
+reservation is left on the request and :func:`settling` gives it back once the response shows
+an outcome the rule does not count (a status, or Django's ``user_login_failed`` for it).
+
+Written once for sync and async callers, as steps (sans I/O): each function here is a
+generator that yields the backend :data:`Call` it needs and receives its reply, a
+:class:`~django_throttle.rates.Decision` (or ``None``), or has the call's
+:class:`~django_throttle.backends.BackendError` raised at the ``yield``.
+:func:`django_throttle.core.run` and :func:`~django_throttle.core.arun` make the calls.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from django_throttle import credentials
-from django_throttle.backends import Backend, BackendError, get_backend
+from django_throttle.backends import BackendError
 from django_throttle.backends.usage_base import IF_DENIED
-from django_throttle.breaker import CircuitBreaker, get_breaker
 from django_throttle.plain import log_text
 from django_throttle.rates import Decision, Limit
 
 logger = logging.getLogger("django_throttle")
 
 __all__ = [
+    "Call",
     "Group",
     "Reservation",
-    "ahit_groups",
-    "alongest_wait",
-    "asettle",
+    "Steps",
     "counted",
     "hit_groups",
+    "login_failed",
     "longest_wait",
     "only_if_denied",
-    "settle",
+    "settling",
+    "watch_login_failures",
 ]
+
+T = TypeVar("T")
 
 #: (client, limits): what one backend call counts.
 Group = tuple[str, Sequence[Limit]]
+#: One backend call, as a value: the method's name (``"hit"``, ``"peek"``, ``"refund"``; the
+#: async runner awaits ``"a" + name``), its positional and its keyword arguments.
+Call = tuple[str, tuple[Any, ...], dict[str, Any]]
+#: Steps that make backend calls and end with a ``T`` (see the module docstring).
+Steps = Generator[Call, Any, T]
+
+#: Set on the (Django) request when ``user_login_failed`` fires for it.
+FAILED_ATTRIBUTE = "throttle_login_failed"
+#: Set on the (Django) request when ``user_logged_in`` fires for it.
+LOGGED_IN_ATTRIBUTE = "throttle_logged_in"
+
+_watching = False
 
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """Tokens an allowed request took from its rule's limits, which :func:`settle` gives
+    """Tokens an allowed request took from its rule's limits, which :func:`settling` gives
     back when the outcome is one the rule does not count (``counts``: "success" or
     "failures"). Left on the request in ``throttle_reservations``."""
 
@@ -55,6 +75,44 @@ class Reservation:
     #: (client, instant) of each call that took the tokens (``Decision.taken``): the refund
     #: gives back what this request took, not what a later one did.
     taken: tuple[tuple[str, int], ...] = ()
+
+
+def watch_login_failures() -> None:
+    """Connect the ``user_login_failed`` and ``user_logged_in`` receivers (once per
+    process). Called on first need rather than in ``AppConfig.ready()``, so a site that
+    counts no failures pays nothing."""
+    global _watching
+    if _watching:
+        return
+    from django.contrib.auth.signals import user_logged_in, user_login_failed
+
+    user_login_failed.connect(_login_failed, dispatch_uid="django_throttle.login_failed")
+    user_logged_in.connect(_logged_in, dispatch_uid="django_throttle.logged_in")
+    _watching = True
+
+
+def _logged_in(sender: Any, request: Any = None, user: Any = None, **kwargs: Any) -> None:
+    """Mark the request of a real sign-in (``django.contrib.auth.login``): the only proof
+    that earns the browser a device cookie (a 200 or 302 alone proves nothing)."""
+    if request is None or user is None:
+        return
+    target = getattr(request, "_request", request)
+    with contextlib.suppress(AttributeError):
+        setattr(target, LOGGED_IN_ATTRIBUTE, True)
+
+
+def _login_failed(sender: Any, credentials: Any = None, request: Any = None, **kwargs: Any) -> None:
+    if request is None:
+        return
+    # DRF's serializers pass DRF's Request; the flag belongs on the Django request.
+    target = getattr(request, "_request", request)
+    with contextlib.suppress(AttributeError):  # a request object that takes no attributes
+        setattr(target, FAILED_ATTRIBUTE, True)
+
+
+def login_failed(request: Any) -> bool:
+    """Whether ``user_login_failed`` fired for ``request`` (once watching started)."""
+    return bool(getattr(request, FAILED_ATTRIBUTE, False))
 
 
 def counted(counts: str, status: int, login_failed: bool = False) -> bool:
@@ -68,121 +126,56 @@ def counted(counts: str, status: int, login_failed: bool = False) -> bool:
     return True
 
 
-def settle(request: Any, status: int, *, first: int = 0) -> None:
+def settling(request: Any, status: int, first: int = 0) -> Steps[None]:
     """Give back the reservations left on ``request`` whose outcome (``status``, and whether
-    ``user_login_failed`` fired for it) their rule does not count. Call it once the outcome
-    is known; a backend error only means the tokens stay taken. ``first`` leaves the
+    ``user_login_failed`` fired for it) their rule does not count; those reservations are
+    used up. A backend error only means the tokens stay taken. ``first`` leaves the
     reservations made before that many alone (a check inside another settles its own)."""
-    for client, limits, cost, taken_at in _refunds(request, status, first):
-        try:
-            get_breaker().call(get_backend().refund, client, limits, cost, taken_at=taken_at)
-        except BackendError as exc:
-            logger.warning("a reservation of %s could not be given back: %s", log_text(client), exc)
-
-
-async def asettle(request: Any, status: int, *, first: int = 0) -> None:
-    """:func:`settle` for async stacks: the refund is awaited on the event loop."""
-    for client, limits, cost, taken_at in _refunds(request, status, first):
-        try:
-            await get_breaker().acall(
-                get_backend().arefund, client, limits, cost, taken_at=taken_at
-            )
-        except BackendError as exc:
-            logger.warning("a reservation of %s could not be given back: %s", log_text(client), exc)
-
-
-def _refunds(
-    request: Any, status: int, first: int
-) -> list[tuple[str, Sequence[Limit], int, int | None]]:
-    """The refunds the request's reservations from ``first`` on call for; those
-    reservations are used up."""
     reservations: list[Reservation] | None = getattr(request, "throttle_reservations", None)
     if not reservations or len(reservations) <= first:
-        return []
+        return
     request.throttle_reservations, reservations = reservations[:first], reservations[first:]
-    login_failed = credentials.login_failed(request)
-    return [
-        (client, limits, reservation.cost, dict(reservation.taken).get(client))
-        for reservation in reservations
-        if not counted(reservation.counts, status, login_failed)
-        for client, limits in reservation.groups
-    ]
+    failed = login_failed(request)
+    for reservation in reservations:
+        if not counted(reservation.counts, status, failed):
+            at = dict(reservation.taken)
+            yield from _give_back(reservation.groups, reservation.cost, at, "a reservation of")
 
 
 def hit_groups(
-    head: Group,
-    groups: Sequence[Group],
-    cost: int,
-    first: Decision,
-    breaker: CircuitBreaker,
-    backend: Backend,
-    field: str | None = None,
-) -> Decision:
+    head: Group, groups: Sequence[Group], cost: int, first: Decision, field: str | None = None
+) -> Steps[Decision | BackendError]:
     """Count the ``groups`` after ``head`` (already counted, with ``first`` the decision);
-    on a denial give back what was taken (a denied request consumes nothing anywhere).
+    on a denial give back what was taken (a denied request consumes nothing anywhere). A
+    backend error stops the counting: what was taken is given back, and the error is the
+    result.
 
     The request is counted once in the usage report, under ``field``: every call but the
     last counts it only if it denies (:func:`only_if_denied`; the head's call too), the last
     call counts whatever it decides. When ``first`` is a denial, nothing more is taken: the
     groups are only looked at, for the longest wait (:func:`longest_wait`)."""
     if not first.allowed:
-        return _reported(head, groups, [longest_wait(first, groups, cost, breaker, backend)])
-    taken: list[Group] = [head]
-    decisions = [first]
-    try:
-        for n, (client, limits) in enumerate(groups, 1):
-            usage = field if n == len(groups) else only_if_denied(field)
-            decision = breaker.call(backend.hit, client, limits, cost, usage=usage)
-            if not decision.allowed:
-                _give_back(taken, decisions, cost, breaker, backend)
-                denied = longest_wait(decision, groups[n:], cost, breaker, backend)
-                return _reported(head, groups, [denied])
-            taken.append((client, limits))
-            decisions.append(decision)
-    except BackendError:
-        _give_back(taken, decisions, cost, breaker, backend)
-        raise
-    return _reported(head, groups, decisions)
-
-
-async def ahit_groups(
-    head: Group,
-    groups: Sequence[Group],
-    cost: int,
-    first: Decision,
-    breaker: CircuitBreaker,
-    backend: Backend,
-    field: str | None = None,
-) -> Decision:
-    """:func:`hit_groups`, awaited."""
-    if not first.allowed:
-        denied = await alongest_wait(first, groups, cost, breaker, backend)
+        denied = yield from longest_wait(first, groups, cost)
         return _reported(head, groups, [denied])
     taken: list[Group] = [head]
     decisions = [first]
     try:
         for n, (client, limits) in enumerate(groups, 1):
             usage = field if n == len(groups) else only_if_denied(field)
-            decision = await breaker.acall(backend.ahit, client, limits, cost, usage=usage)
+            decision = yield ("hit", (client, limits, cost), {"usage": usage})
             if not decision.allowed:
-                await _agive_back(taken, decisions, cost, breaker, backend)
-                denied = await alongest_wait(decision, groups[n:], cost, breaker, backend)
+                yield from _give_back(taken, cost, _taken_at(decisions), "tokens taken from")
+                denied = yield from longest_wait(decision, groups[n:], cost)
                 return _reported(head, groups, [denied])
             taken.append((client, limits))
             decisions.append(decision)
-    except BackendError:
-        await _agive_back(taken, decisions, cost, breaker, backend)
-        raise
+    except BackendError as exc:
+        yield from _give_back(taken, cost, _taken_at(decisions), "tokens taken from")
+        return exc
     return _reported(head, groups, decisions)
 
 
-def longest_wait(
-    denied: Decision,
-    rest: Sequence[Group],
-    cost: int,
-    breaker: CircuitBreaker,
-    backend: Backend,
-) -> Decision:
+def longest_wait(denied: Decision, rest: Sequence[Group], cost: int) -> Steps[Decision]:
     """The denial to report when ``denied`` stopped a request before the groups in ``rest``
     were counted: of ``denied`` and those groups' own denials (looked at, nothing taken),
     the one with the longest wait. ``Retry-After`` promises that the retry passes, so it
@@ -192,26 +185,7 @@ def longest_wait(
     worst = denied
     for client, limits in rest:
         try:
-            decision = breaker.call(backend.peek, client, limits, cost=cost)
-        except BackendError:
-            break
-        if not decision.allowed and decision.retry_after > worst.retry_after:
-            worst = decision
-    return worst
-
-
-async def alongest_wait(
-    denied: Decision,
-    rest: Sequence[Group],
-    cost: int,
-    breaker: CircuitBreaker,
-    backend: Backend,
-) -> Decision:
-    """:func:`longest_wait`, awaited."""
-    worst = denied
-    for client, limits in rest:
-        try:
-            decision = await breaker.acall(backend.apeek, client, limits, cost=cost)
+            decision = yield ("peek", (client, limits), {"cost": cost})
         except BackendError:
             break
         if not decision.allowed and decision.retry_after > worst.retry_after:
@@ -224,38 +198,18 @@ def only_if_denied(field: str | None) -> str | None:
     return None if not field else IF_DENIED + field
 
 
-def _give_back(
-    taken: list[Group],
-    decisions: list[Decision],
-    cost: int,
-    breaker: CircuitBreaker,
-    backend: Backend,
-) -> None:
-    at = dict(pair for decision in decisions for pair in decision.taken)
-    for client, limits in taken:
-        try:
-            breaker.call(backend.refund, client, limits, cost, taken_at=at.get(client))
-        except BackendError as exc:
-            logger.warning(
-                "tokens taken from %s could not be given back: %s", log_text(client), exc
-            )
+def _taken_at(decisions: list[Decision]) -> dict[str, int]:
+    return dict(pair for decision in decisions for pair in decision.taken)
 
 
-async def _agive_back(
-    taken: list[Group],
-    decisions: list[Decision],
-    cost: int,
-    breaker: CircuitBreaker,
-    backend: Backend,
-) -> None:
-    at = dict(pair for decision in decisions for pair in decision.taken)
-    for client, limits in taken:
+def _give_back(groups: Sequence[Group], cost: int, at: dict[str, int], what: str) -> Steps[None]:
+    """Refund ``cost`` to each group, each to the instant ``at`` names for its client; a
+    refund the backend cannot make is logged (``what`` the client's tokens are) and left."""
+    for client, limits in groups:
         try:
-            await breaker.acall(backend.arefund, client, limits, cost, taken_at=at.get(client))
+            yield ("refund", (client, limits, cost), {"taken_at": at.get(client)})
         except BackendError as exc:
-            logger.warning(
-                "tokens taken from %s could not be given back: %s", log_text(client), exc
-            )
+            logger.warning("%s %s could not be given back: %s", what, log_text(client), exc)
 
 
 def _reported(head: Group, groups: Sequence[Group], decisions: list[Decision]) -> Decision:

@@ -4,12 +4,13 @@ honest ``Retry-After``, through real DRF and plain Django views on the suite's R
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 from django.test import Client
 
-from django_throttle.backends.memory import MemoryBackend
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
@@ -208,23 +209,6 @@ def test_retry_after_rounds_up_with_no_tolerance(seconds: float, header: int) ->
     assert retry_after_seconds(seconds) == header
 
 
-class OldStyleBackend(MemoryBackend):
-    """A custom backend written before ``hit`` took ``usage`` (the released signature)."""
-
-    def hit(  # type: ignore[override]
-        self, client: str, limits: Any, cost: int = 1, *, now: float | None = None
-    ) -> Any:
-        return super().hit(client, limits, cost, now=now)
-
-
-def test_a_backend_without_the_usage_argument_still_decides(client: Client, settings: Any) -> None:
-    """The core passes ``usage=`` to every backend; one that predates it is adapted, never a
-    TypeError turned 500."""
-    settings.DJANGO_THROTTLE_BACKEND = f"{__name__}.OldStyleBackend"
-    tier("anonymous", "2/h", burst=2, is_default_anonymous=True)
-    assert [client.get("/api/ping/").status_code for _ in range(3)] == [200, 200, 429]
-
-
 # --- HEAD meets the GET rules ----------------------------------------------------------------
 
 
@@ -297,3 +281,17 @@ def test_several_limits_denied_in_one_call_report_the_longest_wait(
     assert denied.limit.id == "long"
     assert denied.retry_after >= 1800
     assert backend.hit("ip:198.51.100.1", limits, now=now + denied.retry_after).allowed
+
+
+# --- the request path sits below its adapters ----------------------------------------------
+
+
+@pytest.mark.parametrize("module", ["django_throttle.core", "django_throttle.reservations"])
+def test_the_request_path_does_not_import_the_credential_guard(module: str) -> None:
+    """``credentials.protect_credentials`` calls the request path; the request path must not
+    import it back (no circle): what both need lives below, in the request path."""
+    script = f"import sys, {module}; print('django_throttle.credentials' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.strip() == "False"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 import os
 import threading
 from collections.abc import Sequence
@@ -312,26 +311,6 @@ def test_refund_survives_a_flushed_script_cache(redis_client: redis.Redis) -> No
     hits(backend, "c", limits, 3, T0)
     redis_client.script_flush()
     backend.refund("c", limits, now=T0)
-    assert backend.peek("c", limits, now=T0).remaining == CAPACITY - 2
-
-
-class _LegacyBackend(MemoryBackend):
-    """A backend written before refunds: its class has no refund of its own."""
-
-    refund = Backend.refund  # type: ignore[assignment]
-    arefund = Backend.arefund  # type: ignore[assignment]
-
-
-def test_a_backend_without_refund_warns_once_and_counts(caplog: pytest.LogCaptureFixture) -> None:
-    backend = _LegacyBackend()
-    limits = [limit_for(Algorithm.TOKEN_BUCKET)]
-    hits(backend, "c", limits, 2, T0)
-    with caplog.at_level(logging.WARNING, logger="django_throttle"):
-        backend.refund("c", limits, now=T0)
-        backend.refund("c", limits, now=T0)
-        asyncio.run(backend.arefund("c", limits, now=T0))
-    warnings = [r for r in caplog.records if "has no refund()" in r.getMessage()]
-    assert len(warnings) == 1
     assert backend.peek("c", limits, now=T0).remaining == CAPACITY - 2
 
 

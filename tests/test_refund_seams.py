@@ -138,30 +138,6 @@ def test_a_peek_or_a_denial_takes_nothing(backend: Backend) -> None:
     assert backend.hit("c", limits, now=T0).taken == ()
 
 
-def test_a_backend_whose_refund_predates_taken_at_still_gets_its_refunds() -> None:
-    """The request path passes ``taken_at``; a backend written before it is adapted (it
-    gives back the newest tokens) instead of failing with a TypeError."""
-    from django_throttle.backends.memory import MemoryBackend
-
-    given: list[tuple[str, int]] = []
-
-    class Older(MemoryBackend):
-        def refund(  # type: ignore[override]
-            self, client: str, limits: Any, cost: int = 1, *, now: float | None = None
-        ) -> None:
-            given.append((client, cost))
-
-        async def arefund(  # type: ignore[override]
-            self, client: str, limits: Any, cost: int = 1, *, now: float | None = None
-        ) -> None:
-            given.append((client, -cost))
-
-    backend = Older()
-    backend.refund("c", [log_limit()], 2, taken_at=123)
-    async_to_sync(backend.arefund)("c", [log_limit()], 3, taken_at=123)
-    assert given == [("c", 2), ("c", -3)]
-
-
 def test_an_awaited_refund_removes_that_hits_entry(backend: Backend) -> None:
     """``arefund`` (async views) gives back the same as ``refund``, on ``redis.asyncio`` too."""
     limits = [log_limit()]

@@ -12,14 +12,11 @@ of that shard together: see :func:`shard_of` and :func:`per_shard`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
-import inspect
-import logging
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from django_throttle.rates import WINDOW_ALGORITHMS, Decision, InvalidRate, Limit, Rate
 
@@ -30,10 +27,29 @@ DIGEST_SIZE = 12
 CACHED_LISTS = 4096
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
-logger = logging.getLogger("django_throttle")
-#: Backend classes already warned about lacking ``refund``: one warning each, not one per call.
-_WARNED: set[type] = set()
+
+def async_twin(
+    method: Callable[Concatenate[Any, P], T], *, blocking: bool = True
+) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, T]]:
+    """The ``async`` twin of a backend method (``ahit = async_twin(hit)``): it calls the
+    instance's own method of that name, an override included, in a worker thread; or, for
+    a method that never blocks (``blocking=False``: in-process counting, held for
+    microseconds), on the event loop itself."""
+    name = method.__name__
+
+    async def twin(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        func: Callable[P, T] = getattr(self, name)
+        if not blocking:
+            return func(*args, **kwargs)
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(func, thread_sensitive=False)(*args, **kwargs)
+
+    twin.__name__ = twin.__qualname__ = "a" + name
+    twin.__doc__ = f":meth:`{name}` for ``async def`` views."
+    return twin
 
 
 class BackendError(Exception):
@@ -54,31 +70,6 @@ class ArgumentRefused(BackendError):
 class Backend(ABC):
     """Counting storage. Implementations must be thread-safe."""
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Adapt a backend written before ``hit`` took ``usage``: the core always passes it,
-        and a ``TypeError`` would reach the request as a 500. Such a backend counts no usage
-        (the report shows its decisions only when made while it was failing)."""
-        super().__init_subclass__(**kwargs)
-        _adapt_refund(cls)
-        hit = cls.__dict__.get("hit")
-        if hit is None or _accepts(hit, "usage"):
-            return
-
-        @functools.wraps(hit)
-        def adapted(
-            self: Backend,
-            client: str,
-            limits: Sequence[Limit],
-            cost: int = 1,
-            *,
-            now: float | None = None,
-            usage: str | None = None,
-        ) -> Decision:
-            result: Decision = hit(self, client, limits, cost, now=now)
-            return result
-
-        cls.hit = adapted  # type: ignore[method-assign]
-
     @abstractmethod
     def hit(
         self,
@@ -97,23 +88,11 @@ class Backend(ABC):
         :class:`BackendError` when the storage cannot answer.
         """
 
-    async def ahit(
-        self,
-        client: str,
-        limits: Sequence[Limit],
-        cost: int = 1,
-        *,
-        now: float | None = None,
-        usage: str | None = None,
-    ) -> Decision:
-        """:meth:`hit` for ``async def`` views. Backends with a native async client override
-        it; this default runs :meth:`hit` in a worker thread."""
-        from asgiref.sync import sync_to_async
+    #: :meth:`hit` for ``async def`` views. Backends with a native async client override it;
+    #: this default runs :meth:`hit` in a worker thread.
+    ahit = async_twin(hit)
 
-        return await sync_to_async(self.hit, thread_sensitive=False)(
-            client, limits, cost, now=now, usage=usage
-        )
-
+    @abstractmethod
     def refund(
         self,
         client: str,
@@ -134,37 +113,13 @@ class Backend(ABC):
 
         Each limit is clamped so its state never goes below "nothing used"; a missing or
         expired state stays missing; a window that is no longer the current one is left as
-        it is; shadow limits are refunded too (the hit consumed them). This default, for
-        backends written before refunds, does nothing but log one warning per class: a
-        request must never fail because its reservation could not be given back.
+        it is; shadow limits are refunded too (the hit consumed them). A request must never
+        fail because its reservation could not be given back: the request path logs a
+        :class:`BackendError` raised here and goes on.
         """
-        cls = type(self)
-        if cls not in _WARNED:
-            _WARNED.add(cls)
-            logger.warning(
-                "%s.%s has no refund(): requests that should not count are counted",
-                cls.__module__,
-                cls.__qualname__,
-            )
 
-    async def arefund(
-        self,
-        client: str,
-        limits: Sequence[Limit],
-        cost: int = 1,
-        *,
-        now: float | None = None,
-        taken_at: int | None = None,
-    ) -> None:
-        """:meth:`refund` for ``async def`` views; this default runs it in a worker thread."""
-        if type(self).refund is Backend.refund:
-            self.refund(client, limits, cost, now=now)  # only logs: no thread needed
-            return
-        from asgiref.sync import sync_to_async
-
-        await sync_to_async(self.refund, thread_sensitive=False)(
-            client, limits, cost, now=now, taken_at=taken_at
-        )
+    #: :meth:`refund` for ``async def`` views; this default runs it in a worker thread.
+    arefund = async_twin(refund)
 
     @abstractmethod
     def peek(
@@ -175,27 +130,19 @@ class Backend(ABC):
         limit, remaining, reset, retry), still writing nothing and counting no usage: what
         the next request would get."""
 
-    async def apeek(
-        self, client: str, limits: Sequence[Limit], *, now: float | None = None, cost: int = 0
-    ) -> Decision:
-        """:meth:`peek` for ``async def`` views. Backends with a native async client override
-        it; this default runs :meth:`peek` in a worker thread."""
-        from asgiref.sync import sync_to_async
-
-        return await sync_to_async(self.peek, thread_sensitive=False)(
-            client, limits, now=now, cost=cost
-        )
+    #: :meth:`peek` for ``async def`` views. Backends with a native async client override it;
+    #: this default runs :meth:`peek` in a worker thread.
+    apeek = async_twin(peek)
 
     @abstractmethod
     def reset(self, client: str, limits: Sequence[Limit]) -> None:
         """Refill the client's buckets for these limits (forget their state)."""
 
+    @abstractmethod
     def reset_shared(self, limits: Sequence[Limit]) -> None:
         """Refill these shared limits in every key shard: the whole ceiling, for every client
         at once (:meth:`reset` of a client leaves a shared limit alone, since it is not the
-        client's own). Limits that are not shared are ignored. This default, for backends
-        written before shared limits could be reset, raises :class:`BackendError`."""
-        raise BackendError(f"{type(self).__name__} cannot reset shared limits")
+        client's own). Limits that are not shared are ignored."""
 
     @abstractmethod
     def retime(
@@ -271,12 +218,6 @@ class LimitsCache(Generic[T]):
         return len(self._by_value)
 
 
-def _accepts(func: Any, name: str) -> bool:
-    """Whether ``func`` takes a keyword argument ``name`` (by name or through ``**kwargs``)."""
-    parameters = inspect.signature(func).parameters.values()
-    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in parameters)
-
-
 def client_digest(client: str) -> bytes:
     """The client's 96-bit digest: its keys' name, and (first two bytes) its shard."""
     return hashlib.blake2b(client.encode(), digest_size=DIGEST_SIZE).digest()
@@ -317,34 +258,6 @@ def per_shard(limit: Limit, shards: int) -> Limit:
             if count >= rate.count:
                 return limit
             count += 1
-
-
-def _adapt_refund(cls: type) -> None:
-    """Adapt a backend whose ``refund`` (or ``arefund``) predates ``taken_at``: the request
-    path passes it, and a ``TypeError`` would lose the refund; such a backend gives back
-    the newest tokens."""
-    for name in ("refund", "arefund"):
-        method = cls.__dict__.get(name)
-        if method is None or _accepts(method, "taken_at"):
-            continue
-        if inspect.iscoroutinefunction(method):
-
-            @functools.wraps(method)
-            async def adapted_async(
-                self: Any, *args: Any, taken_at: int | None = None, _m: Any = method, **kw: Any
-            ) -> None:
-                await _m(self, *args, **kw)
-
-            setattr(cls, name, adapted_async)
-        else:
-
-            @functools.wraps(method)
-            def adapted(
-                self: Any, *args: Any, taken_at: int | None = None, _m: Any = method, **kw: Any
-            ) -> None:
-                _m(self, *args, **kw)
-
-            setattr(cls, name, adapted)
 
 
 def decision_from(

@@ -24,6 +24,7 @@ from django_throttle.backends.base import (
     ArgumentRefused,
     Backend,
     LimitsCache,
+    async_twin,
     decision_from,
     per_shard,
     shard_of,
@@ -46,7 +47,8 @@ Entry = tuple[Any, int]
 
 
 class MemoryBackend(Backend):
-    """Counts in an ordered dict guarded by a lock; expired state is swept as it is met."""
+    """Counts in an ordered dict guarded by a lock; expired state is swept as it is met.
+    In-process and lock-held for microseconds, its async methods need no thread."""
 
     def __init__(
         self,
@@ -94,28 +96,14 @@ class MemoryBackend(Backend):
     ) -> Decision:
         return self._run(client, limits, cost, now, consume=True, usage=usage)
 
-    async def ahit(
-        self,
-        client: str,
-        limits: Sequence[Limit],
-        cost: int = 1,
-        *,
-        now: float | None = None,
-        usage: str | None = None,
-    ) -> Decision:
-        """In-process and lock-held for microseconds: no need for a thread."""
-        return self._run(client, limits, cost, now, consume=True, usage=usage)
+    ahit = async_twin(hit, blocking=False)
 
     def peek(
         self, client: str, limits: Sequence[Limit], *, now: float | None = None, cost: int = 0
     ) -> Decision:
         return self._run(client, limits, cost, now, consume=False)
 
-    async def apeek(
-        self, client: str, limits: Sequence[Limit], *, now: float | None = None, cost: int = 0
-    ) -> Decision:
-        """In-process and lock-held for microseconds: no need for a thread."""
-        return self._run(client, limits, cost, now, consume=False)
+    apeek = async_twin(peek, blocking=False)
 
     def refund(
         self,
@@ -161,17 +149,7 @@ class MemoryBackend(Backend):
                 else:
                     states[key] = (state, expiry_ms(now_us, ttl))
 
-    async def arefund(
-        self,
-        client: str,
-        limits: Sequence[Limit],
-        cost: int = 1,
-        *,
-        now: float | None = None,
-        taken_at: int | None = None,
-    ) -> None:
-        """In-process and lock-held for microseconds: no need for a thread."""
-        self.refund(client, limits, cost, now=now, taken_at=taken_at)
+    arefund = async_twin(refund, blocking=False)
 
     def reset(self, client: str, limits: Sequence[Limit]) -> None:
         """Forget the client's states; for a shared limit, its shard's (everyone's there)."""
