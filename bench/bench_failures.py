@@ -175,7 +175,7 @@ def fault_phase(
     """Break Redis under load, then bring it back; what did it cost?"""
     from django.test.utils import override_settings
 
-    from django_throttle.breaker import get_breaker
+    from django_throttle.backends.breaker import get_breaker
 
     with override_settings(DJANGO_THROTTLE_BREAKER_THRESHOLD=BREAKERS[breaker]):
         for request in requests[:50]:
@@ -244,9 +244,9 @@ def run(seconds: float, threads: int, clients: int) -> dict[str, Any]:
         )
         from django.core.management import call_command
 
-        from django_throttle import policy
         from django_throttle.backends.redis import DEFAULT_CLIENT_OPTIONS
         from django_throttle.models import Tier, TierLimit
+        from django_throttle.policy import live as policy
 
         call_command("migrate", verbosity=0)
         tier = Tier.objects.create(slug="anon", name="Anonymous", is_default_anonymous=True)

@@ -74,7 +74,7 @@ def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
 def error_reason(error: BaseException) -> str:
     """A short, bounded label for a backend error (metrics labels must not grow without
     bound): ``circuit_open``, ``timeout``, ``connection``, ``script`` or ``other``."""
-    from django_throttle.breaker import CircuitOpen
+    from django_throttle.backends.breaker import CircuitOpen
 
     if isinstance(error, CircuitOpen):
         return "circuit_open"

@@ -33,7 +33,7 @@ from django.utils.module_loading import import_string
 from django_throttle.conf import ProxyTrust, app_settings
 
 if TYPE_CHECKING:
-    from django_throttle.snapshot import ApiKeyPolicy, Policy
+    from django_throttle.policy.snapshot import ApiKeyPolicy, Policy
 
 logger = logging.getLogger("django_throttle.identity")
 
@@ -148,7 +148,7 @@ def presented_key(meta: Any) -> str | None:
 def verified_api_key(request: Any) -> ApiKeyPolicy | None:
     """The active, unexpired API key the request presents, from the policy snapshot (no
     query), else ``None``. Every presented key costs the same: see
-    :meth:`~django_throttle.snapshot.Policy.verify_key`."""
+    :meth:`~django_throttle.policy.snapshot.Policy.verify_key`."""
     key = presented_key(request.META)
     if key is None:
         return None
@@ -161,7 +161,7 @@ def verified_api_key(request: Any) -> ApiKeyPolicy | None:
 def _snapshot() -> Policy | None:
     """The policy snapshot; on an event loop, never one that needs the database (the async
     core has refreshed it already when the view uses the admin policy)."""
-    from django_throttle import policy
+    from django_throttle.policy import live as policy
 
     snapshot = policy.fresh()
     if snapshot is not None:

@@ -69,7 +69,9 @@ def backend(request: pytest.FixtureRequest, settings: Any) -> Iterator[Any]:
 @pytest.fixture(autouse=True)
 def _isolated_throttle(settings: object) -> Iterator[str]:
     """Give every test its own key prefix, backend instance and policy cache."""
-    from django_throttle import backends, policy, usage
+    from django_throttle import backends
+    from django_throttle.policy import live as policy
+    from django_throttle.usage import accounting as usage
 
     prefix = f"dtt{uuid.uuid4().hex[:10]}"
     settings.DJANGO_THROTTLE_KEY_PREFIX = prefix  # type: ignore[attr-defined]

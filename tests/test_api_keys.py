@@ -20,12 +20,15 @@ from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory
 from rest_framework.views import APIView
 
-from django_throttle import core, identity, policy, snapshot
+from django_throttle import identity
 from django_throttle.checks import check_settings
 from django_throttle.drf import ApiKeyAuthentication
 from django_throttle.middleware import RateLimitHeadersMiddleware
 from django_throttle.models import ApiKey, Tier
 from django_throttle.models.api_keys import digest_hex
+from django_throttle.policy import live as policy
+from django_throttle.policy import snapshot
+from django_throttle.request import core
 from tests.factories import tier
 
 pytestmark = pytest.mark.django_db

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from django_throttle.backends import BackendError, get_backend, reset_backend_cache
+from django_throttle.backends.breaker import CircuitBreaker, CircuitOpen, get_breaker
 from django_throttle.backends.redis import RedisBackend
-from django_throttle.breaker import CircuitBreaker, CircuitOpen, get_breaker
 from django_throttle.rates import Limit
 from example_project.private_redis import free_port
 
@@ -205,7 +205,7 @@ def test_threads_failing_together_open_it_once(breaker: CircuitBreaker) -> None:
 def test_each_transition_is_logged_once(
     breaker: CircuitBreaker, clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="django_throttle.breaker")
+    caplog.set_level(logging.DEBUG, logger="django_throttle.backends.breaker")
     backend = Backend()
     fail(breaker, backend, 3 + 1000)
     clock.now += 0.5

@@ -26,7 +26,7 @@ from django.test import Client
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from django_throttle import policy
+from django_throttle.policy import live as policy
 from tests.bucket_state import base36, stored_used
 from tests.factories import tier
 from tests.faultproxy import FaultProxy
@@ -120,7 +120,7 @@ def anonymous_tier(rate: str, burst: int | None = None, **flags: Any) -> None:
 
 
 def get_breaker() -> Any:
-    from django_throttle.breaker import get_breaker
+    from django_throttle.backends.breaker import get_breaker
 
     return get_breaker()
 

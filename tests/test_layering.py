@@ -21,9 +21,9 @@ PACKAGE = ROOT / "django_throttle"
 NEEDS_APPS = (
     "django_throttle.models",
     "django_throttle.admin",
-    "django_throttle.forms",
+    "django_throttle.admin.forms",
     # Reads and writes policy rows throughout (manage.py throttle_policy).
-    "django_throttle.policy_file",
+    "django_throttle.policy.files",
 )
 NEEDS_APPS_UNDER = (
     "django_throttle.migrations.",

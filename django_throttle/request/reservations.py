@@ -19,8 +19,8 @@ from typing import Any
 
 from django_throttle import credentials
 from django_throttle.backends import Backend, BackendError, get_backend
+from django_throttle.backends.breaker import CircuitBreaker, get_breaker
 from django_throttle.backends.usage_base import IF_DENIED
-from django_throttle.breaker import CircuitBreaker, get_breaker
 from django_throttle.plain import log_text
 from django_throttle.rates import Decision, Limit
 

@@ -13,7 +13,7 @@ An import is one transaction: every entry is validated with the admin's own rule
 (``full_clean`` and ``row_problems``), and a single problem refuses the whole file with a
 message naming the entry and field; so does a limit written twice for one parent (it would
 be counted twice). ``dry_run`` runs the same code and rolls back. Reading a file's text, with
-its bounds, is :mod:`django_throttle.policy_text`'s job.
+its bounds, is :mod:`django_throttle.policy.text`'s job.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from django.core.exceptions import ValidationError
 from django.db import models, transaction
 
 from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierAssignment, TierLimit
-from django_throttle.policy_text import PolicyFileError
+from django_throttle.policy.text import PolicyFileError
 from django_throttle.rates import MAX_LOG_COUNT, Algorithm
 
 __all__ = [

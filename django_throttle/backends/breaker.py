@@ -32,7 +32,7 @@ from django_throttle.conf import app_settings
 
 __all__ = ["CircuitBreaker", "CircuitOpen", "get_breaker", "reset_breaker"]
 
-logger = logging.getLogger("django_throttle.breaker")
+logger = logging.getLogger("django_throttle.backends.breaker")
 
 T = TypeVar("T")
 

@@ -15,8 +15,8 @@ from typing import Any
 from django_throttle.conf import app_settings
 from django_throttle.exemptions import Exemptions
 from django_throttle.identity import Identity
+from django_throttle.policy.user_tiers import UserTiers
 from django_throttle.rates import Limit
-from django_throttle.user_tiers import UserTiers
 
 __all__ = [
     "KEY_MAX_LENGTH",

@@ -5,7 +5,7 @@ headers, a 429 or a 503. A backend failure goes through the process's circuit br
 becomes the failure mode that applies (open, closed or local), never an exception.
 
 Limits counted by IP address or username, and rules that count only successes or failures,
-reserve tokens that :mod:`~django_throttle.reservations` gives back when they must not count.
+reserve tokens that :mod:`~django_throttle.request.reservations` gives back when they must not count.
 """
 
 from __future__ import annotations
@@ -21,21 +21,22 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.utils.functional import LazyObject
 
-from django_throttle import credentials, events, usage
-from django_throttle import policy as policy_module
+from django_throttle import credentials, events
 from django_throttle.backends import (
     ArgumentRefused,
     BackendError,
     get_backend,
     get_local_backend,
 )
-from django_throttle.breaker import CircuitBreaker, get_breaker
+from django_throttle.backends.breaker import CircuitBreaker, get_breaker
 from django_throttle.conf import app_settings
 from django_throttle.exemptions import exempt_client, is_exempt_view
 from django_throttle.identity import UNIDENTIFIED, Identity, client_ip, get_resolver
 from django_throttle.plain import log_text
+from django_throttle.policy import live as policy_module
+from django_throttle.policy.snapshot import EndpointPolicy, Policy, TierPolicy
 from django_throttle.rates import UNLIMITED, Decision, Limit
-from django_throttle.reservations import (
+from django_throttle.request.reservations import (
     Group,
     Reservation,
     ahit_groups,
@@ -44,7 +45,7 @@ from django_throttle.reservations import (
     only_if_denied,
     settle,
 )
-from django_throttle.snapshot import EndpointPolicy, Policy, TierPolicy
+from django_throttle.usage import accounting as usage
 
 logger = logging.getLogger("django_throttle")
 
