@@ -27,7 +27,7 @@ from rest_framework.request import Request
 from django_throttle import credentials
 from django_throttle.conf import app_settings
 from django_throttle.exemptions import is_exempt_view
-from django_throttle.identity import verified_api_key
+from django_throttle.policy.resolver import verified_api_key
 from django_throttle.rates import Decision
 from django_throttle.request import core
 from django_throttle.request.headers import (

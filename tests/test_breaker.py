@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from django_throttle import events
 from django_throttle.backends import BackendError, get_backend, reset_backend_cache
 from django_throttle.backends.breaker import CircuitBreaker, CircuitOpen, get_breaker
 from django_throttle.backends.redis import RedisBackend
@@ -269,3 +270,12 @@ def test_process_breaker_follows_settings_and_is_reset_with_the_backends(setting
 def test_bad_parameters_are_refused(threshold: int, cooldown: float) -> None:
     with pytest.raises(ValueError):
         CircuitBreaker(threshold=threshold, cooldown=cooldown)
+
+
+def test_error_reasons_name_an_open_breaker_without_events_knowing_the_breaker() -> None:
+    """The metrics' ``reason`` label: the breaker's own error names itself (events.py imports
+    no backend, so it cannot test for the class)."""
+    assert events.error_reason(CircuitOpen("circuit open after 3 failures")) == "circuit_open"
+    assert events.error_reason(BackendError("Timeout reading from socket")) == "timeout"
+    assert events.error_reason(BackendError("Connection refused")) == "connection"
+    assert events.error_reason(BackendError("something else")) == "other"

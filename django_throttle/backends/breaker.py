@@ -44,6 +44,9 @@ REFUSED_LOG_INTERVAL = 60.0
 class CircuitOpen(BackendError):
     """The breaker is open: the backend was not called."""
 
+    #: What :func:`django_throttle.events.error_reason` calls it.
+    reason = "circuit_open"
+
 
 class CircuitBreaker:
     """Closed / open / half-open state around one backend, shared by a process's threads.

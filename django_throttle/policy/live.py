@@ -1,12 +1,13 @@
 """The compiled, immutable policy snapshot, and how a request finds its limits in it.
 
-Admin rows, tier assignments (:mod:`~django_throttle.policy.user_tiers`) and API keys (their digests)
-included, are compiled once into plain objects; requests read only the snapshot, so a request
-costs zero SQL queries for any user or key. Every process checks a shared version (kept by the
-backend, through the circuit breaker) at most once per ``DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL``
-and recompiles when it changed, so admin edits reach all workers within seconds, without
-restarts; it also recompiles once the snapshot is ``DJANGO_THROTTLE_POLICY_MAX_AGE`` old, so
-writes no signal sees (``QuerySet.update``, ``bulk_create``, raw SQL) apply within that time.
+Admin rows, tier assignments (:mod:`~django_throttle.policy.user_tiers`) and API keys (their
+digests) included, are compiled once into plain objects; requests read only the snapshot, so a
+request costs zero SQL queries for any user or key. Every process checks a shared version (kept
+by the backend, through the circuit breaker) at most once per
+``DJANGO_THROTTLE_POLICY_REFRESH_INTERVAL`` and recompiles when it changed, so admin edits reach
+all workers within seconds, without restarts; it also recompiles once the snapshot is
+``DJANGO_THROTTLE_POLICY_MAX_AGE`` old, so writes no signal sees (``QuerySet.update``,
+``bulk_create``, raw SQL) apply within that time.
 
 A row no limit can be built from (written around the admin) is skipped with one ERROR line per
 compile naming it; the rest of the policy applies. Compiling never raises into a request.
@@ -27,7 +28,7 @@ from django.db import DatabaseError, router, transaction
 from django_throttle import events
 from django_throttle.backends import BackendError, get_backend
 from django_throttle.conf import app_settings
-from django_throttle.exemptions import compile_exemptions
+from django_throttle.policy.exemptions import compile_exemptions
 from django_throttle.policy.snapshot import ApiKeyPolicy, EndpointPolicy, Policy, TierPolicy
 from django_throttle.policy.user_tiers import compile_user_tiers
 from django_throttle.rates import Limit

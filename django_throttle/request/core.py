@@ -5,7 +5,8 @@ headers, a 429 or a 503. A backend failure goes through the process's circuit br
 becomes the failure mode that applies (open, closed or local), never an exception.
 
 Limits counted by IP address or username, and rules that count only successes or failures,
-reserve tokens that :mod:`~django_throttle.request.reservations` gives back when they must not count.
+reserve tokens that :mod:`~django_throttle.request.reservations` gives back when they must not
+count.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ from django_throttle.backends import (
 )
 from django_throttle.backends.breaker import CircuitBreaker, get_breaker
 from django_throttle.conf import app_settings
-from django_throttle.exemptions import exempt_client, is_exempt_view
-from django_throttle.identity import UNIDENTIFIED, Identity, client_ip, get_resolver
+from django_throttle.exemptions import is_exempt_view
+from django_throttle.identity import UNIDENTIFIED, Identity, client_ip
 from django_throttle.plain import log_text
 from django_throttle.policy import live as policy_module
+from django_throttle.policy.exemptions import exempt_client
+from django_throttle.policy.resolver import get_resolver
 from django_throttle.policy.snapshot import EndpointPolicy, Policy, TierPolicy
 from django_throttle.rates import UNLIMITED, Decision, Limit
 from django_throttle.request.reservations import (
