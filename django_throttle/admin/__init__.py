@@ -1,8 +1,8 @@
 """The admin pages where operators edit tiers, endpoint rules, assignments and API keys, and read
 usage.
 
-Bad input becomes a form error on the field to change (see :mod:`django_throttle.admin.forms`), never
-a 500; list pages load related rows up front so they cost a fixed number of queries, and flag
+Bad input becomes a form error on the field to change (see :mod:`django_throttle.admin.forms`),
+never a 500; list pages load related rows up front so they cost a fixed number of queries, and flag
 rows written around the admin that the policy skips (a "problems" column).
 """
 

@@ -3,10 +3,10 @@ its requests meet (read without consuming), what a request would get before anyo
 and clearing the client's counters. Used by ``manage.py throttle_inspect``,
 ``throttle_explain``, ``throttle_reset`` and the admin's inspector.
 
-The counters come from the request path itself (:mod:`django_throttle.inspection.probes` builds the
-client's requests and asks :func:`django_throttle.request.core.plan`), so counters by IP address and by
-username are seen as requests meet them. These run off the request path, so they may query the
-database (to say *why* a client is in a tier).
+The counters come from the request path itself (:mod:`django_throttle.inspection.probes` builds
+the client's requests and asks :func:`django_throttle.request.core.plan`), so counters by IP
+address and by username are seen as requests meet them. These run off the request path, so they
+may query the database (to say *why* a client is in a tier).
 
 A shared limit (a ceiling over every client of a key shard) is listed, marked as shared, but
 resetting one client leaves it alone: :func:`reset_ceilings` is its own explicit action.

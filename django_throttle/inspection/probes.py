@@ -2,11 +2,11 @@
 meets.
 
 ``throttle_inspect``, ``throttle_explain``, ``throttle_reset`` and the admin's inspector never
-work out a client's counters on their own: they build the request the client would send
-(method, path, address, user, the username it presents), ask :func:`django_throttle.request.core.plan`
-what :func:`~django_throttle.request.core.check` would count it against, and read those counters. So
-every counter a request meets is seen, whether it is counted by client, by IP address or by
-username, and a change to the request path changes the tools with it.
+work out a client's counters on their own: they build the request the client would send (method,
+path, address, user, the username it presents), ask :func:`django_throttle.request.core.plan`
+what :func:`~django_throttle.request.core.check` would count it against, and read those
+counters. So every counter a request meets is seen, whether it is counted by client, by IP
+address or by username, and a change to the request path changes the tools with it.
 """
 
 from __future__ import annotations

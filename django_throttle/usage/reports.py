@@ -24,10 +24,10 @@ Two kinds of rows per minute, both with every outcome column:
   (:attr:`Report.estimated_fields`).
 
 Checks made before authentication (a credential rule's, see
-:data:`~django_throttle.usage.accounting.BEFORE_AUTHENTICATION`) are their own series: a tier or endpoint
-report lists them in rows of their own (``UsageRow.before_authentication``), so the tier rows
-count each request once, under the tier that served it. A presented username is kept and
-shown only as :func:`~django_throttle.usage.names.private_labels` allows.
+:data:`~django_throttle.usage.accounting.BEFORE_AUTHENTICATION`) are their own series: a tier or
+endpoint report lists them in rows of their own (``UsageRow.before_authentication``), so the
+tier rows count each request once, under the tier that served it. A presented username is kept
+and shown only as :func:`~django_throttle.usage.names.private_labels` allows.
 """
 
 from __future__ import annotations
