@@ -14,7 +14,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "MAX_VALUES", "PolicyFileError", "dump", "load"]
+__all__ = ["FORMAT_VERSION", "MAX_DEPTH", "MAX_VALUES", "PolicyFileError", "dump", "load"]
+
+#: The document's ``version``; an import refuses any other.
+FORMAT_VERSION = 1
 
 
 class PolicyFileError(Exception):
