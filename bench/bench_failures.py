@@ -175,9 +175,9 @@ def fault_phase(
     """Break Redis under load, then bring it back; what did it cost?"""
     from unittest.mock import patch
 
-    from django_throttle import breaker as breaker_module
+    from django_throttle.backends import breaker as breaker_module
     from django_throttle.backends import reset_backend_cache
-    from django_throttle.breaker import get_breaker
+    from django_throttle.backends.breaker import get_breaker
 
     with patch.object(breaker_module, "THRESHOLD", BREAKERS[breaker]):
         reset_backend_cache()  # a fresh backend and a breaker built with this threshold
@@ -247,9 +247,9 @@ def run(seconds: float, threads: int, clients: int) -> dict[str, Any]:
         )
         from django.core.management import call_command
 
-        from django_throttle import policy
         from django_throttle.backends.redis import DEFAULT_CLIENT_OPTIONS
         from django_throttle.models import Tier, TierLimit
+        from django_throttle.policy import live as policy
 
         call_command("migrate", verbosity=0)
         tier = Tier.objects.create(slug="anon", name="Anonymous", is_default_anonymous=True)

@@ -228,9 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         configure(server.url)
         import redis
 
-        from django_throttle import usage
         from django_throttle.backends import get_backend
         from django_throttle.rates import Limit
+        from django_throttle.usage import accounting as usage
 
         client = redis.Redis.from_url(server.url, socket_timeout=60)
         backend = get_backend()

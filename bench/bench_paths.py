@@ -163,9 +163,9 @@ def build_paths(ctx: dict[str, Any]) -> list[Path]:
     from rest_framework.throttling import UserRateThrottle
     from rest_framework.views import APIView
 
-    from django_throttle import policy as policy_module
     from django_throttle.drf import PolicyThrottle
-    from django_throttle.headers import apply_headers
+    from django_throttle.policy import live as policy_module
+    from django_throttle.request.headers import apply_headers
 
     plain, backend, info, prefix = ctx["plain"], ctx["backend"], ctx["fixtures"], ctx["prefix"]
     snapshot = policy_module.current()

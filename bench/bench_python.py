@@ -57,8 +57,8 @@ def main() -> None:
     from rest_framework.views import APIView
 
     from django_throttle.drf import PolicyThrottle
-    from django_throttle.headers import apply_headers
     from django_throttle.models import Tier, TierLimit
+    from django_throttle.request.headers import apply_headers
 
     call_command("migrate", verbosity=0)
     tier = Tier.objects.create(slug="anon", name="anon", is_default_anonymous=True)

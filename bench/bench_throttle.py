@@ -161,8 +161,8 @@ def run(args: argparse.Namespace, redis_url: str, prefix: str) -> dict[str, Any]
     from bench_paths import build_paths, create_policy, prefill_drf
     from django.db import connection
 
-    from django_throttle import policy as policy_module
     from django_throttle.backends import get_backend, reset_backend_cache
+    from django_throttle.policy import live as policy_module
 
     errors = _ErrorCounter()
     logging.getLogger("django_throttle").addHandler(errors)

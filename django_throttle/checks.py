@@ -342,7 +342,7 @@ def check_credential_rules(**kwargs: Any) -> list[checks.CheckMessage]:
     """W005: a credential rule limits some tiers only.
 
     A credential rule is one with a limit counted by username, or one counting failures (a
-    login or token endpoint's; :attr:`~django_throttle.snapshot.EndpointPolicy.credential`).
+    login or token endpoint's; :attr:`~django_throttle.policy.snapshot.EndpointPolicy.credential`).
     Its limits counted by IP address or username apply to every caller whatever the tier
     (they protect the account and the server); its limits counted by client apply only to
     the tiers they are given for, so signed-in users and API keys of the other tiers meet

@@ -193,7 +193,9 @@ class Settings:
     @property
     def IDENTITY_RESOLVER(self) -> str:
         """Dotted path of ``callable(request) -> Identity`` that names the client."""
-        return str(self._get("IDENTITY_RESOLVER", "django_throttle.identity.resolve_identity"))
+        return str(
+            self._get("IDENTITY_RESOLVER", "django_throttle.policy.resolver.resolve_identity")
+        )
 
     @property
     def IETF_HEADERS(self) -> bool:

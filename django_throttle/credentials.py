@@ -3,9 +3,9 @@ token request against the endpoint rules of a scope *before* the view checks the
 gives the tokens back unless the attempt failed.
 
 Also, for plain views and DRF alike, the username a credential request presents (read in
-:mod:`~django_throttle.usernames`; a limit counted by username keys on it) and whether
+:mod:`~django_throttle.request.usernames`; a limit counted by username keys on it) and whether
 Django's ``user_login_failed`` signal fired for the request (kept by
-:mod:`~django_throttle.reservations`: ``LoginView`` answers a wrong password with a 200
+:mod:`~django_throttle.request.reservations`: ``LoginView`` answers a wrong password with a 200
 re-render, so the status alone does not tell a failure).
 
 Only the rule's own limits are counted here, never the tier's: the view's own throttle (if
@@ -21,14 +21,14 @@ from typing import Any, TypeVar, overload
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
-from django_throttle import core
-from django_throttle.headers import throttled_response
-from django_throttle.reservations import (
+from django_throttle.request import core
+from django_throttle.request.headers import throttled_response
+from django_throttle.request.reservations import (
     LOGGED_IN_ATTRIBUTE,
     login_failed,
     watch_login_failures,
 )
-from django_throttle.usernames import (
+from django_throttle.request.usernames import (
     HEADER_ONLY,
     UNREADABLE_COUNTER,
     normalise_username,
@@ -67,7 +67,7 @@ def protect_credentials(view: Any = None, *, scope: str = "login") -> Any:
 
     A view that signs the user in (``django.contrib.auth.login``: ``LoginView``, the
     admin's login) also gives the browser a device cookie, which keeps it an allowance of
-    its own while its username is under attack (:mod:`~django_throttle.device_cookies`).
+    its own while its username is under attack (:mod:`~django_throttle.request.device_cookies`).
     """
     if view is None:
         return functools.partial(protect_credentials, scope=scope)
@@ -123,7 +123,7 @@ def protect_credentials(view: Any = None, *, scope: str = "login") -> Any:
 def _remember_device(request: Any, response: Any) -> None:
     """After a real sign-in (``user_logged_in`` fired for this request), give the browser
     its device cookie for the username it presented (see
-    :mod:`~django_throttle.device_cookies`)."""
+    :mod:`~django_throttle.request.device_cookies`)."""
     if not getattr(request, LOGGED_IN_ATTRIBUTE, False) or login_failed(request):
         return
     username = presented_username(request)
@@ -132,6 +132,6 @@ def _remember_device(request: Any, response: Any) -> None:
         get_username = getattr(user, "get_username", None)
         username = normalise_username(str(get_username())) if get_username else None
     if username:
-        from django_throttle import device_cookies
+        from django_throttle.request import device_cookies
 
         device_cookies.remember(request, response, username)

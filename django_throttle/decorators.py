@@ -22,9 +22,9 @@ from typing import Any, TypeVar
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
-from django_throttle import core
-from django_throttle.headers import apply_headers, throttled_response
 from django_throttle.rates import MAX_COUNT, WINDOW_ALGORITHMS, Algorithm, InvalidRate, Limit
+from django_throttle.request import core
+from django_throttle.request.headers import apply_headers, throttled_response
 
 __all__ = ["throttle"]
 

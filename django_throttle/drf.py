@@ -24,17 +24,18 @@ from rest_framework.authentication import (
 from rest_framework.exceptions import APIException, Throttled
 from rest_framework.request import Request
 
-from django_throttle import core, credentials
+from django_throttle import credentials
 from django_throttle.conf import app_settings
 from django_throttle.exemptions import is_exempt_view
-from django_throttle.headers import (
+from django_throttle.policy.resolver import verified_api_key
+from django_throttle.rates import Decision
+from django_throttle.request import core
+from django_throttle.request.headers import (
     retry_after_seconds,
     throttled_body,
     throttled_response,
     throttled_status,
 )
-from django_throttle.identity import verified_api_key
-from django_throttle.rates import Decision
 
 __all__ = [
     "ApiKeyAuthentication",
@@ -166,7 +167,7 @@ class ApiKeyAuthentication:
     **A valid key logs in as its owner**, with every permission the owner has: ``request.user``
     is the owner (loaded from the database only when the view reads it; ``AnonymousUser`` when
     the key has none, or the owner was deleted or deactivated) and ``request.auth`` the key as
-    the policy snapshot holds it (:class:`~django_throttle.snapshot.ApiKeyPolicy`). So a key
+    the policy snapshot holds it (:class:`~django_throttle.policy.snapshot.ApiKeyPolicy`). So a key
     owned by a staff user or a superuser is a staff or superuser login for whoever holds the
     key: give keys owners with only the permissions their holders need, or none
     (``manage.py check --database default`` warns about such keys, W020).

@@ -73,11 +73,12 @@ def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
 
 def error_reason(error: BaseException) -> str:
     """A short, bounded label for a backend error (metrics labels must not grow without
-    bound): ``circuit_open``, ``timeout``, ``connection``, ``script`` or ``other``."""
-    from django_throttle.breaker import CircuitOpen
-
-    if isinstance(error, CircuitOpen):
-        return "circuit_open"
+    bound): ``circuit_open``, ``timeout``, ``connection``, ``script`` or ``other``. An error
+    that names its own reason (the breaker's ``CircuitOpen``: ``circuit_open``) keeps it, so
+    this module knows no backend."""
+    reason = getattr(type(error), "reason", None)
+    if isinstance(reason, str):
+        return reason
     text = str(error).lower()
     if "timeout" in text or "timed out" in text:
         return "timeout"

@@ -1,39 +1,31 @@
-"""Who is calling: a verified API key, else the authenticated user, else the client IP (through
-trusted proxies only).
+"""Who is calling, as a value: :class:`Identity` (a verified API key, else the authenticated
+user, else the client IP), and the client IP read through trusted proxies only.
 
-An API key (``Authorization: Api-Key <key>`` or ``X-API-Key``, see
-``DJANGO_THROTTLE_API_KEY_HEADERS``) is checked against the compiled policy snapshot: no query,
-one HMAC. A key that is unknown, wrong, revoked or expired is ignored, never a bucket of its
-own: the request is counted as if it had sent none (so an anonymous client under its IP).
+The default resolver that picks one (``DJANGO_THROTTLE_IDENTITY_RESOLVER``,
+:func:`django_throttle.policy.resolver.resolve_identity`) reads the compiled policy for API
+keys; this module reads nothing but the request and the settings, so the policy's own types
+can name an :class:`Identity`. A custom resolver imports :class:`Identity`,
+:data:`UNIDENTIFIED` and :func:`client_ip` from here.
 
-The resolver is pluggable (``DJANGO_THROTTLE_IDENTITY_RESOLVER``). The default never trusts
-``X-Forwarded-For`` (or ``CLIENT_IP_HEADER``) unless proxies are configured, by count
-(``TRUSTED_PROXY_COUNT``) or by network (``TRUSTED_PROXIES``); groups IPv6 clients by prefix
-(a /64 is one subscriber); unwraps IPv4-mapped and NAT64 IPv6; and never raises on a
-malformed header: it falls back to ``REMOTE_ADDR``. A request with no usable
+:func:`client_ip` never trusts ``X-Forwarded-For`` (or ``CLIENT_IP_HEADER``) unless proxies
+are configured, by count (``TRUSTED_PROXY_COUNT``) or by network (``TRUSTED_PROXIES``); groups
+IPv6 clients by prefix (a /64 is one subscriber); unwraps IPv4-mapped and NAT64 IPv6; and never
+raises on a malformed header: it falls back to ``REMOTE_ADDR``. A request with no usable
 address at all is :data:`UNIDENTIFIED`, never silently one shared bucket: the core applies
 ``DJANGO_THROTTLE_UNKNOWN_CLIENT`` to it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import ipaddress
 import logging
 import socket
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
-
-from django.utils.module_loading import import_string
+from typing import Any
 
 from django_throttle.conf import ProxyTrust, app_settings
-
-if TYPE_CHECKING:
-    from django_throttle.snapshot import ApiKeyPolicy, Policy
 
 logger = logging.getLogger("django_throttle.identity")
 
@@ -42,19 +34,13 @@ __all__ = [
     "UNIDENTIFIED",
     "Identity",
     "client_ip",
-    "get_resolver",
     "presented_key",
-    "resolve_identity",
-    "verified_api_key",
 ]
 
 #: Longest client label, in UTF-8 bytes; a longer one is digested (see :attr:`Identity.key`).
 #: The counting script refuses labels over 200 bytes: this stays well under, with room for
 #: a custom resolver's kind.
 MAX_KEY_BYTES = 128
-
-#: Unix seconds, for API key expiry; tests replace it to expire a key without sleeping.
-clock = time.time
 
 
 def _digest(value: bytes) -> str:
@@ -114,19 +100,6 @@ class Identity:
 UNIDENTIFIED = Identity("unknown", "")
 
 
-def resolve_identity(request: Any) -> Identity:
-    """The default resolver: a verified API key's prefix, else the user's pk when
-    authenticated, else the client network."""
-    api_key = verified_api_key(request)
-    if api_key is not None:
-        return Identity("key", api_key.prefix)
-    user = getattr(request, "user", None)
-    if user is not None and getattr(user, "is_authenticated", False):
-        return Identity("user", str(user.pk), user_id=user.pk)
-    address = client_ip(request.META)
-    return UNIDENTIFIED if address is None else Identity("ip", address)
-
-
 def presented_key(meta: Any) -> str | None:
     """The API key the request carries in the first ``API_KEY_HEADERS`` header that holds
     one, unverified; ``None`` when it carries none. ``Authorization`` counts only with the
@@ -143,34 +116,6 @@ def presented_key(meta: Any) -> str | None:
         if value:
             return value
     return None
-
-
-def verified_api_key(request: Any) -> ApiKeyPolicy | None:
-    """The active, unexpired API key the request presents, from the policy snapshot (no
-    query), else ``None``. Every presented key costs the same: see
-    :meth:`~django_throttle.snapshot.Policy.verify_key`."""
-    key = presented_key(request.META)
-    if key is None:
-        return None
-    snapshot = _snapshot()
-    if snapshot is None:
-        return None
-    return snapshot.verify_key(key, app_settings.api_key_secret, clock())
-
-
-def _snapshot() -> Policy | None:
-    """The policy snapshot; on an event loop, never one that needs the database (the async
-    core has refreshed it already when the view uses the admin policy)."""
-    from django_throttle import policy
-
-    snapshot = policy.fresh()
-    if snapshot is not None:
-        return snapshot
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return policy.current()
-    return policy.last()
 
 
 def client_ip(meta: Any) -> str | None:
@@ -337,15 +282,3 @@ def _format_network(text: str, v4_prefix: int, v6_prefix: int) -> str | None:
     if prefix >= address.max_prefixlen:
         return str(address)
     return str(ipaddress.ip_network(f"{address}/{prefix}", strict=False))
-
-
-_resolvers: dict[str, Callable[[Any], Identity]] = {}
-
-
-def get_resolver() -> Callable[[Any], Identity]:
-    """The configured resolver callable (imported once per dotted path)."""
-    path = app_settings.IDENTITY_RESOLVER
-    resolver = _resolvers.get(path)
-    if resolver is None:
-        resolver = _resolvers[path] = import_string(path)
-    return resolver

@@ -17,8 +17,8 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 
-from django_throttle import core
-from django_throttle.headers import apply_headers
+from django_throttle.request import core
+from django_throttle.request.headers import apply_headers
 
 
 class RateLimitHeadersMiddleware:

@@ -37,7 +37,7 @@ _LEAVES_TIERED = "_django_throttle_leaves_tiered_group"
 
 def policy_changed(**kwargs: Any) -> None:
     """Reload here at once and tell the other processes through the backend."""
-    from django_throttle import policy
+    from django_throttle.policy import live as policy
 
     policy.invalidate()
     transaction.on_commit(_bump, using=kwargs.get("using"))
@@ -78,9 +78,9 @@ def limit_saved(instance: Any, created: bool, **kwargs: Any) -> None:
 
 
 def _bump() -> None:
-    from django_throttle import policy
     from django_throttle.backends import BackendError, get_backend
-    from django_throttle.breaker import get_breaker
+    from django_throttle.backends.breaker import get_breaker
+    from django_throttle.policy import live as policy
 
     policy.invalidate()
     try:
@@ -91,7 +91,7 @@ def _bump() -> None:
 
 def _retime(model: Any, pk: Any, previous: Limit | None) -> None:
     from django_throttle.backends import BackendError, get_backend
-    from django_throttle.breaker import get_breaker
+    from django_throttle.backends.breaker import get_breaker
     from django_throttle.models import BadRow
 
     row = model._default_manager.filter(pk=pk).select_related(*_RELATED[model.__name__]).first()
@@ -176,7 +176,8 @@ def user_deleted(instance: Any, **kwargs: Any) -> None:
 
 def settings_changed(setting: str, **kwargs: Any) -> None:
     if setting.startswith(PREFIX):
-        from django_throttle import backends, policy
+        from django_throttle import backends
+        from django_throttle.policy import live as policy
 
         app_settings.reload()
         backends.reset_backend_cache()

@@ -37,7 +37,9 @@ __all__ = [
 def reset_caches() -> None:
     """Forget this process's backend instances (an in-memory backend's counts with them),
     compiled policy, circuit breaker and usage counts kept while the backend was down."""
-    from django_throttle import backends, policy, usage
+    from django_throttle import backends
+    from django_throttle.policy import live as policy
+    from django_throttle.usage import accounting as usage
 
     backends.reset_backend_cache()
     policy.reset()

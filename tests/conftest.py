@@ -70,8 +70,10 @@ def backend(request: pytest.FixtureRequest, settings: Any) -> Iterator[Any]:
 def _isolated_throttle(settings: object, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Give every test its own key prefix, backend instance and policy cache, and exact
     per-client usage counts (tests/test_usage_sampling.py covers the sampled default)."""
-    from django_throttle import backends, policy, usage
+    from django_throttle import backends
     from django_throttle.backends import usage_base
+    from django_throttle.policy import live as policy
+    from django_throttle.usage import accounting as usage
 
     monkeypatch.setattr(usage_base, "CLIENT_SAMPLE", 1)
     prefix = f"dtt{uuid.uuid4().hex[:10]}"

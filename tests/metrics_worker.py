@@ -16,8 +16,8 @@ django.setup()
 from django.conf import settings  # noqa: E402
 from django.test import RequestFactory  # noqa: E402
 
-from django_throttle import core  # noqa: E402
 from django_throttle.rates import Limit  # noqa: E402
+from django_throttle.request import core  # noqa: E402
 
 
 def main() -> None:

@@ -11,13 +11,14 @@ import pytest
 from django.test import Client, RequestFactory
 from django.urls import reverse
 
-from django_throttle import core, policy
 from django_throttle.backends import get_backend
 from django_throttle.backends.base import Backend, shard_of
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.conf import app_settings
 from django_throttle.models import TierLimit
+from django_throttle.policy import live as policy
 from django_throttle.rates import Limit
+from django_throttle.request import core
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db

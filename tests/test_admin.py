@@ -722,7 +722,7 @@ def test_a_window_limit_holds_its_count_whatever_the_cost_check(admin_client: Cl
 def test_a_calendar_quota_saved_in_the_admin_is_in_the_policy(
     admin_client: Client, settings: Any
 ) -> None:
-    from django_throttle import policy
+    from django_throttle.policy import live as policy
     from django_throttle.rates import Algorithm, Rate
 
     settings.TIME_ZONE = "Europe/Berlin"

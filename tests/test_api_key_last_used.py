@@ -16,12 +16,14 @@ from django.core.management import call_command
 from django.test import Client, RequestFactory
 from django.urls import reverse
 
-from django_throttle import core, policy, usage
 from django_throttle.backends import get_backend
 from django_throttle.backends.base import Backend
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.models import ApiKey, Tier
+from django_throttle.policy import live as policy
 from django_throttle.rates import Limit
+from django_throttle.request import core
+from django_throttle.usage import accounting as usage
 from tests.factories import tier
 
 pytestmark = pytest.mark.django_db

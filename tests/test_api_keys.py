@@ -20,12 +20,15 @@ from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory
 from rest_framework.views import APIView
 
-from django_throttle import core, identity, policy, snapshot
+from django_throttle import identity
 from django_throttle.checks import check_settings
 from django_throttle.drf import ApiKeyAuthentication
 from django_throttle.middleware import RateLimitHeadersMiddleware
 from django_throttle.models import ApiKey, Tier
 from django_throttle.models.api_keys import digest_hex
+from django_throttle.policy import live as policy
+from django_throttle.policy import resolver, snapshot
+from django_throttle.request import core
 from tests.factories import tier
 
 pytestmark = pytest.mark.django_db
@@ -107,7 +110,7 @@ def test_the_digest_is_keyed_by_the_api_key_secret_setting(
     row, full_key = api_key
     settings.DJANGO_THROTTLE_API_KEY_SECRET = "x" * 40
     assert digest_hex(full_key) != row.hashed
-    assert identity.verified_api_key(RequestFactory().get("/", **auth(full_key))) is None
+    assert resolver.verified_api_key(RequestFactory().get("/", **auth(full_key))) is None
 
 
 # Counting -------------------------------------------------------------------------------------
@@ -282,12 +285,12 @@ def test_revoking_takes_effect_at_the_next_reload(
     row, full_key = api_key
     assert row.prefix in warm().api_keys
     request = RequestFactory().get("/", **auth(full_key))
-    assert identity.resolve_identity(request).kind == "key"
+    assert resolver.resolve_identity(request).kind == "key"
     version = policy.current().version
     with django_capture_on_commit_callbacks(execute=True):
         row.active = False
         row.save()
-    assert identity.resolve_identity(request).kind == "ip"
+    assert resolver.resolve_identity(request).kind == "ip"
     assert policy.current().version != version  # other processes reload too
 
 
@@ -298,7 +301,7 @@ def test_deleting_a_key_takes_effect_at_the_next_reload(
     warm()
     row.delete()
     request = RequestFactory().get("/", **auth(full_key))
-    assert identity.resolve_identity(request).kind == "ip"
+    assert resolver.resolve_identity(request).kind == "ip"
 
 
 def test_expiry_is_checked_per_request_without_a_reload(
@@ -312,9 +315,9 @@ def test_expiry_is_checked_per_request_without_a_reload(
     warm()
     request = RequestFactory().get("/", **auth(full_key))
     with django_assert_num_queries(0):
-        assert identity.resolve_identity(request) == identity.Identity("key", row.prefix)
-        monkeypatch.setattr(identity, "clock", lambda: expires.timestamp())
-        assert identity.resolve_identity(request).kind == "ip"
+        assert resolver.resolve_identity(request) == identity.Identity("key", row.prefix)
+        monkeypatch.setattr(resolver, "clock", lambda: expires.timestamp())
+        assert resolver.resolve_identity(request).kind == "ip"
 
 
 # DRF authentication ----------------------------------------------------------------------------
@@ -360,7 +363,7 @@ def test_the_admin_shows_the_new_key_once(partner: Tier, admin_client: Client) -
     [full_key] = KEY_PATTERN.findall(response.content.decode())
     row = ApiKey.objects.get()
     assert row.hashed == digest_hex(full_key)
-    assert identity.verified_api_key(RequestFactory().get("/", **auth(full_key))) is not None
+    assert resolver.verified_api_key(RequestFactory().get("/", **auth(full_key))) is not None
     for url in (
         reverse("admin:django_throttle_apikey_change", args=[row.pk]),
         reverse("admin:django_throttle_apikey_changelist"),

@@ -23,8 +23,8 @@ from django_throttle.backends import BackendError, get_backend, reset_backend_ca
 from django_throttle.backends.base import Backend
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis import RETIME_FILES, RedisBackend, load_script
-from django_throttle.headers import retry_after_seconds, whole_seconds
 from django_throttle.rates import Limit, Rate
+from django_throttle.request.headers import retry_after_seconds, whole_seconds
 from tests.bucket_state import pack_bucket, unpack_bucket
 from tests.redis_servers import attempts
 
@@ -689,7 +689,7 @@ def test_a_decision_costs_at_most_180_bytes_on_the_wire(
 ) -> None:
     """Request + reply of one decision (one limit, an IPv4 client, a short tier name), as
     the server counts them: the byte budget of issue 6."""
-    from django_throttle import usage
+    from django_throttle.usage import accounting as usage
 
     limits = (Limit.build("t12", "100/m"),)
     field = usage.field_for("anonymous", "")

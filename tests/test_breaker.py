@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from django_throttle import breaker as breaker_module
+from django_throttle import events
 from django_throttle.backends import BackendError, get_backend, reset_backend_cache
+from django_throttle.backends import breaker as breaker_module
+from django_throttle.backends.breaker import CircuitBreaker, CircuitOpen, get_breaker
 from django_throttle.backends.redis import RedisBackend
-from django_throttle.breaker import CircuitBreaker, CircuitOpen, get_breaker
 from django_throttle.rates import Limit
 from example_project.private_redis import free_port
 
@@ -206,7 +207,7 @@ def test_threads_failing_together_open_it_once(breaker: CircuitBreaker) -> None:
 def test_each_transition_is_logged_once(
     breaker: CircuitBreaker, clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="django_throttle.breaker")
+    caplog.set_level(logging.DEBUG, logger="django_throttle.backends.breaker")
     backend = Backend()
     fail(breaker, backend, 3 + 1000)
     clock.now += 0.5
@@ -272,3 +273,12 @@ def test_process_breaker_is_built_from_the_constants_and_reset_with_the_backends
 def test_bad_parameters_are_refused(threshold: int, cooldown: float) -> None:
     with pytest.raises(ValueError):
         CircuitBreaker(threshold=threshold, cooldown=cooldown)
+
+
+def test_error_reasons_name_an_open_breaker_without_events_knowing_the_breaker() -> None:
+    """The metrics' ``reason`` label: the breaker's own error names itself (events.py imports
+    no backend, so it cannot test for the class)."""
+    assert events.error_reason(CircuitOpen("circuit open after 3 failures")) == "circuit_open"
+    assert events.error_reason(BackendError("Timeout reading from socket")) == "timeout"
+    assert events.error_reason(BackendError("Connection refused")) == "connection"
+    assert events.error_reason(BackendError("something else")) == "other"

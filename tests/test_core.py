@@ -114,7 +114,7 @@ def test_credential_endpoints_fail_closed_by_default(client: Client, settings: A
 
 @pytest.fixture(autouse=True)
 def _fresh_unidentified_log() -> None:
-    from django_throttle import core
+    from django_throttle.request import core
 
     core._last_unidentified_log = -core.UNIDENTIFIED_LOG_INTERVAL
 
@@ -204,7 +204,7 @@ def test_shadow_limits_are_left_out_of_the_policy_header(client: Client, setting
     [(0.0, 1), (0.3, 1), (1.0, 1), (1.000001, 2), (2.0, 2), (3599.999999, 3600), (3600.0, 3600)],
 )
 def test_retry_after_rounds_up_with_no_tolerance(seconds: float, header: int) -> None:
-    from django_throttle.headers import retry_after_seconds
+    from django_throttle.request.headers import retry_after_seconds
 
     assert retry_after_seconds(seconds) == header
 
@@ -230,7 +230,7 @@ def test_a_get_rule_covers_head(client: Client, match_type: str, pattern: str, p
 
 
 def test_head_prefers_a_rule_naming_head_then_one_naming_get_then_one_for_all() -> None:
-    from django_throttle.policy import compile_policy
+    from django_throttle.policy.live import compile_policy
 
     anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
     endpoint("every", "path", "/api/", limits={anonymous: "9/min"})
@@ -286,7 +286,9 @@ def test_several_limits_denied_in_one_call_report_the_longest_wait(
 # --- the request path sits below its adapters ----------------------------------------------
 
 
-@pytest.mark.parametrize("module", ["django_throttle.core", "django_throttle.reservations"])
+@pytest.mark.parametrize(
+    "module", ["django_throttle.request.core", "django_throttle.request.reservations"]
+)
 def test_the_request_path_does_not_import_the_credential_guard(module: str) -> None:
     """``credentials.protect_credentials`` calls the request path; the request path must not
     import it back (no circle): what both need lives below, in the request path."""

@@ -15,10 +15,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_throttle import policy
 from django_throttle.checks import check_settling_middleware
 from django_throttle.decorators import throttle
 from django_throttle.models import EndpointLimit, EndpointRule, Tier
+from django_throttle.policy import live as policy
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.test_counting_policy")]
 

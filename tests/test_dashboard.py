@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Permission, User
 
+from django_throttle.admin.charts import stacked_bars
 from django_throttle.backends import get_backend
-from django_throttle.breaker import get_breaker
-from django_throttle.charts import stacked_bars
+from django_throttle.backends.breaker import get_breaker
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
@@ -190,8 +190,8 @@ def test_reset_needs_the_change_tier_permission(client: Any, backend: Any) -> No
 
 
 def test_the_dashboard_stays_readable_at_a_thousand_clients(client: Any, settings: Any) -> None:
-    from django_throttle import usage
     from django_throttle.rates import Limit
+    from django_throttle.usage import accounting as usage
 
     settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"
     backend = get_backend()

@@ -9,9 +9,9 @@ from asgiref.sync import async_to_sync
 from django.http import HttpResponse
 from django.test import AsyncClient, Client, RequestFactory
 
-from django_throttle import core
 from django_throttle.decorators import throttle
 from django_throttle.rates import UNLIMITED, Algorithm, Decision, InvalidRate, Limit
+from django_throttle.request import core
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db

@@ -9,9 +9,9 @@ import pytest
 import redis
 from django.test import Client
 
-from django_throttle import policy
 from django_throttle.backends import get_backend
 from django_throttle.drf import PolicyThrottle
+from django_throttle.policy import live as policy
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db

@@ -17,11 +17,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_throttle import policy
 from django_throttle.backends import get_backend
 from django_throttle.decorators import throttle
 from django_throttle.exemptions import throttle_exempt
 from django_throttle.models import Exemption
+from django_throttle.policy import live as policy
 from tests.factories import tier
 
 pytestmark = pytest.mark.django_db

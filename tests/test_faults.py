@@ -36,9 +36,9 @@ from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from django_throttle import breaker as breaker_module
-from django_throttle import policy
+from django_throttle.backends import breaker as breaker_module
 from django_throttle.drf import AsyncPolicyThrottle
+from django_throttle.policy import live as policy
 from tests.bucket_state import pack_bucket, stored_used
 from tests.factories import tier
 from tests.faultproxy import FaultProxy
@@ -159,7 +159,7 @@ def anonymous_tier(rate: str, burst: int | None = None, **flags: Any) -> None:
 
 
 def get_breaker() -> Any:
-    from django_throttle.breaker import get_breaker
+    from django_throttle.backends.breaker import get_breaker
 
     return get_breaker()
 

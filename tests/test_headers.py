@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 from django.http import HttpResponse
 
-from django_throttle.headers import (
+from django_throttle.rates import UNLIMITED, Decision, Limit
+from django_throttle.request.headers import (
     apply_headers,
     rate_limit_headers,
     retry_after_seconds,
     throttled_response,
 )
-from django_throttle.rates import UNLIMITED, Decision, Limit
 
 PER_SECOND = Limit.build("a", "10/s")  # q=10, w=1
 HOURLY = Limit.build("b", "100/h", burst=20)  # one token per 36 s: q=20, w=720

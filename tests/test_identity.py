@@ -15,7 +15,8 @@ from django.test import Client, RequestFactory
 from django_throttle import identity as identity_module
 from django_throttle.backends import get_backend
 from django_throttle.backends.redis import RedisBackend
-from django_throttle.identity import UNIDENTIFIED, Identity, get_resolver, resolve_identity
+from django_throttle.identity import UNIDENTIFIED, Identity
+from django_throttle.policy.resolver import get_resolver, resolve_identity
 from django_throttle.rates import Limit
 
 PROXIES = ["10.0.0.0/8", "2001:db8::/32"]
@@ -243,7 +244,7 @@ def test_resolver_follows_setting_changes(settings: Any) -> None:
     settings.DJANGO_THROTTLE_IDENTITY_RESOLVER = "tests.test_identity.my_resolver"
     assert get_resolver() is my_resolver
 
-    settings.DJANGO_THROTTLE_IDENTITY_RESOLVER = "django_throttle.identity.resolve_identity"
+    settings.DJANGO_THROTTLE_IDENTITY_RESOLVER = "django_throttle.policy.resolver.resolve_identity"
     assert get_resolver() is resolve_identity
 
 

@@ -21,11 +21,12 @@ PACKAGE = ROOT / "django_throttle"
 NEEDS_APPS = (
     "django_throttle.models",
     "django_throttle.admin",
-    "django_throttle.forms",
     # Reads and writes policy rows throughout (manage.py throttle_policy).
-    "django_throttle.policy_file",
+    "django_throttle.policy.files",
 )
 NEEDS_APPS_UNDER = (
+    # The admin package registers its ModelAdmins on import; its pages and forms come with it.
+    "django_throttle.admin.",
     "django_throttle.migrations.",
     "django_throttle.management.commands.",
     "django_throttle.models.",

@@ -16,15 +16,15 @@ from django.http import HttpRequest, HttpResponse
 from django.test import Client
 from django.urls import path
 
-from django_throttle import breaker as breaker_module
-from django_throttle import policy
 from django_throttle.backends import ArgumentRefused, BackendError, get_backend
+from django_throttle.backends import breaker as breaker_module
+from django_throttle.backends.breaker import get_breaker
 from django_throttle.backends.redis import RedisBackend
-from django_throttle.breaker import get_breaker
 from django_throttle.credentials import protect_credentials
 from django_throttle.decorators import throttle
 from django_throttle.identity import MAX_KEY_BYTES, Identity
 from django_throttle.models import EndpointLimit, EndpointRule, Tier
+from django_throttle.policy import live as policy
 from django_throttle.rates import Decision, Limit
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.test_long_identities")]
@@ -198,7 +198,7 @@ def test_an_argument_the_script_refuses_never_opens_the_breaker(
     monkeypatch.setattr(breaker_module, "COOLDOWN", 3600)
     settings.DJANGO_THROTTLE_FAILURE_MODE = "open"
     client = Client()
-    with caplog.at_level(logging.ERROR, logger="django_throttle.breaker"):
+    with caplog.at_level(logging.ERROR, logger="django_throttle.backends.breaker"):
         statuses = [client.get("/limited/").status_code for _ in range(10)]
 
     breaker = get_breaker()

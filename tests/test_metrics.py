@@ -13,11 +13,13 @@ import pytest
 from django.test import RequestFactory
 from prometheus_client import REGISTRY
 
-from django_throttle import breaker as breaker_module
-from django_throttle import core, events, metrics, policy
+from django_throttle import events, metrics
 from django_throttle.backends import BackendError
-from django_throttle.breaker import CircuitBreaker
+from django_throttle.backends import breaker as breaker_module
+from django_throttle.backends.breaker import CircuitBreaker
+from django_throttle.policy import live as policy
 from django_throttle.rates import Limit
+from django_throttle.request import core
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db

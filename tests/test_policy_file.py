@@ -14,8 +14,8 @@ from django.contrib.auth.models import Group, User
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from django_throttle import policy
 from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierAssignment, TierLimit
+from django_throttle.policy import live as policy
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
@@ -288,7 +288,7 @@ def test_import_bumps_the_policy_so_workers_reload() -> None:
         "version": 1,
         "tiers": [{"slug": "free", "name": "Free", "limits": [{"rate": "5/min"}]}],
     }
-    from django_throttle.policy_file import import_policy
+    from django_throttle.policy.files import import_policy
 
     import_policy(document)
 

@@ -20,11 +20,11 @@ from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient
 from django.urls import path
 
-from django_throttle import policy
 from django_throttle.backends import get_backend
 from django_throttle.backends.base import Backend
 from django_throttle.decorators import throttle
 from django_throttle.models import EndpointLimit, EndpointRule, Tier
+from django_throttle.policy import live as policy
 from django_throttle.rates import Algorithm, Limit
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.test_refund_seams")]

@@ -95,7 +95,7 @@ def test_missing_tables_mean_nothing_to_report() -> None:
 def test_a_limit_repeated_around_the_admin_is_listed_and_counted_once() -> None:
     """Rows written around the admin (fixtures, SQL) can repeat a limit; ``check`` names the
     copy, and the policy counts that limit once: a request does not take its cost twice."""
-    from django_throttle import policy
+    from django_throttle.policy import live as policy
 
     free = tier("free", "100/m")
     copy = TierLimit.objects.create(tier=free, rate="100/min")

@@ -11,10 +11,10 @@ from django.contrib.auth.models import Group
 from django.db import transaction
 from django.test import Client
 
-from django_throttle import policy
 from django_throttle.backends import get_backend
 from django_throttle.identity import Identity
 from django_throttle.models import EndpointLimit, TierAssignment, TierLimit
+from django_throttle.policy import live as policy
 from django_throttle.rates import Limit
 from tests.factories import endpoint, tier
 

@@ -16,12 +16,13 @@ import redis
 from django.core.management import call_command
 from django.test import RequestFactory
 
-from django_throttle import core, usage
 from django_throttle.backends import get_backend, usage_base
 from django_throttle.backends.base import Backend
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis_usage import lua_source
 from django_throttle.rates import Limit
+from django_throttle.request import core
+from django_throttle.usage import accounting as usage
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from django_throttle import usage
 from django_throttle.backends import get_backend, usage_base
+from django_throttle.usage import accounting as usage
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db

@@ -17,10 +17,11 @@ from django.db.migrations.executor import MigrationExecutor
 from django.db.models import QuerySet
 from django.urls import reverse
 
-from django_throttle import usage, usage_report
 from django_throttle.backends import get_backend, usage_base
 from django_throttle.backends.base import Backend
 from django_throttle.models import UsageCount
+from django_throttle.usage import accounting as usage
+from django_throttle.usage import reports as usage_report
 from tests.test_usage import MEMORY, OUTCOMES, by, columns, run, send
 
 pytestmark = pytest.mark.django_db

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from django_throttle import usage
 from django_throttle.backends import get_backend, reset_backend_cache, usage_base
 from django_throttle.backends.base import Backend
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.rates import Limit
+from django_throttle.usage import accounting as usage
 
 #: A whole minute, and a multiple of 8 µs: sampled calls are those at T0 + 8k µs.
 T0 = 1_700_000_040.0

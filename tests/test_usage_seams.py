@@ -35,9 +35,10 @@ from rest_framework.views import APIView
 from django_throttle.backends import reset_backend_cache, usage_base
 from django_throttle.credentials import protect_credentials
 from django_throttle.drf import ProtectedBasicAuthentication
-from django_throttle.identity import Identity, resolve_identity
+from django_throttle.identity import Identity
 from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierLimit, UsageCount
 from django_throttle.plain import log_text, plain_text
+from django_throttle.policy.resolver import resolve_identity
 from tests.test_usage import MEMORY, run
 from tests.views import Ping, hello
 

@@ -16,12 +16,14 @@ from django.contrib.auth.models import Group
 from django.test import RequestFactory
 from rest_framework.test import APIRequestFactory, force_authenticate
 
-from django_throttle import core, policy, user_tiers
 from django_throttle.backends import get_backend
 from django_throttle.identity import Identity
 from django_throttle.middleware import RateLimitHeadersMiddleware
 from django_throttle.models import Tier, TierAssignment
-from django_throttle.user_tiers import UserTiers, compile_user_tiers
+from django_throttle.policy import live as policy
+from django_throttle.policy import user_tiers
+from django_throttle.policy.user_tiers import UserTiers, compile_user_tiers
+from django_throttle.request import core
 from tests import views
 from tests.factories import tier
 

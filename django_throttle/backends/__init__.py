@@ -2,7 +2,7 @@
 
 The instance is built lazily on first use, cached per process, and dropped when a
 ``DJANGO_THROTTLE_*`` setting changes (see :mod:`django_throttle.signals`), together with the
-local fallback limiter and the circuit breaker (:mod:`django_throttle.breaker`).
+local fallback limiter and the circuit breaker (:mod:`django_throttle.backends.breaker`).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def reset_backend_cache() -> None:
     """Forget the cached backend (closing its connections), the local fallback limiter and
     the circuit breaker; the next use builds new ones."""
     global _backend, _local
-    from django_throttle.breaker import reset_breaker
+    from django_throttle.backends.breaker import reset_breaker
 
     with _lock:
         if _backend is not None:

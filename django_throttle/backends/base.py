@@ -82,8 +82,8 @@ class Backend(ABC):
     ) -> Decision:
         """Take ``cost`` tokens from every limit if all can give them; otherwise take none.
 
-        ``usage`` (a field from :func:`django_throttle.usage.field_for`) counts the outcome
-        for the usage report in the same atomic step; ``None`` counts nothing. ``now`` (Unix
+        ``usage`` (a field from :func:`django_throttle.usage.accounting.field_for`) counts the
+        outcome for the usage report in the same atomic step; ``None`` counts nothing. ``now`` (Unix
         seconds) overrides the backend's clock, for deterministic tests only. Raise
         :class:`BackendError` when the storage cannot answer.
         """

@@ -3,7 +3,7 @@
 The Redis backend counts in the decision's own script call (``lua/usage.lua``, read back by
 :class:`~django_throttle.backends.redis_usage.RedisUsage`); the memory backend keeps the same
 shape in process (:class:`~django_throttle.backends.memory_usage.MemoryUsage`). Reports and
-the rollup (:mod:`django_throttle.usage_report`) read either through this contract.
+the rollup (:mod:`django_throttle.usage.reports`) read either through this contract.
 
 Minutes are whole minutes since the Unix epoch. Counts per outcome are lists in
 :data:`LETTERS` order (allowed, denied, shadow would-deny, failed open, failed closed).

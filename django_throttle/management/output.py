@@ -142,7 +142,7 @@ class CountersCommand(BaseCommand):
     def refuse_in_process_backend(self) -> None:
         if not self.from_command_line:
             return
-        from django_throttle.inspection import in_process_backend
+        from django_throttle.inspection.clients import in_process_backend
 
         reason = in_process_backend()
         if reason is not None:

@@ -1,5 +1,5 @@
 """Per-minute usage counts, copied from the backend by the rollup and read by
-``throttle_usage`` (see :mod:`django_throttle.usage_report`)."""
+``throttle_usage`` (see :mod:`django_throttle.usage.reports`)."""
 
 from __future__ import annotations
 

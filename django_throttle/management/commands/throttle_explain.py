@@ -15,8 +15,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from django_throttle.backends import BackendError
-from django_throttle.headers import retry_after_seconds
-from django_throttle.inspection import Explanation, UnknownClient, explain, parse_client
+from django_throttle.inspection.clients import Explanation, UnknownClient, explain, parse_client
 from django_throttle.management.commands.throttle_inspect import COLUMNS, bucket_row
 from django_throttle.management.output import (
     CountersCommand,
@@ -26,6 +25,7 @@ from django_throttle.management.output import (
 )
 from django_throttle.models.fields import HTTP_METHODS
 from django_throttle.plain import plain_text
+from django_throttle.request.headers import retry_after_seconds
 
 
 def verdict(found: Explanation) -> str:

@@ -20,8 +20,9 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_throttle.policy_file import Change, export_policy, from_drf, import_policy
-from django_throttle.policy_text import PolicyFileError, dump, load
+from django_throttle.policy.drf_settings import from_drf
+from django_throttle.policy.files import Change, export_policy, import_policy
+from django_throttle.policy.text import PolicyFileError, dump, load
 
 FORMATS = ("json", "yaml")
 

@@ -4,7 +4,7 @@
 One column per outcome (allowed, denied, shadow would-deny, failed open, failed closed); the
 total is their sum. Tier and endpoint totals are exact; per-client rows are the heaviest
 clients of each minute, and their allowed figures are sampled (see
-:mod:`django_throttle.usage_report`): every output marks the figures that are estimates
+:mod:`django_throttle.usage.reports`): every output marks the figures that are estimates
 (``≈`` in the table, ``estimated`` in JSON and CSV). Checks before authentication are rows
 of their own. Every cell is plain text (:mod:`django_throttle.management.output`).
 """
@@ -23,12 +23,12 @@ from django.db import DatabaseError
 from django.utils import timezone
 from rich.table import Table
 
-from django_throttle import usage
 from django_throttle.backends import BackendError, usage_base
 from django_throttle.durations import format_duration
 from django_throttle.management.output import csv_cell, print_table, table_cell
-from django_throttle.usage_names import client_names
-from django_throttle.usage_report import REPORT_BY, Report, label, report, rollup
+from django_throttle.usage import accounting as usage
+from django_throttle.usage.names import client_names
+from django_throttle.usage.reports import REPORT_BY, Report, label, report, rollup
 
 FORMATS = ("table", "json", "csv")
 _DURATION_RE = re.compile(r"^\s*(?P<count>[+-]?\d+)\s*(?P<unit>[a-zA-Z]+)\s*$")
@@ -190,7 +190,7 @@ class Command(BaseCommand):
 
     def _records(self, result: Report, by: str) -> list[dict[str, Any]]:
         """One dict per row, the same in JSON, CSV and the table: the key under its one
-        label (:func:`~django_throttle.usage_report.label`), for clients also the user or
+        label (:func:`~django_throttle.usage.reports.label`), for clients also the user or
         API key it names, and the fields that are estimates."""
         estimated = list(result.estimated_fields)
         names = client_names(row.key for row in result.rows) if by == "client" else {}

@@ -66,7 +66,7 @@ def username_counters(request: Any) -> tuple[str, ...]:
 
     - each username it presents, read as :func:`presented_username` reads it:
       ``username:<name>``, unless the request carries a valid device cookie for that very
-      username (:mod:`~django_throttle.device_cookies`): then that device's own counter. A
+      username (:mod:`~django_throttle.request.device_cookies`): then that device's own counter. A
       request naming several users (a Basic header and a body, or two fields, that
       disagree) is counted under each: an authenticator may check any of them;
     - credentials that cannot be read (a Basic header that does not decode, a body that
@@ -79,7 +79,7 @@ def username_counters(request: Any) -> tuple[str, ...]:
         return (UNREADABLE_COUNTER,)
     if not found:
         return ()
-    from django_throttle import device_cookies
+    from django_throttle.request import device_cookies
 
     counters = []
     for name in found:

@@ -4,7 +4,7 @@ An operator's file must not end in a ``RecursionError``, nor keep an import (and
 transaction) busy: a file nested deeper than :data:`MAX_DEPTH`, or holding more than
 :data:`MAX_VALUES` values, is refused before its values are built, in time proportional to its
 length. YAML aliases count as what they expand to (a few hundred bytes of them can stand for
-millions of entries). What the values mean is :mod:`django_throttle.policy_file`'s job.
+millions of entries). What the values mean is :mod:`django_throttle.policy.files`'s job.
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "MAX_VALUES", "PolicyFileError", "dump", "load"]
+__all__ = ["FORMAT_VERSION", "MAX_DEPTH", "MAX_VALUES", "PolicyFileError", "dump", "load"]
+
+#: The document's ``version``; an import refuses any other.
+FORMAT_VERSION = 1
 
 
 class PolicyFileError(Exception):

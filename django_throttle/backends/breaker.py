@@ -31,7 +31,7 @@ from django_throttle.backends.base import ArgumentRefused, BackendError
 
 __all__ = ["CircuitBreaker", "CircuitOpen", "get_breaker", "reset_breaker"]
 
-logger = logging.getLogger("django_throttle.breaker")
+logger = logging.getLogger("django_throttle.backends.breaker")
 
 T = TypeVar("T")
 
@@ -48,6 +48,9 @@ COOLDOWN = 0.5
 
 class CircuitOpen(BackendError):
     """The breaker is open: the backend was not called."""
+
+    #: What :func:`django_throttle.events.error_reason` calls it.
+    reason = "circuit_open"
 
 
 class CircuitBreaker:

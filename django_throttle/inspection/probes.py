@@ -2,11 +2,11 @@
 meets.
 
 ``throttle_inspect``, ``throttle_explain``, ``throttle_reset`` and the admin's inspector never
-work out a client's counters on their own: they build the request the client would send
-(method, path, address, user, the username it presents), ask :func:`django_throttle.core.plan`
-what :func:`~django_throttle.core.check` would count it against, and read those counters. So
-every counter a request meets is seen, whether it is counted by client, by IP address or by
-username, and a change to the request path changes the tools with it.
+work out a client's counters on their own: they build the request the client would send (method,
+path, address, user, the username it presents), ask :func:`django_throttle.request.core.plan`
+what :func:`~django_throttle.request.core.check` would count it against, and read those
+counters. So every counter a request meets is seen, whether it is counted by client, by IP
+address or by username, and a change to the request path changes the tools with it.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from django.contrib.auth import get_user_model
 from django.http import HttpRequest
 from django.urls import ResolverMatch
 
-from django_throttle import core
 from django_throttle.identity import Identity, client_ip
+from django_throttle.policy.snapshot import EndpointPolicy, Policy, TierPolicy
 from django_throttle.rates import Decision, Limit
-from django_throttle.snapshot import EndpointPolicy, Policy, TierPolicy
+from django_throttle.request import core
 
 __all__ = [
     "Check",
@@ -49,7 +49,7 @@ _SIGNED_IN = Identity("user", "\0probe")
 @dataclass(frozen=True)
 class Check:
     """One call an adapter makes to the request path for a view: ``name`` says which, in
-    words; the rest are :func:`~django_throttle.core.check`'s arguments."""
+    words; the rest are :func:`~django_throttle.request.core.check`'s arguments."""
 
     name: str
     scope: str | None = None

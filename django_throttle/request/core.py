@@ -5,14 +5,15 @@ headers, a 429 or a 503. A backend failure goes through the process's circuit br
 becomes the failure mode that applies (open, closed or local), never an exception.
 
 Limits counted by IP address or username, and rules that count only successes or failures,
-reserve tokens that :mod:`~django_throttle.reservations` gives back when they must not count.
+reserve tokens that :mod:`~django_throttle.request.reservations` gives back when they
+must not count.
 
 The decision is written once: a plan (plain), the one backend call the plan names, and a
 finish (plain) from its reply. Only that call differs between :func:`check` and
 :func:`acheck`: made blocking or awaited, through the circuit breaker, a
 :class:`BackendError` being a reply like any other. What takes more calls (the counters by IP
 address or username after the client's, refunds) is written as steps in
-:mod:`~django_throttle.reservations`, generators that yield each call they need, driven by
+:mod:`~django_throttle.request.reservations`, generators that yield each call they need, driven by
 :func:`run` (blocking) and :func:`arun` (awaited).
 """
 
@@ -29,21 +30,24 @@ from typing import Any, TypedDict, TypeVar, Unpack
 from asgiref.sync import sync_to_async
 from django.utils.functional import LazyObject
 
-from django_throttle import events, usage
-from django_throttle import policy as policy_module
+from django_throttle import events
 from django_throttle.backends import (
     ArgumentRefused,
     BackendError,
     get_backend,
     get_local_backend,
 )
-from django_throttle.breaker import get_breaker
+from django_throttle.backends.breaker import get_breaker
 from django_throttle.conf import app_settings
-from django_throttle.exemptions import exempt_client, is_exempt_view
-from django_throttle.identity import UNIDENTIFIED, Identity, client_ip, get_resolver
+from django_throttle.exemptions import is_exempt_view
+from django_throttle.identity import UNIDENTIFIED, Identity, client_ip
 from django_throttle.plain import log_text
+from django_throttle.policy import live as policy_module
+from django_throttle.policy.exemptions import exempt_client
+from django_throttle.policy.resolver import get_resolver
+from django_throttle.policy.snapshot import EndpointPolicy, Policy, TierPolicy
 from django_throttle.rates import UNLIMITED, Decision, Limit
-from django_throttle.reservations import (
+from django_throttle.request.reservations import (
     Call,
     Group,
     Reservation,
@@ -53,8 +57,8 @@ from django_throttle.reservations import (
     settling,
     watch_login_failures,
 )
-from django_throttle.snapshot import EndpointPolicy, Policy, TierPolicy
-from django_throttle.usernames import username_counters
+from django_throttle.request.usernames import username_counters
+from django_throttle.usage import accounting as usage
 
 logger = logging.getLogger("django_throttle")
 

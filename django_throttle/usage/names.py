@@ -33,7 +33,7 @@ __all__ = ["USERNAME", "ClientName", "client_names", "private_labels", "username
 USERNAME = "username:"
 #: Marks a digested username: ``username:#<hex>``.
 DIGEST_MARK = "#"
-_SALT = "django_throttle.usage_names.username"
+_SALT = "django_throttle.usage.names.username"
 #: Labels per database query (each costs two query parameters for usernames).
 QUERY_BATCH = 250
 

@@ -1,8 +1,8 @@
 """The admin pages where operators edit tiers, endpoint rules, assignments and API keys, and read
 usage.
 
-Bad input becomes a form error on the field to change (see :mod:`django_throttle.forms`), never
-a 500; list pages load related rows up front so they cost a fixed number of queries, and flag
+Bad input becomes a form error on the field to change (see :mod:`django_throttle.admin.forms`),
+never a 500; list pages load related rows up front so they cost a fixed number of queries, and flag
 rows written around the admin that the policy skips (a "problems" column).
 """
 
@@ -26,20 +26,19 @@ from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import pgettext_lazy
 
-from django_throttle import usage
-from django_throttle.admin_columns import (
+from django_throttle.admin.columns import (
     attach_client_links,
     counts_word,
     failure_mode_word,
     match_word,
 )
-from django_throttle.backends import BackendError
-from django_throttle.forms import (
+from django_throttle.admin.forms import (
     EndpointLimitFormSet,
     EndpointRuleForm,
     LimitForm,
     TierLimitFormSet,
 )
+from django_throttle.backends import BackendError
 from django_throttle.models import (
     ApiKey,
     EndpointLimit,
@@ -51,6 +50,7 @@ from django_throttle.models import (
     TierLimit,
     UsageCount,
 )
+from django_throttle.usage import accounting as usage
 
 
 class _AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -82,7 +82,7 @@ def _problems(rows: Iterable[Any]) -> SafeString:
 
 def _warn(request: HttpRequest, warnings: Iterable[str]) -> None:
     """Show what the forms accepted but the operator should know (see
-    :class:`~django_throttle.forms.TierLimitFormSet`), once the change is saved."""
+    :class:`~django_throttle.admin.forms.TierLimitFormSet`), once the change is saved."""
     for warning in warnings:
         messages.warning(request, warning)
 
@@ -383,9 +383,9 @@ class ApiKeyAdmin(_AppAdmin):
         from django.contrib.admin import helpers
         from django.template.response import TemplateResponse
 
-        from django_throttle.admin_views import log_reset
+        from django_throttle.admin.views import log_reset
         from django_throttle.identity import Identity
-        from django_throttle.inspection import Subject, reset
+        from django_throttle.inspection.clients import Subject, reset
 
         keys = list(queryset.select_related("tier"))
         if request.POST.get("post") != "yes":
@@ -528,7 +528,7 @@ class UsageCountAdmin(_AppAdmin):
         """The dashboard and the inspector live under the usage list (see admin_views)."""
         from django.urls import path
 
-        from django_throttle import admin_views
+        from django_throttle.admin import views as admin_views
 
         name = f"{self.opts.app_label}_{self.opts.model_name}"
         pages = {

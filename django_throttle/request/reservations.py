@@ -12,7 +12,8 @@ Written once for sync and async callers, as steps (sans I/O): each function here
 generator that yields the backend :data:`Call` it needs and receives its reply, a
 :class:`~django_throttle.rates.Decision` (or ``None``), or has the call's
 :class:`~django_throttle.backends.BackendError` raised at the ``yield``.
-:func:`django_throttle.core.run` and :func:`~django_throttle.core.arun` make the calls.
+:func:`django_throttle.request.core.run` and :func:`~django_throttle.request.core.arun`
+make the calls.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@ its requests meet (read without consuming), what a request would get before anyo
 and clearing the client's counters. Used by ``manage.py throttle_inspect``,
 ``throttle_explain``, ``throttle_reset`` and the admin's inspector.
 
-The counters come from the request path itself (:mod:`django_throttle.probes` builds the
-client's requests and asks :func:`django_throttle.core.plan`), so counters by IP address and by
+The counters come from the request path itself
+(:mod:`django_throttle.inspection.probes` builds the client's requests and asks
+:func:`django_throttle.request.core.plan`), so counters by IP address and by
 username are seen as requests meet them. These run off the request path, so they may query the
 database (to say *why* a client is in a tier).
 
@@ -20,12 +21,11 @@ from dataclasses import dataclass, field
 from django.urls import Resolver404, resolve
 from django.utils.translation import gettext as _
 
-from django_throttle import policy as policy_module
 from django_throttle.backends import get_backend
 from django_throttle.backends.base import per_shard
 from django_throttle.conf import app_settings
 from django_throttle.identity import client_ip
-from django_throttle.probes import (
+from django_throttle.inspection.probes import (
     Counter,
     Planned,
     Probe,
@@ -34,9 +34,15 @@ from django_throttle.probes import (
     rules,
     view_checks,
 )
+from django_throttle.inspection.subjects import (
+    Subject,
+    UnknownClient,
+    parse_client,
+    tier_and_reason,
+)
+from django_throttle.policy import live as policy_module
+from django_throttle.policy.snapshot import EndpointPolicy, Policy, TierPolicy
 from django_throttle.rates import Decision, Limit
-from django_throttle.snapshot import EndpointPolicy, Policy, TierPolicy
-from django_throttle.subjects import Subject, UnknownClient, parse_client, tier_and_reason
 
 __all__ = [
     "Bucket",

@@ -21,7 +21,7 @@ was down for all of its last requests) is lost: at most :data:`MAX_PENDING` dist
 (minute, client, tier, endpoint, outcome) counts, beyond which new clients count as
 :data:`OTHER`.
 
-Reports and the rollup to the database live in :mod:`django_throttle.usage_report`.
+Reports and the rollup to the database live in :mod:`django_throttle.usage.reports`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import uuid
 from typing import Any
 
 from django_throttle.backends import BackendError, get_backend
+from django_throttle.backends.breaker import get_breaker
 from django_throttle.backends.usage_base import LETTERS, PendingCount, UsageStore
-from django_throttle.breaker import get_breaker
 from django_throttle.conf import app_settings
 
 __all__ = [

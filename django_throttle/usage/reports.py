@@ -26,10 +26,10 @@ Two kinds of rows per minute, both with every outcome column:
   (:attr:`Report.estimated_fields`).
 
 Checks made before authentication (a credential rule's, see
-:data:`~django_throttle.usage.BEFORE_AUTHENTICATION`) are their own series: a tier or endpoint
-report lists them in rows of their own (``UsageRow.before_authentication``), so the tier rows
-count each request once, under the tier that served it. A presented username is kept and
-shown only as :func:`~django_throttle.usage_names.private_labels` allows.
+:data:`~django_throttle.usage.accounting.BEFORE_AUTHENTICATION`) are their own series: a tier or
+endpoint report lists them in rows of their own (``UsageRow.before_authentication``), so the
+tier rows count each request once, under the tier that served it. A presented username is kept
+and shown only as :func:`~django_throttle.usage.names.private_labels` allows.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from django_throttle.backends import usage_base
 from django_throttle.backends.usage_base import MinuteCounts, UsageStore
 from django_throttle.conf import app_settings
 from django_throttle.plain import plain_text
-from django_throttle.usage import (
+from django_throttle.usage.accounting import (
     ALL,
     ALLOWED,
     BEFORE_AUTHENTICATION,
@@ -61,7 +61,7 @@ from django_throttle.usage import (
     get_store,
     split_field,
 )
-from django_throttle.usage_names import private_labels
+from django_throttle.usage.names import private_labels
 
 __all__ = [
     "NO_ENDPOINT",

@@ -16,7 +16,7 @@ from django.contrib.auth import get_user_model
 from django.utils.translation import gettext as _
 
 from django_throttle.identity import Identity, client_ip
-from django_throttle.snapshot import Policy, TierPolicy
+from django_throttle.policy.snapshot import Policy, TierPolicy
 
 __all__ = ["Subject", "UnknownClient", "parse_client", "tier_and_reason"]
 
@@ -53,7 +53,7 @@ def parse_client(text: str) -> Subject:
         return {"user": _user, "key": _api_key, "ip": _address}[kind](value.strip())
     if _is_address(text):
         return _address(text)
-    from django_throttle.snapshot import key_prefix
+    from django_throttle.api_key_format import key_prefix
 
     if text and _api_key_row(key_prefix(text)) is not None:
         return _api_key(text)
@@ -79,7 +79,7 @@ def _api_key_row(prefix: str) -> Any:
 
 
 def _api_key(value: str) -> Subject:
-    from django_throttle.snapshot import key_prefix
+    from django_throttle.api_key_format import key_prefix
 
     row = _api_key_row(value) or _api_key_row(key_prefix(value))
     if row is None:

@@ -1,10 +1,10 @@
 """The compiled, immutable policy snapshot, and how a request finds its limits in it.
 
-Admin rows, tier assignments (:mod:`~django_throttle.user_tiers`) and API keys (their digests)
-included, are compiled once into plain objects; requests read only the snapshot, so a request
-costs zero SQL queries for any user or key. Every process checks a shared version (kept by the
-backend, through the circuit breaker) at most once per :data:`REFRESH_INTERVAL` and
-recompiles when it changed, so admin edits reach all workers within a second, without
+Admin rows, tier assignments (:mod:`~django_throttle.policy.user_tiers`) and API keys
+(their digests) included, are compiled once into plain objects; requests read only the
+snapshot, so a request costs zero SQL queries for any user or key. Every process checks a
+shared version (kept by the backend, through the circuit breaker) at most once per
+:data:`REFRESH_INTERVAL` and recompiles when it changed, so admin edits reach all workers within a second, without
 restarts; it also recompiles once the snapshot is :data:`MAX_AGE` old, so
 writes no signal sees (``QuerySet.update``, ``bulk_create``, raw SQL) apply within that time.
 
@@ -26,10 +26,10 @@ from django.db import DatabaseError, router, transaction
 
 from django_throttle import events
 from django_throttle.backends import BackendError, get_backend
-from django_throttle.exemptions import compile_exemptions
+from django_throttle.policy.exemptions import compile_exemptions
+from django_throttle.policy.snapshot import ApiKeyPolicy, EndpointPolicy, Policy, TierPolicy
+from django_throttle.policy.user_tiers import compile_user_tiers
 from django_throttle.rates import Limit
-from django_throttle.snapshot import ApiKeyPolicy, EndpointPolicy, Policy, TierPolicy
-from django_throttle.user_tiers import compile_user_tiers
 
 logger = logging.getLogger("django_throttle.policy")
 
@@ -276,7 +276,7 @@ def _shared_version(policy: Policy | None) -> str | None:
     """The backend's policy version, through the circuit breaker; the snapshot's own version
     (no reload) when the backend cannot answer. An open breaker logs nothing here: the breaker
     itself logs when it opens and closes."""
-    from django_throttle.breaker import CircuitOpen, get_breaker
+    from django_throttle.backends.breaker import CircuitOpen, get_breaker
 
     try:
         return get_breaker().call(get_backend().get_policy_version)

@@ -38,7 +38,7 @@ MAX_AGE = 180 * 86400
 #: Longest cookie value read; ours are about 80 characters.
 MAX_COOKIE_CHARS = 200
 #: Keeps these signatures apart from every other use of ``SECRET_KEY``.
-SALT = "django_throttle.device_cookies"
+SALT = "django_throttle.request.device_cookies"
 
 
 def device_for(request: Any, username: str) -> str | None:

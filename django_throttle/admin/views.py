@@ -15,15 +15,15 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.translation import gettext as _
 
-from django_throttle import policy as policy_module
+from django_throttle.admin.charts import LABELS, stacked_bars
+from django_throttle.admin.dashboard import CHARTED, WINDOWS, Timeline, timeline
 from django_throttle.backends import BackendError
-from django_throttle.breaker import get_breaker
-from django_throttle.charts import LABELS, stacked_bars
+from django_throttle.backends.breaker import get_breaker
 from django_throttle.conf import app_settings
-from django_throttle.dashboard_data import CHARTED, WINDOWS, Timeline, timeline
 from django_throttle.plain import plain_text
-from django_throttle.usage_names import client_names
-from django_throttle.usage_report import report
+from django_throttle.policy import live as policy_module
+from django_throttle.usage.names import client_names
+from django_throttle.usage.reports import report
 
 __all__ = ["dashboard", "inspector", "reset_client"]
 
@@ -138,7 +138,7 @@ def inspector(request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> HttpR
     send, and a button to reset its counters (confirmed on a second page)."""
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
-    from django_throttle.inspection import UnknownClient, explain, inspect, parse_client
+    from django_throttle.inspection.clients import UnknownClient, explain, inspect, parse_client
     from django_throttle.models.fields import HTTP_METHODS
 
     text = request.GET.get("client", "").strip()
@@ -185,7 +185,12 @@ def reset_client(request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> Ht
     from django.http import HttpResponseRedirect
     from django.utils.http import urlencode
 
-    from django_throttle.inspection import UnknownClient, counters, parse_client, reset_counters
+    from django_throttle.inspection.clients import (
+        UnknownClient,
+        counters,
+        parse_client,
+        reset_counters,
+    )
 
     if not _can_reset(request):
         raise PermissionDenied
@@ -248,7 +253,7 @@ def _reset_ceiling(
     from django.http import HttpResponseRedirect
     from django.utils.http import urlencode
 
-    from django_throttle.inspection import reset_ceilings, shared_limits
+    from django_throttle.inspection.clients import reset_ceilings, shared_limits
     from django_throttle.models import UsageCount
 
     data = request.POST if request.method == "POST" else request.GET

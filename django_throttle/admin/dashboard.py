@@ -22,8 +22,14 @@ from django.db.models import Sum
 from django_throttle.backends import BackendError
 from django_throttle.backends.usage_base import UsageStore
 from django_throttle.plain import plain_text
-from django_throttle.usage import ALL, BEFORE_AUTHENTICATION, OUTCOMES, get_store, split_field
-from django_throttle.usage_report import NO_ENDPOINT, NO_TIER
+from django_throttle.usage.accounting import (
+    ALL,
+    BEFORE_AUTHENTICATION,
+    OUTCOMES,
+    get_store,
+    split_field,
+)
+from django_throttle.usage.reports import NO_ENDPOINT, NO_TIER
 
 __all__ = ["CHARTED", "WINDOWS", "Chart", "Timeline", "timeline"]
 

@@ -1,56 +1,34 @@
 """The compiled policy snapshot's types: what a request reads to find its tier and limits, and
 how it checks an API key against the keys' digests (one HMAC-SHA256, no query).
 
-Plain frozen objects with no database access; :mod:`django_throttle.policy` builds them from
+Plain frozen objects with no database access; :mod:`django_throttle.policy.live` builds them from
 the admin rows and keeps the current one per process.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from dataclasses import dataclass, field
 from typing import Any
 
+from django_throttle.api_key_format import KEY_MAX_LENGTH, key_digest, key_prefix
 from django_throttle.conf import app_settings
-from django_throttle.exemptions import Exemptions
 from django_throttle.identity import Identity
+from django_throttle.policy.exemptions import Exemptions
+from django_throttle.policy.user_tiers import UserTiers
 from django_throttle.rates import Limit
-from django_throttle.user_tiers import UserTiers
 
 __all__ = [
-    "KEY_MAX_LENGTH",
     "ApiKeyPolicy",
     "CountedGroup",
     "EndpointPolicy",
     "Policy",
     "TierPolicy",
-    "key_digest",
-    "key_prefix",
 ]
 
-#: Every API key starts with this: ``dt_<prefix>_<secret>``.
-KEY_SCHEME = "dt"
-#: Longer presented keys are refused unhashed: ours are 56 characters.
-KEY_MAX_LENGTH = 200
 #: Compared against when no key has the presented prefix, so an unknown prefix costs what a
 #: wrong secret costs: one HMAC and one constant-time comparison.
 _DUMMY_DIGEST = bytes(32)
-
-
-def key_digest(secret: bytes, key: str) -> bytes:
-    """HMAC-SHA256 of a whole API key: fast, and enough for high-entropy secrets (a password
-    hasher would add milliseconds per request and nothing else)."""
-    return hmac.new(secret, key.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
-
-
-def key_prefix(key: str) -> str:
-    """The visible lookup prefix of ``dt_<prefix>_<secret>``, or "" for anything else."""
-    scheme, _, rest = key.partition("_")
-    prefix, _, secret = rest.partition("_")
-    if scheme != KEY_SCHEME or not secret:
-        return ""
-    return prefix
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +118,7 @@ class Policy:
     by_path: tuple[EndpointPolicy, ...]
     version: str | None = None
     user_tiers: UserTiers = field(default_factory=UserTiers)
-    #: ``clock()`` when compiling started, for :data:`django_throttle.policy.MAX_AGE`.
+    #: ``clock()`` when compiling started, for :data:`django_throttle.policy.live.MAX_AGE`.
     compiled_at: float = 0.0
     #: False for the empty stand-in used while the database cannot be read.
     loaded: bool = True

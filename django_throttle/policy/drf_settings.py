@@ -1,0 +1,115 @@
+"""A policy document from a ``REST_FRAMEWORK`` setting's throttles (``manage.py throttle_policy
+from-drf``), so a project moving from DRF's throttles starts with the limits it had.
+
+Reads the setting's values only: no rows, no DRF import. The document goes through
+:func:`django_throttle.policy.files.import_policy` like any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from django_throttle.policy.text import FORMAT_VERSION, PolicyFileError
+from django_throttle.rates import MAX_LOG_COUNT, Algorithm
+
+__all__ = ["from_drf"]
+
+#: DRF reads only the first letter of a rate's period ("100/day", "5/minute").
+_DRF_PERIODS = {"s": "s", "m": "m", "h": "h", "d": "d"}
+_ANON = "rest_framework.throttling.AnonRateThrottle"
+_USER = "rest_framework.throttling.UserRateThrottle"
+
+
+def from_drf(rest_framework: Mapping[str, Any]) -> dict[str, Any]:
+    """A policy document doing what a ``REST_FRAMEWORK`` setting's throttles do.
+
+    ``anon`` becomes the rate of an ``anonymous`` tier (the default for anonymous clients),
+    ``user`` that of an ``authenticated`` tier (the default for users) and, when
+    ``UserRateThrottle`` is a default class, of the anonymous tier too (DRF's user throttle
+    counts anonymous clients by IP); every other rate becomes an endpoint rule matching that
+    DRF ``throttle_scope`` (``ScopedRateThrottle``) with the rate for both tiers. DRF counts
+    with a sliding window log, so the limits use it too. Raises :class:`PolicyFileError` for a
+    rate DRF itself could not read, and when the setting holds no rate at all (the document
+    would only take limits away).
+    """
+    rates = dict(rest_framework.get("DEFAULT_THROTTLE_RATES") or {})
+    classes = [str(c) for c in rest_framework.get("DEFAULT_THROTTLE_CLASSES") or ()]
+    if not any(rate is not None for rate in rates.values()):
+        # Converting nothing would give both tiers no limits: applied, it would delete the
+        # anonymous tier's limits and hand the authenticated default to an unlimited tier.
+        raise PolicyFileError(
+            [
+                "REST_FRAMEWORK['DEFAULT_THROTTLE_RATES'] holds no rates, so there is nothing "
+                "to convert (applied, it would remove every limit of the default tiers)"
+            ]
+        )
+    problems = []
+    limits: dict[str, dict[str, Any]] = {}
+    for scope, rate in rates.items():
+        if rate is None:
+            continue
+        converted = _drf_limit(rate)
+        if converted is None:
+            problems.append(
+                f"DEFAULT_THROTTLE_RATES[{scope!r}]: {rate!r} is not a DRF rate such as '100/day'"
+            )
+        else:
+            limits[scope] = converted
+    if problems:
+        raise PolicyFileError(problems)
+    anonymous: list[dict[str, Any]] = []
+    authenticated: list[dict[str, Any]] = []
+    if "anon" in limits:
+        anonymous.append(limits["anon"])
+    if "user" in limits:
+        authenticated.append(limits["user"])
+        if _USER in classes:
+            anonymous.append(limits["user"])
+    tiers = [
+        {
+            "slug": "anonymous",
+            "name": "Anonymous",
+            "description": "From DRF's AnonRateThrottle (DEFAULT_THROTTLE_RATES['anon']).",
+            "is_default_anonymous": True,
+            "limits": anonymous,
+        },
+        {
+            "slug": "authenticated",
+            "name": "Authenticated",
+            "description": "From DRF's UserRateThrottle (DEFAULT_THROTTLE_RATES['user']).",
+            "is_default_authenticated": True,
+            "limits": authenticated,
+        },
+    ]
+    rules = [
+        {
+            "name": scope,
+            "match_type": "scope",
+            "pattern": scope,
+            "limits": [
+                {"tier": "anonymous", **limit},
+                {"tier": "authenticated", **limit},
+            ],
+        }
+        for scope, limit in sorted(limits.items())
+        if scope not in ("anon", "user")
+    ]
+    return {"version": FORMAT_VERSION, "tiers": tiers, "rules": rules}
+
+
+def _drf_limit(rate: Any) -> dict[str, Any] | None:
+    """DRF's reading of ``rate`` as a limit row, or ``None`` where DRF would fail."""
+    try:
+        count_text, period = str(rate).split("/")
+        count = int(count_text)
+    except ValueError:
+        return None
+    unit = _DRF_PERIODS.get(period[:1])
+    if unit is None or count < 1:
+        return None
+    # DRF keeps every request's time in a list, a sliding window log; beyond the log's
+    # largest count the sliding window counter stands in.
+    log = count <= MAX_LOG_COUNT
+    algorithm = Algorithm.SLIDING_LOG if log else Algorithm.SLIDING_COUNTER
+    return {"rate": f"{count}/{unit}", "algorithm": str(algorithm)}

@@ -1,0 +1,111 @@
+"""Clients that are never limited, compiled into the policy snapshot so checking one costs no
+query: staff and superusers (``DJANGO_THROTTLE_EXEMPT_STAFF`` /
+``DJANGO_THROTTLE_EXEMPT_SUPERUSERS``), and the users, groups and IP networks listed in the admin
+(:class:`~django_throttle.models.Exemption`).
+
+An exempt client's requests make no backend call and get no rate limit headers. Exempt views
+are marked with :func:`django_throttle.exemptions.throttle_exempt`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django_throttle.identity import Identity
+
+__all__ = ["Exemptions", "compile_exemptions", "exempt_client"]
+
+_Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class Exemptions:
+    """The admin's exemptions, compiled: user ids (direct and through groups) and networks.
+    Empty by default, so a site with none checks two empty containers per request."""
+
+    users: frozenset[Any] = frozenset()
+    addresses: frozenset[str] = frozenset()
+    networks: tuple[_Network, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.users or self.addresses or self.networks)
+
+    def covers_user(self, user_id: Any) -> bool:
+        return user_id in self.users
+
+    def covers_address(self, network: str) -> bool:
+        """``network`` is the client as the limiter counts it: an address, or an IPv6
+        network such as ``2001:db8:1:2::/64``; covered when it lies inside an exempt
+        network."""
+        if network in self.addresses:
+            return True
+        if not self.networks:
+            return False
+        try:
+            client = ipaddress.ip_network(network, strict=False)
+        except ValueError:
+            return False
+        return any(
+            client.version == exempt.version and client.subnet_of(exempt)  # type: ignore[arg-type]
+            for exempt in self.networks
+        )
+
+
+def exempt_client(identity: Identity, exemptions: Exemptions | None) -> bool:
+    """Whether the client, as ``identity`` names it, is exempt: a user by the admin's list
+    (directly or through a group), an address by the admin's networks. Reads only what
+    resolving the identity already loaded (an API key's owner is never fetched)."""
+    if identity.kind == "user":
+        return bool(exemptions) and exemptions.covers_user(identity.user_id)  # type: ignore[union-attr]
+    if identity.kind == "ip" and exemptions:
+        return exemptions.covers_address(identity.value)
+    return False
+
+
+def compile_exemptions() -> Exemptions:
+    """Read the exemption rows (two queries): users named directly or through a group, and
+    networks. A row no exemption can be built from is skipped (``manage.py check`` names it)."""
+    from django.contrib.auth import get_user_model
+    from django.core.exceptions import FieldDoesNotExist
+
+    from django_throttle.models import Exemption
+    from django_throttle.models.exemptions import parse_network
+
+    users: set[Any] = set()
+    addresses: set[str] = set()
+    networks: list[_Network] = []
+    groups: list[Any] = []
+    for row in Exemption.objects.order_by("pk"):
+        if row.user_id is not None:
+            users.add(row.user_id)
+        elif row.group_id is not None:
+            groups.append(row.group_id)
+        elif row.network:
+            try:
+                network = parse_network(row.network)
+            except ValueError:
+                continue
+            if network.num_addresses == 1:
+                addresses.add(str(network.network_address))
+            else:
+                networks.append(network)
+    if groups:
+        user_model = get_user_model()
+        try:
+            groups_field = user_model._meta.get_field("groups")
+        except FieldDoesNotExist:
+            pass
+        else:
+            through: Any = groups_field.remote_field.through
+            user_column = through._meta.get_field(groups_field.m2m_field_name()).attname
+            group_column = through._meta.get_field(groups_field.m2m_reverse_field_name()).attname
+            members = through.objects.filter(**{f"{group_column}__in": groups})
+            users.update(members.values_list(user_column, flat=True).iterator(chunk_size=10_000))
+    return Exemptions(frozenset(users), frozenset(addresses), _largest_first(networks))
+
+
+def _largest_first(networks: Iterable[_Network]) -> tuple[_Network, ...]:
+    return tuple(sorted(set(networks), key=lambda n: (n.version, n.prefixlen, str(n))))
