@@ -4,9 +4,9 @@ Admin rows, tier assignments (:mod:`~django_throttle.policy.user_tiers`) and API
 (their digests) included, are compiled once into plain objects; requests read only the
 snapshot, so a request costs zero SQL queries for any user or key. Every process checks a
 shared version (kept by the backend, through the circuit breaker) at most once per
-:data:`REFRESH_INTERVAL` and recompiles when it changed, so admin edits reach all workers within a second, without
-restarts; it also recompiles once the snapshot is :data:`MAX_AGE` old, so
-writes no signal sees (``QuerySet.update``, ``bulk_create``, raw SQL) apply within that time.
+:data:`REFRESH_INTERVAL` and recompiles when it changed, so admin edits reach all workers
+within a second, without restarts; it also recompiles once the snapshot is :data:`MAX_AGE`
+old, so writes no signal sees (``QuerySet.update``, ``bulk_create``, raw SQL) apply within that time.
 
 A row no limit can be built from (written around the admin) is skipped with one ERROR line per
 compile naming it; the rest of the policy applies. Compiling never raises into a request.
