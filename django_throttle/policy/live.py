@@ -6,7 +6,8 @@ snapshot, so a request costs zero SQL queries for any user or key. Every process
 shared version (kept by the backend, through the circuit breaker) at most once per
 :data:`REFRESH_INTERVAL` and recompiles when it changed, so admin edits reach all workers
 within a second, without restarts; it also recompiles once the snapshot is :data:`MAX_AGE`
-old, so writes no signal sees (``QuerySet.update``, ``bulk_create``, raw SQL) apply within that time.
+old, so writes no signal sees (``QuerySet.update``, ``bulk_create``, raw SQL) apply within
+that time.
 
 A row no limit can be built from (written around the admin) is skipped with one ERROR line per
 compile naming it; the rest of the policy applies. Compiling never raises into a request.
