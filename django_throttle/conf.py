@@ -14,6 +14,8 @@ from typing import Any, NamedTuple
 
 from django.conf import settings
 
+__all__ = ["ProxyTrust", "Settings", "app_settings"]
+
 PREFIX = "DJANGO_THROTTLE_"
 
 

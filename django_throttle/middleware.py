@@ -20,6 +20,8 @@ from django.http import HttpRequest, HttpResponseBase
 from django_throttle.request import core
 from django_throttle.request.headers import apply_headers
 
+__all__ = ["RateLimitHeadersMiddleware"]
+
 
 class RateLimitHeadersMiddleware:
     sync_capable = True

@@ -20,6 +20,8 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from django_throttle.rates import WINDOW_ALGORITHMS, Decision, InvalidRate, Limit, Rate
 
+__all__ = ["ArgumentRefused", "Backend", "BackendError"]
+
 #: Bytes of a client digest (96 bits: no two of a billion clients share one in practice).
 DIGEST_SIZE = 12
 

@@ -33,6 +33,8 @@ from django_throttle.backends.memory_algorithms import TWINS, Compiled, compile_
 from django_throttle.backends.usage_base import IF_DENIED
 from django_throttle.rates import MAX_COUNT, Decision, Limit
 
+__all__ = ["MemoryBackend"]
+
 if TYPE_CHECKING:
     from django_throttle.backends.memory_usage import MemoryUsage
 

@@ -56,6 +56,8 @@ from django_throttle.backends.wire import (
 from django_throttle.conf import app_settings
 from django_throttle.rates import Decision, Limit
 
+__all__ = ["RedisBackend"]
+
 #: Lua files making up the counting script, in load order: shared prelude, algorithms (the
 #: leaky bucket reuses the token bucket, the calendar quota the fixed window), usage counting,
 #: driver.
