@@ -114,9 +114,9 @@ def test_credential_endpoints_fail_closed_by_default(client: Client, settings: A
 
 @pytest.fixture(autouse=True)
 def _fresh_unidentified_log() -> None:
-    from django_throttle.request import core
+    from django_throttle.request import planning
 
-    core._last_unidentified_log = -core.UNIDENTIFIED_LOG_INTERVAL
+    planning._last_unidentified_log = -planning.UNIDENTIFIED_LOG_INTERVAL
 
 
 @pytest.mark.parametrize("remote", ["", "unix:/run/gunicorn.sock", "garbage"])
@@ -287,7 +287,14 @@ def test_several_limits_denied_in_one_call_report_the_longest_wait(
 
 
 @pytest.mark.parametrize(
-    "module", ["django_throttle.request.core", "django_throttle.request.reservations"]
+    "module",
+    [
+        "django_throttle.request.core",
+        "django_throttle.request.planning",
+        "django_throttle.request.calls",
+        "django_throttle.request.finish",
+        "django_throttle.request.reservations",
+    ],
 )
 def test_the_request_path_does_not_import_the_credential_guard(module: str) -> None:
     """``credentials.protect_credentials`` calls the request path; the request path must not

@@ -22,6 +22,7 @@ from django_throttle.backends.base import Backend
 from django_throttle.models import UsageCount
 from django_throttle.usage import accounting as usage
 from django_throttle.usage import reports as usage_report
+from django_throttle.usage import rollup as usage_rollup
 from tests.test_usage import MEMORY, OUTCOMES, by, columns, run, send
 
 pytestmark = pytest.mark.django_db
@@ -298,7 +299,7 @@ def test_a_rollup_that_fails_half_way_loses_and_doubles_nothing(
     backend = get_backend()
     send(backend, "user:1", "pro", "search", allowed=2, at=minutes_ago(20))
     send(backend, "user:1", "pro", "search", allowed=3, at=minutes_ago(10))
-    monkeypatch.setattr(usage_report, "CHUNK_MINUTES", 1)
+    monkeypatch.setattr(usage_rollup, "CHUNK_MINUTES", 1)
     real = QuerySet.bulk_create
     calls: list[int] = []
 

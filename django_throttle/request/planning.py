@@ -1,0 +1,243 @@
+"""The plan of a request: what :func:`~django_throttle.request.core.check` will count it
+against, worked out before any backend call.
+
+Holds the plan itself (the client's counter and limits, the further groups counted by IP
+address or username, what the rule may give back) and how it is made from the request, its
+identity and the policy snapshot: exempt views, users and addresses stop here, as do
+clients with no usable address under ``DJANGO_THROTTLE_UNKNOWN_CLIENT``. Plain: no backend
+call, no awaiting, so planning is the same for blocking and async checks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django_throttle.backends import BackendError
+from django_throttle.conf import app_settings
+from django_throttle.exemptions import is_exempt_view
+from django_throttle.identity import UNIDENTIFIED, Identity, client_ip
+from django_throttle.policy.exemptions import exempt_client
+from django_throttle.policy.resolver import get_resolver
+from django_throttle.policy.snapshot import EndpointPolicy, Policy, TierPolicy
+from django_throttle.rates import UNLIMITED, Decision, Limit
+from django_throttle.request.reservations import Call, Group, Steps, hit_groups, only_if_denied
+from django_throttle.request.usernames import username_counters
+from django_throttle.usage import accounting as usage
+
+logger = logging.getLogger("django_throttle")
+
+__all__: list[str] = []
+
+#: Seconds between two error lines about unidentifiable clients, per process.
+UNIDENTIFIED_LOG_INTERVAL = 60.0
+
+_FAILED_OPEN = Decision(allowed=True, limit=None, remaining=0, reset_after=0.0, failed_open=True)
+_UNIDENTIFIED_DENIED = Decision(
+    allowed=False, limit=None, remaining=0, reset_after=0.0, unavailable=True, unidentified=True
+)
+_SHARED_UNKNOWN = Identity("ip", "unknown")
+_last_unidentified_log = -UNIDENTIFIED_LOG_INTERVAL
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What a request will be counted against, worked out before the backend call: the
+    first group (``client``, ``limits``), the further ``groups`` (limits counted by IP
+    address or username), and what the rule's counting policy may give back."""
+
+    client: str
+    limits: Sequence[Limit]
+    cost: int
+    field: str | None
+    failure_mode: str | None
+    credential: bool
+    policy: Policy | None
+    tier: TierPolicy | None
+    endpoint: EndpointPolicy | None
+    groups: tuple[Group, ...] = ()
+    refunds: tuple[Group, ...] = ()
+
+    def first_call(self) -> Call:
+        """The one backend call of a request (the first of several with ``groups``)."""
+        field = only_if_denied(self.field) if self.groups else self.field
+        return ("hit", (self.client, self.limits, self.cost), {"usage": field})
+
+    def rest(self, first: Decision) -> Steps[Decision | BackendError]:
+        """The ``groups``' calls after the first call decided ``first``."""
+        head = (self.client, self.limits)
+        return hit_groups(head, self.groups, self.cost, first, self.field)
+
+
+def _plan(
+    request: Any,
+    snapshot: Callable[[], Policy | None],
+    identity: Identity | None = None,
+    scope: str | None = None,
+    limits: Sequence[Limit] | None = None,
+    cost: int | None = None,
+    failure_mode: str | None = None,
+    credential: bool = False,
+    rule_only: bool = False,
+) -> _Plan | Decision:
+    """Identity, policy lookup and usage field: everything but the backend call. An exempt
+    view, user or address stops here: no backend call, no headers."""
+    match = getattr(request, "resolver_match", None)
+    if match is not None and is_exempt_view(match.func):
+        return UNLIMITED
+    policy = snapshot()
+    if identity is None:
+        identity = get_resolver()(request)
+    if exempt_client(identity, policy.exemptions if policy is not None else None):
+        return UNLIMITED
+    if identity.kind == UNIDENTIFIED.kind:
+        decision = _unidentified()
+        if decision is not None:
+            return decision
+        identity = _SHARED_UNKNOWN
+    tier_slug = endpoint_name = ""
+    tier = endpoint = None
+    groups: tuple[tuple[str, tuple[Limit, ...]], ...] = ()
+    if limits is None:
+        if policy is None:
+            return UNLIMITED
+        if rule_only:
+            endpoint = policy.match(request.method or "GET", scope)
+            if endpoint is None:
+                return UNLIMITED
+        else:
+            endpoint = policy.match(
+                request.method or "GET", scope, _route_name(request), request.path_info
+            )
+        tier = policy.tier_for(identity)
+        limits = policy.limits_for(tier, endpoint)
+        if endpoint is not None:
+            cost = endpoint.cost if cost is None else cost
+            endpoint_name = endpoint.name
+            if rule_only and tier is not None:
+                limits = endpoint.rule_limits_by_tier.get(tier.id, ())
+            groups = policy.groups_for(tier, endpoint, credential)
+        if tier is not None:
+            tier_slug = tier.slug
+    if groups and endpoint is not None:
+        return _grouped(
+            request,
+            identity,
+            limits,
+            groups,
+            endpoint,
+            tier,
+            cost,
+            failure_mode,
+            credential,
+            policy,
+            usage.field_for(
+                tier_slug, endpoint_name or scope or "", before_authentication=rule_only
+            ),
+        )
+    if not limits:
+        return UNLIMITED
+    planned = _Plan(  # positional, in field order: once per request
+        identity.key,
+        limits,
+        1 if cost is None else cost,
+        usage.field_for(tier_slug, endpoint_name or scope or "", before_authentication=rule_only),
+        failure_mode,
+        credential,
+        policy,
+        tier,
+        endpoint,
+    )
+    if endpoint is not None and endpoint.counts != "all" and tier is not None:
+        own = endpoint.rule_limits_by_tier.get(tier.id, ())
+        if own:
+            planned.refunds = ((identity.key, own),)
+    return planned
+
+
+def _grouped(
+    request: Any,
+    identity: Identity,
+    limits: Sequence[Limit],
+    groups: tuple[tuple[str, tuple[Limit, ...]], ...],
+    endpoint: EndpointPolicy,
+    tier: TierPolicy | None,
+    cost: int | None,
+    failure_mode: str | None,
+    credential: bool,
+    policy: Policy | None,
+    field: str | None,
+) -> _Plan | Decision:
+    """The plan of a rule with limits counted by IP address or username: one group per
+    distinct counter, the client's first. A counter equal to the client's (an anonymous
+    client's IP address) joins its group, so the call count stays as low as it can."""
+    own = endpoint.rule_limits_by_tier.get(tier.id, ()) if tier is not None else ()
+    calls: dict[str, list[Limit]] = {identity.key: list(limits)}
+    refunds: dict[str, list[Limit]] = {identity.key: list(own)}
+    for counted_by, counted in groups:
+        if counted_by == "ip":
+            address = client_ip(request.META)
+            if address is None:
+                continue
+            key = Identity("ip", address).key
+        else:
+            for key in username_counters(request):  # none: nothing presented
+                calls.setdefault(key, []).extend(counted)
+                refunds.setdefault(key, []).extend(counted)
+            continue
+        calls.setdefault(key, []).extend(counted)
+        refunds.setdefault(key, []).extend(counted)
+    planned_groups = [(key, tuple(found)) for key, found in calls.items() if found]
+    if not planned_groups:
+        return UNLIMITED
+    (client, first), *rest = planned_groups
+    planned = _Plan(
+        client,
+        first,
+        1 if cost is None else cost,
+        field,
+        failure_mode,
+        credential,
+        policy,
+        tier,
+        endpoint,
+        tuple(rest),
+    )
+    if endpoint.counts != "all":
+        planned.refunds = tuple((key, tuple(found)) for key, found in refunds.items() if found)
+    return planned
+
+
+def _unidentified() -> Decision | None:
+    """Apply ``DJANGO_THROTTLE_UNKNOWN_CLIENT`` to a request with no usable address: the
+    decision to return, or ``None`` to count it in the one shared bucket."""
+    global _last_unidentified_log
+    choice = app_settings.UNKNOWN_CLIENT
+    now = time.monotonic()
+    if now - _last_unidentified_log >= UNIDENTIFIED_LOG_INTERVAL:
+        _last_unidentified_log = now
+        logger.error(
+            "A request has no usable client address (REMOTE_ADDR is empty or not an IP), so it "
+            "cannot be rate limited per client; DJANGO_THROTTLE_UNKNOWN_CLIENT = %r %s. Behind "
+            "a proxy that connects over a Unix socket, set DJANGO_THROTTLE_TRUSTED_PROXY_COUNT "
+            "so the address comes from X-Forwarded-For. (Logged at most once a minute.)",
+            choice,
+            {
+                "deny": "refuses such requests",
+                "allow": "serves them uncounted",
+                "shared": "counts them all in one shared bucket",
+            }.get(choice, "refuses such requests"),
+        )
+    if choice == "allow":
+        return _FAILED_OPEN
+    if choice == "shared":
+        return None
+    return _UNIDENTIFIED_DENIED
+
+
+def _route_name(request: Any) -> str | None:
+    match = getattr(request, "resolver_match", None)
+    return match.view_name if match is not None else None
