@@ -6,11 +6,27 @@ groups and networks are compiled into the policy). Registers ``TierAssignment`` 
 from __future__ import annotations
 
 from django.contrib import admin
+from django.http import HttpRequest
 
-from django_throttle.admin.base import _UserOrGroupAdmin
+from django_throttle.admin.base import _AppAdmin, _searchable
 from django_throttle.models import Exemption, TierAssignment
 
 __all__ = ["ExemptionAdmin", "TierAssignmentAdmin"]
+
+
+class _UserOrGroupAdmin(_AppAdmin):
+    """Rows naming one user or one group: autocomplete where the user model's admin can
+    search, raw ids otherwise (a project with a custom user model may not register one, and
+    autocomplete without it fails a system check)."""
+
+    raw_id_fields = ["user", "group"]
+
+    def get_autocomplete_fields(self, request: HttpRequest) -> list[str]:
+        return [
+            name
+            for name in ("user", "group")
+            if _searchable(self.admin_site, self.model._meta.get_field(name).related_model)
+        ]
 
 
 @admin.register(TierAssignment)

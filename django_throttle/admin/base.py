@@ -1,6 +1,7 @@
 """What every ModelAdmin of the app shares: the base class that loads the app's stylesheet, the
 "problems" column (a row the policy compiler would skip, and why), the warnings shown after a
-save, the limit inline the tier and rule pages extend, and the user-or-group widgets.
+save, the limit inline the tier and rule pages extend, and whether autocomplete can search a
+model (else the pages fall back to raw ids).
 
 It registers nothing: the modules beside it register one model's admin each.
 """
@@ -71,18 +72,3 @@ class LimitInline(admin.TabularInline):  # type: ignore[type-arg]
 def _searchable(site: admin.AdminSite, model: type[Model]) -> bool:
     """Whether ``model`` has an admin that autocomplete can search."""
     return site.is_registered(model) and bool(site.get_model_admin(model).search_fields)
-
-
-class _UserOrGroupAdmin(_AppAdmin):
-    """Rows naming one user or one group: autocomplete where the user model's admin can
-    search, raw ids otherwise (a project with a custom user model may not register one, and
-    autocomplete without it fails a system check)."""
-
-    raw_id_fields = ["user", "group"]
-
-    def get_autocomplete_fields(self, request: HttpRequest) -> list[str]:
-        return [
-            name
-            for name in ("user", "group")
-            if _searchable(self.admin_site, self.model._meta.get_field(name).related_model)
-        ]
