@@ -138,7 +138,9 @@ def inspector(request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> HttpR
     send, and a button to reset its counters (confirmed on a second page)."""
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
-    from django_throttle.inspection.clients import UnknownClient, explain, inspect, parse_client
+    from django_throttle.inspection.clients import inspect
+    from django_throttle.inspection.explanations import explain
+    from django_throttle.inspection.subjects import UnknownClient, parse_client
     from django_throttle.models.fields import HTTP_METHODS
 
     text = request.GET.get("client", "").strip()
@@ -185,12 +187,9 @@ def reset_client(request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> Ht
     from django.http import HttpResponseRedirect
     from django.utils.http import urlencode
 
-    from django_throttle.inspection.clients import (
-        UnknownClient,
-        counters,
-        parse_client,
-        reset_counters,
-    )
+    from django_throttle.inspection.clients import counters
+    from django_throttle.inspection.resets import reset_counters
+    from django_throttle.inspection.subjects import UnknownClient, parse_client
 
     if not _can_reset(request):
         raise PermissionDenied
@@ -253,7 +252,7 @@ def _reset_ceiling(
     from django.http import HttpResponseRedirect
     from django.utils.http import urlencode
 
-    from django_throttle.inspection.clients import reset_ceilings, shared_limits
+    from django_throttle.inspection.resets import reset_ceilings, shared_limits
     from django_throttle.models import UsageCount
 
     data = request.POST if request.method == "POST" else request.GET

@@ -15,7 +15,8 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from django_throttle.backends import BackendError
-from django_throttle.inspection.clients import Explanation, UnknownClient, explain, parse_client
+from django_throttle.inspection.explanations import Explanation, explain
+from django_throttle.inspection.subjects import UnknownClient, parse_client
 from django_throttle.management.commands.throttle_inspect import COLUMNS, bucket_row
 from django_throttle.management.output import (
     CountersCommand,

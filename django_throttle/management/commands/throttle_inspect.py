@@ -16,7 +16,8 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from django_throttle.backends import BackendError
-from django_throttle.inspection.clients import Bucket, UnknownClient, inspect, parse_client
+from django_throttle.inspection.clients import Bucket, inspect
+from django_throttle.inspection.subjects import UnknownClient, parse_client
 from django_throttle.management.output import (
     CountersCommand,
     add_format_argument,

@@ -12,12 +12,8 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from django_throttle.backends import BackendError
-from django_throttle.inspection.clients import (
-    UnknownClient,
-    parse_client,
-    reset_ceilings,
-    reset_counters,
-)
+from django_throttle.inspection.resets import reset_ceilings, reset_counters
+from django_throttle.inspection.subjects import UnknownClient, parse_client
 from django_throttle.management.commands.throttle_inspect import add_probe_arguments
 from django_throttle.management.output import (
     CountersCommand,

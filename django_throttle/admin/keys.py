@@ -1,0 +1,180 @@
+"""The API key pages: the full key shown once after adding it, "last used" read live from the
+usage store (one backend round trip per page), and the revoke and reset-buckets actions, both
+recorded in the admin history. Registers ``ApiKey``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.contrib import admin, messages
+from django.db import router
+from django.db.models import QuerySet
+from django.forms import ModelForm
+from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.text import capfirst
+from django.utils.translation import gettext_lazy as _
+
+from django_throttle.admin.base import _AppAdmin, _searchable
+from django_throttle.backends import BackendError
+from django_throttle.models import ApiKey
+from django_throttle.usage import accounting as usage
+
+__all__ = ["ApiKeyAdmin"]
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(_AppAdmin):
+    """Adding a key shows the full key once, in the message after saving; only its prefix
+    and digest are stored. Revoke a key by unticking "active" (or the list action)."""
+
+    list_display = [
+        "prefix",
+        "name",
+        "tier",
+        "owner",
+        "active",
+        "expires",
+        "created",
+        "last_used_at",
+    ]
+    list_select_related = ["tier", "owner"]
+    list_filter = ["active", "tier"]
+    search_fields = ["name", "prefix"]
+    fields = ["name", "tier", "owner", "active", "expires"]
+    change_fields = ["prefix", *fields, "created", "last_used_at"]
+    raw_id_fields = ["owner"]
+    actions = ["revoke", "reset_buckets"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [] if obj is None else ["prefix", "created", "last_used_at"]
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        # One backend round trip for the page's keys, not one per row.
+        changelist = super().get_changelist_instance(request)
+        _attach_live_use(changelist.result_list)
+        return changelist
+
+    @admin.display(description=_("last used"))
+    def last_used_at(self, obj: ApiKey) -> Any:
+        """The backend's live time (recorded with the usage counts, see
+        ``lua/usage.lua``), else the column the rollup copied it to."""
+        if not hasattr(obj, "throttle_live_last_used"):
+            _attach_live_use([obj])
+        live = obj.throttle_live_last_used  # type: ignore[attr-defined]
+        stored = obj.last_used
+        newest = max((t for t in (live, stored) if t is not None), default=None)
+        return newest if newest is not None else _("never (since the last rollup)")
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return self.fields if obj is None else self.change_fields
+
+    def get_autocomplete_fields(self, request: HttpRequest) -> list[str]:
+        owner_model = self.model._meta.get_field("owner").related_model
+        return ["owner"] if _searchable(self.admin_site, owner_model) else []
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: ModelForm, change: bool) -> None:  # type: ignore[type-arg]
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        full_key = obj.set_new_key()
+        super().save_model(request, obj, form, change)
+        messages.warning(
+            request,
+            format_html(
+                "{} <code>{}</code>",
+                _("The new API key is shown only this once; copy it now:"),
+                full_key,
+            ),
+        )
+
+    @admin.action(description=_("Revoke selected API keys"), permissions=["change"])
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        # One save per key: each is logged in the admin history (worded as the change form
+        # words it: the field's label) and bumps the policy.
+        label = str(capfirst(ApiKey._meta.get_field("active").verbose_name))
+        revoked = 0
+        for api_key in queryset.filter(active=True):
+            api_key.active = False
+            api_key.save(update_fields=["active"], using=router.db_for_write(ApiKey))
+            self.log_change(request, api_key, [{"changed": {"fields": [label]}}])
+            revoked += 1
+        self.message_user(request, _("%(count)d API key(s) revoked.") % {"count": revoked})
+
+    @admin.action(
+        description=_("Reset the rate limit buckets of selected API keys"), permissions=["change"]
+    )
+    def reset_buckets(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> Any:
+        """Ask first (an intermediate page listing the keys), then clear each key's buckets,
+        recorded in the admin history."""
+        from django.contrib.admin import helpers
+        from django.template.response import TemplateResponse
+
+        from django_throttle.admin.views import log_reset
+        from django_throttle.identity import Identity
+        from django_throttle.inspection.resets import reset
+        from django_throttle.inspection.subjects import Subject
+
+        keys = list(queryset.select_related("tier"))
+        if request.POST.get("post") != "yes":
+            context = {
+                **self.admin_site.each_context(request),
+                "title": _("Reset the rate limit buckets of these API keys?"),
+                "opts": self.model._meta,
+                "keys": keys,
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+                "action": "reset_buckets",
+            }
+            return TemplateResponse(
+                request, "admin/django_throttle/apikey/reset_buckets.html", context
+            )
+        count = 0
+        for api_key in keys:
+            subject = Subject(
+                Identity("key", api_key.prefix),
+                f"API key {api_key.prefix} ({api_key.name})",
+                api_key=api_key,
+            )
+            try:
+                limits = reset(subject)
+            except BackendError as exc:
+                self.message_user(
+                    request,
+                    _("The backend could not reset: %(error)s") % {"error": exc},
+                    messages.ERROR,
+                )
+                return None
+            log_reset(request, subject, limits)
+            count += 1
+        self.message_user(
+            request, _("Reset the buckets of %(count)d API key(s).") % {"count": count}
+        )
+        return None
+
+
+def _attach_live_use(keys: Iterable[ApiKey]) -> None:
+    """Set ``throttle_live_last_used`` on each key from the backend's usage store (``None`` when it
+    has none, keeps none, or cannot answer: the page falls back to the stored column, never
+    an error)."""
+    keys = list(keys)
+    seen: dict[str, int] = {}
+    if keys:
+        try:
+            store = usage.get_store()
+            try:
+                seen = store.keys_last_used([key.prefix for key in keys])
+            finally:
+                store.close()
+        except (BackendError, usage.UsageUnavailable):
+            seen = {}
+    for key in keys:
+        second = seen.get(key.prefix)
+        live = None if second is None else datetime.fromtimestamp(second, tz=UTC)
+        if live is not None and not settings.USE_TZ:
+            live = timezone.make_naive(live)
+        key.throttle_live_last_used = live  # type: ignore[attr-defined]

@@ -1,0 +1,171 @@
+"""The checks that read stored rows: W003 (rules that count only successes or failures
+without the settling middleware), W005 (a credential rule that limits some tiers only) and
+W020 (an active API key owned by a superuser or staff user).
+
+Each reads in a savepoint and reports nothing when the tables or the database are missing,
+so ``manage.py check`` never breaks before ``migrate``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import FieldError
+
+__all__ = [
+    "MIDDLEWARE_PATH",
+    "check_api_key_owners",
+    "check_credential_rules",
+    "check_settling_middleware",
+]
+
+MIDDLEWARE_PATH = "django_throttle.middleware.RateLimitHeadersMiddleware"
+
+
+def check_settling_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
+    """W003: a rule counts only successes or failures, but DRF views' reservations are given
+    back by the middleware, which is not installed (``@throttle`` settles by itself)."""
+    if MIDDLEWARE_PATH in (getattr(settings, "MIDDLEWARE", None) or ()):
+        return []
+    from django.db import transaction
+
+    from django_throttle.models import EndpointRule
+
+    try:
+        # A savepoint, so a missing table cannot break a surrounding transaction.
+        with transaction.atomic(using=EndpointRule.objects.db):
+            names = list(
+                EndpointRule.objects.filter(enabled=True)
+                .exclude(counts=EndpointRule.Counts.ALL)
+                .values_list("name", flat=True)[:5]
+            )
+    except Exception:
+        # No tables yet, no database, or database access refused (test runners).
+        return []
+    if not names:
+        return []
+    return [
+        checks.Warning(
+            f"Endpoint rules count only successes or failures ({', '.join(names)}), but "
+            f"{MIDDLEWARE_PATH} is not in MIDDLEWARE: DRF views under them count every "
+            "request.",
+            hint=f"Add '{MIDDLEWARE_PATH}' to MIDDLEWARE (it gives back the tokens of "
+            "requests the rule does not count), or set the rules' 'counts' to 'all'.",
+            id="django_throttle.W003",
+        )
+    ]
+
+
+def check_credential_rules(**kwargs: Any) -> list[checks.CheckMessage]:
+    """W005: a credential rule limits some tiers only.
+
+    A credential rule is one with a limit counted by username, or one counting failures (a
+    login or token endpoint's; :attr:`~django_throttle.policy.snapshot.EndpointPolicy.credential`).
+    Its limits counted by IP address or username apply to every caller whatever the tier
+    (they protect the account and the server); its limits counted by client apply only to
+    the tiers they are given for, so signed-in users and API keys of the other tiers meet
+    none of them there."""
+    from django.db import transaction
+
+    from django_throttle.models import EndpointLimit, EndpointRule, Tier
+
+    try:
+        # A savepoint, so a missing table cannot break a surrounding transaction.
+        with transaction.atomic(using=EndpointRule.objects.db):
+            tiers = dict(Tier.objects.order_by("pk").values_list("pk", "slug"))
+            rules = dict(EndpointRule.objects.filter(enabled=True).values_list("pk", "counts"))
+            rows = list(
+                EndpointLimit.objects.filter(rule__in=list(rules))
+                .order_by("pk")
+                .values_list("rule_id", "rule__name", "tier_id", "counted_by")
+            )
+    except Exception:
+        # No tables yet, no database, or database access refused (test runners).
+        return []
+    names: dict[int, str] = {}
+    credential: set[int] = {pk for pk, counts in rules.items() if counts == "failures"}
+    client_tiers: dict[int, set[int]] = {}
+    for rule_id, name, tier_id, counted_by in rows:
+        names[rule_id] = name
+        if counted_by == "username":
+            credential.add(rule_id)
+        elif counted_by == "client":
+            client_tiers.setdefault(rule_id, set()).add(tier_id)
+    warnings: list[checks.CheckMessage] = []
+    for rule_id, limited in sorted(client_tiers.items()):
+        unlimited = [slug for pk, slug in tiers.items() if pk not in limited]
+        if rule_id not in credential or not unlimited:
+            continue
+        given = ", ".join(slug for pk, slug in tiers.items() if pk in limited)
+        warnings.append(
+            checks.Warning(
+                f"Credential rule {names[rule_id]!r} limits its callers by client for tier(s) "
+                f"{given} only: callers of tier(s) {', '.join(unlimited)} (signed-in users, "
+                "API keys) meet none of those limits on that login or token endpoint. Its "
+                "limits counted by IP address and username apply whatever the tier.",
+                hint="Give the rule a limit counted by client for every tier, or count it "
+                "by IP address or username instead.",
+                id="django_throttle.W005",
+            )
+        )
+    return warnings
+
+
+def check_api_key_owners(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """W020: an active API key owned by a superuser or a staff user.
+
+    ``ApiKeyAuthentication`` logs a key in as its owner, with every permission the owner has,
+    so such a key is a superuser's (or staff) login in the hands of whoever holds it. A
+    database check (``manage.py check --database default``, ``migrate``, the test runner):
+    it reads the key table (two small queries), so plain ``manage.py check`` stays quiet.
+    """
+    if not databases:
+        return []
+    from django.db import DatabaseError, transaction
+    from django.db.models import Q
+    from django.utils import timezone
+
+    from django_throttle.models import ApiKey
+
+    messages: list[checks.CheckMessage] = []
+    for alias in databases:
+        privileged = (
+            ApiKey.objects.using(alias)
+            .filter(active=True)
+            .filter(Q(expires__isnull=True) | Q(expires__gt=timezone.now()))
+            .filter(Q(owner__is_superuser=True) | Q(owner__is_staff=True))
+        )
+        try:
+            # A savepoint, so a missing table cannot break a surrounding transaction.
+            with transaction.atomic(using=alias):
+                total = privileged.count()
+                shown = list(privileged.select_related("owner").order_by("pk")[:5])
+        except (DatabaseError, FieldError):
+            # No tables yet (before migrate), or a user model without is_superuser/is_staff.
+            continue
+        if not total:
+            continue
+        named = ", ".join(_privileged_key(key) for key in shown)
+        more = f" and {total - len(shown)} more" if total > len(shown) else ""
+        messages.append(
+            checks.Warning(
+                f"{total} active API key(s) in database {alias!r} are owned by a superuser "
+                f"or staff user: {named}{more}. ApiKeyAuthentication logs a key in as its "
+                "owner, with all the owner's permissions.",
+                hint="Give each key an owner with only the permissions its holder needs (or no "
+                "owner: the key then selects its tier only), revoke it, or authenticate keys "
+                "with a subclass of ApiKeyAuthentication that sets acts_as_owner = False.",
+                id="django_throttle.W020",
+            )
+        )
+    return messages
+
+
+def _privileged_key(key: Any) -> str:
+    owner = key.owner
+    kind = "superuser" if getattr(owner, "is_superuser", False) else "staff"
+    return f"{key.name!r} ({key.prefix}, owner {owner.get_username()!r}, {kind})"

@@ -1,0 +1,187 @@
+"""What each ``DJANGO_THROTTLE_*`` setting may hold: one validator per setting and the table
+:data:`SETTINGS` of (check id, setting name, validator) that :mod:`.configuration` runs and the
+docs' settings reference reads.
+
+A validator takes the raw value and returns what is wrong with it as a phrase ("must be …"),
+or ``None``; it never raises and never converts (that is :mod:`django_throttle.conf`'s job).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlparse
+
+from django.utils.module_loading import import_string
+
+__all__ = ["SETTINGS", "Validator"]
+
+Validator = Callable[[Any], str | None]
+
+
+def _bool(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "must be True or False"
+
+
+def _int_range(low: int, high: int | None = None) -> Validator:
+    def validate(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return "must be a whole number"
+        if value < low or (high is not None and value > high):
+            return f"must be between {low} and {high}" if high is not None else f"must be ≥ {low}"
+        return None
+
+    return validate
+
+
+def _dotted(kind: type | None = None) -> Validator:
+    def validate(value: Any) -> str | None:
+        if not isinstance(value, str):
+            return "must be a dotted import path"
+        try:
+            obj = import_string(value)
+        except ImportError as exc:
+            return f"cannot be imported ({exc})"
+        if kind is not None and not (isinstance(obj, type) and issubclass(obj, kind)):
+            return f"must name a subclass of {kind.__module__}.{kind.__qualname__}"
+        if kind is None and not callable(obj):
+            return "must name a callable"
+        return None
+
+    return validate
+
+
+def _optional(validate: Validator) -> Validator:
+    """``validate``, but ``None`` (the default: not used) is fine."""
+
+    def optional(value: Any) -> str | None:
+        return None if value is None else validate(value)
+
+    return optional
+
+
+def _backend(value: Any) -> str | None:
+    from django_throttle.backends.base import Backend
+
+    return _dotted(Backend)(value)
+
+
+def _redis_url(value: Any) -> str | None:
+    if value is None or value == "":  # unset, e.g. os.environ.get("REDIS_URL", "")
+        return None
+    if not isinstance(value, str) or urlparse(value).scheme not in {"redis", "rediss", "unix"}:
+        return "must be None or a URL such as 'redis://127.0.0.1:6379/0' (redis, rediss, unix)"
+    return None
+
+
+def _dict(value: Any) -> str | None:
+    return None if isinstance(value, dict) else "must be a dict of redis-py client options"
+
+
+def _key_prefix(value: Any) -> str | None:
+    if not isinstance(value, str) or not value or any(c in value for c in "{} \t\r\n"):
+        return "must be non-empty text without braces or whitespace"
+    return None
+
+
+def _choice(*choices: Any) -> Validator:
+    def validate(value: Any) -> str | None:
+        if value in choices and not isinstance(value, bool):
+            return None
+        return "must be " + " or ".join(repr(c) for c in choices)
+
+    return validate
+
+
+def _alias(value: Any) -> str | None:
+    return None if isinstance(value, str) and value else "must name a cache in CACHES"
+
+
+def _proxy_networks(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple, set, frozenset)):
+        return "must be a list of networks such as ['10.0.0.0/8', '2001:db8::/32']"
+    for entry in value:
+        if not isinstance(entry, str):
+            return f"has {entry!r}, which is not text such as '10.0.0.0/8'"
+        try:
+            ipaddress.ip_network(entry)
+        except ValueError:
+            try:
+                meant = ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                return f"has {entry!r}, which is not an IP network such as '10.0.0.0/8'"
+            return f"has {entry!r}, which has host bits set (did you mean {str(meant)!r}?)"
+    return None
+
+
+_HEADER_NAME = re.compile(r"[A-Za-z0-9-]+")
+#: Headers that carry a list or pairs, not the one address ``CLIENT_IP_HEADER`` expects.
+_NOT_ONE_ADDRESS = {
+    "x-forwarded-for": "is a list: trust it with TRUSTED_PROXY_COUNT or TRUSTED_PROXIES instead",
+    "forwarded": "holds for=/by= pairs, not one address",
+}
+
+
+def _header_name(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _HEADER_NAME.fullmatch(value):
+        return (
+            "must be None or a header name as sent, such as 'X-Real-IP' (letters, digits and "
+            "'-'; Django reads it as HTTP_X_REAL_IP, and servers drop names with '_')"
+        )
+    return _NOT_ONE_ADDRESS.get(value.lower())
+
+
+def _api_key_headers(value: Any) -> str | None:
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(name, str) and _HEADER_NAME.fullmatch(name) for name in value
+    ):
+        return (
+            "must be a list of header names as sent, such as ['Authorization', 'X-API-Key'] "
+            "(letters, digits and '-'), or [] to turn API keys off"
+        )
+    return None
+
+
+def _api_key_secret(value: Any) -> str | None:
+    if not isinstance(value, str) or len(value) < 32:
+        return (
+            "must be a string of at least 32 characters (API keys are stored as its HMAC); "
+            "leave it unset to use SECRET_KEY"
+        )
+    return None
+
+
+#: (check id, setting name, validator). Only settings that are set are validated.
+SETTINGS: tuple[tuple[str, str, Validator], ...] = (
+    ("E001", "BACKEND", _backend),
+    ("E002", "REDIS_URL", _redis_url),
+    ("E003", "REDIS_OPTIONS", _dict),
+    ("E004", "CACHE_ALIAS", _alias),
+    ("E005", "KEY_PREFIX", _key_prefix),
+    ("E006", "FAILURE_MODE", _choice("open", "closed", "local")),
+    ("E007", "TRUSTED_PROXY_COUNT", _int_range(0, 32)),
+    ("E008", "IPV4_PREFIX", _int_range(8, 32)),
+    ("E009", "IPV6_PREFIX", _int_range(32, 128)),
+    ("E010", "IDENTITY_RESOLVER", _dotted()),
+    ("E013", "IETF_HEADERS", _bool),
+    ("E014", "USAGE_ENABLED", _bool),
+    ("E016", "USAGE_RETENTION_DAYS", _int_range(1)),
+    ("E017", "ENABLED", _bool),
+    # E018 is the Redis source check below.
+    ("E019", "FAILURE_STATUS", _choice(503, 429)),
+    ("E023", "UNKNOWN_CLIENT", _choice("deny", "allow", "shared")),
+    ("E026", "KEY_SHARDS", _int_range(1, 1024)),
+    ("E030", "TRUSTED_PROXIES", _proxy_networks),
+    ("E031", "CLIENT_IP_HEADER", _header_name),
+    # E032 is the proxy trust check below.
+    ("E033", "API_KEY_HEADERS", _api_key_headers),
+    ("E034", "API_KEY_SECRET", _api_key_secret),
+    ("E036", "DENIED_RESPONSE", _optional(_dotted())),
+    ("E039", "METRICS", _bool),
+)

@@ -1,0 +1,179 @@
+"""What a request would get before anyone sends it: the checks its view makes, the rule each
+matches, every counter at what cost, and the decision the server would give now, computed
+without consuming. Used by ``manage.py throttle_explain`` and the admin's inspector.
+
+The checks and counters come from the request path itself
+(:mod:`django_throttle.inspection.probes`); the counters' states are read as
+:mod:`django_throttle.inspection.clients` reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.urls import Resolver404, resolve
+from django.utils.translation import gettext as _
+
+from django_throttle.backends import get_backend
+from django_throttle.conf import app_settings
+from django_throttle.inspection.clients import Bucket, _buckets, _probe, _snapshot
+from django_throttle.inspection.probes import Counter, Planned, Probe, planned, view_checks
+from django_throttle.inspection.subjects import Subject, tier_and_reason
+from django_throttle.policy.snapshot import EndpointPolicy, Policy, TierPolicy
+from django_throttle.rates import Decision, Limit
+
+__all__ = ["Explanation", "explain"]
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What a request would meet: the checks its view makes, the rule it matches, the
+    limits and cost, every counter's state, and the decision it would get now (computed
+    without consuming) as the server would answer it. ``notes`` say what could not be
+    seen (no address, no username given)."""
+
+    subject: Subject
+    method: str
+    path: str
+    scope: str | None
+    route: str | None
+    tier: TierPolicy | None
+    reason: str
+    rule: EndpointPolicy | None
+    cost: int
+    limits: tuple[Limit, ...]
+    buckets: list[Bucket]
+    decision: Decision | None
+    exempt: str = ""
+    checks: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    denied_by: str = ""
+
+
+def explain(
+    subject: Subject,
+    method: str,
+    path: str,
+    scope: str | None = None,
+    *,
+    address: str | None = None,
+    username: str | None = None,
+) -> Explanation:
+    """Which checks a ``method`` request to ``path`` from this client meets, which rule
+    each matches, every counter at what cost, and the decision the server would give it
+    now (the first check that denies, with the longest ``Retry-After`` of its counters),
+    without sending it or consuming. ``address`` is where it comes from (an IP client's
+    own by default), ``username`` what it presents at a login (a user's own by default)."""
+    method = (method or "GET").upper()
+    if not path.startswith("/"):
+        path = "/" + path
+    route = func = None
+    try:
+        match = resolve(path)
+    except Resolver404:
+        match = None
+    if match is not None:
+        route, func = match.view_name, match.func
+        if scope is None:
+            view = getattr(match.func, "view_class", None) or getattr(match.func, "cls", None)
+            scope = getattr(view, "throttle_scope", None)
+    snapshot = _snapshot()
+    tier, reason = tier_and_reason(subject, snapshot)
+    who = _probe(subject, address, username)
+    basic = who.username is not None and method != "POST"  # see probes.build_request
+    checks = view_checks(func, method, scope, basic) if app_settings.ENABLED else []
+    plans = [planned(who, check, method, path, match) for check in checks]
+    seen: dict[tuple[str, str], Counter] = {}
+    for plan in plans:
+        for client, found in plan.groups:
+            for counter in found:
+                seen.setdefault((client, counter.limit.id), counter)
+    decision, denied_by = _decide(plans)
+    ruled = next((plan for plan in plans if plan.rule is not None), None)
+    return Explanation(
+        subject=subject,
+        method=method,
+        path=path,
+        scope=scope,
+        route=route,
+        tier=tier,
+        reason=reason,
+        rule=ruled.rule if ruled is not None else None,
+        cost=ruled.cost if ruled is not None else 1,
+        limits=tuple(counter.limit for counter in seen.values()),
+        buckets=_buckets(list(seen.values())),
+        decision=decision,
+        exempt="" if app_settings.ENABLED else "DJANGO_THROTTLE_ENABLED is off",
+        checks=tuple(check.name for check in checks),
+        notes=_unseen(plans, who, snapshot) + _uncounted(plans, method, route, path, snapshot),
+        denied_by=denied_by,
+    )
+
+
+def _decide(plans: Sequence[Planned]) -> tuple[Decision | None, str]:
+    """The server's answer: checks run in order and the first that denies answers; within
+    one check every counter is asked with the request's cost, and a denial reports the
+    longest wait among the counters that deny (the retry must really succeed). Allowed:
+    the counter with the fewest tokens left. ``None`` when no counter applies."""
+    backend = get_backend()
+    allowed: list[Decision] = []
+    for plan in plans:
+        decisions = [
+            backend.peek(client, [counter.limit for counter in found], cost=plan.cost)
+            for client, found in plan.groups
+        ]
+        denied = [d for d in decisions if not d.allowed]
+        if denied:
+            return max(denied, key=lambda d: d.retry_after), plan.check.name
+        allowed.extend(decisions)
+    if not allowed:
+        return None, ""
+    return min(allowed, key=lambda d: (d.limit is None, d.remaining)), ""
+
+
+def _unseen(plans: Sequence[Planned], who: Probe, snapshot: Policy) -> tuple[str, ...]:
+    """What the rule counts that this explanation could not show: a counter by IP address
+    when no address is known, by username when none is presented."""
+    notes: list[str] = []
+    for plan in plans:
+        if plan.rule is None:
+            continue
+        kinds = {kind for kind, _limits in snapshot.groups_for(plan.tier, plan.rule)}
+        if "ip" in kinds and who.address is None:
+            notes.append(
+                _("rule '%(rule)s' also counts by IP address: give the address to see it")
+                % {"rule": plan.rule.name}
+            )
+        if "username" in kinds and who.username is None:
+            notes.append(
+                _("rule '%(rule)s' also counts by username: give the username to see it")
+                % {"rule": plan.rule.name}
+            )
+    return tuple(dict.fromkeys(notes))
+
+
+def _uncounted(
+    plans: Sequence[Planned], method: str, route: str | None, path: str, snapshot: Policy
+) -> tuple[str, ...]:
+    """A check that counts nothing though a rule matches it: said, so "no limit applies"
+    is not read as "no rule matches"."""
+    notes: list[str] = []
+    for plan in plans:
+        if plan.uncounted is None:
+            continue
+        check = plan.check
+        rule = (
+            snapshot.match(method, check.scope)
+            if check.rule_only
+            else snapshot.match(method, check.scope, route, path)
+        )
+        if rule is not None:
+            notes.append(
+                _(
+                    "rule '%(rule)s' matches %(check)s but counts nothing for this client "
+                    "(no limits for its tier, or it is exempt)"
+                )
+                % {"rule": rule.name, "check": check.name}
+            )
+    return tuple(notes)
