@@ -430,6 +430,13 @@ def test_fault_proxy_modes_do_what_they_say(proxy: FaultProxy, admin_client: red
 # -- 0 x 500, a handful of backend calls, then none ---------------------------------------------
 
 
+def _sent(counts: dict[str, Any]) -> dict[str, Any]:
+    """What the app sent towards Redis. A reply Redis gives to a call sent before the breaker
+    opened can still reach the proxy (and be dropped) after the snapshot: that count is not
+    traffic of the later requests."""
+    return {name: value for name, value in counts.items() if name != "replies_dropped"}
+
+
 @pytest.mark.parametrize("fault", PROXY_FAULTS + SERVER_FAULTS)
 def test_fault_costs_a_handful_of_backend_calls_then_none_and_never_500(
     app: App, fault: str, settings: Any, proxy: FaultProxy, server: RedisServer
@@ -460,7 +467,7 @@ def test_fault_costs_a_handful_of_backend_calls_then_none_and_never_500(
     more = app.hammer(distinct, threads=2, per_thread=10)
     assert statuses(more) == {200: 20}
     assert {item.degraded for item in more} == {"open"}
-    assert proxy.counts() == before
+    assert _sent(proxy.counts()) == _sent(before)
     assert breaker.failures <= MAX_FAILURES
     assert breaker.short_circuited >= 20
 
