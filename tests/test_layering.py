@@ -23,9 +23,6 @@ NEEDS_APPS = (
     "django_throttle.admin",
     # Reads and writes policy rows throughout (manage.py throttle_policy).
     "django_throttle.policy.files",
-    "django_throttle.policy.file_rows",
-    "django_throttle.policy.file_export",
-    "django_throttle.policy.file_import",
     "django_throttle.policy.file_writes",
 )
 NEEDS_APPS_UNDER = (

@@ -1,4 +1,6 @@
-"""Writing one entry of an imported document: its own row and its limit rows.
+"""Writing one entry of an imported policy document: its own row and its limit rows, and the
+vocabulary shared with export (a row's policy columns, read from the models, and the
+:class:`Change` an import reports).
 
 Every row is validated with the admin's own rules (``full_clean`` and ``row_problems``);
 problems are noted on the import's state, naming the entry and field, never raised. A
@@ -10,51 +12,97 @@ parent is refused (it would be counted twice).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from django_throttle.models import EndpointLimit
-from django_throttle.policy.file_rows import Change, _columns, _Import, _values
+from django_throttle.models import EndpointLimit, Tier
 
-__all__: list[str] = []
+__all__ = ["Change"]
+
+#: Columns that are bookkeeping, not policy.
+_SKIPPED = frozenset({"id", "created", "updated"})
 
 
-def _split(
-    state: _Import,
+@dataclass(frozen=True)
+class Change:
+    """One difference an import makes: ``+`` added, ``-`` deleted, ``~`` changed."""
+
+    action: str
+    what: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.what}" + (f": {self.detail}" if self.detail else "")
+
+
+@dataclass
+class Import:
+    """One import's state: what changed, what was wrong, the tiers written so far."""
+
+    prune: bool
+    changes: list[Change] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    tiers: dict[str, Tier] = field(default_factory=dict)
+
+
+def columns(model: type[models.Model]) -> list[models.Field[Any, Any]]:
+    """The policy columns of ``model``: editable concrete fields that are not keys to a
+    parent row (those are written as natural keys) nor bookkeeping."""
+    return [
+        f
+        for f in model._meta.concrete_fields
+        if f.editable and not f.is_relation and f.name not in _SKIPPED
+    ]
+
+
+def values(row: models.Model) -> dict[str, Any]:
+    """``row``'s values by its policy columns."""
+    return {f.name: f.value_from_object(row) for f in columns(type(row))}
+
+
+def _unknown(where: str, unknown: set[str], known: set[str]) -> str | None:
+    """The problem of an entry with fields no column has, naming those it may have."""
+    if not unknown:
+        return None
+    return (
+        f"{where}: unknown field {', '.join(map(repr, sorted(unknown)))} "
+        f"(known: {', '.join(sorted(known))})"
+    )
+
+
+def split(
+    state: Import,
     where: str,
     model: type[models.Model],
     entry: Mapping[str, Any],
     children: str,
 ) -> tuple[dict[str, Any] | None, list[Mapping[str, Any]]]:
     """The entry's own columns and its child entries; ``None`` after noting a problem."""
-    known = {f.name for f in _columns(model)}
-    unknown = sorted(set(entry) - known - {children})
-    if unknown:
-        state.problems.append(
-            f"{where}: unknown field {', '.join(map(repr, unknown))} "
-            f"(known: {', '.join(sorted(known | {children}))})"
-        )
-        return None, []
+    known = {f.name for f in columns(model)} | {children}
+    problem = _unknown(where, set(entry) - known, known)
     kids = entry.get(children, [])
-    if not isinstance(kids, list) or not all(isinstance(k, Mapping) for k in kids):
-        state.problems.append(f"{where}.{children}: must be a list of mappings")
+    if problem is None and not (
+        isinstance(kids, list) and all(isinstance(k, Mapping) for k in kids)
+    ):
+        problem = f"{where}.{children}: must be a list of mappings"
+    if problem is not None:
+        state.problems.append(problem)
         return None, []
     return {k: v for k, v in entry.items() if k != children}, kids
 
 
-def _upsert(
-    state: _Import, where: str, label: str, row: models.Model, values: Mapping[str, Any]
-) -> Any:
-    """Set ``values`` on ``row``, validate it as the admin would, save it when it changed."""
-    before = _values(row) if row.pk is not None else None
-    for name, value in values.items():
+def upsert(state: Import, where: str, label: str, row: models.Model, own: Mapping[str, Any]) -> Any:
+    """Set ``own`` on ``row``, validate it as the admin would, save it when it changed."""
+    before = values(row) if row.pk is not None else None
+    for name, value in own.items():
         setattr(row, name, value)
     if not _valid(state, where, row):
         return None
-    after = _values(row)
+    after = values(row)
     if before is None:
         row.save()
         state.changes.append(Change("+", label))
@@ -67,7 +115,7 @@ def _upsert(
     return row
 
 
-def _valid(state: _Import, where: str, row: models.Model) -> bool:
+def _valid(state: Import, where: str, row: models.Model) -> bool:
     problems: dict[str, list[str]] = {}
     try:
         row.full_clean()
@@ -82,101 +130,87 @@ def _valid(state: _Import, where: str, row: models.Model) -> bool:
     return not problems
 
 
-def _sync_limits(
-    state: _Import,
+#: One wanted limit: its index in the entry, column values and relation values.
+_Wanted = tuple[int, dict[str, Any], dict[str, Any]]
+
+
+def sync_limits(
+    state: Import,
     where: str,
     parent: str,
     model: type[models.Model],
     existing: list[Any],
     desired: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
-    new: Any,
+    new: Callable[[], Any],
 ) -> None:
     """Make ``parent``'s limit rows hold ``desired`` (column values, relation values),
     keeping rows whose values are unchanged, then editing rows in place, then adding and
     deleting."""
-    known = {f.name for f in _columns(model)}
+    known = {f.name for f in columns(model)}
     allowed = known | {"tier"} if model is EndpointLimit else known
-    wanted: list[tuple[int, dict[str, Any], dict[str, Any]]] = []
-    for j, (values, relations) in enumerate(desired):
-        unknown = sorted(set(values) - known)
-        if unknown:
-            state.problems.append(
-                f"{where}.limits[{j}]: unknown field {', '.join(map(repr, unknown))} "
-                f"(known: {', '.join(sorted(allowed))})"
-            )
-            continue
-        wanted.append((j, dict(values), dict(relations)))
-    if _duplicates(state, where, model, wanted, new):
+    wanted: list[_Wanted] = []
+    for j, (own, relations) in enumerate(desired):
+        problem = _unknown(f"{where}.limits[{j}]", set(own) - known, allowed)
+        if problem is not None:
+            state.problems.append(problem)
+        else:
+            wanted.append((j, dict(own), dict(relations)))
+    defaults = {f.name: f.get_default() for f in columns(model)}
+
+    def build(row: Any, own: dict[str, Any], relations: dict[str, Any]) -> Any:
+        for name, value in {**defaults, **own, **relations}.items():
+            setattr(row, name, value)
+        return row
+
+    if _duplicates(state, where, [(j, build(new(), own, rel)) for j, own, rel in wanted]):
         return
 
-    def same(row: Any, values: dict[str, Any], relations: dict[str, Any]) -> bool:
-        candidate = new()
-        for name, value in {**values, **relations}.items():
-            setattr(candidate, name, value)
-        return _values(row) == _values(candidate) and all(
-            getattr(row, f"{k}_id") == v.pk for k, v in relations.items()
-        )
+    def related(row: Any, relations: dict[str, Any]) -> bool:
+        return all(getattr(row, f"{k}_id") == v.pk for k, v in relations.items())
 
     unmatched = list(existing)
     pending = []
-    for j, values, relations in wanted:
-        match = next((row for row in unmatched if same(row, values, relations)), None)
+    for j, own, relations in wanted:
+        candidate = build(new(), own, relations)
+        match = next(
+            (r for r in unmatched if values(r) == values(candidate) and related(r, relations)),
+            None,
+        )
         if match is not None:
             unmatched.remove(match)
         else:
-            pending.append((j, values, relations))
+            pending.append((j, own, relations))
     # Pair each changed limit with a leftover row (of the same tier for endpoint limits) to
     # edit in place, so its counters are re-timed rather than started afresh.
     plan = []
-    for j, values, relations in pending:
-        row = next(
-            (
-                r
-                for r in unmatched
-                if all(getattr(r, f"{k}_id") == v.pk for k, v in relations.items())
-            ),
-            None,
-        )
+    for j, own, relations in pending:
+        row = next((r for r in unmatched if related(r, relations)), None)
         if row is not None:
             unmatched.remove(row)
-        plan.append((j, values, relations, row))
+        plan.append((j, own, relations, row))
     for row in unmatched:
         tier = f" ({row.tier.slug})" if model is EndpointLimit else ""
         state.changes.append(Change("-", f"{parent} limit{tier}", str(row)))
         row.delete()
-    defaults = {f.name: f.get_default() for f in _columns(model)}
-    for j, values, relations, row in plan:
+    for j, own, relations, row in plan:
         before = None if row is None else str(row)
-        if row is None:
-            row = new()
-        for name, value in {**defaults, **values, **relations}.items():
-            setattr(row, name, value)
+        row = build(new() if row is None else row, own, relations)
         if not _valid(state, f"{where}.limits[{j}]", row):
             continue
         row.save()
-        tier = f" ({relations['tier'].slug})" if "tier" in relations else ""
+        what = f"{parent} limit" + (f" ({relations['tier'].slug})" if "tier" in relations else "")
         if before is None:
-            state.changes.append(Change("+", f"{parent} limit{tier}", str(row)))
+            state.changes.append(Change("+", what, str(row)))
         else:
-            state.changes.append(Change("~", f"{parent} limit{tier}", f"{before} → {row}"))
+            state.changes.append(Change("~", what, f"{before} → {row}"))
 
 
-def _duplicates(
-    state: _Import,
-    where: str,
-    model: type[models.Model],
-    wanted: Sequence[tuple[int, dict[str, Any], dict[str, Any]]],
-    new: Any,
-) -> bool:
+def _duplicates(state: Import, where: str, candidates: Sequence[tuple[int, Any]]) -> bool:
     """Note every limit entry that repeats an earlier one of the same parent (the same
     counter twice: each request would take its cost from both); whether there was one."""
-    defaults = {f.name: f.get_default() for f in _columns(model)}
     first: dict[tuple[object, ...], int] = {}
     found = False
-    for j, values, relations in wanted:
-        candidate = new()
-        for name, value in {**defaults, **values, **relations}.items():
-            setattr(candidate, name, value)
+    for j, candidate in candidates:
         key = candidate.duplicate_key()
         if key is None:
             continue  # its own problem is reported when it is validated
