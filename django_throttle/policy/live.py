@@ -20,7 +20,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.db import DatabaseError, router, transaction
@@ -86,14 +86,12 @@ def compile_policy(version: str | None = None) -> Policy:
 def _read_policy(version: str | None, started: float) -> Policy:
     from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierLimit
 
-    tier_limits: dict[int, list[Limit]] = {}
     # A limit row repeating another counts the same thing: count it once (manage.py check
     # lists the copy, django_throttle.W106).
     seen: set[tuple[object, ...] | None] = set()
-    for row in TierLimit.objects.select_related("tier").order_by("tier_id", "id"):
-        if _usable(row) and (key := row.duplicate_key()) not in seen:
-            seen.add(key)
-            tier_limits.setdefault(row.tier_id, []).append(row.to_limit())
+    tier_limits: dict[int, list[Limit]] = {}
+    for row in _distinct(TierLimit.objects.select_related("tier").order_by("tier_id", "id"), seen):
+        tier_limits.setdefault(row.tier_id, []).append(row.to_limit())
     tiers = {}
     defaults: dict[str, TierPolicy] = {}
     for t in Tier.objects.all():
@@ -107,35 +105,30 @@ def _read_policy(version: str | None, started: float) -> Policy:
                 defaults[flag] = tiers[t.id]
     # (rule, tier) -> counted by -> limits, in row order.
     endpoint_limits: dict[tuple[int, int], dict[str, list[Limit]]] = {}
-    for endpoint_row in EndpointLimit.objects.select_related("rule", "tier").order_by("id"):
-        if _usable(endpoint_row) and (key := endpoint_row.duplicate_key()) not in seen:
-            seen.add(key)
-            rows = endpoint_limits.setdefault((endpoint_row.rule_id, endpoint_row.tier_id), {})
-            rows.setdefault(endpoint_row.counted_by, []).append(endpoint_row.to_limit())
+    rows = EndpointLimit.objects.select_related("rule", "tier").order_by("id")
+    for row in _distinct(rows, seen):
+        limit = row.to_limit()
+        if row.rule.shadow:  # counted but never denying; the tier's limits still apply
+            limit = dataclasses.replace(limit, shadow=True)
+        by_counter = endpoint_limits.setdefault((row.rule_id, row.tier_id), {})
+        by_counter.setdefault(row.counted_by, []).append(limit)
     rules = []
     for rule in EndpointRule.objects.filter(enabled=True).order_by("id"):
         if not _usable(rule):
             continue
         own: dict[int, tuple[Limit, ...]] = {}
         groups: dict[int, tuple[tuple[str, tuple[Limit, ...]], ...]] = {}
+        # Every tier's limits counted by IP address or username: what a credential check
+        # meets whatever the caller's tier (each row keeps its own counter).
+        every: dict[str, list[Limit]] = {"ip": [], "username": []}
         for tier_id in tiers:
-            by_counter: dict[str, tuple[Limit, ...]] = {
-                # A shadow rule's limits are counted but never deny; the tier's still apply.
-                counter: tuple(
-                    dataclasses.replace(limit, shadow=True) if rule.shadow else limit
-                    for limit in limits
-                )
-                for counter, limits in endpoint_limits.get((rule.id, tier_id), {}).items()
-            }
-            own[tier_id] = by_counter.pop("client", ())
-            if by_counter:
-                groups[tier_id] = tuple(
-                    (counter, by_counter[counter])
-                    for counter in ("ip", "username")
-                    if counter in by_counter
-                )
-        by_tier = {tier_id: tier.limits + own[tier_id] for tier_id, tier in tiers.items()}
-        credential_groups = _every_tier(groups.values())
+            by_counter = endpoint_limits.get((rule.id, tier_id), {})
+            own[tier_id] = tuple(by_counter.get("client", ()))
+            if counted := tuple((c, tuple(by_counter[c])) for c in every if c in by_counter):
+                groups[tier_id] = counted
+            for counter, limits in every.items():
+                limits.extend(by_counter.get(counter, ()))
+        credential_groups = tuple((c, tuple(limits)) for c, limits in every.items() if limits)
         rules.append(
             EndpointPolicy(
                 id=rule.id,
@@ -145,14 +138,13 @@ def _read_policy(version: str | None, started: float) -> Policy:
                 methods=frozenset(rule.method_set),
                 cost=rule.cost,
                 shadow=rule.shadow,
-                limits_by_tier=by_tier,
+                limits_by_tier={t: tier.limits + own[t] for t, tier in tiers.items()},
                 failure_mode=rule.failure_mode,
                 counts=rule.counts,
                 rule_limits_by_tier=own,
                 groups_by_tier=groups,
                 credential_groups=credential_groups,
-                credential=rule.counts == "failures"
-                or any(counter == "username" for counter, _ in credential_groups),
+                credential=rule.counts == "failures" or bool(every["username"]),
             )
         )
     return Policy(
@@ -175,16 +167,13 @@ def _read_policy(version: str | None, started: float) -> Policy:
     )
 
 
-def _every_tier(
-    groups: Iterable[tuple[tuple[str, tuple[Limit, ...]], ...]],
-) -> tuple[tuple[str, tuple[Limit, ...]], ...]:
-    """A rule's limits counted by IP address or username, of every tier together: what a
-    credential check meets whatever the caller's tier (each row keeps its own counter)."""
-    every: dict[str, list[Limit]] = {"ip": [], "username": []}
-    for tier_groups in groups:
-        for counted_by, limits in tier_groups:
-            every[counted_by].extend(limits)
-    return tuple((counter, tuple(limits)) for counter, limits in every.items() if limits)
+def _distinct(rows: Iterable[Any], seen: set[tuple[object, ...] | None]) -> Iterator[Any]:
+    """The usable limit rows of ``rows`` that repeat none before them (``seen`` keeps their
+    keys)."""
+    for row in rows:
+        if _usable(row) and (key := row.duplicate_key()) not in seen:
+            seen.add(key)
+            yield row
 
 
 def _api_keys() -> dict[str, ApiKeyPolicy]:
@@ -202,14 +191,8 @@ def _api_keys() -> dict[str, ApiKeyPolicy]:
         except ValueError:
             logger.error("Throttle API key pk=%s skipped: its stored hash is not hex.", pk)
             continue
-        keys[prefix] = ApiKeyPolicy(
-            pk,
-            prefix,
-            digest,
-            tier_id,
-            None if expires is None else expires.timestamp(),
-            owner_id,
-        )
+        expiry = None if expires is None else expires.timestamp()
+        keys[prefix] = ApiKeyPolicy(pk, prefix, digest, tier_id, expiry, owner_id)
     return keys
 
 
@@ -221,15 +204,15 @@ def _index(rules: Iterable[EndpointPolicy]) -> dict[str, tuple[EndpointPolicy, .
     return {k: tuple(sorted(v, key=lambda r: not r.methods)) for k, v in index.items()}
 
 
+@dataclasses.dataclass
 class _Cache:
     """The process's snapshot, when its version was last checked, and whether this process
     changed the policy itself (recompile without waiting for the version)."""
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.policy: Policy | None = None
-        self.checked_at = -math.inf
-        self.changed_here = False
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    policy: Policy | None = None
+    checked_at: float = -math.inf
+    changed_here: bool = False
 
 
 _cache = _Cache()
@@ -240,11 +223,11 @@ def current() -> Policy:
     changed the policy, or when the snapshot is older than :data:`MAX_AGE` (all checked
     at most once per refresh interval, so most calls touch neither the database nor the
     backend). Other threads keep the previous snapshot while one thread recompiles."""
-    policy = _cache.policy
-    now = clock()
-    if policy is not None and now - _cache.checked_at < REFRESH_INTERVAL:
+    policy = fresh()
+    if policy is not None:
         return policy
     with _cache.lock:
+        now = clock()
         policy = _cache.policy
         if policy is not None and now - _cache.checked_at < REFRESH_INTERVAL:
             return policy
@@ -259,8 +242,7 @@ def current() -> Policy:
         ):
             # Cleared first: a change signalled while compiling triggers another compile.
             _cache.changed_here = False
-            policy = _compile(policy, version)
-            _cache.policy = policy
+            policy = _cache.policy = _compile(policy, version)
         return policy
 
 
@@ -322,6 +304,4 @@ def invalidate() -> None:
 def reset() -> None:
     """Forget the snapshot entirely (tests, settings changes)."""
     with _cache.lock:
-        _cache.policy = None
-        _cache.changed_here = False
-        _cache.checked_at = -math.inf
+        _cache.policy, _cache.changed_here, _cache.checked_at = None, False, -math.inf
