@@ -10,11 +10,11 @@ are marked with :func:`django_throttle.exemptions.throttle_exempt`.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from django_throttle.identity import Identity
+from django_throttle.policy.user_tiers import memberships
 
 __all__ = ["Exemptions", "compile_exemptions", "exempt_client"]
 
@@ -58,18 +58,17 @@ def exempt_client(identity: Identity, exemptions: Exemptions | None) -> bool:
     """Whether the client, as ``identity`` names it, is exempt: a user by the admin's list
     (directly or through a group), an address by the admin's networks. Reads only what
     resolving the identity already loaded (an API key's owner is never fetched)."""
+    if not exemptions:
+        return False
     if identity.kind == "user":
-        return bool(exemptions) and exemptions.covers_user(identity.user_id)  # type: ignore[union-attr]
-    if identity.kind == "ip" and exemptions:
-        return exemptions.covers_address(identity.value)
-    return False
+        return exemptions.covers_user(identity.user_id)
+    return identity.kind == "ip" and exemptions.covers_address(identity.value)
 
 
 def compile_exemptions() -> Exemptions:
     """Read the exemption rows (two queries): users named directly or through a group, and
     networks. A row no exemption can be built from is skipped (``manage.py check`` names it)."""
     from django.contrib.auth import get_user_model
-    from django.core.exceptions import FieldDoesNotExist
 
     from django_throttle.models import Exemption
     from django_throttle.models.exemptions import parse_network
@@ -92,20 +91,11 @@ def compile_exemptions() -> Exemptions:
                 addresses.add(str(network.network_address))
             else:
                 networks.append(network)
-    if groups:
-        user_model = get_user_model()
-        try:
-            groups_field = user_model._meta.get_field("groups")
-        except FieldDoesNotExist:
-            pass
-        else:
-            through: Any = groups_field.remote_field.through
-            user_column = through._meta.get_field(groups_field.m2m_field_name()).attname
-            group_column = through._meta.get_field(groups_field.m2m_reverse_field_name()).attname
-            members = through.objects.filter(**{f"{group_column}__in": groups})
-            users.update(members.values_list(user_column, flat=True).iterator(chunk_size=10_000))
-    return Exemptions(frozenset(users), frozenset(addresses), _largest_first(networks))
-
-
-def _largest_first(networks: Iterable[_Network]) -> tuple[_Network, ...]:
-    return tuple(sorted(set(networks), key=lambda n: (n.version, n.prefixlen, str(n))))
+    table = memberships(get_user_model()) if groups else None
+    if table is not None:
+        through, user_column, group = table
+        members = through.objects.filter(**{f"{group}__in": groups})
+        users.update(members.values_list(user_column, flat=True).iterator(chunk_size=10_000))
+    # By family, largest network first.
+    ordered = sorted(set(networks), key=lambda n: (n.version, n.prefixlen, str(n)))
+    return Exemptions(frozenset(users), frozenset(addresses), tuple(ordered))

@@ -18,13 +18,7 @@ from django_throttle.policy.exemptions import Exemptions
 from django_throttle.policy.user_tiers import UserTiers
 from django_throttle.rates import Limit
 
-__all__ = [
-    "ApiKeyPolicy",
-    "CountedGroup",
-    "EndpointPolicy",
-    "Policy",
-    "TierPolicy",
-]
+__all__ = ["ApiKeyPolicy", "CountedGroup", "EndpointPolicy", "Policy", "TierPolicy"]
 
 #: Compared against when no key has the presented prefix, so an unknown prefix costs what a
 #: wrong secret costs: one HMAC and one constant-time comparison.
@@ -136,11 +130,8 @@ class Policy:
         found = self.api_keys.get(key_prefix(key))
         expected = _DUMMY_DIGEST if found is None else found.digest
         matches = hmac.compare_digest(key_digest(secret, key), expected)
-        if found is None or not matches:
-            return None
-        if found.expires is not None and now >= found.expires:
-            return None
-        return found
+        expired = found is not None and found.expires is not None and now >= found.expires
+        return None if found is None or not matches or expired else found
 
     def match(
         self, method: str, scope: str | None = None, route: str | None = None, path: str = ""
@@ -149,13 +140,8 @@ class Policy:
         pattern covering the path (whole segments); among rules with the same pattern, one
         naming the method beats one for all. HEAD meets the rules of GET (see
         :meth:`EndpointPolicy.accepts`), after a rule naming HEAD itself."""
-        if scope is not None:
-            found = _pick(self.by_scope.get(scope, ()), method)
-            if found is not None:
-                return found
-        if route is not None:
-            found = _pick(self.by_route.get(route, ()), method)
-            if found is not None:
+        for index, name in ((self.by_scope, scope), (self.by_route, route)):
+            if name is not None and (found := _pick(index.get(name, ()), method)) is not None:
                 return found
         return _pick(self.by_path, method, path)
 
@@ -198,9 +184,7 @@ class Policy:
             return ()
         if credential or endpoint.credential:
             return endpoint.credential_groups
-        if tier is None or not endpoint.groups_by_tier:
-            return ()
-        return endpoint.groups_by_tier.get(tier.id, ())
+        return () if tier is None else endpoint.groups_by_tier.get(tier.id, ())
 
     def failure_mode_for(
         self,
@@ -210,10 +194,9 @@ class Policy:
     ) -> str:
         """The endpoint rule's failure mode, else the tier's, else ``default`` (a credential
         endpoint's "closed"), else the setting."""
-        if endpoint is not None and endpoint.failure_mode:
-            return endpoint.failure_mode
-        if tier is not None and tier.failure_mode:
-            return tier.failure_mode
+        for owner in (endpoint, tier):
+            if owner is not None and owner.failure_mode:
+                return owner.failure_mode
         return default or app_settings.FAILURE_MODE
 
 

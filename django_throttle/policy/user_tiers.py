@@ -20,26 +20,13 @@ from itertools import chain
 from typing import Any
 
 from django.core.exceptions import FieldDoesNotExist, ValidationError
-from django.db.models import Value
+from django.db.models import IntegerField, Value
 from django.db.models.sql.constants import MULTI
 
-__all__ = ["UserTiers", "compile_user_tiers"]
+__all__ = ["UserTiers", "compile_user_tiers", "memberships"]
 
 #: Rows fetched per round trip while streaming assignments.
 CHUNK_SIZE = 20_000
-_INTEGER_FIELDS = frozenset(
-    {
-        "AutoField",
-        "BigAutoField",
-        "SmallAutoField",
-        "IntegerField",
-        "BigIntegerField",
-        "SmallIntegerField",
-        "PositiveIntegerField",
-        "PositiveBigIntegerField",
-        "PositiveSmallIntegerField",
-    }
-)
 
 
 class UserTiers:
@@ -105,7 +92,7 @@ def compile_user_tiers(priorities: Mapping[int, int]) -> UserTiers:
     while pk.is_relation:  # multi-table inheritance: the parent's key
         pk = pk.target_field
     query = _assignments(user_model)
-    if pk.get_internal_type() in _INTEGER_FIELDS:
+    if isinstance(pk, IntegerField):  # AutoField, BigAutoField, PositiveIntegerField, ...
         ids, tiers = _best(chain.from_iterable(_chunks(query)), priorities, array("q"))
         return _pack(ids, tiers)
     users, tiers = _best(query.iterator(chunk_size=CHUNK_SIZE), priorities, [])
@@ -122,19 +109,28 @@ def _assignments(user_model: Any) -> Any:
         .order_by()
         .values_list("user_id", "tier_id", Value(0))
     )
-    try:
-        field = user_model._meta.get_field("groups")
-    except FieldDoesNotExist:  # a custom user model without groups
+    groups = memberships(user_model)
+    if groups is None:  # a custom user model without groups
         return own.order_by("user_id")
-    through = field.remote_field.through
-    user_column = through._meta.get_field(field.m2m_field_name()).attname
-    group = field.m2m_reverse_field_name()
+    through, user_column, group = groups
     by_group = (
         through.objects.filter(**{f"{group}__throttle_assignment__isnull": False})
         .order_by()
         .values_list(user_column, f"{group}__throttle_assignment__tier_id", Value(1))
     )
     return own.union(by_group, all=True).order_by("user_id")
+
+
+def memberships(user_model: Any) -> tuple[Any, str, str] | None:
+    """The user model's group membership table, its user id column and its field naming
+    the group; ``None`` for a custom user model without groups."""
+    try:
+        field = user_model._meta.get_field("groups")
+    except FieldDoesNotExist:
+        return None
+    through = field.remote_field.through
+    user_column = through._meta.get_field(field.m2m_field_name()).attname
+    return through, user_column, field.m2m_reverse_field_name()
 
 
 def _chunks(queryset: Any) -> Iterator[list[tuple[int, int, int]]]:
