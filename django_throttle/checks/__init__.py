@@ -4,25 +4,33 @@ rows (W003, W005, W020). :func:`register` (called from the app's ``ready()``) re
 all.
 
 Checks read the raw settings (not :mod:`conf`, which converts types) so a bad value is
-reported with its name instead of crashing at first use.
+reported with its name instead of crashing at first use: no database, no Redis, no import of
+rows here.
 
 - :mod:`.validators`: what each setting may hold, and the table :data:`SETTINGS`.
-- :mod:`.configuration`: the settings checks (E001…, E018, E032, W001, W002).
+- this module: the settings checks, each setting that is set against its validator (E001…),
+  the settings that must agree with each other (E018 the Redis source, E032/W002 proxy
+  trust), and W001.
 - :mod:`.database`: the checks on stored rows (W003, W005, W020).
 """
 
 from __future__ import annotations
 
+import difflib
+from typing import Any
+
+from django.conf import settings
 from django.core import checks
 
-from django_throttle.checks.configuration import DJANGO_REDIS_CACHE, SECRET_SETTINGS, check_settings
 from django_throttle.checks.database import (
     MIDDLEWARE_PATH,
     check_api_key_owners,
     check_credential_rules,
     check_settling_middleware,
 )
-from django_throttle.checks.validators import SETTINGS, Validator
+from django_throttle.checks.validators import SETTINGS, Validator, _header_name
+from django_throttle.conf import NAMES, PREFIX
+from django_throttle.redaction import redact_text
 
 __all__ = [
     "DJANGO_REDIS_CACHE",
@@ -45,3 +53,115 @@ def register() -> None:
     # Reads the key table: runs with `manage.py check --database …` (and the test runner),
     # never breaks `check` on a machine without a database.
     checks.register(check_api_key_owners, checks.Tags.database)
+
+
+_MISSING = object()
+#: Django's own Redis cache: the backend builds its client from its LOCATION too.
+DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
+
+
+def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
+    errors: list[checks.CheckMessage] = []
+    for check_id, name, validate in SETTINGS:
+        value = getattr(settings, PREFIX + name, _MISSING)
+        if value is _MISSING:
+            continue
+        problem = validate(value)
+        if problem is not None:
+            errors.append(
+                checks.Error(
+                    f"{PREFIX}{name} = {_shown(name, value)} {problem}.",
+                    hint="See the settings reference in the django-throttle docs.",
+                    id=f"django_throttle.{check_id}",
+                )
+            )
+    errors.extend(_check_redis_source())
+    errors.extend(_check_proxy_trust())
+    errors.extend(_check_unknown_names())
+    return errors
+
+
+def _check_unknown_names() -> list[checks.CheckMessage]:
+    """W001: a ``DJANGO_THROTTLE_*`` name that is no setting of this app, most likely a typo:
+    the setting meant keeps its default without a word."""
+    warnings: list[checks.CheckMessage] = []
+    for full_name in dir(settings):
+        name = full_name.removeprefix(PREFIX)
+        if name == full_name or name in NAMES:
+            continue
+        meant = difflib.get_close_matches(name, NAMES, n=1, cutoff=0.8)
+        warnings.append(
+            checks.Warning(
+                f"{full_name} is not a django-throttle setting, so it changes nothing.",
+                hint=f"Did you mean {PREFIX}{meant[0]}?"
+                if meant
+                else "Remove it; the settings reference in the django-throttle docs lists "
+                "every setting.",
+                id="django_throttle.W001",
+            )
+        )
+    return warnings
+
+
+#: Settings whose value is a secret: a check names them but never shows the value.
+SECRET_SETTINGS = frozenset({"API_KEY_SECRET"})
+
+
+def _shown(name: str, value: Any) -> str:
+    """``value`` as a check may show it: a secret hidden, a URL's password masked."""
+    if name in SECRET_SETTINGS:
+        return "<hidden>" if not isinstance(value, str) else f"<hidden, {len(value)} characters>"
+    return redact_text(repr(value))
+
+
+def _check_redis_source() -> list[checks.CheckMessage]:
+    """E018: the Redis backend needs a URL or a django-redis cache to borrow a client from."""
+    backend = getattr(settings, PREFIX + "BACKEND", "django_throttle.backends.redis.RedisBackend")
+    if backend != "django_throttle.backends.redis.RedisBackend":
+        return []
+    if getattr(settings, PREFIX + "REDIS_URL", None):
+        return []
+    alias = getattr(settings, PREFIX + "CACHE_ALIAS", "default")
+    cache = getattr(settings, "CACHES", {}).get(alias, {})
+    backend_path = str(cache.get("BACKEND", ""))
+    if backend_path.startswith("django_redis.") or backend_path == DJANGO_REDIS_CACHE:
+        return []
+    return [
+        checks.Error(
+            "The Redis backend has no Redis: DJANGO_THROTTLE_REDIS_URL is unset and "
+            f"CACHES[{alias!r}] is neither a django-redis cache nor Django's RedisCache.",
+            hint="Set DJANGO_THROTTLE_REDIS_URL = 'redis://…', point "
+            "DJANGO_THROTTLE_CACHE_ALIAS at a django-redis cache, or use DJANGO_THROTTLE_BACKEND = "
+            "'django_throttle.backends.memory.MemoryBackend' for a single process.",
+            id="django_throttle.E018",
+        )
+    ]
+
+
+def _check_proxy_trust() -> list[checks.CheckMessage]:
+    """E032: proxies are trusted by count or by network, not both; W002: a client IP header
+    with no trusted proxy is never read."""
+    count = getattr(settings, PREFIX + "TRUSTED_PROXY_COUNT", 0)
+    networks = getattr(settings, PREFIX + "TRUSTED_PROXIES", None)
+    header = getattr(settings, PREFIX + "CLIENT_IP_HEADER", None)
+    if count and networks:
+        return [
+            checks.Error(
+                f"Both {PREFIX}TRUSTED_PROXY_COUNT = {count!r} and {PREFIX}TRUSTED_PROXIES = "
+                f"{networks!r} are set: proxies are trusted by count or by network, not both.",
+                hint="Keep TRUSTED_PROXIES (it also checks that REMOTE_ADDR is one of your "
+                "proxies) and remove TRUSTED_PROXY_COUNT, or the other way round.",
+                id="django_throttle.E032",
+            )
+        ]
+    if header and _header_name(header) is None and not count and not networks:
+        return [
+            checks.Warning(
+                f"{PREFIX}CLIENT_IP_HEADER = {header!r} is never read: no trusted proxy is "
+                "configured, so every request is counted by REMOTE_ADDR.",
+                hint=f"Set {PREFIX}TRUSTED_PROXIES to your proxies' networks (or "
+                f"{PREFIX}TRUSTED_PROXY_COUNT), or remove CLIENT_IP_HEADER.",
+                id="django_throttle.W002",
+            )
+        ]
+    return []

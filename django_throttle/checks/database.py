@@ -8,11 +8,13 @@ so ``manage.py check`` never breaks before ``migrate``.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import FieldError
+from django.db import DatabaseError, transaction
 
 __all__ = [
     "MIDDLEWARE_PATH",
@@ -22,6 +24,20 @@ __all__ = [
 ]
 
 MIDDLEWARE_PATH = "django_throttle.middleware.RateLimitHeadersMiddleware"
+_Read = TypeVar("_Read")
+
+
+def _read(
+    alias: str, read: Callable[[], _Read], missing: tuple[type[Exception], ...] = (Exception,)
+) -> _Read | None:
+    """``read()`` in a savepoint (a missing table cannot break a surrounding transaction);
+    ``None`` when it raises one of ``missing``: by default anything, as with no tables yet, no
+    database, or database access refused (test runners)."""
+    try:
+        with transaction.atomic(using=alias):
+            return read()
+    except missing:
+        return None
 
 
 def check_settling_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
@@ -29,21 +45,10 @@ def check_settling_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
     back by the middleware, which is not installed (``@throttle`` settles by itself)."""
     if MIDDLEWARE_PATH in (getattr(settings, "MIDDLEWARE", None) or ()):
         return []
-    from django.db import transaction
-
     from django_throttle.models import EndpointRule
 
-    try:
-        # A savepoint, so a missing table cannot break a surrounding transaction.
-        with transaction.atomic(using=EndpointRule.objects.db):
-            names = list(
-                EndpointRule.objects.filter(enabled=True)
-                .exclude(counts=EndpointRule.Counts.ALL)
-                .values_list("name", flat=True)[:5]
-            )
-    except Exception:
-        # No tables yet, no database, or database access refused (test runners).
-        return []
+    rules = EndpointRule.objects.filter(enabled=True).exclude(counts=EndpointRule.Counts.ALL)
+    names = _read(EndpointRule.objects.db, lambda: list(rules.values_list("name", flat=True)[:5]))
     if not names:
         return []
     return [
@@ -67,23 +72,21 @@ def check_credential_rules(**kwargs: Any) -> list[checks.CheckMessage]:
     (they protect the account and the server); its limits counted by client apply only to
     the tiers they are given for, so signed-in users and API keys of the other tiers meet
     none of them there."""
-    from django.db import transaction
-
     from django_throttle.models import EndpointLimit, EndpointRule, Tier
 
-    try:
-        # A savepoint, so a missing table cannot break a surrounding transaction.
-        with transaction.atomic(using=EndpointRule.objects.db):
-            tiers = dict(Tier.objects.order_by("pk").values_list("pk", "slug"))
-            rules = dict(EndpointRule.objects.filter(enabled=True).values_list("pk", "counts"))
-            rows = list(
-                EndpointLimit.objects.filter(rule__in=list(rules))
-                .order_by("pk")
-                .values_list("rule_id", "rule__name", "tier_id", "counted_by")
-            )
-    except Exception:
-        # No tables yet, no database, or database access refused (test runners).
+    def read() -> tuple[dict[int, str], dict[int, str], list[tuple[int, str, int, str]]]:
+        rules = dict(EndpointRule.objects.filter(enabled=True).values_list("pk", "counts"))
+        rows = EndpointLimit.objects.filter(rule__in=list(rules)).order_by("pk")
+        return (
+            dict(Tier.objects.order_by("pk").values_list("pk", "slug")),
+            rules,
+            list(rows.values_list("rule_id", "rule__name", "tier_id", "counted_by")),
+        )
+
+    found = _read(EndpointRule.objects.db, read)
+    if found is None:
         return []
+    tiers, rules, rows = found
     names: dict[int, str] = {}
     credential: set[int] = {pk for pk, counts in rules.items() if counts == "failures"}
     client_tiers: dict[int, set[int]] = {}
@@ -125,7 +128,6 @@ def check_api_key_owners(
     """
     if not databases:
         return []
-    from django.db import DatabaseError, transaction
     from django.db.models import Q
     from django.utils import timezone
 
@@ -139,16 +141,12 @@ def check_api_key_owners(
             .filter(Q(expires__isnull=True) | Q(expires__gt=timezone.now()))
             .filter(Q(owner__is_superuser=True) | Q(owner__is_staff=True))
         )
-        try:
-            # A savepoint, so a missing table cannot break a surrounding transaction.
-            with transaction.atomic(using=alias):
-                total = privileged.count()
-                shown = list(privileged.select_related("owner").order_by("pk")[:5])
-        except (DatabaseError, FieldError):
-            # No tables yet (before migrate), or a user model without is_superuser/is_staff.
-            continue
+        # Nothing when there are no tables yet (before migrate), or the user model has no
+        # is_superuser/is_staff.
+        total = _read(alias, privileged.count, (DatabaseError, FieldError))
         if not total:
             continue
+        shown = list(privileged.select_related("owner").order_by("pk")[:5])
         named = ", ".join(_privileged_key(key) for key in shown)
         more = f" and {total - len(shown)} more" if total > len(shown) else ""
         messages.append(
