@@ -21,8 +21,11 @@ __all__ = ["SETTINGS", "Validator"]
 Validator = Callable[[Any], str | None]
 
 
-def _bool(value: Any) -> str | None:
-    return None if isinstance(value, bool) else "must be True or False"
+def _instance(kind: type, problem: str) -> Validator:
+    def validate(value: Any) -> str | None:
+        return None if isinstance(value, kind) else problem
+
+    return validate
 
 
 def _int_range(low: int, high: int | None = None) -> Validator:
@@ -54,7 +57,7 @@ def _dotted(kind: type | None = None) -> Validator:
 
 
 def _optional(validate: Validator) -> Validator:
-    """``validate``, but ``None`` (the default: not used) is fine."""
+    """``validate``, but ``None`` (the default for some: not used) is fine."""
 
     def optional(value: Any) -> str | None:
         return None if value is None else validate(value)
@@ -74,10 +77,6 @@ def _redis_url(value: Any) -> str | None:
     if not isinstance(value, str) or urlparse(value).scheme not in {"redis", "rediss", "unix"}:
         return "must be None or a URL such as 'redis://127.0.0.1:6379/0' (redis, rediss, unix)"
     return None
-
-
-def _dict(value: Any) -> str | None:
-    return None if isinstance(value, dict) else "must be a dict of redis-py client options"
 
 
 def _key_prefix(value: Any) -> str | None:
@@ -100,8 +99,6 @@ def _alias(value: Any) -> str | None:
 
 
 def _proxy_networks(value: Any) -> str | None:
-    if value is None:
-        return None
     if not isinstance(value, (list, tuple, set, frozenset)):
         return "must be a list of networks such as ['10.0.0.0/8', '2001:db8::/32']"
     for entry in value:
@@ -127,8 +124,6 @@ _NOT_ONE_ADDRESS = {
 
 
 def _header_name(value: Any) -> str | None:
-    if value is None:
-        return None
     if not isinstance(value, str) or not _HEADER_NAME.fullmatch(value):
         return (
             "must be None or a header name as sent, such as 'X-Real-IP' (letters, digits and "
@@ -157,11 +152,12 @@ def _api_key_secret(value: Any) -> str | None:
     return None
 
 
+_BOOL = _instance(bool, "must be True or False")
 #: (check id, setting name, validator). Only settings that are set are validated.
 SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E001", "BACKEND", _backend),
     ("E002", "REDIS_URL", _redis_url),
-    ("E003", "REDIS_OPTIONS", _dict),
+    ("E003", "REDIS_OPTIONS", _instance(dict, "must be a dict of redis-py client options")),
     ("E004", "CACHE_ALIAS", _alias),
     ("E005", "KEY_PREFIX", _key_prefix),
     ("E006", "FAILURE_MODE", _choice("open", "closed", "local")),
@@ -169,19 +165,19 @@ SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E008", "IPV4_PREFIX", _int_range(8, 32)),
     ("E009", "IPV6_PREFIX", _int_range(32, 128)),
     ("E010", "IDENTITY_RESOLVER", _dotted()),
-    ("E013", "IETF_HEADERS", _bool),
-    ("E014", "USAGE_ENABLED", _bool),
+    ("E013", "IETF_HEADERS", _BOOL),
+    ("E014", "USAGE_ENABLED", _BOOL),
     ("E016", "USAGE_RETENTION_DAYS", _int_range(1)),
-    ("E017", "ENABLED", _bool),
+    ("E017", "ENABLED", _BOOL),
     # E018 is the Redis source check below.
     ("E019", "FAILURE_STATUS", _choice(503, 429)),
     ("E023", "UNKNOWN_CLIENT", _choice("deny", "allow", "shared")),
     ("E026", "KEY_SHARDS", _int_range(1, 1024)),
-    ("E030", "TRUSTED_PROXIES", _proxy_networks),
-    ("E031", "CLIENT_IP_HEADER", _header_name),
+    ("E030", "TRUSTED_PROXIES", _optional(_proxy_networks)),
+    ("E031", "CLIENT_IP_HEADER", _optional(_header_name)),
     # E032 is the proxy trust check below.
     ("E033", "API_KEY_HEADERS", _api_key_headers),
     ("E034", "API_KEY_SECRET", _api_key_secret),
     ("E036", "DENIED_RESPONSE", _optional(_dotted())),
-    ("E039", "METRICS", _bool),
+    ("E039", "METRICS", _BOOL),
 )
