@@ -12,8 +12,9 @@ parent is refused (it would be counted twice).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -137,15 +138,16 @@ _Wanted = tuple[int, dict[str, Any], dict[str, Any]]
 def sync_limits(
     state: Import,
     where: str,
-    parent: str,
-    model: type[models.Model],
-    existing: list[Any],
+    label: str,
+    parent: Any,
     desired: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
-    new: Callable[[], Any],
 ) -> None:
-    """Make ``parent``'s limit rows hold ``desired`` (column values, relation values),
-    keeping rows whose values are unchanged, then editing rows in place, then adding and
-    deleting."""
+    """Make ``parent``'s limit rows (``label`` names it in changes) hold ``desired`` (column
+    values, relation values), keeping rows whose values are unchanged, then editing rows in
+    place, then adding and deleting."""
+    model = parent.limits.model
+    existing = list(parent.limits.select_related("tier").order_by("pk"))
+    new = partial(model, **{parent.limits.field.name: parent})
     known = {f.name for f in columns(model)}
     allowed = known | {"tier"} if model is EndpointLimit else known
     wanted: list[_Wanted] = []
@@ -190,7 +192,7 @@ def sync_limits(
         plan.append((j, own, relations, row))
     for row in unmatched:
         tier = f" ({row.tier.slug})" if model is EndpointLimit else ""
-        state.changes.append(Change("-", f"{parent} limit{tier}", str(row)))
+        state.changes.append(Change("-", f"{label} limit{tier}", str(row)))
         row.delete()
     for j, own, relations, row in plan:
         before = None if row is None else str(row)
@@ -198,7 +200,7 @@ def sync_limits(
         if not _valid(state, f"{where}.limits[{j}]", row):
             continue
         row.save()
-        what = f"{parent} limit" + (f" ({relations['tier'].slug})" if "tier" in relations else "")
+        what = f"{label} limit" + (f" ({relations['tier'].slug})" if "tier" in relations else "")
         if before is None:
             state.changes.append(Change("+", what, str(row)))
         else:

@@ -18,14 +18,13 @@ text, with its bounds, is :mod:`django_throttle.policy.text`'s.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import partial
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import models, transaction
 
-from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierAssignment, TierLimit
+from django_throttle.models import EndpointRule, Tier, TierAssignment
 from django_throttle.policy.file_writes import Change, Import, split, sync_limits, upsert, values
 from django_throttle.policy.text import FORMAT_VERSION, PolicyFileError
 
@@ -33,10 +32,10 @@ __all__ = ["Change", "PolicyFileError", "export_policy", "import_policy"]
 
 #: Top-level sections, in the order they are written and applied.
 SECTIONS = ("tiers", "rules", "assignments")
-#: The sections of rows with limits: (model, natural key, what a row is called, limit model).
-_PARENTS: dict[str, tuple[type[models.Model], str, str, type[models.Model]]] = {
-    "tiers": (Tier, "slug", "tier", TierLimit),
-    "rules": (EndpointRule, "name", "rule", EndpointLimit),
+#: The sections of rows with limits: (model, natural key, what a row is called).
+_PARENTS: dict[str, tuple[type[models.Model], str, str]] = {
+    "tiers": (Tier, "slug", "tier"),
+    "rules": (EndpointRule, "name", "rule"),
 }
 
 
@@ -151,7 +150,7 @@ def _hand_over_defaults(state: Import, entries: list[Mapping[str, Any]]) -> None
 
 def _import_parents(state: Import, section: str, entries: list[Mapping[str, Any]]) -> None:
     """Tiers or endpoint rules, each with its limits; a rule's limits name their tier."""
-    model, key, kind, limit_model = _PARENTS[section]
+    model, key, kind = _PARENTS[section]
     for i, entry in enumerate(entries):
         where = f"{section}[{i}] {entry.get(key)!r}"
         own, limits = split(state, where, model, entry, "limits")
@@ -168,15 +167,7 @@ def _import_parents(state: Import, section: str, entries: list[Mapping[str, Any]
             continue
         if isinstance(row, Tier):
             state.tiers[row.slug] = row
-        sync_limits(
-            state,
-            where,
-            f"{kind} {getattr(row, key)!r}",
-            limit_model,
-            list(row.limits.select_related("tier").order_by("pk")),
-            desired,
-            partial(limit_model, **{kind: row}),
-        )
+        sync_limits(state, where, f"{kind} {getattr(row, key)!r}", row, desired)
     if state.prune:
         named = {str(entry.get(key)) for entry in entries}
         for row in model._default_manager.exclude(**{f"{key}__in": named}):
