@@ -96,12 +96,16 @@ def split(
     return {k: v for k, v in entry.items() if k != children}, kids
 
 
+def _assign(row: Any, fields: Mapping[str, Any]) -> Any:
+    for name, value in fields.items():
+        setattr(row, name, value)
+    return row
+
+
 def upsert(state: Import, where: str, label: str, row: models.Model, own: Mapping[str, Any]) -> Any:
     """Set ``own`` on ``row``, validate it as the admin would, save it when it changed."""
     before = values(row) if row.pk is not None else None
-    for name, value in own.items():
-        setattr(row, name, value)
-    if not _valid(state, where, row):
+    if not _valid(state, where, _assign(row, own)):
         return None
     after = values(row)
     if before is None:
@@ -131,10 +135,6 @@ def _valid(state: Import, where: str, row: models.Model) -> bool:
     return not problems
 
 
-#: One wanted limit: its index in the entry, column values and relation values.
-_Wanted = tuple[int, dict[str, Any], dict[str, Any]]
-
-
 def sync_limits(
     state: Import,
     where: str,
@@ -146,61 +146,54 @@ def sync_limits(
     values, relation values), keeping rows whose values are unchanged, then editing rows in
     place, then adding and deleting."""
     model = parent.limits.model
-    existing = list(parent.limits.select_related("tier").order_by("pk"))
-    new = partial(model, **{parent.limits.field.name: parent})
     known = {f.name for f in columns(model)}
     allowed = known | {"tier"} if model is EndpointLimit else known
-    wanted: list[_Wanted] = []
+    defaults = {f.name: f.get_default() for f in columns(model)}
+    new = partial(model, **{parent.limits.field.name: parent})
+    wanted: list[tuple[int, dict[str, Any], Any]] = []  # (index, fields, a new row of them)
     for j, (own, relations) in enumerate(desired):
         problem = _unknown(f"{where}.limits[{j}]", set(own) - known, allowed)
         if problem is not None:
             state.problems.append(problem)
-        else:
-            wanted.append((j, dict(own), dict(relations)))
-    defaults = {f.name: f.get_default() for f in columns(model)}
-
-    def build(row: Any, own: dict[str, Any], relations: dict[str, Any]) -> Any:
-        for name, value in {**defaults, **own, **relations}.items():
-            setattr(row, name, value)
-        return row
-
-    if _duplicates(state, where, [(j, build(new(), own, rel)) for j, own, rel in wanted]):
+            continue
+        fields = {**defaults, **own, **relations}
+        wanted.append((j, fields, _assign(new(), fields)))
+    if _duplicates(state, where, [(j, row) for j, _, row in wanted]):
         return
 
-    def related(row: Any, relations: dict[str, Any]) -> bool:
-        return all(getattr(row, f"{k}_id") == v.pk for k, v in relations.items())
+    def same_tier(row: Any, fields: dict[str, Any]) -> bool:
+        return "tier" not in fields or row.tier_id == fields["tier"].pk
 
-    unmatched = list(existing)
+    unmatched = list(parent.limits.select_related("tier").order_by("pk"))
     pending = []
-    for j, own, relations in wanted:
-        candidate = build(new(), own, relations)
+    for j, fields, candidate in wanted:
         match = next(
-            (r for r in unmatched if values(r) == values(candidate) and related(r, relations)),
+            (r for r in unmatched if values(r) == values(candidate) and same_tier(r, fields)),
             None,
         )
-        if match is not None:
-            unmatched.remove(match)
+        if match is None:
+            pending.append((j, fields, candidate))
         else:
-            pending.append((j, own, relations))
+            unmatched.remove(match)
     # Pair each changed limit with a leftover row (of the same tier for endpoint limits) to
     # edit in place, so its counters are re-timed rather than started afresh.
     plan = []
-    for j, own, relations in pending:
-        row = next((r for r in unmatched if related(r, relations)), None)
+    for j, fields, candidate in pending:
+        row = next((r for r in unmatched if same_tier(r, fields)), None)
         if row is not None:
             unmatched.remove(row)
-        plan.append((j, own, relations, row))
+        plan.append((j, fields, candidate, row))
     for row in unmatched:
         tier = f" ({row.tier.slug})" if model is EndpointLimit else ""
         state.changes.append(Change("-", f"{label} limit{tier}", str(row)))
         row.delete()
-    for j, own, relations, row in plan:
+    for j, fields, candidate, row in plan:
         before = None if row is None else str(row)
-        row = build(new() if row is None else row, own, relations)
+        row = candidate if row is None else _assign(row, fields)
         if not _valid(state, f"{where}.limits[{j}]", row):
             continue
         row.save()
-        what = f"{label} limit" + (f" ({relations['tier'].slug})" if "tier" in relations else "")
+        what = f"{label} limit" + (f" ({fields['tier'].slug})" if "tier" in fields else "")
         if before is None:
             state.changes.append(Change("+", what, str(row)))
         else:
