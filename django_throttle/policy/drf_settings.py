@@ -15,8 +15,6 @@ from django_throttle.rates import MAX_LOG_COUNT, Algorithm
 
 __all__ = ["from_drf"]
 
-#: DRF reads only the first letter of a rate's period ("100/day", "5/minute").
-_DRF_PERIODS = {"s": "s", "m": "m", "h": "h", "d": "d"}
 _ANON = "rest_framework.throttling.AnonRateThrottle"
 _USER = "rest_framework.throttling.UserRateThrottle"
 
@@ -105,8 +103,8 @@ def _drf_limit(rate: Any) -> dict[str, Any] | None:
         count = int(count_text)
     except ValueError:
         return None
-    unit = _DRF_PERIODS.get(period[:1])
-    if unit is None or count < 1:
+    unit = period[:1]  # DRF reads only the first letter ("100/day", "5/minute")
+    if unit not in ("s", "m", "h", "d") or count < 1:
         return None
     # DRF keeps every request's time in a list, a sliding window log; beyond the log's
     # largest count the sliding window counter stands in.

@@ -38,19 +38,11 @@ MAX_VALUES = 200_000
 _JSON_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 
 
-def _too_deep() -> PolicyFileError:
-    return PolicyFileError(
-        [f"the file nests deeper than {MAX_DEPTH} levels; a policy file needs 5 at most"]
-    )
-
-
-def _too_big() -> PolicyFileError:
-    return PolicyFileError(
-        [
-            f"the file holds more than {MAX_VALUES:,} values (aliases counted as what they "
-            "expand to); split the policy or write it without repeated aliases"
-        ]
-    )
+_TOO_DEEP = f"the file nests deeper than {MAX_DEPTH} levels; a policy file needs 5 at most"
+_TOO_BIG = (
+    f"the file holds more than {MAX_VALUES:,} values (aliases counted as what they expand "
+    "to); split the policy or write it without repeated aliases"
+)
 
 
 def dump(document: Mapping[str, Any], fmt: str) -> str:
@@ -76,7 +68,7 @@ def load(text: str, fmt: str) -> Any:
         if bracket in ("[", "{"):
             depth += 1
             if depth > MAX_DEPTH:
-                raise _too_deep()
+                raise PolicyFileError([_TOO_DEEP])
         elif bracket in ("]", "}"):
             depth -= 1
     try:
@@ -95,7 +87,7 @@ def _count_values(document: Any) -> None:
         value = pending.pop()
         seen += 1
         if seen > MAX_VALUES:
-            raise _too_big()
+            raise PolicyFileError([_TOO_BIG])
         if isinstance(value, dict):
             pending.extend(value.values())
             seen += len(value)  # the keys
@@ -116,7 +108,7 @@ def _load_yaml(text: str) -> Any:
         def compose_node(self, parent: Any, index: Any) -> Any:
             self.depth += 1
             if self.depth > MAX_DEPTH:
-                raise _too_deep()
+                raise PolicyFileError([_TOO_DEEP])
             try:
                 return super().compose_node(parent, index)
             finally:
@@ -140,14 +132,14 @@ def _measure(node: Any, known: dict[int, tuple[int, int] | None], depth: int) ->
     ``depth`` in the document; :class:`PolicyFileError` when either is over its bound or an
     alias names a node that contains it. Each node is measured once."""
     if depth > MAX_DEPTH:
-        raise _too_deep()
+        raise PolicyFileError([_TOO_DEEP])
     key = id(node)
     if key in known:
         measured = known[key]
         if measured is None:
             raise PolicyFileError(["an alias names a value that contains it (a loop)"])
         if depth + measured[1] - 1 > MAX_DEPTH:
-            raise _too_deep()
+            raise PolicyFileError([_TOO_DEEP])
         return measured
     known[key] = None
     # PyYAML's node kinds: a scalar holds text, a sequence its nodes, a mapping its pairs.
@@ -163,7 +155,7 @@ def _measure(node: Any, known: dict[int, tuple[int, int] | None], depth: int) ->
         size += child_size
         height = max(height, child_height + 1)
         if size > MAX_VALUES:
-            raise _too_big()
+            raise PolicyFileError([_TOO_BIG])
     known[key] = (size, height)
     return size, height
 
