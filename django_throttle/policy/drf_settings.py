@@ -15,7 +15,6 @@ from django_throttle.rates import MAX_LOG_COUNT, Algorithm
 
 __all__ = ["from_drf"]
 
-_ANON = "rest_framework.throttling.AnonRateThrottle"
 _USER = "rest_framework.throttling.UserRateThrottle"
 
 
@@ -56,44 +55,40 @@ def from_drf(rest_framework: Mapping[str, Any]) -> dict[str, Any]:
             limits[scope] = converted
     if problems:
         raise PolicyFileError(problems)
-    anonymous: list[dict[str, Any]] = []
-    authenticated: list[dict[str, Any]] = []
-    if "anon" in limits:
-        anonymous.append(limits["anon"])
-    if "user" in limits:
-        authenticated.append(limits["user"])
-        if _USER in classes:
-            anonymous.append(limits["user"])
+    anonymous = [limits["anon"]] if "anon" in limits else []
+    if "user" in limits and _USER in classes:
+        anonymous.append(limits["user"])  # DRF's user throttle counts anonymous clients by IP
+    authenticated = [limits["user"]] if "user" in limits else []
     tiers = [
-        {
-            "slug": "anonymous",
-            "name": "Anonymous",
-            "description": "From DRF's AnonRateThrottle (DEFAULT_THROTTLE_RATES['anon']).",
-            "is_default_anonymous": True,
-            "limits": anonymous,
-        },
-        {
-            "slug": "authenticated",
-            "name": "Authenticated",
-            "description": "From DRF's UserRateThrottle (DEFAULT_THROTTLE_RATES['user']).",
-            "is_default_authenticated": True,
-            "limits": authenticated,
-        },
+        _tier("anonymous", "AnonRateThrottle", "anon", "is_default_anonymous", anonymous),
+        _tier(
+            "authenticated", "UserRateThrottle", "user", "is_default_authenticated", authenticated
+        ),
     ]
     rules = [
         {
             "name": scope,
             "match_type": "scope",
             "pattern": scope,
-            "limits": [
-                {"tier": "anonymous", **limit},
-                {"tier": "authenticated", **limit},
-            ],
+            "limits": [{"tier": slug, **limit} for slug in ("anonymous", "authenticated")],
         }
         for scope, limit in sorted(limits.items())
         if scope not in ("anon", "user")
     ]
     return {"version": FORMAT_VERSION, "tiers": tiers, "rules": rules}
+
+
+def _tier(
+    slug: str, throttle: str, scope: str, default: str, limits: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A default tier's entry, ``default`` the flag making it one, from DRF's ``throttle``."""
+    return {
+        "slug": slug,
+        "name": slug.capitalize(),
+        "description": f"From DRF's {throttle} (DEFAULT_THROTTLE_RATES[{scope!r}]).",
+        default: True,
+        "limits": limits,
+    }
 
 
 def _drf_limit(rate: Any) -> dict[str, Any] | None:
