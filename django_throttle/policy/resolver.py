@@ -10,6 +10,7 @@ own: the request is counted as if it had sent none (so an anonymous client under
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -66,13 +67,12 @@ def _snapshot() -> Policy | None:
     return live.last()
 
 
-_resolvers: dict[str, Callable[[Any], Identity]] = {}
-
-
 def get_resolver() -> Callable[[Any], Identity]:
     """The configured resolver callable (imported once per dotted path)."""
-    path = app_settings.IDENTITY_RESOLVER
-    resolver = _resolvers.get(path)
-    if resolver is None:
-        resolver = _resolvers[path] = import_string(path)
+    return _import_resolver(app_settings.IDENTITY_RESOLVER)
+
+
+@functools.cache
+def _import_resolver(path: str) -> Callable[[Any], Identity]:
+    resolver: Callable[[Any], Identity] = import_string(path)
     return resolver

@@ -46,7 +46,7 @@ class UserTiers:
         self._ids = ids
         self._slots = slots
         self._tier_ids = tier_ids
-        self._by_key = by_key
+        self._by_key = {} if by_key is None else by_key
         self._coerce = coerce
 
     def get(self, user_id: Any) -> int | None:
@@ -62,8 +62,6 @@ class UserTiers:
             if i != len(ids) and ids[i] == user_id:
                 return self._tier_ids[self._slots[i]]  # type: ignore[index]
             return None
-        if self._by_key is None:
-            return None
         found = self._by_key.get(user_id)
         if found is None and isinstance(user_id, str):
             try:
@@ -73,9 +71,7 @@ class UserTiers:
         return found
 
     def __len__(self) -> int:
-        if self._ids is not None:
-            return len(self._ids)
-        return len(self._by_key or ())
+        return len(self._by_key if self._ids is None else self._ids)
 
 
 def compile_user_tiers(priorities: Mapping[int, int]) -> UserTiers:
