@@ -76,95 +76,91 @@ def compile_policy(version: str | None = None) -> Policy:
     """Read every policy row and assignment (a fixed handful of queries, whatever the number
     of users) into an immutable snapshot, skipping rows no limit can be built from. In one
     transaction (a savepoint inside a request's), so a failed query breaks no caller's."""
-    from django_throttle.models import TierAssignment
+    from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierAssignment, TierLimit
 
     started = clock()
     with transaction.atomic(using=router.db_for_read(TierAssignment)):
-        return _read_policy(version, started)
-
-
-def _read_policy(version: str | None, started: float) -> Policy:
-    from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierLimit
-
-    # A limit row repeating another counts the same thing: count it once (manage.py check
-    # lists the copy, django_throttle.W106).
-    seen: set[tuple[object, ...] | None] = set()
-    tier_limits: dict[int, list[Limit]] = {}
-    for row in _distinct(TierLimit.objects.select_related("tier").order_by("tier_id", "id"), seen):
-        tier_limits.setdefault(row.tier_id, []).append(row.to_limit())
-    tiers = {}
-    defaults: dict[str, TierPolicy] = {}
-    for t in Tier.objects.all():
-        # A bad failure mode is logged and inherited: skipping the tier would lift its limits.
-        failure_mode = t.failure_mode if _usable(t, "kept, its failure mode ignored") else ""
-        tiers[t.id] = TierPolicy(
-            t.id, t.slug, t.name, t.priority, tuple(tier_limits.get(t.id, ())), failure_mode
-        )
-        for flag in ("is_default_anonymous", "is_default_authenticated"):
-            if getattr(t, flag):  # a unique constraint allows one of each
-                defaults[flag] = tiers[t.id]
-    # (rule, tier) -> counted by -> limits, in row order.
-    endpoint_limits: dict[tuple[int, int], dict[str, list[Limit]]] = {}
-    rows = EndpointLimit.objects.select_related("rule", "tier").order_by("id")
-    for row in _distinct(rows, seen):
-        limit = row.to_limit()
-        if row.rule.shadow:  # counted but never denying; the tier's limits still apply
-            limit = dataclasses.replace(limit, shadow=True)
-        by_counter = endpoint_limits.setdefault((row.rule_id, row.tier_id), {})
-        by_counter.setdefault(row.counted_by, []).append(limit)
-    rules = []
-    for rule in EndpointRule.objects.filter(enabled=True).order_by("id"):
-        if not _usable(rule):
-            continue
-        own: dict[int, tuple[Limit, ...]] = {}
-        groups: dict[int, tuple[tuple[str, tuple[Limit, ...]], ...]] = {}
-        # Every tier's limits counted by IP address or username: what a credential check
-        # meets whatever the caller's tier (each row keeps its own counter).
-        every: dict[str, list[Limit]] = {"ip": [], "username": []}
-        for tier_id in tiers:
-            by_counter = endpoint_limits.get((rule.id, tier_id), {})
-            own[tier_id] = tuple(by_counter.get("client", ()))
-            if counted := tuple((c, tuple(by_counter[c])) for c in every if c in by_counter):
-                groups[tier_id] = counted
-            for counter, limits in every.items():
-                limits.extend(by_counter.get(counter, ()))
-        credential_groups = tuple((c, tuple(limits)) for c, limits in every.items() if limits)
-        rules.append(
-            EndpointPolicy(
-                id=rule.id,
-                name=rule.name,
-                match_type=rule.match_type,
-                pattern=rule.pattern,
-                methods=frozenset(rule.method_set),
-                cost=rule.cost,
-                shadow=rule.shadow,
-                limits_by_tier={t: tier.limits + own[t] for t, tier in tiers.items()},
-                failure_mode=rule.failure_mode,
-                counts=rule.counts,
-                rule_limits_by_tier=own,
-                groups_by_tier=groups,
-                credential_groups=credential_groups,
-                credential=rule.counts == "failures" or bool(every["username"]),
+        # A limit row repeating another counts the same thing: count it once (manage.py check
+        # lists the copy, django_throttle.W106).
+        seen: set[tuple[object, ...] | None] = set()
+        tier_limits: dict[int, list[Limit]] = {}
+        for row in _distinct(
+            TierLimit.objects.select_related("tier").order_by("tier_id", "id"), seen
+        ):
+            tier_limits.setdefault(row.tier_id, []).append(row.to_limit())
+        tiers = {}
+        defaults: dict[str, TierPolicy] = {}
+        for t in Tier.objects.all():
+            # A bad failure mode is logged and inherited: skipping the tier would lift its limits.
+            failure_mode = t.failure_mode if _usable(t, "kept, its failure mode ignored") else ""
+            tiers[t.id] = TierPolicy(
+                t.id, t.slug, t.name, t.priority, tuple(tier_limits.get(t.id, ())), failure_mode
             )
-        )
-    return Policy(
-        tiers=tiers,
-        default_anonymous=defaults.get("is_default_anonymous"),
-        default_authenticated=defaults.get("is_default_authenticated"),
-        by_scope=_index(r for r in rules if r.match_type == "scope"),
-        by_route=_index(r for r in rules if r.match_type == "route"),
-        by_path=tuple(
-            sorted(
-                (r for r in rules if r.match_type == "path"),
-                key=lambda r: (-len(r.pattern), not r.methods),
+            for flag in ("is_default_anonymous", "is_default_authenticated"):
+                if getattr(t, flag):  # a unique constraint allows one of each
+                    defaults[flag] = tiers[t.id]
+        # (rule, tier) -> counted by -> limits, in row order.
+        endpoint_limits: dict[tuple[int, int], dict[str, list[Limit]]] = {}
+        rows = EndpointLimit.objects.select_related("rule", "tier").order_by("id")
+        for row in _distinct(rows, seen):
+            limit = row.to_limit()
+            if row.rule.shadow:  # counted but never denying; the tier's limits still apply
+                limit = dataclasses.replace(limit, shadow=True)
+            by_counter = endpoint_limits.setdefault((row.rule_id, row.tier_id), {})
+            by_counter.setdefault(row.counted_by, []).append(limit)
+        rules = []
+        for rule in EndpointRule.objects.filter(enabled=True).order_by("id"):
+            if not _usable(rule):
+                continue
+            own: dict[int, tuple[Limit, ...]] = {}
+            groups: dict[int, tuple[tuple[str, tuple[Limit, ...]], ...]] = {}
+            # Every tier's limits counted by IP address or username: what a credential check
+            # meets whatever the caller's tier (each row keeps its own counter).
+            every: dict[str, list[Limit]] = {"ip": [], "username": []}
+            for tier_id in tiers:
+                by_counter = endpoint_limits.get((rule.id, tier_id), {})
+                own[tier_id] = tuple(by_counter.get("client", ()))
+                if counted := tuple((c, tuple(by_counter[c])) for c in every if c in by_counter):
+                    groups[tier_id] = counted
+                for counter, limits in every.items():
+                    limits.extend(by_counter.get(counter, ()))
+            credential_groups = tuple((c, tuple(limits)) for c, limits in every.items() if limits)
+            rules.append(
+                EndpointPolicy(
+                    id=rule.id,
+                    name=rule.name,
+                    match_type=rule.match_type,
+                    pattern=rule.pattern,
+                    methods=frozenset(rule.method_set),
+                    cost=rule.cost,
+                    shadow=rule.shadow,
+                    limits_by_tier={t: tier.limits + own[t] for t, tier in tiers.items()},
+                    failure_mode=rule.failure_mode,
+                    counts=rule.counts,
+                    rule_limits_by_tier=own,
+                    groups_by_tier=groups,
+                    credential_groups=credential_groups,
+                    credential=rule.counts == "failures" or bool(every["username"]),
+                )
             )
-        ),
-        version=version,
-        user_tiers=compile_user_tiers({t.id: t.priority for t in tiers.values()}),
-        compiled_at=started,
-        api_keys=_api_keys(),
-        exemptions=compile_exemptions(),
-    )
+        return Policy(
+            tiers=tiers,
+            default_anonymous=defaults.get("is_default_anonymous"),
+            default_authenticated=defaults.get("is_default_authenticated"),
+            by_scope=_index(r for r in rules if r.match_type == "scope"),
+            by_route=_index(r for r in rules if r.match_type == "route"),
+            by_path=tuple(
+                sorted(
+                    (r for r in rules if r.match_type == "path"),
+                    key=lambda r: (-len(r.pattern), not r.methods),
+                )
+            ),
+            version=version,
+            user_tiers=compile_user_tiers({t.id: t.priority for t in tiers.values()}),
+            compiled_at=started,
+            api_keys=_api_keys(),
+            exemptions=compile_exemptions(),
+        )
 
 
 def _distinct(rows: Iterable[Any], seen: set[tuple[object, ...] | None]) -> Iterator[Any]:
