@@ -58,15 +58,14 @@ def register() -> None:
 _MISSING = object()
 #: Django's own Redis cache: the backend builds its client from its LOCATION too.
 DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
+_REDIS_BACKEND = "django_throttle.backends.redis.RedisBackend"
 
 
 def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
     for check_id, name, validate in SETTINGS:
         value = getattr(settings, PREFIX + name, _MISSING)
-        if value is _MISSING:
-            continue
-        problem = validate(value)
+        problem = None if value is _MISSING else validate(value)
         if problem is not None:
             errors.append(
                 checks.Error(
@@ -75,10 +74,7 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                     id=f"django_throttle.{check_id}",
                 )
             )
-    errors.extend(_check_redis_source())
-    errors.extend(_check_proxy_trust())
-    errors.extend(_check_unknown_names())
-    return errors
+    return [*errors, *_check_redis_source(), *_check_proxy_trust(), *_check_unknown_names()]
 
 
 def _check_unknown_names() -> list[checks.CheckMessage]:
@@ -116,10 +112,8 @@ def _shown(name: str, value: Any) -> str:
 
 def _check_redis_source() -> list[checks.CheckMessage]:
     """E018: the Redis backend needs a URL or a django-redis cache to borrow a client from."""
-    backend = getattr(settings, PREFIX + "BACKEND", "django_throttle.backends.redis.RedisBackend")
-    if backend != "django_throttle.backends.redis.RedisBackend":
-        return []
-    if getattr(settings, PREFIX + "REDIS_URL", None):
+    backend = getattr(settings, PREFIX + "BACKEND", _REDIS_BACKEND)
+    if backend != _REDIS_BACKEND or getattr(settings, PREFIX + "REDIS_URL", None):
         return []
     alias = getattr(settings, PREFIX + "CACHE_ALIAS", "default")
     cache = getattr(settings, "CACHES", {}).get(alias, {})
