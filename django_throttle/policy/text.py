@@ -48,8 +48,7 @@ _TOO_BIG = (
 def dump(document: Mapping[str, Any], fmt: str) -> str:
     """The document as ``json`` or ``yaml`` text."""
     if fmt == "yaml":
-        text: str = _yaml().safe_dump(dict(document), sort_keys=False, allow_unicode=True)
-        return text
+        return str(_yaml().safe_dump(dict(document), sort_keys=False, allow_unicode=True))
     return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
 
 
@@ -143,12 +142,9 @@ def _measure(node: Any, known: dict[int, tuple[int, int] | None], depth: int) ->
         return measured
     known[key] = None
     # PyYAML's node kinds: a scalar holds text, a sequence its nodes, a mapping its pairs.
+    children = node.value if node.id == "sequence" else []
     if node.id == "mapping":
         children = [part for pair in node.value for part in pair]
-    elif node.id == "sequence":
-        children = node.value
-    else:
-        children = []
     size, height = 1, 1
     for child in children:
         child_size, child_height = _measure(child, known, depth + 1)
