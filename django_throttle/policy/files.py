@@ -24,7 +24,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import models, transaction
 
-from django_throttle.models import EndpointRule, Tier, TierAssignment
+from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierAssignment
 from django_throttle.policy.file_writes import Change, Import, split, sync_limits, upsert, values
 from django_throttle.policy.text import FORMAT_VERSION, PolicyFileError
 
@@ -43,31 +43,26 @@ def export_policy(*, assignments: bool = True) -> dict[str, Any]:
     """The policy in the database as a document (plain dicts and lists, JSON-ready). Reads
     only."""
     document: dict[str, Any] = {"version": FORMAT_VERSION}
-    document["tiers"] = [
-        {
-            **values(tier),
-            "limits": [values(limit) for limit in sorted(tier.limits.all(), key=_pk)],
-        }
-        for tier in Tier.objects.order_by("slug").prefetch_related("limits")
-    ]
-    rules = EndpointRule.objects.order_by("name").prefetch_related("limits__tier")
-    document["rules"] = [
-        {
-            **values(rule),
-            "limits": [
-                {"tier": limit.tier.slug, **values(limit)}
-                for limit in sorted(rule.limits.all(), key=lambda row: (row.tier.slug, row.pk))
-            ],
-        }
-        for rule in rules
-    ]
+    for section, (model, key, _) in _PARENTS.items():
+        parents: Any = model._default_manager.order_by(key).prefetch_related("limits__tier")
+        document[section] = [
+            {**values(parent), "limits": [_limit_entry(row) for row in _limits(parent)]}
+            for parent in parents
+        ]
     if assignments:
         document["assignments"] = _export_assignments()
     return document
 
 
-def _pk(row: models.Model) -> Any:
-    return row.pk
+def _limits(parent: Any) -> list[Any]:
+    """A tier's or rule's limit rows (prefetched), by tier and in the order they were added."""
+    return sorted(parent.limits.all(), key=lambda row: (row.tier.slug, row.pk))
+
+
+def _limit_entry(limit: models.Model) -> dict[str, Any]:
+    """A limit as written under its parent: an endpoint limit names its tier first."""
+    tier = {"tier": limit.tier.slug} if isinstance(limit, EndpointLimit) else {}
+    return {**tier, **values(limit)}
 
 
 def _export_assignments() -> list[dict[str, str]]:
