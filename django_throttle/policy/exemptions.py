@@ -33,9 +33,6 @@ class Exemptions:
     def __bool__(self) -> bool:
         return bool(self.users or self.addresses or self.networks)
 
-    def covers_user(self, user_id: Any) -> bool:
-        return user_id in self.users
-
     def covers_address(self, network: str) -> bool:
         """``network`` is the client as the limiter counts it: an address, or an IPv6
         network such as ``2001:db8:1:2::/64``; covered when it lies inside an exempt
@@ -61,7 +58,7 @@ def exempt_client(identity: Identity, exemptions: Exemptions | None) -> bool:
     if not exemptions:
         return False
     if identity.kind == "user":
-        return exemptions.covers_user(identity.user_id)
+        return identity.user_id in exemptions.users
     return identity.kind == "ip" and exemptions.covers_address(identity.value)
 
 

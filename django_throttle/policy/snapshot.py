@@ -84,14 +84,6 @@ class EndpointPolicy:
     #: credential checks whichever adapter makes them.
     credential: bool = False
 
-    def accepts(self, method: str) -> bool:
-        """Whether the rule covers ``method``. A rule naming GET covers HEAD too: Django
-        (and DRF) answer HEAD with the GET handler, so a HEAD costs the server what a GET
-        does and must not escape the GET's limits."""
-        if not self.methods or method in self.methods:
-            return True
-        return method == "HEAD" and "GET" in self.methods
-
     def matches_path(self, path: str) -> bool:
         """Whole path segments: ``/api/pi`` covers ``/api/pi`` and ``/api/pi/x``, never
         ``/api/pizza``; a pattern ending in ``/`` covers everything below it."""
@@ -138,8 +130,9 @@ class Policy:
     ) -> EndpointPolicy | None:
         """The endpoint rule for a request: by scope, else route name, else longest path
         pattern covering the path (whole segments); among rules with the same pattern, one
-        naming the method beats one for all. HEAD meets the rules of GET (see
-        :meth:`EndpointPolicy.accepts`), after a rule naming HEAD itself."""
+        naming the method beats one for all. HEAD meets the rules of GET, after a rule naming
+        HEAD itself: Django (and DRF) answer HEAD with the GET handler, so a HEAD costs the
+        server what a GET does and must not escape the GET's limits."""
         for index, name in ((self.by_scope, scope), (self.by_route, route)):
             if name is not None and (found := _pick(index.get(name, ()), method)) is not None:
                 return found
