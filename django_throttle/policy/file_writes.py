@@ -120,15 +120,14 @@ def upsert(state: Import, where: str, label: str, row: models.Model, own: Mappin
     return row
 
 
-def _valid(state: Import, where: str, row: models.Model) -> bool:
+def _valid(state: Import, where: str, row: Any) -> bool:
     problems: dict[str, list[str]] = {}
     try:
         row.full_clean()
     except ValidationError as exc:
         problems = {k: [str(m) for m in v] for k, v in exc.message_dict.items()}
     if not problems:
-        for name, message in getattr(row, "row_problems", dict)().items():
-            problems.setdefault(name, []).append(message)
+        problems = {name: [message] for name, message in row.row_problems().items()}
     for name, messages in sorted(problems.items()):
         column = "" if name == "__all__" else f".{name}"
         state.problems.append(f"{where}{column}: {' '.join(messages)}")

@@ -36,6 +36,7 @@ MAX_DEPTH = 20
 MAX_VALUES = 200_000
 # A JSON string (skipped over: brackets inside it do not nest) or one bracket.
 _JSON_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+_NESTING = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
 _TOO_DEEP = f"the file nests deeper than {MAX_DEPTH} levels; a policy file needs 5 at most"
@@ -63,13 +64,9 @@ def load(text: str, fmt: str) -> Any:
         return _load_yaml(text)
     depth = 0
     for token in _JSON_TOKENS.finditer(text):
-        bracket = token.group()
-        if bracket in ("[", "{"):
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise PolicyFileError([_TOO_DEEP])
-        elif bracket in ("]", "}"):
-            depth -= 1
+        depth += _NESTING.get(token.group(), 0)  # a string changes nothing
+        if depth > MAX_DEPTH:
+            raise PolicyFileError([_TOO_DEEP])
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
