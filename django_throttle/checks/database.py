@@ -74,24 +74,23 @@ def check_credential_rules(**kwargs: Any) -> list[checks.CheckMessage]:
     none of them there."""
     from django_throttle.models import EndpointLimit, EndpointRule, Tier
 
-    def read() -> tuple[dict[int, str], dict[int, str], list[tuple[int, str, int, str]]]:
-        rules = dict(EndpointRule.objects.filter(enabled=True).values_list("pk", "counts"))
+    def read() -> tuple[dict[int, str], dict[int, tuple[str, str]], list[tuple[int, int, str]]]:
+        enabled = EndpointRule.objects.filter(enabled=True).values_list("pk", "name", "counts")
+        rules = {pk: (name, counts) for pk, name, counts in enabled}
         rows = EndpointLimit.objects.filter(rule__in=list(rules)).order_by("pk")
         return (
             dict(Tier.objects.order_by("pk").values_list("pk", "slug")),
             rules,
-            list(rows.values_list("rule_id", "rule__name", "tier_id", "counted_by")),
+            list(rows.values_list("rule_id", "tier_id", "counted_by")),
         )
 
     found = _read(EndpointRule.objects.db, read)
     if found is None:
         return []
     tiers, rules, rows = found
-    names: dict[int, str] = {}
-    credential: set[int] = {pk for pk, counts in rules.items() if counts == "failures"}
+    credential = {pk for pk, (_, counts) in rules.items() if counts == "failures"}
     client_tiers: dict[int, set[int]] = {}
-    for rule_id, name, tier_id, counted_by in rows:
-        names[rule_id] = name
+    for rule_id, tier_id, counted_by in rows:
         if counted_by == "username":
             credential.add(rule_id)
         elif counted_by == "client":
@@ -104,7 +103,7 @@ def check_credential_rules(**kwargs: Any) -> list[checks.CheckMessage]:
         given = ", ".join(slug for pk, slug in tiers.items() if pk in limited)
         warnings.append(
             checks.Warning(
-                f"Credential rule {names[rule_id]!r} limits its callers by client for tier(s) "
+                f"Credential rule {rules[rule_id][0]!r} limits its callers by client for tier(s) "
                 f"{given} only: callers of tier(s) {', '.join(unlimited)} (signed-in users, "
                 "API keys) meet none of those limits on that login or token endpoint. Its "
                 "limits counted by IP address and username apply whatever the tier.",
