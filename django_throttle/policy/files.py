@@ -176,14 +176,9 @@ def _with_tiers(
     """An endpoint rule's limits as (column values, {"tier": its tier})."""
     desired: list[tuple[Mapping[str, Any], Mapping[str, Any]]] = []
     for j, limit in enumerate(limits):
-        tier = _tier(state, limit.get("tier"))
-        if tier is None:
-            state.problems.append(
-                f"{where}.limits[{j}].tier: no tier {limit.get('tier')!r} in the file or "
-                "the database"
-            )
-            continue
-        desired.append(({k: v for k, v in limit.items() if k != "tier"}, {"tier": tier}))
+        tier = _tier(state, f"{where}.limits[{j}].tier", limit.get("tier"))
+        if tier is not None:
+            desired.append(({k: v for k, v in limit.items() if k != "tier"}, {"tier": tier}))
     return desired
 
 
@@ -199,11 +194,8 @@ def _import_assignments(state: Import, entries: list[Mapping[str, Any]]) -> None
         if ("user" in entry) == ("group" in entry):
             state.problems.append(f"{where}: give exactly one of 'user' and 'group'")
             continue
-        tier = _tier(state, entry.get("tier"))
+        tier = _tier(state, f"{where}.tier", entry.get("tier"))
         if tier is None:
-            state.problems.append(
-                f"{where}.tier: no tier {entry.get('tier')!r} in the file or the database"
-            )
             continue
         kind = "user" if "user" in entry else "group"
         name = entry[kind]
@@ -237,7 +229,11 @@ def _import_assignments(state: Import, entries: list[Mapping[str, Any]]) -> None
                 row.delete()
 
 
-def _tier(state: Import, slug: Any) -> Tier | None:
-    if not isinstance(slug, str):
-        return None
-    return state.tiers.get(slug) or Tier.objects.filter(slug=slug).first()
+def _tier(state: Import, where: str, slug: Any) -> Tier | None:
+    """The tier ``slug`` names, in the file or the database; else a problem at ``where``."""
+    found = None
+    if isinstance(slug, str):
+        found = state.tiers.get(slug) or Tier.objects.filter(slug=slug).first()
+    if found is None:
+        state.problems.append(f"{where}: no tier {slug!r} in the file or the database")
+    return found
