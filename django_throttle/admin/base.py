@@ -8,7 +8,7 @@ It registers nothing: the modules beside it register one model's admin each.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
@@ -113,13 +113,11 @@ class _LimitedAdmin(_AppAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return super().get_queryset(request).prefetch_related("limits")
 
-    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
-        super().save_model(request, obj, form, change)
-        _warn(request, getattr(form, "warnings", ()))
-
-    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
-        super().save_formset(request, form, formset, change)
-        _warn(request, getattr(formset, "warnings", ()))
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        super().save_related(request, form, formsets, change)
+        for source in (form, *formsets):
+            for warning in getattr(source, "warnings", ()):
+                messages.warning(request, warning)
 
     @admin.display(description=_("problems"))
     def problems(self, obj: Any) -> SafeString:
@@ -137,11 +135,6 @@ class _LimitedAdmin(_AppAdmin):
             _("skipped by the throttle policy until corrected"),
             format_html_join("", "<li>{} {}: {}: {}</li>", found),
         )
-
-
-def _warn(request: HttpRequest, warnings: Iterable[str]) -> None:
-    for warning in warnings:
-        messages.warning(request, warning)
 
 
 class LimitInline(admin.TabularInline):  # type: ignore[type-arg]

@@ -30,6 +30,7 @@ from django.conf import settings
 from django.db.models import Sum
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext
 
 from django_throttle.backends import BackendError
 from django_throttle.models import UsageCount
@@ -61,9 +62,11 @@ LEFT, RIGHT, TOP, BOTTOM = 44, 8, 8, 22
 
 @dataclass
 class Chart:
-    """Counts per bar for each charted outcome, and their totals."""
+    """Counts per bar (starting at ``starts``) for each charted outcome, their totals, and
+    the chart drawn."""
 
     title: str
+    starts: list[datetime]
     bars: dict[str, list[int]]
 
     @property
@@ -74,14 +77,17 @@ class Chart:
     def total(self) -> int:
         return sum(self.totals.values())
 
+    @property
+    def svg(self) -> SafeString:
+        return stacked_bars(self.title, self.starts, self.bars)
+
 
 @dataclass
 class Timeline:
-    """The window's bar start times (UTC) and its charts. ``partial``: some minute of the
-    window could not be read (backend down), so counts are partial. ``before_authentication``:
-    checks before authentication, per endpoint rule (not in the other charts)."""
+    """The window's charts. ``partial``: some minute of the window could not be read
+    (backend down), so counts are partial. ``before_authentication``: checks before
+    authentication, per endpoint rule (not in the other charts)."""
 
-    starts: list[datetime]
     overall: Chart
     by_tier: list[Chart]
     by_endpoint: list[Chart]
@@ -139,40 +145,45 @@ def timeline(window: str) -> Timeline:
 
     served = {key: row for key, row in cells.items() if key[0] != BEFORE_AUTHENTICATION}
     checks = {key: row for key, row in cells.items() if key[0] == BEFORE_AUTHENTICATION}
+    starts = [_start(first + i * step) for i in range(bars)]
     return Timeline(
-        starts=[_start(first + i * step) for i in range(bars)],
-        overall=_sum("all requests", served.values(), bars),
-        by_tier=_charts(served, 0, bars, NO_TIER),
-        by_endpoint=_charts(served, 1, bars, NO_ENDPOINT),
+        overall=_sum(gettext("All requests"), served.values(), starts),
+        by_tier=_charts(served, 0, starts, NO_TIER),
+        by_endpoint=_charts(served, 1, starts, NO_ENDPOINT),
         partial=partial,
-        before_authentication=_charts(checks, 1, bars, NO_ENDPOINT),
+        before_authentication=_charts(checks, 1, starts, NO_ENDPOINT),
     )
 
 
 def _charts(
-    cells: dict[tuple[str, str], dict[str, list[int]]], part: int, bars: int, blank: str
+    cells: dict[tuple[str, str], dict[str, list[int]]],
+    part: int,
+    starts: list[datetime],
+    blank: str,
 ) -> list[Chart]:
     """One chart per tier (``part`` 0) or endpoint (1), busiest first, the quietest summed."""
     grouped: dict[str, list[dict[str, list[int]]]] = {}
     for key, row in cells.items():
         grouped.setdefault(plain_text(key[part]) or blank, []).append(row)
     charts = sorted(
-        (_sum(name, rows, bars) for name, rows in grouped.items()),
+        (_sum(name, rows, starts) for name, rows in grouped.items()),
         key=lambda chart: (-chart.total, chart.title),
     )
     if len(charts) > MAX_CHARTS:
         rest = charts[MAX_CHARTS - 1 :]
-        merged = _sum(f"{OTHER}: {len(rest)} more", [chart.bars for chart in rest], bars)
+        merged = _sum(f"{OTHER}: {len(rest)} more", [chart.bars for chart in rest], starts)
         charts = [*charts[: MAX_CHARTS - 1], merged]
     return charts
 
 
-def _sum(title: str, rows: Iterable[dict[str, list[int]]], bars: int) -> Chart:
+def _sum(title: str, rows: Iterable[dict[str, list[int]]], starts: list[datetime]) -> Chart:
     rows = list(rows)
+    zero = [0] * len(starts)
     return Chart(
         title,
+        starts,
         {
-            o: [sum(bar) for bar in zip([0] * bars, *(row[o] for row in rows), strict=True)]
+            o: [sum(bar) for bar in zip(zero, *(row[o] for row in rows), strict=True)]
             for o in CHARTED
         },
     )

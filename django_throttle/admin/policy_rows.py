@@ -157,7 +157,6 @@ class TierAssignmentAdmin(_AppAdmin):
     list_select_related = ["tier", "user", "group"]
     list_filter = ["tier"]
     search_fields = ["user__username", "group__name", "note"]
-    fields = ["tier", "user", "group", "note"]
     raw_id_fields = ["user", "group"]
 
 
@@ -169,5 +168,4 @@ class ExemptionAdmin(_AppAdmin):
     list_display = ["__str__", "note", "created"]
     list_select_related = ["user", "group"]
     search_fields = ["user__username", "group__name", "network", "note"]
-    fields = ["user", "group", "network", "note"]
     raw_id_fields = ["user", "group"]

@@ -17,11 +17,10 @@ from django.db.models import Model
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.urls import reverse
 from django.utils.http import urlencode
-from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
 from django_throttle.admin.base import _AppAdmin
-from django_throttle.admin.dashboard import CHARTED, LABELS, WINDOWS, Chart, stacked_bars, timeline
+from django_throttle.admin.dashboard import CHARTED, LABELS, WINDOWS, timeline
 from django_throttle.backends import BackendError, get_backend
 from django_throttle.backends.breaker import get_breaker
 from django_throttle.conf import app_settings
@@ -61,18 +60,10 @@ def dashboard(request: HttpRequest, model_admin: _AppAdmin) -> HttpResponse:
         windows=list(WINDOWS),
         timeline=data,
         outcomes=[(name, LABELS[name], data.overall.totals[name]) for name in CHARTED],
-        overall=stacked_bars(_("All requests"), data.starts, data.overall.bars),
-        tier_charts=_drawn(data.starts, data.by_tier),
-        endpoint_charts=_drawn(data.starts, data.by_endpoint),
-        before_authentication_charts=_drawn(data.starts, data.before_authentication),
         inspect_url=reverse(INSPECT),
         health=_health(),
         **_most_limited(window),
     )
-
-
-def _drawn(starts: list[datetime], charts: list[Chart]) -> list[tuple[Chart, SafeString]]:
-    return [(chart, stacked_bars(chart.title, starts, chart.bars)) for chart in charts]
 
 
 def _most_limited(window: str) -> dict[str, Any]:
@@ -142,10 +133,10 @@ def inspector(request: HttpRequest, model_admin: _AppAdmin) -> HttpResponse:
     if text:
         try:
             subject = _subject(text, address)
-            context["inspection"] = inspect(subject, username or None, address or None)
+            context["inspection"] = inspect(subject, username, address)
             if path:
                 context["explanation"] = explain(
-                    subject, method, path, address=address or None, username=username or None
+                    subject, method, path, address=address, username=username
                 )
         except UnknownClient as exc:
             context["error"] = _("Unknown client: %(reason)s.") % {"reason": exc}
@@ -185,7 +176,7 @@ def reset_client(request: HttpRequest, model_admin: _AppAdmin) -> HttpResponse:
     back = f"{reverse(INSPECT)}?{urlencode({k: v for k, v in query.items() if v})}"
     if request.method == "POST":
         try:
-            found = reset_counters(subject, username=username or None, address=address or None)
+            found = reset_counters(subject, username=username, address=address)
         except BackendError as exc:
             error = _("The backend could not reset: %(error)s") % {"error": exc}
             return _back(request, back, error, messages.ERROR)
@@ -193,9 +184,7 @@ def reset_client(request: HttpRequest, model_admin: _AppAdmin) -> HttpResponse:
         done = _("Reset %(count)d bucket(s) of %(client)s.")
         return _back(request, back, done % {"count": len(found), "client": subject.label})
     try:
-        found = [
-            c for c in counters(subject, username or None, address or None) if not c.limit.shared
-        ]
+        found = [c for c in counters(subject, username, address) if not c.limit.shared]
     except BackendError as exc:
         error = _("The backend could not be read: %(error)s") % {"error": exc}
         return _back(request, back, error, messages.ERROR)
@@ -237,16 +226,14 @@ def _reset_ceiling(request: HttpRequest, model_admin: _AppAdmin, data: QueryDict
     return _back(request, back, done)
 
 
-def _client(data: QueryDict) -> tuple[str, str, str]:
-    """The client, the username it presents and the address it comes from, as typed."""
-    return (
-        data.get("client", "").strip(),
-        data.get("username", "").strip(),
-        data.get("ip", "").strip(),
-    )
+def _client(data: QueryDict) -> tuple[str, str | None, str | None]:
+    """The client, the username it presents and the address it comes from, as typed (the
+    last two ``None`` when blank)."""
+    text, username, address = (data.get(name, "").strip() for name in ("client", "username", "ip"))
+    return text, username or None, address or None
 
 
-def _subject(text: str, address: str) -> Subject:
+def _subject(text: str, address: str | None) -> Subject:
     """The client named; a bad address is an error too, not "none". Raises
     :class:`UnknownClient`."""
     subject = parse_client(text)
