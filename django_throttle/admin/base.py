@@ -8,7 +8,6 @@ It registers nothing: the modules beside it register one model's admin each.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
@@ -46,26 +45,6 @@ MATCH_TYPES: dict[str, Any] = {
     "route": pgettext_lazy("admin list", "route"),
     "path": pgettext_lazy("admin list", "path"),
 }
-
-
-def column(
-    field: str,
-    description: Any,
-    words: dict[str, Any] | None = None,
-    *,
-    boolean: bool | None = None,
-    ordering: str | None = None,
-) -> Callable[[Any, Any], Any]:
-    """A list column (a ModelAdmin attribute) showing the row's ``field`` under a short
-    heading, in a word of ``words`` when given; ``boolean`` and ``ordering`` as for
-    :func:`admin.display`."""
-
-    @admin.display(description=description, boolean=boolean, ordering=ordering)
-    def show(model_admin: Any, obj: Any) -> Any:
-        value = getattr(obj, field)
-        return value if words is None else str(words.get(value, value))
-
-    return show
 
 
 class _AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -106,9 +85,9 @@ class _LimitedAdmin(_AppAdmin):
     failure-mode columns, and the warnings the forms leave (see
     :class:`~django_throttle.admin.forms.TierLimitFormSet`), shown once the change is saved."""
 
-    failure_mode_word = column(
-        "failure_mode", _("failure mode"), FAILURE_MODES, ordering="failure_mode"
-    )
+    @admin.display(description=_("failure mode"), ordering="failure_mode")
+    def failure_mode_word(self, obj: Any) -> str:
+        return str(FAILURE_MODES.get(obj.failure_mode, obj.failure_mode))
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return super().get_queryset(request).prefetch_related("limits")

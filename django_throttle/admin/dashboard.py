@@ -35,13 +35,7 @@ from django.utils.translation import gettext
 from django_throttle.backends import BackendError
 from django_throttle.models import UsageCount
 from django_throttle.plain import plain_text
-from django_throttle.usage.accounting import (
-    ALL,
-    BEFORE_AUTHENTICATION,
-    OUTCOMES,
-    get_store,
-    split_field,
-)
+from django_throttle.usage import accounting
 from django_throttle.usage.reports import NO_ENDPOINT, NO_TIER
 
 __all__ = ["CHARTED", "LABELS", "WINDOWS", "Chart", "Timeline", "stacked_bars", "timeline"]
@@ -74,10 +68,6 @@ class Chart:
         return {outcome: sum(series) for outcome, series in self.bars.items()}
 
     @property
-    def total(self) -> int:
-        return sum(self.totals.values())
-
-    @property
     def svg(self) -> SafeString:
         return stacked_bars(self.title, self.starts, self.bars)
 
@@ -98,7 +88,7 @@ class Timeline:
 def timeline(window: str) -> Timeline:
     """Per-bar counts for ``window`` (a key of :data:`WINDOWS`) ending with the current minute."""
     span, step = WINDOWS[window]
-    store = get_store()
+    store = accounting.get_store()
     partial = False
     try:
         now = store.now_minute()
@@ -114,7 +104,7 @@ def timeline(window: str) -> Timeline:
         index = (minute - first) // step
         if 0 <= index < bars:
             row = cells.setdefault((tier, endpoint), {o: [0] * bars for o in CHARTED})
-            for outcome, n in zip(OUTCOMES, values, strict=False):
+            for outcome, n in zip(accounting.OUTCOMES, values, strict=False):
                 if outcome in row:
                     row[outcome][index] += n
 
@@ -126,11 +116,15 @@ def timeline(window: str) -> Timeline:
     if watermark is not None and watermark >= first:
         rows = (
             UsageCount.objects.filter(
-                client=ALL, window_start__gte=_start(first), window_start__lte=_start(watermark)
+                client=accounting.ALL,
+                window_start__gte=_start(first),
+                window_start__lte=_start(watermark),
             )
             .values("window_start", "tier", "endpoint")
-            .annotate(**{f"sum_{o}": Sum(o) for o in OUTCOMES})
-            .values_list("window_start", "tier", "endpoint", *(f"sum_{o}" for o in OUTCOMES))
+            .annotate(**{f"sum_{o}": Sum(o) for o in accounting.OUTCOMES})
+            .values_list(
+                "window_start", "tier", "endpoint", *(f"sum_{o}" for o in accounting.OUTCOMES)
+            )
         )
         for start, tier, endpoint, *values in rows:
             add(_minute(start), tier, endpoint, (int(n or 0) for n in values))
@@ -141,10 +135,10 @@ def timeline(window: str) -> Timeline:
         live, partial = {}, True
     for minute, counts in live.items():
         for usage_field, values in counts.totals.items():
-            add(minute, *split_field(usage_field), values)
+            add(minute, *accounting.split_field(usage_field), values)
 
-    served = {key: row for key, row in cells.items() if key[0] != BEFORE_AUTHENTICATION}
-    checks = {key: row for key, row in cells.items() if key[0] == BEFORE_AUTHENTICATION}
+    served = {key: row for key, row in cells.items() if key[0] != accounting.BEFORE_AUTHENTICATION}
+    checks = {key: row for key, row in cells.items() if key[0] == accounting.BEFORE_AUTHENTICATION}
     starts = [_start(first + i * step) for i in range(bars)]
     return Timeline(
         overall=_sum(gettext("All requests"), served.values(), starts),
@@ -167,7 +161,7 @@ def _charts(
         grouped.setdefault(plain_text(key[part]) or blank, []).append(row)
     charts = sorted(
         (_sum(name, rows, starts) for name, rows in grouped.items()),
-        key=lambda chart: (-chart.total, chart.title),
+        key=lambda chart: (-sum(chart.totals.values()), chart.title),
     )
     if len(charts) > MAX_CHARTS:
         rest = charts[MAX_CHARTS - 1 :]

@@ -15,24 +15,9 @@ from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import pgettext_lazy
 
-from django_throttle.admin.base import (
-    COUNTS,
-    MATCH_TYPES,
-    LimitInline,
-    _AppAdmin,
-    _LimitedAdmin,
-    column,
-)
+from django_throttle import models
+from django_throttle.admin.base import COUNTS, MATCH_TYPES, LimitInline, _AppAdmin, _LimitedAdmin
 from django_throttle.admin.forms import EndpointLimitFormSet, EndpointRuleForm, TierLimitFormSet
-from django_throttle.models import (
-    EndpointLimit,
-    EndpointRule,
-    Exemption,
-    FailureMode,
-    Tier,
-    TierAssignment,
-    TierLimit,
-)
 
 __all__ = [
     "EndpointLimitInline",
@@ -45,12 +30,12 @@ __all__ = [
 
 
 class TierLimitInline(LimitInline):
-    model = TierLimit
+    model = models.TierLimit
     formset = TierLimitFormSet
     fields = [*LimitInline.fields, "shared"]
 
 
-@admin.register(Tier)
+@admin.register(models.Tier)
 class TierAdmin(_LimitedAdmin):
     list_display = [
         "name",
@@ -75,43 +60,52 @@ class TierAdmin(_LimitedAdmin):
         "priority",
         "failure_mode",
     ]
-    default_anonymous = column("is_default_anonymous", _("anonymous default"), boolean=True)
-    default_authenticated = column("is_default_authenticated", _("users' default"), boolean=True)
+
+    @admin.display(description=_("anonymous default"), boolean=True)
+    def default_anonymous(self, obj: models.Tier) -> bool:
+        return obj.is_default_anonymous
+
+    @admin.display(description=_("users' default"), boolean=True)
+    def default_authenticated(self, obj: models.Tier) -> bool:
+        return obj.is_default_authenticated
 
     def formfield_for_choice_field(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         if db_field.name == "failure_mode":
             # A tier has nothing between it and the setting to inherit from.
             kwargs["choices"] = [
-                (FailureMode.INHERIT, _("inherit (the DJANGO_THROTTLE_FAILURE_MODE setting)")),
-                *((value, label) for value, label in FailureMode.choices if value),
+                (
+                    models.FailureMode.INHERIT,
+                    _("inherit (the DJANGO_THROTTLE_FAILURE_MODE setting)"),
+                ),
+                *((value, label) for value, label in models.FailureMode.choices if value),
             ]
         return super().formfield_for_choice_field(db_field, request, **kwargs)
 
     @admin.display(description=_("limits"))
-    def limits_summary(self, obj: Tier) -> str:
+    def limits_summary(self, obj: models.Tier) -> str:
         return ", ".join(str(limit) for limit in obj.limits.all()) or str(_("unlimited"))
 
 
 class EndpointLimitInline(LimitInline):
-    model = EndpointLimit
+    model = models.EndpointLimit
     formset = EndpointLimitFormSet
     fields = ["tier", *LimitInline.fields, "counted_by"]
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet[EndpointLimit]:
+    def get_queryset(self, request: HttpRequest) -> QuerySet[models.EndpointLimit]:
         return super().get_queryset(request).select_related("tier")
 
     def formfield_for_choice_field(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         if db_field.name == "counted_by":
             # The row is a line of a table: one word each, the column's help says the rest.
             kwargs["choices"] = [
-                (EndpointLimit.CountedBy.CLIENT, pgettext_lazy("admin list", "client")),
-                (EndpointLimit.CountedBy.IP, _("IP address")),
-                (EndpointLimit.CountedBy.USERNAME, pgettext_lazy("admin list", "username")),
+                (models.EndpointLimit.CountedBy.CLIENT, pgettext_lazy("admin list", "client")),
+                (models.EndpointLimit.CountedBy.IP, _("IP address")),
+                (models.EndpointLimit.CountedBy.USERNAME, pgettext_lazy("admin list", "username")),
             ]
         return super().formfield_for_choice_field(db_field, request, **kwargs)
 
 
-@admin.register(EndpointRule)
+@admin.register(models.EndpointRule)
 class EndpointRuleAdmin(_LimitedAdmin):
     form = EndpointRuleForm
     list_display = [
@@ -140,18 +134,21 @@ class EndpointRuleAdmin(_LimitedAdmin):
         "failure_mode",
     ]
     inlines = [EndpointLimitInline]
-    counts_word = column("counts", _("counts"), COUNTS, ordering="counts")
+
+    @admin.display(description=_("counts"), ordering="counts")
+    def counts_word(self, obj: models.EndpointRule) -> str:
+        return str(COUNTS.get(obj.counts, obj.counts))
 
     @admin.display(description=pgettext_lazy("admin list", "matches"), ordering="pattern")
-    def matches(self, obj: EndpointRule) -> str:
+    def matches(self, obj: models.EndpointRule) -> str:
         return f"{MATCH_TYPES.get(obj.match_type, obj.match_type)} {obj.pattern}"
 
     @admin.display(description=pgettext_lazy("admin list", "methods"), ordering="methods")
-    def method_list(self, obj: EndpointRule) -> str:
+    def method_list(self, obj: models.EndpointRule) -> str:
         return ", ".join(obj.methods.split(",")) if obj.methods else str(COUNTS["all"])
 
 
-@admin.register(TierAssignment)
+@admin.register(models.TierAssignment)
 class TierAssignmentAdmin(_AppAdmin):
     list_display = ["tier", "user", "group", "note", "created"]
     list_select_related = ["tier", "user", "group"]
@@ -160,7 +157,7 @@ class TierAssignmentAdmin(_AppAdmin):
     raw_id_fields = ["user", "group"]
 
 
-@admin.register(Exemption)
+@admin.register(models.Exemption)
 class ExemptionAdmin(_AppAdmin):
     """Users, groups and networks never limited (compiled into the policy: no query and no
     Redis call per exempt request)."""
