@@ -27,7 +27,6 @@ from html import escape
 from itertools import count
 
 from django.conf import settings
-from django.db.models import Sum
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext
@@ -49,6 +48,9 @@ LABELS = {"allowed": "allowed", "denied": "denied", "shadow_denied": "shadow wou
 #: Charts drawn per tier or endpoint; the quieter ones are summed into one "(other)" chart.
 MAX_CHARTS = 12
 OTHER = "(other)"
+
+#: (tier, endpoint) -> outcome -> per-bar counts
+_Cells = dict[tuple[str, str], dict[str, list[int]]]
 
 WIDTH, HEIGHT = 720, 170
 LEFT, RIGHT, TOP, BOTTOM = 44, 8, 8, 22
@@ -97,8 +99,7 @@ def timeline(window: str) -> Timeline:
     first = now - span + 1
     first -= first % step  # bars start on whole steps (xx:00, xx:15 ...)
     bars = (now - first) // step + 1
-    # (tier, endpoint) -> outcome -> per-bar counts
-    cells: dict[tuple[str, str], dict[str, list[int]]] = {}
+    cells: _Cells = {}
 
     def add(minute: int, tier: str, endpoint: str, values: Iterable[int]) -> None:
         index = (minute - first) // step
@@ -114,20 +115,14 @@ def timeline(window: str) -> Timeline:
     except BackendError:
         partial = True
     if watermark is not None and watermark >= first:
-        rows = (
-            UsageCount.objects.filter(
-                client=accounting.ALL,
-                window_start__gte=_start(first),
-                window_start__lte=_start(watermark),
-            )
-            .values("window_start", "tier", "endpoint")
-            .annotate(**{f"sum_{o}": Sum(o) for o in accounting.OUTCOMES})
-            .values_list(
-                "window_start", "tier", "endpoint", *(f"sum_{o}" for o in accounting.OUTCOMES)
-            )
-        )
+        # One row per minute, tier and endpoint (the table's unique constraint): nothing to sum.
+        rows = UsageCount.objects.filter(
+            client=accounting.ALL,
+            window_start__gte=_start(first),
+            window_start__lte=_start(watermark),
+        ).values_list("window_start", "tier", "endpoint", *accounting.OUTCOMES)
         for start, tier, endpoint, *values in rows:
-            add(_minute(start), tier, endpoint, (int(n or 0) for n in values))
+            add(_minute(start), tier, endpoint, values)
     live_from = first if watermark is None else max(first, watermark + 1)
     try:
         live = store.read(range(live_from, now + 1), totals=True, clients=False)
@@ -149,12 +144,7 @@ def timeline(window: str) -> Timeline:
     )
 
 
-def _charts(
-    cells: dict[tuple[str, str], dict[str, list[int]]],
-    part: int,
-    starts: list[datetime],
-    blank: str,
-) -> list[Chart]:
+def _charts(cells: _Cells, part: int, starts: list[datetime], blank: str) -> list[Chart]:
     """One chart per tier (``part`` 0) or endpoint (1), busiest first, the quietest summed."""
     grouped: dict[str, list[dict[str, list[int]]]] = {}
     for key, row in cells.items():

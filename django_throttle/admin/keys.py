@@ -13,7 +13,6 @@ from typing import Any
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.db import router
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
@@ -90,7 +89,7 @@ class ApiKeyAdmin(_AppAdmin):
         revoked = list(queryset.filter(active=True))
         for api_key in revoked:
             api_key.active = False
-            api_key.save(update_fields=["active"], using=router.db_for_write(ApiKey))
+            api_key.save(update_fields=["active"])  # on the router's database for writes
             self.log_change(request, api_key, [{"changed": {"fields": [label]}}])
         self.message_user(request, _("%(count)d API key(s) revoked.") % {"count": len(revoked)})
 

@@ -240,11 +240,9 @@ def _subject(text: str, address: str | None) -> Subject:
     return subject
 
 
-def _back(
-    request: HttpRequest, url: str, message: str, level: int = messages.SUCCESS
-) -> HttpResponse:
-    """Back to ``url``, with ``message`` shown there."""
-    messages.add_message(request, level, message)
+def _back(request: HttpRequest, url: str, text: str, level: int = messages.SUCCESS) -> HttpResponse:
+    """Back to ``url``, with ``text`` shown there."""
+    messages.add_message(request, level, text)
     return HttpResponseRedirect(url)
 
 
@@ -261,11 +259,10 @@ def log_reset(request: HttpRequest, subject: Subject, limits: list[Any]) -> None
 
 
 def _log(request: HttpRequest, target: Model | None, name: str, message: str) -> None:
+    content_type = ContentType.objects.get_for_model(target or UsageCount, for_concrete_model=False)
     LogEntry.objects.create(
         user_id=request.user.pk or 0,
-        content_type=ContentType.objects.get_for_model(
-            target or UsageCount, for_concrete_model=False
-        ),
+        content_type=content_type,
         object_id=None if target is None else str(target.pk),
         object_repr=name[:200],
         action_flag=CHANGE,
