@@ -190,8 +190,7 @@ def _minute(value: datetime) -> int:
 def stacked_bars(title: str, starts: Sequence[datetime], bars: dict[str, list[int]]) -> SafeString:
     """One chart: a bar per start time (labelled hours and minutes), the outcomes stacked in
     ``bars`` order."""
-    heights = [sum(series[i] for series in bars.values()) for i in range(len(starts))]
-    top = _nice_ceiling(max(heights, default=0))
+    top = _nice_ceiling(max(map(sum, zip(*bars.values(), strict=True)), default=0))
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     slot = plot_w / max(len(starts), 1)
     bar_w = max(slot * 0.8, 1.0)

@@ -91,11 +91,10 @@ class UsageCountAdmin(_AppAdmin):
         found = getattr(obj, "throttle_client_name", None)
         if found is None or not found.name:
             return obj.client
-        if not found.url:
-            return format_html("{} <small>({})</small>", found.name, obj.client)
-        return format_html(
-            '<a href="{}">{}</a> <small>({})</small>', found.url, found.name, obj.client
+        name = (
+            format_html('<a href="{}">{}</a>', found.url, found.name) if found.url else found.name
         )
+        return format_html("{} <small>({})</small>", name, obj.client)
 
     @admin.display(description=_("failed open / closed"))
     def failed(self, obj: UsageCount) -> str:
