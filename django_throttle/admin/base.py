@@ -70,13 +70,9 @@ class _AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         self, request: HttpRequest, template: str, title: str | Promise, **context: Any
     ) -> TemplateResponse:
         """One of the app's own pages (``admin/django_throttle/<template>.html``) in the admin's
-        frame: its title, breadcrumbs and this model's options."""
-        context = {
-            **self.admin_site.each_context(request),
-            "title": title,
-            "opts": self.opts,
-            **context,
-        }
+        frame: the site's context (``each_context``: header, sidebar), the title, and this
+        model's options for the breadcrumbs."""
+        context.update(self.admin_site.each_context(request), title=title, opts=self.opts)
         return TemplateResponse(request, f"admin/django_throttle/{template}.html", context)
 
 
