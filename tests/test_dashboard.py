@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Permission, User
 
-from django_throttle.admin.charts import stacked_bars
+from django_throttle.admin.dashboard import stacked_bars
 from django_throttle.backends import get_backend
 from django_throttle.backends.breaker import get_breaker
 from tests.factories import endpoint, tier

@@ -6,24 +6,29 @@ never a 500; list pages load related rows up front so they cost a fixed number o
 rows written around the admin that the policy skips (a "problems" column).
 
 Django's admin autodiscovery imports this package; importing it registers every ModelAdmin of the
-app, one model's pages per module:
+app:
 
-- :mod:`.tiers`: tiers and their limits.
-- :mod:`.rules`: endpoint rules and their limits per tier.
-- :mod:`.assignments`: tier assignments and exemptions (rows naming a user or a group).
+- :mod:`.policy_rows`: tiers and endpoint rules with their limits, tier assignments and
+  exemptions (rows naming a user or a group).
 - :mod:`.keys`: API keys (shown once, revoked, their buckets reset).
 - :mod:`.usage_counts`: the read-only usage list, with the dashboard and inspector under it.
 
-What they share (the base class, the "problems" column, the limit inline) is in :mod:`.base`.
+What they share (the base class, the columns in a word, the "problems" column, the limit
+inline) is in :mod:`.base`.
 """
 
 from __future__ import annotations
 
-from django_throttle.admin.assignments import ExemptionAdmin, TierAssignmentAdmin
 from django_throttle.admin.base import LimitInline
 from django_throttle.admin.keys import ApiKeyAdmin
-from django_throttle.admin.rules import EndpointLimitInline, EndpointRuleAdmin
-from django_throttle.admin.tiers import TierAdmin, TierLimitInline
+from django_throttle.admin.policy_rows import (
+    EndpointLimitInline,
+    EndpointRuleAdmin,
+    ExemptionAdmin,
+    TierAdmin,
+    TierAssignmentAdmin,
+    TierLimitInline,
+)
 from django_throttle.admin.usage_counts import HadDenialsFilter, UsageCountAdmin, UsageKindFilter
 
 __all__ = [

@@ -18,7 +18,7 @@ from typing import Any
 
 from django import forms
 from django.conf import settings
-from django.utils.translation import gettext_lazy as _
+from django.utils.translation import gettext as _
 
 from django_throttle.models import ALGORITHM_FIELDS, ALGORITHM_HELP, BadRow, EndpointRule, TierLimit
 from django_throttle.rates import WINDOW_ALGORITHMS, InvalidRate, Rate
@@ -40,19 +40,34 @@ def _valid_rows(formset: forms.BaseInlineFormSet[Any, Any, Any]) -> Iterable[tup
         if not data or data.get("DELETE") or form.errors:
             continue
         try:
-            capacity = form.instance.capacity
+            yield form, form.instance.capacity
         except BadRow:
             continue
-        yield form, capacity
 
 
 def _fix(form: forms.Form, cost: int) -> tuple[str, str]:
     """The field to raise for a limit that holds less than ``cost``, and what to tell the
     operator: a window's count is its rate's; a bucket's burst when set, else the rate."""
     if form.cleaned_data.get("algorithm") in WINDOW_ALGORITHMS:
-        return "rate", str(_("raise the rate's count to at least %(cost)s")) % {"cost": cost}
+        return "rate", _("raise the rate's count to at least %(cost)s") % {"cost": cost}
     field = "burst" if form.cleaned_data.get("burst") is not None else "rate"
-    return field, str(_("set the burst to at least %(cost)s")) % {"cost": cost}
+    return field, _("set the burst to at least %(cost)s") % {"cost": cost}
+
+
+def _below_costs(
+    tier: str, limit: Any, capacity: int, rules: list[tuple[str, int]], fix: str
+) -> str:
+    """The warning for a tier-wide limit that holds less than the cost of ``rules`` (name,
+    cost): see :class:`TierLimitFormSet`."""
+    named = ", ".join(
+        _("rule '%(name)s' (cost %(cost)s)") % {"name": n, "cost": c} for n, c in rules
+    )
+    return _(
+        "Tier '%(tier)s': its limit %(limit)s holds at most %(capacity)s, less than the cost "
+        "of %(rules)s: such a call is charged the whole limit (%(capacity)s) and passes only "
+        "when the limit is full. Fine if the tier's clients cannot reach it anyway (e.g. it "
+        "requires login); otherwise %(fix)s."
+    ) % {"tier": tier, "limit": limit, "capacity": capacity, "rules": named, "fix": fix}
 
 
 class AlgorithmSelect(forms.Select):
@@ -89,32 +104,13 @@ class LimitForm(forms.ModelForm):  # type: ignore[type-arg]
             return value  # the model's validator reports it with the explanation
 
 
-def _refuse_duplicates(formset: forms.BaseInlineFormSet[Any, Any, Any]) -> None:
-    """An error on the rate of every row that repeats an earlier one (the same counter twice:
-    each request would take its cost from both, and count twice against the client)."""
-    first: dict[tuple[object, ...], Any] = {}
-    for form, _capacity in _valid_rows(formset):
-        key = form.instance.duplicate_key()
-        if key is None:
-            continue
-        if key in first:
-            form.add_error(
-                "rate",
-                str(
-                    _(
-                        "the same limit as another row (%(limit)s): every request would count "
-                        "it twice; remove one of them"
-                    )
-                )
-                % {"limit": first[key].instance},
-            )
-        else:
-            first[key] = form
-
-
 class TierLimitFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
     """Refuse a limit written twice; warn about a limit smaller than the cost of an enabled
     endpoint rule.
+
+    A limit written twice is the same counter twice: each request would take its cost from
+    both, and count twice against the client. An error on the rate of every row that repeats
+    an earlier one.
 
     A request costing more than a limit holds is denied forever, but whether the tier's
     clients can reach that endpoint at all is the project's business (a view requiring login
@@ -125,40 +121,29 @@ class TierLimitFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
     def clean(self) -> None:
         super().clean()
         self.warnings: list[str] = []
-        _refuse_duplicates(self)
         costly = list(
             EndpointRule.objects.filter(cost__gt=1, enabled=True)
             .order_by("-cost", "name")
             .values_list("name", "cost")
         )
-        if not costly:
-            return
+        first: dict[tuple[object, ...], Any] = {}
         for form, capacity in _valid_rows(self):
-            beyond = [(name, cost) for name, cost in costly if cost > capacity]
-            if not beyond:
-                continue
-            _field, fix = _fix(form, beyond[0][1])
-            self.warnings.append(
-                str(
-                    _(
-                        "Tier '%(tier)s': its limit %(limit)s holds at most %(capacity)s, "
-                        "less than the cost of %(rules)s: such a call is charged the whole "
-                        "limit (%(capacity)s) and passes only when the limit is full. Fine if "
-                        "the tier's clients cannot reach it anyway (e.g. it requires login); "
-                        "otherwise %(fix)s."
-                    )
+            key = form.instance.duplicate_key()
+            if key in first:
+                message = _(
+                    "the same limit as another row (%(limit)s): every request would count it "
+                    "twice; remove one of them"
                 )
-                % {
-                    "tier": self.instance.name,
-                    "limit": form.instance,
-                    "capacity": capacity,
-                    "rules": ", ".join(
-                        str(_("rule '%(name)s' (cost %(cost)s)")) % {"name": n, "cost": c}
-                        for n, c in beyond
-                    ),
-                    "fix": fix,
-                }
-            )
+                form.add_error("rate", message % {"limit": first[key].instance})
+                continue  # one message per mistake: not compared with costs as well
+            if key is not None:
+                first[key] = form
+            beyond = [(name, cost) for name, cost in costly if cost > capacity]
+            if beyond:
+                fix = _fix(form, beyond[0][1])[1]
+                self.warnings.append(
+                    _below_costs(self.instance.name, form.instance, capacity, beyond, fix)
+                )
 
 
 class EndpointLimitFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
@@ -166,23 +151,17 @@ class EndpointLimitFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
 
     def clean(self) -> None:
         super().clean()
-        rule: EndpointRule = self.instance
-        cost = rule.cost
-        if "cost" in rule.row_problems():
+        cost = self.instance.cost
+        if "cost" in self.instance.row_problems():
             return  # the rule form reports the cost itself
         for form, capacity in _valid_rows(self):
             if capacity < cost:
                 field, fix = _fix(form, cost)
-                form.add_error(
-                    field,
-                    str(
-                        _(
-                            "a request costing %(cost)s could never pass: this limit holds at "
-                            "most %(capacity)s; %(fix)s or lower the cost"
-                        )
-                    )
-                    % {"cost": cost, "capacity": capacity, "fix": fix},
+                message = _(
+                    "a request costing %(cost)s could never pass: this limit holds at most "
+                    "%(capacity)s; %(fix)s or lower the cost"
                 )
+                form.add_error(field, message % {"cost": cost, "capacity": capacity, "fix": fix})
 
 
 class EndpointRuleForm(forms.ModelForm):  # type: ignore[type-arg]
@@ -197,36 +176,21 @@ class EndpointRuleForm(forms.ModelForm):  # type: ignore[type-arg]
 
     def _post_clean(self) -> None:
         # After the model's own validation, so a cost out of range has its one error and is
-        # not also compared with the tier limits.
+        # not also compared with the tier limits. A disabled rule costs nothing; enabling it
+        # is checked then.
         super()._post_clean()  # type: ignore[misc]
         self.warnings: list[str] = []
         cost = self.cleaned_data.get("cost")
         if "cost" in self.errors or not isinstance(cost, int) or cost <= 1:
             return
         if not self.cleaned_data.get("enabled", True):
-            return  # a disabled rule costs nothing; enabling it is checked then
+            return
+        rule = [(self.cleaned_data.get("name", ""), cost)]
         for limit in TierLimit.objects.select_related("tier").order_by("tier__name", "pk"):
             try:
                 capacity = limit.capacity
             except BadRow:
                 continue
             if capacity < cost:
-                self.warnings.append(
-                    str(
-                        _(
-                            "Tier '%(tier)s': its limit %(limit)s holds at most %(capacity)s, "
-                            "less than the cost of rule '%(rule)s' (cost %(cost)s): such a call "
-                            "is charged the whole limit (%(capacity)s) and passes only when the "
-                            "limit is full. Fine if the tier's clients cannot reach it anyway "
-                            "(e.g. it requires login); otherwise lower the cost or raise that "
-                            "limit."
-                        )
-                    )
-                    % {
-                        "tier": limit.tier.name,
-                        "limit": limit,
-                        "capacity": capacity,
-                        "rule": self.cleaned_data.get("name", ""),
-                        "cost": cost,
-                    }
-                )
+                fix = _("lower the cost or raise that limit")
+                self.warnings.append(_below_costs(limit.tier.name, limit, capacity, rule, fix))

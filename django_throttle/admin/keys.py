@@ -6,22 +6,26 @@ recorded in the admin history. Registers ``ApiKey``.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import closing
 from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
 from django.contrib import admin, messages
-from django.db import router
+from django.contrib.admin import helpers
 from django.db.models import QuerySet
-from django.forms import ModelForm
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 
-from django_throttle.admin.base import _AppAdmin, _searchable
+from django_throttle.admin.base import _AppAdmin
+from django_throttle.admin.views import log_reset
 from django_throttle.backends import BackendError
+from django_throttle.identity import Identity
+from django_throttle.inspection.resets import reset
+from django_throttle.inspection.subjects import Subject
 from django_throttle.models import ApiKey
 from django_throttle.usage import accounting as usage
 
@@ -47,12 +51,12 @@ class ApiKeyAdmin(_AppAdmin):
     list_filter = ["active", "tier"]
     search_fields = ["name", "prefix"]
     fields = ["name", "tier", "owner", "active", "expires"]
-    change_fields = ["prefix", *fields, "created", "last_used_at"]
+    readonly_fields = ["prefix", "created", "last_used_at"]
     raw_id_fields = ["owner"]
     actions = ["revoke", "reset_buckets"]
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [] if obj is None else ["prefix", "created", "last_used_at"]
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return self.fields if obj is None else ["prefix", *self.fields, "created", "last_used_at"]
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         # One backend round trip for the page's keys, not one per row.
@@ -67,44 +71,27 @@ class ApiKeyAdmin(_AppAdmin):
         if not hasattr(obj, "throttle_live_last_used"):
             _attach_live_use([obj])
         live = obj.throttle_live_last_used  # type: ignore[attr-defined]
-        stored = obj.last_used
-        newest = max((t for t in (live, stored) if t is not None), default=None)
+        newest = max((t for t in (live, obj.last_used) if t is not None), default=None)
         return newest if newest is not None else _("never (since the last rollup)")
 
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return self.fields if obj is None else self.change_fields
-
-    def get_autocomplete_fields(self, request: HttpRequest) -> list[str]:
-        owner_model = self.model._meta.get_field("owner").related_model
-        return ["owner"] if _searchable(self.admin_site, owner_model) else []
-
-    def save_model(self, request: HttpRequest, obj: ApiKey, form: ModelForm, change: bool) -> None:  # type: ignore[type-arg]
-        if change:
-            super().save_model(request, obj, form, change)
-            return
-        full_key = obj.set_new_key()
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        full_key = None if change else obj.set_new_key()
         super().save_model(request, obj, form, change)
-        messages.warning(
-            request,
-            format_html(
-                "{} <code>{}</code>",
-                _("The new API key is shown only this once; copy it now:"),
-                full_key,
-            ),
-        )
+        if full_key is not None:
+            shown_once = _("The new API key is shown only this once; copy it now:")
+            messages.warning(request, format_html("{} <code>{}</code>", shown_once, full_key))
 
     @admin.action(description=_("Revoke selected API keys"), permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         # One save per key: each is logged in the admin history (worded as the change form
         # words it: the field's label) and bumps the policy.
         label = str(capfirst(ApiKey._meta.get_field("active").verbose_name))
-        revoked = 0
-        for api_key in queryset.filter(active=True):
+        revoked = list(queryset.filter(active=True))
+        for api_key in revoked:
             api_key.active = False
-            api_key.save(update_fields=["active"], using=router.db_for_write(ApiKey))
+            api_key.save(update_fields=["active"])  # on the router's database for writes
             self.log_change(request, api_key, [{"changed": {"fields": [label]}}])
-            revoked += 1
-        self.message_user(request, _("%(count)d API key(s) revoked.") % {"count": revoked})
+        self.message_user(request, _("%(count)d API key(s) revoked.") % {"count": len(revoked)})
 
     @admin.action(
         description=_("Reset the rate limit buckets of selected API keys"), permissions=["change"]
@@ -112,48 +99,28 @@ class ApiKeyAdmin(_AppAdmin):
     def reset_buckets(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> Any:
         """Ask first (an intermediate page listing the keys), then clear each key's buckets,
         recorded in the admin history."""
-        from django.contrib.admin import helpers
-        from django.template.response import TemplateResponse
-
-        from django_throttle.admin.views import log_reset
-        from django_throttle.identity import Identity
-        from django_throttle.inspection.resets import reset
-        from django_throttle.inspection.subjects import Subject
-
         keys = list(queryset.select_related("tier"))
         if request.POST.get("post") != "yes":
-            context = {
-                **self.admin_site.each_context(request),
-                "title": _("Reset the rate limit buckets of these API keys?"),
-                "opts": self.model._meta,
-                "keys": keys,
-                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-                "action": "reset_buckets",
-            }
-            return TemplateResponse(
-                request, "admin/django_throttle/apikey/reset_buckets.html", context
+            return self.render_page(
+                request,
+                "apikey/reset_buckets",
+                _("Reset the rate limit buckets of these API keys?"),
+                keys=keys,
+                action_checkbox_name=helpers.ACTION_CHECKBOX_NAME,
+                action="reset_buckets",
             )
-        count = 0
         for api_key in keys:
-            subject = Subject(
-                Identity("key", api_key.prefix),
-                f"API key {api_key.prefix} ({api_key.name})",
-                api_key=api_key,
-            )
+            label = f"API key {api_key.prefix} ({api_key.name})"
+            subject = Subject(Identity("key", api_key.prefix), label, api_key=api_key)
             try:
                 limits = reset(subject)
             except BackendError as exc:
-                self.message_user(
-                    request,
-                    _("The backend could not reset: %(error)s") % {"error": exc},
-                    messages.ERROR,
-                )
+                error = _("The backend could not reset: %(error)s") % {"error": exc}
+                self.message_user(request, error, messages.ERROR)
                 return None
             log_reset(request, subject, limits)
-            count += 1
-        self.message_user(
-            request, _("Reset the buckets of %(count)d API key(s).") % {"count": count}
-        )
+        message = _("Reset the buckets of %(count)d API key(s).") % {"count": len(keys)}
+        self.message_user(request, message)
         return None
 
 
@@ -163,15 +130,12 @@ def _attach_live_use(keys: Iterable[ApiKey]) -> None:
     an error)."""
     keys = list(keys)
     seen: dict[str, int] = {}
-    if keys:
-        try:
-            store = usage.get_store()
-            try:
+    try:
+        if keys:
+            with closing(usage.get_store()) as store:
                 seen = store.keys_last_used([key.prefix for key in keys])
-            finally:
-                store.close()
-        except (BackendError, usage.UsageUnavailable):
-            seen = {}
+    except (BackendError, usage.UsageUnavailable):
+        seen = {}
     for key in keys:
         second = seen.get(key.prefix)
         live = None if second is None else datetime.fromtimestamp(second, tz=UTC)

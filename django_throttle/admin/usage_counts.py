@@ -9,49 +9,49 @@ from functools import partial
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest
+from django.urls import path
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import pgettext_lazy
 
+from django_throttle.admin import views
 from django_throttle.admin.base import _AppAdmin
-from django_throttle.admin.columns import attach_client_links
 from django_throttle.models import UsageCount
+from django_throttle.usage.names import client_names
 
 __all__ = ["HadDenialsFilter", "UsageCountAdmin", "UsageKindFilter"]
 
 
-class HadDenialsFilter(admin.SimpleListFilter):
-    title = _("denials")
-    parameter_name = "denied"
+class _ChoiceFilter(admin.SimpleListFilter):
+    """A filter whose choices are a table: value → (label, the rows it keeps)."""
+
+    options: dict[str, tuple[Any, Q]]
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return [("yes", _("some denied")), ("no", _("none denied"))]
+        return [(value, label) for value, (label, _rows) in self.options.items()]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        if self.value() == "yes":
-            return queryset.filter(denied__gt=0)
-        if self.value() == "no":
-            return queryset.filter(denied=0)
-        return queryset
+        choice = self.options.get(self.value() or "")
+        return queryset if choice is None else queryset.filter(choice[1])
 
 
-class UsageKindFilter(admin.SimpleListFilter):
+class HadDenialsFilter(_ChoiceFilter):
+    title = _("denials")
+    parameter_name = "denied"
+    options = {"yes": (_("some denied"), Q(denied__gt=0)), "no": (_("none denied"), Q(denied=0))}
+
+
+class UsageKindFilter(_ChoiceFilter):
     """Tier x endpoint totals (exact) apart from per-client rows (the heaviest clients)."""
 
     title = _("rows")
     parameter_name = "kind"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return [("totals", _("tier and endpoint totals")), ("clients", _("per client"))]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        if self.value() == "totals":
-            return queryset.filter(client=UsageCount.ALL)
-        if self.value() == "clients":
-            return queryset.exclude(client=UsageCount.ALL)
-        return queryset
+    options = {
+        "totals": (_("tier and endpoint totals"), Q(client=UsageCount.ALL)),
+        "clients": (_("per client"), ~Q(client=UsageCount.ALL)),
+    }
 
 
 @admin.register(UsageCount)
@@ -78,20 +78,23 @@ class UsageCountAdmin(_AppAdmin):
     change_list_template = "admin/django_throttle/usagecount/change_list.html"
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
-        # Two queries for the page's users and keys, not one per row.
+        # Who the page's clients are: one query per kind of client, not one per row.
         changelist = super().get_changelist_instance(request)
-        attach_client_links(self.admin_site, changelist.result_list)
+        names = client_names(row.client for row in changelist.result_list)
+        for row in changelist.result_list:
+            row.throttle_client_name = names[row.client]
         return changelist
 
     @admin.display(description=pgettext_lazy("admin list", "client"), ordering="client")
     def client_link(self, obj: UsageCount) -> str:
         """A user or API key by name, linked to its admin page; other clients as recorded."""
-        name, url = getattr(obj, "throttle_client_link", (None, None))
-        if name is None:
+        found = getattr(obj, "throttle_client_name", None)
+        if found is None or not found.name:
             return obj.client
-        if url is None:
-            return format_html("{} <small>({})</small>", name, obj.client)
-        return format_html('<a href="{}">{}</a> <small>({})</small>', url, name, obj.client)
+        name = (
+            format_html('<a href="{}">{}</a>', found.url, found.name) if found.url else found.name
+        )
+        return format_html("{} <small>({})</small>", name, obj.client)
 
     @admin.display(description=_("failed open / closed"))
     def failed(self, obj: UsageCount) -> str:
@@ -100,23 +103,19 @@ class UsageCountAdmin(_AppAdmin):
         return f"{obj.failed_open} / {obj.failed_closed}"
 
     def get_urls(self) -> list[Any]:
-        """The dashboard and the inspector live under the usage list (see admin_views)."""
-        from django.urls import path
-
-        from django_throttle.admin import views as admin_views
-
-        name = f"{self.opts.app_label}_{self.opts.model_name}"
+        """The dashboard and the inspector live under the usage list (see
+        :mod:`~django_throttle.admin.views`)."""
         pages = {
-            "dashboard": admin_views.dashboard,
-            "inspect": admin_views.inspector,
-            "inspect/reset": admin_views.reset_client,
+            "dashboard": views.dashboard,
+            "inspect": views.inspector,
+            "inspect/reset": views.reset_client,
         }
         return [
             *(
                 path(
                     f"{page}/",
                     self.admin_site.admin_view(partial(view, model_admin=self)),
-                    name=f"{name}_{page.replace('/', '_')}",
+                    name=f"django_throttle_usagecount_{page.replace('/', '_')}",
                 )
                 for page, view in pages.items()
             ),

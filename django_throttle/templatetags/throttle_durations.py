@@ -12,10 +12,9 @@ register = template.Library()
 
 @register.filter
 def duration(seconds: float | int | str | None) -> str:
-    """The duration, or an empty string for a value that is not a number of seconds."""
-    if seconds is None or seconds == "":
-        return ""
+    """The duration, or an empty string for a value that is not a number of seconds (``None``
+    and ``""`` among them)."""
     try:
-        return format_duration(float(seconds))
+        return format_duration(float(seconds))  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return ""
