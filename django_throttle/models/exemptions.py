@@ -13,6 +13,7 @@ from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from django_throttle.conf import app_settings
+from django_throttle.models.fields import optional_one_to_one
 
 #: Longest network text: a full IPv6 address with a /128 suffix.
 NETWORK_MAX_LENGTH = 43
@@ -32,20 +33,8 @@ def parse_network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
 class Exemption(models.Model):
     """Exactly one of a user, a group (all its members) or an IP network."""
 
-    user = models.OneToOneField(
-        settings.AUTH_USER_MODEL,
-        on_delete=models.CASCADE,
-        null=True,
-        blank=True,
-        related_name="throttle_exemption",
-    )
-    group = models.OneToOneField(
-        "auth.Group",
-        on_delete=models.CASCADE,
-        null=True,
-        blank=True,
-        related_name="throttle_exemption",
-    )
+    user = optional_one_to_one(settings.AUTH_USER_MODEL, "throttle_exemption")
+    group = optional_one_to_one("auth.Group", "throttle_exemption")
     network = models.CharField(
         _("IP address or network"),
         max_length=NETWORK_MAX_LENGTH,

@@ -8,7 +8,7 @@ which column a refusal belongs to, so the admin puts each message on the field t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from django.conf import settings
@@ -16,14 +16,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from django_throttle.models.fields import (
-    BadRow,
-    choice_problem,
-    count_field,
-    refused_field,
-    validate_rate,
-)
-from django_throttle.rates import MAX_COUNT, TOKEN_ALGORITHMS, Algorithm, InvalidRate, Limit, Rate
+from django_throttle.models.fields import BadRow, choice_problem, count_field, validate_rate
+from django_throttle.rates import TOKEN_ALGORITHMS, Algorithm, InvalidRate, Limit, Rate
 
 if TYPE_CHECKING:
     from django_throttle.models.fields import StrOrPromise
@@ -171,7 +165,7 @@ class LimitFields(models.Model):
                 timezone=self.zone(),
             )
         except InvalidRate as exc:
-            raise BadRow(refused_field(exc), str(exc)) from exc
+            raise BadRow(exc.field, str(exc)) from exc
 
     @property
     def capacity(self) -> int:
@@ -207,19 +201,15 @@ class LimitFields(models.Model):
             return {exc.field: exc.message}
         return {}
 
-    def full_clean(
-        self,
-        exclude: Iterable[str] | None = None,
-        validate_unique: bool = True,
-        validate_constraints: bool = True,
-    ) -> None:
-        # A model form excludes the fields it already refused; clean() needs to know.
-        excluded = set(exclude or ())
-        self._unchecked = frozenset(excluded)
+    def clean_fields(self, exclude: Collection[str] | None = None) -> None:
+        # A field the form refused (it excludes those) or refused here has its one message
+        # already: clean() needs to know.
+        self._refused = set(exclude or ())
         try:
-            super().full_clean(excluded, validate_unique, validate_constraints)
-        finally:
-            del self._unchecked
+            super().clean_fields(exclude)
+        except ValidationError as exc:
+            self._refused.update(exc.error_dict)
+            raise
 
     def clean(self) -> None:
         """Refuse values that are fine alone but not together (a burst for a window
@@ -227,22 +217,10 @@ class LimitFields(models.Model):
         limit's own message on the field to change. A bad rate, an out-of-range burst and an
         unknown algorithm are their fields' errors already, and a field a form refused is
         not validated here: every mistake gets exactly one message."""
-        unchecked: frozenset[str] = getattr(self, "_unchecked", frozenset())
-        if unchecked.intersection(LIMIT_FIELDS) or not self._valid_alone():
+        refused: set[str] = self.__dict__.pop("_refused", set())
+        if refused.intersection(LIMIT_FIELDS):
             return
         # Only the limit's columns: any other field's problem is that field's own error.
         problems = {f: m for f, m in self.row_problems().items() if f in LIMIT_FIELDS}
         if problems:
             raise ValidationError(problems)
-
-    def _valid_alone(self) -> bool:
-        """Whether each field passes its own validation (the checks :meth:`clean` skips)."""
-        if self.algorithm not in Algorithm.values:
-            return False
-        if self.burst is not None and not 1 <= self.burst <= MAX_COUNT:
-            return False
-        try:
-            Rate.parse(self.rate)
-        except InvalidRate:
-            return False
-        return True

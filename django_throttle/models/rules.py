@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 from django.db import models
-from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from django_throttle.models.fields import (
@@ -13,7 +12,7 @@ from django_throttle.models.fields import (
     choice_problem,
     count_field,
     failure_mode_field,
-    in_range,
+    range_check,
 )
 from django_throttle.models.limits import LimitFields
 from django_throttle.models.tiers import Tier
@@ -88,9 +87,7 @@ class EndpointRule(models.Model):
                 name="django_throttle_unique_endpoint_match",
                 violation_error_message=_("Another rule has this match type, pattern and methods."),
             ),
-            models.CheckConstraint(
-                condition=in_range("cost"), name="django_throttle_endpoint_rule_cost_range"
-            ),
+            range_check("cost", "django_throttle_endpoint_rule_cost_range"),
         ]
 
     def __str__(self) -> str:
@@ -189,10 +186,7 @@ class EndpointLimit(LimitFields):
                 name="django_throttle_unique_endpoint_limit",
                 violation_error_message=_("This rule already has this rate for this tier."),
             ),
-            models.CheckConstraint(
-                condition=Q(burst__isnull=True) | in_range("burst"),
-                name="django_throttle_endpoint_limit_burst_range",
-            ),
+            range_check("burst", "django_throttle_endpoint_limit_burst_range", null=True),
         ]
 
     @property

@@ -12,7 +12,13 @@ from django.utils.translation import gettext_lazy as _
 
 from django_throttle.backends.base import per_shard
 from django_throttle.conf import app_settings
-from django_throttle.models.fields import FailureMode, choice_problem, failure_mode_field, in_range
+from django_throttle.models.fields import (
+    FailureMode,
+    choice_problem,
+    failure_mode_field,
+    optional_one_to_one,
+    range_check,
+)
 from django_throttle.models.limits import LimitFields
 from django_throttle.rates import Limit, Rate
 
@@ -115,10 +121,7 @@ class TierLimit(LimitFields):
         ordering = ["tier", "pk"]
         verbose_name = _("tier limit")
         constraints = [
-            models.CheckConstraint(
-                condition=Q(burst__isnull=True) | in_range("burst"),
-                name="django_throttle_tier_limit_burst_range",
-            ),
+            range_check("burst", "django_throttle_tier_limit_burst_range", null=True),
         ]
 
     @property
@@ -156,20 +159,8 @@ class TierAssignment(models.Model):
 
     tier = models.ForeignKey(Tier, on_delete=models.CASCADE, related_name="assignments")
     # One-to-one is a unique foreign key: a user or group is in at most one tier directly.
-    user = models.OneToOneField(
-        settings.AUTH_USER_MODEL,
-        on_delete=models.CASCADE,
-        null=True,
-        blank=True,
-        related_name="throttle_assignment",
-    )
-    group = models.OneToOneField(
-        "auth.Group",
-        on_delete=models.CASCADE,
-        null=True,
-        blank=True,
-        related_name="throttle_assignment",
-    )
+    user = optional_one_to_one(settings.AUTH_USER_MODEL, "throttle_assignment")
+    group = optional_one_to_one("auth.Group", "throttle_assignment")
     note = models.CharField(max_length=255, blank=True)
     created = models.DateTimeField(auto_now_add=True)
 
