@@ -16,6 +16,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from django_throttle.backends.base import per_shard
+from django_throttle.conf import app_settings
 from django_throttle.models.fields import BadRow, choice_problem, count_field, validate_rate
 from django_throttle.rates import TOKEN_ALGORITHMS, Algorithm, InvalidRate, Limit, Rate
 
@@ -163,14 +165,16 @@ class LimitFields(models.Model):
                 burst=self.burst,
                 algorithm=self.algorithm,
                 timezone=self.zone(),
+                shared=getattr(self, "shared", False),  # a tier limit's own column
             )
         except InvalidRate as exc:
             raise BadRow(exc.field, str(exc)) from exc
 
     @property
     def capacity(self) -> int:
-        """Most cost one request may have. Raises :class:`BadRow` for a bad row."""
-        return self.validated_limit().capacity
+        """Most cost one request may have; for a shared limit, what one key shard holds
+        (its share of the ceiling). Raises :class:`BadRow` for a bad row."""
+        return per_shard(self.validated_limit(), app_settings.KEY_SHARDS).capacity
 
     def to_limit(self) -> Limit:
         """The compiled limit. Raises :class:`BadRow` naming the bad column."""

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
-from django_throttle.backends.base import per_shard
-from django_throttle.conf import app_settings
 from django_throttle.models.fields import (
     FailureMode,
     choice_problem,
@@ -20,7 +16,7 @@ from django_throttle.models.fields import (
     range_check,
 )
 from django_throttle.models.limits import LimitFields
-from django_throttle.rates import Limit, Rate
+from django_throttle.rates import Rate
 
 
 class Tier(models.Model):
@@ -134,20 +130,6 @@ class TierLimit(LimitFields):
 
     def duplicate_scope(self) -> tuple[object, ...]:
         return ("tier", self.tier_id, self.shared)
-
-    def to_limit(self) -> Limit:
-        limit = super().to_limit()
-        return dataclasses.replace(limit, shared=True) if self.shared else limit
-
-    @property
-    def capacity(self) -> int:
-        """Most cost one request may have; for a shared limit, what one key shard holds
-        (its share of the ceiling). Raises :class:`BadRow` for a bad row."""
-        limit = self.validated_limit()
-        if not self.shared:
-            return limit.capacity
-        shared = dataclasses.replace(limit, shared=True)
-        return per_shard(shared, app_settings.KEY_SHARDS).capacity
 
     def __str__(self) -> str:
         text = super().__str__()
