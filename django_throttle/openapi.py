@@ -15,6 +15,7 @@ An operation that already documents a 429 or 503 keeps its own.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from django_throttle.conf import app_settings
@@ -39,6 +40,12 @@ _IETF_HEADERS = {
     "RateLimit-Policy": ("IETF RateLimit-Policy field: the quota policies.", {"type": "string"}),
 }
 _RETRY_AFTER = {"Retry-After": ("Seconds to wait before retrying.", _INTEGER)}
+#: The refusal body's fields: (type, nullable, description).
+_BODY_FIELDS = {
+    "detail": ("string", False, "What happened, for people."),
+    "limit": ("string", True, "The limit that denied the request."),
+    "retry_after": ("integer", True, "Seconds to wait, as in Retry-After."),
+}
 
 
 def is_throttled(view: Any) -> bool:
@@ -87,27 +94,15 @@ class ThrottleSchemaMixin:
     def _body_reference(self) -> dict[str, Any]:
         from drf_spectacular.plumbing import ResolvedComponent
 
+        properties = {
+            name: {"type": kind, **({"nullable": True} if nullable else {}), "description": text}
+            for name, (kind, nullable, text) in _BODY_FIELDS.items()
+        }
         component = ResolvedComponent(  # type: ignore[no-untyped-call]
             name=BODY_COMPONENT,
             type=ResolvedComponent.SCHEMA,
             object=BODY_COMPONENT,
-            schema={
-                "type": "object",
-                "properties": {
-                    "detail": {"type": "string", "description": "What happened, for people."},
-                    "limit": {
-                        "type": "string",
-                        "nullable": True,
-                        "description": "The limit that denied the request.",
-                    },
-                    "retry_after": {
-                        "type": "integer",
-                        "nullable": True,
-                        "description": "Seconds to wait, as in Retry-After.",
-                    },
-                },
-                "required": ["detail", "limit", "retry_after"],
-            },
+            schema={"type": "object", "properties": properties, "required": list(_BODY_FIELDS)},
         )
         self.registry.register_on_missing(component)
         reference: dict[str, Any] = component.ref
@@ -142,13 +137,11 @@ def _headers(spec: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     return {name: {"description": text, "schema": schema} for name, (text, schema) in spec.items()}
 
 
+@functools.cache
 def _register_authentication_schemes() -> None:
     """Describe our DRF authentication classes as the schemes they wrap (drf-spectacular
     matches its built-in extensions by exact class), and API keys as an ``apiKey`` header.
     Extensions register themselves when their class is created: once per process."""
-    if _registered:
-        return
-    _registered.append(True)
     from drf_spectacular.authentication import BasicScheme, SessionScheme, TokenScheme
     from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
@@ -177,6 +170,3 @@ def _register_authentication_schemes() -> None:
             "__module__": __name__,
         },
     )
-
-
-_registered: list[bool] = []
