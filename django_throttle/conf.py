@@ -10,18 +10,39 @@ a system check in :mod:`django_throttle.checks`.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from django.conf import settings
 
 __all__ = ["ProxyTrust", "Settings", "app_settings"]
 
 PREFIX = "DJANGO_THROTTLE_"
+T = TypeVar("T")
+
+
+class Setting(Generic[T]):
+    """A setting whose value is what the user wrote, made ``cast`` (``bool``, ``str``,
+    ``int``): read on first access, then remembered on the instance (as ``cached_property``
+    does) until :meth:`Settings.reload`."""
+
+    def __init__(self, default: Any, cast: Callable[[Any], T]) -> None:
+        self.default = default
+        self.cast = cast
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: Settings, owner: type | None = None) -> T:
+        value = self.cast(getattr(settings, PREFIX + self.name, self.default))
+        instance.__dict__[self.name] = value
+        return value
 
 
 class Settings:
-    """The app's settings. Each property documents its setting and default."""
+    """The app's settings. Each documents its setting: plain values are a :class:`Setting`
+    (with their default), values parsed further are properties."""
 
     def _get(self, name: str, default: Any) -> Any:
         return getattr(settings, PREFIX + name, default)
@@ -30,15 +51,11 @@ class Settings:
         """Forget remembered values; the next access reads Django's settings again."""
         self.__dict__.clear()
 
-    @cached_property
-    def ENABLED(self) -> bool:
-        """Master switch: ``False`` lets every request through without counting."""
-        return bool(self._get("ENABLED", True))
+    #: Master switch: ``False`` lets every request through without counting.
+    ENABLED = Setting(True, bool)
 
-    @cached_property
-    def BACKEND(self) -> str:
-        """Dotted path of the counting backend class."""
-        return str(self._get("BACKEND", "django_throttle.backends.redis.RedisBackend"))
+    #: Dotted path of the counting backend class.
+    BACKEND = Setting("django_throttle.backends.redis.RedisBackend", str)
 
     @cached_property
     def REDIS_URL(self) -> str | None:
@@ -52,50 +69,36 @@ class Settings:
         """Extra keyword arguments for the Redis client the backend builds (timeouts, pool)."""
         return dict(self._get("REDIS_OPTIONS", {}))
 
-    @cached_property
-    def CACHE_ALIAS(self) -> str:
-        """django-redis cache whose connection is reused when ``REDIS_URL`` is unset."""
-        return str(self._get("CACHE_ALIAS", "default"))
+    #: django-redis cache whose connection is reused when ``REDIS_URL`` is unset.
+    CACHE_ALIAS = Setting("default", str)
 
-    @cached_property
-    def KEY_PREFIX(self) -> str:
-        """First part of every Redis key the app writes."""
-        return str(self._get("KEY_PREFIX", "dt"))
+    #: First part of every Redis key the app writes.
+    KEY_PREFIX = Setting("dt", str)
 
-    @cached_property
-    def KEY_SHARDS(self) -> int:
-        """Hash-tag shards of the keys (1-1024): each is one Redis Cluster slot holding its
-        clients' counters and usage. Raise it above the number of cluster primaries."""
-        return int(self._get("KEY_SHARDS", 16))
+    #: Hash-tag shards of the keys (1-1024): each is one Redis Cluster slot holding its
+    #: clients' counters and usage. Raise it above the number of cluster primaries.
+    KEY_SHARDS = Setting(16, int)
 
-    @cached_property
-    def FAILURE_MODE(self) -> str:
-        """What happens when the backend cannot answer, unless a tier or endpoint rule says
-        otherwise: ``"open"`` serves the request uncounted, ``"closed"`` refuses it with
-        ``FAILURE_STATUS`` and ``Retry-After``, ``"local"`` counts it in a per-process
-        in-memory limiter with the same semantics."""
-        return str(self._get("FAILURE_MODE", "open"))
+    #: What happens when the backend cannot answer, unless a tier or endpoint rule says
+    #: otherwise: ``"open"`` serves the request uncounted, ``"closed"`` refuses it with
+    #: ``FAILURE_STATUS`` and ``Retry-After``, ``"local"`` counts it in a per-process
+    #: in-memory limiter with the same semantics.
+    FAILURE_MODE = Setting("open", str)
 
-    @cached_property
-    def FAILURE_STATUS(self) -> int:
-        """HTTP status of a request refused because the limiter is unavailable (fail-closed)
-        or cannot identify the client: 503 (default) or 429."""
-        return int(self._get("FAILURE_STATUS", 503))
+    #: HTTP status of a request refused because the limiter is unavailable (fail-closed)
+    #: or cannot identify the client: 503 (default) or 429.
+    FAILURE_STATUS = Setting(503, int)
 
-    @cached_property
-    def UNKNOWN_CLIENT(self) -> str:
-        """Anonymous requests whose address cannot be read (empty or garbage ``REMOTE_ADDR``,
-        e.g. behind a Unix-socket proxy without ``TRUSTED_PROXY_COUNT``): ``"deny"`` refuses
-        them with ``FAILURE_STATUS`` (default), ``"allow"`` serves them uncounted,
-        ``"shared"`` counts them all in one bucket. Each choice logs an error at most once a
-        minute per process naming the fix."""
-        return str(self._get("UNKNOWN_CLIENT", "deny"))
+    #: Anonymous requests whose address cannot be read (empty or garbage ``REMOTE_ADDR``,
+    #: e.g. behind a Unix-socket proxy without ``TRUSTED_PROXY_COUNT``): ``"deny"`` refuses
+    #: them with ``FAILURE_STATUS`` (default), ``"allow"`` serves them uncounted,
+    #: ``"shared"`` counts them all in one bucket. Each choice logs an error at most once a
+    #: minute per process naming the fix.
+    UNKNOWN_CLIENT = Setting("deny", str)
 
-    @cached_property
-    def TRUSTED_PROXY_COUNT(self) -> int:
-        """Reverse proxies in front of Django that append to ``X-Forwarded-For``. 0 (default)
-        ignores the header and uses ``REMOTE_ADDR``."""
-        return int(self._get("TRUSTED_PROXY_COUNT", 0))
+    #: Reverse proxies in front of Django that append to ``X-Forwarded-For``. 0 (default)
+    #: ignores the header and uses ``REMOTE_ADDR``.
+    TRUSTED_PROXY_COUNT = Setting(0, int)
 
     @cached_property
     def TRUSTED_PROXIES(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
@@ -159,33 +162,21 @@ class Settings:
         """``API_KEY_SECRET`` encoded once per settings change."""
         return self.API_KEY_SECRET.encode()
 
-    @cached_property
-    def IPV4_PREFIX(self) -> int:
-        """Anonymous IPv4 clients are grouped by this prefix length (32: one address)."""
-        return int(self._get("IPV4_PREFIX", 32))
+    #: Anonymous IPv4 clients are grouped by this prefix length (32: one address).
+    IPV4_PREFIX = Setting(32, int)
 
-    @cached_property
-    def IPV6_PREFIX(self) -> int:
-        """Anonymous IPv6 clients are grouped by this prefix length (64: one subnet; 32-128)."""
-        return int(self._get("IPV6_PREFIX", 64))
+    #: Anonymous IPv6 clients are grouped by this prefix length (64: one subnet; 32-128).
+    IPV6_PREFIX = Setting(64, int)
 
-    @cached_property
-    def IDENTITY_RESOLVER(self) -> str:
-        """Dotted path of ``callable(request) -> Identity`` that names the client."""
-        return str(
-            self._get("IDENTITY_RESOLVER", "django_throttle.policy.resolver.resolve_identity")
-        )
+    #: Dotted path of ``callable(request) -> Identity`` that names the client.
+    IDENTITY_RESOLVER = Setting("django_throttle.policy.resolver.resolve_identity", str)
 
-    @cached_property
-    def IETF_HEADERS(self) -> bool:
-        """Also send the IETF ``RateLimit`` and ``RateLimit-Policy`` response fields."""
-        return bool(self._get("IETF_HEADERS", False))
+    #: Also send the IETF ``RateLimit`` and ``RateLimit-Policy`` response fields.
+    IETF_HEADERS = Setting(False, bool)
 
-    @cached_property
-    def USAGE_ENABLED(self) -> bool:
-        """Count every decision's outcome for ``manage.py throttle_usage`` (in the decision's
-        own backend call)."""
-        return bool(self._get("USAGE_ENABLED", True))
+    #: Count every decision's outcome for ``manage.py throttle_usage`` (in the decision's
+    #: own backend call).
+    USAGE_ENABLED = Setting(True, bool)
 
     @cached_property
     def DENIED_RESPONSE(self) -> str | None:
@@ -195,16 +186,12 @@ class Settings:
         value = self._get("DENIED_RESPONSE", None)
         return None if value is None else str(value)
 
-    @cached_property
-    def METRICS(self) -> bool:
-        """Keep Prometheus metrics (needs prometheus_client; see
-        :mod:`django_throttle.metrics`). Off by default: they cost each decision a few µs."""
-        return bool(self._get("METRICS", False))
+    #: Keep Prometheus metrics (needs prometheus_client; see
+    #: :mod:`django_throttle.metrics`). Off by default: they cost each decision a few µs.
+    METRICS = Setting(False, bool)
 
-    @cached_property
-    def USAGE_RETENTION_DAYS(self) -> int:
-        """Days usage rows are kept in the database before the rollup deletes them."""
-        return int(self._get("USAGE_RETENTION_DAYS", 7))
+    #: Days usage rows are kept in the database before the rollup deletes them.
+    USAGE_RETENTION_DAYS = Setting(7, int)
 
 
 class ProxyTrust(NamedTuple):
