@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -128,10 +128,16 @@ class LimitFields(models.Model):
         label = str(Algorithm(self.algorithm).label)
         return label if label.isupper() else label.lower()
 
+    #: The first letter of the counter id of this kind of row.
+    ID_PREFIX: ClassVar[str]
+    #: The columns besides the limit's own that make two rows count apart (the parent,
+    #: whose clients, how they share the counter).
+    SCOPE: ClassVar[tuple[str, ...]]
+
     @property
     def limit_id(self) -> str:
         """Stable, short counter id; becomes part of a Redis key."""
-        raise NotImplementedError
+        return f"{self.ID_PREFIX}{self.pk}"
 
     def limit_name(self, rate: Rate) -> str:
         """What clients see in the 429 body and policy headers."""
@@ -159,13 +165,9 @@ class LimitFields(models.Model):
             raise BadRow("algorithm", problem)
         try:
             # The text, not the parsed rate: a calendar quota reads "/day" as a calendar day.
+            shared = getattr(self, "shared", False)  # only a tier limit has the column
             return Limit.build(
-                id="",
-                rate=self.rate,
-                burst=self.burst,
-                algorithm=self.algorithm,
-                timezone=self.zone(),
-                shared=getattr(self, "shared", False),  # a tier limit's own column
+                "", self.rate, self.burst, self.algorithm, timezone=self.zone(), shared=shared
             )
         except InvalidRate as exc:
             raise BadRow(exc.field, str(exc)) from exc
@@ -190,12 +192,7 @@ class LimitFields(models.Model):
             limit = self.validated_limit()
         except BadRow:
             return None
-        return (*self.duplicate_scope(), limit)
-
-    def duplicate_scope(self) -> tuple[object, ...]:
-        """The columns besides the limit's own that make two rows count apart (the parent,
-        whose clients, how they share the counter)."""
-        raise NotImplementedError
+        return (type(self).__name__, *(getattr(self, column) for column in self.SCOPE), limit)
 
     def row_problems(self) -> dict[str, str]:
         """Why no limit can be built from this row, by field (empty when it can)."""

@@ -155,6 +155,9 @@ class EndpointRule(models.Model):
 class EndpointLimit(LimitFields):
     """A limit on one endpoint for clients of one tier, on top of the tier's own limits."""
 
+    ID_PREFIX = "e"
+    SCOPE = ("rule_id", "tier_id", "counted_by")
+
     class CountedBy(models.TextChoices):
         """Whose requests share this limit's counter."""
 
@@ -188,13 +191,6 @@ class EndpointLimit(LimitFields):
             ),
             range_check("burst", "django_throttle_endpoint_limit_burst_range", null=True),
         ]
-
-    @property
-    def limit_id(self) -> str:
-        return f"e{self.pk}"
-
-    def duplicate_scope(self) -> tuple[object, ...]:
-        return ("rule", self.rule_id, self.tier_id, self.counted_by)
 
     def row_problems(self) -> dict[str, str]:
         """The limit's problems, and a counted-by value written around the admin."""

@@ -101,6 +101,9 @@ class Tier(models.Model):
 class TierLimit(LimitFields):
     """A limit on everything a client of the tier does, whatever the endpoint."""
 
+    ID_PREFIX = "t"
+    SCOPE = ("tier_id", "shared")
+
     tier = models.ForeignKey(Tier, on_delete=models.CASCADE, related_name="limits")
     shared = models.BooleanField(
         _("for all clients of this tier together"),
@@ -120,16 +123,9 @@ class TierLimit(LimitFields):
             range_check("burst", "django_throttle_tier_limit_burst_range", null=True),
         ]
 
-    @property
-    def limit_id(self) -> str:
-        return f"t{self.pk}"
-
     def limit_name(self, rate: Rate) -> str:
         # The policy compiler loads tiers with select_related, so this costs no query there.
         return f"{self.tier.slug} {rate}{' shared' if self.shared else ''}"
-
-    def duplicate_scope(self) -> tuple[object, ...]:
-        return ("tier", self.tier_id, self.shared)
 
     def __str__(self) -> str:
         text = super().__str__()
