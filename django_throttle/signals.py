@@ -20,6 +20,7 @@ from typing import Any
 
 from django.core.signals import setting_changed
 from django.db import transaction
+from django.db.models import Q
 from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete, pre_save
 
 from django_throttle.conf import PREFIX, app_settings
@@ -138,17 +139,14 @@ def _has_tiered_group(instance: Any, reverse: bool, pk_set: set[Any] | None) -> 
     (``group.user_set``): the group itself."""
     from django_throttle.models import Exemption, TierAssignment
 
-    for model in (TierAssignment, Exemption):  # groups that place, or exempt, their members
-        rows = model.objects.filter(group__isnull=False)
-        if reverse:
-            found = rows.filter(group_id=instance.pk).exists()
-        elif pk_set is None:
-            found = rows.filter(group__user=instance).exists()
-        else:
-            found = rows.filter(group_id__in=pk_set).exists()
-        if found:
-            return True
-    return False
+    if reverse:
+        groups = Q(group_id=instance.pk)
+    elif pk_set is None:
+        groups = Q(group__user=instance)
+    else:
+        groups = Q(group_id__in=pk_set)
+    # Groups that place, or exempt, their members.
+    return any(model.objects.filter(groups).exists() for model in (TierAssignment, Exemption))
 
 
 def user_deleting(instance: Any, **kwargs: Any) -> None:

@@ -118,19 +118,16 @@ class EndpointRule(models.Model):
         if isinstance(self.cost, bool) or not isinstance(self.cost, int):
             errors["cost"] = str(_("the cost must be a whole number"))
         elif not 1 <= self.cost <= MAX_COUNT:
-            errors["cost"] = str(_("the cost must be between 1 and %(max)s, not %(cost)s")) % {
-                "max": MAX_COUNT,
-                "cost": self.cost,
-            }
+            message = _("the cost must be between 1 and %(max)s, not %(cost)s")
+            errors["cost"] = str(message) % {"max": MAX_COUNT, "cost": self.cost}
         pattern = (self.pattern or "").strip()
         if not pattern:
             errors["pattern"] = str(_("enter a pattern"))
         elif any(c.isspace() for c in pattern):
             errors["pattern"] = str(_("a pattern cannot contain spaces"))
         elif self.match_type == self.MatchType.PATH and not pattern.startswith("/"):
-            errors["pattern"] = str(_("a path prefix starts with '/', e.g. '/%(pattern)s'")) % {
-                "pattern": pattern
-            }
+            message = _("a path prefix starts with '/', e.g. '/%(pattern)s'")
+            errors["pattern"] = str(message) % {"pattern": pattern}
         elif self.match_type == self.MatchType.ROUTE and (
             pattern.startswith(":") or pattern.endswith(":") or "::" in pattern
         ):
@@ -141,11 +138,8 @@ class EndpointRule(models.Model):
         """Normalise methods (so the uniqueness constraint sees one spelling) and check the
         pattern fits its match type. Cost and choices are their fields' own errors."""
         self.pattern = (self.pattern or "").strip()
-        errors = {
-            field: message
-            for field, message in self.row_problems().items()
-            if field in ("methods", "pattern")
-        }
+        problems = self.row_problems()
+        errors: dict[str, str] = {f: problems[f] for f in ("methods", "pattern") if f in problems}
         if "methods" not in errors:
             self.methods = ",".join(m for m in HTTP_METHODS if m in self.method_set)
         if errors:
