@@ -67,22 +67,13 @@ class ThrottleSchemaMixin:
         if direction != "response" or not is_throttled(self.view):
             return responses
         body = {"application/json": {"schema": self._body_reference()}}
-        responses.setdefault(
-            "429",
-            {
-                "description": "Too many requests: a rate limit denied this request.",
-                "headers": _headers({**_RETRY_AFTER, **_rate_headers()}),
-                "content": body,
-            },
-        )
-        responses.setdefault(
-            "503",
-            {
-                "description": "Rate limiting is unavailable and this endpoint fails closed.",
-                "headers": _headers(_RETRY_AFTER),
-                "content": body,
-            },
-        )
+        refusals = {
+            "429": ("Too many requests: a rate limit denied this request.", _rate_headers()),
+            "503": ("Rate limiting is unavailable and this endpoint fails closed.", {}),
+        }
+        for code, (text, headers) in refusals.items():
+            headers = _headers({**_RETRY_AFTER, **headers})
+            responses.setdefault(code, {"description": text, "headers": headers, "content": body})
         return responses
 
     def _get_response_headers_for_code(self, status_code: str, direction: str = "response") -> Any:
