@@ -93,8 +93,7 @@ class Exemption(models.Model):
         if sum(chosen) != 1:
             message = _("Exempt exactly one user, group or network.")
             raise ValidationError({"user": message, "group": message, "network": message})
-        problems = self.row_problems()
-        if problems:
+        if problems := self.row_problems():
             raise ValidationError(problems)
         if self.network:
             network = parse_network(self.network)

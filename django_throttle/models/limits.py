@@ -222,6 +222,5 @@ class LimitFields(models.Model):
         if refused.intersection(LIMIT_FIELDS):
             return
         # Only the limit's columns: any other field's problem is that field's own error.
-        problems = {f: m for f, m in self.row_problems().items() if f in LIMIT_FIELDS}
-        if problems:
+        if problems := {f: m for f, m in self.row_problems().items() if f in LIMIT_FIELDS}:
             raise ValidationError(problems)
