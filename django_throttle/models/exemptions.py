@@ -78,12 +78,8 @@ class Exemption(models.Model):
             try:
                 parse_network(self.network)
             except ValueError:
-                return {
-                    "network": str(
-                        _("'%(value)s' is not an IP address or network (e.g. 198.51.100.0/24)")
-                    )
-                    % {"value": self.network}
-                }
+                message = _("'%(value)s' is not an IP address or network (e.g. 198.51.100.0/24)")
+                return {"network": str(message) % {"value": self.network}}
         return {}
 
     def clean(self) -> None:
@@ -100,13 +96,10 @@ class Exemption(models.Model):
             self.network = str(network)
             if network.version == 6 and network.prefixlen > app_settings.IPV6_PREFIX:
                 wider = network.supernet(new_prefix=app_settings.IPV6_PREFIX)
-                raise ValidationError(
-                    {
-                        "network": _(
-                            "IPv6 clients are counted by /%(prefix)d networks "
-                            "(DJANGO_THROTTLE_IPV6_PREFIX), so this never matches one: exempt "
-                            "%(wider)s or a wider network"
-                        )
-                        % {"prefix": app_settings.IPV6_PREFIX, "wider": wider}
-                    }
+                message = _(
+                    "IPv6 clients are counted by /%(prefix)d networks "
+                    "(DJANGO_THROTTLE_IPV6_PREFIX), so this never matches one: exempt "
+                    "%(wider)s or a wider network"
                 )
+                values = {"prefix": app_settings.IPV6_PREFIX, "wider": wider}
+                raise ValidationError({"network": message % values})

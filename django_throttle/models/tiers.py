@@ -81,14 +81,10 @@ class Tier(models.Model):
         """Name the existing default in the error, so the operator knows which to untick."""
         errors: dict[str, str] = {}
         for field, kind in self._DEFAULT_KINDS:
-            if not getattr(self, field):
-                continue
-            other = Tier.objects.filter(**{field: True}).exclude(pk=self.pk).first()
-            if other is not None:
-                errors[field] = str(_("'%(name)s' is already the default tier for %(kind)s")) % {
-                    "name": other.name,
-                    "kind": kind,
-                }
+            others = Tier.objects.filter(**{field: True}).exclude(pk=self.pk)
+            if getattr(self, field) and (other := others.first()) is not None:
+                message = _("'%(name)s' is already the default tier for %(kind)s")
+                errors[field] = str(message) % {"name": other.name, "kind": kind}
         if errors:
             raise ValidationError(errors)
 
