@@ -32,12 +32,10 @@ _RATE_HEADERS = {
     "X-RateLimit-Remaining": ("Requests left before this limit denies.", _INTEGER),
     "X-RateLimit-Reset": ("Seconds until the limit is whole again.", _INTEGER),
 }
+_STRING = {"type": "string"}
 _IETF_HEADERS = {
-    "RateLimit": (
-        "IETF RateLimit field: the limit's remaining quota and reset.",
-        {"type": "string"},
-    ),
-    "RateLimit-Policy": ("IETF RateLimit-Policy field: the quota policies.", {"type": "string"}),
+    "RateLimit": ("IETF RateLimit field: the limit's remaining quota and reset.", _STRING),
+    "RateLimit-Policy": ("IETF RateLimit-Policy field: the quota policies.", _STRING),
 }
 _RETRY_AFTER = {"Retry-After": ("Seconds to wait before retrying.", _INTEGER)}
 #: The refusal body's fields: (type, nullable, description).
@@ -108,16 +106,14 @@ def __getattr__(name: str) -> Any:
     from drf_spectacular.openapi import AutoSchema
 
     _register_authentication_schemes()
-    cls = type(
-        "ThrottledAutoSchema",
-        (ThrottleSchemaMixin, AutoSchema),
-        {
-            "__module__": __name__,
-            "__doc__": "drf-spectacular's ``AutoSchema`` that documents the throttle.",
-        },
-    )
-    globals()["ThrottledAutoSchema"] = cls
-    return cls
+
+    class ThrottledAutoSchema(ThrottleSchemaMixin, AutoSchema):
+        """drf-spectacular's ``AutoSchema`` that documents the throttle."""
+
+        __qualname__ = "ThrottledAutoSchema"
+
+    globals()["ThrottledAutoSchema"] = ThrottledAutoSchema
+    return ThrottledAutoSchema
 
 
 def _rate_headers() -> dict[str, tuple[str, dict[str, Any]]]:
@@ -147,17 +143,11 @@ def _register_authentication_schemes() -> None:
             {"target_class": f"django_throttle.drf.{target}", "__module__": __name__},
         )
 
-    def api_key_definition(self: Any, auto_schema: Any) -> dict[str, Any]:
-        header = app_settings.API_KEY_HEADERS[-1] if app_settings.API_KEY_HEADERS else "X-API-Key"
-        return {"type": "apiKey", "in": "header", "name": header}
+    class ApiKeyScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+        target_class = "django_throttle.drf.ApiKeyAuthentication"
+        name = "apiKeyAuth"
 
-    type(
-        "ApiKeyScheme",
-        (OpenApiAuthenticationExtension,),
-        {
-            "target_class": "django_throttle.drf.ApiKeyAuthentication",
-            "name": "apiKeyAuth",
-            "get_security_definition": api_key_definition,
-            "__module__": __name__,
-        },
-    )
+        def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+            headers = app_settings.API_KEY_HEADERS
+            header = headers[-1] if headers else "X-API-Key"
+            return {"type": "apiKey", "in": "header", "name": header}
