@@ -22,14 +22,13 @@ _UTC = ZoneInfo("UTC")
 def windows(unit: str, tz: str, now_us: int) -> tuple[int, int, int, int]:
     """Boundaries ``b0 < b1 <= now_us < b2 < b3`` in Unix microseconds: the previous window's
     start, the current one's, the next one's and the one after (``tz`` empty means UTC)."""
-    zone = ZoneInfo(tz or "UTC")
-    local = datetime.fromtimestamp(now_us // 1_000_000, zone).date()
-    start = _start(unit, local)
-    bounds = _bounds(unit, tz or "UTC", start)
+    tz = tz or "UTC"
+    start = _step(unit, datetime.fromtimestamp(now_us // 1_000_000, ZoneInfo(tz)).date(), 0)
+    bounds = _bounds(unit, tz, start)
     if now_us < bounds[1]:  # the second is rounded down; the microseconds are not past b1
-        bounds = _bounds(unit, tz or "UTC", _step(unit, start, -1))
+        bounds = _bounds(unit, tz, _step(unit, start, -1))
     elif now_us >= bounds[2]:
-        bounds = _bounds(unit, tz or "UTC", _step(unit, start, 1))
+        bounds = _bounds(unit, tz, _step(unit, start, 1))
     return bounds
 
 
@@ -41,30 +40,18 @@ def _bounds(unit: str, tz: str, start: date) -> tuple[int, int, int, int]:
     return b0, b1, b2, b3
 
 
-def _start(unit: str, day: date) -> date:
-    """The first day of the window holding ``day``."""
+def _step(unit: str, day: date, n: int) -> date:
+    """The first day of the window ``n`` windows after the one holding ``day`` (``n`` = 0:
+    that window's own first day)."""
     if unit == "day":
-        return day
+        return day + timedelta(days=n)
     if unit == "week":
-        return day - timedelta(days=day.weekday())
+        return day - timedelta(days=day.weekday()) + timedelta(weeks=n)
     if unit == "month":
-        return day.replace(day=1)
-    if unit == "year":
-        return day.replace(month=1, day=1)
-    raise ValueError(f"unknown calendar window {unit!r}: day, week, month or year")
-
-
-def _step(unit: str, start: date, n: int) -> date:
-    """The first day of the window ``n`` windows after the one starting on ``start``."""
-    if unit == "day":
-        return start + timedelta(days=n)
-    if unit == "week":
-        return start + timedelta(weeks=n)
-    if unit == "month":
-        months = start.year * 12 + start.month - 1 + n
+        months = day.year * 12 + day.month - 1 + n
         return date(months // 12, months % 12 + 1, 1)
     if unit == "year":
-        return date(start.year + n, 1, 1)
+        return date(day.year + n, 1, 1)
     raise ValueError(f"unknown calendar window {unit!r}: day, week, month or year")
 
 

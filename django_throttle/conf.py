@@ -10,100 +10,97 @@ a system check in :mod:`django_throttle.checks`.
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from functools import cached_property
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from django.conf import settings
 
 __all__ = ["ProxyTrust", "Settings", "app_settings"]
 
 PREFIX = "DJANGO_THROTTLE_"
+T = TypeVar("T")
+
+
+class Setting(Generic[T]):
+    """A setting whose value is what the user wrote, made ``cast`` (``bool``, ``str``,
+    ``int``): read on first access, then remembered on the instance (as ``cached_property``
+    does) until :meth:`Settings.reload`."""
+
+    def __init__(self, default: Any, cast: Callable[[Any], T]) -> None:
+        self.default = default
+        self.cast = cast
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: Settings, owner: type | None = None) -> T:
+        value = self.cast(getattr(settings, PREFIX + self.name, self.default))
+        instance.__dict__[self.name] = value
+        return value
 
 
 class Settings:
-    """The app's settings. Each property documents its setting and default."""
-
-    def __init__(self) -> None:
-        self._values: dict[str, Any] = {}
+    """The app's settings. Each documents its setting: plain values are a :class:`Setting`
+    (with their default), values parsed further are properties."""
 
     def _get(self, name: str, default: Any) -> Any:
-        try:
-            return self._values[name]
-        except KeyError:
-            value = self._values[name] = getattr(settings, PREFIX + name, default)
-            return value
+        return getattr(settings, PREFIX + name, default)
 
     def reload(self) -> None:
         """Forget remembered values; the next access reads Django's settings again."""
-        self._values.clear()
+        self.__dict__.clear()
 
-    @property
-    def ENABLED(self) -> bool:
-        """Master switch: ``False`` lets every request through without counting."""
-        return bool(self._get("ENABLED", True))
+    #: Master switch: ``False`` lets every request through without counting.
+    ENABLED = Setting(True, bool)
 
-    @property
-    def BACKEND(self) -> str:
-        """Dotted path of the counting backend class."""
-        return str(self._get("BACKEND", "django_throttle.backends.redis.RedisBackend"))
+    #: Dotted path of the counting backend class.
+    BACKEND = Setting("django_throttle.backends.redis.RedisBackend", str)
 
-    @property
+    @cached_property
     def REDIS_URL(self) -> str | None:
         """Redis the Redis backend connects to. ``None``: reuse the django-redis cache
         named by ``CACHE_ALIAS``."""
         value = self._get("REDIS_URL", None)
         return value or None
 
-    @property
+    @cached_property
     def REDIS_OPTIONS(self) -> dict[str, Any]:
         """Extra keyword arguments for the Redis client the backend builds (timeouts, pool)."""
         return dict(self._get("REDIS_OPTIONS", {}))
 
-    @property
-    def CACHE_ALIAS(self) -> str:
-        """django-redis cache whose connection is reused when ``REDIS_URL`` is unset."""
-        return str(self._get("CACHE_ALIAS", "default"))
+    #: django-redis cache whose connection is reused when ``REDIS_URL`` is unset.
+    CACHE_ALIAS = Setting("default", str)
 
-    @property
-    def KEY_PREFIX(self) -> str:
-        """First part of every Redis key the app writes."""
-        return str(self._get("KEY_PREFIX", "dt"))
+    #: First part of every Redis key the app writes.
+    KEY_PREFIX = Setting("dt", str)
 
-    @property
-    def KEY_SHARDS(self) -> int:
-        """Hash-tag shards of the keys (1-1024): each is one Redis Cluster slot holding its
-        clients' counters and usage. Raise it above the number of cluster primaries."""
-        return int(self._get("KEY_SHARDS", 16))
+    #: Hash-tag shards of the keys (1-1024): each is one Redis Cluster slot holding its
+    #: clients' counters and usage. Raise it above the number of cluster primaries.
+    KEY_SHARDS = Setting(16, int)
 
-    @property
-    def FAILURE_MODE(self) -> str:
-        """What happens when the backend cannot answer, unless a tier or endpoint rule says
-        otherwise: ``"open"`` serves the request uncounted, ``"closed"`` refuses it with
-        ``FAILURE_STATUS`` and ``Retry-After``, ``"local"`` counts it in a per-process
-        in-memory limiter with the same semantics."""
-        return str(self._get("FAILURE_MODE", "open"))
+    #: What happens when the backend cannot answer, unless a tier or endpoint rule says
+    #: otherwise: ``"open"`` serves the request uncounted, ``"closed"`` refuses it with
+    #: ``FAILURE_STATUS`` and ``Retry-After``, ``"local"`` counts it in a per-process
+    #: in-memory limiter with the same semantics.
+    FAILURE_MODE = Setting("open", str)
 
-    @property
-    def FAILURE_STATUS(self) -> int:
-        """HTTP status of a request refused because the limiter is unavailable (fail-closed)
-        or cannot identify the client: 503 (default) or 429."""
-        return int(self._get("FAILURE_STATUS", 503))
+    #: HTTP status of a request refused because the limiter is unavailable (fail-closed)
+    #: or cannot identify the client: 503 (default) or 429.
+    FAILURE_STATUS = Setting(503, int)
 
-    @property
-    def UNKNOWN_CLIENT(self) -> str:
-        """Anonymous requests whose address cannot be read (empty or garbage ``REMOTE_ADDR``,
-        e.g. behind a Unix-socket proxy without ``TRUSTED_PROXY_COUNT``): ``"deny"`` refuses
-        them with ``FAILURE_STATUS`` (default), ``"allow"`` serves them uncounted,
-        ``"shared"`` counts them all in one bucket. Each choice logs an error at most once a
-        minute per process naming the fix."""
-        return str(self._get("UNKNOWN_CLIENT", "deny"))
+    #: Anonymous requests whose address cannot be read (empty or garbage ``REMOTE_ADDR``,
+    #: e.g. behind a Unix-socket proxy without ``TRUSTED_PROXY_COUNT``): ``"deny"`` refuses
+    #: them with ``FAILURE_STATUS`` (default), ``"allow"`` serves them uncounted,
+    #: ``"shared"`` counts them all in one bucket. Each choice logs an error at most once a
+    #: minute per process naming the fix.
+    UNKNOWN_CLIENT = Setting("deny", str)
 
-    @property
-    def TRUSTED_PROXY_COUNT(self) -> int:
-        """Reverse proxies in front of Django that append to ``X-Forwarded-For``. 0 (default)
-        ignores the header and uses ``REMOTE_ADDR``."""
-        return int(self._get("TRUSTED_PROXY_COUNT", 0))
+    #: Reverse proxies in front of Django that append to ``X-Forwarded-For``. 0 (default)
+    #: ignores the header and uses ``REMOTE_ADDR``.
+    TRUSTED_PROXY_COUNT = Setting(0, int)
 
-    @property
+    @cached_property
     def TRUSTED_PROXIES(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
         """Networks of the reverse proxies in front of Django, e.g. ``["10.0.0.0/8",
         "2001:db8::/32"]`` (default none). With them, ``X-Forwarded-For`` is read only from a
@@ -112,7 +109,7 @@ class Settings:
         skipped (trusting less); a system check names them."""
         return _networks(self._get("TRUSTED_PROXIES", ()))
 
-    @property
+    @cached_property
     def CLIENT_IP_HEADER(self) -> str | None:
         """A header holding the one client address, overwritten by the edge proxy, e.g.
         ``"X-Real-IP"`` (default ``None``). Read instead of ``X-Forwarded-For``, and only
@@ -121,26 +118,20 @@ class Settings:
         value = self._get("CLIENT_IP_HEADER", None)
         return (value.strip() or None) if isinstance(value, str) else None
 
-    @property
+    @cached_property
     def proxy_trust(self) -> ProxyTrust:
         """The three proxy settings parsed together once per settings change: the client-IP
         path reads this one value on every request."""
-        try:
-            return self._values["_proxy_trust"]  # type: ignore[no-any-return]
-        except KeyError:
-            networks = self.TRUSTED_PROXIES
-            header = self.CLIENT_IP_HEADER
-            count = self.TRUSTED_PROXY_COUNT
-            trust = self._values["_proxy_trust"] = ProxyTrust(
-                configured=count > 0 or bool(networks),
-                proxy_count=count,
-                v4=tuple(n for n in networks if isinstance(n, ipaddress.IPv4Network)),
-                v6=tuple(n for n in networks if isinstance(n, ipaddress.IPv6Network)),
-                header=None if header is None else "HTTP_" + header.upper().replace("-", "_"),
-            )
-            return trust
+        networks, header = self.TRUSTED_PROXIES, self.CLIENT_IP_HEADER
+        return ProxyTrust(
+            configured=self.TRUSTED_PROXY_COUNT > 0 or bool(networks),
+            proxy_count=self.TRUSTED_PROXY_COUNT,
+            v4=tuple(n for n in networks if isinstance(n, ipaddress.IPv4Network)),
+            v6=tuple(n for n in networks if isinstance(n, ipaddress.IPv6Network)),
+            header=None if header is None else "HTTP_" + header.upper().replace("-", "_"),
+        )
 
-    @property
+    @cached_property
     def API_KEY_HEADERS(self) -> tuple[str, ...]:
         """Headers an API key is read from, in order (default ``("Authorization",
         "X-API-Key")``). ``Authorization`` carries it as ``Api-Key <key>``; any other header
@@ -148,22 +139,15 @@ class Settings:
         value = self._get("API_KEY_HEADERS", ("Authorization", "X-API-Key"))
         return tuple(value) if isinstance(value, (list, tuple)) else ()
 
-    @property
+    @cached_property
     def api_key_headers(self) -> tuple[tuple[str, bool], ...]:
         """``API_KEY_HEADERS`` as (``request.META`` key, is ``Authorization``) pairs, parsed
         once per settings change: every request reads it."""
-        try:
-            return self._values["_api_key_headers"]  # type: ignore[no-any-return]
-        except KeyError:
-            parsed = self._values["_api_key_headers"] = tuple(
-                (
-                    "HTTP_" + name.upper().replace("-", "_"),
-                    name.lower() == "authorization",
-                )
-                for name in self.API_KEY_HEADERS
-                if isinstance(name, str) and name
-            )
-            return parsed
+        return tuple(
+            ("HTTP_" + name.upper().replace("-", "_"), name.lower() == "authorization")
+            for name in self.API_KEY_HEADERS
+            if isinstance(name, str) and name
+        )
 
     @property
     def API_KEY_SECRET(self) -> str:
@@ -173,44 +157,28 @@ class Settings:
         value = self._get("API_KEY_SECRET", None)
         return str(value) if value else str(getattr(settings, "SECRET_KEY", ""))
 
-    @property
+    @cached_property
     def api_key_secret(self) -> bytes:
         """``API_KEY_SECRET`` encoded once per settings change."""
-        try:
-            return self._values["_api_key_secret"]  # type: ignore[no-any-return]
-        except KeyError:
-            secret = self._values["_api_key_secret"] = self.API_KEY_SECRET.encode()
-            return secret
+        return self.API_KEY_SECRET.encode()
 
-    @property
-    def IPV4_PREFIX(self) -> int:
-        """Anonymous IPv4 clients are grouped by this prefix length (32: one address)."""
-        return int(self._get("IPV4_PREFIX", 32))
+    #: Anonymous IPv4 clients are grouped by this prefix length (32: one address).
+    IPV4_PREFIX = Setting(32, int)
 
-    @property
-    def IPV6_PREFIX(self) -> int:
-        """Anonymous IPv6 clients are grouped by this prefix length (64: one subnet; 32-128)."""
-        return int(self._get("IPV6_PREFIX", 64))
+    #: Anonymous IPv6 clients are grouped by this prefix length (64: one subnet; 32-128).
+    IPV6_PREFIX = Setting(64, int)
 
-    @property
-    def IDENTITY_RESOLVER(self) -> str:
-        """Dotted path of ``callable(request) -> Identity`` that names the client."""
-        return str(
-            self._get("IDENTITY_RESOLVER", "django_throttle.policy.resolver.resolve_identity")
-        )
+    #: Dotted path of ``callable(request) -> Identity`` that names the client.
+    IDENTITY_RESOLVER = Setting("django_throttle.policy.resolver.resolve_identity", str)
 
-    @property
-    def IETF_HEADERS(self) -> bool:
-        """Also send the IETF ``RateLimit`` and ``RateLimit-Policy`` response fields."""
-        return bool(self._get("IETF_HEADERS", False))
+    #: Also send the IETF ``RateLimit`` and ``RateLimit-Policy`` response fields.
+    IETF_HEADERS = Setting(False, bool)
 
-    @property
-    def USAGE_ENABLED(self) -> bool:
-        """Count every decision's outcome for ``manage.py throttle_usage`` (in the decision's
-        own backend call)."""
-        return bool(self._get("USAGE_ENABLED", True))
+    #: Count every decision's outcome for ``manage.py throttle_usage`` (in the decision's
+    #: own backend call).
+    USAGE_ENABLED = Setting(True, bool)
 
-    @property
+    @cached_property
     def DENIED_RESPONSE(self) -> str | None:
         """Dotted path of a callable ``(request, decision) -> HttpResponse`` that builds the
         429 (and the fail-closed 503) of plain Django views and of DRF views using
@@ -218,16 +186,12 @@ class Settings:
         value = self._get("DENIED_RESPONSE", None)
         return None if value is None else str(value)
 
-    @property
-    def METRICS(self) -> bool:
-        """Keep Prometheus metrics (needs prometheus_client; see
-        :mod:`django_throttle.metrics`). Off by default: they cost each decision a few µs."""
-        return bool(self._get("METRICS", False))
+    #: Keep Prometheus metrics (needs prometheus_client; see
+    #: :mod:`django_throttle.metrics`). Off by default: they cost each decision a few µs.
+    METRICS = Setting(False, bool)
 
-    @property
-    def USAGE_RETENTION_DAYS(self) -> int:
-        """Days usage rows are kept in the database before the rollup deletes them."""
-        return int(self._get("USAGE_RETENTION_DAYS", 7))
+    #: Days usage rows are kept in the database before the rollup deletes them.
+    USAGE_RETENTION_DAYS = Setting(7, int)
 
 
 class ProxyTrust(NamedTuple):
@@ -255,8 +219,6 @@ def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network
 
 #: Every setting's name without :data:`PREFIX`: a ``DJANGO_THROTTLE_*`` name outside it is a
 #: typo or a setting this app does not have (system check W001).
-NAMES = frozenset(
-    name for name, value in vars(Settings).items() if isinstance(value, property) and name.isupper()
-)
+NAMES = frozenset(name for name in vars(Settings) if name.isupper())
 
 app_settings = Settings()

@@ -25,6 +25,7 @@ Tier and endpoint labels come from the admin's policy, so their number is bounde
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any
 
@@ -38,11 +39,8 @@ _metrics: dict[str, Any] = {}
 
 
 def available() -> bool:
-    try:
-        import prometheus_client  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether prometheus_client is installed (found without importing it)."""
+    return importlib.util.find_spec("prometheus_client") is not None
 
 
 def _build() -> dict[str, Any]:
@@ -140,10 +138,10 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    registry = REGISTRY
     if directory:
         from prometheus_client import multiprocess
 
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
-        return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
-    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

@@ -15,6 +15,7 @@ An operation that already documents a 429 or 503 keeps its own.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from django_throttle.conf import app_settings
@@ -31,14 +32,18 @@ _RATE_HEADERS = {
     "X-RateLimit-Remaining": ("Requests left before this limit denies.", _INTEGER),
     "X-RateLimit-Reset": ("Seconds until the limit is whole again.", _INTEGER),
 }
+_STRING = {"type": "string"}
 _IETF_HEADERS = {
-    "RateLimit": (
-        "IETF RateLimit field: the limit's remaining quota and reset.",
-        {"type": "string"},
-    ),
-    "RateLimit-Policy": ("IETF RateLimit-Policy field: the quota policies.", {"type": "string"}),
+    "RateLimit": ("IETF RateLimit field: the limit's remaining quota and reset.", _STRING),
+    "RateLimit-Policy": ("IETF RateLimit-Policy field: the quota policies.", _STRING),
 }
 _RETRY_AFTER = {"Retry-After": ("Seconds to wait before retrying.", _INTEGER)}
+#: The refusal body's fields: (type, nullable, description).
+_BODY_FIELDS = {
+    "detail": ("string", False, "What happened, for people."),
+    "limit": ("string", True, "The limit that denied the request."),
+    "retry_after": ("integer", True, "Seconds to wait, as in Retry-After."),
+}
 
 
 def is_throttled(view: Any) -> bool:
@@ -60,22 +65,13 @@ class ThrottleSchemaMixin:
         if direction != "response" or not is_throttled(self.view):
             return responses
         body = {"application/json": {"schema": self._body_reference()}}
-        responses.setdefault(
-            "429",
-            {
-                "description": "Too many requests: a rate limit denied this request.",
-                "headers": _headers({**_RETRY_AFTER, **_rate_headers()}),
-                "content": body,
-            },
-        )
-        responses.setdefault(
-            "503",
-            {
-                "description": "Rate limiting is unavailable and this endpoint fails closed.",
-                "headers": _headers(_RETRY_AFTER),
-                "content": body,
-            },
-        )
+        refusals = {
+            "429": ("Too many requests: a rate limit denied this request.", _rate_headers()),
+            "503": ("Rate limiting is unavailable and this endpoint fails closed.", {}),
+        }
+        for code, (text, headers) in refusals.items():
+            headers = _headers({**_RETRY_AFTER, **headers})
+            responses.setdefault(code, {"description": text, "headers": headers, "content": body})
         return responses
 
     def _get_response_headers_for_code(self, status_code: str, direction: str = "response") -> Any:
@@ -87,27 +83,15 @@ class ThrottleSchemaMixin:
     def _body_reference(self) -> dict[str, Any]:
         from drf_spectacular.plumbing import ResolvedComponent
 
+        properties = {
+            name: {"type": kind, **({"nullable": True} if nullable else {}), "description": text}
+            for name, (kind, nullable, text) in _BODY_FIELDS.items()
+        }
         component = ResolvedComponent(  # type: ignore[no-untyped-call]
             name=BODY_COMPONENT,
             type=ResolvedComponent.SCHEMA,
             object=BODY_COMPONENT,
-            schema={
-                "type": "object",
-                "properties": {
-                    "detail": {"type": "string", "description": "What happened, for people."},
-                    "limit": {
-                        "type": "string",
-                        "nullable": True,
-                        "description": "The limit that denied the request.",
-                    },
-                    "retry_after": {
-                        "type": "integer",
-                        "nullable": True,
-                        "description": "Seconds to wait, as in Retry-After.",
-                    },
-                },
-                "required": ["detail", "limit", "retry_after"],
-            },
+            schema={"type": "object", "properties": properties, "required": list(_BODY_FIELDS)},
         )
         self.registry.register_on_missing(component)
         reference: dict[str, Any] = component.ref
@@ -122,16 +106,14 @@ def __getattr__(name: str) -> Any:
     from drf_spectacular.openapi import AutoSchema
 
     _register_authentication_schemes()
-    cls = type(
-        "ThrottledAutoSchema",
-        (ThrottleSchemaMixin, AutoSchema),
-        {
-            "__module__": __name__,
-            "__doc__": "drf-spectacular's ``AutoSchema`` that documents the throttle.",
-        },
-    )
-    globals()["ThrottledAutoSchema"] = cls
-    return cls
+
+    class ThrottledAutoSchema(ThrottleSchemaMixin, AutoSchema):
+        """drf-spectacular's ``AutoSchema`` that documents the throttle."""
+
+        __qualname__ = "ThrottledAutoSchema"
+
+    globals()["ThrottledAutoSchema"] = ThrottledAutoSchema
+    return ThrottledAutoSchema
 
 
 def _rate_headers() -> dict[str, tuple[str, dict[str, Any]]]:
@@ -142,13 +124,11 @@ def _headers(spec: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     return {name: {"description": text, "schema": schema} for name, (text, schema) in spec.items()}
 
 
+@functools.cache
 def _register_authentication_schemes() -> None:
     """Describe our DRF authentication classes as the schemes they wrap (drf-spectacular
     matches its built-in extensions by exact class), and API keys as an ``apiKey`` header.
     Extensions register themselves when their class is created: once per process."""
-    if _registered:
-        return
-    _registered.append(True)
     from drf_spectacular.authentication import BasicScheme, SessionScheme, TokenScheme
     from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
@@ -163,20 +143,11 @@ def _register_authentication_schemes() -> None:
             {"target_class": f"django_throttle.drf.{target}", "__module__": __name__},
         )
 
-    def api_key_definition(self: Any, auto_schema: Any) -> dict[str, Any]:
-        header = app_settings.API_KEY_HEADERS[-1] if app_settings.API_KEY_HEADERS else "X-API-Key"
-        return {"type": "apiKey", "in": "header", "name": header}
+    class ApiKeyScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+        target_class = "django_throttle.drf.ApiKeyAuthentication"
+        name = "apiKeyAuth"
 
-    type(
-        "ApiKeyScheme",
-        (OpenApiAuthenticationExtension,),
-        {
-            "target_class": "django_throttle.drf.ApiKeyAuthentication",
-            "name": "apiKeyAuth",
-            "get_security_definition": api_key_definition,
-            "__module__": __name__,
-        },
-    )
-
-
-_registered: list[bool] = []
+        def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+            headers = app_settings.API_KEY_HEADERS
+            header = headers[-1] if headers else "X-API-Key"
+            return {"type": "apiKey", "in": "header", "name": header}

@@ -1,15 +1,18 @@
 """Value objects for rate limiting: what a limit is and what a check decided.
 
 Durations are float seconds and instants are Unix seconds throughout. Nothing here reads
-settings or does I/O, so every other layer can import it.
+settings or does I/O, so every other layer can import it. Rates and their grammar live in
+:mod:`django_throttle.rate_parsing`, re-exported here.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from django.db import models
+
+from django_throttle.rate_parsing import CALENDAR_UNITS, MAX_COUNT, InvalidRate, Rate
+from django_throttle.rate_parsing import MAX_PERIOD as MAX_PERIOD
 
 __all__ = [
     "CALENDAR_UNITS",
@@ -42,155 +45,21 @@ class Algorithm(models.TextChoices):
 #: Algorithms with a burst: a bucket of ``burst`` tokens earned back one per ``interval``.
 TOKEN_ALGORITHMS = frozenset({Algorithm.TOKEN_BUCKET, Algorithm.GCRA, Algorithm.LEAKY_BUCKET})
 #: Algorithms that count requests per window of ``period``: the capacity is the rate's count.
-WINDOW_ALGORITHMS = frozenset(
-    {
-        Algorithm.FIXED_WINDOW,
-        Algorithm.SLIDING_LOG,
-        Algorithm.SLIDING_COUNTER,
-        Algorithm.CALENDAR,
-    }
-)
+WINDOW_ALGORITHMS = frozenset(Algorithm) - TOKEN_ALGORITHMS
 #: Largest count of a sliding window log: it keeps one entry per request in the window, so
 #: memory and script time grow with the limit. Above it, the sliding window counter.
 MAX_LOG_COUNT = 10_000
 #: GCRA keeps whole microseconds: a rate whose interval rounds off by more than this share
 #: would run visibly faster or slower than stated (15000/s would be 14925/s), so it is refused.
 GCRA_MAX_ROUNDING = 1e-3
-#: Calendar windows a quota can reset on, with the nominal length used for headers and bounds.
-CALENDAR_UNITS: dict[str, int] = {
-    "day": 86400,
-    "week": 7 * 86400,
-    "month": 31 * 86400,
-    "year": 366 * 86400,
-}
 #: Seconds a daylight-saving change can add to a calendar window (two hours, at most, anywhere).
 CALENDAR_SLACK = 7200
-_CALENDAR_ALIASES = {
-    "mo": "month",
-    "mon": "month",
-    "month": "month",
-    "months": "month",
-    "y": "year",
-    "yr": "year",
-    "year": "year",
-    "years": "year",
-}
-
-
-class InvalidRate(ValueError):
-    """A rate or limit that does not say exactly one thing.
-
-    ``field`` names what the operator must change ("rate", "burst", "algorithm" or
-    "timezone"), so a form can put the message on that field.
-    """
-
-    def __init__(self, message: str, field: str = "rate") -> None:
-        super().__init__(message)
-        self.field = field
-
-
-_UNITS: dict[str, int] = {
-    "s": 1,
-    "sec": 1,
-    "second": 1,
-    "seconds": 1,
-    "m": 60,
-    "min": 60,
-    "minute": 60,
-    "minutes": 60,
-    "h": 3600,
-    "hour": 3600,
-    "hours": 3600,
-    "d": 86400,
-    "day": 86400,
-    "days": 86400,
-    "w": 7 * 86400,
-    "week": 7 * 86400,
-    "weeks": 7 * 86400,
-}
-_CANONICAL = ((86400, "d"), (3600, "h"), (60, "m"), (1, "s"))
 #: What a calendar quota's rate may say, by its period: one day or one week (one month and
 #: one year parse as calendar rates already).
 _CALENDAR_BY_PERIOD = {86400: "day", 7 * 86400: "week"}
-_RATE_RE = re.compile(r"^\s*(?P<count>[+-]?\d+)\s*/\s*(?P<mult>\d+)?\s*(?P<unit>[A-Za-z]+)\s*$")
-#: Longest period a rate may name; longer windows belong in a quota system, not a throttle.
-MAX_PERIOD = 366 * 86400
-#: Largest count, burst or cost: far beyond any real limit, and exact in a Lua double.
-MAX_COUNT = 10**9
 #: Longest an empty bucket may take to fill (burst x period / count): keeps every key's
 #: expiry (in ms) far inside what ``SET PX`` accepts.
 MAX_WINDOW = 10 * 366 * 86400
-
-
-@dataclass(frozen=True, slots=True)
-class Rate:
-    """``count`` requests per ``period`` seconds, parsed from text such as ``"100/min"``.
-
-    Accepted forms: ``<count>/<unit>`` and ``<count>/<multiplier><unit>`` (``"20/15m"``), with
-    units s, m, h, d (or sec/second(s), min/minute(s), hour(s), day(s)), lowercase, and
-    ``w``/``week`` (7 days). ``<count>/month`` and ``<count>/year`` are calendar rates
-    (``calendar`` set): their length varies, so only the calendar quota algorithm takes them,
-    which resets on the 1st (on 1 January) in the limit's time zone. Anything ambiguous is
-    rejected.
-    """
-
-    count: int
-    period: int
-    calendar: str = ""
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.count <= MAX_COUNT:
-            raise InvalidRate(f"count must be between 1 and {MAX_COUNT}, not {self.count}")
-        if not 1 <= self.period <= MAX_PERIOD:
-            raise InvalidRate(f"period must be between 1 s and 366 days, not {self.period} s")
-        if self.calendar and CALENDAR_UNITS.get(self.calendar) != self.period:
-            raise InvalidRate(f"unknown calendar window {self.calendar!r}")
-
-    @classmethod
-    def parse(cls, text: str) -> Rate:
-        if not isinstance(text, str):
-            raise InvalidRate(f"a rate is text such as '100/min', not {type(text).__name__}")
-        match = _RATE_RE.match(text)
-        if match is None:
-            raise InvalidRate(
-                f"'{text}' is not a rate: write <count>/<period>, e.g. '100/min', '10/s', "
-                "'5000/day' or '20/15m'"
-            )
-        count = int(match["count"])
-        if count < 1:
-            raise InvalidRate(f"'{text}': the count must be a whole number of at least 1")
-        unit = match["unit"]
-        calendar = _CALENDAR_ALIASES.get(unit)
-        if calendar is not None:
-            if match["mult"] is not None:
-                raise InvalidRate(
-                    f"'{text}': a calendar rate counts per one {calendar}, with no multiplier"
-                )
-            return cls(count, CALENDAR_UNITS[calendar], calendar)
-        if unit not in _UNITS:
-            if unit.lower() in _CALENDAR_ALIASES or unit.lower() in _UNITS:
-                hint = f"units are lowercase; did you mean '{unit.lower()}'?"
-            else:
-                hint = "use s, m, h, d or w (or sec, min, hour, day, week), or month, year"
-            raise InvalidRate(f"'{text}': unknown period unit '{unit}': {hint}")
-        multiplier = int(match["mult"]) if match["mult"] is not None else 1
-        if multiplier < 1:
-            raise InvalidRate(f"'{text}': the period multiplier must be at least 1")
-        return cls(count, multiplier * _UNITS[unit])
-
-    @property
-    def interval(self) -> float:
-        """Seconds to earn back one token."""
-        return self.period / self.count
-
-    def __str__(self) -> str:
-        if self.calendar:
-            return f"{self.count}/{self.calendar}"
-        for seconds, unit in _CANONICAL:
-            if self.period % seconds == 0:
-                mult = self.period // seconds
-                return f"{self.count}/{'' if mult == 1 else mult}{unit}"
-        raise AssertionError("unreachable: every period is a whole number of seconds")
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,8 +139,7 @@ class Limit:
             )
 
     def _check_calendar(self) -> None:
-        calendar = self.rate.calendar or _CALENDAR_BY_PERIOD.get(self.rate.period, "")
-        if not calendar or self.rate.period != CALENDAR_UNITS[calendar]:
+        if not self.calendar_unit:
             raise InvalidRate(
                 f"'{self.rate}': a calendar quota counts per day, week, month or year, e.g. "
                 "'10000/month' or '500/day'"
@@ -314,10 +182,8 @@ class Limit:
                 + ", ".join(repr(value) for value in Algorithm.values),
                 "algorithm",
             ) from None
-        if chosen == Algorithm.CALENDAR and not parsed.calendar:
-            unit = _CALENDAR_BY_PERIOD.get(parsed.period)
-            if unit is not None:
-                parsed = Rate(parsed.count, parsed.period, unit)
+        if chosen == Algorithm.CALENDAR and parsed.period in _CALENDAR_BY_PERIOD:
+            parsed = Rate(parsed.count, parsed.period, _CALENDAR_BY_PERIOD[parsed.period])
         return cls(
             id=id,
             rate=parsed,

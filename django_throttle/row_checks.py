@@ -42,8 +42,7 @@ def bad_rows() -> Iterator[tuple[Any, dict[str, str]]]:
     )
     for queryset in querysets:
         for row in queryset:
-            problems = row.row_problems()
-            if problems:
+            if problems := row.row_problems():
                 yield row, problems
 
 
@@ -58,12 +57,10 @@ def duplicate_rows() -> Iterator[tuple[Any, Any]]:
     ):
         first: dict[tuple[object, ...], Any] = {}
         for row in queryset:
-            key = row.duplicate_key()
-            if key is None:
-                continue
+            key = row.duplicate_key()  # None (a bad row) repeats nothing
             if key in first:
                 yield row, first[key]
-            else:
+            elif key is not None:
                 first[key] = row
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from django.core.signals import setting_changed
 from django.db import transaction
-from django.db.models import Model
+from django.db.models import Q
 from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete, pre_save
 
 from django_throttle.conf import PREFIX, app_settings
@@ -50,19 +50,8 @@ _PREVIOUS = "_django_throttle_previous_limit"
 
 def limit_saving(sender: Any, instance: Any, raw: bool = False, **kwargs: Any) -> None:
     """Note the limit as stored before this save, for :func:`limit_saved` (one query)."""
-    from django_throttle.models import BadRow
-
-    if raw or instance.pk is None:
-        return
-    old = sender._default_manager.using(kwargs.get("using")).filter(pk=instance.pk)
-    row = old.select_related(*_RELATED[sender.__name__]).first()
-    if row is None:
-        return
-    try:
-        previous = row.to_limit()
-    except BadRow:
-        previous = None
-    setattr(instance, _PREVIOUS, previous)
+    if not raw and instance.pk is not None:
+        setattr(instance, _PREVIOUS, _stored_limit(sender, instance.pk, kwargs.get("using")))
 
 
 def limit_saved(instance: Any, created: bool, **kwargs: Any) -> None:
@@ -77,42 +66,46 @@ def limit_saved(instance: Any, created: bool, **kwargs: Any) -> None:
         transaction.on_commit(retime, kwargs.get("using"))
 
 
-def _bump() -> None:
+def _stored_limit(model: Any, pk: Any, using: str | None = None) -> Limit | None:
+    """Row ``pk``'s limit as stored; ``None`` when the row is gone or no limit can be built
+    from it (the compiler skips it and logs it: nothing counts under it)."""
+    from django_throttle.models import BadRow
+
+    rows = model._default_manager.using(using).filter(pk=pk)
+    row = rows.select_related(*_RELATED[model.__name__]).first()
+    try:
+        return None if row is None else row.to_limit()
+    except BadRow:
+        return None
+
+
+def _call_backend(failure: str, method: str, *args: Any, **kwargs: Any) -> None:
+    """Call a backend method through the breaker; an outage only logs ``failure``."""
     from django_throttle.backends import BackendError, get_backend
     from django_throttle.backends.breaker import get_breaker
+
+    try:
+        get_breaker().call(getattr(get_backend(), method), *args, **kwargs)
+    except BackendError as exc:
+        logger.warning("%s: %s", failure, exc)
+
+
+def _bump() -> None:
     from django_throttle.policy import live as policy
 
     policy.invalidate()
-    try:
-        get_breaker().call(get_backend().bump_policy_version)
-    except BackendError as exc:
-        logger.warning("could not publish the policy change to other processes: %s", exc)
+    _call_backend("could not publish the policy change to other processes", "bump_policy_version")
 
 
 def _retime(model: Any, pk: Any, previous: Limit | None) -> None:
-    from django_throttle.backends import BackendError, get_backend
-    from django_throttle.backends.breaker import get_breaker
-    from django_throttle.models import BadRow
-
-    row = model._default_manager.filter(pk=pk).select_related(*_RELATED[model.__name__]).first()
-    if row is None:
-        return
-    try:
-        limit = row.to_limit()
-    except BadRow:
-        return  # the compiler skips the row (and logs it); nothing counts under it
-    if previous is not None and previous.algorithm != limit.algorithm:
-        return  # the new algorithm's keys are new: it starts afresh
-    try:
-        old = None if previous is None else [previous]
-        get_breaker().call(get_backend().retime, [limit], previous=old)
-    except BackendError as exc:
-        logger.warning(
-            "could not re-time stored counters of %s to its new rate (they expire on the old "
-            "schedule): %s",
-            limit.name,
-            exc,
+    limit = _stored_limit(model, pk)
+    # The new algorithm's keys are new: it starts afresh.
+    if limit is not None and (previous is None or previous.algorithm == limit.algorithm):
+        failure = (
+            f"could not re-time stored counters of {limit.name} to its new rate (they expire "
+            "on the old schedule)"
         )
+        _call_backend(failure, "retime", [limit], previous=None if previous is None else [previous])
 
 
 _RELATED = {"TierLimit": ("tier",), "EndpointLimit": ("rule", "tier")}
@@ -131,9 +124,7 @@ def groups_changed(
         setattr(instance, _CLEARS_TIERED, _has_tiered_group(instance, reverse, None))
         return
     if action == "post_clear":
-        tiered = getattr(instance, _CLEARS_TIERED, False)
-        if hasattr(instance, _CLEARS_TIERED):
-            delattr(instance, _CLEARS_TIERED)
+        tiered = instance.__dict__.pop(_CLEARS_TIERED, False)
     elif action in ("post_add", "post_remove"):
         tiered = bool(pk_set) and _has_tiered_group(instance, reverse, pk_set)
     else:
@@ -148,17 +139,14 @@ def _has_tiered_group(instance: Any, reverse: bool, pk_set: set[Any] | None) -> 
     (``group.user_set``): the group itself."""
     from django_throttle.models import Exemption, TierAssignment
 
-    for model in (TierAssignment, Exemption):  # groups that place, or exempt, their members
-        rows = model.objects.filter(group__isnull=False)
-        if reverse:
-            found = rows.filter(group_id=instance.pk).exists()
-        elif pk_set is None:
-            found = rows.filter(group__user=instance).exists()
-        else:
-            found = rows.filter(group_id__in=pk_set).exists()
-        if found:
-            return True
-    return False
+    if reverse:
+        groups = Q(group_id=instance.pk)
+    elif pk_set is None:
+        groups = Q(group__user=instance)
+    else:
+        groups = Q(group_id__in=pk_set)
+    # Groups that place, or exempt, their members.
+    return any(model.objects.filter(groups).exists() for model in (TierAssignment, Exemption))
 
 
 def user_deleting(instance: Any, **kwargs: Any) -> None:
@@ -169,8 +157,7 @@ def user_deleting(instance: Any, **kwargs: Any) -> None:
 
 
 def user_deleted(instance: Any, **kwargs: Any) -> None:
-    if getattr(instance, _LEAVES_TIERED, False):
-        delattr(instance, _LEAVES_TIERED)
+    if instance.__dict__.pop(_LEAVES_TIERED, False):
         policy_changed(using=kwargs.get("using"))
 
 
@@ -189,17 +176,9 @@ def connect() -> None:
 
     from django_throttle import models
 
-    policy_models: tuple[type[Model], ...] = (
-        models.Tier,
-        models.TierLimit,
-        models.EndpointRule,
-        models.EndpointLimit,
-        models.TierAssignment,
-        models.ApiKey,
-        models.Exemption,
-    )
-    for model in policy_models:
-        name = model.__name__
+    # Every model compiled into the policy snapshot: a saved or deleted row bumps its version.
+    for name in (*_RELATED, "Tier", "EndpointRule", "TierAssignment", "ApiKey", "Exemption"):
+        model = getattr(models, name)
         on_save = limit_saved if name in _RELATED else policy_changed
         if name in _RELATED:
             pre_save.connect(limit_saving, sender=model, dispatch_uid=f"dt-saving-{name}")

@@ -13,6 +13,7 @@ from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from django_throttle.conf import app_settings
+from django_throttle.models.fields import optional_one_to_one
 
 #: Longest network text: a full IPv6 address with a /128 suffix.
 NETWORK_MAX_LENGTH = 43
@@ -32,20 +33,8 @@ def parse_network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
 class Exemption(models.Model):
     """Exactly one of a user, a group (all its members) or an IP network."""
 
-    user = models.OneToOneField(
-        settings.AUTH_USER_MODEL,
-        on_delete=models.CASCADE,
-        null=True,
-        blank=True,
-        related_name="throttle_exemption",
-    )
-    group = models.OneToOneField(
-        "auth.Group",
-        on_delete=models.CASCADE,
-        null=True,
-        blank=True,
-        related_name="throttle_exemption",
-    )
+    user = optional_one_to_one(settings.AUTH_USER_MODEL, "throttle_exemption")
+    group = optional_one_to_one("auth.Group", "throttle_exemption")
     network = models.CharField(
         _("IP address or network"),
         max_length=NETWORK_MAX_LENGTH,
@@ -89,12 +78,8 @@ class Exemption(models.Model):
             try:
                 parse_network(self.network)
             except ValueError:
-                return {
-                    "network": str(
-                        _("'%(value)s' is not an IP address or network (e.g. 198.51.100.0/24)")
-                    )
-                    % {"value": self.network}
-                }
+                message = _("'%(value)s' is not an IP address or network (e.g. 198.51.100.0/24)")
+                return {"network": str(message) % {"value": self.network}}
         return {}
 
     def clean(self) -> None:
@@ -104,21 +89,17 @@ class Exemption(models.Model):
         if sum(chosen) != 1:
             message = _("Exempt exactly one user, group or network.")
             raise ValidationError({"user": message, "group": message, "network": message})
-        problems = self.row_problems()
-        if problems:
+        if problems := self.row_problems():
             raise ValidationError(problems)
         if self.network:
             network = parse_network(self.network)
             self.network = str(network)
             if network.version == 6 and network.prefixlen > app_settings.IPV6_PREFIX:
                 wider = network.supernet(new_prefix=app_settings.IPV6_PREFIX)
-                raise ValidationError(
-                    {
-                        "network": _(
-                            "IPv6 clients are counted by /%(prefix)d networks "
-                            "(DJANGO_THROTTLE_IPV6_PREFIX), so this never matches one: exempt "
-                            "%(wider)s or a wider network"
-                        )
-                        % {"prefix": app_settings.IPV6_PREFIX, "wider": wider}
-                    }
+                message = _(
+                    "IPv6 clients are counted by /%(prefix)d networks "
+                    "(DJANGO_THROTTLE_IPV6_PREFIX), so this never matches one: exempt "
+                    "%(wider)s or a wider network"
                 )
+                values = {"prefix": app_settings.IPV6_PREFIX, "wider": wider}
+                raise ValidationError({"network": message % values})

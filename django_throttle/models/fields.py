@@ -1,6 +1,6 @@
 """What the policy models share: the bad-row error, failure-mode choices, the rate validator,
-the bounded count field (bounds from :mod:`~django_throttle.rates`) and which field a refused
-limit's message belongs to."""
+the bounded count field and its database check (bounds from :mod:`~django_throttle.rates`),
+and the optional user or group a row names."""
 
 from __future__ import annotations
 
@@ -70,11 +70,6 @@ def validate_rate(value: str) -> None:
         raise ValidationError(str(exc), code="invalid_rate") from exc
 
 
-def refused_field(exc: InvalidRate) -> str:
-    """The limit field (rate, burst, algorithm or timezone) whose change fixes ``exc``."""
-    return exc.field
-
-
 def count_field(
     at_least: StrOrPromise, at_most: StrOrPromise, **kwargs: Any
 ) -> models.IntegerField[Any, Any]:
@@ -87,9 +82,19 @@ def count_field(
     )
 
 
-def in_range(field: str) -> Q:
-    """The database's copy of the count bounds, for a CheckConstraint."""
-    return Q(**{f"{field}__gte": 1, f"{field}__lte": MAX_COUNT})
+def range_check(field: str, name: str, null: bool = False) -> models.CheckConstraint:
+    """The database's copy of the count bounds (``null``: or empty)."""
+    in_range = Q(**{f"{field}__gte": 1, f"{field}__lte": MAX_COUNT})
+    return models.CheckConstraint(
+        condition=Q(**{f"{field}__isnull": True}) | in_range if null else in_range, name=name
+    )
+
+
+def optional_one_to_one(to: str, related_name: str) -> models.OneToOneField[Any, Any]:
+    """A user or group a row may name (one row each at most): one of the row's kinds."""
+    return models.OneToOneField(
+        to, on_delete=models.CASCADE, null=True, blank=True, related_name=related_name
+    )
 
 
 def choice_problem(value: str, choices: type[models.TextChoices], what: StrOrPromise) -> str | None:

@@ -8,22 +8,18 @@ which column a refusal belongs to, so the admin puts each message on the field t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Collection
+from typing import TYPE_CHECKING, ClassVar
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from django_throttle.models.fields import (
-    BadRow,
-    choice_problem,
-    count_field,
-    refused_field,
-    validate_rate,
-)
-from django_throttle.rates import MAX_COUNT, TOKEN_ALGORITHMS, Algorithm, InvalidRate, Limit, Rate
+from django_throttle.backends.base import per_shard
+from django_throttle.conf import app_settings
+from django_throttle.models.fields import BadRow, choice_problem, count_field, validate_rate
+from django_throttle.rates import TOKEN_ALGORITHMS, Algorithm, InvalidRate, Limit, Rate
 
 if TYPE_CHECKING:
     from django_throttle.models.fields import StrOrPromise
@@ -132,10 +128,16 @@ class LimitFields(models.Model):
         label = str(Algorithm(self.algorithm).label)
         return label if label.isupper() else label.lower()
 
+    #: The first letter of the counter id of this kind of row.
+    ID_PREFIX: ClassVar[str]
+    #: The columns besides the limit's own that make two rows count apart (the parent,
+    #: whose clients, how they share the counter).
+    SCOPE: ClassVar[tuple[str, ...]]
+
     @property
     def limit_id(self) -> str:
         """Stable, short counter id; becomes part of a Redis key."""
-        raise NotImplementedError
+        return f"{self.ID_PREFIX}{self.pk}"
 
     def limit_name(self, rate: Rate) -> str:
         """What clients see in the 429 body and policy headers."""
@@ -163,20 +165,18 @@ class LimitFields(models.Model):
             raise BadRow("algorithm", problem)
         try:
             # The text, not the parsed rate: a calendar quota reads "/day" as a calendar day.
+            shared = getattr(self, "shared", False)  # only a tier limit has the column
             return Limit.build(
-                id="",
-                rate=self.rate,
-                burst=self.burst,
-                algorithm=self.algorithm,
-                timezone=self.zone(),
+                "", self.rate, self.burst, self.algorithm, timezone=self.zone(), shared=shared
             )
         except InvalidRate as exc:
-            raise BadRow(refused_field(exc), str(exc)) from exc
+            raise BadRow(exc.field, str(exc)) from exc
 
     @property
     def capacity(self) -> int:
-        """Most cost one request may have. Raises :class:`BadRow` for a bad row."""
-        return self.validated_limit().capacity
+        """Most cost one request may have; for a shared limit, what one key shard holds
+        (its share of the ceiling). Raises :class:`BadRow` for a bad row."""
+        return per_shard(self.validated_limit(), app_settings.KEY_SHARDS).capacity
 
     def to_limit(self) -> Limit:
         """The compiled limit. Raises :class:`BadRow` naming the bad column."""
@@ -192,12 +192,7 @@ class LimitFields(models.Model):
             limit = self.validated_limit()
         except BadRow:
             return None
-        return (*self.duplicate_scope(), limit)
-
-    def duplicate_scope(self) -> tuple[object, ...]:
-        """The columns besides the limit's own that make two rows count apart (the parent,
-        whose clients, how they share the counter)."""
-        raise NotImplementedError
+        return (type(self).__name__, *(getattr(self, column) for column in self.SCOPE), limit)
 
     def row_problems(self) -> dict[str, str]:
         """Why no limit can be built from this row, by field (empty when it can)."""
@@ -207,19 +202,15 @@ class LimitFields(models.Model):
             return {exc.field: exc.message}
         return {}
 
-    def full_clean(
-        self,
-        exclude: Iterable[str] | None = None,
-        validate_unique: bool = True,
-        validate_constraints: bool = True,
-    ) -> None:
-        # A model form excludes the fields it already refused; clean() needs to know.
-        excluded = set(exclude or ())
-        self._unchecked = frozenset(excluded)
+    def clean_fields(self, exclude: Collection[str] | None = None) -> None:
+        # A field the form refused (it excludes those) or refused here has its one message
+        # already: clean() needs to know.
+        self._refused = set(exclude or ())
         try:
-            super().full_clean(excluded, validate_unique, validate_constraints)
-        finally:
-            del self._unchecked
+            super().clean_fields(exclude)
+        except ValidationError as exc:
+            self._refused.update(exc.error_dict)
+            raise
 
     def clean(self) -> None:
         """Refuse values that are fine alone but not together (a burst for a window
@@ -227,22 +218,9 @@ class LimitFields(models.Model):
         limit's own message on the field to change. A bad rate, an out-of-range burst and an
         unknown algorithm are their fields' errors already, and a field a form refused is
         not validated here: every mistake gets exactly one message."""
-        unchecked: frozenset[str] = getattr(self, "_unchecked", frozenset())
-        if unchecked.intersection(LIMIT_FIELDS) or not self._valid_alone():
+        refused: set[str] = self.__dict__.pop("_refused", set())
+        if refused.intersection(LIMIT_FIELDS):
             return
         # Only the limit's columns: any other field's problem is that field's own error.
-        problems = {f: m for f, m in self.row_problems().items() if f in LIMIT_FIELDS}
-        if problems:
+        if problems := {f: m for f, m in self.row_problems().items() if f in LIMIT_FIELDS}:
             raise ValidationError(problems)
-
-    def _valid_alone(self) -> bool:
-        """Whether each field passes its own validation (the checks :meth:`clean` skips)."""
-        if self.algorithm not in Algorithm.values:
-            return False
-        if self.burst is not None and not 1 <= self.burst <= MAX_COUNT:
-            return False
-        try:
-            Rate.parse(self.rate)
-        except InvalidRate:
-            return False
-        return True

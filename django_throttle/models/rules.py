@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 from django.db import models
-from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from django_throttle.models.fields import (
@@ -13,7 +12,7 @@ from django_throttle.models.fields import (
     choice_problem,
     count_field,
     failure_mode_field,
-    in_range,
+    range_check,
 )
 from django_throttle.models.limits import LimitFields
 from django_throttle.models.tiers import Tier
@@ -88,9 +87,7 @@ class EndpointRule(models.Model):
                 name="django_throttle_unique_endpoint_match",
                 violation_error_message=_("Another rule has this match type, pattern and methods."),
             ),
-            models.CheckConstraint(
-                condition=in_range("cost"), name="django_throttle_endpoint_rule_cost_range"
-            ),
+            range_check("cost", "django_throttle_endpoint_rule_cost_range"),
         ]
 
     def __str__(self) -> str:
@@ -121,19 +118,16 @@ class EndpointRule(models.Model):
         if isinstance(self.cost, bool) or not isinstance(self.cost, int):
             errors["cost"] = str(_("the cost must be a whole number"))
         elif not 1 <= self.cost <= MAX_COUNT:
-            errors["cost"] = str(_("the cost must be between 1 and %(max)s, not %(cost)s")) % {
-                "max": MAX_COUNT,
-                "cost": self.cost,
-            }
+            message = _("the cost must be between 1 and %(max)s, not %(cost)s")
+            errors["cost"] = str(message) % {"max": MAX_COUNT, "cost": self.cost}
         pattern = (self.pattern or "").strip()
         if not pattern:
             errors["pattern"] = str(_("enter a pattern"))
         elif any(c.isspace() for c in pattern):
             errors["pattern"] = str(_("a pattern cannot contain spaces"))
         elif self.match_type == self.MatchType.PATH and not pattern.startswith("/"):
-            errors["pattern"] = str(_("a path prefix starts with '/', e.g. '/%(pattern)s'")) % {
-                "pattern": pattern
-            }
+            message = _("a path prefix starts with '/', e.g. '/%(pattern)s'")
+            errors["pattern"] = str(message) % {"pattern": pattern}
         elif self.match_type == self.MatchType.ROUTE and (
             pattern.startswith(":") or pattern.endswith(":") or "::" in pattern
         ):
@@ -144,11 +138,8 @@ class EndpointRule(models.Model):
         """Normalise methods (so the uniqueness constraint sees one spelling) and check the
         pattern fits its match type. Cost and choices are their fields' own errors."""
         self.pattern = (self.pattern or "").strip()
-        errors = {
-            field: message
-            for field, message in self.row_problems().items()
-            if field in ("methods", "pattern")
-        }
+        problems = self.row_problems()
+        errors: dict[str, str] = {f: problems[f] for f in ("methods", "pattern") if f in problems}
         if "methods" not in errors:
             self.methods = ",".join(m for m in HTTP_METHODS if m in self.method_set)
         if errors:
@@ -157,6 +148,9 @@ class EndpointRule(models.Model):
 
 class EndpointLimit(LimitFields):
     """A limit on one endpoint for clients of one tier, on top of the tier's own limits."""
+
+    ID_PREFIX = "e"
+    SCOPE = ("rule_id", "tier_id", "counted_by")
 
     class CountedBy(models.TextChoices):
         """Whose requests share this limit's counter."""
@@ -189,18 +183,8 @@ class EndpointLimit(LimitFields):
                 name="django_throttle_unique_endpoint_limit",
                 violation_error_message=_("This rule already has this rate for this tier."),
             ),
-            models.CheckConstraint(
-                condition=Q(burst__isnull=True) | in_range("burst"),
-                name="django_throttle_endpoint_limit_burst_range",
-            ),
+            range_check("burst", "django_throttle_endpoint_limit_burst_range", null=True),
         ]
-
-    @property
-    def limit_id(self) -> str:
-        return f"e{self.pk}"
-
-    def duplicate_scope(self) -> tuple[object, ...]:
-        return ("rule", self.rule_id, self.tier_id, self.counted_by)
 
     def row_problems(self) -> dict[str, str]:
         """The limit's problems, and a counted-by value written around the admin."""

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
-from django_throttle.backends.base import per_shard
-from django_throttle.conf import app_settings
-from django_throttle.models.fields import FailureMode, choice_problem, failure_mode_field, in_range
+from django_throttle.models.fields import (
+    FailureMode,
+    choice_problem,
+    failure_mode_field,
+    optional_one_to_one,
+    range_check,
+)
 from django_throttle.models.limits import LimitFields
-from django_throttle.rates import Limit, Rate
+from django_throttle.rates import Rate
 
 
 class Tier(models.Model):
@@ -79,14 +81,10 @@ class Tier(models.Model):
         """Name the existing default in the error, so the operator knows which to untick."""
         errors: dict[str, str] = {}
         for field, kind in self._DEFAULT_KINDS:
-            if not getattr(self, field):
-                continue
-            other = Tier.objects.filter(**{field: True}).exclude(pk=self.pk).first()
-            if other is not None:
-                errors[field] = str(_("'%(name)s' is already the default tier for %(kind)s")) % {
-                    "name": other.name,
-                    "kind": kind,
-                }
+            others = Tier.objects.filter(**{field: True}).exclude(pk=self.pk)
+            if getattr(self, field) and (other := others.first()) is not None:
+                message = _("'%(name)s' is already the default tier for %(kind)s")
+                errors[field] = str(message) % {"name": other.name, "kind": kind}
         if errors:
             raise ValidationError(errors)
 
@@ -98,6 +96,9 @@ class Tier(models.Model):
 
 class TierLimit(LimitFields):
     """A limit on everything a client of the tier does, whatever the endpoint."""
+
+    ID_PREFIX = "t"
+    SCOPE = ("tier_id", "shared")
 
     tier = models.ForeignKey(Tier, on_delete=models.CASCADE, related_name="limits")
     shared = models.BooleanField(
@@ -115,36 +116,12 @@ class TierLimit(LimitFields):
         ordering = ["tier", "pk"]
         verbose_name = _("tier limit")
         constraints = [
-            models.CheckConstraint(
-                condition=Q(burst__isnull=True) | in_range("burst"),
-                name="django_throttle_tier_limit_burst_range",
-            ),
+            range_check("burst", "django_throttle_tier_limit_burst_range", null=True),
         ]
-
-    @property
-    def limit_id(self) -> str:
-        return f"t{self.pk}"
 
     def limit_name(self, rate: Rate) -> str:
         # The policy compiler loads tiers with select_related, so this costs no query there.
         return f"{self.tier.slug} {rate}{' shared' if self.shared else ''}"
-
-    def duplicate_scope(self) -> tuple[object, ...]:
-        return ("tier", self.tier_id, self.shared)
-
-    def to_limit(self) -> Limit:
-        limit = super().to_limit()
-        return dataclasses.replace(limit, shared=True) if self.shared else limit
-
-    @property
-    def capacity(self) -> int:
-        """Most cost one request may have; for a shared limit, what one key shard holds
-        (its share of the ceiling). Raises :class:`BadRow` for a bad row."""
-        limit = self.validated_limit()
-        if not self.shared:
-            return limit.capacity
-        shared = dataclasses.replace(limit, shared=True)
-        return per_shard(shared, app_settings.KEY_SHARDS).capacity
 
     def __str__(self) -> str:
         text = super().__str__()
@@ -156,20 +133,8 @@ class TierAssignment(models.Model):
 
     tier = models.ForeignKey(Tier, on_delete=models.CASCADE, related_name="assignments")
     # One-to-one is a unique foreign key: a user or group is in at most one tier directly.
-    user = models.OneToOneField(
-        settings.AUTH_USER_MODEL,
-        on_delete=models.CASCADE,
-        null=True,
-        blank=True,
-        related_name="throttle_assignment",
-    )
-    group = models.OneToOneField(
-        "auth.Group",
-        on_delete=models.CASCADE,
-        null=True,
-        blank=True,
-        related_name="throttle_assignment",
-    )
+    user = optional_one_to_one(settings.AUTH_USER_MODEL, "throttle_assignment")
+    group = optional_one_to_one("auth.Group", "throttle_assignment")
     note = models.CharField(max_length=255, blank=True)
     created = models.DateTimeField(auto_now_add=True)
 

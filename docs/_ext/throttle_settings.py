@@ -1,8 +1,9 @@
 """Every ``DJANGO_THROTTLE_*`` setting as the code defines it, for the settings reference.
 
-Read from :class:`django_throttle.conf.Settings` (each property's docstring, its type, the
-default as ``conf.py`` writes it) and ``django_throttle.checks.SETTINGS`` (the check that
-validates it, and what that check accepts). Plain Python, no Sphinx: the docs build and
+Read from :class:`django_throttle.conf.Settings` (each property's docstring, or a
+``Setting``'s ``#:`` comment, its type, the default as ``conf.py`` writes it) and
+``django_throttle.checks.SETTINGS`` (the check that validates it, and what that check
+accepts). Plain Python, no Sphinx: the docs build and
 ``tests/test_docs_examples.py`` both import it.
 """
 
@@ -24,7 +25,29 @@ def settings_reference() -> list[dict[str, str]]:
     validators = {name: validate for _, name, validate in checks.SETTINGS}
     (cls,) = (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings")
     found = []
+    lines = source.splitlines()
     for prop in cls.body:
+        if isinstance(prop, ast.Assign) and isinstance(prop.value, ast.Call):
+            # NAME = Setting(default, cast), documented by the "#:" comments above it.
+            (target,) = prop.targets
+            assert isinstance(target, ast.Name)
+            default, cast = prop.value.args
+            above = []
+            for line in reversed(lines[: prop.lineno - 1]):
+                if not line.strip().startswith("#:"):
+                    break
+                above.insert(0, line.strip()[2:].strip())
+            found.append(
+                {
+                    "name": conf.PREFIX + target.id,
+                    "type": ast.get_source_segment(source, cast) or "",
+                    "default": ast.get_source_segment(source, default) or "",
+                    "check": check_ids.get(target.id, ""),
+                    "doc": "\n".join(above),
+                    "valid": _valid_values(validators.get(target.id)),
+                }
+            )
+            continue
         if not (isinstance(prop, ast.FunctionDef) and prop.name.isupper()):
             continue
         default = None
