@@ -14,7 +14,8 @@ import csv
 import io
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -22,11 +23,25 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from django_throttle.inspection.subjects import UnknownClient
 from django_throttle.plain import plain_text
 
 FORMATS = ("table", "json", "csv")
+#: How :func:`one_line_errors` names a client that is not found.
+UNKNOWN_CLIENT = (UnknownClient, "Unknown client: {}.")
 #: First characters that make a spreadsheet read a CSV cell as a formula.
 _FORMULA = ("=", "+", "-", "@")
+
+
+@contextmanager
+def one_line_errors(*messages: tuple[type[Exception], str]) -> Iterator[None]:
+    """Turn the first of these exceptions that the block raises into a one-line
+    ``CommandError``: each is (exception class, message with ``{}`` for the exception's)."""
+    try:
+        yield
+    except tuple(kind for kind, _message in messages) as exc:
+        message = next(text for kind, text in messages if isinstance(exc, kind))
+        raise CommandError(message.format(exc)) from exc
 
 
 def add_format_argument(parser: CommandParser) -> None:
