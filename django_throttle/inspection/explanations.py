@@ -17,9 +17,10 @@ from django.utils.translation import gettext as _
 
 from django_throttle.backends import get_backend
 from django_throttle.conf import app_settings
-from django_throttle.inspection.clients import Bucket, _buckets, _probe, _snapshot
+from django_throttle.inspection.clients import Bucket, buckets, probe
 from django_throttle.inspection.probes import Counter, Planned, Probe, planned, view_checks
 from django_throttle.inspection.subjects import Subject, tier_and_reason
+from django_throttle.policy.live import current
 from django_throttle.policy.snapshot import EndpointPolicy, Policy, TierPolicy
 from django_throttle.rates import Decision, Limit
 
@@ -78,9 +79,9 @@ def explain(
         if scope is None:
             view = getattr(match.func, "view_class", None) or getattr(match.func, "cls", None)
             scope = getattr(view, "throttle_scope", None)
-    snapshot = _snapshot()
+    snapshot = current()
     tier, reason = tier_and_reason(subject, snapshot)
-    who = _probe(subject, address, username)
+    who = probe(subject, address, username)
     basic = who.username is not None and method != "POST"  # see probes.build_request
     checks = view_checks(func, method, scope, basic) if app_settings.ENABLED else []
     plans = [planned(who, check, method, path, match) for check in checks]
@@ -102,7 +103,7 @@ def explain(
         rule=ruled.rule if ruled is not None else None,
         cost=ruled.cost if ruled is not None else 1,
         limits=tuple(counter.limit for counter in seen.values()),
-        buckets=_buckets(list(seen.values())),
+        buckets=buckets(list(seen.values())),
         decision=decision,
         exempt="" if app_settings.ENABLED else "DJANGO_THROTTLE_ENABLED is off",
         checks=tuple(check.name for check in checks),

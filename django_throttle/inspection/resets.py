@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from django_throttle.backends import get_backend
-from django_throttle.inspection.clients import _snapshot, counters
+from django_throttle.inspection.clients import counters
 from django_throttle.inspection.probes import Counter, rules
 from django_throttle.inspection.subjects import Subject
+from django_throttle.policy.live import current
 from django_throttle.policy.snapshot import Policy
 from django_throttle.rates import Limit
 
@@ -66,7 +67,7 @@ def reset(subject: Subject, limit_ids: Sequence[str] | None = None) -> list[Limi
 
 def shared_limits(snapshot: Policy | None = None) -> dict[str, Limit]:
     """Every shared limit (ceiling) of the policy, by id."""
-    snapshot = snapshot or _snapshot()
+    snapshot = snapshot or current()
     found: dict[str, Limit] = {}
     every: list[Limit] = []
     for tier in snapshot.tiers.values():
