@@ -40,28 +40,6 @@ from django_throttle.backends.breaker import get_breaker
 from django_throttle.backends.usage_base import LETTERS, PendingCount, UsageStore
 from django_throttle.conf import app_settings
 
-__all__ = [
-    "ALL",
-    "ALLOWED",
-    "BEFORE_AUTHENTICATION",
-    "DENIED",
-    "FAILED_CLOSED",
-    "FAILED_OPEN",
-    "MAX_PENDING",
-    "OTHER",
-    "OUTCOMES",
-    "PUSH_PER_CALL",
-    "SHADOW_DENIED",
-    "UsageUnavailable",
-    "field_for",
-    "flush_pending",
-    "get_store",
-    "pending",
-    "record_degraded",
-    "reset",
-    "split_field",
-]
-
 logger = logging.getLogger("django_throttle.usage")
 
 ALLOWED = "allowed"

@@ -33,7 +33,8 @@ from django_throttle.management.output import (
 )
 from django_throttle.usage import accounting as usage
 from django_throttle.usage.names import client_names
-from django_throttle.usage.reports import REPORT_BY, Report, label, report, rollup
+from django_throttle.usage.reports import REPORT_BY, Report, label, report
+from django_throttle.usage.rollup import rollup
 
 _DURATION_RE = re.compile(r"^\s*(?P<count>[+-]?\d+)\s*(?P<unit>[a-zA-Z]+)\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
