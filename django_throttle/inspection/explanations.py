@@ -22,7 +22,7 @@ from django_throttle.inspection.probes import Counter, Planned, Probe, planned, 
 from django_throttle.inspection.subjects import Subject, tier_and_reason
 from django_throttle.policy.live import current
 from django_throttle.policy.snapshot import EndpointPolicy, Policy, TierPolicy
-from django_throttle.rates import Decision, Limit
+from django_throttle.rates import Decision
 
 __all__ = ["Explanation", "explain"]
 
@@ -43,7 +43,6 @@ class Explanation:
     reason: str
     rule: EndpointPolicy | None
     cost: int
-    limits: tuple[Limit, ...]
     buckets: list[Bucket]
     decision: Decision | None
     exempt: str = ""
@@ -102,12 +101,11 @@ def explain(
         reason=reason,
         rule=ruled.rule if ruled is not None else None,
         cost=ruled.cost if ruled is not None else 1,
-        limits=tuple(counter.limit for counter in seen.values()),
         buckets=buckets(list(seen.values())),
         decision=decision,
         exempt="" if app_settings.ENABLED else "DJANGO_THROTTLE_ENABLED is off",
         checks=tuple(check.name for check in checks),
-        notes=_unseen(plans, who, snapshot) + _uncounted(plans, method, route, path, snapshot),
+        notes=_notes(plans, who, snapshot, (method, route, path)),
         denied_by=denied_by,
     )
 
@@ -133,36 +131,31 @@ def _decide(plans: Sequence[Planned]) -> tuple[Decision | None, str]:
     return min(allowed, key=lambda d: (d.limit is None, d.remaining)), ""
 
 
-def _unseen(plans: Sequence[Planned], who: Probe, snapshot: Policy) -> tuple[str, ...]:
-    """What the rule counts that this explanation could not show: a counter by IP address
-    when no address is known, by username when none is presented."""
-    notes: list[str] = []
-    for plan in plans:
-        if plan.rule is None:
-            continue
-        kinds = {kind for kind, _limits in snapshot.groups_for(plan.tier, plan.rule)}
-        if "ip" in kinds and who.address is None:
-            notes.append(
-                _("rule '%(rule)s' also counts by IP address: give the address to see it")
-                % {"rule": plan.rule.name}
-            )
-        if "username" in kinds and who.username is None:
-            notes.append(
-                _("rule '%(rule)s' also counts by username: give the username to see it")
-                % {"rule": plan.rule.name}
-            )
-    return tuple(dict.fromkeys(notes))
-
-
-def _uncounted(
-    plans: Sequence[Planned], method: str, route: str | None, path: str, snapshot: Policy
+def _notes(
+    plans: Sequence[Planned], who: Probe, snapshot: Policy, request: tuple[str, str | None, str]
 ) -> tuple[str, ...]:
-    """A check that counts nothing though a rule matches it: said, so "no limit applies"
-    is not read as "no rule matches"."""
-    notes: list[str] = []
+    """What the rules count that this explanation could not show (a counter by IP address
+    when no address is known, by username when none is presented); then each check that
+    counts nothing though a rule matches it, so "no limit applies" is not read as "no rule
+    matches"."""
+    unseen: list[str] = []
+    uncounted: list[str] = []
     for plan in plans:
+        if plan.rule is not None:
+            kinds = {kind for kind, _limits in snapshot.groups_for(plan.tier, plan.rule)}
+            if "ip" in kinds and who.address is None:
+                unseen.append(
+                    _("rule '%(rule)s' also counts by IP address: give the address to see it")
+                    % {"rule": plan.rule.name}
+                )
+            if "username" in kinds and who.username is None:
+                unseen.append(
+                    _("rule '%(rule)s' also counts by username: give the username to see it")
+                    % {"rule": plan.rule.name}
+                )
         if plan.uncounted is None:
             continue
+        method, route, path = request
         check = plan.check
         rule = (
             snapshot.match(method, check.scope)
@@ -170,11 +163,11 @@ def _uncounted(
             else snapshot.match(method, check.scope, route, path)
         )
         if rule is not None:
-            notes.append(
+            uncounted.append(
                 _(
                     "rule '%(rule)s' matches %(check)s but counts nothing for this client "
                     "(no limits for its tier, or it is exempt)"
                 )
                 % {"rule": rule.name, "check": check.name}
             )
-    return tuple(notes)
+    return tuple(dict.fromkeys(unseen)) + tuple(uncounted)
