@@ -53,10 +53,11 @@ def add_format_argument(parser: CommandParser) -> None:
     )
 
 
-def checked_format(value: Any) -> str:
-    """``--format``, checked (``call_command`` skips argparse's choices)."""
-    if value not in FORMATS:
-        raise CommandError(f"--format must be one of {', '.join(FORMATS)}, not {value!r}.")
+def checked_choice(value: Any, option: str = "--format", choices: Sequence[str] = FORMATS) -> str:
+    """``--format`` (or another ``option`` with these ``choices``), checked: ``call_command``
+    skips argparse's choices."""
+    if value not in choices:
+        raise CommandError(f"{option} must be one of {', '.join(choices)}, not {value!r}.")
     return str(value)
 
 

@@ -21,7 +21,7 @@ from django_throttle.management.output import (
     UNKNOWN_CLIENT,
     CountersCommand,
     add_format_argument,
-    checked_format,
+    checked_choice,
     one_line_errors,
     write_rows,
 )
@@ -72,7 +72,7 @@ class Command(CountersCommand):
         add_format_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        fmt = checked_format(options["format"])
+        fmt = checked_choice(options["format"])
         named = [
             prefix + str(options[option])
             for option, prefix in (("user", "user:"), ("api_key", "key:"), ("client", ""))

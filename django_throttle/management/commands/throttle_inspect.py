@@ -22,7 +22,7 @@ from django_throttle.management.output import (
     UNKNOWN_CLIENT,
     CountersCommand,
     add_format_argument,
-    checked_format,
+    checked_choice,
     one_line_errors,
     write_rows,
 )
@@ -82,7 +82,7 @@ class Command(CountersCommand):
         add_format_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        fmt = checked_format(options["format"])
+        fmt = checked_choice(options["format"])
         self.refuse_in_process_backend()
         with one_line_errors(UNKNOWN_CLIENT, READ_ERROR):
             subject = parse_client(options["client"])

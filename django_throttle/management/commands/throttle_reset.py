@@ -19,7 +19,7 @@ from django_throttle.management.output import (
     UNKNOWN_CLIENT,
     CountersCommand,
     add_format_argument,
-    checked_format,
+    checked_choice,
     one_line_errors,
     write_rows,
 )
@@ -56,7 +56,7 @@ class Command(CountersCommand):
         add_format_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        fmt = checked_format(options["format"])
+        fmt = checked_choice(options["format"])
         ceilings = options.get("ceilings")
         if ceilings and options.get("client"):
             raise CommandError(

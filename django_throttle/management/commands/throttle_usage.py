@@ -25,7 +25,7 @@ from django_throttle.backends import BackendError, usage_base
 from django_throttle.durations import format_duration
 from django_throttle.management.output import (
     add_format_argument,
-    checked_format,
+    checked_choice,
     one_line_errors,
     print_table,
     table_cell,
@@ -107,10 +107,8 @@ class Command(BaseCommand):
         since_text = str(options["since"])
         delta = parse_duration(since_text)
         top = _parse_top(options["top"])
-        by = options["by"]
-        if by not in REPORT_BY:
-            raise CommandError(f"--by must be one of {', '.join(REPORT_BY)}, not {by!r}.")
-        fmt = checked_format(options["format"])
+        by = checked_choice(options["by"], "--by", REPORT_BY)
+        fmt = checked_choice(options["format"])
         with one_line_errors((OverflowError, f"--since {since_text!r} is too long.")):
             since = timezone.now() - delta
         with (
