@@ -70,9 +70,13 @@ def write_rows(
     title: str = "",
     caption: str | None = None,
     document: dict[str, Any] | None = None,
+    figures: Sequence[str] = (),
+    width: int = 140,
 ) -> None:
     """Write ``rows`` (dicts keyed by column key) under ``columns`` (key, heading). JSON is
-    the list of rows, or ``document`` with the rows under ``"rows"`` when given."""
+    the list of rows, or ``document`` with the rows under ``"rows"`` when given. A table
+    aligns numbers right, and the columns named in ``figures`` (numbers already written as
+    text), unwrapped; it is ``width`` columns wide when not on a terminal."""
     if fmt == "json":
         data: Any = rows if document is None else {**document, "rows": list(rows)}
         command.stdout.write(json.dumps(data, indent=2, default=str))
@@ -92,11 +96,14 @@ def write_rows(
         caption_justify="left",
     )
     for key, heading in columns:
+        if key in figures:
+            table.add_column(Text(heading), justify="right", no_wrap=True)
+            continue
         numeric = bool(rows) and all(isinstance(row.get(key), int | float) for row in rows)
         table.add_column(Text(heading), justify="right" if numeric else "left", overflow="fold")
     for row in rows:
         table.add_row(*(table_cell(_cell(row.get(key))) for key, _ in columns))
-    print_table(command, table)
+    print_table(command, table, width)
 
 
 def table_cell(value: object) -> Text:

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import re
 from contextlib import closing
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 from django.utils import timezone
-from rich.table import Table
 
 from django_throttle.backends import BackendError, usage_base
 from django_throttle.durations import format_duration
@@ -27,8 +26,6 @@ from django_throttle.management.output import (
     add_format_argument,
     checked_choice,
     one_line_errors,
-    print_table,
-    table_cell,
     write_rows,
 )
 from django_throttle.usage import accounting as usage
@@ -120,7 +117,11 @@ class Command(BaseCommand):
         if fmt == "table" and not records:
             self.stdout.write(f"No requests recorded in the last {since_text.strip()}.")
         elif fmt == "table":
-            self._write_table(result, records, by, since_text.strip(), since)
+            zone = since.tzname() or "local time"
+            title = (
+                f"Requests by {by}, last {since_text.strip()} (since {since:%Y-%m-%d %H:%M} {zone})"
+            )
+            self._write_table(result, records, by, title)
         else:
             columns = [by, "name"] if by == "client" else [by, "before_authentication"]
             columns += [*usage.OUTCOMES, "total", "denied_percent", "estimated"]
@@ -161,40 +162,32 @@ class Command(BaseCommand):
         )
 
     def _write_table(
-        self,
-        result: Report,
-        records: list[dict[str, Any]],
-        by: str,
-        since_text: str,
-        since: datetime,
+        self, result: Report, records: list[dict[str, Any]], by: str, title: str
     ) -> None:
-        zone = since.tzname() or "local time"
-        title = f"Requests by {by}, last {since_text} (since {since:%Y-%m-%d %H:%M} {zone})"
         notes = [_ESTIMATED] if result.estimated else []
         if result.sample > 1:
             notes.append(_sampled(result.sample))
-        # min_width keeps the title on one line above a narrow table.
-        table = Table(
-            title=table_cell(title),
-            min_width=len(title),
-            caption=table_cell(" ".join(notes)) if notes else None,
-            caption_justify="left",
-        )
-        table.add_column(by.capitalize(), overflow="fold")
-        for name in (*_HEADINGS, "Total", "Denied %"):
-            table.add_column(name, justify="right", no_wrap=True)
         estimated = set(result.estimated_fields)
+        figures = (*usage.OUTCOMES, "total", "denied_percent")
+        rows = []
         for record in records:
             key = record[by]
             if by == "client" and record["name"]:
                 key = f"{record['name']} ({key})"
             elif by == "endpoint" and record["before_authentication"]:
                 key = f"{key} {usage.BEFORE_AUTHENTICATION}"
-            cells = {field: f"{record[field]:,}" for field in (*usage.OUTCOMES, "total")}
+            cells = {field: f"{record[field]:,}" for field in figures}
             cells["denied_percent"] = f"{record['denied_percent']:.1f}"
-            marked = (("≈" if field in estimated else "") + cell for field, cell in cells.items())
-            table.add_row(table_cell(key), *map(table_cell, marked))
-        print_table(self, table, width=120)
+            marked = {
+                name: ("≈" if name in estimated else "") + cell for name, cell in cells.items()
+            }
+            rows.append({by: key, **marked})
+        headings = (by.capitalize(), *_HEADINGS, "Total", "Denied %")
+        columns = list(zip((by, *figures), headings, strict=True))
+        caption = " ".join(notes) if notes else None
+        write_rows(
+            self, "table", rows, columns, title=title, caption=caption, figures=figures, width=120
+        )
 
 
 def _parse_top(value: object) -> int:
