@@ -102,9 +102,8 @@ def build_request(
         request = factory.post(path or "/", data=data, **extra)
     else:
         request = factory.generic(method, path or "/", **extra)
-    if probe.address is None:
-        request.META.pop("REMOTE_ADDR", None)
-    else:
+    request.META.pop("REMOTE_ADDR", None)  # no address at all unless one is known
+    if probe.address is not None:
         request.META["REMOTE_ADDR"] = probe.address
     if not path:
         request.path_info = ""  # matches no path rule: the tier's limits alone

@@ -126,14 +126,14 @@ def rollup(store: UsageStore | None = None) -> Rollup:
     except BaseException:
         store.return_late(m for m in redo if m not in done)
         raise
-    _prune(alias)
-    keys = copy_key_use(store)
+    cutoff = timezone.now() - timedelta(days=app_settings.USAGE_RETENTION_DAYS)
+    UsageCount.objects.using(alias).filter(window_start__lt=cutoff).delete()
     through = max(minutes) if minutes else split
     return Rollup(
         minutes=len(minutes),
         rows=written,
         through=None if through is None else datetime.fromtimestamp(through * 60, tz=UTC),
-        keys=keys,
+        keys=copy_key_use(store),
     )
 
 
@@ -208,10 +208,3 @@ def _rows(found: dict[int, MinuteCounts]) -> Iterable[dict[str, Any]]:
 
 def _storable(name: str) -> str:
     return name.replace("\x00", "\ufffd") if "\x00" in name else name
-
-
-def _prune(alias: str) -> None:
-    from django_throttle.models import UsageCount
-
-    cutoff = timezone.now() - timedelta(days=app_settings.USAGE_RETENTION_DAYS)
-    UsageCount.objects.using(alias).filter(window_start__lt=cutoff).delete()
