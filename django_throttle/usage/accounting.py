@@ -80,7 +80,6 @@ _unsent: list[tuple[str, list[PendingCount]]] = []  # (batch id, counts) whose p
 _lock = threading.Lock()
 _owner: int | None = None  # pid that recorded the counts (a forked child drops its copy)
 _clock = time.time
-_push_store: tuple[Any, UsageStore] | None = None
 
 
 class UsageUnavailable(Exception):
@@ -190,17 +189,16 @@ def flush_pending() -> None:
             pending.clear()
     try:
         breaker = get_breaker()
-        breaker.call(_store_for_push().push, *batch)
+        breaker.call(_push_store(get_backend()).push, *batch)
     except (BackendError, UsageUnavailable) as exc:
         _keep([batch], exc)
 
 
 def reset() -> None:
     """Forget kept counts (tests, and a backend change)."""
-    global _push_store
     with _lock:
         _forget()
-        _push_store = None
+        _push_store.cache_clear()
 
 
 def _forget() -> None:
@@ -209,16 +207,10 @@ def _forget() -> None:
     pending.clear()
 
 
-def _store_for_push() -> UsageStore:
+@functools.lru_cache(maxsize=1)
+def _push_store(backend: Any) -> UsageStore:
     """The configured backend's store, built once per backend instance."""
-    global _push_store
-    backend = get_backend()
-    cached = _push_store
-    if cached is not None and cached[0] is backend:
-        return cached[1]
-    store = get_store(backend)
-    _push_store = (backend, store)
-    return store
+    return get_store(backend)
 
 
 def _keep(batches: list[tuple[str, list[PendingCount]]], exc: Exception) -> None:
