@@ -102,13 +102,8 @@ def write_rows(
         numeric = bool(rows) and all(isinstance(row.get(key), int | float) for row in rows)
         table.add_column(Text(heading), justify="right" if numeric else "left", overflow="fold")
     for row in rows:
-        table.add_row(*(table_cell(_cell(row.get(key))) for key, _ in columns))
+        table.add_row(*(Text(plain_text(_cell(row.get(key)))) for key, _ in columns))
     print_table(command, table, width)
-
-
-def table_cell(value: object) -> Text:
-    """A table cell that shows ``value`` as it is: plain text, never rich markup."""
-    return Text(plain_text(value))
 
 
 def csv_cell(value: object) -> object:
