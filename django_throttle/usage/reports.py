@@ -3,10 +3,11 @@
 The rollup, and the minute arithmetic both share, live in :mod:`~django_throttle.usage.rollup`.
 
 The backend keeps usage per minute, for
-:data:`~django_throttle.backends.usage_base.USAGE_TTL` seconds. :func:`rollup` copies
-finished minutes into :class:`~django_throttle.models.UsageCount` rows (``manage.py
-throttle_usage --rollup``, from cron or any periodic job, more often than that TTL) and
-records how far it got (the watermark). :func:`report` reads the rows for minutes up to the
+:data:`~django_throttle.backends.usage_base.USAGE_TTL` seconds. The rollup
+(:func:`~django_throttle.usage.rollup.rollup`) copies finished minutes into
+:class:`~django_throttle.models.UsageCount` rows (``manage.py throttle_usage --rollup``,
+from cron or any periodic job, more often than that TTL) and records how far it got (the
+watermark). :func:`report` reads the rows for minutes up to the
 watermark and the backend for later ones: each minute comes from exactly one place.
 
 Two kinds of rows per minute, both with every outcome column:
