@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.urls import Resolver404, resolve
+from django.urls import Resolver404, ResolverMatch, resolve
 from django.utils.translation import gettext as _
 
 from django_throttle.backends import get_backend
@@ -68,16 +68,14 @@ def explain(
     method = (method or "GET").upper()
     if not path.startswith("/"):
         path = "/" + path
-    route = func = None
     try:
-        match = resolve(path)
+        match: ResolverMatch | None = resolve(path)
     except Resolver404:
         match = None
-    if match is not None:
-        route, func = match.view_name, match.func
-        if scope is None:
-            view = getattr(match.func, "view_class", None) or getattr(match.func, "cls", None)
-            scope = getattr(view, "throttle_scope", None)
+    route, func = (match.view_name, match.func) if match is not None else (None, None)
+    if scope is None:
+        view = getattr(func, "view_class", None) or getattr(func, "cls", None)
+        scope = getattr(view, "throttle_scope", None)
     snapshot = current()
     tier, reason = tier_and_reason(subject, snapshot)
     who = probe(subject, address, username)

@@ -188,8 +188,7 @@ def flush_pending() -> None:
         if not _unsent and not _counts:
             pending.clear()
     try:
-        breaker = get_breaker()
-        breaker.call(_push_store(get_backend()).push, *batch)
+        get_breaker().call(_push_store(get_backend()).push, *batch)
     except (BackendError, UsageUnavailable) as exc:
         _keep([batch], exc)
 
