@@ -26,11 +26,11 @@ from django_throttle.conf import app_settings
 from django_throttle.identity import client_ip
 from django_throttle.inspection.probes import Counter, Probe, every_counter
 from django_throttle.inspection.subjects import Subject, UnknownClient, tier_and_reason
-from django_throttle.policy import live as policy_module
-from django_throttle.policy.snapshot import Policy, TierPolicy
+from django_throttle.policy.live import current
+from django_throttle.policy.snapshot import TierPolicy
 from django_throttle.rates import Decision, Limit
 
-__all__ = ["Bucket", "Inspection", "counters", "in_process_backend", "inspect"]
+__all__ = ["Bucket", "Inspection", "buckets", "counters", "in_process_backend", "inspect", "probe"]
 
 
 @dataclass(frozen=True)
@@ -55,11 +55,6 @@ class Bucket:
         """What the bucket holds: for a shared limit, its key shard's share."""
         return per_shard(self.limit, app_settings.KEY_SHARDS).capacity
 
-    @property
-    def used(self) -> bool:
-        """Whether any of it is used (a full bucket has nothing stored)."""
-        return self.state.remaining < self.capacity
-
 
 @dataclass(frozen=True)
 class Inspection:
@@ -70,17 +65,7 @@ class Inspection:
     username: str | None = None
 
 
-# --- the policy ---------------------------------------------------------------------------
-
-
-def _snapshot() -> Policy:
-    return policy_module.current()
-
-
-# --- the client's counters ----------------------------------------------------------------
-
-
-def _probe(subject: Subject, address: str | None, username: str | None) -> Probe:
+def probe(subject: Subject, address: str | None, username: str | None) -> Probe:
     """Who sends the client's requests: from ``address`` (an IP client's own by default),
     presenting ``username`` (a user's own username by default)."""
     if address is None:
@@ -96,7 +81,7 @@ def counters(
     subject: Subject, username: str | None = None, address: str | None = None
 ) -> list[Counter]:
     """Every counter the client's requests meet (see :func:`probes.every_counter`)."""
-    return every_counter(_probe(subject, address, username), _snapshot())
+    return every_counter(probe(subject, address, username), current())
 
 
 def inspect(
@@ -105,13 +90,14 @@ def inspect(
     """The client's tier, why, and the state of every counter its requests meet, read
     without consuming: its tier's and rules' limits, counters by its IP address and by its
     username (a user's own; ``username`` for another client), and shared ceilings."""
-    snapshot = _snapshot()
+    snapshot = current()
     tier, reason = tier_and_reason(subject, snapshot)
-    who = _probe(subject, address, username)
-    return Inspection(subject, tier, reason, _buckets(every_counter(who, snapshot)), who.username)
+    who = probe(subject, address, username)
+    return Inspection(subject, tier, reason, buckets(every_counter(who, snapshot)), who.username)
 
 
-def _buckets(found: Sequence[Counter]) -> list[Bucket]:
+def buckets(found: Sequence[Counter]) -> list[Bucket]:
+    """Each counter's live state, read without consuming."""
     backend = get_backend()
     return [
         Bucket(c.limit, c.where, backend.peek(c.client, [c.limit]), c.counted_by, c.client)

@@ -12,16 +12,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.urls import Resolver404, resolve
+from django.urls import Resolver404, ResolverMatch, resolve
 from django.utils.translation import gettext as _
 
 from django_throttle.backends import get_backend
 from django_throttle.conf import app_settings
-from django_throttle.inspection.clients import Bucket, _buckets, _probe, _snapshot
+from django_throttle.inspection.clients import Bucket, buckets, probe
 from django_throttle.inspection.probes import Counter, Planned, Probe, planned, view_checks
 from django_throttle.inspection.subjects import Subject, tier_and_reason
+from django_throttle.policy.live import current
 from django_throttle.policy.snapshot import EndpointPolicy, Policy, TierPolicy
-from django_throttle.rates import Decision, Limit
+from django_throttle.rates import Decision
 
 __all__ = ["Explanation", "explain"]
 
@@ -42,7 +43,6 @@ class Explanation:
     reason: str
     rule: EndpointPolicy | None
     cost: int
-    limits: tuple[Limit, ...]
     buckets: list[Bucket]
     decision: Decision | None
     exempt: str = ""
@@ -68,19 +68,17 @@ def explain(
     method = (method or "GET").upper()
     if not path.startswith("/"):
         path = "/" + path
-    route = func = None
     try:
-        match = resolve(path)
+        match: ResolverMatch | None = resolve(path)
     except Resolver404:
         match = None
-    if match is not None:
-        route, func = match.view_name, match.func
-        if scope is None:
-            view = getattr(match.func, "view_class", None) or getattr(match.func, "cls", None)
-            scope = getattr(view, "throttle_scope", None)
-    snapshot = _snapshot()
+    route, func = (match.view_name, match.func) if match is not None else (None, None)
+    if scope is None:
+        view = getattr(func, "view_class", None) or getattr(func, "cls", None)
+        scope = getattr(view, "throttle_scope", None)
+    snapshot = current()
     tier, reason = tier_and_reason(subject, snapshot)
-    who = _probe(subject, address, username)
+    who = probe(subject, address, username)
     basic = who.username is not None and method != "POST"  # see probes.build_request
     checks = view_checks(func, method, scope, basic) if app_settings.ENABLED else []
     plans = [planned(who, check, method, path, match) for check in checks]
@@ -101,12 +99,11 @@ def explain(
         reason=reason,
         rule=ruled.rule if ruled is not None else None,
         cost=ruled.cost if ruled is not None else 1,
-        limits=tuple(counter.limit for counter in seen.values()),
-        buckets=_buckets(list(seen.values())),
+        buckets=buckets(list(seen.values())),
         decision=decision,
         exempt="" if app_settings.ENABLED else "DJANGO_THROTTLE_ENABLED is off",
         checks=tuple(check.name for check in checks),
-        notes=_unseen(plans, who, snapshot) + _uncounted(plans, method, route, path, snapshot),
+        notes=_notes(plans, who, snapshot, (method, route, path)),
         denied_by=denied_by,
     )
 
@@ -132,36 +129,31 @@ def _decide(plans: Sequence[Planned]) -> tuple[Decision | None, str]:
     return min(allowed, key=lambda d: (d.limit is None, d.remaining)), ""
 
 
-def _unseen(plans: Sequence[Planned], who: Probe, snapshot: Policy) -> tuple[str, ...]:
-    """What the rule counts that this explanation could not show: a counter by IP address
-    when no address is known, by username when none is presented."""
-    notes: list[str] = []
-    for plan in plans:
-        if plan.rule is None:
-            continue
-        kinds = {kind for kind, _limits in snapshot.groups_for(plan.tier, plan.rule)}
-        if "ip" in kinds and who.address is None:
-            notes.append(
-                _("rule '%(rule)s' also counts by IP address: give the address to see it")
-                % {"rule": plan.rule.name}
-            )
-        if "username" in kinds and who.username is None:
-            notes.append(
-                _("rule '%(rule)s' also counts by username: give the username to see it")
-                % {"rule": plan.rule.name}
-            )
-    return tuple(dict.fromkeys(notes))
-
-
-def _uncounted(
-    plans: Sequence[Planned], method: str, route: str | None, path: str, snapshot: Policy
+def _notes(
+    plans: Sequence[Planned], who: Probe, snapshot: Policy, request: tuple[str, str | None, str]
 ) -> tuple[str, ...]:
-    """A check that counts nothing though a rule matches it: said, so "no limit applies"
-    is not read as "no rule matches"."""
-    notes: list[str] = []
+    """What the rules count that this explanation could not show (a counter by IP address
+    when no address is known, by username when none is presented); then each check that
+    counts nothing though a rule matches it, so "no limit applies" is not read as "no rule
+    matches"."""
+    unseen: list[str] = []
+    uncounted: list[str] = []
     for plan in plans:
+        if plan.rule is not None:
+            kinds = {kind for kind, _limits in snapshot.groups_for(plan.tier, plan.rule)}
+            if "ip" in kinds and who.address is None:
+                unseen.append(
+                    _("rule '%(rule)s' also counts by IP address: give the address to see it")
+                    % {"rule": plan.rule.name}
+                )
+            if "username" in kinds and who.username is None:
+                unseen.append(
+                    _("rule '%(rule)s' also counts by username: give the username to see it")
+                    % {"rule": plan.rule.name}
+                )
         if plan.uncounted is None:
             continue
+        method, route, path = request
         check = plan.check
         rule = (
             snapshot.match(method, check.scope)
@@ -169,11 +161,11 @@ def _uncounted(
             else snapshot.match(method, check.scope, route, path)
         )
         if rule is not None:
-            notes.append(
+            uncounted.append(
                 _(
                     "rule '%(rule)s' matches %(check)s but counts nothing for this client "
                     "(no limits for its tier, or it is exempt)"
                 )
                 % {"rule": rule.name, "check": check.name}
             )
-    return tuple(notes)
+    return tuple(dict.fromkeys(unseen)) + tuple(uncounted)

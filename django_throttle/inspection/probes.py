@@ -26,18 +26,6 @@ from django_throttle.policy.snapshot import EndpointPolicy, Policy, TierPolicy
 from django_throttle.rates import Decision, Limit
 from django_throttle.request import core
 
-__all__ = [
-    "Check",
-    "Counter",
-    "Planned",
-    "Probe",
-    "build_request",
-    "every_counter",
-    "planned",
-    "rules",
-    "view_checks",
-]
-
 #: Who a probe request comes from when only the username it presents matters: an anonymous
 #: caller (TEST-NET-1, RFC 5737), whose own counters are left out.
 _SOMEONE = Identity("ip", "192.0.2.1")
@@ -110,13 +98,12 @@ def build_request(
         pair = f"{probe.username}:".encode()
         extra["HTTP_AUTHORIZATION"] = "Basic " + base64.b64encode(pair).decode()
     if method == "POST":
-        data = {} if probe.username is None else {_username_field(): probe.username}
+        data = {} if probe.username is None else {get_user_model().USERNAME_FIELD: probe.username}
         request = factory.post(path or "/", data=data, **extra)
     else:
         request = factory.generic(method, path or "/", **extra)
-    if probe.address is None:
-        request.META.pop("REMOTE_ADDR", None)
-    else:
+    request.META.pop("REMOTE_ADDR", None)  # no address at all unless one is known
+    if probe.address is not None:
         request.META["REMOTE_ADDR"] = probe.address
     if not path:
         request.path_info = ""  # matches no path rule: the tier's limits alone
@@ -126,24 +113,17 @@ def build_request(
 
 
 def planned(
-    probe: Probe,
-    check: Check,
-    method: str,
-    path: str,
-    match: ResolverMatch | None,
+    probe: Probe, check: Check, method: str, path: str, match: ResolverMatch | None
 ) -> Planned:
     """Ask the request path what ``check`` would count for ``probe``'s request."""
     request = build_request(probe, method, path, match)
-    plan = core.plan(
-        request,
-        probe.identity,
-        scope=check.scope,
-        credential=check.credential,
-        rule_only=check.rule_only,
-    )
+    options = {"credential": check.credential, "rule_only": check.rule_only}
+    plan = core.plan(request, probe.identity, scope=check.scope, **options)
     if isinstance(plan, Decision):
         return Planned(check, None, None, 1, (), uncounted=plan)
     tier_ids = {limit.id for limit in plan.tier.limits} if plan.tier is not None else set()
+    tier = f"tier '{plan.tier.slug}'" if plan.tier is not None else ""
+    rule = f"rule '{plan.endpoint.name}'" if plan.endpoint is not None else ""
     network = client_ip({"REMOTE_ADDR": probe.address}) if probe.address is not None else None
     ip_key = Identity("ip", network).key if network is not None else None
     groups = []
@@ -155,16 +135,7 @@ def planned(
         else:  # the only other kind of counter a plan holds
             counted_by = f"username {probe.username}"
         counters = tuple(
-            Counter(
-                client,
-                limit,
-                f"tier '{plan.tier.slug}'"
-                if plan.tier is not None and limit.id in tier_ids
-                else f"rule '{plan.endpoint.name}'"
-                if plan.endpoint is not None
-                else "",
-                counted_by,
-            )
+            Counter(client, limit, tier if limit.id in tier_ids else rule, counted_by)
             for limit in limits
         )
         groups.append((client, counters))
@@ -195,48 +166,39 @@ def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) 
                 rule_only=True,
             )
         )
-    if drf_view is not None:
-        if basic:
-            checks.extend(_basic_protection(drf_view))
-        if _has_policy_throttle(drf_view):
-            checks.append(
-                Check(
-                    "PolicyThrottle",
-                    scope if scope is not None else getattr(drf_view, "throttle_scope", None),
-                    credential=bool(getattr(drf_view, "throttle_credential", False)),
-                )
-            )
-    elif credential_scope is None:
-        checks.append(Check("the view's throttle", scope))
-    return checks
-
-
-def _basic_protection(view_class: Any) -> list[Check]:
-    """The check of the first protected Basic authentication class of a DRF view (DRF
-    tries its classes in order; only a Basic one reads Basic credentials)."""
-    drf = sys.modules.get("django_throttle.drf")
-    if drf is None:
-        return []
-    for auth in getattr(view_class, "authentication_classes", ()) or ():
-        if (
-            isinstance(auth, type)
-            and issubclass(auth, drf.CredentialProtection)
-            and issubclass(auth, drf.BasicAuthentication)
-        ):
-            scope: str = getattr(auth, "protection_scope", "authentication")
-            name = f"{auth.__name__} (scope '{scope}')"
-            return [Check(name, scope, credential=True, rule_only=True)]
-    return []
-
-
-def _has_policy_throttle(view_class: Any) -> bool:
-    throttles = getattr(view_class, "throttle_classes", ()) or ()
+    if drf_view is None:
+        if credential_scope is None:
+            checks.append(Check("the view's throttle", scope))
+        return checks
+    throttles = getattr(drf_view, "throttle_classes", ()) or ()
     # Reading throttle_classes imported the DRF adapter if the settings name it.
     drf = sys.modules.get("django_throttle.drf")
-    return drf is not None and any(
-        isinstance(throttle, type) and issubclass(throttle, drf.PolicyThrottle)
-        for throttle in throttles
+    if drf is None:
+        return checks
+    # DRF tries its authentication classes in order; only a Basic one reads Basic credentials.
+    auth = next(
+        (
+            auth
+            for auth in getattr(drf_view, "authentication_classes", ()) or ()
+            if isinstance(auth, type)
+            and issubclass(auth, drf.CredentialProtection)
+            and issubclass(auth, drf.BasicAuthentication)
+        ),
+        None,
     )
+    if basic and auth is not None:
+        auth_scope: str = getattr(auth, "protection_scope", "authentication")
+        name = f"{auth.__name__} (scope '{auth_scope}')"
+        checks.append(Check(name, auth_scope, credential=True, rule_only=True))
+    if any(isinstance(t, type) and issubclass(t, drf.PolicyThrottle) for t in throttles):
+        checks.append(
+            Check(
+                "PolicyThrottle",
+                scope if scope is not None else getattr(drf_view, "throttle_scope", None),
+                credential=bool(getattr(drf_view, "throttle_credential", False)),
+            )
+        )
+    return checks
 
 
 def every_counter(probe: Probe, snapshot: Policy) -> list[Counter]:
@@ -245,52 +207,36 @@ def every_counter(probe: Probe, snapshot: Policy) -> list[Counter]:
     address and by the username it presents; for a username, the counters of that
     username that anonymous callers fill (a login's "by username" limits); for an address,
     those that signed-in users of the default tier fill from it. Each once."""
+    # Stand-ins whose own counters are not the probe's: an anonymous caller presenting its
+    # username; for an IP client, a signed-in user (of the default tier for authenticated
+    # users) sending from its address, whose counters by IP address are that address's too.
+    senders = [probe]
+    if probe.username is not None:
+        senders.append(Probe(_SOMEONE, username=probe.username))
+    if probe.identity.kind == "ip" and probe.address is not None:
+        senders.append(Probe(_SIGNED_IN, address=probe.address))
     found: dict[tuple[str, str], Counter] = {}
-    for who, own in ((probe, True), (_presenting(probe), False), (_signed_in_from(probe), False)):
-        if who is None:
-            continue
+    for who in senders:
         for check, method, path, match in _rule_requests(snapshot):
             result = planned(who, check, method, path, match)
             for client, counters in result.groups:
-                if not own and client == who.identity.key:
+                if who is not probe and client == who.identity.key:
                     continue  # the stand-in caller's own counters are not the probe's
                 for counter in counters:
                     found.setdefault((client, counter.limit.id), counter)
     return list(found.values())
 
 
-def _presenting(probe: Probe) -> Probe | None:
-    """An anonymous caller presenting ``probe``'s username, if it presents one."""
-    if probe.username is None:
-        return None
-    return Probe(_SOMEONE, username=probe.username)
-
-
-def _signed_in_from(probe: Probe) -> Probe | None:
-    """A signed-in user (of the default tier for authenticated users) sending from an IP
-    client's address, whose counters by IP address are that address's too."""
-    if probe.identity.kind != "ip" or probe.address is None:
-        return None
-    return Probe(_SIGNED_IN, address=probe.address)
-
-
-def _rule_requests(
-    snapshot: Policy,
-) -> Iterable[tuple[Check, str, str, ResolverMatch | None]]:
+def _rule_requests(snapshot: Policy) -> Iterable[tuple[Check, str, str, ResolverMatch | None]]:
     """A request matching no rule (the tier's limits), then, for each rule, one it matches
     (with a method it accepts), as the view's throttle and as a credential check."""
     from django_throttle.models.fields import HTTP_METHODS
 
     yield Check("the view's throttle"), "GET", "", None
     for rule in rules(snapshot):
-        scope = route = None
-        path = ""
-        if rule.match_type == "scope":
-            scope = rule.pattern
-        elif rule.match_type == "route":
-            route = rule.pattern
-        else:
-            path = rule.pattern
+        scope = rule.pattern if rule.match_type == "scope" else None
+        route = rule.pattern if rule.match_type == "route" else None
+        path = rule.pattern if rule.match_type == "path" else ""
         # POST first: logins present their username in a POST's form, as probes do.
         methods: Sequence[str] = sorted(rule.methods or HTTP_METHODS, key=lambda m: m != "POST")
         method = next((m for m in methods if snapshot.match(m, scope, route, path) is rule), None)
@@ -299,32 +245,21 @@ def _rule_requests(
         match = None if route is None else _route_match(route)
         yield Check("the view's throttle", scope), method, path, match
         if scope is not None:
-            yield (
-                Check("credential check", scope, credential=True, rule_only=True),
-                method,
-                "",
-                None,
-            )
+            credential = Check("credential check", scope, credential=True, rule_only=True)
+            yield credential, method, "", None
 
 
 def rules(snapshot: Policy) -> list[EndpointPolicy]:
     """Every enabled endpoint rule of the policy, once each, by name."""
-    rules = list(snapshot.by_path)
-    for group in (*snapshot.by_scope.values(), *snapshot.by_route.values()):
-        rules.extend(group)
-    unique = {rule.id: rule for rule in rules}
+    groups = (snapshot.by_path, *snapshot.by_scope.values(), *snapshot.by_route.values())
+    unique = {rule.id: rule for group in groups for rule in group}
     return sorted(unique.values(), key=lambda rule: rule.name)
 
 
 def _route_match(view_name: str) -> ResolverMatch:
-    *names, url_name = view_name.split(":")
-    namespaces: list[str | None] = list(names)
-    return ResolverMatch(_no_view, (), {}, url_name=url_name, namespaces=namespaces)
+    *namespaces, url_name = view_name.split(":")
+    return ResolverMatch(_no_view, (), {}, url_name=url_name, namespaces=list(namespaces))
 
 
 def _no_view(request: HttpRequest) -> None:
     """Stands in for the view of a route rule's probe request (never called)."""
-
-
-def _username_field() -> str:
-    return str(getattr(get_user_model(), "USERNAME_FIELD", "username"))

@@ -8,11 +8,13 @@ alone: :func:`reset_ceilings` is its own explicit action.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 
 from django_throttle.backends import get_backend
-from django_throttle.inspection.clients import _snapshot, counters
+from django_throttle.inspection.clients import counters
 from django_throttle.inspection.probes import Counter, rules
 from django_throttle.inspection.subjects import Subject
+from django_throttle.policy.live import current
 from django_throttle.policy.snapshot import Policy
 from django_throttle.rates import Limit
 
@@ -34,7 +36,6 @@ def reset_counters(
     found = counters(subject, username, address)
     own = [counter for counter in found if not counter.limit.shared]
     if limit_ids:
-        wanted = set(limit_ids)
         known = {counter.limit.id for counter in own}
         shared = {counter.limit.id for counter in found if counter.limit.shared}
         ceilings = [i for i in limit_ids if i in shared]
@@ -49,7 +50,7 @@ def reset_counters(
                 f"not a limit of {subject.label}: {', '.join(unknown)} "
                 f"(its limits: {', '.join(sorted(known)) or 'none'})"
             )
-        own = [counter for counter in own if counter.limit.id in wanted]
+        own = [counter for counter in own if counter.limit.id in limit_ids]
     by_client: dict[str, list[Limit]] = {}
     for counter in own:
         by_client.setdefault(counter.client, []).append(counter.limit)
@@ -66,20 +67,13 @@ def reset(subject: Subject, limit_ids: Sequence[str] | None = None) -> list[Limi
 
 def shared_limits(snapshot: Policy | None = None) -> dict[str, Limit]:
     """Every shared limit (ceiling) of the policy, by id."""
-    snapshot = snapshot or _snapshot()
-    found: dict[str, Limit] = {}
-    every: list[Limit] = []
-    for tier in snapshot.tiers.values():
-        every.extend(tier.limits)
+    snapshot = snapshot or current()
+    every = [limit for tier in snapshot.tiers.values() for limit in tier.limits]
     for rule in rules(snapshot):
-        for limits in rule.limits_by_tier.values():
-            every.extend(limits)
+        every.extend(chain.from_iterable(rule.limits_by_tier.values()))
         for groups in rule.groups_by_tier.values():
             every.extend(limit for _kind, limits in groups for limit in limits)
-    for limit in every:
-        if limit.shared:
-            found.setdefault(limit.id, limit)
-    return found
+    return {limit.id: limit for limit in reversed(every) if limit.shared}  # the first of an id
 
 
 def reset_ceilings(limit_ids: Sequence[str]) -> list[Limit]:

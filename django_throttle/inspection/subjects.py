@@ -117,23 +117,18 @@ def tier_and_reason(subject: Subject, snapshot: Policy) -> tuple[TierPolicy | No
     if subject.user is not None:
         from django_throttle.models import TierAssignment
 
-        own = TierAssignment.objects.filter(user=subject.user).select_related("tier").first()
-        if own is not None and tier is not None and own.tier_id == tier.id:
+        if tier is None:
+            return None, _("no default tier for authenticated users: not limited")
+        assigned = TierAssignment.objects.filter(tier_id=tier.id)
+        if assigned.filter(user=subject.user).exists():
             return tier, _("assigned to %(tier)s directly") % {"tier": name}
-        group = None
-        if tier is not None:
-            group = (
-                TierAssignment.objects.filter(group__in=subject.user.groups.all(), tier_id=tier.id)
-                .select_related("group")
-                .first()
-            )
+        groups = subject.user.groups.all()
+        group = assigned.filter(group__in=groups).select_related("group").first()
         if group is not None:
             return tier, _("member of group '%(group)s', assigned to %(tier)s") % {
                 "group": group.group,
                 "tier": name,
             }
-        if tier is None:
-            return None, _("no default tier for authenticated users: not limited")
         return tier, _("the default tier for authenticated users (%(tier)s)") % {"tier": name}
     if tier is None:
         return None, _("no default tier for anonymous clients: not limited")

@@ -14,7 +14,8 @@ import csv
 import io
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -22,11 +23,25 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from django_throttle.inspection.subjects import UnknownClient
 from django_throttle.plain import plain_text
 
 FORMATS = ("table", "json", "csv")
+#: How :func:`one_line_errors` names a client that is not found.
+UNKNOWN_CLIENT = (UnknownClient, "Unknown client: {}.")
 #: First characters that make a spreadsheet read a CSV cell as a formula.
 _FORMULA = ("=", "+", "-", "@")
+
+
+@contextmanager
+def one_line_errors(*messages: tuple[type[Exception], str]) -> Iterator[None]:
+    """Turn the first of these exceptions that the block raises into a one-line
+    ``CommandError``: each is (exception class, message with ``{}`` for the exception's)."""
+    try:
+        yield
+    except tuple(kind for kind, _message in messages) as exc:
+        message = next(text for kind, text in messages if isinstance(exc, kind))
+        raise CommandError(message.format(exc)) from exc
 
 
 def add_format_argument(parser: CommandParser) -> None:
@@ -38,10 +53,11 @@ def add_format_argument(parser: CommandParser) -> None:
     )
 
 
-def checked_format(value: Any) -> str:
-    """``--format``, checked (``call_command`` skips argparse's choices)."""
-    if value not in FORMATS:
-        raise CommandError(f"--format must be one of {', '.join(FORMATS)}, not {value!r}.")
+def checked_choice(value: Any, option: str = "--format", choices: Sequence[str] = FORMATS) -> str:
+    """``--format`` (or another ``option`` with these ``choices``), checked: ``call_command``
+    skips argparse's choices."""
+    if value not in choices:
+        raise CommandError(f"{option} must be one of {', '.join(choices)}, not {value!r}.")
     return str(value)
 
 
@@ -54,9 +70,13 @@ def write_rows(
     title: str = "",
     caption: str | None = None,
     document: dict[str, Any] | None = None,
+    figures: Sequence[str] = (),
+    width: int = 140,
 ) -> None:
     """Write ``rows`` (dicts keyed by column key) under ``columns`` (key, heading). JSON is
-    the list of rows, or ``document`` with the rows under ``"rows"`` when given."""
+    the list of rows, or ``document`` with the rows under ``"rows"`` when given. A table
+    aligns numbers right, and the columns named in ``figures`` (numbers already written as
+    text), unwrapped; it is ``width`` columns wide when not on a terminal."""
     if fmt == "json":
         data: Any = rows if document is None else {**document, "rows": list(rows)}
         command.stdout.write(json.dumps(data, indent=2, default=str))
@@ -76,16 +96,14 @@ def write_rows(
         caption_justify="left",
     )
     for key, heading in columns:
+        if key in figures:
+            table.add_column(Text(heading), justify="right", no_wrap=True)
+            continue
         numeric = bool(rows) and all(isinstance(row.get(key), int | float) for row in rows)
         table.add_column(Text(heading), justify="right" if numeric else "left", overflow="fold")
     for row in rows:
-        table.add_row(*(table_cell(_cell(row.get(key))) for key, _ in columns))
-    print_table(command, table)
-
-
-def table_cell(value: object) -> Text:
-    """A table cell that shows ``value`` as it is: plain text, never rich markup."""
-    return Text(plain_text(value))
+        table.add_row(*(Text(plain_text(_cell(row.get(key)))) for key, _ in columns))
+    print_table(command, table, width)
 
 
 def csv_cell(value: object) -> object:

@@ -40,28 +40,6 @@ from django_throttle.backends.breaker import get_breaker
 from django_throttle.backends.usage_base import LETTERS, PendingCount, UsageStore
 from django_throttle.conf import app_settings
 
-__all__ = [
-    "ALL",
-    "ALLOWED",
-    "BEFORE_AUTHENTICATION",
-    "DENIED",
-    "FAILED_CLOSED",
-    "FAILED_OPEN",
-    "MAX_PENDING",
-    "OTHER",
-    "OUTCOMES",
-    "PUSH_PER_CALL",
-    "SHADOW_DENIED",
-    "UsageUnavailable",
-    "field_for",
-    "flush_pending",
-    "get_store",
-    "pending",
-    "record_degraded",
-    "reset",
-    "split_field",
-]
-
 logger = logging.getLogger("django_throttle.usage")
 
 ALLOWED = "allowed"
@@ -102,7 +80,6 @@ _unsent: list[tuple[str, list[PendingCount]]] = []  # (batch id, counts) whose p
 _lock = threading.Lock()
 _owner: int | None = None  # pid that recorded the counts (a forked child drops its copy)
 _clock = time.time
-_push_store: tuple[Any, UsageStore] | None = None
 
 
 class UsageUnavailable(Exception):
@@ -211,18 +188,16 @@ def flush_pending() -> None:
         if not _unsent and not _counts:
             pending.clear()
     try:
-        breaker = get_breaker()
-        breaker.call(_store_for_push().push, *batch)
+        get_breaker().call(_push_store(get_backend()).push, *batch)
     except (BackendError, UsageUnavailable) as exc:
         _keep([batch], exc)
 
 
 def reset() -> None:
     """Forget kept counts (tests, and a backend change)."""
-    global _push_store
     with _lock:
         _forget()
-        _push_store = None
+        _push_store.cache_clear()
 
 
 def _forget() -> None:
@@ -231,16 +206,10 @@ def _forget() -> None:
     pending.clear()
 
 
-def _store_for_push() -> UsageStore:
+@functools.lru_cache(maxsize=1)
+def _push_store(backend: Any) -> UsageStore:
     """The configured backend's store, built once per backend instance."""
-    global _push_store
-    backend = get_backend()
-    cached = _push_store
-    if cached is not None and cached[0] is backend:
-        return cached[1]
-    store = get_store(backend)
-    _push_store = (backend, store)
-    return store
+    return get_store(backend)
 
 
 def _keep(batches: list[tuple[str, list[PendingCount]]], exc: Exception) -> None:

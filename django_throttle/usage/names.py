@@ -49,11 +49,6 @@ class ClientName:
     name: str = ""
     url: str = ""
 
-    @property
-    def text(self) -> str:
-        """One line for a table cell: ``alice (user:2)``, else the label."""
-        return f"{self.name} ({self.label})" if self.name else self.label
-
 
 def username_digest(value: str) -> str:
     """``username:#<16 hex digits>`` for a presented username: keyed, stable while

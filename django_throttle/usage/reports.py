@@ -1,14 +1,13 @@
-"""Usage reports, and the rollup that copies usage counts from the backend to the database.
+"""Usage reports: what ``throttle_usage`` and the dashboard show.
 
-The rollup lives in :mod:`~django_throttle.usage.rollup`, the minute arithmetic both share in
-:mod:`~django_throttle.usage.minutes`; this module holds the reports and promises the public
-names below, the rollup's among them.
+The rollup, and the minute arithmetic both share, live in :mod:`~django_throttle.usage.rollup`.
 
 The backend keeps usage per minute, for
-:data:`~django_throttle.backends.usage_base.USAGE_TTL` seconds. :func:`rollup` copies
-finished minutes into :class:`~django_throttle.models.UsageCount` rows (``manage.py
-throttle_usage --rollup``, from cron or any periodic job, more often than that TTL) and
-records how far it got (the watermark). :func:`report` reads the rows for minutes up to the
+:data:`~django_throttle.backends.usage_base.USAGE_TTL` seconds. The rollup
+(:func:`~django_throttle.usage.rollup.rollup`) copies finished minutes into
+:class:`~django_throttle.models.UsageCount` rows (``manage.py throttle_usage --rollup``,
+from cron or any periodic job, more often than that TTL) and records how far it got (the
+watermark). :func:`report` reads the rows for minutes up to the
 watermark and the backend for later ones: each minute comes from exactly one place.
 
 Two kinds of rows per minute, both with every outcome column:
@@ -51,22 +50,10 @@ from django_throttle.usage.accounting import (
     get_store,
     split_field,
 )
-from django_throttle.usage.minutes import _add, _kept_minutes, _minute, _split, _window_start
 from django_throttle.usage.names import private_labels
-from django_throttle.usage.rollup import Rollup, copy_key_use, rollup
+from django_throttle.usage.rollup import _add, _instant, _minute, _split, kept_minutes
 
-__all__ = [
-    "NO_ENDPOINT",
-    "NO_TIER",
-    "REPORT_BY",
-    "Report",
-    "Rollup",
-    "UsageRow",
-    "copy_key_use",
-    "label",
-    "report",
-    "rollup",
-]
+__all__ = ["NO_ENDPOINT", "NO_TIER", "REPORT_BY", "Report", "UsageRow", "label", "report"]
 
 REPORT_BY: tuple[str, ...] = ("client", "tier", "endpoint")
 #: What every operator view (dashboard, table, CSV, JSON) calls an empty tier (limits given
@@ -150,7 +137,7 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
         raise ValueError(f"top must be at least 1, not {top}")
     store = get_store() if store is None else store
     now = store.now_minute()
-    first = now - _kept_minutes() + 1
+    first = now - kept_minutes() + 1
     since_minute = _minute(since)
     split = _split(store)
     # (key, before authentication) -> counts per outcome
@@ -158,7 +145,7 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
 
     if split is not None and since_minute <= split:
         rows = UsageCount.objects.filter(
-            window_start__gte=_window_start(since_minute), window_start__lte=_window_start(split)
+            window_start__gte=_instant(since_minute * 60), window_start__lte=_instant(split * 60)
         )
         rows = rows.exclude(client=ALL) if by == "client" else rows.filter(client=ALL)
         names = [f"sum_{o}" for o in OUTCOMES]

@@ -12,10 +12,16 @@ it twice, concurrently, or again after a crash half way never counts twice. Coun
 into a minute already copied (decisions made while Redis was down) mark that minute, and the
 next rollup copies it again. A presented username that names no user is stored only as its
 digest (:func:`~django_throttle.usage.names.private_labels`).
+
+The minute arithmetic the reports share is here too: which minutes the backend surely still
+holds, a minute as the database stores it, and where the database's copy ends (the
+watermark, else the newest row's minute), so each minute is read from exactly one place;
+and the one way both sum counts per outcome.
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,19 +31,48 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connections, router, transaction
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Case, F, Max, Q, Value, When
 from django.utils import timezone
 
+from django_throttle.backends import usage_base
 from django_throttle.backends.usage_base import MinuteCounts, UsageStore
 from django_throttle.conf import app_settings
 from django_throttle.usage.accounting import ALL, OUTCOMES, get_store, split_field
-from django_throttle.usage.minutes import _add, _kept_minutes, _split, _window_start
 from django_throttle.usage.names import private_labels
 
-__all__ = ["Rollup", "copy_key_use", "rollup"]
+__all__ = ["Rollup", "copy_key_use", "kept_minutes", "rollup"]
 
 CHUNK_MINUTES = 5
 _UNIQUE = ["window_start", "client", "tier", "endpoint"]
+
+
+def kept_minutes() -> int:
+    """Minutes whose counts are surely still in the backend, the current one included."""
+    return max(2, usage_base.USAGE_TTL // 60)
+
+
+def _minute(value: datetime) -> int:
+    if timezone.is_naive(value):
+        value = timezone.make_aware(value)
+    return math.floor(value.timestamp() / 60)
+
+
+def _split(store: UsageStore) -> int | None:
+    """The last minute the database holds: the watermark, else (the backend lost it, e.g. a
+    Redis restart) the newest row's minute."""
+    from django_throttle.models import UsageCount
+
+    watermark = store.watermark()
+    if watermark is not None:
+        return watermark
+    last = UsageCount.objects.aggregate(last=Max("window_start"))["last"]
+    return None if last is None else _minute(last)
+
+
+def _add(table: dict[Any, list[int]], key: Any, values: list[int]) -> None:
+    row = table.setdefault(key, [0] * len(values))
+    for i, n in enumerate(values):
+        row[i] += n
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +93,7 @@ def rollup(store: UsageStore | None = None) -> Rollup:
 
     store = get_store() if store is None else store
     now = store.now_minute()
-    first = now - _kept_minutes() + 1
+    first = now - kept_minutes() + 1
     split = _split(store)
     start = first if split is None else max(first, split + 1)
     late = store.take_late()
@@ -80,7 +115,7 @@ def rollup(store: UsageStore | None = None) -> Rollup:
             rows = [UsageCount(**row) for row in _rows(found)]
             with transaction.atomic(using=alias):
                 if found:
-                    windows = [_window_start(m) for m in found]
+                    windows = [_instant(m * 60) for m in found]
                     UsageCount.objects.using(alias).filter(window_start__in=windows).delete()
                 UsageCount.objects.using(alias).bulk_create(rows, batch_size=500, **upsert)
             written += len(rows)
@@ -91,14 +126,14 @@ def rollup(store: UsageStore | None = None) -> Rollup:
     except BaseException:
         store.return_late(m for m in redo if m not in done)
         raise
-    _prune(alias)
-    keys = copy_key_use(store)
+    cutoff = timezone.now() - timedelta(days=app_settings.USAGE_RETENTION_DAYS)
+    UsageCount.objects.using(alias).filter(window_start__lt=cutoff).delete()
     through = max(minutes) if minutes else split
     return Rollup(
         minutes=len(minutes),
         rows=written,
         through=None if through is None else datetime.fromtimestamp(through * 60, tz=UTC),
-        keys=keys,
+        keys=copy_key_use(store),
     )
 
 
@@ -160,7 +195,7 @@ def _rows(found: dict[int, MinuteCounts]) -> Iterable[dict[str, Any]]:
             _add(merged, (ALL, tier[:100], endpoint[:100]), values)
         for client, values in counts.clients.items():
             _add(merged, (_storable(private.get(client, client))[:200], ALL, ALL), values)
-        window = _window_start(minute)
+        window = _instant(minute * 60)
         for (client, tier, endpoint), values in merged.items():
             yield {
                 "window_start": window,
@@ -173,10 +208,3 @@ def _rows(found: dict[int, MinuteCounts]) -> Iterable[dict[str, Any]]:
 
 def _storable(name: str) -> str:
     return name.replace("\x00", "\ufffd") if "\x00" in name else name
-
-
-def _prune(alias: str) -> None:
-    from django_throttle.models import UsageCount
-
-    cutoff = timezone.now() - timedelta(days=app_settings.USAGE_RETENTION_DAYS)
-    UsageCount.objects.using(alias).filter(window_start__lt=cutoff).delete()

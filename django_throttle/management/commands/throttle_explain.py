@@ -14,14 +14,15 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from django_throttle.backends import BackendError
 from django_throttle.inspection.explanations import Explanation, explain
-from django_throttle.inspection.subjects import UnknownClient, parse_client
-from django_throttle.management.commands.throttle_inspect import COLUMNS, bucket_row
+from django_throttle.inspection.subjects import parse_client
+from django_throttle.management.commands.throttle_inspect import COLUMNS, READ_ERROR, bucket_row
 from django_throttle.management.output import (
+    UNKNOWN_CLIENT,
     CountersCommand,
     add_format_argument,
-    checked_format,
+    checked_choice,
+    one_line_errors,
     write_rows,
 )
 from django_throttle.models.fields import HTTP_METHODS
@@ -71,12 +72,11 @@ class Command(CountersCommand):
         add_format_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        fmt = checked_format(options["format"])
+        fmt = checked_choice(options["format"])
         named = [
-            text
-            for option, prefix in (("user", "user"), ("api_key", "key"), ("client", ""))
-            if (value := options.get(option))
-            for text in [f"{prefix}:{value}" if prefix else str(value)]
+            prefix + str(options[option])
+            for option, prefix in (("user", "user:"), ("api_key", "key:"), ("client", ""))
+            if options.get(option)
         ]
         address = options.get("ip") or None
         if len(named) > 1:
@@ -91,7 +91,7 @@ class Command(CountersCommand):
                 f"{', '.join(HTTP_METHODS)}."
             )
         self.refuse_in_process_backend()
-        try:
+        with one_line_errors(UNKNOWN_CLIENT, READ_ERROR):
             subject = parse_client(text)
             found = explain(
                 subject,
@@ -101,13 +101,7 @@ class Command(CountersCommand):
                 address=address if named else None,
                 username=options.get("username"),
             )
-        except UnknownClient as exc:
-            raise CommandError(f"Unknown client: {exc}.") from exc
-        except BackendError as exc:
-            raise CommandError(f"Could not read the buckets from the backend: {exc}") from exc
-        rule = found.rule
         decision = found.decision
-        denied = decision is not None and not decision.allowed
         summary = {
             "client": subject.client,
             "label": subject.label,
@@ -118,13 +112,13 @@ class Command(CountersCommand):
             "tier": found.tier.slug if found.tier is not None else None,
             "tier_reason": found.reason,
             "checks": list(found.checks),
-            "rule": rule.name if rule is not None else None,
+            "rule": found.rule.name if found.rule is not None else None,
             "cost": found.cost,
             "next_request": verdict(found),
             "denied_by": found.denied_by or None,
             "retry_after": (
                 retry_after_seconds(decision.retry_after)
-                if decision is not None and denied
+                if decision is not None and not decision.allowed
                 else None
             ),
             "notes": list(found.notes),

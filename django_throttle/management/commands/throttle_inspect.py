@@ -13,17 +13,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import CommandError, CommandParser
+from django.core.management.base import CommandParser
 
 from django_throttle.backends import BackendError
 from django_throttle.inspection.clients import Bucket, inspect
-from django_throttle.inspection.subjects import UnknownClient, parse_client
+from django_throttle.inspection.subjects import parse_client
 from django_throttle.management.output import (
+    UNKNOWN_CLIENT,
     CountersCommand,
     add_format_argument,
-    checked_format,
+    checked_choice,
+    one_line_errors,
     write_rows,
 )
+
+#: The message of a backend error while counters are read.
+READ_ERROR = (BackendError, "Could not read the buckets from the backend: {}")
 
 COLUMNS = (
     ("limit", "Limit"),
@@ -57,13 +62,12 @@ def bucket_row(bucket: Bucket) -> dict[str, Any]:
     }
 
 
-def add_probe_arguments(parser: CommandParser, ip: bool = True) -> None:
+def add_probe_arguments(parser: CommandParser) -> None:
     parser.add_argument(
         "--username",
         help="the username the client presents at logins (a user's own by default)",
     )
-    if ip:
-        parser.add_argument("--ip", help="the address a user's or API key's requests come from")
+    parser.add_argument("--ip", help="the address a user's or API key's requests come from")
 
 
 class Command(CountersCommand):
@@ -78,24 +82,19 @@ class Command(CountersCommand):
         add_format_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        fmt = checked_format(options["format"])
+        fmt = checked_choice(options["format"])
         self.refuse_in_process_backend()
-        try:
+        with one_line_errors(UNKNOWN_CLIENT, READ_ERROR):
             subject = parse_client(options["client"])
             found = inspect(subject, options.get("username"), options.get("ip"))
-        except UnknownClient as exc:
-            raise CommandError(f"Unknown client: {exc}.") from exc
-        except BackendError as exc:
-            raise CommandError(f"Could not read the buckets from the backend: {exc}") from exc
-        rows = [bucket_row(bucket) for bucket in found.buckets]
         tier = found.tier.slug if found.tier is not None else None
         write_rows(
             self,
             fmt,
-            rows,
+            [bucket_row(bucket) for bucket in found.buckets],
             COLUMNS,
             title=f"{subject.label} ({subject.client}): tier {tier or 'none'}, {found.reason}",
-            caption=None if rows else "No limits apply to this client.",
+            caption=None if found.buckets else "No limits apply to this client.",
             document={
                 "client": subject.client,
                 "label": subject.label,

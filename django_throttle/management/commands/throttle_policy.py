@@ -21,7 +21,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_throttle.policy.drf_settings import from_drf
-from django_throttle.policy.files import Change, export_policy, import_policy
+from django_throttle.policy.files import export_policy, import_policy
 from django_throttle.policy.text import PolicyFileError, dump, load
 
 FORMATS = ("json", "yaml")
@@ -74,10 +74,9 @@ class Command(BaseCommand):
             raise CommandError(f"Nothing was imported; the policy has problems:\n{lines}") from exc
 
     def _apply(self, document: Any, options: dict[str, Any]) -> None:
+        """Import ``document`` (or only list its changes, with ``--dry-run``), printing each
+        change and a summary line."""
         changes = import_policy(document, dry_run=options["dry_run"], prune=options["prune"])
-        self._report(changes, dry_run=options["dry_run"])
-
-    def _report(self, changes: list[Change], *, dry_run: bool) -> None:
         for change in changes:
             style = {"+": self.style.SUCCESS, "-": self.style.ERROR}.get(
                 change.action, self.style.WARNING
@@ -86,7 +85,7 @@ class Command(BaseCommand):
         count = f"{len(changes)} change{'' if len(changes) == 1 else 's'}"
         if not changes:
             self.stdout.write("No changes: the database already holds this policy.")
-        elif dry_run:
+        elif options["dry_run"]:
             self.stdout.write(f"Dry run: {count} listed, nothing written.")
         else:
             self.stdout.write(f"Imported: {count}.")

@@ -13,14 +13,19 @@ from django.core.management.base import CommandError, CommandParser
 
 from django_throttle.backends import BackendError
 from django_throttle.inspection.resets import reset_ceilings, reset_counters
-from django_throttle.inspection.subjects import UnknownClient, parse_client
+from django_throttle.inspection.subjects import parse_client
 from django_throttle.management.commands.throttle_inspect import add_probe_arguments
 from django_throttle.management.output import (
+    UNKNOWN_CLIENT,
     CountersCommand,
     add_format_argument,
-    checked_format,
+    checked_choice,
+    one_line_errors,
     write_rows,
 )
+
+#: A limit id that is not the client's, or not a shared limit: the message says which.
+WRONG_LIMIT = (ValueError, "{}.")
 
 
 class Command(CountersCommand):
@@ -51,7 +56,7 @@ class Command(CountersCommand):
         add_format_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        fmt = checked_format(options["format"])
+        fmt = checked_choice(options["format"])
         ceilings = options.get("ceilings")
         if ceilings and options.get("client"):
             raise CommandError(
@@ -63,17 +68,13 @@ class Command(CountersCommand):
         if ceilings:
             self._reset_ceilings(fmt, ceilings)
             return
-        try:
+        with one_line_errors(
+            UNKNOWN_CLIENT, WRONG_LIMIT, (BackendError, "Could not reset the buckets: {}")
+        ):
             subject = parse_client(options["client"])
             found = reset_counters(
                 subject, options.get("limits"), options.get("username"), options.get("ip")
             )
-        except UnknownClient as exc:
-            raise CommandError(f"Unknown client: {exc}.") from exc
-        except ValueError as exc:
-            raise CommandError(f"{exc}.") from exc
-        except BackendError as exc:
-            raise CommandError(f"Could not reset the buckets: {exc}") from exc
         rows = [
             {
                 "limit": counter.limit.name or str(counter.limit.rate),
@@ -94,12 +95,8 @@ class Command(CountersCommand):
         )
 
     def _reset_ceilings(self, fmt: str, ceilings: list[str]) -> None:
-        try:
+        with one_line_errors(WRONG_LIMIT, (BackendError, "Could not reset the shared limits: {}")):
             limits = reset_ceilings(ceilings)
-        except ValueError as exc:
-            raise CommandError(f"{exc}.") from exc
-        except BackendError as exc:
-            raise CommandError(f"Could not reset the shared limits: {exc}") from exc
         rows = [{"limit": limit.name or str(limit.rate), "id": limit.id} for limit in limits]
         write_rows(
             self,

@@ -11,26 +11,28 @@ of their own. Every cell is plain text (:mod:`django_throttle.management.output`
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import re
-from datetime import datetime, timedelta
+from contextlib import closing
+from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 from django.utils import timezone
-from rich.table import Table
 
 from django_throttle.backends import BackendError, usage_base
 from django_throttle.durations import format_duration
-from django_throttle.management.output import csv_cell, print_table, table_cell
+from django_throttle.management.output import (
+    add_format_argument,
+    checked_choice,
+    one_line_errors,
+    write_rows,
+)
 from django_throttle.usage import accounting as usage
 from django_throttle.usage.names import client_names
-from django_throttle.usage.reports import REPORT_BY, Report, label, report, rollup
+from django_throttle.usage.reports import REPORT_BY, Report, label, report
+from django_throttle.usage.rollup import rollup
 
-FORMATS = ("table", "json", "csv")
 _DURATION_RE = re.compile(r"^\s*(?P<count>[+-]?\d+)\s*(?P<unit>[a-zA-Z]+)\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 #: Table heading per outcome, in :data:`usage.OUTCOMES` order.
@@ -40,12 +42,7 @@ _ESTIMATED = (
     "smaller clients may have been folded into those listed. Tier and endpoint totals are "
     "exact."
 )
-
-
-def _close(store: Any) -> None:
-    close = getattr(store, "close", None)
-    if close is not None:
-        close()
+_READ_ERROR = (BackendError, "Could not read usage from the backend: {}")
 
 
 def parse_duration(text: str) -> timedelta:
@@ -59,10 +56,8 @@ def parse_duration(text: str) -> timedelta:
     count = int(match["count"])
     if count < 1:
         raise CommandError(f"--since {text!r}: the duration must be at least 1 {match['unit']}.")
-    try:
+    with one_line_errors((OverflowError, f"--since {text!r} is too long.")):
         return timedelta(seconds=count * _UNITS[match["unit"].lower()])
-    except OverflowError:
-        raise CommandError(f"--since {text!r} is too long.") from None
 
 
 class Command(BaseCommand):
@@ -73,8 +68,7 @@ class Command(BaseCommand):
         f"per-client rows list the {usage_base.TOP_CLIENTS} heaviest clients of each minute: "
         "with more clients than that, smaller ones are folded into those listed. With "
         "--rollup, copy finished minutes from Redis to the database instead (and API keys' "
-        "last use): "
-        "schedule it more often than Redis keeps them "
+        "last use): schedule it more often than Redis keeps them "
         f"({format_duration(usage_base.USAGE_TTL)})."
     )
 
@@ -93,12 +87,7 @@ class Command(BaseCommand):
             choices=REPORT_BY,
             help="Group by client, tier or endpoint (default: client).",
         )
-        parser.add_argument(
-            "--format",
-            default="table",
-            choices=FORMATS,
-            help="Output as a table, JSON (a list of objects) or CSV with a header row.",
-        )
+        add_format_argument(parser)
         parser.add_argument(
             "--rollup",
             action="store_true",
@@ -114,28 +103,38 @@ class Command(BaseCommand):
         # call_command(**options) skips argparse's type and choices checks: validate here.
         since_text = str(options["since"])
         delta = parse_duration(since_text)
-        top = self._parse_top(options["top"])
-        by = options["by"]
-        if by not in REPORT_BY:
-            raise CommandError(f"--by must be one of {', '.join(REPORT_BY)}, not {by!r}.")
-        fmt = options["format"]
-        if fmt not in FORMATS:
-            raise CommandError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}.")
-        try:
+        top = _parse_top(options["top"])
+        by = checked_choice(options["by"], "--by", REPORT_BY)
+        fmt = checked_choice(options["format"])
+        with one_line_errors((OverflowError, f"--since {since_text!r} is too long.")):
             since = timezone.now() - delta
-        except OverflowError:
-            raise CommandError(f"--since {since_text!r} is too long.") from None
-
-        result = self._read(since, by, top)
-        rows = result.rows
-        if fmt == "json":
-            self._write_json(result, by)
-        elif fmt == "csv":
-            self._write_csv(result, by)
-        elif not rows:
+        with (
+            one_line_errors((usage.UsageUnavailable, "{}"), _READ_ERROR),
+            closing(usage.get_store()) as store,
+        ):
+            result = report(since=since, by=by, top=top, store=store)
+        records = _records(result, by)
+        if fmt == "table" and not records:
             self.stdout.write(f"No requests recorded in the last {since_text.strip()}.")
+        elif fmt == "table":
+            zone = since.tzname() or "local time"
+            title = (
+                f"Requests by {by}, last {since_text.strip()} (since {since:%Y-%m-%d %H:%M} {zone})"
+            )
+            self._write_table(result, records, by, title)
         else:
-            self._write_table(result, by, since_text.strip(), since)
+            columns = [by, "name"] if by == "client" else [by, "before_authentication"]
+            columns += [*usage.OUTCOMES, "total", "denied_percent", "estimated"]
+            if fmt == "csv":
+                records = [
+                    {
+                        **record,
+                        "denied_percent": f"{record['denied_percent']:.2f}",
+                        "estimated": " ".join(record["estimated"]),
+                    }
+                    for record in records
+                ]
+            write_rows(self, fmt, records, [(key, key) for key in columns])
         if result.uncopied_before is not None:
             self.stderr.write(
                 f"Note: counts from before {result.uncopied_before:%Y-%m-%d %H:%M} UTC are "
@@ -146,128 +145,76 @@ class Command(BaseCommand):
         if result.estimated and fmt != "table":
             self.stderr.write(_ESTIMATED)
 
-    def _read(self, since: datetime, by: str, top: int) -> Report:
-        store = self._store()
-        try:
-            return report(since=since, by=by, top=top, store=store)
-        except BackendError as exc:
-            raise CommandError(f"Could not read usage from the backend: {exc}") from exc
-        finally:
-            _close(store)
-
     def _rollup(self) -> None:
-        store = self._store()
-        try:
+        with (
+            one_line_errors(
+                (usage.UsageUnavailable, "{}"),
+                _READ_ERROR,
+                (DatabaseError, "Could not write usage rows: {}"),
+            ),
+            closing(usage.get_store()) as store,
+        ):
             done = rollup(store)
-        except BackendError as exc:
-            raise CommandError(f"Could not read usage from the backend: {exc}") from exc
-        except DatabaseError as exc:
-            raise CommandError(f"Could not write usage rows: {exc}") from exc
-        finally:
-            _close(store)
         through = "nothing yet" if done.through is None else f"{done.through:%Y-%m-%d %H:%M} UTC"
         self.stdout.write(
             f"Rolled up {done.minutes} minute(s) into {done.rows} row(s); the database holds "
             f"usage through {through}. API keys with a newer last use: {done.keys}."
         )
 
-    @staticmethod
-    def _store() -> Any:
-        try:
-            return usage.get_store()
-        except usage.UsageUnavailable as exc:
-            raise CommandError(str(exc)) from exc
-
-    @staticmethod
-    def _parse_top(value: object) -> int:
-        try:
-            top = int(str(value))
-        except ValueError:
-            raise CommandError(f"--top must be a whole number, not {value!r}.") from None
-        if top < 1:
-            raise CommandError(f"--top must be at least 1, not {top}.")
-        return top
-
-    def _records(self, result: Report, by: str) -> list[dict[str, Any]]:
-        """One dict per row, the same in JSON, CSV and the table: the key under its one
-        label (:func:`~django_throttle.usage.reports.label`), for clients also the user or
-        API key it names, and the fields that are estimates."""
-        estimated = list(result.estimated_fields)
-        names = client_names(row.key for row in result.rows) if by == "client" else {}
-        records = []
-        for row in result.rows:
-            record: dict[str, Any] = {}
-            if by == "client":
-                name = names[row.key]
-                record.update({"client": name.label, "name": name.name})
-            else:
-                record.update(
-                    {by: label(by, row), "before_authentication": row.before_authentication}
-                )
-            record.update({outcome: getattr(row, outcome) for outcome in usage.OUTCOMES})
-            record.update(
-                {
-                    "total": row.total,
-                    "denied_percent": round(row.denied_percent, 2),
-                    "estimated": estimated,
-                }
-            )
-            records.append(record)
-        return records
-
-    def _write_json(self, result: Report, by: str) -> None:
-        self.stdout.write(json.dumps(self._records(result, by), indent=2))
-
-    def _write_csv(self, result: Report, by: str) -> None:
-        records = self._records(result, by)
-        heading = [by, "name"] if by == "client" else [by, "before_authentication"]
-        heading += [*usage.OUTCOMES, "total", "denied_percent", "estimated"]
-        buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow(heading)
-        for record in records:
-            cells = {
-                **record,
-                "denied_percent": f"{record['denied_percent']:.2f}",
-                "estimated": " ".join(record["estimated"]),
-            }
-            writer.writerow([csv_cell(cells[key]) for key in heading])
-        self.stdout.write(buffer.getvalue(), ending="")
-
-    def _write_table(self, result: Report, by: str, since_text: str, since: datetime) -> None:
-        records = self._records(result, by)
-        zone = since.tzname() or "local time"
-        title = f"Requests by {by}, last {since_text} (since {since:%Y-%m-%d %H:%M} {zone})"
+    def _write_table(
+        self, result: Report, records: list[dict[str, Any]], by: str, title: str
+    ) -> None:
         notes = [_ESTIMATED] if result.estimated else []
         if result.sample > 1:
             notes.append(_sampled(result.sample))
-        # min_width keeps the title on one line above a narrow table.
-        table = Table(
-            title=table_cell(title),
-            min_width=len(title),
-            caption=table_cell(" ".join(notes)) if notes else None,
-            caption_justify="left",
-        )
-        table.add_column(by.capitalize(), overflow="fold")
-        for name in (*_HEADINGS, "Total", "Denied %"):
-            table.add_column(name, justify="right", no_wrap=True)
         estimated = set(result.estimated_fields)
+        figures = (*usage.OUTCOMES, "total", "denied_percent")
+        rows = []
         for record in records:
             key = record[by]
             if by == "client" and record["name"]:
                 key = f"{record['name']} ({key})"
             elif by == "endpoint" and record["before_authentication"]:
                 key = f"{key} {usage.BEFORE_AUTHENTICATION}"
-            cells = {field: f"{record[field]:,}" for field in (*usage.OUTCOMES, "total")}
+            cells = {field: f"{record[field]:,}" for field in figures}
             cells["denied_percent"] = f"{record['denied_percent']:.1f}"
-            table.add_row(
-                table_cell(key),
-                *(
-                    table_cell(f"≈{cell}" if field in estimated else cell)
-                    for field, cell in cells.items()
-                ),
-            )
-        print_table(self, table, width=120)
+            marked = {
+                name: ("≈" if name in estimated else "") + cell for name, cell in cells.items()
+            }
+            rows.append({by: key, **marked})
+        headings = (by.capitalize(), *_HEADINGS, "Total", "Denied %")
+        columns = list(zip((by, *figures), headings, strict=True))
+        caption = " ".join(notes) if notes else None
+        write_rows(
+            self, "table", rows, columns, title=title, caption=caption, figures=figures, width=120
+        )
+
+
+def _parse_top(value: object) -> int:
+    with one_line_errors((ValueError, f"--top must be a whole number, not {value!r}.")):
+        top = int(str(value))
+    if top < 1:
+        raise CommandError(f"--top must be at least 1, not {top}.")
+    return top
+
+
+def _records(result: Report, by: str) -> list[dict[str, Any]]:
+    """One dict per row, the same in JSON, CSV and the table: the key under its one
+    label (:func:`~django_throttle.usage.reports.label`), for clients also the user or
+    API key it names, and the fields that are estimates."""
+    names = client_names(row.key for row in result.rows) if by == "client" else {}
+    records = []
+    for row in result.rows:
+        if by == "client":
+            record: dict[str, Any] = {"client": names[row.key].label, "name": names[row.key].name}
+        else:
+            record = {by: label(by, row), "before_authentication": row.before_authentication}
+        record.update({outcome: getattr(row, outcome) for outcome in usage.OUTCOMES})
+        record["total"] = row.total
+        record["denied_percent"] = round(row.denied_percent, 2)
+        record["estimated"] = list(result.estimated_fields)
+        records.append(record)
+    return records
 
 
 def _sampled(sample: int) -> str:
