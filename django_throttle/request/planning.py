@@ -98,116 +98,74 @@ def _plan(
         if decision is not None:
             return decision
         identity = _SHARED_UNKNOWN
-    tier_slug = endpoint_name = ""
     tier = endpoint = None
     groups: tuple[tuple[str, tuple[Limit, ...]], ...] = ()
     if limits is None:
         if policy is None:
             return UNLIMITED
-        if rule_only:
-            endpoint = policy.match(request.method or "GET", scope)
+        method = request.method or "GET"
+        if rule_only:  # the rule of ``scope`` alone: no route or path match
+            endpoint = policy.match(method, scope)
             if endpoint is None:
                 return UNLIMITED
         else:
-            endpoint = policy.match(
-                request.method or "GET", scope, _route_name(request), request.path_info
-            )
+            route = match.view_name if match is not None else None
+            endpoint = policy.match(method, scope, route, request.path_info)
         tier = policy.tier_for(identity)
         limits = policy.limits_for(tier, endpoint)
         if endpoint is not None:
             cost = endpoint.cost if cost is None else cost
-            endpoint_name = endpoint.name
             if rule_only and tier is not None:
                 limits = endpoint.rule_limits_by_tier.get(tier.id, ())
             groups = policy.groups_for(tier, endpoint, credential)
-        if tier is not None:
-            tier_slug = tier.slug
-    if groups and endpoint is not None:
-        return _grouped(
-            request,
-            identity,
-            limits,
-            groups,
-            endpoint,
-            tier,
-            cost,
-            failure_mode,
-            credential,
-            policy,
-            usage.field_for(
-                tier_slug, endpoint_name or scope or "", before_authentication=rule_only
-            ),
-        )
-    if not limits:
-        return UNLIMITED
     planned = _Plan(  # positional, in field order: once per request
         identity.key,
         limits,
         1 if cost is None else cost,
-        usage.field_for(tier_slug, endpoint_name or scope or "", before_authentication=rule_only),
+        usage.field_for(
+            tier.slug if tier is not None else "",
+            (endpoint.name if endpoint is not None else "") or scope or "",
+            before_authentication=rule_only,
+        ),
         failure_mode,
         credential,
         policy,
         tier,
         endpoint,
     )
-    if endpoint is not None and endpoint.counts != "all" and tier is not None:
+    if endpoint is not None and tier is not None and endpoint.counts != "all":
         own = endpoint.rule_limits_by_tier.get(tier.id, ())
         if own:
             planned.refunds = ((identity.key, own),)
-    return planned
+    if groups:
+        return _grouped(planned, request, groups)
+    return planned if limits else UNLIMITED
 
 
 def _grouped(
-    request: Any,
-    identity: Identity,
-    limits: Sequence[Limit],
-    groups: tuple[tuple[str, tuple[Limit, ...]], ...],
-    endpoint: EndpointPolicy,
-    tier: TierPolicy | None,
-    cost: int | None,
-    failure_mode: str | None,
-    credential: bool,
-    policy: Policy | None,
-    field: str | None,
+    planned: _Plan, request: Any, groups: tuple[tuple[str, tuple[Limit, ...]], ...]
 ) -> _Plan | Decision:
-    """The plan of a rule with limits counted by IP address or username: one group per
-    distinct counter, the client's first. A counter equal to the client's (an anonymous
+    """``planned`` with the rule's limits counted by IP address or username added: one group
+    per distinct counter, the client's first. A counter equal to the client's (an anonymous
     client's IP address) joins its group, so the call count stays as low as it can."""
-    own = endpoint.rule_limits_by_tier.get(tier.id, ()) if tier is not None else ()
-    calls: dict[str, list[Limit]] = {identity.key: list(limits)}
-    refunds: dict[str, list[Limit]] = {identity.key: list(own)}
+    calls: dict[str, list[Limit]] = {planned.client: list(planned.limits)}
+    refunds = {planned.client: [limit for _, own in planned.refunds for limit in own]}
     for counted_by, counted in groups:
         if counted_by == "ip":
             address = client_ip(request.META)
-            if address is None:
-                continue
-            key = Identity("ip", address).key
+            keys: tuple[str, ...] = () if address is None else (Identity("ip", address).key,)
         else:
-            for key in username_counters(request):  # none: nothing presented
-                calls.setdefault(key, []).extend(counted)
-                refunds.setdefault(key, []).extend(counted)
-            continue
-        calls.setdefault(key, []).extend(counted)
-        refunds.setdefault(key, []).extend(counted)
-    planned_groups = [(key, tuple(found)) for key, found in calls.items() if found]
-    if not planned_groups:
+            keys = username_counters(request)  # none: nothing presented
+        for key in keys:
+            calls.setdefault(key, []).extend(counted)
+            refunds.setdefault(key, []).extend(counted)
+    found = [(key, tuple(limits)) for key, limits in calls.items() if limits]
+    if not found:
         return UNLIMITED
-    (client, first), *rest = planned_groups
-    planned = _Plan(
-        client,
-        first,
-        1 if cost is None else cost,
-        field,
-        failure_mode,
-        credential,
-        policy,
-        tier,
-        endpoint,
-        tuple(rest),
-    )
-    if endpoint.counts != "all":
-        planned.refunds = tuple((key, tuple(found)) for key, found in refunds.items() if found)
+    (planned.client, planned.limits), *rest = found
+    planned.groups = tuple(rest)
+    if planned.endpoint is not None and planned.endpoint.counts != "all":
+        planned.refunds = tuple((key, tuple(limits)) for key, limits in refunds.items() if limits)
     return planned
 
 
@@ -236,8 +194,3 @@ def _unidentified() -> Decision | None:
     if choice == "shared":
         return None
     return _UNIDENTIFIED_DENIED
-
-
-def _route_name(request: Any) -> str | None:
-    match = getattr(request, "resolver_match", None)
-    return match.view_name if match is not None else None
