@@ -9,7 +9,7 @@ reserve tokens that :mod:`~django_throttle.request.reservations` gives back when
 must not count.
 
 The decision is written once: a plan (plain, :mod:`~django_throttle.request.planning`), the
-one backend call the plan names, and a finish (plain, :mod:`~django_throttle.request.finish`)
+one backend call the plan names, and a finish (plain, :mod:`~django_throttle.request.planning` too)
 from its reply. Only that call differs between :func:`check` and :func:`acheck`: made
 blocking or awaited, through the circuit breaker, a :class:`BackendError` being a reply like
 any other. What takes more calls (the counters by IP address or username after the client's,
@@ -38,8 +38,7 @@ from django_throttle.conf import app_settings
 from django_throttle.identity import Identity
 from django_throttle.policy import live as policy_module
 from django_throttle.rates import UNLIMITED, Decision, Limit
-from django_throttle.request.finish import _counted, _degraded, _outcome
-from django_throttle.request.planning import _Plan, _plan
+from django_throttle.request.planning import _counted, _degraded, _outcome, _Plan, _plan
 from django_throttle.request.reservations import Call, Steps, settling
 from django_throttle.usage import accounting as usage
 

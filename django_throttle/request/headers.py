@@ -24,15 +24,7 @@ from django_throttle.rates import Decision, Limit
 
 logger = logging.getLogger("django_throttle")
 
-__all__ = [
-    "apply_headers",
-    "rate_limit_headers",
-    "retry_after_seconds",
-    "throttled_body",
-    "throttled_response",
-    "throttled_status",
-    "whole_seconds",
-]
+__all__: list[str] = []
 
 
 def whole_seconds(seconds: float) -> int:

@@ -1,11 +1,18 @@
-"""The plan of a request: what :func:`~django_throttle.request.core.check` will count it
-against, worked out before any backend call.
+"""The plain halves of a request: its plan, what :func:`~django_throttle.request.core.check`
+will count it against, worked out before any backend call; and its finish, the decision
+from the backend's reply.
 
 Holds the plan itself (the client's counter and limits, the further groups counted by IP
 address or username, what the rule may give back) and how it is made from the request, its
 identity and the policy snapshot: exempt views, users and addresses stop here, as do
 clients with no usable address under ``DJANGO_THROTTLE_UNKNOWN_CLIENT``. Plain: no backend
 call, no awaiting, so planning is the same for blocking and async checks.
+
+A reply the backend made becomes the decision as it is, leaving a
+:class:`~django_throttle.request.reservations.Reservation` on the request when its rule
+counts only successes or failures; a :class:`~django_throttle.backends.BackendError`
+becomes the decision of the failure mode that applies (open, closed or local), counted
+in-process until the backend is back, and recorded in usage.
 """
 
 from __future__ import annotations
@@ -13,18 +20,28 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from django_throttle.backends import BackendError
+from django_throttle.backends import BackendError, get_local_backend
+from django_throttle.backends.breaker import get_breaker
 from django_throttle.conf import app_settings
 from django_throttle.exemptions import is_exempt_view
 from django_throttle.identity import UNIDENTIFIED, Identity, client_ip
+from django_throttle.plain import log_text
 from django_throttle.policy.exemptions import exempt_client
 from django_throttle.policy.resolver import get_resolver
 from django_throttle.policy.snapshot import EndpointPolicy, Policy, TierPolicy
 from django_throttle.rates import UNLIMITED, Decision, Limit
-from django_throttle.request.reservations import Call, Group, Steps, hit_groups, only_if_denied
+from django_throttle.request.reservations import (
+    Call,
+    Group,
+    Reservation,
+    Steps,
+    hit_groups,
+    only_if_denied,
+    watch_login_failures,
+)
 from django_throttle.request.usernames import username_counters
 from django_throttle.usage import accounting as usage
 
@@ -39,6 +56,8 @@ _FAILED_OPEN = Decision(allowed=True, limit=None, remaining=0, reset_after=0.0, 
 _UNIDENTIFIED_DENIED = Decision(
     allowed=False, limit=None, remaining=0, reset_after=0.0, unavailable=True, unidentified=True
 )
+#: A closed failure mode's refusal, completed per request with the breaker's wait.
+_FAILED_CLOSED = Decision(allowed=False, limit=None, remaining=0, reset_after=0.0, unavailable=True)
 _SHARED_UNKNOWN = Identity("ip", "unknown")
 _last_unidentified_log = -UNIDENTIFIED_LOG_INTERVAL
 
@@ -194,3 +213,59 @@ def _unidentified() -> Decision | None:
     if choice == "shared":
         return None
     return _UNIDENTIFIED_DENIED
+
+
+def _counted(planned: _Plan, decision: Decision, request: Any) -> Decision:
+    """The decision the backend made, as it is; an allowed request whose rule may give its
+    tokens back leaves its :class:`Reservation` on ``request.throttle_reservations``."""
+    if decision.shadow:
+        logger.info(
+            "shadow rule %r would deny %s",
+            planned.endpoint.name if planned.endpoint is not None else "",
+            log_text(planned.client),
+        )
+    if planned.refunds and decision.allowed and planned.endpoint is not None:
+        counts = planned.endpoint.counts
+        if counts == "failures":
+            watch_login_failures()
+        reservation = Reservation(counts, planned.cost, planned.refunds, decision.taken)
+        reservations = getattr(request, "throttle_reservations", ())
+        request.throttle_reservations = [*reservations, reservation]
+    return decision
+
+
+def _degraded(planned: _Plan, refused: bool = False) -> Decision:
+    """The decision when the backend could not answer, by failure mode, counted in-process
+    until the backend is back. A ``refused`` call (the backend answered, refusing one of our
+    arguments: a bug, logged by the breaker) is counted in-process where the mode would
+    serve it uncounted: whatever provoked it must not slip past the limits.
+
+    The breaker logs when it opens and closes; a line per failed request would flood the log
+    exactly when the operator needs it. The mode is only worked out here, off the healthy
+    path."""
+    failure_mode = planned.failure_mode
+    default = "closed" if planned.credential else None
+    if failure_mode is None and planned.policy is not None:
+        failure_mode = planned.policy.failure_mode_for(planned.tier, planned.endpoint, default)
+    failure_mode = failure_mode or default or app_settings.FAILURE_MODE
+    if refused and failure_mode == "open":
+        failure_mode = "local"
+    if failure_mode == "closed":
+        wait = get_breaker().retry_after()
+        decision = replace(_FAILED_CLOSED, retry_after=wait, limits=tuple(planned.limits))
+    elif failure_mode == "local":
+        local = get_local_backend().hit(planned.client, planned.limits, planned.cost)
+        decision = replace(local, local=True)
+    else:
+        decision = _FAILED_OPEN
+    usage.record_degraded(planned.field, planned.client, _outcome(decision))
+    return decision
+
+
+def _outcome(decision: Decision) -> str:
+    """The usage column of a decision the backend did not make."""
+    if decision.unavailable:
+        return usage.FAILED_CLOSED
+    if decision.failed_open:
+        return usage.FAILED_OPEN
+    return usage.ALLOWED if decision.allowed else usage.DENIED

@@ -32,19 +32,7 @@ from django_throttle.rates import Decision, Limit
 
 logger = logging.getLogger("django_throttle")
 
-__all__ = [
-    "Call",
-    "Group",
-    "Reservation",
-    "Steps",
-    "counted",
-    "hit_groups",
-    "login_failed",
-    "longest_wait",
-    "only_if_denied",
-    "settling",
-    "watch_login_failures",
-]
+__all__: list[str] = []
 
 T = TypeVar("T")
 
@@ -95,20 +83,21 @@ def watch_login_failures() -> None:
 def _logged_in(sender: Any, request: Any = None, user: Any = None, **kwargs: Any) -> None:
     """Mark the request of a real sign-in (``django.contrib.auth.login``): the only proof
     that earns the browser a device cookie (a 200 or 302 alone proves nothing)."""
-    if request is None or user is None:
-        return
-    target = getattr(request, "_request", request)
-    with contextlib.suppress(AttributeError):
-        setattr(target, LOGGED_IN_ATTRIBUTE, True)
+    if user is not None:
+        _mark(request, LOGGED_IN_ATTRIBUTE)
 
 
 def _login_failed(sender: Any, credentials: Any = None, request: Any = None, **kwargs: Any) -> None:
+    _mark(request, FAILED_ATTRIBUTE)
+
+
+def _mark(request: Any, attribute: str) -> None:
     if request is None:
         return
     # DRF's serializers pass DRF's Request; the flag belongs on the Django request.
     target = getattr(request, "_request", request)
     with contextlib.suppress(AttributeError):  # a request object that takes no attributes
-        setattr(target, FAILED_ATTRIBUTE, True)
+        setattr(target, attribute, True)
 
 
 def login_failed(request: Any) -> bool:
