@@ -112,23 +112,21 @@ def throttled_body(decision: Decision) -> dict[str, Any]:
             "retry_after": None,
         }
     wait = retry_after_seconds(decision.retry_after)
+    limit = None
     if decision.unavailable:
         detail = ngettext(
             "Rate limiting is temporarily unavailable. Try again in %(wait)d second.",
             "Rate limiting is temporarily unavailable. Try again in %(wait)d seconds.",
             wait,
         )
-        return {"detail": detail % {"wait": wait}, "limit": None, "retry_after": wait}
-    detail = ngettext(
-        "Request was throttled. Expected available in %(wait)d second.",
-        "Request was throttled. Expected available in %(wait)d seconds.",
-        wait,
-    )
-    return {
-        "detail": detail % {"wait": wait},
-        "limit": decision.limit.name if decision.limit is not None else None,
-        "retry_after": wait,
-    }
+    else:
+        detail = ngettext(
+            "Request was throttled. Expected available in %(wait)d second.",
+            "Request was throttled. Expected available in %(wait)d seconds.",
+            wait,
+        )
+        limit = decision.limit.name if decision.limit is not None else None
+    return {"detail": detail % {"wait": wait}, "limit": limit, "retry_after": wait}
 
 
 #: How DRF's ``JSONRenderer`` writes JSON by default (``COMPACT_JSON``, ``UNICODE_JSON``): plain

@@ -58,6 +58,10 @@ _UNIDENTIFIED_DENIED = Decision(
 )
 #: A closed failure mode's refusal, completed per request with the breaker's wait.
 _FAILED_CLOSED = Decision(allowed=False, limit=None, remaining=0, reset_after=0.0, unavailable=True)
+_UNKNOWN_CLIENT_CHOICES = {
+    "allow": "serves them uncounted",
+    "shared": "counts them all in one shared bucket",
+}
 _SHARED_UNKNOWN = Identity("ip", "unknown")
 _last_unidentified_log = -UNIDENTIFIED_LOG_INTERVAL
 
@@ -202,11 +206,7 @@ def _unidentified() -> Decision | None:
             "a proxy that connects over a Unix socket, set DJANGO_THROTTLE_TRUSTED_PROXY_COUNT "
             "so the address comes from X-Forwarded-For. (Logged at most once a minute.)",
             choice,
-            {
-                "deny": "refuses such requests",
-                "allow": "serves them uncounted",
-                "shared": "counts them all in one shared bucket",
-            }.get(choice, "refuses such requests"),
+            _UNKNOWN_CLIENT_CHOICES.get(choice, "refuses such requests"),
         )
     if choice == "allow":
         return _FAILED_OPEN
