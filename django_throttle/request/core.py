@@ -162,22 +162,13 @@ def _finished(
     return decision
 
 
-def plan(
-    request: Any,
-    identity: Identity,
-    *,
-    scope: str | None = None,
-    credential: bool = False,
-    rule_only: bool = False,
-) -> _Plan | Decision:
-    """What :func:`check` with these arguments would count ``request`` against, were it sent
+def plan(request: Any, identity: Identity, **options: Unpack[CheckOptions]) -> _Plan | Decision:
+    """What :func:`check` with these keyword arguments would count ``request`` against, were it sent
     by ``identity``, without calling the backend: the counters in the order the check calls
     them (``client``/``limits``, then ``groups``), the cost, the tier and the rule; or the
     decision it returns without counting (exempt, nothing applies). For the operator tools,
     which must see exactly what requests meet, never work it out another way."""
-    return _plan(
-        request, policy_module.current, identity, scope, credential=credential, rule_only=rule_only
-    )
+    return _plan(request, policy_module.current, identity, **options)
 
 
 async def _async_user(request: Any) -> Any:
