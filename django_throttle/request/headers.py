@@ -86,11 +86,9 @@ def _share(limit: Limit, shards: int) -> Limit:
 def apply_headers(response: HttpResponseBase, decision: Decision) -> None:
     """Add the decision's headers to ``response`` without overwriting ones already set, through
     Django's public ``response.headers`` (``setdefault`` validates each name and value)."""
-    headers = rate_limit_headers(decision)
-    if headers:
-        setdefault = response.headers.setdefault
-        for name, value in headers.items():
-            setdefault(name, value)
+    setdefault = response.headers.setdefault
+    for name, value in rate_limit_headers(decision).items():
+        setdefault(name, value)
 
 
 def throttled_status(decision: Decision) -> int:
@@ -139,10 +137,8 @@ def throttled_response(decision: Decision, request: Any = None) -> HttpResponseB
     and a small JSON body; or what ``DJANGO_THROTTLE_DENIED_RESPONSE`` builds, with the same
     headers added where it did not set them. A callable that fails is logged and the default
     response is sent instead: a refusal must never become a 500."""
-    response: HttpResponseBase | None = None
     factory = app_settings.DENIED_RESPONSE
-    if factory is not None:
-        response = _custom_response(factory, request, decision)
+    response = None if factory is None else _custom_response(factory, request, decision)
     if response is None:
         response = JsonResponse(
             throttled_body(decision),
