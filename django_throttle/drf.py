@@ -212,7 +212,10 @@ class CredentialProtection:
         if not header:
             return True
         scheme = str(header).split(maxsplit=1)[0].lower()
-        return _authorization_scheme(request) == scheme
+        # Split off as DRF's own classes split it (see ``authorization``): a tab after
+        # ``Basic`` must not hide the credentials from the check.
+        parts = authorization(request.META)
+        return bool(parts) and parts[0].decode("latin-1").lower() == scheme
 
     def authenticate(self, request: Request) -> tuple[Any, Any] | None:
         wrapped = super().authenticate  # type: ignore[misc]
@@ -273,13 +276,6 @@ class ProtectedSessionAuthentication(CredentialProtection, SessionAuthentication
         from django.conf import settings
 
         return settings.SESSION_COOKIE_NAME in request.COOKIES
-
-
-def _authorization_scheme(request: Request) -> str:
-    """The ``Authorization`` scheme, split off as DRF's own classes split it (bytes, on any
-    ASCII whitespace): a tab after ``Basic`` must not hide the credentials from the check."""
-    parts = authorization(request.META)
-    return parts[0].decode("latin-1").lower() if parts else ""
 
 
 def _owner(pk: Any) -> Any:

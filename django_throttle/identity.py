@@ -67,10 +67,8 @@ class Identity:
         ``#`` or NUL: the label is bounded here, once, for every kind of identity.
         """
         key = f"{self.kind}:{self.value}"
-        if key.isascii():
-            if len(key) <= MAX_KEY_BYTES:
-                return key
-            return f"{self.kind}#{_digest(str(self.value).encode())}"
+        if key.isascii() and len(key) <= MAX_KEY_BYTES:
+            return key  # the common case, without encoding
         try:
             encoded = key.encode()
         except UnicodeEncodeError:
@@ -220,10 +218,9 @@ def _is_plain_ipv4(text: str) -> bool:
 
 def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """The address ``text`` names, port and zone id stripped, IPv4-mapped and NAT64 IPv6
-    unwrapped to IPv4; ``None`` for anything else."""
-    if len(text) > MAX_ADDRESS_LENGTH:
-        return None
-    return _parse_address(text)
+    unwrapped to IPv4; ``None`` for anything else. Text too long to be an address is
+    refused here, before it can fill the cache."""
+    return None if len(text) > MAX_ADDRESS_LENGTH else _parse_address(text)
 
 
 @lru_cache(maxsize=4096)
@@ -246,9 +243,8 @@ def _parse_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address |
 
 
 def _network(text: str, v4_prefix: int, v6_prefix: int) -> str | None:
-    if len(text) > MAX_ADDRESS_LENGTH:
-        return None
-    return _format_network(text, v4_prefix, v6_prefix)
+    """The client's network ``text`` names (see :func:`_address`), as :func:`client_ip` gives it."""
+    return None if len(text) > MAX_ADDRESS_LENGTH else _format_network(text, v4_prefix, v6_prefix)
 
 
 @lru_cache(maxsize=4096)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
@@ -49,8 +50,6 @@ FAILED_ATTRIBUTE = "throttle_login_failed"
 #: Set on the (Django) request when ``user_logged_in`` fires for it.
 LOGGED_IN_ATTRIBUTE = "throttle_logged_in"
 
-_watching = False
-
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
@@ -66,18 +65,15 @@ class Reservation:
     taken: tuple[tuple[str, int], ...] = ()
 
 
+@functools.cache
 def watch_login_failures() -> None:
     """Connect the ``user_login_failed`` and ``user_logged_in`` receivers (once per
     process). Called on first need rather than in ``AppConfig.ready()``, so a site that
     counts no failures pays nothing."""
-    global _watching
-    if _watching:
-        return
     from django.contrib.auth.signals import user_logged_in, user_login_failed
 
     user_login_failed.connect(_login_failed, dispatch_uid="django_throttle.login_failed")
     user_logged_in.connect(_logged_in, dispatch_uid="django_throttle.logged_in")
-    _watching = True
 
 
 def _logged_in(sender: Any, request: Any = None, user: Any = None, **kwargs: Any) -> None:

@@ -106,16 +106,12 @@ def _presented(request: Any) -> _Found:
     """What the request presents, worked out once per request and reading (after the view,
     a body DRF has read can no longer be read again)."""
     header_only = bool(getattr(request, HEADER_ONLY, False))
-    cached: dict[bool, _Found] | None = getattr(request, USERNAME_ATTRIBUTE, None)
-    if cached is not None and header_only in cached:
-        return cached[header_only]
-    found = _read(request, header_only)
-    if cached is None:
-        cached = {}
+    cached: dict[bool, _Found] = getattr(request, USERNAME_ATTRIBUTE, {})
+    if header_only not in cached:
+        cached[header_only] = _read(request, header_only)
         with contextlib.suppress(AttributeError):  # a request object that takes no attributes
             setattr(request, USERNAME_ATTRIBUTE, cached)
-    cached[header_only] = found
-    return found
+    return cached[header_only]
 
 
 def _read(request: Any, header_only: bool) -> _Found:
