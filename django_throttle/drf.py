@@ -85,14 +85,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
     ``exc.decision`` (set on :class:`PolicyThrottled` and :class:`LimiterUnavailable`)."""
     from rest_framework.views import exception_handler as drf_handler
 
-    decision = getattr(exc, "decision", None)
-    if (
-        isinstance(exc, PolicyThrottled | LimiterUnavailable)
-        and decision is not None
-        and app_settings.DENIED_RESPONSE is not None
-    ):
+    custom = app_settings.DENIED_RESPONSE is not None
+    if custom and isinstance(exc, PolicyThrottled | LimiterUnavailable):
         request = context.get("request")
-        return throttled_response(decision, None if request is None else _wrapped(request))
+        return throttled_response(exc.decision, None if request is None else _wrapped(request))
     return drf_handler(exc, context)
 
 
@@ -227,10 +223,7 @@ class CredentialProtection:
         setattr(http_request, HEADER_ONLY, True)
         try:
             decision = core.check(
-                http_request,
-                scope=self.protection_scope,
-                credential=True,
-                rule_only=True,
+                http_request, scope=self.protection_scope, credential=True, rule_only=True
             )
         finally:
             setattr(http_request, HEADER_ONLY, False)

@@ -141,9 +141,7 @@ def throttled_response(decision: Decision, request: Any = None) -> HttpResponseB
     response = None if factory is None else _custom_response(factory, request, decision)
     if response is None:
         response = JsonResponse(
-            throttled_body(decision),
-            status=throttled_status(decision),
-            json_dumps_params=DRF_JSON,
+            throttled_body(decision), status=throttled_status(decision), json_dumps_params=DRF_JSON
         )
     apply_headers(response, decision)
     return response

@@ -141,20 +141,14 @@ def _plan(
             if rule_only and tier is not None:
                 limits = endpoint.rule_limits_by_tier.get(tier.id, ())
             groups = policy.groups_for(tier, endpoint, credential)
+    field = usage.field_for(
+        tier.slug if tier is not None else "",
+        (endpoint.name if endpoint is not None else "") or scope or "",
+        before_authentication=rule_only,
+    )
+    cost = 1 if cost is None else cost
     planned = _Plan(  # positional, in field order: once per request
-        identity.key,
-        limits,
-        1 if cost is None else cost,
-        usage.field_for(
-            tier.slug if tier is not None else "",
-            (endpoint.name if endpoint is not None else "") or scope or "",
-            before_authentication=rule_only,
-        ),
-        failure_mode,
-        credential,
-        policy,
-        tier,
-        endpoint,
+        identity.key, limits, cost, field, failure_mode, credential, policy, tier, endpoint
     )
     if endpoint is not None and tier is not None and endpoint.counts != "all":
         own = endpoint.rule_limits_by_tier.get(tier.id, ())

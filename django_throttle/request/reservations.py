@@ -201,10 +201,7 @@ def _give_back(groups: Sequence[Group], cost: int, at: dict[str, int], what: str
 def _reported(head: Group, groups: Sequence[Group], decisions: list[Decision]) -> Decision:
     """The most restrictive of the groups' decisions (a denial; else the fewest tokens
     left), listing every limit that applied."""
-    worst = min(
-        decisions,
-        key=lambda d: (d.allowed, d.limit is None, d.remaining, -d.reset_after),
-    )
+    worst = min(decisions, key=lambda d: (d.allowed, d.limit is None, d.remaining, -d.reset_after))
     every = tuple(head[1]) + tuple(limit for _client, limits in groups for limit in limits)
     shadow = any(d.shadow for d in decisions)
     taken = tuple(pair for d in decisions for pair in d.taken) if worst.allowed else ()
