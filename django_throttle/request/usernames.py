@@ -196,7 +196,6 @@ def _fields(data: Any) -> set[str]:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             value = str(value)  # DRF's CharField takes numbers as their text
         if isinstance(value, str):
-            name = normalise_username(value)
-            if name:
-                names.add(name)
+            names.add(normalise_username(value))
+    names.discard("")  # blank, or only what normalising removes
     return names
