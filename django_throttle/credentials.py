@@ -19,15 +19,8 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
-
-from django_throttle.request import core
-from django_throttle.request.headers import throttled_response
-from django_throttle.request.reservations import (
-    LOGGED_IN_ATTRIBUTE,
-    login_failed,
-    watch_login_failures,
-)
+from django_throttle.request.guards import guard
+from django_throttle.request.reservations import login_failed, watch_login_failures
 from django_throttle.request.usernames import (
     HEADER_ONLY,
     UNREADABLE_COUNTER,
@@ -71,67 +64,8 @@ def protect_credentials(view: Any = None, *, scope: str = "login") -> Any:
     """
     if view is None:
         return functools.partial(protect_credentials, scope=scope)
-    options: dict[str, Any] = {"scope": scope, "credential": True, "rule_only": True}
-    watch = watch_login_failures
-
-    if iscoroutinefunction(view):
-
-        @functools.wraps(view)
-        async def async_wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
-            if request.method != "POST":
-                return await view(request, *args, **kwargs)
-            watch()
-            first = len(getattr(request, "throttle_reservations", ()))
-            decision = await core.acheck(request, **options)
-            if not decision.allowed:
-                return throttled_response(decision, request)
-            status = 500
-            try:
-                response = await view(request, *args, **kwargs)
-                status = response.status_code
-                _remember_device(request, response)
-                return response
-            finally:
-                await core.asettle(request, status, first=first)
-
-        async_wrapper.throttle_credential_scope = scope  # type: ignore[attr-defined]
-        return markcoroutinefunction(async_wrapper)
-
-    @functools.wraps(view)
-    def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
-        if request.method != "POST":
-            return view(request, *args, **kwargs)
-        watch()
-        first = len(getattr(request, "throttle_reservations", ()))
-        decision = core.check(request, **options)
-        if not decision.allowed:
-            return throttled_response(decision, request)
-        status = 500
-        try:
-            response = view(request, *args, **kwargs)
-            status = response.status_code
-            _remember_device(request, response)
-            return response
-        finally:
-            core.settle(request, status, first=first)
-
+    options = {"scope": scope, "credential": True, "rule_only": True}
+    wrapper = guard(view, options, login=True)
     # The operator tools (throttle_explain) read it to know the check this view makes.
-    wrapper.throttle_credential_scope = scope  # type: ignore[attr-defined]
+    wrapper.throttle_credential_scope = scope
     return wrapper
-
-
-def _remember_device(request: Any, response: Any) -> None:
-    """After a real sign-in (``user_logged_in`` fired for this request), give the browser
-    its device cookie for the username it presented (see
-    :mod:`~django_throttle.request.device_cookies`)."""
-    if not getattr(request, LOGGED_IN_ATTRIBUTE, False) or login_failed(request):
-        return
-    username = presented_username(request)
-    if username is None:
-        user = getattr(request, "user", None)
-        get_username = getattr(user, "get_username", None)
-        username = normalise_username(str(get_username())) if get_username else None
-    if username:
-        from django_throttle.request import device_cookies
-
-        device_cookies.remember(request, response, username)

@@ -20,11 +20,9 @@ import hashlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
-
 from django_throttle.rates import MAX_COUNT, WINDOW_ALGORITHMS, Algorithm, InvalidRate, Limit
 from django_throttle.request import core
-from django_throttle.request.headers import apply_headers, throttled_response
+from django_throttle.request.guards import guard
 
 __all__ = ["throttle"]
 
@@ -95,51 +93,7 @@ def throttle(
 
         # Built once unless they depend on the TIME_ZONE setting.
         site_zoned = probe is not None and probe.algorithm == Algorithm.CALENDAR and not timezone
-        built = None if site_zoned else options()
-
-        if iscoroutinefunction(view):
-
-            @functools.wraps(view)
-            async def async_wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
-                first = len(getattr(request, "throttle_reservations", ()))
-                decision = await core.acheck(request, **(built or options()))
-                request.throttle_decision = decision
-                if not decision.allowed:
-                    return throttled_response(decision, request)
-                if len(getattr(request, "throttle_reservations", ())) == first:
-                    response = await view(request, *args, **kwargs)
-                else:  # the rule counts only some outcomes: settle once it is known
-                    status = 500
-                    try:
-                        response = await view(request, *args, **kwargs)
-                        status = response.status_code
-                    finally:
-                        await core.asettle(request, status, first=first)
-                apply_headers(response, decision)
-                return response
-
-            return markcoroutinefunction(async_wrapper)  # type: ignore[return-value]
-
-        @functools.wraps(view)
-        def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
-            first = len(getattr(request, "throttle_reservations", ()))
-            decision = core.check(request, **(built or options()))
-            request.throttle_decision = decision
-            if not decision.allowed:
-                return throttled_response(decision, request)
-            if len(getattr(request, "throttle_reservations", ())) == first:
-                response = view(request, *args, **kwargs)
-            else:  # the rule counts only some outcomes: settle once it is known
-                status = 500
-                try:
-                    response = view(request, *args, **kwargs)
-                    status = response.status_code
-                finally:
-                    core.settle(request, status, first=first)
-            apply_headers(response, decision)
-            return response
-
-        return wrapper  # type: ignore[return-value]
+        return guard(view, options if site_zoned else options())  # type: ignore[no-any-return]
 
     return decorator
 

@@ -24,7 +24,6 @@ from rest_framework.authentication import (
 from rest_framework.exceptions import APIException, Throttled
 from rest_framework.request import Request
 
-from django_throttle import credentials
 from django_throttle.conf import app_settings
 from django_throttle.exemptions import is_exempt_view
 from django_throttle.policy.resolver import verified_api_key
@@ -36,6 +35,7 @@ from django_throttle.request.headers import (
     throttled_response,
     throttled_status,
 )
+from django_throttle.request.usernames import HEADER_ONLY, authorization
 
 __all__ = [
     "ApiKeyAuthentication",
@@ -85,14 +85,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
     ``exc.decision`` (set on :class:`PolicyThrottled` and :class:`LimiterUnavailable`)."""
     from rest_framework.views import exception_handler as drf_handler
 
-    decision = getattr(exc, "decision", None)
-    if (
-        isinstance(exc, PolicyThrottled | LimiterUnavailable)
-        and decision is not None
-        and app_settings.DENIED_RESPONSE is not None
-    ):
+    custom = app_settings.DENIED_RESPONSE is not None
+    if custom and isinstance(exc, PolicyThrottled | LimiterUnavailable):
         request = context.get("request")
-        return throttled_response(decision, None if request is None else _wrapped(request))
+        return throttled_response(exc.decision, None if request is None else _wrapped(request))
     return drf_handler(exc, context)
 
 
@@ -119,22 +115,14 @@ class PolicyThrottle:
         if is_exempt_view(view):
             return True
         http_request = _django_request(request)
-        decision = core.check(
-            http_request,
-            scope=getattr(view, "throttle_scope", None),
-            failure_mode=_failure_mode(view),
-            credential=_is_credential_view(view),
-        )
-        return self._decided(http_request, decision)
+        return self._decided(http_request, core.check(http_request, **_options(view)))
 
     def _decided(self, http_request: Any, decision: Decision) -> bool:
         self.decision = decision
         http_request.throttle_decision = decision
         if decision.allowed:
             return True
-        if decision.unavailable:
-            raise LimiterUnavailable(decision)
-        raise PolicyThrottled(decision)
+        raise _refusal(decision)
 
     def wait(self) -> float | None:
         if self.decision is None or self.decision.allowed:
@@ -151,13 +139,8 @@ class AsyncPolicyThrottle(PolicyThrottle):
         if is_exempt_view(view):
             return True
         http_request = _django_request(request)
-        decision = await core.acheck(
-            http_request,
-            scope=getattr(view, "throttle_scope", None),
-            failure_mode=_failure_mode(view),
-            credential=_is_credential_view(view),
-            user_loaded=True,  # DRF authenticated the request (in adrf's worker thread)
-        )
+        # DRF authenticated the request (in adrf's worker thread): its user is loaded.
+        decision = await core.acheck(http_request, user_loaded=True, **_options(view))
         return self._decided(http_request, decision)
 
 
@@ -225,7 +208,10 @@ class CredentialProtection:
         if not header:
             return True
         scheme = str(header).split(maxsplit=1)[0].lower()
-        return _authorization_scheme(request) == scheme
+        # Split off as DRF's own classes split it (see ``authorization``): a tab after
+        # ``Basic`` must not hide the credentials from the check.
+        parts = authorization(request.META)
+        return bool(parts) and parts[0].decode("latin-1").lower() == scheme
 
     def authenticate(self, request: Request) -> tuple[Any, Any] | None:
         wrapped = super().authenticate  # type: ignore[misc]
@@ -234,20 +220,15 @@ class CredentialProtection:
         http_request = _wrapped(request)
         first = len(getattr(http_request, "throttle_reservations", ()))
         # Only the header is checked here: its username is the header's, not the body's.
-        setattr(http_request, credentials.HEADER_ONLY, True)
+        setattr(http_request, HEADER_ONLY, True)
         try:
             decision = core.check(
-                http_request,
-                scope=self.protection_scope,
-                credential=True,
-                rule_only=True,
+                http_request, scope=self.protection_scope, credential=True, rule_only=True
             )
         finally:
-            setattr(http_request, credentials.HEADER_ONLY, False)
+            setattr(http_request, HEADER_ONLY, False)
         if not decision.allowed:
-            if decision.unavailable:
-                raise LimiterUnavailable(decision)
-            raise PolicyThrottled(decision)
+            raise _refusal(decision)
         status = 500
         try:
             result = wrapped(request)
@@ -275,16 +256,10 @@ class ProtectedBasicAuthentication(CredentialProtection, BasicAuthentication):
     """``BasicAuthentication`` that counts ``Authorization: Basic`` attempts before the
     password hash runs (a limit counted by username keys on the user part)."""
 
-    def presents_credentials(self, request: Request) -> bool:
-        return _authorization_scheme(request) == "basic"
-
 
 class ProtectedTokenAuthentication(CredentialProtection, TokenAuthentication):
     """``TokenAuthentication`` that counts ``Authorization: Token …`` attempts (its
-    ``keyword``) before the token is looked up."""
-
-    def presents_credentials(self, request: Request) -> bool:
-        return _authorization_scheme(request) == self.keyword.lower()
+    ``keyword``, which its ``authenticate_header`` names) before the token is looked up."""
 
 
 class ProtectedSessionAuthentication(CredentialProtection, SessionAuthentication):
@@ -294,16 +269,6 @@ class ProtectedSessionAuthentication(CredentialProtection, SessionAuthentication
         from django.conf import settings
 
         return settings.SESSION_COOKIE_NAME in request.COOKIES
-
-
-def _authorization_scheme(request: Request) -> str:
-    """The ``Authorization`` scheme, split off as DRF's own classes split it (bytes, on any
-    ASCII whitespace): a tab after ``Basic`` must not hide the credentials from the check."""
-    header = request.META.get("HTTP_AUTHORIZATION", "")
-    if not isinstance(header, str):
-        return ""
-    parts = header.encode("latin-1", "replace").split()
-    return parts[0].decode("latin-1").lower() if parts else ""
 
 
 def _owner(pk: Any) -> Any:
@@ -331,6 +296,20 @@ def _django_request(request: Request) -> Any:
     if getattr(http_request, "user", None) is not request.user:
         http_request.user = request.user
     return http_request
+
+
+def _options(view: Any) -> dict[str, Any]:
+    """The check's keyword arguments the view's attributes give."""
+    return {
+        "scope": getattr(view, "throttle_scope", None),
+        "failure_mode": _failure_mode(view),
+        "credential": _is_credential_view(view),
+    }
+
+
+def _refusal(decision: Decision) -> APIException:
+    """The exception DRF answers a refusal with: 503 when the limiter could not decide."""
+    return LimiterUnavailable(decision) if decision.unavailable else PolicyThrottled(decision)
 
 
 def _failure_mode(view: Any) -> str | None:

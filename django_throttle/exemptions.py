@@ -29,8 +29,6 @@ def throttle_exempt(view: V) -> V:
 
 def is_exempt_view(view: Any) -> bool:
     """Whether a view (function, class, instance, or ``as_view()`` result) is exempt."""
-    if view is None:
-        return False
     if getattr(view, "throttle_exempt", False) is True:
         return True
     owner = getattr(view, "cls", None) or getattr(view, "view_class", None)

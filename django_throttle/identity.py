@@ -29,13 +29,7 @@ from django_throttle.conf import ProxyTrust, app_settings
 
 logger = logging.getLogger("django_throttle.identity")
 
-__all__ = [
-    "MAX_KEY_BYTES",
-    "UNIDENTIFIED",
-    "Identity",
-    "client_ip",
-    "presented_key",
-]
+__all__ = ["MAX_KEY_BYTES", "UNIDENTIFIED", "Identity", "client_ip", "presented_key"]
 
 #: Longest client label, in UTF-8 bytes; a longer one is digested (see :attr:`Identity.key`).
 #: The counting script refuses labels over 200 bytes: this stays well under, with room for
@@ -73,18 +67,14 @@ class Identity:
         ``#`` or NUL: the label is bounded here, once, for every kind of identity.
         """
         key = f"{self.kind}:{self.value}"
-        if key.isascii():
-            if len(key) <= MAX_KEY_BYTES:
-                return key
-            return f"{self.kind}#{_digest(str(self.value).encode())}"
+        if key.isascii() and len(key) <= MAX_KEY_BYTES:
+            return key  # the common case, without encoding
         try:
             encoded = key.encode()
         except UnicodeEncodeError:
             raw = str(self.value).encode("utf-8", "surrogatepass")
             key = f"{self.kind}\0{raw.hex()}"
-            if len(key) <= MAX_KEY_BYTES:
-                return key
-            return f"{self.kind}\0#{_digest(raw)}"
+            return key if len(key) <= MAX_KEY_BYTES else f"{self.kind}\0#{_digest(raw)}"
         if len(encoded) <= MAX_KEY_BYTES:
             return key
         return f"{self.kind}#{_digest(str(self.value).encode())}"
@@ -128,16 +118,25 @@ def client_ip(meta: Any) -> str | None:
     """
     remote = meta.get("REMOTE_ADDR") or ""
     trust = app_settings.proxy_trust
+    listed = trust.v4 or trust.v6  # wins when the count is set too (a system check error)
     if not trust.configured:
         candidate = remote
-        if FORWARDED_FOR in meta:
-            _warn_once(
-                "untrusted-forwarded-for",
+        if FORWARDED_FOR in meta and not _warned:
+            _warned.add("untrusted-forwarded-for")
+            logger.warning(
                 "A request carries X-Forwarded-For but no trusted proxy is configured: the "
                 "header is ignored; set DJANGO_THROTTLE_TRUSTED_PROXY_COUNT or "
-                "DJANGO_THROTTLE_TRUSTED_PROXIES if a proxy sets it. (Logged once per process.)",
+                "DJANGO_THROTTLE_TRUSTED_PROXIES if a proxy sets it. (Logged once per process.)"
             )
-    elif trust.v4 or trust.v6:  # also when the count is set too (a system check error)
+    elif listed and not _is_trusted(_address(remote), trust):
+        candidate = remote  # a client talking to us directly: whatever it wrote is ignored
+    elif trust.header is not None:
+        # CLIENT_IP_HEADER's one address; a missing, empty or joined (``a, b``: sent twice)
+        # value falls back to REMOTE_ADDR.
+        candidate = str(meta.get(trust.header, "")).strip()
+        if not candidate or "," in candidate:
+            candidate = remote
+    elif listed:
         candidate = _through_listed_proxies(meta, remote, trust)
     else:
         candidate = _through_counted_proxies(meta, remote, trust)
@@ -162,19 +161,8 @@ NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 _warned: set[str] = set()
 
 
-def _warn_once(topic: str, message: str, *args: Any) -> None:
-    """Log a configuration problem once per process: requests would repeat it forever."""
-    if topic not in _warned:
-        _warned.add(topic)
-        logger.warning(message, *args)
-
-
 def _through_listed_proxies(meta: Any, remote: str, trust: ProxyTrust) -> str:
-    """The client address text when proxies are trusted by network."""
-    if not _is_trusted(_address(remote), trust):
-        return remote  # a client talking to us directly: whatever it wrote is ignored
-    if trust.header is not None:
-        return _single_header(meta, trust.header, remote)
+    """The client address text when proxies are trusted by network and ``remote`` is one."""
     parts = str(meta.get(FORWARDED_FOR, "")).split(",")
     leftmost = remote
     for part in reversed(parts):
@@ -194,8 +182,6 @@ def _through_listed_proxies(meta: Any, remote: str, trust: ProxyTrust) -> str:
 def _through_counted_proxies(meta: Any, remote: str, trust: ProxyTrust) -> str:
     """The client address text when ``trust.proxy_count`` proxies are trusted, whoever connects."""
     count = trust.proxy_count
-    if trust.header is not None:
-        return _single_header(meta, trust.header, remote)
     forwarded = [part.strip() for part in str(meta.get(FORWARDED_FOR, "")).split(",")]
     forwarded = [part for part in forwarded if part]
     if len(forwarded) >= count:
@@ -211,23 +197,13 @@ def _through_counted_proxies(meta: Any, remote: str, trust: ProxyTrust) -> str:
     return remote
 
 
-def _single_header(meta: Any, header: str, remote: str) -> str:
-    """``CLIENT_IP_HEADER``'s one address; a missing, empty or joined (``a, b``: sent twice)
-    value falls back to ``REMOTE_ADDR``."""
-    value = str(meta.get(header, "")).strip()
-    if not value or "," in value:
-        return remote
-    return value
-
-
 def _is_trusted(
     address: ipaddress.IPv4Address | ipaddress.IPv6Address | None, trust: ProxyTrust
 ) -> bool:
-    if isinstance(address, ipaddress.IPv4Address):
-        return any(address in network for network in trust.v4)
-    if isinstance(address, ipaddress.IPv6Address):
-        return any(address in network for network in trust.v6)
-    return False
+    if address is None:
+        return False
+    networks = trust.v4 if address.version == 4 else trust.v6
+    return any(address in network for network in networks)
 
 
 def _is_plain_ipv4(text: str) -> bool:
@@ -242,10 +218,9 @@ def _is_plain_ipv4(text: str) -> bool:
 
 def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """The address ``text`` names, port and zone id stripped, IPv4-mapped and NAT64 IPv6
-    unwrapped to IPv4; ``None`` for anything else."""
-    if len(text) > MAX_ADDRESS_LENGTH:
-        return None
-    return _parse_address(text)
+    unwrapped to IPv4; ``None`` for anything else. Text too long to be an address is
+    refused here, before it can fill the cache."""
+    return None if len(text) > MAX_ADDRESS_LENGTH else _parse_address(text)
 
 
 @lru_cache(maxsize=4096)
@@ -268,9 +243,8 @@ def _parse_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address |
 
 
 def _network(text: str, v4_prefix: int, v6_prefix: int) -> str | None:
-    if len(text) > MAX_ADDRESS_LENGTH:
-        return None
-    return _format_network(text, v4_prefix, v6_prefix)
+    """The client's network ``text`` names (see :func:`_address`), as :func:`client_ip` gives it."""
+    return None if len(text) > MAX_ADDRESS_LENGTH else _format_network(text, v4_prefix, v6_prefix)
 
 
 @lru_cache(maxsize=4096)

@@ -291,8 +291,6 @@ def test_several_limits_denied_in_one_call_report_the_longest_wait(
     [
         "django_throttle.request.core",
         "django_throttle.request.planning",
-        "django_throttle.request.calls",
-        "django_throttle.request.finish",
         "django_throttle.request.reservations",
     ],
 )

@@ -9,53 +9,42 @@ reserve tokens that :mod:`~django_throttle.request.reservations` gives back when
 must not count.
 
 The decision is written once: a plan (plain, :mod:`~django_throttle.request.planning`), the
-one backend call the plan names, and a finish (plain, :mod:`~django_throttle.request.finish`)
+one backend call the plan names, and a finish (plain, :mod:`~django_throttle.request.planning` too)
 from its reply. Only that call differs between :func:`check` and :func:`acheck`: made
 blocking or awaited, through the circuit breaker, a :class:`BackendError` being a reply like
-any other (:mod:`~django_throttle.request.calls`). What takes more calls (the counters by IP
-address or username after the client's, refunds) is written as steps in
-:mod:`~django_throttle.request.reservations`, generators that yield each call they need, driven by
-:func:`run` (blocking) and :func:`arun` (awaited).
+any other. What takes more calls (the counters by IP address or username after the client's,
+refunds) is written as steps in :mod:`~django_throttle.request.reservations`, generators that
+yield each call they need, driven by :func:`run` (blocking) and :func:`arun` (awaited).
+Counts kept while the backend was down are pushed once it answers again.
 
 This module holds the adapters' entry points (:func:`check`, :func:`acheck`, :func:`settle`,
-:func:`asettle`, :func:`plan`, and :func:`run` and :func:`arun` from
-:mod:`~django_throttle.request.calls`) and the :mod:`django_throttle.events` it sends; it
-promises them to every adapter unchanged.
+:func:`asettle`, :func:`plan`) and the :mod:`django_throttle.events` it sends; it promises
+them to every adapter unchanged.
 """
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Sequence
-from typing import Any, TypedDict, Unpack
+from typing import Any, TypedDict, TypeVar, Unpack
 
 from asgiref.sync import sync_to_async
 from django.utils.functional import LazyObject
 
 from django_throttle import events
-from django_throttle.backends import ArgumentRefused, BackendError
+from django_throttle.backends import ArgumentRefused, BackendError, get_backend
+from django_throttle.backends.breaker import get_breaker
 from django_throttle.conf import app_settings
 from django_throttle.identity import Identity
 from django_throttle.policy import live as policy_module
 from django_throttle.rates import UNLIMITED, Decision, Limit
-from django_throttle.request.calls import _acalled, _called, arun, run
-from django_throttle.request.finish import _counted, _degraded, _outcome
-from django_throttle.request.planning import _Plan, _plan
-from django_throttle.request.reservations import settling
+from django_throttle.request.planning import _counted, _degraded, _outcome, _Plan, _plan
+from django_throttle.request.reservations import Call, Steps, settling
 from django_throttle.usage import accounting as usage
 
-__all__ = [
-    "FAILURE_MODES",
-    "CheckOptions",
-    "acheck",
-    "arun",
-    "asettle",
-    "check",
-    "plan",
-    "run",
-    "settle",
-]
+__all__ = ["FAILURE_MODES", "CheckOptions", "acheck", "asettle", "check", "plan", "settle"]
+
+T = TypeVar("T")
 
 
 class CheckOptions(TypedDict, total=False):
@@ -129,18 +118,14 @@ async def acheck(
     snapshot = policy_module.fresh()
     if snapshot is None and options.get("limits") is None:
         snapshot = await sync_to_async(policy_module.current)()
-    plan = functools.partial(
-        _plan, request, lambda: snapshot or policy_module.last(), None, **options
-    )
-    if counted_as is None:
-        planned = plan()
-    else:
+    if counted_as is not None:
         # Shown to the identity resolver and the exemptions only (planning never awaits, so
         # nothing else runs meanwhile); the view gets the request's own user back.
         own, request.user = request.user, counted_as
-        try:
-            planned = plan()
-        finally:
+    try:
+        planned = _plan(request, lambda: snapshot or policy_module.last(), None, **options)
+    finally:
+        if counted_as is not None:
             request.user = own
     if not isinstance(planned, _Plan):
         return planned
@@ -177,22 +162,13 @@ def _finished(
     return decision
 
 
-def plan(
-    request: Any,
-    identity: Identity,
-    *,
-    scope: str | None = None,
-    credential: bool = False,
-    rule_only: bool = False,
-) -> _Plan | Decision:
-    """What :func:`check` with these arguments would count ``request`` against, were it sent
+def plan(request: Any, identity: Identity, **options: Unpack[CheckOptions]) -> _Plan | Decision:
+    """What :func:`check` with these keyword arguments would count ``request`` against, were it sent
     by ``identity``, without calling the backend: the counters in the order the check calls
     them (``client``/``limits``, then ``groups``), the cost, the tier and the rule; or the
     decision it returns without counting (exempt, nothing applies). For the operator tools,
     which must see exactly what requests meet, never work it out another way."""
-    return _plan(
-        request, policy_module.current, identity, scope, credential=credential, rule_only=rule_only
-    )
+    return _plan(request, policy_module.current, identity, **options)
 
 
 async def _async_user(request: Any) -> Any:
@@ -207,39 +183,75 @@ async def _async_user(request: Any) -> Any:
     auser = getattr(request, "auser", None)
     if callable(auser):
         return await auser()
-    await sync_to_async(_is_authenticated)(user)
+    await sync_to_async(bool)(user)  # evaluates the lazy object, in a worker thread
     return None
-
-
-def _is_authenticated(user: Any) -> bool:
-    return bool(getattr(user, "is_authenticated", False))
 
 
 def _announce(request: Any, planned: _Plan, decision: Decision, started: float) -> None:
     """Tell :mod:`django_throttle.events` listeners about a decision (only called when one
     listens)."""
-    tier = planned.tier.slug if planned.tier is not None else ""
-    endpoint = planned.endpoint.name if planned.endpoint is not None else ""
     outcome = _outcome(decision)
     if outcome == usage.ALLOWED and decision.shadow:
         outcome = usage.SHADOW_DENIED
-    events.send(
-        events.request_decided,
-        check,
-        request=request,
-        decision=decision,
-        tier=tier,
-        endpoint=endpoint,
-        outcome=outcome,
-        seconds=time.perf_counter() - started,
-    )
+    about = {
+        "request": request,
+        "decision": decision,
+        "tier": planned.tier.slug if planned.tier is not None else "",
+        "endpoint": planned.endpoint.name if planned.endpoint is not None else "",
+    }
+    seconds = time.perf_counter() - started
+    events.send(events.request_decided, check, outcome=outcome, seconds=seconds, **about)
     if outcome in (usage.DENIED, usage.SHADOW_DENIED):
-        events.send(
-            events.request_throttled,
-            check,
-            request=request,
-            decision=decision,
-            tier=tier,
-            endpoint=endpoint,
-            shadow=outcome == usage.SHADOW_DENIED,
-        )
+        shadow = outcome == usage.SHADOW_DENIED
+        events.send(events.request_throttled, check, shadow=shadow, **about)
+
+
+def run(steps: Steps[T]) -> T:
+    """Make the backend calls ``steps`` yield, blocking, through the process's circuit
+    breaker; a :class:`BackendError` is raised into the steps at their ``yield``. Counts
+    kept while the backend was down are pushed once it answers again."""
+    try:
+        call = next(steps)
+        while True:
+            reply = _called(call)  # an error is raised into the steps, anything else sent
+            call = steps.throw(reply) if isinstance(reply, BackendError) else steps.send(reply)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def arun(steps: Steps[T]) -> T:
+    """:func:`run` on an event loop: each call is awaited (``redis.asyncio``), never made in
+    a thread; only pushing kept counts, which is blocking, runs in a worker thread."""
+    try:
+        call = next(steps)
+        while True:
+            reply = await _acalled(call)
+            call = steps.throw(reply) if isinstance(reply, BackendError) else steps.send(reply)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def _called(call: Call) -> Any:
+    """The reply to one call: what the backend returned, or the :class:`BackendError`."""
+    name, args, kwargs = call
+    try:
+        with get_breaker().guard():
+            reply = getattr(get_backend(), name)(*args, **kwargs)
+    except BackendError as exc:
+        return exc
+    if usage.pending:
+        usage.flush_pending()
+    return reply
+
+
+async def _acalled(call: Call) -> Any:
+    """:func:`_called`, awaited."""
+    name, args, kwargs = call
+    try:
+        with get_breaker().guard():
+            reply = await getattr(get_backend(), "a" + name)(*args, **kwargs)
+    except BackendError as exc:
+        return exc
+    if usage.pending:
+        await sync_to_async(usage.flush_pending, thread_sensitive=False)()
+    return reply

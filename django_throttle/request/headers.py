@@ -24,15 +24,7 @@ from django_throttle.rates import Decision, Limit
 
 logger = logging.getLogger("django_throttle")
 
-__all__ = [
-    "apply_headers",
-    "rate_limit_headers",
-    "retry_after_seconds",
-    "throttled_body",
-    "throttled_response",
-    "throttled_status",
-    "whole_seconds",
-]
+__all__: list[str] = []
 
 
 def whole_seconds(seconds: float) -> int:
@@ -94,11 +86,9 @@ def _share(limit: Limit, shards: int) -> Limit:
 def apply_headers(response: HttpResponseBase, decision: Decision) -> None:
     """Add the decision's headers to ``response`` without overwriting ones already set, through
     Django's public ``response.headers`` (``setdefault`` validates each name and value)."""
-    headers = rate_limit_headers(decision)
-    if headers:
-        setdefault = response.headers.setdefault
-        for name, value in headers.items():
-            setdefault(name, value)
+    setdefault = response.headers.setdefault
+    for name, value in rate_limit_headers(decision).items():
+        setdefault(name, value)
 
 
 def throttled_status(decision: Decision) -> int:
@@ -120,23 +110,21 @@ def throttled_body(decision: Decision) -> dict[str, Any]:
             "retry_after": None,
         }
     wait = retry_after_seconds(decision.retry_after)
+    limit = None
     if decision.unavailable:
         detail = ngettext(
             "Rate limiting is temporarily unavailable. Try again in %(wait)d second.",
             "Rate limiting is temporarily unavailable. Try again in %(wait)d seconds.",
             wait,
         )
-        return {"detail": detail % {"wait": wait}, "limit": None, "retry_after": wait}
-    detail = ngettext(
-        "Request was throttled. Expected available in %(wait)d second.",
-        "Request was throttled. Expected available in %(wait)d seconds.",
-        wait,
-    )
-    return {
-        "detail": detail % {"wait": wait},
-        "limit": decision.limit.name if decision.limit is not None else None,
-        "retry_after": wait,
-    }
+    else:
+        detail = ngettext(
+            "Request was throttled. Expected available in %(wait)d second.",
+            "Request was throttled. Expected available in %(wait)d seconds.",
+            wait,
+        )
+        limit = decision.limit.name if decision.limit is not None else None
+    return {"detail": detail % {"wait": wait}, "limit": limit, "retry_after": wait}
 
 
 #: How DRF's ``JSONRenderer`` writes JSON by default (``COMPACT_JSON``, ``UNICODE_JSON``): plain
@@ -149,15 +137,11 @@ def throttled_response(decision: Decision, request: Any = None) -> HttpResponseB
     and a small JSON body; or what ``DJANGO_THROTTLE_DENIED_RESPONSE`` builds, with the same
     headers added where it did not set them. A callable that fails is logged and the default
     response is sent instead: a refusal must never become a 500."""
-    response: HttpResponseBase | None = None
     factory = app_settings.DENIED_RESPONSE
-    if factory is not None:
-        response = _custom_response(factory, request, decision)
+    response = None if factory is None else _custom_response(factory, request, decision)
     if response is None:
         response = JsonResponse(
-            throttled_body(decision),
-            status=throttled_status(decision),
-            json_dumps_params=DRF_JSON,
+            throttled_body(decision), status=throttled_status(decision), json_dumps_params=DRF_JSON
         )
     apply_headers(response, decision)
     return response

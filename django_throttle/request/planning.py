@@ -1,11 +1,18 @@
-"""The plan of a request: what :func:`~django_throttle.request.core.check` will count it
-against, worked out before any backend call.
+"""The plain halves of a request: its plan, what :func:`~django_throttle.request.core.check`
+will count it against, worked out before any backend call; and its finish, the decision
+from the backend's reply.
 
 Holds the plan itself (the client's counter and limits, the further groups counted by IP
 address or username, what the rule may give back) and how it is made from the request, its
 identity and the policy snapshot: exempt views, users and addresses stop here, as do
 clients with no usable address under ``DJANGO_THROTTLE_UNKNOWN_CLIENT``. Plain: no backend
 call, no awaiting, so planning is the same for blocking and async checks.
+
+A reply the backend made becomes the decision as it is, leaving a
+:class:`~django_throttle.request.reservations.Reservation` on the request when its rule
+counts only successes or failures; a :class:`~django_throttle.backends.BackendError`
+becomes the decision of the failure mode that applies (open, closed or local), counted
+in-process until the backend is back, and recorded in usage.
 """
 
 from __future__ import annotations
@@ -13,18 +20,28 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from django_throttle.backends import BackendError
+from django_throttle.backends import BackendError, get_local_backend
+from django_throttle.backends.breaker import get_breaker
 from django_throttle.conf import app_settings
 from django_throttle.exemptions import is_exempt_view
 from django_throttle.identity import UNIDENTIFIED, Identity, client_ip
+from django_throttle.plain import log_text
 from django_throttle.policy.exemptions import exempt_client
 from django_throttle.policy.resolver import get_resolver
 from django_throttle.policy.snapshot import EndpointPolicy, Policy, TierPolicy
 from django_throttle.rates import UNLIMITED, Decision, Limit
-from django_throttle.request.reservations import Call, Group, Steps, hit_groups, only_if_denied
+from django_throttle.request.reservations import (
+    Call,
+    Group,
+    Reservation,
+    Steps,
+    hit_groups,
+    only_if_denied,
+    watch_login_failures,
+)
 from django_throttle.request.usernames import username_counters
 from django_throttle.usage import accounting as usage
 
@@ -39,6 +56,12 @@ _FAILED_OPEN = Decision(allowed=True, limit=None, remaining=0, reset_after=0.0, 
 _UNIDENTIFIED_DENIED = Decision(
     allowed=False, limit=None, remaining=0, reset_after=0.0, unavailable=True, unidentified=True
 )
+#: A closed failure mode's refusal, completed per request with the breaker's wait.
+_FAILED_CLOSED = Decision(allowed=False, limit=None, remaining=0, reset_after=0.0, unavailable=True)
+_UNKNOWN_CLIENT_CHOICES = {
+    "allow": "serves them uncounted",
+    "shared": "counts them all in one shared bucket",
+}
 _SHARED_UNKNOWN = Identity("ip", "unknown")
 _last_unidentified_log = -UNIDENTIFIED_LOG_INTERVAL
 
@@ -98,116 +121,68 @@ def _plan(
         if decision is not None:
             return decision
         identity = _SHARED_UNKNOWN
-    tier_slug = endpoint_name = ""
     tier = endpoint = None
     groups: tuple[tuple[str, tuple[Limit, ...]], ...] = ()
     if limits is None:
         if policy is None:
             return UNLIMITED
-        if rule_only:
-            endpoint = policy.match(request.method or "GET", scope)
+        method = request.method or "GET"
+        if rule_only:  # the rule of ``scope`` alone: no route or path match
+            endpoint = policy.match(method, scope)
             if endpoint is None:
                 return UNLIMITED
         else:
-            endpoint = policy.match(
-                request.method or "GET", scope, _route_name(request), request.path_info
-            )
+            route = match.view_name if match is not None else None
+            endpoint = policy.match(method, scope, route, request.path_info)
         tier = policy.tier_for(identity)
         limits = policy.limits_for(tier, endpoint)
         if endpoint is not None:
             cost = endpoint.cost if cost is None else cost
-            endpoint_name = endpoint.name
             if rule_only and tier is not None:
                 limits = endpoint.rule_limits_by_tier.get(tier.id, ())
             groups = policy.groups_for(tier, endpoint, credential)
-        if tier is not None:
-            tier_slug = tier.slug
-    if groups and endpoint is not None:
-        return _grouped(
-            request,
-            identity,
-            limits,
-            groups,
-            endpoint,
-            tier,
-            cost,
-            failure_mode,
-            credential,
-            policy,
-            usage.field_for(
-                tier_slug, endpoint_name or scope or "", before_authentication=rule_only
-            ),
-        )
-    if not limits:
-        return UNLIMITED
-    planned = _Plan(  # positional, in field order: once per request
-        identity.key,
-        limits,
-        1 if cost is None else cost,
-        usage.field_for(tier_slug, endpoint_name or scope or "", before_authentication=rule_only),
-        failure_mode,
-        credential,
-        policy,
-        tier,
-        endpoint,
+    field = usage.field_for(
+        tier.slug if tier is not None else "",
+        (endpoint.name if endpoint is not None else "") or scope or "",
+        before_authentication=rule_only,
     )
-    if endpoint is not None and endpoint.counts != "all" and tier is not None:
+    cost = 1 if cost is None else cost
+    planned = _Plan(  # positional, in field order: once per request
+        identity.key, limits, cost, field, failure_mode, credential, policy, tier, endpoint
+    )
+    if endpoint is not None and tier is not None and endpoint.counts != "all":
         own = endpoint.rule_limits_by_tier.get(tier.id, ())
         if own:
             planned.refunds = ((identity.key, own),)
-    return planned
+    if groups:
+        return _grouped(planned, request, groups)
+    return planned if limits else UNLIMITED
 
 
 def _grouped(
-    request: Any,
-    identity: Identity,
-    limits: Sequence[Limit],
-    groups: tuple[tuple[str, tuple[Limit, ...]], ...],
-    endpoint: EndpointPolicy,
-    tier: TierPolicy | None,
-    cost: int | None,
-    failure_mode: str | None,
-    credential: bool,
-    policy: Policy | None,
-    field: str | None,
+    planned: _Plan, request: Any, groups: tuple[tuple[str, tuple[Limit, ...]], ...]
 ) -> _Plan | Decision:
-    """The plan of a rule with limits counted by IP address or username: one group per
-    distinct counter, the client's first. A counter equal to the client's (an anonymous
+    """``planned`` with the rule's limits counted by IP address or username added: one group
+    per distinct counter, the client's first. A counter equal to the client's (an anonymous
     client's IP address) joins its group, so the call count stays as low as it can."""
-    own = endpoint.rule_limits_by_tier.get(tier.id, ()) if tier is not None else ()
-    calls: dict[str, list[Limit]] = {identity.key: list(limits)}
-    refunds: dict[str, list[Limit]] = {identity.key: list(own)}
+    calls: dict[str, list[Limit]] = {planned.client: list(planned.limits)}
+    refunds = {planned.client: [limit for _, own in planned.refunds for limit in own]}
     for counted_by, counted in groups:
         if counted_by == "ip":
             address = client_ip(request.META)
-            if address is None:
-                continue
-            key = Identity("ip", address).key
+            keys: tuple[str, ...] = () if address is None else (Identity("ip", address).key,)
         else:
-            for key in username_counters(request):  # none: nothing presented
-                calls.setdefault(key, []).extend(counted)
-                refunds.setdefault(key, []).extend(counted)
-            continue
-        calls.setdefault(key, []).extend(counted)
-        refunds.setdefault(key, []).extend(counted)
-    planned_groups = [(key, tuple(found)) for key, found in calls.items() if found]
-    if not planned_groups:
+            keys = username_counters(request)  # none: nothing presented
+        for key in keys:
+            calls.setdefault(key, []).extend(counted)
+            refunds.setdefault(key, []).extend(counted)
+    found = [(key, tuple(limits)) for key, limits in calls.items() if limits]
+    if not found:
         return UNLIMITED
-    (client, first), *rest = planned_groups
-    planned = _Plan(
-        client,
-        first,
-        1 if cost is None else cost,
-        field,
-        failure_mode,
-        credential,
-        policy,
-        tier,
-        endpoint,
-        tuple(rest),
-    )
-    if endpoint.counts != "all":
-        planned.refunds = tuple((key, tuple(found)) for key, found in refunds.items() if found)
+    (planned.client, planned.limits), *rest = found
+    planned.groups = tuple(rest)
+    if planned.endpoint is not None and planned.endpoint.counts != "all":
+        planned.refunds = tuple((key, tuple(limits)) for key, limits in refunds.items() if limits)
     return planned
 
 
@@ -225,11 +200,7 @@ def _unidentified() -> Decision | None:
             "a proxy that connects over a Unix socket, set DJANGO_THROTTLE_TRUSTED_PROXY_COUNT "
             "so the address comes from X-Forwarded-For. (Logged at most once a minute.)",
             choice,
-            {
-                "deny": "refuses such requests",
-                "allow": "serves them uncounted",
-                "shared": "counts them all in one shared bucket",
-            }.get(choice, "refuses such requests"),
+            _UNKNOWN_CLIENT_CHOICES.get(choice, "refuses such requests"),
         )
     if choice == "allow":
         return _FAILED_OPEN
@@ -238,6 +209,57 @@ def _unidentified() -> Decision | None:
     return _UNIDENTIFIED_DENIED
 
 
-def _route_name(request: Any) -> str | None:
-    match = getattr(request, "resolver_match", None)
-    return match.view_name if match is not None else None
+def _counted(planned: _Plan, decision: Decision, request: Any) -> Decision:
+    """The decision the backend made, as it is; an allowed request whose rule may give its
+    tokens back leaves its :class:`Reservation` on ``request.throttle_reservations``."""
+    if decision.shadow:
+        logger.info(
+            "shadow rule %r would deny %s",
+            planned.endpoint.name if planned.endpoint is not None else "",
+            log_text(planned.client),
+        )
+    if planned.refunds and decision.allowed and planned.endpoint is not None:
+        counts = planned.endpoint.counts
+        if counts == "failures":
+            watch_login_failures()
+        reservation = Reservation(counts, planned.cost, planned.refunds, decision.taken)
+        reservations = getattr(request, "throttle_reservations", ())
+        request.throttle_reservations = [*reservations, reservation]
+    return decision
+
+
+def _degraded(planned: _Plan, refused: bool = False) -> Decision:
+    """The decision when the backend could not answer, by failure mode, counted in-process
+    until the backend is back. A ``refused`` call (the backend answered, refusing one of our
+    arguments: a bug, logged by the breaker) is counted in-process where the mode would
+    serve it uncounted: whatever provoked it must not slip past the limits.
+
+    The breaker logs when it opens and closes; a line per failed request would flood the log
+    exactly when the operator needs it. The mode is only worked out here, off the healthy
+    path."""
+    failure_mode = planned.failure_mode
+    default = "closed" if planned.credential else None
+    if failure_mode is None and planned.policy is not None:
+        failure_mode = planned.policy.failure_mode_for(planned.tier, planned.endpoint, default)
+    failure_mode = failure_mode or default or app_settings.FAILURE_MODE
+    if refused and failure_mode == "open":
+        failure_mode = "local"
+    if failure_mode == "closed":
+        wait = get_breaker().retry_after()
+        decision = replace(_FAILED_CLOSED, retry_after=wait, limits=tuple(planned.limits))
+    elif failure_mode == "local":
+        local = get_local_backend().hit(planned.client, planned.limits, planned.cost)
+        decision = replace(local, local=True)
+    else:
+        decision = _FAILED_OPEN
+    usage.record_degraded(planned.field, planned.client, _outcome(decision))
+    return decision
+
+
+def _outcome(decision: Decision) -> str:
+    """The usage column of a decision the backend did not make."""
+    if decision.unavailable:
+        return usage.FAILED_CLOSED
+    if decision.failed_open:
+        return usage.FAILED_OPEN
+    return usage.ALLOWED if decision.allowed else usage.DENIED

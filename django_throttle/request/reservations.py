@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
@@ -32,19 +33,7 @@ from django_throttle.rates import Decision, Limit
 
 logger = logging.getLogger("django_throttle")
 
-__all__ = [
-    "Call",
-    "Group",
-    "Reservation",
-    "Steps",
-    "counted",
-    "hit_groups",
-    "login_failed",
-    "longest_wait",
-    "only_if_denied",
-    "settling",
-    "watch_login_failures",
-]
+__all__: list[str] = []
 
 T = TypeVar("T")
 
@@ -61,8 +50,6 @@ FAILED_ATTRIBUTE = "throttle_login_failed"
 #: Set on the (Django) request when ``user_logged_in`` fires for it.
 LOGGED_IN_ATTRIBUTE = "throttle_logged_in"
 
-_watching = False
-
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
@@ -78,37 +65,35 @@ class Reservation:
     taken: tuple[tuple[str, int], ...] = ()
 
 
+@functools.cache
 def watch_login_failures() -> None:
     """Connect the ``user_login_failed`` and ``user_logged_in`` receivers (once per
     process). Called on first need rather than in ``AppConfig.ready()``, so a site that
     counts no failures pays nothing."""
-    global _watching
-    if _watching:
-        return
     from django.contrib.auth.signals import user_logged_in, user_login_failed
 
     user_login_failed.connect(_login_failed, dispatch_uid="django_throttle.login_failed")
     user_logged_in.connect(_logged_in, dispatch_uid="django_throttle.logged_in")
-    _watching = True
 
 
 def _logged_in(sender: Any, request: Any = None, user: Any = None, **kwargs: Any) -> None:
     """Mark the request of a real sign-in (``django.contrib.auth.login``): the only proof
     that earns the browser a device cookie (a 200 or 302 alone proves nothing)."""
-    if request is None or user is None:
-        return
-    target = getattr(request, "_request", request)
-    with contextlib.suppress(AttributeError):
-        setattr(target, LOGGED_IN_ATTRIBUTE, True)
+    if user is not None:
+        _mark(request, LOGGED_IN_ATTRIBUTE)
 
 
 def _login_failed(sender: Any, credentials: Any = None, request: Any = None, **kwargs: Any) -> None:
+    _mark(request, FAILED_ATTRIBUTE)
+
+
+def _mark(request: Any, attribute: str) -> None:
     if request is None:
         return
     # DRF's serializers pass DRF's Request; the flag belongs on the Django request.
     target = getattr(request, "_request", request)
     with contextlib.suppress(AttributeError):  # a request object that takes no attributes
-        setattr(target, FAILED_ATTRIBUTE, True)
+        setattr(target, attribute, True)
 
 
 def login_failed(request: Any) -> bool:
@@ -216,10 +201,7 @@ def _give_back(groups: Sequence[Group], cost: int, at: dict[str, int], what: str
 def _reported(head: Group, groups: Sequence[Group], decisions: list[Decision]) -> Decision:
     """The most restrictive of the groups' decisions (a denial; else the fewest tokens
     left), listing every limit that applied."""
-    worst = min(
-        decisions,
-        key=lambda d: (d.allowed, d.limit is None, d.remaining, -d.reset_after),
-    )
+    worst = min(decisions, key=lambda d: (d.allowed, d.limit is None, d.remaining, -d.reset_after))
     every = tuple(head[1]) + tuple(limit for _client, limits in groups for limit in limits)
     shadow = any(d.shadow for d in decisions)
     taken = tuple(pair for d in decisions for pair in d.taken) if worst.allowed else ()

@@ -12,21 +12,13 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import enum
 import json
 import unicodedata
 from typing import Any
 
 from django_throttle.identity import Identity
 
-__all__ = [
-    "HEADER_ONLY",
-    "MAX_USERNAME",
-    "UNREADABLE_COUNTER",
-    "normalise_username",
-    "presented_username",
-    "username_counters",
-]
+__all__: list[str] = []
 
 #: Longest username kept: a longer one is cut (its counter is shared by whatever starts alike).
 MAX_USERNAME = 256
@@ -55,9 +47,7 @@ def presented_username(request: Any) -> str | None:
     Never raises.
     """
     found = _presented(request)
-    if isinstance(found, tuple) and len(found) == 1:
-        return found[0]
-    return None
+    return found[0] if found is not None and len(found) == 1 else None
 
 
 def username_counters(request: Any) -> tuple[str, ...]:
@@ -75,7 +65,7 @@ def username_counters(request: Any) -> tuple[str, ...]:
       something the limiter cannot read never skips the limit.
     """
     found = _presented(request)
-    if not isinstance(found, tuple):
+    if found is None:
         return (UNREADABLE_COUNTER,)
     if not found:
         return ()
@@ -101,66 +91,54 @@ def normalise_username(name: str) -> str:
     return unicodedata.normalize("NFKC", name.casefold()).strip()[:MAX_USERNAME]
 
 
-class _Unreadable(enum.Enum):
-    """Credentials are presented, but no username can be read from them."""
-
-    UNREADABLE = "unreadable"
-
-
-UNREADABLE = _Unreadable.UNREADABLE
 #: The one counter of every request whose username cannot be read: the empty username,
 #: which no request that presents a username is counted under.
 UNREADABLE_COUNTER = Identity("username", "").key
 #: Most usernames one request is counted under (a Basic header and three fields).
 MAX_NAMES = 4
 
-#: The sorted, distinct usernames presented (empty: none), or :data:`UNREADABLE`.
-_Found = tuple[str, ...] | _Unreadable
+#: The sorted, distinct usernames presented (empty: none), or ``None``: credentials are
+#: presented, but no username can be read from them.
+_Found = tuple[str, ...] | None
 
 
 def _presented(request: Any) -> _Found:
     """What the request presents, worked out once per request and reading (after the view,
     a body DRF has read can no longer be read again)."""
     header_only = bool(getattr(request, HEADER_ONLY, False))
-    cached: dict[bool, _Found] | None = getattr(request, USERNAME_ATTRIBUTE, None)
-    if cached is not None and header_only in cached:
-        return cached[header_only]
-    found = _read(request, header_only)
-    if cached is None:
-        cached = {}
+    cached: dict[bool, _Found] = getattr(request, USERNAME_ATTRIBUTE, {})
+    if header_only not in cached:
+        cached[header_only] = _read(request, header_only)
         with contextlib.suppress(AttributeError):  # a request object that takes no attributes
             setattr(request, USERNAME_ATTRIBUTE, cached)
-    cached[header_only] = found
-    return found
+    return cached[header_only]
 
 
 def _read(request: Any, header_only: bool) -> _Found:
-    names: set[str] = set()
-    header = _basic_username(request.META.get("HTTP_AUTHORIZATION"))
-    if header is UNREADABLE:
-        return UNREADABLE
-    if isinstance(header, str):
-        names.add(header)
+    names = _basic_username(authorization(request.META))
     # A DRF authentication class checks the header only; a login view may check both (a
     # DRF token view also runs BasicAuthentication).
-    if request.method == "POST" and not header_only:
+    if names is not None and request.method == "POST" and not header_only:
         body = _posted_usernames(request)
-        if body is UNREADABLE:
-            return UNREADABLE
-        names.update(body)
-    return tuple(sorted(names))[:MAX_NAMES]
+        names = None if body is None else names | body
+    return None if names is None else tuple(sorted(names))[:MAX_NAMES]
 
 
-def _basic_username(header: Any) -> str | _Unreadable | None:
-    """The user part of ``Authorization: Basic``, parsed as DRF's ``BasicAuthentication``
-    parses it; ``None`` for another scheme or no header."""
-    if not isinstance(header, str):
-        return None
-    parts = header.encode("latin-1", "replace").split()
+def authorization(meta: Any) -> list[bytes]:
+    """The ``Authorization`` header split as DRF's own classes split it (bytes, on any ASCII
+    whitespace: a tab after ``Basic`` must not hide the credentials); empty for none."""
+    header = meta.get("HTTP_AUTHORIZATION")
+    return header.encode("latin-1", "replace").split() if isinstance(header, str) else []
+
+
+def _basic_username(parts: list[bytes]) -> set[str] | None:
+    """The user part of ``Authorization: Basic`` (``parts``: see :func:`authorization`),
+    parsed as DRF's ``BasicAuthentication`` parses it: empty for another scheme or no
+    header, ``None`` when it cannot be read."""
     if not parts or parts[0].lower() != b"basic":
-        return None
+        return set()
     if len(parts) != 2:
-        return UNREADABLE
+        return None
     try:
         raw = base64.b64decode(parts[1])  # not validate=True: DRF drops stray characters
         try:
@@ -169,9 +147,9 @@ def _basic_username(header: Any) -> str | _Unreadable | None:
             decoded = raw.decode("latin-1")
         name, _ = decoded.split(":", 1)
     except (binascii.Error, ValueError):
-        return UNREADABLE
+        return None
     name = normalise_username(name)
-    return name or None
+    return {name} if name else set()
 
 
 def _field_names() -> tuple[str, ...]:
@@ -181,8 +159,8 @@ def _field_names() -> tuple[str, ...]:
     return tuple(dict.fromkeys((field, "username", "email")))
 
 
-def _posted_usernames(request: Any) -> set[str] | _Unreadable:
-    """The distinct usernames a POST body presents (empty: none)."""
+def _posted_usernames(request: Any) -> set[str] | None:
+    """The distinct usernames a POST body presents (empty: none; ``None``: unreadable)."""
     meta = request.META
     media = str(meta.get("CONTENT_TYPE") or "").split(";", 1)[0].strip().lower()
     try:
@@ -192,7 +170,7 @@ def _posted_usernames(request: Any) -> set[str] | _Unreadable:
             return set()  # no body: nothing for an authenticator to read either
         body = request.body  # bounded by DATA_UPLOAD_MAX_MEMORY_SIZE
     except Exception:  # unreadable body, body already read, too big, bad length
-        return UNREADABLE
+        return None
     if not body.strip():
         return set()
     try:
@@ -207,8 +185,8 @@ def _posted_usernames(request: Any) -> set[str] | _Unreadable:
     try:  # a form body under another content type (``*/*`` picks DRF's form parser)
         names = _fields(QueryDict(body, encoding=request.encoding))
     except Exception:
-        return UNREADABLE
-    return names or UNREADABLE  # text, XML, YAML…: a parser of its own may read a name
+        return None
+    return names or None  # text, XML, YAML…: a parser of its own may read a name
 
 
 def _fields(data: Any) -> set[str]:
@@ -218,7 +196,6 @@ def _fields(data: Any) -> set[str]:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             value = str(value)  # DRF's CharField takes numbers as their text
         if isinstance(value, str):
-            name = normalise_username(value)
-            if name:
-                names.add(name)
+            names.add(normalise_username(value))
+    names.discard("")  # blank, or only what normalising removes
     return names
