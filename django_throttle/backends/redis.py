@@ -39,7 +39,11 @@ from django_throttle import events
 from django_throttle.backends.base import (
     DIGEST_SIZE,
     Backend,
-    BackendError,
+    Limits,
+    Now,
+    Taken,
+    Usage,
+    call_backend,
     decision_from,
     per_shard,
 )
@@ -225,58 +229,38 @@ class RedisBackend(Backend):
         shard = (digest[0] << 8 | digest[1]) % self.shards
         return self._tags[shard] + urlsafe_b64encode(digest)
 
-    def hit(
-        self,
-        client: str,
-        limits: Sequence[Limit],
-        cost: int = 1,
-        *,
-        now: float | None = None,
-        usage: str | None = None,
+    def count(
+        self, client: str, limits: Limits, cost: int, now: Now, usage: Usage, peek: bool = False
     ) -> Decision:
-        return self._call(client, limits, cost, now, usage)
+        request = self._request(client, limits, cost, now, usage, peek=peek)
+        return self._decision(client, limits, self._connections.call(*request))
 
-    def peek(
-        self, client: str, limits: Sequence[Limit], *, now: float | None = None, cost: int = 0
+    async def acount(
+        self, client: str, limits: Limits, cost: int, now: Now, usage: Usage, peek: bool = False
     ) -> Decision:
-        return self._call(client, limits, cost, now, None, peek=True)
+        """:meth:`count` on ``redis.asyncio``: the same script and bytes, no thread."""
+        request = self._request(client, limits, cost, now, usage, peek=peek)
+        return self._decision(client, limits, await self._async_connections.call(*request))
 
     def refund(
-        self,
-        client: str,
-        limits: Sequence[Limit],
-        cost: int = 1,
-        *,
-        now: float | None = None,
-        taken_at: int | None = None,
+        self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, taken_at: Taken = None
     ) -> None:
         """One EVALSHA of refund.lua over the keys the hit used (same framing, same slot);
         ``taken_at`` travels as ARGV[1]'s ``#<taken>``."""
         if limits:
-            request = self._request(
-                client, limits, cost, now, None, self._refunds, taken_at=taken_at
-            )
-            self._connections.call(*request)
+            self._connections.call(*self._request(client, limits, cost, now, None, True, taken_at))
 
     async def arefund(
-        self,
-        client: str,
-        limits: Sequence[Limit],
-        cost: int = 1,
-        *,
-        now: float | None = None,
-        taken_at: int | None = None,
+        self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, taken_at: Taken = None
     ) -> None:
-        """:meth:`refund` on ``redis.asyncio``, as :meth:`ahit`."""
+        """:meth:`refund` on ``redis.asyncio``, as :meth:`acount`."""
         if limits:
-            request = self._request(
-                client, limits, cost, now, None, self._refunds, taken_at=taken_at
-            )
+            request = self._request(client, limits, cost, now, None, True, taken_at)
             await self._async_connections.call(*request)
 
     def reset(self, client: str, limits: Sequence[Limit]) -> None:
         if limits:
-            self._run(self.client.delete, *(self.key(client, limit) for limit in limits))
+            call_backend(self.client.delete, *(self.key(client, limit) for limit in limits))
 
     def reset_shared(self, limits: Sequence[Limit]) -> None:
         """Delete every shard's key of these shared limits: one ``DEL`` per key (each shard
@@ -291,7 +275,7 @@ class RedisBackend(Backend):
             pipe = self.client.pipeline(transaction=False)
             for key in keys:
                 pipe.delete(key)
-            self._run(pipe.execute)
+            call_backend(pipe.execute)
 
     def retime(
         self,
@@ -327,11 +311,11 @@ class RedisBackend(Backend):
             )
             cursor = 0
             while True:
-                cursor, keys = self._run(
+                cursor, keys = call_backend(
                     self.client.scan, cursor=cursor, match=pattern, count=RETIME_BATCH
                 )
                 if keys:
-                    touched += int(self._run(self._retime, keys, args))
+                    touched += int(call_backend(self._retime, keys, args))
                 if not cursor:
                     break
         return touched
@@ -343,67 +327,36 @@ class RedisBackend(Backend):
             return self.client.eval(self._retime_source, len(keys), *keys, *args)
 
     def get_policy_version(self) -> str | None:
-        value = self._run(self.client.get, self._version_key)
+        value = call_backend(self.client.get, self._version_key)
         return None if value is None else value.decode() if isinstance(value, bytes) else value
 
     def bump_policy_version(self) -> None:
         pipe = self.client.pipeline(transaction=False)
         pipe.incr(self._version_key)
         pipe.expire(self._version_key, POLICY_VERSION_TTL)
-        self._run(pipe.execute)
+        call_backend(pipe.execute)
 
     def close(self) -> None:
         self._connections.disconnect()
         if self._owns_client:
             self.client.connection_pool.disconnect()
 
-    async def ahit(
-        self,
-        client: str,
-        limits: Sequence[Limit],
-        cost: int = 1,
-        *,
-        now: float | None = None,
-        usage: str | None = None,
-    ) -> Decision:
-        """:meth:`hit` on ``redis.asyncio``: the same script and bytes, no thread."""
-        request = self._request(client, limits, cost, now, usage)
-        return self._decision(client, limits, await self._async_connections.call(*request))
-
-    async def apeek(
-        self, client: str, limits: Sequence[Limit], *, now: float | None = None, cost: int = 0
-    ) -> Decision:
-        """:meth:`peek` on ``redis.asyncio``, as :meth:`ahit`."""
-        request = self._request(client, limits, cost, now, None, peek=True)
-        return self._decision(client, limits, await self._async_connections.call(*request))
-
-    def _call(
-        self,
-        client: str,
-        limits: Sequence[Limit],
-        cost: int | None,
-        now: float | None,
-        usage: str | None,
-        peek: bool = False,
-    ) -> Decision:
-        request = self._request(client, limits, cost, now, usage, peek=peek)
-        return self._decision(client, limits, self._connections.call(*request))
-
     def _request(
         self,
         client: str,
-        limits: Sequence[Limit],
+        limits: Limits,
         cost: int | None,
-        now: float | None,
-        usage: str | None,
-        calls: Calls | None = None,
+        now: Now,
+        usage: Usage,
+        refund: bool = False,
+        taken_at: Taken = None,
         peek: bool = False,
-        taken_at: int | None = None,
     ) -> tuple[bytes, Callable[[], bytes]]:
-        """The EVALSHA to send (of the counting script, or of ``calls``'), and how to build
-        its EVAL twin if the script is missing. ``peek``: decide on ``cost``, write nothing.
-        What cannot be framed (a client no UTF-8 encodes) is a :class:`BackendError`."""
-        calls = calls or self._calls
+        """The EVALSHA to send (of the counting script, or with ``refund`` of refund.lua),
+        and how to build its EVAL twin if the script is missing. ``peek``: decide on
+        ``cost``, write nothing. What cannot be framed (a client no UTF-8 encodes) is a
+        :class:`BackendError`."""
+        calls = self._refunds if refund else self._calls
         now_us = None if now is None else round(now * 1e6)
         try:
             encoded = calls.encoded(limits, now_us)
@@ -425,46 +378,28 @@ class RedisBackend(Backend):
         return body, fallback
 
     @staticmethod
-    def _decision(client: str, limits: Sequence[Limit], reply: Any) -> Decision:
+    def _decision(client: str, limits: Limits, reply: Any) -> Decision:
         """Parse ``"<status + 4 x index> <remaining> <reset>[ <retry>| @<now>]"`` (see
         driver.lua): an allowed hit's ``@<now>`` (base 36) is its ``Decision.taken``. A reply
         of another shape is a :class:`BackendError`."""
         try:
-            return RedisBackend._parse(client, limits, reply)
+            parts: list[bytes] = reply.split() if type(reply) is bytes else []
+            code, remaining, reset_us = int(parts[0]), int(parts[1]), int(parts[2])
+            status, index = code & 3, code >> 2
+            allowed = status & 1 == 1
+            extra = parts[3] if len(parts) == 4 else b""
+            if (
+                len(parts) not in (3, 4)
+                or not 0 <= index <= len(limits)
+                or code < 0
+                or (allowed and extra[:1] not in (b"", b"@"))
+                or (not allowed and not extra)
+            ):
+                raise ValueError(f"unexpected reply {reply!r}")
+            taken = ((client, int(extra[1:], 36)),) if extra and allowed else ()
+            retry_us = int(extra) if extra and not allowed else 0
         except Exception as exc:
             raise failure(exc) from exc
-
-    @staticmethod
-    def _parse(client: str, limits: Sequence[Limit], reply: Any) -> Decision:
-        if type(reply) is not bytes:
-            raise ValueError(f"unexpected reply {reply!r}")
-        parts = reply.split()
-        code, remaining, reset_us = int(parts[0]), int(parts[1]), int(parts[2])
-        status, index = code & 3, code >> 2
-        allowed = status & 1 == 1
-        retry_us = 0
-        taken: tuple[tuple[str, int], ...] = ()
-        if len(parts) == 4:
-            if allowed:
-                if parts[3][:1] != b"@":
-                    raise ValueError(f"unexpected reply {reply!r}")
-                taken = ((client, int(parts[3][1:], 36)),)
-            else:
-                retry_us = int(parts[3])
-        elif not allowed:
-            raise ValueError(f"unexpected reply {reply!r}")
-        if len(parts) not in (3, 4) or not 0 <= index <= len(limits) or code < 0:
-            raise ValueError(f"unexpected reply {reply!r}")
         return decision_from(
             limits, allowed, index - 1, remaining, reset_us, retry_us, status >= 2, taken
         )
-
-    @staticmethod
-    def _run(func: Any, *args: Any, **kwargs: Any) -> Any:
-        """Call into redis-py; whatever it raises is a :class:`BackendError`. Besides its own
-        errors and socket errors, its parsers raise plain ValueError, AttributeError or
-        IndexError on a garbled reply: all backend failures, never a 500."""
-        try:
-            return func(*args, **kwargs)
-        except Exception as exc:
-            raise BackendError(f"{type(exc).__name__}: {exc}") from exc

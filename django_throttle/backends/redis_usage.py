@@ -21,7 +21,7 @@ from importlib import resources
 from typing import Any
 
 from django_throttle.backends import usage_base
-from django_throttle.backends.base import BackendError
+from django_throttle.backends.base import BackendError, call_backend
 from django_throttle.backends.usage_base import (
     LETTERS,
     SLOT,
@@ -122,7 +122,7 @@ class RedisUsage(UsageStore):
             else:
                 pipe.zmscore(f"{tag}k", names)
         found: dict[str, int] = {}
-        for reply in _run(pipe.execute):
+        for reply in call_backend(pipe.execute):
             pairs = reply if names is None else zip(names, reply, strict=True)
             for name, score in pairs:
                 if score is not None:
@@ -131,7 +131,7 @@ class RedisUsage(UsageStore):
         return found
 
     def now_minute(self) -> int:
-        seconds, _ = _run(self.client.time)
+        seconds, _ = call_backend(self.client.time)
         return int(seconds) // 60
 
     def read(
@@ -161,11 +161,13 @@ class RedisUsage(UsageStore):
         pipe = self.client.pipeline(transaction=False)
         for keys, args in framed:
             pipe.evalsha(self._read_sha, len(keys), *keys, *args)
-        replies = _run(pipe.execute, raise_on_error=False)
+        replies = call_backend(pipe.execute, raise_on_error=False)
         for i, reply in enumerate(replies):
             if _noscript(reply):  # the script cache was flushed: EVAL carries the source
                 keys, args = framed[i]
-                replies[i] = _run(self.client.eval, self._read_source, len(keys), *keys, *args)
+                replies[i] = call_backend(
+                    self.client.eval, self._read_source, len(keys), *keys, *args
+                )
             elif isinstance(reply, Exception):
                 raise BackendError(f"{type(reply).__name__}: {reply}")
         return list(replies)
@@ -187,24 +189,24 @@ class RedisUsage(UsageStore):
         pipe = self.push_client.pipeline(transaction=False)
         for keys, args in calls:
             pipe.evalsha(self._push_sha, len(keys), *keys, *args)
-        replies = _run(pipe.execute, raise_on_error=False)
+        replies = call_backend(pipe.execute, raise_on_error=False)
         retry = [call for call, reply in zip(calls, replies, strict=True) if _noscript(reply)]
         failed = [r for r in replies if isinstance(r, Exception) and not _noscript(r)]
         if retry:  # the script cache was flushed: EVAL carries the source
             pipe = self.push_client.pipeline(transaction=False)
             for keys, args in retry:
                 pipe.eval(self._push_source, len(keys), *keys, *args)
-            replies = _run(pipe.execute, raise_on_error=False)
+            replies = call_backend(pipe.execute, raise_on_error=False)
             failed += [r for r in replies if isinstance(r, Exception)]
         if failed:
             raise BackendError(f"{type(failed[0]).__name__}: {failed[0]}")
 
     def watermark(self) -> int | None:
-        value = _run(self.client.get, self._watermark_key)
+        value = call_backend(self.client.get, self._watermark_key)
         return None if value is None else int(value)
 
     def advance_watermark(self, minute: int) -> None:
-        _run(self.client.eval, _ADVANCE, 1, self._watermark_key, minute, WATERMARK_TTL)
+        call_backend(self.client.eval, _ADVANCE, 1, self._watermark_key, minute, WATERMARK_TTL)
 
     def take_late(self) -> set[int]:
         """Every shard's ``<tag>l`` minutes (those pushed to within ``USAGE_TTL``:
@@ -212,7 +214,7 @@ class RedisUsage(UsageStore):
         pipe = self.client.pipeline(transaction=False)
         for tag in self.tags:
             pipe.zpopmin(f"{tag}l", 1_000_000)
-        return {int(m) for popped in _run(pipe.execute) for m, _score in popped or ()}
+        return {int(m) for popped in call_backend(pipe.execute) for m, _score in popped or ()}
 
     def return_late(self, minutes: Iterable[int]) -> None:
         minutes = list(minutes)
@@ -222,7 +224,7 @@ class RedisUsage(UsageStore):
             second = int(time.time())  # as the push scores them: when pushed
             pipe.zadd(late, dict.fromkeys(map(str, minutes), second))
             pipe.expire(late, usage_base.USAGE_TTL)
-            _run(pipe.execute)
+            call_backend(pipe.execute)
 
 
 def _read_call(
@@ -298,11 +300,3 @@ def _patient_client(client: Any) -> tuple[Any, bool]:
         return type(client)(connection_pool=patient_pool), True
     except Exception:  # an unusual pool class: the backend's client still works
         return client, False
-
-
-def _run(func: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call into redis-py; whatever it raises is a :class:`BackendError`."""
-    try:
-        return func(*args, **kwargs)
-    except Exception as exc:
-        raise BackendError(f"{type(exc).__name__}: {exc}") from exc
