@@ -20,6 +20,7 @@ it must not flood the log either).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -290,24 +291,12 @@ def _announce(signal: Any, **kwargs: Any) -> None:
     events.send(signal, CircuitBreaker, **kwargs)
 
 
-_lock = threading.Lock()
-_breaker: CircuitBreaker | None = None
-
-
+@functools.cache
 def get_breaker() -> CircuitBreaker:
     """The process's breaker, built on first use with :data:`THRESHOLD` and :data:`COOLDOWN`."""
-    global _breaker
-    breaker = _breaker
-    if breaker is not None:
-        return breaker
-    with _lock:
-        if _breaker is None:
-            _breaker = CircuitBreaker(threshold=THRESHOLD, cooldown=COOLDOWN)
-        return _breaker
+    return CircuitBreaker(threshold=THRESHOLD, cooldown=COOLDOWN)
 
 
 def reset_breaker() -> None:
     """Forget the process's breaker (``backends.reset_backend_cache`` calls this)."""
-    global _breaker
-    with _lock:
-        _breaker = None
+    get_breaker.cache_clear()

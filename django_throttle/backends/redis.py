@@ -62,19 +62,8 @@ from django_throttle.rates import Decision, Limit
 
 __all__ = ["RedisBackend"]
 
-#: Lua files making up the counting script, in load order: shared prelude, algorithms (the
-#: leaky bucket reuses the token bucket, the calendar quota the fixed window), usage counting,
-#: driver.
-ALGORITHM_FILES = (
-    "token_bucket.lua",
-    "leaky_bucket.lua",
-    "gcra.lua",
-    "fixed_window.lua",
-    "calendar_quota.lua",
-    "sliding_log.lua",
-    "sliding_counter.lua",
-)
-#: The algorithm files a spec code needs, its own and those whose functions it reuses.
+#: The algorithm files a spec code needs, its own and those whose functions it reuses (the
+#: leaky bucket reuses the token bucket, the calendar quota the fixed window).
 ALGORITHM_FILES_BY_CODE = {
     "t": ("token_bucket.lua",),
     "l": ("token_bucket.lua", "leaky_bucket.lua"),
@@ -84,6 +73,9 @@ ALGORITHM_FILES_BY_CODE = {
     "w": ("sliding_log.lua",),
     "s": ("sliding_counter.lua",),
 }
+#: Lua files making up the counting script, in load order: shared prelude, algorithms, usage
+#: counting, driver.
+ALGORITHM_FILES = tuple(dict.fromkeys(sum(ALGORITHM_FILES_BY_CODE.values(), ())))
 SCRIPT_FILES = ("prelude.lua", *ALGORITHM_FILES, "usage.lua", "driver.lua")
 #: The same definitions with the retime driver (after a limit changed, see ``retime``).
 RETIME_FILES = ("prelude.lua", *ALGORITHM_FILES, "retime.lua")

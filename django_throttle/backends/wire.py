@@ -28,6 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
 from django_throttle.backends.base import (
+    ALGORITHM_CODES,
     DIGEST_SIZE,
     ArgumentRefused,
     BackendError,
@@ -37,29 +38,6 @@ from django_throttle.backends.base import (
 from django_throttle.calendar import windows
 from django_throttle.rates import Algorithm, Limit
 
-__all__ = [
-    "ALGORITHM_CODES",
-    "FOREVER",
-    "Calls",
-    "Connections",
-    "Encoded",
-    "connection_getter",
-    "failure",
-    "frame",
-    "key_suffix",
-    "limit_spec",
-]
-
-#: Each algorithm's code in a limit spec and its keys (see lua/prelude.lua ``limit_spec``).
-ALGORITHM_CODES = {
-    Algorithm.TOKEN_BUCKET: "t",
-    Algorithm.GCRA: "g",
-    Algorithm.LEAKY_BUCKET: "l",
-    Algorithm.FIXED_WINDOW: "f",
-    Algorithm.SLIDING_LOG: "w",
-    Algorithm.SLIDING_COUNTER: "s",
-    Algorithm.CALENDAR: "c",
-}
 #: ``Encoded.valid_until`` of a limit list without calendar quotas (compared by identity).
 FOREVER = math.inf
 #: Characters of the client digest in a key (base64url of DIGEST_SIZE bytes).
@@ -210,14 +188,9 @@ class Calls:
         """The cost (1, the usual cost, is sent as nothing), or for a peek ``p`` and the cost
         it asks about (``None`` or 0: none); ``@now`` in tests."""
         if peek or cost is None:
-            if not cost:
-                text = b"p"
-            else:
-                text = b"p%d" % cost if type(cost) is int else b"p" + str(cost).encode()
-        elif cost == 1 and type(cost) is int:
-            text = b""
+            text = b"p" + str(cost).encode() if cost else b"p"
         else:
-            text = b"%d" % cost if type(cost) is int else str(cost).encode()
+            text = b"" if cost == 1 and type(cost) is int else str(cost).encode()
         return text if now_us is None else b"%s@%d" % (text, now_us)
 
     def field(self, field: str | None) -> bytes:
