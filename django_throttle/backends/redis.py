@@ -23,9 +23,8 @@ from __future__ import annotations
 import hashlib
 import re
 from base64 import urlsafe_b64encode
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
-from importlib import resources
 from typing import Any
 
 import redis
@@ -47,42 +46,27 @@ from django_throttle.backends.base import (
     decision_from,
     per_shard,
 )
-from django_throttle.backends.redis_async import AsyncConnections
-from django_throttle.backends.wire import (
+from django_throttle.backends.frames import (
     DIGEST_KEY_CHARS,
     SHARED_MARK,
     Calls,
-    Connections,
-    failure,
     key_suffix,
     limit_spec,
 )
+from django_throttle.backends.redis_async import AsyncConnections
+from django_throttle.backends.scripts import (
+    REFUND_FILES,
+    RETIME_FILES,
+    SCRIPT_FILES,
+    files_for,
+    load_script,
+)
+from django_throttle.backends.wire import Connections, failure
 from django_throttle.conf import app_settings
 from django_throttle.rates import Decision, Limit
 
 __all__ = ["RedisBackend"]
 
-#: The algorithm files a spec code needs, its own and those whose functions it reuses (the
-#: leaky bucket reuses the token bucket, the calendar quota the fixed window).
-ALGORITHM_FILES_BY_CODE = {
-    "t": ("token_bucket.lua",),
-    "l": ("token_bucket.lua", "leaky_bucket.lua"),
-    "g": ("gcra.lua",),
-    "f": ("fixed_window.lua",),
-    "c": ("fixed_window.lua", "calendar_quota.lua"),
-    "w": ("sliding_log.lua",),
-    "s": ("sliding_counter.lua",),
-}
-#: Lua files making up the counting script, in load order: shared prelude, algorithms, usage
-#: counting, driver.
-ALGORITHM_FILES = tuple(dict.fromkeys(sum(ALGORITHM_FILES_BY_CODE.values(), ())))
-SCRIPT_FILES = ("prelude.lua", *ALGORITHM_FILES, "usage.lua", "driver.lua")
-#: The same definitions with the retime driver (after a limit changed, see ``retime``).
-RETIME_FILES = ("prelude.lua", *ALGORITHM_FILES, "retime.lua")
-#: The same definitions with the refund driver (a reservation given back, see ``refund``);
-#: ``refunding.lua`` has the algorithm files define their refund functions, which the
-#: counting script leaves out.
-REFUND_FILES = ("prelude.lua", "refunding.lua", *ALGORITHM_FILES, "refund.lua")
 #: A stalled Redis must cost a request tens of milliseconds, not redis-py's default 5 s x 10.
 DEFAULT_CLIENT_OPTIONS: dict[str, Any] = {
     "socket_connect_timeout": 0.05,
@@ -97,31 +81,6 @@ POLICY_VERSION_TTL = 30 * 86400
 #: Keys asked of each SCAN step, and so at most this many per retime script call.
 RETIME_BATCH = 1000
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
-
-
-def load_script(files: Sequence[str] = SCRIPT_FILES, shards: int | None = None) -> str:
-    """A script's source, assembled from the package's ``.lua`` files; ``usage.lua`` gets the
-    usage settings written in (constants in the script cost no bytes per request)."""
-    from django_throttle.backends.redis_usage import lua_source
-
-    folder = resources.files("django_throttle.backends") / "lua"
-    return "\n".join(
-        lua_source(shards or app_settings.KEY_SHARDS)
-        if name == "usage.lua"
-        else (folder / name).read_text(encoding="utf-8")
-        for name in files
-    )
-
-
-def files_for(files: Sequence[str], codes: Iterable[str]) -> tuple[str, ...]:
-    """``files`` with only the algorithm files that ``codes`` need, in their load order.
-
-    Redis runs a script's whole body on every call, so each algorithm a script defines costs
-    every call (all seven: about 6 µs of server time per decision, a quarter of it); a
-    call therefore uses a script holding just the algorithms of its limits.
-    """
-    needed = {name for code in codes for name in ALGORITHM_FILES_BY_CODE[code]}
-    return tuple(name for name in files if name not in ALGORITHM_FILES or name in needed)
 
 
 def build_client() -> redis.Redis:

@@ -12,16 +12,14 @@ It never imports redis-py: it drives the backend's client.
 from __future__ import annotations
 
 import hashlib
-import math
-import re
 import time
 import zlib
 from collections.abc import Iterable, Sequence
-from importlib import resources
 from typing import Any
 
 from django_throttle.backends import usage_base
 from django_throttle.backends.base import BackendError, call_backend
+from django_throttle.backends.scripts import lua_file, lua_source, top_per_shard
 from django_throttle.backends.usage_base import (
     LETTERS,
     SLOT,
@@ -43,35 +41,10 @@ PUSH_CHUNK = 200
 WATERMARK_TTL = 30 * 86400
 #: Read timeout for reports and rollups: a report may wait longer than a request.
 READ_TIMEOUT = 10.0
-_SETTINGS_LINE = re.compile(r"^local USAGE_TTL, USAGE_TOP\b.*-- @settings.*$", re.MULTILINE)
 _ADVANCE = (
     "local old = tonumber(redis.call('GET', KEYS[1]) or '-1') "
     "if tonumber(ARGV[1]) > old then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) end"
 )
-
-
-def _lua(name: str) -> str:
-    return (resources.files("django_throttle.backends") / "lua" / name).read_text("utf-8")
-
-
-def top_per_shard(shards: int) -> int:
-    """Clients one shard's top list holds per minute and outcome: :data:`~.usage_base.TOP_CLIENTS`
-    spread over the shards (clients spread evenly over shards by their digest)."""
-    return max(1, math.ceil(usage_base.TOP_CLIENTS / max(1, shards)))
-
-
-def lua_source(shards: int) -> str:
-    """``usage.lua`` with :data:`~.usage_base.USAGE_TTL`, the per-shard top size and
-    :data:`~.usage_base.CLIENT_SAMPLE` written in: constants in the script cost no bytes per
-    request."""
-    line = (
-        f"local USAGE_TTL, USAGE_TOP, USAGE_SAMPLE = {usage_base.USAGE_TTL}, "
-        f"{top_per_shard(shards)}, {usage_base.CLIENT_SAMPLE} -- @settings"
-    )
-    text, found = _SETTINGS_LINE.subn(line, _lua("usage.lua"), count=1)
-    if not found:  # pragma: no cover - the file ships with the line
-        raise RuntimeError("usage.lua lost its '-- @settings' line")
-    return text
 
 
 def _text(value: bytes | str) -> str:
@@ -90,9 +63,9 @@ class RedisUsage(UsageStore):
         self._reader: Any = None
         self._own = False
         self._watermark_key = f"{backend.prefix}:usage-rolled"
-        self._push_source = lua_source(len(self.tags)) + "\n" + _lua("usage_push.lua")
+        self._push_source = lua_source(len(self.tags)) + "\n" + lua_file("usage_push.lua")
         self._push_sha = hashlib.sha1(self._push_source.encode()).hexdigest()
-        self._read_source = _lua("usage_read.lua")
+        self._read_source = lua_file("usage_read.lua")
         self._read_sha = hashlib.sha1(self._read_source.encode()).hexdigest()
 
     @property
