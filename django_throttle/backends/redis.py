@@ -28,11 +28,7 @@ from functools import partial
 from typing import Any
 
 import redis
-from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
-from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
-from redis.retry import Retry
 
 from django_throttle import events
 from django_throttle.backends.base import (
@@ -61,77 +57,17 @@ from django_throttle.backends.scripts import (
     files_for,
     load_script,
 )
-from django_throttle.backends.wire import Connections, failure
+from django_throttle.backends.wire import Connections, build_client, failure
 from django_throttle.conf import app_settings
 from django_throttle.rates import Decision, Limit
 
 __all__ = ["RedisBackend"]
 
-#: A stalled Redis must cost a request tens of milliseconds, not redis-py's default 5 s x 10.
-DEFAULT_CLIENT_OPTIONS: dict[str, Any] = {
-    "socket_connect_timeout": 0.05,
-    "socket_timeout": 0.05,
-    "max_connections": 64,
-}
-#: Options of a borrowed cache connection that would undo the bounds above; retries are
-#: always off whatever the settings say, because a replayed call may count twice.
-_NOT_BORROWED = ("retry", "retry_on_timeout", "retry_on_error", "timeout", "max_connections")
 #: The policy version key outlives any sane gap between edits; missing simply means "reload".
 POLICY_VERSION_TTL = 30 * 86400
 #: Keys asked of each SCAN step, and so at most this many per retime script call.
 RETIME_BATCH = 1000
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
-
-
-def build_client() -> redis.Redis:
-    """A client with short timeouts, no retries and a bounded pool.
-
-    It connects to ``DJANGO_THROTTLE_REDIS_URL``, else to the Redis of the cache named by
-    ``DJANGO_THROTTLE_CACHE_ALIAS`` (its first ``LOCATION``, the primary, with its password and
-    pool options) — never through the cache's own client, which has no timeouts.
-    ``DJANGO_THROTTLE_REDIS_OPTIONS`` overrides any option except retries.
-    """
-    url = app_settings.REDIS_URL
-    borrowed: dict[str, Any] = {}
-    if url is None:
-        url, borrowed = cache_connection(app_settings.CACHE_ALIAS)
-        for name in _NOT_BORROWED:
-            borrowed.pop(name, None)
-    options = {**borrowed, **DEFAULT_CLIENT_OPTIONS, **app_settings.REDIS_OPTIONS}
-    options.pop("retry_on_timeout", None)
-    options.pop("retry_on_error", None)
-    options["retry"] = Retry(NoBackoff(), 0)
-    # How long a request may wait for a free pooled connection before failing over.
-    options.setdefault("timeout", options.get("socket_connect_timeout", 0.05))
-    return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))
-
-
-def cache_connection(alias: str) -> tuple[str, dict[str, Any]]:
-    """The primary URL and connection options of a django-redis (or Django ``RedisCache``)
-    cache, read from ``CACHES[alias]``."""
-    config: dict[str, Any] = settings.CACHES.get(alias) or {}
-    backend = str(config.get("BACKEND", ""))
-    options: dict[str, Any] = dict(config.get("OPTIONS") or {})
-    location = config.get("LOCATION") or ""
-    urls = location.split(",") if isinstance(location, str) else list(location)
-    url = str(urls[0]).strip() if urls else ""
-    hint = (
-        f"CACHES[DJANGO_THROTTLE_CACHE_ALIAS = {alias!r}] is not a Redis cache with a redis:// "
-        "LOCATION the throttle can connect to: set DJANGO_THROTTLE_REDIS_URL."
-    )
-    if not url.startswith(("redis://", "rediss://", "unix://")) or "SENTINELS" in options:
-        raise ImproperlyConfigured(hint)
-    if backend.startswith("django_redis."):
-        kwargs = dict(options.get("CONNECTION_POOL_KWARGS") or {})
-        for option, kwarg in (("USERNAME", "username"), ("PASSWORD", "password")):
-            if options.get(option):
-                kwargs[kwarg] = options[option]
-        return url, kwargs
-    if backend == "django.core.cache.backends.redis.RedisCache":
-        for name in ("pool_class", "parser_class", "serializer"):
-            options.pop(name, None)
-        return url, options
-    raise ImproperlyConfigured(hint)
 
 
 class RedisBackend(Backend):
