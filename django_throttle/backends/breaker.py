@@ -146,7 +146,9 @@ class CircuitBreaker:
             if probe:
                 self._probe_succeeded()
             elif self.streak:
-                self._succeeded(epoch)
+                with self._lock:
+                    if self._epoch == epoch:
+                        self.streak = 0
             if exc is not None:
                 self._refused(exc)
         elif probe:
@@ -178,11 +180,6 @@ class CircuitBreaker:
             f" ({quiet} more since the last such line)" if quiet else "",
         )
 
-    def _succeeded(self, epoch: int) -> None:
-        with self._lock:
-            if self._epoch == epoch:
-                self.streak = 0
-
     def _admit(self) -> bool:
         """True if this caller is the half-open probe; False if the breaker closed meanwhile;
         raise :class:`CircuitOpen` otherwise."""
@@ -212,7 +209,9 @@ class CircuitBreaker:
             self._next_epoch()
             self._opened_at = self.clock()
         logger.debug("throttle backend probe failed; breaker open again: %s", exc)
-        _announce(events.backend_error, error=exc, reason=events.error_reason(exc))
+        events.send(
+            events.backend_error, CircuitBreaker, error=exc, reason=events.error_reason(exc)
+        )
 
     def _probe_succeeded(self) -> None:
         with self._lock:
@@ -228,7 +227,7 @@ class CircuitBreaker:
             down,
             refused,
         )
-        _announce(events.backend_available, down_seconds=down)
+        events.send(events.backend_available, CircuitBreaker, down_seconds=down)
 
     def _note(self, exc: BaseException) -> None:
         self.last_error = f"{type(exc).__name__}: {exc}"[:500]
@@ -236,7 +235,9 @@ class CircuitBreaker:
 
     def _failed(self, exc: BackendError, epoch: int) -> None:
         self._note(exc)
-        _announce(events.backend_error, error=exc, reason=events.error_reason(exc))
+        events.send(
+            events.backend_error, CircuitBreaker, error=exc, reason=events.error_reason(exc)
+        )
         with self._lock:
             self.failures += 1
             if epoch != self._epoch or self._opened_at is not None:
@@ -256,7 +257,7 @@ class CircuitBreaker:
             self.cooldown,
             exc,
         )
-        _announce(events.backend_unavailable, error=exc)
+        events.send(events.backend_unavailable, CircuitBreaker, error=exc)
 
 
 class _Passage:
@@ -285,10 +286,6 @@ class _Passage:
         if exc is None and not self.probe and not self.breaker.streak:
             return  # the healthy path: nothing to count
         self.done(self.epoch, self.probe, exc)
-
-
-def _announce(signal: Any, **kwargs: Any) -> None:
-    events.send(signal, CircuitBreaker, **kwargs)
 
 
 @functools.cache

@@ -106,13 +106,6 @@ class Connections:
         self._waiting = 0
         self._freed = threading.Condition(threading.Lock())
 
-    def _take(self) -> Any:
-        try:
-            conn = self._idle.pop()
-        except IndexError:
-            return self._take_slowly()
-        return conn
-
     def _take_slowly(self) -> Any:
         """No idle connection: make one while fewer than ``max_connections`` exist, else wait
         for one to come back. The waiter is counted before it looks, so a connection given
@@ -151,7 +144,10 @@ class Connections:
         send ``fallback()`` on the same connection. Any failure raises what :func:`failure`
         makes of it."""
         try:
-            conn = self._take()
+            try:
+                conn = self._idle.pop()
+            except IndexError:
+                conn = self._take_slowly()
             try:
                 try:
                     conn.send_packed_command((body,), False)
