@@ -31,6 +31,9 @@ from django_throttle.backends.usage_base import (
 
 __all__ = ["BATCH", "RedisUsage", "lua_source", "top_per_shard"]
 
+#: The KEYS and ARGV of one script call.
+Call = tuple[Sequence[str], Sequence[Any]]
+
 #: Read script calls per pipeline round trip.
 BATCH = 64
 #: Minutes one read script call covers: bounds how long it holds the server.
@@ -131,26 +134,14 @@ class RedisUsage(UsageStore):
 
     def _read_batch(self, calls: list[tuple[str, int, int, str, str]]) -> list[Any]:
         framed = [_read_call(*call) for call in calls]
-        pipe = self.client.pipeline(transaction=False)
-        for keys, args in framed:
-            pipe.evalsha(self._read_sha, len(keys), *keys, *args)
-        replies = call_backend(pipe.execute, raise_on_error=False)
-        for i, reply in enumerate(replies):
-            if _noscript(reply):  # the script cache was flushed: EVAL carries the source
-                keys, args = framed[i]
-                replies[i] = call_backend(
-                    self.client.eval, self._read_source, len(keys), *keys, *args
-                )
-            elif isinstance(reply, Exception):
-                raise BackendError(f"{type(reply).__name__}: {reply}")
-        return list(replies)
+        return _evalsha_all(self.client, self._read_sha, self._read_source, framed)
 
     def push(self, batch: str, counts: Sequence[PendingCount]) -> None:
         by_tag: dict[str, list[PendingCount]] = {}
         for count in counts:
             tag = self.tags[zlib.crc32(count[2].encode()) % len(self.tags)]
             by_tag.setdefault(tag, []).append(count)
-        calls: list[tuple[list[str], list[Any]]] = []
+        calls: list[Call] = []
         for tag, items in sorted(by_tag.items()):
             for start in range(0, len(items), PUSH_CHUNK):
                 keys = [f"{tag}p{batch}:{start}", f"{tag}l"]
@@ -159,20 +150,7 @@ class RedisUsage(UsageStore):
                     keys += (f"{tag}u{minute}", f"{tag}t{letter}{minute}")
                     args += (minute, field, client, letter, n)
                 calls.append((keys, args))
-        pipe = self.push_client.pipeline(transaction=False)
-        for keys, args in calls:
-            pipe.evalsha(self._push_sha, len(keys), *keys, *args)
-        replies = call_backend(pipe.execute, raise_on_error=False)
-        retry = [call for call, reply in zip(calls, replies, strict=True) if _noscript(reply)]
-        failed = [r for r in replies if isinstance(r, Exception) and not _noscript(r)]
-        if retry:  # the script cache was flushed: EVAL carries the source
-            pipe = self.push_client.pipeline(transaction=False)
-            for keys, args in retry:
-                pipe.eval(self._push_source, len(keys), *keys, *args)
-            replies = call_backend(pipe.execute, raise_on_error=False)
-            failed += [r for r in replies if isinstance(r, Exception)]
-        if failed:
-            raise BackendError(f"{type(failed[0]).__name__}: {failed[0]}")
+        _evalsha_all(self.push_client, self._push_sha, self._push_source, calls)
 
     def watermark(self) -> int | None:
         value = call_backend(self.client.get, self._watermark_key)
@@ -251,6 +229,29 @@ def _merge(found: dict[int, MinuteCounts], parts: list[str], top_size: int) -> N
         row[slot] += int(score) if score.isdigit() else round(float(score))
     if len(items) // 2 >= top_size:
         counts.full = True
+
+
+def _evalsha_all(client: Any, sha: str, source: str, calls: Sequence[Call]) -> list[Any]:
+    """The replies of one EVALSHA per ``(keys, args)`` call, pipelined; those the server
+    answered NOSCRIPT (its script cache was flushed: nothing ran) are sent again with EVAL,
+    which carries the source, in a second pipeline. An error reply is a
+    :class:`BackendError`, raised once every call has been sent."""
+    pipe = client.pipeline(transaction=False)
+    for keys, args in calls:
+        pipe.evalsha(sha, len(keys), *keys, *args)
+    replies = list(call_backend(pipe.execute, raise_on_error=False))
+    missing = [i for i, reply in enumerate(replies) if _noscript(reply)]
+    if missing:
+        pipe = client.pipeline(transaction=False)
+        for i in missing:
+            keys, args = calls[i]
+            pipe.eval(source, len(keys), *keys, *args)
+        for i, reply in zip(missing, call_backend(pipe.execute, raise_on_error=False), strict=True):
+            replies[i] = reply
+    failed = [reply for reply in replies if isinstance(reply, Exception)]
+    if failed:
+        raise BackendError(f"{type(failed[0]).__name__}: {failed[0]}")
+    return replies
 
 
 def _noscript(reply: Any) -> bool:
