@@ -18,6 +18,7 @@ import inspect
 import os
 import weakref
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 import redis
@@ -101,20 +102,19 @@ class AsyncConnections:
             kwargs["driver_info"] = None
         else:
             kwargs["lib_name"] = kwargs["lib_version"] = None
-        if isinstance(pool, redis.BlockingConnectionPool):
-            size: int = pool.max_connections
-            # A call waits for a free connection without a time bound of its own: a thousand
-            # concurrent requests on one loop keep it busy longer than the sync pool's wait
-            # (tens of ms), which would fail them while Redis is healthy. Each call holding a
-            # connection is bounded by the socket timeouts, so the wait is bounded too.
-            self._factory: Callable[[], Any] = lambda: aio.BlockingConnectionPool(
-                connection_class=cls, max_connections=size, timeout=None, **kwargs
-            )
-        else:
-            limit = getattr(pool, "max_connections", None)
-            self._factory = lambda: aio.ConnectionPool(
-                connection_class=cls, max_connections=limit, **kwargs
-            )
+        # A call waits for a free connection without a time bound of its own: a thousand
+        # concurrent requests on one loop keep it busy longer than the sync pool's wait (tens
+        # of ms), which would fail them while Redis is healthy. Each call holding a connection
+        # is bounded by the socket timeouts, so the wait is bounded too.
+        blocking = isinstance(pool, redis.BlockingConnectionPool)
+        pool_class: Any = aio.BlockingConnectionPool if blocking else aio.ConnectionPool
+        self._factory: Callable[[], Any] = partial(
+            pool_class,
+            connection_class=cls,
+            max_connections=getattr(pool, "max_connections", None),
+            **({"timeout": None} if blocking else {}),
+            **kwargs,
+        )
         self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopPool] = (
             weakref.WeakKeyDictionary()
         )
