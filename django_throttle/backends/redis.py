@@ -28,7 +28,6 @@ from functools import partial
 from typing import Any
 
 import redis
-from redis.exceptions import NoScriptError
 
 from django_throttle import events
 from django_throttle.backends.base import (
@@ -54,6 +53,7 @@ from django_throttle.backends.scripts import (
     REFUND_FILES,
     RETIME_FILES,
     SCRIPT_FILES,
+    evalsha_all,
     files_for,
     load_script,
 )
@@ -89,8 +89,8 @@ class RedisBackend(Backend):
         pool = self.client.connection_pool
         self._connections = Connections(pool)
         self._async_connections = AsyncConnections(pool)
-        self._retime_source = load_script(RETIME_FILES)
-        self._retime_sha = hashlib.sha1(self._retime_source.encode()).hexdigest()
+        source = load_script(RETIME_FILES)
+        self._retime = (hashlib.sha1(source.encode()).hexdigest(), source)
         self._version_key = f"{self.prefix}:policy-version"
 
     def _script_for(self, files: Sequence[str], codes: frozenset[str]) -> str:
@@ -202,16 +202,10 @@ class RedisBackend(Backend):
                     self.client.scan, cursor=cursor, match=pattern, count=RETIME_BATCH
                 )
                 if keys:
-                    touched += int(call_backend(self._retime, keys, args))
+                    touched += int(evalsha_all(self.client, *self._retime, [(keys, args)])[0])
                 if not cursor:
                     break
         return touched
-
-    def _retime(self, keys: Sequence[Any], args: Sequence[str]) -> Any:
-        try:
-            return self.client.evalsha(self._retime_sha, len(keys), *keys, *args)
-        except NoScriptError:
-            return self.client.eval(self._retime_source, len(keys), *keys, *args)
 
     def get_policy_version(self) -> str | None:
         value = call_backend(self.client.get, self._version_key)

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django_throttle.backends import usage_base
-from django_throttle.backends.base import BackendError, call_backend
-from django_throttle.backends.scripts import lua_file, lua_source, top_per_shard
+from django_throttle.backends.base import call_backend
+from django_throttle.backends.scripts import Call, evalsha_all, lua_file, lua_source, top_per_shard
 from django_throttle.backends.usage_base import (
     LETTERS,
     SLOT,
@@ -30,9 +30,6 @@ from django_throttle.backends.usage_base import (
 )
 
 __all__ = ["BATCH", "RedisUsage", "lua_source", "top_per_shard"]
-
-#: The KEYS and ARGV of one script call.
-Call = tuple[Sequence[str], Sequence[Any]]
 
 #: Read script calls per pipeline round trip.
 BATCH = 64
@@ -134,7 +131,7 @@ class RedisUsage(UsageStore):
 
     def _read_batch(self, calls: list[tuple[str, int, int, str, str]]) -> list[Any]:
         framed = [_read_call(*call) for call in calls]
-        return _evalsha_all(self.client, self._read_sha, self._read_source, framed)
+        return evalsha_all(self.client, self._read_sha, self._read_source, framed)
 
     def push(self, batch: str, counts: Sequence[PendingCount]) -> None:
         by_tag: dict[str, list[PendingCount]] = {}
@@ -150,7 +147,7 @@ class RedisUsage(UsageStore):
                     keys += (f"{tag}u{minute}", f"{tag}t{letter}{minute}")
                     args += (minute, field, client, letter, n)
                 calls.append((keys, args))
-        _evalsha_all(self.push_client, self._push_sha, self._push_source, calls)
+        evalsha_all(self.push_client, self._push_sha, self._push_source, calls)
 
     def watermark(self) -> int | None:
         value = call_backend(self.client.get, self._watermark_key)
@@ -229,34 +226,6 @@ def _merge(found: dict[int, MinuteCounts], parts: list[str], top_size: int) -> N
         row[slot] += int(score) if score.isdigit() else round(float(score))
     if len(items) // 2 >= top_size:
         counts.full = True
-
-
-def _evalsha_all(client: Any, sha: str, source: str, calls: Sequence[Call]) -> list[Any]:
-    """The replies of one EVALSHA per ``(keys, args)`` call, pipelined; those the server
-    answered NOSCRIPT (its script cache was flushed: nothing ran) are sent again with EVAL,
-    which carries the source, in a second pipeline. An error reply is a
-    :class:`BackendError`, raised once every call has been sent."""
-    pipe = client.pipeline(transaction=False)
-    for keys, args in calls:
-        pipe.evalsha(sha, len(keys), *keys, *args)
-    replies = list(call_backend(pipe.execute, raise_on_error=False))
-    missing = [i for i, reply in enumerate(replies) if _noscript(reply)]
-    if missing:
-        pipe = client.pipeline(transaction=False)
-        for i in missing:
-            keys, args = calls[i]
-            pipe.eval(source, len(keys), *keys, *args)
-        for i, reply in zip(missing, call_backend(pipe.execute, raise_on_error=False), strict=True):
-            replies[i] = reply
-    failed = [reply for reply in replies if isinstance(reply, Exception)]
-    if failed:
-        raise BackendError(f"{type(failed[0]).__name__}: {failed[0]}")
-    return replies
-
-
-def _noscript(reply: Any) -> bool:
-    """A NOSCRIPT error reply (redis-py's NoScriptError, matched without importing redis)."""
-    return isinstance(reply, Exception) and type(reply).__name__ == "NoScriptError"
 
 
 def _patient_client(client: Any) -> tuple[Any, bool]:

@@ -1,5 +1,6 @@
 """The Lua scripts, assembled from the package's ``.lua`` files (one file per algorithm, a
-prelude, a driver per job), with the usage settings written into ``usage.lua``."""
+prelude, a driver per job), with the usage settings written into ``usage.lua``; and how the
+commands that are not counting calls (retime, usage reads and pushes) run them."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from importlib import resources
+from typing import Any
 
 from django_throttle.backends import usage_base
+from django_throttle.backends.base import BackendError, call_backend
 from django_throttle.conf import app_settings
 
 #: The algorithm files a spec code needs, its own and those whose functions it reuses (the
@@ -33,6 +36,8 @@ RETIME_FILES = ("prelude.lua", *ALGORITHM_FILES, "retime.lua")
 #: ``refunding.lua`` has the algorithm files define their refund functions, which the
 #: counting script leaves out.
 REFUND_FILES = ("prelude.lua", "refunding.lua", *ALGORITHM_FILES, "refund.lua")
+#: The KEYS and ARGV of one script call.
+Call = tuple[Sequence[Any], Sequence[Any]]
 _SETTINGS_LINE = re.compile(r"^local USAGE_TTL, USAGE_TOP\b.*-- @settings.*$", re.MULTILINE)
 
 
@@ -79,3 +84,31 @@ def lua_source(shards: int) -> str:
     if not found:  # pragma: no cover - the file ships with the line
         raise RuntimeError("usage.lua lost its '-- @settings' line")
     return text
+
+
+def evalsha_all(client: Any, sha: str, source: str, calls: Sequence[Call]) -> list[Any]:
+    """The replies of one EVALSHA per ``(keys, args)`` call, pipelined; those the server
+    answered NOSCRIPT (its script cache was flushed: nothing ran) are sent again with EVAL,
+    which carries the source, in a second pipeline. An error reply is a
+    :class:`BackendError`, raised once every call has been sent."""
+    pipe = client.pipeline(transaction=False)
+    for keys, args in calls:
+        pipe.evalsha(sha, len(keys), *keys, *args)
+    replies = list(call_backend(pipe.execute, raise_on_error=False))
+    missing = [i for i, reply in enumerate(replies) if _noscript(reply)]
+    if missing:
+        pipe = client.pipeline(transaction=False)
+        for i in missing:
+            keys, args = calls[i]
+            pipe.eval(source, len(keys), *keys, *args)
+        for i, reply in zip(missing, call_backend(pipe.execute, raise_on_error=False), strict=True):
+            replies[i] = reply
+    failed = [reply for reply in replies if isinstance(reply, Exception)]
+    if failed:
+        raise BackendError(f"{type(failed[0]).__name__}: {failed[0]}")
+    return replies
+
+
+def _noscript(reply: Any) -> bool:
+    """A NOSCRIPT error reply (redis-py's NoScriptError, matched without importing redis)."""
+    return isinstance(reply, Exception) and type(reply).__name__ == "NoScriptError"
