@@ -141,19 +141,22 @@ class Calls:
     def _encode(self, limits: Sequence[Limit], now_us: int | None) -> Encoded:
         if now_us is None:
             now_us = round(time.time() * 1e6)
-        until = FOREVER
-        for limit in limits:
-            if limit.algorithm == Algorithm.CALENDAR:
-                ends = windows(limit.calendar_unit, limit.timezone, now_us)[2] / 1e6
-                until = min(until, ends)
+        until = min(
+            (
+                windows(limit.calendar_unit, limit.timezone, now_us)[2] / 1e6
+                for limit in limits
+                if limit.algorithm == Algorithm.CALENDAR
+            ),
+            default=FOREVER,
+        )
         count = len(limits)
-        rest = b"%s" % frame(str(count).encode())
-        elements = b"*%d\r\n" % (4 + 2 * count)
         shared = tuple(limit.shared for limit in limits)
         sha, source = self.script(limits)
         return Encoded(
             suffixes=tuple(key_suffix(limit).encode() for limit in limits),
-            evalsha_head=elements + b"$7\r\nEVALSHA\r\n" + frame(sha) + rest,
+            evalsha_head=b"*%d\r\n$7\r\nEVALSHA\r\n" % (4 + 2 * count)
+            + frame(sha)
+            + frame(str(count).encode()),
             source=source,
             tail=b"".join(
                 frame(limit_spec(per_shard(limit, self.shards), now_us).encode())
