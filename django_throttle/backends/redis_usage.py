@@ -20,14 +20,7 @@ from typing import Any
 from django_throttle.backends import usage_base
 from django_throttle.backends.base import call_backend
 from django_throttle.backends.scripts import Call, evalsha_all, lua_file, lua_source, top_per_shard
-from django_throttle.backends.usage_base import (
-    LETTERS,
-    SLOT,
-    MinuteCounts,
-    PendingCount,
-    UsageStore,
-    add_to,
-)
+from django_throttle.backends.usage_base import SLOT, MinuteCounts, add_to
 
 __all__ = ["BATCH", "RedisUsage", "lua_source", "top_per_shard"]
 
@@ -51,7 +44,7 @@ def _text(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
-class RedisUsage(UsageStore):
+class RedisUsage(usage_base.UsageStore):
     """Reads and pushes the usage counts a :class:`~django_throttle.backends.redis.RedisBackend`
     keeps. Pushes use the backend's client; reads a client with longer timeouts, built on first
     use: call :meth:`close` when done reading."""
@@ -133,8 +126,8 @@ class RedisUsage(UsageStore):
         framed = [_read_call(*call) for call in calls]
         return evalsha_all(self.client, self._read_sha, self._read_source, framed)
 
-    def push(self, batch: str, counts: Sequence[PendingCount]) -> None:
-        by_tag: dict[str, list[PendingCount]] = {}
+    def push(self, batch: str, counts: Sequence[usage_base.PendingCount]) -> None:
+        by_tag: dict[str, list[usage_base.PendingCount]] = {}
         for count in counts:
             tag = self.tags[zlib.crc32(count[2].encode()) % len(self.tags)]
             by_tag.setdefault(tag, []).append(count)
@@ -184,7 +177,7 @@ def _read_call(
         if totals == "1":
             keys.append(f"{tag}u{minute}")
         if clients == "1":
-            keys += (f"{tag}t{letter}{minute}" for letter in LETTERS)
+            keys += (f"{tag}t{letter}{minute}" for letter in usage_base.LETTERS)
     return keys, (first, last, totals, clients)
 
 
