@@ -18,6 +18,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from django_throttle.backends.base import (
@@ -79,19 +80,16 @@ class MemoryBackend(Backend):
         self._compiled: LimitsCache[tuple[Compiled, ...]] = LimitsCache()
         self._version = 0
         self._calls = itertools.count()
-        self._usage: MemoryUsage | None = None
 
     def __len__(self) -> int:
         return len(self._state)
 
-    @property
+    @cached_property
     def usage(self) -> MemoryUsage:
         """This backend's usage counters (the Redis script's usage keys' twin)."""
-        if self._usage is None:
-            from django_throttle.backends.memory_usage import MemoryUsage
+        from django_throttle.backends.memory_usage import MemoryUsage
 
-            self._usage = MemoryUsage(clock=self.clock)
-        return self._usage
+        return MemoryUsage(clock=self.clock)
 
     def refund(
         self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, taken_at: Taken = None
