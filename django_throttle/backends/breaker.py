@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from django_throttle import events
@@ -260,24 +261,16 @@ class CircuitBreaker:
         events.send(events.backend_unavailable, CircuitBreaker, error=exc)
 
 
+@dataclass(slots=True)
 class _Passage:
     """One call's way through a breaker (:meth:`CircuitBreaker.guard`): the epoch it
     started in and whether it is the half-open probe; ``done`` counts how it ended, unless
     it ended as nearly every call does (answered, closed, no failure streak to reset)."""
 
-    __slots__ = ("breaker", "done", "epoch", "probe")
-
-    def __init__(
-        self,
-        breaker: CircuitBreaker,
-        done: Callable[[int, bool, BaseException | None], None],
-        epoch: int,
-        probe: bool,
-    ) -> None:
-        self.breaker = breaker
-        self.done = done
-        self.epoch = epoch
-        self.probe = probe
+    breaker: CircuitBreaker
+    done: Callable[[int, bool, BaseException | None], None]
+    epoch: int
+    probe: bool
 
     def __enter__(self) -> None:
         return None
