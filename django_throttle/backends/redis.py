@@ -7,14 +7,15 @@ quota): the hash tag is the shard, so all keys of one call, and that shard's usa
 share a Redis Cluster slot. A shared limit's key has ``*`` in place of the client digest,
 ``<prefix>:{<shard>}*<suffix>``: one state per shard for every client of that shard, still in
 the calling client's slot, each enforcing its share of the capacity (:func:`.base.per_shard`).
-Scripts ship as ``.lua`` files in this package and run by EVALSHA; on NOSCRIPT (the script did
-not run) they are sent once more with EVAL, which carries the source. Nothing else is ever
-replayed, because a call that timed out may already have counted: the clients this module
-builds have retries off, short timeouts and a bounded pool, and every failure (redis-py's
-errors, socket errors, a garbled reply) surfaces as :class:`BackendError`; an error reply of
-the counting script itself (an argument it refuses) as :class:`~.base.ArgumentRefused`, which
-is our bug and no outage (see :func:`.wire.failure`). Counting calls are framed once per
-limit list and sent on the client's own pool (see :mod:`.wire`); ``async def`` views use
+Scripts ship as ``.lua`` files in this package (assembled by :mod:`.scripts`) and run by
+EVALSHA; on NOSCRIPT (the script did not run) they are sent once more with EVAL, which carries
+the source. Nothing else is ever replayed, because a call that timed out may already have
+counted: the clients it builds (:func:`.wire.build_client`) have retries off, short timeouts
+and a bounded pool, and every failure (redis-py's errors, socket errors, a garbled reply)
+surfaces as :class:`BackendError`; an error reply of the counting script itself (an argument
+it refuses) as :class:`~.base.ArgumentRefused`, which is our bug and no outage (see
+:func:`.wire.failure`). Counting calls are framed once per limit list (:mod:`.frames`) and sent
+on connections made like the client's (:mod:`.wire`); ``async def`` views use
 :mod:`.redis_async`.
 """
 
