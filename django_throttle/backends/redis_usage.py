@@ -12,6 +12,7 @@ It never imports redis-py: it drives the backend's client.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 import zlib
 from collections.abc import Iterable, Sequence
@@ -183,40 +184,26 @@ def _read_call(
 
 def _runs(minutes: list[int]) -> Iterable[tuple[int, int]]:
     """(first, last) runs of consecutive minutes, at most MINUTES_PER_CALL long."""
-    run_start = previous = None
-    for minute in minutes:
-        if run_start is None or previous is None:
-            run_start = minute
-        elif minute != previous + 1 or minute - run_start >= MINUTES_PER_CALL:
-            yield run_start, previous
-            run_start = minute
-        previous = minute
-    if run_start is not None and previous is not None:
-        yield run_start, previous
+    for _, run in itertools.groupby(enumerate(minutes), lambda pair: pair[1] - pair[0]):
+        consecutive = [minute for _, minute in run]
+        for start in range(0, len(consecutive), MINUTES_PER_CALL):
+            piece = consecutive[start : start + MINUTES_PER_CALL]
+            yield piece[0], piece[-1]
 
 
 def _merge(found: dict[int, MinuteCounts], parts: list[str], top_size: int) -> None:
     """Add one key's contents (minute, kind, then name/count pairs) to ``found``."""
     minute, kind, *items = parts
-    counts = found.get(int(minute))
-    if counts is None:
-        counts = found[int(minute)] = MinuteCounts()
+    counts = found.setdefault(int(minute), MinuteCounts())
+    pairs = zip(items[0::2], items[1::2], strict=False)  # a dangling name is ignored
     if kind == "u":
-        table = counts.totals
-        for i in range(0, len(items) - 1, 2):
-            name = items[i]
-            slot = SLOT.get(name[:1])
-            if slot is not None:
-                add_to(table, name[1:], slot, int(items[i + 1]))
+        for name, total in pairs:
+            if name[:1] in SLOT:
+                add_to(counts.totals, name[1:], SLOT[name[:1]], int(total))
         return
-    slot = SLOT[kind[1:]]
-    table = counts.clients
-    for i in range(0, len(items) - 1, 2):
-        row = table.get(items[i])
-        if row is None:
-            row = table[items[i]] = [0, 0, 0, 0, 0]
-        score = items[i + 1]
-        row[slot] += int(score) if score.isdigit() else round(float(score))
+    for name, score in pairs:
+        n = int(score) if score.isdigit() else round(float(score))
+        add_to(counts.clients, name, SLOT[kind[1:]], n)
     if len(items) // 2 >= top_size:
         counts.full = True
 
