@@ -1,10 +1,9 @@
 """Redis backend: every limit of a request checked in one EVALSHA, on the server's clock.
 
-Keys are ``<prefix>:{<shard>}<client digest>:<limit id>`` for a token bucket and
-``<prefix>:{<shard>}<client digest><code><limit id>`` for the other algorithms (``g`` GCRA,
-``l`` leaky bucket, ``f`` fixed window, ``w`` sliding log, ``s`` sliding counter, ``c`` calendar
-quota): the hash tag is the shard, so all keys of one call, and that shard's usage counters,
-share a Redis Cluster slot. A shared limit's key has ``*`` in place of the client digest,
+Keys are ``<prefix>:{<shard>}<client digest><code><limit id>`` (``t`` token bucket, ``g``
+GCRA, ``l`` leaky bucket, ``f`` fixed window, ``w`` sliding log, ``s`` sliding counter, ``c``
+calendar quota): the hash tag is the shard, so all keys of one call, and that shard's usage
+counters, share a Redis Cluster slot. A shared limit's key has ``*`` in place of the client digest,
 ``<prefix>:{<shard>}*<suffix>``: one state per shard for every client of that shard, still in
 the calling client's slot, each enforcing its share of the capacity (:func:`.base.per_shard`).
 Scripts ship as ``.lua`` files in this package (assembled by :mod:`.scripts`) and run by
