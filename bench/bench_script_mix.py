@@ -53,8 +53,8 @@ def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
     from bench_paths import MINIMAL_BUCKET
 
     from django_throttle.backends import get_backend
-    from django_throttle.backends.redis import ALGORITHM_FILES, SCRIPT_FILES, load_script
-    from django_throttle.backends.wire import Calls
+    from django_throttle.backends.frames import Calls
+    from django_throttle.backends.scripts import ALGORITHM_FILES, SCRIPT_FILES, load_script
     from django_throttle.rates import Limit
 
     plain = redis.Redis.from_url(redis_url)

@@ -22,7 +22,8 @@ from django_throttle import backends
 from django_throttle.backends import BackendError, get_backend, reset_backend_cache
 from django_throttle.backends.base import Backend
 from django_throttle.backends.memory import MemoryBackend
-from django_throttle.backends.redis import RETIME_FILES, RedisBackend, load_script
+from django_throttle.backends.redis import RedisBackend
+from django_throttle.backends.scripts import RETIME_FILES, load_script
 from django_throttle.rates import Limit, Rate
 from django_throttle.request.headers import retry_after_seconds, whole_seconds
 from tests.bucket_state import pack_bucket, unpack_bucket
@@ -330,7 +331,7 @@ def test_each_mix_of_algorithms_runs_a_script_defining_only_those_algorithms(
 def test_compact_numbers_in_specs_are_read_exactly_by_lua(
     redis_client: redis.Redis, n: float
 ) -> None:
-    from django_throttle.backends.wire import compact
+    from django_throttle.backends.frames import compact
 
     text = compact(int(n))
     assert len(text) <= len(str(int(n)))
@@ -1017,7 +1018,7 @@ def test_calendar_quota_works_on_the_server_clock(
 def test_calendar_specs_are_encoded_again_when_their_window_ends(
     redis_backend: RedisBackend,
 ) -> None:
-    from django_throttle.backends.wire import FOREVER
+    from django_throttle.backends.frames import FOREVER
 
     calls = redis_backend._calls
     plain = (REFERENCE,)

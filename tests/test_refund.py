@@ -23,7 +23,8 @@ from django_throttle.backends import BackendError, get_backend
 from django_throttle.backends.base import Backend
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.memory_algorithms import TWINS
-from django_throttle.backends.redis import REFUND_FILES, RedisBackend, load_script
+from django_throttle.backends.redis import RedisBackend
+from django_throttle.backends.scripts import REFUND_FILES, load_script
 from django_throttle.rates import Algorithm, Decision, Limit
 from tests.test_model import SHORT_PX_MS, AlgorithmMachine
 
@@ -398,7 +399,7 @@ def test_refunds_follow_the_model_for_longer(algorithm: str) -> None:
 
 def test_the_counting_script_leaves_the_refund_functions_out() -> None:
     """Refunds must not cost the request path: only refund.lua's script defines them."""
-    from django_throttle.backends.redis import SCRIPT_FILES
+    from django_throttle.backends.scripts import SCRIPT_FILES
 
     assert "refunding.lua" in REFUND_FILES and "refunding.lua" not in SCRIPT_FILES
     assert "REFUND = true" in load_script(REFUND_FILES)

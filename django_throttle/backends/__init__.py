@@ -37,14 +37,10 @@ _local: MemoryBackend | None = None
 
 def get_backend() -> Backend:
     """The process's backend instance, built on first use."""
+    global _backend
     backend = _backend
     if backend is not None:
         return backend
-    return _build()
-
-
-def _build() -> Backend:
-    global _backend
     with _lock:
         if _backend is None:
             path = app_settings.BACKEND

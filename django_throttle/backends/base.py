@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
-from django_throttle.rates import WINDOW_ALGORITHMS, Decision, InvalidRate, Limit, Rate
+from django_throttle.rates import WINDOW_ALGORITHMS, Algorithm, Decision, InvalidRate, Limit, Rate
 
 __all__ = ["ArgumentRefused", "Backend", "BackendError"]
 
@@ -30,20 +30,39 @@ CACHED_LISTS = 4096
 
 T = TypeVar("T")
 P = ParamSpec("P")
+Limits = Sequence[Limit]
+#: Unix seconds, or ``None`` for the backend's own clock.
+Now = float | None
+#: A usage field (``None``: count no usage).
+Usage = str | None
+#: A hit's instant (``Decision.taken``), or ``None``.
+Taken = int | None
+
+#: Each algorithm's code: in a Redis limit spec and key (lua/prelude.lua ``limit_spec``), and
+#: in the memory backend's state keys.
+ALGORITHM_CODES = {
+    Algorithm.TOKEN_BUCKET: "t",
+    Algorithm.GCRA: "g",
+    Algorithm.LEAKY_BUCKET: "l",
+    Algorithm.FIXED_WINDOW: "f",
+    Algorithm.SLIDING_LOG: "w",
+    Algorithm.SLIDING_COUNTER: "s",
+    Algorithm.CALENDAR: "c",
+}
 
 
 def async_twin(
-    method: Callable[Concatenate[Any, P], T], *, blocking: bool = True
+    method: Callable[Concatenate[Any, P], T],
 ) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, T]]:
-    """The ``async`` twin of a backend method (``ahit = async_twin(hit)``): it calls the
-    instance's own method of that name, an override included, in a worker thread; or, for
-    a method that never blocks (``blocking=False``: in-process counting, held for
+    """The ``async`` twin of a backend method (``acount = async_twin(count)``): it calls the
+    instance's own method of that name, an override included, in a worker thread; or, for a
+    backend that never blocks (:attr:`Backend.blocking` false: in-process counting, held for
     microseconds), on the event loop itself."""
     name = method.__name__
 
     async def twin(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
         func: Callable[P, T] = getattr(self, name)
-        if not blocking:
+        if not self.blocking:
             return func(*args, **kwargs)
         from asgiref.sync import sync_to_async
 
@@ -52,6 +71,16 @@ def async_twin(
     twin.__name__ = twin.__qualname__ = "a" + name
     twin.__doc__ = f":meth:`{name}` for ``async def`` views."
     return twin
+
+
+def call_backend(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call into a storage client; whatever it raises is a :class:`BackendError`. Besides its
+    own errors and socket errors, redis-py's parsers raise plain ValueError, AttributeError
+    or IndexError on a garbled reply: all backend failures, never a 500."""
+    try:
+        return func(*args, **kwargs)
+    except Exception as exc:
+        raise BackendError(f"{type(exc).__name__}: {exc}") from exc
 
 
 class BackendError(Exception):
@@ -70,17 +99,20 @@ class ArgumentRefused(BackendError):
 
 
 class Backend(ABC):
-    """Counting storage. Implementations must be thread-safe."""
+    """Counting storage. Implementations must be thread-safe.
 
-    @abstractmethod
+    A backend implements :meth:`count` (what :meth:`hit` and :meth:`peek` share) and
+    :meth:`refund`; their ``async`` twins run them in a worker thread unless the backend
+    has a native async client (and overrides :meth:`acount` and :meth:`arefund`) or never
+    blocks (:attr:`blocking`).
+    """
+
+    #: Whether a call waits on I/O: the default async methods then run it in a worker
+    #: thread; an in-process backend says ``False`` and answers on the event loop.
+    blocking = True
+
     def hit(
-        self,
-        client: str,
-        limits: Sequence[Limit],
-        cost: int = 1,
-        *,
-        now: float | None = None,
-        usage: str | None = None,
+        self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, usage: Usage = None
     ) -> Decision:
         """Take ``cost`` tokens from every limit if all can give them; otherwise take none.
 
@@ -89,20 +121,39 @@ class Backend(ABC):
         seconds) overrides the backend's clock, for deterministic tests only. Raise
         :class:`BackendError` when the storage cannot answer.
         """
+        return self.count(client, limits, cost, now, usage)
 
-    #: :meth:`hit` for ``async def`` views. Backends with a native async client override it;
-    #: this default runs :meth:`hit` in a worker thread.
-    ahit = async_twin(hit)
+    async def ahit(
+        self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, usage: Usage = None
+    ) -> Decision:
+        """:meth:`hit` for ``async def`` views."""
+        return await self.acount(client, limits, cost, now, usage)
+
+    def peek(self, client: str, limits: Limits, *, now: Now = None, cost: int = 0) -> Decision:
+        """Report the current state of the limits without consuming anything. With a
+        ``cost``, decide exactly as :meth:`hit` with that cost would (allowed, reported
+        limit, remaining, reset, retry), still writing nothing and counting no usage: what
+        the next request would get."""
+        return self.count(client, limits, cost, now, None, peek=True)
+
+    async def apeek(
+        self, client: str, limits: Limits, *, now: Now = None, cost: int = 0
+    ) -> Decision:
+        """:meth:`peek` for ``async def`` views."""
+        return await self.acount(client, limits, cost, now, None, peek=True)
+
+    @abstractmethod
+    def count(
+        self, client: str, limits: Limits, cost: int, now: Now, usage: Usage, peek: bool = False
+    ) -> Decision:
+        """:meth:`hit` (``usage`` counted), or with ``peek`` :meth:`peek` (``usage`` is
+        ``None``; nothing written)."""
+
+    acount = async_twin(count)
 
     @abstractmethod
     def refund(
-        self,
-        client: str,
-        limits: Sequence[Limit],
-        cost: int = 1,
-        *,
-        now: float | None = None,
-        taken_at: int | None = None,
+        self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, taken_at: Taken = None
     ) -> None:
         """Give ``cost`` tokens back to each of ``limits`` for ``client``: the undo of a
         :meth:`hit` that was allowed (a reservation whose request did not count), as one
@@ -120,40 +171,20 @@ class Backend(ABC):
         :class:`BackendError` raised here and goes on.
         """
 
-    #: :meth:`refund` for ``async def`` views; this default runs it in a worker thread.
     arefund = async_twin(refund)
 
     @abstractmethod
-    def peek(
-        self, client: str, limits: Sequence[Limit], *, now: float | None = None, cost: int = 0
-    ) -> Decision:
-        """Report the current state of the limits without consuming anything. With a
-        ``cost``, decide exactly as :meth:`hit` with that cost would (allowed, reported
-        limit, remaining, reset, retry), still writing nothing and counting no usage: what
-        the next request would get."""
-
-    #: :meth:`peek` for ``async def`` views. Backends with a native async client override it;
-    #: this default runs :meth:`peek` in a worker thread.
-    apeek = async_twin(peek)
-
-    @abstractmethod
-    def reset(self, client: str, limits: Sequence[Limit]) -> None:
+    def reset(self, client: str, limits: Limits) -> None:
         """Refill the client's buckets for these limits (forget their state)."""
 
     @abstractmethod
-    def reset_shared(self, limits: Sequence[Limit]) -> None:
+    def reset_shared(self, limits: Limits) -> None:
         """Refill these shared limits in every key shard: the whole ceiling, for every client
         at once (:meth:`reset` of a client leaves a shared limit alone, since it is not the
         client's own). Limits that are not shared are ignored."""
 
     @abstractmethod
-    def retime(
-        self,
-        limits: Sequence[Limit],
-        *,
-        now: float | None = None,
-        previous: Sequence[Limit] | None = None,
-    ) -> int:
+    def retime(self, limits: Limits, *, now: Now = None, previous: Limits | None = None) -> int:
         """Make every stored state of these limits (matched by ``limit.id`` and algorithm, all
         clients) expire when it stops mattering under the limit's current rate and burst.
 
@@ -196,7 +227,7 @@ class LimitsCache(Generic[T]):
         self._by_ids: dict[tuple[int, ...], tuple[tuple[Limit, ...], T]] = {}
         self._by_value: dict[tuple[Limit, ...], T] = {}
 
-    def get(self, limits: Sequence[Limit]) -> T | None:
+    def get(self, limits: Limits) -> T | None:
         """The value stored for these limits, else ``None``."""
         found = self._by_ids.get(tuple(map(id, limits)))
         if found is not None:
@@ -205,7 +236,7 @@ class LimitsCache(Generic[T]):
         # kept by their ids, which would hold every call's limits until the next clear.
         return self._by_value.get(tuple(limits))
 
-    def put(self, limits: Sequence[Limit], value: T) -> None:
+    def put(self, limits: Limits, value: T) -> None:
         held = tuple(limits)
         if len(self._by_ids) >= self.size or len(self._by_value) >= self.size:
             self.clear()
@@ -263,7 +294,7 @@ def per_shard(limit: Limit, shards: int) -> Limit:
 
 
 def decision_from(
-    limits: Sequence[Limit],
+    limits: Limits,
     allowed: bool,
     index: int,
     remaining: int,

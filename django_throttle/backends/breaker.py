@@ -20,10 +20,12 @@ it must not flood the log either).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from django_throttle import events
@@ -145,7 +147,9 @@ class CircuitBreaker:
             if probe:
                 self._probe_succeeded()
             elif self.streak:
-                self._succeeded(epoch)
+                with self._lock:
+                    if self._epoch == epoch:
+                        self.streak = 0
             if exc is not None:
                 self._refused(exc)
         elif probe:
@@ -177,11 +181,6 @@ class CircuitBreaker:
             f" ({quiet} more since the last such line)" if quiet else "",
         )
 
-    def _succeeded(self, epoch: int) -> None:
-        with self._lock:
-            if self._epoch == epoch:
-                self.streak = 0
-
     def _admit(self) -> bool:
         """True if this caller is the half-open probe; False if the breaker closed meanwhile;
         raise :class:`CircuitOpen` otherwise."""
@@ -211,7 +210,9 @@ class CircuitBreaker:
             self._next_epoch()
             self._opened_at = self.clock()
         logger.debug("throttle backend probe failed; breaker open again: %s", exc)
-        _announce(events.backend_error, error=exc, reason=events.error_reason(exc))
+        events.send(
+            events.backend_error, CircuitBreaker, error=exc, reason=events.error_reason(exc)
+        )
 
     def _probe_succeeded(self) -> None:
         with self._lock:
@@ -227,7 +228,7 @@ class CircuitBreaker:
             down,
             refused,
         )
-        _announce(events.backend_available, down_seconds=down)
+        events.send(events.backend_available, CircuitBreaker, down_seconds=down)
 
     def _note(self, exc: BaseException) -> None:
         self.last_error = f"{type(exc).__name__}: {exc}"[:500]
@@ -235,7 +236,9 @@ class CircuitBreaker:
 
     def _failed(self, exc: BackendError, epoch: int) -> None:
         self._note(exc)
-        _announce(events.backend_error, error=exc, reason=events.error_reason(exc))
+        events.send(
+            events.backend_error, CircuitBreaker, error=exc, reason=events.error_reason(exc)
+        )
         with self._lock:
             self.failures += 1
             if epoch != self._epoch or self._opened_at is not None:
@@ -255,27 +258,19 @@ class CircuitBreaker:
             self.cooldown,
             exc,
         )
-        _announce(events.backend_unavailable, error=exc)
+        events.send(events.backend_unavailable, CircuitBreaker, error=exc)
 
 
+@dataclass(slots=True)
 class _Passage:
     """One call's way through a breaker (:meth:`CircuitBreaker.guard`): the epoch it
     started in and whether it is the half-open probe; ``done`` counts how it ended, unless
     it ended as nearly every call does (answered, closed, no failure streak to reset)."""
 
-    __slots__ = ("breaker", "done", "epoch", "probe")
-
-    def __init__(
-        self,
-        breaker: CircuitBreaker,
-        done: Callable[[int, bool, BaseException | None], None],
-        epoch: int,
-        probe: bool,
-    ) -> None:
-        self.breaker = breaker
-        self.done = done
-        self.epoch = epoch
-        self.probe = probe
+    breaker: CircuitBreaker
+    done: Callable[[int, bool, BaseException | None], None]
+    epoch: int
+    probe: bool
 
     def __enter__(self) -> None:
         return None
@@ -286,28 +281,12 @@ class _Passage:
         self.done(self.epoch, self.probe, exc)
 
 
-def _announce(signal: Any, **kwargs: Any) -> None:
-    events.send(signal, CircuitBreaker, **kwargs)
-
-
-_lock = threading.Lock()
-_breaker: CircuitBreaker | None = None
-
-
+@functools.cache
 def get_breaker() -> CircuitBreaker:
     """The process's breaker, built on first use with :data:`THRESHOLD` and :data:`COOLDOWN`."""
-    global _breaker
-    breaker = _breaker
-    if breaker is not None:
-        return breaker
-    with _lock:
-        if _breaker is None:
-            _breaker = CircuitBreaker(threshold=THRESHOLD, cooldown=COOLDOWN)
-        return _breaker
+    return CircuitBreaker(threshold=THRESHOLD, cooldown=COOLDOWN)
 
 
 def reset_breaker() -> None:
     """Forget the process's breaker (``backends.reset_backend_cache`` calls this)."""
-    global _breaker
-    with _lock:
-        _breaker = None
+    get_breaker.cache_clear()

@@ -18,13 +18,18 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from django_throttle.backends.base import (
+    ALGORITHM_CODES,
     ArgumentRefused,
     Backend,
+    Limits,
     LimitsCache,
-    async_twin,
+    Now,
+    Taken,
+    Usage,
     decision_from,
     per_shard,
     shard_of,
@@ -52,6 +57,8 @@ class MemoryBackend(Backend):
     """Counts in an ordered dict guarded by a lock; expired state is swept as it is met.
     In-process and lock-held for microseconds, its async methods need no thread."""
 
+    blocking = False
+
     def __init__(
         self,
         clock: Callable[[], float] = time.time,
@@ -73,61 +80,29 @@ class MemoryBackend(Backend):
         self._compiled: LimitsCache[tuple[Compiled, ...]] = LimitsCache()
         self._version = 0
         self._calls = itertools.count()
-        self._usage: MemoryUsage | None = None
 
     def __len__(self) -> int:
         return len(self._state)
 
-    @property
+    @cached_property
     def usage(self) -> MemoryUsage:
         """This backend's usage counters (the Redis script's usage keys' twin)."""
-        if self._usage is None:
-            from django_throttle.backends.memory_usage import MemoryUsage
+        from django_throttle.backends.memory_usage import MemoryUsage
 
-            self._usage = MemoryUsage(clock=self.clock)
-        return self._usage
-
-    def hit(
-        self,
-        client: str,
-        limits: Sequence[Limit],
-        cost: int = 1,
-        *,
-        now: float | None = None,
-        usage: str | None = None,
-    ) -> Decision:
-        return self._run(client, limits, cost, now, consume=True, usage=usage)
-
-    ahit = async_twin(hit, blocking=False)
-
-    def peek(
-        self, client: str, limits: Sequence[Limit], *, now: float | None = None, cost: int = 0
-    ) -> Decision:
-        return self._run(client, limits, cost, now, consume=False)
-
-    apeek = async_twin(peek, blocking=False)
+        return MemoryUsage(clock=self.clock)
 
     def refund(
-        self,
-        client: str,
-        limits: Sequence[Limit],
-        cost: int = 1,
-        *,
-        now: float | None = None,
-        taken_at: int | None = None,
+        self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, taken_at: Taken = None
     ) -> None:
         """Give ``cost`` back to every limit, each by its algorithm's rule (refund.lua's
         twin, see memory_algorithms), under the lock: one atomic step. ``taken_at``: see
         :meth:`Backend.refund`."""
-        if not 0 <= cost <= MAX_COUNT or cost % 1:
-            raise ArgumentRefused(f"cost must be a whole number in [0, {MAX_COUNT}], not {cost!r}")
-        cost = int(cost)
-        now_us = round((self.clock() if now is None else now) * 1e6)
+        cost = _whole(cost)
+        now_us = self._now_us(now)
         now_ms = now_us // 1000
         states = self._state
         with self._lock:
-            specs = self._specs(limits)
-            for spec in specs:
+            for spec in self._specs(limits):
                 key = self._key(client, spec)
                 entry = states.get(key)
                 if entry is None or not cost:
@@ -135,14 +110,9 @@ class MemoryBackend(Backend):
                 if entry[1] < now_ms:  # expired: missing, as its Redis key would be
                     del states[key]
                     continue
-                capacity = spec.capacity
+                taken = min(cost, spec.capacity)
                 state, ttl = spec.refund(
-                    entry[0],
-                    now_us,
-                    capacity,
-                    spec.param,
-                    cost if cost < capacity else capacity,
-                    taken_at,
+                    entry[0], now_us, spec.capacity, spec.param, taken, taken_at
                 )
                 if ttl is None:
                     continue
@@ -151,24 +121,19 @@ class MemoryBackend(Backend):
                 else:
                     states[key] = (state, expiry_ms(now_us, ttl))
 
-    arefund = async_twin(refund, blocking=False)
-
-    def reset(self, client: str, limits: Sequence[Limit]) -> None:
+    def reset(self, client: str, limits: Limits) -> None:
         """Forget the client's states; for a shared limit, its shard's (everyone's there)."""
         with self._lock:
             for limit in limits:
-                code = TWINS[limit.algorithm].code
                 owner = shard_of(client, self.shards) if limit.shared else client
-                self._state.pop((owner, limit.id, code), None)
+                self._state.pop((owner, limit.id, ALGORITHM_CODES[limit.algorithm]), None)
 
-    def reset_shared(self, limits: Sequence[Limit]) -> None:
+    def reset_shared(self, limits: Limits) -> None:
         """Forget every shard's state of these shared limits."""
         with self._lock:
             for limit in limits:
-                if limit.shared:
-                    code = TWINS[limit.algorithm].code
-                    for shard in range(self.shards):
-                        self._state.pop((shard, limit.id, code), None)
+                for shard in range(self.shards) if limit.shared else ():
+                    self._state.pop((shard, limit.id, ALGORITHM_CODES[limit.algorithm]), None)
 
     @property
     def shards(self) -> int:
@@ -183,39 +148,35 @@ class MemoryBackend(Backend):
             return (shard_of(client, self.shards), spec.id, spec.code)
         return (client, spec.id, spec.code)
 
-    def retime(
-        self,
-        limits: Sequence[Limit],
-        *,
-        now: float | None = None,
-        previous: Sequence[Limit] | None = None,
-    ) -> int:
+    def _now_us(self, now: Now) -> int:
+        """Whole microseconds, like the server clock the scripts read."""
+        return round((self.clock() if now is None else now) * 1e6)
+
+    def retime(self, limits: Limits, *, now: Now = None, previous: Limits | None = None) -> int:
         """Re-time every live state of these limits (retime.lua's twin): each algorithm's edit
         rule from the state and, for GCRA, the limit before the edit (``previous[i]``)."""
-        now_us = round((self.clock() if now is None else now) * 1e6)
-        now_ms = now_us // 1000
+        now_us = self._now_us(now)
         touched = 0
         with self._lock:
-            for i, limit in enumerate(limits):
+            olds: Sequence[Limit | None] = previous or [None] * len(limits)
+            for limit, old in zip(limits, olds, strict=True):
                 twin = TWINS[limit.algorithm]
-                old = previous[i] if previous is not None else None
-                old_param = (
-                    twin.param(per_shard(old, self.shards))
-                    if old is not None and old.algorithm == limit.algorithm
-                    else None
-                )
+                old_param = None
+                if old is not None and old.algorithm == limit.algorithm:
+                    old_param = twin.param(per_shard(old, self.shards))
                 counted = per_shard(limit, self.shards) if limit.shared else limit
-                param, capacity = twin.param(counted), counted.capacity
                 # A shared limit's states are keyed by shard (int), the others by client.
                 owner = int if limit.shared else str
                 for key, (state, expires) in list(self._state.items()):
                     if key[1] != limit.id or key[2] != twin.code or type(key[0]) is not owner:
                         continue
-                    if expires < now_ms:  # gone, as its Redis key would be
+                    if expires < now_us // 1000:  # gone, as its Redis key would be
                         del self._state[key]
                         continue
                     touched += 1
-                    state, ttl = twin.retime(state, now_us, capacity, param, old_param)
+                    state, ttl = twin.retime(
+                        state, now_us, counted.capacity, twin.param(counted), old_param
+                    )
                     if ttl <= 0:  # the state no longer matters: deleted, as the script does
                         del self._state[key]
                     else:
@@ -229,31 +190,21 @@ class MemoryBackend(Backend):
         with self._lock:
             self._version += 1
 
-    def _specs(self, limits: Sequence[Limit]) -> tuple[Compiled, ...]:
+    def _specs(self, limits: Limits) -> tuple[Compiled, ...]:
         found = self._compiled.get(limits)
-        if found is not None:
-            return found
-        compiled = tuple(
-            compile_limit(per_shard(limit, self.shards) if limit.shared else limit)
-            for limit in limits
-        )
-        self._compiled.put(limits, compiled)
-        return compiled
+        if found is None:
+            found = tuple(
+                compile_limit(per_shard(limit, self.shards) if limit.shared else limit)
+                for limit in limits
+            )
+            self._compiled.put(limits, found)
+        return found
 
-    def _run(
-        self,
-        client: str,
-        limits: Sequence[Limit],
-        cost: int,
-        now: float | None,
-        consume: bool,
-        usage: str | None = None,
+    def count(
+        self, client: str, limits: Limits, cost: int, now: Now, usage: Usage, peek: bool = False
     ) -> Decision:
-        if not 0 <= cost <= MAX_COUNT or cost % 1:
-            raise ArgumentRefused(f"cost must be a whole number in [0, {MAX_COUNT}], not {cost!r}")
-        cost = int(cost)
-        # Whole microseconds, like the server clock the script reads.
-        now_us = round((self.clock() if now is None else now) * 1e6)
+        cost = _whole(cost)
+        now_us = self._now_us(now)
         now_ms = now_us // 1000
         states, lru = self._state, self._lru
         with self._lock:
@@ -291,23 +242,22 @@ class MemoryBackend(Backend):
                     if allowed or retry > pick_retry:
                         pick, pick_remaining, pick_reset, pick_retry = i, remaining, reset, retry
                     allowed = False
-            if allowed and consume:
+            if allowed and not peek:
                 for key, pending, ttl, commit in writes:
                     if commit is not None:
                         entry = states.get(key)
                         live = entry is not None and entry[1] >= now_ms
                         pending = commit(entry[0] if live else None, pending)  # type: ignore[index]
                     states[key] = (pending, expiry_ms(now_us, ttl))
-                if lru is not None:
-                    bound = self.max_entries or 0
-                    while len(lru) > bound:
-                        lru.popitem(last=False)
-            if consume and usage and limits:
+                while lru is not None and len(lru) > (self.max_entries or 0):
+                    lru.popitem(last=False)
+            if usage and limits and not peek:
                 if usage[0] == IF_DENIED:  # lua/driver.lua: counted only when denied
                     usage = usage[1:] if not allowed else ""
                 if usage:
                     outcome = ("s" if shadow_denied else "a") if allowed else "d"
                     self.usage.count(now_us, usage, client, outcome)
+        stamped = allowed and not peek and any(spec.code in STAMPED_CODES for spec in specs)
         return decision_from(
             limits,
             allowed,
@@ -316,13 +266,12 @@ class MemoryBackend(Backend):
             math.ceil(pick_reset),
             0 if allowed else math.ceil(pick_retry),
             shadow_denied,
-            ((client, now_us),) if allowed and consume and _stamped(specs) else (),
+            ((client, now_us),) if stamped else (),
         )
 
     def _sweep(self, now_ms: int) -> None:
         """Drop state past its expiry: the Redis TTL's twin."""
-        expired = [key for key, (_, expires) in self._state.items() if expires < now_ms]
-        for key in expired:
+        for key in [key for key, (_, expires) in self._state.items() if expires < now_ms]:
             del self._state[key]
 
 
@@ -331,5 +280,8 @@ class MemoryBackend(Backend):
 STAMPED_CODES = frozenset("wfcs")
 
 
-def _stamped(specs: Sequence[Any]) -> bool:
-    return any(spec.code in STAMPED_CODES for spec in specs)
+def _whole(cost: int) -> int:
+    """``cost`` as the scripts take it: a whole number in ``[0, MAX_COUNT]``."""
+    if not 0 <= cost <= MAX_COUNT or cost % 1:
+        raise ArgumentRefused(f"cost must be a whole number in [0, {MAX_COUNT}], not {cost!r}")
+    return int(cost)

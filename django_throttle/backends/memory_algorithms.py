@@ -1,4 +1,5 @@
-"""The memory backend's twins of the Redis scripts' algorithms, one function each.
+"""The memory backend's twins of the Redis scripts' algorithms, one function each (the exact
+windows' in :mod:`.memory_windows`), and the table of them.
 
 Each ``decide`` answers what its Lua twin answers for the same state, ``now`` and limit: the
 same float operations in the same order (each script file's header states its rules), so a
@@ -19,11 +20,23 @@ state is left as it is (a window that is no longer the current one).
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any, NamedTuple
 
-from django_throttle.calendar import windows
+from django_throttle.backends.base import ALGORITHM_CODES
+from django_throttle.backends.memory_windows import (
+    calendar_quota,
+    calendar_quota_refund,
+    calendar_quota_retime,
+    fixed_window,
+    fixed_window_refund,
+    fixed_window_retime,
+    sliding_log,
+    sliding_log_commit,
+    sliding_log_refund,
+    sliding_log_retime,
+)
 from django_throttle.rates import MAX_WINDOW, Algorithm, Limit
 
 #: Same tolerance as the Lua prelude, in tokens.
@@ -147,175 +160,6 @@ def gcra_refund(
     return (new, new - now) if new > now else (None, 0)
 
 
-def fixed_window(state: Any, now: int, capacity: int, period: int, cost: int) -> Any:
-    """``f``: state ``(count, start)`` of the window ``[start, start + P)``."""
-    if state is None:
-        count, start = 0, now - now % period
-    else:
-        count, start = state
-        if start > now:
-            start = now - now % period
-        elif now >= start + period:
-            count, grid = 0, now - now % period
-            start = grid if grid > start + period else start + period
-    left = start + period - now
-    if count + cost <= capacity:
-        return True, capacity - count - cost, left, 0, (count + cost, start), left
-    return False, max(0, capacity - count), left, left, None, 0
-
-
-def fixed_window_retime(
-    state: Any, now: int, capacity: int, period: int, old: Any
-) -> tuple[Any, Any]:
-    ttl = state[1] + period - now
-    return state, ttl if ttl < period else period
-
-
-def fixed_window_refund(
-    state: Any, now: int, capacity: int, period: int, cost: int, taken: int | None = None
-) -> tuple[Any, Any]:
-    """The current window's count less ``cost``; an earlier window is left alone, and so is
-    the current one when the refunded hit (``taken``) was counted before it started."""
-    count, start = state
-    if start > now:
-        start = now - now % period
-    elif now >= start + period:
-        return state, None
-    if taken is not None and taken < start:
-        return state, None
-    return _window_refund(count - cost, start, start + period - now)
-
-
-def _window_refund(left: int, start: int, ttl: int) -> tuple[Any, Any]:
-    return ((left, start), ttl) if left > 0 else (None, 0)
-
-
-#: The current window of each (unit, time zone), reused while ``now`` is inside it: the hot
-#: path then skips the time zone arithmetic.
-_WINDOWS: dict[tuple[str, str], tuple[int, int]] = {}
-
-
-def _calendar_window(unit_tz: tuple[str, str], now: int) -> tuple[int, int]:
-    found = _WINDOWS.get(unit_tz)
-    if found is not None and found[0] <= now < found[1]:
-        return found
-    bounds = windows(unit_tz[0], unit_tz[1], now)
-    if len(_WINDOWS) >= 1024:
-        _WINDOWS.clear()
-    found = _WINDOWS[unit_tz] = (bounds[1], bounds[2])
-    return found
-
-
-def calendar_quota(state: Any, now: int, capacity: int, unit_tz: Any, cost: int) -> Any:
-    """``c``: the fixed window over calendar windows ``[b1, b2)`` (local midnight, the 1st…)."""
-    begin, end = _calendar_window(unit_tz, now)
-    count, start = (0, begin) if state is None or state[1] < begin else state
-    left = end - now
-    if count + cost <= capacity:
-        return True, capacity - count - cost, left, 0, (count + cost, start), left
-    return False, max(0, capacity - count), left, left, None, 0
-
-
-def calendar_quota_retime(
-    state: Any, now: int, capacity: int, unit_tz: Any, old: Any
-) -> tuple[Any, Any]:
-    begin, end = _calendar_window(unit_tz, now)
-    return state, end - now if state[1] >= begin else 0
-
-
-def calendar_quota_refund(
-    state: Any, now: int, capacity: int, unit_tz: Any, cost: int, taken: int | None = None
-) -> tuple[Any, Any]:
-    begin, end = _calendar_window(unit_tz, now)
-    if state[1] < begin or (taken is not None and taken < begin):
-        return state, None
-    return _window_refund(state[0] - cost, state[1], end - now)
-
-
-class LogCommit(NamedTuple):
-    """A sliding log's pending write: trim what ``now`` no longer sees, add ``cost`` entries."""
-
-    now: int
-    period: int
-    cost: int
-
-
-def sliding_log(state: Any, now: int, capacity: int, period: int, cost: int) -> Any:
-    """``w``: state = a sorted list of µs timestamps, one per unit of cost."""
-    if state:
-        dead = bisect_right(state, now - period)
-        count = len(state) - dead
-    else:
-        dead = count = 0
-    if count + cost <= capacity:
-        if cost:
-            newest = now if not count or state[-1] < now else state[-1]
-        elif count:
-            newest = state[-1]
-        else:
-            return True, capacity, 0, 0, None, 0
-        reset = newest + period - now
-        if reset > period:  # an entry from a clock that ran ahead
-            reset = period
-        return True, capacity - count - cost, reset, 0, LogCommit(now, period, cost), reset
-    retry = state[dead + count + cost - capacity - 1] + period - now
-    reset = state[-1] + period - now
-    return (
-        False,
-        max(0, capacity - count),
-        reset if reset < period else period,
-        retry if retry < period else period,
-        None,
-        0,
-    )
-
-
-def sliding_log_commit(state: Any, pending: LogCommit) -> list[int]:
-    """Mutate the stored log in place: O(log n + cost) plus the trim."""
-    log: list[int] = state if state is not None else []
-    now = pending.now
-    dead = bisect_right(log, now - pending.period)
-    if dead:
-        del log[:dead]
-    if not log or log[-1] <= now:
-        log.extend([now] * pending.cost)
-    else:
-        for _ in range(pending.cost):
-            insort(log, now)
-    return log
-
-
-def sliding_log_retime(
-    state: Any, now: int, capacity: int, period: int, old: Any
-) -> tuple[Any, Any]:
-    return state, state[-1] + period - now if state else 0
-
-
-def sliding_log_refund(
-    state: Any, now: int, capacity: int, period: int, cost: int, taken: int | None = None
-) -> tuple[Any, Any]:
-    """Drop up to ``cost`` entries of the refunded hit's instant ``taken`` (none left there:
-    nothing to give back), or without it the ``cost`` newest live entries; and the dead
-    ones, as a hit's write does."""
-    dead = bisect_right(state, now - period)
-    if taken is not None:
-        if taken <= now - period:
-            return state, None
-        first, last = bisect_left(state, taken), bisect_right(state, taken)
-        if first == last:
-            return state, None
-        del state[max(first, last - cost) : last]
-    elif len(state) - dead <= cost:
-        return None, 0
-    else:
-        del state[len(state) - cost :]
-    del state[:dead]
-    if not state:
-        return None, 0
-    reset = state[-1] + period - now
-    return state, reset if reset < period else period
-
-
 def sliding_counter(state: Any, now: int, capacity: int, period: int, cost: int) -> Any:
     """``s``: state ``(cur, prev, start)``; the previous window weighs by what is left of it."""
     grid = now - now % period
@@ -366,51 +210,47 @@ def sliding_counter_refund(
 
 
 class Twin(NamedTuple):
-    """One algorithm: its spec code (also the key's tag), decide, commit, retime, refund."""
+    """One algorithm: its spec code (also the key's tag), its parameter from a limit, and its
+    decide, retime, refund and (a sliding log's) commit."""
 
     code: str
-    decide: Decide
-    commit: Callable[[Any, Any], Any] | None
-    retime: Retime
     param: Callable[[Limit], Any]
+    decide: Decide
+    retime: Retime
     refund: Refund
+    commit: Callable[[Any, Any], Any] | None = None
 
 
-def _interval(limit: Limit) -> float:
-    return limit.interval_us
-
-
-def _period(limit: Limit) -> int:
-    return limit.period_us
-
-
-TWINS: dict[str, Twin] = {
-    Algorithm.TOKEN_BUCKET.value: Twin(
-        "t", token_bucket, None, token_bucket_retime, _interval, token_bucket_refund
+_interval = attrgetter("interval_us")
+_period = attrgetter("period_us")
+#: Each algorithm's parameter, decide, retime, refund (and commit): see :class:`Twin`.
+_FUNCTIONS: dict[Algorithm, tuple[Any, ...]] = {
+    Algorithm.TOKEN_BUCKET: (_interval, token_bucket, token_bucket_retime, token_bucket_refund),
+    Algorithm.LEAKY_BUCKET: (_interval, token_bucket, token_bucket_retime, token_bucket_refund),
+    Algorithm.GCRA: (attrgetter("emission_us"), gcra, gcra_retime, gcra_refund),
+    Algorithm.FIXED_WINDOW: (_period, fixed_window, fixed_window_retime, fixed_window_refund),
+    Algorithm.SLIDING_LOG: (
+        _period,
+        sliding_log,
+        sliding_log_retime,
+        sliding_log_refund,
+        sliding_log_commit,
     ),
-    Algorithm.LEAKY_BUCKET.value: Twin(
-        "l", token_bucket, None, token_bucket_retime, _interval, token_bucket_refund
+    Algorithm.SLIDING_COUNTER: (
+        _period,
+        sliding_counter,
+        sliding_counter_retime,
+        sliding_counter_refund,
     ),
-    Algorithm.GCRA.value: Twin(
-        "g", gcra, None, gcra_retime, lambda limit: limit.emission_us, gcra_refund
-    ),
-    Algorithm.FIXED_WINDOW.value: Twin(
-        "f", fixed_window, None, fixed_window_retime, _period, fixed_window_refund
-    ),
-    Algorithm.SLIDING_LOG.value: Twin(
-        "w", sliding_log, sliding_log_commit, sliding_log_retime, _period, sliding_log_refund
-    ),
-    Algorithm.SLIDING_COUNTER.value: Twin(
-        "s", sliding_counter, None, sliding_counter_retime, _period, sliding_counter_refund
-    ),
-    Algorithm.CALENDAR.value: Twin(
-        "c",
+    Algorithm.CALENDAR: (
+        attrgetter("calendar_unit", "timezone"),
         calendar_quota,
-        None,
         calendar_quota_retime,
-        lambda limit: (limit.calendar_unit, limit.timezone),
         calendar_quota_refund,
     ),
+}
+TWINS: dict[str, Twin] = {
+    algorithm: Twin(ALGORITHM_CODES[algorithm], *f) for algorithm, f in _FUNCTIONS.items()
 }
 
 

@@ -17,20 +17,12 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from django_throttle.backends import usage_base
-from django_throttle.backends.usage_base import (
-    KEYS_SEEN_MAX,
-    LETTERS,
-    SLOT,
-    MinuteCounts,
-    PendingCount,
-    UsageStore,
-    add_to,
-)
+from django_throttle.backends.usage_base import SLOT, MinuteCounts, add_to
 
 __all__ = ["MemoryUsage"]
 
 
-class MemoryUsage(UsageStore):
+class MemoryUsage(usage_base.UsageStore):
     """Per-minute usage counts in process; ``clock`` (Unix seconds) gives the current minute
     for reports. Reads its settings when built (the backend is rebuilt when they change)."""
 
@@ -103,14 +95,15 @@ class MemoryUsage(UsageStore):
 
     def _note_key_use(self, prefix: str, second: int) -> None:
         """The script's ``note_key_use``: never moves back; the least recently used key is
-        forgotten beyond :data:`KEYS_SEEN_MAX`."""
+        forgotten beyond :data:`~.usage_base.KEYS_SEEN_MAX`."""
         with self._lock:
             seen = self._keys_seen
             if prefix in seen:
                 seen[prefix] = max(seen[prefix], second)
                 return
             seen[prefix] = second
-            if len(seen) > KEYS_SEEN_MAX:  # rare: only when a new key arrives at the bound
+            # Rare: only when a new key arrives at the bound.
+            if len(seen) > usage_base.KEYS_SEEN_MAX:
                 del seen[min(seen, key=lambda name: (seen[name], name))]
 
     def keys_last_used(self, prefixes: Iterable[str] | None = None) -> dict[str, int]:
@@ -148,7 +141,7 @@ class MemoryUsage(UsageStore):
                             add_to(counts.clients, client, SLOT[letter], n)
         return found
 
-    def push(self, batch: str, counts: Sequence[PendingCount]) -> None:
+    def push(self, batch: str, counts: Sequence[usage_base.PendingCount]) -> None:
         with self._lock:
             if batch in self._applied:
                 return
@@ -156,7 +149,7 @@ class MemoryUsage(UsageStore):
                 self._applied.clear()
             self._applied.add(batch)
         for minute, field, client, letter, n in counts:
-            if letter in LETTERS and n >= 1:
+            if letter in usage_base.LETTERS and n >= 1:
                 self.count(minute * 60_000_000.0, field, client, letter, n)
                 with self._lock:
                     self._late.add(minute)

@@ -1,20 +1,20 @@
 """Redis backend: every limit of a request checked in one EVALSHA, on the server's clock.
 
-Keys are ``<prefix>:{<shard>}<client digest>:<limit id>`` for a token bucket and
-``<prefix>:{<shard>}<client digest><code><limit id>`` for the other algorithms (``g`` GCRA,
-``l`` leaky bucket, ``f`` fixed window, ``w`` sliding log, ``s`` sliding counter, ``c`` calendar
-quota): the hash tag is the shard, so all keys of one call, and that shard's usage counters,
-share a Redis Cluster slot. A shared limit's key has ``*`` in place of the client digest,
+Keys are ``<prefix>:{<shard>}<client digest><code><limit id>`` (``t`` token bucket, ``g``
+GCRA, ``l`` leaky bucket, ``f`` fixed window, ``w`` sliding log, ``s`` sliding counter, ``c``
+calendar quota): the hash tag is the shard, so all keys of one call, and that shard's usage
+counters, share a Redis Cluster slot. A shared limit's key has ``*`` in place of the client digest,
 ``<prefix>:{<shard>}*<suffix>``: one state per shard for every client of that shard, still in
 the calling client's slot, each enforcing its share of the capacity (:func:`.base.per_shard`).
-Scripts ship as ``.lua`` files in this package and run by EVALSHA; on NOSCRIPT (the script did
-not run) they are sent once more with EVAL, which carries the source. Nothing else is ever
-replayed, because a call that timed out may already have counted: the clients this module
-builds have retries off, short timeouts and a bounded pool, and every failure (redis-py's
-errors, socket errors, a garbled reply) surfaces as :class:`BackendError`; an error reply of
-the counting script itself (an argument it refuses) as :class:`~.base.ArgumentRefused`, which
-is our bug and no outage (see :func:`.wire.failure`). Counting calls are framed once per
-limit list and sent on the client's own pool (see :mod:`.wire`); ``async def`` views use
+Scripts ship as ``.lua`` files in this package (assembled by :mod:`.scripts`) and run by
+EVALSHA; on NOSCRIPT (the script did not run) they are sent once more with EVAL, which carries
+the source. Nothing else is ever replayed, because a call that timed out may already have
+counted: the clients it builds (:func:`.wire.build_client`) have retries off, short timeouts
+and a bounded pool, and every failure (redis-py's errors, socket errors, a garbled reply)
+surfaces as :class:`BackendError`; an error reply of the counting script itself (an argument
+it refuses) as :class:`~.base.ArgumentRefused`, which is our bug and no outage (see
+:func:`.wire.failure`). Counting calls are framed once per limit list (:mod:`.frames`) and sent
+on connections made like the client's (:mod:`.wire`); ``async def`` views use
 :mod:`.redis_async`.
 """
 
@@ -23,160 +23,51 @@ from __future__ import annotations
 import hashlib
 import re
 from base64 import urlsafe_b64encode
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
-from importlib import resources
 from typing import Any
 
 import redis
-from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
-from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError
-from redis.retry import Retry
 
 from django_throttle import events
 from django_throttle.backends.base import (
     DIGEST_SIZE,
     Backend,
-    BackendError,
+    Limits,
+    Now,
+    Taken,
+    Usage,
+    call_backend,
     decision_from,
     per_shard,
 )
-from django_throttle.backends.redis_async import AsyncConnections
-from django_throttle.backends.wire import (
+from django_throttle.backends.frames import (
     DIGEST_KEY_CHARS,
     SHARED_MARK,
     Calls,
-    Connections,
-    failure,
     key_suffix,
     limit_spec,
 )
+from django_throttle.backends.redis_async import AsyncConnections
+from django_throttle.backends.scripts import (
+    REFUND_FILES,
+    RETIME_FILES,
+    SCRIPT_FILES,
+    evalsha_all,
+    files_for,
+    load_script,
+)
+from django_throttle.backends.wire import Connections, build_client, failure
 from django_throttle.conf import app_settings
 from django_throttle.rates import Decision, Limit
 
 __all__ = ["RedisBackend"]
 
-#: Lua files making up the counting script, in load order: shared prelude, algorithms (the
-#: leaky bucket reuses the token bucket, the calendar quota the fixed window), usage counting,
-#: driver.
-ALGORITHM_FILES = (
-    "token_bucket.lua",
-    "leaky_bucket.lua",
-    "gcra.lua",
-    "fixed_window.lua",
-    "calendar_quota.lua",
-    "sliding_log.lua",
-    "sliding_counter.lua",
-)
-#: The algorithm files a spec code needs, its own and those whose functions it reuses.
-ALGORITHM_FILES_BY_CODE = {
-    "t": ("token_bucket.lua",),
-    "l": ("token_bucket.lua", "leaky_bucket.lua"),
-    "g": ("gcra.lua",),
-    "f": ("fixed_window.lua",),
-    "c": ("fixed_window.lua", "calendar_quota.lua"),
-    "w": ("sliding_log.lua",),
-    "s": ("sliding_counter.lua",),
-}
-SCRIPT_FILES = ("prelude.lua", *ALGORITHM_FILES, "usage.lua", "driver.lua")
-#: The same definitions with the retime driver (after a limit changed, see ``retime``).
-RETIME_FILES = ("prelude.lua", *ALGORITHM_FILES, "retime.lua")
-#: The same definitions with the refund driver (a reservation given back, see ``refund``);
-#: ``refunding.lua`` has the algorithm files define their refund functions, which the
-#: counting script leaves out.
-REFUND_FILES = ("prelude.lua", "refunding.lua", *ALGORITHM_FILES, "refund.lua")
-#: A stalled Redis must cost a request tens of milliseconds, not redis-py's default 5 s x 10.
-DEFAULT_CLIENT_OPTIONS: dict[str, Any] = {
-    "socket_connect_timeout": 0.05,
-    "socket_timeout": 0.05,
-    "max_connections": 64,
-}
-#: Options of a borrowed cache connection that would undo the bounds above; retries are
-#: always off whatever the settings say, because a replayed call may count twice.
-_NOT_BORROWED = ("retry", "retry_on_timeout", "retry_on_error", "timeout", "max_connections")
 #: The policy version key outlives any sane gap between edits; missing simply means "reload".
 POLICY_VERSION_TTL = 30 * 86400
 #: Keys asked of each SCAN step, and so at most this many per retime script call.
 RETIME_BATCH = 1000
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
-
-
-def load_script(files: Sequence[str] = SCRIPT_FILES, shards: int | None = None) -> str:
-    """A script's source, assembled from the package's ``.lua`` files; ``usage.lua`` gets the
-    usage settings written in (constants in the script cost no bytes per request)."""
-    from django_throttle.backends.redis_usage import lua_source
-
-    folder = resources.files("django_throttle.backends") / "lua"
-    return "\n".join(
-        lua_source(shards or app_settings.KEY_SHARDS)
-        if name == "usage.lua"
-        else (folder / name).read_text(encoding="utf-8")
-        for name in files
-    )
-
-
-def files_for(files: Sequence[str], codes: Iterable[str]) -> tuple[str, ...]:
-    """``files`` with only the algorithm files that ``codes`` need, in their load order.
-
-    Redis runs a script's whole body on every call, so each algorithm a script defines costs
-    every call (all seven: about 6 µs of server time per decision, a quarter of it); a
-    call therefore uses a script holding just the algorithms of its limits.
-    """
-    needed = {name for code in codes for name in ALGORITHM_FILES_BY_CODE[code]}
-    return tuple(name for name in files if name not in ALGORITHM_FILES or name in needed)
-
-
-def build_client() -> redis.Redis:
-    """A client with short timeouts, no retries and a bounded pool.
-
-    It connects to ``DJANGO_THROTTLE_REDIS_URL``, else to the Redis of the cache named by
-    ``DJANGO_THROTTLE_CACHE_ALIAS`` (its first ``LOCATION``, the primary, with its password and
-    pool options) — never through the cache's own client, which has no timeouts.
-    ``DJANGO_THROTTLE_REDIS_OPTIONS`` overrides any option except retries.
-    """
-    url = app_settings.REDIS_URL
-    borrowed: dict[str, Any] = {}
-    if url is None:
-        url, borrowed = cache_connection(app_settings.CACHE_ALIAS)
-        for name in _NOT_BORROWED:
-            borrowed.pop(name, None)
-    options = {**borrowed, **DEFAULT_CLIENT_OPTIONS, **app_settings.REDIS_OPTIONS}
-    options.pop("retry_on_timeout", None)
-    options.pop("retry_on_error", None)
-    options["retry"] = Retry(NoBackoff(), 0)
-    # How long a request may wait for a free pooled connection before failing over.
-    options.setdefault("timeout", options.get("socket_connect_timeout", 0.05))
-    return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))
-
-
-def cache_connection(alias: str) -> tuple[str, dict[str, Any]]:
-    """The primary URL and connection options of a django-redis (or Django ``RedisCache``)
-    cache, read from ``CACHES[alias]``."""
-    config: dict[str, Any] = settings.CACHES.get(alias) or {}
-    backend = str(config.get("BACKEND", ""))
-    options: dict[str, Any] = dict(config.get("OPTIONS") or {})
-    location = config.get("LOCATION") or ""
-    urls = location.split(",") if isinstance(location, str) else list(location)
-    url = str(urls[0]).strip() if urls else ""
-    hint = (
-        f"CACHES[DJANGO_THROTTLE_CACHE_ALIAS = {alias!r}] is not a Redis cache with a redis:// "
-        "LOCATION the throttle can connect to: set DJANGO_THROTTLE_REDIS_URL."
-    )
-    if not url.startswith(("redis://", "rediss://", "unix://")) or "SENTINELS" in options:
-        raise ImproperlyConfigured(hint)
-    if backend.startswith("django_redis."):
-        kwargs = dict(options.get("CONNECTION_POOL_KWARGS") or {})
-        for option, kwarg in (("USERNAME", "username"), ("PASSWORD", "password")):
-            if options.get(option):
-                kwargs[kwarg] = options[option]
-        return url, kwargs
-    if backend == "django.core.cache.backends.redis.RedisCache":
-        for name in ("pool_class", "parser_class", "serializer"):
-            options.pop(name, None)
-        return url, options
-    raise ImproperlyConfigured(hint)
 
 
 class RedisBackend(Backend):
@@ -198,8 +89,8 @@ class RedisBackend(Backend):
         pool = self.client.connection_pool
         self._connections = Connections(pool)
         self._async_connections = AsyncConnections(pool)
-        self._retime_source = load_script(RETIME_FILES)
-        self._retime_sha = hashlib.sha1(self._retime_source.encode()).hexdigest()
+        source = load_script(RETIME_FILES)
+        self._retime = (hashlib.sha1(source.encode()).hexdigest(), source)
         self._version_key = f"{self.prefix}:policy-version"
 
     def _script_for(self, files: Sequence[str], codes: frozenset[str]) -> str:
@@ -225,58 +116,38 @@ class RedisBackend(Backend):
         shard = (digest[0] << 8 | digest[1]) % self.shards
         return self._tags[shard] + urlsafe_b64encode(digest)
 
-    def hit(
-        self,
-        client: str,
-        limits: Sequence[Limit],
-        cost: int = 1,
-        *,
-        now: float | None = None,
-        usage: str | None = None,
+    def count(
+        self, client: str, limits: Limits, cost: int, now: Now, usage: Usage, peek: bool = False
     ) -> Decision:
-        return self._call(client, limits, cost, now, usage)
+        request = self._request(client, limits, cost, now, usage, peek=peek)
+        return self._decision(client, limits, self._connections.call(*request))
 
-    def peek(
-        self, client: str, limits: Sequence[Limit], *, now: float | None = None, cost: int = 0
+    async def acount(
+        self, client: str, limits: Limits, cost: int, now: Now, usage: Usage, peek: bool = False
     ) -> Decision:
-        return self._call(client, limits, cost, now, None, peek=True)
+        """:meth:`count` on ``redis.asyncio``: the same script and bytes, no thread."""
+        request = self._request(client, limits, cost, now, usage, peek=peek)
+        return self._decision(client, limits, await self._async_connections.call(*request))
 
     def refund(
-        self,
-        client: str,
-        limits: Sequence[Limit],
-        cost: int = 1,
-        *,
-        now: float | None = None,
-        taken_at: int | None = None,
+        self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, taken_at: Taken = None
     ) -> None:
         """One EVALSHA of refund.lua over the keys the hit used (same framing, same slot);
         ``taken_at`` travels as ARGV[1]'s ``#<taken>``."""
         if limits:
-            request = self._request(
-                client, limits, cost, now, None, self._refunds, taken_at=taken_at
-            )
-            self._connections.call(*request)
+            self._connections.call(*self._request(client, limits, cost, now, None, True, taken_at))
 
     async def arefund(
-        self,
-        client: str,
-        limits: Sequence[Limit],
-        cost: int = 1,
-        *,
-        now: float | None = None,
-        taken_at: int | None = None,
+        self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, taken_at: Taken = None
     ) -> None:
-        """:meth:`refund` on ``redis.asyncio``, as :meth:`ahit`."""
+        """:meth:`refund` on ``redis.asyncio``, as :meth:`acount`."""
         if limits:
-            request = self._request(
-                client, limits, cost, now, None, self._refunds, taken_at=taken_at
-            )
+            request = self._request(client, limits, cost, now, None, True, taken_at)
             await self._async_connections.call(*request)
 
     def reset(self, client: str, limits: Sequence[Limit]) -> None:
         if limits:
-            self._run(self.client.delete, *(self.key(client, limit) for limit in limits))
+            call_backend(self.client.delete, *(self.key(client, limit) for limit in limits))
 
     def reset_shared(self, limits: Sequence[Limit]) -> None:
         """Delete every shard's key of these shared limits: one ``DEL`` per key (each shard
@@ -291,7 +162,7 @@ class RedisBackend(Backend):
             pipe = self.client.pipeline(transaction=False)
             for key in keys:
                 pipe.delete(key)
-            self._run(pipe.execute)
+            call_backend(pipe.execute)
 
     def retime(
         self,
@@ -327,83 +198,46 @@ class RedisBackend(Backend):
             )
             cursor = 0
             while True:
-                cursor, keys = self._run(
+                cursor, keys = call_backend(
                     self.client.scan, cursor=cursor, match=pattern, count=RETIME_BATCH
                 )
                 if keys:
-                    touched += int(self._run(self._retime, keys, args))
+                    touched += int(evalsha_all(self.client, *self._retime, [(keys, args)])[0])
                 if not cursor:
                     break
         return touched
 
-    def _retime(self, keys: Sequence[Any], args: Sequence[str]) -> Any:
-        try:
-            return self.client.evalsha(self._retime_sha, len(keys), *keys, *args)
-        except NoScriptError:
-            return self.client.eval(self._retime_source, len(keys), *keys, *args)
-
     def get_policy_version(self) -> str | None:
-        value = self._run(self.client.get, self._version_key)
+        value = call_backend(self.client.get, self._version_key)
         return None if value is None else value.decode() if isinstance(value, bytes) else value
 
     def bump_policy_version(self) -> None:
         pipe = self.client.pipeline(transaction=False)
         pipe.incr(self._version_key)
         pipe.expire(self._version_key, POLICY_VERSION_TTL)
-        self._run(pipe.execute)
+        call_backend(pipe.execute)
 
     def close(self) -> None:
         self._connections.disconnect()
         if self._owns_client:
             self.client.connection_pool.disconnect()
 
-    async def ahit(
-        self,
-        client: str,
-        limits: Sequence[Limit],
-        cost: int = 1,
-        *,
-        now: float | None = None,
-        usage: str | None = None,
-    ) -> Decision:
-        """:meth:`hit` on ``redis.asyncio``: the same script and bytes, no thread."""
-        request = self._request(client, limits, cost, now, usage)
-        return self._decision(client, limits, await self._async_connections.call(*request))
-
-    async def apeek(
-        self, client: str, limits: Sequence[Limit], *, now: float | None = None, cost: int = 0
-    ) -> Decision:
-        """:meth:`peek` on ``redis.asyncio``, as :meth:`ahit`."""
-        request = self._request(client, limits, cost, now, None, peek=True)
-        return self._decision(client, limits, await self._async_connections.call(*request))
-
-    def _call(
-        self,
-        client: str,
-        limits: Sequence[Limit],
-        cost: int | None,
-        now: float | None,
-        usage: str | None,
-        peek: bool = False,
-    ) -> Decision:
-        request = self._request(client, limits, cost, now, usage, peek=peek)
-        return self._decision(client, limits, self._connections.call(*request))
-
     def _request(
         self,
         client: str,
-        limits: Sequence[Limit],
+        limits: Limits,
         cost: int | None,
-        now: float | None,
-        usage: str | None,
-        calls: Calls | None = None,
+        now: Now,
+        usage: Usage,
+        refund: bool = False,
+        taken_at: Taken = None,
         peek: bool = False,
-        taken_at: int | None = None,
     ) -> tuple[bytes, Callable[[], bytes]]:
-        """The EVALSHA to send (of the counting script, or of ``calls``'), and how to build
-        its EVAL twin if the script is missing. ``peek``: decide on ``cost``, write nothing.
-        What cannot be framed (a client no UTF-8 encodes) is a :class:`BackendError`."""
-        calls = calls or self._calls
+        """The EVALSHA to send (of the counting script, or with ``refund`` of refund.lua),
+        and how to build its EVAL twin if the script is missing. ``peek``: decide on
+        ``cost``, write nothing. What cannot be framed (a client no UTF-8 encodes) is a
+        :class:`BackendError`."""
+        calls = self._refunds if refund else self._calls
         now_us = None if now is None else round(now * 1e6)
         try:
             encoded = calls.encoded(limits, now_us)
@@ -425,46 +259,28 @@ class RedisBackend(Backend):
         return body, fallback
 
     @staticmethod
-    def _decision(client: str, limits: Sequence[Limit], reply: Any) -> Decision:
+    def _decision(client: str, limits: Limits, reply: Any) -> Decision:
         """Parse ``"<status + 4 x index> <remaining> <reset>[ <retry>| @<now>]"`` (see
         driver.lua): an allowed hit's ``@<now>`` (base 36) is its ``Decision.taken``. A reply
         of another shape is a :class:`BackendError`."""
         try:
-            return RedisBackend._parse(client, limits, reply)
+            parts: list[bytes] = reply.split() if type(reply) is bytes else []
+            code, remaining, reset_us = int(parts[0]), int(parts[1]), int(parts[2])
+            status, index = code & 3, code >> 2
+            allowed = status & 1 == 1
+            extra = parts[3] if len(parts) == 4 else b""
+            if (
+                len(parts) not in (3, 4)
+                or not 0 <= index <= len(limits)
+                or code < 0
+                or (allowed and extra[:1] not in (b"", b"@"))
+                or (not allowed and not extra)
+            ):
+                raise ValueError(f"unexpected reply {reply!r}")
+            taken = ((client, int(extra[1:], 36)),) if extra and allowed else ()
+            retry_us = int(extra) if extra and not allowed else 0
         except Exception as exc:
             raise failure(exc) from exc
-
-    @staticmethod
-    def _parse(client: str, limits: Sequence[Limit], reply: Any) -> Decision:
-        if type(reply) is not bytes:
-            raise ValueError(f"unexpected reply {reply!r}")
-        parts = reply.split()
-        code, remaining, reset_us = int(parts[0]), int(parts[1]), int(parts[2])
-        status, index = code & 3, code >> 2
-        allowed = status & 1 == 1
-        retry_us = 0
-        taken: tuple[tuple[str, int], ...] = ()
-        if len(parts) == 4:
-            if allowed:
-                if parts[3][:1] != b"@":
-                    raise ValueError(f"unexpected reply {reply!r}")
-                taken = ((client, int(parts[3][1:], 36)),)
-            else:
-                retry_us = int(parts[3])
-        elif not allowed:
-            raise ValueError(f"unexpected reply {reply!r}")
-        if len(parts) not in (3, 4) or not 0 <= index <= len(limits) or code < 0:
-            raise ValueError(f"unexpected reply {reply!r}")
         return decision_from(
             limits, allowed, index - 1, remaining, reset_us, retry_us, status >= 2, taken
         )
-
-    @staticmethod
-    def _run(func: Any, *args: Any, **kwargs: Any) -> Any:
-        """Call into redis-py; whatever it raises is a :class:`BackendError`. Besides its own
-        errors and socket errors, its parsers raise plain ValueError, AttributeError or
-        IndexError on a garbled reply: all backend failures, never a 500."""
-        try:
-            return func(*args, **kwargs)
-        except Exception as exc:
-            raise BackendError(f"{type(exc).__name__}: {exc}") from exc

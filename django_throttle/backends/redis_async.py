@@ -18,6 +18,7 @@ import inspect
 import os
 import weakref
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 import redis
@@ -59,28 +60,19 @@ def _parameters(cls: type) -> set[str]:
     return names
 
 
-class _LoopPool:
-    """One event loop's pool and how to take a connection from it."""
+async def _close_with_loop(pool: Any) -> AsyncIterator[None]:
+    """Close the pool's connections when its loop shuts down: ``asyncio.run`` (and so Django's
+    ``async_to_sync``, which runs an async view under WSGI in a loop of its own per request)
+    finalizes async generators before closing the loop."""
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            await pool.disconnect()
 
-    def __init__(self, pool: Any) -> None:
-        self.pool = pool
-        self.get = connection_getter(pool)
-        self.closer: AsyncIterator[None] | None = None
 
-    async def close_with_loop(self) -> None:
-        """Close the pool's connections when its loop shuts down: ``asyncio.run`` (and so
-        Django's ``async_to_sync``, which runs an async view under WSGI in a loop of its own
-        per request) finalizes async generators before closing the loop."""
-
-        async def closer() -> AsyncIterator[None]:
-            try:
-                yield
-            finally:
-                with contextlib.suppress(Exception):
-                    await self.pool.disconnect()
-
-        self.closer = closer()  # kept: collecting it early would close the connections
-        await self.closer.__anext__()
+#: One event loop's pool, how to take a connection from it, and its closer.
+LoopPool = tuple[Any, Callable[[], Any], AsyncIterator[None]]
 
 
 class AsyncConnections:
@@ -101,21 +93,20 @@ class AsyncConnections:
             kwargs["driver_info"] = None
         else:
             kwargs["lib_name"] = kwargs["lib_version"] = None
-        if isinstance(pool, redis.BlockingConnectionPool):
-            size: int = pool.max_connections
-            # A call waits for a free connection without a time bound of its own: a thousand
-            # concurrent requests on one loop keep it busy longer than the sync pool's wait
-            # (tens of ms), which would fail them while Redis is healthy. Each call holding a
-            # connection is bounded by the socket timeouts, so the wait is bounded too.
-            self._factory: Callable[[], Any] = lambda: aio.BlockingConnectionPool(
-                connection_class=cls, max_connections=size, timeout=None, **kwargs
-            )
-        else:
-            limit = getattr(pool, "max_connections", None)
-            self._factory = lambda: aio.ConnectionPool(
-                connection_class=cls, max_connections=limit, **kwargs
-            )
-        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopPool] = (
+        # A call waits for a free connection without a time bound of its own: a thousand
+        # concurrent requests on one loop keep it busy longer than the sync pool's wait (tens
+        # of ms), which would fail them while Redis is healthy. Each call holding a connection
+        # is bounded by the socket timeouts, so the wait is bounded too.
+        blocking = isinstance(pool, redis.BlockingConnectionPool)
+        pool_class: Any = aio.BlockingConnectionPool if blocking else aio.ConnectionPool
+        self._factory: Callable[[], Any] = partial(
+            pool_class,
+            connection_class=cls,
+            max_connections=getattr(pool, "max_connections", None),
+            **({"timeout": None} if blocking else {}),
+            **kwargs,
+        )
+        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPool] = (
             weakref.WeakKeyDictionary()
         )
         self._pid = os.getpid()
@@ -123,8 +114,8 @@ class AsyncConnections:
     async def call(self, body: bytes, fallback: Callable[[], bytes]) -> Any:
         """:meth:`.wire.Connections.call` on the running loop's pool."""
         try:
-            pool = await self._loop_pool()
-            conn = await pool.get()
+            pool, take, _ = await self._loop_pool()
+            conn = await take()
             try:
                 try:
                     await conn.send_packed_command((body,), False)
@@ -139,17 +130,20 @@ class AsyncConnections:
                 await conn.disconnect(nowait=True)
                 raise
             finally:
-                await pool.pool.release(conn)
+                await pool.release(conn)
         except Exception as exc:
             raise failure(exc) from exc
 
-    async def _loop_pool(self) -> _LoopPool:
+    async def _loop_pool(self) -> LoopPool:
         if self._pid != os.getpid():  # the parent's connections are not ours
             self._pools = weakref.WeakKeyDictionary()
             self._pid = os.getpid()
         loop = asyncio.get_running_loop()
         found = self._pools.get(loop)
         if found is None:
-            found = self._pools[loop] = _LoopPool(self._factory())
-            await found.close_with_loop()
+            pool = self._factory()
+            closer = _close_with_loop(pool)
+            await closer.__anext__()
+            # The closer is kept with the pool: collecting it early would close the connections.
+            found = self._pools[loop] = (pool, connection_getter(pool), closer)
         return found

@@ -12,24 +12,16 @@ It never imports redis-py: it drives the backend's client.
 from __future__ import annotations
 
 import hashlib
-import math
-import re
+import itertools
 import time
 import zlib
 from collections.abc import Iterable, Sequence
-from importlib import resources
 from typing import Any
 
 from django_throttle.backends import usage_base
-from django_throttle.backends.base import BackendError
-from django_throttle.backends.usage_base import (
-    LETTERS,
-    SLOT,
-    MinuteCounts,
-    PendingCount,
-    UsageStore,
-    add_to,
-)
+from django_throttle.backends.base import call_backend
+from django_throttle.backends.scripts import Call, evalsha_all, lua_file, lua_source, top_per_shard
+from django_throttle.backends.usage_base import SLOT, MinuteCounts, add_to
 
 __all__ = ["BATCH", "RedisUsage", "lua_source", "top_per_shard"]
 
@@ -43,42 +35,17 @@ PUSH_CHUNK = 200
 WATERMARK_TTL = 30 * 86400
 #: Read timeout for reports and rollups: a report may wait longer than a request.
 READ_TIMEOUT = 10.0
-_SETTINGS_LINE = re.compile(r"^local USAGE_TTL, USAGE_TOP\b.*-- @settings.*$", re.MULTILINE)
 _ADVANCE = (
     "local old = tonumber(redis.call('GET', KEYS[1]) or '-1') "
     "if tonumber(ARGV[1]) > old then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) end"
 )
 
 
-def _lua(name: str) -> str:
-    return (resources.files("django_throttle.backends") / "lua" / name).read_text("utf-8")
-
-
-def top_per_shard(shards: int) -> int:
-    """Clients one shard's top list holds per minute and outcome: :data:`~.usage_base.TOP_CLIENTS`
-    spread over the shards (clients spread evenly over shards by their digest)."""
-    return max(1, math.ceil(usage_base.TOP_CLIENTS / max(1, shards)))
-
-
-def lua_source(shards: int) -> str:
-    """``usage.lua`` with :data:`~.usage_base.USAGE_TTL`, the per-shard top size and
-    :data:`~.usage_base.CLIENT_SAMPLE` written in: constants in the script cost no bytes per
-    request."""
-    line = (
-        f"local USAGE_TTL, USAGE_TOP, USAGE_SAMPLE = {usage_base.USAGE_TTL}, "
-        f"{top_per_shard(shards)}, {usage_base.CLIENT_SAMPLE} -- @settings"
-    )
-    text, found = _SETTINGS_LINE.subn(line, _lua("usage.lua"), count=1)
-    if not found:  # pragma: no cover - the file ships with the line
-        raise RuntimeError("usage.lua lost its '-- @settings' line")
-    return text
-
-
 def _text(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
-class RedisUsage(UsageStore):
+class RedisUsage(usage_base.UsageStore):
     """Reads and pushes the usage counts a :class:`~django_throttle.backends.redis.RedisBackend`
     keeps. Pushes use the backend's client; reads a client with longer timeouts, built on first
     use: call :meth:`close` when done reading."""
@@ -90,9 +57,9 @@ class RedisUsage(UsageStore):
         self._reader: Any = None
         self._own = False
         self._watermark_key = f"{backend.prefix}:usage-rolled"
-        self._push_source = lua_source(len(self.tags)) + "\n" + _lua("usage_push.lua")
+        self._push_source = lua_source(len(self.tags)) + "\n" + lua_file("usage_push.lua")
         self._push_sha = hashlib.sha1(self._push_source.encode()).hexdigest()
-        self._read_source = _lua("usage_read.lua")
+        self._read_source = lua_file("usage_read.lua")
         self._read_sha = hashlib.sha1(self._read_source.encode()).hexdigest()
 
     @property
@@ -122,7 +89,7 @@ class RedisUsage(UsageStore):
             else:
                 pipe.zmscore(f"{tag}k", names)
         found: dict[str, int] = {}
-        for reply in _run(pipe.execute):
+        for reply in call_backend(pipe.execute):
             pairs = reply if names is None else zip(names, reply, strict=True)
             for name, score in pairs:
                 if score is not None:
@@ -131,7 +98,7 @@ class RedisUsage(UsageStore):
         return found
 
     def now_minute(self) -> int:
-        seconds, _ = _run(self.client.time)
+        seconds, _ = call_backend(self.client.time)
         return int(seconds) // 60
 
     def read(
@@ -158,24 +125,14 @@ class RedisUsage(UsageStore):
 
     def _read_batch(self, calls: list[tuple[str, int, int, str, str]]) -> list[Any]:
         framed = [_read_call(*call) for call in calls]
-        pipe = self.client.pipeline(transaction=False)
-        for keys, args in framed:
-            pipe.evalsha(self._read_sha, len(keys), *keys, *args)
-        replies = _run(pipe.execute, raise_on_error=False)
-        for i, reply in enumerate(replies):
-            if _noscript(reply):  # the script cache was flushed: EVAL carries the source
-                keys, args = framed[i]
-                replies[i] = _run(self.client.eval, self._read_source, len(keys), *keys, *args)
-            elif isinstance(reply, Exception):
-                raise BackendError(f"{type(reply).__name__}: {reply}")
-        return list(replies)
+        return evalsha_all(self.client, self._read_sha, self._read_source, framed)
 
-    def push(self, batch: str, counts: Sequence[PendingCount]) -> None:
-        by_tag: dict[str, list[PendingCount]] = {}
+    def push(self, batch: str, counts: Sequence[usage_base.PendingCount]) -> None:
+        by_tag: dict[str, list[usage_base.PendingCount]] = {}
         for count in counts:
             tag = self.tags[zlib.crc32(count[2].encode()) % len(self.tags)]
             by_tag.setdefault(tag, []).append(count)
-        calls: list[tuple[list[str], list[Any]]] = []
+        calls: list[Call] = []
         for tag, items in sorted(by_tag.items()):
             for start in range(0, len(items), PUSH_CHUNK):
                 keys = [f"{tag}p{batch}:{start}", f"{tag}l"]
@@ -184,27 +141,14 @@ class RedisUsage(UsageStore):
                     keys += (f"{tag}u{minute}", f"{tag}t{letter}{minute}")
                     args += (minute, field, client, letter, n)
                 calls.append((keys, args))
-        pipe = self.push_client.pipeline(transaction=False)
-        for keys, args in calls:
-            pipe.evalsha(self._push_sha, len(keys), *keys, *args)
-        replies = _run(pipe.execute, raise_on_error=False)
-        retry = [call for call, reply in zip(calls, replies, strict=True) if _noscript(reply)]
-        failed = [r for r in replies if isinstance(r, Exception) and not _noscript(r)]
-        if retry:  # the script cache was flushed: EVAL carries the source
-            pipe = self.push_client.pipeline(transaction=False)
-            for keys, args in retry:
-                pipe.eval(self._push_source, len(keys), *keys, *args)
-            replies = _run(pipe.execute, raise_on_error=False)
-            failed += [r for r in replies if isinstance(r, Exception)]
-        if failed:
-            raise BackendError(f"{type(failed[0]).__name__}: {failed[0]}")
+        evalsha_all(self.push_client, self._push_sha, self._push_source, calls)
 
     def watermark(self) -> int | None:
-        value = _run(self.client.get, self._watermark_key)
+        value = call_backend(self.client.get, self._watermark_key)
         return None if value is None else int(value)
 
     def advance_watermark(self, minute: int) -> None:
-        _run(self.client.eval, _ADVANCE, 1, self._watermark_key, minute, WATERMARK_TTL)
+        call_backend(self.client.eval, _ADVANCE, 1, self._watermark_key, minute, WATERMARK_TTL)
 
     def take_late(self) -> set[int]:
         """Every shard's ``<tag>l`` minutes (those pushed to within ``USAGE_TTL``:
@@ -212,7 +156,7 @@ class RedisUsage(UsageStore):
         pipe = self.client.pipeline(transaction=False)
         for tag in self.tags:
             pipe.zpopmin(f"{tag}l", 1_000_000)
-        return {int(m) for popped in _run(pipe.execute) for m, _score in popped or ()}
+        return {int(m) for popped in call_backend(pipe.execute) for m, _score in popped or ()}
 
     def return_late(self, minutes: Iterable[int]) -> None:
         minutes = list(minutes)
@@ -222,7 +166,7 @@ class RedisUsage(UsageStore):
             second = int(time.time())  # as the push scores them: when pushed
             pipe.zadd(late, dict.fromkeys(map(str, minutes), second))
             pipe.expire(late, usage_base.USAGE_TTL)
-            _run(pipe.execute)
+            call_backend(pipe.execute)
 
 
 def _read_call(
@@ -234,53 +178,34 @@ def _read_call(
         if totals == "1":
             keys.append(f"{tag}u{minute}")
         if clients == "1":
-            keys += (f"{tag}t{letter}{minute}" for letter in LETTERS)
+            keys += (f"{tag}t{letter}{minute}" for letter in usage_base.LETTERS)
     return keys, (first, last, totals, clients)
 
 
 def _runs(minutes: list[int]) -> Iterable[tuple[int, int]]:
     """(first, last) runs of consecutive minutes, at most MINUTES_PER_CALL long."""
-    run_start = previous = None
-    for minute in minutes:
-        if run_start is None or previous is None:
-            run_start = minute
-        elif minute != previous + 1 or minute - run_start >= MINUTES_PER_CALL:
-            yield run_start, previous
-            run_start = minute
-        previous = minute
-    if run_start is not None and previous is not None:
-        yield run_start, previous
+    for _, run in itertools.groupby(enumerate(minutes), lambda pair: pair[1] - pair[0]):
+        consecutive = [minute for _, minute in run]
+        for start in range(0, len(consecutive), MINUTES_PER_CALL):
+            piece = consecutive[start : start + MINUTES_PER_CALL]
+            yield piece[0], piece[-1]
 
 
 def _merge(found: dict[int, MinuteCounts], parts: list[str], top_size: int) -> None:
     """Add one key's contents (minute, kind, then name/count pairs) to ``found``."""
     minute, kind, *items = parts
-    counts = found.get(int(minute))
-    if counts is None:
-        counts = found[int(minute)] = MinuteCounts()
+    counts = found.setdefault(int(minute), MinuteCounts())
+    pairs = zip(items[0::2], items[1::2], strict=False)  # a dangling name is ignored
     if kind == "u":
-        table = counts.totals
-        for i in range(0, len(items) - 1, 2):
-            name = items[i]
-            slot = SLOT.get(name[:1])
-            if slot is not None:
-                add_to(table, name[1:], slot, int(items[i + 1]))
+        for name, total in pairs:
+            if name[:1] in SLOT:
+                add_to(counts.totals, name[1:], SLOT[name[:1]], int(total))
         return
-    slot = SLOT[kind[1:]]
-    table = counts.clients
-    for i in range(0, len(items) - 1, 2):
-        row = table.get(items[i])
-        if row is None:
-            row = table[items[i]] = [0, 0, 0, 0, 0]
-        score = items[i + 1]
-        row[slot] += int(score) if score.isdigit() else round(float(score))
+    for name, score in pairs:
+        n = int(score) if score.isdigit() else round(float(score))
+        add_to(counts.clients, name, SLOT[kind[1:]], n)
     if len(items) // 2 >= top_size:
         counts.full = True
-
-
-def _noscript(reply: Any) -> bool:
-    """A NOSCRIPT error reply (redis-py's NoScriptError, matched without importing redis)."""
-    return isinstance(reply, Exception) and type(reply).__name__ == "NoScriptError"
 
 
 def _patient_client(client: Any) -> tuple[Any, bool]:
@@ -298,11 +223,3 @@ def _patient_client(client: Any) -> tuple[Any, bool]:
         return type(client)(connection_pool=patient_pool), True
     except Exception:  # an unusual pool class: the backend's client still works
         return client, False
-
-
-def _run(func: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call into redis-py; whatever it raises is a :class:`BackendError`."""
-    try:
-        return func(*args, **kwargs)
-    except Exception as exc:
-        raise BackendError(f"{type(exc).__name__}: {exc}") from exc

@@ -1,258 +1,45 @@
-"""The bytes of one counting call and the connections they travel on.
+"""The connections a counting call travels on, from sync code, and the client they are made
+like (:func:`build_client`).
 
-A decision is one ``EVALSHA`` whose constant parts (script digest, limit specs) are framed once
-per limit list and reused, so a request only frames its keys, cost, usage field and client.
-The framed command goes out on a pooled connection through redis-py's public connection API
-(``send_packed_command`` / ``read_response``), skipping only its per-command argument encoding
-and response callbacks. :class:`Connections` sends it from sync code; :mod:`.redis_async`
-from ``async def`` code, with the same frames, the same NOSCRIPT answer and the same error
-mapping (:func:`failure`). Everything else (policy version, retime, usage reports) goes through
-the ordinary redis-py client.
+A counting call, framed once (:mod:`.frames`), goes out on a pooled connection through
+redis-py's public connection API (``send_packed_command`` / ``read_response``), skipping only
+its per-command argument encoding and response callbacks. :class:`Connections` sends it from
+sync code; :mod:`.redis_async` from ``async def`` code, with the same frames, the same
+NOSCRIPT answer and the same error mapping (:func:`failure`). Everything else (policy
+version, retime, usage reports) goes through the ordinary redis-py client.
 """
 
 from __future__ import annotations
 
-import hashlib
 import inspect
-import math
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import redis
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
+from redis.retry import Retry
 
-from django_throttle.backends.base import (
-    DIGEST_SIZE,
-    ArgumentRefused,
-    BackendError,
-    LimitsCache,
-    per_shard,
-)
-from django_throttle.calendar import windows
-from django_throttle.rates import Algorithm, Limit
+from django_throttle.backends.base import ArgumentRefused, BackendError
+from django_throttle.conf import app_settings
 
-__all__ = [
-    "ALGORITHM_CODES",
-    "FOREVER",
-    "Calls",
-    "Connections",
-    "Encoded",
-    "connection_getter",
-    "failure",
-    "frame",
-    "key_suffix",
-    "limit_spec",
-]
-
-#: Each algorithm's code in a limit spec and its keys (see lua/prelude.lua ``limit_spec``).
-ALGORITHM_CODES = {
-    Algorithm.TOKEN_BUCKET: "t",
-    Algorithm.GCRA: "g",
-    Algorithm.LEAKY_BUCKET: "l",
-    Algorithm.FIXED_WINDOW: "f",
-    Algorithm.SLIDING_LOG: "w",
-    Algorithm.SLIDING_COUNTER: "s",
-    Algorithm.CALENDAR: "c",
+#: A stalled Redis must cost a request tens of milliseconds, not redis-py's default 5 s x 10.
+DEFAULT_CLIENT_OPTIONS: dict[str, Any] = {
+    "socket_connect_timeout": 0.05,
+    "socket_timeout": 0.05,
+    "max_connections": 64,
 }
-#: ``Encoded.valid_until`` of a limit list without calendar quotas (compared by identity).
-FOREVER = math.inf
-#: Characters of the client digest in a key (base64url of DIGEST_SIZE bytes).
-DIGEST_KEY_CHARS = 4 * DIGEST_SIZE // 3
-#: What stands in a shared limit's key for the client digest (never a base64url character).
-SHARED_MARK = b"*"
-
-
-def frame(value: bytes) -> bytes:
-    """One RESP bulk string."""
-    return b"$%d\r\n%s\r\n" % (len(value), value)
-
-
-def compact(n: int) -> str:
-    """A whole number in its shortest form Lua's ``tonumber`` reads exactly: trailing zeros
-    as an exponent when that is shorter (3600000 as ``36e5``). Round rates give round
-    intervals, and the spec crosses the wire on every decision."""
-    text = str(n)
-    digits = text.rstrip("0")
-    zeros = len(text) - len(digits)
-    return f"{digits}e{zeros}" if zeros >= 3 and digits else text
-
-
-def limit_spec(limit: Limit, now_us: int | None = None) -> str:
-    """``<code>[!]<capacity>:<parameters>``, ``!`` for a shadow limit: the interval in
-    microseconds per token (token and leaky bucket, a float; GCRA, whole), the period in whole
-    microseconds (windows), or a calendar quota's four window boundaries around ``now_us``
-    (Unix microseconds, default now). Whole numbers are written :func:`compact`."""
-    code = ALGORITHM_CODES[limit.algorithm]
-    if code in "tl":
-        interval = limit.interval_us
-        text = compact(int(interval)) if interval.is_integer() else repr(interval)
-    elif code == "g":
-        text = compact(limit.emission_us)
-    elif code == "c":
-        when = round(time.time() * 1e6) if now_us is None else now_us
-        text = ":".join(map(str, windows(limit.calendar_unit, limit.timezone, when)))
-    else:
-        text = compact(limit.period_us)
-    return f"{code}{'!' if limit.shadow else ''}{limit.burst}:{text}"
-
-
-def key_suffix(limit: Limit) -> str:
-    """What follows the client digest in a limit's key: ``<code letter><id>``. The digest has
-    a fixed length, so keys never collide, and a limit whose algorithm changes starts afresh."""
-    return ALGORITHM_CODES[limit.algorithm] + limit.id
-
-
-@dataclass(frozen=True, slots=True)
-class Encoded:
-    """What one limit list adds to every call: key suffixes and the framed tail of specs.
-
-    ``valid_until`` (Unix seconds) is when a calendar quota's window ends and the specs must
-    be encoded again; :data:`FOREVER` when the list has none. ``shared`` marks the shared
-    limits (empty when there are none, the usual case): their keys carry the shard's tag and
-    :data:`SHARED_MARK` instead of the client's tag. ``source`` is the script's source, the
-    one object every list of that mix of algorithms shares (only an EVAL, after NOSCRIPT,
-    frames it): an entry costs a few hundred bytes, not a copy of the script.
-    """
-
-    suffixes: tuple[bytes, ...]
-    evalsha_head: bytes
-    tail: bytes
-    source: bytes
-    valid_until: float = FOREVER
-    shared: tuple[bool, ...] = ()
-
-    @property
-    def eval_head(self) -> bytes:
-        """The head of the EVAL twin of the call, framing the script's source."""
-        count = len(self.suffixes)
-        return (
-            b"*%d\r\n$4\r\nEVAL\r\n" % (4 + 2 * count)
-            + frame(self.source)
-            + frame(str(count).encode())
-        )
-
-
-class Calls:
-    """Frames calls of one script; limit lists are encoded once and cached by the limits they
-    hold (:class:`~.base.LimitsCache`: a list built per request from the policy's limits
-    finds its entry).
-
-    ``source_for(codes)`` gives the script's source defining just the algorithms of those
-    spec codes: each distinct mix of algorithms is its own script (its own digest), and most
-    policies use one or two mixes. ``shards`` splits a shared limit's capacity (see
-    :func:`~.base.per_shard`).
-    """
-
-    def __init__(self, source_for: Callable[[frozenset[str]], str], shards: int = 1) -> None:
-        self.source_for = source_for
-        self.shards = shards
-        self._cache: LimitsCache[Encoded] = LimitsCache()
-        self._fields: dict[str, bytes] = {}
-        self._scripts: dict[frozenset[str], tuple[bytes, bytes]] = {}
-
-    def script(self, limits: Sequence[Limit]) -> tuple[bytes, bytes]:
-        """The digest and source of the script for ``limits``' mix of algorithms."""
-        codes = frozenset(ALGORITHM_CODES[limit.algorithm] for limit in limits)
-        found = self._scripts.get(codes)
-        if found is None:
-            source = self.source_for(codes).encode()
-            found = self._scripts[codes] = (hashlib.sha1(source).hexdigest().encode(), source)
-        return found
-
-    def encoded(self, limits: Sequence[Limit], now_us: int | None = None) -> Encoded:
-        """The list's encoding, cached. One with calendar quotas is made again once its
-        window has passed, and for a test's ``now_us`` (then not cached: real time keeps its
-        own)."""
-        found = self._cache.get(limits)
-        if found is not None:
-            if found.valid_until is FOREVER:
-                return found
-            if now_us is None and time.time() < found.valid_until:
-                return found
-        encoded = self._encode(limits, now_us)
-        if now_us is None or encoded.valid_until is FOREVER:
-            self._cache.put(limits, encoded)
-        return encoded
-
-    def _encode(self, limits: Sequence[Limit], now_us: int | None) -> Encoded:
-        if now_us is None:
-            now_us = round(time.time() * 1e6)
-        until = FOREVER
-        for limit in limits:
-            if limit.algorithm == Algorithm.CALENDAR:
-                ends = windows(limit.calendar_unit, limit.timezone, now_us)[2] / 1e6
-                until = min(until, ends)
-        count = len(limits)
-        rest = b"%s" % frame(str(count).encode())
-        elements = b"*%d\r\n" % (4 + 2 * count)
-        shared = tuple(limit.shared for limit in limits)
-        sha, source = self.script(limits)
-        return Encoded(
-            suffixes=tuple(key_suffix(limit).encode() for limit in limits),
-            evalsha_head=elements + b"$7\r\nEVALSHA\r\n" + frame(sha) + rest,
-            source=source,
-            tail=b"".join(
-                frame(limit_spec(per_shard(limit, self.shards), now_us).encode())
-                for limit in limits
-            ),
-            valid_until=until,
-            shared=shared if any(shared) else (),
-        )
-
-    @staticmethod
-    def op(cost: int | None, now_us: int | None, peek: bool = False) -> bytes:
-        """The cost (1, the usual cost, is sent as nothing), or for a peek ``p`` and the cost
-        it asks about (``None`` or 0: none); ``@now`` in tests."""
-        if peek or cost is None:
-            if not cost:
-                text = b"p"
-            else:
-                text = b"p%d" % cost if type(cost) is int else b"p" + str(cost).encode()
-        elif cost == 1 and type(cost) is int:
-            text = b""
-        else:
-            text = b"%d" % cost if type(cost) is int else str(cost).encode()
-        return text if now_us is None else b"%s@%d" % (text, now_us)
-
-    def field(self, field: str | None) -> bytes:
-        """``\n<field>\n`` to put between the op and the client, ``b""`` for none."""
-        if not field:
-            return b""
-        framed = self._fields.get(field)
-        if framed is None:
-            if len(self._fields) >= 4096:
-                self._fields.clear()
-            framed = self._fields[field] = b"\n" + field.replace("\n", " ").encode() + b"\n"
-        return framed
-
-    @staticmethod
-    def body(
-        encoded: Encoded, tag: bytes, op: bytes, field: bytes, client: bytes, evalsha: bool = True
-    ) -> bytes:
-        """The whole command: head, one key per limit (``tag + suffix``), ARGV[1] (op, and
-        with a usage field the field and the client), specs."""
-        head = encoded.evalsha_head if evalsha else encoded.eval_head
-        if encoded.shared:
-            shard = tag[:-DIGEST_KEY_CHARS] + SHARED_MARK
-            keys = b"".join(
-                frame((shard if shared else tag) + suffix)
-                for suffix, shared in zip(encoded.suffixes, encoded.shared, strict=True)
-            )
-        else:
-            keys = b"".join(
-                b"$%d\r\n%s%s\r\n" % (len(tag) + len(suffix), tag, suffix)
-                for suffix in encoded.suffixes
-            )
-        first = op + field + client.replace(b"\n", b" ") if field else op
-        return b"".join((head, keys, frame(first), encoded.tail))
-
-
+#: Options of a borrowed cache connection that would undo the bounds above; retries are
+#: always off whatever the settings say, because a replayed call may count twice.
+_NOT_BORROWED = ("retry", "retry_on_timeout", "retry_on_error", "timeout", "max_connections")
 #: How the scripts' own error replies begin (``fail`` in lua/prelude.lua).
 SCRIPT_ERROR_PREFIX = "django_throttle:"
 
@@ -319,13 +106,6 @@ class Connections:
         self._waiting = 0
         self._freed = threading.Condition(threading.Lock())
 
-    def _take(self) -> Any:
-        try:
-            conn = self._idle.pop()
-        except IndexError:
-            return self._take_slowly()
-        return conn
-
     def _take_slowly(self) -> Any:
         """No idle connection: make one while fewer than ``max_connections`` exist, else wait
         for one to come back. The waiter is counted before it looks, so a connection given
@@ -364,7 +144,10 @@ class Connections:
         send ``fallback()`` on the same connection. Any failure raises what :func:`failure`
         makes of it."""
         try:
-            conn = self._take()
+            try:
+                conn = self._idle.pop()
+            except IndexError:
+                conn = self._take_slowly()
             try:
                 try:
                     conn.send_packed_command((body,), False)
@@ -396,3 +179,54 @@ def _call_if_alive(method: weakref.WeakMethod[Callable[[], None]]) -> None:
     bound = method()
     if bound is not None:
         bound()
+
+
+def build_client() -> redis.Redis:
+    """A client with short timeouts, no retries and a bounded pool.
+
+    It connects to ``DJANGO_THROTTLE_REDIS_URL``, else to the Redis of the cache named by
+    ``DJANGO_THROTTLE_CACHE_ALIAS`` (its first ``LOCATION``, the primary, with its password and
+    pool options) — never through the cache's own client, which has no timeouts.
+    ``DJANGO_THROTTLE_REDIS_OPTIONS`` overrides any option except retries.
+    """
+    url = app_settings.REDIS_URL
+    borrowed: dict[str, Any] = {}
+    if url is None:
+        url, borrowed = cache_connection(app_settings.CACHE_ALIAS)
+        for name in _NOT_BORROWED:
+            borrowed.pop(name, None)
+    options = {**borrowed, **DEFAULT_CLIENT_OPTIONS, **app_settings.REDIS_OPTIONS}
+    options.pop("retry_on_timeout", None)
+    options.pop("retry_on_error", None)
+    options["retry"] = Retry(NoBackoff(), 0)
+    # How long a request may wait for a free pooled connection before failing over.
+    options.setdefault("timeout", options.get("socket_connect_timeout", 0.05))
+    return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))
+
+
+def cache_connection(alias: str) -> tuple[str, dict[str, Any]]:
+    """The primary URL and connection options of a django-redis (or Django ``RedisCache``)
+    cache, read from ``CACHES[alias]``."""
+    config: dict[str, Any] = settings.CACHES.get(alias) or {}
+    backend = str(config.get("BACKEND", ""))
+    options: dict[str, Any] = dict(config.get("OPTIONS") or {})
+    location = config.get("LOCATION") or ""
+    urls = location.split(",") if isinstance(location, str) else list(location)
+    url = str(urls[0]).strip() if urls else ""
+    hint = (
+        f"CACHES[DJANGO_THROTTLE_CACHE_ALIAS = {alias!r}] is not a Redis cache with a redis:// "
+        "LOCATION the throttle can connect to: set DJANGO_THROTTLE_REDIS_URL."
+    )
+    if not url.startswith(("redis://", "rediss://", "unix://")) or "SENTINELS" in options:
+        raise ImproperlyConfigured(hint)
+    if backend.startswith("django_redis."):
+        kwargs = dict(options.get("CONNECTION_POOL_KWARGS") or {})
+        for option, kwarg in (("USERNAME", "username"), ("PASSWORD", "password")):
+            if options.get(option):
+                kwargs[kwarg] = options[option]
+        return url, kwargs
+    if backend == "django.core.cache.backends.redis.RedisCache":
+        for name in ("pool_class", "parser_class", "serializer"):
+            options.pop(name, None)
+        return url, options
+    raise ImproperlyConfigured(hint)

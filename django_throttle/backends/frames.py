@@ -1,0 +1,209 @@
+"""The bytes of one counting call.
+
+A decision is one ``EVALSHA`` whose constant parts (script digest, limit specs) are framed once
+per limit list and reused, so a request only frames its keys, cost, usage field and client.
+:mod:`.wire` sends the frames on pooled connections (sync), :mod:`.redis_async` from
+``async def`` code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from django_throttle.backends.base import ALGORITHM_CODES, DIGEST_SIZE, LimitsCache, per_shard
+from django_throttle.calendar import windows
+from django_throttle.rates import Algorithm, Limit
+
+#: ``Encoded.valid_until`` of a limit list without calendar quotas (compared by identity).
+FOREVER = math.inf
+#: Characters of the client digest in a key (base64url of DIGEST_SIZE bytes).
+DIGEST_KEY_CHARS = 4 * DIGEST_SIZE // 3
+#: What stands in a shared limit's key for the client digest (never a base64url character).
+SHARED_MARK = b"*"
+
+
+def frame(value: bytes) -> bytes:
+    """One RESP bulk string."""
+    return b"$%d\r\n%s\r\n" % (len(value), value)
+
+
+def compact(n: int) -> str:
+    """A whole number in its shortest form Lua's ``tonumber`` reads exactly: trailing zeros
+    as an exponent when that is shorter (3600000 as ``36e5``). Round rates give round
+    intervals, and the spec crosses the wire on every decision."""
+    text = str(n)
+    digits = text.rstrip("0")
+    zeros = len(text) - len(digits)
+    return f"{digits}e{zeros}" if zeros >= 3 and digits else text
+
+
+def limit_spec(limit: Limit, now_us: int | None = None) -> str:
+    """``<code>[!]<capacity>:<parameters>``, ``!`` for a shadow limit: the interval in
+    microseconds per token (token and leaky bucket, a float; GCRA, whole), the period in whole
+    microseconds (windows), or a calendar quota's four window boundaries around ``now_us``
+    (Unix microseconds, default now). Whole numbers are written :func:`compact`."""
+    code = ALGORITHM_CODES[limit.algorithm]
+    if code in "tl":
+        interval = limit.interval_us
+        text = compact(int(interval)) if interval.is_integer() else repr(interval)
+    elif code == "g":
+        text = compact(limit.emission_us)
+    elif code == "c":
+        when = round(time.time() * 1e6) if now_us is None else now_us
+        text = ":".join(map(str, windows(limit.calendar_unit, limit.timezone, when)))
+    else:
+        text = compact(limit.period_us)
+    return f"{code}{'!' if limit.shadow else ''}{limit.burst}:{text}"
+
+
+def key_suffix(limit: Limit) -> str:
+    """What follows the client digest in a limit's key: ``<code letter><id>``. The digest has
+    a fixed length, so keys never collide, and a limit whose algorithm changes starts afresh."""
+    return ALGORITHM_CODES[limit.algorithm] + limit.id
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """What one limit list adds to every call: key suffixes and the framed tail of specs.
+
+    ``valid_until`` (Unix seconds) is when a calendar quota's window ends and the specs must
+    be encoded again; :data:`FOREVER` when the list has none. ``shared`` marks the shared
+    limits (empty when there are none, the usual case): their keys carry the shard's tag and
+    :data:`SHARED_MARK` instead of the client's tag. ``source`` is the script's source, the
+    one object every list of that mix of algorithms shares (only an EVAL, after NOSCRIPT,
+    frames it): an entry costs a few hundred bytes, not a copy of the script.
+    """
+
+    suffixes: tuple[bytes, ...]
+    evalsha_head: bytes
+    tail: bytes
+    source: bytes
+    valid_until: float = FOREVER
+    shared: tuple[bool, ...] = ()
+
+    @property
+    def eval_head(self) -> bytes:
+        """The head of the EVAL twin of the call, framing the script's source."""
+        count = len(self.suffixes)
+        return (
+            b"*%d\r\n$4\r\nEVAL\r\n" % (4 + 2 * count)
+            + frame(self.source)
+            + frame(str(count).encode())
+        )
+
+
+class Calls:
+    """Frames calls of one script; limit lists are encoded once and cached by the limits they
+    hold (:class:`~.base.LimitsCache`: a list built per request from the policy's limits
+    finds its entry).
+
+    ``source_for(codes)`` gives the script's source defining just the algorithms of those
+    spec codes: each distinct mix of algorithms is its own script (its own digest), and most
+    policies use one or two mixes. ``shards`` splits a shared limit's capacity (see
+    :func:`~.base.per_shard`).
+    """
+
+    def __init__(self, source_for: Callable[[frozenset[str]], str], shards: int = 1) -> None:
+        self.source_for = source_for
+        self.shards = shards
+        self._cache: LimitsCache[Encoded] = LimitsCache()
+        self._fields: dict[str, bytes] = {}
+        self._scripts: dict[frozenset[str], tuple[bytes, bytes]] = {}
+
+    def script(self, limits: Sequence[Limit]) -> tuple[bytes, bytes]:
+        """The digest and source of the script for ``limits``' mix of algorithms."""
+        codes = frozenset(ALGORITHM_CODES[limit.algorithm] for limit in limits)
+        found = self._scripts.get(codes)
+        if found is None:
+            source = self.source_for(codes).encode()
+            found = self._scripts[codes] = (hashlib.sha1(source).hexdigest().encode(), source)
+        return found
+
+    def encoded(self, limits: Sequence[Limit], now_us: int | None = None) -> Encoded:
+        """The list's encoding, cached. One with calendar quotas is made again once its
+        window has passed, and for a test's ``now_us`` (then not cached: real time keeps its
+        own)."""
+        found = self._cache.get(limits)
+        if found is not None:
+            if found.valid_until is FOREVER:
+                return found
+            if now_us is None and time.time() < found.valid_until:
+                return found
+        encoded = self._encode(limits, now_us)
+        if now_us is None or encoded.valid_until is FOREVER:
+            self._cache.put(limits, encoded)
+        return encoded
+
+    def _encode(self, limits: Sequence[Limit], now_us: int | None) -> Encoded:
+        if now_us is None:
+            now_us = round(time.time() * 1e6)
+        until = min(
+            (
+                windows(limit.calendar_unit, limit.timezone, now_us)[2] / 1e6
+                for limit in limits
+                if limit.algorithm == Algorithm.CALENDAR
+            ),
+            default=FOREVER,
+        )
+        count = len(limits)
+        shared = tuple(limit.shared for limit in limits)
+        sha, source = self.script(limits)
+        return Encoded(
+            suffixes=tuple(key_suffix(limit).encode() for limit in limits),
+            evalsha_head=b"*%d\r\n$7\r\nEVALSHA\r\n" % (4 + 2 * count)
+            + frame(sha)
+            + frame(str(count).encode()),
+            source=source,
+            tail=b"".join(
+                frame(limit_spec(per_shard(limit, self.shards), now_us).encode())
+                for limit in limits
+            ),
+            valid_until=until,
+            shared=shared if any(shared) else (),
+        )
+
+    @staticmethod
+    def op(cost: int | None, now_us: int | None, peek: bool = False) -> bytes:
+        """The cost (1, the usual cost, is sent as nothing), or for a peek ``p`` and the cost
+        it asks about (``None`` or 0: none); ``@now`` in tests."""
+        if peek or cost is None:
+            text = b"p" + str(cost).encode() if cost else b"p"
+        else:
+            text = b"" if cost == 1 and type(cost) is int else str(cost).encode()
+        return text if now_us is None else b"%s@%d" % (text, now_us)
+
+    def field(self, field: str | None) -> bytes:
+        """``\n<field>\n`` to put between the op and the client, ``b""`` for none."""
+        if not field:
+            return b""
+        framed = self._fields.get(field)
+        if framed is None:
+            if len(self._fields) >= 4096:
+                self._fields.clear()
+            framed = self._fields[field] = b"\n" + field.replace("\n", " ").encode() + b"\n"
+        return framed
+
+    @staticmethod
+    def body(
+        encoded: Encoded, tag: bytes, op: bytes, field: bytes, client: bytes, evalsha: bool = True
+    ) -> bytes:
+        """The whole command: head, one key per limit (``tag + suffix``), ARGV[1] (op, and
+        with a usage field the field and the client), specs."""
+        head = encoded.evalsha_head if evalsha else encoded.eval_head
+        if encoded.shared:
+            shard = tag[:-DIGEST_KEY_CHARS] + SHARED_MARK
+            keys = b"".join(
+                frame((shard if shared else tag) + suffix)
+                for suffix, shared in zip(encoded.suffixes, encoded.shared, strict=True)
+            )
+        else:
+            keys = b"".join(
+                b"$%d\r\n%s%s\r\n" % (len(tag) + len(suffix), tag, suffix)
+                for suffix in encoded.suffixes
+            )
+        first = op + field + client.replace(b"\n", b" ") if field else op
+        return b"".join((head, keys, frame(first), encoded.tail))
