@@ -117,8 +117,13 @@ def planned(
 ) -> Planned:
     """Ask the request path what ``check`` would count for ``probe``'s request."""
     request = build_request(probe, method, path, match)
-    options = {"credential": check.credential, "rule_only": check.rule_only}
-    plan = core.plan(request, probe.identity, scope=check.scope, **options)
+    plan = core.plan(
+        request,
+        probe.identity,
+        scope=check.scope,
+        credential=check.credential,
+        rule_only=check.rule_only,
+    )
     if isinstance(plan, Decision):
         return Planned(check, None, None, 1, (), uncounted=plan)
     tier_ids = {limit.id for limit in plan.tier.limits} if plan.tier is not None else set()
