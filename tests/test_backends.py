@@ -636,7 +636,8 @@ def _script_args(*limits: str, op: str = "1") -> list[str]:
         (_script_args(VALID_LIMIT, "t10:inf"), "ARGV[3] interval"),
         (_script_args(VALID_LIMIT, "t10:nan"), "ARGV[3] interval"),
         (_script_args(VALID_LIMIT, "t?10:1000000"), "ARGV[3] limit spec"),
-        (_script_args(VALID_LIMIT, VALID_LIMIT)[:-1], "expected 3 arguments"),
+        (_script_args(VALID_LIMIT, VALID_LIMIT)[:-1], "expected 1 keys for 1 limits, got 2"),
+        (["1\nf\nc", VALID_LIMIT, VALID_LIMIT], "and 6 usage keys, got 2"),
         (_script_args(VALID_LIMIT, VALID_LIMIT, op="1@soon"), "ARGV[1] now"),
         (_script_args(VALID_LIMIT, VALID_LIMIT, op="1@1.5"), "ARGV[1] now"),
         (["1\n" + "f" * 201 + "\nc", VALID_LIMIT, VALID_LIMIT], "ARGV[1] usage field and client"),
@@ -647,6 +648,9 @@ def test_script_validates_every_argument_before_writing(
     redis_backend: RedisBackend, redis_client: redis.Redis, args: list[str], message: str
 ) -> None:
     keys = [redis_backend.key("c", Limit.build(name, "1/s")) for name in ("first", "second")]
+    if "\n" in args[0] and "usage keys" not in message:  # a usage field: its keys declared
+        tag = keys[0].split("}")[0] + "}"
+        keys += [f"{tag}{suffix}" for suffix in ("u1", "ta1", "td1", "ts1", "k", "l")]
     with pytest.raises(redis.ResponseError, match=re.escape(message)):
         redis_client.eval(load_script(), len(keys), *keys, *args)
     assert redis_client.exists(*keys) == 0
@@ -685,15 +689,18 @@ def _command_calls(client: redis.Redis, command: str) -> int:
     return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
-def test_a_decision_costs_at_most_180_bytes_on_the_wire(
-    redis_backend: RedisBackend, redis_client: redis.Redis
+@pytest.mark.parametrize("counts_usage", [False, True], ids=["no usage", "usage"])
+def test_a_decision_costs_at_most_180_bytes_on_the_wire_and_its_usage_keys(
+    redis_backend: RedisBackend, redis_client: redis.Redis, counts_usage: bool
 ) -> None:
     """Request + reply of one decision (one limit, an IPv4 client, a short tier name), as
-    the server counts them: the byte budget of issue 6."""
+    the server counts them: the byte budget of issue 6, and with usage counted no more than
+    the six usage keys the call declares (every key a script touches is in KEYS)."""
+    from django_throttle.backends.frames import USAGE_KEYS
     from django_throttle.usage import accounting as usage
 
     limits = (Limit.build("t12", "100/m"),)
-    field = usage.field_for("anonymous", "")
+    field = usage.field_for("anonymous", "") if counts_usage else None
     redis_backend.hit("ip:203.0.113.7", limits, usage=field)  # connect and load the script
     stats = redis_client.info("stats")
     before = stats["total_net_input_bytes"] + stats["total_net_output_bytes"]
@@ -702,7 +709,10 @@ def test_a_decision_costs_at_most_180_bytes_on_the_wire(
     stats = redis_client.info("stats")
     after = stats["total_net_input_bytes"] + stats["total_net_output_bytes"]
     info_call = 2000  # generous bound for the INFO command and its reply in between
-    assert (after - before - info_call) / 100 <= 180
+    shard_tag = f"{redis_backend.prefix}:{{15}}".encode()
+    usage_keys = len(redis_backend._calls.usage_keys(shard_tag, None)) if counts_usage else 0
+    assert USAGE_KEYS == 6
+    assert (after - before - info_call) / 100 <= 180 + usage_keys + (3 if counts_usage else 0)
 
 
 def test_a_forked_child_never_reads_its_parents_replies(redis_backend: RedisBackend) -> None:

@@ -175,18 +175,24 @@ def test_a_field_is_short_and_bounded() -> None:
 
 @pytest.fixture
 def count(redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """Call count_usage directly: usage.lua with a top size of 3, and a one-line driver."""
+    """Call count_into directly on one shard's keys of this minute: usage.lua with a top size
+    of 3, and a one-line driver."""
     monkeypatch.setattr(usage_base, "TOP_CLIENTS", 3)
-    driver = "count_usage(KEYS[1], tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]))"
+    driver = (
+        "count_into(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4],"
+        " tonumber(ARGV[5]))"
+    )
     source = lua_source(shards=1) + "\n" + driver
     tag = f"test-{os.urandom(4).hex()}:{{0}}"
     now = time.time() * 1e6
+    minute = int(now // 60e6)
 
     def call(client: str, outcome: str = "a", n: int = 1, field: str = "pro|search") -> None:
-        redis_client.eval(source, 1, tag, now, field, client, outcome, n)
+        keys = (f"{tag}u{minute}", f"{tag}t{outcome}{minute}", f"{tag}k")
+        redis_client.eval(source, 3, *keys, now, field, client, outcome, n)
 
     call.tag = tag  # type: ignore[attr-defined]
-    call.minute = int(now // 60e6)  # type: ignore[attr-defined]
+    call.minute = minute  # type: ignore[attr-defined]
     yield call
     keys = redis_client.keys(f"{tag}*")
     if keys:
@@ -223,11 +229,12 @@ def test_lua_top_of_one_keeps_its_ttl(
     count: Any, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(usage_base, "TOP_CLIENTS", 1)
-    source = (
-        lua_source(shards=1) + "\ncount_usage(KEYS[1], tonumber(ARGV[1]), 'f', ARGV[2], 'a', 1)"
+    source = lua_source(shards=1) + (
+        "\ncount_into(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), 'f', ARGV[2], 'a', 1)"
     )
+    keys = (f"{count.tag}u{count.minute}", f"{count.tag}ta{count.minute}", f"{count.tag}k")
     for client in ("a", "b", "c"):
-        redis_client.eval(source, 1, count.tag, time.time() * 1e6, client)
+        redis_client.eval(source, 3, *keys, time.time() * 1e6, client)
     [key] = redis_client.keys(f"{count.tag}ta*")
     assert redis_client.zcard(key) == 1
     assert redis_client.ttl(key) > 0

@@ -13,12 +13,14 @@ from typing import Any
 import pytest
 
 from django_throttle.backends import get_backend, usage_base
+from django_throttle.rates import Algorithm, Limit
 from django_throttle.usage import accounting as usage
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
 
 MEMORY = "django_throttle.backends.memory.MemoryBackend"
+ALGORITHMS = [algorithm.value for algorithm in Algorithm]
 
 
 @pytest.fixture(params=["redis", "memory"])
@@ -144,3 +146,59 @@ def test_pushes_leave_no_growing_structure(redis_client: Any) -> None:
     store.push("after", [(minute, "pro|search", "user:1", "o", 1)])
     assert redis_client.zscore(key, "1") is None
     assert store.take_late() == {minute}
+
+
+@pytest.mark.parametrize(
+    "algorithms",
+    [[algorithm] for algorithm in ALGORITHMS] + [list(ALGORITHMS)],
+    ids=[*ALGORITHMS, "all seven"],
+)
+def test_the_counting_scripts_touch_only_declared_keys(
+    redis_client: Any, algorithms: list[str]
+) -> None:
+    """Every key the counting call touches, usage counters included, is one it declared in
+    KEYS (was: the usage keys were derived inside the script from KEYS[1]'s tag), and so is
+    every key of the refund that undoes it: for every algorithm and all of them at once, a
+    shared limit, a shadow one, an API key's last use, and every outcome."""
+    backend = get_backend()
+    for calls in (backend._calls, backend._refunds):  # type: ignore[attr-defined]
+        source_for = calls.source_for
+        calls.source_for = lambda codes, source_for=source_for: declared_only(source_for(codes))[0]
+        calls._scripts.clear()
+        calls._cache = type(calls._cache)()
+    limits = [
+        Limit.build(f"declared-{name}", "2/day", algorithm=name, shadow=index == 1)
+        for index, name in enumerate(algorithms)
+    ]
+    limits.append(Limit.build("declared-shared", "1000/h", shared=True))
+    field = usage.field_for("pro", "search")
+    for client in ("ip:203.0.113.9", "key:abcdefgh", "user:" + "é" * 90):
+        outcomes = [backend.hit(client, limits, usage=field) for _ in range(4)]
+        assert [d.allowed for d in outcomes][:1] == [True] and not outcomes[-1].allowed
+        backend.refund(client, limits)
+        assert backend.peek(client, limits).remaining >= 0
+
+
+def test_a_caller_whose_clock_is_behind_has_its_minute_copied_again(
+    redis_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The usage keys are named by the caller's minute (it must name them before the script
+    reads the server's clock); when the server's minute is already later, the call notes the
+    minute as late, as a push does, so a rollup that already copied it copies it again."""
+    import time
+
+    from django_throttle.backends import frames
+
+    backend = get_backend()
+    store = usage.get_store(backend)
+    store.take_late()
+    minute = store.now_minute()
+    real = time.time
+    monkeypatch.setattr(frames.time, "time", lambda: real() - 180)  # three minutes behind
+    field = usage.field_for("pro", "search")
+    assert backend.hit("ip:203.0.113.10", [Limit.build("behind", "10/h")], usage=field).allowed
+    monkeypatch.undo()
+    late = store.take_late()
+    assert late and all(minute - 4 <= m <= minute - 2 for m in late)
+    found = store.read(sorted(late))
+    assert sum(row[0] for counts in found.values() for row in counts.totals.values()) == 1

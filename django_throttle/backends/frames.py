@@ -24,6 +24,10 @@ FOREVER = math.inf
 DIGEST_KEY_CHARS = 4 * DIGEST_SIZE // 3
 #: What stands in a shared limit's key for the client digest (never a base64url character).
 SHARED_MARK = b"*"
+#: Usage keys a counting call declares after its limits' (see lua/usage.lua): the shard's
+#: totals and top lists (allowed, denied, shadow) of the minute, its key-use and late sets.
+USAGE_KEYS = 6
+USAGE_SUFFIXES = (b"u%d", b"ta%d", b"td%d", b"ts%d", b"k", b"l")
 
 
 def frame(value: bytes) -> bytes:
@@ -68,7 +72,9 @@ def key_suffix(limit: Limit) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Encoded:
-    """What one limit list adds to every call: key suffixes and the framed tail of specs.
+    """What one limit list adds to every call: key suffixes, the framed heads (``usage_head``
+    for a call that counts usage, and so declares :data:`USAGE_KEYS` more keys) and the framed
+    tail of specs.
 
     ``valid_until`` (Unix seconds) is when a calendar quota's window ends and the specs must
     be encoded again; :data:`FOREVER` when the list has none. ``shared`` marks the shared
@@ -80,19 +86,20 @@ class Encoded:
 
     suffixes: tuple[bytes, ...]
     evalsha_head: bytes
+    usage_head: bytes
     tail: bytes
     source: bytes
     valid_until: float = FOREVER
     shared: tuple[bool, ...] = ()
 
-    @property
-    def eval_head(self) -> bytes:
+    def eval_head(self, usage: bool) -> bytes:
         """The head of the EVAL twin of the call, framing the script's source."""
         count = len(self.suffixes)
+        keys = count + (USAGE_KEYS if usage else 0)
         return (
-            b"*%d\r\n$4\r\nEVAL\r\n" % (4 + 2 * count)
+            b"*%d\r\n$4\r\nEVAL\r\n" % (4 + count + keys)
             + frame(self.source)
-            + frame(str(count).encode())
+            + frame(str(keys).encode())
         )
 
 
@@ -112,6 +119,7 @@ class Calls:
         self.shards = shards
         self._cache: LimitsCache[Encoded] = LimitsCache()
         self._fields: dict[str, bytes] = {}
+        self._usage: dict[tuple[bytes, int], bytes] = {}
         self._scripts: dict[frozenset[str], tuple[bytes, bytes]] = {}
 
     def script(self, limits: Sequence[Limit]) -> tuple[bytes, bytes]:
@@ -157,6 +165,9 @@ class Calls:
             evalsha_head=b"*%d\r\n$7\r\nEVALSHA\r\n" % (4 + 2 * count)
             + frame(sha)
             + frame(str(count).encode()),
+            usage_head=b"*%d\r\n$7\r\nEVALSHA\r\n" % (4 + 2 * count + USAGE_KEYS)
+            + frame(sha)
+            + frame(str(count + USAGE_KEYS).encode()),
             source=source,
             tail=b"".join(
                 frame(limit_spec(per_shard(limit, self.shards), now_us).encode())
@@ -187,17 +198,42 @@ class Calls:
             framed = self._fields[field] = b"\n" + field.replace("\n", " ").encode() + b"\n"
         return framed
 
-    @staticmethod
+    def usage_keys(self, shard: bytes, now_us: int | None) -> bytes:
+        """The framed usage keys of shard tag ``shard`` for the minute of ``now_us`` (default
+        this process's clock: the keys must be named before the script reads the server's),
+        cached per shard and minute."""
+        minute = int(time.time() if now_us is None else now_us / 1e6) // 60
+        framed = self._usage.get((shard, minute))
+        if framed is None:
+            if len(self._usage) >= 4096:
+                self._usage.clear()
+            framed = self._usage[shard, minute] = b"".join(
+                frame(shard + (suffix % minute if b"%" in suffix else suffix))
+                for suffix in USAGE_SUFFIXES
+            )
+        return framed
+
     def body(
-        encoded: Encoded, tag: bytes, op: bytes, field: bytes, client: bytes, evalsha: bool = True
+        self,
+        encoded: Encoded,
+        tag: bytes,
+        op: bytes,
+        field: bytes,
+        client: bytes,
+        evalsha: bool = True,
+        now_us: int | None = None,
     ) -> bytes:
-        """The whole command: head, one key per limit (``tag + suffix``), ARGV[1] (op, and
-        with a usage field the field and the client), specs."""
-        head = encoded.evalsha_head if evalsha else encoded.eval_head
+        """The whole command: head, one key per limit (``tag + suffix``), with a usage field
+        the usage keys, ARGV[1] (op, and with a usage field the field and the client),
+        specs."""
+        if evalsha:
+            head = encoded.usage_head if field else encoded.evalsha_head
+        else:
+            head = encoded.eval_head(bool(field))
+        shard = tag[:-DIGEST_KEY_CHARS]
         if encoded.shared:
-            shard = tag[:-DIGEST_KEY_CHARS] + SHARED_MARK
             keys = b"".join(
-                frame((shard if shared else tag) + suffix)
+                frame((shard + SHARED_MARK if shared else tag) + suffix)
                 for suffix, shared in zip(encoded.suffixes, encoded.shared, strict=True)
             )
         else:
@@ -205,5 +241,8 @@ class Calls:
                 b"$%d\r\n%s%s\r\n" % (len(tag) + len(suffix), tag, suffix)
                 for suffix in encoded.suffixes
             )
-        first = op + field + client.replace(b"\n", b" ") if field else op
-        return b"".join((head, keys, frame(first), encoded.tail))
+        if not field:
+            return b"".join((head, keys, frame(op), encoded.tail))
+        first = op + field + client.replace(b"\n", b" ")
+        usage = self.usage_keys(shard, now_us)
+        return b"".join((head, keys, usage, frame(first), encoded.tail))

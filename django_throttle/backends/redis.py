@@ -247,14 +247,14 @@ class RedisBackend(Backend):
                 op += b"#%d" % taken_at
             field = calls.field(usage)
             label = client.encode()
-            body = calls.body(encoded, tag, op, field, label)
+            body = calls.body(encoded, tag, op, field, label, now_us=now_us)
         except Exception as exc:
             raise failure(exc) from exc
 
         def fallback() -> bytes:
             # Redis lost the script (restart, failover, SCRIPT FLUSH): EVAL loads it again.
             events.send(events.script_loaded, type(self))
-            return calls.body(encoded, tag, op, field, label, False)
+            return calls.body(encoded, tag, op, field, label, False, now_us)
 
         return body, fallback
 

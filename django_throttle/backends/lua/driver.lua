@@ -1,8 +1,12 @@
 -- Check and consume every limit of one request atomically, all-or-nothing, and count the
 -- outcome for the usage report in the same step.
 --
--- KEYS[i]  counter of limit i; all keys of one call share one hash tag "<prefix>:{<shard>}",
---          so they live in one Redis Cluster slot with that shard's usage counters
+-- KEYS[i]  counter of limit i (i = 1 .. #ARGV - 1); all keys of one call share one hash tag
+--          "<prefix>:{<shard>}", so they live in one Redis Cluster slot with that shard's
+--          usage counters
+-- KEYS[n + 1 .. n + 6]  with a usage field only (n limits): the usage keys of that shard tag
+--          for the caller's minute m, "<tag>u<m>", "<tag>ta<m>", "<tag>td<m>", "<tag>ts<m>",
+--          "<tag>k" and "<tag>l" (see usage.lua): every key the script touches is declared
 -- ARGV[1]  "<op>[\n<usage field>\n<client>]", one argument to save bytes on the wire:
 --          op is "<cost>" to consume (a whole number in [0, 1e9], clamped per limit to its
 --          capacity; empty means 1) or "p[<cost>]" to only look: decide as that cost would
@@ -29,10 +33,12 @@
 -- Each algorithm decides on what it read; the writes follow only when every enforced limit
 -- allowed, so a denial writes nothing. Every write sets a TTL equal to the time until the
 -- state stops mattering (the limit is whole again), at most 3660 days.
-if #ARGV ~= 1 + #KEYS then
-  return fail('expected ' .. (1 + #KEYS) .. ' arguments for ' .. #KEYS .. ' keys, got ' .. #ARGV)
+local n = #ARGV - 1
+local head, field, client = string.match(ARGV[1] or '', '^([^\n]*)\n?([^\n]*)\n?(.*)$')
+if #KEYS ~= n + (field ~= '' and USAGE_KEYS or 0) then
+  return fail('expected ' .. n .. ' keys for ' .. n .. ' limits'
+    .. (field ~= '' and (' and ' .. USAGE_KEYS .. ' usage keys') or '') .. ', got ' .. #KEYS)
 end
-local head, field, client = string.match(ARGV[1], '^([^\n]*)\n?([^\n]*)\n?(.*)$')
 local op, when = string.match(head, '^([^@]*)@?(.*)$')
 local now, err = clock(when, 1)
 if err then return err end
@@ -60,7 +66,7 @@ if only_denials then field = string.sub(field, 2) end
 local algorithms, params, shadows = {}, {}, {}
 -- Whether a limit's refund depends on when the hit was made (see the reply).
 local stamped = false
-for i = 1, #KEYS do
+for i = 1, n do
   local algorithm, p, shadow, bad = limit_spec(1 + i, now)
   if bad then return bad end
   algorithms[i], params[i], shadows[i] = algorithm, p, shadow
@@ -70,7 +76,7 @@ end
 local allowed, shadow_denied = true, 0
 local pick, pick_remaining, pick_reset, pick_retry = 0, nil, 0, -1
 local pending = {}
-for i = 1, #KEYS do
+for i = 1, n do
   local p, shadow = params[i], shadows[i]
   local c = cost
   if c > p.capacity then c = p.capacity end
@@ -91,17 +97,17 @@ for i = 1, #KEYS do
 end
 
 if allowed and not peek then
-  for i = 1, #KEYS do
+  for i = 1, n do
     if pending[i] ~= nil then
       algorithms[i].commit(KEYS[i], now, params[i], pending[i])
     end
   end
 end
 if allowed then pick_retry = 0 end
-if not peek and field ~= '' and #KEYS > 0 and not (only_denials and allowed) then
+if not peek and field ~= '' and n > 0 and not (only_denials and allowed) then
   local outcome = 'd'
   if allowed then outcome = shadow_denied == 2 and 's' or 'a' end
-  count_usage(string.match(KEYS[1], '^[^{]*{[^}]*}') or '', now, field, client, outcome)
+  count_usage(n, now, field, client, outcome)
 end
 local code = (allowed and 1 or 0) + shadow_denied + 4 * pick
 if allowed and not peek and stamped then

@@ -94,10 +94,26 @@ local function count_into(totals, top, seen, now, field, client, outcome, n)
   end
 end
 
--- count_into the usage keys of shard `tag` ("dt:{3}") for the minute of now: the driver's
--- call, whose minute comes from the server clock inside the script.
-local function count_usage(tag, now, field, client, outcome, n)
-  local minute = string.format('%d', math.floor(now / 60000000))
-  count_into(tag .. 'u' .. minute, tag .. 't' .. outcome .. minute, tag .. 'k', now, field,
-    client, outcome, n)
+-- Keys the driver's call declares after its limits' (KEYS[at + 1 ..]): the totals hash and
+-- the top lists (allowed, denied, shadow) of the caller's minute, the key-use set and the
+-- late minutes, all of one shard tag.
+local USAGE_KEYS = 6
+local TOP_AT = {a = 2, d = 3, s = 4}
+
+-- count_into the usage keys the driver's call declared after its `at` limit keys. Their
+-- minute is the caller's (its clock, so that it can name them); when the server's clock is
+-- already past it (a call at a minute boundary, or a caller whose clock is behind), the
+-- minute is noted in the late set, as a push notes its minutes, so that a rollup that already
+-- copied it copies it again.
+local function count_usage(at, now, field, client, outcome)
+  count_into(KEYS[at + 1], KEYS[at + TOP_AT[outcome]], KEYS[at + 5], now, field, client,
+    outcome)
+  local minute = tonumber(string.match(KEYS[at + 1], 'u(%d+)$'))
+  if minute and minute < math.floor(now / 60000000) then
+    local second = math.floor(now / 1000000)
+    redis.pcall('ZADD', KEYS[at + 6], second, string.format('%d', minute))
+    redis.pcall('ZREMRANGEBYSCORE', KEYS[at + 6], '-inf',
+      '(' .. string.format('%d', second - USAGE_TTL))
+    redis.pcall('EXPIRE', KEYS[at + 6], USAGE_TTL)
+  end
 end
