@@ -73,8 +73,9 @@ class PrivateRedis:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
-    def start(self, timeout: float = 10.0) -> PrivateRedis:
-        command = [
+    def command(self) -> list[str]:
+        """The ``redis-server`` command line (a subclass may put a config file first)."""
+        return [
             find_redis_server(),
             "--port", str(self.port),
             "--bind", "127.0.0.1",
@@ -85,8 +86,19 @@ class PrivateRedis:
             "--loglevel", "warning",
             *self.extra_args,
         ]  # fmt: skip
+
+    def answering(self) -> bool:
+        """Whether the server answers a ``PING`` on its port yet (PONG, or NOAUTH: it is up)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16)[:1] in (b"+", b"-")
+        except OSError:
+            return False
+
+    def start(self, timeout: float = 10.0) -> PrivateRedis:
         self._process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         if not self._stop_at_exit:
             self._stop_at_exit = True
@@ -95,13 +107,9 @@ class PrivateRedis:
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 raise RuntimeError(f"redis-server exited with code {self._process.returncode}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16)[:1] in (b"+", b"-"):  # PONG, or NOAUTH: it is up
-                        return self
-            except OSError:
-                time.sleep(0.05)
+            if self.answering():
+                return self
+            time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"redis-server did not answer on port {self.port} in {timeout} s")
 

@@ -1,0 +1,167 @@
+"""Managed-Redis connections on the counting path: TLS (``rediss://`` with the CA file, a client
+certificate, the hostname check on or off) and ACL users, against redis-servers this test
+starts (:mod:`tests.topologies`), sync and async. Counting stays exact over TLS, and a
+connection that cannot be made (unknown CA, wrong name, wrong password) is a
+:class:`~django_throttle.backends.base.BackendError` the breaker counts, never an SSL or
+authentication error reaching the request."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import pytest
+
+from django_throttle.backends import get_backend
+from django_throttle.backends.base import BackendError
+from django_throttle.backends.redis import RedisBackend
+from django_throttle.rates import Algorithm, Limit
+from tests.redis_servers import LOOPBACK, RedisServer
+from tests.topologies import TLSServer
+
+#: Generous connect timeouts: a TLS handshake on a loaded 2-core machine takes milliseconds.
+SLOW_MACHINE = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, "timeout": 2.0}
+LIMIT = 5
+
+
+@pytest.fixture(scope="module")
+def tls_server() -> Iterator[TLSServer]:
+    server = TLSServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def mutual_tls_server() -> Iterator[TLSServer]:
+    server = TLSServer(client_certificates=True).start()
+    yield server
+    server.stop()
+
+
+def backend_on(settings: Any, url: str, **options: Any) -> RedisBackend:
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {**SLOW_MACHINE, **options}
+    backend = get_backend()
+    assert isinstance(backend, RedisBackend)
+    return backend
+
+
+def limits(algorithm: str = Algorithm.TOKEN_BUCKET) -> tuple[Limit, ...]:
+    return (Limit.build("tls", f"{LIMIT}/d", algorithm=algorithm),)
+
+
+def admitted(backend: RedisBackend, client: str, tries: int, algorithm: str) -> int:
+    return sum(backend.hit(client, limits(algorithm)).allowed for _ in range(tries))
+
+
+async def admitted_async(backend: RedisBackend, client: str, tries: int, algorithm: str) -> int:
+    decisions = await asyncio.gather(
+        *(backend.ahit(client, limits(algorithm)) for _ in range(tries))
+    )
+    return sum(decision.allowed for decision in decisions)
+
+
+@pytest.mark.parametrize("algorithm", list(Algorithm))
+def test_counting_over_tls_with_the_ca_in_the_url_is_exact(
+    settings: Any, tls_server: TLSServer, algorithm: str
+) -> None:
+    """``rediss://`` with ``ssl_ca_certs`` in the URL's query, as a managed Redis's docs give
+    it: every algorithm admits exactly its limit, sync and async."""
+    query = urlencode({"ssl_ca_certs": str(tls_server.ca_file), "ssl_cert_reqs": "required"})
+    backend = backend_on(settings, f"{tls_server.url}?{query}")
+    assert admitted(backend, "sync-client", LIMIT + 3, algorithm) == LIMIT
+    assert asyncio.run(admitted_async(backend, "async-client", LIMIT + 3, algorithm)) == LIMIT
+    assert backend.peek("sync-client", limits(algorithm)).remaining == 0
+
+
+def test_a_client_certificate_is_presented_when_the_server_asks_for_one(
+    settings: Any, mutual_tls_server: TLSServer
+) -> None:
+    options = mutual_tls_server.tls_options()
+    del options["ssl"]  # a connection option of redis.Redis(); the rediss:// URL says it here
+    backend = backend_on(settings, mutual_tls_server.url, **options)
+    assert admitted(backend, "mtls", LIMIT + 1, Algorithm.GCRA) == LIMIT
+    assert asyncio.run(admitted_async(backend, "mtls-async", LIMIT + 1, Algorithm.GCRA)) == LIMIT
+
+
+def test_without_the_client_certificate_mutual_tls_is_an_outage_not_an_error(
+    settings: Any, mutual_tls_server: TLSServer
+) -> None:
+    options = {"ssl_ca_certs": str(mutual_tls_server.ca_file)}
+    backend = backend_on(settings, mutual_tls_server.url, **options)
+    with pytest.raises(BackendError):
+        backend.hit("no-cert", limits())
+    with pytest.raises(BackendError):
+        asyncio.run(backend.ahit("no-cert", limits()))
+
+
+def test_an_unknown_certificate_authority_is_an_outage_not_an_error(
+    settings: Any, tls_server: TLSServer
+) -> None:
+    """Without the CA the server's certificate cannot be verified: the call fails as an outage
+    (the breaker's failure mode answers the request), never with the SSL error itself."""
+    backend = backend_on(settings, tls_server.url)
+    with pytest.raises(BackendError):
+        backend.hit("unknown-ca", limits())
+    with pytest.raises(BackendError):
+        asyncio.run(backend.ahit("unknown-ca", limits()))
+
+
+def test_the_hostname_check_can_be_turned_off_for_a_certificate_of_another_name(
+    settings: Any,
+) -> None:
+    """Some managed services (Memorystore) give a certificate that does not name the address
+    clients connect to: with ``ssl_check_hostname`` off (the CA still verified) counting
+    works; with it on, the mismatch is an outage."""
+    server = TLSServer(names=("redis.internal.example",)).start()
+    try:
+        strict = backend_on(
+            settings, server.url, ssl_ca_certs=str(server.ca_file), ssl_check_hostname=True
+        )
+        with pytest.raises(BackendError):
+            strict.hit("strict", limits())
+        strict.close()
+        loose = backend_on(
+            settings, server.url, ssl_ca_certs=str(server.ca_file), ssl_check_hostname=False
+        )
+        assert admitted(loose, "loose", LIMIT + 1, Algorithm.TOKEN_BUCKET) == LIMIT
+        assert asyncio.run(admitted_async(loose, "la", LIMIT + 1, Algorithm.TOKEN_BUCKET)) == LIMIT
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def acl_server() -> Iterator[RedisServer]:
+    """A Redis whose default user is off: only the ACL user ``throttle`` (with a password
+    holding characters a URL must escape) may connect."""
+    server = RedisServer(
+        extra_args=(
+            "--user", "default", "off",
+            "--user", "throttle", "on", ">p@ss:w/rd", "~*", "&*", "+@all",
+        )
+    ).start()  # fmt: skip
+    yield server
+    server.stop()
+
+
+def test_an_acl_user_and_password_in_the_url_count_exactly(
+    settings: Any, acl_server: RedisServer
+) -> None:
+    url = f"redis://throttle:{quote('p@ss:w/rd', safe='')}@{LOOPBACK}:{acl_server.port}/0"
+    backend = backend_on(settings, url)
+    assert admitted(backend, "acl", LIMIT + 2, Algorithm.SLIDING_LOG) == LIMIT
+    assert asyncio.run(admitted_async(backend, "acl-a", LIMIT + 2, Algorithm.SLIDING_LOG)) == LIMIT
+    backend.bump_policy_version()
+    assert backend.get_policy_version() == "1"
+
+
+def test_a_wrong_acl_password_is_an_outage_not_an_error(
+    settings: Any, acl_server: RedisServer
+) -> None:
+    backend = backend_on(settings, f"redis://throttle:wrong@{LOOPBACK}:{acl_server.port}/0")
+    with pytest.raises(BackendError):
+        backend.hit("acl", limits())
+    with pytest.raises(BackendError):
+        asyncio.run(backend.ahit("acl", limits()))

@@ -1,0 +1,59 @@
+"""The local topologies of :mod:`tests.topologies` are what later suites rely on: a cluster
+whose slots are all served and whose killed primary's replica takes over, and a Sentinel set
+whose failover the sentinels announce. Marked slow: they start 6 to 9 processes each."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from tests.redis_servers import LOOPBACK
+from tests.topologies import SLOTS, LocalCluster, LocalSentinel, running, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_local_cluster_serves_every_slot_and_fails_over() -> None:
+    with running(LocalCluster(primaries=3, replicas=1)) as cluster:
+        primaries = cluster.primaries()
+        assert len(primaries) == 3
+        assert sorted(cluster.roles().values()) == ["master"] * 3 + ["slave"] * 3
+        client = cluster.client()
+        try:
+            for n in range(300):
+                client.set(f"k{n}", n)
+            slot = client.keyslot("k1")
+            victim = cluster.node_for_slot(slot)
+            direct = victim.client()
+            assert direct.execute_command("WAIT", 1, 5000) == 1  # its replica has the writes
+            direct.close()
+            victim.kill()
+            started = time.monotonic()
+            wait_for(lambda: cluster.node_for_slot(slot).port != victim.port, 30, "a promotion")
+            cluster.wait_ok()
+            promoted_after = time.monotonic() - started
+            assert promoted_after < 15
+            assert int(client.get("k1")) == 1  # the replica had it, the client followed
+            served = {cluster.node_for_slot(s).port for s in (0, SLOTS // 2, SLOTS - 1)}
+            assert len(served) == 3 and victim.port not in served
+        finally:
+            client.close()
+
+
+def test_a_local_sentinel_set_announces_its_failover() -> None:
+    with running(LocalSentinel(sentinel_password="sentinel-secret")) as topology:
+        sentinel = redis.Sentinel(
+            [(LOOPBACK, server.port) for server in topology.sentinels],
+            sentinel_kwargs={"password": "sentinel-secret"},
+            socket_timeout=2,
+        )
+        primary = sentinel.master_for(topology.service, socket_timeout=2)
+        primary.set("before", 1)
+        old = topology.primary_port()
+        topology.server_on(old).kill()
+        wait_for(lambda: topology.primary_port() != old, 30, "the sentinels to promote a replica")
+        wait_for(lambda: primary.set("after", 2), 30, "the client to follow the new primary")
+        assert sentinel.discover_master(topology.service)[1] == topology.primary_port()
+        assert int(primary.get("before")) == 1
