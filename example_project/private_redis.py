@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Self
 
 
 def find_redis_server() -> str:
@@ -96,7 +97,7 @@ class PrivateRedis:
         except OSError:
             return False
 
-    def start(self, timeout: float = 10.0) -> PrivateRedis:
+    def start(self, timeout: float = 10.0) -> Self:
         self._process = subprocess.Popen(
             self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )

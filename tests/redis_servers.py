@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from typing import Any
+from typing import Any, Self
 
 import redis
 
@@ -52,7 +52,7 @@ class RedisServer(PrivateRedis):
         self._process = None
         self.paused = False
 
-    def restart(self) -> RedisServer:
+    def restart(self) -> Self:
         """A fresh, empty server on the same port (a crash followed by a supervisor restart)."""
         self.kill()
         self.start()
