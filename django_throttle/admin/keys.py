@@ -21,7 +21,7 @@ from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 
 from django_throttle.admin.base import _AppAdmin
-from django_throttle.admin.views import log_reset
+from django_throttle.admin.views import backend_failed, log_reset
 from django_throttle.backends import BackendError
 from django_throttle.identity import Identity
 from django_throttle.inspection.resets import reset
@@ -115,8 +115,7 @@ class ApiKeyAdmin(_AppAdmin):
             try:
                 limits = reset(subject)
             except BackendError as exc:
-                error = _("The backend could not reset: %(error)s") % {"error": exc}
-                self.message_user(request, error, messages.ERROR)
+                self.message_user(request, backend_failed(request, exc), messages.ERROR)
                 return None
             log_reset(request, subject, limits)
         message = _("Reset the buckets of %(count)d API key(s).") % {"count": len(keys)}
