@@ -34,7 +34,7 @@ from django_throttle.models.fields import HTTP_METHODS
 from django_throttle.plain import plain_text
 from django_throttle.policy import live as policy_module
 from django_throttle.usage.names import client_names
-from django_throttle.usage.reports import report
+from django_throttle.usage.reports import Report, report
 
 __all__ = ["backend_failed", "dashboard", "inspector", "log_reset", "reset_client"]
 
@@ -63,7 +63,6 @@ def dashboard(request: HttpRequest, model_admin: _AppAdmin) -> HttpResponse:
         windows=list(WINDOWS),
         timeline=data,
         outcomes=[(name, LABELS[name], data.overall.totals[name]) for name in CHARTED],
-        inspect_url=reverse(INSPECT),
         health=_health(),
         **_most_limited(window),
     )
@@ -77,9 +76,9 @@ def _most_limited(window: str) -> dict[str, Any]:
     try:
         result = report(since, "client", None)
     except BackendError:
-        return {"limited": [], "estimated": (), "sample": 1}
+        result = Report(rows=[])
     limited = [row for row in result.rows if row.denied or row.shadow_denied]
-    limited.sort(key=lambda row: (-row.denied, -row.shadow_denied, row.key))
+    limited = sorted(limited, key=lambda row: (-row.denied, -row.shadow_denied, row.key))
     names = client_names(row.key for row in limited[:TOP_LIMITED])
     return {
         "limited": [{"row": row, "client": names[row.key]} for row in limited[:TOP_LIMITED]],
