@@ -161,16 +161,10 @@ def _charts(cells: _Cells, part: int, starts: list[datetime], blank: str) -> lis
 
 
 def _sum(title: str, rows: Iterable[dict[str, list[int]]], starts: list[datetime]) -> Chart:
-    rows = list(rows)
-    zero = [0] * len(starts)
-    return Chart(
-        title,
-        starts,
-        {
-            o: [sum(bar) for bar in zip(zero, *(row[o] for row in rows), strict=True)]
-            for o in CHARTED
-        },
-    )
+    """One chart of ``rows`` added up bar by bar (zero bars when there are none)."""
+    rows, zero = list(rows), [0] * len(starts)
+    bars = {o: list(map(sum, zip(zero, *(row[o] for row in rows), strict=True))) for o in CHARTED}
+    return Chart(title, starts, bars)
 
 
 def _minute(value: datetime) -> int:
