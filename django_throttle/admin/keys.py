@@ -6,7 +6,7 @@ recorded in the admin history. Registers ``ApiKey``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from contextlib import closing
+from contextlib import closing, suppress
 from typing import Any
 
 from django.contrib import admin, messages
@@ -125,12 +125,9 @@ def _attach_live_use(keys: Iterable[ApiKey]) -> None:
     column, ``None`` when neither has one."""
     keys = list(keys)
     seen: dict[str, int] = {}
-    try:
-        if keys:
-            with closing(usage.get_store()) as store:
-                seen = store.keys_last_used([key.prefix for key in keys])
-    except (BackendError, usage.UsageUnavailable):
-        seen = {}
+    if keys:
+        with suppress(BackendError, usage.UsageUnavailable), closing(usage.get_store()) as store:
+            seen = store.keys_last_used([key.prefix for key in keys])
     for key in keys:
         live = None if key.prefix not in seen else stored_time(seen[key.prefix])
         known = [time for time in (live, key.last_used) if time is not None]
