@@ -91,9 +91,8 @@ class LimitForm(forms.ModelForm):  # type: ignore[type-arg]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if "timezone" in self.fields:
-            # What an empty time zone means, read per form so override_settings applies.
-            self.fields["timezone"].widget.attrs["placeholder"] = settings.TIME_ZONE or "UTC"
+        # What an empty time zone means, read per form so override_settings applies.
+        self.fields["timezone"].widget.attrs["placeholder"] = settings.TIME_ZONE or "UTC"
 
     def clean_rate(self) -> str:
         value: str = self.cleaned_data["rate"]
@@ -135,8 +134,7 @@ class TierLimitFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
                 )
                 form.add_error("rate", message % {"limit": first[key].instance})
                 continue  # one message per mistake: not compared with costs as well
-            if key is not None:
-                first[key] = form
+            first[key] = form  # a row with a capacity has a key
             beyond = [(name, cost) for name, cost in costly if cost > capacity]
             if beyond:
                 fix = _fix(form, beyond[0][1])[1]
