@@ -63,8 +63,8 @@ class ApiKeyAdmin(_AppAdmin):
 
     @admin.display(description=_("last used"))
     def last_used_at(self, obj: ApiKey) -> Any:
-        """The backend's live time (recorded with the usage counts, see
-        ``lua/usage.lua``), else the column the rollup copied it to."""
+        """The later of the backend's live time (recorded with the usage counts, see
+        ``lua/usage.lua``) and the column the rollup copied it to."""
         if not hasattr(obj, "throttle_last_used"):
             _attach_live_use([obj])
         newest = obj.throttle_last_used  # type: ignore[attr-defined]
