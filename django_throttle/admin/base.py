@@ -8,12 +8,15 @@ It registers nothing: the modules beside it register one model's admin each.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.utils import timezone
 from django.utils.functional import Promise
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
@@ -22,7 +25,7 @@ from django.utils.translation import pgettext_lazy
 
 from django_throttle.admin.forms import LimitForm
 
-__all__ = ["LimitInline"]
+__all__ = ["LimitInline", "stored_time"]
 
 # What a list shows in a column, in a word, by stored value (the choices of
 # :mod:`django_throttle.models`); a value written around the admin is shown as it is. The change
@@ -45,6 +48,13 @@ MATCH_TYPES: dict[str, Any] = {
     "route": pgettext_lazy("admin list", "route"),
     "path": pgettext_lazy("admin list", "path"),
 }
+
+
+def stored_time(second: float) -> datetime:
+    """A Unix time as the database holds datetimes (aware UTC under USE_TZ, else naive in
+    the current time zone)."""
+    value = datetime.fromtimestamp(second, tz=UTC)
+    return value if settings.USE_TZ else timezone.make_naive(value)
 
 
 class _AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]

@@ -22,15 +22,15 @@ import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from html import escape
 from itertools import count
 
-from django.conf import settings
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext
 
+from django_throttle.admin.base import stored_time
 from django_throttle.backends import BackendError
 from django_throttle.models import UsageCount
 from django_throttle.plain import plain_text
@@ -118,8 +118,8 @@ def timeline(window: str) -> Timeline:
         # One row per minute, tier and endpoint (the table's unique constraint): nothing to sum.
         rows = UsageCount.objects.filter(
             client=accounting.ALL,
-            window_start__gte=_start(first),
-            window_start__lte=_start(watermark),
+            window_start__gte=stored_time(first * 60),
+            window_start__lte=stored_time(watermark * 60),
         ).values_list("window_start", "tier", "endpoint", *accounting.OUTCOMES)
         for start, tier, endpoint, *values in rows:
             add(_minute(start), tier, endpoint, values)
@@ -134,7 +134,7 @@ def timeline(window: str) -> Timeline:
 
     served = {key: row for key, row in cells.items() if key[0] != accounting.BEFORE_AUTHENTICATION}
     checks = {key: row for key, row in cells.items() if key[0] == accounting.BEFORE_AUTHENTICATION}
-    starts = [_start(first + i * step) for i in range(bars)]
+    starts = [stored_time((first + i * step) * 60) for i in range(bars)]
     return Timeline(
         overall=_sum(gettext("All requests"), served.values(), starts),
         by_tier=_charts(served, 0, starts, NO_TIER),
@@ -161,22 +161,10 @@ def _charts(cells: _Cells, part: int, starts: list[datetime], blank: str) -> lis
 
 
 def _sum(title: str, rows: Iterable[dict[str, list[int]]], starts: list[datetime]) -> Chart:
-    rows = list(rows)
-    zero = [0] * len(starts)
-    return Chart(
-        title,
-        starts,
-        {
-            o: [sum(bar) for bar in zip(zero, *(row[o] for row in rows), strict=True)]
-            for o in CHARTED
-        },
-    )
-
-
-def _start(minute: int) -> datetime:
-    """The datetime of a minute as the database holds it (aware UTC under USE_TZ)."""
-    value = datetime.fromtimestamp(minute * 60, tz=UTC)
-    return value if settings.USE_TZ else timezone.make_naive(value)
+    """One chart of ``rows`` added up bar by bar (zero bars when there are none)."""
+    rows, zero = list(rows), [0] * len(starts)
+    bars = {o: list(map(sum, zip(zero, *(row[o] for row in rows), strict=True))) for o in CHARTED}
+    return Chart(title, starts, bars)
 
 
 def _minute(value: datetime) -> int:

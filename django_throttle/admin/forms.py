@@ -36,8 +36,7 @@ def _valid_rows(formset: forms.BaseInlineFormSet[Any, Any, Any]) -> Iterable[tup
     """Forms that will be saved and are valid on their own, with their limit's capacity
     (computed by :class:`~django_throttle.rates.Limit`, the one place that knows)."""
     for form in formset.forms:
-        data = getattr(form, "cleaned_data", None)
-        if not data or data.get("DELETE") or form.errors:
+        if not form.cleaned_data or form.cleaned_data.get("DELETE") or form.errors:
             continue
         try:
             yield form, form.instance.capacity
@@ -92,9 +91,8 @@ class LimitForm(forms.ModelForm):  # type: ignore[type-arg]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if "timezone" in self.fields:
-            # What an empty time zone means, read per form so override_settings applies.
-            self.fields["timezone"].widget.attrs["placeholder"] = settings.TIME_ZONE or "UTC"
+        # What an empty time zone means, read per form so override_settings applies.
+        self.fields["timezone"].widget.attrs["placeholder"] = settings.TIME_ZONE or "UTC"
 
     def clean_rate(self) -> str:
         value: str = self.cleaned_data["rate"]
@@ -136,8 +134,7 @@ class TierLimitFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
                 )
                 form.add_error("rate", message % {"limit": first[key].instance})
                 continue  # one message per mistake: not compared with costs as well
-            if key is not None:
-                first[key] = form
+            first[key] = form  # a row with a capacity has a key
             beyond = [(name, cost) for name, cost in costly if cost > capacity]
             if beyond:
                 fix = _fix(form, beyond[0][1])[1]
@@ -168,11 +165,8 @@ class EndpointRuleForm(forms.ModelForm):  # type: ignore[type-arg]
     """Warn about a cost that some tier-wide limit can never hold (a warning shown after
     saving, :attr:`warnings`: that tier's clients may never reach this endpoint, see
     :class:`TierLimitFormSet`); limits of this rule itself are checked row by row in
-    :class:`EndpointLimitFormSet`, and there a cost too high is an error."""
-
-    class Meta:
-        model = EndpointRule
-        fields = "__all__"
+    :class:`EndpointLimitFormSet`, and there a cost too high is an error. The admin makes
+    the form's model and fields (``modelform_factory``)."""
 
     def _post_clean(self) -> None:
         # After the model's own validation, so a cost out of range has its one error and is
@@ -180,10 +174,8 @@ class EndpointRuleForm(forms.ModelForm):  # type: ignore[type-arg]
         # is checked then.
         super()._post_clean()  # type: ignore[misc]
         self.warnings: list[str] = []
-        cost = self.cleaned_data.get("cost")
-        if "cost" in self.errors or not isinstance(cost, int) or cost <= 1:
-            return
-        if not self.cleaned_data.get("enabled", True):
+        cost = self.cleaned_data.get("cost")  # gone from cleaned_data when it has an error
+        if not isinstance(cost, int) or cost <= 1 or not self.cleaned_data.get("enabled", True):
             return
         rule = [(self.cleaned_data.get("name", ""), cost)]
         for limit in TierLimit.objects.select_related("tier").order_by("tier__name", "pk"):

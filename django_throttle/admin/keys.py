@@ -6,22 +6,19 @@ recorded in the admin history. Registers ``ApiKey``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from contextlib import closing
-from datetime import UTC, datetime
+from contextlib import closing, suppress
 from typing import Any
 
-from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 
-from django_throttle.admin.base import _AppAdmin
-from django_throttle.admin.views import log_reset
+from django_throttle.admin.base import _AppAdmin, stored_time
+from django_throttle.admin.views import backend_failed, log_reset
 from django_throttle.backends import BackendError
 from django_throttle.identity import Identity
 from django_throttle.inspection.resets import reset
@@ -66,13 +63,12 @@ class ApiKeyAdmin(_AppAdmin):
 
     @admin.display(description=_("last used"))
     def last_used_at(self, obj: ApiKey) -> Any:
-        """The backend's live time (recorded with the usage counts, see
-        ``lua/usage.lua``), else the column the rollup copied it to."""
-        if not hasattr(obj, "throttle_live_last_used"):
+        """The later of the backend's live time (recorded with the usage counts, see
+        ``lua/usage.lua``) and the column the rollup copied it to."""
+        if not hasattr(obj, "throttle_last_used"):
             _attach_live_use([obj])
-        live = obj.throttle_live_last_used  # type: ignore[attr-defined]
-        newest = max((t for t in (live, obj.last_used) if t is not None), default=None)
-        return newest if newest is not None else _("never (since the last rollup)")
+        newest = obj.throttle_last_used  # type: ignore[attr-defined]
+        return newest or _("never (since the last rollup)")
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
         full_key = None if change else obj.set_new_key()
@@ -115,8 +111,7 @@ class ApiKeyAdmin(_AppAdmin):
             try:
                 limits = reset(subject)
             except BackendError as exc:
-                error = _("The backend could not reset: %(error)s") % {"error": exc}
-                self.message_user(request, error, messages.ERROR)
+                self.message_user(request, backend_failed(request, exc), messages.ERROR)
                 return None
             log_reset(request, subject, limits)
         message = _("Reset the buckets of %(count)d API key(s).") % {"count": len(keys)}
@@ -125,20 +120,15 @@ class ApiKeyAdmin(_AppAdmin):
 
 
 def _attach_live_use(keys: Iterable[ApiKey]) -> None:
-    """Set ``throttle_live_last_used`` on each key from the backend's usage store (``None`` when it
-    has none, keeps none, or cannot answer: the page falls back to the stored column, never
-    an error)."""
+    """Set ``throttle_last_used`` on each key: the later of the backend's live time (none when
+    its usage store has none, keeps none, or cannot answer: never an error) and the stored
+    column, ``None`` when neither has one."""
     keys = list(keys)
     seen: dict[str, int] = {}
-    try:
-        if keys:
-            with closing(usage.get_store()) as store:
-                seen = store.keys_last_used([key.prefix for key in keys])
-    except (BackendError, usage.UsageUnavailable):
-        seen = {}
+    if keys:
+        with suppress(BackendError, usage.UsageUnavailable), closing(usage.get_store()) as store:
+            seen = store.keys_last_used([key.prefix for key in keys])
     for key in keys:
-        second = seen.get(key.prefix)
-        live = None if second is None else datetime.fromtimestamp(second, tz=UTC)
-        if live is not None and not settings.USE_TZ:
-            live = timezone.make_naive(live)
-        key.throttle_live_last_used = live  # type: ignore[attr-defined]
+        live = None if key.prefix not in seen else stored_time(seen[key.prefix])
+        known = [time for time in (live, key.last_used) if time is not None]
+        key.throttle_last_used = max(known, default=None)  # type: ignore[attr-defined]

@@ -72,13 +72,9 @@ class TierAdmin(_LimitedAdmin):
     def formfield_for_choice_field(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         if db_field.name == "failure_mode":
             # A tier has nothing between it and the setting to inherit from.
-            kwargs["choices"] = [
-                (
-                    models.FailureMode.INHERIT,
-                    _("inherit (the DJANGO_THROTTLE_FAILURE_MODE setting)"),
-                ),
-                *((value, label) for value, label in models.FailureMode.choices if value),
-            ]
+            inherit = _("inherit (the DJANGO_THROTTLE_FAILURE_MODE setting)")
+            others = [choice for choice in models.FailureMode.choices if choice[0]]
+            kwargs["choices"] = [(models.FailureMode.INHERIT, inherit), *others]
         return super().formfield_for_choice_field(db_field, request, **kwargs)
 
     @admin.display(description=_("limits"))

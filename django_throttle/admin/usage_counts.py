@@ -105,22 +105,19 @@ class UsageCountAdmin(_AppAdmin):
     def get_urls(self) -> list[Any]:
         """The dashboard and the inspector live under the usage list (see
         :mod:`~django_throttle.admin.views`)."""
-        pages = {
-            "dashboard": views.dashboard,
-            "inspect": views.inspector,
-            "inspect/reset": views.reset_client,
-        }
-        return [
-            *(
-                path(
-                    f"{page}/",
-                    self.admin_site.admin_view(partial(view, model_admin=self)),
-                    name=f"django_throttle_usagecount_{page.replace('/', '_')}",
-                )
-                for page, view in pages.items()
-            ),
-            *super().get_urls(),
+
+        def page(route: str, view: Any) -> Any:
+            name = f"django_throttle_usagecount_{route.replace('/', '_')}"
+            return path(
+                f"{route}/", self.admin_site.admin_view(partial(view, model_admin=self)), name=name
+            )
+
+        own = [
+            page("dashboard", views.dashboard),
+            page("inspect", views.inspector),
+            page("inspect/reset", views.reset_client),
         ]
+        return [*own, *super().get_urls()]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.contrib import messages
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.auth.decorators import permission_required
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model
@@ -33,13 +34,15 @@ from django_throttle.models.fields import HTTP_METHODS
 from django_throttle.plain import plain_text
 from django_throttle.policy import live as policy_module
 from django_throttle.usage.names import client_names
-from django_throttle.usage.reports import report
+from django_throttle.usage.reports import Report, report
 
-__all__ = ["dashboard", "inspector", "log_reset", "reset_client"]
+__all__ = ["backend_failed", "dashboard", "inspector", "log_reset", "reset_client"]
 
 #: Clients listed under "most limited".
 TOP_LIMITED = 20
 INSPECT = "admin:django_throttle_usagecount_inspect"
+#: Resetting a client's counters, or a shared limit, takes the permission to change tiers.
+RESET_PERMISSION = "django_throttle.change_tier"
 
 
 def dashboard(request: HttpRequest, model_admin: _AppAdmin) -> HttpResponse:
@@ -60,7 +63,6 @@ def dashboard(request: HttpRequest, model_admin: _AppAdmin) -> HttpResponse:
         windows=list(WINDOWS),
         timeline=data,
         outcomes=[(name, LABELS[name], data.overall.totals[name]) for name in CHARTED],
-        inspect_url=reverse(INSPECT),
         health=_health(),
         **_most_limited(window),
     )
@@ -74,9 +76,9 @@ def _most_limited(window: str) -> dict[str, Any]:
     try:
         result = report(since, "client", None)
     except BackendError:
-        return {"limited": [], "estimated": (), "sample": 1}
+        result = Report(rows=[])
     limited = [row for row in result.rows if row.denied or row.shadow_denied]
-    limited.sort(key=lambda row: (-row.denied, -row.shadow_denied, row.key))
+    limited = sorted(limited, key=lambda row: (-row.denied, -row.shadow_denied, row.key))
     names = client_names(row.key for row in limited[:TOP_LIMITED])
     return {
         "limited": [{"row": row, "client": names[row.key]} for row in limited[:TOP_LIMITED]],
@@ -87,28 +89,22 @@ def _most_limited(window: str) -> dict[str, Any]:
 
 def _health() -> dict[str, Any]:
     """Whether the backend answers (and how fast), the breaker, and the policy snapshot."""
-    breaker = get_breaker()
-    started = time.perf_counter()
-    latency_ms, error = None, ""
+    breaker, snapshot = get_breaker(), policy_module.last()
+    started, error = time.perf_counter(), ""
     try:
         get_backend().get_policy_version()  # the smallest call that reaches the backend
-        latency_ms = (time.perf_counter() - started) * 1e3
     except BackendError as exc:
         error = plain_text(f"{type(exc).__name__}: {exc}")
-    snapshot = policy_module.last()
     compiled_at = None if snapshot is None else snapshot.compiled_at
+    failed_at = breaker.last_error_at
     return {
         "backend": app_settings.BACKEND.rsplit(".", 1)[-1],
         "reachable": not error,
         "error": error,
-        "latency_ms": latency_ms,
+        "latency_ms": None if error else (time.perf_counter() - started) * 1e3,
         "breaker": breaker,
-        "last_error": plain_text(breaker.last_error) if breaker.last_error else "",
-        "last_error_at": (
-            None
-            if breaker.last_error_at is None
-            else datetime.fromtimestamp(breaker.last_error_at, tz=UTC)
-        ),
+        "last_error": plain_text(breaker.last_error or ""),
+        "last_error_at": None if failed_at is None else datetime.fromtimestamp(failed_at, tz=UTC),
         "policy_age": max(0.0, policy_module.clock() - compiled_at) if compiled_at else None,
         "tiers": None if snapshot is None else len(snapshot.tiers),
     }
@@ -117,93 +113,113 @@ def _health() -> dict[str, Any]:
 # --- the inspector ----------------------------------------------------------------------------
 
 
+class _Query(NamedTuple):
+    """The inspector's client as typed, the username it presents and the address it comes
+    from (the last two ``None`` when blank), kept from page to page."""
+
+    client_text: str
+    username: str | None
+    address: str | None
+
+    @classmethod
+    def read(cls, data: QueryDict) -> _Query:
+        text, username, address = (
+            data.get(name, "").strip() for name in ("client", "username", "ip")
+        )
+        return cls(text, username or None, address or None)
+
+    def subject(self) -> Subject:
+        """The client named; a bad address is an error too, not "none". Raises
+        :class:`UnknownClient`."""
+        subject = parse_client(self.client_text)
+        if self.address:
+            parse_client(f"ip:{self.address}")
+        return subject
+
+    @property
+    def url(self) -> str:
+        """The inspector, showing this client again."""
+        query = {"client": self.client_text, "username": self.username, "ip": self.address}
+        encoded = urlencode({name: value for name, value in query.items() if value})
+        return f"{reverse(INSPECT)}?{encoded}" if encoded else reverse(INSPECT)
+
+
 def inspector(request: HttpRequest, model_admin: _AppAdmin) -> HttpResponse:
     """One client's tier (and why) and every counter its requests meet (by client, by IP
     address, by username; shared ceilings marked), an "explain" form for a request it might
     send, and a button to reset its counters (confirmed on a second page)."""
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
-    text, username, address = _client(request.GET)
+    query = _Query.read(request.GET)
     method = request.GET.get("method", "GET").strip().upper()
     method = method if method in HTTP_METHODS else "GET"
     path = request.GET.get("path", "").strip()
     context: dict[str, Any] = {}
-    if text:
+    if query.client_text:
         try:
-            subject = _subject(text, address)
-            context["inspection"] = inspect(subject, username, address)
+            subject = query.subject()
+            context["inspection"] = inspect(subject, query.username, query.address)
             if path:
                 context["explanation"] = explain(
-                    subject, method, path, address=address, username=username
+                    subject, method, path, address=query.address, username=query.username
                 )
         except UnknownClient as exc:
             context["error"] = _("Unknown client: %(reason)s.") % {"reason": exc}
         except BackendError as exc:
-            context["error"] = _("The backend could not be read: %(error)s") % {"error": exc}
+            context["error"] = backend_failed(request, exc)
     return model_admin.render_page(
         request,
         "inspector",
         _("Inspect a client"),
-        client_text=text,
         method=method,
         path=path,
-        username=username,
-        address=address,
         methods=HTTP_METHODS,
-        can_reset=_can_reset(request),
+        can_reset=request.user.has_perm(RESET_PERMISSION),
+        **query._asdict(),
         **context,
     )
 
 
+@permission_required(RESET_PERMISSION, raise_exception=True)
 def reset_client(request: HttpRequest, model_admin: _AppAdmin) -> HttpResponse:
     """Confirm (GET), then clear (POST, CSRF-checked) every counter of one client (by
     client, by its address, by its username; never a shared ceiling), recorded in the admin
     history. Needs the permission to change tiers."""
-    if not _can_reset(request):
-        raise PermissionDenied
     data = request.POST if request.method == "POST" else request.GET
+    query = _Query.read(data)
     if data.get("ceiling"):
-        return _reset_ceiling(request, model_admin, data)
-    text, username, address = _client(data)
+        return _reset_ceiling(request, model_admin, data["ceiling"].strip(), query)
     try:
-        subject = _subject(text, address)
+        subject = query.subject()
     except UnknownClient as exc:
         error = _("Unknown client: %(reason)s.") % {"reason": exc}
         return _back(request, reverse(INSPECT), error, messages.ERROR)
-    query = {"client": text, "username": username, "ip": address}
-    back = f"{reverse(INSPECT)}?{urlencode({k: v for k, v in query.items() if v})}"
-    if request.method == "POST":
-        try:
-            found = reset_counters(subject, username=username, address=address)
-        except BackendError as exc:
-            error = _("The backend could not reset: %(error)s") % {"error": exc}
-            return _back(request, back, error, messages.ERROR)
-        log_reset(request, subject, [counter.limit for counter in found])
-        done = _("Reset %(count)d bucket(s) of %(client)s.")
-        return _back(request, back, done % {"count": len(found), "client": subject.label})
     try:
-        found = [c for c in counters(subject, username, address) if not c.limit.shared]
+        if request.method == "POST":
+            found = reset_counters(subject, username=query.username, address=query.address)
+            log_reset(request, subject, [counter.limit for counter in found])
+            done = _("Reset %(count)d bucket(s) of %(client)s.")
+            return _back(request, query.url, done % {"count": len(found), "client": subject.label})
+        found = [c for c in counters(subject, query.username, query.address) if not c.limit.shared]
     except BackendError as exc:
-        error = _("The backend could not be read: %(error)s") % {"error": exc}
-        return _back(request, back, error, messages.ERROR)
+        return _back(request, query.url, backend_failed(request, exc), messages.ERROR)
+    title = _("Reset the buckets of %(client)s?") % {"client": subject.label}
     return model_admin.render_page(
         request,
         "reset_confirmation",
-        _("Reset the buckets of %(client)s?") % {"client": subject.label},
+        title,
         subject=subject,
-        client_text=text,
-        username=username,
-        address=address,
         counters=found,
-        back=back,
+        back=query.url,
+        **query._asdict(),
     )
 
 
-def _reset_ceiling(request: HttpRequest, model_admin: _AppAdmin, data: QueryDict) -> HttpResponse:
+def _reset_ceiling(
+    request: HttpRequest, model_admin: _AppAdmin, limit_id: str, query: _Query
+) -> HttpResponse:
     """Confirm (GET), then refill (POST) one shared limit in every key shard: a ceiling's
     own reset, recorded in the admin history (resetting a client never touches it)."""
-    client, limit_id = data.get("client", "").strip(), data.get("ceiling", "").strip()
-    back = f"{reverse(INSPECT)}?{urlencode({'client': client})}" if client else reverse(INSPECT)
     limit = shared_limits().get(limit_id)
     if limit is None:
         error = _("%(id)r is not a shared limit.") % {"id": limit_id}
@@ -212,42 +228,28 @@ def _reset_ceiling(request: HttpRequest, model_admin: _AppAdmin, data: QueryDict
     if request.method != "POST":
         title = _("Reset the shared limit %(limit)s?") % {"limit": name}
         return model_admin.render_page(
-            request, "reset_confirmation", title, ceiling=limit, client_text=client, back=back
+            request, "reset_confirmation", title, ceiling=limit, back=query.url, **query._asdict()
         )
     try:
         reset_ceilings([limit_id])
     except BackendError as exc:
-        error = _("The backend could not reset: %(error)s") % {"error": exc}
-        return _back(request, back, error, messages.ERROR)
+        return _back(request, query.url, backend_failed(request, exc), messages.ERROR)
     _log(request, None, name, f"Reset the shared limit {name} in every key shard")
     done = _("Reset the shared limit %(limit)s for every client.") % {"limit": name}
-    return _back(request, back, done)
+    return _back(request, query.url, done)
 
 
-def _client(data: QueryDict) -> tuple[str, str | None, str | None]:
-    """The client, the username it presents and the address it comes from, as typed (the
-    last two ``None`` when blank)."""
-    text, username, address = (data.get(name, "").strip() for name in ("client", "username", "ip"))
-    return text, username or None, address or None
-
-
-def _subject(text: str, address: str | None) -> Subject:
-    """The client named; a bad address is an error too, not "none". Raises
-    :class:`UnknownClient`."""
-    subject = parse_client(text)
-    if address:
-        parse_client(f"ip:{address}")
-    return subject
+def backend_failed(request: HttpRequest, exc: BackendError) -> str:
+    """What to tell the operator when the backend failed them: a reset (a POST) or a read."""
+    if request.method == "POST":
+        return _("The backend could not reset: %(error)s") % {"error": exc}
+    return _("The backend could not be read: %(error)s") % {"error": exc}
 
 
 def _back(request: HttpRequest, url: str, text: str, level: int = messages.SUCCESS) -> HttpResponse:
     """Back to ``url``, with ``text`` shown there."""
     messages.add_message(request, level, text)
     return HttpResponseRedirect(url)
-
-
-def _can_reset(request: HttpRequest) -> bool:
-    return bool(request.user.has_perm("django_throttle.change_tier"))
 
 
 def log_reset(request: HttpRequest, subject: Subject, limits: list[Any]) -> None:
