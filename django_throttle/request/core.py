@@ -88,9 +88,7 @@ def check(request: Any, **options: Unpack[CheckOptions]) -> Decision:
     planned = _plan(request, policy_module.current, None, **options)
     if not isinstance(planned, _Plan):
         return planned
-    reply = _called(planned.first_call())
-    if planned.groups and isinstance(reply, Decision):
-        reply = run(planned.rest(reply))
+    reply = run(planned.deciding())
     return _finished(planned, reply, request, started)
 
 
@@ -129,9 +127,7 @@ async def acheck(
             request.user = own
     if not isinstance(planned, _Plan):
         return planned
-    reply = await _acalled(planned.first_call())
-    if planned.groups and isinstance(reply, Decision):
-        reply = await arun(planned.rest(reply))
+    reply = await arun(planned.deciding())
     return _finished(planned, reply, request, started)
 
 
