@@ -39,7 +39,7 @@ from django_throttle.identity import Identity
 from django_throttle.policy import live as policy_module
 from django_throttle.rates import UNLIMITED, Decision, Limit
 from django_throttle.request.planning import _counted, _degraded, _outcome, _Plan, _plan
-from django_throttle.request.reservations import Call, Steps, settling
+from django_throttle.request.reservations import Steps, settling
 from django_throttle.usage import accounting as usage
 
 __all__ = ["FAILURE_MODES", "CheckOptions", "acheck", "asettle", "check", "plan", "settle"]
@@ -204,50 +204,39 @@ def _announce(request: Any, planned: _Plan, decision: Decision, started: float) 
 
 def run(steps: Steps[T]) -> T:
     """Make the backend calls ``steps`` yield, blocking, through the process's circuit
-    breaker; a :class:`BackendError` is raised into the steps at their ``yield``. Counts
-    kept while the backend was down are pushed once it answers again."""
+    breaker; a :class:`BackendError` is raised into the steps at their ``yield``, anything
+    else sent. Counts kept while the backend was down are pushed once it answers again."""
     try:
-        call = next(steps)
+        name, args, kwargs = next(steps)
         while True:
-            reply = _called(call)  # an error is raised into the steps, anything else sent
-            call = steps.throw(reply) if isinstance(reply, BackendError) else steps.send(reply)
+            try:
+                with get_breaker().guard():
+                    reply = getattr(get_backend(), name)(*args, **kwargs)
+            except BackendError as exc:
+                name, args, kwargs = steps.throw(exc)
+                continue
+            if usage.pending:
+                usage.flush_pending()
+            name, args, kwargs = steps.send(reply)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
 
 
 async def arun(steps: Steps[T]) -> T:
-    """:func:`run` on an event loop: each call is awaited (``redis.asyncio``), never made in
-    a thread; only pushing kept counts, which is blocking, runs in a worker thread."""
+    """:func:`run` on an event loop: each call is awaited (``redis.asyncio``, the backend's
+    ``"a" + name`` method), never made in a thread; only pushing kept counts, which is
+    blocking, runs in a worker thread."""
     try:
-        call = next(steps)
+        name, args, kwargs = next(steps)
         while True:
-            reply = await _acalled(call)
-            call = steps.throw(reply) if isinstance(reply, BackendError) else steps.send(reply)
+            try:
+                with get_breaker().guard():
+                    reply = await getattr(get_backend(), "a" + name)(*args, **kwargs)
+            except BackendError as exc:
+                name, args, kwargs = steps.throw(exc)
+                continue
+            if usage.pending:
+                await sync_to_async(usage.flush_pending, thread_sensitive=False)()
+            name, args, kwargs = steps.send(reply)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
-
-
-def _called(call: Call) -> Any:
-    """The reply to one call: what the backend returned, or the :class:`BackendError`."""
-    name, args, kwargs = call
-    try:
-        with get_breaker().guard():
-            reply = getattr(get_backend(), name)(*args, **kwargs)
-    except BackendError as exc:
-        return exc
-    if usage.pending:
-        usage.flush_pending()
-    return reply
-
-
-async def _acalled(call: Call) -> Any:
-    """:func:`_called`, awaited."""
-    name, args, kwargs = call
-    try:
-        with get_breaker().guard():
-            reply = await getattr(get_backend(), "a" + name)(*args, **kwargs)
-    except BackendError as exc:
-        return exc
-    if usage.pending:
-        await sync_to_async(usage.flush_pending, thread_sensitive=False)()
-    return reply
