@@ -9,12 +9,13 @@ reserve tokens that :mod:`~django_throttle.request.reservations` gives back when
 must not count.
 
 The decision is written once: a plan (plain, :mod:`~django_throttle.request.planning`), the
-one backend call the plan names, and a finish (plain, :mod:`~django_throttle.request.planning` too)
-from its reply. Only that call differs between :func:`check` and :func:`acheck`: made
+backend calls the plan names, and a finish (plain, :mod:`~django_throttle.request.planning` too)
+from the reply. Only the calls differ between :func:`check` and :func:`acheck`: made
 blocking or awaited, through the circuit breaker, a :class:`BackendError` being a reply like
-any other. What takes more calls (the counters by IP address or username after the client's,
-refunds) is written as steps in :mod:`~django_throttle.request.reservations`, generators that
-yield each call they need, driven by :func:`run` (blocking) and :func:`arun` (awaited).
+any other. Every call is a step: the plan's (``_Plan.deciding``: the client's counter, then
+those by IP address or username) and the refunds are generators in
+:mod:`~django_throttle.request.planning` and :mod:`~django_throttle.request.reservations`
+that yield each call they need, driven by :func:`run` (blocking) and :func:`arun` (awaited).
 Counts kept while the backend was down are pushed once it answers again.
 
 This module holds the adapters' entry points (:func:`check`, :func:`acheck`, :func:`settle`,
