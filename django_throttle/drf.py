@@ -10,12 +10,11 @@ attempts before the password or token is checked.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
-from functools import partial
 from typing import Any
 
-from django.utils.functional import SimpleLazyObject
 from rest_framework.authentication import (
     BasicAuthentication,
     SessionAuthentication,
@@ -24,9 +23,9 @@ from rest_framework.authentication import (
 from rest_framework.exceptions import APIException, Throttled
 from rest_framework.request import Request
 
+from django_throttle.api_key_authentication import ApiKeyAuthentication
 from django_throttle.conf import app_settings
 from django_throttle.exemptions import is_exempt_view
-from django_throttle.policy.resolver import verified_api_key
 from django_throttle.rates import Decision
 from django_throttle.request import core
 from django_throttle.request.headers import (
@@ -144,47 +143,6 @@ class AsyncPolicyThrottle(PolicyThrottle):
         return self._decided(http_request, decision)
 
 
-class ApiKeyAuthentication:
-    """DRF authentication by API key (``Authorization: Api-Key <key>`` or ``X-API-Key``).
-
-    **A valid key logs in as its owner**, with every permission the owner has: ``request.user``
-    is the owner (loaded from the database only when the view reads it; ``AnonymousUser`` when
-    the key has none, or the owner was deleted or deactivated) and ``request.auth`` the key as
-    the policy snapshot holds it (:class:`~django_throttle.policy.snapshot.ApiKeyPolicy`). So a key
-    owned by a staff user or a superuser is a staff or superuser login for whoever holds the
-    key: give keys owners with only the permissions their holders need, or none
-    (``manage.py check --database default`` warns about such keys, W020).
-
-    The choice is :attr:`acts_as_owner`. A subclass that sets it to ``False`` lets a key select
-    its tier and bucket and be read as ``request.auth``, while ``request.user`` stays
-    ``AnonymousUser`` whoever owns the key; permission classes then decide on ``request.auth``.
-
-    A missing, unknown, wrong, revoked or expired key authenticates no one (``None``: the next
-    class tries, else the request is anonymous) rather than a 401, so such requests are
-    throttled under their IP like any anonymous client; permission classes decide what they
-    may do.
-
-    Like :class:`PolicyThrottle`, it implements DRF's interface without subclassing
-    ``BaseAuthentication``.
-    """
-
-    #: Whether a key logs in as its owner (``request.user``), with all the owner's permissions.
-    acts_as_owner: bool = True
-
-    def authenticate(self, request: Request) -> tuple[Any, Any] | None:
-        from django.contrib.auth.models import AnonymousUser
-
-        api_key = verified_api_key(_wrapped(request))
-        if api_key is None:
-            return None
-        if api_key.owner_id is None or not self.acts_as_owner:
-            return AnonymousUser(), api_key
-        return SimpleLazyObject(partial(_owner, api_key.owner_id)), api_key
-
-    def authenticate_header(self, request: Request) -> str:
-        return "Api-Key"
-
-
 class CredentialProtection:
     """Mixed in before a DRF authentication class: when the request presents that scheme's
     credentials, count them against the limits of the endpoint rules of scope
@@ -271,21 +229,12 @@ class ProtectedSessionAuthentication(CredentialProtection, SessionAuthentication
         return settings.SESSION_COOKIE_NAME in request.COOKIES
 
 
-def _owner(pk: Any) -> Any:
-    """The key's owner, or ``AnonymousUser`` when they were deleted or deactivated."""
-    from django.contrib.auth import get_user_model
-    from django.contrib.auth.models import AnonymousUser
-
-    user = get_user_model()._default_manager.filter(pk=pk).first()
-    if user is None or not getattr(user, "is_active", True):
-        return AnonymousUser()
-    return user
-
-
 def _wrapped(request: Request) -> Any:
-    """The Django ``HttpRequest`` a DRF ``Request`` wraps. DRF has no public accessor for it
-    (its own ``SessionAuthentication`` reads the attribute too): this is the one place here
-    that reads it."""
+    """The Django ``HttpRequest`` a DRF ``Request`` wraps (DRF's documented ``_request``; its
+    own ``SessionAuthentication`` reads it too). Reading through DRF's attribute proxy is not
+    the same: attributes set on the ``Request`` (the decision, the reservations) never reach
+    the Django request the middleware sees, and ``request.user`` would run authentication
+    again from inside it. There is no public accessor: this is the one place that reads it."""
     return request._request  # noqa: SLF001
 
 
@@ -318,19 +267,14 @@ def _failure_mode(view: Any) -> str | None:
     mode = getattr(view, "throttle_failure_mode", None)
     if mode is None or mode in core.FAILURE_MODES:
         return mode
-    name = f"{type(view).__module__}.{type(view).__qualname__}"
-    if name not in _warned:
-        _warned.add(name)
-        logger.error(
-            "%s.throttle_failure_mode = %r is not one of %s; ignoring it.",
-            name,
-            mode,
-            ", ".join(core.FAILURE_MODES),
-        )
+    _warn_unknown_mode(f"{type(view).__module__}.{type(view).__qualname__}", repr(mode))
     return None
 
 
-_warned: set[str] = set()
+@functools.cache  # once per view class
+def _warn_unknown_mode(name: str, mode: str) -> None:
+    modes = ", ".join(core.FAILURE_MODES)
+    logger.error("%s.throttle_failure_mode = %s is not one of %s; ignoring it.", name, mode, modes)
 
 
 def _is_credential_view(view: Any) -> bool:

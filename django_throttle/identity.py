@@ -161,14 +161,16 @@ NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 _warned: set[str] = set()
 
 
+def _forwarded(meta: Any) -> list[str]:
+    """The non-empty addresses of ``X-Forwarded-For``, left to right, as text."""
+    parts = (part.strip() for part in str(meta.get(FORWARDED_FOR, "")).split(","))
+    return [part for part in parts if part]
+
+
 def _through_listed_proxies(meta: Any, remote: str, trust: ProxyTrust) -> str:
     """The client address text when proxies are trusted by network and ``remote`` is one."""
-    parts = str(meta.get(FORWARDED_FOR, "")).split(",")
     leftmost = remote
-    for part in reversed(parts):
-        part = part.strip()
-        if not part:
-            continue
+    for part in reversed(_forwarded(meta)):
         address = _address(part)
         if address is None:
             return remote  # "unknown", garbage: no address can be believed past this
@@ -182,8 +184,7 @@ def _through_listed_proxies(meta: Any, remote: str, trust: ProxyTrust) -> str:
 def _through_counted_proxies(meta: Any, remote: str, trust: ProxyTrust) -> str:
     """The client address text when ``trust.proxy_count`` proxies are trusted, whoever connects."""
     count = trust.proxy_count
-    forwarded = [part.strip() for part in str(meta.get(FORWARDED_FOR, "")).split(",")]
-    forwarded = [part for part in forwarded if part]
+    forwarded = _forwarded(meta)
     if len(forwarded) >= count:
         # Each trusted proxy appended the address it saw; the count-th from the right
         # was written by the outermost trusted proxy and is the first we can believe.

@@ -9,12 +9,13 @@ reserve tokens that :mod:`~django_throttle.request.reservations` gives back when
 must not count.
 
 The decision is written once: a plan (plain, :mod:`~django_throttle.request.planning`), the
-one backend call the plan names, and a finish (plain, :mod:`~django_throttle.request.planning` too)
-from its reply. Only that call differs between :func:`check` and :func:`acheck`: made
+backend calls the plan names, and a finish (plain, :mod:`~django_throttle.request.planning` too)
+from the reply. Only the calls differ between :func:`check` and :func:`acheck`: made
 blocking or awaited, through the circuit breaker, a :class:`BackendError` being a reply like
-any other. What takes more calls (the counters by IP address or username after the client's,
-refunds) is written as steps in :mod:`~django_throttle.request.reservations`, generators that
-yield each call they need, driven by :func:`run` (blocking) and :func:`arun` (awaited).
+any other. Every call is a step: the plan's (``_Plan.deciding``: the client's counter, then
+those by IP address or username) and the refunds are generators in
+:mod:`~django_throttle.request.planning` and :mod:`~django_throttle.request.reservations`
+that yield each call they need, driven by :func:`run` (blocking) and :func:`arun` (awaited).
 Counts kept while the backend was down are pushed once it answers again.
 
 This module holds the adapters' entry points (:func:`check`, :func:`acheck`, :func:`settle`,
@@ -39,7 +40,7 @@ from django_throttle.identity import Identity
 from django_throttle.policy import live as policy_module
 from django_throttle.rates import UNLIMITED, Decision, Limit
 from django_throttle.request.planning import _counted, _degraded, _outcome, _Plan, _plan
-from django_throttle.request.reservations import Call, Steps, settling
+from django_throttle.request.reservations import Steps, settling
 from django_throttle.usage import accounting as usage
 
 __all__ = ["FAILURE_MODES", "CheckOptions", "acheck", "asettle", "check", "plan", "settle"]
@@ -88,9 +89,7 @@ def check(request: Any, **options: Unpack[CheckOptions]) -> Decision:
     planned = _plan(request, policy_module.current, None, **options)
     if not isinstance(planned, _Plan):
         return planned
-    reply = _called(planned.first_call())
-    if planned.groups and isinstance(reply, Decision):
-        reply = run(planned.rest(reply))
+    reply = run(planned.deciding())
     return _finished(planned, reply, request, started)
 
 
@@ -129,9 +128,7 @@ async def acheck(
             request.user = own
     if not isinstance(planned, _Plan):
         return planned
-    reply = await _acalled(planned.first_call())
-    if planned.groups and isinstance(reply, Decision):
-        reply = await arun(planned.rest(reply))
+    reply = await arun(planned.deciding())
     return _finished(planned, reply, request, started)
 
 
@@ -208,50 +205,39 @@ def _announce(request: Any, planned: _Plan, decision: Decision, started: float) 
 
 def run(steps: Steps[T]) -> T:
     """Make the backend calls ``steps`` yield, blocking, through the process's circuit
-    breaker; a :class:`BackendError` is raised into the steps at their ``yield``. Counts
-    kept while the backend was down are pushed once it answers again."""
+    breaker; a :class:`BackendError` is raised into the steps at their ``yield``, anything
+    else sent. Counts kept while the backend was down are pushed once it answers again."""
     try:
-        call = next(steps)
+        name, args, kwargs = next(steps)
         while True:
-            reply = _called(call)  # an error is raised into the steps, anything else sent
-            call = steps.throw(reply) if isinstance(reply, BackendError) else steps.send(reply)
+            try:
+                with get_breaker().guard():
+                    reply = getattr(get_backend(), name)(*args, **kwargs)
+            except BackendError as exc:
+                name, args, kwargs = steps.throw(exc)
+                continue
+            if usage.pending:
+                usage.flush_pending()
+            name, args, kwargs = steps.send(reply)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
 
 
 async def arun(steps: Steps[T]) -> T:
-    """:func:`run` on an event loop: each call is awaited (``redis.asyncio``), never made in
-    a thread; only pushing kept counts, which is blocking, runs in a worker thread."""
+    """:func:`run` on an event loop: each call is awaited (``redis.asyncio``, the backend's
+    ``"a" + name`` method), never made in a thread; only pushing kept counts, which is
+    blocking, runs in a worker thread."""
     try:
-        call = next(steps)
+        name, args, kwargs = next(steps)
         while True:
-            reply = await _acalled(call)
-            call = steps.throw(reply) if isinstance(reply, BackendError) else steps.send(reply)
+            try:
+                with get_breaker().guard():
+                    reply = await getattr(get_backend(), "a" + name)(*args, **kwargs)
+            except BackendError as exc:
+                name, args, kwargs = steps.throw(exc)
+                continue
+            if usage.pending:
+                await sync_to_async(usage.flush_pending, thread_sensitive=False)()
+            name, args, kwargs = steps.send(reply)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
-
-
-def _called(call: Call) -> Any:
-    """The reply to one call: what the backend returned, or the :class:`BackendError`."""
-    name, args, kwargs = call
-    try:
-        with get_breaker().guard():
-            reply = getattr(get_backend(), name)(*args, **kwargs)
-    except BackendError as exc:
-        return exc
-    if usage.pending:
-        usage.flush_pending()
-    return reply
-
-
-async def _acalled(call: Call) -> Any:
-    """:func:`_called`, awaited."""
-    name, args, kwargs = call
-    try:
-        with get_breaker().guard():
-            reply = await getattr(get_backend(), "a" + name)(*args, **kwargs)
-    except BackendError as exc:
-        return exc
-    if usage.pending:
-        await sync_to_async(usage.flush_pending, thread_sensitive=False)()
-    return reply

@@ -53,8 +53,7 @@ def rate_limit_headers(decision: Decision) -> dict[str, str]:
     limit = decision.limit
     if limit is None or limit.shadow:
         return headers
-    if limit.shared:
-        limit = _share(limit, app_settings.KEY_SHARDS)
+    limit = _as_met(limit)
     reset = whole_seconds(decision.reset_after)
     headers["X-RateLimit-Limit"] = str(limit.capacity)
     headers["X-RateLimit-Remaining"] = str(decision.remaining)
@@ -62,11 +61,7 @@ def rate_limit_headers(decision: Decision) -> dict[str, str]:
     if not decision.allowed:
         headers["Retry-After"] = str(retry_after_seconds(decision.retry_after))
     if app_settings.IETF_HEADERS:
-        enforced = [
-            _share(item, app_settings.KEY_SHARDS) if item.shared else item
-            for item in decision.limits
-            if not item.shadow
-        ] or [limit]
+        enforced = [_as_met(item) for item in decision.limits if not item.shadow] or [limit]
         headers["RateLimit-Policy"] = ", ".join(
             f'"{item.id}";q={item.capacity};w={whole_seconds(item.window)}' for item in enforced
         )
@@ -74,10 +69,14 @@ def rate_limit_headers(decision: Decision) -> dict[str, str]:
     return headers
 
 
+def _as_met(limit: Limit) -> Limit:
+    """``limit`` as the client meets it: a shared limit's shard's share (the remaining count
+    is of that share, so the capacity shown must be too)."""
+    return _share(limit, app_settings.KEY_SHARDS) if limit.shared else limit
+
+
 @functools.lru_cache(maxsize=256)
 def _share(limit: Limit, shards: int) -> Limit:
-    """A shared limit as the client meets it: its shard's share (the remaining count is of
-    that share, so the capacity shown must be too)."""
     from django_throttle.backends.base import per_shard
 
     return per_shard(limit, shards)
@@ -152,15 +151,9 @@ def _custom_response(path: str, request: Any, decision: Decision) -> HttpRespons
 
     try:
         response = import_string(path)(request, decision)
+        if not isinstance(response, HttpResponseBase):
+            raise TypeError(f"it returned {type(response).__name__!r}, not an HttpResponse")
     except Exception:
         logger.exception("DJANGO_THROTTLE_DENIED_RESPONSE %s failed; sending the default", path)
-        return None
-    if not isinstance(response, HttpResponseBase):
-        logger.error(
-            "DJANGO_THROTTLE_DENIED_RESPONSE %s returned %r, not an HttpResponse; sending the "
-            "default",
-            path,
-            type(response).__name__,
-        )
         return None
     return response

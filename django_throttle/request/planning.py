@@ -34,7 +34,6 @@ from django_throttle.policy.resolver import get_resolver
 from django_throttle.policy.snapshot import EndpointPolicy, Policy, TierPolicy
 from django_throttle.rates import UNLIMITED, Decision, Limit
 from django_throttle.request.reservations import (
-    Call,
     Group,
     Reservation,
     Steps,
@@ -84,15 +83,18 @@ class _Plan:
     groups: tuple[Group, ...] = ()
     refunds: tuple[Group, ...] = ()
 
-    def first_call(self) -> Call:
-        """The one backend call of a request (the first of several with ``groups``)."""
+    def deciding(self) -> Steps[Decision | BackendError]:
+        """The request's backend calls: the first group's, then the further ``groups``'
+        (:func:`hit_groups`); ends with the decision, or the error that stopped them."""
         field = only_if_denied(self.field) if self.groups else self.field
-        return ("hit", (self.client, self.limits, self.cost), {"usage": field})
-
-    def rest(self, first: Decision) -> Steps[Decision | BackendError]:
-        """The ``groups``' calls after the first call decided ``first``."""
+        try:
+            first = yield ("hit", (self.client, self.limits, self.cost), {"usage": field})
+        except BackendError as exc:
+            return exc
+        if not self.groups:
+            return first  # type: ignore[no-any-return]
         head = (self.client, self.limits)
-        return hit_groups(head, self.groups, self.cost, first, self.field)
+        return (yield from hit_groups(head, self.groups, self.cost, first, self.field))
 
 
 def _plan(
