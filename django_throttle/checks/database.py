@@ -1,14 +1,18 @@
-"""The checks that read stored rows: W003 (rules that count only successes or failures
-without the settling middleware), W005 (a credential rule that limits some tiers only) and
-W020 (an active API key owned by a superuser or staff user).
+"""The checks that read stored rows: every policy row the compiler would skip (E101…E105)
+and every limit row repeating another (W106), rules that count only successes or failures
+without the settling middleware (W003), a credential rule that limits some tiers only (W005)
+and an active API key owned by a superuser or staff user (W020).
 
-Each reads in a savepoint and reports nothing when the tables or the database are missing,
-so ``manage.py check`` never breaks before ``migrate``.
+Rows written around the admin (fixtures, SQL, ``QuerySet.update``) can hold values the admin
+refuses: the compiler skips such a row and logs it, and E101…E105 make it visible before a
+deploy. Each check reads in a savepoint and reports nothing when the tables or the database
+are missing, so ``manage.py check`` never breaks before ``migrate``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import chain
 from typing import Any, TypeVar
 
 from django.conf import settings
@@ -18,12 +22,22 @@ from django.db import DatabaseError, transaction
 
 __all__ = [
     "MIDDLEWARE_PATH",
+    "ROW_CHECK_IDS",
     "check_api_key_owners",
     "check_credential_rules",
+    "check_rows",
     "check_settling_middleware",
 ]
 
 MIDDLEWARE_PATH = "django_throttle.middleware.RateLimitHeadersMiddleware"
+#: Check id of a policy row the compiler skips, per model.
+ROW_CHECK_IDS = {
+    "Tier": "django_throttle.E101",
+    "TierLimit": "django_throttle.E102",
+    "EndpointRule": "django_throttle.E103",
+    "EndpointLimit": "django_throttle.E104",
+    "Exemption": "django_throttle.E105",
+}
 _Read = TypeVar("_Read")
 
 
@@ -38,6 +52,57 @@ def _read(
             return read()
     except missing:
         return None
+
+
+def check_rows(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E101…E105: a policy row the compiler skips, naming the row, the field and the fix;
+    W106: a limit row repeating an earlier one of the same tier or rule (same counter: see
+    ``duplicate_key``), which the compiler counts once but an operator should delete."""
+    from django_throttle.models import EndpointLimit, EndpointRule, Exemption, Tier, TierLimit
+
+    querysets = (
+        Exemption.objects.all(),
+        Tier.objects.all(),
+        TierLimit.objects.select_related("tier"),
+        EndpointRule.objects.all(),
+        EndpointLimit.objects.select_related("rule", "tier"),
+    )
+    tables = _read(Tier.objects.db, lambda: [list(rows.order_by("pk")) for rows in querysets])
+    if tables is None:
+        return []
+    messages: list[checks.CheckMessage] = []
+    for row in chain.from_iterable(tables):
+        if problems := row.row_problems():
+            model = type(row).__name__
+            what = "; ".join(f"{field}: {reason}" for field, reason in problems.items())
+            messages.append(
+                checks.Error(
+                    f"{model} pk={row.pk} cannot be used, so the throttle policy skips it: {what}.",
+                    hint=f"Correct or delete it in the admin ({model} {row.pk}).",
+                    obj=row,
+                    id=ROW_CHECK_IDS[model],
+                )
+            )
+    for limits in (tables[2], tables[4]):
+        first: dict[tuple[object, ...], Any] = {}
+        for row in limits:
+            key = row.duplicate_key()  # None (a bad row) repeats nothing
+            if key is None or first.setdefault(key, row) is row:
+                continue
+            model = type(row).__name__
+            parent = (
+                f"tier '{row.tier.slug}'" if model == "TierLimit" else f"rule '{row.rule.name}'"
+            )
+            messages.append(
+                checks.Warning(
+                    f"{model} pk={row.pk} repeats {model} pk={first[key].pk} of {parent} "
+                    f"({row}): the policy counts that limit once and ignores the copy.",
+                    hint=f"Delete one of them in the admin ({parent}).",
+                    obj=row,
+                    id="django_throttle.W106",
+                )
+            )
+    return messages
 
 
 def check_settling_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
