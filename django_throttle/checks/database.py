@@ -67,7 +67,9 @@ def check_rows(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessa
         EndpointRule.objects.all(),
         EndpointLimit.objects.select_related("rule", "tier"),
     )
-    tables = _read(Tier.objects.db, lambda: [list(rows.order_by("pk")) for rows in querysets])
+    tables: list[list[Any]] | None = _read(
+        Tier.objects.db, lambda: [list(rows.order_by("pk")) for rows in querysets]
+    )
     if tables is None:
         return []
     messages: list[checks.CheckMessage] = []

@@ -34,8 +34,9 @@ MAX_DEPTH = 20
 #: Most values (mappings, lists and scalars, each alias counted as what it expands to) a
 #: policy file may hold: hundreds of tiers and rules fit, and an import stays quick.
 MAX_VALUES = 200_000
-# A JSON string (skipped over: brackets inside it do not nest) or one bracket.
-_JSON_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+# A JSON string (skipped over: brackets inside it do not nest), one bracket, or another
+# scalar (a number, true, false, null): every token but a closing bracket is one value.
+_JSON_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]|[^\s,:\[\]{}"]+')
 _NESTING = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
@@ -62,33 +63,18 @@ def load(text: str, fmt: str) -> Any:
     (a few kilobytes of them can stand for millions of entries)."""
     if fmt == "yaml":
         return _load_yaml(text)
-    depth = 0
+    depth = values = 0
     for token in _JSON_TOKENS.finditer(text):
-        depth += _NESTING.get(token.group(), 0)  # a string changes nothing
+        step = _NESTING.get(token.group(), 0)  # a scalar changes nothing
+        depth, values = depth + step, values + (step >= 0)
         if depth > MAX_DEPTH:
             raise PolicyFileError([_TOO_DEEP])
+        if values > MAX_VALUES:
+            raise PolicyFileError([_TOO_BIG])
     try:
-        document = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise PolicyFileError([f"not valid JSON: {exc}"]) from exc
-    _count_values(document)
-    return document
-
-
-def _count_values(document: Any) -> None:
-    """Refuse a parsed document of more than :data:`MAX_VALUES` values (no aliases in JSON:
-    each value is counted once, without recursion)."""
-    pending, seen = [document], 0
-    while pending:
-        value = pending.pop()
-        seen += 1
-        if seen > MAX_VALUES:
-            raise PolicyFileError([_TOO_BIG])
-        if isinstance(value, dict):
-            pending.extend(value.values())
-            seen += len(value)  # the keys
-        elif isinstance(value, list):
-            pending.extend(value)
 
 
 def _load_yaml(text: str) -> Any:
