@@ -12,7 +12,7 @@ parent is refused (it would be counted twice).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -139,52 +139,44 @@ def sync_limits(
     where: str,
     label: str,
     parent: Any,
-    desired: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
+    entries: Iterable[tuple[int, Mapping[str, Any]]],
 ) -> None:
-    """Make ``parent``'s limit rows (``label`` names it in changes) hold ``desired`` (column
-    values, relation values), keeping rows whose values are unchanged, then editing rows in
-    place, then adding and deleting."""
+    """Make ``parent``'s limit rows (``label`` names it in changes) hold ``entries`` (their
+    index in the file, their values; an endpoint limit's "tier" a :class:`Tier`), keeping rows
+    whose values are unchanged, then editing rows in place, then adding and deleting."""
     model = parent.limits.model
     known = {f.name for f in columns(model)}
     allowed = known | {"tier"} if model is EndpointLimit else known
     defaults = {f.name: f.get_default() for f in columns(model)}
     new = partial(model, **{parent.limits.field.name: parent})
     wanted: list[tuple[int, dict[str, Any], Any]] = []  # (index, fields, a new row of them)
-    for j, (own, relations) in enumerate(desired):
-        problem = _unknown(f"{where}.limits[{j}]", set(own) - known, allowed)
+    for j, entry in entries:
+        problem = _unknown(f"{where}.limits[{j}]", set(entry) - allowed, allowed)
         if problem is not None:
             state.problems.append(problem)
             continue
-        fields = {**defaults, **own, **relations}
+        fields = {**defaults, **entry}
         wanted.append((j, fields, _assign(new(), fields)))
     if _duplicates(state, where, [(j, row) for j, _, row in wanted]):
         return
-
-    def same_tier(row: Any, fields: dict[str, Any]) -> bool:
-        return "tier" not in fields or row.tier_id == fields["tier"].pk
-
     unmatched = list(parent.limits.select_related("tier").order_by("pk"))
-    pending = []
-    for j, fields, candidate in wanted:
-        match = next(
-            (r for r in unmatched if values(r) == values(candidate) and same_tier(r, fields)),
-            None,
-        )
-        if match is None:
-            pending.append((j, fields, candidate))
-        else:
-            unmatched.remove(match)
-    # Pair each changed limit with a leftover row (of the same tier for endpoint limits) to
-    # edit in place, so its counters are re-timed rather than started afresh.
-    plan = []
-    for j, fields, candidate in pending:
-        row = next((r for r in unmatched if same_tier(r, fields)), None)
-        if row is not None:
-            unmatched.remove(row)
-        plan.append((j, fields, candidate, row))
+
+    def take(candidate: Any, same_values: bool) -> Any:
+        """The first unmatched row of ``candidate``'s tier (and values), no longer unmatched."""
+        for row in unmatched:
+            if row.tier_id == candidate.tier_id and (
+                not same_values or values(row) == values(candidate)
+            ):
+                unmatched.remove(row)
+                return row
+        return None
+
+    pending = [(j, fields, new) for j, fields, new in wanted if take(new, True) is None]
+    # Pair each changed limit with a leftover row of the same tier to edit in place, so its
+    # counters are re-timed rather than started afresh.
+    plan = [(j, fields, new, take(new, False)) for j, fields, new in pending]
     for row in unmatched:
-        tier = f" ({row.tier.slug})" if model is EndpointLimit else ""
-        state.changes.append(Change("-", f"{label} limit{tier}", str(row)))
+        state.changes.append(Change("-", _limit_label(label, row), str(row)))
         row.delete()
     for j, fields, candidate, row in plan:
         before = None if row is None else str(row)
@@ -192,11 +184,15 @@ def sync_limits(
         if not _valid(state, f"{where}.limits[{j}]", row):
             continue
         row.save()
-        what = f"{label} limit" + (f" ({fields['tier'].slug})" if "tier" in fields else "")
         if before is None:
-            state.changes.append(Change("+", what, str(row)))
+            state.changes.append(Change("+", _limit_label(label, row), str(row)))
         else:
-            state.changes.append(Change("~", what, f"{before} → {row}"))
+            state.changes.append(Change("~", _limit_label(label, row), f"{before} → {row}"))
+
+
+def _limit_label(label: str, row: Any) -> str:
+    """A limit row as a change names it: an endpoint limit with its tier."""
+    return f"{label} limit" + (f" ({row.tier.slug})" if isinstance(row, EndpointLimit) else "")
 
 
 def _duplicates(state: Import, where: str, candidates: Sequence[tuple[int, Any]]) -> bool:

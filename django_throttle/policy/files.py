@@ -151,11 +151,7 @@ def _import_parents(state: Import, section: str, entries: list[Mapping[str, Any]
         own, limits = split(state, where, model, entry, "limits")
         if own is None:
             continue
-        desired = (
-            _with_tiers(state, where, limits)
-            if model is EndpointRule
-            else [(limit, {}) for limit in limits]
-        )
+        desired = _with_tiers(state, where, limits) if model is EndpointRule else enumerate(limits)
         existing = model._default_manager.filter(**{key: own.get(key)}).first()
         row = upsert(state, where, f"{kind} {own.get(key)!r}", existing or model(), own)
         if row is None:
@@ -172,13 +168,13 @@ def _import_parents(state: Import, section: str, entries: list[Mapping[str, Any]
 
 def _with_tiers(
     state: Import, where: str, limits: list[Mapping[str, Any]]
-) -> list[tuple[Mapping[str, Any], Mapping[str, Any]]]:
-    """An endpoint rule's limits as (column values, {"tier": its tier})."""
-    desired: list[tuple[Mapping[str, Any], Mapping[str, Any]]] = []
+) -> list[tuple[int, Mapping[str, Any]]]:
+    """An endpoint rule's limits (with their index) whose tier exists, naming the tier."""
+    desired: list[tuple[int, Mapping[str, Any]]] = []
     for j, limit in enumerate(limits):
         tier = _tier(state, f"{where}.limits[{j}].tier", limit.get("tier"))
         if tier is not None:
-            desired.append(({k: v for k, v in limit.items() if k != "tier"}, {"tier": tier}))
+            desired.append((j, {**limit, "tier": tier}))
     return desired
 
 
