@@ -89,7 +89,11 @@ def compile_user_tiers(priorities: Mapping[int, int]) -> UserTiers:
         pk = pk.target_field
     query = _assignments(user_model)
     if isinstance(pk, IntegerField):  # AutoField, BigAutoField, PositiveIntegerField, ...
-        ids, tiers = _best(chain.from_iterable(_chunks(query)), priorities, array("q"))
+        # Lists of raw rows, streamed (a server-side cursor where the database has one),
+        # without building a Python object per row.
+        compiler = query.query.get_compiler(query.db)
+        chunks = compiler.execute_sql(MULTI, chunked_fetch=True, chunk_size=CHUNK_SIZE)
+        ids, tiers = _best(chain.from_iterable(chunks), priorities, array("q"))
         return _pack(ids, tiers)
     users, tiers = _best(query.iterator(chunk_size=CHUNK_SIZE), priorities, [])
     return UserTiers(by_key=dict(zip(users, tiers, strict=True)), coerce=pk.to_python)
@@ -127,16 +131,6 @@ def memberships(user_model: Any) -> tuple[Any, str, str] | None:
     through = field.remote_field.through
     user_column = through._meta.get_field(field.m2m_field_name()).attname
     return through, user_column, field.m2m_reverse_field_name()
-
-
-def _chunks(queryset: Any) -> Iterator[list[tuple[int, int, int]]]:
-    """Lists of raw rows of an integer values_list query, streamed (a server-side cursor
-    where the database has one), without building a Python object per row."""
-    compiler = queryset.query.get_compiler(queryset.db)
-    chunks: Iterator[list[tuple[int, int, int]]] = compiler.execute_sql(
-        MULTI, chunked_fetch=True, chunk_size=CHUNK_SIZE
-    )
-    return chunks
 
 
 def _best(
