@@ -75,25 +75,26 @@ def _unknown(where: str, unknown: set[str], known: set[str]) -> str | None:
     )
 
 
+def label(row: Any) -> str:
+    """A tier or an endpoint rule as changes name it."""
+    return f"tier {row.slug!r}" if isinstance(row, Tier) else f"rule {row.name!r}"
+
+
 def split(
-    state: Import,
-    where: str,
-    model: type[models.Model],
-    entry: Mapping[str, Any],
-    children: str,
+    state: Import, where: str, model: type[models.Model], entry: Mapping[str, Any]
 ) -> tuple[dict[str, Any] | None, list[Mapping[str, Any]]]:
-    """The entry's own columns and its child entries; ``None`` after noting a problem."""
-    known = {f.name for f in columns(model)} | {children}
+    """The entry's own columns and its limit entries; ``None`` after noting a problem."""
+    known = {f.name for f in columns(model)} | {"limits"}
     problem = _unknown(where, set(entry) - known, known)
-    kids = entry.get(children, [])
+    limits = entry.get("limits", [])
     if problem is None and not (
-        isinstance(kids, list) and all(isinstance(k, Mapping) for k in kids)
+        isinstance(limits, list) and all(isinstance(k, Mapping) for k in limits)
     ):
-        problem = f"{where}.{children}: must be a list of mappings"
+        problem = f"{where}.limits: must be a list of mappings"
     if problem is not None:
         state.problems.append(problem)
         return None, []
-    return {k: v for k, v in entry.items() if k != children}, kids
+    return {k: v for k, v in entry.items() if k != "limits"}, limits
 
 
 def _assign(row: Any, fields: Mapping[str, Any]) -> Any:
@@ -102,7 +103,7 @@ def _assign(row: Any, fields: Mapping[str, Any]) -> Any:
     return row
 
 
-def upsert(state: Import, where: str, label: str, row: models.Model, own: Mapping[str, Any]) -> Any:
+def upsert(state: Import, where: str, row: models.Model, own: Mapping[str, Any]) -> Any:
     """Set ``own`` on ``row``, validate it as the admin would, save it when it changed."""
     before = values(row) if row.pk is not None else None
     if not _valid(state, where, _assign(row, own)):
@@ -110,13 +111,13 @@ def upsert(state: Import, where: str, label: str, row: models.Model, own: Mappin
     after = values(row)
     if before is None:
         row.save()
-        state.changes.append(Change("+", label))
+        state.changes.append(Change("+", label(row)))
     elif before != after:
         row.save()
         diff = ", ".join(
             f"{k}: {before[k]!r} → {after[k]!r}" for k in after if before[k] != after[k]
         )
-        state.changes.append(Change("~", label, diff))
+        state.changes.append(Change("~", label(row), diff))
     return row
 
 
@@ -135,13 +136,9 @@ def _valid(state: Import, where: str, row: Any) -> bool:
 
 
 def sync_limits(
-    state: Import,
-    where: str,
-    label: str,
-    parent: Any,
-    entries: Iterable[tuple[int, Mapping[str, Any]]],
+    state: Import, where: str, parent: Any, entries: Iterable[tuple[int, Mapping[str, Any]]]
 ) -> None:
-    """Make ``parent``'s limit rows (``label`` names it in changes) hold ``entries`` (their
+    """Make ``parent``'s limit rows hold ``entries`` (their
     index in the file, their values; an endpoint limit's "tier" a :class:`Tier`), keeping rows
     whose values are unchanged, then editing rows in place, then adding and deleting."""
     model = parent.limits.model
@@ -176,7 +173,7 @@ def sync_limits(
     # counters are re-timed rather than started afresh.
     plan = [(j, fields, new, take(new, False)) for j, fields, new in pending]
     for row in unmatched:
-        state.changes.append(Change("-", _limit_label(label, row), str(row)))
+        state.changes.append(Change("-", _limit_label(parent, row), str(row)))
         row.delete()
     for j, fields, candidate, row in plan:
         before = None if row is None else str(row)
@@ -185,14 +182,15 @@ def sync_limits(
             continue
         row.save()
         if before is None:
-            state.changes.append(Change("+", _limit_label(label, row), str(row)))
+            state.changes.append(Change("+", _limit_label(parent, row), str(row)))
         else:
-            state.changes.append(Change("~", _limit_label(label, row), f"{before} → {row}"))
+            state.changes.append(Change("~", _limit_label(parent, row), f"{before} → {row}"))
 
 
-def _limit_label(label: str, row: Any) -> str:
-    """A limit row as a change names it: an endpoint limit with its tier."""
-    return f"{label} limit" + (f" ({row.tier.slug})" if isinstance(row, EndpointLimit) else "")
+def _limit_label(parent: Any, row: Any) -> str:
+    """A limit row of ``parent`` as a change names it: an endpoint limit with its tier."""
+    tier = f" ({row.tier.slug})" if isinstance(row, EndpointLimit) else ""
+    return f"{label(parent)} limit{tier}"
 
 
 def _duplicates(state: Import, where: str, candidates: Sequence[tuple[int, Any]]) -> bool:
