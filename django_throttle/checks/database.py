@@ -21,17 +21,15 @@ from django.core.exceptions import FieldError
 from django.db import DatabaseError, transaction
 
 __all__ = [
-    "MIDDLEWARE_PATH",
-    "ROW_CHECK_IDS",
     "check_api_key_owners",
     "check_credential_rules",
     "check_rows",
     "check_settling_middleware",
 ]
 
-MIDDLEWARE_PATH = "django_throttle.middleware.RateLimitHeadersMiddleware"
+_MIDDLEWARE_PATH = "django_throttle.middleware.RateLimitHeadersMiddleware"
 #: Check id of a policy row the compiler skips, per model.
-ROW_CHECK_IDS = {
+_ROW_CHECK_IDS = {
     "Tier": "django_throttle.E101",
     "TierLimit": "django_throttle.E102",
     "EndpointRule": "django_throttle.E103",
@@ -82,7 +80,7 @@ def check_rows(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessa
                     f"{model} pk={row.pk} cannot be used, so the throttle policy skips it: {what}.",
                     hint=f"Correct or delete it in the admin ({model} {row.pk}).",
                     obj=row,
-                    id=ROW_CHECK_IDS[model],
+                    id=_ROW_CHECK_IDS[model],
                 )
             )
     for limits in (tables[2], tables[4]):
@@ -110,7 +108,7 @@ def check_rows(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessa
 def check_settling_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
     """W003: a rule counts only successes or failures, but DRF views' reservations are given
     back by the middleware, which is not installed (``@throttle`` settles by itself)."""
-    if MIDDLEWARE_PATH in (getattr(settings, "MIDDLEWARE", None) or ()):
+    if _MIDDLEWARE_PATH in (getattr(settings, "MIDDLEWARE", None) or ()):
         return []
     from django_throttle.models import EndpointRule
 
@@ -121,9 +119,9 @@ def check_settling_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
     return [
         checks.Warning(
             f"Endpoint rules count only successes or failures ({', '.join(names)}), but "
-            f"{MIDDLEWARE_PATH} is not in MIDDLEWARE: DRF views under them count every "
+            f"{_MIDDLEWARE_PATH} is not in MIDDLEWARE: DRF views under them count every "
             "request.",
-            hint=f"Add '{MIDDLEWARE_PATH}' to MIDDLEWARE (it gives back the tokens of "
+            hint=f"Add '{_MIDDLEWARE_PATH}' to MIDDLEWARE (it gives back the tokens of "
             "requests the rule does not count), or set the rules' 'counts' to 'all'.",
             id="django_throttle.W003",
         )

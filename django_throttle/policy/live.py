@@ -34,17 +34,7 @@ from django_throttle.rates import Limit
 
 logger = logging.getLogger("django_throttle.policy")
 
-__all__ = [
-    "EndpointPolicy",
-    "Policy",
-    "TierPolicy",
-    "compile_policy",
-    "current",
-    "fresh",
-    "invalidate",
-    "last",
-    "reset",
-]
+__all__ = ["Policy", "compile_policy", "current", "fresh", "invalidate", "last", "reset"]
 
 #: Monotonic seconds; tests replace it to age a snapshot without sleeping.
 clock = time.monotonic
