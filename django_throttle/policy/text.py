@@ -101,7 +101,8 @@ def _load_yaml(text: str) -> Any:
         node = loader.get_single_node()
         if node is None:
             return None
-        _measure(node, {}, 1)
+        if _measure(node, {})[1] > MAX_DEPTH:  # the document's depth, aliases expanded
+            raise PolicyFileError([_TOO_DEEP])
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
         raise PolicyFileError([f"not valid YAML: {' '.join(str(exc).split())}"]) from exc
@@ -109,19 +110,16 @@ def _load_yaml(text: str) -> Any:
         loader.dispose()
 
 
-def _measure(node: Any, known: dict[int, tuple[int, int] | None], depth: int) -> tuple[int, int]:
-    """``node``'s size and height as built (an alias counts as the whole node it names), at
-    ``depth`` in the document; :class:`PolicyFileError` when either is over its bound or an
-    alias names a node that contains it. Each node is measured once."""
-    if depth > MAX_DEPTH:
-        raise PolicyFileError([_TOO_DEEP])
+def _measure(node: Any, known: dict[int, tuple[int, int] | None]) -> tuple[int, int]:
+    """``node``'s size and height as built (an alias counts as the whole node it names);
+    :class:`PolicyFileError` when the size is over its bound or an alias names a node that
+    contains it. Each node is measured once, so an alias costs a lookup; the recursion is as
+    deep as the composed nodes, which the loader bounds."""
     key = id(node)
     if key in known:
         measured = known[key]
         if measured is None:
             raise PolicyFileError(["an alias names a value that contains it (a loop)"])
-        if depth + measured[1] - 1 > MAX_DEPTH:
-            raise PolicyFileError([_TOO_DEEP])
         return measured
     known[key] = None
     # PyYAML's node kinds: a scalar holds text, a sequence its nodes, a mapping its pairs.
@@ -130,7 +128,7 @@ def _measure(node: Any, known: dict[int, tuple[int, int] | None], depth: int) ->
         children = [part for pair in node.value for part in pair]
     size, height = 1, 1
     for child in children:
-        child_size, child_height = _measure(child, known, depth + 1)
+        child_size, child_height = _measure(child, known)
         size += child_size
         height = max(height, child_height + 1)
         if size > MAX_VALUES:
