@@ -57,6 +57,7 @@ def check_rows(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessa
     W106: a limit row repeating an earlier one of the same tier or rule (same counter: see
     ``duplicate_key``), which the compiler counts once but an operator should delete."""
     from django_throttle.models import EndpointLimit, EndpointRule, Exemption, Tier, TierLimit
+    from django_throttle.policy.file_writes import repeats
 
     querysets = (
         Exemption.objects.all(),
@@ -83,25 +84,18 @@ def check_rows(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessa
                     id=_ROW_CHECK_IDS[model],
                 )
             )
-    for limits in (tables[2], tables[4]):
-        first: dict[tuple[object, ...], Any] = {}
-        for row in limits:
-            key = row.duplicate_key()  # None (a bad row) repeats nothing
-            if key is None or first.setdefault(key, row) is row:
-                continue
-            model = type(row).__name__
-            parent = (
-                f"tier '{row.tier.slug}'" if model == "TierLimit" else f"rule '{row.rule.name}'"
+    for row, original in chain(repeats(tables[2]), repeats(tables[4])):
+        model = type(row).__name__
+        parent = f"tier '{row.tier.slug}'" if model == "TierLimit" else f"rule '{row.rule.name}'"
+        messages.append(
+            checks.Warning(
+                f"{model} pk={row.pk} repeats {model} pk={original.pk} of {parent} "
+                f"({row}): the policy counts that limit once and ignores the copy.",
+                hint=f"Delete one of them in the admin ({parent}).",
+                obj=row,
+                id="django_throttle.W106",
             )
-            messages.append(
-                checks.Warning(
-                    f"{model} pk={row.pk} repeats {model} pk={first[key].pk} of {parent} "
-                    f"({row}): the policy counts that limit once and ignores the copy.",
-                    hint=f"Delete one of them in the admin ({parent}).",
-                    obj=row,
-                    id="django_throttle.W106",
-                )
-            )
+        )
     return messages
 
 

@@ -7,12 +7,13 @@ problems are noted on the import's state, naming the entry and field, never rais
 parent's limit rows keep the existing row of every limit whose values are unchanged (its
 counters in Redis are keyed by the row, so clients keep their buckets), edit rows in place
 where its limits changed, and only then add or delete rows; a limit written twice for one
-parent is refused (it would be counted twice).
+parent is refused (it would be counted twice). :func:`repeats` finds such rows, for the policy
+compiler (which counts them once) and ``manage.py check`` (W106) too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -22,7 +23,7 @@ from django.db import models
 
 from django_throttle.models import EndpointLimit, Tier
 
-__all__ = ["Change"]
+__all__ = ["Change", "repeats"]
 
 #: Columns that are bookkeeping, not policy.
 _SKIPPED = frozenset({"id", "created", "updated"})
@@ -195,19 +196,24 @@ def _limit_label(parent: Any, row: Any) -> str:
 
 def _duplicates(state: Import, where: str, candidates: Sequence[tuple[int, Any]]) -> bool:
     """Note every limit entry that repeats an earlier one of the same parent (the same
-    counter twice: each request would take its cost from both); whether there was one."""
-    first: dict[tuple[object, ...], int] = {}
-    found = False
-    for j, candidate in candidates:
-        key = candidate.duplicate_key()
-        if key is None:
-            continue  # its own problem is reported when it is validated
-        if key in first:
-            state.problems.append(
-                f"{where}.limits[{j}]: the same limit as limits[{first[key]}] ({candidate}); "
-                "every request would count it twice: remove one"
-            )
-            found = True
-        else:
-            first[key] = j
-    return found
+    counter twice: each request would take its cost from both); whether there was one. An
+    entry no limit can be built from has its own problem, noted when it is validated."""
+    index = {id(row): j for j, row in candidates}
+    found = list(repeats(row for _, row in candidates))
+    for row, original in found:
+        state.problems.append(
+            f"{where}.limits[{index[id(row)]}]: the same limit as limits[{index[id(original)]}] "
+            f"({row}); every request would count it twice: remove one"
+        )
+    return bool(found)
+
+
+def repeats(rows: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
+    """Each limit row of ``rows`` that repeats an earlier one (the same counter, see
+    ``duplicate_key``: every request would take its cost from both), with the row it
+    repeats. A row no limit can be built from repeats nothing."""
+    first: dict[tuple[object, ...], Any] = {}
+    for row in rows:
+        key = row.duplicate_key()
+        if key is not None and first.setdefault(key, row) is not row:
+            yield row, first[key]

@@ -20,7 +20,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 from django.db import DatabaseError, router, transaction
@@ -73,11 +73,8 @@ def compile_policy(version: str | None = None) -> Policy:
     with transaction.atomic(using=router.db_for_read(TierAssignment)):
         # A limit row repeating another counts the same thing: count it once (manage.py check
         # lists the copy, django_throttle.W106).
-        seen: set[tuple[object, ...] | None] = set()
         tier_limits: dict[int, list[Limit]] = {}
-        for row in _distinct(
-            TierLimit.objects.select_related("tier").order_by("tier_id", "id"), seen
-        ):
+        for row in _distinct(TierLimit.objects.select_related("tier").order_by("tier_id", "id")):
             tier_limits.setdefault(row.tier_id, []).append(row.to_limit())
         tiers: dict[int, TierPolicy] = {}
         defaults: dict[str, TierPolicy] = {}
@@ -92,7 +89,7 @@ def compile_policy(version: str | None = None) -> Policy:
         # (rule, tier) -> counted by -> limits, in row order.
         endpoint_limits: dict[tuple[int, int], dict[str, list[Limit]]] = {}
         rows = EndpointLimit.objects.select_related("rule", "tier").order_by("id")
-        for row in _distinct(rows, seen):
+        for row in _distinct(rows):
             limit = row.to_limit()
             if row.rule.shadow:  # counted but never denying; the tier's limits still apply
                 limit = dataclasses.replace(limit, shadow=True)
@@ -158,13 +155,13 @@ def _endpoint(
     )
 
 
-def _distinct(rows: Iterable[Any], seen: set[tuple[object, ...] | None]) -> Iterator[Any]:
-    """The usable limit rows of ``rows`` that repeat none before them (``seen`` keeps their
-    keys)."""
-    for row in rows:
-        if _usable(row) and (key := row.duplicate_key()) not in seen:
-            seen.add(key)
-            yield row
+def _distinct(rows: Iterable[Any]) -> list[Any]:
+    """The usable limit rows of ``rows`` that repeat none before them."""
+    from django_throttle.policy.file_writes import repeats
+
+    usable = [row for row in rows if _usable(row)]
+    copies = {id(row) for row, _ in repeats(usable)}
+    return [row for row in usable if id(row) not in copies]
 
 
 def _api_keys() -> dict[str, ApiKeyPolicy]:
