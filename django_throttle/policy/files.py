@@ -33,7 +33,7 @@ __all__ = ["Change", "PolicyFileError", "export_policy", "import_policy"]
 
 #: Top-level sections, in the order they are written and applied.
 SECTIONS = ("tiers", "rules", "assignments")
-#: The sections of rows with limits: (model, natural key, what a row is called).
+#: The sections of rows with limits: (model, natural key).
 _PARENTS: dict[str, tuple[type[models.Model], str]] = {
     "tiers": (Tier, "slug"),
     "rules": (EndpointRule, "name"),
