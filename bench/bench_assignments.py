@@ -186,9 +186,9 @@ def measure(assigned: int, lookups: int, repeat: int) -> dict[str, Any]:
     rng = random.Random(6)
     sample_ids = rng.sample(range(1, highest + 1), min(lookups, highest))
     answers = {}
-    ids = snapshot.user_tiers._ids
+    ids = snapshot.user_tiers.ids
     if ids is not None:
-        slots, tier_ids = snapshot.user_tiers._slots, snapshot.user_tiers._tier_ids
+        slots, tier_ids = snapshot.user_tiers.slots, snapshot.user_tiers.tier_ids
         gc.collect()
         tracemalloc.start()
         before = tracemalloc.get_traced_memory()[0]

@@ -11,9 +11,8 @@ class DjangoThrottleConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_throttle import checks, metrics, row_checks, signals
+        from django_throttle import checks, metrics, signals
 
         checks.register()
-        row_checks.register()
         signals.connect()
         metrics.connect()

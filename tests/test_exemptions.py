@@ -190,7 +190,7 @@ def test_the_admin_adds_an_exemption_and_refuses_a_bad_network(admin_client: Any
 
 
 def test_a_bad_row_written_around_the_admin_is_skipped_and_named_by_check() -> None:
-    from django_throttle.row_checks import check_rows
+    from django_throttle.checks import check_rows
 
     Exemption.objects.create(network="garbage")
     Exemption.objects.create(network="198.51.100.0/24")

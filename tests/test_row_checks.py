@@ -6,8 +6,8 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
+from django_throttle.checks import check_rows
 from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierLimit
-from django_throttle.row_checks import check_rows
 from tests.factories import check_constraints_off, endpoint, tier
 
 

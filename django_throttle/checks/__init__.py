@@ -1,7 +1,7 @@
 """System checks: one per ``DJANGO_THROTTLE_*`` setting, ids ``django_throttle.E001``…, one
 (W001) for a ``DJANGO_THROTTLE_*`` name that is no setting, and the checks that read stored
-rows (W003, W005, W020). :func:`register` (called from the app's ``ready()``) registers them
-all.
+rows (E101…E105, W106, W003, W005, W020). :func:`register` (called from the app's
+``ready()``) registers them all.
 
 Checks read the raw settings (not :mod:`conf`, which converts types) so a bad value is
 reported with its name instead of crashing at first use: no database, no Redis, no import of
@@ -11,7 +11,7 @@ rows here.
 - this module: the settings checks, each setting that is set against its validator (E001…),
   the settings that must agree with each other (E018 the Redis source, E032/W002 proxy
   trust), and W001.
-- :mod:`.database`: the checks on stored rows (W003, W005, W020).
+- :mod:`.database`: the checks on stored rows (E101…E105, W106, W003, W005, W020).
 """
 
 from __future__ import annotations
@@ -23,33 +23,23 @@ from django.conf import settings
 from django.core import checks
 
 from django_throttle.checks.database import (
-    MIDDLEWARE_PATH,
     check_api_key_owners,
     check_credential_rules,
+    check_rows,
     check_settling_middleware,
 )
-from django_throttle.checks.validators import SETTINGS, Validator, _header_name
+from django_throttle.checks.validators import SETTINGS, _header_name
 from django_throttle.conf import NAMES, PREFIX
 from django_throttle.redaction import redact_text
 
-__all__ = [
-    "DJANGO_REDIS_CACHE",
-    "MIDDLEWARE_PATH",
-    "SECRET_SETTINGS",
-    "SETTINGS",
-    "Validator",
-    "check_api_key_owners",
-    "check_credential_rules",
-    "check_settings",
-    "check_settling_middleware",
-    "register",
-]
+__all__ = ["SETTINGS", "check_rows", "check_settings", "check_settling_middleware", "register"]
 
 
 def register() -> None:
     checks.register(check_settings, checks.Tags.compatibility)
     checks.register(check_settling_middleware, checks.Tags.models)
     checks.register(check_credential_rules, checks.Tags.models)
+    checks.register(check_rows, checks.Tags.models)
     # Reads the key table: runs with `manage.py check --database …` (and the test runner),
     # never breaks `check` on a machine without a database.
     checks.register(check_api_key_owners, checks.Tags.database)

@@ -1,14 +1,18 @@
-"""The checks that read stored rows: W003 (rules that count only successes or failures
-without the settling middleware), W005 (a credential rule that limits some tiers only) and
-W020 (an active API key owned by a superuser or staff user).
+"""The checks that read stored rows: every policy row the compiler would skip (E101…E105)
+and every limit row repeating another (W106), rules that count only successes or failures
+without the settling middleware (W003), a credential rule that limits some tiers only (W005)
+and an active API key owned by a superuser or staff user (W020).
 
-Each reads in a savepoint and reports nothing when the tables or the database are missing,
-so ``manage.py check`` never breaks before ``migrate``.
+Rows written around the admin (fixtures, SQL, ``QuerySet.update``) can hold values the admin
+refuses: the compiler skips such a row and logs it, and E101…E105 make it visible before a
+deploy. Each check reads in a savepoint and reports nothing when the tables or the database
+are missing, so ``manage.py check`` never breaks before ``migrate``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import chain
 from typing import Any, TypeVar
 
 from django.conf import settings
@@ -17,13 +21,21 @@ from django.core.exceptions import FieldError
 from django.db import DatabaseError, transaction
 
 __all__ = [
-    "MIDDLEWARE_PATH",
     "check_api_key_owners",
     "check_credential_rules",
+    "check_rows",
     "check_settling_middleware",
 ]
 
-MIDDLEWARE_PATH = "django_throttle.middleware.RateLimitHeadersMiddleware"
+_MIDDLEWARE_PATH = "django_throttle.middleware.RateLimitHeadersMiddleware"
+#: Check id of a policy row the compiler skips, per model.
+_ROW_CHECK_IDS = {
+    "Tier": "django_throttle.E101",
+    "TierLimit": "django_throttle.E102",
+    "EndpointRule": "django_throttle.E103",
+    "EndpointLimit": "django_throttle.E104",
+    "Exemption": "django_throttle.E105",
+}
 _Read = TypeVar("_Read")
 
 
@@ -40,10 +52,57 @@ def _read(
         return None
 
 
+def check_rows(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E101…E105: a policy row the compiler skips, naming the row, the field and the fix;
+    W106: a limit row repeating an earlier one of the same tier or rule (same counter: see
+    ``duplicate_key``), which the compiler counts once but an operator should delete."""
+    from django_throttle.models import EndpointLimit, EndpointRule, Exemption, Tier, TierLimit
+    from django_throttle.policy.file_writes import repeats
+
+    querysets = (
+        Exemption.objects.all(),
+        Tier.objects.all(),
+        TierLimit.objects.select_related("tier"),
+        EndpointRule.objects.all(),
+        EndpointLimit.objects.select_related("rule", "tier"),
+    )
+    tables: list[list[Any]] | None = _read(
+        Tier.objects.db, lambda: [list(rows.order_by("pk")) for rows in querysets]
+    )
+    if tables is None:
+        return []
+    messages: list[checks.CheckMessage] = []
+    for row in chain.from_iterable(tables):
+        if problems := row.row_problems():
+            model = type(row).__name__
+            what = "; ".join(f"{field}: {reason}" for field, reason in problems.items())
+            messages.append(
+                checks.Error(
+                    f"{model} pk={row.pk} cannot be used, so the throttle policy skips it: {what}.",
+                    hint=f"Correct or delete it in the admin ({model} {row.pk}).",
+                    obj=row,
+                    id=_ROW_CHECK_IDS[model],
+                )
+            )
+    for row, original in chain(repeats(tables[2]), repeats(tables[4])):
+        model = type(row).__name__
+        parent = f"tier '{row.tier.slug}'" if model == "TierLimit" else f"rule '{row.rule.name}'"
+        messages.append(
+            checks.Warning(
+                f"{model} pk={row.pk} repeats {model} pk={original.pk} of {parent} "
+                f"({row}): the policy counts that limit once and ignores the copy.",
+                hint=f"Delete one of them in the admin ({parent}).",
+                obj=row,
+                id="django_throttle.W106",
+            )
+        )
+    return messages
+
+
 def check_settling_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
     """W003: a rule counts only successes or failures, but DRF views' reservations are given
     back by the middleware, which is not installed (``@throttle`` settles by itself)."""
-    if MIDDLEWARE_PATH in (getattr(settings, "MIDDLEWARE", None) or ()):
+    if _MIDDLEWARE_PATH in (getattr(settings, "MIDDLEWARE", None) or ()):
         return []
     from django_throttle.models import EndpointRule
 
@@ -54,9 +113,9 @@ def check_settling_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
     return [
         checks.Warning(
             f"Endpoint rules count only successes or failures ({', '.join(names)}), but "
-            f"{MIDDLEWARE_PATH} is not in MIDDLEWARE: DRF views under them count every "
+            f"{_MIDDLEWARE_PATH} is not in MIDDLEWARE: DRF views under them count every "
             "request.",
-            hint=f"Add '{MIDDLEWARE_PATH}' to MIDDLEWARE (it gives back the tokens of "
+            hint=f"Add '{_MIDDLEWARE_PATH}' to MIDDLEWARE (it gives back the tokens of "
             "requests the rule does not count), or set the rules' 'counts' to 'all'.",
             id="django_throttle.W003",
         )

@@ -1,6 +1,6 @@
 """What each ``DJANGO_THROTTLE_*`` setting may hold: one validator per setting and the table
-:data:`SETTINGS` of (check id, setting name, validator) that :mod:`.configuration` runs and the
-docs' settings reference reads.
+:data:`SETTINGS` of (check id, setting name, validator) that :mod:`django_throttle.checks`
+runs and the docs' settings reference reads.
 
 A validator takes the raw value and returns what is wrong with it as a phrase ("must be …"),
 or ``None``; it never raises and never converts (that is :mod:`django_throttle.conf`'s job).
@@ -39,7 +39,10 @@ def _int_range(low: int, high: int | None = None) -> Validator:
     return validate
 
 
-def _dotted(kind: type | None = None) -> Validator:
+def _dotted(kind: str | None = None) -> Validator:
+    """A dotted path to a callable, or to a subclass of the class at the dotted path ``kind``
+    (imported only when checking: the backends are a layer below)."""
+
     def validate(value: Any) -> str | None:
         if not isinstance(value, str):
             return "must be a dotted import path"
@@ -47,8 +50,10 @@ def _dotted(kind: type | None = None) -> Validator:
             obj = import_string(value)
         except ImportError as exc:
             return f"cannot be imported ({exc})"
-        if kind is not None and not (isinstance(obj, type) and issubclass(obj, kind)):
-            return f"must name a subclass of {kind.__module__}.{kind.__qualname__}"
+        if kind is not None and not (
+            isinstance(obj, type) and issubclass(obj, import_string(kind))
+        ):
+            return f"must name a subclass of {kind}"
         if kind is None and not callable(obj):
             return "must name a callable"
         return None
@@ -63,12 +68,6 @@ def _optional(validate: Validator) -> Validator:
         return None if value is None else validate(value)
 
     return optional
-
-
-def _backend(value: Any) -> str | None:
-    from django_throttle.backends.base import Backend
-
-    return _dotted(Backend)(value)
 
 
 def _redis_url(value: Any) -> str | None:
@@ -87,9 +86,8 @@ def _key_prefix(value: Any) -> str | None:
 
 def _choice(*choices: Any) -> Validator:
     def validate(value: Any) -> str | None:
-        if value in choices and not isinstance(value, bool):
-            return None
-        return "must be " + " or ".join(repr(c) for c in choices)
+        ok = value in choices and not isinstance(value, bool)
+        return None if ok else "must be " + " or ".join(repr(c) for c in choices)
 
     return validate
 
@@ -155,7 +153,7 @@ def _api_key_secret(value: Any) -> str | None:
 _BOOL = _instance(bool, "must be True or False")
 #: (check id, setting name, validator). Only settings that are set are validated.
 SETTINGS: tuple[tuple[str, str, Validator], ...] = (
-    ("E001", "BACKEND", _backend),
+    ("E001", "BACKEND", _dotted("django_throttle.backends.base.Backend")),
     ("E002", "REDIS_URL", _redis_url),
     ("E003", "REDIS_OPTIONS", _instance(dict, "must be a dict of redis-py client options")),
     ("E004", "CACHE_ALIAS", _alias),

@@ -41,20 +41,15 @@ def from_drf(rest_framework: Mapping[str, Any]) -> dict[str, Any]:
                 "to convert (applied, it would remove every limit of the default tiers)"
             ]
         )
-    problems = []
-    limits: dict[str, dict[str, Any]] = {}
-    for scope, rate in rates.items():
-        if rate is None:
-            continue
-        converted = _drf_limit(rate)
-        if converted is None:
-            problems.append(
-                f"DEFAULT_THROTTLE_RATES[{scope!r}]: {rate!r} is not a DRF rate such as '100/day'"
-            )
-        else:
-            limits[scope] = converted
+    converted = {scope: _drf_limit(rate) for scope, rate in rates.items() if rate is not None}
+    problems = [
+        f"DEFAULT_THROTTLE_RATES[{scope!r}]: {rates[scope]!r} is not a DRF rate such as '100/day'"
+        for scope, limit in converted.items()
+        if limit is None
+    ]
     if problems:
         raise PolicyFileError(problems)
+    limits = {scope: limit for scope, limit in converted.items() if limit is not None}
     anonymous = [limits["anon"]] if "anon" in limits else []
     if "user" in limits and _USER in classes:
         anonymous.append(limits["user"])  # DRF's user throttle counts anonymous clients by IP

@@ -7,12 +7,13 @@ problems are noted on the import's state, naming the entry and field, never rais
 parent's limit rows keep the existing row of every limit whose values are unchanged (its
 counters in Redis are keyed by the row, so clients keep their buckets), edit rows in place
 where its limits changed, and only then add or delete rows; a limit written twice for one
-parent is refused (it would be counted twice).
+parent is refused (it would be counted twice). :func:`repeats` finds such rows, for the policy
+compiler (which counts them once) and ``manage.py check`` (W106) too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -22,7 +23,7 @@ from django.db import models
 
 from django_throttle.models import EndpointLimit, Tier
 
-__all__ = ["Change"]
+__all__ = ["Change", "repeats"]
 
 #: Columns that are bookkeeping, not policy.
 _SKIPPED = frozenset({"id", "created", "updated"})
@@ -75,25 +76,26 @@ def _unknown(where: str, unknown: set[str], known: set[str]) -> str | None:
     )
 
 
+def label(row: Any) -> str:
+    """A tier or an endpoint rule as changes name it."""
+    return f"tier {row.slug!r}" if isinstance(row, Tier) else f"rule {row.name!r}"
+
+
 def split(
-    state: Import,
-    where: str,
-    model: type[models.Model],
-    entry: Mapping[str, Any],
-    children: str,
+    state: Import, where: str, model: type[models.Model], entry: Mapping[str, Any]
 ) -> tuple[dict[str, Any] | None, list[Mapping[str, Any]]]:
-    """The entry's own columns and its child entries; ``None`` after noting a problem."""
-    known = {f.name for f in columns(model)} | {children}
+    """The entry's own columns and its limit entries; ``None`` after noting a problem."""
+    known = {f.name for f in columns(model)} | {"limits"}
     problem = _unknown(where, set(entry) - known, known)
-    kids = entry.get(children, [])
+    limits = entry.get("limits", [])
     if problem is None and not (
-        isinstance(kids, list) and all(isinstance(k, Mapping) for k in kids)
+        isinstance(limits, list) and all(isinstance(k, Mapping) for k in limits)
     ):
-        problem = f"{where}.{children}: must be a list of mappings"
+        problem = f"{where}.limits: must be a list of mappings"
     if problem is not None:
         state.problems.append(problem)
         return None, []
-    return {k: v for k, v in entry.items() if k != children}, kids
+    return {k: v for k, v in entry.items() if k != "limits"}, limits
 
 
 def _assign(row: Any, fields: Mapping[str, Any]) -> Any:
@@ -102,7 +104,7 @@ def _assign(row: Any, fields: Mapping[str, Any]) -> Any:
     return row
 
 
-def upsert(state: Import, where: str, label: str, row: models.Model, own: Mapping[str, Any]) -> Any:
+def upsert(state: Import, where: str, row: models.Model, own: Mapping[str, Any]) -> Any:
     """Set ``own`` on ``row``, validate it as the admin would, save it when it changed."""
     before = values(row) if row.pk is not None else None
     if not _valid(state, where, _assign(row, own)):
@@ -110,13 +112,13 @@ def upsert(state: Import, where: str, label: str, row: models.Model, own: Mappin
     after = values(row)
     if before is None:
         row.save()
-        state.changes.append(Change("+", label))
+        state.changes.append(Change("+", label(row)))
     elif before != after:
         row.save()
         diff = ", ".join(
             f"{k}: {before[k]!r} → {after[k]!r}" for k in after if before[k] != after[k]
         )
-        state.changes.append(Change("~", label, diff))
+        state.changes.append(Change("~", label(row), diff))
     return row
 
 
@@ -135,56 +137,44 @@ def _valid(state: Import, where: str, row: Any) -> bool:
 
 
 def sync_limits(
-    state: Import,
-    where: str,
-    label: str,
-    parent: Any,
-    desired: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
+    state: Import, where: str, parent: Any, entries: Iterable[tuple[int, Mapping[str, Any]]]
 ) -> None:
-    """Make ``parent``'s limit rows (``label`` names it in changes) hold ``desired`` (column
-    values, relation values), keeping rows whose values are unchanged, then editing rows in
-    place, then adding and deleting."""
+    """Make ``parent``'s limit rows hold ``entries`` (their
+    index in the file, their values; an endpoint limit's "tier" a :class:`Tier`), keeping rows
+    whose values are unchanged, then editing rows in place, then adding and deleting."""
     model = parent.limits.model
     known = {f.name for f in columns(model)}
     allowed = known | {"tier"} if model is EndpointLimit else known
     defaults = {f.name: f.get_default() for f in columns(model)}
     new = partial(model, **{parent.limits.field.name: parent})
     wanted: list[tuple[int, dict[str, Any], Any]] = []  # (index, fields, a new row of them)
-    for j, (own, relations) in enumerate(desired):
-        problem = _unknown(f"{where}.limits[{j}]", set(own) - known, allowed)
+    for j, entry in entries:
+        problem = _unknown(f"{where}.limits[{j}]", set(entry) - allowed, allowed)
         if problem is not None:
             state.problems.append(problem)
             continue
-        fields = {**defaults, **own, **relations}
+        fields = {**defaults, **entry}
         wanted.append((j, fields, _assign(new(), fields)))
     if _duplicates(state, where, [(j, row) for j, _, row in wanted]):
         return
-
-    def same_tier(row: Any, fields: dict[str, Any]) -> bool:
-        return "tier" not in fields or row.tier_id == fields["tier"].pk
-
     unmatched = list(parent.limits.select_related("tier").order_by("pk"))
-    pending = []
-    for j, fields, candidate in wanted:
-        match = next(
-            (r for r in unmatched if values(r) == values(candidate) and same_tier(r, fields)),
-            None,
-        )
-        if match is None:
-            pending.append((j, fields, candidate))
-        else:
-            unmatched.remove(match)
-    # Pair each changed limit with a leftover row (of the same tier for endpoint limits) to
-    # edit in place, so its counters are re-timed rather than started afresh.
-    plan = []
-    for j, fields, candidate in pending:
-        row = next((r for r in unmatched if same_tier(r, fields)), None)
-        if row is not None:
-            unmatched.remove(row)
-        plan.append((j, fields, candidate, row))
+
+    def take(candidate: Any, same_values: bool) -> Any:
+        """The first unmatched row of ``candidate``'s tier (and values), no longer unmatched."""
+        for row in unmatched:
+            if row.tier_id == candidate.tier_id and (
+                not same_values or values(row) == values(candidate)
+            ):
+                unmatched.remove(row)
+                return row
+        return None
+
+    pending = [(j, fields, new) for j, fields, new in wanted if take(new, True) is None]
+    # Pair each changed limit with a leftover row of the same tier to edit in place, so its
+    # counters are re-timed rather than started afresh.
+    plan = [(j, fields, new, take(new, False)) for j, fields, new in pending]
     for row in unmatched:
-        tier = f" ({row.tier.slug})" if model is EndpointLimit else ""
-        state.changes.append(Change("-", f"{label} limit{tier}", str(row)))
+        state.changes.append(Change("-", _limit_label(parent, row), str(row)))
         row.delete()
     for j, fields, candidate, row in plan:
         before = None if row is None else str(row)
@@ -192,28 +182,38 @@ def sync_limits(
         if not _valid(state, f"{where}.limits[{j}]", row):
             continue
         row.save()
-        what = f"{label} limit" + (f" ({fields['tier'].slug})" if "tier" in fields else "")
         if before is None:
-            state.changes.append(Change("+", what, str(row)))
+            state.changes.append(Change("+", _limit_label(parent, row), str(row)))
         else:
-            state.changes.append(Change("~", what, f"{before} → {row}"))
+            state.changes.append(Change("~", _limit_label(parent, row), f"{before} → {row}"))
+
+
+def _limit_label(parent: Any, row: Any) -> str:
+    """A limit row of ``parent`` as a change names it: an endpoint limit with its tier."""
+    tier = f" ({row.tier.slug})" if isinstance(row, EndpointLimit) else ""
+    return f"{label(parent)} limit{tier}"
 
 
 def _duplicates(state: Import, where: str, candidates: Sequence[tuple[int, Any]]) -> bool:
     """Note every limit entry that repeats an earlier one of the same parent (the same
-    counter twice: each request would take its cost from both); whether there was one."""
-    first: dict[tuple[object, ...], int] = {}
-    found = False
-    for j, candidate in candidates:
-        key = candidate.duplicate_key()
-        if key is None:
-            continue  # its own problem is reported when it is validated
-        if key in first:
-            state.problems.append(
-                f"{where}.limits[{j}]: the same limit as limits[{first[key]}] ({candidate}); "
-                "every request would count it twice: remove one"
-            )
-            found = True
-        else:
-            first[key] = j
-    return found
+    counter twice: each request would take its cost from both); whether there was one. An
+    entry no limit can be built from has its own problem, noted when it is validated."""
+    index = {id(row): j for j, row in candidates}
+    found = list(repeats(row for _, row in candidates))
+    for row, original in found:
+        state.problems.append(
+            f"{where}.limits[{index[id(row)]}]: the same limit as limits[{index[id(original)]}] "
+            f"({row}); every request would count it twice: remove one"
+        )
+    return bool(found)
+
+
+def repeats(rows: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
+    """Each limit row of ``rows`` that repeats an earlier one (the same counter, see
+    ``duplicate_key``: every request would take its cost from both), with the row it
+    repeats. A row no limit can be built from repeats nothing."""
+    first: dict[tuple[object, ...], Any] = {}
+    for row in rows:
+        key = row.duplicate_key()
+        if key is not None and first.setdefault(key, row) is not row:
+            yield row, first[key]

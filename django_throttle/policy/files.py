@@ -25,17 +25,18 @@ from django.contrib.auth.models import Group
 from django.db import models, transaction
 
 from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierAssignment
-from django_throttle.policy.file_writes import Change, Import, split, sync_limits, upsert, values
+from django_throttle.policy import file_writes as writes
+from django_throttle.policy.file_writes import Change, Import
 from django_throttle.policy.text import FORMAT_VERSION, PolicyFileError
 
 __all__ = ["Change", "PolicyFileError", "export_policy", "import_policy"]
 
 #: Top-level sections, in the order they are written and applied.
 SECTIONS = ("tiers", "rules", "assignments")
-#: The sections of rows with limits: (model, natural key, what a row is called).
-_PARENTS: dict[str, tuple[type[models.Model], str, str]] = {
-    "tiers": (Tier, "slug", "tier"),
-    "rules": (EndpointRule, "name", "rule"),
+#: The sections of rows with limits: (model, natural key).
+_PARENTS: dict[str, tuple[type[models.Model], str]] = {
+    "tiers": (Tier, "slug"),
+    "rules": (EndpointRule, "name"),
 }
 
 
@@ -43,10 +44,10 @@ def export_policy(*, assignments: bool = True) -> dict[str, Any]:
     """The policy in the database as a document (plain dicts and lists, JSON-ready). Reads
     only."""
     document: dict[str, Any] = {"version": FORMAT_VERSION}
-    for section, (model, key, _) in _PARENTS.items():
+    for section, (model, key) in _PARENTS.items():
         parents: Any = model._default_manager.order_by(key).prefetch_related("limits__tier")
         document[section] = [
-            {**values(parent), "limits": [_limit_entry(row) for row in _limits(parent)]}
+            {**writes.values(parent), "limits": [_limit_entry(row) for row in _limits(parent)]}
             for parent in parents
         ]
     if assignments:
@@ -62,7 +63,7 @@ def _limits(parent: Any) -> list[Any]:
 def _limit_entry(limit: models.Model) -> dict[str, Any]:
     """A limit as written under its parent: an endpoint limit names its tier first."""
     tier = {"tier": limit.tier.slug} if isinstance(limit, EndpointLimit) else {}
-    return {**tier, **values(limit)}
+    return {**tier, **writes.values(limit)}
 
 
 def _export_assignments() -> list[dict[str, str]]:
@@ -145,40 +146,36 @@ def _hand_over_defaults(state: Import, entries: list[Mapping[str, Any]]) -> None
 
 def _import_parents(state: Import, section: str, entries: list[Mapping[str, Any]]) -> None:
     """Tiers or endpoint rules, each with its limits; a rule's limits name their tier."""
-    model, key, kind = _PARENTS[section]
+    model, key = _PARENTS[section]
     for i, entry in enumerate(entries):
         where = f"{section}[{i}] {entry.get(key)!r}"
-        own, limits = split(state, where, model, entry, "limits")
+        own, limits = writes.split(state, where, model, entry)
         if own is None:
             continue
-        desired = (
-            _with_tiers(state, where, limits)
-            if model is EndpointRule
-            else [(limit, {}) for limit in limits]
-        )
+        desired = _with_tiers(state, where, limits) if model is EndpointRule else enumerate(limits)
         existing = model._default_manager.filter(**{key: own.get(key)}).first()
-        row = upsert(state, where, f"{kind} {own.get(key)!r}", existing or model(), own)
+        row = writes.upsert(state, where, existing or model(), own)
         if row is None:
             continue
         if isinstance(row, Tier):
             state.tiers[row.slug] = row
-        sync_limits(state, where, f"{kind} {getattr(row, key)!r}", row, desired)
+        writes.sync_limits(state, where, row, desired)
     if state.prune:
         named = {str(entry.get(key)) for entry in entries}
         for row in model._default_manager.exclude(**{f"{key}__in": named}):
-            state.changes.append(Change("-", f"{kind} {getattr(row, key)!r}"))
+            state.changes.append(Change("-", writes.label(row)))
             row.delete()
 
 
 def _with_tiers(
     state: Import, where: str, limits: list[Mapping[str, Any]]
-) -> list[tuple[Mapping[str, Any], Mapping[str, Any]]]:
-    """An endpoint rule's limits as (column values, {"tier": its tier})."""
-    desired: list[tuple[Mapping[str, Any], Mapping[str, Any]]] = []
+) -> list[tuple[int, Mapping[str, Any]]]:
+    """An endpoint rule's limits (with their index) whose tier exists, naming the tier."""
+    desired: list[tuple[int, Mapping[str, Any]]] = []
     for j, limit in enumerate(limits):
         tier = _tier(state, f"{where}.limits[{j}].tier", limit.get("tier"))
         if tier is not None:
-            desired.append(({k: v for k, v in limit.items() if k != "tier"}, {"tier": tier}))
+            desired.append((j, {**limit, "tier": tier}))
     return desired
 
 

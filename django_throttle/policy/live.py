@@ -20,7 +20,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 from django.db import DatabaseError, router, transaction
@@ -34,17 +34,7 @@ from django_throttle.rates import Limit
 
 logger = logging.getLogger("django_throttle.policy")
 
-__all__ = [
-    "EndpointPolicy",
-    "Policy",
-    "TierPolicy",
-    "compile_policy",
-    "current",
-    "fresh",
-    "invalidate",
-    "last",
-    "reset",
-]
+__all__ = ["Policy", "compile_policy", "current", "fresh", "invalidate", "last", "reset"]
 
 #: Monotonic seconds; tests replace it to age a snapshot without sleeping.
 clock = time.monotonic
@@ -55,6 +45,7 @@ REFRESH_INTERVAL = 1.0
 #: bounds how long a change no signal sees (``QuerySet.update``, ``bulk_create``, raw SQL)
 #: takes to apply, for one compile per process every five minutes.
 MAX_AGE = 300.0
+_DEFAULT_FLAGS = ("is_default_anonymous", "is_default_authenticated")
 
 
 def _usable(row: Any, outcome: str = "skipped") -> bool:
@@ -82,13 +73,10 @@ def compile_policy(version: str | None = None) -> Policy:
     with transaction.atomic(using=router.db_for_read(TierAssignment)):
         # A limit row repeating another counts the same thing: count it once (manage.py check
         # lists the copy, django_throttle.W106).
-        seen: set[tuple[object, ...] | None] = set()
         tier_limits: dict[int, list[Limit]] = {}
-        for row in _distinct(
-            TierLimit.objects.select_related("tier").order_by("tier_id", "id"), seen
-        ):
+        for row in _distinct(TierLimit.objects.select_related("tier").order_by("tier_id", "id")):
             tier_limits.setdefault(row.tier_id, []).append(row.to_limit())
-        tiers = {}
+        tiers: dict[int, TierPolicy] = {}
         defaults: dict[str, TierPolicy] = {}
         for t in Tier.objects.all():
             # A bad failure mode is logged and inherited: skipping the tier would lift its limits.
@@ -96,53 +84,24 @@ def compile_policy(version: str | None = None) -> Policy:
             tiers[t.id] = TierPolicy(
                 t.id, t.slug, t.name, t.priority, tuple(tier_limits.get(t.id, ())), failure_mode
             )
-            for flag in ("is_default_anonymous", "is_default_authenticated"):
-                if getattr(t, flag):  # a unique constraint allows one of each
-                    defaults[flag] = tiers[t.id]
+            # A unique constraint allows one default of each kind.
+            defaults |= {flag: tiers[t.id] for flag in _DEFAULT_FLAGS if getattr(t, flag)}
         # (rule, tier) -> counted by -> limits, in row order.
         endpoint_limits: dict[tuple[int, int], dict[str, list[Limit]]] = {}
         rows = EndpointLimit.objects.select_related("rule", "tier").order_by("id")
-        for row in _distinct(rows, seen):
+        for row in _distinct(rows):
             limit = row.to_limit()
             if row.rule.shadow:  # counted but never denying; the tier's limits still apply
                 limit = dataclasses.replace(limit, shadow=True)
             by_counter = endpoint_limits.setdefault((row.rule_id, row.tier_id), {})
             by_counter.setdefault(row.counted_by, []).append(limit)
-        rules = []
-        for rule in EndpointRule.objects.filter(enabled=True).order_by("id"):
-            if not _usable(rule):
-                continue
-            own: dict[int, tuple[Limit, ...]] = {}
-            groups: dict[int, tuple[tuple[str, tuple[Limit, ...]], ...]] = {}
-            # Every tier's limits counted by IP address or username: what a credential check
-            # meets whatever the caller's tier (each row keeps its own counter).
-            every: dict[str, list[Limit]] = {"ip": [], "username": []}
-            for tier_id in tiers:
-                by_counter = endpoint_limits.get((rule.id, tier_id), {})
-                own[tier_id] = tuple(by_counter.get("client", ()))
-                if counted := tuple((c, tuple(by_counter[c])) for c in every if c in by_counter):
-                    groups[tier_id] = counted
-                for counter, limits in every.items():
-                    limits.extend(by_counter.get(counter, ()))
-            credential_groups = tuple((c, tuple(limits)) for c, limits in every.items() if limits)
-            rules.append(
-                EndpointPolicy(
-                    id=rule.id,
-                    name=rule.name,
-                    match_type=rule.match_type,
-                    pattern=rule.pattern,
-                    methods=frozenset(rule.method_set),
-                    cost=rule.cost,
-                    shadow=rule.shadow,
-                    limits_by_tier={t: tier.limits + own[t] for t, tier in tiers.items()},
-                    failure_mode=rule.failure_mode,
-                    counts=rule.counts,
-                    rule_limits_by_tier=own,
-                    groups_by_tier=groups,
-                    credential_groups=credential_groups,
-                    credential=rule.counts == "failures" or bool(every["username"]),
-                )
-            )
+        # A rule naming methods is more specific than one for every method (a stable sort).
+        enabled = EndpointRule.objects.filter(enabled=True).order_by("id")
+        rules = [
+            _endpoint(rule, tiers, endpoint_limits)
+            for rule in sorted(enabled, key=lambda rule: not rule.method_set)
+            if _usable(rule)
+        ]
         return Policy(
             tiers=tiers,
             default_anonymous=defaults.get("is_default_anonymous"),
@@ -150,10 +109,7 @@ def compile_policy(version: str | None = None) -> Policy:
             by_scope=_index(r for r in rules if r.match_type == "scope"),
             by_route=_index(r for r in rules if r.match_type == "route"),
             by_path=tuple(
-                sorted(
-                    (r for r in rules if r.match_type == "path"),
-                    key=lambda r: (-len(r.pattern), not r.methods),
-                )
+                sorted((r for r in rules if r.match_type == "path"), key=lambda r: -len(r.pattern))
             ),
             version=version,
             user_tiers=compile_user_tiers({t.id: t.priority for t in tiers.values()}),
@@ -163,13 +119,49 @@ def compile_policy(version: str | None = None) -> Policy:
         )
 
 
-def _distinct(rows: Iterable[Any], seen: set[tuple[object, ...] | None]) -> Iterator[Any]:
-    """The usable limit rows of ``rows`` that repeat none before them (``seen`` keeps their
-    keys)."""
-    for row in rows:
-        if _usable(row) and (key := row.duplicate_key()) not in seen:
-            seen.add(key)
-            yield row
+def _endpoint(
+    rule: Any,
+    tiers: dict[int, TierPolicy],
+    endpoint_limits: dict[tuple[int, int], dict[str, list[Limit]]],
+) -> EndpointPolicy:
+    """An enabled rule with its limits for every tier, by counter."""
+    own: dict[int, tuple[Limit, ...]] = {}
+    groups: dict[int, tuple[tuple[str, tuple[Limit, ...]], ...]] = {}
+    # Every tier's limits counted by IP address or username: what a credential check meets
+    # whatever the caller's tier (each row keeps its own counter).
+    every: dict[str, list[Limit]] = {"ip": [], "username": []}
+    for tier_id in tiers:
+        by_counter = endpoint_limits.get((rule.id, tier_id), {})
+        own[tier_id] = tuple(by_counter.get("client", ()))
+        if counted := tuple((c, tuple(by_counter[c])) for c in every if c in by_counter):
+            groups[tier_id] = counted
+        for counter, limits in every.items():
+            limits.extend(by_counter.get(counter, ()))
+    return EndpointPolicy(
+        id=rule.id,
+        name=rule.name,
+        match_type=rule.match_type,
+        pattern=rule.pattern,
+        methods=frozenset(rule.method_set),
+        cost=rule.cost,
+        shadow=rule.shadow,
+        limits_by_tier={t: tier.limits + own[t] for t, tier in tiers.items()},
+        failure_mode=rule.failure_mode,
+        counts=rule.counts,
+        rule_limits_by_tier=own,
+        groups_by_tier=groups,
+        credential_groups=tuple((c, tuple(limits)) for c, limits in every.items() if limits),
+        credential=rule.counts == "failures" or bool(every["username"]),
+    )
+
+
+def _distinct(rows: Iterable[Any]) -> list[Any]:
+    """The usable limit rows of ``rows`` that repeat none before them."""
+    from django_throttle.policy.file_writes import repeats
+
+    usable = [row for row in rows if _usable(row)]
+    copies = {id(row) for row, _ in repeats(usable)}
+    return [row for row in usable if id(row) not in copies]
 
 
 def _api_keys() -> dict[str, ApiKeyPolicy]:
@@ -193,11 +185,11 @@ def _api_keys() -> dict[str, ApiKeyPolicy]:
 
 
 def _index(rules: Iterable[EndpointPolicy]) -> dict[str, tuple[EndpointPolicy, ...]]:
+    """``rules`` by pattern, in their order."""
     index: dict[str, list[EndpointPolicy]] = {}
     for rule in rules:
         index.setdefault(rule.pattern, []).append(rule)
-    # A rule naming methods is more specific than one for every method.
-    return {k: tuple(sorted(v, key=lambda r: not r.methods)) for k, v in index.items()}
+    return {pattern: tuple(same) for pattern, same in index.items()}
 
 
 @dataclasses.dataclass

@@ -69,10 +69,8 @@ def _snapshot() -> Policy | None:
 
 def get_resolver() -> Callable[[Any], Identity]:
     """The configured resolver callable (imported once per dotted path)."""
-    return _import_resolver(app_settings.IDENTITY_RESOLVER)
-
-
-@functools.cache
-def _import_resolver(path: str) -> Callable[[Any], Identity]:
-    resolver: Callable[[Any], Identity] = import_string(path)
+    resolver: Callable[[Any], Identity] = _import_string(app_settings.IDENTITY_RESOLVER)
     return resolver
+
+
+_import_string = functools.cache(import_string)

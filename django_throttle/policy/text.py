@@ -34,8 +34,9 @@ MAX_DEPTH = 20
 #: Most values (mappings, lists and scalars, each alias counted as what it expands to) a
 #: policy file may hold: hundreds of tiers and rules fit, and an import stays quick.
 MAX_VALUES = 200_000
-# A JSON string (skipped over: brackets inside it do not nest) or one bracket.
-_JSON_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+# A JSON string (skipped over: brackets inside it do not nest), one bracket, or another
+# scalar (a number, true, false, null): every token but a closing bracket is one value.
+_JSON_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]|[^\s,:\[\]{}"]+')
 _NESTING = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
@@ -62,33 +63,18 @@ def load(text: str, fmt: str) -> Any:
     (a few kilobytes of them can stand for millions of entries)."""
     if fmt == "yaml":
         return _load_yaml(text)
-    depth = 0
+    depth = values = 0
     for token in _JSON_TOKENS.finditer(text):
-        depth += _NESTING.get(token.group(), 0)  # a string changes nothing
+        step = _NESTING.get(token.group(), 0)  # a scalar changes nothing
+        depth, values = depth + step, values + (step >= 0)
         if depth > MAX_DEPTH:
             raise PolicyFileError([_TOO_DEEP])
+        if values > MAX_VALUES:
+            raise PolicyFileError([_TOO_BIG])
     try:
-        document = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise PolicyFileError([f"not valid JSON: {exc}"]) from exc
-    _count_values(document)
-    return document
-
-
-def _count_values(document: Any) -> None:
-    """Refuse a parsed document of more than :data:`MAX_VALUES` values (no aliases in JSON:
-    each value is counted once, without recursion)."""
-    pending, seen = [document], 0
-    while pending:
-        value = pending.pop()
-        seen += 1
-        if seen > MAX_VALUES:
-            raise PolicyFileError([_TOO_BIG])
-        if isinstance(value, dict):
-            pending.extend(value.values())
-            seen += len(value)  # the keys
-        elif isinstance(value, list):
-            pending.extend(value)
 
 
 def _load_yaml(text: str) -> Any:
@@ -115,7 +101,8 @@ def _load_yaml(text: str) -> Any:
         node = loader.get_single_node()
         if node is None:
             return None
-        _measure(node, {}, 1)
+        if _measure(node, {})[1] > MAX_DEPTH:  # the document's depth, aliases expanded
+            raise PolicyFileError([_TOO_DEEP])
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
         raise PolicyFileError([f"not valid YAML: {' '.join(str(exc).split())}"]) from exc
@@ -123,19 +110,16 @@ def _load_yaml(text: str) -> Any:
         loader.dispose()
 
 
-def _measure(node: Any, known: dict[int, tuple[int, int] | None], depth: int) -> tuple[int, int]:
-    """``node``'s size and height as built (an alias counts as the whole node it names), at
-    ``depth`` in the document; :class:`PolicyFileError` when either is over its bound or an
-    alias names a node that contains it. Each node is measured once."""
-    if depth > MAX_DEPTH:
-        raise PolicyFileError([_TOO_DEEP])
+def _measure(node: Any, known: dict[int, tuple[int, int] | None]) -> tuple[int, int]:
+    """``node``'s size and height as built (an alias counts as the whole node it names);
+    :class:`PolicyFileError` when the size is over its bound or an alias names a node that
+    contains it. Each node is measured once, so an alias costs a lookup; the recursion is as
+    deep as the composed nodes, which the loader bounds."""
     key = id(node)
     if key in known:
         measured = known[key]
         if measured is None:
             raise PolicyFileError(["an alias names a value that contains it (a loop)"])
-        if depth + measured[1] - 1 > MAX_DEPTH:
-            raise PolicyFileError([_TOO_DEEP])
         return measured
     known[key] = None
     # PyYAML's node kinds: a scalar holds text, a sequence its nodes, a mapping its pairs.
@@ -144,7 +128,7 @@ def _measure(node: Any, known: dict[int, tuple[int, int] | None], depth: int) ->
         children = [part for pair in node.value for part in pair]
     size, height = 1, 1
     for child in children:
-        child_size, child_height = _measure(child, known, depth + 1)
+        child_size, child_height = _measure(child, known)
         size += child_size
         height = max(height, child_height + 1)
         if size > MAX_VALUES:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
@@ -29,29 +30,22 @@ __all__ = ["UserTiers", "compile_user_tiers", "memberships"]
 CHUNK_SIZE = 20_000
 
 
+@dataclass(frozen=True, slots=True, eq=False)
 class UserTiers:
     """Immutable user id → tier id for every user with an assignment of their own or through
-    a group. Thread-safe: nothing changes after construction."""
+    a group: integer ids sorted in ``ids`` with each one's index into ``tier_ids`` in
+    ``slots``, other keys in ``by_key`` (a user id given as text read with ``coerce``).
+    Thread-safe: nothing changes after construction."""
 
-    __slots__ = ("_by_key", "_coerce", "_ids", "_slots", "_tier_ids")
-
-    def __init__(
-        self,
-        ids: array[int] | None = None,
-        slots: array[int] | None = None,
-        tier_ids: tuple[int, ...] = (),
-        by_key: dict[Any, int] | None = None,
-        coerce: Callable[[Any], Any] = int,
-    ) -> None:
-        self._ids = ids
-        self._slots = slots
-        self._tier_ids = tier_ids
-        self._by_key = {} if by_key is None else by_key
-        self._coerce = coerce
+    ids: array[int] | None = None
+    slots: array[int] | None = None
+    tier_ids: tuple[int, ...] = ()
+    by_key: dict[Any, int] = field(default_factory=dict)
+    coerce: Callable[[Any], Any] = int
 
     def get(self, user_id: Any) -> int | None:
         """The user's tier id, or ``None`` when the user has no assignment."""
-        ids = self._ids
+        ids = self.ids
         if ids is not None:
             if type(user_id) is not int:  # e.g. "42" from a custom identity resolver
                 try:
@@ -60,18 +54,18 @@ class UserTiers:
                     return None
             i = bisect_left(ids, user_id)
             if i != len(ids) and ids[i] == user_id:
-                return self._tier_ids[self._slots[i]]  # type: ignore[index]
+                return self.tier_ids[self.slots[i]]  # type: ignore[index]
             return None
-        found = self._by_key.get(user_id)
+        found = self.by_key.get(user_id)
         if found is None and isinstance(user_id, str):
             try:
-                found = self._by_key.get(self._coerce(user_id))
+                found = self.by_key.get(self.coerce(user_id))
             except (TypeError, ValueError, ValidationError):
                 return None
         return found
 
     def __len__(self) -> int:
-        return len(self._by_key if self._ids is None else self._ids)
+        return len(self.by_key if self.ids is None else self.ids)
 
 
 def compile_user_tiers(priorities: Mapping[int, int]) -> UserTiers:
@@ -89,7 +83,11 @@ def compile_user_tiers(priorities: Mapping[int, int]) -> UserTiers:
         pk = pk.target_field
     query = _assignments(user_model)
     if isinstance(pk, IntegerField):  # AutoField, BigAutoField, PositiveIntegerField, ...
-        ids, tiers = _best(chain.from_iterable(_chunks(query)), priorities, array("q"))
+        # Lists of raw rows, streamed (a server-side cursor where the database has one),
+        # without building a Python object per row.
+        compiler = query.query.get_compiler(query.db)
+        chunks = compiler.execute_sql(MULTI, chunked_fetch=True, chunk_size=CHUNK_SIZE)
+        ids, tiers = _best(chain.from_iterable(chunks), priorities, array("q"))
         return _pack(ids, tiers)
     users, tiers = _best(query.iterator(chunk_size=CHUNK_SIZE), priorities, [])
     return UserTiers(by_key=dict(zip(users, tiers, strict=True)), coerce=pk.to_python)
@@ -127,16 +125,6 @@ def memberships(user_model: Any) -> tuple[Any, str, str] | None:
     through = field.remote_field.through
     user_column = through._meta.get_field(field.m2m_field_name()).attname
     return through, user_column, field.m2m_reverse_field_name()
-
-
-def _chunks(queryset: Any) -> Iterator[list[tuple[int, int, int]]]:
-    """Lists of raw rows of an integer values_list query, streamed (a server-side cursor
-    where the database has one), without building a Python object per row."""
-    compiler = queryset.query.get_compiler(queryset.db)
-    chunks: Iterator[list[tuple[int, int, int]]] = compiler.execute_sql(
-        MULTI, chunked_fetch=True, chunk_size=CHUNK_SIZE
-    )
-    return chunks
 
 
 def _best(
