@@ -176,6 +176,43 @@ def test_redis_backend_named_explicitly_without_redis(settings: Any) -> None:
     assert ids() == ["django_throttle.E018"]
 
 
+def test_an_option_redis_py_connections_do_not_take_is_an_error(settings: Any) -> None:
+    """``ssl=True`` beside a ``redis://`` URL (a redis.Redis() argument, not a connection's)
+    would make every counting call fail and take the failure mode: E033 names the option and
+    never shows the options' values, which may hold a password."""
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:6379/0"
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"ssl": True, "password": "s3cret-value"}
+    errors = check_settings()
+    assert [error.id for error in errors] == ["django_throttle.E033"]
+    assert "'ssl'" in errors[0].msg
+    assert "s3cret-value" not in errors[0].msg + str(errors[0].hint)
+    assert "rediss://" in errors[0].hint
+
+    settings.DJANGO_THROTTLE_REDIS_URL = "rediss://127.0.0.1:6379/0"
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {
+        "ssl_ca_certs": "/etc/ssl/redis/ca.pem",
+        "ssl_check_hostname": False,
+        "password": "s3cret-value",
+    }
+    assert ids() == []
+
+
+def test_a_borrowed_cache_the_backend_cannot_read_is_an_error_not_a_traceback(
+    settings: Any,
+) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = None
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": "redis://mymaster/0",
+            "OPTIONS": {"SENTINELS": [("127.0.0.1", 26379)]},
+        }
+    }
+    errors = check_settings()
+    assert [error.id for error in errors] == ["django_throttle.E033"]
+    assert "DJANGO_THROTTLE_REDIS_URL" in errors[0].msg
+
+
 def test_redis_backend_borrowing_a_django_redis_cache(settings: Any) -> None:
     settings.DJANGO_THROTTLE_REDIS_URL = None
     settings.CACHES = {

@@ -230,3 +230,19 @@ def cache_connection(alias: str) -> tuple[str, dict[str, Any]]:
             options.pop(name, None)
         return url, options
     raise ImproperlyConfigured(hint)
+
+
+def option_problem() -> str | None:
+    """Why :func:`build_client`'s options would fail every counting call, or ``None``.
+
+    A client is built and one connection object made from its pool, never connected: an option
+    redis-py's connections do not take (``ssl`` beside a ``redis://`` URL, a misspelt name), or
+    a borrowed cache with no usable ``LOCATION``, is then a ``manage.py check`` error instead of
+    every request taking the failure mode.
+    """
+    try:
+        pool = build_client().connection_pool
+        pool.connection_class(**pool.connection_kwargs)
+    except (TypeError, ValueError, ImproperlyConfigured) as exc:
+        return str(exc)
+    return None

@@ -64,7 +64,14 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                     id=f"django_throttle.{check_id}",
                 )
             )
-    return [*errors, *_check_redis_source(), *_check_proxy_trust(), *_check_unknown_names()]
+    source = _check_redis_source()
+    # A connection is tried only from settings that passed their own checks.
+    return [
+        *errors,
+        *(source or ([] if errors else _check_redis_options())),
+        *_check_proxy_trust(),
+        *_check_unknown_names(),
+    ]
 
 
 def _check_unknown_names() -> list[checks.CheckMessage]:
@@ -118,6 +125,28 @@ def _check_redis_source() -> list[checks.CheckMessage]:
             "DJANGO_THROTTLE_CACHE_ALIAS at a django-redis cache, or use DJANGO_THROTTLE_BACKEND = "
             "'django_throttle.backends.memory.MemoryBackend' for a single process.",
             id="django_throttle.E018",
+        )
+    ]
+
+
+def _check_redis_options() -> list[checks.CheckMessage]:
+    """E033: redis-py cannot make a connection with the options given (an option its
+    connections do not take, a borrowed cache it cannot read): every counting call would fail
+    and take the failure mode."""
+    if getattr(settings, PREFIX + "BACKEND", _REDIS_BACKEND) != _REDIS_BACKEND:
+        return []
+    from django_throttle.backends.wire import option_problem
+
+    problem = option_problem()
+    if problem is None:
+        return []
+    return [
+        checks.Error(
+            "The Redis backend cannot make a connection with its settings (URL, cache and "
+            f"DJANGO_THROTTLE_REDIS_OPTIONS): {redact_text(problem).rstrip('.')}.",
+            hint="Give only options of redis-py's connections (socket_timeout, ssl_ca_certs, "
+            "...); TLS is turned on by a rediss:// URL, not by an 'ssl' option.",
+            id="django_throttle.E033",
         )
     ]
 
