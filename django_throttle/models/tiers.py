@@ -115,9 +115,7 @@ class TierLimit(LimitFields):
     class Meta:
         ordering = ["tier", "pk"]
         verbose_name = _("tier limit")
-        constraints = [
-            range_check("burst", "django_throttle_tier_limit_burst_range", null=True),
-        ]
+        constraints = [range_check("burst", "django_throttle_tier_limit_burst_range", null=True)]
 
     def limit_name(self, rate: Rate) -> str:
         # The policy compiler loads tiers with select_related, so this costs no query there.
