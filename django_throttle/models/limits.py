@@ -160,9 +160,8 @@ class LimitFields(models.Model):
             Rate.parse(self.rate)
         except InvalidRate as exc:
             raise BadRow("rate", str(exc)) from exc
-        problem = choice_problem(self.algorithm, Algorithm, _("algorithm"))
-        if problem is not None:
-            raise BadRow("algorithm", problem)
+        if problem := choice_problem(self, "algorithm", Algorithm, _("algorithm")):
+            raise BadRow("algorithm", problem["algorithm"])
         try:
             # The text, not the parsed rate: a calendar quota reads "/day" as a calendar day.
             shared = getattr(self, "shared", False)  # only a tier limit has the column

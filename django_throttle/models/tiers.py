@@ -90,8 +90,7 @@ class Tier(models.Model):
 
     def row_problems(self) -> dict[str, str]:
         """Values the admin would refuse, by field (the compiler then ignores the field)."""
-        problem = choice_problem(self.failure_mode, FailureMode, _("failure mode"))
-        return {} if problem is None else {"failure_mode": problem}
+        return choice_problem(self, "failure_mode", FailureMode, _("failure mode"))
 
 
 class TierLimit(LimitFields):
