@@ -28,6 +28,7 @@ from django_throttle.rates import Limit
 
 logger = logging.getLogger("django_throttle.policy")
 
+
 def policy_changed(**kwargs: Any) -> None:
     """Reload here at once and tell the other processes through the backend."""
     from django_throttle.policy import live as policy
