@@ -88,6 +88,16 @@ def optional_one_to_one(to: str, related_name: str) -> models.OneToOneField[Any,
     )
 
 
+def subject(row: Any) -> str:
+    """Whom a row with an optional user and group names: ``"user <user>"``, ``"group
+    <group>"``, or "" when it names neither."""
+    if row.user_id is not None:
+        return f"user {row.user}"
+    if row.group_id is not None:
+        return f"group {row.group}"
+    return ""
+
+
 def choice_problem(
     row: models.Model, field: str, choices: type[models.TextChoices], what: StrOrPromise
 ) -> dict[str, str]:

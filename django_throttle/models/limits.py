@@ -113,12 +113,10 @@ class LimitFields(models.Model):
         abstract = True
 
     def __str__(self) -> str:
-        details = [] if self.algorithm == Algorithm.TOKEN_BUCKET else [self.algorithm_name]
-        if self.burst:
-            details.append(f"burst {self.burst}")
-        if self.timezone:
-            details.append(self.timezone)
-        return f"{self.rate} ({', '.join(details)})" if details else self.rate
+        algorithm = "" if self.algorithm == Algorithm.TOKEN_BUCKET else self.algorithm_name
+        burst = f"burst {self.burst}" if self.burst else ""
+        details = ", ".join(filter(None, (algorithm, burst, self.timezone)))
+        return f"{self.rate} ({details})" if details else self.rate
 
     @property
     def algorithm_name(self) -> str:

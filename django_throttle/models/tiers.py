@@ -14,6 +14,7 @@ from django_throttle.models.fields import (
     failure_mode_field,
     optional_one_to_one,
     range_check,
+    subject,
 )
 from django_throttle.models.limits import LimitFields
 from django_throttle.rates import Rate
@@ -151,11 +152,7 @@ class TierAssignment(models.Model):
 
     def __str__(self) -> str:
         tier = self.tier.name if self.tier_id is not None else "no tier"
-        if self.user_id is not None:
-            return f"user {self.user} → {tier}"
-        if self.group_id is not None:
-            return f"group {self.group} → {tier}"
-        return f"nobody → {tier}"
+        return f"{subject(self) or 'nobody'} → {tier}"
 
     def clean(self) -> None:
         if self.user_id is not None and self.group_id is not None:
