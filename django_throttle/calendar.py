@@ -32,8 +32,7 @@ def windows(unit: str, tz: str, now_us: int) -> tuple[int, int, int, int]:
 @lru_cache(maxsize=1024)
 def _bounds(unit: str, tz: str, start: date) -> tuple[int, int, int, int]:
     zone = ZoneInfo(tz)
-    days = [_step(unit, start, n) for n in (-1, 0, 1, 2)]
-    b0, b1, b2, b3 = (_midnight_us(day, zone) for day in days)
+    b0, b1, b2, b3 = (_midnight_us(_step(unit, start, n), zone) for n in (-1, 0, 1, 2))
     return b0, b1, b2, b3
 
 
