@@ -64,10 +64,8 @@ class Settings:
         named by ``CACHE_ALIAS``."""
         return self._get("REDIS_URL", None) or None
 
-    @cached_property
-    def REDIS_OPTIONS(self) -> dict[str, Any]:
-        """Extra keyword arguments for the Redis client the backend builds (timeouts, pool)."""
-        return dict(self._get("REDIS_OPTIONS", {}))
+    #: Extra keyword arguments for the Redis client the backend builds (timeouts, pool).
+    REDIS_OPTIONS = Setting({}, dict)
 
     #: django-redis cache whose connection is reused when ``REDIS_URL`` is unset.
     CACHE_ALIAS = Setting("default", str)
