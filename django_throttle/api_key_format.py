@@ -29,6 +29,4 @@ def key_prefix(key: str) -> str:
     """The visible lookup prefix of ``dt_<prefix>_<secret>``, or "" for anything else."""
     scheme, _, rest = key.partition("_")
     prefix, _, secret = rest.partition("_")
-    if scheme != KEY_SCHEME or not secret:
-        return ""
-    return prefix
+    return prefix if scheme == KEY_SCHEME and secret else ""

@@ -15,9 +15,6 @@ from zoneinfo import ZoneInfo
 
 __all__ = ["windows"]
 
-_EPOCH = date(1970, 1, 1)
-_UTC = ZoneInfo("UTC")
-
 
 def windows(unit: str, tz: str, now_us: int) -> tuple[int, int, int, int]:
     """Boundaries ``b0 < b1 <= now_us < b2 < b3`` in Unix microseconds: the previous window's
@@ -35,8 +32,7 @@ def windows(unit: str, tz: str, now_us: int) -> tuple[int, int, int, int]:
 @lru_cache(maxsize=1024)
 def _bounds(unit: str, tz: str, start: date) -> tuple[int, int, int, int]:
     zone = ZoneInfo(tz)
-    days = [_step(unit, start, n) for n in (-1, 0, 1, 2)]
-    b0, b1, b2, b3 = (_midnight_us(day, zone) for day in days)
+    b0, b1, b2, b3 = (_midnight_us(_step(unit, start, n), zone) for n in (-1, 0, 1, 2))
     return b0, b1, b2, b3
 
 
@@ -59,7 +55,5 @@ def _midnight_us(day: date, zone: ZoneInfo) -> int:
     """The first instant of ``day`` in ``zone``, in Unix microseconds. Where midnight does not
     exist (a zone that springs forward at 00:00), PEP 495 reads the gap with the offset from
     before the transition: that is the transition itself, the day's first real instant."""
-    utc = datetime(day.year, day.month, day.day, tzinfo=zone).astimezone(_UTC)
-    return (utc.date() - _EPOCH).days * 86_400_000_000 + (
-        utc.hour * 3600 + utc.minute * 60 + utc.second
-    ) * 1_000_000
+    midnight = datetime(day.year, day.month, day.day, tzinfo=zone)
+    return round(midnight.timestamp()) * 1_000_000  # whole seconds: the float is exact

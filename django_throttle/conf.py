@@ -9,6 +9,7 @@ a system check in :mod:`django_throttle.checks`.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 from collections.abc import Callable
 from functools import cached_property
@@ -61,13 +62,10 @@ class Settings:
     def REDIS_URL(self) -> str | None:
         """Redis the Redis backend connects to. ``None``: reuse the django-redis cache
         named by ``CACHE_ALIAS``."""
-        value = self._get("REDIS_URL", None)
-        return value or None
+        return self._get("REDIS_URL", None) or None
 
-    @cached_property
-    def REDIS_OPTIONS(self) -> dict[str, Any]:
-        """Extra keyword arguments for the Redis client the backend builds (timeouts, pool)."""
-        return dict(self._get("REDIS_OPTIONS", {}))
+    #: Extra keyword arguments for the Redis client the backend builds (timeouts, pool).
+    REDIS_OPTIONS = Setting({}, dict)
 
     #: django-redis cache whose connection is reused when ``REDIS_URL`` is unset.
     CACHE_ALIAS = Setting("default", str)
@@ -210,10 +208,8 @@ def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network
     entries = [value] if isinstance(value, str) else value
     networks = []
     for entry in entries if isinstance(entries, (list, tuple, set, frozenset)) else ():
-        try:
+        with contextlib.suppress(TypeError, ValueError):
             networks.append(ipaddress.ip_network(entry, strict=False))
-        except (TypeError, ValueError):
-            continue
     return tuple(networks)
 
 

@@ -82,8 +82,8 @@ def error_reason(error: BaseException) -> str:
     text = str(error).lower()
     if "timeout" in text or "timed out" in text:
         return "timeout"
-    if "connect" in text or "connection" in text or "closed" in text or "reset" in text:
+    if "connect" in text or "closed" in text or "reset" in text:  # "connection" too
         return "connection"
-    if "script" in text or "django_throttle:" in text or "noscript" in text:
+    if "script" in text or "django_throttle:" in text:  # "noscript" too
         return "script"
     return "other"

@@ -87,8 +87,8 @@ def connect() -> bool:
     _metrics.update(_build())
     events.request_decided.connect(_decided, dispatch_uid="dt-metrics-decided")
     events.backend_error.connect(_error, dispatch_uid="dt-metrics-error")
-    events.backend_unavailable.connect(_opened, dispatch_uid="dt-metrics-open")
-    events.backend_available.connect(_closed, dispatch_uid="dt-metrics-closed")
+    events.backend_unavailable.connect(_breaker, dispatch_uid="dt-metrics-open")
+    events.backend_available.connect(_breaker, dispatch_uid="dt-metrics-closed")
     events.script_loaded.connect(_script, dispatch_uid="dt-metrics-script")
     events.policy_reloaded.connect(_reloaded, dispatch_uid="dt-metrics-reloaded")
     return True
@@ -103,14 +103,11 @@ def _error(*, reason: str, **_: Any) -> None:
     _metrics["errors"].labels(reason).inc()
 
 
-def _opened(**_: Any) -> None:
-    _metrics["open"].set(1)
-    _metrics["transitions"].labels("open").inc()
-
-
-def _closed(**_: Any) -> None:
-    _metrics["open"].set(0)
-    _metrics["transitions"].labels("closed").inc()
+def _breaker(*, signal: Any, **_: Any) -> None:
+    """The breaker opened (``backend_unavailable``) or closed (``backend_available``)."""
+    opened = signal is events.backend_unavailable
+    _metrics["open"].set(int(opened))
+    _metrics["transitions"].labels("open" if opened else "closed").inc()
 
 
 def _script(**_: Any) -> None:

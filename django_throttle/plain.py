@@ -41,13 +41,14 @@ def log_text(value: object) -> str:
     text = str(value)
     if text.isprintable() and "\\" not in text:
         return text
-    out = []
-    for char in text:
-        if char in _ESCAPES:
-            out.append(_ESCAPES[char])
-        elif _hidden(char):
-            code = ord(char)
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
-        else:
-            out.append(char)
-    return "".join(out)
+    return "".join(map(_escaped, text))
+
+
+def _escaped(char: str) -> str:
+    """One character as :func:`log_text` writes it."""
+    if char in _ESCAPES:
+        return _ESCAPES[char]
+    if not _hidden(char):
+        return char
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"

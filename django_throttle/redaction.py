@@ -35,8 +35,8 @@ def redact_url(url: Any) -> str:
     except ValueError:
         return redact_text(text)
     if password is not None:
-        user = parts.netloc.rpartition("@")[0].partition(":")[0]
-        hostinfo = parts.netloc.rpartition("@")[2]
+        userinfo, _, hostinfo = parts.netloc.rpartition("@")
+        user = userinfo.partition(":")[0]
         text = text.replace(f"//{parts.netloc}", f"//{user}:{MASK}@{hostinfo}", 1)
     return _QUERY_PASSWORD.sub(lambda m: f"{m['head']}{MASK}", text)
 

@@ -28,12 +28,6 @@ from django_throttle.rates import Limit
 
 logger = logging.getLogger("django_throttle.policy")
 
-#: Set on a user or group between ``pre_clear`` and ``post_clear`` when the groups being
-#: cleared include one with a tier assignment.
-_CLEARS_TIERED = "_django_throttle_clears_tiered_group"
-#: Set on a user between ``pre_delete`` and ``post_delete`` when they are in a tiered group.
-_LEAVES_TIERED = "_django_throttle_leaves_tiered_group"
-
 
 def policy_changed(**kwargs: Any) -> None:
     """Reload here at once and tell the other processes through the backend."""
@@ -116,15 +110,13 @@ def groups_changed(
 ) -> None:
     """Bump once per membership change that can move someone between tiers.
 
-    ``user.groups.add(g)`` sends pre_add and post_add; only the post_* signals bump, and only
-    when a group involved has a tier assignment, so group changes elsewhere on the site cost
-    the workers nothing. ``clear`` sends no ``pk_set``: pre_clear notes whether a tiered group
-    is among those being removed."""
+    ``user.groups.add(g)`` sends pre_add and post_add; only post_add and post_remove bump, and
+    only when a group involved has a tier assignment, so group changes elsewhere on the site
+    cost the workers nothing. ``clear`` sends no ``pk_set``: pre_clear, while the groups being
+    removed can still be read, bumps when a tiered group is among them (the bump waits for the
+    commit of the clear's own transaction)."""
     if action == "pre_clear":
-        setattr(instance, _CLEARS_TIERED, _has_tiered_group(instance, reverse, None))
-        return
-    if action == "post_clear":
-        tiered = instance.__dict__.pop(_CLEARS_TIERED, False)
+        tiered = _has_tiered_group(instance, reverse, None)
     elif action in ("post_add", "post_remove"):
         tiered = bool(pk_set) and _has_tiered_group(instance, reverse, pk_set)
     else:
@@ -150,14 +142,10 @@ def _has_tiered_group(instance: Any, reverse: bool, pk_set: set[Any] | None) -> 
 
 
 def user_deleting(instance: Any, **kwargs: Any) -> None:
-    """Note whether a user being deleted is in a tiered group: the database drops their
-    memberships with no m2m signal. (Their own assignment is deleted with a signal.)"""
+    """Bump when a user being deleted is in a tiered group: the database drops their
+    memberships with no m2m signal. (Their own assignment is deleted with a signal.) The bump
+    waits for the commit of the deletion's transaction, which pre_delete is sent in."""
     if _has_tiered_group(instance, False, None):
-        setattr(instance, _LEAVES_TIERED, True)
-
-
-def user_deleted(instance: Any, **kwargs: Any) -> None:
-    if instance.__dict__.pop(_LEAVES_TIERED, False):
         policy_changed(using=kwargs.get("using"))
 
 
@@ -189,5 +177,4 @@ def connect() -> None:
         groups_changed, sender=user_model.groups.through, dispatch_uid="dt-user-groups"
     )
     pre_delete.connect(user_deleting, sender=user_model, dispatch_uid="dt-user-deleting")
-    post_delete.connect(user_deleted, sender=user_model, dispatch_uid="dt-user-deleted")
     setting_changed.connect(settings_changed, dispatch_uid="dt-settings")

@@ -52,7 +52,6 @@ def isolated_throttle(prefix: str | None = None) -> Iterator[str]:
     the duration of the block; yields the prefix. Keys written under it expire on their own
     (every key has a TTL), so nothing needs deleting afterwards."""
     prefix = prefix or f"dtt{uuid.uuid4().hex[:10]}"
-    reset_caches()
     try:
         with override_settings(DJANGO_THROTTLE_KEY_PREFIX=prefix):
             reset_caches()

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from django_throttle.models.api_keys import ApiKey
 from django_throttle.models.exemptions import Exemption
-from django_throttle.models.fields import HTTP_METHODS, BadRow, FailureMode, validate_rate
-from django_throttle.models.limits import ALGORITHM_FIELDS, ALGORITHM_HELP, LimitFields
+from django_throttle.models.fields import BadRow, FailureMode, validate_rate
+from django_throttle.models.limits import ALGORITHM_FIELDS, ALGORITHM_HELP
 from django_throttle.models.rules import EndpointLimit, EndpointRule
 from django_throttle.models.tiers import Tier, TierAssignment, TierLimit
 from django_throttle.models.usage import UsageCount
@@ -21,14 +21,12 @@ from django_throttle.models.usage import UsageCount
 __all__ = [
     "ALGORITHM_FIELDS",
     "ALGORITHM_HELP",
-    "HTTP_METHODS",
     "ApiKey",
     "BadRow",
     "EndpointLimit",
     "EndpointRule",
     "Exemption",
     "FailureMode",
-    "LimitFields",
     "Tier",
     "TierAssignment",
     "TierLimit",

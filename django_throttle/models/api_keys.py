@@ -119,7 +119,3 @@ class ApiKey(models.Model):
     def clean(self) -> None:
         if self._state.adding and self.expires is not None and self.expires <= timezone.now():
             raise ValidationError({"expires": _("A new key must expire in the future.")})
-
-    @property
-    def is_usable(self) -> bool:
-        return self.active and (self.expires is None or self.expires > timezone.now())

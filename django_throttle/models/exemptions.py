@@ -13,7 +13,7 @@ from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from django_throttle.conf import app_settings
-from django_throttle.models.fields import optional_one_to_one
+from django_throttle.models.fields import optional_one_to_one, subject
 
 #: Longest network text: a full IPv6 address with a /128 suffix.
 NETWORK_MAX_LENGTH = 43
@@ -66,11 +66,7 @@ class Exemption(models.Model):
         ]
 
     def __str__(self) -> str:
-        if self.user_id is not None:
-            return f"user {self.user}"
-        if self.group_id is not None:
-            return f"group {self.group}"
-        return f"network {self.network}"
+        return subject(self) or f"network {self.network}"
 
     def row_problems(self) -> dict[str, str]:
         """Values the admin would refuse, by field (the compiler skips such a row)."""

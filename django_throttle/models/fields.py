@@ -20,16 +20,7 @@ if TYPE_CHECKING:
     StrOrPromise = str | _StrPromise
 
 #: Methods an endpoint rule may name, in the order they are written back after normalising.
-HTTP_METHODS: tuple[str, ...] = (
-    "GET",
-    "HEAD",
-    "POST",
-    "PUT",
-    "PATCH",
-    "DELETE",
-    "OPTIONS",
-    "TRACE",
-)
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE")
 
 
 class BadRow(ValueError):
@@ -97,12 +88,27 @@ def optional_one_to_one(to: str, related_name: str) -> models.OneToOneField[Any,
     )
 
 
-def choice_problem(value: str, choices: type[models.TextChoices], what: StrOrPromise) -> str | None:
-    """Why ``value`` is not one of ``choices`` (a value written around the admin), or None."""
+def subject(row: Any) -> str:
+    """Whom a row with an optional user and group names: ``"user <user>"``, ``"group
+    <group>"``, or "" when it names neither."""
+    if row.user_id is not None:
+        return f"user {row.user}"
+    if row.group_id is not None:
+        return f"group {row.group}"
+    return ""
+
+
+def choice_problem(
+    row: models.Model, field: str, choices: type[models.TextChoices], what: StrOrPromise
+) -> dict[str, str]:
+    """Why ``row``'s ``field`` is not one of ``choices`` (a value written around the admin),
+    by field as ``row_problems()`` says it: empty when it is one."""
+    value = getattr(row, field)
     if value in choices.values:
-        return None
-    return str(_("unknown %(what)s %(value)r: use %(choices)s")) % {
+        return {}
+    message = str(_("unknown %(what)s %(value)r: use %(choices)s")) % {
         "what": what,
         "value": value,
         "choices": ", ".join(repr(v) for v in choices.values),
     }
+    return {field: message}

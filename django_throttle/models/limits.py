@@ -113,12 +113,10 @@ class LimitFields(models.Model):
         abstract = True
 
     def __str__(self) -> str:
-        details = [] if self.algorithm == Algorithm.TOKEN_BUCKET else [self.algorithm_name]
-        if self.burst:
-            details.append(f"burst {self.burst}")
-        if self.timezone:
-            details.append(self.timezone)
-        return f"{self.rate} ({', '.join(details)})" if details else self.rate
+        algorithm = "" if self.algorithm == Algorithm.TOKEN_BUCKET else self.algorithm_name
+        burst = f"burst {self.burst}" if self.burst else ""
+        details = ", ".join(filter(None, (algorithm, burst, self.timezone)))
+        return f"{self.rate} ({details})" if details else self.rate
 
     @property
     def algorithm_name(self) -> str:
@@ -160,9 +158,8 @@ class LimitFields(models.Model):
             Rate.parse(self.rate)
         except InvalidRate as exc:
             raise BadRow("rate", str(exc)) from exc
-        problem = choice_problem(self.algorithm, Algorithm, _("algorithm"))
-        if problem is not None:
-            raise BadRow("algorithm", problem)
+        if problem := choice_problem(self, "algorithm", Algorithm, _("algorithm")):
+            raise BadRow("algorithm", problem["algorithm"])
         try:
             # The text, not the parsed rate: a calendar quota reads "/day" as a calendar day.
             shared = getattr(self, "shared", False)  # only a tier limit has the column

@@ -107,14 +107,11 @@ class EndpointRule(models.Model):
                 "unknown": ", ".join(unknown),
                 "known": ", ".join(HTTP_METHODS),
             }
-        for field, choices, what in (
-            ("match_type", self.MatchType, _("match type")),
-            ("failure_mode", FailureMode, _("failure mode")),
-            ("counts", self.Counts, _("counting policy")),
-        ):
-            problem = choice_problem(getattr(self, field), choices, what)
-            if problem is not None:
-                errors[field] = problem
+        errors |= (
+            choice_problem(self, "match_type", self.MatchType, _("match type"))
+            | choice_problem(self, "failure_mode", FailureMode, _("failure mode"))
+            | choice_problem(self, "counts", self.Counts, _("counting policy"))
+        )
         if isinstance(self.cost, bool) or not isinstance(self.cost, int):
             errors["cost"] = str(_("the cost must be a whole number"))
         elif not 1 <= self.cost <= MAX_COUNT:
@@ -188,11 +185,8 @@ class EndpointLimit(LimitFields):
 
     def row_problems(self) -> dict[str, str]:
         """The limit's problems, and a counted-by value written around the admin."""
-        problems = super().row_problems()
-        problem = choice_problem(self.counted_by, self.CountedBy, _("counted by"))
-        if problem is not None:
-            problems["counted_by"] = problem
-        return problems
+        counted_by = choice_problem(self, "counted_by", self.CountedBy, _("counted by"))
+        return super().row_problems() | counted_by
 
     def limit_name(self, rate: Rate) -> str:
         return f"{self.rule.name} ({self.tier.slug}) {rate}"

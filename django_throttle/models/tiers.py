@@ -14,6 +14,7 @@ from django_throttle.models.fields import (
     failure_mode_field,
     optional_one_to_one,
     range_check,
+    subject,
 )
 from django_throttle.models.limits import LimitFields
 from django_throttle.rates import Rate
@@ -90,8 +91,7 @@ class Tier(models.Model):
 
     def row_problems(self) -> dict[str, str]:
         """Values the admin would refuse, by field (the compiler then ignores the field)."""
-        problem = choice_problem(self.failure_mode, FailureMode, _("failure mode"))
-        return {} if problem is None else {"failure_mode": problem}
+        return choice_problem(self, "failure_mode", FailureMode, _("failure mode"))
 
 
 class TierLimit(LimitFields):
@@ -115,9 +115,7 @@ class TierLimit(LimitFields):
     class Meta:
         ordering = ["tier", "pk"]
         verbose_name = _("tier limit")
-        constraints = [
-            range_check("burst", "django_throttle_tier_limit_burst_range", null=True),
-        ]
+        constraints = [range_check("burst", "django_throttle_tier_limit_burst_range", null=True)]
 
     def limit_name(self, rate: Rate) -> str:
         # The policy compiler loads tiers with select_related, so this costs no query there.
@@ -154,11 +152,7 @@ class TierAssignment(models.Model):
 
     def __str__(self) -> str:
         tier = self.tier.name if self.tier_id is not None else "no tier"
-        if self.user_id is not None:
-            return f"user {self.user} → {tier}"
-        if self.group_id is not None:
-            return f"group {self.group} → {tier}"
-        return f"nobody → {tier}"
+        return f"{subject(self) or 'nobody'} → {tier}"
 
     def clean(self) -> None:
         if self.user_id is not None and self.group_id is not None:
