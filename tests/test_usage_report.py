@@ -175,8 +175,14 @@ def test_command_with_no_usage_prints_a_sentence() -> None:
     ("args", "message"),
     [
         (["--since", "5x"], "--since '5x' is not a duration"),
-        (["--since=-1h"], "the duration must be at least 1 h"),
-        (["--since", "0m"], "the duration must be at least 1 m"),
+        (
+            ["--since=-1h"],
+            "--since '-1h' is not a duration: '-1h': the period multiplier must be at least 1",
+        ),
+        (
+            ["--since", "0m"],
+            "--since '0m' is not a duration: '0m': the period multiplier must be at least 1",
+        ),
         (["--since", "99999999999w"], "--since '99999999999w' is too long"),
         (["--top", "0"], "--top must be at least 1, not 0"),
         (["--top", "many"], "--top must be a whole number"),
@@ -192,7 +198,7 @@ def test_command_rejects_bad_arguments(args: list[str], message: str) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"since": "-1h"}, "the duration must be at least 1 h"),
+        ({"since": "-1h"}, "the period multiplier must be at least 1"),
         ({"top": 0}, "--top must be at least 1, not 0"),
         ({"by": "foo"}, "--by must be one of client, tier, endpoint, not 'foo'"),
         ({"format": "xml"}, "--format must be one of table, json, csv, not 'xml'"),

@@ -11,9 +11,8 @@ of their own. Every cell is plain text (:mod:`django_throttle.management.output`
 
 from __future__ import annotations
 
-import re
 from contextlib import closing
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -22,6 +21,7 @@ from django.utils import timezone
 
 from django_throttle.backends import BackendError, usage_base
 from django_throttle.durations import format_duration
+from django_throttle.rate_parsing import InvalidRate, parse_period
 from django_throttle.management.output import (
     add_format_argument,
     checked_choice,
@@ -33,8 +33,6 @@ from django_throttle.usage.names import client_names
 from django_throttle.usage.reports import REPORT_BY, Report, label, report
 from django_throttle.usage.rollup import rollup
 
-_DURATION_RE = re.compile(r"^\s*(?P<count>[+-]?\d+)\s*(?P<unit>[a-zA-Z]+)\s*$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 #: Table heading per outcome, in :data:`usage.OUTCOMES` order.
 _HEADINGS = ("Allowed", "Denied", "Shadow would-deny", "Failed open", "Failed closed")
 _ESTIMATED = (
@@ -45,19 +43,15 @@ _ESTIMATED = (
 _READ_ERROR = (BackendError, "Could not read usage from the backend: {}")
 
 
-def parse_duration(text: str) -> timedelta:
-    """Parse ``30s``, ``15m``, ``1h``, ``2d`` or ``1w`` into a positive timedelta."""
-    match = _DURATION_RE.match(str(text))
-    if match is None or match["unit"].lower() not in _UNITS:
-        raise CommandError(
-            f"--since {text!r} is not a duration: write a whole number and a unit "
-            "(s, m, h, d or w), e.g. 30s, 15m, 1h, 2d or 1w."
-        )
-    count = int(match["count"])
-    if count < 1:
-        raise CommandError(f"--since {text!r}: the duration must be at least 1 {match['unit']}.")
-    with one_line_errors((OverflowError, f"--since {text!r} is too long.")):
-        return timedelta(seconds=count * _UNITS[match["unit"].lower()])
+def since_start(text: str) -> datetime:
+    """The start of ``--since``'s window: a period as rates write it (``30s``, ``15m``, ``1h``,
+    ``2d``, ``1w``; any case), parsed by :func:`~django_throttle.rate_parsing.parse_period`."""
+    with one_line_errors(
+        (InvalidRate, f"--since {text!r} is not a duration: {{}}; e.g. 30s, 15m, 1h, 2d or 1w."),
+        (OverflowError, f"--since {text!r} is too long."),
+    ):
+        seconds = parse_period(text.strip().lower(), quoted=text.strip())
+        return timezone.now() - timedelta(seconds=seconds)
 
 
 class Command(BaseCommand):
@@ -102,12 +96,10 @@ class Command(BaseCommand):
             return
         # call_command(**options) skips argparse's type and choices checks: validate here.
         since_text = str(options["since"])
-        delta = parse_duration(since_text)
+        since = since_start(since_text)
         top = _parse_top(options["top"])
         by = checked_choice(options["by"], "--by", REPORT_BY)
         fmt = checked_choice(options["format"])
-        with one_line_errors((OverflowError, f"--since {since_text!r} is too long.")):
-            since = timezone.now() - delta
         with (
             one_line_errors((usage.UsageUnavailable, "{}"), _READ_ERROR),
             closing(usage.get_store()) as store,
