@@ -23,6 +23,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from django_throttle.backends import get_backend
+from django_throttle.backends.memory import MemoryBackend
 from django_throttle.inspection.subjects import UnknownClient
 from django_throttle.plain import plain_text
 
@@ -103,23 +105,8 @@ def write_rows(
         table.add_column(Text(heading), justify="right" if numeric else "left", overflow="fold")
     for row in rows:
         table.add_row(*(Text(plain_text(_cell(row.get(key)))) for key, _ in columns))
-    print_table(command, table, width)
-
-
-def csv_cell(value: object) -> object:
-    """A CSV cell: numbers as they are, ``None`` empty, text plain and never a formula."""
-    if value is None:
-        return ""
-    if isinstance(value, bool | int | float):
-        return value
-    text = plain_text(value)
-    return "'" + text if text.startswith(_FORMULA) else text
-
-
-def print_table(command: BaseCommand, table: Table, width: int = 140) -> None:
-    """Write a rich table to the command's stdout: in colour on a terminal, plain text
-    ``width`` columns wide otherwise. Rendered to text first: Django's OutputWrapper appends
-    a newline to every write() it is given, and rich may write in pieces."""
+    # Rendered to text first: Django's OutputWrapper appends a newline to every write() it
+    # is given, and rich may write in pieces. In colour on a terminal, plain text otherwise.
     is_tty = command.stdout.isatty()
     buffer = io.StringIO()
     console = Console(
@@ -130,6 +117,16 @@ def print_table(command: BaseCommand, table: Table, width: int = 140) -> None:
     )
     console.print(table)
     command.stdout.write(buffer.getvalue(), ending="")
+
+
+def csv_cell(value: object) -> object:
+    """A CSV cell: numbers as they are, ``None`` empty, text plain and never a formula."""
+    if value is None:
+        return ""
+    if isinstance(value, bool | int | float):
+        return value
+    text = plain_text(value)
+    return "'" + text if text.startswith(_FORMULA) else text
 
 
 def _cell(value: Any) -> str:
@@ -158,10 +155,14 @@ class CountersCommand(BaseCommand):
         super().run_from_argv(argv)
 
     def refuse_in_process_backend(self) -> None:
-        if not self.from_command_line:
-            return
-        from django_throttle.inspection.clients import in_process_backend
-
-        reason = in_process_backend()
-        if reason is not None:
-            raise CommandError(reason)
+        """Refuse from the command line when the backend counts in this process's memory
+        (``MemoryBackend``): this process serves no requests, so every bucket would look
+        full and a reset would clear nothing."""
+        backend = get_backend()
+        if self.from_command_line and isinstance(backend, MemoryBackend):
+            raise CommandError(
+                f"DJANGO_THROTTLE_BACKEND is {type(backend).__name__}, which counts inside "
+                "each process: this command's process serves no requests, so it has no "
+                "counters to read or clear. Point it at the server's Redis "
+                "(DJANGO_THROTTLE_REDIS_URL)."
+            )

@@ -21,13 +21,13 @@ from django.utils import timezone
 
 from django_throttle.backends import BackendError, usage_base
 from django_throttle.durations import format_duration
-from django_throttle.rate_parsing import InvalidRate, parse_period
 from django_throttle.management.output import (
     add_format_argument,
     checked_choice,
     one_line_errors,
     write_rows,
 )
+from django_throttle.rate_parsing import InvalidRate, parse_period
 from django_throttle.usage import accounting as usage
 from django_throttle.usage.names import client_names
 from django_throttle.usage.reports import REPORT_BY, Report, label, report
@@ -106,25 +106,21 @@ class Command(BaseCommand):
         ):
             result = report(since=since, by=by, top=top, store=store)
         records = _records(result, by)
+        since_text = since_text.strip()
         if fmt == "table" and not records:
-            self.stdout.write(f"No requests recorded in the last {since_text.strip()}.")
+            self.stdout.write(f"No requests recorded in the last {since_text}.")
         elif fmt == "table":
             zone = since.tzname() or "local time"
-            title = (
-                f"Requests by {by}, last {since_text.strip()} (since {since:%Y-%m-%d %H:%M} {zone})"
-            )
+            title = f"Requests by {by}, last {since_text} (since {since:%Y-%m-%d %H:%M} {zone})"
             self._write_table(result, records, by, title)
         else:
-            columns = [by, "name"] if by == "client" else [by, "before_authentication"]
-            columns += [*usage.OUTCOMES, "total", "denied_percent", "estimated"]
+            first = "name" if by == "client" else "before_authentication"
+            columns = [by, first, *usage.OUTCOMES, "total", "denied_percent", "estimated"]
             if fmt == "csv":
                 records = [
-                    {
-                        **record,
-                        "denied_percent": f"{record['denied_percent']:.2f}",
-                        "estimated": " ".join(record["estimated"]),
-                    }
-                    for record in records
+                    {**row, "denied_percent": f"{row['denied_percent']:.2f}"}
+                    | {"estimated": " ".join(row["estimated"])}
+                    for row in records
                 ]
             write_rows(self, fmt, records, [(key, key) for key in columns])
         if result.uncopied_before is not None:
@@ -158,7 +154,11 @@ class Command(BaseCommand):
     ) -> None:
         notes = [_ESTIMATED] if result.estimated else []
         if result.sample > 1:
-            notes.append(_sampled(result.sample))
+            notes.append(
+                f"≈: an estimate. Allowed requests enter the per-client counts one in "
+                f"{result.sample}, each counted {result.sample} times. Tier and endpoint totals "
+                "(--by tier, --by endpoint) are exact."
+            )
         estimated = set(result.estimated_fields)
         figures = (*usage.OUTCOMES, "total", "denied_percent")
         rows = []
@@ -170,10 +170,9 @@ class Command(BaseCommand):
                 key = f"{key} {usage.BEFORE_AUTHENTICATION}"
             cells = {field: f"{record[field]:,}" for field in figures}
             cells["denied_percent"] = f"{record['denied_percent']:.1f}"
-            marked = {
-                name: ("≈" if name in estimated else "") + cell for name, cell in cells.items()
-            }
-            rows.append({by: key, **marked})
+            rows.append(
+                {by: key} | {name: "≈" * (name in estimated) + cells[name] for name in cells}
+            )
         headings = (by.capitalize(), *_HEADINGS, "Total", "Denied %")
         columns = list(zip((by, *figures), headings, strict=True))
         caption = " ".join(notes) if notes else None
@@ -202,16 +201,6 @@ def _records(result: Report, by: str) -> list[dict[str, Any]]:
         else:
             record = {by: label(by, row), "before_authentication": row.before_authentication}
         record.update({outcome: getattr(row, outcome) for outcome in usage.OUTCOMES})
-        record["total"] = row.total
-        record["denied_percent"] = round(row.denied_percent, 2)
-        record["estimated"] = list(result.estimated_fields)
-        records.append(record)
+        record.update(total=row.total, denied_percent=round(row.denied_percent, 2))
+        records.append({**record, "estimated": list(result.estimated_fields)})
     return records
-
-
-def _sampled(sample: int) -> str:
-    return (
-        f"≈: an estimate. Allowed requests enter the per-client counts one in {sample}, "
-        f"each counted {sample} times. Tier and endpoint totals (--by tier, --by endpoint) "
-        "are exact."
-    )
