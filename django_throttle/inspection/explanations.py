@@ -83,10 +83,8 @@ def explain(
     checks = view_checks(func, method, scope, basic) if app_settings.ENABLED else []
     plans = [planned(who, check, method, path, match) for check in checks]
     seen: dict[tuple[str, str], Counter] = {}
-    for plan in plans:
-        for client, found in plan.groups:
-            for counter in found:
-                seen.setdefault((client, counter.limit.id), counter)
+    for counter in (counter for plan in plans for counter in plan.counters):
+        seen.setdefault((counter.client, counter.limit.id), counter)
     decision, denied_by = _decide(plans)
     ruled = next((plan for plan in plans if plan.rule is not None), None)
     return Explanation(

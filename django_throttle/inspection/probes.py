@@ -70,6 +70,11 @@ class Planned:
     #: The decision the check returns without counting (exempt, no limits), else ``None``.
     uncounted: Decision | None = None
 
+    @property
+    def counters(self) -> list[Counter]:
+        """Every counter of every group, in order."""
+        return [counter for _client, counters in self.groups for counter in counters]
+
 
 @dataclass(frozen=True)
 class Probe:
@@ -223,12 +228,10 @@ def every_counter(probe: Probe, snapshot: Policy) -> list[Counter]:
     found: dict[tuple[str, str], Counter] = {}
     for who in senders:
         for check, method, path, match in _rule_requests(snapshot):
-            result = planned(who, check, method, path, match)
-            for client, counters in result.groups:
-                if who is not probe and client == who.identity.key:
-                    continue  # the stand-in caller's own counters are not the probe's
-                for counter in counters:
-                    found.setdefault((client, counter.limit.id), counter)
+            for counter in planned(who, check, method, path, match).counters:
+                # The stand-in caller's own counters are not the probe's.
+                if who is probe or counter.client != who.identity.key:
+                    found.setdefault((counter.client, counter.limit.id), counter)
     return list(found.values())
 
 

@@ -26,6 +26,7 @@ from django_throttle.management.output import (
     one_line_errors,
     write_rows,
 )
+from django_throttle.rates import Limit
 
 #: The message of a backend error while counters are read.
 READ_ERROR = (BackendError, "Could not read the buckets from the backend: {}")
@@ -44,12 +45,16 @@ COLUMNS = (
 )
 
 
+def limit_row(limit: Limit) -> dict[str, Any]:
+    """The cells every command's rows start with: the limit's name (else its rate), id."""
+    return {"limit": limit.name or str(limit.rate), "id": limit.id}
+
+
 def bucket_row(bucket: Bucket) -> dict[str, Any]:
     """A bucket as a row (``counter``, the backend's key, is in JSON only)."""
     limit = bucket.limit
     return {
-        "limit": limit.name or str(limit.rate),
-        "id": limit.id,
+        **limit_row(limit),
         "from": bucket.where,
         "counted_by": bucket.counted_by,
         "counter": bucket.client,

@@ -14,7 +14,7 @@ from django.core.management.base import CommandError, CommandParser
 from django_throttle.backends import BackendError
 from django_throttle.inspection.resets import reset_ceilings, reset_counters
 from django_throttle.inspection.subjects import parse_client
-from django_throttle.management.commands.throttle_inspect import add_probe_arguments
+from django_throttle.management.commands.throttle_inspect import add_probe_arguments, limit_row
 from django_throttle.management.output import (
     UNKNOWN_CLIENT,
     CountersCommand,
@@ -77,8 +77,7 @@ class Command(CountersCommand):
             )
         rows = [
             {
-                "limit": counter.limit.name or str(counter.limit.rate),
-                "id": counter.limit.id,
+                **limit_row(counter.limit),
                 "counted_by": counter.counted_by,
                 "counter": counter.client,
             }
@@ -97,7 +96,7 @@ class Command(CountersCommand):
     def _reset_ceilings(self, fmt: str, ceilings: list[str]) -> None:
         with one_line_errors(WRONG_LIMIT, (BackendError, "Could not reset the shared limits: {}")):
             limits = reset_ceilings(ceilings)
-        rows = [{"limit": limit.name or str(limit.rate), "id": limit.id} for limit in limits]
+        rows = [limit_row(limit) for limit in limits]
         write_rows(
             self,
             fmt,
