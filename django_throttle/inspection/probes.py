@@ -168,14 +168,8 @@ def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) 
         func = getattr(func, "__wrapped__", None)
     checks = []
     if credential_scope is not None and method == "POST":
-        checks.append(
-            Check(
-                f"protect_credentials (scope '{credential_scope}')",
-                str(credential_scope),
-                credential=True,
-                rule_only=True,
-            )
-        )
+        name = f"protect_credentials (scope '{credential_scope}')"
+        checks.append(_credential_check(name, str(credential_scope)))
     if drf_view is None:
         if credential_scope is None:
             checks.append(Check("the view's throttle", scope))
@@ -186,20 +180,18 @@ def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) 
     if drf is None:
         return checks
     # DRF tries its authentication classes in order; only a Basic one reads Basic credentials.
+    kinds = (drf.CredentialProtection, drf.BasicAuthentication)
     auth = next(
         (
             auth
             for auth in getattr(drf_view, "authentication_classes", ()) or ()
-            if isinstance(auth, type)
-            and issubclass(auth, drf.CredentialProtection)
-            and issubclass(auth, drf.BasicAuthentication)
+            if isinstance(auth, type) and all(issubclass(auth, kind) for kind in kinds)
         ),
         None,
     )
     if basic and auth is not None:
         auth_scope: str = getattr(auth, "protection_scope", "authentication")
-        name = f"{auth.__name__} (scope '{auth_scope}')"
-        checks.append(Check(name, auth_scope, credential=True, rule_only=True))
+        checks.append(_credential_check(f"{auth.__name__} (scope '{auth_scope}')", auth_scope))
     if any(isinstance(t, type) and issubclass(t, drf.PolicyThrottle) for t in throttles):
         checks.append(
             Check(
@@ -209,6 +201,12 @@ def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) 
             )
         )
     return checks
+
+
+def _credential_check(name: str, scope: str) -> Check:
+    """A credential rule's check (``protect_credentials``, a protected authentication
+    class): it counts only when a rule matches."""
+    return Check(name, scope, credential=True, rule_only=True)
 
 
 def every_counter(probe: Probe, snapshot: Policy) -> list[Counter]:
@@ -253,8 +251,7 @@ def _rule_requests(snapshot: Policy) -> Iterable[tuple[Check, str, str, Resolver
         match = None if route is None else _route_match(route)
         yield Check("the view's throttle", scope), method, path, match
         if scope is not None:
-            credential = Check("credential check", scope, credential=True, rule_only=True)
-            yield credential, method, "", None
+            yield _credential_check("credential check", scope), method, "", None
 
 
 def rules(snapshot: Policy) -> list[EndpointPolicy]:
