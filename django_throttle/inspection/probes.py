@@ -97,16 +97,15 @@ def build_request(
     from django.contrib.auth.models import AnonymousUser
     from django.test import RequestFactory
 
-    factory = RequestFactory()
-    extra: dict[str, Any] = {}
-    if probe.username is not None and method != "POST":
-        pair = f"{probe.username}:".encode()
-        extra["HTTP_AUTHORIZATION"] = "Basic " + base64.b64encode(pair).decode()
     if method == "POST":
         data = {} if probe.username is None else {get_user_model().USERNAME_FIELD: probe.username}
-        request = factory.post(path or "/", data=data, **extra)
+        request = RequestFactory().post(path or "/", data=data)
     else:
-        request = factory.generic(method, path or "/", **extra)
+        extra: dict[str, Any] = {}
+        if probe.username is not None:
+            pair = base64.b64encode(f"{probe.username}:".encode()).decode()
+            extra["HTTP_AUTHORIZATION"] = "Basic " + pair
+        request = RequestFactory().generic(method, path or "/", **extra)
     request.META.pop("REMOTE_ADDR", None)  # no address at all unless one is known
     if probe.address is not None:
         request.META["REMOTE_ADDR"] = probe.address
