@@ -135,14 +135,12 @@ def planned(
     rule = f"rule '{plan.endpoint.name}'" if plan.endpoint is not None else ""
     network = client_ip({"REMOTE_ADDR": probe.address}) if probe.address is not None else None
     ip_key = Identity("ip", network).key if network is not None else None
+    # Whose counter each is: this client's, its address's, else (the only other kind of
+    # counter a plan holds) the presented username's.
+    whose = {ip_key: f"IP {network}", probe.identity.key: "this client"}
     groups = []
     for client, limits in ((plan.client, plan.limits), *plan.groups):
-        if client == probe.identity.key:
-            counted_by = "this client"
-        elif client == ip_key:
-            counted_by = f"IP {network}"
-        else:  # the only other kind of counter a plan holds
-            counted_by = f"username {probe.username}"
+        counted_by = whose.get(client, f"username {probe.username}")
         counters = tuple(
             Counter(client, limit, tier if limit.id in tier_ids else rule, counted_by)
             for limit in limits
