@@ -104,12 +104,8 @@ def field_for(tier: str, endpoint: str, *, before_authentication: bool = False) 
 @functools.lru_cache(maxsize=4096)
 def _field(tier: str, endpoint: str) -> str:
     field = tier.replace(SEPARATOR, "-") + (SEPARATOR + endpoint if endpoint else "")
-    if not field:
-        return SEPARATOR  # counted too: "" would mean "count nothing"
-    data = field.encode()
-    if len(data) > MAX_FIELD_BYTES:
-        field = data[:MAX_FIELD_BYTES].decode("utf-8", "ignore")
-    return field
+    # An empty field is counted too ("" would mean "count nothing").
+    return field.encode()[:MAX_FIELD_BYTES].decode("utf-8", "ignore") or SEPARATOR
 
 
 def split_field(field: str) -> tuple[str, str]:
