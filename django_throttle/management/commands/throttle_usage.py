@@ -159,7 +159,6 @@ class Command(BaseCommand):
                 f"{result.sample}, each counted {result.sample} times. Tier and endpoint totals "
                 "(--by tier, --by endpoint) are exact."
             )
-        estimated = set(result.estimated_fields)
         figures = (*usage.OUTCOMES, "total", "denied_percent")
         rows = []
         for record in records:
@@ -171,11 +170,12 @@ class Command(BaseCommand):
             cells = {field: f"{record[field]:,}" for field in figures}
             cells["denied_percent"] = f"{record['denied_percent']:.1f}"
             rows.append(
-                {by: key} | {name: "≈" * (name in estimated) + cells[name] for name in cells}
+                {by: key}
+                | {name: "≈" * (name in record["estimated"]) + cells[name] for name in cells}
             )
         headings = (by.capitalize(), *_HEADINGS, "Total", "Denied %")
         columns = list(zip((by, *figures), headings, strict=True))
-        caption = " ".join(notes) if notes else None
+        caption = " ".join(notes) or None
         write_rows(
             self, "table", rows, columns, title=title, caption=caption, figures=figures, width=120
         )
