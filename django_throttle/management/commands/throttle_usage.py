@@ -21,12 +21,7 @@ from django.utils import timezone
 
 from django_throttle.backends import BackendError, usage_base
 from django_throttle.durations import format_duration
-from django_throttle.management.output import (
-    add_format_argument,
-    checked_choice,
-    one_line_errors,
-    write_rows,
-)
+from django_throttle.management import output
 from django_throttle.rate_parsing import InvalidRate, parse_period
 from django_throttle.usage import accounting as usage
 from django_throttle.usage.names import client_names
@@ -46,7 +41,7 @@ _READ_ERROR = (BackendError, "Could not read usage from the backend: {}")
 def since_start(text: str) -> datetime:
     """The start of ``--since``'s window: a period as rates write it (``30s``, ``15m``, ``1h``,
     ``2d``, ``1w``; any case), parsed by :func:`~django_throttle.rate_parsing.parse_period`."""
-    with one_line_errors(
+    with output.one_line_errors(
         (InvalidRate, f"--since {text!r} is not a duration: {{}}; e.g. 30s, 15m, 1h, 2d or 1w."),
         (OverflowError, f"--since {text!r} is too long."),
     ):
@@ -81,7 +76,7 @@ class Command(BaseCommand):
             choices=REPORT_BY,
             help="Group by client, tier or endpoint (default: client).",
         )
-        add_format_argument(parser)
+        output.add_format_argument(parser)
         parser.add_argument(
             "--rollup",
             action="store_true",
@@ -98,10 +93,10 @@ class Command(BaseCommand):
         since_text = str(options["since"])
         since = since_start(since_text)
         top = _parse_top(options["top"])
-        by = checked_choice(options["by"], "--by", REPORT_BY)
-        fmt = checked_choice(options["format"])
+        by = output.checked_choice(options["by"], "--by", REPORT_BY)
+        fmt = output.checked_choice(options["format"])
         with (
-            one_line_errors((usage.UsageUnavailable, "{}"), _READ_ERROR),
+            output.one_line_errors((usage.UsageUnavailable, "{}"), _READ_ERROR),
             closing(usage.get_store()) as store,
         ):
             result = report(since=since, by=by, top=top, store=store)
@@ -122,7 +117,7 @@ class Command(BaseCommand):
                     | {"estimated": " ".join(row["estimated"])}
                     for row in records
                 ]
-            write_rows(self, fmt, records, [(key, key) for key in columns])
+            output.write_rows(self, fmt, records, [(key, key) for key in columns])
         if result.uncopied_before is not None:
             self.stderr.write(
                 f"Note: counts from before {result.uncopied_before:%Y-%m-%d %H:%M} UTC are "
@@ -135,7 +130,7 @@ class Command(BaseCommand):
 
     def _rollup(self) -> None:
         with (
-            one_line_errors(
+            output.one_line_errors(
                 (usage.UsageUnavailable, "{}"),
                 _READ_ERROR,
                 (DatabaseError, "Could not write usage rows: {}"),
@@ -176,13 +171,13 @@ class Command(BaseCommand):
         headings = (by.capitalize(), *_HEADINGS, "Total", "Denied %")
         columns = list(zip((by, *figures), headings, strict=True))
         caption = " ".join(notes) or None
-        write_rows(
+        output.write_rows(
             self, "table", rows, columns, title=title, caption=caption, figures=figures, width=120
         )
 
 
 def _parse_top(value: object) -> int:
-    with one_line_errors((ValueError, f"--top must be a whole number, not {value!r}.")):
+    with output.one_line_errors((ValueError, f"--top must be a whole number, not {value!r}.")):
         top = int(str(value))
     if top < 1:
         raise CommandError(f"--top must be at least 1, not {top}.")
