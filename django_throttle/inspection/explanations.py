@@ -151,13 +151,10 @@ def _notes(
                 )
         if plan.uncounted is None:
             continue
-        method, route, path = request
         check = plan.check
-        rule = (
-            snapshot.match(method, check.scope)
-            if check.rule_only
-            else snapshot.match(method, check.scope, route, path)
-        )
+        # A credential check matches its rule by scope alone.
+        method, route, path = (request[0], None, "") if check.rule_only else request
+        rule = snapshot.match(method, check.scope, route, path)
         if rule is not None:
             uncounted.append(
                 _(
