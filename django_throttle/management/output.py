@@ -87,8 +87,7 @@ def write_rows(
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow([key for key, _heading in columns])
-        for row in rows:
-            writer.writerow([csv_cell(row.get(key)) for key, _ in columns])
+        writer.writerows([csv_cell(row.get(key)) for key, _ in columns] for row in rows)
         command.stdout.write(buffer.getvalue(), ending="")
         return
     table = Table(
