@@ -39,14 +39,18 @@ MAX_PERIOD = 366 * 86400
 MAX_COUNT = 10**9
 
 
-def parse_period(text: str, *, quoted: str | None = None) -> int:
+def parse_period(text: str, *, quoted: str | None = None, calendar: bool = False) -> int:
     """Whole seconds in a period as a rate writes it after its slash: a unit, with a whole
     multiplier or not (``min``, ``30s``, ``15m``, ``2d``, ``1w``); a month or a year has no
-    fixed length. Raises :class:`InvalidRate` quoting ``quoted`` (default: ``text``)."""
+    fixed length. Raises :class:`InvalidRate` quoting ``quoted`` (default: ``text``), whose
+    hint names month and year too when the caller takes them (``calendar``)."""
     quoted = text if quoted is None else quoted
     match = _PERIOD_RE.match(text)
     if match is None:
-        raise InvalidRate(f"'{quoted}' is not a period: write a unit, e.g. 's' or '15m'")
+        raise InvalidRate(
+            f"'{quoted}' is not a period: write a whole number and a unit, e.g. '30s', "
+            "'15m', '1h', '2d' or '1w'"
+        )
     unit = match["unit"]
     if unit not in _UNITS:
         if unit in _CALENDAR_ALIASES:
@@ -54,7 +58,8 @@ def parse_period(text: str, *, quoted: str | None = None) -> int:
         elif unit.lower() in _CALENDAR_ALIASES or unit.lower() in _UNITS:
             hint = f"units are lowercase; did you mean '{unit.lower()}'?"
         else:
-            hint = "use s, m, h, d or w (or sec, min, hour, day, week), or month, year"
+            hint = "use s, m, h, d or w (or sec, min, hour, day, week)"
+            hint += ", or month, year" if calendar else ""
         raise InvalidRate(f"'{quoted}': unknown period unit '{unit}': {hint}")
     multiplier = int(match["mult"]) if match["mult"] is not None else 1
     if multiplier < 1:
@@ -119,7 +124,7 @@ class Rate:
                     f"'{text}': a calendar rate counts per one {calendar}, with no multiplier"
                 )
             return cls(count, CALENDAR_UNITS[calendar], calendar)
-        return cls(count, parse_period(match["period"], quoted=text))
+        return cls(count, parse_period(match["period"], quoted=text, calendar=True))
 
     @property
     def interval(self) -> float:

@@ -171,6 +171,12 @@ def test_command_with_no_usage_prints_a_sentence() -> None:
     )
 
 
+def test_command_since_reads_periods_as_rates_write_them() -> None:
+    """--since is parsed by the rates' own period parser (any case, long unit names too)."""
+    assert run("--since", "15min") == "No requests recorded in the last 15min.\n"
+    assert run("--since", "2H") == "No requests recorded in the last 2H.\n"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -186,6 +192,8 @@ def test_command_with_no_usage_prints_a_sentence() -> None:
         (["--since", "99999999999w"], "--since '99999999999w' is too long"),
         (["--top", "0"], "--top must be at least 1, not 0"),
         (["--top", "many"], "--top must be a whole number"),
+        (["--top", "{x}"], "--top must be a whole number, not '{x}'"),
+        (["--since", "1month"], "a calendar month or year has no fixed length"),
         (["--by", "foo"], "invalid choice: 'foo'"),
         (["--format", "xml"], "invalid choice: 'xml'"),
     ],

@@ -38,12 +38,13 @@ _FORMULA = ("=", "+", "-", "@")
 @contextmanager
 def one_line_errors(*messages: tuple[type[Exception], str]) -> Iterator[None]:
     """Turn the first of these exceptions that the block raises into a one-line
-    ``CommandError``: each is (exception class, message with ``{}`` for the exception's)."""
+    ``CommandError``: each is (exception class, message with ``{}`` for the exception's).
+    Only ``{}`` is replaced: a message may quote what the operator typed, braces and all."""
     try:
         yield
     except tuple(kind for kind, _message in messages) as exc:
         message = next(text for kind, text in messages if isinstance(exc, kind))
-        raise CommandError(message.format(exc)) from exc
+        raise CommandError(message.replace("{}", str(exc))) from exc
 
 
 def add_format_argument(parser: CommandParser) -> None:

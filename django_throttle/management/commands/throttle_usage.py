@@ -42,7 +42,7 @@ def since_start(text: str) -> datetime:
     """The start of ``--since``'s window: a period as rates write it (``30s``, ``15m``, ``1h``,
     ``2d``, ``1w``; any case), parsed by :func:`~django_throttle.rate_parsing.parse_period`."""
     with output.one_line_errors(
-        (InvalidRate, f"--since {text!r} is not a duration: {{}}; e.g. 30s, 15m, 1h, 2d or 1w."),
+        (InvalidRate, f"--since {text!r} is not a duration: {{}}."),
         (OverflowError, f"--since {text!r} is too long."),
     ):
         seconds = parse_period(text.strip().lower(), quoted=text.strip())
