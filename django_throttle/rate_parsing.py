@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["CALENDAR_UNITS", "MAX_COUNT", "MAX_PERIOD", "InvalidRate", "Rate"]
+__all__ = ["CALENDAR_UNITS", "MAX_COUNT", "MAX_PERIOD", "InvalidRate", "Rate", "parse_period"]
 
 #: Calendar windows a quota can reset on, with the nominal length used for headers and bounds.
 CALENDAR_UNITS: dict[str, int] = dict(day=86400, week=7 * 86400, month=31 * 86400, year=366 * 86400)
@@ -29,11 +29,42 @@ _UNITS: dict[str, int] = {
     for alias in aliases
 }
 _CANONICAL = ((86400, "d"), (3600, "h"), (60, "m"), (1, "s"))
-_RATE_RE = re.compile(r"^\s*(?P<count>[+-]?\d+)\s*/\s*(?P<mult>\d+)?\s*(?P<unit>[A-Za-z]+)\s*$")
+_PERIOD_RE = re.compile(r"^\s*(?P<mult>[+-]?\d+)?\s*(?P<unit>[A-Za-z]+)\s*$")
+_RATE_RE = re.compile(
+    r"^\s*(?P<count>[+-]?\d+)\s*/\s*(?P<period>(?P<mult>\d+)?\s*(?P<unit>[A-Za-z]+))\s*$"
+)
 #: Longest period a rate may name; longer windows belong in a quota system, not a throttle.
 MAX_PERIOD = 366 * 86400
 #: Largest count, burst or cost: far beyond any real limit, and exact in a Lua double.
 MAX_COUNT = 10**9
+
+
+def parse_period(text: str, *, quoted: str | None = None, calendar: bool = False) -> int:
+    """Whole seconds in a period as a rate writes it after its slash: a unit, with a whole
+    multiplier or not (``min``, ``30s``, ``15m``, ``2d``, ``1w``); a month or a year has no
+    fixed length. Raises :class:`InvalidRate` quoting ``quoted`` (default: ``text``), whose
+    hint names month and year too when the caller takes them (``calendar``)."""
+    quoted = text if quoted is None else quoted
+    match = _PERIOD_RE.match(text)
+    if match is None:
+        raise InvalidRate(
+            f"'{quoted}' is not a period: write a whole number and a unit, e.g. '30s', "
+            "'15m', '1h', '2d' or '1w'"
+        )
+    unit = match["unit"]
+    if unit not in _UNITS:
+        if unit in _CALENDAR_ALIASES:
+            hint = "a calendar month or year has no fixed length"
+        elif unit.lower() in _CALENDAR_ALIASES or unit.lower() in _UNITS:
+            hint = f"units are lowercase; did you mean '{unit.lower()}'?"
+        else:
+            hint = "use s, m, h, d or w (or sec, min, hour, day, week)"
+            hint += ", or month, year" if calendar else ""
+        raise InvalidRate(f"'{quoted}': unknown period unit '{unit}': {hint}")
+    multiplier = int(match["mult"]) if match["mult"] is not None else 1
+    if multiplier < 1:
+        raise InvalidRate(f"'{quoted}': the period multiplier must be at least 1")
+    return multiplier * _UNITS[unit]
 
 
 class InvalidRate(ValueError):
@@ -93,16 +124,7 @@ class Rate:
                     f"'{text}': a calendar rate counts per one {calendar}, with no multiplier"
                 )
             return cls(count, CALENDAR_UNITS[calendar], calendar)
-        if unit not in _UNITS:
-            if unit.lower() in _CALENDAR_ALIASES or unit.lower() in _UNITS:
-                hint = f"units are lowercase; did you mean '{unit.lower()}'?"
-            else:
-                hint = "use s, m, h, d or w (or sec, min, hour, day, week), or month, year"
-            raise InvalidRate(f"'{text}': unknown period unit '{unit}': {hint}")
-        multiplier = int(match["mult"]) if match["mult"] is not None else 1
-        if multiplier < 1:
-            raise InvalidRate(f"'{text}': the period multiplier must be at least 1")
-        return cls(count, multiplier * _UNITS[unit])
+        return cls(count, parse_period(match["period"], quoted=text, calendar=True))
 
     @property
     def interval(self) -> float:

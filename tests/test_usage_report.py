@@ -171,15 +171,29 @@ def test_command_with_no_usage_prints_a_sentence() -> None:
     )
 
 
+def test_command_since_reads_periods_as_rates_write_them() -> None:
+    """--since is parsed by the rates' own period parser (any case, long unit names too)."""
+    assert run("--since", "15min") == "No requests recorded in the last 15min.\n"
+    assert run("--since", "2H") == "No requests recorded in the last 2H.\n"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--since", "5x"], "--since '5x' is not a duration"),
-        (["--since=-1h"], "the duration must be at least 1 h"),
-        (["--since", "0m"], "the duration must be at least 1 m"),
+        (
+            ["--since=-1h"],
+            "--since '-1h' is not a duration: '-1h': the period multiplier must be at least 1",
+        ),
+        (
+            ["--since", "0m"],
+            "--since '0m' is not a duration: '0m': the period multiplier must be at least 1",
+        ),
         (["--since", "99999999999w"], "--since '99999999999w' is too long"),
         (["--top", "0"], "--top must be at least 1, not 0"),
         (["--top", "many"], "--top must be a whole number"),
+        (["--top", "{x}"], "--top must be a whole number, not '{x}'"),
+        (["--since", "1month"], "a calendar month or year has no fixed length"),
         (["--by", "foo"], "invalid choice: 'foo'"),
         (["--format", "xml"], "invalid choice: 'xml'"),
     ],
@@ -192,7 +206,7 @@ def test_command_rejects_bad_arguments(args: list[str], message: str) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"since": "-1h"}, "the duration must be at least 1 h"),
+        ({"since": "-1h"}, "the period multiplier must be at least 1"),
         ({"top": 0}, "--top must be at least 1, not 0"),
         ({"by": "foo"}, "--by must be one of client, tier, endpoint, not 'foo'"),
         ({"format": "xml"}, "--format must be one of table, json, csv, not 'xml'"),

@@ -30,7 +30,7 @@ from django_throttle.policy.live import current
 from django_throttle.policy.snapshot import TierPolicy
 from django_throttle.rates import Decision, Limit
 
-__all__ = ["Bucket", "Inspection", "buckets", "counters", "in_process_backend", "inspect", "probe"]
+__all__ = ["Bucket", "Inspection", "buckets", "counters", "inspect", "probe"]
 
 
 @dataclass(frozen=True)
@@ -103,20 +103,3 @@ def buckets(found: Sequence[Counter]) -> list[Bucket]:
         Bucket(c.limit, c.where, backend.peek(c.client, [c.limit]), c.counted_by, c.client)
         for c in found
     ]
-
-
-def in_process_backend() -> str | None:
-    """Why this process cannot see the counters the site's requests made, when the backend
-    counts in this process's memory (``MemoryBackend``): a command's own process serves no
-    requests, so every bucket would look full and a reset would clear nothing. ``None``
-    when the backend is shared (Redis)."""
-    from django_throttle.backends.memory import MemoryBackend
-
-    backend = get_backend()
-    if not isinstance(backend, MemoryBackend):
-        return None
-    return (
-        f"DJANGO_THROTTLE_BACKEND is {type(backend).__name__}, which counts inside each "
-        "process: this command's process serves no requests, so it has no counters to "
-        "read or clear. Point it at the server's Redis (DJANGO_THROTTLE_REDIS_URL)."
-    )

@@ -83,10 +83,8 @@ def explain(
     checks = view_checks(func, method, scope, basic) if app_settings.ENABLED else []
     plans = [planned(who, check, method, path, match) for check in checks]
     seen: dict[tuple[str, str], Counter] = {}
-    for plan in plans:
-        for client, found in plan.groups:
-            for counter in found:
-                seen.setdefault((client, counter.limit.id), counter)
+    for counter in (counter for plan in plans for counter in plan.counters):
+        seen.setdefault((counter.client, counter.limit.id), counter)
     decision, denied_by = _decide(plans)
     ruled = next((plan for plan in plans if plan.rule is not None), None)
     return Explanation(
@@ -153,13 +151,10 @@ def _notes(
                 )
         if plan.uncounted is None:
             continue
-        method, route, path = request
         check = plan.check
-        rule = (
-            snapshot.match(method, check.scope)
-            if check.rule_only
-            else snapshot.match(method, check.scope, route, path)
-        )
+        # A credential check matches its rule by scope alone.
+        method, route, path = (request[0], None, "") if check.rule_only else request
+        rule = snapshot.match(method, check.scope, route, path)
         if rule is not None:
             uncounted.append(
                 _(

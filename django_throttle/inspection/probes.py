@@ -70,6 +70,11 @@ class Planned:
     #: The decision the check returns without counting (exempt, no limits), else ``None``.
     uncounted: Decision | None = None
 
+    @property
+    def counters(self) -> list[Counter]:
+        """Every counter of every group, in order."""
+        return [counter for _client, counters in self.groups for counter in counters]
+
 
 @dataclass(frozen=True)
 class Probe:
@@ -92,16 +97,15 @@ def build_request(
     from django.contrib.auth.models import AnonymousUser
     from django.test import RequestFactory
 
-    factory = RequestFactory()
-    extra: dict[str, Any] = {}
-    if probe.username is not None and method != "POST":
-        pair = f"{probe.username}:".encode()
-        extra["HTTP_AUTHORIZATION"] = "Basic " + base64.b64encode(pair).decode()
     if method == "POST":
         data = {} if probe.username is None else {get_user_model().USERNAME_FIELD: probe.username}
-        request = factory.post(path or "/", data=data, **extra)
+        request = RequestFactory().post(path or "/", data=data)
     else:
-        request = factory.generic(method, path or "/", **extra)
+        extra: dict[str, Any] = {}
+        if probe.username is not None:
+            pair = base64.b64encode(f"{probe.username}:".encode()).decode()
+            extra["HTTP_AUTHORIZATION"] = "Basic " + pair
+        request = RequestFactory().generic(method, path or "/", **extra)
     request.META.pop("REMOTE_ADDR", None)  # no address at all unless one is known
     if probe.address is not None:
         request.META["REMOTE_ADDR"] = probe.address
@@ -131,14 +135,12 @@ def planned(
     rule = f"rule '{plan.endpoint.name}'" if plan.endpoint is not None else ""
     network = client_ip({"REMOTE_ADDR": probe.address}) if probe.address is not None else None
     ip_key = Identity("ip", network).key if network is not None else None
+    # Whose counter each is: this client's, its address's, else (the only other kind of
+    # counter a plan holds) the presented username's.
+    whose = {ip_key: f"IP {network}", probe.identity.key: "this client"}
     groups = []
     for client, limits in ((plan.client, plan.limits), *plan.groups):
-        if client == probe.identity.key:
-            counted_by = "this client"
-        elif client == ip_key:
-            counted_by = f"IP {network}"
-        else:  # the only other kind of counter a plan holds
-            counted_by = f"username {probe.username}"
+        counted_by = whose.get(client, f"username {probe.username}")
         counters = tuple(
             Counter(client, limit, tier if limit.id in tier_ids else rule, counted_by)
             for limit in limits
@@ -163,14 +165,8 @@ def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) 
         func = getattr(func, "__wrapped__", None)
     checks = []
     if credential_scope is not None and method == "POST":
-        checks.append(
-            Check(
-                f"protect_credentials (scope '{credential_scope}')",
-                str(credential_scope),
-                credential=True,
-                rule_only=True,
-            )
-        )
+        name = f"protect_credentials (scope '{credential_scope}')"
+        checks.append(_credential_check(name, str(credential_scope)))
     if drf_view is None:
         if credential_scope is None:
             checks.append(Check("the view's throttle", scope))
@@ -181,20 +177,18 @@ def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) 
     if drf is None:
         return checks
     # DRF tries its authentication classes in order; only a Basic one reads Basic credentials.
+    kinds = (drf.CredentialProtection, drf.BasicAuthentication)
     auth = next(
         (
             auth
             for auth in getattr(drf_view, "authentication_classes", ()) or ()
-            if isinstance(auth, type)
-            and issubclass(auth, drf.CredentialProtection)
-            and issubclass(auth, drf.BasicAuthentication)
+            if isinstance(auth, type) and all(issubclass(auth, kind) for kind in kinds)
         ),
         None,
     )
     if basic and auth is not None:
         auth_scope: str = getattr(auth, "protection_scope", "authentication")
-        name = f"{auth.__name__} (scope '{auth_scope}')"
-        checks.append(Check(name, auth_scope, credential=True, rule_only=True))
+        checks.append(_credential_check(f"{auth.__name__} (scope '{auth_scope}')", auth_scope))
     if any(isinstance(t, type) and issubclass(t, drf.PolicyThrottle) for t in throttles):
         checks.append(
             Check(
@@ -204,6 +198,12 @@ def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) 
             )
         )
     return checks
+
+
+def _credential_check(name: str, scope: str) -> Check:
+    """A credential rule's check (``protect_credentials``, a protected authentication
+    class): it counts only when a rule matches."""
+    return Check(name, scope, credential=True, rule_only=True)
 
 
 def every_counter(probe: Probe, snapshot: Policy) -> list[Counter]:
@@ -223,12 +223,10 @@ def every_counter(probe: Probe, snapshot: Policy) -> list[Counter]:
     found: dict[tuple[str, str], Counter] = {}
     for who in senders:
         for check, method, path, match in _rule_requests(snapshot):
-            result = planned(who, check, method, path, match)
-            for client, counters in result.groups:
-                if who is not probe and client == who.identity.key:
-                    continue  # the stand-in caller's own counters are not the probe's
-                for counter in counters:
-                    found.setdefault((client, counter.limit.id), counter)
+            for counter in planned(who, check, method, path, match).counters:
+                # The stand-in caller's own counters are not the probe's.
+                if who is probe or counter.client != who.identity.key:
+                    found.setdefault((counter.client, counter.limit.id), counter)
     return list(found.values())
 
 
@@ -250,8 +248,7 @@ def _rule_requests(snapshot: Policy) -> Iterable[tuple[Check, str, str, Resolver
         match = None if route is None else _route_match(route)
         yield Check("the view's throttle", scope), method, path, match
         if scope is not None:
-            credential = Check("credential check", scope, credential=True, rule_only=True)
-            yield credential, method, "", None
+            yield _credential_check("credential check", scope), method, "", None
 
 
 def rules(snapshot: Policy) -> list[EndpointPolicy]:

@@ -8,7 +8,8 @@ alone: :func:`reset_ceilings` is its own explicit action.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain
+from itertools import chain, groupby
+from operator import attrgetter
 
 from django_throttle.backends import get_backend
 from django_throttle.inspection.clients import counters
@@ -51,12 +52,10 @@ def reset_counters(
                 f"(its limits: {', '.join(sorted(known)) or 'none'})"
             )
         own = [counter for counter in own if counter.limit.id in limit_ids]
-    by_client: dict[str, list[Limit]] = {}
-    for counter in own:
-        by_client.setdefault(counter.client, []).append(counter.limit)
     backend = get_backend()
-    for client, limits in by_client.items():
-        backend.reset(client, limits)
+    client = attrgetter("client")
+    for key, group in groupby(sorted(own, key=client), key=client):
+        backend.reset(key, [counter.limit for counter in group])
     return own
 
 

@@ -23,6 +23,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from django_throttle.backends import get_backend
+from django_throttle.backends.memory import MemoryBackend
 from django_throttle.inspection.subjects import UnknownClient
 from django_throttle.plain import plain_text
 
@@ -36,12 +38,13 @@ _FORMULA = ("=", "+", "-", "@")
 @contextmanager
 def one_line_errors(*messages: tuple[type[Exception], str]) -> Iterator[None]:
     """Turn the first of these exceptions that the block raises into a one-line
-    ``CommandError``: each is (exception class, message with ``{}`` for the exception's)."""
+    ``CommandError``: each is (exception class, message with ``{}`` for the exception's).
+    Only ``{}`` is replaced: a message may quote what the operator typed, braces and all."""
     try:
         yield
     except tuple(kind for kind, _message in messages) as exc:
         message = next(text for kind, text in messages if isinstance(exc, kind))
-        raise CommandError(message.format(exc)) from exc
+        raise CommandError(message.replace("{}", str(exc))) from exc
 
 
 def add_format_argument(parser: CommandParser) -> None:
@@ -85,8 +88,7 @@ def write_rows(
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow([key for key, _heading in columns])
-        for row in rows:
-            writer.writerow([csv_cell(row.get(key)) for key, _ in columns])
+        writer.writerows([csv_cell(row.get(key)) for key, _ in columns] for row in rows)
         command.stdout.write(buffer.getvalue(), ending="")
         return
     table = Table(
@@ -103,23 +105,8 @@ def write_rows(
         table.add_column(Text(heading), justify="right" if numeric else "left", overflow="fold")
     for row in rows:
         table.add_row(*(Text(plain_text(_cell(row.get(key)))) for key, _ in columns))
-    print_table(command, table, width)
-
-
-def csv_cell(value: object) -> object:
-    """A CSV cell: numbers as they are, ``None`` empty, text plain and never a formula."""
-    if value is None:
-        return ""
-    if isinstance(value, bool | int | float):
-        return value
-    text = plain_text(value)
-    return "'" + text if text.startswith(_FORMULA) else text
-
-
-def print_table(command: BaseCommand, table: Table, width: int = 140) -> None:
-    """Write a rich table to the command's stdout: in colour on a terminal, plain text
-    ``width`` columns wide otherwise. Rendered to text first: Django's OutputWrapper appends
-    a newline to every write() it is given, and rich may write in pieces."""
+    # Rendered to text first: Django's OutputWrapper appends a newline to every write() it
+    # is given, and rich may write in pieces. In colour on a terminal, plain text otherwise.
     is_tty = command.stdout.isatty()
     buffer = io.StringIO()
     console = Console(
@@ -130,6 +117,16 @@ def print_table(command: BaseCommand, table: Table, width: int = 140) -> None:
     )
     console.print(table)
     command.stdout.write(buffer.getvalue(), ending="")
+
+
+def csv_cell(value: object) -> object:
+    """A CSV cell: numbers as they are, ``None`` empty, text plain and never a formula."""
+    if value is None:
+        return ""
+    if isinstance(value, bool | int | float):
+        return value
+    text = plain_text(value)
+    return "'" + text if text.startswith(_FORMULA) else text
 
 
 def _cell(value: Any) -> str:
@@ -151,17 +148,17 @@ class CountersCommand(BaseCommand):
     "resetting" nothing; called in a process that serves requests (``call_command``), it
     reads that process's counters."""
 
-    from_command_line = False
-
-    def run_from_argv(self, argv: list[str]) -> None:
-        self.from_command_line = True
-        super().run_from_argv(argv)
-
     def refuse_in_process_backend(self) -> None:
-        if not self.from_command_line:
-            return
-        from django_throttle.inspection.clients import in_process_backend
-
-        reason = in_process_backend()
-        if reason is not None:
-            raise CommandError(reason)
+        """Refuse from the command line when the backend counts in this process's memory
+        (``MemoryBackend``): this process serves no requests, so every bucket would look
+        full and a reset would clear nothing."""
+        backend = get_backend()
+        # Django's run_from_argv() (the command line, not call_command) sets this.
+        from_command_line = getattr(self, "_called_from_command_line", False)
+        if from_command_line and isinstance(backend, MemoryBackend):
+            raise CommandError(
+                f"DJANGO_THROTTLE_BACKEND is {type(backend).__name__}, which counts inside "
+                "each process: this command's process serves no requests, so it has no "
+                "counters to read or clear. Point it at the server's Redis "
+                "(DJANGO_THROTTLE_REDIS_URL)."
+            )

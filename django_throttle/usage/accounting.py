@@ -104,12 +104,8 @@ def field_for(tier: str, endpoint: str, *, before_authentication: bool = False) 
 @functools.lru_cache(maxsize=4096)
 def _field(tier: str, endpoint: str) -> str:
     field = tier.replace(SEPARATOR, "-") + (SEPARATOR + endpoint if endpoint else "")
-    if not field:
-        return SEPARATOR  # counted too: "" would mean "count nothing"
-    data = field.encode()
-    if len(data) > MAX_FIELD_BYTES:
-        field = data[:MAX_FIELD_BYTES].decode("utf-8", "ignore")
-    return field
+    # An empty field is counted too ("" would mean "count nothing").
+    return field.encode()[:MAX_FIELD_BYTES].decode("utf-8", "ignore") or SEPARATOR
 
 
 def split_field(field: str) -> tuple[str, str]:
@@ -181,7 +177,7 @@ def flush_pending() -> None:
             taken = list(itertools.islice(_counts.items(), PUSH_PER_CALL))
             for key, _n in taken:
                 del _counts[key]
-            batch = (uuid.uuid4().hex, [(m, f, c, letter, n) for (m, f, c, letter), n in taken])
+            batch = (uuid.uuid4().hex, [(*key, n) for key, n in taken])
         else:
             pending.clear()
             return
@@ -190,7 +186,7 @@ def flush_pending() -> None:
     try:
         get_breaker().call(_push_store(get_backend()).push, *batch)
     except (BackendError, UsageUnavailable) as exc:
-        _keep([batch], exc)
+        _keep(batch, exc)
 
 
 def reset() -> None:
@@ -212,11 +208,11 @@ def _push_store(backend: Any) -> UsageStore:
     return get_store(backend)
 
 
-def _keep(batches: list[tuple[str, list[PendingCount]]], exc: Exception) -> None:
-    """Keep batches that could not be pushed, under the :data:`MAX_PENDING` bound."""
+def _keep(batch: tuple[str, list[PendingCount]], exc: Exception) -> None:
+    """Keep a batch that could not be pushed, under the :data:`MAX_PENDING` bound."""
     dropped = 0
     with _lock:
-        _unsent[:0] = batches  # first in line again: the oldest counts go first
+        _unsent.insert(0, batch)  # first in line again: the oldest counts go first
         kept = sum(len(counts) for _, counts in _unsent)
         while _unsent and kept > MAX_PENDING:
             _, counts = _unsent.pop(0)

@@ -17,11 +17,14 @@ backend show only those.
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
+from django.db.models import Q
+from django.db.models.functions import Lower
 from django.urls import NoReverseMatch, reverse
 from django.utils.crypto import salted_hmac
 
@@ -99,10 +102,14 @@ def _admin_url(model: Any, pk: Any) -> str:
         return ""
 
 
+def _batches(values: Iterable[Any]) -> Iterator[list[Any]]:
+    """``values`` sorted, in lists of at most :data:`QUERY_BATCH` (one query each)."""
+    ordered = sorted(values)
+    return (ordered[at : at + QUERY_BATCH] for at in range(0, len(ordered), QUERY_BATCH))
+
+
 def _users(pks: set[str]) -> dict[str, tuple[str, str]]:
     """``str(pk)`` → (username, admin URL) of the users that exist."""
-    from django.contrib.auth import get_user_model
-
     model = get_user_model()
     valid = []
     for text in pks:
@@ -110,30 +117,21 @@ def _users(pks: set[str]) -> dict[str, tuple[str, str]]:
             valid.append(model._meta.pk.to_python(text))
         except (ValidationError, ValueError, TypeError):
             continue  # not a pk of this model: shown as its label
-    found: dict[str, tuple[str, str]] = {}
-    for at in range(0, len(valid), QUERY_BATCH):
-        for user in model._default_manager.filter(pk__in=valid[at : at + QUERY_BATCH]):
-            found[str(user.pk)] = (user.get_username(), _admin_url(model, user.pk))
-    return found
+    return {
+        str(user.pk): (user.get_username(), _admin_url(model, user.pk))
+        for batch in _batches(valid)
+        for user in model._default_manager.filter(pk__in=batch)
+    }
 
 
 def _users_by_username(values: set[str]) -> dict[str, tuple[str, str]]:
     """A presented username → (username, admin URL) of the user it names: the username
     field matched as typed, case-folded or NFKC-normalised and case-folded."""
-    from django.contrib.auth import get_user_model
-    from django.db.models import Q
-    from django.db.models.functions import Lower
-
     values = {value for value in values if not value.startswith(DIGEST_MARK)}
-    if not values:
-        return {}
     model = get_user_model()
     field = getattr(model, "USERNAME_FIELD", "username")
-
     found: dict[str, tuple[str, str]] = {}
-    ordered = sorted(values)
-    for at in range(0, len(ordered), QUERY_BATCH):
-        batch = ordered[at : at + QUERY_BATCH]
+    for batch in _batches(values):
         folded = sorted({value.casefold() for value in batch})
         users = model._default_manager.annotate(folded_username=Lower(field)).filter(
             Q(**{f"{field}__in": batch}) | Q(folded_username__in=folded)
@@ -152,10 +150,11 @@ def _keys(prefixes: set[str]) -> dict[str, tuple[str, str]]:
     from django_throttle.models import ApiKey
 
     longest = ApiKey._meta.get_field("prefix").max_length or 0
-    wanted = sorted(p for p in prefixes if len(p) <= longest and "\x00" not in p)
-    found: dict[str, tuple[str, str]] = {}
-    for at in range(0, len(wanted), QUERY_BATCH):
-        rows = ApiKey.objects.filter(prefix__in=wanted[at : at + QUERY_BATCH])
-        for pk, prefix, name in rows.values_list("pk", "prefix", "name"):
-            found[prefix] = (name or prefix, _admin_url(ApiKey, pk))
-    return found
+    wanted = (p for p in prefixes if len(p) <= longest and "\x00" not in p)
+    return {
+        prefix: (name or prefix, _admin_url(ApiKey, pk))
+        for batch in _batches(wanted)
+        for pk, prefix, name in ApiKey.objects.filter(prefix__in=batch).values_list(
+            "pk", "prefix", "name"
+        )
+    }

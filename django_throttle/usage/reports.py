@@ -41,15 +41,7 @@ from django.db.models import Sum
 from django_throttle.backends import usage_base
 from django_throttle.backends.usage_base import UsageStore
 from django_throttle.plain import plain_text
-from django_throttle.usage.accounting import (
-    ALL,
-    ALLOWED,
-    BEFORE_AUTHENTICATION,
-    DENIED,
-    OUTCOMES,
-    get_store,
-    split_field,
-)
+from django_throttle.usage import accounting as usage
 from django_throttle.usage.names import private_labels
 from django_throttle.usage.rollup import _add, _instant, _minute, _split, kept_minutes
 
@@ -90,7 +82,7 @@ def label(by: str, row: UsageRow) -> str:
     ``before_authentication``)."""
     key = row.key or (NO_TIER if by == "tier" else NO_ENDPOINT if by == "endpoint" else "")
     if row.before_authentication and by == "tier":
-        key = BEFORE_AUTHENTICATION  # no tier had served the request yet
+        key = usage.BEFORE_AUTHENTICATION  # no tier had served the request yet
     return plain_text(key)
 
 
@@ -114,9 +106,9 @@ class Report:
         denied share) when a top list was full, the allowed figure (and so the total and
         denied share) when allowed requests were sampled, else none."""
         if self.estimated:
-            return (*OUTCOMES, "total", "denied_percent")
+            return (*usage.OUTCOMES, "total", "denied_percent")
         if self.sample > 1:
-            return (ALLOWED, "total", "denied_percent")
+            return (usage.ALLOWED, "total", "denied_percent")
         return ()
 
 
@@ -135,7 +127,7 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
         raise ValueError(f"by must be one of {', '.join(REPORT_BY)}, not {by!r}")
     if top is not None and top < 1:
         raise ValueError(f"top must be at least 1, not {top}")
-    store = get_store() if store is None else store
+    store = usage.get_store() if store is None else store
     now = store.now_minute()
     first = now - kept_minutes() + 1
     since_minute = _minute(since)
@@ -147,13 +139,13 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
         rows = UsageCount.objects.filter(
             window_start__gte=_instant(since_minute * 60), window_start__lte=_instant(split * 60)
         )
-        rows = rows.exclude(client=ALL) if by == "client" else rows.filter(client=ALL)
-        names = [f"sum_{o}" for o in OUTCOMES]
+        rows = rows.exclude(client=usage.ALL) if by == "client" else rows.filter(client=usage.ALL)
+        names = [f"sum_{o}" for o in usage.OUTCOMES]
         group = (by, "tier") if by == "endpoint" else (by, by)
         grouped = (
             rows.order_by()
             .values(*dict.fromkeys(group))
-            .annotate(**{name: Sum(o) for name, o in zip(names, OUTCOMES, strict=True)})
+            .annotate(**{name: Sum(o) for name, o in zip(names, usage.OUTCOMES, strict=True)})
             .values_list(*group, *names)
         )
         for key, tier, *values in grouped.iterator(chunk_size=10_000):
@@ -167,13 +159,13 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
                 _add(sums, (client, False), values)
         else:
             for field, values in counts.totals.items():
-                tier, endpoint = split_field(field)
+                tier, endpoint = usage.split_field(field)
                 _add(sums, _series(by, endpoint if by == "endpoint" else tier, tier), values)
     if by == "client":
         sums = _private(sums)
 
     missing_from = since_minute if split is None else max(since_minute, split + 1)
-    denied = OUTCOMES.index(DENIED)
+    denied = usage.OUTCOMES.index(usage.DENIED)
     ranked = [(-sum(values), -values[denied], key, values) for key, values in sums.items()]
     # Only the rows shown are built: a report over 100,000 clients shows 20.
     chosen = sorted(ranked) if top is None else heapq.nsmallest(top, ranked)
@@ -183,7 +175,7 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
                 key=key,
                 total=-total,
                 before_authentication=before,
-                **dict(zip(OUTCOMES, values, strict=True)),
+                **dict(zip(usage.OUTCOMES, values, strict=True)),
             )
             for total, _, (key, before), values in chosen
         ],
@@ -197,7 +189,7 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
 
 def _series(by: str, key: str, tier: str) -> tuple[str, bool]:
     """The report key of a tier or endpoint count: checks before authentication apart."""
-    if by == "client" or tier != BEFORE_AUTHENTICATION:
+    if by == "client" or tier != usage.BEFORE_AUTHENTICATION:
         return key, False
     return ("" if by == "tier" else key), True
 

@@ -120,9 +120,8 @@ def rollup(store: UsageStore | None = None) -> Rollup:
                 UsageCount.objects.using(alias).bulk_create(rows, batch_size=500, **upsert)
             written += len(rows)
             done.update(chunk)
-            fresh = [m for m in chunk if m >= start]
-            if fresh:
-                store.advance_watermark(max(fresh))
+            if chunk[-1] >= start:  # minutes ascend: the redone ones are all before start
+                store.advance_watermark(chunk[-1])
     except BaseException:
         store.return_late(m for m in redo if m not in done)
         raise
@@ -191,10 +190,11 @@ def _rows(found: dict[int, MinuteCounts]) -> Iterable[dict[str, Any]]:
     for minute, counts in found.items():
         merged: dict[tuple[str, str, str], list[int]] = {}
         for field, values in counts.totals.items():
-            tier, endpoint = split_field(_storable(field))
+            tier, endpoint = split_field(field.replace("\x00", "\ufffd"))
             _add(merged, (ALL, tier[:100], endpoint[:100]), values)
         for client, values in counts.clients.items():
-            _add(merged, (_storable(private.get(client, client))[:200], ALL, ALL), values)
+            name = private.get(client, client).replace("\x00", "\ufffd")
+            _add(merged, (name[:200], ALL, ALL), values)
         window = _instant(minute * 60)
         for (client, tier, endpoint), values in merged.items():
             yield {
@@ -204,7 +204,3 @@ def _rows(found: dict[int, MinuteCounts]) -> Iterable[dict[str, Any]]:
                 "endpoint": endpoint,
                 **dict(zip(OUTCOMES, values, strict=True)),
             }
-
-
-def _storable(name: str) -> str:
-    return name.replace("\x00", "\ufffd") if "\x00" in name else name

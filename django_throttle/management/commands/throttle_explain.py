@@ -16,15 +16,8 @@ from django.core.management.base import CommandError, CommandParser
 
 from django_throttle.inspection.explanations import Explanation, explain
 from django_throttle.inspection.subjects import parse_client
+from django_throttle.management import output
 from django_throttle.management.commands.throttle_inspect import COLUMNS, READ_ERROR, bucket_row
-from django_throttle.management.output import (
-    UNKNOWN_CLIENT,
-    CountersCommand,
-    add_format_argument,
-    checked_choice,
-    one_line_errors,
-    write_rows,
-)
 from django_throttle.models.fields import HTTP_METHODS
 from django_throttle.plain import plain_text
 from django_throttle.request.headers import retry_after_seconds
@@ -44,7 +37,7 @@ def verdict(found: Explanation) -> str:
     )
 
 
-class Command(CountersCommand):
+class Command(output.CountersCommand):
     help = (
         "Explain how a request would be limited: the checks it meets, rule, every counter, "
         "cost, and the decision and Retry-After the server would give now."
@@ -69,10 +62,10 @@ class Command(CountersCommand):
         parser.add_argument(
             "--scope", help="the view's DRF throttle_scope, if not found from the path"
         )
-        add_format_argument(parser)
+        output.add_format_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        fmt = checked_choice(options["format"])
+        fmt = output.checked_choice(options["format"])
         named = [
             prefix + str(options[option])
             for option, prefix in (("user", "user:"), ("api_key", "key:"), ("client", ""))
@@ -91,7 +84,7 @@ class Command(CountersCommand):
                 f"{', '.join(HTTP_METHODS)}."
             )
         self.refuse_in_process_backend()
-        with one_line_errors(UNKNOWN_CLIENT, READ_ERROR):
+        with output.one_line_errors(output.UNKNOWN_CLIENT, READ_ERROR):
             subject = parse_client(text)
             found = explain(
                 subject,
@@ -132,7 +125,7 @@ class Command(CountersCommand):
                 shown = "-" if value is None else plain_text(value)
                 self.stdout.write(f"{key.replace('_', ' ').capitalize():>13}: {shown}")
             self.stdout.write("")
-        write_rows(
+        output.write_rows(
             self,
             fmt,
             [bucket_row(bucket) for bucket in found.buckets],

@@ -18,14 +18,8 @@ from django.core.management.base import CommandParser
 from django_throttle.backends import BackendError
 from django_throttle.inspection.clients import Bucket, inspect
 from django_throttle.inspection.subjects import parse_client
-from django_throttle.management.output import (
-    UNKNOWN_CLIENT,
-    CountersCommand,
-    add_format_argument,
-    checked_choice,
-    one_line_errors,
-    write_rows,
-)
+from django_throttle.management import output
+from django_throttle.rates import Limit
 
 #: The message of a backend error while counters are read.
 READ_ERROR = (BackendError, "Could not read the buckets from the backend: {}")
@@ -44,12 +38,16 @@ COLUMNS = (
 )
 
 
+def limit_row(limit: Limit) -> dict[str, Any]:
+    """The cells every command's rows start with: the limit's name (else its rate), id."""
+    return {"limit": limit.name or str(limit.rate), "id": limit.id}
+
+
 def bucket_row(bucket: Bucket) -> dict[str, Any]:
     """A bucket as a row (``counter``, the backend's key, is in JSON only)."""
     limit = bucket.limit
     return {
-        "limit": limit.name or str(limit.rate),
-        "id": limit.id,
+        **limit_row(limit),
         "from": bucket.where,
         "counted_by": bucket.counted_by,
         "counter": bucket.client,
@@ -70,7 +68,7 @@ def add_probe_arguments(parser: CommandParser) -> None:
     parser.add_argument("--ip", help="the address a user's or API key's requests come from")
 
 
-class Command(CountersCommand):
+class Command(output.CountersCommand):
     help = (
         "Show a client's tier (and why) and the live state of every counter its requests "
         "meet: by client, by IP address, by username, and shared ceilings."
@@ -79,16 +77,16 @@ class Command(CountersCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("client", help="user:<name|id>, key:<prefix>, ip:<address>, or bare")
         add_probe_arguments(parser)
-        add_format_argument(parser)
+        output.add_format_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        fmt = checked_choice(options["format"])
+        fmt = output.checked_choice(options["format"])
         self.refuse_in_process_backend()
-        with one_line_errors(UNKNOWN_CLIENT, READ_ERROR):
+        with output.one_line_errors(output.UNKNOWN_CLIENT, READ_ERROR):
             subject = parse_client(options["client"])
             found = inspect(subject, options.get("username"), options.get("ip"))
         tier = found.tier.slug if found.tier is not None else None
-        write_rows(
+        output.write_rows(
             self,
             fmt,
             [bucket_row(bucket) for bucket in found.buckets],

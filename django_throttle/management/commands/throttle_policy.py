@@ -58,8 +58,11 @@ class Command(BaseCommand):
                 document = export_policy(assignments=not options["no_assignments"])
                 self._write(dump(document, options["format"]), options["output"])
             elif options["action"] == "import":
-                fmt = options["format"] or _guess(options["file"])
-                document = load(_read(options["file"]), fmt)
+                path = options["file"]
+                fmt = options["format"] or (
+                    "yaml" if path.lower().endswith((".yaml", ".yml")) else "json"
+                )
+                document = load(_read(path), fmt)
                 self._apply(document, options)
             else:
                 document = from_drf(getattr(settings, "REST_FRAMEWORK", {}) or {})
@@ -114,10 +117,6 @@ def _changes(parser: CommandParser) -> None:
         action="store_true",
         help="also delete tiers, rules (and assignments, when the file has them) not in it",
     )
-
-
-def _guess(path: str) -> str:
-    return "yaml" if path.lower().endswith((".yaml", ".yml")) else "json"
 
 
 def _read(path: str) -> str:

@@ -14,21 +14,14 @@ from django.core.management.base import CommandError, CommandParser
 from django_throttle.backends import BackendError
 from django_throttle.inspection.resets import reset_ceilings, reset_counters
 from django_throttle.inspection.subjects import parse_client
-from django_throttle.management.commands.throttle_inspect import add_probe_arguments
-from django_throttle.management.output import (
-    UNKNOWN_CLIENT,
-    CountersCommand,
-    add_format_argument,
-    checked_choice,
-    one_line_errors,
-    write_rows,
-)
+from django_throttle.management import output
+from django_throttle.management.commands.throttle_inspect import add_probe_arguments, limit_row
 
 #: A limit id that is not the client's, or not a shared limit: the message says which.
 WRONG_LIMIT = (ValueError, "{}.")
 
 
-class Command(CountersCommand):
+class Command(output.CountersCommand):
     help = (
         "Clear one client's counters (all of them, or those given with --limit), or with "
         "--ceiling a shared ceiling for every client."
@@ -53,10 +46,10 @@ class Command(CountersCommand):
             help="refill this shared limit for every client (no client given); repeatable",
         )
         add_probe_arguments(parser)
-        add_format_argument(parser)
+        output.add_format_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        fmt = checked_choice(options["format"])
+        fmt = output.checked_choice(options["format"])
         ceilings = options.get("ceilings")
         if ceilings and options.get("client"):
             raise CommandError(
@@ -68,8 +61,8 @@ class Command(CountersCommand):
         if ceilings:
             self._reset_ceilings(fmt, ceilings)
             return
-        with one_line_errors(
-            UNKNOWN_CLIENT, WRONG_LIMIT, (BackendError, "Could not reset the buckets: {}")
+        with output.one_line_errors(
+            output.UNKNOWN_CLIENT, WRONG_LIMIT, (BackendError, "Could not reset the buckets: {}")
         ):
             subject = parse_client(options["client"])
             found = reset_counters(
@@ -77,14 +70,13 @@ class Command(CountersCommand):
             )
         rows = [
             {
-                "limit": counter.limit.name or str(counter.limit.rate),
-                "id": counter.limit.id,
+                **limit_row(counter.limit),
                 "counted_by": counter.counted_by,
                 "counter": counter.client,
             }
             for counter in found
         ]
-        write_rows(
+        output.write_rows(
             self,
             fmt,
             rows,
@@ -95,10 +87,12 @@ class Command(CountersCommand):
         )
 
     def _reset_ceilings(self, fmt: str, ceilings: list[str]) -> None:
-        with one_line_errors(WRONG_LIMIT, (BackendError, "Could not reset the shared limits: {}")):
+        with output.one_line_errors(
+            WRONG_LIMIT, (BackendError, "Could not reset the shared limits: {}")
+        ):
             limits = reset_ceilings(ceilings)
-        rows = [{"limit": limit.name or str(limit.rate), "id": limit.id} for limit in limits]
-        write_rows(
+        rows = [limit_row(limit) for limit in limits]
+        output.write_rows(
             self,
             fmt,
             rows,

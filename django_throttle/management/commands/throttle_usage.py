@@ -11,9 +11,8 @@ of their own. Every cell is plain text (:mod:`django_throttle.management.output`
 
 from __future__ import annotations
 
-import re
 from contextlib import closing
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -22,19 +21,13 @@ from django.utils import timezone
 
 from django_throttle.backends import BackendError, usage_base
 from django_throttle.durations import format_duration
-from django_throttle.management.output import (
-    add_format_argument,
-    checked_choice,
-    one_line_errors,
-    write_rows,
-)
+from django_throttle.management import output
+from django_throttle.rate_parsing import InvalidRate, parse_period
 from django_throttle.usage import accounting as usage
 from django_throttle.usage.names import client_names
 from django_throttle.usage.reports import REPORT_BY, Report, label, report
 from django_throttle.usage.rollup import rollup
 
-_DURATION_RE = re.compile(r"^\s*(?P<count>[+-]?\d+)\s*(?P<unit>[a-zA-Z]+)\s*$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 #: Table heading per outcome, in :data:`usage.OUTCOMES` order.
 _HEADINGS = ("Allowed", "Denied", "Shadow would-deny", "Failed open", "Failed closed")
 _ESTIMATED = (
@@ -45,19 +38,15 @@ _ESTIMATED = (
 _READ_ERROR = (BackendError, "Could not read usage from the backend: {}")
 
 
-def parse_duration(text: str) -> timedelta:
-    """Parse ``30s``, ``15m``, ``1h``, ``2d`` or ``1w`` into a positive timedelta."""
-    match = _DURATION_RE.match(str(text))
-    if match is None or match["unit"].lower() not in _UNITS:
-        raise CommandError(
-            f"--since {text!r} is not a duration: write a whole number and a unit "
-            "(s, m, h, d or w), e.g. 30s, 15m, 1h, 2d or 1w."
-        )
-    count = int(match["count"])
-    if count < 1:
-        raise CommandError(f"--since {text!r}: the duration must be at least 1 {match['unit']}.")
-    with one_line_errors((OverflowError, f"--since {text!r} is too long.")):
-        return timedelta(seconds=count * _UNITS[match["unit"].lower()])
+def since_start(text: str) -> datetime:
+    """The start of ``--since``'s window: a period as rates write it (``30s``, ``15m``, ``1h``,
+    ``2d``, ``1w``; any case), parsed by :func:`~django_throttle.rate_parsing.parse_period`."""
+    with output.one_line_errors(
+        (InvalidRate, f"--since {text!r} is not a duration: {{}}."),
+        (OverflowError, f"--since {text!r} is too long."),
+    ):
+        seconds = parse_period(text.strip().lower(), quoted=text.strip())
+        return timezone.now() - timedelta(seconds=seconds)
 
 
 class Command(BaseCommand):
@@ -87,7 +76,7 @@ class Command(BaseCommand):
             choices=REPORT_BY,
             help="Group by client, tier or endpoint (default: client).",
         )
-        add_format_argument(parser)
+        output.add_format_argument(parser)
         parser.add_argument(
             "--rollup",
             action="store_true",
@@ -102,39 +91,33 @@ class Command(BaseCommand):
             return
         # call_command(**options) skips argparse's type and choices checks: validate here.
         since_text = str(options["since"])
-        delta = parse_duration(since_text)
+        since = since_start(since_text)
         top = _parse_top(options["top"])
-        by = checked_choice(options["by"], "--by", REPORT_BY)
-        fmt = checked_choice(options["format"])
-        with one_line_errors((OverflowError, f"--since {since_text!r} is too long.")):
-            since = timezone.now() - delta
+        by = output.checked_choice(options["by"], "--by", REPORT_BY)
+        fmt = output.checked_choice(options["format"])
         with (
-            one_line_errors((usage.UsageUnavailable, "{}"), _READ_ERROR),
+            output.one_line_errors((usage.UsageUnavailable, "{}"), _READ_ERROR),
             closing(usage.get_store()) as store,
         ):
             result = report(since=since, by=by, top=top, store=store)
         records = _records(result, by)
+        since_text = since_text.strip()
         if fmt == "table" and not records:
-            self.stdout.write(f"No requests recorded in the last {since_text.strip()}.")
+            self.stdout.write(f"No requests recorded in the last {since_text}.")
         elif fmt == "table":
             zone = since.tzname() or "local time"
-            title = (
-                f"Requests by {by}, last {since_text.strip()} (since {since:%Y-%m-%d %H:%M} {zone})"
-            )
+            title = f"Requests by {by}, last {since_text} (since {since:%Y-%m-%d %H:%M} {zone})"
             self._write_table(result, records, by, title)
         else:
-            columns = [by, "name"] if by == "client" else [by, "before_authentication"]
-            columns += [*usage.OUTCOMES, "total", "denied_percent", "estimated"]
+            first = "name" if by == "client" else "before_authentication"
+            columns = [by, first, *usage.OUTCOMES, "total", "denied_percent", "estimated"]
             if fmt == "csv":
                 records = [
-                    {
-                        **record,
-                        "denied_percent": f"{record['denied_percent']:.2f}",
-                        "estimated": " ".join(record["estimated"]),
-                    }
-                    for record in records
+                    {**row, "denied_percent": f"{row['denied_percent']:.2f}"}
+                    | {"estimated": " ".join(row["estimated"])}
+                    for row in records
                 ]
-            write_rows(self, fmt, records, [(key, key) for key in columns])
+            output.write_rows(self, fmt, records, [(key, key) for key in columns])
         if result.uncopied_before is not None:
             self.stderr.write(
                 f"Note: counts from before {result.uncopied_before:%Y-%m-%d %H:%M} UTC are "
@@ -147,7 +130,7 @@ class Command(BaseCommand):
 
     def _rollup(self) -> None:
         with (
-            one_line_errors(
+            output.one_line_errors(
                 (usage.UsageUnavailable, "{}"),
                 _READ_ERROR,
                 (DatabaseError, "Could not write usage rows: {}"),
@@ -166,8 +149,11 @@ class Command(BaseCommand):
     ) -> None:
         notes = [_ESTIMATED] if result.estimated else []
         if result.sample > 1:
-            notes.append(_sampled(result.sample))
-        estimated = set(result.estimated_fields)
+            notes.append(
+                f"≈: an estimate. Allowed requests enter the per-client counts one in "
+                f"{result.sample}, each counted {result.sample} times. Tier and endpoint totals "
+                "(--by tier, --by endpoint) are exact."
+            )
         figures = (*usage.OUTCOMES, "total", "denied_percent")
         rows = []
         for record in records:
@@ -178,20 +164,20 @@ class Command(BaseCommand):
                 key = f"{key} {usage.BEFORE_AUTHENTICATION}"
             cells = {field: f"{record[field]:,}" for field in figures}
             cells["denied_percent"] = f"{record['denied_percent']:.1f}"
-            marked = {
-                name: ("≈" if name in estimated else "") + cell for name, cell in cells.items()
-            }
-            rows.append({by: key, **marked})
+            rows.append(
+                {by: key}
+                | {name: "≈" * (name in record["estimated"]) + cells[name] for name in cells}
+            )
         headings = (by.capitalize(), *_HEADINGS, "Total", "Denied %")
         columns = list(zip((by, *figures), headings, strict=True))
-        caption = " ".join(notes) if notes else None
-        write_rows(
+        caption = " ".join(notes) or None
+        output.write_rows(
             self, "table", rows, columns, title=title, caption=caption, figures=figures, width=120
         )
 
 
 def _parse_top(value: object) -> int:
-    with one_line_errors((ValueError, f"--top must be a whole number, not {value!r}.")):
+    with output.one_line_errors((ValueError, f"--top must be a whole number, not {value!r}.")):
         top = int(str(value))
     if top < 1:
         raise CommandError(f"--top must be at least 1, not {top}.")
@@ -210,16 +196,6 @@ def _records(result: Report, by: str) -> list[dict[str, Any]]:
         else:
             record = {by: label(by, row), "before_authentication": row.before_authentication}
         record.update({outcome: getattr(row, outcome) for outcome in usage.OUTCOMES})
-        record["total"] = row.total
-        record["denied_percent"] = round(row.denied_percent, 2)
-        record["estimated"] = list(result.estimated_fields)
-        records.append(record)
+        record.update(total=row.total, denied_percent=round(row.denied_percent, 2))
+        records.append({**record, "estimated": list(result.estimated_fields)})
     return records
-
-
-def _sampled(sample: int) -> str:
-    return (
-        f"≈: an estimate. Allowed requests enter the per-client counts one in {sample}, "
-        f"each counted {sample} times. Tier and endpoint totals (--by tier, --by endpoint) "
-        "are exact."
-    )
