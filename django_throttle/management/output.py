@@ -148,14 +148,18 @@ class CountersCommand(BaseCommand):
     "resetting" nothing; called in a process that serves requests (``call_command``), it
     reads that process's counters."""
 
+    from_command_line = False
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        self.from_command_line = True
+        super().run_from_argv(argv)
+
     def refuse_in_process_backend(self) -> None:
         """Refuse from the command line when the backend counts in this process's memory
         (``MemoryBackend``): this process serves no requests, so every bucket would look
         full and a reset would clear nothing."""
         backend = get_backend()
-        # Django's run_from_argv() (the command line, not call_command) sets this.
-        from_command_line = getattr(self, "_called_from_command_line", False)
-        if from_command_line and isinstance(backend, MemoryBackend):
+        if self.from_command_line and isinstance(backend, MemoryBackend):
             raise CommandError(
                 f"DJANGO_THROTTLE_BACKEND is {type(backend).__name__}, which counts inside "
                 "each process: this command's process serves no requests, so it has no "
