@@ -10,6 +10,7 @@ The binary is the system ``redis-server`` when it is on PATH, else the one shipp
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
 import socket
 import subprocess
@@ -20,7 +21,17 @@ from typing import Self
 
 
 def find_redis_server() -> str:
-    """Path of a ``redis-server`` binary, or raise ``RuntimeError`` saying how to get one."""
+    """Path of a ``redis-server`` binary, or raise ``RuntimeError`` saying how to get one.
+
+    ``DJANGO_THROTTLE_REDIS_SERVER`` names the binary to use instead (a path, or a name on
+    PATH such as ``valkey-server``): CI runs the suite once on Valkey this way.
+    """
+    chosen = os.environ.get("DJANGO_THROTTLE_REDIS_SERVER")
+    if chosen:
+        path = shutil.which(chosen)
+        if path is None:
+            raise RuntimeError(f"DJANGO_THROTTLE_REDIS_SERVER={chosen!r} is not an executable")
+        return path
     found = shutil.which("redis-server")
     if found:
         return found
