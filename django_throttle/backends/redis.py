@@ -31,13 +31,12 @@ import redis
 
 from django_throttle import events
 from django_throttle.backends.base import (
-    DIGEST_SIZE,
     Backend,
     Limits,
     Now,
     Taken,
     Usage,
-    call_backend,
+    client_digest,
     decision_from,
     per_shard,
 )
@@ -53,6 +52,7 @@ from django_throttle.backends.scripts import (
     REFUND_FILES,
     RETIME_FILES,
     SCRIPT_FILES,
+    call_backend,
     evalsha_all,
     files_for,
     load_script,
@@ -112,8 +112,7 @@ class RedisBackend(Backend):
         """``<prefix>:{<shard>}<digest>``, the start of every key of this client: a 96-bit
         digest in 16 base64url characters (user-controlled text never shapes a key), the
         shard taken from the same digest."""
-        digest = hashlib.blake2b(client.encode(), digest_size=DIGEST_SIZE).digest()
-        shard = (digest[0] << 8 | digest[1]) % self.shards
+        digest, shard = client_digest(client, self.shards)
         return self._tags[shard] + urlsafe_b64encode(digest)
 
     def count(

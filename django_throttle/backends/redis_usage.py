@@ -19,8 +19,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django_throttle.backends import usage_base
-from django_throttle.backends.base import call_backend
-from django_throttle.backends.scripts import Call, evalsha_all, lua_file, lua_source, top_per_shard
+from django_throttle.backends.scripts import (
+    Call,
+    call_backend,
+    evalsha_all,
+    lua_file,
+    lua_source,
+    top_per_shard,
+)
 from django_throttle.backends.usage_base import SLOT, MinuteCounts, add_to
 
 __all__ = ["BATCH", "RedisUsage", "lua_source", "top_per_shard"]
