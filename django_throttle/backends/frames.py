@@ -8,6 +8,7 @@ per limit list and reused, so a request only frames its keys, cost, usage field 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import time
@@ -94,13 +95,14 @@ class Encoded:
 
     def eval_head(self, usage: bool) -> bytes:
         """The head of the EVAL twin of the call, framing the script's source."""
-        count = len(self.suffixes)
-        keys = count + (USAGE_KEYS if usage else 0)
-        return (
-            b"*%d\r\n$4\r\nEVAL\r\n" % (4 + count + keys)
-            + frame(self.source)
-            + frame(str(keys).encode())
-        )
+        return head(b"EVAL", self.source, len(self.suffixes), usage)
+
+
+def head(command: bytes, script: bytes, count: int, usage: bool) -> bytes:
+    """The framed start of a call of ``script`` (digest or source) over ``count`` limits:
+    the command, the script and the number of keys (the usage keys too, with ``usage``)."""
+    keys = count + (USAGE_KEYS if usage else 0)
+    return b"*%d\r\n" % (4 + count + keys) + frame(command) + frame(script) + frame(b"%d" % keys)
 
 
 class Calls:
@@ -118,8 +120,6 @@ class Calls:
         self.source_for = source_for
         self.shards = shards
         self._cache: LimitsCache[Encoded] = LimitsCache()
-        self._fields: dict[str, bytes] = {}
-        self._usage: dict[tuple[bytes, int], bytes] = {}
         self._scripts: dict[frozenset[str], tuple[bytes, bytes]] = {}
 
     def script(self, limits: Sequence[Limit]) -> tuple[bytes, bytes]:
@@ -162,12 +162,8 @@ class Calls:
         sha, source = self.script(limits)
         return Encoded(
             suffixes=tuple(key_suffix(limit).encode() for limit in limits),
-            evalsha_head=b"*%d\r\n$7\r\nEVALSHA\r\n" % (4 + 2 * count)
-            + frame(sha)
-            + frame(str(count).encode()),
-            usage_head=b"*%d\r\n$7\r\nEVALSHA\r\n" % (4 + 2 * count + USAGE_KEYS)
-            + frame(sha)
-            + frame(str(count + USAGE_KEYS).encode()),
+            evalsha_head=head(b"EVALSHA", sha, count, False),
+            usage_head=head(b"EVALSHA", sha, count, True),
             source=source,
             tail=b"".join(
                 frame(limit_spec(per_shard(limit, self.shards), now_us).encode())
@@ -187,31 +183,18 @@ class Calls:
             text = b"" if cost == 1 and type(cost) is int else str(cost).encode()
         return text if now_us is None else b"%s@%d" % (text, now_us)
 
-    def field(self, field: str | None) -> bytes:
+    @staticmethod
+    @functools.lru_cache(maxsize=4096)
+    def field(field: str | None) -> bytes:
         """``\n<field>\n`` to put between the op and the client, ``b""`` for none."""
-        if not field:
-            return b""
-        framed = self._fields.get(field)
-        if framed is None:
-            if len(self._fields) >= 4096:
-                self._fields.clear()
-            framed = self._fields[field] = b"\n" + field.replace("\n", " ").encode() + b"\n"
-        return framed
+        return b"\n" + field.replace("\n", " ").encode() + b"\n" if field else b""
 
-    def usage_keys(self, shard: bytes, now_us: int | None) -> bytes:
+    @staticmethod
+    def usage_keys(shard: bytes, now_us: int | None) -> bytes:
         """The framed usage keys of shard tag ``shard`` for the minute of ``now_us`` (default
         this process's clock: the keys must be named before the script reads the server's),
         cached per shard and minute."""
-        minute = int(time.time() if now_us is None else now_us / 1e6) // 60
-        framed = self._usage.get((shard, minute))
-        if framed is None:
-            if len(self._usage) >= 4096:
-                self._usage.clear()
-            framed = self._usage[shard, minute] = b"".join(
-                frame(shard + (suffix % minute if b"%" in suffix else suffix))
-                for suffix in USAGE_SUFFIXES
-            )
-        return framed
+        return _usage_keys(shard, int(time.time() if now_us is None else now_us / 1e6) // 60)
 
     def body(
         self,
@@ -246,3 +229,10 @@ class Calls:
         first = op + field + client.replace(b"\n", b" ")
         usage = self.usage_keys(shard, now_us)
         return b"".join((head, keys, usage, frame(first), encoded.tail))
+
+
+@functools.lru_cache(maxsize=4096)
+def _usage_keys(shard: bytes, minute: int) -> bytes:
+    return b"".join(
+        frame(shard + (suffix % minute if b"%" in suffix else suffix)) for suffix in USAGE_SUFFIXES
+    )

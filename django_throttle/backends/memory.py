@@ -111,7 +111,7 @@ class MemoryBackend(Backend):
                     del states[key]
                     continue
                 taken = min(cost, spec.capacity)
-                state, ttl = spec.refund(
+                state, ttl = spec.twin.refund(
                     entry[0], now_us, spec.capacity, spec.param, taken, taken_at
                 )
                 if ttl is None:
@@ -145,8 +145,8 @@ class MemoryBackend(Backend):
 
     def _key(self, client: str, spec: Compiled) -> Key:
         if spec.shared:
-            return (shard_of(client, self.shards), spec.id, spec.code)
-        return (client, spec.id, spec.code)
+            return (shard_of(client, self.shards), spec.id, spec.twin.code)
+        return (client, spec.id, spec.twin.code)
 
     def _now_us(self, now: Now) -> int:
         """Whole microseconds, like the server clock the scripts read."""
@@ -215,7 +215,8 @@ class MemoryBackend(Backend):
             pick, pick_remaining, pick_reset, pick_retry = -1, -1, 0.0, -1.0
             writes: list[tuple[Key, Any, float, Any]] = []
             for i, spec in enumerate(specs):
-                key = (client, spec.id, spec.code) if not spec.shared else self._key(client, spec)
+                twin = spec.twin
+                key = (client, spec.id, twin.code) if not spec.shared else self._key(client, spec)
                 entry = states.get(key)
                 state = None
                 if entry is not None:
@@ -224,12 +225,12 @@ class MemoryBackend(Backend):
                     if entry[1] >= now_ms:
                         state = entry[0]
                 capacity = spec.capacity
-                ok, remaining, reset, retry, pending, ttl = spec.decide(
+                ok, remaining, reset, retry, pending, ttl = twin.decide(
                     state, now_us, capacity, spec.param, cost if cost < capacity else capacity
                 )
                 if ok:
                     if pending is not None:
-                        writes.append((key, pending, ttl, spec.commit))
+                        writes.append((key, pending, ttl, twin.commit))
                     if (
                         not spec.shadow
                         and allowed
@@ -257,7 +258,7 @@ class MemoryBackend(Backend):
                 if usage:
                     outcome = ("s" if shadow_denied else "a") if allowed else "d"
                     self.usage.count(now_us, usage, client, outcome)
-        stamped = allowed and not peek and any(spec.code in STAMPED_CODES for spec in specs)
+        stamped = allowed and not peek and any(spec.twin.code in STAMPED_CODES for spec in specs)
         return decision_from(
             limits,
             allowed,

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 from django_throttle.backends.base import ALGORITHM_CODES
 from django_throttle.backends.memory_windows import (
+    Stored,
     calendar_quota,
     calendar_quota_refund,
     calendar_quota_retime,
@@ -45,8 +46,8 @@ _HALF = TOLERANCE / 2
 MAX_WINDOW_US = MAX_WINDOW * 1_000_000
 
 Decide = Callable[[Any, int, int, Any, int], tuple[bool, int, Any, Any, Any, Any]]
-Retime = Callable[[Any, int, int, Any, Any], tuple[Any, Any]]
-Refund = Callable[[Any, int, int, Any, int, "int | None"], tuple[Any, Any]]
+Retime = Callable[[Any, int, int, Any, Any], Stored]
+Refund = Callable[[Any, int, int, Any, int, "int | None"], Stored]
 
 
 def _bucket_used(state: Any, now: int, capacity: int, interval: float) -> float:
@@ -98,9 +99,7 @@ def token_bucket(state: Any, now: int, capacity: int, interval: float, cost: int
     )
 
 
-def token_bucket_retime(
-    state: Any, now: int, capacity: int, interval: float, old: Any
-) -> tuple[Any, Any]:
+def token_bucket_retime(state: Any, now: int, capacity: int, interval: float, old: Any) -> Stored:
     """The state is rate-independent (used is capped at the new capacity when read): only its
     expiry moves, to ``used x T_new``."""
     return state, _bucket_used(state, now, capacity, interval) * interval
@@ -108,7 +107,7 @@ def token_bucket_retime(
 
 def token_bucket_refund(
     state: Any, now: int, capacity: int, interval: float, cost: int, taken: int | None = None
-) -> tuple[Any, Any]:
+) -> Stored:
     """Used as of now (at most the capacity: a full refund leaves no crumb of what the
     tolerance overfilled), less ``cost``, written as a hit writes it; under the tolerance the
     bucket is full again and the state is deleted (float noise leaves no crumbs)."""
@@ -138,7 +137,7 @@ def gcra(state: Any, now: int, capacity: int, emission: int, cost: int) -> Any:
     return False, (full - (tat - now)) // emission, tat - now, new - now - full, None, 0
 
 
-def gcra_retime(state: Any, now: int, capacity: int, emission: int, old: Any) -> tuple[Any, Any]:
+def gcra_retime(state: Any, now: int, capacity: int, emission: int, old: Any) -> Stored:
     """Keep the tokens used: scale the time owed from the old emission interval to the new
     (exactly, as the script does with split products)."""
     if old is None or state <= now:
@@ -150,7 +149,7 @@ def gcra_retime(state: Any, now: int, capacity: int, emission: int, old: Any) ->
 
 def gcra_refund(
     state: Any, now: int, capacity: int, emission: int, cost: int, taken: int | None = None
-) -> tuple[Any, Any]:
+) -> Stored:
     """TAT moves back by ``cost`` emission intervals, never before now (deleted at now)."""
     tat = now if state < now else state
     full = capacity * emission
@@ -189,15 +188,13 @@ def sliding_counter(state: Any, now: int, capacity: int, period: int, cost: int)
     return False, remaining if remaining > 0 else 0, reset, retry if retry > 0 else 0, None, 0
 
 
-def sliding_counter_retime(
-    state: Any, now: int, capacity: int, period: int, old: Any
-) -> tuple[Any, Any]:
+def sliding_counter_retime(state: Any, now: int, capacity: int, period: int, old: Any) -> Stored:
     return state, state[2] + 2 * period - now
 
 
 def sliding_counter_refund(
     state: Any, now: int, capacity: int, period: int, cost: int, taken: int | None = None
-) -> tuple[Any, Any]:
+) -> Stored:
     """The current window's count less ``cost``; a state of an earlier window is left, and
     so is the current one when the refunded hit (``taken``) was counted in an earlier one."""
     grid = now - now % period
@@ -255,34 +252,22 @@ TWINS: dict[str, Twin] = {
 
 
 class Compiled(NamedTuple):
-    """What a hit needs of one limit, computed once per limit list."""
+    """What a hit needs of one limit, computed once per limit list: its id, capacity,
+    parameter and flags as counted, and its algorithm's :class:`Twin`."""
 
     id: str
-    code: str
-    decide: Decide
-    commit: Callable[[Any, Any], Any] | None
     capacity: int
     param: Any
     shadow: bool
-    refund: Refund
     shared: bool
+    twin: Twin
 
 
 def compile_limit(limit: Limit) -> Compiled:
     """``limit`` as counted: a shared limit's capacity is its per-shard share (the caller
     passes :func:`~django_throttle.backends.base.per_shard` of it)."""
     twin = TWINS[limit.algorithm]
-    return Compiled(
-        limit.id,
-        twin.code,
-        twin.decide,
-        twin.commit,
-        limit.capacity,
-        twin.param(limit),
-        limit.shadow,
-        twin.refund,
-        limit.shared,
-    )
+    return Compiled(limit.id, limit.capacity, twin.param(limit), limit.shadow, limit.shared, twin)
 
 
 def expiry_ms(now: int, ttl_us: float) -> int:

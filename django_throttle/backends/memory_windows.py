@@ -8,6 +8,9 @@ from typing import Any, NamedTuple
 
 from django_throttle.calendar import windows
 
+#: ``(state, ttl_us)`` after a retime or a refund (the contract: :mod:`.memory_algorithms`).
+Stored = tuple[Any, Any]
+
 
 def fixed_window(state: Any, now: int, capacity: int, period: int, cost: int) -> Any:
     """``f``: state ``(count, start)`` of the window ``[start, start + P)``."""
@@ -30,16 +33,14 @@ def _window_decide(count: int, start: int, left: int, capacity: int, cost: int) 
     return False, max(0, capacity - count), left, left, None, 0
 
 
-def fixed_window_retime(
-    state: Any, now: int, capacity: int, period: int, old: Any
-) -> tuple[Any, Any]:
+def fixed_window_retime(state: Any, now: int, capacity: int, period: int, old: Any) -> Stored:
     ttl = state[1] + period - now
     return state, ttl if ttl < period else period
 
 
 def fixed_window_refund(
     state: Any, now: int, capacity: int, period: int, cost: int, taken: int | None = None
-) -> tuple[Any, Any]:
+) -> Stored:
     """The current window's count less ``cost``; an earlier window is left alone, and so is
     the current one when the refunded hit (``taken``) was counted before it started."""
     count, start = state
@@ -52,7 +53,7 @@ def fixed_window_refund(
     return _window_refund(count - cost, start, start + period - now)
 
 
-def _window_refund(left: int, start: int, ttl: int) -> tuple[Any, Any]:
+def _window_refund(left: int, start: int, ttl: int) -> Stored:
     return ((left, start), ttl) if left > 0 else (None, 0)
 
 
@@ -79,16 +80,14 @@ def calendar_quota(state: Any, now: int, capacity: int, unit_tz: Any, cost: int)
     return _window_decide(count, start, end - now, capacity, cost)
 
 
-def calendar_quota_retime(
-    state: Any, now: int, capacity: int, unit_tz: Any, old: Any
-) -> tuple[Any, Any]:
+def calendar_quota_retime(state: Any, now: int, capacity: int, unit_tz: Any, old: Any) -> Stored:
     begin, end = _calendar_window(unit_tz, now)
     return state, end - now if state[1] >= begin else 0
 
 
 def calendar_quota_refund(
     state: Any, now: int, capacity: int, unit_tz: Any, cost: int, taken: int | None = None
-) -> tuple[Any, Any]:
+) -> Stored:
     begin, end = _calendar_window(unit_tz, now)
     if state[1] < begin or (taken is not None and taken < begin):
         return state, None
@@ -148,15 +147,13 @@ def sliding_log_commit(state: Any, pending: LogCommit) -> list[int]:
     return log
 
 
-def sliding_log_retime(
-    state: Any, now: int, capacity: int, period: int, old: Any
-) -> tuple[Any, Any]:
+def sliding_log_retime(state: Any, now: int, capacity: int, period: int, old: Any) -> Stored:
     return state, state[-1] + period - now if state else 0
 
 
 def sliding_log_refund(
     state: Any, now: int, capacity: int, period: int, cost: int, taken: int | None = None
-) -> tuple[Any, Any]:
+) -> Stored:
     """Drop up to ``cost`` entries of the refunded hit's instant ``taken`` (none left there:
     nothing to give back), or without it the ``cost`` newest live entries; and the dead
     ones, as a hit's write does."""
