@@ -56,9 +56,7 @@ def _bucket_used(state: Any, now: int, capacity: int, interval: float) -> float:
     make a slow rate's Retry-After early)."""
     if state is None:
         return 0.0
-    elapsed = now - state[1] * 1000
-    if elapsed < -999:  # a clock that stepped back: no time elapsed
-        elapsed = -999
+    elapsed = max(now - state[1] * 1000, -999)  # a clock that stepped back: no time elapsed
     full = capacity + TOLERANCE
     u = state[0]
     used = (u if u < full else full) - elapsed / interval
@@ -78,25 +76,11 @@ def token_bucket(state: Any, now: int, capacity: int, interval: float, cost: int
             pending: Any = (after - (ts_ms * 1000 - now) / interval, ts_ms)
         else:
             pending = None
-        return (
-            True,
-            remaining if remaining > 0 else 0,
-            reset if reset > 0 else 0,
-            0,
-            pending,
-            after * interval,
-        )
+        return True, max(remaining, 0), max(reset, 0), 0, pending, after * interval
     remaining = math.floor(capacity - used + TOLERANCE)
     reset = min(longest, (used - _HALF) * interval)
     retry = min(cost * interval, (after - capacity - _HALF) * interval)
-    return (
-        False,
-        remaining if remaining > 0 else 0,
-        reset if reset > 0 else 0,
-        retry if retry > 0 else 0,
-        None,
-        0,
-    )
+    return False, max(remaining, 0), max(reset, 0), max(retry, 0), None, 0
 
 
 def token_bucket_retime(state: Any, now: int, capacity: int, interval: float, old: Any) -> Stored:
@@ -120,21 +104,13 @@ def token_bucket_refund(
 
 def gcra(state: Any, now: int, capacity: int, emission: int, cost: int) -> Any:
     """``g``: state = the theoretical arrival time (µs); integers only, exact."""
-    tat = now if state is None or state < now else state
     full = capacity * emission
-    if tat - now > full:
-        tat = now + full
+    tat = now if state is None else min(max(state, now), now + full)
     new = tat + cost * emission
-    if new - now <= full:
-        return (
-            True,
-            (full - (new - now)) // emission,
-            new - now,
-            0,
-            new if new > now else None,
-            new - now,
-        )
-    return False, (full - (tat - now)) // emission, tat - now, new - now - full, None, 0
+    ahead = new - now
+    if ahead <= full:
+        return True, (full - ahead) // emission, ahead, 0, new if ahead > 0 else None, ahead
+    return False, (full - (tat - now)) // emission, tat - now, ahead - full, None, 0
 
 
 def gcra_retime(state: Any, now: int, capacity: int, emission: int, old: Any) -> Stored:
@@ -151,10 +127,8 @@ def gcra_refund(
     state: Any, now: int, capacity: int, emission: int, cost: int, taken: int | None = None
 ) -> Stored:
     """TAT moves back by ``cost`` emission intervals, never before now (deleted at now)."""
-    tat = now if state < now else state
     full = capacity * emission
-    if tat - now > full:
-        tat = now + full
+    tat = min(max(state, now), now + full)
     new = tat - cost * emission
     return (new, new - now) if new > now else (None, 0)
 

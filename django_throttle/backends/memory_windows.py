@@ -122,14 +122,7 @@ def sliding_log(state: Any, now: int, capacity: int, period: int, cost: int) -> 
         return True, capacity - count - cost, reset, 0, LogCommit(now, period, cost), reset
     retry = state[dead + count + cost - capacity - 1] + period - now
     reset = state[-1] + period - now
-    return (
-        False,
-        max(0, capacity - count),
-        reset if reset < period else period,
-        retry if retry < period else period,
-        None,
-        0,
-    )
+    return False, max(0, capacity - count), min(reset, period), min(retry, period), None, 0
 
 
 def sliding_log_commit(state: Any, pending: LogCommit) -> list[int]:
