@@ -93,10 +93,6 @@ class Encoded:
     valid_until: float = FOREVER
     shared: tuple[bool, ...] = ()
 
-    def eval_head(self, usage: bool) -> bytes:
-        """The head of the EVAL twin of the call, framing the script's source."""
-        return head(b"EVAL", self.source, len(self.suffixes), usage)
-
 
 def head(command: bytes, script: bytes, count: int, usage: bool) -> bytes:
     """The framed start of a call of ``script`` (digest or source) over ``count`` limits:
@@ -210,9 +206,9 @@ class Calls:
         the usage keys, ARGV[1] (op, and with a usage field the field and the client),
         specs."""
         if evalsha:
-            head = encoded.usage_head if field else encoded.evalsha_head
-        else:
-            head = encoded.eval_head(bool(field))
+            start = encoded.usage_head if field else encoded.evalsha_head
+        else:  # the EVAL twin, framing the script's source
+            start = head(b"EVAL", encoded.source, len(encoded.suffixes), bool(field))
         shard = tag[:-DIGEST_KEY_CHARS]
         if encoded.shared:
             keys = b"".join(
@@ -225,10 +221,10 @@ class Calls:
                 for suffix in encoded.suffixes
             )
         if not field:
-            return b"".join((head, keys, frame(op), encoded.tail))
+            return b"".join((start, keys, frame(op), encoded.tail))
         first = op + field + client.replace(b"\n", b" ")
         usage = self.usage_keys(shard, now_us)
-        return b"".join((head, keys, usage, frame(first), encoded.tail))
+        return b"".join((start, keys, usage, frame(first), encoded.tail))
 
 
 @functools.lru_cache(maxsize=4096)

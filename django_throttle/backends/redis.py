@@ -241,9 +241,7 @@ class RedisBackend(Backend):
         try:
             encoded = calls.encoded(limits, now_us)
             tag = self._client_tag(client)
-            op = calls.op(cost, now_us, peek)
-            if taken_at is not None:
-                op += b"#%d" % taken_at
+            op = calls.op(cost, now_us, peek) + (b"" if taken_at is None else b"#%d" % taken_at)
             field = calls.field(usage)
             label = client.encode()
             body = calls.body(encoded, tag, op, field, label, now_us=now_us)
