@@ -132,11 +132,10 @@ class Calls:
         window has passed, and for a test's ``now_us`` (then not cached: real time keeps its
         own)."""
         found = self._cache.get(limits)
-        if found is not None:
-            if found.valid_until is FOREVER:
-                return found
-            if now_us is None and time.time() < found.valid_until:
-                return found
+        if found is not None and (
+            found.valid_until is FOREVER or (now_us is None and time.time() < found.valid_until)
+        ):
+            return found
         encoded = self._encode(limits, now_us)
         if now_us is None or encoded.valid_until is FOREVER:
             self._cache.put(limits, encoded)

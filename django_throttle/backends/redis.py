@@ -144,11 +144,11 @@ class RedisBackend(Backend):
             request = self._request(client, limits, cost, now, None, True, taken_at)
             await self._async_connections.call(*request)
 
-    def reset(self, client: str, limits: Sequence[Limit]) -> None:
+    def reset(self, client: str, limits: Limits) -> None:
         if limits:
             call_backend(self.client.delete, *(self.key(client, limit) for limit in limits))
 
-    def reset_shared(self, limits: Sequence[Limit]) -> None:
+    def reset_shared(self, limits: Limits) -> None:
         """Delete every shard's key of these shared limits: one ``DEL`` per key (each shard
         is a Cluster slot of its own), pipelined."""
         keys = [
@@ -163,13 +163,7 @@ class RedisBackend(Backend):
                 pipe.delete(key)
             call_backend(pipe.execute)
 
-    def retime(
-        self,
-        limits: Sequence[Limit],
-        *,
-        now: float | None = None,
-        previous: Sequence[Limit] | None = None,
-    ) -> int:
+    def retime(self, limits: Limits, *, now: Now = None, previous: Limits | None = None) -> int:
         """SCAN each limit's keys (never KEYS: no long server stall) and re-time them in
         batches, one small script call per batch. ``previous[i]``, the limit before the edit,
         lets GCRA keep the tokens used when its rate changed; one of another algorithm kept
