@@ -1,6 +1,7 @@
 """The Lua scripts, assembled from the package's ``.lua`` files (one file per algorithm, a
 prelude, a driver per job), with the usage settings written into ``usage.lua``; and how the
-commands that are not counting calls (retime, usage reads and pushes) run them."""
+commands that are not counting calls (retime, usage reads and pushes, resets, the policy
+version) run, every failure of theirs a :class:`~.base.BackendError` (:func:`call_backend`)."""
 
 from __future__ import annotations
 
