@@ -46,9 +46,7 @@ def fixed_window_refund(
     count, start = state
     if start > now:
         start = now - now % period
-    elif now >= start + period:
-        return state, None
-    if taken is not None and taken < start:
+    if now >= start + period or (taken is not None and taken < start):
         return state, None
     return _window_refund(count - cost, start, start + period - now)
 
@@ -104,11 +102,8 @@ class LogCommit(NamedTuple):
 
 def sliding_log(state: Any, now: int, capacity: int, period: int, cost: int) -> Any:
     """``w``: state = a sorted list of µs timestamps, one per unit of cost."""
-    if state:
-        dead = bisect_right(state, now - period)
-        count = len(state) - dead
-    else:
-        dead = count = 0
+    dead = bisect_right(state or (), now - period)
+    count = len(state or ()) - dead
     if count + cost <= capacity:
         if cost:
             newest = now if not count or state[-1] < now else state[-1]
@@ -116,9 +111,7 @@ def sliding_log(state: Any, now: int, capacity: int, period: int, cost: int) -> 
             newest = state[-1]
         else:
             return True, capacity, 0, 0, None, 0
-        reset = newest + period - now
-        if reset > period:  # an entry from a clock that ran ahead
-            reset = period
+        reset = min(newest + period - now, period)  # an entry from a clock that ran ahead
         return True, capacity - count - cost, reset, 0, LogCommit(now, period, cost), reset
     retry = state[dead + count + cost - capacity - 1] + period - now
     reset = state[-1] + period - now
@@ -129,9 +122,7 @@ def sliding_log_commit(state: Any, pending: LogCommit) -> list[int]:
     """Mutate the stored log in place: O(log n + cost) plus the trim."""
     log: list[int] = state if state is not None else []
     now = pending.now
-    dead = bisect_right(log, now - pending.period)
-    if dead:
-        del log[:dead]
+    del log[: bisect_right(log, now - pending.period)]
     if not log or log[-1] <= now:
         log.extend([now] * pending.cost)
     else:
