@@ -232,16 +232,16 @@ class LimitsCache(Generic[T]):
         self._by_value[held] = value
 
 
-def client_digest(client: str, shards: int) -> tuple[bytes, int]:
-    """The client's 96-bit digest (its keys' name) and its shard (from the first two bytes)."""
-    digest = hashlib.blake2b(client.encode(), digest_size=DIGEST_SIZE).digest()
-    return digest, (digest[0] << 8 | digest[1]) % shards
+def client_digest(client: str) -> bytes:
+    """The client's 96-bit digest: its keys' name, and (first two bytes) its shard."""
+    return hashlib.blake2b(client.encode(), digest_size=DIGEST_SIZE).digest()
 
 
 def shard_of(client: str, shards: int) -> int:
     """The key shard (``0 <= n < shards``) of every key of ``client``, the shared limits'
     among them: the Redis backend's hash tag, and the memory backend's twin of it."""
-    return client_digest(client, shards)[1]
+    digest = client_digest(client)
+    return (digest[0] << 8 | digest[1]) % shards
 
 
 def per_shard(limit: Limit, shards: int) -> Limit:

@@ -8,7 +8,6 @@ per limit list and reused, so a request only frames its keys, cost, usage field 
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import time
@@ -116,6 +115,9 @@ class Calls:
         self.source_for = source_for
         self.shards = shards
         self._cache: LimitsCache[Encoded] = LimitsCache()
+        # Bounded by hand, not functools.lru_cache: its wrapper costs a decision tens of ns.
+        self._fields: dict[str, bytes] = {}
+        self._usage: dict[tuple[bytes, int], bytes] = {}
         self._scripts: dict[frozenset[str], tuple[bytes, bytes]] = {}
 
     def script(self, limits: Sequence[Limit]) -> tuple[bytes, bytes]:
@@ -178,18 +180,31 @@ class Calls:
             text = b"" if cost == 1 and type(cost) is int else str(cost).encode()
         return text if now_us is None else b"%s@%d" % (text, now_us)
 
-    @staticmethod
-    @functools.lru_cache(maxsize=4096)
-    def field(field: str | None) -> bytes:
+    def field(self, field: str | None) -> bytes:
         """``\n<field>\n`` to put between the op and the client, ``b""`` for none."""
-        return b"\n" + field.replace("\n", " ").encode() + b"\n" if field else b""
+        if not field:
+            return b""
+        framed = self._fields.get(field)
+        if framed is None:
+            if len(self._fields) >= 4096:
+                self._fields.clear()
+            framed = self._fields[field] = b"\n" + field.replace("\n", " ").encode() + b"\n"
+        return framed
 
-    @staticmethod
-    def usage_keys(shard: bytes, now_us: int | None) -> bytes:
+    def usage_keys(self, shard: bytes, now_us: int | None) -> bytes:
         """The framed usage keys of shard tag ``shard`` for the minute of ``now_us`` (default
         this process's clock: the keys must be named before the script reads the server's),
         cached per shard and minute."""
-        return _usage_keys(shard, int(time.time() if now_us is None else now_us / 1e6) // 60)
+        minute = int(time.time() if now_us is None else now_us / 1e6) // 60
+        framed = self._usage.get((shard, minute))
+        if framed is None:
+            if len(self._usage) >= 4096:
+                self._usage.clear()
+            framed = self._usage[shard, minute] = b"".join(
+                frame(shard + (suffix % minute if b"%" in suffix else suffix))
+                for suffix in USAGE_SUFFIXES
+            )
+        return framed
 
     def body(
         self,
@@ -224,10 +239,3 @@ class Calls:
         first = op + field + client.replace(b"\n", b" ")
         usage = self.usage_keys(shard, now_us)
         return b"".join((start, keys, usage, frame(first), encoded.tail))
-
-
-@functools.lru_cache(maxsize=4096)
-def _usage_keys(shard: bytes, minute: int) -> bytes:
-    return b"".join(
-        frame(shard + (suffix % minute if b"%" in suffix else suffix)) for suffix in USAGE_SUFFIXES
-    )
