@@ -7,7 +7,7 @@ local fallback limiter and the circuit breaker (:mod:`django_throttle.backends.b
 
 from __future__ import annotations
 
-import threading
+import functools
 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
@@ -30,52 +30,35 @@ __all__ = [
 #: whatever the number of clients.
 LOCAL_FALLBACK_MAX_CLIENTS = 100_000
 
-_lock = threading.Lock()
-_backend: Backend | None = None
-_local: MemoryBackend | None = None
 
-
+@functools.cache
 def get_backend() -> Backend:
     """The process's backend instance, built on first use."""
-    global _backend
-    backend = _backend
-    if backend is not None:
-        return backend
-    with _lock:
-        if _backend is None:
-            path = app_settings.BACKEND
-            try:
-                cls = import_string(path)
-            except ImportError as exc:
-                raise ImproperlyConfigured(
-                    f"DJANGO_THROTTLE_BACKEND = {path!r} cannot be imported: {exc}"
-                ) from exc
-            _backend = cls()
-        return _backend
+    path = app_settings.BACKEND
+    try:
+        cls = import_string(path)
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            f"DJANGO_THROTTLE_BACKEND = {path!r} cannot be imported: {exc}"
+        ) from exc
+    backend: Backend = cls()
+    return backend
 
 
+@functools.cache
 def get_local_backend() -> MemoryBackend:
     """The process's fallback limiter for failure mode ``"local"``: an in-memory backend
     bounded by :data:`LOCAL_FALLBACK_MAX_CLIENTS` states, built on first use."""
-    global _local
-    local = _local
-    if local is not None:
-        return local
-    with _lock:
-        if _local is None:
-            _local = MemoryBackend(max_entries=LOCAL_FALLBACK_MAX_CLIENTS)
-        return _local
+    return MemoryBackend(max_entries=LOCAL_FALLBACK_MAX_CLIENTS)
 
 
 def reset_backend_cache() -> None:
     """Forget the cached backend (closing its connections), the local fallback limiter and
     the circuit breaker; the next use builds new ones."""
-    global _backend, _local
     from django_throttle.backends.breaker import reset_breaker
 
-    with _lock:
-        if _backend is not None:
-            _backend.close()
-        _backend = None
-        _local = None
+    if get_backend.cache_info().currsize:
+        get_backend().close()
+    get_backend.cache_clear()
+    get_local_backend.cache_clear()
     reset_breaker()

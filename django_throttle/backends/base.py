@@ -55,9 +55,7 @@ def async_twin(
     method: Callable[Concatenate[Any, P], T],
 ) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, T]]:
     """The ``async`` twin of a backend method (``acount = async_twin(count)``): it calls the
-    instance's own method of that name, an override included, in a worker thread; or, for a
-    backend that never blocks (:attr:`Backend.blocking` false: in-process counting, held for
-    microseconds), on the event loop itself."""
+    instance's own method of that name, an override included, as :class:`Backend` says."""
     name = method.__name__
 
     async def twin(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
@@ -71,16 +69,6 @@ def async_twin(
     twin.__name__ = twin.__qualname__ = "a" + name
     twin.__doc__ = f":meth:`{name}` for ``async def`` views."
     return twin
-
-
-def call_backend(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Call into a storage client; whatever it raises is a :class:`BackendError`. Besides its
-    own errors and socket errors, redis-py's parsers raise plain ValueError, AttributeError
-    or IndexError on a garbled reply: all backend failures, never a 500."""
-    try:
-        return func(*args, **kwargs)
-    except Exception as exc:
-        raise BackendError(f"{type(exc).__name__}: {exc}") from exc
 
 
 class BackendError(Exception):
@@ -107,8 +95,8 @@ class Backend(ABC):
     blocks (:attr:`blocking`).
     """
 
-    #: Whether a call waits on I/O: the default async methods then run it in a worker
-    #: thread; an in-process backend says ``False`` and answers on the event loop.
+    #: Whether a call waits on I/O. An in-process backend (counting under a lock held for
+    #: microseconds) says ``False``: its default async methods answer on the event loop.
     blocking = True
 
     def hit(
@@ -217,13 +205,12 @@ class LimitsCache(Generic[T]):
     objects of the policy snapshot, and each must find the entry its first one made. The
     first lookup is by the ids of the limits (an entry holds its limits, so those ids cannot
     be reused while it lives); a list of new but equal limits is found by value (hashing
-    them: about a microsecond per limit). At most
-    :data:`CACHED_LISTS` lists are kept (policy reloads leave old limits behind): memory
-    stays bounded whatever clients send. Thread-safe (single dict operations).
+    them: about a microsecond per limit). At most :data:`CACHED_LISTS` lists are kept
+    (policy reloads leave old limits behind): memory stays bounded whatever clients send.
+    Thread-safe (single dict operations).
     """
 
-    def __init__(self, size: int = CACHED_LISTS) -> None:
-        self.size = size
+    def __init__(self) -> None:
         self._by_ids: dict[tuple[int, ...], tuple[tuple[Limit, ...], T]] = {}
         self._by_value: dict[tuple[Limit, ...], T] = {}
 
@@ -238,17 +225,11 @@ class LimitsCache(Generic[T]):
 
     def put(self, limits: Limits, value: T) -> None:
         held = tuple(limits)
-        if len(self._by_ids) >= self.size or len(self._by_value) >= self.size:
-            self.clear()
+        if len(self._by_ids) >= CACHED_LISTS or len(self._by_value) >= CACHED_LISTS:
+            self._by_ids.clear()
+            self._by_value.clear()
         self._by_ids[tuple(map(id, held))] = (held, value)
         self._by_value[held] = value
-
-    def clear(self) -> None:
-        self._by_ids.clear()
-        self._by_value.clear()
-
-    def __len__(self) -> int:
-        return len(self._by_value)
 
 
 def client_digest(client: str) -> bytes:
@@ -279,14 +260,11 @@ def per_shard(limit: Limit, shards: int) -> Limit:
     rate = limit.rate
     burst = math.ceil(limit.burst / shards)
     count = math.ceil(rate.count / shards)
+    window = limit.algorithm in WINDOW_ALGORITHMS  # a window algorithm's burst is its count
     while True:
         try:
-            return dataclasses.replace(
-                limit,
-                rate=Rate(count, rate.period, rate.calendar),
-                # A window algorithm's burst is its count.
-                burst=count if limit.algorithm in WINDOW_ALGORITHMS else burst,
-            )
+            share = Rate(count, rate.period, rate.calendar)
+            return dataclasses.replace(limit, rate=share, burst=count if window else burst)
         except InvalidRate:
             if count >= rate.count:
                 return limit
@@ -305,8 +283,7 @@ def decision_from(
 ) -> Decision:
     """Build a :class:`Decision` from a backend's reply (``index`` is 0-based; -1 when no
     enforced limit was passed, so nothing is reported); ``taken``: see ``Decision.taken``."""
-    # Positional (allowed, limit, remaining, reset_after, retry_after, limits, shadow, ...):
-    # once per request, and keywords cost a frozen dataclass noticeably more.
+    # Positional, in Decision's field order: keywords cost a frozen dataclass noticeably more.
     return Decision(
         allowed,
         limits[index] if index >= 0 else None,

@@ -204,15 +204,12 @@ class CircuitBreaker:
             self._probing = False
             if not isinstance(exc, BackendError):
                 return
-            self._note(exc)
             self.failures += 1
             self.opened += 1
             self._next_epoch()
             self._opened_at = self.clock()
         logger.debug("throttle backend probe failed; breaker open again: %s", exc)
-        events.send(
-            events.backend_error, CircuitBreaker, error=exc, reason=events.error_reason(exc)
-        )
+        self._note(exc)
 
     def _probe_succeeded(self) -> None:
         with self._lock:
@@ -231,14 +228,15 @@ class CircuitBreaker:
         events.send(events.backend_available, CircuitBreaker, down_seconds=down)
 
     def _note(self, exc: BaseException) -> None:
+        """Remember a backend failure for the dashboard and send ``backend_error``."""
         self.last_error = f"{type(exc).__name__}: {exc}"[:500]
         self.last_error_at = time.time()
-
-    def _failed(self, exc: BackendError, epoch: int) -> None:
-        self._note(exc)
         events.send(
             events.backend_error, CircuitBreaker, error=exc, reason=events.error_reason(exc)
         )
+
+    def _failed(self, exc: BackendError, epoch: int) -> None:
+        self._note(exc)
         with self._lock:
             self.failures += 1
             if epoch != self._epoch or self._opened_at is not None:

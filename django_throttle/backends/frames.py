@@ -92,15 +92,12 @@ class Encoded:
     valid_until: float = FOREVER
     shared: tuple[bool, ...] = ()
 
-    def eval_head(self, usage: bool) -> bytes:
-        """The head of the EVAL twin of the call, framing the script's source."""
-        count = len(self.suffixes)
-        keys = count + (USAGE_KEYS if usage else 0)
-        return (
-            b"*%d\r\n$4\r\nEVAL\r\n" % (4 + count + keys)
-            + frame(self.source)
-            + frame(str(keys).encode())
-        )
+
+def head(command: bytes, script: bytes, count: int, usage: bool) -> bytes:
+    """The framed start of a call of ``script`` (digest or source) over ``count`` limits:
+    the command, the script and the number of keys (the usage keys too, with ``usage``)."""
+    keys = count + (USAGE_KEYS if usage else 0)
+    return b"*%d\r\n" % (4 + count + keys) + frame(command) + frame(script) + frame(b"%d" % keys)
 
 
 class Calls:
@@ -118,6 +115,7 @@ class Calls:
         self.source_for = source_for
         self.shards = shards
         self._cache: LimitsCache[Encoded] = LimitsCache()
+        # Bounded by hand, not functools.lru_cache: its wrapper costs a decision tens of ns.
         self._fields: dict[str, bytes] = {}
         self._usage: dict[tuple[bytes, int], bytes] = {}
         self._scripts: dict[frozenset[str], tuple[bytes, bytes]] = {}
@@ -136,11 +134,10 @@ class Calls:
         window has passed, and for a test's ``now_us`` (then not cached: real time keeps its
         own)."""
         found = self._cache.get(limits)
-        if found is not None:
-            if found.valid_until is FOREVER:
-                return found
-            if now_us is None and time.time() < found.valid_until:
-                return found
+        if found is not None and (
+            found.valid_until is FOREVER or (now_us is None and time.time() < found.valid_until)
+        ):
+            return found
         encoded = self._encode(limits, now_us)
         if now_us is None or encoded.valid_until is FOREVER:
             self._cache.put(limits, encoded)
@@ -162,12 +159,8 @@ class Calls:
         sha, source = self.script(limits)
         return Encoded(
             suffixes=tuple(key_suffix(limit).encode() for limit in limits),
-            evalsha_head=b"*%d\r\n$7\r\nEVALSHA\r\n" % (4 + 2 * count)
-            + frame(sha)
-            + frame(str(count).encode()),
-            usage_head=b"*%d\r\n$7\r\nEVALSHA\r\n" % (4 + 2 * count + USAGE_KEYS)
-            + frame(sha)
-            + frame(str(count + USAGE_KEYS).encode()),
+            evalsha_head=head(b"EVALSHA", sha, count, False),
+            usage_head=head(b"EVALSHA", sha, count, True),
             source=source,
             tail=b"".join(
                 frame(limit_spec(per_shard(limit, self.shards), now_us).encode())
@@ -227,9 +220,9 @@ class Calls:
         the usage keys, ARGV[1] (op, and with a usage field the field and the client),
         specs."""
         if evalsha:
-            head = encoded.usage_head if field else encoded.evalsha_head
-        else:
-            head = encoded.eval_head(bool(field))
+            start = encoded.usage_head if field else encoded.evalsha_head
+        else:  # the EVAL twin, framing the script's source
+            start = head(b"EVAL", encoded.source, len(encoded.suffixes), bool(field))
         shard = tag[:-DIGEST_KEY_CHARS]
         if encoded.shared:
             keys = b"".join(
@@ -242,7 +235,7 @@ class Calls:
                 for suffix in encoded.suffixes
             )
         if not field:
-            return b"".join((head, keys, frame(op), encoded.tail))
+            return b"".join((start, keys, frame(op), encoded.tail))
         first = op + field + client.replace(b"\n", b" ")
         usage = self.usage_keys(shard, now_us)
-        return b"".join((head, keys, usage, frame(first), encoded.tail))
+        return b"".join((start, keys, usage, frame(first), encoded.tail))

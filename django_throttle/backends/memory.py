@@ -34,7 +34,7 @@ from django_throttle.backends.base import (
     per_shard,
     shard_of,
 )
-from django_throttle.backends.memory_algorithms import TWINS, Compiled, compile_limit, expiry_ms
+from django_throttle.backends.memory_algorithms import Compiled, compile_limit, expiry_ms
 from django_throttle.backends.usage_base import IF_DENIED
 from django_throttle.rates import MAX_COUNT, Decision, Limit
 
@@ -111,15 +111,21 @@ class MemoryBackend(Backend):
                     del states[key]
                     continue
                 taken = min(cost, spec.capacity)
-                state, ttl = spec.refund(
+                state, ttl = spec.twin.refund(
                     entry[0], now_us, spec.capacity, spec.param, taken, taken_at
                 )
-                if ttl is None:
-                    continue
-                if state is None or ttl <= 0:
-                    del states[key]
-                else:
-                    states[key] = (state, expiry_ms(now_us, ttl))
+                self._store(key, state, ttl, now_us)
+
+    def _store(self, key: Key, state: Any, ttl: float | None, now_us: int) -> None:
+        """Keep what a refund or a retime made of a state: nothing to write (a TTL of
+        ``None``: left as it is), or deleted when it no longer matters (no state, or a TTL of
+        0 or less: the scripts delete the key), else written with its new expiry."""
+        if ttl is None:
+            return
+        if state is None or ttl <= 0:
+            del self._state[key]
+        else:
+            self._state[key] = (state, expiry_ms(now_us, ttl))
 
     def reset(self, client: str, limits: Limits) -> None:
         """Forget the client's states; for a shared limit, its shard's (everyone's there)."""
@@ -145,8 +151,8 @@ class MemoryBackend(Backend):
 
     def _key(self, client: str, spec: Compiled) -> Key:
         if spec.shared:
-            return (shard_of(client, self.shards), spec.id, spec.code)
-        return (client, spec.id, spec.code)
+            return (shard_of(client, self.shards), spec.id, spec.twin.code)
+        return (client, spec.id, spec.twin.code)
 
     def _now_us(self, now: Now) -> int:
         """Whole microseconds, like the server clock the scripts read."""
@@ -160,11 +166,10 @@ class MemoryBackend(Backend):
         with self._lock:
             olds: Sequence[Limit | None] = previous or [None] * len(limits)
             for limit, old in zip(limits, olds, strict=True):
-                twin = TWINS[limit.algorithm]
-                old_param = None
+                spec = compile_limit(per_shard(limit, self.shards) if limit.shared else limit)
+                twin, old_param = spec.twin, None
                 if old is not None and old.algorithm == limit.algorithm:
                     old_param = twin.param(per_shard(old, self.shards))
-                counted = per_shard(limit, self.shards) if limit.shared else limit
                 # A shared limit's states are keyed by shard (int), the others by client.
                 owner = int if limit.shared else str
                 for key, (state, expires) in list(self._state.items()):
@@ -174,13 +179,8 @@ class MemoryBackend(Backend):
                         del self._state[key]
                         continue
                     touched += 1
-                    state, ttl = twin.retime(
-                        state, now_us, counted.capacity, twin.param(counted), old_param
-                    )
-                    if ttl <= 0:  # the state no longer matters: deleted, as the script does
-                        del self._state[key]
-                    else:
-                        self._state[key] = (state, expiry_ms(now_us, ttl))
+                    state, ttl = twin.retime(state, now_us, spec.capacity, spec.param, old_param)
+                    self._store(key, state, ttl, now_us)
         return touched
 
     def get_policy_version(self) -> str | None:
@@ -215,26 +215,21 @@ class MemoryBackend(Backend):
             pick, pick_remaining, pick_reset, pick_retry = -1, -1, 0.0, -1.0
             writes: list[tuple[Key, Any, float, Any]] = []
             for i, spec in enumerate(specs):
-                key = (client, spec.id, spec.code) if not spec.shared else self._key(client, spec)
+                twin = spec.twin
+                key = (client, spec.id, twin.code) if not spec.shared else self._key(client, spec)
                 entry = states.get(key)
-                state = None
-                if entry is not None:
-                    if lru is not None:
-                        lru.move_to_end(key)
-                    if entry[1] >= now_ms:
-                        state = entry[0]
+                if entry is not None and lru is not None:
+                    lru.move_to_end(key)
+                state = entry[0] if entry is not None and entry[1] >= now_ms else None
                 capacity = spec.capacity
-                ok, remaining, reset, retry, pending, ttl = spec.decide(
+                ok, remaining, reset, retry, pending, ttl = twin.decide(
                     state, now_us, capacity, spec.param, cost if cost < capacity else capacity
                 )
                 if ok:
                     if pending is not None:
-                        writes.append((key, pending, ttl, spec.commit))
-                    if (
-                        not spec.shadow
-                        and allowed
-                        and (pick_remaining < 0 or remaining < pick_remaining)
-                    ):
+                        writes.append((key, pending, ttl, twin.commit))
+                    # The enforced limit with the fewest tokens left (none picked yet: -1).
+                    if not spec.shadow and allowed and not 0 <= pick_remaining <= remaining:
                         pick, pick_remaining, pick_reset = i, remaining, reset
                 elif spec.shadow:
                     shadow_denied = True
@@ -257,7 +252,7 @@ class MemoryBackend(Backend):
                 if usage:
                     outcome = ("s" if shadow_denied else "a") if allowed else "d"
                     self.usage.count(now_us, usage, client, outcome)
-        stamped = allowed and not peek and any(spec.code in STAMPED_CODES for spec in specs)
+        stamped = allowed and not peek and any(spec.twin.code in STAMPED_CODES for spec in specs)
         return decision_from(
             limits,
             allowed,

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 from django_throttle.backends.base import ALGORITHM_CODES
 from django_throttle.backends.memory_windows import (
+    Stored,
     calendar_quota,
     calendar_quota_refund,
     calendar_quota_retime,
@@ -45,8 +46,8 @@ _HALF = TOLERANCE / 2
 MAX_WINDOW_US = MAX_WINDOW * 1_000_000
 
 Decide = Callable[[Any, int, int, Any, int], tuple[bool, int, Any, Any, Any, Any]]
-Retime = Callable[[Any, int, int, Any, Any], tuple[Any, Any]]
-Refund = Callable[[Any, int, int, Any, int, "int | None"], tuple[Any, Any]]
+Retime = Callable[[Any, int, int, Any, Any], Stored]
+Refund = Callable[[Any, int, int, Any, int, "int | None"], Stored]
 
 
 def _bucket_used(state: Any, now: int, capacity: int, interval: float) -> float:
@@ -55,9 +56,7 @@ def _bucket_used(state: Any, now: int, capacity: int, interval: float) -> float:
     make a slow rate's Retry-After early)."""
     if state is None:
         return 0.0
-    elapsed = now - state[1] * 1000
-    if elapsed < -999:  # a clock that stepped back: no time elapsed
-        elapsed = -999
+    elapsed = max(now - state[1] * 1000, -999)  # a clock that stepped back: no time elapsed
     full = capacity + TOLERANCE
     u = state[0]
     used = (u if u < full else full) - elapsed / interval
@@ -77,30 +76,14 @@ def token_bucket(state: Any, now: int, capacity: int, interval: float, cost: int
             pending: Any = (after - (ts_ms * 1000 - now) / interval, ts_ms)
         else:
             pending = None
-        return (
-            True,
-            remaining if remaining > 0 else 0,
-            reset if reset > 0 else 0,
-            0,
-            pending,
-            after * interval,
-        )
+        return True, max(remaining, 0), max(reset, 0), 0, pending, after * interval
     remaining = math.floor(capacity - used + TOLERANCE)
     reset = min(longest, (used - _HALF) * interval)
     retry = min(cost * interval, (after - capacity - _HALF) * interval)
-    return (
-        False,
-        remaining if remaining > 0 else 0,
-        reset if reset > 0 else 0,
-        retry if retry > 0 else 0,
-        None,
-        0,
-    )
+    return False, max(remaining, 0), max(reset, 0), max(retry, 0), None, 0
 
 
-def token_bucket_retime(
-    state: Any, now: int, capacity: int, interval: float, old: Any
-) -> tuple[Any, Any]:
+def token_bucket_retime(state: Any, now: int, capacity: int, interval: float, old: Any) -> Stored:
     """The state is rate-independent (used is capped at the new capacity when read): only its
     expiry moves, to ``used x T_new``."""
     return state, _bucket_used(state, now, capacity, interval) * interval
@@ -108,7 +91,7 @@ def token_bucket_retime(
 
 def token_bucket_refund(
     state: Any, now: int, capacity: int, interval: float, cost: int, taken: int | None = None
-) -> tuple[Any, Any]:
+) -> Stored:
     """Used as of now (at most the capacity: a full refund leaves no crumb of what the
     tolerance overfilled), less ``cost``, written as a hit writes it; under the tolerance the
     bucket is full again and the state is deleted (float noise leaves no crumbs)."""
@@ -121,24 +104,16 @@ def token_bucket_refund(
 
 def gcra(state: Any, now: int, capacity: int, emission: int, cost: int) -> Any:
     """``g``: state = the theoretical arrival time (µs); integers only, exact."""
-    tat = now if state is None or state < now else state
     full = capacity * emission
-    if tat - now > full:
-        tat = now + full
+    tat = now if state is None else min(max(state, now), now + full)
     new = tat + cost * emission
-    if new - now <= full:
-        return (
-            True,
-            (full - (new - now)) // emission,
-            new - now,
-            0,
-            new if new > now else None,
-            new - now,
-        )
-    return False, (full - (tat - now)) // emission, tat - now, new - now - full, None, 0
+    ahead = new - now
+    if ahead <= full:
+        return True, (full - ahead) // emission, ahead, 0, new if ahead > 0 else None, ahead
+    return False, (full - (tat - now)) // emission, tat - now, ahead - full, None, 0
 
 
-def gcra_retime(state: Any, now: int, capacity: int, emission: int, old: Any) -> tuple[Any, Any]:
+def gcra_retime(state: Any, now: int, capacity: int, emission: int, old: Any) -> Stored:
     """Keep the tokens used: scale the time owed from the old emission interval to the new
     (exactly, as the script does with split products)."""
     if old is None or state <= now:
@@ -150,12 +125,10 @@ def gcra_retime(state: Any, now: int, capacity: int, emission: int, old: Any) ->
 
 def gcra_refund(
     state: Any, now: int, capacity: int, emission: int, cost: int, taken: int | None = None
-) -> tuple[Any, Any]:
+) -> Stored:
     """TAT moves back by ``cost`` emission intervals, never before now (deleted at now)."""
-    tat = now if state < now else state
     full = capacity * emission
-    if tat - now > full:
-        tat = now + full
+    tat = min(max(state, now), now + full)
     new = tat - cost * emission
     return (new, new - now) if new > now else (None, 0)
 
@@ -189,15 +162,13 @@ def sliding_counter(state: Any, now: int, capacity: int, period: int, cost: int)
     return False, remaining if remaining > 0 else 0, reset, retry if retry > 0 else 0, None, 0
 
 
-def sliding_counter_retime(
-    state: Any, now: int, capacity: int, period: int, old: Any
-) -> tuple[Any, Any]:
+def sliding_counter_retime(state: Any, now: int, capacity: int, period: int, old: Any) -> Stored:
     return state, state[2] + 2 * period - now
 
 
 def sliding_counter_refund(
     state: Any, now: int, capacity: int, period: int, cost: int, taken: int | None = None
-) -> tuple[Any, Any]:
+) -> Stored:
     """The current window's count less ``cost``; a state of an earlier window is left, and
     so is the current one when the refunded hit (``taken``) was counted in an earlier one."""
     grid = now - now % period
@@ -255,34 +226,22 @@ TWINS: dict[str, Twin] = {
 
 
 class Compiled(NamedTuple):
-    """What a hit needs of one limit, computed once per limit list."""
+    """What a hit needs of one limit, computed once per limit list: its id, capacity,
+    parameter and flags as counted, and its algorithm's :class:`Twin`."""
 
     id: str
-    code: str
-    decide: Decide
-    commit: Callable[[Any, Any], Any] | None
     capacity: int
     param: Any
     shadow: bool
-    refund: Refund
     shared: bool
+    twin: Twin
 
 
 def compile_limit(limit: Limit) -> Compiled:
     """``limit`` as counted: a shared limit's capacity is its per-shard share (the caller
     passes :func:`~django_throttle.backends.base.per_shard` of it)."""
     twin = TWINS[limit.algorithm]
-    return Compiled(
-        limit.id,
-        twin.code,
-        twin.decide,
-        twin.commit,
-        limit.capacity,
-        twin.param(limit),
-        limit.shadow,
-        twin.refund,
-        limit.shared,
-    )
+    return Compiled(limit.id, limit.capacity, twin.param(limit), limit.shadow, limit.shared, twin)
 
 
 def expiry_ms(now: int, ttl_us: float) -> int:

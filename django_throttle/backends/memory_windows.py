@@ -8,6 +8,9 @@ from typing import Any, NamedTuple
 
 from django_throttle.calendar import windows
 
+#: ``(state, ttl_us)`` after a retime or a refund (the contract: :mod:`.memory_algorithms`).
+Stored = tuple[Any, Any]
+
 
 def fixed_window(state: Any, now: int, capacity: int, period: int, cost: int) -> Any:
     """``f``: state ``(count, start)`` of the window ``[start, start + P)``."""
@@ -30,29 +33,25 @@ def _window_decide(count: int, start: int, left: int, capacity: int, cost: int) 
     return False, max(0, capacity - count), left, left, None, 0
 
 
-def fixed_window_retime(
-    state: Any, now: int, capacity: int, period: int, old: Any
-) -> tuple[Any, Any]:
+def fixed_window_retime(state: Any, now: int, capacity: int, period: int, old: Any) -> Stored:
     ttl = state[1] + period - now
     return state, ttl if ttl < period else period
 
 
 def fixed_window_refund(
     state: Any, now: int, capacity: int, period: int, cost: int, taken: int | None = None
-) -> tuple[Any, Any]:
+) -> Stored:
     """The current window's count less ``cost``; an earlier window is left alone, and so is
     the current one when the refunded hit (``taken``) was counted before it started."""
     count, start = state
     if start > now:
         start = now - now % period
-    elif now >= start + period:
-        return state, None
-    if taken is not None and taken < start:
+    if now >= start + period or (taken is not None and taken < start):
         return state, None
     return _window_refund(count - cost, start, start + period - now)
 
 
-def _window_refund(left: int, start: int, ttl: int) -> tuple[Any, Any]:
+def _window_refund(left: int, start: int, ttl: int) -> Stored:
     return ((left, start), ttl) if left > 0 else (None, 0)
 
 
@@ -79,16 +78,14 @@ def calendar_quota(state: Any, now: int, capacity: int, unit_tz: Any, cost: int)
     return _window_decide(count, start, end - now, capacity, cost)
 
 
-def calendar_quota_retime(
-    state: Any, now: int, capacity: int, unit_tz: Any, old: Any
-) -> tuple[Any, Any]:
+def calendar_quota_retime(state: Any, now: int, capacity: int, unit_tz: Any, old: Any) -> Stored:
     begin, end = _calendar_window(unit_tz, now)
     return state, end - now if state[1] >= begin else 0
 
 
 def calendar_quota_refund(
     state: Any, now: int, capacity: int, unit_tz: Any, cost: int, taken: int | None = None
-) -> tuple[Any, Any]:
+) -> Stored:
     begin, end = _calendar_window(unit_tz, now)
     if state[1] < begin or (taken is not None and taken < begin):
         return state, None
@@ -105,11 +102,8 @@ class LogCommit(NamedTuple):
 
 def sliding_log(state: Any, now: int, capacity: int, period: int, cost: int) -> Any:
     """``w``: state = a sorted list of µs timestamps, one per unit of cost."""
-    if state:
-        dead = bisect_right(state, now - period)
-        count = len(state) - dead
-    else:
-        dead = count = 0
+    dead = bisect_right(state or (), now - period)
+    count = len(state or ()) - dead
     if count + cost <= capacity:
         if cost:
             newest = now if not count or state[-1] < now else state[-1]
@@ -117,29 +111,18 @@ def sliding_log(state: Any, now: int, capacity: int, period: int, cost: int) -> 
             newest = state[-1]
         else:
             return True, capacity, 0, 0, None, 0
-        reset = newest + period - now
-        if reset > period:  # an entry from a clock that ran ahead
-            reset = period
+        reset = min(newest + period - now, period)  # an entry from a clock that ran ahead
         return True, capacity - count - cost, reset, 0, LogCommit(now, period, cost), reset
     retry = state[dead + count + cost - capacity - 1] + period - now
     reset = state[-1] + period - now
-    return (
-        False,
-        max(0, capacity - count),
-        reset if reset < period else period,
-        retry if retry < period else period,
-        None,
-        0,
-    )
+    return False, max(0, capacity - count), min(reset, period), min(retry, period), None, 0
 
 
 def sliding_log_commit(state: Any, pending: LogCommit) -> list[int]:
     """Mutate the stored log in place: O(log n + cost) plus the trim."""
     log: list[int] = state if state is not None else []
     now = pending.now
-    dead = bisect_right(log, now - pending.period)
-    if dead:
-        del log[:dead]
+    del log[: bisect_right(log, now - pending.period)]
     if not log or log[-1] <= now:
         log.extend([now] * pending.cost)
     else:
@@ -148,15 +131,13 @@ def sliding_log_commit(state: Any, pending: LogCommit) -> list[int]:
     return log
 
 
-def sliding_log_retime(
-    state: Any, now: int, capacity: int, period: int, old: Any
-) -> tuple[Any, Any]:
+def sliding_log_retime(state: Any, now: int, capacity: int, period: int, old: Any) -> Stored:
     return state, state[-1] + period - now if state else 0
 
 
 def sliding_log_refund(
     state: Any, now: int, capacity: int, period: int, cost: int, taken: int | None = None
-) -> tuple[Any, Any]:
+) -> Stored:
     """Drop up to ``cost`` entries of the refunded hit's instant ``taken`` (none left there:
     nothing to give back), or without it the ``cost`` newest live entries; and the dead
     ones, as a hit's write does."""

@@ -37,7 +37,6 @@ from django_throttle.backends.base import (
     Now,
     Taken,
     Usage,
-    call_backend,
     decision_from,
     per_shard,
 )
@@ -53,6 +52,7 @@ from django_throttle.backends.scripts import (
     REFUND_FILES,
     RETIME_FILES,
     SCRIPT_FILES,
+    call_backend,
     evalsha_all,
     files_for,
     load_script,
@@ -112,6 +112,7 @@ class RedisBackend(Backend):
         """``<prefix>:{<shard>}<digest>``, the start of every key of this client: a 96-bit
         digest in 16 base64url characters (user-controlled text never shapes a key), the
         shard taken from the same digest."""
+        # Inline rather than base.shard_of: on every call, one more function call shows.
         digest = hashlib.blake2b(client.encode(), digest_size=DIGEST_SIZE).digest()
         shard = (digest[0] << 8 | digest[1]) % self.shards
         return self._tags[shard] + urlsafe_b64encode(digest)
@@ -145,11 +146,11 @@ class RedisBackend(Backend):
             request = self._request(client, limits, cost, now, None, True, taken_at)
             await self._async_connections.call(*request)
 
-    def reset(self, client: str, limits: Sequence[Limit]) -> None:
+    def reset(self, client: str, limits: Limits) -> None:
         if limits:
             call_backend(self.client.delete, *(self.key(client, limit) for limit in limits))
 
-    def reset_shared(self, limits: Sequence[Limit]) -> None:
+    def reset_shared(self, limits: Limits) -> None:
         """Delete every shard's key of these shared limits: one ``DEL`` per key (each shard
         is a Cluster slot of its own), pipelined."""
         keys = [
@@ -164,13 +165,7 @@ class RedisBackend(Backend):
                 pipe.delete(key)
             call_backend(pipe.execute)
 
-    def retime(
-        self,
-        limits: Sequence[Limit],
-        *,
-        now: float | None = None,
-        previous: Sequence[Limit] | None = None,
-    ) -> int:
+    def retime(self, limits: Limits, *, now: Now = None, previous: Limits | None = None) -> int:
         """SCAN each limit's keys (never KEYS: no long server stall) and re-time them in
         batches, one small script call per batch. ``previous[i]``, the limit before the edit,
         lets GCRA keep the tokens used when its rate changed; one of another algorithm kept

@@ -52,12 +52,8 @@ _SYNC_ONLY = (
 
 def _parameters(cls: type) -> set[str]:
     """Keyword parameters of a connection class and its bases' ``__init__``."""
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is not None:
-            names.update(inspect.signature(init).parameters)
-    return names
+    inits = (vars(klass)["__init__"] for klass in cls.__mro__ if "__init__" in vars(klass))
+    return {name for init in inits for name in inspect.signature(init).parameters}
 
 
 async def _close_with_loop(pool: Any) -> AsyncIterator[None]:

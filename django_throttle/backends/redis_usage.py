@@ -18,9 +18,8 @@ import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django_throttle.backends import usage_base
-from django_throttle.backends.base import call_backend
-from django_throttle.backends.scripts import Call, evalsha_all, lua_file, lua_source, top_per_shard
+from django_throttle.backends import scripts, usage_base
+from django_throttle.backends.scripts import call_backend, lua_file, lua_source, top_per_shard
 from django_throttle.backends.usage_base import SLOT, MinuteCounts, add_to
 
 __all__ = ["BATCH", "RedisUsage", "lua_source", "top_per_shard"]
@@ -125,14 +124,14 @@ class RedisUsage(usage_base.UsageStore):
 
     def _read_batch(self, calls: list[tuple[str, int, int, str, str]]) -> list[Any]:
         framed = [_read_call(*call) for call in calls]
-        return evalsha_all(self.client, self._read_sha, self._read_source, framed)
+        return scripts.evalsha_all(self.client, self._read_sha, self._read_source, framed)
 
     def push(self, batch: str, counts: Sequence[usage_base.PendingCount]) -> None:
         by_tag: dict[str, list[usage_base.PendingCount]] = {}
         for count in counts:
             tag = self.tags[zlib.crc32(count[2].encode()) % len(self.tags)]
             by_tag.setdefault(tag, []).append(count)
-        calls: list[Call] = []
+        calls: list[scripts.Call] = []
         for tag, items in sorted(by_tag.items()):
             for start in range(0, len(items), PUSH_CHUNK):
                 keys = [f"{tag}p{batch}:{start}", f"{tag}l"]
@@ -141,7 +140,7 @@ class RedisUsage(usage_base.UsageStore):
                     keys += (f"{tag}u{minute}", f"{tag}t{letter}{minute}")
                     args += (minute, field, client, letter, n)
                 calls.append((keys, args))
-        evalsha_all(self.push_client, self._push_sha, self._push_source, calls)
+        scripts.evalsha_all(self.push_client, self._push_sha, self._push_source, calls)
 
     def watermark(self) -> int | None:
         value = call_backend(self.client.get, self._watermark_key)

@@ -1,17 +1,18 @@
 """The Lua scripts, assembled from the package's ``.lua`` files (one file per algorithm, a
 prelude, a driver per job), with the usage settings written into ``usage.lua``; and how the
-commands that are not counting calls (retime, usage reads and pushes) run them."""
+commands that are not counting calls (retime, usage reads and pushes, resets, the policy
+version) run, every failure of theirs a :class:`~.base.BackendError` (:func:`call_backend`)."""
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 from django_throttle.backends import usage_base
-from django_throttle.backends.base import BackendError, call_backend
+from django_throttle.backends.base import BackendError
 from django_throttle.conf import app_settings
 
 #: The algorithm files a spec code needs, its own and those whose functions it reuses (the
@@ -38,6 +39,7 @@ RETIME_FILES = ("prelude.lua", *ALGORITHM_FILES, "retime.lua")
 REFUND_FILES = ("prelude.lua", "refunding.lua", *ALGORITHM_FILES, "refund.lua")
 #: The KEYS and ARGV of one script call.
 Call = tuple[Sequence[Any], Sequence[Any]]
+T = TypeVar("T")
 _SETTINGS_LINE = re.compile(r"^local USAGE_TTL, USAGE_TOP\b.*-- @settings.*$", re.MULTILINE)
 
 
@@ -84,6 +86,16 @@ def lua_source(shards: int) -> str:
     if not found:  # pragma: no cover - the file ships with the line
         raise RuntimeError("usage.lua lost its '-- @settings' line")
     return text
+
+
+def call_backend(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call into a storage client; whatever it raises is a :class:`BackendError`. Besides its
+    own errors and socket errors, redis-py's parsers raise plain ValueError, AttributeError
+    or IndexError on a garbled reply: all backend failures, never a 500."""
+    try:
+        return func(*args, **kwargs)
+    except Exception as exc:
+        raise BackendError(f"{type(exc).__name__}: {exc}") from exc
 
 
 def evalsha_all(client: Any, sha: str, source: str, calls: Sequence[Call]) -> list[Any]:
