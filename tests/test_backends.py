@@ -946,7 +946,7 @@ def test_token_bucket_state_is_12_bytes(
     redis_backend: RedisBackend, redis_client: redis.Redis, settings: Any
 ) -> None:
     """With the default prefix and a short limit id, a token bucket key takes 88 bytes of
-    Redis memory and a GCRA key 72 (an int-encoded string); Valkey 8+ keeps keys in less."""
+    Redis memory and a GCRA key 72 (an int-encoded string); Valkey 8+ keeps keys in no more."""
     settings.DJANGO_THROTTLE_KEY_PREFIX = "dt"
     reset_backend_cache()
     backend = get_backend()
@@ -965,11 +965,11 @@ def test_token_bucket_state_is_12_bytes(
         valkey = is_valkey(redis_client)
         assert within(redis_client.memory_usage(bucket_key), 88, valkey)
         assert redis_client.get(gcra_key) == str(round(T0 * 1e6) + 500_000).encode()
-        # Valkey keeps a script's number as text (embstr), in no more memory.
-        assert redis_client.object("encoding", gcra_key) in (
-            (b"int", b"embstr") if valkey else (b"int",)
-        )
-        assert within(redis_client.memory_usage(gcra_key), 72, valkey)
+        # Valkey may keep a script's number as text (embstr), in at most what a 12-byte state
+        # takes (how it keeps it depends on what ran before: it reuses argument objects).
+        encoding = redis_client.object("encoding", gcra_key)
+        assert encoding in ((b"int", b"embstr") if valkey else (b"int",))
+        assert within(redis_client.memory_usage(gcra_key), 88 if valkey else 72, valkey)
     finally:
         backend.reset(client, [bucket, gcra])
 
