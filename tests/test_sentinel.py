@@ -324,10 +324,13 @@ def test_a_failover_under_load_is_followed_and_exact_again_after_the_promotion(
         time.sleep(2.0)  # counting on the new primary
     assert not load.foreign, load.foreign
     failed = [end for _, _, _, end, outcome in load.calls if outcome in ("error", "open")]
-    served = [end for _, _, _, end, outcome in load.calls if outcome in ("allowed", "denied")]
     assert failed, "the kill cost no call: it did not happen under load"
     last_failure = max(failed)
-    first_served = min(end for end in served if end > min(failed))
+    first_served = min(
+        end
+        for _, _, start, end, outcome in load.calls
+        if outcome in ("allowed", "denied") and start > min(failed)
+    )
     report = {
         "kill to promotion (s)": round(promoted - killed, 3),
         "promotion to +switch-master (s)": round(switched_at - promoted, 3),

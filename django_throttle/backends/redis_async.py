@@ -7,7 +7,8 @@ connections, sends the frame with ``send_packed_command``, reads the reply with
 ``read_response`` (bounded by the socket timeout) and always releases the connection; one that
 timed out, was cancelled or broke is disconnected first, so no late reply ever answers the
 next call. Only the sending differs from :class:`.wire.Connections`: the frames, the NOSCRIPT
-answer and the error mapping are the same code.
+answer and the error mapping are the same code. For a Sentinel-managed primary the loop's pool
+is a :class:`.redis_sentinel.AsyncSentinelPool` asking the same sentinels.
 """
 
 from __future__ import annotations

@@ -53,7 +53,8 @@ class SentinelURL:
 
     sentinels: tuple[tuple[str, int], ...]
     service: str
-    db: int = 0
+    #: None when the URL does not say (``DJANGO_THROTTLE_REDIS_OPTIONS`` may, else 0).
+    db: int | None = None
     username: str | None = None
     password: str | None = None
 
@@ -101,7 +102,7 @@ def parse_sentinel_url(url: str) -> SentinelURL:
     return SentinelURL(
         sentinels=tuple(sentinels),
         service=unquote(service),
-        db=int(db or 0),
+        db=int(db) if db else None,
         username=unquote(user) or None,
         password=unquote(password) if colon else None,
     )
@@ -127,8 +128,9 @@ class SentinelPool(SentinelConnectionPool):
 
 def sentinel_client(url: str, options: dict[str, Any]) -> redis.Redis:
     """The client of the primary ``url`` names, with ``options`` (the backend's, retries
-    already off). The sentinels are asked with the same socket timeouts and no retries, plus
-    ``options["sentinel_kwargs"]`` (their password, TLS…)."""
+    already off; what the URL says wins, as in redis-py's ``from_url``). The sentinels are
+    asked with the same socket timeouts and no retries, plus ``options["sentinel_kwargs"]``
+    (their password, TLS…)."""
     parsed = parse_sentinel_url(url)
     options = dict(options)
     sentinel_kwargs = {
@@ -138,7 +140,8 @@ def sentinel_client(url: str, options: dict[str, Any]) -> redis.Redis:
     }
     for name in ("retry_on_timeout", "retry_on_error"):
         sentinel_kwargs.pop(name, None)
-    options.update(db=parsed.db, username=parsed.username, password=parsed.password)
+    given = {"db": parsed.db, "username": parsed.username, "password": parsed.password}
+    options.update({name: value for name, value in given.items() if value is not None})
     sentinel = redis.Sentinel(parsed.sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
     client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
         parsed.service, connection_pool_class=SentinelPool, **options

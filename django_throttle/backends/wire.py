@@ -85,8 +85,10 @@ class Connections:
     usage pushes); and taking or giving back one of ours is a list pop and append, where the
     client pool's checkout would cost a third of the counting call. A connection always goes
     back; one that raised anything but a server error reply is disconnected first (its stream
-    may still hold the reply, which would answer the next call). Thread safe; a forked child
-    starts with none of its parent's connections.
+    may still hold the reply, which would answer the next call). On a Sentinel pool
+    (:mod:`.redis_sentinel`) a connection is connected before each call by its own
+    ``connect`` (which asks the sentinels), and dropped first if it is on a former primary.
+    Thread safe; a forked child starts with none of its parent's connections.
     """
 
     def __init__(self, pool: Any) -> None:
