@@ -187,8 +187,9 @@ def test_sentinel_urls_are_parsed(url: str, parsed: SentinelURL) -> None:
     [
         ("redis+sentinel://h:26379", "names no service"),
         ("redis+sentinel://h:26379/", "names no service"),
-        ("redis+sentinel:///mymaster", "bad sentinel address ''"),
-        ("redis+sentinel://a:1,,b:2/mymaster", "bad sentinel address ''"),
+        ("redis+sentinel:///mymaster", "names no sentinel host"),
+        ("redis+sentinel://a:1,,b:2/mymaster", "names no sentinel host"),
+        ("redis+sentinel://:26379/mymaster", "bad sentinel address ':26379'"),
         ("redis+sentinel://h:port/mymaster", "bad sentinel address 'h:port'"),
         ("redis+sentinel://h:99999/mymaster", "bad sentinel address 'h:99999'"),
         ("redis+sentinel://h:0/mymaster", "bad sentinel address 'h:0'"),

@@ -80,6 +80,11 @@ def parse_sentinel_url(url: str) -> SentinelURL:
     userinfo, _, hosts = parts.netloc.rpartition("@")
     sentinels = []
     for host in hosts.split(","):
+        if not host:
+            raise ValueError(
+                "names no sentinel host (or an empty one between commas): list the sentinels "
+                "as //host:port,host:port"
+            )
         try:
             address = urlsplit(f"//{host}")
             name, port = address.hostname, address.port
