@@ -337,6 +337,9 @@ def test_a_failover_under_load_is_followed_and_exact_again_after_the_promotion(
         "promotion to +switch-master (s)": round(switched_at - promoted, 3),
         "promotion to first decision after failing (s)": round(first_served - promoted, 3),
         "promotion to last failure (s)": round(last_failure - promoted, 3),
+        "promotion to last backend error (s)": round(
+            max(end for _, _, _, end, outcome in load.calls if outcome == "error") - promoted, 3
+        ),
         "breaker cooldown (s)": load.breaker.cooldown,
         "calls": len(load.calls),
         "failed calls": len(failed),
