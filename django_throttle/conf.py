@@ -60,11 +60,15 @@ class Settings:
 
     @cached_property
     def REDIS_URL(self) -> str | None:
-        """Redis the Redis backend connects to. ``None``: reuse the django-redis cache
-        named by ``CACHE_ALIAS``."""
+        """Redis the Redis backend connects to: ``redis://``, ``rediss://`` (TLS), ``unix://``,
+        or ``redis+sentinel://[user:password@]host:port,host:port/<service>[/<db>]`` (also
+        ``valkey+sentinel://``) for the primary a set of sentinels names, the sentinels' own
+        credentials in ``REDIS_OPTIONS["sentinel_kwargs"]``. ``None``: reuse the django-redis
+        cache named by ``CACHE_ALIAS``."""
         return self._get("REDIS_URL", None) or None
 
-    #: Extra keyword arguments for the Redis client the backend builds (timeouts, pool).
+    #: Extra keyword arguments for the Redis client the backend builds (timeouts, pool);
+    #: with a Sentinel URL, ``"sentinel_kwargs"`` are those of the connections to the sentinels.
     REDIS_OPTIONS = Setting({}, dict)
 
     #: django-redis cache whose connection is reused when ``REDIS_URL`` is unset.

@@ -168,6 +168,7 @@ def imported_roots(path: Path) -> set[str]:
                 "django_throttle/backends/redis.py",
                 "django_throttle/backends/wire.py",
                 "django_throttle/backends/redis_async.py",
+                "django_throttle/backends/redis_sentinel.py",
             },
         ),
         ("django_redis", {"django_throttle/backends/redis.py"}),

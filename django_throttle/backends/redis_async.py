@@ -7,7 +7,8 @@ connections, sends the frame with ``send_packed_command``, reads the reply with
 ``read_response`` (bounded by the socket timeout) and always releases the connection; one that
 timed out, was cancelled or broke is disconnected first, so no late reply ever answers the
 next call. Only the sending differs from :class:`.wire.Connections`: the frames, the NOSCRIPT
-answer and the error mapping are the same code.
+answer and the error mapping are the same code. For a Sentinel-managed primary the loop's pool
+is a :class:`.redis_sentinel.AsyncSentinelPool` asking the same sentinels.
 """
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ from typing import Any
 
 import redis
 from redis.asyncio import connection as aio
+from redis.asyncio import sentinel as aio_sentinel
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, ResponseError
+from redis.sentinel import SentinelConnectionPool
 
+from django_throttle.backends.redis_sentinel import AsyncSentinelPool, async_twin
 from django_throttle.backends.wire import connection_getter, failure
 
 __all__ = ["AsyncConnections"]
@@ -35,6 +39,8 @@ _CLASSES = {
     "Connection": aio.Connection,
     "SSLConnection": aio.SSLConnection,
     "UnixDomainSocketConnection": aio.UnixDomainSocketConnection,
+    "SentinelManagedConnection": aio_sentinel.SentinelManagedConnection,
+    "SentinelManagedSSLConnection": aio_sentinel.SentinelManagedSSLConnection,
 }
 #: Options never copied from the sync pool (retries stay off: a replayed call may count twice).
 _SYNC_ONLY = (
@@ -64,7 +70,9 @@ async def _close_with_loop(pool: Any) -> AsyncIterator[None]:
         yield
     finally:
         with contextlib.suppress(Exception):
-            await pool.disconnect()
+            await (
+                pool.disconnect_all() if isinstance(pool, AsyncSentinelPool) else pool.disconnect()
+            )
 
 
 #: One event loop's pool, how to take a connection from it, and its closer.
@@ -78,8 +86,8 @@ class AsyncConnections:
     def __init__(self, pool: Any) -> None:
         cls = _CLASSES.get(pool.connection_class.__name__, aio.Connection)
         accepted = _parameters(cls)
-        # The sync pool also carries options of its own (retry objects, maintenance handlers):
-        # keep only what the asyncio connection takes.
+        # The sync pool also carries options of its own (retry objects, maintenance handlers,
+        # a Sentinel pool's proxy): keep only what the asyncio connection takes.
         kwargs = {
             k: v for k, v in pool.connection_kwargs.items() if k in accepted and k not in _SYNC_ONLY
         }
@@ -93,8 +101,12 @@ class AsyncConnections:
         # concurrent requests on one loop keep it busy longer than the sync pool's wait (tens
         # of ms), which would fail them while Redis is healthy. Each call holding a connection
         # is bounded by the socket timeouts, so the wait is bounded too.
-        blocking = isinstance(pool, redis.BlockingConnectionPool)
+        blocking = isinstance(pool, (redis.BlockingConnectionPool, SentinelConnectionPool))
         pool_class: Any = aio.BlockingConnectionPool if blocking else aio.ConnectionPool
+        #: A Sentinel-managed primary, asked of the sentinels through asyncio clients.
+        self._sentinel = isinstance(pool, SentinelConnectionPool)
+        if self._sentinel:
+            pool_class = partial(async_twin, pool)
         self._factory: Callable[[], Any] = partial(
             pool_class,
             connection_class=cls,
@@ -112,6 +124,9 @@ class AsyncConnections:
         try:
             pool, take, _ = await self._loop_pool()
             conn = await take()
+            if self._sentinel and not pool.connected_to_primary(conn):
+                # Still connected to a former primary: connect to the one named now.
+                await conn.disconnect()
             try:
                 try:
                     await conn.send_packed_command((body,), False)

@@ -27,8 +27,10 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.retry import Retry
+from redis.sentinel import SentinelConnectionPool
 
 from django_throttle.backends.base import ArgumentRefused, BackendError
+from django_throttle.backends.redis_sentinel import is_sentinel_url, sentinel_client
 from django_throttle.conf import app_settings
 
 #: A stalled Redis must cost a request tens of milliseconds, not redis-py's default 5 s x 10.
@@ -83,8 +85,10 @@ class Connections:
     usage pushes); and taking or giving back one of ours is a list pop and append, where the
     client pool's checkout would cost a third of the counting call. A connection always goes
     back; one that raised anything but a server error reply is disconnected first (its stream
-    may still hold the reply, which would answer the next call). Thread safe; a forked child
-    starts with none of its parent's connections.
+    may still hold the reply, which would answer the next call). On a Sentinel pool
+    (:mod:`.redis_sentinel`) a connection is connected before each call by its own
+    ``connect`` (which asks the sentinels), and dropped first if it is on a former primary.
+    Thread safe; a forked child starts with none of its parent's connections.
     """
 
     def __init__(self, pool: Any) -> None:
@@ -94,6 +98,11 @@ class Connections:
         #: How long a caller waits for a connection when all are in use (None: as long as it
         #: takes), as the client's BlockingConnectionPool would; 0 for a plain pool.
         self._patience: float | None = getattr(pool, "timeout", 0)
+        #: A Sentinel pool's ``owns_connection`` (False for a connection to a former
+        #: primary); None for a pool of one server, whose connections are always its own.
+        self._owns: Callable[[Any], bool] | None = (
+            pool.owns_connection if isinstance(pool, SentinelConnectionPool) else None
+        )
         self._forget()
         forget = weakref.WeakMethod(self._forget)
         os.register_at_fork(after_in_child=lambda: _call_if_alive(forget))
@@ -149,6 +158,8 @@ class Connections:
             except IndexError:
                 conn = self._take_slowly()
             try:
+                if self._owns is not None:
+                    _to_primary(conn, self._owns)
                 try:
                     conn.send_packed_command((body,), False)
                     return conn.read_response(disable_decoding=True)
@@ -175,6 +186,16 @@ class Connections:
             conn.disconnect()
 
 
+def _to_primary(conn: Any, owns: Callable[[Any], bool]) -> None:
+    """Connect a Sentinel-managed connection to the primary the sentinels name (``owns``: its
+    pool's ``owns_connection``), disconnecting it first from a former primary. Explicitly, by
+    its own ``connect``, which asks the sentinels: redis-py 8's ``send_packed_command``
+    connects an unconnected one as a plain ``Connection``, to its default address."""
+    if not owns(conn):
+        conn.disconnect()
+    conn.connect()
+
+
 def _call_if_alive(method: weakref.WeakMethod[Callable[[], None]]) -> None:
     bound = method()
     if bound is not None:
@@ -184,7 +205,8 @@ def _call_if_alive(method: weakref.WeakMethod[Callable[[], None]]) -> None:
 def build_client() -> redis.Redis:
     """A client with short timeouts, no retries and a bounded pool.
 
-    It connects to ``DJANGO_THROTTLE_REDIS_URL``, else to the Redis of the cache named by
+    It connects to ``DJANGO_THROTTLE_REDIS_URL`` (through the sentinels for a
+    ``redis+sentinel://`` URL, :mod:`.redis_sentinel`), else to the Redis of the cache named by
     ``DJANGO_THROTTLE_CACHE_ALIAS`` (its first ``LOCATION``, the primary, with its password and
     pool options) — never through the cache's own client, which has no timeouts.
     ``DJANGO_THROTTLE_REDIS_OPTIONS`` overrides any option except retries.
@@ -201,6 +223,8 @@ def build_client() -> redis.Redis:
     options["retry"] = Retry(NoBackoff(), 0)
     # How long a request may wait for a free pooled connection before failing over.
     options.setdefault("timeout", options.get("socket_connect_timeout", 0.05))
+    if is_sentinel_url(url):
+        return sentinel_client(url, options)
     return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))
 
 

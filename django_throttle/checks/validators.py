@@ -12,7 +12,6 @@ import ipaddress
 import re
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlparse
 
 from django.utils.module_loading import import_string
 
@@ -71,10 +70,22 @@ def _optional(validate: Validator) -> Validator:
 
 
 def _redis_url(value: Any) -> str | None:
+    from django_throttle.backends.redis_sentinel import SCHEMES, parse_sentinel_url
+
     if value is None or value == "":  # unset, e.g. os.environ.get("REDIS_URL", "")
         return None
-    if not isinstance(value, str) or urlparse(value).scheme not in {"redis", "rediss", "unix"}:
-        return "must be None or a URL such as 'redis://127.0.0.1:6379/0' (redis, rediss, unix)"
+    scheme = value.partition("://")[0].lower() if isinstance(value, str) else None
+    if scheme in SCHEMES:
+        try:
+            parse_sentinel_url(value)
+        except ValueError as exc:
+            return str(exc)
+        return None
+    if scheme not in {"redis", "rediss", "unix"}:
+        return (
+            "must be None or a URL such as 'redis://127.0.0.1:6379/0' (redis, rediss, unix) or "
+            "'redis+sentinel://host:26379,host:26379/mymaster' (redis+sentinel, valkey+sentinel)"
+        )
     return None
 
 
