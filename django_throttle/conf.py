@@ -60,8 +60,9 @@ class Settings:
 
     @cached_property
     def REDIS_URL(self) -> str | None:
-        """Redis the Redis backend connects to: ``redis://``, ``rediss://`` (TLS), ``unix://``,
-        or ``redis+sentinel://[user:password@]host:port,host:port/<service>[/<db>]`` (also
+        """Redis the Redis backend connects to: ``redis://``, ``rediss://`` (TLS), ``unix://``
+        (``valkey://`` and ``valkeys://`` are read as ``redis://`` and ``rediss://``), or
+        ``redis+sentinel://[user:password@]host:port,host:port/<service>[/<db>]`` (also
         ``valkey+sentinel://``) for the primary a set of sentinels names, the sentinels' own
         credentials in ``REDIS_OPTIONS["sentinel_kwargs"]``. ``None``: reuse the django-redis
         cache named by ``CACHE_ALIAS``."""

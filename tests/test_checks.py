@@ -176,6 +176,24 @@ def test_redis_backend_named_explicitly_without_redis(settings: Any) -> None:
     assert ids() == ["django_throttle.E018"]
 
 
+@pytest.mark.parametrize(
+    "url", ["valkey://127.0.0.1:6379/0", "valkeys://cache.example.com:6380/0", "VALKEY://h/1"]
+)
+def test_valkey_spellings_of_a_redis_url_pass(settings: Any, url: str) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+    assert ids() == []
+
+
+@pytest.mark.parametrize(
+    "url", ["redis+cluster://127.0.0.1:7000,127.0.0.1:7001", "valkey+cluster://h:7000"]
+)
+def test_a_cluster_url_says_cluster_is_not_supported_yet(settings: Any, url: str) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+    errors = check_settings()
+    assert [error.id for error in errors] == ["django_throttle.E002"]
+    assert "Cluster is not supported yet" in errors[0].msg
+
+
 def test_an_option_redis_py_connections_do_not_take_is_an_error(settings: Any) -> None:
     """``ssl=True`` beside a ``redis://`` URL (a redis.Redis() argument, not a connection's)
     would make every counting call fail and take the failure mode: E033 names the option and

@@ -178,3 +178,10 @@ def test_a_wrong_acl_password_is_an_outage_not_an_error(
         backend.hit("acl", limits())
     with pytest.raises(BackendError):
         asyncio.run(backend.ahit("acl", limits()))
+
+
+def test_a_valkey_scheme_counts_as_its_redis_spelling(settings: Any, redis_url: str) -> None:
+    """``valkey://`` is ``redis://`` (the suite's own server, whichever it is)."""
+    backend = backend_on(settings, redis_url.replace("redis://", "valkey://", 1))
+    assert admitted(backend, "valkey-url", LIMIT + 2, Algorithm.FIXED_WINDOW) == LIMIT
+    assert asyncio.run(admitted_async(backend, "valkey-a", LIMIT + 2, Algorithm.GCRA)) == LIMIT

@@ -225,7 +225,18 @@ def build_client() -> redis.Redis:
     options.setdefault("timeout", options.get("socket_connect_timeout", 0.05))
     if is_sentinel_url(url):
         return sentinel_client(url, options)
+    url = redis_spelling(url)
     return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))
+
+
+#: Valkey's names of the single-server schemes (as ``limits`` and valkey-py take them).
+VALKEY_SCHEMES = {"valkey": "redis", "valkeys": "rediss"}
+
+
+def redis_spelling(url: str) -> str:
+    """``url`` with a ``valkey://`` / ``valkeys://`` scheme written as redis-py reads it."""
+    scheme, separator, rest = url.partition("://")
+    return VALKEY_SCHEMES.get(scheme.lower(), scheme) + separator + rest
 
 
 def cache_connection(alias: str) -> tuple[str, dict[str, Any]]:

@@ -81,10 +81,17 @@ def _redis_url(value: Any) -> str | None:
         except ValueError as exc:
             return str(exc)
         return None
-    if scheme not in {"redis", "rediss", "unix"}:
+    if scheme in {"redis+cluster", "valkey+cluster", "rediss+cluster", "valkeys+cluster"}:
         return (
-            "must be None or a URL such as 'redis://127.0.0.1:6379/0' (redis, rediss, unix) or "
-            "'redis+sentinel://host:26379,host:26379/mymaster' (redis+sentinel, valkey+sentinel)"
+            "is a Redis Cluster URL, and Cluster is not supported yet: a cluster's MOVED "
+            "replies would make every counting call take the failure mode. Use one Redis, "
+            "or Sentinel (redis+sentinel://)"
+        )
+    if scheme not in {"redis", "rediss", "unix", "valkey", "valkeys"}:
+        return (
+            "must be None or a URL such as 'redis://127.0.0.1:6379/0' (redis, rediss, unix, "
+            "valkey, valkeys) or 'redis+sentinel://host:26379,host:26379/mymaster' "
+            "(redis+sentinel, valkey+sentinel)"
         )
     return None
 
