@@ -71,6 +71,7 @@ def _optional(validate: Validator) -> Validator:
 
 def _redis_url(value: Any) -> str | None:
     from django_throttle.backends.redis_sentinel import SCHEMES, parse_sentinel_url
+    from django_throttle.backends.wire import VALKEY_SCHEMES
 
     if value is None or value == "":  # unset, e.g. os.environ.get("REDIS_URL", "")
         return None
@@ -87,7 +88,7 @@ def _redis_url(value: Any) -> str | None:
             "replies would make every counting call take the failure mode. Use one Redis, "
             "or Sentinel (redis+sentinel://)"
         )
-    if scheme not in {"redis", "rediss", "unix", "valkey", "valkeys"}:
+    if scheme not in {"redis", "rediss", "unix", *VALKEY_SCHEMES}:
         return (
             "must be None or a URL such as 'redis://127.0.0.1:6379/0' (redis, rediss, unix, "
             "valkey, valkeys) or 'redis+sentinel://host:26379,host:26379/mymaster' "
