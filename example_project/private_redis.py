@@ -76,7 +76,10 @@ class PrivateRedis:
         self.extra_args = extra_args
         self._dir = tempfile.TemporaryDirectory(prefix="django-throttle-redis-")
         self._process: subprocess.Popen[bytes] | None = None
-        self._stop_at_exit = False
+        # Registered now, not at start: a server that never started (a binary without TLS, a
+        # topology whose first node failed) still has its directory removed explicitly at
+        # exit, not by the garbage collector with a ResourceWarning in some later test.
+        atexit.register(self.stop)
 
     @property
     def pid(self) -> int | None:
@@ -112,9 +115,6 @@ class PrivateRedis:
         self._process = subprocess.Popen(
             self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        if not self._stop_at_exit:
-            self._stop_at_exit = True
-            atexit.register(self.stop)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
