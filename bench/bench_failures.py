@@ -247,7 +247,7 @@ def run(seconds: float, threads: int, clients: int) -> dict[str, Any]:
         )
         from django.core.management import call_command
 
-        from django_throttle.backends.wire import DEFAULT_CLIENT_OPTIONS
+        from django_throttle.backends.redis_clients import DEFAULT_CLIENT_OPTIONS
         from django_throttle.models import Tier, TierLimit
         from django_throttle.policy import live as policy
 

@@ -17,7 +17,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from django.conf import settings
 
-__all__ = ["ProxyTrust", "Settings", "app_settings"]
+__all__ = ["CLUSTER_SCHEMES", "ProxyTrust", "Settings", "app_settings", "is_cluster_url"]
 
 PREFIX = "DJANGO_THROTTLE_"
 T = TypeVar("T")
@@ -78,9 +78,20 @@ class Settings:
     #: First part of every Redis key the app writes.
     KEY_PREFIX = Setting("dt", str)
 
-    #: Hash-tag shards of the keys (1-1024): each is one Redis Cluster slot holding its
-    #: clients' counters and usage. Raise it above the number of cluster primaries.
-    KEY_SHARDS = Setting(16, int)
+    @cached_property
+    def KEY_SHARDS(self) -> int:
+        """Hash-tag shards of the keys (1-1024): each is one Redis Cluster slot holding its
+        clients' counters and usage. A shared limit (one ceiling for all clients of a tier)
+        is kept per shard, each admitting ``ceil(count / shards)``: up to ``shards x
+        ceil(count / shards)`` in all. Unset: 16 when ``REDIS_URL`` is a Redis Cluster URL
+        (``redis+cluster://``, ``rediss+cluster://``, ``valkey+cluster://``,
+        ``valkeys+cluster://``), spreading clients and their load over the primaries; else
+        1, so the ceiling is exact (a single Redis, Sentinel, the django-redis cache's Redis,
+        the memory backend). On a Cluster, fewer shards make the ceiling more exact and put
+        all counting on fewer primaries. Changing it starts every counter afresh: the shard
+        is part of each key."""
+        on_cluster = is_cluster_url(self.REDIS_URL)
+        return int(self._get("KEY_SHARDS", 16 if on_cluster else 1))
 
     #: What happens when the backend cannot answer, unless a tier or endpoint rule says
     #: otherwise: ``"open"`` serves the request uncounted, ``"closed"`` refuses it with
@@ -195,6 +206,18 @@ class Settings:
 
     #: Days usage rows are kept in the database before the rollup deletes them.
     USAGE_RETENTION_DAYS = Setting(7, int)
+
+
+#: ``REDIS_URL`` schemes of a Redis Cluster: the ones ``KEY_SHARDS`` defaults to 16 for.
+CLUSTER_SCHEMES = frozenset(
+    {"redis+cluster", "rediss+cluster", "valkey+cluster", "valkeys+cluster"}
+)
+
+
+def is_cluster_url(url: str | None) -> bool:
+    """Whether ``url`` names a Redis Cluster, by its scheme alone (a plain string test: this
+    module never imports the backends, and reads no server)."""
+    return isinstance(url, str) and url.partition("://")[0].lower() in CLUSTER_SCHEMES
 
 
 class ProxyTrust(NamedTuple):

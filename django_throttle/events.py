@@ -14,8 +14,9 @@ exception in a receiver is logged and swallowed, so it cannot fail a request).
 - :data:`backend_error`: a backend call failed (``error``, ``reason``: ``timeout``,
   ``connection``, ``script`` or ``other``); calls the open circuit breaker refuses at once
   are not errors of their own.
-- :data:`backend_unavailable` / :data:`backend_available`: the circuit breaker opened /
-  closed again (``error`` / ``down_seconds``).
+- :data:`backend_unavailable` / :data:`backend_available`: a circuit breaker opened /
+  closed again (``error`` / ``down_seconds``; ``node``: None for the process's breaker, a
+  Redis Cluster primary's ``host:port`` for that primary's own).
 - :data:`policy_reloaded`: this process compiled a new policy snapshot (``policy``,
   ``seconds``).
 - :data:`script_loaded`: the backend (re)loaded its Lua script into Redis (after a restart

@@ -17,6 +17,8 @@ Metrics (all prefixed ``django_throttle_``):
 - ``backend_errors_total{reason}``: ``timeout``, ``connection``, ``script`` or ``other``;
 - ``circuit_breaker_open``: 1 while a process's breaker is open (the highest of the live
   processes in multiprocess mode); ``circuit_breaker_transitions_total{to}``;
+- ``cluster_primary_breaker_open{primary}``: 1 while the breaker of that Redis Cluster
+  primary is open (its clients take their failure mode; the others are counted);
 - ``script_loads_total``: Lua scripts loaded into Redis after NOSCRIPT;
 - ``policy_reloads_total``: policy snapshots compiled.
 
@@ -65,6 +67,12 @@ def _build() -> dict[str, Any]:
             "1 while the circuit breaker is open.",
             multiprocess_mode="livemax",
         ),
+        "primary_open": Gauge(
+            "django_throttle_cluster_primary_breaker_open",
+            "1 while the circuit breaker of this Redis Cluster primary is open.",
+            ["primary"],
+            multiprocess_mode="livemax",
+        ),
         "transitions": Counter(
             "django_throttle_circuit_breaker_transitions",
             "Circuit breaker openings and closings.",
@@ -103,9 +111,13 @@ def _error(*, reason: str, **_: Any) -> None:
     _metrics["errors"].labels(reason).inc()
 
 
-def _breaker(*, signal: Any, **_: Any) -> None:
-    """The breaker opened (``backend_unavailable``) or closed (``backend_available``)."""
+def _breaker(*, signal: Any, node: str | None = None, **_: Any) -> None:
+    """A breaker opened (``backend_unavailable``) or closed (``backend_available``): the
+    process's, or (``node``) one cluster primary's, which is not the process's state."""
     opened = signal is events.backend_unavailable
+    if node is not None:
+        _metrics["primary_open"].labels(node).set(int(opened))
+        return
     _metrics["open"].set(int(opened))
     _metrics["transitions"].labels("open" if opened else "closed").inc()
 

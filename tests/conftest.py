@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -14,18 +15,39 @@ from example_project.private_redis import PrivateRedis
 
 _private: PrivateRedis | None = None
 
+#: ``DJANGO_THROTTLE_TEST_ACL=least-privilege``: the throttle counts as an ACL user holding
+#: only :func:`~django_throttle.backends.redis_acl.acl_rules` (on the suite's own server).
+ACL_MODE = "least-privilege"
+#: Every test's key prefix starts so (``_isolated_throttle``).
+TEST_PREFIX = "dtt"
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Start the suite's own redis-server before Django reads the settings.
 
     ``REDIS_URL`` points the suite at an outside Redis instead; keys then live under a random
-    prefix per test and nothing is ever flushed.
+    prefix per test and nothing is ever flushed. ``DJANGO_THROTTLE_TEST_ACL=least-privilege``
+    makes the throttle (every backend the tests build from ``redis_url`` or the settings,
+    here and in the processes they start) count as a least-privilege ACL user, while the
+    tests' own setup and inspection (``redis_client``, ``redis_admin_url``) stay the server's
+    default user.
     """
     global _private
     url = os.environ.get("DJANGO_THROTTLE_TEST_REDIS_URL") or os.environ.get("REDIS_URL")
+    acl = os.environ.get("DJANGO_THROTTLE_TEST_ACL", "")
+    if acl not in ("", ACL_MODE):
+        raise pytest.UsageError(f"DJANGO_THROTTLE_TEST_ACL must be {ACL_MODE!r} or unset")
+    if acl and url:
+        raise pytest.UsageError(
+            "DJANGO_THROTTLE_TEST_ACL adds an ACL user: only on the suite's own redis-server, "
+            "so unset REDIS_URL"
+        )
     if not url:
         _private = PrivateRedis().start()
         url = _private.url
+    os.environ.setdefault("DJANGO_THROTTLE_TEST_REDIS_ADMIN_URL", url)
+    if acl:
+        url = _least_privilege_user(url)
     os.environ["DJANGO_THROTTLE_TEST_REDIS_URL"] = url
     # pytest-django may have loaded the settings already; point them at this Redis too.
     from django.conf import settings
@@ -33,20 +55,45 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.DJANGO_THROTTLE_REDIS_URL = url
 
 
+def _least_privilege_user(admin_url: str) -> str:
+    """Add the throttle's ACL user to the server at ``admin_url``; the URL that logs in as it.
+
+    Its rules are the docs' for the default prefix, plus the tests' prefixes."""
+    from django_throttle.backends.redis_acl import acl_rules
+
+    password = secrets.token_urlsafe(16)
+    rules = [*acl_rules("dt"), f"~{TEST_PREFIX}*", "on", f">{password}"]
+    client = redis.Redis.from_url(admin_url)
+    try:
+        client.execute_command("ACL", "SETUSER", "throttle", *rules)
+    finally:
+        client.close()
+    scheme, rest = admin_url.split("://", 1)
+    return f"{scheme}://throttle:{password}@{rest.rpartition('@')[2]}"
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _private is not None:
         _private.stop()
         os.environ.pop("DJANGO_THROTTLE_TEST_REDIS_URL", None)
+        os.environ.pop("DJANGO_THROTTLE_TEST_REDIS_ADMIN_URL", None)
 
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
+    """The URL the throttle counts on (as the least-privilege user in that mode)."""
     return os.environ["DJANGO_THROTTLE_TEST_REDIS_URL"]
 
 
+@pytest.fixture(scope="session")
+def redis_admin_url() -> str:
+    """The same server as the default user: for tests that set up or inspect it."""
+    return os.environ["DJANGO_THROTTLE_TEST_REDIS_ADMIN_URL"]
+
+
 @pytest.fixture
-def redis_client(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
+def redis_client(redis_admin_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_admin_url)
     yield client
     client.close()
 
@@ -76,7 +123,7 @@ def _isolated_throttle(settings: object, monkeypatch: pytest.MonkeyPatch) -> Ite
     from django_throttle.usage import accounting as usage
 
     monkeypatch.setattr(usage_base, "CLIENT_SAMPLE", 1)
-    prefix = f"dtt{uuid.uuid4().hex[:10]}"
+    prefix = f"{TEST_PREFIX}{uuid.uuid4().hex[:10]}"
     settings.DJANGO_THROTTLE_KEY_PREFIX = prefix  # type: ignore[attr-defined]
     backends.reset_backend_cache()
     policy.reset()

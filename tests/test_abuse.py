@@ -59,9 +59,14 @@ def test_the_shared_tier_limit_is_compiled_as_one_shared_limit(ceiling: None) ->
     assert limits[1].rate == Limit.build("x", f"{CEILING}/h").rate
 
 
+@pytest.mark.parametrize("key_shards", [None, 16], ids=["default", "16"])
 def test_200_rotating_addresses_get_no_more_than_the_shared_ceiling_split_per_shard(
-    backend: Backend, ceiling: None
+    settings: Any, key_shards: int | None, ceiling: None, backend: Backend
 ) -> None:
+    """One shard (the default on a single Redis): exactly the ceiling, 50. 16 shards (a
+    Cluster's default): each shard admits ceil(50 / 16) = 4, at most 16 x 4 = 64."""
+    if key_shards is not None:
+        settings.DJANGO_THROTTLE_KEY_SHARDS = key_shards
     shards = app_settings.KEY_SHARDS
     share = math.ceil(CEILING / shards)
     per_shard = Counter(shard_of(f"ip:{address}", shards) for address in ADDRESSES)
@@ -71,7 +76,11 @@ def test_200_rotating_addresses_get_no_more_than_the_shared_ceiling_split_per_sh
     admitted = allowed_from(ADDRESSES, REQUESTS_EACH)
 
     assert admitted == expected
-    assert admitted <= shards * share  # the documented bound: 16 x ceil(50 / 16) = 64
+    assert admitted <= shards * share  # the documented bound
+    if key_shards is None:
+        assert shards == 1 and admitted == CEILING  # one shard: the ceiling itself, exact
+    else:
+        assert admitted <= 16 * 4  # 16 x ceil(50 / 16)
     assert admitted < len(ADDRESSES) * REQUESTS_EACH  # 600 sent; per client alone: all pass
 
 
@@ -90,10 +99,12 @@ def test_signed_in_users_are_not_under_the_anonymous_ceiling(
 
 
 def test_the_admin_warns_about_a_shared_ceiling_whose_share_a_rule_cost_exceeds(
-    admin_client: Client,
+    admin_client: Client, settings: Any
 ) -> None:
-    """50/min over 16 shards holds 4 per shard: a rule costing 10 could never pass it, which
-    the admin says after saving (the tier's clients may never reach that rule)."""
+    """50/min over 16 shards (a Cluster's default) holds 4 per shard: a rule costing 10
+    could never pass it, which the admin says after saving (the tier's clients may never
+    reach that rule)."""
+    settings.DJANGO_THROTTLE_KEY_SHARDS = 16
     endpoint("export", "scope", "export", cost=10)
     data = {
         "slug": "anonymous",

@@ -64,8 +64,15 @@ def _serve(url: str, barrier: Any, tasks: Any, results: Any) -> None:
     while (task := tasks.get()) is not None:
         prefix, arguments = task
         settings.DJANGO_THROTTLE_KEY_PREFIX = prefix
-        client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=10)
-        backend = RedisBackend(client)
+        if url.startswith("redis+cluster://"):  # tests/test_cluster.py: the backend's own client
+            settings.DJANGO_THROTTLE_REDIS_URL = url
+            settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 10, "timeout": 10}
+            settings.DJANGO_THROTTLE_KEY_SHARDS = 16
+            backend = RedisBackend()
+            client: Any = backend.client
+        else:
+            client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=10)
+            backend = RedisBackend(client)
         limits = (Limit.build("c1", **arguments),)
         outcomes: list[object] = []
 
@@ -89,11 +96,16 @@ def _serve(url: str, barrier: Any, tasks: Any, results: Any) -> None:
 @pytest.fixture(scope="module")
 def workers(redis_url: str) -> Iterator[tuple[Any, Any]]:
     """``PROCESSES`` spawned workers (no fork of the test process), started once."""
+    yield from spawned_workers(redis_url)
+
+
+def spawned_workers(url: str) -> Iterator[tuple[Any, Any]]:
+    """Start ``PROCESSES`` workers counting on ``url``; yield their task and result queues."""
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(PROCESSES * THREADS)
     tasks, results = context.Queue(), context.Queue()
     processes = [
-        context.Process(target=_serve, args=(redis_url, barrier, tasks, results), daemon=True)
+        context.Process(target=_serve, args=(url, barrier, tasks, results), daemon=True)
         for _ in range(PROCESSES)
     ]
     for process in processes:

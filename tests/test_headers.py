@@ -230,15 +230,21 @@ def test_retry_after_header_rounds_up_and_is_at_least_one(retry_after: float, he
 
 
 @pytest.mark.django_db
-def test_a_shared_ceiling_is_shown_as_the_share_a_client_can_use(client: Any) -> None:
+@pytest.mark.parametrize(("key_shards", "shown"), [(None, ("50", "49")), (16, ("4", "3"))])
+def test_a_shared_ceiling_is_shown_as_the_share_a_client_can_use(
+    client: Any, settings: Any, key_shards: int | None, shown: tuple[str, str]
+) -> None:
+    """One shard (the default on a single Redis): the whole ceiling. 50/min over 16 key
+    shards (a Cluster's default): each enforces 4, and the client used 1 of its shard's 4."""
     from django_throttle.models import TierLimit
     from tests.factories import tier as make_tier
 
+    if key_shards is not None:
+        settings.DJANGO_THROTTLE_KEY_SHARDS = key_shards
     anonymous = make_tier("anonymous", is_default_anonymous=True)
     TierLimit.objects.create(tier=anonymous, rate="50/min", shared=True)
 
     response = client.get("/api/ping/", REMOTE_ADDR="203.0.113.61")
 
     assert response.status_code == 200
-    # 50/min over the 16 key shards: each enforces 4; the client used 1 of its shard's 4.
-    assert (response["X-RateLimit-Limit"], response["X-RateLimit-Remaining"]) == ("4", "3")
+    assert (response["X-RateLimit-Limit"], response["X-RateLimit-Remaining"]) == shown

@@ -543,18 +543,22 @@ def redis_backend() -> RedisBackend:
     return backend
 
 
+@pytest.mark.parametrize("shards", [1, 16, 1024])
 def test_nasty_identities_make_bounded_keys_with_our_hash_tag_only(
-    redis_backend: RedisBackend,
+    settings: Any, shards: int
 ) -> None:
+    settings.DJANGO_THROTTLE_KEY_SHARDS = shards
+    backend = get_backend()
+    assert isinstance(backend, RedisBackend) and backend.shards == shards
     limit = Limit.build("per-minute", "5/m")
-    keys = [redis_backend.key(identity.key, limit) for identity in IDENTITIES]
-    longest_tag = len(f"{redis_backend.prefix}:{{{redis_backend.shards - 1}}}")
+    keys = [backend.key(identity.key, limit) for identity in IDENTITIES]
+    longest_tag = len(f"{backend.prefix}:{{{backend.shards - 1}}}")
 
     for key in keys:
         match = KEY_SHAPE.fullmatch(key)
         assert match is not None, key
-        assert match["prefix"] == redis_backend.prefix
-        assert int(match["shard"]) < redis_backend.shards
+        assert match["prefix"] == backend.prefix
+        assert int(match["shard"]) < backend.shards
         assert match["rest"] == "tper-minute"  # the algorithm code, then the limit id
         assert len(key) <= longest_tag + 16 + len("tper-minute")
     assert len(set(keys)) == len(IDENTITIES), "two identities share a key"

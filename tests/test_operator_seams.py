@@ -371,13 +371,18 @@ def test_a_300_character_username_is_explained_and_reset(
 
 
 @pytest.mark.parametrize("algorithm", ["token_bucket", "gcra", "sliding_window_log"])
-def test_reset_shared_refills_every_shard_and_nothing_else(backend: Any, algorithm: str) -> None:
+def test_reset_shared_refills_every_shard_and_nothing_else(
+    settings: Any, algorithm: str, backend: Any
+) -> None:
     """``reset_shared`` is the ceiling's own reset: every key shard's state of the shared
-    limit goes, a client's own limit stays."""
+    limit goes (16 shards, a Cluster's default), a client's own limit stays."""
+    from django_throttle.backends import get_backend
     from django_throttle.backends.base import shard_of
     from django_throttle.conf import app_settings
     from django_throttle.rates import Limit
 
+    settings.DJANGO_THROTTLE_KEY_SHARDS = 16
+    backend = get_backend()  # rebuilt with 16 shards
     shards = app_settings.KEY_SHARDS
     ceiling = Limit.build("c1", "64/m", algorithm=algorithm, shared=True)
     own = Limit.build("o1", "5/m", algorithm=algorithm)

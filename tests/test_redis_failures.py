@@ -206,7 +206,7 @@ def test_pool_exhausted_is_a_backend_error(settings: Any, redis_url: str) -> Non
     """Counting's own connections, all in use for longer than the pool's timeout: the next
     call fails over (a BackendError), and counts again once one comes back."""
     backend = backend_for(settings, redis_url, max_connections=1, timeout=0.01)
-    connections = backend._connections
+    connections = backend._route._connections
     held = connections._take_slowly()  # none idle yet: made, counted as in use
     try:
         with pytest.raises(BackendError, match=r"(?i)no connection available"):
@@ -392,17 +392,17 @@ def test_a_forked_child_counts_on_connections_of_its_own(settings: Any, redis_ur
     own connection and the parent's keeps answering the parent."""
     backend = backend_for(settings, redis_url)
     assert backend.hit("fork", [LIMIT]).allowed
-    parents = list(backend._connections._idle)
+    parents = list(backend._route._connections._idle)
     assert parents
     with warnings.catch_warnings():
         # Python 3.12+ warns about forking a process with threads (other tests' servers).
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
     if pid == 0:  # the child: report by exit status only
-        ok = backend._connections._idle == [] and backend.hit("fork", [LIMIT]).allowed
-        ok = ok and all(conn not in parents for conn in backend._connections._idle)
+        ok = backend._route._connections._idle == [] and backend.hit("fork", [LIMIT]).allowed
+        ok = ok and all(conn not in parents for conn in backend._route._connections._idle)
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert backend._connections._idle == parents
+    assert backend._route._connections._idle == parents
     assert backend.hit("fork", [LIMIT]).allowed

@@ -26,7 +26,7 @@ from django_throttle.backends.memory_algorithms import TWINS
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.backends.scripts import REFUND_FILES, load_script
 from django_throttle.rates import Algorithm, Decision, Limit
-from tests.test_model import SHORT_PX_MS, AlgorithmMachine
+from tests.test_model import SHORT_PX_MS, AlgorithmMachine, inspector
 
 T0 = 1_700_000_000.0
 CAPACITY = 5
@@ -347,7 +347,7 @@ class RefundMachine(AlgorithmMachine):
             key = (self.limit.id, self.limit.algorithm)
             model = self.model.store.get(key)
             if model is None:  # nothing used: no key anywhere
-                assert not self.redis.client.exists(self.redis.key(self.client, self.limit))
+                assert not inspector().exists(self.redis.key(self.client, self.limit))
             elif self.redis_written and self.redis_expiry is None:
                 # Written with a PX so short it ran out on Redis's clock before the machine
                 # read it: drop the state everywhere, as _check_expiry does after a hit.

@@ -216,6 +216,26 @@ def test_credential_counters_hold_whatever_the_callers_tier(
 
 
 @pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+@pytest.mark.parametrize("login", LOGINS)
+@pytest.mark.parametrize("who", ["anonymous", "signed-in", "api-key"])
+def test_every_credential_guard_fails_closed_while_the_backend_is_down(
+    gold: Tier, settings: Any, login: str, who: str, kind: str
+) -> None:
+    """An outage must not open the door to password guessing, whichever adapter guards the
+    login: ``@throttle`` under the credential rule (no ``credential=True``) failed open (the
+    password was checked, 401) while ``protect_credentials`` and the DRF token view failed
+    closed. Every one answers 503 with ``Retry-After`` now; a view under an ordinary rule
+    keeps the default (open)."""
+    user, headers = caller(who, gold)
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    attempt = ("POST", LOGINS[login], {"username": "victim", "password": "guess"})
+    responses = send(kind, [attempt] * 2, user, headers)
+    assert statuses(responses) == [503, 503]
+    assert all(int(response["Retry-After"]) >= 1 for response in responses)
+    assert statuses(send(kind, [("GET", VIEWS["decorator"], {})], user, headers)) == [200]
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
 @pytest.mark.parametrize("who", ["anonymous", "signed-in"])
 @pytest.mark.parametrize("presented", PRESENTED, ids=["300", "unicode", "markup"])
 def test_basic_credentials_meet_the_counters_whatever_the_callers_tier(

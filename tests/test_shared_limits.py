@@ -1,27 +1,51 @@
 """Shared limits (``Limit.shared``): one ceiling for all clients, kept per key shard.
 
 Every shard enforces ``ceil(count / shards)`` (burst likewise) for the clients whose keys live
-in it, so a decision stays in one Redis Cluster slot. Both backends, same expectations; the
-Redis backend runs against the suite's private redis-server.
+in it, so a decision stays in one Redis Cluster slot. The tests of the split run with 16
+shards (a Cluster's default, pinned below); the default elsewhere, one shard, is one exact
+ceiling. Both backends, same expectations; the Redis backend runs against the suite's private
+redis-server; the ceiling is also driven through the real middleware and every adapter, sync
+and async.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from collections import defaultdict
+from typing import Any
 
 import pytest
 import redis
+from asgiref.sync import async_to_sync
+from django.test import AsyncClient, Client
 
 from django_throttle.backends import get_backend
 from django_throttle.backends.base import Backend, per_shard, shard_of
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis import RedisBackend
+from django_throttle.conf import app_settings
+from django_throttle.models import TierLimit
 from django_throttle.rates import Algorithm, Limit
+from tests.factories import tier
 
 T0 = 1_700_000_000.0
-SHARDS = 16  # DJANGO_THROTTLE_KEY_SHARDS's default
+SHARDS = 16  # DJANGO_THROTTLE_KEY_SHARDS's default on a Redis Cluster, pinned here
+
+
+@pytest.fixture(autouse=True)
+def key_shards(request: pytest.FixtureRequest, settings: Any) -> int:
+    """Split every shared limit over 16 shards, as on a Cluster: these tests are about the
+    split. A test of the default parametrizes this fixture with ``None`` (setting unset)."""
+    shards: int | None = getattr(request, "param", SHARDS)
+    if shards is not None:
+        settings.DJANGO_THROTTLE_KEY_SHARDS = shards
+    return app_settings.KEY_SHARDS
+
+
+#: Leaves DJANGO_THROTTLE_KEY_SHARDS unset: the default (one shard on the suite's Redis).
+DEFAULT_SHARDS = pytest.mark.parametrize("key_shards", [None], indirect=True, ids=["default"])
 
 
 def shared_limit(algorithm: str = Algorithm.TOKEN_BUCKET, rate: str = "50/m") -> Limit:
@@ -77,9 +101,12 @@ def test_share_is_rounded_up(backend: Backend) -> None:
         assert admitted(backend, clients_by_shard()[5][0], limits, 20) == share, rate
 
 
-def test_one_shard_means_one_exact_ceiling(settings: object) -> None:
-    settings.DJANGO_THROTTLE_KEY_SHARDS = 1  # type: ignore[attr-defined]
+@DEFAULT_SHARDS
+def test_one_shard_means_one_exact_ceiling(key_shards: int) -> None:
+    """One shard, the default on a single Redis and in memory: 30 clients get exactly 10."""
+    assert key_shards == 1
     for backend in (get_backend(), MemoryBackend()):
+        assert backend.shards == 1  # type: ignore[attr-defined]
         limits = [shared_limit(rate="10/m")]
         total = sum(admitted(backend, f"ip:192.0.2.{n}", limits, 1) for n in range(30))
         assert total == 10
@@ -198,3 +225,98 @@ def test_shard_matches_the_redis_key(_isolated_throttle: str) -> None:
         assert backend.key(client, plain).startswith(
             f"{_isolated_throttle}:{{{shard_of(client, SHARDS)}}}"
         )
+
+
+# Through the real middleware and every adapter ---------------------------------------------
+
+#: The throttled views of tests/urls.py: ``@throttle`` on a sync and an ``async def`` view,
+#: the DRF throttle class on a sync ``APIView`` and an adrf async one.
+VIEWS = ["/seams/view/", "/seams/view-async/", "/seams/api/", "/seams/api-async/"]
+CEILING = 10
+
+
+def one_address_per_shard(shards: int) -> list[str]:
+    """Anonymous addresses, the first of each key shard (so every shard is asked)."""
+    found: dict[int, str] = {}
+    for n in range(10_000):
+        address = f"198.51.{n // 250}.{n % 250 + 1}"
+        found.setdefault(shard_of(f"ip:{address}", shards), address)
+        if len(found) == shards:
+            return [found[shard] for shard in range(shards)]
+    raise AssertionError(f"no address in some of {shards} shards")
+
+
+def another_in_shard(address: str) -> str:
+    """Another address in the same key shard as ``address``."""
+    shard = shard_of(f"ip:{address}", SHARDS)
+    for n in range(10_000):
+        other = f"192.0.{n // 250}.{n % 250 + 1}"
+        if shard_of(f"ip:{other}", SHARDS) == shard:
+            return other
+    raise AssertionError(f"no other address in shard {shard}")
+
+
+def from_addresses(kind: str, path: str, addresses: list[str]) -> list[Any]:
+    """One GET from each address through the whole stack: Django's ``Client`` (WSGI) for
+    ``kind`` "wsgi", ``AsyncClient`` (ASGI) for "asgi". The address comes as one trusted
+    proxy's ``X-Forwarded-For`` (see :func:`anonymous_ceiling`): ``AsyncClient`` takes
+    ``REMOTE_ADDR`` from its scope, which a request cannot change."""
+    if kind == "wsgi":
+        client = Client()
+        return [client.get(path, headers={"X-Forwarded-For": a}) for a in addresses]
+
+    async def run() -> list[Any]:
+        client = AsyncClient()
+        return [await client.get(path, headers={"X-Forwarded-For": a}) for a in addresses]
+
+    return async_to_sync(run)()
+
+
+@pytest.fixture
+def anonymous_ceiling(db: Any, backend: Backend, settings: Any) -> None:
+    """Anonymous: 1000/h per address and a shared 10/h for all of them together (a token
+    back every 6 minutes at the least, so none comes back during a test), behind one
+    trusted proxy."""
+    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    TierLimit.objects.create(tier=anonymous, rate=f"{CEILING}/h", shared=True)
+
+
+@DEFAULT_SHARDS
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+@pytest.mark.parametrize("path", VIEWS)
+def test_one_shard_admits_exactly_the_shared_ceiling(
+    key_shards: int, anonymous_ceiling: None, path: str, kind: str
+) -> None:
+    """The default on a single Redis (and in memory): one shard, so a shared 10/h admits
+    exactly 10 of 40 anonymous addresses, whichever adapter and handler they go through."""
+    assert key_shards == 1
+    addresses = [f"203.0.113.{n}" for n in range(1, 41)]
+
+    responses = from_addresses(kind, path, addresses)
+
+    assert [r.status_code for r in responses] == [200] * CEILING + [429] * 30
+    assert {r["X-RateLimit-Limit"] for r in responses} == {str(CEILING)}
+    assert [r["X-RateLimit-Remaining"] for r in responses[:CEILING]] == [
+        str(CEILING - n) for n in range(1, CEILING + 1)
+    ]
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+@pytest.mark.parametrize("path", VIEWS)
+def test_sixteen_shards_admit_up_to_shards_times_the_share(
+    anonymous_ceiling: None, path: str, kind: str
+) -> None:
+    """A Cluster's default, 16 shards: each admits ceil(10 / 16) = 1, so a shared 10/h
+    admits up to 16 x 1 = 16 (the documented bound), reached here by asking every shard
+    twice: one address of each shard gets through, a second address of the shard does not."""
+    first = one_address_per_shard(SHARDS)
+    second = [another_in_shard(address) for address in first]
+    share = math.ceil(CEILING / SHARDS)
+
+    responses = from_addresses(kind, path, first + second)
+
+    allowed = sum(r.status_code == 200 for r in responses)
+    assert allowed == SHARDS * share == 16
+    assert [r.status_code for r in responses] == [200] * SHARDS + [429] * SHARDS
+    assert {r["X-RateLimit-Limit"] for r in responses} == {str(share)}

@@ -185,3 +185,28 @@ def test_a_valkey_scheme_counts_as_its_redis_spelling(settings: Any, redis_url: 
     backend = backend_on(settings, redis_url.replace("redis://", "valkey://", 1))
     assert admitted(backend, "valkey-url", LIMIT + 2, Algorithm.FIXED_WINDOW) == LIMIT
     assert asyncio.run(admitted_async(backend, "valkey-a", LIMIT + 2, Algorithm.GCRA)) == LIMIT
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "connect_timeout"),
+    [
+        ("redis://127.0.0.1:6379/0", {}, 0.05),
+        ("rediss://cache.example.com:6380/0", {}, 0.5),
+        ("valkeys://cache.example.com:6380/0", {}, 0.5),
+        ("rediss+cluster://cache.example.com:6380", {}, 0.5),
+        ("redis+sentinel://s1:26379/mymaster", {"ssl": True}, 0.5),
+        ("rediss://cache.example.com:6380/0", {"socket_connect_timeout": 0.2}, 0.2),
+    ],
+)
+def test_tls_gets_a_connect_timeout_a_handshake_fits_in(
+    settings: Any, url: str, options: dict[str, Any], connect_timeout: float
+) -> None:
+    """50 ms is a plain connection's; a TLS handshake (an async view under WSGI makes one
+    per request) gets 0.5 s unless the settings say otherwise. Reads stay at 50 ms."""
+    from django_throttle.backends.redis_clients import client_options
+
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = options
+    chosen = client_options()[1]
+    assert chosen["socket_connect_timeout"] == connect_timeout
+    assert chosen["socket_timeout"] == 0.05

@@ -243,6 +243,7 @@ def test_lua_top_of_one_keeps_its_ttl(
 def test_a_broken_usage_key_never_fails_a_decision(
     redis_client: redis.Redis, settings: Any
 ) -> None:
+    settings.DJANGO_THROTTLE_KEY_SHARDS = 16  # every one of a Cluster's shards broken
     backend = get_backend()
     minute = int(redis_client.time()[0]) // 60
     for tag in backend.shard_tags():  # type: ignore[attr-defined]
@@ -254,7 +255,10 @@ def test_a_broken_usage_key_never_fails_a_decision(
     assert [d.allowed for d in decisions] == [True, False]
 
 
-def test_usage_keys_live_in_the_shard_of_the_client(redis_client: redis.Redis) -> None:
+def test_usage_keys_live_in_the_shard_of_the_client(
+    redis_client: redis.Redis, settings: Any
+) -> None:
+    settings.DJANGO_THROTTLE_KEY_SHARDS = 16  # a Cluster's default
     backend = get_backend()
     send(backend, "user:1", "pro", "search", denied=1)
     limit_key = backend.key("user:1", DENY[0])  # type: ignore[attr-defined]
@@ -264,6 +268,10 @@ def test_usage_keys_live_in_the_shard_of_the_client(redis_client: redis.Redis) -
 
     assert usage_keys  # the same hash tag: one Redis Cluster slot
     assert all(redis_client.ttl(key) > 0 for key in usage_keys)
+    # ... and in no other shard.
+    others = [t for t in backend.shard_tags() if t != tag]  # type: ignore[attr-defined]
+    assert len(others) == 15
+    assert not any(redis_client.keys(f"{other}[ut]*") for other in others)
 
 
 # Decisions made without the backend

@@ -21,6 +21,7 @@ import random
 import socket
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -69,19 +70,31 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
 class LocalCluster:
     """A Redis Cluster of ``primaries`` primaries with ``replicas`` replicas each."""
 
-    def __init__(self, primaries: int = 3, replicas: int = 1, node_timeout_ms: int = 1000) -> None:
+    def __init__(
+        self, primaries: int = 3, replicas: int = 1, node_timeout_ms: int = 1000, tls: bool = False
+    ) -> None:
+        import trustme
+
         self.node_timeout_ms = node_timeout_ms
+        #: With ``tls``: every node speaks only TLS (clients, replication and the cluster bus),
+        #: its certificate from this CA.
+        self.ca = trustme.CA() if tls else None
+        make = partial(TLSServer, ca=self.ca) if tls else RedisServer
+        tls_args = ("--tls-cluster", "yes", "--tls-replication", "yes") if tls else ()
         self.nodes = [
-            RedisServer(
+            make(
                 cluster_port(),
                 extra_args=(
+                    *tls_args,
                     "--cluster-enabled", "yes",
                     "--cluster-config-file", "nodes.conf",
                     "--cluster-node-timeout", str(node_timeout_ms),
                     # A replica may take over however long it was cut off: failover tests
                     # kill a primary right after a write storm.
                     "--cluster-replica-validity-factor", "0",
-                    "--cluster-require-full-coverage", "yes",
+                    # As managed clusters run: the other primaries keep serving their slots
+                    # while one is failed (Redis's default, yes, refuses every slot then).
+                    "--cluster-require-full-coverage", "no",
                 ),
             )
             for _ in range(primaries * (1 + replicas))
@@ -95,7 +108,7 @@ class LocalCluster:
 
     @property
     def url(self) -> str:
-        return f"redis+cluster://{self.seeds}"
+        return f"{'rediss' if self.ca else 'redis'}+cluster://{self.seeds}"
 
     def start(self, timeout: float = 30.0) -> LocalCluster:
         for node in self.nodes:
@@ -176,11 +189,83 @@ class LocalCluster:
                 client.close()
         raise LookupError(f"no primary serves slot {slot}")
 
+    def node_id(self, node: RedisServer) -> str:
+        client = node.client(timeout=5.0)
+        try:
+            return str(client.execute_command("CLUSTER", "MYID").decode())
+        finally:
+            client.close()
+
+    def begin_migration(self, slot: int, source: RedisServer, target: RedisServer) -> None:
+        """Mark ``slot`` importing on ``target`` and migrating on ``source`` (what
+        ``redis-cli --cluster reshard`` does first): from now on ``source`` answers ``ASK``
+        for the slot's keys it no longer has."""
+        source_id, target_id = self.node_id(source), self.node_id(target)
+        with contextlib.closing(target.client()) as client:
+            client.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        with contextlib.closing(source.client()) as client:
+            client.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+
+    def migrate_keys(
+        self, slot: int, source: RedisServer, target: RedisServer, batch: int = 10
+    ) -> int:
+        """Move up to ``batch`` of the slot's keys from ``source`` to ``target`` with one
+        ``MIGRATE`` (atomic per call); how many were moved."""
+        with contextlib.closing(source.client()) as client:
+            keys = client.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch)
+            if keys:
+                client.execute_command("MIGRATE", LOOPBACK, target.port, "", 0, 5000, "KEYS", *keys)
+        return len(keys)
+
+    def end_migration(self, slot: int, target: RedisServer) -> None:
+        """Give ``slot`` to ``target`` on every primary (``SETSLOT … NODE``): the others
+        answer ``MOVED`` for it from now on."""
+        target_id = self.node_id(target)
+        for node in [target, *(n for n in self.primaries() if n is not target)]:
+            with contextlib.closing(node.client()) as client:
+                client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+
+    def move_slot(self, slot: int, target: RedisServer) -> None:
+        """Reshard ``slot`` to ``target`` with all its keys, as ``redis-cli`` does."""
+        source = self.node_for_slot(slot)
+        self.begin_migration(slot, source, target)
+        while self.migrate_keys(slot, source, target):
+            pass
+        self.end_migration(slot, target)
+
     def client(self) -> redis.RedisCluster:
         """A cluster client of our own with generous timeouts, for setup and reading state."""
         return redis.RedisCluster(
-            host=LOOPBACK, port=self.nodes[0].port, socket_timeout=10, socket_connect_timeout=10
+            host=LOOPBACK,
+            port=self.nodes[0].port,
+            socket_timeout=10,
+            socket_connect_timeout=10,
+            **(self.nodes[0].tls_options() if isinstance(self.nodes[0], TLSServer) else {}),
         )
+
+    @contextlib.contextmanager
+    def paused(self, node: RedisServer) -> Iterator[None]:
+        """``node`` stopped (SIGSTOP) with no replica taking over meanwhile: a test of a
+        primary that does not answer must not race the cluster's own failover, which a
+        pause longer than ``cluster-node-timeout`` would start."""
+        replicas = [n for n in self.nodes if n.running() and n not in self.primaries()]
+        for replica in replicas:
+            self._configure(replica, "cluster-replica-no-failover", "yes")
+        node.pause()
+        try:
+            yield
+        finally:
+            node.resume()
+            for replica in replicas:
+                self._configure(replica, "cluster-replica-no-failover", "no")
+
+    @staticmethod
+    def _configure(node: RedisServer, name: str, value: str) -> None:
+        client = node.client(timeout=5.0)
+        try:
+            client.config_set(name, value)
+        finally:
+            client.close()
 
     def flushall(self) -> None:
         for node in self.primaries():
@@ -332,18 +417,21 @@ class TLSServer(RedisServer):
 
     def __init__(
         self,
+        port: int | None = None,
         *,
         client_certificates: bool = False,
         names: tuple[str, ...] = (LOOPBACK, "localhost"),
         extra_args: tuple[str, ...] = (),
+        ca: Any = None,
     ) -> None:
         import trustme
 
-        super().__init__(extra_args=extra_args)
+        super().__init__(port, extra_args=extra_args)
         self.client_certificates = client_certificates
         self.names = names
         directory = Path(self._dir.name)
-        self.ca = trustme.CA()
+        #: The certificate authority (a cluster's nodes share one: ``ca``).
+        self.ca = ca if ca is not None else trustme.CA()
         server_cert = self.ca.issue_cert(*names)
         client_cert = self.ca.issue_cert("django-throttle-client")
         self.ca_file = directory / "ca.pem"

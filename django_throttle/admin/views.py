@@ -88,13 +88,21 @@ def _most_limited(window: str) -> dict[str, Any]:
 
 
 def _health() -> dict[str, Any]:
-    """Whether the backend answers (and how fast), the breaker, and the policy snapshot."""
+    """Whether the backend answers (and how fast), the breaker, and the policy snapshot; on a
+    Redis Cluster, each primary's answer and breaker too."""
     breaker, snapshot = get_breaker(), policy_module.last()
     started, error = time.perf_counter(), ""
     try:
         get_backend().get_policy_version()  # the smallest call that reaches the backend
     except BackendError as exc:
         error = plain_text(f"{type(exc).__name__}: {exc}")
+    primaries: list[Any] = []
+    health_of = getattr(get_backend(), "primaries_health", None)
+    if callable(health_of):
+        try:
+            primaries = health_of()
+        except BackendError as exc:
+            error = error or plain_text(f"{type(exc).__name__}: {exc}")
     compiled_at = None if snapshot is None else snapshot.compiled_at
     failed_at = breaker.last_error_at
     return {
@@ -107,6 +115,7 @@ def _health() -> dict[str, Any]:
         "last_error_at": None if failed_at is None else datetime.fromtimestamp(failed_at, tz=UTC),
         "policy_age": max(0.0, policy_module.clock() - compiled_at) if compiled_at else None,
         "tiers": None if snapshot is None else len(snapshot.tiers),
+        "primaries": primaries,
     }
 
 

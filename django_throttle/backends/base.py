@@ -20,7 +20,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from django_throttle.rates import WINDOW_ALGORITHMS, Algorithm, Decision, InvalidRate, Limit, Rate
 
-__all__ = ["ArgumentRefused", "Backend", "BackendError"]
+__all__ = ["ArgumentRefused", "Backend", "BackendError", "NodeUnavailable"]
 
 #: Bytes of a client digest (96 bits: no two of a billion clients share one in practice).
 DIGEST_SIZE = 12
@@ -84,6 +84,20 @@ class ArgumentRefused(BackendError):
     and logs it as an error instead: one such request must never switch limiting off for
     every client of the process.
     """
+
+
+class NodeUnavailable(BackendError):
+    """One node of a Redis Cluster (the primary owning this client's slot) could not answer;
+    the other primaries, and so the other clients, are unaffected. The request takes its
+    failure mode like any other :class:`BackendError`, with ``retry_after`` the seconds until
+    that node's own breaker lets a call through again, but the process's breaker counts it as
+    the backend answering: one failed primary must not switch every client to its failure
+    mode. The node's breaker (:mod:`.redis_cluster`) does the fast failing for its clients.
+    """
+
+    def __init__(self, message: str, retry_after: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class Backend(ABC):

@@ -15,7 +15,9 @@ An :class:`~django_throttle.backends.base.ArgumentRefused` (the backend answered
 argument this package sent) is no failure: it propagates for the caller to decide that one
 request, counts as the backend answering (it closes a half-open breaker like any answer), and
 is logged at ERROR, at most once per :data:`REFUSED_LOG_INTERVAL` (a client that can provoke
-it must not flood the log either).
+it must not flood the log either). A :class:`~django_throttle.backends.base.NodeUnavailable`
+(one Cluster primary down, the others answering) counts as the backend answering too: that
+node's own breaker fails its clients fast, and the rest of the process keeps counting.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from django_throttle import events
-from django_throttle.backends.base import ArgumentRefused, BackendError
+from django_throttle.backends.base import ArgumentRefused, BackendError, NodeUnavailable
 
 __all__ = ["CircuitBreaker", "CircuitOpen", "get_breaker", "reset_breaker"]
 
@@ -68,6 +70,7 @@ class CircuitBreaker:
         threshold: int = THRESHOLD,
         cooldown: float = COOLDOWN,
         clock: Callable[[], float] = time.monotonic,
+        node: str | None = None,
     ) -> None:
         if threshold < 1:
             raise ValueError(f"threshold must be at least 1, not {threshold}")
@@ -76,6 +79,10 @@ class CircuitBreaker:
         self.threshold = threshold
         self.cooldown = cooldown
         self.clock = clock
+        #: ``host:port`` of the Redis Cluster primary this breaker guards; None for the
+        #: process's breaker (every backend call). Logs and signals say which it is.
+        self.node = node
+        self._what = "throttle backend" if node is None else f"throttle cluster primary {node}"
         self.failures = 0
         self.opened = 0
         self.short_circuited = 0
@@ -143,14 +150,14 @@ class CircuitBreaker:
 
     def _passed(self, epoch: int, probe: bool, exc: BaseException | None) -> None:
         """Count how a guarded call ended: ``exc`` is what it raised, ``None`` if nothing."""
-        if exc is None or isinstance(exc, ArgumentRefused):  # the backend answered
+        if exc is None or isinstance(exc, (ArgumentRefused, NodeUnavailable)):  # it answered
             if probe:
                 self._probe_succeeded()
             elif self.streak:
                 with self._lock:
                     if self._epoch == epoch:
                         self.streak = 0
-            if exc is not None:
+            if isinstance(exc, ArgumentRefused):
                 self._refused(exc)
         elif probe:
             self._probe_failed(exc)
@@ -208,7 +215,7 @@ class CircuitBreaker:
             self.opened += 1
             self._next_epoch()
             self._opened_at = self.clock()
-        logger.debug("throttle backend probe failed; breaker open again: %s", exc)
+        logger.debug("%s probe failed; breaker open again: %s", self._what, exc)
         self._note(exc)
 
     def _probe_succeeded(self) -> None:
@@ -220,12 +227,13 @@ class CircuitBreaker:
             down = self.clock() - self._down_since
             refused = self.short_circuited - self._refused_before
         logger.warning(
-            "throttle backend answering again; circuit breaker closed after %.1f s open "
+            "%s answering again; circuit breaker closed after %.1f s open "
             "(%d calls refused at once meanwhile)",
+            self._what,
             down,
             refused,
         )
-        events.send(events.backend_available, CircuitBreaker, down_seconds=down)
+        events.send(events.backend_available, CircuitBreaker, down_seconds=down, node=self.node)
 
     def _note(self, exc: BaseException) -> None:
         """Remember a backend failure for the dashboard and send ``backend_error``."""
@@ -250,13 +258,14 @@ class CircuitBreaker:
             self._refused_before = self.short_circuited
             self.streak = 0
         logger.warning(
-            "throttle backend failed %d times in a row; circuit breaker open, calls fail at "
-            "once for %.3g s before one probes again: %s",
+            "%s failed %d times in a row; circuit breaker open, calls fail at once for "
+            "%.3g s before one probes again: %s",
+            self._what,
             self.threshold,
             self.cooldown,
             exc,
         )
-        events.send(events.backend_unavailable, CircuitBreaker, error=exc)
+        events.send(events.backend_unavailable, CircuitBreaker, error=exc, node=self.node)
 
 
 @dataclass(slots=True)

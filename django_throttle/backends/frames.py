@@ -1,4 +1,4 @@
-"""The bytes of one counting call.
+"""The bytes of one counting call, and how its reply reads as a decision.
 
 A decision is one ``EVALSHA`` whose constant parts (script digest, limit specs) are framed once
 per limit list and reused, so a request only frames its keys, cost, usage field and client.
@@ -13,10 +13,19 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from django_throttle.backends.base import ALGORITHM_CODES, DIGEST_SIZE, LimitsCache, per_shard
+from django_throttle.backends.base import (
+    ALGORITHM_CODES,
+    DIGEST_SIZE,
+    Limits,
+    LimitsCache,
+    decision_from,
+    per_shard,
+)
+from django_throttle.backends.wire import failure
 from django_throttle.calendar import windows
-from django_throttle.rates import Algorithm, Limit
+from django_throttle.rates import Algorithm, Decision, Limit
 
 #: ``Encoded.valid_until`` of a limit list without calendar quotas (compared by identity).
 FOREVER = math.inf
@@ -239,3 +248,30 @@ class Calls:
         first = op + field + client.replace(b"\n", b" ")
         usage = self.usage_keys(shard, now_us)
         return b"".join((start, keys, usage, frame(first), encoded.tail))
+
+
+def decision_of(client: str, limits: Limits, reply: Any) -> Decision:
+    """Parse ``"<status + 4 x index> <remaining> <reset>[ <retry>| @<now>]"`` (see
+    driver.lua): an allowed hit's ``@<now>`` (base 36) is its ``Decision.taken``. A reply
+    of another shape is a :class:`BackendError`."""
+    try:
+        parts: list[bytes] = reply.split() if type(reply) is bytes else []
+        code, remaining, reset_us = int(parts[0]), int(parts[1]), int(parts[2])
+        status, index = code & 3, code >> 2
+        allowed = status & 1 == 1
+        extra = parts[3] if len(parts) == 4 else b""
+        if (
+            len(parts) not in (3, 4)
+            or not 0 <= index <= len(limits)
+            or code < 0
+            or (allowed and extra[:1] not in (b"", b"@"))
+            or (not allowed and not extra)
+        ):
+            raise ValueError(f"unexpected reply {reply!r}")
+        taken = ((client, int(extra[1:], 36)),) if extra and allowed else ()
+        retry_us = int(extra) if extra and not allowed else 0
+    except Exception as exc:
+        raise failure(exc) from exc
+    return decision_from(
+        limits, allowed, index - 1, remaining, reset_us, retry_us, status >= 2, taken
+    )

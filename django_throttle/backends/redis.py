@@ -9,55 +9,61 @@ the calling client's slot, each enforcing its share of the capacity (:func:`.bas
 Scripts ship as ``.lua`` files in this package (assembled by :mod:`.scripts`) and run by
 EVALSHA; on NOSCRIPT (the script did not run) they are sent once more with EVAL, which carries
 the source. Nothing else is ever replayed, because a call that timed out may already have
-counted: the clients it builds (:func:`.wire.build_client`) have retries off, short timeouts
-and a bounded pool, and every failure (redis-py's errors, socket errors, a garbled reply)
+counted: the clients it builds (:func:`.redis_clients.build_client`) have retries off, short
+timeouts and a bounded pool, and every failure (redis-py's errors, socket errors, a garbled reply)
 surfaces as :class:`BackendError`; an error reply of the counting script itself (an argument
 it refuses) as :class:`~.base.ArgumentRefused`, which is our bug and no outage (see
 :func:`.wire.failure`). Counting calls are framed once per limit list (:mod:`.frames`) and sent
 on connections made like the client's (:mod:`.wire`); ``async def`` views use
-:mod:`.redis_async`.
+:mod:`.redis_async`. On a Redis Cluster each call goes to the primary owning its shard's slot
+(:mod:`.redis_cluster`); everything else runs through redis-py's ``RedisCluster``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 from base64 import urlsafe_b64encode
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
 from django_throttle import events
 from django_throttle.backends.base import (
     DIGEST_SIZE,
     Backend,
+    BackendError,
     Limits,
+    NodeUnavailable,
     Now,
     Taken,
     Usage,
-    decision_from,
     per_shard,
 )
 from django_throttle.backends.frames import (
     DIGEST_KEY_CHARS,
     SHARED_MARK,
     Calls,
+    decision_of,
     key_suffix,
     limit_spec,
 )
-from django_throttle.backends.redis_async import AsyncConnections
+from django_throttle.backends.redis_acl import glob_escape
+from django_throttle.backends.redis_clients import build_client, client_for, client_options
+from django_throttle.backends.redis_cluster import ClusterRoute, PrimaryHealth, is_cluster_url
+from django_throttle.backends.redis_single import OneServer
 from django_throttle.backends.scripts import (
     REFUND_FILES,
     RETIME_FILES,
     SCRIPT_FILES,
+    Call,
     call_backend,
-    evalsha_all,
     files_for,
     load_script,
 )
-from django_throttle.backends.wire import Connections, build_client, failure
+from django_throttle.backends.wire import failure
 from django_throttle.conf import app_settings
 from django_throttle.rates import Decision, Limit
 
@@ -67,31 +73,63 @@ __all__ = ["RedisBackend"]
 POLICY_VERSION_TTL = 30 * 86400
 #: Keys asked of each SCAN step, and so at most this many per retime script call.
 RETIME_BATCH = 1000
-_GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
+#: The socket timeouts of a client made for long reads.
+_TIMEOUTS = ("socket_timeout", "socket_connect_timeout")
 
 
 class RedisBackend(Backend):
-    """Counts in Redis (single server or anything speaking its protocol with EVALSHA).
+    """Counts in Redis (single server, Sentinel-managed primary or Redis Cluster; anything
+    speaking its protocol with EVALSHA).
 
-    A ``client`` passed in is used as it is: give it short timeouts and no retries. Counting
-    calls use its pool (:class:`.wire.Connections`), ``async def`` ones a ``redis.asyncio``
-    pool with the same options (:class:`.redis_async.AsyncConnections`).
+    A ``client`` passed in (``redis.Redis`` or ``RedisCluster``) is used as it is: give it
+    short timeouts and no retries. Counting calls use its pool (:class:`.wire.Connections`),
+    ``async def`` ones a ``redis.asyncio`` pool with the same options
+    (:class:`.redis_async.AsyncConnections`); on a cluster, each primary's
+    (:class:`.redis_cluster.ClusterRoute`).
     """
 
-    def __init__(self, client: redis.Redis | None = None) -> None:
+    def __init__(self, client: redis.Redis | RedisCluster | None = None) -> None:
         self._owns_client = client is None
-        self.client = client if client is not None else build_client()
         self.prefix = app_settings.KEY_PREFIX
         self.shards = app_settings.KEY_SHARDS
         self._tags = tuple(tag.encode() for tag in self.shard_tags())
         self._calls = Calls(partial(self._script_for, SCRIPT_FILES), self.shards)
         self._refunds = Calls(partial(self._script_for, REFUND_FILES), self.shards)
-        pool = self.client.connection_pool
-        self._connections = Connections(pool)
-        self._async_connections = AsyncConnections(pool)
+        self._route: OneServer | ClusterRoute
+        if client is None and is_cluster_url(app_settings.REDIS_URL):
+            # Built on first use: a cluster client asks for the slot map as it is made.
+            url, options = client_options()
+            self._route = ClusterRoute(
+                build_client,  # type: ignore[arg-type]
+                self.shard_tags(),
+                options["timeout"],
+                lambda timeout: client_for(url, {**options, **dict.fromkeys(_TIMEOUTS, timeout)}),
+            )
+        else:
+            given = client if client is not None else build_client()
+            if isinstance(given, RedisCluster):
+                self._route = ClusterRoute(lambda: given, self.shard_tags(), 0.05)
+            else:
+                self._route = OneServer(given)
         source = load_script(RETIME_FILES)
         self._retime = (hashlib.sha1(source.encode()).hexdigest(), source)
         self._version_key = f"{self.prefix}:policy-version"
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client (``redis.Redis``, or ``RedisCluster`` on a cluster, built on
+        first use there: a :class:`BackendError` while no node answers)."""
+        return self._route.client
+
+    @property
+    def on_cluster(self) -> bool:
+        """Whether the keys are spread over a Redis Cluster's primaries."""
+        return isinstance(self._route, ClusterRoute)
+
+    def primaries_health(self) -> list[PrimaryHealth]:
+        """Each cluster primary's ``PING`` and breaker (:meth:`.ClusterRoute.health`); none
+        on a single server, whose health is the backend's."""
+        return self._route.health() if isinstance(self._route, ClusterRoute) else []
 
     def _script_for(self, files: Sequence[str], codes: frozenset[str]) -> str:
         """The source of ``files`` defining only the algorithms ``codes`` need."""
@@ -103,32 +141,32 @@ class RedisBackend(Backend):
 
     def key(self, client: str, limit: Limit) -> str:
         """The key of ``client``'s state of ``limit`` (for a shared limit, its shard's)."""
-        tag = self._client_tag(client)
+        tag = self._client_tag(client)[1]
         if limit.shared:
             tag = tag[:-DIGEST_KEY_CHARS] + SHARED_MARK
         return tag.decode() + key_suffix(limit)
 
-    def _client_tag(self, client: str) -> bytes:
-        """``<prefix>:{<shard>}<digest>``, the start of every key of this client: a 96-bit
-        digest in 16 base64url characters (user-controlled text never shapes a key), the
-        shard taken from the same digest."""
+    def _client_tag(self, client: str) -> tuple[int, bytes]:
+        """The client's shard and ``<prefix>:{<shard>}<digest>``, the start of every key of
+        this client: a 96-bit digest in 16 base64url characters (user-controlled text never
+        shapes a key), the shard taken from the same digest."""
         # Inline rather than base.shard_of: on every call, one more function call shows.
         digest = hashlib.blake2b(client.encode(), digest_size=DIGEST_SIZE).digest()
         shard = (digest[0] << 8 | digest[1]) % self.shards
-        return self._tags[shard] + urlsafe_b64encode(digest)
+        return shard, self._tags[shard] + urlsafe_b64encode(digest)
 
     def count(
         self, client: str, limits: Limits, cost: int, now: Now, usage: Usage, peek: bool = False
     ) -> Decision:
         request = self._request(client, limits, cost, now, usage, peek=peek)
-        return self._decision(client, limits, self._connections.call(*request))
+        return decision_of(client, limits, self._route.call(*request))
 
     async def acount(
         self, client: str, limits: Limits, cost: int, now: Now, usage: Usage, peek: bool = False
     ) -> Decision:
         """:meth:`count` on ``redis.asyncio``: the same script and bytes, no thread."""
         request = self._request(client, limits, cost, now, usage, peek=peek)
-        return self._decision(client, limits, await self._async_connections.call(*request))
+        return decision_of(client, limits, await self._route.acall(*request))
 
     def refund(
         self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, taken_at: Taken = None
@@ -136,7 +174,7 @@ class RedisBackend(Backend):
         """One EVALSHA of refund.lua over the keys the hit used (same framing, same slot);
         ``taken_at`` travels as ARGV[1]'s ``#<taken>``."""
         if limits:
-            self._connections.call(*self._request(client, limits, cost, now, None, True, taken_at))
+            self._route.call(*self._request(client, limits, cost, now, None, True, taken_at))
 
     async def arefund(
         self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, taken_at: Taken = None
@@ -144,11 +182,11 @@ class RedisBackend(Backend):
         """:meth:`refund` on ``redis.asyncio``, as :meth:`acount`."""
         if limits:
             request = self._request(client, limits, cost, now, None, True, taken_at)
-            await self._async_connections.call(*request)
+            await self._route.acall(*request)
 
     def reset(self, client: str, limits: Limits) -> None:
         if limits:
-            call_backend(self.client.delete, *(self.key(client, limit) for limit in limits))
+            self._call(self.client.delete, *(self.key(client, limit) for limit in limits))
 
     def reset_shared(self, limits: Limits) -> None:
         """Delete every shard's key of these shared limits: one ``DEL`` per key (each shard
@@ -163,7 +201,7 @@ class RedisBackend(Backend):
             pipe = self.client.pipeline(transaction=False)
             for key in keys:
                 pipe.delete(key)
-            call_backend(pipe.execute)
+            self._call(pipe.execute)
 
     def retime(self, limits: Limits, *, now: Now = None, previous: Limits | None = None) -> int:
         """SCAN each limit's keys (never KEYS: no long server stall) and re-time them in
@@ -171,8 +209,8 @@ class RedisBackend(Backend):
         lets GCRA keep the tokens used when its rate changed; one of another algorithm kept
         other keys and is ignored.
 
-        Not Cluster-ready yet: one batch mixes slots; on a cluster, scan each primary and
-        group a batch's keys by slot.
+        On a cluster, each primary is scanned and a batch's keys are grouped by slot: one
+        script call per slot, pipelined per node by ``RedisCluster``.
         """
         touched = 0
         now_us = None if now is None else round(now * 1e6)
@@ -180,10 +218,10 @@ class RedisBackend(Backend):
         olds = previous if previous is not None else [None] * len(limits)
         for limit, old in zip(limits, olds, strict=True):
             pattern = "{}:{{*}}{}{}".format(
-                _GLOB_SPECIAL.sub(r"\\\1", self.prefix),
+                glob_escape(self.prefix),
                 # A shared limit's keys have "*" where the others have the client digest.
                 "\\*" if limit.shared else "?" * DIGEST_KEY_CHARS,
-                _GLOB_SPECIAL.sub(r"\\\1", key_suffix(limit)),
+                glob_escape(key_suffix(limit)),
             )
             same = old is not None and old.algorithm == limit.algorithm
             args = (
@@ -191,31 +229,60 @@ class RedisBackend(Backend):
                 when,
                 limit_spec(per_shard(old, self.shards), now_us) if same and old is not None else "",
             )
-            cursor = 0
-            while True:
-                cursor, keys = call_backend(
-                    self.client.scan, cursor=cursor, match=pattern, count=RETIME_BATCH
-                )
-                if keys:
-                    touched += int(evalsha_all(self.client, *self._retime, [(keys, args)])[0])
-                if not cursor:
-                    break
+            for batches in self._scanned(pattern):
+                calls = [(keys, args) for keys in batches]
+                touched += sum(map(int, self.evalsha_all(*self._retime, calls)))
         return touched
 
+    def evalsha_all(
+        self, sha: str, source: str, calls: Sequence[Call], client: Any = None
+    ) -> list[Any]:
+        """:func:`.scripts.evalsha_all` on ``client`` (default: the backend's), across the
+        primaries on a cluster (:meth:`.redis_cluster.ClusterRoute.evalsha_all`)."""
+        return self._route.evalsha_all(sha, source, calls, client)
+
+    def patient_client(self, timeout: float) -> tuple[Any, bool]:
+        """A client like the backend's whose reads may take ``timeout`` seconds (a usage
+        report over many keys), and whether it is a new one the caller must close."""
+        return self._route.patient_client(timeout)
+
+    def _scanned(self, pattern: str) -> Iterator[list[list[Any]]]:
+        """The keys matching ``pattern``, a SCAN step at a time (of each primary in turn on a
+        cluster), each step's keys grouped by slot (one group on a single server)."""
+        for client in self._route.scanned_clients():
+            cursor = 0
+            while True:
+                cursor, keys = self._call(
+                    client.scan, cursor=cursor, match=pattern, count=RETIME_BATCH
+                )
+                if keys:
+                    yield self._route.by_slot(keys)
+                if not cursor:
+                    break
+
     def get_policy_version(self) -> str | None:
-        value = call_backend(self.client.get, self._version_key)
+        value = self._call(self.client.get, self._version_key)
         return None if value is None else value.decode() if isinstance(value, bytes) else value
 
     def bump_policy_version(self) -> None:
         pipe = self.client.pipeline(transaction=False)
         pipe.incr(self._version_key)
         pipe.expire(self._version_key, POLICY_VERSION_TTL)
-        call_backend(pipe.execute)
+        self._call(pipe.execute)
+
+    def _call(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """:func:`.scripts.call_backend`; on a cluster a failure is the one node's
+        (:class:`NodeUnavailable`): the key lives on one primary, and the process's breaker
+        must not open for every client because that primary is down."""
+        try:
+            return call_backend(func, *args, **kwargs)
+        except BackendError as exc:
+            if self.on_cluster:
+                raise NodeUnavailable(str(exc)) from exc
+            raise
 
     def close(self) -> None:
-        self._connections.disconnect()
-        if self._owns_client:
-            self.client.connection_pool.disconnect()
+        self._route.close(self._owns_client)
 
     def _request(
         self,
@@ -227,16 +294,16 @@ class RedisBackend(Backend):
         refund: bool = False,
         taken_at: Taken = None,
         peek: bool = False,
-    ) -> tuple[bytes, Callable[[], bytes]]:
-        """The EVALSHA to send (of the counting script, or with ``refund`` of refund.lua),
-        and how to build its EVAL twin if the script is missing. ``peek``: decide on
-        ``cost``, write nothing. What cannot be framed (a client no UTF-8 encodes) is a
-        :class:`BackendError`."""
+    ) -> tuple[int, bytes, Callable[[], bytes]]:
+        """The client's shard, the EVALSHA to send (of the counting script, or with
+        ``refund`` of refund.lua), and how to build its EVAL twin if the script is missing.
+        ``peek``: decide on ``cost``, write nothing. What cannot be framed (a client no
+        UTF-8 encodes) is a :class:`BackendError`."""
         calls = self._refunds if refund else self._calls
         now_us = None if now is None else round(now * 1e6)
         try:
             encoded = calls.encoded(limits, now_us)
-            tag = self._client_tag(client)
+            shard, tag = self._client_tag(client)
             op = calls.op(cost, now_us, peek)
             if taken_at is not None:
                 op += b"#%d" % taken_at
@@ -251,31 +318,4 @@ class RedisBackend(Backend):
             events.send(events.script_loaded, type(self))
             return calls.body(encoded, tag, op, field, label, False, now_us)
 
-        return body, fallback
-
-    @staticmethod
-    def _decision(client: str, limits: Limits, reply: Any) -> Decision:
-        """Parse ``"<status + 4 x index> <remaining> <reset>[ <retry>| @<now>]"`` (see
-        driver.lua): an allowed hit's ``@<now>`` (base 36) is its ``Decision.taken``. A reply
-        of another shape is a :class:`BackendError`."""
-        try:
-            parts: list[bytes] = reply.split() if type(reply) is bytes else []
-            code, remaining, reset_us = int(parts[0]), int(parts[1]), int(parts[2])
-            status, index = code & 3, code >> 2
-            allowed = status & 1 == 1
-            extra = parts[3] if len(parts) == 4 else b""
-            if (
-                len(parts) not in (3, 4)
-                or not 0 <= index <= len(limits)
-                or code < 0
-                or (allowed and extra[:1] not in (b"", b"@"))
-                or (not allowed and not extra)
-            ):
-                raise ValueError(f"unexpected reply {reply!r}")
-            taken = ((client, int(extra[1:], 36)),) if extra and allowed else ()
-            retry_us = int(extra) if extra and not allowed else 0
-        except Exception as exc:
-            raise failure(exc) from exc
-        return decision_from(
-            limits, allowed, index - 1, remaining, reset_us, retry_us, status >= 2, taken
-        )
+        return shard, body, fallback

@@ -31,7 +31,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.sentinel import SentinelConnectionPool
 
 from django_throttle.backends.redis_sentinel import AsyncSentinelPool, async_twin
-from django_throttle.backends.wire import connection_getter, failure
+from django_throttle.backends.wire import ASKING, connection_getter, failure
 
 __all__ = ["AsyncConnections"]
 
@@ -60,6 +60,17 @@ def _parameters(cls: type) -> set[str]:
     """Keyword parameters of a connection class and its bases' ``__init__``."""
     inits = (vars(klass)["__init__"] for klass in cls.__mro__ if "__init__" in vars(klass))
     return {name for init in inits for name in inspect.signature(init).parameters}
+
+
+async def _asking(conn: Any, body: bytes) -> Any:
+    """:func:`.wire._asking` on an asyncio connection."""
+    await conn.send_packed_command((ASKING, body), False)
+    try:
+        await conn.read_response()  # OK
+    except ResponseError:
+        await conn.read_response(disable_decoding=True)  # the call's own reply
+        raise
+    return await conn.read_response(disable_decoding=True)
 
 
 async def _close_with_loop(pool: Any) -> AsyncIterator[None]:
@@ -119,7 +130,7 @@ class AsyncConnections:
         )
         self._pid = os.getpid()
 
-    async def call(self, body: bytes, fallback: Callable[[], bytes]) -> Any:
+    async def call(self, body: bytes, fallback: Callable[[], bytes], asking: bool = False) -> Any:
         """:meth:`.wire.Connections.call` on the running loop's pool."""
         try:
             pool, take, _ = await self._loop_pool()
@@ -129,9 +140,13 @@ class AsyncConnections:
                 await conn.disconnect()
             try:
                 try:
+                    if asking:
+                        return await _asking(conn, body)
                     await conn.send_packed_command((body,), False)
                     return await conn.read_response(disable_decoding=True)
                 except NoScriptError:
+                    if asking:
+                        return await _asking(conn, fallback())
                     await conn.send_packed_command((fallback(),), False)
                     return await conn.read_response(disable_decoding=True)
             except ResponseError:

@@ -22,7 +22,7 @@ from django_throttle.backends import scripts, usage_base
 from django_throttle.backends.scripts import call_backend, lua_file, lua_source, top_per_shard
 from django_throttle.backends.usage_base import SLOT, MinuteCounts, add_to
 
-__all__ = ["BATCH", "RedisUsage", "lua_source", "top_per_shard"]
+__all__ = ["BATCH", "RedisUsage", "lua_source", "patient_client_like", "top_per_shard"]
 
 #: Read script calls per pipeline round trip.
 BATCH = 64
@@ -52,7 +52,10 @@ class RedisUsage(usage_base.UsageStore):
     def __init__(self, backend: Any) -> None:
         self.tags: tuple[str, ...] = tuple(backend.shard_tags())
         self.top_size = top_per_shard(len(self.tags))
-        self.push_client = backend.client
+        self._backend = backend
+        #: On a cluster, how script calls run across its primaries (and how reads get a
+        #: client with a longer timeout); ``None`` on one server.
+        self._cluster: Any = backend if getattr(backend, "on_cluster", False) else None
         self._reader: Any = None
         self._own = False
         self._watermark_key = f"{backend.prefix}:usage-rolled"
@@ -62,15 +65,28 @@ class RedisUsage(usage_base.UsageStore):
         self._read_sha = hashlib.sha1(self._read_source.encode()).hexdigest()
 
     @property
+    def push_client(self) -> Any:
+        """The backend's own client (short timeouts), for pushes and small reads."""
+        return self._backend.client
+
+    @property
     def client(self) -> Any:
         """The client for reads, with :data:`READ_TIMEOUT`; built on first use."""
         if self._reader is None:
-            self._reader, self._own = _patient_client(self.push_client)
+            make = getattr(self._backend, "patient_client", None)
+            if callable(make):
+                self._reader, self._own = make(READ_TIMEOUT)
+            else:
+                self._reader, self._own = patient_client_like(self.push_client, READ_TIMEOUT)
         return self._reader
 
     def close(self) -> None:
         if self._own:
-            self._reader.connection_pool.disconnect()
+            pool = getattr(self._reader, "connection_pool", None)  # a cluster client has none
+            if pool is not None:
+                pool.disconnect()  # close() leaves a pool it was given open
+            else:
+                self._reader.close()
 
     def keys_last_used(self, prefixes: Iterable[str] | None = None) -> dict[str, int]:
         """Every shard's ``<tag>k`` set (see ``lua/usage.lua``) in one pipeline: ZMSCORE of
@@ -124,7 +140,7 @@ class RedisUsage(usage_base.UsageStore):
 
     def _read_batch(self, calls: list[tuple[str, int, int, str, str]]) -> list[Any]:
         framed = [_read_call(*call) for call in calls]
-        return scripts.evalsha_all(self.client, self._read_sha, self._read_source, framed)
+        return self._evalsha_all(self.client, self._read_sha, self._read_source, framed)
 
     def push(self, batch: str, counts: Sequence[usage_base.PendingCount]) -> None:
         by_tag: dict[str, list[usage_base.PendingCount]] = {}
@@ -140,7 +156,14 @@ class RedisUsage(usage_base.UsageStore):
                     keys += (f"{tag}u{minute}", f"{tag}t{letter}{minute}")
                     args += (minute, field, client, letter, n)
                 calls.append((keys, args))
-        scripts.evalsha_all(self.push_client, self._push_sha, self._push_source, calls)
+        self._evalsha_all(self.push_client, self._push_sha, self._push_source, calls)
+
+    def _evalsha_all(
+        self, client: Any, sha: str, source: str, calls: Sequence[scripts.Call]
+    ) -> list[Any]:
+        if self._cluster is not None:
+            return list(self._cluster.evalsha_all(sha, source, calls, client))
+        return scripts.evalsha_all(client, sha, source, calls)
 
     def watermark(self) -> int | None:
         value = call_backend(self.client.get, self._watermark_key)
@@ -207,16 +230,16 @@ def _merge(found: dict[int, MinuteCounts], parts: list[str], top_size: int) -> N
         counts.full = True
 
 
-def _patient_client(client: Any) -> tuple[Any, bool]:
+def patient_client_like(client: Any, timeout: float) -> tuple[Any, bool]:
     """A client like ``client`` (same server, credentials and pool class) whose reads may
-    take :data:`READ_TIMEOUT` seconds: the backend's own times out in tens of milliseconds,
-    right for a request and wrong for a report over many keys. Anything else (a cluster
-    client) is used as it is."""
+    take ``timeout`` seconds (the backend's own times out in tens of milliseconds, right for
+    a request and wrong for a report over many keys), and whether it is a new one to close.
+    A client without such a pool is used as it is."""
     pool = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
     if pool is None or not isinstance(kwargs, dict):
         return client, False
-    options = {**kwargs, "socket_timeout": READ_TIMEOUT, "socket_connect_timeout": READ_TIMEOUT}
+    options = {**kwargs, "socket_timeout": timeout, "socket_connect_timeout": timeout}
     try:
         patient_pool = type(pool)(connection_class=pool.connection_class, **options)
         return type(client)(connection_pool=patient_pool), True

@@ -98,11 +98,14 @@ def call_backend(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise BackendError(f"{type(exc).__name__}: {exc}") from exc
 
 
-def evalsha_all(client: Any, sha: str, source: str, calls: Sequence[Call]) -> list[Any]:
+def evalsha_all(
+    client: Any, sha: str, source: str, calls: Sequence[Call], check: bool = True
+) -> list[Any]:
     """The replies of one EVALSHA per ``(keys, args)`` call, pipelined; those the server
     answered NOSCRIPT (its script cache was flushed: nothing ran) are sent again with EVAL,
     which carries the source, in a second pipeline. An error reply is a
-    :class:`BackendError`, raised once every call has been sent."""
+    :class:`BackendError`, raised once every call has been sent (with ``check`` off, it is
+    left in the list for the caller)."""
     pipe = client.pipeline(transaction=False)
     for keys, args in calls:
         pipe.evalsha(sha, len(keys), *keys, *args)
@@ -116,7 +119,7 @@ def evalsha_all(client: Any, sha: str, source: str, calls: Sequence[Call]) -> li
         for i, reply in zip(missing, call_backend(pipe.execute, raise_on_error=False), strict=True):
             replies[i] = reply
     failed = [reply for reply in replies if isinstance(reply, Exception)]
-    if failed:
+    if failed and check:
         raise BackendError(f"{type(failed[0]).__name__}: {failed[0]}")
     return replies
 

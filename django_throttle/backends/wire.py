@@ -1,5 +1,5 @@
-"""The connections a counting call travels on, from sync code, and the client they are made
-like (:func:`build_client`).
+"""The connections a counting call travels on, from sync code, made like a client's
+(:mod:`.redis_clients` builds the clients).
 
 A counting call, framed once (:mod:`.frames`), goes out on a pooled connection through
 redis-py's public connection API (``send_packed_command`` / ``read_response``), skipping only
@@ -20,30 +20,32 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import redis
-from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
-from redis.backoff import NoBackoff
+from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
-from redis.retry import Retry
 from redis.sentinel import SentinelConnectionPool
 
 from django_throttle.backends.base import ArgumentRefused, BackendError
-from django_throttle.backends.redis_sentinel import is_sentinel_url, sentinel_client
-from django_throttle.conf import app_settings
 
-#: A stalled Redis must cost a request tens of milliseconds, not redis-py's default 5 s x 10.
-DEFAULT_CLIENT_OPTIONS: dict[str, Any] = {
-    "socket_connect_timeout": 0.05,
-    "socket_timeout": 0.05,
-    "max_connections": 64,
-}
-#: Options of a borrowed cache connection that would undo the bounds above; retries are
-#: always off whatever the settings say, because a replayed call may count twice.
-_NOT_BORROWED = ("retry", "retry_on_timeout", "retry_on_error", "timeout", "max_connections")
 #: How the scripts' own error replies begin (``fail`` in lua/prelude.lua).
 SCRIPT_ERROR_PREFIX = "django_throttle:"
+#: The frame sent before a call to the node a Redis Cluster ``ASK`` reply named.
+ASKING = b"*1\r\n$6\r\nASKING\r\n"
+
+
+class Redirected(BackendError):
+    """A Redis Cluster node answered ``MOVED`` or ``ASK``: the call did not run there, and
+    ``host``:``port`` owns its slot now (``ask``: only for this call, while the slot
+    migrates). :mod:`.redis_cluster` follows it once; anywhere else it is an outage."""
+
+    def __init__(self, message: str, host: str, port: int, ask: bool) -> None:
+        super().__init__(message)
+        self.host, self.port, self.ask = host, int(port), ask
+
+
+class Unsettled(BackendError):
+    """A Redis Cluster node answered ``TRYAGAIN``: the call's slot is migrating and its keys
+    are not all on one side, so nothing ran. The request takes its failure mode (the node
+    is healthy: its breaker does not count it)."""
 
 
 def failure(exc: BaseException) -> BackendError:
@@ -52,6 +54,10 @@ def failure(exc: BaseException) -> BackendError:
     :class:`~.base.ArgumentRefused`; anything else out of redis-py, the socket or a garbled
     reply is a :class:`~.base.BackendError`, an outage the breaker counts."""
     message = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, (MovedError, AskError)):
+        return Redirected(message, exc.host, exc.port, isinstance(exc, AskError))
+    if isinstance(exc, TryAgainError):
+        return Unsettled(message)
     if isinstance(exc, ResponseError):
         text = str(exc)
         if text.startswith("ERR "):  # servers that prefix an error code of their own
@@ -91,13 +97,16 @@ class Connections:
     Thread safe; a forked child starts with none of its parent's connections.
     """
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, patience: float | None = None) -> None:
         self.pool = pool
         self._make = partial(pool.connection_class, **pool.connection_kwargs)
         self._room = int(getattr(pool, "max_connections", 0) or 2**31)
         #: How long a caller waits for a connection when all are in use (None: as long as it
-        #: takes), as the client's BlockingConnectionPool would; 0 for a plain pool.
-        self._patience: float | None = getattr(pool, "timeout", 0)
+        #: takes): ``patience`` if given, else as the client's BlockingConnectionPool would
+        #: (its ``timeout``); 0 for a plain pool.
+        self._patience: float | None = (
+            patience if patience is not None else getattr(pool, "timeout", 0)
+        )
         #: A Sentinel pool's ``owns_connection`` (False for a connection to a former
         #: primary); None for a pool of one server, whose connections are always its own.
         self._owns: Callable[[Any], bool] | None = (
@@ -148,10 +157,11 @@ class Connections:
             with self._freed:
                 self._freed.notify()
 
-    def call(self, body: bytes, fallback: Callable[[], bytes]) -> Any:
+    def call(self, body: bytes, fallback: Callable[[], bytes], asking: bool = False) -> Any:
         """Send ``body`` and return its reply (bytes, undecoded); on NOSCRIPT (nothing ran)
-        send ``fallback()`` on the same connection. Any failure raises what :func:`failure`
-        makes of it."""
+        send ``fallback()`` on the same connection. ``asking``: each goes out behind an
+        ``ASKING`` in the same write (a Cluster ``ASK`` redirection). Any failure raises what
+        :func:`failure` makes of it."""
         try:
             try:
                 conn = self._idle.pop()
@@ -161,9 +171,13 @@ class Connections:
                 if self._owns is not None:
                     _to_primary(conn, self._owns)
                 try:
+                    if asking:
+                        return _asking(conn, body)
                     conn.send_packed_command((body,), False)
                     return conn.read_response(disable_decoding=True)
                 except NoScriptError:
+                    if asking:
+                        return _asking(conn, fallback())
                     conn.send_packed_command((fallback(),), False)
                     return conn.read_response(disable_decoding=True)
             except ResponseError:
@@ -186,6 +200,17 @@ class Connections:
             conn.disconnect()
 
 
+def _asking(conn: Any, body: bytes) -> Any:
+    """``ASKING`` and ``body`` in one write, and the reply to ``body``."""
+    conn.send_packed_command((ASKING, body), False)
+    try:
+        conn.read_response()  # OK
+    except ResponseError:
+        conn.read_response(disable_decoding=True)  # the call's own reply: keep the stream in step
+        raise
+    return conn.read_response(disable_decoding=True)
+
+
 def _to_primary(conn: Any, owns: Callable[[Any], bool]) -> None:
     """Connect a Sentinel-managed connection to the primary the sentinels name (``owns``: its
     pool's ``owns_connection``), disconnecting it first from a former primary. Explicitly, by
@@ -200,84 +225,3 @@ def _call_if_alive(method: weakref.WeakMethod[Callable[[], None]]) -> None:
     bound = method()
     if bound is not None:
         bound()
-
-
-def build_client() -> redis.Redis:
-    """A client with short timeouts, no retries and a bounded pool.
-
-    It connects to ``DJANGO_THROTTLE_REDIS_URL`` (through the sentinels for a
-    ``redis+sentinel://`` URL, :mod:`.redis_sentinel`), else to the Redis of the cache named by
-    ``DJANGO_THROTTLE_CACHE_ALIAS`` (its first ``LOCATION``, the primary, with its password and
-    pool options) — never through the cache's own client, which has no timeouts.
-    ``DJANGO_THROTTLE_REDIS_OPTIONS`` overrides any option except retries.
-    """
-    url = app_settings.REDIS_URL
-    borrowed: dict[str, Any] = {}
-    if url is None:
-        url, borrowed = cache_connection(app_settings.CACHE_ALIAS)
-        for name in _NOT_BORROWED:
-            borrowed.pop(name, None)
-    options = {**borrowed, **DEFAULT_CLIENT_OPTIONS, **app_settings.REDIS_OPTIONS}
-    options.pop("retry_on_timeout", None)
-    options.pop("retry_on_error", None)
-    options["retry"] = Retry(NoBackoff(), 0)
-    # How long a request may wait for a free pooled connection before failing over.
-    options.setdefault("timeout", options.get("socket_connect_timeout", 0.05))
-    if is_sentinel_url(url):
-        return sentinel_client(url, options)
-    url = redis_spelling(url)
-    return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))
-
-
-#: Valkey's names of the single-server schemes (as ``limits`` and valkey-py take them).
-VALKEY_SCHEMES = {"valkey": "redis", "valkeys": "rediss"}
-
-
-def redis_spelling(url: str) -> str:
-    """``url`` with a ``valkey://`` / ``valkeys://`` scheme written as redis-py reads it."""
-    scheme, separator, rest = url.partition("://")
-    return VALKEY_SCHEMES.get(scheme.lower(), scheme) + separator + rest
-
-
-def cache_connection(alias: str) -> tuple[str, dict[str, Any]]:
-    """The primary URL and connection options of a django-redis (or Django ``RedisCache``)
-    cache, read from ``CACHES[alias]``."""
-    config: dict[str, Any] = settings.CACHES.get(alias) or {}
-    backend = str(config.get("BACKEND", ""))
-    options: dict[str, Any] = dict(config.get("OPTIONS") or {})
-    location = config.get("LOCATION") or ""
-    urls = location.split(",") if isinstance(location, str) else list(location)
-    url = str(urls[0]).strip() if urls else ""
-    hint = (
-        f"CACHES[DJANGO_THROTTLE_CACHE_ALIAS = {alias!r}] is not a Redis cache with a redis:// "
-        "LOCATION the throttle can connect to: set DJANGO_THROTTLE_REDIS_URL."
-    )
-    if not url.startswith(("redis://", "rediss://", "unix://")) or "SENTINELS" in options:
-        raise ImproperlyConfigured(hint)
-    if backend.startswith("django_redis."):
-        kwargs = dict(options.get("CONNECTION_POOL_KWARGS") or {})
-        for option, kwarg in (("USERNAME", "username"), ("PASSWORD", "password")):
-            if options.get(option):
-                kwargs[kwarg] = options[option]
-        return url, kwargs
-    if backend == "django.core.cache.backends.redis.RedisCache":
-        for name in ("pool_class", "parser_class", "serializer"):
-            options.pop(name, None)
-        return url, options
-    raise ImproperlyConfigured(hint)
-
-
-def option_problem() -> str | None:
-    """Why :func:`build_client`'s options would fail every counting call, or ``None``.
-
-    A client is built and one connection object made from its pool, never connected: an option
-    redis-py's connections do not take (``ssl`` beside a ``redis://`` URL, a misspelt name), or
-    a borrowed cache with no usable ``LOCATION``, is then a ``manage.py check`` error instead of
-    every request taking the failure mode.
-    """
-    try:
-        pool = build_client().connection_pool
-        pool.connection_class(**pool.connection_kwargs)
-    except (TypeError, ValueError, ImproperlyConfigured) as exc:
-        return str(exc)
-    return None

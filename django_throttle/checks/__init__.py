@@ -135,7 +135,7 @@ def _check_redis_options() -> list[checks.CheckMessage]:
     and take the failure mode."""
     if getattr(settings, PREFIX + "BACKEND", _REDIS_BACKEND) != _REDIS_BACKEND:
         return []
-    from django_throttle.backends.wire import option_problem
+    from django_throttle.backends.redis_clients import option_problem
 
     problem = option_problem()
     if problem is None:

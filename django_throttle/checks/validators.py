@@ -70,8 +70,10 @@ def _optional(validate: Validator) -> Validator:
 
 
 def _redis_url(value: Any) -> str | None:
+    from django_throttle.backends.redis_clients import VALKEY_SCHEMES
+    from django_throttle.backends.redis_cluster_url import SCHEMES as CLUSTER_SCHEMES
+    from django_throttle.backends.redis_cluster_url import parse_cluster_url
     from django_throttle.backends.redis_sentinel import SCHEMES, parse_sentinel_url
-    from django_throttle.backends.wire import VALKEY_SCHEMES
 
     if value is None or value == "":  # unset, e.g. os.environ.get("REDIS_URL", "")
         return None
@@ -82,17 +84,18 @@ def _redis_url(value: Any) -> str | None:
         except ValueError as exc:
             return str(exc)
         return None
-    if scheme in {"redis+cluster", "valkey+cluster", "rediss+cluster", "valkeys+cluster"}:
-        return (
-            "is a Redis Cluster URL, and Cluster is not supported yet: a cluster's MOVED "
-            "replies would make every counting call take the failure mode. Use one Redis, "
-            "or Sentinel (redis+sentinel://)"
-        )
+    if scheme in CLUSTER_SCHEMES:
+        try:
+            parse_cluster_url(value)
+        except ValueError as exc:
+            return str(exc)
+        return None
     if scheme not in {"redis", "rediss", "unix", *VALKEY_SCHEMES}:
         return (
             "must be None or a URL such as 'redis://127.0.0.1:6379/0' (redis, rediss, unix, "
-            "valkey, valkeys) or 'redis+sentinel://host:26379,host:26379/mymaster' "
-            "(redis+sentinel, valkey+sentinel)"
+            "valkey, valkeys), 'redis+sentinel://host:26379,host:26379/mymaster' "
+            "(redis+sentinel, valkey+sentinel) or 'redis+cluster://host:7000,host:7001' "
+            "(redis+cluster, rediss+cluster, valkey+cluster, valkeys+cluster)"
         )
     return None
 

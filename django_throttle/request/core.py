@@ -33,7 +33,7 @@ from asgiref.sync import sync_to_async
 from django.utils.functional import LazyObject
 
 from django_throttle import events
-from django_throttle.backends import ArgumentRefused, BackendError, get_backend
+from django_throttle.backends import BackendError, get_backend
 from django_throttle.backends.breaker import get_breaker
 from django_throttle.conf import app_settings
 from django_throttle.identity import Identity
@@ -77,8 +77,9 @@ def check(request: Any, **options: Unpack[CheckOptions]) -> Decision:
     caller or an API key holder guessing another account's password meets them.
 
     When the backend cannot answer, the failure mode is the first of: ``failure_mode``, the
-    endpoint rule's, the tier's, ``"closed"`` for a ``credential`` endpoint (login, token: an
-    outage must not open the door to password guessing), the setting.
+    endpoint rule's, the tier's, ``"closed"`` for a credential check (a ``credential``
+    endpoint, or any check under a credential rule: an outage must not open the door to
+    password guessing), the setting.
 
     An allowed request whose rule counts only successes or failures leaves a
     :class:`Reservation` on ``request.throttle_reservations`` for :func:`settle`.
@@ -151,7 +152,7 @@ def _finished(
     """The decision on a planned request, from the backend's ``reply`` (``started``: see
     :func:`check`)."""
     if isinstance(reply, BackendError):
-        decision = _degraded(planned, isinstance(reply, ArgumentRefused))
+        decision = _degraded(planned, reply)
     else:
         decision = _counted(planned, reply, request)
     if started:

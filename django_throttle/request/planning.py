@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from django_throttle.backends import BackendError, get_local_backend
+from django_throttle.backends import ArgumentRefused, BackendError, get_local_backend
+from django_throttle.backends.base import NodeUnavailable
 from django_throttle.backends.breaker import get_breaker
 from django_throttle.conf import app_settings
 from django_throttle.exemptions import is_exempt_view
@@ -149,6 +150,9 @@ def _plan(
         before_authentication=rule_only,
     )
     cost = 1 if cost is None else cost
+    # A check under a credential rule is a credential check whichever adapter makes it: it
+    # meets every tier's counters, and fails closed by default (see _degraded).
+    credential = credential or (endpoint is not None and endpoint.credential)
     planned = _Plan(  # positional, in field order: once per request
         identity.key, limits, cost, field, failure_mode, credential, policy, tier, endpoint
     )
@@ -230,11 +234,13 @@ def _counted(planned: _Plan, decision: Decision, request: Any) -> Decision:
     return decision
 
 
-def _degraded(planned: _Plan, refused: bool = False) -> Decision:
-    """The decision when the backend could not answer, by failure mode, counted in-process
-    until the backend is back. A ``refused`` call (the backend answered, refusing one of our
-    arguments: a bug, logged by the breaker) is counted in-process where the mode would
-    serve it uncounted: whatever provoked it must not slip past the limits.
+def _degraded(planned: _Plan, error: BackendError) -> Decision:
+    """The decision when the backend could not answer (``error``), by failure mode, counted
+    in-process until the backend is back. A refused call (:class:`ArgumentRefused`: the
+    backend answered, refusing one of our arguments, a bug logged by the breaker) is counted
+    in-process where the mode would serve it uncounted: whatever provoked it must not slip
+    past the limits. Fail-closed's ``Retry-After`` is when the breaker that stopped the call
+    lets one through: the process's, or one Cluster node's (:class:`NodeUnavailable`).
 
     The breaker logs when it opens and closes; a line per failed request would flood the log
     exactly when the operator needs it. The mode is only worked out here, off the healthy
@@ -244,10 +250,13 @@ def _degraded(planned: _Plan, refused: bool = False) -> Decision:
     if failure_mode is None and planned.policy is not None:
         failure_mode = planned.policy.failure_mode_for(planned.tier, planned.endpoint, default)
     failure_mode = failure_mode or default or app_settings.FAILURE_MODE
-    if refused and failure_mode == "open":
+    if isinstance(error, ArgumentRefused) and failure_mode == "open":
         failure_mode = "local"
     if failure_mode == "closed":
-        wait = get_breaker().retry_after()
+        if isinstance(error, NodeUnavailable):
+            wait = error.retry_after
+        else:
+            wait = get_breaker().retry_after()
         decision = replace(_FAILED_CLOSED, retry_after=wait, limits=tuple(planned.limits))
     elif failure_mode == "local":
         local = get_local_backend().hit(planned.client, planned.limits, planned.cost)

@@ -21,6 +21,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.signals import setting_changed
 
+from django_throttle.backends.redis_clients import client_for
 from django_throttle.redaction import redact_url
 from example_project import demo_state
 from example_project.private_redis import PrivateRedis
@@ -108,9 +109,13 @@ def _check_port_free(port: int) -> None:
 
 
 def _check_redis(url: str) -> None:
-    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    """PING the Redis at ``url`` (any topology the throttle's URL setting takes)."""
+    client: Any = None
     try:
+        client = client_for(url, {"socket_connect_timeout": 2, "socket_timeout": 2})
         client.ping()
+    except ValueError as exc:
+        raise CommandError(f"REDIS_URL={redact_url(url)} {exc}") from exc
     except redis.RedisError as exc:
         raise CommandError(
             f"Redis at REDIS_URL={redact_url(url)} does not answer ({exc}): start it, fix "
@@ -118,7 +123,8 @@ def _check_redis(url: str) -> None:
             "unset REDIS_URL to let run_demo start a private redis-server."
         ) from exc
     finally:
-        client.close()
+        if client is not None:
+            client.close()
 
 
 def _use_redis(url: str) -> None:

