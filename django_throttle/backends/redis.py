@@ -53,6 +53,7 @@ from django_throttle.backends.frames import (
 from django_throttle.backends.redis_acl import glob_escape
 from django_throttle.backends.redis_clients import build_client, client_for, client_options
 from django_throttle.backends.redis_cluster import ClusterRoute, PrimaryHealth, is_cluster_url
+from django_throttle.backends.redis_shard_tags import number_tags, spread_tags
 from django_throttle.backends.redis_single import OneServer
 from django_throttle.backends.scripts import (
     REFUND_FILES,
@@ -92,6 +93,10 @@ class RedisBackend(Backend):
         self._owns_client = client is None
         self.prefix = app_settings.KEY_PREFIX
         self.shards = app_settings.KEY_SHARDS
+        #: On a cluster the shards' hash tags spread their slots evenly (.redis_shard_tags).
+        self._spread = isinstance(client, RedisCluster) or (
+            client is None and is_cluster_url(app_settings.REDIS_URL)
+        )
         self._tags = tuple(tag.encode() for tag in self.shard_tags())
         self._calls = Calls(partial(self._script_for, SCRIPT_FILES), self.shards)
         self._refunds = Calls(partial(self._script_for, REFUND_FILES), self.shards)
@@ -136,8 +141,11 @@ class RedisBackend(Backend):
         return load_script(files_for(files, codes), self.shards)
 
     def shard_tags(self) -> tuple[str, ...]:
-        """Every shard's key prefix, ``"<prefix>:{<n>}"``: one Redis Cluster slot each."""
-        return tuple(f"{self.prefix}:{{{n}}}" for n in range(self.shards))
+        """Every shard's key prefix, ``"<prefix>:{<tag>}"``: one Redis Cluster slot each. The
+        tags are the shard numbers on one server, and on a cluster numbers whose slots are
+        spread evenly over the slot range (:mod:`.redis_shard_tags`)."""
+        tags = spread_tags(self.shards) if self._spread else number_tags(self.shards)
+        return tuple(f"{self.prefix}:{{{tag}}}" for tag in tags)
 
     def key(self, client: str, limit: Limit) -> str:
         """The key of ``client``'s state of ``limit`` (for a shared limit, its shard's)."""
