@@ -4,6 +4,7 @@ and plot once, tiny, so they keep working (their counts, never their timings).""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import multiprocessing
 import os
@@ -70,6 +71,13 @@ def _serve(url: str, barrier: Any, tasks: Any, results: Any) -> None:
             settings.DJANGO_THROTTLE_KEY_SHARDS = 16
             backend = RedisBackend()
             client: Any = backend.client
+        elif url.startswith("redis+sentinel://"):  # tests/test_sentinel.py: the backend's own
+            settings.DJANGO_THROTTLE_REDIS_URL = url
+            settings.DJANGO_THROTTLE_REDIS_OPTIONS = {
+                "socket_timeout": 10, "socket_connect_timeout": 10, "timeout": 10
+            }  # fmt: skip
+            backend = RedisBackend()
+            client = backend.client
         else:
             client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=10)
             backend = RedisBackend(client)
@@ -96,11 +104,14 @@ def _serve(url: str, barrier: Any, tasks: Any, results: Any) -> None:
 @pytest.fixture(scope="module")
 def workers(redis_url: str) -> Iterator[tuple[Any, Any]]:
     """``PROCESSES`` spawned workers (no fork of the test process), started once."""
-    yield from spawned_workers(redis_url)
+    with spawned_workers(redis_url) as queues:
+        yield queues
 
 
+@contextlib.contextmanager
 def spawned_workers(url: str) -> Iterator[tuple[Any, Any]]:
-    """Start ``PROCESSES`` workers counting on ``url``; yield their task and result queues."""
+    """``PROCESSES`` workers counting on ``url``, as their task and result queues; stopped and
+    joined on leaving, however the block ends."""
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(PROCESSES * THREADS)
     tasks, results = context.Queue(), context.Queue()
@@ -110,13 +121,35 @@ def spawned_workers(url: str) -> Iterator[tuple[Any, Any]]:
     ]
     for process in processes:
         process.start()
-    yield tasks, results
-    for _ in processes:
-        tasks.put(None)
-    for process in processes:
-        process.join(timeout=30)
-        if process.is_alive():
-            process.kill()
+    try:
+        yield tasks, results
+    finally:
+        for _ in processes:
+            tasks.put(None)
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+
+
+def race(queues: tuple[Any, Any], prefix: str, algorithm: str) -> None:
+    """One race of ``PROCESSES`` x ``THREADS`` requests at one client of a ``LIMIT`` of
+    ``algorithm`` (keys under ``prefix``): exactly ``LIMIT`` admitted, and no errors."""
+    tasks, results = queues
+    arguments = quiet_limit(algorithm, time.time())
+    for _ in range(PROCESSES):
+        tasks.put((prefix, arguments))
+    outcomes = [outcome for _ in range(PROCESSES) for outcome in results.get(timeout=120)]
+    errors = [outcome for outcome in outcomes if not isinstance(outcome, bool)]
+    assert not errors, errors
+    assert len(outcomes) == PROCESSES * THREADS
+    assert sum(outcomes) == LIMIT, (arguments, sum(outcomes))
+
+
+def race_on(url: str, prefix: str, algorithm: str) -> None:
+    """:func:`race` with workers of its own on ``url`` (a cluster, Sentinel or TLS URL)."""
+    with spawned_workers(url) as queues:
+        race(queues, prefix, algorithm)
 
 
 @pytest.mark.slow
@@ -124,15 +157,7 @@ def spawned_workers(url: str) -> Iterator[tuple[Any, Any]]:
 def test_exactly_the_limit_is_admitted_from_64_concurrent_requests(
     algorithm: str, workers: tuple[Any, Any], _isolated_throttle: str
 ) -> None:
-    tasks, results = workers
-    arguments = quiet_limit(algorithm, time.time())
-    for _ in range(PROCESSES):
-        tasks.put((_isolated_throttle, arguments))
-    outcomes = [outcome for _ in range(PROCESSES) for outcome in results.get(timeout=60)]
-    errors = [outcome for outcome in outcomes if not isinstance(outcome, bool)]
-    assert not errors, errors
-    assert len(outcomes) == PROCESSES * THREADS
-    assert sum(outcomes) == LIMIT, (arguments, sum(outcomes))
+    race(workers, _isolated_throttle, algorithm)
 
 
 def test_quiet_limits_keep_every_window_boundary_away() -> None:

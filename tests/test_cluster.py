@@ -5,8 +5,8 @@ with a TTL; the operator's calls (policy version, reset, retime, usage) across a
 ``NOSCRIPT`` after ``SCRIPT FLUSH`` on every node; ``MOVED`` and ``ASK`` followed while a slot
 moves; a cluster down when the worker starts; and ``manage.py check`` on cluster URLs.
 
-The fault suites (a primary killed under load, resharding under load, 4 processes x 16
-threads) are marked slow."""
+The fault suites (a primary killed under load, resharding under load, ``SCRIPT FLUSH`` on
+every node under load, 4 processes x 16 threads) are marked slow."""
 
 from __future__ import annotations
 
@@ -513,23 +513,10 @@ def test_a_cluster_over_tls_with_an_unknown_ca_is_an_outage(
 def test_4_processes_x_16_threads_on_one_client_admit_exactly_the_limit(
     cluster: LocalCluster, _isolated_throttle: str, algorithm: str
 ) -> None:
-    from tests.test_algorithm_concurrency import LIMIT as CONCURRENT_LIMIT
-    from tests.test_algorithm_concurrency import PROCESSES, THREADS, quiet_limit, spawned_workers
+    from tests.test_algorithm_concurrency import race_on
 
     cluster.wait_ok()
-    workers = spawned_workers(cluster.url)
-    tasks, results = next(workers)
-    try:
-        arguments = quiet_limit(algorithm, time.time())
-        for _ in range(PROCESSES):
-            tasks.put((_isolated_throttle, arguments))
-        outcomes = [outcome for _ in range(PROCESSES) for outcome in results.get(timeout=120)]
-    finally:
-        workers.close()
-    errors = [outcome for outcome in outcomes if not isinstance(outcome, bool)]
-    assert not errors, errors
-    assert len(outcomes) == PROCESSES * THREADS
-    assert sum(outcomes) == CONCURRENT_LIMIT
+    race_on(cluster.url, _isolated_throttle, algorithm)
 
 
 class Load:
@@ -745,3 +732,54 @@ def test_a_dead_primary_holding_the_policy_version_does_not_open_the_process_bre
         assert get_breaker().state == "closed"
         assert get_breaker().call(backend.hit, survivor, limits()).allowed
     wait_for(lambda: [backend.get_policy_version()], 10, "the policy version to answer again")
+
+
+@pytest.mark.slow
+def test_script_flush_on_every_node_under_load_costs_no_failed_decision(
+    settings: Any, cluster: LocalCluster
+) -> None:
+    """6 threads, and 4 coroutines on an event loop (:class:`tests.topology_load.Load`),
+    count on fresh clients of every primary while every node's script cache (primaries' and
+    replicas') is flushed every 20 ms for 4 s: every call is allowed or denied (each
+    primary's ``NOSCRIPT`` answered by ``EVAL``), none fails, and each client is admitted
+    exactly its limit and counted once per admitted request."""
+    from tests import topology_load
+    from tests.topology_load import assert_every_decision_exact, flush_scripts, noscript_replies
+
+    cluster.wait_ok()
+    cluster.flushall()
+    # Timeouts for a machine loaded by other test runs: a failed decision here is an error
+    # reply or a lost connection, not a slow one.
+    backend = backend_on(settings, cluster.url, socket_timeout=5.0, timeout=5.0)
+    groups = slots_by_primary(cluster)
+    primaries = cluster.primaries()
+    refused_before = {node.port: noscript_replies([node]) for node in primaries}
+    names = fresh_names(backend, groups, 8000)  # half each: the threads', the coroutines'
+    sync_names = {group: found[::2] for group, found in names.items()}
+    async_names = {group: found[1::2] for group, found in names.items()}
+    coroutines = topology_load.Load(
+        backend, [limits(name="load")], LIMIT, async_names, threads=0, coroutines=4
+    )
+    with Load(backend, sync_names) as load, coroutines:
+        time.sleep(0.5)
+        flushes = flush_scripts([n for n in cluster.nodes if n.running()], seconds=4.0)
+        time.sleep(0.5)
+    refused = {
+        node.port: noscript_replies([node]) - refused_before[node.port] for node in primaries
+    }
+    outcomes = {client: (group, calls) for client, (group, _, calls) in load.by_client().items()}
+    outcomes |= {
+        client: (group, calls) for client, (group, _, calls) in coroutines.by_client().items()
+    }
+    total = len(load.calls) + len(coroutines.calls)
+    print(f"\nscript flush: {flushes} flushes, NOSCRIPT replies by primary {refused}, "
+          f"{total} calls ({len(coroutines.calls)} async), {len(outcomes)} clients")  # fmt: skip
+    assert flushes >= 20 and all(n >= 10 for n in refused.values()), (flushes, refused)
+    assert {group for group, _ in outcomes.values()} == set(groups)
+    assert {group for group, _, _ in coroutines.by_client().values()} == set(groups)
+    assert_every_decision_exact(
+        {client: calls for client, (_, calls) in outcomes.items()},
+        LIMIT,
+        lambda client: backend.peek(client, limits(name="load")).remaining,
+    )
+    assert load.breaker.state == coroutines.breaker.state == "closed"

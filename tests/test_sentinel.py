@@ -4,7 +4,13 @@ sentinels): every algorithm exact, sync and async; the primary's ACL user from t
 the sentinels' own password from ``sentinel_kwargs``; counting only on the primary; a failover
 under load (the primary killed while threads count) that costs nothing but
 :class:`~django_throttle.backends.base.BackendError` and is exact again right after the
-promotion; and ``manage.py check`` on Sentinel URLs."""
+promotion; every key written (every algorithm, usage counted) with a TTL on the primary and
+only replicated to the replicas; and ``manage.py check`` on Sentinel URLs.
+
+Marked slow: the failover, 4 processes x 16 threads on one client through the
+``redis+sentinel://`` URL (every algorithm admits exactly its limit), and ``SCRIPT FLUSH`` on
+the primary and every replica while threads and coroutines count (no failed decision, every
+client admitted exactly its limit)."""
 
 from __future__ import annotations
 
@@ -415,3 +421,112 @@ def switched(topology: LocalSentinel, port: int) -> bool:
         finally:
             client.close()
     return True
+
+
+# -- Exactness, TTLs and SCRIPT FLUSH under load -----------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", Algorithm.values)
+def test_4_processes_x_16_threads_on_one_client_admit_exactly_the_limit(
+    sentinel_set: LocalSentinel, _isolated_throttle: str, algorithm: str
+) -> None:
+    """64 requests released together by one barrier, in 4 processes each with the backend's
+    own client for the ``redis+sentinel://`` URL: exactly the limit is admitted."""
+    from tests.test_algorithm_concurrency import race_on
+
+    sentinel_set.wait_settled(60)
+    race_on(sentinel_set.url, _isolated_throttle, algorithm)
+
+
+def keys_with_ttls(server: Any, prefix: str) -> dict[bytes, int]:
+    """Key → PTTL of every key of this test's prefix on ``server``."""
+    client = server.client()
+    try:
+        return {key: client.pttl(key) for key in client.scan_iter(match=f"{prefix}*", count=1000)}
+    finally:
+        client.close()
+
+
+def test_every_key_has_a_ttl_on_the_primary_and_the_replicas_only_replicate(
+    settings: Any, sentinel_set: LocalSentinel, _isolated_throttle: str
+) -> None:
+    """Every algorithm, with usage counted, sync and async: every key the backend wrote is on
+    the primary with a TTL; the replicas hold the same keys, with their TTLs, and ran no
+    script and have no connection of the backend's (nothing was written to one directly)."""
+    from tests.topology_load import script_calls
+
+    sentinel_set.wait_settled(60)
+    primary = sentinel_set.server_on(sentinel_set.primary_port())
+    replicas = [server for server in sentinel_set.servers if server is not primary]
+    before = {replica.port: script_calls(replica) for replica in replicas}
+    backend = backend_on(settings, sentinel_set.url)
+    every = tuple(Limit.build(f"l{n}", f"{LIMIT}/d", algorithm=a) for n, a in enumerate(Algorithm))
+    for n in range(8):
+        for _ in range(LIMIT + 1):
+            backend.hit(f"user:{n}", every, usage="free|x")
+
+    async def hits() -> None:
+        for n in range(8):
+            await asyncio.gather(
+                *(backend.ahit(f"auser:{n}", every, usage="free|x") for _ in range(LIMIT + 1))
+            )
+
+    asyncio.run(hits())
+    keys = keys_with_ttls(primary, _isolated_throttle)
+    ids = tuple(limit.id.encode() for limit in every)
+    counters = [key for key in keys if key.endswith(ids)]
+    assert len(counters) == 16 * len(every), sorted(keys)  # every client's, every limit's
+    assert len(keys) > len(counters), sorted(keys)  # and the usage counts
+    assert all(ttl > 0 for ttl in keys.values()), {k: t for k, t in keys.items() if t <= 0}
+    with primary.client() as client:
+        assert client.wait(len(replicas), 10_000) == len(replicas)
+    for replica in replicas:
+        copied = keys_with_ttls(replica, _isolated_throttle)
+        assert set(copied) == set(keys), replica.port
+        assert all(ttl > 0 for ttl in copied.values()), replica.port
+        assert script_calls(replica) == before[replica.port], replica.port
+    on = named_connections(sentinel_set)
+    assert on[primary.port] >= 1
+    assert all(on[replica.port] == 0 for replica in replicas), on
+
+
+@pytest.mark.slow
+def test_script_flush_on_every_node_under_load_costs_no_failed_decision(
+    settings: Any, sentinel_set: LocalSentinel, _isolated_throttle: str
+) -> None:
+    """6 threads and 4 coroutines count on fresh clients (every algorithm in turn) while the
+    primary's and every replica's script cache is flushed every 20 ms for 4 s: every call is
+    allowed or denied (the ``NOSCRIPT`` reply answered by ``EVAL``), none fails, and each
+    client is admitted exactly its limit and counted once per admitted request."""
+    from tests.topology_load import (
+        Load,
+        assert_every_decision_exact,
+        every_algorithm,
+        flush_scripts,
+        fresh_clients,
+        noscript_replies,
+    )
+
+    sentinel_set.wait_settled(60)
+    primary = sentinel_set.server_on(sentinel_set.primary_port())
+    # Timeouts for a machine loaded by other test runs: a failed decision here is an error
+    # reply or a lost connection, not a slow one.
+    backend = backend_on(settings, sentinel_set.url, socket_timeout=5.0, timeout=5.0)
+    lists = every_algorithm(LIMIT)
+    refused_before = noscript_replies([primary])
+    with Load(backend, lists, LIMIT, fresh_clients("flush")) as load:
+        time.sleep(0.5)
+        flushes = flush_scripts(sentinel_set.servers, seconds=4.0)
+        time.sleep(0.5)
+    refused = noscript_replies([primary]) - refused_before
+    outcomes = load.by_client()
+    print(f"\nscript flush: {flushes} flushes, {refused} NOSCRIPT replies, "
+          f"{len(load.calls)} calls, {len(outcomes)} clients")  # fmt: skip
+    assert flushes >= 20 and refused >= 20, (flushes, refused)
+    assert_every_decision_exact(
+        {client: calls for client, (_, _, calls) in outcomes.items()},
+        LIMIT,
+        lambda client: backend.peek(client, lists[outcomes[client][1]]).remaining,
+    )
+    assert load.breaker.state == "closed"

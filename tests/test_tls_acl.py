@@ -3,12 +3,18 @@ certificate, the hostname check on or off) and ACL users, against redis-servers 
 starts (:mod:`tests.topologies`), sync and async. Counting stays exact over TLS, and a
 connection that cannot be made (unknown CA, wrong name, wrong password) is a
 :class:`~django_throttle.backends.base.BackendError` the breaker counts, never an SSL or
-authentication error reaching the request."""
+authentication error reaching the request. Every key written over TLS (every algorithm, usage
+counted) has a TTL.
+
+Marked slow: 4 processes x 16 threads on one client over TLS (the CA in the ``rediss://``
+URL's query; every algorithm admits exactly its limit), and ``SCRIPT FLUSH`` while threads and
+coroutines count over TLS (no failed decision, every client admitted exactly its limit)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -210,3 +216,94 @@ def test_tls_gets_a_connect_timeout_a_handshake_fits_in(
     chosen = client_options()[1]
     assert chosen["socket_connect_timeout"] == connect_timeout
     assert chosen["socket_timeout"] == 0.05
+
+
+# -- Exactness, TTLs and SCRIPT FLUSH under load over TLS ------------------------------------
+
+
+def ca_query(server: TLSServer) -> str:
+    """The URL of ``server`` with its CA in the query, as a managed Redis's docs give it."""
+    query = urlencode({"ssl_ca_certs": str(server.ca_file), "ssl_cert_reqs": "required"})
+    return f"{server.url}?{query}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", Algorithm.values)
+def test_4_processes_x_16_threads_over_tls_admit_exactly_the_limit(
+    tls_server: TLSServer, _isolated_throttle: str, algorithm: str
+) -> None:
+    """64 requests released together by one barrier, in 4 processes each connected over TLS
+    (the CA in the ``rediss://`` URL's query): exactly the limit is admitted."""
+    from tests.test_algorithm_concurrency import race_on
+
+    race_on(ca_query(tls_server), _isolated_throttle, algorithm)
+
+
+def test_every_key_written_over_tls_has_a_ttl(
+    settings: Any, tls_server: TLSServer, _isolated_throttle: str
+) -> None:
+    """Every algorithm, with usage counted, sync and async: every key written has a TTL."""
+    backend = backend_on(settings, ca_query(tls_server))
+    every = tuple(Limit.build(f"l{n}", f"{LIMIT}/d", algorithm=a) for n, a in enumerate(Algorithm))
+    for n in range(4):
+        for _ in range(LIMIT + 1):
+            backend.hit(f"user:{n}", every, usage="free|x")
+
+    async def hits() -> None:
+        for n in range(4):
+            await asyncio.gather(
+                *(backend.ahit(f"auser:{n}", every, usage="free|x") for _ in range(LIMIT + 1))
+            )
+
+    asyncio.run(hits())
+    client = tls_server.client()
+    try:
+        keys = {
+            key: client.pttl(key)
+            for key in client.scan_iter(match=f"{_isolated_throttle}*", count=1000)
+        }
+    finally:
+        client.close()
+    ids = tuple(limit.id.encode() for limit in every)
+    assert len([key for key in keys if key.endswith(ids)]) == 8 * len(every), sorted(keys)
+    assert len(keys) > 8 * len(every), sorted(keys)  # and the usage counts
+    assert all(ttl > 0 for ttl in keys.values()), {k: t for k, t in keys.items() if t <= 0}
+
+
+@pytest.mark.slow
+def test_script_flush_under_load_over_tls_costs_no_failed_decision(
+    settings: Any, tls_server: TLSServer
+) -> None:
+    """6 threads and 4 coroutines count over TLS on fresh clients (every algorithm in turn)
+    while the server's script cache is flushed every 20 ms for 4 s: every call is allowed or
+    denied, none fails, and each client is admitted exactly its limit, counted once each."""
+    from tests.topology_load import (
+        Load,
+        assert_every_decision_exact,
+        every_algorithm,
+        flush_scripts,
+        fresh_clients,
+        noscript_replies,
+    )
+
+    # Timeouts for a machine loaded by other test runs: a failed decision here is an error
+    # reply or a lost connection, not a slow one.
+    slow = {"socket_timeout": 5.0, "socket_connect_timeout": 5.0, "timeout": 5.0}
+    backend = backend_on(settings, ca_query(tls_server), **slow)
+    lists = every_algorithm(LIMIT)
+    refused_before = noscript_replies([tls_server])
+    with Load(backend, lists, LIMIT, fresh_clients("flush")) as load:
+        time.sleep(0.5)
+        flushes = flush_scripts([tls_server], seconds=4.0)
+        time.sleep(0.5)
+    refused = noscript_replies([tls_server]) - refused_before
+    outcomes = load.by_client()
+    print(f"\nscript flush over TLS: {flushes} flushes, {refused} NOSCRIPT replies, "
+          f"{len(load.calls)} calls, {len(outcomes)} clients")  # fmt: skip
+    assert flushes >= 20 and refused >= 20, (flushes, refused)
+    assert_every_decision_exact(
+        {client: calls for client, (_, _, calls) in outcomes.items()},
+        LIMIT,
+        lambda client: backend.peek(client, lists[outcomes[client][1]]).remaining,
+    )
+    assert load.breaker.state == "closed"
