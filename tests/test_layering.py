@@ -171,6 +171,7 @@ def imported_roots(path: Path) -> set[str]:
                 "django_throttle/backends/redis_cluster.py",
                 "django_throttle/backends/redis_cluster_scripts.py",
                 "django_throttle/backends/redis_cluster_url.py",
+                "django_throttle/backends/redis_shard_tags.py",
                 "django_throttle/backends/redis_single.py",
                 "django_throttle/backends/redis_async.py",
                 "django_throttle/backends/redis_sentinel.py",
