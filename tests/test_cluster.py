@@ -94,13 +94,19 @@ def evalsha_calls(cluster: LocalCluster) -> int:
     return total
 
 
+#: What redis-py's ``RedisCluster`` sends on its start (redis-py before 8 reads the command
+#: table with ``COMMAND`` then, on a connection whose last command it stays).
+STARTUP = {"command"}
+
+
 def last_commands(cluster: LocalCluster, name: str) -> set[str]:
-    """The last command of every connection named ``name`` on the primaries."""
+    """The last command of every connection named ``name`` on the primaries, but
+    :data:`STARTUP`'s."""
     found = set()
     for node in cluster.primaries():
         with node.client() as client:
             found |= {entry["cmd"] for entry in client.client_list() if entry["name"] == name}
-    return found
+    return found - STARTUP
 
 
 def every_key(cluster: LocalCluster) -> list[tuple[int, bytes, int]]:
@@ -382,8 +388,13 @@ def test_a_request_on_a_dead_primary_takes_its_failure_mode_and_the_others_are_c
         for address in survivors:
             codes = [client.get(path, REMOTE_ADDR=address).status_code for _ in range(limit)]
             assert codes == [200] * (limit - 1) + [429]  # one request made in the search
+    # Counted again once it answers. The calls that timed out may have run when it woke (an
+    # asyncio connection before redis-py 8 closes with a FIN, so the node reads the frames it
+    # had received): sent once, never replayed, they count, and the victim may be at its limit.
     wait_for(
-        lambda: client.get(path, REMOTE_ADDR=victim).status_code == 200, 10, "the primary again"
+        lambda: client.get(path, REMOTE_ADDR=victim).status_code in (200, 429),
+        10,
+        "the primary again",
     )
 
 

@@ -406,3 +406,32 @@ def test_a_forked_child_counts_on_connections_of_its_own(settings: Any, redis_ur
     assert os.waitstatus_to_exitcode(status) == 0
     assert backend._route._connections._idle == parents
     assert backend.hit("fork", [LIMIT]).allowed
+
+
+@pytest.mark.parametrize(
+    ("reply", "kind", "address"),
+    [
+        ("ASK 10631 127.0.0.1:36424", "ask", ("127.0.0.1", 36424)),
+        ("MOVED 3999 10.0.0.7:6380", "moved", ("10.0.0.7", 6380)),
+        ("MOVED 3999 [::1]:6380", "moved", ("[::1]", 6380)),
+        ("TRYAGAIN Multiple keys request during rehashing of slot", "unsettled", None),
+        ("ASK nonsense", "outage", None),
+        ("MOVED 1 host:port", "outage", None),
+    ],
+)
+def test_a_redirection_left_as_a_plain_error_is_still_followed(
+    reply: str, kind: str, address: tuple[str, int] | None
+) -> None:
+    """redis-py 5.0's asyncio connections parse ``ASK``/``MOVED``/``TRYAGAIN`` as a plain
+    ``ResponseError`` (their parser lacks the cluster's error classes): a slot being moved
+    failed every async call to it there, instead of following the redirection."""
+    from django_throttle.backends.wire import Redirected, Unsettled, failure
+
+    found = failure(redis.exceptions.ResponseError(reply))
+    if kind in ("ask", "moved"):
+        assert isinstance(found, Redirected)
+        assert (found.host, found.port, found.ask) == (*address, kind == "ask")  # type: ignore[misc]
+    elif kind == "unsettled":
+        assert isinstance(found, Unsettled)
+    else:
+        assert type(found) is BackendError

@@ -60,6 +60,15 @@ def failure(exc: BaseException) -> BackendError:
         return Unsettled(message)
     if isinstance(exc, ResponseError):
         text = str(exc)
+        # A parser without the cluster's error classes (redis-py 5.0's asyncio connections)
+        # leaves "ASK <slot> <host>:<port>", "MOVED …" and "TRYAGAIN …" as plain errors.
+        code, _, rest = text.partition(" ")
+        if code in ("ASK", "MOVED") and ":" in rest:
+            host, _, port = rest.partition(" ")[2].rpartition(":")
+            if host and port.isdigit():
+                return Redirected(message, host, int(port), code == "ASK")
+        if code == "TRYAGAIN":
+            return Unsettled(message)
         if text.startswith("ERR "):  # servers that prefix an error code of their own
             text = text[4:]
         if text.startswith(SCRIPT_ERROR_PREFIX):
