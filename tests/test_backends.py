@@ -512,24 +512,15 @@ def test_shadow_only_decision_reports_no_limit(backend: Backend) -> None:
 
 
 def _corrupt(backend: Backend, client: str, limit: Limit, state: str) -> None:
-    if isinstance(backend, MemoryBackend):
-        used, _, stamp = state.partition(" ")
-        try:
-            parsed = (float(used), float(stamp))
-        except ValueError:
-            return  # the memory backend cannot hold text; missing state is its twin
-        if math.isfinite(parsed[0]) and math.isfinite(parsed[1]):  # nor write non-finite ones
-            # (used, millisecond): the memory twin of the script's state.
-            state_ms = (parsed[0], int(parsed[1]) // 1000)
-            backend._state[(client, limit.id, "t")] = (state_ms, 2**62)
-    else:
-        assert isinstance(backend, RedisBackend)
-        used, _, stamp = state.partition(" ")
-        raw: bytes | str = state
-        with contextlib.suppress(ValueError, OverflowError):
-            # The script's binary state (non-finite used included), where the text has one.
-            raw = pack_bucket(float(used), int(float(stamp)) // 1000, compact=False)
-        backend.client.set(backend.key(client, limit), raw, px=3_600_000)
+    """Write ``state`` as the client's token bucket key, in the script's binary form where
+    the text has one (the memory backend's store takes the same bytes)."""
+    assert isinstance(backend, RedisBackend)
+    used, _, stamp = state.partition(" ")
+    raw: bytes | str = state
+    with contextlib.suppress(ValueError, OverflowError):
+        # The script's binary state (non-finite used included), where the text has one.
+        raw = pack_bucket(float(used), int(float(stamp)) // 1000, compact=False)
+    backend.client.set(backend.key(client, limit), raw, px=3_600_000)
 
 
 @pytest.mark.parametrize("state", ["garbage", "1", "x 5", "5 y", "nan 5", "inf 5", "5 inf", ""])

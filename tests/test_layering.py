@@ -175,8 +175,12 @@ def imported_roots(path: Path) -> set[str]:
                 "django_throttle/backends/redis_single.py",
                 "django_throttle/backends/redis_async.py",
                 "django_throttle/backends/redis_sentinel.py",
+                # The memory backend is the Redis backend on an in-process store.
+                "django_throttle/backends/memory.py",
+                "django_throttle/backends/memory_store.py",
             },
         ),
+        ("lupa", {"django_throttle/backends/memory_store.py"}),
         ("django_redis", {"django_throttle/backends/redis.py"}),
     ],
 )

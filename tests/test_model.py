@@ -34,9 +34,9 @@ from hypothesis.stateful import (
 )
 
 from django_throttle.backends.memory import MemoryBackend
-from django_throttle.backends.memory_algorithms import TWINS
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.rates import MAX_PERIOD, Algorithm, Decision, Limit
+from tests.bucket_state import stored_used
 from tests.model import EXACT, TOL, Model, Reply, TokenBucket, model_of
 
 #: 2026-03-28 23:00 UTC: a day before Europe's clocks go forward, so calendar runs cross it.
@@ -285,16 +285,16 @@ class AlgorithmMachine(RuleBasedStateMachine):
         """The memory entry lives exactly as long as the model says Redis keeps the key; the
         Redis key's PTTL is that PX (less the real time since it was set). Nothing stored
         holds more than the capacity."""
-        code = TWINS[self.limit.algorithm].code
-        entry = self.memory._state.get((self.client, self.limit.id, code))
+        key = self.memory.key(self.client, self.limit)
+        ttl = self.memory.store.pttl(key)
         modelled = self.model.store.get((self.limit.id, self.limit.algorithm))
         live = modelled is not None and self.now // 1000 <= modelled[1]
         if live:
-            assert modelled is not None and entry is not None
+            assert modelled is not None and ttl >= 0, "memory has no key where the model has one"
             slack = 1 if self.limit.algorithm in ("token_bucket", "leaky_bucket") else 0
-            assert abs(entry[1] - modelled[1]) <= slack
+            assert abs(self.now // 1000 + ttl - modelled[1]) <= slack
             if committed:
-                self._check_capacity(entry[0])
+                self._check_capacity(key)
         if self.redis is not None and (committed or retimed):
             # The key's expiry, less its PX, must be the millisecond Redis wrote it in.
             if live and (committed or retimed):
@@ -307,23 +307,31 @@ class AlgorithmMachine(RuleBasedStateMachine):
                     # it expired now (consistent, not checked).
                     assert px <= SHORT_PX_MS, f"Redis has no key where the model has one (PX {px})"
                     del self.model.store[(self.limit.id, self.limit.algorithm)]
-                    del self.memory._state[(self.client, self.limit.id, code)]
+                    self.memory.store.delete(key)
                     return
                 when, before, after = self.redis_expiry
                 assert before - 1 <= when - px <= after + 1, (when - px, before, after)
             elif retimed:
                 assert self.redis_expiry is None, "retime kept a key the model deleted"
 
-    def _check_capacity(self, state: Any) -> None:
-        capacity, algorithm = self.limit.capacity, self.limit.algorithm
+    def _check_capacity(self, key: str) -> None:
+        """The memory store's state of ``key``, read as the scripts wrote it, holds no more
+        than the capacity."""
+        capacity, algorithm, store = self.limit.capacity, self.limit.algorithm, self.memory.store
+        if algorithm == "sliding_window_log":
+            floor = self.now - self.limit.period_us
+            entries = store.zrange(key, 0, -1, withscores=True)
+            assert len([t for _, t in entries if t > floor]) <= capacity
+            return
+        raw = store.get(key)
+        assert raw is not None
         if algorithm in ("token_bucket", "leaky_bucket"):
-            assert state[0] <= capacity + 1e-6
+            used = stored_used(raw)
+            assert used is not None and used <= capacity + 1e-6
         elif algorithm == "gcra":
-            assert state - self.now <= capacity * self.limit.emission_us
-        elif algorithm in ("fixed_window", "calendar_quota", "sliding_window_counter"):
-            assert state[0] <= capacity
-        elif algorithm == "sliding_window_log":
-            assert len([t for t in state if t > self.now - self.limit.period_us]) <= capacity
+            assert float(raw) - self.now <= capacity * self.limit.emission_us
+        else:  # the windows: "<count> …"
+            assert int(raw.split()[0]) <= capacity
 
     def _expire_redis(self) -> None:
         """Redis's clock is not the test's: delete the key once the model says it expired."""

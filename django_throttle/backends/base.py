@@ -38,8 +38,7 @@ Usage = str | None
 #: A hit's instant (``Decision.taken``), or ``None``.
 Taken = int | None
 
-#: Each algorithm's code: in a Redis limit spec and key (lua/prelude.lua ``limit_spec``), and
-#: in the memory backend's state keys.
+#: Each algorithm's code: in a limit spec and key (lua/prelude.lua ``limit_spec``).
 ALGORITHM_CODES = {
     Algorithm.TOKEN_BUCKET: "t",
     Algorithm.GCRA: "g",

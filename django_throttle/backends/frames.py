@@ -120,9 +120,17 @@ class Calls:
     :func:`~.base.per_shard`).
     """
 
-    def __init__(self, source_for: Callable[[frozenset[str]], str], shards: int = 1) -> None:
+    def __init__(
+        self,
+        source_for: Callable[[frozenset[str]], str],
+        shards: int = 1,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.source_for = source_for
         self.shards = shards
+        #: This process's reading of the server's clock (Unix seconds): what names the usage
+        #: keys' minute and places a calendar quota's windows before the script reads TIME.
+        self.clock = clock
         self._cache: LimitsCache[Encoded] = LimitsCache()
         # Bounded by hand, not functools.lru_cache: its wrapper costs a decision tens of ns.
         self._fields: dict[str, bytes] = {}
@@ -144,7 +152,7 @@ class Calls:
         own)."""
         found = self._cache.get(limits)
         if found is not None and (
-            found.valid_until is FOREVER or (now_us is None and time.time() < found.valid_until)
+            found.valid_until is FOREVER or (now_us is None and self.clock() < found.valid_until)
         ):
             return found
         encoded = self._encode(limits, now_us)
@@ -154,7 +162,7 @@ class Calls:
 
     def _encode(self, limits: Sequence[Limit], now_us: int | None) -> Encoded:
         if now_us is None:
-            now_us = round(time.time() * 1e6)
+            now_us = round(self.clock() * 1e6)
         until = min(
             (
                 windows(limit.calendar_unit, limit.timezone, now_us)[2] / 1e6
@@ -202,9 +210,9 @@ class Calls:
 
     def usage_keys(self, shard: bytes, now_us: int | None) -> bytes:
         """The framed usage keys of shard tag ``shard`` for the minute of ``now_us`` (default
-        this process's clock: the keys must be named before the script reads the server's),
+        :attr:`clock`: the keys must be named before the script reads the server's),
         cached per shard and minute."""
-        minute = int(time.time() if now_us is None else now_us / 1e6) // 60
+        minute = int(self.clock() if now_us is None else now_us / 1e6) // 60
         framed = self._usage.get((shard, minute))
         if framed is None:
             if len(self._usage) >= 4096:

@@ -22,6 +22,7 @@ on connections made like the client's (:mod:`.wire`); ``async def`` views use
 from __future__ import annotations
 
 import hashlib
+import time
 from base64 import urlsafe_b64encode
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
@@ -89,17 +90,20 @@ class RedisBackend(Backend):
     (:class:`.redis_cluster.ClusterRoute`).
     """
 
-    def __init__(self, client: redis.Redis | RedisCluster | None = None) -> None:
+    def __init__(
+        self, client: redis.Redis | RedisCluster | None = None, *, shards: int | None = None
+    ) -> None:
         self._owns_client = client is None
         self.prefix = app_settings.KEY_PREFIX
-        self.shards = app_settings.KEY_SHARDS
+        #: Key shards (default ``DJANGO_THROTTLE_KEY_SHARDS``).
+        self.shards = shards or app_settings.KEY_SHARDS
         #: On a cluster the shards' hash tags spread their slots evenly (.redis_shard_tags).
         self._spread = isinstance(client, RedisCluster) or (
             client is None and is_cluster_url(app_settings.REDIS_URL)
         )
         self._tags = tuple(tag.encode() for tag in self.shard_tags())
-        self._calls = Calls(partial(self._script_for, SCRIPT_FILES), self.shards)
-        self._refunds = Calls(partial(self._script_for, REFUND_FILES), self.shards)
+        self._calls = Calls(partial(self._script_for, SCRIPT_FILES), self.shards, self.local_time)
+        self._refunds = Calls(partial(self._script_for, REFUND_FILES), self.shards, self.local_time)
         self._route: OneServer | ClusterRoute
         if client is None and is_cluster_url(app_settings.REDIS_URL):
             # Built on first use: a cluster client asks for the slot map as it is made.
@@ -115,10 +119,20 @@ class RedisBackend(Backend):
             if isinstance(given, RedisCluster):
                 self._route = ClusterRoute(lambda: given, self.shard_tags(), 0.05)
             else:
-                self._route = OneServer(given)
+                self._route = self._route_for(given)
         source = load_script(RETIME_FILES)
         self._retime = (hashlib.sha1(source.encode()).hexdigest(), source)
         self._version_key = f"{self.prefix}:policy-version"
+
+    def local_time(self) -> float:
+        """This process's reading of the server's clock (Unix seconds), for what must be
+        named before a script reads ``TIME``: a usage key's minute, a calendar quota's
+        windows."""
+        return time.time()
+
+    def _route_for(self, client: Any) -> OneServer:
+        """The route of counting calls to one server's ``client``."""
+        return OneServer(client)
 
     @property
     def client(self) -> Any:
@@ -223,6 +237,7 @@ class RedisBackend(Backend):
         touched = 0
         now_us = None if now is None else round(now * 1e6)
         when = "" if now_us is None else str(now_us)
+        spec_us = round(self.local_time() * 1e6) if now_us is None else now_us
         olds = previous if previous is not None else [None] * len(limits)
         for limit, old in zip(limits, olds, strict=True):
             pattern = "{}:{{*}}{}{}".format(
@@ -233,9 +248,9 @@ class RedisBackend(Backend):
             )
             same = old is not None and old.algorithm == limit.algorithm
             args = (
-                limit_spec(per_shard(limit, self.shards), now_us),
+                limit_spec(per_shard(limit, self.shards), spec_us),
                 when,
-                limit_spec(per_shard(old, self.shards), now_us) if same and old is not None else "",
+                limit_spec(per_shard(old, self.shards), spec_us) if same and old else "",
             )
             for batches in self._scanned(pattern):
                 calls = [(keys, args) for keys in batches]

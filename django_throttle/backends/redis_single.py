@@ -21,7 +21,7 @@ class OneServer:
     shard is on it."""
 
     def __init__(self, client: redis.Redis) -> None:
-        self.client = client
+        self.client: Any = client
         pool = client.connection_pool
         self._connections = Connections(pool)
         self._async_connections = AsyncConnections(pool)

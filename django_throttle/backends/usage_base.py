@@ -1,9 +1,9 @@
 """The contract of a usage store: where a backend keeps per-minute usage counts.
 
 The Redis backend counts in the decision's own script call (``lua/usage.lua``, read back by
-:class:`~django_throttle.backends.redis_usage.RedisUsage`); the memory backend keeps the same
-shape in process (:class:`~django_throttle.backends.memory_usage.MemoryUsage`). Reports and
-the rollup (:mod:`django_throttle.usage.reports`) read either through this contract.
+:class:`~django_throttle.backends.redis_usage.RedisUsage`), and the memory backend the same way
+in its in-process store. Reports and the rollup (:mod:`django_throttle.usage.reports`) read
+them through this contract.
 
 Minutes are whole minutes since the Unix epoch. Counts per outcome are lists in
 :data:`LETTERS` order (allowed, denied, shadow would-deny, failed open, failed closed).

@@ -1,0 +1,224 @@
+"""The memory backend's store answers as Redis does: every command form the scripts and the
+backends send, run on the suite's real server and on a :class:`MemoryStore`, gets the same raw
+reply (read off a plain connection, without redis-py's reply callbacks); scripts see the same
+values through ``redis.call``/``pcall`` and Redis's ``struct``; globs match the same keys.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from redis.exceptions import NoScriptError, ResponseError
+
+from django_throttle.backends.memory_store import MemoryStore
+from django_throttle.backends.wire import connection_getter
+
+
+@pytest.fixture
+def both(redis_admin_url: str, _isolated_throttle: str) -> Iterator[Any]:
+    """A function running one command on the real server and on a store, under this test's
+    prefix (``{p}`` in an argument), and returning both raw replies (errors as their class
+    and first word). The server is spoken to in RESP2, whose replies the store gives."""
+    redis_client = redis.Redis.from_url(redis_admin_url, protocol=2)
+    connection = connection_getter(redis_client.connection_pool)()
+    store = MemoryStore()
+
+    def run(*command: Any) -> tuple[Any, Any]:
+        args = [
+            arg.replace("{p}", _isolated_throttle) if isinstance(arg, str) else arg
+            for arg in command
+        ]
+        connection.send_command(*args)
+        try:
+            on_redis = connection.read_response()
+        except ResponseError as exc:
+            on_redis = _error(exc)
+        try:
+            in_memory = store.execute(*args)
+        except ResponseError as exc:
+            in_memory = _error(exc)
+        return on_redis, in_memory
+
+    yield run
+    redis_client.connection_pool.release(connection)
+    for key in redis_client.scan_iter(match=f"{_isolated_throttle}:*"):
+        redis_client.delete(key)
+    redis_client.close()
+
+
+def _error(exc: ResponseError) -> tuple[str, str]:
+    """An error reply as redis-py raises it: its class and its message's first word."""
+    return type(exc).__name__, (str(exc).split() or [""])[0]
+
+
+COMMANDS = [
+    ("SET", "{p}:s", "v"),
+    ("GET", "{p}:s"),
+    ("SET", "{p}:s", "w", "NX", "EX", 60),
+    ("SET", "{p}:n", "1", "NX", "EX", 60),
+    ("SET", "{p}:s", "x", "PX", 60000),
+    ("GET", "{p}:s"),
+    ("GET", "{p}:missing"),
+    ("INCRBY", "{p}:n", 41),
+    ("INCRBY", "{p}:s", 1),
+    ("EXPIRE", "{p}:n", 100),
+    ("PEXPIRE", "{p}:missing", 100),
+    ("DEL", "{p}:n", "{p}:missing", "{p}:s"),
+    ("HINCRBY", "{p}:h", "a|x", 3),
+    ("HINCRBY", "{p}:h", "a|x", -1),
+    ("HINCRBY", "{p}:h", "b", 5),
+    ("HGETALL", "{p}:h"),
+    ("HGETALL", "{p}:missing"),
+    ("GET", "{p}:h"),
+    ("ZADD", "{p}:z", 1, "a", 2, "b", 2, "c", 1.5, "d"),
+    ("ZADD", "{p}:z", "GT", 1, "a", 7, "e"),
+    ("ZADD", "{p}:z", "GT", 5, "a"),
+    ("ZADD", "{p}:z", "XX", "INCR", 2, "b"),
+    ("ZADD", "{p}:z", "XX", "INCR", 2, "nobody"),
+    ("ZADD", "{p}:nothing", "XX", "INCR", 2, "b"),
+    ("ZADD", "{p}:z", 0.1, "f"),
+    ("ZRANGE", "{p}:z", 0, -1, "WITHSCORES"),
+    ("ZRANGE", "{p}:z", -1, -1, "WITHSCORES"),
+    ("ZRANGE", "{p}:z", 1, 2),
+    ("ZRANGE", "{p}:z", 5, 1),
+    ("ZREVRANGE", "{p}:z", 0, 1, "WITHSCORES"),
+    ("ZREVRANGE", "{p}:z", -2, -1),
+    ("ZRANGEBYSCORE", "{p}:z", "(1", "+inf", "WITHSCORES"),
+    ("ZRANGEBYSCORE", "{p}:z", "-inf", "(4", "WITHSCORES", "LIMIT", 1, 2),
+    ("ZRANGEBYSCORE", "{p}:z", 2, 2),
+    ("ZCOUNT", "{p}:z", "-inf", "+inf"),
+    ("ZCOUNT", "{p}:z", "(1.5", 4),
+    ("ZCARD", "{p}:z"),
+    ("ZCARD", "{p}:missing"),
+    ("ZMSCORE", "{p}:z", "a", "zz", "d"),
+    ("ZREM", "{p}:z", "f", "zz"),
+    ("ZREMRANGEBYRANK", "{p}:z", 0, 0),
+    ("ZREMRANGEBYSCORE", "{p}:z", "-inf", "(4"),
+    ("ZRANGE", "{p}:z", 0, -1, "WITHSCORES"),
+    ("ZPOPMIN", "{p}:z", 1),
+    ("ZPOPMIN", "{p}:z", 10),
+    ("ZCARD", "{p}:z"),
+    ("GET", "{p}:z"),
+    ("ZADD", "{p}:h", 1, "a"),
+    ("PTTL", "{p}:missing"),
+]
+
+
+def test_every_command_form_answers_as_redis(both: Any) -> None:
+    for command in COMMANDS:
+        on_redis, in_memory = both(*command)
+        assert in_memory == on_redis, command
+
+
+SCRIPT = """
+local out = {}
+out[1] = redis.call('SET', KEYS[1], ARGV[1], 'PX', 100000)
+out[2] = redis.call('GET', KEYS[1])
+out[3] = redis.call('GET', KEYS[2])
+out[4] = redis.pcall('INCRBY', KEYS[1], 1)
+out[5] = redis.call('ZADD', KEYS[2], 1774738800000001, 'm', 2.5, 'n')
+out[6] = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+out[7] = redis.call('ZADD', KEYS[2], 'XX', 'INCR', 1, 'nobody')
+out[8] = struct.pack('>dI4I2', 1.5, 4294967297 % 2^32, 3)
+local used, low, high, at = struct.unpack('>dI4I2', out[8])
+out[9] = {used * 2, low, high, at}
+out[10] = 7.9
+out[11] = true
+out[12] = tostring(1/3) .. ' ' .. tostring(2^53 + 1) .. ' ' .. string.format('%.17g', 0.1)
+out[13] = redis.pcall('PEXPIRE', KEYS[1], 500.0)
+out[14] = type(redis.call('TIME')[1])
+return out
+"""
+
+
+def test_scripts_see_and_return_what_they_do_on_redis(both: Any) -> None:
+    on_redis, in_memory = both("EVAL", SCRIPT, 2, "{p}:a", "{p}:b", "value")
+    assert isinstance(on_redis[3], ResponseError) and isinstance(in_memory[3], ResponseError)
+    on_redis[3] = in_memory[3] = "error"
+    assert in_memory == on_redis
+
+
+def test_script_errors_answer_as_redis_does(both: Any) -> None:
+    refused = "return redis.error_reply('django_throttle: cost out of range')"
+    assert both("EVAL", refused, 0) == (("ResponseError", "django_throttle:"),) * 2
+    status = "return redis.status_reply('FINE')"
+    on_redis, in_memory = both("EVAL", status, 0)
+    assert in_memory == on_redis == b"FINE"
+    failing = "return redis.call('INCRBY', KEYS[1], 1)"
+    both("SET", "{p}:t", "text")
+    assert both("EVAL", failing, 1, "{p}:t") == (("ResponseError", "value"),) * 2
+    assert both("EVALSHA", "0" * 40, 0) == (("NoScriptError", "No"),) * 2
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["{p}:*", "{p}:{?}*", "{p}:{*}\\*k", "{p}:[ab]*", "{p}:a?", "{p}:\\[x]", "{p}:*[^a]"],
+)
+def test_globs_match_the_keys_redis_matches(both: Any, pattern: str) -> None:
+    for name in ("a", "ab", "b1", "{1}*k", "{12}xk", "[x]", "x"):
+        both("SET", "{p}:" + name, "1")
+    on_redis, in_memory = both("KEYS", pattern)
+    assert sorted(in_memory) == sorted(on_redis)
+
+
+def test_keys_expire_on_the_stores_clock_and_the_oldest_go_first() -> None:
+    now = [1000.0]
+    store = MemoryStore(clock=lambda: now[0], max_keys=3)
+    store.set("short", "1", px=1500)
+    assert store.pttl("short") == 1500
+    now[0] += 1.5
+    assert store.get("short") == b"1"  # alive through its last millisecond, as on Redis
+    now[0] += 0.001
+    assert store.get("short") is None and len(store) == 0
+    for name in "abc":
+        store.set(name, name)
+    store.get("a")  # used: the least recently used is now "b"
+    store.set("d", "d")
+    assert sorted(key for key in (b"a", b"b", b"c", b"d") if store.get(key)) == [b"a", b"c", b"d"]
+
+
+def test_an_unknown_digest_is_noscript_and_eval_loads_it() -> None:
+    store = MemoryStore()
+    with pytest.raises(NoScriptError):
+        store.evalsha("a" * 40, 0)
+    assert store.eval("return 'loaded'", 0) == b"loaded"
+    import hashlib
+
+    assert store.evalsha(hashlib.sha1(b"return 'loaded'").hexdigest(), 0) == b"loaded"
+
+
+def test_a_script_runs_whole_while_other_threads_wait() -> None:
+    """Scripts are atomic: 8 threads x 200 read-modify-write scripts lose no increment."""
+    store = MemoryStore()
+    script = (
+        "local n = tonumber(redis.call('GET', KEYS[1]) or '0'); redis.call('SET', KEYS[1], n + 1)"
+    )
+
+    def work() -> None:
+        for _ in range(200):
+            store.eval(script, 1, "counter")
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert store.get("counter") == b"1600"
+
+
+def test_a_dropped_store_is_freed_with_its_lua_state() -> None:
+    """Lua holds the store only weakly: a cycle through the Lua state is one Python's
+    collector cannot see, and kept every dropped backend (and its keys) alive."""
+    import gc
+    import weakref
+
+    store = MemoryStore()
+    store.eval("return redis.call('SET', KEYS[1], 'x')", 1, "k")
+    ref = weakref.ref(store)
+    del store
+    gc.collect()
+    assert ref() is None
