@@ -55,6 +55,10 @@ def traffic(days: float) -> list[float]:
 
 def decide(algorithms: Sequence[str], limit: int, offsets: Sequence[float]) -> list[dict[str, Any]]:
     """Every request under every algorithm, each on a fresh MemoryBackend."""
+    from django.conf import settings
+
+    if not settings.configured:  # the backend reads its key prefix and shards from them
+        settings.configure()
     from django_throttle.backends.memory import MemoryBackend
     from django_throttle.rates import Limit
 

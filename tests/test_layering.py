@@ -178,6 +178,7 @@ def imported_roots(path: Path) -> set[str]:
                 # The memory backend is the Redis backend on an in-process store.
                 "django_throttle/backends/memory.py",
                 "django_throttle/backends/memory_store.py",
+                "django_throttle/backends/memory_commands.py",
             },
         ),
         ("lupa", {"django_throttle/backends/memory_store.py"}),
