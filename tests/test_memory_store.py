@@ -224,8 +224,8 @@ def test_a_script_runs_whole_while_other_threads_wait() -> None:
 
 
 def test_a_dropped_store_is_freed_with_its_lua_state() -> None:
-    """Lua holds the store only weakly: a cycle through the Lua state is one Python's
-    collector cannot see, and kept every dropped backend (and its keys) alive."""
+    """The store and its Lua state refer to each other (scripts call back into the store):
+    lupa lets Python's collector free that cycle, so a dropped backend frees its keys."""
     import gc
     import weakref
 

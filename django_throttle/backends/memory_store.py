@@ -22,9 +22,7 @@ import re
 import struct
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
-from functools import partial
 from typing import Any
 
 from lupa import lua51
@@ -61,9 +59,7 @@ class MemoryStore(Keyspace):
         self._lock = threading.Lock()
         self._commands = itertools.count(1)
         self._lua = lua51.LuaRuntime(encoding=None, unpack_returned_tuples=True)
-        # Lua holds the store only weakly: a reference cycle through the Lua state is one
-        # Python's collector cannot see, and would keep every dropped store alive.
-        self._lua.execute(_PRELUDE, partial(_script_call, weakref.ref(self)), _pack, _unpack)
+        self._lua.execute(_PRELUDE, self.script_call, _pack, _unpack)
         self._table = self._lua.table_from
         self._scripts: dict[str, Any] = {}
 
@@ -171,13 +167,6 @@ class MemoryStore(Keyspace):
         if isinstance(reply, list):
             return self._table([False if item is None else item for item in reply])
         return self._table({b"err": str(reply).encode()} if reply is not OK else {b"ok": b"OK"})
-
-
-def _script_call(store: weakref.ref[MemoryStore], name: bytes, *args: Any) -> Any:
-    """A script's ``redis.call`` on the store it runs in (alive while its script runs)."""
-    found = store()
-    assert found is not None
-    return found.script_call(name, *args)
 
 
 class Pipeline:
