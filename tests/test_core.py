@@ -98,15 +98,32 @@ def test_an_outage_is_logged_by_the_breaker_not_per_request(
     assert len(throttle_lines) <= 5
 
 
-def test_credential_endpoints_fail_closed_by_default(client: Client, settings: Any) -> None:
-    tier("anonymous", "10/h", is_default_anonymous=True)
+def test_credential_endpoints_count_locally_where_the_setting_opens(
+    client: Client, settings: Any
+) -> None:
+    """Issue 30 item 4: under the default "open", a login or token endpoint is neither served
+    uncounted nor refused to everyone while the backend is down: it is counted in the
+    process, and its answers say so."""
+    tier("anonymous", "3/h", is_default_anonymous=True)
     redis_down(settings, "open")
+
+    # A DRF view marked throttle_credential = True: three attempts, then 429.
+    answers = [client.post("/api/token/") for _ in range(4)]
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    assert all(a["X-RateLimit-Degraded"] == "local" for a in answers)
+    # Everything else follows the setting.
+    assert client.get("/api/ping/").status_code == 200
+
+
+def test_credential_endpoints_fail_closed_when_the_setting_says_so(
+    client: Client, settings: Any
+) -> None:
+    tier("anonymous", "10/h", is_default_anonymous=True)
+    redis_down(settings, "closed")
 
     # Django's LoginView under @throttle, and a DRF view marked throttle_credential = True.
     assert client.get("/accounts/login/").status_code == 503
     assert client.post("/api/token/").status_code == 503
-    # Everything else follows the setting.
-    assert client.get("/api/ping/").status_code == 200
 
 
 # --- clients with no usable address --------------------------------------------------------

@@ -342,11 +342,27 @@ def test_any_authentication_class_can_be_protected(backend: str, anonymous: Tier
     assert client.get("/api/bearer/").status_code == 200
 
 
-def test_credential_checks_fail_closed_when_the_backend_is_down(
+def test_credential_checks_count_locally_when_the_backend_is_down(
+    anonymous: Tier, settings: Any
+) -> None:
+    """Issue 30 items 2 and 4: under the default failure mode a credential rule is counted in
+    the process while Redis is down, by IP address as on Redis (it was served uncounted by
+    its client's limits only, or refused to everyone)."""
+    credential_rule(anonymous, "authentication", ip="5/min")
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"
+    statuses = [
+        Client().get("/api/basic/", HTTP_AUTHORIZATION=basic("alice", "x")).status_code
+        for _ in range(7)
+    ]
+    assert statuses == [401] * 5 + [429] * 2
+
+
+def test_credential_checks_fail_closed_when_the_operator_chose_closed(
     anonymous: Tier, settings: Any
 ) -> None:
     credential_rule(anonymous, "authentication", ip="5/min")
     settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "closed"
     response = Client().get("/api/basic/", HTTP_AUTHORIZATION=basic("alice", "x"))
     assert response.status_code == 503
     assert "Retry-After" in response

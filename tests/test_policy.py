@@ -404,6 +404,25 @@ def test_failure_mode_is_the_rules_else_the_tiers_else_the_setting(settings: obj
     assert compiled.failure_mode_for(None, None) == "open"
     settings.DJANGO_THROTTLE_FAILURE_MODE = "closed"  # type: ignore[attr-defined]
     assert compiled.failure_mode_for(plain, None) == "closed"
+    assert compiled.failure_mode_for(plain, search, credential=True) == "closed"
+
+
+def test_a_credential_check_counts_locally_where_the_setting_would_open(settings: object) -> None:
+    """Password guessing is never served uncounted by the setting's "open"; a rule or tier
+    that names a mode gets it."""
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "open"  # type: ignore[attr-defined]
+    free = tier("free", "10/m")
+    endpoint("login", "scope", "login", limits={free: "5/m"})
+    endpoint("token", "scope", "token", limits={free: "5/m"})
+    EndpointRule.objects.filter(name="token").update(failure_mode="closed")
+    compiled = policy.compile_policy()
+    login, token = compiled.match("POST", "login"), compiled.match("POST", "token")
+    plain = compiled.tiers[free.pk]
+    assert compiled.failure_mode_for(plain, login, credential=True) == "local"
+    assert compiled.failure_mode_for(plain, token, credential=True) == "closed"
+    assert compiled.failure_mode_for(plain, login) == "open"
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "local"  # type: ignore[attr-defined]
+    assert compiled.failure_mode_for(plain, login, credential=True) == "local"
 
 
 # Changes no signal sees apply after policy.MAX_AGE -----------------------------------------

@@ -218,21 +218,51 @@ def test_credential_counters_hold_whatever_the_callers_tier(
 @pytest.mark.parametrize("kind", ["wsgi", "asgi"])
 @pytest.mark.parametrize("login", LOGINS)
 @pytest.mark.parametrize("who", ["anonymous", "signed-in", "api-key"])
-def test_every_credential_guard_fails_closed_while_the_backend_is_down(
-    gold: Tier, settings: Any, login: str, who: str, kind: str
+@pytest.mark.parametrize("presented", PRESENTED, ids=["300", "unicode", "markup"])
+def test_every_credential_guard_counts_what_redis_counts_while_the_backend_is_down(
+    gold: Tier, settings: Any, login: str, who: str, kind: str, presented: str
 ) -> None:
-    """An outage must not open the door to password guessing, whichever adapter guards the
-    login: ``@throttle`` under the credential rule (no ``credential=True``) failed open (the
-    password was checked, 401) while ``protect_credentials`` and the DRF token view failed
-    closed. Every one answers 503 with ``Retry-After`` now; a view under an ordinary rule
-    keeps the default (open)."""
+    """Issue 30 items 2 and 4. An outage must neither open the door to password guessing
+    nor lock everyone out, whichever adapter guards the login: while Redis is down the
+    attempt is counted in the process against exactly what Redis counts: the rule's
+    counters by username (guesses spread over 20 addresses meet the username's 3) and by
+    IP address (one address guessing 20 names meets its 3). ``local`` used to count the
+    client's own limits only: 20 of 20 guesses passed. A view under an ordinary rule keeps
+    the default (open)."""
     user, headers = caller(who, gold)
     settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
+    attempt = ("POST", LOGINS[login], {"username": presented, "password": "guess"})
+    spread = [
+        send(kind, [attempt], user, {**(headers or {}), "X-Forwarded-For": f"198.51.100.{n}"})[0]
+        for n in range(20)
+    ]
+    assert statuses(spread) == [401] * 3 + [429] * 17
+    assert all(int(response["Retry-After"]) >= 1 for response in spread[3:])
+    one_address = [
+        send(
+            kind,
+            [("POST", LOGINS[login], {"username": f"{n}{presented}", "password": "x"})],
+            user,
+            {**(headers or {}), "X-Forwarded-For": "203.0.113.9"},
+        )[0]
+        for n in range(20)
+    ]
+    assert statuses(one_address) == [401] * 3 + [429] * 17
+    assert statuses(send(kind, [("GET", VIEWS["decorator"], {})], user, headers)) == [200]
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+@pytest.mark.parametrize("login", LOGINS)
+def test_every_credential_guard_fails_closed_when_the_operator_chose_closed(
+    gold: Tier, settings: Any, login: str, kind: str
+) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "closed"
     attempt = ("POST", LOGINS[login], {"username": "victim", "password": "guess"})
-    responses = send(kind, [attempt] * 2, user, headers)
+    responses = send(kind, [attempt] * 2)
     assert statuses(responses) == [503, 503]
     assert all(int(response["Retry-After"]) >= 1 for response in responses)
-    assert statuses(send(kind, [("GET", VIEWS["decorator"], {})], user, headers)) == [200]
 
 
 @pytest.mark.parametrize("kind", ["wsgi", "asgi"])

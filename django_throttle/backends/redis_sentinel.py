@@ -127,7 +127,7 @@ class SentinelPool(SentinelConnectionPool):
         timeout: float | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
+        super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call, unused-ignore]
         self.timeout = timeout
 
 
@@ -147,8 +147,8 @@ def sentinel_client(url: str, options: dict[str, Any]) -> redis.Redis:
         sentinel_kwargs.pop(name, None)
     given = {"db": parsed.db, "username": parsed.username, "password": parsed.password}
     options.update({name: value for name, value in given.items() if value is not None})
-    sentinel = redis.Sentinel(parsed.sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
-    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+    sentinel = redis.Sentinel(parsed.sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call, unused-ignore]
+    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call, unused-ignore]
         parsed.service, connection_pool_class=SentinelPool, **options
     )
     return client
@@ -179,7 +179,7 @@ def async_twin(pool: SentinelConnectionPool, **kwargs: Any) -> AsyncSentinelPool
     kwargs_of = [client.connection_pool.connection_kwargs for client in manager.sentinels]
     addresses = [(each["host"], each["port"]) for each in kwargs_of]
     sentinel_kwargs = {**manager.sentinel_kwargs, "retry": AsyncRetry(NoBackoff(), 0)}
-    sentinel = aio_sentinel.Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = aio_sentinel.Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         addresses, min_other_sentinels=manager.min_other_sentinels, sentinel_kwargs=sentinel_kwargs
     )
-    return AsyncSentinelPool(pool.service_name, sentinel, **kwargs)  # type: ignore[no-untyped-call]
+    return AsyncSentinelPool(pool.service_name, sentinel, **kwargs)  # type: ignore[no-untyped-call, unused-ignore]

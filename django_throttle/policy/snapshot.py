@@ -183,14 +183,18 @@ class Policy:
         self,
         tier: TierPolicy | None,
         endpoint: EndpointPolicy | None,
-        default: str | None = None,
+        credential: bool = False,
     ) -> str:
-        """The endpoint rule's failure mode, else the tier's, else ``default`` (a credential
-        endpoint's "closed"), else the setting."""
+        """The endpoint rule's failure mode, else the tier's, else the setting; except that a
+        ``credential`` check (a login or token endpoint, or any check under a credential
+        rule) is never served uncounted by the setting's ``"open"``: it counts ``"local"``
+        then, so password guessing stays limited through an outage and operators can still
+        sign in to the admin. A rule or tier that names a mode gets that mode."""
         for owner in (endpoint, tier):
             if owner is not None and owner.failure_mode:
                 return owner.failure_mode
-        return default or app_settings.FAILURE_MODE
+        mode = app_settings.FAILURE_MODE
+        return "local" if credential and mode == "open" else mode
 
 
 def _pick(

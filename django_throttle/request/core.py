@@ -152,7 +152,7 @@ def _finished(
     """The decision on a planned request, from the backend's ``reply`` (``started``: see
     :func:`check`)."""
     if isinstance(reply, BackendError):
-        decision = _degraded(planned, reply)
+        decision = _degraded(planned, reply, request)
     else:
         decision = _counted(planned, reply, request)
     if started:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from django_throttle.backends import ArgumentRefused, BackendError, get_local_backend
+from django_throttle.backends import ArgumentRefused, BackendError
 from django_throttle.backends.base import NodeUnavailable
 from django_throttle.backends.breaker import get_breaker
 from django_throttle.conf import app_settings
@@ -40,6 +40,7 @@ from django_throttle.request.reservations import (
     Steps,
     hit_groups,
     only_if_denied,
+    run_locally,
     watch_login_failures,
 )
 from django_throttle.request.usernames import username_counters
@@ -215,9 +216,10 @@ def _unidentified() -> Decision | None:
     return _UNIDENTIFIED_DENIED
 
 
-def _counted(planned: _Plan, decision: Decision, request: Any) -> Decision:
+def _counted(planned: _Plan, decision: Decision, request: Any, local: bool = False) -> Decision:
     """The decision the backend made, as it is; an allowed request whose rule may give its
-    tokens back leaves its :class:`Reservation` on ``request.throttle_reservations``."""
+    tokens back leaves its :class:`Reservation` on ``request.throttle_reservations``
+    (``local``: taken from the in-process backend, given back there)."""
     if decision.shadow:
         logger.info(
             "shadow rule %r would deny %s",
@@ -228,43 +230,58 @@ def _counted(planned: _Plan, decision: Decision, request: Any) -> Decision:
         counts = planned.endpoint.counts
         if counts == "failures":
             watch_login_failures()
-        reservation = Reservation(counts, planned.cost, planned.refunds, decision.taken)
+        reservation = Reservation(counts, planned.cost, planned.refunds, decision.taken, local)
         reservations = getattr(request, "throttle_reservations", ())
         request.throttle_reservations = [*reservations, reservation]
     return decision
 
 
-def _degraded(planned: _Plan, error: BackendError) -> Decision:
-    """The decision when the backend could not answer (``error``), by failure mode, counted
-    in-process until the backend is back. A refused call (:class:`ArgumentRefused`: the
-    backend answered, refusing one of our arguments, a bug logged by the breaker) is counted
-    in-process where the mode would serve it uncounted: whatever provoked it must not slip
-    past the limits. Fail-closed's ``Retry-After`` is when the breaker that stopped the call
-    lets one through: the process's, or one Cluster node's (:class:`NodeUnavailable`).
+def _degraded(planned: _Plan, error: BackendError, request: Any) -> Decision:
+    """The decision when the backend could not answer (``error``), by failure mode (see
+    :func:`failure_mode`), counted in-process until the backend is back. A refused call
+    (:class:`ArgumentRefused`: the backend answered, refusing one of our arguments, a bug
+    logged by the breaker) is counted in-process where the mode would serve it uncounted:
+    whatever provoked it must not slip past the limits. Fail-closed's ``Retry-After`` is
+    when the breaker that stopped the call lets one through: the process's, or one Cluster
+    node's (:class:`NodeUnavailable`).
+
+    ``local`` counts exactly what the backend would have: the same steps
+    (:meth:`_Plan.deciding`: the client's limits, then those by IP address and username,
+    all or nothing), on the in-process backend; a rule that counts only failures or
+    successes leaves its reservation there.
 
     The breaker logs when it opens and closes; a line per failed request would flood the log
     exactly when the operator needs it. The mode is only worked out here, off the healthy
     path."""
-    failure_mode = planned.failure_mode
-    default = "closed" if planned.credential else None
-    if failure_mode is None and planned.policy is not None:
-        failure_mode = planned.policy.failure_mode_for(planned.tier, planned.endpoint, default)
-    failure_mode = failure_mode or default or app_settings.FAILURE_MODE
-    if isinstance(error, ArgumentRefused) and failure_mode == "open":
-        failure_mode = "local"
-    if failure_mode == "closed":
+    mode = failure_mode(planned)
+    if isinstance(error, ArgumentRefused) and mode == "open":
+        mode = "local"
+    decision: Decision | BackendError = _FAILED_OPEN
+    if mode == "local":
+        decision = run_locally(planned.deciding())
+        if not isinstance(decision, BackendError):
+            decision = _counted(planned, replace(decision, local=True), request, local=True)
+    if mode == "closed" or isinstance(decision, BackendError):
         if isinstance(error, NodeUnavailable):
             wait = error.retry_after
         else:
             wait = get_breaker().retry_after()
         decision = replace(_FAILED_CLOSED, retry_after=wait, limits=tuple(planned.limits))
-    elif failure_mode == "local":
-        local = get_local_backend().hit(planned.client, planned.limits, planned.cost)
-        decision = replace(local, local=True)
-    else:
-        decision = _FAILED_OPEN
     usage.record_degraded(planned.field, planned.client, _outcome(decision))
     return decision
+
+
+def failure_mode(planned: _Plan) -> str:
+    """What ``planned`` meets while the backend cannot answer: the check's own
+    ``failure_mode``, else what the policy says for its tier and rule
+    (:meth:`~django_throttle.policy.snapshot.Policy.failure_mode_for`: a credential check
+    counts in-process where the setting would serve it uncounted)."""
+    if planned.failure_mode:
+        return planned.failure_mode
+    if planned.policy is not None:
+        return planned.policy.failure_mode_for(planned.tier, planned.endpoint, planned.credential)
+    mode = app_settings.FAILURE_MODE
+    return "local" if planned.credential and mode == "open" else mode
 
 
 def _outcome(decision: Decision) -> str:

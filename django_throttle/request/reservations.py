@@ -63,6 +63,8 @@ class Reservation:
     #: (client, instant) of each call that took the tokens (``Decision.taken``): the refund
     #: gives back what this request took, not what a later one did.
     taken: tuple[tuple[str, int], ...] = ()
+    #: Taken from the in-process backend (failure mode ``local``): given back there too.
+    local: bool = False
 
 
 @functools.cache
@@ -125,7 +127,33 @@ def settling(request: Any, status: int, first: int = 0) -> Steps[None]:
     for reservation in reservations:
         if not counted(reservation.counts, status, failed):
             at = dict(reservation.taken)
-            yield from _give_back(reservation.groups, reservation.cost, at, "a reservation of")
+            refunds = _give_back(reservation.groups, reservation.cost, at, "a reservation of")
+            if reservation.local:
+                run_locally(refunds)
+            else:
+                yield from refunds
+
+
+def run_locally(steps: Steps[T]) -> T:
+    """Make the calls ``steps`` yield on the process's in-process backend (failure mode
+    ``local``), blocking: it answers from memory, so an event loop may call it too. Usage is
+    not counted there (the request path records degraded decisions itself)."""
+    from django_throttle.backends import get_local_backend
+
+    backend = get_local_backend()
+    try:
+        name, args, kwargs = next(steps)
+        while True:
+            if "usage" in kwargs:
+                kwargs = {**kwargs, "usage": None}
+            try:
+                reply = getattr(backend, name)(*args, **kwargs)
+            except BackendError as exc:
+                name, args, kwargs = steps.throw(exc)
+                continue
+            name, args, kwargs = steps.send(reply)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
 
 
 def hit_groups(

@@ -27,6 +27,7 @@ Reports and the rollup to the database live in :mod:`django_throttle.usage.repor
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import logging
 import os
@@ -61,8 +62,13 @@ SEPARATOR = "|"
 #: their own, apart from the tiers, so a request checked before authentication and then by
 #: its tier is one request in the tier totals. A slug never holds spaces or parentheses.
 BEFORE_AUTHENTICATION = "(before authentication)"
-#: Longest usage field, in UTF-8 bytes (the script refuses longer ones).
-MAX_FIELD_BYTES = 200
+#: Longest usage field, in UTF-8 bytes, without the "only if denied" mark (the script refuses
+#: longer ones): room for every tier slug and rule name the admin accepts (50 + 1 + 100
+#: characters of up to 4 bytes), so those are never cut; a longer one (a scope written in
+#: code) is cut and ends in a digest of the whole (:func:`_field`).
+MAX_FIELD_BYTES = 512
+#: Hex digits of the digest that ends a cut usage field, after ``~``.
+FIELD_DIGEST_DIGITS = 12
 #: Most distinct counts a process keeps while the backend cannot answer.
 MAX_PENDING = 10_000
 #: Client name that absorbs new clients once :data:`MAX_PENDING` is reached.
@@ -91,8 +97,9 @@ def field_for(tier: str, endpoint: str, *, before_authentication: bool = False) 
     counts a decision under, or ``None`` when ``DJANGO_THROTTLE_USAGE_ENABLED`` is off.
 
     ``"<tier>|<endpoint>"`` (just ``"<tier>"`` with no endpoint: every byte is sent with every
-    decision), cut to :data:`MAX_FIELD_BYTES`; :func:`split_field` reverses it. A ``|`` in a
-    tier slug (only possible in rows written around the admin) becomes ``-``.
+    decision), at most :data:`MAX_FIELD_BYTES`: a longer one is cut and ends in ``~`` and a
+    digest of the whole, so two long names stay two series; :func:`split_field` reverses
+    it. A ``|`` in a tier slug (only possible in rows written around the admin) becomes ``-``.
     ``before_authentication`` (a check before the caller is authenticated, whatever its tier
     then looked like) counts under :data:`BEFORE_AUTHENTICATION` instead of ``tier``.
     """
@@ -104,8 +111,13 @@ def field_for(tier: str, endpoint: str, *, before_authentication: bool = False) 
 @functools.lru_cache(maxsize=4096)
 def _field(tier: str, endpoint: str) -> str:
     field = tier.replace(SEPARATOR, "-") + (SEPARATOR + endpoint if endpoint else "")
+    encoded = field.encode("utf-8", "surrogatepass")
+    if len(encoded) > MAX_FIELD_BYTES:
+        digest = hashlib.blake2b(encoded, digest_size=FIELD_DIGEST_DIGITS // 2).hexdigest()
+        room = MAX_FIELD_BYTES - 1 - FIELD_DIGEST_DIGITS
+        field = encoded[:room].decode("utf-8", "ignore") + "~" + digest
     # An empty field is counted too ("" would mean "count nothing").
-    return field.encode()[:MAX_FIELD_BYTES].decode("utf-8", "ignore") or SEPARATOR
+    return field or SEPARATOR
 
 
 def split_field(field: str) -> tuple[str, str]:

@@ -13,7 +13,7 @@
 --          (none: 0) and write nothing, count nothing; with "@<now>" appended (whole
 --          microseconds) in tests to replace the server clock; the usage field (see usage.lua; none: nothing is
 --          counted; starting with byte 1: counted only when denied) and the client label
---          ("user:42") are at most 200 bytes each
+--          ("user:42") are at most 512 and 200 bytes (the field's byte 1 not counted)
 -- ARGV[1 + i]  limit i's spec "<code>[!]<capacity>:<parameters>", see limit_spec in the
 --          prelude and the algorithm files
 -- Reply: one string "<code> <remaining> <reset>[ <retry>| @<now>]", short because it crosses
@@ -54,14 +54,14 @@ elseif not peek or peek_cost ~= '' then
       .. "] ('p<cost>' peeks at that cost), not " .. ARGV[1])
   end
 end
-if #field > 200 or #client > 200 then
-  return fail('ARGV[1] usage field and client must be at most 200 bytes each')
-end
 -- A field starting with byte 1 is counted only if the request is denied: the first calls of
 -- a request counted in several calls (limits by IP address or username), whose outcome the
--- last call counts unless an earlier one denies.
+-- last call counts unless an earlier one denies. The bound is on the field without it.
 local only_denials = string.byte(field, 1) == 1
 if only_denials then field = string.sub(field, 2) end
+if #field > 512 or #client > 200 then
+  return fail('ARGV[1] usage field and client must be at most 512 and 200 bytes')
+end
 
 local algorithms, params, shadows = {}, {}, {}
 -- Whether a limit's refund depends on when the hit was made (see the reply).

@@ -58,7 +58,7 @@ end
 
 -- Count n (default 1) requests of `client` under `field` and `outcome` in the minute of the
 -- keys `totals` and `top` (see usage_keys). now: microseconds; field, client: strings of at
--- most 200 bytes; outcome: one letter. A single allowed request (no n: the decision's own
+-- most 512 and 200 bytes; outcome: one letter. A single allowed request (no n: the decision's own
 -- call) enters the top list only one time in USAGE_SAMPLE, picked by the clock's
 -- microseconds, counting USAGE_SAMPLE: most decisions then cost one command here, and a
 -- client's listed count stays an unbiased estimate. The decision's own call also records an
