@@ -231,6 +231,9 @@ EDGE_CASES: dict[str, list[tuple[Any, ...]]] = {
         ("ZADD", "{p}:y", "inf", "m"),
         ("ZADD", "{p}:y", "INCR", "-inf", "m"),
         ("ZADD", "{p}:y", "INCR", "inf", "m"),
+        ("ZADD", "{p}:y", "NX", "INCR", "-inf", "m"),
+        ("ZADD", "{p}:y", "XX", "INCR", "-inf", "new"),
+        ("ZADD", "{p}:y", "LT", "INCR", "1", "m"),
         ("ZRANGE", "{p}:y", 0, -1, "WITHSCORES"),
     ],
     "zadd refuses all or nothing": [
@@ -424,3 +427,13 @@ def test_a_dropped_store_is_freed_with_its_lua_state() -> None:
     del store
     gc.collect()
     assert ref() is None
+
+
+def test_a_python_error_within_a_script_is_an_error_reply() -> None:
+    """Whatever Python raises under a script (here an unknown ``struct`` format) reaches the
+    caller as redis-py's ``ResponseError``, as Redis's own error would, never as itself."""
+    store = MemoryStore()
+    with pytest.raises(ResponseError):
+        store.eval("return struct.pack('z', 1)", 0)
+    with pytest.raises(ResponseError, match="not an integer"):
+        store.eval("return redis.call('EXPIRE', KEYS[1], math.huge)", 1, "k")

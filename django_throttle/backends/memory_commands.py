@@ -241,15 +241,12 @@ class Keyspace:
         found, added, changed, score = self._zset(key), 0, 0, 0.0
         for score, member in pairs:
             old = found.scores.get(member)
-            if old is not None and incr:
-                score += old
+            skipped = (b"XX" in flags) if old is None else (b"NX" in flags)
+            if old is not None and not skipped:
+                score += old if incr else 0
                 if math.isnan(score):
                     raise _Refused("ERR resulting score is not a number (NaN)")
-            skipped = (b"XX" in flags) if old is None else (b"NX" in flags)
-            if old is not None and (
-                (b"GT" in flags and score <= old) or (b"LT" in flags and score >= old)
-            ):
-                skipped = True
+                skipped = (b"GT" in flags and score <= old) or (b"LT" in flags and score >= old)
             if skipped:
                 if incr:
                     return None
@@ -347,6 +344,7 @@ def _added(value: int, increment: int) -> int:
 
 
 _INTEGER = re.compile(rb"0|-?[1-9][0-9]*")
+_SPACES = b" \t\n\v\f\r"  # C's isspace
 #: What C's ``strtod`` reads whole: decimal or hexadecimal numbers, ``inf``/``infinity``, ``nan``.
 _FLOAT = re.compile(
     rb"[+-]?(?:(?P<hex>0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?[0-9]+)?)"
@@ -359,7 +357,7 @@ _FLOAT = re.compile(
 def _strtod(text: bytes) -> tuple[float, bool]:
     """``text`` read as C's ``strtod`` reads it (leading spaces skipped), and whether it was out
     of a double's range (``ERANGE``); text it does not read whole is refused."""
-    form = _FLOAT.fullmatch(text.lstrip(b" \t\n\v\f\r"))
+    form = _FLOAT.fullmatch(text.lstrip(_SPACES))
     if form is None:
         raise _Refused("ERR value is not a valid float")
     if form["nan"]:
@@ -370,9 +368,8 @@ def _strtod(text: bytes) -> tuple[float, bool]:
         value = float.fromhex(form[0].decode()) if form["hex"] else float(form[0])
     except OverflowError:
         return math.copysign(math.inf, -1.0 if form[0][:1] == b"-" else 1.0), True
-    mantissa = (form["hex"] or b"")[2:].split(b"p")[0].split(b"P")[0] or form["digits"] or b""
-    out_of_range = math.isinf(value) or (value == 0 and mantissa.strip(b"0.") != b"")
-    return value, out_of_range
+    mantissa = form["hex"][2:].lower().partition(b"p")[0] if form["hex"] else form["digits"]
+    return value, math.isinf(value) or (value == 0 and mantissa.strip(b"0.") != b"")
 
 
 def readable(value: Any) -> str:
@@ -388,8 +385,8 @@ def _score(score: float) -> bytes:
 def _score_arg(text: bytes) -> float:
     """A score as Redis reads one (``getDoubleFromObject``): no leading space, not NaN, and
     within a double's range (``1e400`` is refused, ``inf`` is not)."""
-    value, out_of_range = _strtod(text) if text[:1] not in b" \t\n\v\f\r" else (0, True)
-    if out_of_range or math.isnan(value) or not text:
+    value, out_of_range = _strtod(text) if text and text[0] not in _SPACES else (0.0, True)
+    if out_of_range or math.isnan(value):
         raise _Refused("ERR value is not a valid float")
     return value
 

@@ -238,7 +238,7 @@ _SCRIPT_ERRORS = {
 def _script_arg(value: bytes | float) -> bytes:
     """A ``redis.call`` argument as Redis sends it: a Lua number (lupa: ``int`` or ``float``)
     written ``%.17g`` (``2^62`` is ``4.6116860184273879e+18``, ``math.huge`` ``inf``)."""
-    return value if type(value) is bytes else b"%.17g" % value
+    return value if isinstance(value, bytes) else b"%.17g" % value
 
 
 def _lua_message(error: Exception) -> str:
