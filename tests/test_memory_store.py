@@ -2,6 +2,8 @@
 backends send, run on the suite's real server and on a :class:`MemoryStore`, gets the same raw
 reply (read off a plain connection, without redis-py's reply callbacks); scripts see the same
 values through ``redis.call``/``pcall`` and Redis's ``struct``; globs match the same keys.
+Edge forms (negative ranges, past and huge expiries, malformed integers and floats, scripts
+that fail or touch globals) run through one table on both, and must answer alike.
 """
 
 from __future__ import annotations

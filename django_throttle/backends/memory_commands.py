@@ -136,8 +136,8 @@ class Keyspace:
             self._drop(next(iter(self._data)))
         return value
 
-    # Commands: ``cmd_<name>`` takes the command's arguments (bytes; a script's numbers as
-    # Lua passes them) and returns its reply.
+    # Commands: ``cmd_<name>`` takes the command's arguments (bytes, a script's numbers as
+    # the ``%.17g`` text Redis sends) and returns its reply; a refusal is Redis's error.
     def cmd_keys(self, pattern: bytes) -> list[bytes]:
         match = _glob(encoded(pattern)).fullmatch
         return [key for key in list(self._data) if match(key) and self._live(key) is not None]
