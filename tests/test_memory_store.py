@@ -2,6 +2,8 @@
 backends send, run on the suite's real server and on a :class:`MemoryStore`, gets the same raw
 reply (read off a plain connection, without redis-py's reply callbacks); scripts see the same
 values through ``redis.call``/``pcall`` and Redis's ``struct``; globs match the same keys.
+Edge forms (negative ranges, past and huge expiries, malformed integers and floats, scripts
+that fail or touch globals) run through one table on both, and must answer alike.
 """
 
 from __future__ import annotations
@@ -113,6 +115,8 @@ def _numbers_read(reply: Any) -> Any:
     way (Redis 7.0 ``%.17g``, Valkey and Redis 7.2+ the shortest form), the same number."""
     if isinstance(reply, list):
         return [_numbers_read(item) for item in reply]
+    if isinstance(reply, ResponseError):  # an error within a script's array reply
+        return _error(reply)
     if isinstance(reply, bytes):
         try:
             return float(reply)
@@ -125,6 +129,196 @@ def test_every_command_form_answers_as_redis(both: Any) -> None:
     for command in COMMANDS:
         on_redis, in_memory = both(*command)
         assert _numbers_read(in_memory) == _numbers_read(on_redis), command
+
+
+_ZSET = ("ZADD", "{p}:z", 1, "a", 2, "b", 3, "c")
+_INT64_MAX = "9223372036854775807"
+
+
+def _ranges(command: str) -> list[tuple[Any, ...]]:
+    """``command`` on a 3-member set over every start/stop from -5 to 4."""
+    bounds = range(-5, 5)
+    return [_ZSET, *((command, "{p}:z", start, stop) for start in bounds for stop in bounds)]
+
+
+def _stored(value: str, *command: Any) -> list[tuple[Any, ...]]:
+    return [("SET", "{p}:n", value), command]
+
+
+#: Edge forms, each case run on a fresh key prefix: every reply (errors as class and first
+#: word) and, after a write, what is left must be Redis's.
+EDGE_CASES: dict[str, list[tuple[Any, ...]]] = {
+    "zrange negative ranges": _ranges("ZRANGE"),
+    "zrevrange negative ranges": _ranges("ZREVRANGE"),
+    "zremrangebyrank negative ranges": [
+        step
+        for start in range(-5, 5)
+        for stop in range(-5, 5)
+        for step in (_ZSET, ("ZREMRANGEBYRANK", "{p}:z", start, stop), ("ZRANGE", "{p}:z", 0, -1))
+    ],
+    "zrange bad indexes": [_ZSET, ("ZRANGE", "{p}:z", " 1", 2), ("ZRANGE", "{p}:z", 0, "1.0")],
+    "expire 0 deletes": [("SET", "{p}:k", "v"), ("EXPIRE", "{p}:k", 0), ("GET", "{p}:k")],
+    "expire -1 deletes": [("SET", "{p}:k", "v"), ("EXPIRE", "{p}:k", -1), ("PTTL", "{p}:k")],
+    "pexpire 0 deletes": [("SET", "{p}:k", "v"), ("PEXPIRE", "{p}:k", 0), ("GET", "{p}:k")],
+    "expire a missing key": [("EXPIRE", "{p}:k", 0), ("EXPIRE", "{p}:k", -1)],
+    "expire huge": [
+        ("SET", "{p}:k", "v"),
+        ("EXPIRE", "{p}:k", _INT64_MAX),
+        ("EXPIRE", "{p}:k", 9223372036854775),
+        ("EXPIRE", "{p}:k", -9223372036854775808),
+        ("PEXPIRE", "{p}:k", _INT64_MAX),
+        ("EXPIRE", "{p}:missing", _INT64_MAX),
+        ("EXPIRE", "{p}:k", "inf"),
+        ("EXPIRE", "{p}:k", "1e400"),
+        ("EXPIRE", "{p}:k", "x"),
+        ("PTTL", "{p}:k"),
+    ],
+    "set bad expiries": [
+        ("SET", "{p}:k", "v", "PX", 0),
+        ("SET", "{p}:k", "v", "EX", -5),
+        ("SET", "{p}:k", "v", "EX", 9223372036854775),
+        ("SET", "{p}:k", "v", "EX", "x"),
+        ("GET", "{p}:k"),
+    ],
+    "incrby on ' 5'": _stored(" 5", "INCRBY", "{p}:n", 1),
+    "incrby on '5 '": _stored("5 ", "INCRBY", "{p}:n", 1),
+    "incrby on '+5'": _stored("+5", "INCRBY", "{p}:n", 1),
+    "incrby on '05'": _stored("05", "INCRBY", "{p}:n", 1),
+    "incrby on '-0'": _stored("-0", "INCRBY", "{p}:n", 1),
+    "incrby on int64 max + 1": _stored("9223372036854775808", "INCRBY", "{p}:n", 0),
+    "incrby overflows": _stored(_INT64_MAX, "INCRBY", "{p}:n", 1),
+    "incrby underflows": _stored("-9223372036854775808", "INCRBY", "{p}:n", -1),
+    "incrby by bad numbers": [
+        ("SET", "{p}:n", "5"),
+        *(("INCRBY", "{p}:n", by) for by in (" 1", "+1", "01", "1.0", "9223372036854775808")),
+        ("INCRBY", "{p}:n", _INT64_MAX),
+        ("INCRBY", "{p}:n", "-9223372036854775808"),
+        ("GET", "{p}:n"),
+    ],
+    "incrby checks its increment first": [("ZADD", "{p}:n", 1, "a"), ("INCRBY", "{p}:n", "x")],
+    "hincrby overflows": [
+        ("HINCRBY", "{p}:h", "f", _INT64_MAX),
+        ("HINCRBY", "{p}:h", "f", 1),
+        ("HINCRBY", "{p}:h", "f", " 1"),
+        ("HINCRBY", "{p}:h", "g", "x"),
+        ("HGETALL", "{p}:h"),
+    ],
+    "zadd floats": [
+        *(
+            ("ZADD", "{p}:y", score, member)
+            for score, member in [
+                ("nan", "m"),
+                ("NaN", "m"),
+                ("-nan", "m"),
+                ("inf", "m"),
+                ("-inf", "n"),
+                ("+inf", "o"),
+                ("1e400", "p"),
+                ("-1e400", "p"),
+                ("1e-400", "p"),
+                ("1e-310", "q"),
+                (" 1", "r"),
+                ("1 ", "r"),
+                ("", "r"),
+                ("1_0", "r"),
+                ("0x10", "s"),
+                (".5", "t"),
+                ("5.", "u"),
+                ("infinity", "v"),
+            ]
+        ),
+        ("ZRANGE", "{p}:y", 0, -1, "WITHSCORES"),
+    ],
+    "zadd incr to NaN": [
+        ("ZADD", "{p}:y", "inf", "m"),
+        ("ZADD", "{p}:y", "INCR", "-inf", "m"),
+        ("ZADD", "{p}:y", "INCR", "inf", "m"),
+        ("ZADD", "{p}:y", "NX", "INCR", "-inf", "m"),
+        ("ZADD", "{p}:y", "XX", "INCR", "-inf", "new"),
+        ("ZADD", "{p}:y", "LT", "INCR", "1", "m"),
+        ("ZRANGE", "{p}:y", 0, -1, "WITHSCORES"),
+    ],
+    "zadd refuses all or nothing": [
+        ("ZADD", "{p}:y", 1, "a", "x", "b"),
+        ("ZADD", "{p}:y", 1, "a", 2),
+        ("ZADD", "{p}:y", "INCR", 1, "a", 2, "b"),
+        ("ZADD", "{p}:y", "GT", "NX", 1, "a"),
+        ("ZADD", "{p}:y", "XX", "NX", 1, "a"),
+        ("ZCARD", "{p}:y"),
+        ("ZADD", "{p}:y", 1, "a", 2, "b"),
+        ("ZADD", "{p}:y", "CH", 1, "a", 3, "b", 4, "c"),
+        ("ZADD", "{p}:y", "GT", "INCR", -1, "a"),
+    ],
+    "score bounds as strtod reads them": [
+        ("ZADD", "{p}:y", 1, "a", "inf", "b"),
+        *(
+            ("ZCOUNT", "{p}:y", low, "+inf")
+            for low in (" 1", "1 ", "(1", "1e400", "1e-400", "0x1", "nan", "(nan", "x", "")
+        ),
+    ],
+    "zrangebyscore limits": [
+        ("ZADD", "{p}:y", 1, "a", 2, "b", 3, "c"),
+        ("ZRANGEBYSCORE", "{p}:y", "-inf", "inf", "LIMIT", -1, 2),
+        ("ZRANGEBYSCORE", "{p}:y", "-inf", "inf", "LIMIT", 1, -1),
+        ("ZRANGEBYSCORE", "{p}:y", "-inf", "inf", "LIMIT", "x", 1),
+    ],
+    "zpopmin counts": [
+        ("ZADD", "{p}:y", 1, "a"),
+        ("ZPOPMIN", "{p}:y", -1),
+        ("ZPOPMIN", "{p}:y", "x"),
+        ("ZPOPMIN", "{p}:y", "9223372036854775808"),
+        ("ZPOPMIN", "{p}:y", 0),
+    ],
+}
+
+
+@pytest.mark.parametrize("case", EDGE_CASES.values(), ids=EDGE_CASES.keys())
+def test_edge_forms_answer_as_redis(both: Any, case: list[tuple[Any, ...]]) -> None:
+    for command in case:
+        on_redis, in_memory = both(*command)
+        assert _numbers_read(in_memory) == _numbers_read(on_redis), command
+
+
+#: Scripts whose commands or own code fail: Redis's error reply (``call``) or error table
+#: (``pcall``), never a Python exception out of the store; globals are read-only.
+FAILING_SCRIPTS: dict[str, str] = {
+    "expire math.huge": "return redis.call('EXPIRE', KEYS[1], math.huge)",
+    "pcall expire math.huge": "return redis.pcall('EXPIRE', KEYS[1], math.huge)",
+    "expire 2^62 (sent as %.17g)": "return redis.call('EXPIRE', KEYS[1], 2^62)",
+    "expire 2^53": "return redis.call('EXPIRE', KEYS[1], 2^53)",
+    "expire 1.5": "return redis.call('EXPIRE', KEYS[1], 1.5)",
+    "pexpire -1": "return redis.call('PEXPIRE', KEYS[1], -1)",
+    "incrby 0.1 + 0.2": "return redis.call('INCRBY', KEYS[2], 0.1 + 0.2)",
+    "zadd NaN": "return redis.call('ZADD', KEYS[2], 0/0, 'm')",
+    "pcall zadd NaN": "return redis.pcall('ZADD', KEYS[2], -(0/0), 'm')",
+    "zadd math.huge": (
+        "redis.call('ZADD', KEYS[2], math.huge, 'm')"
+        " return redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')"
+    ),
+    "set 2^63 and 1e20": (
+        "redis.call('SET', KEYS[1], 2^63); redis.call('SET', KEYS[2], 1e20)"
+        " return {redis.call('GET', KEYS[1]), redis.call('GET', KEYS[2])}"
+    ),
+    "a boolean argument": "return redis.call('SET', KEYS[1], true)",
+    "pcall a table argument": "return redis.pcall('SET', KEYS[1], {})",
+    "no command": "return redis.call()",
+    "an unknown command": "return redis.pcall('NOSUCH')",
+    "a wrong count": "return redis.pcall('TIME', 1)",
+    "writing a global": "x = 1",
+    "reading an undefined global": "return x",
+    "pcall writing a global": "local ok, e = pcall(function() x = 1 end); return e",
+    "pcall reading a global": "local ok, e = pcall(function() return y end); return e",
+    "reading python": "return python",
+    "the script's own error": "local n = 1\nerror('boom')",
+    "non-finite returns": "return {0/0, math.huge, -math.huge, 2^64, 7.9}",
+}
+
+
+@pytest.mark.parametrize("script", FAILING_SCRIPTS.values(), ids=FAILING_SCRIPTS.keys())
+def test_failing_scripts_answer_as_redis(both: Any, script: str) -> None:
+    both("SET", "{p}:k", "v")
+    on_redis, in_memory = both("EVAL", script, 2, "{p}:k", "{p}:z")
+    assert _numbers_read(in_memory) == _numbers_read(on_redis)
 
 
 SCRIPT = """
@@ -235,3 +429,13 @@ def test_a_dropped_store_is_freed_with_its_lua_state() -> None:
     del store
     gc.collect()
     assert ref() is None
+
+
+def test_a_python_error_within_a_script_is_an_error_reply() -> None:
+    """Whatever Python raises under a script (here an unknown ``struct`` format) reaches the
+    caller as redis-py's ``ResponseError``, as Redis's own error would, never as itself."""
+    store = MemoryStore()
+    with pytest.raises(ResponseError):
+        store.eval("return struct.pack('z', 1)", 0)
+    with pytest.raises(ResponseError, match="not an integer"):
+        store.eval("return redis.call('EXPIRE', KEYS[1], math.huge)", 1, "k")

@@ -10,6 +10,7 @@ store's lock guards it. An expired key is gone when next looked at.
 from __future__ import annotations
 
 import bisect
+import math
 import re
 import time
 from collections import OrderedDict
@@ -22,6 +23,8 @@ from redis.exceptions import ResponseError
 __all__ = ["OK", "Keyspace", "Status", "encoded", "readable"]
 
 _WRONG_TYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
+_NOT_INTEGER = "ERR value is not an integer or out of range"
+_INT64 = range(-(2**63), 2**63)
 _ZADD_FLAGS = frozenset((b"NX", b"XX", b"GT", b"LT", b"CH", b"INCR"))
 _score_of = itemgetter(0)
 
@@ -67,11 +70,11 @@ class SortedSet:
     def ranks(self, start: Any, stop: Any, reverse: bool = False) -> list[tuple[float, bytes]]:
         """The pairs from rank ``start`` to ``stop`` included (negative: from the end),
         ``reverse`` counting from the highest score."""
-        size, first, last = len(self.order), int(start), int(stop)
-        first, last = (
-            max(first + size if first < 0 else first, 0),
-            last + size if last < 0 else last,
-        )
+        size, first, last = len(self.order), _integer(start), _integer(stop)
+        first = max(first + size if first < 0 else first, 0)
+        last = last + size if last < 0 else last
+        if first > last or first >= size:
+            return []  # Redis's rule: a negative end past the start is an empty range
         order = self.order[::-1] if reverse else self.order
         return order[first : last + 1]
 
@@ -97,12 +100,12 @@ class Keyspace:
             return ResponseError(f"ERR unknown command '{readable(name)}'")
         try:
             return handler(*args)
-        except _WrongType:
-            return ResponseError(_WRONG_TYPE)
-        except ValueError:
-            return ResponseError("ERR value is not an integer or out of range")
+        except _Refused as refused:
+            return ResponseError(str(refused))
         except (IndexError, TypeError):
             return ResponseError(f"ERR wrong number of arguments for '{readable(name)}' command")
+        except Exception as exc:  # never a Python error out of a command: Redis replies with one
+            return ResponseError(f"ERR {readable(name)}: {type(exc).__name__}: {exc}")
 
     # Keys, their expiry and the LRU bound.
     def _live(self, key: bytes, kind: type | None = None) -> Any:
@@ -115,7 +118,7 @@ class Keyspace:
                 return None
             self._data.move_to_end(key)
             if kind is not None and not isinstance(value, kind):
-                raise _WrongType
+                raise _Refused(_WRONG_TYPE)
         return value
 
     def _drop(self, key: bytes) -> bool:
@@ -133,8 +136,8 @@ class Keyspace:
             self._drop(next(iter(self._data)))
         return value
 
-    # Commands: ``cmd_<name>`` takes the command's arguments (bytes; a script's numbers as
-    # Lua passes them) and returns its reply.
+    # Commands: ``cmd_<name>`` takes the command's arguments (bytes, a script's numbers as
+    # the ``%.17g`` text Redis sends) and returns its reply; a refusal is Redis's error.
     def cmd_keys(self, pattern: bytes) -> list[bytes]:
         match = _glob(encoded(pattern)).fullmatch
         return [key for key in list(self._data) if match(key) and self._live(key) is not None]
@@ -151,29 +154,47 @@ class Keyspace:
         expires = None
         for i, flag in enumerate(flags):
             if flag in (b"PX", b"EX"):
-                expires = self._now + int(options[i + 1]) * (1 if flag == b"PX" else 1000)
+                amount = _integer(options[i + 1])
+                if amount <= 0:
+                    raise _Refused("ERR invalid expire time in 'set' command")
+                expires = self._deadline(amount, 1 if flag == b"PX" else 1000, "set")
         exists = self._live(key) is not None
         if (b"NX" in flags and exists) or (b"XX" in flags and not exists):
             return None
-        self._put(key, _lua_arg(value), expires)
+        self._put(key, encoded(value), expires)
         return OK
 
     def cmd_del(self, *keys: bytes) -> int:
         return sum(self._live(key) is not None and self._drop(key) for key in keys)
 
     def cmd_incrby(self, key: bytes, by: Any) -> int:
-        value = int(self._live(key, bytes) or 0) + int(by)
+        increment = _integer(by)
+        value = _added(_integer(self._live(key, bytes) or b"0"), increment)
         self._put(key, b"%d" % value, self._expires.get(key))
         return value
 
-    def cmd_expire(self, key: bytes, seconds: Any, unit: int = 1000) -> int:
-        if self._live(key) is None:
-            return 0
-        self._expires[key] = self._now + int(seconds) * unit
-        return 1
+    def cmd_expire(self, key: bytes, seconds: Any) -> int:
+        return self._expire(key, self._deadline(_integer(seconds), 1000, "expire"))
 
     def cmd_pexpire(self, key: bytes, milliseconds: Any) -> int:
-        return self.cmd_expire(key, milliseconds, 1)
+        return self._expire(key, self._deadline(_integer(milliseconds), 1, "pexpire"))
+
+    def _deadline(self, amount: int, unit: int, name: str) -> int:
+        """The millisecond ``amount`` units from now; past int64 is Redis's error."""
+        at = amount * unit + self._now
+        if at not in _INT64 or amount * unit not in _INT64:
+            raise _Refused(f"ERR invalid expire time in '{name}' command")
+        return at
+
+    def _expire(self, key: bytes, at: int) -> int:
+        """Expire ``key`` at millisecond ``at``: a time already past deletes it, as Redis."""
+        if self._live(key) is None:
+            return 0
+        if at <= self._now:
+            self._drop(key)
+        else:
+            self._expires[key] = at
+        return 1
 
     def cmd_pttl(self, key: bytes) -> int:
         if self._live(key) is None:
@@ -181,10 +202,11 @@ class Keyspace:
         return self._expires[key] - self._now if key in self._expires else -1
 
     def cmd_hincrby(self, key: bytes, field: Any, by: Any) -> int:
+        increment = _integer(by)
         table = self._live(key, dict)
         table = self._put(key, {}) if table is None else table
-        name = _lua_arg(field)
-        table[name] = value = int(table.get(name, 0)) + int(by)
+        name = encoded(field)
+        table[name] = value = _added(table.get(name, 0), increment)
         return value
 
     def cmd_hgetall(self, key: bytes) -> list[bytes]:
@@ -203,29 +225,41 @@ class Keyspace:
             self._put(key, found)
 
     def cmd_zadd(self, key: bytes, *rest: Any) -> Any:
-        flags, items = set(), list(rest)
-        while items and type(items[0]) is bytes and items[0].upper() in _ZADD_FLAGS:
+        flags, items = set(), [encoded(item) for item in rest]
+        while items and items[0].upper() in _ZADD_FLAGS:
             flags.add(items.pop(0).upper())
-        found, added, incr = self._zset(key), 0, b"INCR" in flags
-        for score, member in zip(map(float, items[0::2]), map(_lua_arg, items[1::2]), strict=True):
+        incr = b"INCR" in flags
+        if not items or len(items) % 2:
+            raise _Refused("ERR syntax error")
+        if {b"NX", b"XX"} <= flags:
+            raise _Refused("ERR XX and NX options at the same time are not compatible")
+        if len(flags & {b"GT", b"LT", b"NX"}) > 1:
+            raise _Refused("ERR GT, LT, and/or NX options at the same time are not compatible")
+        if incr and len(items) > 2:
+            raise _Refused("ERR INCR option supports a single increment-element pair")
+        pairs = list(zip(map(_score_arg, items[0::2]), items[1::2], strict=True))
+        found, added, changed, score = self._zset(key), 0, 0, 0.0
+        for score, member in pairs:
             old = found.scores.get(member)
-            score += (old or 0) if incr else 0
-            if (old is None and b"XX" in flags) or (old is not None and b"NX" in flags):
+            skipped = (b"XX" in flags) if old is None else (b"NX" in flags)
+            if old is not None and not skipped:
+                score += old if incr else 0
+                if math.isnan(score):
+                    raise _Refused("ERR resulting score is not a number (NaN)")
+                skipped = (b"GT" in flags and score <= old) or (b"LT" in flags and score >= old)
+            if skipped:
                 if incr:
                     return None
                 continue
-            if old is not None and (
-                (b"GT" in flags and score <= old) or (b"LT" in flags and score >= old)
-            ):
-                continue
             added += old is None
+            changed += old is not None and score != old
             found.add(member, score)
         self._zkeep(key, found)
-        return _score(score) if incr else added
+        return _score(score) if incr else added + (changed if b"CH" in flags else 0)
 
     def cmd_zrem(self, key: bytes, *members: Any) -> int:
         found = self._zset(key)
-        removed = sum(found.remove(_lua_arg(member)) for member in members)
+        removed = sum(found.remove(encoded(member)) for member in members)
         self._zkeep(key, found)
         return removed
 
@@ -250,8 +284,9 @@ class Keyspace:
         flags = [encoded(option).upper() for option in options]
         if b"LIMIT" in flags:
             at = flags.index(b"LIMIT")
-            offset, count = int(options[at + 1]), int(options[at + 2])
+            offset, count = _integer(options[at + 1]), _integer(options[at + 2])
             pairs = pairs[offset:] if count < 0 else pairs[offset : offset + count]
+            pairs = [] if offset < 0 else pairs
         return _flat(pairs, options)
 
     def cmd_zremrangebyscore(self, key: bytes, low: Any, high: Any) -> int:
@@ -263,8 +298,14 @@ class Keyspace:
         return self._zremove(key, found, found.ranks(start, stop))
 
     def cmd_zpopmin(self, key: bytes, count: Any = 1) -> list[bytes]:
+        try:
+            size = _integer(count)
+        except _Refused:
+            size = -1
+        if size < 0:
+            raise _Refused("ERR value is out of range, must be positive")
         found = self._zset(key)
-        pairs = found.order[: int(count)]
+        pairs = found.order[:size]
         self._zremove(key, found, pairs)
         return _flat(pairs, [b"WITHSCORES"])
 
@@ -275,8 +316,8 @@ class Keyspace:
         return len(pairs)
 
 
-class _WrongType(Exception):
-    """A command met a key holding another kind of value."""
+class _Refused(Exception):
+    """A command's error reply (its message, Redis's own words)."""
 
 
 def encoded(value: Any) -> bytes:
@@ -286,11 +327,49 @@ def encoded(value: Any) -> bytes:
     return repr(value).encode() if isinstance(value, float) else str(value).encode()
 
 
-def _lua_arg(value: Any) -> bytes:
-    """A value as stored: a Lua number as Redis's Lua sends it (``%.17g``)."""
-    if isinstance(value, float):
-        return b"%d" % value if value.is_integer() and abs(value) < 2**63 else _score(value)
-    return encoded(value)
+def _integer(text: Any) -> int:
+    """An integer argument as Redis's ``string2ll`` reads it: digits with an optional ``-``,
+    no sign ``+``, spaces or leading zeros, within int64; anything else is Redis's error."""
+    digits = encoded(text)
+    if not _INTEGER.fullmatch(digits) or int(digits) not in _INT64:
+        raise _Refused(_NOT_INTEGER)
+    return int(digits)
+
+
+def _added(value: int, increment: int) -> int:
+    """``value + increment``, refused as Redis does when it leaves int64."""
+    if value + increment not in _INT64:
+        raise _Refused("ERR increment or decrement would overflow")
+    return value + increment
+
+
+_INTEGER = re.compile(rb"0|-?[1-9][0-9]*")
+_SPACES = b" \t\n\v\f\r"  # C's isspace
+#: What C's ``strtod`` reads whole: decimal or hexadecimal numbers, ``inf``/``infinity``, ``nan``.
+_FLOAT = re.compile(
+    rb"[+-]?(?:(?P<hex>0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?[0-9]+)?)"
+    rb"|(?P<digits>[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+    rb"|(?P<inf>inf(?:inity)?)|(?P<nan>nan(?:\([0-9A-Za-z_]*\))?))",
+    re.IGNORECASE,
+)
+
+
+def _strtod(text: bytes) -> tuple[float, bool]:
+    """``text`` read as C's ``strtod`` reads it (leading spaces skipped), and whether it was out
+    of a double's range (``ERANGE``); text it does not read whole is refused."""
+    form = _FLOAT.fullmatch(text.lstrip(_SPACES))
+    if form is None:
+        raise _Refused("ERR value is not a valid float")
+    if form["nan"]:
+        return math.nan, False
+    if form["inf"]:
+        return float(form[0]), False
+    try:
+        value = float.fromhex(form[0].decode()) if form["hex"] else float(form[0])
+    except OverflowError:
+        return math.copysign(math.inf, -1.0 if form[0][:1] == b"-" else 1.0), True
+    mantissa = form["hex"][2:].lower().partition(b"p")[0] if form["hex"] else form["digits"]
+    return value, math.isinf(value) or (value == 0 and mantissa.strip(b"0.") != b"")
 
 
 def readable(value: Any) -> str:
@@ -303,12 +382,28 @@ def _score(score: float) -> bytes:
     return (b"inf" if score > 0 else b"-inf") if abs(score) == float("inf") else b"%.17g" % score
 
 
+def _score_arg(text: bytes) -> float:
+    """A score as Redis reads one (``getDoubleFromObject``): no leading space, not NaN, and
+    within a double's range (``1e400`` is refused, ``inf`` is not)."""
+    value, out_of_range = _strtod(text) if text and text[0] not in _SPACES else (0.0, True)
+    if out_of_range or math.isnan(value):
+        raise _Refused("ERR value is not a valid float")
+    return value
+
+
 def _bound(text: Any) -> tuple[float, bool]:
-    """A ``ZRANGEBYSCORE`` bound: its score and whether it is exclusive (``(``)."""
-    if type(text) is not bytes:
-        return float(text), False
+    """A ``ZRANGEBYSCORE`` bound: its score and whether it is exclusive (``(``), read as
+    Redis's ``zslParseRange`` does (``strtod``: leading spaces and ``1e400`` pass, NaN not)."""
+    text = encoded(text)
     exclusive = text[:1] == b"("
-    return float(text[1:] if exclusive else text), exclusive
+    text = text[1:] if exclusive else text
+    try:
+        value, _ = _strtod(text) if text else (0.0, False)  # strtod reads "" as 0, whole
+    except _Refused:
+        value = math.nan
+    if math.isnan(value):
+        raise _Refused("ERR min or max is not a float")
+    return value, exclusive
 
 
 def _flat(pairs: list[tuple[float, bytes]], options: Any) -> list[bytes]:

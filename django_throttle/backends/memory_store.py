@@ -48,6 +48,14 @@ function redis.call(...)
 end
 function redis.error_reply(message) return {err = message} end
 function redis.status_reply(message) return {ok = message} end
+python = nil
+-- Redis's globals are read-only and reading an undefined one is an error, not nil.
+setmetatable(_G, {
+  __newindex = function() error('Attempt to modify a readonly table', 2) end,
+  __index = function(_, name)
+    error("Script attempted to access nonexistent global variable '" .. tostring(name) .. "'", 2)
+  end,
+})
 """
 
 
@@ -147,19 +155,39 @@ class MemoryStore(Keyspace):
         if function is None:
             if not source:
                 raise NoScriptError("No matching script. Please use EVAL.")
-            # Redis too runs a script as the body of a function of its own.
-            function = self._scripts[sha] = self._lua.eval(b"function(KEYS, ARGV)\n%s\nend" % text)
+            # Redis too runs a script as the body of a function of its own (on its first line,
+            # so errors name the script's own line numbers, as Redis's do).
+            body = b"function(KEYS, ARGV) %s\nend" % text
+            try:
+                function = self._lua.eval(body, name="@user_script")
+            except lua51.LuaSyntaxError as exc:
+                raise _raised("ERR Error compiling script " + _lua_message(exc)) from None
+            self._scripts[sha] = function
         keys = int(numkeys)
         try:
             reply = function(self._table(args[:keys]), self._table(args[keys:]))
         except lua51.LuaError as exc:  # a redis.call's error, or the script's own
-            raise _raised(str(exc)) from None
+            raise _raised(_lua_message(exc)) from None
+        except Exception as exc:  # a Python error from within (struct): Redis replies an error
+            raise _raised(f"ERR {type(exc).__name__}: {exc}") from None
         return _from_lua(reply)
 
-    def script_call(self, name: bytes, *args: Any) -> Any:
+    def script_call(self, *command: Any) -> Any:
         """A script's ``redis.call``: the reply as Redis hands it to Lua (nil is false, an
-        array a table, a status ``{ok = …}``, an error ``{err = …}``)."""
-        reply = self.command(bytes(name).upper(), args)
+        array a table, a status ``{ok = …}``, an error ``{err = …}``). Whatever goes wrong
+        is an error reply, never a Python exception through the script."""
+        reply: Any
+        if not command:
+            reply = ResponseError(
+                "ERR Please specify at least one argument for this redis lib call"
+            )
+        elif not all(type(arg) in (bytes, int, float) for arg in command):
+            reply = ResponseError("ERR Lua redis lib command arguments must be strings or integers")
+        else:
+            name, *args = map(_script_arg, command)
+            reply = self.command(name.upper(), tuple(args))
+        if isinstance(reply, ResponseError):
+            reply = ResponseError(_SCRIPT_ERRORS.get(str(reply).split("'")[0], str(reply)))
         if type(reply) is bytes or type(reply) is int:
             return reply
         if reply is None:
@@ -198,6 +226,26 @@ class Pipeline:
         return replies
 
 
+#: Errors Redis words its own way when a script's ``redis.call`` makes them.
+_SCRIPT_ERRORS = {
+    "ERR unknown command ": "ERR Unknown Redis command called from script",
+    "ERR wrong number of arguments for ": (
+        "ERR Wrong number of args calling Redis command from script"
+    ),
+}
+
+
+def _script_arg(value: bytes | float) -> bytes:
+    """A ``redis.call`` argument as Redis sends it: a Lua number (lupa: ``int`` or ``float``)
+    written ``%.17g`` (``2^62`` is ``4.6116860184273879e+18``, ``math.huge`` ``inf``)."""
+    return value if isinstance(value, bytes) else b"%.17g" % value
+
+
+def _lua_message(error: Exception) -> str:
+    """A Lua error's message without the traceback lupa adds."""
+    return str(error).split("\nstack traceback:", 1)[0]
+
+
 def _raised(message: str) -> ResponseError:
     """An error reply as redis-py raises it (``ERR`` is left out of the message)."""
     return ResponseError(message[4:] if message.startswith("ERR ") else message)
@@ -215,7 +263,7 @@ def _from_lua(value: Any, top: bool = True) -> Any:
     if value is None or value is False:
         return None
     if value is True or isinstance(value, float):
-        return int(value)
+        return int(value) if -(2**63) <= value < 2**63 else -(2**63)  # C's cast, as on x86
     if lua51.lua_type(value) != "table":
         return value
     if value[b"err"] is not None:
