@@ -209,6 +209,76 @@ def test_every_spelling_the_login_form_accepts_shares_one_counter(
     assert response.status_code == 429
 
 
+#: Whitespace ``str.strip`` removes, as Django's and DRF's ``CharField`` do before they
+#: authenticate: ASCII, Latin-1's no-break space, the ideographic, em and ogham spaces, and the
+#: information separators U+001C-U+001F.
+PADDINGS = [" ", "\t", "\u3000", "\u00a0", "\u2003", "\u1680", "\x1c\x1d\x1e\x1f"]
+
+
+def padded(padding: str) -> str:
+    """``bf1`` behind more than 1,024 characters of ``padding`` (once cut before stripping,
+    to nothing: no username counter at all), and some after."""
+    return padding * (1_100 // len(padding)) + "bf1" + padding * 3
+
+
+@pytest.mark.parametrize("padding", PADDINGS)
+@pytest.mark.parametrize("url", ["/login/", "/admin/login/", "/token/"])
+def test_a_username_behind_any_padding_is_still_counted_in_a_form(
+    rules: Tier, victim: Any, url: str, padding: str
+) -> None:
+    """The form strips the padding and would sign ``bf1`` in: the padded spelling is refused
+    once the username's counter is spent, from any address."""
+    lock(url)
+    data = {"username": padded(padding), "password": "right"}
+    assert Client().post(url, data, REMOTE_ADDR=elsewhere()).status_code == 429
+
+
+@pytest.mark.parametrize("padding", PADDINGS)
+def test_a_username_behind_any_padding_is_still_counted_in_json(
+    rules: Tier, victim: Any, padding: str
+) -> None:
+    lock("/token/")
+    assert json_post("/token/", {"username": padded(padding), "password": "right"}) == 429
+
+
+@pytest.mark.parametrize("padding", PADDINGS)
+def test_a_username_behind_any_padding_is_still_counted_in_basic(
+    rules: Tier, victim: Any, padding: str
+) -> None:
+    lock("/basic/")
+    header = basic(f"{padded(padding)}:right")
+    assert (
+        Client().get("/basic/", HTTP_AUTHORIZATION=header, REMOTE_ADDR=elsewhere()).status_code
+        == 429
+    )
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"username": "\u00a0" * 1_100 + "bf1", "password": "right"},
+        {"username": "bf1", "password": "right", "note": "caf\u00e9"},
+    ],
+)
+def test_a_json_body_is_decoded_with_the_charset_it_declares(
+    rules: Tier, victim: Any, data: dict[str, str]
+) -> None:
+    """DRF decodes a JSON body with the Content-Type's charset: a Latin-1 body is read by
+    it (and the right password signs in), so it is read for the counter too."""
+    body = json.dumps(data, ensure_ascii=False)  # the test client encodes it as declared
+    content_type = "application/json; charset=latin-1"
+
+    def post() -> int:
+        response = Client().post(
+            "/token/", body, content_type=content_type, REMOTE_ADDR=elsewhere()
+        )
+        return int(response.status_code)
+
+    assert post() == 200  # DRF reads it: the right password gets a token
+    lock("/token/")
+    assert post() == 429
+
+
 def test_a_header_and_a_body_naming_two_users_count_for_both(rules: Tier, victim: Any) -> None:
     lock("/token/")
     response = Client().post(

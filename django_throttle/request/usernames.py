@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import hashlib
 import json
 import unicodedata
 from typing import Any
@@ -20,8 +21,12 @@ from django_throttle.identity import Identity
 
 __all__: list[str] = []
 
-#: Longest username kept: a longer one is cut (its counter is shared by whatever starts alike).
+#: Longest username kept as it is: a longer one is written ``#<digest>`` (never cut: two long
+#: names that start alike, or a name behind any amount of padding, keep counters of their own).
 MAX_USERNAME = 256
+#: Rounds of strip, NFKC and case-folding at most (one or two in practice): see
+#: :func:`normalise_username`.
+MAX_ROUNDS = 8
 #: Bodies read through ``request.POST`` (Django's and DRF's form parsers read them alike).
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 #: The username the request presents, once read (see ``_presented``).
@@ -42,9 +47,10 @@ def presented_username(request: Any) -> str | None:
     Latin-1); a form body through ``request.POST``; any other POST body whatever its
     ``Content-Type`` says (DRF matches media types case-insensitively, and ``*/*`` selects
     one of its parsers) and whatever its size (up to ``DATA_UPLOAD_MAX_MEMORY_SIZE``: DRF
-    parses any), as JSON, else as a form; a number is its text (DRF's ``CharField``).
-    Fields looked at: the user model's ``USERNAME_FIELD``, ``username`` and ``email``.
-    Never raises.
+    parses any), as JSON (decoded with the charset its ``Content-Type`` names, else
+    ``DEFAULT_CHARSET``, as DRF decodes it), else as a form; a number is its text (DRF's
+    ``CharField``). Fields looked at: the user model's ``USERNAME_FIELD``, ``username``
+    and ``email``. Never raises.
     """
     found = _presented(request)
     return found[0] if found is not None and len(found) == 1 else None
@@ -81,14 +87,31 @@ def username_counters(request: Any) -> tuple[str, ...]:
 
 
 def normalise_username(name: str) -> str:
-    """``name`` as its counter knows it: stripped, NFKC-normalised (what Django's
-    ``UsernameField`` and ``AbstractBaseUser.normalize_username`` do, so the fullwidth
-    ``bf1`` is ``bf1``) and case-folded (databases and backends that match
-    case-insensitively), at most :data:`MAX_USERNAME` characters. Every spelling an
-    authenticator may accept for one account maps to one counter; two accounts may share one
-    (``Bob`` and ``bob``), which only ever limits more."""
-    name = unicodedata.normalize("NFKC", name[: 4 * MAX_USERNAME].strip())
-    return unicodedata.normalize("NFKC", name.casefold()).strip()[:MAX_USERNAME]
+    """``name`` as its counter knows it. Every spelling an authenticator may accept for one
+    account maps to one counter; two accounts may share one (``Bob`` and ``bob``), which only
+    ever limits more.
+
+    Read in the authenticators' own order, over the whole name: stripped of Unicode
+    whitespace as Django's and DRF's ``CharField`` strip it (``str.strip``), then
+    NFKC-normalised (Django's ``UsernameField`` and ``AbstractBaseUser.normalize_username``:
+    the fullwidth ``bf1`` is ``bf1``), then case-folded (databases and backends that match
+    case-insensitively); repeated until nothing changes, so that the name an authenticator
+    resolves (already stripped, or NFKC-normalised) normalises to the same counter as the
+    spelling that was sent. A name longer than :data:`MAX_USERNAME` characters after that is
+    ``#`` and 128 bits of BLAKE2b over all of it: bounded, yet never cut, so no padding can
+    push a name out of its counter and two long names never share one.
+    """
+    for _ in range(MAX_ROUNDS):
+        folded = unicodedata.normalize(
+            "NFKC", unicodedata.normalize("NFKC", name.strip()).casefold()
+        )
+        if folded == name:
+            break
+        name = folded
+    if len(name) <= MAX_USERNAME:
+        return name
+    raw = name.encode("utf-8", "surrogatepass")  # a JSON body may hold lone surrogates
+    return "#" + hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
 #: The one counter of every request whose username cannot be read: the empty username,
@@ -174,8 +197,11 @@ def _posted_usernames(request: Any) -> set[str] | None:
     if not body.strip():
         return set()
     try:
-        data = json.loads(body)
-    except ValueError:
+        # Decoded as DRF's JSONParser decodes it: the charset the Content-Type names (which
+        # Django keeps as ``request.encoding`` when Python knows it), else DEFAULT_CHARSET;
+        # never guessed from the bytes. ``bytes.decode`` takes text codecs only.
+        data = json.loads(body.decode(_charset(request)))
+    except (ValueError, LookupError):  # UnicodeDecodeError is a ValueError
         pass
     else:
         # A JSON list or number: no authenticator takes fields from it.
@@ -187,6 +213,14 @@ def _posted_usernames(request: Any) -> set[str] | None:
     except Exception:
         return None
     return names or None  # text, XML, YAML…: a parser of its own may read a name
+
+
+def _charset(request: Any) -> str:
+    """The charset DRF's parsers decode the body with (``request.encoding`` or
+    ``DEFAULT_CHARSET``)."""
+    from django.conf import settings
+
+    return str(getattr(request, "encoding", None) or settings.DEFAULT_CHARSET)
 
 
 def _fields(data: Any) -> set[str]:

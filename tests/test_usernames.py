@@ -1,0 +1,170 @@
+"""The limiter keys on what the authenticator authenticates: for every entry point a login can
+come through (Django's login form, DRF's token endpoint as a form and as JSON, in UTF-8 or a
+declared Latin-1, and DRF's Basic authentication), the username counter the limiter computes
+for a request is the counter of the username the authenticator then passes to
+``authenticate()``, whatever whitespace, compatibility characters, case or length it was
+spelled with.
+
+The authenticator's name is caught where it leaves the authenticator: Django's
+``user_login_failed`` signal carries the credentials ``authenticate()`` was given.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth.forms import AuthenticationForm
+from django.contrib.auth.signals import user_login_failed
+from django.test import RequestFactory
+from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import strategies as st
+from rest_framework.authentication import BasicAuthentication
+from rest_framework.authtoken.views import obtain_auth_token
+from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.request import Request
+
+from django_throttle.identity import MAX_KEY_BYTES, Identity
+from django_throttle.request.usernames import MAX_USERNAME, normalise_username, username_counters
+
+pytestmark = pytest.mark.django_db
+
+#: Every character ``str.strip`` removes (what Django's and DRF's ``CharField`` strip).
+WHITESPACE = "".join(c for c in map(chr, range(0x3001)) if c.isspace())
+#: Compatibility spellings NFKC folds, letters case-folding changes, and both at once.
+SPECIAL = "ｂｆ１ＡＢ𝐛𝐟𝟏ﬁﬂßẞΣσςİıǅⅨ①㎏ﹽ﹉ͅ"
+
+#: Repeats of the padding: none, a little, and past every bound (MAX_USERNAME, the old
+#: 1,024-character cut, 4,096).
+REPEATS = [0, 1, 3, MAX_USERNAME + 1, 1_025, 4_097]
+
+usernames = st.builds(
+    lambda left, n, core, right, m, case: (left * n) + case(core) + (right * m),
+    st.text(alphabet=WHITESPACE, min_size=1, max_size=4),
+    st.sampled_from(REPEATS),
+    st.text(
+        alphabet=st.one_of(
+            st.sampled_from(SPECIAL), st.characters(codec="utf-8", exclude_characters=":\0")
+        ),
+        min_size=1,
+        max_size=12,
+    )
+    .filter(str.strip)  # a blank name: no authenticator checks it
+    .map(lambda core: core * 40 if len(core) % 5 == 0 else core),  # some past MAX_USERNAME
+    st.text(alphabet=WHITESPACE, min_size=1, max_size=4),
+    st.sampled_from(REPEATS),
+    st.sampled_from([str, str.upper, str.lower, str.swapcase, str.title]),
+)
+
+
+@pytest.fixture
+def authenticated() -> Iterator[list[str]]:
+    """The usernames ``authenticate()`` was called with (every call fails: no user exists)."""
+    names: list[str] = []
+
+    def caught(sender: Any, credentials: dict[str, Any], **kwargs: Any) -> None:
+        names.append(credentials["username"])
+
+    user_login_failed.connect(caught)
+    yield names
+    user_login_failed.disconnect(caught)
+
+
+factory = RequestFactory()
+
+
+def form_login(name: str) -> Any:
+    request = factory.post("/login/", {"username": name, "password": "x"})
+    return request, lambda: AuthenticationForm(request, data=request.POST).is_valid()
+
+
+def token_form(name: str) -> Any:
+    request = factory.post("/token/", {"username": name, "password": "x"})
+    return request, lambda: obtain_auth_token(request)
+
+
+def token_json(name: str) -> Any:
+    body = json.dumps({"username": name, "password": "x"}, ensure_ascii=False)
+    request = factory.post("/token/", body, content_type="application/json")
+    return request, lambda: obtain_auth_token(request)
+
+
+def token_latin1(name: str) -> Any:
+    """A Latin-1 body where the name allows, else JSON's escapes (ASCII, still Latin-1)."""
+    data = {"username": name, "password": "x"}
+    try:
+        json.dumps(data, ensure_ascii=False).encode("latin-1")
+        body = json.dumps(data, ensure_ascii=False)
+    except UnicodeEncodeError:
+        body = json.dumps(data)
+    request = factory.post("/token/", body, content_type="application/json; charset=latin-1")
+    return request, lambda: obtain_auth_token(request)
+
+
+def basic(name: str) -> Any:
+    header = "Basic " + base64.b64encode(f"{name}:x".encode()).decode()
+    request = factory.get("/basic/", HTTP_AUTHORIZATION=header)
+
+    def check() -> None:
+        with contextlib.suppress(AuthenticationFailed):  # no such user: it fails
+            BasicAuthentication().authenticate(Request(request))
+
+    return request, check
+
+
+ENTRY_POINTS: dict[str, Callable[[str], Any]] = {
+    "form login": form_login,
+    "token form": token_form,
+    "token json": token_json,
+    "token latin-1 json": token_latin1,
+    "basic": basic,
+}
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(name=usernames)
+@example(name=" " * 1_100 + "bf1")
+@example(name="\t" * 1_100 + "BF1" + "\u3000" * 5)
+@example(name="\u3000\u00a0\u2003\u1680\x1c\x1d\x1e\x1f" * 200 + "ｂｆ１")  # noqa: RUF001
+@example(name="\u00a0" * 1_100 + "Caf\u00e9")  # a Latin-1 body: é is one byte, 0xe9
+@example(name="ﬁ" * 600)
+@example(name="﹉bob")
+def test_the_limiter_counts_the_name_the_authenticator_authenticates(
+    entry: str, name: str, authenticated: list[str]
+) -> None:
+    """The counter the limiter computes before the view runs is the counter of the name
+    the authenticator then checks, for every name it checks."""
+    authenticated.clear()
+    request, authenticate = ENTRY_POINTS[entry](name)
+    counters = username_counters(request)  # before the view, as the middleware does
+    authenticate()
+    event(f"authenticate() called: {bool(authenticated)}")
+    for checked in authenticated:
+        if checked.strip():  # a blank name signs nobody in; not counted by username either
+            assert counters == (Identity("username", normalise_username(checked)).key,)
+
+
+@given(name=usernames)
+@settings(max_examples=200, deadline=None)
+def test_a_normalised_name_is_bounded_and_stable(name: str) -> None:
+    """Normalising twice changes nothing, and a counter's label stays bounded however long
+    the name (a long name is digested over all of it, never cut)."""
+    once = normalise_username(name)
+    assert normalise_username(once) == once
+    assert len(once) <= MAX_USERNAME
+    assert len(Identity("username", once).key.encode()) <= MAX_KEY_BYTES
+
+
+def test_two_long_names_that_start_alike_keep_two_counters() -> None:
+    common = "a" * 2_000
+    assert normalise_username(common + "b") != normalise_username(common + "c")
+    assert normalise_username(" " * 5_000 + common) == normalise_username(common)
