@@ -39,9 +39,9 @@ def guard(view: Any, options: Options, *, login: bool = False) -> Any:
 
     A ``login`` guard (``@protect_credentials``) checks ``POST`` requests only, watches
     Django's sign-in signals, leaves no decision on the request (the view's own throttle
-    reports its headers; the guard adds only ``X-RateLimit-Degraded``) and gives a browser that signed in its device cookie. Any other
-    guard leaves the decision on ``request.throttle_decision`` and adds its headers to the
-    view's response."""
+    reports its headers; the guard adds only ``X-RateLimit-Degraded``) and gives a browser
+    that signed in its device cookie. Any other guard leaves the decision on
+    ``request.throttle_decision`` and adds its headers to the view's response."""
     if iscoroutinefunction(view):
 
         @functools.wraps(view)
