@@ -210,3 +210,24 @@ def test_a_broken_page_falls_back_to_json(settings: Any, tmp_path: Any, caplog: 
 )
 def test_a_wait_in_words_is_never_shorter_than_the_wait(seconds: int, words: str) -> None:
     assert human_wait(seconds) == words
+
+
+@pytest.mark.parametrize(
+    ("language", "words"),
+    [("de", "Versuchen Sie es in 60 Minuten erneut."), ("fr", "Réessayez dans 60 minutes.")],
+)
+def test_the_page_speaks_the_browsers_language(settings: Any, language: str, words: str) -> None:
+    middleware = list(settings.MIDDLEWARE)
+    middleware.insert(
+        middleware.index("django.middleware.common.CommonMiddleware"),
+        "django.middleware.locale.LocaleMiddleware",
+    )
+    settings.MIDDLEWARE = middleware
+    settings.LANGUAGES = [("en", "English"), ("de", "Deutsch"), ("fr", "Français")]
+    client = Client(headers={"Accept": BROWSER, "Accept-Language": language})
+    client.get("/page/")
+
+    html = client.get("/page/").content.decode()
+
+    assert words in html
+    assert f'<html lang="{language}">' in html
