@@ -14,7 +14,12 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
 from django_throttle.rates import Decision
 from django_throttle.request import core, device_cookies
-from django_throttle.request.headers import apply_headers, throttled_response
+from django_throttle.request.headers import (
+    DEGRADED_HEADER,
+    apply_headers,
+    degraded_mode,
+    throttled_response,
+)
 from django_throttle.request.reservations import (
     LOGGED_IN_ATTRIBUTE,
     login_failed,
@@ -34,9 +39,9 @@ def guard(view: Any, options: Options, *, login: bool = False) -> Any:
 
     A ``login`` guard (``@protect_credentials``) checks ``POST`` requests only, watches
     Django's sign-in signals, leaves no decision on the request (the view's own throttle
-    reports its headers) and gives a browser that signed in its device cookie. Any other
-    guard leaves the decision on ``request.throttle_decision`` and adds its headers to the
-    view's response."""
+    reports its headers; the guard adds only ``X-RateLimit-Degraded``) and gives a browser
+    that signed in its device cookie. Any other guard leaves the decision on
+    ``request.throttle_decision`` and adds its headers to the view's response."""
     if iscoroutinefunction(view):
 
         @functools.wraps(view)
@@ -93,12 +98,18 @@ def _allowed(request: Any, decision: Decision, login: bool) -> bool:
 
 
 def _served(request: Any, response: Any, decision: Decision, login: bool) -> None:
-    """After the view answered: the decision's headers, or, after a real sign-in
+    """After the view answered: the decision's headers; for a login, only
+    ``X-RateLimit-Degraded`` when the backend could not answer (the rule's counts are not
+    advertised: the view's own throttle reports its headers), so an attempt served while
+    Redis is down says so as other endpoints do, and, after a real sign-in
     (``user_logged_in`` fired for this request), the browser's device cookie for the
     username it presented (see :mod:`~django_throttle.request.device_cookies`)."""
     if not login:
         apply_headers(response, decision)
         return
+    degraded = degraded_mode(decision)
+    if degraded is not None:
+        response.headers.setdefault(DEGRADED_HEADER, degraded)
     if not getattr(request, LOGGED_IN_ATTRIBUTE, False) or login_failed(request):
         return
     username = presented_username(request)

@@ -17,10 +17,12 @@ import math
 from typing import Any
 
 from django.http import HttpResponseBase, JsonResponse
+from django.utils.cache import patch_vary_headers
 from django.utils.translation import gettext, ngettext
 
 from django_throttle.conf import app_settings
 from django_throttle.rates import Decision, Limit
+from django_throttle.request.pages import throttled_page, wants_html
 
 logger = logging.getLogger("django_throttle")
 
@@ -39,13 +41,24 @@ def retry_after_seconds(seconds: float) -> int:
     return max(1, whole_seconds(seconds))
 
 
+#: Says the backend could not answer and the failure mode decided (see the module docstring).
+DEGRADED_HEADER = "X-RateLimit-Degraded"
+
+
+def degraded_mode(decision: Decision) -> str | None:
+    """The failure mode that decided (``open``: served uncounted; ``local``: counted per
+    process), or ``None`` when the backend answered."""
+    if decision.failed_open:
+        return "open"
+    return "local" if decision.local else None
+
+
 def rate_limit_headers(decision: Decision) -> dict[str, str]:
     """Every header the decision implies (empty when no enforced limit applied)."""
     headers: dict[str, str] = {}
-    if decision.failed_open:
-        headers["X-RateLimit-Degraded"] = "open"
-    elif decision.local:
-        headers["X-RateLimit-Degraded"] = "local"
+    degraded = degraded_mode(decision)
+    if degraded is not None:
+        headers[DEGRADED_HEADER] = degraded
     if decision.unavailable:
         if not decision.unidentified:
             headers["Retry-After"] = str(retry_after_seconds(decision.retry_after))
@@ -132,17 +145,30 @@ DRF_JSON: dict[str, Any] = {"separators": (",", ":"), "ensure_ascii": False}
 
 
 def throttled_response(decision: Decision, request: Any = None) -> HttpResponseBase:
-    """The refusal: 429 (or the failure status) with ``Retry-After``, the rate-limit headers
-    and a small JSON body; or what ``DJANGO_THROTTLE_DENIED_RESPONSE`` builds, with the same
-    headers added where it did not set them. A callable that fails is logged and the default
-    response is sent instead: a refusal must never become a 500."""
+    """The refusal: 429 (or the failure status) with ``Retry-After`` and the rate-limit
+    headers; its body a small JSON object, or, for a request whose ``Accept`` prefers
+    ``text/html`` (a browser), a page saying the same in words
+    (:mod:`~django_throttle.request.pages`), with ``Vary: Accept`` on both. What
+    ``DJANGO_THROTTLE_DENIED_RESPONSE`` builds wins, with the same headers added where it did
+    not set them. A callable or template that fails is logged and the JSON response is sent
+    instead: a refusal must never become a 500."""
     factory = app_settings.DENIED_RESPONSE
     response = None if factory is None else _custom_response(factory, request, decision)
     if response is None:
-        response = JsonResponse(
-            throttled_body(decision), status=throttled_status(decision), json_dumps_params=DRF_JSON
-        )
+        response = _default_response(decision, request)
     apply_headers(response, decision)
+    return response
+
+
+def _default_response(decision: Decision, request: Any) -> HttpResponseBase:
+    status = throttled_status(decision)
+    response: HttpResponseBase | None = None
+    if wants_html(request):
+        wait = None if decision.unidentified else retry_after_seconds(decision.retry_after)
+        response = throttled_page(request, decision, status, wait)
+    if response is None:
+        response = JsonResponse(throttled_body(decision), status=status, json_dumps_params=DRF_JSON)
+    patch_vary_headers(response, ("Accept",))
     return response
 
 
