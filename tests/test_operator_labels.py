@@ -109,7 +109,9 @@ def test_every_label_is_accepted_by_the_commands(client: Any, backend: Any, poli
     for label, _link in dashboard_rows(admin_client()):
         inspected = as_json("throttle_inspect", label)
         assert inspected["rows"], label
-        explained = as_json("throttle_explain", "--client", label, "--method", "POST", "--path", TOKEN)
+        explained = as_json(
+            "throttle_explain", "--client", label, "--method", "POST", "--path", TOKEN
+        )
         assert explained["client"] == inspected["client"], label
         assert as_json("throttle_reset", label)["reset"] >= 1, label
 
@@ -222,9 +224,7 @@ def test_unknown_labels_are_a_clear_error(
 def test_the_operate_howto_examples_are_read(policy: Any) -> None:
     """Every client ``docs/howto/operate.md`` gives in its command examples."""
     ApiKey.objects.create(name="docs", prefix="ab12cd34", tier=policy["free"])
-    User.objects.create_user("42-user").__class__.objects.filter(username="42-user").update(
-        id=42
-    )
+    User.objects.create_user("carol", id=42)
     text = (Path(__file__).parent.parent / "docs/howto/operate.md").read_text()
     examples = re.findall(r"throttle_inspect ([^ \n#]+)(?:\s+# or ([^\n]+))?", text)
     clients = {first for first, _rest in examples}
@@ -232,3 +232,24 @@ def test_the_operate_howto_examples_are_read(policy: Any) -> None:
     assert {"alice", "user:42", "key:dt_ab12cd34", "203.0.113.9"} <= clients
     for client_text in clients:
         parse_client(client_text)
+
+
+def test_a_digest_label_with_the_backend_down_is_an_error_not_a_500(
+    policy: Any, settings: Any
+) -> None:
+    """A ``username:#<digest>`` label is looked up in the usage counts, which need the
+    backend: a dead one is said in a line, on each page and in the command."""
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"
+    label = "username:#0123456789abcdef"
+    admin = admin_client()
+
+    inspected = admin.get(INSPECT, {"client": label})
+    confirm = admin.get(f"{INSPECT}reset/", {"client": label}, follow=True)
+    posted = admin.post(f"{INSPECT}reset/", {"client": label}, follow=True)
+
+    assert inspected.status_code == confirm.status_code == posted.status_code == 200
+    assert "The backend could not be read" in inspected.content.decode()
+    assert "The backend could not be read" in confirm.content.decode()
+    assert "The backend could not reset" in posted.content.decode()
+    with pytest.raises(CommandError, match="Could not read the buckets from the backend"):
+        run("throttle_inspect", label)

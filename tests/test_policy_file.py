@@ -418,8 +418,8 @@ def test_a_yaml_alias_bomb_is_refused_before_it_is_built(tmp_path: Path, levels:
     with pytest.raises(CommandError) as error:
         run("import", str(path))
     assert str(error.value) == (
-        f"Nothing was imported: {path}: the file holds more than 200,000 values (aliases counted as "
-        "what they expand to); split the policy or write it without repeated aliases"
+        f"Nothing was imported: {path}: the file holds more than 200,000 values (aliases "
+        "counted as what they expand to); split the policy or write it without repeated aliases"
     )
     assert run("export") == before
 
