@@ -173,3 +173,21 @@ def test_csv_has_a_header_row(backend: Any, policy: Any) -> None:
     assert out.splitlines()[0] == (
         "limit,id,from,counted_by,algorithm,capacity,remaining,reset_seconds,shared,shadow"
     )
+
+
+def test_no_info_line_before_a_commands_output(
+    backend: Any, policy: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A project that logs this package at INFO (as the example project does) saw "policy
+    loaded (version N)" before every command's output: loading the policy is routine."""
+    import logging
+
+    from django_throttle.policy import live
+
+    live.invalidate()
+    caplog.set_level(logging.INFO, logger="django_throttle")
+
+    run("throttle_inspect", "alice")
+
+    assert live.last() is not None  # the command did load the policy
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == []

@@ -384,7 +384,8 @@ def test_a_deeply_nested_file_is_refused_in_one_line(tmp_path: Path, fmt: str) -
     with pytest.raises(CommandError) as error:
         run("import", str(path))
     assert str(error.value) == (
-        "Nothing was imported: the file nests deeper than 20 levels; a policy file needs 5 at most"
+        f"Nothing was imported: {path}: "
+        "the file nests deeper than 20 levels; a policy file needs 5 at most"
     )
 
 
@@ -417,8 +418,8 @@ def test_a_yaml_alias_bomb_is_refused_before_it_is_built(tmp_path: Path, levels:
     with pytest.raises(CommandError) as error:
         run("import", str(path))
     assert str(error.value) == (
-        "Nothing was imported: the file holds more than 200,000 values (aliases counted as "
-        "what they expand to); split the policy or write it without repeated aliases"
+        f"Nothing was imported: {path}: the file holds more than 200,000 values (aliases "
+        "counted as what they expand to); split the policy or write it without repeated aliases"
     )
     assert run("export") == before
 
@@ -466,3 +467,44 @@ def test_an_endpoint_limit_written_twice_is_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps({"version": 1, "rules": [rule]}))
     with pytest.raises(CommandError, match=r"rules\[0\] 'login'\.limits\[1\]: the same limit"):
         run("import", str(path))
+
+
+@pytest.mark.parametrize(
+    ("encoding", "fmt"),
+    [("utf-16", "json"), ("utf-16-be", "json"), ("utf-8-sig", "json"), ("utf-16", "yaml")],
+)
+def test_a_file_with_a_byte_order_mark_is_read(tmp_path: Path, encoding: str, fmt: str) -> None:
+    """What Windows PowerShell's ``>`` writes (UTF-16 with a BOM), and UTF-8 with a BOM."""
+    seed()
+    exported = run("export", "--format", fmt)
+    Tier.objects.all().delete()
+    EndpointRule.objects.all().delete()
+    path = tmp_path / f"policy.{fmt}"
+    data = exported.encode(encoding)
+    if encoding == "utf-16-be":
+        data = b"\xfe\xff" + data  # the codec writes no BOM of its own
+    path.write_bytes(data)
+
+    run("import", str(path))
+
+    assert run("export", "--format", fmt) == exported
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", r"not UTF-8 text \(byte b'\\x89' at offset 0\)"),
+        (b"\xff\xfe{\x00\x00\xd8", "not UTF-16 text"),
+        (b'\xef\xbb\xbf{"version": 1,', "not valid JSON"),
+        (b"\x00\x01\x02", "not valid JSON"),
+    ],
+)
+def test_an_unreadable_file_is_one_line_naming_it(
+    tmp_path: Path, data: bytes, expected: str
+) -> None:
+    path = tmp_path / "policy.json"
+    path.write_bytes(data)
+    with pytest.raises(CommandError, match=expected) as caught:
+        run("import", str(path))
+    assert str(caught.value).startswith(f"Nothing was imported: {path}: ")
+    assert "\n" not in str(caught.value)

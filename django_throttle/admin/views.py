@@ -199,10 +199,12 @@ def reset_client(request: HttpRequest, model_admin: _AppAdmin) -> HttpResponse:
     if data.get("ceiling"):
         return _reset_ceiling(request, model_admin, data["ceiling"].strip(), query)
     try:
-        subject = query.subject()
+        subject = query.subject()  # a username:#<digest> label reads the usage counts
     except UnknownClient as exc:
         error = _("Unknown client: %(reason)s.") % {"reason": exc}
         return _back(request, reverse(INSPECT), error, messages.ERROR)
+    except BackendError as exc:
+        return _back(request, reverse(INSPECT), backend_failed(request, exc), messages.ERROR)
     try:
         if request.method == "POST":
             found = reset_counters(subject, username=query.username, address=query.address)

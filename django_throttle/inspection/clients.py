@@ -24,7 +24,13 @@ from django_throttle.backends import get_backend
 from django_throttle.backends.base import per_shard
 from django_throttle.conf import app_settings
 from django_throttle.identity import client_ip
-from django_throttle.inspection.probes import Counter, Probe, every_counter
+from django_throttle.inspection.probes import (
+    Counter,
+    Probe,
+    every_counter,
+    login_counters,
+    login_probe,
+)
 from django_throttle.inspection.subjects import Subject, UnknownClient, tier_and_reason
 from django_throttle.policy.live import current
 from django_throttle.policy.snapshot import TierPolicy
@@ -67,7 +73,12 @@ class Inspection:
 
 def probe(subject: Subject, address: str | None, username: str | None) -> Probe:
     """Who sends the client's requests: from ``address`` (an IP client's own by default),
-    presenting ``username`` (a user's own username by default)."""
+    presenting ``username`` (a user's own username by default). A counter by username is
+    probed by an anonymous login presenting that username."""
+    if subject.by_username:
+        if address is not None and client_ip({"REMOTE_ADDR": address}) is None:
+            raise UnknownClient(_("%(value)r is not an IP address") % {"value": address})
+        return login_probe(address, subject.username)
     if address is None:
         address = subject.address
     elif client_ip({"REMOTE_ADDR": address}) is None:
@@ -80,7 +91,10 @@ def probe(subject: Subject, address: str | None, username: str | None) -> Probe:
 def counters(
     subject: Subject, username: str | None = None, address: str | None = None
 ) -> list[Counter]:
-    """Every counter the client's requests meet (see :func:`probes.every_counter`)."""
+    """Every counter the client's requests meet (see :func:`probes.every_counter`); for a
+    counter by username, its limits alone (whoever presents it, from wherever)."""
+    if subject.by_username:
+        return login_counters(subject.client, subject.username, current())
     return every_counter(probe(subject, address, username), current())
 
 
@@ -92,6 +106,9 @@ def inspect(
     username (a user's own; ``username`` for another client), and shared ceilings."""
     snapshot = current()
     tier, reason = tier_and_reason(subject, snapshot)
+    if subject.by_username:
+        found = login_counters(subject.client, subject.username, snapshot)
+        return Inspection(subject, tier, reason, buckets(found), subject.username)
     who = probe(subject, address, username)
     return Inspection(subject, tier, reason, buckets(every_counter(who, snapshot)), who.username)
 

@@ -18,7 +18,14 @@ from django.utils.translation import gettext as _
 from django_throttle.backends import get_backend
 from django_throttle.conf import app_settings
 from django_throttle.inspection.clients import Bucket, buckets, probe
-from django_throttle.inspection.probes import Counter, Planned, Probe, planned, view_checks
+from django_throttle.inspection.probes import (
+    Counter,
+    Planned,
+    Probe,
+    as_counter,
+    planned,
+    view_checks,
+)
 from django_throttle.inspection.subjects import Subject, tier_and_reason
 from django_throttle.policy.live import current
 from django_throttle.policy.snapshot import EndpointPolicy, Policy, TierPolicy
@@ -64,7 +71,8 @@ def explain(
     each matches, every counter at what cost, and the decision the server would give it
     now (the first check that denies, with the longest ``Retry-After`` of its counters),
     without sending it or consuming. ``address`` is where it comes from (an IP client's
-    own by default), ``username`` what it presents at a login (a user's own by default)."""
+    own by default), ``username`` what it presents at a login (a user's own by default). For
+    a counter by username, the request is an anonymous login presenting that username."""
     method = (method or "GET").upper()
     if not path.startswith("/"):
         path = "/" + path
@@ -82,6 +90,9 @@ def explain(
     basic = who.username is not None and method != "POST"  # see probes.build_request
     checks = view_checks(func, method, scope, basic) if app_settings.ENABLED else []
     plans = [planned(who, check, method, path, match) for check in checks]
+    if subject.by_username:  # a login presenting it: its counter under its own label
+        counted_by = f"username {subject.username}" if subject.username else subject.client
+        plans = [as_counter(plan, who, subject.client, counted_by) for plan in plans]
     seen: dict[tuple[str, str], Counter] = {}
     for counter in (counter for plan in plans for counter in plan.counters):
         seen.setdefault((counter.client, counter.limit.id), counter)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -32,6 +32,10 @@ _SOMEONE = Identity("ip", "192.0.2.1")
 #: A signed-in user with no tier of its own (so the default tier for authenticated users),
 #: who stands in when only the address it sends from matters.
 _SIGNED_IN = Identity("user", "\0probe")
+#: The username a login probe presents for a counter known by its label alone (a long
+#: username's digest, a device's counter): what it would meet is found under this name's
+#: counter, then told under the real label (see :func:`as_counter`).
+_STAND_IN_USERNAME = "probe"
 
 
 @dataclass(frozen=True)
@@ -265,3 +269,46 @@ def _route_match(view_name: str) -> ResolverMatch:
 
 def _no_view(request: HttpRequest) -> None:
     """Stands in for the view of a route rule's probe request (never called)."""
+
+
+# --- counters by presented username ------------------------------------------------------------
+
+
+def login_probe(address: str | None, username: str | None) -> Probe:
+    """An anonymous login presenting ``username`` (a stand-in name when ``None``: the
+    counter is known by its label alone) from ``address`` (a stand-in caller, whose own
+    counters are left out, when ``None``)."""
+    network = client_ip({"REMOTE_ADDR": address}) if address is not None else None
+    identity = Identity("ip", network) if network is not None else _SOMEONE
+    return Probe(identity, None, address, _STAND_IN_USERNAME if username is None else username)
+
+
+def as_counter(plan: Planned, probe: Probe, counter: str, counted_by: str) -> Planned:
+    """``plan`` of a :func:`login_probe`, its username's counters told as ``counter`` (the
+    backend's label: the username's own, a long name's digest, a device's) and the stand-in
+    caller's own counters left out."""
+    presented = Identity("username", str(probe.username)).key
+    groups = []
+    for client, found in plan.groups:
+        if client == _SOMEONE.key:
+            continue
+        if client == presented:
+            client = counter
+            found = tuple(replace(c, client=counter, counted_by=counted_by) for c in found)
+        groups.append((client, found))
+    return replace(plan, groups=tuple(groups))
+
+
+def login_counters(counter: str, username: str | None, snapshot: Policy) -> list[Counter]:
+    """Every counter by presented username that a login presenting ``username`` meets
+    (the limits credential rules count by username), told as ``counter``, the backend's
+    label of that username's counter (or of a device's, which has the same limits)."""
+    who = login_probe(None, username)
+    counted_by = f"username {username}" if username is not None else counter
+    found: dict[str, Counter] = {}
+    for check, method, path, match in _rule_requests(snapshot):
+        plan = as_counter(planned(who, check, method, path, match), who, counter, counted_by)
+        for c in plan.counters:
+            if c.client == counter:
+                found.setdefault(c.limit.id, c)
+    return list(found.values())

@@ -1,6 +1,15 @@
-"""Naming a client as an operator types it (``user:alice``, ``key:<prefix>``, ``ip:<address>``
-or bare), and saying which tier it is in and why, in words: the first step of
-``throttle_inspect``, ``throttle_explain``, ``throttle_reset`` and the admin's inspector.
+"""Naming a client as an operator types it, and saying which tier it is in and why, in
+words: the first step of ``throttle_inspect``, ``throttle_explain``, ``throttle_reset`` and
+the admin's inspector.
+
+Every label a page, command or report shows is accepted as it is shown (an operator copies
+it from the dashboard, the usage list or the docs): ``user:<username or id>``,
+``key:<prefix>`` (also ``key:dt_<prefix>``, the whole key, or ``<prefix>…`` as the admin
+writes a key), ``ip:<address or IPv6 /64 network>``, ``username:<name>``,
+``username:#<digest>`` (a presented username kept private), ``username#<hex>`` (a long
+one's counter), ``device:<id>``; the labels the tools print (``user alice``, ``API key
+ab12cd34 (ci)``, ``IP 203.0.113.7``), a name followed by its label in brackets
+(``alice (user:2)``), and a bare username, address or API key.
 
 Off the request path: these query the database (the user, the API key, the assignments that
 say *why* a client is in a tier); the tier itself comes from the compiled snapshot requests use.
@@ -9,16 +18,24 @@ say *why* a client is in a tier); the tier itself comes from the compiled snapsh
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.utils.translation import gettext as _
 
-from django_throttle.identity import Identity, client_ip
+from django_throttle.identity import MAX_KEY_BYTES, Identity, client_ip
 from django_throttle.policy.snapshot import Policy, TierPolicy
 
-__all__ = ["Subject", "UnknownClient", "parse_client", "tier_and_reason"]
+__all__ = ["CLIENT_HELP", "Subject", "UnknownClient", "parse_client", "tier_and_reason"]
+
+#: What the commands' help says a client may be written as.
+CLIENT_HELP = (
+    "any label the dashboard, usage list or a report shows (user:<name|id>, key:<prefix>, "
+    "ip:<address>, username:<name>, username:#<digest>, device:<id>), or a bare username, "
+    "address or API key"
+)
 
 
 class UnknownClient(ValueError):
@@ -35,29 +52,59 @@ class Subject:
     user: Any = None
     api_key: Any = None
     address: str | None = None
+    #: For a counter by presented username (or a device's): the backend's label of that
+    #: counter, and the username when it is known (``None`` for a long name's digest).
+    counter: str = ""
+    username: str | None = None
 
     @property
     def client(self) -> str:
-        return self.identity.key
+        return self.counter or self.identity.key
+
+    @property
+    def by_username(self) -> bool:
+        """A login counter by presented username or by device, not a client."""
+        return bool(self.counter)
 
 
 # --- naming a client ------------------------------------------------------------------------
 
 
+#: How the tools write a subject (``Subject.label``), and what each names.
+_WORDS = (("API key ", "key"), ("username ", "username"), ("user ", "user"), ("IP ", "ip"))
+#: ``name (kind:value)``: a name shown with its label.
+_BRACKETED = re.compile(r"^.*\((?P<label>[a-z]+[:#].+)\)$", re.DOTALL)
+
+
 def parse_client(text: str) -> Subject:
-    """Read ``user:<username or id>``, ``key:<prefix or whole key>``, ``ip:<address>`` or a
-    bare username, address or API key. Raises :class:`UnknownClient`."""
+    """Read any label a page, command or report shows (see the module docstring), or a bare
+    username, address or API key. Raises :class:`UnknownClient` saying what was tried."""
     text = (text or "").strip()
+    bracketed = _BRACKETED.match(text)
+    if bracketed is not None and _KIND.match(bracketed["label"]):
+        text = bracketed["label"].strip()
+    for word, kind in _WORDS:
+        if text.startswith(word) and not _KIND.match(text):
+            value = text[len(word) :].strip()
+            if kind == "key":
+                value = value.split(" (", 1)[0]  # "API key ab12cd34 (its name)"
+            text = f"{kind}:{value}"
+            break
     kind, sep, value = text.partition(":")
-    if sep and kind in ("user", "key", "ip"):
-        return {"user": _user, "key": _api_key, "ip": _address}[kind](value.strip())
+    if sep and kind in _PARSERS:
+        return _PARSERS[kind](value.strip())
+    if text.startswith("username#"):  # a long username's counter, as the backend labels it
+        return _counter(text)
     if _is_address(text):
         return _address(text)
-    from django_throttle.api_key_format import key_prefix
-
-    if text and _api_key_row(key_prefix(text)) is not None:
-        return _api_key(text)
-    return _user(text)
+    try:
+        return _user(text)
+    except UnknownClient:
+        try:  # a key (whole, dt_<prefix>, or as the admin writes it: "ci (ab12cd34…)")
+            return _api_key(text.split(" (", 1)[-1].removesuffix(")") if text else text)
+        except UnknownClient:
+            pass
+        raise
 
 
 def _user(value: str) -> Subject:
@@ -79,9 +126,11 @@ def _api_key_row(prefix: str) -> Any:
 
 
 def _api_key(value: str) -> Subject:
-    from django_throttle.api_key_format import key_prefix
+    from django_throttle.api_key_format import KEY_SCHEME, key_prefix
 
-    row = _api_key_row(value) or _api_key_row(key_prefix(value))
+    value = value.rstrip("…").removesuffix("...")  # the admin writes "name (ab12cd34…)"
+    shown = value.removeprefix(f"{KEY_SCHEME}_").rstrip("_")  # dt_ab12cd34: no secret
+    row = _api_key_row(value) or _api_key_row(key_prefix(value)) or _api_key_row(shown)
     if row is None:
         raise UnknownClient(_("no API key with the prefix %(value)r") % {"value": value})
     return Subject(Identity("key", row.prefix), f"API key {row.prefix} ({row.name})", api_key=row)
@@ -104,8 +153,62 @@ def _address(value: str) -> Subject:
     return Subject(Identity("ip", network), f"IP {network}", address=value.split("/", 1)[0])
 
 
+def _username(value: str) -> Subject:
+    """A counter by presented username: ``username:<name>`` (normalised as the request path
+    counts it), ``username:#<digest>`` (the private label of one the usage counts saw)."""
+    from django_throttle.request.usernames import normalise_username
+    from django_throttle.usage.names import DIGEST_MARK, USERNAME, presented_username
+
+    if value.startswith(DIGEST_MARK):
+        name = presented_username(USERNAME + value)
+        if name is None:
+            raise UnknownClient(
+                _(
+                    "no recent login presented the username of %(value)r (a digest names only "
+                    "a username the usage counts still hold)"
+                )
+                % {"value": USERNAME + value}
+            )
+    else:
+        name = normalise_username(value)
+    if not name:
+        raise UnknownClient(_("a username is needed after 'username:'"))
+    identity = Identity("username", name)
+    return Subject(identity, f"username {name}", counter=identity.key, username=name)
+
+
+def _counter(label: str) -> Subject:
+    """A counter known by its backend label only: a device's (``device:<id>``), or a long
+    username's digest (``username#<hex>``)."""
+    kind, _sep, value = label.replace("#", ":#", 1).partition(":")
+    if not value or len(label.encode()) > MAX_KEY_BYTES or "\0" in label:
+        raise UnknownClient(_("%(value)r is not a counter label") % {"value": label})
+    words = _("device") if kind == "device" else _("username")
+    return Subject(Identity(kind, value), f"{words} {value}", counter=label)
+
+
+def _device(value: str) -> Subject:
+    return _counter(f"device:{value}")
+
+
+_PARSERS = {
+    "user": _user,
+    "key": _api_key,
+    "ip": _address,
+    "username": _username,
+    "device": _device,
+}
+#: Text that starts with a label's kind (so ``user alice:x`` is not read as one).
+_KIND = re.compile(r"^(?:user|key|ip|username|device)(?::|#)")
+
+
 def tier_and_reason(subject: Subject, snapshot: Policy) -> tuple[TierPolicy | None, str]:
     """The client's tier as requests see it, and why, in words."""
+    if subject.by_username:
+        return None, _(
+            "a login counter: every login presenting this username is counted here, under "
+            "the rules that count by username, whoever sends it"
+        )
     tier = snapshot.tier_for(subject.identity)
     name = f"'{tier.slug}'" if tier is not None else _("none")
     if subject.api_key is not None:

@@ -271,7 +271,9 @@ def _compile(last: Policy | None, version: str | None) -> Policy:
         if last is not None and last.loaded:
             return last
         return Policy({}, None, None, {}, {}, (), version, loaded=False)
-    logger.info("policy loaded (version %s)", version)
+    # Routine, once per process and change: DEBUG, so a project logging this package at INFO
+    # (as the example does) does not see it before every management command's output.
+    logger.debug("policy loaded (version %s)", version)
     events.send(events.policy_reloaded, Policy, policy=policy, seconds=clock() - policy.compiled_at)
     return policy
 

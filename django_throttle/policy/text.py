@@ -9,12 +9,21 @@ millions of entries). What the values mean is :mod:`django_throttle.policy.files
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["FORMAT_VERSION", "MAX_DEPTH", "MAX_VALUES", "PolicyFileError", "dump", "load"]
+__all__ = [
+    "FORMAT_VERSION",
+    "MAX_DEPTH",
+    "MAX_VALUES",
+    "PolicyFileError",
+    "decode",
+    "dump",
+    "load",
+]
 
 #: The document's ``version``; an import refuses any other.
 FORMAT_VERSION = 1
@@ -52,6 +61,27 @@ def dump(document: Mapping[str, Any], fmt: str) -> str:
     if fmt == "yaml":
         return str(_yaml().safe_dump(dict(document), sort_keys=False, allow_unicode=True))
     return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+
+
+def decode(data: bytes) -> str:
+    """A policy file's bytes as text: UTF-8, with or without a byte order mark (what some
+    Windows editors write), or UTF-16 with its byte order mark (what Windows PowerShell's
+    ``>`` writes). Anything else is a :class:`PolicyFileError` saying what was found, never
+    a ``UnicodeDecodeError``: an operator's file must get a one-line answer."""
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        encoding = "utf-16"  # the BOM says which byte order
+    else:
+        encoding = "utf-8-sig"  # plain UTF-8 too: the BOM is optional
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        name = "UTF-16" if encoding == "utf-16" else "UTF-8"
+        raise PolicyFileError(
+            [
+                f"not {name} text (byte {exc.object[exc.start : exc.start + 1]!r} at offset "
+                f"{exc.start}); save it as UTF-8"
+            ]
+        ) from exc
 
 
 def load(text: str, fmt: str) -> Any:

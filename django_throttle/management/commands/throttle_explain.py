@@ -15,7 +15,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from django_throttle.inspection.explanations import Explanation, explain
-from django_throttle.inspection.subjects import parse_client
+from django_throttle.inspection.subjects import CLIENT_HELP, parse_client
 from django_throttle.management import output
 from django_throttle.management.commands.throttle_inspect import COLUMNS, READ_ERROR, bucket_row
 from django_throttle.models.fields import HTTP_METHODS
@@ -51,7 +51,7 @@ class Command(output.CountersCommand):
             help="a client IP address; with --user, --api-key or --client, the address the "
             "request comes from",
         )
-        parser.add_argument("--client", help="user:<name|id>, key:<prefix>, ip:<address>")
+        parser.add_argument("--client", help=CLIENT_HELP)
         parser.add_argument(
             "--username",
             help="the username the request presents (a login's form field or Basic user; "

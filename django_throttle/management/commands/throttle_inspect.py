@@ -17,7 +17,7 @@ from django.core.management.base import CommandParser
 
 from django_throttle.backends import BackendError
 from django_throttle.inspection.clients import Bucket, inspect
-from django_throttle.inspection.subjects import parse_client
+from django_throttle.inspection.subjects import CLIENT_HELP, parse_client
 from django_throttle.management import output
 from django_throttle.rates import Limit
 
@@ -75,7 +75,7 @@ class Command(output.CountersCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("client", help="user:<name|id>, key:<prefix>, ip:<address>, or bare")
+        parser.add_argument("client", help=CLIENT_HELP)
         add_probe_arguments(parser)
         output.add_format_argument(parser)
 

@@ -22,7 +22,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_throttle.policy.drf_settings import from_drf
 from django_throttle.policy.files import export_policy, import_policy
-from django_throttle.policy.text import PolicyFileError, dump, load
+from django_throttle.policy.text import PolicyFileError, decode, dump, load
 
 FORMATS = ("json", "yaml")
 
@@ -62,7 +62,11 @@ class Command(BaseCommand):
                 fmt = options["format"] or (
                     "yaml" if path.lower().endswith((".yaml", ".yml")) else "json"
                 )
-                document = load(_read(path), fmt)
+                try:
+                    document = load(decode(_read(path)), fmt)
+                except PolicyFileError as exc:
+                    name = "standard input" if path == "-" else path
+                    raise CommandError(f"Nothing was imported: {name}: {exc.problems[0]}") from exc
                 self._apply(document, options)
             else:
                 document = from_drf(getattr(settings, "REST_FRAMEWORK", {}) or {})
@@ -119,10 +123,12 @@ def _changes(parser: CommandParser) -> None:
     )
 
 
-def _read(path: str) -> str:
+def _read(path: str) -> bytes:
+    """The file's bytes (decoded by :func:`decode`, which knows a byte order mark)."""
     if path == "-":
-        return sys.stdin.read()
+        stream = getattr(sys.stdin, "buffer", None)
+        return stream.read() if stream is not None else sys.stdin.read().encode()
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return Path(path).read_bytes()
     except OSError as exc:
         raise CommandError(f"Cannot read {path}: {exc.strerror or exc}") from exc

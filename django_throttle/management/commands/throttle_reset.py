@@ -13,7 +13,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from django_throttle.backends import BackendError
 from django_throttle.inspection.resets import reset_ceilings, reset_counters
-from django_throttle.inspection.subjects import parse_client
+from django_throttle.inspection.subjects import CLIENT_HELP, parse_client
 from django_throttle.management import output
 from django_throttle.management.commands.throttle_inspect import add_probe_arguments, limit_row
 
@@ -28,9 +28,7 @@ class Command(output.CountersCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
-            "client", nargs="?", help="user:<name|id>, key:<prefix>, ip:<address>, or bare"
-        )
+        parser.add_argument("client", nargs="?", help=CLIENT_HELP)
         parser.add_argument(
             "--limit",
             action="append",
