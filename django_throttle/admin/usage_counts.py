@@ -33,7 +33,7 @@ from django_throttle.admin import views
 from django_throttle.admin.base import _AppAdmin
 from django_throttle.backends import BackendError
 from django_throttle.backends.breaker import get_breaker
-from django_throttle.backends.usage_base import CLIENT_SAMPLE, USAGE_TTL
+from django_throttle.backends import usage_base
 from django_throttle.models import UsageCount
 from django_throttle.plain import plain_text
 from django_throttle.usage import accounting
@@ -192,8 +192,8 @@ class UsageCountAdmin(_AppAdmin):
         context = {
             "throttle_rollup_every": int(ROLLUP_EVERY),
             "throttle_kind": _kind(request),
-            "throttle_sample": CLIENT_SAMPLE,
-            "throttle_kept_hours": USAGE_TTL // 3600,
+            "throttle_sample": usage_base.CLIENT_SAMPLE,
+            "throttle_kept_hours": usage_base.USAGE_TTL // 3600,
             **(extra_context or {}),
         }
         return super().changelist_view(request, context)
@@ -249,12 +249,13 @@ class UsageCountAdmin(_AppAdmin):
     @admin.display(description=_("allowed"), ordering="allowed")
     def allowed_figure(self, obj: UsageCount) -> str:
         """Exact on a total row; on a client row an estimate (allowed requests enter the
-        per-client lists one in :data:`CLIENT_SAMPLE`), marked ``≈`` with a tooltip."""
-        if obj.client == UsageCount.ALL or CLIENT_SAMPLE <= 1:
+        per-client lists one in ``CLIENT_SAMPLE``), marked ``≈`` with a tooltip."""
+        sample = usage_base.CLIENT_SAMPLE
+        if obj.client == UsageCount.ALL or sample <= 1:
             return str(obj.allowed)
         return format_html(
             '<span class="dt-estimate" title="{}">≈{}</span>',
-            gettext("estimate: allowed requests are sampled one in %d") % CLIENT_SAMPLE,
+            gettext("an estimate: allowed requests are sampled one in %d") % sample,
             obj.allowed,
         )
 
