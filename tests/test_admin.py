@@ -439,7 +439,12 @@ def make_rows(n: int) -> None:
         minute = RECENT + dt.timedelta(minutes=i)
         # A tier and endpoint total and a per-client row, as the rollup writes them.
         UsageCount.objects.create(
-            window_start=minute, client="*", tier=tier.slug, endpoint=rule.name, allowed=10, denied=i
+            window_start=minute,
+            client="*",
+            tier=tier.slug,
+            endpoint=rule.name,
+            allowed=10,
+            denied=i,
         )
         UsageCount.objects.create(
             window_start=minute, client=f"user:{i}", tier="*", endpoint="*", allowed=10, denied=i

@@ -15,25 +15,23 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
-from django.urls import path
-from django.urls import reverse
+from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
-from django.utils.translation import gettext
+from django.utils.translation import gettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import pgettext_lazy
 
 from django_throttle.admin import views
 from django_throttle.admin.base import _AppAdmin
-from django_throttle.backends import BackendError
+from django_throttle.backends import BackendError, usage_base
 from django_throttle.backends.breaker import get_breaker
-from django_throttle.backends import usage_base
 from django_throttle.models import UsageCount
 from django_throttle.plain import plain_text
 from django_throttle.usage import accounting
@@ -198,7 +196,7 @@ class UsageCountAdmin(_AppAdmin):
         }
         return super().changelist_view(request, context)
 
-    def get_list_display(self, request: HttpRequest) -> list[str]:
+    def get_list_display(self, request: HttpRequest) -> list[str | Callable[[Any], str | bool]]:
         kind = _kind(request)
         first = self.CLIENT_COLUMNS if kind == UsageKindFilter.CLIENTS else self.TOTAL_COLUMNS
         return [*first, *self.COUNTS]

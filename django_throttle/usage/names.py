@@ -27,7 +27,6 @@ from django.db.models import Q
 from django.db.models.functions import Lower
 from django.urls import NoReverseMatch, reverse
 from django.utils.crypto import salted_hmac
-
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
