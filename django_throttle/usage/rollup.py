@@ -3,7 +3,8 @@
 The backend keeps usage per minute, for
 :data:`~django_throttle.backends.usage_base.USAGE_TTL` seconds. :func:`rollup` copies
 finished minutes into :class:`~django_throttle.models.UsageCount` rows (``manage.py
-throttle_usage --rollup``, from cron or any periodic job, more often than that TTL) and
+throttle_usage --rollup``, from cron or any periodic job, more often than that TTL; and the
+admin's usage list when it is opened, ``admin.usage_counts.roll_up_if_due``) and
 records how far it got (the watermark), then copies API keys' last use
 (:func:`copy_key_use`) and deletes rows past their retention.
 
