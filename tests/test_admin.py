@@ -421,6 +421,12 @@ def test_usage_counts_are_read_only(admin_client: Client) -> None:
 # Change lists ------------------------------------------------------------------------------
 
 
+#: A recent noon: rows the rollup's retention keeps (opening the usage list runs the rollup).
+RECENT = dt.datetime.now(dt.UTC).replace(hour=12, minute=0, second=0, microsecond=0) - dt.timedelta(
+    days=2
+)
+
+
 def make_rows(n: int) -> None:
     for i in range(n):
         tier = Tier.objects.create(slug=f"t{i}", name=f"Tier {i}", priority=i)
@@ -430,13 +436,18 @@ def make_rows(n: int) -> None:
         EndpointLimit.objects.create(rule=rule, tier=tier, rate="10/s")
         TierAssignment.objects.create(tier=tier, user=User.objects.create_user(f"u{i}"))
         TierAssignment.objects.create(tier=tier, group=Group.objects.create(name=f"g{i}"))
+        minute = RECENT + dt.timedelta(minutes=i)
+        # A tier and endpoint total and a per-client row, as the rollup writes them.
         UsageCount.objects.create(
-            window_start=dt.datetime(2025, 1, 1, 12, i, tzinfo=dt.UTC),
-            client=f"user:{i}",
+            window_start=minute,
+            client="*",
             tier=tier.slug,
             endpoint=rule.name,
             allowed=10,
             denied=i,
+        )
+        UsageCount.objects.create(
+            window_start=minute, client=f"user:{i}", tier="*", endpoint="*", allowed=10, denied=i
         )
 
 
@@ -458,7 +469,8 @@ def test_usage_changelist_filters(admin_client: Client) -> None:
     url = reverse("admin:django_throttle_usagecount_changelist")
     assert admin_client.get(url, {"denied": "yes"}).context["cl"].result_count == 2
     assert admin_client.get(url, {"tier": "t0"}).context["cl"].result_count == 1
-    by_day = admin_client.get(url, {"window_start__year": "2025", "window_start__month": "1"})
+    month = {"window_start__year": RECENT.year, "window_start__month": RECENT.month}
+    by_day = admin_client.get(url, month)
     assert by_day.context["cl"].result_count == 3
 
 
@@ -483,7 +495,7 @@ def test_changelist_queries_do_not_grow_with_rows(admin_client: Client, model: s
         EndpointLimit.objects.create(rule=rule, tier=tier, rate="1/s")
         TierAssignment.objects.create(tier=tier, user=User.objects.create_user(f"x{i}"))
         UsageCount.objects.create(
-            window_start=dt.datetime(2025, 1, 2, 12, i, tzinfo=dt.UTC), client=f"x{i}"
+            window_start=RECENT + dt.timedelta(days=1, minutes=i), client="*", tier=f"x{i}"
         )
     with CaptureQueriesContext(connection) as many:
         admin_client.get(url)
@@ -835,25 +847,30 @@ def test_lists_show_failure_modes_and_counting_in_a_word(admin_client: Client) -
 
 
 def test_usage_rows_name_users_and_keys_with_a_link(admin_client: Client) -> None:
-    """Clients showed as 'user:2'; a user or an API key is now its name, linked to its admin
-    page, with the recorded client beside it. Other clients are as recorded, as plain text."""
+    """Clients showed as 'user:2'; each is now what it is, in words ("User alice", "API key
+    <prefix>… (<name>)", "Address …"), a user or an API key linked to its admin page, the
+    recorded label in the tooltip and an inspect link. Names are escaped."""
     from django_throttle.models import ApiKey
 
     free = Tier.objects.create(slug="free", name="Free")
     alice = User.objects.create_user("alice")
     api_key, _full = ApiKey.objects.create_key(name="partner <b>feed</b>", tier=free)
-    minute = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+    minute = RECENT
     for client in (f"user:{alice.pk}", f"key:{api_key.prefix}", "ip:203.0.113.9", "user:999"):
-        UsageCount.objects.create(window_start=minute, client=client, tier="free", endpoint="*")
+        UsageCount.objects.create(window_start=minute, client=client, tier="*", endpoint="*")
 
-    page = admin_client.get(reverse("admin:django_throttle_usagecount_changelist"))
+    url = reverse("admin:django_throttle_usagecount_changelist")
+    page = admin_client.get(url, {"kind": "clients"})
     text = page.content.decode()
     user_url = reverse("admin:auth_user_change", args=[alice.pk])
     key_url = reverse("admin:django_throttle_apikey_change", args=[api_key.pk])
-    assert f'<a href="{user_url}">alice</a> <small>(user:{alice.pk})</small>' in text
+    inspect = reverse("admin:django_throttle_usagecount_inspect")
     assert (
-        f'<a href="{key_url}">partner &lt;b&gt;feed&lt;/b&gt;</a> '
-        f"<small>(key:{api_key.prefix})</small>"
+        f'<span title="user:{alice.pk}"><a href="{user_url}">User alice</a></span> '
+        f'<a class="dt-inspect" href="{inspect}?client=user%3A{alice.pk}">inspect</a>'
     ) in text
-    assert '<td class="field-client_link">ip:203.0.113.9</td>' in text
-    assert '<td class="field-client_link">user:999</td>' in text
+    assert (
+        f'<a href="{key_url}">API key {api_key.prefix}… (partner &lt;b&gt;feed&lt;/b&gt;)</a>'
+    ) in text
+    assert '<span title="ip:203.0.113.9">Address 203.0.113.9</span>' in text
+    assert '<span title="user:999">User 999 (no such user)</span>' in text

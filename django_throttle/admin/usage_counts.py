@@ -1,27 +1,102 @@
-"""The read-only usage list (rows ``manage.py throttle_usage --rollup`` writes), its filters,
-the client column linked to the user or key, and the dashboard and inspector pages mounted
-under it (:mod:`django_throttle.admin.views`). Registers ``UsageCount``.
+"""The read-only usage list, its filters, the client column (what the client is, in words,
+linked to the user or key), and the dashboard and inspector pages mounted under it
+(:mod:`django_throttle.admin.views`). Registers ``UsageCount``.
+
+The list copies what the backend holds before it lists (:func:`roll_up_if_due`: the rollup
+``manage.py throttle_usage --rollup`` runs, at most once per :data:`ROLLUP_EVERY` seconds per
+process and for at most :data:`ROLLUP_BUDGET` seconds), so it fills without a cron job; when
+the backend cannot be read the page still shows what was copied, and says so.
+
+Tier and endpoint totals (exact) and per-client rows (the heaviest clients, allowed requests
+sampled) are two lists, chosen by the "rows" filter: neither shows the other's ``*`` cells.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
-from django.urls import path
+from django.urls import path, reverse
 from django.utils.html import format_html
+from django.utils.http import urlencode
+from django.utils.translation import gettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import pgettext_lazy
 
 from django_throttle.admin import views
 from django_throttle.admin.base import _AppAdmin
+from django_throttle.backends import BackendError, usage_base
+from django_throttle.backends.breaker import get_breaker
 from django_throttle.models import UsageCount
-from django_throttle.usage.names import client_names
+from django_throttle.plain import plain_text
+from django_throttle.usage import accounting
+from django_throttle.usage.names import client_names, describe
+from django_throttle.usage.reports import NO_ENDPOINT, NO_TIER
+from django_throttle.usage.rollup import rollup
 
-__all__ = ["HadDenialsFilter", "UsageCountAdmin", "UsageKindFilter"]
+__all__ = [
+    "ROLLUP_BUDGET",
+    "ROLLUP_EVERY",
+    "HadDenialsFilter",
+    "UsageCountAdmin",
+    "UsageKindFilter",
+    "roll_up_if_due",
+]
+
+#: Seconds between two rollups the usage list runs in one process: opening the list again
+#: and again costs the backend nothing more.
+ROLLUP_EVERY = 30.0
+#: Seconds one page view may spend copying (whole chunks of minutes): the first view after a
+#: long quiet copies the rest over the next views.
+ROLLUP_BUDGET = 2.0
+
+
+class _LastRollup:
+    """When this process last rolled up (``time.monotonic``), and what went wrong then."""
+
+    lock = threading.Lock()
+    at: float | None = None
+    error: str = ""
+
+
+def roll_up_if_due() -> str:
+    """Copy the backend's finished minutes to the database (:func:`~django_throttle.usage.
+    rollup.rollup`) unless this process did within :data:`ROLLUP_EVERY` seconds or another
+    thread is at it; through the circuit breaker, for at most :data:`ROLLUP_BUDGET` seconds.
+    Returns why the live counts could not be read (``""``: they were, or need not be yet).
+    Never raises for a backend that is down or keeps no counts: the list still renders."""
+    if not _LastRollup.lock.acquire(blocking=False):
+        return _LastRollup.error
+    try:
+        now = time.monotonic()
+        if _LastRollup.at is not None and now - _LastRollup.at < ROLLUP_EVERY:
+            return _LastRollup.error
+        _LastRollup.at, _LastRollup.error = now, ""
+        try:
+            store = accounting.get_store()
+        except accounting.UsageUnavailable as exc:
+            _LastRollup.error = plain_text(str(exc))
+            return _LastRollup.error
+        try:
+            get_breaker().call(rollup, store, deadline=now + ROLLUP_BUDGET)
+        except BackendError as exc:
+            _LastRollup.error = plain_text(f"{type(exc).__name__}: {exc}")
+        finally:
+            store.close()
+        return _LastRollup.error
+    finally:
+        _LastRollup.lock.release()
+
+
+def forget_rollup() -> None:
+    """Roll up on the next view (tests; a backend change)."""
+    with _LastRollup.lock:
+        _LastRollup.at, _LastRollup.error = None, ""
 
 
 class _ChoiceFilter(admin.SimpleListFilter):
@@ -44,38 +119,92 @@ class HadDenialsFilter(_ChoiceFilter):
 
 
 class UsageKindFilter(_ChoiceFilter):
-    """Tier x endpoint totals (exact) apart from per-client rows (the heaviest clients)."""
+    """Tier x endpoint totals (exact) apart from per-client rows (the heaviest clients):
+    always one or the other (totals unless asked), never both in one list."""
 
     title = _("rows")
     parameter_name = "kind"
+    TOTALS, CLIENTS = "totals", "clients"
     options = {
-        "totals": (_("tier and endpoint totals"), Q(client=UsageCount.ALL)),
-        "clients": (_("per client"), ~Q(client=UsageCount.ALL)),
+        TOTALS: (_("tier and endpoint totals"), Q(client=UsageCount.ALL)),
+        CLIENTS: (_("per client"), ~Q(client=UsageCount.ALL)),
     }
+
+    def value(self) -> str:
+        chosen = super().value()
+        return chosen if chosen in self.options else self.TOTALS
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(self.options[self.value()][1])
+
+    def choices(self, changelist: Any) -> Any:
+        """The two lists, no "All": a total and a client row have different columns."""
+        for value, label in self.lookup_choices:
+            yield {
+                "selected": self.value() == value,
+                "query_string": changelist.get_query_string({self.parameter_name: value}),
+                "display": label,
+            }
+
+
+def _kind(request: HttpRequest) -> str:
+    """Which list the request shows: :class:`UsageKindFilter`'s value."""
+    chosen = request.GET.get(UsageKindFilter.parameter_name, "")
+    return chosen if chosen in UsageKindFilter.options else UsageKindFilter.TOTALS
 
 
 @admin.register(UsageCount)
 class UsageCountAdmin(_AppAdmin):
-    """Read-only: ``manage.py throttle_usage --rollup`` writes these rows from the backend's
-    counts; people only read (or delete) them. ``*`` stands for every client (a total row)
-    or every tier and endpoint (a per-client row)."""
+    """Read-only: the rollup writes these rows from the backend's counts (on opening the
+    list, see :func:`roll_up_if_due`, or ``manage.py throttle_usage --rollup``); people only
+    read (or delete) them. Two lists: tier and endpoint totals, and per-client rows with
+    each client in words and its sampled figures marked ``≈``."""
 
-    list_display = [
-        "window_start",
-        "client_link",
-        "tier",
-        "endpoint",
-        "allowed",
-        "denied",
-        "shadow_denied",
-        "failed",
-    ]
+    TOTAL_COLUMNS = ["window_start", "tier_name", "endpoint_name"]
+    CLIENT_COLUMNS = ["window_start", "client_link"]
+    COUNTS = ["allowed_figure", "denied", "shadow_denied", "failed"]
+    list_display = [*TOTAL_COLUMNS, *COUNTS]
     list_filter = [UsageKindFilter, HadDenialsFilter, "tier", "endpoint"]
     search_fields = ["client", "endpoint"]
     date_hierarchy = "window_start"
     # Counting a large usage table for the "N total" link is slow; it is not needed here.
     show_full_result_count = False
     change_list_template = "admin/django_throttle/usagecount/change_list.html"
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> Any:
+        """Roll up what the backend holds (at most every :data:`ROLLUP_EVERY` seconds), then
+        list; when the backend cannot be read, say so above the rows already copied."""
+        if self.has_view_permission(request):
+            error = roll_up_if_due()
+            if error:
+                messages.warning(
+                    request,
+                    gettext(
+                        "The live counts could not be read (%s): the list shows what was "
+                        "copied before."
+                    )
+                    % error,
+                )
+        context = {
+            "throttle_rollup_every": int(ROLLUP_EVERY),
+            "throttle_kind": _kind(request),
+            "throttle_sample": usage_base.CLIENT_SAMPLE,
+            "throttle_kept_hours": usage_base.USAGE_TTL // 3600,
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, context)
+
+    def get_list_display(self, request: HttpRequest) -> list[str | Callable[[Any], str | bool]]:
+        kind = _kind(request)
+        first = self.CLIENT_COLUMNS if kind == UsageKindFilter.CLIENTS else self.TOTAL_COLUMNS
+        return [*first, *self.COUNTS]
+
+    def get_list_filter(self, request: HttpRequest) -> list[Any]:
+        if _kind(request) == UsageKindFilter.CLIENTS:
+            return [UsageKindFilter, HadDenialsFilter]
+        return list(self.list_filter)
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         # Who the page's clients are: one query per kind of client, not one per row.
@@ -87,14 +216,46 @@ class UsageCountAdmin(_AppAdmin):
 
     @admin.display(description=pgettext_lazy("admin list", "client"), ordering="client")
     def client_link(self, obj: UsageCount) -> str:
-        """A user or API key by name, linked to its admin page; other clients as recorded."""
+        """What the client is, in words ("User alice", "Address 203.0.113.7"), linked to
+        the user's or key's admin page, with a link to inspect it; the label as recorded in
+        the tooltip."""
         found = getattr(obj, "throttle_client_name", None)
-        if found is None or not found.name:
-            return obj.client
-        name = (
-            format_html('<a href="{}">{}</a>', found.url, found.name) if found.url else found.name
+        words = found.words if found is not None else describe(obj.client)
+        label = plain_text(obj.client)
+        url = found.url if found is not None else ""
+        name = format_html('<a href="{}">{}</a>', url, words) if url else words
+        inspect = reverse("admin:django_throttle_usagecount_inspect")
+        return format_html(
+            '<span title="{}">{}</span> <a class="dt-inspect" href="{}?{}">{}</a>',
+            label,
+            name,
+            inspect,
+            urlencode({"client": label}),
+            gettext("inspect"),
         )
-        return format_html("{} <small>({})</small>", name, obj.client)
+
+    @admin.display(description=_("tier"), ordering="tier")
+    def tier_name(self, obj: UsageCount) -> str:
+        if obj.tier == accounting.BEFORE_AUTHENTICATION:
+            return gettext("checks before authentication")
+        return obj.tier or NO_TIER
+
+    @admin.display(description=_("endpoint"), ordering="endpoint")
+    def endpoint_name(self, obj: UsageCount) -> str:
+        return obj.endpoint or NO_ENDPOINT
+
+    @admin.display(description=_("allowed"), ordering="allowed")
+    def allowed_figure(self, obj: UsageCount) -> str:
+        """Exact on a total row; on a client row an estimate (allowed requests enter the
+        per-client lists one in ``CLIENT_SAMPLE``), marked ``≈`` with a tooltip."""
+        sample = usage_base.CLIENT_SAMPLE
+        if obj.client == UsageCount.ALL or sample <= 1:
+            return str(obj.allowed)
+        return format_html(
+            '<span class="dt-estimate" title="{}">≈{}</span>',
+            gettext("an estimate: allowed requests are sampled one in %d") % sample,
+            obj.allowed,
+        )
 
     @admin.display(description=_("failed open / closed"))
     def failed(self, obj: UsageCount) -> str:

@@ -27,6 +27,8 @@ from django.db.models import Q
 from django.db.models.functions import Lower
 from django.urls import NoReverseMatch, reverse
 from django.utils.crypto import salted_hmac
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from django_throttle.plain import plain_text
 
@@ -35,6 +37,7 @@ __all__ = [
     "ClientName",
     "client_names",
     "presented_username",
+    "describe",
     "private_labels",
     "username_digest",
 ]
@@ -44,6 +47,8 @@ USERNAME = "username:"
 #: Marks a digested username: ``username:#<hex>``.
 DIGEST_MARK = "#"
 _SALT = "django_throttle.usage.names.username"
+#: The client that absorbs new ones while counts wait in a process (``accounting.OTHER``).
+OTHER = "(other)"
 #: Labels per database query (each costs two query parameters for usernames).
 QUERY_BATCH = 250
 
@@ -52,12 +57,65 @@ QUERY_BATCH = 250
 class ClientName:
     """What to show for one client label: ``label`` as plain text (control characters
     removed; what ``throttle_inspect`` accepts), ``name`` the user's username or the API
-    key's name (``""`` when the label names neither), and ``url`` the admin page of that
-    user or key (``""`` when there is none, or the admin does not register the model)."""
+    key's name (``""`` when the label names neither), ``url`` the admin page of that
+    user or key (``""`` when there is none, or the admin does not register the model), and
+    ``words`` what the client is, in words (:func:`describe`: "User alice", "Username at
+    login: alice"), so a user's requests and the logins tried with their name read as the
+    two different counters they are."""
 
     label: str
     name: str = ""
     url: str = ""
+    words: str = ""
+
+
+#: Label kind → how :func:`describe` names it, before the value.
+KINDS = {
+    "user": _("User"),
+    "key": _("API key"),
+    "ip": _("Address"),
+    "username": _("Username at login:"),
+    "device": _("Device"),
+}
+#: Longest value :func:`describe` shows whole; longer ones end with "…" (the label, in full,
+#: is what the inspector takes).
+SHOWN = 60
+
+
+def describe(label: str, name: str = "") -> str:
+    """``label`` (a usage client label) in words, as plain text: "User alice" (``user:2``,
+    ``name`` the username), "API key dt_ab12… (partner feed)", "Address 127.0.0.1",
+    "Username at login: alice", "Username at login: not a user (#1a2b3c4d)" (a digest);
+    "User 999 (no such user)" when the label names no row; a label of another kind as it
+    is. Plain text: the caller escapes it."""
+    kind, colon, value = label.partition(":")
+    value, name = plain_text(value), plain_text(name)
+    if label == OTHER:
+        return gettext("Other clients (counted together)")
+    if kind == "unknown" and colon:
+        return gettext("Unidentified address")
+    if not colon:  # "<kind>#<digest>": a value too long to keep, or one of odd bytes
+        for sep in ("#", "\x00", "\ufffd"):  # the rollup stores NUL as U+FFFD
+            head, found, rest = label.partition(sep)
+            if found and head in KINDS:
+                return f"{KINDS[head]} {gettext('(long value, digest %s…)') % rest[:8]}"
+        return plain_text(label)
+    if kind not in KINDS:
+        return plain_text(label)
+    shown = value if len(value) <= SHOWN else value[: SHOWN - 1] + "…"
+    if kind == "user":
+        return f"{KINDS[kind]} {name}" if name else gettext("User %s (no such user)") % shown
+    if kind == "key":
+        if not name:
+            return gettext("API key %s… (no such key)") % shown
+        return f"{KINDS[kind]} {shown}…" + ("" if name == value else f" ({name})")
+    if kind == "username":
+        if value.startswith(DIGEST_MARK):
+            return gettext("Username at login: not a user (%s)") % value[:9]
+        if not value:
+            return gettext("Username at login: unreadable")
+        return f"{KINDS[kind]} {name or shown}"
+    return f"{KINDS[kind]} {shown}"
 
 
 def username_digest(value: str) -> str:
@@ -119,7 +177,7 @@ def client_names(labels: Iterable[str]) -> dict[str, ClientName]:
         kind, _, value = label.partition(":")
         found = {"user": users, "key": keys, "username": named}.get(kind, {}).get(value)
         name, url = found if found is not None else ("", "")
-        result[label] = ClientName(plain_text(label), plain_text(name), url)
+        result[label] = ClientName(plain_text(label), plain_text(name), url, describe(label, name))
     return result
 
 

@@ -3,7 +3,8 @@
 The backend keeps usage per minute, for
 :data:`~django_throttle.backends.usage_base.USAGE_TTL` seconds. :func:`rollup` copies
 finished minutes into :class:`~django_throttle.models.UsageCount` rows (``manage.py
-throttle_usage --rollup``, from cron or any periodic job, more often than that TTL) and
+throttle_usage --rollup``, from cron or any periodic job, more often than that TTL; and the
+admin's usage list when it is opened, ``admin.usage_counts.roll_up_if_due``) and
 records how far it got (the watermark), then copies API keys' last use
 (:func:`copy_key_use`) and deletes rows past their retention.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import math
 import operator
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -86,9 +88,14 @@ class Rollup:
     keys: int = 0
 
 
-def rollup(store: UsageStore | None = None) -> Rollup:
+def rollup(store: UsageStore | None = None, *, deadline: float | None = None) -> Rollup:
     """Copy every finished minute the database lacks from the backend into UsageCount rows,
-    then delete rows older than ``DJANGO_THROTTLE_USAGE_RETENTION_DAYS``. Idempotent."""
+    then delete rows older than ``DJANGO_THROTTLE_USAGE_RETENTION_DAYS``. Idempotent.
+
+    ``deadline`` (a :func:`time.monotonic` instant) stops the copy after the chunk of
+    :data:`CHUNK_MINUTES` minutes that passes it: the watermark says how far it got, so the
+    next rollup goes on from there (what a page view may spend is bounded, nothing is lost
+    while the backend still holds the minutes)."""
     from django_throttle.models import UsageCount
 
     store = get_store() if store is None else store
@@ -122,14 +129,17 @@ def rollup(store: UsageStore | None = None) -> Rollup:
             done.update(chunk)
             if chunk[-1] >= start:  # minutes ascend: the redone ones are all before start
                 store.advance_watermark(chunk[-1])
+            if deadline is not None and time.monotonic() >= deadline:
+                break
     except BaseException:
         store.return_late(m for m in redo if m not in done)
         raise
+    store.return_late(m for m in redo if m not in done)  # left for the next run (deadline)
     cutoff = timezone.now() - timedelta(days=app_settings.USAGE_RETENTION_DAYS)
     UsageCount.objects.using(alias).filter(window_start__lt=cutoff).delete()
-    through = max(minutes) if minutes else split
+    through = max(done) if done else split
     return Rollup(
-        minutes=len(minutes),
+        minutes=len(done),
         rows=written,
         through=None if through is None else datetime.fromtimestamp(through * 60, tz=UTC),
         keys=copy_key_use(store),

@@ -1,5 +1,6 @@
 """``manage.py throttle_usage``: who used the API and who was throttled, over a recent window;
-``--rollup`` copies finished minutes from the backend to the database (run it from cron).
+``--rollup`` copies finished minutes from the backend to the database (the admin's usage list
+runs the same rollup when opened; run it from cron too to keep every minute when nobody does).
 
 One column per outcome (allowed, denied, shadow would-deny, failed open, failed closed); the
 total is their sum. Tier and endpoint totals are exact; per-client rows are the heaviest
@@ -57,8 +58,8 @@ class Command(BaseCommand):
         f"per-client rows list the {usage_base.TOP_CLIENTS} heaviest clients of each minute: "
         "with more clients than that, smaller ones are folded into those listed. With "
         "--rollup, copy finished minutes from Redis to the database instead (and API keys' "
-        "last use): schedule it more often than Redis keeps them "
-        f"({format_duration(usage_base.USAGE_TTL)})."
+        "last use; the admin's usage list does the same when opened): schedule it more often "
+        f"than Redis keeps them ({format_duration(usage_base.USAGE_TTL)})."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

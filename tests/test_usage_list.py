@@ -1,0 +1,201 @@
+"""The admin's usage list, through the test client: it copies the backend's counts when it is
+opened (no cron job to know about), renders when the backend is down, and shows tier totals
+and per-client rows as two lists, each client in words, estimates marked (issue 30, items 9
+and 10)."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+
+from django_throttle.admin import usage_counts
+from django_throttle.backends import frames, get_backend, usage_base
+from django_throttle.backends.memory import MemoryBackend
+from django_throttle.models import UsageCount
+from django_throttle.usage import accounting
+from django_throttle.usage.rollup import CHUNK_MINUTES, rollup
+from tests.factories import endpoint, tier
+from tests.test_usage import send
+from tests.test_usage_report import minutes_ago
+
+pytestmark = pytest.mark.django_db
+
+LIST = "/admin/django_throttle/usagecount/"
+DASHBOARD = LIST + "dashboard/"
+
+
+@pytest.fixture(autouse=True)
+def _roll_up_on_the_next_view() -> Iterator[None]:
+    """Each test's first view rolls up (the last one is per process, not per test)."""
+    usage_counts.forget_rollup()
+    yield
+    usage_counts.forget_rollup()
+
+
+def operator(client: Any) -> None:
+    user = User.objects.create_user("operator", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_usagecount"))
+    client.force_login(user)
+
+
+def cells(html: str, column: str) -> list[str]:
+    return re.findall(rf'<td class="field-{column}[^"]*">(.*?)</td>', html, re.S)
+
+
+def behind(backend: Any, monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """The clock that names the usage minute, ``seconds`` behind: the requests' minute is a
+    finished one by the time the list is opened (the rollup copies finished minutes)."""
+    real = time.time
+    if isinstance(backend, MemoryBackend):
+        backend.clock = lambda: real() - seconds
+    else:
+        monkeypatch.setattr(frames.time, "time", lambda: real() - seconds)
+
+
+def test_opening_the_usage_list_copies_the_counts_without_the_command(
+    client: Any, backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The list showed "0 usage counts" beside a dashboard of 107 allowed until someone ran
+    ``throttle_usage --rollup``; now opening it copies what the backend holds."""
+    anon = tier("anonymous", "1000/h", is_default_anonymous=True)
+    endpoint("ping", "route", "ping", limits={anon: "5/h"})
+    behind(backend, monkeypatch, 180)
+    statuses = [client.get("/api/ping/", REMOTE_ADDR="203.0.113.9").status_code for _ in range(8)]
+    assert statuses == [200] * 5 + [429] * 3
+    monkeypatch.undo()
+    if isinstance(backend, MemoryBackend):
+        backend.clock = time.time
+    assert not UsageCount.objects.exists()
+    operator(client)
+
+    html = client.get(LIST).content.decode()
+
+    assert cells(html, "tier_name") == ["anonymous"]
+    assert cells(html, "endpoint_name") == ["ping"]
+    assert cells(html, "allowed_figure") == ["5"]
+    assert cells(html, "denied") == ["3"]
+    assert 'id="dt-rollup-note"' in html and "throttle_usage --rollup" in html
+    clients = client.get(LIST, {"kind": "clients"}).content.decode()
+    assert "Address 203.0.113.9" in clients
+    assert "ip:203.0.113.9" not in re.sub(r'(title|href)="[^"]*"', "", clients)
+
+
+def test_the_list_rolls_up_at_most_once_per_interval(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = get_backend()
+    send(store, "ip:203.0.113.1", "free", "ping", allowed=2, at=minutes_ago(3))
+    operator(client)
+    client.get(LIST)
+    assert UsageCount.objects.filter(client="*").count() == 1
+    behind(store, monkeypatch, 120)  # a minute already copied: noted late, copied again
+    send(store, "ip:203.0.113.1", "free", "other", allowed=2)
+
+    client.get(LIST)  # within ROLLUP_EVERY: nothing copied
+    assert UsageCount.objects.filter(client="*").count() == 1
+    monkeypatch.setattr(usage_counts, "ROLLUP_EVERY", 0.0)
+    client.get(LIST)
+    assert UsageCount.objects.filter(client="*").count() == 2
+
+
+def test_the_list_renders_when_the_backend_is_down(client: Any, settings: Any) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"
+    minute = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=1)
+    UsageCount.objects.create(
+        window_start=minute, client="*", tier="free", endpoint="ping", allowed=7
+    )
+    operator(client)
+
+    response = client.get(LIST)
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "The live counts could not be read" in html
+    assert cells(html, "allowed_figure") == ["7"]
+
+
+def test_a_rollup_with_a_deadline_stops_after_a_chunk_and_the_next_goes_on() -> None:
+    store = get_backend()
+    for n in range(2, 2 + 2 * CHUNK_MINUTES):
+        send(store, "ip:203.0.113.1", "free", "ping", allowed=1, at=minutes_ago(n))
+    usage = accounting.get_store(store)
+
+    first = rollup(usage, deadline=0.0)  # already passed: one chunk, then stop
+    assert first.minutes == CHUNK_MINUTES
+    rest = rollup(usage)
+    copied = UsageCount.objects.filter(client="*")
+    assert sum(row.allowed for row in copied) == 2 * CHUNK_MINUTES
+    assert rest.minutes >= CHUNK_MINUTES
+
+
+def test_totals_and_clients_are_two_lists_in_words_with_estimates_marked(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One list held both kinds of row with ``*`` in the cells, raw labels (``user:2`` and
+    ``username:alice`` as if two Alices) and sampled figures unmarked."""
+    monkeypatch.setattr(usage_base, "CLIENT_SAMPLE", 8)
+    odd = "<b>Ünïcødé</b>" + "x" * 120
+    alice = User.objects.create_user("alice")
+    other = User.objects.create_user(odd)
+    minute = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=1)
+    UsageCount.objects.create(
+        window_start=minute, client="*", tier="free", endpoint="ping", allowed=40
+    )
+    UsageCount.objects.create(
+        window_start=minute,
+        client="*",
+        tier=accounting.BEFORE_AUTHENTICATION,
+        endpoint="login",
+        denied=2,
+    )
+    for label, allowed in (
+        (f"user:{alice.pk}", 40),
+        ("username:alice", 0),
+        (f"user:{other.pk}", 8),
+        ("username:#0123456789abcdef", 0),
+    ):
+        UsageCount.objects.create(
+            window_start=minute, client=label, tier="*", endpoint="*", allowed=allowed, denied=1
+        )
+    operator(client)
+
+    totals = client.get(LIST).content.decode()
+    assert sorted(cells(totals, "tier_name")) == ["checks before authentication", "free"]
+    assert "User alice" not in totals
+    clients = client.get(LIST, {"kind": "clients"}).content.decode()
+    for html in (totals, clients):
+        assert not re.search(r"<td[^>]*>\s*\*\s*</td>", html)  # no "*" cell
+    assert "User alice</a>" in clients
+    assert "Username at login: alice</a>" in clients
+    assert "Username at login: not a user (#01234567)" in clients
+    assert "User &lt;b&gt;Ünïcødé&lt;/b&gt;xxx" in clients and "<b>Ünïcødé" not in clients
+    assert '<span class="dt-estimate" title="an estimate: allowed requests are sampled' in clients
+    assert "≈40" in clients and "≈8" in clients
+    assert 'id="dt-estimates"' in clients
+    inspect = "/admin/django_throttle/usagecount/inspect/?client="
+    assert f'href="{inspect}user%3A{alice.pk}"' in clients
+    assert f'href="{inspect}username%3Aalice"' in clients
+
+
+def test_the_dashboard_names_clients_in_words(client: Any, backend: Any) -> None:
+    alice = User.objects.create_user("alice")
+    store = get_backend()
+    send(store, f"user:{alice.pk}", "free", "ping", denied=2, at=minutes_ago(1))
+    send(store, "username:alice", accounting.BEFORE_AUTHENTICATION, "login", denied=1)
+    send(store, "ip:203.0.113.9", "free", "ping", denied=1)
+    operator(client)
+
+    html = client.get(DASHBOARD).content.decode()
+    limited = html.split('id="limited"', 1)[1].split("</section>", 1)[0]
+
+    assert "User alice</a>" in limited
+    assert "Username at login: alice</a>" in limited
+    assert "Address 203.0.113.9" in limited
+    assert f'href="/admin/django_throttle/usagecount/inspect/?client=user%3A{alice.pk}"' in limited
+    assert not re.search(r">[^<]*\b(user|username|ip):", limited)  # no raw label as text
