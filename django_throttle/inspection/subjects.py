@@ -157,7 +157,7 @@ def _username(value: str) -> Subject:
     """A counter by presented username: ``username:<name>`` (normalised as the request path
     counts it), ``username:#<digest>`` (the private label of one the usage counts saw)."""
     from django_throttle.request.usernames import normalise_username
-    from django_throttle.usage.names import DIGEST_MARK, USERNAME, presented_username
+    from django_throttle.usage.names import DIGEST_MARK, USERNAME
 
     if value.startswith(DIGEST_MARK):
         name = presented_username(USERNAME + value)
@@ -236,3 +236,26 @@ def tier_and_reason(subject: Subject, snapshot: Policy) -> tuple[TierPolicy | No
     if tier is None:
         return None, _("no default tier for anonymous clients: not limited")
     return tier, _("the default tier for anonymous clients (%(tier)s)") % {"tier": name}
+
+
+def presented_username(label: str) -> str | None:
+    """The username behind a ``username:#<digest>`` label (as the request path counts it),
+    found among the presented usernames the backend's usage counts still hold (the rollup
+    keeps only digests); ``None`` when none of them has that digest. For the operator tools,
+    which must find the counter a report's row names. Raises ``BackendError``."""
+    from django_throttle.usage import accounting
+    from django_throttle.usage.names import DIGEST_MARK, USERNAME, username_digest
+    from django_throttle.usage.rollup import kept_minutes
+
+    store = accounting.get_store()
+    now = store.now_minute()
+    minutes = store.read(range(now - kept_minutes() + 1, now + 1), totals=False, clients=True)
+    for counts in minutes.values():
+        for client in counts.clients:
+            if (
+                client.startswith(USERNAME)
+                and not client.startswith(USERNAME + DIGEST_MARK)
+                and username_digest(client[len(USERNAME) :]) == label
+            ):
+                return client[len(USERNAME) :]
+    return None

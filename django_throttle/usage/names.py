@@ -36,7 +36,6 @@ __all__ = [
     "USERNAME",
     "ClientName",
     "client_names",
-    "presented_username",
     "describe",
     "private_labels",
     "username_digest",
@@ -139,28 +138,6 @@ def private_labels(labels: Iterable[str]) -> dict[str, str]:
         label: label if value in known else username_digest(value)
         for label, value in presented.items()
     }
-
-
-def presented_username(label: str) -> str | None:
-    """The username behind a ``username:#<digest>`` label (as the request path counts it),
-    found among the presented usernames the backend's usage counts still hold (the rollup
-    keeps only digests); ``None`` when none of them has that digest. For the operator tools,
-    which must find the counter a report's row names. Raises ``BackendError``."""
-    from django_throttle.usage import accounting
-    from django_throttle.usage.rollup import kept_minutes
-
-    store = accounting.get_store()
-    now = store.now_minute()
-    minutes = store.read(range(now - kept_minutes() + 1, now + 1), totals=False, clients=True)
-    for counts in minutes.values():
-        for client in counts.clients:
-            if (
-                client.startswith(USERNAME)
-                and not client.startswith(USERNAME + DIGEST_MARK)
-                and username_digest(client[len(USERNAME) :]) == label
-            ):
-                return client[len(USERNAME) :]
-    return None
 
 
 def client_names(labels: Iterable[str]) -> dict[str, ClientName]:
