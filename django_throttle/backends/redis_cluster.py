@@ -18,7 +18,12 @@ holds them all. Nothing that may have run is ever sent twice:
   found.
 
 Each primary has a circuit breaker of its own: a dead primary costs its clients a few timeouts,
-then microseconds, while the other primaries' clients are counted as before.
+then microseconds, while the other primaries' clients are counted as before. A refresh of the
+slot map (which blocks on the nodes it asks, a dead one's socket timeout included) runs in a
+daemon thread of its own, one at a time, and no request waits for it: the requests meanwhile
+use the slot map as it was, and an open breaker answers at once. The one exception is a
+redirection to a node the slot map has never listed, which waits (at most
+:data:`UNLISTED_NODE_WAIT` seconds) for the refresh that lists it.
 """
 
 from __future__ import annotations
@@ -52,6 +57,9 @@ logger = logging.getLogger("django_throttle.backends.redis_cluster")
 REFRESH_AFTER_FAILURE = 0.25
 #: Seconds a ``MOVED`` refresh covers: the threads redirected together refresh once.
 REFRESH_AFTER_MOVED = 0.05
+#: Seconds a call redirected to a node the slot map does not list waits for the refresh that
+#: may list it (a healthy node answered with that redirection: a resharding onto a new node).
+UNLISTED_NODE_WAIT = 2.0
 #: What a failed ``RedisCluster`` start says: no seed node answered, or the one asked for the
 #: command table did not (redis-py asks the primary serving slot 0).
 UNBUILT = (
@@ -113,7 +121,10 @@ class ClusterRoute:
         self._patience = patience
         self._nodes: dict[str, _Node] = {}
         self._lock = threading.Lock()
-        self._refresh_lock = threading.Lock()
+        # Held from a refresh's start to its end, by the thread that starts it until the
+        # refresh's own thread releases it: taken without waiting, so one refresh runs at a time
+        # and no request queues behind it.
+        self._refreshing = threading.Lock()
         self._refreshed_at = -float("inf")
 
     @property
@@ -139,16 +150,15 @@ class ClusterRoute:
             self._failed_build = None
             return self._client
 
-    def _primary(self, shard: int, refresh: bool = True) -> _Node:
-        """The node the slot map names for ``shard``'s slot (no network, unless the slot is
-        not covered and ``refresh``)."""
+    def _primary(self, shard: int) -> _Node:
+        """The node the slot map names for ``shard``'s slot (no network: a slot the map does
+        not cover starts a refresh, and this call fails)."""
         try:
             found = self.client.nodes_manager.get_node_from_slot(self._slots[shard])
         except BackendError:
             raise
         except Exception as exc:  # the slot is not covered (its primary failed, no replica)
-            if refresh:
-                self._refresh(REFRESH_AFTER_FAILURE)
+            self._refresh(REFRESH_AFTER_FAILURE)
             raise NodeUnavailable(f"{type(exc).__name__}: {exc}") from exc
         return self._nodes.get(found.name) or self._add(found)
 
@@ -173,24 +183,48 @@ class ClusterRoute:
             self._refresh(REFRESH_AFTER_MOVED)
         found = self.client.get_node(host=redirect.host, port=redirect.port)  # type: ignore[no-untyped-call]
         if found is None:
-            self._refresh(0.0)
+            self._refreshed(UNLISTED_NODE_WAIT)
             found = self.client.get_node(host=redirect.host, port=redirect.port)  # type: ignore[no-untyped-call]
         if found is None:
             raise NodeUnavailable(f"{redirect}: a node the slot map does not list")
         return self._nodes.get(found.name) or self._add(found)
 
-    def _refresh(self, interval: float) -> None:
-        """Ask the cluster for its slot map again, unless that was done less than
-        ``interval`` seconds ago; a failure is logged, never raised (the next one retries)."""
-        with self._refresh_lock:
-            if time.monotonic() - self._refreshed_at < interval:
-                return
-            try:
-                self.client.nodes_manager.initialize()
-            except Exception as exc:
-                logger.debug("cluster slot map refresh failed: %s", exc)
-            finally:
-                self._refreshed_at = time.monotonic()
+    def _refresh(self, interval: float) -> bool:
+        """Start asking the cluster for its slot map again, in a daemon thread, unless a
+        refresh runs or ended less than ``interval`` seconds ago; never wait for it (True if
+        this call started one). A failure is logged, never raised (the next one retries)."""
+        if time.monotonic() - self._refreshed_at < interval:
+            return False
+        if not self._refreshing.acquire(blocking=False):
+            return False
+        try:
+            client = self.client
+            threading.Thread(
+                target=self._refresh_in_background,
+                args=(client,),
+                name="django-throttle-cluster-refresh",
+                daemon=True,
+            ).start()
+        except BaseException:
+            self._refreshing.release()
+            raise
+        return True
+
+    def _refresh_in_background(self, client: RedisCluster) -> None:
+        try:
+            client.nodes_manager.initialize()
+        except Exception as exc:
+            logger.debug("cluster slot map refresh failed: %s", exc)
+        finally:
+            self._refreshed_at = time.monotonic()
+            self._refreshing.release()
+
+    def _refreshed(self, patience: float) -> None:
+        """Refresh the slot map and wait (at most ``patience`` seconds) until it is done (or
+        until the refresh running already is): for a redirection to a node it does not list."""
+        self._refresh(0.0)
+        if self._refreshing.acquire(timeout=patience):
+            self._refreshing.release()
 
     @contextlib.contextmanager
     def _answering(self, node: _Node, follow: bool) -> Iterator[None]:
@@ -234,15 +268,11 @@ class ClusterRoute:
             raise
 
     async def acall(self, shard: int, body: bytes, fallback: Callable[[], bytes]) -> Any:
-        """:meth:`call` from ``async def`` code; building the client and refreshing the slot
-        map, which block, run in a worker thread."""
+        """:meth:`call` from ``async def`` code; building the client, which blocks, runs in a
+        worker thread (a slot-map refresh runs in its own, unawaited)."""
         if self._client is None:
             await asyncio.to_thread(self._build)
-        try:
-            node = self._primary(shard, refresh=False)
-        except NodeUnavailable:
-            await asyncio.to_thread(self._refresh, REFRESH_AFTER_FAILURE)
-            raise
+        node = self._primary(shard)
         try:
             return await self._asent(node, body, fallback, asking=False, follow=True)
         except Redirected as redirect:
@@ -256,7 +286,7 @@ class ClusterRoute:
             with self._answering(node, follow):
                 return await node.async_connections.call(body, fallback, asking)
         except _NodeFailed:
-            await asyncio.to_thread(self._refresh, REFRESH_AFTER_FAILURE)
+            self._refresh(REFRESH_AFTER_FAILURE)
             raise
 
     def health(self) -> list[PrimaryHealth]:
