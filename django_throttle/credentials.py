@@ -55,8 +55,9 @@ def protect_credentials(view: Any = None, *, scope: str = "login") -> Any:
     gives them back. Other methods (the GET that shows the form) pass unchecked.
 
     Works on function views, ``LoginView.as_view()``, the admin's login and DRF's
-    ``obtain_auth_token``, sync or async. Fails closed when the backend cannot answer,
-    unless the rule or tier names another failure mode.
+    ``obtain_auth_token``, sync or async. When the backend cannot answer, the attempt is
+    counted in the process (``local``) unless the rule, the tier or the setting says
+    ``closed``.
 
     A view that signs the user in (``django.contrib.auth.login``: ``LoginView``, the
     admin's login) also gives the browser a device cookie, which keeps it an allowance of

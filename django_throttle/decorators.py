@@ -48,7 +48,8 @@ def throttle(
     empty = the ``TIME_ZONE`` setting) shape the inline limit. ``failure_mode`` ("open",
     "closed" or "local") overrides the policy's choice for when the backend cannot answer.
     ``credential=True`` marks a login or token view: unless a mode is given here or in the
-    admin, it fails closed. Django's ``LoginView`` (and subclasses) decorated through
+    admin, it is counted in the process while the backend is down (never uncounted), or
+    refused when the setting says ``closed``. Django's ``LoginView`` (and subclasses) decorated through
     ``method_decorator`` is recognised as one without the flag.
     """
     if scope is None and rate is None:

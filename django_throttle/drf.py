@@ -96,8 +96,9 @@ class PolicyThrottle:
 
     View attributes it reads: ``throttle_scope`` (selects endpoint rules of type "scope"),
     ``throttle_failure_mode`` ("open", "closed" or "local": beats the admin's and the
-    setting's) and ``throttle_credential`` (a login/token view: fails closed unless a mode
-    is set; DRF's ``ObtainAuthToken`` counts as one).
+    setting's) and ``throttle_credential`` (a login/token view: never served uncounted
+    while the backend is down, see :meth:`~django_throttle.policy.snapshot.Policy.failure_mode_for`;
+    DRF's ``ObtainAuthToken`` counts as one).
 
     It implements DRF's throttle interface (``allow_request`` and ``wait``) without subclassing
     ``rest_framework.throttling.BaseThrottle``: importing that module reads DRF's settings at
@@ -150,8 +151,9 @@ class CredentialProtection:
     checks them, so a refused attempt (429) never reaches the password hasher or the token
     table. Only the rule's limits are counted (the view's :class:`PolicyThrottle` counts the
     tier's later). Under a rule counting failures, an ``AuthenticationFailed`` keeps the
-    tokens and a success gives them back. Fails closed when the backend cannot answer,
-    unless the rule or tier names another failure mode.
+    tokens and a success gives them back. When the backend cannot answer, the attempt is
+    counted in the process (``local``) unless the rule, the tier or the setting says
+    ``closed``.
 
     Set ``protection_scope`` on a subclass to count the rules of another scope.
     """
@@ -278,7 +280,7 @@ def _warn_unknown_mode(name: str, mode: str) -> None:
 
 
 def _is_credential_view(view: Any) -> bool:
-    """A login or token view fails closed unless told otherwise: ``throttle_credential`` on
+    """A login or token view is never served uncounted: ``throttle_credential`` on
     the view, else whether it is DRF's ``ObtainAuthToken`` (looked up only when that module
     was imported, so this adapter never imports the authtoken app itself)."""
     flag = getattr(view, "throttle_credential", None)

@@ -60,8 +60,9 @@ class EndpointRule(models.Model):
     )
     failure_mode = failure_mode_field(
         _(
-            "what matching requests meet when Redis cannot answer; use 'closed' for credential "
-            "endpoints (login, token) so an outage never lifts their limit"
+            "what matching requests meet when Redis cannot answer; blank: the tier's, else the "
+            "setting. Credential endpoints (login, token) are counted in each process where "
+            "that says 'open'; 'closed' refuses every attempt instead"
         )
     )
     counts = models.CharField(

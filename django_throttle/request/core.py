@@ -77,9 +77,10 @@ def check(request: Any, **options: Unpack[CheckOptions]) -> Decision:
     caller or an API key holder guessing another account's password meets them.
 
     When the backend cannot answer, the failure mode is the first of: ``failure_mode``, the
-    endpoint rule's, the tier's, ``"closed"`` for a credential check (a ``credential``
-    endpoint, or any check under a credential rule: an outage must not open the door to
-    password guessing), the setting.
+    endpoint rule's, the tier's, the setting; a credential check (a ``credential`` endpoint,
+    or any check under a credential rule) counts ``"local"`` where the setting says
+    ``"open"``: an outage must neither open the door to password guessing nor lock the
+    operators out of the admin.
 
     An allowed request whose rule counts only successes or failures leaves a
     :class:`Reservation` on ``request.throttle_reservations`` for :func:`settle`.

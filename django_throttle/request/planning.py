@@ -152,7 +152,7 @@ def _plan(
     )
     cost = 1 if cost is None else cost
     # A check under a credential rule is a credential check whichever adapter makes it: it
-    # meets every tier's counters, and fails closed by default (see _degraded).
+    # meets every tier's counters, and is never served uncounted (see failure_mode).
     credential = credential or (endpoint is not None and endpoint.credential)
     planned = _Plan(  # positional, in field order: once per request
         identity.key, limits, cost, field, failure_mode, credential, policy, tier, endpoint
