@@ -631,7 +631,11 @@ def _script_args(*limits: str, op: str = "1") -> list[str]:
         (["1\nf\nc", VALID_LIMIT, VALID_LIMIT], "and 6 usage keys, got 2"),
         (_script_args(VALID_LIMIT, VALID_LIMIT, op="1@soon"), "ARGV[1] now"),
         (_script_args(VALID_LIMIT, VALID_LIMIT, op="1@1.5"), "ARGV[1] now"),
-        (["1\n" + "f" * 201 + "\nc", VALID_LIMIT, VALID_LIMIT], "ARGV[1] usage field and client"),
+        (["1\n" + "f" * 513 + "\nc", VALID_LIMIT, VALID_LIMIT], "ARGV[1] usage field and client"),
+        (
+            ["1\n\x01" + "f" * 513 + "\nc", VALID_LIMIT, VALID_LIMIT],
+            "ARGV[1] usage field and client",
+        ),
         (["1\nf\n" + "c" * 201, VALID_LIMIT, VALID_LIMIT], "ARGV[1] usage field and client"),
     ],
 )

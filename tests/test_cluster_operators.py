@@ -167,15 +167,19 @@ def pick(backend: Any, cluster: LocalCluster, make: Any, dead: bool, port: int) 
     )[0]
 
 
+@pytest.mark.parametrize("mode", ["closed", "default"])
 @pytest.mark.parametrize("path", LOGINS)
-def test_a_login_whose_counter_is_on_a_stopped_primary_fails_closed(
-    settings: Any, cluster: LocalCluster, path: str
+def test_a_login_whose_counter_is_on_a_stopped_primary_takes_its_failure_mode(
+    settings: Any, cluster: LocalCluster, path: str, mode: str
 ) -> None:
     """The attacker's seam: a credential endpoint meets two counters (the address's and the
     presented username's), each on the primary of its own shard. While either primary does
-    not answer, the guard fails closed (503 and ``Retry-After``) before the view checks a
-    password, whichever counter it is; with both on live primaries the attempt is checked
-    (401) and counted as before. Never a 500."""
+    not answer, the guard takes its failure mode before the view checks a password,
+    whichever counter it is: ``closed`` (the operator's choice) answers 503 and
+    ``Retry-After``; by default the attempt is counted in the process (both counters, far
+    from their limits here) and checked (401), saying so in ``X-RateLimit-Degraded``. With
+    both on live primaries the attempt is checked (401) and counted as before. Never a
+    500."""
     from asgiref.sync import async_to_sync
     from django.test import AsyncClient
 
@@ -188,6 +192,9 @@ def test_a_login_whose_counter_is_on_a_stopped_primary_fails_closed(
     settings.DJANGO_THROTTLE_REDIS_URL = cluster.url
     settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 0.3, "socket_connect_timeout": 0.3}
     settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
+    if mode == "closed":
+        settings.DJANGO_THROTTLE_FAILURE_MODE = "closed"
+    refused = 503 if mode == "closed" else 401
     anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
     rule = EndpointRule.objects.create(
         name="seam-login", pattern="seam-login", counts=EndpointRule.Counts.FAILURES
@@ -210,12 +217,12 @@ def test_a_login_whose_counter_is_on_a_stopped_primary_fails_closed(
         "username's primary stopped": (
             pick(backend, cluster, address, False, port),
             pick(backend, cluster, username, True, port),
-            503,
+            refused,
         ),
         "address's primary stopped": (
             pick(backend, cluster, address, True, port),
             pick(backend, cluster, username, False, port),
-            503,
+            refused,
         ),
         "both live": (
             pick(backend, cluster, address, False, port),
@@ -240,6 +247,8 @@ def test_a_login_whose_counter_is_on_a_stopped_primary_fails_closed(
                 assert response.status_code == status, case
                 if status == 503:
                     assert 1 <= int(response["Retry-After"]) <= 2, case
+                if case != "both live" and mode == "default":
+                    assert response["X-RateLimit-Degraded"] == "local", case
 
 
 def test_workers_starting_while_a_primary_is_down(settings: Any, cluster: LocalCluster) -> None:
