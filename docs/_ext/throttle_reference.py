@@ -4,7 +4,10 @@
   :class:`django_throttle.conf.Settings` (its property docstring, its type, the default as
   ``conf.py`` writes it) with the system check that validates it (``checks.SETTINGS``).
 - ``.. throttle-setting-checks::`` lists the check id of each setting, with what it accepts.
-- ``.. throttle-commands::`` prints each management command's ``--help``.
+- ``.. throttle-commands:: NAME`` prints management command ``NAME``'s ``--help`` (and its
+  subcommands'); with no name, every command's. The examples around it are written by hand in
+  ``reference/commands.rst`` from real runs; ``tests/test_docs_pages.py`` asserts each command
+  has them.
 """
 
 from __future__ import annotations
@@ -82,15 +85,21 @@ def command_names() -> list[str]:
 
 
 class CommandsDirective(SphinxDirective):
+    optional_arguments = 1
+
     def run(self) -> list[nodes.Node]:
         from django.core.management import load_command_class
 
         os.environ["COLUMNS"] = "92"
         lines: list[str] = []
-        for name in command_names():
+        names = self.arguments or command_names()
+        for name in names:
+            if name not in command_names():
+                raise self.error(f"{name!r} is no management command of django_throttle")
             command = load_command_class("django_throttle", name)
             parser = command.create_parser("manage.py", name)
-            lines += [f"``{name}``", "~" * (len(name) + 4), ""]
+            if not self.arguments:
+                lines += [f"``{name}``", "~" * (len(name) + 4), ""]
             for help_text in [parser.format_help(), *_subcommand_helps(parser)]:
                 lines += ["::", ""]
                 lines += ["   " + line if line else "" for line in help_text.splitlines()]

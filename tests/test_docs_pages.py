@@ -1,0 +1,75 @@
+"""The operator pages keep up with the code: every management command has a section with
+examples in the commands reference, and every system check id the package can raise is on the
+troubleshooting page, with what to do. A new command or check without its docs fails here.
+
+The pages are read as text (no Sphinx build): the commands reference must have, for each
+command, a ``Examples`` heading and a ``$ python manage.py <command>`` line under the
+command's own section, and the ``.. throttle-commands:: <command>`` directive that renders its
+``--help``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from django.core.management import find_commands
+
+import django_throttle
+from django_throttle import checks
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+
+COMMANDS_PAGE = DOCS / "reference" / "commands.rst"
+TROUBLESHOOTING_PAGE = DOCS / "howto" / "troubleshooting.md"
+PRODUCTION_PAGE = DOCS / "howto" / "production.md"
+
+
+def command_names() -> list[str]:
+    """The package's management commands, as ``docs/_ext`` finds them (no Sphinx here)."""
+    return sorted(find_commands(str(Path(django_throttle.__file__).parent / "management")))
+
+
+def _sections(text: str) -> dict[str, str]:
+    """Each ``\\`\\`name\\`\\``` section of the commands page (underlined with ``-``), by name."""
+    heads = list(re.finditer(r"^``(\w+)``\n-+\n", text, re.MULTILINE))
+    ends = [m.start() for m in heads[1:]] + [len(text)]
+    return {m[1]: text[m.end() : end] for m, end in zip(heads, ends, strict=True)}
+
+
+def test_the_package_has_commands() -> None:
+    assert "throttle_usage" in command_names()
+
+
+@pytest.mark.parametrize("name", command_names())
+def test_every_command_has_examples_and_its_help(name: str) -> None:
+    sections = _sections(COMMANDS_PAGE.read_text())
+    assert name in sections, f"docs/reference/commands.rst has no section for {name}"
+    body = sections[name]
+    assert re.search(r"^Examples\n~+\n", body, re.MULTILINE), f"{name}: no Examples heading"
+    assert f"$ python manage.py {name}" in body, f"{name}: no example invocation"
+    assert f".. throttle-commands:: {name}\n" in body, f"{name}: its --help is not rendered"
+
+
+def _check_ids_in_code() -> set[str]:
+    source = "\n".join(path.read_text() for path in (ROOT / "django_throttle").rglob("*.py"))
+    found = set(re.findall(r"django_throttle\.([EW]\d{3})", source))
+    # The settings checks build their ids from the SETTINGS table ("E001", ...).
+    return found | {check_id for check_id, _, _ in checks.SETTINGS}
+
+
+def test_every_check_id_in_the_code_is_on_the_troubleshooting_page() -> None:
+    ids = _check_ids_in_code()
+    assert {"E001", "E018", "E032", "E101", "W001", "W020", "W106"} <= ids
+    page = TROUBLESHOOTING_PAGE.read_text()
+    written = set(re.findall(r"django_throttle\.([EW]\d{3})", page))
+    assert ids - written == set()
+
+
+def test_the_operator_pages_are_in_the_toctree() -> None:
+    index = (DOCS / "index.md").read_text()
+    for page in (TROUBLESHOOTING_PAGE, PRODUCTION_PAGE):
+        assert page.exists()
+        assert f"\n{page.relative_to(DOCS).with_suffix('')}\n" in index
