@@ -40,6 +40,41 @@ def login(page: Any, live_server: Any) -> None:
     page.wait_for_url(f"{live_server.url}/admin/")
 
 
+def test_typing_the_slug_after_the_name_replaces_the_filled_in_slug(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+) -> None:
+    """The tier's slug is filled in from its name; an operator who then clicks into the slug
+    and types it gets what they typed, not the two run together ("anonymousanonymous"). Once
+    they have typed in it, a click places the caret as usual."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    login(page, live_server)
+    page.goto(f"{live_server.url}/admin/django_throttle/tier/add/")
+    page.click("#id_name")
+    page.keyboard.type("Anonymous")
+    assert page.input_value("#id_slug") == "anonymous"  # filled in
+    page.click("#id_slug")
+    page.keyboard.type("anonymous")
+    assert page.input_value("#id_slug") == "anonymous"
+    page.click("#id_name")
+    page.click("#id_slug")
+    page.keyboard.press("End")
+    page.keyboard.type("-2")
+    assert page.input_value("#id_slug") == "anonymous-2"
+    page.click("#id_description")
+    page.click("#id_slug")
+    page.keyboard.type("x")  # the operator's own slug: the caret goes where they click
+    assert page.input_value("#id_slug") != "x"
+    # A change page's slug is the row's own: never selected for the operator.
+    row = tier("anonymous", "10/s")
+    page.goto(f"{live_server.url}/admin/django_throttle/tier/{row.pk}/change/")
+    page.click("#id_slug")
+    page.keyboard.press("End")
+    page.keyboard.type("x")
+    assert page.input_value("#id_slug") == "anonymousx"
+    page.close()
+
+
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_dashboard_charts_show_the_counts(browser: Any, live_server: Any, scheme: str) -> None:  # noqa: F811
     started = time.monotonic()

@@ -61,6 +61,11 @@ class TierAdmin(_LimitedAdmin):
         "failure_mode",
     ]
 
+    class Media:
+        # The slug filled in from the name is selected when clicked into, so typing the slug
+        # replaces it rather than running on after it ("anonymousanonymous").
+        js = ["django_throttle/slug_field.js"]
+
     @admin.display(description=_("anonymous default"), boolean=True)
     def default_anonymous(self, obj: models.Tier) -> bool:
         return obj.is_default_anonymous
