@@ -84,7 +84,7 @@ def test_dashboard_charts_show_the_counts(browser: Any, live_server: Any, scheme
     login(page, live_server)
 
     page.goto(f"{live_server.url}/admin/django_throttle/usagecount/")
-    page.click("text=Dashboard")
+    page.get_by_role("link", name="Dashboard", exact=True).click()
     page.wait_for_selector("svg.dt-chart")
 
     totals = {
