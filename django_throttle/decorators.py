@@ -49,8 +49,8 @@ def throttle(
     "closed" or "local") overrides the policy's choice for when the backend cannot answer.
     ``credential=True`` marks a login or token view: unless a mode is given here or in the
     admin, it is counted in the process while the backend is down (never uncounted), or
-    refused when the setting says ``closed``. Django's ``LoginView`` (and subclasses) decorated through
-    ``method_decorator`` is recognised as one without the flag.
+    refused when the setting says ``closed``. Django's ``LoginView`` (and subclasses)
+    decorated through ``method_decorator`` is recognised as one without the flag.
     """
     if scope is None and rate is None:
         raise TypeError("throttle() needs scope='…' (admin rules) or rate='…' (inline limit)")
