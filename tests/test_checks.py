@@ -188,12 +188,12 @@ def test_valkey_spellings_of_a_redis_url_pass(settings: Any, url: str) -> None:
 
 def test_an_option_redis_py_connections_do_not_take_is_an_error(settings: Any) -> None:
     """``ssl=True`` beside a ``redis://`` URL (a redis.Redis() argument, not a connection's)
-    would make every counting call fail and take the failure mode: E033 names the option and
+    would make every counting call fail and take the failure mode: E040 names the option and
     never shows the options' values, which may hold a password."""
     settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:6379/0"
     settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"ssl": True, "password": "s3cret-value"}
     errors = check_settings()
-    assert [error.id for error in errors] == ["django_throttle.E033"]
+    assert [error.id for error in errors] == ["django_throttle.E040"]
     assert "'ssl'" in errors[0].msg
     assert "s3cret-value" not in errors[0].msg + str(errors[0].hint)
     assert "rediss://" in errors[0].hint
@@ -219,7 +219,7 @@ def test_a_borrowed_cache_the_backend_cannot_read_is_an_error_not_a_traceback(
         }
     }
     errors = check_settings()
-    assert [error.id for error in errors] == ["django_throttle.E033"]
+    assert [error.id for error in errors] == ["django_throttle.E040"]
     assert "DJANGO_THROTTLE_REDIS_URL" in errors[0].msg
 
 

@@ -177,7 +177,7 @@ def test_an_option_the_cluster_client_would_drop_is_e033(settings: Any) -> None:
     settings.DJANGO_THROTTLE_REDIS_URL = f"redis+cluster://{LOOPBACK}:{cluster_port()}"
     settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timout": 1, "password": "hunter2"}
     errors = check_settings()
-    assert [error.id for error in errors] == ["django_throttle.E033"]
+    assert [error.id for error in errors] == ["django_throttle.E040"]
     assert "'socket_timout'" in errors[0].msg and "hunter2" not in errors[0].msg
 
 
@@ -716,7 +716,7 @@ def test_the_dashboard_shows_each_primary_and_the_one_that_does_not_answer(
 def test_ssl_beside_a_plain_cluster_url_is_e033(settings: Any) -> None:
     settings.DJANGO_THROTTLE_REDIS_URL = f"redis+cluster://{LOOPBACK}:{cluster_port()}"
     settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"ssl": True}
-    assert [error.id for error in check_settings()] == ["django_throttle.E033"]
+    assert [error.id for error in check_settings()] == ["django_throttle.E040"]
 
 
 def test_a_dead_primary_holding_the_policy_version_does_not_open_the_process_breaker(

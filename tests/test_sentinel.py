@@ -230,7 +230,7 @@ def test_an_option_redis_py_does_not_take_is_e033_for_a_sentinel_url(
     settings.DJANGO_THROTTLE_REDIS_URL = "redis+sentinel://h1:26379/mymaster"
     settings.DJANGO_THROTTLE_REDIS_OPTIONS = options
     [error] = check_settings()
-    assert error.id == "django_throttle.E033"
+    assert error.id == "django_throttle.E040"
     assert named in error.msg
 
 

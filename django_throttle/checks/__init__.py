@@ -130,7 +130,7 @@ def _check_redis_source() -> list[checks.CheckMessage]:
 
 
 def _check_redis_options() -> list[checks.CheckMessage]:
-    """E033: redis-py cannot make a connection with the options given (an option its
+    """E040: redis-py cannot make a connection with the options given (an option its
     connections do not take, a borrowed cache it cannot read): every counting call would fail
     and take the failure mode."""
     if getattr(settings, PREFIX + "BACKEND", _REDIS_BACKEND) != _REDIS_BACKEND:
@@ -146,7 +146,7 @@ def _check_redis_options() -> list[checks.CheckMessage]:
             f"DJANGO_THROTTLE_REDIS_OPTIONS): {redact_text(problem).rstrip('.')}.",
             hint="Give only options of redis-py's connections (socket_timeout, ssl_ca_certs, "
             "...); TLS is turned on by a rediss:// URL, not by an 'ssl' option.",
-            id="django_throttle.E033",
+            id="django_throttle.E040",
         )
     ]
 
