@@ -508,7 +508,7 @@ def test_failure_mode_choices_and_credential_hint_are_on_the_rule_page(
     response = admin_client.get(reverse("admin:django_throttle_endpointrule_add"))
     page = response.content.decode()
     assert 'name="failure_mode"' in page
-    assert "use 'closed' for credential endpoints (login, token)" in page
+    assert "Credential endpoints (login, token) are counted in each process" in html.unescape(page)
     data = rule_form(failure_mode="sideways") | inline([])
     response = admin_client.post(reverse("admin:django_throttle_endpointrule_add"), data)
     assert list(form_errors(response)) == ["failure_mode"]
