@@ -279,6 +279,23 @@ def test_tier_change_page_and_deleting_a_limit(admin_client: Client, free: Tier)
     assert not TierLimit.objects.exists()
 
 
+def test_a_refused_rate_leaves_the_rows_caption_as_saved(admin_client: Client, free: Tier) -> None:
+    """The caption above a limit row's fields is the row as stored: after "10/minn" is
+    refused, it still reads "10/s", not the refused text."""
+    limit = TierLimit.objects.create(tier=free, rate="10/s")
+    url = reverse("admin:django_throttle_tier_change", args=[free.pk])
+    data = tier_form(slug="free", name="Free", is_default_anonymous="on") | inline(
+        [limit_row("10/minn", id=str(limit.pk), tier=str(free.pk))], initial=1
+    )
+    response = admin_client.post(url, data)
+    assert response.status_code == 200
+    assert "rate" in row_errors(response)[0]
+    row = next(iter(response.context["inline_admin_formsets"][0]))
+    assert str(row.original) == "10/s"
+    assert 'value="10/minn"' in response.content.decode()  # the input keeps what was typed
+    assert TierLimit.objects.get().rate == "10/s"
+
+
 # Endpoint rules + endpoint limits ----------------------------------------------------------
 
 
