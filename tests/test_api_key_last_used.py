@@ -180,7 +180,7 @@ def test_the_set_is_bounded_per_shard(backend: Backend, settings: Any) -> None:
 def test_the_change_page_writes_last_used_as_django_writes_dates(
     partner: Tier, admin_client: Client, settings: Any
 ) -> None:
-    """"Last used" beside "Created" on the key's page reads as Django writes a date and time
+    """The key page's "last used", beside "created", reads as Django writes a date and time
     ("May 4, 2026, 3:02 a.m."), not in ISO form."""
     row, _ = ApiKey.objects.create_key(name="ci", tier=partner)
     stored = datetime(2026, 5, 4, 3, 2, 1, tzinfo=UTC)

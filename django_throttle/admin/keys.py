@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from contextlib import closing, suppress
 from typing import Any
 
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.db.models import QuerySet
@@ -73,7 +74,9 @@ class ApiKeyAdmin(_AppAdmin):
             return _("never (since the last rollup)")
         # Written as the admin writes "created" on the same page and in the list (a read-only
         # callable's value would otherwise be printed in ISO form on the change page).
-        return formats.localize(timezone.template_localtime(newest))
+        if settings.USE_TZ and timezone.is_aware(newest):
+            newest = timezone.localtime(newest)
+        return formats.localize(newest)
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
         full_key = None if change else obj.set_new_key()

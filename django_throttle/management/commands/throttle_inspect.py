@@ -21,7 +21,7 @@ from django_throttle.durations import format_duration
 from django_throttle.inspection.clients import Bucket, inspect
 from django_throttle.inspection.subjects import CLIENT_HELP, parse_client
 from django_throttle.management import output
-from django_throttle.rates import Limit
+from django_throttle.rates import Limit, rate_text
 
 #: The message of a backend error while counters are read.
 READ_ERROR = (BackendError, "Could not read the buckets from the backend: {}")
@@ -48,7 +48,7 @@ TABLE_COLUMNS = tuple(
 
 def limit_row(limit: Limit) -> dict[str, Any]:
     """The cells every command's rows start with: the limit's name (else its rate), id."""
-    return {"limit": limit.name or str(limit.rate), "id": limit.id}
+    return {"limit": limit.name or rate_text(limit.rate), "id": limit.id}
 
 
 def bucket_row(bucket: Bucket) -> dict[str, Any]:
