@@ -20,7 +20,14 @@ import hashlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from django_throttle.rates import MAX_COUNT, WINDOW_ALGORITHMS, Algorithm, InvalidRate, Limit
+from django_throttle.rates import (
+    MAX_COUNT,
+    WINDOW_ALGORITHMS,
+    Algorithm,
+    InvalidRate,
+    Limit,
+    rate_text,
+)
 from django_throttle.request import core
 from django_throttle.request.guards import guard
 
@@ -162,5 +169,5 @@ def _inline_limits(
     names the owner, the rate, the burst and the algorithm (a new algorithm, a new counter)."""
     key = f"{owner}|{probe.rate}|{burst}|{probe.algorithm.value}"
     digest = hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
-    name = scope or str(probe.rate)
+    name = scope or rate_text(probe.rate)
     return (dataclasses.replace(probe, id=f"i{digest}", name=name, timezone=zone),)

@@ -10,7 +10,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["CALENDAR_UNITS", "MAX_COUNT", "MAX_PERIOD", "InvalidRate", "Rate", "parse_period"]
+__all__ = [
+    "CALENDAR_UNITS",
+    "MAX_COUNT",
+    "MAX_PERIOD",
+    "InvalidRate",
+    "Rate",
+    "parse_period",
+    "rate_text",
+]
 
 #: Calendar windows a quota can reset on, with the nominal length used for headers and bounds.
 CALENDAR_UNITS: dict[str, int] = dict(day=86400, week=7 * 86400, month=31 * 86400, year=366 * 86400)
@@ -29,6 +37,8 @@ _UNITS: dict[str, int] = {
     for alias in aliases
 }
 _CANONICAL = ((86400, "d"), (3600, "h"), (60, "m"), (1, "s"))
+#: The units a rate is shown in: those of the admin's rate field help text.
+_SHOWN = ((7 * 86400, "week"), (86400, "day"), (3600, "h"), (60, "min"), (1, "s"))
 _PERIOD_RE = re.compile(r"^\s*(?P<mult>[+-]?\d+)?\s*(?P<unit>[A-Za-z]+)\s*$")
 _RATE_RE = re.compile(
     r"^\s*(?P<count>[+-]?\d+)\s*/\s*(?P<period>(?P<mult>\d+)?\s*(?P<unit>[A-Za-z]+))\s*$"
@@ -138,3 +148,25 @@ class Rate:
         seconds, unit = next(pair for pair in _CANONICAL if self.period % pair[0] == 0)
         mult = self.period // seconds
         return f"{self.count}/{'' if mult == 1 else mult}{unit}"
+
+
+def rate_text(rate: Rate | str) -> str:
+    """``rate`` as the app shows it to people, one way everywhere (admin lists and captions,
+    the inspector, explain, the commands, the 429 body's limit name): in the units of the
+    admin's rate field help text, ``100/min``, ``10/s``, ``1000/h``, ``5000/day``,
+    ``20/15min``, ``10000/month``. Stored text that is not a rate is shown as written.
+
+    ``str(rate)`` stays the short canonical form the admin stores (``100/m``); both parse to
+    the same rate."""
+    if isinstance(rate, Rate):
+        parsed = rate
+    else:
+        try:
+            parsed = Rate.parse(rate)
+        except InvalidRate:
+            return rate
+    if parsed.calendar:
+        return f"{parsed.count}/{parsed.calendar}"
+    seconds, unit = next(pair for pair in _SHOWN if parsed.period % pair[0] == 0)
+    mult = parsed.period // seconds
+    return f"{parsed.count}/{'' if mult == 1 else mult}{unit}"

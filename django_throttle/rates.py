@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from django.db import models
 
-from django_throttle.rate_parsing import CALENDAR_UNITS, MAX_COUNT, InvalidRate, Rate
+from django_throttle.rate_parsing import CALENDAR_UNITS, MAX_COUNT, InvalidRate, Rate, rate_text
 from django_throttle.rate_parsing import MAX_PERIOD as MAX_PERIOD
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "InvalidRate",
     "Limit",
     "Rate",
+    "rate_text",
 ]
 
 
@@ -101,8 +102,8 @@ class Limit:
         algorithm = self.algorithm
         if self.rate.calendar and algorithm != Algorithm.CALENDAR:
             raise InvalidRate(
-                f"'{self.rate}': {self.rate.calendar}s vary in length; choose the calendar "
-                f"quota algorithm (it resets on the calendar), or give the period in days",
+                f"'{rate_text(self.rate)}': {self.rate.calendar}s vary in length; choose the "
+                f"calendar quota algorithm (it resets on the calendar), or give the period in days",
                 "algorithm",
             )
         if algorithm in WINDOW_ALGORITHMS and self.burst != self.rate.count:
@@ -126,23 +127,24 @@ class Limit:
             interval = self.interval_us
             if interval < 1 or abs(round(interval) - interval) > GCRA_MAX_ROUNDING * interval:
                 raise InvalidRate(
-                    f"GCRA counts whole microseconds: at {self.rate} one request every "
+                    f"GCRA counts whole microseconds: at {rate_text(self.rate)} one request every "
                     f"{interval:.3f} µs would run at {1e6 / max(1, round(interval)):,.1f}/s; "
                     "use the token bucket for this rate",
                     "algorithm",
                 )
         if self.window > MAX_WINDOW:
             raise InvalidRate(
-                f"burst {self.burst} at {self.rate} takes {self.window / 86400:,.0f} days to "
-                f"refill; the most is {MAX_WINDOW // 86400:,} days: lower the burst",
+                f"burst {self.burst} at {rate_text(self.rate)} takes "
+                f"{self.window / 86400:,.0f} days to refill; the most is "
+                f"{MAX_WINDOW // 86400:,} days: lower the burst",
                 "burst",
             )
 
     def _check_calendar(self) -> None:
         if not self.calendar_unit:
             raise InvalidRate(
-                f"'{self.rate}': a calendar quota counts per day, week, month or year, e.g. "
-                "'10000/month' or '500/day'"
+                f"'{rate_text(self.rate)}': a calendar quota counts per day, week, month or "
+                "year, e.g. '10000/month' or '500/day'"
             )
         if self.timezone:
             from zoneinfo import ZoneInfo, ZoneInfoNotFoundError

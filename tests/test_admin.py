@@ -158,7 +158,7 @@ def test_burst_that_takes_too_long_to_refill_gets_the_limits_message(
     assert response.status_code == 200
     [errors] = row_errors(response)
     assert list(errors) == ["burst"]
-    assert errors["burst"][0].startswith("burst 100 at 1/366d takes 36,600 days to refill")
+    assert errors["burst"][0].startswith("burst 100 at 1/366day takes 36,600 days to refill")
     assert f"the most is {MAX_WINDOW // 86400:,} days" in errors["burst"][0]
     assert not Tier.objects.exists()
 
@@ -219,7 +219,7 @@ def test_tightening_a_tier_below_a_rules_cost_is_saved_with_a_warning(
     ]
     warnings = [text for level, text in messages_of(response) if level == "warning"]
     assert warnings == [
-        "Tier 'Anonymous': its limit 5/m holds at most 5, less than the cost of rule 'bulk' "
+        "Tier 'Anonymous': its limit 5/min holds at most 5, less than the cost of rule 'bulk' "
         "(cost 50), rule 'export' (cost 10): such a call is charged the whole limit (5) and "
         "passes only when the limit is full. Fine if the tier's clients cannot reach it anyway "
         "(e.g. it requires login); otherwise set the burst to at least 50.",
@@ -260,7 +260,7 @@ def test_a_limit_written_twice_in_a_tier_is_an_error_on_its_rate(
     response = admin_client.post(url, data)
     assert response.status_code == 200
     message = (
-        "the same limit as another row (100/m): every request would count it twice; "
+        "the same limit as another row (100/min): every request would count it twice; "
         "remove one of them"
     )
     assert row_errors(response) == [{}, {"rate": [message]}, {}, {}]
@@ -277,6 +277,37 @@ def test_tier_change_page_and_deleting_a_limit(admin_client: Client, free: Tier)
     )
     assert admin_client.post(url, data).status_code == 302
     assert not TierLimit.objects.exists()
+
+
+def test_a_refused_rate_leaves_the_rows_caption_as_saved(admin_client: Client, free: Tier) -> None:
+    """The caption above a limit row's fields is the row as stored: after "10/minn" is
+    refused, it still reads "10/s", not the refused text."""
+    limit = TierLimit.objects.create(tier=free, rate="10/s")
+    url = reverse("admin:django_throttle_tier_change", args=[free.pk])
+    data = tier_form(slug="free", name="Free", is_default_anonymous="on") | inline(
+        [limit_row("10/minn", id=str(limit.pk), tier=str(free.pk))], initial=1
+    )
+    response = admin_client.post(url, data)
+    assert response.status_code == 200
+    assert "rate" in row_errors(response)[0]
+    row = next(iter(response.context["inline_admin_formsets"][0]))
+    assert str(row.original) == "10/s"
+    assert 'value="10/minn"' in response.content.decode()  # the input keeps what was typed
+    assert TierLimit.objects.get().rate == "10/s"
+
+
+def test_the_tier_list_and_a_rows_caption_write_rates_one_way(
+    admin_client: Client, free: Tier
+) -> None:
+    """A rate stored in its short form ("60/m", "5000/d") reads as everywhere else in the
+    app: "60/min", "5000/day"."""
+    TierLimit.objects.create(tier=free, rate="60/m")
+    TierLimit.objects.create(tier=free, rate="5000/d", algorithm="calendar_quota")
+    listed = admin_client.get(reverse("admin:django_throttle_tier_changelist"))
+    assert "60/min, 5000/day (calendar quota)" in listed.content.decode()
+    page = admin_client.get(reverse("admin:django_throttle_tier_change", args=[free.pk]))
+    captions = [str(row.original) for row in page.context["inline_admin_formsets"][0]][:2]
+    assert captions == ["60/min", "5000/day (calendar quota)"]
 
 
 # Endpoint rules + endpoint limits ----------------------------------------------------------
@@ -724,7 +755,7 @@ def test_a_window_limit_holds_its_count_whatever_the_cost_check(admin_client: Cl
     assert Tier.objects.get().limits.count() == 2
     assert messages_of(response)[0] == (
         "warning",
-        "Tier 'Pro': its limit 10/d (calendar quota) holds at most 10, less than the cost of "
+        "Tier 'Pro': its limit 10/day (calendar quota) holds at most 10, less than the cost of "
         "rule 'export' (cost 50): such a call is charged the whole limit (10) and passes only "
         "when the limit is full. Fine if the tier's clients cannot reach it anyway (e.g. it "
         "requires login); otherwise raise the rate's count to at least 50.",

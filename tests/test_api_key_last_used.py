@@ -175,3 +175,21 @@ def test_the_set_is_bounded_per_shard(backend: Backend, settings: Any) -> None:
     assert len(seen) == KEYS_SEEN_MAX
     assert "k00000" not in seen  # the least recently used went first
     assert seen[f"k{KEYS_SEEN_MAX + 4:05d}"] == start + KEYS_SEEN_MAX + 4
+
+
+def test_the_change_page_writes_last_used_as_django_writes_dates(
+    partner: Tier, admin_client: Client, settings: Any
+) -> None:
+    """The key page's "last used", beside "created", reads as Django writes a date and time
+    ("May 4, 2026, 3:02 a.m."), not in ISO form."""
+    row, _ = ApiKey.objects.create_key(name="ci", tier=partner)
+    stored = datetime(2026, 5, 4, 3, 2, 1, tzinfo=UTC)
+    ApiKey.objects.filter(pk=row.pk).update(last_used=stored)
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # the rolled-up time only
+
+    page = admin_client.get(reverse("admin:django_throttle_apikey_change", args=[row.pk]))
+
+    assert page.status_code == 200
+    content = page.content.decode()
+    assert shown(stored) in content
+    assert "2026-05-04" not in content

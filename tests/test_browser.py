@@ -389,3 +389,51 @@ def traffic_from_a_long_username() -> None:
     client.force_login(User.objects.get(username="u" * 150))
     for _ in range(3):
         client.get("/api/ping/", REMOTE_ADDR="203.0.113.9")
+
+
+# Layout: no ordinary word breaks inside itself at 1,280 x 800 --------------------------------
+
+#: Words of letters (at most 30 of them) whose characters are laid out on more than one line:
+#: "anony mous", "Partn er". Long tokens (paths, 150-character usernames) may wrap anywhere.
+SPLIT_WORDS = """() => {
+  const split = [];
+  const roots = document.querySelectorAll(".breadcrumbs, #content, .messagelist");
+  for (const root of roots) {
+    const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      if (node.parentElement.closest("option, script, style, svg, textarea")) continue;
+      for (const match of node.data.matchAll(/\\p{L}+/gu)) {
+        if (match[0].length > 30) continue;
+        const range = document.createRange();
+        range.setStart(node, match.index);
+        range.setEnd(node, match.index + match[0].length);
+        const tops = new Set(
+          [...range.getClientRects()].filter(r => r.width > 0).map(r => Math.round(r.top))
+        );
+        if (tops.size > 1) split.push(match[0]);
+      }
+    }
+  }
+  return [...new Set(split)].slice(0, 12);
+}"""
+
+
+@pytest.mark.slow
+def test_no_word_of_the_admin_pages_breaks_inside_itself_at_1280_by_800(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+) -> None:
+    """On every page of the app's admin, with realistic and long data, ordinary words stay
+    whole ("anonymous", not "anony mous"): only tokens too long for any column wrap."""
+    pks = policy_with_long_and_realistic_data()
+    traffic_from_a_long_username()
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    login(page, live_server)
+    broken = {}
+    for url in _admin_pages(pks):
+        response = page.goto(f"{live_server.url}{url}")
+        assert response is not None and response.status == 200, url
+        if words := page.evaluate(SPLIT_WORDS):
+            broken[url] = words
+    assert broken == {}, "\n".join(f"{url}: {words}" for url, words in broken.items())
+    page.close()

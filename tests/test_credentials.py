@@ -168,7 +168,7 @@ def test_a_429_before_authentication_says_when_to_retry(backend: str, anonymous:
     denied = client.get("/api/basic/", HTTP_AUTHORIZATION=basic("nobody", "x"))
     assert denied.status_code == 429
     assert 1 <= int(denied["Retry-After"]) <= 60
-    assert denied.json()["limit"] == "authentication (anonymous) 1/m"
+    assert denied.json()["limit"] == "authentication (anonymous) 1/min"
 
 
 def test_a_successful_login_neither_counts_nor_resets_the_ip_bucket(

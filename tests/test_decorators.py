@@ -10,7 +10,7 @@ from django.http import HttpResponse
 from django.test import AsyncClient, Client, RequestFactory
 
 from django_throttle.decorators import throttle
-from django_throttle.rates import UNLIMITED, Algorithm, Decision, InvalidRate, Limit
+from django_throttle.rates import UNLIMITED, Algorithm, Decision, InvalidRate, Limit, rate_text
 from django_throttle.request import core
 from tests.factories import endpoint, tier
 
@@ -23,7 +23,7 @@ def test_inline_rate_on_a_sync_view(client: Client) -> None:
     response = client.get("/hello/")
     assert response["Content-Type"] == "application/json"
     # The public name is the rate, not the view's module path.
-    assert response.json()["limit"] == "5/m"
+    assert response.json()["limit"] == "5/min"
     assert int(response["Retry-After"]) >= 1
     assert response["X-RateLimit-Limit"] == "5"
 
@@ -69,7 +69,7 @@ def test_unscoped_class_based_views_each_get_their_own_bucket(client: Client) ->
     assert client.get("/cbv-a/").status_code == 429
     denied = client.get("/cbv-b/")
     assert denied.status_code == 429
-    assert denied.json()["limit"] == "1/m"
+    assert denied.json()["limit"] == "1/min"
     assert "django.views" not in denied.content.decode()
 
 
@@ -128,7 +128,7 @@ def test_the_inline_limit_counts_with_the_chosen_algorithm(
 ) -> None:
     limit = inline_limit(monkeypatch, throttle(**kwargs)(ok))
     assert (limit.algorithm, limit.capacity, limit.timezone) == (algorithm, capacity, "")
-    assert limit.name == kwargs["rate"]
+    assert limit.name == rate_text(kwargs["rate"])
 
 
 def test_a_calendar_quota_counts_in_its_time_zone(monkeypatch: pytest.MonkeyPatch) -> None:

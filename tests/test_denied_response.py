@@ -28,7 +28,7 @@ def test_plain_views_use_the_callable_and_keep_the_headers(client: Any, settings
     response = exhaust(client, "/hello/", 6)  # @throttle(rate="5/min")
 
     assert response.status_code == 429
-    assert response.content.decode() == "slow down (5/m) on /hello/"
+    assert response.content.decode() == "slow down (5/min) on /hello/"
     assert response["Retry-After"] == "12"
     assert response["X-RateLimit-Remaining"] == "0"
 
@@ -82,7 +82,7 @@ def test_a_broken_callable_falls_back_to_the_default(
     response = exhaust(client, "/hello/", 6)
 
     assert response.status_code == 429
-    assert response.json()["limit"] == "5/m"
+    assert response.json()["limit"] == "5/min"
     assert "DJANGO_THROTTLE_DENIED_RESPONSE" in caplog.text
 
 
@@ -102,5 +102,5 @@ def test_plain_and_drf_views_send_the_same_429_body(client: Any) -> None:
     assert drf.content.startswith(b'{"detail":"Request was throttled.')
     assert plain.content == (
         b'{"detail":"Request was throttled. Expected available in 12 seconds.",'
-        b'"limit":"5/m","retry_after":12}'
+        b'"limit":"5/min","retry_after":12}'
     )

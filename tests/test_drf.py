@@ -42,7 +42,7 @@ def test_headers_on_allowed_and_denied(client: Client) -> None:
     assert denied["X-RateLimit-Remaining"] == "0"
     assert 1 <= int(denied["Retry-After"]) <= 60
     body = denied.json()
-    assert body["limit"] == "anonymous 1/m"
+    assert body["limit"] == "anonymous 1/min"
     assert body["retry_after"] == int(denied["Retry-After"])
     assert "throttled" in body["detail"]
 

@@ -155,7 +155,7 @@ def test_tier_limit_to_limit_defaults_burst_to_the_rate_count(free: Tier) -> Non
         rate=Rate(100, 60),
         burst=100,
         algorithm=Algorithm.TOKEN_BUCKET,
-        name="free 100/m",
+        name="free 100/min",
     )
     assert row.capacity == 100
 
@@ -167,7 +167,7 @@ def test_endpoint_limit_to_limit_keeps_its_burst(free: Tier, rule: EndpointRule)
     assert limit.id == f"e{row.pk}"
     assert limit.rate == Rate(20, 900)
     assert limit.burst == 5 == row.capacity
-    assert limit.name == "search (free) 20/15m"
+    assert limit.name == "search (free) 20/15min"
 
 
 @pytest.mark.django_db
@@ -345,7 +345,7 @@ def test_burst_whose_window_is_too_long_gets_the_limits_message(free: Tier) -> N
     burst = MAX_WINDOW // 86400 + 1  # at 1/d: one day per token, one day too many
     errors = errors_of(TierLimit(tier=free, rate="1/d", burst=burst))
     assert list(errors) == ["burst"]
-    assert errors["burst"][0].startswith(f"burst {burst} at 1/d takes")
+    assert errors["burst"][0].startswith(f"burst {burst} at 1/day takes")
     assert "lower the burst" in errors["burst"][0]
     TierLimit(tier=free, rate="1/d", burst=burst - 1).full_clean()
 

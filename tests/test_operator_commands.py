@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from typing import Any
 
 import pytest
@@ -73,6 +74,25 @@ def test_inspect_reads_bucket_state_without_consuming(
     assert [row["remaining"] for row in first["rows"]] == [r["remaining"] for r in second["rows"]]
     rule_row = next(row for row in first["rows"] if row["from"] == "rule 'export'")
     assert rule_row["remaining"] == 4  # untouched
+
+
+def test_a_table_says_when_a_bucket_is_whole_again_in_words(
+    client: Any, backend: Any, policy: Any
+) -> None:
+    """The table writes the wait as the admin does ("30 min", not "1,800" seconds); JSON keeps
+    the number of seconds for scripts."""
+    assert client.post("/api/export/", REMOTE_ADDR="203.0.113.9").status_code == 202
+    rows = as_json("throttle_inspect", "ip:203.0.113.9")["rows"]
+    rule_row = next(row for row in rows if row["from"] == "rule 'export'")
+    assert 1795 < rule_row["reset_seconds"] <= 1800  # 2 of 4 an hour taken
+    for command, args in [
+        ("throttle_inspect", ["ip:203.0.113.9"]),
+        ("throttle_explain", ["--ip", "203.0.113.9", "--method", "POST", "--path", "/api/export/"]),
+    ]:
+        table = run(command, *args)
+        assert "Whole again in" in table and "(s)" not in table
+        assert re.search(r"\b30 min\b", table), table
+        assert "1,79" not in table and "1,800" not in table
 
 
 def test_ipv6_addresses_are_inspected_by_network(backend: Any, policy: Any) -> None:

@@ -64,7 +64,7 @@ def lock_out(client: Any) -> Any:
     statuses = [guess(client).status_code for _ in range(5)]
     assert statuses == [400] * 5
     denied = guess(client)
-    assert denied.json()["limit"] == "login (anonymous) 5/m"
+    assert denied.json()["limit"] == "login (anonymous) 5/min"
     return denied
 
 
@@ -79,7 +79,7 @@ def test_explain_gives_the_servers_429_and_retry_after_after_the_password_loop(
     found = as_json("throttle_explain", "--ip", HOME, "--method", "POST", "--path", TOKEN)
 
     after = retry_after(guess(client))
-    assert found["next_request"].startswith("denied (429) by login (anonymous) 5/m")
+    assert found["next_request"].startswith("denied (429) by login (anonymous) 5/min")
     assert before >= found["retry_after"] >= after  # the server's Retry-After, as time runs
     assert found["rule"] == "login"
     assert found["checks"] == ["protect_credentials (scope 'login')"]
@@ -144,7 +144,7 @@ def test_reset_of_the_address_lifts_the_login_lockout(
 
     out = run("throttle_reset", HOME)
 
-    assert "login (anonymous) 5/m" in out
+    assert "login (anonymous) 5/min" in out
     assert guess(client).status_code == 400
 
 
@@ -223,10 +223,10 @@ def test_the_admin_inspector_explains_and_resets_the_login_lockout(
         page, {"client": HOME, "method": "POST", "path": TOKEN, "username": "alice"}
     ).content.decode()
 
-    assert "denied (429) by login (anonymous) 5/m" in html
+    assert "denied (429) by login (anonymous) 5/min" in html
     assert 'data-counted-by="username alice"' in html
     confirm = admin.get(f"{page}reset/", {"client": HOME}).content.decode()
-    assert "login (anonymous) 5/m" in confirm
+    assert "login (anonymous) 5/min" in confirm
     admin.post(f"{page}reset/", {"client": HOME})
     assert guess(client).status_code == 400
 
@@ -429,7 +429,7 @@ def test_explain_sees_the_protected_basic_authentication_check(
     )
 
     assert found["checks"][0] == "ProtectedBasicAuthentication (scope 'authentication')"
-    assert found["next_request"].startswith("denied (429) by authentication (anonymous) 3/m")
+    assert found["next_request"].startswith("denied (429) by authentication (anonymous) 3/min")
 
 
 @pytest.mark.parametrize(

@@ -448,7 +448,7 @@ def test_a_limit_written_twice_for_one_tier_is_refused(tmp_path: Path) -> None:
         run("import", str(path))
     assert str(error.value) == (
         "Nothing was imported: tiers[0] 'free'.limits[1]: the same limit as limits[0] "
-        "(100/m); every request would count it twice: remove one"
+        "(100/min); every request would count it twice: remove one"
     )
     assert not Tier.objects.exists()
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from django_throttle.rates import Algorithm, InvalidRate, Limit, Rate
+from django_throttle.rates import Algorithm, InvalidRate, Limit, Rate, rate_text
 
 
 @pytest.mark.parametrize(
@@ -241,3 +241,29 @@ def test_gcra_keeps_whole_microseconds() -> None:
     limit = Limit.build("x", "3/s", algorithm="gcra")
     assert (limit.interval_us, limit.emission_us) == (pytest.approx(333333.333), 333333)
     assert Limit.build("x", "10000/s", algorithm="gcra").emission_us == 100
+
+
+@pytest.mark.parametrize(
+    ("rate", "shown"),
+    [
+        ("100/m", "100/min"),
+        ("100/minute", "100/min"),
+        ("60/60s", "60/min"),
+        ("10/s", "10/s"),
+        ("1000/h", "1000/h"),
+        ("5000/d", "5000/day"),
+        ("20/15m", "20/15min"),
+        ("90/90s", "90/90s"),
+        ("7/w", "7/week"),
+        ("10000/month", "10000/month"),
+        ("1/yr", "1/year"),
+        (Rate(5, 60), "5/min"),
+        ("10/minn", "10/minn"),  # not a rate: shown as written
+    ],
+)
+def test_a_rate_is_shown_one_way_everywhere(rate: Rate | str, shown: str) -> None:
+    """One way to write a rate for people: the units of the admin's rate field help text; the
+    text parses back to the same rate."""
+    assert rate_text(rate) == shown
+    if shown != "10/minn":
+        assert Rate.parse(shown) == (rate if isinstance(rate, Rate) else Rate.parse(rate))

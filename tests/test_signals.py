@@ -252,8 +252,8 @@ def test_an_endpoint_limit_edit_passes_the_old_limit_too(
     row.burst = 5
     assert bumps(row.save) == 1
     [(limits, previous)] = retimed
-    assert [(lim.burst, lim.name) for lim in limits] == [(5, "export (free) 10/m")]
-    assert [(lim.burst, lim.name) for lim in previous] == [(10, "export (free) 10/m")]
+    assert [(lim.burst, lim.name) for lim in limits] == [(5, "export (free) 10/min")]
+    assert [(lim.burst, lim.name) for lim in previous] == [(10, "export (free) 10/min")]
 
 
 def test_a_new_algorithm_starts_afresh_without_retime(

@@ -58,8 +58,9 @@ def stored_time(second: float) -> datetime:
 
 
 class _AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """Every page of the app's models loads its stylesheet, which keeps each page within a
-    1,280 px window whatever the data (long words wrap, limit rows stay narrow).
+    """Every page of the app's models loads its stylesheet and ``long_words.js``, which keep
+    each page within a 1,280 px window whatever the data (long tokens wrap, ordinary words stay
+    whole, limit rows stay narrow).
 
     The related rows in ``raw_id_fields`` get autocomplete where their model's admin can
     search, raw ids otherwise (a project with a custom user model may not register one, and
@@ -67,6 +68,7 @@ class _AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     class Media:
         css = {"all": ["django_throttle/admin.css"]}
+        js = ["django_throttle/long_words.js"]
 
     def get_autocomplete_fields(self, request: HttpRequest) -> list[str]:
         site, searchable = self.admin_site, []

@@ -13,6 +13,7 @@ against costs as well, so every mistake gets exactly one message.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from typing import Any
 
@@ -84,13 +85,18 @@ class AlgorithmSelect(forms.Select):
 
 
 class LimitForm(forms.ModelForm):  # type: ignore[type-arg]
-    """A limit row; stores rates in canonical form so duplicates are caught."""
+    """A limit row; stores rates in canonical form so duplicates are caught.
+
+    The form validates and saves a copy of its row: the admin captions an inline row with the
+    object its formset read from the database, and a refused value ("10/minn") written into
+    that object would read as saved."""
 
     class Meta:
         widgets = {"algorithm": AlgorithmSelect(attrs={"class": "django-throttle-algorithm"})}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.instance = copy.copy(self.instance)
         # What an empty time zone means, read per form so override_settings applies.
         self.fields["timezone"].widget.attrs["placeholder"] = settings.TIME_ZONE or "UTC"
 

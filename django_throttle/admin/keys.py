@@ -9,10 +9,12 @@ from collections.abc import Iterable
 from contextlib import closing, suppress
 from typing import Any
 
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils import formats, timezone
 from django.utils.html import format_html
 from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
@@ -68,7 +70,13 @@ class ApiKeyAdmin(_AppAdmin):
         if not hasattr(obj, "throttle_last_used"):
             _attach_live_use([obj])
         newest = obj.throttle_last_used  # type: ignore[attr-defined]
-        return newest or _("never (since the last rollup)")
+        if newest is None:
+            return _("never (since the last rollup)")
+        # Written as the admin writes "created" on the same page and in the list (a read-only
+        # callable's value would otherwise be printed in ISO form on the change page).
+        if settings.USE_TZ and timezone.is_aware(newest):
+            newest = timezone.localtime(newest)
+        return formats.localize(newest)
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
         full_key = None if change else obj.set_new_key()

@@ -19,7 +19,7 @@ from django.utils.translation import gettext_lazy as _
 from django_throttle.backends.base import per_shard
 from django_throttle.conf import app_settings
 from django_throttle.models.fields import BadRow, choice_problem, count_field, validate_rate
-from django_throttle.rates import TOKEN_ALGORITHMS, Algorithm, InvalidRate, Limit, Rate
+from django_throttle.rates import TOKEN_ALGORITHMS, Algorithm, InvalidRate, Limit, Rate, rate_text
 
 if TYPE_CHECKING:
     from django_throttle.models.fields import StrOrPromise
@@ -116,7 +116,8 @@ class LimitFields(models.Model):
         algorithm = "" if self.algorithm == Algorithm.TOKEN_BUCKET else self.algorithm_name
         burst = f"burst {self.burst}" if self.burst else ""
         details = ", ".join(filter(None, (algorithm, burst, self.timezone)))
-        return f"{self.rate} ({details})" if details else self.rate
+        rate = rate_text(self.rate)
+        return f"{rate} ({details})" if details else rate
 
     @property
     def algorithm_name(self) -> str:

@@ -16,7 +16,7 @@ from django_throttle.models.fields import (
 )
 from django_throttle.models.limits import LimitFields
 from django_throttle.models.tiers import Tier
-from django_throttle.rates import MAX_COUNT, Rate
+from django_throttle.rates import MAX_COUNT, Rate, rate_text
 
 
 class EndpointRule(models.Model):
@@ -190,4 +190,4 @@ class EndpointLimit(LimitFields):
         return super().row_problems() | counted_by
 
     def limit_name(self, rate: Rate) -> str:
-        return f"{self.rule.name} ({self.tier.slug}) {rate}"
+        return f"{self.rule.name} ({self.tier.slug}) {rate_text(rate)}"

@@ -17,7 +17,7 @@ from django_throttle.models.fields import (
     subject,
 )
 from django_throttle.models.limits import LimitFields
-from django_throttle.rates import Rate
+from django_throttle.rates import Rate, rate_text
 
 
 class Tier(models.Model):
@@ -119,7 +119,7 @@ class TierLimit(LimitFields):
 
     def limit_name(self, rate: Rate) -> str:
         # The policy compiler loads tiers with select_related, so this costs no query there.
-        return f"{self.tier.slug} {rate}{' shared' if self.shared else ''}"
+        return f"{self.tier.slug} {rate_text(rate)}{' shared' if self.shared else ''}"
 
     def __str__(self) -> str:
         text = super().__str__()

@@ -17,7 +17,7 @@ from django.core.management.base import CommandError, CommandParser
 from django_throttle.inspection.explanations import Explanation, explain
 from django_throttle.inspection.subjects import CLIENT_HELP, parse_client
 from django_throttle.management import output
-from django_throttle.management.commands.throttle_inspect import COLUMNS, READ_ERROR, bucket_row
+from django_throttle.management.commands.throttle_inspect import READ_ERROR, bucket_rows
 from django_throttle.models.fields import HTTP_METHODS
 from django_throttle.plain import plain_text
 from django_throttle.request.headers import retry_after_seconds
@@ -125,11 +125,13 @@ class Command(output.CountersCommand):
                 shown = "-" if value is None else plain_text(value)
                 self.stdout.write(f"{key.replace('_', ' ').capitalize():>13}: {shown}")
             self.stdout.write("")
+        rows, columns = bucket_rows(found.buckets, fmt)
         output.write_rows(
             self,
             fmt,
-            [bucket_row(bucket) for bucket in found.buckets],
-            COLUMNS,
+            rows,
+            columns,
+            figures=("whole_again",),
             title="Counters the request meets",
             caption=None if found.buckets else "No limits apply.",
             document=summary,

@@ -11,15 +11,17 @@ presents at logins, ``--ip`` the address a user's or key's requests come from.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.core.management.base import CommandParser
 
 from django_throttle.backends import BackendError
+from django_throttle.durations import format_duration
 from django_throttle.inspection.clients import Bucket, inspect
 from django_throttle.inspection.subjects import CLIENT_HELP, parse_client
 from django_throttle.management import output
-from django_throttle.rates import Limit
+from django_throttle.rates import Limit, rate_text
 
 #: The message of a backend error while counters are read.
 READ_ERROR = (BackendError, "Could not read the buckets from the backend: {}")
@@ -36,11 +38,17 @@ COLUMNS = (
     ("shared", "Shared"),
     ("shadow", "Shadow"),
 )
+#: A table says the wait the way the admin writes it ("30 min", "1 h 2 min"); JSON and CSV
+#: keep ``reset_seconds``, a number for scripts.
+TABLE_COLUMNS = tuple(
+    ("whole_again", "Whole again in") if key == "reset_seconds" else (key, heading)
+    for key, heading in COLUMNS
+)
 
 
 def limit_row(limit: Limit) -> dict[str, Any]:
     """The cells every command's rows start with: the limit's name (else its rate), id."""
-    return {"limit": limit.name or str(limit.rate), "id": limit.id}
+    return {"limit": limit.name or rate_text(limit.rate), "id": limit.id}
 
 
 def bucket_row(bucket: Bucket) -> dict[str, Any]:
@@ -58,6 +66,18 @@ def bucket_row(bucket: Bucket) -> dict[str, Any]:
         "shared": limit.shared,
         "shadow": limit.shadow,
     }
+
+
+def bucket_rows(
+    buckets: Sequence[Bucket], fmt: str
+) -> tuple[list[dict[str, Any]], tuple[tuple[str, str], ...]]:
+    """The buckets' rows and columns in format ``fmt``: see :data:`TABLE_COLUMNS`."""
+    rows = [bucket_row(bucket) for bucket in buckets]
+    if fmt != "table":
+        return rows, COLUMNS
+    for row in rows:
+        row["whole_again"] = format_duration(row["reset_seconds"])
+    return rows, TABLE_COLUMNS
 
 
 def add_probe_arguments(parser: CommandParser) -> None:
@@ -86,11 +106,13 @@ class Command(output.CountersCommand):
             subject = parse_client(options["client"])
             found = inspect(subject, options.get("username"), options.get("ip"))
         tier = found.tier.slug if found.tier is not None else None
+        rows, columns = bucket_rows(found.buckets, fmt)
         output.write_rows(
             self,
             fmt,
-            [bucket_row(bucket) for bucket in found.buckets],
-            COLUMNS,
+            rows,
+            columns,
+            figures=("whole_again",),
             title=f"{subject.label} ({subject.client}): tier {tier or 'none'}, {found.reason}",
             caption=None if found.buckets else "No limits apply to this client.",
             document={
