@@ -74,7 +74,7 @@ class LimitFields(models.Model):
         max_length=32,
         validators=[validate_rate],
         help_text=_(
-            "requests per period, e.g. '100/min', '10/s', '5000/day' or '20/15m'; "
+            "requests per period, e.g. '100/min', '10/s', '5000/day' or '20/15min'; "
             "'10000/month' or '/year' with the calendar quota"
         ),
     )
