@@ -437,3 +437,33 @@ def test_no_word_of_the_admin_pages_breaks_inside_itself_at_1280_by_800(
             broken[url] = words
     assert broken == {}, "\n".join(f"{url}: {words}" for url, words in broken.items())
     page.close()
+
+
+# Every inspect link of the dashboard opens its client (issue 30 item 5) --------------------
+
+
+@pytest.mark.urls("tests.seams_urls")
+def test_a_browser_follows_every_inspect_link_of_the_dashboard(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    settings: Any,
+) -> None:
+    """After failed logins (usernames plain, unicode, markup and long: labels ``username:``,
+    ``username:#<digest>`` and ``username#<hex>``), requests of an address (IPv4 and IPv6),
+    an API key and a signed-in user, every "inspect" link the dashboard draws opens a page
+    that lists that client's counters; none says "Unknown client"."""
+    from tests.test_operator_labels import make_policy
+    from tests.test_operator_labels import traffic as labels_traffic
+
+    labels_traffic(Client(), make_policy())
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    login(page, live_server)
+    page.goto(f"{live_server.url}/admin/django_throttle/usagecount/dashboard/")
+    links = [a.get_attribute("href") for a in page.query_selector_all("a.dt-inspect")]
+    assert len(links) >= 8, links
+    for link in links:
+        page.goto(f"{live_server.url}{link}")
+        content = page.inner_text("#content")
+        assert "Unknown client" not in content, link
+        assert page.query_selector("[data-counted-by]") is not None, link
+    page.close()

@@ -32,6 +32,10 @@ ODD = ["zoë_日本語", "<b>x</b>", LONG]
 
 @pytest.fixture
 def policy(db: Any) -> dict[str, Any]:
+    return make_policy()
+
+
+def make_policy() -> dict[str, Any]:
     """Rule "login" counting failed attempts, 5 a minute per IP address and 3 an hour per
     username; "ping" (the anonymous tier's 2/min) for IP, user and API key rows."""
     anon = tier("anonymous", "2/min", is_default_anonymous=True)
