@@ -231,3 +231,32 @@ def test_the_page_speaks_the_browsers_language(settings: Any, language: str, wor
 
     assert words in html
     assert f'<html lang="{language}">' in html
+
+
+def test_an_operator_signs_in_and_sees_the_dashboard_while_redis_is_down(settings: Any) -> None:
+    """Issue 30 item 4, end to end: with Redis down and no failure mode chosen anywhere, the
+    admin login is counted in the process (a flood of wrong passwords still meets its 5 per
+    minute) and the operator's right password signs in; the dashboard that says Redis is
+    down opens. It answered every browser with 503 and a raw JSON body."""
+    from django.contrib.auth.models import User
+
+    settings.DJANGO_THROTTLE_REDIS_URL = DOWN
+    admin_login_rule(rate="5/min")
+    User.objects.create_superuser("root", "root@example.com", "right")
+    operator = Client()
+    response = operator.post(
+        "/admin/login/?next=/admin/",
+        {"username": "root", "password": "right"},
+        headers={"Accept": BROWSER},
+    )
+    assert response.status_code == 302, response.content[:300]
+    assert response["X-RateLimit-Degraded"] == "local"
+    dashboard = operator.get("/admin/django_throttle/usagecount/dashboard/")
+    assert dashboard.status_code == 200
+    assert "Connection refused" in dashboard.content.decode()  # the backend's health, said
+    attacker = Client()
+    statuses = [
+        attacker.post("/admin/login/", {"username": "root", "password": f"guess{n}"}).status_code
+        for n in range(8)
+    ]
+    assert statuses.count(429) >= 3, statuses  # 5 a minute, the operator's sign-in included
