@@ -272,8 +272,42 @@ EDGE_CASES: dict[str, list[tuple[Any, ...]]] = {
 }
 
 
+#: Forms Valkey answers otherwise than Redis 7, whose answers the store gives (CI's Python
+#: 3.13 pass runs the suite on Valkey 8; seen there): a hexadecimal score (``0x10``) and a
+#: score bound with a leading space are errors on Valkey and accepted by Redis; an
+#: ``EXPIRE`` of 2^62 from a script is "invalid expire time" on Valkey, "value is not an
+#: integer" on Redis; a boolean or table argument to ``redis.call`` is an error starting
+#: "Command" on Valkey, "Lua" on Redis. On Valkey those forms are skipped; on Redis (every
+#: other pass) the store is held to Redis's answer.
+VALKEY_DIFFERS = {
+    "zadd floats",
+    "score bounds as strtod reads them",
+    "expire 2^62 (sent as %.17g)",
+    "a boolean argument",
+    "pcall a table argument",
+}
+
+
+def _on_valkey(request: pytest.FixtureRequest, name: str) -> None:
+    """Skip a form Valkey answers otherwise (see :data:`VALKEY_DIFFERS`) when the suite's
+    server is Valkey."""
+    if name not in VALKEY_DIFFERS:
+        return
+    url = request.getfixturevalue("redis_admin_url")
+    client = redis.Redis.from_url(url)
+    try:
+        info = client.info("server")
+    finally:
+        client.close()
+    if info.get("server_name") == "valkey" or "valkey_version" in info:
+        pytest.skip(f"Valkey answers {name!r} otherwise than Redis 7, which the store follows")
+
+
 @pytest.mark.parametrize("case", EDGE_CASES.values(), ids=EDGE_CASES.keys())
-def test_edge_forms_answer_as_redis(both: Any, case: list[tuple[Any, ...]]) -> None:
+def test_edge_forms_answer_as_redis(
+    both: Any, case: list[tuple[Any, ...]], request: pytest.FixtureRequest
+) -> None:
+    _on_valkey(request, request.node.callspec.id)
     for command in case:
         on_redis, in_memory = both(*command)
         assert _numbers_read(in_memory) == _numbers_read(on_redis), command
@@ -315,7 +349,10 @@ FAILING_SCRIPTS: dict[str, str] = {
 
 
 @pytest.mark.parametrize("script", FAILING_SCRIPTS.values(), ids=FAILING_SCRIPTS.keys())
-def test_failing_scripts_answer_as_redis(both: Any, script: str) -> None:
+def test_failing_scripts_answer_as_redis(
+    both: Any, script: str, request: pytest.FixtureRequest
+) -> None:
+    _on_valkey(request, request.node.callspec.id)
     both("SET", "{p}:k", "v")
     on_redis, in_memory = both("EVAL", script, 2, "{p}:k", "{p}:z")
     assert _numbers_read(in_memory) == _numbers_read(on_redis)
