@@ -249,6 +249,7 @@ class LocalCluster:
         primary that does not answer must not race the cluster's own failover, which a
         pause longer than ``cluster-node-timeout`` would start."""
         replicas = [n for n in self.nodes if n.running() and n not in self.primaries()]
+        node_id = self.node_id(node)
         for replica in replicas:
             self._configure(replica, "cluster-replica-no-failover", "yes")
         node.pause()
@@ -256,8 +257,33 @@ class LocalCluster:
             yield
         finally:
             node.resume()
+            # A pause longer than cluster-node-timeout leaves the node flagged as failing;
+            # letting the replicas take over before every node sees it again would start
+            # the very failover the pause must not race (and the next test would meet it).
+            wait_for(
+                lambda: not self._flagged_failing(node_id, node),
+                30,
+                "the resumed node to be seen as healthy",
+            )
             for replica in replicas:
                 self._configure(replica, "cluster-replica-no-failover", "no")
+
+    def _flagged_failing(self, node_id: str, node: RedisServer) -> bool:
+        """Whether any other running node flags ``node_id`` as failing (``fail`` or
+        ``fail?`` in ``CLUSTER NODES``)."""
+        for other in self.nodes:
+            if other is node or not other.running():
+                continue
+            client = other.client(timeout=1.0)
+            try:
+                text = client.execute_command("CLUSTER", "NODES").decode()
+            finally:
+                client.close()
+            for line in text.splitlines():
+                fields = line.split()
+                if fields and fields[0] == node_id and "fail" in fields[2]:
+                    return True
+        return False
 
     @staticmethod
     def _configure(node: RedisServer, name: str, value: str) -> None:
