@@ -15,8 +15,6 @@ from django.utils.functional import SimpleLazyObject
 
 from django_throttle.policy.resolver import verified_api_key
 
-__all__ = ["ApiKeyAuthentication"]
-
 
 class ApiKeyAuthentication:
     """DRF authentication by API key (``Authorization: Api-Key <key>`` or ``X-API-Key``).

@@ -11,8 +11,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-__all__ = ["KEY_MAX_LENGTH", "KEY_SCHEME", "key_digest", "key_prefix"]
-
 #: Every API key starts with this: ``dt_<prefix>_<secret>``.
 KEY_SCHEME = "dt"
 #: Longer presented keys are refused unhashed: ours are 56 characters.

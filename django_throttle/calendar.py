@@ -13,8 +13,6 @@ from datetime import date, datetime, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo
 
-__all__ = ["windows"]
-
 
 def windows(unit: str, tz: str, now_us: int) -> tuple[int, int, int, int]:
     """Boundaries ``b0 < b1 <= now_us < b2 < b3`` in Unix microseconds: the previous window's

@@ -20,25 +20,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 from django_throttle.request.guards import guard
-from django_throttle.request.reservations import login_failed, watch_login_failures
-from django_throttle.request.usernames import (
-    HEADER_ONLY,
-    UNREADABLE_COUNTER,
-    normalise_username,
-    presented_username,
-    username_counters,
-)
 
-__all__ = [
-    "HEADER_ONLY",
-    "UNREADABLE_COUNTER",
-    "login_failed",
-    "normalise_username",
-    "presented_username",
-    "protect_credentials",
-    "username_counters",
-    "watch_login_failures",
-]
+__all__ = ["protect_credentials"]
 
 View = TypeVar("View", bound=Callable[..., Any])
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["format_duration"]
-
 _MINUTE = 60
 _HOUR = 60 * _MINUTE
 _DAY = 24 * _HOUR

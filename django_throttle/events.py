@@ -34,13 +34,10 @@ __all__ = [
     "backend_available",
     "backend_error",
     "backend_unavailable",
-    "error_reason",
     "policy_reloaded",
     "request_decided",
     "request_throttled",
     "script_loaded",
-    "send",
-    "watching",
 ]
 
 logger = logging.getLogger("django_throttle.events")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["is_exempt_view", "throttle_exempt"]
+__all__ = ["throttle_exempt"]
 
 V = TypeVar("V", bound=Callable[..., Any])
 

@@ -29,7 +29,7 @@ from django_throttle.conf import ProxyTrust, app_settings
 
 logger = logging.getLogger("django_throttle.identity")
 
-__all__ = ["MAX_KEY_BYTES", "UNIDENTIFIED", "Identity", "client_ip", "presented_key"]
+__all__ = ["Identity"]
 
 #: Longest client label, in UTF-8 bytes; a longer one is digested (see :attr:`Identity.key`).
 #: The counting script refuses labels over 200 bytes: this stays well under, with room for

@@ -35,7 +35,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 
 from django_throttle import events
 
-__all__ = ["connect", "metrics_view"]
+__all__ = ["metrics_view"]
 
 _metrics: dict[str, Any] = {}
 

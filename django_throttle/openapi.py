@@ -21,7 +21,7 @@ from typing import Any
 from django_throttle.conf import app_settings
 
 # ThrottledAutoSchema is built by the module __getattr__ below.
-__all__ = ["ThrottleSchemaMixin", "ThrottledAutoSchema", "is_throttled"]  # noqa: F822
+__all__ = ["ThrottleSchemaMixin", "ThrottledAutoSchema"]  # noqa: F822
 
 #: The component name of the refusal body.
 BODY_COMPONENT = "ThrottledError"

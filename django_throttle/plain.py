@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import unicodedata
 
-__all__ = ["log_text", "plain_text"]
-
 #: Format characters that reorder or hide text (bidirectional overrides and isolates).
 _BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 _ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}

@@ -10,16 +10,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = [
-    "CALENDAR_UNITS",
-    "MAX_COUNT",
-    "MAX_PERIOD",
-    "InvalidRate",
-    "Rate",
-    "parse_period",
-    "rate_text",
-]
-
 #: Calendar windows a quota can reset on, with the nominal length used for headers and bounds.
 CALENDAR_UNITS: dict[str, int] = dict(day=86400, week=7 * 86400, month=31 * 86400, year=366 * 86400)
 _CALENDAR_ALIASES = {alias: "month" for alias in ("mo", "mon", "month", "months")} | {

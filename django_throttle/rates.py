@@ -11,24 +11,12 @@ from dataclasses import dataclass
 
 from django.db import models
 
-from django_throttle.rate_parsing import CALENDAR_UNITS, MAX_COUNT, InvalidRate, Rate, rate_text
+from django_throttle.rate_parsing import MAX_COUNT as MAX_COUNT
 from django_throttle.rate_parsing import MAX_PERIOD as MAX_PERIOD
+from django_throttle.rate_parsing import InvalidRate, Rate
+from django_throttle.rate_parsing import rate_text as rate_text
 
-__all__ = [
-    "CALENDAR_UNITS",
-    "GCRA_MAX_ROUNDING",
-    "MAX_COUNT",
-    "MAX_LOG_COUNT",
-    "MAX_WINDOW",
-    "TOKEN_ALGORITHMS",
-    "WINDOW_ALGORITHMS",
-    "Algorithm",
-    "Decision",
-    "InvalidRate",
-    "Limit",
-    "Rate",
-    "rate_text",
-]
+__all__ = ["Algorithm", "Decision", "InvalidRate", "Limit", "Rate"]
 
 
 class Algorithm(models.TextChoices):

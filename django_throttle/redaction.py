@@ -13,7 +13,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["MASK", "redact_text", "redact_url"]
+__all__ = ["redact_text", "redact_url"]
 
 #: What a password is replaced with.
 MASK = "***"

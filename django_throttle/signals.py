@@ -63,7 +63,7 @@ def limit_saved(instance: Any, created: bool, **kwargs: Any) -> None:
 def _stored_limit(model: Any, pk: Any, using: str | None = None) -> Limit | None:
     """Row ``pk``'s limit as stored; ``None`` when the row is gone or no limit can be built
     from it (the compiler skips it and logs it: nothing counts under it)."""
-    from django_throttle.models import BadRow
+    from django_throttle.models.fields import BadRow
 
     rows = model._default_manager.using(using).filter(pk=pk)
     row = rows.select_related(*_RELATED[model.__name__]).first()

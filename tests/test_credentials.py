@@ -22,10 +22,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_throttle.credentials import presented_username, protect_credentials
+from django_throttle.credentials import protect_credentials
 from django_throttle.drf import ProtectedBasicAuthentication, protect_authentication
 from django_throttle.models import EndpointLimit, EndpointRule, Tier
 from django_throttle.policy import live as policy
+from django_throttle.request.usernames import presented_username
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.test_credentials")]
 

@@ -19,28 +19,5 @@ inline) is in :mod:`.base`.
 
 from __future__ import annotations
 
-from django_throttle.admin.base import LimitInline
-from django_throttle.admin.keys import ApiKeyAdmin
-from django_throttle.admin.policy_rows import (
-    EndpointLimitInline,
-    EndpointRuleAdmin,
-    ExemptionAdmin,
-    TierAdmin,
-    TierAssignmentAdmin,
-    TierLimitInline,
-)
-from django_throttle.admin.usage_counts import HadDenialsFilter, UsageCountAdmin, UsageKindFilter
-
-__all__ = [
-    "ApiKeyAdmin",
-    "EndpointLimitInline",
-    "EndpointRuleAdmin",
-    "ExemptionAdmin",
-    "HadDenialsFilter",
-    "LimitInline",
-    "TierAdmin",
-    "TierAssignmentAdmin",
-    "TierLimitInline",
-    "UsageCountAdmin",
-    "UsageKindFilter",
-]
+# Imported for what importing does: each module registers its ModelAdmins.
+from django_throttle.admin import keys, policy_rows, usage_counts  # noqa: F401

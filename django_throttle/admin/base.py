@@ -25,8 +25,6 @@ from django.utils.translation import pgettext_lazy
 
 from django_throttle.admin.forms import LimitForm
 
-__all__ = ["LimitInline", "stored_time"]
-
 # What a list shows in a column, in a word, by stored value (the choices of
 # :mod:`django_throttle.models`); a value written around the admin is shown as it is. The change
 # pages keep the long explanations; a list repeats a value on every row, so there it is one

@@ -37,8 +37,6 @@ from django_throttle.plain import plain_text
 from django_throttle.usage import accounting
 from django_throttle.usage.reports import NO_ENDPOINT, NO_TIER
 
-__all__ = ["CHARTED", "LABELS", "WINDOWS", "Chart", "Timeline", "stacked_bars", "timeline"]
-
 #: Window name → (minutes shown, minutes per bar).
 WINDOWS = {"hour": (60, 1), "day": (1440, 15)}
 #: Outcomes drawn, bottom to top (the others are rare and in the usage report).

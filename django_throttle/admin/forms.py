@@ -21,16 +21,10 @@ from django import forms
 from django.conf import settings
 from django.utils.translation import gettext as _
 
-from django_throttle.models import ALGORITHM_FIELDS, ALGORITHM_HELP, BadRow, EndpointRule, TierLimit
+from django_throttle.models import EndpointRule, TierLimit
+from django_throttle.models.fields import BadRow
+from django_throttle.models.limits import ALGORITHM_FIELDS, ALGORITHM_HELP
 from django_throttle.rates import WINDOW_ALGORITHMS, InvalidRate, Rate
-
-__all__ = [
-    "AlgorithmSelect",
-    "EndpointLimitFormSet",
-    "EndpointRuleForm",
-    "LimitForm",
-    "TierLimitFormSet",
-]
 
 
 def _valid_rows(formset: forms.BaseInlineFormSet[Any, Any, Any]) -> Iterable[tuple[Any, int]]:

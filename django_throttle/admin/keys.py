@@ -28,8 +28,6 @@ from django_throttle.inspection.subjects import Subject
 from django_throttle.models import ApiKey
 from django_throttle.usage import accounting as usage
 
-__all__ = ["ApiKeyAdmin"]
-
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(_AppAdmin):

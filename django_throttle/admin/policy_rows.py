@@ -18,15 +18,7 @@ from django.utils.translation import pgettext_lazy
 from django_throttle import models
 from django_throttle.admin.base import COUNTS, MATCH_TYPES, LimitInline, _AppAdmin, _LimitedAdmin
 from django_throttle.admin.forms import EndpointLimitFormSet, EndpointRuleForm, TierLimitFormSet
-
-__all__ = [
-    "EndpointLimitInline",
-    "EndpointRuleAdmin",
-    "ExemptionAdmin",
-    "TierAdmin",
-    "TierAssignmentAdmin",
-    "TierLimitInline",
-]
+from django_throttle.models.fields import FailureMode
 
 
 class TierLimitInline(LimitInline):
@@ -78,8 +70,8 @@ class TierAdmin(_LimitedAdmin):
         if db_field.name == "failure_mode":
             # A tier has nothing between it and the setting to inherit from.
             inherit = _("inherit (the DJANGO_THROTTLE_FAILURE_MODE setting)")
-            others = [choice for choice in models.FailureMode.choices if choice[0]]
-            kwargs["choices"] = [(models.FailureMode.INHERIT, inherit), *others]
+            others = [choice for choice in FailureMode.choices if choice[0]]
+            kwargs["choices"] = [(FailureMode.INHERIT, inherit), *others]
         return super().formfield_for_choice_field(db_field, request, **kwargs)
 
     @admin.display(description=_("limits"))

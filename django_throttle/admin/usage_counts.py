@@ -39,15 +39,6 @@ from django_throttle.usage.names import client_names, describe
 from django_throttle.usage.reports import NO_ENDPOINT, NO_TIER
 from django_throttle.usage.rollup import rollup
 
-__all__ = [
-    "ROLLUP_BUDGET",
-    "ROLLUP_EVERY",
-    "HadDenialsFilter",
-    "UsageCountAdmin",
-    "UsageKindFilter",
-    "roll_up_if_due",
-]
-
 #: Seconds between two rollups the usage list runs in one process: opening the list again
 #: and again costs the backend nothing more.
 ROLLUP_EVERY = 30.0

@@ -36,8 +36,6 @@ from django_throttle.policy import live as policy_module
 from django_throttle.usage.names import client_names
 from django_throttle.usage.reports import Report, report
 
-__all__ = ["backend_failed", "dashboard", "inspector", "log_reset", "reset_client"]
-
 #: Clients listed under "most limited".
 TOP_LIMITED = 20
 INSPECT = "admin:django_throttle_usagecount_inspect"

@@ -16,14 +16,7 @@ from django_throttle.backends.base import ArgumentRefused, Backend, BackendError
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.conf import app_settings
 
-__all__ = [
-    "ArgumentRefused",
-    "Backend",
-    "BackendError",
-    "get_backend",
-    "get_local_backend",
-    "reset_backend_cache",
-]
+__all__ = ["ArgumentRefused", "Backend", "BackendError", "get_backend"]
 
 #: Most (client, limit) states the fallback limiter of failure mode ``"local"`` keeps, the
 #: least recently used forgotten beyond it: bounds what an outage costs a process in memory,

@@ -33,8 +33,6 @@ from typing import Any, TypeVar
 from django_throttle import events
 from django_throttle.backends.base import ArgumentRefused, BackendError, NodeUnavailable
 
-__all__ = ["CircuitBreaker", "CircuitOpen", "get_breaker", "reset_breaker"]
-
 logger = logging.getLogger("django_throttle.backends.breaker")
 
 T = TypeVar("T")

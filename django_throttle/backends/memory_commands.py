@@ -20,8 +20,6 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-__all__ = ["OK", "Keyspace", "Status", "encoded", "readable"]
-
 _WRONG_TYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
 _NOT_INTEGER = "ERR value is not an integer or out of range"
 _INT64 = range(-(2**63), 2**63)

@@ -30,8 +30,6 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from django_throttle.backends.memory_commands import OK, Keyspace, Status, encoded, readable
 
-__all__ = ["MemoryStore"]
-
 #: Commands between two sweeps of expired keys.
 SWEEP_EVERY = 4096
 #: What a script sees besides Lua's own libraries: the ``redis`` table (``call`` raises a

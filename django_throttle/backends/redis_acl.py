@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["CLUSTER_COMMANDS", "COMMANDS", "acl_rules", "glob_escape", "key_pattern"]
+__all__ = ["acl_rules"]
 
 #: Every command the throttle sends, or its Lua scripts call (a script's calls are checked
 #: against the caller's ACL too), with what it is for. redis-py's ``CLIENT SETINFO`` on

@@ -25,17 +25,6 @@ from django_throttle.backends.redis_cluster_url import option_problem as cluster
 from django_throttle.backends.redis_sentinel import is_sentinel_url, sentinel_client
 from django_throttle.conf import app_settings, is_cluster_url
 
-__all__ = [
-    "DEFAULT_CLIENT_OPTIONS",
-    "VALKEY_SCHEMES",
-    "build_client",
-    "cache_connection",
-    "client_for",
-    "client_options",
-    "option_problem",
-    "redis_spelling",
-]
-
 #: A stalled Redis must cost a request tens of milliseconds, not redis-py's default 5 s x 10.
 DEFAULT_CLIENT_OPTIONS: dict[str, Any] = {
     "socket_connect_timeout": 0.05,

@@ -13,8 +13,6 @@ from redis.exceptions import AskError, MovedError, NoScriptError
 from django_throttle.backends.base import BackendError
 from django_throttle.backends.scripts import Call, call_backend, evalsha_all
 
-__all__ = ["by_slot", "evalsha_across"]
-
 
 def by_slot(keys: list[Any]) -> list[list[Any]]:
     """``keys`` grouped by slot: a script call's keys must share one."""

@@ -19,8 +19,6 @@ from redis.cluster import REDIS_ALLOWED_KEYS, ClusterNode, RedisCluster
 from redis.connection import ConnectionPool, parse_url
 from redis.retry import Retry
 
-__all__ = ["SCHEMES", "ClusterURL", "cluster_client", "option_problem", "parse_cluster_url"]
-
 #: Cluster URL schemes (:data:`~django_throttle.conf.CLUSTER_SCHEMES`, which chooses the
 #: default number of key shards) and the single-server scheme each node is reached by.
 SCHEMES = {

@@ -30,17 +30,6 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.sentinel import SentinelConnectionPool
 
-__all__ = [
-    "SCHEMES",
-    "AsyncSentinelPool",
-    "SentinelPool",
-    "SentinelURL",
-    "async_twin",
-    "is_sentinel_url",
-    "parse_sentinel_url",
-    "sentinel_client",
-]
-
 #: The URL schemes of a Sentinel-managed primary (Valkey's sentinels speak the same protocol).
 SCHEMES = ("redis+sentinel", "valkey+sentinel")
 #: The port of a sentinel given without one.

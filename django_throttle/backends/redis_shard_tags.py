@@ -19,8 +19,6 @@ import itertools
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
-__all__ = ["number_tags", "spread_tags"]
-
 
 def number_tags(count: int) -> tuple[str, ...]:
     """The tags of one server: the shard numbers."""

@@ -22,8 +22,6 @@ from django_throttle.backends import scripts, usage_base
 from django_throttle.backends.scripts import call_backend, lua_file, lua_source, top_per_shard
 from django_throttle.backends.usage_base import SLOT, MinuteCounts, add_to
 
-__all__ = ["BATCH", "RedisUsage", "lua_source", "patient_client_like", "top_per_shard"]
-
 #: Read script calls per pipeline round trip.
 BATCH = 64
 #: Minutes one read script call covers: bounds how long it holds the server.

@@ -15,20 +15,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = [
-    "CLIENT_SAMPLE",
-    "IF_DENIED",
-    "KEYS_SEEN_MAX",
-    "LETTERS",
-    "SLOT",
-    "TOP_CLIENTS",
-    "USAGE_TTL",
-    "MinuteCounts",
-    "PendingCount",
-    "UsageStore",
-    "add_to",
-]
-
 #: Prefix of a usage field counted only when the request is denied (see lua/driver.lua): the
 #: first calls of a request counted in several calls, whose outcome the last call counts.
 IF_DENIED = "\x01"

@@ -32,8 +32,6 @@ from django_throttle.checks.validators import SETTINGS, _header_name
 from django_throttle.conf import NAMES, PREFIX
 from django_throttle.redaction import redact_text
 
-__all__ = ["SETTINGS", "check_rows", "check_settings", "check_settling_middleware", "register"]
-
 
 def register() -> None:
     checks.register(check_settings, checks.Tags.compatibility)

@@ -20,13 +20,6 @@ from django.core import checks
 from django.core.exceptions import FieldError
 from django.db import DatabaseError, transaction
 
-__all__ = [
-    "check_api_key_owners",
-    "check_credential_rules",
-    "check_rows",
-    "check_settling_middleware",
-]
-
 _MIDDLEWARE_PATH = "django_throttle.middleware.RateLimitHeadersMiddleware"
 #: Check id of a policy row the compiler skips, per model.
 _ROW_CHECK_IDS = {

@@ -15,8 +15,6 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
-__all__ = ["SETTINGS", "Validator"]
-
 Validator = Callable[[Any], str | None]
 
 

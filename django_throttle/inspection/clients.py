@@ -36,8 +36,6 @@ from django_throttle.policy.live import current
 from django_throttle.policy.snapshot import TierPolicy
 from django_throttle.rates import Decision, Limit
 
-__all__ = ["Bucket", "Inspection", "buckets", "counters", "inspect", "probe"]
-
 
 @dataclass(frozen=True)
 class Bucket:

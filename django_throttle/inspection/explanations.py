@@ -31,8 +31,6 @@ from django_throttle.policy.live import current
 from django_throttle.policy.snapshot import EndpointPolicy, Policy, TierPolicy
 from django_throttle.rates import Decision
 
-__all__ = ["Explanation", "explain"]
-
 
 @dataclass(frozen=True)
 class Explanation:

@@ -19,8 +19,6 @@ from django_throttle.policy.live import current
 from django_throttle.policy.snapshot import Policy
 from django_throttle.rates import Limit
 
-__all__ = ["reset", "reset_ceilings", "reset_counters", "shared_limits"]
-
 
 def reset_counters(
     subject: Subject,

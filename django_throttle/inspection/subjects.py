@@ -28,8 +28,6 @@ from django.utils.translation import gettext as _
 from django_throttle.identity import MAX_KEY_BYTES, Identity, client_ip
 from django_throttle.policy.snapshot import Policy, TierPolicy
 
-__all__ = ["CLIENT_HELP", "Subject", "UnknownClient", "parse_client", "tier_and_reason"]
-
 #: What the commands' help says a client may be written as.
 CLIENT_HELP = (
     "any label the dashboard, usage list or a report shows (user:<name|id>, key:<prefix>, "

@@ -12,24 +12,20 @@ from __future__ import annotations
 
 from django_throttle.models.api_keys import ApiKey
 from django_throttle.models.exemptions import Exemption
-from django_throttle.models.fields import BadRow, FailureMode, validate_rate
-from django_throttle.models.limits import ALGORITHM_FIELDS, ALGORITHM_HELP
+
+# The first migration names the validator by this path.
+from django_throttle.models.fields import validate_rate as validate_rate
 from django_throttle.models.rules import EndpointLimit, EndpointRule
 from django_throttle.models.tiers import Tier, TierAssignment, TierLimit
 from django_throttle.models.usage import UsageCount
 
 __all__ = [
-    "ALGORITHM_FIELDS",
-    "ALGORITHM_HELP",
     "ApiKey",
-    "BadRow",
     "EndpointLimit",
     "EndpointRule",
     "Exemption",
-    "FailureMode",
     "Tier",
     "TierAssignment",
     "TierLimit",
     "UsageCount",
-    "validate_rate",
 ]

@@ -24,8 +24,6 @@ from django_throttle.rates import TOKEN_ALGORITHMS, Algorithm, InvalidRate, Limi
 if TYPE_CHECKING:
     from django_throttle.models.fields import StrOrPromise
 
-__all__ = ["ALGORITHM_FIELDS", "ALGORITHM_HELP", "LIMIT_FIELDS", "LimitFields"]
-
 
 #: What the rate means under each algorithm, for the admin (help next to the select).
 ALGORITHM_HELP: dict[str, StrOrPromise] = {

@@ -13,8 +13,6 @@ from typing import Any
 from django_throttle.policy.text import FORMAT_VERSION, PolicyFileError
 from django_throttle.rates import MAX_LOG_COUNT, Algorithm
 
-__all__ = ["from_drf"]
-
 _USER = "rest_framework.throttling.UserRateThrottle"
 
 

@@ -16,8 +16,6 @@ from typing import Any
 from django_throttle.identity import Identity
 from django_throttle.policy.user_tiers import memberships
 
-__all__ = ["Exemptions", "compile_exemptions", "exempt_client"]
-
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 

@@ -23,8 +23,6 @@ from django.db import models
 
 from django_throttle.models import EndpointLimit, Tier
 
-__all__ = ["Change", "repeats"]
-
 #: Columns that are bookkeeping, not policy.
 _SKIPPED = frozenset({"id", "created", "updated"})
 

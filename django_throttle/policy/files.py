@@ -29,8 +29,6 @@ from django_throttle.policy import file_writes as writes
 from django_throttle.policy.file_writes import Change, Import
 from django_throttle.policy.text import FORMAT_VERSION, PolicyFileError
 
-__all__ = ["Change", "PolicyFileError", "export_policy", "import_policy"]
-
 #: Top-level sections, in the order they are written and applied.
 SECTIONS = ("tiers", "rules", "assignments")
 #: The sections of rows with limits: (model, natural key).

@@ -34,8 +34,6 @@ from django_throttle.rates import Limit
 
 logger = logging.getLogger("django_throttle.policy")
 
-__all__ = ["Policy", "compile_policy", "current", "fresh", "invalidate", "last", "reset"]
-
 #: Monotonic seconds; tests replace it to age a snapshot without sleeping.
 clock = time.monotonic
 #: Seconds between two checks of the shared policy version: an admin edit reaches every

@@ -22,7 +22,7 @@ from django_throttle.identity import UNIDENTIFIED, Identity, client_ip, presente
 from django_throttle.policy import live
 from django_throttle.policy.snapshot import ApiKeyPolicy, Policy
 
-__all__ = ["get_resolver", "resolve_identity", "verified_api_key"]
+__all__ = ["resolve_identity"]
 
 #: Unix seconds, for API key expiry; tests replace it to expire a key without sleeping.
 clock = time.time

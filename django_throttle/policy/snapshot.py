@@ -18,8 +18,6 @@ from django_throttle.policy.exemptions import Exemptions
 from django_throttle.policy.user_tiers import UserTiers
 from django_throttle.rates import Limit
 
-__all__ = ["ApiKeyPolicy", "CountedGroup", "EndpointPolicy", "Policy", "TierPolicy"]
-
 #: Compared against when no key has the presented prefix, so an unknown prefix costs what a
 #: wrong secret costs: one HMAC and one constant-time comparison.
 _DUMMY_DIGEST = bytes(32)

@@ -15,16 +15,6 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = [
-    "FORMAT_VERSION",
-    "MAX_DEPTH",
-    "MAX_VALUES",
-    "PolicyFileError",
-    "decode",
-    "dump",
-    "load",
-]
-
 #: The document's ``version``; an import refuses any other.
 FORMAT_VERSION = 1
 

@@ -24,8 +24,6 @@ from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db.models import IntegerField, Value
 from django.db.models.sql.constants import MULTI
 
-__all__ = ["UserTiers", "compile_user_tiers", "memberships"]
-
 #: Rows fetched per round trip while streaming assignments.
 CHUNK_SIZE = 20_000
 

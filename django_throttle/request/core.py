@@ -43,8 +43,6 @@ from django_throttle.request.planning import _counted, _degraded, _outcome, _Pla
 from django_throttle.request.reservations import Steps, settling
 from django_throttle.usage import accounting as usage
 
-__all__ = ["FAILURE_MODES", "CheckOptions", "acheck", "asettle", "check", "plan", "settle"]
-
 T = TypeVar("T")
 
 

@@ -29,8 +29,6 @@ from typing import Any
 
 from django.core import signing
 
-__all__ = ["COOKIE_NAME", "MAX_AGE", "device_for", "remember"]
-
 #: The cookie's name.
 COOKIE_NAME = "throttle_device"
 #: Seconds a device cookie stays valid after the last sign-in that set it (180 days).

@@ -32,15 +32,6 @@ from django.utils.translation import gettext_lazy as _
 
 from django_throttle.plain import plain_text
 
-__all__ = [
-    "USERNAME",
-    "ClientName",
-    "client_names",
-    "describe",
-    "private_labels",
-    "username_digest",
-]
-
 #: Label prefix of a counter by presented username (``Identity("username", …).key``).
 USERNAME = "username:"
 #: Marks a digested username: ``username:#<hex>``.

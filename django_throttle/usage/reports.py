@@ -45,8 +45,6 @@ from django_throttle.usage import accounting as usage
 from django_throttle.usage.names import private_labels
 from django_throttle.usage.rollup import _add, _instant, _minute, _split, kept_minutes
 
-__all__ = ["NO_ENDPOINT", "NO_TIER", "REPORT_BY", "Report", "UsageRow", "label", "report"]
-
 REPORT_BY: tuple[str, ...] = ("client", "tier", "endpoint")
 #: What every operator view (dashboard, table, CSV, JSON) calls an empty tier (limits given
 #: inline to ``@throttle``) and an empty endpoint (no endpoint rule or scope).

@@ -42,8 +42,6 @@ from django_throttle.conf import app_settings
 from django_throttle.usage.accounting import ALL, OUTCOMES, get_store, split_field
 from django_throttle.usage.names import private_labels
 
-__all__ = ["Rollup", "copy_key_use", "kept_minutes", "rollup"]
-
 CHUNK_MINUTES = 5
 _UNIQUE = ["window_start", "client", "tier", "endpoint"]
 
