@@ -130,8 +130,8 @@ def test_the_admin_warns_about_a_shared_ceiling_whose_share_a_rule_cost_exceeds(
 # A flood of distinct identities -------------------------------------------------------------
 
 FLOOD = 1_000_000
-#: README: "about 130 bytes of Redis used_memory per tracked client and limit", target
-#: <= 150 (issue 6); measured 145 B at 1,000,000 identities (bench/bench_flood.py).
+#: The documented bound on Redis used_memory per tracked client and limit (issue 6); what it
+#: measures at 1,000,000 identities is in docs/explanation/benchmarks.md (bench_flood.py).
 DOCUMENTED_BYTES_PER_IDENTITY = 150
 
 

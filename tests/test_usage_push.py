@@ -2,8 +2,8 @@
 
 While the backend cannot answer, every decision is counted in process (``usage.record_degraded``);
 the requests after it answers again push those counts, each at most ``usage.PUSH_PER_CALL`` of
-them, so no single request carries a long outage's backlog (10,000 counts took 303-355 ms in
-one request), and nothing is lost.
+them, so no single request carries a long outage's backlog (its time would grow with the
+outage), and nothing is lost.
 """
 
 from __future__ import annotations
