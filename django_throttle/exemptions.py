@@ -2,8 +2,9 @@
 or ``throttle_exempt = True`` on a DRF view.
 
 An exempt view's requests make no backend call and get no rate limit headers. Exempt clients
-(staff, superusers, and the users, groups and networks listed in the admin) are policy:
-:mod:`django_throttle.policy.exemptions`.
+(the users, groups and IP networks listed in the admin) are rows of
+:class:`~django_throttle.models.Exemption`; staff and superusers are limited like everyone else
+unless listed there.
 """
 
 from __future__ import annotations
