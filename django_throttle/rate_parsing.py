@@ -1,8 +1,9 @@
 """Rates as operators write them ("100/min", "20/15m", "10000/month"): the grammar, its units,
 and the bounds every count shares.
 
-Periods are whole seconds. :mod:`django_throttle.rates` builds limits on top and re-exports
-every public name here; nothing here reads settings or does I/O.
+Periods are whole seconds. Internal: import :class:`Rate` and :class:`InvalidRate` from
+:mod:`django_throttle.rates`, which builds limits on top; nothing here reads settings or does
+I/O.
 """
 
 from __future__ import annotations
