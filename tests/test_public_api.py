@@ -1,7 +1,8 @@
 """The public API is the API reference: a module that declares ``__all__`` is one
 ``docs/reference/api.rst`` documents, every name in that ``__all__`` is documented there, and
-every name the page documents imports. A name made public without its docs, or docs naming
-something that moved, fails here.
+every name the page documents imports; and what the README and the docs pages tell users to
+import (``from django_throttle… import …``) is documented there. A name made public without
+its docs, docs naming something that moved, or a how-to importing an internal name fails here.
 
 The page is read as text (no Sphinx build), the way autodoc reads it: an ``auto*`` directive
 documents its target; ``automodule`` with ``:members: a, b`` documents those names, and with a
@@ -24,6 +25,13 @@ import django_throttle
 
 ROOT = Path(__file__).resolve().parent.parent
 API_PAGE = ROOT / "docs" / "reference" / "api.rst"
+#: The pages that tell users what to import: the README and every page of the docs.
+PAGES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").rglob("*.md")),
+    *sorted((ROOT / "docs").rglob("*.rst")),
+]
+IMPORT = re.compile(r"^\s*from (django_throttle[\w.]*) import ([\w, ]+)$", re.MULTILINE)
 PACKAGE = Path(django_throttle.__file__).resolve().parent
 
 # Modules being rewritten or removed by issue 31's transport and settings work: their
@@ -113,6 +121,15 @@ def resolve(module: str, name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+def is_documented(module: str, name: str, names: set[tuple[str, str]], literals: set[str]) -> bool:
+    """Whether the page documents ``module.name``, lists the name, or documents the same
+    object under the module that defines it (a re-export)."""
+    if (module, name) in names or name in literals:
+        return True
+    obj = resolve(module, name)
+    return any(obj is resolve(*pair) for pair in names)
+
+
 def test_only_documented_modules_declare_all() -> None:
     modules, _, _ = documented()
     undocumented = sorted(set(modules_with_all()) - modules - PENDING)
@@ -124,20 +141,28 @@ def test_only_documented_modules_declare_all() -> None:
 
 def test_every_public_name_is_documented() -> None:
     _, names, literals = documented()
-    documented_objects = [resolve(module, name) for module, name in names]
-    missing = []
-    for module, public in modules_with_all().items():
-        if module in PENDING:
-            continue
-        for name in public:
-            if (module, name) in names or name in literals:
-                continue
-            obj = resolve(module, name)
-            # A re-export of a name documented under its own module counts.
-            if any(obj is other for other in documented_objects):
-                continue
-            missing.append(f"{module}.{name}")
+    missing = [
+        f"{module}.{name}"
+        for module, public in modules_with_all().items()
+        if module not in PENDING
+        for name in public
+        if not is_documented(module, name, names, literals)
+    ]
     assert not missing, f"in __all__ but not in docs/reference/api.rst: {missing}"
+
+
+def test_the_docs_import_only_the_public_api() -> None:
+    """What the tutorial, the how-tos and the README tell users to import is in the API
+    reference, so following the docs never leads into an internal module."""
+    _, names, literals = documented()
+    internal = sorted(
+        f"{page.relative_to(ROOT)}: {module}.{name}"
+        for page in PAGES
+        for module, imported in IMPORT.findall(page.read_text())
+        for name in (n.strip() for n in imported.split(","))
+        if name and not is_documented(module, name, names, literals)
+    )
+    assert not internal, f"the docs import names the API reference does not document: {internal}"
 
 
 @pytest.mark.parametrize("pair", sorted(documented()[1]), ids=lambda pair: ".".join(pair))
