@@ -54,13 +54,14 @@ DIRECTIVE = re.compile(
 def module_all(path: Path) -> list[str] | None:
     """The literal ``__all__`` a source file assigns at module level, or None."""
     for node in ast.parse(path.read_text()).body:
-        if (
-            isinstance(node, ast.Assign)
-            and len(node.targets) == 1
-            and isinstance(node.targets[0], ast.Name)
-            and node.targets[0].id == "__all__"
-        ):
-            names = ast.literal_eval(node.value)
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id == "__all__":
+            names = ast.literal_eval(value)
             assert isinstance(names, list)
             return [str(name) for name in names]
     return None

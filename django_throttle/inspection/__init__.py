@@ -1,7 +1,7 @@
 """What the operator tools (the admin's inspector, ``throttle_inspect``,
 ``throttle_explain``, ``throttle_reset``) ask about one client, answered by the
-request path's own planning."""
+request path's own planning.
 
-#: Internal: nothing here is public API (the public faces are listed in the docs' Python
-#: API reference), and it may move between releases.
-__all__: list[str] = []
+Internal: nothing here is public API (the public faces are in the docs' Python API
+reference), and it may change between releases.
+"""

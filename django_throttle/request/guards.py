@@ -27,8 +27,6 @@ from django_throttle.request.reservations import (
 )
 from django_throttle.request.usernames import normalise_username, presented_username
 
-__all__: list[str] = []
-
 #: The keyword arguments of :func:`~django_throttle.request.core.check` for one request:
 #: the same dict every time, or a function building it per request.
 Options = dict[str, Any] | Callable[[], dict[str, Any]]

@@ -26,8 +26,6 @@ from django_throttle.request.pages import throttled_page, wants_html
 
 logger = logging.getLogger("django_throttle")
 
-__all__: list[str] = []
-
 
 def whole_seconds(seconds: float) -> int:
     """Round up to whole seconds, forgiving nothing: backends report waits free of float

@@ -24,8 +24,6 @@ from django_throttle.rates import Decision
 
 logger = logging.getLogger("django_throttle")
 
-__all__: list[str] = []
-
 #: The template of the page; override it in a project's templates.
 TEMPLATE = "django_throttle/throttled.html"
 

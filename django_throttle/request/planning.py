@@ -48,8 +48,6 @@ from django_throttle.usage import accounting as usage
 
 logger = logging.getLogger("django_throttle")
 
-__all__: list[str] = []
-
 #: Seconds between two error lines about unidentifiable clients, per process.
 UNIDENTIFIED_LOG_INTERVAL = 60.0
 

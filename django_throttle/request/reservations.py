@@ -33,8 +33,6 @@ from django_throttle.rates import Decision, Limit
 
 logger = logging.getLogger("django_throttle")
 
-__all__: list[str] = []
-
 T = TypeVar("T")
 
 #: (client, limits): what one backend call counts.

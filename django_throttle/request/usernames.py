@@ -19,8 +19,6 @@ from typing import Any
 
 from django_throttle.identity import Identity
 
-__all__: list[str] = []
-
 #: Longest username kept as it is: a longer one is written ``#<digest>`` (never cut: two long
 #: names that start alike, or a name behind any amount of padding, keep counters of their own).
 MAX_USERNAME = 256
