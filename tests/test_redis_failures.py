@@ -295,7 +295,7 @@ def django_redis_cache(settings: Any, location: Any, **options: Any) -> None:
             "OPTIONS": options,
         },
     }
-    settings.DJANGO_THROTTLE_CACHE_ALIAS = "throttle"
+    settings.DJANGO_THROTTLE_REDIS_URL = "cache://throttle"
 
 
 def test_borrowed_cache_connection_gets_our_timeouts_and_bounded_pool(
