@@ -305,11 +305,11 @@ def test_the_network_list_follows_setting_changes(rf: RequestFactory, settings: 
     assert resolve_identity(request).value == "192.168.1.1"
 
 
-def test_with_count_and_networks_both_set_the_peer_must_still_be_trusted(
+def test_with_a_removed_count_beside_networks_the_peer_must_still_be_trusted(
     rf: RequestFactory, settings: Any
 ) -> None:
-    """A system check error (E032); at run time the stricter network list decides."""
-    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = 1
+    """``TRUSTED_PROXY_COUNT`` is gone (system check E041): the network list decides."""
+    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
     settings.DJANGO_THROTTLE_TRUSTED_PROXIES = PROXIES
 
     assert resolve_identity(make_request(rf, "203.0.113.7", "198.51.100.9")).value == "203.0.113.7"
