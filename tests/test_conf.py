@@ -182,3 +182,26 @@ def test_every_setting_is_documented_with_its_reason() -> None:
     assert {s["name"].removeprefix("DJANGO_THROTTLE_") for s in found} == NAMES
     for setting in found:
         assert "Set it" in setting["doc"], setting["name"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "view", "credential", "expected"),
+    [
+        ("open", None, False, "open"),
+        ("closed", None, False, "closed"),
+        ("open", None, True, "local"),  # a login is never served uncounted by the setting
+        ("closed", None, True, "closed"),
+        ("open", "closed", False, "closed"),  # the view's own rule in code wins
+        ("closed", "open", True, "open"),
+    ],
+)
+def test_the_failure_mode_is_decided_in_one_place_with_or_without_a_policy(
+    settings: Any, setting: str, view: str | None, credential: bool, expected: str
+) -> None:
+    """``FAILURE_MODE`` is the last word after the rule's and the tier's; a check made while
+    no policy is compiled is decided by the same function."""
+    from django_throttle.policy.snapshot import Policy
+
+    settings.DJANGO_THROTTLE_FAILURE_MODE = setting
+
+    assert Policy.failure_mode_for(None, None, credential, view) == expected

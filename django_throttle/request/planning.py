@@ -26,7 +26,7 @@ from typing import Any
 from django_throttle.backends import ArgumentRefused, BackendError
 from django_throttle.backends.base import NodeUnavailable
 from django_throttle.backends.breaker import get_breaker
-from django_throttle.conf import UNKNOWN_CLIENT, app_settings
+from django_throttle.conf import UNKNOWN_CLIENT
 from django_throttle.exemptions import is_exempt_view
 from django_throttle.identity import UNIDENTIFIED, Identity, client_ip
 from django_throttle.plain import log_text
@@ -276,12 +276,9 @@ def failure_mode(planned: _Plan) -> str:
     ``failure_mode``, else what the policy says for its tier and rule
     (:meth:`~django_throttle.policy.snapshot.Policy.failure_mode_for`: a credential check
     counts in-process where the setting would serve it uncounted)."""
-    if planned.failure_mode:
-        return planned.failure_mode
-    if planned.policy is not None:
-        return planned.policy.failure_mode_for(planned.tier, planned.endpoint, planned.credential)
-    mode = app_settings.FAILURE_MODE
-    return "local" if planned.credential and mode == "open" else mode
+    return Policy.failure_mode_for(
+        planned.tier, planned.endpoint, planned.credential, planned.failure_mode
+    )
 
 
 def _outcome(decision: Decision) -> str:
