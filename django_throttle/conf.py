@@ -235,11 +235,6 @@ class Settings:
         """Internal: the cache ``REDIS_URL = "cache://<alias>"`` borrows (``"default"``)."""
         return cache_alias(getattr(settings, PREFIX + "REDIS_URL", None)) or DEFAULT_CACHE_ALIAS
 
-    @property
-    def api_key_headers(self) -> tuple[tuple[str, bool], ...]:
-        """Internal: :data:`API_KEY_META`."""
-        return API_KEY_META
-
 
 #: ``REDIS_URL`` schemes of a Redis Cluster: the ones ``KEY_SHARDS`` defaults to 16 for.
 CLUSTER_SCHEMES = frozenset(

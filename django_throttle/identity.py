@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from django_throttle.conf import IPV4_PREFIX, IPV6_PREFIX, ProxyTrust, app_settings
+from django_throttle.conf import API_KEY_META, IPV4_PREFIX, IPV6_PREFIX, ProxyTrust, app_settings
 
 logger = logging.getLogger("django_throttle.identity")
 
@@ -91,10 +91,10 @@ UNIDENTIFIED = Identity("unknown", "")
 
 
 def presented_key(meta: Any) -> str | None:
-    """The API key the request carries in the first ``API_KEY_HEADERS`` header that holds
+    """The API key the request carries in the first ``conf.API_KEY_HEADERS`` header that holds
     one, unverified; ``None`` when it carries none. ``Authorization`` counts only with the
     ``Api-Key`` scheme (``Basic``, ``Bearer``… are someone else's)."""
-    for meta_key, is_authorization in app_settings.api_key_headers:
+    for meta_key, is_authorization in API_KEY_META:
         value = meta.get(meta_key)
         if not value or not isinstance(value, str):
             continue

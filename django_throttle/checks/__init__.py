@@ -68,7 +68,8 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
             errors.append(
                 checks.Error(
                     f"{PREFIX}{name} = {_shown(name, value)} {problem}.",
-                    hint="See the settings reference in the django-throttle docs.",
+                    hint=f"Fix it, or remove it for its default: {PREFIX}{name} in the "
+                    "django-throttle settings reference says what it holds and why.",
                     id=f"django_throttle.{check_id}",
                 )
             )
