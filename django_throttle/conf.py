@@ -285,7 +285,8 @@ def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network
 
 class Removed(NamedTuple):
     """A setting this app no longer reads: what replaces it, and whether ignoring the
-    value a project still sets would weaken limiting (then the system check is an error)."""
+    value a project still sets (beside its other settings) would count differently than it
+    asked for (then the system check is an error)."""
 
     replacement: str
     weakens: Callable[[Any], bool]
@@ -295,17 +296,22 @@ def _never(value: Any) -> bool:
     return False
 
 
+def _is_set(name: str) -> bool:
+    """Whether the project sets ``name`` (a setting that made a removed one moot before)."""
+    return bool(getattr(settings, PREFIX + name, None))
+
+
 #: Settings of earlier versions, each with what replaces it: a project that still sets one
 #: gets system check W004 naming the replacement, or E041 where ignoring its value would
 #: let more requests through (or count clients together) than the project asked for.
 REMOVED: dict[str, Removed] = {
     "CACHE_ALIAS": Removed(
         'REDIS_URL = "cache://<alias>" (the one way to reach Redis)',
-        lambda value: value != DEFAULT_CACHE_ALIAS,
+        lambda value: value != DEFAULT_CACHE_ALIAS and not _is_set("REDIS_URL"),
     ),
     "TRUSTED_PROXY_COUNT": Removed(
         "TRUSTED_PROXIES = <count> (the one way to trust proxies)",
-        lambda value: value not in (0, None),
+        lambda value: value not in (0, None) and not _is_set("TRUSTED_PROXIES"),
     ),
     "FAILURE_STATUS": Removed("the constant 503 (no setting)", _never),
     "UNKNOWN_CLIENT": Removed(

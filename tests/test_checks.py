@@ -452,6 +452,14 @@ def test_a_removed_setting_still_set_is_a_warning_naming_its_replacement(
 def test_a_removed_setting_whose_value_ignored_would_change_limiting_is_an_error(
     settings: Any, name: str, value: Any, replacement: str
 ) -> None:
+    # Borrowing: no URL, so the default cache would be borrowed instead of the one named.
+    settings.DJANGO_THROTTLE_REDIS_URL = None
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://127.0.0.1:6379/0",
+        }
+    }
     setattr(settings, f"DJANGO_THROTTLE_{name}", value)
 
     [error] = check_settings()
@@ -478,3 +486,13 @@ def test_every_removed_setting_is_in_the_settings_reference() -> None:
 
     page = (Path(__file__).parent.parent / "docs" / "reference" / "settings.rst").read_text()
     assert [name for name in REMOVED if f"DJANGO_THROTTLE_{name}``" not in page] == []
+
+
+def test_a_removed_setting_that_was_moot_already_is_only_a_warning(settings: Any) -> None:
+    """A borrowed cache beside a Redis URL, or a proxy count beside networks, was not read
+    before either: nothing changes but the warning."""
+    settings.DJANGO_THROTTLE_CACHE_ALIAS = "throttle"
+    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = ["10.0.0.0/8"]
+
+    assert ids() == ["django_throttle.W004", "django_throttle.W004"]
