@@ -111,7 +111,7 @@ class Settings:
         self.__dict__.clear()
 
     #: Master switch: ``False`` lets every request through uncounted. Set it to turn the
-    #: limiter off in a test or in an incident without a deploy of other code.
+    #: limiter off in tests of other features, or during an incident.
     ENABLED: Setting[bool] = Setting(True, bool)
 
     #: Dotted path of the counting backend class. Set it to
