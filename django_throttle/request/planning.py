@@ -203,11 +203,10 @@ def _unidentified() -> Decision | None:
         _last_unidentified_log = now
         logger.error(
             "A request has no usable client address (REMOTE_ADDR is empty or not an IP), so it "
-            "cannot be rate limited per client; the request (%r) %s. Behind a proxy that "
+            "cannot be rate limited per client and is refused (%s). Behind a proxy that "
             "connects over a Unix socket, set DJANGO_THROTTLE_TRUSTED_PROXIES to the proxy count "
             "so the address comes from X-Forwarded-For. (Logged at most once a minute.)",
-            choice,
-            _UNKNOWN_CLIENT_CHOICES.get(choice, "refuses such requests"),
+            _UNKNOWN_CLIENT_CHOICES.get(choice, "503"),
         )
     if choice == "allow":
         return _FAILED_OPEN
