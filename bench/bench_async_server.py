@@ -126,7 +126,7 @@ def serve(port: int, redis_url: str, prefix: str, redis_options: dict[str, Any])
             "ROOT_URLCONF": "bench_async_server",
             "MIDDLEWARE": [],
             "ALLOWED_HOSTS": ["*"],
-            "DJANGO_THROTTLE_TRUSTED_PROXY_COUNT": 1,
+            "DJANGO_THROTTLE_TRUSTED_PROXIES": 1,
         },
     )
     import uvicorn

@@ -1,10 +1,15 @@
-"""Typed ``DJANGO_THROTTLE_*`` settings, each with a default.
+"""Typed ``DJANGO_THROTTLE_*`` settings, each with a default and the reason to set it.
 
-Values are read from ``django.conf.settings`` on first access and remembered until a
-``setting_changed`` signal (``override_settings``, the pytest ``settings`` fixture) clears them:
-every request reads several settings, and a missing Django setting costs a raised
-``AttributeError`` on each plain read. Nothing is read at import. Each setting is validated by
-a system check in :mod:`django_throttle.checks`.
+Only what a project has reason to choose is a setting: how to reach Redis, whom to trust
+for the client's address, what happens while Redis is down, and the hooks that replace a
+default behaviour. Everything else is a constant of this module, named and documented here.
+
+Every setting is read through :data:`app_settings`: a value is read from
+``django.conf.settings`` on first access and remembered until Django's ``setting_changed``
+signal (``override_settings``, the pytest ``settings`` fixture) clears it, so a test or a
+project changing a setting is always seen. Nothing is read at import. Each setting is
+validated by a system check in :mod:`django_throttle.checks`, and each setting this app no
+longer has is named there with what replaces it (:data:`REMOVED`).
 """
 
 from __future__ import annotations
@@ -22,190 +27,213 @@ __all__ = ["CLUSTER_SCHEMES", "ProxyTrust", "Settings", "app_settings", "is_clus
 PREFIX = "DJANGO_THROTTLE_"
 T = TypeVar("T")
 
+#: The counting backend unless ``BACKEND`` names another.
+REDIS_BACKEND = "django_throttle.backends.redis.RedisBackend"
+#: ``REDIS_URL`` scheme that borrows the connection settings of a cache in ``CACHES``.
+CACHE_SCHEME = "cache"
+#: The cache borrowed when ``REDIS_URL`` is unset.
+DEFAULT_CACHE_ALIAS = "default"
+#: HTTP status of a request refused because the limiter cannot answer (fail-closed) or
+#: cannot identify the client: 503, so no client reads it as "you exceeded a limit".
+FAILURE_STATUS = 503
+#: A request whose address cannot be read (empty or garbage ``REMOTE_ADDR``) is refused
+#: with :data:`FAILURE_STATUS`: serving it uncounted or in one shared bucket would let a
+#: misconfigured proxy lift every limit or starve every client.
+UNKNOWN_CLIENT = "deny"
+#: Anonymous IPv4 clients are counted per address.
+IPV4_PREFIX = 32
+#: Anonymous IPv6 clients are counted per /64, the subnet one site (or one attacker) gets.
+IPV6_PREFIX = 64
+#: Headers an API key is read from, in order: ``Authorization: Api-Key <key>``, then
+#: ``X-API-Key: <key>``.
+API_KEY_HEADERS = ("Authorization", "X-API-Key")
+#: :data:`API_KEY_HEADERS` as (``request.META`` key, is ``Authorization``) pairs.
+API_KEY_META = (("HTTP_AUTHORIZATION", True), ("HTTP_X_API_KEY", False))
+
 
 class Setting(Generic[T]):
-    """A setting whose value is what the user wrote, made ``cast`` (``bool``, ``str``,
-    ``int``): read on first access, then remembered on the instance (as ``cached_property``
-    does) until :meth:`Settings.reload`."""
+    """A setting: what the user wrote (else ``default``) made a ``T`` by ``parse``, read on
+    first access and remembered on the instance (as ``cached_property`` does) until
+    :meth:`Settings.reload`."""
 
-    def __init__(self, default: Any, cast: Callable[[Any], T]) -> None:
+    def __init__(
+        self,
+        default: Any,
+        parse: Callable[[Any], T],
+        derive: Callable[[Settings], T] | None = None,
+    ) -> None:
         self.default = default
-        self.cast = cast
+        self.parse = parse
+        #: The value when the setting is unset, from other settings (``default`` unused).
+        self.derive = derive
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
     def __get__(self, instance: Settings, owner: type | None = None) -> T:
-        value = self.cast(getattr(settings, PREFIX + self.name, self.default))
+        raw = getattr(settings, PREFIX + self.name, self.default)
+        if raw is None and self.derive is not None:
+            value = self.derive(instance)
+        else:
+            value = self.parse(raw)
         instance.__dict__[self.name] = value
         return value
 
 
-class Settings:
-    """The app's settings. Each documents its setting: plain values are a :class:`Setting`
-    (with their default), values parsed further are properties."""
+def _optional_text(value: Any) -> str | None:
+    return (value.strip() or None) if isinstance(value, str) else None
 
-    def _get(self, name: str, default: Any) -> Any:
-        return getattr(settings, PREFIX + name, default)
+
+def _redis_url(value: Any) -> str | None:
+    """The URL connected to; ``None`` when a cache's connection is borrowed."""
+    url = _optional_text(value)
+    return None if url is None or is_cache_url(url) else url
+
+
+def _proxies(value: Any) -> int | tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return max(value, 0)
+    return _networks(value)
+
+
+def _default_shards(settings: Settings) -> int:
+    """16 on a Redis Cluster URL, else 1."""
+    return 16 if is_cluster_url(settings.REDIS_URL) else 1
+
+
+class Settings:
+    """The app's settings, in the order of the settings reference. Each ``#:`` comment says
+    what the setting holds and why a project would set it (the reference is built from
+    them)."""
 
     def reload(self) -> None:
         """Forget remembered values; the next access reads Django's settings again."""
         self.__dict__.clear()
 
-    #: Master switch: ``False`` lets every request through without counting.
-    ENABLED = Setting(True, bool)
+    #: Master switch: ``False`` lets every request through uncounted. Set it to turn the
+    #: limiter off in tests of other features, or during an incident.
+    ENABLED: Setting[bool] = Setting(True, bool)
 
-    #: Dotted path of the counting backend class.
-    BACKEND = Setting("django_throttle.backends.redis.RedisBackend", str)
+    #: Dotted path of the counting backend class. Set it to
+    #: ``"django_throttle.backends.memory.MemoryBackend"`` to count in the process (the same
+    #: semantics, no Redis) for development, tests and single-process sites.
+    BACKEND: Setting[str] = Setting(REDIS_BACKEND, str)
 
-    @cached_property
-    def REDIS_URL(self) -> str | None:
-        """Redis the Redis backend connects to: ``redis://``, ``rediss://`` (TLS), ``unix://``
-        (``valkey://`` and ``valkeys://`` are read as ``redis://`` and ``rediss://``), or
-        ``redis+sentinel://[user:password@]host:port,host:port/<service>[/<db>]`` (also
-        ``valkey+sentinel://``) for the primary a set of sentinels names, the sentinels' own
-        credentials in ``REDIS_OPTIONS["sentinel_kwargs"]``. ``None``: reuse the django-redis
-        cache named by ``CACHE_ALIAS``."""
-        return self._get("REDIS_URL", None) or None
+    #: The one way the Redis backend reaches Redis: a URL (``redis://``, ``rediss://`` for
+    #: TLS, ``unix://``; ``redis+sentinel://[user:password@]host:port,host:port/<service>[/<db>]``
+    #: for the primary a set of sentinels names; ``redis+cluster://host:port,host:port`` for a
+    #: Redis Cluster; each also as ``valkey``), or ``"cache://<alias>"`` to borrow the
+    #: connection settings of the django-redis (or Django ``RedisCache``) cache
+    #: ``CACHES[alias]``. Unset: ``"cache://default"``. Set it so the limiter counts on the
+    #: Redis you choose, with its own timeouts.
+    REDIS_URL: Setting[str | None] = Setting(None, _redis_url)
 
-    #: Extra keyword arguments for the Redis client the backend builds (timeouts, pool);
-    #: with a Sentinel URL, ``"sentinel_kwargs"`` are those of the connections to the sentinels.
-    REDIS_OPTIONS = Setting({}, dict)
+    #: Extra keyword arguments of the Redis client the backend builds (TLS certificates,
+    #: timeouts, pool size); with a Sentinel URL, ``"sentinel_kwargs"`` are those of the
+    #: connections to the sentinels. Set it when your Redis needs more than its URL says.
+    REDIS_OPTIONS: Setting[dict[str, Any]] = Setting({}, dict)
 
-    #: django-redis cache whose connection is reused when ``REDIS_URL`` is unset.
-    CACHE_ALIAS = Setting("default", str)
+    #: First part of every Redis key the app writes. Set it when several projects share one
+    #: Redis (or one ACL user may only touch ``<prefix>:*``).
+    KEY_PREFIX: Setting[str] = Setting("dt", str)
 
-    #: First part of every Redis key the app writes.
-    KEY_PREFIX = Setting("dt", str)
+    #: Hash-tag shards of the keys (1-1024): each is one Redis Cluster slot holding its
+    #: clients' counters. A shared limit (one ceiling for all clients of a tier) is kept per
+    #: shard, each admitting ``ceil(count / shards)``. Unset: 16 on a Redis Cluster URL,
+    #: spreading clients over the primaries; else 1, so a shared ceiling is exact. Set it to
+    #: trade exactness against spreading on a Cluster. Changing it starts every counter
+    #: afresh: the shard is part of each key.
+    KEY_SHARDS: Setting[int] = Setting(None, int, derive=_default_shards)
 
-    @cached_property
-    def KEY_SHARDS(self) -> int:
-        """Hash-tag shards of the keys (1-1024): each is one Redis Cluster slot holding its
-        clients' counters and usage. A shared limit (one ceiling for all clients of a tier)
-        is kept per shard, each admitting ``ceil(count / shards)``: up to ``shards x
-        ceil(count / shards)`` in all. Unset: 16 when ``REDIS_URL`` is a Redis Cluster URL
-        (``redis+cluster://``, ``rediss+cluster://``, ``valkey+cluster://``,
-        ``valkeys+cluster://``), spreading clients and their load over the primaries; else
-        1, so the ceiling is exact (a single Redis, Sentinel, the django-redis cache's Redis,
-        the memory backend). On a Cluster, fewer shards make the ceiling more exact and put
-        all counting on fewer primaries. Changing it starts every counter afresh: the shard
-        is part of each key."""
-        on_cluster = is_cluster_url(self.REDIS_URL)
-        return int(self._get("KEY_SHARDS", 16 if on_cluster else 1))
+    #: What a request meets when the backend cannot answer, unless its endpoint rule or tier
+    #: in the admin names a mode: ``"open"`` serves it uncounted, ``"closed"`` refuses it
+    #: (503 with ``Retry-After``), ``"local"`` counts it in a per-process limiter with the
+    #: same semantics. Credential checks (logins, tokens) count ``"local"`` where this says
+    #: ``"open"``. Set it to choose availability or protection for everything at once.
+    FAILURE_MODE: Setting[str] = Setting("open", str)
 
-    #: What happens when the backend cannot answer, unless a tier or endpoint rule says
-    #: otherwise: ``"open"`` serves the request uncounted, ``"closed"`` refuses it with
-    #: ``FAILURE_STATUS`` and ``Retry-After``, ``"local"`` counts it in a per-process
-    #: in-memory limiter with the same semantics.
-    FAILURE_MODE = Setting("open", str)
+    #: The one way to trust reverse proxies for the client's address: an integer, the number
+    #: of proxies in front of Django that append to ``X-Forwarded-For`` (for proxies whose
+    #: addresses you do not know, or that connect over a Unix socket); or a list of their
+    #: networks, e.g. ``["10.0.0.0/8", "2001:db8::/32"]``, when ``X-Forwarded-For`` is read
+    #: only from a ``REMOTE_ADDR`` among them and the client is its right-most address that
+    #: is not. Unset: no proxy is trusted and ``REMOTE_ADDR`` is the client. Set it behind a
+    #: proxy, or every client shares the proxy's counters.
+    TRUSTED_PROXIES: Setting[int | tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]] = (
+        Setting((), _proxies)
+    )
 
-    #: HTTP status of a request refused because the limiter is unavailable (fail-closed)
-    #: or cannot identify the client: 503 (default) or 429.
-    FAILURE_STATUS = Setting(503, int)
+    #: A header holding the one client address, overwritten by your edge proxy, e.g.
+    #: ``"X-Real-IP"``, read instead of ``X-Forwarded-For`` and only from a proxy
+    #: ``TRUSTED_PROXIES`` trusts. Set it when your proxy sends such a header.
+    CLIENT_IP_HEADER: Setting[str | None] = Setting(None, _optional_text)
 
-    #: Anonymous requests whose address cannot be read (empty or garbage ``REMOTE_ADDR``,
-    #: e.g. behind a Unix-socket proxy without ``TRUSTED_PROXY_COUNT``): ``"deny"`` refuses
-    #: them with ``FAILURE_STATUS`` (default), ``"allow"`` serves them uncounted,
-    #: ``"shared"`` counts them all in one bucket. Each choice logs an error at most once a
-    #: minute per process naming the fix.
-    UNKNOWN_CLIENT = Setting("deny", str)
+    #: Key of the HMAC-SHA256 digest API keys are stored as (unset: ``SECRET_KEY``).
+    #: Changing it invalidates every API key issued before. Set it on its own to rotate
+    #: ``SECRET_KEY`` without re-issuing keys.
+    API_KEY_SECRET: Setting[str | None] = Setting(None, _optional_text)
 
-    #: Reverse proxies in front of Django that append to ``X-Forwarded-For``. 0 (default)
-    #: ignores the header and uses ``REMOTE_ADDR``.
-    TRUSTED_PROXY_COUNT = Setting(0, int)
+    #: Dotted path of ``callable(request) -> Identity`` that names the client. Set it when
+    #: your clients are identified by something the default (API key, user, address) does
+    #: not know.
+    IDENTITY_RESOLVER: Setting[str] = Setting(
+        "django_throttle.policy.resolver.resolve_identity", str
+    )
 
-    @cached_property
-    def TRUSTED_PROXIES(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-        """Networks of the reverse proxies in front of Django, e.g. ``["10.0.0.0/8",
-        "2001:db8::/32"]`` (default none). With them, ``X-Forwarded-For`` is read only from a
-        trusted ``REMOTE_ADDR``, and the client is its right-most address that is not itself
-        trusted. Exclusive with ``TRUSTED_PROXY_COUNT``. Entries that do not parse are
-        skipped (trusting less); a system check names them."""
-        return _networks(self._get("TRUSTED_PROXIES", ()))
+    #: Dotted path of ``callable(request, decision) -> HttpResponse`` that builds the 429
+    #: (and the fail-closed 503) of plain Django views and of DRF views using
+    #: ``django_throttle.drf.exception_handler``. Unset: a JSON body. Set it for your own
+    #: error format.
+    DENIED_RESPONSE: Setting[str | None] = Setting(None, _optional_text)
 
-    @cached_property
-    def CLIENT_IP_HEADER(self) -> str | None:
-        """A header holding the one client address, overwritten by the edge proxy, e.g.
-        ``"X-Real-IP"`` (default ``None``). Read instead of ``X-Forwarded-For``, and only
-        from a trusted proxy: ``REMOTE_ADDR`` in ``TRUSTED_PROXIES``, or any connection when
-        ``TRUSTED_PROXY_COUNT`` > 0."""
-        value = self._get("CLIENT_IP_HEADER", None)
-        return (value.strip() or None) if isinstance(value, str) else None
+    #: Also send the IETF ``RateLimit`` and ``RateLimit-Policy`` response fields. Set it when
+    #: your clients read them; off, responses carry only ``X-RateLimit-*``.
+    IETF_HEADERS: Setting[bool] = Setting(False, bool)
+
+    #: Count every decision's outcome for the usage report, dashboard and
+    #: ``manage.py throttle_usage``. Set it to ``False`` when you use none of them.
+    USAGE_ENABLED: Setting[bool] = Setting(True, bool)
+
+    #: Days usage rows are kept in the database before the rollup deletes them. Set it to
+    #: the history your operators need.
+    USAGE_RETENTION_DAYS: Setting[int] = Setting(7, int)
+
+    #: Keep Prometheus metrics (needs prometheus_client; see :mod:`django_throttle.metrics`).
+    #: Set it when you scrape them; off, decisions skip the metric updates.
+    METRICS: Setting[bool] = Setting(False, bool)
+
+    # Parsed views of the settings above, kept for the code that reads them on every
+    # request (internal: not settings).
 
     @cached_property
     def proxy_trust(self) -> ProxyTrust:
-        """The three proxy settings parsed together once per settings change: the client-IP
-        path reads this one value on every request."""
-        networks, header = self.TRUSTED_PROXIES, self.CLIENT_IP_HEADER
+        """Internal: ``TRUSTED_PROXIES`` and ``CLIENT_IP_HEADER`` parsed together, once per
+        settings change: the client-IP path reads this one value on every request."""
+        trusted, header = self.TRUSTED_PROXIES, self.CLIENT_IP_HEADER
+        networks = () if isinstance(trusted, int) else trusted
+        count = trusted if isinstance(trusted, int) else 0
         return ProxyTrust(
-            configured=self.TRUSTED_PROXY_COUNT > 0 or bool(networks),
-            proxy_count=self.TRUSTED_PROXY_COUNT,
+            configured=count > 0 or bool(networks),
+            proxy_count=count,
             v4=tuple(n for n in networks if isinstance(n, ipaddress.IPv4Network)),
             v6=tuple(n for n in networks if isinstance(n, ipaddress.IPv6Network)),
             header=None if header is None else "HTTP_" + header.upper().replace("-", "_"),
         )
 
     @cached_property
-    def API_KEY_HEADERS(self) -> tuple[str, ...]:
-        """Headers an API key is read from, in order (default ``("Authorization",
-        "X-API-Key")``). ``Authorization`` carries it as ``Api-Key <key>``; any other header
-        holds the bare key. An empty list turns API keys off."""
-        value = self._get("API_KEY_HEADERS", ("Authorization", "X-API-Key"))
-        return tuple(value) if isinstance(value, (list, tuple)) else ()
+    def api_key_secret(self) -> bytes:
+        """Internal: ``API_KEY_SECRET`` (else ``SECRET_KEY``) encoded once per settings
+        change."""
+        secret = self.API_KEY_SECRET or str(getattr(settings, "SECRET_KEY", ""))
+        return secret.encode()
 
-    @cached_property
-    def api_key_headers(self) -> tuple[tuple[str, bool], ...]:
-        """``API_KEY_HEADERS`` as (``request.META`` key, is ``Authorization``) pairs, parsed
-        once per settings change: every request reads it."""
-        return tuple(
-            ("HTTP_" + name.upper().replace("-", "_"), name.lower() == "authorization")
-            for name in self.API_KEY_HEADERS
-            if isinstance(name, str) and name
-        )
+    # Internal: names the backends read while they are rewritten; each derives its value
+    # from the settings above or is a constant. Removed after the backends move to them.
 
     @property
-    def API_KEY_SECRET(self) -> str:
-        """Key of the HMAC-SHA256 digest API keys are stored as (default ``SECRET_KEY``).
-        Changing it invalidates every API key issued before: set it on its own to rotate
-        ``SECRET_KEY`` without re-issuing keys."""
-        value = self._get("API_KEY_SECRET", None)
-        return str(value) if value else str(getattr(settings, "SECRET_KEY", ""))
-
-    @cached_property
-    def api_key_secret(self) -> bytes:
-        """``API_KEY_SECRET`` encoded once per settings change."""
-        return self.API_KEY_SECRET.encode()
-
-    #: Anonymous IPv4 clients are grouped by this prefix length (32: one address).
-    IPV4_PREFIX = Setting(32, int)
-
-    #: Anonymous IPv6 clients are grouped by this prefix length (64: one subnet; 32-128).
-    IPV6_PREFIX = Setting(64, int)
-
-    #: Dotted path of ``callable(request) -> Identity`` that names the client.
-    IDENTITY_RESOLVER = Setting("django_throttle.policy.resolver.resolve_identity", str)
-
-    #: Also send the IETF ``RateLimit`` and ``RateLimit-Policy`` response fields.
-    IETF_HEADERS = Setting(False, bool)
-
-    #: Count every decision's outcome for ``manage.py throttle_usage`` (in the decision's
-    #: own backend call).
-    USAGE_ENABLED = Setting(True, bool)
-
-    @cached_property
-    def DENIED_RESPONSE(self) -> str | None:
-        """Dotted path of a callable ``(request, decision) -> HttpResponse`` that builds the
-        429 (and the fail-closed 503) of plain Django views and of DRF views using
-        ``django_throttle.drf.exception_handler``; ``None`` keeps the JSON default."""
-        value = self._get("DENIED_RESPONSE", None)
-        return None if value is None else str(value)
-
-    #: Keep Prometheus metrics (needs prometheus_client; see
-    #: :mod:`django_throttle.metrics`). Off by default: they cost each decision a few µs.
-    METRICS = Setting(False, bool)
-
-    #: Days usage rows are kept in the database before the rollup deletes them.
-    USAGE_RETENTION_DAYS = Setting(7, int)
+    def CACHE_ALIAS(self) -> str:
+        """Internal: the cache ``REDIS_URL = "cache://<alias>"`` borrows (``"default"``)."""
+        return cache_alias(getattr(settings, PREFIX + "REDIS_URL", None)) or DEFAULT_CACHE_ALIAS
 
 
 #: ``REDIS_URL`` schemes of a Redis Cluster: the ones ``KEY_SHARDS`` defaults to 16 for.
@@ -218,6 +246,19 @@ def is_cluster_url(url: str | None) -> bool:
     """Whether ``url`` names a Redis Cluster, by its scheme alone (a plain string test: this
     module never imports the backends, and reads no server)."""
     return isinstance(url, str) and url.partition("://")[0].lower() in CLUSTER_SCHEMES
+
+
+def is_cache_url(url: Any) -> bool:
+    """Whether ``url`` borrows a cache's connection (``cache://<alias>``)."""
+    return isinstance(url, str) and url.strip().partition("://")[0].lower() == CACHE_SCHEME
+
+
+def cache_alias(url: Any) -> str | None:
+    """The alias of a ``cache://<alias>`` URL (``"default"`` when it names none); ``None``
+    for any other value."""
+    if not is_cache_url(url):
+        return None
+    return url.strip().partition("://")[2].strip("/") or DEFAULT_CACHE_ALIAS
 
 
 class ProxyTrust(NamedTuple):
@@ -233,6 +274,7 @@ class ProxyTrust(NamedTuple):
 
 
 def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """Entries that do not parse are skipped (trusting less); a system check names them."""
     entries = [value] if isinstance(value, str) else value
     networks = []
     for entry in entries if isinstance(entries, (list, tuple, set, frozenset)) else ():
@@ -241,8 +283,58 @@ def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network
     return tuple(networks)
 
 
-#: Every setting's name without :data:`PREFIX`: a ``DJANGO_THROTTLE_*`` name outside it is a
-#: typo or a setting this app does not have (system check W001).
-NAMES = frozenset(name for name in vars(Settings) if name.isupper())
+class Removed(NamedTuple):
+    """A setting this app no longer reads: what replaces it, and whether ignoring the
+    value a project still sets (beside its other settings) would count differently than it
+    asked for (then the system check is an error)."""
+
+    replacement: str
+    weakens: Callable[[Any], bool]
+
+
+def _never(value: Any) -> bool:
+    return False
+
+
+def _is_set(name: str) -> bool:
+    """Whether the project sets ``name`` (a setting that made a removed one moot before)."""
+    return bool(getattr(settings, PREFIX + name, None))
+
+
+#: Settings of earlier versions, each with what replaces it: a project that still sets one
+#: gets system check W004 naming the replacement, or E041 where ignoring its value would
+#: let more requests through (or count clients together) than the project asked for.
+REMOVED: dict[str, Removed] = {
+    "CACHE_ALIAS": Removed(
+        'REDIS_URL = "cache://<alias>" (the one way to reach Redis)',
+        lambda value: value != DEFAULT_CACHE_ALIAS and not _is_set("REDIS_URL"),
+    ),
+    "TRUSTED_PROXY_COUNT": Removed(
+        "TRUSTED_PROXIES = <count> (the one way to trust proxies)",
+        lambda value: value not in (0, None) and not _is_set("TRUSTED_PROXIES"),
+    ),
+    "FAILURE_STATUS": Removed("the constant 503 (no setting)", _never),
+    "UNKNOWN_CLIENT": Removed(
+        'the constant "deny" (no setting: configure TRUSTED_PROXIES so every client has an '
+        "address)",
+        _never,
+    ),
+    "IPV4_PREFIX": Removed(
+        "the constant 32: IPv4 clients are counted per address (no setting)",
+        lambda value: isinstance(value, int) and value < IPV4_PREFIX,
+    ),
+    "IPV6_PREFIX": Removed(
+        "the constant 64: IPv6 clients are counted per /64 (no setting)",
+        lambda value: isinstance(value, int) and value < IPV6_PREFIX,
+    ),
+    "API_KEY_HEADERS": Removed(
+        'the constant ("Authorization", "X-API-Key") (no setting)',
+        lambda value: isinstance(value, (list, tuple)) and bool(set(value) - set(API_KEY_HEADERS)),
+    ),
+}
+
+#: Every setting's name without :data:`PREFIX`: a ``DJANGO_THROTTLE_*`` name outside it and
+#: :data:`REMOVED` is a typo or a setting this app does not have (system check W001).
+NAMES = frozenset(name for name, value in vars(Settings).items() if isinstance(value, Setting))
 
 app_settings = Settings()

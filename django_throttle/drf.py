@@ -62,7 +62,7 @@ class PolicyThrottled(Throttled):
 
 
 class LimiterUnavailable(APIException):
-    """503 (``DJANGO_THROTTLE_FAILURE_STATUS``) when the failure mode is closed and the backend
+    """503 (``conf.FAILURE_STATUS``) when the failure mode is closed and the backend
     could not answer, or when the client cannot be identified: not the client's fault, so not
     a 429. DRF's exception handler adds ``Retry-After`` from ``wait``."""
 

@@ -8,11 +8,11 @@ can name an :class:`Identity`. A custom resolver imports :class:`Identity`,
 :data:`UNIDENTIFIED` and :func:`client_ip` from here.
 
 :func:`client_ip` never trusts ``X-Forwarded-For`` (or ``CLIENT_IP_HEADER``) unless proxies
-are configured, by count (``TRUSTED_PROXY_COUNT``) or by network (``TRUSTED_PROXIES``); groups
+are configured (``TRUSTED_PROXIES``: a count of proxies or their networks); groups
 IPv6 clients by prefix (a /64 is one subscriber); unwraps IPv4-mapped and NAT64 IPv6; and never
 raises on a malformed header: it falls back to ``REMOTE_ADDR``. A request with no usable
-address at all is :data:`UNIDENTIFIED`, never silently one shared bucket: the core applies
-``DJANGO_THROTTLE_UNKNOWN_CLIENT`` to it.
+address at all is :data:`UNIDENTIFIED`, never silently one shared bucket: the core refuses
+it (``conf.UNKNOWN_CLIENT``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from django_throttle.conf import ProxyTrust, app_settings
+from django_throttle.conf import API_KEY_META, IPV4_PREFIX, IPV6_PREFIX, ProxyTrust, app_settings
 
 logger = logging.getLogger("django_throttle.identity")
 
@@ -91,10 +91,10 @@ UNIDENTIFIED = Identity("unknown", "")
 
 
 def presented_key(meta: Any) -> str | None:
-    """The API key the request carries in the first ``API_KEY_HEADERS`` header that holds
+    """The API key the request carries in the first ``conf.API_KEY_HEADERS`` header that holds
     one, unverified; ``None`` when it carries none. ``Authorization`` counts only with the
     ``Api-Key`` scheme (``Basic``, ``Bearer``… are someone else's)."""
-    for meta_key, is_authorization in app_settings.api_key_headers:
+    for meta_key, is_authorization in API_KEY_META:
         value = meta.get(meta_key)
         if not value or not isinstance(value, str):
             continue
@@ -112,7 +112,7 @@ def client_ip(meta: Any) -> str | None:
     """The client's network as text (``203.0.113.7``, ``2001:db8:1:2::/64``), or ``None``.
 
     Precedence: with ``TRUSTED_PROXIES``, a ``REMOTE_ADDR`` outside them is the client and
-    every header is ignored; from a trusted one (or with ``TRUSTED_PROXY_COUNT``), the
+    every header is ignored; from a trusted one (or with a count of proxies), the
     ``CLIENT_IP_HEADER`` when set, else ``X-Forwarded-For``. Any header value that does not
     hold one usable address falls back to ``REMOTE_ADDR``.
     """
@@ -125,8 +125,8 @@ def client_ip(meta: Any) -> str | None:
             _warned.add("untrusted-forwarded-for")
             logger.warning(
                 "A request carries X-Forwarded-For but no trusted proxy is configured: the "
-                "header is ignored; set DJANGO_THROTTLE_TRUSTED_PROXY_COUNT or "
-                "DJANGO_THROTTLE_TRUSTED_PROXIES if a proxy sets it. (Logged once per process.)"
+                "header is ignored; set DJANGO_THROTTLE_TRUSTED_PROXIES (a count or the "
+                "proxies' networks) if a proxy sets it. (Logged once per process.)"
             )
     elif listed and not _is_trusted(_address(remote), trust):
         candidate = remote  # a client talking to us directly: whatever it wrote is ignored
@@ -140,10 +140,10 @@ def client_ip(meta: Any) -> str | None:
         candidate = _through_listed_proxies(meta, remote, trust)
     else:
         candidate = _through_counted_proxies(meta, remote, trust)
-    v4_prefix = app_settings.IPV4_PREFIX
+    v4_prefix = IPV4_PREFIX
     if v4_prefix == 32 and _is_plain_ipv4(candidate):
         return candidate  # the common case, in a fraction of ipaddress's time
-    v6_prefix = app_settings.IPV6_PREFIX
+    v6_prefix = IPV6_PREFIX
     network = _network(candidate, v4_prefix, v6_prefix)
     if network is None and candidate != remote:
         network = _network(remote, v4_prefix, v6_prefix)
@@ -190,7 +190,7 @@ def _through_counted_proxies(meta: Any, remote: str, trust: ProxyTrust) -> str:
         # was written by the outermost trusted proxy and is the first we can believe.
         return forwarded[-count]
     logger.warning(
-        "X-Forwarded-For has %d address(es) but DJANGO_THROTTLE_TRUSTED_PROXY_COUNT is "
+        "X-Forwarded-For has %d address(es) but DJANGO_THROTTLE_TRUSTED_PROXIES is "
         "%d; counting the request by REMOTE_ADDR",
         len(forwarded),
         count,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from django_throttle.conf import app_settings
+from django_throttle.conf import API_KEY_HEADERS, app_settings
 
 # ThrottledAutoSchema is built by the module __getattr__ below.
 __all__ = ["ThrottleSchemaMixin", "ThrottledAutoSchema"]  # noqa: F822
@@ -148,6 +148,5 @@ def _register_authentication_schemes() -> None:
         name = "apiKeyAuth"
 
         def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
-            headers = app_settings.API_KEY_HEADERS
-            header = headers[-1] if headers else "X-API-Key"
+            header = API_KEY_HEADERS[-1]
             return {"type": "apiKey", "in": "header", "name": header}

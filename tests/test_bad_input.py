@@ -30,8 +30,8 @@ INVALID_UTF8 = b"\xff\xfe\xc3\x28".decode("latin-1")
 EMOJI = "\U0001f600".encode().decode("latin-1")
 
 #: (header, value, settings): the proxy settings under which the header is read at all.
-FORWARDED = {"TRUSTED_PROXY_COUNT": 1}
-REAL_IP = {"TRUSTED_PROXY_COUNT": 1, "CLIENT_IP_HEADER": "X-Real-IP"}
+FORWARDED = {"TRUSTED_PROXIES": 1}
+REAL_IP = {"TRUSTED_PROXIES": 1, "CLIENT_IP_HEADER": "X-Real-IP"}
 HEADER_CASES = [
     pytest.param("HTTP_X_FORWARDED_FOR", "garbage", FORWARDED, id="xff-garbage"),
     pytest.param("HTTP_X_FORWARDED_FOR", "unknown", FORWARDED, id="xff-unknown"),
@@ -100,7 +100,7 @@ def test_duplicate_forwarded_for_headers_count_the_hop_the_proxy_appended(
 ) -> None:
     """A header sent twice reaches Django joined with ', ' (WSGI): the client's own copy is
     ignored, the trusted proxy's appended address is the client."""
-    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = 1
 
     def codes(forwarded: str) -> list[int]:
         return [

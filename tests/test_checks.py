@@ -45,23 +45,17 @@ def test_defaults_pass(settings: Any) -> None:
         ("REDIS_URL", 6379, "E002"),
         ("REDIS_OPTIONS", [("socket_timeout", 1)], "E003"),
         ("REDIS_OPTIONS", "socket_timeout=1", "E003"),
-        ("CACHE_ALIAS", "", "E004"),
-        ("CACHE_ALIAS", None, "E004"),
+        ("REDIS_URL", "cache://a/b", "E002"),
         ("KEY_PREFIX", "dt{x}", "E005"),
         ("KEY_PREFIX", "{", "E005"),
         ("KEY_PREFIX", "", "E005"),
         ("KEY_PREFIX", "my prefix", "E005"),
         ("FAILURE_MODE", "sideways", "E006"),
         ("FAILURE_MODE", "OPEN", "E006"),
-        ("TRUSTED_PROXY_COUNT", -1, "E007"),
-        ("TRUSTED_PROXY_COUNT", "2", "E007"),
-        ("TRUSTED_PROXY_COUNT", 33, "E007"),
-        ("TRUSTED_PROXY_COUNT", True, "E007"),
-        ("IPV4_PREFIX", 33, "E008"),
-        ("IPV4_PREFIX", 7, "E008"),
-        ("IPV6_PREFIX", 200, "E009"),
-        ("IPV6_PREFIX", 15, "E009"),
-        ("IPV6_PREFIX", 31, "E009"),
+        ("TRUSTED_PROXIES", -1, "E030"),
+        ("TRUSTED_PROXIES", "2", "E030"),
+        ("TRUSTED_PROXIES", 33, "E030"),
+        ("TRUSTED_PROXIES", True, "E030"),
         ("IDENTITY_RESOLVER", "tests.nowhere.resolver", "E010"),
         ("IDENTITY_RESOLVER", "django_throttle.conf.PREFIX", "E010"),
         ("IETF_HEADERS", "yes", "E013"),
@@ -72,14 +66,9 @@ def test_defaults_pass(settings: Any) -> None:
         ("USAGE_RETENTION_DAYS", "7", "E016"),
         ("ENABLED", "false", "E017"),
         ("ENABLED", None, "E017"),
-        ("FAILURE_STATUS", 500, "E019"),
-        ("FAILURE_STATUS", "503", "E019"),
-        ("UNKNOWN_CLIENT", "share", "E023"),
-        ("UNKNOWN_CLIENT", None, "E023"),
         ("KEY_SHARDS", 0, "E026"),
         ("KEY_SHARDS", 1025, "E026"),
         ("KEY_SHARDS", "16", "E026"),
-        ("KEY_SHARDS", None, "E026"),  # unset it for the default, never None
         ("TRUSTED_PROXIES", "10.0.0.0/8", "E030"),
         ("TRUSTED_PROXIES", ["10.0.0.0/8", "10.0.0.300/8"], "E030"),
         ("TRUSTED_PROXIES", ["10.0.0.1/8"], "E030"),
@@ -117,24 +106,17 @@ def test_bad_value_has_its_own_id(settings: Any, name: str, value: Any, check_id
         ("KEY_PREFIX", "api-throttle"),
         ("FAILURE_MODE", "closed"),
         ("FAILURE_MODE", "local"),
-        ("FAILURE_STATUS", 429),
-        ("FAILURE_STATUS", 503),
-        ("UNKNOWN_CLIENT", "deny"),
-        ("UNKNOWN_CLIENT", "allow"),
-        ("UNKNOWN_CLIENT", "shared"),
         ("KEY_SHARDS", 1),
         ("KEY_SHARDS", 16),
         ("KEY_SHARDS", 1024),
-        ("TRUSTED_PROXY_COUNT", 0),
-        ("TRUSTED_PROXY_COUNT", 32),
-        ("IPV4_PREFIX", 8),
-        ("IPV6_PREFIX", 128),
+        ("KEY_SHARDS", None),  # the default for the URL
+        ("TRUSTED_PROXIES", 0),
+        ("TRUSTED_PROXIES", 32),
         ("IDENTITY_RESOLVER", "tests.test_identity.my_resolver"),
         ("IETF_HEADERS", True),
         ("USAGE_ENABLED", False),
         ("USAGE_RETENTION_DAYS", 30),
         ("ENABLED", False),
-        ("IPV6_PREFIX", 32),
         ("TRUSTED_PROXIES", ["10.0.0.0/8", "2001:db8::/32", "192.0.2.1"]),
         ("TRUSTED_PROXIES", ("172.16.0.0/12",)),
         ("TRUSTED_PROXIES", []),
@@ -150,13 +132,13 @@ def test_good_value_passes(settings: Any, name: str, value: Any) -> None:
 
 def test_every_bad_setting_is_reported_at_once(settings: Any) -> None:
     settings.DJANGO_THROTTLE_FAILURE_MODE = "sideways"
-    settings.DJANGO_THROTTLE_IPV6_PREFIX = 200
+    settings.DJANGO_THROTTLE_KEY_SHARDS = 0
     settings.DJANGO_THROTTLE_ENABLED = "yes"
 
     assert ids() == [
         "django_throttle.E006",
-        "django_throttle.E009",
         "django_throttle.E017",
+        "django_throttle.E026",
     ]
 
 
@@ -234,8 +216,13 @@ def test_redis_backend_borrowing_a_django_redis_cache(settings: Any) -> None:
     }
     assert ids() == ["django_throttle.E018"]
 
-    settings.DJANGO_THROTTLE_CACHE_ALIAS = "throttle"
+    settings.DJANGO_THROTTLE_REDIS_URL = "cache://throttle"
     assert ids() == []
+
+    settings.DJANGO_THROTTLE_REDIS_URL = "cache://default"
+    [error] = check_settings()
+    assert error.id == "django_throttle.E018"
+    assert "CACHES['default'] (cache://default)" in error.msg
 
 
 def test_redis_backend_building_its_client_from_djangos_redis_cache(settings: Any) -> None:
@@ -347,19 +334,19 @@ def test_a_single_string_is_not_a_list_of_proxies(settings: Any) -> None:
 
     [error] = check_settings()
 
-    assert "must be a list of networks such as ['10.0.0.0/8'" in error.msg
+    assert "or a list of their networks such as ['10.0.0.0/8'" in error.msg
 
 
 @pytest.mark.parametrize(
     ("value", "says"),
     [
         ("HTTP_X_REAL_IP", "a header name as sent, such as 'X-Real-IP'"),
-        ("X-Forwarded-For", "trust it with TRUSTED_PROXY_COUNT or TRUSTED_PROXIES"),
+        ("X-Forwarded-For", "trust it with TRUSTED_PROXIES (a count or networks)"),
     ],
 )
 def test_client_ip_header_check_says_what_to_write(settings: Any, value: str, says: str) -> None:
     settings.DJANGO_THROTTLE_CLIENT_IP_HEADER = value
-    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = 1
 
     [error] = check_settings()
 
@@ -367,34 +354,12 @@ def test_client_ip_header_check_says_what_to_write(settings: Any, value: str, sa
     assert says in error.msg
 
 
-def test_proxies_by_count_and_by_network_is_an_error(settings: Any) -> None:
-    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
-    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = ["10.0.0.0/8"]
-
-    [error] = check_settings()
-
-    assert error.id == "django_throttle.E032"
-    assert error.is_serious()
-    assert "DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1" in error.msg
-    assert "DJANGO_THROTTLE_TRUSTED_PROXIES = ['10.0.0.0/8']" in error.msg
-    assert "by count or by network, not both" in error.msg
-    assert "remove TRUSTED_PROXY_COUNT" in error.hint
-
-
-def test_networks_with_a_zero_count_pass(settings: Any) -> None:
-    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 0
-    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = ["10.0.0.0/8"]
+@pytest.mark.parametrize("trusted", [1, ["10.0.0.0/8"]])
+def test_a_client_ip_header_from_trusted_proxies_passes(settings: Any, trusted: Any) -> None:
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = trusted
     settings.DJANGO_THROTTLE_CLIENT_IP_HEADER = "X-Real-IP"
 
     assert check_settings() == []
-
-
-def test_manage_py_check_fails_when_proxies_are_trusted_twice(settings: Any) -> None:
-    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 2
-    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = ["10.0.0.0/8"]
-
-    with pytest.raises(SystemCheckError, match=r"django_throttle\.E032"):
-        call_command("check")
 
 
 def test_client_ip_header_without_a_trusted_proxy_is_a_warning(settings: Any) -> None:
@@ -407,7 +372,7 @@ def test_client_ip_header_without_a_trusted_proxy_is_a_warning(settings: Any) ->
     assert "DJANGO_THROTTLE_CLIENT_IP_HEADER = 'X-Real-IP' is never read" in warning.msg
     assert "DJANGO_THROTTLE_TRUSTED_PROXIES" in warning.hint
 
-    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = 1
     assert check_settings() == []
 
 
@@ -438,3 +403,96 @@ def test_a_credential_rule_limiting_some_tiers_by_client_is_a_warning() -> None:
     assert "'login'" in message
     assert "tier(s) anonymous only" in message
     assert "members" in message
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "replacement"),
+    [
+        ("CACHE_ALIAS", "default", 'REDIS_URL = "cache://<alias>"'),
+        ("TRUSTED_PROXY_COUNT", 0, "TRUSTED_PROXIES = <count>"),
+        ("FAILURE_STATUS", 429, "the constant 503"),
+        ("UNKNOWN_CLIENT", "shared", 'the constant "deny"'),
+        ("IPV4_PREFIX", 32, "the constant 32"),
+        ("IPV6_PREFIX", 128, "the constant 64"),
+        ("API_KEY_HEADERS", ["X-API-Key"], '("Authorization", "X-API-Key")'),
+    ],
+)
+def test_a_removed_setting_still_set_is_a_warning_naming_its_replacement(
+    settings: Any, name: str, value: Any, replacement: str
+) -> None:
+    """Upgrading is one read: each setting of earlier versions is named with what replaces
+    it, never as a typo (W001)."""
+    setattr(settings, f"DJANGO_THROTTLE_{name}", value)
+
+    [warning] = check_settings()
+
+    assert warning.id == "django_throttle.W004"
+    assert not warning.is_serious()
+    assert f"DJANGO_THROTTLE_{name} = {value!r} is no longer a django-throttle setting" in (
+        warning.msg
+    )
+    assert replacement in warning.msg
+    assert f"Remove DJANGO_THROTTLE_{name}" in warning.hint
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "replacement"),
+    [
+        # Counters in another Redis than the one asked for.
+        ("CACHE_ALIAS", "throttle", 'REDIS_URL = "cache://<alias>"'),
+        # Every client behind the proxy would share the proxy's counters.
+        ("TRUSTED_PROXY_COUNT", 1, "TRUSTED_PROXIES = <count>"),
+        # A network asked to be counted as one would get one bucket per address.
+        ("IPV4_PREFIX", 24, "the constant 32"),
+        ("IPV6_PREFIX", 48, "the constant 64"),
+        # Keys sent in a header no longer read would be counted as anonymous callers.
+        ("API_KEY_HEADERS", ["X-Custom-Key"], '("Authorization", "X-API-Key")'),
+    ],
+)
+def test_a_removed_setting_whose_value_ignored_would_change_limiting_is_an_error(
+    settings: Any, name: str, value: Any, replacement: str
+) -> None:
+    # Borrowing: no URL, so the default cache would be borrowed instead of the one named.
+    settings.DJANGO_THROTTLE_REDIS_URL = None
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://127.0.0.1:6379/0",
+        }
+    }
+    setattr(settings, f"DJANGO_THROTTLE_{name}", value)
+
+    [error] = check_settings()
+
+    assert error.id == "django_throttle.E041"
+    assert error.is_serious()
+    assert replacement in error.msg
+    assert "and set its replacement" in error.hint
+
+
+def test_manage_py_check_fails_on_a_proxy_count_left_from_an_earlier_version(
+    settings: Any,
+) -> None:
+    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 2
+
+    with pytest.raises(SystemCheckError, match=r"django_throttle\.E041"):
+        call_command("check")
+
+
+def test_every_removed_setting_is_in_the_settings_reference() -> None:
+    from pathlib import Path
+
+    from django_throttle.conf import REMOVED
+
+    page = (Path(__file__).parent.parent / "docs" / "reference" / "settings.rst").read_text()
+    assert [name for name in REMOVED if f"DJANGO_THROTTLE_{name}``" not in page] == []
+
+
+def test_a_removed_setting_that_was_moot_already_is_only_a_warning(settings: Any) -> None:
+    """A borrowed cache beside a Redis URL, or a proxy count beside networks, was not read
+    before either: nothing changes but the warning."""
+    settings.DJANGO_THROTTLE_CACHE_ALIAS = "throttle"
+    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = ["10.0.0.0/8"]
+
+    assert ids() == ["django_throttle.W004", "django_throttle.W004"]

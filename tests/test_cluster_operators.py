@@ -191,7 +191,7 @@ def test_a_login_whose_counter_is_on_a_stopped_primary_takes_its_failure_mode(
     cluster.flushall()
     settings.DJANGO_THROTTLE_REDIS_URL = cluster.url
     settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 0.3, "socket_connect_timeout": 0.3}
-    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = 1
     if mode == "closed":
         settings.DJANGO_THROTTLE_FAILURE_MODE = "closed"
     refused = 503 if mode == "closed" else 401

@@ -10,7 +10,7 @@ import pytest
 from django_throttle.backends import get_backend
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis import RedisBackend
-from django_throttle.conf import CLUSTER_SCHEMES, app_settings, is_cluster_url
+from django_throttle.conf import CLUSTER_SCHEMES, NAMES, app_settings, is_cluster_url
 
 SINGLE = [
     "redis://127.0.0.1:6379/0",
@@ -102,3 +102,106 @@ def test_every_reader_sees_the_same_count(settings: Any, shards: int) -> None:
     assert isinstance(redis_backend, RedisBackend) and isinstance(memory_backend, MemoryBackend)
     assert redis_backend.shards == memory_backend.shards == app_settings.KEY_SHARDS == shards
     assert len(redis_backend.shard_tags()) == shards
+
+
+@pytest.mark.parametrize(
+    ("url", "alias"),
+    [
+        (None, "default"),
+        ("", "default"),
+        ("cache://default", "default"),
+        ("cache://throttle", "throttle"),
+        ("CACHE://throttle/", "throttle"),
+    ],
+)
+def test_a_cache_url_borrows_that_cache(settings: Any, url: str | None, alias: str) -> None:
+    """``REDIS_URL`` is the one way to reach Redis: a URL to connect to, or ``cache://<alias>``
+    (unset: ``cache://default``) to borrow a cache's connection settings."""
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+
+    assert app_settings.REDIS_URL is None
+    assert alias == app_settings.CACHE_ALIAS
+    assert app_settings.KEY_SHARDS == 1
+
+
+def test_a_redis_url_is_connected_to(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = SINGLE[0]
+
+    assert SINGLE[0] == app_settings.REDIS_URL
+
+
+@pytest.mark.parametrize(
+    ("trusted", "count", "v4", "v6"),
+    [
+        ((), 0, (), ()),
+        (None, 0, (), ()),
+        (2, 2, (), ()),
+        (["10.0.0.0/8", "2001:db8::/32"], 0, ("10.0.0.0/8",), ("2001:db8::/32",)),
+        (["10.0.0.0/8", "not a network"], 0, ("10.0.0.0/8",), ()),  # trusting less
+    ],
+)
+def test_proxies_are_trusted_by_count_or_by_network_in_one_setting(
+    settings: Any, trusted: Any, count: int, v4: tuple[str, ...], v6: tuple[str, ...]
+) -> None:
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = trusted
+    settings.DJANGO_THROTTLE_CLIENT_IP_HEADER = "X-Real-IP"
+
+    trust = app_settings.proxy_trust
+
+    assert trust.configured is bool(count or v4 or v6)
+    assert trust.proxy_count == count
+    assert tuple(map(str, trust.v4)) == v4
+    assert tuple(map(str, trust.v6)) == v6
+    assert trust.header == "HTTP_X_REAL_IP"
+
+
+def test_a_removed_proxy_count_trusts_no_proxy(settings: Any) -> None:
+    """``TRUSTED_PROXY_COUNT`` is read no more (system check E041 says what replaces it)."""
+    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
+
+    assert not app_settings.proxy_trust.configured
+
+
+def test_settings_are_read_again_after_a_change(settings: Any) -> None:
+    """What ``override_settings`` and the ``settings`` fixture rely on."""
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "closed"
+    assert app_settings.FAILURE_MODE == "closed"
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "local"
+    assert app_settings.FAILURE_MODE == "local"
+
+
+def test_every_setting_is_documented_with_its_reason() -> None:
+    """Each setting's ``#:`` comment says what it holds and when a project sets it."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "docs" / "_ext"))
+    from throttle_settings import settings_reference
+
+    found = settings_reference()
+    assert {s["name"].removeprefix("DJANGO_THROTTLE_") for s in found} == NAMES
+    for setting in found:
+        assert "Set it" in setting["doc"], setting["name"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "view", "credential", "expected"),
+    [
+        ("open", None, False, "open"),
+        ("closed", None, False, "closed"),
+        ("open", None, True, "local"),  # a login is never served uncounted by the setting
+        ("closed", None, True, "closed"),
+        ("open", "closed", False, "closed"),  # the view's own rule in code wins
+        ("closed", "open", True, "open"),
+    ],
+)
+def test_the_failure_mode_is_decided_in_one_place_with_or_without_a_policy(
+    settings: Any, setting: str, view: str | None, credential: bool, expected: str
+) -> None:
+    """``FAILURE_MODE`` is the last word after the rule's and the tier's; a check made while
+    no policy is compiled is decided by the same function."""
+    from django_throttle.policy.snapshot import Policy
+
+    settings.DJANGO_THROTTLE_FAILURE_MODE = setting
+
+    assert Policy.failure_mode_for(None, None, credential, view) == expected

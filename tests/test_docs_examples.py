@@ -155,7 +155,7 @@ def test_the_readme_test_command_is_the_one_ci_runs() -> None:
 
 def test_the_settings_reference_has_every_setting_with_a_docstring_and_a_check() -> None:
     documented = {setting["name"] for setting in settings_reference()}
-    defined = {conf.PREFIX + name for name in dir(conf.Settings) if name.isupper()}
+    defined = {conf.PREFIX + name for name in conf.NAMES}
     assert documented == defined
     for setting in settings_reference():
         assert setting["doc"], setting["name"]

@@ -180,7 +180,7 @@ def test_redis_outage_fails_closed_when_asked(client: Client, settings: object) 
 
 
 def test_malformed_forwarded_header_is_not_an_error(client: Client, settings: object) -> None:
-    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1  # type: ignore[attr-defined]
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = 1  # type: ignore[attr-defined]
     tier("anonymous", "10/m", is_default_anonymous=True)
     for junk in ["", "garbage", "1.2.3.999", "[::1", "a" * 5000, ",,,"]:
         assert client.get("/api/ping/", HTTP_X_FORWARDED_FOR=junk).status_code == 200

@@ -86,42 +86,33 @@ def test_authenticated_user(rf: RequestFactory, django_user_model: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    ("remote", "ipv4_prefix", "ipv6_prefix", "expected"),
+    ("remote", "expected"),
     [
-        ("2001:db8:1:2:3:4:5:6", 32, 64, "2001:db8:1:2::/64"),
-        ("2001:db8:1:2:ffff:ffff:ffff:ffff", 32, 64, "2001:db8:1:2::/64"),
-        ("2001:db8:1:2:3:4:5:6", 32, 48, "2001:db8:1::/48"),
-        ("2001:db8:1:2:3:4:5:6", 32, 128, "2001:db8:1:2:3:4:5:6"),
-        ("::ffff:203.0.113.7", 32, 64, "203.0.113.7"),
-        ("::ffff:203.0.113.7", 24, 64, "203.0.113.0/24"),
-        ("203.0.113.7", 24, 64, "203.0.113.0/24"),
-        ("203.0.113.7", 32, 48, "203.0.113.7"),
-        ("fe80::1%eth0", 32, 64, "fe80::/64"),
-        ("[2001:db8::1]:443", 32, 64, "2001:db8::/64"),
-        ("[2001:db8::1]:443", 32, 128, "2001:db8::1"),
-        ("203.0.113.7:8080", 32, 64, "203.0.113.7"),
+        ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2:ffff:ffff:ffff:ffff", "2001:db8:1:2::/64"),
+        ("::ffff:203.0.113.7", "203.0.113.7"),
+        ("203.0.113.7", "203.0.113.7"),
+        ("fe80::1%eth0", "fe80::/64"),
+        ("[2001:db8::1]:443", "2001:db8::/64"),
+        ("203.0.113.7:8080", "203.0.113.7"),
         # NAT64 (RFC 6052 well-known prefix) and other forms
-        ("64:ff9b::198.51.100.9", 32, 64, "198.51.100.9"),
-        ("64:ff9b::c633:6409", 32, 64, "198.51.100.9"),
-        ("64:ff9b::198.51.100.9", 24, 64, "198.51.100.0/24"),
-        ("[64:ff9b::198.51.100.9]:443", 32, 64, "198.51.100.9"),
-        ("64:ff9b:1::198.51.100.9", 32, 64, "64:ff9b:1::/64"),  # local-use prefix: IPv6
-        ("::ffff:198.51.100.9", 32, 64, "198.51.100.9"),
-        ("2001:db8:1:2:3:4:5:6", 32, 32, "2001:db8::/32"),
-        ("fe80::1%25eth0", 32, 128, "fe80::1"),
-        (" 203.0.113.7 ", 32, 64, "203.0.113.7"),
+        ("64:ff9b::198.51.100.9", "198.51.100.9"),
+        ("64:ff9b::c633:6409", "198.51.100.9"),
+        ("[64:ff9b::198.51.100.9]:443", "198.51.100.9"),
+        ("64:ff9b:1::198.51.100.9", "64:ff9b:1::/64"),  # local-use prefix: IPv6
+        ("::ffff:198.51.100.9", "198.51.100.9"),
+        ("fe80::1%25eth0", "fe80::/64"),
+        (" 203.0.113.7 ", "203.0.113.7"),
     ],
 )
 def test_client_network(
     rf: RequestFactory,
     settings: Any,
     remote: str,
-    ipv4_prefix: int,
-    ipv6_prefix: int,
     expected: str,
 ) -> None:
-    settings.DJANGO_THROTTLE_IPV4_PREFIX = ipv4_prefix
-    settings.DJANGO_THROTTLE_IPV6_PREFIX = ipv6_prefix
+    """IPv4 clients are counted per address, IPv6 clients per /64 (``conf.IPV4_PREFIX``,
+    ``conf.IPV6_PREFIX``)."""
 
     assert resolve_identity(make_request(rf, remote)) == Identity("ip", expected)
 
@@ -146,7 +137,7 @@ def test_forwarded_for_ignored_by_default(rf: RequestFactory) -> None:
 def test_forwarded_for_through_trusted_proxies(
     rf: RequestFactory, settings: Any, proxies: int, forwarded: str, expected: str
 ) -> None:
-    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = proxies
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = proxies
     request = make_request(rf, "10.0.0.1", forwarded=forwarded)
 
     assert resolve_identity(request) == Identity("ip", expected)
@@ -163,7 +154,7 @@ def test_too_few_forwarded_addresses_falls_back_and_warns(
     proxies: int,
     forwarded: str,
 ) -> None:
-    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = proxies
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = proxies
     request = make_request(rf, "10.0.0.1", forwarded=forwarded)
 
     with caplog.at_level(logging.WARNING, logger="django_throttle.identity"):
@@ -172,13 +163,13 @@ def test_too_few_forwarded_addresses_falls_back_and_warns(
     assert identity == Identity("ip", "10.0.0.1")
     [record] = [r for r in caplog.records if r.name == "django_throttle.identity"]
     assert record.levelno == logging.WARNING
-    assert "DJANGO_THROTTLE_TRUSTED_PROXY_COUNT" in record.getMessage()
+    assert "DJANGO_THROTTLE_TRUSTED_PROXIES" in record.getMessage()
 
 
 def test_missing_forwarded_header_falls_back_and_warns(
     rf: RequestFactory, settings: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = 1
 
     with caplog.at_level(logging.WARNING, logger="django_throttle.identity"):
         identity = resolve_identity(make_request(rf, "10.0.0.1"))
@@ -205,7 +196,7 @@ def test_missing_forwarded_header_falls_back_and_warns(
 def test_malformed_forwarded_for_falls_back_to_remote_addr(
     rf: RequestFactory, settings: Any, forwarded: str
 ) -> None:
-    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = 1
     request = make_request(rf, "10.0.0.1", forwarded=forwarded)
 
     assert resolve_identity(request) == Identity("ip", "10.0.0.1")
@@ -216,7 +207,7 @@ def test_malformed_forwarded_for_falls_back_to_remote_addr(
 def test_unreadable_remote_addr_is_unidentified_not_a_shared_ip_bucket(
     rf: RequestFactory, settings: Any, proxies: int, remote: str | None
 ) -> None:
-    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = proxies
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = proxies
     request = make_request(rf, remote, forwarded="not-an-ip")
 
     identity = resolve_identity(request)
@@ -314,10 +305,10 @@ def test_the_network_list_follows_setting_changes(rf: RequestFactory, settings: 
     assert resolve_identity(request).value == "192.168.1.1"
 
 
-def test_with_count_and_networks_both_set_the_peer_must_still_be_trusted(
+def test_with_a_removed_count_beside_networks_the_peer_must_still_be_trusted(
     rf: RequestFactory, settings: Any
 ) -> None:
-    """A system check error (E032); at run time the stricter network list decides."""
+    """``TRUSTED_PROXY_COUNT`` is gone (system check E041): the network list decides."""
     settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
     settings.DJANGO_THROTTLE_TRUSTED_PROXIES = PROXIES
 
@@ -333,7 +324,7 @@ def test_with_count_and_networks_both_set_the_peer_must_still_be_trusted(
     [
         ({"TRUSTED_PROXIES": PROXIES}, "10.0.0.1", "198.51.100.9"),
         ({"TRUSTED_PROXIES": PROXIES}, "203.0.113.7", "203.0.113.7"),  # not from our edge
-        ({"TRUSTED_PROXY_COUNT": 1}, "203.0.113.7", "198.51.100.9"),
+        ({"TRUSTED_PROXIES": 1}, "203.0.113.7", "198.51.100.9"),
         ({}, "203.0.113.7", "203.0.113.7"),  # no proxy trusted: never read
     ],
 )
@@ -375,7 +366,7 @@ def test_bad_client_ip_header_falls_back_to_remote_addr(
 
 def test_client_ip_header_normalises_like_any_address(rf: RequestFactory, settings: Any) -> None:
     settings.DJANGO_THROTTLE_CLIENT_IP_HEADER = "X-Real-IP"
-    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = 1
 
     request = make_request(rf, "10.0.0.1", HTTP_X_REAL_IP="[2001:db8:1:2::9]:443")
 
@@ -407,9 +398,9 @@ BAD_VALUES = [
 @pytest.mark.parametrize(
     "trust",
     [
-        {"TRUSTED_PROXY_COUNT": 1},
+        {"TRUSTED_PROXIES": 1},
         {"TRUSTED_PROXIES": PROXIES},
-        {"TRUSTED_PROXY_COUNT": 1, "CLIENT_IP_HEADER": "X-Real-IP"},
+        {"TRUSTED_PROXIES": 1, "CLIENT_IP_HEADER": "X-Real-IP"},
         {"TRUSTED_PROXIES": PROXIES, "CLIENT_IP_HEADER": "X-Real-IP"},
     ],
 )
@@ -450,7 +441,7 @@ def test_forwarded_for_without_a_trusted_proxy_warns_once(
     assert record.levelno == logging.WARNING
     message = record.getMessage()
     assert "the header is ignored" in message
-    assert "DJANGO_THROTTLE_TRUSTED_PROXY_COUNT or DJANGO_THROTTLE_TRUSTED_PROXIES" in message
+    assert "set DJANGO_THROTTLE_TRUSTED_PROXIES (a count or the proxies' networks)" in message
 
 
 @pytest.mark.parametrize(

@@ -295,7 +295,6 @@ def django_redis_cache(settings: Any, location: Any, **options: Any) -> None:
             "OPTIONS": options,
         },
     }
-    settings.DJANGO_THROTTLE_CACHE_ALIAS = "throttle"
 
 
 def test_borrowed_cache_connection_gets_our_timeouts_and_bounded_pool(
@@ -308,7 +307,7 @@ def test_borrowed_cache_connection_gets_our_timeouts_and_bounded_pool(
         SOCKET_TIMEOUT=30,
         CONNECTION_POOL_KWARGS={"max_connections": 10_000, "retry_on_timeout": True},
     )
-    backend = backend_for(settings, None)
+    backend = backend_for(settings, "cache://throttle")
     pool = backend.client.connection_pool
     kwargs = pool.connection_kwargs
     assert isinstance(pool, redis.BlockingConnectionPool)
@@ -323,7 +322,9 @@ def test_borrowed_cache_connection_counts_with_its_password(settings: Any) -> No
     server = OwnRedis("--requirepass", "s3cret")
     try:
         django_redis_cache(settings, server.url, PASSWORD="s3cret")
-        backend = backend_for(settings, None, socket_timeout=2.0, socket_connect_timeout=2.0)
+        backend = backend_for(
+            settings, "cache://throttle", socket_timeout=2.0, socket_connect_timeout=2.0
+        )
         assert backend.client.connection_pool.connection_kwargs["socket_timeout"] == 2.0
         assert [backend.hit("c", [Limit.build("one", "1/m")]).allowed for _ in range(2)] == [
             True,
@@ -337,7 +338,7 @@ def test_borrowed_cache_connection_to_a_hung_server_fails_within_the_timeout(
     settings: Any, hung: FakeRedis
 ) -> None:
     django_redis_cache(settings, hung.url)
-    backend = backend_for(settings, None)
+    backend = backend_for(settings, "cache://throttle")
     outcome: list[BaseException | None] = []
 
     def call() -> None:

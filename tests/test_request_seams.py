@@ -231,7 +231,7 @@ def test_every_credential_guard_counts_what_redis_counts_while_the_backend_is_do
     the default (open)."""
     user, headers = caller(who, gold)
     settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
-    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = 1
     attempt = ("POST", LOGINS[login], {"username": presented, "password": "guess"})
     spread = [
         send(kind, [attempt], user, {**(headers or {}), "X-Forwarded-For": f"198.51.100.{n}"})[0]

@@ -277,7 +277,7 @@ def anonymous_ceiling(db: Any, backend: Backend, settings: Any) -> None:
     """Anonymous: 1000/h per address and a shared 10/h for all of them together (a token
     back every 6 minutes at the least, so none comes back during a test), behind one
     trusted proxy."""
-    settings.DJANGO_THROTTLE_TRUSTED_PROXY_COUNT = 1
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = 1
     anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
     TierLimit.objects.create(tier=anonymous, rate=f"{CEILING}/h", shared=True)
 

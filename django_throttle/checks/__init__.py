@@ -1,7 +1,8 @@
 """System checks: one per ``DJANGO_THROTTLE_*`` setting, ids ``django_throttle.E001``…, one
-(W001) for a ``DJANGO_THROTTLE_*`` name that is no setting, and the checks that read stored
-rows (E101…E105, W106, W003, W005, W020). :func:`register` (called from the app's
-``ready()``) registers them all.
+(W004, or E041 where ignoring it weakens limiting) per setting of earlier versions still set,
+naming what replaces it, one (W001) for a ``DJANGO_THROTTLE_*`` name that is no setting, and
+the checks that read stored rows (E101…E105, W106, W003, W005, W020). :func:`register`
+(called from the app's ``ready()``) registers them all.
 
 Checks read the raw settings (not :mod:`conf`, which converts types) so a bad value is
 reported with its name instead of crashing at first use: no database, no Redis, no import of
@@ -9,8 +10,8 @@ rows here.
 
 - :mod:`.validators`: what each setting may hold, and the table :data:`SETTINGS`.
 - this module: the settings checks, each setting that is set against its validator (E001…),
-  the settings that must agree with each other (E018 the Redis source, E032/W002 proxy
-  trust), and W001.
+  the settings that must agree with each other (E018 the Redis source, W002 proxy
+  trust), the removed settings (W004, E041), and W001.
 - :mod:`.database`: the checks on stored rows (E101…E105, W106, W003, W005, W020).
 """
 
@@ -29,7 +30,14 @@ from django_throttle.checks.database import (
     check_settling_middleware,
 )
 from django_throttle.checks.validators import SETTINGS, _header_name
-from django_throttle.conf import NAMES, PREFIX
+from django_throttle.conf import (
+    DEFAULT_CACHE_ALIAS,
+    NAMES,
+    PREFIX,
+    REDIS_BACKEND,
+    REMOVED,
+    cache_alias,
+)
 from django_throttle.redaction import redact_text
 
 
@@ -46,7 +54,7 @@ def register() -> None:
 _MISSING = object()
 #: Django's own Redis cache: the backend builds its client from its LOCATION too.
 DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
-_REDIS_BACKEND = "django_throttle.backends.redis.RedisBackend"
+_REDIS_BACKEND = REDIS_BACKEND
 
 
 def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
@@ -58,18 +66,47 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
             errors.append(
                 checks.Error(
                     f"{PREFIX}{name} = {_shown(name, value)} {problem}.",
-                    hint="See the settings reference in the django-throttle docs.",
+                    hint=f"Fix it, or remove it for its default: {PREFIX}{name} in the "
+                    "django-throttle settings reference says what it holds and why.",
                     id=f"django_throttle.{check_id}",
                 )
             )
-    source = _check_redis_source()
+    # A URL that is already wrong (E002) names no cache to look for.
+    url_wrong = any(error.id == "django_throttle.E002" for error in errors)
+    source = [] if url_wrong else _check_redis_source()
     # A connection is tried only from settings that passed their own checks.
     return [
         *errors,
         *(source or ([] if errors else _check_redis_options())),
         *_check_proxy_trust(),
+        *_check_removed(),
         *_check_unknown_names(),
     ]
+
+
+def _check_removed() -> list[checks.CheckMessage]:
+    """W004: a setting of an earlier version is still set and now changes nothing; E041 when
+    ignoring its value lets more requests through, or counts clients together, than the
+    project asked for. Both name what replaces it, so upgrading is one read."""
+    found: list[checks.CheckMessage] = []
+    for name, removed in REMOVED.items():
+        value = getattr(settings, PREFIX + name, _MISSING)
+        if value is _MISSING:
+            continue
+        weakens = removed.weakens(value)
+        kind = checks.Error if weakens else checks.Warning
+        found.append(
+            kind(
+                f"{PREFIX}{name} = {_shown(name, value)} is no longer a django-throttle "
+                "setting"
+                + (", and limiting without it differs from what it asked for." if weakens else ".")
+                + f" It is replaced by {removed.replacement}.",
+                hint=f"Remove {PREFIX}{name}"
+                + (" and set its replacement." if weakens else " (or set its replacement)."),
+                id="django_throttle.E041" if weakens else "django_throttle.W004",
+            )
+        )
+    return found
 
 
 def _check_unknown_names() -> list[checks.CheckMessage]:
@@ -78,7 +115,7 @@ def _check_unknown_names() -> list[checks.CheckMessage]:
     warnings: list[checks.CheckMessage] = []
     for full_name in dir(settings):
         name = full_name.removeprefix(PREFIX)
-        if name == full_name or name in NAMES:
+        if name == full_name or name in NAMES or name in REMOVED:
             continue
         meant = difflib.get_close_matches(name, NAMES, n=1, cutoff=0.8)
         warnings.append(
@@ -108,19 +145,21 @@ def _shown(name: str, value: Any) -> str:
 def _check_redis_source() -> list[checks.CheckMessage]:
     """E018: the Redis backend needs a URL or a django-redis cache to borrow a client from."""
     backend = getattr(settings, PREFIX + "BACKEND", _REDIS_BACKEND)
-    if backend != _REDIS_BACKEND or getattr(settings, PREFIX + "REDIS_URL", None):
+    url = getattr(settings, PREFIX + "REDIS_URL", None)
+    alias = cache_alias(url) if url else DEFAULT_CACHE_ALIAS
+    if backend != _REDIS_BACKEND or alias is None:
         return []
-    alias = getattr(settings, PREFIX + "CACHE_ALIAS", "default")
     cache = getattr(settings, "CACHES", {}).get(alias, {})
     backend_path = str(cache.get("BACKEND", ""))
     if backend_path.startswith("django_redis.") or backend_path == DJANGO_REDIS_CACHE:
         return []
     return [
         checks.Error(
-            "The Redis backend has no Redis: DJANGO_THROTTLE_REDIS_URL is unset and "
-            f"CACHES[{alias!r}] is neither a django-redis cache nor Django's RedisCache.",
-            hint="Set DJANGO_THROTTLE_REDIS_URL = 'redis://…', point "
-            "DJANGO_THROTTLE_CACHE_ALIAS at a django-redis cache, or use DJANGO_THROTTLE_BACKEND = "
+            "The Redis backend has no Redis: DJANGO_THROTTLE_REDIS_URL borrows "
+            f"CACHES[{alias!r}] (cache://{alias}), which is neither a django-redis cache nor "
+            "Django's RedisCache.",
+            hint="Set DJANGO_THROTTLE_REDIS_URL = 'redis://…' or 'cache://<a django-redis "
+            "cache>', or use DJANGO_THROTTLE_BACKEND = "
             "'django_throttle.backends.memory.MemoryBackend' for a single process.",
             id="django_throttle.E018",
         )
@@ -150,28 +189,16 @@ def _check_redis_options() -> list[checks.CheckMessage]:
 
 
 def _check_proxy_trust() -> list[checks.CheckMessage]:
-    """E032: proxies are trusted by count or by network, not both; W002: a client IP header
-    with no trusted proxy is never read."""
-    count = getattr(settings, PREFIX + "TRUSTED_PROXY_COUNT", 0)
-    networks = getattr(settings, PREFIX + "TRUSTED_PROXIES", None)
+    """W002: a client IP header with no trusted proxy is never read."""
+    trusted = getattr(settings, PREFIX + "TRUSTED_PROXIES", None)
     header = getattr(settings, PREFIX + "CLIENT_IP_HEADER", None)
-    if count and networks:
-        return [
-            checks.Error(
-                f"Both {PREFIX}TRUSTED_PROXY_COUNT = {count!r} and {PREFIX}TRUSTED_PROXIES = "
-                f"{networks!r} are set: proxies are trusted by count or by network, not both.",
-                hint="Keep TRUSTED_PROXIES (it also checks that REMOTE_ADDR is one of your "
-                "proxies) and remove TRUSTED_PROXY_COUNT, or the other way round.",
-                id="django_throttle.E032",
-            )
-        ]
-    if header and _header_name(header) is None and not count and not networks:
+    if header and _header_name(header) is None and not trusted:
         return [
             checks.Warning(
                 f"{PREFIX}CLIENT_IP_HEADER = {header!r} is never read: no trusted proxy is "
                 "configured, so every request is counted by REMOTE_ADDR.",
-                hint=f"Set {PREFIX}TRUSTED_PROXIES to your proxies' networks (or "
-                f"{PREFIX}TRUSTED_PROXY_COUNT), or remove CLIENT_IP_HEADER.",
+                hint=f"Set {PREFIX}TRUSTED_PROXIES to your proxies' networks (or their "
+                "count), or remove CLIENT_IP_HEADER.",
                 id="django_throttle.W002",
             )
         ]

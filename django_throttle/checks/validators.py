@@ -15,6 +15,8 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
+from django_throttle.conf import cache_alias, is_cache_url
+
 Validator = Callable[[Any], str | None]
 
 
@@ -75,6 +77,9 @@ def _redis_url(value: Any) -> str | None:
 
     if value is None or value == "":  # unset, e.g. os.environ.get("REDIS_URL", "")
         return None
+    if is_cache_url(value):
+        alias = cache_alias(value)
+        return None if alias and "/" not in alias else "must name one cache: 'cache://<alias>'"
     scheme = value.partition("://")[0].lower() if isinstance(value, str) else None
     if scheme in SCHEMES:
         try:
@@ -90,10 +95,11 @@ def _redis_url(value: Any) -> str | None:
         return None
     if scheme not in {"redis", "rediss", "unix", *VALKEY_SCHEMES}:
         return (
-            "must be None or a URL such as 'redis://127.0.0.1:6379/0' (redis, rediss, unix, "
+            "must be None, a URL such as 'redis://127.0.0.1:6379/0' (redis, rediss, unix, "
             "valkey, valkeys), 'redis+sentinel://host:26379,host:26379/mymaster' "
             "(redis+sentinel, valkey+sentinel) or 'redis+cluster://host:7000,host:7001' "
-            "(redis+cluster, rediss+cluster, valkey+cluster, valkeys+cluster)"
+            "(redis+cluster, rediss+cluster, valkey+cluster, valkeys+cluster), or "
+            "'cache://<alias>' to borrow a Redis cache in CACHES"
         )
     return None
 
@@ -112,13 +118,15 @@ def _choice(*choices: Any) -> Validator:
     return validate
 
 
-def _alias(value: Any) -> str | None:
-    return None if isinstance(value, str) and value else "must name a cache in CACHES"
-
-
-def _proxy_networks(value: Any) -> str | None:
+def _trusted_proxies(value: Any) -> str | None:
+    shape = (
+        "must be a count of proxies (0-32), or a list of their networks such as "
+        "['10.0.0.0/8', '2001:db8::/32']"
+    )
+    if isinstance(value, int) and not isinstance(value, bool):
+        return None if 0 <= value <= 32 else shape
     if not isinstance(value, (list, tuple, set, frozenset)):
-        return "must be a list of networks such as ['10.0.0.0/8', '2001:db8::/32']"
+        return shape
     for entry in value:
         if not isinstance(entry, str):
             return f"has {entry!r}, which is not text such as '10.0.0.0/8'"
@@ -136,7 +144,7 @@ def _proxy_networks(value: Any) -> str | None:
 _HEADER_NAME = re.compile(r"[A-Za-z0-9-]+")
 #: Headers that carry a list or pairs, not the one address ``CLIENT_IP_HEADER`` expects.
 _NOT_ONE_ADDRESS = {
-    "x-forwarded-for": "is a list: trust it with TRUSTED_PROXY_COUNT or TRUSTED_PROXIES instead",
+    "x-forwarded-for": "is a list: trust it with TRUSTED_PROXIES (a count or networks) instead",
     "forwarded": "holds for=/by= pairs, not one address",
 }
 
@@ -148,17 +156,6 @@ def _header_name(value: Any) -> str | None:
             "'-'; Django reads it as HTTP_X_REAL_IP, and servers drop names with '_')"
         )
     return _NOT_ONE_ADDRESS.get(value.lower())
-
-
-def _api_key_headers(value: Any) -> str | None:
-    if not isinstance(value, (list, tuple)) or not all(
-        isinstance(name, str) and _HEADER_NAME.fullmatch(name) for name in value
-    ):
-        return (
-            "must be a list of header names as sent, such as ['Authorization', 'X-API-Key'] "
-            "(letters, digits and '-'), or [] to turn API keys off"
-        )
-    return None
 
 
 def _api_key_secret(value: Any) -> str | None:
@@ -176,25 +173,17 @@ SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E001", "BACKEND", _dotted("django_throttle.backends.base.Backend")),
     ("E002", "REDIS_URL", _redis_url),
     ("E003", "REDIS_OPTIONS", _instance(dict, "must be a dict of redis-py client options")),
-    ("E004", "CACHE_ALIAS", _alias),
     ("E005", "KEY_PREFIX", _key_prefix),
     ("E006", "FAILURE_MODE", _choice("open", "closed", "local")),
-    ("E007", "TRUSTED_PROXY_COUNT", _int_range(0, 32)),
-    ("E008", "IPV4_PREFIX", _int_range(8, 32)),
-    ("E009", "IPV6_PREFIX", _int_range(32, 128)),
     ("E010", "IDENTITY_RESOLVER", _dotted()),
     ("E013", "IETF_HEADERS", _BOOL),
     ("E014", "USAGE_ENABLED", _BOOL),
     ("E016", "USAGE_RETENTION_DAYS", _int_range(1)),
     ("E017", "ENABLED", _BOOL),
     # E018 is the Redis source check below.
-    ("E019", "FAILURE_STATUS", _choice(503, 429)),
-    ("E023", "UNKNOWN_CLIENT", _choice("deny", "allow", "shared")),
-    ("E026", "KEY_SHARDS", _int_range(1, 1024)),
-    ("E030", "TRUSTED_PROXIES", _optional(_proxy_networks)),
+    ("E026", "KEY_SHARDS", _optional(_int_range(1, 1024))),
+    ("E030", "TRUSTED_PROXIES", _optional(_trusted_proxies)),
     ("E031", "CLIENT_IP_HEADER", _optional(_header_name)),
-    # E032 is the proxy trust check below.
-    ("E033", "API_KEY_HEADERS", _api_key_headers),
     ("E034", "API_KEY_SECRET", _api_key_secret),
     ("E036", "DENIED_RESPONSE", _optional(_dotted())),
     ("E039", "METRICS", _BOOL),

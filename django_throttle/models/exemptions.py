@@ -12,7 +12,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
-from django_throttle.conf import app_settings
+from django_throttle.conf import IPV6_PREFIX
 from django_throttle.models.fields import optional_one_to_one, subject
 
 #: Longest network text: a full IPv6 address with a /128 suffix.
@@ -90,12 +90,12 @@ class Exemption(models.Model):
         if self.network:
             network = parse_network(self.network)
             self.network = str(network)
-            if network.version == 6 and network.prefixlen > app_settings.IPV6_PREFIX:
-                wider = network.supernet(new_prefix=app_settings.IPV6_PREFIX)
+            if network.version == 6 and network.prefixlen > IPV6_PREFIX:
+                wider = network.supernet(new_prefix=IPV6_PREFIX)
                 message = _(
-                    "IPv6 clients are counted by /%(prefix)d networks "
-                    "(DJANGO_THROTTLE_IPV6_PREFIX), so this never matches one: exempt "
+                    "IPv6 clients are counted by /%(prefix)d networks, so this never matches "
+                    "one: exempt "
                     "%(wider)s or a wider network"
                 )
-                values = {"prefix": app_settings.IPV6_PREFIX, "wider": wider}
+                values = {"prefix": IPV6_PREFIX, "wider": wider}
                 raise ValidationError({"network": message % values})

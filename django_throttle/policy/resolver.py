@@ -2,7 +2,7 @@
 else the authenticated user, else the client IP.
 
 An API key (``Authorization: Api-Key <key>`` or ``X-API-Key``, see
-``DJANGO_THROTTLE_API_KEY_HEADERS``) is checked against the compiled policy snapshot: no query,
+``conf.API_KEY_HEADERS``) is checked against the compiled policy snapshot: no query,
 one HMAC. A key that is unknown, wrong, revoked or expired is ignored, never a bucket of its
 own: the request is counted as if it had sent none (so an anonymous client under its IP).
 """

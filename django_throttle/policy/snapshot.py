@@ -177,17 +177,24 @@ class Policy:
             return endpoint.credential_groups
         return () if tier is None else endpoint.groups_by_tier.get(tier.id, ())
 
+    @staticmethod
     def failure_mode_for(
-        self,
         tier: TierPolicy | None,
         endpoint: EndpointPolicy | None,
         credential: bool = False,
+        view: str | None = None,
     ) -> str:
-        """The endpoint rule's failure mode, else the tier's, else the setting; except that a
-        ``credential`` check (a login or token endpoint, or any check under a credential
-        rule) is never served uncounted by the setting's ``"open"``: it counts ``"local"``
-        then, so password guessing stays limited through an outage and operators can still
-        sign in to the admin. A rule or tier that names a mode gets that mode."""
+        """The one place a check's failure mode is decided: the rule's (the view's own in
+        code, ``view``: ``@throttle(failure_mode=…)`` or a DRF view's
+        ``throttle_failure_mode``; else the endpoint rule's in the admin), else the tier's,
+        else the ``FAILURE_MODE`` setting; except that a ``credential`` check (a login or
+        token endpoint, or any check under a credential rule) is never served uncounted by
+        the setting's ``"open"``: it counts ``"local"`` then, so password guessing stays
+        limited through an outage and operators can still sign in to the admin. A rule or
+        tier that names a mode gets that mode. Static: a check made while no policy is
+        compiled is decided the same way."""
+        if view:
+            return view
         for owner in (endpoint, tier):
             if owner is not None and owner.failure_mode:
                 return owner.failure_mode

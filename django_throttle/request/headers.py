@@ -20,7 +20,7 @@ from django.http import HttpResponseBase, JsonResponse
 from django.utils.cache import patch_vary_headers
 from django.utils.translation import gettext, ngettext
 
-from django_throttle.conf import app_settings
+from django_throttle.conf import FAILURE_STATUS, app_settings
 from django_throttle.rates import Decision, Limit
 from django_throttle.request.pages import throttled_page, wants_html
 
@@ -102,9 +102,9 @@ def apply_headers(response: HttpResponseBase, decision: Decision) -> None:
 
 
 def throttled_status(decision: Decision) -> int:
-    """429 for a limit the client exceeded; ``DJANGO_THROTTLE_FAILURE_STATUS`` (503 by
-    default) when the limiter itself could not decide: that is not the client's fault."""
-    return app_settings.FAILURE_STATUS if decision.unavailable else 429
+    """429 for a limit the client exceeded; 503 (``conf.FAILURE_STATUS``)
+    when the limiter itself could not decide: that is not the client's fault."""
+    return FAILURE_STATUS if decision.unavailable else 429
 
 
 def throttled_body(decision: Decision) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from the backend's reply.
 Holds the plan itself (the client's counter and limits, the further groups counted by IP
 address or username, what the rule may give back) and how it is made from the request, its
 identity and the policy snapshot: exempt views, users and addresses stop here, as do
-clients with no usable address under ``DJANGO_THROTTLE_UNKNOWN_CLIENT``. Plain: no backend
+clients with no usable address (``conf.UNKNOWN_CLIENT``). Plain: no backend
 call, no awaiting, so planning is the same for blocking and async checks.
 
 A reply the backend made becomes the decision as it is, leaving a
@@ -26,7 +26,7 @@ from typing import Any
 from django_throttle.backends import ArgumentRefused, BackendError
 from django_throttle.backends.base import NodeUnavailable
 from django_throttle.backends.breaker import get_breaker
-from django_throttle.conf import app_settings
+from django_throttle.conf import UNKNOWN_CLIENT
 from django_throttle.exemptions import is_exempt_view
 from django_throttle.identity import UNIDENTIFIED, Identity, client_ip
 from django_throttle.plain import log_text
@@ -192,20 +192,19 @@ def _grouped(
 
 
 def _unidentified() -> Decision | None:
-    """Apply ``DJANGO_THROTTLE_UNKNOWN_CLIENT`` to a request with no usable address: the
+    """Apply ``conf.UNKNOWN_CLIENT`` to a request with no usable address: the
     decision to return, or ``None`` to count it in the one shared bucket."""
     global _last_unidentified_log
-    choice = app_settings.UNKNOWN_CLIENT
+    choice = UNKNOWN_CLIENT
     now = time.monotonic()
     if now - _last_unidentified_log >= UNIDENTIFIED_LOG_INTERVAL:
         _last_unidentified_log = now
         logger.error(
             "A request has no usable client address (REMOTE_ADDR is empty or not an IP), so it "
-            "cannot be rate limited per client; DJANGO_THROTTLE_UNKNOWN_CLIENT = %r %s. Behind "
-            "a proxy that connects over a Unix socket, set DJANGO_THROTTLE_TRUSTED_PROXY_COUNT "
+            "cannot be rate limited per client and is refused (%s). Behind a proxy that "
+            "connects over a Unix socket, set DJANGO_THROTTLE_TRUSTED_PROXIES to the proxy count "
             "so the address comes from X-Forwarded-For. (Logged at most once a minute.)",
-            choice,
-            _UNKNOWN_CLIENT_CHOICES.get(choice, "refuses such requests"),
+            _UNKNOWN_CLIENT_CHOICES.get(choice, "503"),
         )
     if choice == "allow":
         return _FAILED_OPEN
@@ -274,12 +273,9 @@ def failure_mode(planned: _Plan) -> str:
     ``failure_mode``, else what the policy says for its tier and rule
     (:meth:`~django_throttle.policy.snapshot.Policy.failure_mode_for`: a credential check
     counts in-process where the setting would serve it uncounted)."""
-    if planned.failure_mode:
-        return planned.failure_mode
-    if planned.policy is not None:
-        return planned.policy.failure_mode_for(planned.tier, planned.endpoint, planned.credential)
-    mode = app_settings.FAILURE_MODE
-    return "local" if planned.credential and mode == "open" else mode
+    return Policy.failure_mode_for(
+        planned.tier, planned.endpoint, planned.credential, planned.failure_mode
+    )
 
 
 def _outcome(decision: Decision) -> str:

@@ -1,7 +1,7 @@
 """Every ``DJANGO_THROTTLE_*`` setting as the code defines it, for the settings reference.
 
-Read from :class:`django_throttle.conf.Settings` (each property's docstring, or a
-``Setting``'s ``#:`` comment, its type, the default as ``conf.py`` writes it) and
+Read from :class:`django_throttle.conf.Settings` (each ``Setting``'s ``#:`` comment, its
+type, the default as ``conf.py`` writes it, or how it is derived when unset) and
 ``django_throttle.checks.SETTINGS`` (the check that validates it, and what that check
 accepts). Plain Python, no Sphinx: the docs build and
 ``tests/test_docs_examples.py`` both import it.
@@ -16,7 +16,9 @@ from typing import Any
 
 
 def settings_reference() -> list[dict[str, str]]:
-    """Every setting in ``conf.Settings``, in the order ``conf.py`` defines them."""
+    """Every setting in ``conf.Settings``, in the order ``conf.py`` defines them: each
+    ``NAME: Setting[type] = Setting(default, parse[, derive=...])`` with the ``#:`` comments
+    above it (what it holds and why a project sets it)."""
     from django_throttle import checks, conf
 
     source = Path(inspect.getfile(conf)).read_text()
@@ -26,53 +28,50 @@ def settings_reference() -> list[dict[str, str]]:
     (cls,) = (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings")
     found = []
     lines = source.splitlines()
-    for prop in cls.body:
-        if isinstance(prop, ast.Assign) and isinstance(prop.value, ast.Call):
-            # NAME = Setting(default, cast), documented by the "#:" comments above it.
-            (target,) = prop.targets
-            assert isinstance(target, ast.Name)
-            default, cast = prop.value.args
-            above = []
-            for line in reversed(lines[: prop.lineno - 1]):
-                if not line.strip().startswith("#:"):
-                    break
-                above.insert(0, line.strip()[2:].strip())
-            found.append(
-                {
-                    "name": conf.PREFIX + target.id,
-                    "type": ast.get_source_segment(source, cast) or "",
-                    "default": ast.get_source_segment(source, default) or "",
-                    "check": check_ids.get(target.id, ""),
-                    "doc": "\n".join(above),
-                    "valid": _valid_values(validators.get(target.id)),
-                }
-            )
+    for node in cls.body:
+        if not (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.annotation, ast.Subscript)
+        ):
             continue
-        if not (isinstance(prop, ast.FunctionDef) and prop.name.isupper()):
-            continue
-        default = None
-        for call in ast.walk(prop):
-            if (
-                isinstance(call, ast.Call)
-                and isinstance(call.func, ast.Attribute)
-                and call.func.attr == "_get"
-                and isinstance(call.args[0], ast.Constant)
-                and call.args[0].value == prop.name
-            ):
-                default = ast.get_source_segment(source, call.args[1])
-        if default is None:
-            raise ValueError(f"conf.Settings.{prop.name} reads no setting of its own name")
+        name = node.target.id
+        first = node.value.args[0]
+        # A default named by a constant of conf.py is shown as its value.
+        shown = repr(getattr(conf, first.id)) if isinstance(first, ast.Name) else None
+        default = shown or ast.get_source_segment(source, first) or ""
+        derive = next((k.value for k in node.value.keywords if k.arg == "derive"), None)
+        if derive is not None:
+            # Unset, the value comes from other settings: the deriving function says how.
+            derived = getattr(conf, ast.get_source_segment(source, derive) or "", None)
+            default = (derived.__doc__ or "").strip().rstrip(".") if derived else default
+        above = []
+        for line in reversed(lines[: node.lineno - 1]):
+            if not line.strip().startswith("#:"):
+                break
+            above.insert(0, line.strip()[2:].strip())
         found.append(
             {
-                "name": conf.PREFIX + prop.name,
-                "type": ast.get_source_segment(source, prop.returns) if prop.returns else "",
+                "name": conf.PREFIX + name,
+                "type": ast.get_source_segment(source, node.annotation.slice) or "",
                 "default": default,
-                "check": check_ids.get(prop.name, ""),
-                "doc": ast.get_docstring(prop) or "",
-                "valid": _valid_values(validators.get(prop.name)),
+                "check": check_ids.get(name, ""),
+                "doc": "\n".join(above),
+                "valid": _valid_values(validators.get(name)),
             }
         )
     return found
+
+
+def removed_settings() -> list[dict[str, str]]:
+    """Every setting of earlier versions (``conf.REMOVED``) with what replaces it."""
+    from django_throttle import conf
+
+    return [
+        {"name": conf.PREFIX + name, "replacement": removed.replacement}
+        for name, removed in conf.REMOVED.items()
+    ]
 
 
 def _valid_values(validate: Any) -> str:
