@@ -28,7 +28,7 @@ from django_throttle.checks.database import (
     check_rows,
     check_settling_middleware,
 )
-from django_throttle.checks.validators import SETTINGS, _header_name
+from django_throttle.checks.validators import SETTINGS, header_name
 from django_throttle.conf import NAMES, PREFIX
 from django_throttle.redaction import redact_text
 
@@ -167,7 +167,7 @@ def _check_proxy_trust() -> list[checks.CheckMessage]:
                 id="django_throttle.E032",
             )
         ]
-    if header and _header_name(header) is None and not count and not networks:
+    if header and header_name(header) is None and not count and not networks:
         return [
             checks.Warning(
                 f"{PREFIX}CLIENT_IP_HEADER = {header!r} is never read: no trusted proxy is "

@@ -143,7 +143,7 @@ _NOT_ONE_ADDRESS = {
 }
 
 
-def _header_name(value: Any) -> str | None:
+def header_name(value: Any) -> str | None:
     if not isinstance(value, str) or not _HEADER_NAME.fullmatch(value):
         return (
             "must be None or a header name as sent, such as 'X-Real-IP' (letters, digits and "
@@ -194,7 +194,7 @@ SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E023", "UNKNOWN_CLIENT", _choice("deny", "allow", "shared")),
     ("E026", "KEY_SHARDS", _int_range(1, 1024)),
     ("E030", "TRUSTED_PROXIES", _optional(_proxy_networks)),
-    ("E031", "CLIENT_IP_HEADER", _optional(_header_name)),
+    ("E031", "CLIENT_IP_HEADER", _optional(header_name)),
     # E032 is the proxy trust check below.
     ("E033", "API_KEY_HEADERS", _api_key_headers),
     ("E034", "API_KEY_SECRET", _api_key_secret),

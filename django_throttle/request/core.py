@@ -12,7 +12,7 @@ The decision is written once: a plan (plain, :mod:`~django_throttle.request.plan
 backend calls the plan names, and a finish (plain, :mod:`~django_throttle.request.planning` too)
 from the reply. Only the calls differ between :func:`check` and :func:`acheck`: made
 blocking or awaited, through the circuit breaker, a :class:`BackendError` being a reply like
-any other. Every call is a step: the plan's (``_Plan.deciding``: the client's counter, then
+any other. Every call is a step: the plan's (``Plan.deciding``: the client's counter, then
 those by IP address or username) and the refunds are generators in
 :mod:`~django_throttle.request.planning` and :mod:`~django_throttle.request.reservations`
 that yield each call they need, driven by :func:`run` (blocking) and :func:`arun` (awaited).
@@ -39,7 +39,13 @@ from django_throttle.conf import app_settings
 from django_throttle.identity import Identity
 from django_throttle.policy import live as policy_module
 from django_throttle.rates import UNLIMITED, Decision, Limit
-from django_throttle.request.planning import _counted, _degraded, _outcome, _Plan, _plan
+from django_throttle.request.planning import (
+    Plan,
+    counted_decision,
+    degraded_decision,
+    make_plan,
+    usage_outcome,
+)
 from django_throttle.request.reservations import Steps, settling
 from django_throttle.usage import accounting as usage
 
@@ -88,8 +94,8 @@ def check(request: Any, **options: Unpack[CheckOptions]) -> Decision:
     if not app_settings.ENABLED:
         return UNLIMITED
     started = time.perf_counter() if events.watching() else 0.0
-    planned = _plan(request, policy_module.current, None, **options)
-    if not isinstance(planned, _Plan):
+    planned = make_plan(request, policy_module.current, None, **options)
+    if not isinstance(planned, Plan):
         return planned
     reply = run(planned.deciding())
     return _finished(planned, reply, request, started)
@@ -124,11 +130,11 @@ async def acheck(
         # nothing else runs meanwhile); the view gets the request's own user back.
         own, request.user = request.user, counted_as
     try:
-        planned = _plan(request, lambda: snapshot or policy_module.last(), None, **options)
+        planned = make_plan(request, lambda: snapshot or policy_module.last(), None, **options)
     finally:
         if counted_as is not None:
             request.user = own
-    if not isinstance(planned, _Plan):
+    if not isinstance(planned, Plan):
         return planned
     reply = await arun(planned.deciding())
     return _finished(planned, reply, request, started)
@@ -148,26 +154,26 @@ async def asettle(request: Any, status: int, *, first: int = 0) -> None:
 
 
 def _finished(
-    planned: _Plan, reply: Decision | BackendError, request: Any, started: float
+    planned: Plan, reply: Decision | BackendError, request: Any, started: float
 ) -> Decision:
     """The decision on a planned request, from the backend's ``reply`` (``started``: see
     :func:`check`)."""
     if isinstance(reply, BackendError):
-        decision = _degraded(planned, reply, request)
+        decision = degraded_decision(planned, reply, request)
     else:
-        decision = _counted(planned, reply, request)
+        decision = counted_decision(planned, reply, request)
     if started:
         _announce(request, planned, decision, started)
     return decision
 
 
-def plan(request: Any, identity: Identity, **options: Unpack[CheckOptions]) -> _Plan | Decision:
+def plan(request: Any, identity: Identity, **options: Unpack[CheckOptions]) -> Plan | Decision:
     """What :func:`check` with these keyword arguments would count ``request`` against, were it sent
     by ``identity``, without calling the backend: the counters in the order the check calls
     them (``client``/``limits``, then ``groups``), the cost, the tier and the rule; or the
     decision it returns without counting (exempt, nothing applies). For the operator tools,
     which must see exactly what requests meet, never work it out another way."""
-    return _plan(request, policy_module.current, identity, **options)
+    return make_plan(request, policy_module.current, identity, **options)
 
 
 async def _async_user(request: Any) -> Any:
@@ -186,10 +192,10 @@ async def _async_user(request: Any) -> Any:
     return None
 
 
-def _announce(request: Any, planned: _Plan, decision: Decision, started: float) -> None:
+def _announce(request: Any, planned: Plan, decision: Decision, started: float) -> None:
     """Tell :mod:`django_throttle.events` listeners about a decision (only called when one
     listens)."""
-    outcome = _outcome(decision)
+    outcome = usage_outcome(decision)
     if outcome == usage.ALLOWED and decision.shadow:
         outcome = usage.SHADOW_DENIED
     about = {

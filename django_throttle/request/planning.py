@@ -68,7 +68,7 @@ _last_unidentified_log = -UNIDENTIFIED_LOG_INTERVAL
 
 
 @dataclass(slots=True)
-class _Plan:
+class Plan:
     """What a request will be counted against, worked out before the backend call: the
     first group (``client``, ``limits``), the further ``groups`` (limits counted by IP
     address or username), and what the rule's counting policy may give back."""
@@ -99,7 +99,7 @@ class _Plan:
         return (yield from hit_groups(head, self.groups, self.cost, first, self.field))
 
 
-def _plan(
+def make_plan(
     request: Any,
     snapshot: Callable[[], Policy | None],
     identity: Identity | None = None,
@@ -109,7 +109,7 @@ def _plan(
     failure_mode: str | None = None,
     credential: bool = False,
     rule_only: bool = False,
-) -> _Plan | Decision:
+) -> Plan | Decision:
     """Identity, policy lookup and usage field: everything but the backend call. An exempt
     view, user or address stops here: no backend call, no headers."""
     match = getattr(request, "resolver_match", None)
@@ -154,7 +154,7 @@ def _plan(
     # A check under a credential rule is a credential check whichever adapter makes it: it
     # meets every tier's counters, and is never served uncounted (see failure_mode).
     credential = credential or (endpoint is not None and endpoint.credential)
-    planned = _Plan(  # positional, in field order: once per request
+    planned = Plan(  # positional, in field order: once per request
         identity.key, limits, cost, field, failure_mode, credential, policy, tier, endpoint
     )
     if endpoint is not None and tier is not None and endpoint.counts != "all":
@@ -167,8 +167,8 @@ def _plan(
 
 
 def _grouped(
-    planned: _Plan, request: Any, groups: tuple[tuple[str, tuple[Limit, ...]], ...]
-) -> _Plan | Decision:
+    planned: Plan, request: Any, groups: tuple[tuple[str, tuple[Limit, ...]], ...]
+) -> Plan | Decision:
     """``planned`` with the rule's limits counted by IP address or username added: one group
     per distinct counter, the client's first. A counter equal to the client's (an anonymous
     client's IP address) joins its group, so the call count stays as low as it can."""
@@ -216,7 +216,9 @@ def _unidentified() -> Decision | None:
     return _UNIDENTIFIED_DENIED
 
 
-def _counted(planned: _Plan, decision: Decision, request: Any, local: bool = False) -> Decision:
+def counted_decision(
+    planned: Plan, decision: Decision, request: Any, local: bool = False
+) -> Decision:
     """The decision the backend made, as it is; an allowed request whose rule may give its
     tokens back leaves its :class:`Reservation` on ``request.throttle_reservations``
     (``local``: taken from the in-process backend, given back there)."""
@@ -236,7 +238,7 @@ def _counted(planned: _Plan, decision: Decision, request: Any, local: bool = Fal
     return decision
 
 
-def _degraded(planned: _Plan, error: BackendError, request: Any) -> Decision:
+def degraded_decision(planned: Plan, error: BackendError, request: Any) -> Decision:
     """The decision when the backend could not answer (``error``), by failure mode (see
     :func:`failure_mode`), counted in-process until the backend is back. A refused call
     (:class:`ArgumentRefused`: the backend answered, refusing one of our arguments, a bug
@@ -246,7 +248,7 @@ def _degraded(planned: _Plan, error: BackendError, request: Any) -> Decision:
     node's (:class:`NodeUnavailable`).
 
     ``local`` counts exactly what the backend would have: the same steps
-    (:meth:`_Plan.deciding`: the client's limits, then those by IP address and username,
+    (:meth:`Plan.deciding`: the client's limits, then those by IP address and username,
     all or nothing), on the in-process backend; a rule that counts only failures or
     successes leaves its reservation there.
 
@@ -260,18 +262,18 @@ def _degraded(planned: _Plan, error: BackendError, request: Any) -> Decision:
     if mode == "local":
         decision = run_locally(planned.deciding())
         if not isinstance(decision, BackendError):
-            decision = _counted(planned, replace(decision, local=True), request, local=True)
+            decision = counted_decision(planned, replace(decision, local=True), request, local=True)
     if mode == "closed" or isinstance(decision, BackendError):
         if isinstance(error, NodeUnavailable):
             wait = error.retry_after
         else:
             wait = get_breaker().retry_after()
         decision = replace(_FAILED_CLOSED, retry_after=wait, limits=tuple(planned.limits))
-    usage.record_degraded(planned.field, planned.client, _outcome(decision))
+    usage.record_degraded(planned.field, planned.client, usage_outcome(decision))
     return decision
 
 
-def failure_mode(planned: _Plan) -> str:
+def failure_mode(planned: Plan) -> str:
     """What ``planned`` meets while the backend cannot answer: the check's own
     ``failure_mode``, else what the policy says for its tier and rule
     (:meth:`~django_throttle.policy.snapshot.Policy.failure_mode_for`: a credential check
@@ -284,7 +286,7 @@ def failure_mode(planned: _Plan) -> str:
     return "local" if planned.credential and mode == "open" else mode
 
 
-def _outcome(decision: Decision) -> str:
+def usage_outcome(decision: Decision) -> str:
     """The usage column of a decision the backend did not make."""
     if decision.unavailable:
         return usage.FAILED_CLOSED
