@@ -216,36 +216,36 @@ def run(steps: Steps[T]) -> T:
     breaker; a :class:`BackendError` is raised into the steps at their ``yield``, anything
     else sent. Counts kept while the backend was down are pushed once it answers again."""
     try:
-        name, args, kwargs = next(steps)
+        call = next(steps)
         while True:
             try:
                 with get_breaker().guard():
-                    reply = getattr(get_backend(), name)(*args, **kwargs)
+                    reply = call.send(get_backend())
             except BackendError as exc:
-                name, args, kwargs = steps.throw(exc)
+                call = steps.throw(exc)
                 continue
             if usage.pending:
                 usage.flush_pending()
-            name, args, kwargs = steps.send(reply)
+            call = steps.send(reply)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
 
 
 async def arun(steps: Steps[T]) -> T:
     """:func:`run` on an event loop: each call is awaited (``redis.asyncio``, the backend's
-    ``"a" + name`` method), never made in a thread; only pushing kept counts, which is
-    blocking, runs in a worker thread."""
+    async method, through the call's ``asend``), never made in a thread; only pushing kept
+    counts, which is blocking, runs in a worker thread."""
     try:
-        name, args, kwargs = next(steps)
+        call = next(steps)
         while True:
             try:
                 with get_breaker().guard():
-                    reply = await getattr(get_backend(), "a" + name)(*args, **kwargs)
+                    reply = await call.asend(get_backend())
             except BackendError as exc:
-                name, args, kwargs = steps.throw(exc)
+                call = steps.throw(exc)
                 continue
             if usage.pending:
                 await sync_to_async(usage.flush_pending, thread_sensitive=False)()
-            name, args, kwargs = steps.send(reply)
+            call = steps.send(reply)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]

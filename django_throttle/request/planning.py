@@ -36,6 +36,7 @@ from django_throttle.policy.snapshot import EndpointPolicy, Policy, TierPolicy
 from django_throttle.rates import UNLIMITED, Decision, Limit
 from django_throttle.request.reservations import (
     Group,
+    Hit,
     Reservation,
     Steps,
     hit_groups,
@@ -90,7 +91,7 @@ class Plan:
         (:func:`hit_groups`); ends with the decision, or the error that stopped them."""
         field = only_if_denied(self.field) if self.groups else self.field
         try:
-            first = yield ("hit", (self.client, self.limits, self.cost), {"usage": field})
+            first = yield Hit(self.client, self.limits, self.cost, field)
         except BackendError as exc:
             return exc
         if not self.groups:
