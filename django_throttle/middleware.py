@@ -39,7 +39,10 @@ class RateLimitHeadersMiddleware:
         response = self.get_response(request)
         if getattr(request, "throttle_reservations", None):
             core.settle(request, response.status_code)
-        return self._finish(request, response)
+        decision = getattr(request, "throttle_decision", None)
+        if decision is not None:
+            apply_headers(response, decision)
+        return response
 
     async def _acall(self, request: HttpRequest) -> HttpResponseBase:
         response = await self.get_response(request)

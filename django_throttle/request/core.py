@@ -36,8 +36,10 @@ from django_throttle import events
 from django_throttle.backends import BackendError, get_backend
 from django_throttle.backends.breaker import get_breaker
 from django_throttle.conf import app_settings
+from django_throttle.exemptions import is_exempt_view
 from django_throttle.identity import Identity
 from django_throttle.policy import live as policy_module
+from django_throttle.policy.snapshot import Policy
 from django_throttle.rates import UNLIMITED, Decision, Limit
 from django_throttle.request.planning import (
     Plan,
@@ -49,7 +51,16 @@ from django_throttle.request.planning import (
 from django_throttle.request.reservations import Steps, settling
 from django_throttle.usage import accounting as usage
 
-__all__ = ["FAILURE_MODES", "CheckOptions", "acheck", "asettle", "check", "plan", "settle"]
+__all__ = [
+    "FAILURE_MODES",
+    "CheckOptions",
+    "acheck",
+    "asettle",
+    "check",
+    "decide",
+    "plan",
+    "settle",
+]
 
 T = TypeVar("T")
 
@@ -93,8 +104,19 @@ def check(request: Any, **options: Unpack[CheckOptions]) -> Decision:
     """
     if not app_settings.ENABLED:
         return UNLIMITED
-    started = time.perf_counter() if events.watching() else 0.0
-    planned = make_plan(request, policy_module.current, None, **options)
+    match = getattr(request, "resolver_match", None)
+    if match is not None and is_exempt_view(match.func):
+        return UNLIMITED
+    return decide(request, policy_module.current(), options)
+
+
+def decide(request: Any, policy: Policy | None, options: CheckOptions) -> Decision:
+    """:func:`check` for an adapter that has found its view not exempt and fetched the policy
+    snapshot itself (the DRF throttle): each is decided once per request, and passed down."""
+    # Timed only when someone listens (events.watching, read here without a call).
+    watched = events.request_decided.receivers or events.request_throttled.receivers
+    started = time.perf_counter() if watched else 0.0
+    planned = make_plan(request, policy, None, **options)
     if not isinstance(planned, Plan):
         return planned
     reply = run(planned.deciding())
@@ -120,7 +142,12 @@ async def acheck(
     ran and set ``request.user`` (DRF's): it is read as it is."""
     if not app_settings.ENABLED:
         return UNLIMITED
-    started = time.perf_counter() if events.watching() else 0.0
+    match = getattr(request, "resolver_match", None)
+    if match is not None and is_exempt_view(match.func):
+        return UNLIMITED
+    # Timed only when someone listens (events.watching, read here without a call).
+    watched = events.request_decided.receivers or events.request_throttled.receivers
+    started = time.perf_counter() if watched else 0.0
     counted_as = None if user_loaded else await _async_user(request)
     snapshot = policy_module.fresh()
     if snapshot is None and options.get("limits") is None:
@@ -130,7 +157,7 @@ async def acheck(
         # nothing else runs meanwhile); the view gets the request's own user back.
         own, request.user = request.user, counted_as
     try:
-        planned = make_plan(request, lambda: snapshot or policy_module.last(), None, **options)
+        planned = make_plan(request, snapshot or policy_module.last(), None, **options)
     finally:
         if counted_as is not None:
             request.user = own
@@ -173,7 +200,10 @@ def plan(request: Any, identity: Identity, **options: Unpack[CheckOptions]) -> P
     them (``client``/``limits``, then ``groups``), the cost, the tier and the rule; or the
     decision it returns without counting (exempt, nothing applies). For the operator tools,
     which must see exactly what requests meet, never work it out another way."""
-    return make_plan(request, policy_module.current, identity, **options)
+    match = getattr(request, "resolver_match", None)
+    if match is not None and is_exempt_view(match.func):
+        return UNLIMITED
+    return make_plan(request, policy_module.current(), identity, **options)
 
 
 async def _async_user(request: Any) -> Any:

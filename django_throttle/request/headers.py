@@ -56,9 +56,8 @@ def degraded_mode(decision: Decision) -> str | None:
 def rate_limit_headers(decision: Decision) -> dict[str, str]:
     """Every header the decision implies (empty when no enforced limit applied)."""
     headers: dict[str, str] = {}
-    degraded = degraded_mode(decision)
-    if degraded is not None:
-        headers[DEGRADED_HEADER] = degraded
+    if decision.failed_open or decision.local:
+        headers[DEGRADED_HEADER] = "open" if decision.failed_open else "local"  # degraded_mode
     if decision.unavailable:
         if not decision.unidentified:
             headers["Retry-After"] = str(retry_after_seconds(decision.retry_after))
@@ -66,8 +65,9 @@ def rate_limit_headers(decision: Decision) -> dict[str, str]:
     limit = decision.limit
     if limit is None or limit.shadow:
         return headers
-    limit = _as_met(limit)
-    reset = whole_seconds(decision.reset_after)
+    if limit.shared:
+        limit = _as_met(limit)
+    reset = max(0, math.ceil(decision.reset_after))  # whole_seconds
     headers["X-RateLimit-Limit"] = str(limit.capacity)
     headers["X-RateLimit-Remaining"] = str(decision.remaining)
     headers["X-RateLimit-Reset"] = str(reset)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,12 +27,11 @@ from django_throttle.backends import ArgumentRefused, BackendError
 from django_throttle.backends.base import NodeUnavailable
 from django_throttle.backends.breaker import get_breaker
 from django_throttle.conf import app_settings
-from django_throttle.exemptions import is_exempt_view
 from django_throttle.identity import UNIDENTIFIED, Identity, client_ip
 from django_throttle.plain import log_text
 from django_throttle.policy.exemptions import exempt_client
-from django_throttle.policy.resolver import get_resolver
-from django_throttle.policy.snapshot import EndpointPolicy, Policy, TierPolicy
+from django_throttle.policy.resolver import import_resolver
+from django_throttle.policy.snapshot import CountedGroup, EndpointPolicy, Policy, TierPolicy
 from django_throttle.rates import UNLIMITED, Decision, Limit
 from django_throttle.request.reservations import (
     Group,
@@ -102,7 +101,7 @@ class Plan:
 
 def make_plan(
     request: Any,
-    snapshot: Callable[[], Policy | None],
+    policy: Policy | None,
     identity: Identity | None = None,
     scope: str | None = None,
     limits: Sequence[Limit] | None = None,
@@ -111,60 +110,121 @@ def make_plan(
     credential: bool = False,
     rule_only: bool = False,
 ) -> Plan | Decision:
-    """Identity, policy lookup and usage field: everything but the backend call. An exempt
-    view, user or address stops here: no backend call, no headers."""
-    match = getattr(request, "resolver_match", None)
-    if match is not None and is_exempt_view(match.func):
-        return UNLIMITED
-    policy = snapshot()
+    """Identity, policy lookup and usage field: everything but the backend call, on the
+    snapshot ``policy`` (the caller has found the view not exempt). An exempt user or
+    address stops here: no backend call, no headers."""
     if identity is None:
-        identity = get_resolver()(request)
-    if exempt_client(identity, policy.exemptions if policy is not None else None):
+        identity = import_resolver(app_settings.IDENTITY_RESOLVER)(request)
+    if (
+        policy is not None
+        and policy.exemptions.active
+        and exempt_client(identity, policy.exemptions)
+    ):
         return UNLIMITED
     if identity.kind == UNIDENTIFIED.kind:
         decision = _unidentified()
         if decision is not None:
             return decision
         identity = _SHARED_UNKNOWN
-    tier = endpoint = None
-    groups: tuple[tuple[str, tuple[Limit, ...]], ...] = ()
-    if limits is None:
-        if policy is None:
-            return UNLIMITED
-        method = request.method or "GET"
-        if rule_only:  # the rule of ``scope`` alone: no route or path match
-            endpoint = policy.match(method, scope)
-            if endpoint is None:
-                return UNLIMITED
-        else:
-            route = match.view_name if match is not None else None
-            endpoint = policy.match(method, scope, route, request.path_info)
-        tier = policy.tier_for(identity)
-        limits = policy.limits_for(tier, endpoint)
-        if endpoint is not None:
-            cost = endpoint.cost if cost is None else cost
-            if rule_only and tier is not None:
-                limits = endpoint.rule_limits_by_tier.get(tier.id, ())
-            groups = policy.groups_for(tier, endpoint, credential)
-    field = usage.field_for(
-        tier.slug if tier is not None else "",
-        (endpoint.name if endpoint is not None else "") or scope or "",
-        before_authentication=rule_only,
+    if limits is not None:
+        field = usage.field_for("", scope or "", before_authentication=rule_only)
+        planned = Plan(
+            identity.key,
+            limits,
+            1 if cost is None else cost,
+            field,
+            failure_mode,
+            credential,
+            policy,
+            None,
+            None,
+        )
+        return planned if limits else UNLIMITED
+    if policy is None:
+        return UNLIMITED
+    tier = policy.tier_for(identity)
+    if rule_only:  # the rule of ``scope`` alone: no route or path match
+        route, path = None, ""
+    else:
+        match = getattr(request, "resolver_match", None)
+        route = match.view_name if match is not None else None
+        # Only rules by path read the path: without any, one entry serves every path.
+        path = request.path_info if policy.by_path else ""
+    tier_id = tier.id if tier is not None else None
+    key = (request.method or "GET", scope, route, path, tier_id, rule_only, credential)
+    found = policy.compiled.get(key)
+    if found is None:
+        found = _found(policy, key, tier)
+    if isinstance(found, Decision):  # no rule of a rule-only check's scope
+        return found
+    endpoint, limits, rule_cost, field, is_credential, own, groups = found
+    planned = Plan(
+        identity.key,
+        limits,
+        rule_cost if cost is None else cost,
+        field,
+        failure_mode,
+        is_credential,
+        policy,
+        tier,
+        endpoint,
     )
-    cost = 1 if cost is None else cost
-    # A check under a credential rule is a credential check whichever adapter makes it: it
-    # meets every tier's counters, and is never served uncounted (see failure_mode).
-    credential = credential or (endpoint is not None and endpoint.credential)
-    planned = Plan(  # positional, in field order: once per request
-        identity.key, limits, cost, field, failure_mode, credential, policy, tier, endpoint
-    )
-    if endpoint is not None and tier is not None and endpoint.counts != "all":
-        own = endpoint.rule_limits_by_tier.get(tier.id, ())
-        if own:
-            planned.refunds = ((identity.key, own),)
+    if own:
+        planned.refunds = ((identity.key, own),)
     if groups:
         return _grouped(planned, request, groups)
     return planned if limits else UNLIMITED
+
+
+#: Most entries :func:`_found` keeps per snapshot: a key holds the path when rules match by
+#: path, and paths are chosen by clients.
+MAX_COMPILED = 4096
+
+_Found = tuple[
+    EndpointPolicy | None,
+    tuple[Limit, ...],
+    int,
+    str | None,
+    bool,
+    tuple[Limit, ...],
+    tuple[CountedGroup, ...],
+]
+
+
+def _found(policy: Policy, key: tuple[Any, ...], tier: TierPolicy | None) -> _Found | Decision:
+    """What a request meets under ``policy`` for ``key`` (method, scope, route, path, tier
+    id, rule only, credential; ``tier`` the tier that id names): its rule, its limits, the
+    rule's cost, its usage field, whether it is a credential check, what the rule may give
+    back, and the limits counted by IP address or username. Kept in the snapshot's own store,
+    so it is worked out once per policy version."""
+    method, scope, route, path, _tier_id, rule_only, credential = key
+    endpoint = policy.match(method, scope, route, path)
+    found: _Found | Decision
+    if rule_only and endpoint is None:
+        found = UNLIMITED
+    else:
+        limits = policy.limits_for(tier, endpoint)
+        own: tuple[Limit, ...] = ()
+        groups: tuple[CountedGroup, ...] = ()
+        if endpoint is not None:
+            if rule_only and tier is not None:
+                limits = endpoint.rule_limits_by_tier.get(tier.id, ())
+            if tier is not None and endpoint.counts != "all":
+                own = endpoint.rule_limits_by_tier.get(tier.id, ())
+            groups = policy.groups_for(tier, endpoint, credential)
+        field = usage.field_for(
+            tier.slug if tier is not None else "",
+            (endpoint.name if endpoint is not None else "") or scope or "",
+            before_authentication=rule_only,
+        )
+        # A check under a credential rule is a credential check whichever adapter makes it:
+        # it meets every tier's counters, and is never served uncounted (see failure_mode).
+        is_credential = credential or (endpoint is not None and endpoint.credential)
+        cost = endpoint.cost if endpoint is not None else 1
+        found = (endpoint, limits, cost, field, is_credential, own, groups)
+    if len(policy.compiled) < MAX_COMPILED:
+        policy.compiled[key] = found
+    return found
 
 
 def _grouped(
