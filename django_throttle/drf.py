@@ -119,7 +119,9 @@ class PolicyThrottle:
         # the policy snapshot and the view's options (kept in the snapshot's store).
         if not app_settings.ENABLED or is_exempt_view(view):
             return True
-        http_request = _django_request(request)
+        http_request: Any = request._request  # noqa: SLF001 (see _wrapped, _django_request)
+        if getattr(http_request, "user", None) is not request.user:
+            http_request.user = request.user
         policy = live.current()
         options = policy.compiled.get(type(view)) or _view_options(view, policy)
         decision = self.decision = http_request.throttle_decision = core.decide(

@@ -120,7 +120,9 @@ def decide(request: Any, policy: Policy | None, options: CheckOptions) -> Decisi
     if not isinstance(planned, Plan):
         return planned
     reply = run(planned.deciding())
-    return _finished(planned, reply, request, started)
+    if started or isinstance(reply, BackendError) or planned.refunds or reply.shadow:
+        return _finished(planned, reply, request, started)
+    return reply  # counted_decision's plain case: the backend's decision as it is
 
 
 async def acheck(
