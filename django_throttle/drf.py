@@ -117,7 +117,8 @@ class PolicyThrottle:
     def allow_request(self, request: Request, view: Any) -> bool:
         # Each thing is decided once here and passed down: enabled, the view's exemption,
         # the policy snapshot and the view's options (kept in the snapshot's store).
-        if not app_settings.ENABLED or is_exempt_view(view):
+        # is_exempt_view, read inline: on a view instance, throttle_exempt is its class's.
+        if not app_settings.ENABLED or getattr(view, "throttle_exempt", False) is True:
             return True
         http_request: Any = request._request  # noqa: SLF001 (see _wrapped, _django_request)
         if getattr(http_request, "user", None) is not request.user:
