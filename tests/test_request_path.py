@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from django_throttle import events
 from django_throttle.policy import live as policy
 from tests.factories import tier
 
@@ -67,8 +68,12 @@ def report(calls: list[str]) -> str:
 @pytest.fixture
 def steady(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A policy snapshot that needs no refresh check while the request is traced (the check
-    runs at most once a second per process, not on the request path)."""
+    runs at most once a second per process, not on the request path), and no listener of the
+    decisions (an earlier test may have connected the metrics' receivers): their cost is the
+    listener's, not the path's."""
     monkeypatch.setattr(policy, "clock", lambda: 1_000.0)
+    for signal in (events.request_decided, events.request_throttled):
+        monkeypatch.setattr(signal, "receivers", [])
     yield
 
 
