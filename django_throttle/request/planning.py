@@ -126,8 +126,12 @@ def make_plan(
         if decision is not None:
             return decision
         identity = _SHARED_UNKNOWN
-    if limits is not None:
-        field = usage.field_for("", scope or "", before_authentication=rule_only)
+    if limits is not None:  # a decorator's inline limits: only the usage field to look up
+        store: dict[Any, Any] = policy.compiled if policy is not None else {}
+        field_key = ("field", scope, rule_only)
+        if field_key not in store:
+            store[field_key] = _inline_field(scope, rule_only)
+        field = store[field_key]
         planned = Plan(
             identity.key,
             limits,
@@ -174,6 +178,11 @@ def make_plan(
     if groups:
         return _grouped(planned, request, groups)
     return planned if limits else UNLIMITED
+
+
+def _inline_field(scope: str | None, rule_only: bool) -> str | None:
+    """The usage field of a check with inline limits (no tier, no rule)."""
+    return usage.field_for("", scope or "", before_authentication=rule_only)
 
 
 #: Most entries :func:`_found` keeps per snapshot: a key holds the path when rules match by
