@@ -4,9 +4,11 @@ from the backend's reply.
 
 Holds the plan itself (the client's counter and limits, the further groups counted by IP
 address or username, what the rule may give back) and how it is made from the request, its
-identity and the policy snapshot: exempt views, users and addresses stop here, as do
-clients with no usable address under ``DJANGO_THROTTLE_UNKNOWN_CLIENT``. Plain: no backend
-call, no awaiting, so planning is the same for blocking and async checks.
+identity and the policy snapshot: exempt users and addresses stop here (exempt views stop
+before, in :mod:`~django_throttle.request.core` or the adapter), as do clients with no usable
+address under ``DJANGO_THROTTLE_UNKNOWN_CLIENT``. What a rule and a tier come to is worked
+out once per policy version and kept in the snapshot's store (``Policy.compiled``). Plain: no
+backend call, no awaiting, so planning is the same for blocking and async checks.
 
 A reply the backend made becomes the decision as it is, leaving a
 :class:`~django_throttle.request.reservations.Reservation` on the request when its rule
