@@ -26,8 +26,11 @@ from rest_framework.request import Request
 from django_throttle.api_key_authentication import ApiKeyAuthentication
 from django_throttle.conf import app_settings
 from django_throttle.exemptions import is_exempt_view
+from django_throttle.policy import live
+from django_throttle.policy.snapshot import Policy
 from django_throttle.rates import Decision
 from django_throttle.request import core
+from django_throttle.request.core import CheckOptions
 from django_throttle.request.headers import (
     retry_after_seconds,
     throttled_body,
@@ -112,12 +115,25 @@ class PolicyThrottle:
     decision: Decision | None = None
 
     def allow_request(self, request: Request, view: Any) -> bool:
-        if is_exempt_view(view):
+        # Each thing is decided once here and passed down: enabled, the view's exemption,
+        # the policy snapshot and the view's options (kept in the snapshot's store).
+        # is_exempt_view, read inline: on a view instance, throttle_exempt is its class's.
+        if not app_settings.ENABLED or getattr(view, "throttle_exempt", False) is True:
             return True
-        http_request = _django_request(request)
-        return self._decided(http_request, core.check(http_request, **_options(view)))
+        http_request: Any = request._request  # noqa: SLF001 (see _wrapped, _django_request)
+        if getattr(http_request, "user", None) is not request.user:
+            http_request.user = request.user
+        policy = live.current()
+        options = policy.compiled.get(type(view)) or _view_options(view, policy)
+        decision = self.decision = http_request.throttle_decision = core.decide(
+            http_request, policy, options
+        )
+        if decision.allowed:
+            return True
+        raise _refusal(decision)
 
     def _decided(self, http_request: Any, decision: Decision) -> bool:
+        """Leave ``decision`` for ``wait`` and the headers middleware; raise a refusal."""
         self.decision = decision
         http_request.throttle_decision = decision
         if decision.allowed:
@@ -140,7 +156,7 @@ class AsyncPolicyThrottle(PolicyThrottle):
             return True
         http_request = _django_request(request)
         # DRF authenticated the request (in adrf's worker thread): its user is loaded.
-        decision = await core.acheck(http_request, user_loaded=True, **_options(view))
+        decision = await core.acheck(http_request, user_loaded=True, **_view_options(view))
         return self._decided(http_request, decision)
 
 
@@ -243,19 +259,23 @@ def _wrapped(request: Request) -> Any:
 def _django_request(request: Request) -> Any:
     """DRF has authenticated by now; copy the user onto the Django request, which is read
     directly to skip DRF's attribute proxy on every lookup."""
-    http_request = _wrapped(request)
+    http_request = request._request  # noqa: SLF001 (see _wrapped)
     if getattr(http_request, "user", None) is not request.user:
         http_request.user = request.user
     return http_request
 
 
-def _options(view: Any) -> dict[str, Any]:
-    """The check's keyword arguments the view's attributes give."""
-    return {
+def _view_options(view: Any, policy: Policy | None = None) -> CheckOptions:
+    """The check's keyword arguments the view's class attributes give; kept in ``policy``'s
+    store by view class when given (read once per policy version)."""
+    options: CheckOptions = {
         "scope": getattr(view, "throttle_scope", None),
         "failure_mode": _failure_mode(view),
         "credential": _is_credential_view(view),
     }
+    if policy is not None:
+        policy.compiled[type(view)] = options
+    return options
 
 
 def _refusal(decision: Decision) -> APIException:

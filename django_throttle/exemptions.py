@@ -30,5 +30,7 @@ def throttle_exempt(view: V) -> V:
 
 def is_exempt_view(view: Any) -> bool:
     """Whether a view (function, class, instance, or ``as_view()`` result) is exempt."""
+    if getattr(view, "throttle_exempt", False) is True:
+        return True
     owner = getattr(view, "cls", None) or getattr(view, "view_class", None)
-    return any(getattr(each, "throttle_exempt", False) is True for each in (view, owner))
+    return owner is not None and getattr(owner, "throttle_exempt", False) is True

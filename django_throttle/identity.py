@@ -140,10 +140,15 @@ def client_ip(meta: Any) -> str | None:
         candidate = _through_listed_proxies(meta, remote, trust)
     else:
         candidate = _through_counted_proxies(meta, remote, trust)
-    v4_prefix = IPV4_PREFIX
-    if v4_prefix == 32 and _is_plain_ipv4(candidate):
-        return candidate  # the common case, in a fraction of ipaddress's time
-    v6_prefix = IPV6_PREFIX
+    # The common case, a dotted quad exactly as ``str(IPv4Address)`` writes it (inet_pton
+    # refuses leading zeros, spaces, ports and short forms), is its own /32 without ipaddress.
+    try:
+        socket.inet_pton(socket.AF_INET, candidate)
+    except (OSError, ValueError, TypeError):
+        pass
+    else:
+        return candidate
+    v4_prefix, v6_prefix = IPV4_PREFIX, IPV6_PREFIX
     network = _network(candidate, v4_prefix, v6_prefix)
     if network is None and candidate != remote:
         network = _network(remote, v4_prefix, v6_prefix)
@@ -205,16 +210,6 @@ def _is_trusted(
         return False
     networks = trust.v4 if address.version == 4 else trust.v6
     return any(address in network for network in networks)
-
-
-def _is_plain_ipv4(text: str) -> bool:
-    """Whether ``text`` is a dotted-quad IPv4 address exactly as ``str(IPv4Address)`` writes
-    it (inet_pton refuses leading zeros, spaces, ports and short forms)."""
-    try:
-        socket.inet_pton(socket.AF_INET, text)
-    except (OSError, ValueError, TypeError):
-        return False
-    return True
 
 
 def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

@@ -18,7 +18,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 
 from django_throttle.request import core
-from django_throttle.request.headers import apply_headers
+from django_throttle.request.headers import rate_limit_headers
 
 __all__ = ["RateLimitHeadersMiddleware"]
 
@@ -39,7 +39,12 @@ class RateLimitHeadersMiddleware:
         response = self.get_response(request)
         if getattr(request, "throttle_reservations", None):
             core.settle(request, response.status_code)
-        return self._finish(request, response)
+        decision = getattr(request, "throttle_decision", None)
+        if decision is not None:  # apply_headers, inline on the sync path
+            setdefault = response.headers.setdefault
+            for name, value in rate_limit_headers(decision).items():
+                setdefault(name, value)
+        return response
 
     async def _acall(self, request: HttpRequest) -> HttpResponseBase:
         response = await self.get_response(request)
@@ -50,6 +55,8 @@ class RateLimitHeadersMiddleware:
     @staticmethod
     def _finish(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
         decision = getattr(request, "throttle_decision", None)
-        if decision is not None:
-            apply_headers(response, decision)
+        if decision is not None:  # apply_headers, inline on the sync path
+            setdefault = response.headers.setdefault
+            for name, value in rate_limit_headers(decision).items():
+                setdefault(name, value)
         return response

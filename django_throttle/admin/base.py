@@ -55,7 +55,7 @@ def stored_time(second: float) -> datetime:
     return value if settings.USE_TZ else timezone.make_naive(value)
 
 
-class _AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Every page of the app's models loads its stylesheet and ``long_words.js``, which keep
     each page within a 1,280 px window whatever the data (long tokens wrap, ordinary words stay
     whole, limit rows stay narrow).
@@ -86,7 +86,7 @@ class _AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return TemplateResponse(request, f"admin/django_throttle/{template}.html", context)
 
 
-class _LimitedAdmin(_AppAdmin):
+class LimitedAdmin(AppAdmin):
     """The pages of a row with limits inline (a tier, an endpoint rule): the "problems" and
     failure-mode columns, and the warnings the forms leave (see
     :class:`~django_throttle.admin.forms.TierLimitFormSet`), shown once the change is saved."""

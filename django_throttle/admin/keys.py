@@ -19,7 +19,7 @@ from django.utils.html import format_html
 from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 
-from django_throttle.admin.base import _AppAdmin, stored_time
+from django_throttle.admin.base import AppAdmin, stored_time
 from django_throttle.admin.views import backend_failed, log_reset
 from django_throttle.backends import BackendError
 from django_throttle.identity import Identity
@@ -30,7 +30,7 @@ from django_throttle.usage import accounting as usage
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(_AppAdmin):
+class ApiKeyAdmin(AppAdmin):
     """Adding a key shows the full key once, in the message after saving; only its prefix
     and digest are stored. Revoke a key by unticking "active" (or the list action)."""
 

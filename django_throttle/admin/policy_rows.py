@@ -16,7 +16,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import pgettext_lazy
 
 from django_throttle import models
-from django_throttle.admin.base import COUNTS, MATCH_TYPES, LimitInline, _AppAdmin, _LimitedAdmin
+from django_throttle.admin.base import COUNTS, MATCH_TYPES, AppAdmin, LimitedAdmin, LimitInline
 from django_throttle.admin.forms import EndpointLimitFormSet, EndpointRuleForm, TierLimitFormSet
 from django_throttle.models.fields import FailureMode
 
@@ -28,7 +28,7 @@ class TierLimitInline(LimitInline):
 
 
 @admin.register(models.Tier)
-class TierAdmin(_LimitedAdmin):
+class TierAdmin(LimitedAdmin):
     list_display = [
         "name",
         "slug",
@@ -99,7 +99,7 @@ class EndpointLimitInline(LimitInline):
 
 
 @admin.register(models.EndpointRule)
-class EndpointRuleAdmin(_LimitedAdmin):
+class EndpointRuleAdmin(LimitedAdmin):
     form = EndpointRuleForm
     list_display = [
         "name",
@@ -142,7 +142,7 @@ class EndpointRuleAdmin(_LimitedAdmin):
 
 
 @admin.register(models.TierAssignment)
-class TierAssignmentAdmin(_AppAdmin):
+class TierAssignmentAdmin(AppAdmin):
     list_display = ["tier", "user", "group", "note", "created"]
     list_select_related = ["tier", "user", "group"]
     list_filter = ["tier"]
@@ -151,7 +151,7 @@ class TierAssignmentAdmin(_AppAdmin):
 
 
 @admin.register(models.Exemption)
-class ExemptionAdmin(_AppAdmin):
+class ExemptionAdmin(AppAdmin):
     """Users, groups and networks never limited (compiled into the policy: no query and no
     Redis call per exempt request)."""
 

@@ -29,7 +29,7 @@ from django.utils.translation import gettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
 
 from django_throttle.admin import views
-from django_throttle.admin.base import _AppAdmin
+from django_throttle.admin.base import AppAdmin
 from django_throttle.backends import BackendError, usage_base
 from django_throttle.backends.breaker import get_breaker
 from django_throttle.models import UsageCount
@@ -145,7 +145,7 @@ def _kind(request: HttpRequest) -> str:
 
 
 @admin.register(UsageCount)
-class UsageCountAdmin(_AppAdmin):
+class UsageCountAdmin(AppAdmin):
     """Read-only: the rollup writes these rows from the backend's counts (on opening the
     list, see :func:`roll_up_if_due`, or ``manage.py throttle_usage --rollup``); people only
     read (or delete) them. Two lists: tier and endpoint totals, and per-client rows with

@@ -20,7 +20,7 @@ from django.urls import reverse
 from django.utils.http import urlencode
 from django.utils.translation import gettext as _
 
-from django_throttle.admin.base import _AppAdmin
+from django_throttle.admin.base import AppAdmin
 from django_throttle.admin.dashboard import CHARTED, LABELS, WINDOWS, timeline
 from django_throttle.backends import BackendError, get_backend
 from django_throttle.backends.breaker import get_breaker
@@ -43,7 +43,7 @@ INSPECT = "admin:django_throttle_usagecount_inspect"
 RESET_PERMISSION = "django_throttle.change_tier"
 
 
-def dashboard(request: HttpRequest, model_admin: _AppAdmin) -> HttpResponse:
+def dashboard(request: HttpRequest, model_admin: AppAdmin) -> HttpResponse:
     """Requests per minute by outcome (overall, per tier, per endpoint; each request once,
     under the tier that served it), checks before authentication per rule, the most limited
     clients (named, linked to their user or API key, estimates marked ``≈``) and the
@@ -151,7 +151,7 @@ class _Query(NamedTuple):
         return f"{reverse(INSPECT)}?{encoded}" if encoded else reverse(INSPECT)
 
 
-def inspector(request: HttpRequest, model_admin: _AppAdmin) -> HttpResponse:
+def inspector(request: HttpRequest, model_admin: AppAdmin) -> HttpResponse:
     """One client's tier (and why) and every counter its requests meet (by client, by IP
     address, by username; shared ceilings marked), an "explain" form for a request it might
     send, and a button to reset its counters (confirmed on a second page)."""
@@ -188,7 +188,7 @@ def inspector(request: HttpRequest, model_admin: _AppAdmin) -> HttpResponse:
 
 
 @permission_required(RESET_PERMISSION, raise_exception=True)
-def reset_client(request: HttpRequest, model_admin: _AppAdmin) -> HttpResponse:
+def reset_client(request: HttpRequest, model_admin: AppAdmin) -> HttpResponse:
     """Confirm (GET), then clear (POST, CSRF-checked) every counter of one client (by
     client, by its address, by its username; never a shared ceiling), recorded in the admin
     history. Needs the permission to change tiers."""
@@ -225,7 +225,7 @@ def reset_client(request: HttpRequest, model_admin: _AppAdmin) -> HttpResponse:
 
 
 def _reset_ceiling(
-    request: HttpRequest, model_admin: _AppAdmin, limit_id: str, query: _Query
+    request: HttpRequest, model_admin: AppAdmin, limit_id: str, query: _Query
 ) -> HttpResponse:
     """Confirm (GET), then refill (POST) one shared limit in every key shard: a ceiling's
     own reset, recorded in the admin history (resetting a client never touches it)."""

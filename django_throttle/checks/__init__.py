@@ -29,7 +29,7 @@ from django_throttle.checks.database import (
     check_rows,
     check_settling_middleware,
 )
-from django_throttle.checks.validators import SETTINGS, _header_name
+from django_throttle.checks.validators import SETTINGS, header_name
 from django_throttle.conf import (
     DEFAULT_CACHE_ALIAS,
     NAMES,
@@ -192,7 +192,7 @@ def _check_proxy_trust() -> list[checks.CheckMessage]:
     """W002: a client IP header with no trusted proxy is never read."""
     trusted = getattr(settings, PREFIX + "TRUSTED_PROXIES", None)
     header = getattr(settings, PREFIX + "CLIENT_IP_HEADER", None)
-    if header and _header_name(header) is None and not trusted:
+    if header and header_name(header) is None and not trusted:
         return [
             checks.Warning(
                 f"{PREFIX}CLIENT_IP_HEADER = {header!r} is never read: no trusted proxy is "

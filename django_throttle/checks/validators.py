@@ -149,7 +149,7 @@ _NOT_ONE_ADDRESS = {
 }
 
 
-def _header_name(value: Any) -> str | None:
+def header_name(value: Any) -> str | None:
     if not isinstance(value, str) or not _HEADER_NAME.fullmatch(value):
         return (
             "must be None or a header name as sent, such as 'X-Real-IP' (letters, digits and "
@@ -183,7 +183,7 @@ SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     # E018 is the Redis source check below.
     ("E026", "KEY_SHARDS", _optional(_int_range(1, 1024))),
     ("E030", "TRUSTED_PROXIES", _optional(_trusted_proxies)),
-    ("E031", "CLIENT_IP_HEADER", _optional(_header_name)),
+    ("E031", "CLIENT_IP_HEADER", _optional(header_name)),
     ("E034", "API_KEY_SECRET", _api_key_secret),
     ("E036", "DENIED_RESPONSE", _optional(_dotted())),
     ("E039", "METRICS", _BOOL),

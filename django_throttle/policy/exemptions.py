@@ -10,7 +10,7 @@ are marked with :func:`django_throttle.exemptions.throttle_exempt`.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django_throttle.identity import Identity
@@ -27,9 +27,14 @@ class Exemptions:
     users: frozenset[Any] = frozenset()
     addresses: frozenset[str] = frozenset()
     networks: tuple[_Network, ...] = ()
+    #: Whether any client is exempt: read on every request, so worked out once.
+    active: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "active", bool(self.users or self.addresses or self.networks))
 
     def __bool__(self) -> bool:
-        return bool(self.users or self.addresses or self.networks)
+        return self.active
 
     def covers_address(self, network: str) -> bool:
         """``network`` is the client as the limiter counts it: an address, or an IPv6

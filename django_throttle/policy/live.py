@@ -209,9 +209,9 @@ def current() -> Policy:
     changed the policy, or when the snapshot is older than :data:`MAX_AGE` (all checked
     at most once per refresh interval, so most calls touch neither the database nor the
     backend). Other threads keep the previous snapshot while one thread recompiles."""
-    policy = fresh()
-    if policy is not None:
-        return policy
+    policy = _cache.policy
+    if policy is not None and clock() - _cache.checked_at < REFRESH_INTERVAL:
+        return policy  # fresh(), read here without a call: this runs on every request
     with _cache.lock:
         now = clock()
         policy = _cache.policy

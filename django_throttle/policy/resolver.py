@@ -31,7 +31,8 @@ clock = time.time
 def resolve_identity(request: Any) -> Identity:
     """The default resolver: a verified API key's prefix, else the user's pk when
     authenticated, else the client network."""
-    api_key = verified_api_key(request)
+    key = presented_key(request.META)
+    api_key = None if key is None else _verified(key)
     if api_key is not None:
         return Identity("key", api_key.prefix)
     user = getattr(request, "user", None)
@@ -46,8 +47,10 @@ def verified_api_key(request: Any) -> ApiKeyPolicy | None:
     query), else ``None``. Every presented key costs the same: see
     :meth:`~django_throttle.policy.snapshot.Policy.verify_key`."""
     key = presented_key(request.META)
-    if key is None:
-        return None
+    return None if key is None else _verified(key)
+
+
+def _verified(key: str) -> ApiKeyPolicy | None:
     snapshot = _snapshot()
     if snapshot is None:
         return None
@@ -69,8 +72,10 @@ def _snapshot() -> Policy | None:
 
 def get_resolver() -> Callable[[Any], Identity]:
     """The configured resolver callable (imported once per dotted path)."""
-    resolver: Callable[[Any], Identity] = _import_string(app_settings.IDENTITY_RESOLVER)
+    resolver: Callable[[Any], Identity] = import_resolver(app_settings.IDENTITY_RESOLVER)
     return resolver
 
 
-_import_string = functools.cache(import_string)
+#: The resolver a dotted path names, imported once per path (the request path calls it with
+#: ``DJANGO_THROTTLE_IDENTITY_RESOLVER`` directly, skipping :func:`get_resolver`).
+import_resolver: Callable[[str], Callable[[Any], Identity]] = functools.cache(import_string)

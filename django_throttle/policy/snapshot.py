@@ -110,6 +110,10 @@ class Policy:
     api_keys: dict[str, ApiKeyPolicy] = field(default_factory=dict)
     #: Users (direct and through groups) and networks never limited.
     exemptions: Exemptions = field(default_factory=Exemptions)
+    #: The one store for what the request path works out from this snapshot (what a view,
+    #: a rule and a tier come to), so it is dropped with the snapshot when the version
+    #: changes; no other cache holds anything compiled from the policy.
+    compiled: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def verify_key(self, key: str, secret: bytes, now: float) -> ApiKeyPolicy | None:
         """The active, unexpired API key ``key`` is, else ``None``. No query; every key of a

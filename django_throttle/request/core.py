@@ -12,7 +12,7 @@ The decision is written once: a plan (plain, :mod:`~django_throttle.request.plan
 backend calls the plan names, and a finish (plain, :mod:`~django_throttle.request.planning` too)
 from the reply. Only the calls differ between :func:`check` and :func:`acheck`: made
 blocking or awaited, through the circuit breaker, a :class:`BackendError` being a reply like
-any other. Every call is a step: the plan's (``_Plan.deciding``: the client's counter, then
+any other. Every call is a step: the plan's (``Plan.deciding``: the client's counter, then
 those by IP address or username) and the refunds are generators in
 :mod:`~django_throttle.request.planning` and :mod:`~django_throttle.request.reservations`
 that yield each call they need, driven by :func:`run` (blocking) and :func:`arun` (awaited).
@@ -36,10 +36,18 @@ from django_throttle import events
 from django_throttle.backends import BackendError, get_backend
 from django_throttle.backends.breaker import get_breaker
 from django_throttle.conf import app_settings
+from django_throttle.exemptions import is_exempt_view
 from django_throttle.identity import Identity
 from django_throttle.policy import live as policy_module
+from django_throttle.policy.snapshot import Policy
 from django_throttle.rates import UNLIMITED, Decision, Limit
-from django_throttle.request.planning import _counted, _degraded, _outcome, _Plan, _plan
+from django_throttle.request.planning import (
+    Plan,
+    counted_decision,
+    degraded_decision,
+    make_plan,
+    usage_outcome,
+)
 from django_throttle.request.reservations import Steps, settling
 from django_throttle.usage import accounting as usage
 
@@ -85,12 +93,25 @@ def check(request: Any, **options: Unpack[CheckOptions]) -> Decision:
     """
     if not app_settings.ENABLED:
         return UNLIMITED
-    started = time.perf_counter() if events.watching() else 0.0
-    planned = _plan(request, policy_module.current, None, **options)
-    if not isinstance(planned, _Plan):
+    match = getattr(request, "resolver_match", None)
+    if match is not None and is_exempt_view(match.func):
+        return UNLIMITED
+    return decide(request, policy_module.current(), options)
+
+
+def decide(request: Any, policy: Policy | None, options: CheckOptions) -> Decision:
+    """:func:`check` for an adapter that has found its view not exempt and fetched the policy
+    snapshot itself (the DRF throttle): each is decided once per request, and passed down."""
+    # Timed only when someone listens (events.watching, read here without a call).
+    watched = events.request_decided.receivers or events.request_throttled.receivers
+    started = time.perf_counter() if watched else 0.0
+    planned = make_plan(request, policy, None, **options)
+    if not isinstance(planned, Plan):
         return planned
     reply = run(planned.deciding())
-    return _finished(planned, reply, request, started)
+    if started or isinstance(reply, BackendError) or planned.refunds or reply.shadow:
+        return _finished(planned, reply, request, started)
+    return reply  # counted_decision's plain case: the backend's decision as it is
 
 
 async def acheck(
@@ -112,7 +133,12 @@ async def acheck(
     ran and set ``request.user`` (DRF's): it is read as it is."""
     if not app_settings.ENABLED:
         return UNLIMITED
-    started = time.perf_counter() if events.watching() else 0.0
+    match = getattr(request, "resolver_match", None)
+    if match is not None and is_exempt_view(match.func):
+        return UNLIMITED
+    # Timed only when someone listens (events.watching, read here without a call).
+    watched = events.request_decided.receivers or events.request_throttled.receivers
+    started = time.perf_counter() if watched else 0.0
     counted_as = None if user_loaded else await _async_user(request)
     snapshot = policy_module.fresh()
     if snapshot is None and options.get("limits") is None:
@@ -122,11 +148,11 @@ async def acheck(
         # nothing else runs meanwhile); the view gets the request's own user back.
         own, request.user = request.user, counted_as
     try:
-        planned = _plan(request, lambda: snapshot or policy_module.last(), None, **options)
+        planned = make_plan(request, snapshot or policy_module.last(), None, **options)
     finally:
         if counted_as is not None:
             request.user = own
-    if not isinstance(planned, _Plan):
+    if not isinstance(planned, Plan):
         return planned
     reply = await arun(planned.deciding())
     return _finished(planned, reply, request, started)
@@ -146,26 +172,29 @@ async def asettle(request: Any, status: int, *, first: int = 0) -> None:
 
 
 def _finished(
-    planned: _Plan, reply: Decision | BackendError, request: Any, started: float
+    planned: Plan, reply: Decision | BackendError, request: Any, started: float
 ) -> Decision:
     """The decision on a planned request, from the backend's ``reply`` (``started``: see
     :func:`check`)."""
     if isinstance(reply, BackendError):
-        decision = _degraded(planned, reply, request)
+        decision = degraded_decision(planned, reply, request)
     else:
-        decision = _counted(planned, reply, request)
+        decision = counted_decision(planned, reply, request)
     if started:
         _announce(request, planned, decision, started)
     return decision
 
 
-def plan(request: Any, identity: Identity, **options: Unpack[CheckOptions]) -> _Plan | Decision:
+def plan(request: Any, identity: Identity, **options: Unpack[CheckOptions]) -> Plan | Decision:
     """What :func:`check` with these keyword arguments would count ``request`` against, were it sent
     by ``identity``, without calling the backend: the counters in the order the check calls
     them (``client``/``limits``, then ``groups``), the cost, the tier and the rule; or the
     decision it returns without counting (exempt, nothing applies). For the operator tools,
     which must see exactly what requests meet, never work it out another way."""
-    return _plan(request, policy_module.current, identity, **options)
+    match = getattr(request, "resolver_match", None)
+    if match is not None and is_exempt_view(match.func):
+        return UNLIMITED
+    return make_plan(request, policy_module.current(), identity, **options)
 
 
 async def _async_user(request: Any) -> Any:
@@ -184,10 +213,10 @@ async def _async_user(request: Any) -> Any:
     return None
 
 
-def _announce(request: Any, planned: _Plan, decision: Decision, started: float) -> None:
+def _announce(request: Any, planned: Plan, decision: Decision, started: float) -> None:
     """Tell :mod:`django_throttle.events` listeners about a decision (only called when one
     listens)."""
-    outcome = _outcome(decision)
+    outcome = usage_outcome(decision)
     if outcome == usage.ALLOWED and decision.shadow:
         outcome = usage.SHADOW_DENIED
     about = {
@@ -208,36 +237,36 @@ def run(steps: Steps[T]) -> T:
     breaker; a :class:`BackendError` is raised into the steps at their ``yield``, anything
     else sent. Counts kept while the backend was down are pushed once it answers again."""
     try:
-        name, args, kwargs = next(steps)
+        call = next(steps)
         while True:
             try:
                 with get_breaker().guard():
-                    reply = getattr(get_backend(), name)(*args, **kwargs)
+                    reply = call.send(get_backend())
             except BackendError as exc:
-                name, args, kwargs = steps.throw(exc)
+                call = steps.throw(exc)
                 continue
             if usage.pending:
                 usage.flush_pending()
-            name, args, kwargs = steps.send(reply)
+            call = steps.send(reply)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
 
 
 async def arun(steps: Steps[T]) -> T:
     """:func:`run` on an event loop: each call is awaited (``redis.asyncio``, the backend's
-    ``"a" + name`` method), never made in a thread; only pushing kept counts, which is
-    blocking, runs in a worker thread."""
+    async method, through the call's ``asend``), never made in a thread; only pushing kept
+    counts, which is blocking, runs in a worker thread."""
     try:
-        name, args, kwargs = next(steps)
+        call = next(steps)
         while True:
             try:
                 with get_breaker().guard():
-                    reply = await getattr(get_backend(), "a" + name)(*args, **kwargs)
+                    reply = await call.asend(get_backend())
             except BackendError as exc:
-                name, args, kwargs = steps.throw(exc)
+                call = steps.throw(exc)
                 continue
             if usage.pending:
                 await sync_to_async(usage.flush_pending, thread_sensitive=False)()
-            name, args, kwargs = steps.send(reply)
+            call = steps.send(reply)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]

@@ -30,6 +30,8 @@ from django_throttle.request.usernames import normalise_username, presented_user
 #: The keyword arguments of :func:`~django_throttle.request.core.check` for one request:
 #: the same dict every time, or a function building it per request.
 Options = dict[str, Any] | Callable[[], dict[str, Any]]
+#: Where a request keeps the reservations :func:`~django_throttle.request.core.settle` gives back.
+RESERVATIONS = "throttle_reservations"
 
 
 def guard(view: Any, options: Options, *, login: bool = False) -> Any:
@@ -65,17 +67,23 @@ def guard(view: Any, options: Options, *, login: bool = False) -> Any:
     def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
         if login and request.method != "POST":
             return view(request, *args, **kwargs)
-        first = _started(request, login)
+        first = _started(request, login) if login else len(getattr(request, RESERVATIONS, ()))
         decision = core.check(request, **(options() if callable(options) else options))
-        if not _allowed(request, decision, login):
+        if not login:
+            request.throttle_decision = decision  # _allowed, without a call per request
+        if not decision.allowed:
             return throttled_response(decision, request)
         status = 500
         try:
             response = view(request, *args, **kwargs)
             status = response.status_code
-            _served(request, response, decision, login)
+            if login:
+                _served(request, response, decision, login)
+            else:
+                apply_headers(response, decision)
         finally:
-            core.settle(request, status, first=first)
+            if len(getattr(request, RESERVATIONS, ())) > first:  # else settle has nothing to do
+                core.settle(request, status, first=first)
         return response
 
     return wrapper

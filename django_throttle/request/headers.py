@@ -11,7 +11,6 @@ and the failure mode decided: ``open`` (served uncounted) or ``local`` (counted 
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from typing import Any
@@ -21,6 +20,7 @@ from django.utils.cache import patch_vary_headers
 from django.utils.translation import gettext, ngettext
 
 from django_throttle.conf import FAILURE_STATUS, app_settings
+from django_throttle.policy import live
 from django_throttle.rates import Decision, Limit
 from django_throttle.request.pages import throttled_page, wants_html
 
@@ -54,9 +54,8 @@ def degraded_mode(decision: Decision) -> str | None:
 def rate_limit_headers(decision: Decision) -> dict[str, str]:
     """Every header the decision implies (empty when no enforced limit applied)."""
     headers: dict[str, str] = {}
-    degraded = degraded_mode(decision)
-    if degraded is not None:
-        headers[DEGRADED_HEADER] = degraded
+    if decision.failed_open or decision.local:
+        headers[DEGRADED_HEADER] = "open" if decision.failed_open else "local"  # degraded_mode
     if decision.unavailable:
         if not decision.unidentified:
             headers["Retry-After"] = str(retry_after_seconds(decision.retry_after))
@@ -64,8 +63,9 @@ def rate_limit_headers(decision: Decision) -> dict[str, str]:
     limit = decision.limit
     if limit is None or limit.shadow:
         return headers
-    limit = _as_met(limit)
-    reset = whole_seconds(decision.reset_after)
+    if limit.shared:
+        limit = _as_met(limit)
+    reset = max(0, math.ceil(decision.reset_after))  # whole_seconds
     headers["X-RateLimit-Limit"] = str(limit.capacity)
     headers["X-RateLimit-Remaining"] = str(decision.remaining)
     headers["X-RateLimit-Reset"] = str(reset)
@@ -82,15 +82,18 @@ def rate_limit_headers(decision: Decision) -> dict[str, str]:
 
 def _as_met(limit: Limit) -> Limit:
     """``limit`` as the client meets it: a shared limit's shard's share (the remaining count
-    is of that share, so the capacity shown must be too)."""
-    return _share(limit, app_settings.KEY_SHARDS) if limit.shared else limit
+    is of that share, so the capacity shown must be too). Worked out once per limit and
+    policy version, in the snapshot's store (a change of ``KEY_SHARDS`` drops the snapshot)."""
+    if not limit.shared:
+        return limit
+    policy = live.last()
+    store: dict[Any, Any] = policy.compiled if policy is not None else {}
+    met: Limit | None = store.get(("shared", limit))
+    if met is None:
+        from django_throttle.backends.base import per_shard
 
-
-@functools.lru_cache(maxsize=256)
-def _share(limit: Limit, shards: int) -> Limit:
-    from django_throttle.backends.base import per_shard
-
-    return per_shard(limit, shards)
+        met = store["shared", limit] = per_shard(limit, app_settings.KEY_SHARDS)
+    return met
 
 
 def apply_headers(response: HttpResponseBase, decision: Decision) -> None:

@@ -37,9 +37,67 @@ T = TypeVar("T")
 
 #: (client, limits): what one backend call counts.
 Group = tuple[str, Sequence[Limit]]
-#: One backend call, as a value: the method's name (``"hit"``, ``"peek"``, ``"refund"``; the
-#: async runner awaits ``"a" + name``), its positional and its keyword arguments.
-Call = tuple[str, tuple[Any, ...], dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """Count ``cost`` against every limit of ``client``, all or nothing (the backend's
+    ``hit``), the decision counted in usage under ``usage`` (``None``: not counted)."""
+
+    client: str
+    limits: Sequence[Limit]
+    cost: int
+    usage: str | None
+
+    def send(self, backend: Any, *, usage: bool = True) -> Decision:
+        return backend.hit(  # type: ignore[no-any-return]
+            self.client, self.limits, self.cost, usage=self.usage if usage else None
+        )
+
+    async def asend(self, backend: Any) -> Decision:
+        return await backend.ahit(  # type: ignore[no-any-return]
+            self.client, self.limits, self.cost, usage=self.usage
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Peek:
+    """Whether ``cost`` would pass ``client``'s limits, nothing taken (the backend's ``peek``)."""
+
+    client: str
+    limits: Sequence[Limit]
+    cost: int
+
+    def send(self, backend: Any, *, usage: bool = True) -> Decision:
+        return backend.peek(self.client, self.limits, cost=self.cost)  # type: ignore[no-any-return]
+
+    async def asend(self, backend: Any) -> Decision:
+        return await backend.apeek(  # type: ignore[no-any-return]
+            self.client, self.limits, cost=self.cost
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Refund:
+    """Give ``cost`` back to ``client``'s limits, as of the instant the tokens were taken
+    (``taken_at``; the backend's ``refund``)."""
+
+    client: str
+    limits: Sequence[Limit]
+    cost: int
+    taken_at: int | None
+
+    def send(self, backend: Any, *, usage: bool = True) -> None:
+        backend.refund(self.client, self.limits, self.cost, taken_at=self.taken_at)
+
+    async def asend(self, backend: Any) -> None:
+        await backend.arefund(self.client, self.limits, self.cost, taken_at=self.taken_at)
+
+
+#: One backend call, as a typed value: the runners call its ``send`` (blocking) or await its
+#: ``asend``, which call the backend's method by name in the code, so mypy and "find
+#: usages" see every call.
+Call = Hit | Peek | Refund
 #: Steps that make backend calls and end with a ``T`` (see the module docstring).
 Steps = Generator[Call, Any, T]
 
@@ -140,16 +198,14 @@ def run_locally(steps: Steps[T]) -> T:
 
     backend = get_local_backend()
     try:
-        name, args, kwargs = next(steps)
+        call = next(steps)
         while True:
-            if "usage" in kwargs:
-                kwargs = {**kwargs, "usage": None}
             try:
-                reply = getattr(backend, name)(*args, **kwargs)
+                reply = call.send(backend, usage=False)
             except BackendError as exc:
-                name, args, kwargs = steps.throw(exc)
+                call = steps.throw(exc)
                 continue
-            name, args, kwargs = steps.send(reply)
+            call = steps.send(reply)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
 
@@ -174,7 +230,7 @@ def hit_groups(
     try:
         for n, (client, limits) in enumerate(groups, 1):
             usage = field if n == len(groups) else only_if_denied(field)
-            decision = yield ("hit", (client, limits, cost), {"usage": usage})
+            decision = yield Hit(client, limits, cost, usage)
             if not decision.allowed:
                 yield from _give_back(taken, cost, _taken_at(decisions), "tokens taken from")
                 denied = yield from longest_wait(decision, groups[n:], cost)
@@ -197,7 +253,7 @@ def longest_wait(denied: Decision, rest: Sequence[Group], cost: int) -> Steps[De
     worst = denied
     for client, limits in rest:
         try:
-            decision = yield ("peek", (client, limits), {"cost": cost})
+            decision = yield Peek(client, limits, cost)
         except BackendError:
             break
         if not decision.allowed and decision.retry_after > worst.retry_after:
@@ -219,7 +275,7 @@ def _give_back(groups: Sequence[Group], cost: int, at: dict[str, int], what: str
     refund the backend cannot make is logged (``what`` the client's tokens are) and left."""
     for client, limits in groups:
         try:
-            yield ("refund", (client, limits, cost), {"taken_at": at.get(client)})
+            yield Refund(client, limits, cost, at.get(client))
         except BackendError as exc:
             logger.warning("%s %s could not be given back: %s", what, log_text(client), exc)
 

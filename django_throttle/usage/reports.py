@@ -43,7 +43,13 @@ from django_throttle.backends.usage_base import UsageStore
 from django_throttle.plain import plain_text
 from django_throttle.usage import accounting as usage
 from django_throttle.usage.names import private_labels
-from django_throttle.usage.rollup import _add, _instant, _minute, _split, kept_minutes
+from django_throttle.usage.rollup import (
+    add_counts,
+    kept_minutes,
+    minute_of,
+    stored_instant,
+    stored_through,
+)
 
 REPORT_BY: tuple[str, ...] = ("client", "tier", "endpoint")
 #: What every operator view (dashboard, table, CSV, JSON) calls an empty tier (limits given
@@ -128,14 +134,15 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
     store = usage.get_store() if store is None else store
     now = store.now_minute()
     first = now - kept_minutes() + 1
-    since_minute = _minute(since)
-    split = _split(store)
+    since_minute = minute_of(since)
+    split = stored_through(store)
     # (key, before authentication) -> counts per outcome
     sums: dict[tuple[str, bool], list[int]] = {}
 
     if split is not None and since_minute <= split:
         rows = UsageCount.objects.filter(
-            window_start__gte=_instant(since_minute * 60), window_start__lte=_instant(split * 60)
+            window_start__gte=stored_instant(since_minute * 60),
+            window_start__lte=stored_instant(split * 60),
         )
         rows = rows.exclude(client=usage.ALL) if by == "client" else rows.filter(client=usage.ALL)
         names = [f"sum_{o}" for o in usage.OUTCOMES]
@@ -147,18 +154,18 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
             .values_list(*group, *names)
         )
         for key, tier, *values in grouped.iterator(chunk_size=10_000):
-            _add(sums, _series(by, key, tier), [int(n or 0) for n in values])
+            add_counts(sums, _series(by, key, tier), [int(n or 0) for n in values])
 
     live_from = max(since_minute, first if split is None else max(first, split + 1))
     live = store.read(range(live_from, now + 1), totals=by != "client", clients=by == "client")
     for counts in live.values():
         if by == "client":
             for client, values in counts.clients.items():
-                _add(sums, (client, False), values)
+                add_counts(sums, (client, False), values)
         else:
             for field, values in counts.totals.items():
                 tier, endpoint = usage.split_field(field)
-                _add(sums, _series(by, endpoint if by == "endpoint" else tier, tier), values)
+                add_counts(sums, _series(by, endpoint if by == "endpoint" else tier, tier), values)
     if by == "client":
         sums = _private(sums)
 
@@ -199,5 +206,5 @@ def _private(sums: dict[tuple[str, bool], list[int]]) -> dict[tuple[str, bool], 
         return sums
     merged: dict[tuple[str, bool], list[int]] = {}
     for (key, before), values in sums.items():
-        _add(merged, (private.get(key, key), before), values)
+        add_counts(merged, (private.get(key, key), before), values)
     return merged

@@ -51,13 +51,13 @@ def kept_minutes() -> int:
     return max(2, usage_base.USAGE_TTL // 60)
 
 
-def _minute(value: datetime) -> int:
+def minute_of(value: datetime) -> int:
     if timezone.is_naive(value):
         value = timezone.make_aware(value)
     return math.floor(value.timestamp() / 60)
 
 
-def _split(store: UsageStore) -> int | None:
+def stored_through(store: UsageStore) -> int | None:
     """The last minute the database holds: the watermark, else (the backend lost it, e.g. a
     Redis restart) the newest row's minute."""
     from django_throttle.models import UsageCount
@@ -66,10 +66,10 @@ def _split(store: UsageStore) -> int | None:
     if watermark is not None:
         return watermark
     last = UsageCount.objects.aggregate(last=Max("window_start"))["last"]
-    return None if last is None else _minute(last)
+    return None if last is None else minute_of(last)
 
 
-def _add(table: dict[Any, list[int]], key: Any, values: list[int]) -> None:
+def add_counts(table: dict[Any, list[int]], key: Any, values: list[int]) -> None:
     row = table.setdefault(key, [0] * len(values))
     for i, n in enumerate(values):
         row[i] += n
@@ -99,7 +99,7 @@ def rollup(store: UsageStore | None = None, *, deadline: float | None = None) ->
     store = get_store() if store is None else store
     now = store.now_minute()
     first = now - kept_minutes() + 1
-    split = _split(store)
+    split = stored_through(store)
     start = first if split is None else max(first, split + 1)
     late = store.take_late()
     redo = sorted(m for m in late if first <= m < start)
@@ -120,7 +120,7 @@ def rollup(store: UsageStore | None = None, *, deadline: float | None = None) ->
             rows = [UsageCount(**row) for row in _rows(found)]
             with transaction.atomic(using=alias):
                 if found:
-                    windows = [_instant(m * 60) for m in found]
+                    windows = [stored_instant(m * 60) for m in found]
                     UsageCount.objects.using(alias).filter(window_start__in=windows).delete()
                 UsageCount.objects.using(alias).bulk_create(rows, batch_size=500, **upsert)
             written += len(rows)
@@ -165,7 +165,9 @@ def copy_key_use(store: UsageStore) -> int:
     alias = router.db_for_write(ApiKey)
     updated = 0
     for at in range(0, len(seen), KEY_UPDATE_BATCH):
-        when = {prefix: _instant(second) for prefix, second in seen[at : at + KEY_UPDATE_BATCH]}
+        when = {
+            prefix: stored_instant(second) for prefix, second in seen[at : at + KEY_UPDATE_BATCH]
+        }
         later = [
             Q(prefix=prefix) & (Q(last_used__isnull=True) | Q(last_used__lt=value))
             for prefix, value in when.items()
@@ -183,7 +185,7 @@ def copy_key_use(store: UsageStore) -> int:
     return updated
 
 
-def _instant(second: int) -> datetime:
+def stored_instant(second: int) -> datetime:
     """A Unix second as the database expects it (aware UTC under USE_TZ)."""
     value = datetime.fromtimestamp(second, tz=UTC)
     return value if settings.USE_TZ else timezone.make_naive(value)
@@ -199,11 +201,11 @@ def _rows(found: dict[int, MinuteCounts]) -> Iterable[dict[str, Any]]:
         merged: dict[tuple[str, str, str], list[int]] = {}
         for field, values in counts.totals.items():
             tier, endpoint = split_field(field.replace("\x00", "\ufffd"))
-            _add(merged, (ALL, tier[:100], endpoint[:100]), values)
+            add_counts(merged, (ALL, tier[:100], endpoint[:100]), values)
         for client, values in counts.clients.items():
             name = private.get(client, client).replace("\x00", "\ufffd")
-            _add(merged, (name[:200], ALL, ALL), values)
-        window = _instant(minute * 60)
+            add_counts(merged, (name[:200], ALL, ALL), values)
+        window = stored_instant(minute * 60)
         for (client, tier, endpoint), values in merged.items():
             yield {
                 "window_start": window,
