@@ -25,7 +25,7 @@ from redis.retry import Retry
 
 from django_throttle.backends import BackendError, get_backend, reset_backend_cache
 from django_throttle.backends.redis import RedisBackend
-from django_throttle.backends.wire import connection_getter
+from tests.redis_servers import connection_getter
 from django_throttle.rates import Limit
 from example_project.private_redis import PrivateRedis, free_port
 from tests.redis_servers import attempts
