@@ -29,6 +29,7 @@ from typing import Any
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
+from redis.connection import Connection, SSLConnection
 from redis.crc import key_slot
 
 from django_throttle.backends.base import ArgumentRefused, BackendError, NodeUnavailable
@@ -65,9 +66,12 @@ class PrimaryHealth:
 def async_cluster(client: RedisCluster) -> AsyncRedisCluster:
     """A ``redis.asyncio`` ``RedisCluster`` like ``client``: its known nodes as seeds, its
     nodes' connection options, retries off (it connects on its first command)."""
-    kwargs = async_options(client.nodes_manager.connection_kwargs, AsyncRedisCluster)
-    for name in ("host", "port", "startup_nodes", "url"):
+    given = client.nodes_manager.connection_kwargs
+    kwargs = async_options(given, AsyncRedisCluster)
+    for name in ("host", "port", "startup_nodes", "url", "connection_class"):
         kwargs.pop(name, None)
+    if issubclass(given.get("connection_class", Connection), SSLConnection):
+        kwargs["ssl"] = True
     seeds = [AsyncClusterNode(node.host, node.port) for node in client.get_nodes()]  # type: ignore[no-untyped-call]
     return AsyncRedisCluster(
         startup_nodes=seeds,
@@ -129,7 +133,12 @@ class ClusterRoute:
 
     async def _make_async(self) -> AsyncRedisCluster:
         client = async_cluster(self.client)
-        await client.initialize()
+        try:
+            await client.initialize()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+            raise
         return client
 
     def breaker(self, name: str) -> CircuitBreaker:

@@ -141,22 +141,25 @@ async def _close_with_loop(client: Any) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        pool = getattr(client, "connection_pool", None)  # a cluster client has none
         with contextlib.suppress(Exception):
-            closer = getattr(client.connection_pool, "disconnect_all", None)
-            await (closer() if closer is not None else client.connection_pool.disconnect())
+            if pool is not None:
+                closer = getattr(pool, "disconnect_all", None)
+                await (closer() if closer is not None else pool.disconnect())
         with contextlib.suppress(Exception):
-            await client.aclose() if hasattr(client, "aclose") else await client.close()
+            await (client.aclose() if hasattr(client, "aclose") else client.close())
 
 
 class PerLoop:
     """One ``redis.asyncio`` client per running event loop, made by ``make`` (a coroutine
-    function) on first use there; a forked child starts with none of its parent's."""
+    function) on first use there, once however many calls ask at the same time; a forked
+    child starts with none of its parent's."""
 
     def __init__(self, make: Callable[[], Any]) -> None:
         self._make = make
-        self._clients: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, tuple[Any, AsyncIterator[None]]
-        ] = weakref.WeakKeyDictionary()
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[Any]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._pid = os.getpid()
 
     async def client(self) -> Any:
@@ -164,14 +167,23 @@ class PerLoop:
             self._clients = weakref.WeakKeyDictionary()
             self._pid = os.getpid()
         loop = asyncio.get_running_loop()
-        found = self._clients.get(loop)
-        if found is None:
-            client = await self._make()
-            closer = _close_with_loop(client)
-            await closer.__anext__()
-            # The closer is kept with the client: collecting it early would close it.
-            found = self._clients[loop] = (client, closer)
-        return found[0]
+        made = self._clients.get(loop)
+        if made is None:
+            made = self._clients[loop] = loop.create_task(self._made())
+        try:
+            # Shielded: one caller cancelled must not cancel the others' client.
+            return (await asyncio.shield(made))[0]
+        except Exception:
+            if self._clients.get(loop) is made:
+                del self._clients[loop]  # the next call tries again
+            raise
+
+    async def _made(self) -> tuple[Any, AsyncIterator[None]]:
+        client = await self._make()
+        closer = _close_with_loop(client)
+        await closer.__anext__()
+        # The closer is kept with the client: collecting it early would close it.
+        return client, closer
 
 
 class OneServer:
