@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+import redis
 from redis.crc import key_slot
 
 from django_throttle.backends import get_backend
@@ -850,3 +851,28 @@ def test_an_open_primary_breaker_answers_at_once(
             return False
 
     wait_for(counted, 10, "the primary again")
+
+
+def test_the_cluster_clients_never_send_a_command_twice(backend: RedisBackend) -> None:
+    """A command that failed with a connection error or a timeout may already have counted:
+    neither ``RedisCluster`` (sync nor asyncio) nor its nodes' connections retry it, on every
+    supported redis-py (before 6, ``cluster_error_retry_attempts``; from 6, the ``retry``)."""
+    from django_throttle.backends.redis_cluster import async_cluster
+
+    async def twin_retries() -> int:
+        twin = async_cluster(backend.client)
+        try:
+            return _cluster_retries(twin)
+        finally:
+            await twin.aclose()
+
+    assert _cluster_retries(backend.client) == 0
+    assert asyncio.run(twin_retries()) == 0
+
+
+def _cluster_retries(client: Any) -> int:
+    """How often ``client`` sends a command again after a connection error or a timeout (the
+    nodes' connections never do: the cluster client sends on them directly)."""
+    if int(redis.__version__.split(".")[0]) < 6:
+        return int(client.cluster_error_retry_attempts)
+    return int(client.retry.get_retries())
