@@ -84,10 +84,9 @@ def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
 
         def decide(calls: Any, n: int, limits: Any = limits) -> None:
             encoded = calls.encoded(limits)
-            tag = backend._client_tag(f"ip:10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}")[1]
+            shard, tag = backend._client_tag(f"ip:10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}")
             field = calls.field("anon|bench")
-            body = calls.body(encoded, tag, b"", field, b"ip:10.0.0.1")
-            backend._route.call(0, body, lambda: body)
+            backend._route.call(calls.command(encoded, shard, tag, b"", field, b"ip:10.0.0.1"))
 
         for calls in framings.values():  # load each script once, outside the laps
             plain.script_load(calls.script(limits)[1].decode())

@@ -9,8 +9,11 @@ it reconnect to the new process.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import signal
+from collections.abc import Callable
+from functools import partial
 from typing import Any, Self
 
 import redis
@@ -93,3 +96,13 @@ def attempts(retry: Any) -> int:
     with contextlib.suppress(redis.ConnectionError):
         retry.call_with_retry(fail, lambda error: None)
     return tried
+
+
+def connection_getter(pool: Any) -> Callable[[], Any]:
+    """``pool.get_connection`` as a call without arguments: redis-py 5.3 made the command name
+    optional (and warns when one is passed); before, it was required."""
+    parameters = list(inspect.signature(pool.get_connection).parameters.values())
+    if parameters and parameters[0].default is inspect.Parameter.empty:
+        return partial(pool.get_connection, "PING")
+    getter: Callable[[], Any] = pool.get_connection
+    return getter

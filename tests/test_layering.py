@@ -166,14 +166,12 @@ def imported_roots(path: Path) -> set[str]:
             "redis",
             {
                 "django_throttle/backends/redis.py",
-                "django_throttle/backends/wire.py",
                 "django_throttle/backends/redis_clients.py",
                 "django_throttle/backends/redis_cluster.py",
                 "django_throttle/backends/redis_cluster_scripts.py",
                 "django_throttle/backends/redis_cluster_url.py",
                 "django_throttle/backends/redis_shard_tags.py",
                 "django_throttle/backends/redis_single.py",
-                "django_throttle/backends/redis_async.py",
                 "django_throttle/backends/redis_sentinel.py",
                 # The memory backend is the Redis backend on an in-process store.
                 "django_throttle/backends/memory.py",

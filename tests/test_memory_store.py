@@ -17,7 +17,7 @@ import redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from django_throttle.backends.memory_store import MemoryStore
-from django_throttle.backends.wire import connection_getter
+from tests.redis_servers import connection_getter
 
 
 @pytest.fixture

@@ -25,10 +25,9 @@ from redis.retry import Retry
 
 from django_throttle.backends import BackendError, get_backend, reset_backend_cache
 from django_throttle.backends.redis import RedisBackend
-from django_throttle.backends.wire import connection_getter
 from django_throttle.rates import Limit
 from example_project.private_redis import PrivateRedis, free_port
-from tests.redis_servers import attempts
+from tests.redis_servers import attempts, connection_getter
 
 LIMIT = Limit.build("l", "100/s")
 
@@ -203,28 +202,18 @@ def test_cluster_down_is_a_backend_error(settings: Any) -> None:
 
 
 def test_pool_exhausted_is_a_backend_error(settings: Any, redis_url: str) -> None:
-    """Counting's own connections, all in use for longer than the pool's timeout: the next
-    call fails over (a BackendError), and counts again once one comes back."""
+    """Every connection of the client's bounded pool in use for longer than the pool's
+    timeout: the next call fails over (a BackendError), and counts again once one comes
+    back."""
     backend = backend_for(settings, redis_url, max_connections=1, timeout=0.01)
-    connections = backend._route._connections
-    held = connections._take_slowly()  # none idle yet: made, counted as in use
+    pool = backend.client.connection_pool
+    held = connection_getter(pool)()
     try:
         with pytest.raises(BackendError, match=r"(?i)no connection available"):
             backend.hit("c", [LIMIT])
     finally:
-        connections._give(held)
+        pool.release(held)
     assert backend.hit("c", [LIMIT]).allowed
-
-
-def test_the_client_pool_exhausted_does_not_stop_counting(settings: Any, redis_url: str) -> None:
-    """Counting has connections of its own: every connection of the client's pool held (by
-    other commands of the process) leaves decisions unaffected."""
-    backend = backend_for(settings, redis_url, max_connections=1, timeout=0.01)
-    held = connection_getter(backend.client.connection_pool)()
-    try:
-        assert backend.hit("c", [LIMIT]).allowed
-    finally:
-        backend.client.connection_pool.release(held)
 
 
 @pytest.mark.parametrize(
@@ -390,49 +379,19 @@ def test_cache_the_throttle_cannot_connect_through_is_a_configuration_error(
 
 def test_a_forked_child_counts_on_connections_of_its_own(settings: Any, redis_url: str) -> None:
     """The parent's sockets are not the child's: after a fork, the child's counting opens its
-    own connection and the parent's keeps answering the parent."""
+    own connection (redis-py's pool starts afresh in a new process) and the parent's keeps
+    answering the parent."""
     backend = backend_for(settings, redis_url)
     assert backend.hit("fork", [LIMIT]).allowed
-    parents = list(backend._route._connections._idle)
-    assert parents
+    parent = backend.client.client_id()
     with warnings.catch_warnings():
         # Python 3.12+ warns about forking a process with threads (other tests' servers).
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
     if pid == 0:  # the child: report by exit status only
-        ok = backend._route._connections._idle == [] and backend.hit("fork", [LIMIT]).allowed
-        ok = ok and all(conn not in parents for conn in backend._route._connections._idle)
+        ok = backend.hit("fork", [LIMIT]).allowed and backend.client.client_id() != parent
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert backend._route._connections._idle == parents
     assert backend.hit("fork", [LIMIT]).allowed
-
-
-@pytest.mark.parametrize(
-    ("reply", "kind", "address"),
-    [
-        ("ASK 10631 127.0.0.1:36424", "ask", ("127.0.0.1", 36424)),
-        ("MOVED 3999 10.0.0.7:6380", "moved", ("10.0.0.7", 6380)),
-        ("MOVED 3999 [::1]:6380", "moved", ("[::1]", 6380)),
-        ("TRYAGAIN Multiple keys request during rehashing of slot", "unsettled", None),
-        ("ASK nonsense", "outage", None),
-        ("MOVED 1 host:port", "outage", None),
-    ],
-)
-def test_a_redirection_left_as_a_plain_error_is_still_followed(
-    reply: str, kind: str, address: tuple[str, int] | None
-) -> None:
-    """redis-py 5.0's asyncio connections parse ``ASK``/``MOVED``/``TRYAGAIN`` as a plain
-    ``ResponseError`` (their parser lacks the cluster's error classes): a slot being moved
-    failed every async call to it there, instead of following the redirection."""
-    from django_throttle.backends.wire import Redirected, Unsettled, failure
-
-    found = failure(redis.exceptions.ResponseError(reply))
-    if kind in ("ask", "moved"):
-        assert isinstance(found, Redirected)
-        assert (found.host, found.port, found.ask) == (*address, kind == "ask")  # type: ignore[misc]
-    elif kind == "unsettled":
-        assert isinstance(found, Unsettled)
-    else:
-        assert type(found) is BackendError
+    assert backend.client.client_id() == parent

@@ -1,9 +1,9 @@
-"""The bytes of one counting call, and how its reply reads as a decision.
+"""The arguments of one counting call (a :class:`ScriptCall`), and how its reply reads as a
+decision.
 
-A decision is one ``EVALSHA`` whose constant parts (script digest, limit specs) are framed once
-per limit list and reused, so a request only frames its keys, cost, usage field and client.
-:mod:`.wire` sends the frames on pooled connections (sync), :mod:`.redis_async` from
-``async def`` code.
+A decision is one ``EVALSHA`` whose constant parts (script digest, limit specs) are encoded once
+per limit list and reused, so a request only adds its keys, cost, usage field and client.
+redis-py's own clients send it (see :mod:`.redis`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from django_throttle.backends.base import (
     decision_from,
     per_shard,
 )
-from django_throttle.backends.wire import failure
+from django_throttle.backends.scripts import failure
 from django_throttle.calendar import windows
 from django_throttle.rates import Algorithm, Decision, Limit
 
@@ -37,11 +37,6 @@ SHARED_MARK = b"*"
 #: totals and top lists (allowed, denied, shadow) of the minute, its key-use and late sets.
 USAGE_KEYS = 6
 USAGE_SUFFIXES = (b"u%d", b"ta%d", b"td%d", b"ts%d", b"k", b"l")
-
-
-def frame(value: bytes) -> bytes:
-    """One RESP bulk string."""
-    return b"$%d\r\n%s\r\n" % (len(value), value)
 
 
 def compact(n: int) -> str:
@@ -80,37 +75,39 @@ def key_suffix(limit: Limit) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class ScriptCall:
+    """One counting (or refund) script call: what redis-py's evalsha/eval send."""
+
+    shard: int  # the client's shard (0..shards-1): which cluster slot / breaker
+    sha: str  # the script's SHA1 hex digest
+    source: str  # its source, for EVAL after NOSCRIPT (the script did not run)
+    keys: Sequence[str | bytes]
+    args: Sequence[str | bytes | int]
+
+
+@dataclass(frozen=True, slots=True)
 class Encoded:
-    """What one limit list adds to every call: key suffixes, the framed heads (``usage_head``
-    for a call that counts usage, and so declares :data:`USAGE_KEYS` more keys) and the framed
-    tail of specs.
+    """What one limit list adds to every call: key suffixes, the script's digest and the
+    specs (ARGV after the first).
 
     ``valid_until`` (Unix seconds) is when a calendar quota's window ends and the specs must
     be encoded again; :data:`FOREVER` when the list has none. ``shared`` marks the shared
     limits (empty when there are none, the usual case): their keys carry the shard's tag and
     :data:`SHARED_MARK` instead of the client's tag. ``source`` is the script's source, the
     one object every list of that mix of algorithms shares (only an EVAL, after NOSCRIPT,
-    frames it): an entry costs a few hundred bytes, not a copy of the script.
+    sends it): an entry costs a few hundred bytes, not a copy of the script.
     """
 
     suffixes: tuple[bytes, ...]
-    evalsha_head: bytes
-    usage_head: bytes
-    tail: bytes
-    source: bytes
+    sha: str
+    specs: tuple[bytes, ...]
+    source: str
     valid_until: float = FOREVER
     shared: tuple[bool, ...] = ()
 
 
-def head(command: bytes, script: bytes, count: int, usage: bool) -> bytes:
-    """The framed start of a call of ``script`` (digest or source) over ``count`` limits:
-    the command, the script and the number of keys (the usage keys too, with ``usage``)."""
-    keys = count + (USAGE_KEYS if usage else 0)
-    return b"*%d\r\n" % (4 + count + keys) + frame(command) + frame(script) + frame(b"%d" % keys)
-
-
 class Calls:
-    """Frames calls of one script; limit lists are encoded once and cached by the limits they
+    """Builds calls of one script; limit lists are encoded once and cached by the limits they
     hold (:class:`~.base.LimitsCache`: a list built per request from the policy's limits
     finds its entry).
 
@@ -134,7 +131,7 @@ class Calls:
         self._cache: LimitsCache[Encoded] = LimitsCache()
         # Bounded by hand, not functools.lru_cache: its wrapper costs a decision tens of ns.
         self._fields: dict[str, bytes] = {}
-        self._usage: dict[tuple[bytes, int], bytes] = {}
+        self._usage: dict[tuple[bytes, int], tuple[bytes, ...]] = {}
         self._scripts: dict[frozenset[str], tuple[bytes, bytes]] = {}
 
     def script(self, limits: Sequence[Limit]) -> tuple[bytes, bytes]:
@@ -171,17 +168,14 @@ class Calls:
             ),
             default=FOREVER,
         )
-        count = len(limits)
         shared = tuple(limit.shared for limit in limits)
         sha, source = self.script(limits)
         return Encoded(
             suffixes=tuple(key_suffix(limit).encode() for limit in limits),
-            evalsha_head=head(b"EVALSHA", sha, count, False),
-            usage_head=head(b"EVALSHA", sha, count, True),
-            source=source,
-            tail=b"".join(
-                frame(limit_spec(per_shard(limit, self.shards), now_us).encode())
-                for limit in limits
+            sha=sha.decode(),
+            source=source.decode(),
+            specs=tuple(
+                limit_spec(per_shard(limit, self.shards), now_us).encode() for limit in limits
             ),
             valid_until=until,
             shared=shared if any(shared) else (),
@@ -208,8 +202,8 @@ class Calls:
             framed = self._fields[field] = b"\n" + field.replace("\n", " ").encode() + b"\n"
         return framed
 
-    def usage_keys(self, shard: bytes, now_us: int | None) -> bytes:
-        """The framed usage keys of shard tag ``shard`` for the minute of ``now_us`` (default
+    def usage_keys(self, shard: bytes, now_us: int | None) -> tuple[bytes, ...]:
+        """The usage keys of shard tag ``shard`` for the minute of ``now_us`` (default
         :attr:`clock`: the keys must be named before the script reads the server's),
         cached per shard and minute."""
         minute = int(self.clock() if now_us is None else now_us / 1e6) // 60
@@ -217,45 +211,35 @@ class Calls:
         if framed is None:
             if len(self._usage) >= 4096:
                 self._usage.clear()
-            framed = self._usage[shard, minute] = b"".join(
-                frame(shard + (suffix % minute if b"%" in suffix else suffix))
-                for suffix in USAGE_SUFFIXES
+            framed = self._usage[shard, minute] = tuple(
+                shard + (suffix % minute if b"%" in suffix else suffix) for suffix in USAGE_SUFFIXES
             )
         return framed
 
-    def body(
+    def command(
         self,
         encoded: Encoded,
+        shard: int,
         tag: bytes,
         op: bytes,
         field: bytes,
         client: bytes,
-        evalsha: bool = True,
         now_us: int | None = None,
-    ) -> bytes:
-        """The whole command: head, one key per limit (``tag + suffix``), with a usage field
-        the usage keys, ARGV[1] (op, and with a usage field the field and the client),
-        specs."""
-        if evalsha:
-            start = encoded.usage_head if field else encoded.evalsha_head
-        else:  # the EVAL twin, framing the script's source
-            start = head(b"EVAL", encoded.source, len(encoded.suffixes), bool(field))
-        shard = tag[:-DIGEST_KEY_CHARS]
+    ) -> ScriptCall:
+        """The whole call: one key per limit (``tag + suffix``), with a usage field the usage
+        keys; ARGV[1] (op, and with a usage field the field and the client), then the specs."""
+        prefix = tag[:-DIGEST_KEY_CHARS]
         if encoded.shared:
-            keys = b"".join(
-                frame((shard + SHARED_MARK if shared else tag) + suffix)
+            keys = [
+                (prefix + SHARED_MARK if shared else tag) + suffix
                 for suffix, shared in zip(encoded.suffixes, encoded.shared, strict=True)
-            )
+            ]
         else:
-            keys = b"".join(
-                b"$%d\r\n%s%s\r\n" % (len(tag) + len(suffix), tag, suffix)
-                for suffix in encoded.suffixes
-            )
-        if not field:
-            return b"".join((start, keys, frame(op), encoded.tail))
-        first = op + field + client.replace(b"\n", b" ")
-        usage = self.usage_keys(shard, now_us)
-        return b"".join((start, keys, usage, frame(first), encoded.tail))
+            keys = [tag + suffix for suffix in encoded.suffixes]
+        if field:
+            keys.extend(self.usage_keys(prefix, now_us))
+            op = op + field + client.replace(b"\n", b" ")
+        return ScriptCall(shard, encoded.sha, encoded.source, keys, (op, *encoded.specs))
 
 
 def decision_of(client: str, limits: Limits, reply: Any) -> Decision:

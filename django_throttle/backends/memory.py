@@ -17,13 +17,11 @@ from collections.abc import Callable
 from functools import cached_property
 from typing import Any, cast
 
-from redis.exceptions import NoScriptError
-
+from django_throttle.backends.frames import ScriptCall
 from django_throttle.backends.memory_store import MemoryStore
 from django_throttle.backends.redis import RedisBackend
-from django_throttle.backends.redis_single import OneServer
+from django_throttle.backends.redis_single import OneServer, run_script
 from django_throttle.backends.redis_usage import RedisUsage
-from django_throttle.backends.wire import failure
 
 __all__ = ["MemoryBackend"]
 
@@ -70,26 +68,21 @@ class MemoryBackend(RedisBackend):
         return RedisUsage(self)
 
     def _route_for(self, client: Any) -> OneServer:
-        return InProcess(client)
+        return InProcess(client, type(self))
 
 
 class InProcess(OneServer):
     """The route of counting calls to the store: every shard is in it."""
 
-    def __init__(self, store: MemoryStore) -> None:
+    def __init__(self, store: MemoryStore, sender: type | None = None) -> None:
         self.client: Any = store
+        self.sender = sender
 
-    def call(self, shard: int, body: bytes, fallback: Callable[[], bytes]) -> Any:
-        try:
-            try:
-                return self.client.execute_framed(body)
-            except NoScriptError:
-                return self.client.execute_framed(fallback())
-        except Exception as exc:
-            raise failure(exc) from exc
+    def call(self, call: ScriptCall) -> Any:
+        return run_script(self.client, call, self.sender)
 
-    async def acall(self, shard: int, body: bytes, fallback: Callable[[], bytes]) -> Any:
-        return self.call(shard, body, fallback)
+    async def acall(self, call: ScriptCall) -> Any:
+        return self.call(call)
 
     def close(self, client_too: bool) -> None:
         """Nothing to close: the store is this process's memory."""

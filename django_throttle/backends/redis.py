@@ -7,16 +7,16 @@ counters, share a Redis Cluster slot. A shared limit's key has ``*`` in place of
 ``<prefix>:{<shard>}*<suffix>``: one state per shard for every client of that shard, still in
 the calling client's slot, each enforcing its share of the capacity (:func:`.base.per_shard`).
 Scripts ship as ``.lua`` files in this package (assembled by :mod:`.scripts`) and run by
-EVALSHA; on NOSCRIPT (the script did not run) they are sent once more with EVAL, which carries
-the source. Nothing else is ever replayed, because a call that timed out may already have
-counted: the clients it builds (:func:`.redis_clients.build_client`) have retries off, short
-timeouts and a bounded pool, and every failure (redis-py's errors, socket errors, a garbled reply)
-surfaces as :class:`BackendError`; an error reply of the counting script itself (an argument
-it refuses) as :class:`~.base.ArgumentRefused`, which is our bug and no outage (see
-:func:`.wire.failure`). Counting calls are framed once per limit list (:mod:`.frames`) and sent
-on connections made like the client's (:mod:`.wire`); ``async def`` views use
-:mod:`.redis_async`. On a Redis Cluster each call goes to the primary owning its shard's slot
-(:mod:`.redis_cluster`); everything else runs through redis-py's ``RedisCluster``.
+EVALSHA through redis-py's own clients (``Redis``, ``RedisCluster``, Sentinel's
+``master_for``, and their ``redis.asyncio`` twins for ``async def`` views); on NOSCRIPT (the
+script did not run) they are sent once more with EVAL, which carries the source. Nothing else
+is ever replayed, because a call that timed out may already have counted: the clients it builds
+(:func:`.redis_clients.build_client`) have retries off, short timeouts and a bounded pool, and
+every failure (redis-py's errors, socket errors, a garbled reply) surfaces as
+:class:`BackendError`; an error reply of the counting script itself (an argument it refuses)
+as :class:`~.base.ArgumentRefused`, which is our bug and no outage (see
+:func:`.scripts.failure`). :mod:`.redis_single` sends the calls to one server or a
+Sentinel-managed primary, :mod:`.redis_cluster` across a cluster's primaries.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from django_throttle import events
 from django_throttle.backends.base import (
     DIGEST_SIZE,
     Backend,
@@ -47,6 +46,7 @@ from django_throttle.backends.frames import (
     DIGEST_KEY_CHARS,
     SHARED_MARK,
     Calls,
+    ScriptCall,
     decision_of,
     key_suffix,
     limit_spec,
@@ -62,10 +62,10 @@ from django_throttle.backends.scripts import (
     SCRIPT_FILES,
     Call,
     call_backend,
+    failure,
     files_for,
     load_script,
 )
-from django_throttle.backends.wire import failure
 from django_throttle.conf import app_settings
 from django_throttle.rates import Decision, Limit
 
@@ -84,10 +84,9 @@ class RedisBackend(Backend):
     speaking its protocol with EVALSHA).
 
     A ``client`` passed in (``redis.Redis`` or ``RedisCluster``) is used as it is: give it
-    short timeouts and no retries. Counting calls use its pool (:class:`.wire.Connections`),
-    ``async def`` ones a ``redis.asyncio`` pool with the same options
-    (:class:`.redis_async.AsyncConnections`); on a cluster, each primary's
-    (:class:`.redis_cluster.ClusterRoute`).
+    short timeouts and no retries (see :mod:`.redis_clients`). Counting calls go through its
+    own command path; ``async def`` ones through a ``redis.asyncio`` twin with the same
+    options, one per event loop (:mod:`.redis_single`, :mod:`.redis_cluster`).
     """
 
     def __init__(
@@ -111,13 +110,13 @@ class RedisBackend(Backend):
             self._route = ClusterRoute(
                 build_client,  # type: ignore[arg-type]
                 self.shard_tags(),
-                options["timeout"],
                 lambda timeout: client_for(url, {**options, **dict.fromkeys(_TIMEOUTS, timeout)}),
+                sender=type(self),
             )
         else:
             given = client if client is not None else build_client()
             if isinstance(given, RedisCluster):
-                self._route = ClusterRoute(lambda: given, self.shard_tags(), 0.05)
+                self._route = ClusterRoute(lambda: given, self.shard_tags(), sender=type(self))
             else:
                 self._route = self._route_for(given)
         source = load_script(RETIME_FILES)
@@ -132,7 +131,7 @@ class RedisBackend(Backend):
 
     def _route_for(self, client: Any) -> OneServer:
         """The route of counting calls to one server's ``client``."""
-        return OneServer(client)
+        return OneServer(client, type(self))
 
     @property
     def client(self) -> Any:
@@ -180,31 +179,31 @@ class RedisBackend(Backend):
     def count(
         self, client: str, limits: Limits, cost: int, now: Now, usage: Usage, peek: bool = False
     ) -> Decision:
-        request = self._request(client, limits, cost, now, usage, peek=peek)
-        return decision_of(client, limits, self._route.call(*request))
+        call = self._request(client, limits, cost, now, usage, peek=peek)
+        return decision_of(client, limits, self._route.call(call))
 
     async def acount(
         self, client: str, limits: Limits, cost: int, now: Now, usage: Usage, peek: bool = False
     ) -> Decision:
-        """:meth:`count` on ``redis.asyncio``: the same script and bytes, no thread."""
-        request = self._request(client, limits, cost, now, usage, peek=peek)
-        return decision_of(client, limits, await self._route.acall(*request))
+        """:meth:`count` on ``redis.asyncio``: the same script call, no thread."""
+        call = self._request(client, limits, cost, now, usage, peek=peek)
+        return decision_of(client, limits, await self._route.acall(call))
 
     def refund(
         self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, taken_at: Taken = None
     ) -> None:
-        """One EVALSHA of refund.lua over the keys the hit used (same framing, same slot);
-        ``taken_at`` travels as ARGV[1]'s ``#<taken>``."""
+        """One EVALSHA of refund.lua over the keys the hit used (same slot); ``taken_at``
+        travels as ARGV[1]'s ``#<taken>``."""
         if limits:
-            self._route.call(*self._request(client, limits, cost, now, None, True, taken_at))
+            self._route.call(self._request(client, limits, cost, now, None, True, taken_at))
 
     async def arefund(
         self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, taken_at: Taken = None
     ) -> None:
         """:meth:`refund` on ``redis.asyncio``, as :meth:`acount`."""
         if limits:
-            request = self._request(client, limits, cost, now, None, True, taken_at)
-            await self._route.acall(*request)
+            call = self._request(client, limits, cost, now, None, True, taken_at)
+            await self._route.acall(call)
 
     def reset(self, client: str, limits: Limits) -> None:
         if limits:
@@ -317,11 +316,10 @@ class RedisBackend(Backend):
         refund: bool = False,
         taken_at: Taken = None,
         peek: bool = False,
-    ) -> tuple[int, bytes, Callable[[], bytes]]:
-        """The client's shard, the EVALSHA to send (of the counting script, or with
-        ``refund`` of refund.lua), and how to build its EVAL twin if the script is missing.
-        ``peek``: decide on ``cost``, write nothing. What cannot be framed (a client no
-        UTF-8 encodes) is a :class:`BackendError`."""
+    ) -> ScriptCall:
+        """The script call to send (of the counting script, or with ``refund`` of
+        refund.lua). ``peek``: decide on ``cost``, write nothing. What cannot be encoded (a
+        client no UTF-8 encodes) is a :class:`BackendError`."""
         calls = self._refunds if refund else self._calls
         now_us = None if now is None else round(now * 1e6)
         try:
@@ -331,14 +329,6 @@ class RedisBackend(Backend):
             if taken_at is not None:
                 op += b"#%d" % taken_at
             field = calls.field(usage)
-            label = client.encode()
-            body = calls.body(encoded, tag, op, field, label, now_us=now_us)
+            return calls.command(encoded, shard, tag, op, field, client.encode(), now_us)
         except Exception as exc:
             raise failure(exc) from exc
-
-        def fallback() -> bytes:
-            # Redis lost the script (restart, failover, SCRIPT FLUSH): EVAL loads it again.
-            events.send(events.script_loaded, type(self))
-            return calls.body(encoded, tag, op, field, label, False, now_us)
-
-        return shard, body, fallback

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import redis
 from redis.backoff import NoBackoff
 from redis.cluster import REDIS_ALLOWED_KEYS, ClusterNode, RedisCluster
 from redis.connection import ConnectionPool, parse_url
@@ -72,6 +73,15 @@ def parse_cluster_url(url: str) -> ClusterURL:
     return ClusterURL(nodes=tuple(nodes), node_url=node_url)
 
 
+def no_cluster_retries() -> dict[str, Any]:
+    """``RedisCluster``'s options (sync and asyncio) that turn its own retries off, besides the
+    ``retry`` with no retries given to it: before redis-py 6, ``cluster_error_retry_attempts``
+    (default 3) sends a command again after a connection error or a timeout, when it may
+    already have run; from 6 on, the ``retry`` governs that too (and the option warns)."""
+    major = int(redis.__version__.split(".")[0])
+    return {"cluster_error_retry_attempts": 0} if major < 6 else {}
+
+
 def cluster_client(url: str, options: dict[str, Any]) -> RedisCluster:
     """redis-py's ``RedisCluster`` for ``url`` (it asks a seed node for the slot map now, and
     raises if none answers), retries off, ``options`` on every node's connections. It never
@@ -84,6 +94,7 @@ def cluster_client(url: str, options: dict[str, Any]) -> RedisCluster:
         startup_nodes=seeds,
         retry=Retry(NoBackoff(), 0),
         require_full_coverage=False,
+        **no_cluster_retries(),
         **options,
     )
 

@@ -10,9 +10,8 @@ The client is redis-py's own ``Sentinel(...).master_for(service)``: its connecti
 (``SentinelManagedConnection``) ask the sentinels for the primary's address whenever they
 connect, and one that gets a ``READONLY`` reply (its server was demoted to a replica)
 disconnects, so that the next use connects to the promoted primary. Counting never reads from a
-replica. :class:`.wire.Connections` makes its connections from this pool as from any other,
-and also drops one still connected to a former primary (``owns_connection``);
-:class:`AsyncSentinelPool` is the same for ``redis.asyncio``.
+replica. :class:`AsyncSentinelPool` is the same for ``redis.asyncio``, made per event loop
+for ``async def`` views (:mod:`.redis_single`).
 """
 
 from __future__ import annotations
@@ -103,10 +102,9 @@ def parse_sentinel_url(url: str) -> SentinelURL:
 
 
 class SentinelPool(SentinelConnectionPool):
-    """redis-py's ``SentinelConnectionPool`` with the ``timeout`` a ``BlockingConnectionPool``
-    has: how long a counting call waits for a free connection of :class:`.wire.Connections`
-    (the pool itself, like the one it extends, refuses a connection beyond
-    ``max_connections``)."""
+    """redis-py's ``SentinelConnectionPool`` taking the ``timeout`` option the client options
+    carry for a ``BlockingConnectionPool`` (kept as :attr:`timeout`); like the pool it
+    extends, it refuses a connection beyond ``max_connections``."""
 
     def __init__(
         self,

@@ -1,36 +1,215 @@
-"""The route of counting calls to one server, or to the primary a set of sentinels names: every
-shard is on it (:mod:`.redis_cluster` is the route across a cluster's primaries)."""
+"""How a counting call is sent through redis-py's own clients (:func:`run_script`,
+:func:`arun_script`), and its route to one server or to the primary a set of sentinels names:
+every shard is on it (:mod:`.redis_cluster` is the route across a cluster's primaries).
+
+A call is one ``EVALSHA`` through the client's own command path; ``NOSCRIPT`` (the script did
+not run) is answered with ``EVAL`` of the source. Nothing else is ever sent twice: the clients
+have retries off (a call that timed out may already have counted), and redis-py disconnects a
+connection whose reply was lost, so no late reply answers the next call.
+
+``async def`` views use a ``redis.asyncio.Redis`` per running event loop (connections belong to
+the loop that opened them), built from the sync client's pool options: the same server,
+credentials, TLS and timeouts, retries off; for a Sentinel-managed primary, a
+``redis.asyncio.sentinel`` pool asking the same sentinels. No decision borrows a thread.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+import contextlib
+import inspect
+import os
+import weakref
+from collections.abc import AsyncIterator, Callable, Sequence
+from functools import partial
 from typing import Any
 
 import redis
+from redis.asyncio import connection as aio
+from redis.asyncio import sentinel as aio_sentinel
+from redis.asyncio.client import Redis as AsyncRedis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError
+from redis.sentinel import SentinelConnectionPool
 
-from django_throttle.backends.redis_async import AsyncConnections
+from django_throttle import events
+from django_throttle.backends.frames import ScriptCall
+from django_throttle.backends.redis_sentinel import async_twin
 from django_throttle.backends.redis_usage import patient_client_like
-from django_throttle.backends.scripts import Call, evalsha_all
-from django_throttle.backends.wire import Connections
+from django_throttle.backends.scripts import Call, evalsha_all, failure
 
-__all__ = ["OneServer"]
+__all__ = ["OneServer", "arun_script", "async_options", "run_script"]
+
+_CLASSES = {
+    "Connection": aio.Connection,
+    "SSLConnection": aio.SSLConnection,
+    "UnixDomainSocketConnection": aio.UnixDomainSocketConnection,
+    "SentinelManagedConnection": aio_sentinel.SentinelManagedConnection,
+    "SentinelManagedSSLConnection": aio_sentinel.SentinelManagedSSLConnection,
+}
+#: Options never copied from the sync pool (retries stay off: a replayed call may count twice).
+_SYNC_ONLY = (
+    "retry",
+    "retry_on_error",
+    "retry_on_timeout",
+    # The sync pool's own helpers, bound to sync connections.
+    "event_dispatcher",
+    "maint_notifications_config",
+    "maint_notifications_pool_handler",
+    "oss_cluster_maint_notifications_handler",
+    "redis_connect_func",
+)
+
+
+def run_script(client: Any, call: ScriptCall, sender: type | None = None) -> Any:
+    """Send ``call`` as one ``EVALSHA`` through ``client``'s command path and return its reply
+    untouched; on ``NOSCRIPT`` (nothing ran) send ``EVAL`` of its source, and tell
+    :data:`~django_throttle.events.script_loaded` (``sender``). Any failure raises what
+    :func:`.scripts.failure` makes of it."""
+    try:
+        try:
+            return client.evalsha(call.sha, len(call.keys), *call.keys, *call.args)
+        except NoScriptError:
+            # Redis lost the script (restart, failover, SCRIPT FLUSH): EVAL loads it again.
+            if sender is not None:
+                events.send(events.script_loaded, sender)
+            return client.eval(call.source, len(call.keys), *call.keys, *call.args)
+    except Exception as exc:
+        raise failure(exc) from exc
+
+
+async def arun_script(client: Any, call: ScriptCall, sender: type | None = None) -> Any:
+    """:func:`run_script` on a ``redis.asyncio`` client."""
+    try:
+        try:
+            return await client.evalsha(call.sha, len(call.keys), *call.keys, *call.args)
+        except NoScriptError:
+            if sender is not None:
+                events.send(events.script_loaded, sender)
+            return await client.eval(call.source, len(call.keys), *call.keys, *call.args)
+    except Exception as exc:
+        raise failure(exc) from exc
+
+
+def accepted_options(cls: Any) -> set[str]:
+    """Keyword parameters of a class and its bases' ``__init__``."""
+    inits = (vars(klass)["__init__"] for klass in cls.__mro__ if "__init__" in vars(klass))
+    return {name for init in inits for name in inspect.signature(init).parameters}
+
+
+def async_options(kwargs: dict[str, Any], cls: Any) -> dict[str, Any]:
+    """Of a sync connection's ``kwargs``, those ``cls`` (a ``redis.asyncio`` connection or
+    client class) takes, with retries off."""
+    accepted = accepted_options(cls)
+    options = {k: v for k, v in kwargs.items() if k in accepted and k not in _SYNC_ONLY}
+    options["retry"] = AsyncRetry(NoBackoff(), 0)
+    # CLIENT SETINFO reads package metadata on every new connection: skip it.
+    if "driver_info" in accepted:  # redis-py 7.1+
+        options["driver_info"] = None
+    elif "lib_name" in accepted:
+        options["lib_name"] = options["lib_version"] = None
+    return options
+
+
+def async_pool_factory(pool: Any) -> Callable[[], Any]:
+    """How to make, on the running loop, a ``redis.asyncio`` pool like the sync ``pool``.
+
+    A caller waits for a free connection without a time bound of its own: a thousand
+    concurrent requests on one loop keep it busy longer than the sync pool's wait, which would
+    fail them while Redis is healthy; each call holding a connection is bounded by the socket
+    timeouts, so the wait is bounded too."""
+    cls = _CLASSES.get(pool.connection_class.__name__, aio.Connection)
+    kwargs = async_options(pool.connection_kwargs, cls)
+    blocking = isinstance(pool, (redis.BlockingConnectionPool, SentinelConnectionPool))
+    pool_class: Any = aio.BlockingConnectionPool if blocking else aio.ConnectionPool
+    if isinstance(pool, SentinelConnectionPool):
+        pool_class = partial(async_twin, pool)
+    return partial(
+        pool_class,
+        connection_class=cls,
+        max_connections=getattr(pool, "max_connections", None),
+        **({"timeout": None} if blocking else {}),
+        **kwargs,
+    )
+
+
+async def _close_with_loop(client: Any) -> AsyncIterator[None]:
+    """Close the client's connections when its loop shuts down: ``asyncio.run`` (and so
+    Django's ``async_to_sync``, which runs an async view under WSGI in a loop of its own per
+    request) finalizes async generators before closing the loop."""
+    try:
+        yield
+    finally:
+        pool = getattr(client, "connection_pool", None)  # a cluster client has none
+        with contextlib.suppress(Exception):
+            if pool is not None:
+                closer = getattr(pool, "disconnect_all", None)
+                await (closer() if closer is not None else pool.disconnect())
+        with contextlib.suppress(Exception):
+            await (client.aclose() if hasattr(client, "aclose") else client.close())
+
+
+class PerLoop:
+    """One ``redis.asyncio`` client per running event loop, made by ``make`` (a coroutine
+    function) on first use there, once however many calls ask at the same time; a forked
+    child starts with none of its parent's."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[Any]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._pid = os.getpid()
+
+    async def client(self) -> Any:
+        if self._pid != os.getpid():  # the parent's connections are not ours
+            self._clients = weakref.WeakKeyDictionary()
+            self._pid = os.getpid()
+        loop = asyncio.get_running_loop()
+        made = self._clients.get(loop)
+        if made is None:
+            made = self._clients[loop] = loop.create_task(self._made())
+        try:
+            # Shielded: one caller cancelled must not cancel the others' client.
+            return (await asyncio.shield(made))[0]
+        except Exception:
+            if self._clients.get(loop) is made:
+                del self._clients[loop]  # the next call tries again
+            raise
+
+    async def _made(self) -> tuple[Any, AsyncIterator[None]]:
+        client = await self._make()
+        closer = _close_with_loop(client)
+        await closer.__anext__()
+        # The closer is kept with the client: collecting it early would close it.
+        return client, closer
 
 
 class OneServer:
     """The route of counting calls to one server (or a Sentinel-managed primary): every
-    shard is on it."""
+    shard is on it. ``sender`` is the backend class :data:`~django_throttle.events.script_loaded`
+    names."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, sender: type | None = None) -> None:
         self.client: Any = client
-        pool = client.connection_pool
-        self._connections = Connections(pool)
-        self._async_connections = AsyncConnections(pool)
+        self.sender = sender
+        make_pool = async_pool_factory(client.connection_pool)
 
-    def call(self, shard: int, body: bytes, fallback: Callable[[], bytes]) -> Any:
-        return self._connections.call(body, fallback)
+        async def make() -> Any:
+            return AsyncRedis(connection_pool=make_pool())
 
-    async def acall(self, shard: int, body: bytes, fallback: Callable[[], bytes]) -> Any:
-        return await self._async_connections.call(body, fallback)
+        self._async = PerLoop(make)
+
+    def call(self, call: ScriptCall) -> Any:
+        return run_script(self.client, call, self.sender)
+
+    async def acall(self, call: ScriptCall) -> Any:
+        try:
+            client = await self._async.client()
+        except Exception as exc:
+            raise failure(exc) from exc
+        return await arun_script(client, call, self.sender)
 
     def evalsha_all(
         self, sha: str, source: str, calls: Sequence[Call], client: Any = None
@@ -49,7 +228,6 @@ class OneServer:
         return [keys]
 
     def close(self, client_too: bool) -> None:
-        """Close the counting connections (and, with ``client_too``, the client's)."""
-        self._connections.disconnect()
+        """Close the client's connections (only if the backend made the client)."""
         if client_too:
             self.client.connection_pool.disconnect()

@@ -12,7 +12,7 @@ from importlib import resources
 from typing import Any, TypeVar
 
 from django_throttle.backends import usage_base
-from django_throttle.backends.base import BackendError
+from django_throttle.backends.base import ArgumentRefused, BackendError
 from django_throttle.conf import app_settings
 
 #: The algorithm files a spec code needs, its own and those whose functions it reuses (the
@@ -40,6 +40,8 @@ REFUND_FILES = ("prelude.lua", "refunding.lua", *ALGORITHM_FILES, "refund.lua")
 #: The KEYS and ARGV of one script call.
 Call = tuple[Sequence[Any], Sequence[Any]]
 T = TypeVar("T")
+#: How the scripts' own error replies begin (``fail`` in lua/prelude.lua).
+SCRIPT_ERROR_PREFIX = "django_throttle:"
 _SETTINGS_LINE = re.compile(r"^local USAGE_TTL, USAGE_TOP\b.*-- @settings.*$", re.MULTILINE)
 
 
@@ -96,6 +98,27 @@ def call_backend(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return func(*args, **kwargs)
     except Exception as exc:
         raise BackendError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def failure(exc: BaseException) -> BackendError:
+    """What a counting call's exception means to the request path: an error reply of our
+    own script (it refused an argument we sent, and wrote nothing) is
+    :class:`~.base.ArgumentRefused`; anything else out of redis-py, the socket or a garbled
+    reply is a :class:`~.base.BackendError`, an outage the breaker counts."""
+    message = f"{type(exc).__name__}: {exc}"
+    if _is_error_reply(exc):
+        text = str(exc)
+        if text.startswith("ERR "):  # servers that prefix an error code of their own
+            text = text[4:]
+        if text.startswith(SCRIPT_ERROR_PREFIX):
+            return ArgumentRefused(message)
+    return BackendError(message)
+
+
+def _is_error_reply(exc: BaseException) -> bool:
+    """An error reply of the server (redis-py's ResponseError, which the memory store raises
+    too), matched without importing redis."""
+    return any(cls.__name__ == "ResponseError" for cls in type(exc).__mro__)
 
 
 def evalsha_all(
