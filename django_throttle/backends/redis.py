@@ -65,6 +65,7 @@ from django_throttle.backends.scripts import (
     files_for,
     load_script,
 )
+from django_throttle.backends.usage_base import Tally
 from django_throttle.backends.wire import failure
 from django_throttle.conf import app_settings
 from django_throttle.rates import Decision, Limit
@@ -120,6 +121,9 @@ class RedisBackend(Backend):
                 self._route = ClusterRoute(lambda: given, self.shard_tags(), 0.05)
             else:
                 self._route = self._route_for(given)
+        #: This process's count of the decisions made with a usage field, until pushed
+        #: (:class:`.usage_base.Tally`): the counting call itself counts no usage.
+        self.usage_tally = Tally(self.local_time)
         source = load_script(RETIME_FILES)
         self._retime = (hashlib.sha1(source.encode()).hexdigest(), source)
         self._version_key = f"{self.prefix}:policy-version"
@@ -181,14 +185,20 @@ class RedisBackend(Backend):
         self, client: str, limits: Limits, cost: int, now: Now, usage: Usage, peek: bool = False
     ) -> Decision:
         request = self._request(client, limits, cost, now, usage, peek=peek)
-        return decision_of(client, limits, self._route.call(*request))
+        decision = decision_of(client, limits, self._route.call(*request))
+        if usage and not peek:
+            self.usage_tally.add(usage, client, decision.allowed, decision.shadow, now)
+        return decision
 
     async def acount(
         self, client: str, limits: Limits, cost: int, now: Now, usage: Usage, peek: bool = False
     ) -> Decision:
         """:meth:`count` on ``redis.asyncio``: the same script and bytes, no thread."""
         request = self._request(client, limits, cost, now, usage, peek=peek)
-        return decision_of(client, limits, await self._route.acall(*request))
+        decision = decision_of(client, limits, await self._route.acall(*request))
+        if usage and not peek:
+            self.usage_tally.add(usage, client, decision.allowed, decision.shadow, now)
+        return decision
 
     def refund(
         self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, taken_at: Taken = None
@@ -330,7 +340,7 @@ class RedisBackend(Backend):
             op = calls.op(cost, now_us, peek)
             if taken_at is not None:
                 op += b"#%d" % taken_at
-            field = calls.field(usage)
+            field = b""  # usage is counted in the process (usage_tally), not by the script
             label = client.encode()
             body = calls.body(encoded, tag, op, field, label, now_us=now_us)
         except Exception as exc:

@@ -1,19 +1,12 @@
--- Check and consume every limit of one request atomically, all-or-nothing, and count the
--- outcome for the usage report in the same step.
+-- Check and consume every limit of one request atomically, all-or-nothing. Usage is counted
+-- in the calling process, never here (see usage_push.lua).
 --
 -- KEYS[i]  counter of limit i (i = 1 .. #ARGV - 1); all keys of one call share one hash tag
---          "<prefix>:{<shard>}", so they live in one Redis Cluster slot with that shard's
---          usage counters
--- KEYS[n + 1 .. n + 6]  with a usage field only (n limits): the usage keys of that shard tag
---          for the caller's minute m, "<tag>u<m>", "<tag>ta<m>", "<tag>td<m>", "<tag>ts<m>",
---          "<tag>k" and "<tag>l" (see usage.lua): every key the script touches is declared
--- ARGV[1]  "<op>[\n<usage field>\n<client>]", one argument to save bytes on the wire:
---          op is "<cost>" to consume (a whole number in [0, 1e9], clamped per limit to its
+--          "<prefix>:{<shard>}", so they live in one Redis Cluster slot
+-- ARGV[1]  "<op>": "<cost>" to consume (a whole number in [0, 1e9], clamped per limit to its
 --          capacity; empty means 1) or "p[<cost>]" to only look: decide as that cost would
---          (none: 0) and write nothing, count nothing; with "@<now>" appended (whole
---          microseconds) in tests to replace the server clock; the usage field (see usage.lua; none: nothing is
---          counted; starting with byte 1: counted only when denied) and the client label
---          ("user:42") are at most 512 and 200 bytes (the field's byte 1 not counted)
+--          (none: 0) and write nothing; with "@<now>" appended (whole microseconds) in tests
+--          to replace the server clock
 -- ARGV[1 + i]  limit i's spec "<code>[!]<capacity>:<parameters>", see limit_spec in the
 --          prelude and the algorithm files
 -- Reply: one string "<code> <remaining> <reset>[ <retry>| @<now>]", short because it crosses
@@ -34,10 +27,9 @@
 -- allowed, so a denial writes nothing. Every write sets a TTL equal to the time until the
 -- state stops mattering (the limit is whole again), at most 3660 days.
 local n = #ARGV - 1
-local head, field, client = string.match(ARGV[1] or '', '^([^\n]*)\n?([^\n]*)\n?(.*)$')
-if #KEYS ~= n + (field ~= '' and USAGE_KEYS or 0) then
-  return fail('expected ' .. n .. ' keys for ' .. n .. ' limits'
-    .. (field ~= '' and (' and ' .. USAGE_KEYS .. ' usage keys') or '') .. ', got ' .. #KEYS)
+local head = ARGV[1] or ''
+if #KEYS ~= n then
+  return fail('expected ' .. n .. ' keys for ' .. n .. ' limits, got ' .. #KEYS)
 end
 local op, when = string.match(head, '^([^@]*)@?(.*)$')
 local now, err = clock(when, 1)
@@ -54,15 +46,6 @@ elseif not peek or peek_cost ~= '' then
       .. "] ('p<cost>' peeks at that cost), not " .. ARGV[1])
   end
 end
--- A field starting with byte 1 is counted only if the request is denied: the first calls of
--- a request counted in several calls (limits by IP address or username), whose outcome the
--- last call counts unless an earlier one denies. The bound is on the field without it.
-local only_denials = string.byte(field, 1) == 1
-if only_denials then field = string.sub(field, 2) end
-if #field > 512 or #client > 200 then
-  return fail('ARGV[1] usage field and client must be at most 512 and 200 bytes')
-end
-
 local algorithms, params, shadows = {}, {}, {}
 -- Whether a limit's refund depends on when the hit was made (see the reply).
 local stamped = false
@@ -104,11 +87,6 @@ if allowed and not peek then
   end
 end
 if allowed then pick_retry = 0 end
-if not peek and field ~= '' and n > 0 and not (only_denials and allowed) then
-  local outcome = 'd'
-  if allowed then outcome = shadow_denied == 2 and 's' or 'a' end
-  count_usage(n, now, field, client, outcome)
-end
 local code = (allowed and 1 or 0) + shadow_denied + 4 * pick
 if allowed and not peek and stamped then
   return string.format('%d %d %d @%s', code, pick_remaining or 0, math.ceil(pick_reset),
