@@ -47,6 +47,7 @@ from django_throttle.backends.frames import (
     DIGEST_KEY_CHARS,
     SHARED_MARK,
     Calls,
+    ScriptCall,
     decision_of,
     key_suffix,
     limit_spec,
@@ -184,7 +185,7 @@ class RedisBackend(Backend):
     def count(
         self, client: str, limits: Limits, cost: int, now: Now, usage: Usage, peek: bool = False
     ) -> Decision:
-        request = self._request(client, limits, cost, now, usage, peek=peek)
+        request = _framed(self._request(client, limits, cost, now, usage, peek=peek), self._loaded)
         decision = decision_of(client, limits, self._route.call(*request))
         if usage and not peek:
             self.usage_tally.add(usage, client, decision.allowed, decision.shadow, now)
@@ -194,7 +195,7 @@ class RedisBackend(Backend):
         self, client: str, limits: Limits, cost: int, now: Now, usage: Usage, peek: bool = False
     ) -> Decision:
         """:meth:`count` on ``redis.asyncio``: the same script and bytes, no thread."""
-        request = self._request(client, limits, cost, now, usage, peek=peek)
+        request = _framed(self._request(client, limits, cost, now, usage, peek=peek), self._loaded)
         decision = decision_of(client, limits, await self._route.acall(*request))
         if usage and not peek:
             self.usage_tally.add(usage, client, decision.allowed, decision.shadow, now)
@@ -206,15 +207,16 @@ class RedisBackend(Backend):
         """One EVALSHA of refund.lua over the keys the hit used (same framing, same slot);
         ``taken_at`` travels as ARGV[1]'s ``#<taken>``."""
         if limits:
-            self._route.call(*self._request(client, limits, cost, now, None, True, taken_at))
+            call = self._request(client, limits, cost, now, None, True, taken_at)
+            self._route.call(*_framed(call, self._loaded))
 
     async def arefund(
         self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, taken_at: Taken = None
     ) -> None:
         """:meth:`refund` on ``redis.asyncio``, as :meth:`acount`."""
         if limits:
-            request = self._request(client, limits, cost, now, None, True, taken_at)
-            await self._route.acall(*request)
+            call = self._request(client, limits, cost, now, None, True, taken_at)
+            await self._route.acall(*_framed(call, self._loaded))
 
     def reset(self, client: str, limits: Limits) -> None:
         if limits:
@@ -317,6 +319,10 @@ class RedisBackend(Backend):
     def close(self) -> None:
         self._route.close(self._owns_client)
 
+    def _loaded(self) -> None:
+        """Redis lost the script (restart, failover, SCRIPT FLUSH): EVAL loads it again."""
+        events.send(events.script_loaded, type(self))
+
     def _request(
         self,
         client: str,
@@ -327,28 +333,44 @@ class RedisBackend(Backend):
         refund: bool = False,
         taken_at: Taken = None,
         peek: bool = False,
-    ) -> tuple[int, bytes, Callable[[], bytes]]:
-        """The client's shard, the EVALSHA to send (of the counting script, or with
-        ``refund`` of refund.lua), and how to build its EVAL twin if the script is missing.
-        ``peek``: decide on ``cost``, write nothing. What cannot be framed (a client no
+    ) -> ScriptCall:
+        """The call of the counting script (or with ``refund`` of refund.lua) for ``client``'s
+        keys of ``limits``, in the arguments the script's header lists. ``peek``: decide on
+        ``cost``, write nothing. ``usage`` is counted in the process (:attr:`usage_tally`),
+        never sent. Every argument is bounded here (a cost outside [0, MAX_COUNT] is our
+        caller's bug, refused by the script as such); what cannot be encoded (a client no
         UTF-8 encodes) is a :class:`BackendError`."""
         calls = self._refunds if refund else self._calls
         now_us = None if now is None else round(now * 1e6)
+        when = b"" if now_us is None else b"%d" % now_us
         try:
             encoded = calls.encoded(limits, now_us)
             shard, tag = self._client_tag(client)
-            op = calls.op(cost, now_us, peek)
-            if taken_at is not None:
-                op += b"#%d" % taken_at
-            field = b""  # usage is counted in the process (usage_tally), not by the script
-            label = client.encode()
-            body = calls.body(encoded, tag, op, field, label, now_us=now_us)
+            keys = calls.keys(encoded, tag)
+            if refund:
+                taken = b"" if taken_at is None else b"%d" % taken_at
+                head = (str(1 if cost is None else cost).encode(), when, taken)
+            else:
+                head = (str(cost or 0).encode(), b"1" if peek else b"0", when)
         except Exception as exc:
             raise failure(exc) from exc
+        return ScriptCall(shard, encoded.sha, encoded.source, keys, (*head, *encoded.specs))
 
-        def fallback() -> bytes:
-            # Redis lost the script (restart, failover, SCRIPT FLUSH): EVAL loads it again.
-            events.send(events.script_loaded, type(self))
-            return calls.body(encoded, tag, op, field, label, False, now_us)
 
-        return shard, body, fallback
+def _framed(call: ScriptCall, source: Callable[[], None]) -> tuple[int, bytes, Callable[[], bytes]]:
+    """``call`` as the RESP bytes of its EVALSHA and, after NOSCRIPT, of its EVAL (which calls
+    ``source`` first): what this branch's connections send until they take a
+    :class:`ScriptCall` themselves."""
+
+    def command(name: bytes, script: str) -> bytes:
+        parts = [name, script.encode(), b"%d" % len(call.keys), *call.keys, *call.args]
+        return b"*%d\r\n" % len(parts) + b"".join(
+            b"$%d\r\n%s\r\n" % (len(part), part)
+            for part in (p if type(p) is bytes else str(p).encode() for p in parts)
+        )
+
+    def fallback() -> bytes:
+        source()
+        return command(b"EVAL", call.source)
+
+    return call.shard, command(b"EVALSHA", call.sha), fallback
