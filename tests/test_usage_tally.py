@@ -138,3 +138,28 @@ def test_a_failed_push_keeps_its_counts_for_the_next_try(backend: Backend) -> No
     store.push_tally(backend.usage_tally)  # type: ignore[attr-defined]  # the kept batch
     store.push_tally(backend.usage_tally)  # type: ignore[attr-defined]  # the newer count
     assert _stored(backend).totals[field][0] == 2
+
+
+def test_counts_kept_while_pushes_fail_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond ``MAX_KEPT`` distinct counts new clients count as ``(other)``; the totals stay
+    exact, and everything arrives once a push succeeds."""
+    monkeypatch.setattr(usage_base, "MAX_KEPT", 2)
+    backend = MemoryBackend(clock=lambda: T0)
+    tally = backend.usage_tally
+    store = usage.get_store(backend)
+    push = store.push
+
+    def refuse(*args: Any) -> None:
+        raise usage.BackendError("Redis is away")
+
+    store.push = refuse  # type: ignore[method-assign]
+    for n in range(5):
+        tally.add("free", f"user:{n}", True, False, None)
+        with pytest.raises(usage.BackendError):
+            store.push_tally(tally)
+    store.push = push  # type: ignore[method-assign]
+    counts = store.read([MINUTE])[MINUTE]
+    assert counts.totals["free"][0] == 5
+    # user:0 waits in the failed batch; user:1 and user:2 fill the new counts; the rest:
+    assert counts.clients["(other)"][0] == 2
+    assert [counts.clients[f"user:{n}"][0] for n in range(3)] == [1, 1, 1]

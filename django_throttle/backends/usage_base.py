@@ -69,8 +69,8 @@ CLIENT_SAMPLE = 1
 #: Seconds between two pushes of a process's :class:`Tally`: what a worker that dies loses
 #: at most, and how late another process's report may be.
 PUSH_EVERY = 1.0
-#: Most distinct counts a :class:`Tally` keeps (beyond it new clients count as ``(other)``),
-#: and most it keeps for a retry when pushes fail (beyond it the oldest are dropped).
+#: Most distinct counts a :class:`Tally` gathers between two pushes (beyond it new clients
+#: count as ``(other)``; totals stay exact); a failed push's batch waits beside them.
 MAX_KEPT = 10_000
 
 #: (minute, usage field, client label, outcome letter, requests): one count kept in process
@@ -136,7 +136,7 @@ class UsageStore(ABC):
 
     def push_tally(self, tally: Tally) -> None:
         """Push what ``tally`` holds in one call; on failure the counts stay in it for the
-        next try (bounded by :data:`MAX_KEPT`) and the error propagates."""
+        next try (bounded: see :meth:`Tally.keep`) and the error propagates."""
         batch = tally.take()
         if batch is None:
             return
@@ -225,18 +225,11 @@ class Tally:
             self._counts, self._seen = {}, {}
             return batch
 
-    def keep(self, batch: Batch) -> int:
-        """Keep a batch whose push failed, to try again first; the oldest batches go beyond
-        :data:`MAX_KEPT` counts. Returns the requests dropped."""
-        dropped = 0
+    def keep(self, batch: Batch) -> None:
+        """Keep a batch whose push failed, to try again first. A new batch is only made once
+        none waits, so what is kept stays within twice :data:`MAX_KEPT` counts."""
         with self._lock:
             self._unsent.insert(0, batch)
-            kept = sum(len(counts) for _, counts, _ in self._unsent)
-            while len(self._unsent) > 1 and kept > MAX_KEPT:
-                _, counts, _ = self._unsent.pop(0)
-                kept -= len(counts)
-                dropped += sum(count[4] for count in counts)
-        return dropped
 
     def _forget(self) -> None:
         self._counts, self._seen, self._unsent = {}, {}, []
