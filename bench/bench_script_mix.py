@@ -10,11 +10,11 @@ script holding only that list's algorithms (``RedisBackend._calls``). This bench
 the same decisions through two framings of the same backend on one private
 ``redis-server``: the script the backend uses ("own mix") and the script holding all seven
 algorithms (as every decision ran before), in alternating laps of ``--calls`` fresh clients,
-one limit of each algorithm in turn, usage counted as in production. Each lap's server time
-per call comes from ``INFO commandstats`` (``usec`` of ``evalsha``, which includes the
-commands the script ran); the table gives the median lap, and the same for two baselines in
-the same laps: a ``PING`` and a minimal token bucket of the benchmark's own (see
-``bench_paths.MINIMAL_BUCKET``, 15 lines of Lua), each sent by redis-py's
+one limit of each algorithm in turn (usage is counted in the process, never by this call).
+Each lap's server time per call comes from ``INFO commandstats`` (``usec`` of ``evalsha``,
+which includes the commands the script ran); the table gives the median lap, and the same
+for two baselines in the same laps: a ``PING`` and a minimal token bucket of the benchmark's
+own (see ``bench_paths.MINIMAL_BUCKET``, 15 lines of Lua), each sent by redis-py's
 ``execute_command``.
 """
 
@@ -84,12 +84,12 @@ def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
 
         def decide(calls: Any, n: int, limits: Any = limits) -> None:
             encoded = calls.encoded(limits)
-            shard, tag = backend._client_tag(f"ip:10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}")
-            field = calls.field("anon|bench")
-            backend._route.call(calls.command(encoded, shard, tag, b"", field, b"ip:10.0.0.1"))
+            tag = backend._client_tag(f"ip:10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}")[1]
+            keys = calls.keys(encoded, tag)
+            plain.evalsha(encoded.sha, len(keys), *keys, b"1", b"0", b"", *encoded.specs)
 
         for calls in framings.values():  # load each script once, outside the laps
-            plain.script_load(calls.script(limits)[1].decode())
+            plain.script_load(calls.script(limits)[1])
             decide(calls, next(counter))
         for _ in range(args.laps):
             for name, calls in framings.items():

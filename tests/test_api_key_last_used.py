@@ -150,13 +150,19 @@ def test_the_redis_set_gets_its_ttl_when_a_member_is_new(
     assert isinstance(backend, RedisBackend)
     field = usage.field_for("t", "")
     seen = f"{backend.prefix}:{{0}}k"
-    backend.hit("key:abcd1234", LIMITS, usage=field)
+    store = usage.get_store(backend)
+
+    def hit_and_push(client: str) -> None:
+        backend.hit(client, LIMITS, usage=field)
+        store.push_tally(backend.usage_tally)
+
+    hit_and_push("key:abcd1234")
     assert redis_client.ttl(seen) > 0
     redis_client.persist(seen)
 
-    backend.hit("key:abcd1234", LIMITS, usage=field)
+    hit_and_push("key:abcd1234")
     assert redis_client.ttl(seen) == -1  # a known member: one ZADD, the TTL left alone
-    backend.hit("key:abcd1235", LIMITS, usage=field)
+    hit_and_push("key:abcd1235")
     assert redis_client.ttl(seen) > 0  # a new member arms it again
 
 
@@ -167,8 +173,11 @@ def test_the_set_is_bounded_per_shard(backend: Backend, settings: Any) -> None:
     backend = get_backend()
     field = usage.field_for("t", "")
     start = 1_800_000_000.0
+    store = usage.get_store(backend)
     for i in range(KEYS_SEEN_MAX + 5):
         backend.hit(f"key:k{i:05d}", LIMITS, usage=field, now=start + i)
+        if i % 1000 == 999:  # a process pushes what it counted every second
+            store.push_tally(backend.usage_tally)  # type: ignore[attr-defined]
 
     seen = usage.get_store().keys_last_used()
 

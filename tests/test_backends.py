@@ -218,8 +218,8 @@ def _process_worker(
     barrier.wait()  # type: ignore[attr-defined]
     allowed = 0
     for _ in range(n):
-        reply = script(keys=[backend_key], args=["1", "t10:360000000"])
-        allowed += int(reply.split()[0]) & 1  # status + 4 x index
+        reply = script(keys=[backend_key], args=["1", "0", "", "t10:360000000"])
+        allowed += int(reply[0])  # [allowed, index, ...]
     out.put(allowed)  # type: ignore[attr-defined]
 
 
@@ -310,7 +310,7 @@ def test_each_mix_of_algorithms_runs_a_script_defining_only_those_algorithms(
     defined = {}
     for mix in mixes:
         _, source = redis_backend._calls.script(mix)
-        defined[mix] = set(registered.findall(source.decode()))
+        defined[mix] = set(registered.findall(source))
     assert defined[(bucket,)] == {"t"}
     assert defined[(leaky, gcra)] == {"t", "l", "g"}
     assert defined[(quota,)] == {"f", "c"}
@@ -320,7 +320,7 @@ def test_each_mix_of_algorithms_runs_a_script_defining_only_those_algorithms(
         for n, mix in enumerate(mixes):
             decision = redis_backend.hit(f"mix-{round_}-{n}", mix)
             assert decision.allowed and decision.remaining == 4
-    shas = [redis_backend._calls.script(mix)[0].decode() for mix in mixes]
+    shas = [redis_backend._calls.script(mix)[0] for mix in mixes]
     assert len(set(shas)) == len(mixes)
     assert redis_client.script_exists(*shas) == [True] * len(mixes)
 
@@ -597,8 +597,8 @@ def test_local_fallback_backend_is_bounded(monkeypatch: pytest.MonkeyPatch) -> N
 VALID_LIMIT = "t10:1000000"
 
 
-def _script_args(*limits: str, op: str = "1") -> list[str]:
-    return [op, *limits]
+def _script_args(*limits: str, cost: str = "1", peek: str = "0", now: str = "") -> list[str]:
+    return [cost, peek, now, *limits]
 
 
 @pytest.mark.parametrize(
@@ -607,45 +607,36 @@ def _script_args(*limits: str, op: str = "1") -> list[str]:
         # Defect 11: cost 2^31-1 against 1/366d with capacity 2^31-1 overflowed SET PX after
         # the first key had been written.
         (
-            _script_args(VALID_LIMIT, f"t{10**9}:{366 * 86400 * 10**6}", op=str(10**9)),
-            "ARGV[3] capacity x interval",
+            _script_args(VALID_LIMIT, f"t{10**9}:{366 * 86400 * 10**6}", cost=str(10**9)),
+            "ARGV[5] capacity x interval",
         ),
         (
-            _script_args(VALID_LIMIT, VALID_LIMIT, op=str(2**31 - 1)),
-            "ARGV[1] must be 'p' or a cost",
+            _script_args(VALID_LIMIT, VALID_LIMIT, cost=str(2**31 - 1)),
+            "ARGV[1] cost must be a whole number",
         ),
-        (_script_args(VALID_LIMIT, VALID_LIMIT, op="-1"), "ARGV[1] must be 'p' or a cost"),
-        (_script_args(VALID_LIMIT, VALID_LIMIT, op="1.5"), "ARGV[1] must be 'p' or a cost"),
-        (_script_args(VALID_LIMIT, VALID_LIMIT, op="hit"), "ARGV[1] must be 'p' or a cost"),
-        (_script_args(VALID_LIMIT, "x10:1000000"), "ARGV[3] limit spec"),
-        (_script_args(VALID_LIMIT, "token_bucket10:1000000"), "ARGV[3] limit spec"),
-        (_script_args(VALID_LIMIT, "t0:1000000"), "ARGV[3] capacity"),
-        (_script_args(VALID_LIMIT, "t2.5:1000000"), "ARGV[3] limit spec"),
-        (_script_args(VALID_LIMIT, "tx:1000000"), "ARGV[3] limit spec"),
-        (_script_args(VALID_LIMIT, "t10:0"), "ARGV[3] interval"),
-        (_script_args(VALID_LIMIT, "t10:-5"), "ARGV[3] interval"),
-        (_script_args(VALID_LIMIT, "t10:inf"), "ARGV[3] interval"),
-        (_script_args(VALID_LIMIT, "t10:nan"), "ARGV[3] interval"),
-        (_script_args(VALID_LIMIT, "t?10:1000000"), "ARGV[3] limit spec"),
-        (_script_args(VALID_LIMIT, VALID_LIMIT)[:-1], "expected 1 keys for 1 limits, got 2"),
-        (["1\nf\nc", VALID_LIMIT, VALID_LIMIT], "and 6 usage keys, got 2"),
-        (_script_args(VALID_LIMIT, VALID_LIMIT, op="1@soon"), "ARGV[1] now"),
-        (_script_args(VALID_LIMIT, VALID_LIMIT, op="1@1.5"), "ARGV[1] now"),
-        (["1\n" + "f" * 513 + "\nc", VALID_LIMIT, VALID_LIMIT], "ARGV[1] usage field and client"),
-        (
-            ["1\n\x01" + "f" * 513 + "\nc", VALID_LIMIT, VALID_LIMIT],
-            "ARGV[1] usage field and client",
-        ),
-        (["1\nf\n" + "c" * 201, VALID_LIMIT, VALID_LIMIT], "ARGV[1] usage field and client"),
+        (_script_args(VALID_LIMIT, VALID_LIMIT, cost="-1"), "ARGV[1] cost must be a whole number"),
+        (_script_args(VALID_LIMIT, VALID_LIMIT, cost="1.5"), "ARGV[1] cost must be a whole number"),
+        (_script_args(VALID_LIMIT, VALID_LIMIT, cost="hit"), "ARGV[1] cost must be a whole number"),
+        (_script_args(VALID_LIMIT, "x10:1000000"), "ARGV[5] limit spec"),
+        (_script_args(VALID_LIMIT, "token_bucket10:1000000"), "ARGV[5] limit spec"),
+        (_script_args(VALID_LIMIT, "t0:1000000"), "ARGV[5] capacity"),
+        (_script_args(VALID_LIMIT, "t2.5:1000000"), "ARGV[5] limit spec"),
+        (_script_args(VALID_LIMIT, "tx:1000000"), "ARGV[5] limit spec"),
+        (_script_args(VALID_LIMIT, "t10:0"), "ARGV[5] interval"),
+        (_script_args(VALID_LIMIT, "t10:-5"), "ARGV[5] interval"),
+        (_script_args(VALID_LIMIT, "t10:inf"), "ARGV[5] interval"),
+        (_script_args(VALID_LIMIT, "t10:nan"), "ARGV[5] interval"),
+        (_script_args(VALID_LIMIT, "t?10:1000000"), "ARGV[5] limit spec"),
+        (_script_args(VALID_LIMIT, VALID_LIMIT)[:-1], "expected 5 arguments for 2 keys, got 4"),
+        (_script_args(VALID_LIMIT, VALID_LIMIT, peek="yes"), "ARGV[2] peek must be '0' or '1'"),
+        (_script_args(VALID_LIMIT, VALID_LIMIT, now="soon"), "ARGV[3] now"),
+        (_script_args(VALID_LIMIT, VALID_LIMIT, now="1.5"), "ARGV[3] now"),
     ],
 )
 def test_script_validates_every_argument_before_writing(
     redis_backend: RedisBackend, redis_client: redis.Redis, args: list[str], message: str
 ) -> None:
     keys = [redis_backend.key("c", Limit.build(name, "1/s")) for name in ("first", "second")]
-    if "\n" in args[0] and "usage keys" not in message:  # a usage field: its keys declared
-        tag = keys[0].split("}")[0] + "}"
-        keys += [f"{tag}{suffix}" for suffix in ("u1", "ta1", "td1", "ts1", "k", "l")]
     with pytest.raises(redis.ResponseError, match=re.escape(message)):
         redis_client.eval(load_script(), len(keys), *keys, *args)
     assert redis_client.exists(*keys) == 0
@@ -685,13 +676,14 @@ def _command_calls(client: redis.Redis, command: str) -> int:
 
 
 @pytest.mark.parametrize("counts_usage", [False, True], ids=["no usage", "usage"])
-def test_a_decision_costs_at_most_180_bytes_on_the_wire_and_its_usage_keys(
+def test_a_decision_costs_at_most_190_bytes_on_the_wire_usage_counted_or_not(
     redis_backend: RedisBackend, redis_client: redis.Redis, counts_usage: bool
 ) -> None:
     """Request + reply of one decision (one limit, an IPv4 client, a short tier name), as
-    the server counts them: the byte budget of issue 6, and with usage counted no more than
-    the six usage keys the call declares (every key a script touches is in KEYS)."""
-    from django_throttle.backends.frames import USAGE_KEYS
+    the server counts them: issue 6's budget of 180 bytes plus the plain arguments and
+    array reply of issue 31 (cost, peek and clock apart, seven integers back), the same with
+    usage counted (it is counted in the process and pushed apart, never sent with a
+    decision)."""
     from django_throttle.usage import accounting as usage
 
     limits = (Limit.build("t12", "100/m"),)
@@ -704,11 +696,7 @@ def test_a_decision_costs_at_most_180_bytes_on_the_wire_and_its_usage_keys(
     stats = redis_client.info("stats")
     after = stats["total_net_input_bytes"] + stats["total_net_output_bytes"]
     info_call = 2000  # generous bound for the INFO command and its reply in between
-    shard_tag = f"{redis_backend.prefix}:{{15}}".encode()
-    keys = redis_backend._calls.usage_keys(shard_tag, None) if counts_usage else ()
-    usage_keys = sum(len(b"$%d\r\n%s\r\n" % (len(key), key)) for key in keys)
-    assert USAGE_KEYS == 6
-    assert (after - before - info_call) / 100 <= 180 + usage_keys + (3 if counts_usage else 0)
+    assert (after - before - info_call) / 100 <= 190
 
 
 def test_a_forked_child_never_reads_its_parents_replies(redis_backend: RedisBackend) -> None:
@@ -1131,19 +1119,19 @@ def test_retime_of_a_changed_algorithm_ignores_the_old_spec(
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("g10:1.5", "ARGV[3] emission interval"),
-        ("g10:0", "ARGV[3] emission interval"),
-        (f"g{10**9}:{10**9}", "ARGV[3] capacity x emission interval"),
-        ("l10:0", "ARGV[3] interval"),
-        ("f10:0", "ARGV[3] period"),
-        ("f10:1:2", "ARGV[3] fixed window spec"),
-        ("s10:1.5", "ARGV[3] period"),
-        ("w10001:1000000", "ARGV[3] capacity must be at most 10000"),
-        ("w10:-1", "ARGV[3] period"),
-        ("c10:1:2:3", "ARGV[3] calendar boundaries must be 4"),
-        ("c10:4:3:2:1", "ARGV[3] calendar boundaries must be 4"),
-        ("c10:1:2:3:4", "ARGV[3] calendar boundaries must cover now"),
-        ("t10:1000000:5", "ARGV[3] limit spec"),
+        ("g10:1.5", "ARGV[5] emission interval"),
+        ("g10:0", "ARGV[5] emission interval"),
+        (f"g{10**9}:{10**9}", "ARGV[5] capacity x emission interval"),
+        ("l10:0", "ARGV[5] interval"),
+        ("f10:0", "ARGV[5] period"),
+        ("f10:1:2", "ARGV[5] fixed window spec"),
+        ("s10:1.5", "ARGV[5] period"),
+        ("w10001:1000000", "ARGV[5] capacity must be at most 10000"),
+        ("w10:-1", "ARGV[5] period"),
+        ("c10:1:2:3", "ARGV[5] calendar boundaries must be 4"),
+        ("c10:4:3:2:1", "ARGV[5] calendar boundaries must be 4"),
+        ("c10:1:2:3:4", "ARGV[5] calendar boundaries must cover now"),
+        ("t10:1000000:5", "ARGV[5] limit spec"),
     ],
 )
 def test_every_algorithm_spec_is_validated_before_writing(
@@ -1152,7 +1140,7 @@ def test_every_algorithm_spec_is_validated_before_writing(
     limits = [Limit.build(name, "1/s") for name in ("first", "second")]
     keys = [redis_backend.key("c", limit) for limit in limits]
     with pytest.raises(redis.ResponseError, match=re.escape(message)):
-        redis_client.eval(load_script(), 2, *keys, "1", "w10:1000000", spec)
+        redis_client.eval(load_script(), 2, *keys, "1", "0", "", "w10:1000000", spec)
     assert redis_client.exists(*keys) == 0
 
 

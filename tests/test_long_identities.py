@@ -66,8 +66,12 @@ def long_value_resolver(request: HttpRequest) -> Identity:
     return Identity("token", request.headers.get("X-Token", "") * 100)
 
 
+#: A cost beyond any capacity the script accepts (rates.MAX_COUNT): refused, nothing written.
+REFUSED_COST = 10**10
+
+
 class PaddedLabels(RedisBackend):
-    """A real Redis backend that sends labels the script refuses (a bug of a custom
+    """A real Redis backend that sends a cost the script refuses (a bug of a custom
     backend, or of ours): what the request path does about a refused argument."""
 
     def hit(
@@ -79,7 +83,7 @@ class PaddedLabels(RedisBackend):
         now: float | None = None,
         usage: str | None = None,
     ) -> Decision:
-        return super().hit(client + "!" * 300, limits, cost, now=now, usage=usage or "u")
+        return super().hit(client, limits, REFUSED_COST, now=now, usage=usage or "u")
 
 
 @pytest.fixture
@@ -215,11 +219,11 @@ def test_the_redis_backend_reports_a_refused_argument_as_no_outage() -> None:
     assert isinstance(backend, RedisBackend)
     limit = Limit.build("l", "5/min")
     with pytest.raises(ArgumentRefused, match="django_throttle: ARGV"):
-        backend.hit("c" * 300, [limit], usage="field")
+        backend.hit("c", [limit], REFUSED_COST, usage="field")
     breaker = get_breaker()
     for _ in range(5):
         with pytest.raises(ArgumentRefused):
-            breaker.call(backend.hit, "c" * 300, [limit], usage="field")
+            breaker.call(backend.hit, "c", [limit], REFUSED_COST, usage="field")
     assert breaker.state == "closed"
     assert breaker.failures == 0
     assert backend.hit("user:1", [limit], usage="field").allowed
@@ -241,7 +245,7 @@ def test_a_refused_argument_closes_a_half_open_breaker(
             breaker.call(down)
     assert breaker.state != "closed"
     with pytest.raises(ArgumentRefused):
-        breaker.call(backend.hit, "c" * 300, [Limit.build("l", "5/min")], usage="field")
+        breaker.call(backend.hit, "c", [Limit.build("l", "5/min")], REFUSED_COST, usage="field")
     assert breaker.state == "closed"
 
 
@@ -255,7 +259,7 @@ def test_async_calls_report_a_refused_argument_as_no_outage() -> None:
     async def refused() -> None:
         for _ in range(5):
             with pytest.raises(ArgumentRefused):
-                await breaker.acall(backend.ahit, "c" * 300, [limit], usage="field")
+                await breaker.acall(backend.ahit, "c", [limit], REFUSED_COST, usage="field")
 
     async_to_sync(refused)()
     assert breaker.state == "closed"

@@ -300,7 +300,11 @@ def test_refund_script_checks_every_argument_first(
     before = redis_client.get(key)
     script = load_script(REFUND_FILES)
     now = str(round(T0 * 1e6))
-    for args in (["1@" + now, "f5:60000000", "x5:1"], ["-1@" + now, "f5:60000000", "f5:1"]):
+    for args in (
+        ["1", now, "", "f5:60000000", "x5:1"],
+        ["-1", now, "", "f5:60000000", "f5:1"],
+        ["1", now, "soon", "f5:60000000", "f5:1"],
+    ):
         with pytest.raises(redis.ResponseError, match="django_throttle: ARGV"):
             redis_client.eval(script, 2, key, key + "2", *args)
     assert redis_client.get(key) == before

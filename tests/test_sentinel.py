@@ -31,6 +31,7 @@ from django_throttle.backends.redis import RedisBackend
 from django_throttle.backends.redis_sentinel import SentinelURL, parse_sentinel_url
 from django_throttle.checks import check_settings
 from django_throttle.rates import Algorithm, Limit
+from django_throttle.usage.accounting import get_store
 from tests.redis_servers import LOOPBACK
 from tests.topologies import LocalSentinel, wait_for
 
@@ -474,6 +475,8 @@ def test_every_key_has_a_ttl_on_the_primary_and_the_replicas_only_replicate(
             )
 
     asyncio.run(hits())
+    # The usage counts kept in this process, pushed as the next request would.
+    get_store(backend).push_tally(backend.usage_tally)
     keys = keys_with_ttls(primary, _isolated_throttle)
     ids = tuple(limit.id.encode() for limit in every)
     counters = [key for key in keys if key.endswith(ids)]

@@ -32,7 +32,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_throttle.backends import reset_backend_cache, usage_base
 from django_throttle.credentials import protect_credentials
 from django_throttle.drf import ProtectedBasicAuthentication
 from django_throttle.identity import Identity
@@ -214,34 +213,6 @@ def traffic(client: Any, tiers: tuple[Tier, Tier]) -> None:
     EndpointLimit.objects.create(rule=rule, tier=anonymous, rate="2/h")
     statuses = [client.get("/api/ping/", REMOTE_ADDR="203.0.113.9").status_code for _ in range(5)]
     assert statuses == [200, 200, 429, 429, 429]
-
-
-def test_sampled_per_client_figures_are_marked_as_estimates(
-    client: Any, backend: str, tiers: tuple[Tier, Tier], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(usage_base, "CLIENT_SAMPLE", 8)
-    reset_backend_cache()
-    traffic(client, tiers)
-    estimated = ["allowed", "total", "denied_percent"]
-
-    (row,) = report("client")
-    assert row["client"] == "ip:203.0.113.9"
-    assert row["denied"] == 3  # denials are never sampled
-    assert row["allowed"] % 8 == 0  # each sample stands for 8 requests
-    assert row["estimated"] == estimated
-    assert all(r["estimated"] == [] for r in report("tier"))  # totals are exact
-    (line,) = list(csv.DictReader(io.StringIO(run("--format", "csv"))))
-    assert line["estimated"] == "allowed total denied_percent"
-    table = run()
-    cells = [c.strip() for c in next(li for li in table.splitlines() if "ip:" in li).split("│")]
-    assert cells[2] == f"≈{row['allowed']}" and cells[3] == "3"
-    assert "≈: an estimate" in table and "one in 8" in " ".join(table.split())
-
-    operator(client)
-    html = dashboard(client)
-    limited = html.split('id="limited"', 1)[1]
-    assert f"≈{row['allowed']}</td>" in limited
-    assert 'id="dt-estimates"' in limited and "one in 8" in limited
 
 
 def test_exact_per_client_figures_carry_no_mark(

@@ -1,9 +1,10 @@
-"""The arguments of one counting call (a :class:`ScriptCall`), and how its reply reads as a
+"""One counting (or refund) script call, in plain KEYS and ARGV, and how its reply reads as a
 decision.
 
-A decision is one ``EVALSHA`` whose constant parts (script digest, limit specs) are encoded once
-per limit list and reused, so a request only adds its keys, cost, usage field and client.
-redis-py's own clients send it (see :mod:`.redis`).
+A call is a :class:`ScriptCall`: the script's digest and source, one key per limit, then the
+arguments ``lua/driver.lua`` (or ``lua/refund.lua``) lists in its header. What is the same for
+every call of a limit list (its key suffixes, its limit specs, the script) is worked out once
+per list and reused (:class:`Calls`), so a request only adds its key prefix, cost and clock.
 """
 
 from __future__ import annotations
@@ -33,10 +34,19 @@ FOREVER = math.inf
 DIGEST_KEY_CHARS = 4 * DIGEST_SIZE // 3
 #: What stands in a shared limit's key for the client digest (never a base64url character).
 SHARED_MARK = b"*"
-#: Usage keys a counting call declares after its limits' (see lua/usage.lua): the shard's
-#: totals and top lists (allowed, denied, shadow) of the minute, its key-use and late sets.
-USAGE_KEYS = 6
-USAGE_SUFFIXES = (b"u%d", b"ta%d", b"td%d", b"ts%d", b"k", b"l")
+#: Elements of the counting script's array reply (see lua/driver.lua).
+REPLY_SIZE = 7
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptCall:
+    """One counting (or refund) script call: what redis-py's evalsha/eval send."""
+
+    shard: int  # the client's shard (0..shards-1): which cluster slot / breaker
+    sha: str  # the script's SHA1 hex digest
+    source: str  # its source, for EVAL after NOSCRIPT (the script did not run)
+    keys: Sequence[str | bytes]
+    args: Sequence[str | bytes | int]
 
 
 def compact(n: int) -> str:
@@ -75,40 +85,28 @@ def key_suffix(limit: Limit) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class ScriptCall:
-    """One counting (or refund) script call: what redis-py's evalsha/eval send."""
-
-    shard: int  # the client's shard (0..shards-1): which cluster slot / breaker
-    sha: str  # the script's SHA1 hex digest
-    source: str  # its source, for EVAL after NOSCRIPT (the script did not run)
-    keys: Sequence[str | bytes]
-    args: Sequence[str | bytes | int]
-
-
-@dataclass(frozen=True, slots=True)
 class Encoded:
-    """What one limit list adds to every call: key suffixes, the script's digest and the
-    specs (ARGV after the first).
+    """What one limit list adds to every call: its key suffixes and limit specs, and the
+    script (digest and source) for its mix of algorithms.
 
     ``valid_until`` (Unix seconds) is when a calendar quota's window ends and the specs must
     be encoded again; :data:`FOREVER` when the list has none. ``shared`` marks the shared
     limits (empty when there are none, the usual case): their keys carry the shard's tag and
-    :data:`SHARED_MARK` instead of the client's tag. ``source`` is the script's source, the
-    one object every list of that mix of algorithms shares (only an EVAL, after NOSCRIPT,
-    sends it): an entry costs a few hundred bytes, not a copy of the script.
+    :data:`SHARED_MARK` instead of the client's digest. ``source`` is the one object every list
+    of that mix of algorithms shares.
     """
 
     suffixes: tuple[bytes, ...]
-    sha: str
     specs: tuple[bytes, ...]
+    sha: str
     source: str
     valid_until: float = FOREVER
     shared: tuple[bool, ...] = ()
 
 
 class Calls:
-    """Builds calls of one script; limit lists are encoded once and cached by the limits they
-    hold (:class:`~.base.LimitsCache`: a list built per request from the policy's limits
+    """Builds the calls of one script; limit lists are encoded once and cached by the limits
+    they hold (:class:`~.base.LimitsCache`: a list built per request from the policy's limits
     finds its entry).
 
     ``source_for(codes)`` gives the script's source defining just the algorithms of those
@@ -125,22 +123,19 @@ class Calls:
     ) -> None:
         self.source_for = source_for
         self.shards = shards
-        #: This process's reading of the server's clock (Unix seconds): what names the usage
-        #: keys' minute and places a calendar quota's windows before the script reads TIME.
+        #: This process's reading of the server's clock (Unix seconds): what places a calendar
+        #: quota's windows before the script reads TIME.
         self.clock = clock
         self._cache: LimitsCache[Encoded] = LimitsCache()
-        # Bounded by hand, not functools.lru_cache: its wrapper costs a decision tens of ns.
-        self._fields: dict[str, bytes] = {}
-        self._usage: dict[tuple[bytes, int], tuple[bytes, ...]] = {}
-        self._scripts: dict[frozenset[str], tuple[bytes, bytes]] = {}
+        self._scripts: dict[frozenset[str], tuple[str, str]] = {}
 
-    def script(self, limits: Sequence[Limit]) -> tuple[bytes, bytes]:
+    def script(self, limits: Sequence[Limit]) -> tuple[str, str]:
         """The digest and source of the script for ``limits``' mix of algorithms."""
         codes = frozenset(ALGORITHM_CODES[limit.algorithm] for limit in limits)
         found = self._scripts.get(codes)
         if found is None:
-            source = self.source_for(codes).encode()
-            found = self._scripts[codes] = (hashlib.sha1(source).hexdigest().encode(), source)
+            source = self.source_for(codes)
+            found = self._scripts[codes] = (hashlib.sha1(source.encode()).hexdigest(), source)
         return found
 
     def encoded(self, limits: Sequence[Limit], now_us: int | None = None) -> Encoded:
@@ -172,98 +167,41 @@ class Calls:
         sha, source = self.script(limits)
         return Encoded(
             suffixes=tuple(key_suffix(limit).encode() for limit in limits),
-            sha=sha.decode(),
-            source=source.decode(),
             specs=tuple(
                 limit_spec(per_shard(limit, self.shards), now_us).encode() for limit in limits
             ),
+            sha=sha,
+            source=source,
             valid_until=until,
             shared=shared if any(shared) else (),
         )
 
     @staticmethod
-    def op(cost: int | None, now_us: int | None, peek: bool = False) -> bytes:
-        """The cost (1, the usual cost, is sent as nothing), or for a peek ``p`` and the cost
-        it asks about (``None`` or 0: none); ``@now`` in tests."""
-        if peek or cost is None:
-            text = b"p" + str(cost).encode() if cost else b"p"
-        else:
-            text = b"" if cost == 1 and type(cost) is int else str(cost).encode()
-        return text if now_us is None else b"%s@%d" % (text, now_us)
-
-    def field(self, field: str | None) -> bytes:
-        """``\n<field>\n`` to put between the op and the client, ``b""`` for none."""
-        if not field:
-            return b""
-        framed = self._fields.get(field)
-        if framed is None:
-            if len(self._fields) >= 4096:
-                self._fields.clear()
-            framed = self._fields[field] = b"\n" + field.replace("\n", " ").encode() + b"\n"
-        return framed
-
-    def usage_keys(self, shard: bytes, now_us: int | None) -> tuple[bytes, ...]:
-        """The usage keys of shard tag ``shard`` for the minute of ``now_us`` (default
-        :attr:`clock`: the keys must be named before the script reads the server's),
-        cached per shard and minute."""
-        minute = int(self.clock() if now_us is None else now_us / 1e6) // 60
-        framed = self._usage.get((shard, minute))
-        if framed is None:
-            if len(self._usage) >= 4096:
-                self._usage.clear()
-            framed = self._usage[shard, minute] = tuple(
-                shard + (suffix % minute if b"%" in suffix else suffix) for suffix in USAGE_SUFFIXES
-            )
-        return framed
-
-    def command(
-        self,
-        encoded: Encoded,
-        shard: int,
-        tag: bytes,
-        op: bytes,
-        field: bytes,
-        client: bytes,
-        now_us: int | None = None,
-    ) -> ScriptCall:
-        """The whole call: one key per limit (``tag + suffix``), with a usage field the usage
-        keys; ARGV[1] (op, and with a usage field the field and the client), then the specs."""
-        prefix = tag[:-DIGEST_KEY_CHARS]
+    def keys(encoded: Encoded, tag: bytes) -> list[bytes]:
+        """One key per limit: the client's ``tag`` (``<prefix>:{<shard>}<digest>``) and the
+        limit's suffix; a shared limit's has :data:`SHARED_MARK` for the digest."""
         if encoded.shared:
-            keys = [
-                (prefix + SHARED_MARK if shared else tag) + suffix
+            shard = tag[:-DIGEST_KEY_CHARS] + SHARED_MARK
+            return [
+                (shard if shared else tag) + suffix
                 for suffix, shared in zip(encoded.suffixes, encoded.shared, strict=True)
             ]
-        else:
-            keys = [tag + suffix for suffix in encoded.suffixes]
-        if field:
-            keys.extend(self.usage_keys(prefix, now_us))
-            op = op + field + client.replace(b"\n", b" ")
-        return ScriptCall(shard, encoded.sha, encoded.source, keys, (op, *encoded.specs))
+        return [tag + suffix for suffix in encoded.suffixes]
 
 
 def decision_of(client: str, limits: Limits, reply: Any) -> Decision:
-    """Parse ``"<status + 4 x index> <remaining> <reset>[ <retry>| @<now>]"`` (see
-    driver.lua): an allowed hit's ``@<now>`` (base 36) is its ``Decision.taken``. A reply
-    of another shape is a :class:`BackendError`."""
+    """Read the counting script's array reply ``[allowed, index, remaining, reset_us,
+    retry_us, shadow_denied, taken_us]`` (see lua/driver.lua): a nonzero ``taken_us`` is the
+    hit's ``Decision.taken``. A reply of another shape is a :class:`BackendError`."""
     try:
-        parts: list[bytes] = reply.split() if type(reply) is bytes else []
-        code, remaining, reset_us = int(parts[0]), int(parts[1]), int(parts[2])
-        status, index = code & 3, code >> 2
-        allowed = status & 1 == 1
-        extra = parts[3] if len(parts) == 4 else b""
-        if (
-            len(parts) not in (3, 4)
-            or not 0 <= index <= len(limits)
-            or code < 0
-            or (allowed and extra[:1] not in (b"", b"@"))
-            or (not allowed and not extra)
-        ):
+        if type(reply) is not list or len(reply) != REPLY_SIZE:
             raise ValueError(f"unexpected reply {reply!r}")
-        taken = ((client, int(extra[1:], 36)),) if extra and allowed else ()
-        retry_us = int(extra) if extra and not allowed else 0
+        allowed, index, remaining, reset_us, retry_us, shadow, taken_us = map(int, reply)
+        if allowed not in (0, 1) or shadow not in (0, 1) or not 0 <= index <= len(limits):
+            raise ValueError(f"unexpected reply {reply!r}")
     except Exception as exc:
         raise failure(exc) from exc
+    taken = ((client, taken_us),) if taken_us else ()
     return decision_from(
-        limits, allowed, index - 1, remaining, reset_us, retry_us, status >= 2, taken
+        limits, allowed == 1, index - 1, remaining, reset_us, retry_us, shadow == 1, taken
     )

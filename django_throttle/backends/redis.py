@@ -66,6 +66,7 @@ from django_throttle.backends.scripts import (
     files_for,
     load_script,
 )
+from django_throttle.backends.usage_base import Tally
 from django_throttle.conf import app_settings
 from django_throttle.rates import Decision, Limit
 
@@ -119,6 +120,9 @@ class RedisBackend(Backend):
                 self._route = ClusterRoute(lambda: given, self.shard_tags(), sender=type(self))
             else:
                 self._route = self._route_for(given)
+        #: This process's count of the decisions made with a usage field, until pushed
+        #: (:class:`.usage_base.Tally`): the counting call itself counts no usage.
+        self.usage_tally = Tally(self.local_time)
         source = load_script(RETIME_FILES)
         self._retime = (hashlib.sha1(source.encode()).hexdigest(), source)
         self._version_key = f"{self.prefix}:policy-version"
@@ -180,14 +184,20 @@ class RedisBackend(Backend):
         self, client: str, limits: Limits, cost: int, now: Now, usage: Usage, peek: bool = False
     ) -> Decision:
         call = self._request(client, limits, cost, now, usage, peek=peek)
-        return decision_of(client, limits, self._route.call(call))
+        decision = decision_of(client, limits, self._route.call(call))
+        if usage and not peek:
+            self.usage_tally.add(usage, client, decision.allowed, decision.shadow, now)
+        return decision
 
     async def acount(
         self, client: str, limits: Limits, cost: int, now: Now, usage: Usage, peek: bool = False
     ) -> Decision:
         """:meth:`count` on ``redis.asyncio``: the same script call, no thread."""
         call = self._request(client, limits, cost, now, usage, peek=peek)
-        return decision_of(client, limits, await self._route.acall(call))
+        decision = decision_of(client, limits, await self._route.acall(call))
+        if usage and not peek:
+            self.usage_tally.add(usage, client, decision.allowed, decision.shadow, now)
+        return decision
 
     def refund(
         self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, taken_at: Taken = None
@@ -317,18 +327,24 @@ class RedisBackend(Backend):
         taken_at: Taken = None,
         peek: bool = False,
     ) -> ScriptCall:
-        """The script call to send (of the counting script, or with ``refund`` of
-        refund.lua). ``peek``: decide on ``cost``, write nothing. What cannot be encoded (a
-        client no UTF-8 encodes) is a :class:`BackendError`."""
+        """The call of the counting script (or with ``refund`` of refund.lua) for ``client``'s
+        keys of ``limits``, in the arguments the script's header lists. ``peek``: decide on
+        ``cost``, write nothing. ``usage`` is counted in the process (:attr:`usage_tally`),
+        never sent. Every argument is bounded here (a cost outside [0, MAX_COUNT] is our
+        caller's bug, refused by the script as such); what cannot be encoded (a client no
+        UTF-8 encodes) is a :class:`BackendError`."""
         calls = self._refunds if refund else self._calls
         now_us = None if now is None else round(now * 1e6)
+        when = b"" if now_us is None else b"%d" % now_us
         try:
             encoded = calls.encoded(limits, now_us)
             shard, tag = self._client_tag(client)
-            op = calls.op(cost, now_us, peek)
-            if taken_at is not None:
-                op += b"#%d" % taken_at
-            field = calls.field(usage)
-            return calls.command(encoded, shard, tag, op, field, client.encode(), now_us)
+            keys = calls.keys(encoded, tag)
+            if refund:
+                taken = b"" if taken_at is None else b"%d" % taken_at
+                head = (str(1 if cost is None else cost).encode(), when, taken)
+            else:
+                head = (str(cost or 0).encode(), b"1" if peek else b"0", when)
         except Exception as exc:
             raise failure(exc) from exc
+        return ScriptCall(shard, encoded.sha, encoded.source, keys, (*head, *encoded.specs))

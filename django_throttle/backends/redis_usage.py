@@ -1,10 +1,10 @@
-"""Usage counts in Redis: the configured ``usage.lua`` and a store that reads them back.
+"""Usage counts in Redis: the pushes of what a process counted, and the reads back.
 
-The counting script (``lua/usage.lua``, called by the driver in the decision's own
-``EVALSHA``) writes per shard and minute a hash of exact counts per tier/endpoint/outcome and
-one top-clients sorted set per outcome, each with a TTL of :data:`~.usage_base.USAGE_TTL`.
-:class:`RedisUsage` reads them in pipelines (one round trip per :data:`BATCH` commands) for
-the report and the rollup, and pushes counts a process kept while Redis was away.
+A push (``lua/usage_push.lua`` over ``lua/usage.lua``) writes per shard and minute a hash of
+exact counts per tier/endpoint/outcome and one top-clients sorted set per outcome, each with a
+TTL of :data:`~.usage_base.USAGE_TTL`. :class:`RedisUsage` pushes what a process counted (its
+backend's :class:`~.usage_base.Tally`, and what it kept while Redis was away) and reads the
+counts in pipelines (one round trip per :data:`BATCH` commands) for the report and the rollup.
 
 It never imports redis-py: it drives the backend's client.
 """
@@ -14,11 +14,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
-import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from django_throttle.backends import scripts, usage_base
+from django_throttle.backends.base import shard_of
 from django_throttle.backends.scripts import call_backend, lua_file, lua_source, top_per_shard
 from django_throttle.backends.usage_base import SLOT, MinuteCounts, add_to
 
@@ -94,6 +94,7 @@ class RedisUsage(usage_base.UsageStore):
         names = None if prefixes is None else sorted(set(prefixes))
         if names == []:
             return {}
+        self.push_own()
         client = self.client if names is None else self.push_client
         pipe = client.pipeline(transaction=False)
         for tag in self.tags:
@@ -118,7 +119,9 @@ class RedisUsage(usage_base.UsageStore):
         self, minutes: Sequence[int], *, totals: bool = True, clients: bool = True
     ) -> dict[int, MinuteCounts]:
         """One read script call per shard and run of up to :data:`MINUTES_PER_CALL`
-        minutes, pipelined :data:`BATCH` calls per round trip."""
+        minutes, pipelined :data:`BATCH` calls per round trip; this process's own counts
+        are pushed first, so they are in the figures."""
+        self.push_own()
         calls = [
             (tag, first, last, "1" if totals else "0", "1" if clients else "0")
             for first, last in _runs(sorted(set(minutes)))
@@ -136,23 +139,40 @@ class RedisUsage(usage_base.UsageStore):
                     _merge(found, parts, self.top_size)
         return found
 
+    def push_own(self) -> None:
+        """Push the backend's :class:`~.usage_base.Tally` now (a report read in this process
+        sees its own decisions; other processes' arrive within
+        :data:`~.usage_base.PUSH_EVERY`)."""
+        tally = getattr(self._backend, "usage_tally", None)
+        if tally is not None:
+            for _ in range(2):  # a batch kept from a failed push, then the newer counts
+                self.push_tally(tally)
+
     def _read_batch(self, calls: list[tuple[str, int, int, str, str]]) -> list[Any]:
         framed = [_read_call(*call) for call in calls]
         return self._evalsha_all(self.client, self._read_sha, self._read_source, framed)
 
-    def push(self, batch: str, counts: Sequence[usage_base.PendingCount]) -> None:
+    def push(
+        self,
+        batch: str,
+        counts: Sequence[usage_base.PendingCount],
+        seen: Mapping[str, int] | None = None,
+    ) -> None:
+        """One ``usage_push.lua`` call per shard and :data:`PUSH_CHUNK` counts, pipelined."""
+        seen = seen or {}
         by_tag: dict[str, list[usage_base.PendingCount]] = {}
         for count in counts:
-            tag = self.tags[zlib.crc32(count[2].encode()) % len(self.tags)]
+            # The client's own shard, where its counters live: one slot per client.
+            tag = self.tags[shard_of(count[2], len(self.tags))]
             by_tag.setdefault(tag, []).append(count)
         calls: list[scripts.Call] = []
         for tag, items in sorted(by_tag.items()):
             for start in range(0, len(items), PUSH_CHUNK):
-                keys = [f"{tag}p{batch}:{start}", f"{tag}l"]
+                keys = [f"{tag}p{batch}:{start}", f"{tag}l", f"{tag}k"]
                 args: list[Any] = []
                 for minute, field, client, letter, n in items[start : start + PUSH_CHUNK]:
                     keys += (f"{tag}u{minute}", f"{tag}t{letter}{minute}")
-                    args += (minute, field, client, letter, n)
+                    args += (minute, field, client, letter, n, seen.get(client, 0))
                 calls.append((keys, args))
         self._evalsha_all(self.push_client, self._push_sha, self._push_source, calls)
 
@@ -172,7 +192,8 @@ class RedisUsage(usage_base.UsageStore):
 
     def take_late(self) -> set[int]:
         """Every shard's ``<tag>l`` minutes (those pushed to within ``USAGE_TTL``:
-        the push trims older ones), popped."""
+        the push trims older ones), popped; this process's own counts are pushed first."""
+        self.push_own()
         pipe = self.client.pipeline(transaction=False)
         for tag in self.tags:
             pipe.zpopmin(f"{tag}l", 1_000_000)

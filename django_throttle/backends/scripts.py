@@ -1,5 +1,5 @@
 """The Lua scripts, assembled from the package's ``.lua`` files (one file per algorithm, a
-prelude, a driver per job), with the usage settings written into ``usage.lua``; and how the
+prelude, a driver per job; the usage push with its settings written into ``usage.lua``); and how the
 commands that are not counting calls (retime, usage reads and pushes, resets, the policy
 version) run, every failure of theirs a :class:`~.base.BackendError` (:func:`call_backend`)."""
 
@@ -28,9 +28,8 @@ ALGORITHM_FILES_BY_CODE = {
 }
 #: Every algorithm file, in load order.
 ALGORITHM_FILES = tuple(dict.fromkeys(sum(ALGORITHM_FILES_BY_CODE.values(), ())))
-#: Lua files making up the counting script, in load order: shared prelude, algorithms, usage
-#: counting, driver.
-SCRIPT_FILES = ("prelude.lua", *ALGORITHM_FILES, "usage.lua", "driver.lua")
+#: Lua files making up the counting script, in load order: shared prelude, algorithms, driver.
+SCRIPT_FILES = ("prelude.lua", *ALGORITHM_FILES, "driver.lua")
 #: The same definitions with the retime driver (after a limit changed, see ``retime``).
 RETIME_FILES = ("prelude.lua", *ALGORITHM_FILES, "retime.lua")
 #: The same definitions with the refund driver (a reservation given back, see ``refund``);
@@ -77,12 +76,10 @@ def top_per_shard(shards: int) -> int:
 
 
 def lua_source(shards: int) -> str:
-    """``usage.lua`` with :data:`~.usage_base.USAGE_TTL`, the per-shard top size and
-    :data:`~.usage_base.CLIENT_SAMPLE` written in: constants in the script cost no bytes per
-    request."""
+    """``usage.lua`` with :data:`~.usage_base.USAGE_TTL` and the per-shard top size written
+    in."""
     line = (
-        f"local USAGE_TTL, USAGE_TOP, USAGE_SAMPLE = {usage_base.USAGE_TTL}, "
-        f"{top_per_shard(shards)}, {usage_base.CLIENT_SAMPLE} -- @settings"
+        f"local USAGE_TTL, USAGE_TOP = {usage_base.USAGE_TTL}, {top_per_shard(shards)} -- @settings"
     )
     text, found = _SETTINGS_LINE.subn(line, lua_file("usage.lua"), count=1)
     if not found:  # pragma: no cover - the file ships with the line

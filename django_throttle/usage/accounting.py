@@ -5,21 +5,23 @@ Each request lands in exactly one outcome: :data:`ALLOWED`, :data:`DENIED`,
 (served uncounted: the limiter was unavailable) or :data:`FAILED_CLOSED` (refused: the limiter
 was unavailable).
 
-The backend counts every decision it makes in the same atomic step, under the usage field
-:func:`field_for` names (tier and endpoint): the Redis backend inside the decision's own script
-call (``backends/lua/usage.lua``), the memory backend under its lock. So the request path has
-no thread, no database write and no extra round trip, and a worker killed right after its
-response loses nothing: the count was in Redis before the response existed.
+The backend counts every decision it makes under the usage field :func:`field_for` names
+(tier and endpoint) in this process (its :class:`~django_throttle.backends.usage_base.Tally`:
+no I/O), never in the counting call, which touches the counters only. :func:`flush_pending`
+pushes those counts in one pipelined call at most once per
+:data:`~django_throttle.backends.usage_base.PUSH_EVERY` (a second): ``core`` calls it after a
+successful backend call while :data:`pending` says a push is due, so the request path has no
+thread, no database write and no extra round trip per request. A worker that dies loses at
+most the counts of its last second; a push that fails keeps its counts for the next try
+(bounded by :data:`~django_throttle.backends.usage_base.MAX_KEPT`).
 
 Decisions made without the backend (failed open, failed closed, failure mode ``"local"``)
 are kept in this process by :func:`record_degraded` and pushed into the backend by
-:func:`flush_pending`, which ``core`` calls after each successful backend call while counts
-wait: one batch of at most :data:`PUSH_PER_CALL` counts per call, so the backlog of a long
-outage is spread over the requests that follow it; a push whose reply was lost is retried
-without counting twice. What a process dies holding (Redis
-was down for all of its last requests) is lost: at most :data:`MAX_PENDING` distinct
-(minute, client, tier, endpoint, outcome) counts, beyond which new clients count as
-:data:`OTHER`.
+:func:`flush_pending` too, one batch of at most :data:`PUSH_PER_CALL` counts per call, so the
+backlog of a long outage is spread over the requests that follow it; a push whose reply was
+lost is retried without counting twice. What a process dies holding (Redis was down for all
+of its last requests) is lost: at most :data:`MAX_PENDING` distinct (minute, client, tier,
+endpoint, outcome) counts, beyond which new clients count as :data:`OTHER`.
 
 Reports and the rollup to the database live in :mod:`django_throttle.usage.reports`.
 """
@@ -38,7 +40,7 @@ from typing import Any
 
 from django_throttle.backends import BackendError, get_backend
 from django_throttle.backends.breaker import get_breaker
-from django_throttle.backends.usage_base import LETTERS, PendingCount, UsageStore
+from django_throttle.backends.usage_base import LETTERS, PendingCount, Tally, UsageStore
 from django_throttle.conf import app_settings
 
 logger = logging.getLogger("django_throttle.usage")
@@ -78,9 +80,29 @@ OTHER = "(other)"
 #: backlog; the rest follows on the next requests.
 PUSH_PER_CALL = 200
 
-#: Truthy while counts wait to be pushed: ``core`` checks it after every successful backend
-#: call, so the healthy path pays one truthiness test.
-pending: set[str] = set()
+
+class _Pending:
+    """Truthy when :func:`flush_pending` has work: counts kept while the backend was down,
+    or the backend's own tally once :data:`~.usage_base.PUSH_EVERY` has passed since its last
+    push. ``core`` tests it after every successful backend call."""
+
+    def __init__(self) -> None:
+        self.flags: set[str] = set()
+
+    def __bool__(self) -> bool:
+        if self.flags:
+            return True
+        tally = getattr(get_backend(), "usage_tally", None)
+        return isinstance(tally, Tally) and tally.due()
+
+    def add(self, flag: str) -> None:
+        self.flags.add(flag)
+
+    def clear(self) -> None:
+        self.flags.clear()
+
+
+pending = _Pending()
 _counts: dict[tuple[int, str, str, str], int] = {}
 _unsent: list[tuple[str, list[PendingCount]]] = []  # (batch id, counts) whose push failed
 _lock = threading.Lock()
@@ -173,12 +195,24 @@ def record_degraded(field: str | None, client: str, outcome: str) -> None:
 
 
 def flush_pending() -> None:
-    """Push one batch of at most :data:`PUSH_PER_CALL` of the counts :func:`record_degraded`
-    kept into the backend, through the circuit breaker, in one pipeline; what is left stays
-    :data:`pending` for the next call (the next request), so no request carries an outage's
-    whole backlog. A batch whose push failed is retried first, whole and under its own id (a
-    retry after a lost reply is a no-op). Never raises: on failure the batch stays for the
-    next call."""
+    """Push the backend's tally of decisions when a push is due (at most once per
+    :data:`~.usage_base.PUSH_EVERY`), and one batch of at most :data:`PUSH_PER_CALL` of the
+    counts :func:`record_degraded` kept, each through the circuit breaker in one pipeline;
+    what is left stays :data:`pending` for the next call (the next request), so no request
+    carries an outage's whole backlog. A batch whose push failed is retried first, whole and
+    under its own id (a retry after a lost reply is a no-op). Never raises: on failure the
+    counts stay for the next call."""
+    backend = get_backend()
+    tally = getattr(backend, "usage_tally", None)
+    if isinstance(tally, Tally) and tally.due():
+        try:
+            get_breaker().call(_push_store(backend).push_tally, tally)
+        except (BackendError, UsageUnavailable) as exc:
+            logger.debug("Usage push failed, kept for the next try: %s", exc)
+    _flush_degraded()
+
+
+def _flush_degraded() -> None:
     with _lock:
         if _owner != os.getpid():  # forked: the counts are the parent's to push
             _forget()

@@ -1,30 +1,26 @@
--- Check and consume every limit of one request atomically, all-or-nothing, and count the
--- outcome for the usage report in the same step.
+-- Check and consume every limit of one request atomically, all-or-nothing. Usage is counted
+-- in the calling process, never here (see usage_push.lua).
 --
--- KEYS[i]  counter of limit i (i = 1 .. #ARGV - 1); all keys of one call share one hash tag
---          "<prefix>:{<shard>}", so they live in one Redis Cluster slot with that shard's
---          usage counters
--- KEYS[n + 1 .. n + 6]  with a usage field only (n limits): the usage keys of that shard tag
---          for the caller's minute m, "<tag>u<m>", "<tag>ta<m>", "<tag>td<m>", "<tag>ts<m>",
---          "<tag>k" and "<tag>l" (see usage.lua): every key the script touches is declared
--- ARGV[1]  "<op>[\n<usage field>\n<client>]", one argument to save bytes on the wire:
---          op is "<cost>" to consume (a whole number in [0, 1e9], clamped per limit to its
---          capacity; empty means 1) or "p[<cost>]" to only look: decide as that cost would
---          (none: 0) and write nothing, count nothing; with "@<now>" appended (whole
---          microseconds) in tests to replace the server clock; the usage field (see usage.lua; none: nothing is
---          counted; starting with byte 1: counted only when denied) and the client label
---          ("user:42") are at most 512 and 200 bytes (the field's byte 1 not counted)
--- ARGV[1 + i]  limit i's spec "<code>[!]<capacity>:<parameters>", see limit_spec in the
---          prelude and the algorithm files
--- Reply: one string "<code> <remaining> <reset>[ <retry>| @<now>]", short because it crosses
---        the wire on every request: code = status + 4 x index, status 1 allowed or 0 denied, plus 2
---        when a shadow limit would have denied, index the reported limit (1-based; 0 when no
---        enforced limit was passed); remaining tokens; reset and retry in microseconds (ceil;
---        retry only when denied); an allowed hit (not a peek) with a limit whose refund
---        depends on when it was taken (sliding log, windows, calendar quota: STAMPED) ends
---        with " @<now in base 36>", the microsecond its tokens were taken at, which
---        refund.lua takes to give back exactly what this hit took (buckets and GCRA give
---        back the same whenever: their replies stay short). Or an error naming the first bad argument, with nothing written.
+-- KEYS[i]    counter of limit i (i = 1 .. n, n = #KEYS); all keys of one call share one hash
+--            tag "<prefix>:{<shard>}", so they live in one Redis Cluster slot
+-- ARGV[1]    cost: whole tokens in [0, 1e9], clamped per limit to its capacity
+-- ARGV[2]    "1" to only look (decide as that cost would, write nothing), "0" to consume
+-- ARGV[3]    now in whole microseconds since the Unix epoch (tests), or "" for the server's
+--            TIME
+-- ARGV[3+i]  limit i's spec "<code>[!]<capacity>:<parameters>", see limit_spec in the
+--            prelude and the algorithm files
+-- Reply: an array of seven integers
+--   1 allowed        1 or 0
+--   2 index          the reported limit (1-based; 0 when no enforced limit was passed)
+--   3 remaining      whole tokens left in it
+--   4 reset_us       microseconds until it is full again (rounded up)
+--   5 retry_us       microseconds until the same request would be allowed (0 when allowed)
+--   6 shadow_denied  1 when a shadow limit would have denied, else 0
+--   7 taken_us       for an allowed hit (not a peek) with a limit whose refund depends on when
+--                    it was taken (sliding log, windows, calendar quota: STAMPED), the
+--                    microsecond its tokens were taken at, which refund.lua takes to give back
+--                    exactly what this hit took; else 0
+-- Or an error naming the first bad argument, with nothing written.
 -- Every argument is validated before anything is read or written. Enforced limits are
 -- all-or-nothing: nothing is written unless every one allows. A shadow limit that would deny
 -- is reported and left unchanged; the others are consumed with the enforced ones. The
@@ -33,41 +29,26 @@
 -- Each algorithm decides on what it read; the writes follow only when every enforced limit
 -- allowed, so a denial writes nothing. Every write sets a TTL equal to the time until the
 -- state stops mattering (the limit is whole again), at most 3660 days.
-local n = #ARGV - 1
-local head, field, client = string.match(ARGV[1] or '', '^([^\n]*)\n?([^\n]*)\n?(.*)$')
-if #KEYS ~= n + (field ~= '' and USAGE_KEYS or 0) then
-  return fail('expected ' .. n .. ' keys for ' .. n .. ' limits'
-    .. (field ~= '' and (' and ' .. USAGE_KEYS .. ' usage keys') or '') .. ', got ' .. #KEYS)
+local n = #KEYS
+if #ARGV ~= 3 + n then
+  return fail('expected ' .. (3 + n) .. ' arguments for ' .. n .. ' keys, got ' .. #ARGV)
 end
-local op, when = string.match(head, '^([^@]*)@?(.*)$')
-local now, err = clock(when, 1)
+local cost = whole(ARGV[1], 0, MAX_COUNT)
+if cost == nil then
+  return fail('ARGV[1] cost must be a whole number in [0, ' .. MAX_COUNT .. '], not '
+    .. ARGV[1])
+end
+if ARGV[2] ~= '0' and ARGV[2] ~= '1' then
+  return fail("ARGV[2] peek must be '0' or '1', not " .. ARGV[2])
+end
+local peek = ARGV[2] == '1'
+local now, err = clock(ARGV[3], 3)
 if err then return err end
-local peek_cost = string.match(op, '^p(.*)$')
-local peek = peek_cost ~= nil
-local cost = 0
-if op == '' then
-  cost = 1
-elseif not peek or peek_cost ~= '' then
-  cost = whole(peek_cost or op, 0, MAX_COUNT)
-  if cost == nil then
-    return fail("ARGV[1] must be 'p' or a cost: a whole number in [0, " .. MAX_COUNT
-      .. "] ('p<cost>' peeks at that cost), not " .. ARGV[1])
-  end
-end
--- A field starting with byte 1 is counted only if the request is denied: the first calls of
--- a request counted in several calls (limits by IP address or username), whose outcome the
--- last call counts unless an earlier one denies. The bound is on the field without it.
-local only_denials = string.byte(field, 1) == 1
-if only_denials then field = string.sub(field, 2) end
-if #field > 512 or #client > 200 then
-  return fail('ARGV[1] usage field and client must be at most 512 and 200 bytes')
-end
-
 local algorithms, params, shadows = {}, {}, {}
 -- Whether a limit's refund depends on when the hit was made (see the reply).
 local stamped = false
 for i = 1, n do
-  local algorithm, p, shadow, bad = limit_spec(1 + i, now)
+  local algorithm, p, shadow, bad = limit_spec(3 + i, now)
   if bad then return bad end
   algorithms[i], params[i], shadows[i] = algorithm, p, shadow
   if STAMPED[p.code] then stamped = true end
@@ -87,7 +68,7 @@ for i = 1, n do
       pick, pick_remaining, pick_reset = i, remaining, reset
     end
   elseif shadow then
-    shadow_denied = 2
+    shadow_denied = 1
   else
     if allowed or retry > pick_retry then
       pick, pick_remaining, pick_reset, pick_retry = i, remaining, reset, retry
@@ -104,17 +85,7 @@ if allowed and not peek then
   end
 end
 if allowed then pick_retry = 0 end
-if not peek and field ~= '' and n > 0 and not (only_denials and allowed) then
-  local outcome = 'd'
-  if allowed then outcome = shadow_denied == 2 and 's' or 'a' end
-  count_usage(n, now, field, client, outcome)
-end
-local code = (allowed and 1 or 0) + shadow_denied + 4 * pick
-if allowed and not peek and stamped then
-  return string.format('%d %d %d @%s', code, pick_remaining or 0, math.ceil(pick_reset),
-    to36(now))
-elseif allowed then
-  return string.format('%d %d %d', code, pick_remaining or 0, math.ceil(pick_reset))
-end
-return string.format('%d %d %d %d', code, pick_remaining or 0, math.ceil(pick_reset),
-  math.ceil(pick_retry))
+local taken = 0
+if allowed and not peek and stamped then taken = now end
+return {allowed and 1 or 0, pick, math.floor(pick_remaining or 0), math.ceil(pick_reset),
+  math.ceil(pick_retry), shadow_denied, taken}

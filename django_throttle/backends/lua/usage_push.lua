@@ -1,5 +1,5 @@
--- Add counts a process kept while Redis could not answer (failed open, failed closed, local
--- decisions) to the minutes they happened in, at most once per batch. Loaded after usage.lua.
+-- Add counts a process kept (every decision it made, and those made while Redis could not
+-- answer) to the minutes they happened in, at most once per batch. Loaded after usage.lua.
 --
 -- KEYS[1]  the batch's mark "<tag>p<batch id>" (tag: a shard tag such as "dt:{3}", whose hash
 --          tag names the shard's slot; every key below shares it): set when the batch is
@@ -10,26 +10,29 @@
 --          last pushed to), so the rollup copies them again even if it had already passed
 --          them; minutes last pushed to more than USAGE_TTL ago (their counts have expired)
 --          are trimmed on every push, so it holds at most the minutes of the last USAGE_TTL
--- KEYS[1 + 2i], KEYS[2 + 2i]  count i's totals hash "<tag>u<minute>" and top list
+-- KEYS[3]  "<tag>k", the API keys' last use (see usage.lua)
+-- KEYS[2 + 2i], KEYS[3 + 2i]  count i's totals hash "<tag>u<minute>" and top list
 --          "<tag>t<outcome letter><minute>" (see usage.lua)
--- ARGV[5(i-1) + 1 ..]  per count: minute (since the Unix epoch), usage field, client label,
---          outcome letter, requests (a whole number >= 1)
+-- ARGV[6(i-1) + 1 ..]  per count: minute (whole minutes since the Unix epoch), usage field,
+--          client label, outcome letter, requests (a whole number >= 1), and the last second
+--          (Unix) an API key client ("key:<prefix>") was used, or 0
 -- Reply: 1 when applied, 0 when skipped as a repeat; an error (nothing written) when the keys
 --        and counts do not match.
-if #KEYS ~= 2 + 2 * (#ARGV / 5) or #ARGV % 5 ~= 0 then
-  return redis.error_reply('django_throttle: expected 2 + 2 keys per count and 5 arguments '
+if #KEYS ~= 3 + 2 * (#ARGV / 6) or #ARGV % 6 ~= 0 then
+  return redis.error_reply('django_throttle: expected 3 + 2 keys per count and 6 arguments '
     .. 'per count, got ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
 end
 if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', USAGE_TTL) then return 0 end
 local late = KEYS[2]
 local seen = {}
-for i = 1, #ARGV / 5 do
-  local at = 5 * (i - 1)
+for i = 1, #ARGV / 6 do
+  local at = 6 * (i - 1)
   local minute, n = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 5])
   if minute and n and n >= 1 and minute >= 0 then
     minute = math.floor(minute)
-    count_into(KEYS[1 + 2 * i], KEYS[2 + 2 * i], nil, minute * 60000000, ARGV[at + 2],
-      ARGV[at + 3], ARGV[at + 4], math.floor(n))
+    local second = tonumber(ARGV[at + 6]) or 0
+    count_into(KEYS[2 + 2 * i], KEYS[3 + 2 * i], second > 0 and KEYS[3] or nil,
+      second * 1000000, ARGV[at + 2], ARGV[at + 3], ARGV[at + 4], math.floor(n))
     seen[minute] = true
   end
 end
