@@ -46,8 +46,8 @@ def addresses(count: int, start: int = 0) -> Iterator[str]:
 
 
 def _replies(sock: socket.socket, count: int, buffer: bytes) -> tuple[int, bytes]:
-    """Read ``count`` bulk-string replies of the counting script; return how many allowed
-    (status bit 1 of the code, see ``driver.lua``) and the bytes read past them."""
+    """Read ``count`` array replies of the counting script (see ``driver.lua``'s header: the
+    first element is 1 when allowed); return how many allowed and the bytes read past them."""
     allowed = seen = pos = 0
     while seen < count:
         end = buffer.find(b"\r\n", pos)
@@ -55,17 +55,31 @@ def _replies(sock: socket.socket, count: int, buffer: bytes) -> tuple[int, bytes
             buffer = buffer[pos:] + sock.recv(RECV_SIZE)
             pos = 0
             continue
-        if buffer[pos : pos + 1] != b"$":
+        if buffer[pos : pos + 1] != b"*":
             raise RuntimeError(f"unexpected reply {buffer[pos : pos + 200]!r}")
         size = int(buffer[pos + 1 : end])
-        stop = end + 2 + size + 2
-        while len(buffer) < stop:
-            buffer += sock.recv(RECV_SIZE)
-        code = int(buffer[end + 2 : buffer.index(b" ", end + 2)])
-        allowed += code & 1
+        # Every element is an integer, ":<n>\r\n": the reply ends after ``size`` more lines.
+        stop, lines = end + 2, 0
+        while lines < size:
+            found = buffer.find(b"\r\n", stop)
+            if found < 0:
+                buffer += sock.recv(RECV_SIZE)
+                continue
+            if lines == 0:
+                allowed += buffer[stop : stop + 2] == b":1"
+            stop, lines = found + 2, lines + 1
         seen += 1
         pos = stop
     return allowed, buffer[pos:]
+
+
+def command(call: Any) -> bytes:
+    """The RESP bytes of ``call`` (a ``ScriptCall``) as one ``EVALSHA``."""
+    parts = [b"EVALSHA", call.sha.encode(), b"%d" % len(call.keys), *call.keys, *call.args]
+    encoded = [part if isinstance(part, bytes) else str(part).encode() for part in parts]
+    return b"*%d\r\n" % len(encoded) + b"".join(
+        b"$%d\r\n%s\r\n" % (len(part), part) for part in encoded
+    )
 
 
 def flood(
@@ -90,7 +104,7 @@ def flood(
     started = time.perf_counter()
     try:
         for client in clients:
-            pending.append(backend._request(client, limits, 1, None, field)[1])
+            pending.append(command(backend._request(client, limits, 1, None, field)))
             if len(pending) >= batch:
                 sock.sendall(b"".join(pending))
                 n, buffer = _replies(sock, len(pending), buffer)

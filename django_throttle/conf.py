@@ -22,8 +22,6 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from django.conf import settings
 
-__all__ = ["CLUSTER_SCHEMES", "ProxyTrust", "Settings", "app_settings", "is_cluster_url"]
-
 PREFIX = "DJANGO_THROTTLE_"
 T = TypeVar("T")
 

@@ -37,12 +37,7 @@ PACKAGE = Path(django_throttle.__file__).resolve().parent
 # Modules being rewritten or removed by issue 31's transport and settings work: their
 # ``__all__`` goes with that rewrite. Do not add to this set.
 PENDING = {
-    "django_throttle.conf",
-    "django_throttle.backends.redis_async",
-    "django_throttle.backends.redis_cluster",
     "django_throttle.backends.redis_single",
-    "django_throttle.backends.wire",
-    "django_throttle.backends.frames",
 }
 
 DIRECTIVE = re.compile(

@@ -53,7 +53,7 @@ from django_throttle.backends.frames import (
 )
 from django_throttle.backends.redis_acl import glob_escape
 from django_throttle.backends.redis_clients import build_client, client_for, client_options
-from django_throttle.backends.redis_cluster import ClusterRoute, PrimaryHealth, is_cluster_url
+from django_throttle.backends.redis_cluster import ClusterRoute, PrimaryHealth
 from django_throttle.backends.redis_shard_tags import number_tags, spread_tags
 from django_throttle.backends.redis_single import OneServer
 from django_throttle.backends.scripts import (
@@ -67,7 +67,7 @@ from django_throttle.backends.scripts import (
     load_script,
 )
 from django_throttle.backends.usage_base import Tally
-from django_throttle.conf import app_settings
+from django_throttle.conf import app_settings, is_cluster_url
 from django_throttle.rates import Decision, Limit
 
 __all__ = ["RedisBackend"]

@@ -39,9 +39,6 @@ from django_throttle.backends.redis_cluster_scripts import by_slot, evalsha_acro
 from django_throttle.backends.redis_cluster_url import no_cluster_retries
 from django_throttle.backends.redis_single import PerLoop, arun_script, async_options, run_script
 from django_throttle.backends.scripts import Call, call_backend
-from django_throttle.conf import is_cluster_url
-
-__all__ = ["ClusterRoute", "PrimaryHealth", "is_cluster_url"]
 
 #: What a failed ``RedisCluster`` start says: no seed node answered, or the one asked for the
 #: command table did not (redis-py asks the primary serving slot 0).
