@@ -7,6 +7,12 @@ not run) is answered with ``EVAL`` of the source. Nothing else is ever sent twic
 have retries off (a call that timed out may already have counted), and redis-py disconnects a
 connection whose reply was lost, so no late reply answers the next call.
 
+A thread counting on one server holds one connection of the client's bounded pool for its
+life (:class:`ThreadClients`: a ``redis.Redis`` with ``single_connection_client=True`` over
+that pool), so a decision skips the pool's checkout and return; at most half the pool is held
+so, the rest serving every other thread and command. A thread's connection goes back to the
+pool when the thread ends; a forked child drops its parent's and opens its own.
+
 ``async def`` views use a ``redis.asyncio.Redis`` per running event loop (connections belong to
 the loop that opened them), built from the sync client's pool options: the same server,
 credentials, TLS and timeouts, retries off; for a Sentinel-managed primary, a
@@ -17,8 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import os
+import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
@@ -186,14 +194,88 @@ class PerLoop:
         return client, closer
 
 
+#: Every :class:`ThreadClients` of this process, for a forked child to empty.
+_THREAD_CLIENTS: weakref.WeakSet[ThreadClients] = weakref.WeakSet()
+
+
+@functools.cache
+def _drop_after_fork() -> None:
+    """Have a forked child forget the connections its parent's threads hold (once per
+    process: the registration is inherited by the children)."""
+
+    def forget() -> None:
+        for clients in list(_THREAD_CLIENTS):
+            clients.forget()
+
+    os.register_at_fork(after_in_child=forget)
+
+
+class ThreadClients:
+    """One ``redis.Redis`` per thread over ``client``'s pool, each holding one of its
+    connections (``single_connection_client=True``) so a call skips the pool's checkout.
+
+    At most half the pool's ``max_connections`` are held so (:meth:`get` answers ``client``
+    itself to the threads beyond): the rest serve the other threads and every other command
+    (usage pushes, the admin's reads), and the pool keeps bounding the connections. A thread's
+    client, and so its connection, goes back to the pool when the thread ends (redis-py's
+    ``Redis.close``). A failed call leaves the connection as redis-py does on any client: a
+    timed-out or broken one disconnected, to reconnect on the next call. A forked child starts
+    with none (:meth:`forget`)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        most = getattr(client.connection_pool, "max_connections", None)
+        self.most = most // 2 if isinstance(most, int) else 0
+        self.forget()
+        _THREAD_CLIENTS.add(self)
+        _drop_after_fork()
+
+    def forget(self) -> None:
+        """Start afresh: no thread holds a connection (a forked child's parent's are not its
+        own; redis-py disconnects them as they are dropped)."""
+        self.mine = threading.local()
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        """This thread's client, made on its first call; ``client`` itself once half the pool
+        is held. Raise what redis-py raises when no connection can be had (pool exhausted,
+        server down): the call fails as it would through the pool, and the next one tries
+        again."""
+        with self._lock:
+            if self.held >= self.most:
+                self.mine.client = self.client  # for this thread's life: the pool is shared
+                return self.client
+            self.held += 1
+        try:
+            own = redis.Redis(
+                connection_pool=self.client.connection_pool, single_connection_client=True
+            )
+        except BaseException:
+            self._released(self._lock)
+            raise
+        # Collected with its thread's locals: redis-py's Redis.__del__ releases the connection.
+        weakref.finalize(own, self._released, self._lock)
+        self.mine.client = own
+        return own
+
+    def _released(self, lock: threading.Lock) -> None:
+        if lock is not self._lock:  # a client made before :meth:`forget` (in a forked child,
+            return  # that lock may be held by a thread that does not exist here)
+        with lock:
+            self.held -= 1
+
+
 class OneServer:
     """The route of counting calls to one server (or a Sentinel-managed primary): every
     shard is on it. ``sender`` is the backend class :data:`~django_throttle.events.script_loaded`
-    names."""
+    names. A sync call goes through the calling thread's own connection
+    (:class:`ThreadClients`) when ``client`` is a plain ``redis.Redis``."""
 
     def __init__(self, client: redis.Redis, sender: type | None = None) -> None:
         self.client: Any = client
         self.sender = sender
+        self._threads = ThreadClients(client) if type(client) is redis.Redis else None
         make_pool = async_pool_factory(client.connection_pool)
 
         async def make() -> Any:
@@ -202,7 +284,16 @@ class OneServer:
         self._async = PerLoop(make)
 
     def call(self, call: ScriptCall) -> Any:
-        return run_script(self.client, call, self.sender)
+        threads = self._threads
+        if threads is None:
+            return run_script(self.client, call, self.sender)
+        client = getattr(threads.mine, "client", None)
+        if client is None:
+            try:
+                client = threads.get()
+            except Exception as exc:
+                raise failure(exc) from exc
+        return run_script(client, call, self.sender)
 
     async def acall(self, call: ScriptCall) -> Any:
         try:
@@ -231,3 +322,5 @@ class OneServer:
         """Close the client's connections (only if the backend made the client)."""
         if client_too:
             self.client.connection_pool.disconnect()
+        if self._threads is not None:
+            self._threads.forget()
