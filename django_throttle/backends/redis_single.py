@@ -226,7 +226,7 @@ def run_on(connection: Any, call: ScriptCall, sender: type | None = None) -> Any
     read by the connection's own ``send_command`` and ``read_response`` (what the client's
     command path does, without its per-command pool checkout). An error reply leaves the
     connection as it is; any other failure disconnects it (a timed-out call's late reply
-    must never answer the next one), and it reconnects on the next call."""
+    must never answer the next one)."""
     try:
         try:
             connection.send_command("EVALSHA", call.sha, len(call.keys), *call.keys, *call.args)
@@ -252,7 +252,8 @@ class _Held:
 
 class ThreadConnections:
     """One connection of ``pool`` held by each counting thread for its life, so a call skips
-    the pool's checkout and return (:func:`run_on`).
+    the pool's checkout and return (:func:`run_on`); after a failed call it goes back to the
+    pool (:meth:`drop`), so reconnecting is the pool's business, as for any client.
 
     At most half the pool's ``max_connections`` are held so (:meth:`get` answers ``None`` to
     the threads beyond, which count through the client and its pool): the rest serve the
@@ -295,9 +296,19 @@ class ThreadConnections:
                 self.held -= 1
             raise
         mine.held = held = _Held()
-        weakref.finalize(held, self._released, self._lock, connection)
+        mine.release = weakref.finalize(held, self._released, self._lock, connection)
         mine.connection = connection
         return connection
+
+    def drop(self) -> None:
+        """Give this thread's connection back to the pool after a failed call: the next call
+        takes one from the pool, whose checkout connects it as the client would (to the
+        primary the sentinels name now, after a failover)."""
+        mine = self.mine
+        mine.connection = None
+        release = getattr(mine, "release", None)
+        if release is not None:
+            release()
 
     def _released(self, lock: threading.Lock, connection: Any) -> None:
         """A thread holding ``connection`` ended (or :meth:`forget` dropped it)."""
@@ -342,7 +353,11 @@ class OneServer:
                 except Exception as exc:
                     raise failure(exc) from exc
             if connection:
-                return run_on(connection, call, self.sender)
+                try:
+                    return run_on(connection, call, self.sender)
+                except BaseException:
+                    threads.drop()  # the next call takes one as the pool hands it out
+                    raise
         return run_script(self.client, call, self.sender)
 
     async def acall(self, call: ScriptCall) -> Any:
