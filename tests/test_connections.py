@@ -1,6 +1,7 @@
-"""The counting call's connections: taken from the client's pool, always given back, never
-reused with a reply pending, sync and async alike (django_throttle/backends/wire.py and
-redis_async.py). Real redis-servers; faults through :class:`tests.faultproxy.FaultProxy`."""
+"""The counting call's connections: taken from the client's pool (a thread keeps one while it
+lives, at most half the pool: django_throttle/backends/redis_single.py), always given back,
+never reused with a reply pending, sync and async alike. Real redis-servers; faults through
+:class:`tests.faultproxy.FaultProxy`."""
 
 from __future__ import annotations
 
