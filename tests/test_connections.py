@@ -1,6 +1,7 @@
-"""The counting call's connections: taken from the client's pool, always given back, never
-reused with a reply pending, sync and async alike (django_throttle/backends/wire.py and
-redis_async.py). Real redis-servers; faults through :class:`tests.faultproxy.FaultProxy`."""
+"""The counting call's connections: taken from the client's pool (a thread keeps one while it
+lives, at most half the pool: django_throttle/backends/redis_single.py), always given back,
+never reused with a reply pending, sync and async alike. Real redis-servers; faults through
+:class:`tests.faultproxy.FaultProxy`."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from django_throttle.backends.base import BackendError
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.rates import Limit
 from tests.faultproxy import FaultProxy
-from tests.redis_servers import RedisServer
+from tests.redis_servers import RedisServer, connection_getter
 
 #: Slow to refill (one token per 86 s): counts stay exact for the length of a test.
 CAPACITY = 1000
@@ -169,3 +170,60 @@ def test_timed_out_async_calls_leave_nothing_for_asyncio_to_log(
         gc.collect()
     assert reported == []
     assert [record.getMessage() for record in caplog.records if record.name == "asyncio"] == []
+
+
+def in_thread(action: Any) -> Any:
+    """``action()`` run in a thread of its own, which ends before this returns."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(action())
+        except BaseException as exc:  # returned, for the caller to assert on
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join(timeout=30)
+    return outcome[0]
+
+
+def test_a_thread_holds_a_connection_of_the_pool_until_it_ends(
+    settings: Any, redis_url: str
+) -> None:
+    """A counting thread keeps one connection of the bounded pool for its life (so a decision
+    skips the pool's checkout), at most half the pool is held so, and the connection goes
+    back to the pool when the thread ends: the pool still bounds every connection."""
+    backend = small_pool_backend(settings, redis_url)
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {
+        **settings.DJANGO_THROTTLE_REDIS_OPTIONS,
+        "max_connections": 2,
+        "timeout": 0.05,
+    }
+    backend = get_backend()
+    pool = backend.client.connection_pool
+    holding, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        backend.hit("thread", LIMITS)  # this thread's own connection, one of the two
+        holding.set()
+        release.wait(timeout=30)
+
+    first = threading.Thread(target=holder)
+    first.start()
+    assert holding.wait(timeout=30)
+    # Half the pool is held: another thread counts through the pool's other connection.
+    assert in_thread(lambda: backend.hit("thread", LIMITS).remaining) == CAPACITY - 2
+    held = connection_getter(pool)()  # now every connection is in use
+    try:
+        failed = in_thread(lambda: backend.hit("thread", LIMITS))
+        assert isinstance(failed, BackendError)
+        assert "no connection available" in str(failed).lower()
+        release.set()
+        first.join(timeout=30)
+        gc.collect()
+        # The ended thread's connection is back in the pool: a new thread counts on it.
+        assert in_thread(lambda: backend.hit("thread", LIMITS).remaining) == CAPACITY - 3
+    finally:
+        release.set()
+        pool.release(held)

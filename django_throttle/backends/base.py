@@ -16,7 +16,7 @@ import hashlib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from django_throttle.rates import WINDOW_ALGORITHMS, Algorithm, Decision, InvalidRate, Limit, Rate
 
@@ -25,7 +25,7 @@ __all__ = ["ArgumentRefused", "Backend", "BackendError", "NodeUnavailable"]
 #: Bytes of a client digest (96 bits: no two of a billion clients share one in practice).
 DIGEST_SIZE = 12
 
-#: Limit lists a :class:`LimitsCache` keeps before it starts afresh.
+#: Limit lists a backend keeps encoded (``frames.Calls``) before it starts afresh.
 CACHED_LISTS = 4096
 
 T = TypeVar("T")
@@ -207,42 +207,6 @@ class Backend(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the instance is not used afterwards."""
-
-
-class LimitsCache(Generic[T]):
-    """What a backend works out once per limit list (framed specs, compiled algorithms),
-    found again for any list of the same limits.
-
-    Keyed by the limits a list holds, not by the list: the request path builds a new tuple
-    per request for the counters by IP address and username, from the same :class:`Limit`
-    objects of the policy snapshot, and each must find the entry its first one made. The
-    first lookup is by the ids of the limits (an entry holds its limits, so those ids cannot
-    be reused while it lives); a list of new but equal limits is found by value (hashing
-    them: about a microsecond per limit). At most :data:`CACHED_LISTS` lists are kept
-    (policy reloads leave old limits behind): memory stays bounded whatever clients send.
-    Thread-safe (single dict operations).
-    """
-
-    def __init__(self) -> None:
-        self._by_ids: dict[tuple[int, ...], tuple[tuple[Limit, ...], T]] = {}
-        self._by_value: dict[tuple[Limit, ...], T] = {}
-
-    def get(self, limits: Limits) -> T | None:
-        """The value stored for these limits, else ``None``."""
-        found = self._by_ids.get(tuple(map(id, limits)))
-        if found is not None:
-            return found[1]
-        # Equal limits, but other objects (built anew for the call): found by value, and not
-        # kept by their ids, which would hold every call's limits until the next clear.
-        return self._by_value.get(tuple(limits))
-
-    def put(self, limits: Limits, value: T) -> None:
-        held = tuple(limits)
-        if len(self._by_ids) >= CACHED_LISTS or len(self._by_value) >= CACHED_LISTS:
-            self._by_ids.clear()
-            self._by_value.clear()
-        self._by_ids[tuple(map(id, held))] = (held, value)
-        self._by_value[held] = value
 
 
 def client_digest(client: str) -> bytes:

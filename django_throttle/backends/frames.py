@@ -18,10 +18,9 @@ from typing import Any
 
 from django_throttle.backends.base import (
     ALGORITHM_CODES,
+    CACHED_LISTS,
     DIGEST_SIZE,
     Limits,
-    LimitsCache,
-    decision_from,
     per_shard,
 )
 from django_throttle.backends.scripts import failure
@@ -104,10 +103,34 @@ class Encoded:
     shared: tuple[bool, ...] = ()
 
 
+class EncodedCache:
+    """Limit lists' encodings, found by the limits a list holds, not by the list: the request
+    path builds a new tuple per request for the counters by IP address and username, from
+    the same :class:`Limit` objects of the policy snapshot, and each finds the entry its
+    first one made (:meth:`Calls.encoded` looks up, in line).
+
+    The first lookup is by the ids of the limits (an entry holds its limits, so those ids
+    cannot be reused while it lives); a list of new but equal limits is found by value. At
+    most :data:`~.base.CACHED_LISTS` lists are kept (policy reloads leave old limits behind):
+    memory stays bounded whatever clients send. Thread-safe (single dict operations).
+    """
+
+    def __init__(self) -> None:
+        self.by_ids: dict[tuple[int, ...], tuple[tuple[Limit, ...], Encoded]] = {}
+        self.by_value: dict[tuple[Limit, ...], Encoded] = {}
+
+    def put(self, limits: Sequence[Limit], value: Encoded) -> None:
+        held = tuple(limits)
+        if len(self.by_ids) >= CACHED_LISTS or len(self.by_value) >= CACHED_LISTS:
+            self.by_ids.clear()
+            self.by_value.clear()
+        self.by_ids[tuple(map(id, held))] = (held, value)
+        self.by_value[held] = value
+
+
 class Calls:
     """Builds the calls of one script; limit lists are encoded once and cached by the limits
-    they hold (:class:`~.base.LimitsCache`: a list built per request from the policy's limits
-    finds its entry).
+    they hold (:class:`EncodedCache`).
 
     ``source_for(codes)`` gives the script's source defining just the algorithms of those
     spec codes: each distinct mix of algorithms is its own script (its own digest), and most
@@ -126,7 +149,7 @@ class Calls:
         #: This process's reading of the server's clock (Unix seconds): what places a calendar
         #: quota's windows before the script reads TIME.
         self.clock = clock
-        self._cache: LimitsCache[Encoded] = LimitsCache()
+        self._cache = EncodedCache()
         self._scripts: dict[frozenset[str], tuple[str, str]] = {}
 
     def script(self, limits: Sequence[Limit]) -> tuple[str, str]:
@@ -142,14 +165,18 @@ class Calls:
         """The list's encoding, cached. One with calendar quotas is made again once its
         window has passed, and for a test's ``now_us`` (then not cached: real time keeps its
         own)."""
-        found = self._cache.get(limits)
+        cache = self._cache
+        by_ids = cache.by_ids.get(tuple(map(id, limits)))
+        # Equal limits, but other objects (built anew for the call): found by value, and not
+        # kept by their ids, which would hold every call's limits until the next clear.
+        found = by_ids[1] if by_ids is not None else cache.by_value.get(tuple(limits))
         if found is not None and (
             found.valid_until is FOREVER or (now_us is None and self.clock() < found.valid_until)
         ):
             return found
         encoded = self._encode(limits, now_us)
         if now_us is None or encoded.valid_until is FOREVER:
-            self._cache.put(limits, encoded)
+            cache.put(limits, encoded)
         return encoded
 
     def _encode(self, limits: Sequence[Limit], now_us: int | None) -> Encoded:
@@ -186,7 +213,7 @@ class Calls:
                 (shard if shared else tag) + suffix
                 for suffix, shared in zip(encoded.suffixes, encoded.shared, strict=True)
             ]
-        return [tag + suffix for suffix in encoded.suffixes]
+        return list(map(tag.__add__, encoded.suffixes))
 
 
 def decision_of(client: str, limits: Limits, reply: Any) -> Decision:
@@ -201,7 +228,19 @@ def decision_of(client: str, limits: Limits, reply: Any) -> Decision:
             raise ValueError(f"unexpected reply {reply!r}")
     except Exception as exc:
         raise failure(exc) from exc
-    taken = ((client, taken_us),) if taken_us else ()
-    return decision_from(
-        limits, allowed == 1, index - 1, remaining, reset_us, retry_us, shadow == 1, taken
+    # Positional, in Decision's field order (as base.decision_from): index 0 when no enforced
+    # limit was passed, so nothing is reported.
+    return Decision(
+        allowed == 1,
+        limits[index - 1] if index else None,
+        remaining,
+        reset_us / 1e6,
+        retry_us / 1e6,
+        tuple(limits),
+        shadow == 1,
+        False,
+        False,
+        False,
+        False,
+        ((client, taken_us),) if taken_us else (),
     )

@@ -7,6 +7,13 @@ not run) is answered with ``EVAL`` of the source. Nothing else is ever sent twic
 have retries off (a call that timed out may already have counted), and redis-py disconnects a
 connection whose reply was lost, so no late reply answers the next call.
 
+A thread counting on one server holds one connection of the client's bounded pool for its
+life (:class:`ThreadConnections`), and sends the script call on it with the connection's own
+``send_command`` and ``read_response``, so a decision skips the pool's checkout and return
+and the client's per-command bookkeeping; at most half the pool is held so, the rest serving
+every other thread and command. A thread's connection goes back to the pool when the thread
+ends; a forked child drops its parent's and opens its own.
+
 ``async def`` views use a ``redis.asyncio.Redis`` per running event loop (connections belong to
 the loop that opened them), built from the sync client's pool options: the same server,
 credentials, TLS and timeouts, retries off; for a Sentinel-managed primary, a
@@ -17,8 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import os
+import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
@@ -30,7 +39,7 @@ from redis.asyncio import sentinel as aio_sentinel
 from redis.asyncio.client import Redis as AsyncRedis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.sentinel import SentinelConnectionPool
 
 from django_throttle import events
@@ -186,14 +195,147 @@ class PerLoop:
         return client, closer
 
 
+#: Every :class:`ThreadConnections` of this process, for a forked child to empty.
+_THREAD_CONNECTIONS: weakref.WeakSet[ThreadConnections] = weakref.WeakSet()
+
+
+@functools.cache
+def _drop_after_fork() -> None:
+    """Have a forked child forget the connections its parent's threads hold (once per
+    process: the registration is inherited by the children)."""
+
+    def forget() -> None:
+        for connections in list(_THREAD_CONNECTIONS):
+            connections.forget()
+
+    os.register_at_fork(after_in_child=forget)
+
+
+def connection_getter(pool: Any) -> Callable[[], Any]:
+    """``pool.get_connection`` as a call without arguments: redis-py 5.3 made the command
+    name optional (and warns when one is passed); before, it was required."""
+    parameters = list(inspect.signature(pool.get_connection).parameters.values())
+    if parameters and parameters[0].default is inspect.Parameter.empty:
+        return partial(pool.get_connection, "EVALSHA")
+    getter: Callable[[], Any] = pool.get_connection
+    return getter
+
+
+def run_on(connection: Any, call: ScriptCall, sender: type | None = None) -> Any:
+    """:func:`run_script` on one connection of a redis-py pool, the command sent and its reply
+    read by the connection's own ``send_command`` and ``read_response`` (what the client's
+    command path does, without its per-command pool checkout). An error reply leaves the
+    connection as it is; any other failure disconnects it (a timed-out call's late reply
+    must never answer the next one)."""
+    try:
+        try:
+            connection.send_command("EVALSHA", call.sha, len(call.keys), *call.keys, *call.args)
+            return connection.read_response()
+        except NoScriptError:
+            if sender is not None:
+                events.send(events.script_loaded, sender)
+            connection.send_command("EVAL", call.source, len(call.keys), *call.keys, *call.args)
+            return connection.read_response()
+    except ResponseError as exc:  # Redis answered: the connection is in step
+        raise failure(exc) from exc
+    except BaseException as exc:
+        connection.disconnect()
+        raise failure(exc) from exc
+
+
+class _Held:
+    """Stands for a thread's hold on a connection, in the thread's locals: collected with
+    them when the thread ends, when the connection goes back to the pool."""
+
+    __slots__ = ("__weakref__",)
+
+
+class ThreadConnections:
+    """One connection of ``pool`` held by each counting thread for its life, so a call skips
+    the pool's checkout and return (:func:`run_on`); after a failed call it goes back to the
+    pool (:meth:`drop`), so reconnecting is the pool's business, as for any client.
+
+    At most half the pool's ``max_connections`` are held so (:meth:`get` answers ``None`` to
+    the threads beyond, which count through the client and its pool): the rest serve the
+    other threads and every other command (usage pushes, the admin's reads), and the pool
+    keeps bounding the connections. A thread's connection goes back to the pool when the
+    thread ends. A forked child starts with none (:meth:`forget`): the parent's sockets are
+    not its own."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        most = getattr(pool, "max_connections", None)
+        self.most = most // 2 if isinstance(most, int) else 0
+        self._get = connection_getter(pool)
+        self.forget()
+        _THREAD_CONNECTIONS.add(self)
+        _drop_after_fork()
+
+    def forget(self) -> None:
+        """Start afresh: no thread holds a connection."""
+        #: ``connection``: this thread's connection; ``False`` when it counts through the pool.
+        self.mine = threading.local()
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        """This thread's connection, taken from the pool on its first call; ``False`` once
+        half the pool is held (for this thread's life: the pool is shared). Raise what the
+        pool raises when no connection can be had (exhausted, server down): the call fails
+        as it would through the client, and the next one tries again."""
+        mine = self.mine
+        with self._lock:
+            if self.held >= self.most:
+                mine.connection = False
+                return False
+            self.held += 1
+        try:
+            connection = self._get()
+        except BaseException:
+            with self._lock:
+                self.held -= 1
+            raise
+        mine.held = held = _Held()
+        mine.release = weakref.finalize(held, self._released, self._lock, connection)
+        mine.connection = connection
+        return connection
+
+    def drop(self) -> None:
+        """Give this thread's connection back to the pool after a failed call: the next call
+        takes one from the pool, whose checkout connects it as the client would (to the
+        primary the sentinels name now, after a failover)."""
+        mine = self.mine
+        mine.connection = None
+        release = getattr(mine, "release", None)
+        if release is not None:
+            release()
+
+    def _released(self, lock: threading.Lock, connection: Any) -> None:
+        """A thread holding ``connection`` ended (or :meth:`forget` dropped it)."""
+        if lock is not self._lock:  # taken before forget(): in a forked child, the parent's
+            with contextlib.suppress(Exception):
+                connection.disconnect()  # closes this process's copy of the socket only
+            return
+        with lock:
+            self.held -= 1
+        with contextlib.suppress(Exception):
+            self.pool.release(connection)
+
+
 class OneServer:
     """The route of counting calls to one server (or a Sentinel-managed primary): every
     shard is on it. ``sender`` is the backend class :data:`~django_throttle.events.script_loaded`
-    names."""
+    names. A sync call goes through the calling thread's own connection
+    (:class:`ThreadConnections`) when ``client`` is a ``redis.Redis`` over a pool."""
 
     def __init__(self, client: redis.Redis, sender: type | None = None) -> None:
         self.client: Any = client
         self.sender = sender
+        self._threads = (
+            ThreadConnections(client.connection_pool)
+            if isinstance(client, redis.Redis) and client.connection is None
+            else None
+        )
         make_pool = async_pool_factory(client.connection_pool)
 
         async def make() -> Any:
@@ -202,6 +344,20 @@ class OneServer:
         self._async = PerLoop(make)
 
     def call(self, call: ScriptCall) -> Any:
+        threads = self._threads
+        if threads is not None:
+            connection = getattr(threads.mine, "connection", None)
+            if connection is None:
+                try:
+                    connection = threads.get()
+                except Exception as exc:
+                    raise failure(exc) from exc
+            if connection:
+                try:
+                    return run_on(connection, call, self.sender)
+                except BaseException:
+                    threads.drop()  # the next call takes one as the pool hands it out
+                    raise
         return run_script(self.client, call, self.sender)
 
     async def acall(self, call: ScriptCall) -> Any:
@@ -231,3 +387,5 @@ class OneServer:
         """Close the client's connections (only if the backend made the client)."""
         if client_too:
             self.client.connection_pool.disconnect()
+        if self._threads is not None:
+            self._threads.forget()

@@ -165,6 +165,10 @@ class Tally:
         self._unsent: list[Batch] = []
         self._next = 0.0
         self._owner = os.getpid()
+        #: Whether a push was due when the last decision was counted (:meth:`add`, on the
+        #: clock it read anyway): what the request path tests after a call, without reading
+        #: the clock again. :meth:`due` says for sure.
+        self.waiting = False
 
     def add(self, field: str, client: str, allowed: bool, shadow: bool, now: float | None) -> None:
         """Count one decision under usage ``field`` (a field starting with :data:`IF_DENIED`
@@ -177,6 +181,7 @@ class Tally:
         letter = ("s" if shadow else "a") if allowed else "d"
         when = self.clock() if now is None else now
         key = (int(when // 60), field, client, letter)
+        self.waiting = when >= self._next
         with self._lock:
             if self._owner != os.getpid():
                 self._forget()
@@ -199,6 +204,7 @@ class Tally:
             if self._owner != os.getpid():
                 self._forget()
             self._next = self.clock() + PUSH_EVERY
+            self.waiting = False
             if self._unsent:
                 return self._unsent.pop(0)
             if not self._counts:
@@ -213,6 +219,7 @@ class Tally:
         none waits, so what is kept stays within twice :data:`MAX_KEPT` counts."""
         with self._lock:
             self._unsent.insert(0, batch)
+            self.waiting = True
 
     def _forget(self) -> None:
         self._counts, self._seen, self._unsent = {}, {}, []

@@ -83,8 +83,9 @@ PUSH_PER_CALL = 200
 
 class _Pending:
     """Truthy when :func:`flush_pending` has work: counts kept while the backend was down,
-    or the backend's own tally once :data:`~.usage_base.PUSH_EVERY` has passed since its last
-    push. ``core`` tests it after every successful backend call."""
+    or the backend's own tally once :data:`~.usage_base.PUSH_EVERY` had passed since its last
+    push when it last counted a decision (``Tally.waiting``; :func:`flush_pending` checks
+    ``Tally.due``). ``core`` tests it after every successful backend call."""
 
     def __init__(self) -> None:
         self.flags: set[str] = set()
@@ -93,7 +94,7 @@ class _Pending:
         if self.flags:
             return True
         tally = getattr(get_backend(), "usage_tally", None)
-        return isinstance(tally, Tally) and tally.due()
+        return isinstance(tally, Tally) and tally.waiting
 
     def add(self, flag: str) -> None:
         self.flags.add(flag)
