@@ -48,8 +48,6 @@ from django_throttle.backends.redis_sentinel import async_twin
 from django_throttle.backends.redis_usage import patient_client_like
 from django_throttle.backends.scripts import Call, evalsha_all, failure
 
-__all__ = ["OneServer", "arun_script", "async_options", "run_script"]
-
 _CLASSES = {
     "Connection": aio.Connection,
     "SSLConnection": aio.SSLConnection,
