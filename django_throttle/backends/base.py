@@ -108,8 +108,8 @@ class Backend(ABC):
     blocks (:attr:`blocking`).
     """
 
-    #: Whether a call waits on I/O. An in-process backend (counting under a lock held for
-    #: microseconds) says ``False``: its default async methods answer on the event loop.
+    #: Whether a call waits on I/O. An in-process backend (counting under a short lock, no
+    #: I/O) says ``False``: its default async methods answer on the event loop.
     blocking = True
 
     def hit(
@@ -260,7 +260,8 @@ def decision_from(
 ) -> Decision:
     """Build a :class:`Decision` from a backend's reply (``index`` is 0-based; -1 when no
     enforced limit was passed, so nothing is reported); ``taken``: see ``Decision.taken``."""
-    # Positional, in Decision's field order: keywords cost a frozen dataclass noticeably more.
+    # Positional, in Decision's field order: a frozen dataclass takes keywords more slowly,
+    # and one Decision is built per request.
     return Decision(
         allowed,
         limits[index] if index >= 0 else None,

@@ -4,8 +4,9 @@ After ``threshold`` consecutive :class:`BackendError` failures the breaker opens
 once with :class:`CircuitOpen` instead of each waiting for a timeout. After ``cooldown``
 seconds it is half-open: exactly one caller probes the backend while the others still fail at
 once; the probe's success closes the breaker, its failure opens it for another cooldown. So a
-dead or hung Redis costs a process a handful of timeouts, then microseconds per request, and
-exact limiting resumes within one cooldown of Redis answering again.
+dead or hung Redis costs a process a handful of timeouts (at most the threshold plus the calls
+already under way), then requests fail at once without waiting on Redis, and exact limiting
+resumes within one cooldown of Redis answering again.
 
 Thread-safe. A closed breaker costs a call a few attribute reads and no lock; transitions take
 the lock and are logged once each (opening at WARNING with the error, recovery at WARNING),

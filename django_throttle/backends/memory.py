@@ -28,7 +28,7 @@ __all__ = ["MemoryBackend"]
 
 class MemoryBackend(RedisBackend):
     """Counts in this process's memory, with the Redis backend's scripts.
-    In-process and lock-held for microseconds, its async methods need no thread."""
+    In-process under a short lock and never waiting on I/O, its async methods need no thread."""
 
     blocking = False
 

@@ -12,7 +12,8 @@ source. A failure (a refused connection, a timeout, ``CLUSTERDOWN``, an uncovere
 refreshes its slot map so that a promoted replica is found.
 
 Each primary has a circuit breaker of its own: a dead primary costs its clients a few timeouts,
-then microseconds, while the other primaries' clients are counted as before. ``async def``
+then they fail at once without waiting on it, while the other primaries' clients are counted
+as before. ``async def``
 views use a ``redis.asyncio.cluster.RedisCluster`` per running event loop, with the same nodes
 and options.
 """

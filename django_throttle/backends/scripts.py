@@ -62,8 +62,9 @@ def files_for(files: Sequence[str], codes: Iterable[str]) -> tuple[str, ...]:
     """``files`` with only the algorithm files that ``codes`` need, in their load order.
 
     Redis runs a script's whole body on every call, so each algorithm a script defines costs
-    every call (all seven: about 6 µs of server time per decision, a quarter of it); a
-    call therefore uses a script holding just the algorithms of its limits.
+    every call server time; a call therefore uses a script holding just the algorithms of its
+    limits (the saving is measured in docs/explanation/benchmarks.md, "Scripts per mix of
+    algorithms").
     """
     needed = {name for code in codes for name in ALGORITHM_FILES_BY_CODE[code]}
     return tuple(name for name in files if name not in ALGORITHM_FILES or name in needed)

@@ -1,7 +1,7 @@
 """Clients that are never limited, compiled into the policy snapshot so checking one costs no
-query: staff and superusers (``DJANGO_THROTTLE_EXEMPT_STAFF`` /
-``DJANGO_THROTTLE_EXEMPT_SUPERUSERS``), and the users, groups and IP networks listed in the admin
-(:class:`~django_throttle.models.Exemption`).
+query: the users, groups and IP networks listed in the admin
+(:class:`~django_throttle.models.Exemption`). Staff and superusers are limited like everyone
+else unless listed there.
 
 An exempt client's requests make no backend call and get no rate limit headers. Exempt views
 are marked with :func:`django_throttle.exemptions.throttle_exempt`.

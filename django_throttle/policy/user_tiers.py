@@ -7,8 +7,9 @@ users. Instead the compiler reads every assignment in one streamed query (own as
 memberships of groups that have a tier, sorted by user by the database) and keeps, for integer
 primary keys, two parallel arrays searched with :mod:`bisect`: the sorted user ids
 (``array('q')``, 8 bytes each) and each user's tier slot (1 byte while at most 256 tiers are
-assigned). That is about 9.5 bytes per assigned user where a dict of the same answers costs
-60-75. Other primary keys (UUID users) fall back to a dict.
+assigned), far less memory per assigned user than a dict of the same answers (both measured
+in docs/explanation/benchmarks.md, "Tier assignments"). Other primary keys (UUID users) fall
+back to a dict.
 """
 
 from __future__ import annotations

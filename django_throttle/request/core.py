@@ -128,7 +128,7 @@ async def acheck(
     (``SynchronousOnlyOperation``). So the request is counted by the user Django's async
     API gives, ``await request.auser()``, as Django's own async ``login_required`` does (an
     anonymous request without a session costs no thread); the identity resolver and the
-    staff and superuser exemptions see that user as ``request.user``, and the view gets
+    user exemptions see that user as ``request.user``, and the view gets
     the lazy one back untouched. ``user_loaded=True`` says an authentication step already
     ran and set ``request.user`` (DRF's): it is read as it is."""
     if not app_settings.ENABLED:

@@ -39,7 +39,7 @@ local ALGORITHMS = {}
 local STAMPED = {w = true, f = true, c = true, s = true}
 -- True only in refund.lua's script (refunding.lua sets it, and defines `delete`): the
 -- algorithm files build their refund functions only then, so the counting script, run on
--- every request, makes no closures it never calls (about 1 us per call).
+-- every request, makes no closures it never calls.
 local REFUND = false
 local delete
 local DIGITS36 = '0123456789abcdefghijklmnopqrstuvwxyz'
@@ -80,8 +80,8 @@ end
 -- SET a state string with a TTL of ttl_us, in an allocation of the value's own size.
 -- Redis hands a script's command arguments objects it cached from the script's earlier
 -- commands, per argument position, keeping their allocation: a 12-byte state written after a
--- usage field (or a sliding log's score) took that longer argument's 40 or 48 bytes, 16-32
--- bytes per key more than needed (MEMORY USAGE 104-120 instead of 88). Storing an empty
+-- usage field (or a sliding log's score) took that longer argument's allocation, more
+-- memory per key than its own size needs (see docs/explanation/benchmarks.md). Storing an empty
 -- placeholder first takes the cached object out of circulation; the value then gets its own.
 local function store(key, value, ttl_us)
   redis.call('SET', key, '')

@@ -5,8 +5,8 @@
 -- as Python's repr, or a whole number as <digits>e<zeros>); C x T <= MAX_WINDOW.
 --
 -- State per key: U tokens used as of the millisecond ts_ms, in 12 bytes
--- struct.pack('>dI4', U, ts_ms % 2^32) when C x T <= 2e12 us (Redis MEMORY USAGE 88 for a
--- key of up to 28 characters), else 14 bytes '>dI4I2' (U, ts_ms % 2^32, floor(ts_ms / 2^32)).
+-- struct.pack('>dI4', U, ts_ms % 2^32) when C x T <= 2e12 us (its memory per key: see
+-- docs/explanation/benchmarks.md), else 14 bytes '>dI4I2' (U, ts_ms % 2^32, floor(ts_ms / 2^32)).
 -- The compact form keeps only the low 32 bits of the millisecond: the key lives at most
 -- C x T <= 2e12 us (23 days), well inside the +-2^31 ms (24.8 days) the reader resolves
 -- around now. Anything else counts as nothing used.
