@@ -1,7 +1,8 @@
 """In-process backend with the Redis backend's semantics, for development, tests and the
 per-process fallback of failure mode ``"local"``.
 
-It is the Redis backend on a :class:`~.memory_store.MemoryStore` instead of a server: the same
+It is the Redis backend with its scripts run on a :class:`~.memory_store.MemoryStore`
+(:class:`InProcess`, the route it hands the backend) instead of a server: the same
 keys, the same Lua scripts (run in this process on Redis's Lua), the same usage counts and
 operator tools, so a process that falls back to memory makes the decisions Redis would have
 made. State lives in this process only: use it with one process, or accept per-process limits.
@@ -13,15 +14,16 @@ keys are forgotten (those clients start afresh).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cached_property
-from typing import Any, cast
+from typing import Any
 
 from django_throttle.backends.frames import ScriptCall
 from django_throttle.backends.memory_store import MemoryStore
 from django_throttle.backends.redis import RedisBackend
-from django_throttle.backends.redis_single import OneServer, run_script
+from django_throttle.backends.redis_single import run_script
 from django_throttle.backends.redis_usage import RedisUsage
+from django_throttle.backends.scripts import Call, evalsha_all
 
 __all__ = ["MemoryBackend"]
 
@@ -39,8 +41,7 @@ class MemoryBackend(RedisBackend):
         shards: int | None = None,
     ) -> None:
         self.store = MemoryStore(clock, max_entries)
-        # The store answers the client methods the Redis backend calls.
-        super().__init__(cast(Any, self.store), shards=shards)
+        super().__init__(shards=shards, route=InProcess(self.store, type(self)))
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -67,12 +68,17 @@ class MemoryBackend(RedisBackend):
         """This backend's usage counts, kept and read as on Redis."""
         return RedisUsage(self)
 
-    def _route_for(self, client: Any) -> OneServer:
-        return InProcess(client, type(self))
 
+class InProcess:
+    """The route of a backend's script calls to a :class:`~.memory_store.MemoryStore`
+    (a :class:`~.redis.Route`): every shard is in it, and every call runs there at once.
 
-class InProcess(OneServer):
-    """The route of counting calls to the store: every shard is in it."""
+    The store answers the redis-py client methods the backend uses (``evalsha``, ``eval``,
+    pipelines, ``GET``, ``SCAN``), so the calls go through :func:`.redis_single.run_script`
+    as on a server: ``NOSCRIPT`` is answered with ``EVAL`` and tells
+    :data:`~django_throttle.events.script_loaded` (``sender``), a script's error reply is
+    what :func:`.scripts.failure` makes of it. A script runs under the store's lock and never
+    waits on I/O, so :meth:`acall` runs it on the calling loop's thread."""
 
     def __init__(self, store: MemoryStore, sender: type | None = None) -> None:
         self.client: Any = store
@@ -83,6 +89,23 @@ class InProcess(OneServer):
 
     async def acall(self, call: ScriptCall) -> Any:
         return self.call(call)
+
+    def evalsha_all(
+        self, sha: str, source: str, calls: Sequence[Call], client: Any = None
+    ) -> list[Any]:
+        return evalsha_all(client or self.client, sha, source, calls)
+
+    def patient_client(self, timeout: float) -> tuple[Any, bool]:
+        """The store itself: no read of it waits on a socket."""
+        return self.client, False
+
+    def scanned_clients(self) -> list[Any]:
+        """The store: it holds every key."""
+        return [self.client]
+
+    def by_slot(self, keys: list[Any]) -> list[list[Any]]:
+        """``keys`` in one group: the store has no slots."""
+        return [keys]
 
     def close(self, client_too: bool) -> None:
         """Nothing to close: the store is this process's memory."""

@@ -26,7 +26,7 @@ import time
 from base64 import urlsafe_b64encode
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 from redis.cluster import RedisCluster
@@ -80,6 +80,42 @@ RETIME_BATCH = 1000
 _TIMEOUTS = ("socket_timeout", "socket_connect_timeout")
 
 
+class Route(Protocol):
+    """Where a backend's script calls go, and all it asks of them: one server or a
+    Sentinel-managed primary (:class:`.redis_single.OneServer`), a cluster's primaries
+    (:class:`.redis_cluster.ClusterRoute`), or this process's memory
+    (:class:`.memory.InProcess`). The backend's keys, scripts and replies are the same on
+    each, so a route decides only where a call runs."""
+
+    @property
+    def client(self) -> Any:
+        """The client the backend's other commands (``GET``, pipelines, ``SCAN``) go to."""
+
+    def call(self, call: ScriptCall) -> Any:
+        """The script's reply to ``call``, untouched; a failure as :func:`.scripts.failure`
+        makes it. Never sent twice, except ``EVAL`` after ``NOSCRIPT`` (nothing ran)."""
+
+    async def acall(self, call: ScriptCall) -> Any:
+        """:meth:`call` without blocking the running event loop."""
+
+    def evalsha_all(
+        self, sha: str, source: str, calls: Sequence[Call], client: Any = None
+    ) -> list[Any]:
+        """:func:`.scripts.evalsha_all` on ``client`` (default: :attr:`client`)."""
+
+    def patient_client(self, timeout: float) -> tuple[Any, bool]:
+        """A client whose reads may take ``timeout`` seconds, and whether to close it."""
+
+    def scanned_clients(self) -> list[Any]:
+        """The clients whose keys together are every key."""
+
+    def by_slot(self, keys: list[Any]) -> list[list[Any]]:
+        """``keys`` in groups one script call may take together."""
+
+    def close(self, client_too: bool) -> None:
+        """Let go of connections (the client's own only if ``client_too``)."""
+
+
 class RedisBackend(Backend):
     """Counts in Redis (single server, Sentinel-managed primary or Redis Cluster; anything
     speaking its protocol with EVALSHA).
@@ -88,24 +124,36 @@ class RedisBackend(Backend):
     short timeouts and no retries (see :mod:`.redis_clients`). Counting calls go through its
     own command path; ``async def`` ones through a ``redis.asyncio`` twin with the same
     options, one per event loop (:mod:`.redis_single`, :mod:`.redis_cluster`).
+
+    ``route`` is for this package's own use: the :class:`Route` to run the scripts on in place
+    of Redis (:class:`~.memory.MemoryBackend` hands in its in-process one). With it no client
+    is built or closed, and ``client`` is not asked for.
     """
 
     def __init__(
-        self, client: redis.Redis | RedisCluster | None = None, *, shards: int | None = None
+        self,
+        client: redis.Redis | RedisCluster | None = None,
+        *,
+        shards: int | None = None,
+        route: Route | None = None,
     ) -> None:
-        self._owns_client = client is None
+        self._owns_client = client is None and route is None
         self.prefix = app_settings.KEY_PREFIX
         #: Key shards (default ``DJANGO_THROTTLE_KEY_SHARDS``).
         self.shards = shards or app_settings.KEY_SHARDS
-        #: On a cluster the shards' hash tags spread their slots evenly (.redis_shard_tags).
-        self._spread = isinstance(client, RedisCluster) or (
-            client is None and is_cluster_url(app_settings.REDIS_URL)
+        #: On a cluster the shards' hash tags spread their slots evenly (.redis_shard_tags);
+        #: a route handed in is never a cluster (the setting's URL is not its server).
+        self._spread = route is None and (
+            isinstance(client, RedisCluster)
+            or (client is None and is_cluster_url(app_settings.REDIS_URL))
         )
         self._tags = tuple(tag.encode() for tag in self.shard_tags())
         self._calls = Calls(partial(self._script_for, SCRIPT_FILES), self.shards, self.local_time)
         self._refunds = Calls(partial(self._script_for, REFUND_FILES), self.shards, self.local_time)
-        self._route: OneServer | ClusterRoute
-        if client is None and is_cluster_url(app_settings.REDIS_URL):
+        self._route: Route
+        if route is not None:
+            self._route = route
+        elif client is None and is_cluster_url(app_settings.REDIS_URL):
             # Built on first use: a cluster client asks for the slot map as it is made.
             url, options = client_options()
             self._route = ClusterRoute(
@@ -119,7 +167,7 @@ class RedisBackend(Backend):
             if isinstance(given, RedisCluster):
                 self._route = ClusterRoute(lambda: given, self.shard_tags(), sender=type(self))
             else:
-                self._route = self._route_for(given)
+                self._route = OneServer(given, type(self))
         #: This process's count of the decisions made with a usage field, until pushed
         #: (:class:`.usage_base.Tally`): the counting call itself counts no usage.
         self.usage_tally = Tally(self.local_time)
@@ -133,14 +181,11 @@ class RedisBackend(Backend):
         windows."""
         return time.time()
 
-    def _route_for(self, client: Any) -> OneServer:
-        """The route of counting calls to one server's ``client``."""
-        return OneServer(client, type(self))
-
     @property
     def client(self) -> Any:
         """The redis-py client (``redis.Redis``, or ``RedisCluster`` on a cluster, built on
-        first use there: a :class:`BackendError` while no node answers)."""
+        first use there: a :class:`BackendError` while no node answers); the route's own
+        client when one was handed in (the in-process store)."""
         return self._route.client
 
     @property
