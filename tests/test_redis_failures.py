@@ -383,15 +383,19 @@ def test_a_forked_child_counts_on_connections_of_its_own(settings: Any, redis_ur
     answering the parent."""
     backend = backend_for(settings, redis_url)
     assert backend.hit("fork", [LIMIT]).allowed
-    parent = backend.client.client_id()
+    # The least-privilege ACL user may not ask CLIENT ID: there, the counts alone say it.
+    ids = not os.environ.get("DJANGO_THROTTLE_TEST_ACL")
+    parent = backend.client.client_id() if ids else None
     with warnings.catch_warnings():
         # Python 3.12+ warns about forking a process with threads (other tests' servers).
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
     if pid == 0:  # the child: report by exit status only
-        ok = backend.hit("fork", [LIMIT]).allowed and backend.client.client_id() != parent
+        ok = backend.hit("fork", [LIMIT]).allowed and (
+            not ids or backend.client.client_id() != parent
+        )
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert backend.hit("fork", [LIMIT]).allowed
-    assert backend.client.client_id() == parent
+    assert not ids or backend.client.client_id() == parent
