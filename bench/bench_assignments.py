@@ -88,7 +88,7 @@ def configure(database: dict[str, Any]) -> None:
         DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
         DATABASES={"default": database},
         INSTALLED_APPS=["django.contrib.auth", "django.contrib.contenttypes", "django_throttle"],
-        DJANGO_THROTTLE_BACKEND="django_throttle.backends.memory.MemoryBackend",
+        DJANGO_THROTTLE_REDIS_URL="memory://",
     )
     django.setup()
     from django.core.management import call_command
@@ -147,7 +147,6 @@ def measure(assigned: int, lookups: int, repeat: int) -> dict[str, Any]:
 
     from django_throttle.identity import Identity
     from django_throttle.policy import live as policy
-    from django_throttle.policy import user_tiers
 
     started = time.perf_counter()
     highest = populate(assigned)
@@ -176,7 +175,7 @@ def measure(assigned: int, lookups: int, repeat: int) -> dict[str, Any]:
     held = sum(
         stat.size
         for stat in tracemalloc.take_snapshot()
-        .filter_traces([tracemalloc.Filter(True, user_tiers.__file__)])
+        .filter_traces([tracemalloc.Filter(True, policy.__file__)])
         .statistics("filename")
     )
     tracemalloc.stop()

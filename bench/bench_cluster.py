@@ -13,7 +13,7 @@ no replicas unless ``--replicas``), configures Django in-process, then measures:
   a plain redis-py client of each topology (``redis.Redis``, ``redis.RedisCluster``: the floors,
   sharing none of our code), and ``RedisBackend.hit()`` from ``get_backend()`` with
   ``DJANGO_THROTTLE_REDIS_URL`` the server's URL or the cluster's ``redis+cluster://`` URL
-  (``DJANGO_THROTTLE_KEY_SHARDS`` unset: 1 and 16). Every decision is a client never seen
+  (no ``?shards=`` on that URL: 1 and 16). Every decision is a client never seen
   before (``user:<n>``) under two limits, 100/minute sliding window counter and 1000/hour token
   bucket. Decisions/s are medians over rounds, ÷PING the median of each round's ratio to the
   same topology's PING, and cluster/single the median of each round's ratio of those ratios.
@@ -98,18 +98,17 @@ def throttle_settings(**values: Any) -> Iterator[None]:
 
 
 def backend_for(url: str, shards: int | None = None) -> Any:
-    """``get_backend()`` with ``REDIS_URL`` (and ``KEY_SHARDS``, unless None: the default),
+    """``get_backend()`` with ``REDIS_URL`` (and its ``?shards=``, unless None: the default),
     warmed up while those settings hold (a cluster client is built on first use), then kept:
     leaving the settings would otherwise close it."""
-    from django_throttle.backends import get_backend
+    from django_throttle.backends import get_backend, reset_backend_cache
 
-    extra = {} if shards is None else {"KEY_SHARDS": shards}
-    with throttle_settings(REDIS_URL=url, **extra):
+    with throttle_settings(REDIS_URL=url if shards is None else f"{url}?shards={shards}"):
         backend = get_backend()
         limits = build_limits()
         for n in range(WARM_CLIENTS):  # every shard's primary loads the script
             backend.hit(f"warm:{n}", limits)
-        get_backend.cache_clear()
+        reset_backend_cache(close=False)  # the caller uses this one
     return backend
 
 
@@ -406,7 +405,7 @@ def by_slot(topology: Topology, counts: Sequence[int], clients: int) -> list[dic
             owner[first : last + 1] = [primary.name] * (last - first + 1)
     rows = []
     for shards in counts:
-        with throttle_settings(REDIS_URL=topology.url, KEY_SHARDS=shards):
+        with throttle_settings(REDIS_URL=f"{topology.url}?shards={shards}"):
             backend = RedisBackend()  # no network: only its key layout is used
         slots = {key_slot(tag.encode()) for tag in backend.shard_tags()}
         per_primary = dict.fromkeys((p.name for p in topology.primaries), 0)
@@ -777,7 +776,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--accounting", type=int, default=3000, help="calls per path counted at the socket"
     )
     parser.add_argument(
-        "--shards", type=counts, default=(16, 64), help="KEY_SHARDS of the spread passes"
+        "--shards", type=counts, default=(16, 64), help="key shards (?shards=) of the spread passes"
     )
     parser.add_argument(
         "--by-slot", type=counts, default=BY_SLOT, help="shard counts computed from the slot map"

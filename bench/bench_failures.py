@@ -175,9 +175,9 @@ def fault_phase(
     """Break Redis under load, then bring it back; what did it cost?"""
     from unittest.mock import patch
 
-    from django_throttle.backends import breaker as breaker_module
+    from django_throttle.backends import redis_nodes as breaker_module
     from django_throttle.backends import reset_backend_cache
-    from django_throttle.backends.breaker import get_breaker
+    from django_throttle.backends.redis_nodes import get_breaker
 
     with patch.object(breaker_module, "THRESHOLD", BREAKERS[breaker]):
         reset_backend_cache()  # a fresh backend and a breaker built with this threshold

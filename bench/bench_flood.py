@@ -16,8 +16,8 @@ so Python's per-call overhead does not bound the rate. The anonymous tier is one
 It reports, per scenario: decisions per second, allowed and denied, ``used_memory`` growth per
 identity, ``MEMORY USAGE`` of a sample of limit keys, ``DBSIZE``, and whether every key has a
 TTL (``SCAN`` of the whole keyspace, ``PTTL`` of each). With ``--ceiling`` a second scenario
-adds a shared limit for all anonymous clients together: each of ``DJANGO_THROTTLE_KEY_SHARDS``
-shards admits ``ceil(count / shards)``, and a denied request writes nothing, so the flood's
+adds a shared limit for all anonymous clients together: each of the key shards
+admits ``ceil(count / shards)``, and a denied request writes nothing, so the flood's
 memory is bounded by what the ceiling admits.
 """
 
@@ -214,11 +214,10 @@ def configure(redis_url: str) -> None:
         USE_TZ=True,
         DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
         INSTALLED_APPS=["django.contrib.auth", "django.contrib.contenttypes", "django_throttle"],
-        DJANGO_THROTTLE_REDIS_URL=redis_url,
-        DJANGO_THROTTLE_KEY_PREFIX="dt",
         # A Cluster's default: the shared ceiling split over 16 shards, the case whose bound
         # (shards x ceil(count / shards)) the benchmark shows; one Redis defaults to 1.
-        DJANGO_THROTTLE_KEY_SHARDS=16,
+        DJANGO_THROTTLE_REDIS_URL=f"{redis_url}?shards=16",
+        DJANGO_THROTTLE_KEY_PREFIX="dt",
         DJANGO_THROTTLE_REDIS_OPTIONS={"socket_timeout": 30.0, "socket_connect_timeout": 5.0},
     )
     django.setup()

@@ -165,7 +165,7 @@ def build_paths(ctx: dict[str, Any]) -> list[Path]:
 
     from django_throttle.drf import PolicyThrottle
     from django_throttle.policy import live as policy_module
-    from django_throttle.request.headers import apply_headers
+    from django_throttle.request.core import add_headers
 
     plain, backend, info, prefix = ctx["plain"], ctx["backend"], ctx["fixtures"], ctx["prefix"]
     snapshot = policy_module.current()
@@ -205,10 +205,20 @@ def build_paths(ctx: dict[str, Any]) -> list[Path]:
     def hit(args: tuple[str, Any]) -> object:
         return backend.hit(*args)
 
+    def push_usage() -> None:
+        """The usage counts of the slice's decisions, pushed now: the pusher thread's push in
+        flight awaited, the rest pushed here (each full path pays for its own clients)."""
+        from django_throttle.usage import accounting
+
+        accounting.wait_pushed()
+        tally = getattr(backend, "usage_tally", None)
+        if tally is not None:
+            accounting.get_store(backend).push_tally(tally)
+
     def full(item: tuple[Any, Any]) -> object:
         request, response = item
         PolicyThrottle().allow_request(request, view)
-        apply_headers(response, request._request.throttle_decision)
+        add_headers(response.headers, request._request.throttle_decision)
         return response
 
     def drf(request: Any) -> object:
@@ -259,6 +269,7 @@ def build_paths(ctx: dict[str, Any]) -> list[Path]:
             full,
             sequence(lambda i: requests.build(address(i, 10))),
             evalsha_keys,
+            settle=push_usage,
         ),
         Path(
             "full_user_new",
@@ -266,6 +277,7 @@ def build_paths(ctx: dict[str, Any]) -> list[Path]:
             full,
             users_source(info, requests, info["users"]),
             evalsha_keys,
+            settle=push_usage,
         ),
         Path(
             "full_hot",
@@ -274,6 +286,7 @@ def build_paths(ctx: dict[str, Any]) -> list[Path]:
             sequence(lambda i: requests.build("192.0.2.2", hot_user)),
             evalsha_keys,
             hot=True,
+            settle=push_usage,
         ),
         Path(
             "drf",

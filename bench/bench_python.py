@@ -45,11 +45,13 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
     import django
-    from django.conf import settings
 
     django.setup()
     sys.modules[__name__].Instant = _instant_backend()  # type: ignore[attr-defined]
-    settings.DJANGO_THROTTLE_BACKEND = f"{__name__}.Instant"
+    from django_throttle import conf
+
+    conf.REDIS_BACKEND = f"{__name__}.Instant"  # what the Redis URL counts on, in this run
+    conf.app_settings.reload()
     from django.core.management import call_command
     from django.http import HttpResponse
     from rest_framework.request import Request
@@ -58,7 +60,7 @@ def main() -> None:
 
     from django_throttle.drf import PolicyThrottle
     from django_throttle.models import Tier, TierLimit
-    from django_throttle.request.headers import apply_headers
+    from django_throttle.request.core import add_headers
 
     call_command("migrate", verbosity=0)
     tier = Tier.objects.create(slug="anon", name="anon", is_default_anonymous=True)
@@ -78,7 +80,7 @@ def main() -> None:
     def run(batch: list[Any]) -> None:
         for request, response in batch:
             PolicyThrottle().allow_request(request, view)
-            apply_headers(response, request._request.throttle_decision)
+            add_headers(response.headers, request._request.throttle_decision)
 
     import redis
 

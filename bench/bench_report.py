@@ -81,7 +81,7 @@ def print_table(result: dict[str, Any]) -> None:
     console.print(targets)
     drf, users = result["drf"], result["never_seen_users"]
     console.print(
-        "Timed: only the step (3: PolicyThrottle().allow_request + apply_headers on a "
+        "Timed: only the step (3: PolicyThrottle().allow_request + add_headers on a "
         "prebuilt response; requests prebuilt and already authenticated). Round trips: "
         "counted at the socket in this process. Bytes: the server's INFO net input + output per "
         "decision, minus the INFO calls' own. MEMORY USAGE: median of sampled keys. "

@@ -53,13 +53,13 @@ def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
     from bench_paths import MINIMAL_BUCKET
 
     from django_throttle.backends import get_backend
-    from django_throttle.backends.frames import Calls
+    from django_throttle.backends.redis import Calls
     from django_throttle.backends.scripts import ALGORITHM_FILES, SCRIPT_FILES, load_script
     from django_throttle.rates import Limit
 
     plain = redis.Redis.from_url(redis_url)
     backend = get_backend()
-    every = load_script(SCRIPT_FILES, backend.shards)
+    every = load_script(SCRIPT_FILES)
     framings = {
         "own mix": backend._calls,
         "all seven": Calls(partial(lambda source, codes: source, every), backend.shards),
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
             encoded = calls.encoded(limits)
             tag = backend._client_tag(f"ip:10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}")[1]
             keys = calls.keys(encoded, tag)
-            plain.evalsha(encoded.sha, len(keys), *keys, b"1", b"0", b"", *encoded.specs)
+            plain.evalsha(encoded.sha, len(keys), *keys, b"1", b"0", *encoded.specs)
 
         for calls in framings.values():  # load each script once, outside the laps
             plain.script_load(calls.script(limits)[1])

@@ -60,9 +60,9 @@ def configure(database: dict[str, Any], redis_url: str, top_clients: int) -> Non
         DJANGO_THROTTLE_REDIS_OPTIONS={"socket_timeout": 2.0, "socket_connect_timeout": 2.0},
     )
     django.setup()
-    from django_throttle.backends import usage_base
+    from django_throttle.backends import usage_store
 
-    usage_base.TOP_CLIENTS = top_clients  # a knob of the package, turned for this run
+    usage_store.TOP_CLIENTS = top_clients  # a knob of the package, turned for this run
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
@@ -126,7 +126,7 @@ def shapes(client: Any) -> list[dict[str, Any]]:
 
     from django.test.utils import override_settings
 
-    from django_throttle.backends import usage_base
+    from django_throttle.backends import usage_store
     from django_throttle.backends.redis import RedisBackend
     from django_throttle.rates import Limit
 
@@ -147,7 +147,7 @@ def shapes(client: Any) -> list[dict[str, Any]]:
     ):
         with (
             override_settings(DJANGO_THROTTLE_KEY_PREFIX=f"dtm{pairs}x{outcomes}x{per_pair}"),
-            patch.object(usage_base, "TOP_CLIENTS", top),
+            patch.object(usage_store, "TOP_CLIENTS", top),
         ):
             backend = RedisBackend(client)
         tags = backend.shard_tags()

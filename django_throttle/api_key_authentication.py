@@ -13,7 +13,7 @@ from typing import Any
 
 from django.utils.functional import SimpleLazyObject
 
-from django_throttle.policy.resolver import verified_api_key
+from django_throttle.policy.live import verified_api_key
 
 
 class ApiKeyAuthentication:
@@ -22,7 +22,7 @@ class ApiKeyAuthentication:
     **A valid key logs in as its owner**, with every permission the owner has: ``request.user``
     is the owner (loaded from the database only when the view reads it; ``AnonymousUser`` when
     the key has none, or the owner was deleted or deactivated) and ``request.auth`` the key as
-    the policy snapshot holds it (:class:`~django_throttle.policy.snapshot.ApiKeyPolicy`). So a key
+    the policy snapshot holds it (:class:`~django_throttle.policy.live.ApiKeyPolicy`). So a key
     owned by a staff user or a superuser is a staff or superuser login for whoever holds the
     key: give keys owners with only the permissions their holders need, or none
     (``manage.py check --database default`` warns about such keys, W020).

@@ -25,10 +25,18 @@ from django.conf import settings
 PREFIX = "DJANGO_THROTTLE_"
 T = TypeVar("T")
 
-#: The counting backend unless ``BACKEND`` names another.
+#: The counting backend of every ``REDIS_URL`` but ``memory://``.
 REDIS_BACKEND = "django_throttle.backends.redis.RedisBackend"
+#: The counting backend of ``REDIS_URL = "memory://"``: the same semantics in the process.
+MEMORY_BACKEND = "django_throttle.backends.memory.MemoryBackend"
 #: ``REDIS_URL`` scheme that borrows the connection settings of a cache in ``CACHES``.
 CACHE_SCHEME = "cache"
+#: ``REDIS_URL`` scheme that counts in the process (:data:`MEMORY_BACKEND`), no Redis.
+MEMORY_SCHEME = "memory"
+#: ``REDIS_URL`` query parameter giving the number of key shards (``?shards=16``).
+SHARDS_PARAM = "shards"
+#: The key shards ``?shards=`` may ask for (a system check names any other value).
+SHARDS_RANGE = range(1, 1025)
 #: The cache borrowed when ``REDIS_URL`` is unset.
 DEFAULT_CACHE_ALIAS = "default"
 #: HTTP status of a request refused because the limiter cannot answer (fail-closed) or
@@ -54,26 +62,15 @@ class Setting(Generic[T]):
     first access and remembered on the instance (as ``cached_property`` does) until
     :meth:`Settings.reload`."""
 
-    def __init__(
-        self,
-        default: Any,
-        parse: Callable[[Any], T],
-        derive: Callable[[Settings], T] | None = None,
-    ) -> None:
+    def __init__(self, default: Any, parse: Callable[[Any], T]) -> None:
         self.default = default
         self.parse = parse
-        #: The value when the setting is unset, from other settings (``default`` unused).
-        self.derive = derive
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
     def __get__(self, instance: Settings, owner: type | None = None) -> T:
-        raw = getattr(settings, PREFIX + self.name, self.default)
-        if raw is None and self.derive is not None:
-            value = self.derive(instance)
-        else:
-            value = self.parse(raw)
+        value = self.parse(getattr(settings, PREFIX + self.name, self.default))
         instance.__dict__[self.name] = value
         return value
 
@@ -83,9 +80,12 @@ def _optional_text(value: Any) -> str | None:
 
 
 def _redis_url(value: Any) -> str | None:
-    """The URL connected to; ``None`` when a cache's connection is borrowed."""
+    """The URL connected to, without its ``shards`` parameter; ``None`` when a cache's
+    connection is borrowed or counting is in the process (``memory://``)."""
     url = _optional_text(value)
-    return None if url is None or is_cache_url(url) else url
+    if url is None or is_cache_url(url) or is_memory_url(url):
+        return None
+    return split_shards(url)[0]
 
 
 def _proxies(value: Any) -> int | tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
@@ -94,9 +94,9 @@ def _proxies(value: Any) -> int | tuple[ipaddress.IPv4Network | ipaddress.IPv6Ne
     return _networks(value)
 
 
-def _default_shards(settings: Settings) -> int:
-    """16 on a Redis Cluster URL, else 1."""
-    return 16 if is_cluster_url(settings.REDIS_URL) else 1
+def _raw_url() -> Any:
+    """``REDIS_URL`` as the project wrote it (``?shards=`` and all)."""
+    return getattr(settings, PREFIX + "REDIS_URL", None)
 
 
 class Settings:
@@ -112,18 +112,20 @@ class Settings:
     #: limiter off in tests of other features, or during an incident.
     ENABLED: Setting[bool] = Setting(True, bool)
 
-    #: Dotted path of the counting backend class. Set it to
-    #: ``"django_throttle.backends.memory.MemoryBackend"`` to count in the process (the same
-    #: semantics, no Redis) for development, tests and single-process sites.
-    BACKEND: Setting[str] = Setting(REDIS_BACKEND, str)
-
-    #: The one way the Redis backend reaches Redis: a URL (``redis://``, ``rediss://`` for
-    #: TLS, ``unix://``; ``redis+sentinel://[user:password@]host:port,host:port/<service>[/<db>]``
+    #: The one way to say where counting happens: a Redis URL (``redis://``, ``rediss://``
+    #: for TLS, ``unix://``; ``redis+sentinel://[user:password@]host:port,host:port/<service>[/<db>]``
     #: for the primary a set of sentinels names; ``redis+cluster://host:port,host:port`` for a
-    #: Redis Cluster; each also as ``valkey``), or ``"cache://<alias>"`` to borrow the
+    #: Redis Cluster; each also as ``valkey``), ``"cache://<alias>"`` to borrow the
     #: connection settings of the django-redis (or Django ``RedisCache``) cache
-    #: ``CACHES[alias]``. Unset: ``"cache://default"``. Set it so the limiter counts on the
-    #: Redis you choose, with its own timeouts.
+    #: ``CACHES[alias]``, or ``"memory://"`` to count in the process (the same semantics, no
+    #: Redis: development, tests, single-process sites). Unset: ``"cache://default"``.
+    #: A ``?shards=N`` query (1-1024, e.g. ``"redis+cluster://host:7000?shards=32"``) sets the
+    #: hash-tag shards of the keys: each is one Redis Cluster slot holding its clients'
+    #: counters, and a shared limit (one ceiling for all clients of a tier) is kept per shard,
+    #: each admitting ``ceil(count / shards)``. Without it: 16 on a Redis Cluster URL,
+    #: spreading clients over the primaries; else 1, so a shared ceiling is exact. Changing
+    #: the shards starts every counter afresh: the shard is part of each key. Set it so the
+    #: limiter counts on the Redis you choose, with its own timeouts.
     REDIS_URL: Setting[str | None] = Setting(None, _redis_url)
 
     #: Extra keyword arguments of the Redis client the backend builds (TLS certificates,
@@ -134,14 +136,6 @@ class Settings:
     #: First part of every Redis key the app writes. Set it when several projects share one
     #: Redis (or one ACL user may only touch ``<prefix>:*``).
     KEY_PREFIX: Setting[str] = Setting("dt", str)
-
-    #: Hash-tag shards of the keys (1-1024): each is one Redis Cluster slot holding its
-    #: clients' counters. A shared limit (one ceiling for all clients of a tier) is kept per
-    #: shard, each admitting ``ceil(count / shards)``. Unset: 16 on a Redis Cluster URL,
-    #: spreading clients over the primaries; else 1, so a shared ceiling is exact. Set it to
-    #: trade exactness against spreading on a Cluster. Changing it starts every counter
-    #: afresh: the shard is part of each key.
-    KEY_SHARDS: Setting[int] = Setting(None, int, derive=_default_shards)
 
     #: What a request meets when the backend cannot answer, unless its endpoint rule or tier
     #: in the admin names a mode: ``"open"`` serves it uncounted, ``"closed"`` refuses it
@@ -174,9 +168,7 @@ class Settings:
     #: Dotted path of ``callable(request) -> Identity`` that names the client. Set it when
     #: your clients are identified by something the default (API key, user, address) does
     #: not know.
-    IDENTITY_RESOLVER: Setting[str] = Setting(
-        "django_throttle.policy.resolver.resolve_identity", str
-    )
+    IDENTITY_RESOLVER: Setting[str] = Setting("django_throttle.policy.live.resolve_identity", str)
 
     #: Dotted path of ``callable(request, decision) -> HttpResponse`` that builds the 429
     #: (and the fail-closed 503) of plain Django views and of DRF views using
@@ -188,12 +180,9 @@ class Settings:
     #: your clients read them; off, responses carry only ``X-RateLimit-*``.
     IETF_HEADERS: Setting[bool] = Setting(False, bool)
 
-    #: Count every decision's outcome for the usage report, dashboard and
-    #: ``manage.py throttle_usage``. Set it to ``False`` when you use none of them.
-    USAGE_ENABLED: Setting[bool] = Setting(True, bool)
-
-    #: Days usage rows are kept in the database before the rollup deletes them. Set it to
-    #: the history your operators need.
+    #: Days usage rows are kept in the database before the rollup deletes them; ``0`` counts
+    #: no usage at all (no usage report, dashboard figures or ``manage.py throttle_usage``).
+    #: Set it to the history your operators need, or to ``0`` when you use none of them.
     USAGE_RETENTION_DAYS: Setting[int] = Setting(7, int)
 
     #: Keep Prometheus metrics (needs prometheus_client; see :mod:`django_throttle.metrics`).
@@ -225,16 +214,36 @@ class Settings:
         secret = self.API_KEY_SECRET or str(getattr(settings, "SECRET_KEY", ""))
         return secret.encode()
 
-    # Internal: names the backends read while they are rewritten; each derives its value
-    # from the settings above or is a constant. Removed after the backends move to them.
+    @cached_property
+    def backend_path(self) -> str:
+        """Internal: dotted path of the counting backend ``REDIS_URL`` selects (a string:
+        this module never imports the backends)."""
+        return MEMORY_BACKEND if is_memory_url(_raw_url()) else REDIS_BACKEND
 
-    @property
-    def CACHE_ALIAS(self) -> str:
+    @cached_property
+    def cache_alias(self) -> str:
         """Internal: the cache ``REDIS_URL = "cache://<alias>"`` borrows (``"default"``)."""
-        return cache_alias(getattr(settings, PREFIX + "REDIS_URL", None)) or DEFAULT_CACHE_ALIAS
+        return cache_alias(_raw_url()) or DEFAULT_CACHE_ALIAS
+
+    @cached_property
+    def key_shards(self) -> int:
+        """Internal: the key shards: ``REDIS_URL``'s ``?shards=`` when it is in
+        :data:`SHARDS_RANGE` (a system check names any other value), else 16 on a Redis
+        Cluster URL and 1 on any other."""
+        url = _raw_url()
+        asked = split_shards(url.strip())[1] if isinstance(url, str) else None
+        if asked is not None and asked.isdigit() and int(asked) in SHARDS_RANGE:
+            return int(asked)
+        return 16 if is_cluster_url(self.REDIS_URL) else 1
+
+    @cached_property
+    def usage_enabled(self) -> bool:
+        """Internal: whether decisions are counted for the usage figures
+        (``USAGE_RETENTION_DAYS`` above 0)."""
+        return self.USAGE_RETENTION_DAYS > 0
 
 
-#: ``REDIS_URL`` schemes of a Redis Cluster: the ones ``KEY_SHARDS`` defaults to 16 for.
+#: ``REDIS_URL`` schemes of a Redis Cluster: the ones the key shards default to 16 for.
 CLUSTER_SCHEMES = frozenset(
     {"redis+cluster", "rediss+cluster", "valkey+cluster", "valkeys+cluster"}
 )
@@ -251,12 +260,34 @@ def is_cache_url(url: Any) -> bool:
     return isinstance(url, str) and url.strip().partition("://")[0].lower() == CACHE_SCHEME
 
 
+def is_memory_url(url: Any) -> bool:
+    """Whether ``url`` selects the in-process backend (``memory://``)."""
+    return isinstance(url, str) and url.strip().partition("://")[0].lower() == MEMORY_SCHEME
+
+
 def cache_alias(url: Any) -> str | None:
     """The alias of a ``cache://<alias>`` URL (``"default"`` when it names none); ``None``
     for any other value."""
     if not is_cache_url(url):
         return None
-    return url.strip().partition("://")[2].strip("/") or DEFAULT_CACHE_ALIAS
+    return split_shards(url.strip())[0].partition("://")[2].strip("/") or DEFAULT_CACHE_ALIAS
+
+
+def split_shards(url: str) -> tuple[str, str | None]:
+    """``url`` without its ``shards`` query parameter, and that parameter's value (the last
+    one given; ``None`` when absent). Every other parameter is kept as written: redis-py
+    reads them as client options."""
+    base, mark, query = url.partition("?")
+    if not mark:
+        return url, None
+    kept, shards = [], None
+    for part in query.split("&"):
+        name, _, value = part.partition("=")
+        if name == SHARDS_PARAM:
+            shards = value
+        else:
+            kept.append(part)
+    return (base + "?" + "&".join(kept) if kept else base), shards
 
 
 class ProxyTrust(NamedTuple):
@@ -281,6 +312,10 @@ def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network
     return tuple(networks)
 
 
+#: The one settings object every reader goes through.
+app_settings = Settings()
+
+
 class Removed(NamedTuple):
     """A setting this app no longer reads: what replaces it, and whether ignoring the
     value a project still sets (beside its other settings) would count differently than it
@@ -303,6 +338,19 @@ def _is_set(name: str) -> bool:
 #: gets system check W004 naming the replacement, or E041 where ignoring its value would
 #: let more requests through (or count clients together) than the project asked for.
 REMOVED: dict[str, Removed] = {
+    "BACKEND": Removed(
+        'REDIS_URL = "memory://" for the in-process backend (the one way to say where counting '
+        "happens)",
+        lambda value: value != app_settings.backend_path,
+    ),
+    "KEY_SHARDS": Removed(
+        'a "?shards=N" query on REDIS_URL (the shards are part of the Redis address)',
+        lambda value: value != app_settings.key_shards,
+    ),
+    "USAGE_ENABLED": Removed(
+        "USAGE_RETENTION_DAYS = 0 (keeping no usage history counts no usage)",
+        lambda value: value is False and app_settings.usage_enabled,
+    ),
     "CACHE_ALIAS": Removed(
         'REDIS_URL = "cache://<alias>" (the one way to reach Redis)',
         lambda value: value != DEFAULT_CACHE_ALIAS and not _is_set("REDIS_URL"),
@@ -334,5 +382,3 @@ REMOVED: dict[str, Removed] = {
 #: Every setting's name without :data:`PREFIX`: a ``DJANGO_THROTTLE_*`` name outside it and
 #: :data:`REMOVED` is a typo or a setting this app does not have (system check W001).
 NAMES = frozenset(name for name, value in vars(Settings).items() if isinstance(value, Setting))
-
-app_settings = Settings()

@@ -5,7 +5,7 @@ gives the tokens back unless the attempt failed.
 Also, for plain views and DRF alike, the username a credential request presents (read in
 :mod:`~django_throttle.request.usernames`; a limit counted by username keys on it) and whether
 Django's ``user_login_failed`` signal fired for the request (kept by
-:mod:`~django_throttle.request.reservations`: ``LoginView`` answers a wrong password with a 200
+:mod:`~django_throttle.request.core`: ``LoginView`` answers a wrong password with a 200
 re-render, so the status alone does not tell a failure).
 
 Only the rule's own limits are counted here, never the tier's: the view's own throttle (if
@@ -44,7 +44,7 @@ def protect_credentials(view: Any = None, *, scope: str = "login") -> Any:
 
     A view that signs the user in (``django.contrib.auth.login``: ``LoginView``, the
     admin's login) also gives the browser a device cookie, which keeps it an allowance of
-    its own while its username is under attack (:mod:`~django_throttle.request.device_cookies`).
+    its own while its username is under attack (:mod:`~django_throttle.request.usernames`).
     """
     if view is None:
         return functools.partial(protect_credentials, scope=scope)

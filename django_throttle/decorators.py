@@ -45,6 +45,8 @@ def throttle(
     credential: bool | None = None,
     algorithm: Algorithm | str = Algorithm.TOKEN_BUCKET,
     timezone: str = "",
+    delay: int | None = None,
+    max_wait: float | None = None,
 ) -> Callable[[View], View]:
     """Limit a view; a denied request gets 429 with ``Retry-After`` and a JSON body.
 
@@ -58,12 +60,22 @@ def throttle(
     admin, it is counted in the process while the backend is down (never uncounted), or
     refused when the setting says ``closed``. Django's ``LoginView`` (and subclasses)
     decorated through ``method_decorator`` is recognised as one without the flag.
+
+    ``delay`` (with ``algorithm="gcra"``) holds a request back instead of refusing it, as
+    nginx's ``limit_req`` does: of the ``burst`` requests admitted at once, ``delay + 1`` are
+    served at once and the rest wait their turn, one interval apart, at most ``max_wait``
+    seconds (see :class:`~django_throttle.rates.Limit`). The response then says how long in
+    ``X-RateLimit-Delayed``.
     """
     if scope is None and rate is None:
         raise TypeError("throttle() needs scope='…' (admin rules) or rate='…' (inline limit)")
-    if rate is None and (algorithm != Algorithm.TOKEN_BUCKET or timezone or burst is not None):
+    shaped = delay is not None or max_wait is not None
+    if rate is None and (
+        algorithm != Algorithm.TOKEN_BUCKET or timezone or burst is not None or shaped
+    ):
         raise TypeError(
-            "throttle(): burst, algorithm and timezone shape an inline limit: give rate='…' "
+            "throttle(): burst, algorithm, timezone, delay and max_wait shape an inline limit: "
+            "give rate='…' "
             "too, or set them on the scope's limits in the admin"
         )
     if cost is not None and not 1 <= cost <= MAX_COUNT:
@@ -73,8 +85,13 @@ def throttle(
             f"throttle(failure_mode={failure_mode!r}): use one of "
             + ", ".join(repr(mode) for mode in core.FAILURE_MODES)
         )
-    probe = None if rate is None else _probe(rate, burst, algorithm, timezone)
-    if probe is not None and cost is not None and cost > probe.capacity:
+    probe = None if rate is None else _probe(rate, burst, algorithm, timezone, delay, max_wait)
+    if (
+        probe is not None
+        and probe.algorithm != Algorithm.CONCURRENCY  # one slot per request, whatever its cost
+        and cost is not None
+        and cost > probe.capacity
+    ):
         fix = "the rate's count" if probe.algorithm in WINDOW_ALGORITHMS else "the burst"
         raise ValueError(
             f"throttle(cost={cost}): a request costing {cost} could never pass a limit "
@@ -136,10 +153,19 @@ def _owner(view: Callable[..., Any]) -> str:
     return f"{getattr(view, '__module__', '')}.{getattr(view, '__qualname__', repr(view))}"
 
 
-def _probe(rate: str, burst: int | None, algorithm: Algorithm | str, timezone: str) -> Limit:
+def _probe(
+    rate: str,
+    burst: int | None,
+    algorithm: Algorithm | str,
+    timezone: str,
+    delay: int | None = None,
+    max_wait: float | None = None,
+) -> Limit:
     """The inline limit without id or name: every value judged now, by the limit itself."""
     try:
-        return Limit.build("probe", rate, burst, algorithm, timezone=timezone)
+        return Limit.build(
+            "probe", rate, burst, algorithm, timezone=timezone, delay=delay, max_wait=max_wait
+        )
     except InvalidRate as exc:
         given = ", ".join(
             f"{name}={value!r}"
@@ -148,6 +174,8 @@ def _probe(rate: str, burst: int | None, algorithm: Algorithm | str, timezone: s
                 ("burst", burst, None),
                 ("algorithm", str(algorithm), Algorithm.TOKEN_BUCKET),
                 ("timezone", timezone, ""),
+                ("delay", delay, None),
+                ("max_wait", max_wait, None),
             )
             if value != default
         )

@@ -27,11 +27,11 @@ from django_throttle.api_key_authentication import ApiKeyAuthentication
 from django_throttle.conf import app_settings
 from django_throttle.exemptions import is_exempt_view
 from django_throttle.policy import live
-from django_throttle.policy.snapshot import Policy
+from django_throttle.policy.live import Policy
 from django_throttle.rates import Decision
 from django_throttle.request import core
-from django_throttle.request.core import CheckOptions
-from django_throttle.request.headers import (
+from django_throttle.request.core import (
+    CheckOptions,
     retry_after_seconds,
     throttled_body,
     throttled_response,
@@ -100,7 +100,7 @@ class PolicyThrottle:
     View attributes it reads: ``throttle_scope`` (selects endpoint rules of type "scope"),
     ``throttle_failure_mode`` ("open", "closed" or "local": beats the admin's and the
     setting's) and ``throttle_credential`` (a login/token view: never served uncounted
-    while the backend is down, see :meth:`~django_throttle.policy.snapshot.Policy.failure_mode_for`;
+    while the backend is down, see :meth:`~django_throttle.policy.live.Policy.failure_mode_for`;
     DRF's ``ObtainAuthToken`` counts as one).
 
     It implements DRF's throttle interface (``allow_request`` and ``wait``) without subclassing
@@ -125,9 +125,10 @@ class PolicyThrottle:
             http_request.user = request.user
         policy = live.current()
         options = policy.compiled.get(type(view)) or _view_options(view, policy)
-        decision = self.decision = http_request.throttle_decision = core.decide(
-            http_request, policy, options
-        )
+        decision = core.decide(http_request, policy, options)
+        if decision.wait and decision.allowed:
+            decision = core.wait_turn(http_request, decision)
+        self.decision = http_request.throttle_decision = decision
         if decision.allowed:
             return True
         raise _refusal(decision)
@@ -157,6 +158,8 @@ class AsyncPolicyThrottle(PolicyThrottle):
         http_request = _django_request(request)
         # DRF authenticated the request (in adrf's worker thread): its user is loaded.
         decision = await core.acheck(http_request, user_loaded=True, **_view_options(view))
+        if decision.wait and decision.allowed:
+            decision = await core.await_turn(http_request, decision)
         return self._decided(http_request, decision)
 
 

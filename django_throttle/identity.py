@@ -1,8 +1,10 @@
 """Who is calling, as a value: :class:`Identity` (a verified API key, else the authenticated
-user, else the client IP), and the client IP read through trusted proxies only.
+user, else the client IP), the client IP read through trusted proxies only, and API keys as
+text: the ``dt_<prefix>_<secret>`` format, its visible lookup prefix, and the keyed digest
+that is all anyone keeps of a key.
 
 The default resolver that picks one (``DJANGO_THROTTLE_IDENTITY_RESOLVER``,
-:func:`django_throttle.policy.resolver.resolve_identity`) reads the compiled policy for API
+:func:`django_throttle.policy.live.resolve_identity`) reads the compiled policy for API
 keys; this module reads nothing but the request and the settings, so the policy's own types
 can name an :class:`Identity`. A custom resolver imports :class:`Identity`,
 :data:`UNIDENTIFIED` and :func:`client_ip` from here.
@@ -13,15 +15,20 @@ IPv6 clients by prefix (a /64 is one subscriber); unwraps IPv4-mapped and NAT64 
 raises on a malformed header: it falls back to ``REMOTE_ADDR``. A request with no usable
 address at all is :data:`UNIDENTIFIED`, never silently one shared bucket: the core refuses
 it (``conf.UNKNOWN_CLIENT``).
+
+The API key rows (:mod:`django_throttle.models.api_keys`) store a key's digest and the
+compiled policy (:class:`~django_throttle.policy.live.ApiKeyPolicy`) checks a presented key
+against it: both take the format from here, and neither needs the other.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import ipaddress
 import logging
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -42,46 +49,56 @@ def _digest(value: bytes) -> str:
     return hashlib.blake2b(value, digest_size=16).hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Identity:
     """A counted client: ``kind`` is ``"user"``, ``"key"`` or ``"ip"``; ``value`` its id.
 
     ``user_id`` is set for authenticated users so the policy can find their tier.
+
+    ``key`` is ``kind:value``: the client label every backend counts under, always encodable
+    as UTF-8 and at most :data:`MAX_KEY_BYTES` bytes, whatever the value (a 300-character
+    username, an e-mail address, a custom resolver's long token), worked out once when the
+    identity is made. A longer key is written ``<kind>#<digest>`` (128 bits of BLAKE2b over
+    the whole value, in hex), so two long values stay two clients. A value with lone
+    surrogates (bytes a custom resolver decoded with ``surrogateescape``) would fail every
+    backend call; it is written ``<kind>\\0<hex of its bytes>`` instead (digested too when
+    long). No ``kind:value`` key equals either form as long as no kind holds ``:``, ``#`` or
+    NUL: the label is bounded here, once, for every kind of identity.
     """
 
     kind: str
     value: str
     user_id: Any = None
+    #: The client label (see the class docstring).
+    key: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> str:
-        """``kind:value``: the client label every backend counts under, always encodable as
-        UTF-8 and at most :data:`MAX_KEY_BYTES` bytes, whatever the value (a 300-character
-        username, an e-mail address, a custom resolver's long token).
-
-        A longer key is written ``<kind>#<digest>`` (128 bits of BLAKE2b over the whole
-        value, in hex), so two long values stay two clients. A value with lone surrogates
-        (bytes a custom resolver decoded with ``surrogateescape``) would fail every backend
-        call; it is written ``<kind>\\0<hex of its bytes>`` instead (digested too when
-        long). No ``kind:value`` key equals either form as long as no kind holds ``:``,
-        ``#`` or NUL: the label is bounded here, once, for every kind of identity.
-        """
-        key = f"{self.kind}:{self.value}"
-        if key.isascii() and len(key) <= MAX_KEY_BYTES:
-            return key  # the common case, without encoding
-        try:
-            encoded = key.encode()
-        except UnicodeEncodeError:
-            raw = str(self.value).encode("utf-8", "surrogatepass")
-            key = f"{self.kind}\0{raw.hex()}"
-            return key if len(key) <= MAX_KEY_BYTES else f"{self.kind}\0#{_digest(raw)}"
-        if len(encoded) <= MAX_KEY_BYTES:
-            return key
-        return f"{self.kind}#{_digest(str(self.value).encode())}"
+    def __init__(self, kind: str, value: str, user_id: Any = None) -> None:
+        key = f"{kind}:{value}"
+        if not key.isascii() or len(key) > MAX_KEY_BYTES:  # else the common case, as it is
+            key = _bounded_key(kind, value)
+        setattr_ = object.__setattr__  # frozen
+        setattr_(self, "kind", kind)
+        setattr_(self, "value", value)
+        setattr_(self, "user_id", user_id)
+        setattr_(self, "key", key)
 
     @property
     def is_authenticated(self) -> bool:
         return self.kind in ("user", "key")
+
+
+def _bounded_key(kind: str, value: Any) -> str:
+    """``kind:value`` bounded as :class:`Identity` promises, for a key that is not short ASCII."""
+    key = f"{kind}:{value}"
+    try:
+        encoded = key.encode()
+    except UnicodeEncodeError:
+        raw = str(value).encode("utf-8", "surrogatepass")
+        key = f"{kind}\0{raw.hex()}"
+        return key if len(key) <= MAX_KEY_BYTES else f"{kind}\0#{_digest(raw)}"
+    if len(encoded) <= MAX_KEY_BYTES:
+        return key
+    return f"{kind}#{_digest(str(value).encode())}"
 
 
 #: A request whose address cannot be read at all (empty or garbage ``REMOTE_ADDR``, e.g.
@@ -106,6 +123,25 @@ def presented_key(meta: Any) -> str | None:
         if value:
             return value
     return None
+
+
+#: Every API key starts with this: ``dt_<prefix>_<secret>``.
+KEY_SCHEME = "dt"
+#: Longer presented keys are refused unhashed: ours are 56 characters.
+KEY_MAX_LENGTH = 200
+
+
+def key_digest(secret: bytes, key: str) -> bytes:
+    """HMAC-SHA256 of a whole API key: fast, and enough for high-entropy secrets (a password
+    hasher would add milliseconds per request and nothing else)."""
+    return hmac.new(secret, key.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
+
+
+def key_prefix(key: str) -> str:
+    """The visible lookup prefix of ``dt_<prefix>_<secret>``, or "" for anything else."""
+    scheme, _, rest = key.partition("_")
+    prefix, _, secret = rest.partition("_")
+    return prefix if scheme == KEY_SCHEME and secret else ""
 
 
 def client_ip(meta: Any) -> str | None:

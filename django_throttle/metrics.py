@@ -14,6 +14,8 @@ Metrics (all prefixed ``django_throttle_``):
 - ``decisions_total{tier, endpoint, outcome}``: outcome is ``allowed``, ``denied``,
   ``shadow_denied``, ``failed_open`` or ``failed_closed``;
 - ``decision_seconds``: a histogram of the time a decision took, backend call included;
+- ``delays_total{tier, endpoint}``: requests a delaying limit gave a turn to wait for
+  (counted when decided), and ``delay_seconds``, a histogram of those waits;
 - ``backend_errors_total{reason}``: ``timeout``, ``connection``, ``script`` or ``other``;
 - ``circuit_breaker_open``: 1 while a process's breaker is open (the highest of the live
   processes in multiprocess mode); ``circuit_breaker_transitions_total{to}``;
@@ -59,6 +61,16 @@ def _build() -> dict[str, Any]:
             "Time to decide one request, backend call included.",
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
         ),
+        "delays": Counter(
+            "django_throttle_delays",
+            "Requests given a turn to wait for by a delaying limit, by tier and endpoint.",
+            ["tier", "endpoint"],
+        ),
+        "delay_seconds": Histogram(
+            "django_throttle_delay_seconds",
+            "The wait for its turn a delaying limit gave a request.",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0),
+        ),
         "errors": Counter(
             "django_throttle_backend_errors", "Failed backend calls by reason.", ["reason"]
         ),
@@ -102,9 +114,15 @@ def connect() -> bool:
     return True
 
 
-def _decided(*, tier: str, endpoint: str, outcome: str, seconds: float, **_: Any) -> None:
+def _decided(
+    *, tier: str, endpoint: str, outcome: str, seconds: float, decision: Any = None, **_: Any
+) -> None:
     _metrics["decisions"].labels(tier, endpoint, outcome).inc()
     _metrics["seconds"].observe(seconds)
+    wait = getattr(decision, "wait", 0.0)
+    if wait and outcome == "allowed":
+        _metrics["delays"].labels(tier, endpoint).inc()
+        _metrics["delay_seconds"].observe(wait)
 
 
 def _error(*, reason: str, **_: Any) -> None:

@@ -5,8 +5,10 @@ DRF throttle classes cannot touch responses, so :class:`~django_throttle.drf.Pol
 leaves its decision on the request and this middleware writes the headers; a rule that counts
 only successes or failures also leaves a reservation, which this middleware gives back once
 the response shows an outcome the rule does not count (without the middleware every request
-counts). Works in sync and async stacks; a request without a reservation costs one attribute
-lookup.
+counts). A request that holds concurrency slots (a concurrency limit) gives them back here
+once its response is made, or, for a streaming response, once its stream is closed
+(:mod:`~django_throttle.request.leases`). Works in sync and async stacks; a request without a
+reservation or a slot costs two attribute lookups.
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
-from django.http import HttpRequest, HttpResponseBase
+from django.http import HttpRequest
 
-from django_throttle.request import core
-from django_throttle.request.headers import rate_limit_headers
+from django_throttle.request import core, leases
 
 __all__ = ["RateLimitHeadersMiddleware"]
 
@@ -36,27 +37,25 @@ class RateLimitHeadersMiddleware:
     def __call__(self, request: HttpRequest) -> Any:
         if self.is_async:
             return self._acall(request)
-        response = self.get_response(request)
+        response = None
+        try:
+            response = self.get_response(request)
+        finally:
+            if getattr(request, leases.ATTRIBUTE, None):
+                leases.finish(request, response)
         if getattr(request, "throttle_reservations", None):
             core.settle(request, response.status_code)
-        decision = getattr(request, "throttle_decision", None)
-        if decision is not None:  # apply_headers, inline on the sync path
-            setdefault = response.headers.setdefault
-            for name, value in rate_limit_headers(decision).items():
-                setdefault(name, value)
+        core.add_headers(response.headers, getattr(request, "throttle_decision", None))
         return response
 
-    async def _acall(self, request: HttpRequest) -> HttpResponseBase:
-        response = await self.get_response(request)
+    async def _acall(self, request: HttpRequest) -> Any:
+        response = None
+        try:
+            response = await self.get_response(request)
+        finally:
+            if getattr(request, leases.ATTRIBUTE, None):
+                await leases.afinish(request, response)
         if getattr(request, "throttle_reservations", None):
             await core.asettle(request, response.status_code)
-        return self._finish(request, response)
-
-    @staticmethod
-    def _finish(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
-        decision = getattr(request, "throttle_decision", None)
-        if decision is not None:  # apply_headers, inline on the sync path
-            setdefault = response.headers.setdefault
-            for name, value in rate_limit_headers(decision).items():
-                setdefault(name, value)
+        core.add_headers(response.headers, getattr(request, "throttle_decision", None))
         return response

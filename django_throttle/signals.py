@@ -76,7 +76,7 @@ def _stored_limit(model: Any, pk: Any, using: str | None = None) -> Limit | None
 def _call_backend(failure: str, method: str, *args: Any, **kwargs: Any) -> None:
     """Call a backend method through the breaker; an outage only logs ``failure``."""
     from django_throttle.backends import BackendError, get_backend
-    from django_throttle.backends.breaker import get_breaker
+    from django_throttle.backends.redis_nodes import get_breaker
 
     try:
         get_breaker().call(getattr(get_backend(), method), *args, **kwargs)

@@ -16,4 +16,4 @@ INSTALLED_APPS = [
     "django_throttle",
 ]
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
-DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"
+DJANGO_THROTTLE_REDIS_URL = "memory://"

@@ -105,12 +105,10 @@ DJANGO_THROTTLE_METRICS = True
 # REDIS_URL if you set it; else the Redis of the run_demo running on this database (its
 # private redis-server), so commands in a second terminal see and reset the server's counters.
 _running_demo = demo_state.read(RUN_DEMO_STATE_FILE)
+# Without Redis (plain `manage.py runserver`, `migrate`…) count in this one process.
 DJANGO_THROTTLE_REDIS_URL = os.environ.get("REDIS_URL") or (
-    _running_demo["redis_url"] if _running_demo else None
+    _running_demo["redis_url"] if _running_demo else "memory://"
 )
-if not DJANGO_THROTTLE_REDIS_URL:
-    # Without Redis (plain `manage.py runserver`, `migrate`…) count in this one process.
-    DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"
 # Lets several demo runs (or the test suite) share one Redis without sharing counters; the
 # running demo's prefix when counting in its Redis.
 DJANGO_THROTTLE_KEY_PREFIX = os.environ.get("DJANGO_THROTTLE_KEY_PREFIX") or (

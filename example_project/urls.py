@@ -1,5 +1,5 @@
 """URLs of the demo project: the admin (with the throttle dashboard and inspector under
-"Usage counts"), three DRF endpoints, two plain Django views, a login page and a token
+"Usage counts"), four DRF endpoints, two plain Django views, a login page and a token
 endpoint whose attempts are counted before the password is checked (the admin's login too),
 the OpenAPI schema and Prometheus metrics (for staff only)."""
 
@@ -22,7 +22,9 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/ping/", views.PingView.as_view(), name="ping"),
     path("api/items/", views.ItemsView.as_view(), name="items"),
+    path("api/search/", views.SearchView.as_view(), name="search"),
     path("api/export/", views.ExportView.as_view(), name="export"),
+    path("api/export/download/", views.ExportDownloadView.as_view(), name="export-download"),
     path("hello/", views.hello, name="hello"),
     path("hello-async/", views.hello_async, name="hello-async"),
     # Rule "login": 5 failed attempts a minute per IP address, 10 an hour per username.

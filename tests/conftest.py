@@ -16,7 +16,7 @@ from example_project.private_redis import PrivateRedis
 _private: PrivateRedis | None = None
 
 #: ``DJANGO_THROTTLE_TEST_ACL=least-privilege``: the throttle counts as an ACL user holding
-#: only :func:`~django_throttle.backends.redis_acl.acl_rules` (on the suite's own server).
+#: only :func:`~django_throttle.backends.redis_clients.acl_rules` (on the suite's own server).
 ACL_MODE = "least-privilege"
 #: Every test's key prefix starts so (``_isolated_throttle``).
 TEST_PREFIX = "dtt"
@@ -59,7 +59,7 @@ def _least_privilege_user(admin_url: str) -> str:
     """Add the throttle's ACL user to the server at ``admin_url``; the URL that logs in as it.
 
     Its rules are the docs' for the default prefix, plus the tests' prefixes."""
-    from django_throttle.backends.redis_acl import acl_rules
+    from django_throttle.backends.redis_clients import acl_rules
 
     password = secrets.token_urlsafe(16)
     rules = [*acl_rules("dt"), f"~{TEST_PREFIX}*", "on", f">{password}"]
@@ -101,34 +101,36 @@ def redis_client(redis_admin_url: str) -> Iterator[redis.Redis]:
 @pytest.fixture(params=["redis", "memory"])
 def backend(request: pytest.FixtureRequest, settings: Any) -> Iterator[Any]:
     """The configured backend, once as Redis (the suite's own server) and once in memory: a
-    test taking it runs against both, with the same expectations."""
+    test taking it runs against both, with the same expectations (and the same key shards,
+    when a fixture before it asked for some on the Redis URL)."""
     from django_throttle.backends import get_backend
     from django_throttle.backends.memory import MemoryBackend
     from django_throttle.backends.redis import RedisBackend
+    from django_throttle.conf import split_shards
 
     if request.param == "memory":
-        settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"
+        shards = split_shards(settings.DJANGO_THROTTLE_REDIS_URL or "")[1]
+        settings.DJANGO_THROTTLE_REDIS_URL = "memory://" + (f"?shards={shards}" if shards else "")
     instance = get_backend()
     assert isinstance(instance, RedisBackend if request.param == "redis" else MemoryBackend)
     yield instance
 
 
 @pytest.fixture(autouse=True)
-def _isolated_throttle(settings: object, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Give every test its own key prefix, backend instance and policy cache, and exact
-    per-client usage counts (tests/test_usage_sampling.py covers the sampled default)."""
+def _isolated_throttle(settings: object) -> Iterator[str]:
+    """Give every test its own key prefix, backend instance and policy cache."""
     from django_throttle import backends
-    from django_throttle.backends import usage_base
     from django_throttle.policy import live as policy
     from django_throttle.usage import accounting as usage
 
-    monkeypatch.setattr(usage_base, "CLIENT_SAMPLE", 1)
     prefix = f"{TEST_PREFIX}{uuid.uuid4().hex[:10]}"
     settings.DJANGO_THROTTLE_KEY_PREFIX = prefix  # type: ignore[attr-defined]
+    usage.wait_pushed()  # no push of an earlier test's in flight
     backends.reset_backend_cache()
     policy.reset()
     usage.reset()
     yield prefix
+    usage.wait_pushed()
     backends.reset_backend_cache()
     policy.reset()
     usage.reset()

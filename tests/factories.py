@@ -1,13 +1,27 @@
-"""Small helpers that create policy rows the way an operator would in the admin."""
+"""Small helpers that create policy rows the way an operator would in the admin, and a
+``REDIS_URL`` with a number of key shards (``?shards=N``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import ParamSpec, TypeVar
 
-from django.db import connection
+from django.db import connection, connections
 
+from django_throttle.conf import split_shards
 from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierLimit
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def with_shards(url: str | None, shards: int) -> str:
+    """``url`` (unset: ``cache://default``) asking for ``shards`` key shards, any
+    ``shards`` it asked for before replaced."""
+    base = split_shards(url or "cache://default")[0]
+    return f"{base}{'&' if '?' in base else '?'}shards={shards}"
 
 
 def tier(slug: str, *rates: str, burst: int | None = None, **flags: object) -> Tier:
@@ -58,3 +72,19 @@ def check_constraints_off() -> Iterator[None]:
             cursor.execute(f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {name}")
         cursor.execute("SET CONSTRAINTS ALL DEFERRED")
         yield
+
+
+def own_connections(work: Callable[P, T]) -> Callable[P, T]:
+    """``work`` for a thread of its own: the database connections the thread opened (a
+    request's policy load) are closed when it is done, as a server closes them after each
+    request. The test client leaves them open, and PostgreSQL refuses to drop the test
+    database while any is."""
+
+    @functools.wraps(work)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return work(*args, **kwargs)
+        finally:
+            connections.close_all()
+
+    return run

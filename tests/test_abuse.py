@@ -19,7 +19,7 @@ from django_throttle.models import TierLimit
 from django_throttle.policy import live as policy
 from django_throttle.rates import Limit
 from django_throttle.request import core
-from tests.factories import endpoint, tier
+from tests.factories import endpoint, tier, with_shards
 
 pytestmark = pytest.mark.django_db
 
@@ -66,8 +66,10 @@ def test_200_rotating_addresses_get_no_more_than_the_shared_ceiling_split_per_sh
     """One shard (the default on a single Redis): exactly the ceiling, 50. 16 shards (a
     Cluster's default): each shard admits ceil(50 / 16) = 4, at most 16 x 4 = 64."""
     if key_shards is not None:
-        settings.DJANGO_THROTTLE_KEY_SHARDS = key_shards
-    shards = app_settings.KEY_SHARDS
+        settings.DJANGO_THROTTLE_REDIS_URL = with_shards(
+            settings.DJANGO_THROTTLE_REDIS_URL, key_shards
+        )
+    shards = app_settings.key_shards
     share = math.ceil(CEILING / shards)
     per_shard = Counter(shard_of(f"ip:{address}", shards) for address in ADDRESSES)
     # Each shard admits its share and no more; a shard with fewer requests admits them all.
@@ -104,7 +106,7 @@ def test_the_admin_warns_about_a_shared_ceiling_whose_share_a_rule_cost_exceeds(
     """50/min over 16 shards (a Cluster's default) holds 4 per shard: a rule costing 10
     could never pass it, which the admin says after saving (the tier's clients may never
     reach that rule)."""
-    settings.DJANGO_THROTTLE_KEY_SHARDS = 16
+    settings.DJANGO_THROTTLE_REDIS_URL = with_shards(settings.DJANGO_THROTTLE_REDIS_URL, 16)
     endpoint("export", "scope", "export", cost=10)
     data = {
         "slug": "anonymous",

@@ -1,4 +1,4 @@
-"""The least-privilege ACL user of :mod:`django_throttle.backends.redis_acl`, on servers this
+"""The least-privilege ACL user of :mod:`django_throttle.backends.redis_clients`, on servers this
 module starts: the throttle counts, peeks, refunds, resets, retimes, keeps the policy version
 and pushes and reads usage holding exactly :func:`acl_rules` (the docs' rules), sync and async,
 for every algorithm; the user can touch nothing outside its prefix and run no dangerous
@@ -21,9 +21,9 @@ from django.test import Client
 from django_throttle.backends import get_backend, reset_backend_cache
 from django_throttle.backends.base import BackendError
 from django_throttle.backends.redis import RedisBackend
-from django_throttle.backends.redis_acl import COMMANDS, acl_rules, glob_escape, key_pattern
-from django_throttle.backends.redis_usage import RedisUsage
-from django_throttle.rates import Algorithm, Limit
+from django_throttle.backends.redis_clients import COMMANDS, acl_rules, glob_escape, key_pattern
+from django_throttle.backends.usage_store import RedisUsage
+from django_throttle.rates import RATE_ALGORITHMS, Algorithm, Limit
 from tests.redis_servers import LOOPBACK, RedisServer
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "howto" / "managed-redis.md"
@@ -66,7 +66,7 @@ def limits(algorithm: str, name: str = "acl") -> tuple[Limit, ...]:
     return (Limit.build(name, f"{LIMIT}/d", algorithm=algorithm),)
 
 
-@pytest.mark.parametrize("algorithm", list(Algorithm))
+@pytest.mark.parametrize("algorithm", RATE_ALGORITHMS)
 def test_every_algorithm_counts_exactly_as_the_least_privilege_user(
     least: RedisBackend, algorithm: str
 ) -> None:
@@ -84,6 +84,26 @@ def test_every_algorithm_counts_exactly_as_the_least_privilege_user(
     refunded = least.hit("refunded", lim, 2)
     least.refund("refunded", lim, 2, taken_at=dict(refunded.taken).get("refunded"))
     assert least.peek("refunded", lim).remaining == LIMIT
+    least.reset("sync", lim)
+    assert least.peek("sync", lim).remaining == LIMIT
+
+
+def test_concurrency_leases_as_the_least_privilege_user(least: RedisBackend) -> None:
+    lim = limits(Algorithm.CONCURRENCY)
+    held = [least.hit("sync", lim) for _ in range(LIMIT + 1)]
+    assert [decision.allowed for decision in held] == [True] * LIMIT + [False]
+
+    async def burst() -> list[bool]:
+        decisions = await asyncio.gather(*(least.ahit("async", lim) for _ in range(LIMIT + 3)))
+        return [decision.allowed for decision in decisions]
+
+    assert sum(asyncio.run(burst())) == LIMIT
+    assert len(least.leases("sync", lim[0])) == LIMIT  # the inspector's read (TIME, ZRANGEBYSCORE)
+    [(_client, lease)] = held[0].leases
+    assert least.renew("sync", lim, lease) == 1
+    assert least.release("sync", lim, lease) == 1
+    assert least.hit("sync", lim).allowed
+    assert least.retime(lim) == 2  # both clients' keys
     least.reset("sync", lim)
     assert least.peek("sync", lim).remaining == LIMIT
 

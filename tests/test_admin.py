@@ -347,6 +347,39 @@ def test_endpoint_limit_below_the_cost_is_an_error_on_that_row(
     assert not EndpointLimit.objects.exists()
 
 
+def test_a_concurrency_limit_takes_a_rule_of_any_cost(admin_client: Client, free: Tier) -> None:
+    """A request takes one slot whatever its cost: a costly export may hold two at a time."""
+    data = rule_form(cost="10") | inline(
+        [limit_row("2/min", tier=str(free.pk), algorithm="concurrency")]
+    )
+    response = admin_client.post(reverse("admin:django_throttle_endpointrule_add"), data)
+    assert response.status_code == 302, row_errors(response)
+    assert EndpointLimit.objects.get().algorithm == "concurrency"
+
+
+def test_a_gcra_limit_takes_a_delay_and_a_longest_wait(admin_client: Client, free: Tier) -> None:
+    data = rule_form() | inline(
+        [
+            limit_row("2/s", "5", tier=str(free.pk), algorithm="gcra", delay="1", max_wait="1.5"),
+            limit_row("2/s", "5", tier=str(free.pk), delay="1"),  # a token bucket: no delay
+            limit_row("2/s", "5", tier=str(free.pk), algorithm="gcra", delay="5"),
+        ]
+    )
+    response = admin_client.post(reverse("admin:django_throttle_endpointrule_add"), data)
+    assert response.status_code == 200
+    errors = row_errors(response)
+    assert errors[0] == {}
+    assert errors[1]["delay"][0].startswith("only a GCRA limit delays")
+    assert "between 0 and the burst less one (4)" in errors[2]["delay"][0]
+    data = rule_form() | inline(
+        [limit_row("2/s", "5", tier=str(free.pk), algorithm="gcra", delay="1", max_wait="1.5")]
+    )
+    response = admin_client.post(reverse("admin:django_throttle_endpointrule_add"), data)
+    assert response.status_code == 302
+    limit = EndpointLimit.objects.get().to_limit()
+    assert (limit.delay, limit.max_wait, limit.burst) == (1, 1.5, 5)
+
+
 def test_raising_the_cost_above_existing_endpoint_limits_is_refused(
     admin_client: Client, free: Tier
 ) -> None:
@@ -588,14 +621,16 @@ def test_limit_rows_carry_what_each_algorithm_uses(admin_client: Client, setting
     empty_row = page[page.index('id="limits-empty"') :]
     assert uses_by_option(empty_row) == {
         "token_bucket": "burst",
-        "gcra": "burst",
+        "gcra": "burst delay max_wait",
         "leaky_bucket": "burst",
         "fixed_window": "",
         "sliding_window_log": "",
         "sliding_window_counter": "",
         "calendar_quota": "timezone",
+        "concurrency": "",
     }
     assert shows(response, "resets at midnight in the time zone (empty = the site's TIME_ZONE)")
+    assert shows(response, "the period is the lease")
 
 
 def test_the_page_script_ships_with_the_package() -> None:

@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from django_throttle.calendar import windows
-from django_throttle.rates import Algorithm
+from django_throttle.rates import Algorithm, windows
 from tests.bench_scripts import run_json
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,7 +67,7 @@ def _serve(url: str, barrier: Any, tasks: Any, results: Any) -> None:
         if url.startswith("redis+cluster://"):  # tests/test_cluster.py: the backend's own client
             settings.DJANGO_THROTTLE_REDIS_URL = url
             settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 10, "timeout": 10}
-            settings.DJANGO_THROTTLE_KEY_SHARDS = 16
+            settings.DJANGO_THROTTLE_REDIS_URL = f"{url}?shards=16"
             backend = RedisBackend()
             client: Any = backend.client
         elif url.startswith("redis+sentinel://"):  # tests/test_sentinel.py: the backend's own

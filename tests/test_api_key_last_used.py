@@ -24,11 +24,10 @@ from django_throttle.policy import live as policy
 from django_throttle.rates import Limit
 from django_throttle.request import core
 from django_throttle.usage import accounting as usage
-from tests.factories import tier
+from tests.factories import tier, with_shards
 
 pytestmark = pytest.mark.django_db
 
-MEMORY = "django_throttle.backends.memory.MemoryBackend"
 LIMITS = (Limit.build("seen", "1000000/s"),)
 
 
@@ -145,7 +144,7 @@ def test_without_usage_counting_nothing_is_recorded(backend: Backend) -> None:
 def test_the_redis_set_gets_its_ttl_when_a_member_is_new(
     redis_client: redis.Redis, settings: Any
 ) -> None:
-    settings.DJANGO_THROTTLE_KEY_SHARDS = 1
+    settings.DJANGO_THROTTLE_REDIS_URL = with_shards(settings.DJANGO_THROTTLE_REDIS_URL, 1)
     backend = get_backend()
     assert isinstance(backend, RedisBackend)
     field = usage.field_for("t", "")
@@ -167,9 +166,9 @@ def test_the_redis_set_gets_its_ttl_when_a_member_is_new(
 
 
 def test_the_set_is_bounded_per_shard(backend: Backend, settings: Any) -> None:
-    from django_throttle.backends.usage_base import KEYS_SEEN_MAX
+    from django_throttle.backends.usage_store import KEYS_SEEN_MAX
 
-    settings.DJANGO_THROTTLE_KEY_SHARDS = 1
+    settings.DJANGO_THROTTLE_REDIS_URL = with_shards(settings.DJANGO_THROTTLE_REDIS_URL, 1)
     backend = get_backend()
     field = usage.field_for("t", "")
     start = 1_800_000_000.0

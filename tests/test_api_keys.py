@@ -27,7 +27,6 @@ from django_throttle.middleware import RateLimitHeadersMiddleware
 from django_throttle.models import ApiKey, Tier
 from django_throttle.models.api_keys import digest_hex
 from django_throttle.policy import live as policy
-from django_throttle.policy import resolver, snapshot
 from django_throttle.request import core
 from tests.factories import tier
 
@@ -112,7 +111,7 @@ def test_the_digest_is_keyed_by_the_api_key_secret_setting(
     row, full_key = api_key
     settings.DJANGO_THROTTLE_API_KEY_SECRET = "x" * 40
     assert digest_hex(full_key) != row.hashed
-    assert resolver.verified_api_key(RequestFactory().get("/", **auth(full_key))) is None
+    assert policy.verified_api_key(RequestFactory().get("/", **auth(full_key))) is None
 
 
 # Counting -------------------------------------------------------------------------------------
@@ -234,13 +233,13 @@ def test_unknown_prefix_and_wrong_secret_cost_the_same_work(
     compiled = warm()
     row, full_key = api_key
     calls: list[str] = []
-    real_digest, real_compare = snapshot.key_digest, hmac.compare_digest
-    monkeypatch.setattr(snapshot, "key_digest", lambda *a: calls.append("hmac") or real_digest(*a))
+    real_digest, real_compare = policy.key_digest, hmac.compare_digest
+    monkeypatch.setattr(policy, "key_digest", lambda *a: calls.append("hmac") or real_digest(*a))
     monkeypatch.setattr(
-        snapshot.hmac, "compare_digest", lambda *a: calls.append("compare") or real_compare(*a)
+        policy.hmac, "compare_digest", lambda *a: calls.append("compare") or real_compare(*a)
     )
     for key in bad_keys(row, full_key).values():
-        if len(key) <= snapshot.KEY_MAX_LENGTH:
+        if len(key) <= policy.KEY_MAX_LENGTH:
             calls.clear()
             assert compiled.verify_key(key, b"tests-only-not-secret", 0.0) is None
             assert calls == ["hmac", "compare"]
@@ -288,12 +287,12 @@ def test_revoking_takes_effect_at_the_next_reload(
     row, full_key = api_key
     assert row.prefix in warm().api_keys
     request = RequestFactory().get("/", **auth(full_key))
-    assert resolver.resolve_identity(request).kind == "key"
+    assert policy.resolve_identity(request).kind == "key"
     version = policy.current().version
     with django_capture_on_commit_callbacks(execute=True):
         row.active = False
         row.save()
-    assert resolver.resolve_identity(request).kind == "ip"
+    assert policy.resolve_identity(request).kind == "ip"
     assert policy.current().version != version  # other processes reload too
 
 
@@ -304,7 +303,7 @@ def test_deleting_a_key_takes_effect_at_the_next_reload(
     warm()
     row.delete()
     request = RequestFactory().get("/", **auth(full_key))
-    assert resolver.resolve_identity(request).kind == "ip"
+    assert policy.resolve_identity(request).kind == "ip"
 
 
 def test_expiry_is_checked_per_request_without_a_reload(
@@ -318,9 +317,9 @@ def test_expiry_is_checked_per_request_without_a_reload(
     warm()
     request = RequestFactory().get("/", **auth(full_key))
     with django_assert_num_queries(0):
-        assert resolver.resolve_identity(request) == identity.Identity("key", row.prefix)
-        monkeypatch.setattr(resolver, "clock", lambda: expires.timestamp())
-        assert resolver.resolve_identity(request).kind == "ip"
+        assert policy.resolve_identity(request) == identity.Identity("key", row.prefix)
+        monkeypatch.setattr(policy, "key_clock", lambda: expires.timestamp())
+        assert policy.resolve_identity(request).kind == "ip"
 
 
 # DRF authentication ----------------------------------------------------------------------------
@@ -366,7 +365,7 @@ def test_the_admin_shows_the_new_key_once(partner: Tier, admin_client: Client) -
     [full_key] = KEY_PATTERN.findall(response.content.decode())
     row = ApiKey.objects.get()
     assert row.hashed == digest_hex(full_key)
-    assert resolver.verified_api_key(RequestFactory().get("/", **auth(full_key))) is not None
+    assert policy.verified_api_key(RequestFactory().get("/", **auth(full_key))) is not None
     for url in (
         reverse("admin:django_throttle_apikey_change", args=[row.pk]),
         reverse("admin:django_throttle_apikey_changelist"),

@@ -25,7 +25,7 @@ from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.backends.scripts import RETIME_FILES, load_script
 from django_throttle.rates import Limit, Rate
-from django_throttle.request.headers import retry_after_seconds, whole_seconds
+from django_throttle.request.core import retry_after_seconds, whole_seconds
 from tests.bucket_state import pack_bucket, unpack_bucket
 from tests.redis_servers import attempts
 
@@ -218,7 +218,7 @@ def _process_worker(
     barrier.wait()  # type: ignore[attr-defined]
     allowed = 0
     for _ in range(n):
-        reply = script(keys=[backend_key], args=["1", "0", "", "t10:360000000"])
+        reply = script(keys=[backend_key], args=["1", "0", "t10:360000000"])
         allowed += int(reply[0])  # [allowed, index, ...]
     out.put(allowed)  # type: ignore[attr-defined]
 
@@ -331,7 +331,7 @@ def test_each_mix_of_algorithms_runs_a_script_defining_only_those_algorithms(
 def test_compact_numbers_in_specs_are_read_exactly_by_lua(
     redis_client: redis.Redis, n: float
 ) -> None:
-    from django_throttle.backends.frames import compact
+    from django_throttle.backends.redis import compact
 
     text = compact(int(n))
     assert len(text) <= len(str(int(n)))
@@ -598,7 +598,7 @@ VALID_LIMIT = "t10:1000000"
 
 
 def _script_args(*limits: str, cost: str = "1", peek: str = "0", now: str = "") -> list[str]:
-    return [cost, peek, now, *limits]
+    return [cost, peek, *limits, now]
 
 
 @pytest.mark.parametrize(
@@ -608,7 +608,7 @@ def _script_args(*limits: str, cost: str = "1", peek: str = "0", now: str = "") 
         # the first key had been written.
         (
             _script_args(VALID_LIMIT, f"t{10**9}:{366 * 86400 * 10**6}", cost=str(10**9)),
-            "ARGV[5] capacity x interval",
+            "ARGV[4] capacity x interval",
         ),
         (
             _script_args(VALID_LIMIT, VALID_LIMIT, cost=str(2**31 - 1)),
@@ -617,20 +617,23 @@ def _script_args(*limits: str, cost: str = "1", peek: str = "0", now: str = "") 
         (_script_args(VALID_LIMIT, VALID_LIMIT, cost="-1"), "ARGV[1] cost must be a whole number"),
         (_script_args(VALID_LIMIT, VALID_LIMIT, cost="1.5"), "ARGV[1] cost must be a whole number"),
         (_script_args(VALID_LIMIT, VALID_LIMIT, cost="hit"), "ARGV[1] cost must be a whole number"),
-        (_script_args(VALID_LIMIT, "x10:1000000"), "ARGV[5] limit spec"),
-        (_script_args(VALID_LIMIT, "token_bucket10:1000000"), "ARGV[5] limit spec"),
-        (_script_args(VALID_LIMIT, "t0:1000000"), "ARGV[5] capacity"),
-        (_script_args(VALID_LIMIT, "t2.5:1000000"), "ARGV[5] limit spec"),
-        (_script_args(VALID_LIMIT, "tx:1000000"), "ARGV[5] limit spec"),
-        (_script_args(VALID_LIMIT, "t10:0"), "ARGV[5] interval"),
-        (_script_args(VALID_LIMIT, "t10:-5"), "ARGV[5] interval"),
-        (_script_args(VALID_LIMIT, "t10:inf"), "ARGV[5] interval"),
-        (_script_args(VALID_LIMIT, "t10:nan"), "ARGV[5] interval"),
-        (_script_args(VALID_LIMIT, "t?10:1000000"), "ARGV[5] limit spec"),
-        (_script_args(VALID_LIMIT, VALID_LIMIT)[:-1], "expected 5 arguments for 2 keys, got 4"),
+        (_script_args(VALID_LIMIT, "x10:1000000"), "ARGV[4] limit spec"),
+        (_script_args(VALID_LIMIT, "token_bucket10:1000000"), "ARGV[4] limit spec"),
+        (_script_args(VALID_LIMIT, "t0:1000000"), "ARGV[4] capacity"),
+        (_script_args(VALID_LIMIT, "t2.5:1000000"), "ARGV[4] limit spec"),
+        (_script_args(VALID_LIMIT, "tx:1000000"), "ARGV[4] limit spec"),
+        (_script_args(VALID_LIMIT, "t10:0"), "ARGV[4] interval"),
+        (_script_args(VALID_LIMIT, "t10:-5"), "ARGV[4] interval"),
+        (_script_args(VALID_LIMIT, "t10:inf"), "ARGV[4] interval"),
+        (_script_args(VALID_LIMIT, "t10:nan"), "ARGV[4] interval"),
+        (_script_args(VALID_LIMIT, "t?10:1000000"), "ARGV[4] limit spec"),
+        (
+            _script_args(VALID_LIMIT, VALID_LIMIT)[:-2],
+            "expected 4 to 6 arguments for 2 keys, got 3",
+        ),
         (_script_args(VALID_LIMIT, VALID_LIMIT, peek="yes"), "ARGV[2] peek must be '0' or '1'"),
-        (_script_args(VALID_LIMIT, VALID_LIMIT, now="soon"), "ARGV[3] now"),
-        (_script_args(VALID_LIMIT, VALID_LIMIT, now="1.5"), "ARGV[3] now"),
+        (_script_args(VALID_LIMIT, VALID_LIMIT, now="soon"), "ARGV[5] now"),
+        (_script_args(VALID_LIMIT, VALID_LIMIT, now="1.5"), "ARGV[5] now"),
     ],
 )
 def test_script_validates_every_argument_before_writing(
@@ -1026,7 +1029,7 @@ def test_calendar_quota_works_on_the_server_clock(
 def test_calendar_specs_are_encoded_again_when_their_window_ends(
     redis_backend: RedisBackend,
 ) -> None:
-    from django_throttle.backends.frames import FOREVER
+    from django_throttle.backends.redis import FOREVER
 
     calls = redis_backend._calls
     plain = (REFERENCE,)
@@ -1040,10 +1043,27 @@ def test_calendar_specs_are_encoded_again_when_their_window_ends(
     yesterday = calls.encoded(quota, round((time.time() - 86400) * 1e6))
     assert yesterday.valid_until == first.valid_until - 86400
     assert calls.encoded(quota) is first
-    calls._cache.put(quota, dataclasses.replace(first, valid_until=time.time() - 1))
+    calls.keep(quota, dataclasses.replace(first, valid_until=time.time() - 1))
     again = calls.encoded(quota)
     assert again.valid_until == first.valid_until
     assert again is not first
+
+
+def test_a_limit_list_is_encoded_once_by_value_and_again_when_edited(
+    redis_backend: RedisBackend,
+) -> None:
+    """Encodings are found by the limits' ids and used only for equal limits: a new tuple of
+    the same limits (the request path builds one per request) or equal new objects find the
+    entry; a limit edited under the same id is encoded again (issue 31 item 5: no cache keyed
+    by ``id()``)."""
+    calls = redis_backend._calls
+    limit = Limit.build("edited", "10/m")
+    first = calls.encoded((limit,))
+    assert calls.encoded([limit]) is first
+    assert calls.encoded((Limit.build("edited", "10/m"),)) is first
+    edited = calls.encoded((Limit.build("edited", "20/m"),))
+    assert edited is not first and edited.specs != first.specs
+    assert calls.encoded((Limit.build("edited", "20/m"),)) is edited
 
 
 def test_async_calls_send_the_same_bytes(redis_backend: RedisBackend) -> None:
@@ -1119,19 +1139,19 @@ def test_retime_of_a_changed_algorithm_ignores_the_old_spec(
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("g10:1.5", "ARGV[5] emission interval"),
-        ("g10:0", "ARGV[5] emission interval"),
-        (f"g{10**9}:{10**9}", "ARGV[5] capacity x emission interval"),
-        ("l10:0", "ARGV[5] interval"),
-        ("f10:0", "ARGV[5] period"),
-        ("f10:1:2", "ARGV[5] fixed window spec"),
-        ("s10:1.5", "ARGV[5] period"),
-        ("w10001:1000000", "ARGV[5] capacity must be at most 10000"),
-        ("w10:-1", "ARGV[5] period"),
-        ("c10:1:2:3", "ARGV[5] calendar boundaries must be 4"),
-        ("c10:4:3:2:1", "ARGV[5] calendar boundaries must be 4"),
-        ("c10:1:2:3:4", "ARGV[5] calendar boundaries must cover now"),
-        ("t10:1000000:5", "ARGV[5] limit spec"),
+        ("g10:1.5", "ARGV[4] emission interval"),
+        ("g10:0", "ARGV[4] emission interval"),
+        (f"g{10**9}:{10**9}", "ARGV[4] capacity x emission interval"),
+        ("l10:0", "ARGV[4] interval"),
+        ("f10:0", "ARGV[4] period"),
+        ("f10:1:2", "ARGV[4] fixed window spec"),
+        ("s10:1.5", "ARGV[4] period"),
+        ("w10001:1000000", "ARGV[4] capacity must be at most 10000"),
+        ("w10:-1", "ARGV[4] period"),
+        ("c10:1:2:3", "ARGV[4] calendar boundaries must be 4"),
+        ("c10:4:3:2:1", "ARGV[4] calendar boundaries must be 4"),
+        ("c10:1:2:3:4", "ARGV[4] calendar boundaries must cover now"),
+        ("t10:1000000:5", "ARGV[4] limit spec"),
     ],
 )
 def test_every_algorithm_spec_is_validated_before_writing(
@@ -1140,7 +1160,7 @@ def test_every_algorithm_spec_is_validated_before_writing(
     limits = [Limit.build(name, "1/s") for name in ("first", "second")]
     keys = [redis_backend.key("c", limit) for limit in limits]
     with pytest.raises(redis.ResponseError, match=re.escape(message)):
-        redis_client.eval(load_script(), 2, *keys, "1", "0", "", "w10:1000000", spec)
+        redis_client.eval(load_script(), 2, *keys, "1", "0", "w10:1000000", spec)
     assert redis_client.exists(*keys) == 0
 
 

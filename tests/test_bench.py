@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -167,3 +168,52 @@ def test_script_mix_bench_times_both_framings_of_every_algorithm() -> None:
         for name in ("own mix", "all seven", "minimal"):
             assert row[name] > 0, (name, row)
         assert row["ping"] >= 0, row  # 30 PINGs can add up to under a microsecond
+
+
+@pytest.mark.slow
+def test_reply_bench_times_every_shape_on_its_own_server() -> None:
+    """bench_reply.py runs end to end on its own server: PING and every reply shape timed in
+    every round (the numbers themselves are never asserted)."""
+    report = run_json("bench_reply.py", "--calls", "50", "--rounds", "2")
+    assert set(report["us_per_call"]) == {"PING", "seven integers", "four integers", "one integer"}
+    assert all(len(figures) == 2 and min(figures) > 0 for figures in report["us_per_call"].values())
+    assert report["parser"]
+
+
+@pytest.mark.slow
+def test_concurrency_load_test_keeps_the_slow_endpoint_to_its_slots(tmp_path: Path) -> None:
+    """load_concurrency.py --quick runs gunicorn end to end, twice: without the limit nothing
+    is refused; with it the slow endpoint is refused and never holds more workers than its
+    clients' slots. Counts and bounds only, never the latencies."""
+    pytest.importorskip("gunicorn")
+    report = run_json("load_concurrency.py", "--quick", "--out-dir", str(tmp_path))
+    runs = {run["run"]: run for run in report["runs"]}
+    share = report["settings"]["share"]
+    unlimited, limited = runs["unlimited"]["summary"], runs["limited"]["summary"]
+    for summary in (unlimited, limited):
+        assert summary["slow_samples"] > 0 and summary["slow_served_per_s"] > 0, summary
+        assert summary["fast_due"] > 0 and summary["fast_not_200"] == 0, summary
+        assert summary["slow_other"] == 0, summary
+    assert unlimited["slow_refused_per_s"] == 0
+    assert limited["slow_refused_per_s"] > 0
+    assert 1 <= limited["slow_in_flight_max"] <= share < report["settings"]["workers"]
+    assert all(run["server_log_problems"] == 0 for run in report["runs"])
+    assert (tmp_path / "load_concurrency_quick.json").exists()
+
+
+@pytest.mark.slow
+def test_delay_load_test_serves_bursty_clients_without_429s(tmp_path: Path) -> None:
+    """load_delay.py --quick runs uvicorn end to end, twice: clients that keep fewer requests
+    open than the burst are refused by the rejecting limit and never by the delaying one,
+    which holds some of them back instead. Counts only, never the latencies."""
+    pytest.importorskip("uvicorn")
+    report = run_json("load_delay.py", "--quick", "--out-dir", str(tmp_path))
+    runs = {run["run"]: run["summary"] for run in report["runs"]}
+    reject, delay = runs["reject"], runs["delay"]
+    for summary in (reject, delay):
+        assert summary["served_per_s"] > 0 and summary["other_statuses"] == 0, summary
+    assert reject["refused_per_s"] > 0 and reject["delayed_share"] == 0, reject
+    assert delay["refused_per_s"] == 0 and delay["delayed_share"] > 0, delay
+    assert report["settings"]["connections"] < report["settings"]["burst"]
+    assert all(run["server_log_problems"] == 0 for run in report["runs"])
+    assert (tmp_path / "load_delay_quick.json").exists()

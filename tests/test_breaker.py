@@ -15,9 +15,9 @@ import pytest
 
 from django_throttle import events
 from django_throttle.backends import BackendError, get_backend, reset_backend_cache
-from django_throttle.backends import breaker as breaker_module
-from django_throttle.backends.breaker import CircuitBreaker, CircuitOpen, get_breaker
+from django_throttle.backends import redis_nodes as breaker_module
 from django_throttle.backends.redis import RedisBackend
+from django_throttle.backends.redis_nodes import CircuitBreaker, CircuitOpen, get_breaker
 from django_throttle.rates import Limit
 from example_project.private_redis import free_port
 

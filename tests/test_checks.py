@@ -35,17 +35,18 @@ def test_defaults_pass(settings: Any) -> None:
 @pytest.mark.parametrize(
     ("name", "value", "check_id"),
     [
-        ("BACKEND", "django_throttle.backends.nowhere.Backend", "E001"),
-        ("BACKEND", "nodots", "E001"),
-        ("BACKEND", "django_throttle.rates.Rate", "E001"),
-        ("BACKEND", "django_throttle.backends.get_backend", "E001"),
-        ("BACKEND", 42, "E001"),
         ("REDIS_URL", "http://x", "E002"),
         ("REDIS_URL", "localhost:6379", "E002"),
         ("REDIS_URL", 6379, "E002"),
         ("REDIS_OPTIONS", [("socket_timeout", 1)], "E003"),
         ("REDIS_OPTIONS", "socket_timeout=1", "E003"),
         ("REDIS_URL", "cache://a/b", "E002"),
+        ("REDIS_URL", "memory://somewhere", "E002"),
+        ("REDIS_URL", "redis://127.0.0.1:6379/0?shards=0", "E042"),
+        ("REDIS_URL", "redis://127.0.0.1:6379/0?shards=1025", "E042"),
+        ("REDIS_URL", "redis+cluster://10.0.0.1:7000?shards=many", "E042"),
+        ("REDIS_URL", "cache://default?shards=-1", "E042"),
+        ("REDIS_URL", "memory://?shards=", "E042"),
         ("KEY_PREFIX", "dt{x}", "E005"),
         ("KEY_PREFIX", "{", "E005"),
         ("KEY_PREFIX", "", "E005"),
@@ -60,15 +61,10 @@ def test_defaults_pass(settings: Any) -> None:
         ("IDENTITY_RESOLVER", "django_throttle.conf.PREFIX", "E010"),
         ("IETF_HEADERS", "yes", "E013"),
         ("IETF_HEADERS", 1, "E013"),
-        ("USAGE_ENABLED", "no", "E014"),
-        ("USAGE_ENABLED", 0, "E014"),
-        ("USAGE_RETENTION_DAYS", 0, "E016"),
+        ("USAGE_RETENTION_DAYS", -1, "E016"),
         ("USAGE_RETENTION_DAYS", "7", "E016"),
         ("ENABLED", "false", "E017"),
         ("ENABLED", None, "E017"),
-        ("KEY_SHARDS", 0, "E026"),
-        ("KEY_SHARDS", 1025, "E026"),
-        ("KEY_SHARDS", "16", "E026"),
         ("TRUSTED_PROXIES", "10.0.0.0/8", "E030"),
         ("TRUSTED_PROXIES", ["10.0.0.0/8", "10.0.0.300/8"], "E030"),
         ("TRUSTED_PROXIES", ["10.0.0.1/8"], "E030"),
@@ -98,23 +94,22 @@ def test_bad_value_has_its_own_id(settings: Any, name: str, value: Any, check_id
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        ("BACKEND", MEMORY),
-        ("BACKEND", REDIS),
+        ("REDIS_URL", "memory://"),
+        ("REDIS_URL", "MEMORY://?shards=4"),
         ("REDIS_URL", "rediss://cache.internal:6380/2"),
+        ("REDIS_URL", "rediss://cache.internal:6380/2?shards=1"),
+        ("REDIS_URL", "redis+cluster://10.0.0.1:7000,10.0.0.2:7000?shards=1024"),
+        ("REDIS_URL", "redis+sentinel://10.0.0.1:26379/mymaster/2?shards=16"),
         ("REDIS_URL", "unix:///run/redis.sock"),
         ("REDIS_OPTIONS", {}),
         ("KEY_PREFIX", "api-throttle"),
         ("FAILURE_MODE", "closed"),
         ("FAILURE_MODE", "local"),
-        ("KEY_SHARDS", 1),
-        ("KEY_SHARDS", 16),
-        ("KEY_SHARDS", 1024),
-        ("KEY_SHARDS", None),  # the default for the URL
         ("TRUSTED_PROXIES", 0),
         ("TRUSTED_PROXIES", 32),
         ("IDENTITY_RESOLVER", "tests.test_identity.my_resolver"),
         ("IETF_HEADERS", True),
-        ("USAGE_ENABLED", False),
+        ("USAGE_RETENTION_DAYS", 0),
         ("USAGE_RETENTION_DAYS", 30),
         ("ENABLED", False),
         ("TRUSTED_PROXIES", ["10.0.0.0/8", "2001:db8::/32", "192.0.2.1"]),
@@ -132,13 +127,13 @@ def test_good_value_passes(settings: Any, name: str, value: Any) -> None:
 
 def test_every_bad_setting_is_reported_at_once(settings: Any) -> None:
     settings.DJANGO_THROTTLE_FAILURE_MODE = "sideways"
-    settings.DJANGO_THROTTLE_KEY_SHARDS = 0
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:6379/0?shards=0"
     settings.DJANGO_THROTTLE_ENABLED = "yes"
 
     assert ids() == [
         "django_throttle.E006",
         "django_throttle.E017",
-        "django_throttle.E026",
+        "django_throttle.E042",
     ]
 
 
@@ -150,14 +145,19 @@ def test_redis_backend_without_redis(settings: Any) -> None:
 
     assert [error.id for error in errors] == ["django_throttle.E018"]
     assert "DJANGO_THROTTLE_REDIS_URL" in errors[0].msg
-    assert "MemoryBackend" in errors[0].hint
+    assert "memory://" in errors[0].hint
 
 
-def test_redis_backend_named_explicitly_without_redis(settings: Any) -> None:
-    settings.DJANGO_THROTTLE_BACKEND = REDIS
-    settings.DJANGO_THROTTLE_REDIS_URL = None
+def test_a_shards_query_names_the_url_and_the_range(settings: Any) -> None:
+    """E042: a ``?shards=`` out of range is named with the URL (password masked) and the
+    range; the other query parameters are the client's and not the check's concern."""
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://:pw-secret@127.0.0.1:6379/0?shards=0&db=1"
 
-    assert ids() == ["django_throttle.E018"]
+    [error] = check_settings()
+
+    assert error.id == "django_throttle.E042"
+    assert "shards='0'" in error.msg and "1 to 1024" in error.msg
+    assert "pw-secret" not in error.msg
 
 
 @pytest.mark.parametrize(
@@ -238,8 +238,8 @@ def test_redis_backend_building_its_client_from_djangos_redis_cache(settings: An
 
 
 def test_memory_backend_needs_no_redis(settings: Any) -> None:
-    settings.DJANGO_THROTTLE_REDIS_URL = None
-    settings.DJANGO_THROTTLE_BACKEND = MEMORY
+    settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
     assert ids() == []
 
@@ -406,68 +406,57 @@ def test_a_credential_rule_limiting_some_tiers_by_client_is_a_warning() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "value", "replacement"),
+    ("name", "value", "replacement", "check_id"),
     [
-        ("CACHE_ALIAS", "default", 'REDIS_URL = "cache://<alias>"'),
-        ("TRUSTED_PROXY_COUNT", 0, "TRUSTED_PROXIES = <count>"),
-        ("FAILURE_STATUS", 429, "the constant 503"),
-        ("UNKNOWN_CLIENT", "shared", 'the constant "deny"'),
-        ("IPV4_PREFIX", 32, "the constant 32"),
-        ("IPV6_PREFIX", 128, "the constant 64"),
-        ("API_KEY_HEADERS", ["X-API-Key"], '("Authorization", "X-API-Key")'),
+        # Ignored, these change nothing: a warning.
+        ("CACHE_ALIAS", "default", 'REDIS_URL = "cache://<alias>"', "W004"),
+        ("TRUSTED_PROXY_COUNT", 0, "TRUSTED_PROXIES = <count>", "W004"),
+        ("FAILURE_STATUS", 429, "the constant 503", "W004"),
+        ("UNKNOWN_CLIENT", "shared", 'the constant "deny"', "W004"),
+        ("IPV4_PREFIX", 32, "the constant 32", "W004"),
+        ("IPV6_PREFIX", 128, "the constant 64", "W004"),
+        ("API_KEY_HEADERS", ["X-API-Key"], '("Authorization", "X-API-Key")', "W004"),
+        # Ignored, these would change limiting: an error.
+        # Counters in another Redis than the one asked for.
+        ("CACHE_ALIAS", "throttle", 'REDIS_URL = "cache://<alias>"', "E041"),
+        # Every client behind the proxy would share the proxy's counters.
+        ("TRUSTED_PROXY_COUNT", 1, "TRUSTED_PROXIES = <count>", "E041"),
+        # A network asked to be counted as one would get one bucket per address.
+        ("IPV4_PREFIX", 24, "the constant 32", "E041"),
+        ("IPV6_PREFIX", 48, "the constant 64", "E041"),
+        # Keys sent in a header no longer read would be counted as anonymous callers.
+        ("API_KEY_HEADERS", ["X-Custom-Key"], '("Authorization", "X-API-Key")', "E041"),
     ],
 )
-def test_a_removed_setting_still_set_is_a_warning_naming_its_replacement(
-    settings: Any, name: str, value: Any, replacement: str
+def test_a_removed_setting_still_set_names_its_replacement(
+    settings: Any, name: str, value: Any, replacement: str, check_id: str
 ) -> None:
     """Upgrading is one read: each setting of earlier versions is named with what replaces
-    it, never as a typo (W001)."""
-    setattr(settings, f"DJANGO_THROTTLE_{name}", value)
-
-    [warning] = check_settings()
-
-    assert warning.id == "django_throttle.W004"
-    assert not warning.is_serious()
-    assert f"DJANGO_THROTTLE_{name} = {value!r} is no longer a django-throttle setting" in (
-        warning.msg
-    )
-    assert replacement in warning.msg
-    assert f"Remove DJANGO_THROTTLE_{name}" in warning.hint
-
-
-@pytest.mark.parametrize(
-    ("name", "value", "replacement"),
-    [
-        # Counters in another Redis than the one asked for.
-        ("CACHE_ALIAS", "throttle", 'REDIS_URL = "cache://<alias>"'),
-        # Every client behind the proxy would share the proxy's counters.
-        ("TRUSTED_PROXY_COUNT", 1, "TRUSTED_PROXIES = <count>"),
-        # A network asked to be counted as one would get one bucket per address.
-        ("IPV4_PREFIX", 24, "the constant 32"),
-        ("IPV6_PREFIX", 48, "the constant 64"),
-        # Keys sent in a header no longer read would be counted as anonymous callers.
-        ("API_KEY_HEADERS", ["X-Custom-Key"], '("Authorization", "X-API-Key")'),
-    ],
-)
-def test_a_removed_setting_whose_value_ignored_would_change_limiting_is_an_error(
-    settings: Any, name: str, value: Any, replacement: str
-) -> None:
-    # Borrowing: no URL, so the default cache would be borrowed instead of the one named.
-    settings.DJANGO_THROTTLE_REDIS_URL = None
-    settings.CACHES = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": "redis://127.0.0.1:6379/0",
+    it, never as a typo (W001); a warning (W004) when ignoring its value changes nothing, an
+    error (E041) when limiting without it would differ from what it asked for."""
+    serious = check_id.startswith("E")
+    if serious:
+        # Borrowing: no URL, so the default cache would be borrowed instead of the one named.
+        settings.DJANGO_THROTTLE_REDIS_URL = None
+        settings.CACHES = {
+            "default": {
+                "BACKEND": "django.core.cache.backends.redis.RedisCache",
+                "LOCATION": "redis://127.0.0.1:6379/0",
+            }
         }
-    }
     setattr(settings, f"DJANGO_THROTTLE_{name}", value)
 
-    [error] = check_settings()
+    [found] = check_settings()
 
-    assert error.id == "django_throttle.E041"
-    assert error.is_serious()
-    assert replacement in error.msg
-    assert "and set its replacement" in error.hint
+    assert found.id == f"django_throttle.{check_id}"
+    assert found.is_serious() is serious
+    assert f"DJANGO_THROTTLE_{name} = {value!r} is no longer a django-throttle setting" in (
+        found.msg
+    )
+    assert replacement in found.msg
+    assert f"Remove DJANGO_THROTTLE_{name}" in found.hint
+    if serious:
+        assert "and set its replacement" in found.hint
 
 
 def test_manage_py_check_fails_on_a_proxy_count_left_from_an_earlier_version(
@@ -496,3 +485,46 @@ def test_a_removed_setting_that_was_moot_already_is_only_a_warning(settings: Any
     settings.DJANGO_THROTTLE_TRUSTED_PROXIES = ["10.0.0.0/8"]
 
     assert ids() == ["django_throttle.W004", "django_throttle.W004"]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "also", "check_id"),
+    [
+        # The default backend: REDIS_URL already says where counting happens.
+        ("BACKEND", REDIS, {}, "W004"),
+        # Asked to count in the process, would count on Redis.
+        ("BACKEND", MEMORY, {}, "E041"),
+        # ... unless REDIS_URL says so too.
+        ("BACKEND", MEMORY, {"REDIS_URL": "memory://"}, "W004"),
+        # A custom backend would be replaced by the Redis one.
+        ("BACKEND", "myproject.backends.Custom", {}, "E041"),
+        # Shards are part of every key: another count is another layout of the counters.
+        ("KEY_SHARDS", 4, {}, "E041"),
+        ("KEY_SHARDS", 1, {}, "W004"),  # the default on a single Redis
+        ("KEY_SHARDS", 4, {"REDIS_URL": "redis://127.0.0.1:6379/0?shards=4"}, "W004"),
+        # Usage counted where the project turned it off.
+        ("USAGE_ENABLED", False, {}, "E041"),
+        ("USAGE_ENABLED", False, {"USAGE_RETENTION_DAYS": 0}, "W004"),
+        ("USAGE_ENABLED", True, {}, "W004"),
+    ],
+)
+def test_the_settings_folded_into_redis_url_and_usage_retention_name_their_replacement(
+    settings: Any, name: str, value: Any, also: dict[str, Any], check_id: str
+) -> None:
+    """``BACKEND`` is ``REDIS_URL = "memory://"``, ``KEY_SHARDS`` its ``?shards=N`` and
+    ``USAGE_ENABLED = False`` ``USAGE_RETENTION_DAYS = 0``: an error only where ignoring the
+    old value would count differently than it asked for."""
+    replacement = {
+        "BACKEND": 'REDIS_URL = "memory://"',
+        "KEY_SHARDS": '"?shards=N" query on REDIS_URL',
+        "USAGE_ENABLED": "USAGE_RETENTION_DAYS = 0",
+    }[name]
+    for other, other_value in also.items():
+        setattr(settings, f"DJANGO_THROTTLE_{other}", other_value)
+    setattr(settings, f"DJANGO_THROTTLE_{name}", value)
+
+    [message] = check_settings()
+
+    assert message.id == f"django_throttle.{check_id}"
+    assert f"DJANGO_THROTTLE_{name} = {value!r} is no longer" in message.msg
+    assert replacement in message.msg

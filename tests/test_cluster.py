@@ -26,10 +26,10 @@ from redis.crc import key_slot
 
 from django_throttle.backends import get_backend
 from django_throttle.backends.base import BackendError
-from django_throttle.backends.breaker import CircuitBreaker, get_breaker
 from django_throttle.backends.redis import RedisBackend
-from django_throttle.backends.redis_cluster_url import ClusterURL, parse_cluster_url
-from django_throttle.backends.redis_usage import RedisUsage
+from django_throttle.backends.redis_clients import ClusterURL, parse_cluster_url
+from django_throttle.backends.redis_nodes import CircuitBreaker, get_breaker
+from django_throttle.backends.usage_store import RedisUsage
 from django_throttle.checks import check_settings
 from django_throttle.rates import Algorithm, Limit
 from tests.redis_servers import LOOPBACK
@@ -59,7 +59,7 @@ def backend(settings: Any, cluster: LocalCluster) -> RedisBackend:
 def backend_on(settings: Any, url: str, **options: Any) -> RedisBackend:
     settings.DJANGO_THROTTLE_REDIS_URL = url
     settings.DJANGO_THROTTLE_REDIS_OPTIONS = {**SLOW_MACHINE, **options}
-    settings.DJANGO_THROTTLE_KEY_SHARDS = 16
+    settings.DJANGO_THROTTLE_REDIS_URL = f"{url}?shards=16"
     found = get_backend()
     assert isinstance(found, RedisBackend) and found.on_cluster
     return found
@@ -124,7 +124,7 @@ def every_key(cluster: LocalCluster) -> list[tuple[int, bytes, int]]:
 
 
 def test_the_cluster_schemes_are_the_ones_that_choose_16_shards() -> None:
-    from django_throttle.backends.redis_cluster_url import SCHEMES
+    from django_throttle.backends.redis_clients import CLUSTER_SCHEMES as SCHEMES
     from django_throttle.conf import CLUSTER_SCHEMES
 
     assert set(SCHEMES) == CLUSTER_SCHEMES
@@ -344,7 +344,8 @@ def key_counts(cluster: LocalCluster) -> dict[int, int]:
 
 def addresses_by_primary(client: Any, cluster: LocalCluster, path: str) -> dict[int, list[str]]:
     """Port → client addresses whose counters ``path`` keeps on that primary (found by where
-    a first request's keys appear)."""
+    a first request's keys appear). Usage must be off (``USAGE_RETENTION_DAYS = 0``): a usage
+    push (once a second, to every shard) would grow several primaries' keys at once."""
     found: dict[int, list[str]] = {}
     for n in range(1, 40):
         address = f"198.51.100.{n}"
@@ -372,6 +373,7 @@ def test_a_request_on_a_dead_primary_takes_its_failure_mode_and_the_others_are_c
 
     cluster.wait_ok()
     cluster.flushall()
+    settings.DJANGO_THROTTLE_USAGE_RETENTION_DAYS = 0  # see addresses_by_primary
     backend_on(settings, cluster.url, socket_timeout=0.2, socket_connect_timeout=0.2)
     settings.DJANGO_THROTTLE_FAILURE_MODE = "closed"
     client = Client()
@@ -417,6 +419,7 @@ def test_a_dead_primarys_breaker_is_its_own_in_logs_signals_and_metrics(
     settings.DJANGO_THROTTLE_METRICS = True
     assert metrics.connect()
     metrics._metrics["open"].set(0)
+    settings.DJANGO_THROTTLE_USAGE_RETENTION_DAYS = 0  # see addresses_by_primary
     backend_on(settings, cluster.url, socket_timeout=0.2, socket_connect_timeout=0.2)
     client = Client()
     port, (victim, *_) = next(iter(addresses_by_primary(client, cluster, "/hello/").items()))

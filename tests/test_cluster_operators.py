@@ -24,7 +24,7 @@ from redis.crc import key_slot
 
 from django_throttle.backends import get_backend
 from django_throttle.backends.base import BackendError
-from django_throttle.backends.breaker import get_breaker
+from django_throttle.backends.redis_nodes import get_breaker
 from django_throttle.rates import Limit
 from tests.factories import tier
 from tests.topologies import LocalCluster, wait_for

@@ -1,5 +1,6 @@
-"""The typed settings object: ``KEY_SHARDS``, the one answer to "how many key shards", is the
-value set, else 1 (one exact shared ceiling) except on a Redis Cluster URL, where it is 16."""
+"""The typed settings object. ``REDIS_URL`` is the one answer to "where is counting done" and
+"how many key shards": ``memory://`` counts in the process, a ``?shards=N`` query sets the
+shards, else 1 (one exact shared ceiling) except on a Redis Cluster URL, where it is 16."""
 
 from __future__ import annotations
 
@@ -10,7 +11,16 @@ import pytest
 from django_throttle.backends import get_backend
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis import RedisBackend
-from django_throttle.conf import CLUSTER_SCHEMES, NAMES, app_settings, is_cluster_url
+from django_throttle.conf import (
+    CLUSTER_SCHEMES,
+    MEMORY_BACKEND,
+    NAMES,
+    REDIS_BACKEND,
+    app_settings,
+    is_cluster_url,
+    split_shards,
+)
+from django_throttle.rates import Limit
 
 SINGLE = [
     "redis://127.0.0.1:6379/0",
@@ -38,7 +48,7 @@ def test_key_shards_default_to_one_off_a_cluster(settings: Any, url: str | None)
     shard, so a shared limit is one exact ceiling."""
     settings.DJANGO_THROTTLE_REDIS_URL = url
 
-    assert app_settings.KEY_SHARDS == 1
+    assert app_settings.key_shards == 1
 
 
 @pytest.mark.parametrize("url", CLUSTER)
@@ -47,7 +57,7 @@ def test_key_shards_default_to_sixteen_on_a_cluster(settings: Any, url: str) -> 
     settings.DJANGO_THROTTLE_REDIS_URL = url
 
     assert is_cluster_url(url)
-    assert app_settings.KEY_SHARDS == 16
+    assert app_settings.key_shards == 16
 
 
 def test_every_cluster_scheme_is_tested() -> None:
@@ -58,23 +68,76 @@ def test_every_cluster_scheme_is_tested() -> None:
     ("url", "shards"),
     [(SINGLE[0], 16), (SINGLE[0], 1), (SENTINEL[0], 4), (CLUSTER[0], 1), (CLUSTER[0], 64)],
 )
-def test_a_value_set_wins_over_the_default(settings: Any, url: str, shards: int) -> None:
-    settings.DJANGO_THROTTLE_REDIS_URL = url
-    settings.DJANGO_THROTTLE_KEY_SHARDS = shards
+def test_a_shards_query_wins_over_the_default(settings: Any, url: str, shards: int) -> None:
+    """The query is the limiter's: redis-py never sees it (it would take it for a client
+    option), and the URL's own parameters are kept as written."""
+    settings.DJANGO_THROTTLE_REDIS_URL = f"{url}?shards={shards}"
 
-    assert shards == app_settings.KEY_SHARDS
+    assert shards == app_settings.key_shards
+    assert url == app_settings.REDIS_URL
+
+
+@pytest.mark.parametrize(
+    ("url", "connected", "shards"),
+    [
+        ("unix:///run/redis.sock?db=2&shards=4", "unix:///run/redis.sock?db=2", "4"),
+        ("redis://h/0?shards=4&protocol=3", "redis://h/0?protocol=3", "4"),
+        ("redis://h/0?shards=2&shards=8", "redis://h/0", "8"),  # the last one, as a query
+        ("redis://h/0?db=1", "redis://h/0?db=1", None),
+        ("redis://h/0", "redis://h/0", None),
+    ],
+)
+def test_only_the_shards_parameter_is_taken_from_the_url(
+    url: str, connected: str, shards: str | None
+) -> None:
+    assert split_shards(url) == (connected, shards)
+
+
+@pytest.mark.parametrize(
+    ("url", "shards"),
+    [
+        ("cache://throttle?shards=8", 8),
+        ("memory://?shards=4", 4),
+        ("redis+cluster://10.0.0.1:7000?shards=0", 16),  # refused by E042: the default
+        ("redis://h/0?shards=x", 1),
+    ],
+)
+def test_every_form_of_the_url_takes_a_shards_query(settings: Any, url: str, shards: int) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+
+    assert app_settings.key_shards == shards
+    assert app_settings.REDIS_URL is None or "shards" not in app_settings.REDIS_URL
 
 
 def test_the_default_follows_a_changed_url(settings: Any) -> None:
     """Both settings are read again after any ``DJANGO_THROTTLE_*`` change."""
     settings.DJANGO_THROTTLE_REDIS_URL = CLUSTER[0]
-    assert app_settings.KEY_SHARDS == 16
+    assert app_settings.key_shards == 16
     settings.DJANGO_THROTTLE_REDIS_URL = SINGLE[0]
-    assert app_settings.KEY_SHARDS == 1
+    assert app_settings.key_shards == 1
+
+
+@pytest.mark.parametrize(
+    ("url", "path"),
+    [
+        ("memory://", MEMORY_BACKEND),
+        ("MEMORY://?shards=2", MEMORY_BACKEND),
+        (None, REDIS_BACKEND),
+        ("cache://throttle", REDIS_BACKEND),
+        (SINGLE[0], REDIS_BACKEND),
+        (CLUSTER[0], REDIS_BACKEND),
+    ],
+)
+def test_the_url_chooses_the_backend(settings: Any, url: str | None, path: str) -> None:
+    """``memory://`` is the one way to count in the process; every other URL counts on
+    Redis."""
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+
+    assert app_settings.backend_path == path
 
 
 def test_the_memory_backend_has_one_shard_by_default(settings: Any) -> None:
-    settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"
+    settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
 
     backend = get_backend()
 
@@ -92,16 +155,27 @@ def test_the_redis_backend_keys_one_shard_by_default(redis_url: str) -> None:
 
 
 @pytest.mark.parametrize("shards", [1, 16])
-def test_every_reader_sees_the_same_count(settings: Any, shards: int) -> None:
-    """The backends build their keys and scripts from ``app_settings.KEY_SHARDS``."""
-    settings.DJANGO_THROTTLE_KEY_SHARDS = shards
+def test_every_reader_sees_the_same_count(settings: Any, redis_url: str, shards: int) -> None:
+    """The backends build their keys and scripts from ``app_settings.key_shards``."""
+    settings.DJANGO_THROTTLE_REDIS_URL = f"{redis_url}?shards={shards}"
     redis_backend = get_backend()
-    settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"
+    settings.DJANGO_THROTTLE_REDIS_URL = f"memory://?shards={shards}"
     memory_backend = get_backend()
 
     assert isinstance(redis_backend, RedisBackend) and isinstance(memory_backend, MemoryBackend)
-    assert redis_backend.shards == memory_backend.shards == app_settings.KEY_SHARDS == shards
+    assert redis_backend.shards == memory_backend.shards == app_settings.key_shards == shards
     assert len(redis_backend.shard_tags()) == shards
+    # redis-py connects to the URL without the query it would take for a client option.
+    assert redis_backend.hit("user:1", (Limit.build("t1", "5/m"),)).allowed
+
+
+@pytest.mark.parametrize(("days", "enabled"), [(7, True), (1, True), (0, False)])
+def test_usage_is_counted_while_days_of_it_are_kept(
+    settings: Any, days: int, enabled: bool
+) -> None:
+    settings.DJANGO_THROTTLE_USAGE_RETENTION_DAYS = days
+
+    assert app_settings.usage_enabled is enabled
 
 
 @pytest.mark.parametrize(
@@ -120,8 +194,8 @@ def test_a_cache_url_borrows_that_cache(settings: Any, url: str | None, alias: s
     settings.DJANGO_THROTTLE_REDIS_URL = url
 
     assert app_settings.REDIS_URL is None
-    assert alias == app_settings.CACHE_ALIAS
-    assert app_settings.KEY_SHARDS == 1
+    assert alias == app_settings.cache_alias
+    assert app_settings.key_shards == 1
 
 
 def test_a_redis_url_is_connected_to(settings: Any) -> None:
@@ -200,7 +274,7 @@ def test_the_failure_mode_is_decided_in_one_place_with_or_without_a_policy(
 ) -> None:
     """``FAILURE_MODE`` is the last word after the rule's and the tier's; a check made while
     no policy is compiled is decided by the same function."""
-    from django_throttle.policy.snapshot import Policy
+    from django_throttle.policy.live import Policy
 
     settings.DJANGO_THROTTLE_FAILURE_MODE = setting
 

@@ -1,5 +1,5 @@
 """The counting call's connections: taken from the client's pool (a thread keeps one while it
-lives, at most half the pool: django_throttle/backends/redis_single.py), always given back,
+lives, at most half the pool: django_throttle/backends/redis_nodes.py), always given back,
 never reused with a reply pending, sync and async alike. Real redis-servers; faults through
 :class:`tests.faultproxy.FaultProxy`."""
 

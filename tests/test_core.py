@@ -135,9 +135,9 @@ def test_credential_endpoints_fail_closed_when_the_setting_says_so(
 
 @pytest.fixture(autouse=True)
 def _fresh_unidentified_log() -> None:
-    from django_throttle.request import planning
+    from django_throttle.request import core
 
-    planning._last_unidentified_log = -planning.UNIDENTIFIED_LOG_INTERVAL
+    core._last_unidentified_log = -core.UNIDENTIFIED_LOG_INTERVAL
 
 
 @pytest.mark.parametrize("remote", ["", "unix:/run/gunicorn.sock", "garbage"])
@@ -218,7 +218,7 @@ def test_shadow_limits_are_left_out_of_the_policy_header(client: Client, setting
     [(0.0, 1), (0.3, 1), (1.0, 1), (1.000001, 2), (2.0, 2), (3599.999999, 3600), (3600.0, 3600)],
 )
 def test_retry_after_rounds_up_with_no_tolerance(seconds: float, header: int) -> None:
-    from django_throttle.request.headers import retry_after_seconds
+    from django_throttle.request.core import retry_after_seconds
 
     assert retry_after_seconds(seconds) == header
 
@@ -304,8 +304,8 @@ def test_several_limits_denied_in_one_call_report_the_longest_wait(
     "module",
     [
         "django_throttle.request.core",
-        "django_throttle.request.planning",
-        "django_throttle.request.reservations",
+        "django_throttle.request.core",
+        "django_throttle.request.core",
     ],
 )
 def test_the_request_path_does_not_import_the_credential_guard(module: str) -> None:

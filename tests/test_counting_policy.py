@@ -22,8 +22,6 @@ from django_throttle.policy import live as policy
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.test_counting_policy")]
 
-MEMORY = "django_throttle.backends.memory.MemoryBackend"
-
 
 def _status(request: HttpRequest) -> int:
     return int(request.GET.get("status", "200"))
@@ -59,7 +57,7 @@ urlpatterns = [
 @pytest.fixture(params=["redis", "memory"])
 def backend(request: pytest.FixtureRequest, settings: Any) -> str:
     if request.param == "memory":
-        settings.DJANGO_THROTTLE_BACKEND = MEMORY
+        settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
     return str(request.param)
 
 

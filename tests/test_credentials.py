@@ -30,8 +30,6 @@ from django_throttle.request.usernames import presented_username
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.test_credentials")]
 
-MEMORY = "django_throttle.backends.memory.MemoryBackend"
-
 
 class CountingHasher(MD5PasswordHasher):
     """MD5, counting every hash it computes (what a password guess costs the server)."""
@@ -115,7 +113,7 @@ urlpatterns = [
 @pytest.fixture(params=["redis", "memory"])
 def backend(request: pytest.FixtureRequest, settings: Any) -> str:
     if request.param == "memory":
-        settings.DJANGO_THROTTLE_BACKEND = MEMORY
+        settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
     return str(request.param)
 
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Permission, User
 
-from django_throttle.admin.dashboard import stacked_bars
+from django_throttle.admin.views import stacked_bars
 from django_throttle.backends import get_backend
-from django_throttle.backends.breaker import get_breaker
+from django_throttle.backends.redis_nodes import get_breaker
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
@@ -193,7 +193,7 @@ def test_the_dashboard_stays_readable_at_a_thousand_clients(client: Any, setting
     from django_throttle.rates import Limit
     from django_throttle.usage import accounting as usage
 
-    settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"
+    settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
     backend = get_backend()
     deny = (Limit.build("flood", "1/h"),)
     for n in range(1000):

@@ -108,7 +108,7 @@ def test_examples_of_the_page_run(
     user = django_user_model.objects.create_user("docs-example", password="docs-example")
     found = examples(page)
     with (
-        override_settings(DJANGO_THROTTLE_BACKEND="django_throttle.backends.memory.MemoryBackend"),
+        override_settings(DJANGO_THROTTLE_REDIS_URL="memory://"),
         isolated_throttle(),
     ):
         # Modules first, so a settings example can name one of them.

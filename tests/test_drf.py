@@ -12,6 +12,7 @@ from django.test import Client
 from django_throttle.backends import get_backend
 from django_throttle.drf import PolicyThrottle
 from django_throttle.policy import live as policy
+from django_throttle.usage import accounting as usage
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
@@ -111,7 +112,7 @@ def test_no_tier_means_no_limit(client: Client) -> None:
 def test_retry_after_is_honest(client: Client, settings: Any) -> None:
     """Wait Retry-After seconds and the retry succeeds; a moment less and it is still refused.
     On a clock moved by hand (the memory backend's), so exact whatever the machine's speed."""
-    settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"
+    settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
     now = [1_700_000_000.0]
     get_backend().clock = lambda: now[0]  # type: ignore[attr-defined]
     tier("anonymous", "1/s", burst=1, is_default_anonymous=True)
@@ -201,6 +202,7 @@ def test_one_redis_round_trip_per_request_however_many_limits(
     anon = tier("anonymous", "100/s", "1000/m", "10000/h", "100000/d", is_default_anonymous=True)
     endpoint("pings", "route", "ping", limits={anon: "500/s"})
     client.get("/api/ping/")  # warm: loads the policy and the script
+    assert usage.wait_pushed()  # the first usage push of the process is due at once
     evalsha_before = redis_client.info("commandstats")["cmdstat_evalsha"]["calls"]
     sent: list[object] = []
     original = redis.connection.AbstractConnection.send_packed_command

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from django_throttle.durations import format_duration
+from django_throttle.rates import format_duration
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import gc
 import http.cookiejar
+import io
 import json
 import math
 import os
@@ -26,6 +27,7 @@ import urllib.request
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing, contextmanager
 from email.message import Message
 from pathlib import Path
@@ -375,6 +377,107 @@ def test_commands_in_a_second_terminal_reach_the_demos_redis(tmp_path: Path) -> 
     assert not state.exists(), "run_demo left its record behind"
 
 
+#: How long the download test's first stream would run if its client stayed (the most the
+#: demo's view takes): its slot must be free again long before.
+DOWNLOAD_SECONDS = 30
+
+
+def _open_stream(demo: Demo, path: str, auth: tuple[str, str]) -> Any:
+    """A response whose body is still coming: the caller reads it, or closes it early."""
+    request = urllib.request.Request(demo.base + path)
+    token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+    request.add_header("Authorization", f"Basic {token}")
+    return urllib.request.urlopen(request, timeout=PATIENCE)
+
+
+@pytest.mark.django_db
+def test_the_seeded_policy_limits_downloads_in_flight() -> None:
+    """seed_demo's rows all build limits, and the 'export-download' rule holds a concurrency
+    limit per tier (free: one at a time, next to a rate limit on the same rule)."""
+    from django_throttle.models import EndpointLimit, TierLimit
+    from django_throttle.rates import Algorithm
+    from example_project.demo.management.commands.seed_demo import Command
+
+    Command(stdout=io.StringIO()).handle()
+    Command(stdout=io.StringIO()).handle()  # a rerun changes nothing
+
+    rows = [*TierLimit.objects.all(), *EndpointLimit.objects.all()]
+    assert [row.row_problems() for row in rows] == [{}] * len(rows)
+    downloads = {
+        (row.tier.slug, row.to_limit().rate.count, row.to_limit().algorithm)
+        for row in EndpointLimit.objects.filter(rule__name="export-download")
+    }
+    assert downloads == {
+        ("free", 1, Algorithm.CONCURRENCY),
+        ("free", 30, Algorithm.TOKEN_BUCKET),
+        ("pro", 3, Algorithm.CONCURRENCY),
+    }
+
+
+@pytest.mark.django_db
+def test_the_seeded_policy_paces_searches() -> None:
+    """The 'search' rule delays instead of refusing: GCRA with a delay and a longest wait."""
+    from django_throttle.models import EndpointLimit
+    from example_project.demo.management.commands.seed_demo import Command
+
+    Command(stdout=io.StringIO()).handle()
+    paced = {
+        row.tier.slug: (row.to_limit().burst, row.to_limit().delay, row.to_limit().max_wait)
+        for row in EndpointLimit.objects.filter(rule__name="search")
+    }
+    assert paced == {"anonymous": (6, 2, 2.0), "free": (10, 4, 2.0), "pro": (10, 4, 2.0)}
+
+
+@spawns_the_demo
+def test_run_demo_paces_a_burst_of_searches(tmp_path: Path, redis_url: str) -> None:
+    """Seven searches at once from one address: three answered at once, three held back
+    half a second after one another (saying so in X-RateLimit-Delayed), the seventh refused."""
+
+    def search(demo: Any) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(demo.base + "/api/search/?q=tea", timeout=PATIENCE) as r:
+                return r.status, r.headers.get("X-RateLimit-Delayed", "")
+        except urllib.error.HTTPError as error:
+            return error.code, ""
+
+    with run_demo(tmp_path, redis_url) as demo, ThreadPoolExecutor(max_workers=7) as pool:
+        answers = list(pool.map(lambda _: search(demo), range(7)))
+    assert sorted(status for status, _ in answers) == [200] * 6 + [429]
+    delayed = sorted(float(wait) for status, wait in answers if status == 200 and wait)
+    assert len(delayed) == 3
+    assert [round(wait * 2) / 2 for wait in delayed] == [0.5, 1.0, 1.5], delayed
+
+
+@spawns_the_demo
+def test_run_demo_serves_one_export_download_at_a_time(tmp_path: Path, redis_url: str) -> None:
+    """Alice (tier free) may run one export download at a time: a second while the first
+    streams is refused at once with Retry-After 1, and the slot is free again once the first's
+    client has gone away (the server closes the stream when its write fails). Refused
+    requests take nothing, so polling for the slot costs no tokens."""
+    alice = ("alice", "alice")
+    with run_demo(tmp_path, redis_url) as demo:
+        started = time.monotonic()
+        first = _open_stream(demo, f"/api/export/download/?seconds={DOWNLOAD_SECONDS}", alice)
+        with closing(first):
+            assert first.status == 200
+            assert first.headers["X-RateLimit-Limit"] == "1"
+            assert first.headers["X-RateLimit-Remaining"] == "0"
+            assert first.readline() == b"id,name,price\n"
+            # The first streams for 30 s; this request is answered well within that.
+            status, headers = demo.get("/api/export/download/?seconds=0", auth=alice)
+            assert status == 429
+            assert headers["Retry-After"] == "1"
+            assert headers["X-RateLimit-Remaining"] == "0"
+            # Bob (tier pro: three at a time) is not held up by alice's download.
+            assert demo.get("/api/export/download/?seconds=0", auth=("bob", "bob"))[0] == 200
+
+        # Free again long before the first stream would have ended on its own.
+        while (status := demo.get("/api/export/download/?seconds=0", auth=alice)[0]) == 429:
+            assert time.monotonic() - started < DOWNLOAD_SECONDS, "the download kept its slot"
+            time.sleep(0.2)
+        assert status == 200
+
+
 # Safe to deploy from ---------------------------------------------------------------------------
 
 REDIS_PASSWORD = "s3cret-of-the-demo"
@@ -493,9 +596,9 @@ def test_the_demo_settings_count_in_the_running_demos_redis(
     REDIS_URL when set, and the memory backend once the demo is gone."""
     from example_project import demo_state
 
-    memory = "django_throttle.backends.memory.MemoryBackend"
+    memory = "memory://"
     quiet = _example_settings(monkeypatch, tmp_path)
-    assert memory == quiet.DJANGO_THROTTLE_BACKEND
+    assert memory == quiet.DJANGO_THROTTLE_REDIS_URL
 
     record = Path(quiet.RUN_DEMO_STATE_FILE)
     assert record.parent == tmp_path
@@ -503,7 +606,6 @@ def test_the_demo_settings_count_in_the_running_demos_redis(
     running = _example_settings(monkeypatch, tmp_path)
     assert running.DJANGO_THROTTLE_REDIS_URL == "redis://127.0.0.1:7777/0"
     assert running.DJANGO_THROTTLE_KEY_PREFIX == "dtdemo1"
-    assert not hasattr(running, "DJANGO_THROTTLE_BACKEND")
 
     own = _example_settings(monkeypatch, tmp_path, REDIS_URL="redis://127.0.0.1:8888/0")
     assert own.DJANGO_THROTTLE_REDIS_URL == "redis://127.0.0.1:8888/0"
@@ -519,7 +621,7 @@ def test_the_demo_settings_count_in_the_running_demos_redis(
     record.write_text(
         json.dumps({"pid": int(gone.stdout), "redis_url": "redis://x/0", "key_prefix": "p"})
     )
-    assert memory == _example_settings(monkeypatch, tmp_path).DJANGO_THROTTLE_BACKEND
+    assert memory == _example_settings(monkeypatch, tmp_path).DJANGO_THROTTLE_REDIS_URL
     demo_state.forget(record)
     assert record.exists(), "forget removes only this process's own record"
 

@@ -9,8 +9,8 @@ import pytest
 from django.http import HttpResponse
 
 from django_throttle.rates import UNLIMITED, Decision, Limit
-from django_throttle.request.headers import (
-    apply_headers,
+from django_throttle.request.core import (
+    add_headers,
     rate_limit_headers,
     retry_after_seconds,
     throttled_response,
@@ -171,32 +171,32 @@ def test_throttled_response_with_ietf_headers(settings: Any) -> None:
     assert response["RateLimit-Policy"] == '"c";q=2;w=40'
 
 
-def test_apply_headers_adds_headers() -> None:
+def test_add_headers_adds_headers() -> None:
     response = HttpResponse("ok")
 
-    apply_headers(response, allowed())
+    add_headers(response.headers, allowed())
 
     assert response["X-RateLimit-Limit"] == "20"
     assert response["X-RateLimit-Remaining"] == "7"
     assert response["X-RateLimit-Reset"] == "3"
 
 
-def test_apply_headers_keeps_existing_headers() -> None:
+def test_add_headers_keeps_existing_headers() -> None:
     response = HttpResponse("slow down", status=429)
     response["Retry-After"] = "120"
     response["x-ratelimit-limit"] = "999"
 
-    apply_headers(response, denied())
+    add_headers(response.headers, denied())
 
     assert response["Retry-After"] == "120"
     assert response["X-RateLimit-Limit"] == "999"
     assert response["X-RateLimit-Remaining"] == "0"
 
 
-def test_apply_headers_for_unlimited_adds_nothing() -> None:
+def test_add_headers_for_unlimited_adds_nothing() -> None:
     response = HttpResponse("ok")
 
-    apply_headers(response, UNLIMITED)
+    add_headers(response.headers, UNLIMITED)
 
     assert not any(
         name.lower().startswith(("x-ratelimit", "ratelimit")) for name in response.headers
@@ -238,9 +238,12 @@ def test_a_shared_ceiling_is_shown_as_the_share_a_client_can_use(
     shards (a Cluster's default): each enforces 4, and the client used 1 of its shard's 4."""
     from django_throttle.models import TierLimit
     from tests.factories import tier as make_tier
+    from tests.factories import with_shards
 
     if key_shards is not None:
-        settings.DJANGO_THROTTLE_KEY_SHARDS = key_shards
+        settings.DJANGO_THROTTLE_REDIS_URL = with_shards(
+            settings.DJANGO_THROTTLE_REDIS_URL, key_shards
+        )
     anonymous = make_tier("anonymous", is_default_anonymous=True)
     TierLimit.objects.create(tier=anonymous, rate="50/min", shared=True)
 

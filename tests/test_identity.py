@@ -16,8 +16,9 @@ from django_throttle import identity as identity_module
 from django_throttle.backends import get_backend
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.identity import UNIDENTIFIED, Identity
-from django_throttle.policy.resolver import get_resolver, resolve_identity
+from django_throttle.policy.live import get_resolver, resolve_identity
 from django_throttle.rates import Limit
+from tests.factories import with_shards
 
 PROXIES = ["10.0.0.0/8", "2001:db8::/32"]
 
@@ -235,7 +236,7 @@ def test_resolver_follows_setting_changes(settings: Any) -> None:
     settings.DJANGO_THROTTLE_IDENTITY_RESOLVER = "tests.test_identity.my_resolver"
     assert get_resolver() is my_resolver
 
-    settings.DJANGO_THROTTLE_IDENTITY_RESOLVER = "django_throttle.policy.resolver.resolve_identity"
+    settings.DJANGO_THROTTLE_IDENTITY_RESOLVER = "django_throttle.policy.live.resolve_identity"
     assert get_resolver() is resolve_identity
 
 
@@ -538,7 +539,7 @@ def redis_backend() -> RedisBackend:
 def test_nasty_identities_make_bounded_keys_with_our_hash_tag_only(
     settings: Any, shards: int
 ) -> None:
-    settings.DJANGO_THROTTLE_KEY_SHARDS = shards
+    settings.DJANGO_THROTTLE_REDIS_URL = with_shards(settings.DJANGO_THROTTLE_REDIS_URL, shards)
     backend = get_backend()
     assert isinstance(backend, RedisBackend) and backend.shards == shards
     limit = Limit.build("per-minute", "5/m")

@@ -23,7 +23,6 @@ NEEDS_APPS = (
     "django_throttle.admin",
     # Reads and writes policy rows throughout (manage.py throttle_policy).
     "django_throttle.policy.files",
-    "django_throttle.policy.file_writes",
 )
 NEEDS_APPS_UNDER = (
     # The admin package registers its ModelAdmins on import; its pages and forms come with it.
@@ -168,18 +167,13 @@ def imported_roots(path: Path) -> set[str]:
                 "django_throttle/backends/redis.py",
                 "django_throttle/backends/redis_clients.py",
                 "django_throttle/backends/redis_cluster.py",
-                "django_throttle/backends/redis_cluster_scripts.py",
-                "django_throttle/backends/redis_cluster_url.py",
-                "django_throttle/backends/redis_shard_tags.py",
-                "django_throttle/backends/redis_single.py",
-                "django_throttle/backends/redis_sentinel.py",
+                "django_throttle/backends/redis_nodes.py",
                 # The memory backend is the Redis backend on an in-process store.
                 "django_throttle/backends/memory.py",
-                "django_throttle/backends/memory_store.py",
                 "django_throttle/backends/memory_commands.py",
             },
         ),
-        ("lupa", {"django_throttle/backends/memory_store.py"}),
+        ("lupa", {"django_throttle/backends/memory.py"}),
         ("django_redis", {"django_throttle/backends/redis.py"}),
     ],
 )

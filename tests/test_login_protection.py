@@ -27,11 +27,9 @@ from django_throttle.credentials import protect_credentials
 from django_throttle.drf import ProtectedBasicAuthentication
 from django_throttle.models import EndpointLimit, EndpointRule, Tier
 from django_throttle.policy import live as policy
-from django_throttle.request import device_cookies
+from django_throttle.request import usernames
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.test_login_protection")]
-
-MEMORY = "django_throttle.backends.memory.MemoryBackend"
 
 
 class FormLogin(LoginView):
@@ -79,7 +77,7 @@ urlpatterns = [
 @pytest.fixture(params=["redis", "memory"])
 def backend(request: pytest.FixtureRequest, settings: Any) -> str:
     if request.param == "memory":
-        settings.DJANGO_THROTTLE_BACKEND = MEMORY
+        settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
     return str(request.param)
 
 
@@ -331,9 +329,9 @@ def test_a_signed_in_browser_keeps_its_own_allowance_under_attack(rules: Tier, v
     browser = Client()
     response = browser.post("/login/", {"username": "bf1", "password": "right"})
     assert response.status_code == 302
-    cookie = response.cookies[device_cookies.COOKIE_NAME]
+    cookie = response.cookies[usernames.COOKIE_NAME]
     assert cookie["httponly"] and cookie["samesite"] == "Lax"
-    assert len(cookie.value) <= device_cookies.MAX_COOKIE_CHARS
+    assert len(cookie.value) <= usernames.MAX_COOKIE_CHARS
     assert "bf1" not in cookie.value  # the cookie names the user by a digest
     browser.post("/admin/logout/")
 
@@ -350,7 +348,7 @@ def test_an_async_login_view_gives_a_device_cookie_too(rules: Tier, victim: Any)
     async def scenario() -> list[int]:
         browser = AsyncClient()
         signed_in = await browser.post("/async-login/", {"username": "bf1", "password": "right"})
-        assert device_cookies.COOKIE_NAME in signed_in.cookies
+        assert usernames.COOKIE_NAME in signed_in.cookies
         await browser.post("/admin/logout/")
         statuses = [signed_in.status_code]
         for _ in range(4):  # an attacker, from anywhere
@@ -370,9 +368,9 @@ def test_a_device_cookie_that_keeps_failing_is_locked_out_on_its_own(
     stolen = Client()
     assert stolen.post("/login/", {"username": "bf1", "password": "right"}).status_code == 302
     stolen.post("/admin/logout/")
-    value = stolen.cookies[device_cookies.COOKIE_NAME].value
+    value = stolen.cookies[usernames.COOKIE_NAME].value
     attacker = Client()
-    attacker.cookies[device_cookies.COOKIE_NAME] = value
+    attacker.cookies[usernames.COOKIE_NAME] = value
 
     def guess(client: Client, username: str = "bf1") -> int:
         data = {"username": username, "password": "wrong"}
@@ -401,7 +399,7 @@ def test_an_invalid_device_cookie_counts_in_the_shared_counter(
 ) -> None:
     lock("/login/")
     client = Client()
-    client.cookies[device_cookies.COOKIE_NAME] = value
+    client.cookies[usernames.COOKIE_NAME] = value
     assert client.post("/login/", {"username": "bf1", "password": "right"}).status_code == 429
 
 
@@ -412,7 +410,7 @@ def test_an_expired_device_cookie_counts_in_the_shared_counter(
     assert browser.post("/login/", {"username": "bf1", "password": "right"}).status_code == 302
     browser.post("/admin/logout/")
     lock("/login/")
-    monkeypatch.setattr(device_cookies, "MAX_AGE", -1)
+    monkeypatch.setattr(usernames, "MAX_AGE", -1)
     assert browser.post("/login/", {"username": "bf1", "password": "right"}).status_code == 429
 
 
@@ -420,7 +418,7 @@ def test_the_admin_login_gives_a_device_cookie(rules: Tier, victim: Any) -> None
     browser = Client()
     response = browser.post("/admin/login/?next=/admin/", {"username": "bf1", "password": "right"})
     assert response.status_code == 302
-    assert device_cookies.COOKIE_NAME in response.cookies
+    assert usernames.COOKIE_NAME in response.cookies
     browser.post("/admin/logout/")
     lock("/admin/login/")
     assert (
@@ -432,9 +430,9 @@ def test_the_admin_login_gives_a_device_cookie(rules: Tier, victim: Any) -> None
 
 def test_a_failed_login_gives_no_device_cookie(rules: Tier, victim: Any) -> None:
     response = Client().post("/login/", {"username": "bf1", "password": "wrong"})
-    assert device_cookies.COOKIE_NAME not in response.cookies
+    assert usernames.COOKIE_NAME not in response.cookies
     response = Client().post("/login/", {"username": "bf1"})  # no password: nothing checked
-    assert device_cookies.COOKIE_NAME not in response.cookies
+    assert usernames.COOKIE_NAME not in response.cookies
 
 
 @pytest.mark.slow

@@ -16,10 +16,11 @@ from django.http import HttpRequest, HttpResponse
 from django.test import Client
 from django.urls import path
 
+from django_throttle import conf
 from django_throttle.backends import ArgumentRefused, BackendError, get_backend
-from django_throttle.backends import breaker as breaker_module
-from django_throttle.backends.breaker import get_breaker
+from django_throttle.backends import redis_nodes as breaker_module
 from django_throttle.backends.redis import RedisBackend
+from django_throttle.backends.redis_nodes import get_breaker
 from django_throttle.credentials import protect_credentials
 from django_throttle.decorators import throttle
 from django_throttle.identity import MAX_KEY_BYTES, Identity
@@ -198,7 +199,8 @@ def test_an_argument_the_script_refuses_never_opens_the_breaker(
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    settings.DJANGO_THROTTLE_BACKEND = "tests.test_long_identities.PaddedLabels"
+    # The Redis URL's backend is this one (read again after the settings change below).
+    monkeypatch.setattr(conf, "REDIS_BACKEND", "tests.test_long_identities.PaddedLabels")
     monkeypatch.setattr(breaker_module, "COOLDOWN", 3600)
     settings.DJANGO_THROTTLE_FAILURE_MODE = "open"
     client = Client()

@@ -29,7 +29,6 @@ from django_throttle.usage import accounting
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.seams_urls")]
 
-MEMORY = "django_throttle.backends.memory.MemoryBackend"
 DASHBOARD = "/admin/django_throttle/usagecount/dashboard/"
 
 #: The issue's realistic rule name (98 characters, 180 bytes in UTF-8).
@@ -48,7 +47,7 @@ def longest(letter: str, length: int) -> str:
 @pytest.fixture(params=["redis", "memory"])
 def backend_name(request: pytest.FixtureRequest, settings: Any) -> str:
     if request.param == "memory":
-        settings.DJANGO_THROTTLE_BACKEND = MEMORY
+        settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
     return str(request.param)
 
 

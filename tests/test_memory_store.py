@@ -16,7 +16,7 @@ import pytest
 import redis
 from redis.exceptions import NoScriptError, ResponseError
 
-from django_throttle.backends.memory_store import MemoryStore
+from django_throttle.backends.memory import MemoryStore
 from tests.redis_servers import connection_getter
 
 
@@ -97,6 +97,10 @@ COMMANDS = [
     ("ZCARD", "{p}:z"),
     ("ZCARD", "{p}:missing"),
     ("ZMSCORE", "{p}:z", "a", "zz", "d"),
+    ("ZSCORE", "{p}:z", "d"),
+    ("ZSCORE", "{p}:z", "zz"),
+    ("ZSCORE", "{p}:missing", "a"),
+    ("ZSCORE", "{p}:h", "a"),
     ("ZREM", "{p}:z", "f", "zz"),
     ("ZREMRANGEBYRANK", "{p}:z", 0, 0),
     ("ZREMRANGEBYSCORE", "{p}:z", "-inf", "(4"),

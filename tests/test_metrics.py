@@ -15,8 +15,9 @@ from prometheus_client import REGISTRY
 
 from django_throttle import events, metrics
 from django_throttle.backends import BackendError
-from django_throttle.backends import breaker as breaker_module
-from django_throttle.backends.breaker import CircuitBreaker
+from django_throttle.backends import redis_nodes as breaker_module
+from django_throttle.backends.redis_nodes import CircuitBreaker
+from django_throttle.models import EndpointLimit
 from django_throttle.policy import live as policy
 from django_throttle.rates import Limit
 from django_throttle.request import core
@@ -95,6 +96,25 @@ def test_decisions_send_signals_and_count_in_metrics(client: Any, received: Any)
         == 1
     )
     assert sample("django_throttle_decision_seconds_count") - seconds_before == 3
+
+
+def test_delayed_requests_count_in_metrics_with_their_wait(client: Any, received: Any) -> None:
+    assert metrics.connect()
+    anon = tier("anonymous", "100/h", is_default_anonymous=True)
+    rule = endpoint("ping", "route", "ping")
+    EndpointLimit.objects.create(
+        rule=rule, tier=anon, rate="2/s", burst=3, algorithm="gcra", delay=0
+    )
+    labels = {"tier": "anonymous", "endpoint": "ping"}
+    before = sample("django_throttle_delays_total", **labels)
+    waited = sample("django_throttle_delay_seconds_sum")
+
+    statuses = [client.get("/api/ping/", REMOTE_ADDR="198.51.100.9").status_code for _ in range(3)]
+
+    assert statuses == [200, 200, 200]  # the second and third waited for their turn
+    assert sample("django_throttle_delays_total", **labels) - before == 2
+    assert 0 < sample("django_throttle_delay_seconds_sum") - waited <= 1.0 + 1e-9
+    assert [bool(d["decision"].wait) for d in received["request_decided"]] == [False, True, True]
 
 
 def test_shadow_would_denies_are_their_own_outcome(client: Any, received: Any) -> None:

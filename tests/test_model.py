@@ -35,7 +35,7 @@ from hypothesis.stateful import (
 
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis import RedisBackend
-from django_throttle.rates import MAX_PERIOD, Algorithm, Decision, Limit
+from django_throttle.rates import MAX_PERIOD, RATE_ALGORITHMS, Decision, Limit
 from tests.bucket_state import stored_used
 from tests.model import EXACT, TOL, Model, Reply, TokenBucket, model_of
 
@@ -362,7 +362,7 @@ def _numbers(decision: Decision) -> tuple[Any, ...]:
     )
 
 
-ALGORITHMS = list(Algorithm.values)
+ALGORITHMS = [algorithm.value for algorithm in RATE_ALGORITHMS]
 
 
 def _run(algorithm: str, examples: int, steps: int) -> int:

@@ -136,6 +136,24 @@ def test_explain_names_rule_limits_cost_and_the_next_decision(
     assert found["next_request"].startswith("denied (429) by export (anonymous) 4/h")
 
 
+def test_explain_says_how_long_a_delaying_limit_would_hold_the_next_request(
+    client: Any, backend: Any, policy: Any
+) -> None:
+    from django_throttle.models import EndpointLimit
+
+    ping = endpoint("ping", "route", "ping")
+    EndpointLimit.objects.create(
+        rule=ping, tier=policy["anon"], rate="1/min", burst=3, algorithm="gcra", delay=0
+    )
+    assert client.get("/api/ping/", REMOTE_ADDR="203.0.113.44").status_code == 200
+
+    found = as_json("throttle_explain", "--ip", "203.0.113.44", "--path", "/api/ping/")
+
+    words = found["next_request"].split()
+    assert words[:3] == ["allowed", "after", "waiting"] and 55 < float(words[3]) <= 60
+    assert found["next_request"].endswith("s for its turn (a delaying limit)")
+
+
 def test_explain_as_a_table_reads_like_a_sentence(backend: Any, policy: Any) -> None:
     out = run("throttle_explain", "--user", "alice", "--path", "/api/ping/")
     assert "Tier reason: assigned to 'pro' directly" in out
@@ -191,7 +209,7 @@ def test_bad_arguments_get_clear_errors(
 def test_csv_has_a_header_row(backend: Any, policy: Any) -> None:
     out = run("throttle_inspect", "alice", "--format", "csv")
     assert out.splitlines()[0] == (
-        "limit,id,from,counted_by,algorithm,capacity,remaining,reset_seconds,shared,shadow"
+        "limit,id,from,counted_by,algorithm,capacity,remaining,reset_seconds,shared,shadow,in_flight"
     )
 
 

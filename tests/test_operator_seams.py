@@ -17,7 +17,7 @@ from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 
 from django_throttle.models import EndpointLimit, EndpointRule, TierLimit
-from tests.factories import tier
+from tests.factories import tier, with_shards
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.seams_urls")]
 
@@ -176,9 +176,9 @@ def one_shard(request: pytest.FixtureRequest, settings: Any) -> None:
     """One key shard, so a shared limit is one ceiling over every client."""
     from django_throttle import backends
 
-    settings.DJANGO_THROTTLE_KEY_SHARDS = 1
     if request.param == "memory":
-        settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"
+        settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
+    settings.DJANGO_THROTTLE_REDIS_URL = with_shards(settings.DJANGO_THROTTLE_REDIS_URL, 1)
     backends.reset_backend_cache()
 
 
@@ -250,7 +250,7 @@ def test_the_command_line_refuses_an_in_process_backend(
     "Reset 3 bucket(s)" that reset nothing)."""
     from django.core.management import load_command_class
 
-    settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"
+    settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
     with pytest.raises(SystemExit) as exited:
         load_command_class("django_throttle", command).run_from_argv(["manage.py", command, *argv])
 
@@ -381,9 +381,9 @@ def test_reset_shared_refills_every_shard_and_nothing_else(
     from django_throttle.conf import app_settings
     from django_throttle.rates import Limit
 
-    settings.DJANGO_THROTTLE_KEY_SHARDS = 16
+    settings.DJANGO_THROTTLE_REDIS_URL = with_shards(settings.DJANGO_THROTTLE_REDIS_URL, 16)
     backend = get_backend()  # rebuilt with 16 shards
-    shards = app_settings.KEY_SHARDS
+    shards = app_settings.key_shards
     ceiling = Limit.build("c1", "64/m", algorithm=algorithm, shared=True)
     own = Limit.build("o1", "5/m", algorithm=algorithm)
     by_shard: dict[int, str] = {}

@@ -15,8 +15,8 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from django_throttle.backends import breaker as breaker_module
 from django_throttle.backends import get_backend
+from django_throttle.backends import redis_nodes as breaker_module
 from django_throttle.identity import Identity
 from django_throttle.models import EndpointLimit, EndpointRule, TierAssignment, TierLimit
 from django_throttle.policy import live as policy
@@ -486,7 +486,7 @@ def test_an_open_breaker_keeps_the_policy_and_logs_nothing_per_request(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from django_throttle.backends import BackendError
-    from django_throttle.backends.breaker import get_breaker
+    from django_throttle.backends.redis_nodes import get_breaker
 
     monkeypatch.setattr(policy, "REFRESH_INTERVAL", 0.001)
     monkeypatch.setattr(breaker_module, "COOLDOWN", 3600)

@@ -29,7 +29,6 @@ from django_throttle.rates import Algorithm, Limit
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.test_refund_seams")]
 
-MEMORY = "django_throttle.backends.memory.MemoryBackend"
 T0 = 1_700_000_000.0
 #: Set by the view once a request with ``?hold`` is past its check; the test then lets it go.
 ENTERED: dict[str, asyncio.Event] = {}
@@ -53,7 +52,7 @@ def test_an_overlapping_refund_keeps_the_later_request_counted(settings: Any, co
     """A starts at 0 s and holds; B starts at 30 s and is counted; A then ends with an
     outcome the rule does not count. At 61 s, B (30 s) is still in the last minute, so of C
     and D only one more may pass: the later request, not the refunded one, stays counted."""
-    settings.DJANGO_THROTTLE_BACKEND = MEMORY
+    settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
     anonymous = Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
     anonymous.limits.create(rate="1000/min")
     rule = EndpointRule.objects.create(name="login", pattern="login", counts=counts)

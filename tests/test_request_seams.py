@@ -36,7 +36,6 @@ from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
 
-MEMORY = "django_throttle.backends.memory.MemoryBackend"
 
 #: Views under the GET rule of scope "seam": the decorator and the DRF throttle class.
 VIEWS = {
@@ -73,7 +72,7 @@ USERNAME_WAIT = 1200
 @pytest.fixture(params=["redis", "memory"])
 def backend_name(request: pytest.FixtureRequest, settings: Any) -> str:
     if request.param == "memory":
-        settings.DJANGO_THROTTLE_BACKEND = MEMORY
+        settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
     return str(request.param)
 
 
@@ -290,7 +289,7 @@ def test_a_retry_once_retry_after_has_passed_gets_through(
 ) -> None:
     """On the memory backend's injected clock: one second before ``Retry-After`` the login
     is still refused, at ``Retry-After`` it is let through to the password check."""
-    settings.DJANGO_THROTTLE_BACKEND = MEMORY
+    settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
     counting = backends.get_backend()
     assert isinstance(counting, MemoryBackend)
     now = [1_800_000_000.0]

@@ -26,9 +26,9 @@ import pytest
 
 from django_throttle.backends import get_backend
 from django_throttle.backends.base import BackendError
-from django_throttle.backends.breaker import CircuitBreaker, CircuitOpen
 from django_throttle.backends.redis import RedisBackend
-from django_throttle.backends.redis_sentinel import SentinelURL, parse_sentinel_url
+from django_throttle.backends.redis_clients import SentinelURL, parse_sentinel_url
+from django_throttle.backends.redis_nodes import CircuitBreaker, CircuitOpen
 from django_throttle.checks import check_settings
 from django_throttle.rates import Algorithm, Limit
 from django_throttle.usage.accounting import get_store
@@ -450,6 +450,17 @@ def keys_with_ttls(server: Any, prefix: str) -> dict[bytes, int]:
         client.close()
 
 
+def replication(server: Any) -> dict[str, Any]:
+    """The replication fields of ``server``'s INFO (role, primary, link, sync in progress)."""
+    client = server.client()
+    try:
+        info = client.info("replication")
+    finally:
+        client.close()
+    wanted = ("role", "master_port", "master_link_status", "master_sync_in_progress")
+    return {key: info.get(key) for key in wanted}
+
+
 def test_every_key_has_a_ttl_on_the_primary_and_the_replicas_only_replicate(
     settings: Any, sentinel_set: LocalSentinel, _isolated_throttle: str
 ) -> None:
@@ -486,8 +497,20 @@ def test_every_key_has_a_ttl_on_the_primary_and_the_replicas_only_replicate(
     with primary.client() as client:
         assert client.wait(len(replicas), 10_000) == len(replicas)
     for replica in replicas:
+        # WAIT says each replica took the writes; a replica the sentinels reconfigured after
+        # an earlier test's failover may still be finishing a full resync (its key space is
+        # empty while it loads), so its copy is awaited, with its replication state on failure.
+        try:
+            wait_for(
+                lambda replica=replica: (
+                    set(keys_with_ttls(replica, _isolated_throttle)) == set(keys)
+                ),
+                30,
+                f"the replica on {replica.port} to hold the primary's keys",
+            )
+        except RuntimeError as timed_out:
+            raise AssertionError(f"{timed_out}: {replication(replica)}") from None
         copied = keys_with_ttls(replica, _isolated_throttle)
-        assert set(copied) == set(keys), replica.port
         assert all(ttl > 0 for ttl in copied.values()), replica.port
         assert script_calls(replica) == before[replica.port], replica.port
     on = named_connections(sentinel_set)

@@ -1,4 +1,4 @@
-"""The key shards' hash tags (:mod:`django_throttle.backends.redis_shard_tags`): the shard
+"""The key shards' hash tags (:mod:`django_throttle.backends.redis_cluster`): the shard
 numbers on one server; on a cluster, tags whose slots spread evenly, so that primaries owning
 equal slot ranges (as every managed cluster and ``redis-cli --cluster create`` split them)
 hold as many shards each as the count allows. Nothing here connects."""
@@ -13,7 +13,8 @@ import pytest
 from redis.crc import key_slot
 
 from django_throttle.backends.redis import RedisBackend
-from django_throttle.backends.redis_shard_tags import number_tags, spread_tags
+from django_throttle.backends.redis_cluster import number_tags, spread_tags
+from tests.factories import with_shards
 
 SLOTS = 16384
 
@@ -33,7 +34,7 @@ def shards_per_primary(tags: tuple[str, ...], primaries: int) -> list[int]:
 
 
 def test_one_server_keeps_the_shard_numbers(settings: Any) -> None:
-    settings.DJANGO_THROTTLE_KEY_SHARDS = 4
+    settings.DJANGO_THROTTLE_REDIS_URL = with_shards(settings.DJANGO_THROTTLE_REDIS_URL, 4)
     backend = RedisBackend()
     try:
         assert backend.shard_tags() == tuple(f"{backend.prefix}:{{{n}}}" for n in range(4))
@@ -57,8 +58,7 @@ def test_a_cluster_backend_spreads_its_shards_evenly_over_the_primaries(
 ) -> None:
     """The best split ``shards`` allow. With the shard numbers as tags, 16 shards over three
     primaries split 6/6/4: 1.5 times the clients on one primary as on another."""
-    settings.DJANGO_THROTTLE_REDIS_URL = "redis+cluster://127.0.0.1:1,127.0.0.1:2"
-    settings.DJANGO_THROTTLE_KEY_SHARDS = shards
+    settings.DJANGO_THROTTLE_REDIS_URL = f"redis+cluster://127.0.0.1:1,127.0.0.1:2?shards={shards}"
     backend = RedisBackend()  # a cluster client is made on first use: nothing connects
     tags = tuple(tag.split("{")[1].rstrip("}") for tag in backend.shard_tags())
     assert shards_per_primary(tags, primaries) == split

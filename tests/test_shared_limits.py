@@ -28,7 +28,7 @@ from django_throttle.backends.redis import RedisBackend
 from django_throttle.conf import app_settings
 from django_throttle.models import TierLimit
 from django_throttle.rates import Algorithm, Limit
-from tests.factories import tier
+from tests.factories import tier, with_shards
 
 T0 = 1_700_000_000.0
 SHARDS = 16  # DJANGO_THROTTLE_KEY_SHARDS's default on a Redis Cluster, pinned here
@@ -40,8 +40,8 @@ def key_shards(request: pytest.FixtureRequest, settings: Any) -> int:
     split. A test of the default parametrizes this fixture with ``None`` (setting unset)."""
     shards: int | None = getattr(request, "param", SHARDS)
     if shards is not None:
-        settings.DJANGO_THROTTLE_KEY_SHARDS = shards
-    return app_settings.KEY_SHARDS
+        settings.DJANGO_THROTTLE_REDIS_URL = with_shards(settings.DJANGO_THROTTLE_REDIS_URL, shards)
+    return app_settings.key_shards
 
 
 #: Leaves DJANGO_THROTTLE_KEY_SHARDS unset: the default (one shard on the suite's Redis).
@@ -150,7 +150,7 @@ def test_keys_carry_the_shard_and_no_client_digest(
     for client in shards[3][:2] + shards[9][:1]:
         assert backend.hit(client, limits).allowed
     keys = sorted(key.decode() for key in redis_client.keys(f"{_isolated_throttle}:*"))
-    codes = dict(zip(Algorithm.values, "tglfwsc", strict=True))
+    codes = dict(zip(Algorithm.values, "tglfwscn", strict=True))
     expected = sorted(
         f"{_isolated_throttle}:{{{shard}}}*{codes[limit.algorithm]}{limit.id}"
         for shard in (3, 9)

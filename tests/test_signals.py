@@ -162,7 +162,7 @@ def test_tightening_a_drained_limit_hands_out_no_free_burst(
     Time is a clock moved by hand (the memory backend's and the policy's), so a slow machine
     cannot refill the bucket between requests; tests/test_backends.py's
     test_lowering_a_limit_hands_out_no_burst runs the same on Redis, whose key TTL it checks."""
-    settings.DJANGO_THROTTLE_BACKEND = "django_throttle.backends.memory.MemoryBackend"
+    settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
     now = [1_700_000_000.0]
     backend = get_backend()
     backend.clock = lambda: now[0]  # type: ignore[attr-defined]

@@ -16,18 +16,17 @@ import redis
 from django.core.management import call_command
 from django.test import RequestFactory
 
-from django_throttle.backends import get_backend, usage_base
+from django_throttle.backends import get_backend, usage_store
 from django_throttle.backends.base import Backend
 from django_throttle.backends.memory import MemoryBackend
-from django_throttle.backends.redis_usage import lua_source
+from django_throttle.backends.usage_store import lua_source
 from django_throttle.rates import Limit
 from django_throttle.request import core
 from django_throttle.usage import accounting as usage
-from tests.factories import endpoint, tier
+from tests.factories import endpoint, tier, with_shards
 
 pytestmark = pytest.mark.django_db
 
-MEMORY = "django_throttle.backends.memory.MemoryBackend"
 OUTCOMES = ["allowed", "denied", "shadow_denied", "failed_open", "failed_closed"]
 ALLOW = (Limit.build("usage-allow", "1000000/s"),)
 DENY = (Limit.build("usage-deny", "1/h"),)
@@ -85,7 +84,7 @@ def columns(allowed: int = 0, denied: int = 0, shadow: int = 0, fo: int = 0, fc:
 @pytest.fixture(params=["redis", "memory"])
 def backend(request: pytest.FixtureRequest, settings: Any) -> Backend:
     if request.param == "memory":
-        settings.DJANGO_THROTTLE_BACKEND = MEMORY
+        settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
     return get_backend()
 
 
@@ -110,12 +109,15 @@ def test_each_outcome_is_counted_per_tier_endpoint_and_client(backend: Backend) 
     }
 
 
-def test_requests_are_counted_with_no_query_no_thread_and_no_flush(client: Any) -> None:
+def test_requests_are_counted_with_no_query_and_no_thread_but_the_pusher(client: Any) -> None:
+    """No SQL, and no thread per request: the one thread counts start is the process's
+    pusher (at most one, whatever the requests), which pushes the counts off the request."""
     anon = tier("anonymous", "100/h", is_default_anonymous=True)
     endpoint("ping", "scope", "ping", limits={anon: "3/h"})
     request = RequestFactory().get("/api/ping/")
     request.resolver_match = None
     core.check(request, scope="ping")  # compiles the policy (queries) once
+    usage.push_soon()  # the pusher, started once per process
     threads = threading.active_count()
 
     from django.db import connection
@@ -141,7 +143,7 @@ def test_shadow_would_denies_through_requests(client: Any) -> None:
 
 
 def test_nothing_is_counted_when_usage_is_off(backend: Backend, settings: Any) -> None:
-    settings.DJANGO_THROTTLE_USAGE_ENABLED = False
+    settings.DJANGO_THROTTLE_USAGE_RETENTION_DAYS = 0
     assert usage.field_for("pro", "search") is None
     backend.hit("user:1", ALLOW, usage=usage.field_for("pro", "search"))
     usage.record_degraded(usage.field_for("pro", "search"), "user:1", usage.FAILED_OPEN)
@@ -177,7 +179,7 @@ def test_a_field_is_short_and_bounded() -> None:
 def count(redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Call count_into directly on one shard's keys of this minute: usage.lua with a top size
     of 3, and a one-line driver."""
-    monkeypatch.setattr(usage_base, "TOP_CLIENTS", 3)
+    monkeypatch.setattr(usage_store, "TOP_CLIENTS", 3)
     driver = (
         "count_into(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4],"
         " tonumber(ARGV[5]))"
@@ -222,13 +224,13 @@ def test_lua_sets_a_ttl_on_every_key_it_writes(count: Any, redis_client: redis.R
     keys = redis_client.keys(f"{count.tag}*")
 
     assert len(keys) == 6  # the totals hash and one top list per outcome
-    assert all(0 < redis_client.ttl(key) <= usage_base.USAGE_TTL for key in keys)
+    assert all(0 < redis_client.ttl(key) <= usage_store.USAGE_TTL for key in keys)
 
 
 def test_lua_top_of_one_keeps_its_ttl(
     count: Any, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(usage_base, "TOP_CLIENTS", 1)
+    monkeypatch.setattr(usage_store, "TOP_CLIENTS", 1)
     source = lua_source(shards=1) + (
         "\ncount_into(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), 'f', ARGV[2], 'a', 1)"
     )
@@ -243,7 +245,9 @@ def test_lua_top_of_one_keeps_its_ttl(
 def test_a_broken_usage_key_never_fails_a_decision(
     redis_client: redis.Redis, settings: Any
 ) -> None:
-    settings.DJANGO_THROTTLE_KEY_SHARDS = 16  # every one of a Cluster's shards broken
+    settings.DJANGO_THROTTLE_REDIS_URL = with_shards(
+        settings.DJANGO_THROTTLE_REDIS_URL, 16
+    )  # every one of a Cluster's shards broken
     backend = get_backend()
     minute = int(redis_client.time()[0]) // 60
     for tag in backend.shard_tags():  # type: ignore[attr-defined]
@@ -258,7 +262,9 @@ def test_a_broken_usage_key_never_fails_a_decision(
 def test_a_clients_usage_keys_live_in_one_shard_and_expire(
     redis_client: redis.Redis, settings: Any
 ) -> None:
-    settings.DJANGO_THROTTLE_KEY_SHARDS = 16  # a Cluster's default
+    settings.DJANGO_THROTTLE_REDIS_URL = with_shards(
+        settings.DJANGO_THROTTLE_REDIS_URL, 16
+    )  # a Cluster's default
     backend = get_backend()
     send(backend, "user:1", "pro", "search", denied=1)
     usage.flush_pending()  # the first push of a process is due at once
@@ -288,6 +294,7 @@ def test_degraded_decisions_are_pushed_when_the_backend_answers(settings: Any) -
 
     settings.DJANGO_THROTTLE_REDIS_URL = healthy
     assert core.check(request, scope="ping").allowed  # the backend answers: pushes them
+    assert usage.wait_pushed()  # in the process's pusher thread, not on the request
 
     assert not usage.pending
     assert by("endpoint") == {"ping": columns(allowed=1, fo=3, fc=2)}

@@ -1,6 +1,6 @@
 """A worker killed with SIGKILL loses at most its last second's usage counts: it counts in
-process and the first request after each second pushes everything counted before it (that
-request included) before its response exists."""
+process, and its pusher thread pushes them once a second, whether or not another request
+comes (a worker gone idle pushes its last counts too)."""
 
 from __future__ import annotations
 
@@ -82,8 +82,10 @@ def test_a_worker_killed_after_its_responses_loses_at_most_its_last_second(
     try:
         port = int(server.stdout.readline())
         statuses = [status(f"http://127.0.0.1:{port}/api/ping/") for _ in range(12)]
-        time.sleep(1.1)  # a real server's clock: the push interval has passed
-        statuses.append(status(f"http://127.0.0.1:{port}/api/ping/"))  # pushes all 13
+        time.sleep(2.0)  # idle: no request wakes the pusher, its push falls due by itself
+        [idle] = report("endpoint")
+        assert (idle["allowed"], idle["denied"]) == (5, 7)  # pushed with no request to wake it
+        statuses.append(status(f"http://127.0.0.1:{port}/api/ping/"))  # its last second
         server.send_signal(signal.SIGKILL)  # the moment the last response arrived
         server.wait(timeout=30)
     finally:
@@ -94,9 +96,15 @@ def test_a_worker_killed_after_its_responses_loses_at_most_its_last_second(
 
     assert server.returncode == -signal.SIGKILL
     assert statuses == [200] * 5 + [429] * 8
+    # Every count before the idle second is in; the last request's may be lost with the worker.
     [ping] = report("endpoint")
-    assert (ping["endpoint"], ping["allowed"], ping["denied"], ping["total"]) == ("ping", 5, 8, 13)
+    assert (ping["endpoint"], ping["allowed"]) == ("ping", 5)
+    assert ping["denied"] in (7, 8) and ping["total"] == 5 + ping["denied"]
     [client] = report("client")
-    assert (client["client"], client["allowed"], client["denied"]) == ("ip:127.0.0.1", 5, 8)
+    assert (client["client"], client["allowed"], client["denied"]) == (
+        "ip:127.0.0.1",
+        5,
+        ping["denied"],
+    )
     [anonymous] = report("tier")
-    assert (anonymous["tier"], anonymous["total"]) == ("anonymous", 13)
+    assert (anonymous["tier"], anonymous["total"]) == ("anonymous", ping["total"])

@@ -1,32 +1,33 @@
-"""Counts kept through an outage reach the backend a bounded batch per request.
+"""Counts kept in process reach the backend off the request, a bounded batch per push.
 
-While the backend cannot answer, every decision is counted in process (``usage.record_degraded``);
-the requests after it answers again push those counts, each at most ``usage.PUSH_PER_CALL`` of
-them, so no single request carries a long outage's backlog (its time would grow with the
-outage), and nothing is lost.
+Every decision is counted in process (the backend's tally; while the backend cannot answer,
+``usage.record_degraded``); a request that finds a push due wakes the process's pusher
+thread and goes on. Each push carries at most ``usage.PUSH_PER_CALL`` of an outage's counts, so
+no push holds the server for a long outage's backlog, and nothing is lost.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 
-from django_throttle.backends import get_backend, usage_base
+from django_throttle.backends import get_backend, usage_store
+from django_throttle.backends.base import shard_of
 from django_throttle.rates import Algorithm, Limit
 from django_throttle.usage import accounting as usage
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
 
-MEMORY = "django_throttle.backends.memory.MemoryBackend"
 ALGORITHMS = [algorithm.value for algorithm in Algorithm]
 
 
 @pytest.fixture(params=["redis", "memory"])
 def store(request: pytest.FixtureRequest, settings: Any) -> Any:
     if request.param == "memory":
-        settings.DJANGO_THROTTLE_BACKEND = MEMORY
+        settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
     return usage.get_store(get_backend())
 
 
@@ -37,7 +38,63 @@ def failed_open(store: Any, minute: int) -> int:
     return sum(row[3] for counts in found.values() for row in counts.totals.values())
 
 
+def test_a_request_does_not_wait_for_the_push_it_wakes(
+    client: Any, store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The push the first request of a process finds due is held up (the store's own push,
+    made to wait for the test): the request is answered meanwhile, on the request's thread,
+    and its count arrives once the push goes on."""
+    anonymous = tier("anonymous", "1000000/h", is_default_anonymous=True)
+    endpoint("ping", "route", "ping", limits={anonymous: "1000000/h"})
+    release = threading.Event()
+    pushing = threading.Event()
+    push = type(store).push
+
+    def held_push(self: Any, *args: Any, **kwargs: Any) -> None:
+        pushing.set()
+        assert release.wait(30)
+        push(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(store), "push", held_push)
+    try:
+        assert client.get("/api/ping/").status_code == 200  # the first push is due at once
+        assert pushing.wait(10)  # the pusher thread is in the push, and the request is done
+        assert client.get("/api/ping/").status_code == 200  # so is the next one
+        assert not usage.wait_pushed(0.05)
+    finally:
+        release.set()
+    assert usage.wait_pushed()
+    minute = store.now_minute()
+    found = store.read([minute - 1, minute], clients=False)
+    assert sum(row[0] for counts in found.values() for row in counts.totals.values()) >= 1
+
+
+def test_where_threads_do_not_run_the_requests_push_themselves(
+    client: Any, store: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under uWSGI without ``--enable-threads`` a started thread never runs: once the pusher
+    has not run for ``THREAD_START_GRACE``, a request that finds a push due makes it, and the
+    operator is told why once."""
+    anonymous = tier("anonymous", "1000000/h", is_default_anonymous=True)
+    endpoint("ping", "route", "ping", limits={anonymous: "1000000/h"})
+    monkeypatch.setattr(usage, "_pusher", None)  # this test's process has no pusher yet
+    monkeypatch.setattr(usage, "THREAD_START_GRACE", 0.0)
+    monkeypatch.setattr(threading.Thread, "start", lambda self: None)  # a thread never run
+    minute = store.now_minute()
+    for n in range(3):
+        usage.record_degraded("anonymous|ping", f"ip:10.9.0.{n}", "failed_open")
+
+    with caplog.at_level("WARNING", logger="django_throttle.usage"):
+        assert client.get("/api/ping/").status_code == 200  # pushed on the request itself
+        assert client.get("/api/ping/").status_code == 200
+    assert failed_open(store, minute) == 3
+    assert len([r for r in caplog.records if "--enable-threads" in r.getMessage()]) == 1
+    assert usage.wait_pushed(0)
+
+
 def test_each_request_pushes_a_bounded_batch_and_nothing_is_lost(client: Any, store: Any) -> None:
+    """Each request after an outage wakes the pusher thread, which pushes one bounded batch
+    of the kept counts (the request does not wait for it); every count arrives."""
     anonymous = tier("anonymous", "1000000/h", is_default_anonymous=True)
     endpoint("ping", "route", "ping", limits={anonymous: "1000000/h"})
     minute = store.now_minute()
@@ -46,12 +103,14 @@ def test_each_request_pushes_a_bounded_batch_and_nothing_is_lost(client: Any, st
     assert usage.pending
 
     assert client.get("/api/ping/").status_code == 200
+    assert usage.wait_pushed()
     assert failed_open(store, minute) == usage.PUSH_PER_CALL
 
     requests = 1
     while usage.pending:
         before = failed_open(store, minute)
         assert client.get("/api/ping/").status_code == 200
+        assert usage.wait_pushed()
         assert 0 < failed_open(store, minute) - before <= usage.PUSH_PER_CALL
         requests += 1
         assert requests <= usage.MAX_PENDING // usage.PUSH_PER_CALL
@@ -126,6 +185,53 @@ def test_the_push_and_read_scripts_touch_only_declared_keys(redis_client: Any) -
     assert store.take_late() == {minute - 2, minute - 1, minute}
 
 
+def test_a_push_sends_each_total_once_and_each_client_once_per_minute(store: Any) -> None:
+    """The process sums its counts before pushing: a shard's call carries each exact total
+    (minute, outcome, usage field) once, however many clients it counts, and each client once
+    per minute and outcome, however many usage fields it was counted under; the figures read
+    back are those of the counts."""
+    calls: list[Any] = []
+    send = store._evalsha_all
+
+    def recording(client: Any, sha: str, source: str, batch: Any) -> Any:
+        if sha == store._push_sha:
+            calls.extend(batch)
+        return send(client, sha, source, batch)
+
+    store._evalsha_all = recording
+    minute = store.now_minute()
+    counts = [(minute, "pro|search", f"user:{n}", "a", 1) for n in range(150)]
+    counts += [(minute, "pro|export", f"user:{n}", "a", 2) for n in range(0, 150, 3)]
+    counts += [(minute, "pro|search", "user:7", "d", 4), (minute, "pro|search", "user:7", "d", 1)]
+    store.push("sums", counts)
+
+    totals: list[tuple[str, int]] = []
+    clients: list[tuple[str, str, int]] = []
+    for keys, args in calls:
+        # ARGV: T, then (key index, minute, field, n) per total, (key index, client, n,
+        # second) per client count.
+        head = 1 + 4 * int(args[0])
+        totals += [(keys[args[at] - 1], args[at + 3]) for at in range(1, head, 4)]
+        named = [(keys[args[at] - 1], args[at + 2]) for at in range(1, head, 4)]
+        assert len(set(named)) == len(named)  # (hash, field): once per call
+        clients += [
+            (keys[args[at] - 1], args[at + 1], args[at + 2]) for at in range(head, len(args), 4)
+        ]
+    shards = {store.tags[shard_of(f"user:{n}", len(store.tags))] for n in range(150)}
+    # One total per shard and (outcome, field): allowed search, allowed export, denied search.
+    assert len(totals) <= 3 * len(shards)
+    assert sum(n for _, n in totals) == sum(count[4] for count in counts)
+    # Each client once per outcome: its two fields summed.
+    assert len(clients) == 151
+    assert len({(key, client) for key, client, _ in clients}) == 151
+    assert {client: n for key, client, n in clients if "}ta" in key}["user:3"] == 3
+    assert {client: n for key, client, n in clients if "}td" in key} == {"user:7": 5}
+
+    found = store.read([minute])[minute]
+    assert found.totals["pro|search"][:2] == [150, 5]
+    assert found.totals["pro|export"][:2] == [100, 0]
+
+
 def test_pushes_leave_no_growing_structure(redis_client: Any) -> None:
     """Each batch's mark is a key of its own with a TTL (no set re-armed by every push), and
     the late minutes hold only minutes pushed to within the usage TTL."""
@@ -137,7 +243,7 @@ def test_pushes_leave_no_growing_structure(redis_client: Any) -> None:
     marks = [key for key in redis_client.scan_iter(f"{prefix}:*") if b"}p" in key]
     assert len(marks) == 30
     assert all(redis_client.type(key) == b"string" for key in marks)
-    assert all(0 < redis_client.ttl(key) <= usage_base.USAGE_TTL for key in marks)
+    assert all(0 < redis_client.ttl(key) <= usage_store.USAGE_TTL for key in marks)
     late = [key for key in redis_client.scan_iter(f"{prefix}:*") if key.endswith(b"}l")]
     assert late and all(redis_client.ttl(key) > 0 for key in late)
     # A minute last pushed to longer ago than the TTL has expired counts: trimmed.
@@ -165,7 +271,7 @@ def test_the_counting_scripts_touch_only_declared_keys(
         source_for = calls.source_for
         calls.source_for = lambda codes, source_for=source_for: declared_only(source_for(codes))[0]
         calls._scripts.clear()
-        calls._cache = type(calls._cache)()
+        calls.forget()
     limits = [
         Limit.build(f"declared-{name}", "2/day", algorithm=name, shadow=index == 1)
         for index, name in enumerate(algorithms)
@@ -187,14 +293,14 @@ def test_a_caller_whose_clock_is_behind_has_its_minute_copied_again(
     minute as late, as a push does, so a rollup that already copied it copies it again."""
     import time
 
-    from django_throttle.backends import frames
+    from django_throttle.backends import redis as redis_backend
 
     backend = get_backend()
     store = usage.get_store(backend)
     store.take_late()
     minute = store.now_minute()
     real = time.time
-    monkeypatch.setattr(frames.time, "time", lambda: real() - 180)  # three minutes behind
+    monkeypatch.setattr(redis_backend.time, "time", lambda: real() - 180)  # three minutes behind
     field = usage.field_for("pro", "search")
     assert backend.hit("ip:203.0.113.10", [Limit.build("behind", "10/h")], usage=field).allowed
     monkeypatch.undo()

@@ -17,13 +17,13 @@ from django.db.migrations.executor import MigrationExecutor
 from django.db.models import QuerySet
 from django.urls import reverse
 
-from django_throttle.backends import get_backend, usage_base
+from django_throttle.backends import get_backend, usage_store
 from django_throttle.backends.base import Backend
 from django_throttle.models import UsageCount
 from django_throttle.usage import accounting as usage
 from django_throttle.usage import reports as usage_report
-from django_throttle.usage import rollup as usage_rollup
-from tests.test_usage import MEMORY, OUTCOMES, by, columns, run, send
+from tests.factories import with_shards
+from tests.test_usage import OUTCOMES, by, columns, run, send
 
 pytestmark = pytest.mark.django_db
 
@@ -34,7 +34,7 @@ ALL = UsageCount.ALL
 @pytest.fixture(params=["redis", "memory"])
 def backend(request: pytest.FixtureRequest, settings: Any) -> Backend:
     if request.param == "memory":
-        settings.DJANGO_THROTTLE_BACKEND = MEMORY
+        settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
     return get_backend()
 
 
@@ -229,8 +229,8 @@ def test_command_says_when_redis_cannot_answer(settings: Any) -> None:
 def test_more_clients_than_the_top_lists_hold_are_estimates(
     backend: Backend, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(usage_base, "TOP_CLIENTS", 2)
-    settings.DJANGO_THROTTLE_KEY_SHARDS = 1
+    monkeypatch.setattr(usage_store, "TOP_CLIENTS", 2)
+    settings.DJANGO_THROTTLE_REDIS_URL = with_shards(settings.DJANGO_THROTTLE_REDIS_URL, 1)
     backend = get_backend()  # rebuilt with the new size
     send(backend, "user:1", "pro", "search", allowed=30)
     for client in ["user:2", "user:3", "user:4"]:
@@ -313,7 +313,7 @@ def test_a_rollup_that_fails_half_way_loses_and_doubles_nothing(
     backend = get_backend()
     send(backend, "user:1", "pro", "search", allowed=2, at=minutes_ago(20))
     send(backend, "user:1", "pro", "search", allowed=3, at=minutes_ago(10))
-    monkeypatch.setattr(usage_rollup, "CHUNK_MINUTES", 1)
+    monkeypatch.setattr(usage_report, "CHUNK_MINUTES", 1)
     real = QuerySet.bulk_create
     calls: list[int] = []
 
@@ -385,7 +385,7 @@ def test_report_reads_rows_older_than_redis_keeps(traffic: None) -> None:
 def test_report_notes_minutes_that_left_redis_uncopied(
     traffic: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(usage_base, "USAGE_TTL", 3600)
+    monkeypatch.setattr(usage_store, "USAGE_TTL", 3600)
     stderr = io.StringIO()
 
     run("--since", "2h", stderr=stderr)

@@ -36,9 +36,9 @@ from django_throttle.credentials import protect_credentials
 from django_throttle.drf import ProtectedBasicAuthentication
 from django_throttle.identity import Identity
 from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierLimit, UsageCount
-from django_throttle.plain import log_text, plain_text
-from django_throttle.policy.resolver import resolve_identity
-from tests.test_usage import MEMORY, run
+from django_throttle.policy.live import resolve_identity
+from django_throttle.redaction import log_text, plain_text
+from tests.test_usage import run
 from tests.views import Ping, hello
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.test_usage_seams")]
@@ -93,7 +93,7 @@ urlpatterns = [
 @pytest.fixture(params=["redis", "memory"])
 def backend(request: pytest.FixtureRequest, settings: Any) -> str:
     if request.param == "memory":
-        settings.DJANGO_THROTTLE_BACKEND = MEMORY
+        settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
     return str(request.param)
 
 

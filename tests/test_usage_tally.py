@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from django_throttle.backends import get_backend, reset_backend_cache, usage_base
+from django_throttle.backends import get_backend, reset_backend_cache
+from django_throttle.backends import redis as redis_backend
 from django_throttle.backends.base import Backend
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis import RedisBackend
@@ -50,7 +51,7 @@ def _stored(backend: Backend) -> Any:
     """The minute's counts in the store, without pushing this process's own first."""
     store = usage.get_store(backend)
     tally = backend.usage_tally  # type: ignore[attr-defined]
-    backend.usage_tally = usage_base.Tally()  # type: ignore[attr-defined]
+    backend.usage_tally = redis_backend.Tally()  # type: ignore[attr-defined]
     try:
         return store.read([MINUTE]).get(MINUTE)
     finally:
@@ -99,13 +100,13 @@ def test_the_counts_arrive_within_the_push_interval() -> None:
     reset_backend_cache()
     backend = get_backend()
     assert isinstance(backend, RedisBackend)
-    backend.usage_tally = usage_base.Tally(clock)
+    backend.usage_tally = redis_backend.Tally(clock)
     field = usage.field_for("free", "")
     limit = (Limit.build("pushed", "1000/s"),)
 
     def request() -> None:
         assert backend.hit("user:3", limit, now=clock.now, usage=field).allowed
-        if usage.pending:  # what the request path does after its backend call
+        if usage.pending or backend.usage_tally.waiting:  # what the request path does after a call
             usage.flush_pending()
 
     request()  # a process's first push is due at once
@@ -114,7 +115,7 @@ def test_the_counts_arrive_within_the_push_interval() -> None:
         clock.now += 0.1
         request()
     assert _stored(backend).totals[field][0] == 1  # within the second: still in the process
-    clock.now = T0 + usage_base.PUSH_EVERY
+    clock.now = T0 + redis_backend.PUSH_EVERY
     request()
     assert _stored(backend).totals[field][0] == 7  # every one, within the interval
     assert not usage.pending
@@ -143,7 +144,7 @@ def test_a_failed_push_keeps_its_counts_for_the_next_try(backend: Backend) -> No
 def test_counts_kept_while_pushes_fail_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Beyond ``MAX_KEPT`` distinct counts new clients count as ``(other)``; the totals stay
     exact, and everything arrives once a push succeeds."""
-    monkeypatch.setattr(usage_base, "MAX_KEPT", 2)
+    monkeypatch.setattr(redis_backend, "MAX_KEPT", 2)
     backend = MemoryBackend(clock=lambda: T0)
     tally = backend.usage_tally
     store = usage.get_store(backend)

@@ -21,8 +21,7 @@ from django_throttle.identity import Identity
 from django_throttle.middleware import RateLimitHeadersMiddleware
 from django_throttle.models import Tier, TierAssignment
 from django_throttle.policy import live as policy
-from django_throttle.policy import user_tiers
-from django_throttle.policy.user_tiers import UserTiers, compile_user_tiers
+from django_throttle.policy.live import UserTiers, compile_user_tiers
 from django_throttle.request import core
 from tests import views
 from tests.factories import tier
@@ -329,7 +328,7 @@ def test_an_assigned_user_costs_about_ten_bytes(django_user_model: Any) -> None:
     try:
         index = compile_user_tiers({paid.pk: 0})
         held = tracemalloc.take_snapshot().filter_traces(
-            [tracemalloc.Filter(True, user_tiers.__file__)]
+            [tracemalloc.Filter(True, policy.__file__)]
         )
     finally:
         tracemalloc.stop()

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from django_throttle.backends.base import BackendError
-from django_throttle.backends.breaker import CircuitBreaker
 from django_throttle.backends.redis import RedisBackend
+from django_throttle.backends.redis_nodes import CircuitBreaker
 from django_throttle.rates import Algorithm, Limit
 from tests.test_algorithm_concurrency import quiet_limit
 

@@ -9,6 +9,10 @@
 - ``LOADTEST_DB``: the SQLite file ``load_test.py`` migrated and filled with the policy.
 - ``LOADTEST_DRF_RATE``: DRF's anonymous rate (the policy's rate lives in the database).
 - ``LOADTEST_USAGE``: ``0`` turns django_throttle's usage counting off.
+- ``LOADTEST_SLOW_SECONDS``: how long the slow endpoint (``/api/export/``) holds its worker.
+- ``LOADTEST_BURST_RATE``, ``LOADTEST_BURST``, ``LOADTEST_DELAY``, ``LOADTEST_MAX_WAIT``: the
+  GCRA limit of ``/burst/reject/`` and ``/burst/delay/`` (the delay and longest wait only on
+  the latter), for ``bench/load_delay.py``.
 
 Clients are told apart by ``X-Forwarded-For`` (one trusted proxy) in both throttles.
 """
@@ -21,6 +25,11 @@ VARIANT = os.environ.get("LOADTEST_VARIANT", "none")
 if VARIANT not in {"none", "policy", "drf"}:
     raise RuntimeError(f"LOADTEST_VARIANT must be none, policy or drf, not {VARIANT!r}")
 REDIS_URL = os.environ.get("LOADTEST_REDIS_URL", "redis://127.0.0.1:1/0")
+LOADTEST_SLOW_SECONDS = float(os.environ.get("LOADTEST_SLOW_SECONDS", "0.2"))
+LOADTEST_BURST_RATE = os.environ.get("LOADTEST_BURST_RATE", "2/s")
+LOADTEST_BURST = int(os.environ.get("LOADTEST_BURST", "4"))
+LOADTEST_DELAY = int(os.environ.get("LOADTEST_DELAY", "0"))
+LOADTEST_MAX_WAIT = float(os.environ.get("LOADTEST_MAX_WAIT", "2"))
 
 SECRET_KEY = "load-test-only-not-secret"
 DEBUG = False
@@ -72,7 +81,7 @@ REST_FRAMEWORK = {
 DJANGO_THROTTLE_REDIS_URL = REDIS_URL
 DJANGO_THROTTLE_KEY_PREFIX = "lt"
 DJANGO_THROTTLE_TRUSTED_PROXIES = 1
-DJANGO_THROTTLE_USAGE_ENABLED = os.environ.get("LOADTEST_USAGE", "1") != "0"
+DJANGO_THROTTLE_USAGE_RETENTION_DAYS = 7 if os.environ.get("LOADTEST_USAGE", "1") != "0" else 0
 # Two workers, Redis and wrk share two cores: a stall past the 50 ms production timeout would
 # fail open and look like speed. Failures are logged (below) and counted by load_test.py.
 DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}

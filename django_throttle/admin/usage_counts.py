@@ -7,8 +7,8 @@ The list copies what the backend holds before it lists (:func:`roll_up_if_due`: 
 process and for at most :data:`ROLLUP_BUDGET` seconds), so it fills without a cron job; when
 the backend cannot be read the page still shows what was copied, and says so.
 
-Tier and endpoint totals (exact) and per-client rows (the heaviest clients, allowed requests
-sampled) are two lists, chosen by the "rows" filter: neither shows the other's ``*`` cells.
+Tier and endpoint totals (exact) and per-client rows (the heaviest clients) are two lists,
+chosen by the "rows" filter: neither shows the other's ``*`` cells.
 """
 
 from __future__ import annotations
@@ -30,14 +30,13 @@ from django.utils.translation import gettext_lazy as _
 
 from django_throttle.admin import views
 from django_throttle.admin.base import AppAdmin
-from django_throttle.backends import BackendError, usage_base
-from django_throttle.backends.breaker import get_breaker
+from django_throttle.backends import BackendError, usage_store
+from django_throttle.backends.redis_nodes import get_breaker
 from django_throttle.models import UsageCount
-from django_throttle.plain import plain_text
+from django_throttle.redaction import plain_text
 from django_throttle.usage import accounting
 from django_throttle.usage.names import client_names, describe
-from django_throttle.usage.reports import NO_ENDPOINT, NO_TIER
-from django_throttle.usage.rollup import rollup
+from django_throttle.usage.reports import NO_ENDPOINT, NO_TIER, rollup
 
 #: Seconds between two rollups the usage list runs in one process: opening the list again
 #: and again costs the backend nothing more.
@@ -57,7 +56,7 @@ class _LastRollup:
 
 def roll_up_if_due() -> str:
     """Copy the backend's finished minutes to the database (:func:`~django_throttle.usage.
-    rollup.rollup`) unless this process did within :data:`ROLLUP_EVERY` seconds or another
+    reports.rollup`) unless this process did within :data:`ROLLUP_EVERY` seconds or another
     thread is at it; through the circuit breaker, for at most :data:`ROLLUP_BUDGET` seconds.
     Returns why the live counts could not be read (``""``: they were, or need not be yet).
     Never raises for a backend that is down or keeps no counts: the list still renders."""
@@ -149,11 +148,11 @@ class UsageCountAdmin(AppAdmin):
     """Read-only: the rollup writes these rows from the backend's counts (on opening the
     list, see :func:`roll_up_if_due`, or ``manage.py throttle_usage --rollup``); people only
     read (or delete) them. Two lists: tier and endpoint totals, and per-client rows with
-    each client in words and its sampled figures marked ``≈``."""
+    each client in words."""
 
     TOTAL_COLUMNS = ["window_start", "tier_name", "endpoint_name"]
     CLIENT_COLUMNS = ["window_start", "client_link"]
-    COUNTS = ["allowed_figure", "denied", "shadow_denied", "failed"]
+    COUNTS = ["allowed", "denied", "shadow_denied", "failed"]
     list_display = [*TOTAL_COLUMNS, *COUNTS]
     list_filter = [UsageKindFilter, HadDenialsFilter, "tier", "endpoint"]
     search_fields = ["client", "endpoint"]
@@ -181,8 +180,7 @@ class UsageCountAdmin(AppAdmin):
         context = {
             "throttle_rollup_every": int(ROLLUP_EVERY),
             "throttle_kind": _kind(request),
-            "throttle_sample": usage_base.CLIENT_SAMPLE,
-            "throttle_kept_hours": usage_base.USAGE_TTL // 3600,
+            "throttle_kept_hours": usage_store.USAGE_TTL // 3600,
             **(extra_context or {}),
         }
         return super().changelist_view(request, context)
@@ -234,19 +232,6 @@ class UsageCountAdmin(AppAdmin):
     @admin.display(description=_("endpoint"), ordering="endpoint")
     def endpoint_name(self, obj: UsageCount) -> str:
         return obj.endpoint or NO_ENDPOINT
-
-    @admin.display(description=_("allowed"), ordering="allowed")
-    def allowed_figure(self, obj: UsageCount) -> str:
-        """Exact on a total row; on a client row an estimate (allowed requests enter the
-        per-client lists one in ``CLIENT_SAMPLE``), marked ``≈`` with a tooltip."""
-        sample = usage_base.CLIENT_SAMPLE
-        if obj.client == UsageCount.ALL or sample <= 1:
-            return str(obj.allowed)
-        return format_html(
-            '<span class="dt-estimate" title="{}">≈{}</span>',
-            gettext("an estimate: allowed requests are sampled one in %d") % sample,
-            obj.allowed,
-        )
 
     @admin.display(description=_("failed open / closed"))
     def failed(self, obj: UsageCount) -> str:

@@ -25,7 +25,7 @@ __all__ = ["ArgumentRefused", "Backend", "BackendError", "NodeUnavailable"]
 #: Bytes of a client digest (96 bits: no two of a billion clients share one in practice).
 DIGEST_SIZE = 12
 
-#: Limit lists a backend keeps encoded (``frames.Calls``) before it starts afresh.
+#: Limit lists a backend keeps encoded (``redis.Calls``) before it starts afresh.
 CACHED_LISTS = 4096
 
 T = TypeVar("T")
@@ -47,6 +47,7 @@ ALGORITHM_CODES = {
     Algorithm.SLIDING_LOG: "w",
     Algorithm.SLIDING_COUNTER: "s",
     Algorithm.CALENDAR: "c",
+    Algorithm.CONCURRENCY: "n",
 }
 
 
@@ -174,6 +175,29 @@ class Backend(ABC):
 
     arefund = async_twin(refund)
 
+    def release(self, client: str, limits: Limits, lease: str, *, now: Now = None) -> int:
+        """Give back the slots ``client``'s hit took under ``lease`` (its
+        ``Decision.leases``) in the concurrency limits among ``limits`` (the others are
+        ignored), as one atomic step. Idempotent: a lease released, ended or never taken
+        releases nothing. Returns the number of slots released."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no concurrency limits")
+
+    arelease = async_twin(release)
+
+    def renew(self, client: str, limits: Limits, lease: str, *, now: Now = None) -> int:
+        """Extend each slot held under ``lease`` to now plus its limit's lease (its rate's
+        period), while the request that took it runs. A lease that ended or was released is
+        never revived: its slot may be another request's already. Returns the number of
+        slots renewed."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no concurrency limits")
+
+    def leases(self, client: str, limit: Limit, *, now: Now = None) -> list[tuple[str, float]]:
+        """The leases held now in ``client``'s slots of the concurrency ``limit``, the
+        soonest to end first: each lease's id and the seconds until it ends unless renewed.
+        For the operator tools (what is in flight, and for how long); nothing for a limit of
+        another algorithm."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no concurrency limits")
+
     @abstractmethod
     def reset(self, client: str, limits: Limits) -> None:
         """Refill the client's buckets for these limits (forget their state)."""
@@ -237,7 +261,8 @@ def per_shard(limit: Limit, shards: int) -> Limit:
     rate = limit.rate
     burst = math.ceil(limit.burst / shards)
     count = math.ceil(rate.count / shards)
-    window = limit.algorithm in WINDOW_ALGORITHMS  # a window algorithm's burst is its count
+    # A window or concurrency limit's burst is its count.
+    window = limit.algorithm in WINDOW_ALGORITHMS or limit.algorithm == Algorithm.CONCURRENCY
     while True:
         try:
             share = Rate(count, rate.period, rate.calendar)

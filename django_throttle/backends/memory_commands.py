@@ -2,7 +2,7 @@
 process: strings, hashes and sorted sets in a keyspace with millisecond expiries and a bound
 on its keys (the least recently used dropped first, as Redis's ``allkeys-lru``).
 
-:class:`Keyspace` is what :class:`~.memory_store.MemoryStore` runs commands on; it answers
+:class:`Keyspace` is what :class:`~.memory.MemoryStore` runs commands on; it answers
 each as Redis 7 does in RESP2 (the replies a script receives), and is not thread-safe: the
 store's lock guards it. An expired key is gone when next looked at.
 """
@@ -270,6 +270,9 @@ class Keyspace:
     def cmd_zmscore(self, key: bytes, *members: Any) -> list[Any]:
         scores = self._zset(key).scores
         return [None if scores.get(m) is None else _score(scores[m]) for m in members]
+
+    def cmd_zscore(self, key: bytes, member: Any) -> Any:
+        return self.cmd_zmscore(key, encoded(member))[0]
 
     def cmd_zrange(self, key: bytes, start: Any, stop: Any, *options: Any) -> list[bytes]:
         return _flat(self._zset(key).ranks(start, stop), options)

@@ -1,4 +1,6 @@
-"""Redis backend: every limit of a request checked in one EVALSHA, on the server's clock.
+"""Redis backend: every limit of a request checked in one EVALSHA, on the server's clock; the
+call's arguments, its reply read as a decision, and the decisions counted in the process for
+the usage reports.
 
 Keys are ``<prefix>:{<shard>}<client digest><code><limit id>`` (``t`` token bucket, ``g``
 GCRA, ``l`` leaky bucket, ``f`` fixed window, ``w`` sliding log, ``s`` sliding counter, ``c``
@@ -15,23 +17,44 @@ is ever replayed, because a call that timed out may already have counted: the cl
 every failure (redis-py's errors, socket errors, a garbled reply) surfaces as
 :class:`BackendError`; an error reply of the counting script itself (an argument it refuses)
 as :class:`~.base.ArgumentRefused`, which is our bug and no outage (see
-:func:`.scripts.failure`). :mod:`.redis_single` sends the calls to one server or a
+:func:`.scripts.failure`). :mod:`.redis_nodes` sends the calls to one server or a
 Sentinel-managed primary, :mod:`.redis_cluster` across a cluster's primaries.
+
+A call is a :class:`~.redis_nodes.ScriptCall`: the script's digest and source, one key per limit,
+then the arguments ``lua/driver.lua`` (or ``lua/refund.lua``) lists in its header. What is the
+same for every call of a limit list (its key suffixes, its limit specs, the script) is worked
+out once per list and kept by the list's value (:class:`Calls`), so a request only adds its key
+prefix, cost and clock; :func:`decision_of` reads the reply.
+
+A decision is counted in the process that made it (:class:`Tally`, no I/O), never in the
+counting script, so the counting call touches the counters only. The tally is pushed to the
+usage store (:mod:`.usage_store`) in one pipelined call at most once per :data:`PUSH_EVERY`
+(``usage.accounting``'s pusher thread does it once that second has passed, and a read of the
+store first pushes its own backend's tally), so a worker that dies loses at most its last
+second's counts.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
+import os
+import threading
 import time
+import uuid
 from base64 import urlsafe_b64encode
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
+from operator import attrgetter
 from typing import Any, Protocol
 
 import redis
 from redis.cluster import RedisCluster
 
 from django_throttle.backends.base import (
+    ALGORITHM_CODES,
+    CACHED_LISTS,
     DIGEST_SIZE,
     Backend,
     BackendError,
@@ -42,21 +65,21 @@ from django_throttle.backends.base import (
     Usage,
     per_shard,
 )
-from django_throttle.backends.frames import (
-    DIGEST_KEY_CHARS,
-    SHARED_MARK,
-    Calls,
-    ScriptCall,
-    decision_of,
-    key_suffix,
-    limit_spec,
+from django_throttle.backends.redis_clients import (
+    build_client,
+    client_for,
+    client_options,
+    glob_escape,
 )
-from django_throttle.backends.redis_acl import glob_escape
-from django_throttle.backends.redis_clients import build_client, client_for, client_options
-from django_throttle.backends.redis_cluster import ClusterRoute, PrimaryHealth
-from django_throttle.backends.redis_shard_tags import number_tags, spread_tags
-from django_throttle.backends.redis_single import OneServer
+from django_throttle.backends.redis_cluster import (
+    ClusterRoute,
+    PrimaryHealth,
+    number_tags,
+    spread_tags,
+)
+from django_throttle.backends.redis_nodes import OneServer, ScriptCall
 from django_throttle.backends.scripts import (
+    LEASE_FILES,
     REFUND_FILES,
     RETIME_FILES,
     SCRIPT_FILES,
@@ -66,9 +89,8 @@ from django_throttle.backends.scripts import (
     files_for,
     load_script,
 )
-from django_throttle.backends.usage_base import Tally
 from django_throttle.conf import app_settings, is_cluster_url
-from django_throttle.rates import Decision, Limit
+from django_throttle.rates import Algorithm, Decision, Limit, windows
 
 __all__ = ["RedisBackend"]
 
@@ -82,7 +104,7 @@ _TIMEOUTS = ("socket_timeout", "socket_connect_timeout")
 
 class Route(Protocol):
     """Where a backend's script calls go, and all it asks of them: one server or a
-    Sentinel-managed primary (:class:`.redis_single.OneServer`), a cluster's primaries
+    Sentinel-managed primary (:class:`.redis_nodes.OneServer`), a cluster's primaries
     (:class:`.redis_cluster.ClusterRoute`), or this process's memory
     (:class:`.memory.InProcess`). The backend's keys, scripts and replies are the same on
     each, so a route decides only where a call runs."""
@@ -123,7 +145,7 @@ class RedisBackend(Backend):
     A ``client`` passed in (``redis.Redis`` or ``RedisCluster``) is used as it is: give it
     short timeouts and no retries (see :mod:`.redis_clients`). Counting calls go through its
     own command path; ``async def`` ones through a ``redis.asyncio`` twin with the same
-    options, one per event loop (:mod:`.redis_single`, :mod:`.redis_cluster`).
+    options, one per event loop (:mod:`.redis_nodes`, :mod:`.redis_cluster`).
 
     ``route`` is for this package's own use: the :class:`Route` to run the scripts on in place
     of Redis (:class:`~.memory.MemoryBackend` hands in its in-process one). With it no client
@@ -139,9 +161,9 @@ class RedisBackend(Backend):
     ) -> None:
         self._owns_client = client is None and route is None
         self.prefix = app_settings.KEY_PREFIX
-        #: Key shards (default ``DJANGO_THROTTLE_KEY_SHARDS``).
-        self.shards = shards or app_settings.KEY_SHARDS
-        #: On a cluster the shards' hash tags spread their slots evenly (.redis_shard_tags);
+        #: Key shards (default: the ``?shards=`` of ``DJANGO_THROTTLE_REDIS_URL``).
+        self.shards = shards or app_settings.key_shards
+        #: On a cluster the shards' hash tags spread their slots evenly (.redis_cluster);
         #: a route handed in is never a cluster (the setting's URL is not its server).
         self._spread = route is None and (
             isinstance(client, RedisCluster)
@@ -169,10 +191,12 @@ class RedisBackend(Backend):
             else:
                 self._route = OneServer(given, type(self))
         #: This process's count of the decisions made with a usage field, until pushed
-        #: (:class:`.usage_base.Tally`): the counting call itself counts no usage.
+        #: (:class:`Tally`): the counting call itself counts no usage.
         self.usage_tally = Tally(self.local_time)
         source = load_script(RETIME_FILES)
         self._retime = (hashlib.sha1(source.encode()).hexdigest(), source)
+        source = load_script(LEASE_FILES)
+        self._lease = (hashlib.sha1(source.encode()).hexdigest(), source)
         self._version_key = f"{self.prefix}:policy-version"
 
     def local_time(self) -> float:
@@ -200,12 +224,12 @@ class RedisBackend(Backend):
 
     def _script_for(self, files: Sequence[str], codes: frozenset[str]) -> str:
         """The source of ``files`` defining only the algorithms ``codes`` need."""
-        return load_script(files_for(files, codes), self.shards)
+        return load_script(files_for(files, codes))
 
     def shard_tags(self) -> tuple[str, ...]:
         """Every shard's key prefix, ``"<prefix>:{<tag>}"``: one Redis Cluster slot each. The
         tags are the shard numbers on one server, and on a cluster numbers whose slots are
-        spread evenly over the slot range (:mod:`.redis_shard_tags`)."""
+        spread evenly over the slot range (:func:`.redis_cluster.spread_tags`)."""
         tags = spread_tags(self.shards) if self._spread else number_tags(self.shards)
         return tuple(f"{self.prefix}:{{{tag}}}" for tag in tags)
 
@@ -232,7 +256,9 @@ class RedisBackend(Backend):
         """:meth:`count` without ``peek``, written out: the request path's one backend call
         makes one call into the backend fewer."""
         call = self._request(client, limits, cost, now, usage)
-        decision = decision_of(client, limits, self._route.call(call))
+        args = call.args  # the lease id is the last of a full argument list (lua/driver.lua)
+        lease = args[-1] if len(args) == len(call.keys) + 4 else None
+        decision = decision_of(client, limits, self._route.call(call), lease)
         if usage:
             self.usage_tally.add(usage, client, decision.allowed, decision.shadow, now)
         return decision
@@ -241,7 +267,7 @@ class RedisBackend(Backend):
         self, client: str, limits: Limits, cost: int, now: Now, usage: Usage, peek: bool = False
     ) -> Decision:
         call = self._request(client, limits, cost, now, usage, peek=peek)
-        decision = decision_of(client, limits, self._route.call(call))
+        decision = decision_of(client, limits, self._route.call(call), lease_of(call))
         if usage and not peek:
             self.usage_tally.add(usage, client, decision.allowed, decision.shadow, now)
         return decision
@@ -251,7 +277,7 @@ class RedisBackend(Backend):
     ) -> Decision:
         """:meth:`count` on ``redis.asyncio``: the same script call, no thread."""
         call = self._request(client, limits, cost, now, usage, peek=peek)
-        decision = decision_of(client, limits, await self._route.acall(call))
+        decision = decision_of(client, limits, await self._route.acall(call), lease_of(call))
         if usage and not peek:
             self.usage_tally.add(usage, client, decision.allowed, decision.shadow, now)
         return decision
@@ -271,6 +297,59 @@ class RedisBackend(Backend):
         if limits:
             call = self._request(client, limits, cost, now, None, True, taken_at)
             await self._route.acall(call)
+
+    def release(self, client: str, limits: Limits, lease: str, *, now: Now = None) -> int:
+        """One EVALSHA of lease.lua over ``client``'s keys of the concurrency limits among
+        ``limits`` (the others are ignored): the slots held under ``lease`` are given back.
+        Idempotent. Returns the number of slots released."""
+        call = self._lease_call("release", client, limits, lease, now)
+        return 0 if call is None else int(self._route.call(call))
+
+    async def arelease(self, client: str, limits: Limits, lease: str, *, now: Now = None) -> int:
+        """:meth:`release` on ``redis.asyncio``, as :meth:`acount`."""
+        call = self._lease_call("release", client, limits, lease, now)
+        return 0 if call is None else int(await self._route.acall(call))
+
+    def renew(self, client: str, limits: Limits, lease: str, *, now: Now = None) -> int:
+        """Move the end of each slot held under ``lease`` to now plus its limit's lease; a
+        lease that ended or was released is never revived (see lua/lease.lua). Returns the
+        number of slots renewed."""
+        call = self._lease_call("renew", client, limits, lease, now)
+        return 0 if call is None else int(self._route.call(call))
+
+    def _lease_call(
+        self, op: str, client: str, limits: Limits, lease: str, now: Now
+    ) -> ScriptCall | None:
+        held = [limit for limit in limits if limit.algorithm == Algorithm.CONCURRENCY]
+        if not held:
+            return None
+        try:
+            shard = self._client_tag(client)[0]
+            keys = [self.key(client, limit) for limit in held]
+            when = "" if now is None else str(round(now * 1e6))
+            leases = [str(per_shard(limit, self.shards).period_us) for limit in held]
+        except Exception as exc:
+            raise failure(exc) from exc
+        return ScriptCall(shard, *self._lease, keys, (op, lease, when, *leases))
+
+    def leases(self, client: str, limit: Limit, *, now: Now = None) -> list[tuple[str, float]]:
+        """``ZRANGEBYSCORE`` of the limit's key above now, read on the server's clock
+        (``TIME`` of the key's own node on a cluster) unless ``now`` is given, as the
+        scripts read it: an ended lease is not held, trimmed or not."""
+        if limit.algorithm != Algorithm.CONCURRENCY:
+            return []
+        key = self.key(client, limit)
+        if now is None:
+            node = {"target_nodes": self.client.get_node_from_key(key)} if self.on_cluster else {}
+            seconds, micros = self._call(self.client.time, **node)
+            now_us = int(seconds) * 1_000_000 + int(micros)
+        else:
+            now_us = round(now * 1e6)
+        held = self._call(self.client.zrangebyscore, key, f"({now_us}", "+inf", withscores=True)
+        return [
+            (lease.decode() if isinstance(lease, bytes) else str(lease), (end - now_us) / 1e6)
+            for lease, end in held
+        ]
 
     def reset(self, client: str, limits: Limits) -> None:
         if limits:
@@ -399,9 +478,365 @@ class RedisBackend(Backend):
             keys = calls.keys(encoded, tag)
             if refund:
                 taken = b"" if taken_at is None else b"%d" % taken_at
-                head = (str(1 if cost is None else cost).encode(), when, taken)
+                args = (str(1 if cost is None else cost).encode(), when, taken, *encoded.specs)
+            elif encoded.leased:  # the clock ("": the server's), then the request's lease
+                lease = PEEK_LEASE if peek or not cost else new_lease()
+                args = (
+                    str(cost or 0).encode(),
+                    b"1" if peek else b"0",
+                    *encoded.specs,
+                    when,
+                    lease,
+                )
+            elif now_us is None:  # the server's clock: the optional last argument left out
+                args = (str(cost or 0).encode(), b"1" if peek else b"0", *encoded.specs)
             else:
-                head = (str(cost or 0).encode(), b"1" if peek else b"0", when)
+                args = (str(cost or 0).encode(), b"1" if peek else b"0", *encoded.specs, when)
         except Exception as exc:
             raise failure(exc) from exc
-        return ScriptCall(shard, encoded.sha, encoded.source, keys, (*head, *encoded.specs))
+        return ScriptCall(shard, encoded.sha, encoded.source, keys, args)
+
+
+#: ``Encoded.valid_until`` of a limit list without calendar quotas (compared by identity).
+FOREVER = math.inf
+#: Characters of the client digest in a key (base64url of DIGEST_SIZE bytes).
+DIGEST_KEY_CHARS = 4 * DIGEST_SIZE // 3
+#: What stands in a shared limit's key for the client digest (never a base64url character).
+SHARED_MARK = b"*"
+#: The counting script's reply has eight elements, its trailing zeros left out down to four
+#: (see lua/driver.lua): what stands for those left out, by the reply's length.
+REPLY_PADDING = {4: [0, 0, 0, 0], 5: [0, 0, 0], 6: [0, 0], 7: [0], 8: []}
+#: A limit's id, read without a call of ours (:class:`Calls` finds a list's encoding by them).
+LIMIT_ID = attrgetter("id")
+
+
+def compact(n: int) -> str:
+    """A whole number in its shortest form Lua's ``tonumber`` reads exactly: trailing zeros
+    as an exponent when that is shorter (3600000 as ``36e5``). Round rates give round
+    intervals, and the spec crosses the wire on every decision."""
+    text = str(n)
+    digits = text.rstrip("0")
+    zeros = len(text) - len(digits)
+    return f"{digits}e{zeros}" if zeros >= 3 and digits else text
+
+
+def limit_spec(limit: Limit, now_us: int | None = None) -> str:
+    """``<code>[!]<capacity>:<parameters>``, ``!`` for a shadow limit: the interval in
+    microseconds per token (token and leaky bucket, a float; GCRA, whole), the period in whole
+    microseconds (windows), or a calendar quota's four window boundaries around ``now_us``
+    (Unix microseconds, default now). Whole numbers are written :func:`compact`."""
+    code = ALGORITHM_CODES[limit.algorithm]
+    if code in "tl":
+        interval = limit.interval_us
+        text = compact(int(interval)) if interval.is_integer() else repr(interval)
+    elif code == "g":
+        text = compact(limit.emission_us)
+        if limit.delay is not None:
+            text += f":{limit.delay + 1}:{compact(limit.max_wait_us)}"
+    elif code == "c":
+        when = round(time.time() * 1e6) if now_us is None else now_us
+        text = ":".join(map(str, windows(limit.calendar_unit, limit.timezone, when)))
+    else:
+        text = compact(limit.period_us)
+    return f"{code}{'!' if limit.shadow else ''}{limit.burst}:{text}"
+
+
+def key_suffix(limit: Limit) -> str:
+    """What follows the client digest in a limit's key: ``<code letter><id>``. The digest has
+    a fixed length, so keys never collide, and a limit whose algorithm changes starts afresh."""
+    return ALGORITHM_CODES[limit.algorithm] + limit.id
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """What one limit list adds to every call: its key suffixes and limit specs, and the
+    script (digest and source) for its mix of algorithms.
+
+    ``valid_until`` (Unix seconds) is when a calendar quota's window ends and the specs must
+    be encoded again; :data:`FOREVER` when the list has none. ``leased``: the list has a
+    concurrency limit, so a call takes a lease id (lua/driver.lua). ``shared`` marks the shared
+    limits (empty when there are none, the usual case): their keys carry the shard's tag and
+    :data:`SHARED_MARK` instead of the client's digest. ``source`` is the one object every list
+    of that mix of algorithms shares.
+    """
+
+    suffixes: tuple[bytes, ...]
+    specs: tuple[bytes, ...]
+    sha: str
+    source: str
+    valid_until: float = FOREVER
+    shared: tuple[bool, ...] = ()
+    leased: bool = False
+
+
+class Calls:
+    """Builds the calls of one script; limit lists are encoded once and kept by value: found
+    by the ids of the limits they hold (:attr:`Limit.id <django_throttle.rates.Limit.id>`, short
+    strings that hash once), and used only while the limits found are equal to those asked
+    about, so a limit edited under the same id is encoded again. The request path builds a new
+    tuple per request for the counters by IP address and username, from the same
+    :class:`Limit` objects of the policy snapshot, and each finds the entry its first one made
+    (equal by identity, so comparing them costs no call). At most :data:`~.base.CACHED_LISTS`
+    lists are kept before it starts afresh: memory stays bounded whatever clients send.
+    Thread-safe (single dict operations).
+
+    ``source_for(codes)`` gives the script's source defining just the algorithms of those
+    spec codes: each distinct mix of algorithms is its own script (its own digest), and most
+    policies use one or two mixes. ``shards`` splits a shared limit's capacity (see
+    :func:`~.base.per_shard`).
+    """
+
+    def __init__(
+        self,
+        source_for: Callable[[frozenset[str]], str],
+        shards: int = 1,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.source_for = source_for
+        self.shards = shards
+        #: This process's reading of the server's clock (Unix seconds): what places a calendar
+        #: quota's windows before the script reads TIME.
+        self.clock = clock
+        self._encoded: dict[tuple[str, ...], tuple[tuple[Limit, ...], Encoded]] = {}
+        self._scripts: dict[frozenset[str], tuple[str, str]] = {}
+
+    def script(self, limits: Sequence[Limit]) -> tuple[str, str]:
+        """The digest and source of the script for ``limits``' mix of algorithms."""
+        codes = frozenset(ALGORITHM_CODES[limit.algorithm] for limit in limits)
+        found = self._scripts.get(codes)
+        if found is None:
+            source = self.source_for(codes)
+            found = self._scripts[codes] = (hashlib.sha1(source.encode()).hexdigest(), source)
+        return found
+
+    def encoded(self, limits: Sequence[Limit], now_us: int | None = None) -> Encoded:
+        """The list's encoding, cached. One with calendar quotas is made again once its
+        window has passed, and for a test's ``now_us`` (then not cached: real time keeps its
+        own)."""
+        held = limits if type(limits) is tuple else tuple(limits)
+        ids = tuple(map(LIMIT_ID, held))
+        entry = self._encoded.get(ids)
+        if entry is not None and entry[0] == held:
+            found = entry[1]
+            if found.valid_until is FOREVER or (
+                now_us is None and self.clock() < found.valid_until
+            ):
+                return found
+        encoded = self._encode(held, now_us)
+        if now_us is None or encoded.valid_until is FOREVER:
+            self.keep(held, encoded)
+        return encoded
+
+    def keep(self, limits: tuple[Limit, ...], encoded: Encoded) -> None:
+        """Keep ``encoded`` as the encoding of ``limits`` (all are dropped first once
+        :data:`~.base.CACHED_LISTS` lists are kept)."""
+        if len(self._encoded) >= CACHED_LISTS:
+            self._encoded.clear()
+        self._encoded[tuple(map(LIMIT_ID, limits))] = (limits, encoded)
+
+    def forget(self) -> None:
+        """Drop every encoding kept."""
+        self._encoded.clear()
+
+    def _encode(self, limits: Sequence[Limit], now_us: int | None) -> Encoded:
+        if now_us is None:
+            now_us = round(self.clock() * 1e6)
+        until = min(
+            (
+                windows(limit.calendar_unit, limit.timezone, now_us)[2] / 1e6
+                for limit in limits
+                if limit.algorithm == Algorithm.CALENDAR
+            ),
+            default=FOREVER,
+        )
+        shared = tuple(limit.shared for limit in limits)
+        sha, source = self.script(limits)
+        return Encoded(
+            suffixes=tuple(key_suffix(limit).encode() for limit in limits),
+            specs=tuple(
+                limit_spec(per_shard(limit, self.shards), now_us).encode() for limit in limits
+            ),
+            sha=sha,
+            source=source,
+            valid_until=until,
+            shared=shared if any(shared) else (),
+            leased=any(limit.algorithm == Algorithm.CONCURRENCY for limit in limits),
+        )
+
+    @staticmethod
+    def keys(encoded: Encoded, tag: bytes) -> list[bytes]:
+        """One key per limit: the client's ``tag`` (``<prefix>:{<shard>}<digest>``) and the
+        limit's suffix; a shared limit's has :data:`SHARED_MARK` for the digest."""
+        if encoded.shared:
+            shard = tag[:-DIGEST_KEY_CHARS] + SHARED_MARK
+            return [
+                (shard if shared else tag) + suffix
+                for suffix, shared in zip(encoded.suffixes, encoded.shared, strict=True)
+            ]
+        return list(map(tag.__add__, encoded.suffixes))
+
+
+#: The lease id of a call that takes no slot (a peek, or a cost of 0): the driver asks for
+#: one whenever a concurrency limit is counted. Shorter than any :func:`new_lease`.
+PEEK_LEASE = b"peek"
+
+
+def new_lease() -> bytes:
+    """A new lease id: 96 random bits in 16 base64url characters (what lua/driver.lua
+    accepts), unique in practice across every process and request."""
+    return urlsafe_b64encode(os.urandom(12))
+
+
+def lease_of(call: ScriptCall) -> Any:
+    """The lease id a counting ``call`` was made under: its last argument when the driver's
+    argument list is full (see lua/driver.lua), else ``None``."""
+    args = call.args
+    return args[-1] if len(args) == len(call.keys) + 4 else None
+
+
+def decision_of(client: str, limits: Limits, reply: Any, lease: Any = None) -> Decision:
+    """Read the counting script's array reply ``[allowed, index, remaining, reset_us,
+    retry_us, shadow_denied, taken_us, wait_us]`` (see lua/driver.lua; trailing zeros left
+    out, down to four elements): a nonzero ``taken_us`` is the hit's ``Decision.taken``, and the
+    ``lease`` (:func:`lease_of`) an allowed hit took its concurrency slots under its
+    ``Decision.leases`` (none for :data:`PEEK_LEASE`). A reply of another shape is a
+    :class:`BackendError`."""
+    try:
+        padding = REPLY_PADDING.get(len(reply)) if type(reply) is list else None
+        if padding is None:
+            raise ValueError(f"unexpected reply {reply!r}")
+        allowed, index, remaining, reset_us, retry_us, shadow, taken_us, wait_us = map(
+            int, reply + padding
+        )
+        if allowed not in (0, 1) or shadow not in (0, 1) or not 0 <= index <= len(limits):
+            raise ValueError(f"unexpected reply {reply!r}")
+    except Exception as exc:
+        raise failure(exc) from exc
+    # Positional, in Decision's field order (as base.decision_from): index 0 when no enforced
+    # limit was passed, so nothing is reported.
+    return Decision(
+        allowed == 1,
+        limits[index - 1] if index else None,
+        remaining,
+        reset_us / 1e6,
+        retry_us / 1e6,
+        tuple(limits),
+        shadow == 1,
+        False,
+        False,
+        False,
+        False,
+        ((client, taken_us),) if taken_us else (),
+        ((client, lease.decode()),) if lease and allowed == 1 and lease != PEEK_LEASE else (),
+        wait_us / 1e6,
+    )
+
+
+#: Prefix of a usage field counted only when the request is denied (see :meth:`Tally.add`):
+#: the first calls of a request counted in several calls, whose outcome the last call counts.
+IF_DENIED = "\x01"
+
+#: Seconds between two pushes of a process's :class:`Tally`: what a worker that dies loses
+#: at most, and how late another process's report may be.
+PUSH_EVERY = 1.0
+#: Most distinct counts a :class:`Tally` gathers between two pushes (beyond it new clients
+#: count as ``(other)``; totals stay exact); a failed push's batch waits beside them.
+MAX_KEPT = 10_000
+
+#: (minute, usage field, client label, outcome letter, requests): one count kept in process
+#: while the backend could not answer, pushed with :meth:`.usage_store.UsageStore.push`.
+PendingCount = tuple[int, str, str, str, int]
+
+
+#: (batch id, counts, API key clients' last second): one push of a :class:`Tally`.
+Batch = tuple[str, list[PendingCount], dict[str, int]]
+
+
+class Tally:
+    """The decisions one backend made in this process, by minute, usage field, client and
+    outcome, until they are pushed (:meth:`.usage_store.UsageStore.push_tally`).
+
+    Thread safe; no I/O. ``clock`` (Unix seconds) names the minutes and says when a push is
+    :meth:`due`. A forked child starts empty (its parent pushes what it counted)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[int, str, str, str], int] = {}
+        self._seen: dict[str, int] = {}
+        self._unsent: list[Batch] = []
+        self._next = 0.0
+        self._owner = os.getpid()
+        #: Held while a batch taken from this tally is pushed
+        #: (:meth:`.usage_store.UsageStore.push_tally`): a report that pushes this process's
+        #: counts first waits for the pusher thread's push in flight, so it sees them all.
+        self.pushing = threading.Lock()
+        #: Whether a push was due when the last decision was counted (:meth:`add`, on the
+        #: clock it read anyway): what the request path tests after a call, without reading
+        #: the clock again. :meth:`due` says for sure.
+        self.waiting = False
+
+    def add(self, field: str, client: str, allowed: bool, shadow: bool, now: float | None) -> None:
+        """Count one decision under usage ``field`` (a field starting with :data:`IF_DENIED`
+        only if it denied): allowed, denied, or ``shadow`` (allowed, a shadow limit would have
+        denied). ``now`` (Unix seconds) stands for the clock, as the decision's did."""
+        if field[:1] == IF_DENIED:
+            if allowed:
+                return
+            field = field[1:]
+        letter = ("s" if shadow else "a") if allowed else "d"
+        when = self.clock() if now is None else now
+        key = (int(when // 60), field, client, letter)
+        self.waiting = when >= self._next
+        with self._lock:
+            if self._owner != os.getpid():
+                self._forget()
+            counts = self._counts
+            if key not in counts and len(counts) >= MAX_KEPT:
+                key = (key[0], field, "(other)", letter)
+            counts[key] = counts.get(key, 0) + 1
+            if client[:4] == "key:" and len(self._seen) < MAX_KEPT:
+                second = int(when)
+                if second > self._seen.get(client, -1):
+                    self._seen[client] = second
+
+    def due(self) -> bool:
+        """Whether counts wait and :data:`PUSH_EVERY` has passed since the last push."""
+        return bool(self._counts or self._unsent) and self.clock() >= self._next
+
+    def push_in(self) -> float | None:
+        """Seconds until a push is due (on :attr:`clock`): ``0`` when counts wait and one is
+        due now, ``None`` when none waits and none is due (the next :meth:`add` then finds
+        one due and says so in :attr:`waiting`). What the pusher thread sleeps for, so that
+        counts never wait for a request to be pushed."""
+        left = self._next - self.clock()
+        if left > 0:
+            return left
+        return 0.0 if (self._counts or self._unsent) else None
+
+    def take(self) -> Batch | None:
+        """What to push now (a batch that failed before, first), or ``None``."""
+        with self._lock:
+            if self._owner != os.getpid():
+                self._forget()
+            self._next = self.clock() + PUSH_EVERY
+            self.waiting = False
+            if self._unsent:
+                return self._unsent.pop(0)
+            if not self._counts:
+                return None
+            counts = [(*key, n) for key, n in self._counts.items()]
+            batch = (uuid.uuid4().hex, counts, self._seen)
+            self._counts, self._seen = {}, {}
+            return batch
+
+    def keep(self, batch: Batch) -> None:
+        """Keep a batch whose push failed, to try again first. A new batch is only made once
+        none waits, so what is kept stays within twice :data:`MAX_KEPT` counts."""
+        with self._lock:
+            self._unsent.insert(0, batch)
+            self.waiting = True
+
+    def _forget(self) -> None:
+        self._counts, self._seen, self._unsent = {}, {}, []
+        self._owner = os.getpid()

@@ -1,12 +1,12 @@
 """Redis Cluster: counting calls through redis-py's own ``RedisCluster`` (the URL and the
-client are :mod:`.redis_cluster_url`'s), each primary behind a circuit breaker of its own.
+client are :mod:`.redis_clients`'), each primary behind a circuit breaker of its own.
 
 Every key of a counting call carries its shard's hash tag, so one slot holds them all, and
 ``RedisCluster`` sends the ``EVALSHA`` to the primary owning that slot. It follows ``MOVED`` /
 ``ASK`` and waits out ``TRYAGAIN`` (the node did not run the call); nothing that may have run
 is ever sent twice: the client's retries on connection errors and timeouts are off
 (``cluster_error_retry_attempts`` and the ``Retry`` of every node, see
-:func:`.redis_cluster_url.cluster_client`), and ``NOSCRIPT`` is answered with ``EVAL`` of the
+:func:`.redis_clients.cluster_client`), and ``NOSCRIPT`` is answered with ``EVAL`` of the
 source. A failure (a refused connection, a timeout, ``CLUSTERDOWN``, an uncovered slot) is a
 :class:`~.base.NodeUnavailable`: that request takes its failure mode, and ``RedisCluster``
 refreshes its slot map so that a promoted replica is found.
@@ -16,11 +16,29 @@ then they fail at once without waiting on it, while the other primaries' clients
 as before. ``async def``
 views use a ``redis.asyncio.cluster.RedisCluster`` per running event loop, with the same nodes
 and options.
+
+The hash tags of the key shards (:func:`spread_tags`) decide the Redis Cluster slot of every
+key. Every key of a client starts ``<prefix>:{<tag>}``: the tag alone picks its slot (a cluster
+hashes only the text between the braces). On one server the slot means nothing and the tags
+are the shard numbers, ``{0}`` to ``{count - 1}``. On a cluster, which primary serves a shard
+is which primary owns its tag's slot, and the numbers' slots fall where CRC16 puts them:
+``{0}``…``{15}`` land 6/6/4 on three primaries with the slot ranges split evenly. So there
+the tags are chosen instead: shard ``n``'s slot lies within an eighth of a shard's width of
+the middle of the ``n``-th of ``count`` equal parts of the 16,384 slots. Managed clusters and
+``redis-cli --cluster create`` give each primary one contiguous range of about equal size, so
+each primary then holds as many shards as ``count`` allows: 16 over 3 primaries 6/5/5, over
+2, 4 or 8 primaries evenly.
+
+The script calls that are not counting calls (retime's batches, usage reads and pushes) go
+across the primaries too: grouped by the node owning their slot, one pipeline per node
+(:func:`evalsha_across`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,15 +49,94 @@ from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.connection import Connection, SSLConnection
-from redis.crc import key_slot
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+from redis.exceptions import AskError, MovedError, NoScriptError
 
 from django_throttle.backends.base import ArgumentRefused, BackendError, NodeUnavailable
-from django_throttle.backends.breaker import CircuitBreaker
-from django_throttle.backends.frames import ScriptCall
-from django_throttle.backends.redis_cluster_scripts import by_slot, evalsha_across
-from django_throttle.backends.redis_cluster_url import no_cluster_retries
-from django_throttle.backends.redis_single import PerLoop, arun_script, async_options, run_script
-from django_throttle.backends.scripts import Call, call_backend
+from django_throttle.backends.redis_clients import no_cluster_retries
+from django_throttle.backends.redis_nodes import (
+    CircuitBreaker,
+    PerLoop,
+    ScriptCall,
+    arun_script,
+    async_options,
+    run_script,
+)
+from django_throttle.backends.scripts import Call, call_backend, evalsha_all
+
+
+def number_tags(count: int) -> tuple[str, ...]:
+    """The tags of one server: the shard numbers."""
+    return tuple(str(n) for n in range(count))
+
+
+@functools.cache
+def spread_tags(count: int) -> tuple[str, ...]:
+    """The tags of a cluster: the first of the decimal numbers whose slot lies near the middle
+    of each shard's part of the slot range (the same on every worker; 1,024 shards take a
+    few milliseconds, once per process)."""
+    slots = REDIS_CLUSTER_HASH_SLOTS
+    reach = slots // count // 8
+    found: list[str | None] = [None] * count
+    missing = count
+    for number in itertools.count():
+        tag = str(number)
+        slot = key_slot(tag.encode())
+        shard = slot * count // slots
+        middle = (2 * shard + 1) * slots // (2 * count)
+        if found[shard] is None and abs(slot - middle) <= reach:
+            found[shard] = tag
+            missing -= 1
+            if not missing:
+                return tuple(tag for tag in found if tag is not None)
+    raise AssertionError("unreachable: itertools.count() does not end")
+
+
+def by_slot(keys: list[Any]) -> list[list[Any]]:
+    """``keys`` grouped by slot: a script call's keys must share one."""
+    groups: dict[int, list[Any]] = {}
+    for key in keys:
+        slot = key_slot(key if isinstance(key, bytes) else key.encode())
+        groups.setdefault(slot, []).append(key)
+    return list(groups.values())
+
+
+def evalsha_across(client: RedisCluster, sha: str, source: str, calls: Sequence[Call]) -> list[Any]:
+    """:func:`.scripts.evalsha_all` across a cluster (whose pipelines refuse ``EVALSHA``):
+    the calls grouped by the node owning their slot, one pipeline per node; a call redirected
+    meanwhile is sent again alone through ``RedisCluster``, which follows ``MOVED`` and
+    ``ASK``. An error reply is a :class:`~.base.BackendError`, raised once every call has
+    been sent."""
+    by_node: dict[str, tuple[Any, list[int]]] = {}
+    for index, (keys, _args) in enumerate(calls):
+        slot = key_slot(keys[0] if isinstance(keys[0], bytes) else str(keys[0]).encode())
+        node = call_backend(client.nodes_manager.get_node_from_slot, slot)
+        by_node.setdefault(node.name, (node.redis_connection, []))[1].append(index)
+    replies: list[Any] = [None] * len(calls)
+    for node_client, indices in by_node.values():
+        found = evalsha_all(node_client, sha, source, [calls[i] for i in indices], check=False)
+        for index, reply in zip(indices, found, strict=True):
+            replies[index] = reply
+    for index, reply in enumerate(replies):
+        if isinstance(reply, (MovedError, AskError)):
+            replies[index] = _script_alone(client, sha, source, calls[index])
+    failed = [reply for reply in replies if isinstance(reply, Exception)]
+    if failed:
+        raise BackendError(f"{type(failed[0]).__name__}: {failed[0]}")
+    return replies
+
+
+def _script_alone(client: RedisCluster, sha: str, source: str, call: Call) -> Any:
+    """One script call through ``RedisCluster`` (which follows ``MOVED`` and ``ASK``), sent
+    again with ``EVAL`` on ``NOSCRIPT``."""
+    keys, args = call
+    try:
+        return call_backend(client.evalsha, sha, len(keys), *keys, *args)
+    except BackendError as exc:
+        if not isinstance(exc.__cause__, NoScriptError):
+            raise
+    return call_backend(client.eval, source, len(keys), *keys, *args)
+
 
 #: What a failed ``RedisCluster`` start says: no seed node answered, or the one asked for the
 #: command table did not (redis-py asks the primary serving slot 0).

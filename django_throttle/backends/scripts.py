@@ -1,30 +1,29 @@
-"""The Lua scripts, assembled from the package's ``.lua`` files (one file per algorithm, a
-prelude, a driver per job; the usage push with its settings written into ``usage.lua``); and how the
-commands that are not counting calls (retime, usage reads and pushes, resets, the policy
-version) run, every failure of theirs a :class:`~.base.BackendError` (:func:`call_backend`)."""
+"""The Lua scripts and how they are called: each script assembled from the package's ``.lua``
+files (one file per algorithm, a prelude, a driver per job), what a failed counting call
+means (:func:`failure`), and how the commands that are not counting calls (retime, usage reads
+and pushes, resets, the policy version) run, every failure of theirs a
+:class:`~.base.BackendError` (:func:`call_backend`)."""
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
 from typing import Any, TypeVar
 
-from django_throttle.backends import usage_base
 from django_throttle.backends.base import ArgumentRefused, BackendError
-from django_throttle.conf import app_settings
 
 #: The algorithm files a spec code needs, its own and those whose functions it reuses (the
-#: leaky bucket reuses the token bucket, the calendar quota the fixed window).
+#: leaky bucket reuses the token bucket, the calendar quota the fixed window, the windows
+#: ``windows.lua``'s helpers).
 ALGORITHM_FILES_BY_CODE = {
     "t": ("token_bucket.lua",),
     "l": ("token_bucket.lua", "leaky_bucket.lua"),
     "g": ("gcra.lua",),
-    "f": ("fixed_window.lua",),
-    "c": ("fixed_window.lua", "calendar_quota.lua"),
-    "w": ("sliding_log.lua",),
-    "s": ("sliding_counter.lua",),
+    "f": ("windows.lua", "fixed_window.lua"),
+    "c": ("windows.lua", "fixed_window.lua", "calendar_quota.lua"),
+    "w": ("windows.lua", "sliding_log.lua"),
+    "s": ("windows.lua", "sliding_counter.lua"),
+    "n": ("concurrency.lua",),
 }
 #: Every algorithm file, in load order.
 ALGORITHM_FILES = tuple(dict.fromkeys(sum(ALGORITHM_FILES_BY_CODE.values(), ())))
@@ -36,12 +35,13 @@ RETIME_FILES = ("prelude.lua", *ALGORITHM_FILES, "retime.lua")
 #: ``refunding.lua`` has the algorithm files define their refund functions, which the
 #: counting script leaves out.
 REFUND_FILES = ("prelude.lua", "refunding.lua", *ALGORITHM_FILES, "refund.lua")
+#: The script that releases and renews a request's concurrency leases (see ``release``).
+LEASE_FILES = ("prelude.lua", "lease.lua")
 #: The KEYS and ARGV of one script call.
 Call = tuple[Sequence[Any], Sequence[Any]]
 T = TypeVar("T")
 #: How the scripts' own error replies begin (``fail`` in lua/prelude.lua).
 SCRIPT_ERROR_PREFIX = "django_throttle:"
-_SETTINGS_LINE = re.compile(r"^local USAGE_TTL, USAGE_TOP\b.*-- @settings.*$", re.MULTILINE)
 
 
 def lua_file(name: str) -> str:
@@ -49,13 +49,9 @@ def lua_file(name: str) -> str:
     return (resources.files("django_throttle.backends") / "lua" / name).read_text("utf-8")
 
 
-def load_script(files: Sequence[str] = SCRIPT_FILES, shards: int | None = None) -> str:
-    """A script's source, assembled from the package's ``.lua`` files; ``usage.lua`` gets the
-    usage settings written in (constants in the script cost no bytes per request)."""
-    return "\n".join(
-        lua_source(shards or app_settings.KEY_SHARDS) if name == "usage.lua" else lua_file(name)
-        for name in files
-    )
+def load_script(files: Sequence[str] = SCRIPT_FILES) -> str:
+    """A script's source, assembled from the package's ``.lua`` files."""
+    return "\n".join(map(lua_file, files))
 
 
 def files_for(files: Sequence[str], codes: Iterable[str]) -> tuple[str, ...]:
@@ -68,24 +64,6 @@ def files_for(files: Sequence[str], codes: Iterable[str]) -> tuple[str, ...]:
     """
     needed = {name for code in codes for name in ALGORITHM_FILES_BY_CODE[code]}
     return tuple(name for name in files if name not in ALGORITHM_FILES or name in needed)
-
-
-def top_per_shard(shards: int) -> int:
-    """Clients one shard's top list holds per minute and outcome: :data:`~.usage_base.TOP_CLIENTS`
-    spread over the shards (clients spread evenly over shards by their digest)."""
-    return max(1, math.ceil(usage_base.TOP_CLIENTS / max(1, shards)))
-
-
-def lua_source(shards: int) -> str:
-    """``usage.lua`` with :data:`~.usage_base.USAGE_TTL` and the per-shard top size written
-    in."""
-    line = (
-        f"local USAGE_TTL, USAGE_TOP = {usage_base.USAGE_TTL}, {top_per_shard(shards)} -- @settings"
-    )
-    text, found = _SETTINGS_LINE.subn(line, lua_file("usage.lua"), count=1)
-    if not found:  # pragma: no cover - the file ships with the line
-        raise RuntimeError("usage.lua lost its '-- @settings' line")
-    return text
 
 
 def call_backend(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -1,4 +1,4 @@
-"""System checks: one per ``DJANGO_THROTTLE_*`` setting, ids ``django_throttle.E001``…, one
+"""System checks: one per ``DJANGO_THROTTLE_*`` setting, ids ``django_throttle.E002``…, one
 (W004, or E041 where ignoring it weakens limiting) per setting of earlier versions still set,
 naming what replaces it, one (W001) for a ``DJANGO_THROTTLE_*`` name that is no setting, and
 the checks that read stored rows (E101…E105, W106, W003, W005, W020). :func:`register`
@@ -9,9 +9,9 @@ reported with its name instead of crashing at first use: no database, no Redis, 
 rows here.
 
 - :mod:`.validators`: what each setting may hold, and the table :data:`SETTINGS`.
-- this module: the settings checks, each setting that is set against its validator (E001…),
-  the settings that must agree with each other (E018 the Redis source, W002 proxy
-  trust), the removed settings (W004, E041), and W001.
+- this module: the settings checks, each setting that is set against its validator (E002…),
+  ``REDIS_URL``'s ``?shards=`` (E042), the settings that must agree with each other (E018
+  the Redis source, W002 proxy trust), the removed settings (W004, E041), and W001.
 - :mod:`.database`: the checks on stored rows (E101…E105, W106, W003, W005, W020).
 """
 
@@ -25,18 +25,19 @@ from django.core import checks
 
 from django_throttle.checks.database import (
     check_api_key_owners,
+    check_concurrency_middleware,
     check_credential_rules,
     check_rows,
     check_settling_middleware,
 )
-from django_throttle.checks.validators import SETTINGS, header_name
+from django_throttle.checks.validators import SETTINGS, header_name, url_shards
 from django_throttle.conf import (
     DEFAULT_CACHE_ALIAS,
     NAMES,
     PREFIX,
-    REDIS_BACKEND,
     REMOVED,
     cache_alias,
+    is_memory_url,
 )
 from django_throttle.redaction import redact_text
 
@@ -44,6 +45,7 @@ from django_throttle.redaction import redact_text
 def register() -> None:
     checks.register(check_settings, checks.Tags.compatibility)
     checks.register(check_settling_middleware, checks.Tags.models)
+    checks.register(check_concurrency_middleware, checks.Tags.models)
     checks.register(check_credential_rules, checks.Tags.models)
     checks.register(check_rows, checks.Tags.models)
     # Reads the key table: runs with `manage.py check --database …` (and the test runner),
@@ -54,7 +56,6 @@ def register() -> None:
 _MISSING = object()
 #: Django's own Redis cache: the backend builds its client from its LOCATION too.
 DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
-_REDIS_BACKEND = REDIS_BACKEND
 
 
 def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
@@ -71,8 +72,9 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                     id=f"django_throttle.{check_id}",
                 )
             )
-    # A URL that is already wrong (E002) names no cache to look for.
-    url_wrong = any(error.id == "django_throttle.E002" for error in errors)
+    errors.extend(_check_url_shards())
+    # A URL that is already wrong (E002, E042) names no cache to look for.
+    url_wrong = any(error.id in _URL_ERRORS for error in errors)
     source = [] if url_wrong else _check_redis_source()
     # A connection is tried only from settings that passed their own checks.
     return [
@@ -81,6 +83,28 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         *_check_proxy_trust(),
         *_check_removed(),
         *_check_unknown_names(),
+    ]
+
+
+#: The checks of ``REDIS_URL`` itself: after one of them no connection is tried.
+_URL_ERRORS = frozenset({"django_throttle.E002", "django_throttle.E042"})
+
+
+def _check_url_shards() -> list[checks.CheckMessage]:
+    """E042: ``REDIS_URL``'s ``?shards=`` is not a count of key shards (1-1024); the keys
+    would be spread by the default instead of the count the project asked for."""
+    value = getattr(settings, PREFIX + "REDIS_URL", None)
+    problem = url_shards(value)
+    if problem is None:
+        return []
+    return [
+        checks.Error(
+            f"{PREFIX}REDIS_URL = {_shown('REDIS_URL', value)} {problem}.",
+            hint="Write '?shards=N' with N from 1 to 1024 (e.g. "
+            "'redis+cluster://host:7000?shards=32'), or remove it for the default: 16 on a "
+            "Redis Cluster, else 1.",
+            id="django_throttle.E042",
+        )
     ]
 
 
@@ -144,10 +168,9 @@ def _shown(name: str, value: Any) -> str:
 
 def _check_redis_source() -> list[checks.CheckMessage]:
     """E018: the Redis backend needs a URL or a django-redis cache to borrow a client from."""
-    backend = getattr(settings, PREFIX + "BACKEND", _REDIS_BACKEND)
     url = getattr(settings, PREFIX + "REDIS_URL", None)
     alias = cache_alias(url) if url else DEFAULT_CACHE_ALIAS
-    if backend != _REDIS_BACKEND or alias is None:
+    if alias is None:  # a Redis URL, or memory://
         return []
     cache = getattr(settings, "CACHES", {}).get(alias, {})
     backend_path = str(cache.get("BACKEND", ""))
@@ -159,8 +182,7 @@ def _check_redis_source() -> list[checks.CheckMessage]:
             f"CACHES[{alias!r}] (cache://{alias}), which is neither a django-redis cache nor "
             "Django's RedisCache.",
             hint="Set DJANGO_THROTTLE_REDIS_URL = 'redis://…' or 'cache://<a django-redis "
-            "cache>', or use DJANGO_THROTTLE_BACKEND = "
-            "'django_throttle.backends.memory.MemoryBackend' for a single process.",
+            "cache>', or 'memory://' to count in a single process.",
             id="django_throttle.E018",
         )
     ]
@@ -170,7 +192,7 @@ def _check_redis_options() -> list[checks.CheckMessage]:
     """E040: redis-py cannot make a connection with the options given (an option its
     connections do not take, a borrowed cache it cannot read): every counting call would fail
     and take the failure mode."""
-    if getattr(settings, PREFIX + "BACKEND", _REDIS_BACKEND) != _REDIS_BACKEND:
+    if is_memory_url(getattr(settings, PREFIX + "REDIS_URL", None)):
         return []
     from django_throttle.backends.redis_clients import option_problem
 

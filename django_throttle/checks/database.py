@@ -50,7 +50,7 @@ def check_rows(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessa
     W106: a limit row repeating an earlier one of the same tier or rule (same counter: see
     ``duplicate_key``), which the compiler counts once but an operator should delete."""
     from django_throttle.models import EndpointLimit, EndpointRule, Exemption, Tier, TierLimit
-    from django_throttle.policy.file_writes import repeats
+    from django_throttle.policy.files import repeats
 
     querysets = (
         Exemption.objects.all(),
@@ -115,11 +115,40 @@ def check_settling_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
     ]
 
 
+def check_concurrency_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
+    """W006: a concurrency limit is set, but DRF views give their slots back through the
+    middleware, which is not installed (``@throttle`` gives its own back)."""
+    if _MIDDLEWARE_PATH in (getattr(settings, "MIDDLEWARE", None) or ()):
+        return []
+    from django_throttle.models import EndpointLimit, TierLimit
+    from django_throttle.rates import Algorithm
+
+    def read() -> list[str]:
+        rules = EndpointLimit.objects.filter(algorithm=Algorithm.CONCURRENCY, rule__enabled=True)
+        tiers = TierLimit.objects.filter(algorithm=Algorithm.CONCURRENCY)
+        named = [f"rule {name}" for name in rules.values_list("rule__name", flat=True)[:5]]
+        return named + [f"tier {slug}" for slug in tiers.values_list("tier__slug", flat=True)[:5]]
+
+    names = _read(EndpointLimit.objects.db, read)
+    if not names:
+        return []
+    return [
+        checks.Warning(
+            f"Concurrency limits are set ({', '.join(dict.fromkeys(names))}), but "
+            f"{_MIDDLEWARE_PATH} is not in MIDDLEWARE: a DRF view's slot is held until its "
+            "request object is collected instead of when its response ends.",
+            hint=f"Add '{_MIDDLEWARE_PATH}' to MIDDLEWARE (it gives the slots back when the "
+            "response ends); views under @throttle give their own back.",
+            id="django_throttle.W006",
+        )
+    ]
+
+
 def check_credential_rules(**kwargs: Any) -> list[checks.CheckMessage]:
     """W005: a credential rule limits some tiers only.
 
     A credential rule is one with a limit counted by username, or one counting failures (a
-    login or token endpoint's; :attr:`~django_throttle.policy.snapshot.EndpointPolicy.credential`).
+    login or token endpoint's; :attr:`~django_throttle.policy.live.EndpointPolicy.credential`).
     Its limits counted by IP address or username apply to every caller whatever the tier
     (they protect the account and the server); its limits counted by client apply only to
     the tiers they are given for, so signed-in users and API keys of the other tiers meet

@@ -15,7 +15,13 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
-from django_throttle.conf import cache_alias, is_cache_url
+from django_throttle.conf import (
+    SHARDS_RANGE,
+    cache_alias,
+    is_cache_url,
+    is_memory_url,
+    split_shards,
+)
 
 Validator = Callable[[Any], str | None]
 
@@ -38,9 +44,8 @@ def _int_range(low: int, high: int | None = None) -> Validator:
     return validate
 
 
-def _dotted(kind: str | None = None) -> Validator:
-    """A dotted path to a callable, or to a subclass of the class at the dotted path ``kind``
-    (imported only when checking: the backends are a layer below)."""
+def _dotted() -> Validator:
+    """A dotted path to a callable."""
 
     def validate(value: Any) -> str | None:
         if not isinstance(value, str):
@@ -49,13 +54,7 @@ def _dotted(kind: str | None = None) -> Validator:
             obj = import_string(value)
         except ImportError as exc:
             return f"cannot be imported ({exc})"
-        if kind is not None and not (
-            isinstance(obj, type) and issubclass(obj, import_string(kind))
-        ):
-            return f"must name a subclass of {kind}"
-        if kind is None and not callable(obj):
-            return "must name a callable"
-        return None
+        return None if callable(obj) else "must name a callable"
 
     return validate
 
@@ -70,13 +69,20 @@ def _optional(validate: Validator) -> Validator:
 
 
 def _redis_url(value: Any) -> str | None:
-    from django_throttle.backends.redis_clients import VALKEY_SCHEMES
-    from django_throttle.backends.redis_cluster_url import SCHEMES as CLUSTER_SCHEMES
-    from django_throttle.backends.redis_cluster_url import parse_cluster_url
-    from django_throttle.backends.redis_sentinel import SCHEMES, parse_sentinel_url
+    from django_throttle.backends.redis_clients import (
+        CLUSTER_SCHEMES,
+        VALKEY_SCHEMES,
+        parse_cluster_url,
+        parse_sentinel_url,
+    )
+    from django_throttle.backends.redis_clients import SENTINEL_SCHEMES as SCHEMES
 
     if value is None or value == "":  # unset, e.g. os.environ.get("REDIS_URL", "")
         return None
+    if isinstance(value, str):
+        value = split_shards(value.strip())[0]  # ?shards= is its own check (E042)
+    if is_memory_url(value):
+        return None if value.strip().lower() == "memory://" else "must be just 'memory://'"
     if is_cache_url(value):
         alias = cache_alias(value)
         return None if alias and "/" not in alias else "must name one cache: 'cache://<alias>'"
@@ -98,10 +104,25 @@ def _redis_url(value: Any) -> str | None:
             "must be None, a URL such as 'redis://127.0.0.1:6379/0' (redis, rediss, unix, "
             "valkey, valkeys), 'redis+sentinel://host:26379,host:26379/mymaster' "
             "(redis+sentinel, valkey+sentinel) or 'redis+cluster://host:7000,host:7001' "
-            "(redis+cluster, rediss+cluster, valkey+cluster, valkeys+cluster), or "
-            "'cache://<alias>' to borrow a Redis cache in CACHES"
+            "(redis+cluster, rediss+cluster, valkey+cluster, valkeys+cluster), "
+            "'cache://<alias>' to borrow a Redis cache in CACHES, or 'memory://' to count in "
+            "the process"
         )
     return None
+
+
+def url_shards(value: Any) -> str | None:
+    """What is wrong with the ``?shards=`` of a ``REDIS_URL`` (E042), or ``None``: absent,
+    or a whole number in :data:`~django_throttle.conf.SHARDS_RANGE`."""
+    if not isinstance(value, str):
+        return None
+    shards = split_shards(value.strip())[1]
+    if shards is None or (shards.isdigit() and int(shards) in SHARDS_RANGE):
+        return None
+    return (
+        f"asks for shards={shards!r}: the key shards must be a whole number from "
+        f"{SHARDS_RANGE.start} to {SHARDS_RANGE.stop - 1}"
+    )
 
 
 def _key_prefix(value: Any) -> str | None:
@@ -170,18 +191,15 @@ def _api_key_secret(value: Any) -> str | None:
 _BOOL = _instance(bool, "must be True or False")
 #: (check id, setting name, validator). Only settings that are set are validated.
 SETTINGS: tuple[tuple[str, str, Validator], ...] = (
-    ("E001", "BACKEND", _dotted("django_throttle.backends.base.Backend")),
     ("E002", "REDIS_URL", _redis_url),
     ("E003", "REDIS_OPTIONS", _instance(dict, "must be a dict of redis-py client options")),
     ("E005", "KEY_PREFIX", _key_prefix),
     ("E006", "FAILURE_MODE", _choice("open", "closed", "local")),
     ("E010", "IDENTITY_RESOLVER", _dotted()),
     ("E013", "IETF_HEADERS", _BOOL),
-    ("E014", "USAGE_ENABLED", _BOOL),
-    ("E016", "USAGE_RETENTION_DAYS", _int_range(1)),
+    ("E016", "USAGE_RETENTION_DAYS", _int_range(0)),
     ("E017", "ENABLED", _BOOL),
     # E018 is the Redis source check below.
-    ("E026", "KEY_SHARDS", _optional(_int_range(1, 1024))),
     ("E030", "TRUSTED_PROXIES", _optional(_trusted_proxies)),
     ("E031", "CLIENT_IP_HEADER", _optional(header_name)),
     ("E034", "API_KEY_SECRET", _api_key_secret),

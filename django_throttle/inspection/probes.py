@@ -22,7 +22,7 @@ from django.http import HttpRequest
 from django.urls import ResolverMatch
 
 from django_throttle.identity import Identity, client_ip
-from django_throttle.policy.snapshot import EndpointPolicy, Policy, TierPolicy
+from django_throttle.policy.live import EndpointPolicy, Policy, TierPolicy
 from django_throttle.rates import Decision, Limit
 from django_throttle.request import core
 

@@ -25,8 +25,8 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.utils.translation import gettext as _
 
-from django_throttle.identity import MAX_KEY_BYTES, Identity, client_ip
-from django_throttle.policy.snapshot import Policy, TierPolicy
+from django_throttle.identity import KEY_SCHEME, MAX_KEY_BYTES, Identity, client_ip, key_prefix
+from django_throttle.policy.live import Policy, TierPolicy
 
 #: What the commands' help says a client may be written as.
 CLIENT_HELP = (
@@ -124,8 +124,6 @@ def _api_key_row(prefix: str) -> Any:
 
 
 def _api_key(value: str) -> Subject:
-    from django_throttle.api_key_format import KEY_SCHEME, key_prefix
-
     value = value.rstrip("…").removesuffix("...")  # the admin writes "name (ab12cd34…)"
     shown = value.removeprefix(f"{KEY_SCHEME}_").rstrip("_")  # dt_ab12cd34: no secret
     row = _api_key_row(value) or _api_key_row(key_prefix(value)) or _api_key_row(shown)
@@ -243,7 +241,7 @@ def presented_username(label: str) -> str | None:
     which must find the counter a report's row names. Raises ``BackendError``."""
     from django_throttle.usage import accounting
     from django_throttle.usage.names import DIGEST_MARK, USERNAME, username_digest
-    from django_throttle.usage.rollup import kept_minutes
+    from django_throttle.usage.reports import kept_minutes
 
     store = accounting.get_store()
     now = store.now_minute()

@@ -3,7 +3,7 @@ objects) or CSV with a header row, chosen with ``--format`` as in ``throttle_usa
 
 Every data cell is plain text: a client label or username is attacker-chosen, so a table
 cell is a rich ``Text`` (``[/x]`` or ``[link=…]`` is shown, never parsed as markup) and table
-and CSV cells have control characters removed (:func:`~django_throttle.plain.plain_text`: no
+and CSV cells have control characters removed (:func:`~django_throttle.redaction.plain_text`: no
 ESC sequence reaches the operator's terminal). A CSV text cell that a spreadsheet would run
 as a formula (``=``, ``+``, ``-``, ``@``) starts with ``'``. JSON escapes control characters
 itself."""
@@ -26,7 +26,7 @@ from rich.text import Text
 from django_throttle.backends import get_backend
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.inspection.subjects import UnknownClient
-from django_throttle.plain import plain_text
+from django_throttle.redaction import plain_text
 
 FORMATS = ("table", "json", "csv")
 #: How :func:`one_line_errors` names a client that is not found.
@@ -161,8 +161,8 @@ class CountersCommand(BaseCommand):
         backend = get_backend()
         if self.from_command_line and isinstance(backend, MemoryBackend):
             raise CommandError(
-                f"DJANGO_THROTTLE_BACKEND is {type(backend).__name__}, which counts inside "
-                "each process: this command's process serves no requests, so it has no "
-                "counters to read or clear. Point it at the server's Redis "
-                "(DJANGO_THROTTLE_REDIS_URL)."
+                f"The backend is {type(backend).__name__} (DJANGO_THROTTLE_REDIS_URL = "
+                "'memory://'), which counts inside each process: this command's process "
+                "serves no requests, so it has no counters to read or clear. Point "
+                "DJANGO_THROTTLE_REDIS_URL at the server's Redis."
             )

@@ -18,8 +18,8 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from django_throttle.api_key_format import KEY_SCHEME, key_digest
 from django_throttle.conf import app_settings
+from django_throttle.identity import KEY_SCHEME, key_digest
 
 #: Hex characters of the visible prefix (32 bits: collisions are retried at creation).
 PREFIX_LENGTH = 8

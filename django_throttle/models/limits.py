@@ -1,5 +1,5 @@
-"""The columns a limit row shares (tier-wide and per-endpoint): rate, algorithm, burst and
-time zone, and how a row becomes a :class:`~django_throttle.rates.Limit`.
+"""The columns a limit row shares (tier-wide and per-endpoint): rate, algorithm, burst, delay
+and longest wait, and time zone, and how a row becomes a :class:`~django_throttle.rates.Limit`.
 
 :class:`~django_throttle.rates.Limit` is the one judge of what a limit may be; a row only says
 which column a refusal belongs to, so the admin puts each message on the field to change.
@@ -13,13 +13,23 @@ from typing import TYPE_CHECKING, ClassVar
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from django_throttle.backends.base import per_shard
 from django_throttle.conf import app_settings
 from django_throttle.models.fields import BadRow, choice_problem, count_field, validate_rate
-from django_throttle.rates import TOKEN_ALGORITHMS, Algorithm, InvalidRate, Limit, Rate, rate_text
+from django_throttle.rates import (
+    MAX_COUNT,
+    MAX_WINDOW,
+    TOKEN_ALGORITHMS,
+    Algorithm,
+    InvalidRate,
+    Limit,
+    Rate,
+    rate_text,
+)
 
 if TYPE_CHECKING:
     from django_throttle.models.fields import StrOrPromise
@@ -55,25 +65,34 @@ ALGORITHM_HELP: dict[str, StrOrPromise] = {
         "count requests per calendar day, week (from Monday), month or year, e.g. "
         "'10000/month'; it resets at midnight in the time zone (empty = the site's TIME_ZONE)."
     ),
+    Algorithm.CONCURRENCY: _(
+        "At most count requests in flight at once, each holding its slot until its response "
+        "ends; the period is the lease: a killed worker's slot is free again within it. "
+        "Every request takes one slot, whatever its cost."
+    ),
 }
 #: The optional fields each algorithm uses; the admin shows only these.
 ALGORITHM_FIELDS: dict[str, tuple[str, ...]] = {
     **{algorithm: ("burst",) for algorithm in TOKEN_ALGORITHMS},
+    Algorithm.GCRA: ("burst", "delay", "max_wait"),
     Algorithm.CALENDAR: ("timezone",),
 }
 #: The columns of a limit row, all judged together by :class:`~django_throttle.rates.Limit`.
-LIMIT_FIELDS = ("rate", "algorithm", "burst", "timezone")
+LIMIT_FIELDS = ("rate", "algorithm", "burst", "delay", "max_wait", "timezone")
 
 
 class LimitFields(models.Model):
-    """Rate, algorithm, burst and time zone shared by tier-wide and per-endpoint limits."""
+    """Rate, algorithm, burst, delay, longest wait and time zone shared by tier-wide and
+    per-endpoint limits."""
 
     rate = models.CharField(
         max_length=32,
         validators=[validate_rate],
         help_text=_(
             "requests per period, e.g. '100/min', '10/s', '5000/day' or '20/15min'; "
-            "'10000/month' or '/year' with the calendar quota"
+            "'10000/month' or '/year' with the calendar quota; with concurrency, requests "
+            "in flight at once per lease, e.g. '2/min': two at a time, a killed worker's "
+            "slot free again within a minute"
         ),
     )
     burst = count_field(
@@ -83,7 +102,8 @@ class LimitFields(models.Model):
         blank=True,
         help_text=_(
             "token bucket, GCRA and leaky bucket only: how many requests may come at once "
-            "(the leaky bucket's queue size); empty = the rate's count"
+            "(the leaky bucket's queue size; with a delay, served or waiting their turn); "
+            "empty = the rate's count"
         ),
     )
     algorithm = models.CharField(
@@ -93,7 +113,29 @@ class LimitFields(models.Model):
         help_text=_(
             "how requests are counted: token bucket, GCRA and leaky bucket allow a burst; "
             "the window algorithms allow the rate's count per window; the calendar quota "
-            "counts per calendar day, week, month or year"
+            "counts per calendar day, week, month or year; concurrency limits the requests "
+            "in flight at once"
+        ),
+    )
+    delay = models.IntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0), MaxValueValidator(MAX_COUNT - 1)],
+        help_text=_(
+            "GCRA only: delay instead of refusing, as nginx's delay: of the burst's "
+            "requests, this many plus one are served at once and the rest wait their turn, "
+            "one period ÷ count apart (0 paces all but the first); empty = refuse beyond "
+            "the rate"
+        ),
+    )
+    max_wait = models.FloatField(
+        _("longest wait"),
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.001), MaxValueValidator(float(MAX_WINDOW))],
+        help_text=_(
+            "with a delay: the longest a request may wait for its turn, in seconds; "
+            "empty = what the burst allows"
         ),
     )
     timezone = models.CharField(
@@ -113,7 +155,9 @@ class LimitFields(models.Model):
     def __str__(self) -> str:
         algorithm = "" if self.algorithm == Algorithm.TOKEN_BUCKET else self.algorithm_name
         burst = f"burst {self.burst}" if self.burst else ""
-        details = ", ".join(filter(None, (algorithm, burst, self.timezone)))
+        delay = "" if self.delay is None else f"delay {self.delay}"
+        wait = "" if self.max_wait is None else f"waits at most {self.max_wait:g} s"
+        details = ", ".join(filter(None, (algorithm, burst, delay, wait, self.timezone)))
         rate = rate_text(self.rate)
         return f"{rate} ({details})" if details else rate
 
@@ -163,7 +207,14 @@ class LimitFields(models.Model):
             # The text, not the parsed rate: a calendar quota reads "/day" as a calendar day.
             shared = getattr(self, "shared", False)  # only a tier limit has the column
             return Limit.build(
-                "", self.rate, self.burst, self.algorithm, timezone=self.zone(), shared=shared
+                "",
+                self.rate,
+                self.burst,
+                self.algorithm,
+                timezone=self.zone(),
+                shared=shared,
+                delay=self.delay,
+                max_wait=self.max_wait,
             )
         except InvalidRate as exc:
             raise BadRow(exc.field, str(exc)) from exc
@@ -172,7 +223,7 @@ class LimitFields(models.Model):
     def capacity(self) -> int:
         """Most cost one request may have; for a shared limit, what one key shard holds
         (its share of the ceiling). Raises :class:`BadRow` for a bad row."""
-        return per_shard(self.validated_limit(), app_settings.KEY_SHARDS).capacity
+        return per_shard(self.validated_limit(), app_settings.key_shards).capacity
 
     def to_limit(self) -> Limit:
         """The compiled limit. Raises :class:`BadRow` naming the bad column."""

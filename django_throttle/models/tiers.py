@@ -106,9 +106,9 @@ class TierLimit(LimitFields):
         default=False,
         help_text=_(
             "one ceiling for every client of the tier together (e.g. all anonymous traffic, "
-            "against address rotation) instead of one per client; each of the "
-            "DJANGO_THROTTLE_KEY_SHARDS key shards enforces its share, the rate divided by the "
-            "number of shards and rounded up"
+            "against address rotation) instead of one per client; each key shard (the ?shards= "
+            "of DJANGO_THROTTLE_REDIS_URL) enforces its share, the rate divided by the number "
+            "of shards and rounded up"
         ),
     )
 

@@ -10,24 +10,389 @@ An import is one transaction: the document's shape is checked first, then its se
 applied in order (tiers, rules, assignments), matched by natural keys; tiers and rules the
 document does not name are kept unless pruning. Every entry is validated with the admin's own
 rules, and a single problem refuses the whole file, having written nothing, with a message
-naming the entry and field. ``dry_run`` runs the same code and rolls back. Writing one entry's
-row and its limit rows is :mod:`~django_throttle.policy.file_writes`'s job; reading a file's
-text, with its bounds, is :mod:`django_throttle.policy.text`'s.
+naming the entry and field. ``dry_run`` runs the same code and rolls back.
+
+Reading a file's text is bounded: a file nested deeper than :data:`MAX_DEPTH`, or holding more
+than :data:`MAX_VALUES` values, is refused before its values are built, in time proportional
+to its length (YAML aliases count as what they expand to), so an operator's file never ends in
+a ``RecursionError`` nor keeps an import's transaction busy.
+
+Writing one entry keeps the existing limit row of every limit whose values are unchanged (its
+counters in Redis are keyed by the row, so clients keep their buckets), edits rows in place
+where its limits changed, and only then adds or deletes rows; a limit written twice for one
+parent is refused (it would be counted twice). :func:`repeats` finds such rows, for the policy
+compiler (which counts them once) and ``manage.py check`` (W106) too. Problems are noted on the
+import's state, naming the entry and field, never raised.
+
+:func:`from_drf` writes a document from a ``REST_FRAMEWORK`` setting's throttles (``manage.py
+throttle_policy from-drf``), so a project moving from DRF's throttles starts with the limits it
+had: it reads the setting's values only (no rows, no DRF import), and the document goes through
+:func:`import_policy` like any other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import codecs
+import json
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.core.exceptions import ValidationError
 from django.db import models, transaction
 
 from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierAssignment
-from django_throttle.policy import file_writes as writes
-from django_throttle.policy.file_writes import Change, Import
-from django_throttle.policy.text import FORMAT_VERSION, PolicyFileError
+from django_throttle.rates import MAX_LOG_COUNT, Algorithm
+
+#: The document's ``version``; an import refuses any other.
+FORMAT_VERSION = 1
+
+
+class PolicyFileError(Exception):
+    """The document cannot be imported; ``problems`` lists every reason, each naming the entry
+    and field (``tiers[1] 'pro'.limits[0].rate: ...``). Nothing was written."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+#: Deepest nesting a policy file may have (a document needs 5: sections, entries, limits).
+MAX_DEPTH = 20
+#: Most values (mappings, lists and scalars, each alias counted as what it expands to) a
+#: policy file may hold: hundreds of tiers and rules fit, and an import stays quick.
+MAX_VALUES = 200_000
+# A JSON string (skipped over: brackets inside it do not nest), one bracket, or another
+# scalar (a number, true, false, null): every token but a closing bracket is one value.
+_JSON_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]|[^\s,:\[\]{}"]+')
+_NESTING = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+_TOO_DEEP = f"the file nests deeper than {MAX_DEPTH} levels; a policy file needs 5 at most"
+_TOO_BIG = (
+    f"the file holds more than {MAX_VALUES:,} values (aliases counted as what they expand "
+    "to); split the policy or write it without repeated aliases"
+)
+
+
+def dump(document: Mapping[str, Any], fmt: str) -> str:
+    """The document as ``json`` or ``yaml`` text."""
+    if fmt == "yaml":
+        return str(_yaml().safe_dump(dict(document), sort_keys=False, allow_unicode=True))
+    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+
+
+def decode(data: bytes) -> str:
+    """A policy file's bytes as text: UTF-8, with or without a byte order mark (what some
+    Windows editors write), or UTF-16 with its byte order mark (what Windows PowerShell's
+    ``>`` writes). Anything else is a :class:`PolicyFileError` saying what was found, never
+    a ``UnicodeDecodeError``: an operator's file must get a one-line answer."""
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        encoding = "utf-16"  # the BOM says which byte order
+    else:
+        encoding = "utf-8-sig"  # plain UTF-8 too: the BOM is optional
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        name = "UTF-16" if encoding == "utf-16" else "UTF-8"
+        raise PolicyFileError(
+            [
+                f"not {name} text (byte {exc.object[exc.start : exc.start + 1]!r} at offset "
+                f"{exc.start}); save it as UTF-8"
+            ]
+        ) from exc
+
+
+def load(text: str, fmt: str) -> Any:
+    """Parse ``json`` or ``yaml`` text; a syntax error is a :class:`PolicyFileError`.
+
+    A file nested deeper than :data:`MAX_DEPTH` or holding more than :data:`MAX_VALUES` values
+    is refused before its values are built, in time proportional to its length: an operator's
+    file must not end in a ``RecursionError``, nor keep an import busy expanding YAML aliases
+    (a few kilobytes of them can stand for millions of entries)."""
+    if fmt == "yaml":
+        return _load_yaml(text)
+    depth = values = 0
+    for token in _JSON_TOKENS.finditer(text):
+        step = _NESTING.get(token.group(), 0)  # a scalar changes nothing
+        depth, values = depth + step, values + (step >= 0)
+        if depth > MAX_DEPTH:
+            raise PolicyFileError([_TOO_DEEP])
+        if values > MAX_VALUES:
+            raise PolicyFileError([_TOO_BIG])
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PolicyFileError([f"not valid JSON: {exc}"]) from exc
+
+
+def _load_yaml(text: str) -> Any:
+    """Compose the YAML node graph (bounded depth: PyYAML's composer recurses once per level),
+    measure what its aliases expand to, and only then build the values. Built values share
+    what an alias names, so building is cheap; it is whatever walks them afterwards
+    (validation, a field's text) that would pay the whole expansion."""
+    yaml = _yaml()
+
+    class Loader(yaml.SafeLoader):  # type: ignore[misc,name-defined]
+        depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise PolicyFileError([_TOO_DEEP])
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    loader = Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _measure(node, {})[1] > MAX_DEPTH:  # the document's depth, aliases expanded
+            raise PolicyFileError([_TOO_DEEP])
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise PolicyFileError([f"not valid YAML: {' '.join(str(exc).split())}"]) from exc
+    finally:
+        loader.dispose()
+
+
+def _measure(node: Any, known: dict[int, tuple[int, int] | None]) -> tuple[int, int]:
+    """``node``'s size and height as built (an alias counts as the whole node it names);
+    :class:`PolicyFileError` when the size is over its bound or an alias names a node that
+    contains it. Each node is measured once, so an alias costs a lookup; the recursion is as
+    deep as the composed nodes, which the loader bounds."""
+    key = id(node)
+    if key in known:
+        measured = known[key]
+        if measured is None:
+            raise PolicyFileError(["an alias names a value that contains it (a loop)"])
+        return measured
+    known[key] = None
+    # PyYAML's node kinds: a scalar holds text, a sequence its nodes, a mapping its pairs.
+    children = node.value if node.id == "sequence" else []
+    if node.id == "mapping":
+        children = [part for pair in node.value for part in pair]
+    size, height = 1, 1
+    for child in children:
+        child_size, child_height = _measure(child, known)
+        size += child_size
+        height = max(height, child_height + 1)
+        if size > MAX_VALUES:
+            raise PolicyFileError([_TOO_BIG])
+    known[key] = (size, height)
+    return size, height
+
+
+def _yaml() -> Any:
+    try:
+        import yaml
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise PolicyFileError(
+            ["YAML needs PyYAML: pip install 'django-throttle-policies[yaml]', or use JSON"]
+        ) from exc
+    return yaml
+
+
+#: Columns that are bookkeeping, not policy.
+_SKIPPED = frozenset({"id", "created", "updated"})
+
+
+@dataclass(frozen=True)
+class Change:
+    """One difference an import makes: ``+`` added, ``-`` deleted, ``~`` changed."""
+
+    action: str
+    what: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.what}" + (f": {self.detail}" if self.detail else "")
+
+
+@dataclass
+class Import:
+    """One import's state: what changed, what was wrong, the tiers written so far."""
+
+    prune: bool
+    changes: list[Change] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    tiers: dict[str, Tier] = field(default_factory=dict)
+
+
+def columns(model: type[models.Model]) -> list[models.Field[Any, Any]]:
+    """The policy columns of ``model``: editable concrete fields that are not keys to a
+    parent row (those are written as natural keys) nor bookkeeping."""
+    return [
+        f
+        for f in model._meta.concrete_fields
+        if f.editable and not f.is_relation and f.name not in _SKIPPED
+    ]
+
+
+def values(row: models.Model) -> dict[str, Any]:
+    """``row``'s values by its policy columns."""
+    return {f.name: f.value_from_object(row) for f in columns(type(row))}
+
+
+def _unknown(where: str, unknown: set[str], known: set[str]) -> str | None:
+    """The problem of an entry with fields no column has, naming those it may have."""
+    if not unknown:
+        return None
+    return (
+        f"{where}: unknown field {', '.join(map(repr, sorted(unknown)))} "
+        f"(known: {', '.join(sorted(known))})"
+    )
+
+
+def label(row: Any) -> str:
+    """A tier or an endpoint rule as changes name it."""
+    return f"tier {row.slug!r}" if isinstance(row, Tier) else f"rule {row.name!r}"
+
+
+def split(
+    state: Import, where: str, model: type[models.Model], entry: Mapping[str, Any]
+) -> tuple[dict[str, Any] | None, list[Mapping[str, Any]]]:
+    """The entry's own columns and its limit entries; ``None`` after noting a problem."""
+    known = {f.name for f in columns(model)} | {"limits"}
+    problem = _unknown(where, set(entry) - known, known)
+    limits = entry.get("limits", [])
+    if problem is None and not (
+        isinstance(limits, list) and all(isinstance(k, Mapping) for k in limits)
+    ):
+        problem = f"{where}.limits: must be a list of mappings"
+    if problem is not None:
+        state.problems.append(problem)
+        return None, []
+    return {k: v for k, v in entry.items() if k != "limits"}, limits
+
+
+def _assign(row: Any, fields: Mapping[str, Any]) -> Any:
+    for name, value in fields.items():
+        setattr(row, name, value)
+    return row
+
+
+def upsert(state: Import, where: str, row: models.Model, own: Mapping[str, Any]) -> Any:
+    """Set ``own`` on ``row``, validate it as the admin would, save it when it changed."""
+    before = values(row) if row.pk is not None else None
+    if not _valid(state, where, _assign(row, own)):
+        return None
+    after = values(row)
+    if before is None:
+        row.save()
+        state.changes.append(Change("+", label(row)))
+    elif before != after:
+        row.save()
+        diff = ", ".join(
+            f"{k}: {before[k]!r} → {after[k]!r}" for k in after if before[k] != after[k]
+        )
+        state.changes.append(Change("~", label(row), diff))
+    return row
+
+
+def _valid(state: Import, where: str, row: Any) -> bool:
+    problems: dict[str, list[str]] = {}
+    try:
+        row.full_clean()
+    except ValidationError as exc:
+        problems = {k: [str(m) for m in v] for k, v in exc.message_dict.items()}
+    if not problems:
+        problems = {name: [message] for name, message in row.row_problems().items()}
+    for name, messages in sorted(problems.items()):
+        column = "" if name == "__all__" else f".{name}"
+        state.problems.append(f"{where}{column}: {' '.join(messages)}")
+    return not problems
+
+
+def sync_limits(
+    state: Import, where: str, parent: Any, entries: Iterable[tuple[int, Mapping[str, Any]]]
+) -> None:
+    """Make ``parent``'s limit rows hold ``entries`` (their
+    index in the file, their values; an endpoint limit's "tier" a :class:`Tier`), keeping rows
+    whose values are unchanged, then editing rows in place, then adding and deleting."""
+    model = parent.limits.model
+    known = {f.name for f in columns(model)}
+    allowed = known | {"tier"} if model is EndpointLimit else known
+    defaults = {f.name: f.get_default() for f in columns(model)}
+    new = partial(model, **{parent.limits.field.name: parent})
+    wanted: list[tuple[int, dict[str, Any], Any]] = []  # (index, fields, a new row of them)
+    for j, entry in entries:
+        problem = _unknown(f"{where}.limits[{j}]", set(entry) - allowed, allowed)
+        if problem is not None:
+            state.problems.append(problem)
+            continue
+        fields = {**defaults, **entry}
+        wanted.append((j, fields, _assign(new(), fields)))
+    if _duplicates(state, where, [(j, row) for j, _, row in wanted]):
+        return
+    unmatched = list(parent.limits.select_related("tier").order_by("pk"))
+
+    def take(candidate: Any, same_values: bool) -> Any:
+        """The first unmatched row of ``candidate``'s tier (and values), no longer unmatched."""
+        for row in unmatched:
+            if row.tier_id == candidate.tier_id and (
+                not same_values or values(row) == values(candidate)
+            ):
+                unmatched.remove(row)
+                return row
+        return None
+
+    pending = [(j, fields, new) for j, fields, new in wanted if take(new, True) is None]
+    # Pair each changed limit with a leftover row of the same tier to edit in place, so its
+    # counters are re-timed rather than started afresh.
+    plan = [(j, fields, new, take(new, False)) for j, fields, new in pending]
+    for row in unmatched:
+        state.changes.append(Change("-", _limit_label(parent, row), str(row)))
+        row.delete()
+    for j, fields, candidate, row in plan:
+        before = None if row is None else str(row)
+        row = candidate if row is None else _assign(row, fields)
+        if not _valid(state, f"{where}.limits[{j}]", row):
+            continue
+        row.save()
+        if before is None:
+            state.changes.append(Change("+", _limit_label(parent, row), str(row)))
+        else:
+            state.changes.append(Change("~", _limit_label(parent, row), f"{before} → {row}"))
+
+
+def _limit_label(parent: Any, row: Any) -> str:
+    """A limit row of ``parent`` as a change names it: an endpoint limit with its tier."""
+    tier = f" ({row.tier.slug})" if isinstance(row, EndpointLimit) else ""
+    return f"{label(parent)} limit{tier}"
+
+
+def _duplicates(state: Import, where: str, candidates: Sequence[tuple[int, Any]]) -> bool:
+    """Note every limit entry that repeats an earlier one of the same parent (the same
+    counter twice: each request would take its cost from both); whether there was one. An
+    entry no limit can be built from has its own problem, noted when it is validated."""
+    index = {id(row): j for j, row in candidates}
+    found = list(repeats(row for _, row in candidates))
+    for row, original in found:
+        state.problems.append(
+            f"{where}.limits[{index[id(row)]}]: the same limit as limits[{index[id(original)]}] "
+            f"({row}); every request would count it twice: remove one"
+        )
+    return bool(found)
+
+
+def repeats(rows: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
+    """Each limit row of ``rows`` that repeats an earlier one (the same counter, see
+    ``duplicate_key``: every request would take its cost from both), with the row it
+    repeats. A row no limit can be built from repeats nothing."""
+    first: dict[tuple[object, ...], Any] = {}
+    for row in rows:
+        key = row.duplicate_key()
+        if key is not None and first.setdefault(key, row) is not row:
+            yield row, first[key]
+
 
 #: Top-level sections, in the order they are written and applied.
 SECTIONS = ("tiers", "rules", "assignments")
@@ -45,7 +410,7 @@ def export_policy(*, assignments: bool = True) -> dict[str, Any]:
     for section, (model, key) in _PARENTS.items():
         parents: Any = model._default_manager.order_by(key).prefetch_related("limits__tier")
         document[section] = [
-            {**writes.values(parent), "limits": [_limit_entry(row) for row in _limits(parent)]}
+            {**values(parent), "limits": [_limit_entry(row) for row in _limits(parent)]}
             for parent in parents
         ]
     if assignments:
@@ -61,7 +426,7 @@ def _limits(parent: Any) -> list[Any]:
 def _limit_entry(limit: models.Model) -> dict[str, Any]:
     """A limit as written under its parent: an endpoint limit names its tier first."""
     tier = {"tier": limit.tier.slug} if isinstance(limit, EndpointLimit) else {}
-    return {**tier, **writes.values(limit)}
+    return {**tier, **values(limit)}
 
 
 def _export_assignments() -> list[dict[str, str]]:
@@ -147,21 +512,21 @@ def _import_parents(state: Import, section: str, entries: list[Mapping[str, Any]
     model, key = _PARENTS[section]
     for i, entry in enumerate(entries):
         where = f"{section}[{i}] {entry.get(key)!r}"
-        own, limits = writes.split(state, where, model, entry)
+        own, limits = split(state, where, model, entry)
         if own is None:
             continue
         desired = _with_tiers(state, where, limits) if model is EndpointRule else enumerate(limits)
         existing = model._default_manager.filter(**{key: own.get(key)}).first()
-        row = writes.upsert(state, where, existing or model(), own)
+        row = upsert(state, where, existing or model(), own)
         if row is None:
             continue
         if isinstance(row, Tier):
             state.tiers[row.slug] = row
-        writes.sync_limits(state, where, row, desired)
+        sync_limits(state, where, row, desired)
     if state.prune:
         named = {str(entry.get(key)) for entry in entries}
         for row in model._default_manager.exclude(**{f"{key}__in": named}):
-            state.changes.append(Change("-", writes.label(row)))
+            state.changes.append(Change("-", label(row)))
             row.delete()
 
 
@@ -232,3 +597,91 @@ def _tier(state: Import, where: str, slug: Any) -> Tier | None:
     if found is None:
         state.problems.append(f"{where}: no tier {slug!r} in the file or the database")
     return found
+
+
+_USER = "rest_framework.throttling.UserRateThrottle"
+
+
+def from_drf(rest_framework: Mapping[str, Any]) -> dict[str, Any]:
+    """A policy document doing what a ``REST_FRAMEWORK`` setting's throttles do.
+
+    ``anon`` becomes the rate of an ``anonymous`` tier (the default for anonymous clients),
+    ``user`` that of an ``authenticated`` tier (the default for users) and, when
+    ``UserRateThrottle`` is a default class, of the anonymous tier too (DRF's user throttle
+    counts anonymous clients by IP); every other rate becomes an endpoint rule matching that
+    DRF ``throttle_scope`` (``ScopedRateThrottle``) with the rate for both tiers. DRF counts
+    with a sliding window log, so the limits use it too. Raises :class:`PolicyFileError` for a
+    rate DRF itself could not read, and when the setting holds no rate at all (the document
+    would only take limits away).
+    """
+    rates = dict(rest_framework.get("DEFAULT_THROTTLE_RATES") or {})
+    classes = [str(c) for c in rest_framework.get("DEFAULT_THROTTLE_CLASSES") or ()]
+    if not any(rate is not None for rate in rates.values()):
+        # Converting nothing would give both tiers no limits: applied, it would delete the
+        # anonymous tier's limits and hand the authenticated default to an unlimited tier.
+        raise PolicyFileError(
+            [
+                "REST_FRAMEWORK['DEFAULT_THROTTLE_RATES'] holds no rates, so there is nothing "
+                "to convert (applied, it would remove every limit of the default tiers)"
+            ]
+        )
+    converted = {scope: _drf_limit(rate) for scope, rate in rates.items() if rate is not None}
+    problems = [
+        f"DEFAULT_THROTTLE_RATES[{scope!r}]: {rates[scope]!r} is not a DRF rate such as '100/day'"
+        for scope, limit in converted.items()
+        if limit is None
+    ]
+    if problems:
+        raise PolicyFileError(problems)
+    limits = {scope: limit for scope, limit in converted.items() if limit is not None}
+    anonymous = [limits["anon"]] if "anon" in limits else []
+    if "user" in limits and _USER in classes:
+        anonymous.append(limits["user"])  # DRF's user throttle counts anonymous clients by IP
+    authenticated = [limits["user"]] if "user" in limits else []
+    tiers = [
+        _drf_tier("anonymous", "AnonRateThrottle", "anon", "is_default_anonymous", anonymous),
+        _drf_tier(
+            "authenticated", "UserRateThrottle", "user", "is_default_authenticated", authenticated
+        ),
+    ]
+    rules = [
+        {
+            "name": scope,
+            "match_type": "scope",
+            "pattern": scope,
+            "limits": [{"tier": slug, **limit} for slug in ("anonymous", "authenticated")],
+        }
+        for scope, limit in sorted(limits.items())
+        if scope not in ("anon", "user")
+    ]
+    return {"version": FORMAT_VERSION, "tiers": tiers, "rules": rules}
+
+
+def _drf_tier(
+    slug: str, throttle: str, scope: str, default: str, limits: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A default tier's entry, ``default`` the flag making it one, from DRF's ``throttle``."""
+    return {
+        "slug": slug,
+        "name": slug.capitalize(),
+        "description": f"From DRF's {throttle} (DEFAULT_THROTTLE_RATES[{scope!r}]).",
+        default: True,
+        "limits": limits,
+    }
+
+
+def _drf_limit(rate: Any) -> dict[str, Any] | None:
+    """DRF's reading of ``rate`` as a limit row, or ``None`` where DRF would fail."""
+    try:
+        count_text, period = str(rate).split("/")
+        count = int(count_text)
+    except ValueError:
+        return None
+    unit = period[:1]  # DRF reads only the first letter ("100/day", "5/minute")
+    if unit not in ("s", "m", "h", "d") or count < 1:
+        return None
+    # DRF keeps every request's time in a list, a sliding window log; beyond the log's
+    # largest count the sliding window counter stands in.
+    log = count <= MAX_LOG_COUNT
+    algorithm = Algorithm.SLIDING_LOG if log else Algorithm.SLIDING_COUNTER
+    return {"rate": f"{count}/{unit}", "algorithm": str(algorithm)}

@@ -1,36 +1,514 @@
-"""The compiled, immutable policy snapshot, and how a request finds its limits in it.
+"""The policy a request reads: the admin's rows compiled into an immutable snapshot, the
+snapshot each process holds, and who is calling (the default identity resolver).
 
-Admin rows, tier assignments (:mod:`~django_throttle.policy.user_tiers`) and API keys
-(their digests) included, are compiled once into plain objects; requests read only the
-snapshot, so a request costs zero SQL queries for any user or key. Every process checks a
-shared version (kept by the backend, through the circuit breaker) at most once per
-:data:`REFRESH_INTERVAL` and recompiles when it changed, so admin edits reach all workers
-within a second, without restarts; it also recompiles once the snapshot is :data:`MAX_AGE`
-old, so writes no signal sees (``QuerySet.update``, ``bulk_create``, raw SQL) apply within
-that time.
+Admin rows, tier assignments and API keys (their digests) included, are compiled once into
+plain frozen objects (:class:`Policy`); requests read only the snapshot, so a request costs
+zero SQL queries for any user or key. Every process checks a shared version (kept by the
+backend, through the circuit breaker) at most once per :data:`REFRESH_INTERVAL` and
+recompiles when it changed, so admin edits reach all workers within a second, without
+restarts; it also recompiles once the snapshot is :data:`MAX_AGE` old, so writes no signal
+sees (``QuerySet.update``, ``bulk_create``, raw SQL) apply within that time. A row no limit
+can be built from (written around the admin) is skipped with one ERROR line per compile
+naming it; the rest of the policy applies. Compiling never raises into a request.
 
-A row no limit can be built from (written around the admin) is skipped with one ERROR line per
-compile naming it; the rest of the policy applies. Compiling never raises into a request.
+Which tier each assigned user is in (:class:`UserTiers`) is compiled from one streamed query:
+for integer primary keys two parallel arrays searched with :mod:`bisect`, the sorted user ids
+(``array('q')``, 8 bytes each) and each user's tier slot (1 byte while at most 256 tiers are
+assigned), far less memory per assigned user than a dict of the same answers (measured in
+docs/explanation/benchmarks.md, "Tier assignments"); other primary keys (UUID users) fall back
+to a dict. So resolving a tier never queries the database, for the millionth user as for the
+first.
+
+Clients that are never limited (:class:`Exemptions`: the users, groups and IP networks listed
+in the admin, :class:`~django_throttle.models.Exemption`) are compiled in too. Staff and
+superusers are limited like everyone else unless listed there. An exempt client's requests
+make no backend call and get no rate limit headers; exempt views are marked with
+:func:`django_throttle.exemptions.throttle_exempt`.
+
+The default identity resolver (``DJANGO_THROTTLE_IDENTITY_RESOLVER``,
+:func:`resolve_identity`) picks a verified API key, else the authenticated user, else the
+client IP. An API key (``Authorization: Api-Key <key>`` or ``X-API-Key``, see
+``conf.API_KEY_HEADERS``) is checked against the snapshot: no query, one HMAC. A key that is
+unknown, wrong, revoked or expired is ignored, never a bucket of its own: the request is
+counted as if it had sent none (so an anonymous client under its IP).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import functools
+import hmac
+import ipaddress
 import logging
 import math
 import threading
 import time
-from collections.abc import Iterable
+from array import array
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
+from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db import DatabaseError, router, transaction
+from django.db.models import IntegerField, Value
+from django.db.models.sql.constants import MULTI
+from django.utils.module_loading import import_string
 
 from django_throttle import events
 from django_throttle.backends import BackendError, get_backend
-from django_throttle.policy.exemptions import compile_exemptions
-from django_throttle.policy.snapshot import ApiKeyPolicy, EndpointPolicy, Policy, TierPolicy
-from django_throttle.policy.user_tiers import compile_user_tiers
+from django_throttle.conf import app_settings
+from django_throttle.identity import (
+    KEY_MAX_LENGTH,
+    UNIDENTIFIED,
+    Identity,
+    client_ip,
+    key_digest,
+    key_prefix,
+    presented_key,
+)
 from django_throttle.rates import Limit
+
+__all__ = ["resolve_identity"]
+
+
+#: Rows fetched per round trip while streaming assignments.
+CHUNK_SIZE = 20_000
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class UserTiers:
+    """Immutable user id → tier id for every user with an assignment of their own or through
+    a group: integer ids sorted in ``ids`` with each one's index into ``tier_ids`` in
+    ``slots``, other keys in ``by_key`` (a user id given as text read with ``coerce``).
+    Thread-safe: nothing changes after construction."""
+
+    ids: array[int] | None = None
+    slots: array[int] | None = None
+    tier_ids: tuple[int, ...] = ()
+    by_key: dict[Any, int] = field(default_factory=dict)
+    coerce: Callable[[Any], Any] = int
+
+    def get(self, user_id: Any) -> int | None:
+        """The user's tier id, or ``None`` when the user has no assignment."""
+        ids = self.ids
+        if ids is not None:
+            if type(user_id) is not int:  # e.g. "42" from a custom identity resolver
+                try:
+                    user_id = int(user_id)
+                except (TypeError, ValueError):
+                    return None
+            i = bisect_left(ids, user_id)
+            if i != len(ids) and ids[i] == user_id:
+                return self.tier_ids[self.slots[i]]  # type: ignore[index]
+            return None
+        found = self.by_key.get(user_id)
+        if found is None and isinstance(user_id, str):
+            try:
+                found = self.by_key.get(self.coerce(user_id))
+            except (TypeError, ValueError, ValidationError):
+                return None
+        return found
+
+    def __len__(self) -> int:
+        return len(self.by_key if self.ids is None else self.ids)
+
+
+def compile_user_tiers(priorities: Mapping[int, int]) -> UserTiers:
+    """Read every assignment (one query, streamed) into a :class:`UserTiers`.
+
+    ``priorities`` maps the snapshot's tier ids to their priority. A user's own assignment
+    wins; among their groups' tiers the highest priority (then the lowest tier id) wins, a
+    tier missing from ``priorities`` ranking last.
+    """
+    from django.contrib.auth import get_user_model
+
+    user_model = get_user_model()
+    pk: Any = user_model._meta.pk
+    while pk.is_relation:  # multi-table inheritance: the parent's key
+        pk = pk.target_field
+    query = _assignments(user_model)
+    if isinstance(pk, IntegerField):  # AutoField, BigAutoField, PositiveIntegerField, ...
+        # Lists of raw rows, streamed (a server-side cursor where the database has one),
+        # without building a Python object per row.
+        compiler = query.query.get_compiler(query.db)
+        chunks = compiler.execute_sql(MULTI, chunked_fetch=True, chunk_size=CHUNK_SIZE)
+        ids, tiers = _best(chain.from_iterable(chunks), priorities, array("q"))
+        return _pack(ids, tiers)
+    users, tiers = _best(query.iterator(chunk_size=CHUNK_SIZE), priorities, [])
+    return UserTiers(by_key=dict(zip(users, tiers, strict=True)), coerce=pk.to_python)
+
+
+def _assignments(user_model: Any) -> Any:
+    """(user id, tier id, 0) for each own assignment and (user id, tier id, 1) for each
+    membership of a group with a tier, by user id: the database sorts, Python takes one pass."""
+    from django_throttle.models import TierAssignment
+
+    own = (
+        TierAssignment.objects.filter(user__isnull=False)
+        .order_by()
+        .values_list("user_id", "tier_id", Value(0))
+    )
+    groups = memberships(user_model)
+    if groups is None:  # a custom user model without groups
+        return own.order_by("user_id")
+    through, user_column, group = groups
+    by_group = (
+        through.objects.filter(**{f"{group}__throttle_assignment__isnull": False})
+        .order_by()
+        .values_list(user_column, f"{group}__throttle_assignment__tier_id", Value(1))
+    )
+    return own.union(by_group, all=True).order_by("user_id")
+
+
+def memberships(user_model: Any) -> tuple[Any, str, str] | None:
+    """The user model's group membership table, its user id column and its field naming
+    the group; ``None`` for a custom user model without groups."""
+    try:
+        field = user_model._meta.get_field("groups")
+    except FieldDoesNotExist:
+        return None
+    through = field.remote_field.through
+    user_column = through._meta.get_field(field.m2m_field_name()).attname
+    return through, user_column, field.m2m_reverse_field_name()
+
+
+def _best(
+    rows: Iterator[tuple[Any, int, int]], priorities: Mapping[int, int], ids: Any
+) -> tuple[Any, array[int]]:
+    """Each user's tier from the user-sorted rows of :func:`_assignments`, appended to
+    ``ids`` (an array or a list) and a parallel array of tier ids."""
+    rank = _Rank((tier, priority * 2**64 - tier) for tier, priority in priorities.items())
+    tiers: array[int] = array("q")
+    last: Any = None
+    own = False
+    best = 0
+    for user_id, tier_id, by_group in rows:
+        if user_id != last:
+            ids.append(user_id)
+            tiers.append(tier_id)
+            last, own = user_id, not by_group
+            best = rank[tier_id]
+        elif own:
+            continue
+        elif not by_group:
+            tiers[-1], own = tier_id, True
+        elif rank[tier_id] > best:
+            tiers[-1], best = tier_id, rank[tier_id]
+    return ids, tiers
+
+
+class _Rank(dict[int, int]):
+    """Tier id → one integer ordering tiers by priority, then lowest id; a tier missing from
+    the snapshot ranks below every known one."""
+
+    def __missing__(self, tier_id: int) -> int:
+        return -(2**100) - tier_id
+
+
+def _pack(ids: array[int], tiers: array[int]) -> UserTiers:
+    """Replace each tier id by a slot in the smallest array type that holds them all."""
+    tier_ids = tuple(sorted(set(tiers)))
+    slot_of = {tier_id: slot for slot, tier_id in enumerate(tier_ids)}
+    typecode = "B" if len(tier_ids) <= 2**8 else "H" if len(tier_ids) <= 2**16 else "I"
+    slots = array(typecode, map(slot_of.__getitem__, tiers))
+    return UserTiers(ids=ids, slots=slots, tier_ids=tier_ids)
+
+
+_Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class Exemptions:
+    """The admin's exemptions, compiled: user ids (direct and through groups) and networks.
+    Empty by default, so a site with none checks two empty containers per request."""
+
+    users: frozenset[Any] = frozenset()
+    addresses: frozenset[str] = frozenset()
+    networks: tuple[_Network, ...] = ()
+    #: Whether any client is exempt: read on every request, so worked out once.
+    active: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "active", bool(self.users or self.addresses or self.networks))
+
+    def __bool__(self) -> bool:
+        return self.active
+
+    def covers_address(self, network: str) -> bool:
+        """``network`` is the client as the limiter counts it: an address, or an IPv6
+        network such as ``2001:db8:1:2::/64``; covered when it lies inside an exempt
+        network."""
+        if network in self.addresses:
+            return True
+        if not self.networks:
+            return False
+        try:
+            client = ipaddress.ip_network(network, strict=False)
+        except ValueError:
+            return False
+        return any(
+            client.version == exempt.version and client.subnet_of(exempt)  # type: ignore[arg-type]
+            for exempt in self.networks
+        )
+
+
+def exempt_client(identity: Identity, exemptions: Exemptions | None) -> bool:
+    """Whether the client, as ``identity`` names it, is exempt: a user by the admin's list
+    (directly or through a group), an address by the admin's networks. Reads only what
+    resolving the identity already loaded (an API key's owner is never fetched)."""
+    if not exemptions:
+        return False
+    if identity.kind == "user":
+        return identity.user_id in exemptions.users
+    return identity.kind == "ip" and exemptions.covers_address(identity.value)
+
+
+def compile_exemptions() -> Exemptions:
+    """Read the exemption rows (two queries): users named directly or through a group, and
+    networks. A row no exemption can be built from is skipped (``manage.py check`` names it)."""
+    from django.contrib.auth import get_user_model
+
+    from django_throttle.models import Exemption
+    from django_throttle.models.exemptions import parse_network
+
+    users: set[Any] = set()
+    addresses: set[str] = set()
+    networks: list[_Network] = []
+    groups: list[Any] = []
+    for row in Exemption.objects.order_by("pk"):
+        if row.user_id is not None:
+            users.add(row.user_id)
+        elif row.group_id is not None:
+            groups.append(row.group_id)
+        elif row.network:
+            try:
+                network = parse_network(row.network)
+            except ValueError:
+                continue
+            if network.num_addresses == 1:
+                addresses.add(str(network.network_address))
+            else:
+                networks.append(network)
+    table = memberships(get_user_model()) if groups else None
+    if table is not None:
+        through, user_column, group = table
+        members = through.objects.filter(**{f"{group}__in": groups})
+        users.update(members.values_list(user_column, flat=True).iterator(chunk_size=10_000))
+    # By family, largest network first.
+    ordered = sorted(set(networks), key=lambda n: (n.version, n.prefixlen, str(n)))
+    return Exemptions(frozenset(users), frozenset(addresses), tuple(ordered))
+
+
+#: Compared against when no key has the presented prefix, so an unknown prefix costs what a
+#: wrong secret costs: one HMAC and one constant-time comparison.
+_DUMMY_DIGEST = bytes(32)
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyPolicy:
+    """An active API key as the snapshot holds it: never the key, only its digest.
+    ``expires`` is Unix seconds (``None``: never), checked on every request."""
+
+    pk: int
+    prefix: str
+    digest: bytes
+    tier_id: int
+    expires: float | None = None
+    owner_id: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class TierPolicy:
+    id: int
+    slug: str
+    name: str
+    priority: int
+    limits: tuple[Limit, ...]
+    #: "" inherits the setting; else "open", "closed" or "local".
+    failure_mode: str = ""
+
+
+#: Limits counted under one counter other than the client's: ``("ip", limits)`` or
+#: ``("username", limits)``.
+CountedGroup = tuple[str, tuple[Limit, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointPolicy:
+    """An enabled endpoint rule; ``limits_by_tier`` already holds tier + endpoint limits
+    counted by client, ``rule_limits_by_tier`` the rule's own share of them (what its
+    counting policy may give back, and what a credential check counts), and
+    ``groups_by_tier`` the rule's limits counted by IP address or username (only tiers that
+    have some), ``credential_groups`` those of every tier together. ``counts`` is "all",
+    "success" or "failures"."""
+
+    id: int
+    name: str
+    match_type: str
+    pattern: str
+    methods: frozenset[str]
+    cost: int
+    shadow: bool
+    limits_by_tier: dict[int, tuple[Limit, ...]]
+    #: "" inherits the tier's; else "open", "closed" or "local".
+    failure_mode: str = ""
+    counts: str = "all"
+    rule_limits_by_tier: dict[int, tuple[Limit, ...]] = field(default_factory=dict)
+    groups_by_tier: dict[int, tuple[CountedGroup, ...]] = field(default_factory=dict)
+    #: Every tier's limits counted by IP address or username, for credential checks: those
+    #: counters protect the account and the server, whoever the caller is.
+    credential_groups: tuple[CountedGroup, ...] = ()
+    #: A login or token endpoint's rule by its rows: one with a limit counted by username
+    #: (only credential requests present one), or one counting failures. Its checks are
+    #: credential checks whichever adapter makes them.
+    credential: bool = False
+
+    def matches_path(self, path: str) -> bool:
+        """Whole path segments: ``/api/pi`` covers ``/api/pi`` and ``/api/pi/x``, never
+        ``/api/pizza``; a pattern ending in ``/`` covers everything below it."""
+        if self.pattern.endswith("/"):
+            return path.startswith(self.pattern)
+        return path == self.pattern or path.startswith(self.pattern + "/")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Everything a request needs to find its limits, with no database access."""
+
+    tiers: dict[int, TierPolicy]
+    default_anonymous: TierPolicy | None
+    default_authenticated: TierPolicy | None
+    by_scope: dict[str, tuple[EndpointPolicy, ...]]
+    by_route: dict[str, tuple[EndpointPolicy, ...]]
+    by_path: tuple[EndpointPolicy, ...]
+    version: str | None = None
+    user_tiers: UserTiers = field(default_factory=UserTiers)
+    #: ``clock()`` when compiling started, for :data:`MAX_AGE`.
+    compiled_at: float = 0.0
+    #: False for the empty stand-in used while the database cannot be read.
+    loaded: bool = True
+    #: Active API keys by prefix.
+    api_keys: dict[str, ApiKeyPolicy] = field(default_factory=dict)
+    #: Users (direct and through groups) and networks never limited.
+    exemptions: Exemptions = field(default_factory=Exemptions)
+    #: The one store for what the request path works out from this snapshot (what a view,
+    #: a rule and a tier come to), so it is dropped with the snapshot when the version
+    #: changes; no other cache holds anything compiled from the policy.
+    compiled: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def verify_key(self, key: str, secret: bytes, now: float) -> ApiKeyPolicy | None:
+        """The active, unexpired API key ``key`` is, else ``None``. No query; every key of a
+        plausible length costs one HMAC and one constant-time comparison, whether its prefix
+        is unknown, its secret wrong, or it is revoked or expired."""
+        if len(key) > KEY_MAX_LENGTH:
+            return None
+        found = self.api_keys.get(key_prefix(key))
+        expected = _DUMMY_DIGEST if found is None else found.digest
+        matches = hmac.compare_digest(key_digest(secret, key), expected)
+        expired = found is not None and found.expires is not None and now >= found.expires
+        return None if found is None or not matches or expired else found
+
+    def match(
+        self, method: str, scope: str | None = None, route: str | None = None, path: str = ""
+    ) -> EndpointPolicy | None:
+        """The endpoint rule for a request: by scope, else route name, else longest path
+        pattern covering the path (whole segments); among rules with the same pattern, one
+        naming the method beats one for all. HEAD meets the rules of GET, after a rule naming
+        HEAD itself: Django (and DRF) answer HEAD with the GET handler, so a HEAD costs the
+        server what a GET does and must not escape the GET's limits."""
+        for index, name in ((self.by_scope, scope), (self.by_route, route)):
+            if name is not None and (found := _pick(index.get(name, ()), method)) is not None:
+                return found
+        return _pick(self.by_path, method, path)
+
+    def tier_for(self, identity: Identity) -> TierPolicy | None:
+        """The client's tier: own assignment, else best group assignment, else the default.
+        An API key's tier is its own. No query: assignments were compiled into the snapshot."""
+        if identity.kind == "key":
+            api_key = self.api_keys.get(identity.value)
+            if api_key is None:  # revoked between resolving and now: treated as unknown
+                return self.default_anonymous
+            return self.tiers.get(api_key.tier_id, self.default_authenticated)
+        if identity.user_id is None:
+            return self.default_anonymous if identity.kind == "ip" else self.default_authenticated
+        tier_id = self.user_tiers.get(identity.user_id)
+        if tier_id is None:
+            return self.default_authenticated
+        return self.tiers.get(tier_id, self.default_authenticated)
+
+    def limits_for(
+        self, tier: TierPolicy | None, endpoint: EndpointPolicy | None
+    ) -> tuple[Limit, ...]:
+        if tier is None:
+            return ()
+        if endpoint is None:
+            return tier.limits
+        return endpoint.limits_by_tier.get(tier.id, tier.limits)
+
+    def groups_for(
+        self,
+        tier: TierPolicy | None,
+        endpoint: EndpointPolicy | None,
+        credential: bool = False,
+    ) -> tuple[CountedGroup, ...]:
+        """The endpoint's limits counted by IP address or username for this tier; for a
+        ``credential`` check (login, token, authentication) or a credential rule
+        (:attr:`EndpointPolicy.credential`), those of every tier whatever the caller's: they
+        protect the account named and the server, so a signed-in caller or an API key
+        holder guessing someone else's password meets them too."""
+        if endpoint is None:
+            return ()
+        if credential or endpoint.credential:
+            return endpoint.credential_groups
+        return () if tier is None else endpoint.groups_by_tier.get(tier.id, ())
+
+    @staticmethod
+    def failure_mode_for(
+        tier: TierPolicy | None,
+        endpoint: EndpointPolicy | None,
+        credential: bool = False,
+        view: str | None = None,
+    ) -> str:
+        """The one place a check's failure mode is decided: the rule's (the view's own in
+        code, ``view``: ``@throttle(failure_mode=…)`` or a DRF view's
+        ``throttle_failure_mode``; else the endpoint rule's in the admin), else the tier's,
+        else the ``FAILURE_MODE`` setting; except that a ``credential`` check (a login or
+        token endpoint, or any check under a credential rule) is never served uncounted by
+        the setting's ``"open"``: it counts ``"local"`` then, so password guessing stays
+        limited through an outage and operators can still sign in to the admin. A rule or
+        tier that names a mode gets that mode. Static: a check made while no policy is
+        compiled is decided the same way."""
+        if view:
+            return view
+        for owner in (endpoint, tier):
+            if owner is not None and owner.failure_mode:
+                return owner.failure_mode
+        mode = app_settings.FAILURE_MODE
+        return "local" if credential and mode == "open" else mode
+
+
+def _pick(
+    rules: tuple[EndpointPolicy, ...], method: str, path: str | None = None
+) -> EndpointPolicy | None:
+    """The first of ``rules`` (ordered most specific first: longest pattern, then those
+    naming methods) that covers ``method`` (and ``path``, when given). A rule that covers
+    HEAD only by naming GET yields to a rule of the same pattern naming HEAD, and beats one
+    of the same pattern for every method."""
+    covering: EndpointPolicy | None = None
+    for rule in rules:
+        if path is not None and not rule.matches_path(path):
+            continue
+        if covering is not None and rule.pattern != covering.pattern:
+            break
+        if not rule.methods or method in rule.methods:
+            return covering if covering is not None and not rule.methods else rule
+        if covering is None and method == "HEAD" and "GET" in rule.methods:
+            covering = rule
+    return covering
+
 
 logger = logging.getLogger("django_throttle.policy")
 
@@ -155,7 +633,7 @@ def _endpoint(
 
 def _distinct(rows: Iterable[Any]) -> list[Any]:
     """The usable limit rows of ``rows`` that repeat none before them."""
-    from django_throttle.policy.file_writes import repeats
+    from django_throttle.policy.files import repeats
 
     usable = [row for row in rows if _usable(row)]
     copies = {id(row) for row, _ in repeats(usable)}
@@ -245,7 +723,7 @@ def _shared_version(policy: Policy | None) -> str | None:
     """The backend's policy version, through the circuit breaker; the snapshot's own version
     (no reload) when the backend cannot answer. An open breaker logs nothing here: the breaker
     itself logs when it opens and closes."""
-    from django_throttle.backends.breaker import CircuitOpen, get_breaker
+    from django_throttle.backends.redis_nodes import CircuitOpen, get_breaker
 
     try:
         return get_breaker().call(get_backend().get_policy_version)
@@ -293,3 +771,60 @@ def reset() -> None:
     """Forget the snapshot entirely (tests, settings changes)."""
     with _cache.lock:
         _cache.policy, _cache.changed_here, _cache.checked_at = None, False, -math.inf
+
+
+#: Unix seconds, for API key expiry; tests replace it to expire a key without sleeping.
+key_clock = time.time
+
+
+def resolve_identity(request: Any) -> Identity:
+    """The default resolver: a verified API key's prefix, else the user's pk when
+    authenticated, else the client network."""
+    key = presented_key(request.META)
+    api_key = None if key is None else _verified(key)
+    if api_key is not None:
+        return Identity("key", api_key.prefix)
+    user = getattr(request, "user", None)
+    if user is not None and getattr(user, "is_authenticated", False):
+        return Identity("user", str(user.pk), user_id=user.pk)
+    address = client_ip(request.META)
+    return UNIDENTIFIED if address is None else Identity("ip", address)
+
+
+def verified_api_key(request: Any) -> ApiKeyPolicy | None:
+    """The active, unexpired API key the request presents, from the policy snapshot (no
+    query), else ``None``. Every presented key costs the same: see
+    :meth:`Policy.verify_key`."""
+    key = presented_key(request.META)
+    return None if key is None else _verified(key)
+
+
+def _verified(key: str) -> ApiKeyPolicy | None:
+    snapshot = _snapshot()
+    if snapshot is None:
+        return None
+    return snapshot.verify_key(key, app_settings.api_key_secret, key_clock())
+
+
+def _snapshot() -> Policy | None:
+    """The policy snapshot; on an event loop, never one that needs the database (the async
+    core has refreshed it already when the view uses the admin policy)."""
+    snapshot = fresh()
+    if snapshot is not None:
+        return snapshot
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return current()
+    return last()
+
+
+def get_resolver() -> Callable[[Any], Identity]:
+    """The configured resolver callable (imported once per dotted path)."""
+    resolver: Callable[[Any], Identity] = import_resolver(app_settings.IDENTITY_RESOLVER)
+    return resolver
+
+
+#: The resolver a dotted path names, imported once per path (the request path calls it with
+#: ``DJANGO_THROTTLE_IDENTITY_RESOLVER`` directly, skipping :func:`get_resolver`).
+import_resolver: Callable[[str], Callable[[Any], Identity]] = functools.cache(import_string)

@@ -1,54 +1,90 @@
-"""The one path every adapter calls: identity → policy → one backend call → decision.
+"""The one path every adapter calls: plan a request, make its backend call, answer with
+headers.
 
-No DRF and no responses here; adapters turn the :class:`~django_throttle.rates.Decision` into
-headers, a 429 or a 503. A backend failure goes through the process's circuit breaker and
-becomes the failure mode that applies (open, closed or local), never an exception.
+**Plan** (:func:`make_plan`, plain: no backend call, no awaiting, the same for blocking and
+async checks): the caller's identity, exemptions, and the tier and endpoint limits from the
+compiled policy snapshot. Exempt users and addresses stop here (exempt views stop before, in
+:func:`check` or the adapter), as do clients with no usable address (refused:
+``conf.UNKNOWN_CLIENT``). What a rule and a tier come to is worked out once per policy version
+and kept in the snapshot's store (``Policy.compiled``).
 
-Limits counted by IP address or username, and rules that count only successes or failures,
-reserve tokens that :mod:`~django_throttle.request.reservations` gives back when they
-must not count.
+**Call**: the plan's backend calls are steps (sans I/O): generators that yield each typed
+:data:`Call` they need (:class:`Hit`, :class:`Peek`, :class:`Refund`) and receive its reply, or
+have its :class:`~django_throttle.backends.BackendError` raised at the ``yield``. Only the calls
+differ between :func:`check` and :func:`acheck`: :func:`run` makes them blocking, :func:`arun`
+awaited, through the process's circuit breaker. Counts kept while the backend was down are
+pushed once it answers again.
 
-The decision is written once: a plan (plain, :mod:`~django_throttle.request.planning`), the
-backend calls the plan names, and a finish (plain, :mod:`~django_throttle.request.planning` too)
-from the reply. Only the calls differ between :func:`check` and :func:`acheck`: made
-blocking or awaited, through the circuit breaker, a :class:`BackendError` being a reply like
-any other. Every call is a step: the plan's (``Plan.deciding``: the client's counter, then
-those by IP address or username) and the refunds are generators in
-:mod:`~django_throttle.request.planning` and :mod:`~django_throttle.request.reservations`
-that yield each call they need, driven by :func:`run` (blocking) and :func:`arun` (awaited).
-Counts kept while the backend was down are pushed once it answers again.
+**Reservations**: an endpoint rule's limits counted by IP address or username (rather than by
+client) are one more call per such counter, after the client's: all are taken, or, when one
+denies, those already taken are given back (:func:`hit_groups`), so a denied request consumes
+nothing anywhere. A rule that counts only successes or only failures (``EndpointRule.counts``)
+reserves like any other, so concurrent requests never pass its limits together; the
+:class:`Reservation` is left on the request and :func:`settle` gives it back once the response
+shows an outcome the rule does not count (a status, or Django's ``user_login_failed`` for it).
 
-This module holds the adapters' entry points (:func:`check`, :func:`acheck`, :func:`settle`,
-:func:`asettle`, :func:`plan`) and the :mod:`django_throttle.events` it sends; it promises
-them to every adapter unchanged.
+**Finish**: a reply the backend made becomes the decision as it is; a
+:class:`~django_throttle.backends.BackendError` becomes the decision of the failure mode that
+applies (open, closed or local), never an exception, counted in-process until the backend is
+back, and recorded in usage. The decision is announced on :mod:`django_throttle.events`.
+
+**Headers**: ``X-RateLimit-Limit`` is the reported limit's capacity, ``-Remaining`` whole
+tokens left, ``-Reset`` whole seconds until that limit is full again. They describe enforced
+limits only: a shadow rule's limits are counted and logged, never advertised. With
+``DJANGO_THROTTLE_IETF_HEADERS`` the IETF ``RateLimit`` / ``RateLimit-Policy`` fields
+(draft-ietf-httpapi-ratelimit-headers) are added: ``q`` is a limit's capacity and ``w`` the
+seconds its bucket takes to refill. ``X-RateLimit-Degraded`` says the backend could not answer
+and the failure mode decided: ``open`` (served uncounted) or ``local`` (counted per process).
+A refusal is a 429 (or the failure status) with ``Retry-After`` and a JSON body, or a page for
+a browser (:mod:`~django_throttle.request.pages`).
+
+No DRF here. The adapters' entry points (:func:`check`, :func:`acheck`, :func:`settle`,
+:func:`asettle`, :func:`plan`, :func:`add_headers`, :func:`throttled_response`) are promised
+to every adapter unchanged.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import logging
+import math
+import threading
 import time
-from collections.abc import Sequence
-from typing import Any, TypedDict, TypeVar, Unpack
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, TypedDict, TypeVar, Unpack
 
 from asgiref.sync import sync_to_async
+from django.http import HttpResponseBase, JsonResponse
+from django.utils.cache import patch_vary_headers
 from django.utils.functional import LazyObject
+from django.utils.translation import gettext, ngettext
 
 from django_throttle import events
-from django_throttle.backends import BackendError, get_backend
-from django_throttle.backends.breaker import get_breaker
-from django_throttle.conf import app_settings
+from django_throttle.backends import ArgumentRefused, BackendError, get_backend
+from django_throttle.backends.base import NodeUnavailable
+from django_throttle.backends.redis import IF_DENIED
+from django_throttle.backends.redis_nodes import get_breaker
+from django_throttle.conf import FAILURE_STATUS, UNKNOWN_CLIENT, app_settings
 from django_throttle.exemptions import is_exempt_view
-from django_throttle.identity import Identity
+from django_throttle.identity import UNIDENTIFIED, Identity, client_ip
 from django_throttle.policy import live as policy_module
-from django_throttle.policy.snapshot import Policy
-from django_throttle.rates import UNLIMITED, Decision, Limit
-from django_throttle.request.planning import (
-    Plan,
-    counted_decision,
-    degraded_decision,
-    make_plan,
-    usage_outcome,
+from django_throttle.policy.live import (
+    CountedGroup,
+    EndpointPolicy,
+    Policy,
+    TierPolicy,
+    exempt_client,
+    import_resolver,
 )
-from django_throttle.request.reservations import Steps, settling
+from django_throttle.rates import UNLIMITED, Algorithm, Decision, Limit
+from django_throttle.redaction import log_text
+from django_throttle.request import leases
+from django_throttle.request.pages import throttled_page, wants_html
+from django_throttle.request.usernames import username_counters
 from django_throttle.usage import accounting as usage
 
 T = TypeVar("T")
@@ -108,8 +144,16 @@ def decide(request: Any, policy: Policy | None, options: CheckOptions) -> Decisi
     planned = make_plan(request, policy, None, **options)
     if not isinstance(planned, Plan):
         return planned
-    reply = run(planned.deciding())
-    if started or isinstance(reply, BackendError) or planned.refunds or reply.shadow:
+    # One call (no groups counted by IP address or username): made without steps around it.
+    reply = run(planned.deciding()) if planned.groups else call_backend(planned)
+    if (
+        started
+        or isinstance(reply, BackendError)
+        or planned.refunds
+        or reply.shadow
+        or reply.leases
+        or reply.wait
+    ):
         return _finished(planned, reply, request, started)
     return reply  # counted_decision's plain case: the backend's decision as it is
 
@@ -154,7 +198,10 @@ async def acheck(
             request.user = own
     if not isinstance(planned, Plan):
         return planned
-    reply = await arun(planned.deciding())
+    if planned.groups:
+        reply = await arun(planned.deciding())
+    else:
+        reply = await acall_backend(planned)
     return _finished(planned, reply, request, started)
 
 
@@ -232,41 +279,935 @@ def _announce(request: Any, planned: Plan, decision: Decision, started: float) -
         events.send(events.request_throttled, check, shadow=shadow, **about)
 
 
+def call_backend(call: Call) -> Any:
+    """Make one backend ``call``, blocking, through the process's circuit breaker: its reply,
+    or the :class:`BackendError` that stopped it. Counts kept while the backend was down, or
+    the backend's own tally when a push is due, are pushed once it answers, by the process's
+    pusher thread (:func:`~django_throttle.usage.accounting.push_soon`): no request waits
+    for a push."""
+    try:
+        with get_breaker().guard():
+            backend = get_backend()
+            reply = call.send(backend)
+    except BackendError as exc:
+        return exc
+    # Plain attributes, read without a call: this runs on every request.
+    if usage.pending or getattr(getattr(backend, "usage_tally", None), "waiting", False):
+        usage.push_soon()
+    return reply
+
+
+async def acall_backend(call: Call) -> Any:
+    """:func:`call_backend` on an event loop: the call is awaited (``redis.asyncio``, the
+    backend's async method, through the call's ``asend``), never made in a thread; pushing
+    kept counts, which is blocking, is the pusher thread's (as for :func:`call_backend`)."""
+    try:
+        with get_breaker().guard():
+            backend = get_backend()
+            reply = await call.asend(backend)
+    except BackendError as exc:
+        return exc
+    if usage.pending or getattr(getattr(backend, "usage_tally", None), "waiting", False):
+        usage.push_soon()
+    return reply
+
+
 def run(steps: Steps[T]) -> T:
-    """Make the backend calls ``steps`` yield, blocking, through the process's circuit
-    breaker; a :class:`BackendError` is raised into the steps at their ``yield``, anything
-    else sent. Counts kept while the backend was down are pushed once it answers again."""
+    """Make the backend calls ``steps`` yield (:func:`call_backend`): a :class:`BackendError`
+    is raised into the steps at their ``yield``, any other reply sent."""
     try:
         call = next(steps)
         while True:
-            try:
-                with get_breaker().guard():
-                    reply = call.send(get_backend())
-            except BackendError as exc:
-                call = steps.throw(exc)
-                continue
-            if usage.pending:
-                usage.flush_pending()
-            call = steps.send(reply)
+            reply = call_backend(call)
+            call = steps.throw(reply) if isinstance(reply, BackendError) else steps.send(reply)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
 
 
 async def arun(steps: Steps[T]) -> T:
-    """:func:`run` on an event loop: each call is awaited (``redis.asyncio``, the backend's
-    async method, through the call's ``asend``), never made in a thread; only pushing kept
-    counts, which is blocking, runs in a worker thread."""
+    """:func:`run` on an event loop (:func:`acall_backend`)."""
+    try:
+        call = next(steps)
+        while True:
+            reply = await acall_backend(call)
+            call = steps.throw(reply) if isinstance(reply, BackendError) else steps.send(reply)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+logger = logging.getLogger("django_throttle")
+
+#: Seconds between two error lines about unidentifiable clients, per process.
+UNIDENTIFIED_LOG_INTERVAL = 60.0
+
+_FAILED_OPEN = Decision(allowed=True, limit=None, remaining=0, reset_after=0.0, failed_open=True)
+_UNIDENTIFIED_DENIED = Decision(
+    allowed=False, limit=None, remaining=0, reset_after=0.0, unavailable=True, unidentified=True
+)
+#: A closed failure mode's refusal, completed per request with the breaker's wait.
+_FAILED_CLOSED = Decision(allowed=False, limit=None, remaining=0, reset_after=0.0, unavailable=True)
+_UNKNOWN_CLIENT_CHOICES = {
+    "allow": "serves them uncounted",
+    "shared": "counts them all in one shared bucket",
+}
+_SHARED_UNKNOWN = Identity("ip", "unknown")
+_last_unidentified_log = -UNIDENTIFIED_LOG_INTERVAL
+
+
+@dataclass(slots=True)
+class Plan:
+    """What a request will be counted against, worked out before the backend call: the
+    first group (``client``, ``limits``), the further ``groups`` (limits counted by IP
+    address or username), and what the rule's counting policy may give back.
+
+    A plan is also its first group's :data:`Call` (:meth:`send`, :meth:`asend`), so a request
+    with no further groups is one call and no steps."""
+
+    client: str
+    limits: Sequence[Limit]
+    cost: int
+    field: str | None
+    failure_mode: str | None
+    credential: bool
+    policy: Policy | None
+    tier: TierPolicy | None
+    endpoint: EndpointPolicy | None
+    groups: tuple[Group, ...] = ()
+    refunds: tuple[Group, ...] = ()
+
+    def send(self, backend: Any, *, usage: bool = True) -> Decision:
+        """Count ``cost`` against the first group's limits, all or nothing (the backend's
+        ``hit``), counted in usage under ``field``; only if it denies when further groups
+        follow (the last call counts the request: see :func:`hit_groups`)."""
+        field = (only_if_denied(self.field) if self.groups else self.field) if usage else None
+        return backend.hit(self.client, self.limits, self.cost, usage=field)  # type: ignore[no-any-return]
+
+    async def asend(self, backend: Any) -> Decision:
+        field = only_if_denied(self.field) if self.groups else self.field
+        return await backend.ahit(  # type: ignore[no-any-return]
+            self.client, self.limits, self.cost, usage=field
+        )
+
+    def deciding(self) -> Steps[Decision | BackendError]:
+        """The request's backend calls: the first group's (the plan itself), then the further
+        ``groups``' (:func:`hit_groups`); ends with the decision, or the error that stopped
+        them."""
+        try:
+            first = yield self
+        except BackendError as exc:
+            return exc
+        if not self.groups:
+            return first  # type: ignore[no-any-return]
+        head = (self.client, self.limits)
+        return (yield from hit_groups(head, self.groups, self.cost, first, self.field))
+
+
+def make_plan(
+    request: Any,
+    policy: Policy | None,
+    identity: Identity | None = None,
+    scope: str | None = None,
+    limits: Sequence[Limit] | None = None,
+    cost: int | None = None,
+    failure_mode: str | None = None,
+    credential: bool = False,
+    rule_only: bool = False,
+) -> Plan | Decision:
+    """Identity, policy lookup and usage field: everything but the backend call, on the
+    snapshot ``policy`` (the caller has found the view not exempt). An exempt user or
+    address stops here: no backend call, no headers."""
+    if identity is None:
+        identity = import_resolver(app_settings.IDENTITY_RESOLVER)(request)
+    if (
+        policy is not None
+        and policy.exemptions.active
+        and exempt_client(identity, policy.exemptions)
+    ):
+        return UNLIMITED
+    if identity.kind == UNIDENTIFIED.kind:
+        decision = _unidentified()
+        if decision is not None:
+            return decision
+        identity = _SHARED_UNKNOWN
+    if limits is not None:  # a decorator's inline limits: only the usage field to look up
+        store: dict[Any, Any] = policy.compiled if policy is not None else {}
+        field_key = ("field", scope, rule_only)
+        if field_key not in store:
+            store[field_key] = _inline_field(scope, rule_only)
+        field = store[field_key]
+        planned = Plan(
+            identity.key,
+            limits,
+            1 if cost is None else cost,
+            field,
+            failure_mode,
+            credential,
+            policy,
+            None,
+            None,
+        )
+        return planned if limits else UNLIMITED
+    if policy is None:
+        return UNLIMITED
+    tier = policy.tier_for(identity)
+    if rule_only:  # the rule of ``scope`` alone: no route or path match
+        route, path = None, ""
+    else:
+        match = getattr(request, "resolver_match", None)
+        route = match.view_name if match is not None else None
+        # Only rules by path read the path: without any, one entry serves every path.
+        path = request.path_info if policy.by_path else ""
+    tier_id = tier.id if tier is not None else None
+    key = (request.method or "GET", scope, route, path, tier_id, rule_only, credential)
+    found = policy.compiled.get(key)
+    if found is None:
+        found = _found(policy, key, tier)
+    if isinstance(found, Decision):  # no rule of a rule-only check's scope
+        return found
+    endpoint, limits, rule_cost, field, is_credential, own, groups = found
+    planned = Plan(
+        identity.key,
+        limits,
+        rule_cost if cost is None else cost,
+        field,
+        failure_mode,
+        is_credential,
+        policy,
+        tier,
+        endpoint,
+    )
+    if own:
+        planned.refunds = ((identity.key, own),)
+    if groups:
+        return _grouped(planned, request, groups)
+    return planned if limits else UNLIMITED
+
+
+def _inline_field(scope: str | None, rule_only: bool) -> str | None:
+    """The usage field of a check with inline limits (no tier, no rule)."""
+    return usage.field_for("", scope or "", before_authentication=rule_only)
+
+
+#: Most entries :func:`_found` keeps per snapshot: a key holds the path when rules match by
+#: path, and paths are chosen by clients.
+MAX_COMPILED = 4096
+
+_Found = tuple[
+    EndpointPolicy | None,
+    tuple[Limit, ...],
+    int,
+    str | None,
+    bool,
+    tuple[Limit, ...],
+    tuple[CountedGroup, ...],
+]
+
+
+def _found(policy: Policy, key: tuple[Any, ...], tier: TierPolicy | None) -> _Found | Decision:
+    """What a request meets under ``policy`` for ``key`` (method, scope, route, path, tier
+    id, rule only, credential; ``tier`` the tier that id names): its rule, its limits, the
+    rule's cost, its usage field, whether it is a credential check, what the rule may give
+    back, and the limits counted by IP address or username. Kept in the snapshot's own store,
+    so it is worked out once per policy version."""
+    method, scope, route, path, _tier_id, rule_only, credential = key
+    endpoint = policy.match(method, scope, route, path)
+    found: _Found | Decision
+    if rule_only and endpoint is None:
+        found = UNLIMITED
+    else:
+        limits = policy.limits_for(tier, endpoint)
+        own: tuple[Limit, ...] = ()
+        groups: tuple[CountedGroup, ...] = ()
+        if endpoint is not None:
+            if rule_only and tier is not None:
+                limits = endpoint.rule_limits_by_tier.get(tier.id, ())
+            if tier is not None and endpoint.counts != "all":
+                own = endpoint.rule_limits_by_tier.get(tier.id, ())
+            groups = policy.groups_for(tier, endpoint, credential)
+        field = usage.field_for(
+            tier.slug if tier is not None else "",
+            (endpoint.name if endpoint is not None else "") or scope or "",
+            before_authentication=rule_only,
+        )
+        # A check under a credential rule is a credential check whichever adapter makes it:
+        # it meets every tier's counters, and is never served uncounted (see failure_mode).
+        is_credential = credential or (endpoint is not None and endpoint.credential)
+        cost = endpoint.cost if endpoint is not None else 1
+        found = (endpoint, limits, cost, field, is_credential, own, groups)
+    if len(policy.compiled) < MAX_COMPILED:
+        policy.compiled[key] = found
+    return found
+
+
+def _grouped(
+    planned: Plan, request: Any, groups: tuple[tuple[str, tuple[Limit, ...]], ...]
+) -> Plan | Decision:
+    """``planned`` with the rule's limits counted by IP address or username added: one group
+    per distinct counter, the client's first. A counter equal to the client's (an anonymous
+    client's IP address) joins its group, so the call count stays as low as it can."""
+    calls: dict[str, list[Limit]] = {planned.client: list(planned.limits)}
+    refunds = {planned.client: [limit for _, own in planned.refunds for limit in own]}
+    for counted_by, counted in groups:
+        if counted_by == "ip":
+            address = client_ip(request.META)
+            keys: tuple[str, ...] = () if address is None else (Identity("ip", address).key,)
+        else:
+            keys = username_counters(request)  # none: nothing presented
+        for key in keys:
+            calls.setdefault(key, []).extend(counted)
+            refunds.setdefault(key, []).extend(counted)
+    found = [(key, tuple(limits)) for key, limits in calls.items() if limits]
+    if not found:
+        return UNLIMITED
+    (planned.client, planned.limits), *rest = found
+    planned.groups = tuple(rest)
+    if planned.endpoint is not None and planned.endpoint.counts != "all":
+        planned.refunds = tuple((key, tuple(limits)) for key, limits in refunds.items() if limits)
+    return planned
+
+
+def _unidentified() -> Decision | None:
+    """Apply ``conf.UNKNOWN_CLIENT`` to a request with no usable address: the
+    decision to return, or ``None`` to count it in the one shared bucket."""
+    global _last_unidentified_log
+    choice = UNKNOWN_CLIENT
+    now = time.monotonic()
+    if now - _last_unidentified_log >= UNIDENTIFIED_LOG_INTERVAL:
+        _last_unidentified_log = now
+        logger.error(
+            "A request has no usable client address (REMOTE_ADDR is empty or not an IP), so it "
+            "cannot be rate limited per client and is refused (%s). Behind a proxy that "
+            "connects over a Unix socket, set DJANGO_THROTTLE_TRUSTED_PROXIES to the proxy count "
+            "so the address comes from X-Forwarded-For. (Logged at most once a minute.)",
+            _UNKNOWN_CLIENT_CHOICES.get(choice, "503"),
+        )
+    if choice == "allow":
+        return _FAILED_OPEN
+    if choice == "shared":
+        return None
+    return _UNIDENTIFIED_DENIED
+
+
+def counted_decision(
+    planned: Plan, decision: Decision, request: Any, local: bool = False
+) -> Decision:
+    """The decision the backend made, as it is; an allowed request whose rule may give its
+    tokens back leaves its :class:`Reservation` on ``request.throttle_reservations``
+    (``local``: taken from the in-process backend, given back there); one that took
+    concurrency slots keeps them on the request (:func:`.leases.hold`) until its response
+    ends."""
+    if decision.shadow:
+        logger.info(
+            "shadow rule %r would deny %s",
+            planned.endpoint.name if planned.endpoint is not None else "",
+            log_text(planned.client),
+        )
+    if planned.refunds and decision.allowed and planned.endpoint is not None:
+        counts = planned.endpoint.counts
+        if counts == "failures":
+            watch_login_failures()
+        reservation = Reservation(counts, planned.cost, planned.refunds, decision.taken, local)
+        reservations = getattr(request, "throttle_reservations", ())
+        request.throttle_reservations = [*reservations, reservation]
+    if decision.leases:
+        leases.hold(request, ((planned.client, planned.limits), *planned.groups), decision, local)
+    if decision.wait:
+        # What the request took, given back should it not wait for its turn after all.
+        groups = ((planned.client, planned.limits), *planned.groups)
+        request.throttle_turn = Reservation("none", planned.cost, groups, decision.taken, local)
+    return decision
+
+
+#: Most requests of one process sleeping for their turn at once (a delaying limit, in a
+#: blocking view): beyond it a request that would wait is refused at once (what it took
+#: given back), so waiting never takes every thread of a worker.
+MAX_WAITING = 4
+#: The same for ``async def`` views, which wait without a thread: bounds only the memory.
+MAX_AWAITING = 1000
+#: Requests of this process waiting now, blocking and async.
+_waiting = threading.BoundedSemaphore(MAX_WAITING)
+_awaiting = threading.BoundedSemaphore(MAX_AWAITING)
+#: Says how long a delaying limit held the request back, in seconds (3 decimals).
+DELAYED_HEADER = "X-RateLimit-Delayed"
+
+
+def wait_turn(request: Any, decision: Decision) -> Decision:
+    """Sleep until the turn a delaying limit reserved for ``request`` (``decision.wait``),
+    then return ``decision``; when :data:`MAX_WAITING` requests of this process wait
+    already, give back what the request took and return a refusal instead (``Retry-After``:
+    the wait it would have had)."""
+    if not decision.wait:
+        return decision
+    if not _waiting.acquire(blocking=False):
+        run(_skip_turn(request))
+        leases.release(request)
+        return _refused_turn(decision)
+    try:
+        time.sleep(decision.wait)
+    finally:
+        _waiting.release()
+    return decision
+
+
+async def await_turn(request: Any, decision: Decision) -> Decision:
+    """:func:`wait_turn` on the event loop (no thread held; the cap is
+    :data:`MAX_AWAITING`). A request cancelled while it waits (the client went away) gives
+    back what it took: its turn goes to the next request."""
+    if not decision.wait:
+        return decision
+    if not _awaiting.acquire(blocking=False):
+        await arun(_skip_turn(request))
+        await leases.arelease(request)
+        return _refused_turn(decision)
+    try:
+        await asyncio.sleep(decision.wait)
+    except asyncio.CancelledError:
+        await arun(_skip_turn(request))
+        await leases.arelease(request)
+        raise
+    finally:
+        _awaiting.release()
+    return decision
+
+
+def _refused_turn(decision: Decision) -> Decision:
+    return replace(decision, allowed=False, retry_after=decision.wait, wait=0.0, leases=())
+
+
+def _skip_turn(request: Any) -> Steps[None]:
+    """Give back the tokens ``request``'s check took, its turn among them (its slots are the
+    caller's to give back)."""
+    turn: Reservation | None = getattr(request, "throttle_turn", None)
+    if turn is None:
+        return
+    request.throttle_turn = None
+    refunds = _give_back(turn.groups, turn.cost, dict(turn.taken), "a turn of")
+    if turn.local:
+        run_locally(refunds)
+    else:
+        yield from refunds
+
+
+def degraded_decision(planned: Plan, error: BackendError, request: Any) -> Decision:
+    """The decision when the backend could not answer (``error``), by failure mode (see
+    :func:`failure_mode`), counted in-process until the backend is back. A refused call
+    (:class:`ArgumentRefused`: the backend answered, refusing one of our arguments, a bug
+    logged by the breaker) is counted in-process where the mode would serve it uncounted:
+    whatever provoked it must not slip past the limits. Fail-closed's ``Retry-After`` is
+    when the breaker that stopped the call lets one through: the process's, or one Cluster
+    node's (:class:`NodeUnavailable`).
+
+    ``local`` counts exactly what the backend would have: the same steps
+    (:meth:`Plan.deciding`: the client's limits, then those by IP address and username,
+    all or nothing), on the in-process backend; a rule that counts only failures or
+    successes leaves its reservation there.
+
+    The breaker logs when it opens and closes; a line per failed request would flood the log
+    exactly when the operator needs it. The mode is only worked out here, off the healthy
+    path."""
+    mode = failure_mode(planned)
+    if isinstance(error, ArgumentRefused) and mode == "open":
+        mode = "local"
+    decision: Decision | BackendError = _FAILED_OPEN
+    if mode == "local":
+        decision = run_locally(planned.deciding())
+        if not isinstance(decision, BackendError):
+            decision = counted_decision(planned, replace(decision, local=True), request, local=True)
+    if mode == "closed" or isinstance(decision, BackendError):
+        if isinstance(error, NodeUnavailable):
+            wait = error.retry_after
+        else:
+            wait = get_breaker().retry_after()
+        decision = replace(_FAILED_CLOSED, retry_after=wait, limits=tuple(planned.limits))
+    usage.record_degraded(planned.field, planned.client, usage_outcome(decision))
+    return decision
+
+
+def failure_mode(planned: Plan) -> str:
+    """What ``planned`` meets while the backend cannot answer: the check's own
+    ``failure_mode``, else what the policy says for its tier and rule
+    (:meth:`~django_throttle.policy.live.Policy.failure_mode_for`: a credential check
+    counts in-process where the setting would serve it uncounted)."""
+    return Policy.failure_mode_for(
+        planned.tier, planned.endpoint, planned.credential, planned.failure_mode
+    )
+
+
+def usage_outcome(decision: Decision) -> str:
+    """The usage column of a decision the backend did not make."""
+    if decision.unavailable:
+        return usage.FAILED_CLOSED
+    if decision.failed_open:
+        return usage.FAILED_OPEN
+    return usage.ALLOWED if decision.allowed else usage.DENIED
+
+
+#: (client, limits): what one backend call counts.
+Group = tuple[str, Sequence[Limit]]
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """Count ``cost`` against every limit of ``client``, all or nothing (the backend's
+    ``hit``), the decision counted in usage under ``usage`` (``None``: not counted)."""
+
+    client: str
+    limits: Sequence[Limit]
+    cost: int
+    usage: str | None
+
+    def send(self, backend: Any, *, usage: bool = True) -> Decision:
+        return backend.hit(  # type: ignore[no-any-return]
+            self.client, self.limits, self.cost, usage=self.usage if usage else None
+        )
+
+    async def asend(self, backend: Any) -> Decision:
+        return await backend.ahit(  # type: ignore[no-any-return]
+            self.client, self.limits, self.cost, usage=self.usage
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Peek:
+    """Whether ``cost`` would pass ``client``'s limits, nothing taken (the backend's ``peek``)."""
+
+    client: str
+    limits: Sequence[Limit]
+    cost: int
+
+    def send(self, backend: Any, *, usage: bool = True) -> Decision:
+        return backend.peek(self.client, self.limits, cost=self.cost)  # type: ignore[no-any-return]
+
+    async def asend(self, backend: Any) -> Decision:
+        return await backend.apeek(  # type: ignore[no-any-return]
+            self.client, self.limits, cost=self.cost
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Refund:
+    """Give ``cost`` back to ``client``'s limits, as of the instant the tokens were taken
+    (``taken_at``; the backend's ``refund``)."""
+
+    client: str
+    limits: Sequence[Limit]
+    cost: int
+    taken_at: int | None
+
+    def send(self, backend: Any, *, usage: bool = True) -> None:
+        backend.refund(self.client, self.limits, self.cost, taken_at=self.taken_at)
+
+    async def asend(self, backend: Any) -> None:
+        await backend.arefund(self.client, self.limits, self.cost, taken_at=self.taken_at)
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Give back the concurrency slots ``client``'s call took under ``lease`` (the
+    backend's ``release``)."""
+
+    client: str
+    limits: Sequence[Limit]
+    lease: str
+
+    def send(self, backend: Any, *, usage: bool = True) -> int:
+        return backend.release(self.client, self.limits, self.lease)  # type: ignore[no-any-return]
+
+    async def asend(self, backend: Any) -> int:
+        return await backend.arelease(  # type: ignore[no-any-return]
+            self.client, self.limits, self.lease
+        )
+
+
+#: One backend call, as a typed value: the runners call its ``send`` (blocking) or await its
+#: ``asend``, which call the backend's method by name in the code, so mypy and "find
+#: usages" see every call.
+Call = Hit | Peek | Refund | Release | Plan
+#: Steps that make backend calls and end with a ``T`` (see the module docstring).
+Steps = Generator[Call, Any, T]
+
+#: Set on the (Django) request when ``user_login_failed`` fires for it.
+FAILED_ATTRIBUTE = "throttle_login_failed"
+#: Set on the (Django) request when ``user_logged_in`` fires for it.
+LOGGED_IN_ATTRIBUTE = "throttle_logged_in"
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Tokens an allowed request took from its rule's limits, which :func:`settling` gives
+    back when the outcome is one the rule does not count (``counts``: "success" or
+    "failures"). Left on the request in ``throttle_reservations``."""
+
+    counts: str
+    cost: int
+    groups: tuple[Group, ...]
+    #: (client, instant) of each call that took the tokens (``Decision.taken``): the refund
+    #: gives back what this request took, not what a later one did.
+    taken: tuple[tuple[str, int], ...] = ()
+    #: Taken from the in-process backend (failure mode ``local``): given back there too.
+    local: bool = False
+
+
+@functools.cache
+def watch_login_failures() -> None:
+    """Connect the ``user_login_failed`` and ``user_logged_in`` receivers (once per
+    process). Called on first need rather than in ``AppConfig.ready()``, so a site that
+    counts no failures pays nothing."""
+    from django.contrib.auth.signals import user_logged_in, user_login_failed
+
+    user_login_failed.connect(_login_failed, dispatch_uid="django_throttle.login_failed")
+    user_logged_in.connect(_logged_in, dispatch_uid="django_throttle.logged_in")
+
+
+def _logged_in(sender: Any, request: Any = None, user: Any = None, **kwargs: Any) -> None:
+    """Mark the request of a real sign-in (``django.contrib.auth.login``): the only proof
+    that earns the browser a device cookie (a 200 or 302 alone proves nothing)."""
+    if user is not None:
+        _mark(request, LOGGED_IN_ATTRIBUTE)
+
+
+def _login_failed(sender: Any, credentials: Any = None, request: Any = None, **kwargs: Any) -> None:
+    _mark(request, FAILED_ATTRIBUTE)
+
+
+def _mark(request: Any, attribute: str) -> None:
+    if request is None:
+        return
+    # DRF's serializers pass DRF's Request; the flag belongs on the Django request.
+    target = getattr(request, "_request", request)
+    with contextlib.suppress(AttributeError):  # a request object that takes no attributes
+        setattr(target, attribute, True)
+
+
+def login_failed(request: Any) -> bool:
+    """Whether ``user_login_failed`` fired for ``request`` (once watching started)."""
+    return bool(getattr(request, FAILED_ATTRIBUTE, False))
+
+
+def counted(counts: str, status: int, login_failed: bool = False) -> bool:
+    """Whether a finished request keeps its reservation under a rule's ``counts``: every
+    request for "all"; status below 400 for "success"; status 400-499, or a failed login
+    during the request, for "failures" (a login form re-rendered with 200 is a failure)."""
+    if counts == "success":
+        return status < 400 and not login_failed
+    if counts == "failures":
+        return login_failed or 400 <= status < 500
+    return True
+
+
+def settling(request: Any, status: int, first: int = 0) -> Steps[None]:
+    """Give back the reservations left on ``request`` whose outcome (``status``, and whether
+    ``user_login_failed`` fired for it) their rule does not count; those reservations are
+    used up. A backend error only means the tokens stay taken. ``first`` leaves the
+    reservations made before that many alone (a check inside another settles its own)."""
+    reservations: list[Reservation] | None = getattr(request, "throttle_reservations", None)
+    if not reservations or len(reservations) <= first:
+        return
+    request.throttle_reservations, reservations = reservations[:first], reservations[first:]
+    failed = login_failed(request)
+    for reservation in reservations:
+        if not counted(reservation.counts, status, failed):
+            at = dict(reservation.taken)
+            refunds = _give_back(reservation.groups, reservation.cost, at, "a reservation of")
+            if reservation.local:
+                run_locally(refunds)
+            else:
+                yield from refunds
+
+
+def run_locally(steps: Steps[T]) -> T:
+    """Make the calls ``steps`` yield on the process's in-process backend (failure mode
+    ``local``), blocking: it answers from memory, so an event loop may call it too. Usage is
+    not counted there (the request path records degraded decisions itself)."""
+    from django_throttle.backends import get_local_backend
+
+    backend = get_local_backend()
     try:
         call = next(steps)
         while True:
             try:
-                with get_breaker().guard():
-                    reply = await call.asend(get_backend())
+                reply = call.send(backend, usage=False)
             except BackendError as exc:
                 call = steps.throw(exc)
                 continue
-            if usage.pending:
-                await sync_to_async(usage.flush_pending, thread_sensitive=False)()
             call = steps.send(reply)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+
+
+def hit_groups(
+    head: Group, groups: Sequence[Group], cost: int, first: Decision, field: str | None = None
+) -> Steps[Decision | BackendError]:
+    """Count the ``groups`` after ``head`` (already counted, with ``first`` the decision);
+    on a denial give back what was taken (a denied request consumes nothing anywhere). A
+    backend error stops the counting: what was taken is given back, and the error is the
+    result.
+
+    The request is counted once in the usage report, under ``field``: every call but the
+    last counts it only if it denies (:func:`only_if_denied`; the head's call too), the last
+    call counts whatever it decides. When ``first`` is a denial, nothing more is taken: the
+    groups are only looked at, for the longest wait (:func:`longest_wait`)."""
+    if not first.allowed:
+        denied = yield from longest_wait(first, groups, cost)
+        return _reported(head, groups, [denied])
+    taken: list[Group] = [head]
+    decisions = [first]
+    try:
+        for n, (client, limits) in enumerate(groups, 1):
+            usage = field if n == len(groups) else only_if_denied(field)
+            decision = yield Hit(client, limits, cost, usage)
+            if not decision.allowed:
+                yield from _give_back(taken, cost, _taken_at(decisions), "tokens taken from")
+                yield from _let_go(taken, decisions)
+                denied = yield from longest_wait(decision, groups[n:], cost)
+                return _reported(head, groups, [denied])
+            taken.append((client, limits))
+            decisions.append(decision)
+    except BackendError as exc:
+        yield from _give_back(taken, cost, _taken_at(decisions), "tokens taken from")
+        yield from _let_go(taken, decisions)
+        return exc
+    return _reported(head, groups, decisions)
+
+
+def longest_wait(denied: Decision, rest: Sequence[Group], cost: int) -> Steps[Decision]:
+    """The denial to report when ``denied`` stopped a request before the groups in ``rest``
+    were counted: of ``denied`` and those groups' own denials (looked at, nothing taken),
+    the one with the longest wait. ``Retry-After`` promises that the retry passes, so it
+    must cover every counter that refuses now, not only the first one asked; the groups
+    that allowed only fill up while the client waits. A group that cannot be looked at
+    leaves the denial as it is: the request is refused either way."""
+    worst = denied
+    for client, limits in rest:
+        try:
+            decision = yield Peek(client, limits, cost)
+        except BackendError:
+            break
+        if not decision.allowed and decision.retry_after > worst.retry_after:
+            worst = decision
+    return worst
+
+
+def only_if_denied(field: str | None) -> str | None:
+    """``field`` marked to be counted only when the call denies (``None`` stays ``None``)."""
+    return None if not field else IF_DENIED + field
+
+
+def _taken_at(decisions: list[Decision]) -> dict[str, int]:
+    return dict(pair for decision in decisions for pair in decision.taken)
+
+
+def _give_back(groups: Sequence[Group], cost: int, at: dict[str, int], what: str) -> Steps[None]:
+    """Refund ``cost`` to each group, each to the instant ``at`` names for its client; a
+    refund the backend cannot make is logged (``what`` the client's tokens are) and left."""
+    for client, limits in groups:
+        try:
+            yield Refund(client, limits, cost, at.get(client))
+        except BackendError as exc:
+            logger.warning("%s %s could not be given back: %s", what, log_text(client), exc)
+
+
+def _let_go(groups: Sequence[Group], decisions: list[Decision]) -> Steps[None]:
+    """Give back the concurrency slots ``decisions`` took (of ``groups``' calls, in order):
+    a request denied by a later call holds none; one the backend cannot release ends with
+    its lease."""
+    limits = dict(groups)
+    for decision in decisions:
+        for client, lease in decision.leases:
+            try:
+                yield Release(client, limits[client], lease)
+            except BackendError as exc:
+                logger.warning(
+                    "A concurrency slot of %s was not given back: %s", log_text(client), exc
+                )
+
+
+def _reported(head: Group, groups: Sequence[Group], decisions: list[Decision]) -> Decision:
+    """The most restrictive of the groups' decisions (a denial; else the fewest tokens
+    left), listing every limit that applied."""
+    worst = min(decisions, key=lambda d: (d.allowed, d.limit is None, d.remaining, -d.reset_after))
+    every = tuple(head[1]) + tuple(limit for _client, limits in groups for limit in limits)
+    shadow = any(d.shadow for d in decisions)
+    taken = tuple(pair for d in decisions for pair in d.taken) if worst.allowed else ()
+    held = tuple(pair for d in decisions for pair in d.leases) if worst.allowed else ()
+    wait = max(d.wait for d in decisions) if worst.allowed else 0.0  # each call's turn
+    return dataclasses.replace(
+        worst, limits=every, shadow=shadow, taken=taken, leases=held, wait=wait
+    )
+
+
+def whole_seconds(seconds: float) -> int:
+    """Round up to whole seconds, forgiving nothing: backends report waits free of float
+    noise (an exact 3600 s arrives as 3600.0 s), so waiting the rounded value is never short."""
+    return max(0, math.ceil(seconds))
+
+
+def retry_after_seconds(seconds: float) -> int:
+    """``Retry-After`` in whole seconds: rounded up with no tolerance (a retry after it must
+    succeed, so it is never short, not even by a microsecond), and at least 1."""
+    return max(1, whole_seconds(seconds))
+
+
+#: A concurrency limit's algorithm, compared without an attribute lookup per header.
+CONCURRENCY = Algorithm.CONCURRENCY
+#: Says the backend could not answer and the failure mode decided (see the module docstring).
+DEGRADED_HEADER = "X-RateLimit-Degraded"
+
+
+def degraded_mode(decision: Decision) -> str | None:
+    """The failure mode that decided (``open``: served uncounted; ``local``: counted per
+    process), or ``None`` when the backend answered."""
+    if decision.failed_open:
+        return "open"
+    return "local" if decision.local else None
+
+
+class HeaderMap(Protocol):
+    """Where headers are added: a response's ``headers`` or a ``dict``."""
+
+    def setdefault(self, key: str, value: str, /) -> object: ...
+
+
+def add_headers(headers: HeaderMap, decision: Decision | None) -> None:
+    """Add every header ``decision`` implies to ``headers`` (a response's, through Django's
+    public ``response.headers``, whose ``setdefault`` validates each name and value), without
+    overwriting ones already set; nothing for ``None`` or when no enforced limit applied."""
+    if decision is None:
+        return
+    if decision.failed_open or decision.local:
+        headers.setdefault(DEGRADED_HEADER, "open" if decision.failed_open else "local")
+    if decision.unavailable:
+        if not decision.unidentified:
+            headers.setdefault("Retry-After", str(retry_after_seconds(decision.retry_after)))
+        return
+    limit = decision.limit
+    if limit is None or limit.shadow:
+        return
+    if limit.shared:
+        limit = _as_met(limit)
+    reset = max(0, math.ceil(decision.reset_after))  # whole_seconds
+    headers.setdefault("X-RateLimit-Limit", str(limit.burst))  # its capacity
+    headers.setdefault("X-RateLimit-Remaining", str(decision.remaining))
+    headers.setdefault("X-RateLimit-Reset", str(reset))
+    if not decision.allowed:
+        headers.setdefault("Retry-After", str(retry_after_seconds(decision.retry_after)))
+    elif decision.wait:
+        headers.setdefault(DELAYED_HEADER, f"{decision.wait:.3f}")
+    if app_settings.IETF_HEADERS:
+        enforced = [_as_met(item) for item in decision.limits if not item.shadow] or [limit]
+        headers.setdefault(
+            "RateLimit-Policy",
+            ", ".join(
+                f'"{item.id}";q={item.capacity};w={whole_seconds(item.window)}'
+                # The draft's quota unit for requests in flight (its default is "requests").
+                + (';qu="concurrent-requests"' if item.algorithm == CONCURRENCY else "")
+                for item in enforced
+            ),
+        )
+        headers.setdefault("RateLimit", f'"{limit.id}";r={decision.remaining};t={reset}')
+
+
+def rate_limit_headers(decision: Decision) -> dict[str, str]:
+    """Every header the decision implies, as a dict (empty when no enforced limit applied)."""
+    headers: dict[str, str] = {}
+    add_headers(headers, decision)
+    return headers
+
+
+def _as_met(limit: Limit) -> Limit:
+    """``limit`` as the client meets it: a shared limit's shard's share (the remaining count
+    is of that share, so the capacity shown must be too). Worked out once per limit and
+    policy version, in the snapshot's store (a change of the URL's ``?shards=`` drops the
+    snapshot)."""
+    if not limit.shared:
+        return limit
+    policy = policy_module.last()
+    store: dict[Any, Any] = policy.compiled if policy is not None else {}
+    met: Limit | None = store.get(("shared", limit))
+    if met is None:
+        from django_throttle.backends.base import per_shard
+
+        met = store["shared", limit] = per_shard(limit, app_settings.key_shards)
+    return met
+
+
+def throttled_status(decision: Decision) -> int:
+    """429 for a limit the client exceeded; 503 (``conf.FAILURE_STATUS``)
+    when the limiter itself could not decide: that is not the client's fault."""
+    return FAILURE_STATUS if decision.unavailable else 429
+
+
+def throttled_body(decision: Decision) -> dict[str, Any]:
+    """The JSON body of a refusal: what was exceeded (or why nothing could be decided) and
+    when to retry."""
+    if decision.unidentified:
+        return {
+            "detail": gettext(
+                "The server could not determine the client address, so the request cannot "
+                "be rate limited and was refused. This is a server configuration problem."
+            ),
+            "limit": None,
+            "retry_after": None,
+        }
+    wait = retry_after_seconds(decision.retry_after)
+    limit = None
+    if decision.unavailable:
+        detail = ngettext(
+            "Rate limiting is temporarily unavailable. Try again in %(wait)d second.",
+            "Rate limiting is temporarily unavailable. Try again in %(wait)d seconds.",
+            wait,
+        )
+    else:
+        detail = ngettext(
+            "Request was throttled. Expected available in %(wait)d second.",
+            "Request was throttled. Expected available in %(wait)d seconds.",
+            wait,
+        )
+        limit = decision.limit.name if decision.limit is not None else None
+    return {"detail": detail % {"wait": wait}, "limit": limit, "retry_after": wait}
+
+
+#: How DRF's ``JSONRenderer`` writes JSON by default (``COMPACT_JSON``, ``UNICODE_JSON``): plain
+#: views send a 429 body byte for byte like a DRF view's.
+DRF_JSON: dict[str, Any] = {"separators": (",", ":"), "ensure_ascii": False}
+
+
+def throttled_response(decision: Decision, request: Any = None) -> HttpResponseBase:
+    """The refusal: 429 (or the failure status) with ``Retry-After`` and the rate-limit
+    headers; its body a small JSON object, or, for a request whose ``Accept`` prefers
+    ``text/html`` (a browser), a page saying the same in words
+    (:mod:`~django_throttle.request.pages`), with ``Vary: Accept`` on both. What
+    ``DJANGO_THROTTLE_DENIED_RESPONSE`` builds wins, with the same headers added where it did
+    not set them. A callable or template that fails is logged and the JSON response is sent
+    instead: a refusal must never become a 500."""
+    factory = app_settings.DENIED_RESPONSE
+    response = None if factory is None else _custom_response(factory, request, decision)
+    if response is None:
+        response = _default_response(decision, request)
+    add_headers(response.headers, decision)
+    return response
+
+
+def _default_response(decision: Decision, request: Any) -> HttpResponseBase:
+    status = throttled_status(decision)
+    response: HttpResponseBase | None = None
+    if wants_html(request):
+        wait = None if decision.unidentified else retry_after_seconds(decision.retry_after)
+        response = throttled_page(request, decision, status, wait)
+    if response is None:
+        response = JsonResponse(throttled_body(decision), status=status, json_dumps_params=DRF_JSON)
+    patch_vary_headers(response, ("Accept",))
+    return response
+
+
+def _custom_response(path: str, request: Any, decision: Decision) -> HttpResponseBase | None:
+    from django.utils.module_loading import import_string
+
+    try:
+        response = import_string(path)(request, decision)
+        if not isinstance(response, HttpResponseBase):
+            raise TypeError(f"it returned {type(response).__name__!r}, not an HttpResponse")
+    except Exception:
+        logger.exception("DJANGO_THROTTLE_DENIED_RESPONSE %s failed; sending the default", path)
+        return None
+    return response

@@ -13,19 +13,17 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
 from django_throttle.rates import Decision
-from django_throttle.request import core, device_cookies
-from django_throttle.request.headers import (
+from django_throttle.request import core, leases
+from django_throttle.request.core import (
     DEGRADED_HEADER,
-    apply_headers,
-    degraded_mode,
-    throttled_response,
-)
-from django_throttle.request.reservations import (
     LOGGED_IN_ATTRIBUTE,
+    add_headers,
+    degraded_mode,
     login_failed,
+    throttled_response,
     watch_login_failures,
 )
-from django_throttle.request.usernames import normalise_username, presented_username
+from django_throttle.request.usernames import normalise_username, presented_username, remember
 
 #: The keyword arguments of :func:`~django_throttle.request.core.check` for one request:
 #: the same dict every time, or a function building it per request.
@@ -49,16 +47,22 @@ def guard(view: Any, options: Options, *, login: bool = False) -> Any:
             if login and request.method != "POST":
                 return await view(request, *args, **kwargs)
             first = _started(request, login)
+            held = len(getattr(request, leases.ATTRIBUTE, ()))
             decision = await core.acheck(request, **(options() if callable(options) else options))
+            if decision.wait and decision.allowed:
+                decision = await core.await_turn(request, decision)
             if not _allowed(request, decision, login):
                 return throttled_response(decision, request)
             status = 500
+            response = None
             try:
                 response = await view(request, *args, **kwargs)
                 status = response.status_code
                 _served(request, response, decision, login)
             finally:
                 await core.asettle(request, status, first=first)
+                if len(getattr(request, leases.ATTRIBUTE, ())) > held:  # this check's slots
+                    await leases.afinish(request, response, held)
             return response
 
         return markcoroutinefunction(async_wrapper)
@@ -68,22 +72,28 @@ def guard(view: Any, options: Options, *, login: bool = False) -> Any:
         if login and request.method != "POST":
             return view(request, *args, **kwargs)
         first = _started(request, login) if login else len(getattr(request, RESERVATIONS, ()))
+        held = len(getattr(request, leases.ATTRIBUTE, ()))
         decision = core.check(request, **(options() if callable(options) else options))
+        if decision.wait and decision.allowed:
+            decision = core.wait_turn(request, decision)
         if not login:
             request.throttle_decision = decision  # _allowed, without a call per request
         if not decision.allowed:
             return throttled_response(decision, request)
         status = 500
+        response = None
         try:
             response = view(request, *args, **kwargs)
             status = response.status_code
             if login:
                 _served(request, response, decision, login)
             else:
-                apply_headers(response, decision)
+                add_headers(response.headers, decision)
         finally:
             if len(getattr(request, RESERVATIONS, ())) > first:  # else settle has nothing to do
                 core.settle(request, status, first=first)
+            if len(getattr(request, leases.ATTRIBUTE, ())) > held:  # this check's slots
+                leases.finish(request, response, held)
         return response
 
     return wrapper
@@ -109,9 +119,9 @@ def _served(request: Any, response: Any, decision: Decision, login: bool) -> Non
     advertised: the view's own throttle reports its headers), so an attempt served while
     Redis is down says so as other endpoints do, and, after a real sign-in
     (``user_logged_in`` fired for this request), the browser's device cookie for the
-    username it presented (see :mod:`~django_throttle.request.device_cookies`)."""
+    username it presented (see :mod:`~django_throttle.request.usernames`)."""
     if not login:
-        apply_headers(response, decision)
+        add_headers(response.headers, decision)
         return
     degraded = degraded_mode(decision)
     if degraded is not None:
@@ -124,4 +134,4 @@ def _served(request: Any, response: Any, decision: Decision, login: bool) -> Non
         get_username = getattr(user, "get_username", None)
         username = normalise_username(str(get_username())) if get_username else None
     if username:
-        device_cookies.remember(request, response, username)
+        remember(request, response, username)

@@ -5,6 +5,22 @@ The per-username counter is the only defence against guessing spread over many a
 so every spelling an authenticator accepts for an account must reach that account's counter
 (same parsing as DRF and Django, same normalisation), and credentials the limiter cannot
 read are counted in one shared counter rather than skipping the limit.
+
+A browser that signed in before keeps its own allowance of attempts while its username is
+under attack, through a device cookie (OWASP's "Slow down online guessing attacks with device
+cookies"): a limit counted by username is also a lever, since anyone can keep a real user
+locked out by spending the username's allowance. A successful sign-in through
+:func:`~django_throttle.credentials.protect_credentials` sets a signed cookie naming the user
+(by a digest of the normalised username: the cookie shows no name) and a random device id. A
+later attempt that presents a valid cookie for the very username it tries is counted in that
+device's own counter, with the same limits, instead of the username's shared one; an absent,
+forged, expired or other user's cookie counts in the shared counter as before. A device cookie
+that keeps failing is locked out on its own, like any counter; a stolen one is worth one
+allowance, no more. A browser that never signed in (a new device, cookies cleared) has only the
+shared counter and stays locked out while the attack lasts. The cookie is signed with
+``SECRET_KEY`` (``django.core.signing``; ``SECRET_KEY_FALLBACKS`` are honoured), lives
+:data:`MAX_AGE` seconds, is ``HttpOnly`` and ``SameSite=Lax``, ``Secure`` on HTTPS, and is at
+most :data:`MAX_COOKIE_CHARS` long; a longer one is ignored unread.
 """
 
 from __future__ import annotations
@@ -13,9 +29,14 @@ import base64
 import binascii
 import contextlib
 import hashlib
+import hmac
 import json
+import secrets
 import unicodedata
+from base64 import urlsafe_b64encode
 from typing import Any
+
+from django.core import signing
 
 from django_throttle.identity import Identity
 
@@ -60,7 +81,7 @@ def username_counters(request: Any) -> tuple[str, ...]:
 
     - each username it presents, read as :func:`presented_username` reads it:
       ``username:<name>``, unless the request carries a valid device cookie for that very
-      username (:mod:`~django_throttle.request.device_cookies`): then that device's own counter. A
+      username (see the module docstring): then that device's own counter. A
       request naming several users (a Basic header and a body, or two fields, that
       disagree) is counted under each: an authenticator may check any of them;
     - credentials that cannot be read (a Basic header that does not decode, a body that
@@ -73,11 +94,9 @@ def username_counters(request: Any) -> tuple[str, ...]:
         return (UNREADABLE_COUNTER,)
     if not found:
         return ()
-    from django_throttle.request import device_cookies
-
     counters = []
     for name in found:
-        device = device_cookies.device_for(request, name)
+        device = device_for(request, name)
         counters.append(
             Identity("username", name).key if device is None else Identity("device", device).key
         )
@@ -231,3 +250,52 @@ def _fields(data: Any) -> set[str]:
             names.add(normalise_username(value))
     names.discard("")  # blank, or only what normalising removes
     return names
+
+
+#: The cookie's name.
+COOKIE_NAME = "throttle_device"
+#: Seconds a device cookie stays valid after the last sign-in that set it (180 days).
+MAX_AGE = 180 * 86400
+#: Longest cookie value read; ours are about 80 characters.
+MAX_COOKIE_CHARS = 200
+#: Keeps these signatures apart from every other use of ``SECRET_KEY`` (the name of the module
+#: that first held the cookies: changing it would void every cookie issued).
+SALT = "django_throttle.request.device_cookies"
+
+
+def device_for(request: Any, username: str) -> str | None:
+    """The device id of the request's valid device cookie for ``username`` (normalised as
+    :func:`~.credentials.normalise_username` does), else ``None``."""
+    cookies = getattr(request, "COOKIES", None)
+    value = cookies.get(COOKIE_NAME) if cookies else None
+    if not value or not isinstance(value, str) or len(value) > MAX_COOKIE_CHARS:
+        return None
+    try:
+        signed = signing.TimestampSigner(salt=SALT).unsign(value, max_age=MAX_AGE)
+    except signing.BadSignature:  # forged, garbled or expired (SignatureExpired)
+        return None
+    device, _, named = signed.partition(":")
+    if not device or not hmac.compare_digest(named, _name_digest(username)):
+        return None
+    return device
+
+
+def remember(request: Any, response: Any, username: str) -> None:
+    """Set (or renew) ``response``'s device cookie for ``username``: a browser that already
+    holds one for that user keeps its device id, and so its counter."""
+    device = device_for(request, username) or secrets.token_urlsafe(12)
+    value = signing.TimestampSigner(salt=SALT).sign(f"{device}:{_name_digest(username)}")
+    response.set_cookie(
+        COOKIE_NAME,
+        value,
+        max_age=MAX_AGE,
+        httponly=True,
+        samesite="Lax",
+        secure=bool(request.is_secure()),
+    )
+
+
+def _name_digest(username: str) -> str:
+    """128 bits of BLAKE2b of the username: names the user without showing the name."""
+    digest = hashlib.blake2b(username.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    return urlsafe_b64encode(digest).rstrip(b"=").decode()

@@ -1,11 +1,11 @@
 """``{% load throttle_durations %}``: ``{{ seconds|duration }}`` writes float seconds as
-:func:`~django_throttle.durations.format_duration` does ("30 d 6 h", "58 min")."""
+:func:`~django_throttle.rates.format_duration` does ("30 d 6 h", "58 min")."""
 
 from __future__ import annotations
 
 from django import template
 
-from django_throttle.durations import format_duration
+from django_throttle.rates import format_duration
 
 register = template.Library()
 

@@ -6,22 +6,27 @@ Each request lands in exactly one outcome: :data:`ALLOWED`, :data:`DENIED`,
 was unavailable).
 
 The backend counts every decision it makes under the usage field :func:`field_for` names
-(tier and endpoint) in this process (its :class:`~django_throttle.backends.usage_base.Tally`:
+(tier and endpoint) in this process (its :class:`~django_throttle.backends.redis.Tally`:
 no I/O), never in the counting call, which touches the counters only. :func:`flush_pending`
 pushes those counts in one pipelined call at most once per
-:data:`~django_throttle.backends.usage_base.PUSH_EVERY` (a second): ``core`` calls it after a
-successful backend call while :data:`pending` says a push is due, so the request path has no
-thread, no database write and no extra round trip per request. A worker that dies loses at
-most the counts of its last second; a push that fails keeps its counts for the next try
-(bounded by :data:`~django_throttle.backends.usage_base.MAX_KEPT`).
+:data:`~django_throttle.backends.redis.PUSH_EVERY` (a second), in the process's pusher thread
+(:func:`push_soon`): ``core`` wakes it after a successful backend call while :data:`pending`
+or the tally's ``waiting`` says a push is due, and the thread wakes itself when the next push
+of counts it holds is due, so a worker that falls idle pushes its last second too (a report
+pushes its own process's counts first). No request waits for a push (its time grows with the
+distinct clients pushed: see the benchmarks), and the request path has no database write and
+no extra round trip. A worker that dies loses at most the counts of its last second (and of a
+push in flight); a push that fails keeps its counts for the next try (bounded by
+:data:`~django_throttle.backends.redis.MAX_KEPT`).
 
 Decisions made without the backend (failed open, failed closed, failure mode ``"local"``)
 are kept in this process by :func:`record_degraded` and pushed into the backend by
 :func:`flush_pending` too, one batch of at most :data:`PUSH_PER_CALL` counts per call, so the
-backlog of a long outage is spread over the requests that follow it; a push whose reply was
-lost is retried without counting twice. What a process dies holding (Redis was down for all
-of its last requests) is lost: at most :data:`MAX_PENDING` distinct (minute, client, tier,
-endpoint, outcome) counts, beyond which new clients count as :data:`OTHER`.
+backlog of a long outage is spread over the pushes that follow it (a bounded script time
+each); a push whose reply was lost is retried without counting twice. What a process dies
+holding (Redis was down for all of its last requests) is lost: at most :data:`MAX_PENDING`
+distinct (minute, client, tier, endpoint, outcome) counts, beyond which new clients count as
+:data:`OTHER`.
 
 Reports and the rollup to the database live in :mod:`django_throttle.usage.reports`.
 """
@@ -38,9 +43,10 @@ import time
 import uuid
 from typing import Any
 
-from django_throttle.backends import BackendError, get_backend
-from django_throttle.backends.breaker import get_breaker
-from django_throttle.backends.usage_base import LETTERS, PendingCount, Tally, UsageStore
+from django_throttle.backends import BackendError, built_backend, get_backend
+from django_throttle.backends.redis import PUSH_EVERY, PendingCount, Tally
+from django_throttle.backends.redis_nodes import get_breaker
+from django_throttle.backends.usage_store import LETTERS, UsageStore
 from django_throttle.conf import app_settings
 
 logger = logging.getLogger("django_throttle.usage")
@@ -75,35 +81,18 @@ FIELD_DIGEST_DIGITS = 12
 MAX_PENDING = 10_000
 #: Client name that absorbs new clients once :data:`MAX_PENDING` is reached.
 OTHER = "(other)"
-#: Most counts one :func:`flush_pending` call pushes: the request that runs it pays for one
-#: push of this size (one round trip, a bounded script time), never for a whole outage's
-#: backlog; the rest follows on the next requests.
+#: Most counts one :func:`flush_pending` call pushes: one push of this size holds the server
+#: for a bounded script time, never for a whole outage's backlog; the rest follows on the next
+#: pushes.
 PUSH_PER_CALL = 200
 
 
-class _Pending:
-    """Truthy when :func:`flush_pending` has work: counts kept while the backend was down,
-    or the backend's own tally once :data:`~.usage_base.PUSH_EVERY` had passed since its last
-    push when it last counted a decision (``Tally.waiting``; :func:`flush_pending` checks
-    ``Tally.due``). ``core`` tests it after every successful backend call."""
-
-    def __init__(self) -> None:
-        self.flags: set[str] = set()
-
-    def __bool__(self) -> bool:
-        if self.flags:
-            return True
-        tally = getattr(get_backend(), "usage_tally", None)
-        return isinstance(tally, Tally) and tally.waiting
-
-    def add(self, flag: str) -> None:
-        self.flags.add(flag)
-
-    def clear(self) -> None:
-        self.flags.clear()
-
-
-pending = _Pending()
+#: Why :func:`flush_pending` has work besides the backend's own tally: ``"counts"`` kept while
+#: the backend was down, ``"unsent"`` batches whose push failed. A plain set, so the request path
+#: tests it (and the tally's ``waiting``: :data:`~.redis.PUSH_EVERY` had passed since its
+#: last push when it last counted a decision) after every successful backend call without a
+#: call of its own; :func:`flush_pending` checks ``Tally.due``.
+pending: set[str] = set()
 _counts: dict[tuple[int, str, str, str], int] = {}
 _unsent: list[tuple[str, list[PendingCount]]] = []  # (batch id, counts) whose push failed
 _lock = threading.Lock()
@@ -117,7 +106,8 @@ class UsageUnavailable(Exception):
 
 def field_for(tier: str, endpoint: str, *, before_authentication: bool = False) -> str | None:
     """The usage field for a tier slug and endpoint name (``""`` for none): what the backend
-    counts a decision under, or ``None`` when ``DJANGO_THROTTLE_USAGE_ENABLED`` is off.
+    counts a decision under, or ``None`` when usage is off
+    (``DJANGO_THROTTLE_USAGE_RETENTION_DAYS = 0``).
 
     ``"<tier>|<endpoint>"`` (just ``"<tier>"`` with no endpoint: every byte is sent with every
     decision), at most :data:`MAX_FIELD_BYTES`: a longer one is cut and ends in ``~`` and a
@@ -126,7 +116,7 @@ def field_for(tier: str, endpoint: str, *, before_authentication: bool = False) 
     ``before_authentication`` (a check before the caller is authenticated, whatever its tier
     then looked like) counts under :data:`BEFORE_AUTHENTICATION` instead of ``tier``.
     """
-    if not app_settings.USAGE_ENABLED:
+    if not app_settings.usage_enabled:
         return None
     return _field(BEFORE_AUTHENTICATION if before_authentication else tier, endpoint)
 
@@ -161,11 +151,11 @@ def get_store(backend: Any = None) -> UsageStore:
     if isinstance(store, UsageStore):
         return store
     if callable(getattr(backend, "shard_tags", None)):
-        from django_throttle.backends.redis_usage import RedisUsage
+        from django_throttle.backends.usage_store import RedisUsage
 
         return RedisUsage(backend)
     raise UsageUnavailable(
-        f"DJANGO_THROTTLE_BACKEND {type(backend).__name__} keeps no usage counts; the Redis "
+        f"the backend {type(backend).__name__} keeps no usage counts; the Redis "
         "and memory backends do."
     )
 
@@ -195,14 +185,133 @@ def record_degraded(field: str | None, client: str, outcome: str) -> None:
         pending.add("counts")
 
 
+#: Seconds a pusher thread has to start running before this process is taken for one where
+#: threads do not run (uWSGI without ``--enable-threads``): its requests then push the counts
+#: themselves, as they did before the thread.
+THREAD_START_GRACE = 5.0
+
+
+class _Pusher:
+    """This process's pusher thread: runs :func:`flush_pending` each time it is woken
+    (:func:`push_soon`) and when the push of the counts it holds is due (:func:`_next_look`);
+    ``idle`` is set while it has nothing to do."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.wake = threading.Event()
+        self.idle = threading.Event()
+        self.idle.set()
+        # Wake-ups asked for, under ``lock``: ``idle`` is set only when none came in during
+        # a push, so a wake-up never goes unseen by :func:`wait_pushed`.
+        self.asked = 0
+        self.lock = threading.Lock()
+        self.created = time.monotonic()
+        self.ran = False
+        self.warned = False
+        self.thread = threading.Thread(target=self.run, name="django-throttle-usage", daemon=True)
+        self.thread.start()
+
+    def usable(self) -> bool:
+        # A forked child inherits the object, not the thread; a thread that never ran is
+        # kept (where threads do not run, a new one would not either).
+        return self.pid == os.getpid() and (not self.ran or self.thread.is_alive())
+
+    def stuck(self) -> bool:
+        """Whether the thread never ran within :data:`THREAD_START_GRACE` of its start."""
+        return not self.ran and time.monotonic() - self.created > THREAD_START_GRACE
+
+    def run(self) -> None:
+        self.ran = True
+        timeout: float | None = None
+        while True:
+            self.wake.wait(timeout)
+            with self.lock:
+                self.wake.clear()
+                self.idle.clear()
+                asked = self.asked
+            try:
+                flush_pending()
+            except Exception:  # pragma: no cover - flush_pending never raises
+                logger.exception("Usage push failed")
+            timeout = _next_look()
+            with self.lock:
+                if self.asked == asked and not self.wake.is_set():
+                    self.idle.set()
+
+    def ask(self) -> None:
+        """Wake the thread, and have :func:`wait_pushed` wait for the push it makes."""
+        with self.lock:
+            self.asked += 1
+            self.idle.clear()
+            self.wake.set()
+
+
+_pusher: _Pusher | None = None
+_pusher_lock = threading.Lock()
+
+
+def push_soon() -> None:
+    """Wake this process's pusher thread to run :func:`flush_pending` (a daemon thread,
+    started on the first call, again in a forked child). Returns at once: the request that
+    finds a push due never waits for it. ``core`` calls it only when :data:`pending` or the
+    tally's ``waiting`` says there is work, so a plain request makes no call here. Where
+    threads do not run (the thread never started within :data:`THREAD_START_GRACE`), the
+    request pushes itself: counts are never left behind for a thread that cannot run."""
+    global _pusher
+    pusher = _pusher
+    if pusher is None or not pusher.usable():
+        with _pusher_lock:
+            pusher = _pusher
+            if pusher is None or not pusher.usable():
+                pusher = _pusher = _Pusher()
+    if pusher.stuck():
+        if not pusher.warned:
+            pusher.warned = True
+            logger.warning(
+                "The usage pusher thread has not run for %.0f s: Python threads do not run "
+                "in this process (uWSGI without --enable-threads?). Requests push the usage "
+                "counts themselves.",
+                THREAD_START_GRACE,
+            )
+        flush_pending()
+        return
+    pusher.ask()
+
+
+def _next_look() -> float | None:
+    """Seconds the pusher thread sleeps unless a request wakes it: until the tally of the
+    process's backend has a push due, or :data:`~.redis.PUSH_EVERY` while kept counts
+    wait; ``None`` (until woken) when nothing waits."""
+    waits = [PUSH_EVERY] if pending else []
+    backend = built_backend()  # never build one here
+    if backend is not None:
+        tally = getattr(backend, "usage_tally", None)
+        left = tally.push_in() if isinstance(tally, Tally) else None
+        if left is not None:
+            waits.append(left)
+    return min(max(min(waits), 0.01), PUSH_EVERY) if waits else None
+
+
+def wait_pushed(timeout: float = 10.0) -> bool:
+    """Wait until the pusher thread has run every push it was woken for (tests, and a
+    shutdown hook that must not leave a push in flight); ``False`` if it is still busy after
+    ``timeout`` seconds."""
+    pusher = _pusher
+    if pusher is None or not pusher.usable() or pusher.stuck():
+        return True
+    return pusher.idle.wait(timeout)
+
+
 def flush_pending() -> None:
     """Push the backend's tally of decisions when a push is due (at most once per
-    :data:`~.usage_base.PUSH_EVERY`), and one batch of at most :data:`PUSH_PER_CALL` of the
+    :data:`~.redis.PUSH_EVERY`), and one batch of at most :data:`PUSH_PER_CALL` of the
     counts :func:`record_degraded` kept, each through the circuit breaker in one pipeline;
-    what is left stays :data:`pending` for the next call (the next request), so no request
-    carries an outage's whole backlog. A batch whose push failed is retried first, whole and
+    what is left stays :data:`pending` for the next call (the pusher's next, a second
+    later at most), so no
+    push carries an outage's whole backlog. A batch whose push failed is retried first, whole and
     under its own id (a retry after a lost reply is a no-op). Never raises: on failure the
-    counts stay for the next call."""
+    counts stay for the next call. Blocking: the request path calls :func:`push_soon`, which
+    runs this in the pusher thread; tests and commands call it to push now."""
     backend = get_backend()
     tally = getattr(backend, "usage_tally", None)
     if isinstance(tally, Tally) and tally.due():

@@ -30,7 +30,7 @@ from django.utils.crypto import salted_hmac
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from django_throttle.plain import plain_text
+from django_throttle.redaction import plain_text
 
 #: Label prefix of a counter by presented username (``Identity("username", …).key``).
 USERNAME = "username:"

@@ -1,55 +1,64 @@
-"""Usage reports: what ``throttle_usage`` and the dashboard show.
-
-The rollup, and the minute arithmetic both share, live in :mod:`~django_throttle.usage.rollup`.
+"""Usage reports and their rollup: what ``throttle_usage`` and the dashboard show, and the
+copy of the backend's counts into the database.
 
 The backend keeps usage per minute, for
-:data:`~django_throttle.backends.usage_base.USAGE_TTL` seconds. The rollup
-(:func:`~django_throttle.usage.rollup.rollup`) copies finished minutes into
-:class:`~django_throttle.models.UsageCount` rows (``manage.py throttle_usage --rollup``,
-from cron or any periodic job, more often than that TTL) and records how far it got (the
-watermark). :func:`report` reads the rows for minutes up to the
-watermark and the backend for later ones: each minute comes from exactly one place.
+:data:`~django_throttle.backends.usage_store.USAGE_TTL` seconds. :func:`rollup` copies
+finished minutes into :class:`~django_throttle.models.UsageCount` rows (``manage.py
+throttle_usage --rollup``, from cron or any periodic job, more often than that TTL; and the
+admin's usage list when it is opened, ``admin.usage_counts.roll_up_if_due``) and
+records how far it got (the watermark), then copies API keys' last use
+(:func:`copy_key_use`) and deletes rows past their retention. :func:`report` reads the rows
+for minutes up to the watermark and the backend for later ones: each minute comes from
+exactly one place (the minute arithmetic both share: :func:`kept_minutes`,
+:func:`stored_through`, :func:`add_counts`).
+
+The rollup writes absolute counts: a minute's rows are replaced, never added to, so running
+it twice, concurrently, or again after a crash half way never counts twice. Counts pushed late
+into a minute already copied (decisions made while Redis was down) mark that minute, and the
+next rollup copies it again.
 
 Two kinds of rows per minute, both with every outcome column:
 
 - tier x endpoint totals (``client`` is ``"*"``): exact, every request counted;
 - per-client rows (``tier`` and ``endpoint`` are ``"*"``): the heaviest clients per outcome,
-  at most :data:`~django_throttle.backends.usage_base.TOP_CLIENTS` a minute. Beyond that, a
+  at most :data:`~django_throttle.backends.usage_store.TOP_CLIENTS` a minute. Beyond that, a
   new client takes the place of the smallest and inherits its count (Space-Saving): every
   client with a large share is listed and the counts add up to the exact total, but a listed
   count can be too high by what it inherited, and small clients are missing. Exact while
-  fewer clients were seen. Allowed requests enter these lists one in
-  :data:`~django_throttle.backends.usage_base.CLIENT_SAMPLE`, counted that many times:
-  per-client allowed figures are then estimates, and every report says so
+  fewer clients were seen; a report read from a full list says so
   (:attr:`Report.estimated_fields`).
 
 Checks made before authentication (a credential rule's, see
 :data:`~django_throttle.usage.accounting.BEFORE_AUTHENTICATION`) are their own series: a tier or
 endpoint report lists them in rows of their own (``UsageRow.before_authentication``), so the
-tier rows count each request once, under the tier that served it. A presented username is kept
-and shown only as :func:`~django_throttle.usage.names.private_labels` allows.
+tier rows count each request once, under the tier that served it. A presented username that
+names no user is stored and shown only as its digest
+(:func:`~django_throttle.usage.names.private_labels`).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
+import operator
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from functools import reduce
+from typing import Any
 
-from django.db.models import Sum
+from django.conf import settings
+from django.db import connections, router, transaction
+from django.db.models import Case, F, Max, Q, Sum, Value, When
+from django.utils import timezone
 
-from django_throttle.backends import usage_base
-from django_throttle.backends.usage_base import UsageStore
-from django_throttle.plain import plain_text
+from django_throttle.backends import usage_store
+from django_throttle.backends.usage_store import MinuteCounts, UsageStore
+from django_throttle.conf import app_settings
+from django_throttle.redaction import plain_text
 from django_throttle.usage import accounting as usage
 from django_throttle.usage.names import private_labels
-from django_throttle.usage.rollup import (
-    add_counts,
-    kept_minutes,
-    minute_of,
-    stored_instant,
-    stored_through,
-)
 
 REPORT_BY: tuple[str, ...] = ("client", "tier", "endpoint")
 #: What every operator view (dashboard, table, CSV, JSON) calls an empty tier (limits given
@@ -94,25 +103,19 @@ def label(by: str, row: UsageRow) -> str:
 class Report:
     """Rows busiest first. ``estimated``: a top-client list read from the backend was full,
     so clients beyond it may have been folded into those listed (per-client counts are then
-    estimates; totals never are). ``sample``: per-client allowed figures are 1-in-``sample``
-    samples, each counted ``sample`` times (1: exact; tier and endpoint reports are always
-    exact). ``uncopied_before``: the window reaches minutes that left the backend without a
-    rollup copying them (their start, a UTC datetime), else ``None``."""
+    estimates; totals never are). ``uncopied_before``: the window reaches minutes that left
+    the backend without a rollup copying them (their start, a UTC datetime), else ``None``."""
 
     rows: list[UsageRow]
     estimated: bool = False
     uncopied_before: datetime | None = None
-    sample: int = 1
 
     @property
     def estimated_fields(self) -> tuple[str, ...]:
         """The row fields that are estimates, not counts: every outcome (and the total and
-        denied share) when a top list was full, the allowed figure (and so the total and
-        denied share) when allowed requests were sampled, else none."""
+        denied share) when a top list was full, else none."""
         if self.estimated:
             return (*usage.OUTCOMES, "total", "denied_percent")
-        if self.sample > 1:
-            return (usage.ALLOWED, "total", "denied_percent")
         return ()
 
 
@@ -188,7 +191,6 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
         uncopied_before=(
             datetime.fromtimestamp(first * 60, tz=UTC) if missing_from < first else None
         ),
-        sample=usage_base.CLIENT_SAMPLE if by == "client" else 1,
     )
 
 
@@ -208,3 +210,179 @@ def _private(sums: dict[tuple[str, bool], list[int]]) -> dict[tuple[str, bool], 
     for (key, before), values in sums.items():
         add_counts(merged, (private.get(key, key), before), values)
     return merged
+
+
+# The rollup, and the minute arithmetic the reports share.
+
+CHUNK_MINUTES = 5
+_UNIQUE = ["window_start", "client", "tier", "endpoint"]
+
+
+def kept_minutes() -> int:
+    """Minutes whose counts are surely still in the backend, the current one included."""
+    return max(2, usage_store.USAGE_TTL // 60)
+
+
+def minute_of(value: datetime) -> int:
+    if timezone.is_naive(value):
+        value = timezone.make_aware(value)
+    return math.floor(value.timestamp() / 60)
+
+
+def stored_through(store: UsageStore) -> int | None:
+    """The last minute the database holds: the watermark, else (the backend lost it, e.g. a
+    Redis restart) the newest row's minute."""
+    from django_throttle.models import UsageCount
+
+    watermark = store.watermark()
+    if watermark is not None:
+        return watermark
+    last = UsageCount.objects.aggregate(last=Max("window_start"))["last"]
+    return None if last is None else minute_of(last)
+
+
+def add_counts(table: dict[Any, list[int]], key: Any, values: list[int]) -> None:
+    row = table.setdefault(key, [0] * len(values))
+    for i, n in enumerate(values):
+        row[i] += n
+
+
+@dataclass(frozen=True, slots=True)
+class Rollup:
+    """What one rollup did: minutes read, rows written, the last minute copied (UTC), and
+    API keys whose ``last_used`` moved forward."""
+
+    minutes: int
+    rows: int
+    through: datetime | None
+    keys: int = 0
+
+
+def rollup(store: UsageStore | None = None, *, deadline: float | None = None) -> Rollup:
+    """Copy every finished minute the database lacks from the backend into UsageCount rows,
+    then delete rows older than ``DJANGO_THROTTLE_USAGE_RETENTION_DAYS``. Idempotent.
+
+    ``deadline`` (a :func:`time.monotonic` instant) stops the copy after the chunk of
+    :data:`CHUNK_MINUTES` minutes that passes it: the watermark says how far it got, so the
+    next rollup goes on from there (what a page view may spend is bounded, nothing is lost
+    while the backend still holds the minutes)."""
+    from django_throttle.models import UsageCount
+
+    store = usage.get_store() if store is None else store
+    now = store.now_minute()
+    first = now - kept_minutes() + 1
+    split = stored_through(store)
+    start = first if split is None else max(first, split + 1)
+    late = store.take_late()
+    redo = sorted(m for m in late if first <= m < start)
+    minutes = [*redo, *range(start, now)]
+    alias = router.db_for_write(UsageCount)
+    features = connections[alias].features
+    upsert: dict[str, Any] = {}
+    if features.supports_update_conflicts:
+        upsert = {"update_conflicts": True, "update_fields": list(usage.OUTCOMES)}
+        if features.supports_update_conflicts_with_target:
+            upsert["unique_fields"] = _UNIQUE
+    written = 0
+    done: set[int] = set()
+    try:
+        for at in range(0, len(minutes), CHUNK_MINUTES):
+            chunk = minutes[at : at + CHUNK_MINUTES]
+            found = store.read(chunk)
+            rows = [UsageCount(**row) for row in _rows(found)]
+            with transaction.atomic(using=alias):
+                if found:
+                    windows = [stored_instant(m * 60) for m in found]
+                    UsageCount.objects.using(alias).filter(window_start__in=windows).delete()
+                UsageCount.objects.using(alias).bulk_create(rows, batch_size=500, **upsert)
+            written += len(rows)
+            done.update(chunk)
+            if chunk[-1] >= start:  # minutes ascend: the redone ones are all before start
+                store.advance_watermark(chunk[-1])
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+    except BaseException:
+        store.return_late(m for m in redo if m not in done)
+        raise
+    store.return_late(m for m in redo if m not in done)  # left for the next run (deadline)
+    cutoff = timezone.now() - timedelta(days=app_settings.USAGE_RETENTION_DAYS)
+    UsageCount.objects.using(alias).filter(window_start__lt=cutoff).delete()
+    through = max(done) if done else split
+    return Rollup(
+        minutes=len(done),
+        rows=written,
+        through=None if through is None else datetime.fromtimestamp(through * 60, tz=UTC),
+        keys=copy_key_use(store),
+    )
+
+
+KEY_UPDATE_BATCH = 300
+
+
+def copy_key_use(store: UsageStore) -> int:
+    """Copy the backend's last-use times of API keys into ``ApiKey.last_used``, where they
+    are later than the column (the backend forgets them: see ``lua/usage.lua``). One UPDATE
+    per :data:`KEY_UPDATE_BATCH` keys, so one per run for most sites; returns the rows
+    updated."""
+    from django_throttle.models import ApiKey
+
+    # Only labels that can be a stored prefix: a client label is anything a custom resolver
+    # returned ("key:a\x00b"), and PostgreSQL refuses NUL in a query parameter.
+    longest = ApiKey._meta.get_field("prefix").max_length or 0
+    seen = sorted(
+        (prefix, second)
+        for prefix, second in store.keys_last_used().items()
+        if "\x00" not in prefix and len(prefix) <= longest
+    )
+    alias = router.db_for_write(ApiKey)
+    updated = 0
+    for at in range(0, len(seen), KEY_UPDATE_BATCH):
+        when = {
+            prefix: stored_instant(second) for prefix, second in seen[at : at + KEY_UPDATE_BATCH]
+        }
+        later = [
+            Q(prefix=prefix) & (Q(last_used__isnull=True) | Q(last_used__lt=value))
+            for prefix, value in when.items()
+        ]
+        updated += (
+            ApiKey.objects.using(alias)
+            .filter(reduce(operator.or_, later))
+            .update(
+                last_used=Case(
+                    *(When(prefix=prefix, then=Value(value)) for prefix, value in when.items()),
+                    default=F("last_used"),
+                )
+            )
+        )
+    return updated
+
+
+def stored_instant(second: int) -> datetime:
+    """A Unix second as the database expects it (aware UTC under USE_TZ)."""
+    value = datetime.fromtimestamp(second, tz=UTC)
+    return value if settings.USE_TZ else timezone.make_naive(value)
+
+
+def _rows(found: dict[int, MinuteCounts]) -> Iterable[dict[str, Any]]:
+    """UsageCount field values for each minute's totals and clients, cut to the columns
+    (names that collide after the cut add up). A NUL byte, which PostgreSQL refuses in text,
+    becomes U+FFFD: one odd name must not stop every rollup. A presented username that names
+    no user is stored only as its digest (:func:`private_labels`)."""
+    private = private_labels(client for counts in found.values() for client in counts.clients)
+    for minute, counts in found.items():
+        merged: dict[tuple[str, str, str], list[int]] = {}
+        for field, values in counts.totals.items():
+            tier, endpoint = usage.split_field(field.replace("\x00", "\ufffd"))
+            add_counts(merged, (usage.ALL, tier[:100], endpoint[:100]), values)
+        for client, values in counts.clients.items():
+            name = private.get(client, client).replace("\x00", "\ufffd")
+            add_counts(merged, (name[:200], usage.ALL, usage.ALL), values)
+        window = stored_instant(minute * 60)
+        for (client, tier, endpoint), values in merged.items():
+            yield {
+                "window_start": window,
+                "client": client,
+                "tier": tier,
+                "endpoint": endpoint,
+                **dict(zip(usage.OUTCOMES, values, strict=True)),
+            }

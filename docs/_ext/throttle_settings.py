@@ -17,7 +17,7 @@ from typing import Any
 
 def settings_reference() -> list[dict[str, str]]:
     """Every setting in ``conf.Settings``, in the order ``conf.py`` defines them: each
-    ``NAME: Setting[type] = Setting(default, parse[, derive=...])`` with the ``#:`` comments
+    ``NAME: Setting[type] = Setting(default, parse)`` with the ``#:`` comments
     above it (what it holds and why a project sets it)."""
     from django_throttle import checks, conf
 
@@ -41,11 +41,6 @@ def settings_reference() -> list[dict[str, str]]:
         # A default named by a constant of conf.py is shown as its value.
         shown = repr(getattr(conf, first.id)) if isinstance(first, ast.Name) else None
         default = shown or ast.get_source_segment(source, first) or ""
-        derive = next((k.value for k in node.value.keywords if k.arg == "derive"), None)
-        if derive is not None:
-            # Unset, the value comes from other settings: the deriving function says how.
-            derived = getattr(conf, ast.get_source_segment(source, derive) or "", None)
-            default = (derived.__doc__ or "").strip().rstrip(".") if derived else default
         above = []
         for line in reversed(lines[: node.lineno - 1]):
             if not line.strip().startswith("#:"):

@@ -8,7 +8,10 @@ rate in the decorator.
 
 from __future__ import annotations
 
-from django.http import HttpRequest, JsonResponse
+import time
+from collections.abc import Iterator
+
+from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -32,6 +35,18 @@ class PingView(APIView):
         return Response({"pong": True})
 
 
+class SearchView(APIView):
+    """Open to everyone, paced: the admin rule for scope ``search`` delays a burst's extra
+    requests instead of refusing them (``X-RateLimit-Delayed`` says by how long)."""
+
+    permission_classes = [AllowAny]
+    throttle_scope = "search"
+
+    def get(self, request: Request) -> Response:
+        query = request.query_params.get("q", "")
+        return Response({"q": query, "items": [item for item in ITEMS if query in str(item)]})
+
+
 class ItemsView(APIView):
     """Signed-in users only: counted against the user's tier (free or pro)."""
 
@@ -49,6 +64,40 @@ class ExportView(APIView):
 
     def post(self, request: Request) -> Response:
         return Response({"status": "queued"}, status=202)
+
+
+class ExportDownloadView(APIView):
+    """A slow export, streamed as CSV: the admin rule for scope ``export-download`` holds a
+    concurrency limit (free: one download at a time), whose slot the headers middleware gives
+    back when the stream is closed (read to its end, or the client gone). ``?seconds=`` sets
+    how long it streams (at most 30)."""
+
+    permission_classes = [IsAuthenticated]
+    throttle_scope = "export-download"
+
+    def get(self, request: Request) -> StreamingHttpResponse:
+        try:
+            seconds = min(max(float(request.query_params.get("seconds", "3")), 0.0), 30.0)
+        except ValueError:
+            seconds = 3.0
+        response = StreamingHttpResponse(_slow_csv(seconds), content_type="text/csv")
+        response["Content-Disposition"] = 'attachment; filename="items.csv"'
+        return response
+
+
+#: Rows of a download: the items over and over, a row at a time over the ``seconds`` asked.
+DOWNLOAD_ROWS = 30
+
+
+def _slow_csv(seconds: float) -> Iterator[bytes]:
+    """The header at once, then a row every ``seconds / DOWNLOAD_ROWS``: a stand-in for an
+    export that takes a worker for a while, and that notices a few rows later when its
+    client went away (a write fails, and the server closes the stream)."""
+    yield b"id,name,price\n"
+    for row in range(DOWNLOAD_ROWS):
+        time.sleep(seconds / DOWNLOAD_ROWS)
+        item = ITEMS[row % len(ITEMS)]
+        yield f"{row + 1},{item['name']},{item['price']}\n".encode()
 
 
 @throttle(rate="5/min")

@@ -19,8 +19,8 @@
 -- 0); an older one is left alone, as is the current one when the refunded hit (taken) was
 -- counted in an earlier window.
 
-local function calendar_parse(capacity, fields, now)
-  local bounds = {}
+local function calendar_parse(capacity, text, now)
+  local fields, bounds = split_fields(text), {}
   local ok = #fields == 4
   for i = 1, 4 do
     bounds[i] = ok and whole(fields[i], 0, 2 ^ 53) or nil
@@ -56,6 +56,7 @@ local function calendar_retime(key, now, p)
 end
 
 ALGORITHMS['c'] = {
+  stamped = true,
   parse = calendar_parse, decide = calendar_decide, commit = window_commit,
   retime = calendar_retime,
 }

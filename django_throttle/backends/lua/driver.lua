@@ -5,11 +5,16 @@
 --            tag "<prefix>:{<shard>}", so they live in one Redis Cluster slot
 -- ARGV[1]    cost: whole tokens in [0, 1e9], clamped per limit to its capacity
 -- ARGV[2]    "1" to only look (decide as that cost would, write nothing), "0" to consume
--- ARGV[3]    now in whole microseconds since the Unix epoch (tests), or "" for the server's
---            TIME
--- ARGV[3+i]  limit i's spec "<code>[!]<capacity>:<parameters>", see limit_spec in the
+-- ARGV[2+i]  limit i's spec "<code>[!]<capacity>:<parameters>", see limit_spec in the
 --            prelude and the algorithm files
--- Reply: an array of seven integers
+-- ARGV[3+n]  optional: now in whole microseconds since the Unix epoch (tests); absent or ""
+--            for the server's TIME (the request path leaves it out: 6 bytes fewer a call)
+-- ARGV[4+n]  the request's lease id (1 to 64 letters, digits, '-' or '_'): required when a
+--            limit is a concurrency limit (code 'n'), which holds its slot under it until
+--            lease.lua releases it; absent otherwise
+-- Reply: an array of four to eight integers, in this order; the last ones are left out when
+-- they and every one after them are 0 (an allowed hit with no shadow denial and no stamp, the
+-- common answer, is four: each integer left out is a line fewer for the client to parse)
 --   1 allowed        1 or 0
 --   2 index          the reported limit (1-based; 0 when no enforced limit was passed)
 --   3 remaining      whole tokens left in it
@@ -17,9 +22,12 @@
 --   5 retry_us       microseconds until the same request would be allowed (0 when allowed)
 --   6 shadow_denied  1 when a shadow limit would have denied, else 0
 --   7 taken_us       for an allowed hit (not a peek) with a limit whose refund depends on when
---                    it was taken (sliding log, windows, calendar quota: STAMPED), the
---                    microsecond its tokens were taken at, which refund.lua takes to give back
---                    exactly what this hit took; else 0
+--                    it was taken (sliding log, windows, calendar quota: `stamped` in their
+--                    ALGORITHMS entry), the microsecond its tokens were taken at, which
+--                    refund.lua takes to give back exactly what this hit took; else 0
+--   8 wait_us        for an allowed request, microseconds until its reserved turn: the
+--                    longest wait a delaying limit (gcra.lua's at_once and max_wait) asks of
+--                    it, 0 when it may proceed at once; 0 when denied
 -- Or an error naming the first bad argument, with nothing written.
 -- Every argument is validated before anything is read or written. Enforced limits are
 -- all-or-nothing: nothing is written unless every one allows. A shadow limit that would deny
@@ -30,8 +38,16 @@
 -- allowed, so a denial writes nothing. Every write sets a TTL equal to the time until the
 -- state stops mattering (the limit is whole again), at most 3660 days.
 local n = #KEYS
-if #ARGV ~= 3 + n then
-  return fail('expected ' .. (3 + n) .. ' arguments for ' .. n .. ' keys, got ' .. #ARGV)
+if #ARGV < 2 + n or #ARGV > 4 + n then
+  return fail('expected ' .. (2 + n) .. ' to ' .. (4 + n) .. ' arguments for ' .. n
+    .. ' keys, got ' .. #ARGV)
+end
+if #ARGV == 4 + n then
+  LEASE = ARGV[4 + n]
+  if not is_lease(LEASE) then
+    return fail('ARGV[' .. (4 + n) .. '] lease id must be 1 to 64 letters, digits, "-" or '
+      .. '"_", not ' .. LEASE)
+  end
 end
 local cost = whole(ARGV[1], 0, MAX_COUNT)
 if cost == nil then
@@ -42,28 +58,37 @@ if ARGV[2] ~= '0' and ARGV[2] ~= '1' then
   return fail("ARGV[2] peek must be '0' or '1', not " .. ARGV[2])
 end
 local peek = ARGV[2] == '1'
-local now, err = clock(ARGV[3], 3)
+local now, err = clock(ARGV[3 + n], 3 + n)
 if err then return err end
-local algorithms, params, shadows = {}, {}, {}
+-- Each limit's params, with its algorithm, whether it is a shadow limit and (once decided)
+-- what its commit writes: one table per limit, the fewest a call builds.
+local params = {}
 -- Whether a limit's refund depends on when the hit was made (see the reply).
 local stamped = false
 for i = 1, n do
-  local algorithm, p, shadow, bad = limit_spec(3 + i, now)
+  local algorithm, p, shadow, bad = limit_spec(2 + i, now)
   if bad then return bad end
-  algorithms[i], params[i], shadows[i] = algorithm, p, shadow
-  if STAMPED[p.code] then stamped = true end
+  p.algorithm, p.shadow = algorithm, shadow
+  params[i] = p
+  if algorithm.stamped then stamped = true end
+  if p.code == 'n' and LEASE == nil then
+    return fail('ARGV[' .. (2 + i) .. '] is a concurrency limit: the call needs a lease id '
+      .. 'as ARGV[' .. (4 + n) .. ']')
+  end
 end
 
 local allowed, shadow_denied = true, 0
 local pick, pick_remaining, pick_reset, pick_retry = 0, nil, 0, -1
-local pending = {}
+local wait = 0
 for i = 1, n do
-  local p, shadow = params[i], shadows[i]
+  local p = params[i]
+  local shadow = p.shadow
   local c = cost
   if c > p.capacity then c = p.capacity end
-  local ok, remaining, reset, retry, write = algorithms[i].decide(KEYS[i], now, p, c)
+  local ok, remaining, reset, retry, write, delay = p.algorithm.decide(KEYS[i], now, p, c)
   if ok then
-    pending[i] = write
+    p.pending = write
+    if delay and not shadow and delay > wait then wait = delay end
     if not shadow and allowed and (pick_remaining == nil or remaining < pick_remaining) then
       pick, pick_remaining, pick_reset = i, remaining, reset
     end
@@ -79,13 +104,20 @@ end
 
 if allowed and not peek then
   for i = 1, n do
-    if pending[i] ~= nil then
-      algorithms[i].commit(KEYS[i], now, params[i], pending[i])
+    local p = params[i]
+    if p.pending ~= nil then
+      p.algorithm.commit(KEYS[i], now, p, p.pending)
     end
   end
 end
-if allowed then pick_retry = 0 end
+if allowed then pick_retry = 0 else wait = 0 end
 local taken = 0
 if allowed and not peek and stamped then taken = now end
-return {allowed and 1 or 0, pick, math.floor(pick_remaining or 0), math.ceil(pick_reset),
-  math.ceil(pick_retry), shadow_denied, taken}
+local reply = {allowed and 1 or 0, pick, math.floor(pick_remaining or 0), math.ceil(pick_reset),
+  math.ceil(pick_retry), shadow_denied, taken, math.ceil(wait)}
+local size = 8
+while size > 4 and reply[size] == 0 do
+  reply[size] = nil
+  size = size - 1
+end
+return reply

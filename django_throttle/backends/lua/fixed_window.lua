@@ -22,8 +22,8 @@
 
 local FIXED_PATTERN = '^(%d+) ([%da-z]+)$'
 
-local function fixed_parse(capacity, fields)
-  local period, message = period_field(fields, 'fixed window')
+local function fixed_parse(capacity, text)
+  local period, message = period_field(text, 'fixed window')
   if period == nil then return nil, message end
   return {period = period}, nil
 end
@@ -61,6 +61,7 @@ local function fixed_retime(key, now, p)
 end
 
 ALGORITHMS['f'] = {
+  stamped = true,
   parse = fixed_parse, decide = fixed_decide, commit = window_commit, retime = fixed_retime,
 }
 

@@ -1,7 +1,11 @@
 -- GCRA, the generic cell rate algorithm: a token bucket kept as one instant. Spec code 'g'.
 --
--- Spec "g[!]<capacity>:<emission>": capacity C in tokens (the burst); emission interval E in
--- whole microseconds per token (>= 1); C x E <= MAX_WINDOW.
+-- Spec "g[!]<capacity>:<emission>[:<at_once>:<max_wait>]": capacity C in tokens (the burst);
+-- emission interval E in whole microseconds per token (>= 1); C x E <= MAX_WINDOW. With the
+-- last two fields the limit delays instead of only rejecting (nginx's limit_req with burst
+-- and delay): of the C requests it admits at once, the first at_once (in [1, C]) are served
+-- at once and the others wait their turn, one E apart; max_wait (whole microseconds in
+-- [1, MAX_WINDOW]) is the longest a request may be asked to wait.
 --
 -- State per key: the theoretical arrival time TAT in whole microseconds, stored as a decimal
 -- integer so Redis keeps it int-encoded (MEMORY USAGE 72 for a short key). The bucket is
@@ -14,6 +18,11 @@
 --            writes new (if new > now) with TTL new - now
 --   denied:  remaining = floor((C x E - (tat - now)) / E), reset = tat - now,
 --            retry = new - now - C x E
+-- Delaying: wait = max(0, new - now - at_once x E), the time until the request's reserved
+-- turn; allowed iff new - now <= C x E and wait <= max_wait: then as above, and the decision
+-- carries the wait (its turn is reserved: new is written, so requests waiting together are
+-- spaced exactly E apart); else denied, nothing reserved, retry = the time until both hold
+-- for the same request: max(new - now - C x E, new - now - at_once x E - max_wait).
 -- Retime: with the old spec (E_old), tokens used are kept: tat' = now + ceil((tat - now) x
 -- E_new / E_old), capped at now + C_new x E_new (exact, see ceil_muldiv), written with TTL
 -- tat' - now; without it only the TTL is re-set to tat - now. A TAT at or before now is
@@ -21,19 +30,35 @@
 -- Refund c: tat = the stored TAT as decide reads it; new = tat - c x E, written with TTL
 -- new - now, or the key deleted when new <= now. A corrupt state is left alone.
 
-local function gcra_parse(capacity, fields)
-  if #fields ~= 1 then
-    return nil, 'limit spec must be g[!]<capacity>:<emission>, not ' .. table.concat(fields, ':')
+local function gcra_parse(capacity, text)
+  local emission_text, at_once_text, max_wait_text = text, nil, nil
+  if string.find(text, ':', 1, true) then
+    emission_text, at_once_text, max_wait_text = string.match(text, '^([^:]+):([^:]+):([^:]+)$')
+    if emission_text == nil then
+      return nil, 'limit spec must be g[!]<capacity>:<emission>[:<at_once>:<max_wait>], not '
+        .. text
+    end
   end
-  local emission = whole(fields[1], 1, MAX_WINDOW)
+  local emission = whole(emission_text, 1, MAX_WINDOW)
   if emission == nil then
     return nil, 'emission interval must be whole microseconds in [1, ' .. MAX_WINDOW
-      .. '], not ' .. fields[1]
+      .. '], not ' .. emission_text
   end
   if capacity * emission > MAX_WINDOW then
     return nil, 'capacity x emission interval must be at most ' .. MAX_WINDOW .. ' microseconds'
   end
-  return {emission = emission}, nil
+  if at_once_text == nil then return {emission = emission}, nil end
+  local at_once = whole(at_once_text, 1, capacity)
+  if at_once == nil then
+    return nil, 'requests served at once must be a whole number in [1, ' .. capacity
+      .. '], not ' .. at_once_text
+  end
+  local max_wait = whole(max_wait_text, 1, MAX_WINDOW)
+  if max_wait == nil then
+    return nil, 'longest wait must be whole microseconds in [1, ' .. MAX_WINDOW .. '], not '
+      .. max_wait_text
+  end
+  return {emission = emission, at_once = at_once, max_wait = max_wait}, nil
 end
 
 -- The stored TAT as of now: within [now, now + C x E].
@@ -49,11 +74,21 @@ local function gcra_decide(key, now, p, cost)
   local limit = p.capacity * emission
   local tat = gcra_tat(redis.call('GET', key), now, limit)
   local new = tat + cost * emission
-  if new - now <= limit then
-    return true, math.floor((limit - (new - now)) / emission), new - now, 0,
-      new > now and new or nil
+  local at_once = p.at_once
+  if at_once == nil then
+    if new - now <= limit then
+      return true, math.floor((limit - (new - now)) / emission), new - now, 0,
+        new > now and new or nil
+    end
+    return false, math.floor((limit - (tat - now)) / emission), tat - now, new - now - limit, nil
   end
-  return false, math.floor((limit - (tat - now)) / emission), tat - now, new - now - limit, nil
+  local wait = math.max(0, new - now - at_once * emission)
+  if new - now <= limit and wait <= p.max_wait then
+    return true, math.floor((limit - (new - now)) / emission), new - now, 0,
+      new > now and new or nil, wait
+  end
+  return false, math.floor((limit - (tat - now)) / emission), tat - now,
+    math.max(new - now - limit, wait - p.max_wait), nil
 end
 
 local function gcra_commit(key, now, p, new)

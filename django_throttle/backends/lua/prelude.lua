@@ -5,8 +5,12 @@
 -- for hand-made calls that never went through Python's Limit validation).
 --
 -- Each algorithm file registers ALGORITHMS[<code>] = {
---   parse   = function(capacity, fields, now) -> params table, or nil and an error message
---             (fields: the spec's text after "<code>[!]<capacity>:", split on ':')
+--   stamped = true when its refund gives back what the hit at a given instant took (see
+--             refund.lua): an allowed hit of such a limit names its instant in the reply
+--             (see driver.lua); absent otherwise
+--   parse   = function(capacity, text, now) -> params table, or nil and an error message
+--             (text: the spec's text after "<code>[!]<capacity>:", its fields separated by
+--             ':'; an algorithm of one field reads it whole, without splitting a table out)
 --   decide  = function(key, now, params, cost) -> allowed, remaining, reset_us, retry_us,
 --             pending (what commit writes; nil: nothing to write). Reads only.
 --   commit  = function(key, now, params, pending): the write, with its TTL
@@ -34,15 +38,19 @@ local MAX_WINDOW = 3660 * 86400 * 1000000
 local MAX_LOG_COUNT = 10000
 -- Algorithms by their one-letter code in a limit spec (see limit_spec).
 local ALGORITHMS = {}
--- Codes whose refund gives back what the hit at a given instant took (see refund.lua): an
--- allowed hit of such a limit names its instant in the reply (see driver.lua).
-local STAMPED = {w = true, f = true, c = true, s = true}
 -- True only in refund.lua's script (refunding.lua sets it, and defines `delete`): the
 -- algorithm files build their refund functions only then, so the counting script, run on
 -- every request, makes no closures it never calls.
 local REFUND = false
 local delete
-local DIGITS36 = '0123456789abcdefghijklmnopqrstuvwxyz'
+-- The lease id of the request being counted (driver.lua's last argument), under which a
+-- concurrency limit holds its slot (concurrency.lua); nil when the call has none.
+local LEASE = nil
+
+-- Whether `text` is a lease id: 1 to 64 letters, digits, '-' or '_'.
+local function is_lease(text)
+  return type(text) == 'string' and #text <= 64 and string.match(text, '^[%w_%-]+$') ~= nil
+end
 
 local function fail(message)
   return redis.error_reply('django_throttle: ' .. message)
@@ -53,18 +61,6 @@ local function whole(text, low, high)
   local n = tonumber(text)
   if n == nil or n ~= n or n < low or n > high or n ~= math.floor(n) then return nil end
   return n
-end
-
--- A whole number >= 0 (below 2^53) in base 36: timestamps in stored state take 10 characters
--- instead of 16, which keeps a state small enough for Redis's smallest allocation classes.
-local function to36(n)
-  local out = ''
-  repeat
-    local digit = n % 36
-    out = string.sub(DIGITS36, digit + 1, digit + 1) .. out
-    n = (n - digit) / 36
-  until n == 0
-  return out
 end
 
 -- A whole number as decimal text (never exponent notation).
@@ -98,20 +94,6 @@ local function expire_or_delete(key, ttl_us)
   return 1
 end
 
--- The window counters of a "<count> <start>" or "<cur> <prev> <start>" state (whole counts
--- in decimal, the start in base-36 microseconds), matched by `pattern`: up to three numbers,
--- or nil for a missing key or corrupt state (the algorithms then count nothing used instead
--- of failing every request).
-local function window_state(state, pattern)
-  if type(state) ~= 'string' then return nil end
-  local a, b, c = string.match(state, pattern)
-  if a == nil then return nil end
-  a, b = tonumber(a), tonumber(b, c and 10 or 36)
-  if c then c = tonumber(c, 36) end
-  if a >= 2 ^ 53 or b >= 2 ^ 53 or (c and c >= 2 ^ 53) then return nil end
-  return a, b, c
-end
-
 -- One limit's spec "<code>[!]<capacity>:<field>[:<field>...]" ('!' marks a shadow limit;
 -- capacity in whole tokens within [1, 1e9]; the fields are the algorithm's, see its file,
 -- numbers as tonumber reads them, so 3600000 may come as 36e5: fewer bytes per decision):
@@ -129,29 +111,12 @@ local function limit_spec(at, now)
     return nil, nil, nil, fail('ARGV[' .. at .. '] capacity must be a whole number in [1, '
       .. MAX_COUNT .. '], not ' .. capacity_text)
   end
-  local fields = {}
-  for field in string.gmatch(rest .. ':', '([^:]*):') do
-    fields[#fields + 1] = field
-  end
-  local params, message = algorithm.parse(capacity, fields, now)
+  local params, message = algorithm.parse(capacity, rest, now)
   if params == nil then
     return nil, nil, nil, fail('ARGV[' .. at .. '] ' .. message)
   end
   params.capacity, params.code = capacity, code
   return algorithm, params, bang == '!', nil
-end
-
--- A period field: whole microseconds in [1, MAX_WINDOW], or nil and an error message.
-local function period_field(fields, what)
-  if #fields ~= 1 then
-    return nil, what .. ' spec must be <capacity>:<period>, not ' .. table.concat(fields, ':')
-  end
-  local period = whole(fields[1], 1, MAX_WINDOW)
-  if period == nil then
-    return nil, 'period must be whole microseconds in [1, ' .. MAX_WINDOW .. '], not '
-      .. fields[1]
-  end
-  return period, nil
 end
 
 -- The clock: `text` (microseconds, a whole number; tests pass it) or the server's TIME.

@@ -29,8 +29,8 @@
 
 local COUNTER_PATTERN = '^(%d+) (%d+) ([%da-z]+)$'
 
-local function counter_parse(capacity, fields)
-  local period, message = period_field(fields, 'sliding window counter')
+local function counter_parse(capacity, text)
+  local period, message = period_field(text, 'sliding window counter')
   if period == nil then return nil, message end
   return {period = period}, nil
 end
@@ -90,6 +90,7 @@ local function counter_retime(key, now, p)
 end
 
 ALGORITHMS['s'] = {
+  stamped = true,
   parse = counter_parse, decide = counter_decide, commit = counter_commit,
   retime = counter_retime,
 }

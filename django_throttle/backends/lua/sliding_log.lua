@@ -29,12 +29,12 @@
 -- Members per ZADD: unpack() of a whole 10,000-request cost would overflow Lua's C stack.
 local LOG_BATCH = 500
 
-local function log_parse(capacity, fields)
+local function log_parse(capacity, text)
   if capacity > MAX_LOG_COUNT then
     return nil, 'capacity must be at most ' .. MAX_LOG_COUNT .. ' for the sliding window log, '
       .. 'not ' .. capacity
   end
-  local period, message = period_field(fields, 'sliding window log')
+  local period, message = period_field(text, 'sliding window log')
   if period == nil then return nil, message end
   return {period = period}, nil
 end
@@ -114,6 +114,7 @@ local function log_retime(key, now, p)
 end
 
 ALGORITHMS['w'] = {
+  stamped = true,
   parse = log_parse, decide = log_decide, commit = log_commit, retime = log_retime,
 }
 

@@ -37,14 +37,13 @@
 
 local COMPACT_WINDOW = 2e12
 
-local function bucket_parse(capacity, fields)
-  if #fields ~= 1 then
-    return nil, 'limit spec must be <code>[!]<capacity>:<interval>, not '
-      .. table.concat(fields, ':')
+local function bucket_parse(capacity, text)
+  if string.find(text, ':', 1, true) then
+    return nil, 'limit spec must be <code>[!]<capacity>:<interval>, not ' .. text
   end
-  local interval = tonumber(fields[1])
+  local interval = tonumber(text)
   if interval == nil or interval ~= interval or interval <= 0 or interval >= math.huge then
-    return nil, 'interval must be a finite number of microseconds above 0, not ' .. fields[1]
+    return nil, 'interval must be a finite number of microseconds above 0, not ' .. text
   end
   if capacity * interval > MAX_WINDOW then
     return nil, 'capacity x interval must be at most ' .. MAX_WINDOW .. ' microseconds'

@@ -43,20 +43,25 @@ local function note_key_use(seen, now, client)
   end
 end
 
--- Count n (default 1) requests of `client` under `field` and `outcome` in the minute of the
--- keys `totals` and `top`, and with `seen` (the shard's <tag>k) record an API key client's use
--- at `now` (microseconds). field, client: strings; outcome: one letter.
-local function count_into(totals, top, seen, now, field, client, outcome, n)
-  if seen then note_key_use(seen, now, client) end
-  n = n or 1
-  if redis.pcall('HINCRBY', totals, outcome .. field, n) == n then
+-- Add n requests to the exact total `field` ("<outcome letter><usage field>") of the minute's
+-- totals hash `totals`, (re)arming its TTL when the field is new.
+local function count_total(totals, field, n)
+  if redis.pcall('HINCRBY', totals, field, n) == n then
     -- The field is new, and maybe the key: (re)arm its TTL.
     redis.pcall('EXPIRE', totals, USAGE_TTL)
   end
+end
+
+-- Add n requests of `client` to the top list `top` (Space-Saving, see above). `size` is the
+-- list's member count when the caller knows it (nil: ask ZCARD when needed); returns the
+-- count after, or nil when unknown (an error reply: the caller asks again).
+local function count_top(top, client, n, size)
   -- Already listed: one command. (An error reply is a table, also truthy: give up quietly.)
-  if redis.pcall('ZADD', top, 'XX', 'INCR', n, client) then return end
-  local size = redis.pcall('ZCARD', top)
-  if type(size) ~= 'number' then return end
+  if redis.pcall('ZADD', top, 'XX', 'INCR', n, client) then return size end
+  if size == nil then
+    size = redis.pcall('ZCARD', top)
+    if type(size) ~= 'number' then return nil end
+  end
   local score = n
   if size >= USAGE_TOP then
     local smallest = redis.pcall('ZPOPMIN', top)
@@ -65,8 +70,19 @@ local function count_into(totals, top, seen, now, field, client, outcome, n)
     end
     size = size - 1
   end
-  redis.pcall('ZADD', top, score, client)
+  if type(redis.pcall('ZADD', top, score, client)) ~= 'number' then return nil end
   if size == 0 then
     redis.pcall('EXPIRE', top, USAGE_TTL)
   end
+  return size + 1
+end
+
+-- Count n (default 1) requests of `client` under `field` and `outcome` in the minute of the
+-- keys `totals` and `top`, and with `seen` (the shard's <tag>k) record an API key client's use
+-- at `now` (microseconds). field, client: strings; outcome: one letter.
+local function count_into(totals, top, seen, now, field, client, outcome, n)
+  if seen then note_key_use(seen, now, client) end
+  n = n or 1
+  count_total(totals, outcome .. field, n)
+  count_top(top, client, n, nil)
 end

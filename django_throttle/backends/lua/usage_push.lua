@@ -1,5 +1,8 @@
 -- Add counts a process kept (every decision it made, and those made while Redis could not
 -- answer) to the minutes they happened in, at most once per batch. Loaded after usage.lua.
+-- The process sums its counts before sending (usage_store.RedisUsage.push): each exact total
+-- comes once per call, and each client once per minute and outcome, whatever the number of
+-- usage fields it was counted under.
 --
 -- KEYS[1]  the batch's mark "<tag>p<batch id>" (tag: a shard tag such as "dt:{3}", whose hash
 --          tag names the shard's slot; every key below shares it): set when the batch is
@@ -11,35 +14,56 @@
 --          them; minutes last pushed to more than USAGE_TTL ago (their counts have expired)
 --          are trimmed on every push, so it holds at most the minutes of the last USAGE_TTL
 -- KEYS[3]  "<tag>k", the API keys' last use (see usage.lua)
--- KEYS[2 + 2i], KEYS[3 + 2i]  count i's totals hash "<tag>u<minute>" and top list
---          "<tag>t<outcome letter><minute>" (see usage.lua)
--- ARGV[6(i-1) + 1 ..]  per count: minute (whole minutes since the Unix epoch), usage field,
---          client label, outcome letter, requests (a whole number >= 1), and the last second
---          (Unix) an API key client ("key:<prefix>") was used, or 0
+-- KEYS[4 ..]  the totals hashes "<tag>u<minute>" and top lists "<tag>t<outcome letter><minute>"
+--          (see usage.lua) the counts below name by their index in KEYS, each key once
+-- ARGV[1]  T, the number of totals that follow
+-- ARGV[2 + 4(i-1) ..]  per total i (i = 1 .. T): the index of its totals hash in KEYS, its
+--          minute (whole minutes since the Unix epoch), its field "<outcome letter><usage
+--          field>", requests (a whole number >= 1)
+-- ARGV[2 + 4T + 4(j-1) ..]  per client count j: the index of its top list in KEYS, the client
+--          label, requests (a whole number >= 1), and the last second (Unix) an API key client
+--          ("key:<prefix>") was used, or 0
 -- Reply: 1 when applied, 0 when skipped as a repeat; an error (nothing written) when the keys
 --        and counts do not match.
-if #KEYS ~= 3 + 2 * (#ARGV / 6) or #ARGV % 6 ~= 0 then
-  return redis.error_reply('django_throttle: expected 3 + 2 keys per count and 6 arguments '
-    .. 'per count, got ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
+local totals = tonumber(ARGV[1])
+local valid = totals ~= nil and totals >= 0 and totals == math.floor(totals)
+  and (#ARGV - 1) % 4 == 0 and 4 * totals <= #ARGV - 1
+if valid then
+  for at = 2, #ARGV, 4 do
+    local index = tonumber(ARGV[at])
+    if index == nil or index < 4 or KEYS[index] == nil then valid = false break end
+  end
+end
+if not valid then
+  return redis.error_reply('django_throttle: expected ARGV[1] totals, 4 arguments per total '
+    .. 'and per client count, each naming one of KEYS[4 ..], got ' .. #KEYS .. ' keys and '
+    .. #ARGV .. ' arguments')
 end
 if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', USAGE_TTL) then return 0 end
-local late = KEYS[2]
 local seen = {}
-for i = 1, #ARGV / 6 do
-  local at = 6 * (i - 1)
-  local minute, n = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 5])
+local stop = 1 + 4 * totals
+for at = 2, stop, 4 do
+  local minute, n = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 3])
   if minute and n and n >= 1 and minute >= 0 then
-    minute = math.floor(minute)
-    local second = tonumber(ARGV[at + 6]) or 0
-    count_into(KEYS[2 + 2 * i], KEYS[3 + 2 * i], second > 0 and KEYS[3] or nil,
-      second * 1000000, ARGV[at + 2], ARGV[at + 3], ARGV[at + 4], math.floor(n))
-    seen[minute] = true
+    count_total(KEYS[tonumber(ARGV[at])], ARGV[at + 2], math.floor(n))
+    seen[math.floor(minute)] = true
+  end
+end
+-- Each top list's member count once known, so a new client costs no ZCARD of its own.
+local sizes = {}
+for at = stop + 1, #ARGV, 4 do
+  local n = tonumber(ARGV[at + 2])
+  if n and n >= 1 then
+    local top, client = KEYS[tonumber(ARGV[at])], ARGV[at + 1]
+    local second = tonumber(ARGV[at + 3]) or 0
+    if second > 0 then note_key_use(KEYS[3], second * 1000000, client) end
+    sizes[top] = count_top(top, client, math.floor(n), sizes[top])
   end
 end
 local second = tonumber(redis.call('TIME')[1])
 for minute in pairs(seen) do
-  redis.pcall('ZADD', late, second, string.format('%d', minute))
+  redis.pcall('ZADD', KEYS[2], second, string.format('%d', minute))
 end
-redis.pcall('ZREMRANGEBYSCORE', late, '-inf', '(' .. string.format('%d', second - USAGE_TTL))
-redis.pcall('EXPIRE', late, USAGE_TTL)
+redis.pcall('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. string.format('%d', second - USAGE_TTL))
+redis.pcall('EXPIRE', KEYS[2], USAGE_TTL)
 return 1

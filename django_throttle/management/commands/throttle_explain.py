@@ -14,13 +14,13 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from django_throttle.inspection.explanations import Explanation, explain
+from django_throttle.inspection.clients import Explanation, explain
 from django_throttle.inspection.subjects import CLIENT_HELP, parse_client
 from django_throttle.management import output
 from django_throttle.management.commands.throttle_inspect import READ_ERROR, bucket_rows
 from django_throttle.models.fields import HTTP_METHODS
-from django_throttle.plain import plain_text
-from django_throttle.request.headers import retry_after_seconds
+from django_throttle.redaction import plain_text
+from django_throttle.request.core import retry_after_seconds
 
 
 def verdict(found: Explanation) -> str:
@@ -28,6 +28,8 @@ def verdict(found: Explanation) -> str:
     decision = found.decision
     if decision is None:
         return "allowed: no limit applies" + (f" ({found.exempt})" if found.exempt else "")
+    if decision.allowed and decision.wait:
+        return f"allowed after waiting {decision.wait:.3f} s for its turn (a delaying limit)"
     if decision.allowed:
         return "allowed"
     name = decision.limit.name if decision.limit is not None else "a limit"
@@ -114,11 +116,18 @@ class Command(output.CountersCommand):
                 if decision is not None and not decision.allowed
                 else None
             ),
+            "in_flight": list(found.in_flight),
             "notes": list(found.notes),
         }
         if fmt == "table":
             for key, value in summary.items():
-                if key in ("denied_by", "retry_after", "notes") and not value:
+                if key in ("denied_by", "retry_after", "in_flight", "notes") and not value:
+                    continue
+                if key == "in_flight":  # one concurrency limit a line
+                    for i, line in enumerate(found.in_flight):
+                        self.stdout.write(
+                            f"{'In flight:' if i == 0 else '':>14} {plain_text(line)}"
+                        )
                     continue
                 if isinstance(value, list):
                     value = ("; " if key == "notes" else ", ").join(value) or None

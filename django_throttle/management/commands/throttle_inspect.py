@@ -17,11 +17,10 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from django_throttle.backends import BackendError
-from django_throttle.durations import format_duration
 from django_throttle.inspection.clients import Bucket, inspect
 from django_throttle.inspection.subjects import CLIENT_HELP, parse_client
 from django_throttle.management import output
-from django_throttle.rates import Limit, rate_text
+from django_throttle.rates import Limit, format_duration, rate_text
 
 #: The message of a backend error while counters are read.
 READ_ERROR = (BackendError, "Could not read the buckets from the backend: {}")
@@ -37,11 +36,17 @@ COLUMNS = (
     ("reset_seconds", "Whole again in (s)"),
     ("shared", "Shared"),
     ("shadow", "Shadow"),
+    ("in_flight", "In flight"),
 )
-#: A table says the wait the way the admin writes it ("30 min", "1 h 2 min"); JSON and CSV
-#: keep ``reset_seconds``, a number for scripts.
+#: A table says the wait the way the admin writes it ("30 min", "1 h 2 min"), and a
+#: concurrency limit's slots in words with when each lease ends; JSON and CSV keep
+#: ``reset_seconds`` and ``in_flight``, numbers for scripts (JSON lists the leases too).
 TABLE_COLUMNS = tuple(
-    ("whole_again", "Whole again in") if key == "reset_seconds" else (key, heading)
+    ("whole_again", "Whole again in")
+    if key == "reset_seconds"
+    else ("held", "In flight")
+    if key == "in_flight"
+    else (key, heading)
     for key, heading in COLUMNS
 )
 
@@ -65,19 +70,36 @@ def bucket_row(bucket: Bucket) -> dict[str, Any]:
         "reset_seconds": round(bucket.state.reset_after, 3),
         "shared": limit.shared,
         "shadow": limit.shadow,
+        "in_flight": bucket.in_flight,
+        "leases": [
+            {"lease": lease, "ends_in_seconds": round(left, 3)} for lease, left in bucket.leases
+        ],
     }
 
 
 def bucket_rows(
     buckets: Sequence[Bucket], fmt: str
 ) -> tuple[list[dict[str, Any]], tuple[tuple[str, str], ...]]:
-    """The buckets' rows and columns in format ``fmt``: see :data:`TABLE_COLUMNS`."""
+    """The buckets' rows and columns in format ``fmt``: see :data:`TABLE_COLUMNS` (a table
+    has its "In flight" column only when a concurrency limit is among the buckets)."""
     rows = [bucket_row(bucket) for bucket in buckets]
     if fmt != "table":
         return rows, COLUMNS
-    for row in rows:
+    for row, bucket in zip(rows, buckets, strict=True):
         row["whole_again"] = format_duration(row["reset_seconds"])
-    return rows, TABLE_COLUMNS
+        row["held"] = held_text(bucket)
+    if any(bucket.concurrency for bucket in buckets):
+        return rows, TABLE_COLUMNS
+    return rows, tuple(column for column in TABLE_COLUMNS if column[0] != "held")
+
+
+def held_text(bucket: Bucket) -> str | None:
+    """A concurrency limit's slots in words, with each lease held and when it ends
+    ("1 of 3 in flight; Ab3dE9xk… ends in 58 s"); ``None`` for another limit."""
+    if not bucket.concurrency:
+        return None
+    ends = (f"{lease} ends in {format_duration(left)}" for lease, left in bucket.leases)
+    return "; ".join((bucket.in_flight_text, *ends))
 
 
 def add_probe_arguments(parser: CommandParser) -> None:

@@ -20,9 +20,15 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_throttle.policy.drf_settings import from_drf
-from django_throttle.policy.files import export_policy, import_policy
-from django_throttle.policy.text import PolicyFileError, decode, dump, load
+from django_throttle.policy.files import (
+    PolicyFileError,
+    decode,
+    dump,
+    export_policy,
+    from_drf,
+    import_policy,
+    load,
+)
 
 FORMATS = ("json", "yaml")
 

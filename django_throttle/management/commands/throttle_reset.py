@@ -12,7 +12,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from django_throttle.backends import BackendError
-from django_throttle.inspection.resets import reset_ceilings, reset_counters
+from django_throttle.inspection.clients import reset_ceilings, reset_counters
 from django_throttle.inspection.subjects import CLIENT_HELP, parse_client
 from django_throttle.management import output
 from django_throttle.management.commands.throttle_inspect import add_probe_arguments, limit_row

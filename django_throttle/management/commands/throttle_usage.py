@@ -4,9 +4,9 @@ runs the same rollup when opened; run it from cron too to keep every minute when
 
 One column per outcome (allowed, denied, shadow would-deny, failed open, failed closed); the
 total is their sum. Tier and endpoint totals are exact; per-client rows are the heaviest
-clients of each minute, and their allowed figures are sampled (see
-:mod:`django_throttle.usage.reports`): every output marks the figures that are estimates
-(``≈`` in the table, ``estimated`` in JSON and CSV). Checks before authentication are rows
+clients of each minute (see :mod:`django_throttle.usage.reports`), estimates when a minute's
+list was full: every output marks the figures that are estimates (``≈`` in the table,
+``estimated`` in JSON and CSV). Checks before authentication are rows
 of their own. Every cell is plain text (:mod:`django_throttle.management.output`).
 """
 
@@ -20,14 +20,12 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 from django.utils import timezone
 
-from django_throttle.backends import BackendError, usage_base
-from django_throttle.durations import format_duration
+from django_throttle.backends import BackendError, usage_store
 from django_throttle.management import output
-from django_throttle.rate_parsing import InvalidRate, parse_period
+from django_throttle.rates import InvalidRate, format_duration, parse_period
 from django_throttle.usage import accounting as usage
 from django_throttle.usage.names import client_names
-from django_throttle.usage.reports import REPORT_BY, Report, label, report
-from django_throttle.usage.rollup import rollup
+from django_throttle.usage.reports import REPORT_BY, Report, label, report, rollup
 
 #: Table heading per outcome, in :data:`usage.OUTCOMES` order.
 _HEADINGS = ("Allowed", "Denied", "Shadow would-deny", "Failed open", "Failed closed")
@@ -41,7 +39,7 @@ _READ_ERROR = (BackendError, "Could not read usage from the backend: {}")
 
 def since_start(text: str) -> datetime:
     """The start of ``--since``'s window: a period as rates write it (``30s``, ``15m``, ``1h``,
-    ``2d``, ``1w``; any case), parsed by :func:`~django_throttle.rate_parsing.parse_period`."""
+    ``2d``, ``1w``; any case), parsed by :func:`~django_throttle.rates.parse_period`."""
     with output.one_line_errors(
         (InvalidRate, f"--since {text!r} is not a duration: {{}}."),
         (OverflowError, f"--since {text!r} is too long."),
@@ -55,11 +53,11 @@ class Command(BaseCommand):
         "Show requests per client, tier or endpoint over a recent window, one column per "
         "outcome (allowed, denied, shadow would-deny, failed open, failed closed), busiest "
         "first (most requests, then most denied). Tier and endpoint totals are exact; "
-        f"per-client rows list the {usage_base.TOP_CLIENTS} heaviest clients of each minute: "
+        f"per-client rows list the {usage_store.TOP_CLIENTS} heaviest clients of each minute: "
         "with more clients than that, smaller ones are folded into those listed. With "
         "--rollup, copy finished minutes from Redis to the database instead (and API keys' "
         "last use; the admin's usage list does the same when opened): schedule it more often "
-        f"than Redis keeps them ({format_duration(usage_base.USAGE_TTL)})."
+        f"than Redis keeps them ({format_duration(usage_store.USAGE_TTL)})."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -123,7 +121,7 @@ class Command(BaseCommand):
             self.stderr.write(
                 f"Note: counts from before {result.uncopied_before:%Y-%m-%d %H:%M} UTC are "
                 "missing unless a rollup copied them: Redis keeps them "
-                f"{format_duration(usage_base.USAGE_TTL)}. Schedule 'manage.py throttle_usage "
+                f"{format_duration(usage_store.USAGE_TTL)}. Schedule 'manage.py throttle_usage "
                 "--rollup' more often than that."
             )
         if result.estimated and fmt != "table":
@@ -149,12 +147,6 @@ class Command(BaseCommand):
         self, result: Report, records: list[dict[str, Any]], by: str, title: str
     ) -> None:
         notes = [_ESTIMATED] if result.estimated else []
-        if result.sample > 1:
-            notes.append(
-                f"≈: an estimate. Allowed requests enter the per-client counts one in "
-                f"{result.sample}, each counted {result.sample} times. Tier and endpoint totals "
-                "(--by tier, --by endpoint) are exact."
-            )
         figures = (*usage.OUTCOMES, "total", "denied_percent")
         rows = []
         for record in records:

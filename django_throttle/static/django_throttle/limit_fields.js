@@ -12,7 +12,7 @@
  */
 'use strict';
 (function() {
-    const OPTIONAL = ['burst', 'timezone'];
+    const OPTIONAL = ['burst', 'delay', 'max_wait', 'timezone'];
     const SELECT = 'select.django-throttle-algorithm';
 
     function rowOf(select) {

@@ -133,12 +133,9 @@ def _use_redis(url: str) -> None:
     ``setting_changed`` makes django-throttle drop any backend it already built.
     """
     os.environ["REDIS_URL"] = url
-    for name, value in (
-        ("DJANGO_THROTTLE_REDIS_URL", url),
-        ("DJANGO_THROTTLE_BACKEND", "django_throttle.backends.redis.RedisBackend"),
-    ):
-        setattr(settings, name, value)
-        setting_changed.send(sender=type(settings), setting=name, value=value, enter=True)
+    name = "DJANGO_THROTTLE_REDIS_URL"
+    setattr(settings, name, url)
+    setting_changed.send(sender=type(settings), setting=name, value=url, enter=True)
 
 
 def _demo_api_key() -> str:
@@ -158,6 +155,10 @@ DEMO_KEY_NAME = "demo partner"
 def _banner(port: int, redis_where: str, api_key: str) -> str:
     base = f"http://{HOST}:{port}"
     loop = f"for i in $(seq 12); do curl -s -o /dev/null -w '%{{http_code}} ' {base}/api/ping/"
+    paced = (
+        "for i in $(seq 7); do curl -s -o /dev/null -w '%{http_code} %{time_total}s\\n' "
+        f"{base}/api/search/?q=tea & done; wait"
+    )
     return textwrap.dedent(
         f"""
         ─────────────────────────── django-throttle demo ───────────────────────────
@@ -182,6 +183,14 @@ def _banner(port: int, redis_where: str, api_key: str) -> str:
 
           # costs 10 tokens of free's 20/h export limit: the third call in a row is refused
           curl -i -u alice:alice -X POST {base}/api/export/
+
+          # one download at a time (free: a concurrency limit): while this one streams
+          # for 10 s, the same line in a third terminal gets 429 with Retry-After: 1
+          curl -i -u alice:alice "{base}/api/export/download/?seconds=10"
+
+          # paced, not refused (GCRA with a delay): 3 at once, the next 3 half a second
+          # apart (see X-RateLimit-Delayed), the 7th refused
+          {paced}
 
           # a plain Django view with @throttle(rate="5/min")
           curl -i {base}/hello/

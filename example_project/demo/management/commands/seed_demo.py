@@ -1,4 +1,4 @@
-"""Create the demo's tiers, endpoint rule and users; running it again changes nothing."""
+"""Create the demo's tiers, endpoint rules and users; running it again changes nothing."""
 
 from __future__ import annotations
 
@@ -59,6 +59,24 @@ TIERS: dict[str, tuple[str, str, int, bool, bool, list[tuple[str, int | None, st
 #: Per-tier limits of the "export" rule: every POST to a view with throttle_scope "export"
 #: costs 10 tokens, so free users get two exports in a row, pro users twenty.
 EXPORT_LIMITS: dict[str, tuple[str, int]] = {"free": ("20/h", 20), "pro": ("200/h", 200)}
+#: Per-tier limits of the "export-download" rule, [(rate, algorithm)]: a slow streamed export
+#: that may run only so many at a time. "1/min" concurrency is one download in flight per
+#: user, its slot free again within a minute should the worker die; the free tier's token
+#: bucket on the same rule is counted in the same call (and neither is taken when either
+#: refuses).
+DOWNLOAD_LIMITS: dict[str, list[tuple[str, str]]] = {
+    "free": [("1/min", "concurrency"), ("30/h", "token_bucket")],
+    "pro": [("3/min", "concurrency")],
+}
+#: Per-tier limits of the "search" rule, (rate, burst, delay, longest wait): GCRA that delays
+#: instead of refusing at once (nginx's limit_req with burst and delay). Anonymous callers get
+#: 2 a second with a burst of 6: the first 3 of a burst at once, the next 3 each half a second
+#: after the one before, the 7th refused; signed-in users the same at 5 a second.
+SEARCH_LIMITS: dict[str, tuple[str, int, int, float]] = {
+    "anonymous": ("2/s", 6, 2, 2.0),
+    "free": ("5/s", 10, 4, 2.0),
+    "pro": ("5/s", 10, 4, 2.0),
+}
 #: Credential rules: scope → (rule name, [(rate, counted by)]) for anonymous clients, each
 #: counting failed attempts only. "login" guards /accounts/login/ and /api/token/
 #: (``protect_credentials``), "admin-login" the admin's login page, "authentication" the
@@ -78,9 +96,9 @@ USERS: dict[str, tuple[bool, str | None]] = {
 
 class Command(BaseCommand):
     help = (
-        "Create the demo tiers (anonymous, free, pro), the 'export', 'login', 'admin-login' and "
-        "'authentication' endpoint rules and the users admin/admin, alice/alice (free) and "
-        "bob/bob (pro). Safe to run again."
+        "Create the demo tiers (anonymous, free, pro), the 'export', 'export-download', "
+        "'search', 'login', 'admin-login' and 'authentication' endpoint rules and the users "
+        "admin/admin, alice/alice (free) and bob/bob (pro). Safe to run again."
     )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -88,6 +106,8 @@ class Command(BaseCommand):
         with transaction.atomic():
             tiers = self._seed_tiers()
             self._seed_export_rule(tiers)
+            self._seed_download_rule(tiers)
+            self._seed_search_rule(tiers)
             self._seed_credential_rules(tiers)
             self._seed_users(tiers)
         summary = ", ".join(f"{n} {what}" for what, n in sorted(self.changes.items()))
@@ -136,6 +156,46 @@ class Command(BaseCommand):
         for slug, (rate, burst) in EXPORT_LIMITS.items():
             self._upsert(
                 EndpointLimit, {"rule": rule, "tier": tiers[slug], "rate": rate}, burst=burst
+            )
+
+    def _seed_download_rule(self, tiers: dict[str, Tier]) -> None:
+        rule = self._upsert(
+            EndpointRule,
+            {"name": "export-download"},
+            match_type=EndpointRule.MatchType.SCOPE,
+            pattern="export-download",
+            methods="GET",
+            cost=1,
+            enabled=True,
+            shadow=False,
+        )
+        for slug, limits in DOWNLOAD_LIMITS.items():
+            for rate, algorithm in limits:
+                self._upsert(
+                    EndpointLimit,
+                    {"rule": rule, "tier": tiers[slug], "rate": rate},
+                    algorithm=algorithm,
+                )
+
+    def _seed_search_rule(self, tiers: dict[str, Tier]) -> None:
+        rule = self._upsert(
+            EndpointRule,
+            {"name": "search"},
+            match_type=EndpointRule.MatchType.SCOPE,
+            pattern="search",
+            methods="GET",
+            cost=1,
+            enabled=True,
+            shadow=False,
+        )
+        for slug, (rate, burst, delay, max_wait) in SEARCH_LIMITS.items():
+            self._upsert(
+                EndpointLimit,
+                {"rule": rule, "tier": tiers[slug], "rate": rate},
+                algorithm="gcra",
+                burst=burst,
+                delay=delay,
+                max_wait=max_wait,
             )
 
     def _seed_credential_rules(self, tiers: dict[str, Tier]) -> None:

@@ -1,0 +1,460 @@
+"""A concurrency limit under load: one gunicorn server, a slow endpoint driven by more
+connections than it has workers, and a fast one beside it at a steady rate; run without and
+with a concurrency limit on the slow endpoint.
+
+Run by hand from the repository root (never in CI)::
+
+    .venv/bin/python bench/load_concurrency.py            # about a minute
+    .venv/bin/python bench/load_concurrency.py --quick    # a few seconds per run, *_quick files
+
+Needs the ``bench`` extra (gunicorn, matplotlib). One run starts a private ``redis-server``,
+migrates a SQLite file with a default anonymous tier whose limit never denies (both runs pay
+the same throttle), and for each of the two runs starts a fresh gunicorn (``--workers`` sync
+workers) serving ``loadproject``: ``/api/export/`` (``throttle_scope = "export"``, sleeps
+``--slow-seconds``) and ``/api/ping/``. Run "limited" first adds an endpoint rule on the
+scope ``export`` with a concurrency limit of ``--limit`` for the anonymous tier, counted per
+client.
+
+The load, from threads of this process (the same machine as the server, so it takes CPU
+from it too): ``--slow-clients`` client addresses, each with ``--slow-connections`` threads
+that request the export back to back (one new connection each, as a sync worker closes it),
+waiting ``--refused-wait`` after a 429; and the ping at ``--fast-rate`` per second, sent on
+schedule whatever came back (open loop), its latency counted from the time it was due, so
+time spent waiting for a worker counts. The export view counts itself in and out of a Redis
+counter, sampled every ``--sample-every`` seconds: the workers the slow endpoint holds.
+
+Before each run it waits (up to ``--patience`` s) for other processes to use at most
+``--max-foreign`` cores. Reports per second and per run; records the load average and the
+CPU other processes used during each run.
+Writes ``<out-dir>/<stem>.json`` and ``.png`` (the two runs side by side). Every process it
+started is stopped at the end, also on errors, Ctrl-C and SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+RESULTS = BENCH / "results"
+# Appended, not prepended: a PYTHONPATH entry may hold another django_throttle to measure.
+sys.path.insert(0, str(BENCH))
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+
+from loadproject import IN_FLIGHT_KEY, cpu, report  # noqa: E402
+from loadproject.server import Server  # noqa: E402
+
+from example_project.private_redis import PrivateRedis  # noqa: E402
+
+SLOW_PATH = "/api/export/"
+FAST_PATH = "/api/ping/"
+#: The anonymous tier's own limit: never reached, so only the endpoint rule ever refuses.
+NEVER_DENY = "1000000/s"
+RUNS = ("unlimited", "limited")
+
+
+def log(*parts: Any) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def percentile(values: list[float], fraction: float) -> float | None:
+    """The nearest-rank percentile, or ``None`` without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(fraction * len(ordered) + 0.5) - 1))]
+
+
+def get(port: int, path: str, address: str, timeout: float) -> tuple[int, str | None]:
+    """Status and ``Retry-After`` of one GET from client ``address``; status 0 on a socket
+    error."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        connection.request("GET", path, headers={"X-Forwarded-For": address})
+        response = connection.getresponse()
+        response.read()
+        return response.status, response.getheader("Retry-After")
+    except OSError:
+        return 0, None
+    finally:
+        connection.close()
+
+
+def prepare_database(path: Path, redis_url: str, logdir: Path) -> None:
+    """Migrate the SQLite file and create the default anonymous tier, as an operator would."""
+    os.environ.update(
+        DJANGO_SETTINGS_MODULE="loadproject.settings",
+        LOADTEST_VARIANT="policy",
+        LOADTEST_REDIS_URL=redis_url,
+        LOADTEST_DB=str(path),
+        LOADTEST_LOGDIR=str(logdir),
+    )
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    from django_throttle.models import Tier, TierLimit
+
+    call_command("migrate", verbosity=0)
+    tier = Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
+    TierLimit.objects.create(tier=tier, rate=NEVER_DENY)
+
+
+def add_concurrency_rule(rate: str) -> None:
+    """The endpoint rule of run "limited": scope ``export``, ``rate`` in flight per client."""
+    from django_throttle.models import EndpointLimit, EndpointRule, Tier
+    from django_throttle.rates import Algorithm
+
+    rule = EndpointRule.objects.create(name="export", match_type="scope", pattern="export")
+    tier = Tier.objects.get(slug="anonymous")
+    EndpointLimit.objects.create(rule=rule, tier=tier, rate=rate, algorithm=Algorithm.CONCURRENCY)
+
+
+def probe(port: int, limited: bool, args: argparse.Namespace) -> None:
+    """Fail early unless the server refuses what the run says: one client sending a few
+    exports more than its limit at once gets 429s with the limit, none without. Every worker
+    answers a ping first (each loads the policy on its first request), so the exports overlap;
+    on a busy machine they may still not, hence a few tries."""
+    with ThreadPoolExecutor(args.workers * 2) as pool:
+        list(
+            pool.map(
+                lambda n: get(port, FAST_PATH, f"192.0.2.{n + 2}", 10), range(args.workers * 4)
+            )
+        )
+        sent = args.limit_count + 2
+        for _ in range(3):
+            statuses = [
+                status
+                for status, _ in pool.map(
+                    lambda _: get(port, SLOW_PATH, "192.0.2.1", 10), range(sent)
+                )
+            ]
+            refused = statuses.count(429)
+            if statuses.count(200) + refused == sent and (refused > 0) == limited:
+                return
+    raise RuntimeError(f"probe of run limited={limited}: statuses {statuses}")
+
+
+class Load:
+    """The two kinds of client and the in-flight sampler, for one run."""
+
+    def __init__(self, port: int, counter: Any, args: argparse.Namespace) -> None:
+        self.port, self.counter, self.args = port, counter, args
+        self.stop = threading.Event()
+        self.slow: list[tuple[float, float, int]] = []  # (start, end, status)
+        self.fast: list[tuple[float, float, int]] = []  # (due, end, status)
+        self.samples: list[tuple[float, int]] = []  # (time, exports inside the view)
+        self.lock = threading.Lock()
+
+    def slow_client(self, address: str) -> None:
+        while not self.stop.is_set():
+            start = time.monotonic()
+            status, _ = get(self.port, SLOW_PATH, address, self.args.timeout)
+            with self.lock:
+                self.slow.append((start, time.monotonic(), status))
+            if status != 200:
+                self.stop.wait(self.args.refused_wait)
+
+    def fast_request(self, due: float) -> None:
+        status, _ = get(self.port, FAST_PATH, f"10.9.{int(due * 1000) % 250}.1", self.args.timeout)
+        with self.lock:
+            self.fast.append((due, time.monotonic(), status))
+
+    def fast_schedule(self, pool: ThreadPoolExecutor) -> None:
+        start, sent = time.monotonic(), 0
+        while not self.stop.is_set():
+            due = start + sent / self.args.fast_rate
+            if self.stop.wait(max(0.0, due - time.monotonic())):
+                break
+            pool.submit(self.fast_request, due)
+            sent += 1
+
+    def sampler(self) -> None:
+        while not self.stop.is_set():
+            self.samples.append((time.monotonic(), int(self.counter.get(IN_FLIGHT_KEY) or 0)))
+            self.stop.wait(self.args.sample_every)
+
+    def run(self, seconds: float) -> tuple[float, float]:
+        """Drive the load for ``seconds`` (warm-up included); returns the measured window."""
+        args = self.args
+        threads = [
+            threading.Thread(target=self.slow_client, args=(f"10.1.0.{client + 1}",))
+            for client in range(args.slow_clients)
+            for _ in range(args.slow_connections)
+        ]
+        threads.append(threading.Thread(target=self.sampler))
+        began = time.monotonic()
+        with ThreadPoolExecutor(args.fast_threads) as pool:
+            scheduler = threading.Thread(target=self.fast_schedule, args=(pool,))
+            for thread in [*threads, scheduler]:
+                thread.start()
+            time.sleep(seconds)
+            self.stop.set()
+            for thread in [*threads, scheduler]:
+                thread.join()
+        return began + args.warmup, began + seconds
+
+
+def per_second(load: Load, window: tuple[float, float]) -> list[dict[str, Any]]:
+    """One row per measured second: exports in flight (mean, max of the samples), exports
+    served and refused (by the second they ended), ping latency (by the second it was due)
+    and pings answered."""
+    start, end = window
+    rows = []
+    for second in range(int(end - start)):
+        low, high = start + second, start + second + 1
+        inside = [n for t, n in load.samples if low <= t < high]
+        slow_ended = [status for _, t, status in load.slow if low <= t < high]
+        due = [(t - d) * 1e3 for d, t, s in load.fast if low <= d < high and s == 200]
+        answered = [s for _, t, s in load.fast if low <= t < high]
+        rows.append(
+            {
+                "second": second,
+                "slow_in_flight_mean": round(statistics.fmean(inside), 2) if inside else None,
+                "slow_in_flight_max": max(inside, default=None),
+                "slow_served": slow_ended.count(200),
+                "slow_refused": slow_ended.count(429),
+                "fast_p50_ms": percentile(due, 0.5),
+                "fast_p99_ms": percentile(due, 0.99),
+                "fast_answered": answered.count(200),
+            }
+        )
+    return rows
+
+
+def summary(load: Load, window: tuple[float, float]) -> dict[str, Any]:
+    """The measured window of one run in a few numbers."""
+    start, end = window
+    seconds = end - start
+    inside = [n for t, n in load.samples if start <= t < end]
+    slow = [status for _, t, status in load.slow if start <= t < end]
+    fast = [(t - d) * 1e3 for d, t, s in load.fast if start <= d < end and s == 200]
+    fast_all = [s for d, _, s in load.fast if start <= d < end]
+    due = sum(1 for d, _, _ in load.fast if start <= d < end)
+    rounded = {
+        "fast_p50_ms": percentile(fast, 0.5),
+        "fast_p90_ms": percentile(fast, 0.9),
+        "fast_p99_ms": percentile(fast, 0.99),
+        "fast_max_ms": max(fast, default=None),
+    }
+    return {
+        "seconds": round(seconds, 2),
+        "slow_in_flight_mean": round(statistics.fmean(inside), 2) if inside else None,
+        "slow_in_flight_max": max(inside, default=None),
+        "slow_samples": len(inside),
+        "slow_served_per_s": round(slow.count(200) / seconds, 1),
+        "slow_refused_per_s": round(slow.count(429) / seconds, 1),
+        "slow_other": len(slow) - slow.count(200) - slow.count(429),
+        **{k: None if v is None else round(v, 2) for k, v in rounded.items()},
+        "fast_due": due,
+        "fast_answered_per_s": round(len(fast) / seconds, 1),
+        "fast_not_200": len(fast_all) - len(fast),
+        # Pings due in the window but not back before the run ended (waiting for a worker).
+        "fast_unanswered": due - len(fast_all),
+    }
+
+
+def one_run(
+    name: str, env: dict[str, str], redis_url: str, args: argparse.Namespace, ours: int | None
+) -> dict[str, Any]:
+    """A fresh server (it loads the policy as it is now), the probe, then the load."""
+    import redis
+
+    waited = 0
+    while waited < args.patience:  # give other work on the machine a chance to finish first
+        with cpu.Meter(ours, set(), 0) as idle:
+            time.sleep(1)
+        if idle.foreign <= args.max_foreign:
+            break
+        waited += 1
+    server = Server("gunicorn", "policy", args.workers, env)
+    counter = redis.Redis.from_url(redis_url)
+    try:
+        server.wait_ready("192.0.2.200")
+        probe(server.port, name == "limited", args)
+        counter.delete(IN_FLIGHT_KEY)
+        load = Load(server.port, counter, args)
+        load_before = os.getloadavg()
+        with cpu.Meter(ours, {server.process.pid}, server.process.pid) as meter:
+            window = load.run(args.warmup + args.seconds)
+        load_after = os.getloadavg()
+        problems = server.log_problems(0)
+    finally:
+        server.stop()
+        counter.close()
+    s = summary(load, window)
+    result: dict[str, Any] = {
+        "run": name,
+        "summary": s,
+        "per_second": per_second(load, window),
+        "load_average_before": [round(v, 2) for v in load_before],
+        "load_average_after": [round(v, 2) for v in load_after],
+        "cores_ours": meter.ours,
+        "cores_others": meter.foreign,
+        "waited_for_quiet_s": waited,
+        "server_log_problems": problems[0],
+        "server_log_first": problems[2],
+    }
+    log(
+        f"{name:9}  exports in flight mean {s['slow_in_flight_mean']} max "
+        f"{s['slow_in_flight_max']}, served {s['slow_served_per_s']}/s refused "
+        f"{s['slow_refused_per_s']}/s | ping p50 {s['fast_p50_ms']} ms p99 {s['fast_p99_ms']}"
+        f" ms, {s['fast_answered_per_s']}/s answered, {s['fast_unanswered']} unanswered | "
+        f"load avg {load_before[0]:.2f}->{load_after[0]:.2f}, cores ours {meter.ours:.2f} "
+        f"others {meter.foreign:.2f}"
+    )
+    return result
+
+
+def plot(payload: dict[str, Any], path: Path) -> None:
+    """The two runs side by side, per second: exports in flight, exports served and refused,
+    ping latency, pings answered."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings, runs = payload["settings"], payload["runs"]
+    figure, axes = plt.subplots(4, 2, figsize=(12, 11), sharex=True, sharey="row")
+    titles = {
+        "unlimited": "no concurrency limit",
+        "limited": f"concurrency limit {settings['limit']} per client "
+        f"({settings['slow_clients']} clients: at most {settings['share']} exports)",
+    }
+    for column, run in enumerate(runs):
+        rows = run["per_second"]
+        xs = [row["second"] for row in rows]
+        inside, exports, latency, pings = (axes[row][column] for row in range(4))
+        inside.plot(xs, [row["slow_in_flight_mean"] for row in rows], "o-", label="mean")
+        inside.plot(xs, [row["slow_in_flight_max"] for row in rows], "^--", label="max")
+        inside.axhline(settings["workers"], color="black", lw=1, label="workers")
+        if run["run"] == "limited":
+            inside.axhline(
+                settings["share"], color="tab:red", lw=1, ls=":", label="limit x clients"
+            )
+        inside.set_title(titles[run["run"]], fontsize=10)
+        exports.plot(xs, [row["slow_served"] for row in rows], "o-", label="served (200)")
+        exports.plot(
+            xs, [row["slow_refused"] for row in rows], "x--", color="tab:red", label="refused (429)"
+        )
+        latency.plot(xs, [row["fast_p50_ms"] for row in rows], "o-", label="p50")
+        latency.plot(xs, [row["fast_p99_ms"] for row in rows], "^--", label="p99")
+        latency.set_yscale("log")
+        pings.plot(xs, [row["fast_answered"] for row in rows], "o-", color="tab:green")
+        pings.axhline(settings["fast_rate"], color="black", lw=1, ls=":", label="rate sent")
+        pings.set_xlabel("second of the measured window")
+        for axis in (inside, exports, latency, pings):
+            axis.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("exports inside the view\n(workers they hold)")
+    axes[1][0].set_ylabel("exports per s")
+    axes[2][0].set_ylabel("ping latency, ms\n(from when it was due)")
+    axes[3][0].set_ylabel("pings answered per s")
+    axes[0][0].set_ylim(bottom=0, top=settings["workers"] + 1)
+    axes[1][0].set_ylim(bottom=0)
+    axes[3][0].set_ylim(bottom=0)
+    places = ("lower right", "center right", "upper right", "lower right")
+    for row, place in zip(axes, places, strict=True):
+        row[1].legend(fontsize=8, loc=place)
+    machine = payload["machine"]
+    figure.suptitle(
+        f"gunicorn, {settings['workers']} sync workers: /api/export/ (sleeps "
+        f"{settings['slow_seconds'] * 1e3:.0f} ms) from {settings['slow_clients']} clients x "
+        f"{settings['slow_connections']} connections, /api/ping/ at {settings['fast_rate']}/s\n"
+        f"{machine['cpu']}, {machine['logical_cpus']} CPUs shared by server, Redis and the "
+        f"load generator; code: {machine['code']}",
+        fontsize=10,
+    )
+    figure.tight_layout(rect=(0, 0, 1, 0.94))
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="3 s per run, 1 s warm-up, no wait for quiet"
+    )
+    parser.add_argument("--seconds", type=float, default=20, help="measured seconds per run")
+    parser.add_argument("--warmup", type=float, default=3, help="seconds before measuring")
+    parser.add_argument("--workers", type=int, default=8, help="gunicorn sync workers")
+    parser.add_argument("--slow-seconds", type=float, default=0.2, help="an export's sleep")
+    parser.add_argument("--slow-clients", type=int, default=2, help="export client addresses")
+    parser.add_argument("--slow-connections", type=int, default=12, help="threads per client")
+    parser.add_argument("--refused-wait", type=float, default=0.2, help="s after a 429")
+    parser.add_argument("--limit", default="2/min", help="concurrency limit per client")
+    parser.add_argument("--fast-rate", type=float, default=40, help="pings per second")
+    parser.add_argument("--fast-threads", type=int, default=200, help="pings at once, at most")
+    parser.add_argument("--sample-every", type=float, default=0.01, help="s between samples")
+    parser.add_argument("--timeout", type=float, default=30, help="socket timeout, s")
+    parser.add_argument("--max-foreign", type=float, default=0.2, help="cores; else wait")
+    parser.add_argument("--patience", type=int, default=30, help="s to wait for quiet, per run")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    parser.add_argument("--stem", help="output file stem")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seconds, args.warmup, args.patience = 3, 1, 0
+    args.stem = args.stem or ("load_concurrency_quick" if args.quick else "load_concurrency")
+    args.limit_count = int(args.limit.split("/")[0])
+    return args
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    workdir = tempfile.TemporaryDirectory(prefix="django-throttle-concurrency-")
+    redis_server = PrivateRedis()
+    try:
+        redis_server.start()
+        logdir = Path(workdir.name)
+        prepare_database(logdir / "db.sqlite3", redis_server.url, logdir)
+        path = os.pathsep.join(filter(None, [str(BENCH), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path, "LOADTEST_USAGE": "1"}
+        env["LOADTEST_SLOW_SECONDS"] = str(args.slow_seconds)
+        runs = [one_run("unlimited", env, redis_server.url, args, redis_server.pid)]
+        add_concurrency_rule(args.limit)
+        runs.append(one_run("limited", env, redis_server.url, args, redis_server.pid))
+        import redis
+
+        client = redis.Redis.from_url(redis_server.url)
+        machine = report.machine_info(str(client.info("server")["redis_version"]), ROOT)
+        client.close()
+    finally:
+        redis_server.stop()
+        workdir.cleanup()
+    settings = {k: v for k, v in vars(args).items() if k not in {"out_dir", "json", "stem"}}
+    settings.update(share=args.limit_count * args.slow_clients, tier_limit=NEVER_DENY)
+    payload = {"machine": machine, "settings": settings, "runs": runs}
+    out = args.out_dir / args.stem
+    out.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
+    try:
+        plot(payload, out.with_suffix(".png"))
+    except ImportError:
+        log("matplotlib is not installed: no plot")
+    log(f"wrote {out}.json, .png")
+    if args.json:
+        print(json.dumps(payload))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

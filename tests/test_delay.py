@@ -1,0 +1,346 @@
+"""Delay instead of reject (nginx's ``limit_req`` with ``burst`` and ``delay``): a GCRA limit
+with a ``delay`` reserves each admitted request's turn in the counting call and the adapter
+waits for it. Known answers on both backends (a test clock), the spacing of concurrent
+requests on the Redis clock, and the decorator, sync and async: requests released one
+interval apart, a response saying how long it waited, the per-process cap, and a client that
+goes away giving its turn back."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import redis
+from adrf.views import APIView as AsyncAPIView
+from asgiref.sync import async_to_sync
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.test import AsyncClient, Client
+from django.urls import path
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from django_throttle.backends.base import ArgumentRefused, Backend
+from django_throttle.backends.redis import RedisBackend
+from django_throttle.decorators import throttle
+from django_throttle.drf import AsyncPolicyThrottle
+from django_throttle.models import EndpointLimit
+from django_throttle.policy import live as policy
+from django_throttle.rates import Algorithm, InvalidRate, Limit
+from django_throttle.request import core
+from tests.factories import endpoint, own_connections, tier
+
+T0 = 1_800_000_000.0
+
+
+def paced(burst: int = 5, delay: int = 0, max_wait: float | None = None) -> Limit:
+    return Limit.build(
+        "paced", "2/s", burst=burst, algorithm=Algorithm.GCRA, delay=delay, max_wait=max_wait
+    )
+
+
+def seen(
+    backend: Backend, limit: Limit, n: int, now: float = T0
+) -> list[tuple[bool, float, float]]:
+    decisions = [backend.hit("c", [limit], now=now) for _ in range(n)]
+    return [(d.allowed, d.wait, d.retry_after) for d in decisions]
+
+
+# -- the backends ---------------------------------------------------------------------------
+
+
+def test_delay_0_paces_every_request_after_the_first(backend: Backend) -> None:
+    # nginx: rate=2r/s burst=4 (delay=0 by default): one at once, four queued 0.5 s apart.
+    assert seen(backend, paced(5), 7) == [
+        (True, 0.0, 0.0),
+        (True, 0.5, 0.0),
+        (True, 1.0, 0.0),
+        (True, 1.5, 0.0),
+        (True, 2.0, 0.0),
+        (False, 0.0, 0.5),  # beyond the burst: refused, nothing reserved
+        (False, 0.0, 0.5),
+    ]
+
+
+def test_delay_n_serves_n_more_at_once_and_max_wait_caps_the_wait(backend: Backend) -> None:
+    assert seen(backend, paced(5, delay=1, max_wait=1.0), 6) == [
+        (True, 0.0, 0.0),
+        (True, 0.0, 0.0),
+        (True, 0.5, 0.0),
+        (True, 1.0, 0.0),
+        (False, 0.0, 0.5),  # would wait 1.5 s: refused until its wait would be 1 s
+        (False, 0.0, 0.5),
+    ]
+    # Retry-After is honest: after it, the same request is admitted within the longest wait.
+    assert backend.hit("c", [paced(5, delay=1, max_wait=1.0)], now=T0 + 0.5).wait == 1.0
+
+
+def test_a_delay_as_large_as_the_burst_allows_never_waits(backend: Backend) -> None:
+    # nginx's nodelay: the plain GCRA's answers.
+    assert seen(backend, paced(5, delay=4), 6) == [(True, 0.0, 0.0)] * 5 + [(False, 0.0, 0.5)]
+
+
+def test_turns_free_up_at_the_rate(backend: Backend) -> None:
+    limit = paced(3)
+    seen(backend, limit, 3)  # waits 0, 0.5, 1.0
+    later = backend.hit("c", [limit], now=T0 + 1.0)
+    assert (later.allowed, later.wait) == (True, 0.5)  # the turn after the last one reserved
+
+
+def test_a_peek_shows_the_wait_and_reserves_nothing(backend: Backend) -> None:
+    limit = paced(5)
+    seen(backend, limit, 2)
+    for _ in range(3):
+        assert backend.peek("c", [limit], now=T0, cost=1).wait == 1.0
+    assert backend.hit("c", [limit], now=T0).wait == 1.0
+
+
+def test_a_refund_gives_the_turn_back(backend: Backend) -> None:
+    limit = paced(5)
+    seen(backend, limit, 3)  # the third waits 1.0 s
+    backend.refund("c", [limit], 1, now=T0)  # the third went away
+    assert backend.hit("c", [limit], now=T0).wait == 1.0  # its turn is the next one's
+
+
+def test_with_other_limits_the_longest_wait_counts(backend: Backend) -> None:
+    slower = Limit.build("slower", "1/s", burst=4, algorithm=Algorithm.GCRA, delay=0)
+    both = [paced(5), slower]
+    waits = [backend.hit("c", both, now=T0).wait for _ in range(3)]
+    assert waits == [0.0, 1.0, 2.0]
+
+
+def test_delay_is_refused_where_it_does_not_apply() -> None:
+    with pytest.raises(InvalidRate, match="only a GCRA limit delays") as refused:
+        Limit.build("x", "2/s", burst=5, algorithm=Algorithm.TOKEN_BUCKET, delay=1)
+    assert refused.value.field == "delay"
+    with pytest.raises(InvalidRate, match="between 0 and the burst less one"):
+        paced(5, delay=5)
+    with pytest.raises(InvalidRate, match="longest wait") as refused:
+        paced(5, max_wait=0)
+    assert refused.value.field == "max_wait"
+    with pytest.raises(ValueError, match=r"throttle\(rate='2/s', delay=1\)"):
+        throttle(rate="2/s", delay=1)
+    with pytest.raises(TypeError, match="give rate="):
+        throttle(scope="x", delay=1)
+
+
+def test_the_script_refuses_a_bad_pacing(_isolated_throttle: str) -> None:
+    backend = RedisBackend()
+    call = backend._request("c", [paced(5)], 1, None, None)
+    spec = call.args[2]
+    assert spec == b"g5:5e5:1:25e5"  # at once 1 (delay 0 + 1), longest wait the burst's
+    for bad, message in ((b"g5:5e5:0:1", "served at once"), (b"g5:5e5:1:0", "longest wait")):
+        with pytest.raises(ArgumentRefused, match=message):
+            backend._route.call(call._replace(args=(call.args[0], call.args[1], bad)))
+    backend.close()
+
+
+def test_concurrent_requests_are_spaced_one_interval_apart_on_the_redis_clock(
+    redis_client: redis.Redis, _isolated_throttle: str
+) -> None:
+    """Each request waits its turn, then reads the Redis clock: the turns are one interval
+    apart, within a tolerance (0.1 s) for thread scheduling and a round trip on a loaded
+    two-core machine."""
+    backend = RedisBackend()
+    limit = paced(8)
+    start = threading.Barrier(8)
+
+    def turn(_: int) -> float:
+        start.wait()
+        decision = backend.hit("c", [limit])
+        assert decision.allowed
+        time.sleep(decision.wait)
+        seconds, micros = redis_client.time()
+        return seconds + micros / 1e6
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        turns = sorted(pool.map(turn, range(8)))
+    gaps = [later - earlier for earlier, later in itertools.pairwise(turns)]
+    assert all(abs(gap - 0.5) < 0.1 for gap in gaps), gaps
+    backend.close()
+
+
+# -- the decorator ----------------------------------------------------------------------------
+
+entered: list[float] = []
+_entered_lock = threading.Lock()
+
+
+def _now() -> float:
+    from django_throttle.backends import get_backend
+
+    seconds, micros = get_backend().client.time()  # type: ignore[attr-defined]
+    return float(seconds) + micros / 1e6
+
+
+@throttle(rate="2/s", algorithm="gcra", burst=4, delay=0)
+def paced_view(request: HttpRequest) -> HttpResponse:
+    with _entered_lock:
+        entered.append(_now())
+    return JsonResponse({"ok": True})
+
+
+@throttle(rate="2/s", algorithm="gcra", burst=4, delay=0, scope="paced-async")
+async def paced_view_async(request: HttpRequest) -> HttpResponse:
+    entered.append(time.monotonic())
+    return JsonResponse({"ok": True})
+
+
+class PacedApi(APIView):
+    permission_classes = [AllowAny]
+
+    def get(self, request: Request) -> Response:
+        with _entered_lock:
+            entered.append(_now())
+        return Response({"ok": True})
+
+
+class PacedAsyncApi(AsyncAPIView):  # type: ignore[misc]
+    permission_classes = [AllowAny]
+    throttle_classes = [AsyncPolicyThrottle]
+
+    async def get(self, request: Request) -> Response:
+        entered.append(time.monotonic())
+        return Response({"ok": True})
+
+
+urlpatterns = [
+    path("api/paced/", PacedApi.as_view(), name="paced-api"),
+    path("api/paced-async/", PacedAsyncApi.as_view(), name="paced-api-async"),
+    path("paced/", paced_view),
+    path("paced-async/", paced_view_async),
+]
+
+
+@pytest.fixture
+def clear_entered() -> None:
+    entered.clear()
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_a_sync_view_is_entered_one_interval_apart(clear_entered: None) -> None:
+    start = threading.Barrier(5)
+
+    @own_connections
+    def get(_: int) -> tuple[int, str]:
+        start.wait()
+        response = Client(REMOTE_ADDR="203.0.113.5").get("/paced/")
+        return response.status_code, response.get("X-RateLimit-Delayed", "")
+
+    policy.current()  # the policy loaded here: the threads read no database
+    with ThreadPoolExecutor(max_workers=5) as pool:
+        answers = list(pool.map(get, range(5)))
+    assert sorted(status for status, _ in answers) == [200, 200, 200, 200, 429]
+    delayed = sorted(float(header) for status, header in answers if status == 200 and header)
+    assert len(delayed) == 3 and all(0 < wait <= 1.5 for wait in delayed)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(sorted(entered))]
+    assert len(gaps) == 3 and all(abs(gap - 0.5) < 0.1 for gap in gaps), gaps
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_async_views_await_their_turn(clear_entered: None) -> None:
+    async def run() -> list[int]:
+        client = AsyncClient(REMOTE_ADDR="203.0.113.6")
+        responses = await asyncio.gather(*(client.get("/paced-async/") for _ in range(3)))
+        return sorted(response.status_code for response in responses)
+
+    began = time.monotonic()
+    assert async_to_sync(run)() == [200, 200, 200]
+    assert time.monotonic() - began >= 0.95  # the third waited for its turn at 1 s
+    gaps = [later - earlier for earlier, later in itertools.pairwise(sorted(entered))]
+    assert all(abs(gap - 0.5) < 0.1 for gap in gaps), gaps
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_a_client_gone_while_waiting_gives_its_turn_back(clear_entered: None) -> None:
+    async def run() -> float:
+        client = AsyncClient(REMOTE_ADDR="203.0.113.7")
+        await client.get("/paced-async/")  # served at once
+        waiting = asyncio.ensure_future(client.get("/paced-async/"))  # its turn: 0.5 s later
+        await asyncio.sleep(0.1)
+        waiting.cancel()  # the client went away
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        began = time.monotonic()
+        response = await client.get("/paced-async/")
+        assert response.status_code == 200
+        return time.monotonic() - began
+
+    # The cancelled request's turn (0.5 s after the first) went to this one: it waits about
+    # 0.4 s, not 0.9 s.
+    assert async_to_sync(run)() < 0.7
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_beyond_the_cap_of_waiting_requests_a_request_is_refused_at_once(
+    monkeypatch: pytest.MonkeyPatch, clear_entered: None
+) -> None:
+    monkeypatch.setattr(core, "_waiting", threading.BoundedSemaphore(1))
+    client = Client(REMOTE_ADDR="203.0.113.8")
+    assert client.get("/paced/").status_code == 200  # at once
+    policy.current()  # the policy loaded here: the threads read no database
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        waiting = pool.submit(
+            own_connections(client.get), "/paced/"
+        )  # waits 0.5 s, holding the one place
+        time.sleep(0.1)
+        refused = Client(REMOTE_ADDR="203.0.113.8").get("/paced/")
+        assert refused.status_code == 429
+        assert refused["Retry-After"] == "1"  # the wait it would have had (1 s), rounded up
+        assert waiting.result().status_code == 200
+    # The refused request gave its turn back: the next one waits for the second's successor.
+    answered = Client(REMOTE_ADDR="203.0.113.8").get("/paced/")
+    assert answered.status_code == 200 and float(answered["X-RateLimit-Delayed"]) <= 0.5
+
+
+def paced_rule(route: str) -> None:
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    rule = endpoint(route, "route", route)
+    EndpointLimit.objects.create(
+        rule=rule, tier=anonymous, rate="2/s", burst=3, algorithm="gcra", delay=0
+    )
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_drf_views_under_an_admin_rule_are_entered_one_interval_apart(clear_entered: None) -> None:
+    paced_rule("paced-api")
+    start = threading.Barrier(4)
+
+    @own_connections
+    def get(_: int) -> tuple[int, str]:
+        start.wait()
+        response = Client(REMOTE_ADDR="2001:db8::5").get("/api/paced/")
+        return response.status_code, response.get("X-RateLimit-Delayed", "")
+
+    policy.current()  # the policy loaded here: the threads read no database
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        answers = list(pool.map(get, range(4)))
+    assert sorted(status for status, _ in answers) == [200, 200, 200, 429]
+    assert len([header for status, header in answers if status == 200 and header]) == 2
+    gaps = [later - earlier for earlier, later in itertools.pairwise(sorted(entered))]
+    assert len(gaps) == 2 and all(abs(gap - 0.5) < 0.1 for gap in gaps), gaps
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_async_drf_views_await_their_turn(clear_entered: None) -> None:
+    paced_rule("paced-api-async")
+
+    async def run() -> list[int]:
+        client = AsyncClient(REMOTE_ADDR="203.0.113.66")
+        responses = await asyncio.gather(*(client.get("/api/paced-async/") for _ in range(3)))
+        return sorted(response.status_code for response in responses)
+
+    assert async_to_sync(run)() == [200, 200, 200]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(sorted(entered))]
+    assert all(abs(gap - 0.5) < 0.1 for gap in gaps), gaps
