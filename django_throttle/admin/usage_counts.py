@@ -186,9 +186,9 @@ class UsageCountAdmin(AppAdmin):
         return super().changelist_view(request, context)
 
     def get_list_display(self, request: HttpRequest) -> list[str | Callable[[Any], str | bool]]:
-        kind = _kind(request)
-        first = self.CLIENT_COLUMNS if kind == UsageKindFilter.CLIENTS else self.TOTAL_COLUMNS
-        return [*first, *self.COUNTS]
+        if _kind(request) == UsageKindFilter.CLIENTS:
+            return [*self.CLIENT_COLUMNS, *self.COUNTS]
+        return [*self.TOTAL_COLUMNS, *self.COUNTS, "delays"]
 
     def get_list_filter(self, request: HttpRequest) -> list[Any]:
         if _kind(request) == UsageKindFilter.CLIENTS:
@@ -238,6 +238,14 @@ class UsageCountAdmin(AppAdmin):
         """Requests the backend could not count, served (open) and refused (closed): one
         column, so the list keeps to the window's width."""
         return f"{obj.failed_open} / {obj.failed_closed}"
+
+    @admin.display(description=_("delayed (mean wait)"), ordering="delayed")
+    def delays(self, obj: UsageCount) -> str:
+        """Of the allowed, those served after waiting their turn (a delaying limit), and
+        their mean wait; a dash when none waited."""
+        if not obj.delayed:
+            return "-"
+        return f"{obj.delayed} ({obj.waited_ms / 1000 / obj.delayed:.2f} s)"
 
     def get_urls(self) -> list[Any]:
         """The dashboard and the inspector live under the usage list (see

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from html import escape
 from itertools import count
@@ -317,6 +317,8 @@ WINDOWS = {"hour": (60, 1), "day": (1440, 15)}
 CHARTED = ("allowed", "denied", "shadow_denied")
 #: What each outcome is called in the legend and tooltips.
 LABELS = {"allowed": "allowed", "denied": "denied", "shadow_denied": "shadow would-deny"}
+#: What a chart sums per bar: the charted outcomes, and the delays it reports beside them.
+_SUMMED = (*CHARTED, *accounting.MEASURES)
 #: Charts drawn per tier or endpoint; the quieter ones are summed into one "(other)" chart.
 MAX_CHARTS = 12
 OTHER = "(other)"
@@ -336,14 +338,27 @@ class Chart:
     title: str
     starts: list[datetime]
     bars: dict[str, list[int]]
+    #: Per bar: requests served after waiting their turn, and their waits summed (ms).
+    delays: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def totals(self) -> dict[str, int]:
         return {outcome: sum(series) for outcome, series in self.bars.items()}
 
     @property
+    def delayed(self) -> int:
+        """Requests served after waiting their turn (a delaying limit): part of allowed."""
+        return sum(self.delays.get(accounting.DELAYED, ()))
+
+    @property
+    def mean_wait(self) -> float:
+        """Their mean wait, in seconds (0 when none waited)."""
+        waited = sum(self.delays.get(accounting.WAITED_MS, ()))
+        return waited / 1000 / self.delayed if self.delayed else 0.0
+
+    @property
     def svg(self) -> SafeString:
-        return stacked_bars(self.title, self.starts, self.bars)
+        return stacked_bars(self.title, self.starts, self.bars, self.delays)
 
 
 @dataclass
@@ -376,8 +391,8 @@ def timeline(window: str) -> Timeline:
     def add(minute: int, tier: str, endpoint: str, values: Iterable[int]) -> None:
         index = (minute - first) // step
         if 0 <= index < bars:
-            row = cells.setdefault((tier, endpoint), {o: [0] * bars for o in CHARTED})
-            for outcome, n in zip(accounting.OUTCOMES, values, strict=False):
+            row = cells.setdefault((tier, endpoint), {o: [0] * bars for o in _SUMMED})
+            for outcome, n in zip(accounting.COLUMNS, values, strict=False):
                 if outcome in row:
                     row[outcome][index] += n
 
@@ -392,7 +407,7 @@ def timeline(window: str) -> Timeline:
             client=accounting.ALL,
             window_start__gte=stored_time(first * 60),
             window_start__lte=stored_time(watermark * 60),
-        ).values_list("window_start", "tier", "endpoint", *accounting.OUTCOMES)
+        ).values_list("window_start", "tier", "endpoint", *accounting.COLUMNS)
         for start, tier, endpoint, *values in rows:
             add(_minute(start), tier, endpoint, values)
     live_from = first if watermark is None else max(first, watermark + 1)
@@ -427,7 +442,8 @@ def _charts(cells: _Cells, part: int, starts: list[datetime], blank: str) -> lis
     )
     if len(charts) > MAX_CHARTS:
         rest = charts[MAX_CHARTS - 1 :]
-        merged = _sum(f"{OTHER}: {len(rest)} more", [chart.bars for chart in rest], starts)
+        counts = [{**chart.bars, **chart.delays} for chart in rest]
+        merged = _sum(f"{OTHER}: {len(rest)} more", counts, starts)
         charts = [*charts[: MAX_CHARTS - 1], merged]
     return charts
 
@@ -435,8 +451,9 @@ def _charts(cells: _Cells, part: int, starts: list[datetime], blank: str) -> lis
 def _sum(title: str, rows: Iterable[dict[str, list[int]]], starts: list[datetime]) -> Chart:
     """One chart of ``rows`` added up bar by bar (zero bars when there are none)."""
     rows, zero = list(rows), [0] * len(starts)
-    bars = {o: list(map(sum, zip(zero, *(row[o] for row in rows), strict=True))) for o in CHARTED}
-    return Chart(title, starts, bars)
+    sums = {o: list(map(sum, zip(zero, *(row[o] for row in rows), strict=True))) for o in _SUMMED}
+    delays = {o: sums.pop(o) for o in accounting.MEASURES}
+    return Chart(title, starts, sums, delays)
 
 
 def _minute(value: datetime) -> int:
@@ -447,14 +464,24 @@ def _minute(value: datetime) -> int:
 # --- drawing ----------------------------------------------------------------------------------
 
 
-def stacked_bars(title: str, starts: Sequence[datetime], bars: dict[str, list[int]]) -> SafeString:
+def stacked_bars(
+    title: str,
+    starts: Sequence[datetime],
+    bars: dict[str, list[int]],
+    delays: dict[str, list[int]] | None = None,
+) -> SafeString:
     """One chart: a bar per start time (labelled hours and minutes), the outcomes stacked in
-    ``bars`` order."""
+    ``bars`` order; a bar's tooltip also says how many of its requests were delayed and their
+    mean wait (``delays``: per bar, :data:`~.accounting.MEASURES`)."""
     top = _nice_ceiling(max(map(sum, zip(*bars.values(), strict=True)), default=0))
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     slot = plot_w / max(len(starts), 1)
     bar_w = max(slot * 0.8, 1.0)
-    data = " ".join(f'data-{name.replace("_", "-")}="{sum(n)}"' for name, n in bars.items())
+    delays = delays or {}
+    delayed = delays.get(accounting.DELAYED) or [0] * len(starts)
+    waited = delays.get(accounting.WAITED_MS) or [0] * len(starts)
+    totals = {**bars, accounting.DELAYED: delayed, accounting.WAITED_MS: waited}
+    data = " ".join(f'data-{name.replace("_", "-")}="{sum(n)}"' for name, n in totals.items())
     parts = [
         f'<svg class="dt-chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
         f'aria-label="{escape(title)}" data-title="{escape(title)}" {data} '
@@ -474,6 +501,9 @@ def stacked_bars(title: str, starts: Sequence[datetime], bars: dict[str, list[in
         tip = [start.strftime("%H:%M")]
         for name, series in bars.items():
             tip.append(f"{LABELS.get(name, name)} {series[i]:,}")
+            if name == accounting.ALLOWED and delayed[i]:
+                mean = waited[i] / 1000 / delayed[i]
+                tip[-1] += f" ({delayed[i]:,} delayed, mean wait {mean:.2f} s)"
             if series[i]:
                 h = plot_h * series[i] / top
                 y -= h

@@ -800,6 +800,42 @@ class Tally:
                 if second > self._seen.get(client, -1):
                     self._seen[client] = second
 
+    def add_delay(self, field: str, seconds: float) -> None:
+        """Count a request served after waiting ``seconds`` for its turn under usage
+        ``field``: one more delayed request (``l``) and its wait in milliseconds (``w``), in
+        the field's totals (no client: these have no per-client lists)."""
+        field = field[1:] if field[:1] == IF_DENIED else field
+        when = self.clock()
+        minute = int(when // 60)
+        self.waiting = when >= self._next
+        with self._lock:
+            if self._owner != os.getpid():
+                self._forget()
+            counts = self._counts
+            for letter, n in (("l", 1), ("w", max(1, round(seconds * 1000)))):
+                key = (minute, field, "", letter)
+                if key in counts or len(counts) < MAX_KEPT:
+                    counts[key] = counts.get(key, 0) + n
+
+    def refuse(self, field: str, client: str) -> bool:
+        """Count a request :meth:`add` counted allowed (or shadow) as denied after all: the
+        process refused it after the decision (too many requests waiting for their turn).
+        ``False`` when its count is no longer here (pushed meanwhile: it stays allowed)."""
+        minute = int(self.clock() // 60)
+        with self._lock:
+            counts = self._counts
+            for key in (
+                (m, field, client, letter) for m in (minute, minute - 1) for letter in "as"
+            ):
+                if counts.get(key, 0) > 0:
+                    counts[key] -= 1
+                    if not counts[key]:
+                        del counts[key]
+                    denied = (key[0], field, client, "d")
+                    counts[denied] = counts.get(denied, 0) + 1
+                    return True
+        return False
+
     def due(self) -> bool:
         """Whether counts wait and :data:`PUSH_EVERY` has passed since the last push."""
         return bool(self._counts or self._unsent) and self.clock() >= self._next

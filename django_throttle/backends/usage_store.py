@@ -10,8 +10,9 @@ tier/endpoint/outcome and one top-clients sorted set per outcome, each with a TT
 :data:`USAGE_TTL`; reads come back in pipelines (one round trip per :data:`BATCH` commands) for
 the report and the rollup. This module never imports redis-py: it drives the backend's client.
 
-Minutes are whole minutes since the Unix epoch. Counts per outcome are lists in
-:data:`LETTERS` order (allowed, denied, shadow would-deny, failed open, failed closed).
+Minutes are whole minutes since the Unix epoch. Counts are lists in :data:`LETTERS` order
+(allowed, denied, shadow would-deny, failed open, failed closed), then the measures of
+:data:`MEASURE_LETTERS` (requests delayed, their waits in milliseconds).
 """
 
 from __future__ import annotations
@@ -35,8 +36,12 @@ from django_throttle.backends.scripts import Call, call_backend, evalsha_all, lu
 #: One letter per outcome, in report column order: allowed, denied, shadow would-deny,
 #: failed open, failed closed. The Lua scripts use the same letters.
 LETTERS = "adsoc"
-#: Position of each letter's count in a counts list.
-SLOT = {letter: i for i, letter in enumerate(LETTERS)}
+#: One letter per figure counted besides the outcome, after the outcomes in a counts list:
+#: ``l`` requests served after waiting their turn (a delaying limit; also counted allowed),
+#: ``w`` those waits summed, in milliseconds. Totals only: no top-client list.
+MEASURE_LETTERS = "lw"
+#: Position of each letter's count in a counts list (outcomes, then measures).
+SLOT = {letter: i for i, letter in enumerate(LETTERS + MEASURE_LETTERS)}
 #: API keys whose last use a store remembers (per shard for Redis: ``lua/usage.lua``'s
 #: ``KEYS_SEEN_MAX``); beyond it the least recently used are forgotten.
 KEYS_SEEN_MAX = 10_000
@@ -71,7 +76,7 @@ def add_to(table: dict[str, list[int]], key: str, slot: int, n: int) -> None:
     """Add ``n`` to ``table[key][slot]``, creating the row of zeros when missing."""
     row = table.get(key)
     if row is None:
-        row = table[key] = [0] * len(LETTERS)
+        row = table[key] = [0] * len(SLOT)
     row[slot] += n
 
 
@@ -322,6 +327,8 @@ class RedisUsage(UsageStore):
             totals, clients = found
             total = (minute, letter + field)
             totals[total] = totals.get(total, 0) + n
+            if letter in MEASURE_LETTERS:  # a measure has totals only
+                continue
             listed = (minute, letter, client)
             clients[listed] = clients.get(listed, 0) + n
         calls: list[Call] = []

@@ -13,7 +13,8 @@ class UsageCount(models.Model):
     Two kinds of rows: a tier x endpoint total (``client`` is ``"*"``: every client, exact)
     and a per-client row (``tier`` and ``endpoint`` are ``"*"``) for the heaviest clients of
     the minute. Each request is counted in exactly one outcome column; their sum is all
-    requests.
+    requests. ``delayed`` and ``waited_ms`` (totals only) say how many of the allowed waited
+    for their turn, and how long in all.
     """
 
     #: ``client`` of a total row, ``tier`` and ``endpoint`` of a per-client row.
@@ -46,6 +47,18 @@ class UsageCount(models.Model):
     )
     failed_closed = models.PositiveBigIntegerField(
         default=0, help_text=_("refused because the limiter was unavailable")
+    )
+    delayed = models.PositiveBigIntegerField(
+        default=0,
+        help_text=_(
+            "served after waiting their turn (a delaying limit); part of allowed. "
+            "Tier and endpoint totals only"
+        ),
+    )
+    waited_ms = models.PositiveBigIntegerField(
+        _("waited (ms)"),
+        default=0,
+        help_text=_("the delayed requests' waits summed, in milliseconds"),
     )
 
     class Meta:

@@ -614,7 +614,8 @@ def counted_decision(
     if decision.wait:
         # What the request took, given back should it not wait for its turn after all.
         groups = ((planned.client, planned.limits), *planned.groups)
-        request.throttle_turn = Reservation("none", planned.cost, groups, decision.taken, local)
+        turn = Reservation("none", planned.cost, groups, decision.taken, local, planned.field)
+        request.throttle_turn = turn
     return decision
 
 
@@ -639,13 +640,15 @@ def wait_turn(request: Any, decision: Decision) -> Decision:
     if not decision.wait:
         return decision
     if not _waiting.acquire(blocking=False):
+        turn = getattr(request, "throttle_turn", None)
         run(_skip_turn(request))
         leases.release(request)
-        return _refused_turn(decision)
+        return _refused_turn(turn, decision)
     try:
         time.sleep(decision.wait)
     finally:
         _waiting.release()
+    _waited(request, decision)
     return decision
 
 
@@ -656,9 +659,10 @@ async def await_turn(request: Any, decision: Decision) -> Decision:
     if not decision.wait:
         return decision
     if not _awaiting.acquire(blocking=False):
+        turn = getattr(request, "throttle_turn", None)
         await arun(_skip_turn(request))
         await leases.arelease(request)
-        return _refused_turn(decision)
+        return _refused_turn(turn, decision)
     try:
         await asyncio.sleep(decision.wait)
     except asyncio.CancelledError:
@@ -667,10 +671,26 @@ async def await_turn(request: Any, decision: Decision) -> Decision:
         raise
     finally:
         _awaiting.release()
+    _waited(request, decision)
     return decision
 
 
-def _refused_turn(decision: Decision) -> Decision:
+def _waited(request: Any, decision: Decision) -> None:
+    """Count the wait ``request`` had in its tier and endpoint's usage (the dashboard's
+    delayed requests and mean wait)."""
+    turn: Reservation | None = getattr(request, "throttle_turn", None)
+    if turn is not None:
+        usage.record_delay(turn.field, decision.wait, local=turn.local)
+
+
+def _refused_turn(turn: Reservation | None, decision: Decision) -> Decision:
+    """The refusal of a request given a ``turn`` that this process will not wait for:
+    counted denied in usage (the backend counted it allowed)."""
+    if turn is not None:
+        # The backend counted the request with its last group's client; a local decision
+        # with the plan's own (see degraded_decision).
+        client = turn.groups[0 if turn.local else -1][0]
+        usage.record_refused_turn(turn.field, client, local=turn.local)
     return replace(decision, allowed=False, retry_after=decision.wait, wait=0.0, leases=())
 
 
@@ -846,6 +866,8 @@ class Reservation:
     taken: tuple[tuple[str, int], ...] = ()
     #: Taken from the in-process backend (failure mode ``local``): given back there too.
     local: bool = False
+    #: The usage field the request is counted under (a turn's wait is counted there).
+    field: str | None = None
 
 
 @functools.cache

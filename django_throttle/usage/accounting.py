@@ -46,7 +46,7 @@ from typing import Any
 from django_throttle.backends import BackendError, built_backend, get_backend
 from django_throttle.backends.redis import PUSH_EVERY, PendingCount, Tally
 from django_throttle.backends.redis_nodes import get_breaker
-from django_throttle.backends.usage_store import LETTERS, UsageStore
+from django_throttle.backends.usage_store import LETTERS, MEASURE_LETTERS, UsageStore
 from django_throttle.conf import app_settings
 
 logger = logging.getLogger("django_throttle.usage")
@@ -58,8 +58,17 @@ FAILED_OPEN = "failed_open"
 FAILED_CLOSED = "failed_closed"
 #: Every outcome, in column order; each is a :class:`~django_throttle.models.UsageCount` field.
 OUTCOMES: tuple[str, ...] = (ALLOWED, DENIED, SHADOW_DENIED, FAILED_OPEN, FAILED_CLOSED)
-#: The one-letter code of each outcome in Redis (see ``backends/lua/usage.lua``).
-LETTER = dict(zip(OUTCOMES, LETTERS, strict=True))
+#: Requests served after waiting their turn (a delaying limit): a part of :data:`ALLOWED`.
+DELAYED = "delayed"
+#: Those requests' waits summed, in milliseconds (the mean wait is this / :data:`DELAYED`).
+WAITED_MS = "waited_ms"
+#: Figures counted besides the outcome, per tier and endpoint only (no per-client rows).
+MEASURES: tuple[str, ...] = (DELAYED, WAITED_MS)
+#: Every counted column, in the order of a counts list: the outcomes, then the measures;
+#: each is a :class:`~django_throttle.models.UsageCount` field.
+COLUMNS: tuple[str, ...] = OUTCOMES + MEASURES
+#: The one-letter code of each column in Redis (see ``backends/lua/usage.lua``).
+LETTER = dict(zip(COLUMNS, LETTERS + MEASURE_LETTERS, strict=True))
 #: Stands for "every client" (tier/endpoint total rows) or "every tier/endpoint" (per-client
 #: rows) in :class:`~django_throttle.models.UsageCount`.
 ALL = "*"
@@ -167,21 +176,68 @@ def record_degraded(field: str | None, client: str, outcome: str) -> None:
     :data:`FAILED_OPEN`, :data:`FAILED_CLOSED`, or :data:`ALLOWED` / :data:`DENIED` for
     failure mode ``"local"``. Thread safe; no I/O. Raises ``ValueError`` for another outcome.
     """
-    global _owner
-    letter = LETTER.get(outcome) if isinstance(outcome, str) else None
+    letter = LETTER.get(outcome) if outcome in OUTCOMES else None
     if letter is None:
         raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
+    if field:
+        _add(int(_clock() // 60), field, client, {letter: 1})
+
+
+def record_delay(field: str | None, seconds: float, *, local: bool = False) -> None:
+    """Count a request served after waiting ``seconds`` for its turn (a delaying limit) under
+    usage ``field`` (:func:`field_for`'s value; ``None``: count nothing), in the
+    :data:`MEASURES` of its tier and endpoint (its outcome, allowed, is counted with the
+    decision): in the backend's tally like the decision, or (``local``: decided in process
+    while the backend was down) with the counts kept for it. Called once the wait is over: a
+    request refused by the process's cap on waiting requests, or cancelled while it waits, was
+    never delayed. Thread safe; no I/O."""
+    if not field or seconds <= 0:
+        return
+    tally = None if local else getattr(built_backend(), "usage_tally", None)
+    if isinstance(tally, Tally):
+        tally.add_delay(field, seconds)
+        return
+    waited = {MEASURE_LETTERS[0]: 1, MEASURE_LETTERS[1]: max(1, round(seconds * 1000))}
+    _add(int(_clock() // 60), field, "", waited)
+
+
+def record_refused_turn(field: str | None, client: str, *, local: bool = False) -> None:
+    """Count as denied a request the backend allowed with a turn to wait for that this
+    process refused instead (too many requests waiting: see ``core.wait_turn``): the
+    decision's count moves from allowed to denied while it is still in this process (it is
+    pushed within a second, so almost always), in the backend's tally or (``local``) with
+    the counts kept while the backend was down."""
     if not field:
         return
-    key = (int(_clock() // 60), field, client, letter)
+    tally = None if local else getattr(built_backend(), "usage_tally", None)
+    if isinstance(tally, Tally):
+        tally.refuse(field, client)
+        return
+    minute = int(_clock() // 60)
+    allowed, denied = LETTER[ALLOWED], LETTER[DENIED]
+    with _lock:
+        for m in (minute, minute - 1):
+            key = (m, field, client, allowed)
+            if _counts.get(key, 0) > 0:
+                _counts[key] -= 1
+                if not _counts[key]:
+                    del _counts[key]
+                _counts[(m, field, client, denied)] = _counts.get((m, field, client, denied), 0) + 1
+                return
+
+
+def _add(minute: int, field: str, client: str, counts: dict[str, int]) -> None:
+    global _owner
     pid = os.getpid()
     with _lock:
         if _owner != pid:
             _forget()
             _owner = pid
-        if key not in _counts and len(_counts) >= MAX_PENDING:
-            key = (key[0], field, OTHER, letter)
-        _counts[key] = _counts.get(key, 0) + 1
+        for letter, n in counts.items():
+            key = (minute, field, client, letter)
+            if key not in _counts and len(_counts) >= MAX_PENDING:
+                key = (minute, field, OTHER, letter)
+            _counts[key] = _counts.get(key, 0) + n
         pending.add("counts")
 
 

@@ -79,6 +79,10 @@ class UsageRow:
     shadow_denied: int = 0
     failed_open: int = 0
     failed_closed: int = 0
+    #: Of the allowed, those served after waiting their turn, and their waits summed in
+    #: milliseconds (tier and endpoint reports only: clients have no such counts).
+    delayed: int = 0
+    waited_ms: int = 0
     #: Counts of checks made before authentication (tier and endpoint reports only).
     before_authentication: bool = False
 
@@ -86,6 +90,11 @@ class UsageRow:
     def denied_percent(self) -> float:
         """Share of requests denied, 0-100 (0 when there were none)."""
         return 100.0 * self.denied / self.total if self.total else 0.0
+
+    @property
+    def mean_wait(self) -> float:
+        """Seconds a delayed request waited for its turn on average (0 when none waited)."""
+        return self.waited_ms / 1000 / self.delayed if self.delayed else 0.0
 
 
 def label(by: str, row: UsageRow) -> str:
@@ -148,12 +157,12 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
             window_start__lte=stored_instant(split * 60),
         )
         rows = rows.exclude(client=usage.ALL) if by == "client" else rows.filter(client=usage.ALL)
-        names = [f"sum_{o}" for o in usage.OUTCOMES]
+        names = [f"sum_{o}" for o in usage.COLUMNS]
         group = (by, "tier") if by == "endpoint" else (by, by)
         grouped = (
             rows.order_by()
             .values(*dict.fromkeys(group))
-            .annotate(**{name: Sum(o) for name, o in zip(names, usage.OUTCOMES, strict=True)})
+            .annotate(**{name: Sum(o) for name, o in zip(names, usage.COLUMNS, strict=True)})
             .values_list(*group, *names)
         )
         for key, tier, *values in grouped.iterator(chunk_size=10_000):
@@ -173,8 +182,10 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
         sums = _private(sums)
 
     missing_from = since_minute if split is None else max(since_minute, split + 1)
-    denied = usage.OUTCOMES.index(usage.DENIED)
-    ranked = [(-sum(values), -values[denied], key, values) for key, values in sums.items()]
+    denied, outcomes = usage.OUTCOMES.index(usage.DENIED), len(usage.OUTCOMES)
+    ranked = [
+        (-sum(values[:outcomes]), -values[denied], key, values) for key, values in sums.items()
+    ]
     # Only the rows shown are built: a report over 100,000 clients shows 20.
     chosen = sorted(ranked) if top is None else heapq.nsmallest(top, ranked)
     return Report(
@@ -183,7 +194,7 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
                 key=key,
                 total=-total,
                 before_authentication=before,
-                **dict(zip(usage.OUTCOMES, values, strict=True)),
+                **dict(zip(usage.COLUMNS, values, strict=True)),
             )
             for total, _, (key, before), values in chosen
         ],
@@ -280,7 +291,7 @@ def rollup(store: UsageStore | None = None, *, deadline: float | None = None) ->
     features = connections[alias].features
     upsert: dict[str, Any] = {}
     if features.supports_update_conflicts:
-        upsert = {"update_conflicts": True, "update_fields": list(usage.OUTCOMES)}
+        upsert = {"update_conflicts": True, "update_fields": list(usage.COLUMNS)}
         if features.supports_update_conflicts_with_target:
             upsert["unique_fields"] = _UNIQUE
     written = 0
@@ -384,5 +395,5 @@ def _rows(found: dict[int, MinuteCounts]) -> Iterable[dict[str, Any]]:
                 "client": client,
                 "tier": tier,
                 "endpoint": endpoint,
-                **dict(zip(usage.OUTCOMES, values, strict=True)),
+                **dict(zip(usage.COLUMNS, values, strict=True)),
             }

@@ -52,7 +52,9 @@ class Command(BaseCommand):
     help = (
         "Show requests per client, tier or endpoint over a recent window, one column per "
         "outcome (allowed, denied, shadow would-deny, failed open, failed closed), busiest "
-        "first (most requests, then most denied). Tier and endpoint totals are exact; "
+        "first (most requests, then most denied); by tier or endpoint also how many of the "
+        "allowed were delayed (waited for their turn) and their mean wait in seconds. Tier "
+        "and endpoint totals are exact; "
         f"per-client rows list the {usage_store.TOP_CLIENTS} heaviest clients of each minute: "
         "with more clients than that, smaller ones are folded into those listed. With "
         "--rollup, copy finished minutes from Redis to the database instead (and API keys' "
@@ -109,7 +111,9 @@ class Command(BaseCommand):
             self._write_table(result, records, by, title)
         else:
             first = "name" if by == "client" else "before_authentication"
-            columns = [by, first, *usage.OUTCOMES, "total", "denied_percent", "estimated"]
+            columns = [by, first, *usage.OUTCOMES, "total", "denied_percent"]
+            columns += [] if by == "client" else [usage.DELAYED, "mean_wait_s"]
+            columns.append("estimated")
             if fmt == "csv":
                 records = [
                     {**row, "denied_percent": f"{row['denied_percent']:.2f}"}
@@ -147,7 +151,10 @@ class Command(BaseCommand):
         self, result: Report, records: list[dict[str, Any]], by: str, title: str
     ) -> None:
         notes = [_ESTIMATED] if result.estimated else []
-        figures = (*usage.OUTCOMES, "total", "denied_percent")
+        figures: tuple[str, ...] = (*usage.OUTCOMES, "total", "denied_percent")
+        delays = by != "client" and any(record[usage.DELAYED] for record in records)
+        if delays:  # only where a delaying limit served some request late
+            figures += (usage.DELAYED, "mean_wait_s")
         rows = []
         for record in records:
             key = record[by]
@@ -157,15 +164,25 @@ class Command(BaseCommand):
                 key = f"{key} {usage.BEFORE_AUTHENTICATION}"
             cells = {field: f"{record[field]:,}" for field in figures}
             cells["denied_percent"] = f"{record['denied_percent']:.1f}"
+            if delays:
+                cells["mean_wait_s"] = f"{record['mean_wait_s']:.2f}"
             rows.append(
                 {by: key}
                 | {name: "≈" * (name in record["estimated"]) + cells[name] for name in cells}
             )
-        headings = (by.capitalize(), *_HEADINGS, "Total", "Denied %")
+        headings: tuple[str, ...] = (by.capitalize(), *_HEADINGS, "Total", "Denied %")
+        headings += ("Delayed", "Mean wait (s)") if delays else ()
         columns = list(zip((by, *figures), headings, strict=True))
         caption = " ".join(notes) or None
         output.write_rows(
-            self, "table", rows, columns, title=title, caption=caption, figures=figures, width=120
+            self,
+            "table",
+            rows,
+            columns,
+            title=title,
+            caption=caption,
+            figures=figures,
+            width=150 if delays else 120,  # the delays' two columns take their own room
         )
 
 
@@ -190,5 +207,7 @@ def _records(result: Report, by: str) -> list[dict[str, Any]]:
             record = {by: label(by, row), "before_authentication": row.before_authentication}
         record.update({outcome: getattr(row, outcome) for outcome in usage.OUTCOMES})
         record.update(total=row.total, denied_percent=round(row.denied_percent, 2))
+        if by != "client":
+            record.update(delayed=row.delayed, mean_wait_s=round(row.mean_wait, 3))
         records.append({**record, "estimated": list(result.estimated_fields)})
     return records

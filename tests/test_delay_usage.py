@@ -1,0 +1,159 @@
+"""Delayed requests in usage: the dashboard, ``throttle_usage`` and the rollup say how many
+requests a delaying limit served late and how long they waited (tier and endpoint totals),
+counted once the wait is over, on both backends, through sync and async DRF views behind the
+real middleware stack."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+import pytest
+from adrf.views import APIView as AsyncAPIView
+from asgiref.sync import async_to_sync
+from django.contrib import admin
+from django.contrib.auth.models import Permission, User
+from django.test import AsyncClient, Client
+from django.urls import path
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from django_throttle.drf import AsyncPolicyThrottle
+from django_throttle.models import EndpointLimit, UsageCount
+from django_throttle.request import core
+from django_throttle.usage import accounting as usage
+from tests.factories import endpoint, tier
+from tests.test_usage import run
+
+DASHBOARD = "/admin/django_throttle/usagecount/dashboard/"
+
+
+class PacedApi(APIView):
+    permission_classes = [AllowAny]
+
+    def get(self, request: Request) -> Response:
+        return Response({"ok": True})
+
+
+class PacedAsyncApi(AsyncAPIView):  # type: ignore[misc]
+    permission_classes = [AllowAny]
+    throttle_classes = [AsyncPolicyThrottle]
+
+    async def get(self, request: Request) -> Response:
+        return Response({"ok": True})
+
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/paced/", PacedApi.as_view(), name="paced"),
+    path("api/paced-async/", PacedAsyncApi.as_view(), name="paced-async"),
+]
+
+
+def paced_rule(route: str) -> None:
+    """10/s for the anonymous tier, one at once, the next four paced 0.1 s apart."""
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    rule = endpoint(route, "route", route)
+    EndpointLimit.objects.create(
+        rule=rule, tier=anonymous, rate="10/s", burst=5, algorithm="gcra", delay=0
+    )
+
+
+def operator(client: Any) -> None:
+    user = User.objects.create_user("operator", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_usagecount"))
+    client.force_login(user)
+
+
+def by_endpoint() -> dict[str, dict[str, Any]]:
+    rows = json.loads(run("--by", "endpoint", "--format", "json"))
+    return {row["endpoint"]: row for row in rows}
+
+
+def assert_delays(found: dict[str, Any], delayed: int) -> None:
+    """``delayed`` requests waited, each about 0.1 s (sequential requests: each its own turn)."""
+    assert found["allowed"] == 4 and found["delayed"] == delayed, found
+    assert 0.03 <= found["mean_wait_s"] <= 0.15, found
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_delays_of_sync_views_reach_the_report_and_the_dashboard(backend: Any) -> None:
+    paced_rule("paced")
+    client = Client(REMOTE_ADDR="203.0.113.40")
+    answers = [client.get("/api/paced/") for _ in range(4)]
+    assert [a.status_code for a in answers] == [200] * 4
+    assert [bool(a.get("X-RateLimit-Delayed")) for a in answers] == [False, True, True, True]
+
+    assert_delays(by_endpoint()["paced"], delayed=3)
+    assert by_endpoint()["paced"]["total"] == 4  # the waits are no requests of their own
+    table = run("--by", "tier")
+    assert "Delayed" in table and "Mean wait (s)" in table, table
+    anonymous = next(line for line in table.splitlines() if "anonymous" in line)
+    assert [cell.strip() for cell in anonymous.split("│")[1:-1]][-2] == "3"
+
+    operator(client)
+    html = client.get(DASHBOARD).content.decode()
+    assert re.search(r'data-outcome="delayed">3</strong>', html), html
+    mean = float(re.search(r"<span data-mean-wait>([\d.]+)</span>", html)[1])  # type: ignore[index]
+    assert 0.03 <= mean <= 0.15
+    assert "3 delayed, mean wait" in html  # the tier's and the endpoint's charts
+    assert re.search(r'data-title="paced"[^>]*data-delayed="3"', html)
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_delays_of_async_views_are_counted_too(backend: Any) -> None:
+    paced_rule("paced-async")
+
+    async def run_requests() -> list[int]:
+        client = AsyncClient(REMOTE_ADDR="203.0.113.41")
+        return [(await client.get("/api/paced-async/")).status_code for _ in range(4)]
+
+    assert async_to_sync(run_requests)() == [200] * 4
+    assert_delays(by_endpoint()["paced-async"], delayed=3)
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_a_request_refused_by_the_waiting_cap_is_counted_denied_not_delayed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    paced_rule("paced")
+    full = core.threading.BoundedSemaphore(1)
+    full.acquire()  # every seat of this process's waiting requests taken
+    monkeypatch.setattr(core, "_waiting", full)
+    client = Client(REMOTE_ADDR="203.0.113.42")
+    assert [client.get("/api/paced/").status_code for _ in range(2)] == [200, 429]
+    found = by_endpoint()["paced"]
+    assert (found["allowed"], found["denied"], found["delayed"]) == (1, 1, 0), found
+
+
+@pytest.mark.django_db
+def test_the_rollup_copies_the_delays_and_reports_read_them_back(
+    monkeypatch: pytest.MonkeyPatch, admin_client: Any
+) -> None:
+    field = usage.field_for("pro", "export")
+    ten_minutes_ago = (int(time.time()) // 60 - 10) * 60 + 30.0
+    monkeypatch.setattr(usage, "_clock", lambda: ten_minutes_ago)
+    # Kept in process (failure mode local, Redis down), pushed once it answers: the clock
+    # that names the minute is the one patched here.
+    usage.record_delay(field, 0.25, local=True)
+    usage.record_delay(field, 0.5, local=True)
+    usage.flush_pending()
+    monkeypatch.undo()
+
+    assert run("--rollup").startswith("Rolled up ")
+
+    row = UsageCount.objects.get(client=UsageCount.ALL, tier="pro", endpoint="export")
+    assert (row.delayed, row.waited_ms) == (2, 750)
+    assert not UsageCount.objects.exclude(client=UsageCount.ALL).filter(delayed__gt=0).exists()
+    found = by_endpoint()["export"]
+    assert (found["delayed"], found["mean_wait_s"]) == (2, 0.375)
+    assert found["total"] == 0  # a measure, no request of its own (its outcome came apart)
+    listed = admin_client.get("/admin/django_throttle/usagecount/").content.decode()
+    assert "2 (0.38 s)" in listed  # the totals list's "delayed (mean wait)" column
