@@ -22,6 +22,11 @@ exception in a receiver is logged and swallowed, so it cannot fail a request).
   ``seconds``).
 - :data:`script_loaded`: the backend (re)loaded its Lua script into Redis (after a restart
   or ``SCRIPT FLUSH``).
+- :data:`leases_held`: the concurrency leases this process's requests hold changed
+  (``held``: how many it holds now; a lease is one request's slots of one client).
+- :data:`lease_lost`: a renewal found a held lease already ended (``client``): its slot may
+  have gone to another request, so the limit may have been passed for a while (renewals
+  failed for a whole lease period: Redis down or the process stalled).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ __all__ = [
     "backend_available",
     "backend_error",
     "backend_unavailable",
+    "lease_lost",
+    "leases_held",
     "policy_reloaded",
     "request_decided",
     "request_throttled",
@@ -50,6 +57,8 @@ backend_unavailable = Signal()
 backend_available = Signal()
 policy_reloaded = Signal()
 script_loaded = Signal()
+leases_held = Signal()
+lease_lost = Signal()
 
 
 def watching() -> bool:

@@ -16,6 +16,10 @@ Metrics (all prefixed ``django_throttle_``):
 - ``decision_seconds``: a histogram of the time a decision took, backend call included;
 - ``delays_total{tier, endpoint}``: requests a delaying limit gave a turn to wait for
   (counted when decided), and ``delay_seconds``, a histogram of those waits;
+- ``leases_held``: concurrency leases this process's requests hold now (summed over the live
+  processes in multiprocess mode: the requests in flight under concurrency limits), and
+  ``leases_lost_total``: leases found already ended when renewed (their slots may have gone
+  to other requests: alert on it);
 - ``backend_errors_total{reason}``: ``timeout``, ``connection``, ``script`` or ``other``;
 - ``circuit_breaker_open``: 1 while a process's breaker is open (the highest of the live
   processes in multiprocess mode); ``circuit_breaker_transitions_total{to}``;
@@ -71,6 +75,15 @@ def _build() -> dict[str, Any]:
             "The wait for its turn a delaying limit gave a request.",
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0),
         ),
+        "leases": Gauge(
+            "django_throttle_leases_held",
+            "Concurrency leases this process's requests hold now.",
+            multiprocess_mode="livesum",
+        ),
+        "lost": Counter(
+            "django_throttle_leases_lost",
+            "Concurrency leases found already ended when renewed.",
+        ),
         "errors": Counter(
             "django_throttle_backend_errors", "Failed backend calls by reason.", ["reason"]
         ),
@@ -111,6 +124,8 @@ def connect() -> bool:
     events.backend_available.connect(_breaker, dispatch_uid="dt-metrics-closed")
     events.script_loaded.connect(_script, dispatch_uid="dt-metrics-script")
     events.policy_reloaded.connect(_reloaded, dispatch_uid="dt-metrics-reloaded")
+    events.leases_held.connect(_leases, dispatch_uid="dt-metrics-leases")
+    events.lease_lost.connect(_lost, dispatch_uid="dt-metrics-lost")
     return True
 
 
@@ -123,6 +138,14 @@ def _decided(
     if wait and outcome == "allowed":
         _metrics["delays"].labels(tier, endpoint).inc()
         _metrics["delay_seconds"].observe(wait)
+
+
+def _leases(*, held: int, **_: Any) -> None:
+    _metrics["leases"].set(held)
+
+
+def _lost(**_: Any) -> None:
+    _metrics["lost"].inc()
 
 
 def _error(*, reason: str, **_: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +15,13 @@ from django.test import RequestFactory
 from prometheus_client import REGISTRY
 
 from django_throttle import events, metrics
-from django_throttle.backends import BackendError
+from django_throttle.backends import BackendError, get_backend
 from django_throttle.backends import redis_nodes as breaker_module
 from django_throttle.backends.redis_nodes import CircuitBreaker
 from django_throttle.models import EndpointLimit
 from django_throttle.policy import live as policy
-from django_throttle.rates import Limit
-from django_throttle.request import core
+from django_throttle.rates import Algorithm, Limit
+from django_throttle.request import core, leases
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
@@ -306,3 +307,35 @@ def test_a_flushed_script_cache_is_reloaded_and_counted(redis_client: Any, recei
 
     assert len(received["script_loaded"]) == 1
     assert sample("django_throttle_script_loads_total") - before == 1
+
+
+def test_leases_held_and_lost_are_counted() -> None:
+    assert metrics.connect()
+    lost: list[dict[str, Any]] = []
+
+    def on_lost(sender: Any, **kwargs: Any) -> None:
+        lost.append(kwargs)
+
+    events.lease_lost.connect(on_lost)
+    try:
+        limit = Limit.build("exports", "1/s", algorithm=Algorithm.CONCURRENCY)
+        lost_before = sample("django_throttle_leases_lost_total")
+        request = RequestFactory().get("/", REMOTE_ADDR="198.51.100.77")
+        assert core.check(request, limits=(limit,)).allowed
+        assert sample("django_throttle_leases_held") == 1  # held while the request runs
+        leases.release(request)
+        assert sample("django_throttle_leases_held") == 0
+
+        other = RequestFactory().get("/", REMOTE_ADDR="198.51.100.78")
+        assert core.check(other, limits=(limit,)).allowed
+        [held] = leases.keeper().held()
+        # The lease ends behind the keeper's back (as when renewals failed for a whole lease).
+        get_backend().release(held.client, held.limits, held.lease)
+        deadline = time.monotonic() + 5
+        while not lost and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [found["client"] for found in lost] == [held.client]
+        assert sample("django_throttle_leases_lost_total") - lost_before == 1
+        assert sample("django_throttle_leases_held") == 0
+    finally:
+        events.lease_lost.disconnect(on_lost)

@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django_throttle import events
 from django_throttle.backends import BackendError, get_backend, get_local_backend
 from django_throttle.backends.redis_nodes import get_breaker
 from django_throttle.rates import Algorithm, Decision, Limit
@@ -273,15 +274,24 @@ class Keeper:
                     target=self._run, name="django-throttle-leases", daemon=True
                 )
                 self._thread.start()
+            count = len(self._due)
         self._wake.set()
+        self._announce(count)
 
     def forget(self, held: Held) -> None:
         """Stop renewing ``held`` (given back, or its lease ended)."""
         with self._lock:
-            self._due.pop(held, None)
+            known = self._due.pop(held, None) is not None
             finalizer = self._finalizers.pop(held, None)
+            count = len(self._due)
         if finalizer is not None:
             finalizer.detach()
+        if known:
+            self._announce(count)
+
+    def _announce(self, count: int) -> None:
+        if events.leases_held.receivers:  # nothing to do unless someone listens (metrics)
+            events.send(events.leases_held, Keeper, held=count)
 
     def held(self) -> list[Held]:
         """The slots this process renews now."""
@@ -334,6 +344,7 @@ class Keeper:
             self.forget(held)
             if given_back:
                 return
+            events.send(events.lease_lost, Keeper, client=held.client)
             logger.warning(
                 "The concurrency lease of %s ended before it was renewed: its slot may have "
                 "been taken by another request (a renewal failed for a whole lease).",
