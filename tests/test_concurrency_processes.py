@@ -7,6 +7,7 @@ Redis's clock tells; on a cluster a client's leases are released and renewed in 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing
 import os
 import random
@@ -19,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -443,3 +445,31 @@ def test_on_a_cluster_a_clients_leases_are_released_and_renewed_in_one_slot(
         assert all(live_leases(redis_client, key) == 1 for key in keys)
         backend.reset(client, limits)
         assert all(live_leases(redis_client, key) == 0 for key in keys)
+
+
+def test_on_a_cluster_delayed_requests_are_spaced_one_interval_apart(
+    cluster: LocalCluster, settings: Any, _isolated_throttle: str
+) -> None:
+    """A delaying limit's turns (issue 32's proof, on a cluster): 8 concurrent requests on 2/s
+    with a burst of 8 and delay 0 each wait their turn, then read the clock of the primary
+    holding the client's key: the turns are 0.5 s apart within 0.1 s."""
+    backend = cluster_backend(settings, cluster)
+    limit = Limit.build("paced", "2/s", burst=8, algorithm=Algorithm.GCRA, delay=0)
+    client = "user:paced"
+    node = cluster.node_for_slot(key_slot(backend.key(client, limit).encode()))
+    start = threading.Barrier(8)
+
+    with node.client() as redis_client:
+
+        def turn(_: int) -> float:
+            start.wait()
+            decision = backend.hit(client, [limit])
+            assert decision.allowed
+            time.sleep(decision.wait)
+            seconds, micros = redis_client.time()
+            return seconds + micros / 1e6
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            turns = sorted(pool.map(turn, range(8)))
+    gaps = [later - earlier for earlier, later in itertools.pairwise(turns)]
+    assert len(gaps) == 7 and all(abs(gap - 0.5) < 0.1 for gap in gaps), gaps
