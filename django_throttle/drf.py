@@ -66,8 +66,9 @@ class PolicyThrottled(Throttled):
 
 class LimiterUnavailable(APIException):
     """503 (``conf.FAILURE_STATUS``) when the failure mode is closed and the backend
-    could not answer, or when the client cannot be identified: not the client's fault, so not
-    a 429. DRF's exception handler adds ``Retry-After`` from ``wait``."""
+    could not answer, when the client cannot be identified, or when the service sheds the
+    request to protect itself (``decision.shed``): not the client's fault, so not a 429.
+    DRF's exception handler adds ``Retry-After`` from ``wait``."""
 
     status_code = 503
     default_code = "limiter_unavailable"
@@ -283,7 +284,9 @@ def _view_options(view: Any, policy: Policy | None = None) -> CheckOptions:
 
 def _refusal(decision: Decision) -> APIException:
     """The exception DRF answers a refusal with: 503 when the limiter could not decide."""
-    return LimiterUnavailable(decision) if decision.unavailable else PolicyThrottled(decision)
+    if decision.unavailable or decision.shed:
+        return LimiterUnavailable(decision)
+    return PolicyThrottled(decision)
 
 
 def _failure_mode(view: Any) -> str | None:

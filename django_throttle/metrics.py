@@ -16,6 +16,8 @@ Metrics (all prefixed ``django_throttle_``):
 - ``decision_seconds``: a histogram of the time a decision took, backend call included;
 - ``delays_total{tier, endpoint}``: requests a delaying limit gave a turn to wait for
   (counted when decided), and ``delay_seconds``, a histogram of those waits;
+- ``shed_total{tier, endpoint, criticality}``: requests the load shedder refused with 503
+  (also in ``decisions_total`` as ``denied``);
 - ``leases_held``: concurrency leases this process's requests hold now (summed over the live
   processes in multiprocess mode: the requests in flight under concurrency limits), and
   ``leases_lost_total``: leases found already ended when renewed (their slots may have gone
@@ -74,6 +76,11 @@ def _build() -> dict[str, Any]:
             "django_throttle_delay_seconds",
             "The wait for its turn a delaying limit gave a request.",
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0),
+        ),
+        "shed": Counter(
+            "django_throttle_shed",
+            "Requests refused with 503 to protect the service, by tier, endpoint and criticality.",
+            ["tier", "endpoint", "criticality"],
         ),
         "leases": Gauge(
             "django_throttle_leases_held",
@@ -134,6 +141,8 @@ def _decided(
 ) -> None:
     _metrics["decisions"].labels(tier, endpoint, outcome).inc()
     _metrics["seconds"].observe(seconds)
+    if getattr(decision, "shed", False):
+        _metrics["shed"].labels(tier, endpoint, decision.limit.name).inc()
     wait = getattr(decision, "wait", 0.0)
     if wait and outcome == "allowed":
         _metrics["delays"].labels(tier, endpoint).inc()

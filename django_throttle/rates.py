@@ -201,6 +201,10 @@ WINDOW_ALGORITHMS = frozenset(
 #: The algorithms that limit a rate (every one but :attr:`Algorithm.CONCURRENCY`), in
 #: :class:`Algorithm`'s order.
 RATE_ALGORITHMS = tuple(a for a in Algorithm if a != Algorithm.CONCURRENCY)
+#: The id of the fleet's in-flight limit: the shared concurrency limit the load shedder adds
+#: to every checked request (its name is the request's criticality). A request it refuses was
+#: shed: 503, not 429. Row limits' ids are a letter and a number, so none is this.
+FLEET = "fleet"
 #: Largest count of a sliding window log: it keeps one entry per request in the window, so
 #: memory and script time grow with the limit. Above it, the sliding window counter.
 MAX_LOG_COUNT = 10_000
@@ -483,6 +487,12 @@ class Decision:
     taken: tuple[tuple[str, int], ...] = ()
     leases: tuple[tuple[str, str], ...] = ()
     wait: float = 0.0
+
+    @property
+    def shed(self) -> bool:
+        """Refused by the fleet's in-flight capacity (:data:`FLEET`, the load shedder), not
+        by a limit of the client's: answered 503, not 429."""
+        return not self.allowed and self.limit is not None and self.limit.id == FLEET
 
 
 #: The decision when no limit applies to a request.

@@ -165,7 +165,15 @@ def connect() -> None:
     from django_throttle import models
 
     # Every model compiled into the policy snapshot: a saved or deleted row bumps its version.
-    for name in (*_RELATED, "Tier", "EndpointRule", "TierAssignment", "ApiKey", "Exemption"):
+    for name in (
+        *_RELATED,
+        "Tier",
+        "EndpointRule",
+        "TierAssignment",
+        "ApiKey",
+        "Exemption",
+        "Protection",
+    ):
         model = getattr(models, name)
         on_save = limit_saved if name in _RELATED else policy_changed
         if name in _RELATED:

@@ -53,6 +53,7 @@ def rule_form(**fields: str) -> dict[str, str]:
         "methods": "",
         "cost": "1",
         "counts": "all",
+        "criticality": "default",
         "enabled": "on",
         **fields,
     }

@@ -57,6 +57,7 @@ def change_data(model: str, row: Any) -> dict[str, str]:
             "methods": "",
             "cost": "1",
             "counts": "all",
+            "criticality": "default",
             "enabled": "on",
         } | EMPTY_INLINE
     return {"name": "renamed", "tier": str(row.tier_id), "owner": "", "active": "on"}

@@ -141,6 +141,7 @@ def rule_data(**fields: str) -> dict[str, str]:
         "methods": "",
         "cost": "1",
         "counts": "all",
+        "criticality": "default",
         "enabled": "on",
         "limits-TOTAL_FORMS": "0",
         "limits-INITIAL_FORMS": "0",

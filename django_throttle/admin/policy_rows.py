@@ -20,6 +20,8 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.shortcuts import redirect
+from django.urls import reverse
 from django.utils import formats, timezone
 from django.utils.html import format_html
 from django.utils.text import capfirst
@@ -137,10 +139,11 @@ class EndpointRuleAdmin(LimitedAdmin):
         "enabled",
         "shadow",
         "failure_mode_word",
+        "criticality",
         "problems",
     ]
     list_editable = ["enabled", "shadow"]
-    list_filter = ["match_type", "counts", "enabled", "shadow", "failure_mode"]
+    list_filter = ["match_type", "counts", "enabled", "shadow", "failure_mode", "criticality"]
     search_fields = ["name", "pattern"]
     fields = [
         "name",
@@ -152,6 +155,7 @@ class EndpointRuleAdmin(LimitedAdmin):
         "enabled",
         "shadow",
         "failure_mode",
+        "criticality",
     ]
     inlines = [EndpointLimitInline]
 
@@ -186,6 +190,24 @@ class ExemptionAdmin(AppAdmin):
     list_select_related = ["user", "group"]
     search_fields = ["user__username", "group__name", "network", "note"]
     raw_id_fields = ["user", "group"]
+
+
+@admin.register(models.Protection)
+class ProtectionAdmin(AppAdmin):
+    """The one row of service protection (the fleet's load shedder), edited in place: the
+    list goes straight to it, and a second row cannot be added."""
+
+    fields = ["enabled", "in_flight", "default_share", "sheddable_share", "lease"]
+    list_display = ["__str__", "enabled", "in_flight", "default_share", "sheddable_share"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return super().has_add_permission(request) and not models.Protection.objects.exists()
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        row = models.Protection.objects.order_by("pk").first()
+        if row is not None and self.has_view_permission(request, row):
+            return redirect(reverse("admin:django_throttle_protection_change", args=[row.pk]))
+        return super().changelist_view(request, extra_context)
 
 
 # API keys.

@@ -188,7 +188,7 @@ class UsageCountAdmin(AppAdmin):
     def get_list_display(self, request: HttpRequest) -> list[str | Callable[[Any], str | bool]]:
         if _kind(request) == UsageKindFilter.CLIENTS:
             return [*self.CLIENT_COLUMNS, *self.COUNTS]
-        return [*self.TOTAL_COLUMNS, *self.COUNTS, "delays"]
+        return [*self.TOTAL_COLUMNS, *self.COUNTS, "delays", "shed"]
 
     def get_list_filter(self, request: HttpRequest) -> list[Any]:
         if _kind(request) == UsageKindFilter.CLIENTS:
@@ -246,6 +246,11 @@ class UsageCountAdmin(AppAdmin):
         if not obj.delayed:
             return "-"
         return f"{obj.delayed} ({obj.waited_ms / 1000 / obj.delayed:.2f} s)"
+
+    @admin.display(description=_("shed (503)"), ordering="shed")
+    def shed(self, obj: UsageCount) -> str:
+        """Of the denied, those refused to protect the service; a dash when none."""
+        return str(obj.shed) if obj.shed else "-"
 
     def get_urls(self) -> list[Any]:
         """The dashboard and the inspector live under the usage list (see

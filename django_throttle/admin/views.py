@@ -317,7 +317,7 @@ WINDOWS = {"hour": (60, 1), "day": (1440, 15)}
 CHARTED = ("allowed", "denied", "shadow_denied")
 #: What each outcome is called in the legend and tooltips.
 LABELS = {"allowed": "allowed", "denied": "denied", "shadow_denied": "shadow would-deny"}
-#: What a chart sums per bar: the charted outcomes, and the delays it reports beside them.
+#: What a chart sums per bar: the charted outcomes, and the measures it reports beside them.
 _SUMMED = (*CHARTED, *accounting.MEASURES)
 #: Charts drawn per tier or endpoint; the quieter ones are summed into one "(other)" chart.
 MAX_CHARTS = 12
@@ -338,8 +338,9 @@ class Chart:
     title: str
     starts: list[datetime]
     bars: dict[str, list[int]]
-    #: Per bar: requests served after waiting their turn, and their waits summed (ms).
-    delays: dict[str, list[int]] = field(default_factory=dict)
+    #: Per bar, each of :data:`~.accounting.MEASURES`: requests served after waiting their
+    #: turn, their waits summed (ms), and requests shed (503).
+    measures: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def totals(self) -> dict[str, int]:
@@ -348,17 +349,22 @@ class Chart:
     @property
     def delayed(self) -> int:
         """Requests served after waiting their turn (a delaying limit): part of allowed."""
-        return sum(self.delays.get(accounting.DELAYED, ()))
+        return sum(self.measures.get(accounting.DELAYED, ()))
+
+    @property
+    def shed(self) -> int:
+        """Requests refused with 503 to protect the service: part of denied."""
+        return sum(self.measures.get(accounting.SHED, ()))
 
     @property
     def mean_wait(self) -> float:
         """Their mean wait, in seconds (0 when none waited)."""
-        waited = sum(self.delays.get(accounting.WAITED_MS, ()))
+        waited = sum(self.measures.get(accounting.WAITED_MS, ()))
         return waited / 1000 / self.delayed if self.delayed else 0.0
 
     @property
     def svg(self) -> SafeString:
-        return stacked_bars(self.title, self.starts, self.bars, self.delays)
+        return stacked_bars(self.title, self.starts, self.bars, self.measures)
 
 
 @dataclass
@@ -442,7 +448,7 @@ def _charts(cells: _Cells, part: int, starts: list[datetime], blank: str) -> lis
     )
     if len(charts) > MAX_CHARTS:
         rest = charts[MAX_CHARTS - 1 :]
-        counts = [{**chart.bars, **chart.delays} for chart in rest]
+        counts = [{**chart.bars, **chart.measures} for chart in rest]
         merged = _sum(f"{OTHER}: {len(rest)} more", counts, starts)
         charts = [*charts[: MAX_CHARTS - 1], merged]
     return charts
@@ -452,8 +458,8 @@ def _sum(title: str, rows: Iterable[dict[str, list[int]]], starts: list[datetime
     """One chart of ``rows`` added up bar by bar (zero bars when there are none)."""
     rows, zero = list(rows), [0] * len(starts)
     sums = {o: list(map(sum, zip(zero, *(row[o] for row in rows), strict=True))) for o in _SUMMED}
-    delays = {o: sums.pop(o) for o in accounting.MEASURES}
-    return Chart(title, starts, sums, delays)
+    measures = {o: sums.pop(o) for o in accounting.MEASURES}
+    return Chart(title, starts, sums, measures)
 
 
 def _minute(value: datetime) -> int:
@@ -468,19 +474,20 @@ def stacked_bars(
     title: str,
     starts: Sequence[datetime],
     bars: dict[str, list[int]],
-    delays: dict[str, list[int]] | None = None,
+    measures: dict[str, list[int]] | None = None,
 ) -> SafeString:
     """One chart: a bar per start time (labelled hours and minutes), the outcomes stacked in
-    ``bars`` order; a bar's tooltip also says how many of its requests were delayed and their
-    mean wait (``delays``: per bar, :data:`~.accounting.MEASURES`)."""
+    ``bars`` order; a bar's tooltip also says how many of its requests were delayed (and their
+    mean wait) or shed (``measures``: per bar, :data:`~.accounting.MEASURES`)."""
     top = _nice_ceiling(max(map(sum, zip(*bars.values(), strict=True)), default=0))
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     slot = plot_w / max(len(starts), 1)
     bar_w = max(slot * 0.8, 1.0)
-    delays = delays or {}
-    delayed = delays.get(accounting.DELAYED) or [0] * len(starts)
-    waited = delays.get(accounting.WAITED_MS) or [0] * len(starts)
-    totals = {**bars, accounting.DELAYED: delayed, accounting.WAITED_MS: waited}
+    measures = measures or {}
+    delayed = measures.get(accounting.DELAYED) or [0] * len(starts)
+    waited = measures.get(accounting.WAITED_MS) or [0] * len(starts)
+    shed = measures.get(accounting.SHED) or [0] * len(starts)
+    totals = {**bars, accounting.DELAYED: delayed, accounting.WAITED_MS: waited, "shed": shed}
     data = " ".join(f'data-{name.replace("_", "-")}="{sum(n)}"' for name, n in totals.items())
     parts = [
         f'<svg class="dt-chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
@@ -504,6 +511,8 @@ def stacked_bars(
             if name == accounting.ALLOWED and delayed[i]:
                 mean = waited[i] / 1000 / delayed[i]
                 tip[-1] += f" ({delayed[i]:,} delayed, mean wait {mean:.2f} s)"
+            if name == accounting.DENIED and shed[i]:
+                tip[-1] += f" ({shed[i]:,} shed: 503)"
             if series[i]:
                 h = plot_h * series[i] / top
                 y -= h

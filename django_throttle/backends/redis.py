@@ -260,7 +260,9 @@ class RedisBackend(Backend):
         lease = args[-1] if len(args) == len(call.keys) + 4 else None
         decision = decision_of(client, limits, self._route.call(call), lease)
         if usage:
-            self.usage_tally.add(usage, client, decision.allowed, decision.shadow, now)
+            self.usage_tally.add(
+                usage, client, decision.allowed, decision.shadow, now, decision.shed
+            )
         return decision
 
     def count(
@@ -269,7 +271,9 @@ class RedisBackend(Backend):
         call = self._request(client, limits, cost, now, usage, peek=peek)
         decision = decision_of(client, limits, self._route.call(call), lease_of(call))
         if usage and not peek:
-            self.usage_tally.add(usage, client, decision.allowed, decision.shadow, now)
+            self.usage_tally.add(
+                usage, client, decision.allowed, decision.shadow, now, decision.shed
+            )
         return decision
 
     async def acount(
@@ -279,7 +283,9 @@ class RedisBackend(Backend):
         call = self._request(client, limits, cost, now, usage, peek=peek)
         decision = decision_of(client, limits, await self._route.acall(call), lease_of(call))
         if usage and not peek:
-            self.usage_tally.add(usage, client, decision.allowed, decision.shadow, now)
+            self.usage_tally.add(
+                usage, client, decision.allowed, decision.shadow, now, decision.shed
+            )
         return decision
 
     def refund(
@@ -776,10 +782,19 @@ class Tally:
         #: the clock again. :meth:`due` says for sure.
         self.waiting = False
 
-    def add(self, field: str, client: str, allowed: bool, shadow: bool, now: float | None) -> None:
+    def add(
+        self,
+        field: str,
+        client: str,
+        allowed: bool,
+        shadow: bool,
+        now: float | None,
+        shed: bool = False,
+    ) -> None:
         """Count one decision under usage ``field`` (a field starting with :data:`IF_DENIED`
         only if it denied): allowed, denied, or ``shadow`` (allowed, a shadow limit would have
-        denied). ``now`` (Unix seconds) stands for the clock, as the decision's did."""
+        denied); ``shed``: denied by the load shedder (counted in the field's totals too).
+        ``now`` (Unix seconds) stands for the clock, as the decision's did."""
         if field[:1] == IF_DENIED:
             if allowed:
                 return
@@ -795,6 +810,9 @@ class Tally:
             if key not in counts and len(counts) >= MAX_KEPT:
                 key = (key[0], field, "(other)", letter)
             counts[key] = counts.get(key, 0) + 1
+            if shed:
+                key = (key[0], field, "", "h")
+                counts[key] = counts.get(key, 0) + 1
             if client[:4] == "key:" and len(self._seen) < MAX_KEPT:
                 second = int(when)
                 if second > self._seen.get(client, -1):

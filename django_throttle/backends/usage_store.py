@@ -38,8 +38,9 @@ from django_throttle.backends.scripts import Call, call_backend, evalsha_all, lu
 LETTERS = "adsoc"
 #: One letter per figure counted besides the outcome, after the outcomes in a counts list:
 #: ``l`` requests served after waiting their turn (a delaying limit; also counted allowed),
-#: ``w`` those waits summed, in milliseconds. Totals only: no top-client list.
-MEASURE_LETTERS = "lw"
+#: ``w`` those waits summed, in milliseconds, ``h`` requests the load shedder refused (503;
+#: also counted denied). Totals only: no top-client list.
+MEASURE_LETTERS = "lwh"
 #: Position of each letter's count in a counts list (outcomes, then measures).
 SLOT = {letter: i for i, letter in enumerate(LETTERS + MEASURE_LETTERS)}
 #: API keys whose last use a store remembers (per shard for Redis: ``lua/usage.lua``'s

@@ -120,14 +120,16 @@ def check_concurrency_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
     middleware, which is not installed (``@throttle`` gives its own back)."""
     if _MIDDLEWARE_PATH in (getattr(settings, "MIDDLEWARE", None) or ()):
         return []
-    from django_throttle.models import EndpointLimit, TierLimit
+    from django_throttle.models import EndpointLimit, Protection, TierLimit
     from django_throttle.rates import Algorithm
 
     def read() -> list[str]:
         rules = EndpointLimit.objects.filter(algorithm=Algorithm.CONCURRENCY, rule__enabled=True)
         tiers = TierLimit.objects.filter(algorithm=Algorithm.CONCURRENCY)
         named = [f"rule {name}" for name in rules.values_list("rule__name", flat=True)[:5]]
-        return named + [f"tier {slug}" for slug in tiers.values_list("tier__slug", flat=True)[:5]]
+        named += [f"tier {slug}" for slug in tiers.values_list("tier__slug", flat=True)[:5]]
+        shedding = Protection.objects.filter(enabled=True, in_flight__isnull=False).exists()
+        return named + ["service protection (load shedding)"] * shedding
 
     names = _read(EndpointLimit.objects.db, read)
     if not names:

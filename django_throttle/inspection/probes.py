@@ -23,7 +23,7 @@ from django.urls import ResolverMatch
 
 from django_throttle.identity import Identity, client_ip
 from django_throttle.policy.live import EndpointPolicy, Policy, TierPolicy
-from django_throttle.rates import Decision, Limit
+from django_throttle.rates import FLEET, Decision, Limit
 from django_throttle.request import core
 
 #: Who a probe request comes from when only the username it presents matters: an anonymous
@@ -146,11 +146,18 @@ def planned(
     for client, limits in ((plan.client, plan.limits), *plan.groups):
         counted_by = whose.get(client, f"username {probe.username}")
         counters = tuple(
-            Counter(client, limit, tier if limit.id in tier_ids else rule, counted_by)
+            Counter(client, limit, SERVICE, EVERY_CLIENT)
+            if limit.id == FLEET
+            else Counter(client, limit, tier if limit.id in tier_ids else rule, counted_by)
             for limit in limits
         )
         groups.append((client, counters))
     return Planned(check, plan.tier, plan.endpoint, plan.cost, tuple(groups))
+
+
+#: Where the fleet limit comes from, and whose counter it is (the inspector's words).
+SERVICE = "service protection"
+EVERY_CLIENT = "every client"
 
 
 def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) -> list[Check]:

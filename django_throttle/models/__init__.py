@@ -15,6 +15,7 @@ from django_throttle.models.exemptions import Exemption
 
 # The first migration names the validator by this path.
 from django_throttle.models.fields import validate_rate as validate_rate
+from django_throttle.models.protection import Protection
 from django_throttle.models.rules import EndpointLimit, EndpointRule
 from django_throttle.models.tiers import Tier, TierAssignment, TierLimit
 from django_throttle.models.usage import UsageCount
@@ -24,6 +25,7 @@ __all__ = [
     "EndpointLimit",
     "EndpointRule",
     "Exemption",
+    "Protection",
     "Tier",
     "TierAssignment",
     "TierLimit",

@@ -27,6 +27,14 @@ class EndpointRule(models.Model):
         ROUTE = "route", _("URL route name")
         PATH = "path", _("Path prefix")
 
+    class Criticality(models.TextChoices):
+        """How much of the service's capacity the rule's requests may take when it is
+        saturated (see :class:`~django_throttle.models.Protection`)."""
+
+        CRITICAL = "critical", _("critical (never shed before the others)")
+        DEFAULT = "default", _("default")
+        SHEDDABLE = "sheddable", _("sheddable (shed first)")
+
     class Counts(models.TextChoices):
         """Which finished requests keep the tokens they took (the others are refunded)."""
 
@@ -77,6 +85,15 @@ class EndpointRule(models.Model):
             "endpoint (a wrong password, or any 4xx, counts)"
         ),
     )
+    criticality = models.CharField(
+        max_length=10,
+        choices=Criticality.choices,
+        default=Criticality.DEFAULT,
+        help_text=_(
+            "when the service is saturated (Service protection), sheddable requests are "
+            "refused first, then default ones; critical ones keep the capacity reserved for them"
+        ),
+    )
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 
@@ -112,6 +129,7 @@ class EndpointRule(models.Model):
             choice_problem(self, "match_type", self.MatchType, _("match type"))
             | choice_problem(self, "failure_mode", FailureMode, _("failure mode"))
             | choice_problem(self, "counts", self.Counts, _("counting policy"))
+            | choice_problem(self, "criticality", self.Criticality, _("criticality"))
         )
         if isinstance(self.cost, bool) or not isinstance(self.cost, int):
             errors["cost"] = str(_("the cost must be a whole number"))

@@ -36,7 +36,9 @@ class UsageCount(models.Model):
         help_text=_("endpoint rule name or scope; '*' on a per-client row"),
     )
     allowed = models.PositiveBigIntegerField(default=0, help_text=_("served within the limits"))
-    denied = models.PositiveBigIntegerField(default=0, help_text=_("refused with 429"))
+    denied = models.PositiveBigIntegerField(
+        default=0, help_text=_("refused with 429 (or 503 when shed, see below)")
+    )
     shadow_denied = models.PositiveBigIntegerField(
         _("shadow would-deny"),
         default=0,
@@ -59,6 +61,13 @@ class UsageCount(models.Model):
         _("waited (ms)"),
         default=0,
         help_text=_("the delayed requests' waits summed, in milliseconds"),
+    )
+    shed = models.PositiveBigIntegerField(
+        default=0,
+        help_text=_(
+            "refused with 503 to protect the service (load shedding); part of denied. Tier "
+            "and endpoint totals only"
+        ),
     )
 
     class Meta:

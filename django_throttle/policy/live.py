@@ -69,7 +69,7 @@ from django_throttle.identity import (
     key_prefix,
     presented_key,
 )
-from django_throttle.rates import Limit
+from django_throttle.rates import FLEET, Algorithm, Limit, Rate
 
 __all__ = ["resolve_identity"]
 
@@ -365,6 +365,9 @@ class EndpointPolicy:
     #: (only credential requests present one), or one counting failures. Its checks are
     #: credential checks whichever adapter makes them.
     credential: bool = False
+    #: "critical", "default" or "sheddable": the share of the fleet's capacity its requests
+    #: may take (see :class:`Shedding`).
+    criticality: str = "default"
 
     def matches_path(self, path: str) -> bool:
         """Whole path segments: ``/api/pi`` covers ``/api/pi`` and ``/api/pi/x``, never
@@ -372,6 +375,47 @@ class EndpointPolicy:
         if self.pattern.endswith("/"):
             return path.startswith(self.pattern)
         return path == self.pattern or path.startswith(self.pattern + "/")
+
+
+@dataclass(frozen=True, slots=True)
+class Shedding:
+    """The fleet shedder as compiled from :class:`~django_throttle.models.Protection`: per
+    criticality, the fleet limit its requests meet (the same shared concurrency limit,
+    :data:`~django_throttle.rates.FLEET`, with a smaller count for less critical traffic, so
+    every share is counted in the one set of leases)."""
+
+    by_criticality: dict[str, Limit]
+
+    def fleet_limit(self, endpoint: EndpointPolicy | None) -> Limit:
+        """The fleet limit a request of ``endpoint``'s rule meets (no rule: default)."""
+        criticality = endpoint.criticality if endpoint is not None else "default"
+        return self.by_criticality.get(criticality) or self.by_criticality["default"]
+
+
+def compile_shedding(row: Any) -> Shedding | None:
+    """``row`` (a :class:`~django_throttle.models.Protection`, or ``None``) as a
+    :class:`Shedding`; ``None`` while shedding is off or the row holds a value the admin
+    would refuse (logged: shedding stays off rather than refusing traffic by mistake)."""
+    if row is None or not row.enabled or not row.in_flight:
+        return None
+    try:
+        row.full_clean(validate_unique=False, validate_constraints=False)
+    except ValidationError as exc:
+        logger.error("Service protection is off: its row holds values the admin refuses: %s", exc)
+        return None
+    shares = {"critical": 100, "default": row.default_share, "sheddable": row.sheddable_share}
+    return Shedding(
+        {
+            criticality: Limit.build(
+                FLEET,
+                Rate(max(1, row.in_flight * share // 100), row.lease),
+                algorithm=Algorithm.CONCURRENCY,
+                name=criticality,
+                shared=True,
+            )
+            for criticality, share in shares.items()
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -394,6 +438,8 @@ class Policy:
     api_keys: dict[str, ApiKeyPolicy] = field(default_factory=dict)
     #: Users (direct and through groups) and networks never limited.
     exemptions: Exemptions = field(default_factory=Exemptions)
+    #: The fleet shedder (``None``: off).
+    shedding: Shedding | None = None
     #: The one store for what the request path works out from this snapshot (what a view,
     #: a rule and a tier come to), so it is dropped with the snapshot when the version
     #: changes; no other cache holds anything compiled from the policy.
@@ -543,7 +589,14 @@ def compile_policy(version: str | None = None) -> Policy:
     """Read every policy row and assignment (a fixed handful of queries, whatever the number
     of users) into an immutable snapshot, skipping rows no limit can be built from. In one
     transaction (a savepoint inside a request's), so a failed query breaks no caller's."""
-    from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierAssignment, TierLimit
+    from django_throttle.models import (
+        EndpointLimit,
+        EndpointRule,
+        Protection,
+        Tier,
+        TierAssignment,
+        TierLimit,
+    )
 
     started = clock()
     with transaction.atomic(using=router.db_for_read(TierAssignment)):
@@ -592,6 +645,7 @@ def compile_policy(version: str | None = None) -> Policy:
             compiled_at=started,
             api_keys=_api_keys(),
             exemptions=compile_exemptions(),
+            shedding=compile_shedding(Protection.objects.order_by("pk").first()),
         )
 
 
@@ -628,6 +682,7 @@ def _endpoint(
         groups_by_tier=groups,
         credential_groups=tuple((c, tuple(limits)) for c, limits in every.items() if limits),
         credential=rule.counts == "failures" or bool(every["username"]),
+        criticality=rule.criticality,
     )
 
 

@@ -435,6 +435,8 @@ def make_plan(
         if field_key not in store:
             store[field_key] = _inline_field(scope, rule_only)
         field = store[field_key]
+        if policy is not None and policy.shedding is not None and limits and not rule_only:
+            limits = (*limits, policy.shedding.fleet_limit(None))
         planned = Plan(
             identity.key,
             limits,
@@ -533,6 +535,10 @@ def _found(policy: Policy, key: tuple[Any, ...], tier: TierPolicy | None) -> _Fo
         # it meets every tier's counters, and is never served uncounted (see failure_mode).
         is_credential = credential or (endpoint is not None and endpoint.credential)
         cost = endpoint.cost if endpoint is not None else 1
+        if policy.shedding is not None and not rule_only:
+            # The fleet's in-flight capacity, in the same call (a check before
+            # authentication is not a request of its own: its request is checked again).
+            limits = (*limits, policy.shedding.fleet_limit(endpoint))
         found = (endpoint, limits, cost, field, is_credential, own, groups)
     if len(policy.compiled) < MAX_COMPILED:
         policy.compiled[key] = found
@@ -1154,9 +1160,10 @@ def _as_met(limit: Limit) -> Limit:
 
 
 def throttled_status(decision: Decision) -> int:
-    """429 for a limit the client exceeded; 503 (``conf.FAILURE_STATUS``)
-    when the limiter itself could not decide: that is not the client's fault."""
-    return FAILURE_STATUS if decision.unavailable else 429
+    """429 for a limit the client exceeded; 503 (``conf.FAILURE_STATUS``) when the limiter
+    itself could not decide, or when the service sheds the request to protect itself
+    (:attr:`~django_throttle.rates.Decision.shed`): neither is the client's fault."""
+    return FAILURE_STATUS if decision.unavailable or decision.shed else 429
 
 
 def throttled_body(decision: Decision) -> dict[str, Any]:
@@ -1177,6 +1184,12 @@ def throttled_body(decision: Decision) -> dict[str, Any]:
         detail = ngettext(
             "Rate limiting is temporarily unavailable. Try again in %(wait)d second.",
             "Rate limiting is temporarily unavailable. Try again in %(wait)d seconds.",
+            wait,
+        )
+    elif decision.shed:
+        detail = ngettext(
+            "The service is busy. Try again in %(wait)d second.",
+            "The service is busy. Try again in %(wait)d seconds.",
             wait,
         )
     else:

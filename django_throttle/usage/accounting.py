@@ -62,8 +62,10 @@ OUTCOMES: tuple[str, ...] = (ALLOWED, DENIED, SHADOW_DENIED, FAILED_OPEN, FAILED
 DELAYED = "delayed"
 #: Those requests' waits summed, in milliseconds (the mean wait is this / :data:`DELAYED`).
 WAITED_MS = "waited_ms"
+#: Requests the load shedder refused to protect the service (503): a part of :data:`DENIED`.
+SHED = "shed"
 #: Figures counted besides the outcome, per tier and endpoint only (no per-client rows).
-MEASURES: tuple[str, ...] = (DELAYED, WAITED_MS)
+MEASURES: tuple[str, ...] = (DELAYED, WAITED_MS, SHED)
 #: Every counted column, in the order of a counts list: the outcomes, then the measures;
 #: each is a :class:`~django_throttle.models.UsageCount` field.
 COLUMNS: tuple[str, ...] = OUTCOMES + MEASURES
@@ -197,7 +199,7 @@ def record_delay(field: str | None, seconds: float, *, local: bool = False) -> N
     if isinstance(tally, Tally):
         tally.add_delay(field, seconds)
         return
-    waited = {MEASURE_LETTERS[0]: 1, MEASURE_LETTERS[1]: max(1, round(seconds * 1000))}
+    waited = {LETTER[DELAYED]: 1, LETTER[WAITED_MS]: max(1, round(seconds * 1000))}
     _add(int(_clock() // 60), field, "", waited)
 
 

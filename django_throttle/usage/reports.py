@@ -83,6 +83,8 @@ class UsageRow:
     #: milliseconds (tier and endpoint reports only: clients have no such counts).
     delayed: int = 0
     waited_ms: int = 0
+    #: Of the denied, those the load shedder refused (503); tier and endpoint reports only.
+    shed: int = 0
     #: Counts of checks made before authentication (tier and endpoint reports only).
     before_authentication: bool = False
 

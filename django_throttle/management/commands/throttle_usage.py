@@ -53,7 +53,8 @@ class Command(BaseCommand):
         "Show requests per client, tier or endpoint over a recent window, one column per "
         "outcome (allowed, denied, shadow would-deny, failed open, failed closed), busiest "
         "first (most requests, then most denied); by tier or endpoint also how many of the "
-        "allowed were delayed (waited for their turn) and their mean wait in seconds. Tier "
+        "allowed were delayed (waited for their turn) and their mean wait in seconds, and how "
+        "many of the denied were shed (503, to protect the service). Tier "
         "and endpoint totals are exact; "
         f"per-client rows list the {usage_store.TOP_CLIENTS} heaviest clients of each minute: "
         "with more clients than that, smaller ones are folded into those listed. With "
@@ -112,7 +113,7 @@ class Command(BaseCommand):
         else:
             first = "name" if by == "client" else "before_authentication"
             columns = [by, first, *usage.OUTCOMES, "total", "denied_percent"]
-            columns += [] if by == "client" else [usage.DELAYED, "mean_wait_s"]
+            columns += [] if by == "client" else [usage.DELAYED, "mean_wait_s", usage.SHED]
             columns.append("estimated")
             if fmt == "csv":
                 records = [
@@ -155,6 +156,9 @@ class Command(BaseCommand):
         delays = by != "client" and any(record[usage.DELAYED] for record in records)
         if delays:  # only where a delaying limit served some request late
             figures += (usage.DELAYED, "mean_wait_s")
+        shedding = by != "client" and any(record[usage.SHED] for record in records)
+        if shedding:  # only where the load shedder refused some request
+            figures += (usage.SHED,)
         rows = []
         for record in records:
             key = record[by]
@@ -172,6 +176,7 @@ class Command(BaseCommand):
             )
         headings: tuple[str, ...] = (by.capitalize(), *_HEADINGS, "Total", "Denied %")
         headings += ("Delayed", "Mean wait (s)") if delays else ()
+        headings += ("Shed (503)",) if shedding else ()
         columns = list(zip((by, *figures), headings, strict=True))
         caption = " ".join(notes) or None
         output.write_rows(
@@ -182,7 +187,7 @@ class Command(BaseCommand):
             title=title,
             caption=caption,
             figures=figures,
-            width=150 if delays else 120,  # the delays' two columns take their own room
+            width=120 + 30 * delays + 15 * shedding,  # room for the columns they add
         )
 
 
@@ -208,6 +213,6 @@ def _records(result: Report, by: str) -> list[dict[str, Any]]:
         record.update({outcome: getattr(row, outcome) for outcome in usage.OUTCOMES})
         record.update(total=row.total, denied_percent=round(row.denied_percent, 2))
         if by != "client":
-            record.update(delayed=row.delayed, mean_wait_s=round(row.mean_wait, 3))
+            record.update(delayed=row.delayed, mean_wait_s=round(row.mean_wait, 3), shed=row.shed)
         records.append({**record, "estimated": list(result.estimated_fields)})
     return records

@@ -1,0 +1,96 @@
+"""Protecting the service itself, not only fairness between clients: how many requests the
+whole fleet of workers serves at once, and how much of that capacity traffic below critical may
+take (load shedding by criticality; an endpoint rule's criticality says which traffic is which).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from django_throttle.models.fields import count_field, range_check
+
+if TYPE_CHECKING:
+    from django_throttle.models.fields import StrOrPromise
+
+#: Longest lease of a fleet slot, in seconds (a day).
+MAX_LEASE = 86_400
+
+
+def _percent(default: int, help_text: StrOrPromise) -> models.PositiveSmallIntegerField[int, int]:
+    return models.PositiveSmallIntegerField(
+        default=default,
+        validators=[MinValueValidator(1), MaxValueValidator(100)],
+        error_messages={
+            "min_value": _("A share is at least 1%%."),
+            "max_value": _("A share is at most 100%%."),
+        },
+        help_text=help_text,
+    )
+
+
+class Protection(models.Model):
+    """The fleet shedder's settings: one row (the admin edits it in place).
+
+    With ``in_flight`` set, every request the throttle checks also takes a slot of the
+    fleet's in-flight capacity, counted in Redis across every worker in the same call as its
+    rate limits (a concurrency lease, given back when the response ends): critical traffic
+    may fill all of it, default traffic ``default_share`` percent, sheddable traffic
+    ``sheddable_share`` percent; a request beyond its share is refused with 503 and a short
+    ``Retry-After``, so critical traffic keeps the rest while the fleet is saturated.
+    """
+
+    enabled = models.BooleanField(
+        default=True, help_text=_("untick to stop shedding without losing the values")
+    )
+    in_flight = count_field(
+        _("The capacity must be at least %(limit_value)s."),
+        _("The capacity must be at most %(limit_value)s."),
+        verbose_name=_("requests in flight"),
+        null=True,
+        blank=True,
+        help_text=_(
+            "requests the whole service (every worker together) serves at once; blank: no "
+            "load shedding"
+        ),
+    )
+    default_share = _percent(
+        90, _("percent of that capacity default traffic may take; critical traffic may take all")
+    )
+    sheddable_share = _percent(
+        70, _("percent of that capacity sheddable traffic may take; at most the default share")
+    )
+    lease = models.PositiveIntegerField(
+        _("lease (seconds)"),
+        default=60,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_LEASE)],
+        help_text=_(
+            "a slot is given back when its response ends, and renewed while a request runs; a "
+            "killed worker's slots are free again after this long"
+        ),
+    )
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = _("service protection")
+        verbose_name_plural = _("service protection")
+        constraints = [range_check("in_flight", "django_throttle_protection_in_flight", null=True)]
+
+    def __str__(self) -> str:
+        if not self.enabled or not self.in_flight:
+            return str(_("load shedding off"))
+        return str(_("%(n)s requests in flight")) % {"n": self.in_flight}
+
+    def clean(self) -> None:
+        if (
+            isinstance(self.sheddable_share, int)
+            and isinstance(self.default_share, int)
+            and self.sheddable_share > self.default_share
+        ):
+            raise ValidationError(
+                {"sheddable_share": _("The sheddable share cannot exceed the default share.")}
+            )

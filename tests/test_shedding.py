@@ -1,0 +1,306 @@
+"""Load shedding by criticality (issue 33): with a capacity of requests in flight set in the
+admin (Service protection), every checked request also takes a slot of the fleet's capacity
+in its one counting call; sheddable and default traffic may take only their share of it, so
+critical traffic keeps the rest while the fleet is saturated. A shed request gets 503 with a
+short Retry-After, through DRF (sync and async) and the decorator behind the real middleware
+stack, and is counted as shed on the dashboard, in the usage report and in metrics."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from adrf.views import APIView as AsyncAPIView
+from asgiref.sync import async_to_sync
+from django.contrib import admin
+from django.http import HttpRequest, HttpResponse
+from django.test import AsyncClient, Client
+from django.urls import path
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from django_throttle.decorators import throttle
+from django_throttle.drf import AsyncPolicyThrottle
+from django_throttle.models import EndpointRule, Protection
+from django_throttle.policy import live as policy
+from django_throttle.policy.live import compile_shedding
+from django_throttle.rates import FLEET, Algorithm
+from tests.factories import endpoint, own_connections, tier
+from tests.test_usage import run
+
+gate = threading.Event()
+entered = threading.Semaphore(0)
+
+
+class HeldApi(APIView):
+    permission_classes = [AllowAny]
+
+    def get(self, request: Request) -> Response:
+        entered.release()
+        gate.wait(10)
+        return Response({"done": True})
+
+
+class QuickApi(APIView):
+    permission_classes = [AllowAny]
+
+    def get(self, request: Request) -> Response:
+        return Response({"done": True})
+
+
+class QuickAsyncApi(AsyncAPIView):  # type: ignore[misc]
+    permission_classes = [AllowAny]
+    throttle_classes = [AsyncPolicyThrottle]
+
+    async def get(self, request: Request) -> Response:
+        return Response({"done": True})
+
+
+@throttle(rate="100/min")
+def decorated(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("done")
+
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/report/", HeldApi.as_view(), name="report"),
+    path("api/checkout/", QuickApi.as_view(), name="checkout"),
+    path("api/feed/", QuickApi.as_view(), name="feed"),
+    path("api/feed-async/", QuickAsyncApi.as_view(), name="feed-async"),
+    path("decorated/", decorated),
+]
+
+
+@pytest.fixture
+def closed_gate() -> Iterator[threading.Event]:
+    gate.clear()
+    while entered.acquire(blocking=False):
+        pass
+    yield gate
+    gate.set()
+
+
+def rules(capacity: int = 2, default: int = 50, sheddable: int = 50) -> None:
+    """An anonymous tier with a generous limit; the report (sheddable, holds its slot while
+    the gate is closed), feeds (sheddable), checkout (critical); the fleet's capacity."""
+    anonymous = tier("anonymous", "1000/min", is_default_anonymous=True)
+    for name, criticality in (
+        ("report", "sheddable"),
+        ("feed", "sheddable"),
+        ("feed-async", "sheddable"),
+        ("checkout", "critical"),
+    ):
+        rule = endpoint(name, "route", name, limits={anonymous: "1000/min"})
+        EndpointRule.objects.filter(pk=rule.pk).update(criticality=criticality)
+    Protection.objects.create(
+        in_flight=capacity, default_share=default, sheddable_share=sheddable, lease=60
+    )
+
+
+def test_each_criticality_meets_its_share_of_one_fleet_limit() -> None:
+    row = Protection(in_flight=200, default_share=90, sheddable_share=70, lease=30)
+    shedding = compile_shedding(row)
+    assert shedding is not None
+    found = {c: (x.id, x.rate.count, x.rate.period) for c, x in shedding.by_criticality.items()}
+    assert found == {
+        "critical": (FLEET, 200, 30),
+        "default": (FLEET, 180, 30),
+        "sheddable": (FLEET, 140, 30),
+    }
+    assert all(
+        limit.algorithm == Algorithm.CONCURRENCY and limit.shared
+        for limit in shedding.by_criticality.values()
+    )
+    assert compile_shedding(None) is None
+    assert compile_shedding(Protection(in_flight=None)) is None
+    assert compile_shedding(Protection(in_flight=5, enabled=False)) is None
+    # A row written around the admin (sheddable above default) switches shedding off, logged.
+    assert compile_shedding(Protection(in_flight=5, default_share=50, sheddable_share=80)) is None
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_a_saturated_fleet_sheds_sheddable_traffic_and_keeps_critical(
+    closed_gate: threading.Event,
+) -> None:
+    rules(capacity=2, default=50, sheddable=50)  # sheddable and default: 1 slot; critical: 2
+
+    @own_connections
+    def report(_: int) -> int:
+        return Client(REMOTE_ADDR="203.0.113.1").get("/api/report/").status_code
+
+    policy.current()  # loaded here: the threads read no database
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        running = pool.submit(report, 0)
+        assert entered.acquire(timeout=10)  # the report holds the sheddable share
+        shed = Client(REMOTE_ADDR="203.0.113.2").get("/api/feed/")
+        kept = Client(REMOTE_ADDR="203.0.113.3").get("/api/checkout/")
+        closed_gate.set()
+        assert running.result() == 200
+    assert shed.status_code == 503
+    assert shed["Retry-After"] == "1"
+    assert shed.json()["detail"].startswith("The service is busy.")
+    assert kept.status_code == 200  # critical traffic keeps the reserve
+    after = Client(REMOTE_ADDR="203.0.113.2").get("/api/feed/")
+    assert after.status_code == 200  # the report's slot was given back with its response
+
+    found = {
+        row["endpoint"]: row for row in json.loads(run("--by", "endpoint", "--format", "json"))
+    }
+    assert (found["feed"]["denied"], found["feed"]["shed"]) == (1, 1)
+    assert found["checkout"]["shed"] == 0
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_async_drf_and_the_decorator_are_shed_too(closed_gate: threading.Event) -> None:
+    rules(capacity=2, default=50, sheddable=50)
+
+    @own_connections
+    def report(_: int) -> int:
+        return Client(REMOTE_ADDR="203.0.113.1").get("/api/report/").status_code
+
+    async def feed() -> tuple[int, str]:
+        response = await AsyncClient(REMOTE_ADDR="2001:db8::9").get("/api/feed-async/")
+        return response.status_code, response.get("Retry-After", "")
+
+    policy.current()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        running = pool.submit(report, 0)
+        assert entered.acquire(timeout=10)
+        shed_async = async_to_sync(feed)()
+        # A decorated view matches no rule: default traffic, whose share (1) is taken too.
+        shed_decorated = Client(REMOTE_ADDR="203.0.113.4").get("/decorated/")
+        closed_gate.set()
+        assert running.result() == 200
+    assert shed_async == (503, "1")
+    assert shed_decorated.status_code == 503
+    assert Client(REMOTE_ADDR="203.0.113.4").get("/decorated/").status_code == 200
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_the_dashboard_and_the_admin_show_shedding(admin_client: Any, closed_gate: Any) -> None:
+    rules(capacity=1, default=100, sheddable=100)
+
+    @own_connections
+    def report(_: int) -> int:
+        return Client(REMOTE_ADDR="203.0.113.1").get("/api/report/").status_code
+
+    policy.current()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        running = pool.submit(report, 0)
+        assert entered.acquire(timeout=10)
+        assert Client(REMOTE_ADDR="203.0.113.9").get("/api/feed/").status_code == 503
+        closed_gate.set()
+        assert running.result() == 200
+
+    html = admin_client.get("/admin/django_throttle/usagecount/dashboard/").content.decode()
+    assert re.search(r'data-outcome="shed">1</strong>', html), html
+    assert "1 shed (503)" in html  # the endpoint's chart heading
+    # The protection row: the list goes straight to it; no second row can be added.
+    listed = admin_client.get("/admin/django_throttle/protection/")
+    assert listed.status_code == 302 and listed["Location"].endswith("/change/")
+    assert admin_client.get("/admin/django_throttle/protection/add/").status_code == 403
+
+
+@pytest.mark.django_db
+def test_the_admin_names_the_field_of_a_bad_share(admin_client: Any) -> None:
+    response = admin_client.post(
+        "/admin/django_throttle/protection/add/",
+        {
+            "enabled": "on",
+            "in_flight": "100",
+            "default_share": "60",
+            "sheddable_share": "80",
+            "lease": "60",
+        },
+    )
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert "sheddable_share" in errors and "cannot exceed the default share" in str(errors)
+    response = admin_client.post(
+        "/admin/django_throttle/protection/add/",
+        {
+            "enabled": "on",
+            "in_flight": "0",
+            "default_share": "101",
+            "sheddable_share": "50",
+            "lease": "0",
+        },
+    )
+    errors = response.context["adminform"].form.errors
+    assert set(errors) == {"in_flight", "default_share", "lease"}
+    assert not Protection.objects.exists()
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_an_edit_of_the_protection_reaches_the_request_path() -> None:
+    rules(capacity=1, default=100, sheddable=100)
+    assert policy.current().shedding is not None
+    Protection.objects.update(enabled=False)
+    Protection.objects.first().save()  # a save bumps the policy version (the admin saves)
+    policy.invalidate()
+    assert policy.current().shedding is None
+    assert Client(REMOTE_ADDR="203.0.113.9").get("/api/feed/").status_code == 200
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_shed_requests_count_in_metrics(settings: Any, closed_gate: Any) -> None:
+    from prometheus_client import REGISTRY
+
+    from django_throttle import metrics
+
+    settings.DJANGO_THROTTLE_METRICS = True
+    assert metrics.connect()
+    rules(capacity=1, default=100, sheddable=100)
+    labels = {"tier": "anonymous", "endpoint": "feed", "criticality": "sheddable"}
+    before = REGISTRY.get_sample_value("django_throttle_shed_total", labels) or 0.0
+
+    @own_connections
+    def report(_: int) -> int:
+        return Client(REMOTE_ADDR="203.0.113.1").get("/api/report/").status_code
+
+    policy.current()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        running = pool.submit(report, 0)
+        assert entered.acquire(timeout=10)
+        assert Client(REMOTE_ADDR="203.0.113.9").get("/api/feed/").status_code == 503
+        closed_gate.set()
+        assert running.result() == 200
+    assert (REGISTRY.get_sample_value("django_throttle_shed_total", labels) or 0.0) - before == 1
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_explain_names_the_fleet_share_a_request_meets() -> None:
+    import io
+
+    from django.core.management import call_command
+
+    rules(capacity=10, default=90, sheddable=70)
+    out = io.StringIO()
+    call_command("throttle_explain", "--ip", "203.0.113.5", "--path", "/api/feed/", stdout=out)
+    text = out.getvalue()
+    assert "sheddable: 0 of 7 in flight" in text  # 70 % of 10
+    fleet = next(line for line in text.splitlines() if "│ fleet" in line)
+    assert "service" in fleet and "every" in fleet  # service protection, every client
+
+
+@pytest.mark.django_db
+def test_shedding_without_the_middleware_is_warned(settings: Any) -> None:
+    from django.core import checks
+
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "RateLimitHeaders" not in m]
+    Protection.objects.create(in_flight=10)
+    found = [m for m in checks.run_checks() if m.id == "django_throttle.W006"]
+    assert len(found) == 1 and "service protection" in found[0].msg
