@@ -118,7 +118,11 @@ def throttle(
 
         # Built once unless they depend on the TIME_ZONE setting.
         site_zoned = probe is not None and probe.algorithm == Algorithm.CALENDAR and not timezone
-        return guard(view, options if site_zoned else options())  # type: ignore[no-any-return]
+        wrapper = guard(view, options if site_zoned else options())
+        if probe is None:
+            # The operator tools (throttle_explain) read it to know the rules this view meets.
+            wrapper.throttle_policy_scope = scope
+        return wrapper  # type: ignore[no-any-return]
 
     return decorator
 

@@ -38,6 +38,7 @@ from django_throttle.inspection.probes import (
     login_counters,
     login_probe,
     planned,
+    policy_scope,
     rules,
     view_checks,
 )
@@ -262,7 +263,7 @@ def explain(
     route, func = (match.view_name, match.func) if match is not None else (None, None)
     if scope is None:
         view = getattr(func, "view_class", None) or getattr(func, "cls", None)
-        scope = getattr(view, "throttle_scope", None)
+        scope = getattr(view, "throttle_scope", None) or policy_scope(func)
     snapshot = current()
     tier, reason = tier_and_reason(subject, snapshot)
     who = probe(subject, address, username)

@@ -160,6 +160,19 @@ SERVICE = "service protection"
 EVERY_CLIENT = "every client"
 
 
+def policy_scope(func: Any) -> str | None:
+    """The scope of the admin rules ``@throttle(scope=...)`` (no inline rate) gives the view
+    ``func``, found down its ``__wrapped__`` chain; ``None`` for any other view."""
+    seen: set[int] = set()
+    while func is not None and id(func) not in seen:
+        seen.add(id(func))
+        scope = getattr(func, "throttle_policy_scope", None)
+        if scope is not None:
+            return str(scope)
+        func = getattr(func, "__wrapped__", None)
+    return None
+
+
 def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) -> list[Check]:
     """The checks a request to the view ``func`` makes, in the order it makes them: a
     ``protect_credentials`` check before a login's password is read (``POST`` only); on a
