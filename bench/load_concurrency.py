@@ -33,84 +33,24 @@ started is stopped at the end, also on errors, Ctrl-C and SIGTERM.
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
-import os
-import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "bench"
-RESULTS = BENCH / "results"
-# Appended, not prepended: a PYTHONPATH entry may hold another django_throttle to measure.
-sys.path.insert(0, str(BENCH))
-if str(ROOT) not in sys.path:
-    sys.path.append(str(ROOT))
-
-from loadproject import IN_FLIGHT_KEY, cpu, report  # noqa: E402
-from loadproject.server import Server  # noqa: E402
-
-from example_project.private_redis import PrivateRedis  # noqa: E402
+import loadkit
+from loadkit import get, log, percentile
+from loadproject import IN_FLIGHT_KEY
+from loadproject.server import Server
 
 SLOW_PATH = "/api/export/"
 FAST_PATH = "/api/ping/"
 #: The anonymous tier's own limit: never reached, so only the endpoint rule ever refuses.
-NEVER_DENY = "1000000/s"
+NEVER_DENY = loadkit.NEVER_DENY
 RUNS = ("unlimited", "limited")
-
-
-def log(*parts: Any) -> None:
-    print(*parts, file=sys.stderr, flush=True)
-
-
-def percentile(values: list[float], fraction: float) -> float | None:
-    """The nearest-rank percentile, or ``None`` without values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(fraction * len(ordered) + 0.5) - 1))]
-
-
-def get(port: int, path: str, address: str, timeout: float) -> tuple[int, str | None]:
-    """Status and ``Retry-After`` of one GET from client ``address``; status 0 on a socket
-    error."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        connection.request("GET", path, headers={"X-Forwarded-For": address})
-        response = connection.getresponse()
-        response.read()
-        return response.status, response.getheader("Retry-After")
-    except OSError:
-        return 0, None
-    finally:
-        connection.close()
-
-
-def prepare_database(path: Path, redis_url: str, logdir: Path) -> None:
-    """Migrate the SQLite file and create the default anonymous tier, as an operator would."""
-    os.environ.update(
-        DJANGO_SETTINGS_MODULE="loadproject.settings",
-        LOADTEST_VARIANT="policy",
-        LOADTEST_REDIS_URL=redis_url,
-        LOADTEST_DB=str(path),
-        LOADTEST_LOGDIR=str(logdir),
-    )
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    from django_throttle.models import Tier, TierLimit
-
-    call_command("migrate", verbosity=0)
-    tier = Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
-    TierLimit.objects.create(tier=tier, rate=NEVER_DENY)
 
 
 def add_concurrency_rule(rate: str) -> None:
@@ -273,13 +213,7 @@ def one_run(
     """A fresh server (it loads the policy as it is now), the probe, then the load."""
     import redis
 
-    waited = 0
-    while waited < args.patience:  # give other work on the machine a chance to finish first
-        with cpu.Meter(ours, set(), 0) as idle:
-            time.sleep(1)
-        if idle.foreign <= args.max_foreign:
-            break
-        waited += 1
+    waited = loadkit.wait_for_quiet(ours, args.max_foreign, args.patience)
     server = Server("gunicorn", "policy", args.workers, env)
     counter = redis.Redis.from_url(redis_url)
     try:
@@ -287,11 +221,8 @@ def one_run(
         probe(server.port, name == "limited", args)
         counter.delete(IN_FLIGHT_KEY)
         load = Load(server.port, counter, args)
-        load_before = os.getloadavg()
-        with cpu.Meter(ours, {server.process.pid}, server.process.pid) as meter:
-            window = load.run(args.warmup + args.seconds)
-        load_after = os.getloadavg()
-        problems = server.log_problems(0)
+        window, watched = loadkit.watch(server, ours, lambda: load.run(args.warmup + args.seconds))
+        logged = loadkit.log_record(server)
     finally:
         server.stop()
         counter.close()
@@ -300,21 +231,16 @@ def one_run(
         "run": name,
         "summary": s,
         "per_second": per_second(load, window),
-        "load_average_before": [round(v, 2) for v in load_before],
-        "load_average_after": [round(v, 2) for v in load_after],
-        "cores_ours": meter.ours,
-        "cores_others": meter.foreign,
+        **watched.record(),
         "waited_for_quiet_s": waited,
-        "server_log_problems": problems[0],
-        "server_log_first": problems[2],
+        **logged,
     }
     log(
         f"{name:9}  exports in flight mean {s['slow_in_flight_mean']} max "
         f"{s['slow_in_flight_max']}, served {s['slow_served_per_s']}/s refused "
         f"{s['slow_refused_per_s']}/s | ping p50 {s['fast_p50_ms']} ms p99 {s['fast_p99_ms']}"
         f" ms, {s['fast_answered_per_s']}/s answered, {s['fast_unanswered']} unanswered | "
-        f"load avg {load_before[0]:.2f}->{load_after[0]:.2f}, cores ours {meter.ours:.2f} "
-        f"others {meter.foreign:.2f}"
+        f"{watched.summary()}"
     )
     return result
 
@@ -368,27 +294,17 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     places = ("lower right", "center right", "upper right", "lower right")
     for row, place in zip(axes, places, strict=True):
         row[1].legend(fontsize=8, loc=place)
-    machine = payload["machine"]
-    figure.suptitle(
+    title = (
         f"gunicorn, {settings['workers']} sync workers: /api/export/ (sleeps "
         f"{settings['slow_seconds'] * 1e3:.0f} ms) from {settings['slow_clients']} clients x "
-        f"{settings['slow_connections']} connections, /api/ping/ at {settings['fast_rate']}/s\n"
-        f"{machine['cpu']}, {machine['logical_cpus']} CPUs shared by server, Redis and the "
-        f"load generator; code: {machine['code']}",
-        fontsize=10,
+        f"{settings['slow_connections']} connections, /api/ping/ at {settings['fast_rate']}/s"
     )
-    figure.tight_layout(rect=(0, 0, 1, 0.94))
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    loadkit.save_figure(figure, path, title, payload["machine"], fontsize=10, rect=(0, 0, 1, 0.94))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="3 s per run, 1 s warm-up, no wait for quiet"
-    )
-    parser.add_argument("--seconds", type=float, default=20, help="measured seconds per run")
-    parser.add_argument("--warmup", type=float, default=3, help="seconds before measuring")
+    quick = "3 s per run, 1 s warm-up, no wait for quiet"
+    parser = loadkit.parser(__doc__, quick, seconds=20, warmup=3)
     parser.add_argument("--workers", type=int, default=8, help="gunicorn sync workers")
     parser.add_argument("--slow-seconds", type=float, default=0.2, help="an export's sleep")
     parser.add_argument("--slow-clients", type=int, default=2, help="export client addresses")
@@ -398,61 +314,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fast-rate", type=float, default=40, help="pings per second")
     parser.add_argument("--fast-threads", type=int, default=200, help="pings at once, at most")
     parser.add_argument("--sample-every", type=float, default=0.01, help="s between samples")
-    parser.add_argument("--timeout", type=float, default=30, help="socket timeout, s")
-    parser.add_argument("--max-foreign", type=float, default=0.2, help="cores; else wait")
-    parser.add_argument("--patience", type=int, default=30, help="s to wait for quiet, per run")
-    parser.add_argument("--out-dir", type=Path, default=RESULTS)
-    parser.add_argument("--stem", help="output file stem")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.seconds, args.warmup, args.patience = 3, 1, 0
-    args.stem = args.stem or ("load_concurrency_quick" if args.quick else "load_concurrency")
+    args = loadkit.parse(parser, argv, "load_concurrency", quick_seconds=3)
     args.limit_count = int(args.limit.split("/")[0])
     return args
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGHUP, _interrupt)
+    loadkit.stop_on_signals()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    workdir = tempfile.TemporaryDirectory(prefix="django-throttle-concurrency-")
-    redis_server = PrivateRedis()
-    try:
-        redis_server.start()
-        logdir = Path(workdir.name)
-        prepare_database(logdir / "db.sqlite3", redis_server.url, logdir)
-        path = os.pathsep.join(filter(None, [str(BENCH), os.environ.get("PYTHONPATH")]))
-        env = {**os.environ, "PYTHONPATH": path, "LOADTEST_USAGE": "1"}
-        env["LOADTEST_SLOW_SECONDS"] = str(args.slow_seconds)
-        runs = [one_run("unlimited", env, redis_server.url, args, redis_server.pid)]
+    with loadkit.private_setup("django-throttle-concurrency-", NEVER_DENY) as setup:
+        url, pid = setup.redis.url, setup.redis.pid
+        env = setup.env(LOADTEST_USAGE="1", LOADTEST_SLOW_SECONDS=str(args.slow_seconds))
+        runs = [one_run("unlimited", env, url, args, pid)]
         add_concurrency_rule(args.limit)
-        runs.append(one_run("limited", env, redis_server.url, args, redis_server.pid))
-        import redis
-
-        client = redis.Redis.from_url(redis_server.url)
-        machine = report.machine_info(str(client.info("server")["redis_version"]), ROOT)
-        client.close()
-    finally:
-        redis_server.stop()
-        workdir.cleanup()
-    settings = {k: v for k, v in vars(args).items() if k not in {"out_dir", "json", "stem"}}
+        runs.append(one_run("limited", env, url, args, pid))
+        machine = setup.machine()
+    settings = loadkit.settings(args)
     settings.update(share=args.limit_count * args.slow_clients, tier_limit=NEVER_DENY)
-    payload = {"machine": machine, "settings": settings, "runs": runs}
-    out = args.out_dir / args.stem
-    out.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
-    try:
-        plot(payload, out.with_suffix(".png"))
-    except ImportError:
-        log("matplotlib is not installed: no plot")
-    log(f"wrote {out}.json, .png")
-    if args.json:
-        print(json.dumps(payload))
+    loadkit.write({"machine": machine, "settings": settings, "runs": runs}, args, plot)
     return 0
 
 

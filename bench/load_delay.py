@@ -36,33 +36,19 @@ process it started is stopped at the end, also on errors, Ctrl-C and SIGTERM.
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import os
 import queue
 import random
-import signal
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "bench"
-RESULTS = BENCH / "results"
-# Appended, not prepended: a PYTHONPATH entry may hold another django_throttle to measure.
-sys.path.insert(0, str(BENCH))
-if str(ROOT) not in sys.path:
-    sys.path.append(str(ROOT))
-
-from load_concurrency import log, percentile, prepare_database  # noqa: E402
-from loadproject import cpu, report  # noqa: E402
-from loadproject.server import Server  # noqa: E402
-
-from example_project.private_redis import PrivateRedis  # noqa: E402
+import loadkit
+from loadkit import get, log, percentile
+from loadproject.server import Server
 
 RUNS = {"reject": "/burst/reject/", "delay": "/burst/delay/"}
 #: Client addresses of each run: fresh keys, whatever the other run left in Redis.
@@ -72,17 +58,11 @@ NETWORKS = {"reject": "10.2", "delay": "10.3"}
 def send(port: int, path: str, address: str, timeout: float) -> tuple[int, float, float]:
     """Status, ``Retry-After`` and ``X-RateLimit-Delayed`` (0 when absent) of one GET from
     client ``address``; status 0 on a socket error."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        connection.request("GET", path, headers={"X-Forwarded-For": address})
-        response = connection.getresponse()
-        response.read()
-        retry = float(response.getheader("Retry-After") or 0)
-        return response.status, retry, float(response.getheader("X-RateLimit-Delayed") or 0)
-    except OSError:
+    status, headers = get(port, path, address, timeout)
+    if headers is None:
         return 0, 0.0, 0.0
-    finally:
-        connection.close()
+    retry = float(headers.get("Retry-After") or 0)
+    return status, retry, float(headers.get("X-RateLimit-Delayed") or 0)
 
 
 def probe(port: int, run: str, args: argparse.Namespace) -> None:
@@ -252,23 +232,16 @@ def summary(load: Load, window: tuple[float, float]) -> dict[str, Any]:
 
 def one_run(name: str, env: dict[str, str], args: argparse.Namespace, ours: int | None) -> Any:
     """A fresh server, the probe, then the load."""
-    waited = 0
-    while waited < args.patience:  # give other work on the machine a chance to finish first
-        with cpu.Meter(ours, set(), 0) as idle:
-            time.sleep(1)
-        if idle.foreign <= args.max_foreign:
-            break
-        waited += 1
+    waited = loadkit.wait_for_quiet(ours, args.max_foreign, args.patience)
     server = Server("uvicorn", "policy", args.workers, env)
     try:
         server.wait_ready("192.0.2.200")
         probe(server.port, name, args)
         load = Load(server.port, name, args)
-        load_before = os.getloadavg()
-        with cpu.Meter(ours, {server.process.pid}, server.process.pid) as meter:
-            window = load.run_for(args.warmup + args.seconds)
-        load_after = os.getloadavg()
-        problems = server.log_problems(0)
+        window, watched = loadkit.watch(
+            server, ours, lambda: load.run_for(args.warmup + args.seconds)
+        )
+        logged = loadkit.log_record(server)
     finally:
         server.stop()
     s = summary(load, window)
@@ -276,21 +249,16 @@ def one_run(name: str, env: dict[str, str], args: argparse.Namespace, ours: int 
         "run": name,
         "summary": s,
         "per_second": per_second(load, window),
-        "load_average_before": [round(v, 2) for v in load_before],
-        "load_average_after": [round(v, 2) for v in load_after],
-        "cores_ours": meter.ours,
-        "cores_others": meter.foreign,
-        "server_cpu_s": round(meter.server, 2),
+        **watched.record(),
+        "server_cpu_s": round(watched.meter.server, 2),
         "waited_for_quiet_s": waited,
-        "server_log_problems": problems[0],
-        "server_log_first": problems[2],
+        **logged,
     }
     log(
         f"{name:6}  served {s['served_per_s']}/s, refused {s['refused_per_s']}/s "
         f"(share {s['refused_share']}), delayed share {s['delayed_share']} | served p50 "
         f"{s['served_p50_ms']} ms p99 {s['served_p99_ms']} ms | job p50 {s['job_p50_ms']} ms "
-        f"p99 {s['job_p99_ms']} ms | load avg {load_before[0]:.2f}->{load_after[0]:.2f}, "
-        f"cores ours {meter.ours:.2f} others {meter.foreign:.2f}"
+        f"p99 {s['job_p99_ms']} ms | {watched.summary()}"
     )
     return result
 
@@ -329,29 +297,19 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     for axis, place in ((rates, "center right"), (latency, "center right"), (load, "lower right")):
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=8, loc=place, ncol=2)
-    machine = payload["machine"]
-    figure.suptitle(
+    title = (
         f"uvicorn, {settings['workers']} workers: @throttle(rate={settings['rate']!r}, gcra, "
         f"burst={settings['burst']}), reject vs delay={settings['delay']} max_wait="
         f"{settings['max_wait']:g}\n{settings['clients']} clients, each {settings['batch']} "
         f"jobs every {settings['period']:g} s (±{settings['jitter']:.0%}) on "
-        f"{settings['connections']} connections, 429s retried after Retry-After\n"
-        f"{machine['cpu']}, {machine['logical_cpus']} CPUs shared by server, Redis and the "
-        f"load generator; code: {machine['code']}",
-        fontsize=9,
+        f"{settings['connections']} connections, 429s retried after Retry-After"
     )
-    figure.tight_layout(rect=(0, 0, 1, 0.95))
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    loadkit.save_figure(figure, path, title, payload["machine"], fontsize=9, rect=(0, 0, 1, 0.95))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="4 s per run, 1 s warm-up, no wait for quiet"
-    )
-    parser.add_argument("--seconds", type=float, default=30, help="measured seconds per run")
-    parser.add_argument("--warmup", type=float, default=5, help="seconds before measuring")
+    quick = "4 s per run, 1 s warm-up, no wait for quiet"
+    parser = loadkit.parser(__doc__, quick, seconds=30, warmup=5)
     parser.add_argument("--workers", type=int, default=2, help="uvicorn workers")
     parser.add_argument("--rate", default="2/s", help="the limit per client")
     parser.add_argument("--burst", type=int, default=4, help="the limit's burst")
@@ -364,63 +322,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--connections", type=int, default=3, help="per client")
     parser.add_argument("--seed", type=int, default=1, help="of the phases and periods")
     parser.add_argument("--error-wait", type=float, default=0.5, help="s after a non-429 error")
-    parser.add_argument("--timeout", type=float, default=30, help="socket timeout, s")
-    parser.add_argument("--max-foreign", type=float, default=0.2, help="cores; else wait")
-    parser.add_argument("--patience", type=int, default=30, help="s to wait for quiet, per run")
-    parser.add_argument("--out-dir", type=Path, default=RESULTS)
-    parser.add_argument("--stem", help="output file stem")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.seconds, args.warmup, args.patience = 4, 1, 0
-    args.stem = args.stem or ("load_delay_quick" if args.quick else "load_delay")
-    return args
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+    return loadkit.parse(parser, argv, "load_delay", quick_seconds=4)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGHUP, _interrupt)
+    loadkit.stop_on_signals()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    workdir = tempfile.TemporaryDirectory(prefix="django-throttle-delay-")
-    redis_server = PrivateRedis()
-    try:
-        redis_server.start()
-        logdir = Path(workdir.name)
-        prepare_database(logdir / "db.sqlite3", redis_server.url, logdir)
-        path = os.pathsep.join(filter(None, [str(BENCH), os.environ.get("PYTHONPATH")]))
-        env = {**os.environ, "PYTHONPATH": path, "LOADTEST_USAGE": "1"}
-        env.update(
+    with loadkit.private_setup("django-throttle-delay-", loadkit.NEVER_DENY) as setup:
+        env = setup.env(
+            LOADTEST_USAGE="1",
             LOADTEST_BURST_RATE=args.rate,
             LOADTEST_BURST=str(args.burst),
             LOADTEST_DELAY=str(args.delay),
             LOADTEST_MAX_WAIT=str(args.max_wait),
         )
-        runs = [one_run(name, env, args, redis_server.pid) for name in RUNS]
-        import redis
-
-        client = redis.Redis.from_url(redis_server.url)
-        machine = report.machine_info(str(client.info("server")["redis_version"]), ROOT)
-        client.close()
-    finally:
-        redis_server.stop()
-        workdir.cleanup()
-    settings = {k: v for k, v in vars(args).items() if k not in {"out_dir", "json", "stem"}}
+        runs = [one_run(name, env, args, setup.redis.pid) for name in RUNS]
+        machine = setup.machine()
+    settings = loadkit.settings(args)
     settings["offered_per_s"] = round(args.clients * args.batch / args.period, 1)
-    payload = {"machine": machine, "settings": settings, "runs": runs}
-    out = args.out_dir / args.stem
-    out.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
-    try:
-        plot(payload, out.with_suffix(".png"))
-    except ImportError:
-        log("matplotlib is not installed: no plot")
-    log(f"wrote {out}.json, .png")
-    if args.json:
-        print(json.dumps(payload))
+    loadkit.write({"machine": machine, "settings": settings, "runs": runs}, args, plot)
     return 0
 
 

@@ -24,35 +24,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "bench"
-RESULTS = BENCH / "results"
+import loadkit
+from loadkit import BENCH, RESULTS, ROOT
+from loadproject import cpu, report
+from loadproject.server import Server
+
 LUA = BENCH / "loadproject" / "random_xff.lua"
-# Appended, not prepended: a PYTHONPATH entry may hold another django_throttle to measure.
-sys.path.insert(0, str(BENCH))
-if str(ROOT) not in sys.path:
-    sys.path.append(str(ROOT))
-
-from loadproject import cpu, report  # noqa: E402
-from loadproject.server import Server  # noqa: E402
-
-from example_project.private_redis import PrivateRedis  # noqa: E402
-
 SERVERS = ("gunicorn", "uvicorn")
 VARIANTS = ("none", "policy", "drf")
 #: Never reached, so every request is allowed: the runs measure overhead, not denials.
-NEVER_DENY = "1000000/s"
+NEVER_DENY = loadkit.NEVER_DENY
 REALISTIC = "100/min"
 
 
@@ -69,26 +56,6 @@ def run_wrk(url: str, connections: int, seconds: int, args: argparse.Namespace) 
     result["socket_errors"] = sum(result[k] for k in ("connect", "read", "write", "timeout"))
     result["rps"] = result["requests"] / (result["duration_us"] / 1e6)
     return result
-
-
-def prepare_database(path: Path, redis_url: str, rate: str, logdir: Path) -> None:
-    """Migrate the SQLite file and create the default anonymous tier, as an operator would."""
-    os.environ.update(
-        DJANGO_SETTINGS_MODULE="loadproject.settings",
-        LOADTEST_VARIANT="policy",
-        LOADTEST_REDIS_URL=redis_url,
-        LOADTEST_DB=str(path),
-        LOADTEST_LOGDIR=str(logdir),
-    )
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    from django_throttle.models import Tier, TierLimit
-
-    call_command("migrate", verbosity=0)
-    tier = Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
-    TierLimit.objects.create(tier=tier, rate=rate)
 
 
 def check_variant(server: Server, address: str, redis: Any) -> None:
@@ -146,11 +113,8 @@ def measured_run(server: Server, connections: int, args: argparse.Namespace) -> 
             best = run
         if meter.foreign <= args.max_foreign:
             break
-        for _ in range(args.patience):  # give the other work a chance to finish first
-            with cpu.Meter(*args.ours, 0) as idle:
-                time.sleep(1)
-            if idle.foreign <= args.max_foreign:
-                break
+        redis_pid, groups = args.ours  # give the other work a chance to finish first
+        loadkit.wait_for_quiet(redis_pid, args.max_foreign, args.patience, groups)
     return best
 
 
@@ -212,56 +176,43 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGHUP, _interrupt)
+    loadkit.stop_on_signals()
     rate = REALISTIC if args.realistic else NEVER_DENY
     RESULTS.mkdir(exist_ok=True)
-    workdir = tempfile.TemporaryDirectory(prefix="django-throttle-load-")
-    redis_server = PrivateRedis()
     servers: list[Server] = []
-    try:
-        redis_server.start()
-        logdir = Path(workdir.name)
-        prepare_database(logdir / "db.sqlite3", redis_server.url, rate, logdir)
-        path = os.pathsep.join(filter(None, [str(BENCH), os.environ.get("PYTHONPATH")]))
-        env = {**os.environ, "LOADTEST_DRF_RATE": rate, "PYTHONPATH": path}
-        env["LOADTEST_USAGE"] = "0" if args.no_usage else "1"
+    with loadkit.private_setup("django-throttle-load-", rate) as setup:
+        env = setup.env(LOADTEST_DRF_RATE=rate, LOADTEST_USAGE="0" if args.no_usage else "1")
         import redis
 
-        client = redis.Redis.from_url(redis_server.url)
-        for name in args.servers:
-            for variant in args.variants:
-                servers.append(Server(name, variant, args.workers, env))
-        for number, server in enumerate(servers, start=1):
-            check_variant(server, f"192.0.2.{number}", client)
-        print(f"servers up; rate {rate}; {args.clients} client addresses", flush=True)
-        args.ours = (redis_server.pid, {server.process.pid for server in servers})
-        runs = measure(servers, args)
-        machine = report.machine_info(str(client.info("server")["redis_version"]), ROOT)
-        client.close()
-    except BaseException:
-        for server in servers:  # the logs go with the temporary directory
-            tail = server.log.read_text(errors="replace").splitlines()[-15:]
-            print(f"--- {server.log.name}:", *tail, sep="\n", file=sys.stderr)
-        raise
-    finally:
-        for server in servers:
-            server.stop()
-        redis_server.stop()
-        workdir.cleanup()
+        client = redis.Redis.from_url(setup.redis.url)
+        try:
+            for name in args.servers:
+                for variant in args.variants:
+                    servers.append(Server(name, variant, args.workers, env))
+            for number, server in enumerate(servers, start=1):
+                check_variant(server, f"192.0.2.{number}", client)
+            print(f"servers up; rate {rate}; {args.clients} client addresses", flush=True)
+            args.ours = (setup.redis.pid, {server.process.pid for server in servers})
+            runs = measure(servers, args)
+            machine = setup.machine()
+        except BaseException:
+            for server in servers:  # the logs go with the temporary directory
+                tail = server.log.read_text(errors="replace").splitlines()[-15:]
+                print(f"--- {server.log.name}:", *tail, sep="\n", file=sys.stderr)
+            raise
+        finally:
+            for server in servers:
+                server.stop()
+            client.close()
     rows = summarise(runs)
     settings = {k: v for k, v in vars(args).items() if k != "ours"}
     settings.update(rate=rate, wrk_script=str(LUA.relative_to(ROOT)))
     out = RESULTS / args.stem
     report.write_csv(rows, out.with_suffix(".csv"))
     payload = {"machine": machine, "settings": settings, "summary": rows, "runs": runs}
-    out.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
+    loadkit.write_json(payload, out)
     note = f", limit {rate}" + (", usage off" if args.no_usage else "")
     report.plot(rows, out.with_suffix(".png"), machine, note)
     print(report.markdown_table(rows))
