@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.test import AsyncClient, Client
 
 from django_throttle.checks import check_settings
@@ -227,13 +227,24 @@ def test_policy_file_round_trip_keeps_regions(anonymous: Tier) -> None:
 
 
 def test_inspect_and_explain_name_the_region(header_source: None, anonymous: Tier) -> None:
+    client = Client()
+    headers = {"REMOTE_ADDR": EDGE, "HTTP_X_FORWARDED_FOR": "203.0.113.9"}
+    statuses(client, "/api/ping/", 2, HTTP_CF_IPCOUNTRY="FR", **headers)
+    explain = ["throttle_explain", "--ip", "203.0.113.9", "--path", "/api/ping/"]
     out = io.StringIO()
-    call_command("throttle_explain", "ip:203.0.113.9", "--region", "fr", stdout=out)
+    call_command(*explain, "--region", "fr", stdout=out)
     text = out.getvalue()
-    assert "FR" in text and "2/min" in text
+    assert "FR (its regional limits)" in text
+    assert "anonymous 2/min [DE,FR]" in text and "denied (429)" in text
+    out = io.StringIO()
+    call_command(*explain, stdout=out)
+    assert "none (the default limits)" in out.getvalue() and "allowed" in out.getvalue()
+    out = io.StringIO()
+    call_command(*explain, "--region", "US", stdout=out)
+    assert "US (no limit names it: the default limits)" in out.getvalue()
     out = io.StringIO()
     call_command("throttle_inspect", "ip:203.0.113.9", "--region", "FR", stdout=out)
-    assert "FR" in out.getvalue()
-    out = io.StringIO()
-    call_command("throttle_explain", "ip:203.0.113.9", stdout=out)
-    assert "default" in out.getvalue()
+    assert "region FR (its regional limits)" in out.getvalue()
+    assert "[DE,FR]" in out.getvalue()
+    with pytest.raises(CommandError, match="region"):
+        call_command(*explain, "--region", "F R;", stdout=io.StringIO())

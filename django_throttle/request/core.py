@@ -481,6 +481,8 @@ def make_plan(
     if isinstance(found, Decision):  # no rule of a rule-only check's scope
         return found
     endpoint, limits, rule_cost, field, is_credential, own, groups = found
+    if region is not None:  # the tier as the region sees it (its limits, for the tools)
+        tier = policy.in_region(tier, None, region)[0]
     planned = Plan(
         identity.key,
         limits,
