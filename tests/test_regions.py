@@ -248,3 +248,40 @@ def test_inspect_and_explain_name_the_region(header_source: None, anonymous: Tie
     assert "[DE,FR]" in out.getvalue()
     with pytest.raises(CommandError, match="region"):
         call_command(*explain, "--region", "F R;", stdout=io.StringIO())
+
+
+def test_admin_form_error_for_a_bad_region_code_names_the_field(admin_client: Client) -> None:
+    from django.urls import reverse
+
+    from tests.test_admin import inline, limit_row, row_errors, tier_form
+
+    add = reverse("admin:django_throttle_tier_add")
+    rows = [limit_row("100/min"), limit_row("10/min", regions="FR, not a code!")]
+    response = admin_client.post(add, tier_form() | inline(rows))
+    assert response.status_code == 200
+    errors = row_errors(response)
+    assert (
+        list(errors[1]) == ["regions"]
+        and "'not a code!' is no region code" in errors[1]["regions"][0]
+    )
+    assert not Tier.objects.exists()
+    # Codes are written one way: upper-cased, sorted, each once.
+    rows = [limit_row("100/min"), limit_row("10/min", regions="fr, de,FR")]
+    response = admin_client.post(add, tier_form() | inline(rows))
+    assert response.status_code == 302
+    assert sorted(TierLimit.objects.values_list("regions", flat=True)) == ["", "DE,FR"]
+
+
+def test_the_admin_inspector_takes_a_region(
+    admin_client: Client, header_source: None, anonymous: Tier
+) -> None:
+    from django.urls import reverse
+
+    url = reverse("admin:django_throttle_usagecount_inspect")
+    page = admin_client.get(url, {"client": "203.0.113.9", "region": "fr", "path": "/api/ping/"})
+    text = page.content.decode()
+    assert page.status_code == 200
+    assert 'id="dt-region-counted"' in text and "<strong>FR</strong>" in text
+    assert "its regional limits" in text and "[DE,FR]" in text
+    page = admin_client.get(url, {"client": "203.0.113.9", "region": "F R!"})
+    assert page.status_code == 200 and "is not a region code" in page.content.decode()
