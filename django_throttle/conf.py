@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import re
 from collections.abc import Callable
 from functools import cached_property
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -53,6 +54,10 @@ IPV6_PREFIX = 64
 #: Headers an API key is read from, in order: ``Authorization: Api-Key <key>``, then
 #: ``X-API-Key: <key>``.
 API_KEY_HEADERS = ("Authorization", "X-API-Key")
+#: ``REGION_SOURCE`` reading the client address's country from a GeoIP2 database.
+REGION_GEOIP = "geoip"
+#: A header name ``REGION_SOURCE = "header:<name>"`` may give.
+REGION_HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,64}")
 #: :data:`API_KEY_HEADERS` as (``request.META`` key, is ``Authorization``) pairs.
 API_KEY_META = (("HTTP_AUTHORIZATION", True), ("HTTP_X_API_KEY", False))
 
@@ -160,6 +165,14 @@ class Settings:
     #: ``TRUSTED_PROXIES`` trusts. Set it when your proxy sends such a header.
     CLIENT_IP_HEADER: Setting[str | None] = Setting(None, _optional_text)
 
+    #: Where a client's region (a country code such as ``"FR"``) is read, for tier and endpoint
+    #: limits that name regions: ``"header:<Header-Name>"`` (e.g. ``"header:CF-IPCountry"``,
+    #: a CDN's country header) read only from a proxy ``TRUSTED_PROXIES`` trusts, or
+    #: ``"geoip"``, the client address's country in the GeoIP2 database of Django's
+    #: ``GEOIP_PATH``. Unset: no regions; every client meets the limits that name none. Set it
+    #: when some regions get limits of their own.
+    REGION_SOURCE: Setting[str | None] = Setting(None, _optional_text)
+
     #: Key of the HMAC-SHA256 digest API keys are stored as (unset: ``SECRET_KEY``).
     #: Changing it invalidates every API key issued before. Set it on its own to rotate
     #: ``SECRET_KEY`` without re-issuing keys.
@@ -206,6 +219,21 @@ class Settings:
             v6=tuple(n for n in networks if isinstance(n, ipaddress.IPv6Network)),
             header=None if header is None else "HTTP_" + header.upper().replace("-", "_"),
         )
+
+    @cached_property
+    def region_source(self) -> tuple[str, str] | None:
+        """Internal: ``REGION_SOURCE`` parsed: ``("header", <request.META key>)``,
+        ``("geoip", "")``, or ``None`` (regions off, or a value a system check names)."""
+        source = self.REGION_SOURCE
+        if source is None:
+            return None
+        if source.lower() == REGION_GEOIP:
+            return (REGION_GEOIP, "")
+        kind, _, header = source.partition(":")
+        header = header.strip()
+        if kind.strip().lower() != "header" or not REGION_HEADER_NAME.fullmatch(header):
+            return None
+        return ("header", "HTTP_" + header.upper().replace("-", "_"))
 
     @cached_property
     def api_key_secret(self) -> bytes:

@@ -27,6 +27,7 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import re
 import socket
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -288,3 +289,48 @@ def _format_network(text: str, v4_prefix: int, v6_prefix: int) -> str | None:
     if prefix >= address.max_prefixlen:
         return str(address)
     return str(ipaddress.ip_network(f"{address}/{prefix}", strict=False))
+
+
+# Regions: a country code (or any code a trusted edge sends) that picks a tier's regional
+# limits. What a client sends is bounded and checked here: it is never a key of anything.
+
+#: Longest region code: longer text is no code.
+MAX_REGION_LENGTH = 16
+_REGION_CODE = re.compile(r"[A-Z0-9-]{1,16}")
+
+
+def region_code(value: Any) -> str | None:
+    """``value`` as a region code (upper-cased, ``[A-Z0-9-]{1,16}``), else ``None`` (no
+    region: the default limits)."""
+    if not isinstance(value, str) or len(value) > MAX_REGION_LENGTH + 8:
+        return None
+    code = value.strip().upper()
+    return code if _REGION_CODE.fullmatch(code) else None
+
+
+def region_codes(text: str) -> tuple[tuple[str, ...], list[str]]:
+    """The region codes of a comma-separated list (upper-cased, sorted, each once), and the
+    entries that are no code."""
+    codes: set[str] = set()
+    bad: list[str] = []
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        code = region_code(part)
+        if code is None:
+            bad.append(part.strip())
+        else:
+            codes.add(code)
+    return tuple(sorted(codes)), bad
+
+
+def from_trusted_proxy(meta: Any) -> bool:
+    """Whether the request came through a proxy ``TRUSTED_PROXIES`` trusts: its
+    ``REMOTE_ADDR`` among the listed networks, or (a count of proxies) any connection; with
+    no trusted proxy, never. Only then are a trusted edge's headers believed."""
+    trust = app_settings.proxy_trust
+    if not trust.configured:
+        return False
+    if not (trust.v4 or trust.v6):
+        return trust.proxy_count > 0
+    return _is_trusted(_address(str(meta.get("REMOTE_ADDR") or "")), trust)

@@ -441,7 +441,7 @@ def test_duplicate_endpoint_limit_rows_are_refused(admin_client: Client, free: T
     assert response.status_code == 200
     formset = response.context["inline_admin_formsets"][0].formset
     assert formset.non_form_errors() == [
-        "Please correct the duplicate data for tier and rate, which must be unique."
+        "Please correct the duplicate data for tier, rate and regions, which must be unique."
     ]
     assert not EndpointRule.objects.exists()
 

@@ -254,7 +254,7 @@ def test_endpoint_limits_are_unique_per_rule_tier_and_rate(free: Tier, rule: End
     EndpointLimit.objects.create(rule=rule, tier=free, rate="10/m")
     EndpointLimit.objects.create(rule=rule, tier=free, rate="100/h")
     errors = errors_of(EndpointLimit(rule=rule, tier=free, rate="10/m"))
-    assert errors["__all__"] == ["This rule already has this rate for this tier."]
+    assert errors["__all__"] == ["This rule already has this rate for this tier and these regions."]
 
 
 @pytest.mark.parametrize(

@@ -313,7 +313,7 @@ class LimitInline(admin.TabularInline):  # type: ignore[type-arg]
     chosen algorithm does not use."""
 
     form = LimitForm
-    fields = ["rate", "algorithm", "burst", "delay", "max_wait", "timezone"]
+    fields = ["rate", "algorithm", "burst", "delay", "max_wait", "timezone", "regions"]
     extra = 1
 
     class Media:

@@ -48,6 +48,7 @@ from django_throttle.backends import BackendError, get_backend
 from django_throttle.backends.redis_nodes import get_breaker
 from django_throttle.conf import app_settings
 from django_throttle.inspection.clients import (
+    checked_region,
     counters,
     explain,
     inspect,
@@ -154,13 +155,15 @@ class _Query(NamedTuple):
     client_text: str
     username: str | None
     address: str | None
+    #: The region the client is seen from (``None``: the one its requests show).
+    region: str | None = None
 
     @classmethod
     def read(cls, data: QueryDict) -> _Query:
-        text, username, address = (
-            data.get(name, "").strip() for name in ("client", "username", "ip")
+        text, username, address, region = (
+            data.get(name, "").strip() for name in ("client", "username", "ip", "region")
         )
-        return cls(text, username or None, address or None)
+        return cls(text, username or None, address or None, region or None)
 
     def subject(self) -> Subject:
         """The client named; a bad address is an error too, not "none". Raises
@@ -168,12 +171,18 @@ class _Query(NamedTuple):
         subject = parse_client(self.client_text)
         if self.address:
             parse_client(f"ip:{self.address}")
+        checked_region(self.region)
         return subject
 
     @property
     def url(self) -> str:
         """The inspector, showing this client again."""
-        query = {"client": self.client_text, "username": self.username, "ip": self.address}
+        query = {
+            "client": self.client_text,
+            "username": self.username,
+            "ip": self.address,
+            "region": self.region,
+        }
         encoded = urlencode({name: value for name, value in query.items() if value})
         return f"{reverse(INSPECT)}?{encoded}" if encoded else reverse(INSPECT)
 
@@ -192,10 +201,15 @@ def inspector(request: HttpRequest, model_admin: AppAdmin) -> HttpResponse:
     if query.client_text:
         try:
             subject = query.subject()
-            context["inspection"] = inspect(subject, query.username, query.address)
+            context["inspection"] = inspect(subject, query.username, query.address, query.region)
             if path:
                 context["explanation"] = explain(
-                    subject, method, path, address=query.address, username=query.username
+                    subject,
+                    method,
+                    path,
+                    address=query.address,
+                    username=query.username,
+                    region=query.region,
                 )
         except UnknownClient as exc:
             context["error"] = _("Unknown client: %(reason)s.") % {"reason": exc}
@@ -232,11 +246,17 @@ def reset_client(request: HttpRequest, model_admin: AppAdmin) -> HttpResponse:
         return _back(request, reverse(INSPECT), backend_failed(request, exc), messages.ERROR)
     try:
         if request.method == "POST":
-            found = reset_counters(subject, username=query.username, address=query.address)
+            found = reset_counters(
+                subject, username=query.username, address=query.address, region=query.region
+            )
             log_reset(request, subject, [counter.limit for counter in found])
             done = _("Reset %(count)d bucket(s) of %(client)s.")
             return _back(request, query.url, done % {"count": len(found), "client": subject.label})
-        found = [c for c in counters(subject, query.username, query.address) if not c.limit.shared]
+        found = [
+            c
+            for c in counters(subject, query.username, query.address, checked_region(query.region))
+            if not c.limit.shared
+        ]
     except BackendError as exc:
         return _back(request, query.url, backend_failed(request, exc), messages.ERROR)
     title = _("Reset the buckets of %(client)s?") % {"client": subject.label}

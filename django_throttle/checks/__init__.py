@@ -35,6 +35,7 @@ from django_throttle.conf import (
     DEFAULT_CACHE_ALIAS,
     NAMES,
     PREFIX,
+    REGION_GEOIP,
     REMOVED,
     cache_alias,
     is_memory_url,
@@ -81,6 +82,7 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         *errors,
         *(source or ([] if errors else _check_redis_options())),
         *_check_proxy_trust(),
+        *_check_regions(),
         *_check_removed(),
         *_check_unknown_names(),
     ]
@@ -208,6 +210,38 @@ def _check_redis_options() -> list[checks.CheckMessage]:
             id="django_throttle.E040",
         )
     ]
+
+
+def _check_regions() -> list[checks.CheckMessage]:
+    """E044: ``REGION_SOURCE = "geoip"`` without a GeoIP2 database that opens (every client
+    would meet the default limits); W007: a region header with no trusted proxy is never
+    read."""
+    source = getattr(settings, PREFIX + "REGION_SOURCE", None)
+    if not isinstance(source, str):
+        return []
+    if source.strip().lower() == REGION_GEOIP:
+        from django_throttle.policy.regions import open_geoip
+
+        _reader, problem = open_geoip()
+        if problem:
+            return [
+                checks.Error(
+                    f"{PREFIX}REGION_SOURCE = 'geoip' but {problem}.",
+                    hint="Install geoip2 and set GEOIP_PATH to a GeoIP2 (or GeoLite2) Country "
+                    "or City database, or unset REGION_SOURCE.",
+                    id="django_throttle.E044",
+                )
+            ]
+    elif not getattr(settings, PREFIX + "TRUSTED_PROXIES", None):
+        return [
+            checks.Warning(
+                f"{PREFIX}REGION_SOURCE = {source!r} is never read: the header is believed "
+                "only from a trusted proxy, and none is configured.",
+                hint=f"Set {PREFIX}TRUSTED_PROXIES to your edge proxies' networks (or count).",
+                id="django_throttle.W007",
+            )
+        ]
+    return []
 
 
 def _check_proxy_trust() -> list[checks.CheckMessage]:

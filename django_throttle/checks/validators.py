@@ -16,6 +16,7 @@ from typing import Any
 from django.utils.module_loading import import_string
 
 from django_throttle.conf import (
+    REGION_HEADER_NAME,
     SHARDS_RANGE,
     cache_alias,
     is_cache_url,
@@ -188,6 +189,25 @@ def _api_key_secret(value: Any) -> str | None:
     return None
 
 
+def _region_source(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        kind, mark, header = value.strip().partition(":")
+        if value.strip().lower() == "geoip":
+            return None
+        if (
+            mark
+            and kind.strip().lower() == "header"
+            and REGION_HEADER_NAME.fullmatch(header.strip())
+        ):
+            return None
+    return (
+        "must be None, 'geoip' (the GeoIP2 database of GEOIP_PATH) or 'header:<Header-Name>' "
+        "such as 'header:CF-IPCountry' (a header set by a trusted proxy)"
+    )
+
+
 _BOOL = _instance(bool, "must be True or False")
 #: (check id, setting name, validator). Only settings that are set are validated.
 SETTINGS: tuple[tuple[str, str, Validator], ...] = (
@@ -203,6 +223,7 @@ SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E030", "TRUSTED_PROXIES", _optional(_trusted_proxies)),
     ("E031", "CLIENT_IP_HEADER", _optional(header_name)),
     ("E034", "API_KEY_SECRET", _api_key_secret),
+    ("E043", "REGION_SOURCE", _region_source),
     ("E036", "DENIED_RESPONSE", _optional(_dotted())),
     ("E039", "METRICS", _BOOL),
 )

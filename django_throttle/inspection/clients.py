@@ -28,7 +28,7 @@ from django.utils.translation import gettext as _
 from django_throttle.backends import get_backend
 from django_throttle.backends.base import Backend, per_shard
 from django_throttle.conf import app_settings
-from django_throttle.identity import client_ip
+from django_throttle.identity import client_ip, region_code
 from django_throttle.inspection.probes import (
     Counter,
     Planned,
@@ -111,6 +111,10 @@ class Inspection:
     reason: str
     buckets: list[Bucket] = field(default_factory=list)
     username: str | None = None
+    #: The region the client was seen from, and whether some limit names it (then its
+    #: regional limits were counted).
+    region: str | None = None
+    regional: bool = False
 
     @property
     def concurrency(self) -> bool:
@@ -118,46 +122,73 @@ class Inspection:
         return any(bucket.concurrency for bucket in self.buckets)
 
 
-def probe(subject: Subject, address: str | None, username: str | None) -> Probe:
+def probe(
+    subject: Subject, address: str | None, username: str | None, region: str | None = None
+) -> Probe:
     """Who sends the client's requests: from ``address`` (an IP client's own by default),
     presenting ``username`` (a user's own username by default). A counter by username is
     probed by an anonymous login presenting that username."""
     if subject.by_username:
         if address is not None and client_ip({"REMOTE_ADDR": address}) is None:
             raise UnknownClient(_("%(value)r is not an IP address") % {"value": address})
-        return login_probe(address, subject.username)
+        return dataclasses.replace(login_probe(address, subject.username), region=region)
     if address is None:
         address = subject.address
     elif client_ip({"REMOTE_ADDR": address}) is None:
         raise UnknownClient(_("%(value)r is not an IP address") % {"value": address})
     if username is None and subject.user is not None:
         username = subject.user.get_username()
-    return Probe(subject.identity, subject.user, address, username)
+    return Probe(subject.identity, subject.user, address, username, region)
 
 
 def counters(
-    subject: Subject, username: str | None = None, address: str | None = None
+    subject: Subject,
+    username: str | None = None,
+    address: str | None = None,
+    region: str | None = None,
 ) -> list[Counter]:
     """Every counter the client's requests meet (see :func:`probes.every_counter`); for a
     counter by username, its limits alone (whoever presents it, from wherever)."""
     if subject.by_username:
         return login_counters(subject.client, subject.username, current())
-    return every_counter(probe(subject, address, username), current())
+    return every_counter(probe(subject, address, username, region), current())
+
+
+def checked_region(region: str | None) -> str | None:
+    """An operator's ``--region`` as a region code; raises :class:`UnknownClient` naming it
+    when it is no code."""
+    if region is None or not str(region).strip():
+        return None
+    code = region_code(region)
+    if code is None:
+        raise UnknownClient(
+            _("%(value)r is not a region code (letters, digits and '-', at most 16)")
+            % {"value": str(region)[:40]}
+        )
+    return code
 
 
 def inspect(
-    subject: Subject, username: str | None = None, address: str | None = None
+    subject: Subject,
+    username: str | None = None,
+    address: str | None = None,
+    region: str | None = None,
 ) -> Inspection:
     """The client's tier, why, and the state of every counter its requests meet, read
     without consuming: its tier's and rules' limits, counters by its IP address and by its
     username (a user's own; ``username`` for another client), and shared ceilings."""
     snapshot = current()
     tier, reason = tier_and_reason(subject, snapshot)
+    region = checked_region(region)
+    regional = region is not None and region in snapshot.regions
+    if regional:
+        tier = snapshot.in_region(tier, None, region)[0]
     if subject.by_username:
         found = login_counters(subject.client, subject.username, snapshot)
-        return Inspection(subject, tier, reason, buckets(found), subject.username)
-    who = probe(subject, address, username)
-    return Inspection(subject, tier, reason, buckets(every_counter(who, snapshot)), who.username)
+        return Inspection(subject, tier, reason, buckets(found), subject.username, region, regional)
+    who = probe(subject, address, username, region)
+    states = buckets(every_counter(who, snapshot))
+    return Inspection(subject, tier, reason, states, who.username, region, regional)
 
 
 def buckets(found: Sequence[Counter]) -> list[Bucket]:
@@ -224,6 +255,10 @@ class Explanation:
     checks: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     denied_by: str = ""
+    #: The region the request was seen from, and whether some limit names it (then its
+    #: regional limits were counted).
+    region: str | None = None
+    regional: bool = False
 
     @property
     def in_flight(self) -> tuple[str, ...]:
@@ -246,6 +281,7 @@ def explain(
     *,
     address: str | None = None,
     username: str | None = None,
+    region: str | None = None,
 ) -> Explanation:
     """Which checks a ``method`` request to ``path`` from this client meets, which rule
     each matches, every counter at what cost, and the decision the server would give it
@@ -266,13 +302,19 @@ def explain(
         scope = getattr(view, "throttle_scope", None) or policy_scope(func)
     snapshot = current()
     tier, reason = tier_and_reason(subject, snapshot)
-    who = probe(subject, address, username)
+    region = checked_region(region)
+    who = probe(subject, address, username, region)
     basic = who.username is not None and method != "POST"  # see probes.build_request
     checks = view_checks(func, method, scope, basic) if app_settings.ENABLED else []
     plans = [planned(who, check, method, path, match) for check in checks]
     if subject.by_username:  # a login presenting it: its counter under its own label
         counted_by = f"username {subject.username}" if subject.username else subject.client
         plans = [as_counter(plan, who, subject.client, counted_by) for plan in plans]
+    if region is None:  # the region the probe request shows (GeoIP2 by its address)
+        region = next((plan.region for plan in plans if plan.region), None)
+    regional = region is not None and region in snapshot.regions
+    if regional:
+        tier = snapshot.in_region(tier, None, region)[0]
     seen: dict[tuple[str, str], Counter] = {}
     for counter in (counter for plan in plans for counter in plan.counters):
         seen.setdefault((counter.client, counter.limit.id), counter)
@@ -294,7 +336,18 @@ def explain(
         checks=tuple(check.name for check in checks),
         notes=_notes(plans, who, snapshot, (method, route, path)),
         denied_by=denied_by,
+        region=region,
+        regional=regional,
     )
+
+
+def region_text(region: str | None, regional: bool) -> str:
+    """Which region a client was counted in, in words."""
+    if region is None:
+        return "none (the default limits)"
+    if regional:
+        return f"{region} (its regional limits)"
+    return f"{region} (no limit names it: the default limits)"
 
 
 def _decide(plans: Sequence[Planned]) -> tuple[Decision | None, str]:
@@ -368,6 +421,7 @@ def reset_counters(
     limit_ids: Sequence[str] | None = None,
     username: str | None = None,
     address: str | None = None,
+    region: str | None = None,
 ) -> list[Counter]:
     """Forget the client's state in every counter its requests meet (its tier's and
     rules' limits, by client, by its address, by its username), or only the limits whose
@@ -375,7 +429,7 @@ def reset_counters(
     Shared ceilings are left alone (they are every client's of a key shard: see
     :func:`reset_ceilings`). Returns the counters reset. Raises ``ValueError`` naming ids
     that are not among the client's limits."""
-    found = counters(subject, username, address)
+    found = counters(subject, username, address, checked_region(region))
     own = [counter for counter in found if not counter.limit.shared]
     if limit_ids:
         known = {counter.limit.id for counter in own}

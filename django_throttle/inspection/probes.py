@@ -73,6 +73,8 @@ class Planned:
     groups: tuple[tuple[str, tuple[Counter, ...]], ...]
     #: The decision the check returns without counting (exempt, no limits), else ``None``.
     uncounted: Decision | None = None
+    #: The region whose limits were picked (``None``: the default limits).
+    region: str | None = None
 
     @property
     def counters(self) -> list[Counter]:
@@ -90,6 +92,8 @@ class Probe:
     user: Any = None
     address: str | None = None
     username: str | None = None
+    #: The region the request is seen from (``None``: the one its request shows, none).
+    region: str | None = None
 
 
 def build_request(
@@ -131,6 +135,7 @@ def planned(
         scope=check.scope,
         credential=check.credential,
         rule_only=check.rule_only,
+        region=probe.region,
     )
     if isinstance(plan, Decision):
         return Planned(check, None, None, 1, (), uncounted=plan)
@@ -152,7 +157,7 @@ def planned(
             for limit in limits
         )
         groups.append((client, counters))
-    return Planned(check, plan.tier, plan.endpoint, plan.cost, tuple(groups))
+    return Planned(check, plan.tier, plan.endpoint, plan.cost, tuple(groups), region=plan.region)
 
 
 #: Where the fleet limit comes from, and whose counter it is (the inspector's words).
@@ -241,9 +246,9 @@ def every_counter(probe: Probe, snapshot: Policy) -> list[Counter]:
     # users) sending from its address, whose counters by IP address are that address's too.
     senders = [probe]
     if probe.username is not None:
-        senders.append(Probe(_SOMEONE, username=probe.username))
+        senders.append(Probe(_SOMEONE, username=probe.username, region=probe.region))
     if probe.identity.kind == "ip" and probe.address is not None:
-        senders.append(Probe(_SIGNED_IN, address=probe.address))
+        senders.append(Probe(_SIGNED_IN, address=probe.address, region=probe.region))
     found: dict[tuple[str, str], Counter] = {}
     for who in senders:
         for check, method, path, match in _rule_requests(snapshot):

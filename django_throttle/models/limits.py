@@ -19,6 +19,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_throttle.backends.base import per_shard
 from django_throttle.conf import app_settings
+from django_throttle.identity import region_codes
 from django_throttle.models.fields import BadRow, choice_problem, count_field, validate_rate
 from django_throttle.rates import (
     MAX_COUNT,
@@ -79,6 +80,21 @@ ALGORITHM_FIELDS: dict[str, tuple[str, ...]] = {
 }
 #: The columns of a limit row, all judged together by :class:`~django_throttle.rates.Limit`.
 LIMIT_FIELDS = ("rate", "algorithm", "burst", "delay", "max_wait", "timezone")
+
+
+def regions_message(bad: list[str]) -> str:
+    return str(
+        _(
+            "%(bad)s is no region code: give codes of letters, digits and '-' (at most 16), "
+            "separated by commas, e.g. 'FR, DE'"
+        )
+    ) % {"bad": ", ".join(repr(b[:40]) for b in bad)}
+
+
+def validate_regions(value: str) -> None:
+    """The ``regions`` field's validator: every comma-separated entry a region code."""
+    if bad := region_codes(value)[1]:
+        raise ValidationError(regions_message(bad), code="invalid")
 
 
 class LimitFields(models.Model):
@@ -149,6 +165,19 @@ class LimitFields(models.Model):
         ),
     )
 
+    regions = models.CharField(
+        _("regions"),
+        max_length=200,
+        blank=True,
+        default="",
+        validators=[validate_regions],
+        help_text=_(
+            "comma-separated region codes (as DJANGO_THROTTLE_REGION_SOURCE gives them, e.g. "
+            "'FR, DE'): this limit applies to clients from those regions instead of the rows "
+            "that name none; empty = every region without rows of its own"
+        ),
+    )
+
     class Meta:
         abstract = True
 
@@ -159,7 +188,18 @@ class LimitFields(models.Model):
         wait = "" if self.max_wait is None else f"waits at most {self.max_wait:g} s"
         details = ", ".join(filter(None, (algorithm, burst, delay, wait, self.timezone)))
         rate = rate_text(self.rate)
+        if self.regions:
+            details = ", ".join(filter(None, (details, self.regions)))
         return f"{rate} ({details})" if details else rate
+
+    @property
+    def region_set(self) -> tuple[str, ...]:
+        """The regions this row names, sorted (empty: the default row of every region)."""
+        return region_codes(self.regions)[0]
+
+    def region_suffix(self) -> str:
+        """What the limit's name adds for a regional row (" [FR,DE]"), else ""."""
+        return f" [{','.join(self.region_set)}]" if self.region_set else ""
 
     @property
     def algorithm_name(self) -> str:
@@ -239,10 +279,13 @@ class LimitFields(models.Model):
             limit = self.validated_limit()
         except BadRow:
             return None
-        return (type(self).__name__, *(getattr(self, column) for column in self.SCOPE), limit)
+        scope = (getattr(self, column) for column in self.SCOPE)
+        return (type(self).__name__, *scope, self.region_set, limit)
 
     def row_problems(self) -> dict[str, str]:
         """Why no limit can be built from this row, by field (empty when it can)."""
+        if bad := region_codes(self.regions)[1]:
+            return {"regions": regions_message(bad)}
         try:
             self.validated_limit()
         except BadRow as exc:
@@ -266,6 +309,9 @@ class LimitFields(models.Model):
         unknown algorithm are their fields' errors already, and a field a form refused is
         not validated here: every mistake gets exactly one message."""
         refused: set[str] = self.__dict__.pop("_refused", set())
+        if "regions" not in refused:
+            # One spelling ("DE,FR"), so the uniqueness constraint sees one.
+            self.regions = ",".join(self.region_set)
         if refused.intersection(LIMIT_FIELDS):
             return
         # Only the limit's columns: any other field's problem is that field's own error.

@@ -195,9 +195,11 @@ class EndpointLimit(LimitFields):
         verbose_name = _("endpoint limit")
         constraints = [
             models.UniqueConstraint(
-                fields=["rule", "tier", "rate"],
-                name="django_throttle_unique_endpoint_limit",
-                violation_error_message=_("This rule already has this rate for this tier."),
+                fields=["rule", "tier", "rate", "regions"],
+                name="django_throttle_unique_endpoint_limit_region",
+                violation_error_message=_(
+                    "This rule already has this rate for this tier and these regions."
+                ),
             ),
             range_check("burst", "django_throttle_endpoint_limit_burst_range", null=True),
         ]
@@ -208,4 +210,4 @@ class EndpointLimit(LimitFields):
         return super().row_problems() | counted_by
 
     def limit_name(self, rate: Rate) -> str:
-        return f"{self.rule.name} ({self.tier.slug}) {rate_text(rate)}"
+        return f"{self.rule.name} ({self.tier.slug}) {rate_text(rate)}{self.region_suffix()}"

@@ -119,7 +119,8 @@ class TierLimit(LimitFields):
 
     def limit_name(self, rate: Rate) -> str:
         # The policy compiler loads tiers with select_related, so this costs no query there.
-        return f"{self.tier.slug} {rate_text(rate)}{' shared' if self.shared else ''}"
+        shared = " shared" if self.shared else ""
+        return f"{self.tier.slug} {rate_text(rate)}{shared}{self.region_suffix()}"
 
     def __str__(self) -> str:
         text = super().__str__()

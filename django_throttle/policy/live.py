@@ -329,6 +329,9 @@ class TierPolicy:
     limits: tuple[Limit, ...]
     #: "" inherits the setting; else "open", "closed" or "local".
     failure_mode: str = ""
+    #: This tier as a client of each region some row names sees it (its limits that name the
+    #: region, else those that name none).
+    by_region: dict[str, TierPolicy] = field(default_factory=dict, compare=False, repr=False)
 
 
 #: Limits counted under one counter other than the client's: ``("ip", limits)`` or
@@ -368,6 +371,8 @@ class EndpointPolicy:
     #: "critical", "default" or "sheddable": the share of the fleet's capacity its requests
     #: may take (see :class:`Shedding`).
     criticality: str = "default"
+    #: This rule as a client of each region some row names sees it.
+    by_region: dict[str, EndpointPolicy] = field(default_factory=dict, compare=False, repr=False)
 
     def matches_path(self, path: str) -> bool:
         """Whole path segments: ``/api/pi`` covers ``/api/pi`` and ``/api/pi/x``, never
@@ -440,6 +445,9 @@ class Policy:
     exemptions: Exemptions = field(default_factory=Exemptions)
     #: The fleet shedder (``None``: off).
     shedding: Shedding | None = None
+    #: Every region some limit row names: a client's region outside it meets the default
+    #: limits (and is never a key of :attr:`compiled`).
+    regions: frozenset[str] = frozenset()
     #: The one store for what the request path works out from this snapshot (what a view,
     #: a rule and a tier come to), so it is dropped with the snapshot when the version
     #: changes; no other cache holds anything compiled from the policy.
@@ -484,6 +492,19 @@ class Policy:
         if tier_id is None:
             return self.default_authenticated
         return self.tiers.get(tier_id, self.default_authenticated)
+
+    def in_region(
+        self, tier: TierPolicy | None, endpoint: EndpointPolicy | None, region: str | None
+    ) -> tuple[TierPolicy | None, EndpointPolicy | None]:
+        """``tier`` and ``endpoint`` as a client of ``region`` sees them (unchanged for no
+        region, or one no row names)."""
+        if region is None or region not in self.regions:
+            return tier, endpoint
+        if tier is not None:
+            tier = tier.by_region.get(region, tier)
+        if endpoint is not None:
+            endpoint = endpoint.by_region.get(region, endpoint)
+        return tier, endpoint
 
     def limits_for(
         self, tier: TierPolicy | None, endpoint: EndpointPolicy | None
@@ -602,35 +623,41 @@ def compile_policy(version: str | None = None) -> Policy:
     with transaction.atomic(using=router.db_for_read(TierAssignment)):
         # A limit row repeating another counts the same thing: count it once (manage.py check
         # lists the copy, django_throttle.W106).
-        tier_limits: dict[int, list[Limit]] = {}
+        # Each row with the regions it names (none: the default row of every region).
+        regions: set[str] = set()
+        tier_limits: dict[int, list[Regional]] = {}
         for row in _distinct(TierLimit.objects.select_related("tier").order_by("tier_id", "id")):
-            tier_limits.setdefault(row.tier_id, []).append(row.to_limit())
-        tiers: dict[int, TierPolicy] = {}
-        defaults: dict[str, TierPolicy] = {}
-        for t in Tier.objects.all():
-            # A bad failure mode is logged and inherited: skipping the tier would lift its limits.
-            failure_mode = t.failure_mode if _usable(t, "kept, its failure mode ignored") else ""
-            tiers[t.id] = TierPolicy(
-                t.id, t.slug, t.name, t.priority, tuple(tier_limits.get(t.id, ())), failure_mode
-            )
-            # A unique constraint allows one default of each kind.
-            defaults |= {flag: tiers[t.id] for flag in _DEFAULT_FLAGS if getattr(t, flag)}
+            tier_limits.setdefault(row.tier_id, []).append((row.region_set, row.to_limit()))
+            regions.update(row.region_set)
+        tier_rows = list(Tier.objects.all())
         # (rule, tier) -> counted by -> limits, in row order.
-        endpoint_limits: dict[tuple[int, int], dict[str, list[Limit]]] = {}
+        endpoint_limits: dict[tuple[int, int], dict[str, list[Regional]]] = {}
         rows = EndpointLimit.objects.select_related("rule", "tier").order_by("id")
         for row in _distinct(rows):
             limit = row.to_limit()
             if row.rule.shadow:  # counted but never denying; the tier's limits still apply
                 limit = dataclasses.replace(limit, shadow=True)
             by_counter = endpoint_limits.setdefault((row.rule_id, row.tier_id), {})
-            by_counter.setdefault(row.counted_by, []).append(limit)
+            by_counter.setdefault(row.counted_by, []).append((row.region_set, limit))
+            regions.update(row.region_set)
         # A rule naming methods is more specific than one for every method (a stable sort).
         enabled = EndpointRule.objects.filter(enabled=True).order_by("id")
-        rules = [
-            _endpoint(rule, tiers, endpoint_limits)
-            for rule in sorted(enabled, key=lambda rule: not rule.method_set)
-            if _usable(rule)
+        rule_rows = [
+            rule for rule in sorted(enabled, key=lambda rule: not rule.method_set) if _usable(rule)
         ]
+        tiers, rules = _compiled_rows(tier_rows, tier_limits, rule_rows, endpoint_limits, None)
+        defaults: dict[str, TierPolicy] = {}
+        for t in tier_rows:
+            # A unique constraint allows one default of each kind.
+            defaults |= {flag: tiers[t.id] for flag in _DEFAULT_FLAGS if getattr(t, flag)}
+        for region in sorted(regions):
+            there, rules_there = _compiled_rows(
+                tier_rows, tier_limits, rule_rows, endpoint_limits, region
+            )
+            for tier_id, tier in there.items():
+                tiers[tier_id].by_region[region] = tier
+            for rule, rule_there in zip(rules, rules_there, strict=True):
+                rule.by_region[region] = rule_there
         return Policy(
             tiers=tiers,
             default_anonymous=defaults.get("is_default_anonymous"),
@@ -646,7 +673,52 @@ def compile_policy(version: str | None = None) -> Policy:
             api_keys=_api_keys(),
             exemptions=compile_exemptions(),
             shedding=compile_shedding(Protection.objects.order_by("pk").first()),
+            regions=frozenset(regions),
         )
+
+
+#: A compiled limit with the regions its row names.
+Regional = tuple[tuple[str, ...], Limit]
+
+
+def in_region(rows: Iterable[Regional], region: str | None) -> list[Limit]:
+    """The limits a client of ``region`` meets of ``rows`` (one tier's, or one rule's for one
+    tier and counter): those naming the region if any do, else those naming none."""
+    rows = list(rows)
+    if region is not None:
+        named = [limit for regions, limit in rows if region in regions]
+        if named:
+            return named
+    return [limit for regions, limit in rows if not regions]
+
+
+def _compiled_rows(
+    tier_rows: list[Any],
+    tier_limits: dict[int, list[Regional]],
+    rule_rows: list[Any],
+    endpoint_limits: dict[tuple[int, int], dict[str, list[Regional]]],
+    region: str | None,
+) -> tuple[dict[int, TierPolicy], list[EndpointPolicy]]:
+    """The tiers and enabled rules as a client of ``region`` (``None``: the defaults) sees
+    them."""
+    tiers: dict[int, TierPolicy] = {}
+    for t in tier_rows:
+        # A bad failure mode is logged and inherited: skipping the tier would lift its limits.
+        failure_mode = (
+            t.failure_mode
+            if (region is not None and not t.row_problems())
+            or (region is None and _usable(t, "kept, its failure mode ignored"))
+            else ""
+        )
+        limits = tuple(in_region(tier_limits.get(t.id, ()), region))
+        tiers[t.id] = TierPolicy(t.id, t.slug, t.name, t.priority, limits, failure_mode)
+    there = {
+        key: {counter: in_region(rows, region) for counter, rows in by_counter.items()}
+        for key, by_counter in endpoint_limits.items()
+    }
+    # A counter with no limit for this region is no counter.
+    there = {key: {c: rows for c, rows in by.items() if rows} for key, by in there.items()}
+    return tiers, [_endpoint(rule, tiers, there) for rule in rule_rows]
 
 
 def _endpoint(

@@ -80,6 +80,7 @@ from django_throttle.policy.live import (
     exempt_client,
     import_resolver,
 )
+from django_throttle.policy.regions import request_region
 from django_throttle.rates import UNLIMITED, Algorithm, Decision, Limit
 from django_throttle.redaction import log_text
 from django_throttle.request import leases
@@ -232,16 +233,19 @@ def _finished(
     return decision
 
 
-def plan(request: Any, identity: Identity, **options: Unpack[CheckOptions]) -> Plan | Decision:
+def plan(
+    request: Any, identity: Identity, region: str | None = None, **options: Unpack[CheckOptions]
+) -> Plan | Decision:
     """What :func:`check` with these keyword arguments would count ``request`` against, were it sent
     by ``identity``, without calling the backend: the counters in the order the check calls
     them (``client``/``limits``, then ``groups``), the cost, the tier and the rule; or the
     decision it returns without counting (exempt, nothing applies). For the operator tools,
-    which must see exactly what requests meet, never work it out another way."""
+    which must see exactly what requests meet, never work it out another way. ``region``
+    explains the client as seen from that region (else the one the request shows)."""
     match = getattr(request, "resolver_match", None)
     if match is not None and is_exempt_view(match.func):
         return UNLIMITED
-    return make_plan(request, policy_module.current(), identity, **options)
+    return make_plan(request, policy_module.current(), identity, region=region, **options)
 
 
 async def _async_user(request: Any) -> Any:
@@ -374,6 +378,9 @@ class Plan:
     endpoint: EndpointPolicy | None
     groups: tuple[Group, ...] = ()
     refunds: tuple[Group, ...] = ()
+    #: The client's region when some limit row names it (its limits were picked for it),
+    #: else ``None`` (the default limits).
+    region: str | None = None
 
     def send(self, backend: Any, *, usage: bool = True) -> Decision:
         """Count ``cost`` against the first group's limits, all or nothing (the backend's
@@ -412,10 +419,12 @@ def make_plan(
     failure_mode: str | None = None,
     credential: bool = False,
     rule_only: bool = False,
+    region: str | None = None,
 ) -> Plan | Decision:
     """Identity, policy lookup and usage field: everything but the backend call, on the
     snapshot ``policy`` (the caller has found the view not exempt). An exempt user or
-    address stops here: no backend call, no headers."""
+    address stops here: no backend call, no headers. ``region`` (the operator tools) stands
+    for the region ``DJANGO_THROTTLE_REGION_SOURCE`` would read off the request."""
     if identity is None:
         identity = import_resolver(app_settings.IDENTITY_RESOLVER)(request)
     if (
@@ -460,13 +469,22 @@ def make_plan(
         # Only rules by path read the path: without any, one entry serves every path.
         path = request.path_info if policy.by_path else ""
     tier_id = tier.id if tier is not None else None
-    key = (request.method or "GET", scope, route, path, tier_id, rule_only, credential)
+    if policy.regions:  # some rows name regions: read the client's (in process, no I/O)
+        if region is None:
+            region = request_region(request)
+        if region not in policy.regions:
+            region = None
+    else:
+        region = None
+    key = (request.method or "GET", scope, route, path, tier_id, rule_only, credential, region)
     found = policy.compiled.get(key)
     if found is None:
         found = _found(policy, key, tier)
     if isinstance(found, Decision):  # no rule of a rule-only check's scope
         return found
     endpoint, limits, rule_cost, field, is_credential, own, groups = found
+    if region is not None:  # the tier as the region sees it (its limits, for the tools)
+        tier = policy.in_region(tier, None, region)[0]
     planned = Plan(
         identity.key,
         limits,
@@ -477,6 +495,7 @@ def make_plan(
         policy,
         tier,
         endpoint,
+        region=region,
     )
     if own:
         planned.refunds = ((identity.key, own),)
@@ -511,8 +530,10 @@ def _found(policy: Policy, key: tuple[Any, ...], tier: TierPolicy | None) -> _Fo
     rule's cost, its usage field, whether it is a credential check, what the rule may give
     back, and the limits counted by IP address or username. Kept in the snapshot's own store,
     so it is worked out once per policy version."""
-    method, scope, route, path, _tier_id, rule_only, credential = key
+    method, scope, route, path, _tier_id, rule_only, credential, region = key
     endpoint = policy.match(method, scope, route, path)
+    if region is not None:
+        tier, endpoint = policy.in_region(tier, endpoint, region)
     found: _Found | Decision
     if rule_only and endpoint is None:
         found = UNLIMITED

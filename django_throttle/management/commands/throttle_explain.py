@@ -14,7 +14,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from django_throttle.inspection.clients import Explanation, explain
+from django_throttle.inspection.clients import Explanation, explain, region_text
 from django_throttle.inspection.subjects import CLIENT_HELP, parse_client
 from django_throttle.management import output
 from django_throttle.management.commands.throttle_inspect import READ_ERROR, bucket_rows
@@ -59,6 +59,11 @@ class Command(output.CountersCommand):
             help="the username the request presents (a login's form field or Basic user; "
             "a user's own by default)",
         )
+        parser.add_argument(
+            "--region",
+            help="the region the request comes from, e.g. FR (as DJANGO_THROTTLE_REGION_SOURCE "
+            "gives it): its regional limits when some limit names it",
+        )
         parser.add_argument("--method", default="GET", help="HTTP method (default GET)")
         parser.add_argument("--path", required=True, help="request path, e.g. /api/export/")
         parser.add_argument(
@@ -95,6 +100,7 @@ class Command(output.CountersCommand):
                 options.get("scope"),
                 address=address if named else None,
                 username=options.get("username"),
+                region=options.get("region"),
             )
         decision = found.decision
         summary = {
@@ -106,6 +112,7 @@ class Command(output.CountersCommand):
             "scope": found.scope,
             "tier": found.tier.slug if found.tier is not None else None,
             "tier_reason": found.reason,
+            "region": region_text(found.region, found.regional),
             "checks": list(found.checks),
             "rule": found.rule.name if found.rule is not None else None,
             "cost": found.cost,

@@ -17,7 +17,7 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from django_throttle.backends import BackendError
-from django_throttle.inspection.clients import Bucket, inspect
+from django_throttle.inspection.clients import Bucket, inspect, region_text
 from django_throttle.inspection.subjects import CLIENT_HELP, parse_client
 from django_throttle.management import output
 from django_throttle.rates import Limit, format_duration, rate_text
@@ -108,6 +108,11 @@ def add_probe_arguments(parser: CommandParser) -> None:
         help="the username the client presents at logins (a user's own by default)",
     )
     parser.add_argument("--ip", help="the address a user's or API key's requests come from")
+    parser.add_argument(
+        "--region",
+        help="the region the client is seen from, e.g. FR (as DJANGO_THROTTLE_REGION_SOURCE "
+        "gives it): its regional limits when some limit names it",
+    )
 
 
 class Command(output.CountersCommand):
@@ -126,7 +131,9 @@ class Command(output.CountersCommand):
         self.refuse_in_process_backend()
         with output.one_line_errors(output.UNKNOWN_CLIENT, READ_ERROR):
             subject = parse_client(options["client"])
-            found = inspect(subject, options.get("username"), options.get("ip"))
+            found = inspect(
+                subject, options.get("username"), options.get("ip"), options.get("region")
+            )
         tier = found.tier.slug if found.tier is not None else None
         rows, columns = bucket_rows(found.buckets, fmt)
         output.write_rows(
@@ -135,7 +142,8 @@ class Command(output.CountersCommand):
             rows,
             columns,
             figures=("whole_again",),
-            title=f"{subject.label} ({subject.client}): tier {tier or 'none'}, {found.reason}",
+            title=f"{subject.label} ({subject.client}): tier {tier or 'none'}, {found.reason}; "
+            f"region {region_text(found.region, found.regional)}",
             caption=None if found.buckets else "No limits apply to this client.",
             document={
                 "client": subject.client,
@@ -143,5 +151,7 @@ class Command(output.CountersCommand):
                 "tier": tier,
                 "reason": found.reason,
                 "username": found.username,
+                "region": found.region,
+                "regional_limits": found.regional,
             },
         )

@@ -64,7 +64,11 @@ class Command(output.CountersCommand):
         ):
             subject = parse_client(options["client"])
             found = reset_counters(
-                subject, options.get("limits"), options.get("username"), options.get("ip")
+                subject,
+                options.get("limits"),
+                options.get("username"),
+                options.get("ip"),
+                options.get("region"),
             )
         rows = [
             {
