@@ -7,8 +7,10 @@ only successes or failures also leaves a reservation, which this middleware give
 the response shows an outcome the rule does not count (without the middleware every request
 counts). A request that holds concurrency slots (a concurrency limit) gives them back here
 once its response is made, or, for a streaming response, once its stream is closed
-(:mod:`~django_throttle.request.leases`). Works in sync and async stacks; a request without a
-reservation or a slot costs two attribute lookups.
+(:mod:`~django_throttle.request.leases`). It also counts the requests this process is
+serving, and under ASGI watches its event loop's lag, for the worker's own load shedder
+(:mod:`~django_throttle.request.shedding`). Works in sync and async stacks; a request without
+a reservation or a slot costs two attribute lookups and the busy count.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest
 
-from django_throttle.request import core, leases
+from django_throttle.request import core, leases, shedding
 
 __all__ = ["RateLimitHeadersMiddleware"]
 
@@ -38,9 +40,14 @@ class RateLimitHeadersMiddleware:
         if self.is_async:
             return self._acall(request)
         response = None
+        busy = shedding.busy  # this worker's busy count (its own load shedder), inline
+        with busy.lock:
+            busy.count += 1
         try:
             response = self.get_response(request)
         finally:
+            with busy.lock:
+                busy.count -= 1
             if getattr(request, leases.ATTRIBUTE, None):
                 leases.finish(request, response)
         if getattr(request, "throttle_reservations", None):
@@ -50,9 +57,15 @@ class RateLimitHeadersMiddleware:
 
     async def _acall(self, request: HttpRequest) -> Any:
         response = None
+        shedding.watch_loop()  # this loop's lag (the worker's own load shedder)
+        busy = shedding.busy
+        with busy.lock:
+            busy.count += 1
         try:
             response = await self.get_response(request)
         finally:
+            with busy.lock:
+                busy.count -= 1
             if getattr(request, leases.ATTRIBUTE, None):
                 await leases.afinish(request, response)
         if getattr(request, "throttle_reservations", None):

@@ -205,6 +205,10 @@ RATE_ALGORITHMS = tuple(a for a in Algorithm if a != Algorithm.CONCURRENCY)
 #: to every checked request (its name is the request's criticality). A request it refuses was
 #: shed: 503, not 429. Row limits' ids are a letter and a number, so none is this.
 FLEET = "fleet"
+#: The id of the limit a worker's own shedder reports (this process is saturated: its busy
+#: threads or its event loop's lag), named by the request's criticality. A request it
+#: refuses was shed too: 503.
+WORKER = "worker"
 #: Largest count of a sliding window log: it keeps one entry per request in the window, so
 #: memory and script time grow with the limit. Above it, the sliding window counter.
 MAX_LOG_COUNT = 10_000
@@ -490,9 +494,10 @@ class Decision:
 
     @property
     def shed(self) -> bool:
-        """Refused by the fleet's in-flight capacity (:data:`FLEET`, the load shedder), not
-        by a limit of the client's: answered 503, not 429."""
-        return not self.allowed and self.limit is not None and self.limit.id == FLEET
+        """Refused by the load shedder (the fleet's in-flight capacity, :data:`FLEET`, or the
+        worker's own saturation, :data:`WORKER`), not by a limit of the client's: answered
+        503, not 429."""
+        return not self.allowed and self.limit is not None and self.limit.id in (FLEET, WORKER)
 
 
 #: The decision when no limit applies to a request.

@@ -7,9 +7,11 @@ stack, and is counted as shed on the dashboard, in the usage report and in metri
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -108,7 +110,7 @@ def test_each_criticality_meets_its_share_of_one_fleet_limit() -> None:
     row = Protection(in_flight=200, default_share=90, sheddable_share=70, lease=30)
     shedding = compile_shedding(row)
     assert shedding is not None
-    found = {c: (x.id, x.rate.count, x.rate.period) for c, x in shedding.by_criticality.items()}
+    found = {c: (x.id, x.rate.count, x.rate.period) for c, x in shedding.fleet.items()}
     assert found == {
         "critical": (FLEET, 200, 30),
         "default": (FLEET, 180, 30),
@@ -116,7 +118,7 @@ def test_each_criticality_meets_its_share_of_one_fleet_limit() -> None:
     }
     assert all(
         limit.algorithm == Algorithm.CONCURRENCY and limit.shared
-        for limit in shedding.by_criticality.values()
+        for limit in shedding.fleet.values()
     )
     assert compile_shedding(None) is None
     assert compile_shedding(Protection(in_flight=None)) is None
@@ -304,3 +306,108 @@ def test_shedding_without_the_middleware_is_warned(settings: Any) -> None:
     Protection.objects.create(in_flight=10)
     found = [m for m in checks.run_checks() if m.id == "django_throttle.W006"]
     assert len(found) == 1 and "service protection" in found[0].msg
+
+
+# -- the worker shedder ------------------------------------------------------------------------
+
+
+class SlowAsyncApi(AsyncAPIView):  # type: ignore[misc]
+    """Blocks its event loop for 0.3 s: what a saturated ASGI worker looks like."""
+
+    permission_classes = [AllowAny]
+    throttle_classes = [AsyncPolicyThrottle]
+
+    async def get(self, request: Request) -> Response:
+        time.sleep(0.3)
+        return Response({"done": True})
+
+
+urlpatterns.append(path("api/slow-async/", SlowAsyncApi.as_view(), name="slow-async"))
+
+
+def worker_rules(**protection: Any) -> None:
+    anonymous = tier("anonymous", "1000/min", is_default_anonymous=True)
+    for name, criticality in (
+        ("report", "sheddable"),
+        ("feed", "sheddable"),
+        ("feed-async", "sheddable"),
+        ("slow-async", "critical"),
+        ("checkout", "critical"),
+    ):
+        rule = endpoint(name, "route", name, limits={anonymous: "1000/min"})
+        EndpointRule.objects.filter(pk=rule.pk).update(criticality=criticality)
+    Protection.objects.create(**protection)
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_with_its_threads_busy_sheds_sheddable_requests_on_its_own(
+    closed_gate: threading.Event,
+) -> None:
+    # 4 threads a worker, sheddable requests may take half: 2 busy, a third sheddable is shed.
+    worker_rules(worker_capacity=4, default_share=75, sheddable_share=50)
+    assert policy.current().shedding is not None
+
+    @own_connections
+    def report(_: int) -> int:
+        return Client(REMOTE_ADDR="203.0.113.1").get("/api/report/").status_code
+
+    from django_throttle import events
+
+    decided: list[Any] = []
+
+    def on_decided(sender: Any, decision: Any, **kwargs: Any) -> None:
+        decided.append(decision)
+
+    events.request_decided.connect(on_decided)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        running = [pool.submit(report, n) for n in range(2)]
+        assert entered.acquire(timeout=10) and entered.acquire(timeout=10)
+        shed = Client(REMOTE_ADDR="203.0.113.2").get("/api/feed/")
+        events.request_decided.disconnect(on_decided)
+        kept = Client(REMOTE_ADDR="203.0.113.3").get("/api/checkout/")
+        closed_gate.set()
+        assert [future.result() for future in running] == [200, 200]
+    assert (shed.status_code, shed["Retry-After"]) == (503, "1")
+    assert shed.json()["detail"].startswith("The service is busy.")
+    # The worker's own refusal: decided in process, nothing taken in Redis.
+    [shed_decision] = [d for d in decided if not d.allowed]
+    assert (shed_decision.limit.id, shed_decision.limit.name) == ("worker", "sheddable")
+    assert shed_decision.taken == () and shed_decision.leases == ()
+    assert kept.status_code == 200  # critical requests are never shed by a worker
+    # The saturation ended: the worker serves sheddable requests again.
+    assert Client(REMOTE_ADDR="203.0.113.2").get("/api/feed/").status_code == 200
+    found = {
+        row["endpoint"]: row for row in json.loads(run("--by", "endpoint", "--format", "json"))
+    }
+    assert (found["feed"]["denied"], found["feed"]["shed"], found["feed"]["allowed"]) == (1, 1, 1)
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_a_late_event_loop_sheds_sheddable_requests_and_recovers() -> None:
+    worker_rules(worker_lag_ms=100)
+    policy.current()
+
+    async def run_requests() -> tuple[int, int, int]:
+        client = AsyncClient()
+        first = (await client.get("/api/feed-async/")).status_code  # starts the lag watch
+        await asyncio.sleep(0.1)
+        await client.get("/api/slow-async/")  # critical, blocks the loop for 0.3 s
+        await asyncio.sleep(0.06)  # the watch wakes and notes how late it ran
+        during = (await client.get("/api/feed-async/")).status_code
+        deadline = time.monotonic() + 5
+        after = during
+        while after != 200 and time.monotonic() < deadline:  # the lag decays: recovered
+            await asyncio.sleep(0.1)
+            after = (await client.get("/api/feed-async/")).status_code
+        return first, during, after
+
+    assert async_to_sync(run_requests)() == (200, 503, 200)
+
+
+@pytest.mark.django_db
+def test_worker_shedding_without_a_fleet_capacity_adds_no_fleet_limit() -> None:
+    shedding = compile_shedding(Protection(worker_capacity=8))
+    assert shedding is not None and shedding.fleet == {} and shedding.worker_capacity == 8
+    assert shedding.fleet_limit(None) is None

@@ -197,8 +197,15 @@ class ProtectionAdmin(AppAdmin):
     """The one row of service protection (the fleet's load shedder), edited in place: the
     list goes straight to it, and a second row cannot be added."""
 
-    fields = ["enabled", "in_flight", "default_share", "sheddable_share", "lease"]
-    list_display = ["__str__", "enabled", "in_flight", "default_share", "sheddable_share"]
+    fieldsets = [
+        (None, {"fields": ["enabled", "default_share", "sheddable_share"]}),
+        (_("The fleet (every worker, counted in Redis)"), {"fields": ["in_flight", "lease"]}),
+        (
+            _("Each worker on its own (no Redis call)"),
+            {"fields": ["worker_capacity", "worker_lag_ms"]},
+        ),
+    ]
+    list_display = ["__str__", "enabled", "in_flight", "worker_capacity", "worker_lag_ms"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return super().has_add_permission(request) and not models.Protection.objects.exists()

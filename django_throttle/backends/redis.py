@@ -90,12 +90,14 @@ from django_throttle.backends.scripts import (
     load_script,
 )
 from django_throttle.conf import app_settings, is_cluster_url
-from django_throttle.rates import Algorithm, Decision, Limit, windows
+from django_throttle.rates import FLEET, WORKER, Algorithm, Decision, Limit, windows
 
 __all__ = ["RedisBackend"]
 
 #: The policy version key outlives any sane gap between edits; missing simply means "reload".
 POLICY_VERSION_TTL = 30 * 86400
+#: The load shedders' limit ids: a decision denied by one of them was shed (see Tally.add).
+SHEDDERS = (FLEET, WORKER)
 #: Keys asked of each SCAN step, and so at most this many per retime script call.
 RETIME_BATCH = 1000
 #: The socket timeouts of a client made for long reads.
@@ -261,7 +263,7 @@ class RedisBackend(Backend):
         decision = decision_of(client, limits, self._route.call(call), lease)
         if usage:
             self.usage_tally.add(
-                usage, client, decision.allowed, decision.shadow, now, decision.shed
+                usage, client, decision.allowed, decision.shadow, now, decision.limit
             )
         return decision
 
@@ -272,7 +274,7 @@ class RedisBackend(Backend):
         decision = decision_of(client, limits, self._route.call(call), lease_of(call))
         if usage and not peek:
             self.usage_tally.add(
-                usage, client, decision.allowed, decision.shadow, now, decision.shed
+                usage, client, decision.allowed, decision.shadow, now, decision.limit
             )
         return decision
 
@@ -284,7 +286,7 @@ class RedisBackend(Backend):
         decision = decision_of(client, limits, await self._route.acall(call), lease_of(call))
         if usage and not peek:
             self.usage_tally.add(
-                usage, client, decision.allowed, decision.shadow, now, decision.shed
+                usage, client, decision.allowed, decision.shadow, now, decision.limit
             )
         return decision
 
@@ -789,11 +791,12 @@ class Tally:
         allowed: bool,
         shadow: bool,
         now: float | None,
-        shed: bool = False,
+        limit: Limit | None = None,
     ) -> None:
         """Count one decision under usage ``field`` (a field starting with :data:`IF_DENIED`
         only if it denied): allowed, denied, or ``shadow`` (allowed, a shadow limit would have
-        denied); ``shed``: denied by the load shedder (counted in the field's totals too).
+        denied); denied by ``limit``, the load shedder's (:data:`~django_throttle.rates.FLEET`
+        or :data:`~django_throttle.rates.WORKER`), it is shed too (in the field's totals).
         ``now`` (Unix seconds) stands for the clock, as the decision's did."""
         if field[:1] == IF_DENIED:
             if allowed:
@@ -810,7 +813,7 @@ class Tally:
             if key not in counts and len(counts) >= MAX_KEPT:
                 key = (key[0], field, "(other)", letter)
             counts[key] = counts.get(key, 0) + 1
-            if shed:
+            if not allowed and limit is not None and limit.id in SHEDDERS:
                 key = (key[0], field, "", "h")
                 counts[key] = counts.get(key, 0) + 1
             if client[:4] == "key:" and len(self._seen) < MAX_KEPT:

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 #: Longest lease of a fleet slot, in seconds (a day).
 MAX_LEASE = 86_400
+#: Largest event loop lag to shed at, in milliseconds (a minute).
+MAX_LAG_MS = 60_000
 
 
 def _percent(default: int, help_text: StrOrPromise) -> models.PositiveSmallIntegerField[int, int]:
@@ -73,6 +75,28 @@ class Protection(models.Model):
             "killed worker's slots are free again after this long"
         ),
     )
+    worker_capacity = count_field(
+        _("The worker capacity must be at least %(limit_value)s."),
+        _("The worker capacity must be at most %(limit_value)s."),
+        verbose_name=_("requests per worker"),
+        null=True,
+        blank=True,
+        help_text=_(
+            "requests one worker process serves at once (its threads, e.g. gunicorn's "
+            "--threads); beyond the shares above of it, the worker sheds sheddable, then "
+            "default requests on its own, without asking Redis. Blank: no worker shedding"
+        ),
+    )
+    worker_lag_ms = models.PositiveIntegerField(
+        _("event loop lag (ms)"),
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_LAG_MS)],
+        help_text=_(
+            "under ASGI: once a worker's event loop runs this late, it sheds sheddable "
+            "requests, and default ones at twice the lag. Blank: no lag shedding"
+        ),
+    )
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -81,8 +105,10 @@ class Protection(models.Model):
         constraints = [range_check("in_flight", "django_throttle_protection_in_flight", null=True)]
 
     def __str__(self) -> str:
-        if not self.enabled or not self.in_flight:
+        if not self.enabled or not (self.in_flight or self.worker_capacity or self.worker_lag_ms):
             return str(_("load shedding off"))
+        if not self.in_flight:
+            return str(_("worker shedding only"))
         return str(_("%(n)s requests in flight")) % {"n": self.in_flight}
 
     def clean(self) -> None:

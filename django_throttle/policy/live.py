@@ -384,24 +384,35 @@ class EndpointPolicy:
 
 @dataclass(frozen=True, slots=True)
 class Shedding:
-    """The fleet shedder as compiled from :class:`~django_throttle.models.Protection`: per
-    criticality, the fleet limit its requests meet (the same shared concurrency limit,
-    :data:`~django_throttle.rates.FLEET`, with a smaller count for less critical traffic, so
-    every share is counted in the one set of leases)."""
+    """The load shedder as compiled from :class:`~django_throttle.models.Protection`.
 
-    by_criticality: dict[str, Limit]
+    ``fleet``: per criticality, the fleet limit its requests meet (the same shared
+    concurrency limit, :data:`~django_throttle.rates.FLEET`, with a smaller count for less
+    critical traffic, so every share is counted in the one set of leases); empty when only
+    workers shed. ``shares``: the percent of a capacity each criticality may take.
+    ``worker_capacity``: requests one process serves at once (``None``: not watched);
+    ``worker_lag``: seconds of event loop lag at which sheddable requests are shed (default
+    ones at twice it; ``None``: not watched)."""
 
-    def fleet_limit(self, endpoint: EndpointPolicy | None) -> Limit:
-        """The fleet limit a request of ``endpoint``'s rule meets (no rule: default)."""
+    fleet: dict[str, Limit]
+    shares: dict[str, int]
+    worker_capacity: int | None = None
+    worker_lag: float | None = None
+
+    def fleet_limit(self, endpoint: EndpointPolicy | None) -> Limit | None:
+        """The fleet limit a request of ``endpoint``'s rule meets (no rule: default);
+        ``None`` when the fleet's capacity is not set."""
         criticality = endpoint.criticality if endpoint is not None else "default"
-        return self.by_criticality.get(criticality) or self.by_criticality["default"]
+        return self.fleet.get(criticality) or self.fleet.get("default")
 
 
 def compile_shedding(row: Any) -> Shedding | None:
     """``row`` (a :class:`~django_throttle.models.Protection`, or ``None``) as a
     :class:`Shedding`; ``None`` while shedding is off or the row holds a value the admin
     would refuse (logged: shedding stays off rather than refusing traffic by mistake)."""
-    if row is None or not row.enabled or not row.in_flight:
+    if row is None or not row.enabled:
+        return None
+    if not (row.in_flight or row.worker_capacity or row.worker_lag_ms):
         return None
     try:
         row.full_clean(validate_unique=False, validate_constraints=False)
@@ -409,8 +420,9 @@ def compile_shedding(row: Any) -> Shedding | None:
         logger.error("Service protection is off: its row holds values the admin refuses: %s", exc)
         return None
     shares = {"critical": 100, "default": row.default_share, "sheddable": row.sheddable_share}
-    return Shedding(
-        {
+    fleet = {}
+    if row.in_flight:
+        fleet = {
             criticality: Limit.build(
                 FLEET,
                 Rate(max(1, row.in_flight * share // 100), row.lease),
@@ -420,6 +432,11 @@ def compile_shedding(row: Any) -> Shedding | None:
             )
             for criticality, share in shares.items()
         }
+    return Shedding(
+        fleet,
+        shares,
+        row.worker_capacity or None,
+        row.worker_lag_ms / 1000 if row.worker_lag_ms else None,
     )
 
 

@@ -76,6 +76,7 @@ from django_throttle.policy.live import (
     CountedGroup,
     EndpointPolicy,
     Policy,
+    Shedding,
     TierPolicy,
     exempt_client,
     import_resolver,
@@ -83,7 +84,7 @@ from django_throttle.policy.live import (
 from django_throttle.policy.regions import request_region
 from django_throttle.rates import UNLIMITED, Algorithm, Decision, Limit
 from django_throttle.redaction import log_text
-from django_throttle.request import leases
+from django_throttle.request import leases, shedding
 from django_throttle.request.pages import throttled_page, wants_html
 from django_throttle.request.usernames import username_counters
 from django_throttle.usage import accounting as usage
@@ -145,6 +146,10 @@ def decide(request: Any, policy: Policy | None, options: CheckOptions) -> Decisi
     planned = make_plan(request, policy, None, **options)
     if not isinstance(planned, Plan):
         return planned
+    if policy is not None and policy.shedding is not None:
+        shed = _worker_shed(planned, policy.shedding, request, started)
+        if shed is not None:
+            return shed
     # One call (no groups counted by IP address or username): made without steps around it.
     reply = run(planned.deciding()) if planned.groups else call_backend(planned)
     if (
@@ -199,6 +204,10 @@ async def acheck(
             request.user = own
     if not isinstance(planned, Plan):
         return planned
+    if planned.policy is not None and planned.policy.shedding is not None:
+        shed = _worker_shed(planned, planned.policy.shedding, request, started)
+        if shed is not None:
+            return shed
     if planned.groups:
         reply = await arun(planned.deciding())
     else:
@@ -217,6 +226,24 @@ def settle(request: Any, status: int, *, first: int = 0) -> None:
 async def asettle(request: Any, status: int, *, first: int = 0) -> None:
     """:func:`settle` for async stacks: the refunds are awaited on the event loop."""
     await arun(settling(request, status, first))
+
+
+def _worker_shed(
+    planned: Plan, protection: Shedding, request: Any, started: float
+) -> Decision | None:
+    """The 503 of this worker's own shedder when it is saturated
+    (:func:`.shedding.refusal`), counted denied and shed, with no backend call; ``None`` to
+    go on. A credential check (a login) is never shed here: it decides who may come in."""
+    if planned.credential:
+        return None
+    criticality = planned.endpoint.criticality if planned.endpoint is not None else "default"
+    decision = shedding.refusal(protection, criticality)
+    if decision is None:
+        return None
+    usage.record_shed(planned.field, planned.client)
+    if started:
+        _announce(request, planned, decision, started)
+    return decision
 
 
 def _finished(
@@ -445,7 +472,8 @@ def make_plan(
             store[field_key] = _inline_field(scope, rule_only)
         field = store[field_key]
         if policy is not None and policy.shedding is not None and limits and not rule_only:
-            limits = (*limits, policy.shedding.fleet_limit(None))
+            fleet = policy.shedding.fleet_limit(None)
+            limits = (*limits, fleet) if fleet is not None else limits
         planned = Plan(
             identity.key,
             limits,
@@ -556,10 +584,11 @@ def _found(policy: Policy, key: tuple[Any, ...], tier: TierPolicy | None) -> _Fo
         # it meets every tier's counters, and is never served uncounted (see failure_mode).
         is_credential = credential or (endpoint is not None and endpoint.credential)
         cost = endpoint.cost if endpoint is not None else 1
-        if policy.shedding is not None and not rule_only:
+        fleet = policy.shedding.fleet_limit(endpoint) if policy.shedding is not None else None
+        if fleet is not None and not rule_only:
             # The fleet's in-flight capacity, in the same call (a check before
             # authentication is not a request of its own: its request is checked again).
-            limits = (*limits, policy.shedding.fleet_limit(endpoint))
+            limits = (*limits, fleet)
         found = (endpoint, limits, cost, field, is_credential, own, groups)
     if len(policy.compiled) < MAX_COMPILED:
         policy.compiled[key] = found

@@ -48,6 +48,7 @@ from django_throttle.backends.redis import PUSH_EVERY, PendingCount, Tally
 from django_throttle.backends.redis_nodes import get_breaker
 from django_throttle.backends.usage_store import LETTERS, MEASURE_LETTERS, UsageStore
 from django_throttle.conf import app_settings
+from django_throttle.rates import WORKER, Limit, Rate
 
 logger = logging.getLogger("django_throttle.usage")
 
@@ -201,6 +202,20 @@ def record_delay(field: str | None, seconds: float, *, local: bool = False) -> N
         return
     waited = {LETTER[DELAYED]: 1, LETTER[WAITED_MS]: max(1, round(seconds * 1000))}
     _add(int(_clock() // 60), field, "", waited)
+
+
+def record_shed(field: str | None, client: str) -> None:
+    """Count a request this worker shed on its own (no backend call): denied, and shed in
+    its tier and endpoint's totals, in the backend's tally (or kept for it)."""
+    if not field:
+        return
+    tally = getattr(built_backend(), "usage_tally", None)
+    if isinstance(tally, Tally):
+        tally.add(field, client, False, False, None, Limit(WORKER, Rate(1, 1), 1))
+        return
+    minute = int(_clock() // 60)
+    _add(minute, field, client, {LETTER[DENIED]: 1})
+    _add(minute, field, "", {LETTER[SHED]: 1})
 
 
 def record_refused_turn(field: str | None, client: str, *, local: bool = False) -> None:
