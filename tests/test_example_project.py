@@ -722,3 +722,24 @@ def test_run_demo_runs_on_every_topology_by_redis_url_alone(tmp_path: Path, topo
             assert statuses == [200] * 5 + [429], (topology, statuses, demo.output())
             status, headers = demo.get("/hello-async/")
             assert status == 200 and headers["X-RateLimit-Limit"] == "5"
+
+
+@pytest.mark.django_db
+def test_the_seeded_policy_sheds_downloads_and_searches_first() -> None:
+    """seed_demo marks downloads and searches sheddable and logins critical, and sets the
+    service protection; the compiled policy gives each its share of 20 requests in flight."""
+    from django_throttle.models import EndpointRule, Protection
+    from django_throttle.policy.live import compile_policy
+    from example_project.demo.management.commands.seed_demo import Command
+
+    Command(stdout=io.StringIO()).handle()
+    Command(stdout=io.StringIO()).handle()  # a rerun changes nothing, adds no second row
+    assert Protection.objects.count() == 1
+    kinds = dict(EndpointRule.objects.values_list("name", "criticality"))
+    assert kinds["search"] == kinds["export-download"] == "sheddable"
+    assert kinds["login"] == kinds["admin-login"] == "critical"
+    assert kinds["export"] == "default"
+    shedding = compile_policy().shedding
+    assert shedding is not None and shedding.worker_lag == 0.2
+    counts = {c: limit.rate.count for c, limit in shedding.fleet.items()}
+    assert counts == {"critical": 20, "default": 18, "sheddable": 10}

@@ -411,3 +411,15 @@ def test_worker_shedding_without_a_fleet_capacity_adds_no_fleet_limit() -> None:
     shedding = compile_shedding(Protection(worker_capacity=8))
     assert shedding is not None and shedding.fleet == {} and shedding.worker_capacity == 8
     assert shedding.fleet_limit(None) is None
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_the_headers_show_the_clients_own_limits_not_the_fleets() -> None:
+    """The fleet's capacity is no client's limit: an allowed request's X-RateLimit-* headers
+    show its own limits however few fleet slots are free (the fleet limit is 'quiet')."""
+    rules(capacity=4, default=50, sheddable=50)  # sheddable: 2 slots, fewer than 1000/min
+    response = Client(REMOTE_ADDR="203.0.113.7").get("/api/feed/")
+    assert response.status_code == 200
+    assert response["X-RateLimit-Limit"] == "1000"
+    assert int(response["X-RateLimit-Remaining"]) >= 998

@@ -529,7 +529,9 @@ def compact(n: int) -> str:
 
 
 def limit_spec(limit: Limit, now_us: int | None = None) -> str:
-    """``<code>[!]<capacity>:<parameters>``, ``!`` for a shadow limit: the interval in
+    """``<code>[!~]<capacity>:<parameters>``, ``!`` for a shadow limit, ``~`` for the load
+    shedder's fleet limit (enforced, but never reported for an allowed request: it is no
+    client's own limit, so the ``X-RateLimit-*`` headers keep showing the client's): the interval in
     microseconds per token (token and leaky bucket, a float; GCRA, whole), the period in whole
     microseconds (windows), or a calendar quota's four window boundaries around ``now_us``
     (Unix microseconds, default now). Whole numbers are written :func:`compact`."""
@@ -546,7 +548,8 @@ def limit_spec(limit: Limit, now_us: int | None = None) -> str:
         text = ":".join(map(str, windows(limit.calendar_unit, limit.timezone, when)))
     else:
         text = compact(limit.period_us)
-    return f"{code}{'!' if limit.shadow else ''}{limit.burst}:{text}"
+    mark = "!" if limit.shadow else "~" if limit.id == FLEET else ""
+    return f"{code}{mark}{limit.burst}:{text}"
 
 
 def key_suffix(limit: Limit) -> str:

@@ -5,7 +5,7 @@
 --            tag "<prefix>:{<shard>}", so they live in one Redis Cluster slot
 -- ARGV[1]    cost: whole tokens in [0, 1e9], clamped per limit to its capacity
 -- ARGV[2]    "1" to only look (decide as that cost would, write nothing), "0" to consume
--- ARGV[2+i]  limit i's spec "<code>[!]<capacity>:<parameters>", see limit_spec in the
+-- ARGV[2+i]  limit i's spec "<code>[!~]<capacity>:<parameters>", see limit_spec in the
 --            prelude and the algorithm files
 -- ARGV[3+n]  optional: now in whole microseconds since the Unix epoch (tests); absent or ""
 --            for the server's TIME (the request path leaves it out: 6 bytes fewer a call)
@@ -33,7 +33,8 @@
 -- all-or-nothing: nothing is written unless every one allows. A shadow limit that would deny
 -- is reported and left unchanged; the others are consumed with the enforced ones. The
 -- reported limit is the denying one with the longest wait, else the enforced one with the
--- fewest tokens left; shadow limits are never reported (remaining and reset are then 0).
+-- fewest tokens left; shadow limits are never reported, nor quiet ones ('~', the load
+-- shedder's) unless they deny (with no other limit to report, remaining and reset are 0).
 -- Each algorithm decides on what it read; the writes follow only when every enforced limit
 -- allowed, so a denial writes nothing. Every write sets a TTL equal to the time until the
 -- state stops mattering (the limit is whole again), at most 3660 days.
@@ -89,7 +90,8 @@ for i = 1, n do
   if ok then
     p.pending = write
     if delay and not shadow and delay > wait then wait = delay end
-    if not shadow and allowed and (pick_remaining == nil or remaining < pick_remaining) then
+    if not shadow and not p.quiet and allowed
+        and (pick_remaining == nil or remaining < pick_remaining) then
       pick, pick_remaining, pick_reset = i, remaining, reset
     end
   elseif shadow then

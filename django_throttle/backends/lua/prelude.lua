@@ -94,17 +94,19 @@ local function expire_or_delete(key, ttl_us)
   return 1
 end
 
--- One limit's spec "<code>[!]<capacity>:<field>[:<field>...]" ('!' marks a shadow limit;
+-- One limit's spec "<code>[!~]<capacity>:<field>[:<field>...]" ('!' marks a shadow limit,
+-- '~' a quiet one: enforced, but never the reported limit of an allowed call (the load
+-- shedder's fleet capacity, which is no client's own limit: params.quiet);
 -- capacity in whole tokens within [1, 1e9]; the fields are the algorithm's, see its file,
 -- numbers as tonumber reads them, so 3600000 may come as 36e5: fewer bytes per decision):
 -- algorithm, params, shadow, or nil, nil, nil and an error reply naming ARGV[at].
 local function limit_spec(at, now)
   local spec = ARGV[at]
-  local code, bang, capacity_text, rest = string.match(spec, '^(%l)(!?)(%d+):(.+)$')
+  local code, bang, capacity_text, rest = string.match(spec, '^(%l)([!~]?)(%d+):(.+)$')
   local algorithm = code and ALGORITHMS[code]
   if algorithm == nil then
     return nil, nil, nil, fail('ARGV[' .. at .. '] limit spec must be '
-      .. '<algorithm>[!]<capacity>:<parameters> with a known algorithm, not ' .. tostring(spec))
+      .. '<algorithm>[!~]<capacity>:<parameters> with a known algorithm, not ' .. tostring(spec))
   end
   local capacity = whole(capacity_text, 1, MAX_COUNT)
   if capacity == nil then
@@ -115,7 +117,7 @@ local function limit_spec(at, now)
   if params == nil then
     return nil, nil, nil, fail('ARGV[' .. at .. '] ' .. message)
   end
-  params.capacity, params.code = capacity, code
+  params.capacity, params.code, params.quiet = capacity, code, bang == '~'
   return algorithm, params, bang == '!', nil
 end
 

@@ -9,7 +9,14 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierAssignment, TierLimit
+from django_throttle.models import (
+    EndpointLimit,
+    EndpointRule,
+    Protection,
+    Tier,
+    TierAssignment,
+    TierLimit,
+)
 
 #: slug → (name, description, priority, default for anonymous, default for authenticated,
 #: [(rate, burst, algorithm)]). "2/s" with burst 10 is the reference token bucket: capacity 10,
@@ -86,6 +93,26 @@ CREDENTIAL_RULES: dict[str, list[tuple[str, str]]] = {
     "admin-login": [("5/min", "ip"), ("10/h", "username")],
     "authentication": [("5/min", "ip"), ("10/h", "username")],
 }
+#: Criticality of the rules (the rest are default): the load shedder refuses sheddable
+#: requests first and keeps capacity for the critical ones.
+CRITICALITY: dict[str, str] = {
+    "export-download": "sheddable",
+    "search": "sheddable",
+    "login": "critical",
+    "admin-login": "critical",
+    "authentication": "critical",
+}
+#: Service protection: the demo serves 20 requests at once; default traffic may take 90 % of
+#: that, sheddable traffic 50 %; each worker sheds on its own once its event loop (ASGI) runs
+#: 200 ms late.
+PROTECTION: dict[str, Any] = {
+    "enabled": True,
+    "in_flight": 20,
+    "default_share": 90,
+    "sheddable_share": 50,
+    "lease": 60,
+    "worker_lag_ms": 200,
+}
 #: username (= password) → (superuser, tier slug assigned directly or None for the default).
 USERS: dict[str, tuple[bool, str | None]] = {
     "admin": (True, None),
@@ -97,8 +124,9 @@ USERS: dict[str, tuple[bool, str | None]] = {
 class Command(BaseCommand):
     help = (
         "Create the demo tiers (anonymous, free, pro), the 'export', 'export-download', "
-        "'search', 'login', 'admin-login' and 'authentication' endpoint rules and the users "
-        "admin/admin, alice/alice (free) and bob/bob (pro). Safe to run again."
+        "'search', 'login', 'admin-login' and 'authentication' endpoint rules (downloads and "
+        "searches sheddable, logins critical), the service protection (20 requests in flight) "
+        "and the users admin/admin, alice/alice (free) and bob/bob (pro). Safe to run again."
     )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -109,6 +137,7 @@ class Command(BaseCommand):
             self._seed_download_rule(tiers)
             self._seed_search_rule(tiers)
             self._seed_credential_rules(tiers)
+            self._seed_protection()
             self._seed_users(tiers)
         summary = ", ".join(f"{n} {what}" for what, n in sorted(self.changes.items()))
         self.stdout.write(self.style.SUCCESS(f"Demo data ready ({summary})."))
@@ -217,6 +246,13 @@ class Command(BaseCommand):
                     {"rule": rule, "tier": tiers["anonymous"], "rate": rate},
                     counted_by=counted_by,
                 )
+
+    def _seed_protection(self) -> None:
+        """The rules' criticality and the one Service protection row."""
+        for name, criticality in CRITICALITY.items():
+            self._upsert(EndpointRule, {"name": name}, criticality=criticality)
+        first = Protection.objects.order_by("pk").first()
+        self._upsert(Protection, {"pk": first.pk if first is not None else 1}, **PROTECTION)
 
     def _seed_users(self, tiers: dict[str, Tier]) -> None:
         User = get_user_model()
