@@ -368,3 +368,27 @@ def test_a_bad_signal_setting_is_a_system_check(settings: Any) -> None:
 def _no_stray_signal(settings: Any) -> Iterator[None]:
     settings.DJANGO_THROTTLE_LOAD_SIGNAL = None
     yield
+
+
+# The dashboard --------------------------------------------------------------------------
+
+
+def test_dashboard_charts_each_scaled_tiers_factor(
+    admin_client: Client, tiers: dict[str, Tier]
+) -> None:
+    import time
+
+    clock = Clock(time.time())
+    run(controller(Signals(2.0), clock), clock, 2)
+    page = admin_client.get("/admin/django_throttle/usagecount/dashboard/").content.decode()
+    assert 'id="load-factors"' in page
+    assert 'data-title="Free"' in page and 'data-last="49"' in page
+    assert "automatic 49% now; load factor 100%, floor 10%" in page
+    assert 'data-title="Pro"' not in page  # never scaled: no chart
+
+
+def test_dashboard_without_scaled_tiers_has_no_factor_section(
+    admin_client: Client, tiers: dict[str, Tier]
+) -> None:
+    page = admin_client.get("/admin/django_throttle/usagecount/dashboard/").content.decode()
+    assert 'id="load-factors"' not in page
