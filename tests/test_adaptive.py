@@ -378,7 +378,7 @@ def test_dashboard_charts_each_scaled_tiers_factor(
 ) -> None:
     import time
 
-    clock = Clock(time.time())
+    clock = Clock(time.time() - 60)  # both steps in minutes already past
     run(controller(Signals(2.0), clock), clock, 2)
     page = admin_client.get("/admin/django_throttle/usagecount/dashboard/").content.decode()
     assert 'id="load-factors"' in page
@@ -392,3 +392,14 @@ def test_dashboard_without_scaled_tiers_has_no_factor_section(
 ) -> None:
     page = admin_client.get("/admin/django_throttle/usagecount/dashboard/").content.decode()
     assert 'id="load-factors"' not in page
+
+
+def test_policy_files_carry_the_factors_and_refuse_a_bad_one() -> None:
+    from django_throttle.policy.files import PolicyFileError, export_policy, import_policy
+
+    tier("free", "10/m", load_factor=50, min_factor=20)
+    document = export_policy()
+    assert (document["tiers"][0]["load_factor"], document["tiers"][0]["min_factor"]) == (50, 20)
+    document["tiers"][0]["min_factor"] = 60
+    with pytest.raises(PolicyFileError, match="min_factor"):
+        import_policy(document)
