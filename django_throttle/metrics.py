@@ -28,7 +28,10 @@ Metrics (all prefixed ``django_throttle_``):
 - ``cluster_primary_breaker_open{primary}``: 1 while the breaker of that Redis Cluster
   primary is open (its clients take their failure mode; the others are counted);
 - ``script_loads_total``: Lua scripts loaded into Redis after NOSCRIPT;
-- ``policy_reloads_total``: policy snapshots compiled.
+- ``policy_reloads_total``: policy snapshots compiled;
+- ``tier_load_factor{tier}``: what each tier's limits are scaled by in the process's policy
+  snapshot (its load factor times the adaptive controller's, 0 to 1; the lowest of the live
+  processes in multiprocess mode), set when a snapshot is compiled.
 
 Tier and endpoint labels come from the admin's policy, so their number is bounded by it.
 """
@@ -112,6 +115,12 @@ def _build() -> dict[str, Any]:
         ),
         "scripts": Counter("django_throttle_script_loads", "Lua scripts loaded into Redis."),
         "reloads": Counter("django_throttle_policy_reloads", "Policy snapshots compiled."),
+        "load_factor": Gauge(
+            "django_throttle_tier_load_factor",
+            "What the tier's limits are scaled by (load factor times the adaptive factor).",
+            ["tier"],
+            multiprocess_mode="livemin",
+        ),
     }
 
 
@@ -176,8 +185,10 @@ def _script(**_: Any) -> None:
     _metrics["scripts"].inc()
 
 
-def _reloaded(**_: Any) -> None:
+def _reloaded(*, policy: Any = None, **_: Any) -> None:
     _metrics["reloads"].inc()
+    for tier in getattr(policy, "tiers", {}).values():
+        _metrics["load_factor"].labels(tier.slug).set(tier.factor)
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:

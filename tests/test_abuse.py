@@ -113,6 +113,8 @@ def test_the_admin_warns_about_a_shared_ceiling_whose_share_a_rule_cost_exceeds(
         "name": "Anonymous",
         "description": "",
         "priority": "0",
+        "load_factor": "100",
+        "min_factor": "10",
         "limits-TOTAL_FORMS": "1",
         "limits-INITIAL_FORMS": "0",
         "limits-MIN_NUM_FORMS": "0",

@@ -41,8 +41,12 @@ def inline(rows: list[dict[str, str]], initial: int = 0) -> dict[str, str]:
     return data
 
 
+#: The load factor and floor fields as the tier form renders them (issue 33).
+FACTORS = {"load_factor": "100", "min_factor": "10"}
+
+
 def tier_form(**fields: str) -> dict[str, str]:
-    return {"slug": "pro", "name": "Pro", "description": "", "priority": "0", **fields}
+    return {"slug": "pro", "name": "Pro", "description": "", "priority": "0", **FACTORS, **fields}
 
 
 def rule_form(**fields: str) -> dict[str, str]:

@@ -46,9 +46,14 @@ def staff(django_user_model: Any, *codenames: str) -> Client:
 
 def change_data(model: str, row: Any) -> dict[str, str]:
     if model == "tier":
-        return {"slug": row.slug, "name": "Renamed", "description": "", "priority": "0"} | (
-            EMPTY_INLINE
-        )
+        return {
+            "slug": row.slug,
+            "name": "Renamed",
+            "description": "",
+            "priority": "0",
+            "load_factor": "100",
+            "min_factor": "10",
+        } | (EMPTY_INLINE)
     if model == "endpointrule":
         return {
             "name": "renamed",
@@ -146,7 +151,14 @@ def history(row: Any) -> list[tuple[int, str]]:
 
 
 def test_tier_add_change_and_delete_are_in_the_history(admin_client: Client) -> None:
-    add = {"slug": "pro", "name": "Pro", "description": "", "priority": "0"} | EMPTY_INLINE
+    add = {
+        "slug": "pro",
+        "name": "Pro",
+        "description": "",
+        "priority": "0",
+        "load_factor": "100",
+        "min_factor": "10",
+    } | EMPTY_INLINE
     add |= {
         "limits-TOTAL_FORMS": "1",
         "limits-0-rate": "100/min",

@@ -181,6 +181,14 @@ def test_policy_reloads_are_announced(received: Any) -> None:
     assert sample("django_throttle_policy_reloads_total") - before >= 1
 
 
+def test_each_tiers_load_factor_is_a_gauge(received: Any) -> None:
+    metrics.connect()
+    tier("free", "10/m", load_factor=40)
+    policy.reset()
+    policy.current()
+    assert sample("django_throttle_tier_load_factor", tier="free") == 0.4
+
+
 def test_a_receiver_that_raises_never_fails_a_request(client: Any) -> None:
     def broken(**kwargs: Any) -> None:
         raise RuntimeError("exporter bug")

@@ -106,6 +106,8 @@ def test_admin_save_bumps_the_shared_version(
                 "slug": "gold",
                 "name": "Gold",
                 "priority": 0,
+                "load_factor": 100,
+                "min_factor": 10,
                 "limits-TOTAL_FORMS": "1",
                 "limits-INITIAL_FORMS": "0",
                 "limits-MIN_NUM_FORMS": "0",

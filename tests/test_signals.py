@@ -274,6 +274,8 @@ def test_an_edit_through_the_admin_passes_the_old_limit(
         "slug": "free",
         "name": "Free",
         "priority": "0",
+        "load_factor": "100",
+        "min_factor": "10",
         "limits-TOTAL_FORMS": "1",
         "limits-INITIAL_FORMS": "1",
         "limits-MIN_NUM_FORMS": "0",

@@ -41,12 +41,14 @@ from django_throttle.admin.base import (
     stored_time,
 )
 from django_throttle.admin.views import backend_failed, log_reset
-from django_throttle.backends import BackendError
+from django_throttle.backends import BackendError, get_backend
+from django_throttle.backends.adaptive_store import AdaptiveStore
 from django_throttle.identity import Identity
 from django_throttle.inspection.clients import reset
 from django_throttle.inspection.subjects import Subject
 from django_throttle.models import ApiKey
 from django_throttle.models.fields import FailureMode
+from django_throttle.policy.scaling import effective_factor
 from django_throttle.usage import accounting as usage
 
 
@@ -64,6 +66,7 @@ class TierAdmin(LimitedAdmin):
         "default_anonymous",
         "default_authenticated",
         "priority",
+        "load_factor",
         "failure_mode_word",
         "limits_summary",
         "problems",
@@ -80,7 +83,11 @@ class TierAdmin(LimitedAdmin):
         "is_default_authenticated",
         "priority",
         "failure_mode",
+        "load_factor",
+        "min_factor",
+        "automatic_factor",
     ]
+    readonly_fields = ["automatic_factor"]
 
     class Media:
         # The slug filled in from the name is selected when clicked into, so typing the slug
@@ -102,6 +109,25 @@ class TierAdmin(LimitedAdmin):
             others = [choice for choice in FailureMode.choices if choice[0]]
             kwargs["choices"] = [(FailureMode.INHERIT, inherit), *others]
         return super().formfield_for_choice_field(db_field, request, **kwargs)
+
+    @admin.display(description=_("automatic factor"))
+    def automatic_factor(self, obj: models.Tier) -> str:
+        """The adaptive controller's factor now (one backend read), and what the limits are
+        scaled by with the load factor."""
+        if obj.pk is None:
+            return "100%"
+        store = AdaptiveStore.of(get_backend())
+        if store is None:
+            return str(_("none (the backend keeps no shared state)"))
+        try:
+            automatic = store.factors().get(obj.pk, 1.0)
+        except BackendError:
+            return str(_("unknown: the backend did not answer"))
+        if obj.factor_problems():
+            return f"{automatic:.0%}"
+        effective = effective_factor(obj.load_factor, obj.min_factor, automatic)
+        text = _("%(automatic)s (limits at %(effective)s; manage.py throttle_adapt moves it)")
+        return str(text) % {"automatic": f"{automatic:.0%}", "effective": f"{effective:.0%}"}
 
     @admin.display(description=_("limits"))
     def limits_summary(self, obj: models.Tier) -> str:

@@ -45,6 +45,7 @@ from django.utils.translation import gettext as _
 
 from django_throttle.admin.base import AppAdmin, stored_time
 from django_throttle.backends import BackendError, get_backend
+from django_throttle.backends.adaptive_store import AdaptiveStore
 from django_throttle.backends.redis_nodes import get_breaker
 from django_throttle.conf import app_settings
 from django_throttle.inspection.clients import (
@@ -91,8 +92,51 @@ def dashboard(request: HttpRequest, model_admin: AppAdmin) -> HttpResponse:
         timeline=data,
         outcomes=[(name, LABELS[name], data.overall.totals[name]) for name in CHARTED],
         health=_health(),
+        load_factors=load_factors(window),
         **_most_limited(window),
     )
+
+
+def load_factors(window: str) -> dict[str, Any]:
+    """Each tier's automatic factor over the window (the adaptive controller's history: one
+    backend read) as a line chart, with its load factor and floor; only tiers whose limits
+    are or were scaled in the window. ``error``: the history could not be read."""
+    from django_throttle.models import Tier
+
+    span, _step = WINDOWS[window]
+    now = math.floor(time.time() / 60)
+    first = now - span + 1
+    store = AdaptiveStore.of(get_backend())
+    history: dict[int, list[tuple[int, float]]] = {}
+    current: dict[int, float] = {}
+    error = ""
+    if store is not None:
+        try:
+            history, current = store.history(first), store.factors()
+        except BackendError as exc:
+            error = plain_text(f"{type(exc).__name__}: {exc}")
+    starts = [datetime.fromtimestamp((first + i) * 60, tz=UTC) for i in range(span)]
+    charts = []
+    for tier in Tier.objects.order_by("priority", "name"):
+        points = history.get(tier.pk, [])
+        automatic = current.get(tier.pk, 1.0)
+        if tier.load_factor == 100 and automatic >= 1.0 and all(f >= 1.0 for _, f in points):
+            continue
+        series, value = [], points[0][1] if points else automatic
+        by_minute = dict(points)
+        for minute in range(first, now + 1):
+            value = by_minute.get(minute, value)
+            series.append(value)
+        charts.append(
+            {
+                "title": tier.name,
+                "load_factor": tier.load_factor,
+                "min_factor": tier.min_factor,
+                "automatic": round(automatic * 100),
+                "svg": factor_line(str(tier.name), starts, series),
+            }
+        )
+    return {"charts": charts, "error": error}
 
 
 def _most_limited(window: str) -> dict[str, Any]:
@@ -549,6 +593,45 @@ def stacked_bars(
             parts.append(
                 f'<text class="dt-axis" x="{LEFT + (i + 0.5) * slot:.1f}" y="{HEIGHT - 6}" '
                 f'text-anchor="middle">{escape(tip[0])}</text>'
+            )
+    parts.append("</svg>")
+    return mark_safe("".join(parts))  # numbers and escaped text only
+
+
+def factor_line(title: str, starts: Sequence[datetime], factors: Sequence[float]) -> SafeString:
+    """One tier's automatic factor per minute (0 to 100 %) as a step line, in the bar charts'
+    frame and colours; each minute's tooltip says its time and factor."""
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    slot = plot_w / max(len(starts), 1)
+    parts = [
+        f'<svg class="dt-chart dt-factors" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
+        f'aria-label="{escape(title)}" data-title="{escape(title)}" '
+        f'data-last="{round(100 * factors[-1]) if factors else 100}" '
+        f'preserveAspectRatio="none" xmlns="http://www.w3.org/2000/svg">'
+    ]
+    for tick in (0, 50, 100):
+        y = TOP + plot_h - plot_h * tick / 100
+        parts.append(
+            f'<line class="dt-grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>'
+            f'<text class="dt-axis" x="{LEFT - 4}" y="{y + 4:.1f}" text-anchor="end">'
+            f"{tick}%</text>"
+        )
+    points = []
+    for i, factor in enumerate(factors):
+        y = TOP + plot_h - plot_h * min(1.0, max(0.0, factor))
+        points.append(f"{LEFT + i * slot:.1f},{y:.1f} {LEFT + (i + 1) * slot:.1f},{y:.1f}")
+    parts.append(f'<polyline class="dt-factor" fill="none" points="{" ".join(points)}"/>')
+    label_every = max(1, len(starts) // 6)
+    for i, (start, factor) in enumerate(zip(starts, factors, strict=False)):
+        tip = f"{start.strftime('%H:%M')}: {factor:.0%}"
+        parts.append(
+            f'<rect class="dt-hit" x="{LEFT + i * slot:.1f}" y="{TOP}" width="{slot:.1f}" '
+            f'height="{plot_h}"><title>{escape(tip)}</title></rect>'
+        )
+        if i % label_every == 0:
+            parts.append(
+                f'<text class="dt-axis" x="{LEFT + (i + 0.5) * slot:.1f}" y="{HEIGHT - 6}" '
+                f'text-anchor="middle">{escape(start.strftime("%H:%M"))}</text>'
             )
     parts.append("</svg>")
     return mark_safe("".join(parts))  # numbers and escaped text only

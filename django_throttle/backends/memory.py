@@ -182,8 +182,12 @@ class MemoryStore(Keyspace):
     def get(self, key: Any) -> Any:
         return self.execute(b"GET", key)
 
-    def set(self, key: Any, value: Any, px: int | None = None) -> bool:
-        return self.execute(b"SET", key, value, *((b"PX", px) if px else ())) is OK
+    def set(
+        self, key: Any, value: Any, px: int | None = None, ex: int | None = None, nx: bool = False
+    ) -> bool | None:
+        options = (*((b"PX", px) if px else ()), *((b"EX", ex) if ex else ()), *((b"NX",) * nx))
+        reply = self.execute(b"SET", key, value, *options)
+        return True if reply is OK else None
 
     def delete(self, *keys: Any) -> int:
         return int(self.execute(b"DEL", *keys)) if keys else 0
@@ -213,6 +217,9 @@ class MemoryStore(Keyspace):
         if not withscores:
             return list(self.execute(b"ZRANGEBYSCORE", key, low, high))
         return _pairs(self.execute(b"ZRANGEBYSCORE", key, low, high, b"WITHSCORES"))
+
+    def zremrangebyscore(self, key: Any, low: Any, high: Any) -> int:
+        return int(self.execute(b"ZREMRANGEBYSCORE", key, low, high))
 
     def zmscore(self, key: Any, members: list[Any]) -> list[float | None]:
         return [None if s is None else float(s) for s in self.execute(b"ZMSCORE", key, *members)]

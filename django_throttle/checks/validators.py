@@ -225,5 +225,6 @@ SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E034", "API_KEY_SECRET", _api_key_secret),
     ("E043", "REGION_SOURCE", _region_source),
     ("E036", "DENIED_RESPONSE", _optional(_dotted())),
+    ("E045", "LOAD_SIGNAL", _optional(_dotted())),
     ("E039", "METRICS", _BOOL),
 )

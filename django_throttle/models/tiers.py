@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
@@ -18,6 +21,22 @@ from django_throttle.models.fields import (
 )
 from django_throttle.models.limits import LimitFields
 from django_throttle.rates import Rate, rate_text
+
+if TYPE_CHECKING:
+    from django_throttle.models.fields import StrOrPromise
+
+
+def _factor(default: int, verbose_name: StrOrPromise, help_text: StrOrPromise) -> Any:
+    return models.PositiveSmallIntegerField(
+        verbose_name,
+        default=default,
+        validators=[MinValueValidator(1), MaxValueValidator(100)],
+        error_messages={
+            "min_value": _("A factor is at least 1%%."),
+            "max_value": _("A factor is at most 100%%."),
+        },
+        help_text=help_text,
+    )
 
 
 class Tier(models.Model):
@@ -50,6 +69,23 @@ class Tier(models.Model):
             "what this tier's requests meet when Redis cannot answer; an endpoint rule's own "
             "failure mode wins"
         )
+    )
+    load_factor = _factor(
+        100,
+        _("load factor (%)"),
+        _(
+            "percent of this tier's limits that applies (every count, burst and concurrency "
+            "limit scaled, at least 1): 50 halves them, 100 leaves them as written"
+        ),
+    )
+    min_factor = _factor(
+        10,
+        _("floor (%)"),
+        _(
+            "percent of its limits the automatic load controller (manage.py throttle_adapt) "
+            "always leaves this tier, at most the load factor; 100 keeps it out of adaptive "
+            "shrinking"
+        ),
     )
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
@@ -86,12 +122,24 @@ class Tier(models.Model):
             if getattr(self, field) and (other := others.first()) is not None:
                 message = _("'%(name)s' is already the default tier for %(kind)s")
                 errors[field] = str(message) % {"name": other.name, "kind": kind}
+        if not self.factor_problems() and self.min_factor > self.load_factor:
+            errors["min_factor"] = str(_("The floor cannot exceed the load factor."))
         if errors:
             raise ValidationError(errors)
 
     def row_problems(self) -> dict[str, str]:
         """Values the admin would refuse, by field (the compiler then ignores the field)."""
         return choice_problem(self, "failure_mode", FailureMode, _("failure mode"))
+
+    def factor_problems(self) -> dict[str, str]:
+        """Load factor and floor values the admin would refuse (written around it): the
+        compiler then applies the tier's limits unscaled, never switching them off."""
+        problems = {}
+        for name in ("load_factor", "min_factor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100:
+                problems[name] = f"{value!r} is not a percent from 1 to 100"
+        return problems
 
 
 class TierLimit(LimitFields):

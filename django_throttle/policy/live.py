@@ -69,6 +69,7 @@ from django_throttle.identity import (
     key_prefix,
     presented_key,
 )
+from django_throttle.policy.scaling import effective_factor, scaled
 from django_throttle.rates import FLEET, Algorithm, Limit, Rate
 
 __all__ = ["resolve_identity"]
@@ -329,6 +330,9 @@ class TierPolicy:
     limits: tuple[Limit, ...]
     #: "" inherits the setting; else "open", "closed" or "local".
     failure_mode: str = ""
+    #: What its limits (and its endpoint limits counted by client) are scaled by: the
+    #: operator's load factor times the adaptive controller's (see :mod:`.scaling`).
+    factor: float = 1.0
     #: This tier as a client of each region some row names sees it (its limits that name the
     #: region, else those that name none).
     by_region: dict[str, TierPolicy] = field(default_factory=dict, compare=False, repr=False)
@@ -465,6 +469,9 @@ class Policy:
     #: Every region some limit row names: a client's region outside it meets the default
     #: limits (and is never a key of :attr:`compiled`).
     regions: frozenset[str] = frozenset()
+    #: The adaptive controller's factor per tier id as read when compiling (tiers at 1.0
+    #: absent); kept when the backend cannot answer the next compile.
+    auto_factors: dict[int, float] = field(default_factory=dict)
     #: The one store for what the request path works out from this snapshot (what a view,
     #: a rule and a tier come to), so it is dropped with the snapshot when the version
     #: changes; no other cache holds anything compiled from the policy.
@@ -647,6 +654,9 @@ def compile_policy(version: str | None = None) -> Policy:
             tier_limits.setdefault(row.tier_id, []).append((row.region_set, row.to_limit()))
             regions.update(row.region_set)
         tier_rows = list(Tier.objects.all())
+        automatic = _auto_factors()
+        factors = {t.id: _tier_factor(t, automatic.get(t.id, 1.0)) for t in tier_rows}
+        _scale(tier_limits, factors)
         # (rule, tier) -> counted by -> limits, in row order.
         endpoint_limits: dict[tuple[int, int], dict[str, list[Regional]]] = {}
         rows = EndpointLimit.objects.select_related("rule", "tier").order_by("id")
@@ -657,19 +667,25 @@ def compile_policy(version: str | None = None) -> Policy:
             by_counter = endpoint_limits.setdefault((row.rule_id, row.tier_id), {})
             by_counter.setdefault(row.counted_by, []).append((row.region_set, limit))
             regions.update(row.region_set)
+        for (_rule, tier_id), by_counter in endpoint_limits.items():
+            # Limits counted by IP address or username protect accounts, not capacity.
+            if "client" in by_counter:
+                by_counter["client"] = _scaled_rows(by_counter["client"], factors.get(tier_id))
         # A rule naming methods is more specific than one for every method (a stable sort).
         enabled = EndpointRule.objects.filter(enabled=True).order_by("id")
         rule_rows = [
             rule for rule in sorted(enabled, key=lambda rule: not rule.method_set) if _usable(rule)
         ]
-        tiers, rules = _compiled_rows(tier_rows, tier_limits, rule_rows, endpoint_limits, None)
+        tiers, rules = _compiled_rows(
+            tier_rows, tier_limits, rule_rows, endpoint_limits, None, factors
+        )
         defaults: dict[str, TierPolicy] = {}
         for t in tier_rows:
             # A unique constraint allows one default of each kind.
             defaults |= {flag: tiers[t.id] for flag in _DEFAULT_FLAGS if getattr(t, flag)}
         for region in sorted(regions):
             there, rules_there = _compiled_rows(
-                tier_rows, tier_limits, rule_rows, endpoint_limits, region
+                tier_rows, tier_limits, rule_rows, endpoint_limits, region, factors
             )
             for tier_id, tier in there.items():
                 tiers[tier_id].by_region[region] = tier
@@ -691,7 +707,51 @@ def compile_policy(version: str | None = None) -> Policy:
             exemptions=compile_exemptions(),
             shedding=compile_shedding(Protection.objects.order_by("pk").first()),
             regions=frozenset(regions),
+            auto_factors=automatic,
         )
+
+
+def _auto_factors() -> dict[int, float]:
+    """The adaptive controller's factors (one ``GET``, through the circuit breaker); the
+    current snapshot's when the backend cannot answer, so an outage neither lifts nor
+    tightens anything."""
+    from django_throttle.backends.adaptive_store import AdaptiveStore
+    from django_throttle.backends.redis_nodes import CircuitOpen, get_breaker
+
+    try:
+        store = AdaptiveStore.of(get_backend())
+        return {} if store is None else get_breaker().call(store.factors)
+    except (CircuitOpen, BackendError) as exc:
+        if not isinstance(exc, CircuitOpen):
+            logger.warning("adaptive factors could not be read, keeping the last: %s", exc)
+        last = _cache.policy
+        return dict(last.auto_factors) if last is not None else {}
+
+
+def _tier_factor(tier: Any, automatic: float) -> float:
+    """``tier``'s effective factor; 1.0 (its limits as written) while its load factor or
+    floor holds a value the admin refuses (logged by name)."""
+    problems = tier.factor_problems()
+    if problems:
+        logger.error(
+            "Throttle tier %s pk=%s kept unscaled: %s. Fix it in the admin.",
+            tier.slug,
+            tier.pk,
+            "; ".join(f"{name}: {reason}" for name, reason in problems.items()),
+        )
+        return 1.0
+    return effective_factor(tier.load_factor, tier.min_factor, automatic)
+
+
+def _scaled_rows(rows: list[Regional], factor: float | None) -> list[Regional]:
+    if factor is None or factor >= 1.0:
+        return rows
+    return [(regions, scaled(limit, factor)) for regions, limit in rows]
+
+
+def _scale(tier_limits: dict[int, list[Regional]], factors: Mapping[int, float]) -> None:
+    for tier_id, rows in tier_limits.items():
+        tier_limits[tier_id] = _scaled_rows(rows, factors.get(tier_id))
 
 
 #: A compiled limit with the regions its row names.
@@ -715,6 +775,7 @@ def _compiled_rows(
     rule_rows: list[Any],
     endpoint_limits: dict[tuple[int, int], dict[str, list[Regional]]],
     region: str | None,
+    factors: Mapping[int, float],
 ) -> tuple[dict[int, TierPolicy], list[EndpointPolicy]]:
     """The tiers and enabled rules as a client of ``region`` (``None``: the defaults) sees
     them."""
@@ -728,7 +789,8 @@ def _compiled_rows(
             else ""
         )
         limits = tuple(in_region(tier_limits.get(t.id, ()), region))
-        tiers[t.id] = TierPolicy(t.id, t.slug, t.name, t.priority, limits, failure_mode)
+        factor = factors.get(t.id, 1.0)
+        tiers[t.id] = TierPolicy(t.id, t.slug, t.name, t.priority, limits, failure_mode, factor)
     there = {
         key: {counter: in_region(rows, region) for counter, rows in by_counter.items()}
         for key, by_counter in endpoint_limits.items()
