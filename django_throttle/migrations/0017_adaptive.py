@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_throttle', '0015_regions'),
+        ('django_throttle', '0016_worker_shedding'),
     ]
 
     operations = [
