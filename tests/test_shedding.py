@@ -423,3 +423,27 @@ def test_the_headers_show_the_clients_own_limits_not_the_fleets() -> None:
     assert response.status_code == 200
     assert response["X-RateLimit-Limit"] == "1000"
     assert int(response["X-RateLimit-Remaining"]) >= 998
+
+
+@pytest.mark.django_db
+def test_policy_files_carry_the_service_protection() -> None:
+    from django_throttle.policy.files import PolicyFileError, export_policy, import_policy
+
+    Protection.objects.create(in_flight=50, default_share=80, sheddable_share=60, worker_lag_ms=150)
+    document = export_policy()
+    assert document["protection"]["in_flight"] == 50
+    assert document["protection"]["worker_lag_ms"] == 150
+    Protection.objects.all().delete()
+    changes = import_policy(document)
+    assert [str(change) for change in changes if "protection" in str(change)]
+    row = Protection.objects.get()
+    assert (row.in_flight, row.default_share, row.sheddable_share) == (50, 80, 60)
+    import_policy({"version": 1, "protection": {"in_flight": 70}})  # the rest kept
+    assert Protection.objects.get().in_flight == 70 and Protection.objects.count() == 1
+    with pytest.raises(PolicyFileError) as refused:
+        import_policy({"version": 1, "protection": {"sheddable_share": 95, "default_share": 90}})
+    assert "protection.sheddable_share" in str(refused.value)
+    with pytest.raises(PolicyFileError) as refused:
+        import_policy({"version": 1, "protection": {"capacity": 1}})
+    assert "unknown field 'capacity'" in str(refused.value)
+    assert Protection.objects.get().in_flight == 70  # nothing written by a refused file

@@ -111,6 +111,15 @@ class Protection(models.Model):
             return str(_("worker shedding only"))
         return str(_("%(n)s requests in flight")) % {"n": self.in_flight}
 
+    def row_problems(self) -> dict[str, str]:
+        """Values the admin would refuse, by field (the policy compiler then leaves shedding
+        off): :meth:`clean`'s, as the other policy rows have them."""
+        try:
+            self.clean()
+        except ValidationError as exc:
+            return {name: " ".join(messages) for name, messages in exc.message_dict.items()}
+        return {}
+
     def clean(self) -> None:
         if (
             isinstance(self.sheddable_share, int)

@@ -1,4 +1,5 @@
-"""Policies as files: export the admin's tiers, endpoint rules and assignments to a document
+"""Policies as files: export the admin's tiers, endpoint rules, assignments and service
+protection (the load shedder's one row, a ``protection`` mapping) to a document
 (JSON or YAML) and import one back, so a policy can live in version control and move from
 staging to production.
 
@@ -45,7 +46,7 @@ from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
 
-from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierAssignment
+from django_throttle.models import EndpointLimit, EndpointRule, Protection, Tier, TierAssignment
 from django_throttle.rates import MAX_LOG_COUNT, Algorithm
 
 #: The document's ``version``; an import refuses any other.
@@ -253,6 +254,8 @@ def _unknown(where: str, unknown: set[str], known: set[str]) -> str | None:
 
 def label(row: Any) -> str:
     """A tier or an endpoint rule as changes name it."""
+    if isinstance(row, Protection):
+        return "service protection"
     return f"tier {row.slug!r}" if isinstance(row, Tier) else f"rule {row.name!r}"
 
 
@@ -415,6 +418,9 @@ def export_policy(*, assignments: bool = True) -> dict[str, Any]:
         ]
     if assignments:
         document["assignments"] = _export_assignments()
+    protection = Protection.objects.order_by("pk").first()
+    if protection is not None:
+        document["protection"] = values(protection)
     return document
 
 
@@ -460,6 +466,8 @@ def import_policy(document: Any, *, dry_run: bool = False, prune: bool = False) 
             _import_parents(state, section, document.get(section, []))
         if "assignments" in document:
             _import_assignments(state, document["assignments"])
+        if "protection" in document:
+            _import_protection(state, document["protection"])
         if state.problems:
             transaction.set_rollback(True)
             raise PolicyFileError(state.problems)
@@ -474,10 +482,15 @@ def _check_shape(document: Any) -> None:
     problems = []
     if document.get("version") != FORMAT_VERSION:
         problems.append(f"version: must be {FORMAT_VERSION}, not {document.get('version')!r}")
-    unknown = sorted(set(document) - {"version", *SECTIONS})
+    unknown = sorted(set(document) - {"version", *SECTIONS, "protection"})
     if unknown:
         problems.append(
-            f"unknown section {', '.join(map(repr, unknown))}: use {', '.join(SECTIONS)}"
+            f"unknown section {', '.join(map(repr, unknown))}: use "
+            f"{', '.join((*SECTIONS, 'protection'))}"
+        )
+    if "protection" in document and not isinstance(document["protection"], Mapping):
+        problems.append(
+            f"protection: must be a mapping, not {type(document['protection']).__name__}"
         )
     for section in SECTIONS:
         entries = document.get(section, [])
@@ -489,6 +502,18 @@ def _check_shape(document: Any) -> None:
                 problems.append(f"{section}[{i}]: must be a mapping, not {type(entry).__name__}")
     if problems:
         raise PolicyFileError(problems)
+
+
+def _import_protection(state: Import, entry: Mapping[str, Any]) -> None:
+    """The one Service protection row (the load shedder): its fields as the entry gives them,
+    the others left as they are (a new row starts from the model's defaults)."""
+    known = {f.name for f in columns(Protection)}
+    problem = _unknown("protection", set(entry) - known, known)
+    if problem is not None:
+        state.problems.append(problem)
+        return
+    row = Protection.objects.order_by("pk").first() or Protection()
+    upsert(state, "protection", row, dict(entry))
 
 
 def _hand_over_defaults(state: Import, entries: list[Mapping[str, Any]]) -> None:
