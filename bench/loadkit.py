@@ -1,6 +1,7 @@
-"""What ``load_test.py``, ``load_concurrency.py`` and ``load_delay.py`` share: the private
-``redis-server`` and migrated SQLite file of one run, the wait for a quiet machine, what is
-recorded around a run on a server, the common options and the JSON and plot they write.
+"""What ``load_test.py``, ``load_concurrency.py``, ``load_delay.py`` and ``load_shedding.py``
+share: the private ``redis-server`` and migrated SQLite file of one run, the wait for a quiet
+machine, what is recorded around a run on a server, the common options and the JSON and plot
+they write.
 
 Each load test keeps its own workload, probe and report. Imported by the scripts, which run
 from ``bench/`` (so ``bench/`` is first on ``sys.path``); this module puts the repository root

@@ -217,3 +217,28 @@ def test_delay_load_test_serves_bursty_clients_without_429s(tmp_path: Path) -> N
     assert report["settings"]["connections"] < report["settings"]["burst"]
     assert all(run["server_log_problems"] == 0 for run in report["runs"])
     assert (tmp_path / "load_delay_quick.json").exists()
+
+
+@pytest.mark.slow
+def test_shedding_load_test_keeps_critical_requests_answered(tmp_path: Path) -> None:
+    """load_shedding.py --quick runs gunicorn end to end, twice, with a sheddable export
+    saturating every worker and a critical checkout beside it: without shedding nothing is
+    shed; with it exports are shed (503), never hold more workers than the sheddable share,
+    and every critical checkout is answered 200. Counts and bounds only, never the latencies."""
+    pytest.importorskip("gunicorn")
+    report = run_json("load_shedding.py", "--quick", "--out-dir", str(tmp_path))
+    runs = {run["run"]: run for run in report["runs"]}
+    settings = report["settings"]
+    off, shedding = runs["off"]["summary"], runs["shedding"]["summary"]
+    for summary in (off, shedding):
+        assert summary["slow_samples"] > 0 and summary["slow_served_per_s"] > 0, summary
+        assert summary["fast_due"] > 0 and summary["fast_not_200"] == 0, summary
+        assert summary["slow_other"] == 0, summary
+    assert off["slow_shed"] == 0
+    assert off["slow_in_flight_max"] > settings["share"]  # unshed, exports took more workers
+    assert shedding["slow_shed"] > 0
+    assert 1 <= shedding["slow_in_flight_max"] <= settings["share"] < settings["workers"]
+    assert all(run["server_log_problems"] == 0 for run in report["runs"])
+    assert runs["off"]["server_log_shed_lines"] == 0
+    assert runs["shedding"]["server_log_shed_lines"] > 0
+    assert (tmp_path / "load_shedding_quick.json").exists()

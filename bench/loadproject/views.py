@@ -1,5 +1,6 @@
 """A trivial DRF JSON view (everything measured is framework and throttle), a slow one that
-``bench/load_concurrency.py`` sets beside it, and the two ``async def`` views
+``bench/load_concurrency.py`` and ``bench/load_shedding.py`` set beside it (the latter beside
+the same trivial view as ``checkout``), and the two ``async def`` views
 ``bench/load_delay.py`` compares: the same GCRA limit, refusing or delaying."""
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ class PingView(APIView):
 
     def get(self, request: Request) -> Response:
         return Response({"pong": True})
+
+
+class CheckoutView(PingView):
+    """The ping under its own scope, ``checkout``: the critical endpoint of
+    ``bench/load_shedding.py`` (an endpoint rule marks it so)."""
+
+    throttle_scope = "checkout"
 
 
 _counter: Any = None
