@@ -136,11 +136,11 @@ def test_command_csv(traffic: None, group: str, expected: list[list[object]]) ->
     header, *lines = list(reader)
 
     second = "name" if group == "client" else "before_authentication"
-    delays = [] if group == "client" else ["delayed", "mean_wait_s"]
+    delays = [] if group == "client" else ["delayed", "mean_wait_s", "shed"]
     assert header == [group, second, *OUTCOMES, "total", "denied_percent", *delays, "estimated"]
     assert [[key, int(a), int(d), int(t)] for key, _, a, d, _, _, _, t, *_ in lines] == expected
-    if delays:  # no delaying limit served these
-        assert {(line[-3], line[-2]) for line in lines} == {("0", "0.0")}
+    if delays:  # no delaying limit served these, and none was shed
+        assert {(line[-4], line[-3], line[-2]) for line in lines} == {("0", "0.0", "0")}
 
 
 def test_command_table(traffic: None) -> None:
