@@ -10,6 +10,11 @@ too: assignment saves and deletes (also through a deleted user, group or tier), 
 membership changes (both directions, clears, deleted users) when a group involved puts its
 members in a tier. API keys are compiled too: creating, revoking, editing or deleting one bumps.
 Settings changes drop cached backends and policies.
+
+:class:`RefusalLog`, on the ``django.request`` logger, logs this package's 503s (the load
+shedder's, and those while the limiter cannot decide) at WARNING as Django logs a 429, not at
+ERROR: an overload sheds thousands of requests a second, and Django's default logging mails
+the ``ADMINS`` each ERROR.
 """
 
 from __future__ import annotations
@@ -27,6 +32,22 @@ from django_throttle.conf import PREFIX, app_settings
 from django_throttle.rates import Limit
 
 logger = logging.getLogger("django_throttle.policy")
+
+
+class RefusalLog(logging.Filter):
+    """Log a 503 this package answered (a refusal left on the request: DRF's
+    ``throttle_decision``, or ``throttle_refusal`` from the refusal response) at WARNING,
+    like a 429, instead of ERROR; every other record passes as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and getattr(record, "status_code", None) == 503:
+            request = getattr(record, "request", None)
+            decision = getattr(request, "throttle_refusal", None) or getattr(
+                request, "throttle_decision", None
+            )
+            if decision is not None and not decision.allowed:
+                record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
 
 
 def policy_changed(**kwargs: Any) -> None:
@@ -186,3 +207,6 @@ def connect() -> None:
     )
     pre_delete.connect(user_deleting, sender=user_model, dispatch_uid="dt-user-deleting")
     setting_changed.connect(settings_changed, dispatch_uid="dt-settings")
+    request_log = logging.getLogger("django.request")
+    if not any(isinstance(found, RefusalLog) for found in request_log.filters):
+        request_log.addFilter(RefusalLog())

@@ -447,3 +447,32 @@ def test_policy_files_carry_the_service_protection() -> None:
         import_policy({"version": 1, "protection": {"capacity": 1}})
     assert "unknown field 'capacity'" in str(refused.value)
     assert Protection.objects.get().in_flight == 70  # nothing written by a refused file
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_a_shed_request_is_logged_as_a_warning_not_an_error(
+    closed_gate: threading.Event, caplog: Any
+) -> None:
+    """Django logs a 5xx at ERROR (and its default logging mails the ADMINS each one): an
+    overload's thousands of shed requests are logged at WARNING, as a 429 is."""
+    rules(capacity=1, default=100, sheddable=100)
+
+    @own_connections
+    def report(_: int) -> int:
+        return Client(REMOTE_ADDR="203.0.113.1").get("/api/report/").status_code
+
+    policy.current()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        running = pool.submit(report, 0)
+        assert entered.acquire(timeout=10)
+        with caplog.at_level("WARNING", logger="django.request"):
+            assert Client(REMOTE_ADDR="203.0.113.9").get("/api/feed/").status_code == 503
+            assert Client(REMOTE_ADDR="203.0.113.9").get("/decorated/").status_code == 503
+        closed_gate.set()
+        assert running.result() == 200
+    logged = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "django.request"]
+    assert logged == [
+        ("WARNING", "Service Unavailable: /api/feed/"),
+        ("WARNING", "Service Unavailable: /decorated/"),
+    ]

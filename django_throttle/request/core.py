@@ -1265,6 +1265,8 @@ def throttled_response(decision: Decision, request: Any = None) -> HttpResponseB
     ``DJANGO_THROTTLE_DENIED_RESPONSE`` builds wins, with the same headers added where it did
     not set them. A callable or template that fails is logged and the JSON response is sent
     instead: a refusal must never become a 500."""
+    if request is not None:
+        request.throttle_refusal = decision  # for the django.request log (signals.RefusalLog)
     factory = app_settings.DENIED_RESPONSE
     response = None if factory is None else _custom_response(factory, request, decision)
     if response is None:
