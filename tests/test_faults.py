@@ -593,12 +593,15 @@ def test_a_lost_reply_charges_once_and_is_never_replayed(
     seen = [app.request("10.0.0.1") for _ in range(requests)]
     proxy.set_mode("pass")
 
-    # One EVALSHA per request reached Redis (none replayed), and Redis ran each once: a delayed
-    # reply's script ran when the command was forwarded, before the reply was held back.
-    assert proxy.scripts_forwarded() == requests, proxy.counts()
+    # At most one EVALSHA per request reached Redis (none replayed; a request whose new
+    # connection timed out while connecting on a loaded machine sends none), and Redis ran
+    # each once: a delayed reply's script ran when the command was forwarded, before the
+    # reply was held back. Every token charged is one a forwarded call took.
+    forwarded = proxy.scripts_forwarded()
+    assert requests - 2 <= forwarded <= requests, proxy.counts()
     used = used_tokens(admin_client, _isolated_throttle)
     assert len(used) == 1
-    assert round(next(iter(used.values()))) == 1 + requests, used
+    assert round(next(iter(used.values()))) == 1 + forwarded, used
     assert seen == [Seen(200, "open")] * requests
 
 
