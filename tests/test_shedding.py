@@ -476,3 +476,14 @@ def test_a_shed_request_is_logged_as_a_warning_not_an_error(
         ("WARNING", "Service Unavailable: /api/feed/"),
         ("WARNING", "Service Unavailable: /decorated/"),
     ]
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_the_ietf_policy_header_leaves_the_fleet_out(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_IETF_HEADERS = True
+    rules(capacity=4, default=50, sheddable=50)
+    response = Client(REMOTE_ADDR="203.0.113.8").get("/api/feed/")
+    assert response.status_code == 200
+    assert "fleet" not in response["RateLimit-Policy"]
+    assert response["RateLimit-Policy"].count(";q=1000;") == 2  # the tier's and the rule's

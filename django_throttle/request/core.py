@@ -82,7 +82,7 @@ from django_throttle.policy.live import (
     import_resolver,
 )
 from django_throttle.policy.regions import request_region
-from django_throttle.rates import UNLIMITED, Algorithm, Decision, Limit
+from django_throttle.rates import FLEET, UNLIMITED, Algorithm, Decision, Limit
 from django_throttle.redaction import log_text
 from django_throttle.request import leases, shedding
 from django_throttle.request.pages import throttled_page, wants_html
@@ -1172,7 +1172,10 @@ def add_headers(headers: HeaderMap, decision: Decision | None) -> None:
     elif decision.wait:
         headers.setdefault(DELAYED_HEADER, f"{decision.wait:.3f}")
     if app_settings.IETF_HEADERS:
-        enforced = [_as_met(item) for item in decision.limits if not item.shadow] or [limit]
+        # The client's quotas: not shadow limits, nor the load shedder's fleet capacity.
+        enforced = [
+            _as_met(item) for item in decision.limits if not item.shadow and item.id != FLEET
+        ] or [limit]
         headers.setdefault(
             "RateLimit-Policy",
             ", ".join(
