@@ -3,7 +3,7 @@ clients, a surge of the low-priority one; run without and with the adaptive cont
 
 Run by hand from the repository root (never in CI)::
 
-    .venv/bin/python bench/load_adaptive.py            # about three minutes
+    .venv/bin/python bench/load_adaptive.py            # about four minutes
     .venv/bin/python bench/load_adaptive.py --quick    # about 40 s, *_quick files
 
 Needs the ``bench`` extra (uvicorn, matplotlib). One run starts a private ``redis-server``,
