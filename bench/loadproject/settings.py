@@ -13,6 +13,9 @@
 - ``LOADTEST_BURST_RATE``, ``LOADTEST_BURST``, ``LOADTEST_DELAY``, ``LOADTEST_MAX_WAIT``: the
   GCRA limit of ``/burst/reject/`` and ``/burst/delay/`` (the delay and longest wait only on
   the latter), for ``bench/load_delay.py``.
+- ``LOADTEST_ADAPT_RUN``: set by ``bench/load_adaptive.py``: adds the latency middleware of
+  ``loadproject.adaptive`` (its keys named after the run); ``LOADTEST_ADAPT_*`` shape the
+  service and the load signal (see that module). The signal is the setting below either way.
 
 Clients are told apart by ``X-Forwarded-For`` (one trusted proxy) in both throttles.
 """
@@ -49,6 +52,9 @@ INSTALLED_APPS = [
 MIDDLEWARE = (
     ["django_throttle.middleware.RateLimitHeadersMiddleware"] if VARIANT == "policy" else []
 )
+if os.environ.get("LOADTEST_ADAPT_RUN"):
+    # Outermost: the latency it records is everything Django does, throttle included.
+    MIDDLEWARE.insert(0, "loadproject.adaptive.LatencyMiddleware")
 
 DATABASES = {
     "default": {
@@ -81,6 +87,7 @@ REST_FRAMEWORK = {
 DJANGO_THROTTLE_REDIS_URL = REDIS_URL
 DJANGO_THROTTLE_KEY_PREFIX = "lt"
 DJANGO_THROTTLE_TRUSTED_PROXIES = 1
+DJANGO_THROTTLE_LOAD_SIGNAL = "loadproject.adaptive.p95_over_target"
 DJANGO_THROTTLE_USAGE_RETENTION_DAYS = 7 if os.environ.get("LOADTEST_USAGE", "1") != "0" else 0
 # Two workers, Redis and wrk share two cores: a stall past the 50 ms production timeout would
 # fail open and look like speed. Failures are logged (below) and counted by load_test.py.
@@ -89,11 +96,19 @@ DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 1.0, "socket_connect_timeout"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(levelname)s %(name)s: %(message)s"},
+        "timed": {"format": "%(created).3f %(levelname)s %(name)s: %(message)s"},
+    },
+    "handlers": {
+        "stderr": {"class": "logging.StreamHandler", "formatter": "plain"},
+        "timed": {"class": "logging.StreamHandler", "formatter": "timed"},
+    },
     "loggers": {
         # 5xx only (a 429 is logged at WARNING): load_test.py counts these lines per run.
         "django.request": {"handlers": ["stderr"], "level": "ERROR", "propagate": False},
         "django_throttle": {"handlers": ["stderr"], "level": "WARNING", "propagate": False},
+        # The controller's moves (throttle_adapt), with their time: load_adaptive.py reads them.
+        "django_throttle.adaptive": {"handlers": ["timed"], "level": "INFO", "propagate": False},
     },
 }
