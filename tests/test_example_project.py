@@ -330,12 +330,16 @@ def test_run_demo_counts_failed_credentials_before_checking_them(
 # A second terminal -----------------------------------------------------------------------------
 
 
-def _manage(demo: Demo, *args: str) -> subprocess.CompletedProcess[str]:
+def _manage(
+    demo: Demo, *args: str, env_extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``manage.py <args>`` as a newcomer runs it in a second terminal: the demo's database
-    (the same directory, here a throwaway file), but neither REDIS_URL nor a key prefix."""
+    (the same directory, here a throwaway file), but neither REDIS_URL nor a key prefix
+    (``env_extra``: what the newcomer sets, e.g. ``DEMO_LOAD``)."""
     env = {
         k: v for k, v in demo.env.items() if k not in ("REDIS_URL", "DJANGO_THROTTLE_KEY_PREFIX")
     }
+    env.update(env_extra or {})
     return subprocess.run(
         [sys.executable, "manage.py", *args],
         cwd=ROOT,
@@ -876,3 +880,50 @@ def test_the_seeded_policy_adapts_anonymous_then_free_to_their_floors(
     assert step("not a number") == (None, held)
     assert step("") == (None, held)
     assert step("0.5") == ("free", {**held, "free": 0.6})
+
+
+def _limit_from(demo: Demo, headers: dict[str, str]) -> str:
+    request = urllib.request.Request(demo.base + "/api/ping/", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return str(response.headers["X-RateLimit-Limit"])
+    except urllib.error.HTTPError as error:
+        with error:
+            return str(error.headers["X-RateLimit-Limit"])
+
+
+@spawns_the_demo
+def test_run_demo_limits_brazil_and_adapts_to_a_reported_load(tmp_path: Path) -> None:
+    """The tutorial's steps against the running demo: CF-IPCountry BR from this machine (the
+    demo's trusted edge) meets the bucket of 5; ``DEMO_LOAD=2 manage.py throttle_adapt
+    --once`` in a second terminal shrinks the anonymous tier (lowest priority) to 70 %, which
+    the server serves within its refresh interval and throttle_inspect shows."""
+    with run_demo(tmp_path, redis_url=None) as demo:
+        assert _limit_from(demo, {"CF-IPCountry": "BR"}) == "5"
+        assert _limit_from(demo, {}) == "10"
+        assert "CF-IPCountry: BR" in demo.output()
+        assert "DEMO_LOAD=2" in demo.output()
+
+        adapted = _manage(demo, "throttle_adapt", "--once", env_extra={"DEMO_LOAD": "2"})
+        assert adapted.returncode == 0, adapted.stderr
+        assert adapted.stdout.strip() == "Load 2.0: tier anonymous moved.", adapted
+        assert "tier anonymous now at 70% (automatic)" in adapted.stderr
+
+        # A fresh client address each poll (X-Forwarded-For, believed from the trusted edge),
+        # so polling spends no one bucket.
+        deadline, seen, n = time.monotonic() + PATIENCE, "", 0
+        while time.monotonic() < deadline:
+            n += 1
+            seen = _limit_from(demo, {"X-Forwarded-For": f"203.0.113.{n % 250 + 1}"})
+            if seen == "7":
+                break
+            time.sleep(0.25)
+        assert seen == "7", demo.output()
+
+        inspected = _manage(demo, "throttle_inspect", "127.0.0.1", "--format", "json")
+        assert inspected.returncode == 0, inspected.stderr
+        rows = json.loads(inspected.stdout)["rows"]
+        assert [row["capacity"] for row in rows if row["from"] == "tier 'anonymous'"] == [7]
+
+        cleared = _manage(demo, "throttle_adapt", "--clear")
+        assert cleared.returncode == 0, cleared.stderr
