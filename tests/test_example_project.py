@@ -330,12 +330,16 @@ def test_run_demo_counts_failed_credentials_before_checking_them(
 # A second terminal -----------------------------------------------------------------------------
 
 
-def _manage(demo: Demo, *args: str) -> subprocess.CompletedProcess[str]:
+def _manage(
+    demo: Demo, *args: str, env_extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``manage.py <args>`` as a newcomer runs it in a second terminal: the demo's database
-    (the same directory, here a throwaway file), but neither REDIS_URL nor a key prefix."""
+    (the same directory, here a throwaway file), but neither REDIS_URL nor a key prefix
+    (``env_extra``: what the newcomer sets, e.g. ``DEMO_LOAD``)."""
     env = {
         k: v for k, v in demo.env.items() if k not in ("REDIS_URL", "DJANGO_THROTTLE_KEY_PREFIX")
     }
+    env.update(env_extra or {})
     return subprocess.run(
         [sys.executable, "manage.py", *args],
         cwd=ROOT,
@@ -743,3 +747,183 @@ def test_the_seeded_policy_sheds_downloads_and_searches_first() -> None:
     assert shedding is not None and shedding.worker_lag == 0.2
     counts = {c: limit.rate.count for c, limit in shedding.fleet.items()}
     assert counts == {"critical": 20, "default": 18, "sheddable": 10}
+
+
+# Regional and adaptive limits (issue 33) --------------------------------------------------------
+
+
+@pytest.fixture
+def demo_policy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, settings: Any) -> Any:
+    """The suite's project with the demo's seeded policy and the demo settings' trusted edge,
+    region source and load signal (as a fresh run of the demo's settings module sets them)."""
+    from example_project.demo.management.commands.seed_demo import Command
+
+    demo = _example_settings(monkeypatch, tmp_path)
+    for name in (
+        "DJANGO_THROTTLE_TRUSTED_PROXIES",
+        "DJANGO_THROTTLE_REGION_SOURCE",
+        "DJANGO_THROTTLE_LOAD_SIGNAL",
+    ):
+        setattr(settings, name, getattr(demo, name))
+    monkeypatch.delenv("DEMO_LOAD", raising=False)
+    Command(stdout=io.StringIO()).handle()
+    Command(stdout=io.StringIO()).handle()  # a rerun changes nothing
+    return demo
+
+
+def _ping_limit(path: str = "/api/ping/", **extra: str) -> str:
+    from django.test import Client
+
+    return Client().get(path, **extra)["X-RateLimit-Limit"]  # type: ignore[arg-type]
+
+
+@pytest.mark.django_db
+def test_the_seeded_policy_limits_brazil_lower_from_the_trusted_edge(demo_policy: Any) -> None:
+    """The demo trusts loopback as its edge: CF-IPCountry BR from 127.0.0.1 meets the anonymous
+    tier's row for BR (a bucket of 5, on its own counter); the same header from any other
+    address, or no header, meets the default bucket of 10. A client on loopback that sends
+    no X-Forwarded-For is still counted as 127.0.0.1 (the demo's tests and curls)."""
+    import asyncio
+
+    from django.test import AsyncClient
+
+    from django_throttle.identity import client_ip
+    from django_throttle.models import TierLimit
+
+    rows = TierLimit.objects.filter(tier__slug="anonymous")
+    assert sorted((r.rate, r.burst, r.regions) for r in rows) == [
+        ("1/s", 5, "BR"),
+        ("2/s", 10, ""),
+    ]
+    assert [row.row_problems() for row in rows] == [{}, {}]
+
+    loopback = {"REMOTE_ADDR": "127.0.0.1"}
+    assert _ping_limit(**loopback, HTTP_CF_IPCOUNTRY="BR") == "5"
+    assert _ping_limit(**loopback, HTTP_CF_IPCOUNTRY="br") == "5"
+    assert _ping_limit(REMOTE_ADDR="::1", HTTP_CF_IPCOUNTRY="BR") == "5"
+    assert _ping_limit(**loopback, HTTP_CF_IPCOUNTRY="FR") == "10"
+    assert _ping_limit(**loopback) == "10"
+    assert _ping_limit(REMOTE_ADDR="203.0.113.9", HTTP_CF_IPCOUNTRY="BR") == "10"
+    assert client_ip(loopback) == "127.0.0.1"
+    assert client_ip({**loopback, "HTTP_X_FORWARDED_FOR": "203.0.113.9"}) == "203.0.113.9"
+    assert client_ip({"REMOTE_ADDR": "203.0.113.9", "HTTP_X_FORWARDED_FOR": "1.2.3.4"}) == (
+        "203.0.113.9"
+    )
+
+    async def async_limits() -> list[str]:
+        client = AsyncClient()  # from 127.0.0.1
+        return [
+            (await client.get("/seams/api-async/", headers=headers))["X-RateLimit-Limit"]
+            for headers in ({"CF-IPCountry": "BR"}, {})
+        ]
+
+    assert asyncio.run(async_limits()) == ["5", "10"]
+
+
+def test_the_demo_load_signal_reads_demo_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DEMO_LOAD as a number; unset or empty: no data (None); anything else an error naming
+    the variable (the controller logs it and holds the factors)."""
+    from example_project.load import demo_load
+
+    monkeypatch.delenv("DEMO_LOAD", raising=False)
+    assert demo_load() is None
+    for text, value in (("2", 2.0), (" 0.5 ", 0.5), ("0", 0.0), ("", None)):
+        monkeypatch.setenv("DEMO_LOAD", text)
+        assert demo_load() == value
+    for bad in ("x", "-1", "nan", "inf", "1,5"):
+        monkeypatch.setenv("DEMO_LOAD", bad)
+        with pytest.raises(ValueError, match="DEMO_LOAD="):
+            demo_load()
+
+
+@pytest.mark.django_db
+def test_the_seeded_policy_adapts_anonymous_then_free_to_their_floors(
+    demo_policy: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """seed_demo leaves every tier whole with floors (anonymous 20 %, free 50 %, partner and pro
+    100 %). With DEMO_LOAD=2 the controller on the demo's signal shrinks anonymous (lowest
+    priority) first, to 20 %, then free to 50 %, and holds; a bad DEMO_LOAD holds; DEMO_LOAD=0.5
+    gives free back first. The anonymous bucket of 10 is 7 after the first step."""
+    from django_throttle.backends import get_backend
+    from django_throttle.backends.adaptive_store import AdaptiveStore
+    from django_throttle.models import Tier
+    from django_throttle.policy import live as policy
+    from django_throttle.policy.adaptive import Controller
+
+    floors = {t.slug: (t.load_factor, t.min_factor) for t in Tier.objects.all()}
+    assert floors == {
+        "anonymous": (100, 20),
+        "free": (100, 50),
+        "partner": (100, 100),
+        "pro": (100, 100),
+    }
+    ids = dict(Tier.objects.values_list("slug", "id"))
+    now = [1_800_000_000.0]
+    controller = Controller(step=10, clock=lambda: now[0])  # the demo settings' signal
+
+    def step(load: str) -> tuple[str | None, dict[str, float]]:
+        now[0] += 10
+        monkeypatch.setenv("DEMO_LOAD", load)
+        result = controller.run_once()
+        assert result.acquired
+        factors = AdaptiveStore(get_backend()).factors()
+        return result.moved, {slug: round(factors.get(i, 1.0), 3) for slug, i in ids.items()}
+
+    assert _ping_limit(REMOTE_ADDR="127.0.0.1") == "10"
+    assert step("2") == ("anonymous", {"anonymous": 0.7, "free": 1, "partner": 1, "pro": 1})
+    policy.invalidate()  # what the step's version bump does within the refresh interval
+    assert _ping_limit(REMOTE_ADDR="127.0.0.1") == "7"
+    moved = [step("2")[0] for _ in range(8)]
+    assert moved == ["anonymous"] * 4 + ["free"] * 2 + [None] * 2
+    held = {"anonymous": 0.2, "free": 0.5, "partner": 1, "pro": 1}
+    assert step("2") == (None, held)
+    assert step("not a number") == (None, held)
+    assert step("") == (None, held)
+    assert step("0.5") == ("free", {**held, "free": 0.6})
+
+
+def _limit_from(demo: Demo, headers: dict[str, str]) -> str:
+    request = urllib.request.Request(demo.base + "/api/ping/", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return str(response.headers["X-RateLimit-Limit"])
+    except urllib.error.HTTPError as error:
+        with error:
+            return str(error.headers["X-RateLimit-Limit"])
+
+
+@spawns_the_demo
+def test_run_demo_limits_brazil_and_adapts_to_a_reported_load(tmp_path: Path) -> None:
+    """The tutorial's steps against the running demo: CF-IPCountry BR from this machine (the
+    demo's trusted edge) meets the bucket of 5; ``DEMO_LOAD=2 manage.py throttle_adapt
+    --once`` in a second terminal shrinks the anonymous tier (lowest priority) to 70 %, which
+    the server serves within its refresh interval and throttle_inspect shows."""
+    with run_demo(tmp_path, redis_url=None) as demo:
+        assert _limit_from(demo, {"CF-IPCountry": "BR"}) == "5"
+        assert _limit_from(demo, {}) == "10"
+        assert "CF-IPCountry: BR" in demo.output()
+        assert "DEMO_LOAD=2" in demo.output()
+
+        adapted = _manage(demo, "throttle_adapt", "--once", env_extra={"DEMO_LOAD": "2"})
+        assert adapted.returncode == 0, adapted.stderr
+        assert adapted.stdout.strip() == "Load 2.0: tier anonymous moved.", adapted
+        assert "tier anonymous now at 70% (automatic)" in adapted.stderr
+
+        # A fresh client address each poll (X-Forwarded-For, believed from the trusted edge),
+        # so polling spends no one bucket.
+        deadline, seen, n = time.monotonic() + PATIENCE, "", 0
+        while time.monotonic() < deadline:
+            n += 1
+            seen = _limit_from(demo, {"X-Forwarded-For": f"203.0.113.{n % 250 + 1}"})
+            if seen == "7":
+                break
+            time.sleep(0.25)
+        assert seen == "7", demo.output()
+
+        inspected = _manage(demo, "throttle_inspect", "127.0.0.1", "--format", "json")
+        assert inspected.returncode == 0, inspected.stderr
+        rows = json.loads(inspected.stdout)["rows"]
+        assert [row["capacity"] for row in rows if row["from"] == "tier 'anonymous'"] == [7]
+
+        cleared = _manage(demo, "throttle_adapt", "--clear")
+        assert cleared.returncode == 0, cleared.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import textwrap
 from pathlib import Path
 from types import FrameType
@@ -152,12 +153,25 @@ def _demo_api_key() -> str:
 DEMO_KEY_NAME = "demo partner"
 
 
+def _python() -> str:
+    """This interpreter as a newcomer would type it here (``.venv/bin/python``)."""
+    executable = Path(sys.executable)
+    try:
+        return str(executable.relative_to(Path.cwd()))
+    except ValueError:
+        return str(executable)
+
+
 def _banner(port: int, redis_where: str, api_key: str) -> str:
     base = f"http://{HOST}:{port}"
     loop = f"for i in $(seq 12); do curl -s -o /dev/null -w '%{{http_code}} ' {base}/api/ping/"
     paced = (
         "for i in $(seq 7); do curl -s -o /dev/null -w '%{http_code} %{time_total}s\\n' "
         f"{base}/api/search/?q=tea & done; wait"
+    )
+    brazil = (
+        "for i in $(seq 7); do curl -s -o /dev/null -w '%{http_code} ' "
+        f"-H 'CF-IPCountry: BR' {base}/api/ping/"
     )
     return textwrap.dedent(
         f"""
@@ -197,6 +211,15 @@ def _banner(port: int, redis_where: str, api_key: str) -> str:
 
           # an API key of tier partner (300/min): its own bucket, whatever the address
           curl -i -H "X-API-Key: {api_key}" {base}/api/ping/
+
+          # a regional limit: from Brazil (CF-IPCountry, believed from the demo's edge
+          # proxy, this machine), anonymous clients get 5 refilling 1 a second -> 5 x 200
+          {brazil}; done; echo
+
+          # adaptive limits: report twice the target load; each step shrinks anonymous
+          # (then free) down to its floor: the first anonymous loop above now stops at 7.
+          # DEMO_LOAD=0.5 gives the tiers back, --clear at once; see the admin's Dashboard
+          DEMO_LOAD=2 {_python()} manage.py throttle_adapt --once
         ─────────────────────────────────────────────────────────────────────────────
         """
     )

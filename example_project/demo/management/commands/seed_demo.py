@@ -63,6 +63,23 @@ TIERS: dict[str, tuple[str, str, int, bool, bool, list[tuple[str, int | None, st
         ],
     ),
 }
+#: Regional tier limits: slug → [(regions, rate, burst, algorithm)]. Anonymous clients from
+#: Brazil (the CF-IPCountry header, believed from the demo's trusted edge: loopback) get a
+#: bucket of 5 refilling 1 a second instead of the default 10 refilling 2, on a counter of
+#: their own.
+REGIONAL_LIMITS: dict[str, list[tuple[str, str, int | None, str]]] = {
+    "anonymous": [("BR", "1/s", 5, "token_bucket")],
+}
+#: Adaptive limits: slug → (load factor %, floor %). Every tier whole (100 %); the floor is
+#: what ``manage.py throttle_adapt`` always leaves a tier under overload: anonymous (lowest
+#: priority) shrinks first down to 20 %, then free down to 50 %; partner and pro (floor 100)
+#: are never shrunk automatically.
+LOAD_FACTORS: dict[str, tuple[int, int]] = {
+    "anonymous": (100, 20),
+    "free": (100, 50),
+    "partner": (100, 100),
+    "pro": (100, 100),
+}
 #: Per-tier limits of the "export" rule: every POST to a view with throttle_scope "export"
 #: costs 10 tokens, so free users get two exports in a row, pro users twenty.
 EXPORT_LIMITS: dict[str, tuple[str, int]] = {"free": ("20/h", 20), "pro": ("200/h", 200)}
@@ -123,7 +140,8 @@ USERS: dict[str, tuple[bool, str | None]] = {
 
 class Command(BaseCommand):
     help = (
-        "Create the demo tiers (anonymous, free, pro), the 'export', 'export-download', "
+        "Create the demo tiers (anonymous, free, partner, pro; anonymous limited lower for "
+        "region BR; floors for adaptive limits), the 'export', 'export-download', "
         "'search', 'login', 'admin-login' and 'authentication' endpoint rules (downloads and "
         "searches sheddable, logins critical), the service protection (20 requests in flight) "
         "and the users admin/admin, alice/alice (free) and bob/bob (pro). Safe to run again."
@@ -152,6 +170,7 @@ class Command(BaseCommand):
             ):
                 if wanted:
                     Tier.objects.filter(**{flag: True}).exclude(slug=slug).update(**{flag: False})
+            load_factor, min_factor = LOAD_FACTORS[slug]
             tiers[slug] = tier = self._upsert(
                 Tier,
                 {"slug": slug},
@@ -160,11 +179,17 @@ class Command(BaseCommand):
                 priority=priority,
                 is_default_anonymous=anonymous,
                 is_default_authenticated=authenticated,
+                load_factor=load_factor,
+                min_factor=min_factor,
             )
-            for rate, burst, algorithm in limits:
+            # The default rows (regions empty), then the regional ones.
+            for regions, rate, burst, algorithm in [
+                *(("", rate, burst, algorithm) for rate, burst, algorithm in limits),
+                *REGIONAL_LIMITS.get(slug, []),
+            ]:
                 self._upsert(
                     TierLimit,
-                    {"tier": tier, "rate": rate},
+                    {"tier": tier, "rate": rate, "regions": regions},
                     burst=burst,
                     algorithm=algorithm,
                     timezone="UTC" if algorithm == "calendar_quota" else "",
