@@ -228,6 +228,28 @@ def test_overload_shrinks_the_lowest_priority_tier_to_its_floor_then_the_next(
     assert backend.get_policy_version() == version
 
 
+def test_a_cut_settles_before_the_next_one(
+    backend: Any, tiers: dict[str, Tier], clock: Clock
+) -> None:
+    """With a step shorter than the signal's delay, an overload the last cut has not reached
+    yet must not cut again: at most one cut per ``settle`` seconds (the load test saw five
+    cuts in five 1 s steps on readings that predated them, free 70 % -> 17 %)."""
+    free = tiers["free"].pk
+    control = Controller(signal=Signals(2.0), step=1.0, clock=clock, settle=3.0)
+    moved = []
+    for _ in range(7):
+        clock.tick(1.0)
+        moved.append(control.run_once().moved)
+    assert moved == ["free", None, None, "free", None, None, "free"]
+    assert factors()[free] == pytest.approx(0.7**3)
+    # Recovery is not held back by a cut: the load fell, so the tier gets its share back.
+    control.signal = Signals(0.5)
+    clock.tick(1.0)
+    assert control.run_once().moved == "free"
+    with pytest.raises(ValueError, match="settle"):
+        Controller(signal=Signals(2.0), settle=-1)
+
+
 def test_falling_load_recovers_highest_priority_first_and_the_band_holds(
     backend: Any, tiers: dict[str, Tier], clock: Clock
 ) -> None:

@@ -10,6 +10,8 @@ Redis Cluster as on one server.
   that stopped leaves limits shrunk: the factors then expire and every tier is whole again.
 - ``<prefix>:adaptive:step:<n>``: ``SET NX PX`` per controller step ``n``; the controller
   that sets it moves the factors in that step, any other skips it.
+- ``<prefix>:adaptive:cut``: when (the controller's clock, Unix seconds) a tier was last
+  cut, so no controller cuts again before that cut could show in the load signal.
 - ``<prefix>:adaptive:history``: a sorted set, score the minute (since the Unix epoch),
   member ``"<minute>:<tier id>:<factor>"``; the last :data:`HISTORY_MINUTES` minutes only
   (one entry per tier and minute, the minute's last), so it is bounded whatever runs.
@@ -45,6 +47,7 @@ class AdaptiveStore:
         self.factors_key = f"{prefix}:adaptive:factors"
         self.history_key = f"{prefix}:adaptive:history"
         self.step_prefix = f"{prefix}:adaptive:step:"
+        self.cut_key = f"{prefix}:adaptive:cut"
 
     @classmethod
     def of(cls, backend: Backend) -> AdaptiveStore | None:
@@ -68,6 +71,18 @@ class AdaptiveStore:
         key = f"{self.step_prefix}{step}"
         taken = call_backend(self.client.set, key, b"1", px=hold_ms, nx=True)
         return bool(taken)
+
+    def last_cut(self) -> float | None:
+        """When a tier was last cut (the controller's clock, Unix seconds), if lately."""
+        value = call_backend(self.client.get, self.cut_key)
+        try:
+            return float(value) if value else None
+        except ValueError:
+            return None
+
+    def note_cut(self, when: float, ttl: int) -> None:
+        """Remember a cut at ``when`` for ``ttl`` seconds."""
+        call_backend(self.client.set, self.cut_key, repr(when).encode(), ex=max(1, ttl))
 
     def save(
         self,
@@ -109,7 +124,7 @@ class AdaptiveStore:
 
     def clear(self) -> None:
         """Forget the factors (every tier whole again) and their history."""
-        for key in (self.factors_key, self.history_key):  # one slot each on a cluster
+        for key in (self.factors_key, self.history_key, self.cut_key):  # one slot each
             call_backend(self.client.delete, key)
 
 

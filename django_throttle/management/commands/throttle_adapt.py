@@ -14,7 +14,7 @@ from django.core.management.base import CommandError, CommandParser
 from django_throttle.backends import BackendError
 from django_throttle.backends.adaptive_store import AdaptiveStore
 from django_throttle.management import output
-from django_throttle.policy.adaptive import Controller
+from django_throttle.policy.adaptive import SETTLE, Controller
 
 
 class Command(output.CountersCommand):
@@ -27,6 +27,13 @@ class Command(output.CountersCommand):
         parser.add_argument("--once", action="store_true", help="run one step and exit (cron)")
         parser.add_argument(
             "--step", type=float, default=10.0, help="seconds between steps (default 10)"
+        )
+        parser.add_argument(
+            "--settle",
+            type=float,
+            default=SETTLE,
+            help=f"seconds after a cut in which no further cut is made: set it to the load "
+            f"signal's window plus a second or two (default {SETTLE:g})",
         )
         parser.add_argument(
             "--clear",
@@ -45,7 +52,7 @@ class Command(output.CountersCommand):
             return
         step = options["step"]
         with output.one_line_errors((ValueError, "{}.")):
-            controller = Controller(step=step)
+            controller = Controller(step=step, settle=options["settle"])
         if options["once"]:
             with output.one_line_errors((BackendError, "The backend did not answer: {}.")):
                 result = controller.run_once()
