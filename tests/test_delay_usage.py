@@ -156,4 +156,4 @@ def test_the_rollup_copies_the_delays_and_reports_read_them_back(
     assert (found["delayed"], found["mean_wait_s"]) == (2, 0.375)
     assert found["total"] == 0  # a measure, no request of its own (its outcome came apart)
     listed = admin_client.get("/admin/django_throttle/usagecount/").content.decode()
-    assert "2 (0.38 s)" in listed  # the totals list's "delayed (mean wait)" column
+    assert "2 (0.38 s) / -" in listed  # the totals list's "delayed (wait) / shed" column

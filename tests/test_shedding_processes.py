@@ -66,7 +66,7 @@ class Fleet:
         row = Protection(in_flight=self.capacity, default_share=50, sheddable_share=50, lease=60)
         shedding = compile_shedding(row)
         assert shedding is not None
-        return shedding.by_criticality["sheddable"], shedding.by_criticality["critical"]
+        return shedding.fleet["sheddable"], shedding.fleet["critical"]
 
     @property
     def per_shard(self) -> int:

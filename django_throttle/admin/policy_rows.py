@@ -165,7 +165,6 @@ class EndpointRuleAdmin(LimitedAdmin):
         "enabled",
         "shadow",
         "failure_mode_word",
-        "criticality",
         "problems",
     ]
     list_editable = ["enabled", "shadow"]

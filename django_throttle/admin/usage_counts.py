@@ -188,7 +188,7 @@ class UsageCountAdmin(AppAdmin):
     def get_list_display(self, request: HttpRequest) -> list[str | Callable[[Any], str | bool]]:
         if _kind(request) == UsageKindFilter.CLIENTS:
             return [*self.CLIENT_COLUMNS, *self.COUNTS]
-        return [*self.TOTAL_COLUMNS, *self.COUNTS, "delays", "shed"]
+        return [*self.TOTAL_COLUMNS, *self.COUNTS, "delays"]
 
     def get_list_filter(self, request: HttpRequest) -> list[Any]:
         if _kind(request) == UsageKindFilter.CLIENTS:
@@ -239,18 +239,15 @@ class UsageCountAdmin(AppAdmin):
         column, so the list keeps to the window's width."""
         return f"{obj.failed_open} / {obj.failed_closed}"
 
-    @admin.display(description=_("delayed (mean wait)"), ordering="delayed")
+    @admin.display(description=_("delayed (wait) / shed"), ordering="delayed")
     def delays(self, obj: UsageCount) -> str:
-        """Of the allowed, those served after waiting their turn (a delaying limit), and
-        their mean wait; a dash when none waited."""
-        if not obj.delayed:
-            return "-"
-        return f"{obj.delayed} ({obj.waited_ms / 1000 / obj.delayed:.2f} s)"
-
-    @admin.display(description=_("shed (503)"), ordering="shed")
-    def shed(self, obj: UsageCount) -> str:
-        """Of the denied, those refused to protect the service; a dash when none."""
-        return str(obj.shed) if obj.shed else "-"
+        """Of the allowed, those served after waiting their turn (a delaying limit) and their
+        mean wait; of the denied, those shed (503, to protect the service). A dash for none:
+        one column, so the list keeps to the window's width."""
+        delayed = "-"
+        if obj.delayed:
+            delayed = f"{obj.delayed} ({obj.waited_ms / 1000 / obj.delayed:.2f} s)"
+        return f"{delayed} / {obj.shed or '-'}"
 
     def get_urls(self) -> list[Any]:
         """The dashboard and the inspector live under the usage list (see
