@@ -27,6 +27,7 @@ from django_throttle.drf import ProtectedBasicAuthentication, protect_authentica
 from django_throttle.models import EndpointLimit, EndpointRule, Tier
 from django_throttle.policy import live as policy
 from django_throttle.request.usernames import presented_username
+from tests.factories import own_connections
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.test_credentials")]
 
@@ -270,7 +271,7 @@ def test_many_concurrent_bad_logins_let_exactly_the_limit_through(
         with entered_lock:
             statuses.append(response.status_code)
 
-    threads = [threading.Thread(target=attempt) for _ in range(100)]
+    threads = [threading.Thread(target=own_connections(attempt)) for _ in range(100)]
     for thread in threads:
         thread.start()
     for thread in threads:

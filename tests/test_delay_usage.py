@@ -22,6 +22,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from django_throttle.backends import get_backend
 from django_throttle.drf import AsyncPolicyThrottle
 from django_throttle.models import EndpointLimit, UsageCount
 from django_throttle.request import core
@@ -128,6 +129,31 @@ def test_a_request_refused_by_the_waiting_cap_is_counted_denied_not_delayed(
     full.acquire()  # every seat of this process's waiting requests taken
     monkeypatch.setattr(core, "_waiting", full)
     client = Client(REMOTE_ADDR="203.0.113.42")
+    assert [client.get("/api/paced/").status_code for _ in range(2)] == [200, 429]
+    found = by_endpoint()["paced"]
+    assert (found["allowed"], found["denied"], found["delayed"]) == (1, 1, 0), found
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_turn_is_counted_denied_even_when_its_count_was_pushed_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The pusher thread may push the decision's "allowed" between the decision and the
+    # refusal (it did on a loaded CI machine): the refusal then sends a correction.
+    paced_rule("paced")
+    full = core.threading.BoundedSemaphore(1)
+    full.acquire()
+    monkeypatch.setattr(core, "_waiting", full)
+    refuse = usage.record_refused_turn
+
+    def pushed_first(field: str | None, client: str, *, local: bool = False) -> None:
+        backend = get_backend()
+        usage.get_store(backend).push_tally(backend.usage_tally)  # type: ignore[attr-defined]
+        refuse(field, client, local=local)
+
+    monkeypatch.setattr(usage, "record_refused_turn", pushed_first)
+    client = Client(REMOTE_ADDR="203.0.113.43")
     assert [client.get("/api/paced/").status_code for _ in range(2)] == [200, 429]
     found = by_endpoint()["paced"]
     assert (found["allowed"], found["denied"], found["delayed"]) == (1, 1, 0), found

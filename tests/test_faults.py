@@ -41,7 +41,7 @@ from django_throttle.drf import AsyncPolicyThrottle
 from django_throttle.policy import live as policy
 from django_throttle.usage import accounting as usage
 from tests.bucket_state import pack_bucket, stored_used
-from tests.factories import tier
+from tests.factories import own_connections, tier
 from tests.faultproxy import FaultProxy
 from tests.redis_servers import RedisServer
 
@@ -238,7 +238,8 @@ class App:
                 if between is not None:
                     between()
 
-        workers = [threading.Thread(target=work, args=(n,)) for n in range(threads)]
+        run = own_connections(work)
+        workers = [threading.Thread(target=run, args=(n,)) for n in range(threads)]
         for worker in workers:
             worker.start()
         for worker in workers:

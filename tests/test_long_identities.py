@@ -27,6 +27,7 @@ from django_throttle.identity import MAX_KEY_BYTES, Identity
 from django_throttle.models import EndpointLimit, EndpointRule, Tier
 from django_throttle.policy import live as policy
 from django_throttle.rates import Decision, Limit
+from tests.factories import own_connections
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.test_long_identities")]
 
@@ -120,7 +121,7 @@ def test_long_usernames_leave_limiting_on_and_long_e_mail_addresses_log_in(
         with lock:
             statuses.append(response.status_code)
 
-    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(20)]
+    threads = [threading.Thread(target=own_connections(attempt), args=(i,)) for i in range(20)]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -27,7 +27,8 @@ def test_a_local_cluster_serves_every_slot_and_fails_over() -> None:
             slot = client.keyslot("k1")
             victim = cluster.node_for_slot(slot)
             direct = victim.client()
-            assert direct.execute_command("WAIT", 1, 5000) == 1  # its replica has the writes
+            # Its replica has the writes (it may still be in its first sync on a loaded machine).
+            wait_for(lambda: direct.execute_command("WAIT", 1, 1000) == 1, 30, "the replica")
             direct.close()
             victim.kill()
             started = time.monotonic()

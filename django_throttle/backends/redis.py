@@ -844,21 +844,31 @@ class Tally:
     def refuse(self, field: str, client: str) -> bool:
         """Count a request :meth:`add` counted allowed (or shadow) as denied after all: the
         process refused it after the decision (too many requests waiting for their turn).
-        ``False`` when its count is no longer here (pushed meanwhile: it stays allowed)."""
+        When its count was pushed meanwhile, a correction goes with the next push: one
+        allowed less (a negative count, in the exact totals only) and one denied more, in
+        this minute. ``False`` in that case."""
         minute = int(self.clock() // 60)
         with self._lock:
+            if self._owner != os.getpid():
+                self._forget()
             counts = self._counts
-            for key in (
-                (m, field, client, letter) for m in (minute, minute - 1) for letter in "as"
-            ):
-                if counts.get(key, 0) > 0:
-                    counts[key] -= 1
-                    if not counts[key]:
-                        del counts[key]
-                    denied = (key[0], field, client, "d")
-                    counts[denied] = counts.get(denied, 0) + 1
-                    return True
-        return False
+            found = next(
+                (
+                    key
+                    for key in (
+                        (m, field, client, letter) for m in (minute, minute - 1) for letter in "as"
+                    )
+                    if counts.get(key, 0) > 0
+                ),
+                None,
+            )
+            allowed = found or (minute, field, client, "a")
+            counts[allowed] = counts.get(allowed, 0) - 1
+            if not counts[allowed]:
+                del counts[allowed]
+            denied = (allowed[0], field, client, "d")
+            counts[denied] = counts.get(denied, 0) + 1
+        return found is not None
 
     def due(self) -> bool:
         """Whether counts wait and :data:`PUSH_EVERY` has passed since the last push."""

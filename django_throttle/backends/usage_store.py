@@ -316,7 +316,7 @@ class RedisUsage(UsageStore):
         by_tag: dict[str, tuple[dict[tuple[int, str], int], dict[tuple[int, str, str], int]]] = {}
         tag_of: dict[str, str] = {}
         for minute, field, client, letter, n in counts:
-            if n < 1 or minute < 0:  # nothing to add (the script skips such counts too)
+            if not n or minute < 0:  # nothing to add (the script skips such counts too)
                 continue
             tag = tag_of.get(client)
             if tag is None:
@@ -334,12 +334,14 @@ class RedisUsage(UsageStore):
             clients[listed] = clients.get(listed, 0) + n
         calls: list[Call] = []
         for tag, (totals, clients) in sorted(by_tag.items()):
+            # A total may be negative (a correction: Tally.refuse); a top list only grows.
             entries: list[tuple[bool, int, str, str, int]] = [
-                (True, minute, "", field, n) for (minute, field), n in totals.items()
+                (True, minute, "", field, n) for (minute, field), n in totals.items() if n
             ]
             entries += [
                 (False, minute, letter, client, n)
                 for (minute, letter, client), n in clients.items()
+                if n > 0
             ]
             for start in range(0, len(entries), PUSH_CHUNK):
                 calls.append(

@@ -19,7 +19,8 @@
 -- ARGV[1]  T, the number of totals that follow
 -- ARGV[2 + 4(i-1) ..]  per total i (i = 1 .. T): the index of its totals hash in KEYS, its
 --          minute (whole minutes since the Unix epoch), its field "<outcome letter><usage
---          field>", requests (a whole number >= 1)
+--          field>", requests (a whole number, not 0: a correction is negative, see
+--          redis.Tally.refuse)
 -- ARGV[2 + 4T + 4(j-1) ..]  per client count j: the index of its top list in KEYS, the client
 --          label, requests (a whole number >= 1), and the last second (Unix) an API key client
 --          ("key:<prefix>") was used, or 0
@@ -44,7 +45,7 @@ local seen = {}
 local stop = 1 + 4 * totals
 for at = 2, stop, 4 do
   local minute, n = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 3])
-  if minute and n and n >= 1 and minute >= 0 then
+  if minute and n and n ~= 0 and minute >= 0 then
     count_total(KEYS[tonumber(ARGV[at])], ARGV[at + 2], math.floor(n))
     seen[math.floor(minute)] = true
   end
