@@ -40,7 +40,7 @@ from rest_framework.views import APIView
 
 from django_throttle.decorators import throttle
 from django_throttle.drf import AsyncPolicyThrottle
-from django_throttle.models import EndpointLimit, TierAssignment
+from django_throttle.models import EndpointLimit, Tier, TierAssignment
 from django_throttle.policy import live as policy
 from tests.factories import endpoint, own_connections, tier
 
@@ -190,12 +190,19 @@ def users(db: Any) -> dict[str, Any]:
         EndpointLimit.objects.create(rule=flight, tier=row, rate=rate, algorithm="concurrency")
     for row in (anonymous, gold):
         EndpointLimit.objects.create(rule=paced, tier=row, **PACE)
+    found = sign_up(gold)
+    policy.current()  # the policy loaded here: a thread making a request reads none of it
+    return found
+
+
+def sign_up(assigned: Tier) -> dict[str, Any]:
+    """The signed-in users this database can hold, each assigned to the tier ``assigned``,
+    by username."""
     found = {}
     for username in filter(is_user, present()):
         user = get_user_model().objects.create_user(username, password="pw")
-        TierAssignment.objects.create(tier=gold, user=user)
+        TierAssignment.objects.create(tier=assigned, user=user)
         found[username] = user
-    policy.current()  # the policy loaded here: a thread making a request reads none of it
     return found
 
 
@@ -215,8 +222,8 @@ class AddressedAsyncClient(AsyncClient):
     "client", and ``AsyncClient(REMOTE_ADDR=...)`` only adds a header (the request still
     comes from 127.0.0.1)."""
 
-    def __init__(self, address: str) -> None:
-        super().__init__()
+    def __init__(self, address: str, **defaults: Any) -> None:
+        super().__init__(**defaults)
         self.address = address
 
     def _base_scope(self, **request: Any) -> dict[str, Any]:
@@ -230,37 +237,50 @@ class Caller:
     an ``async def`` one, signed in by a real session cookie (a user) or sending from its
     address (anonymous). Its methods are awaited, so one scenario serves both: a sync
     client's request runs in the test's thread, or in threads of its own for requests sent
-    together."""
+    together. ``address`` is where its requests come from (by default an anonymous client's
+    own, a user's loopback: a proxy's, forwarding for it, when given), with ``headers`` on
+    each."""
 
-    def __init__(self, adapter: Adapter, identity: str, users: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        adapter: Adapter,
+        identity: str,
+        users: dict[str, Any],
+        *,
+        address: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.adapter = adapter
         self.identity = identity
-        self.environ: dict[str, Any] = {} if is_user(identity) else {"REMOTE_ADDR": identity}
+        self.headers = dict(headers or {})
+        if address is None and not is_user(identity):
+            address = identity
+        self.environ: dict[str, Any] = {} if address is None else {"REMOTE_ADDR": address}
         self.client: Client | AsyncClient = (
-            AddressedAsyncClient("127.0.0.1" if is_user(identity) else identity)
-            if adapter.asgi
-            else Client(**self.environ)
+            AddressedAsyncClient(address or "127.0.0.1") if adapter.asgi else Client(**self.environ)
         )
         if is_user(identity):
             self.client.force_login(users[identity])
 
     async def get(self, path: str) -> Any:
         if isinstance(self.client, AsyncClient):
-            return await self.client.get(path)
-        return await sync_to_async(self.client.get)(path)
+            return await self.client.get(path, headers=self.headers)
+        return await sync_to_async(self.client.get)(path, headers=self.headers)
 
     async def together(self, path: str, count: int) -> list[Any]:
         """``count`` requests sent at once: on the event loop (ASGI), or each from a thread
         of its own (WSGI), with the same session cookie."""
         if isinstance(self.client, AsyncClient):
             client = self.client
-            return list(await _gather(*(client.get(path) for _ in range(count))))
+            return list(
+                await _gather(*(client.get(path, headers=self.headers) for _ in range(count)))
+            )
         clones = []
         for _ in range(count):
             clone = Client(**self.environ)
             clone.cookies = SimpleCookie(self.client.cookies)
             clones.append(sync_to_async(own_connections(clone.get), thread_sensitive=False))
-        return list(await _gather(*(get(path) for get in clones)))
+        return list(await _gather(*(get(path, headers=self.headers) for get in clones)))
 
     async def finish(self, response: Any) -> bytes:
         """Read a streamed answer to its end and close it: its slot is given back."""
