@@ -20,7 +20,7 @@ from django_throttle.management import output
 from django_throttle.management.commands.throttle_inspect import READ_ERROR, bucket_rows
 from django_throttle.models.fields import HTTP_METHODS
 from django_throttle.redaction import plain_text
-from django_throttle.request.core import retry_after_seconds
+from django_throttle.request.core import retry_after_seconds, throttled_status
 
 
 def verdict(found: Explanation) -> str:
@@ -33,8 +33,10 @@ def verdict(found: Explanation) -> str:
     if decision.allowed:
         return "allowed"
     name = decision.limit.name if decision.limit is not None else "a limit"
+    # 503 when the service sheds the request (or cannot decide), as the server answers it.
+    status = throttled_status(decision)
     return (
-        f"denied (429) by {name}; Retry-After: {retry_after_seconds(decision.retry_after)} "
+        f"denied ({status}) by {name}; Retry-After: {retry_after_seconds(decision.retry_after)} "
         f"({decision.retry_after:.3f} s)"
     )
 
