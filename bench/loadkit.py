@@ -63,12 +63,17 @@ def round1(value: float | None) -> float | None:
 
 
 def get(port: int, path: str, address: str, timeout: float) -> tuple[int, Any]:
-    """Status and headers (an ``http.client.HTTPMessage``) of one GET on a new connection to
-    ``127.0.0.1:port`` from client ``address`` (``X-Forwarded-For``); ``(0, None)`` on a
-    socket error. The body is read and dropped."""
+    """``fetch`` from client ``address`` (``X-Forwarded-For``)."""
+    return fetch(port, path, {"X-Forwarded-For": address}, timeout)
+
+
+def fetch(port: int, path: str, headers: dict[str, str], timeout: float) -> tuple[int, Any]:
+    """Status and headers (an ``http.client.HTTPMessage``) of one GET with ``headers`` on a
+    new connection to ``127.0.0.1:port``; ``(0, None)`` on a socket error or timeout. The body
+    is read and dropped."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        connection.request("GET", path, headers={"X-Forwarded-For": address})
+        connection.request("GET", path, headers=headers)
         response = connection.getresponse()
         response.read()
         return response.status, response.headers
