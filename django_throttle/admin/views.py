@@ -562,7 +562,7 @@ def stacked_bars(
     label_every = max(1, len(starts) // 6)
     for i, start in enumerate(starts):
         x = LEFT + i * slot + (slot - bar_w) / 2
-        y = TOP + plot_h
+        y: float = TOP + plot_h
         tip = [start.strftime("%H:%M")]
         for name, series in bars.items():
             tip.append(f"{LABELS.get(name, name)} {series[i]:,}")
