@@ -49,8 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import loadkit
-from loadkit import log, percentile
-from loadproject.server import Server
+from loadkit import log, percentile, round1
 
 PATH = "/adaptive/work/"
 RUNS = ("static", "adaptive")
@@ -82,18 +81,7 @@ def prepare_tiers(args: argparse.Namespace) -> dict[str, Any]:
 
 def send(port: int, headers: dict[str, str], timeout: float) -> int:
     """Status of one GET of ``PATH`` on a new connection; 0 on a socket error or timeout."""
-    import http.client
-
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        connection.request("GET", PATH, headers=headers)
-        response = connection.getresponse()
-        response.read()
-        return response.status
-    except OSError:
-        return 0
-    finally:
-        connection.close()
+    return loadkit.fetch(port, PATH, headers, timeout)[0]
 
 
 def probe(port: int, keys: list[str], args: argparse.Namespace) -> None:
@@ -233,18 +221,14 @@ def per_second(
             row[f"{tier}_other"] = sum(1 for r in of_tier if r[4] not in (200, 429))
             row[f"{tier}_factor"] = samples[-1][1][tier] if samples else None
         row.update(
-            p50_ms=_round(percentile(served, 0.5)),
-            p95_ms=_round(percentile(served, 0.95)),
-            server_p95_ms=_round(percentile(measured, 0.95)),
+            p50_ms=round1(percentile(served, 0.5)),
+            p95_ms=round1(percentile(served, 0.95)),
+            server_p95_ms=round1(percentile(measured, 0.95)),
             in_flight=samples[-1][2] if samples else None,
             signal=read[-1] if read else None,
         )
         rows.append(row)
     return rows
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
 
 
 def phase_summary(
@@ -267,9 +251,9 @@ def phase_summary(
         seconds = high - low
         phase: dict[str, Any] = {
             "seconds": seconds,
-            "p50_ms": _round(percentile(served, 0.5)),
-            "p95_ms": _round(percentile(served, 0.95)),
-            "server_p95_ms": _round(percentile(measured, 0.95)),
+            "p50_ms": round1(percentile(served, 0.5)),
+            "p95_ms": round1(percentile(served, 0.95)),
+            "server_p95_ms": round1(percentile(measured, 0.95)),
         }
         for tier in TIERS:
             of_tier = [r for r in ended if r[0] == tier]
@@ -398,25 +382,22 @@ def one_run(
     # loadproject.adaptive's keys of this run
     keys = {"latency": f"lt-adapt:{name}:latency", "signal": f"lt-adapt:{name}:signal"}
     client = redis.Redis.from_url(setup.redis.url)
-    waited = loadkit.wait_for_quiet(ours, args.max_foreign, args.patience)
-    server = Server("uvicorn", "policy", args.workers, env)
     controller = None
-    try:
-        server.wait_ready("192.0.2.200")
-        probe(server.port, prepared["keys"][name], args)
-        client.delete(keys["latency"], keys["signal"])
-        if name == "adaptive":  # after the probe: its latencies are not the load's
-            controller, controller_log = start_controller(env, args.step, setup.logdir, name)
-            wait_for_controller(controller, controller_log)
-        load = Load(
-            server.port, name, prepared["keys"][name], prepared["tiers"], setup.redis.url, args
-        )
-        start, watched = loadkit.watch(server, ours, load.drive)
-        logged = loadkit.log_record(server)
-    finally:
-        if controller is not None:
-            stop_process(controller)
-        server.stop()
+    with loadkit.fresh_server("uvicorn", env, args, ours) as (server, waited):
+        try:
+            probe(server.port, prepared["keys"][name], args)
+            client.delete(keys["latency"], keys["signal"])
+            if name == "adaptive":  # after the probe: its latencies are not the load's
+                controller, controller_log = start_controller(env, args.step, setup.logdir, name)
+                wait_for_controller(controller, controller_log)
+            load = Load(
+                server.port, name, prepared["keys"][name], prepared["tiers"], setup.redis.url, args
+            )
+            start, watched = loadkit.watch(server, ours, load.drive)
+            logged = loadkit.log_record(server)
+        finally:
+            if controller is not None:
+                stop_process(controller)
     served = [
         (float(t), float(ms))
         for t, ms, *_ in (row.decode().split(":") for row in client.zrange(keys["latency"], 0, -1))
@@ -429,16 +410,16 @@ def one_run(
     client.close()
     rows = per_second(load, start, served, signals)
     s = summary(rows, load, start, served)
-    result: dict[str, Any] = {
-        "run": name,
-        "summary": s,
-        "per_second": rows,
-        "controller_moves": controller_moves(controller_log, start) if controller else [],
-        **watched.record(),
-        "server_cpu_s": round(watched.meter.server, 2),
-        "waited_for_quiet_s": waited,
-        **logged,
-    }
+    result = loadkit.run_record(
+        name,
+        s,
+        rows,
+        watched,
+        waited,
+        logged,
+        controller_moves=controller_moves(controller_log, start) if controller else [],
+        server_cpu_s=round(watched.meter.server, 2),
+    )
     p = s["phases"]
     log(
         f"{name:8}  server p95 ms before {p['before']['server_p95_ms']} surge "
@@ -455,11 +436,7 @@ def one_run(
 def plot(payload: dict[str, Any], path: Path) -> None:
     """Per second, both runs: p95 latency of served requests with the target, the tiers'
     automatic factors, 429s by tier; the surge shaded."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = loadkit.pyplot()
     settings, runs = payload["settings"], payload["runs"]
     colours = {"static": "tab:orange", "adaptive": "tab:blue"}
     figure, (latency, factors, refused) = plt.subplots(
@@ -557,20 +534,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    loadkit.stop_on_signals()
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    with loadkit.private_setup("django-throttle-adaptive-", args.free_limit) as setup:
+
+    def runs(setup: loadkit.Setup) -> list[dict[str, Any]]:
         prepared = prepare_tiers(args)
-        runs = [one_run(name, setup, prepared, args) for name in RUNS]
-        machine = setup.machine()
-    settings = loadkit.settings(args)
-    settings["capacity_per_s"] = round(args.capacity / args.base_ms * 1e3, 1)
-    settings["offered_per_s"] = {
-        "normal": round(args.free_clients * args.free_rate + args.pro_clients * args.pro_rate, 1),
-        "surge": round(args.free_clients * args.surge_rate + args.pro_clients * args.pro_rate, 1),
-    }
-    loadkit.write({"machine": machine, "settings": settings, "runs": runs}, args, plot)
-    return 0
+        return [one_run(name, setup, prepared, args) for name in RUNS]
+
+    pro = args.pro_clients * args.pro_rate
+    return loadkit.run_all(
+        args,
+        "django-throttle-adaptive-",
+        args.free_limit,
+        runs,
+        plot,
+        capacity_per_s=round(args.capacity / args.base_ms * 1e3, 1),
+        offered_per_s={
+            "normal": round(args.free_clients * args.free_rate + pro, 1),
+            "surge": round(args.free_clients * args.surge_rate + pro, 1),
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -33,21 +33,15 @@ started is stopped at the end, also on errors, Ctrl-C and SIGTERM.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import loadkit
-from loadkit import get, log, percentile
-from loadproject import IN_FLIGHT_KEY
-from loadproject.server import Server
+from loadkit import log
 
-SLOW_PATH = "/api/export/"
-FAST_PATH = "/api/ping/"
+#: The ping beside the export; an export over the concurrency limit gets 429.
+SCENARIO = loadkit.SlowFast(fast_path="/api/ping/", fast="ping", refused="refused", status=429)
 #: The anonymous tier's own limit: never reached, so only the endpoint rule ever refuses.
 NEVER_DENY = loadkit.NEVER_DENY
 RUNS = ("unlimited", "limited")
@@ -63,178 +57,23 @@ def add_concurrency_rule(rate: str) -> None:
     EndpointLimit.objects.create(rule=rule, tier=tier, rate=rate, algorithm=Algorithm.CONCURRENCY)
 
 
-def probe(port: int, limited: bool, args: argparse.Namespace) -> None:
-    """Fail early unless the server refuses what the run says: one client sending a few
-    exports more than its limit at once gets 429s with the limit, none without. Every worker
-    answers a ping first (each loads the policy on its first request), so the exports overlap;
-    on a busy machine they may still not, hence a few tries."""
-    with ThreadPoolExecutor(args.workers * 2) as pool:
-        list(
-            pool.map(
-                lambda n: get(port, FAST_PATH, f"192.0.2.{n + 2}", 10), range(args.workers * 4)
-            )
-        )
-        sent = args.limit_count + 2
-        for _ in range(3):
-            statuses = [
-                status
-                for status, _ in pool.map(
-                    lambda _: get(port, SLOW_PATH, "192.0.2.1", 10), range(sent)
-                )
-            ]
-            refused = statuses.count(429)
-            if statuses.count(200) + refused == sent and (refused > 0) == limited:
-                return
-    raise RuntimeError(f"probe of run limited={limited}: statuses {statuses}")
+def one_run(name: str, setup: loadkit.Setup, args: argparse.Namespace) -> dict[str, Any]:
+    """A fresh server (it loads the policy as it is now), the probe, then the load: one
+    client sending a few exports more than its limit at once is refused with the limit,
+    never without."""
 
+    def probe(port: int) -> None:
+        limited = name == "limited"
+        sent, address = args.limit_count + 2, lambda _: "192.0.2.1"
+        SCENARIO.probe(port, args, sent, address, limited, f"limited={limited}")
 
-class Load:
-    """The two kinds of client and the in-flight sampler, for one run."""
-
-    def __init__(self, port: int, counter: Any, args: argparse.Namespace) -> None:
-        self.port, self.counter, self.args = port, counter, args
-        self.stop = threading.Event()
-        self.slow: list[tuple[float, float, int]] = []  # (start, end, status)
-        self.fast: list[tuple[float, float, int]] = []  # (due, end, status)
-        self.samples: list[tuple[float, int]] = []  # (time, exports inside the view)
-        self.lock = threading.Lock()
-
-    def slow_client(self, address: str) -> None:
-        while not self.stop.is_set():
-            start = time.monotonic()
-            status, _ = get(self.port, SLOW_PATH, address, self.args.timeout)
-            with self.lock:
-                self.slow.append((start, time.monotonic(), status))
-            if status != 200:
-                self.stop.wait(self.args.refused_wait)
-
-    def fast_request(self, due: float) -> None:
-        status, _ = get(self.port, FAST_PATH, f"10.9.{int(due * 1000) % 250}.1", self.args.timeout)
-        with self.lock:
-            self.fast.append((due, time.monotonic(), status))
-
-    def fast_schedule(self, pool: ThreadPoolExecutor) -> None:
-        start, sent = time.monotonic(), 0
-        while not self.stop.is_set():
-            due = start + sent / self.args.fast_rate
-            if self.stop.wait(max(0.0, due - time.monotonic())):
-                break
-            pool.submit(self.fast_request, due)
-            sent += 1
-
-    def sampler(self) -> None:
-        while not self.stop.is_set():
-            self.samples.append((time.monotonic(), int(self.counter.get(IN_FLIGHT_KEY) or 0)))
-            self.stop.wait(self.args.sample_every)
-
-    def run(self, seconds: float) -> tuple[float, float]:
-        """Drive the load for ``seconds`` (warm-up included); returns the measured window."""
-        args = self.args
-        threads = [
-            threading.Thread(target=self.slow_client, args=(f"10.1.0.{client + 1}",))
-            for client in range(args.slow_clients)
-            for _ in range(args.slow_connections)
-        ]
-        threads.append(threading.Thread(target=self.sampler))
-        began = time.monotonic()
-        with ThreadPoolExecutor(args.fast_threads) as pool:
-            scheduler = threading.Thread(target=self.fast_schedule, args=(pool,))
-            for thread in [*threads, scheduler]:
-                thread.start()
-            time.sleep(seconds)
-            self.stop.set()
-            for thread in [*threads, scheduler]:
-                thread.join()
-        return began + args.warmup, began + seconds
-
-
-def per_second(load: Load, window: tuple[float, float]) -> list[dict[str, Any]]:
-    """One row per measured second: exports in flight (mean, max of the samples), exports
-    served and refused (by the second they ended), ping latency (by the second it was due)
-    and pings answered."""
-    start, end = window
-    rows = []
-    for second in range(int(end - start)):
-        low, high = start + second, start + second + 1
-        inside = [n for t, n in load.samples if low <= t < high]
-        slow_ended = [status for _, t, status in load.slow if low <= t < high]
-        due = [(t - d) * 1e3 for d, t, s in load.fast if low <= d < high and s == 200]
-        answered = [s for _, t, s in load.fast if low <= t < high]
-        rows.append(
-            {
-                "second": second,
-                "slow_in_flight_mean": round(statistics.fmean(inside), 2) if inside else None,
-                "slow_in_flight_max": max(inside, default=None),
-                "slow_served": slow_ended.count(200),
-                "slow_refused": slow_ended.count(429),
-                "fast_p50_ms": percentile(due, 0.5),
-                "fast_p99_ms": percentile(due, 0.99),
-                "fast_answered": answered.count(200),
-            }
-        )
-    return rows
-
-
-def summary(load: Load, window: tuple[float, float]) -> dict[str, Any]:
-    """The measured window of one run in a few numbers."""
-    start, end = window
-    seconds = end - start
-    inside = [n for t, n in load.samples if start <= t < end]
-    slow = [status for _, t, status in load.slow if start <= t < end]
-    fast = [(t - d) * 1e3 for d, t, s in load.fast if start <= d < end and s == 200]
-    fast_all = [s for d, _, s in load.fast if start <= d < end]
-    due = sum(1 for d, _, _ in load.fast if start <= d < end)
-    rounded = {
-        "fast_p50_ms": percentile(fast, 0.5),
-        "fast_p90_ms": percentile(fast, 0.9),
-        "fast_p99_ms": percentile(fast, 0.99),
-        "fast_max_ms": max(fast, default=None),
-    }
-    return {
-        "seconds": round(seconds, 2),
-        "slow_in_flight_mean": round(statistics.fmean(inside), 2) if inside else None,
-        "slow_in_flight_max": max(inside, default=None),
-        "slow_samples": len(inside),
-        "slow_served_per_s": round(slow.count(200) / seconds, 1),
-        "slow_refused_per_s": round(slow.count(429) / seconds, 1),
-        "slow_other": len(slow) - slow.count(200) - slow.count(429),
-        **{k: None if v is None else round(v, 2) for k, v in rounded.items()},
-        "fast_due": due,
-        "fast_answered_per_s": round(len(fast) / seconds, 1),
-        "fast_not_200": len(fast_all) - len(fast),
-        # Pings due in the window but not back before the run ended (waiting for a worker).
-        "fast_unanswered": due - len(fast_all),
-    }
-
-
-def one_run(
-    name: str, env: dict[str, str], redis_url: str, args: argparse.Namespace, ours: int | None
-) -> dict[str, Any]:
-    """A fresh server (it loads the policy as it is now), the probe, then the load."""
-    import redis
-
-    waited = loadkit.wait_for_quiet(ours, args.max_foreign, args.patience)
-    server = Server("gunicorn", "policy", args.workers, env)
-    counter = redis.Redis.from_url(redis_url)
-    try:
-        server.wait_ready("192.0.2.200")
-        probe(server.port, name == "limited", args)
-        counter.delete(IN_FLIGHT_KEY)
-        load = Load(server.port, counter, args)
-        window, watched = loadkit.watch(server, ours, lambda: load.run(args.warmup + args.seconds))
-        logged = loadkit.log_record(server)
-    finally:
-        server.stop()
-        counter.close()
-    s = summary(load, window)
-    result: dict[str, Any] = {
-        "run": name,
-        "summary": s,
-        "per_second": per_second(load, window),
-        **watched.record(),
-        "waited_for_quiet_s": waited,
-        **logged,
-    }
+    addresses = [
+        f"10.1.0.{client + 1}"
+        for client in range(args.slow_clients)
+        for _ in range(args.slow_connections)
+    ]
+    result, watched = SCENARIO.run(name, setup, args, probe, addresses)
+    s = result["summary"]
     log(
         f"{name:9}  exports in flight mean {s['slow_in_flight_mean']} max "
         f"{s['slow_in_flight_max']}, served {s['slow_served_per_s']}/s refused "
@@ -248,92 +87,43 @@ def one_run(
 def plot(payload: dict[str, Any], path: Path) -> None:
     """The two runs side by side, per second: exports in flight, exports served and refused,
     ping latency, pings answered."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    settings, runs = payload["settings"], payload["runs"]
-    figure, axes = plt.subplots(4, 2, figsize=(12, 11), sharex=True, sharey="row")
+    settings = payload["settings"]
     titles = {
         "unlimited": "no concurrency limit",
         "limited": f"concurrency limit {settings['limit']} per client "
         f"({settings['slow_clients']} clients: at most {settings['share']} exports)",
     }
-    for column, run in enumerate(runs):
-        rows = run["per_second"]
-        xs = [row["second"] for row in rows]
-        inside, exports, latency, pings = (axes[row][column] for row in range(4))
-        inside.plot(xs, [row["slow_in_flight_mean"] for row in rows], "o-", label="mean")
-        inside.plot(xs, [row["slow_in_flight_max"] for row in rows], "^--", label="max")
-        inside.axhline(settings["workers"], color="black", lw=1, label="workers")
-        if run["run"] == "limited":
-            inside.axhline(
-                settings["share"], color="tab:red", lw=1, ls=":", label="limit x clients"
-            )
-        inside.set_title(titles[run["run"]], fontsize=10)
-        exports.plot(xs, [row["slow_served"] for row in rows], "o-", label="served (200)")
-        exports.plot(
-            xs, [row["slow_refused"] for row in rows], "x--", color="tab:red", label="refused (429)"
-        )
-        latency.plot(xs, [row["fast_p50_ms"] for row in rows], "o-", label="p50")
-        latency.plot(xs, [row["fast_p99_ms"] for row in rows], "^--", label="p99")
-        latency.set_yscale("log")
-        pings.plot(xs, [row["fast_answered"] for row in rows], "o-", color="tab:green")
-        pings.axhline(settings["fast_rate"], color="black", lw=1, ls=":", label="rate sent")
-        pings.set_xlabel("second of the measured window")
-        for axis in (inside, exports, latency, pings):
-            axis.grid(True, alpha=0.3)
-    axes[0][0].set_ylabel("exports inside the view\n(workers they hold)")
-    axes[1][0].set_ylabel("exports per s")
-    axes[2][0].set_ylabel("ping latency, ms\n(from when it was due)")
-    axes[3][0].set_ylabel("pings answered per s")
-    axes[0][0].set_ylim(bottom=0, top=settings["workers"] + 1)
-    axes[1][0].set_ylim(bottom=0)
-    axes[3][0].set_ylim(bottom=0)
-    places = ("lower right", "center right", "upper right", "lower right")
-    for row, place in zip(axes, places, strict=True):
-        row[1].legend(fontsize=8, loc=place)
     title = (
         f"gunicorn, {settings['workers']} sync workers: /api/export/ (sleeps "
         f"{settings['slow_seconds'] * 1e3:.0f} ms) from {settings['slow_clients']} clients x "
         f"{settings['slow_connections']} connections, /api/ping/ at {settings['fast_rate']}/s"
     )
-    loadkit.save_figure(figure, path, title, payload["machine"], fontsize=10, rect=(0, 0, 1, 0.94))
+    SCENARIO.plot(payload, path, titles, ("limited", "limit x clients"), title)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    quick = "3 s per run, 1 s warm-up, no wait for quiet"
-    parser = loadkit.parser(__doc__, quick, seconds=20, warmup=3)
-    parser.add_argument("--workers", type=int, default=8, help="gunicorn sync workers")
-    parser.add_argument("--slow-seconds", type=float, default=0.2, help="an export's sleep")
+    parser = SCENARIO.parser(__doc__)
     parser.add_argument("--slow-clients", type=int, default=2, help="export client addresses")
     parser.add_argument("--slow-connections", type=int, default=12, help="threads per client")
     parser.add_argument("--refused-wait", type=float, default=0.2, help="s after a 429")
     parser.add_argument("--limit", default="2/min", help="concurrency limit per client")
     parser.add_argument("--fast-rate", type=float, default=40, help="pings per second")
-    parser.add_argument("--fast-threads", type=int, default=200, help="pings at once, at most")
-    parser.add_argument("--sample-every", type=float, default=0.01, help="s between samples")
-    args = loadkit.parse(parser, argv, "load_concurrency", quick_seconds=3)
+    args = SCENARIO.parse(parser, argv, "load_concurrency")
     args.limit_count = int(args.limit.split("/")[0])
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    loadkit.stop_on_signals()
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    with loadkit.private_setup("django-throttle-concurrency-", NEVER_DENY) as setup:
-        url, pid = setup.redis.url, setup.redis.pid
-        env = setup.env(LOADTEST_USAGE="1", LOADTEST_SLOW_SECONDS=str(args.slow_seconds))
-        runs = [one_run("unlimited", env, url, args, pid)]
+
+    def runs(setup: loadkit.Setup) -> list[dict[str, Any]]:
+        unlimited = one_run("unlimited", setup, args)
         add_concurrency_rule(args.limit)
-        runs.append(one_run("limited", env, url, args, pid))
-        machine = setup.machine()
-    settings = loadkit.settings(args)
-    settings.update(share=args.limit_count * args.slow_clients, tier_limit=NEVER_DENY)
-    loadkit.write({"machine": machine, "settings": settings, "runs": runs}, args, plot)
-    return 0
+        return [unlimited, one_run("limited", setup, args)]
+
+    share = args.limit_count * args.slow_clients
+    prefix = "django-throttle-concurrency-"
+    return loadkit.run_all(args, prefix, NEVER_DENY, runs, plot, share=share, tier_limit=NEVER_DENY)
 
 
 if __name__ == "__main__":

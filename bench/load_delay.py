@@ -47,8 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import loadkit
-from loadkit import get, log, percentile
-from loadproject.server import Server
+from loadkit import get, log, percentile, round1
 
 RUNS = {"reject": "/burst/reject/", "delay": "/burst/delay/"}
 #: Client addresses of each run: fresh keys, whatever the other run left in Redis.
@@ -186,16 +185,12 @@ def per_second(load: Load, window: tuple[float, float]) -> list[dict[str, Any]]:
                 "served": statuses.count(200),
                 "refused": statuses.count(429),
                 "delayed": sum(1 for r in ended if r[3] == 200 and r[4] > 0),
-                "served_p50_ms": _round(percentile(served, 0.5)),
-                "served_p99_ms": _round(percentile(served, 0.99)),
+                "served_p50_ms": round1(percentile(served, 0.5)),
+                "served_p99_ms": round1(percentile(served, 0.99)),
                 "load_average": sampled[0] if sampled else None,
             }
         )
     return rows
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
 
 
 def summary(load: Load, window: tuple[float, float]) -> dict[str, Any]:
@@ -218,42 +213,31 @@ def summary(load: Load, window: tuple[float, float]) -> dict[str, Any]:
         "refused_share": round(refused / (served + refused), 3) if served + refused else None,
         "other_statuses": len(statuses) - served - refused,
         "delayed_share": round(sum(1 for w in waits if w > 0) / len(waits), 3) if waits else None,
-        "served_p50_ms": _round(percentile(latency, 0.5)),
-        "served_p90_ms": _round(percentile(latency, 0.9)),
-        "served_p99_ms": _round(percentile(latency, 0.99)),
-        "served_max_ms": _round(max(latency, default=None)),
+        "served_p50_ms": round1(percentile(latency, 0.5)),
+        "served_p90_ms": round1(percentile(latency, 0.9)),
+        "served_p99_ms": round1(percentile(latency, 0.99)),
+        "served_max_ms": round1(max(latency, default=None)),
         "jobs_given_per_s": round(len(given) / seconds, 1),
         "jobs_unfinished": sum(1 for job in given if job[1] is None),
-        "job_p50_ms": _round(percentile(done, 0.5)),
-        "job_p99_ms": _round(percentile(done, 0.99)),
+        "job_p50_ms": round1(percentile(done, 0.5)),
+        "job_p99_ms": round1(percentile(done, 0.99)),
         "attempts_per_job": round(sum(a for *_, a in given) / len(given), 2) if given else None,
     }
 
 
 def one_run(name: str, env: dict[str, str], args: argparse.Namespace, ours: int | None) -> Any:
     """A fresh server, the probe, then the load."""
-    waited = loadkit.wait_for_quiet(ours, args.max_foreign, args.patience)
-    server = Server("uvicorn", "policy", args.workers, env)
-    try:
-        server.wait_ready("192.0.2.200")
+    with loadkit.fresh_server("uvicorn", env, args, ours) as (server, waited):
         probe(server.port, name, args)
         load = Load(server.port, name, args)
         window, watched = loadkit.watch(
             server, ours, lambda: load.run_for(args.warmup + args.seconds)
         )
         logged = loadkit.log_record(server)
-    finally:
-        server.stop()
     s = summary(load, window)
-    result: dict[str, Any] = {
-        "run": name,
-        "summary": s,
-        "per_second": per_second(load, window),
-        **watched.record(),
-        "server_cpu_s": round(watched.meter.server, 2),
-        "waited_for_quiet_s": waited,
-        **logged,
-    }
+    rows = per_second(load, window)
+    cpu = round(watched.meter.server, 2)
+    result = loadkit.run_record(name, s, rows, watched, waited, logged, server_cpu_s=cpu)
     log(
         f"{name:6}  served {s['served_per_s']}/s, refused {s['refused_per_s']}/s "
         f"(share {s['refused_share']}), delayed share {s['delayed_share']} | served p50 "
@@ -266,11 +250,7 @@ def one_run(name: str, env: dict[str, str], args: argparse.Namespace, ours: int 
 def plot(payload: dict[str, Any], path: Path) -> None:
     """Both runs on the same axes, per second: served and refused, latency of the served
     requests, load average."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = loadkit.pyplot()
     settings, runs = payload["settings"], payload["runs"]
     colours = {"reject": "tab:orange", "delay": "tab:blue"}
     figure, (rates, latency, load) = plt.subplots(3, 1, figsize=(10, 10), sharex=True)
@@ -327,9 +307,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    loadkit.stop_on_signals()
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    with loadkit.private_setup("django-throttle-delay-", loadkit.NEVER_DENY) as setup:
+
+    def runs(setup: loadkit.Setup) -> list[dict[str, Any]]:
         env = setup.env(
             LOADTEST_USAGE="1",
             LOADTEST_BURST_RATE=args.rate,
@@ -337,12 +316,11 @@ def main(argv: list[str] | None = None) -> int:
             LOADTEST_DELAY=str(args.delay),
             LOADTEST_MAX_WAIT=str(args.max_wait),
         )
-        runs = [one_run(name, env, args, setup.redis.pid) for name in RUNS]
-        machine = setup.machine()
-    settings = loadkit.settings(args)
-    settings["offered_per_s"] = round(args.clients * args.batch / args.period, 1)
-    loadkit.write({"machine": machine, "settings": settings, "runs": runs}, args, plot)
-    return 0
+        return [one_run(name, env, args, setup.redis.pid) for name in RUNS]
+
+    offered = round(args.clients * args.batch / args.period, 1)
+    prefix = "django-throttle-delay-"
+    return loadkit.run_all(args, prefix, loadkit.NEVER_DENY, runs, plot, offered_per_s=offered)
 
 
 if __name__ == "__main__":

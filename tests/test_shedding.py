@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -89,6 +90,27 @@ def closed_gate() -> Iterator[threading.Event]:
     gate.set()
 
 
+@contextmanager
+def reports_held(closed_gate: threading.Event, reports: int = 1) -> Iterator[None]:
+    """While the block runs, ``reports`` requests to the report (each from a thread of its
+    own) are inside the view, holding their slots; then the gate opens and every one of them
+    must be served. The policy is loaded on this thread first: the threads read no database."""
+
+    @own_connections
+    def report(_: int) -> int:
+        return Client(REMOTE_ADDR="203.0.113.1").get("/api/report/").status_code
+
+    policy.current()
+    with ThreadPoolExecutor(max_workers=reports) as pool:
+        running = [pool.submit(report, n) for n in range(reports)]
+        try:
+            assert all(entered.acquire(timeout=10) for _ in range(reports))
+            yield
+        finally:
+            closed_gate.set()
+        assert [future.result() for future in running] == [200] * reports
+
+
 def rules(capacity: int = 2, default: int = 50, sheddable: int = 50) -> None:
     """An anonymous tier with a generous limit; the report (sheddable, holds its slot while
     the gate is closed), feeds (sheddable), checkout (critical); the fleet's capacity."""
@@ -134,18 +156,9 @@ def test_a_saturated_fleet_sheds_sheddable_traffic_and_keeps_critical(
 ) -> None:
     rules(capacity=2, default=50, sheddable=50)  # sheddable and default: 1 slot; critical: 2
 
-    @own_connections
-    def report(_: int) -> int:
-        return Client(REMOTE_ADDR="203.0.113.1").get("/api/report/").status_code
-
-    policy.current()  # loaded here: the threads read no database
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        running = pool.submit(report, 0)
-        assert entered.acquire(timeout=10)  # the report holds the sheddable share
+    with reports_held(closed_gate):  # the report holds the sheddable share
         shed = Client(REMOTE_ADDR="203.0.113.2").get("/api/feed/")
         kept = Client(REMOTE_ADDR="203.0.113.3").get("/api/checkout/")
-        closed_gate.set()
-        assert running.result() == 200
     assert shed.status_code == 503
     assert shed["Retry-After"] == "1"
     assert shed.json()["detail"].startswith("The service is busy.")
@@ -165,23 +178,14 @@ def test_a_saturated_fleet_sheds_sheddable_traffic_and_keeps_critical(
 def test_async_drf_and_the_decorator_are_shed_too(closed_gate: threading.Event) -> None:
     rules(capacity=2, default=50, sheddable=50)
 
-    @own_connections
-    def report(_: int) -> int:
-        return Client(REMOTE_ADDR="203.0.113.1").get("/api/report/").status_code
-
     async def feed() -> tuple[int, str]:
         response = await AsyncClient(REMOTE_ADDR="2001:db8::9").get("/api/feed-async/")
         return response.status_code, response.get("Retry-After", "")
 
-    policy.current()
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        running = pool.submit(report, 0)
-        assert entered.acquire(timeout=10)
+    with reports_held(closed_gate):
         shed_async = async_to_sync(feed)()
         # A decorated view matches no rule: default traffic, whose share (1) is taken too.
         shed_decorated = Client(REMOTE_ADDR="203.0.113.4").get("/decorated/")
-        closed_gate.set()
-        assert running.result() == 200
     assert shed_async == (503, "1")
     assert shed_decorated.status_code == 503
     assert Client(REMOTE_ADDR="203.0.113.4").get("/decorated/").status_code == 200
@@ -192,17 +196,8 @@ def test_async_drf_and_the_decorator_are_shed_too(closed_gate: threading.Event) 
 def test_the_dashboard_and_the_admin_show_shedding(admin_client: Any, closed_gate: Any) -> None:
     rules(capacity=1, default=100, sheddable=100)
 
-    @own_connections
-    def report(_: int) -> int:
-        return Client(REMOTE_ADDR="203.0.113.1").get("/api/report/").status_code
-
-    policy.current()
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        running = pool.submit(report, 0)
-        assert entered.acquire(timeout=10)
+    with reports_held(closed_gate):
         assert Client(REMOTE_ADDR="203.0.113.9").get("/api/feed/").status_code == 503
-        closed_gate.set()
-        assert running.result() == 200
 
     html = admin_client.get("/admin/django_throttle/usagecount/dashboard/").content.decode()
     assert re.search(r'data-outcome="shed">1</strong>', html), html
@@ -268,17 +263,8 @@ def test_shed_requests_count_in_metrics(settings: Any, closed_gate: Any) -> None
     labels = {"tier": "anonymous", "endpoint": "feed", "criticality": "sheddable"}
     before = REGISTRY.get_sample_value("django_throttle_shed_total", labels) or 0.0
 
-    @own_connections
-    def report(_: int) -> int:
-        return Client(REMOTE_ADDR="203.0.113.1").get("/api/report/").status_code
-
-    policy.current()
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        running = pool.submit(report, 0)
-        assert entered.acquire(timeout=10)
+    with reports_held(closed_gate):
         assert Client(REMOTE_ADDR="203.0.113.9").get("/api/feed/").status_code == 503
-        closed_gate.set()
-        assert running.result() == 200
     assert (REGISTRY.get_sample_value("django_throttle_shed_total", labels) or 0.0) - before == 1
 
 
@@ -348,10 +334,6 @@ def test_a_worker_with_its_threads_busy_sheds_sheddable_requests_on_its_own(
     worker_rules(worker_capacity=4, default_share=75, sheddable_share=50)
     assert policy.current().shedding is not None
 
-    @own_connections
-    def report(_: int) -> int:
-        return Client(REMOTE_ADDR="203.0.113.1").get("/api/report/").status_code
-
     from django_throttle import events
 
     decided: list[Any] = []
@@ -360,14 +342,10 @@ def test_a_worker_with_its_threads_busy_sheds_sheddable_requests_on_its_own(
         decided.append(decision)
 
     events.request_decided.connect(on_decided)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        running = [pool.submit(report, n) for n in range(2)]
-        assert entered.acquire(timeout=10) and entered.acquire(timeout=10)
+    with reports_held(closed_gate, reports=2):
         shed = Client(REMOTE_ADDR="203.0.113.2").get("/api/feed/")
         events.request_decided.disconnect(on_decided)
         kept = Client(REMOTE_ADDR="203.0.113.3").get("/api/checkout/")
-        closed_gate.set()
-        assert [future.result() for future in running] == [200, 200]
     assert (shed.status_code, shed["Retry-After"]) == (503, "1")
     assert shed.json()["detail"].startswith("The service is busy.")
     # The worker's own refusal: decided in process, nothing taken in Redis.
@@ -458,19 +436,9 @@ def test_a_shed_request_is_logged_as_a_warning_not_an_error(
     overload's thousands of shed requests are logged at WARNING, as a 429 is."""
     rules(capacity=1, default=100, sheddable=100)
 
-    @own_connections
-    def report(_: int) -> int:
-        return Client(REMOTE_ADDR="203.0.113.1").get("/api/report/").status_code
-
-    policy.current()
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        running = pool.submit(report, 0)
-        assert entered.acquire(timeout=10)
-        with caplog.at_level("WARNING", logger="django.request"):
-            assert Client(REMOTE_ADDR="203.0.113.9").get("/api/feed/").status_code == 503
-            assert Client(REMOTE_ADDR="203.0.113.9").get("/decorated/").status_code == 503
-        closed_gate.set()
-        assert running.result() == 200
+    with reports_held(closed_gate), caplog.at_level("WARNING", logger="django.request"):
+        assert Client(REMOTE_ADDR="203.0.113.9").get("/api/feed/").status_code == 503
+        assert Client(REMOTE_ADDR="203.0.113.9").get("/decorated/").status_code == 503
     logged = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "django.request"]
     assert logged == [
         ("WARNING", "Service Unavailable: /api/feed/"),

@@ -558,17 +558,11 @@ def stacked_bars(
         f'aria-label="{escape(title)}" data-title="{escape(title)}" {data} '
         f'preserveAspectRatio="none" xmlns="http://www.w3.org/2000/svg">'
     ]
-    for tick in (0, top // 2, top):
-        y = TOP + plot_h - plot_h * tick / top
-        parts.append(
-            f'<line class="dt-grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>'
-            f'<text class="dt-axis" x="{LEFT - 4}" y="{y + 4:.1f}" text-anchor="end">'
-            f"{tick:,}</text>"
-        )
+    _grid(parts, plot_h, top, {tick: f"{tick:,}" for tick in (0, top // 2, top)})
     label_every = max(1, len(starts) // 6)
     for i, start in enumerate(starts):
         x = LEFT + i * slot + (slot - bar_w) / 2
-        y = TOP + plot_h
+        y: float = TOP + plot_h
         tip = [start.strftime("%H:%M")]
         for name, series in bars.items():
             tip.append(f"{LABELS.get(name, name)} {series[i]:,}")
@@ -584,16 +578,7 @@ def stacked_bars(
                     f'<rect class="dt-{name.replace("_", "-")}" x="{x:.1f}" y="{y:.1f}" '
                     f'width="{bar_w:.1f}" height="{h:.1f}"/>'
                 )
-        # A transparent full-height target so every bar, even an empty one, has a tooltip.
-        parts.append(
-            f'<rect class="dt-hit" x="{LEFT + i * slot:.1f}" y="{TOP}" width="{slot:.1f}" '
-            f'height="{plot_h}"><title>{escape(", ".join(tip))}</title></rect>'
-        )
-        if i % label_every == 0:
-            parts.append(
-                f'<text class="dt-axis" x="{LEFT + (i + 0.5) * slot:.1f}" y="{HEIGHT - 6}" '
-                f'text-anchor="middle">{escape(tip[0])}</text>'
-            )
+        _slot_tip(parts, i, slot, plot_h, ", ".join(tip), tip[0] if i % label_every == 0 else "")
     parts.append("</svg>")
     return mark_safe("".join(parts))  # numbers and escaped text only
 
@@ -609,13 +594,7 @@ def factor_line(title: str, starts: Sequence[datetime], factors: Sequence[float]
         f'data-last="{round(100 * factors[-1]) if factors else 100}" '
         f'preserveAspectRatio="none" xmlns="http://www.w3.org/2000/svg">'
     ]
-    for tick in (0, 50, 100):
-        y = TOP + plot_h - plot_h * tick / 100
-        parts.append(
-            f'<line class="dt-grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>'
-            f'<text class="dt-axis" x="{LEFT - 4}" y="{y + 4:.1f}" text-anchor="end">'
-            f"{tick}%</text>"
-        )
+    _grid(parts, plot_h, 100, {tick: f"{tick}%" for tick in (0, 50, 100)})
     points = []
     for i, factor in enumerate(factors):
         y = TOP + plot_h - plot_h * min(1.0, max(0.0, factor))
@@ -623,18 +602,37 @@ def factor_line(title: str, starts: Sequence[datetime], factors: Sequence[float]
     parts.append(f'<polyline class="dt-factor" fill="none" points="{" ".join(points)}"/>')
     label_every = max(1, len(starts) // 6)
     for i, (start, factor) in enumerate(zip(starts, factors, strict=False)):
-        tip = f"{start.strftime('%H:%M')}: {factor:.0%}"
-        parts.append(
-            f'<rect class="dt-hit" x="{LEFT + i * slot:.1f}" y="{TOP}" width="{slot:.1f}" '
-            f'height="{plot_h}"><title>{escape(tip)}</title></rect>'
-        )
-        if i % label_every == 0:
-            parts.append(
-                f'<text class="dt-axis" x="{LEFT + (i + 0.5) * slot:.1f}" y="{HEIGHT - 6}" '
-                f'text-anchor="middle">{escape(start.strftime("%H:%M"))}</text>'
-            )
+        label = start.strftime("%H:%M")
+        tip = f"{label}: {factor:.0%}"
+        _slot_tip(parts, i, slot, plot_h, tip, label if i % label_every == 0 else "")
     parts.append("</svg>")
     return mark_safe("".join(parts))  # numbers and escaped text only
+
+
+def _grid(parts: list[str], plot_h: float, top: float, ticks: dict[int, str]) -> None:
+    """A chart's horizontal grid lines, at each tick of a scale from 0 to ``top``, labelled
+    on the left (``ticks``: tick → label)."""
+    for tick, label in ticks.items():
+        y = TOP + plot_h - plot_h * tick / top
+        parts.append(
+            f'<line class="dt-grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>'
+            f'<text class="dt-axis" x="{LEFT - 4}" y="{y + 4:.1f}" text-anchor="end">'
+            f"{label}</text>"
+        )
+
+
+def _slot_tip(parts: list[str], i: int, slot: float, plot_h: float, tip: str, label: str) -> None:
+    """A transparent full-height target over the ``i``-th slot of a chart, so every slot,
+    even an empty one, has the tooltip ``tip``; and ``label`` under the slot, if any."""
+    parts.append(
+        f'<rect class="dt-hit" x="{LEFT + i * slot:.1f}" y="{TOP}" width="{slot:.1f}" '
+        f'height="{plot_h}"><title>{escape(tip)}</title></rect>'
+    )
+    if label:
+        parts.append(
+            f'<text class="dt-axis" x="{LEFT + (i + 0.5) * slot:.1f}" y="{HEIGHT - 6}" '
+            f'text-anchor="middle">{escape(label)}</text>'
+        )
 
 
 def _nice_ceiling(value: int) -> int:

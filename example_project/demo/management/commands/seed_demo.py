@@ -80,35 +80,52 @@ LOAD_FACTORS: dict[str, tuple[int, int]] = {
     "partner": (100, 100),
     "pro": (100, 100),
 }
-#: Per-tier limits of the "export" rule: every POST to a view with throttle_scope "export"
-#: costs 10 tokens, so free users get two exports in a row, pro users twenty.
-EXPORT_LIMITS: dict[str, tuple[str, int]] = {"free": ("20/h", 20), "pro": ("200/h", 200)}
-#: Per-tier limits of the "export-download" rule, [(rate, algorithm)]: a slow streamed export
-#: that may run only so many at a time. "1/min" concurrency is one download in flight per
-#: user, its slot free again within a minute should the worker die; the free tier's token
-#: bucket on the same rule is counted in the same call (and neither is taken when either
-#: refuses).
-DOWNLOAD_LIMITS: dict[str, list[tuple[str, str]]] = {
-    "free": [("1/min", "concurrency"), ("30/h", "token_bucket")],
-    "pro": [("3/min", "concurrency")],
-}
-#: Per-tier limits of the "search" rule, (rate, burst, delay, longest wait): GCRA that delays
-#: instead of refusing at once (nginx's limit_req with burst and delay). Anonymous callers get
-#: 2 a second with a burst of 6: the first 3 of a burst at once, the next 3 each half a second
-#: after the one before, the 7th refused; signed-in users the same at 5 a second.
-SEARCH_LIMITS: dict[str, tuple[str, int, int, float]] = {
-    "anonymous": ("2/s", 6, 2, 2.0),
-    "free": ("5/s", 10, 4, 2.0),
-    "pro": ("5/s", 10, 4, 2.0),
-}
-#: Credential rules: scope → (rule name, [(rate, counted by)]) for anonymous clients, each
-#: counting failed attempts only. "login" guards /accounts/login/ and /api/token/
-#: (``protect_credentials``), "admin-login" the admin's login page, "authentication" the
-#: API's Basic and Token authentication.
-CREDENTIAL_RULES: dict[str, list[tuple[str, str]]] = {
-    "login": [("5/min", "ip"), ("10/h", "username")],
-    "admin-login": [("5/min", "ip"), ("10/h", "username")],
-    "authentication": [("5/min", "ip"), ("10/h", "username")],
+#: Endpoint rules, each matched by its scope (``throttle_scope``), in the order they are
+#: seeded: name → (the rule's own fields, [(tier slug, rate, the limit's other fields)]).
+RULES: dict[str, tuple[dict[str, Any], list[tuple[str, str, dict[str, Any]]]]] = {
+    # Every POST to a view with throttle_scope "export" costs 10 tokens, so free users get two
+    # exports in a row, pro users twenty.
+    "export": (
+        {"methods": "POST", "cost": 10},
+        [("free", "20/h", {"burst": 20}), ("pro", "200/h", {"burst": 200})],
+    ),
+    # A slow streamed export that may run only so many at a time. "1/min" concurrency is one
+    # download in flight per user, its slot free again within a minute should the worker die;
+    # the free tier's token bucket on the same rule is counted in the same call (and neither is
+    # taken when either refuses).
+    "export-download": (
+        {"methods": "GET", "cost": 1},
+        [
+            ("free", "1/min", {"algorithm": "concurrency"}),
+            ("free", "30/h", {"algorithm": "token_bucket"}),
+            ("pro", "3/min", {"algorithm": "concurrency"}),
+        ],
+    ),
+    # GCRA that delays instead of refusing at once (nginx's limit_req with burst and delay).
+    # Anonymous callers get 2 a second with a burst of 6: the first 3 of a burst at once, the
+    # next 3 each half a second after the one before, the 7th refused; signed-in users the
+    # same at 5 a second.
+    "search": (
+        {"methods": "GET", "cost": 1},
+        [
+            ("anonymous", "2/s", {"algorithm": "gcra", "burst": 6, "delay": 2, "max_wait": 2.0}),
+            ("free", "5/s", {"algorithm": "gcra", "burst": 10, "delay": 4, "max_wait": 2.0}),
+            ("pro", "5/s", {"algorithm": "gcra", "burst": 10, "delay": 4, "max_wait": 2.0}),
+        ],
+    ),
+    # Credential rules for anonymous clients, each counting failed attempts only: "login"
+    # guards /accounts/login/ and /api/token/ (``protect_credentials``), "admin-login" the
+    # admin's login page, "authentication" the API's Basic and Token authentication.
+    **{
+        scope: (
+            {"methods": "", "cost": 1, "counts": EndpointRule.Counts.FAILURES},
+            [
+                ("anonymous", "5/min", {"counted_by": "ip"}),
+                ("anonymous", "10/h", {"counted_by": "username"}),
+            ],
+        )
+        for scope in ("login", "admin-login", "authentication")
+    },
 }
 #: Criticality of the rules (the rest are default): the load shedder refuses sheddable
 #: requests first and keeps capacity for the critical ones.
@@ -151,10 +168,7 @@ class Command(BaseCommand):
         self.changes: Counter[str] = Counter()
         with transaction.atomic():
             tiers = self._seed_tiers()
-            self._seed_export_rule(tiers)
-            self._seed_download_rule(tiers)
-            self._seed_search_rule(tiers)
-            self._seed_credential_rules(tiers)
+            self._seed_rules(tiers)
             self._seed_protection()
             self._seed_users(tiers)
         summary = ", ".join(f"{n} {what}" for what, n in sorted(self.changes.items()))
@@ -196,80 +210,20 @@ class Command(BaseCommand):
                 )
         return tiers
 
-    def _seed_export_rule(self, tiers: dict[str, Tier]) -> None:
-        rule = self._upsert(
-            EndpointRule,
-            {"name": "export"},
-            match_type=EndpointRule.MatchType.SCOPE,
-            pattern="export",
-            methods="POST",
-            cost=10,
-            enabled=True,
-            shadow=False,
-        )
-        for slug, (rate, burst) in EXPORT_LIMITS.items():
-            self._upsert(
-                EndpointLimit, {"rule": rule, "tier": tiers[slug], "rate": rate}, burst=burst
-            )
-
-    def _seed_download_rule(self, tiers: dict[str, Tier]) -> None:
-        rule = self._upsert(
-            EndpointRule,
-            {"name": "export-download"},
-            match_type=EndpointRule.MatchType.SCOPE,
-            pattern="export-download",
-            methods="GET",
-            cost=1,
-            enabled=True,
-            shadow=False,
-        )
-        for slug, limits in DOWNLOAD_LIMITS.items():
-            for rate, algorithm in limits:
-                self._upsert(
-                    EndpointLimit,
-                    {"rule": rule, "tier": tiers[slug], "rate": rate},
-                    algorithm=algorithm,
-                )
-
-    def _seed_search_rule(self, tiers: dict[str, Tier]) -> None:
-        rule = self._upsert(
-            EndpointRule,
-            {"name": "search"},
-            match_type=EndpointRule.MatchType.SCOPE,
-            pattern="search",
-            methods="GET",
-            cost=1,
-            enabled=True,
-            shadow=False,
-        )
-        for slug, (rate, burst, delay, max_wait) in SEARCH_LIMITS.items():
-            self._upsert(
-                EndpointLimit,
-                {"rule": rule, "tier": tiers[slug], "rate": rate},
-                algorithm="gcra",
-                burst=burst,
-                delay=delay,
-                max_wait=max_wait,
-            )
-
-    def _seed_credential_rules(self, tiers: dict[str, Tier]) -> None:
-        for scope, limits in CREDENTIAL_RULES.items():
+    def _seed_rules(self, tiers: dict[str, Tier]) -> None:
+        for name, (fields, limits) in RULES.items():
             rule = self._upsert(
                 EndpointRule,
-                {"name": scope},
+                {"name": name},
                 match_type=EndpointRule.MatchType.SCOPE,
-                pattern=scope,
-                methods="",
-                cost=1,
+                pattern=name,
                 enabled=True,
                 shadow=False,
-                counts=EndpointRule.Counts.FAILURES,
+                **fields,
             )
-            for rate, counted_by in limits:
+            for slug, rate, values in limits:
                 self._upsert(
-                    EndpointLimit,
-                    {"rule": rule, "tier": tiers["anonymous"], "rate": rate},
-                    counted_by=counted_by,
+                    EndpointLimit, {"rule": rule, "tier": tiers[slug], "rate": rate}, **values
                 )
 
     def _seed_protection(self) -> None:
