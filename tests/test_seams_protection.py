@@ -29,8 +29,9 @@ from typing import Any
 import pytest
 from adrf.views import APIView as AsyncAPIView
 from asgiref.sync import async_to_sync, sync_to_async
+from django.contrib import admin
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.views import APIView
@@ -111,6 +112,7 @@ urlpatterns = [
     *adapter_views("checkout"),  # critical
     *adapter_views("local"),  # limits per region
     *adapter_views("scaled"),  # a tier at 50 %
+    path("admin/", admin.site.urls),  # the inspector
     *adapter_views("guarded"),  # counted by IP address and by username: never scaled
 ]
 
@@ -265,6 +267,23 @@ def test_explain_shows_the_fleet_line_for_the_identity(
     found = as_json("throttle_explain", *who(identity), "--path", at(adapter, "checkout"))
     assert found["next_request"] == "allowed"
     assert found["in_flight"] == ["critical: 1 of 2 in flight"]
+    async_to_sync(holder.finish)(held)
+
+
+def test_the_admin_inspector_says_a_shed_request_is_denied_with_503(
+    shedding: dict[str, Any], admin_client: Any
+) -> None:
+    """The admin inspector's explanation, for a sheddable path while the fleet is saturated,
+    names the status the server answers with (503), not a client's 429."""
+    adapter = ADAPTERS["decorator"]
+    holder = Caller(adapter, HOLDER, shedding)
+    held = async_to_sync(holder.get)(at(adapter, "feed"))
+    assert held.status_code == 200
+    url = reverse("admin:django_throttle_usagecount_inspect")
+    page = admin_client.get(url, {"client": "203.0.113.9", "path": at(adapter, "feed")})
+    text = page.content.decode()
+    assert page.status_code == 200
+    assert "denied (503) by sheddable" in text and "denied (429)" not in text, text
     async_to_sync(holder.finish)(held)
 
 

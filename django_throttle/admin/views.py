@@ -62,6 +62,7 @@ from django_throttle.models import UsageCount
 from django_throttle.models.fields import HTTP_METHODS
 from django_throttle.policy import live as policy_module
 from django_throttle.redaction import plain_text
+from django_throttle.request.core import throttled_status
 from django_throttle.usage import accounting
 from django_throttle.usage.names import client_names
 from django_throttle.usage.reports import NO_ENDPOINT, NO_TIER, Report, report
@@ -255,6 +256,8 @@ def inspector(request: HttpRequest, model_admin: AppAdmin) -> HttpResponse:
                     username=query.username,
                     region=query.region,
                 )
+                # 503 for a request the service sheds, as the server answers it.
+                context["denied_status"] = throttled_status(context["explanation"].decision)
         except UnknownClient as exc:
             context["error"] = _("Unknown client: %(reason)s.") % {"reason": exc}
         except BackendError as exc:
