@@ -382,6 +382,27 @@ def test_command_without_a_signal_is_a_one_line_error(settings: Any) -> None:
         call_command("throttle_adapt", "--once", "--step", "0")
 
 
+#: Not a callable: what a LOAD_SIGNAL naming a constant finds.
+NOT_A_SIGNAL = 1.5
+
+
+@pytest.mark.parametrize(
+    "path", ["tests.nowhere.signal", "nodots", "os.path.nope", "tests.test_adaptive.NOT_A_SIGNAL"]
+)
+def test_a_signal_setting_that_does_not_import_is_a_one_line_error(
+    settings: Any, tiers: dict[str, Tier], path: str
+) -> None:
+    """A typo in DJANGO_THROTTLE_LOAD_SIGNAL (E045 names it at check time) stops the
+    controller with one line naming the setting, not an ImportError traceback; a path to
+    something that is not callable too, rather than a step that logs and holds forever."""
+    settings.DJANGO_THROTTLE_LOAD_SIGNAL = path
+    for options in (["--once"], []):
+        with pytest.raises(CommandError, match="LOAD_SIGNAL") as caught:
+            call_command("throttle_adapt", *options, stdout=io.StringIO())
+        assert "\n" not in str(caught.value)
+    assert factors() == {}
+
+
 def test_a_bad_signal_setting_is_a_system_check(settings: Any) -> None:
     settings.DJANGO_THROTTLE_LOAD_SIGNAL = "tests.nowhere.signal"
     assert any(m.id == "django_throttle.E045" for m in check_settings())

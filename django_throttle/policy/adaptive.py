@@ -172,7 +172,18 @@ class Controller:
                     "no load signal: set DJANGO_THROTTLE_LOAD_SIGNAL to the dotted path of a "
                     "callable returning the load as a ratio to its target"
                 )
-            self.signal = import_string(path)
+            try:
+                self.signal = import_string(path)
+            except Exception as exc:  # no such module or name; a module that raises on import
+                raise ValueError(
+                    f"DJANGO_THROTTLE_LOAD_SIGNAL = {path!r} cannot be imported "
+                    f"({type(exc).__name__}: {exc})"
+                ) from exc
+        if not callable(self.signal):
+            raise ValueError(
+                f"the load signal {self.signal!r} is not callable: DJANGO_THROTTLE_LOAD_SIGNAL "
+                "names a callable taking no argument"
+            )
 
     @property
     def store(self) -> AdaptiveStore:
