@@ -278,7 +278,19 @@ def test_a_second_controller_in_the_same_step_does_nothing(
     assert second.run_once().moved == "free"
 
 
-@pytest.mark.parametrize("bad", [RuntimeError("metrics down"), "high", float("nan"), -1, True])
+@pytest.mark.parametrize(
+    "bad",
+    # 10**400: an int no float holds (math.isfinite raised OverflowError out of the step).
+    [
+        RuntimeError("metrics down"),
+        "high",
+        float("nan"),
+        float("inf"),
+        -1,
+        True,
+        pytest.param(10**400, id="huge-int"),
+    ],
+)
 def test_a_broken_signal_is_logged_and_changes_nothing(
     backend: Any, tiers: dict[str, Tier], clock: Clock, bad: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
