@@ -427,6 +427,26 @@ def test_policy_files_carry_the_service_protection() -> None:
     assert Protection.objects.get().in_flight == 70  # nothing written by a refused file
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("column", "value"), [("in_flight", [100]), ("worker_lag_ms", []), ("worker_capacity", {})]
+)
+def test_a_policy_file_with_a_list_for_a_protection_number_names_the_field(
+    column: str, value: Any
+) -> None:
+    """A list or mapping where the protection takes a number is a problem naming the field
+    (``throttle_policy import`` prints it on one line), not a TypeError traceback: an empty
+    one passed the validation of a blank column and failed the save, any other failed the
+    capacity's check constraint inside the validation."""
+    from django_throttle.policy.files import PolicyFileError, import_policy
+
+    Protection.objects.create(in_flight=70)
+    with pytest.raises(PolicyFileError) as refused:
+        import_policy({"version": 1, "protection": {"in_flight": 50, column: value}})
+    assert f"protection.{column}: must be one value" in str(refused.value)
+    assert Protection.objects.get().in_flight == 70
+
+
 @pytest.mark.urls(__name__)
 @pytest.mark.django_db(transaction=True)
 def test_a_shed_request_is_logged_as_a_warning_not_an_error(
