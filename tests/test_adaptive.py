@@ -459,3 +459,50 @@ def test_policy_files_carry_the_factors_and_refuse_a_bad_one() -> None:
     document["tiers"][0]["min_factor"] = 60
     with pytest.raises(PolicyFileError, match="min_factor"):
         import_policy(document)
+
+
+# Redis down, rows written around the admin -------------------------------------------------
+
+
+def test_with_redis_down_the_admin_and_the_command_say_so(
+    admin_client: Client, tiers: dict[str, Tier], settings: Any
+) -> None:
+    """The tier's page and the dashboard read the automatic factor from Redis: with Redis
+    down they answer and say it could not be read (the page's factor is not shown as 100 %);
+    the controller stops with one line. Nothing here is a 500 or a traceback."""
+    tier("halved", "10/m", load_factor=50)  # a scaled tier: the dashboard charts it
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    settings.DJANGO_THROTTLE_LOAD_SIGNAL = "tests.test_adaptive.overloaded"
+    page = admin_client.get(f"/admin/django_throttle/tier/{tiers['free'].pk}/change/")
+    assert page.status_code == 200
+    assert "unknown: the backend did not answer" in page.content.decode()
+    dashboard = admin_client.get("/admin/django_throttle/usagecount/dashboard/")
+    assert dashboard.status_code == 200
+    assert "The backend could not be read:" in dashboard.content.decode()
+    for options in (["--once"], ["--clear"]):
+        with pytest.raises(CommandError, match="The backend did not answer") as caught:
+            call_command("throttle_adapt", *options, stdout=io.StringIO())
+        assert "\n" not in str(caught.value)
+
+
+def test_factors_written_around_the_admin_never_break_its_pages_or_the_controller(
+    admin_client: Client, tiers: dict[str, Tier], clock: Clock
+) -> None:
+    """A load factor of 0 or 500 and a floor of 0 written by SQL: the tier's limits apply as
+    written (never switched off), its admin pages and the dashboard answer, and the
+    controller leaves that tier alone while it moves the others."""
+    free, pro = tiers["free"], tiers["pro"]
+    Tier.objects.filter(pk=free.pk).update(load_factor=0)
+    Tier.objects.filter(pk=pro.pk).update(load_factor=500, min_factor=0)
+    compiled = policy.compile_policy()
+    assert [compiled.tiers[t.pk].limits[0].rate.count for t in (free, pro)] == [100, 100]
+    for url in (
+        f"/admin/django_throttle/tier/{free.pk}/change/",
+        f"/admin/django_throttle/tier/{pro.pk}/change/",
+        "/admin/django_throttle/tier/",
+        "/admin/django_throttle/usagecount/dashboard/",
+    ):
+        assert admin_client.get(url).status_code == 200, url
+    control = controller(Signals(2.0), clock)
+    assert set(run(control, clock, 3)) == {None}  # free and pro held; anon's floor is 100 %
+    assert factors() == {}
