@@ -468,7 +468,8 @@ def test_with_redis_down_the_admin_and_the_command_say_so(
     admin_client: Client, tiers: dict[str, Tier], settings: Any
 ) -> None:
     """The tier's page and the dashboard read the automatic factor from Redis: with Redis
-    down they answer and say it could not be read (the page's factor is not shown as 100 %);
+    down they answer and say it could not be read, and show no factor they did not read (the
+    dashboard drew each scaled tier at "automatic 100% now", a flat line over the window);
     the controller stops with one line. Nothing here is a 500 or a traceback."""
     tier("halved", "10/m", load_factor=50)  # a scaled tier: the dashboard charts it
     settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
@@ -479,6 +480,8 @@ def test_with_redis_down_the_admin_and_the_command_say_so(
     dashboard = admin_client.get("/admin/django_throttle/usagecount/dashboard/")
     assert dashboard.status_code == 200
     assert "The backend could not be read:" in dashboard.content.decode()
+    assert 'data-title="Halved"' not in dashboard.content.decode()
+    assert "automatic 100% now" not in dashboard.content.decode()
     for options in (["--once"], ["--clear"]):
         with pytest.raises(CommandError, match="The backend did not answer") as caught:
             call_command("throttle_adapt", *options, stdout=io.StringIO())
