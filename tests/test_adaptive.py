@@ -197,6 +197,31 @@ def test_admin_form_shows_the_factors_and_refuses_a_floor_above_the_factor(
     assert "The floor cannot exceed the load factor." in response.content.decode()
 
 
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_factor_below_one_is_answered_with_its_real_bound(
+    admin_client: Client, value: str
+) -> None:
+    """-1 was answered "at least 0" (the column type's bound, which 0 breaks as well)."""
+    row = tier("free", "10/m")
+    response = admin_client.post(
+        f"/admin/django_throttle/tier/{row.pk}/change/",
+        {
+            "name": "Free",
+            "slug": "free",
+            "priority": 0,
+            "failure_mode": "",
+            "load_factor": value,
+            "min_factor": 1,
+            "limits-TOTAL_FORMS": 0,
+            "limits-INITIAL_FORMS": 0,
+        },
+    )
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors == {
+        "load_factor": ["A factor is at least 1%."]
+    }
+
+
 def test_a_factor_written_around_the_admin_leaves_the_limits_whole(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

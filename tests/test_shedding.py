@@ -238,6 +238,22 @@ def test_the_admin_names_the_field_of_a_bad_share(admin_client: Any) -> None:
     assert not Protection.objects.exists()
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_share_below_one_is_one_error_on_its_own_field(admin_client: Any, value: str) -> None:
+    """-1 was answered "at least 0" (the column type's bound, which 0 breaks as well), and a
+    default share of 0 or -1 also blamed the sheddable share for exceeding it: one mistake
+    is one message, on its field, with the real bound."""
+    response = admin_client.post(
+        "/admin/django_throttle/protection/add/",
+        {"enabled": "on", "default_share": value, "sheddable_share": "70", "lease": "60"},
+    )
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert errors == {"default_share": ["A share is at least 1%."]}
+    assert not Protection.objects.exists()
+
+
 @pytest.mark.urls(__name__)
 @pytest.mark.django_db(transaction=True)
 def test_an_edit_of_the_protection_reaches_the_request_path() -> None:
