@@ -90,8 +90,9 @@ class AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         # A positive column with a lower bound of its own (a percent or a lease from 1): the
         # form's own "at least 0" would answer -1 with a bound that 0 breaks too. Without it
         # the column's validator names the real bound, for -1 as for 0.
+        validators = getattr(db_field, "validators", ())
         if isinstance(db_field, PositiveIntegerRelDbTypeMixin) and any(
-            isinstance(v, MinValueValidator) and v.limit_value >= 1 for v in db_field.validators
+            isinstance(v, MinValueValidator) and v.limit_value >= 1 for v in validators
         ):
             kwargs.setdefault("min_value", None)
         return super().formfield_for_dbfield(db_field, request, **kwargs)
