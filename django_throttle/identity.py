@@ -308,12 +308,13 @@ def region_code(value: Any) -> str | None:
     return code if _REGION_CODE.fullmatch(code) else None
 
 
-def region_codes(text: str) -> tuple[tuple[str, ...], list[str]]:
+def region_codes(text: Any) -> tuple[tuple[str, ...], list[str]]:
     """The region codes of a comma-separated list (upper-cased, sorted, each once), and the
-    entries that are no code."""
+    entries that are no code. Anything but text (a policy file's number) is read as the
+    text the column would save of it, as Django's ``CharField`` does."""
     codes: set[str] = set()
     bad: list[str] = []
-    for part in (text or "").split(","):
+    for part in ("" if text is None else str(text)).split(","):
         if not part.strip():
             continue
         code = region_code(part)

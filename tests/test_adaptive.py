@@ -197,6 +197,31 @@ def test_admin_form_shows_the_factors_and_refuses_a_floor_above_the_factor(
     assert "The floor cannot exceed the load factor." in response.content.decode()
 
 
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_factor_below_one_is_answered_with_its_real_bound(
+    admin_client: Client, value: str
+) -> None:
+    """-1 was answered "at least 0" (the column type's bound, which 0 breaks as well)."""
+    row = tier("free", "10/m")
+    response = admin_client.post(
+        f"/admin/django_throttle/tier/{row.pk}/change/",
+        {
+            "name": "Free",
+            "slug": "free",
+            "priority": 0,
+            "failure_mode": "",
+            "load_factor": value,
+            "min_factor": 1,
+            "limits-TOTAL_FORMS": 0,
+            "limits-INITIAL_FORMS": 0,
+        },
+    )
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors == {
+        "load_factor": ["A factor is at least 1%."]
+    }
+
+
 def test_a_factor_written_around_the_admin_leaves_the_limits_whole(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -278,7 +303,19 @@ def test_a_second_controller_in_the_same_step_does_nothing(
     assert second.run_once().moved == "free"
 
 
-@pytest.mark.parametrize("bad", [RuntimeError("metrics down"), "high", float("nan"), -1, True])
+@pytest.mark.parametrize(
+    "bad",
+    # 10**400: an int no float holds (math.isfinite raised OverflowError out of the step).
+    [
+        RuntimeError("metrics down"),
+        "high",
+        float("nan"),
+        float("inf"),
+        -1,
+        True,
+        pytest.param(10**400, id="huge-int"),
+    ],
+)
 def test_a_broken_signal_is_logged_and_changes_nothing(
     backend: Any, tiers: dict[str, Tier], clock: Clock, bad: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -382,6 +419,27 @@ def test_command_without_a_signal_is_a_one_line_error(settings: Any) -> None:
         call_command("throttle_adapt", "--once", "--step", "0")
 
 
+#: Not a callable: what a LOAD_SIGNAL naming a constant finds.
+NOT_A_SIGNAL = 1.5
+
+
+@pytest.mark.parametrize(
+    "path", ["tests.nowhere.signal", "nodots", "os.path.nope", "tests.test_adaptive.NOT_A_SIGNAL"]
+)
+def test_a_signal_setting_that_does_not_import_is_a_one_line_error(
+    settings: Any, tiers: dict[str, Tier], path: str
+) -> None:
+    """A typo in DJANGO_THROTTLE_LOAD_SIGNAL (E045 names it at check time) stops the
+    controller with one line naming the setting, not an ImportError traceback; a path to
+    something that is not callable too, rather than a step that logs and holds forever."""
+    settings.DJANGO_THROTTLE_LOAD_SIGNAL = path
+    for options in (["--once"], []):
+        with pytest.raises(CommandError, match="LOAD_SIGNAL") as caught:
+            call_command("throttle_adapt", *options, stdout=io.StringIO())
+        assert "\n" not in str(caught.value)
+    assert factors() == {}
+
+
 def test_a_bad_signal_setting_is_a_system_check(settings: Any) -> None:
     settings.DJANGO_THROTTLE_LOAD_SIGNAL = "tests.nowhere.signal"
     assert any(m.id == "django_throttle.E045" for m in check_settings())
@@ -426,3 +484,53 @@ def test_policy_files_carry_the_factors_and_refuse_a_bad_one() -> None:
     document["tiers"][0]["min_factor"] = 60
     with pytest.raises(PolicyFileError, match="min_factor"):
         import_policy(document)
+
+
+# Redis down, rows written around the admin -------------------------------------------------
+
+
+def test_with_redis_down_the_admin_and_the_command_say_so(
+    admin_client: Client, tiers: dict[str, Tier], settings: Any
+) -> None:
+    """The tier's page and the dashboard read the automatic factor from Redis: with Redis
+    down they answer and say it could not be read, and show no factor they did not read (the
+    dashboard drew each scaled tier at "automatic 100% now", a flat line over the window);
+    the controller stops with one line. Nothing here is a 500 or a traceback."""
+    tier("halved", "10/m", load_factor=50)  # a scaled tier: the dashboard charts it
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    settings.DJANGO_THROTTLE_LOAD_SIGNAL = "tests.test_adaptive.overloaded"
+    page = admin_client.get(f"/admin/django_throttle/tier/{tiers['free'].pk}/change/")
+    assert page.status_code == 200
+    assert "unknown: the backend did not answer" in page.content.decode()
+    dashboard = admin_client.get("/admin/django_throttle/usagecount/dashboard/")
+    assert dashboard.status_code == 200
+    assert "The backend could not be read:" in dashboard.content.decode()
+    assert 'data-title="Halved"' not in dashboard.content.decode()
+    assert "automatic 100% now" not in dashboard.content.decode()
+    for options in (["--once"], ["--clear"]):
+        with pytest.raises(CommandError, match="The backend did not answer") as caught:
+            call_command("throttle_adapt", *options, stdout=io.StringIO())
+        assert "\n" not in str(caught.value)
+
+
+def test_factors_written_around_the_admin_never_break_its_pages_or_the_controller(
+    admin_client: Client, tiers: dict[str, Tier], clock: Clock
+) -> None:
+    """A load factor of 0 or 500 and a floor of 0 written by SQL: the tier's limits apply as
+    written (never switched off), its admin pages and the dashboard answer, and the
+    controller leaves that tier alone while it moves the others."""
+    free, pro = tiers["free"], tiers["pro"]
+    Tier.objects.filter(pk=free.pk).update(load_factor=0)
+    Tier.objects.filter(pk=pro.pk).update(load_factor=500, min_factor=0)
+    compiled = policy.compile_policy()
+    assert [compiled.tiers[t.pk].limits[0].rate.count for t in (free, pro)] == [100, 100]
+    for url in (
+        f"/admin/django_throttle/tier/{free.pk}/change/",
+        f"/admin/django_throttle/tier/{pro.pk}/change/",
+        "/admin/django_throttle/tier/",
+        "/admin/django_throttle/usagecount/dashboard/",
+    ):
+        assert admin_client.get(url).status_code == 200, url
+    control = controller(Signals(2.0), clock)
+    assert set(run(control, clock, 3)) == {None}  # free and pro held; anon's floor is 100 %
+    assert factors() == {}

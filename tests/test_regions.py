@@ -21,7 +21,7 @@ from django_throttle.identity import region_code
 from django_throttle.models import EndpointLimit, Tier, TierLimit
 from django_throttle.policy import live as policy
 from django_throttle.policy import regions
-from django_throttle.policy.files import export_policy, import_policy
+from django_throttle.policy.files import PolicyFileError, export_policy, import_policy
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
@@ -100,7 +100,14 @@ def test_without_trusted_proxies_the_header_is_ignored(settings: Any, anonymous:
     assert "django_throttle.W007" in messages
 
 
-@pytest.mark.parametrize("value", ["", "ZZ", "X" * 5000, "FR,DE", "fr\x00", "../../etc", "T1 T1"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        *("", "ZZ", "X" * 5000, "FR,DE", "fr\x00", "../../etc", "T1 T1"),
+        # Full-width letters, commas around a code, an escape sequence: no code, however near.
+        *("\uff26\uff32", ",,FR,,", "FR\x1b[0m"),
+    ],
+)
 def test_unknown_garbage_or_overlong_header_meets_the_default_limits(
     header_source: None, anonymous: Tier, value: str
 ) -> None:
@@ -227,6 +234,20 @@ def test_policy_file_round_trip_keeps_regions(anonymous: Tier) -> None:
         ("2/m", "DE,FR"),
         ("5/m", ""),
     ]
+
+
+def test_a_policy_file_giving_regions_as_a_number_is_no_traceback(anonymous: Tier) -> None:
+    """A number where a limit's regions are text is read as the text the column saves of it
+    (as Django's ``CharField`` reads a number): a code, or a problem naming the field. It
+    was an AttributeError traceback (``int.split``) while the import looked for repeats."""
+    document = export_policy()
+    regional = next(row for row in document["tiers"][0]["limits"] if row["regions"])
+    regional["regions"] = 1.5
+    with pytest.raises(PolicyFileError, match=r"limits\[\d\]\.regions: '1\.5' is no region code"):
+        import_policy(document)
+    regional["regions"] = 44
+    import_policy(document)
+    assert TierLimit.objects.filter(rate="2/m").get().regions == "44"
 
 
 def test_inspect_and_explain_name_the_region(header_source: None, anonymous: Tier) -> None:

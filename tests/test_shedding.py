@@ -238,6 +238,22 @@ def test_the_admin_names_the_field_of_a_bad_share(admin_client: Any) -> None:
     assert not Protection.objects.exists()
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_share_below_one_is_one_error_on_its_own_field(admin_client: Any, value: str) -> None:
+    """-1 was answered "at least 0" (the column type's bound, which 0 breaks as well), and a
+    default share of 0 or -1 also blamed the sheddable share for exceeding it: one mistake
+    is one message, on its field, with the real bound."""
+    response = admin_client.post(
+        "/admin/django_throttle/protection/add/",
+        {"enabled": "on", "default_share": value, "sheddable_share": "70", "lease": "60"},
+    )
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert errors == {"default_share": ["A share is at least 1%."]}
+    assert not Protection.objects.exists()
+
+
 @pytest.mark.urls(__name__)
 @pytest.mark.django_db(transaction=True)
 def test_an_edit_of_the_protection_reaches_the_request_path() -> None:
@@ -427,6 +443,26 @@ def test_policy_files_carry_the_service_protection() -> None:
     assert Protection.objects.get().in_flight == 70  # nothing written by a refused file
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("column", "value"), [("in_flight", [100]), ("worker_lag_ms", []), ("worker_capacity", {})]
+)
+def test_a_policy_file_with_a_list_for_a_protection_number_names_the_field(
+    column: str, value: Any
+) -> None:
+    """A list or mapping where the protection takes a number is a problem naming the field
+    (``throttle_policy import`` prints it on one line), not a TypeError traceback: an empty
+    one passed the validation of a blank column and failed the save, any other failed the
+    capacity's check constraint inside the validation."""
+    from django_throttle.policy.files import PolicyFileError, import_policy
+
+    Protection.objects.create(in_flight=70)
+    with pytest.raises(PolicyFileError) as refused:
+        import_policy({"version": 1, "protection": {"in_flight": 50, column: value}})
+    assert f"protection.{column}: must be one value" in str(refused.value)
+    assert Protection.objects.get().in_flight == 70
+
+
 @pytest.mark.urls(__name__)
 @pytest.mark.django_db(transaction=True)
 def test_a_shed_request_is_logged_as_a_warning_not_an_error(
@@ -455,3 +491,52 @@ def test_the_ietf_policy_header_leaves_the_fleet_out(settings: Any) -> None:
     assert response.status_code == 200
     assert "fleet" not in response["RateLimit-Policy"]
     assert response["RateLimit-Policy"].count(";q=1000;") == 2  # the tier's and the rule's
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"default_share": 0},
+        {"sheddable_share": 95},  # above the default share
+        {"lease": 0},
+        {"worker_capacity": -5},
+        {"worker_lag_ms": 10**9},
+    ],
+)
+def test_a_protection_written_around_the_admin_leaves_the_clients_limits_on(
+    admin_client: Any, values: dict[str, int], caplog: Any
+) -> None:
+    """A Service protection row holding a value the admin refuses (``QuerySet.update``, SQL)
+    turns shedding off, logged, and nothing else: every client's own limits still apply,
+    and its admin page answers with the values to correct."""
+    tier("anonymous", "3/min", is_default_anonymous=True)
+    row = Protection.objects.create(in_flight=100, worker_capacity=8)
+    Protection.objects.filter(pk=row.pk).update(**values)
+    with caplog.at_level("ERROR", logger="django_throttle.policy"):
+        client = Client(REMOTE_ADDR="203.0.113.9")
+        assert [client.get("/api/ping/").status_code for _ in range(4)] == [200, 200, 200, 429]
+    assert policy.current().shedding is None
+    assert "Service protection is off" in caplog.text and next(iter(values)) in caplog.text
+    assert (
+        admin_client.get(f"/admin/django_throttle/protection/{row.pk}/change/").status_code == 200
+    )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [("open", [200] * 5), ("closed", [503] * 5), ("local", [200, 200, 200, 429, 429])],
+)
+def test_with_redis_down_a_request_under_shedding_meets_its_failure_mode(
+    settings: Any, mode: str, expected: list[int]
+) -> None:
+    """The fleet slot is taken in the request's one counting call: with Redis down the
+    request meets its failure mode as any other (open serves, closed refuses with 503, local
+    counts in process), never a 500; a worker's own shedding needs no Redis at all."""
+    tier("anonymous", "3/min", is_default_anonymous=True)
+    Protection.objects.create(in_flight=1, worker_capacity=4)
+    settings.DJANGO_THROTTLE_FAILURE_MODE = mode
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    client = Client(REMOTE_ADDR="203.0.113.9")
+    assert [client.get("/api/ping/").status_code for _ in range(5)] == expected

@@ -26,7 +26,9 @@ from typing import Any
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
+from django.core.validators import MinValueValidator
 from django.db.models import QuerySet
+from django.db.models.fields import PositiveIntegerRelDbTypeMixin
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils import timezone
@@ -83,6 +85,17 @@ class AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     class Media:
         css = {"all": ["django_throttle/admin.css"]}
         js = ["django_throttle/long_words.js"]
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        # A positive column with a lower bound of its own (a percent or a lease from 1): the
+        # form's own "at least 0" would answer -1 with a bound that 0 breaks too. Without it
+        # the column's validator names the real bound, for -1 as for 0.
+        validators = getattr(db_field, "validators", ())
+        if isinstance(db_field, PositiveIntegerRelDbTypeMixin) and any(
+            isinstance(v, MinValueValidator) and v.limit_value >= 1 for v in validators
+        ):
+            kwargs.setdefault("min_value", None)
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     def get_autocomplete_fields(self, request: HttpRequest) -> list[str]:
         site, searchable = self.admin_site, []

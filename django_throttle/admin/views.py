@@ -110,12 +110,12 @@ def load_factors(window: str) -> dict[str, Any]:
     store = AdaptiveStore.of(get_backend())
     history: dict[int, list[tuple[int, float]]] = {}
     current: dict[int, float] = {}
-    error = ""
     if store is not None:
         try:
             history, current = store.history(first), store.factors()
         except BackendError as exc:
-            error = plain_text(f"{type(exc).__name__}: {exc}")
+            # No chart: each would draw a factor of 100 % that nothing read.
+            return {"charts": [], "error": plain_text(f"{type(exc).__name__}: {exc}")}
     starts = [datetime.fromtimestamp((first + i) * 60, tz=UTC) for i in range(span)]
     charts = []
     for tier in Tier.objects.order_by("priority", "name"):
@@ -137,7 +137,7 @@ def load_factors(window: str) -> dict[str, Any]:
                 "svg": factor_line(str(tier.name), starts, series),
             }
         )
-    return {"charts": charts, "error": error}
+    return {"charts": charts, "error": ""}
 
 
 def _most_limited(window: str) -> dict[str, Any]:

@@ -121,9 +121,10 @@ class Protection(models.Model):
         return {}
 
     def clean(self) -> None:
+        # Only two valid shares compare: a share out of range is its own field's one error.
+        shares = (self.sheddable_share, self.default_share)
         if (
-            isinstance(self.sheddable_share, int)
-            and isinstance(self.default_share, int)
+            all(isinstance(share, int) and 1 <= share <= 100 for share in shares)
             and self.sheddable_share > self.default_share
         ):
             raise ValidationError(

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import reprlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -110,13 +111,18 @@ def read_signal(signal: Callable[[], Any]) -> float | None:
         return None
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        logger.error("load signal %r returned %r, not a number; factors held", signal, value)
+    try:  # an int too large for a float is no finite number either
+        number = float(value) if isinstance(value, int | float) else math.nan
+    except OverflowError:
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number):
+        shown = reprlib.repr(value)
+        logger.error("load signal %r returned %s, not a finite number; factors held", signal, shown)
         return None
-    if value < 0:
+    if number < 0:
         logger.error("load signal %r returned %r, below 0; factors held", signal, value)
         return None
-    return float(value)
+    return number
 
 
 def decide(
@@ -172,7 +178,18 @@ class Controller:
                     "no load signal: set DJANGO_THROTTLE_LOAD_SIGNAL to the dotted path of a "
                     "callable returning the load as a ratio to its target"
                 )
-            self.signal = import_string(path)
+            try:
+                self.signal = import_string(path)
+            except Exception as exc:  # no such module or name; a module that raises on import
+                raise ValueError(
+                    f"DJANGO_THROTTLE_LOAD_SIGNAL = {path!r} cannot be imported "
+                    f"({type(exc).__name__}: {exc})"
+                ) from exc
+        if not callable(self.signal):
+            raise ValueError(
+                f"the load signal {self.signal!r} is not callable: DJANGO_THROTTLE_LOAD_SIGNAL "
+                "names a callable taking no argument"
+            )
 
     @property
     def store(self) -> AdaptiveStore:

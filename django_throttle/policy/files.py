@@ -301,11 +301,18 @@ def upsert(state: Import, where: str, row: models.Model, own: Mapping[str, Any])
 
 
 def _valid(state: Import, where: str, row: Any) -> bool:
-    problems: dict[str, list[str]] = {}
-    try:
-        row.full_clean()
-    except ValidationError as exc:
-        problems = {k: [str(m) for m in v] for k, v in exc.message_dict.items()}
+    # A list or mapping where a column takes one value: an empty one passes a blank field's
+    # validation and fails the save, any other fails a check constraint with a TypeError.
+    problems: dict[str, list[str]] = {
+        f.name: [f"must be one value, not a {type(value).__name__}"]
+        for f in columns(type(row))
+        if isinstance(value := getattr(row, f.attname, None), list | Mapping)
+    }
+    if not problems:
+        try:
+            row.full_clean()
+        except ValidationError as exc:
+            problems = {k: [str(m) for m in v] for k, v in exc.message_dict.items()}
     if not problems:
         problems = {name: [message] for name, message in row.row_problems().items()}
     for name, messages in sorted(problems.items()):
