@@ -258,8 +258,9 @@ def test_a_cut_settles_before_the_next_one(
     backend: Any, tiers: dict[str, Tier], clock: Clock
 ) -> None:
     """With a step shorter than the signal's delay, an overload the last cut has not reached
-    yet must not cut again: at most one cut per ``settle`` seconds (the load test saw five
-    cuts in five 1 s steps on readings that predated them, free 70 % -> 17 %)."""
+    yet must not cut again, nor a reading taken before it give back: at most one move per
+    ``settle`` seconds (the load test saw five cuts in five 1 s steps on readings that
+    predated them, free 70 % -> 17 %, then a give-back a second after a cut, and sawing)."""
     free = tiers["free"].pk
     control = Controller(signal=Signals(2.0), step=1.0, clock=clock, settle=3.0)
     moved = []
@@ -268,8 +269,17 @@ def test_a_cut_settles_before_the_next_one(
         moved.append(control.run_once().moved)
     assert moved == ["free", None, None, "free", None, None, "free"]
     assert factors()[free] == pytest.approx(0.7**3)
-    # Recovery is not held back by a cut: the load fell, so the tier gets its share back.
+    # A second after the cut the load reads low: held until the cut has settled, then each
+    # give-back settles in turn.
     control.signal = Signals(0.5)
+    moved = []
+    for _ in range(7):
+        clock.tick(1.0)
+        moved.append(control.run_once().moved)
+    assert moved == [None, None, "free", None, None, "free", None]
+    assert factors()[free] == pytest.approx(0.7**3 + 0.2)
+    # A settle of 0 moves on every step.
+    control.settle = 0.0
     clock.tick(1.0)
     assert control.run_once().moved == "free"
     with pytest.raises(ValueError, match="settle"):

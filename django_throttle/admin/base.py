@@ -27,8 +27,8 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.core.validators import MinValueValidator
+from django.db import models
 from django.db.models import QuerySet
-from django.db.models.fields import PositiveIntegerRelDbTypeMixin
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils import timezone
@@ -73,6 +73,14 @@ def stored_time(second: float) -> datetime:
     return value if settings.USE_TZ else timezone.make_naive(value)
 
 
+#: Django's positive integer columns (the form field they make refuses values below 0).
+POSITIVE_FIELDS = (
+    models.PositiveBigIntegerField,
+    models.PositiveIntegerField,
+    models.PositiveSmallIntegerField,
+)
+
+
 class AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Every page of the app's models loads its stylesheet and ``long_words.js``, which keep
     each page within a 1,280 px window whatever the data (long tokens wrap, ordinary words stay
@@ -91,7 +99,7 @@ class AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         # form's own "at least 0" would answer -1 with a bound that 0 breaks too. Without it
         # the column's validator names the real bound, for -1 as for 0.
         validators = getattr(db_field, "validators", ())
-        if isinstance(db_field, PositiveIntegerRelDbTypeMixin) and any(
+        if isinstance(db_field, POSITIVE_FIELDS) and any(
             isinstance(v, MinValueValidator) and v.limit_value >= 1 for v in validators
         ):
             kwargs.setdefault("min_value", None)

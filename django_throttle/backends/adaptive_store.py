@@ -47,7 +47,7 @@ class AdaptiveStore:
         self.factors_key = f"{prefix}:adaptive:factors"
         self.history_key = f"{prefix}:adaptive:history"
         self.step_prefix = f"{prefix}:adaptive:step:"
-        self.cut_key = f"{prefix}:adaptive:cut"
+        self.move_key = f"{prefix}:adaptive:moved"
 
     @classmethod
     def of(cls, backend: Backend) -> AdaptiveStore | None:
@@ -72,17 +72,17 @@ class AdaptiveStore:
         taken = call_backend(self.client.set, key, b"1", px=hold_ms, nx=True)
         return bool(taken)
 
-    def last_cut(self) -> float | None:
-        """When a tier was last cut (the controller's clock, Unix seconds), if lately."""
-        value = call_backend(self.client.get, self.cut_key)
+    def last_move(self) -> float | None:
+        """When a tier's factor last moved (the controller's clock, Unix seconds), if lately."""
+        value = call_backend(self.client.get, self.move_key)
         try:
             return float(value) if value else None
         except ValueError:
             return None
 
-    def note_cut(self, when: float, ttl: int) -> None:
-        """Remember a cut at ``when`` for ``ttl`` seconds."""
-        call_backend(self.client.set, self.cut_key, repr(when).encode(), ex=max(1, ttl))
+    def note_move(self, when: float, ttl: int) -> None:
+        """Remember a move at ``when`` for ``ttl`` seconds."""
+        call_backend(self.client.set, self.move_key, repr(when).encode(), ex=max(1, ttl))
 
     def save(
         self,
@@ -124,7 +124,7 @@ class AdaptiveStore:
 
     def clear(self) -> None:
         """Forget the factors (every tier whole again) and their history."""
-        for key in (self.factors_key, self.history_key, self.cut_key):  # one slot each
+        for key in (self.factors_key, self.history_key, self.move_key):  # one slot each
             call_backend(self.client.delete, key)
 
 

@@ -13,11 +13,13 @@ target, 1.0 at target) and applies AIMD, additive increase and multiplicative de
   tier below 1.0, up to 1.0: tiers recover in the reverse order.
 - in between (the hysteresis band), or no data: hold. A steady overload therefore walks
   every tier down to its floor and holds there; it never oscillates.
-- after a cut, no further cut for ``settle`` seconds (:data:`SETTLE` by default): a cut must
-  reach the workers (the policy refresh, a second) and show in the signal (its own window)
-  before the signal can say whether it was enough. Without it a step shorter than that delay
-  cuts again and again on readings taken before its own cuts, and the latency saws around
-  its target (measured: docs/explanation/benchmarks.md, adaptive limits under a surge).
+- after a move, no further move for ``settle`` seconds (:data:`SETTLE` by default): a move
+  must reach the workers (the policy refresh, a second) and show in the signal (its own
+  window) before the signal can say whether it was enough, as TCP's AIMD moves once per
+  round trip. Without it a step shorter than that delay cuts again and again on readings
+  taken before its own cuts, gives back as fast, and the latency saws around its target
+  (measured: docs/explanation/benchmarks.md, adaptive limits under a surge). The step stays
+  short so that the first overload is seen at once.
 
 The factors live in the backend (:mod:`django_throttle.backends.adaptive_store`) with a TTL
 the controller refreshes each step: a controller that stops leaves them to expire, and every
@@ -51,7 +53,7 @@ ALPHA = 0.1
 BETA = 0.7
 #: Below this signal the load is low enough to recover; between it and 1.0, hold.
 LOW = 0.9
-#: Seconds after a cut in which no further cut is made, by default: the policy refresh plus a
+#: Seconds after a move in which no further move is made, by default: the policy refresh plus a
 #: one-second signal window and the requests in flight catching up. Set it to your signal's
 #: window plus a second or two (``throttle_adapt --settle``).
 SETTLE = 3.0
@@ -129,14 +131,14 @@ def decide(
     tiers: list[TierState],
     factors: dict[int, float],
     signal: float | None,
-    may_cut: bool = True,
+    may_move: bool = True,
 ) -> tuple[dict[int, float], str | None]:
     """The factors after one step of AIMD, and the slug of the tier that moved (``None``:
-    none did). ``tiers`` in any order; ``factors`` missing a tier means 1.0. ``may_cut``
-    False (a cut is still settling): an overload holds."""
+    none did). ``tiers`` in any order; ``factors`` missing a tier means 1.0. ``may_move``
+    False (the last move is still settling): every signal holds."""
     new = {t.id: min(1.0, max(t.floor, factors.get(t.id, 1.0))) for t in tiers}
     clamped = next((t.slug for t in tiers if new[t.id] != factors.get(t.id, 1.0)), None)
-    if signal is None or LOW <= signal <= 1.0 or (signal > 1.0 and not may_cut):
+    if signal is None or LOW <= signal <= 1.0 or not may_move:
         return new, clamped
     if signal > 1.0:
         for tier in sorted(tiers, key=lambda t: (t.priority, t.id)):
@@ -163,7 +165,7 @@ class Controller:
     backend: Backend | None = None
     #: Seconds the factors outlive the last step that wrote them (at least a minute).
     ttl: int | None = None
-    #: Seconds after a cut in which no further cut is made (see :data:`SETTLE`).
+    #: Seconds after a move in which no further move is made (see :data:`SETTLE`).
     settle: float = SETTLE
 
     def __post_init__(self) -> None:
@@ -206,11 +208,11 @@ class Controller:
             return Step(acquired=False)
         tiers = adaptive_tiers()
         signal = read_signal(self.signal)  # type: ignore[arg-type]
-        last_cut = store.last_cut()
-        may_cut = last_cut is None or now - last_cut >= self.settle
-        factors, moved = decide(tiers, store.factors(), signal, may_cut)
-        if moved is not None and signal is not None and signal > 1.0:
-            store.note_cut(now, math.ceil(self.settle) + 60)
+        last_move = store.last_move()
+        may_move = last_move is None or now - last_move >= self.settle
+        factors, moved = decide(tiers, store.factors(), signal, may_move)
+        if moved is not None and signal is not None and may_move:
+            store.note_move(now, math.ceil(self.settle) + 60)
         ttl = self.ttl or max(60, round(self.step * 30))
         store.save(factors, int(now // 60), ttl, tuple(t.id for t in tiers))
         if moved is not None:

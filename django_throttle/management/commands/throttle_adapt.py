@@ -32,7 +32,7 @@ class Command(output.CountersCommand):
             "--settle",
             type=float,
             default=SETTLE,
-            help=f"seconds after a cut in which no further cut is made: set it to the load "
+            help=f"seconds after a move in which no further move is made: set it to the load "
             f"signal's window plus a second or two (default {SETTLE:g})",
         )
         parser.add_argument(
