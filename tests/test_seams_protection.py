@@ -287,6 +287,15 @@ def test_the_admin_inspector_says_a_shed_request_is_denied_with_503(
     async_to_sync(holder.finish)(held)
 
 
+def test_the_admin_inspector_explains_a_path_no_check_meets(admin_client: Any) -> None:
+    """A path that resolves to no throttled view has no decision to give a status to: the
+    inspector still answers (it was a 500 once the status joined the explanation)."""
+    url = reverse("admin:django_throttle_usagecount_inspect")
+    page = admin_client.get(url, {"client": "203.0.113.9", "method": "POST", "path": "/nowhere/"})
+    assert page.status_code == 200
+    assert "denied (" not in page.content.decode()
+
+
 # -- regions ------------------------------------------------------------------------------------
 
 EDGE = "10.0.0.5"  # the trusted proxy

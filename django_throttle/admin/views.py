@@ -257,7 +257,9 @@ def inspector(request: HttpRequest, model_admin: AppAdmin) -> HttpResponse:
                     region=query.region,
                 )
                 # 503 for a request the service sheds, as the server answers it.
-                context["denied_status"] = throttled_status(context["explanation"].decision)
+                decision = context["explanation"].decision
+                if decision is not None:
+                    context["denied_status"] = throttled_status(decision)
         except UnknownClient as exc:
             context["error"] = _("Unknown client: %(reason)s.") % {"reason": exc}
         except BackendError as exc:
