@@ -23,7 +23,6 @@ The helpers (identities, clients, command runners) are tests/test_seams_traffic.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -46,7 +45,9 @@ from tests.test_seams_traffic import (
     IDENTITIES,
     Adapter,
     Caller,
+    achunks,
     as_json,
+    chunks,
     is_user,
     label,
     long_username_fits,
@@ -58,26 +59,16 @@ from tests.test_seams_traffic import (
 # -- each rule's views, one per adapter ---------------------------------------------------------
 
 
-def _chunks() -> Iterator[bytes]:
-    yield b"id,name\n"
-    yield b"1,Teapot\n"
-
-
-async def _achunks() -> AsyncIterator[bytes]:
-    for chunk in _chunks():
-        yield chunk
-
-
 def adapter_views(scope: str, *, streams: bool = False) -> list[URLPattern]:
     """The views of the admin rule ``scope`` at ``/<scope>/<adapter suffix>/``: a streamed
     answer (its fleet slot held until the stream is read and closed) when ``streams``, else
     a JSON one."""
 
     def answer() -> HttpResponse:
-        return StreamingHttpResponse(_chunks()) if streams else JsonResponse({"scope": scope})
+        return StreamingHttpResponse(chunks()) if streams else JsonResponse({"scope": scope})
 
     def answer_async() -> HttpResponse:
-        return StreamingHttpResponse(_achunks()) if streams else JsonResponse({"scope": scope})
+        return StreamingHttpResponse(achunks()) if streams else JsonResponse({"scope": scope})
 
     @throttle(scope=scope)
     def view(request: HttpRequest) -> HttpResponse:

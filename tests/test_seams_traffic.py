@@ -47,24 +47,24 @@ from tests.factories import endpoint, own_connections, tier
 # -- views under the admin rules "flight" (requests in flight) and "paced" (delay) -----------
 
 
-def _chunks() -> Iterator[bytes]:
+def chunks() -> Iterator[bytes]:
     yield b"id,name\n"
     yield b"1,Teapot\n"
 
 
-async def _achunks() -> AsyncIterator[bytes]:
-    for chunk in _chunks():
+async def achunks() -> AsyncIterator[bytes]:
+    for chunk in chunks():
         yield chunk
 
 
 @throttle(scope="flight")
 def flight_view(request: HttpRequest) -> StreamingHttpResponse:
-    return StreamingHttpResponse(_chunks())
+    return StreamingHttpResponse(chunks())
 
 
 @throttle(scope="flight")
 async def flight_view_async(request: HttpRequest) -> StreamingHttpResponse:
-    return StreamingHttpResponse(_achunks())
+    return StreamingHttpResponse(achunks())
 
 
 class FlightApi(APIView):
@@ -72,7 +72,7 @@ class FlightApi(APIView):
     throttle_scope = "flight"
 
     def get(self, request: Request) -> StreamingHttpResponse:
-        return StreamingHttpResponse(_chunks())
+        return StreamingHttpResponse(chunks())
 
 
 class FlightAsyncApi(AsyncAPIView):  # type: ignore[misc]
@@ -81,7 +81,7 @@ class FlightAsyncApi(AsyncAPIView):  # type: ignore[misc]
     throttle_scope = "flight"
 
     async def get(self, request: Request) -> StreamingHttpResponse:
-        return StreamingHttpResponse(_achunks())
+        return StreamingHttpResponse(achunks())
 
 
 @throttle(scope="paced")
