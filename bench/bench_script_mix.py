@@ -54,7 +54,13 @@ def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
 
     from django_throttle.backends import get_backend
     from django_throttle.backends.redis import Calls
-    from django_throttle.backends.scripts import ALGORITHM_FILES, SCRIPT_FILES, load_script
+    from django_throttle.backends.scripts import (
+        ALGORITHM_FILES,
+        SCRIPT_FILES,
+        files_for,
+        load_script,
+        lua_file,
+    )
     from django_throttle.rates import Limit
 
     plain = redis.Redis.from_url(redis_url)
@@ -65,6 +71,7 @@ def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
         "all seven": Calls(partial(lambda source, codes: source, every), backend.shards),
     }
     minimal = plain.script_load(MINIMAL_BUCKET)
+    functions = has_functions(plain)
     rate = "1000/hour"
     counter = iter(range(10**9))
 
@@ -73,14 +80,18 @@ def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
         for _ in range(args.calls):
             send(next(counter))
         stats = plain.info("commandstats")
-        row = stats.get("cmdstat_evalsha") or stats.get("cmdstat_ping")
+        row = (
+            stats.get("cmdstat_evalsha") or stats.get("cmdstat_fcall") or stats.get("cmdstat_ping")
+        )
         return float(row["usec"]) / int(row["calls"])
 
     results: dict[str, Any] = {}
     for algorithm in ALGORITHMS:
         chosen = "10000/month" if algorithm == "calendar_quota" else rate
         limits = (Limit.build("t12", chosen, algorithm=algorithm),)
-        laps: dict[str, list[float]] = {name: [] for name in (*framings, "ping", "minimal")}
+        once = functions and define_once(plain, limits, files_for, lua_file, SCRIPT_FILES)
+        names = (*framings, *(["defined once"] if once else []), "ping", "minimal")
+        laps: dict[str, list[float]] = {name: [] for name in names}
 
         def decide(calls: Any, n: int, limits: Any = limits) -> None:
             encoded = calls.encoded(limits)
@@ -88,12 +99,21 @@ def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
             keys = calls.keys(encoded, tag)
             plain.evalsha(encoded.sha, len(keys), *keys, b"1", b"0", *encoded.specs)
 
+        def decide_once(function: str, n: int, limits: Any = limits) -> None:
+            calls = backend._calls
+            encoded = calls.encoded(limits)
+            tag = backend._client_tag(f"ip:10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}")[1]
+            keys = calls.keys(encoded, tag)
+            plain.fcall(function, len(keys), *keys, b"1", b"0", *encoded.specs)
+
         for calls in framings.values():  # load each script once, outside the laps
             plain.script_load(calls.script(limits)[1])
             decide(calls, next(counter))
         for _ in range(args.laps):
             for name, calls in framings.items():
                 laps[name].append(lap(partial(decide, calls)))
+            if once:
+                laps["defined once"].append(lap(partial(decide_once, once)))
             laps["ping"].append(lap(lambda n: plain.execute_command("PING")))
             laps["minimal"].append(
                 lap(
@@ -105,16 +125,52 @@ def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
         medians = {name: statistics.median(values) for name, values in laps.items()}
         medians["saved_us"] = medians["all seven"] - medians["own mix"]
         medians["saved_share"] = medians["saved_us"] / medians["all seven"]
+        medians["own mix / minimal"] = medians["own mix"] / medians["minimal"]
+        if once:
+            medians["defined once / minimal"] = medians["defined once"] / medians["minimal"]
         results[algorithm] = medians
     version = plain.info("server").get("redis_version")
     plain.close()
+    if functions:
+        plain.function_flush()
     return {
         "redis": version,
+        "functions": functions,
         "calls_per_lap": args.calls,
         "laps": args.laps,
         "algorithm_files": len(ALGORITHM_FILES),
         "server_us_per_call": results,
     }
+
+
+def has_functions(client: Any) -> bool:
+    """Whether the server has Redis functions (``FUNCTION LOAD`` / ``FCALL``: Redis 7, Valkey)."""
+    try:
+        client.function_list()
+    except Exception:
+        return False
+    return True
+
+
+def define_once(client: Any, limits: Any, files_for: Any, lua_file: Any, script_files: Any) -> str:
+    """Load the counting script of ``limits``' algorithms as a function library: the
+    prelude and the algorithm files run once, at load; the driver is the function's body,
+    reading ``KEYS`` and ``ARGV`` from the call (and the prelude's per-call ``LEASE`` reset).
+    Returns the function's name."""
+    from django_throttle.backends.base import ALGORITHM_CODES
+
+    codes = {ALGORITHM_CODES[limit.algorithm] for limit in limits}
+    files = files_for(script_files, codes)
+    definitions = "\n".join(map(lua_file, files[:-1]))
+    name = "bench_mix_" + "".join(sorted(codes))
+    library = (
+        f"#!lua name={name}\nlocal KEYS, ARGV\n{definitions}\n"
+        "local function count(keys, args)\n  KEYS, ARGV, LEASE = keys, args, nil\n"
+        f"{lua_file(files[-1])}\nend\n"
+        f"redis.register_function('{name}', count)\n"
+    )
+    client.function_load(library, replace=True)
+    return name
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -127,17 +183,24 @@ def print_table(result: dict[str, Any]) -> None:
             f"{result['laps']} laps x {result['calls_per_lap']:,} calls, INFO commandstats)"
         )
     )
-    for column in ("algorithm", "own mix", "all seven", "saved", "minimal bucket", "PING"):
+    once = result["functions"]
+    columns = ["algorithm", "own mix", "all seven", "saved", "minimal bucket", "PING"]
+    columns += ["own mix ÷ minimal"] + (["defined once", "defined once ÷ minimal"] if once else [])
+    for column in columns:
         table.add_column(column, justify="left" if column == "algorithm" else "right")
     for algorithm, row in result["server_us_per_call"].items():
-        table.add_row(
+        cells = [
             algorithm,
             f"{row['own mix']:.1f}",
             f"{row['all seven']:.1f}",
             f"{row['saved_us']:.1f} ({row['saved_share']:.0%})",
             f"{row['minimal']:.1f}",
             f"{row['ping']:.2f}",
-        )
+            f"{row['own mix / minimal']:.2f}",
+        ]
+        if once:
+            cells += [f"{row['defined once']:.1f}", f"{row['defined once / minimal']:.2f}"]
+        table.add_row(*cells)
     Console().print(table)
 
 
