@@ -73,3 +73,28 @@ def test_the_operator_pages_are_in_the_toctree() -> None:
     for page in (TROUBLESHOOTING_PAGE, PRODUCTION_PAGE):
         assert page.exists()
         assert f"\n{page.relative_to(DOCS).with_suffix('')}\n" in index
+
+
+#: How the README spells a count of settings.
+NUMBER_WORDS = {
+    10: "Ten",
+    11: "Eleven",
+    12: "Twelve",
+    13: "Thirteen",
+    14: "Fourteen",
+    15: "Fifteen",
+    16: "Sixteen",
+    17: "Seventeen",
+}
+
+
+def test_the_readme_counts_the_settings_there_are() -> None:
+    """The README's "Settings" section says how many ``DJANGO_THROTTLE_*`` settings there are:
+    the number of :class:`~django_throttle.conf.Setting` attributes of ``Settings`` (it said
+    thirteen while there were fifteen)."""
+    from django_throttle.conf import Setting, Settings
+
+    count = sum(isinstance(value, Setting) for value in vars(Settings).values())
+    readme = (ROOT / "README.md").read_text("utf-8")
+    section = readme.split("## Settings", 1)[1].split("\n## ", 1)[0]
+    assert f"{NUMBER_WORDS[count]} `DJANGO_THROTTLE_*` settings" in " ".join(section.split())
