@@ -220,7 +220,7 @@ def _check_regions() -> list[checks.CheckMessage]:
     if not isinstance(source, str):
         return []
     if source.strip().lower() == REGION_GEOIP:
-        from django_throttle.policy.regions import open_geoip
+        from django_throttle.policy.live import open_geoip
 
         _reader, problem = open_geoip()
         if problem:

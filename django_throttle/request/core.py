@@ -86,8 +86,8 @@ from django_throttle.policy.live import (
     TierPolicy,
     exempt_client,
     import_resolver,
+    request_region,
 )
-from django_throttle.policy.regions import request_region
 from django_throttle.rates import FLEET, UNLIMITED, WORKER, Algorithm, Decision, Limit, Rate
 from django_throttle.redaction import log_text
 from django_throttle.request import leases
