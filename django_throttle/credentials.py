@@ -19,7 +19,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from django_throttle.request.guards import guard
+from django_throttle.decorators import guard
 
 __all__ = ["protect_credentials"]
 

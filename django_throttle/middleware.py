@@ -9,8 +9,8 @@ counts). A request that holds concurrency slots (a concurrency limit) gives them
 once its response is made, or, for a streaming response, once its stream is closed
 (:mod:`~django_throttle.request.leases`). It also counts the requests this process is
 serving, and under ASGI watches its event loop's lag, for the worker's own load shedder
-(:mod:`~django_throttle.request.shedding`). Works in sync and async stacks; a request without
-a reservation or a slot costs two attribute lookups and the busy count.
+(:func:`~django_throttle.request.core.worker_refusal`). Works in sync and async stacks; a
+request without a reservation or a slot costs two attribute lookups and the busy count.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest
 
-from django_throttle.request import core, leases, shedding
+from django_throttle.request import core, leases
 
 __all__ = ["RateLimitHeadersMiddleware"]
 
@@ -40,7 +40,7 @@ class RateLimitHeadersMiddleware:
         if self.is_async:
             return self._acall(request)
         response = None
-        busy = shedding.busy  # this worker's busy count (its own load shedder), inline
+        busy = core.busy  # this worker's busy count (its own load shedder), inline
         with busy.lock:
             busy.count += 1
         try:
@@ -57,8 +57,8 @@ class RateLimitHeadersMiddleware:
 
     async def _acall(self, request: HttpRequest) -> Any:
         response = None
-        shedding.watch_loop()  # this loop's lag (the worker's own load shedder)
-        busy = shedding.busy
+        core.watch_loop()  # this loop's lag (the worker's own load shedder)
+        busy = core.busy
         with busy.lock:
             busy.count += 1
         try:

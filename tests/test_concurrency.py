@@ -471,7 +471,7 @@ def test_a_request_collected_while_holding_slots_gives_them_back(_isolated_throt
 def test_warning_when_a_concurrency_limit_has_no_middleware(settings: Any) -> None:
     from django.core import checks
 
-    from django_throttle.checks.database import check_concurrency_middleware
+    from django_throttle.checks import check_concurrency_middleware
 
     anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
     rule = endpoint("exports <b>", "route", "held-api")

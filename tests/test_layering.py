@@ -170,7 +170,6 @@ def imported_roots(path: Path) -> set[str]:
                 "django_throttle/backends/redis_nodes.py",
                 # The memory backend is the Redis backend on an in-process store.
                 "django_throttle/backends/memory.py",
-                "django_throttle/backends/memory_commands.py",
             },
         ),
         ("lupa", {"django_throttle/backends/memory.py"}),

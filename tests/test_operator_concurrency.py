@@ -17,8 +17,7 @@ from django.core.management import call_command
 from django.test import Client
 
 from django_throttle.backends import get_backend
-from django_throttle.inspection.clients import counters, short_lease
-from django_throttle.inspection.probes import Counter
+from django_throttle.inspection.clients import Counter, counters, short_lease
 from django_throttle.inspection.subjects import parse_client
 from django_throttle.models import TierLimit
 from django_throttle.rates import Algorithm, Limit

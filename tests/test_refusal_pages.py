@@ -22,7 +22,7 @@ from django.urls import path
 from django_throttle.credentials import protect_credentials
 from django_throttle.decorators import throttle
 from django_throttle.models import EndpointLimit, EndpointRule, Tier
-from django_throttle.request.pages import human_wait
+from django_throttle.request.core import human_wait
 
 # Transactions committed: the async view's policy load reads the rows from another thread.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.test_refusal_pages")]

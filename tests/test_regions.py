@@ -20,7 +20,6 @@ from django_throttle.checks import check_settings
 from django_throttle.identity import region_code
 from django_throttle.models import EndpointLimit, Tier, TierLimit
 from django_throttle.policy import live as policy
-from django_throttle.policy import regions
 from django_throttle.policy.files import PolicyFileError, export_policy, import_policy
 from tests.factories import endpoint, tier
 
@@ -171,9 +170,9 @@ def geoip_database(settings: Any, tmp_path: Path) -> Path:
     writer.to_db_file(str(tmp_path / "GeoLite2-Country.mmdb"))
     settings.GEOIP_PATH = str(tmp_path)
     settings.DJANGO_THROTTLE_REGION_SOURCE = "geoip"
-    regions.forget()
+    policy.forget_geoip()
     yield tmp_path
-    regions.forget()
+    policy.forget_geoip()
 
 
 def test_geoip_database_applies_the_regional_limit(geoip_database: Path, anonymous: Tier) -> None:
@@ -187,19 +186,19 @@ def test_geoip_database_applies_the_regional_limit(geoip_database: Path, anonymo
 
 def test_geoip_database_is_opened_once_per_process(geoip_database: Path, anonymous: Tier) -> None:
     opened = []
-    real = regions.open_geoip
+    real = policy.open_geoip
 
     def counting() -> Any:
         opened.append(1)
         return real()
 
-    regions.open_geoip = counting  # type: ignore[assignment]
+    policy.open_geoip = counting  # type: ignore[assignment]
     try:
         client = Client()
         for address in ("203.0.113.9", "203.0.113.10", OUTSIDE):
             client.get("/api/ping/", REMOTE_ADDR=address)
     finally:
-        regions.open_geoip = real  # type: ignore[assignment]
+        policy.open_geoip = real  # type: ignore[assignment]
     assert opened == [1]
 
 
@@ -208,13 +207,13 @@ def test_a_missing_geoip_database_is_a_check_error_never_a_500(
 ) -> None:
     settings.DJANGO_THROTTLE_REGION_SOURCE = "geoip"
     settings.GEOIP_PATH = str(tmp_path / "nowhere")
-    regions.forget()
+    policy.forget_geoip()
     try:
         assert limit_header(Client(), "/api/ping/", REMOTE_ADDR="203.0.113.9") == "5"
         errors = [m for m in check_settings() if m.id == "django_throttle.E044"]
         assert errors and "REGION_SOURCE" in errors[0].msg
     finally:
-        regions.forget()
+        policy.forget_geoip()
 
 
 @pytest.mark.parametrize("value", ["geo", "header:", "header:CF_IPCountry", "cookie:x", 3])

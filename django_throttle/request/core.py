@@ -36,7 +36,11 @@ limits only: a shadow rule's limits are counted and logged, never advertised. Wi
 seconds its bucket takes to refill. ``X-RateLimit-Degraded`` says the backend could not answer
 and the failure mode decided: ``open`` (served uncounted) or ``local`` (counted per process).
 A refusal is a 429 (or the failure status) with ``Retry-After`` and a JSON body, or a page for
-a browser (:mod:`~django_throttle.request.pages`).
+a browser (:func:`throttled_page`).
+
+**Worker shedding**: before any backend call, this process refuses sheddable, then default
+requests on its own when it is saturated (:func:`worker_refusal`: its busy threads,
+:data:`busy`, or its event loop's lag, :class:`LagWatch`), with no I/O.
 
 No DRF here. The adapters' entry points (:func:`check`, :func:`acheck`, :func:`settle`,
 :func:`asettle`, :func:`plan`, :func:`add_headers`, :func:`throttled_response`) are promised
@@ -53,12 +57,14 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypedDict, TypeVar, Unpack
 
 from asgiref.sync import sync_to_async
-from django.http import HttpResponseBase, JsonResponse
+from django.http import HttpResponse, HttpResponseBase, JsonResponse
+from django.template.loader import render_to_string
 from django.utils.cache import patch_vary_headers
 from django.utils.functional import LazyObject
 from django.utils.translation import gettext, ngettext
@@ -80,12 +86,11 @@ from django_throttle.policy.live import (
     TierPolicy,
     exempt_client,
     import_resolver,
+    request_region,
 )
-from django_throttle.policy.regions import request_region
-from django_throttle.rates import FLEET, UNLIMITED, Algorithm, Decision, Limit
+from django_throttle.rates import FLEET, UNLIMITED, WORKER, Algorithm, Decision, Limit, Rate
 from django_throttle.redaction import log_text
-from django_throttle.request import leases, shedding
-from django_throttle.request.pages import throttled_page, wants_html
+from django_throttle.request import leases
 from django_throttle.request.usernames import username_counters
 from django_throttle.usage import accounting as usage
 
@@ -232,12 +237,12 @@ def _worker_shed(
     planned: Plan, protection: Shedding, request: Any, started: float
 ) -> Decision | None:
     """The 503 of this worker's own shedder when it is saturated
-    (:func:`.shedding.refusal`), counted denied and shed, with no backend call; ``None`` to
+    (:func:`worker_refusal`), counted denied and shed, with no backend call; ``None`` to
     go on. A credential check (a login) is never shed here: it decides who may come in."""
     if planned.credential:
         return None
     criticality = planned.endpoint.criticality if planned.endpoint is not None else "default"
-    decision = shedding.refusal(protection, criticality)
+    decision = worker_refusal(protection, criticality)
     if decision is None:
         return None
     usage.record_shed(planned.field, planned.client)
@@ -1264,7 +1269,7 @@ def throttled_response(decision: Decision, request: Any = None) -> HttpResponseB
     """The refusal: 429 (or the failure status) with ``Retry-After`` and the rate-limit
     headers; its body a small JSON object, or, for a request whose ``Accept`` prefers
     ``text/html`` (a browser), a page saying the same in words
-    (:mod:`~django_throttle.request.pages`), with ``Vary: Accept`` on both. What
+    (:func:`throttled_page`), with ``Vary: Accept`` on both. What
     ``DJANGO_THROTTLE_DENIED_RESPONSE`` builds wins, with the same headers added where it did
     not set them. A callable or template that fails is logged and the JSON response is sent
     instead: a refusal must never become a 500."""
@@ -1301,3 +1306,170 @@ def _custom_response(path: str, request: Any, decision: Decision) -> HttpRespons
         logger.exception("DJANGO_THROTTLE_DENIED_RESPONSE %s failed; sending the default", path)
         return None
     return response
+
+
+# -- the refusal as a page -------------------------------------------------------------------
+# A request whose ``Accept`` prefers ``text/html`` to JSON (a browser) gets the 429 or 503
+# explained in words (what happened, how long to wait) instead of a JSON body it would show
+# raw. API clients (``application/json``, ``*/*``, no ``Accept``) are never sent HTML. The page
+# is the template ``django_throttle/throttled.html``, which a project overrides by putting its
+# own under that name in a template directory found first. It extends nothing, so it renders
+# outside the admin and with no project template. It is rendered without the request's context
+# processors (a processor may query the database, which an async view may not do, and a refusal
+# must stay cheap); its context names the request, the decision and the words.
+
+#: The template of the page; override it in a project's templates.
+THROTTLED_TEMPLATE = "django_throttle/throttled.html"
+
+#: Offered in this order, so a tie (``*/*``, no ``Accept`` at all) goes to JSON.
+_OFFERED = ("application/json", "text/html")
+
+
+def wants_html(request: Any) -> bool:
+    """Whether ``request`` prefers ``text/html`` to JSON by its ``Accept`` header (Django's
+    ``HttpRequest.get_preferred_type``: quality first, then the more specific type)."""
+    preferred = getattr(request, "get_preferred_type", None)
+    return preferred is not None and preferred(_OFFERED) == "text/html"
+
+
+def human_wait(seconds: int) -> str:
+    """A wait in words, in the largest unit it fills, rounded up: "1 second", "2 minutes",
+    "3 hours", "2 days" (a browser's reader must not come back too early)."""
+    if seconds < 60:
+        return ngettext("%(count)d second", "%(count)d seconds", seconds) % {"count": seconds}
+    if seconds <= 3600:
+        count = math.ceil(seconds / 60)
+        return ngettext("%(count)d minute", "%(count)d minutes", count) % {"count": count}
+    if seconds <= 86400:
+        count = math.ceil(seconds / 3600)
+        return ngettext("%(count)d hour", "%(count)d hours", count) % {"count": count}
+    count = math.ceil(seconds / 86400)
+    return ngettext("%(count)d day", "%(count)d days", count) % {"count": count}
+
+
+def throttled_page(
+    request: Any, decision: Decision, status: int, wait: int | None
+) -> HttpResponse | None:
+    """The page for ``decision`` answered with ``status``, or ``None`` when the template
+    could not be rendered (logged; the caller sends its JSON instead: a refusal never
+    becomes a 500). ``wait`` is the ``Retry-After`` in seconds (``None``: none is sent)."""
+    context = {
+        "request": request,
+        "decision": decision,
+        "status": status,
+        "unavailable": decision.unavailable,
+        "unidentified": decision.unidentified,
+        "limit": None if decision.limit is None else decision.limit.name,
+        "retry_after": wait,
+        "wait": None if wait is None else human_wait(wait),
+    }
+    try:
+        content = render_to_string(THROTTLED_TEMPLATE, context)
+    except Exception:
+        logger.exception("The template %s failed; sending the JSON refusal", THROTTLED_TEMPLATE)
+        return None
+    return HttpResponse(content, status=status)
+
+
+# -- the worker shedder ----------------------------------------------------------------------
+# This process sheds sheddable, then default requests on its own when it is saturated, before
+# asking Redis anything (Stripe's "worker utilization load shedder"). Two signs of saturation,
+# each set in the admin's Service protection:
+#
+# - Busy threads (WSGI, or sync views): :data:`busy`, counted by
+#   :class:`~django_throttle.middleware.RateLimitHeadersMiddleware` around every request: the
+#   requests this process is serving. Beyond the criticality's share of ``worker_capacity``
+#   (its threads), a request is shed.
+# - Event loop lag (ASGI): a small task on each running loop (:class:`LagWatch`, started by the
+#   middleware's async path through :func:`watch_loop`) wakes every :data:`LAG_TICK` and notes
+#   how late it woke; the lag it reports decays by half each :data:`LAG_HALF_LIFE`, so a loop
+#   that was blocked is seen as blocked for about a second afterwards, not for one tick.
+#   Sheddable requests are shed beyond ``worker_lag``, default ones beyond twice it.
+#
+# Critical requests are never shed by a worker. A shed request gets 503 with ``Retry-After: 1``
+# (:data:`~django_throttle.rates.WORKER`, see :attr:`~django_throttle.rates.Decision.shed`) and
+# no backend call: the worker protects Redis too.
+
+#: Seconds between two wake-ups of a loop's lag watch.
+LAG_TICK = 0.05
+#: Seconds for the lag a watch reports to halve once the loop keeps time again.
+LAG_HALF_LIFE = 0.25
+
+
+class Busy:
+    """Requests this process is serving now (``count``, those the middleware saw start and
+    not yet end), changed under ``lock``. The middleware changes it inline, without a call:
+    it runs on every request."""
+
+    count = 0
+    lock = threading.Lock()
+
+
+busy = Busy()
+
+
+class LagWatch:
+    """How late one event loop runs: a task that sleeps :data:`LAG_TICK` and notes the overshoot."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._lag = 0.0
+        self._at = time.monotonic()
+        self.task = loop.create_task(self._run(), name="django-throttle-lag")
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(LAG_TICK)
+            late = max(0.0, loop.time() - before - LAG_TICK)
+            self._lag, self._at = max(late, self.lag()), time.monotonic()
+
+    def lag(self) -> float:
+        """Seconds the loop ran late lately (decaying by half each :data:`LAG_HALF_LIFE`)."""
+        return float(self._lag * 0.5 ** ((time.monotonic() - self._at) / LAG_HALF_LIFE))
+
+
+_watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LagWatch] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def watch_loop() -> None:
+    """Watch the running loop's lag (once per loop; the middleware's async path calls it)."""
+    loop = asyncio.get_running_loop()
+    if loop not in _watches:
+        _watches[loop] = LagWatch(loop)
+
+
+def loop_lag() -> float | None:
+    """The running loop's lag in seconds, ``None`` outside a watched loop."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    found = _watches.get(loop)
+    return None if found is None else found.lag()
+
+
+def worker_refusal(shedding: Shedding | None, criticality: str) -> Decision | None:
+    """The 503 a request of ``criticality`` gets when this worker is saturated, else
+    ``None``. Reads two numbers kept in process: no I/O."""
+    if shedding is None or criticality == "critical":
+        return None
+    capacity, most_lag = shedding.worker_capacity, shedding.worker_lag
+    if capacity is not None:
+        room = max(1, capacity * shedding.shares.get(criticality, 100) // 100)
+        if busy.count > room:
+            return _worker_decision(criticality, room)
+    if most_lag is not None:
+        late = loop_lag()
+        if late is not None and late > most_lag * (1 if criticality == "sheddable" else 2):
+            return _worker_decision(criticality, capacity or 1)
+    return None
+
+
+def _worker_decision(criticality: str, room: int) -> Decision:
+    limit = Limit.build(WORKER, Rate(room, 1), algorithm=Algorithm.CONCURRENCY, name=criticality)
+    return Decision(
+        allowed=False, limit=limit, remaining=0, reset_after=1.0, retry_after=1.0, limits=(limit,)
+    )

@@ -1,0 +1,724 @@
+"""System checks: one per ``DJANGO_THROTTLE_*`` setting, ids ``django_throttle.E002``…, one
+(W004, or E041 where ignoring it weakens limiting) per setting of earlier versions still set,
+naming what replaces it, one (W001) for a ``DJANGO_THROTTLE_*`` name that is no setting, and
+the checks that read stored rows (E101…E105, W106, W003, W005, W020). :func:`register`
+(called from the app's ``ready()``) registers them all.
+
+Checks read the raw settings (not :mod:`conf`, which converts types) so a bad value is
+reported with its name instead of crashing at first use: no database, no Redis, and no import
+of rows when this module is imported (the checks on stored rows import them when they run).
+
+Its sections:
+
+- the settings checks: each setting that is set against its validator (E002…),
+  ``REDIS_URL``'s ``?shards=`` (E042), the settings that must agree with each other (E018
+  the Redis source, W002 proxy trust), the removed settings (W004, E041), and W001;
+- what each setting may hold: one validator per setting, and the table :data:`SETTINGS`;
+- the checks on stored rows (E101…E105, W106, W003, W005, W020).
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from collections.abc import Callable
+from itertools import chain
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import FieldError
+from django.db import DatabaseError, transaction
+from django.utils.module_loading import import_string
+
+from django_throttle.conf import (
+    DEFAULT_CACHE_ALIAS,
+    NAMES,
+    PREFIX,
+    REGION_GEOIP,
+    REGION_HEADER_NAME,
+    REMOVED,
+    SHARDS_RANGE,
+    cache_alias,
+    is_cache_url,
+    is_memory_url,
+    split_shards,
+)
+from django_throttle.redaction import redact_text
+
+
+def register() -> None:
+    checks.register(check_settings, checks.Tags.compatibility)
+    checks.register(check_settling_middleware, checks.Tags.models)
+    checks.register(check_concurrency_middleware, checks.Tags.models)
+    checks.register(check_credential_rules, checks.Tags.models)
+    checks.register(check_rows, checks.Tags.models)
+    # Reads the key table: runs with `manage.py check --database …` (and the test runner),
+    # never breaks `check` on a machine without a database.
+    checks.register(check_api_key_owners, checks.Tags.database)
+
+
+# -- the settings checks -----------------------------------------------------------------------
+
+_MISSING = object()
+#: Django's own Redis cache: the backend builds its client from its LOCATION too.
+DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
+
+
+def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
+    errors: list[checks.CheckMessage] = []
+    for check_id, name, validate in SETTINGS:
+        value = getattr(settings, PREFIX + name, _MISSING)
+        problem = None if value is _MISSING else validate(value)
+        if problem is not None:
+            errors.append(
+                checks.Error(
+                    f"{PREFIX}{name} = {_shown(name, value)} {problem}.",
+                    hint=f"Fix it, or remove it for its default: {PREFIX}{name} in the "
+                    "django-throttle settings reference says what it holds and why.",
+                    id=f"django_throttle.{check_id}",
+                )
+            )
+    errors.extend(_check_url_shards())
+    # A URL that is already wrong (E002, E042) names no cache to look for.
+    url_wrong = any(error.id in _URL_ERRORS for error in errors)
+    source = [] if url_wrong else _check_redis_source()
+    # A connection is tried only from settings that passed their own checks.
+    return [
+        *errors,
+        *(source or ([] if errors else _check_redis_options())),
+        *_check_proxy_trust(),
+        *_check_regions(),
+        *_check_removed(),
+        *_check_unknown_names(),
+    ]
+
+
+#: The checks of ``REDIS_URL`` itself: after one of them no connection is tried.
+_URL_ERRORS = frozenset({"django_throttle.E002", "django_throttle.E042"})
+
+
+def _check_url_shards() -> list[checks.CheckMessage]:
+    """E042: ``REDIS_URL``'s ``?shards=`` is not a count of key shards (1-1024); the keys
+    would be spread by the default instead of the count the project asked for."""
+    value = getattr(settings, PREFIX + "REDIS_URL", None)
+    problem = url_shards(value)
+    if problem is None:
+        return []
+    return [
+        checks.Error(
+            f"{PREFIX}REDIS_URL = {_shown('REDIS_URL', value)} {problem}.",
+            hint="Write '?shards=N' with N from 1 to 1024 (e.g. "
+            "'redis+cluster://host:7000?shards=32'), or remove it for the default: 16 on a "
+            "Redis Cluster, else 1.",
+            id="django_throttle.E042",
+        )
+    ]
+
+
+def _check_removed() -> list[checks.CheckMessage]:
+    """W004: a setting of an earlier version is still set and now changes nothing; E041 when
+    ignoring its value lets more requests through, or counts clients together, than the
+    project asked for. Both name what replaces it, so upgrading is one read."""
+    found: list[checks.CheckMessage] = []
+    for name, removed in REMOVED.items():
+        value = getattr(settings, PREFIX + name, _MISSING)
+        if value is _MISSING:
+            continue
+        weakens = removed.weakens(value)
+        kind = checks.Error if weakens else checks.Warning
+        found.append(
+            kind(
+                f"{PREFIX}{name} = {_shown(name, value)} is no longer a django-throttle "
+                "setting"
+                + (", and limiting without it differs from what it asked for." if weakens else ".")
+                + f" It is replaced by {removed.replacement}.",
+                hint=f"Remove {PREFIX}{name}"
+                + (" and set its replacement." if weakens else " (or set its replacement)."),
+                id="django_throttle.E041" if weakens else "django_throttle.W004",
+            )
+        )
+    return found
+
+
+def _check_unknown_names() -> list[checks.CheckMessage]:
+    """W001: a ``DJANGO_THROTTLE_*`` name that is no setting of this app, most likely a typo:
+    the setting meant keeps its default without a word."""
+    warnings: list[checks.CheckMessage] = []
+    for full_name in dir(settings):
+        name = full_name.removeprefix(PREFIX)
+        if name == full_name or name in NAMES or name in REMOVED:
+            continue
+        meant = difflib.get_close_matches(name, NAMES, n=1, cutoff=0.8)
+        warnings.append(
+            checks.Warning(
+                f"{full_name} is not a django-throttle setting, so it changes nothing.",
+                hint=f"Did you mean {PREFIX}{meant[0]}?"
+                if meant
+                else "Remove it; the settings reference in the django-throttle docs lists "
+                "every setting.",
+                id="django_throttle.W001",
+            )
+        )
+    return warnings
+
+
+#: Settings whose value is a secret: a check names them but never shows the value.
+SECRET_SETTINGS = frozenset({"API_KEY_SECRET"})
+
+
+def _shown(name: str, value: Any) -> str:
+    """``value`` as a check may show it: a secret hidden, a URL's password masked."""
+    if name in SECRET_SETTINGS:
+        return "<hidden>" if not isinstance(value, str) else f"<hidden, {len(value)} characters>"
+    return redact_text(repr(value))
+
+
+def _check_redis_source() -> list[checks.CheckMessage]:
+    """E018: the Redis backend needs a URL or a django-redis cache to borrow a client from."""
+    url = getattr(settings, PREFIX + "REDIS_URL", None)
+    alias = cache_alias(url) if url else DEFAULT_CACHE_ALIAS
+    if alias is None:  # a Redis URL, or memory://
+        return []
+    cache = getattr(settings, "CACHES", {}).get(alias, {})
+    backend_path = str(cache.get("BACKEND", ""))
+    if backend_path.startswith("django_redis.") or backend_path == DJANGO_REDIS_CACHE:
+        return []
+    return [
+        checks.Error(
+            "The Redis backend has no Redis: DJANGO_THROTTLE_REDIS_URL borrows "
+            f"CACHES[{alias!r}] (cache://{alias}), which is neither a django-redis cache nor "
+            "Django's RedisCache.",
+            hint="Set DJANGO_THROTTLE_REDIS_URL = 'redis://…' or 'cache://<a django-redis "
+            "cache>', or 'memory://' to count in a single process.",
+            id="django_throttle.E018",
+        )
+    ]
+
+
+def _check_redis_options() -> list[checks.CheckMessage]:
+    """E040: redis-py cannot make a connection with the options given (an option its
+    connections do not take, a borrowed cache it cannot read): every counting call would fail
+    and take the failure mode."""
+    if is_memory_url(getattr(settings, PREFIX + "REDIS_URL", None)):
+        return []
+    from django_throttle.backends.redis_clients import option_problem
+
+    problem = option_problem()
+    if problem is None:
+        return []
+    return [
+        checks.Error(
+            "The Redis backend cannot make a connection with its settings (URL, cache and "
+            f"DJANGO_THROTTLE_REDIS_OPTIONS): {redact_text(problem).rstrip('.')}.",
+            hint="Give only options of redis-py's connections (socket_timeout, ssl_ca_certs, "
+            "...); TLS is turned on by a rediss:// URL, not by an 'ssl' option.",
+            id="django_throttle.E040",
+        )
+    ]
+
+
+def _check_regions() -> list[checks.CheckMessage]:
+    """E044: ``REGION_SOURCE = "geoip"`` without a GeoIP2 database that opens (every client
+    would meet the default limits); W007: a region header with no trusted proxy is never
+    read."""
+    source = getattr(settings, PREFIX + "REGION_SOURCE", None)
+    if not isinstance(source, str):
+        return []
+    if source.strip().lower() == REGION_GEOIP:
+        from django_throttle.policy.live import open_geoip
+
+        _reader, problem = open_geoip()
+        if problem:
+            return [
+                checks.Error(
+                    f"{PREFIX}REGION_SOURCE = 'geoip' but {problem}.",
+                    hint="Install geoip2 and set GEOIP_PATH to a GeoIP2 (or GeoLite2) Country "
+                    "or City database, or unset REGION_SOURCE.",
+                    id="django_throttle.E044",
+                )
+            ]
+    elif not getattr(settings, PREFIX + "TRUSTED_PROXIES", None):
+        return [
+            checks.Warning(
+                f"{PREFIX}REGION_SOURCE = {source!r} is never read: the header is believed "
+                "only from a trusted proxy, and none is configured.",
+                hint=f"Set {PREFIX}TRUSTED_PROXIES to your edge proxies' networks (or count).",
+                id="django_throttle.W007",
+            )
+        ]
+    return []
+
+
+def _check_proxy_trust() -> list[checks.CheckMessage]:
+    """W002: a client IP header with no trusted proxy is never read."""
+    trusted = getattr(settings, PREFIX + "TRUSTED_PROXIES", None)
+    header = getattr(settings, PREFIX + "CLIENT_IP_HEADER", None)
+    if header and header_name(header) is None and not trusted:
+        return [
+            checks.Warning(
+                f"{PREFIX}CLIENT_IP_HEADER = {header!r} is never read: no trusted proxy is "
+                "configured, so every request is counted by REMOTE_ADDR.",
+                hint=f"Set {PREFIX}TRUSTED_PROXIES to your proxies' networks (or their "
+                "count), or remove CLIENT_IP_HEADER.",
+                id="django_throttle.W002",
+            )
+        ]
+    return []
+
+
+# -- what each setting may hold ----------------------------------------------------------------
+# What each ``DJANGO_THROTTLE_*`` setting may hold: one validator per setting and the table
+# :data:`SETTINGS` of (check id, setting name, validator) that :func:`check_settings` runs and
+# the docs' settings reference reads.
+#
+# A validator takes the raw value and returns what is wrong with it as a phrase ("must be …"),
+# or ``None``; it never raises and never converts (that is :mod:`django_throttle.conf`'s job).
+
+Validator = Callable[[Any], str | None]
+
+
+def _instance(kind: type, problem: str) -> Validator:
+    def validate(value: Any) -> str | None:
+        return None if isinstance(value, kind) else problem
+
+    return validate
+
+
+def _int_range(low: int, high: int | None = None) -> Validator:
+    def validate(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return "must be a whole number"
+        if value < low or (high is not None and value > high):
+            return f"must be between {low} and {high}" if high is not None else f"must be ≥ {low}"
+        return None
+
+    return validate
+
+
+def _dotted() -> Validator:
+    """A dotted path to a callable."""
+
+    def validate(value: Any) -> str | None:
+        if not isinstance(value, str):
+            return "must be a dotted import path"
+        try:
+            obj = import_string(value)
+        except ImportError as exc:
+            return f"cannot be imported ({exc})"
+        return None if callable(obj) else "must name a callable"
+
+    return validate
+
+
+def _optional(validate: Validator) -> Validator:
+    """``validate``, but ``None`` (the default for some: not used) is fine."""
+
+    def optional(value: Any) -> str | None:
+        return None if value is None else validate(value)
+
+    return optional
+
+
+def _redis_url(value: Any) -> str | None:
+    from django_throttle.backends.redis_clients import (
+        CLUSTER_SCHEMES,
+        VALKEY_SCHEMES,
+        parse_cluster_url,
+        parse_sentinel_url,
+    )
+    from django_throttle.backends.redis_clients import SENTINEL_SCHEMES as SCHEMES
+
+    if value is None or value == "":  # unset, e.g. os.environ.get("REDIS_URL", "")
+        return None
+    if isinstance(value, str):
+        value = split_shards(value.strip())[0]  # ?shards= is its own check (E042)
+    if is_memory_url(value):
+        return None if value.strip().lower() == "memory://" else "must be just 'memory://'"
+    if is_cache_url(value):
+        alias = cache_alias(value)
+        return None if alias and "/" not in alias else "must name one cache: 'cache://<alias>'"
+    scheme = value.partition("://")[0].lower() if isinstance(value, str) else None
+    if scheme in SCHEMES:
+        try:
+            parse_sentinel_url(value)
+        except ValueError as exc:
+            return str(exc)
+        return None
+    if scheme in CLUSTER_SCHEMES:
+        try:
+            parse_cluster_url(value)
+        except ValueError as exc:
+            return str(exc)
+        return None
+    if scheme not in {"redis", "rediss", "unix", *VALKEY_SCHEMES}:
+        return (
+            "must be None, a URL such as 'redis://127.0.0.1:6379/0' (redis, rediss, unix, "
+            "valkey, valkeys), 'redis+sentinel://host:26379,host:26379/mymaster' "
+            "(redis+sentinel, valkey+sentinel) or 'redis+cluster://host:7000,host:7001' "
+            "(redis+cluster, rediss+cluster, valkey+cluster, valkeys+cluster), "
+            "'cache://<alias>' to borrow a Redis cache in CACHES, or 'memory://' to count in "
+            "the process"
+        )
+    return None
+
+
+def url_shards(value: Any) -> str | None:
+    """What is wrong with the ``?shards=`` of a ``REDIS_URL`` (E042), or ``None``: absent,
+    or a whole number in :data:`~django_throttle.conf.SHARDS_RANGE`."""
+    if not isinstance(value, str):
+        return None
+    shards = split_shards(value.strip())[1]
+    if shards is None or (shards.isdigit() and int(shards) in SHARDS_RANGE):
+        return None
+    return (
+        f"asks for shards={shards!r}: the key shards must be a whole number from "
+        f"{SHARDS_RANGE.start} to {SHARDS_RANGE.stop - 1}"
+    )
+
+
+def _key_prefix(value: Any) -> str | None:
+    if not isinstance(value, str) or not value or any(c in value for c in "{} \t\r\n"):
+        return "must be non-empty text without braces or whitespace"
+    return None
+
+
+def _choice(*choices: Any) -> Validator:
+    def validate(value: Any) -> str | None:
+        ok = value in choices and not isinstance(value, bool)
+        return None if ok else "must be " + " or ".join(repr(c) for c in choices)
+
+    return validate
+
+
+def _trusted_proxies(value: Any) -> str | None:
+    shape = (
+        "must be a count of proxies (0-32), or a list of their networks such as "
+        "['10.0.0.0/8', '2001:db8::/32']"
+    )
+    if isinstance(value, int) and not isinstance(value, bool):
+        return None if 0 <= value <= 32 else shape
+    if not isinstance(value, (list, tuple, set, frozenset)):
+        return shape
+    for entry in value:
+        if not isinstance(entry, str):
+            return f"has {entry!r}, which is not text such as '10.0.0.0/8'"
+        try:
+            ipaddress.ip_network(entry)
+        except ValueError:
+            try:
+                meant = ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                return f"has {entry!r}, which is not an IP network such as '10.0.0.0/8'"
+            return f"has {entry!r}, which has host bits set (did you mean {str(meant)!r}?)"
+    return None
+
+
+_HEADER_NAME = re.compile(r"[A-Za-z0-9-]+")
+#: Headers that carry a list or pairs, not the one address ``CLIENT_IP_HEADER`` expects.
+_NOT_ONE_ADDRESS = {
+    "x-forwarded-for": "is a list: trust it with TRUSTED_PROXIES (a count or networks) instead",
+    "forwarded": "holds for=/by= pairs, not one address",
+}
+
+
+def header_name(value: Any) -> str | None:
+    if not isinstance(value, str) or not _HEADER_NAME.fullmatch(value):
+        return (
+            "must be None or a header name as sent, such as 'X-Real-IP' (letters, digits and "
+            "'-'; Django reads it as HTTP_X_REAL_IP, and servers drop names with '_')"
+        )
+    return _NOT_ONE_ADDRESS.get(value.lower())
+
+
+def _api_key_secret(value: Any) -> str | None:
+    if not isinstance(value, str) or len(value) < 32:
+        return (
+            "must be a string of at least 32 characters (API keys are stored as its HMAC); "
+            "leave it unset to use SECRET_KEY"
+        )
+    return None
+
+
+def _region_source(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        kind, mark, header = value.strip().partition(":")
+        if value.strip().lower() == "geoip":
+            return None
+        if (
+            mark
+            and kind.strip().lower() == "header"
+            and REGION_HEADER_NAME.fullmatch(header.strip())
+        ):
+            return None
+    return (
+        "must be None, 'geoip' (the GeoIP2 database of GEOIP_PATH) or 'header:<Header-Name>' "
+        "such as 'header:CF-IPCountry' (a header set by a trusted proxy)"
+    )
+
+
+_BOOL = _instance(bool, "must be True or False")
+#: (check id, setting name, validator). Only settings that are set are validated.
+SETTINGS: tuple[tuple[str, str, Validator], ...] = (
+    ("E002", "REDIS_URL", _redis_url),
+    ("E003", "REDIS_OPTIONS", _instance(dict, "must be a dict of redis-py client options")),
+    ("E005", "KEY_PREFIX", _key_prefix),
+    ("E006", "FAILURE_MODE", _choice("open", "closed", "local")),
+    ("E010", "IDENTITY_RESOLVER", _dotted()),
+    ("E013", "IETF_HEADERS", _BOOL),
+    ("E016", "USAGE_RETENTION_DAYS", _int_range(0)),
+    ("E017", "ENABLED", _BOOL),
+    # E018 is the Redis source check below.
+    ("E030", "TRUSTED_PROXIES", _optional(_trusted_proxies)),
+    ("E031", "CLIENT_IP_HEADER", _optional(header_name)),
+    ("E034", "API_KEY_SECRET", _api_key_secret),
+    ("E043", "REGION_SOURCE", _region_source),
+    ("E036", "DENIED_RESPONSE", _optional(_dotted())),
+    ("E045", "LOAD_SIGNAL", _optional(_dotted())),
+    ("E039", "METRICS", _BOOL),
+)
+
+
+# -- the checks on stored rows -----------------------------------------------------------------
+# The checks that read stored rows: every policy row the compiler would skip (E101…E105)
+# and every limit row repeating another (W106), rules that count only successes or failures
+# without the settling middleware (W003), a credential rule that limits some tiers only (W005)
+# and an active API key owned by a superuser or staff user (W020).
+#
+# Rows written around the admin (fixtures, SQL, ``QuerySet.update``) can hold values the admin
+# refuses: the compiler skips such a row and logs it, and E101…E105 make it visible before a
+# deploy. Each check reads in a savepoint and reports nothing when the tables or the database
+# are missing, so ``manage.py check`` never breaks before ``migrate``.
+
+_MIDDLEWARE_PATH = "django_throttle.middleware.RateLimitHeadersMiddleware"
+#: Check id of a policy row the compiler skips, per model.
+_ROW_CHECK_IDS = {
+    "Tier": "django_throttle.E101",
+    "TierLimit": "django_throttle.E102",
+    "EndpointRule": "django_throttle.E103",
+    "EndpointLimit": "django_throttle.E104",
+    "Exemption": "django_throttle.E105",
+}
+_Read = TypeVar("_Read")
+
+
+def _read(
+    alias: str, read: Callable[[], _Read], missing: tuple[type[Exception], ...] = (Exception,)
+) -> _Read | None:
+    """``read()`` in a savepoint (a missing table cannot break a surrounding transaction);
+    ``None`` when it raises one of ``missing``: by default anything, as with no tables yet, no
+    database, or database access refused (test runners)."""
+    try:
+        with transaction.atomic(using=alias):
+            return read()
+    except missing:
+        return None
+
+
+def check_rows(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E101…E105: a policy row the compiler skips, naming the row, the field and the fix;
+    W106: a limit row repeating an earlier one of the same tier or rule (same counter: see
+    ``duplicate_key``), which the compiler counts once but an operator should delete."""
+    from django_throttle.models import EndpointLimit, EndpointRule, Exemption, Tier, TierLimit
+    from django_throttle.policy.files import repeats
+
+    querysets = (
+        Exemption.objects.all(),
+        Tier.objects.all(),
+        TierLimit.objects.select_related("tier"),
+        EndpointRule.objects.all(),
+        EndpointLimit.objects.select_related("rule", "tier"),
+    )
+    tables: list[list[Any]] | None = _read(
+        Tier.objects.db, lambda: [list(rows.order_by("pk")) for rows in querysets]
+    )
+    if tables is None:
+        return []
+    messages: list[checks.CheckMessage] = []
+    for row in chain.from_iterable(tables):
+        if problems := row.row_problems():
+            model = type(row).__name__
+            what = "; ".join(f"{field}: {reason}" for field, reason in problems.items())
+            messages.append(
+                checks.Error(
+                    f"{model} pk={row.pk} cannot be used, so the throttle policy skips it: {what}.",
+                    hint=f"Correct or delete it in the admin ({model} {row.pk}).",
+                    obj=row,
+                    id=_ROW_CHECK_IDS[model],
+                )
+            )
+    for row, original in chain(repeats(tables[2]), repeats(tables[4])):
+        model = type(row).__name__
+        parent = f"tier '{row.tier.slug}'" if model == "TierLimit" else f"rule '{row.rule.name}'"
+        messages.append(
+            checks.Warning(
+                f"{model} pk={row.pk} repeats {model} pk={original.pk} of {parent} "
+                f"({row}): the policy counts that limit once and ignores the copy.",
+                hint=f"Delete one of them in the admin ({parent}).",
+                obj=row,
+                id="django_throttle.W106",
+            )
+        )
+    return messages
+
+
+def check_settling_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
+    """W003: a rule counts only successes or failures, but DRF views' reservations are given
+    back by the middleware, which is not installed (``@throttle`` settles by itself)."""
+    if _MIDDLEWARE_PATH in (getattr(settings, "MIDDLEWARE", None) or ()):
+        return []
+    from django_throttle.models import EndpointRule
+
+    rules = EndpointRule.objects.filter(enabled=True).exclude(counts=EndpointRule.Counts.ALL)
+    names = _read(EndpointRule.objects.db, lambda: list(rules.values_list("name", flat=True)[:5]))
+    if not names:
+        return []
+    return [
+        checks.Warning(
+            f"Endpoint rules count only successes or failures ({', '.join(names)}), but "
+            f"{_MIDDLEWARE_PATH} is not in MIDDLEWARE: DRF views under them count every "
+            "request.",
+            hint=f"Add '{_MIDDLEWARE_PATH}' to MIDDLEWARE (it gives back the tokens of "
+            "requests the rule does not count), or set the rules' 'counts' to 'all'.",
+            id="django_throttle.W003",
+        )
+    ]
+
+
+def check_concurrency_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
+    """W006: a concurrency limit is set, but DRF views give their slots back through the
+    middleware, which is not installed (``@throttle`` gives its own back)."""
+    if _MIDDLEWARE_PATH in (getattr(settings, "MIDDLEWARE", None) or ()):
+        return []
+    from django_throttle.models import EndpointLimit, Protection, TierLimit
+    from django_throttle.rates import Algorithm
+
+    def read() -> list[str]:
+        rules = EndpointLimit.objects.filter(algorithm=Algorithm.CONCURRENCY, rule__enabled=True)
+        tiers = TierLimit.objects.filter(algorithm=Algorithm.CONCURRENCY)
+        named = [f"rule {name}" for name in rules.values_list("rule__name", flat=True)[:5]]
+        named += [f"tier {slug}" for slug in tiers.values_list("tier__slug", flat=True)[:5]]
+        shedding = Protection.objects.filter(enabled=True, in_flight__isnull=False).exists()
+        return named + ["service protection (load shedding)"] * shedding
+
+    names = _read(EndpointLimit.objects.db, read)
+    if not names:
+        return []
+    return [
+        checks.Warning(
+            f"Concurrency limits are set ({', '.join(dict.fromkeys(names))}), but "
+            f"{_MIDDLEWARE_PATH} is not in MIDDLEWARE: a DRF view's slot is held until its "
+            "request object is collected instead of when its response ends.",
+            hint=f"Add '{_MIDDLEWARE_PATH}' to MIDDLEWARE (it gives the slots back when the "
+            "response ends); views under @throttle give their own back.",
+            id="django_throttle.W006",
+        )
+    ]
+
+
+def check_credential_rules(**kwargs: Any) -> list[checks.CheckMessage]:
+    """W005: a credential rule limits some tiers only.
+
+    A credential rule is one with a limit counted by username, or one counting failures (a
+    login or token endpoint's; :attr:`~django_throttle.policy.live.EndpointPolicy.credential`).
+    Its limits counted by IP address or username apply to every caller whatever the tier
+    (they protect the account and the server); its limits counted by client apply only to
+    the tiers they are given for, so signed-in users and API keys of the other tiers meet
+    none of them there."""
+    from django_throttle.models import EndpointLimit, EndpointRule, Tier
+
+    def read() -> tuple[dict[int, str], dict[int, tuple[str, str]], list[tuple[int, int, str]]]:
+        enabled = EndpointRule.objects.filter(enabled=True).values_list("pk", "name", "counts")
+        rules = {pk: (name, counts) for pk, name, counts in enabled}
+        rows = EndpointLimit.objects.filter(rule__in=list(rules)).order_by("pk")
+        return (
+            dict(Tier.objects.order_by("pk").values_list("pk", "slug")),
+            rules,
+            list(rows.values_list("rule_id", "tier_id", "counted_by")),
+        )
+
+    found = _read(EndpointRule.objects.db, read)
+    if found is None:
+        return []
+    tiers, rules, rows = found
+    credential = {pk for pk, (_, counts) in rules.items() if counts == "failures"}
+    client_tiers: dict[int, set[int]] = {}
+    for rule_id, tier_id, counted_by in rows:
+        if counted_by == "username":
+            credential.add(rule_id)
+        elif counted_by == "client":
+            client_tiers.setdefault(rule_id, set()).add(tier_id)
+    warnings: list[checks.CheckMessage] = []
+    for rule_id, limited in sorted(client_tiers.items()):
+        unlimited = [slug for pk, slug in tiers.items() if pk not in limited]
+        if rule_id not in credential or not unlimited:
+            continue
+        given = ", ".join(slug for pk, slug in tiers.items() if pk in limited)
+        warnings.append(
+            checks.Warning(
+                f"Credential rule {rules[rule_id][0]!r} limits its callers by client for tier(s) "
+                f"{given} only: callers of tier(s) {', '.join(unlimited)} (signed-in users, "
+                "API keys) meet none of those limits on that login or token endpoint. Its "
+                "limits counted by IP address and username apply whatever the tier.",
+                hint="Give the rule a limit counted by client for every tier, or count it "
+                "by IP address or username instead.",
+                id="django_throttle.W005",
+            )
+        )
+    return warnings
+
+
+def check_api_key_owners(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """W020: an active API key owned by a superuser or a staff user.
+
+    ``ApiKeyAuthentication`` logs a key in as its owner, with every permission the owner has,
+    so such a key is a superuser's (or staff) login in the hands of whoever holds it. A
+    database check (``manage.py check --database default``, ``migrate``, the test runner):
+    it reads the key table (two small queries), so plain ``manage.py check`` stays quiet.
+    """
+    if not databases:
+        return []
+    from django.db.models import Q
+    from django.utils import timezone
+
+    from django_throttle.models import ApiKey
+
+    messages: list[checks.CheckMessage] = []
+    for alias in databases:
+        privileged = (
+            ApiKey.objects.using(alias)
+            .filter(active=True)
+            .filter(Q(expires__isnull=True) | Q(expires__gt=timezone.now()))
+            .filter(Q(owner__is_superuser=True) | Q(owner__is_staff=True))
+        )
+        # Nothing when there are no tables yet (before migrate), or the user model has no
+        # is_superuser/is_staff.
+        total = _read(alias, privileged.count, (DatabaseError, FieldError))
+        if not total:
+            continue
+        shown = list(privileged.select_related("owner").order_by("pk")[:5])
+        named = ", ".join(_privileged_key(key) for key in shown)
+        more = f" and {total - len(shown)} more" if total > len(shown) else ""
+        messages.append(
+            checks.Warning(
+                f"{total} active API key(s) in database {alias!r} are owned by a superuser "
+                f"or staff user: {named}{more}. ApiKeyAuthentication logs a key in as its "
+                "owner, with all the owner's permissions.",
+                hint="Give each key an owner with only the permissions its holder needs (or no "
+                "owner: the key then selects its tier only), revoke it, or authenticate keys "
+                "with a subclass of ApiKeyAuthentication that sets acts_as_owner = False.",
+                id="django_throttle.W020",
+            )
+        )
+    return messages
+
+
+def _privileged_key(key: Any) -> str:
+    owner = key.owner
+    kind = "superuser" if getattr(owner, "is_superuser", False) else "staff"
+    return f"{key.name!r} ({key.prefix}, owner {owner.get_username()!r}, {kind})"
