@@ -173,6 +173,23 @@ def test_bad_admin_values_are_form_errors_naming_the_field() -> None:
         assert set(caught.value.message_dict) == {field}, values
 
 
+def post_factors(admin_client: Client, row: Tier, load_factor: Any, min_factor: Any) -> Any:
+    """The tier ``free``'s change form posted with these factors (and no limit rows)."""
+    return admin_client.post(
+        f"/admin/django_throttle/tier/{row.pk}/change/",
+        {
+            "name": "Free",
+            "slug": "free",
+            "priority": 0,
+            "failure_mode": "",
+            "load_factor": load_factor,
+            "min_factor": min_factor,
+            "limits-TOTAL_FORMS": 0,
+            "limits-INITIAL_FORMS": 0,
+        },
+    )
+
+
 def test_admin_form_shows_the_factors_and_refuses_a_floor_above_the_factor(
     admin_client: Client,
 ) -> None:
@@ -180,19 +197,7 @@ def test_admin_form_shows_the_factors_and_refuses_a_floor_above_the_factor(
     page = admin_client.get(f"/admin/django_throttle/tier/{row.pk}/change/")
     assert b"load_factor" in page.content and b"min_factor" in page.content
     assert "automatic factor" in page.content.decode().lower()
-    response = admin_client.post(
-        f"/admin/django_throttle/tier/{row.pk}/change/",
-        {
-            "name": "Free",
-            "slug": "free",
-            "priority": 0,
-            "failure_mode": "",
-            "load_factor": 30,
-            "min_factor": 40,
-            "limits-TOTAL_FORMS": 0,
-            "limits-INITIAL_FORMS": 0,
-        },
-    )
+    response = post_factors(admin_client, row, 30, 40)
     assert response.status_code == 200
     assert "The floor cannot exceed the load factor." in response.content.decode()
 
@@ -203,19 +208,7 @@ def test_a_factor_below_one_is_answered_with_its_real_bound(
 ) -> None:
     """-1 was answered "at least 0" (the column type's bound, which 0 breaks as well)."""
     row = tier("free", "10/m")
-    response = admin_client.post(
-        f"/admin/django_throttle/tier/{row.pk}/change/",
-        {
-            "name": "Free",
-            "slug": "free",
-            "priority": 0,
-            "failure_mode": "",
-            "load_factor": value,
-            "min_factor": 1,
-            "limits-TOTAL_FORMS": 0,
-            "limits-INITIAL_FORMS": 0,
-        },
-    )
+    response = post_factors(admin_client, row, value, 1)
     assert response.status_code == 200
     assert response.context["adminform"].form.errors == {
         "load_factor": ["A factor is at least 1%."]

@@ -130,6 +130,54 @@ def test_credential_endpoints_fail_closed_when_the_setting_says_so(
     assert client.post("/api/token/").status_code == 503
 
 
+#: Redis URLs no client can be built from: a system check reports each (E002, E040), but
+#: checks are skipped in some deploys (``runserver --skip-checks``, a WSGI server).
+MALFORMED_URLS = [
+    "redis://:notaport",
+    "redis://host:99999",
+    "foo://x",
+    "redis+sentinel://",
+    "redis+cluster://",
+]
+#: What three requests meet with such a URL, by failure mode: as with Redis down.
+MALFORMED_ANSWERS = {"open": [200, 200, 200], "closed": [503, 503, 503], "local": [200, 200, 429]}
+
+
+@pytest.mark.parametrize("url", MALFORMED_URLS)
+@pytest.mark.parametrize("mode", list(MALFORMED_ANSWERS))
+@pytest.mark.parametrize("path", ["/api/ping/", "/hello/"])
+def test_a_malformed_redis_url_meets_the_failure_mode_never_a_500(
+    client: Client, settings: Any, caplog: pytest.LogCaptureFixture, url: str, mode: str, path: str
+) -> None:
+    """The DRF throttle and @throttle: served and marked (open), 503 with Retry-After
+    (closed), counted in the process (local), and one error line naming the setting."""
+    tier("anonymous", "1/h", burst=2, is_default_anonymous=True)
+    redis_down(settings, mode)
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+    first = 5 if path == "/hello/" else 2  # @throttle(rate="5/min"); the tier's burst
+    with caplog.at_level(logging.INFO, logger="django_throttle"):
+        answers = [client.get(path) for _ in range(first + 1)]
+
+    statuses = [answer.status_code for answer in answers]
+    assert statuses == (MALFORMED_ANSWERS[mode][:1] * first + MALFORMED_ANSWERS[mode][-1:])
+    if mode == "closed":
+        assert all(int(answer["Retry-After"]) >= 1 for answer in answers)
+    else:
+        assert all(answer["X-RateLimit-Degraded"] == mode for answer in answers)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.name for r in errors] == ["django_throttle.backends"]
+    assert errors[0].getMessage().startswith(f"DJANGO_THROTTLE_REDIS_URL = {url!r} cannot be used")
+
+
+@pytest.mark.parametrize("url", MALFORMED_URLS)
+def test_a_malformed_redis_url_is_still_a_check_error(settings: Any, url: str) -> None:
+    from django_throttle.checks import check_settings
+
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+    found = [error.id for error in check_settings()]
+    assert found in (["django_throttle.E002"], ["django_throttle.E040"])
+
+
 # --- clients with no usable address --------------------------------------------------------
 
 

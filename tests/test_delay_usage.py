@@ -119,19 +119,26 @@ def test_delays_of_async_views_are_counted_too(backend: Any) -> None:
     assert_delays(by_endpoint()["paced-async"], delayed=3)
 
 
+def assert_refused_turn_counted_denied(monkeypatch: pytest.MonkeyPatch, address: str) -> None:
+    """Two requests from ``address`` to the paced rule with every seat of this process's
+    waiting requests taken: the first is served, the second (which would wait its turn) is
+    refused, and the endpoint's usage counts it denied, never delayed."""
+    paced_rule("paced")
+    full = core.threading.BoundedSemaphore(1)
+    full.acquire()  # every seat of this process's waiting requests taken
+    monkeypatch.setattr(core, "_waiting", full)
+    client = Client(REMOTE_ADDR=address)
+    assert [client.get("/api/paced/").status_code for _ in range(2)] == [200, 429]
+    found = by_endpoint()["paced"]
+    assert (found["allowed"], found["denied"], found["delayed"]) == (1, 1, 0), found
+
+
 @pytest.mark.urls(__name__)
 @pytest.mark.django_db(transaction=True)
 def test_a_request_refused_by_the_waiting_cap_is_counted_denied_not_delayed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    paced_rule("paced")
-    full = core.threading.BoundedSemaphore(1)
-    full.acquire()  # every seat of this process's waiting requests taken
-    monkeypatch.setattr(core, "_waiting", full)
-    client = Client(REMOTE_ADDR="203.0.113.42")
-    assert [client.get("/api/paced/").status_code for _ in range(2)] == [200, 429]
-    found = by_endpoint()["paced"]
-    assert (found["allowed"], found["denied"], found["delayed"]) == (1, 1, 0), found
+    assert_refused_turn_counted_denied(monkeypatch, "203.0.113.42")
 
 
 @pytest.mark.urls(__name__)
@@ -141,10 +148,6 @@ def test_a_refused_turn_is_counted_denied_even_when_its_count_was_pushed_meanwhi
 ) -> None:
     # The pusher thread may push the decision's "allowed" between the decision and the
     # refusal (it did on a loaded CI machine): the refusal then sends a correction.
-    paced_rule("paced")
-    full = core.threading.BoundedSemaphore(1)
-    full.acquire()
-    monkeypatch.setattr(core, "_waiting", full)
     refuse = usage.record_refused_turn
 
     def pushed_first(field: str | None, client: str, *, local: bool = False) -> None:
@@ -153,10 +156,7 @@ def test_a_refused_turn_is_counted_denied_even_when_its_count_was_pushed_meanwhi
         refuse(field, client, local=local)
 
     monkeypatch.setattr(usage, "record_refused_turn", pushed_first)
-    client = Client(REMOTE_ADDR="203.0.113.43")
-    assert [client.get("/api/paced/").status_code for _ in range(2)] == [200, 429]
-    found = by_endpoint()["paced"]
-    assert (found["allowed"], found["denied"], found["delayed"]) == (1, 1, 0), found
+    assert_refused_turn_counted_denied(monkeypatch, "203.0.113.43")
 
 
 @pytest.mark.django_db

@@ -229,3 +229,25 @@ def test_no_info_line_before_a_commands_output(
 
     assert live.last() is not None  # the command did load the policy
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == []
+
+
+@pytest.mark.parametrize("url", ["redis://:notaport", "foo://x", "redis+sentinel://"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("throttle_inspect", "203.0.113.9"),
+        ("throttle_explain", "--ip", "203.0.113.9", "--path", "/api/ping/"),
+        ("throttle_reset", "203.0.113.9"),
+        ("throttle_usage",),
+    ],
+    ids=lambda command: command[0],
+)
+def test_a_malformed_redis_url_is_a_one_line_error_naming_the_setting(
+    settings: Any, policy: Any, command: tuple[str, ...], url: str
+) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+    with pytest.raises(CommandError) as raised:
+        run(*command)
+    message = str(raised.value)
+    assert f"DJANGO_THROTTLE_REDIS_URL = {url!r} cannot be used: " in message
+    assert "\n" not in message

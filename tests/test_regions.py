@@ -6,8 +6,10 @@ Counted on the suite's own Redis."""
 
 from __future__ import annotations
 
+import html
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -273,6 +275,29 @@ def test_inspect_and_explain_name_the_region(header_source: None, anonymous: Tie
         call_command(*explain, "--region", "F R;", stdout=io.StringIO())
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("throttle_inspect", "ip:203.0.113.9"),
+        ("throttle_explain", "--ip", "203.0.113.9", "--path", "/api/ping/"),
+        ("throttle_reset", "ip:203.0.113.9"),
+    ],
+    ids=lambda command: command[0],
+)
+@pytest.mark.parametrize("value", ["<b>", "F R;", "x" * 30])
+def test_a_bad_region_is_a_one_line_error_naming_the_option(
+    header_source: None, anonymous: Tier, command: tuple[str, ...], value: str
+) -> None:
+    """The client is fine, the region is not: the error names ``--region`` and the form a
+    region code takes, never "Unknown client"."""
+    with pytest.raises(CommandError) as raised:
+        call_command(*command, "--region", value, stdout=io.StringIO())
+    message = str(raised.value)
+    assert message.startswith("--region: ") and "\n" not in message
+    assert f"{value!r} is not a region code (letters, digits and '-', at most 16" in message
+    assert "client" not in message.lower()
+
+
 def test_admin_form_error_for_a_bad_region_code_names_the_field(admin_client: Client) -> None:
     from django.urls import reverse
 
@@ -308,3 +333,13 @@ def test_the_admin_inspector_takes_a_region(
     assert "its regional limits" in text and "[DE,FR]" in text
     page = admin_client.get(url, {"client": "203.0.113.9", "region": "F R!"})
     assert page.status_code == 200 and "is not a region code" in page.content.decode()
+    # The error names the region field (its label), not the client, on the inspector and on
+    # the reset page it links to.
+    error = re.compile(r'<p class="errornote" id="dt-error">([^<]*)</p>')
+    found = error.search(page.content.decode())
+    bad_region = "From region: 'F R!' is not a region code (letters, digits and '-', at most 16"
+    assert found is not None and html.unescape(found[1]) == f"{bad_region}, e.g. FR)."
+    reset = reverse("admin:django_throttle_usagecount_inspect_reset")
+    page = admin_client.get(reset, {"client": "203.0.113.9", "region": "F R!"}, follow=True)
+    shown = [str(message) for message in page.context["messages"]]
+    assert [text for text in shown if "region code" in text] == [f"{bad_region}, e.g. FR)."]

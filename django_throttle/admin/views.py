@@ -49,6 +49,7 @@ from django_throttle.backends.adaptive_store import AdaptiveStore
 from django_throttle.backends.redis_nodes import get_breaker
 from django_throttle.conf import app_settings
 from django_throttle.inspection.clients import (
+    BadRegion,
     checked_region,
     counters,
     explain,
@@ -212,7 +213,7 @@ class _Query(NamedTuple):
 
     def subject(self) -> Subject:
         """The client named; a bad address is an error too, not "none". Raises
-        :class:`UnknownClient`."""
+        :class:`UnknownClient`, or :class:`BadRegion` for a region that is no code."""
         subject = parse_client(self.client_text)
         if self.address:
             parse_client(f"ip:{self.address}")
@@ -230,6 +231,12 @@ class _Query(NamedTuple):
         }
         encoded = urlencode({name: value for name, value in query.items() if value})
         return f"{reverse(INSPECT)}?{encoded}" if encoded else reverse(INSPECT)
+
+
+def region_error(exc: BadRegion) -> str:
+    """The inspector's error for a region that is no code: it names the region field (the
+    client may be fine)."""
+    return _("From region: %(reason)s.") % {"reason": exc}
 
 
 def inspector(request: HttpRequest, model_admin: AppAdmin) -> HttpResponse:
@@ -262,6 +269,8 @@ def inspector(request: HttpRequest, model_admin: AppAdmin) -> HttpResponse:
                     context["denied_status"] = throttled_status(decision)
         except UnknownClient as exc:
             context["error"] = _("Unknown client: %(reason)s.") % {"reason": exc}
+        except BadRegion as exc:
+            context["error"] = region_error(exc)
         except BackendError as exc:
             context["error"] = backend_failed(request, exc)
     return model_admin.render_page(
@@ -291,6 +300,8 @@ def reset_client(request: HttpRequest, model_admin: AppAdmin) -> HttpResponse:
     except UnknownClient as exc:
         error = _("Unknown client: %(reason)s.") % {"reason": exc}
         return _back(request, reverse(INSPECT), error, messages.ERROR)
+    except BadRegion as exc:
+        return _back(request, reverse(INSPECT), region_error(exc), messages.ERROR)
     except BackendError as exc:
         return _back(request, reverse(INSPECT), backend_failed(request, exc), messages.ERROR)
     try:

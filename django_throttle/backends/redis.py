@@ -37,6 +37,7 @@ second's counts.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 import threading
@@ -50,6 +51,8 @@ from operator import attrgetter
 from typing import Any, Protocol
 
 import redis
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from redis.cluster import RedisCluster
 
 from django_throttle.backends.base import (
@@ -70,6 +73,7 @@ from django_throttle.backends.redis_clients import (
     client_for,
     client_options,
     glob_escape,
+    parse_cluster_url,
 )
 from django_throttle.backends.redis_cluster import (
     ClusterRoute,
@@ -91,8 +95,11 @@ from django_throttle.backends.scripts import (
 )
 from django_throttle.conf import app_settings, is_cluster_url
 from django_throttle.rates import FLEET, WORKER, Algorithm, Decision, Limit, windows
+from django_throttle.redaction import redact_text
 
 __all__ = ["RedisBackend"]
+
+logger = logging.getLogger("django_throttle.backends")
 
 #: The policy version key outlives any sane gap between edits; missing simply means "reload".
 POLICY_VERSION_TTL = 30 * 86400
@@ -140,6 +147,57 @@ class Route(Protocol):
         """Let go of connections (the client's own only if ``client_too``)."""
 
 
+class Unusable:
+    """The route of a backend whose settings name no Redis a client can be built for (a
+    malformed ``DJANGO_THROTTLE_REDIS_URL``, a borrowed cache that is no Redis): every call
+    raises :class:`BackendError` saying which setting and why, so that a request meets its
+    failure mode as when Redis cannot be reached, never a 500 (``manage.py check`` names the
+    setting too, when checks run)."""
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+
+    @property
+    def client(self) -> Any:
+        raise BackendError(self.problem)
+
+    def call(self, call: ScriptCall) -> Any:
+        raise BackendError(self.problem)
+
+    async def acall(self, call: ScriptCall) -> Any:
+        raise BackendError(self.problem)
+
+    def evalsha_all(
+        self, sha: str, source: str, calls: Sequence[Call], client: Any = None
+    ) -> list[Any]:
+        raise BackendError(self.problem)
+
+    def patient_client(self, timeout: float) -> tuple[Any, bool]:
+        raise BackendError(self.problem)
+
+    def scanned_clients(self) -> list[Any]:
+        raise BackendError(self.problem)
+
+    def by_slot(self, keys: list[Any]) -> list[list[Any]]:
+        return [keys]
+
+    def close(self, client_too: bool) -> None:
+        """Nothing to let go of: no client was built."""
+
+
+def unusable_settings(exc: Exception) -> str:
+    """What is wrong with the settings a client could not be built from, naming them (a URL's
+    password masked)."""
+    shown = repr(getattr(settings, "DJANGO_THROTTLE_REDIS_URL", None))
+    if isinstance(exc, ImproperlyConfigured):  # a borrowed cache's: it names the settings
+        return redact_text(str(exc).rstrip("."))
+    if isinstance(exc, TypeError):  # an option the client does not take
+        where = f"DJANGO_THROTTLE_REDIS_OPTIONS (with DJANGO_THROTTLE_REDIS_URL = {shown})"
+    else:
+        where = f"DJANGO_THROTTLE_REDIS_URL = {shown}"
+    return redact_text(f"{where} cannot be used: {str(exc).rstrip('.')}")
+
+
 class RedisBackend(Backend):
     """Counts in Redis (single server, Sentinel-managed primary or Redis Cluster; anything
     speaking its protocol with EVALSHA).
@@ -177,21 +235,18 @@ class RedisBackend(Backend):
         self._route: Route
         if route is not None:
             self._route = route
-        elif client is None and is_cluster_url(app_settings.REDIS_URL):
-            # Built on first use: a cluster client asks for the slot map as it is made.
-            url, options = client_options()
-            self._route = ClusterRoute(
-                build_client,  # type: ignore[arg-type]
-                self.shard_tags(),
-                lambda timeout: client_for(url, {**options, **dict.fromkeys(_TIMEOUTS, timeout)}),
-                sender=type(self),
-            )
         else:
-            given = client if client is not None else build_client()
-            if isinstance(given, RedisCluster):
-                self._route = ClusterRoute(lambda: given, self.shard_tags(), sender=type(self))
-            else:
-                self._route = OneServer(given, type(self))
+            try:
+                self._route = self._route_to(client)
+            except (ValueError, TypeError, ImproperlyConfigured) as exc:
+                # Checks skipped (runserver --skip-checks, a WSGI server): requests meet their
+                # failure mode, as when Redis is down, and this says why once per process.
+                self._route = Unusable(unusable_settings(exc))
+                logger.error(
+                    "%s; every counting call fails, so requests meet their failure mode as "
+                    "when Redis cannot be reached (manage.py check reports it too).",
+                    self._route.problem,
+                )
         #: This process's count of the decisions made with a usage field, until pushed
         #: (:class:`Tally`): the counting call itself counts no usage.
         self.usage_tally = Tally(self.local_time)
@@ -200,6 +255,30 @@ class RedisBackend(Backend):
         source = load_script(LEASE_FILES)
         self._lease = (hashlib.sha1(source.encode()).hexdigest(), source)
         self._version_key = f"{self.prefix}:policy-version"
+
+    def _route_to(self, client: redis.Redis | RedisCluster | None) -> Route:
+        """The route to ``client``, or to the Redis the settings name. Raises ``ValueError``,
+        ``TypeError`` or ``ImproperlyConfigured`` for settings no client can be built from."""
+        if client is None and is_cluster_url(app_settings.REDIS_URL):
+            # Built on first use: a cluster client asks for the slot map as it is made. A
+            # malformed URL is a settings error now, not a cluster that does not answer.
+            url, options = client_options()
+            parse_cluster_url(url)
+            return ClusterRoute(
+                build_client,  # type: ignore[arg-type]
+                self.shard_tags(),
+                lambda timeout: client_for(url, {**options, **dict.fromkeys(_TIMEOUTS, timeout)}),
+                sender=type(self),
+            )
+        given = client if client is not None else build_client()
+        if isinstance(given, RedisCluster):
+            return ClusterRoute(lambda: given, self.shard_tags(), sender=type(self))
+        return OneServer(given, type(self))
+
+    @property
+    def unusable(self) -> str:
+        """Why no client could be built from the settings (naming them), else ``""``."""
+        return self._route.problem if isinstance(self._route, Unusable) else ""
 
     def local_time(self) -> float:
         """This process's reading of the server's clock (Unix seconds), for what must be

@@ -146,15 +146,20 @@ def counters(
     return every_counter(probe(subject, address, username, region), current())
 
 
+class BadRegion(ValueError):
+    """An operator's region is no region code (the client may be fine); the message quotes
+    it and says what a code is. The caller names its field (``--region``, the admin's)."""
+
+
 def checked_region(region: str | None) -> str | None:
-    """An operator's ``--region`` as a region code; raises :class:`UnknownClient` naming it
+    """An operator's ``--region`` as a region code (blank: none); raises :class:`BadRegion`
     when it is no code."""
     if region is None or not str(region).strip():
         return None
     code = region_code(region)
     if code is None:
-        raise UnknownClient(
-            _("%(value)r is not a region code (letters, digits and '-', at most 16)")
+        raise BadRegion(
+            _("%(value)r is not a region code (letters, digits and '-', at most 16, e.g. FR)")
             % {"value": str(region)[:40]}
         )
     return code

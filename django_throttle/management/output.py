@@ -25,12 +25,15 @@ from rich.text import Text
 
 from django_throttle.backends import get_backend
 from django_throttle.backends.memory import MemoryBackend
+from django_throttle.inspection.clients import BadRegion
 from django_throttle.inspection.subjects import UnknownClient
 from django_throttle.redaction import plain_text
 
 FORMATS = ("table", "json", "csv")
 #: How :func:`one_line_errors` names a client that is not found.
 UNKNOWN_CLIENT = (UnknownClient, "Unknown client: {}.")
+#: How :func:`one_line_errors` names a ``--region`` that is no region code.
+BAD_REGION = (BadRegion, "--region: {}.")
 #: First characters that make a spreadsheet read a CSV cell as a formula.
 _FORMULA = ("=", "+", "-", "@")
 

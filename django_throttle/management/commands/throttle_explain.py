@@ -93,7 +93,7 @@ class Command(output.CountersCommand):
                 f"{', '.join(HTTP_METHODS)}."
             )
         self.refuse_in_process_backend()
-        with output.one_line_errors(output.UNKNOWN_CLIENT, READ_ERROR):
+        with output.one_line_errors(output.UNKNOWN_CLIENT, output.BAD_REGION, READ_ERROR):
             subject = parse_client(text)
             found = explain(
                 subject,

@@ -60,7 +60,10 @@ class Command(output.CountersCommand):
             self._reset_ceilings(fmt, ceilings)
             return
         with output.one_line_errors(
-            output.UNKNOWN_CLIENT, WRONG_LIMIT, (BackendError, "Could not reset the buckets: {}")
+            output.UNKNOWN_CLIENT,
+            output.BAD_REGION,  # before WRONG_LIMIT: a ValueError too
+            WRONG_LIMIT,
+            (BackendError, "Could not reset the buckets: {}"),
         ):
             subject = parse_client(options["client"])
             found = reset_counters(
