@@ -4,14 +4,20 @@
 from __future__ import annotations
 
 import functools
+import threading
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from django.db import connection, connections
 
 from django_throttle.conf import split_shards
 from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierLimit
+
+if TYPE_CHECKING:
+    from django_throttle.rates import Decision
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -88,3 +94,35 @@ def own_connections(work: Callable[P, T]) -> Callable[P, T]:
             connections.close_all()
 
     return run
+
+
+def assert_turns_spaced(
+    decide: Callable[[], Decision], clock: Callable[[], float], count: int, interval: float
+) -> None:
+    """``count`` requests decided at once by ``decide`` get turns exactly ``interval`` apart on
+    the server's ``clock``, and each is released at its turn.
+
+    The turn a delaying limit reserved is the server's time of the decision plus the wait it
+    answered; each decision is bracketed between two readings of the server's clock, so the
+    spacing is checked exactly whatever the machine's load: there must be one origin with
+    every turn at origin + k x interval inside its bracket (to the clock's microsecond). A
+    release is checked one-sided: never before its turn, and at most one interval late, for a
+    sleeping thread woken on a loaded two-core machine (CI saw one 0.1 s late)."""
+    start = threading.Barrier(count)
+
+    def turn(_: int) -> tuple[float, float, float]:
+        start.wait()
+        before = clock()
+        decision = decide()
+        after = clock()
+        assert decision.allowed
+        time.sleep(decision.wait)
+        return before + decision.wait, after + decision.wait, clock()
+
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        turns = sorted(pool.map(turn, range(count)))
+    origin_at_least = max(earliest - interval * k for k, (earliest, _, _) in enumerate(turns))
+    origin_at_most = min(latest - interval * k for k, (_, latest, _) in enumerate(turns))
+    assert origin_at_least <= origin_at_most + 2e-6, turns
+    for earliest, latest, released in turns:
+        assert earliest - 2e-6 <= released <= latest + interval, (earliest, latest, released)

@@ -8,7 +8,6 @@ goes away giving its turn back."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +32,7 @@ from django_throttle.models import EndpointLimit
 from django_throttle.policy import live as policy
 from django_throttle.rates import Algorithm, InvalidRate, Limit
 from django_throttle.request import core
-from tests.factories import endpoint, own_connections, tier
+from tests.factories import assert_turns_spaced, endpoint, own_connections, tier
 
 T0 = 1_800_000_000.0
 
@@ -143,25 +142,16 @@ def test_the_script_refuses_a_bad_pacing(_isolated_throttle: str) -> None:
 def test_concurrent_requests_are_spaced_one_interval_apart_on_the_redis_clock(
     redis_client: redis.Redis, _isolated_throttle: str
 ) -> None:
-    """Each request waits its turn, then reads the Redis clock: the turns are one interval
-    apart, within a tolerance (0.1 s) for thread scheduling and a round trip on a loaded
-    two-core machine."""
+    """Eight requests decided at once get turns exactly one interval apart on the Redis clock,
+    and each is released at its turn (``assert_turns_spaced`` says how, whatever the load)."""
     backend = RedisBackend()
     limit = paced(8)
-    start = threading.Barrier(8)
 
-    def turn(_: int) -> float:
-        start.wait()
-        decision = backend.hit("c", [limit])
-        assert decision.allowed
-        time.sleep(decision.wait)
+    def clock() -> float:
         seconds, micros = redis_client.time()
         return seconds + micros / 1e6
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        turns = sorted(pool.map(turn, range(8)))
-    gaps = [later - earlier for earlier, later in itertools.pairwise(turns)]
-    assert all(abs(gap - 0.5) < 0.1 for gap in gaps), gaps
+    assert_turns_spaced(lambda: backend.hit("c", [limit]), clock, count=8, interval=0.5)
     backend.close()
 
 
@@ -222,6 +212,17 @@ def clear_entered() -> None:
     entered.clear()
 
 
+def assert_paced(times: list[float], count: int, interval: float = 0.5) -> None:
+    """``count`` entries on the schedule origin + k x interval, each at most a quarter second
+    late: a thread or task woken on a loaded two-core machine can be late (CI saw 0.1 s), never
+    early, so each entry is measured against the schedule through the least late one rather
+    than against its neighbour."""
+    assert len(times) == count, times
+    offsets = [at - interval * k for k, at in enumerate(sorted(times))]
+    origin = min(offsets)
+    assert all(offset - origin <= 0.25 for offset in offsets), [at - origin for at in offsets]
+
+
 @pytest.mark.urls(__name__)
 @pytest.mark.django_db(transaction=True)
 def test_a_sync_view_is_entered_one_interval_apart(clear_entered: None) -> None:
@@ -239,8 +240,7 @@ def test_a_sync_view_is_entered_one_interval_apart(clear_entered: None) -> None:
     assert sorted(status for status, _ in answers) == [200, 200, 200, 200, 429]
     delayed = sorted(float(header) for status, header in answers if status == 200 and header)
     assert len(delayed) == 3 and all(0 < wait <= 1.5 for wait in delayed)
-    gaps = [later - earlier for earlier, later in itertools.pairwise(sorted(entered))]
-    assert len(gaps) == 3 and all(abs(gap - 0.5) < 0.1 for gap in gaps), gaps
+    assert_paced(entered, 4)
 
 
 @pytest.mark.urls(__name__)
@@ -254,8 +254,7 @@ def test_async_views_await_their_turn(clear_entered: None) -> None:
     began = time.monotonic()
     assert async_to_sync(run)() == [200, 200, 200]
     assert time.monotonic() - began >= 0.95  # the third waited for its turn at 1 s
-    gaps = [later - earlier for earlier, later in itertools.pairwise(sorted(entered))]
-    assert all(abs(gap - 0.5) < 0.1 for gap in gaps), gaps
+    assert_paced(entered, 3)
 
 
 @pytest.mark.urls(__name__)
@@ -327,8 +326,7 @@ def test_drf_views_under_an_admin_rule_are_entered_one_interval_apart(clear_ente
         answers = list(pool.map(get, range(4)))
     assert sorted(status for status, _ in answers) == [200, 200, 200, 429]
     assert len([header for status, header in answers if status == 200 and header]) == 2
-    gaps = [later - earlier for earlier, later in itertools.pairwise(sorted(entered))]
-    assert len(gaps) == 2 and all(abs(gap - 0.5) < 0.1 for gap in gaps), gaps
+    assert_paced(entered, 3)
 
 
 @pytest.mark.urls(__name__)
@@ -342,5 +340,4 @@ def test_async_drf_views_await_their_turn(clear_entered: None) -> None:
         return sorted(response.status_code for response in responses)
 
     assert async_to_sync(run)() == [200, 200, 200]
-    gaps = [later - earlier for earlier, later in itertools.pairwise(sorted(entered))]
-    assert all(abs(gap - 0.5) < 0.1 for gap in gaps), gaps
+    assert_paced(entered, 3)
