@@ -15,7 +15,11 @@ Each lap's server time per call comes from ``INFO commandstats`` (``usec`` of ``
 which includes the commands the script ran); the table gives the median lap, and the same
 for two baselines in the same laps: a ``PING`` and a minimal token bucket of the benchmark's
 own (see ``bench_paths.MINIMAL_BUCKET``, 15 lines of Lua), each sent by redis-py's
-``execute_command``.
+``execute_command``. For the token bucket, a third framing in the same laps: the same decision
+written flat for that one algorithm and one limit (``bench/flat_token_bucket.lua``: the same
+arguments, checks, state and placeholder ``SET``, no functions or tables), which shows what
+the shared driver costs; and on servers with functions, the package's own mix defined once as
+a function library (``FUNCTION LOAD``, called with ``FCALL``).
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
         "all seven": Calls(partial(lambda source, codes: source, every), backend.shards),
     }
     minimal = plain.script_load(MINIMAL_BUCKET)
+    flat = plain.script_load((ROOT / "bench" / "flat_token_bucket.lua").read_text("utf-8"))
     functions = has_functions(plain)
     rate = "1000/hour"
     counter = iter(range(10**9))
@@ -90,7 +95,14 @@ def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
         chosen = "10000/month" if algorithm == "calendar_quota" else rate
         limits = (Limit.build("t12", chosen, algorithm=algorithm),)
         once = functions and define_once(plain, limits, files_for, lua_file, SCRIPT_FILES)
-        names = (*framings, *(["defined once"] if once else []), "ping", "minimal")
+        written_flat = algorithm == "token_bucket"
+        names = (
+            *framings,
+            *(["defined once"] if once else []),
+            *(["flat"] if written_flat else []),
+            "ping",
+            "minimal",
+        )
         laps: dict[str, list[float]] = {name: [] for name in names}
 
         def decide(calls: Any, n: int, limits: Any = limits) -> None:
@@ -106,6 +118,13 @@ def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
             keys = calls.keys(encoded, tag)
             plain.fcall(function, len(keys), *keys, b"1", b"0", *encoded.specs)
 
+        def decide_flat(sha: str, n: int, limits: Any = limits) -> None:
+            calls = backend._calls
+            encoded = calls.encoded(limits)
+            tag = backend._client_tag(f"ip:10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}")[1]
+            keys = calls.keys(encoded, tag)
+            plain.evalsha(sha, len(keys), *keys, b"1", b"0", *encoded.specs)
+
         for calls in framings.values():  # load each script once, outside the laps
             plain.script_load(calls.script(limits)[1])
             decide(calls, next(counter))
@@ -114,6 +133,8 @@ def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
                 laps[name].append(lap(partial(decide, calls)))
             if once:
                 laps["defined once"].append(lap(partial(decide_once, once)))
+            if written_flat:
+                laps["flat"].append(lap(partial(decide_flat, flat)))
             laps["ping"].append(lap(lambda n: plain.execute_command("PING")))
             laps["minimal"].append(
                 lap(
@@ -128,6 +149,8 @@ def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
         medians["own mix / minimal"] = medians["own mix"] / medians["minimal"]
         if once:
             medians["defined once / minimal"] = medians["defined once"] / medians["minimal"]
+        if written_flat:
+            medians["flat / minimal"] = medians["flat"] / medians["minimal"]
         results[algorithm] = medians
     version = plain.info("server").get("redis_version")
     plain.close()
@@ -202,6 +225,14 @@ def print_table(result: dict[str, Any]) -> None:
             cells += [f"{row['defined once']:.1f}", f"{row['defined once / minimal']:.2f}"]
         table.add_row(*cells)
     Console().print(table)
+    bucket = result["server_us_per_call"].get("token_bucket", {})
+    if "flat" in bucket:
+        Console().print(
+            f"token bucket written flat (bench/flat_token_bucket.lua: the same work, no "
+            f"functions or tables): {bucket['flat']:.1f} µs, "
+            f"{bucket['flat / minimal']:.2f}x the minimal bucket; the package's script "
+            f"{bucket['own mix / minimal']:.2f}x"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
 
+from django_throttle.rates import Limit
 from tests.bench_scripts import ROOT, run_json
 from tests.redis_servers import RedisServer
 
@@ -175,6 +177,34 @@ def test_script_mix_bench_times_both_framings_of_every_algorithm() -> None:
         for name in framings:
             assert row[name] > 0, (name, row)
         assert row["ping"] >= 0, row  # 30 PINGs can add up to under a microsecond
+    assert rows["token_bucket"]["flat"] > 0
+
+
+def test_the_flat_bucket_of_the_benchmark_decides_as_the_package_does(
+    redis_client: redis.Redis, _isolated_throttle: str
+) -> None:
+    """bench/flat_token_bucket.lua, the benchmark's measure of what the shared driver costs,
+    does the package's work for one token bucket: the same replies to the same calls (cost,
+    peek, denial, a cost above the capacity) and states of the same size."""
+    from django_throttle.backends.redis import RedisBackend
+
+    backend = RedisBackend()
+    calls = backend._calls
+    flat = redis_client.script_load((ROOT / "bench" / "flat_token_bucket.lua").read_text())
+    limits = (Limit.build("flat", "3/hour"),)
+    encoded = calls.encoded(limits)
+    sha, source = calls.script(limits)
+    redis_client.script_load(source)
+    ours, theirs = (calls.keys(encoded, backend._client_tag(name)[1])[0] for name in "ab")
+    assert ours != theirs
+    for cost, peek in ((1, 0), (1, 1), (2, 0), (1, 0), (5, 0), (0, 0), (1, 1)):
+        args = (str(cost), str(peek), *encoded.specs)
+        package = redis_client.evalsha(sha, 1, ours, *args)
+        written = redis_client.evalsha(flat, 1, theirs, *args)
+        assert len(package) == len(written) and package[:3] == written[:3], (package, written)
+        assert abs(package[3] - written[3]) < 50_000, (package, written)  # reset: µs apart
+        assert redis_client.strlen(ours) == redis_client.strlen(theirs)
+    backend.close()
 
 
 @pytest.mark.slow
