@@ -20,6 +20,7 @@ the ``ADMINS`` each ERROR.
 from __future__ import annotations
 
 import logging
+from contextvars import ContextVar
 from functools import partial
 from typing import Any
 
@@ -32,6 +33,11 @@ from django_throttle.conf import PREFIX, app_settings
 from django_throttle.rates import Limit
 
 logger = logging.getLogger("django_throttle.policy")
+
+#: Why the last policy change in this context could not be published to the other processes
+#: (the backend error), else ``None``: the admin resets it before a save and tells the
+#: operator after one (see :class:`django_throttle.admin.base.AppAdmin`).
+unpublished: ContextVar[str | None] = ContextVar("django_throttle_unpublished", default=None)
 
 
 class RefusalLog(logging.Filter):
@@ -94,8 +100,9 @@ def _stored_limit(model: Any, pk: Any, using: str | None = None) -> Limit | None
         return None
 
 
-def _call_backend(failure: str, method: str, *args: Any, **kwargs: Any) -> None:
-    """Call a backend method through the breaker; an outage only logs ``failure``."""
+def _call_backend(failure: str, method: str, *args: Any, **kwargs: Any) -> str | None:
+    """Call a backend method through the breaker; an outage only logs ``failure`` and is
+    returned (the error's text), else ``None``."""
     from django_throttle.backends import BackendError, get_backend
     from django_throttle.backends.redis_nodes import get_breaker
 
@@ -103,13 +110,19 @@ def _call_backend(failure: str, method: str, *args: Any, **kwargs: Any) -> None:
         get_breaker().call(getattr(get_backend(), method), *args, **kwargs)
     except BackendError as exc:
         logger.warning("%s: %s", failure, exc)
+        return str(exc)
+    return None
 
 
 def _bump() -> None:
     from django_throttle.policy import live as policy
 
     policy.invalidate()
-    _call_backend("could not publish the policy change to other processes", "bump_policy_version")
+    failed = _call_backend(
+        "could not publish the policy change to other processes", "bump_policy_version"
+    )
+    if failed is not None:
+        unpublished.set(failed)
 
 
 def _retime(model: Any, pk: Any, previous: Limit | None) -> None:

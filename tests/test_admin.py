@@ -236,6 +236,37 @@ def test_tightening_a_tier_below_a_rules_cost_is_saved_with_a_warning(
     assert shows(response, warnings[0])
 
 
+@pytest.mark.django_db(transaction=True)  # the change is published when it commits
+def test_a_change_saved_while_redis_is_down_says_it_reaches_the_workers_late(
+    admin_client: Client, settings: Any
+) -> None:
+    """Saved, and one warning that the other processes apply it late (Redis could not be
+    told); with Redis up, no such warning."""
+    add = reverse("admin:django_throttle_tier_add")
+    response = admin_client.post(add, tier_form() | inline([limit_row("5/min")]), follow=True)
+    assert [text for level, text in messages_of(response) if level == "warning"] == []
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    tier = Tier.objects.get(slug="pro")
+    change = reverse("admin:django_throttle_tier_change", args=[tier.pk])
+    data = tier_form(name="Pro 2") | inline(
+        [limit_row("6/min") | {"id": str(tier.limits.get().pk), "tier": str(tier.pk)}],
+        initial=1,
+    )
+    response = admin_client.post(change, data, follow=True)
+    assert response.status_code == 200 and Tier.objects.get(pk=tier.pk).name == "Pro 2"
+    warnings = [text for level, text in messages_of(response) if level == "warning"]
+    assert len(warnings) == 1 and "\n" not in warnings[0]
+    assert warnings[0].startswith("The change is saved, but Redis is unreachable (")
+    assert warnings[0].endswith(
+        "): the other processes apply it within 5 minutes, not within a second."
+    )
+    delete = reverse("admin:django_throttle_tier_delete", args=[tier.pk])
+    response = admin_client.post(delete, {"post": "yes"}, follow=True)
+    assert not Tier.objects.filter(pk=tier.pk).exists()
+    warnings = [text for level, text in messages_of(response) if level == "warning"]
+    assert [text[:46] for text in warnings] == ["The change is saved, but Redis is unreachable "]
+
+
 def test_a_warning_never_hides_an_error(admin_client: Client) -> None:
     EndpointRule.objects.create(name="export", pattern="export", cost=10)
     data = tier_form() | inline([limit_row("5/min"), limit_row("lots")])

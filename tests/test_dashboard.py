@@ -157,6 +157,31 @@ def test_the_inspector_names_an_unknown_client(client: Any, backend: Any) -> Non
     assert "Unknown client: no user with the username or id &#x27;nobody&#x27;" in html
 
 
+def test_the_inspector_names_the_address_field_for_a_malformed_address(
+    client: Any, backend: Any
+) -> None:
+    """A known client from an address that is no IP address: the error names the "From
+    address" field, not the client, on the inspector and on the reset page it links to."""
+    import html as html_module
+
+    traffic(client)
+    client.force_login(staff("view_usagecount", "change_tier"))
+    error = re.compile(r'<p class="errornote" id="dt-error">([^<]*)</p>')
+    expected = "From address: 'not-an-ip' is not an IP address."
+    for query in (
+        {"client": "203.0.113.9", "ip": "not-an-ip"},
+        {"client": "203.0.113.9", "ip": "not-an-ip", "path": "/api/ping/"},
+        {"client": "username:alice", "ip": "not-an-ip"},
+    ):
+        page = client.get(INSPECT, query)
+        found = error.search(page.content.decode())
+        assert page.status_code == 200 and found is not None, query
+        assert html_module.unescape(found[1]) == expected, query
+    page = client.get(RESET, {"client": "203.0.113.9", "ip": "not-an-ip"}, follow=True)
+    shown = [str(message) for message in page.context["messages"]]
+    assert [text for text in shown if "IP address" in text] == [expected]
+
+
 def test_reset_asks_first_then_clears_and_is_recorded(backend: Any) -> None:
     from django.contrib.admin.models import LogEntry
     from django.test import Client

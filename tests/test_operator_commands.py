@@ -206,6 +206,55 @@ def test_bad_arguments_get_clear_errors(
         assert message in str(error.value)
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("throttle_inspect", "alice"),
+        ("throttle_inspect", "username:alice"),
+        ("throttle_explain", "--user", "alice", "--path", "/api/ping/"),
+        ("throttle_explain", "--path", "/api/ping/"),  # --ip names the client
+        ("throttle_reset", "alice"),
+        ("throttle_reset", "username:alice"),
+    ],
+    ids=" ".join,
+)
+@pytest.mark.parametrize("value", ["not-an-ip", "203.0.113.999", "<b>"])
+def test_a_malformed_ip_option_is_a_one_line_error_naming_the_option(
+    backend: Any, policy: Any, command: tuple[str, ...], value: str
+) -> None:
+    """The client is fine (or is the address), the ``--ip`` is not: the error names the
+    option, as ``--region``'s does, never "Unknown client"."""
+    with pytest.raises(CommandError) as raised:
+        run(*command, "--ip", value)
+    message = str(raised.value)
+    assert message == f"--ip: {value!r} is not an IP address."
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("throttle_inspect", "alice"),
+        ("throttle_explain", "--user", "alice", "--path", "/api/ping/"),
+        ("throttle_reset", "alice"),
+        ("throttle_usage",),
+        ("throttle_usage", "--rollup"),
+        ("throttle_adapt", "--once"),
+        ("throttle_adapt", "--clear"),
+    ],
+    ids=" ".join,
+)
+def test_with_redis_unreachable_each_command_says_so_in_one_sentence(
+    policy: Any, settings: Any, command: tuple[str, ...]
+) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    settings.DJANGO_THROTTLE_LOAD_SIGNAL = "tests.test_adaptive.overloaded"
+    with pytest.raises(CommandError) as raised:
+        run(*command)
+    message = str(raised.value)
+    assert "\n" not in message and "Connection refused" in message, message
+    assert not message.endswith(".."), message
+
+
 def test_csv_has_a_header_row(backend: Any, policy: Any) -> None:
     out = run("throttle_inspect", "alice", "--format", "csv")
     assert out.splitlines()[0] == (

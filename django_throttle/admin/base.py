@@ -113,6 +113,39 @@ class AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 searchable.append(name)
         return searchable
 
+    def changeform_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        return self._publishing(request, super().changeform_view, request, *args, **kwargs)
+
+    def delete_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        return self._publishing(request, super().delete_view, request, *args, **kwargs)
+
+    def changelist_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        return self._publishing(request, super().changelist_view, request, *args, **kwargs)
+
+    def _publishing(self, request: HttpRequest, view: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run an admin view that may change the policy; when the change was saved but could
+        not be published (Redis unreachable), say so in one warning: the other processes
+        apply it only when they next recompile their snapshot, not within a second."""
+        from django_throttle.policy.live import MAX_AGE
+        from django_throttle.signals import unpublished
+
+        token = unpublished.set(None)
+        try:
+            response = view(*args, **kwargs)
+            failed = unpublished.get()
+        finally:
+            unpublished.reset(token)
+        if failed is not None:
+            messages.warning(
+                request,
+                gettext(
+                    "The change is saved, but Redis is unreachable (%(error)s): the other "
+                    "processes apply it within %(minutes)d minutes, not within a second."
+                )
+                % {"error": failed, "minutes": round(MAX_AGE / 60)},
+            )
+        return response
+
     def render_page(
         self, request: HttpRequest, template: str, title: str | Promise, **context: Any
     ) -> TemplateResponse:

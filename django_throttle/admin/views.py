@@ -49,7 +49,9 @@ from django_throttle.backends.adaptive_store import AdaptiveStore
 from django_throttle.backends.redis_nodes import get_breaker
 from django_throttle.conf import app_settings
 from django_throttle.inspection.clients import (
+    BadAddress,
     BadRegion,
+    checked_address,
     checked_region,
     counters,
     explain,
@@ -213,10 +215,10 @@ class _Query(NamedTuple):
 
     def subject(self) -> Subject:
         """The client named; a bad address is an error too, not "none". Raises
-        :class:`UnknownClient`, or :class:`BadRegion` for a region that is no code."""
+        :class:`UnknownClient`, :class:`BadAddress` for an address that is no IP address, or
+        :class:`BadRegion` for a region that is no code."""
         subject = parse_client(self.client_text)
-        if self.address:
-            parse_client(f"ip:{self.address}")
+        checked_address(self.address)
         checked_region(self.region)
         return subject
 
@@ -231,6 +233,12 @@ class _Query(NamedTuple):
         }
         encoded = urlencode({name: value for name, value in query.items() if value})
         return f"{reverse(INSPECT)}?{encoded}" if encoded else reverse(INSPECT)
+
+
+def address_error(exc: BadAddress) -> str:
+    """The inspector's error for an address that is no IP address: it names the address
+    field (the client may be fine)."""
+    return _("From address: %(reason)s.") % {"reason": exc}
 
 
 def region_error(exc: BadRegion) -> str:
@@ -267,6 +275,8 @@ def inspector(request: HttpRequest, model_admin: AppAdmin) -> HttpResponse:
                 decision = context["explanation"].decision
                 if decision is not None:
                     context["denied_status"] = throttled_status(decision)
+        except BadAddress as exc:  # an UnknownClient too
+            context["error"] = address_error(exc)
         except UnknownClient as exc:
             context["error"] = _("Unknown client: %(reason)s.") % {"reason": exc}
         except BadRegion as exc:
@@ -297,6 +307,8 @@ def reset_client(request: HttpRequest, model_admin: AppAdmin) -> HttpResponse:
         return _reset_ceiling(request, model_admin, data["ceiling"].strip(), query)
     try:
         subject = query.subject()  # a username:#<digest> label reads the usage counts
+    except BadAddress as exc:  # an UnknownClient too
+        return _back(request, reverse(INSPECT), address_error(exc), messages.ERROR)
     except UnknownClient as exc:
         error = _("Unknown client: %(reason)s.") % {"reason": exc}
         return _back(request, reverse(INSPECT), error, messages.ERROR)

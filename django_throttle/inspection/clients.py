@@ -120,14 +120,11 @@ def probe(
     """Who sends the client's requests: from ``address`` (an IP client's own by default),
     presenting ``username`` (a user's own username by default). A counter by username is
     probed by an anonymous login presenting that username."""
+    checked_address(address)
     if subject.by_username:
-        if address is not None and client_ip({"REMOTE_ADDR": address}) is None:
-            raise UnknownClient(_("%(value)r is not an IP address") % {"value": address})
         return dataclasses.replace(login_probe(address, subject.username), region=region)
     if address is None:
         address = subject.address
-    elif client_ip({"REMOTE_ADDR": address}) is None:
-        raise UnknownClient(_("%(value)r is not an IP address") % {"value": address})
     if username is None and subject.user is not None:
         username = subject.user.get_username()
     return Probe(subject.identity, subject.user, address, username, region)
@@ -144,6 +141,20 @@ def counters(
     if subject.by_username:
         return login_counters(subject.client, subject.username, current())
     return every_counter(probe(subject, address, username, region), current())
+
+
+class BadAddress(UnknownClient):
+    """An operator's address (``--ip``, the admin's "From address") is no IP address (the
+    client may be fine); the message quotes it. The caller names its field. An
+    :class:`UnknownClient` too, for callers that catch that alone."""
+
+
+def checked_address(address: str | None) -> str | None:
+    """An operator's ``--ip`` as given (``None``: none); raises :class:`BadAddress` when it
+    is no IP address."""
+    if address is not None and client_ip({"REMOTE_ADDR": address}) is None:
+        raise BadAddress(_("%(value)r is not an IP address") % {"value": str(address)[:60]})
+    return address
 
 
 class BadRegion(ValueError):
@@ -176,6 +187,7 @@ def inspect(
     username (a user's own; ``username`` for another client), and shared ceilings."""
     snapshot = current()
     tier, reason = tier_and_reason(subject, snapshot)
+    checked_address(address)
     region = checked_region(region)
     regional = region is not None and region in snapshot.regions
     if regional:
@@ -426,7 +438,7 @@ def reset_counters(
     Shared ceilings are left alone (they are every client's of a key shard: see
     :func:`reset_ceilings`). Returns the counters reset. Raises ``ValueError`` naming ids
     that are not among the client's limits."""
-    found = counters(subject, username, address, checked_region(region))
+    found = counters(subject, username, checked_address(address), checked_region(region))
     own = [counter for counter in found if not counter.limit.shared]
     if limit_ids:
         known = {counter.limit.id for counter in own}

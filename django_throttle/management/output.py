@@ -25,13 +25,16 @@ from rich.text import Text
 
 from django_throttle.backends import get_backend
 from django_throttle.backends.memory import MemoryBackend
-from django_throttle.inspection.clients import BadRegion
+from django_throttle.inspection.clients import BadAddress, BadRegion
 from django_throttle.inspection.subjects import UnknownClient
 from django_throttle.redaction import plain_text
 
 FORMATS = ("table", "json", "csv")
 #: How :func:`one_line_errors` names a client that is not found.
 UNKNOWN_CLIENT = (UnknownClient, "Unknown client: {}.")
+#: How :func:`one_line_errors` names an ``--ip`` that is no IP address (the client may be
+#: fine). A :class:`UnknownClient` too: give it before :data:`UNKNOWN_CLIENT`.
+BAD_ADDRESS = (BadAddress, "--ip: {}.")
 #: How :func:`one_line_errors` names a ``--region`` that is no region code.
 BAD_REGION = (BadRegion, "--region: {}.")
 #: First characters that make a spreadsheet read a CSV cell as a formula.

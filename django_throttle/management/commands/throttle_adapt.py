@@ -44,7 +44,7 @@ class Command(output.CountersCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         self.refuse_in_process_backend()
         if options["clear"]:
-            with output.one_line_errors((BackendError, "The backend did not answer: {}.")):
+            with output.one_line_errors((BackendError, "The backend did not answer: {}")):
                 store = AdaptiveStore(self.backend())
                 store.clear()
                 self.backend().bump_policy_version()
@@ -54,7 +54,7 @@ class Command(output.CountersCommand):
         with output.one_line_errors((ValueError, "{}.")):
             controller = Controller(step=step, settle=options["settle"])
         if options["once"]:
-            with output.one_line_errors((BackendError, "The backend did not answer: {}.")):
+            with output.one_line_errors((BackendError, "The backend did not answer: {}")):
                 result = controller.run_once()
             if not result.acquired:
                 self.stdout.write("Another controller holds this step; nothing done.")

@@ -14,7 +14,12 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from django_throttle.inspection.clients import Explanation, explain, region_text
+from django_throttle.inspection.clients import (
+    Explanation,
+    checked_address,
+    explain,
+    region_text,
+)
 from django_throttle.inspection.subjects import CLIENT_HELP, parse_client
 from django_throttle.management import output
 from django_throttle.management.commands.throttle_inspect import READ_ERROR, bucket_rows
@@ -93,7 +98,10 @@ class Command(output.CountersCommand):
                 f"{', '.join(HTTP_METHODS)}."
             )
         self.refuse_in_process_backend()
-        with output.one_line_errors(output.UNKNOWN_CLIENT, output.BAD_REGION, READ_ERROR):
+        with output.one_line_errors(
+            output.BAD_ADDRESS, output.UNKNOWN_CLIENT, output.BAD_REGION, READ_ERROR
+        ):
+            checked_address(address)  # "--ip: …", even when it names the client
             subject = parse_client(text)
             found = explain(
                 subject,

@@ -129,7 +129,9 @@ class Command(output.CountersCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         fmt = output.checked_choice(options["format"])
         self.refuse_in_process_backend()
-        with output.one_line_errors(output.UNKNOWN_CLIENT, output.BAD_REGION, READ_ERROR):
+        with output.one_line_errors(
+            output.BAD_ADDRESS, output.UNKNOWN_CLIENT, output.BAD_REGION, READ_ERROR
+        ):
             subject = parse_client(options["client"])
             found = inspect(
                 subject, options.get("username"), options.get("ip"), options.get("region")

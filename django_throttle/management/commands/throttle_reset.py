@@ -60,6 +60,7 @@ class Command(output.CountersCommand):
             self._reset_ceilings(fmt, ceilings)
             return
         with output.one_line_errors(
+            output.BAD_ADDRESS,  # before UNKNOWN_CLIENT and WRONG_LIMIT: it is both
             output.UNKNOWN_CLIENT,
             output.BAD_REGION,  # before WRONG_LIMIT: a ValueError too
             WRONG_LIMIT,
