@@ -157,6 +157,16 @@ def test_the_inspector_names_an_unknown_client(client: Any, backend: Any) -> Non
     assert "Unknown client: no user with the username or id &#x27;nobody&#x27;" in html
 
 
+def test_the_reset_page_without_a_client_asks_for_one(client: Any, backend: Any) -> None:
+    """Opened with no client (a bookmark, a hand-typed URL), the reset page says none was
+    named, not that a user with an empty name does not exist."""
+    client.force_login(staff("view_usagecount", "change_tier"))
+    for query in ({}, {"client": ""}, {"client": "  "}):
+        html = client.get(RESET, query, follow=True).content.decode()
+        assert "Unknown client: none was named (a username, an IP address or an API key)." in html
+        assert "username or id" not in html
+
+
 def test_the_inspector_names_the_address_field_for_a_malformed_address(
     client: Any, backend: Any
 ) -> None:

@@ -78,6 +78,8 @@ def parse_client(text: str) -> Subject:
     """Read any label a page, command or report shows (see the module docstring), or a bare
     username, address or API key. Raises :class:`UnknownClient` saying what was tried."""
     text = (text or "").strip()
+    if not text:
+        raise UnknownClient(_("none was named (a username, an IP address or an API key)"))
     bracketed = _BRACKETED.match(text)
     if bracketed is not None and _KIND.match(bracketed["label"]):
         text = bracketed["label"].strip()
