@@ -81,13 +81,17 @@ def test_100_requests_with_a_key_write_nothing_to_the_database_and_the_rollup_co
 
 
 def test_the_admin_shows_the_live_last_use_before_any_rollup(
-    backend: Backend, partner: Tier, warm: Callable[[], None], admin_client: Client
+    backend: Backend,
+    partner: Tier,
+    warm: Callable[[], None],
+    admin_client: Client,
+    open_store: Callable[..., Any],
 ) -> None:
     used, used_key = ApiKey.objects.create_key(name="used", tier=partner)
     ApiKey.objects.create_key(name="idle", tier=partner)
     warm()
     assert core.check(request_with(used_key)).allowed
-    second = usage.get_store().keys_last_used([used.prefix])[used.prefix]
+    second = open_store().keys_last_used([used.prefix])[used.prefix]
 
     response = admin_client.get(reverse("admin:django_throttle_apikey_changelist"))
     page = response.content.decode()
@@ -125,31 +129,37 @@ def test_the_rollup_never_moves_last_used_back(backend: Backend, partner: Tier) 
     assert row.last_used == later
 
 
-def test_only_key_clients_are_recorded_and_a_later_time_wins(backend: Backend) -> None:
+def test_only_key_clients_are_recorded_and_a_later_time_wins(
+    backend: Backend, open_store: Callable[..., Any]
+) -> None:
     field = usage.field_for("t", "")
     backend.hit("ip:203.0.113.7", LIMITS, usage=field)
     backend.hit("user:42", LIMITS, usage=field)
     backend.hit("key:abcd1234", LIMITS, usage=field, now=2_000_000_000.5)
     backend.hit("key:abcd1234", LIMITS, usage=field, now=1_900_000_000.0)  # late: ignored
 
-    assert usage.get_store().keys_last_used() == {"abcd1234": 2_000_000_000}
+    assert open_store().keys_last_used() == {"abcd1234": 2_000_000_000}
 
 
-def test_without_usage_counting_nothing_is_recorded(backend: Backend) -> None:
+def test_without_usage_counting_nothing_is_recorded(
+    backend: Backend, open_store: Callable[..., Any]
+) -> None:
     backend.hit("key:abcd1234", LIMITS, usage=None)
 
-    assert usage.get_store().keys_last_used() == {}
+    assert open_store().keys_last_used() == {}
 
 
 def test_the_redis_set_gets_its_ttl_when_a_member_is_new(
-    redis_client: redis.Redis, settings: Any
+    redis_client: redis.Redis,
+    settings: Any,
+    open_store: Callable[..., Any],
 ) -> None:
     settings.DJANGO_THROTTLE_REDIS_URL = with_shards(settings.DJANGO_THROTTLE_REDIS_URL, 1)
     backend = get_backend()
     assert isinstance(backend, RedisBackend)
     field = usage.field_for("t", "")
     seen = f"{backend.prefix}:{{0}}k"
-    store = usage.get_store(backend)
+    store = open_store(backend)
 
     def hit_and_push(client: str) -> None:
         backend.hit(client, LIMITS, usage=field)
@@ -165,20 +175,22 @@ def test_the_redis_set_gets_its_ttl_when_a_member_is_new(
     assert redis_client.ttl(seen) > 0  # a new member arms it again
 
 
-def test_the_set_is_bounded_per_shard(backend: Backend, settings: Any) -> None:
+def test_the_set_is_bounded_per_shard(
+    backend: Backend, settings: Any, open_store: Callable[..., Any]
+) -> None:
     from django_throttle.backends.usage_store import KEYS_SEEN_MAX
 
     settings.DJANGO_THROTTLE_REDIS_URL = with_shards(settings.DJANGO_THROTTLE_REDIS_URL, 1)
     backend = get_backend()
     field = usage.field_for("t", "")
     start = 1_800_000_000.0
-    store = usage.get_store(backend)
+    store = open_store(backend)
     for i in range(KEYS_SEEN_MAX + 5):
         backend.hit(f"key:k{i:05d}", LIMITS, usage=field, now=start + i)
         if i % 1000 == 999:  # a process pushes what it counted every second
             store.push_tally(backend.usage_tally)  # type: ignore[attr-defined]
 
-    seen = usage.get_store().keys_last_used()
+    seen = open_store().keys_last_used()
 
     assert len(seen) == KEYS_SEEN_MAX
     assert "k00000" not in seen  # the least recently used went first

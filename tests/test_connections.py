@@ -9,7 +9,8 @@ import asyncio
 import gc
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -227,3 +228,41 @@ def test_a_thread_holds_a_connection_of_the_pool_until_it_ends(
     finally:
         release.set()
         pool.release(held)
+
+
+def _reads() -> dict[str, Callable[[], object]]:
+    from django_throttle.admin.views import timeline
+    from django_throttle.inspection.subjects import presented_username
+    from django_throttle.usage.reports import report, rollup
+
+    return {
+        "report": lambda: report(datetime.now(tz=UTC) - timedelta(minutes=5), "client", None),
+        "rollup": rollup,
+        "timeline": lambda: timeline("hour"),
+        "presented_username": lambda: presented_username("username:#abc"),
+    }
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("read", ["report", "rollup", "timeline", "presented_username"])
+def test_a_usage_read_closes_the_client_it_read_on(
+    read: str, settings: Any, server: RedisServer
+) -> None:
+    """What reads the configured backend's usage counts itself (the admin's dashboard, the
+    usage list's rollup, the operator tools) closes the client with longer timeouts the read
+    builds: its connection is not left open until the garbage collector finds it (redis-py's
+    clients sit in reference cycles), nor collected with a warning of an unclosed socket."""
+    settings.DJANGO_THROTTLE_REDIS_URL = server.url
+    call = _reads()[read]
+    admin = server.client()
+    gc.disable()  # the collector, run meanwhile, would close what a read left open
+    try:
+        call()  # the backend's own connections, open from now on
+        before = len(admin.client_list())
+        for _ in range(3):
+            call()
+        after = len(admin.client_list())
+    finally:
+        gc.enable()
+        admin.close()
+    assert after == before

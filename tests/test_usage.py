@@ -8,7 +8,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -320,9 +320,9 @@ def test_a_failed_push_keeps_the_counts(settings: Any) -> None:
     assert by("client") == {"user:1": columns(fo=1)}
 
 
-def test_a_repeated_push_counts_once(backend: Backend) -> None:
+def test_a_repeated_push_counts_once(backend: Backend, open_store: Callable[..., Any]) -> None:
     """A push whose reply was lost is sent again: the batch id makes it a no-op."""
-    store = usage.get_store(backend)
+    store = open_store(backend)
     minute = store.now_minute()
     counts = [(minute, "pro|search", "user:1", "o", 4), (minute, "pro|", "user:2", "c", 1)]
     store.push("batch-1", counts)

@@ -9,6 +9,7 @@ no push holds the server for a long outage's backlog, and nothing is lost.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,10 +26,10 @@ ALGORITHMS = [algorithm.value for algorithm in Algorithm]
 
 
 @pytest.fixture(params=["redis", "memory"])
-def store(request: pytest.FixtureRequest, settings: Any) -> Any:
+def store(request: pytest.FixtureRequest, settings: Any, open_store: Callable[..., Any]) -> Any:
     if request.param == "memory":
         settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
-    return usage.get_store(get_backend())
+    return open_store(get_backend())
 
 
 def failed_open(store: Any, minute: int) -> int:
@@ -117,9 +118,11 @@ def test_each_request_pushes_a_bounded_batch_and_nothing_is_lost(client: Any, st
     assert failed_open(store, minute) == usage.MAX_PENDING
 
 
-def test_a_failed_batch_goes_first_when_the_backend_answers(settings: Any) -> None:
+def test_a_failed_batch_goes_first_when_the_backend_answers(
+    settings: Any, open_store: Callable[..., Any]
+) -> None:
     """A batch whose push failed is retried whole before newer counts, under its own id."""
-    store = usage.get_store(get_backend())
+    store = open_store(get_backend())
     minute = store.now_minute()
     for n in range(usage.PUSH_PER_CALL + 5):
         usage.record_degraded("pro|search", f"user:{n}", "failed_open")
@@ -127,7 +130,7 @@ def test_a_failed_batch_goes_first_when_the_backend_answers(settings: Any) -> No
     settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
     usage.flush_pending()  # never raises: the batch is kept
     settings.DJANGO_THROTTLE_REDIS_URL = healthy
-    store = usage.get_store(get_backend())
+    store = open_store(get_backend())
 
     usage.flush_pending()
     assert failed_open(store, minute) == usage.PUSH_PER_CALL
@@ -167,10 +170,12 @@ def declared_only(source: str) -> tuple[str, str]:
     return text, hashlib.sha1(text.encode()).hexdigest()
 
 
-def test_the_push_and_read_scripts_touch_only_declared_keys(redis_client: Any) -> None:
+def test_the_push_and_read_scripts_touch_only_declared_keys(
+    redis_client: Any, open_store: Callable[..., Any]
+) -> None:
     """Servers that check declared keys (and a cluster, beyond the shared hash tag) see every
     key the usage push and read scripts touch in KEYS."""
-    store = usage.get_store(get_backend())
+    store = open_store(get_backend())
     store._push_source, store._push_sha = declared_only(store._push_source)
     store._read_source, store._read_sha = declared_only(store._read_source)
     minute = store.now_minute()
@@ -232,10 +237,12 @@ def test_a_push_sends_each_total_once_and_each_client_once_per_minute(store: Any
     assert found.totals["pro|export"][:2] == [100, 0]
 
 
-def test_pushes_leave_no_growing_structure(redis_client: Any) -> None:
+def test_pushes_leave_no_growing_structure(
+    redis_client: Any, open_store: Callable[..., Any]
+) -> None:
     """Each batch's mark is a key of its own with a TTL (no set re-armed by every push), and
     the late minutes hold only minutes pushed to within the usage TTL."""
-    store = usage.get_store(get_backend())
+    store = open_store(get_backend())
     minute = store.now_minute()
     for n in range(30):
         store.push(f"batch-{n}", [(minute, "pro|search", "user:1", "o", 1)])
@@ -286,7 +293,9 @@ def test_the_counting_scripts_touch_only_declared_keys(
 
 
 def test_a_caller_whose_clock_is_behind_has_its_minute_copied_again(
-    redis_client: Any, monkeypatch: pytest.MonkeyPatch
+    redis_client: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    open_store: Callable[..., Any],
 ) -> None:
     """The usage keys are named by the caller's minute (it must name them before the script
     reads the server's clock); when the server's minute is already later, the call notes the
@@ -296,7 +305,7 @@ def test_a_caller_whose_clock_is_behind_has_its_minute_copied_again(
     from django_throttle.backends import redis as redis_backend
 
     backend = get_backend()
-    store = usage.get_store(backend)
+    store = open_store(backend)
     store.take_late()
     minute = store.now_minute()
     real = time.time

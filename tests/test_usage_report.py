@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,7 +21,6 @@ from django.urls import reverse
 from django_throttle.backends import get_backend, usage_store
 from django_throttle.backends.base import Backend
 from django_throttle.models import UsageCount
-from django_throttle.usage import accounting as usage
 from django_throttle.usage import reports as usage_report
 from tests.factories import with_shards
 from tests.test_usage import OUTCOMES, by, columns, run, send
@@ -297,11 +297,13 @@ def test_counts_outlive_redis_once_rolled_up(redis_client: redis.Redis) -> None:
     assert by("endpoint") == {"search": columns(allowed=3, denied=1)}
 
 
-def test_a_late_push_into_a_copied_minute_is_copied_again(backend: Backend) -> None:
+def test_a_late_push_into_a_copied_minute_is_copied_again(
+    backend: Backend, open_store: Callable[..., Any]
+) -> None:
     at = minutes_ago(10)
     send(backend, "user:1", "pro", "search", allowed=2, at=at)
     rollup()
-    store = usage.get_store(backend)
+    store = open_store(backend)
     store.push("late-1", [(int(at) // 60, "pro|search", "user:1", "o", 5)])
 
     rollup()

@@ -4,6 +4,7 @@ in one call, and kept for the next try when the push fails. Both backends, same 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -84,12 +85,12 @@ def test_denied_and_allowed_requests_are_listed_exactly(backend: Backend) -> Non
     assert counts.clients["ip:203.0.113.9"][:2] == [1, 3]
 
 
-def test_a_peek_counts_nothing(backend: Backend) -> None:
+def test_a_peek_counts_nothing(backend: Backend, open_store: Callable[..., Any]) -> None:
     field = usage.field_for("free", "")
     limit = (Limit.build("looked", "5/h"),)
     backend.peek("user:9", limit, now=T0)
     backend.hit("user:9", limit, now=T0, usage=None)
-    assert not usage.get_store(backend).read([MINUTE])
+    assert not open_store(backend).read([MINUTE])
     assert field is not None
 
 
@@ -121,11 +122,13 @@ def test_the_counts_arrive_within_the_push_interval() -> None:
     assert not usage.pending
 
 
-def test_a_failed_push_keeps_its_counts_for_the_next_try(backend: Backend) -> None:
+def test_a_failed_push_keeps_its_counts_for_the_next_try(
+    backend: Backend, open_store: Callable[..., Any]
+) -> None:
     field = usage.field_for("free", "")
     limit = (Limit.build("kept", "1000/s"),)
     backend.hit("user:4", limit, now=T0, usage=field)
-    store = usage.get_store(backend)
+    store = open_store(backend)
 
     def refuse(*args: Any) -> None:
         raise usage.BackendError("Redis is away")

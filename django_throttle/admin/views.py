@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from html import escape
@@ -47,6 +48,7 @@ from django_throttle.admin.base import AppAdmin, stored_time
 from django_throttle.backends import BackendError, get_backend
 from django_throttle.backends.adaptive_store import AdaptiveStore
 from django_throttle.backends.redis_nodes import get_breaker
+from django_throttle.backends.usage_store import UsageStore
 from django_throttle.conf import app_settings
 from django_throttle.inspection.clients import (
     BadAddress,
@@ -474,8 +476,12 @@ class Timeline:
 
 def timeline(window: str) -> Timeline:
     """Per-bar counts for ``window`` (a key of :data:`WINDOWS`) ending with the current minute."""
+    with closing(accounting.get_store()) as store:  # the client it reads on closed after
+        return _timeline(window, store)
+
+
+def _timeline(window: str, store: UsageStore) -> Timeline:
     span, step = WINDOWS[window]
-    store = accounting.get_store()
     partial = False
     try:
         now = store.now_minute()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
@@ -245,9 +246,9 @@ def presented_username(label: str) -> str | None:
     from django_throttle.usage.names import DIGEST_MARK, USERNAME, username_digest
     from django_throttle.usage.reports import kept_minutes
 
-    store = accounting.get_store()
-    now = store.now_minute()
-    minutes = store.read(range(now - kept_minutes() + 1, now + 1), totals=False, clients=True)
+    with closing(accounting.get_store()) as store:
+        now = store.now_minute()
+        minutes = store.read(range(now - kept_minutes() + 1, now + 1), totals=False, clients=True)
     for counts in minutes.values():
         for client in counts.clients:
             if (

@@ -43,6 +43,7 @@ import math
 import operator
 import time
 from collections.abc import Iterable
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import reduce
@@ -145,7 +146,9 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
         raise ValueError(f"by must be one of {', '.join(REPORT_BY)}, not {by!r}")
     if top is not None and top < 1:
         raise ValueError(f"top must be at least 1, not {top}")
-    store = usage.get_store() if store is None else store
+    if store is None:  # the configured backend's, with the client it reads on closed after
+        with closing(usage.get_store()) as own:
+            return report(since, by, top, own)
     now = store.now_minute()
     first = now - kept_minutes() + 1
     since_minute = minute_of(since)
@@ -281,7 +284,9 @@ def rollup(store: UsageStore | None = None, *, deadline: float | None = None) ->
     while the backend still holds the minutes)."""
     from django_throttle.models import UsageCount
 
-    store = usage.get_store() if store is None else store
+    if store is None:  # the configured backend's, with the client it reads on closed after
+        with closing(usage.get_store()) as own:
+            return rollup(own, deadline=deadline)
     now = store.now_minute()
     first = now - kept_minutes() + 1
     split = stored_through(store)
