@@ -172,7 +172,8 @@ class TierLimit(LimitFields):
 
     def __str__(self) -> str:
         text = super().__str__()
-        return f"{text}, {_('shared')}" if self.shared else text
+        shared = _("shared")  # outside the f-string, where makemessages finds it
+        return f"{text}, {shared}" if self.shared else text
 
 
 class TierAssignment(models.Model):

@@ -88,7 +88,8 @@ def describe(label: str, name: str = "") -> str:
         for sep in ("#", "\x00", "\ufffd"):  # the rollup stores NUL as U+FFFD
             head, found, rest = label.partition(sep)
             if found and head in KINDS:
-                return f"{KINDS[head]} {gettext('(long value, digest %s…)') % rest[:8]}"
+                digest = gettext("(long value, digest %s…)") % rest[:8]  # not in the f-string
+                return f"{KINDS[head]} {digest}"
         return plain_text(label)
     if kind not in KINDS:
         return plain_text(label)
