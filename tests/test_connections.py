@@ -42,6 +42,13 @@ def proxy(server: RedisServer) -> Iterator[FaultProxy]:
         yield fault_proxy
 
 
+#: The socket timeouts of the tests that make calls time out: every call before the fault
+#: must be answered within it, also on a loaded machine (where 0.2 s was not always enough).
+FAULT_TIMEOUT = 1.0
+#: How long the proxy's ``delay`` mode holds a reply: well beyond :data:`FAULT_TIMEOUT`.
+LATE_REPLY = 3.0
+
+
 def small_pool_backend(settings: Any, url: str, timeout: float = 2.0) -> RedisBackend:
     settings.DJANGO_THROTTLE_REDIS_URL = url
     settings.DJANGO_THROTTLE_REDIS_OPTIONS = {
@@ -109,9 +116,9 @@ def test_a_timed_out_connection_is_never_reused_sync(
 ) -> None:
     """A call that timed out leaves its connection disconnected: the late reply (``delay``)
     never answers the next call, and after a partition the next call works at once."""
-    backend = small_pool_backend(settings, proxy.url, timeout=0.2)
+    backend = small_pool_backend(settings, proxy.url, timeout=FAULT_TIMEOUT)
     assert backend.hit("late", LIMITS).remaining == CAPACITY - 1
-    proxy.set_mode(mode, delay=0.6)
+    proxy.set_mode(mode, delay=LATE_REPLY)
     with pytest.raises(BackendError, match="Timeout"):
         backend.hit("late", LIMITS)
     proxy.set_mode("pass")
@@ -128,11 +135,11 @@ def test_a_timed_out_connection_is_never_reused_sync(
 def test_a_timed_out_connection_is_never_reused_async(
     mode: str, settings: Any, proxy: FaultProxy
 ) -> None:
-    backend = small_pool_backend(settings, proxy.url, timeout=0.2)
+    backend = small_pool_backend(settings, proxy.url, timeout=FAULT_TIMEOUT)
 
     async def run() -> list[int]:
         assert (await backend.ahit("late", LIMITS)).remaining == CAPACITY - 1
-        proxy.set_mode(mode, delay=0.6)
+        proxy.set_mode(mode, delay=LATE_REPLY)
         with pytest.raises(BackendError, match="Timeout"):
             await backend.ahit("late", LIMITS)
         proxy.set_mode("pass")
@@ -147,7 +154,7 @@ def test_timed_out_async_calls_leave_nothing_for_asyncio_to_log(
 ) -> None:
     """No "Future exception was never retrieved" (or any other loop error) after async calls
     that timed out, however their connections end afterwards."""
-    backend = small_pool_backend(settings, proxy.url, timeout=0.1)
+    backend = small_pool_backend(settings, proxy.url, timeout=FAULT_TIMEOUT / 2)
     reported: list[dict[str, Any]] = []
 
     async def run() -> int:

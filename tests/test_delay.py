@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -24,13 +25,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from django_throttle import events
 from django_throttle.backends.base import ArgumentRefused, Backend
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.decorators import throttle
 from django_throttle.drf import AsyncPolicyThrottle
 from django_throttle.models import EndpointLimit
 from django_throttle.policy import live as policy
-from django_throttle.rates import Algorithm, InvalidRate, Limit
+from django_throttle.rates import Algorithm, Decision, InvalidRate, Limit
 from django_throttle.request import core
 from tests.factories import assert_turns_spaced, endpoint, own_connections, tier
 
@@ -257,25 +259,81 @@ def test_async_views_await_their_turn(clear_entered: None) -> None:
     assert_paced(entered, 3)
 
 
+class NotedPlaces(threading.BoundedSemaphore):
+    """The process's places for waiting requests (``core._waiting`` / ``core._awaiting``),
+    saying when one is taken (``taken``); with ``held`` cleared, a request that took one
+    keeps it once its wait is over until the test sets ``held``, so "while it waits" is
+    a fact the test arranges, not a race against the sleep."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.taken = threading.Event()
+        self.held = threading.Event()
+        self.held.set()
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        got = super().acquire(blocking, timeout)
+        if got:
+            self.taken.set()
+        return got
+
+    def release(self, n: int = 1) -> None:
+        assert self.held.wait(timeout=60), "the test never let the waiting request go"
+        super().release(n)
+
+
+@pytest.fixture
+def decided() -> Iterator[list[tuple[float, float]]]:
+    """For each request decided: (its wait, a reading of the server's clock taken just after
+    the decision), as ``events.request_decided`` announces it, before any wait."""
+    found: list[tuple[float, float]] = []
+
+    def on_decided(sender: object, decision: Decision, **kwargs: object) -> None:
+        found.append((decision.wait, _now()))
+
+    events.request_decided.connect(on_decided)
+    yield found
+    events.request_decided.disconnect(on_decided)
+
+
 @pytest.mark.urls(__name__)
 @pytest.mark.django_db(transaction=True)
-def test_a_client_gone_while_waiting_gives_its_turn_back(clear_entered: None) -> None:
-    async def run() -> float:
+def test_a_client_gone_while_waiting_gives_its_turn_back(
+    monkeypatch: pytest.MonkeyPatch, clear_entered: None, decided: list[tuple[float, float]]
+) -> None:
+    places = NotedPlaces(core.MAX_AWAITING)
+    monkeypatch.setattr(core, "_awaiting", places)
+    sent: list[float] = []  # the server's clock read just before each request was sent
+
+    async def run() -> int:
         client = AsyncClient(REMOTE_ADDR="203.0.113.7")
+        sent.append(_now())
         await client.get("/paced-async/")  # served at once
+        sent.append(_now())
         waiting = asyncio.ensure_future(client.get("/paced-async/"))  # its turn: 0.5 s later
-        await asyncio.sleep(0.1)
+        while not places.taken.is_set():  # it waits for its turn now (however late it got there)
+            await asyncio.sleep(0.01)
         waiting.cancel()  # the client went away
         with pytest.raises(asyncio.CancelledError):
             await waiting
-        began = time.monotonic()
+        sent.append(_now())
         response = await client.get("/paced-async/")
-        assert response.status_code == 200
-        return time.monotonic() - began
+        return response.status_code
 
-    # The cancelled request's turn (0.5 s after the first) went to this one: it waits about
-    # 0.4 s, not 0.9 s.
-    assert async_to_sync(run)() < 0.7
+    assert async_to_sync(run)() == 200
+    # On the server's clock, whatever the load: each decision happened between the reading
+    # before its request and the one just after it, so each turn (decision + wait) lies in a
+    # known bracket. The second's turn is 0.5 s after the first's decision; cancelled, it
+    # goes to the third, which would otherwise have had the next one, 1 s after the first.
+    # One instant of the first's decision must fit them all (to the clock's microsecond).
+    (first_wait, first_at), (second_wait, second_at), (third_wait, third_at) = decided
+    assert first_wait == 0 and second_wait > 0
+    origin = [(sent[0], first_at), (sent[1] + second_wait - 0.5, second_at + second_wait - 0.5)]
+    if third_wait:
+        origin.append((sent[2] + third_wait - 0.5, third_at + third_wait - 0.5))
+    else:  # decided after the given-back turn: not before 0.5 s after the first
+        assert third_at >= sent[0] + 0.5 - 2e-6, (decided, sent)
+    assert max(lo for lo, _ in origin) <= min(hi for _, hi in origin) + 2e-6, (decided, sent)
 
 
 @pytest.mark.urls(__name__)
@@ -283,7 +341,9 @@ def test_a_client_gone_while_waiting_gives_its_turn_back(clear_entered: None) ->
 def test_beyond_the_cap_of_waiting_requests_a_request_is_refused_at_once(
     monkeypatch: pytest.MonkeyPatch, clear_entered: None
 ) -> None:
-    monkeypatch.setattr(core, "_waiting", threading.BoundedSemaphore(1))
+    places = NotedPlaces(1)
+    places.held.clear()  # the waiting request keeps its place until the refusal was seen
+    monkeypatch.setattr(core, "_waiting", places)
     client = Client(REMOTE_ADDR="203.0.113.8")
     assert client.get("/paced/").status_code == 200  # at once
     policy.current()  # the policy loaded here: the threads read no database
@@ -291,14 +351,19 @@ def test_beyond_the_cap_of_waiting_requests_a_request_is_refused_at_once(
         waiting = pool.submit(
             own_connections(client.get), "/paced/"
         )  # waits 0.5 s, holding the one place
-        time.sleep(0.1)
-        refused = Client(REMOTE_ADDR="203.0.113.8").get("/paced/")
+        try:
+            assert places.taken.wait(timeout=30)
+            refused = Client(REMOTE_ADDR="203.0.113.8").get("/paced/")
+        finally:
+            places.held.set()
         assert refused.status_code == 429
         assert refused["Retry-After"] == "1"  # the wait it would have had (1 s), rounded up
         assert waiting.result().status_code == 200
-    # The refused request gave its turn back: the next one waits for the second's successor.
+    # The refused request gave its turn back: the next one waits for the second's successor
+    # (at most 0.5 s: less, or not at all, the later it comes).
     answered = Client(REMOTE_ADDR="203.0.113.8").get("/paced/")
-    assert answered.status_code == 200 and float(answered["X-RateLimit-Delayed"]) <= 0.5
+    assert answered.status_code == 200
+    assert float(answered.get("X-RateLimit-Delayed", "0")) <= 0.5
 
 
 def paced_rule(route: str) -> None:
