@@ -29,7 +29,6 @@ from redis.crc import key_slot
 from django_throttle.backends import get_backend
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.rates import Algorithm, Limit
-from tests.factories import assert_turns_spaced
 from tests.redis_servers import LOOPBACK
 from tests.topologies import LocalCluster
 
@@ -456,6 +455,10 @@ def test_on_a_cluster_delayed_requests_are_spaced_one_interval_apart(
     limit = Limit.build("paced", "2/s", burst=8, algorithm=Algorithm.GCRA, delay=0)
     client = "user:paced"
     node = cluster.node_for_slot(key_slot(backend.key(client, limit).encode()))
+
+    # Imported here: the module is imported again by each spawned worker process, before
+    # Django is set up, and tests.factories imports the package's models.
+    from tests.factories import assert_turns_spaced
 
     with node.client() as redis_client:
 
