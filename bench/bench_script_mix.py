@@ -105,25 +105,19 @@ def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
         )
         laps: dict[str, list[float]] = {name: [] for name in names}
 
-        def decide(calls: Any, n: int, limits: Any = limits) -> None:
+        def decide(
+            calls: Any,
+            n: int,
+            limits: Any = limits,
+            send: Any = plain.evalsha,
+            script: str | None = None,
+        ) -> None:
+            """One decision for client ``n``, its keys and arguments framed by ``calls``,
+            sent as ``send(script, ...)``: the framing's own script by default."""
             encoded = calls.encoded(limits)
             tag = backend._client_tag(f"ip:10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}")[1]
             keys = calls.keys(encoded, tag)
-            plain.evalsha(encoded.sha, len(keys), *keys, b"1", b"0", *encoded.specs)
-
-        def decide_once(function: str, n: int, limits: Any = limits) -> None:
-            calls = backend._calls
-            encoded = calls.encoded(limits)
-            tag = backend._client_tag(f"ip:10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}")[1]
-            keys = calls.keys(encoded, tag)
-            plain.fcall(function, len(keys), *keys, b"1", b"0", *encoded.specs)
-
-        def decide_flat(sha: str, n: int, limits: Any = limits) -> None:
-            calls = backend._calls
-            encoded = calls.encoded(limits)
-            tag = backend._client_tag(f"ip:10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}")[1]
-            keys = calls.keys(encoded, tag)
-            plain.evalsha(sha, len(keys), *keys, b"1", b"0", *encoded.specs)
+            send(script or encoded.sha, len(keys), *keys, b"1", b"0", *encoded.specs)
 
         for calls in framings.values():  # load each script once, outside the laps
             plain.script_load(calls.script(limits)[1])
@@ -132,9 +126,11 @@ def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
             for name, calls in framings.items():
                 laps[name].append(lap(partial(decide, calls)))
             if once:
-                laps["defined once"].append(lap(partial(decide_once, once)))
+                laps["defined once"].append(
+                    lap(partial(decide, backend._calls, send=plain.fcall, script=once))
+                )
             if written_flat:
-                laps["flat"].append(lap(partial(decide_flat, flat)))
+                laps["flat"].append(lap(partial(decide, backend._calls, script=flat)))
             laps["ping"].append(lap(lambda n: plain.execute_command("PING")))
             laps["minimal"].append(
                 lap(
