@@ -407,3 +407,14 @@ def test_the_counting_script_leaves_the_refund_functions_out() -> None:
     assert "refunding.lua" in REFUND_FILES and "refunding.lua" not in SCRIPT_FILES
     assert "REFUND = true" in load_script(REFUND_FILES)
     assert "REFUND = true" not in load_script(SCRIPT_FILES)
+
+
+def test_the_counting_script_leaves_the_retime_functions_out() -> None:
+    """Nor retimes: only retime.lua's script defines them (and GCRA's exact arithmetic);
+    the counting script builds no closure for them on each call."""
+    from django_throttle.backends.scripts import RETIME_FILES, SCRIPT_FILES
+
+    assert "retiming.lua" in RETIME_FILES and "retiming.lua" not in SCRIPT_FILES
+    assert "RETIME = true" in load_script(RETIME_FILES)
+    assert "RETIME = true" not in load_script(SCRIPT_FILES)
+    assert "expire_or_delete = function" not in load_script(SCRIPT_FILES)

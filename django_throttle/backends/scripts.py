@@ -29,8 +29,10 @@ ALGORITHM_FILES_BY_CODE = {
 ALGORITHM_FILES = tuple(dict.fromkeys(sum(ALGORITHM_FILES_BY_CODE.values(), ())))
 #: Lua files making up the counting script, in load order: shared prelude, algorithms, driver.
 SCRIPT_FILES = ("prelude.lua", *ALGORITHM_FILES, "driver.lua")
-#: The same definitions with the retime driver (after a limit changed, see ``retime``).
-RETIME_FILES = ("prelude.lua", *ALGORITHM_FILES, "retime.lua")
+#: The same definitions with the retime driver (after a limit changed, see ``retime``);
+#: ``retiming.lua`` has the algorithm files define their retime functions, which the
+#: counting script leaves out (each function a script defines is built on every call).
+RETIME_FILES = ("prelude.lua", "retiming.lua", *ALGORITHM_FILES, "retime.lua")
 #: The same definitions with the refund driver (a reservation given back, see ``refund``);
 #: ``refunding.lua`` has the algorithm files define their refund functions, which the
 #: counting script leaves out.

@@ -48,18 +48,21 @@ local function calendar_decide(key, now, p, cost)
   return window_decide(count, start, p.stop, now, p.capacity, cost)
 end
 
-local function calendar_retime(key, now, p)
-  local count, start = window_state(redis.call('GET', key), FIXED_PATTERN)
-  if count == nil then return 0 end
-  if start < p.start then return expire_or_delete(key, 0) end
-  return expire_or_delete(key, p.stop - now)
-end
-
 ALGORITHMS['c'] = {
   stamped = true,
   parse = calendar_parse, decide = calendar_decide, commit = window_commit,
-  retime = calendar_retime,
 }
+
+if RETIME then
+  local function calendar_retime(key, now, p)
+    local count, start = window_state(redis.call('GET', key), FIXED_PATTERN)
+    if count == nil then return 0 end
+    if start < p.start then return expire_or_delete(key, 0) end
+    return expire_or_delete(key, p.stop - now)
+  end
+
+  ALGORITHMS['c'].retime = calendar_retime
+end
 
 if REFUND then
   ALGORITHMS['c'].refund = function(key, now, p, cost, taken)

@@ -80,17 +80,21 @@ local function lease_commit(key, now, p, replace)
   redis.call('PEXPIRE', key, px(latest - now))
 end
 
-local function lease_retime(key, now)
-  local latest = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
-  latest = type(latest) == 'table' and latest[2] and tonumber(latest[2])
-  if not latest then return 0 end
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', decimal(now))
-  return expire_or_delete(key, latest - now)
-end
-
 ALGORITHMS['n'] = {
-  parse = lease_parse, decide = lease_decide, commit = lease_commit, retime = lease_retime,
+  parse = lease_parse, decide = lease_decide, commit = lease_commit,
 }
+
+if RETIME then
+  local function lease_retime(key, now)
+    local latest = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+    latest = type(latest) == 'table' and latest[2] and tonumber(latest[2])
+    if not latest then return 0 end
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', decimal(now))
+    return expire_or_delete(key, latest - now)
+  end
+
+  ALGORITHMS['n'].retime = lease_retime
+end
 
 if REFUND then
   ALGORITHMS['n'].refund = function() return 0 end

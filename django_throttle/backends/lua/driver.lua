@@ -115,10 +115,15 @@ end
 if allowed then pick_retry = 0 else wait = 0 end
 local taken = 0
 if allowed and not peek and stamped then taken = now end
-local reply = {allowed and 1 or 0, pick, math.floor(pick_remaining or 0), math.ceil(pick_reset),
-  math.ceil(pick_retry), shadow_denied, taken, math.ceil(wait)}
+pick_retry, wait = math.ceil(pick_retry), math.ceil(wait)
+local head = allowed and 1 or 0
+pick_remaining, pick_reset = math.floor(pick_remaining or 0), math.ceil(pick_reset)
+if wait == 0 and taken == 0 and shadow_denied == 0 and pick_retry == 0 then
+  return {head, pick, pick_remaining, pick_reset}
+end
+local reply = {head, pick, pick_remaining, pick_reset, pick_retry, shadow_denied, taken, wait}
 local size = 8
-while size > 4 and reply[size] == 0 do
+while reply[size] == 0 do
   reply[size] = nil
   size = size - 1
 end

@@ -54,20 +54,24 @@ local function fixed_decide(key, now, p, cost)
   return window_decide(count, start, start + p.period, now, p.capacity, cost)
 end
 
-local function fixed_retime(key, now, p)
-  local count, start = window_state(redis.call('GET', key), FIXED_PATTERN)
-  if count == nil then return 0 end
-  return expire_or_delete(key, math.min(start + p.period - now, p.period))
-end
-
 ALGORITHMS['f'] = {
   stamped = true,
-  parse = fixed_parse, decide = fixed_decide, commit = window_commit, retime = fixed_retime,
+  parse = fixed_parse, decide = fixed_decide, commit = window_commit,
 }
 
 -- Give back to a window counter: `left` requests counted in [start, stop), or the key
 -- deleted when none are (refund scripts only; the calendar quota uses it too).
 local window_refund
+if RETIME then
+  local function fixed_retime(key, now, p)
+    local count, start = window_state(redis.call('GET', key), FIXED_PATTERN)
+    if count == nil then return 0 end
+    return expire_or_delete(key, math.min(start + p.period - now, p.period))
+  end
+
+  ALGORITHMS['f'].retime = fixed_retime
+end
+
 if REFUND then
   window_refund = function(key, now, left, start, stop)
     if left <= 0 then return delete(key) end

@@ -95,65 +95,69 @@ local function gcra_commit(key, now, p, new)
   redis.call('SET', key, decimal(new), 'PX', px(new - now))
 end
 
--- x x y as (high, middle, low) in base 2^25, exactly, for whole x, y < 2^50.
-local function product(x, y)
-  local base = 33554432
-  local xl, yl = x % base, y % base
-  local xh, yh = (x - xl) / base, (y - yl) / base
-  local low, middle, high = xl * yl, xh * yl + xl * yh, xh * yh
-  local carry = low % base
-  middle, low = middle + (low - carry) / base, carry
-  carry = middle % base
-  high, middle = high + (middle - carry) / base, carry
-  return high, middle, low
-end
-
--- -1, 0 or 1 as a x b is below, equal to or above c x d (whole numbers below 2^50).
-local function compare_products(a, b, c, d)
-  local h1, m1, l1 = product(a, b)
-  local h2, m2, l2 = product(c, d)
-  if h1 ~= h2 then return h1 < h2 and -1 or 1 end
-  if m1 ~= m2 then return m1 < m2 and -1 or 1 end
-  if l1 ~= l2 then return l1 < l2 and -1 or 1 end
-  return 0
-end
-
--- ceil(a x b / c) exactly, for whole a, b, c below 2^50 whose result is below 2^50: the
--- float quotient is off by at most one either way, and exact products settle it.
-local function ceil_muldiv(a, b, c)
-  local q = math.floor(a * b / c)
-  while q > 0 and compare_products(q, c, a, b) > 0 do q = q - 1 end
-  while compare_products(q + 1, c, a, b) <= 0 do q = q + 1 end
-  if compare_products(q, c, a, b) == 0 then return q end
-  return q + 1
-end
-
-local function gcra_retime(key, now, p, old)
-  local state = redis.call('GET', key)
-  local tat = tonumber(state)
-  if tat == nil or tat ~= math.floor(tat) or tat >= 2 ^ 53 then return 0 end
-  if old == nil then
-    return expire_or_delete(key, tat - now)
-  end
-  if tat <= now then return expire_or_delete(key, 0) end
-  -- Beyond MAX_WINDOW ahead only a corrupt state or a clock far off: bounded so the exact
-  -- products below stay within 2^50.
-  local ahead = math.min(tat - now, MAX_WINDOW)
-  local limit = p.capacity * p.emission
-  local moved
-  -- ahead x E_new / E_old >= C_new x E_new exactly when ahead >= C_new x E_old.
-  if compare_products(ahead, 1, p.capacity, old.emission) >= 0 then
-    moved = limit
-  else
-    moved = ceil_muldiv(ahead, p.emission, old.emission)
-  end
-  redis.call('SET', key, decimal(now + moved), 'PX', px(moved))
-  return 1
-end
-
 ALGORITHMS['g'] = {
-  parse = gcra_parse, decide = gcra_decide, commit = gcra_commit, retime = gcra_retime,
+  parse = gcra_parse, decide = gcra_decide, commit = gcra_commit,
 }
+
+if RETIME then
+  -- x x y as (high, middle, low) in base 2^25, exactly, for whole x, y < 2^50.
+  local function product(x, y)
+    local base = 33554432
+    local xl, yl = x % base, y % base
+    local xh, yh = (x - xl) / base, (y - yl) / base
+    local low, middle, high = xl * yl, xh * yl + xl * yh, xh * yh
+    local carry = low % base
+    middle, low = middle + (low - carry) / base, carry
+    carry = middle % base
+    high, middle = high + (middle - carry) / base, carry
+    return high, middle, low
+  end
+
+  -- -1, 0 or 1 as a x b is below, equal to or above c x d (whole numbers below 2^50).
+  local function compare_products(a, b, c, d)
+    local h1, m1, l1 = product(a, b)
+    local h2, m2, l2 = product(c, d)
+    if h1 ~= h2 then return h1 < h2 and -1 or 1 end
+    if m1 ~= m2 then return m1 < m2 and -1 or 1 end
+    if l1 ~= l2 then return l1 < l2 and -1 or 1 end
+    return 0
+  end
+
+  -- ceil(a x b / c) exactly, for whole a, b, c below 2^50 whose result is below 2^50: the
+  -- float quotient is off by at most one either way, and exact products settle it.
+  local function ceil_muldiv(a, b, c)
+    local q = math.floor(a * b / c)
+    while q > 0 and compare_products(q, c, a, b) > 0 do q = q - 1 end
+    while compare_products(q + 1, c, a, b) <= 0 do q = q + 1 end
+    if compare_products(q, c, a, b) == 0 then return q end
+    return q + 1
+  end
+
+  local function gcra_retime(key, now, p, old)
+    local state = redis.call('GET', key)
+    local tat = tonumber(state)
+    if tat == nil or tat ~= math.floor(tat) or tat >= 2 ^ 53 then return 0 end
+    if old == nil then
+      return expire_or_delete(key, tat - now)
+    end
+    if tat <= now then return expire_or_delete(key, 0) end
+    -- Beyond MAX_WINDOW ahead only a corrupt state or a clock far off: bounded so the exact
+    -- products below stay within 2^50.
+    local ahead = math.min(tat - now, MAX_WINDOW)
+    local limit = p.capacity * p.emission
+    local moved
+    -- ahead x E_new / E_old >= C_new x E_new exactly when ahead >= C_new x E_old.
+    if compare_products(ahead, 1, p.capacity, old.emission) >= 0 then
+      moved = limit
+    else
+      moved = ceil_muldiv(ahead, p.emission, old.emission)
+    end
+    redis.call('SET', key, decimal(now + moved), 'PX', px(moved))
+    return 1
+  end
+
+  ALGORITHMS['g'].retime = gcra_retime
+end
 
 if REFUND then
   ALGORITHMS['g'].refund = function(key, now, p, cost)

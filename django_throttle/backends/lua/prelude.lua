@@ -15,7 +15,8 @@
 --             pending (what commit writes; nil: nothing to write). Reads only.
 --   commit  = function(key, now, params, pending): the write, with its TTL
 --   retime  = function(key, now, params, old_params_or_nil) -> 1 if the key was re-timed or
---             deleted, 0 if it was missing or corrupt
+--             deleted, 0 if it was missing or corrupt; defined only when RETIME is true
+--             (below)
 --   refund  = function(key, now, params, cost, taken) -> 1 if cost was given back (the key
 --             written with its TTL, or deleted once nothing is used), 0 if it was missing,
 --             corrupt or of a window that is no longer the current one (left as it is);
@@ -43,6 +44,10 @@ local ALGORITHMS = {}
 -- every request, makes no closures it never calls.
 local REFUND = false
 local delete
+-- True only in retime.lua's script (retiming.lua sets it, and defines `expire_or_delete`):
+-- likewise, the retime functions (and GCRA's exact arithmetic they need) are built only there.
+local RETIME = false
+local expire_or_delete
 -- The lease id of the request being counted (driver.lua's last argument), under which a
 -- concurrency limit holds its slot (concurrency.lua); nil when the call has none.
 local LEASE = nil
@@ -82,16 +87,6 @@ end
 local function store(key, value, ttl_us)
   redis.call('SET', key, '')
   redis.call('SET', key, value, 'PX', px(ttl_us))
-end
-
--- Set `key`'s expiry to ttl_us, or delete it when its state no longer matters: 1 (touched).
-local function expire_or_delete(key, ttl_us)
-  if ttl_us <= 0 then
-    redis.call('DEL', key)
-  else
-    redis.call('PEXPIRE', key, px(ttl_us))
-  end
-  return 1
 end
 
 -- One limit's spec "<code>[!~]<capacity>:<field>[:<field>...]" ('!' marks a shadow limit,

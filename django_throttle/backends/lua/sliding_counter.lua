@@ -83,17 +83,20 @@ local function counter_commit(key, now, p, pending)
     pending[4])
 end
 
-local function counter_retime(key, now, p)
-  local cur, _, start = window_state(redis.call('GET', key), COUNTER_PATTERN)
-  if cur == nil then return 0 end
-  return expire_or_delete(key, start + 2 * p.period - now)
-end
-
 ALGORITHMS['s'] = {
   stamped = true,
   parse = counter_parse, decide = counter_decide, commit = counter_commit,
-  retime = counter_retime,
 }
+
+if RETIME then
+  local function counter_retime(key, now, p)
+    local cur, _, start = window_state(redis.call('GET', key), COUNTER_PATTERN)
+    if cur == nil then return 0 end
+    return expire_or_delete(key, start + 2 * p.period - now)
+  end
+
+  ALGORITHMS['s'].retime = counter_retime
+end
 
 if REFUND then
   ALGORITHMS['s'].refund = function(key, now, p, cost, taken)

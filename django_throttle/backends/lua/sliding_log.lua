@@ -106,17 +106,21 @@ local function log_commit(key, now, p, pending)
   redis.call('PEXPIRE', key, px(reset))
 end
 
-local function log_retime(key, now, p)
-  local newest = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
-  newest = type(newest) == 'table' and newest[2] and tonumber(newest[2])
-  if not newest then return 0 end
-  return expire_or_delete(key, newest + p.period - now)
-end
-
 ALGORITHMS['w'] = {
   stamped = true,
-  parse = log_parse, decide = log_decide, commit = log_commit, retime = log_retime,
+  parse = log_parse, decide = log_decide, commit = log_commit,
 }
+
+if RETIME then
+  local function log_retime(key, now, p)
+    local newest = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+    newest = type(newest) == 'table' and newest[2] and tonumber(newest[2])
+    if not newest then return 0 end
+    return expire_or_delete(key, newest + p.period - now)
+  end
+
+  ALGORITHMS['w'].retime = log_retime
+end
 
 if REFUND then
   -- The number in a member "<stamp base 36>.<n>" (-1 if it has none).

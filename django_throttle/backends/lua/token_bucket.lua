@@ -115,25 +115,29 @@ local function bucket_commit(key, now, p, after)
   store(key, state, after * interval)
 end
 
-local function bucket_retime(key, now, p)
-  local state = redis.call('GET', key)
-  local used = bucket_used(state, now, p.capacity, p.interval)
-  if used == nil then return 0 end
-  local ttl = used * p.interval
-  if #state == 12 and not p.compact and ttl > 0 then
-    -- A compact state may now outlive the +-24.8 days its 32-bit stamp resolves: written
-    -- again in the full form, as it stands (same tokens used as of the same millisecond).
-    local raw, low = struct.unpack('>dI4', state)
-    local stamp_ms = compact_stamp(low, now)
-    store(key, struct.pack('>dI4I2', raw, low, (stamp_ms - low) / 4294967296), ttl)
-    return 1
-  end
-  return expire_or_delete(key, ttl)
-end
-
 ALGORITHMS['t'] = {
-  parse = bucket_parse, decide = bucket_decide, commit = bucket_commit, retime = bucket_retime,
+  parse = bucket_parse, decide = bucket_decide, commit = bucket_commit,
 }
+
+if RETIME then
+  local function bucket_retime(key, now, p)
+    local state = redis.call('GET', key)
+    local used = bucket_used(state, now, p.capacity, p.interval)
+    if used == nil then return 0 end
+    local ttl = used * p.interval
+    if #state == 12 and not p.compact and ttl > 0 then
+      -- A compact state may now outlive the +-24.8 days its 32-bit stamp resolves: written
+      -- again in the full form, as it stands (same tokens used as of the same millisecond).
+      local raw, low = struct.unpack('>dI4', state)
+      local stamp_ms = compact_stamp(low, now)
+      store(key, struct.pack('>dI4I2', raw, low, (stamp_ms - low) / 4294967296), ttl)
+      return 1
+    end
+    return expire_or_delete(key, ttl)
+  end
+
+  ALGORITHMS['t'].retime = bucket_retime
+end
 
 if REFUND then
   ALGORITHMS['t'].refund = function(key, now, p, cost)
