@@ -19,7 +19,7 @@
 -- 0); an older one is left alone, as is the current one when the refunded hit (taken) was
 -- counted in an earlier window.
 
-local function calendar_parse(capacity, text, now)
+local function calendar_parse(capacity, text, now, p)
   local fields, bounds = split_fields(text), {}
   local ok = #fields == 4
   for i = 1, 4 do
@@ -35,7 +35,8 @@ local function calendar_parse(capacity, text, now)
       if bounds[i + 1] - bounds[i] > MAX_WINDOW then
         return nil, 'calendar window must be at most ' .. MAX_WINDOW .. ' microseconds'
       end
-      return {start = bounds[i], stop = bounds[i + 1]}, nil
+      p.start, p.stop = bounds[i], bounds[i + 1]
+      return p, nil
     end
   end
   return nil, 'calendar boundaries must cover now (' .. decimal(now) .. '), not '

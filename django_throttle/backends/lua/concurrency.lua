@@ -25,12 +25,13 @@
 -- Longest retry told to a request refused by a concurrency limit, in microseconds.
 local RETRY_CAP = 1000000
 
-local function lease_parse(capacity, text)
+local function lease_parse(capacity, text, now, p)
   local lease = whole(text, 1, MAX_WINDOW)
   if lease == nil then
     return nil, 'lease must be whole microseconds in [1, ' .. MAX_WINDOW .. '], not ' .. text
   end
-  return {lease = lease}, nil
+  p.lease = lease
+  return p, nil
 end
 
 -- The latest lease end in the set and the earliest after now (nil when there is none).

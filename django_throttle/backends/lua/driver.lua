@@ -67,9 +67,8 @@ local params = {}
 -- Whether a limit's refund depends on when the hit was made (see the reply).
 local stamped = false
 for i = 1, n do
-  local algorithm, p, shadow, bad = limit_spec(2 + i, now)
+  local algorithm, p, _, bad = limit_spec(2 + i, now)
   if bad then return bad end
-  p.algorithm, p.shadow = algorithm, shadow
   params[i] = p
   if algorithm.stamped then stamped = true end
   if p.code == 'n' and LEASE == nil then
@@ -95,6 +94,7 @@ for i = 1, n do
       pick, pick_remaining, pick_reset = i, remaining, reset
     end
   elseif shadow then
+    p.pending = nil
     shadow_denied = 1
   else
     if allowed or retry > pick_retry then

@@ -22,10 +22,11 @@
 
 local FIXED_PATTERN = '^(%d+) ([%da-z]+)$'
 
-local function fixed_parse(capacity, text)
+local function fixed_parse(capacity, text, now, p)
   local period, message = period_field(text, 'fixed window')
   if period == nil then return nil, message end
-  return {period = period}, nil
+  p.period = period
+  return p, nil
 end
 
 -- The count and window start that apply at now.

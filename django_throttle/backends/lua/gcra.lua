@@ -30,7 +30,7 @@
 -- Refund c: tat = the stored TAT as decide reads it; new = tat - c x E, written with TTL
 -- new - now, or the key deleted when new <= now. A corrupt state is left alone.
 
-local function gcra_parse(capacity, text)
+local function gcra_parse(capacity, text, now, p)
   local emission_text, at_once_text, max_wait_text = text, nil, nil
   if string.find(text, ':', 1, true) then
     emission_text, at_once_text, max_wait_text = string.match(text, '^([^:]+):([^:]+):([^:]+)$')
@@ -47,7 +47,8 @@ local function gcra_parse(capacity, text)
   if capacity * emission > MAX_WINDOW then
     return nil, 'capacity x emission interval must be at most ' .. MAX_WINDOW .. ' microseconds'
   end
-  if at_once_text == nil then return {emission = emission}, nil end
+  p.emission = emission
+  if at_once_text == nil then return p, nil end
   local at_once = whole(at_once_text, 1, capacity)
   if at_once == nil then
     return nil, 'requests served at once must be a whole number in [1, ' .. capacity
@@ -58,7 +59,8 @@ local function gcra_parse(capacity, text)
     return nil, 'longest wait must be whole microseconds in [1, ' .. MAX_WINDOW .. '], not '
       .. max_wait_text
   end
-  return {emission = emission, at_once = at_once, max_wait = max_wait}, nil
+  p.at_once, p.max_wait = at_once, max_wait
+  return p, nil
 end
 
 -- The stored TAT as of now: within [now, now + C x E].

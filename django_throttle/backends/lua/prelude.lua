@@ -8,9 +8,10 @@
 --   stamped = true when its refund gives back what the hit at a given instant took (see
 --             refund.lua): an allowed hit of such a limit names its instant in the reply
 --             (see driver.lua); absent otherwise
---   parse   = function(capacity, text, now) -> params table, or nil and an error message
---             (text: the spec's text after "<code>[!]<capacity>:", its fields separated by
---             ':'; an algorithm of one field reads it whole, without splitting a table out)
+--   parse   = function(capacity, text, now, params) -> params with the algorithm's fields
+--             added, or nil and an error message (text: the spec's text after
+--             "<code>[!]<capacity>:", its fields separated by ':'; an algorithm of one field
+--             reads it whole, without splitting a table out)
 --   decide  = function(key, now, params, cost) -> allowed, remaining, reset_us, retry_us,
 --             pending (what commit writes; nil: nothing to write). Reads only.
 --   commit  = function(key, now, params, pending): the write, with its TTL
@@ -24,7 +25,8 @@
 --             at, so the refund gives back what that hit took and nothing another request
 --             took; defined only when REFUND is true (below)
 -- }
--- params always holds capacity and code; now is whole microseconds; cost is whole tokens,
+-- params always holds capacity, code, quiet, algorithm, shadow and the driver's pending; now
+-- is whole microseconds; cost is whole tokens,
 -- already clamped to the capacity (0 = take nothing).
 
 -- Fraction of a token forgiven when comparing, so float rounding in rates whose interval is
@@ -108,11 +110,15 @@ local function limit_spec(at, now)
     return nil, nil, nil, fail('ARGV[' .. at .. '] capacity must be a whole number in [1, '
       .. MAX_COUNT .. '], not ' .. capacity_text)
   end
-  local params, message = algorithm.parse(capacity, rest, now)
+  -- Built with every field the driver sets, so the two or three the algorithm adds fit
+  -- without the table growing (each growth allocates its hash part again, on every call).
+  local params, message = algorithm.parse(capacity, rest, now, {
+    capacity = capacity, code = code, quiet = bang == '~', algorithm = algorithm,
+    shadow = bang == '!', pending = false,
+  })
   if params == nil then
     return nil, nil, nil, fail('ARGV[' .. at .. '] ' .. message)
   end
-  params.capacity, params.code, params.quiet = capacity, code, bang == '~'
   return algorithm, params, bang == '!', nil
 end
 

@@ -29,10 +29,11 @@
 
 local COUNTER_PATTERN = '^(%d+) (%d+) ([%da-z]+)$'
 
-local function counter_parse(capacity, text)
+local function counter_parse(capacity, text, now, p)
   local period, message = period_field(text, 'sliding window counter')
   if period == nil then return nil, message end
-  return {period = period}, nil
+  p.period = period
+  return p, nil
 end
 
 local function counter_reset(cur, prev, w, now, period)

@@ -29,14 +29,15 @@
 -- Members per ZADD: unpack() of a whole 10,000-request cost would overflow Lua's C stack.
 local LOG_BATCH = 500
 
-local function log_parse(capacity, text)
+local function log_parse(capacity, text, now, p)
   if capacity > MAX_LOG_COUNT then
     return nil, 'capacity must be at most ' .. MAX_LOG_COUNT .. ' for the sliding window log, '
       .. 'not ' .. capacity
   end
   local period, message = period_field(text, 'sliding window log')
   if period == nil then return nil, message end
-  return {period = period}, nil
+  p.period = period
+  return p, nil
 end
 
 -- The newest score in the log, or nil when it is empty.

@@ -37,7 +37,7 @@
 
 local COMPACT_WINDOW = 2e12
 
-local function bucket_parse(capacity, text)
+local function bucket_parse(capacity, text, now, p)
   if string.find(text, ':', 1, true) then
     return nil, 'limit spec must be <code>[!]<capacity>:<interval>, not ' .. text
   end
@@ -48,7 +48,8 @@ local function bucket_parse(capacity, text)
   if capacity * interval > MAX_WINDOW then
     return nil, 'capacity x interval must be at most ' .. MAX_WINDOW .. ' microseconds'
   end
-  return {interval = interval, compact = capacity * interval <= COMPACT_WINDOW}, nil
+  p.interval, p.compact = interval, capacity * interval <= COMPACT_WINDOW
+  return p, nil
 end
 
 -- The whole millisecond a compact state's low 32 bits `low` stand for: the one nearest now.
