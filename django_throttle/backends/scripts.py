@@ -32,17 +32,17 @@ SCRIPT_FILES = ("prelude.lua", *ALGORITHM_FILES, "driver.lua")
 #: The same definitions with the retime driver (after a limit changed, see ``retime``);
 #: ``retiming.lua`` has the algorithm files define their retime functions, which the
 #: counting script leaves out (each function a script defines is built on every call).
-RETIME_FILES = ("prelude.lua", "retiming.lua", *ALGORITHM_FILES, "retime.lua")
+RETIME_FILES = ("prelude.lua", "clock.lua", "retiming.lua", *ALGORITHM_FILES, "retime.lua")
 #: The same definitions with the refund driver (a reservation given back, see ``refund``);
 #: ``refunding.lua`` has the algorithm files define their refund functions, which the
 #: counting script leaves out.
-REFUND_FILES = ("prelude.lua", "refunding.lua", *ALGORITHM_FILES, "refund.lua")
+REFUND_FILES = ("prelude.lua", "clock.lua", "refunding.lua", *ALGORITHM_FILES, "refund.lua")
 #: The script that releases and renews a request's concurrency leases (see ``release``).
-LEASE_FILES = ("prelude.lua", "lease.lua")
+LEASE_FILES = ("prelude.lua", "clock.lua", "lease.lua")
 #: The KEYS and ARGV of one script call.
 Call = tuple[Sequence[Any], Sequence[Any]]
 T = TypeVar("T")
-#: How the scripts' own error replies begin (``fail`` in lua/prelude.lua).
+#: How the scripts' own error replies begin (``ERROR`` in lua/prelude.lua).
 SCRIPT_ERROR_PREFIX = "django_throttle:"
 
 

@@ -39,7 +39,7 @@ local function calendar_parse(capacity, text, now, p)
       return p, nil
     end
   end
-  return nil, 'calendar boundaries must cover now (' .. decimal(now) .. '), not '
+  return nil, 'calendar boundaries must cover now (' .. string.format('%d', now) .. '), not '
     .. table.concat(fields, ':')
 end
 

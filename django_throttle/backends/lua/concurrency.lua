@@ -37,13 +37,13 @@ end
 -- The latest lease end in the set and the earliest after now (nil when there is none).
 local function lease_ends(key, now)
   local latest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  local earliest = redis.call('ZRANGEBYSCORE', key, '(' .. decimal(now), '+inf',
+  local earliest = redis.call('ZRANGEBYSCORE', key, '(' .. string.format('%d', now), '+inf',
     'WITHSCORES', 'LIMIT', 0, 1)
   return latest[2] and tonumber(latest[2]) or nil, earliest[2] and tonumber(earliest[2]) or nil
 end
 
 local function lease_decide(key, now, p, cost)
-  local count = redis.pcall('ZCOUNT', key, '(' .. decimal(now), '+inf')
+  local count = redis.pcall('ZCOUNT', key, '(' .. string.format('%d', now), '+inf')
   local replace = false
   if type(count) ~= 'number' then
     count, replace = 0, true  -- not a sorted set: nothing held, replaced on write
@@ -74,9 +74,9 @@ local function lease_commit(key, now, p, replace)
   if replace then
     redis.call('DEL', key)
   else
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', decimal(now))
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now))
   end
-  redis.call('ZADD', key, decimal(now + p.lease), LEASE)
+  redis.call('ZADD', key, string.format('%d', now + p.lease), LEASE)
   local latest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
   redis.call('PEXPIRE', key, px(latest - now))
 end
@@ -90,7 +90,7 @@ if RETIME then
     local latest = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
     latest = type(latest) == 'table' and latest[2] and tonumber(latest[2])
     if not latest then return 0 end
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', decimal(now))
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now))
     return expire_or_delete(key, latest - now)
   end
 

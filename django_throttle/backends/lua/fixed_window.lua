@@ -47,7 +47,7 @@ local function window_decide(count, start, stop, now, capacity, cost)
 end
 
 local function window_commit(key, now, p, pending)
-  store(key, decimal(pending[1]) .. ' ' .. to36(pending[2]), pending[3] - now)
+  store(key, string.format('%d', pending[1]) .. ' ' .. to36(pending[2]), pending[3] - now)
 end
 
 local function fixed_decide(key, now, p, cost)

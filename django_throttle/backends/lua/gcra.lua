@@ -94,7 +94,7 @@ local function gcra_decide(key, now, p, cost)
 end
 
 local function gcra_commit(key, now, p, new)
-  redis.call('SET', key, decimal(new), 'PX', px(new - now))
+  redis.call('SET', key, string.format('%d', new), 'PX', px(new - now))
 end
 
 ALGORITHMS['g'] = {
@@ -154,7 +154,7 @@ if RETIME then
     else
       moved = ceil_muldiv(ahead, p.emission, old.emission)
     end
-    redis.call('SET', key, decimal(now + moved), 'PX', px(moved))
+    redis.call('SET', key, string.format('%d', now + moved), 'PX', px(moved))
     return 1
   end
 

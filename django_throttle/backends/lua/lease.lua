@@ -16,15 +16,17 @@
 -- a key left with no live lease is deleted.
 local n = #KEYS
 if #ARGV ~= 3 + n then
-  return fail('expected ' .. (3 + n) .. ' arguments for ' .. n .. ' keys, got ' .. #ARGV)
+  return redis.error_reply(ERROR .. 'expected ' .. (3 + n) .. ' arguments for ' .. n
+    .. ' keys, got ' .. #ARGV)
 end
 local op = ARGV[1]
 if op ~= 'release' and op ~= 'renew' then
-  return fail("ARGV[1] must be 'release' or 'renew', not " .. op)
+  return redis.error_reply(ERROR .. "ARGV[1] must be 'release' or 'renew', not " .. op)
 end
 local lease = ARGV[2]
-if not is_lease(lease) then
-  return fail('ARGV[2] lease id must be 1 to 64 letters, digits, "-" or "_", not ' .. lease)
+if #lease > 64 or string.match(lease, LEASE_ID) == nil then
+  return redis.error_reply(ERROR .. 'ARGV[2] lease id must be 1 to 64 letters, digits, "-" or '
+    .. '"_", not ' .. lease)
 end
 local now, err = clock(ARGV[3], 3)
 if err then return err end
@@ -32,14 +34,14 @@ local leases = {}
 for i = 1, n do
   leases[i] = whole(ARGV[3 + i], 1, MAX_WINDOW)
   if leases[i] == nil then
-    return fail('ARGV[' .. (3 + i) .. '] lease must be whole microseconds in [1, '
-      .. MAX_WINDOW .. '], not ' .. ARGV[3 + i])
+    return redis.error_reply(ERROR .. 'ARGV[' .. (3 + i) .. '] lease must be whole '
+      .. 'microseconds in [1, ' .. MAX_WINDOW .. '], not ' .. ARGV[3 + i])
   end
 end
 
 -- Drop ended leases; TTL = the latest live end, or the key deleted when none is live.
 local function settle(key)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', decimal(now))
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now))
   local latest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]
   if latest == nil then
     redis.call('DEL', key)
@@ -57,7 +59,7 @@ for i = 1, n do
       redis.call('ZREM', key, lease)
       if op == 'release' and tonumber(score) > now then touched = touched + 1 end
     else
-      redis.call('ZADD', key, 'XX', decimal(now + leases[i]), lease)
+      redis.call('ZADD', key, 'XX', string.format('%d', now + leases[i]), lease)
       touched = touched + 1
     end
     settle(key)

@@ -54,25 +54,19 @@ local expire_or_delete
 -- concurrency limit holds its slot (concurrency.lua); nil when the call has none.
 local LEASE = nil
 
--- Whether `text` is a lease id: 1 to 64 letters, digits, '-' or '_'.
-local function is_lease(text)
-  return type(text) == 'string' and #text <= 64 and string.match(text, '^[%w_%-]+$') ~= nil
-end
-
-local function fail(message)
-  return redis.error_reply('django_throttle: ' .. message)
-end
+-- How the package's error replies begin (scripts.SCRIPT_ERROR_PREFIX): each error is
+-- redis.error_reply(ERROR .. message), written out where it is returned, since a helper
+-- function would be built again on every call (see "The cost of a definition" in
+-- docs/explanation/benchmarks.md), like every function a script defines.
+local ERROR = 'django_throttle: '
+-- A lease id: 1 to 64 letters, digits, '-' or '_' (checked where a lease id comes in).
+local LEASE_ID = '^[%w_%-]+$'
 
 -- The whole number in `text` within [low, high], or nil.
 local function whole(text, low, high)
   local n = tonumber(text)
   if n == nil or n ~= n or n < low or n > high or n ~= math.floor(n) then return nil end
   return n
-end
-
--- A whole number as decimal text (never exponent notation).
-local function decimal(n)
-  return string.format('%d', n)
 end
 
 -- Milliseconds for SET PX / PEXPIRE from a TTL in microseconds: rounded up, at least 1.
@@ -102,13 +96,13 @@ local function limit_spec(at, now)
   local code, bang, capacity_text, rest = string.match(spec, '^(%l)([!~]?)(%d+):(.+)$')
   local algorithm = code and ALGORITHMS[code]
   if algorithm == nil then
-    return nil, nil, nil, fail('ARGV[' .. at .. '] limit spec must be '
+    return nil, nil, nil, redis.error_reply(ERROR .. 'ARGV[' .. at .. '] limit spec must be '
       .. '<algorithm>[!~]<capacity>:<parameters> with a known algorithm, not ' .. tostring(spec))
   end
   local capacity = whole(capacity_text, 1, MAX_COUNT)
   if capacity == nil then
-    return nil, nil, nil, fail('ARGV[' .. at .. '] capacity must be a whole number in [1, '
-      .. MAX_COUNT .. '], not ' .. capacity_text)
+    return nil, nil, nil, redis.error_reply(ERROR .. 'ARGV[' .. at .. '] capacity must be a '
+      .. 'whole number in [1, ' .. MAX_COUNT .. '], not ' .. capacity_text)
   end
   -- Built with every field the driver sets, so the two or three the algorithm adds fit
   -- without the table growing (each growth allocates its hash part again, on every call).
@@ -117,21 +111,7 @@ local function limit_spec(at, now)
     shadow = bang == '!', pending = false,
   })
   if params == nil then
-    return nil, nil, nil, fail('ARGV[' .. at .. '] ' .. message)
+    return nil, nil, nil, redis.error_reply(ERROR .. 'ARGV[' .. at .. '] ' .. message)
   end
   return algorithm, params, bang == '!', nil
-end
-
--- The clock: `text` (microseconds, a whole number; tests pass it) or the server's TIME.
--- Returns now, or nil and an error reply naming ARGV[at].
-local function clock(text, at)
-  if text == nil or text == '' then
-    local t = redis.call('TIME')
-    return tonumber(t[1]) * 1000000 + tonumber(t[2]), nil
-  end
-  local now = whole(text, 0, 2 ^ 53)
-  if now == nil then
-    return nil, fail('ARGV[' .. at .. '] now must be whole microseconds, not ' .. text)
-  end
-  return now, nil
 end

@@ -18,12 +18,13 @@
 -- Each limit follows its algorithm's "Refund" rule (in its file): its state never goes below
 -- nothing used, a missing key stays missing, and every write sets the TTL a hit would.
 if #ARGV ~= 3 + #KEYS then
-  return fail('expected ' .. (3 + #KEYS) .. ' arguments for ' .. #KEYS .. ' keys, got ' .. #ARGV)
+  return redis.error_reply(ERROR .. 'expected ' .. (3 + #KEYS) .. ' arguments for ' .. #KEYS
+    .. ' keys, got ' .. #ARGV)
 end
 local cost = whole(ARGV[1], 0, MAX_COUNT)
 if cost == nil then
-  return fail('ARGV[1] cost must be a whole number in [0, ' .. MAX_COUNT .. '], not '
-    .. ARGV[1])
+  return redis.error_reply(ERROR .. 'ARGV[1] cost must be a whole number in [0, ' .. MAX_COUNT
+    .. '], not ' .. ARGV[1])
 end
 local now, err = clock(ARGV[2], 2)
 if err then return err end
@@ -31,7 +32,7 @@ local taken = nil
 if ARGV[3] ~= '' then
   taken = whole(ARGV[3], 0, 2 ^ 53)
   if taken == nil then
-    return fail('ARGV[3] taken must be whole microseconds, not ' .. ARGV[3])
+    return redis.error_reply(ERROR .. 'ARGV[3] taken must be whole microseconds, not ' .. ARGV[3])
   end
 end
 local algorithms, params = {}, {}

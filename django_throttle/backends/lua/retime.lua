@@ -12,7 +12,7 @@
 -- client gets a full bucket early: lowering a limit would hand out a free burst. What each
 -- algorithm keeps is in its file ("Retime").
 if #ARGV ~= 2 and #ARGV ~= 3 then
-  return fail('expected 2 or 3 arguments, got ' .. #ARGV)
+  return redis.error_reply(ERROR .. 'expected 2 or 3 arguments, got ' .. #ARGV)
 end
 local now, bad = clock(ARGV[2], 2)
 if bad then return bad end
@@ -23,8 +23,8 @@ if ARGV[3] ~= nil and ARGV[3] ~= '' then
   local _, old_params, _, old_err = limit_spec(3, now)
   if old_err then return old_err end
   if old_params.code ~= params.code then
-    return fail('ARGV[3] old spec must be of the algorithm of ARGV[1] (' .. params.code
-      .. '), not ' .. old_params.code)
+    return redis.error_reply(ERROR .. 'ARGV[3] old spec must be of the algorithm of ARGV[1] ('
+      .. params.code .. '), not ' .. old_params.code)
   end
   old = old_params
 end

@@ -80,8 +80,7 @@ local function counter_decide(key, now, p, cost)
 end
 
 local function counter_commit(key, now, p, pending)
-  store(key, decimal(pending[1]) .. ' ' .. decimal(pending[2]) .. ' ' .. to36(pending[3]),
-    pending[4])
+  store(key, string.format('%d %d ', pending[1], pending[2]) .. to36(pending[3]), pending[4])
 end
 
 ALGORITHMS['s'] = {

@@ -55,7 +55,8 @@ end
 -- The number after the highest "<stamp>.<n>" already scored at now: the first free one.
 local function log_next_number(key, now)
   local next = 0
-  for _, member in ipairs(redis.call('ZRANGEBYSCORE', key, decimal(now), decimal(now))) do
+  local at = string.format('%d', now)
+  for _, member in ipairs(redis.call('ZRANGEBYSCORE', key, at, at)) do
     local n = tonumber(string.match(member, '%.(%d+)$'))
     if n and n >= next then next = n + 1 end
   end
@@ -64,7 +65,7 @@ end
 
 local function log_decide(key, now, p, cost)
   local capacity, period = p.capacity, p.period
-  local floor = '(' .. decimal(now - period)
+  local floor = '(' .. string.format('%d', now - period)
   local count = redis.pcall('ZCOUNT', key, floor, '+inf')
   local replace = false
   if type(count) ~= 'number' then
@@ -92,9 +93,9 @@ local function log_commit(key, now, p, pending)
   if replace then
     redis.call('DEL', key)
   else
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', decimal(now - p.period))
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - p.period))
   end
-  local stamp, score = to36(now) .. '.', decimal(now)
+  local stamp, score = to36(now) .. '.', string.format('%d', now)
   local n = 0
   while n < cost do
     local args = {}
@@ -147,7 +148,7 @@ if REFUND then
 
   -- Drop the dead entries; TTL = newest live + P - now, or the key deleted when none is left.
   local function log_settle(key, now, period)
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', decimal(now - period))
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - period))
     local newest = log_newest(key)
     if newest == nil then return delete(key) end
     redis.call('PEXPIRE', key, px(log_clamp(newest + period - now, period)))
@@ -156,7 +157,7 @@ if REFUND then
 
   ALGORITHMS['w'].refund = function(key, now, p, cost, taken)
     local period = p.period
-    local live = redis.pcall('ZCOUNT', key, '(' .. decimal(now - period), '+inf')
+    local live = redis.pcall('ZCOUNT', key, '(' .. string.format('%d', now - period), '+inf')
     if type(live) ~= 'number' then return 0 end
     if live == 0 then return redis.call('DEL', key) end
     if taken ~= nil then
@@ -164,7 +165,8 @@ if REFUND then
       -- microsecond are alike: any of them counts the same). Already gone (left the
       -- period, or refunded before): nothing to give back.
       if taken <= now - period then return 0 end
-      local own = redis.call('ZRANGEBYSCORE', key, decimal(taken), decimal(taken))
+      local at = string.format('%d', taken)
+      local own = redis.call('ZRANGEBYSCORE', key, at, at)
       if #own == 0 then return 0 end
       remove_highest(key, own, cost)
       return log_settle(key, now, period)
@@ -173,7 +175,7 @@ if REFUND then
     -- Everything scored above the cost-th newest entry goes, and the rest of the cost from
     -- the entries at its score, the highest-numbered first (the next hit numbers on from
     -- the highest left).
-    local score = decimal(tonumber(redis.call('ZREVRANGE', key, cost - 1, cost - 1,
+    local score = string.format('%d', tonumber(redis.call('ZREVRANGE', key, cost - 1, cost - 1,
       'WITHSCORES')[2]))
     local left = cost - redis.call('ZREMRANGEBYSCORE', key, '(' .. score, '+inf')
     remove_highest(key, redis.call('ZRANGEBYSCORE', key, score, score), left)
