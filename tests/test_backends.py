@@ -339,6 +339,33 @@ def test_compact_numbers_in_specs_are_read_exactly_by_lua(
     assert redis_client.eval(same, 0, text, str(int(n))) == 1
 
 
+def _base36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, digit = divmod(n, 36)
+        out = digits[digit] + out
+        if n == 0:
+            return out
+
+
+def test_window_stamps_are_written_in_base_36_on_both_paths(redis_client: redis.Redis) -> None:
+    """windows.lua's to36 writes ten-digit numbers (every microsecond timestamp from 1973 to
+    2085) in one string.char call and others digit by digit: both give Python's base 36,
+    at the edges of the fast path and between."""
+    rng = random.Random(36)
+    numbers = [0, 1, 9, 10, 35, 36, 36**9 - 1, 36**9, 36**9 + 1, 36**10 - 1, 36**10, 2**53 - 1]
+    numbers += [round(time.time() * 1e6), 1_733_456_789_123_456, 2_085_000_000_000_000]
+    numbers += [rng.randrange(36**9, 36**10) for _ in range(40)]
+    numbers += [rng.randrange(0, 2**53) for _ in range(40)]
+    script = load_script(("prelude.lua", "windows.lua")) + (
+        "\nlocal out = {}\nfor i, n in ipairs(ARGV) do out[i] = to36(tonumber(n)) end\n"
+        "return out"
+    )
+    got = redis_client.eval(script, 0, *map(str, numbers))
+    assert [text.decode() for text in got] == [_base36(n) for n in numbers]
+
+
 def test_script_cache_flushed_again_during_the_reload_is_recovered(
     redis_backend: RedisBackend, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -60,9 +60,6 @@ ALGORITHMS['f'] = {
   parse = fixed_parse, decide = fixed_decide, commit = window_commit,
 }
 
--- Give back to a window counter: `left` requests counted in [start, stop), or the key
--- deleted when none are (refund scripts only; the calendar quota uses it too).
-local window_refund
 if RETIME then
   local function fixed_retime(key, now, p)
     local count, start = window_state(redis.call('GET', key), FIXED_PATTERN)
@@ -73,6 +70,9 @@ if RETIME then
   ALGORITHMS['f'].retime = fixed_retime
 end
 
+-- Give back to a window counter: `left` requests counted in [start, stop), or the key
+-- deleted when none are (refund scripts only; the calendar quota uses it too).
+local window_refund
 if REFUND then
   window_refund = function(key, now, left, start, stop)
     if left <= 0 then return delete(key) end
