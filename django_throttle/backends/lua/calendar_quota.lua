@@ -20,27 +20,28 @@
 -- counted in an earlier window.
 
 local function calendar_parse(capacity, text, now, p)
-  local fields, bounds = split_fields(text), {}
-  local ok = #fields == 4
-  for i = 1, 4 do
-    bounds[i] = ok and whole(fields[i], 0, 2 ^ 53) or nil
-    if bounds[i] == nil or (i > 1 and bounds[i] <= bounds[i - 1]) then ok = false end
-  end
-  if not ok then
+  local t0, t1, t2, t3 = string.match(text, '^([^:]*):([^:]*):([^:]*):([^:]*)$')
+  local b0, b1 = t0 and whole(t0, 0, 2 ^ 53), t1 and whole(t1, 0, 2 ^ 53)
+  local b2, b3 = t2 and whole(t2, 0, 2 ^ 53), t3 and whole(t3, 0, 2 ^ 53)
+  if not (b0 and b1 and b2 and b3 and b0 < b1 and b1 < b2 and b2 < b3) then
     return nil, 'calendar boundaries must be 4 increasing whole microseconds '
-      .. '<b0>:<b1>:<b2>:<b3>, not ' .. table.concat(fields, ':')
+      .. '<b0>:<b1>:<b2>:<b3>, not ' .. text
   end
-  for i = 1, 3 do
-    if bounds[i] <= now and now < bounds[i + 1] then
-      if bounds[i + 1] - bounds[i] > MAX_WINDOW then
-        return nil, 'calendar window must be at most ' .. MAX_WINDOW .. ' microseconds'
-      end
-      p.start, p.stop = bounds[i], bounds[i + 1]
-      return p, nil
-    end
+  if now < b0 or now >= b3 then
+    return nil, 'calendar boundaries must cover now (' .. string.format('%d', now) .. '), not '
+      .. text
   end
-  return nil, 'calendar boundaries must cover now (' .. string.format('%d', now) .. '), not '
-    .. table.concat(fields, ':')
+  local start, stop = b2, b3
+  if now < b1 then
+    start, stop = b0, b1
+  elseif now < b2 then
+    start, stop = b1, b2
+  end
+  if stop - start > MAX_WINDOW then
+    return nil, 'calendar window must be at most ' .. MAX_WINDOW .. ' microseconds'
+  end
+  p.start, p.stop = start, stop
+  return p, nil
 end
 
 local function calendar_decide(key, now, p, cost)

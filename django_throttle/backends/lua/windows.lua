@@ -59,15 +59,6 @@ local function window_state(state, pattern)
   return a, b, c
 end
 
--- The ':'-separated fields of a spec's `text` (see limit_spec), in a table.
-local function split_fields(text)
-  local fields = {}
-  for field in string.gmatch(text .. ':', '([^:]*):') do
-    fields[#fields + 1] = field
-  end
-  return fields
-end
-
 -- A spec's one period field `text`: whole microseconds in [1, MAX_WINDOW], or nil and an
 -- error message.
 local function period_field(text, what)
