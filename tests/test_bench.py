@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -178,6 +179,17 @@ def test_script_mix_bench_times_both_framings_of_every_algorithm() -> None:
             assert row[name] > 0, (name, row)
         assert row["ping"] >= 0, row  # 30 PINGs can add up to under a microsecond
     assert rows["token_bucket"]["flat"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind")
+def test_instructions_bench_counts_the_calls_of_the_package_and_both_baselines() -> None:
+    """bench_instructions.py counts inside evalShaCommand under callgrind: a figure for the
+    package's script, the minimal bucket and the flat one (the numbers are never asserted
+    beyond being counted)."""
+    report = run_json("bench_instructions.py", "--calls", "20", "--algorithms", "token_bucket")
+    row = report["instructions_per_call"]["token_bucket"]
+    assert report["minimal"] > 0 and row["package"] > 0 and row["flat"] > 0
 
 
 def test_the_flat_bucket_of_the_benchmark_decides_as_the_package_does(
