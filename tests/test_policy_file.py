@@ -387,6 +387,28 @@ def test_from_drf_names_a_rate_drf_could_not_read() -> None:
         run("from-drf")
 
 
+@pytest.mark.parametrize(
+    ("rest_framework", "says"),
+    [
+        ("anon", "REST_FRAMEWORK must be a dict, not str"),
+        ({"DEFAULT_THROTTLE_RATES": "100/day"}, "['DEFAULT_THROTTLE_RATES'] must be a dict"),
+        ({"DEFAULT_THROTTLE_RATES": [("anon", "1/s"), 2]}, "must be a dict of scope to rate"),
+    ],
+)
+def test_from_drf_with_a_setting_of_the_wrong_type_is_one_line(
+    rest_framework: Any, says: str
+) -> None:
+    """A ``REST_FRAMEWORK`` or ``DEFAULT_THROTTLE_RATES`` that is no dict is a one-line
+    CommandError naming the setting (it was an AttributeError or ValueError traceback)."""
+    with (
+        override_settings(REST_FRAMEWORK=rest_framework),
+        pytest.raises(CommandError, match=_re(says)) as refused,
+    ):
+        run("from-drf")
+    assert "\n" not in str(refused.value)
+    assert not Tier.objects.exists()
+
+
 @pytest.mark.parametrize("rest_framework", [{}, {"DEFAULT_THROTTLE_RATES": {"anon": None}}])
 def test_from_drf_without_rates_is_refused_and_changes_nothing(rest_framework: Any) -> None:
     """Applying a conversion of no rates would delete the anonymous tier's only limit and

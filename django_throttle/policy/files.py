@@ -662,7 +662,19 @@ def from_drf(rest_framework: Mapping[str, Any]) -> dict[str, Any]:
     rate DRF itself could not read, and when the setting holds no rate at all (the document
     would only take limits away).
     """
-    rates = dict(rest_framework.get("DEFAULT_THROTTLE_RATES") or {})
+    if not isinstance(rest_framework, Mapping):
+        raise PolicyFileError(
+            [f"REST_FRAMEWORK must be a dict, not {type(rest_framework).__name__}"]
+        )
+    rates = rest_framework.get("DEFAULT_THROTTLE_RATES") or {}
+    if not isinstance(rates, Mapping):
+        raise PolicyFileError(
+            [
+                "REST_FRAMEWORK['DEFAULT_THROTTLE_RATES'] must be a dict of scope to rate, "
+                f"not {type(rates).__name__}"
+            ]
+        )
+    rates = dict(rates)
     classes = [str(c) for c in rest_framework.get("DEFAULT_THROTTLE_CLASSES") or ()]
     if not any(rate is not None for rate in rates.values()):
         # Converting nothing would give both tiers no limits: applied, it would delete the
