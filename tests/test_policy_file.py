@@ -234,6 +234,49 @@ def _re(text: str) -> str:
     return re.escape(text)
 
 
+def _limit_with(**fields: Any) -> dict[str, Any]:
+    return {"slug": "t", "name": "T", "limits": [{"rate": "1/s", **fields}]}
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        # Django's validation skips an empty value of a blank column: each of these passed it
+        # and then failed the save (a NOT NULL constraint, int('')) or, for a list in a limit
+        # row, the check for a limit written twice (unhashable type), with a traceback.
+        ({"tiers": [{"slug": "t", "name": "T", "description": None}]}, "'t'.description: must"),
+        ({"tiers": [_limit_with(timezone=None)]}, "'t'.limits[0].timezone: must not be null"),
+        ({"tiers": [_limit_with(timezone=[])]}, "'t'.limits[0].timezone: must be one value"),
+        ({"tiers": [_limit_with(shared={})]}, "'t'.limits[0].shared: must be one value"),
+        (
+            {"rules": [{"name": "r", "pattern": "r", "methods": None}]},
+            "rules[0] 'r'.methods: must not be null",
+        ),
+        ({"protection": {"in_flight": ""}}, "protection.in_flight: must not be empty"),
+        ({"protection": {"worker_lag_ms": ""}}, "protection.worker_lag_ms: must not be empty"),
+    ],
+)
+def test_an_empty_or_list_value_is_a_problem_naming_the_field_not_a_traceback(
+    tmp_path: Path, document: Any, expected: str
+) -> None:
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"version": 1, **document}))
+    with pytest.raises(CommandError, match=r"(?s)Nothing was imported.*" + _re(expected)):
+        run("import", str(path))
+    assert not Tier.objects.exists() and not EndpointRule.objects.exists()
+
+
+def test_an_endpoint_limit_with_a_list_for_its_count_is_a_problem(tmp_path: Path) -> None:
+    tier("free", "10/s")
+    rule = {"name": "r", "pattern": "r", "limits": [{"tier": "free", "rate": "1/s"}]}
+    rule["limits"][0]["counted_by"] = ["ip"]
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"version": 1, "rules": [rule]}))
+    with pytest.raises(CommandError, match=_re("'r'.limits[0].counted_by: must be one value")):
+        run("import", str(path))
+    assert not EndpointRule.objects.exists()
+
+
 def test_unknown_user_in_an_assignment_is_refused(tmp_path: Path) -> None:
     tier("pro", "1/s")
     path = tmp_path / "policy.json"
@@ -342,6 +385,28 @@ def test_from_drf_converts_rates_to_tiers_and_scope_rules() -> None:
 def test_from_drf_names_a_rate_drf_could_not_read() -> None:
     with pytest.raises(CommandError, match="DEFAULT_THROTTLE_RATES\\['anon'\\]: 'many/day'"):
         run("from-drf")
+
+
+@pytest.mark.parametrize(
+    ("rest_framework", "says"),
+    [
+        ("anon", "REST_FRAMEWORK must be a dict, not str"),
+        ({"DEFAULT_THROTTLE_RATES": "100/day"}, "['DEFAULT_THROTTLE_RATES'] must be a dict"),
+        ({"DEFAULT_THROTTLE_RATES": [("anon", "1/s"), 2]}, "must be a dict of scope to rate"),
+    ],
+)
+def test_from_drf_with_a_setting_of_the_wrong_type_is_one_line(
+    rest_framework: Any, says: str
+) -> None:
+    """A ``REST_FRAMEWORK`` or ``DEFAULT_THROTTLE_RATES`` that is no dict is a one-line
+    CommandError naming the setting (it was an AttributeError or ValueError traceback)."""
+    with (
+        override_settings(REST_FRAMEWORK=rest_framework),
+        pytest.raises(CommandError, match=_re(says)) as refused,
+    ):
+        run("from-drf")
+    assert "\n" not in str(refused.value)
+    assert not Tier.objects.exists()
 
 
 @pytest.mark.parametrize("rest_framework", [{}, {"DEFAULT_THROTTLE_RATES": {"anon": None}}])

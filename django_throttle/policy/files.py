@@ -300,14 +300,26 @@ def upsert(state: Import, where: str, row: models.Model, own: Mapping[str, Any])
     return row
 
 
+def _shape_problems(row: Any) -> dict[str, list[str]]:
+    """The columns of ``row`` holding what no value of theirs can be, by name. Django's
+    validation skips an empty value (``None``, ``""``, a list or mapping) of a blank column,
+    and then the save fails (a NOT NULL constraint, ``int('')``), and any other list or
+    mapping fails a check or a comparison with a TypeError; so these are named first."""
+    problems: dict[str, list[str]] = {}
+    for f in columns(type(row)):
+        value = getattr(row, f.attname, None)
+        if isinstance(value, list | Mapping):
+            problems[f.name] = [f"must be one value, not a {type(value).__name__}"]
+        elif value is None and not f.null:
+            empty = ' (write "" for none)' if f.empty_strings_allowed else ""
+            problems[f.name] = [f"must not be null{empty}"]
+        elif value == "" and not f.empty_strings_allowed:
+            problems[f.name] = ["must not be empty" + (" (write null for none)" if f.null else "")]
+    return problems
+
+
 def _valid(state: Import, where: str, row: Any) -> bool:
-    # A list or mapping where a column takes one value: an empty one passes a blank field's
-    # validation and fails the save, any other fails a check constraint with a TypeError.
-    problems: dict[str, list[str]] = {
-        f.name: [f"must be one value, not a {type(value).__name__}"]
-        for f in columns(type(row))
-        if isinstance(value := getattr(row, f.attname, None), list | Mapping)
-    }
+    problems = _shape_problems(row)
     if not problems:
         try:
             row.full_clean()
@@ -339,7 +351,11 @@ def sync_limits(
             state.problems.append(problem)
             continue
         fields = {**defaults, **entry}
-        wanted.append((j, fields, _assign(new(), fields)))
+        candidate = _assign(new(), fields)
+        if _shape_problems(candidate):  # before the duplicate check compares its values
+            _valid(state, f"{where}.limits[{j}]", candidate)
+            continue
+        wanted.append((j, fields, candidate))
     if _duplicates(state, where, [(j, row) for j, _, row in wanted]):
         return
     unmatched = list(parent.limits.select_related("tier").order_by("pk"))
@@ -646,7 +662,19 @@ def from_drf(rest_framework: Mapping[str, Any]) -> dict[str, Any]:
     rate DRF itself could not read, and when the setting holds no rate at all (the document
     would only take limits away).
     """
-    rates = dict(rest_framework.get("DEFAULT_THROTTLE_RATES") or {})
+    if not isinstance(rest_framework, Mapping):
+        raise PolicyFileError(
+            [f"REST_FRAMEWORK must be a dict, not {type(rest_framework).__name__}"]
+        )
+    rates = rest_framework.get("DEFAULT_THROTTLE_RATES") or {}
+    if not isinstance(rates, Mapping):
+        raise PolicyFileError(
+            [
+                "REST_FRAMEWORK['DEFAULT_THROTTLE_RATES'] must be a dict of scope to rate, "
+                f"not {type(rates).__name__}"
+            ]
+        )
+    rates = dict(rates)
     classes = [str(c) for c in rest_framework.get("DEFAULT_THROTTLE_CLASSES") or ()]
     if not any(rate is not None for rate in rates.values()):
         # Converting nothing would give both tiers no limits: applied, it would delete the
