@@ -359,8 +359,7 @@ def test_window_stamps_are_written_in_base_36_on_both_paths(redis_client: redis.
     numbers += [rng.randrange(36**9, 36**10) for _ in range(40)]
     numbers += [rng.randrange(0, 2**53) for _ in range(40)]
     script = load_script(("prelude.lua", "windows.lua")) + (
-        "\nlocal out = {}\nfor i, n in ipairs(ARGV) do out[i] = to36(tonumber(n)) end\n"
-        "return out"
+        "\nlocal out = {}\nfor i, n in ipairs(ARGV) do out[i] = to36(tonumber(n)) end\nreturn out"
     )
     got = redis_client.eval(script, 0, *map(str, numbers))
     assert [text.decode() for text in got] == [_base36(n) for n in numbers]
