@@ -110,6 +110,32 @@ def test_async_counting_gives_its_connections_back_to_the_pool(
     assert backend.get_policy_version() == "1"
 
 
+def test_a_loop_that_served_async_calls_is_freed_when_it_ends(
+    settings: Any, redis_url: str
+) -> None:
+    """Under WSGI, Django runs each async view in an event loop of its own (``async_to_sync``):
+    the loop's client (and the loop's lag watch of the middleware) must go with the loop, or
+    every request would leave a loop, a client and its pool behind for the life of the
+    worker."""
+    import weakref
+
+    from django_throttle.request import core
+
+    backend = small_pool_backend(settings, redis_url)
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def request() -> None:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        core.watch_loop()
+        assert (await backend.ahit("loop-client", LIMITS)).allowed
+
+    for _ in range(5):
+        asyncio.run(request())
+    gc.collect()
+    assert [ref() for ref in loops] == [None] * 5
+    assert backend.hit("loop-client", LIMITS).remaining == CAPACITY - 6
+
+
 @pytest.mark.parametrize("mode", ["blackhole", "delay"])
 def test_a_timed_out_connection_is_never_reused_sync(
     mode: str, settings: Any, proxy: FaultProxy

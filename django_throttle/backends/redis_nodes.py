@@ -442,13 +442,16 @@ def async_pool_factory(pool: Any) -> Callable[[], Any]:
     )
 
 
-async def _close_with_loop(client: Any) -> AsyncIterator[None]:
+async def _close_with_loop(client: Any, forget: Callable[[], Any]) -> AsyncIterator[None]:
     """Close the client's connections when its loop shuts down: ``asyncio.run`` (and so
     Django's ``async_to_sync``, which runs an async view under WSGI in a loop of its own per
-    request) finalizes async generators before closing the loop."""
+    request) finalizes async generators before closing the loop. ``forget`` then drops the
+    client from its :class:`PerLoop`, whose entry (a task, which holds its loop) would keep
+    the loop and the client alive for as long as the backend lives."""
     try:
         yield
     finally:
+        forget()
         pool = getattr(client, "connection_pool", None)  # a cluster client has none
         with contextlib.suppress(Exception):
             if pool is not None:
@@ -488,7 +491,8 @@ class PerLoop:
 
     async def _made(self) -> tuple[Any, AsyncIterator[None]]:
         client = await self._make()
-        closer = _close_with_loop(client)
+        loop = asyncio.get_running_loop()
+        closer = _close_with_loop(client, partial(self._clients.pop, loop, None))
         await closer.__anext__()
         # The closer is kept with the client: collecting it early would close it.
         return client, closer

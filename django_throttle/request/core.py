@@ -1435,10 +1435,14 @@ _watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LagWatch] = (
 
 
 def watch_loop() -> None:
-    """Watch the running loop's lag (once per loop; the middleware's async path calls it)."""
+    """Watch the running loop's lag (once per loop; the middleware's async path calls it).
+    The watch is forgotten when its task ends (the loop cancels it as it finishes): its task
+    holds the loop, so a watch kept after would keep every loop that ever served a request
+    (one per ``async_to_sync`` call) alive for the life of the process."""
     loop = asyncio.get_running_loop()
     if loop not in _watches:
-        _watches[loop] = LagWatch(loop)
+        watch = _watches[loop] = LagWatch(loop)
+        watch.task.add_done_callback(lambda _task: _watches.pop(loop, None))
 
 
 def loop_lag() -> float | None:
