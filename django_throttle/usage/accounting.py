@@ -176,8 +176,9 @@ def record_degraded(field: str | None, client: str, outcome: str) -> None:
     """Count a decision made without the backend, to push when it answers again.
 
     ``field`` is :func:`field_for`'s value (``None``: count nothing); ``outcome`` is
-    :data:`FAILED_OPEN`, :data:`FAILED_CLOSED`, or :data:`ALLOWED` / :data:`DENIED` for
-    failure mode ``"local"``. Thread safe; no I/O. Raises ``ValueError`` for another outcome.
+    :data:`FAILED_OPEN`, :data:`FAILED_CLOSED`, or :data:`ALLOWED` / :data:`DENIED` /
+    :data:`SHADOW_DENIED` for failure mode ``"local"``. Thread safe; no I/O. Raises
+    ``ValueError`` for another outcome.
     """
     letter = LETTER.get(outcome) if outcome in OUTCOMES else None
     if letter is None:

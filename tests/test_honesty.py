@@ -1,0 +1,83 @@
+"""What the headers, the usage report and the operator tools say is what happened: probes
+through the real middleware stack (``@throttle`` on a sync and an ``async def`` view, Django's
+``Client`` and ``AsyncClient``), each with a case the code once got wrong."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.core.management import call_command
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.test import AsyncClient, Client
+from django.urls import path
+
+from django_throttle import backends
+from django_throttle.decorators import throttle
+from django_throttle.models import EndpointLimit
+from django_throttle.policy import live as policy
+from django_throttle.usage import accounting as usage
+from tests.factories import endpoint, tier
+
+
+@throttle(scope="honest")
+def honest_view(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"ok": True})
+
+
+@throttle(scope="honest")
+async def honest_view_async(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"ok": True})
+
+
+urlpatterns = [path("honest/", honest_view), path("honest-async/", honest_view_async)]
+
+pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db(transaction=True)]
+
+#: A port nothing listens on: every call to the backend is refused at once.
+CLOSED = "redis://127.0.0.1:1/0"
+
+
+def getter(asgi: bool) -> Callable[[], Any]:
+    if asgi:
+        client = AsyncClient()
+        return lambda: async_to_sync(client.get)("/honest-async/")
+    plain = Client()
+    return lambda: plain.get("/honest/")
+
+
+def usage_rows() -> list[dict[str, Any]]:
+    out = io.StringIO()
+    call_command("throttle_usage", "--format", "json", stdout=out)
+    rows: list[dict[str, Any]] = json.loads(out.getvalue())
+    return rows
+
+
+@pytest.mark.parametrize("asgi", [False, True], ids=["sync", "async"])
+def test_local_mode_counts_shadow_would_denials_as_redis_does(
+    asgi: bool, settings: Any, redis_url: str
+) -> None:
+    """While Redis is down, failure mode ``local`` decides in process; a request a shadow rule
+    would have denied is counted "shadow would-deny" in usage, as the backend counts it when
+    it answers (it was counted plain "allowed")."""
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "local"
+    anonymous = tier("anonymous", "10/h", is_default_anonymous=True)
+    rule = endpoint("honest", "scope", "honest", shadow=True)
+    EndpointLimit.objects.create(rule=rule, tier=anonymous, rate="2/h")
+    policy.current()
+    settings.DJANGO_THROTTLE_REDIS_URL = CLOSED
+    backends.reset_backend_cache()
+    get = getter(asgi)
+    responses = [get() for _ in range(5)]
+    assert [r.status_code for r in responses] == [200] * 5
+    assert {r["X-RateLimit-Degraded"] for r in responses} == {"local"}
+    # Redis is back: the counts kept in process are pushed.
+    settings.DJANGO_THROTTLE_REDIS_URL = redis_url
+    backends.reset_backend_cache()
+    usage.flush_pending()
+    [row] = usage_rows()
+    assert (row["allowed"], row["shadow_denied"], row["denied"]) == (2, 3, 0)
