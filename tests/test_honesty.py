@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.contrib import admin
 from django.core.management import call_command
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import AsyncClient, Client
-from django.urls import path
+from django.urls import path, reverse
 
 from django_throttle import backends
 from django_throttle.decorators import throttle
@@ -34,7 +36,11 @@ async def honest_view_async(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"ok": True})
 
 
-urlpatterns = [path("honest/", honest_view), path("honest-async/", honest_view_async)]
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("honest/", honest_view),
+    path("honest-async/", honest_view_async),
+]
 
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db(transaction=True)]
 
@@ -81,3 +87,24 @@ def test_local_mode_counts_shadow_would_denials_as_redis_does(
     usage.flush_pending()
     [row] = usage_rows()
     assert (row["allowed"], row["shadow_denied"], row["denied"]) == (2, 3, 0)
+
+
+def test_the_inspector_never_shows_a_retry_after_shorter_than_the_header(
+    admin_client: Client,
+) -> None:
+    """The inspector's explain showed a denial's wait rounded to the nearest unit: at 2 per
+    3 minutes the second token is 90 s away (``Retry-After: 90``), shown as "Retry-After
+    1 min", a retry half a minute too early. Waits are rounded up in every unit."""
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    rule = endpoint("honest", "scope", "honest")
+    EndpointLimit.objects.create(rule=rule, tier=anonymous, rate="2/3m")
+    policy.current()
+    client = Client(REMOTE_ADDR="203.0.113.9")
+    assert [client.get("/honest/").status_code for _ in range(2)] == [200, 200]
+    assert client.get("/honest/")["Retry-After"] == "90"
+
+    url = reverse("admin:django_throttle_usagecount_inspect")
+    page = admin_client.get(url, {"client": "203.0.113.9", "path": "/honest/"})
+    verdict = re.search(r'id="dt-verdict">(.*?)</td>', page.content.decode(), re.S)
+    assert verdict is not None
+    assert "Retry-After 2 min</span>" in verdict.group(1)
