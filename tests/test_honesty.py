@@ -108,3 +108,19 @@ def test_the_inspector_never_shows_a_retry_after_shorter_than_the_header(
     verdict = re.search(r'id="dt-verdict">(.*?)</td>', page.content.decode(), re.S)
     assert verdict is not None
     assert "Retry-After 2 min</span>" in verdict.group(1)
+
+
+def test_a_refused_turn_of_a_shadow_would_deny_is_counted_denied_in_local_mode(
+    settings: Any,
+) -> None:
+    """Failure mode ``local`` counts a served request a shadow rule would have denied as
+    "shadow would-deny"; when this process then refuses its turn (too many requests
+    waiting), it moves to "denied", as the backend's tally moves it (the in-process counts
+    looked for an "allowed" count only, and the refusal was lost)."""
+    settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
+    field = usage.field_for("anonymous", "honest")
+    usage.record_degraded(field, "ip:203.0.113.9", usage.SHADOW_DENIED)
+    usage.record_refused_turn(field, "ip:203.0.113.9", local=True)
+    usage.flush_pending()
+    [row] = usage_rows()
+    assert (row["allowed"], row["shadow_denied"], row["denied"]) == (0, 0, 1)

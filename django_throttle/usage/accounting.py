@@ -232,10 +232,12 @@ def record_refused_turn(field: str | None, client: str, *, local: bool = False) 
         tally.refuse(field, client)
         return
     minute = int(_clock() // 60)
-    allowed, denied = LETTER[ALLOWED], LETTER[DENIED]
+    denied = LETTER[DENIED]
+    # Counted allowed, or shadow would-deny (a shadow rule would have refused it).
+    served = (LETTER[ALLOWED], LETTER[SHADOW_DENIED])
     with _lock:
-        for m in (minute, minute - 1):
-            key = (m, field, client, allowed)
+        for m, letter in ((m, letter) for m in (minute, minute - 1) for letter in served):
+            key = (m, field, client, letter)
             if _counts.get(key, 0) > 0:
                 _counts[key] -= 1
                 if not _counts[key]:
