@@ -556,9 +556,9 @@ def _midnight_us(day: date, zone: ZoneInfo) -> int:
 
 
 # Durations as an operator reads them: "30 d 6 h", "58 min", "12 s", "0.3 s". Float seconds
-# go in; at most two units come out, the larger first, each rounded at the smaller unit shown.
-# Waits under ten seconds keep a tenth and round up, so a wait is never shown shorter than it
-# is ("0 s" only for none at all).
+# go in; at most two units come out, the larger first, rounded up at the smaller unit shown
+# (waits under ten seconds keep a tenth), so a wait is never shown shorter than it is ("0 s"
+# only for none at all; 90 s is "2 min", never "1 min").
 
 _MINUTE = 60
 _HOUR = 60 * _MINUTE
@@ -566,17 +566,21 @@ _DAY = 24 * _HOUR
 
 
 def format_duration(seconds: float) -> str:
-    """``seconds`` in the one or two largest units that fit (negative counts as none)."""
+    """``seconds`` in the one or two largest units that fit (negative counts as none), rounded
+    up in its last unit: a wait (``Retry-After``, a limit whole again) is never shown shorter
+    than it is, so waiting what the admin says always suffices."""
     seconds = max(0.0, float(seconds))
     if seconds < 10:
         tenths = math.ceil(round(seconds * 10, 6))
         return f"{tenths // 10} s" if tenths % 10 == 0 else f"{tenths / 10:.1f} s"
-    if round(seconds) < _MINUTE:
-        return f"{round(seconds)} s"
-    if round(seconds / _MINUTE) < 60:
-        return f"{round(seconds / _MINUTE)} min"
-    if round(seconds / _MINUTE) < 24 * 60:
-        hours, minutes = divmod(round(seconds / _MINUTE), 60)
+    # round(..., 6) first: float noise (3600.0000001 s) never adds a unit.
+    if math.ceil(round(seconds, 6)) < _MINUTE:
+        return f"{math.ceil(round(seconds, 6))} s"
+    minutes = math.ceil(round(seconds / _MINUTE, 6))
+    if minutes < 60:
+        return f"{minutes} min"
+    if minutes < 24 * 60:
+        hours, minutes = divmod(minutes, 60)
         return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    days, hours = divmod(round(seconds / _HOUR), 24)
+    days, hours = divmod(math.ceil(round(seconds / _HOUR, 6)), 24)
     return f"{days} d {hours} h" if hours else f"{days} d"

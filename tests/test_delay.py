@@ -81,6 +81,24 @@ def test_delay_n_serves_n_more_at_once_and_max_wait_caps_the_wait(backend: Backe
     assert backend.hit("c", [paced(5, delay=1, max_wait=1.0)], now=T0 + 0.5).wait == 1.0
 
 
+@pytest.mark.parametrize(
+    ("burst", "delay", "max_wait"), [(5, 0, 0.6), (5, 1, 1.0), (5, 0, None), (6, 2, 0.5)]
+)
+def test_remaining_is_what_the_longest_wait_still_admits(
+    backend: Backend, burst: int, delay: int, max_wait: float | None
+) -> None:
+    """``X-RateLimit-Remaining`` counted the burst's free tokens, although a request that
+    would wait longer than ``max_wait`` is refused however much of the burst is free: at 2/s,
+    burst 5, no delay and a longest wait of 0.6 s the first request said 4 left, and of the
+    next ones sent at once only one was admitted. Remaining is what the next requests sent
+    now really get, on an allowed and on a refused decision."""
+    limit = paced(burst, delay=delay, max_wait=max_wait)
+    decisions = [backend.hit("c", [limit], now=T0) for _ in range(burst + 1)]
+    admitted = [d.allowed for d in decisions].index(False)
+    assert [d.remaining for d in decisions[:admitted]] == list(range(admitted - 1, -1, -1))
+    assert decisions[admitted].remaining == 0
+
+
 def test_a_delay_as_large_as_the_burst_allows_never_waits(backend: Backend) -> None:
     # nginx's nodelay: the plain GCRA's answers.
     assert seen(backend, paced(5, delay=4), 6) == [(True, 0.0, 0.0)] * 5 + [(False, 0.0, 0.5)]

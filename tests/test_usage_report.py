@@ -252,6 +252,36 @@ def test_more_clients_than_the_top_lists_hold_are_estimates(
     assert "Per-client counts may be estimates" in stderr.getvalue()
 
 
+def test_estimates_stay_estimates_once_rolled_up(
+    backend: Backend, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A minute whose top list was full was reported "may be estimates" while the backend
+    held it, and as exact counts once the rollup had copied it to the database."""
+    monkeypatch.setattr(usage_store, "TOP_CLIENTS", 2)
+    settings.DJANGO_THROTTLE_REDIS_URL = with_shards(settings.DJANGO_THROTTLE_REDIS_URL, 1)
+    backend = get_backend()  # rebuilt with the new size
+    at = minutes_ago(10)
+    send(backend, "user:1", "pro", "search", allowed=30, at=at)
+    for client in ["user:2", "user:3", "user:4"]:
+        send(backend, client, "pro", "search", allowed=3, at=at)
+    since = datetime.now(UTC) - timedelta(hours=1)
+    assert usage_report.report(since, "client", top=None).estimated
+
+    assert rollup().startswith("Rolled up ")
+
+    assert usage_report.report(since, "client", top=None).estimated
+    assert "Per-client counts may be estimates" in " ".join(run().split())
+    # Totals are exact, from the backend or the database.
+    assert not usage_report.report(since, "tier", top=None).estimated
+
+
+def test_a_rolled_up_minute_with_room_in_its_top_lists_is_exact(backend: Backend) -> None:
+    send(backend, "user:1", "pro", "search", allowed=3, denied=2, at=minutes_ago(10))
+    rollup()
+    since = datetime.now(UTC) - timedelta(hours=1)
+    assert not usage_report.report(since, "client", top=None).estimated
+
+
 # The rollup
 
 

@@ -300,8 +300,6 @@ def _announce(request: Any, planned: Plan, decision: Decision, started: float) -
     """Tell :mod:`django_throttle.events` listeners about a decision (only called when one
     listens)."""
     outcome = usage_outcome(decision)
-    if outcome == usage.ALLOWED and decision.shadow:
-        outcome = usage.SHADOW_DENIED
     about = {
         "request": request,
         "decision": decision,
@@ -815,12 +813,16 @@ def failure_mode(planned: Plan) -> str:
 
 
 def usage_outcome(decision: Decision) -> str:
-    """The usage column of a decision the backend did not make."""
+    """The usage column of a decision: a request served although a shadow limit would have
+    denied it is ``shadow_denied``, as the backend counts it (failure mode ``local`` decides
+    in process with the same limits, shadow ones included)."""
     if decision.unavailable:
         return usage.FAILED_CLOSED
     if decision.failed_open:
         return usage.FAILED_OPEN
-    return usage.ALLOWED if decision.allowed else usage.DENIED
+    if not decision.allowed:
+        return usage.DENIED
+    return usage.SHADOW_DENIED if decision.shadow else usage.ALLOWED
 
 
 #: (client, limits): what one backend call counts.

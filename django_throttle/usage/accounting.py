@@ -176,8 +176,9 @@ def record_degraded(field: str | None, client: str, outcome: str) -> None:
     """Count a decision made without the backend, to push when it answers again.
 
     ``field`` is :func:`field_for`'s value (``None``: count nothing); ``outcome`` is
-    :data:`FAILED_OPEN`, :data:`FAILED_CLOSED`, or :data:`ALLOWED` / :data:`DENIED` for
-    failure mode ``"local"``. Thread safe; no I/O. Raises ``ValueError`` for another outcome.
+    :data:`FAILED_OPEN`, :data:`FAILED_CLOSED`, or :data:`ALLOWED` / :data:`DENIED` /
+    :data:`SHADOW_DENIED` for failure mode ``"local"``. Thread safe; no I/O. Raises
+    ``ValueError`` for another outcome.
     """
     letter = LETTER.get(outcome) if outcome in OUTCOMES else None
     if letter is None:
@@ -231,10 +232,12 @@ def record_refused_turn(field: str | None, client: str, *, local: bool = False) 
         tally.refuse(field, client)
         return
     minute = int(_clock() // 60)
-    allowed, denied = LETTER[ALLOWED], LETTER[DENIED]
+    denied = LETTER[DENIED]
+    # Counted allowed, or shadow would-deny (a shadow rule would have refused it).
+    served = (LETTER[ALLOWED], LETTER[SHADOW_DENIED])
     with _lock:
-        for m in (minute, minute - 1):
-            key = (m, field, client, allowed)
+        for m, letter in ((m, letter) for m in (minute, minute - 1) for letter in served):
+            key = (m, field, client, letter)
             if _counts.get(key, 0) > 0:
                 _counts[key] -= 1
                 if not _counts[key]:

@@ -51,7 +51,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connections, router, transaction
-from django.db.models import Case, F, Max, Q, Sum, Value, When
+from django.db.models import Case, Count, F, Max, Q, Sum, Value, When
 from django.utils import timezone
 
 from django_throttle.backends import usage_store
@@ -155,6 +155,7 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
     split = stored_through(store)
     # (key, before authentication) -> counts per outcome
     sums: dict[tuple[str, bool], list[int]] = {}
+    copied_full = False
 
     if split is not None and since_minute <= split:
         rows = UsageCount.objects.filter(
@@ -162,6 +163,8 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
             window_start__lte=stored_instant(split * 60),
         )
         rows = rows.exclude(client=usage.ALL) if by == "client" else rows.filter(client=usage.ALL)
+        if by == "client":
+            copied_full = _full_minutes(rows, store.top_size)
         names = [f"sum_{o}" for o in usage.COLUMNS]
         group = (by, "tier") if by == "endpoint" else (by, by)
         grouped = (
@@ -203,11 +206,26 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
             )
             for total, _, (key, before), values in chosen
         ],
-        estimated=by == "client" and any(counts.full for counts in live.values()),
+        estimated=by == "client" and (copied_full or any(counts.full for counts in live.values())),
         uncopied_before=(
             datetime.fromtimestamp(first * 60, tz=UTC) if missing_from < first else None
         ),
     )
+
+
+def _full_minutes(client_rows: Any, top_size: int) -> bool:
+    """Whether a minute among the per-client ``client_rows`` (rolled-up rows) may come
+    from a full top list: as many clients with one outcome as a list holds. The rollup keeps
+    no mark of it, so a list full in the backend (:attr:`MinuteCounts.full`) is recognised by
+    its size; with several key shards a minute is marked when one shard's list could have
+    been full (an estimate said of exact counts, never exact counts said of an estimate)."""
+    per_minute = (
+        client_rows.order_by()
+        .values("window_start")
+        .annotate(**{f"n_{o}": Count("pk", filter=Q(**{f"{o}__gt": 0})) for o in usage.OUTCOMES})
+    )
+    full = reduce(operator.or_, (Q(**{f"n_{o}__gte": top_size}) for o in usage.OUTCOMES))
+    return bool(per_minute.filter(full).exists())
 
 
 def _series(by: str, key: str, tier: str) -> tuple[str, bool]:

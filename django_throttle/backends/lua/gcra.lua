@@ -23,6 +23,9 @@
 -- carries the wait (its turn is reserved: new is written, so requests waiting together are
 -- spaced exactly E apart); else denied, nothing reserved, retry = the time until both hold
 -- for the same request: max(new - now - C x E, new - now - at_once x E - max_wait).
+-- Remaining then counts within room = min(C x E, at_once x E + max_wait) instead of C x E
+-- (at least 0): a request whose wait would pass max_wait is refused however much of the
+-- burst is free, so it is the number of requests sent now that are really admitted.
 -- Retime: with the old spec (E_old), tokens used are kept: tat' = now + ceil((tat - now) x
 -- E_new / E_old), capped at now + C_new x E_new (exact, see ceil_muldiv), written with TTL
 -- tat' - now; without it only the TTL is re-set to tat - now. A TAT at or before now is
@@ -85,11 +88,15 @@ local function gcra_decide(key, now, p, cost)
     return false, math.floor((limit - (tat - now)) / emission), tat - now, new - now - limit, nil
   end
   local wait = math.max(0, new - now - at_once * emission)
+  -- How far ahead of now turns may be reserved: the burst, or less when the longest wait
+  -- refuses a request before the burst is used up. Remaining counts within it: the requests
+  -- sent now that are really admitted.
+  local room = math.min(limit, at_once * emission + p.max_wait)
   if new - now <= limit and wait <= p.max_wait then
-    return true, math.floor((limit - (new - now)) / emission), new - now, 0,
+    return true, math.max(0, math.floor((room - (new - now)) / emission)), new - now, 0,
       new > now and new or nil, wait
   end
-  return false, math.floor((limit - (tat - now)) / emission), tat - now,
+  return false, math.max(0, math.floor((room - (tat - now)) / emission)), tat - now,
     math.max(new - now - limit, wait - p.max_wait), nil
 end
 

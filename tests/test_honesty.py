@@ -1,0 +1,126 @@
+"""What the headers, the usage report and the operator tools say is what happened: probes
+through the real middleware stack (``@throttle`` on a sync and an ``async def`` view, Django's
+``Client`` and ``AsyncClient``), each with a case the code once got wrong."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.contrib import admin
+from django.core.management import call_command
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.test import AsyncClient, Client
+from django.urls import path, reverse
+
+from django_throttle import backends
+from django_throttle.decorators import throttle
+from django_throttle.models import EndpointLimit
+from django_throttle.policy import live as policy
+from django_throttle.usage import accounting as usage
+from tests.factories import endpoint, tier
+
+
+@throttle(scope="honest")
+def honest_view(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"ok": True})
+
+
+@throttle(scope="honest")
+async def honest_view_async(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"ok": True})
+
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("honest/", honest_view),
+    path("honest-async/", honest_view_async),
+]
+
+pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db(transaction=True)]
+
+#: A port nothing listens on: every call to the backend is refused at once.
+CLOSED = "redis://127.0.0.1:1/0"
+
+
+def getter(asgi: bool) -> Callable[[], Any]:
+    if asgi:
+        client = AsyncClient()
+        return lambda: async_to_sync(client.get)("/honest-async/")
+    plain = Client()
+    return lambda: plain.get("/honest/")
+
+
+def usage_rows() -> list[dict[str, Any]]:
+    out = io.StringIO()
+    call_command("throttle_usage", "--format", "json", stdout=out)
+    rows: list[dict[str, Any]] = json.loads(out.getvalue())
+    return rows
+
+
+@pytest.mark.parametrize("asgi", [False, True], ids=["sync", "async"])
+def test_local_mode_counts_shadow_would_denials_as_redis_does(
+    asgi: bool, settings: Any, redis_url: str
+) -> None:
+    """While Redis is down, failure mode ``local`` decides in process; a request a shadow rule
+    would have denied is counted "shadow would-deny" in usage, as the backend counts it when
+    it answers (it was counted plain "allowed")."""
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "local"
+    anonymous = tier("anonymous", "10/h", is_default_anonymous=True)
+    rule = endpoint("honest", "scope", "honest", shadow=True)
+    EndpointLimit.objects.create(rule=rule, tier=anonymous, rate="2/h")
+    policy.current()
+    settings.DJANGO_THROTTLE_REDIS_URL = CLOSED
+    backends.reset_backend_cache()
+    get = getter(asgi)
+    responses = [get() for _ in range(5)]
+    assert [r.status_code for r in responses] == [200] * 5
+    assert {r["X-RateLimit-Degraded"] for r in responses} == {"local"}
+    # Redis is back: the counts kept in process are pushed.
+    settings.DJANGO_THROTTLE_REDIS_URL = redis_url
+    backends.reset_backend_cache()
+    usage.flush_pending()
+    [row] = usage_rows()
+    assert (row["allowed"], row["shadow_denied"], row["denied"]) == (2, 3, 0)
+
+
+def test_the_inspector_never_shows_a_retry_after_shorter_than_the_header(
+    admin_client: Client,
+) -> None:
+    """The inspector's explain showed a denial's wait rounded to the nearest unit: at 2 per
+    3 minutes the second token is 90 s away (``Retry-After: 90``), shown as "Retry-After
+    1 min", a retry half a minute too early. Waits are rounded up in every unit."""
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    rule = endpoint("honest", "scope", "honest")
+    EndpointLimit.objects.create(rule=rule, tier=anonymous, rate="2/3m")
+    policy.current()
+    client = Client(REMOTE_ADDR="203.0.113.9")
+    assert [client.get("/honest/").status_code for _ in range(2)] == [200, 200]
+    assert client.get("/honest/")["Retry-After"] == "90"
+
+    url = reverse("admin:django_throttle_usagecount_inspect")
+    page = admin_client.get(url, {"client": "203.0.113.9", "path": "/honest/"})
+    verdict = re.search(r'id="dt-verdict">(.*?)</td>', page.content.decode(), re.S)
+    assert verdict is not None
+    assert "Retry-After 2 min</span>" in verdict.group(1)
+
+
+def test_a_refused_turn_of_a_shadow_would_deny_is_counted_denied_in_local_mode(
+    settings: Any,
+) -> None:
+    """Failure mode ``local`` counts a served request a shadow rule would have denied as
+    "shadow would-deny"; when this process then refuses its turn (too many requests
+    waiting), it moves to "denied", as the backend's tally moves it (the in-process counts
+    looked for an "allowed" count only, and the refusal was lost)."""
+    settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
+    field = usage.field_for("anonymous", "honest")
+    usage.record_degraded(field, "ip:203.0.113.9", usage.SHADOW_DENIED)
+    usage.record_refused_turn(field, "ip:203.0.113.9", local=True)
+    usage.flush_pending()
+    [row] = usage_rows()
+    assert (row["allowed"], row["shadow_denied"], row["denied"]) == (0, 0, 1)
