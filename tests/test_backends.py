@@ -26,6 +26,7 @@ from django_throttle.backends.redis import RedisBackend
 from django_throttle.backends.scripts import RETIME_FILES, load_script
 from django_throttle.rates import Limit, Rate
 from django_throttle.request.core import retry_after_seconds, whole_seconds
+from django_throttle.usage.accounting import get_store
 from tests.bucket_state import pack_bucket, unpack_bucket
 from tests.redis_servers import attempts
 
@@ -987,13 +988,45 @@ def test_token_bucket_state_is_12_bytes(
         backend.reset(client, [bucket, gcra])
 
 
-def test_a_state_keeps_its_own_allocation_whatever_ran_before(
-    redis_backend: RedisBackend, redis_client: redis.Redis, settings: Any
+@pytest.mark.parametrize(
+    "other", ["fixed_window", "sliding_window_counter", "sliding_window_log", "gcra"]
+)
+def test_a_state_keeps_its_own_allocation_in_every_mix(
+    redis_backend: RedisBackend, redis_client: redis.Redis, settings: Any, other: str
 ) -> None:
     """Redis lends a script's command arguments objects cached from earlier commands at the
-    same position, by any script (usage counting in ours, another library's): a 12-byte
-    state written after a longer argument took its 40-48 bytes (MEMORY USAGE 104-120 instead
-    of 88). Each state gets an allocation of its own."""
+    same position: a 12-byte state written after a longer argument took its 40-48 bytes
+    (MEMORY USAGE 104-120 instead of 88). The counting call's own commands never leave one
+    for the next state, whatever algorithms a request mixes (a sliding log's scores do: its
+    scripts write a placeholder first), so every state keeps an allocation of its own."""
+    settings.DJANGO_THROTTLE_KEY_PREFIX = "dt"
+    reset_backend_cache()
+    backend = get_backend()
+    assert isinstance(backend, RedisBackend)
+    bucket, second = ALGORITHM_LIMITS["token_bucket"], ALGORITHM_LIMITS[other]
+    valkey = is_valkey(redis_client)
+    clients = [f"ip:198.51.100.{n}-{time.time_ns()}" for n in range(6)]
+    try:
+        for n, client in enumerate(clients):
+            limits = [bucket, second] if n % 2 else [second, bucket]
+            backend.hit(client, limits, usage="anonymous|api" if n % 3 else None)
+            assert len(backend.key(client, bucket)) <= 28
+            assert within(redis_client.memory_usage(backend.key(client, bucket)), 88, valkey)
+            if other == "fixed_window":
+                assert within(redis_client.memory_usage(backend.key(client, second)), 88, valkey)
+    finally:
+        for client in clients:
+            backend.reset(client, [bucket, second])
+
+
+def test_another_scripts_long_argument_costs_at_most_the_next_state(
+    redis_backend: RedisBackend, redis_client: redis.Redis, settings: Any
+) -> None:
+    """A longer argument another script leaves in position 2 is lent to the next state
+    written, at most: that state keeps its 40-48 bytes (a key of 104-120 bytes, until it is
+    written again or expires), and every state after it gets an allocation of its own. A
+    bounded cost, where writing a placeholder before every state would cost every counting
+    call about a tenth of its work."""
     settings.DJANGO_THROTTLE_KEY_PREFIX = "dt"
     reset_backend_cache()
     backend = get_backend()
@@ -1003,17 +1036,45 @@ def test_a_state_keeps_its_own_allocation_whatever_ran_before(
     valkey = is_valkey(redis_client)
     clients = [f"ip:198.51.100.{n}-{time.time_ns()}" for n in range(4)]
     try:
-        for n, client in enumerate(clients):
-            # Another script leaves a long argument in position 2 of the shared cache.
-            redis_client.eval("redis.call('HINCRBY', KEYS[1], ARGV[1], 1)", 1, scratch, "x" * 40)
-            backend.hit(client, [bucket, window], usage="anonymous|api" if n % 2 else None)
-            assert len(backend.key(client, bucket)) <= 28
-            assert within(redis_client.memory_usage(backend.key(client, bucket)), 88, valkey)
-            assert within(redis_client.memory_usage(backend.key(client, window)), 88, valkey)
+        redis_client.eval("redis.call('HINCRBY', KEYS[1], ARGV[1], 1)", 1, scratch, "x" * 40)
+        sizes = []
+        for client in clients:
+            backend.hit(client, [bucket, window])
+            sizes += [
+                redis_client.memory_usage(backend.key(client, limit)) for limit in (bucket, window)
+            ]
+        assert all(size <= 120 for size in sizes)
+        assert sum(not within(size, 88, valkey) for size in sizes) <= 1
+        assert all(within(size, 88, valkey) for size in sizes[1:])
     finally:
         redis_client.delete(scratch)
         for client in clients:
             backend.reset(client, [bucket, window])
+
+
+def test_a_usage_push_leaves_no_argument_for_the_next_state(
+    redis_backend: RedisBackend, redis_client: redis.Redis, settings: Any
+) -> None:
+    """The usage push, which every process runs once a second with long fields and client
+    labels, ends with a command Redis rewrites for its replicas (``EXPIRE``), which replaces
+    the argument it was lent: the next state written keeps an allocation of its own."""
+    settings.DJANGO_THROTTLE_KEY_PREFIX = "dt"
+    reset_backend_cache()
+    backend = get_backend()
+    assert isinstance(backend, RedisBackend)
+    bucket = ALGORITHM_LIMITS["token_bucket"]
+    valkey = is_valkey(redis_client)
+    long_client = "user:" + "ü" * 40
+    clients = [f"ip:198.51.100.{n}-{time.time_ns()}" for n in range(3)]
+    try:
+        for client in clients:
+            backend.hit(long_client, [bucket], usage="authenticated|some-long-endpoint-name")
+            get_store(backend).push_tally(backend.usage_tally)
+            backend.hit(client, [bucket])
+            assert within(redis_client.memory_usage(backend.key(client, bucket)), 88, valkey)
+    finally:
+        for client in [*clients, long_client]:
+            backend.reset(client, [bucket])
 
 
 def test_slow_token_buckets_keep_the_whole_millisecond(

@@ -22,6 +22,9 @@
 -- none is live). A new lease time applies from each lease's next renewal.
 -- Refund: nothing (0): a lease is given back by its id (lease.lua), not by a refund.
 
+-- Its commands leave a score or a lease id, longer than a state, in argument position 2.
+PLACEHOLDER = true
+
 -- Longest retry told to a request refused by a concurrency limit, in microseconds.
 local RETRY_CAP = 1000000
 

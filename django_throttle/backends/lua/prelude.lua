@@ -74,15 +74,24 @@ local function px(ttl_us)
   return math.max(1, math.ceil(ttl_us / 1000))
 end
 
--- SET a state string with a TTL of ttl_us, in an allocation of the value's own size.
--- Redis hands a script's command arguments objects it cached from the script's earlier
--- commands, per argument position, keeping their allocation: a 12-byte state written after a
--- usage field (or a sliding log's score) took that longer argument's allocation, more
--- memory per key than its own size needs (see docs/explanation/benchmarks.md). Storing an empty
--- placeholder first takes the cached object out of circulation; the value then gets its own.
+-- Whether store() writes an empty placeholder before a state. Redis lends a script's command
+-- arguments objects cached from earlier commands at the same position, keeping their
+-- allocation: a 12-byte state SET right after a longer argument in position 2 kept that
+-- argument's 40 or 48 bytes (104-120 bytes per key instead of 88, see
+-- docs/explanation/benchmarks.md). A state stored, or a command Redis rewrites for its
+-- replicas (EXPIRE, PEXPIRE), takes the object out of circulation, and most of the package's
+-- scripts that write end with one of them; an argument another call leaves (the usage push's fields
+-- do not: it ends with EXPIRE) costs at most the next state written, once. Within one call,
+-- though, a sliding log's or a concurrency limit's reads leave a score or a lease id there
+-- for every other limit's state: those files set this, and their scripts store an empty
+-- placeholder first, at one command more per write (about a tenth of a token bucket's call,
+-- which the other scripts no longer pay).
+local PLACEHOLDER = false
+
+-- SET a state string with a TTL of ttl_us (see PLACEHOLDER).
 local function store(key, value, ttl_us)
-  redis.call('SET', key, '')
-  redis.call('SET', key, value, 'PX', px(ttl_us))
+  if PLACEHOLDER then redis.call('SET', key, '') end
+  redis.call('SET', key, value, 'PX', math.max(1, math.ceil(ttl_us / 1000)))
 end
 
 -- One limit's spec "<code>[!~]<capacity>:<field>[:<field>...]" ('!' marks a shadow limit,

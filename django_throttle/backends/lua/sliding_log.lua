@@ -26,6 +26,9 @@
 -- c newest live entries. Then dead ones are trimmed, TTL = newest live + P - now; the key is
 -- deleted when nothing live is left. A key of another type is left alone.
 
+-- Its commands leave a score, longer than a state, in argument position 2.
+PLACEHOLDER = true
+
 -- Members per ZADD: unpack() of a whole 10,000-request cost would overflow Lua's C stack.
 local LOG_BATCH = 500
 

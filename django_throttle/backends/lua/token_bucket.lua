@@ -52,23 +52,19 @@ local function bucket_parse(capacity, text, now, p)
   return p, nil
 end
 
--- The whole millisecond a compact state's low 32 bits `low` stand for: the one nearest now.
-local function compact_stamp(low, now)
-  local now_ms = math.floor(now / 1000)
-  local d = (now_ms - low) % 4294967296
-  if d >= 2147483648 then d = d - 4294967296 end
-  return now_ms - d
-end
-
--- Tokens used as of `now`, within [0, capacity + TOLERANCE]; nil for a missing key or
--- corrupt state.
+-- Tokens used as of `now`, within [0, capacity + TOLERANCE], and the whole millisecond the
+-- state was written at (a compact state's low 32 bits read as the millisecond nearest now);
+-- nil for a missing key or corrupt state.
 local function bucket_used(state, now, capacity, interval)
   if type(state) ~= 'string' then return nil end
   local n, used, low, high = #state, nil, nil, 0
   local stamp_ms
   if n == 12 then
     used, low = struct.unpack('>dI4', state)
-    stamp_ms = compact_stamp(low, now)
+    local now_ms = math.floor(now / 1000)
+    local d = (now_ms - low) % 4294967296
+    if d >= 2147483648 then d = d - 4294967296 end
+    stamp_ms = now_ms - d
   elseif n == 14 then
     used, low, high = struct.unpack('>dI4I2', state)
     stamp_ms = high * 4294967296 + low
@@ -82,9 +78,9 @@ local function bucket_used(state, now, capacity, interval)
   local full = capacity + TOLERANCE
   if used > full then used = full end
   used = used - elapsed / interval
-  if used < 0 then return 0 end
-  if used > full then return full end
-  return used
+  if used < 0 then return 0, stamp_ms end
+  if used > full then return full, stamp_ms end
+  return used, stamp_ms
 end
 
 local function bucket_decide(key, now, p, cost)
@@ -123,14 +119,13 @@ ALGORITHMS['t'] = {
 if RETIME then
   local function bucket_retime(key, now, p)
     local state = redis.call('GET', key)
-    local used = bucket_used(state, now, p.capacity, p.interval)
+    local used, stamp_ms = bucket_used(state, now, p.capacity, p.interval)
     if used == nil then return 0 end
     local ttl = used * p.interval
     if #state == 12 and not p.compact and ttl > 0 then
       -- A compact state may now outlive the +-24.8 days its 32-bit stamp resolves: written
       -- again in the full form, as it stands (same tokens used as of the same millisecond).
       local raw, low = struct.unpack('>dI4', state)
-      local stamp_ms = compact_stamp(low, now)
       store(key, struct.pack('>dI4I2', raw, low, (stamp_ms - low) / 4294967296), ttl)
       return 1
     end
