@@ -108,8 +108,9 @@ local function limit_spec(at, now)
     return nil, nil, nil, redis.error_reply(ERROR .. 'ARGV[' .. at .. '] limit spec must be '
       .. '<algorithm>[!~]<capacity>:<parameters> with a known algorithm, not ' .. tostring(spec))
   end
-  local capacity = whole(capacity_text, 1, MAX_COUNT)
-  if capacity == nil then
+  -- Digits only (the pattern): whole, and never NaN; no whole() call needed.
+  local capacity = tonumber(capacity_text)
+  if capacity < 1 or capacity > MAX_COUNT then
     return nil, nil, nil, redis.error_reply(ERROR .. 'ARGV[' .. at .. '] capacity must be a '
       .. 'whole number in [1, ' .. MAX_COUNT .. '], not ' .. capacity_text)
   end
