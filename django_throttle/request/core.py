@@ -33,7 +33,8 @@ tokens left, ``-Reset`` whole seconds until that limit is full again. They descr
 limits only: a shadow rule's limits are counted and logged, never advertised. With
 ``DJANGO_THROTTLE_IETF_HEADERS`` the IETF ``RateLimit`` / ``RateLimit-Policy`` fields
 (draft-ietf-httpapi-ratelimit-headers) are added: ``q`` is a limit's capacity and ``w`` the
-seconds its bucket takes to refill. ``X-RateLimit-Degraded`` says the backend could not answer
+seconds its bucket takes to refill (a calendar quota's nominal window: a day, 30 days for a
+month; ``Limit.nominal_window``). ``X-RateLimit-Degraded`` says the backend could not answer
 and the failure mode decided: ``open`` (served uncounted) or ``local`` (counted per process).
 A refusal is a 429 (or the failure status) with ``Retry-After`` and a JSON body, or a page for
 a browser (:func:`throttled_page`).
@@ -1221,7 +1222,7 @@ def add_headers(headers: HeaderMap, decision: Decision | None) -> None:
         headers.setdefault(
             "RateLimit-Policy",
             ", ".join(
-                f'"{item.id}";q={item.capacity};w={whole_seconds(item.window)}'
+                f'"{item.id}";q={item.capacity};w={whole_seconds(item.nominal_window)}'
                 # The draft's quota unit for requests in flight (its default is "requests").
                 + (';qu="concurrent-requests"' if item.algorithm == CONCURRENCY else "")
                 for item in enforced
