@@ -185,8 +185,8 @@ def test_command_since_reads_periods_as_rates_write_them() -> None:
     [
         (["--since", "5x"], "--since '5x' is not a duration"),
         (["--since=-1h"], "--since '-1h' is negative: give how far back to look, e.g. --since 1h"),
-        (["--since", "１h"], "--since '１h' is not a duration: write it in ASCII digits"),
-        (["--since", "١h"], "--since '١h' is not a duration: write it in ASCII digits"),
+        (["--since", "\uff11h"], "--since '\uff11h' is not a duration: write it in ASCII digits"),
+        (["--since", "\u0661h"], "--since '\u0661h' is not a duration: write it in ASCII digits"),
         (["--since", "1\u00a0h"], "is not a duration: write it in ASCII digits"),
         # In call_command's list argparse still reads "-1h" as an option (one line too).
         (["--since", "-1h"], "argument --since: expected one argument"),
@@ -231,7 +231,7 @@ def test_a_negative_since_is_one_line_naming_it_on_the_command_line(
     ("options", "message"),
     [
         ({"since": "-1h"}, "--since '-1h' is negative"),
-        ({"since": "１h"}, "--since '１h' is not a duration: write it in ASCII digits"),
+        ({"since": "\uff11h"}, "--since '\uff11h' is not a duration: write it in ASCII digits"),
         ({"top": 0}, "--top must be at least 1, not 0"),
         ({"by": "foo"}, "--by must be one of client, tier, endpoint, not 'foo'"),
         ({"format": "xml"}, "--format must be one of table, json, csv, not 'xml'"),

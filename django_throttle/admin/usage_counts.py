@@ -208,7 +208,7 @@ class UsageCountAdmin(AppAdmin):
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         # Who the page's clients are: one query per kind of client, not one per row.
-        changelist = super().get_changelist_instance(request)
+        changelist: Any = super().get_changelist_instance(request)
         names = client_names(row.client for row in changelist.result_list)
         for row in changelist.result_list:
             row.throttle_client_name = names[row.client]

@@ -40,8 +40,8 @@ _READ_ERROR = (BackendError, "Could not read usage from the backend: {}")
 
 def since_start(text: str) -> datetime:
     """The start of ``--since``'s window: a period as rates write it (``30s``, ``15m``, ``1h``,
-    ``2d``, ``1w``; any case, ASCII only: a full-width ``１h`` is refused, not read as
-    ``1h``), parsed by :func:`~django_throttle.rates.parse_period`. A negative one is
+    ``2d``, ``1w``; any case, ASCII only: a full-width digit is refused, not read as
+    its ASCII twin), parsed by :func:`~django_throttle.rates.parse_period`. A negative one is
     refused as such (``--since=-1h``; :meth:`Command.run_from_argv` reads ``--since -1h``
     so too)."""
     period = text.strip()
