@@ -217,6 +217,10 @@ MAX_LOG_COUNT = 10_000
 GCRA_MAX_ROUNDING = 1e-3
 #: Seconds a daylight-saving change can add to a calendar window (two hours, at most, anywhere).
 CALENDAR_SLACK = 7200
+#: The length a calendar quota's window is said to have, by unit (the IETF ``RateLimit-Policy``
+#: field's ``w``): a day, a week, 30 days, 365 days. A real window may differ (a 31-day month,
+#: the day the clocks change), which the ``RateLimit`` field's ``t`` tells exactly.
+NOMINAL_CALENDAR = {"day": 86400, "week": 7 * 86400, "month": 30 * 86400, "year": 365 * 86400}
 #: What a calendar quota's rate may say, by its period: one day or one week (one month and
 #: one year parse as calendar rates already).
 _CALENDAR_BY_PERIOD = {86400: "day", 7 * 86400: "week"}
@@ -443,6 +447,15 @@ class Limit:
         if self.algorithm != Algorithm.CALENDAR:
             return ""
         return self.rate.calendar or _CALENDAR_BY_PERIOD.get(self.rate.period, "")
+
+    @property
+    def nominal_window(self) -> float:
+        """The window as a user reads the limit: :attr:`window`, but a calendar quota's unit
+        (:data:`NOMINAL_CALENDAR`: 86,400 s for a day, 30 days for a month) without the slack
+        for clock changes."""
+        if self.algorithm == Algorithm.CALENDAR:
+            return float(NOMINAL_CALENDAR.get(self.calendar_unit, self.rate.period))
+        return self.window
 
     @property
     def window(self) -> float:

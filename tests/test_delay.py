@@ -201,6 +201,16 @@ async def paced_view_async(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"ok": True})
 
 
+@throttle(rate="1/m", algorithm="gcra", burst=4, delay=0, scope="slow")
+def slow_view(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"ok": True})
+
+
+@throttle(rate="1/m", algorithm="gcra", burst=4, delay=0, scope="slow-async")
+async def slow_view_async(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"ok": True})
+
+
 class PacedApi(APIView):
     permission_classes = [AllowAny]
 
@@ -224,6 +234,8 @@ urlpatterns = [
     path("api/paced-async/", PacedAsyncApi.as_view(), name="paced-api-async"),
     path("paced/", paced_view),
     path("paced-async/", paced_view_async),
+    path("slow/", slow_view),
+    path("slow-async/", slow_view_async),
 ]
 
 
@@ -382,6 +394,40 @@ def test_beyond_the_cap_of_waiting_requests_a_request_is_refused_at_once(
     answered = Client(REMOTE_ADDR="203.0.113.8").get("/paced/")
     assert answered.status_code == 200
     assert float(answered.get("X-RateLimit-Delayed", "0")) <= 0.5
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_request_refused_by_the_cap_shows_the_limit_as_it_gave_it_back(
+    monkeypatch: pytest.MonkeyPatch, settings: object, asynchronous: bool
+) -> None:
+    """A request refused because the process's places for waiting requests were all taken
+    gives back what it took; its headers said what held before: 1 per minute, burst 4, the
+    first request served at once left 3, and the refused second said 2 left and 120 s to
+    reset, as if it had kept its turn. They say what holds once it was given back: the
+    first's 3 and 60 s (Retry-After is still the wait it would have had)."""
+    settings.DJANGO_THROTTLE_IETF_HEADERS = True  # type: ignore[attr-defined]
+    places = threading.BoundedSemaphore(1)
+    places.acquire()  # every place taken: a request that would wait is refused at once
+    monkeypatch.setattr(core, "_awaiting" if asynchronous else "_waiting", places)
+    route = "/slow-async/" if asynchronous else "/slow/"
+
+    async def two() -> list[HttpResponse]:
+        client = AsyncClient(REMOTE_ADDR="203.0.113.9")
+        return [await client.get(route), await client.get(route)]
+
+    if asynchronous:
+        first, refused = async_to_sync(two)()
+    else:
+        client = Client(REMOTE_ADDR="203.0.113.9")
+        first, refused = client.get(route), client.get(route)
+    assert (first.status_code, first["X-RateLimit-Remaining"]) == (200, "3")
+    assert refused.status_code == 429
+    assert refused["Retry-After"] == "60"  # the wait it would have had
+    assert refused["X-RateLimit-Remaining"] == "3"
+    assert refused["X-RateLimit-Reset"] == "60"
+    assert refused["RateLimit"].endswith(";r=3;t=60")
 
 
 def paced_rule(route: str) -> None:

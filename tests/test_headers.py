@@ -251,3 +251,68 @@ def test_a_shared_ceiling_is_shown_as_the_share_a_client_can_use(
 
     assert response.status_code == 200
     assert (response["X-RateLimit-Limit"], response["X-RateLimit-Remaining"]) == shown
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize(
+    ("rate", "timezone", "window"),
+    [
+        ("1000/day", "", 86400),
+        ("1000/day", "Europe/Berlin", 86400),
+        ("5000/week", "America/New_York", 7 * 86400),
+        ("20000/month", "", 30 * 86400),
+        ("200000/year", "", 365 * 86400),
+    ],
+)
+def test_a_calendar_quota_advertises_its_nominal_window(
+    settings: Any, asynchronous: bool, rate: str, timezone: str, window: int
+) -> None:
+    """A calendar quota's ``w`` said its longest window plus two hours of slack for a clock
+    change (93600 for a UTC day): it is the window a user reads, a day, a week, 30 days for a
+    month, 365 for a year. ``RateLimit``'s ``t`` says when this window really ends."""
+    from asgiref.sync import async_to_sync
+    from django.test import RequestFactory
+
+    from django_throttle.decorators import throttle
+
+    settings.DJANGO_THROTTLE_IETF_HEADERS = True
+    shape = {"rate": rate, "algorithm": "calendar_quota", "timezone": timezone}
+    request = RequestFactory().get("/", REMOTE_ADDR="203.0.113.62")
+    if asynchronous:
+
+        @throttle(**shape)
+        async def quota_async(request: Any) -> HttpResponse:
+            return HttpResponse("ok")
+
+        response = async_to_sync(quota_async)(request)
+    else:
+
+        @throttle(**shape)
+        def quota(request: Any) -> HttpResponse:
+            return HttpResponse("ok")
+
+        response = quota(request)
+
+    assert response.status_code == 200
+    capacity = rate.split("/")[0]
+    assert response["RateLimit-Policy"].endswith(f";q={capacity};w={window}")
+    reset = int(response["X-RateLimit-Reset"])
+    assert response["RateLimit"].endswith(f";t={reset}")
+    assert 0 < reset <= 366 * 86400 + 7200
+
+
+@pytest.mark.django_db
+def test_a_tier_calendar_quota_advertises_its_nominal_window(client: Any, settings: Any) -> None:
+    """The same through the admin's policy, DRF and ``RateLimitHeadersMiddleware``."""
+    from django_throttle.models import TierLimit
+    from tests.factories import tier as make_tier
+
+    settings.DJANGO_THROTTLE_IETF_HEADERS = True
+    anonymous = make_tier("anonymous", is_default_anonymous=True)
+    TierLimit.objects.create(tier=anonymous, rate="500/day", algorithm="calendar_quota")
+
+    response = client.get("/api/ping/", REMOTE_ADDR="203.0.113.63")
+
+    assert response.status_code == 200
+    assert response["RateLimit-Policy"].endswith(";q=500;w=86400")

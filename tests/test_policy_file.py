@@ -194,6 +194,77 @@ def test_an_invalid_file_is_refused_whole_naming_entry_and_field(tmp_path: Path)
     assert run("export") == before  # gold was valid, but nothing was written
 
 
+def test_every_problem_of_an_entry_is_listed_in_file_order(tmp_path: Path) -> None:
+    """A tier with bad fields of its own had its limits left unchecked (fix the slug, import
+    again, only then hear of the bad rate), an unknown field hid every other problem, a limit
+    written twice hid the others' problems, and a tier's problems came in alphabetical order.
+    Each problem is listed now, naming entry and field, in the order the file writes them."""
+    tiers = [
+        {
+            "slug": "bad slug!",
+            "colour": "red",
+            "name": "",
+            "limits": [
+                {"rate": "lots", "burst": 0},
+                {"rat": "1/s"},
+                {"rate": "5/m"},
+                {"rate": "5/min"},
+                {"algorithm": "magic", "rate": "1/s"},
+            ],
+            "priority": "high",
+        }
+    ]
+    rules = [
+        {
+            "name": "export",
+            "limits": [{"tier": "platinum", "rate": "1/s"}, {"tier": "bad slug!", "rate": "x"}],
+            "cost": 0,
+            "pattern": "export",
+        }
+    ]
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"version": 1, "tiers": tiers, "rules": rules}))
+
+    with pytest.raises(CommandError) as error:
+        run("import", str(path))
+
+    tier, rule = "tiers[0] 'bad slug!'", "rules[0] 'export'"
+    lines = [line.strip() for line in str(error.value).splitlines()[1:]]
+    assert [line.split(":")[0] for line in lines] == [
+        f"{tier}",  # unknown field 'colour'
+        f"{tier}.slug",
+        f"{tier}.name",
+        f"{tier}.limits[0].rate",
+        f"{tier}.limits[0].burst",
+        f"{tier}.limits[1]",  # unknown field 'rat'
+        f"{tier}.limits[3]",  # the same limit as limits[2]
+        f"{tier}.limits[4].algorithm",
+        f"{tier}.priority",
+        f"{rule}.limits[0].tier",
+        f"{rule}.limits[1].tier",  # its tier was refused: no such tier
+        f"{rule}.limits[1].rate",
+        f"{rule}.cost",
+    ], lines
+    assert "unknown field 'colour'" in lines[0]
+    assert "'lots' is not a rate" in lines[3]
+    assert not Tier.objects.exists() and not EndpointRule.objects.exists()
+
+
+def test_a_limit_written_twice_is_listed_with_the_other_limits_problems(tmp_path: Path) -> None:
+    limits = [{"rate": "lots"}, {"rate": "5/m"}, {"rate": "5/min"}]
+    document = {"version": 1, "tiers": [{"slug": "t", "name": "T", "limits": limits}]}
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(CommandError) as error:
+        run("import", str(path))
+    lines = [line.strip() for line in str(error.value).splitlines()[1:]]
+    assert [line.split(":")[0] for line in lines] == [
+        "tiers[0] 't'.limits[0].rate",
+        "tiers[0] 't'.limits[2]",
+    ]
+    assert "the same limit as limits[1]" in lines[1]
+
+
 @pytest.mark.parametrize(
     ("document", "expected"),
     [

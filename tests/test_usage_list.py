@@ -15,13 +15,13 @@ import pytest
 from django.contrib.auth.models import Permission, User
 
 from django_throttle.admin import usage_counts
-from django_throttle.backends import get_backend
+from django_throttle.backends import get_backend, usage_store
 from django_throttle.backends import redis as redis_backend
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.models import UsageCount
 from django_throttle.usage import accounting
 from django_throttle.usage.reports import CHUNK_MINUTES, rollup
-from tests.factories import endpoint, tier
+from tests.factories import endpoint, tier, with_shards
 from tests.test_usage import send
 from tests.test_usage_report import minutes_ago
 
@@ -181,6 +181,39 @@ def test_totals_and_clients_are_two_lists_in_words(client: Any) -> None:
     inspect = "/admin/django_throttle/usagecount/inspect/?client="
     assert f'href="{inspect}user%3A{alice.pk}"' in clients
     assert f'href="{inspect}username%3Aalice"' in clients
+
+
+def test_the_client_list_says_when_the_minutes_shown_hold_estimates(
+    client: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per-client rows of a minute whose top list was full may be estimates (smaller clients
+    folded into those listed); ``throttle_usage`` and the dashboard said so, the usage list
+    showed the same rows as plain counts. It says so when, and only when, a minute it shows
+    was full (every row of that minute counts, not only those a search leaves)."""
+    monkeypatch.setattr(usage_store, "TOP_CLIENTS", 2)  # two clients per list and minute
+    settings.DJANGO_THROTTLE_REDIS_URL = with_shards(settings.DJANGO_THROTTLE_REDIS_URL, 1)
+    full = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=2)
+    room = full + timedelta(hours=1)
+    UsageCount.objects.create(window_start=full, client="*", tier="free", endpoint="x", allowed=9)
+    for label, allowed in (("user:1", 5), ("user:2", 3), ("user:3", 1)):
+        UsageCount.objects.create(
+            window_start=full, client=label, tier="*", endpoint="*", allowed=allowed
+        )
+    UsageCount.objects.create(window_start=room, client="user:9", tier="*", endpoint="*", allowed=4)
+    operator(client)
+    note = 'id="dt-estimates"'
+
+    def shown(**query: str) -> str:
+        response = client.get(LIST, query)
+        assert response.status_code == 200
+        return response.content.decode()
+
+    everything = shown(kind="clients")
+    assert note in everything
+    assert "may be estimates" in " ".join(everything.split())
+    assert note in shown(kind="clients", q="user:2")  # one row of the full minute
+    assert note not in shown(kind="clients", q="user:9")  # only the minute with room
+    assert note not in shown()  # the totals are exact
 
 
 def test_the_dashboard_names_clients_in_words(client: Any, backend: Any) -> None:

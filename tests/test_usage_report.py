@@ -184,10 +184,12 @@ def test_command_since_reads_periods_as_rates_write_them() -> None:
     ("args", "message"),
     [
         (["--since", "5x"], "--since '5x' is not a duration"),
-        (
-            ["--since=-1h"],
-            "--since '-1h' is not a duration: '-1h': the period multiplier must be at least 1",
-        ),
+        (["--since=-1h"], "--since '-1h' is negative: give how far back to look, e.g. --since 1h"),
+        (["--since", "\uff11h"], "--since '\uff11h' is not a duration: write it in ASCII digits"),
+        (["--since", "\u0661h"], "--since '\u0661h' is not a duration: write it in ASCII digits"),
+        (["--since", "1\u00a0h"], "is not a duration: write it in ASCII digits"),
+        # In call_command's list argparse still reads "-1h" as an option (one line too).
+        (["--since", "-1h"], "argument --since: expected one argument"),
         (
             ["--since", "0m"],
             "--since '0m' is not a duration: '0m': the period multiplier must be at least 1",
@@ -206,10 +208,30 @@ def test_command_rejects_bad_arguments(args: list[str], message: str) -> None:
         run(*args)
 
 
+@pytest.mark.parametrize("args", [["--since", "-1h"], ["--since=-1h"], ["--since", "-30m"]])
+def test_a_negative_since_is_one_line_naming_it_on_the_command_line(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--since -1h`` met argparse's "expected one argument" under the whole usage text
+    (argparse takes ``-1h`` for an option); from the command line it is the value of
+    ``--since``, refused as negative in one line, as ``--since=-1h`` is."""
+    from django.core.management import ManagementUtility
+
+    with pytest.raises(SystemExit) as stopped:
+        ManagementUtility(["manage.py", "throttle_usage", *args]).execute()
+    assert stopped.value.code == 1
+    error = capsys.readouterr().err.strip()
+    value = args[-1].removeprefix("--since=")
+    assert error == (
+        f"CommandError: --since '{value}' is negative: give how far back to look, e.g. --since 1h."
+    )
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"since": "-1h"}, "the period multiplier must be at least 1"),
+        ({"since": "-1h"}, "--since '-1h' is negative"),
+        ({"since": "\uff11h"}, "--since '\uff11h' is not a duration: write it in ASCII digits"),
         ({"top": 0}, "--top must be at least 1, not 0"),
         ({"by": "foo"}, "--by must be one of client, tier, endpoint, not 'foo'"),
         ({"format": "xml"}, "--format must be one of table, json, csv, not 'xml'"),

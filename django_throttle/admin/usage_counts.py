@@ -8,7 +8,8 @@ process and for at most :data:`ROLLUP_BUDGET` seconds), so it fills without a cr
 the backend cannot be read the page still shows what was copied, and says so.
 
 Tier and endpoint totals (exact) and per-client rows (the heaviest clients) are two lists,
-chosen by the "rows" filter: neither shows the other's ``*`` cells.
+chosen by the "rows" filter: neither shows the other's ``*`` cells. The per-client list says
+when the minutes it shows may hold estimates (a top list was full).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from django_throttle.models import UsageCount
 from django_throttle.redaction import plain_text
 from django_throttle.usage import accounting
 from django_throttle.usage.names import client_names, describe
-from django_throttle.usage.reports import NO_ENDPOINT, NO_TIER, rollup
+from django_throttle.usage.reports import NO_ENDPOINT, NO_TIER, estimated_minutes, rollup
 
 #: Seconds between two rollups the usage list runs in one process: opening the list again
 #: and again costs the backend nothing more.
@@ -143,6 +144,16 @@ def _kind(request: HttpRequest) -> str:
     return chosen if chosen in UsageKindFilter.options else UsageKindFilter.TOTALS
 
 
+def _estimated(starts: Any) -> bool:
+    """Whether the per-client rows of the minutes beginning at ``starts`` (those a page
+    shows) may be estimates: a top list was full (:func:`~django_throttle.usage.reports.
+    estimated_minutes`); ``False`` for a backend that keeps no usage counts."""
+    try:
+        return estimated_minutes(starts)
+    except accounting.UsageUnavailable:
+        return False
+
+
 @admin.register(UsageCount)
 class UsageCountAdmin(AppAdmin):
     """Read-only: the rollup writes these rows from the backend's counts (on opening the
@@ -197,10 +208,13 @@ class UsageCountAdmin(AppAdmin):
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         # Who the page's clients are: one query per kind of client, not one per row.
-        changelist = super().get_changelist_instance(request)
+        changelist: Any = super().get_changelist_instance(request)
         names = client_names(row.client for row in changelist.result_list)
         for row in changelist.result_list:
             row.throttle_client_name = names[row.client]
+        changelist.throttle_estimated = _kind(request) == UsageKindFilter.CLIENTS and _estimated(
+            row.window_start for row in changelist.result_list
+        )
         return changelist
 
     @admin.display(description=pgettext_lazy("admin list", "client"), ordering="client")

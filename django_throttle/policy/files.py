@@ -11,7 +11,9 @@ An import is one transaction: the document's shape is checked first, then its se
 applied in order (tiers, rules, assignments), matched by natural keys; tiers and rules the
 document does not name are kept unless pruning. Every entry is validated with the admin's own
 rules, and a single problem refuses the whole file, having written nothing, with a message
-naming the entry and field. ``dry_run`` runs the same code and rolls back.
+naming the entry and field. Every problem is listed, in the order the file writes what it
+names: a tier whose own fields are wrong still has its limits checked, and an unknown field
+stops nothing else. ``dry_run`` runs the same code and rolls back.
 
 Reading a file's text is bounded: a file nested deeper than :data:`MAX_DEPTH`, or holding more
 than :data:`MAX_VALUES` values, is refused before its values are built, in time proportional
@@ -261,19 +263,18 @@ def label(row: Any) -> str:
 
 def split(
     state: Import, where: str, model: type[models.Model], entry: Mapping[str, Any]
-) -> tuple[dict[str, Any] | None, list[Mapping[str, Any]]]:
-    """The entry's own columns and its limit entries; ``None`` after noting a problem."""
+) -> tuple[dict[str, Any], list[Mapping[str, Any]] | None]:
+    """The entry's own columns (those it names that exist) and its limit entries (``None``
+    when they are not a list of mappings), noting an unknown field and malformed limits."""
     known = {f.name for f in columns(model)} | {"limits"}
     problem = _unknown(where, set(entry) - known, known)
-    limits = entry.get("limits", [])
-    if problem is None and not (
-        isinstance(limits, list) and all(isinstance(k, Mapping) for k in limits)
-    ):
-        problem = f"{where}.limits: must be a list of mappings"
     if problem is not None:
         state.problems.append(problem)
-        return None, []
-    return {k: v for k, v in entry.items() if k != "limits"}, limits
+    limits = entry.get("limits", [])
+    if not (isinstance(limits, list) and all(isinstance(k, Mapping) for k in limits)):
+        state.problems.append(f"{where}.limits: must be a list of mappings")
+        limits = None
+    return {k: v for k, v in entry.items() if k in known and k != "limits"}, limits
 
 
 def _assign(row: Any, fields: Mapping[str, Any]) -> Any:
@@ -318,11 +319,13 @@ def _shape_problems(row: Any) -> dict[str, list[str]]:
     return problems
 
 
-def _valid(state: Import, where: str, row: Any) -> bool:
+def _valid(state: Import, where: str, row: Any, exclude: Sequence[str] = ()) -> bool:
+    """Note ``row``'s problems as the admin finds them (``exclude``: fields not checked);
+    whether it has none."""
     problems = _shape_problems(row)
     if not problems:
         try:
-            row.full_clean()
+            row.full_clean(exclude=exclude)
         except ValidationError as exc:
             problems = {k: [str(m) for m in v] for k, v in exc.message_dict.items()}
     if not problems:
@@ -334,29 +337,43 @@ def _valid(state: Import, where: str, row: Any) -> bool:
 
 
 def sync_limits(
-    state: Import, where: str, parent: Any, entries: Iterable[tuple[int, Mapping[str, Any]]]
+    state: Import,
+    where: str,
+    parent: Any,
+    entries: Iterable[tuple[int, Mapping[str, Any]]],
+    *,
+    write: bool = True,
 ) -> None:
     """Make ``parent``'s limit rows hold ``entries`` (their
     index in the file, their values; an endpoint limit's "tier" a :class:`Tier`), keeping rows
-    whose values are unchanged, then editing rows in place, then adding and deleting."""
-    model = parent.limits.model
+    whose values are unchanged, then editing rows in place, then adding and deleting. Every
+    entry is checked first, each problem noted; with one, or without ``write`` (the parent
+    has problems of its own and was not saved), nothing is written."""
+    relation = type(parent)._meta.get_field("limits")
+    model, parent_field = relation.related_model, relation.field.name
     known = {f.name for f in columns(model)}
     allowed = known | {"tier"} if model is EndpointLimit else known
     defaults = {f.name: f.get_default() for f in columns(model)}
-    new = partial(model, **{parent.limits.field.name: parent})
+    new = partial(model, **{parent_field: parent})
     wanted: list[tuple[int, dict[str, Any], Any]] = []  # (index, fields, a new row of them)
+    refused = False
     for j, entry in entries:
         problem = _unknown(f"{where}.limits[{j}]", set(entry) - allowed, allowed)
         if problem is not None:
             state.problems.append(problem)
+            refused = True
             continue
         fields = {**defaults, **entry}
         candidate = _assign(new(), fields)
-        if _shape_problems(candidate):  # before the duplicate check compares its values
-            _valid(state, f"{where}.limits[{j}]", candidate)
+        # The parent may be unsaved: its own link is checked once it is written. An endpoint
+        # limit whose tier is not there (noted already) has its other fields checked.
+        unlinked = model is EndpointLimit and entry.get("tier") is None
+        exclude = (parent_field, "tier") if unlinked else (parent_field,)
+        if not _valid(state, f"{where}.limits[{j}]", candidate, exclude=exclude) or unlinked:
+            refused = True
             continue
         wanted.append((j, fields, candidate))
-    if _duplicates(state, where, [(j, row) for j, _, row in wanted]):
+    if _duplicates(state, where, [(j, row) for j, _, row in wanted]) or refused or not write:
         return
     unmatched = list(parent.limits.select_related("tier").order_by("pk"))
 
@@ -560,17 +577,20 @@ def _import_parents(state: Import, section: str, entries: list[Mapping[str, Any]
     model, key = _PARENTS[section]
     for i, entry in enumerate(entries):
         where = f"{section}[{i}] {entry.get(key)!r}"
+        first = len(state.problems)
         own, limits = split(state, where, model, entry)
-        if own is None:
-            continue
-        desired = _with_tiers(state, where, limits) if model is EndpointRule else enumerate(limits)
-        existing = model._default_manager.filter(**{key: own.get(key)}).first()
-        row = upsert(state, where, existing or model(), own)
-        if row is None:
-            continue
+        desired: Iterable[tuple[int, Mapping[str, Any]]] = ()
+        if limits is not None:
+            desired = (
+                _with_tiers(state, where, limits) if model is EndpointRule else enumerate(limits)
+            )
+        target = model._default_manager.filter(**{key: own.get(key)}).first() or model()
+        row = upsert(state, where, target, own)
         if isinstance(row, Tier):
             state.tiers[row.slug] = row
-        sync_limits(state, where, row, desired)
+        if limits is not None:
+            sync_limits(state, where, target, desired, write=row is not None)
+        state.problems[first:] = _in_file_order(state.problems[first:], where, entry)
     if state.prune:
         named = {str(entry.get(key)) for entry in entries}
         for row in model._default_manager.exclude(**{f"{key}__in": named}):
@@ -578,16 +598,47 @@ def _import_parents(state: Import, section: str, entries: list[Mapping[str, Any]
             row.delete()
 
 
+#: What a problem of an entry names after the entry's own ``where``: a limit (its index)
+#: and a field; neither for one about the entry as a whole.
+_NAMED = re.compile(r"(?:\.limits\[(\d+)\])?(?:\.(\w+))?")
+
+
+def _in_file_order(problems: list[str], where: str, entry: Mapping[str, Any]) -> list[str]:
+    """The ``problems`` of ``entry`` (each starting with its ``where``) in the order the
+    file writes what they name: those of the entry as a whole (an unknown field) first, then
+    each field's where the entry writes it, its limits' where it writes ``limits``, limit by
+    limit, each in the order of its own fields; a field the entry leaves out (a missing
+    name) after those it writes."""
+    keys = list(entry)
+    limits = entry.get("limits")
+    limits = limits if isinstance(limits, list) else []
+
+    def at(names: list[str], name: str | None) -> int:
+        if name is None:
+            return -1
+        return names.index(name) if name in names else len(names)
+
+    def position(problem: str) -> tuple[int, int, int]:
+        named = _NAMED.match(problem, len(where))
+        index, name = (named[1], named[2]) if named is not None else (None, None)
+        if index is None:
+            return (at(keys, name), -1, -1)
+        limit = limits[int(index)] if int(index) < len(limits) else {}
+        fields = list(limit) if isinstance(limit, Mapping) else []
+        return (at(keys, "limits"), int(index), at(fields, name))
+
+    return sorted(problems, key=position)
+
+
 def _with_tiers(
     state: Import, where: str, limits: list[Mapping[str, Any]]
 ) -> list[tuple[int, Mapping[str, Any]]]:
-    """An endpoint rule's limits (with their index) whose tier exists, naming the tier."""
-    desired: list[tuple[int, Mapping[str, Any]]] = []
-    for j, limit in enumerate(limits):
-        tier = _tier(state, f"{where}.limits[{j}].tier", limit.get("tier"))
-        if tier is not None:
-            desired.append((j, {**limit, "tier": tier}))
-    return desired
+    """An endpoint rule's limits (with their index), each naming its :class:`Tier`, or
+    ``None`` after noting that it is not there (its other fields are still checked)."""
+    return [
+        (j, {**limit, "tier": _tier(state, f"{where}.limits[{j}].tier", limit.get("tier"))})
+        for j, limit in enumerate(limits)
+    ]
 
 
 def _import_assignments(state: Import, entries: list[Mapping[str, Any]]) -> None:

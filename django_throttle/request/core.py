@@ -33,7 +33,8 @@ tokens left, ``-Reset`` whole seconds until that limit is full again. They descr
 limits only: a shadow rule's limits are counted and logged, never advertised. With
 ``DJANGO_THROTTLE_IETF_HEADERS`` the IETF ``RateLimit`` / ``RateLimit-Policy`` fields
 (draft-ietf-httpapi-ratelimit-headers) are added: ``q`` is a limit's capacity and ``w`` the
-seconds its bucket takes to refill. ``X-RateLimit-Degraded`` says the backend could not answer
+seconds its bucket takes to refill (a calendar quota's nominal window: a day, 30 days for a
+month; ``Limit.nominal_window``). ``X-RateLimit-Degraded`` says the backend could not answer
 and the failure mode decided: ``open`` (served uncounted) or ``local`` (counted per process).
 A refusal is a 429 (or the failure status) with ``Retry-After`` and a JSON body, or a page for
 a browser (:func:`throttled_page`).
@@ -702,7 +703,11 @@ def wait_turn(request: Any, decision: Decision) -> Decision:
         turn = getattr(request, "throttle_turn", None)
         run(_skip_turn(request))
         leases.release(request)
-        return _refused_turn(turn, decision)
+        state = None
+        if turn is not None:
+            looking = _state_after(turn)
+            state = run_locally(looking) if turn.local else run(looking)
+        return _refused_turn(turn, decision, state)
     try:
         time.sleep(decision.wait)
     finally:
@@ -721,7 +726,11 @@ async def await_turn(request: Any, decision: Decision) -> Decision:
         turn = getattr(request, "throttle_turn", None)
         await arun(_skip_turn(request))
         await leases.arelease(request)
-        return _refused_turn(turn, decision)
+        state = None
+        if turn is not None:
+            looking = _state_after(turn)
+            state = run_locally(looking) if turn.local else await arun(looking)
+        return _refused_turn(turn, decision, state)
     try:
         await asyncio.sleep(decision.wait)
     except asyncio.CancelledError:
@@ -742,15 +751,37 @@ def _waited(request: Any, decision: Decision) -> None:
         usage.record_delay(turn.field, decision.wait, local=turn.local)
 
 
-def _refused_turn(turn: Reservation | None, decision: Decision) -> Decision:
+def _refused_turn(
+    turn: Reservation | None, decision: Decision, state: Decision | None = None
+) -> Decision:
     """The refusal of a request given a ``turn`` that this process will not wait for:
-    counted denied in usage (the backend counted it allowed)."""
+    counted denied in usage (the backend counted it allowed). Its headers say what holds
+    once its tokens are back (``state``, see :func:`_state_after`; without it, as the
+    counting call left them); ``Retry-After`` is the wait it would have had."""
     if turn is not None:
         # The backend counted the request with its last group's client; a local decision
         # with the plan's own (see degraded_decision).
         client = turn.groups[0 if turn.local else -1][0]
         usage.record_refused_turn(turn.field, client, local=turn.local)
+    if state is not None and state.limit is not None:
+        decision = replace(
+            decision, limit=state.limit, remaining=state.remaining, reset_after=state.reset_after
+        )
     return replace(decision, allowed=False, retry_after=decision.wait, wait=0.0, leases=())
+
+
+def _state_after(turn: Reservation) -> Steps[Decision | None]:
+    """The limits of ``turn`` as they are once its tokens were given back: each group looked
+    at (nothing taken), the most restrictive as :func:`_reported` picks it; ``None`` when one
+    cannot be looked at. One more backend call, made only for a request refused because this
+    process's places for waiting requests are taken."""
+    seen: list[Decision] = []
+    for client, limits in turn.groups:
+        try:
+            seen.append((yield Peek(client, limits, 0)))
+        except BackendError:
+            return None
+    return min(seen, key=_restrictive) if seen else None
 
 
 def _skip_turn(request: Any) -> Steps[None]:
@@ -1110,7 +1141,7 @@ def _let_go(groups: Sequence[Group], decisions: list[Decision]) -> Steps[None]:
 def _reported(head: Group, groups: Sequence[Group], decisions: list[Decision]) -> Decision:
     """The most restrictive of the groups' decisions (a denial; else the fewest tokens
     left), listing every limit that applied."""
-    worst = min(decisions, key=lambda d: (d.allowed, d.limit is None, d.remaining, -d.reset_after))
+    worst = min(decisions, key=_restrictive)
     every = tuple(head[1]) + tuple(limit for _client, limits in groups for limit in limits)
     shadow = any(d.shadow for d in decisions)
     taken = tuple(pair for d in decisions for pair in d.taken) if worst.allowed else ()
@@ -1119,6 +1150,11 @@ def _reported(head: Group, groups: Sequence[Group], decisions: list[Decision]) -
     return dataclasses.replace(
         worst, limits=every, shadow=shadow, taken=taken, leases=held, wait=wait
     )
+
+
+def _restrictive(decision: Decision) -> tuple[bool, bool, int, float]:
+    """Sorts the most restrictive decision first: a denial; else the fewest tokens left."""
+    return (decision.allowed, decision.limit is None, decision.remaining, -decision.reset_after)
 
 
 def whole_seconds(seconds: float) -> int:
@@ -1186,7 +1222,7 @@ def add_headers(headers: HeaderMap, decision: Decision | None) -> None:
         headers.setdefault(
             "RateLimit-Policy",
             ", ".join(
-                f'"{item.id}";q={item.capacity};w={whole_seconds(item.window)}'
+                f'"{item.id}";q={item.capacity};w={whole_seconds(item.nominal_window)}'
                 # The draft's quota unit for requests in flight (its default is "requests").
                 + (';qu="concurrent-requests"' if item.algorithm == CONCURRENCY else "")
                 for item in enforced

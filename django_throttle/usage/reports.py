@@ -213,6 +213,23 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
     )
 
 
+def estimated_minutes(starts: Iterable[datetime], store: UsageStore | None = None) -> bool:
+    """Whether the per-client rows copied for any of the minutes beginning at ``starts``
+    (``UsageCount.window_start``) may be estimates (:func:`_full_minutes`: every client row
+    of those minutes looked at, whatever a list shows of them). ``store`` gives the top
+    lists' size (default: the configured backend's)."""
+    from django_throttle.models import UsageCount
+
+    starts = set(starts)
+    if not starts:
+        return False
+    if store is None:
+        with closing(usage.get_store()) as own:
+            return estimated_minutes(starts, own)
+    rows = UsageCount.objects.exclude(client=usage.ALL).filter(window_start__in=starts)
+    return _full_minutes(rows, store.top_size)
+
+
 def _full_minutes(client_rows: Any, top_size: int) -> bool:
     """Whether a minute among the per-client ``client_rows`` (rolled-up rows) may come
     from a full top list: as many clients with one outcome as a list holds. The rollup keeps

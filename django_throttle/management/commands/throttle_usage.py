@@ -12,6 +12,7 @@ of their own. Every cell is plain text (:mod:`django_throttle.management.output`
 
 from __future__ import annotations
 
+import re
 from contextlib import closing
 from datetime import datetime, timedelta
 from typing import Any
@@ -39,13 +40,30 @@ _READ_ERROR = (BackendError, "Could not read usage from the backend: {}")
 
 def since_start(text: str) -> datetime:
     """The start of ``--since``'s window: a period as rates write it (``30s``, ``15m``, ``1h``,
-    ``2d``, ``1w``; any case), parsed by :func:`~django_throttle.rates.parse_period`."""
+    ``2d``, ``1w``; any case, ASCII only: a full-width digit is refused, not read as
+    its ASCII twin), parsed by :func:`~django_throttle.rates.parse_period`. A negative one is
+    refused as such (``--since=-1h``; :meth:`Command.run_from_argv` reads ``--since -1h``
+    so too)."""
+    period = text.strip()
+    if not period.isascii():
+        raise CommandError(
+            f"--since {text!r} is not a duration: write it in ASCII digits and letters, "
+            "e.g. 30s, 15m, 1h, 2d or 1w."
+        )
+    if period.startswith("-"):
+        raise CommandError(
+            f"--since {text!r} is negative: give how far back to look, e.g. --since 1h."
+        )
     with output.one_line_errors(
         (InvalidRate, f"--since {text!r} is not a duration: {{}}."),
         (OverflowError, f"--since {text!r} is too long."),
     ):
-        seconds = parse_period(text.strip().lower(), quoted=text.strip())
+        seconds = parse_period(period.lower(), quoted=period)
         return timezone.now() - timedelta(seconds=seconds)
+
+
+#: A value after ``--since`` that argparse takes for an option: a negative duration.
+_NEGATIVE = re.compile(r"^-\d")
 
 
 class Command(BaseCommand):
@@ -62,6 +80,15 @@ class Command(BaseCommand):
         "last use; the admin's usage list does the same when opened): schedule it more often "
         f"than Redis keeps them ({format_duration(usage_store.USAGE_TTL)})."
     )
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        """``--since -1h`` met argparse's "expected one argument" (it reads ``-1h`` as an
+        option) under the usage text: it is read as ``--since=-1h``, refused in one line."""
+        argv = list(argv)
+        for at in range(len(argv) - 2, 0, -1):
+            if argv[at] == "--since" and _NEGATIVE.match(argv[at + 1]):
+                argv[at : at + 2] = [f"--since={argv[at + 1]}"]
+        super().run_from_argv(argv)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
