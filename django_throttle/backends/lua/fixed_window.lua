@@ -47,7 +47,7 @@ local function window_decide(count, start, stop, now, capacity, cost)
 end
 
 local function window_commit(key, now, p, pending)
-  store(key, string.format('%d', pending[1]) .. ' ' .. to36(pending[2]), pending[3] - now)
+  return string.format('%d', pending[1]) .. ' ' .. to36(pending[2]), pending[3] - now
 end
 
 local function fixed_decide(key, now, p, cost)
@@ -76,7 +76,7 @@ local window_refund
 if REFUND then
   window_refund = function(key, now, left, start, stop)
     if left <= 0 then return delete(key) end
-    window_commit(key, now, nil, {left, start, stop})
+    store(key, window_commit(key, now, nil, {left, start, stop}))
     return 1
   end
 

@@ -101,7 +101,7 @@ local function gcra_decide(key, now, p, cost)
 end
 
 local function gcra_commit(key, now, p, new)
-  redis.call('SET', key, string.format('%d', new), 'PX', px(new - now))
+  return string.format('%d', new), new - now
 end
 
 ALGORITHMS['g'] = {
@@ -174,7 +174,7 @@ if REFUND then
     if tat == nil or tat ~= math.floor(tat) or tat >= 2 ^ 53 then return 0 end
     local new = gcra_tat(tat, now, p.capacity * p.emission) - cost * p.emission
     if new <= now then return delete(key) end
-    gcra_commit(key, now, p, new)
+    store(key, gcra_commit(key, now, p, new))
     return 1
   end
 end

@@ -14,7 +14,9 @@
 --             reads it whole, without splitting a table out)
 --   decide  = function(key, now, params, cost) -> allowed, remaining, reset_us, retry_us,
 --             pending (what commit writes; nil: nothing to write). Reads only.
---   commit  = function(key, now, params, pending): the write, with its TTL
+--   commit  = function(key, now, params, pending) -> state, ttl_us: the string the key is
+--             SET to and its TTL in microseconds, which the driver stores (see store);
+--             nothing when it wrote the key itself (a sorted set), with its TTL
 --   retime  = function(key, now, params, old_params_or_nil) -> 1 if the key was re-timed or
 --             deleted, 0 if it was missing or corrupt; defined only when RETIME is true
 --             (below)

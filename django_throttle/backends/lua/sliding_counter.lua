@@ -80,7 +80,7 @@ local function counter_decide(key, now, p, cost)
 end
 
 local function counter_commit(key, now, p, pending)
-  store(key, string.format('%d %d ', pending[1], pending[2]) .. to36(pending[3]), pending[4])
+  return string.format('%d %d ', pending[1], pending[2]) .. to36(pending[3]), pending[4]
 end
 
 ALGORITHMS['s'] = {
@@ -108,7 +108,7 @@ if REFUND then
     cur = math.max(0, cur - cost)
     local reset = counter_reset(cur, prev, w, now, period)
     if reset <= 0 then return delete(key) end
-    counter_commit(key, now, p, {cur, prev, w, reset})
+    store(key, counter_commit(key, now, p, {cur, prev, w, reset}))
     return 1
   end
 end

@@ -109,7 +109,7 @@ local function bucket_commit(key, now, p, after)
   else
     state = struct.pack('>dI4I2', used, low, (stamp_ms - low) / 4294967296)
   end
-  store(key, state, after * interval)
+  return state, after * interval
 end
 
 ALGORITHMS['t'] = {
@@ -143,7 +143,7 @@ if REFUND then
     -- overfilled, instead of leaving a crumb of it on the edge of the deletion test.
     local after = math.min(used, p.capacity) - cost
     if after <= TOLERANCE then return delete(key) end
-    bucket_commit(key, now, p, after)
+    store(key, bucket_commit(key, now, p, after))
     return 1
   end
 end
