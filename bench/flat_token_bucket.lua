@@ -1,11 +1,12 @@
 -- The package's counting call for one token-bucket limit, written flat: the same arguments
 -- (KEYS[1]; ARGV cost, peek, spec "t<capacity>:<interval>"), the same checks, the same state
--- (12 or 14 bytes, see django_throttle/backends/lua/token_bucket.lua), the same placeholder
--- SET and the same four-integer reply of an allowed hit, but no function, no algorithm table
--- and no per-limit table: what the counting call would cost if it were written for this one
--- algorithm and one limit. bench_script_mix.py times it beside the package's script and the
--- minimal bucket (bench_paths.MINIMAL_BUCKET): the difference to the package's script is what
--- the shared driver (seven algorithms, any mix of limits in one call) costs per call.
+-- (12 or 14 bytes, see django_throttle/backends/lua/token_bucket.lua), the same single SET
+-- per write (no placeholder, as in the package's token-bucket script: see PLACEHOLDER in its
+-- prelude) and the same four-integer reply of an allowed hit, but no function, no algorithm
+-- table and no per-limit table: what the counting call would cost if it were written for
+-- this one algorithm and one limit. bench_script_mix.py times it beside the package's script
+-- and the minimal bucket (bench_paths.MINIMAL_BUCKET): the difference to the package's script
+-- is what the shared driver (seven algorithms, any mix of limits in one call) costs per call.
 local TOLERANCE = 1e-9
 if #KEYS ~= 1 or #ARGV ~= 3 then return redis.error_reply('flat: one key, three arguments') end
 local cost = tonumber(ARGV[1])
@@ -65,7 +66,6 @@ if not peek and after > 0 then
   else
     value = struct.pack('>dI4I2', kept, stamp_low, (stamp - stamp_low) / 4294967296)
   end
-  redis.call('SET', key, '')
   redis.call('SET', key, value, 'PX', math.max(1, math.ceil(after * interval / 1000)))
 end
 return {1, 1, math.max(0, math.floor(capacity - after + TOLERANCE)),
