@@ -84,7 +84,9 @@ def test_headers_values_when_allowed(backend: Backend) -> None:
 
 
 def test_all_or_nothing_across_limits(backend: Backend) -> None:
-    roomy = Limit.build("roomy", "100/s", burst=100)
+    # An hour's refill: the roomy bucket's key (TTL: the time its two used tokens take to come
+    # back, in real time) outlives a slow machine's test; at 100/s it expired after 20 ms.
+    roomy = Limit.build("roomy", "100/h", burst=100)
     tight = Limit.build("tight", "1/m", burst=2)
     limits = [roomy, tight]
     assert allowed_count(backend, "c", limits, 5, T0) == 2
