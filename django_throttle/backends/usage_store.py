@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import heapq
 import itertools
 import math
 import re
@@ -308,7 +309,24 @@ class RedisUsage(UsageStore):
         """One ``usage_push.lua`` call per shard and :data:`PUSH_CHUNK` entries, pipelined.
         The counts are summed here first: each shard gets each exact total (minute, outcome,
         usage field) once, and each client once per minute and outcome, so the script's work
-        grows with the distinct totals and clients, not with the counts."""
+        grows with the distinct totals and clients, not with the counts.
+
+        Per shard, minute and outcome at most :attr:`top_size` clients are sent: those with
+        the most requests in this batch (:func:`_heaviest`), plus every API key client in
+        ``seen`` (its last use stays exact). Why that loses nothing that was exact: a batch
+        with more distinct clients for one shard, minute and outcome than a top list holds
+        fills that minute's list whatever it held before (each client sent is added, the
+        smallest making room once it is full), so the minute is read as full and reported as
+        an estimate either way (:attr:`MinuteCounts.full`, and for rolled-up minutes the
+        rollup's own count of clients). Dropping the batch's smallest client counts changes
+        only those per-client figures: the totals per tier, endpoint and outcome are sent
+        whole, and the batch's heaviest clients always are. What is lost: the per-client
+        counts no longer add up to the total in such a minute, and a client dropped from a
+        batch misses those requests. Each count dropped is at most the smallest of the
+        :attr:`top_size` (K) counts sent beside it, so a client loses at most 1/K of its
+        shard's requests of that minute and outcome, and every client above 2/K of them is
+        still listed (above 1/K when nothing is dropped). A batch with room sends every
+        client."""
         seen = seen or {}
         shards = len(self.tags)
         # Per shard tag: totals by (minute, "<letter><field>"), clients by (minute, letter,
@@ -338,10 +356,11 @@ class RedisUsage(UsageStore):
             entries: list[tuple[bool, int, str, str, int]] = [
                 (True, minute, "", field, n) for (minute, field), n in totals.items() if n
             ]
+            listed = [(key, n) for key, n in clients.items() if n > 0]
+            if len(listed) > self.top_size:
+                listed = _heaviest(listed, self.top_size, seen)
             entries += [
-                (False, minute, letter, client, n)
-                for (minute, letter, client), n in clients.items()
-                if n > 0
+                (False, minute, letter, client, n) for (minute, letter, client), n in listed
             ]
             for start in range(0, len(entries), PUSH_CHUNK):
                 calls.append(
@@ -379,6 +398,27 @@ class RedisUsage(UsageStore):
             pipe.zadd(late, dict.fromkeys(map(str, minutes), second))
             pipe.expire(late, USAGE_TTL)
             call_backend(pipe.execute)
+
+
+def _heaviest(
+    listed: list[tuple[tuple[int, str, str], int]], size: int, seen: Mapping[str, int]
+) -> list[tuple[tuple[int, str, str], int]]:
+    """Of ``listed`` client counts (``((minute, letter, client), n)``, in the order they
+    came in), per minute and outcome letter the ``size`` with the largest ``n`` (an earlier
+    one first among equals), and every client in ``seen`` (an API key's last use must reach
+    the backend); kept in their order."""
+    groups: dict[tuple[int, str], list[int]] = {}
+    for at, ((minute, letter, _), _n) in enumerate(listed):
+        groups.setdefault((minute, letter), []).append(at)
+    keep: list[int] = []
+    for group in groups.values():
+        if len(group) <= size:
+            keep += group
+            continue
+        heaviest = set(heapq.nsmallest(size, group, key=lambda at: (-listed[at][1], at)))
+        keep += (at for at in group if at in heaviest or listed[at][0][2] in seen)
+    keep.sort()
+    return [listed[at] for at in keep]
 
 
 def _push_call(
