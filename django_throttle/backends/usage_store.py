@@ -67,7 +67,8 @@ class MinuteCounts:
     """One minute's counts. ``totals`` are exact, per usage field (tier and endpoint).
     ``clients`` are the top clients per outcome (heavy hitters, see ``lua/usage.lua``);
     ``full`` says a top list was full that minute, so clients beyond it were folded into the
-    counts of those listed and per-client numbers are estimates."""
+    counts of those listed or left out of a push (:meth:`RedisUsage.push`) and per-client
+    numbers are estimates."""
 
     totals: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     clients: dict[str, list[int]] = dataclasses.field(default_factory=dict)
@@ -356,12 +357,10 @@ class RedisUsage(UsageStore):
             entries: list[tuple[bool, int, str, str, int]] = [
                 (True, minute, "", field, n) for (minute, field), n in totals.items() if n
             ]
-            listed = [(key, n) for key, n in clients.items() if n > 0]
-            if len(listed) > self.top_size:
-                listed = _heaviest(listed, self.top_size, seen)
-            entries += [
-                (False, minute, letter, client, n) for (minute, letter, client), n in listed
-            ]
+            sent = [(key, n) for key, n in clients.items() if n > 0]
+            if len(sent) > self.top_size:
+                sent = _heaviest(sent, self.top_size, seen)
+            entries += [(False, minute, letter, client, n) for (minute, letter, client), n in sent]
             for start in range(0, len(entries), PUSH_CHUNK):
                 calls.append(
                     _push_call(tag, f"{batch}:{start}", entries[start : start + PUSH_CHUNK], seen)
