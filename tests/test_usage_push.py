@@ -190,6 +190,24 @@ def test_the_push_and_read_scripts_touch_only_declared_keys(
     assert store.take_late() == {minute - 2, minute - 1, minute}
 
 
+def _parse_push(keys: list[str], args: list[Any], totals: list[tuple[str, int]]) -> list[Any]:
+    """The client counts ``(top list, client, n)`` of one push call, its totals added to
+    ``totals``. ARGV: T, then (key index, minute, field, n) per total; L, then per top list
+    (key index, m, then m pairs of client and n); then pairs of key client and second."""
+    head = 1 + 4 * int(args[0])
+    totals += [(keys[args[at] - 1], args[at + 3]) for at in range(1, head, 4)]
+    named = [(keys[args[at] - 1], args[at + 2]) for at in range(1, head, 4)]
+    assert len(set(named)) == len(named)  # (hash, field): once per call
+    clients = []
+    at = head + 1
+    for _ in range(int(args[head])):
+        top, m = keys[args[at] - 1], int(args[at + 1])
+        clients += [(top, args[pair], args[pair + 1]) for pair in range(at + 2, at + 2 + 2 * m, 2)]
+        at += 2 + 2 * m
+    assert (len(args) - at) % 2 == 0  # keys' last use
+    return clients
+
+
 def test_a_push_sends_each_total_once_and_each_client_once_per_minute(store: Any) -> None:
     """The process sums its counts before pushing: a shard's call carries each exact total
     (minute, outcome, usage field) once, however many clients it counts, and each client once
@@ -213,15 +231,7 @@ def test_a_push_sends_each_total_once_and_each_client_once_per_minute(store: Any
     totals: list[tuple[str, int]] = []
     clients: list[tuple[str, str, int]] = []
     for keys, args in calls:
-        # ARGV: T, then (key index, minute, field, n) per total, (key index, client, n,
-        # second) per client count.
-        head = 1 + 4 * int(args[0])
-        totals += [(keys[args[at] - 1], args[at + 3]) for at in range(1, head, 4)]
-        named = [(keys[args[at] - 1], args[at + 2]) for at in range(1, head, 4)]
-        assert len(set(named)) == len(named)  # (hash, field): once per call
-        clients += [
-            (keys[args[at] - 1], args[at + 1], args[at + 2]) for at in range(head, len(args), 4)
-        ]
+        clients += _parse_push(keys, args, totals)
     shards = {store.tags[shard_of(f"user:{n}", len(store.tags))] for n in range(150)}
     # One total per shard and (outcome, field): allowed search, allowed export, denied search.
     assert len(totals) <= 3 * len(shards)

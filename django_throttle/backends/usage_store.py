@@ -313,8 +313,9 @@ class RedisUsage(UsageStore):
         grows with the distinct totals and clients, not with the counts.
 
         Per shard, minute and outcome at most :attr:`top_size` clients are sent: those with
-        the most requests in this batch (:func:`_heaviest`), plus every API key client in
-        ``seen`` (its last use stays exact). Why that loses nothing that was exact: a batch
+        the most requests in this batch (:func:`_heaviest`). The last use of every API key
+        client in ``seen`` is sent apart from the counts, so it stays exact whether or not the
+        key's count is sent. Why that loses nothing that was exact: a batch
         with more distinct clients for one shard, minute and outcome than a top list holds
         fills that minute's list whatever it held before (each client sent is added, the
         smallest making room once it is full), so the minute is read as full and reported as
@@ -328,7 +329,6 @@ class RedisUsage(UsageStore):
         shard's requests of that minute and outcome, and every client above 2/K of them is
         still listed (above 1/K when nothing is dropped). A batch with room sends every
         client."""
-        seen = seen or {}
         shards = len(self.tags)
         # Per shard tag: totals by (minute, "<letter><field>"), clients by (minute, letter,
         # client), requests summed; dicts keep the order counts came in.
@@ -351,6 +351,13 @@ class RedisUsage(UsageStore):
                 continue
             listed = (minute, letter, client)
             clients[listed] = clients.get(listed, 0) + n
+        # API keys' last use, in their own shard's first call (whether their counts are sent).
+        used: dict[str, list[tuple[str, int]]] = {}
+        for client, second in (seen or {}).items():
+            if client[:4] == "key:" and second > 0:
+                tag = tag_of.get(client) or self.tags[shard_of(client, shards)]
+                used.setdefault(tag, []).append((client, second))
+                by_tag.setdefault(tag, ({}, {}))
         calls: list[Call] = []
         for tag, (totals, clients) in sorted(by_tag.items()):
             # A total may be negative (a correction: Tally.refuse); a top list only grows.
@@ -359,12 +366,15 @@ class RedisUsage(UsageStore):
             ]
             sent = [(key, n) for key, n in clients.items() if n > 0]
             if len(sent) > self.top_size:
-                sent = _heaviest(sent, self.top_size, seen)
+                sent = _heaviest(sent, self.top_size)
             entries += [(False, minute, letter, client, n) for (minute, letter, client), n in sent]
-            for start in range(0, len(entries), PUSH_CHUNK):
-                calls.append(
-                    _push_call(tag, f"{batch}:{start}", entries[start : start + PUSH_CHUNK], seen)
-                )
+            keys_used = used.get(tag, ())
+            if not entries and not keys_used:  # counts that cancelled out
+                continue
+            for start in range(0, max(1, len(entries)), PUSH_CHUNK):
+                piece = entries[start : start + PUSH_CHUNK]
+                calls.append(_push_call(tag, f"{batch}:{start}", piece, keys_used))
+                keys_used = ()
         self._evalsha_all(self.push_client, self._push_sha, self._push_source, calls)
 
     def _evalsha_all(self, client: Any, sha: str, source: str, calls: Sequence[Call]) -> list[Any]:
@@ -400,12 +410,11 @@ class RedisUsage(UsageStore):
 
 
 def _heaviest(
-    listed: list[tuple[tuple[int, str, str], int]], size: int, seen: Mapping[str, int]
+    listed: list[tuple[tuple[int, str, str], int]], size: int
 ) -> list[tuple[tuple[int, str, str], int]]:
     """Of ``listed`` client counts (``((minute, letter, client), n)``, in the order they
     came in), per minute and outcome letter the ``size`` with the largest ``n`` (an earlier
-    one first among equals), and every client in ``seen`` (an API key's last use must reach
-    the backend); kept in their order."""
+    one first among equals), kept in their order."""
     groups: dict[tuple[int, str], list[int]] = {}
     for at, ((minute, letter, _), _n) in enumerate(listed):
         groups.setdefault((minute, letter), []).append(at)
@@ -413,23 +422,26 @@ def _heaviest(
     for group in groups.values():
         if len(group) <= size:
             keep += group
-            continue
-        heaviest = set(heapq.nsmallest(size, group, key=lambda at: (-listed[at][1], at)))
-        keep += (at for at in group if at in heaviest or listed[at][0][2] in seen)
+        else:
+            keep += heapq.nsmallest(size, group, key=lambda at: (-listed[at][1], at))
     keep.sort()
     return [listed[at] for at in keep]
 
 
 def _push_call(
-    tag: str, mark: str, entries: Sequence[tuple[bool, int, str, str, int]], seen: Mapping[str, int]
+    tag: str,
+    mark: str,
+    entries: Sequence[tuple[bool, int, str, str, int]],
+    seen: Iterable[tuple[str, int]] = (),
 ) -> Call:
     """The ``usage_push.lua`` call of one shard ``tag`` for ``entries``: totals ``(True,
-    minute, "", "<letter><field>", n)`` first, then client counts ``(False, minute, letter,
-    client, n)``; each key once in KEYS, named by its index."""
+    minute, "", "<letter><field>", n)`` and client counts ``(False, minute, letter, client,
+    n)``, grouped per top list (in the order they came in), and the API key clients' last
+    ``seen`` seconds; each key once in KEYS, named by its index."""
     keys: list[Any] = [f"{tag}p{mark}", f"{tag}l", f"{tag}k"]
     index: dict[str, int] = {}
     head: list[Any] = []
-    tail: list[Any] = []
+    lists: dict[int, list[Any]] = {}
     for is_total, minute, letter, name, n in entries:
         key = f"{tag}u{minute}" if is_total else f"{tag}t{letter}{minute}"
         at = index.get(key)
@@ -439,8 +451,13 @@ def _push_call(
         if is_total:
             head += (at, minute, name, n)
         else:
-            tail += (at, name, n, seen.get(name, 0))
-    return keys, [len(head) // 4, *head, *tail]
+            lists.setdefault(at, []).extend((name, n))
+    argv: list[Any] = [len(head) // 4, *head, len(lists)]
+    for at, pairs in lists.items():
+        argv += (at, len(pairs) // 2, *pairs)
+    for client, second in seen:
+        argv += (client, second)
+    return keys, argv
 
 
 def _read_call(
