@@ -327,3 +327,46 @@ def test_a_caller_whose_clock_is_behind_has_its_minute_copied_again(
     assert late and all(minute - 4 <= m <= minute - 2 for m in late)
     found = store.read(sorted(late))
     assert sum(row[0] for counts in found.values() for row in counts.totals.values()) == 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],  # no number of totals
+        [0],  # no number of top lists
+        [1, 9, 1, "apro|", 1, 0],  # a total naming no key
+        [0, 1, 4, 2, "user:1", 1],  # a top list announcing two clients, holding one
+        [0, 1, 3, 1, "user:1", 1],  # a top list naming the keys' last-use set
+        [0, 0, "key:dt_ab12"],  # a key client without its second
+        [0, "x"],
+    ],
+)
+def test_a_push_with_arguments_that_do_not_match_writes_nothing(
+    redis_client: Any, open_store: Callable[..., Any], args: list[Any]
+) -> None:
+    store = open_store(get_backend())
+    tag = store.tags[0]
+    minute = store.now_minute()
+    keys = [f"{tag}pbad", f"{tag}l", f"{tag}k", f"{tag}ta{minute}"]
+
+    with pytest.raises(Exception, match="expected ARGV\\[1\\] totals"):
+        redis_client.eval(store._push_source, len(keys), *keys, *args)
+    assert not redis_client.exists(*keys)
+
+
+def test_a_push_with_arguments_that_match_counts_them(
+    redis_client: Any, open_store: Callable[..., Any]
+) -> None:
+    store = open_store(get_backend())
+    tag = store.tags[0]
+    minute = store.now_minute()
+    keys = [f"{tag}pgood", f"{tag}l", f"{tag}k", f"{tag}ta{minute}", f"{tag}u{minute}"]
+    args = [1, 5, minute, "apro|", 3, 1, 4, 2, "user:1", 1, "key:dt_ab12", 2, "key:dt_ab12", 7]
+
+    assert redis_client.eval(store._push_source, len(keys), *keys, *args) == 1
+    assert redis_client.zrange(keys[3], 0, -1, withscores=True) == [
+        (b"user:1", 1.0),
+        (b"key:dt_ab12", 2.0),
+    ]
+    assert redis_client.hgetall(keys[4]) == {b"apro|": b"3"}
+    assert redis_client.zscore(keys[2], "dt_ab12") == 7
