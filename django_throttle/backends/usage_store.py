@@ -312,23 +312,22 @@ class RedisUsage(UsageStore):
         usage field) once, and each client once per minute and outcome, so the script's work
         grows with the distinct totals and clients, not with the counts.
 
-        Per shard, minute and outcome at most :attr:`top_size` clients are sent: those with
-        the most requests in this batch (:func:`_heaviest`). The last use of every API key
-        client in ``seen`` is sent apart from the counts, so it stays exact whether or not the
-        key's count is sent. Why that loses nothing that was exact: a batch
-        with more distinct clients for one shard, minute and outcome than a top list holds
-        fills that minute's list whatever it held before (each client sent is added, the
-        smallest making room once it is full), so the minute is read as full and reported as
-        an estimate either way (:attr:`MinuteCounts.full`, and for rolled-up minutes the
-        rollup's own count of clients). Dropping the batch's smallest client counts changes
-        only those per-client figures: the totals per tier, endpoint and outcome are sent
-        whole, and the batch's heaviest clients always are. What is lost: the per-client
-        counts no longer add up to the total in such a minute, and a client dropped from a
-        batch misses those requests. Each count dropped is at most the smallest of the
-        :attr:`top_size` (K) counts sent beside it, so a client loses at most 1/K of its
-        shard's requests of that minute and outcome, and every client above 2/K of them is
-        still listed (above 1/K when nothing is dropped). A batch with room sends every
-        client."""
+        Per shard, minute and outcome at most :attr:`top_size` clients are sent: those with the
+        most requests in this batch (:func:`_heaviest`). The last use of every API key client in
+        ``seen`` is sent apart from the counts, so it stays exact whether or not the key's count
+        is sent. Why that loses nothing that was exact: a batch with more distinct clients for
+        one shard, minute and outcome than a top list holds fills that minute's list whatever it
+        held before (each client sent is added, the smallest making room once it is full), so
+        the minute is read as full and reported as an estimate either way
+        (:attr:`MinuteCounts.full`, and for rolled-up minutes the rollup's own count of
+        clients). Dropping the batch's smallest client counts changes only those per-client
+        figures: the totals per tier, endpoint and outcome are sent whole, and the batch's
+        heaviest clients always are. What is lost: the per-client counts no longer add up to the
+        total in such a minute, and a client dropped from a batch misses those requests. Each
+        count dropped is at most the smallest of the :attr:`top_size` (K) counts sent beside it,
+        so a client loses at most 1/K of its shard's requests of that minute and outcome, and
+        every client above 2/K of them is still listed (above 1/K when nothing is dropped). A
+        batch with room sends every client."""
         shards = len(self.tags)
         # Per shard tag: totals by (minute, "<letter><field>"), clients by (minute, letter,
         # client), requests summed; dicts keep the order counts came in.
