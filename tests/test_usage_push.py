@@ -190,6 +190,24 @@ def test_the_push_and_read_scripts_touch_only_declared_keys(
     assert store.take_late() == {minute - 2, minute - 1, minute}
 
 
+def _parse_push(keys: list[str], args: list[Any], totals: list[tuple[str, int]]) -> list[Any]:
+    """The client counts ``(top list, client, n)`` of one push call, its totals added to
+    ``totals``. ARGV: T, then (key index, minute, field, n) per total; L, then per top list
+    (key index, m, then m pairs of client and n); then pairs of key client and second."""
+    head = 1 + 4 * int(args[0])
+    totals += [(keys[args[at] - 1], args[at + 3]) for at in range(1, head, 4)]
+    named = [(keys[args[at] - 1], args[at + 2]) for at in range(1, head, 4)]
+    assert len(set(named)) == len(named)  # (hash, field): once per call
+    clients = []
+    at = head + 1
+    for _ in range(int(args[head])):
+        top, m = keys[args[at] - 1], int(args[at + 1])
+        clients += [(top, args[pair], args[pair + 1]) for pair in range(at + 2, at + 2 + 2 * m, 2)]
+        at += 2 + 2 * m
+    assert (len(args) - at) % 2 == 0  # keys' last use
+    return clients
+
+
 def test_a_push_sends_each_total_once_and_each_client_once_per_minute(store: Any) -> None:
     """The process sums its counts before pushing: a shard's call carries each exact total
     (minute, outcome, usage field) once, however many clients it counts, and each client once
@@ -213,15 +231,7 @@ def test_a_push_sends_each_total_once_and_each_client_once_per_minute(store: Any
     totals: list[tuple[str, int]] = []
     clients: list[tuple[str, str, int]] = []
     for keys, args in calls:
-        # ARGV: T, then (key index, minute, field, n) per total, (key index, client, n,
-        # second) per client count.
-        head = 1 + 4 * int(args[0])
-        totals += [(keys[args[at] - 1], args[at + 3]) for at in range(1, head, 4)]
-        named = [(keys[args[at] - 1], args[at + 2]) for at in range(1, head, 4)]
-        assert len(set(named)) == len(named)  # (hash, field): once per call
-        clients += [
-            (keys[args[at] - 1], args[at + 1], args[at + 2]) for at in range(head, len(args), 4)
-        ]
+        clients += _parse_push(keys, args, totals)
     shards = {store.tags[shard_of(f"user:{n}", len(store.tags))] for n in range(150)}
     # One total per shard and (outcome, field): allowed search, allowed export, denied search.
     assert len(totals) <= 3 * len(shards)
@@ -317,3 +327,46 @@ def test_a_caller_whose_clock_is_behind_has_its_minute_copied_again(
     assert late and all(minute - 4 <= m <= minute - 2 for m in late)
     found = store.read(sorted(late))
     assert sum(row[0] for counts in found.values() for row in counts.totals.values()) == 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],  # no number of totals
+        [0],  # no number of top lists
+        [1, 9, 1, "apro|", 1, 0],  # a total naming no key
+        [0, 1, 4, 2, "user:1", 1],  # a top list announcing two clients, holding one
+        [0, 1, 3, 1, "user:1", 1],  # a top list naming the keys' last-use set
+        [0, 0, "key:dt_ab12"],  # a key client without its second
+        [0, "x"],
+    ],
+)
+def test_a_push_with_arguments_that_do_not_match_writes_nothing(
+    redis_client: Any, open_store: Callable[..., Any], args: list[Any]
+) -> None:
+    store = open_store(get_backend())
+    tag = store.tags[0]
+    minute = store.now_minute()
+    keys = [f"{tag}pbad", f"{tag}l", f"{tag}k", f"{tag}ta{minute}"]
+
+    with pytest.raises(Exception, match="expected ARGV\\[1\\] totals"):
+        redis_client.eval(store._push_source, len(keys), *keys, *args)
+    assert not redis_client.exists(*keys)
+
+
+def test_a_push_with_arguments_that_match_counts_them(
+    redis_client: Any, open_store: Callable[..., Any]
+) -> None:
+    store = open_store(get_backend())
+    tag = store.tags[0]
+    minute = store.now_minute()
+    keys = [f"{tag}pgood", f"{tag}l", f"{tag}k", f"{tag}ta{minute}", f"{tag}u{minute}"]
+    args = [1, 5, minute, "apro|", 3, 1, 4, 2, "user:1", 1, "key:dt_ab12", 2, "key:dt_ab12", 7]
+
+    assert redis_client.eval(store._push_source, len(keys), *keys, *args) == 1
+    assert redis_client.zrange(keys[3], 0, -1, withscores=True) == [
+        (b"user:1", 1.0),
+        (b"key:dt_ab12", 2.0),
+    ]
+    assert redis_client.hgetall(keys[4]) == {b"apro|": b"3"}
+    assert redis_client.zscore(keys[2], "dt_ab12") == 7

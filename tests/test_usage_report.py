@@ -19,7 +19,7 @@ from django.db.models import QuerySet
 from django.urls import reverse
 
 from django_throttle.backends import get_backend, usage_store
-from django_throttle.backends.base import Backend
+from django_throttle.backends.base import Backend, shard_of
 from django_throttle.models import UsageCount
 from django_throttle.usage import reports as usage_report
 from tests.factories import with_shards
@@ -267,11 +267,118 @@ def test_more_clients_than_the_top_lists_hold_are_estimates(
     run("--format", "json", stderr=stderr)
 
     assert len(clients) == 2  # bounded
-    assert clients["user:1"]["allowed"] >= 30  # above 1/top of the requests: always listed
-    assert sum(row["allowed"] for row in clients.values()) == 39  # still adds up
+    # The batch's heaviest, with exact counts (the first of equals); the others not sent.
+    assert {client: row["allowed"] for client, row in clients.items()} == {
+        "user:1": 30,
+        "user:2": 3,
+    }
     assert by("tier") == {"pro": columns(allowed=39)}  # exact
     assert "Per-client counts may be estimates" in " ".join(table.split())
     assert "Per-client counts may be estimates" in stderr.getvalue()
+
+
+def _per_shard_traffic(store: Any) -> tuple[dict[str, int], dict[str, int], set[str]]:
+    """Allowed counts for more distinct clients than each shard's top list holds: per shard
+    two heavy clients (one for a list of two), then 1-request clients and one API key
+    (``key:dt_ab12``) filling it many times over, in that order. Returns every count, the
+    heavy ones, and the light ones a push sends (per shard the first to fill the list: ties
+    go to the earlier)."""
+    shards, size = len(store.tags), store.top_size
+    counts: dict[str, int] = {}
+    heavy: dict[str, int] = {}
+    room = [size] * shards
+    for i in range(400):
+        client = f"user:heavy{i}"
+        shard = shard_of(client, shards)
+        if room[shard] > size - min(2, size - 1):
+            room[shard] -= 1
+            counts[client] = heavy[client] = 50 + i
+    first: set[str] = set()
+    lights = [f"ip:198.51.100.{i}" for i in range(256)] + ["key:dt_ab12"]
+    lights += [f"ip:203.0.113.{i}" for i in range(256)]
+    for client in lights:
+        shard = shard_of(client, shards)
+        counts[client] = 1
+        if room[shard] and client != "key:dt_ab12":
+            room[shard] -= 1
+            first.add(client)
+    on_shard = [sum(shard_of(c, shards) == shard for c in counts) for shard in range(shards)]
+    assert not any(room) and min(on_shard) > size  # every shard's list overflows
+    return counts, heavy, first
+
+
+@pytest.mark.parametrize("shards", [1, 4])
+def test_a_push_with_more_clients_than_a_list_holds_sends_the_heaviest(
+    backend: Backend,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    open_store: Callable[..., Any],
+    shards: int,
+) -> None:
+    """A push sends per shard, minute and outcome only as many clients as a top list holds:
+    the heaviest of the batch (the first among equals), and every API key's last use. The
+    list is full either way, so the minute is an estimate; the totals are exact, the heavy
+    clients too."""
+    monkeypatch.setattr(usage_store, "TOP_CLIENTS", 12)
+    settings.DJANGO_THROTTLE_REDIS_URL = with_shards(settings.DJANGO_THROTTLE_REDIS_URL, shards)
+    store = open_store(get_backend())  # rebuilt with the new size
+    assert store.top_size == -(-12 // shards)
+    counts, heavy, first = _per_shard_traffic(store)
+    minute = store.now_minute()
+    pending = [(minute, "pro|search", client, "a", n) for client, n in counts.items()]
+    pending.append((minute, "pro|search", "user:heavy0", "d", 7))  # another outcome's list
+    store.push("batch-1", pending, {"key:dt_ab12": 1_700_000_000})
+    stderr = io.StringIO()
+
+    clients = by("client")
+    run("--format", "json", stderr=stderr)
+
+    assert by("tier") == {"pro": columns(allowed=sum(counts.values()), denied=7)}  # exact
+    # Every list holds the batch's heaviest, each sent once: exact, nothing inherited; the
+    # light clients of each shard that came in first (equals keep their order).
+    assert {client: row["allowed"] for client, row in clients.items()} == {
+        client: counts[client] for client in [*heavy, *first]
+    }
+    assert len(clients) == store.top_size * shards  # every list full, none beyond
+    assert clients["user:heavy0"]["denied"] == 7
+    # The key's last use is exact, though its one request was left out with the light ones.
+    assert store.keys_last_used(["dt_ab12"]) == {"dt_ab12": 1_700_000_000}
+    since = datetime.now(UTC) - timedelta(hours=1)
+    assert usage_report.report(since, "client", top=None).estimated
+    assert "Per-client counts may be estimates" in stderr.getvalue()
+    assert "Per-client counts may be estimates" in " ".join(run().split())
+
+
+@pytest.mark.parametrize("shards", [1, 4])
+def test_a_push_with_room_in_the_lists_sends_every_client(
+    backend: Backend,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    open_store: Callable[..., Any],
+    shards: int,
+) -> None:
+    monkeypatch.setattr(usage_store, "TOP_CLIENTS", 12)
+    settings.DJANGO_THROTTLE_REDIS_URL = with_shards(settings.DJANGO_THROTTLE_REDIS_URL, shards)
+    store = open_store(get_backend())
+    minute = store.now_minute()
+    clients = [f"user:{i}" for i in range(40)]
+    room = {
+        client: i + 1
+        for i, client in enumerate(clients)
+        if sum(shard_of(c, shards) == shard_of(client, shards) for c in clients[: i + 1])
+        < store.top_size  # one short of full on its shard
+    }
+    store.push("batch-1", [(minute, "pro|search", c, "a", n) for c, n in room.items()])
+    stderr = io.StringIO()
+
+    found = by("client")
+    run("--format", "json", stderr=stderr)
+
+    assert {client: row["allowed"] for client, row in found.items()} == room
+    assert by("tier") == {"pro": columns(allowed=sum(room.values()))}
+    since = datetime.now(UTC) - timedelta(hours=1)
+    assert not usage_report.report(since, "client", top=None).estimated
+    assert "estimates" not in stderr.getvalue()
 
 
 def test_estimates_stay_estimates_once_rolled_up(

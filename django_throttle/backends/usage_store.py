@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import heapq
 import itertools
 import math
 import re
@@ -66,7 +67,8 @@ class MinuteCounts:
     """One minute's counts. ``totals`` are exact, per usage field (tier and endpoint).
     ``clients`` are the top clients per outcome (heavy hitters, see ``lua/usage.lua``);
     ``full`` says a top list was full that minute, so clients beyond it were folded into the
-    counts of those listed and per-client numbers are estimates."""
+    counts of those listed or left out of a push (:meth:`RedisUsage.push`) and per-client
+    numbers are estimates."""
 
     totals: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     clients: dict[str, list[int]] = dataclasses.field(default_factory=dict)
@@ -308,8 +310,24 @@ class RedisUsage(UsageStore):
         """One ``usage_push.lua`` call per shard and :data:`PUSH_CHUNK` entries, pipelined.
         The counts are summed here first: each shard gets each exact total (minute, outcome,
         usage field) once, and each client once per minute and outcome, so the script's work
-        grows with the distinct totals and clients, not with the counts."""
-        seen = seen or {}
+        grows with the distinct totals and clients, not with the counts.
+
+        Per shard, minute and outcome at most :attr:`top_size` clients are sent: those with the
+        most requests in this batch (:func:`_heaviest`). The last use of every API key client in
+        ``seen`` is sent apart from the counts, so it stays exact whether or not the key's count
+        is sent. Why that loses nothing that was exact: a batch with more distinct clients for
+        one shard, minute and outcome than a top list holds fills that minute's list whatever it
+        held before (each client sent is added, the smallest making room once it is full), so
+        the minute is read as full and reported as an estimate either way
+        (:attr:`MinuteCounts.full`, and for rolled-up minutes the rollup's own count of
+        clients). Dropping the batch's smallest client counts changes only those per-client
+        figures: the totals per tier, endpoint and outcome are sent whole, and the batch's
+        heaviest clients always are. What is lost: the per-client counts no longer add up to the
+        total in such a minute, and a client dropped from a batch misses those requests. Each
+        count dropped is at most the smallest of the :attr:`top_size` (K) counts sent beside it,
+        so a client loses at most 1/K of its shard's requests of that minute and outcome, and
+        every client above 2/K of them is still listed (above 1/K when nothing is dropped). A
+        batch with room sends every client."""
         shards = len(self.tags)
         # Per shard tag: totals by (minute, "<letter><field>"), clients by (minute, letter,
         # client), requests summed; dicts keep the order counts came in.
@@ -332,21 +350,30 @@ class RedisUsage(UsageStore):
                 continue
             listed = (minute, letter, client)
             clients[listed] = clients.get(listed, 0) + n
+        # API keys' last use, in their own shard's first call (whether their counts are sent).
+        used: dict[str, list[tuple[str, int]]] = {}
+        for client, second in (seen or {}).items():
+            if client[:4] == "key:" and second > 0:
+                tag = tag_of.get(client) or self.tags[shard_of(client, shards)]
+                used.setdefault(tag, []).append((client, second))
+                by_tag.setdefault(tag, ({}, {}))
         calls: list[Call] = []
         for tag, (totals, clients) in sorted(by_tag.items()):
             # A total may be negative (a correction: Tally.refuse); a top list only grows.
             entries: list[tuple[bool, int, str, str, int]] = [
                 (True, minute, "", field, n) for (minute, field), n in totals.items() if n
             ]
-            entries += [
-                (False, minute, letter, client, n)
-                for (minute, letter, client), n in clients.items()
-                if n > 0
-            ]
-            for start in range(0, len(entries), PUSH_CHUNK):
-                calls.append(
-                    _push_call(tag, f"{batch}:{start}", entries[start : start + PUSH_CHUNK], seen)
-                )
+            sent = [(key, n) for key, n in clients.items() if n > 0]
+            if len(sent) > self.top_size:
+                sent = _heaviest(sent, self.top_size)
+            entries += [(False, minute, letter, client, n) for (minute, letter, client), n in sent]
+            keys_used = used.get(tag, ())
+            if not entries and not keys_used:  # counts that cancelled out
+                continue
+            for start in range(0, max(1, len(entries)), PUSH_CHUNK):
+                piece = entries[start : start + PUSH_CHUNK]
+                calls.append(_push_call(tag, f"{batch}:{start}", piece, keys_used))
+                keys_used = ()
         self._evalsha_all(self.push_client, self._push_sha, self._push_source, calls)
 
     def _evalsha_all(self, client: Any, sha: str, source: str, calls: Sequence[Call]) -> list[Any]:
@@ -381,16 +408,39 @@ class RedisUsage(UsageStore):
             call_backend(pipe.execute)
 
 
+def _heaviest(
+    listed: list[tuple[tuple[int, str, str], int]], size: int
+) -> list[tuple[tuple[int, str, str], int]]:
+    """Of ``listed`` client counts (``((minute, letter, client), n)``, in the order they
+    came in), per minute and outcome letter the ``size`` with the largest ``n`` (an earlier
+    one first among equals), kept in their order."""
+    groups: dict[tuple[int, str], list[int]] = {}
+    for at, ((minute, letter, _), _n) in enumerate(listed):
+        groups.setdefault((minute, letter), []).append(at)
+    keep: list[int] = []
+    for group in groups.values():
+        if len(group) <= size:
+            keep += group
+        else:
+            keep += heapq.nsmallest(size, group, key=lambda at: (-listed[at][1], at))
+    keep.sort()
+    return [listed[at] for at in keep]
+
+
 def _push_call(
-    tag: str, mark: str, entries: Sequence[tuple[bool, int, str, str, int]], seen: Mapping[str, int]
+    tag: str,
+    mark: str,
+    entries: Sequence[tuple[bool, int, str, str, int]],
+    seen: Iterable[tuple[str, int]] = (),
 ) -> Call:
     """The ``usage_push.lua`` call of one shard ``tag`` for ``entries``: totals ``(True,
-    minute, "", "<letter><field>", n)`` first, then client counts ``(False, minute, letter,
-    client, n)``; each key once in KEYS, named by its index."""
+    minute, "", "<letter><field>", n)`` and client counts ``(False, minute, letter, client,
+    n)``, grouped per top list (in the order they came in), and the API key clients' last
+    ``seen`` seconds; each key once in KEYS, named by its index."""
     keys: list[Any] = [f"{tag}p{mark}", f"{tag}l", f"{tag}k"]
     index: dict[str, int] = {}
     head: list[Any] = []
-    tail: list[Any] = []
+    lists: dict[int, list[Any]] = {}
     for is_total, minute, letter, name, n in entries:
         key = f"{tag}u{minute}" if is_total else f"{tag}t{letter}{minute}"
         at = index.get(key)
@@ -400,8 +450,13 @@ def _push_call(
         if is_total:
             head += (at, minute, name, n)
         else:
-            tail += (at, name, n, seen.get(name, 0))
-    return keys, [len(head) // 4, *head, *tail]
+            lists.setdefault(at, []).extend((name, n))
+    argv: list[Any] = [len(head) // 4, *head, len(lists)]
+    for at, pairs in lists.items():
+        argv += (at, len(pairs) // 2, *pairs)
+    for client, second in seen:
+        argv += (client, second)
+    return keys, argv
 
 
 def _read_call(

@@ -22,10 +22,12 @@ Two kinds of rows per minute, both with every outcome column:
 - tier x endpoint totals (``client`` is ``"*"``): exact, every request counted;
 - per-client rows (``tier`` and ``endpoint`` are ``"*"``): the heaviest clients per outcome,
   at most :data:`~django_throttle.backends.usage_store.TOP_CLIENTS` a minute. Beyond that, a
-  new client takes the place of the smallest and inherits its count (Space-Saving): every
-  client with a large share is listed and the counts add up to the exact total, but a listed
-  count can be too high by what it inherited, and small clients are missing. Exact while
-  fewer clients were seen; a report read from a full list says so
+  new client takes the place of the smallest and inherits its count (Space-Saving), and a push
+  with more clients than a list holds sends only its heaviest (see
+  :meth:`~django_throttle.backends.usage_store.RedisUsage.push`): every client with a large
+  share is listed, but a listed count can be too high by what it inherited or low by what a
+  push left out, small clients are missing, and the rows no longer add up to the total.
+  Exact while fewer clients were seen; a report read from a full list says so
   (:attr:`Report.estimated_fields`).
 
 Checks made before authentication (a credential rule's, see

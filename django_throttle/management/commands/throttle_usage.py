@@ -32,8 +32,8 @@ from django_throttle.usage.reports import REPORT_BY, Report, label, report, roll
 _HEADINGS = ("Allowed", "Denied", "Shadow would-deny", "Failed open", "Failed closed")
 _ESTIMATED = (
     "Per-client counts may be estimates: in some minutes a top-client list was full, so "
-    "smaller clients may have been folded into those listed. Tier and endpoint totals are "
-    "exact."
+    "smaller clients may have been folded into those listed or left out. Tier and endpoint "
+    "totals are exact."
 )
 _READ_ERROR = (BackendError, "Could not read usage from the backend: {}")
 
@@ -75,7 +75,8 @@ class Command(BaseCommand):
         "many of the denied were shed (503, to protect the service). Tier "
         "and endpoint totals are exact; "
         f"per-client rows list the {usage_store.TOP_CLIENTS} heaviest clients of each minute: "
-        "with more clients than that, smaller ones are folded into those listed. With "
+        "with more clients than that, smaller ones are folded into those listed or left out. "
+        "With "
         "--rollup, copy finished minutes from Redis to the database instead (and API keys' "
         "last use; the admin's usage list does the same when opened): schedule it more often "
         f"than Redis keeps them ({format_duration(usage_store.USAGE_TTL)})."
