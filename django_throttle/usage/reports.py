@@ -117,8 +117,9 @@ def label(by: str, row: UsageRow) -> str:
 class Report:
     """Rows busiest first. ``estimated``: a top-client list read from the backend was full,
     so clients beyond it may have been folded into those listed or left out (per-client
-    counts are then estimates; totals never are). ``uncopied_before``: the window reaches minutes that left
-    the backend without a rollup copying them (their start, a UTC datetime), else ``None``."""
+    counts are then estimates; totals never are). ``uncopied_before``: the window reaches
+    minutes that left the backend without a rollup copying them (their start, a UTC
+    datetime), else ``None``."""
 
     rows: list[UsageRow]
     estimated: bool = False
