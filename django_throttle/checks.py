@@ -146,6 +146,19 @@ def _check_unknown_names() -> list[checks.CheckMessage]:
     """W001: a ``DJANGO_THROTTLE_*`` name that is no setting of this app, most likely a typo:
     the setting meant keeps its default without a word."""
     warnings: list[checks.CheckMessage] = []
+    grouped = getattr(settings, PREFIX.rstrip("_"), _MISSING)
+    if grouped is not _MISSING:  # DJANGO_THROTTLE = {"REDIS_URL": …}, as other apps take them
+        keys = grouped if isinstance(grouped, dict) else {}
+        names = [f"{PREFIX}{key}" for key in keys if isinstance(key, str)]
+        warnings.append(
+            checks.Warning(
+                f"{PREFIX.rstrip('_')} is not a django-throttle setting, so it changes nothing: "
+                f"each setting is one of its own, named {PREFIX}<NAME>.",
+                hint=(f"Set {', '.join(names)} instead." if names else "Remove it.")
+                + " The settings reference in the django-throttle docs lists every setting.",
+                id="django_throttle.W001",
+            )
+        )
     for full_name in dir(settings):
         name = full_name.removeprefix(PREFIX)
         if name == full_name or name in NAMES or name in REMOVED:

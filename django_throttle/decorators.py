@@ -29,6 +29,7 @@ from django_throttle.rates import (
     Decision,
     InvalidRate,
     Limit,
+    Rate,
     rate_text,
 )
 from django_throttle.request import core, leases
@@ -46,6 +47,15 @@ from django_throttle.request.usernames import normalise_username, presented_user
 __all__ = ["throttle"]
 
 View = TypeVar("View", bound=Callable[..., Any])
+
+
+def _is_rate(scope: object) -> bool:
+    """Whether ``scope`` reads as a rate (``"5/min"``), not as the name of a scope."""
+    try:
+        Rate.parse(scope)  # type: ignore[arg-type]
+    except InvalidRate:
+        return False
+    return True
 
 
 def throttle(
@@ -79,8 +89,18 @@ def throttle(
     seconds (see :class:`~django_throttle.rates.Limit`). The response then says how long in
     ``X-RateLimit-Delayed``.
     """
+    if callable(scope):  # @throttle without its parentheses: the view came as the scope
+        raise TypeError(
+            "throttle needs its arguments: write @throttle(rate='…') (an inline limit) or "
+            "@throttle(scope='…') (admin rules), with the parentheses"
+        )
     if scope is None and rate is None:
         raise TypeError("throttle() needs scope='…' (admin rules) or rate='…' (inline limit)")
+    if rate is None and _is_rate(scope):  # @throttle("5/min"): a scope that limits nothing
+        raise TypeError(
+            f"throttle({scope!r}): the first argument is a scope name (admin rules); for an "
+            f"inline limit write throttle(rate={scope!r})"
+        )
     shaped = delay is not None or max_wait is not None
     if rate is None and (
         algorithm != Algorithm.TOKEN_BUCKET or timezone or burst is not None or shaped

@@ -293,6 +293,31 @@ def test_a_name_that_is_no_setting_is_a_warning(settings: Any, name: str, hint: 
     assert hint in warning.hint
 
 
+@pytest.mark.parametrize(
+    ("value", "hint"),
+    [
+        (
+            {"REDIS_URL": "memory://", "FAILURE_MODE": "closed"},
+            "Set DJANGO_THROTTLE_REDIS_URL, DJANGO_THROTTLE_FAILURE_MODE instead.",
+        ),
+        ("memory://", "Remove it."),
+    ],
+)
+def test_the_settings_grouped_in_one_dict_are_a_warning(
+    settings: Any, value: object, hint: str
+) -> None:
+    """``DJANGO_THROTTLE = {...}``, the way other apps take their settings, was read by
+    nothing: the Redis URL and failure mode in it kept their defaults without a word."""
+    settings.DJANGO_THROTTLE = value
+
+    [warning] = check_settings()
+
+    assert warning.id == "django_throttle.W001"
+    assert "DJANGO_THROTTLE is not a django-throttle setting" in warning.msg
+    assert "DJANGO_THROTTLE_<NAME>" in warning.msg
+    assert hint in warning.hint
+
+
 def test_manage_py_check_shows_a_misspelt_setting(settings: Any, capsys: Any) -> None:
     settings.DJANGO_THROTTLE_IETF_HEADER = True
 

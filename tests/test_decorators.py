@@ -62,6 +62,26 @@ def test_decorator_needs_a_scope_or_a_rate() -> None:
         throttle()
 
 
+def test_the_decorator_without_its_parentheses_fails_at_decoration_time() -> None:
+    # @throttle on its own would hand the view in as the scope and return a decorator as
+    # the view: every request a 500.
+    with pytest.raises(TypeError, match=r"@throttle\(rate='…'\).*with the parentheses"):
+        throttle(ok)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("text", ["5/min", "100/h", "10 / s", "20/15m"])
+def test_a_rate_given_as_the_scope_fails_at_decoration_time(text: str) -> None:
+    # @throttle("5/min") named admin rules of scope "5/min": no limit at all without a word.
+    with pytest.raises(TypeError, match=rf"write throttle\(rate='{text}'\)"):
+        throttle(text)
+
+
+def test_a_scope_that_is_not_a_rate_is_taken() -> None:
+    throttle("login")
+    throttle("exports/v2")
+    throttle("5/min", rate="5/min")  # a scope shared by views with one inline limit
+
+
 def test_unscoped_class_based_views_each_get_their_own_bucket(client: Client) -> None:
     # Both classes inherit View.dispatch: under method_decorator they used to share one bucket.
     assert client.get("/cbv-a/").status_code == 200
