@@ -92,6 +92,30 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         *_check_regions(),
         *_check_removed(),
         *_check_unknown_names(),
+        *_check_drf_lists(),
+    ]
+
+
+#: DRF settings that name this app's classes (``PolicyThrottle``, the ``Protected*`` and API
+#: key authentication classes): DRF reads each as a list of classes.
+DRF_CLASS_LISTS = ("DEFAULT_THROTTLE_CLASSES", "DEFAULT_AUTHENTICATION_CLASSES")
+
+
+def _check_drf_lists() -> list[checks.CheckMessage]:
+    """E046: one of DRF's class lists is a single string; DRF imports it as one class and
+    every request to every DRF view fails (a 500) when it iterates over it."""
+    drf = getattr(settings, "REST_FRAMEWORK", None)
+    if not isinstance(drf, dict):
+        return []
+    return [
+        checks.Error(
+            f"REST_FRAMEWORK[{key!r}] = {drf[key]!r} is a string, but DRF reads a list of "
+            "classes: every request to a DRF view would fail.",
+            hint=f"Make it a list: {key!r}: [{drf[key]!r}].",
+            id="django_throttle.E046",
+        )
+        for key in DRF_CLASS_LISTS
+        if isinstance(drf.get(key), str)
     ]
 
 

@@ -326,6 +326,29 @@ def test_manage_py_check_shows_a_misspelt_setting(settings: Any, capsys: Any) ->
     assert "django_throttle.W001" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("key", ["DEFAULT_THROTTLE_CLASSES", "DEFAULT_AUTHENTICATION_CLASSES"])
+def test_a_drf_class_list_given_as_one_string_is_an_error(settings: Any, key: str) -> None:
+    """DRF imports the string as one class and fails every request iterating over it: the
+    check says so before the first request does."""
+    settings.REST_FRAMEWORK = {key: "django_throttle.drf.PolicyThrottle"}
+
+    [error] = check_settings()
+
+    assert error.id == "django_throttle.E046"
+    assert error.is_serious()
+    assert f"REST_FRAMEWORK[{key!r}]" in error.msg
+    assert f"{key!r}: ['django_throttle.drf.PolicyThrottle']" in error.hint
+
+
+def test_drf_class_lists_as_lists_pass(settings: Any) -> None:
+    settings.REST_FRAMEWORK = {
+        "DEFAULT_THROTTLE_CLASSES": ["django_throttle.drf.PolicyThrottle"],
+        "DEFAULT_AUTHENTICATION_CLASSES": (),
+    }
+
+    assert check_settings() == []
+
+
 def test_names_of_other_apps_are_not_flagged(settings: Any) -> None:
     settings.DJANGO_THROTTLER = True
     settings.THROTTLE_FAILURE_MODE = "sideways"
