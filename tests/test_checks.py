@@ -189,6 +189,42 @@ def test_an_option_redis_py_connections_do_not_take_is_an_error(settings: Any) -
     assert ids() == []
 
 
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:6379/0", "redis+cluster://127.0.0.1:7000,127.0.0.1:7001"]
+)
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"socket_timeout": "1"}, "'socket_timeout' must be a number of seconds or None, not str"),
+        ({"socket_connect_timeout": [0.5]}, "'socket_connect_timeout'"),
+        ({"health_check_interval": True}, "'health_check_interval'"),
+        ({"socket_timeout": -1}, "not -1"),
+    ],
+)
+def test_a_timeout_that_is_no_number_is_an_error(
+    settings: Any, url: str, options: dict[str, object], named: str
+) -> None:
+    """redis-py takes ``socket_timeout="1"`` and fails only when it connects: every counting
+    call failed and every request took the failure mode (served uncounted, by default)."""
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = options
+
+    errors = check_settings()
+
+    assert [error.id for error in errors] == ["django_throttle.E040"]
+    assert named in errors[0].msg
+
+
+def test_timeouts_that_are_numbers_pass(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:6379/0"
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {
+        "socket_timeout": 0.2,
+        "socket_connect_timeout": 1,
+        "health_check_interval": 30,
+    }
+    assert ids() == []
+
+
 def test_a_borrowed_cache_the_backend_cannot_read_is_an_error_not_a_traceback(
     settings: Any,
 ) -> None:
