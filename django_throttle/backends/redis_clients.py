@@ -205,10 +205,11 @@ def number_problem(options: dict[str, Any]) -> str | None:
         value = options.get(name)
         if value is None:
             continue
+        must = f"the option {name!r} must be a number of seconds or None"
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"the option {name!r} must be a number of seconds or None, not {type(value).__name__}"
+            return f"{must}, not {type(value).__name__}"
         if value < 0:
-            return f"the option {name!r} must be a number of seconds or None, not {value!r}"
+            return f"{must}, not {value!r}"
     return None
 
 
