@@ -93,6 +93,26 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         *_check_removed(),
         *_check_unknown_names(),
         *_check_drf_lists(),
+        *_check_middleware_once(),
+    ]
+
+
+def _check_middleware_once() -> list[checks.CheckMessage]:
+    """W008: the headers middleware is in ``MIDDLEWARE`` more than once (a settings file
+    that adds it to a list that has it already): each request is counted as that many busy
+    requests by the worker's own load shedder, which then sheds at a fraction of its
+    capacity."""
+    middleware = getattr(settings, "MIDDLEWARE", None) or ()
+    times = list(middleware).count(_MIDDLEWARE_PATH) if isinstance(middleware, (list, tuple)) else 0
+    if times < 2:
+        return []
+    return [
+        checks.Warning(
+            f"{_MIDDLEWARE_PATH} is in MIDDLEWARE {times} times: every request counts "
+            f"{times} times towards this worker's busy requests (service protection).",
+            hint="Keep it once in MIDDLEWARE.",
+            id="django_throttle.W008",
+        )
     ]
 
 

@@ -385,6 +385,23 @@ def test_drf_class_lists_as_lists_pass(settings: Any) -> None:
     assert check_settings() == []
 
 
+def test_the_headers_middleware_listed_twice_is_a_warning(settings: Any) -> None:
+    """A settings file adding the middleware to a list that has it already: each request
+    then counted twice towards the worker's busy requests, so its shedder shed at half its
+    capacity."""
+    middleware = "django_throttle.middleware.RateLimitHeadersMiddleware"
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, middleware]
+    assert settings.MIDDLEWARE.count(middleware) == 2
+
+    [warning] = check_settings()
+
+    assert warning.id == "django_throttle.W008"
+    assert f"{middleware} is in MIDDLEWARE 2 times" in warning.msg
+
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if m != middleware]
+    assert check_settings() == []
+
+
 def test_names_of_other_apps_are_not_flagged(settings: Any) -> None:
     settings.DJANGO_THROTTLER = True
     settings.THROTTLE_FAILURE_MODE = "sideways"
