@@ -19,11 +19,13 @@ and :func:`throttle_disabled_settings` (or ``@override_settings(DJANGO_THROTTLE_
 from __future__ import annotations
 
 import contextlib
+import functools
 import unittest
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction
 from django.test import override_settings
 
 __all__ = [
@@ -52,7 +54,7 @@ class isolated_throttle(contextlib.ContextDecorator):
     the duration of the block; yields the prefix. Keys written under it expire on their own
     (every key has a TTL), so nothing needs deleting afterwards.
 
-    Also a decorator: on a test function, for its run; on a ``TestCase`` class
+    Also a decorator: on a test function (``async def`` too), for its run; on a ``TestCase`` class
     (``@isolated_throttle()``), for each of its tests, each with a prefix of its own."""
 
     def __init__(self, prefix: str | None = None) -> None:
@@ -77,6 +79,17 @@ class isolated_throttle(contextlib.ContextDecorator):
         return isolated_throttle(self.prefix)
 
     def __call__(self, decorated: Any) -> Any:
+        if iscoroutinefunction(decorated):
+            # ContextDecorator would wrap it in a plain function returning the coroutine: the
+            # block would end before the test ran, and a test runner would not await it.
+            prefix = self.prefix
+
+            @functools.wraps(decorated)
+            async def run_isolated(*args: Any, **kwargs: Any) -> Any:
+                with isolated_throttle(prefix):
+                    return await decorated(*args, **kwargs)
+
+            return run_isolated
         if not isinstance(decorated, type):
             return super().__call__(decorated)
         if not issubclass(decorated, unittest.TestCase):

@@ -101,6 +101,23 @@ def test_a_decorated_test_function_runs_isolated_each_time() -> None:
     assert len(set(seen)) == 2
 
 
+def test_a_decorated_async_test_runs_isolated() -> None:
+    """Wrapped as a plain function, an ``async def`` test returned its coroutine unawaited:
+    the runner counted it passed without running it, and the block had ended anyway."""
+    seen: list[str] = []
+
+    class Async(TestCase):
+        @isolated_throttle()
+        async def test_one(self) -> None:
+            seen.append(settings.DJANGO_THROTTLE_KEY_PREFIX)
+
+    result = run_case(Async)
+
+    assert (result.testsRun, result.errors, result.failures) == (1, [], [])
+    assert len(seen) == 1 and seen[0].startswith("dtt")
+    assert settings.DJANGO_THROTTLE_KEY_PREFIX != seen[0]
+
+
 def test_a_class_that_is_no_testcase_is_refused() -> None:
     with pytest.raises(TypeError, match="decorates a function or a TestCase class"):
 
