@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable
 from itertools import chain
 from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
 from django.core import checks
@@ -417,6 +418,16 @@ def _redis_url(value: Any) -> str | None:
             "(redis+cluster, rediss+cluster, valkey+cluster, valkeys+cluster), "
             "'cache://<alias>' to borrow a Redis cache in CACHES, or 'memory://' to count in "
             "the process"
+        )
+    try:
+        path = urlsplit(value).path if scheme != "unix" else ""
+    except ValueError:  # redis-py cannot read it either: E040 names it
+        return None
+    database = unquote(path).replace("/", "")
+    if database and not database.isdigit():  # redis-py would count in database 0 instead
+        return (
+            "ends with a database that is no number, so redis-py would use database 0: end "
+            "it with the database's number, such as '/0'"
         )
     return None
 

@@ -294,6 +294,35 @@ def test_manage_py_check_fails_on_a_bad_setting(settings: Any) -> None:
     assert "DJANGO_THROTTLE_FAILURE_MODE" in str(excinfo.value)
 
 
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:6379/throttle", "rediss://:pw@cache.example.com:6380/1O"]
+)
+def test_a_database_that_is_no_number_is_an_error(settings: Any, url: str) -> None:
+    """redis-py reads a database it cannot make a number of as none at all: the limiter
+    counted in database 0 without a word."""
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+
+    [error] = check_settings()
+
+    assert error.id == "django_throttle.E002"
+    assert "ends with a database that is no number" in error.msg
+    assert ":pw@" not in error.msg
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:6379",
+        "redis://127.0.0.1:6379/",
+        "redis://127.0.0.1:6379/15",
+        "unix:///run/redis/redis.sock?db=2",
+    ],
+)
+def test_a_url_with_a_database_number_or_none_passes(settings: Any, url: str) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+    assert ids() == []
+
+
 def test_empty_redis_url_means_unset(settings: Any) -> None:
     """``os.environ.get("REDIS_URL", "")`` is not a malformed URL, just no URL (→ E018)."""
     settings.DJANGO_THROTTLE_REDIS_URL = ""

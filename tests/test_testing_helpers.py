@@ -115,7 +115,7 @@ def test_a_decorated_async_test_runs_isolated() -> None:
 
     assert (result.testsRun, result.errors, result.failures) == (1, [], [])
     assert len(seen) == 1 and seen[0].startswith("dtt")
-    assert settings.DJANGO_THROTTLE_KEY_PREFIX != seen[0]
+    assert seen[0] != settings.DJANGO_THROTTLE_KEY_PREFIX
 
 
 def test_a_class_that_is_no_testcase_is_refused() -> None:
