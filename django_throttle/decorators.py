@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
+from django_throttle.conf import require_installed
 from django_throttle.rates import (
     MAX_COUNT,
     WINDOW_ALGORITHMS,
@@ -43,6 +44,8 @@ from django_throttle.request.core import (
     watch_login_failures,
 )
 from django_throttle.request.usernames import normalise_username, presented_username, remember
+
+require_installed("django_throttle.decorators")
 
 __all__ = ["throttle"]
 

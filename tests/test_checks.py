@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -658,3 +660,30 @@ def test_the_settings_folded_into_redis_url_and_usage_retention_name_their_repla
     assert message.id == f"django_throttle.{check_id}"
     assert f"DJANGO_THROTTLE_{name} = {value!r} is no longer" in message.msg
     assert replacement in message.msg
+
+
+@pytest.mark.parametrize("module", ["django_throttle.drf", "django_throttle.decorators"])
+def test_the_app_missing_from_installed_apps_is_named_when_its_faces_are_imported(
+    module: str,
+) -> None:
+    """Without the app in INSTALLED_APPS none of its checks ran and no table existed:
+    ``manage.py check`` passed and every request was served unlimited, with a log line per
+    request. Importing ``PolicyThrottle`` or ``@throttle`` (as a URLconf does, under
+    ``manage.py check`` too) now names the setting."""
+    script = (
+        "import django\n"
+        "from django.conf import settings\n"
+        "settings.configure(INSTALLED_APPS=['django.contrib.contenttypes', "
+        "'django.contrib.auth', 'rest_framework'])\n"
+        "django.setup()\n"
+        "from django.core.exceptions import ImproperlyConfigured\n"
+        "try:\n"
+        f"    import {module}\n"
+        "except ImproperlyConfigured as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.startswith(f"refused: {module} is imported")
+    assert "add 'django_throttle' to INSTALLED_APPS" in done.stdout
