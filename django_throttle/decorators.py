@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -134,6 +135,14 @@ def throttle(
         )
 
     def decorator(view: View) -> View:
+        if _is_method(view):  # its first argument would be the view instance, not a request
+            name = getattr(view, "__name__", "dispatch")
+            raise TypeError(
+                f"throttle() decorates a view function; on the method {name}() of a "
+                "class-based view write @method_decorator(throttle(…)) above it (from "
+                f"django.utils.decorators), or @method_decorator(throttle(…), name={name!r}) "
+                "on the class"
+            )
         owner = scope or _owner(view)
         is_credential = _is_login_view(view) if credential is None else credential
 
@@ -160,6 +169,18 @@ def throttle(
         return wrapper  # type: ignore[no-any-return]
 
     return decorator
+
+
+def _is_method(view: Callable[..., Any]) -> bool:
+    """Whether ``view`` is a method written in a class body (its first parameter ``self``),
+    not a view function or the bound method ``method_decorator`` hands over."""
+    if isinstance(view, functools.partial):  # method_decorator's bound method
+        return False
+    try:
+        first = next(iter(inspect.signature(view, follow_wrapped=False).parameters), None)
+    except (TypeError, ValueError):  # no signature to read: a callable we cannot judge
+        return False
+    return first == "self"
 
 
 def _instance(view: Callable[..., Any]) -> Any:

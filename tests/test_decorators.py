@@ -8,6 +8,8 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.http import HttpResponse
 from django.test import AsyncClient, Client, RequestFactory
+from django.utils.decorators import method_decorator
+from django.views import View
 
 from django_throttle.decorators import throttle
 from django_throttle.rates import UNLIMITED, Algorithm, Decision, InvalidRate, Limit, rate_text
@@ -74,6 +76,28 @@ def test_a_rate_given_as_the_scope_fails_at_decoration_time(text: str) -> None:
     # @throttle("5/min") named admin rules of scope "5/min": no limit at all without a word.
     with pytest.raises(TypeError, match=rf"write throttle\(rate='{text}'\)"):
         throttle(text)
+
+
+def test_a_method_of_a_class_based_view_fails_at_decoration_time() -> None:
+    # Its first argument is the view instance: every request was a 500 (AttributeError:
+    # the view has no META).
+    with pytest.raises(TypeError, match=r"@method_decorator\(throttle\(…\), name='get'\)"):
+
+        class Report(View):
+            @throttle(rate="5/min")
+            def get(self, request: Any) -> HttpResponse:
+                return HttpResponse("report")
+
+
+def test_the_method_decorator_form_is_taken(client: Client) -> None:
+    class Report(View):
+        @method_decorator(throttle(rate="1/min"))
+        def get(self, request: Any) -> HttpResponse:
+            return HttpResponse("report")
+
+    view = Report.as_view()
+    codes = [view(RequestFactory().get("/")).status_code for _ in range(2)]
+    assert codes == [200, 429]
 
 
 def test_a_scope_that_is_not_a_rate_is_taken() -> None:
