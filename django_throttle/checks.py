@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable
 from itertools import chain
 from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
 from django.core import checks
@@ -92,6 +93,50 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         *_check_regions(),
         *_check_removed(),
         *_check_unknown_names(),
+        *_check_drf_lists(),
+        *_check_middleware_once(),
+    ]
+
+
+def _check_middleware_once() -> list[checks.CheckMessage]:
+    """W008: the headers middleware is in ``MIDDLEWARE`` more than once (a settings file
+    that adds it to a list that has it already): each request is counted as that many busy
+    requests by the worker's own load shedder, which then sheds at a fraction of its
+    capacity."""
+    middleware = getattr(settings, "MIDDLEWARE", None) or ()
+    times = list(middleware).count(_MIDDLEWARE_PATH) if isinstance(middleware, (list, tuple)) else 0
+    if times < 2:
+        return []
+    return [
+        checks.Warning(
+            f"{_MIDDLEWARE_PATH} is in MIDDLEWARE {times} times: every request counts "
+            f"{times} times towards this worker's busy requests (service protection).",
+            hint="Keep it once in MIDDLEWARE.",
+            id="django_throttle.W008",
+        )
+    ]
+
+
+#: DRF settings that name this app's classes (``PolicyThrottle``, the ``Protected*`` and API
+#: key authentication classes): DRF reads each as a list of classes.
+DRF_CLASS_LISTS = ("DEFAULT_THROTTLE_CLASSES", "DEFAULT_AUTHENTICATION_CLASSES")
+
+
+def _check_drf_lists() -> list[checks.CheckMessage]:
+    """E046: one of DRF's class lists is a single string; DRF imports it as one class and
+    every request to every DRF view fails (a 500) when it iterates over it."""
+    drf = getattr(settings, "REST_FRAMEWORK", None)
+    if not isinstance(drf, dict):
+        return []
+    return [
+        checks.Error(
+            f"REST_FRAMEWORK[{key!r}] = {drf[key]!r} is a string, but DRF reads a list of "
+            "classes: every request to a DRF view would fail.",
+            hint=f"Make it a list: {key!r}: [{drf[key]!r}].",
+            id="django_throttle.E046",
+        )
+        for key in DRF_CLASS_LISTS
+        if isinstance(drf.get(key), str)
     ]
 
 
@@ -146,6 +191,19 @@ def _check_unknown_names() -> list[checks.CheckMessage]:
     """W001: a ``DJANGO_THROTTLE_*`` name that is no setting of this app, most likely a typo:
     the setting meant keeps its default without a word."""
     warnings: list[checks.CheckMessage] = []
+    grouped = getattr(settings, PREFIX.rstrip("_"), _MISSING)
+    if grouped is not _MISSING:  # DJANGO_THROTTLE = {"REDIS_URL": …}, as other apps take them
+        keys = grouped if isinstance(grouped, dict) else {}
+        names = [f"{PREFIX}{key}" for key in keys if isinstance(key, str)]
+        warnings.append(
+            checks.Warning(
+                f"{PREFIX.rstrip('_')} is not a django-throttle setting, so it changes nothing: "
+                f"each setting is one of its own, named {PREFIX}<NAME>.",
+                hint=(f"Set {', '.join(names)} instead." if names else "Remove it.")
+                + " The settings reference in the django-throttle docs lists every setting.",
+                id="django_throttle.W001",
+            )
+        )
     for full_name in dir(settings):
         name = full_name.removeprefix(PREFIX)
         if name == full_name or name in NAMES or name in REMOVED:
@@ -360,6 +418,16 @@ def _redis_url(value: Any) -> str | None:
             "(redis+cluster, rediss+cluster, valkey+cluster, valkeys+cluster), "
             "'cache://<alias>' to borrow a Redis cache in CACHES, or 'memory://' to count in "
             "the process"
+        )
+    try:
+        path = urlsplit(value).path if scheme != "unix" else ""
+    except ValueError:  # redis-py cannot read it either: E040 names it
+        return None
+    database = unquote(path).replace("/", "")
+    if database and not database.isdigit():  # redis-py would count in database 0 instead
+        return (
+            "ends with a database that is no number, so redis-py would use database 0: end "
+            "it with the database's number, such as '/0'"
         )
     return None
 

@@ -351,6 +351,23 @@ def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network
 app_settings = Settings()
 
 
+def require_installed(module: str) -> None:
+    """Raise ``ImproperlyConfigured`` naming the setting to change when ``module`` (a public
+    face: ``PolicyThrottle``, ``@throttle``, the rows) is imported by a project whose
+    ``INSTALLED_APPS`` lacks this app: no system check of the app runs then, no table exists,
+    and every request would be served unlimited. Before the app registry is ready (a settings
+    file importing a module) nothing can be told, and nothing is raised."""
+    from django.apps import apps
+    from django.core.exceptions import ImproperlyConfigured
+
+    if apps.apps_ready and not apps.is_installed("django_throttle"):
+        raise ImproperlyConfigured(
+            f"{module} is imported, but 'django_throttle' is not in INSTALLED_APPS, so no "
+            "request would be limited: add 'django_throttle' to INSTALLED_APPS, then run "
+            "'manage.py migrate'."
+        )
+
+
 class Removed(NamedTuple):
     """A setting this app no longer reads: what replaces it, and whether ignoring the
     value a project still sets (beside its other settings) would count differently than it

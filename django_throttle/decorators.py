@@ -17,11 +17,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
+from django_throttle.conf import require_installed
 from django_throttle.rates import (
     MAX_COUNT,
     WINDOW_ALGORITHMS,
@@ -29,6 +31,7 @@ from django_throttle.rates import (
     Decision,
     InvalidRate,
     Limit,
+    Rate,
     rate_text,
 )
 from django_throttle.request import core, leases
@@ -43,9 +46,20 @@ from django_throttle.request.core import (
 )
 from django_throttle.request.usernames import normalise_username, presented_username, remember
 
+require_installed("django_throttle.decorators")
+
 __all__ = ["throttle"]
 
 View = TypeVar("View", bound=Callable[..., Any])
+
+
+def _is_rate(scope: object) -> bool:
+    """Whether ``scope`` reads as a rate (``"5/min"``), not as the name of a scope."""
+    try:
+        Rate.parse(scope)  # type: ignore[arg-type]
+    except InvalidRate:
+        return False
+    return True
 
 
 def throttle(
@@ -79,8 +93,18 @@ def throttle(
     seconds (see :class:`~django_throttle.rates.Limit`). The response then says how long in
     ``X-RateLimit-Delayed``.
     """
+    if callable(scope):  # @throttle without its parentheses: the view came as the scope
+        raise TypeError(
+            "throttle needs its arguments: write @throttle(rate='…') (an inline limit) or "
+            "@throttle(scope='…') (admin rules), with the parentheses"
+        )
     if scope is None and rate is None:
         raise TypeError("throttle() needs scope='…' (admin rules) or rate='…' (inline limit)")
+    if rate is None and _is_rate(scope):  # @throttle("5/min"): a scope that limits nothing
+        raise TypeError(
+            f"throttle({scope!r}): the first argument is a scope name (admin rules); for an "
+            f"inline limit write throttle(rate={scope!r})"
+        )
     shaped = delay is not None or max_wait is not None
     if rate is None and (
         algorithm != Algorithm.TOKEN_BUCKET or timezone or burst is not None or shaped
@@ -111,6 +135,14 @@ def throttle(
         )
 
     def decorator(view: View) -> View:
+        if _is_method(view):  # its first argument would be the view instance, not a request
+            name = getattr(view, "__name__", "dispatch")
+            raise TypeError(
+                f"throttle() decorates a view function; on the method {name}() of a "
+                "class-based view write @method_decorator(throttle(…)) above it (from "
+                f"django.utils.decorators), or @method_decorator(throttle(…), name={name!r}) "
+                "on the class"
+            )
         owner = scope or _owner(view)
         is_credential = _is_login_view(view) if credential is None else credential
 
@@ -137,6 +169,18 @@ def throttle(
         return wrapper  # type: ignore[no-any-return]
 
     return decorator
+
+
+def _is_method(view: Callable[..., Any]) -> bool:
+    """Whether ``view`` is a method written in a class body (its first parameter ``self``),
+    not a view function or the bound method ``method_decorator`` hands over."""
+    if isinstance(view, functools.partial):  # method_decorator's bound method
+        return False
+    try:
+        first = next(iter(inspect.signature(view, follow_wrapped=False).parameters), None)
+    except (TypeError, ValueError):  # no signature to read: a callable we cannot judge
+        return False
+    return first == "self"
 
 
 def _instance(view: Callable[..., Any]) -> Any:

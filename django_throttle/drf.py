@@ -24,7 +24,7 @@ from rest_framework.exceptions import APIException, Throttled
 from rest_framework.request import Request
 
 from django_throttle.api_key_authentication import ApiKeyAuthentication
-from django_throttle.conf import app_settings
+from django_throttle.conf import app_settings, require_installed
 from django_throttle.exemptions import is_exempt_view
 from django_throttle.policy import live
 from django_throttle.policy.live import Policy
@@ -38,6 +38,8 @@ from django_throttle.request.core import (
     throttled_status,
 )
 from django_throttle.request.usernames import HEADER_ONLY, authorization
+
+require_installed("django_throttle.drf")
 
 __all__ = [
     "ApiKeyAuthentication",

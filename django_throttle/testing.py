@@ -12,17 +12,20 @@ breaker. With pytest, add ``pytest_plugins = ["django_throttle.testing"]`` to a
     def test_bulk_import(client):
         ...
 
-Without pytest, use :func:`isolated_throttle` and :func:`throttle_disabled_settings` (or
-``@override_settings(DJANGO_THROTTLE_ENABLED=False)``) in a ``TestCase``.
+Without pytest, decorate a ``TestCase`` with :class:`isolated_throttle` (each test isolated)
+and :func:`throttle_disabled_settings` (or ``@override_settings(DJANGO_THROTTLE_ENABLED=False)``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import unittest
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction
 from django.test import override_settings
 
 __all__ = [
@@ -46,18 +49,65 @@ def reset_caches() -> None:
     usage.reset()
 
 
-@contextlib.contextmanager
-def isolated_throttle(prefix: str | None = None) -> Iterator[str]:
+class isolated_throttle(contextlib.ContextDecorator):
     """Count under a fresh key prefix (``dtt<random>`` unless given) with fresh caches, for
     the duration of the block; yields the prefix. Keys written under it expire on their own
-    (every key has a TTL), so nothing needs deleting afterwards."""
-    prefix = prefix or f"dtt{uuid.uuid4().hex[:10]}"
-    try:
-        with override_settings(DJANGO_THROTTLE_KEY_PREFIX=prefix):
-            reset_caches()
-            yield prefix
-    finally:
+    (every key has a TTL), so nothing needs deleting afterwards.
+
+    Also a decorator: on a test function (``async def`` too), for its run; on a ``TestCase`` class
+    (``@isolated_throttle()``), for each of its tests, each with a prefix of its own."""
+
+    def __init__(self, prefix: str | None = None) -> None:
+        self.prefix = prefix
+        self._override: override_settings | None = None
+
+    def __enter__(self) -> str:
+        prefix = self.prefix or f"dtt{uuid.uuid4().hex[:10]}"
+        self._override = override_settings(DJANGO_THROTTLE_KEY_PREFIX=prefix)
+        self._override.enable()
         reset_caches()
+        return prefix
+
+    def __exit__(self, *exc: object) -> None:
+        if self._override is not None:
+            self._override.disable()
+            self._override = None
+        reset_caches()
+
+    def _recreate_cm(self) -> isolated_throttle:
+        # A decorated function may run more than once (and in threads): a new block each run.
+        return isolated_throttle(self.prefix)
+
+    def __call__(self, decorated: Any) -> Any:
+        if iscoroutinefunction(decorated):
+            # ContextDecorator would wrap it in a plain function returning the coroutine: the
+            # block would end before the test ran, and a test runner would not await it.
+            prefix = self.prefix
+
+            @functools.wraps(decorated)
+            async def run_isolated(*args: Any, **kwargs: Any) -> Any:
+                with isolated_throttle(prefix):
+                    return await decorated(*args, **kwargs)
+
+            return run_isolated
+        if not isinstance(decorated, type):
+            return super().__call__(decorated)
+        if not issubclass(decorated, unittest.TestCase):
+            # Wrapping a class as a function would make its tests vanish without a word.
+            raise TypeError(
+                f"@isolated_throttle() decorates a function or a TestCase class, not "
+                f"{decorated.__qualname__}: decorate its test methods, or use the "
+                "throttle_isolated fixture"
+            )
+        set_up = decorated.setUp
+        prefix = self.prefix
+
+        def setUp(test: unittest.TestCase) -> None:
+            test.enterContext(isolated_throttle(prefix))
+            set_up(test)
+
+        decorated.setUp = setUp  # type: ignore[method-assign,assignment]
+        return decorated
 
 
 def throttle_disabled_settings() -> override_settings:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -189,6 +191,42 @@ def test_an_option_redis_py_connections_do_not_take_is_an_error(settings: Any) -
     assert ids() == []
 
 
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:6379/0", "redis+cluster://127.0.0.1:7000,127.0.0.1:7001"]
+)
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"socket_timeout": "1"}, "'socket_timeout' must be a number of seconds or None, not str"),
+        ({"socket_connect_timeout": [0.5]}, "'socket_connect_timeout'"),
+        ({"health_check_interval": True}, "'health_check_interval'"),
+        ({"socket_timeout": -1}, "not -1"),
+    ],
+)
+def test_a_timeout_that_is_no_number_is_an_error(
+    settings: Any, url: str, options: dict[str, object], named: str
+) -> None:
+    """redis-py takes ``socket_timeout="1"`` and fails only when it connects: every counting
+    call failed and every request took the failure mode (served uncounted, by default)."""
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = options
+
+    errors = check_settings()
+
+    assert [error.id for error in errors] == ["django_throttle.E040"]
+    assert named in errors[0].msg
+
+
+def test_timeouts_that_are_numbers_pass(settings: Any) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:6379/0"
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {
+        "socket_timeout": 0.2,
+        "socket_connect_timeout": 1,
+        "health_check_interval": 30,
+    }
+    assert ids() == []
+
+
 def test_a_borrowed_cache_the_backend_cannot_read_is_an_error_not_a_traceback(
     settings: Any,
 ) -> None:
@@ -258,6 +296,35 @@ def test_manage_py_check_fails_on_a_bad_setting(settings: Any) -> None:
     assert "DJANGO_THROTTLE_FAILURE_MODE" in str(excinfo.value)
 
 
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:6379/throttle", "rediss://:pw@cache.example.com:6380/1O"]
+)
+def test_a_database_that_is_no_number_is_an_error(settings: Any, url: str) -> None:
+    """redis-py reads a database it cannot make a number of as none at all: the limiter
+    counted in database 0 without a word."""
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+
+    [error] = check_settings()
+
+    assert error.id == "django_throttle.E002"
+    assert "ends with a database that is no number" in error.msg
+    assert ":pw@" not in error.msg
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:6379",
+        "redis://127.0.0.1:6379/",
+        "redis://127.0.0.1:6379/15",
+        "unix:///run/redis/redis.sock?db=2",
+    ],
+)
+def test_a_url_with_a_database_number_or_none_passes(settings: Any, url: str) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+    assert ids() == []
+
+
 def test_empty_redis_url_means_unset(settings: Any) -> None:
     """``os.environ.get("REDIS_URL", "")`` is not a malformed URL, just no URL (→ E018)."""
     settings.DJANGO_THROTTLE_REDIS_URL = ""
@@ -293,12 +360,77 @@ def test_a_name_that_is_no_setting_is_a_warning(settings: Any, name: str, hint: 
     assert hint in warning.hint
 
 
+@pytest.mark.parametrize(
+    ("value", "hint"),
+    [
+        (
+            {"REDIS_URL": "memory://", "FAILURE_MODE": "closed"},
+            "Set DJANGO_THROTTLE_REDIS_URL, DJANGO_THROTTLE_FAILURE_MODE instead.",
+        ),
+        ("memory://", "Remove it."),
+    ],
+)
+def test_the_settings_grouped_in_one_dict_are_a_warning(
+    settings: Any, value: object, hint: str
+) -> None:
+    """``DJANGO_THROTTLE = {...}``, the way other apps take their settings, was read by
+    nothing: the Redis URL and failure mode in it kept their defaults without a word."""
+    settings.DJANGO_THROTTLE = value
+
+    [warning] = check_settings()
+
+    assert warning.id == "django_throttle.W001"
+    assert "DJANGO_THROTTLE is not a django-throttle setting" in warning.msg
+    assert "DJANGO_THROTTLE_<NAME>" in warning.msg
+    assert hint in warning.hint
+
+
 def test_manage_py_check_shows_a_misspelt_setting(settings: Any, capsys: Any) -> None:
     settings.DJANGO_THROTTLE_IETF_HEADER = True
 
     call_command("check")
 
     assert "django_throttle.W001" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key", ["DEFAULT_THROTTLE_CLASSES", "DEFAULT_AUTHENTICATION_CLASSES"])
+def test_a_drf_class_list_given_as_one_string_is_an_error(settings: Any, key: str) -> None:
+    """DRF imports the string as one class and fails every request iterating over it: the
+    check says so before the first request does."""
+    settings.REST_FRAMEWORK = {key: "django_throttle.drf.PolicyThrottle"}
+
+    [error] = check_settings()
+
+    assert error.id == "django_throttle.E046"
+    assert error.is_serious()
+    assert f"REST_FRAMEWORK[{key!r}]" in error.msg
+    assert f"{key!r}: ['django_throttle.drf.PolicyThrottle']" in error.hint
+
+
+def test_drf_class_lists_as_lists_pass(settings: Any) -> None:
+    settings.REST_FRAMEWORK = {
+        "DEFAULT_THROTTLE_CLASSES": ["django_throttle.drf.PolicyThrottle"],
+        "DEFAULT_AUTHENTICATION_CLASSES": (),
+    }
+
+    assert check_settings() == []
+
+
+def test_the_headers_middleware_listed_twice_is_a_warning(settings: Any) -> None:
+    """A settings file adding the middleware to a list that has it already: each request
+    then counted twice towards the worker's busy requests, so its shedder shed at half its
+    capacity."""
+    middleware = "django_throttle.middleware.RateLimitHeadersMiddleware"
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, middleware]
+    assert settings.MIDDLEWARE.count(middleware) == 2
+
+    [warning] = check_settings()
+
+    assert warning.id == "django_throttle.W008"
+    assert f"{middleware} is in MIDDLEWARE 2 times" in warning.msg
+
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if m != middleware]
+    assert check_settings() == []
 
 
 def test_names_of_other_apps_are_not_flagged(settings: Any) -> None:
@@ -528,3 +660,30 @@ def test_the_settings_folded_into_redis_url_and_usage_retention_name_their_repla
     assert message.id == f"django_throttle.{check_id}"
     assert f"DJANGO_THROTTLE_{name} = {value!r} is no longer" in message.msg
     assert replacement in message.msg
+
+
+@pytest.mark.parametrize("module", ["django_throttle.drf", "django_throttle.decorators"])
+def test_the_app_missing_from_installed_apps_is_named_when_its_faces_are_imported(
+    module: str,
+) -> None:
+    """Without the app in INSTALLED_APPS none of its checks ran and no table existed:
+    ``manage.py check`` passed and every request was served unlimited, with a log line per
+    request. Importing ``PolicyThrottle`` or ``@throttle`` (as a URLconf does, under
+    ``manage.py check`` too) now names the setting."""
+    script = (
+        "import django\n"
+        "from django.conf import settings\n"
+        "settings.configure(INSTALLED_APPS=['django.contrib.contenttypes', "
+        "'django.contrib.auth', 'rest_framework'])\n"
+        "django.setup()\n"
+        "from django.core.exceptions import ImproperlyConfigured\n"
+        "try:\n"
+        f"    import {module}\n"
+        "except ImproperlyConfigured as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.startswith(f"refused: {module} is imported")
+    assert "add 'django_throttle' to INSTALLED_APPS" in done.stdout

@@ -8,6 +8,8 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.http import HttpResponse
 from django.test import AsyncClient, Client, RequestFactory
+from django.utils.decorators import method_decorator
+from django.views import View
 
 from django_throttle.decorators import throttle
 from django_throttle.rates import UNLIMITED, Algorithm, Decision, InvalidRate, Limit, rate_text
@@ -60,6 +62,48 @@ def test_bad_rate_fails_at_decoration_time() -> None:
 def test_decorator_needs_a_scope_or_a_rate() -> None:
     with pytest.raises(TypeError):
         throttle()
+
+
+def test_the_decorator_without_its_parentheses_fails_at_decoration_time() -> None:
+    # @throttle on its own would hand the view in as the scope and return a decorator as
+    # the view: every request a 500.
+    with pytest.raises(TypeError, match=r"@throttle\(rate='…'\).*with the parentheses"):
+        throttle(ok)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("text", ["5/min", "100/h", "10 / s", "20/15m"])
+def test_a_rate_given_as_the_scope_fails_at_decoration_time(text: str) -> None:
+    # @throttle("5/min") named admin rules of scope "5/min": no limit at all without a word.
+    with pytest.raises(TypeError, match=rf"write throttle\(rate='{text}'\)"):
+        throttle(text)
+
+
+def test_a_method_of_a_class_based_view_fails_at_decoration_time() -> None:
+    # Its first argument is the view instance: every request was a 500 (AttributeError:
+    # the view has no META).
+    with pytest.raises(TypeError, match=r"@method_decorator\(throttle\(…\), name='get'\)"):
+
+        class Report(View):
+            @throttle(rate="5/min")
+            def get(self, request: Any) -> HttpResponse:
+                return HttpResponse("report")
+
+
+def test_the_method_decorator_form_is_taken(client: Client) -> None:
+    class Report(View):
+        @method_decorator(throttle(rate="1/min"))
+        def get(self, request: Any) -> HttpResponse:
+            return HttpResponse("report")
+
+    view = Report.as_view()
+    codes = [view(RequestFactory().get("/")).status_code for _ in range(2)]
+    assert codes == [200, 429]
+
+
+def test_a_scope_that_is_not_a_rate_is_taken() -> None:
+    throttle("login")
+    throttle("exports/v2")
+    throttle("5/min", rate="5/min")  # a scope shared by views with one inline limit
 
 
 def test_unscoped_class_based_views_each_get_their_own_bucket(client: Client) -> None:

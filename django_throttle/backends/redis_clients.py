@@ -181,12 +181,35 @@ def option_problem() -> str | None:
     """
     try:
         url, options = client_options()
+        problem = number_problem(options)
+        if problem is not None:
+            return problem
         if is_cluster_url(url):
             return cluster_option_problem(url, options)
         pool = single_client(url, options).connection_pool
         pool.connection_class(**pool.connection_kwargs)
     except (TypeError, ValueError, ImproperlyConfigured) as exc:
         return str(exc)
+    return None
+
+
+#: Options redis-py reads as seconds only once it connects or takes a pooled connection:
+#: ``{"socket_timeout": "1"}`` makes every connection fail, not the client's construction.
+NUMBER_OPTIONS = ("socket_timeout", "socket_connect_timeout", "timeout", "health_check_interval")
+
+
+def number_problem(options: dict[str, Any]) -> str | None:
+    """Why one of :data:`NUMBER_OPTIONS` is no number of seconds (naming its type, never
+    showing a text value), or ``None``."""
+    for name in NUMBER_OPTIONS:
+        value = options.get(name)
+        if value is None:
+            continue
+        must = f"the option {name!r} must be a number of seconds or None"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"{must}, not {type(value).__name__}"
+        if value < 0:
+            return f"{must}, not {value!r}"
     return None
 
 
