@@ -35,7 +35,8 @@ def protect_credentials(view: Any = None, *, scope: str = "login") -> Any:
     before the view runs (429 with ``Retry-After`` when a limit is reached: the password is
     never checked), and settle after it: an attempt that failed (the view answered 4xx, or
     ``user_login_failed`` fired) keeps its tokens under a rule counting failures; any other
-    gives them back. Other methods (the GET that shows the form) pass unchecked.
+    gives them back (``user_login_failed`` counts even when the view calls ``authenticate()``
+    without the request). Other methods (the GET that shows the form) pass unchecked.
 
     Works on function views, ``LoginView.as_view()``, the admin's login and DRF's
     ``obtain_auth_token``, sync or async. When the backend cannot answer, the attempt is

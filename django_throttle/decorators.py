@@ -40,6 +40,7 @@ from django_throttle.request.core import (
     LOGGED_IN_ATTRIBUTE,
     add_headers,
     degraded_mode,
+    guarding,
     login_failed,
     throttled_response,
     watch_login_failures,
@@ -298,7 +299,11 @@ def guard(view: Any, options: Options, *, login: bool = False) -> Any:
             status = 500
             response = None
             try:
-                response = await view(request, *args, **kwargs)
+                if login:
+                    with guarding(request):
+                        response = await view(request, *args, **kwargs)
+                else:
+                    response = await view(request, *args, **kwargs)
                 status = response.status_code
                 _served(request, response, decision, login)
             finally:
@@ -325,7 +330,11 @@ def guard(view: Any, options: Options, *, login: bool = False) -> Any:
         status = 500
         response = None
         try:
-            response = view(request, *args, **kwargs)
+            if login:
+                with guarding(request):
+                    response = view(request, *args, **kwargs)
+            else:
+                response = view(request, *args, **kwargs)
             status = response.status_code
             if login:
                 _served(request, response, decision, login)

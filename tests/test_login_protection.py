@@ -9,10 +9,14 @@ import gc
 import json
 import logging
 import tracemalloc
+import unicodedata
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.views import LoginView
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client
@@ -64,7 +68,30 @@ async def async_login(request: HttpRequest) -> HttpResponse:
     return HttpResponse("in", status=302)
 
 
+@protect_credentials
+def requestless_login(request: HttpRequest) -> HttpResponse:
+    """A login view calling ``authenticate()`` without the request, as many tutorials do, and
+    answering a wrong password with its form again (200)."""
+    from django.contrib.auth import authenticate
+
+    username, password = request.POST.get("username"), request.POST.get("password")
+    user = authenticate(username=username, password=password)
+    return HttpResponse("in" if user is not None else "wrong password, try again")
+
+
+@protect_credentials
+async def async_requestless_login(request: HttpRequest) -> HttpResponse:
+    from django.contrib.auth import aauthenticate
+
+    user = await aauthenticate(
+        username=request.POST.get("username"), password=request.POST.get("password")
+    )
+    return HttpResponse("in" if user is not None else "wrong password, try again")
+
+
 urlpatterns = [
+    path("requestless-login/", requestless_login),
+    path("async-requestless-login/", async_requestless_login),
     path("login/", protect_credentials(FormLogin.as_view())),
     path("async-login/", async_login),
     path("token/", protect_credentials(obtain_auth_token)),
@@ -205,6 +232,99 @@ def test_every_spelling_the_login_form_accepts_shares_one_counter(
         "/login/", {"username": spelling, "password": "right"}, REMOTE_ADDR=elsewhere()
     )
     assert response.status_code == 429
+
+
+@pytest.mark.parametrize("url", ["/requestless-login/", "/async-requestless-login/"])
+def test_a_view_authenticating_without_the_request_is_counted(
+    rules: Tier, victim: Any, url: str
+) -> None:
+    """``authenticate()`` called without the request still tells the guard the attempt
+    failed, though the view answers 200: ``bf1``'s 3/h holds, from any address."""
+    data = {"username": "bf1", "password": "wrong"}
+    statuses = [Client().post(url, data, REMOTE_ADDR=elsewhere()).status_code for _ in range(5)]
+    assert statuses == [200, 200, 200, 429, 429]
+    right = {"username": "bf1", "password": "right"}
+    assert Client().post(url, right, REMOTE_ADDR=elsewhere()).status_code == 429
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_view_authenticating_without_the_request_is_counted(
+    rules: Tier, victim: Any
+) -> None:
+    """The same through an ASGI client, the view on the event loop."""
+    from asgiref.sync import async_to_sync
+
+    async def attempts() -> list[int]:
+        data = {"username": "bf1", "password": "wrong"}
+        return [
+            (
+                await AsyncClient().post("/async-requestless-login/", data, REMOTE_ADDR=elsewhere())
+            ).status_code
+            for _ in range(5)
+        ]
+
+    assert async_to_sync(attempts)() == [200, 200, 200, 429, 429]
+
+
+def collated(name: str) -> str:
+    """``name`` as a case- and accent-insensitive collation compares it (MySQL's default
+    ``utf8mb4_0900_ai_ci``; PostgreSQL's ``iexact`` for the case): accents, zero-width and
+    format characters ignored, letters upper-cased."""
+    decomposed = unicodedata.normalize("NFKD", name)
+    return "".join(c for c in decomposed if unicodedata.category(c) not in ("Mn", "Cf")).upper()
+
+
+class CollatedBackend(ModelBackend):
+    """``ModelBackend`` on a database that matches usernames as :func:`collated` does."""
+
+    def authenticate(
+        self, request: Any, username: str | None = None, password: str | None = None, **kw: Any
+    ) -> Any:
+        model = get_user_model()
+        username = kw.get(model.USERNAME_FIELD) if username is None else username
+        if username is None or password is None:
+            return None
+        for user in model._default_manager.all():
+            if collated(user.get_username()) == collated(username):
+                ok = user.check_password(password) and self.user_can_authenticate(user)
+                return user if ok else None
+        return None
+
+    async def aauthenticate(self, request: Any, **credentials: Any) -> Any:
+        return await sync_to_async(self.authenticate)(request, **credentials)
+
+
+#: Spellings of ``alice`` such a database signs in as ``alice``: the Turkish dotless i
+#: (``UPPER``: ``I``), a zero-width space, a combining accent, a soft hyphen, a direction mark.
+COLLATED_SPELLINGS = ["al\u0131ce", "ali\u200bce", "a\u0301lice", "alice\u00ad", "\u200ealice"]
+
+
+def collated_attempt(url: str, username: str, password: str) -> int:
+    if url == "/basic/":
+        header = basic(f"{username}:{password}")
+        response = Client().get(url, HTTP_AUTHORIZATION=header, REMOTE_ADDR=elsewhere())
+    else:
+        data = {"username": username, "password": password}
+        response = Client().post(url, data, REMOTE_ADDR=elsewhere())
+    return int(response.status_code)
+
+
+@pytest.mark.parametrize("url", ["/login/", "/async-login/", "/admin/login/", "/token/", "/basic/"])
+def test_spellings_a_collation_matches_share_one_counter(
+    rules: Tier, django_user_model: Any, settings: Any, url: str
+) -> None:
+    """Where the database matches usernames without regard to case, accents or invisible
+    characters, every spelling it signs in as ``alice`` is counted as ``alice``: three wrong
+    guesses under three spellings spend her 3/h, from three addresses."""
+    settings.AUTHENTICATION_BACKENDS = ["tests.test_login_protection.CollatedBackend"]
+    django_user_model.objects.create_user("alice", password="right", is_staff=True)
+    signed_in = {"/token/": 200, "/basic/": 200}.get(url, 302)
+    for spelling in COLLATED_SPELLINGS:  # the database does sign these in as alice
+        assert collated_attempt(url, spelling, "right") == signed_in
+    wrong = [collated_attempt(url, spelling, "wrong") for spelling in COLLATED_SPELLINGS[:3]]
+    assert 429 not in wrong
+    assert collated_attempt(url, "alice", "right") == 429
+    assert collated_attempt(url, COLLATED_SPELLINGS[4], "right") == 429
 
 
 #: Whitespace ``str.strip`` removes, as Django's and DRF's ``CharField`` do before they

@@ -59,7 +59,8 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypedDict, TypeVar, Unpack
 
@@ -944,6 +945,21 @@ Steps = Generator[Call, Any, T]
 FAILED_ATTRIBUTE = "throttle_login_failed"
 #: Set on the (Django) request when ``user_logged_in`` fires for it.
 LOGGED_IN_ATTRIBUTE = "throttle_logged_in"
+#: The request whose login view a login guard is running (in this thread or task, and in the
+#: threads ``sync_to_async`` runs for it): a ``user_login_failed`` sent with no request (a
+#: view calling ``authenticate(username=…, password=…)``) is that request's.
+_guarded: ContextVar[Any] = ContextVar("django_throttle_guarded_request", default=None)
+
+
+@contextlib.contextmanager
+def guarding(request: Any) -> Iterator[None]:
+    """While a login guard runs ``request``'s view: a failed ``authenticate()`` called
+    without the request counts as that request's failure."""
+    token = _guarded.set(request)
+    try:
+        yield
+    finally:
+        _guarded.reset(token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -983,7 +999,10 @@ def _logged_in(sender: Any, request: Any = None, user: Any = None, **kwargs: Any
 
 
 def _login_failed(sender: Any, credentials: Any = None, request: Any = None, **kwargs: Any) -> None:
-    _mark(request, FAILED_ATTRIBUTE)
+    """Mark the request of a failed ``authenticate()``: the one it was given, else the one
+    whose login view is running (see :func:`guarding`), so that a view calling
+    ``authenticate()`` without the request and answering 200 is still counted."""
+    _mark(request if request is not None else _guarded.get(), FAILED_ATTRIBUTE)
 
 
 def _mark(request: Any, attribute: str) -> None:

@@ -105,23 +105,22 @@ def username_counters(request: Any) -> tuple[str, ...]:
 
 def normalise_username(name: str) -> str:
     """``name`` as its counter knows it. Every spelling an authenticator may accept for one
-    account maps to one counter; two accounts may share one (``Bob`` and ``bob``), which only
-    ever limits more.
+    account maps to one counter; two accounts may share one (``Bob`` and ``bob``, ``José``
+    and ``jose``), which only ever limits more.
 
     Read in the authenticators' own order, over the whole name: stripped of Unicode
     whitespace as Django's and DRF's ``CharField`` strip it (``str.strip``), then
     NFKC-normalised (Django's ``UsernameField`` and ``AbstractBaseUser.normalize_username``:
-    the fullwidth ``bf1`` is ``bf1``), then case-folded (databases and backends that match
-    case-insensitively); repeated until nothing changes, so that the name an authenticator
-    resolves (already stripped, or NFKC-normalised) normalises to the same counter as the
-    spelling that was sent. A name longer than :data:`MAX_USERNAME` characters after that is
-    ``#`` and 128 bits of BLAKE2b over all of it: bounded, yet never cut, so no padding can
-    push a name out of its counter and two long names never share one.
+    the fullwidth ``bf1`` is ``bf1``), then folded as the databases and backends that match
+    without regard to case, accents or invisible characters fold it (:func:`_fold`);
+    repeated until nothing changes, so that the name an authenticator resolves (already
+    stripped, or NFKC-normalised) normalises to the same counter as the spelling that was
+    sent. A name longer than :data:`MAX_USERNAME` characters after that is ``#`` and 128 bits
+    of BLAKE2b over all of it: bounded, yet never cut, so no padding can push a name out of
+    its counter and two long names never share one.
     """
     for _ in range(MAX_ROUNDS):
-        folded = unicodedata.normalize(
-            "NFKC", unicodedata.normalize("NFKC", name.strip()).casefold()
-        )
+        folded = _fold(unicodedata.normalize("NFKC", name.strip()))
         if folded == name:
             break
         name = folded
@@ -129,6 +128,35 @@ def normalise_username(name: str) -> str:
         return name
     raw = name.encode("utf-8", "surrogatepass")  # a JSON body may hold lone surrogates
     return "#" + hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+
+#: Categories of the characters a collation that ignores accents passes over: combining
+#: marks (an accent written apart, or left by decomposing an accented letter), format
+#: characters (zero-width space and joiners, soft hyphen, direction marks) and control
+#: characters other than whitespace.
+_IGNORED = frozenset(("Mn", "Me", "Cf", "Cc"))
+
+
+def _fold(name: str) -> str:
+    """``name`` (NFKC) folded as case- and accent-insensitive matching folds it:
+
+    - case: upper-cased, then case-folded. ``casefold`` alone keeps the Turkish dotless i
+      (U+0131) apart from ``i``, but PostgreSQL's ``iexact`` (``UPPER``) and a backend that
+      compares ``.upper()`` match ``al\u0131ce`` to ``alice``;
+    - accents and invisible characters: dropped (after NFKD), as MySQL's default collations
+      (``utf8mb4_0900_ai_ci``, Django's ``username`` column on MySQL 8) and PostgreSQL's
+      nondeterministic ICU collations ignore them: there ``alicé``, ``ali\u200bce`` and
+      ``alice\u00ad`` are ``alice``. A name made of nothing else keeps them (it names an
+      account of its own where names are compared as they are);
+    - then NFKC again, which recomposes what is left.
+    """
+    name = name.upper().casefold()
+    bare = "".join(
+        char
+        for char in unicodedata.normalize("NFKD", name)
+        if char.isspace() or unicodedata.category(char) not in _IGNORED
+    )
+    return unicodedata.normalize("NFKC", bare if bare.strip() else name)
 
 
 #: The one counter of every request whose username cannot be read: the empty username,
