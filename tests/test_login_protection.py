@@ -266,6 +266,43 @@ def test_an_async_view_authenticating_without_the_request_is_counted(
     assert async_to_sync(attempts)() == [200, 200, 200, 429, 429]
 
 
+@pytest.mark.parametrize("exempt", ["user", "network"])
+@pytest.mark.parametrize("url", ["/login/", "/async-login/", "/token/", "/basic/"])
+def test_an_exempt_caller_meets_the_login_counters(
+    rules: Tier, victim: Any, django_user_model: Any, url: str, exempt: str
+) -> None:
+    """An exemption lifts the caller's own limits, not the counters that protect the account
+    named: a signed-in exempt user, or a client in an exempt network, guessing ``bf1``'s
+    password meets its 3/h like anyone."""
+    from django_throttle.models import Exemption
+
+    insider = django_user_model.objects.create_user("insider", password="pw")
+    client = Client()
+    if exempt == "user":
+        Exemption.objects.create(user=insider, note="partner")
+        client.force_login(insider)
+    else:
+        Exemption.objects.create(network="198.51.100.0/24", note="office")
+    address = "198.51.100.7"
+    statuses = []
+    for _ in range(5):
+        if url == "/basic/":
+            response = client.get(url, HTTP_AUTHORIZATION=basic("bf1:wrong"), REMOTE_ADDR=address)
+        else:
+            data = {"username": "bf1", "password": "wrong"}
+            response = client.post(url, data, REMOTE_ADDR=address)
+        statuses.append(response.status_code)
+    assert 429 not in statuses[:3]
+    assert statuses[3:] == [429, 429]
+    # Its own requests stay unlimited: the insider's right password is never refused.
+    if url == "/basic/":
+        own = client.get(url, HTTP_AUTHORIZATION=basic("insider:pw"), REMOTE_ADDR=address)
+        assert own.status_code == 200
+    else:
+        own = client.post(url, {"username": "insider", "password": "pw"}, REMOTE_ADDR=address)
+        assert own.status_code in (200, 302)
+
+
 def collated(name: str) -> str:
     """``name`` as a case- and accent-insensitive collation compares it (MySQL's default
     ``utf8mb4_0900_ai_ci``; PostgreSQL's ``iexact`` for the case): accents, zero-width and

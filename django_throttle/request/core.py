@@ -455,15 +455,18 @@ def make_plan(
 ) -> Plan | Decision:
     """Identity, policy lookup and usage field: everything but the backend call, on the
     snapshot ``policy`` (the caller has found the view not exempt). An exempt user or
-    address stops here: no backend call, no headers. ``region`` (the operator tools) stands
-    for the region ``DJANGO_THROTTLE_REGION_SOURCE`` would read off the request."""
+    address stops here (no backend call, no headers), except under a credential rule: its
+    counters by IP address and username protect the account named, so an exempt caller
+    meets them too (only them). ``region`` (the operator tools) stands for the region
+    ``DJANGO_THROTTLE_REGION_SOURCE`` would read off the request."""
     if identity is None:
         identity = import_resolver(app_settings.IDENTITY_RESOLVER)(request)
-    if (
+    exempt = (
         policy is not None
         and policy.exemptions.active
         and exempt_client(identity, policy.exemptions)
-    ):
+    )
+    if exempt and limits is not None:  # a decorator's inline limits: no credential rule
         return UNLIMITED
     if identity.kind == UNIDENTIFIED.kind:
         decision = _unidentified()
@@ -516,6 +519,10 @@ def make_plan(
     if isinstance(found, Decision):  # no rule of a rule-only check's scope
         return found
     endpoint, limits, rule_cost, field, is_credential, own, groups = found
+    if exempt:
+        if not (is_credential and groups):
+            return UNLIMITED
+        limits, own = (), ()  # the credential counters only
     if region is not None:  # the tier as the region sees it (its limits, for the tools)
         tier = policy.in_region(tier, None, region)[0]
     planned = Plan(
