@@ -27,10 +27,16 @@ View = TypeVar("View", bound=Callable[..., Any])
 
 
 @overload
-def protect_credentials(view: View, *, scope: str = "login") -> View: ...
+def protect_credentials(
+    view: View, *, scope: str = "login", username_field: str | None = None
+) -> View: ...
 @overload
-def protect_credentials(view: None = None, *, scope: str = "login") -> Callable[[View], View]: ...
-def protect_credentials(view: Any = None, *, scope: str = "login") -> Any:
+def protect_credentials(
+    view: None = None, *, scope: str = "login", username_field: str | None = None
+) -> Callable[[View], View]: ...
+def protect_credentials(
+    view: Any = None, *, scope: str = "login", username_field: str | None = None
+) -> Any:
     """Check POST requests to a login or token view against the endpoint rules of ``scope``
     before the view runs (429 with ``Retry-After`` when a limit is reached: the password is
     never checked), and settle after it: an attempt that failed (the view answered 4xx, or
@@ -46,11 +52,22 @@ def protect_credentials(view: Any = None, *, scope: str = "login") -> Any:
     A view that signs the user in (``django.contrib.auth.login``: ``LoginView``, the
     admin's login) also gives the browser a device cookie, which keeps it an allowance of
     its own while its username is under attack (:mod:`~django_throttle.request.usernames`).
+
+    A limit counted by username reads the user model's ``USERNAME_FIELD``, ``username`` and
+    ``email`` from the body; ``username_field`` names the view's own field when it is none of
+    those (django-allauth's ``login``, say). A failed attempt whose username the check could
+    not read is logged (``django_throttle``, once per path).
     """
+    if username_field is not None and (not isinstance(username_field, str) or not username_field):
+        raise TypeError(
+            f"protect_credentials(username_field={username_field!r}): give the name of the "
+            "form or JSON field the view reads the username from"
+        )
     if view is None:
-        return functools.partial(protect_credentials, scope=scope)
+        return functools.partial(protect_credentials, scope=scope, username_field=username_field)
     options = {"scope": scope, "credential": True, "rule_only": True}
-    wrapper = guard(view, options, login=True)
+    fields = () if username_field is None else (username_field,)
+    wrapper = guard(view, options, login=True, username_fields=fields)
     # The operator tools (throttle_explain) read it to know the check this view makes.
     wrapper.throttle_credential_scope = scope
     return wrapper

@@ -14,6 +14,7 @@ the request) is an outcome the rule does not count. A view that raises is settle
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -45,7 +46,12 @@ from django_throttle.request.core import (
     throttled_response,
     watch_login_failures,
 )
-from django_throttle.request.usernames import normalise_username, presented_username, remember
+from django_throttle.request.usernames import (
+    USERNAME_FIELDS,
+    normalise_username,
+    presented_username,
+    remember,
+)
 
 require_installed("django_throttle.decorators")
 
@@ -275,7 +281,9 @@ Options = dict[str, Any] | Callable[[], dict[str, Any]]
 RESERVATIONS = "throttle_reservations"
 
 
-def guard(view: Any, options: Options, *, login: bool = False) -> Any:
+def guard(
+    view: Any, options: Options, *, login: bool = False, username_fields: tuple[str, ...] = ()
+) -> Any:
     """``view`` checked with ``options`` before it runs.
 
     A ``login`` guard (``@protect_credentials``) checks ``POST`` requests only, watches
@@ -289,7 +297,7 @@ def guard(view: Any, options: Options, *, login: bool = False) -> Any:
         async def async_wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
             if login and request.method != "POST":
                 return await view(request, *args, **kwargs)
-            first = _started(request, login)
+            first = _started(request, login, username_fields)
             held = len(getattr(request, leases.ATTRIBUTE, ()))
             decision = await core.acheck(request, **(options() if callable(options) else options))
             if decision.wait and decision.allowed:
@@ -318,7 +326,10 @@ def guard(view: Any, options: Options, *, login: bool = False) -> Any:
     def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
         if login and request.method != "POST":
             return view(request, *args, **kwargs)
-        first = _started(request, login) if login else len(getattr(request, RESERVATIONS, ()))
+        if login:
+            first = _started(request, login, username_fields)
+        else:
+            first = len(getattr(request, RESERVATIONS, ()))
         held = len(getattr(request, leases.ATTRIBUTE, ()))
         decision = core.check(request, **(options() if callable(options) else options))
         if decision.wait and decision.allowed:
@@ -350,11 +361,15 @@ def guard(view: Any, options: Options, *, login: bool = False) -> Any:
     return wrapper
 
 
-def _started(request: Any, login: bool) -> int:
+def _started(request: Any, login: bool, username_fields: tuple[str, ...] = ()) -> int:
     """How many reservations the request holds before this check (a check inside another
-    settles its own)."""
+    settles its own). A login guard watches the sign-in signals, and names the view's own
+    username fields for the check to read (``protect_credentials(username_field=…)``)."""
     if login:
         watch_login_failures()
+        if username_fields:
+            with contextlib.suppress(AttributeError):  # a request that takes no attributes
+                setattr(request, USERNAME_FIELDS, username_fields)
     return len(getattr(request, "throttle_reservations", ()))
 
 

@@ -89,7 +89,30 @@ async def async_requestless_login(request: HttpRequest) -> HttpResponse:
     return HttpResponse("in" if user is not None else "wrong password, try again")
 
 
+def field_login(request: HttpRequest) -> HttpResponse:
+    """A login view whose username field is ``login`` (as django-allauth's form)."""
+    from django.contrib.auth import authenticate
+
+    username, password = request.POST.get("login"), request.POST.get("password")
+    user = authenticate(request, username=username, password=password)
+    return HttpResponse("in" if user is not None else "wrong", status=200 if user else 401)
+
+
+async def async_field_login(request: HttpRequest) -> HttpResponse:
+    from django.contrib.auth import aauthenticate
+
+    username, password = request.POST.get("login"), request.POST.get("password")
+    user = await aauthenticate(request, username=username, password=password)
+    return HttpResponse("in" if user is not None else "wrong", status=200 if user else 401)
+
+
 urlpatterns = [
+    path("field-login/", protect_credentials(field_login)),
+    path("named-field-login/", protect_credentials(field_login, username_field="login")),
+    path(
+        "async-named-field-login/",
+        protect_credentials(async_field_login, username_field="login"),
+    ),
     path("requestless-login/", requestless_login),
     path("async-requestless-login/", async_requestless_login),
     path("login/", protect_credentials(FormLogin.as_view())),
@@ -301,6 +324,40 @@ def test_an_exempt_caller_meets_the_login_counters(
     else:
         own = client.post(url, {"username": "insider", "password": "pw"}, REMOTE_ADDR=address)
         assert own.status_code in (200, 302)
+
+
+@pytest.mark.parametrize("url", ["/named-field-login/", "/async-named-field-login/"])
+def test_a_view_names_its_own_username_field(rules: Tier, victim: Any, url: str) -> None:
+    """``username_field="login"``: the field the view reads is the one counted."""
+    data = {"login": "BF1", "password": "wrong"}
+    statuses = [Client().post(url, data, REMOTE_ADDR=elsewhere()).status_code for _ in range(5)]
+    assert statuses == [401, 401, 401, 429, 429]
+
+
+def test_a_username_the_limiter_cannot_read_is_logged(
+    rules: Tier, victim: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A view reading its username from another field meets no limit by username: the
+    first failure there says so, naming the way out; later ones stay quiet."""
+    from django_throttle.request import core
+
+    core._unread_paths.clear()
+    data = {"login": "bf1", "password": "wrong"}
+    with caplog.at_level(logging.WARNING, logger="django_throttle"):
+        for _ in range(3):
+            Client().post("/field-login/", data, REMOTE_ADDR=elsewhere())
+    warnings = [r.getMessage() for r in caplog.records if "username_field" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "/field-login/" in warnings[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="django_throttle"):
+        Client().post("/named-field-login/", data, REMOTE_ADDR=elsewhere())
+    assert not [r for r in caplog.records if "username_field" in r.getMessage()]
+
+
+def test_username_field_must_name_a_field() -> None:
+    with pytest.raises(TypeError, match="username_field"):
+        protect_credentials(field_login, username_field="")
 
 
 def collated(name: str) -> str:

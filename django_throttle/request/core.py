@@ -93,7 +93,7 @@ from django_throttle.policy.live import (
 from django_throttle.rates import FLEET, UNLIMITED, WORKER, Algorithm, Decision, Limit, Rate
 from django_throttle.redaction import log_text
 from django_throttle.request import leases
-from django_throttle.request.usernames import username_counters
+from django_throttle.request.usernames import unread_username, username_counters
 from django_throttle.usage import accounting as usage
 
 T = TypeVar("T")
@@ -1009,7 +1009,34 @@ def _login_failed(sender: Any, credentials: Any = None, request: Any = None, **k
     """Mark the request of a failed ``authenticate()``: the one it was given, else the one
     whose login view is running (see :func:`guarding`), so that a view calling
     ``authenticate()`` without the request and answering 200 is still counted."""
-    _mark(request if request is not None else _guarded.get(), FAILED_ATTRIBUTE)
+    target = request if request is not None else _guarded.get()
+    _mark(target, FAILED_ATTRIBUTE)
+    if target is not None:
+        _warn_unread(getattr(target, "_request", target), credentials)
+
+
+#: Paths already logged by :func:`_warn_unread` (bounded: paths are chosen by clients).
+_unread_paths: set[str] = set()
+MAX_UNREAD_PATHS = 64
+
+
+def _warn_unread(request: Any, credentials: Any) -> None:
+    """Log (once per path) a failed login whose username the check could not read: limits
+    counted by username never hold for that view."""
+    key = unread_username(request, credentials)
+    if key is None:
+        return
+    path = str(getattr(request, "path", ""))
+    if path in _unread_paths or len(_unread_paths) >= MAX_UNREAD_PATHS:
+        return
+    _unread_paths.add(path)
+    logger.warning(
+        "A failed login at %s was counted under no username: authenticate() was given one "
+        "(as %s) from a field the limiter does not read, so limits counted by username never "
+        "hold there. Name the view's field: protect_credentials(view, username_field='…').",
+        log_text(path),
+        log_text(key),
+    )
 
 
 def _mark(request: Any, attribute: str) -> None:

@@ -50,6 +50,8 @@ MAX_ROUNDS = 8
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 #: The username the request presents, once read (see ``_presented``).
 USERNAME_ATTRIBUTE = "throttle_presented_username"
+#: The view's own username fields, read too (``protect_credentials(username_field=…)``).
+USERNAME_FIELDS = "throttle_username_fields"
 #: Set (true) by an authentication class that checks the ``Authorization`` header only, while
 #: its check runs: the body is then not read for a username.
 HEADER_ONLY = "throttle_credentials_in_header"
@@ -68,8 +70,8 @@ def presented_username(request: Any) -> str | None:
     one of its parsers) and whatever its size (up to ``DATA_UPLOAD_MAX_MEMORY_SIZE``: DRF
     parses any), as JSON (decoded with the charset its ``Content-Type`` names, else
     ``DEFAULT_CHARSET``, as DRF decodes it), else as a form; a number is its text (DRF's
-    ``CharField``). Fields looked at: the user model's ``USERNAME_FIELD``, ``username``
-    and ``email``. Never raises.
+    ``CharField``). Fields looked at: the view's own (``protect_credentials(username_field=…)``),
+    the user model's ``USERNAME_FIELD``, ``username`` and ``email``. Never raises.
     """
     found = _presented(request)
     return found[0] if found is not None and len(found) == 1 else None
@@ -162,12 +164,28 @@ def _fold(name: str) -> str:
 #: The one counter of every request whose username cannot be read: the empty username,
 #: which no request that presents a username is counted under.
 UNREADABLE_COUNTER = Identity("username", "").key
-#: Most usernames one request is counted under (a Basic header and three fields).
-MAX_NAMES = 4
+#: Most usernames one request is counted under (a Basic header and four fields).
+MAX_NAMES = 5
 
 #: The sorted, distinct usernames presented (empty: none), or ``None``: credentials are
 #: presented, but no username can be read from them.
 _Found = tuple[str, ...] | None
+
+
+def unread_username(request: Any, credentials: Any) -> str | None:
+    """The key under which ``authenticate()`` was given a username (``credentials``, as
+    ``user_login_failed`` sends them) for a request from which the check read none, else
+    ``None``: the view takes the username from a field the limiter does not read, so no
+    limit counted by username holds for it."""
+    cached = getattr(request, USERNAME_ATTRIBUTE, None)
+    if not cached or any(found != () for found in cached.values()):
+        return None  # not checked by username, or a username (or unreadable) was counted
+    if not isinstance(credentials, dict):
+        return None
+    for key, value in credentials.items():
+        if key != "password" and isinstance(value, str) and normalise_username(value[:1024]):
+            return str(key)
+    return None
 
 
 def _presented(request: Any) -> _Found:
@@ -220,11 +238,14 @@ def _basic_username(parts: list[bytes]) -> set[str] | None:
     return {name} if name else set()
 
 
-def _field_names() -> tuple[str, ...]:
+def _field_names(request: Any = None) -> tuple[str, ...]:
+    """The body fields read: the view's own (see :data:`USERNAME_FIELDS`), the user model's
+    ``USERNAME_FIELD``, ``username`` and ``email``."""
     from django.contrib.auth import get_user_model
 
     field = getattr(get_user_model(), "USERNAME_FIELD", "username")
-    return tuple(dict.fromkeys((field, "username", "email")))
+    own = getattr(request, USERNAME_FIELDS, ())
+    return tuple(dict.fromkeys((*own, field, "username", "email")))
 
 
 def _posted_usernames(request: Any) -> set[str] | None:
@@ -233,7 +254,7 @@ def _posted_usernames(request: Any) -> set[str] | None:
     media = str(meta.get("CONTENT_TYPE") or "").split(";", 1)[0].strip().lower()
     try:
         if media in FORM_TYPES:
-            return _fields(request.POST)
+            return _fields(request.POST, request)
         if not int(meta.get("CONTENT_LENGTH") or 0):
             return set()  # no body: nothing for an authenticator to read either
         body = request.body  # bounded by DATA_UPLOAD_MAX_MEMORY_SIZE
@@ -250,11 +271,11 @@ def _posted_usernames(request: Any) -> set[str] | None:
         pass
     else:
         # A JSON list or number: no authenticator takes fields from it.
-        return _fields(data) if isinstance(data, dict) else set()
+        return _fields(data, request) if isinstance(data, dict) else set()
     from django.http import QueryDict
 
     try:  # a form body under another content type (``*/*`` picks DRF's form parser)
-        names = _fields(QueryDict(body, encoding=request.encoding))
+        names = _fields(QueryDict(body, encoding=request.encoding), request)
     except Exception:
         return None
     return names or None  # text, XML, YAML…: a parser of its own may read a name
@@ -268,9 +289,9 @@ def _charset(request: Any) -> str:
     return str(getattr(request, "encoding", None) or settings.DEFAULT_CHARSET)
 
 
-def _fields(data: Any) -> set[str]:
+def _fields(data: Any, request: Any = None) -> set[str]:
     names = set()
-    for field in _field_names():
+    for field in _field_names(request):
         value = data.get(field)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             value = str(value)  # DRF's CharField takes numbers as their text
