@@ -209,6 +209,9 @@ class CredentialProtection:
             )
         finally:
             setattr(http_request, HEADER_ONLY, False)
+        degraded = core.degraded_mode(decision)
+        if degraded is not None:  # said by the headers middleware, whatever the response
+            setattr(http_request, core.DEGRADED_ATTRIBUTE, degraded)
         if not decision.allowed:
             raise _refusal(decision)
         status = 500

@@ -53,6 +53,7 @@ class RateLimitHeadersMiddleware:
         if getattr(request, "throttle_reservations", None):
             core.settle(request, response.status_code)
         core.add_headers(response.headers, getattr(request, "throttle_decision", None))
+        _add_degraded(request, response)
         return response
 
     async def _acall(self, request: HttpRequest) -> Any:
@@ -71,4 +72,14 @@ class RateLimitHeadersMiddleware:
         if getattr(request, "throttle_reservations", None):
             await core.asettle(request, response.status_code)
         core.add_headers(response.headers, getattr(request, "throttle_decision", None))
+        _add_degraded(request, response)
         return response
+
+
+def _add_degraded(request: HttpRequest, response: Any) -> None:
+    """``X-RateLimit-Degraded`` for a credential check made before the view (a DRF
+    authentication class's) while the backend could not answer, whatever the response
+    (the 401 of a wrong password too)."""
+    degraded = getattr(request, core.DEGRADED_ATTRIBUTE, None)
+    if degraded is not None:
+        response.headers.setdefault(core.DEGRADED_HEADER, degraded)

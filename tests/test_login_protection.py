@@ -360,6 +360,18 @@ def test_username_field_must_name_a_field() -> None:
         protect_credentials(field_login, username_field="")
 
 
+def test_basic_attempts_counted_locally_say_so(rules: Tier, victim: Any, settings: Any) -> None:
+    """While Redis is down, a DRF authentication class counts in the process, and every
+    answer says so, the 401 of a wrong password and the 429 included."""
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"
+    responses = [
+        Client().get("/basic/", HTTP_AUTHORIZATION=basic("bf1:wrong"), REMOTE_ADDR=elsewhere())
+        for _ in range(4)
+    ]
+    assert [r.status_code for r in responses] == [401, 401, 401, 429]
+    assert [r.headers.get("X-RateLimit-Degraded") for r in responses] == ["local"] * 4
+
+
 def collated(name: str) -> str:
     """``name`` as a case- and accent-insensitive collation compares it (MySQL's default
     ``utf8mb4_0900_ai_ci``; PostgreSQL's ``iexact`` for the case): accents, zero-width and

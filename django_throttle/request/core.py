@@ -1226,6 +1226,10 @@ def retry_after_seconds(seconds: float) -> int:
 CONCURRENCY = Algorithm.CONCURRENCY
 #: Says the backend could not answer and the failure mode decided (see the module docstring).
 DEGRADED_HEADER = "X-RateLimit-Degraded"
+#: Set on the (Django) request to the failure mode of a check made before the view whose
+#: decision is not the request's (a DRF authentication class's credential check): the headers
+#: middleware says so in :data:`DEGRADED_HEADER` whatever the response.
+DEGRADED_ATTRIBUTE = "throttle_degraded"
 
 
 def degraded_mode(decision: Decision) -> str | None:
