@@ -31,6 +31,7 @@ import contextlib
 import hashlib
 import hmac
 import json
+import re
 import secrets
 import unicodedata
 from base64 import urlsafe_b64encode
@@ -153,12 +154,28 @@ def _fold(name: str) -> str:
     - then NFKC again, which recomposes what is left.
     """
     name = name.upper().casefold()
-    bare = "".join(
-        char
-        for char in unicodedata.normalize("NFKD", name)
-        if char.isspace() or unicodedata.category(char) not in _IGNORED
-    )
+    if name.isascii() and name.isprintable():  # nothing to drop (most names): no more work
+        return name
+    bare = _without_ignored(unicodedata.normalize("NFKD", name))
     return unicodedata.normalize("NFKC", bare if bare.strip() else name)
+
+
+#: Most distinct ignored characters removed one ``str.replace`` each; more go through one
+#: regular expression. Either way the work stays in C over the whole name (a body may hold a
+#: name of megabytes): only the distinct characters are looked up one by one.
+_REPLACED = 8
+
+
+def _without_ignored(name: str) -> str:
+    """``name`` without the characters of :data:`_IGNORED` categories (whitespace kept)."""
+    ignored = [
+        char for char in set(name) if unicodedata.category(char) in _IGNORED and not char.isspace()
+    ]
+    if len(ignored) > _REPLACED:
+        return re.sub("[" + "".join(map(re.escape, ignored)) + "]+", "", name)
+    for char in ignored:
+        name = name.replace(char, "")
+    return name
 
 
 #: The one counter of every request whose username cannot be read: the empty username,
