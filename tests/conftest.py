@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import secrets
 import uuid
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -72,36 +70,6 @@ def _least_privilege_user(admin_url: str) -> str:
         client.close()
     scheme, rest = admin_url.split("://", 1)
     return f"{scheme}://throttle:{password}@{rest.rpartition('@')[2]}"
-
-
-#: ResourceWarnings the session may still leave to the garbage collector: the ``redis.asyncio``
-#: connections (with their transports and sockets) of a backend's per-event-loop client
-#: (``django_throttle.backends.redis_nodes.PerLoop``) whose loop closed before the client was
-#: collected. CI saw them at the session's end; an ordered run of the fast suite, collecting
-#: after every test, shows none, so the test leaving them is not known yet. The usage stores
-#: a test or the package opens are closed (``open_store``; ``report``, ``rollup``, the
-#: dashboard's ``timeline`` and ``presented_username`` close what they open). The socket
-#: pattern stays because an asyncio transport's socket warns as ``unclosed <socket``.
-LEFTOVERS = (
-    r"unclosed <socket\.socket",
-    r"unclosed Connection",
-    r"unclosed transport",
-    r"loop is closed",
-)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Collect the session's leftovers before pytest does. pytest (9.2 here) runs the
-    garbage collector in its unconfigure and reports what warned there, so a run whose every
-    test passed exited 1 on clients some test left open long before; only the asyncio
-    connections of closed loops (:data:`LEFTOVERS`) are let pass here. A test that leaks
-    within itself still fails if the collector finds it during the test, and every other
-    warning at this point still counts."""
-    with warnings.catch_warnings():
-        for message in LEFTOVERS:
-            warnings.filterwarnings("ignore", message=message, category=ResourceWarning)
-        gc.collect()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
