@@ -53,7 +53,8 @@ class RateLimitHeadersMiddleware:
         if getattr(request, "throttle_reservations", None):
             core.settle(request, response.status_code)
         core.add_headers(response.headers, getattr(request, "throttle_decision", None))
-        _add_degraded(request, response)
+        if hasattr(request, core.DEGRADED_ATTRIBUTE):  # no call on the request path otherwise
+            _add_degraded(request, response)
         return response
 
     async def _acall(self, request: HttpRequest) -> Any:
@@ -72,7 +73,8 @@ class RateLimitHeadersMiddleware:
         if getattr(request, "throttle_reservations", None):
             await core.asettle(request, response.status_code)
         core.add_headers(response.headers, getattr(request, "throttle_decision", None))
-        _add_degraded(request, response)
+        if hasattr(request, core.DEGRADED_ATTRIBUTE):  # no call on the request path otherwise
+            _add_degraded(request, response)
         return response
 
 
