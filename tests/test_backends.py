@@ -958,15 +958,23 @@ def within(used: Any, redis_bytes: int, valkey: bool) -> bool:
     return bool(used <= redis_bytes) if valkey else used == redis_bytes
 
 
-def test_token_bucket_state_is_12_bytes(
-    redis_backend: RedisBackend, redis_client: redis.Redis, settings: Any
-) -> None:
-    """With the default prefix and a short limit id, a token bucket key takes 88 bytes of
-    Redis memory and a GCRA key 72 (an int-encoded string); Valkey 8+ keeps keys in no more."""
+@pytest.fixture
+def dt_backend(redis_backend: RedisBackend, settings: Any) -> RedisBackend:
+    """The Redis backend with the default key prefix, whose key names the byte counts of
+    the memory tests below assume."""
     settings.DJANGO_THROTTLE_KEY_PREFIX = "dt"
     reset_backend_cache()
     backend = get_backend()
     assert isinstance(backend, RedisBackend)
+    return backend
+
+
+def test_token_bucket_state_is_12_bytes(
+    dt_backend: RedisBackend, redis_client: redis.Redis
+) -> None:
+    """With the default prefix and a short limit id, a token bucket key takes 88 bytes of
+    Redis memory and a GCRA key 72 (an int-encoded string); Valkey 8+ keeps keys in no more."""
+    backend = dt_backend
     bucket, gcra = ALGORITHM_LIMITS["token_bucket"], ALGORITHM_LIMITS["gcra"]
     client = f"ip:198.51.100.{random.randrange(256)}-{time.time_ns()}"
     try:
@@ -994,17 +1002,14 @@ def test_token_bucket_state_is_12_bytes(
     "other", ["fixed_window", "sliding_window_counter", "sliding_window_log", "gcra"]
 )
 def test_a_state_keeps_its_own_allocation_in_every_mix(
-    redis_backend: RedisBackend, redis_client: redis.Redis, settings: Any, other: str
+    dt_backend: RedisBackend, redis_client: redis.Redis, other: str
 ) -> None:
     """Redis lends a script's command arguments objects cached from earlier commands at the
     same position: a 12-byte state written after a longer argument took its 40-48 bytes
     (MEMORY USAGE 104-120 instead of 88). The counting call's own commands never leave one
     for the next state, whatever algorithms a request mixes (a sliding log's scores do: its
     scripts write a placeholder first), so every state keeps an allocation of its own."""
-    settings.DJANGO_THROTTLE_KEY_PREFIX = "dt"
-    reset_backend_cache()
-    backend = get_backend()
-    assert isinstance(backend, RedisBackend)
+    backend = dt_backend
     bucket, second = ALGORITHM_LIMITS["token_bucket"], ALGORITHM_LIMITS[other]
     valkey = is_valkey(redis_client)
     clients = [f"ip:198.51.100.{n}-{time.time_ns()}" for n in range(6)]
@@ -1022,17 +1027,14 @@ def test_a_state_keeps_its_own_allocation_in_every_mix(
 
 
 def test_another_scripts_long_argument_costs_at_most_the_next_state(
-    redis_backend: RedisBackend, redis_client: redis.Redis, settings: Any
+    dt_backend: RedisBackend, redis_client: redis.Redis
 ) -> None:
     """A longer argument another script leaves in position 2 is lent to the next state
     written, at most: that state keeps its 40-48 bytes (a key of 104-120 bytes, until it is
     written again or expires), and every state after it gets an allocation of its own. A
     bounded cost, where writing a placeholder before every state would cost every counting
     call about a tenth of its work."""
-    settings.DJANGO_THROTTLE_KEY_PREFIX = "dt"
-    reset_backend_cache()
-    backend = get_backend()
-    assert isinstance(backend, RedisBackend)
+    backend = dt_backend
     bucket, window = ALGORITHM_LIMITS["token_bucket"], ALGORITHM_LIMITS["fixed_window"]
     scratch = f"dt:{{0}}scratch-{time.time_ns()}"
     valkey = is_valkey(redis_client)
@@ -1055,15 +1057,12 @@ def test_another_scripts_long_argument_costs_at_most_the_next_state(
 
 
 def test_a_usage_push_leaves_no_argument_for_the_next_state(
-    redis_backend: RedisBackend, redis_client: redis.Redis, settings: Any
+    dt_backend: RedisBackend, redis_client: redis.Redis
 ) -> None:
     """The usage push, which every process runs once a second with long fields and client
     labels, ends with a command Redis rewrites for its replicas (``EXPIRE``), which replaces
     the argument it was lent: the next state written keeps an allocation of its own."""
-    settings.DJANGO_THROTTLE_KEY_PREFIX = "dt"
-    reset_backend_cache()
-    backend = get_backend()
-    assert isinstance(backend, RedisBackend)
+    backend = dt_backend
     bucket = ALGORITHM_LIMITS["token_bucket"]
     valkey = is_valkey(redis_client)
     long_client = "user:" + "ü" * 40

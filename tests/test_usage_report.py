@@ -307,21 +307,31 @@ def _per_shard_traffic(store: Any) -> tuple[dict[str, int], dict[str, int], set[
     return counts, heavy, first
 
 
-@pytest.mark.parametrize("shards", [1, 4])
-def test_a_push_with_more_clients_than_a_list_holds_sends_the_heaviest(
+@pytest.fixture(params=[1, 4], ids=["shards=1", "shards=4"])
+def small_lists(
     backend: Backend,
     settings: Any,
     monkeypatch: pytest.MonkeyPatch,
     open_store: Callable[..., Any],
-    shards: int,
+    request: pytest.FixtureRequest,
+) -> Any:
+    """A usage store of ``request.param`` key shards whose top lists hold 12 clients in all,
+    rebuilt with that size."""
+    monkeypatch.setattr(usage_store, "TOP_CLIENTS", 12)
+    settings.DJANGO_THROTTLE_REDIS_URL = with_shards(
+        settings.DJANGO_THROTTLE_REDIS_URL, request.param
+    )
+    return open_store(get_backend())
+
+
+def test_a_push_with_more_clients_than_a_list_holds_sends_the_heaviest(
+    small_lists: Any,
 ) -> None:
     """A push sends per shard, minute and outcome only as many clients as a top list holds:
     the heaviest of the batch (the first among equals), and every API key's last use. The
     list is full either way, so the minute is an estimate; the totals are exact, the heavy
     clients too."""
-    monkeypatch.setattr(usage_store, "TOP_CLIENTS", 12)
-    settings.DJANGO_THROTTLE_REDIS_URL = with_shards(settings.DJANGO_THROTTLE_REDIS_URL, shards)
-    store = open_store(get_backend())  # rebuilt with the new size
+    store, shards = small_lists, len(small_lists.tags)
     assert store.top_size == -(-12 // shards)
     counts, heavy, first = _per_shard_traffic(store)
     minute = store.now_minute()
@@ -349,17 +359,10 @@ def test_a_push_with_more_clients_than_a_list_holds_sends_the_heaviest(
     assert "Per-client counts may be estimates" in " ".join(run().split())
 
 
-@pytest.mark.parametrize("shards", [1, 4])
 def test_a_push_with_room_in_the_lists_sends_every_client(
-    backend: Backend,
-    settings: Any,
-    monkeypatch: pytest.MonkeyPatch,
-    open_store: Callable[..., Any],
-    shards: int,
+    small_lists: Any,
 ) -> None:
-    monkeypatch.setattr(usage_store, "TOP_CLIENTS", 12)
-    settings.DJANGO_THROTTLE_REDIS_URL = with_shards(settings.DJANGO_THROTTLE_REDIS_URL, shards)
-    store = open_store(get_backend())
+    store, shards = small_lists, len(small_lists.tags)
     minute = store.now_minute()
     clients = [f"user:{i}" for i in range(40)]
     room = {
