@@ -27,6 +27,7 @@ from django_throttle.backends.redis import RedisBackend
 from django_throttle.rates import Limit
 from example_project.private_redis import PrivateRedis, free_port
 from tests.redis_servers import attempts, connection_getter
+from tests.topologies import cluster_port
 
 LIMIT = Limit.build("l", "100/s")
 
@@ -42,19 +43,6 @@ class OwnRedis(PrivateRedis):
         return redis.Redis(
             port=self.port, password=password, socket_timeout=5, retry=Retry(NoBackoff(), 0)
         )
-
-
-def cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is free and valid too: an ephemeral
-    port above 55535 has no bus port, and the server would exit at start."""
-    for _ in range(100):
-        port = free_port()
-        if port + 10000 > 65535:
-            continue
-        with contextlib.suppress(OSError), socket.socket() as probe:
-            probe.bind(("127.0.0.1", port + 10000))
-            return port
-    raise RuntimeError("no free port pair for a cluster-mode redis-server")
 
 
 class FakeRedis:

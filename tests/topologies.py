@@ -44,10 +44,22 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def _ephemeral_start() -> int:
+    """The first port the kernel hands out for outgoing connections (Linux's
+    ``ip_local_port_range``; 32768, its default, elsewhere)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    return 32768
+
+
 def cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too."""
+    """A free port whose cluster bus port (+10000) is free too, both below the ports the
+    kernel picks for outgoing connections: the suite's own clients (and a parallel run's)
+    connect all the time, and one of them could otherwise take a node's port between this
+    check and the node's start."""
+    high = min(_ephemeral_start(), 65536) - CLUSTER_BUS_OFFSET - 1
     for _ in range(1000):
-        port = random.randint(20000, 55000)
+        port = random.randint(10000, high) if high > 10000 else random.randint(20000, 55000)
         if _port_free(port) and _port_free(port + CLUSTER_BUS_OFFSET):
             return port
     raise RuntimeError("no free port pair for a cluster node")
