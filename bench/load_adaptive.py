@@ -15,9 +15,9 @@ For each run it starts a fresh uvicorn (``--workers`` workers) serving ``loadpro
 flight in the server, ``--base-ms * (1 + (n - 1) / --capacity)``, so beyond ``--capacity /
 --base-ms`` requests a second the latency climbs for as long as the overload lasts). A
 middleware records the latency of every served request in Redis; the load signal
-(``loadproject.adaptive.p95_over_target``, ``DJANGO_THROTTLE_LOAD_SIGNAL``) is its p95 over
-the last ``--window`` seconds divided by ``--target-ms``. Run "adaptive" also starts the
-controller, ``python -m django throttle_adapt --step <--step>``, as an operator would.
+(:data:`SIGNAL`, ``loadproject.adaptive.p95_over_target``) is its p95 over the last
+``--window`` seconds divided by ``--target-ms``. Run "adaptive" also starts the controller,
+``python -m django throttle_adapt --signal <it> --step <--step>``, as an operator would.
 
 The load, from threads of this process (the same machine as the server), open loop (each
 request sent when due, whatever came back; Poisson arrivals, seeded): ``--free-clients``
@@ -52,6 +52,8 @@ import loadkit
 from loadkit import log, percentile, round1
 
 PATH = "/adaptive/work/"
+#: The controller's ``--signal``: the p95 of the served requests over its target.
+SIGNAL = "loadproject.adaptive.p95_over_target"
 RUNS = ("static", "adaptive")
 TIERS = ("free", "pro")
 #: Client addresses of each run: fresh counters, whatever the other run left in Redis.
@@ -309,11 +311,15 @@ def summary(
 def start_controller(
     env: dict[str, str], step: float, logdir: Path, run: str
 ) -> tuple[subprocess.Popen[bytes], Path]:
-    """``python -m django throttle_adapt --step <step>`` in its own process group."""
+    """``python -m django throttle_adapt --signal SIGNAL --step <step>`` in its own process
+    group."""
     path = logdir / f"controller-{run}.log"
     with path.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "django", "throttle_adapt", "--step", f"{step:g}"],
+            [
+                *(sys.executable, "-m", "django", "throttle_adapt"),
+                *("--signal", SIGNAL, "--step", f"{step:g}"),
+            ],
             env={**env, "PYTHONUNBUFFERED": "1"},  # its "Adapting every" line at once
             cwd=loadkit.BENCH,
             stdout=out,

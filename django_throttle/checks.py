@@ -529,6 +529,10 @@ def _region_source(value: Any) -> str | None:
 
 
 _BOOL = _instance(bool, "must be True or False")
+#: Ids of checks on settings this app no longer has: never given to another check, so a
+#: project's ``SILENCED_SYSTEM_CHECKS`` or an old answer found by the id never means another
+#: problem. E045 checked ``LOAD_SIGNAL`` (now ``manage.py throttle_adapt --signal``).
+RETIRED_IDS = frozenset({"E045"})
 #: (check id, setting name, validator). Only settings that are set are validated.
 SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E002", "REDIS_URL", _redis_url),
@@ -545,7 +549,6 @@ SETTINGS: tuple[tuple[str, str, Validator], ...] = (
     ("E034", "API_KEY_SECRET", _api_key_secret),
     ("E043", "REGION_SOURCE", _region_source),
     ("E036", "DENIED_RESPONSE", _optional(_dotted())),
-    ("E045", "LOAD_SIGNAL", _optional(_dotted())),
     ("E039", "METRICS", _BOOL),
 )
 

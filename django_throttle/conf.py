@@ -183,13 +183,6 @@ class Settings:
     #: not know.
     IDENTITY_RESOLVER: Setting[str] = Setting("django_throttle.policy.live.resolve_identity", str)
 
-    #: Dotted path of ``callable() -> float | None`` that the adaptive load controller
-    #: (``manage.py throttle_adapt``) reads every step: the service's load as a ratio to its
-    #: target (1.0 at target, above 1 overloaded), or ``None`` for no data. Unset: no
-    #: automatic factors (the admin's load factors still apply). Set it when the controller
-    #: should shrink the lower tiers' limits while the service is overloaded.
-    LOAD_SIGNAL: Setting[str | None] = Setting(None, _optional_text)
-
     #: Dotted path of ``callable(request, decision) -> HttpResponse`` that builds the 429
     #: (and the fail-closed 503) of plain Django views and of DRF views using
     #: ``django_throttle.drf.exception_handler``. Unset: a JSON body. Set it for your own
@@ -428,6 +421,11 @@ REMOVED: dict[str, Removed] = {
     "API_KEY_HEADERS": Removed(
         'the constant ("Authorization", "X-API-Key") (no setting)',
         lambda value: isinstance(value, (list, tuple)) and bool(set(value) - set(API_KEY_HEADERS)),
+    ),
+    "LOAD_SIGNAL": Removed(
+        "manage.py throttle_adapt --signal <path> (the load signal is the controller's "
+        "option, not a setting of every process)",
+        _never,
     ),
 }
 

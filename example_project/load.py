@@ -1,5 +1,6 @@
-"""The demo's load signal for ``manage.py throttle_adapt`` (``DJANGO_THROTTLE_LOAD_SIGNAL``):
-the load as a ratio to its target, as an operator sets it in the controller's environment.
+"""The demo's load signal, the load as a ratio to its target as an operator sets it in the
+controller's environment: ``manage.py throttle_adapt --signal example_project.load.demo_load``
+(:data:`SIGNAL`).
 
 ``DEMO_LOAD=2`` says "twice the target load" (each step shrinks the lowest-priority tier
 still above its floor), ``DEMO_LOAD=0.5`` "half of it" (each step gives a tier back, highest
@@ -13,6 +14,8 @@ import os
 
 #: The environment variable an operator sets.
 VARIABLE = "DEMO_LOAD"
+#: What the demo gives ``manage.py throttle_adapt --signal``: the dotted path of :func:`demo_load`.
+SIGNAL = "example_project.load.demo_load"
 
 
 def demo_load() -> float | None:

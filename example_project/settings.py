@@ -109,11 +109,6 @@ DJANGO_THROTTLE_METRICS = True
 DJANGO_THROTTLE_TRUSTED_PROXIES = ["127.0.0.1/32", "::1/128"]
 DJANGO_THROTTLE_REGION_SOURCE = "header:CF-IPCountry"
 
-# Adaptive limits: `manage.py throttle_adapt` reads this signal (example_project/load.py: the
-# DEMO_LOAD an operator sets in its environment, e.g. DEMO_LOAD=2 for twice the target load)
-# and shrinks the lowest-priority tier with a floor below 100 % (anonymous, then free).
-DJANGO_THROTTLE_LOAD_SIGNAL = "example_project.load.demo_load"
-
 # REDIS_URL if you set it; else the Redis of the run_demo running on this database (its
 # private redis-server), so commands in a second terminal see and reset the server's counters.
 _running_demo = demo_state.read(RUN_DEMO_STATE_FILE)

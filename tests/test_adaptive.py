@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -399,59 +398,87 @@ def test_factors_expire_when_the_controller_stops(
     assert factors() == {}
 
 
-# The command and the setting ------------------------------------------------------------
+# The command and its signal ---------------------------------------------------------------
+
+#: ``--signal`` of the command's tests: always overloaded.
+OVERLOADED = ("--signal", "tests.test_adaptive.overloaded")
 
 
-def test_command_once_moves_a_factor(
-    tiers: dict[str, Tier], settings: Any, redis_client: Any
-) -> None:
-    settings.DJANGO_THROTTLE_LOAD_SIGNAL = "tests.test_adaptive.overloaded"
+def test_command_once_moves_a_factor(tiers: dict[str, Tier], redis_client: Any) -> None:
     out = io.StringIO()
-    call_command("throttle_adapt", "--once", stdout=out)
+    call_command("throttle_adapt", *OVERLOADED, "--once", stdout=out)
     assert "tier free moved" in out.getvalue()
     assert parse_factors(f"{tiers['free'].pk}=0.7") == factors()
-    call_command("throttle_adapt", "--clear", stdout=out)
+    call_command("throttle_adapt", "--clear", stdout=out)  # no signal needed to clear
     assert factors() == {}
 
 
-def test_command_without_a_signal_is_a_one_line_error(settings: Any) -> None:
-    settings.DJANGO_THROTTLE_LOAD_SIGNAL = None
-    with pytest.raises(CommandError, match="DJANGO_THROTTLE_LOAD_SIGNAL"):
-        call_command("throttle_adapt", "--once")
-    with pytest.raises(CommandError, match="step"):
-        call_command("throttle_adapt", "--once", "--step", "0")
+@pytest.mark.parametrize("options", [["--once"], [], ["--once", "--signal", " "]])
+def test_command_without_a_signal_is_a_one_line_error_naming_the_option(
+    tiers: dict[str, Tier], options: list[str]
+) -> None:
+    """Without ``--signal`` the command says what to give (a dotted path of a callable
+    returning the load as a ratio to its target), in one line; nothing moves."""
+    with pytest.raises(CommandError, match="--signal") as caught:
+        call_command("throttle_adapt", *options, stdout=io.StringIO())
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "ratio to its target" in message and "None for no data" in message
+    assert factors() == {}
 
 
-#: Not a callable: what a LOAD_SIGNAL naming a constant finds.
+def test_command_with_a_bad_step_is_a_one_line_error() -> None:
+    with pytest.raises(CommandError, match="step") as caught:
+        call_command("throttle_adapt", *OVERLOADED, "--once", "--step", "0")
+    assert "\n" not in str(caught.value)
+
+
+#: Not a callable: what a ``--signal`` naming a constant finds.
 NOT_A_SIGNAL = 1.5
 
 
 @pytest.mark.parametrize(
-    "path", ["tests.nowhere.signal", "nodots", "os.path.nope", "tests.test_adaptive.NOT_A_SIGNAL"]
+    ("path", "says"),
+    [
+        ("tests.nowhere.signal", "cannot be imported (ModuleNotFoundError"),
+        ("nodots", "cannot be imported (ImportError"),
+        ("os.path.nope", "cannot be imported (ImportError"),
+        ("tests.test_adaptive.NOT_A_SIGNAL", "names a float, not a callable"),
+    ],
 )
-def test_a_signal_setting_that_does_not_import_is_a_one_line_error(
-    settings: Any, tiers: dict[str, Tier], path: str
+def test_a_signal_that_does_not_import_is_a_one_line_error(
+    tiers: dict[str, Tier], path: str, says: str
 ) -> None:
-    """A typo in DJANGO_THROTTLE_LOAD_SIGNAL (E045 names it at check time) stops the
-    controller with one line naming the setting, not an ImportError traceback; a path to
-    something that is not callable too, rather than a step that logs and holds forever."""
-    settings.DJANGO_THROTTLE_LOAD_SIGNAL = path
+    """A typo in ``--signal`` stops the controller with one line naming the option and the
+    path, not an ImportError traceback; a path to something that is not callable too, rather
+    than a step that logs and holds forever."""
     for options in (["--once"], []):
-        with pytest.raises(CommandError, match="LOAD_SIGNAL") as caught:
-            call_command("throttle_adapt", *options, stdout=io.StringIO())
-        assert "\n" not in str(caught.value)
+        with pytest.raises(CommandError, match="--signal") as caught:
+            call_command("throttle_adapt", "--signal", path, *options, stdout=io.StringIO())
+        message = str(caught.value)
+        assert "\n" not in message and repr(path) in message and says in message, message
     assert factors() == {}
 
 
-def test_a_bad_signal_setting_is_a_system_check(settings: Any) -> None:
-    settings.DJANGO_THROTTLE_LOAD_SIGNAL = "tests.nowhere.signal"
-    assert any(m.id == "django_throttle.E045" for m in check_settings())
+def test_the_controller_needs_a_callable_signal() -> None:
+    """The class takes ``signal=`` and reads no setting: a value that is not callable is a
+    ``ValueError`` naming it."""
+    with pytest.raises(ValueError, match="not callable"):
+        Controller(signal=NOT_A_SIGNAL)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Controller()  # type: ignore[call-arg]
 
 
-@pytest.fixture(autouse=True)
-def _no_stray_signal(settings: Any) -> Iterator[None]:
-    settings.DJANGO_THROTTLE_LOAD_SIGNAL = None
-    yield
+def test_the_load_signal_setting_of_earlier_versions_is_a_warning_naming_the_option(
+    settings: Any,
+) -> None:
+    """``DJANGO_THROTTLE_LOAD_SIGNAL`` is no setting any more: the command's ``--signal`` is.
+    A project still setting it gets W004 naming the replacement (no limit is weaker without
+    it: the controller that read it stops with a one-line error until given ``--signal``)."""
+    settings.DJANGO_THROTTLE_LOAD_SIGNAL = "tests.test_adaptive.overloaded"
+    found = [m for m in check_settings() if "LOAD_SIGNAL" in m.msg]
+    assert [m.id for m in found] == ["django_throttle.W004"]
+    assert "manage.py throttle_adapt --signal <path>" in found[0].msg
 
 
 # The dashboard --------------------------------------------------------------------------
@@ -501,7 +528,6 @@ def test_with_redis_down_the_admin_and_the_command_say_so(
     the controller stops with one line. Nothing here is a 500 or a traceback."""
     tier("halved", "10/m", load_factor=50)  # a scaled tier: the dashboard charts it
     settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
-    settings.DJANGO_THROTTLE_LOAD_SIGNAL = "tests.test_adaptive.overloaded"
     page = admin_client.get(f"/admin/django_throttle/tier/{tiers['free'].pk}/change/")
     assert page.status_code == 200
     assert "unknown: the backend did not answer" in page.content.decode()
@@ -512,7 +538,7 @@ def test_with_redis_down_the_admin_and_the_command_say_so(
     assert "automatic 100% now" not in dashboard.content.decode()
     for options in (["--once"], ["--clear"]):
         with pytest.raises(CommandError, match="The backend did not answer") as caught:
-            call_command("throttle_adapt", *options, stdout=io.StringIO())
+            call_command("throttle_adapt", *OVERLOADED, *options, stdout=io.StringIO())
         assert "\n" not in str(caught.value)
 
 

@@ -548,6 +548,9 @@ def test_a_credential_rule_limiting_some_tiers_by_client_is_a_warning() -> None:
         ("IPV4_PREFIX", 32, "the constant 32", "W004"),
         ("IPV6_PREFIX", 128, "the constant 64", "W004"),
         ("API_KEY_HEADERS", ["X-API-Key"], '("Authorization", "X-API-Key")', "W004"),
+        # The controller's option now; without it the command stops and says so.
+        ("LOAD_SIGNAL", "myproject.load.p95", "manage.py throttle_adapt --signal <path>", "W004"),
+        ("LOAD_SIGNAL", None, "manage.py throttle_adapt --signal <path>", "W004"),
         # Ignored, these would change limiting: an error.
         # Counters in another Redis than the one asked for.
         ("CACHE_ALIAS", "throttle", 'REDIS_URL = "cache://<alias>"', "E041"),
@@ -598,6 +601,21 @@ def test_manage_py_check_fails_on_a_proxy_count_left_from_an_earlier_version(
 
     with pytest.raises(SystemCheckError, match=r"django_throttle\.E041"):
         call_command("check")
+
+
+def test_a_retired_check_id_is_never_given_to_another_check() -> None:
+    """A check id of a removed setting (E045, ``LOAD_SIGNAL``) names no other problem: a
+    project silencing it, or an answer found by it, never hides or means another."""
+    from pathlib import Path
+
+    from django_throttle.checks import RETIRED_IDS, SETTINGS
+
+    package = Path(__file__).parent.parent / "django_throttle"
+    source = "\n".join(path.read_text() for path in package.rglob("*.py"))
+    assert "E045" in RETIRED_IDS
+    for retired in RETIRED_IDS:
+        assert f"django_throttle.{retired}" not in source
+        assert retired not in {check_id for check_id, _, _ in SETTINGS}
 
 
 def test_every_removed_setting_is_in_the_settings_reference() -> None:

@@ -35,6 +35,7 @@ from typing import Any
 
 import pytest
 
+from example_project.load import SIGNAL
 from example_project.private_redis import PrivateRedis, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -754,16 +755,12 @@ def test_the_seeded_policy_sheds_downloads_and_searches_first() -> None:
 
 @pytest.fixture
 def demo_policy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, settings: Any) -> Any:
-    """The suite's project with the demo's seeded policy and the demo settings' trusted edge,
-    region source and load signal (as a fresh run of the demo's settings module sets them)."""
+    """The suite's project with the demo's seeded policy and the demo settings' trusted edge
+    and region source (as a fresh run of the demo's settings module sets them)."""
     from example_project.demo.management.commands.seed_demo import Command
 
     demo = _example_settings(monkeypatch, tmp_path)
-    for name in (
-        "DJANGO_THROTTLE_TRUSTED_PROXIES",
-        "DJANGO_THROTTLE_REGION_SOURCE",
-        "DJANGO_THROTTLE_LOAD_SIGNAL",
-    ):
+    for name in ("DJANGO_THROTTLE_TRUSTED_PROXIES", "DJANGO_THROTTLE_REGION_SOURCE"):
         setattr(settings, name, getattr(demo, name))
     monkeypatch.delenv("DEMO_LOAD", raising=False)
     Command(stdout=io.StringIO()).handle()
@@ -822,8 +819,13 @@ def test_the_seeded_policy_limits_brazil_lower_from_the_trusted_edge(demo_policy
 
 def test_the_demo_load_signal_reads_demo_load(monkeypatch: pytest.MonkeyPatch) -> None:
     """DEMO_LOAD as a number; unset or empty: no data (None); anything else an error naming
-    the variable (the controller logs it and holds the factors)."""
+    the variable (the controller logs it and holds the factors). The path the demo gives
+    ``--signal`` imports it."""
+    from django.utils.module_loading import import_string
+
     from example_project.load import demo_load
+
+    assert import_string(SIGNAL) is demo_load
 
     monkeypatch.delenv("DEMO_LOAD", raising=False)
     assert demo_load() is None
@@ -849,6 +851,7 @@ def test_the_seeded_policy_adapts_anonymous_then_free_to_their_floors(
     from django_throttle.models import Tier
     from django_throttle.policy import live as policy
     from django_throttle.policy.adaptive import Controller
+    from example_project.load import demo_load
 
     floors = {t.slug: (t.load_factor, t.min_factor) for t in Tier.objects.all()}
     assert floors == {
@@ -859,7 +862,7 @@ def test_the_seeded_policy_adapts_anonymous_then_free_to_their_floors(
     }
     ids = dict(Tier.objects.values_list("slug", "id"))
     now = [1_800_000_000.0]
-    controller = Controller(step=10, clock=lambda: now[0])  # the demo settings' signal
+    controller = Controller(demo_load, step=10, clock=lambda: now[0])  # the demo's signal
 
     def step(load: str) -> tuple[str | None, dict[str, float]]:
         now[0] += 10
@@ -896,15 +899,19 @@ def _limit_from(demo: Demo, headers: dict[str, str]) -> str:
 def test_run_demo_limits_brazil_and_adapts_to_a_reported_load(tmp_path: Path) -> None:
     """The tutorial's steps against the running demo: CF-IPCountry BR from this machine (the
     demo's trusted edge) meets the bucket of 5; ``DEMO_LOAD=2 manage.py throttle_adapt
-    --once`` in a second terminal shrinks the anonymous tier (lowest priority) to 70 %, which
-    the server serves within its refresh interval and throttle_inspect shows."""
+    --signal example_project.load.demo_load --once`` in a second terminal shrinks the
+    anonymous tier (lowest priority) to 70 %, which the server serves within its refresh
+    interval and throttle_inspect shows."""
     with run_demo(tmp_path, redis_url=None) as demo:
         assert _limit_from(demo, {"CF-IPCountry": "BR"}) == "5"
         assert _limit_from(demo, {}) == "10"
         assert "CF-IPCountry: BR" in demo.output()
         assert "DEMO_LOAD=2" in demo.output()
+        assert "throttle_adapt --signal example_project.load.demo_load --once" in demo.output()
 
-        adapted = _manage(demo, "throttle_adapt", "--once", env_extra={"DEMO_LOAD": "2"})
+        adapted = _manage(
+            demo, "throttle_adapt", "--signal", SIGNAL, "--once", env_extra={"DEMO_LOAD": "2"}
+        )
         assert adapted.returncode == 0, adapted.stderr
         assert adapted.stdout.strip() == "Load 2.0: tier anonymous moved.", adapted
         assert "tier anonymous now at 70% (automatic)" in adapted.stderr

@@ -238,7 +238,7 @@ def test_a_malformed_ip_option_is_a_one_line_error_naming_the_option(
         ("throttle_reset", "alice"),
         ("throttle_usage",),
         ("throttle_usage", "--rollup"),
-        ("throttle_adapt", "--once"),
+        ("throttle_adapt", "--signal", "tests.test_adaptive.overloaded", "--once"),
         ("throttle_adapt", "--clear"),
     ],
     ids=" ".join,
@@ -247,7 +247,6 @@ def test_with_redis_unreachable_each_command_says_so_in_one_sentence(
     policy: Any, settings: Any, command: tuple[str, ...]
 ) -> None:
     settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
-    settings.DJANGO_THROTTLE_LOAD_SIGNAL = "tests.test_adaptive.overloaded"
     with pytest.raises(CommandError) as raised:
         run(*command)
     message = str(raised.value)

@@ -14,10 +14,10 @@ the adaptive controller (``manage.py throttle_adapt``) reads from it.
 - :class:`LatencyMiddleware`: the time each request under ``/adaptive/`` answered 200 (refused
   ones are fast and would pull the figure down) spent in Django, added to a sorted set in
   Redis (score: when it ended), one ``ZADD`` after the response is made.
-- :func:`p95_over_target`: ``DJANGO_THROTTLE_LOAD_SIGNAL`` of the benchmark. The p95 of the
-  latencies that set holds for the last ``WINDOW`` seconds, divided by ``TARGET_MS``; ``None``
-  (hold) with fewer than ``MIN_SAMPLES``. Each value it returns is appended to a Redis list,
-  so the benchmark can plot what the controller saw.
+- :func:`p95_over_target`: the benchmark's load signal (``throttle_adapt --signal``). The p95
+  of the latencies that set holds for the last ``WINDOW`` seconds, divided by ``TARGET_MS``;
+  ``None`` (hold) with fewer than ``MIN_SAMPLES``. Each value it returns is appended to a
+  Redis list, so the benchmark can plot what the controller saw.
 
 The keys are ``lt-adapt:<LOADTEST_ADAPT_RUN>:…``: each run of the benchmark has its own.
 """

@@ -87,7 +87,6 @@ REST_FRAMEWORK = {
 DJANGO_THROTTLE_REDIS_URL = REDIS_URL
 DJANGO_THROTTLE_KEY_PREFIX = "lt"
 DJANGO_THROTTLE_TRUSTED_PROXIES = 1
-DJANGO_THROTTLE_LOAD_SIGNAL = "loadproject.adaptive.p95_over_target"
 DJANGO_THROTTLE_USAGE_RETENTION_DAYS = 7 if os.environ.get("LOADTEST_USAGE", "1") != "0" else 0
 # Two workers, Redis and wrk share two cores: a stall past the 50 ms production timeout would
 # fail open and look like speed. Failures are logged (below) and counted by load_test.py.

@@ -3,8 +3,8 @@ overloaded and gives them back when the load falls (run by ``manage.py throttle_
 
 Every ``step`` seconds one controller in the fleet (a ``SET NX PX`` lock per step, so two
 controllers never both move the factors in one step) reads ONE load signal
-(``DJANGO_THROTTLE_LOAD_SIGNAL``: ``callable() -> float | None``, the load as a ratio to its
-target, 1.0 at target) and applies AIMD, additive increase and multiplicative decrease:
+(``callable() -> float | None``, the load as a ratio to its target, 1.0 at target; the
+command's ``--signal``) and applies AIMD, additive increase and multiplicative decrease:
 
 - signal above 1 (overloaded): the automatic factor of the lowest-priority tier still above
   its floor is multiplied by :data:`BETA`, never below the floor (the tier's ``min_factor``);
@@ -39,11 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db.models import Q
-from django.utils.module_loading import import_string
 
 from django_throttle.backends import Backend, get_backend
 from django_throttle.backends.adaptive_store import AdaptiveStore
-from django_throttle.conf import app_settings
 
 logger = logging.getLogger("django_throttle.adaptive")
 
@@ -156,10 +154,12 @@ def decide(
 
 @dataclass
 class Controller:
-    """The load controller. ``signal`` defaults to ``DJANGO_THROTTLE_LOAD_SIGNAL``; ``clock``
-    (Unix seconds) names the step and the history minute, so a test moves time by hand."""
+    """The load controller. ``signal`` is ``callable() -> float | None``, the load as a
+    ratio to its target (``manage.py throttle_adapt --signal`` imports it from a dotted
+    path); ``clock`` (Unix seconds) names the step and the history minute, so a test moves
+    time by hand."""
 
-    signal: Callable[[], Any] | None = None
+    signal: Callable[[], Any]
     step: float = 10.0
     clock: Callable[[], float] = time.time
     backend: Backend | None = None
@@ -173,24 +173,10 @@ class Controller:
             raise ValueError(f"step must be between 0.1 and 3600 seconds, not {self.step!r}")
         if not (isinstance(self.settle, int | float) and 0 <= self.settle <= 3600):
             raise ValueError(f"settle must be between 0 and 3600 seconds, not {self.settle!r}")
-        if self.signal is None:
-            path = app_settings.LOAD_SIGNAL
-            if not path:
-                raise ValueError(
-                    "no load signal: set DJANGO_THROTTLE_LOAD_SIGNAL to the dotted path of a "
-                    "callable returning the load as a ratio to its target"
-                )
-            try:
-                self.signal = import_string(path)
-            except Exception as exc:  # no such module or name; a module that raises on import
-                raise ValueError(
-                    f"DJANGO_THROTTLE_LOAD_SIGNAL = {path!r} cannot be imported "
-                    f"({type(exc).__name__}: {exc})"
-                ) from exc
         if not callable(self.signal):
             raise ValueError(
-                f"the load signal {self.signal!r} is not callable: DJANGO_THROTTLE_LOAD_SIGNAL "
-                "names a callable taking no argument"
+                f"the load signal {self.signal!r} is not callable: give a callable taking no "
+                "argument"
             )
 
     @property
@@ -207,7 +193,7 @@ class Controller:
         if not store.acquire(number, max(1, round(self.step * 2000))):
             return Step(acquired=False)
         tiers = adaptive_tiers()
-        signal = read_signal(self.signal)  # type: ignore[arg-type]
+        signal = read_signal(self.signal)
         last_move = store.last_move()
         may_move = last_move is None or now - last_move >= self.settle
         factors, moved = decide(tiers, store.factors(), signal, may_move)

@@ -25,6 +25,7 @@ from django.core.signals import setting_changed
 from django_throttle.backends.redis_clients import client_for
 from django_throttle.redaction import redact_url
 from example_project import demo_state
+from example_project.load import SIGNAL as DEMO_SIGNAL
 from example_project.private_redis import PrivateRedis
 
 HOST = "127.0.0.1"
@@ -219,7 +220,7 @@ def _banner(port: int, redis_where: str, api_key: str) -> str:
           # adaptive limits: report twice the target load; each step shrinks anonymous
           # (then free) down to its floor: the first anonymous loop above now stops at 7.
           # DEMO_LOAD=0.5 gives the tiers back, --clear at once; see the admin's Dashboard
-          DEMO_LOAD=2 {_python()} manage.py throttle_adapt --once
+          DEMO_LOAD=2 {_python()} manage.py throttle_adapt --signal {DEMO_SIGNAL} --once
         ─────────────────────────────────────────────────────────────────────────────
         """
     )
