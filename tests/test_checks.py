@@ -192,6 +192,46 @@ def test_an_option_redis_py_connections_do_not_take_is_an_error(settings: Any) -
 
 
 @pytest.mark.parametrize(
+    "url",
+    ["redis://127.0.0.1:6379/0", "redis+cluster://127.0.0.1:7000,127.0.0.1:7001", "unix:///r.sock"],
+)
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ("retry=1", "'retry' is not taken: retries are always off"),
+        ("credential_provider=tokens", "'credential_provider' as text"),
+        ("decode_responses=false", "'decode_responses' as text"),
+    ],
+)
+def test_a_query_parameter_read_as_text_the_client_cannot_use_is_an_error(
+    settings: Any, url: str, query: str, named: str
+) -> None:
+    """redis-py passes a query parameter it does not parse to the client as text: ``?retry=1``
+    replaced the client's no-retries object with ``"1"``, so every counting call failed
+    (``'str' object has no attribute 'call_with_retry'``) and every request took the failure
+    mode while ``manage.py check`` said nothing; ``"false"`` is true. E040 names the
+    parameter."""
+    settings.DJANGO_THROTTLE_REDIS_URL = f"{url}?{query}"
+
+    errors = check_settings()
+
+    assert [error.id for error in errors] == ["django_throttle.E040"]
+    assert named in errors[0].msg
+
+
+def test_query_parameters_redis_py_reads_pass(settings: Any) -> None:
+    """Text options (paths, names, ``ssl_cert_reqs``) and the ones redis-py parses into
+    numbers and flags are taken from a URL's query."""
+    query = (
+        "ssl_cert_reqs=required&ssl_ca_certs=/etc/ssl/ca.pem&ssl_check_hostname=false&"
+        "client_name=throttle&socket_timeout=0.2&health_check_interval=30&max_connections=8"
+    )
+    for url in ("rediss://u:pw@127.0.0.1:6379/0", "rediss+cluster://127.0.0.1:7000"):
+        settings.DJANGO_THROTTLE_REDIS_URL = f"{url}?{query}"
+        assert ids() == []
+
+
+@pytest.mark.parametrize(
     "url", ["redis://127.0.0.1:6379/0", "redis+cluster://127.0.0.1:7000,127.0.0.1:7001"]
 )
 @pytest.mark.parametrize(

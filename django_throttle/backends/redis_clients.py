@@ -181,7 +181,7 @@ def option_problem() -> str | None:
     """
     try:
         url, options = client_options()
-        problem = number_problem(options)
+        problem = query_problem(url) or number_problem(options)
         if problem is not None:
             return problem
         if is_cluster_url(url):
@@ -191,6 +191,59 @@ def option_problem() -> str | None:
     except (TypeError, ValueError, ImproperlyConfigured) as exc:
         return str(exc)
     return None
+
+
+#: Options whose value is text: a URL's query may give them as redis-py reads them (paths,
+#: names, passwords, ``ssl_cert_reqs=required``). Every other query parameter must be one
+#: redis-py parses into what its client takes (``socket_timeout=0.5``, ``ssl_check_hostname=
+#: false``); left as text, it reaches the client where an object, a number or a flag is
+#: needed (``retry=…`` makes every counting call fail; ``"false"`` is true).
+TEXT_OPTIONS = frozenset(
+    {
+        "host",
+        "path",
+        "username",
+        "password",
+        "client_name",
+        "lib_name",
+        "lib_version",
+        "encoding",
+        "encoding_errors",
+        "ssl_keyfile",
+        "ssl_certfile",
+        "ssl_cert_reqs",
+        "ssl_ca_certs",
+        "ssl_ca_path",
+        "ssl_ca_data",
+        "ssl_password",
+        "ssl_ciphers",
+    }
+)
+
+
+def query_problem(url: str) -> str | None:
+    """Why a query parameter of ``url`` (single server or cluster) would reach the client as
+    text it cannot use, naming the parameter (never its value), or ``None``: the parameters
+    are read by redis-py's own ``parse_url``, and a value it leaves as text must be one of
+    :data:`TEXT_OPTIONS`. ``parse_url`` raises ``ValueError`` for a value it cannot parse."""
+    if is_sentinel_url(url) or "?" not in url:
+        return None
+    node_url = parse_cluster_url(url).node_url if is_cluster_url(url) else redis_spelling(url)
+    given = parse_url(node_url)  # type: ignore[no-untyped-call]
+    texts = sorted(k for k, v in given.items() if isinstance(v, str) and k not in TEXT_OPTIONS)
+    if not texts:
+        return None
+    name = texts[0]
+    if name == "retry":
+        return (
+            "the URL's query parameter 'retry' is not taken: retries are always off (a "
+            "replayed counting call may count twice)"
+        )
+    return (
+        f"redis-py {redis.__version__} reads the URL's query parameter {name!r} as text, "
+        "where its client needs an object, a number or a flag: remove it from the URL (an object "
+        "is given in DJANGO_THROTTLE_REDIS_OPTIONS)"
+    )
 
 
 #: Options redis-py reads as seconds only once it connects or takes a pooled connection:
