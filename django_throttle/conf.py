@@ -133,9 +133,13 @@ class Settings:
     #: limiter counts on the Redis you choose, with its own timeouts.
     REDIS_URL: Setting[str | None] = Setting(None, _redis_url)
 
-    #: Extra keyword arguments of the Redis client the backend builds (TLS certificates,
-    #: timeouts, pool size); with a Sentinel URL, ``"sentinel_kwargs"`` are those of the
-    #: connections to the sentinels. Set it when your Redis needs more than its URL says.
+    #: Extra keyword arguments of the Redis client the backend builds, for what a URL cannot
+    #: say: objects such as a ``credential_provider`` (the short-lived tokens of AWS
+    #: ElastiCache, GCP Memorystore or Azure IAM sign-in, on a Cluster or through Sentinel as
+    #: on one server) or an ``ssl_context``; with a Sentinel URL, ``"sentinel_kwargs"`` are
+    #: those of the connections to the sentinels. Timeouts, TLS files and pool sizes may be
+    #: written either here or in ``REDIS_URL``'s query (``?socket_timeout=0.5``), which
+    #: redis-py reads. Set it when your Redis needs more than its URL can say.
     REDIS_OPTIONS: Setting[dict[str, Any]] = Setting({}, dict)
 
     #: First part of every Redis key the app writes. Set it when several projects share one
