@@ -388,17 +388,18 @@ def test_fresh_names_never_flush_a_spent_counter_while_redis_is_down(
 
     monkeypatch.setattr(backends, "LOCAL_FALLBACK_MAX_CLIENTS", 60)
     settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = 1  # the address: X-Forwarded-For, ASGI too
 
     def attempt(username: str, password: str) -> int:
+        headers = {"X-Forwarded-For": elsewhere()}
+        data = {"username": username, "password": password}
         if url == "/basic/":
-            header = basic(f"{username}:{password}")
-            response = Client().get(url, HTTP_AUTHORIZATION=header, REMOTE_ADDR=elsewhere())
+            headers["Authorization"] = basic(f"{username}:{password}")
+            response = Client().get(url, headers=headers)
         elif url == "/async-login/":
-            data = {"username": username, "password": password}
-            response = async_to_sync(AsyncClient().post)(url, data, REMOTE_ADDR=elsewhere())
+            response = async_to_sync(AsyncClient().post)(url, data, headers=headers)
         else:
-            data = {"username": username, "password": password}
-            response = Client().post(url, data, REMOTE_ADDR=elsewhere())
+            response = Client().post(url, data, headers=headers)
         assert response.headers.get("X-RateLimit-Degraded") == "local"
         return int(response.status_code)
 

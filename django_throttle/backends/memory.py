@@ -138,6 +138,9 @@ class InProcess:
 
 #: Commands between two sweeps of expired keys.
 SWEEP_EVERY = 4096
+#: Least recently used keys a full keyspace compares, forgetting the one expiring first
+#: (see :meth:`Keyspace._evictee`): as many as Redis's eviction samples at most.
+EVICTION_CANDIDATES = 16
 #: What a script sees besides Lua's own libraries: the ``redis`` table (``call`` raises a
 #: command's error, ``pcall`` returns it as ``{err = …}``) and Redis's ``struct``.
 _PRELUDE = """
@@ -282,8 +285,24 @@ class Keyspace:
         else:
             self._expires[key] = expires
         while self.max_keys is not None and len(self._data) > self.max_keys:
-            self._drop(next(iter(self._data)))
+            self._drop(self._evictee())
         return value
+
+    def _evictee(self) -> bytes:
+        """The key a full keyspace forgets: of the :data:`EVICTION_CANDIDATES` least recently
+        used (never the key just written), the one whose expiry is nearest (no expiry: last),
+        the least recently used of those expiring together.
+
+        A counter's TTL is the time until its state is worth nothing (a bucket refilled, a
+        window over), so of old keys the one expiring first is the one whose loss gives its
+        client least. Recency comes first because expiry alone is not safe: a store filled
+        with long-lived keys would forget a counter one request after each request started
+        it. Recency alone is what let fresh identities flush a spent counter; with both, a
+        key goes only after ``max_keys`` others were used since it was, and only once as
+        many keys as it is compared with, all used after it, outlive it."""
+        data, expires, never = self._data, self._expires, math.inf
+        candidates = itertools.islice(data, min(EVICTION_CANDIDATES, len(data) - 1))
+        return min(candidates, key=lambda key: expires.get(key, never))
 
     # Commands: ``cmd_<name>`` takes the command's arguments (bytes, a script's numbers as
     # the ``%.17g`` text Redis sends) and returns its reply; a refusal is Redis's error.
