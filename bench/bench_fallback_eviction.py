@@ -13,7 +13,7 @@ counter is gone (a right password would pass). Two attacks, each under the old e
   fill the store).
 
 One request is 1 ms of the store's clock. Printed: requests until the counter was forgotten
-(or ``kept`` after ``--cap`` × keys requests) and µs per request.
+(or ``kept`` after ``--cap`` times ``--keys`` requests) and µs per request.
 
     .venv/bin/python bench/bench_fallback_eviction.py [--keys 100000] [--cap 3]
 """
