@@ -372,6 +372,45 @@ def test_basic_attempts_counted_locally_say_so(rules: Tier, victim: Any, setting
     assert [r.headers.get("X-RateLimit-Degraded") for r in responses] == ["local"] * 4
 
 
+@pytest.mark.parametrize("backend", ["down"])
+@pytest.mark.parametrize("url", ["/login/", "/async-login/", "/basic/"])
+def test_fresh_names_never_flush_a_spent_counter_while_redis_is_down(
+    rules: Tier, victim: Any, settings: Any, monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    """While Redis is down the attempts count in the process's bounded store. Guessing
+    ``bf1`` until its 3/h is spent, then trying one fresh username after another from fresh
+    addresses (each a new counter by IP address and by username) filled the store, and the
+    least recently used key went first: ``bf1``'s spent counter, so the right password passed
+    again. A spent counter outlives every counter one failure started, and stays."""
+    from asgiref.sync import async_to_sync
+
+    from django_throttle import backends
+
+    monkeypatch.setattr(backends, "LOCAL_FALLBACK_MAX_CLIENTS", 60)
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = 1  # the address: X-Forwarded-For, ASGI too
+
+    def attempt(username: str, password: str) -> int:
+        headers = {"X-Forwarded-For": elsewhere()}
+        data = {"username": username, "password": password}
+        if url == "/basic/":
+            headers["Authorization"] = basic(f"{username}:{password}")
+            response = Client().get(url, headers=headers)
+        elif url == "/async-login/":
+            response = async_to_sync(AsyncClient().post)(url, data, headers=headers)
+        else:
+            response = Client().post(url, data, headers=headers)
+        assert response.headers.get("X-RateLimit-Degraded") == "local"
+        return int(response.status_code)
+
+    assert [attempt("bf1", "wrong") != 429 for _ in range(3)] == [True] * 3
+    assert attempt("bf1", "right") == 429
+    fresh = [attempt(f"stranger{n}", "wrong") for n in range(200)]
+    assert 429 not in fresh  # every fresh name had a counter of its own
+    assert len(backends.get_local_backend()) <= 60
+    assert attempt("bf1", "right") == 429
+
+
 def collated(name: str) -> str:
     """``name`` as a case- and accent-insensitive collation compares it (MySQL's default
     ``utf8mb4_0900_ai_ci``; PostgreSQL's ``iexact`` for the case): accents, zero-width and

@@ -429,6 +429,27 @@ def test_keys_expire_on_the_stores_clock_and_the_oldest_go_first() -> None:
     assert sorted(key for key in (b"a", b"b", b"c", b"d") if store.get(key)) == [b"a", b"c", b"d"]
 
 
+def test_a_full_store_forgets_the_old_key_expiring_first() -> None:
+    """Of the least recently used keys, the one nearest its expiry goes: fresh keys that
+    expire sooner never push out an older counter that still holds state."""
+    from django_throttle.backends.memory import EVICTION_CANDIDATES
+
+    now = [1000.0]
+    store = MemoryStore(clock=lambda: now[0], max_keys=50)
+    store.set("spent", "1", px=3_600_000)
+    for n in range(1000):
+        store.set(f"fresh{n}", "1", px=1_200_000)
+        assert len(store) <= 50
+    assert store.get("spent") == b"1"
+    store.set("kept", "1", px=1)  # the key just written is never the one forgotten
+    assert store.get("kept") == b"1"
+    # What it does not promise: once as many keys as it is compared with, used after it,
+    # all outlive it, it goes.
+    for n in range(50 + EVICTION_CANDIDATES):
+        store.set(f"long{n}", "1", px=7_200_000)
+    assert store.get("spent") is None
+
+
 def test_an_unknown_digest_is_noscript_and_eval_loads_it() -> None:
     store = MemoryStore()
     with pytest.raises(NoScriptError):

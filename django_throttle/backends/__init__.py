@@ -19,9 +19,9 @@ from django_throttle.conf import app_settings
 
 __all__ = ["ArgumentRefused", "Backend", "BackendError", "get_backend"]
 
-#: Most (client, limit) states the fallback limiter of failure mode ``"local"`` keeps, the
-#: least recently used forgotten beyond it: bounds what an outage costs a process in memory,
-#: whatever the number of clients.
+#: Most (client, limit) states the fallback limiter of failure mode ``"local"`` keeps
+#: (beyond it, of the least recently used the one expiring first is forgotten): bounds what an
+#: outage costs a process in memory, whatever the number of clients.
 LOCAL_FALLBACK_MAX_CLIENTS = 100_000
 
 

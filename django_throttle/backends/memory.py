@@ -7,8 +7,9 @@ keys, the same Lua scripts (run in this process on Redis's Lua), the same usage 
 operator tools, so a process that falls back to memory makes the decisions Redis would have
 made. State lives in this process only: use it with one process, or accept per-process limits.
 It is thread-safe (a script runs under the store's lock) and takes an injectable ``clock`` so
-tests can move time by hand. ``max_entries`` bounds memory: beyond it the least recently used
-keys are forgotten (those clients start afresh).
+tests can move time by hand. ``max_entries`` bounds memory: beyond it a key is forgotten (its
+client starts afresh), of the least recently used the one nearest its expiry (see
+:meth:`Keyspace._evictee`).
 
 :class:`MemoryStore` is the part of Redis the throttle uses, kept in this process: the
 package's own Lua scripts run on Lua 5.1 (Redis's Lua, through ``lupa``) against the commands of
@@ -21,9 +22,9 @@ the redis-py client methods the backends and usage reports call (``get``, ``set`
 redis-py's reply shapes and error classes; :meth:`MemoryStore.execute_framed` takes a framed
 command (the counting call's bytes). Each command, and each script as a whole, runs under one
 lock: a script is atomic, as on Redis. Time is ``clock`` (Unix seconds): ``TIME`` and every
-expiry read it, so a test can move it by hand. ``max_keys`` bounds memory: beyond it the least
-recently used keys are dropped (Redis's ``allkeys-lru``). An expired key is gone when next
-looked at, and all are swept every :data:`SWEEP_EVERY` commands.
+expiry read it, so a test can move it by hand. ``max_keys`` bounds memory: beyond it, of the
+:data:`EVICTION_CANDIDATES` least recently used keys the one expiring first is dropped. An
+expired key is gone when next looked at, and all are swept every :data:`SWEEP_EVERY` commands.
 """
 
 from __future__ import annotations
@@ -138,6 +139,9 @@ class InProcess:
 
 #: Commands between two sweeps of expired keys.
 SWEEP_EVERY = 4096
+#: Least recently used keys a full keyspace compares, forgetting the one expiring first
+#: (see :meth:`Keyspace._evictee`): as many as Redis's eviction samples at most.
+EVICTION_CANDIDATES = 16
 #: What a script sees besides Lua's own libraries: the ``redis`` table (``call`` raises a
 #: command's error, ``pcall`` returns it as ``{err = …}``) and Redis's ``struct``.
 _PRELUDE = """
@@ -166,7 +170,7 @@ setmetatable(_G, {
 # -- the keyspace ----------------------------------------------------------------------------
 # The Redis commands the throttle's scripts and backends send, on values kept in this process:
 # strings, hashes and sorted sets in a keyspace with millisecond expiries and a bound on its keys
-# (the least recently used dropped first, as Redis's ``allkeys-lru``). :class:`Keyspace` is what
+# (of the least recently used, the one expiring first dropped). :class:`Keyspace` is what
 # :class:`MemoryStore` runs commands on; it answers each as Redis 7 does in RESP2 (the replies a
 # script receives), and is not thread-safe: the store's lock guards it. An expired key is gone
 # when next looked at.
@@ -282,8 +286,24 @@ class Keyspace:
         else:
             self._expires[key] = expires
         while self.max_keys is not None and len(self._data) > self.max_keys:
-            self._drop(next(iter(self._data)))
+            self._drop(self._evictee())
         return value
+
+    def _evictee(self) -> bytes:
+        """The key a full keyspace forgets: of the :data:`EVICTION_CANDIDATES` least recently
+        used (never the key just written), the one whose expiry is nearest (no expiry: last),
+        the least recently used of those expiring together.
+
+        A counter's TTL is the time until its state is worth nothing (a bucket refilled, a
+        window over), so of old keys the one expiring first is the one whose loss gives its
+        client least. Recency comes first because expiry alone is not safe: a store filled
+        with long-lived keys would forget a counter one request after each request started
+        it. Recency alone is what let fresh identities flush a spent counter; with both, a
+        key goes only after ``max_keys`` others were used since it was, and only once as
+        many keys as it is compared with, all used after it, outlive it."""
+        data, expires, never = self._data, self._expires, math.inf
+        candidates = itertools.islice(data, min(EVICTION_CANDIDATES, len(data) - 1))
+        return min(candidates, key=lambda key: expires.get(key, never))
 
     # Commands: ``cmd_<name>`` takes the command's arguments (bytes, a script's numbers as
     # the ``%.17g`` text Redis sends) and returns its reply; a refusal is Redis's error.
