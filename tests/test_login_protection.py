@@ -378,11 +378,19 @@ def test_basic_attempts_counted_locally_say_so(rules: Tier, victim: Any, setting
     assert [r.headers.get("X-RateLimit-Degraded") for r in responses] == ["local"] * 4
 
 
+#: Letters with a stroke or a bar: no decomposition, but the DUCET (the Unicode Collation
+#: Algorithm's table behind MySQL's ``utf8mb4_0900_ai_ci``) weighs each as its base letter
+#: with a secondary (accent) difference, so an accent-insensitive collation matches them.
+STROKED = str.maketrans(
+    {"ł": "l", "ø": "o", "đ": "d", "ħ": "h", "ŧ": "t", "ɨ": "i", "ƀ": "b", "ƶ": "z", "ǥ": "g"}
+)
+
+
 def collated(name: str) -> str:
     """``name`` as a case- and accent-insensitive collation compares it (MySQL's default
     ``utf8mb4_0900_ai_ci``; PostgreSQL's ``iexact`` for the case): accents, zero-width and
-    format characters ignored, letters upper-cased."""
-    decomposed = unicodedata.normalize("NFKD", name)
+    format characters ignored, stroked letters as their base letter, letters upper-cased."""
+    decomposed = unicodedata.normalize("NFKD", name.lower()).translate(STROKED)
     return "".join(c for c in decomposed if unicodedata.category(c) not in ("Mn", "Cf")).upper()
 
 
@@ -437,6 +445,33 @@ def test_spellings_a_collation_matches_share_one_counter(
     assert 429 not in wrong
     assert collated_attempt(url, "alice", "right") == 429
     assert collated_attempt(url, COLLATED_SPELLINGS[4], "right") == 429
+
+
+#: Accounts, and spellings of them a collation ignoring accents signs in as them whose
+#: letters have a stroke or a bar (no decomposition: once each counted apart).
+STROKED_SPELLINGS = {
+    "lukasz": ["łukasz", "ŁUKASZ", "Łukasz"],
+    "soren": ["søren", "SØREN", "Søren"],
+    "dorde": ["đorđe", "ĐORĐE", "Đorđe"],
+    "htibzg": ["ħŧɨƀƶǥ", "ĦŦƗɃƵǤ", "ħtɨbzǥ"],
+}
+
+
+@pytest.mark.parametrize("account", STROKED_SPELLINGS)
+@pytest.mark.parametrize("url", ["/login/", "/async-login/", "/basic/"])
+def test_stroked_letters_share_their_base_letters_counter(
+    rules: Tier, django_user_model: Any, settings: Any, url: str, account: str
+) -> None:
+    """``łukasz`` signs in as ``lukasz`` where the collation ignores accents (``ł`` is ``l``
+    with a secondary difference), so its wrong guesses spend ``lukasz``'s 3/h."""
+    settings.AUTHENTICATION_BACKENDS = ["tests.test_login_protection.CollatedBackend"]
+    django_user_model.objects.create_user(account, password="right", is_staff=True)
+    spellings = STROKED_SPELLINGS[account]
+    signed_in = {"/basic/": 200}.get(url, 302)
+    assert collated_attempt(url, spellings[0], "right") == signed_in  # the database's view
+    wrong = [collated_attempt(url, spelling, "wrong") for spelling in spellings]
+    assert 429 not in wrong
+    assert collated_attempt(url, account, "right") == 429
 
 
 #: Whitespace ``str.strip`` removes, as Django's and DRF's ``CharField`` do before they
