@@ -377,6 +377,9 @@ class EndpointPolicy:
     #: failures meets those of every such rule, one counter per limit written alike (see
     #: :func:`_shared_failure_counters`).
     credential_groups: tuple[CountedGroup, ...] = ()
+    #: The limits of :attr:`credential_groups` written in other rules' rows: limit id -> the
+    #: name of that rule (what the operator tools say a counter comes from).
+    others: dict[str, str] = field(default_factory=dict)
     #: A login or token endpoint's rule by its rows: one with a limit counted by username
     #: (only credential requests present one), or one counting failures. Its checks are
     #: credential checks whichever adapter makes them.
@@ -822,13 +825,13 @@ def _shared_failure_counters(rules: list[EndpointPolicy]) -> list[EndpointPolicy
     Rules counting every attempt, or successes, keep their own counters: charging another
     rule's failure counter for their successes would lock the account out for signing in."""
     sharing = {r.id for r in rules if r.counts == "failures" and not r.shadow}
-    # (counter, limit without id or name) -> the first row's limit.
-    first: dict[tuple[str, Limit], Limit] = {}
+    # (counter, limit without id or name) -> the first row's limit, and its rule's name.
+    first: dict[tuple[str, Limit], tuple[Limit, str]] = {}
     for rule in rules:
         if rule.id in sharing:
             for counter, limits in rule.credential_groups:
                 for limit in limits:
-                    first.setdefault((counter, _shape(limit)), limit)
+                    first.setdefault((counter, _shape(limit)), (limit, rule.name))
     if not first:
         return rules
     shared = []
@@ -837,18 +840,20 @@ def _shared_failure_counters(rules: list[EndpointPolicy]) -> list[EndpointPolicy
             shared.append(rule)
             continue
         groups: list[CountedGroup] = []
+        others: dict[str, str] = {}
         for counter in ("ip", "username"):
             met: dict[Limit, Limit] = {}
             for kind, limits in rule.credential_groups:
                 for limit in limits if kind == counter else ():
                     shape = _shape(limit)
-                    met.setdefault(shape, replace(limit, id=first[counter, shape].id))
-            for (kind, shape), limit in first.items():
-                if kind == counter:
-                    met.setdefault(shape, limit)
+                    met.setdefault(shape, replace(limit, id=first[counter, shape][0].id))
+            for (kind, shape), (limit, owner) in first.items():
+                if kind == counter and shape not in met:
+                    met[shape] = limit
+                    others[limit.id] = owner
             if met:
                 groups.append((counter, tuple(met.values())))
-        shared.append(replace(rule, credential_groups=tuple(groups)))
+        shared.append(replace(rule, credential_groups=tuple(groups), others=others))
     return shared
 
 
