@@ -41,9 +41,12 @@ _UNITS: dict[str, int] = {
 _CANONICAL = ((86400, "d"), (3600, "h"), (60, "m"), (1, "s"))
 #: The units a rate is shown in: those of the admin's rate field help text.
 _SHOWN = ((7 * 86400, "week"), (86400, "day"), (3600, "h"), (60, "min"), (1, "s"))
-_PERIOD_RE = re.compile(r"^\s*(?P<mult>[+-]?\d+)?\s*(?P<unit>[A-Za-z]+)\s*$")
+# ASCII only: ``int()`` reads full-width and Arabic-Indic digits too, and a rate stored in
+# digits other than those it is shown in says one thing in the row and another on screen.
+_PERIOD_RE = re.compile(r"^\s*(?P<mult>[+-]?\d+)?\s*(?P<unit>[A-Za-z]+)\s*$", re.ASCII)
 _RATE_RE = re.compile(
-    r"^\s*(?P<count>[+-]?\d+)\s*/\s*(?P<period>(?P<mult>\d+)?\s*(?P<unit>[A-Za-z]+))\s*$"
+    r"^\s*(?P<count>[+-]?\d+)\s*/\s*(?P<period>(?P<mult>\d+)?\s*(?P<unit>[A-Za-z]+))\s*$",
+    re.ASCII,
 )
 #: Longest period a rate may name; longer windows belong in a quota system, not a throttle.
 MAX_PERIOD = 366 * 86400

@@ -122,6 +122,11 @@ def test_tier_with_limits_is_saved(admin_client: Client) -> None:
         ("-5/m", "'-5/m': the count must be a whole number of at least 1"),
         ("0/m", "'0/m': the count must be a whole number of at least 1"),
         ("100/2month", "'100/2month': a calendar rate counts per one month, with no multiplier"),
+        (
+            "\uff11\uff10/min",  # full-width digits: int() reads 10
+            "'\uff11\uff10/min' is not a rate: write <count>/<period>, e.g. '100/min', "
+            "'10/s', '5000/day' or '20/15m'",
+        ),
     ],
 )
 def test_bad_rate_is_an_error_on_the_rate(admin_client: Client, rate: str, message: str) -> None:

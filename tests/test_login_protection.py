@@ -54,8 +54,7 @@ class BasicProtected(APIView):
         return Response({"created": request.data.get("username")}, status=201)
 
 
-@protect_credentials
-async def async_login(request: HttpRequest) -> HttpResponse:
+async def sign_in(request: HttpRequest) -> HttpResponse:
     """An ``async def`` login view: ``aauthenticate`` and ``alogin``."""
     from django.contrib.auth import aauthenticate, alogin
 
@@ -66,6 +65,9 @@ async def async_login(request: HttpRequest) -> HttpResponse:
         return HttpResponse("wrong", status=401)
     await alogin(request, user)
     return HttpResponse("in", status=302)
+
+
+async_login = protect_credentials(sign_in)
 
 
 @protect_credentials
@@ -120,6 +122,10 @@ urlpatterns = [
     path("token/", protect_credentials(obtain_auth_token)),
     path("basic/", BasicProtected.as_view()),
     path("admin/login/", protect_credentials(admin.site.login)),
+    # The same credentials checked under other rules (scopes "token" and "admin-login").
+    path("api/token/", protect_credentials(obtain_auth_token, scope="token")),
+    path("api/async-login/", protect_credentials(sign_in, scope="token")),
+    path("staff/login/", protect_credentials(admin.site.login, scope="admin-login")),
     path("admin/", admin.site.urls),
 ]
 
@@ -411,11 +417,19 @@ def test_fresh_names_never_flush_a_spent_counter_while_redis_is_down(
     assert attempt("bf1", "right") == 429
 
 
+#: Letters with a stroke or a bar: no decomposition, but the DUCET (the Unicode Collation
+#: Algorithm's table behind MySQL's ``utf8mb4_0900_ai_ci``) weighs each as its base letter
+#: with a secondary (accent) difference, so an accent-insensitive collation matches them.
+STROKED = str.maketrans(
+    {"ł": "l", "ø": "o", "đ": "d", "ħ": "h", "ŧ": "t", "ɨ": "i", "ƀ": "b", "ƶ": "z", "ǥ": "g"}
+)
+
+
 def collated(name: str) -> str:
     """``name`` as a case- and accent-insensitive collation compares it (MySQL's default
     ``utf8mb4_0900_ai_ci``; PostgreSQL's ``iexact`` for the case): accents, zero-width and
-    format characters ignored, letters upper-cased."""
-    decomposed = unicodedata.normalize("NFKD", name)
+    format characters ignored, stroked letters as their base letter, letters upper-cased."""
+    decomposed = unicodedata.normalize("NFKD", name.lower()).translate(STROKED)
     return "".join(c for c in decomposed if unicodedata.category(c) not in ("Mn", "Cf")).upper()
 
 
@@ -470,6 +484,33 @@ def test_spellings_a_collation_matches_share_one_counter(
     assert 429 not in wrong
     assert collated_attempt(url, "alice", "right") == 429
     assert collated_attempt(url, COLLATED_SPELLINGS[4], "right") == 429
+
+
+#: Accounts, and spellings of them a collation ignoring accents signs in as them whose
+#: letters have a stroke or a bar (no decomposition: once each counted apart).
+STROKED_SPELLINGS = {
+    "lukasz": ["łukasz", "ŁUKASZ", "Łukasz"],
+    "soren": ["søren", "SØREN", "Søren"],
+    "dorde": ["đorđe", "ĐORĐE", "Đorđe"],
+    "htibzg": ["ħŧɨƀƶǥ", "ĦŦƗɃƵǤ", "ħtɨbzǥ"],
+}
+
+
+@pytest.mark.parametrize("account", STROKED_SPELLINGS)
+@pytest.mark.parametrize("url", ["/login/", "/async-login/", "/basic/"])
+def test_stroked_letters_share_their_base_letters_counter(
+    rules: Tier, django_user_model: Any, settings: Any, url: str, account: str
+) -> None:
+    """``łukasz`` signs in as ``lukasz`` where the collation ignores accents (``ł`` is ``l``
+    with a secondary difference), so its wrong guesses spend ``lukasz``'s 3/h."""
+    settings.AUTHENTICATION_BACKENDS = ["tests.test_login_protection.CollatedBackend"]
+    django_user_model.objects.create_user(account, password="right", is_staff=True)
+    spellings = STROKED_SPELLINGS[account]
+    signed_in = {"/basic/": 200}.get(url, 302)
+    assert collated_attempt(url, spellings[0], "right") == signed_in  # the database's view
+    wrong = [collated_attempt(url, spelling, "wrong") for spelling in spellings]
+    assert 429 not in wrong
+    assert collated_attempt(url, account, "right") == 429
 
 
 #: Whitespace ``str.strip`` removes, as Django's and DRF's ``CharField`` do before they
@@ -572,7 +613,8 @@ def test_an_authentication_class_counts_the_header_only(rules: Tier, victim: Any
 
 
 def test_credentials_that_cannot_be_read_share_one_counter(rules: Tier, victim: Any) -> None:
-    """Neither JSON nor a form: counted, all such requests together, never skipped."""
+    """Neither JSON nor a form: counted, all such requests together wherever they are sent
+    (the token view, DRF's authentication), never skipped."""
     for _ in range(3):
         response = Client().post(
             "/token/", "<xml/>", content_type="application/xml", REMOTE_ADDR=elsewhere()
@@ -586,8 +628,7 @@ def test_credentials_that_cannot_be_read_share_one_counter(rules: Tier, victim: 
         Client().get("/basic/", HTTP_AUTHORIZATION=header, REMOTE_ADDR=elsewhere()).status_code
         for header in ("Basic", "Basic a b", "Basic " + base64.b64encode(b"no colon").decode())
     ]
-    assert statuses == [401] * 3
-    assert Client().get("/basic/", HTTP_AUTHORIZATION="Basic").status_code == 429
+    assert statuses == [429] * 3  # the token view's failures spent the one counter
 
 
 def test_a_signed_in_browser_keeps_its_own_allowance_under_attack(rules: Tier, victim: Any) -> None:
@@ -768,3 +809,129 @@ def test_limits_built_anew_for_every_call_keep_memory_flat(backend: str) -> None
     finally:
         tracemalloc.stop()
     assert kept < 1_000_000, f"kept {kept:,} bytes"
+
+
+# --- one budget per account, wherever its password is tried ----------------------------------
+
+
+def guard(scope: str, tier: Tier, by_username: str = "3/h", by_ip: str = "100/min") -> None:
+    """A rule for ``scope`` counting failures, by IP address and by username."""
+    rule = EndpointRule.objects.create(name=scope, pattern=scope, counts="failures")
+    for counted_by, rate in (("ip", by_ip), ("username", by_username)):
+        EndpointLimit.objects.create(rule=rule, tier=tier, rate=rate, counted_by=counted_by)
+
+
+def wrong(url: str, address: str | None = None, username: str = "bf1") -> int:
+    """A wrong password for ``username`` at ``url`` (fresh address unless one is given)."""
+    address = address or elsewhere()
+    if url == "/basic/":
+        credentials = basic(f"{username}:wrong")
+        return Client().get(url, HTTP_AUTHORIZATION=credentials, REMOTE_ADDR=address).status_code
+    data = {"username": username, "password": "wrong"}
+    return Client().post(url, data, REMOTE_ADDR=address).status_code
+
+
+def right(url: str) -> int:
+    if url == "/basic/":
+        return Client().get(url, HTTP_AUTHORIZATION=basic("bf1:right")).status_code
+    return Client().post(url, {"username": "bf1", "password": "right"}).status_code
+
+
+GUARDED = ["/login/", "/basic/", "/api/token/", "/staff/login/"]
+
+
+@pytest.mark.parametrize("last", GUARDED)
+def test_failures_at_every_guarded_endpoint_share_the_accounts_budget(
+    rules: Tier, victim: Any, last: str
+) -> None:
+    """Four rules of 3/h by username (the web login, DRF's authentication, the token view,
+    the admin's login) are 3 guesses per account an hour, not 12: one failure at each of
+    three endpoints spends it, and the right password is refused at any of them."""
+    guard("token", rules)
+    guard("admin-login", rules)
+    spent = [wrong(url) for url in GUARDED if url != last]
+    assert 429 not in spent
+    assert right(last) == 429
+
+
+def test_an_async_view_and_a_sync_one_share_the_budget(rules: Tier, victim: Any) -> None:
+    from asgiref.sync import async_to_sync
+
+    guard("token", rules)
+
+    async def scenario() -> list[int]:
+        statuses = []
+        for url in ("/api/async-login/", "/async-login/", "/api/async-login/"):
+            attempt = await AsyncClient().post(
+                url, {"username": "bf1", "password": "wrong"}, REMOTE_ADDR=elsewhere()
+            )
+            statuses.append(attempt.status_code)
+        again = await AsyncClient().post("/async-login/", {"username": "bf1", "password": "right"})
+        return [*statuses, again.status_code]
+
+    assert async_to_sync(scenario)() == [401, 401, 401, 429]
+    assert right("/login/") == 429  # the sync view meets the same counter
+
+
+def test_the_strictest_limit_written_holds_at_every_endpoint(rules: Tier, victim: Any) -> None:
+    """The admin's login allows 2 failures an hour, the others 3: the account's budget is 2
+    wherever they are tried (a guess at the loosest endpoint tries the same password)."""
+    guard("admin-login", rules, by_username="2/h")
+    assert [wrong("/login/"), wrong("/basic/")] == [200, 401]
+    assert right("/login/") == 429
+    assert right("/staff/login/") == 429
+
+
+def test_one_address_guessing_many_accounts_meets_one_budget(
+    backend: str, django_user_model: Any
+) -> None:
+    """Per IP address too: 3 failures a minute from one address over two endpoints."""
+    anonymous = Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
+    anonymous.limits.create(rate="1000/min")
+    for scope in ("login", "token"):
+        guard(scope, anonymous, by_username="100/h", by_ip="3/min")
+    address = "198.51.100.7"
+    statuses = [
+        wrong(url, address, f"user{n}") for n, url in enumerate(["/login/", "/api/token/"] * 2)
+    ]
+    assert statuses == [200, 400, 200, 429]
+
+
+def test_operator_tools_see_and_reset_the_shared_counter(rules: Tier, victim: Any) -> None:
+    """After failures at two endpoints, inspect shows one counter by username with what is
+    left of the account's budget, explain says a login is refused, and reset lets it in."""
+    import io
+
+    from django.core.management import call_command
+
+    def command(*args: str) -> Any:
+        out = io.StringIO()
+        call_command(*args, "--format", "json", stdout=out, stderr=io.StringIO())
+        return json.loads(out.getvalue())
+
+    guard("token", rules)
+    guard("admin-login", rules, by_username="5/h")  # written apart: a counter of its own
+    assert [wrong("/login/"), wrong("/api/token/")] == [200, 400]
+
+    inspected = command("throttle_inspect", "username:bf1")
+    by_name = {
+        (row["from"], row["remaining"])
+        for row in inspected["rows"]
+        if row["counted_by"] == "username bf1"
+    }
+    assert by_name == {("rule 'login'", 1), ("rule 'admin-login'", 3)}
+    wrong("/basic/")
+    explained = command(
+        "throttle_explain",
+        "--ip",
+        "198.51.100.99",
+        "--username",
+        "bf1",
+        *("--method", "POST", "--path", "/api/token/"),
+    )
+    assert explained["next_request"].startswith("denied (429)")
+
+    reset = command("throttle_reset", "username:bf1")
+    assert "username bf1" in {row["counted_by"] for row in reset["rows"]}
+    assert right("/login/") == 302
+    assert right("/api/token/") == 200

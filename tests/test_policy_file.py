@@ -290,6 +290,13 @@ def test_a_limit_written_twice_is_listed_with_the_other_limits_problems(tmp_path
             },
             "tiers[0] 't'.limits[0].algorithm:",
         ),
+        (
+            {
+                "version": 1,
+                "tiers": [{"slug": "t", "name": "T", "limits": [{"rate": "\u0661\u0660/s"}]}],
+            },
+            "tiers[0] 't'.limits[0].rate: '\u0661\u0660/s' is not a rate",  # Arabic-Indic 10
+        ),
     ],
 )
 def test_bad_documents_get_a_message(tmp_path: Path, document: Any, expected: str) -> None:

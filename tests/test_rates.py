@@ -75,6 +75,11 @@ def test_str_is_canonical_and_round_trips(text: str, canonical: str) -> None:
         ("1.5/s", "e.g. '100/min'"),
         ("10/367d", "366 days"),
         ("2000000000/s", "between 1 and 1000000000"),
+        # Digits other than ASCII ones, which int() reads: stored, they would show otherwise.
+        ("\uff11\uff10/m", "e.g. '100/min'"),  # full-width
+        ("\u0661\u0660/m", "e.g. '100/min'"),  # Arabic-Indic
+        ("10/\uff11\uff15m", "e.g. '100/min'"),
+        ("1\u09e6/h", "e.g. '100/min'"),  # Bengali zero
     ],
 )
 def test_parse_rejects_with_a_hint(text: str, hint: str) -> None:

@@ -627,13 +627,16 @@ def planned(
     # Whose counter each is: this client's, its address's, else (the only other kind of
     # counter a plan holds) the presented username's.
     whose = {ip_key: f"IP {network}", probe.identity.key: "this client"}
+    # A counter a rule counting failures shares with another is told by the rule writing it.
+    others = plan.endpoint.others if plan.endpoint is not None else {}
+    where = {i: f"rule '{name}'" for i, name in others.items()} | dict.fromkeys(tier_ids, tier)
     groups = []
     for client, limits in ((plan.client, plan.limits), *plan.groups):
         counted_by = whose.get(client, f"username {probe.username}")
         counters = tuple(
             Counter(client, limit, SERVICE, EVERY_CLIENT)
             if limit.id == FLEET
-            else Counter(client, limit, tier if limit.id in tier_ids else rule, counted_by)
+            else Counter(client, limit, where.get(limit.id, rule), counted_by)
             for limit in limits
         )
         groups.append((client, counters))

@@ -51,7 +51,7 @@ import time
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain
 from typing import Any, Protocol
 
@@ -373,8 +373,13 @@ class EndpointPolicy:
     rule_limits_by_tier: dict[int, tuple[Limit, ...]] = field(default_factory=dict)
     groups_by_tier: dict[int, tuple[CountedGroup, ...]] = field(default_factory=dict)
     #: Every tier's limits counted by IP address or username, for credential checks: those
-    #: counters protect the account and the server, whoever the caller is.
+    #: counters protect the account and the server, whoever the caller is. A rule counting
+    #: failures meets those of every such rule, one counter per limit written alike (see
+    #: :func:`_shared_failure_counters`).
     credential_groups: tuple[CountedGroup, ...] = ()
+    #: The limits of :attr:`credential_groups` written in other rules' rows: limit id -> the
+    #: name of that rule (what the operator tools say a counter comes from).
+    others: dict[str, str] = field(default_factory=dict)
     #: A login or token endpoint's rule by its rows: one with a limit counted by username
     #: (only credential requests present one), or one counting failures. Its checks are
     #: credential checks whichever adapter makes them.
@@ -804,7 +809,57 @@ def _compiled_rows(
     }
     # A counter with no limit for this region is no counter.
     there = {key: {c: rows for c, rows in by.items() if rows} for key, by in there.items()}
-    return tiers, [_endpoint(rule, tiers, there) for rule in rule_rows]
+    return tiers, _shared_failure_counters([_endpoint(rule, tiers, there) for rule in rule_rows])
+
+
+def _shared_failure_counters(rules: list[EndpointPolicy]) -> list[EndpointPolicy]:
+    """``rules`` with the failure counters of their credential checks shared: a rule counting
+    failures (a shadow one aside) meets the limits by IP address and by username of every
+    such rule, so an account's failures count together wherever they are tried (the web
+    login, the token view, the admin's login) and its budget is the strictest limit written,
+    not their sum. Rows written alike (same algorithm, rate, burst…) are one counter, under
+    the id of the first of them; each other limit keeps its own row's counter, so a key is
+    only ever read with the one rate it was written with. A rule keeps its own rows' names,
+    and meets the others' under theirs.
+
+    Rules counting every attempt, or successes, keep their own counters: charging another
+    rule's failure counter for their successes would lock the account out for signing in."""
+    sharing = {r.id for r in rules if r.counts == "failures" and not r.shadow}
+    # (counter, limit without id or name) -> the first row's limit, and its rule's name.
+    first: dict[tuple[str, Limit], tuple[Limit, str]] = {}
+    for rule in rules:
+        if rule.id in sharing:
+            for counter, limits in rule.credential_groups:
+                for limit in limits:
+                    first.setdefault((counter, _shape(limit)), (limit, rule.name))
+    if not first:
+        return rules
+    shared = []
+    for rule in rules:
+        if rule.id not in sharing:
+            shared.append(rule)
+            continue
+        groups: list[CountedGroup] = []
+        others: dict[str, str] = {}
+        for counter in ("ip", "username"):
+            met: dict[Limit, Limit] = {}
+            for kind, limits in rule.credential_groups:
+                for limit in limits if kind == counter else ():
+                    shape = _shape(limit)
+                    met.setdefault(shape, replace(limit, id=first[counter, shape][0].id))
+            for (kind, shape), (limit, owner) in first.items():
+                if kind == counter and shape not in met:
+                    met[shape] = limit
+                    others[limit.id] = owner
+            if met:
+                groups.append((counter, tuple(met.values())))
+        shared.append(replace(rule, credential_groups=tuple(groups), others=others))
+    return shared
+
+
+def _shape(limit: Limit) -> Limit:
+    """What ``limit`` counts, without the row it came from."""
+    return replace(limit, id="", name="")
 
 
 def _endpoint(
@@ -816,7 +871,7 @@ def _endpoint(
     own: dict[int, tuple[Limit, ...]] = {}
     groups: dict[int, tuple[tuple[str, tuple[Limit, ...]], ...]] = {}
     # Every tier's limits counted by IP address or username: what a credential check meets
-    # whatever the caller's tier (each row keeps its own counter).
+    # whatever the caller's tier (rows written alike are one counter: _shared_failure_counters).
     every: dict[str, list[Limit]] = {"ip": [], "username": []}
     for tier_id in tiers:
         by_counter = endpoint_limits.get((rule.id, tier_id), {})

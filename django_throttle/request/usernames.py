@@ -151,6 +151,11 @@ def _fold(name: str) -> str:
       nondeterministic ICU collations ignore them: there ``alicé``, ``ali\u200bce`` and
       ``alice\u00ad`` are ``alice``. A name made of nothing else keeps them (it names an
       account of its own where names are compared as they are);
+    - letters with a stroke or a bar, which have no decomposition but which the Unicode
+      Collation Algorithm weighs as their base letter with a secondary (accent) difference,
+      so that accent-insensitive collations match them to it (:data:`_BASE_LETTERS`: there
+      ``łukasz`` is ``lukasz`` and ``søren`` is ``soren``), and ``æ``/``œ``, which it weighs
+      as ``ae``/``oe``;
     - then NFKC again, which recomposes what is left.
     """
     name = name.upper().casefold()
@@ -160,6 +165,46 @@ def _fold(name: str) -> str:
     return unicodedata.normalize("NFKC", bare if bare.strip() else name)
 
 
+#: Letters (case-folded) that decompose to nothing but that the Unicode Collation Algorithm
+#: (the DUCET behind MySQL's ``utf8mb4_0900_ai_ci`` and ``utf8mb4_unicode_ci``, and ICU's
+#: collations) weighs as a base letter plus a secondary difference, so accent-insensitive
+#: matching takes them for it: letters with a stroke or a bar (``ł``, ``ø``, ``đ``, ``ħ``,
+#: ``ŧ``, ``ɨ``, ``ƀ``…), the eth, and the ligatures ``æ`` and ``œ``. Folding one a
+#: collation keeps apart only makes two names share a counter, which only limits more.
+_BASE_LETTERS = {
+    "\u2c65": "a",  # ⱥ
+    "\u0180": "b",  # ƀ
+    "\u023c": "c",  # ȼ
+    "\u0111": "d",  # đ
+    "\u00f0": "d",  # ð
+    "\u0247": "e",  # ɇ
+    "\u01e5": "g",  # ǥ
+    "\ua7a1": "g",  # ꞡ
+    "\u0127": "h",  # ħ
+    "\u0268": "i",  # ɨ
+    "\u1d7b": "i",  # ᵻ
+    "\u0249": "j",  # ɉ
+    "\ua741": "k",  # ꝁ
+    "\ua7a3": "k",  # ꞣ
+    "\u0142": "l",  # ł
+    "\u019a": "l",  # ƚ
+    "\ua7a5": "n",  # ꞥ
+    "\u00f8": "o",  # ø
+    "\ua74b": "o",  # ꝋ
+    "\u1d7d": "p",  # ᵽ
+    "\ua751": "p",  # ꝑ
+    "\ua757": "q",  # ꝗ
+    "\u024d": "r",  # ɍ
+    "\ua7a7": "r",  # ꞧ
+    "\ua7a9": "s",  # ꞩ
+    "\u0167": "t",  # ŧ
+    "\u2c66": "t",  # ⱦ
+    "\u0289": "u",  # ʉ
+    "\u024f": "y",  # ɏ
+    "\u01b6": "z",  # ƶ
+    "\u00e6": "ae",  # æ
+    "\u0153": "oe",  # œ
+}
 #: Most distinct ignored characters removed one ``str.replace`` each; more go through one
 #: regular expression. Either way the work stays in C over the whole name (a body may hold a
 #: name of megabytes): only the distinct characters are looked up one by one.
@@ -167,14 +212,19 @@ _REPLACED = 8
 
 
 def _without_ignored(name: str) -> str:
-    """``name`` without the characters of :data:`_IGNORED` categories (whitespace kept)."""
+    """``name`` without the characters of :data:`_IGNORED` categories (whitespace kept), its
+    letters of :data:`_BASE_LETTERS` as their base letters."""
+    distinct = set(name)
     ignored = [
-        char for char in set(name) if unicodedata.category(char) in _IGNORED and not char.isspace()
+        char for char in distinct if unicodedata.category(char) in _IGNORED and not char.isspace()
     ]
     if len(ignored) > _REPLACED:
-        return re.sub("[" + "".join(map(re.escape, ignored)) + "]+", "", name)
-    for char in ignored:
-        name = name.replace(char, "")
+        name = re.sub("[" + "".join(map(re.escape, ignored)) + "]+", "", name)
+    else:
+        for char in ignored:
+            name = name.replace(char, "")
+    if based := distinct.intersection(_BASE_LETTERS):
+        name = name.translate({ord(char): _BASE_LETTERS[char] for char in based})
     return name
 
 
