@@ -98,3 +98,74 @@ def test_the_readme_counts_the_settings_there_are() -> None:
     readme = (ROOT / "README.md").read_text("utf-8")
     section = readme.split("## Settings", 1)[1].split("\n## ", 1)[0]
     assert f"{NUMBER_WORDS[count]} `DJANGO_THROTTLE_*` settings" in " ".join(section.split())
+
+
+def _headings(table: str) -> list[str]:
+    """A rich table's column headings (a heading wrapped over lines joined again)."""
+    lines = table.split("┏", 1)[1].split("┡", 1)[0].splitlines()[1:]
+    cells = [
+        [cell.strip() for cell in line.strip().strip("┃").split("┃")]
+        for line in lines
+        if "┃" in line
+    ]
+    return [" ".join(filter(None, parts)) for parts in zip(*cells, strict=True)]
+
+
+def _labels(block: str) -> list[str]:
+    """The ``Label: value`` lines above a table (``throttle_explain``'s summary)."""
+    head = block.split("┏", 1)[0]
+    return re.findall(r"^ *([A-Z][a-z]+(?: [a-z]+)*): ", head, re.MULTILINE)
+
+
+def _example(name: str, invocation: str) -> str:
+    """The output shown under ``$ python manage.py <invocation>`` in command ``name``'s
+    section: up to the next prompt or the end of the literal block."""
+    body = _sections(COMMANDS_PAGE.read_text())[name]
+    after = body.split(f"$ python manage.py {invocation}", 1)[1].split("\n", 1)[1]
+    return re.split(r"\n   \$ |\n\n(?! )", after, maxsplit=1)[0]
+
+
+@pytest.mark.django_db
+def test_the_commands_page_shows_the_tables_the_commands_print() -> None:
+    """The examples of ``throttle_explain``, ``throttle_inspect`` and ``throttle_reset`` show
+    what the commands print: the same summary lines and column headings, and limits named
+    with their rates as the commands write them (the page still showed a "Whole again in (s)"
+    column of seconds, no region line and rates as ``60/m`` after the commands had changed)."""
+    import io
+
+    from django.core.management import call_command
+    from django.test import Client
+
+    from django_throttle.rates import Rate, rate_text
+    from tests.factories import endpoint, tier
+
+    anonymous = tier("anonymous", "2/min", is_default_anonymous=True)
+    endpoint("export", "scope", "export", limits={anonymous: "1/day"})
+    Client().post("/api/export/", REMOTE_ADDR="203.0.113.9")
+
+    def run(*args: str) -> str:
+        out = io.StringIO()
+        call_command(*args, stdout=out)
+        return out.getvalue()
+
+    explained = run(
+        "throttle_explain", "--ip", "203.0.113.9", "--method", "POST", "--path", "/api/export/"
+    )
+    inspected = run("throttle_inspect", "203.0.113.9")
+    shown_explain = _example("throttle_explain", "throttle_explain --user alice")
+    shown_inspect = _example("throttle_inspect", "throttle_inspect 203.0.113.9")
+    assert _labels(shown_explain) == _labels(explained)
+    assert _headings(shown_explain) == _headings(explained)
+    assert _headings(shown_inspect) == _headings(inspected)
+    assert "region none (the default limits)" in inspected
+    assert "region none (the default limits)" in " ".join(shown_inspect.split())
+
+    page = COMMANDS_PAGE.read_text()
+    sections = _sections(page)
+    shown = "".join(
+        sections[name] for name in ("throttle_explain", "throttle_inspect", "throttle_reset")
+    )
+    # A limit's name ends with its rate: in a table cell (maybe wrapped) or a CSV row.
+    rates = re.findall(r"[\s(│](\d+/\d*[a-z]+)(?= *[│,]| *$)", shown, re.MULTILINE)
+    assert rates
+    assert [rate_text(Rate.parse(rate)) for rate in rates] == rates
