@@ -194,6 +194,8 @@ def test_resetting_a_client_leaves_the_shared_ceiling(client: Any, one_shard: No
 
     shared = next(row for row in inspected["rows"] if row["shared"])
     assert (shared["id"], shared["remaining"]) == (f"t{ceiling.pk}", 0)
+    # Everyone's counter, not this client's: resetting the client leaves it.
+    assert shared["counted_by"] == "every client"
     assert f"t{ceiling.pk}" not in {row["id"] for row in reset["rows"]}
     assert client.get("/api/ping/", REMOTE_ADDR="203.0.113.2").status_code == 429
     with pytest.raises(CommandError, match="shared ceiling"):

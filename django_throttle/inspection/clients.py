@@ -209,12 +209,18 @@ def buckets(found: Sequence[Counter]) -> list[Bucket]:
             c.limit,
             c.where,
             backend.peek(c.client, [c.limit]),
-            c.counted_by,
+            shared_by() if c.limit.shared else c.counted_by,
             c.client,
             _held(backend, c),
         )
         for c in found
     ]
+
+
+def shared_by() -> str:
+    """Whose counter a shared limit's is: every client's, or with several key shards every
+    client's of the shard this one's key falls in (the ceiling is split between them)."""
+    return EVERY_CLIENT if app_settings.key_shards == 1 else f"{EVERY_CLIENT} of its key shard"
 
 
 #: Characters of a lease id the operator tools show: enough to tell a client's leases apart.
