@@ -70,7 +70,14 @@ from django_throttle.redaction import plain_text
 from django_throttle.request.core import throttled_status
 from django_throttle.usage import accounting
 from django_throttle.usage.names import client_names
-from django_throttle.usage.reports import NO_ENDPOINT, NO_TIER, Report, report
+from django_throttle.usage.reports import (
+    NO_ENDPOINT,
+    NO_TIER,
+    Report,
+    newest_stored,
+    report,
+    stored_through,
+)
 
 #: Clients listed under "most limited".
 TOP_LIMITED = 20
@@ -146,20 +153,23 @@ def load_factors(window: str) -> dict[str, Any]:
 
 
 def _most_limited(window: str) -> dict[str, Any]:
-    """The clients denied most, each with who it is (:func:`client_names`), and which of
-    their figures are estimates (folded: see ``Report.estimated_fields``)."""
+    """The clients denied most, each with who it is (:func:`client_names`), which of their
+    figures are estimates (folded: see ``Report.estimated_fields``), and ``limited_error``:
+    why the backend could not be read (then there is no list to show)."""
     span, _step = WINDOWS[window]
     since = datetime.now(tz=UTC) - timedelta(minutes=span - 1)
+    error = ""
     try:
         result = report(since, "client", None)
-    except BackendError:
-        result = Report(rows=[])
+    except BackendError as exc:  # not "no client was limited": nobody knows
+        result, error = Report(rows=[]), plain_text(f"{type(exc).__name__}: {exc}")
     limited = [row for row in result.rows if row.denied or row.shadow_denied]
     limited = sorted(limited, key=lambda row: (-row.denied, -row.shadow_denied, row.key))
     names = client_names(row.key for row in limited[:TOP_LIMITED])
     return {
         "limited": [{"row": row, "client": names[row.key]} for row in limited[:TOP_LIMITED]],
         "estimated": result.estimated_fields,
+        "limited_error": error,
     }
 
 
@@ -481,12 +491,17 @@ def timeline(window: str) -> Timeline:
 
 
 def _timeline(window: str, store: UsageStore) -> Timeline:
+    """Minutes up to the one the database holds last (the watermark, else its newest row, as
+    :func:`~django_throttle.usage.reports.report` splits them) from ``UsageCount`` rows, later
+    ones from the backend. A backend that does not answer its first (short) call is not read
+    again: the page shows the database's minutes, marked partial, at once."""
     span, step = WINDOWS[window]
     partial = False
     try:
         now = store.now_minute()
+        split = stored_through(store)
     except BackendError:
-        now, partial = math.floor(time.time() / 60), True
+        now, split, partial = math.floor(time.time() / 60), newest_stored(), True
     first = now - span + 1
     first -= first % step  # bars start on whole steps (xx:00, xx:15 ...)
     bars = (now - first) // step + 1
@@ -500,25 +515,22 @@ def _timeline(window: str, store: UsageStore) -> Timeline:
                 if outcome in row:
                     row[outcome][index] += n
 
-    watermark = None
-    try:
-        watermark = store.watermark()
-    except BackendError:
-        partial = True
-    if watermark is not None and watermark >= first:
+    if split is not None and split >= first:
         # One row per minute, tier and endpoint (the table's unique constraint): nothing to sum.
         rows = UsageCount.objects.filter(
             client=accounting.ALL,
             window_start__gte=stored_time(first * 60),
-            window_start__lte=stored_time(watermark * 60),
+            window_start__lte=stored_time(split * 60),
         ).values_list("window_start", "tier", "endpoint", *accounting.COLUMNS)
         for start, tier, endpoint, *values in rows:
             add(_minute(start), tier, endpoint, values)
-    live_from = first if watermark is None else max(first, watermark + 1)
-    try:
-        live = store.read(range(live_from, now + 1), totals=True, clients=False)
-    except BackendError:
-        live, partial = {}, True
+    live: dict[int, Any] = {}
+    if not partial:
+        live_from = first if split is None else max(first, split + 1)
+        try:
+            live = store.read(range(live_from, now + 1), totals=True, clients=False)
+        except BackendError:
+            partial = True
     for minute, counts in live.items():
         for usage_field, values in counts.totals.items():
             add(minute, *accounting.split_field(usage_field), values)
