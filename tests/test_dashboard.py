@@ -13,8 +13,9 @@ from django.contrib.auth.models import Permission, User
 
 from django_throttle.admin.views import stacked_bars
 from django_throttle.backends import get_backend
-from django_throttle.backends.redis_nodes import get_breaker
+from django_throttle.backends.redis_nodes import get_breaker, reset_breaker
 from django_throttle.models import UsageCount
+from django_throttle.usage import accounting
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
@@ -348,3 +349,22 @@ def test_with_redis_down_the_dashboard_says_what_it_could_not_read(
     assert "No client was limited in this window." not in html
     limited = html.split('id="limited"', 1)[1]
     assert "The backend could not be read" in limited
+
+
+def test_requests_served_uncounted_during_an_outage_are_on_the_dashboard(
+    client: Any, hung_redis: str, _pausable_redis: Any
+) -> None:
+    """An hour in which Redis hung for a while: the requests served uncounted then (failed
+    open, the default) were missing from the page, which showed only the counted ones."""
+    tier("anonymous", "1000/h", is_default_anonymous=True)
+    statuses = [client.get("/api/ping/", REMOTE_ADDR="203.0.113.9").status_code for _ in range(3)]
+    assert statuses == [200] * 3
+    _pausable_redis.resume()
+    reset_breaker()  # its cooldown passed
+    accounting.flush_pending()  # what the process's pusher does within a second
+    client.force_login(staff("view_usagecount"))
+
+    html = client.get(URL).content.decode()
+
+    assert totals(html) == {"allowed": 0, "denied": 0, "shadow_denied": 0, "failed_open": 3}
+    assert "served uncounted" in html.split('id="overall"', 1)[1].split("</p>", 1)[0]

@@ -421,8 +421,11 @@ WINDOWS = {"hour": (60, 1), "day": (1440, 15)}
 CHARTED = ("allowed", "denied", "shadow_denied")
 #: What each outcome is called in the legend and tooltips.
 LABELS = {"allowed": "allowed", "denied": "denied", "shadow_denied": "shadow would-deny"}
-#: What a chart sums per bar: the charted outcomes, and the measures it reports beside them.
-_SUMMED = (*CHARTED, *accounting.MEASURES)
+#: What a chart reports beside its bars: the measures, and the requests the backend failed
+#: (served uncounted or refused by the failure mode), which no limit decided.
+_BESIDE = (*accounting.MEASURES, accounting.FAILED_OPEN, accounting.FAILED_CLOSED)
+#: What a chart sums per bar: the charted outcomes, and what it reports beside them.
+_SUMMED = (*CHARTED, *_BESIDE)
 #: Charts drawn per tier or endpoint; the quieter ones are summed into one "(other)" chart.
 MAX_CHARTS = 12
 OTHER = "(other)"
@@ -443,7 +446,8 @@ class Chart:
     starts: list[datetime]
     bars: dict[str, list[int]]
     #: Per bar, each of :data:`~.accounting.MEASURES`: requests served after waiting their
-    #: turn, their waits summed (ms), and requests shed (503).
+    #: turn, their waits summed (ms), and requests shed (503); and the requests the backend
+    #: failed, served uncounted (``failed_open``) or refused (``failed_closed``).
     measures: dict[str, list[int]] = field(default_factory=dict)
 
     @property
@@ -459,6 +463,16 @@ class Chart:
     def shed(self) -> int:
         """Requests refused with 503 to protect the service: part of denied."""
         return sum(self.measures.get(accounting.SHED, ()))
+
+    @property
+    def failed_open(self) -> int:
+        """Requests served uncounted because the backend failed (failure mode open)."""
+        return sum(self.measures.get(accounting.FAILED_OPEN, ()))
+
+    @property
+    def failed_closed(self) -> int:
+        """Requests refused (503) because the backend failed (failure mode closed)."""
+        return sum(self.measures.get(accounting.FAILED_CLOSED, ()))
 
     @property
     def mean_wait(self) -> float:
@@ -568,7 +582,7 @@ def _sum(title: str, rows: Iterable[dict[str, list[int]]], starts: list[datetime
     """One chart of ``rows`` added up bar by bar (zero bars when there are none)."""
     rows, zero = list(rows), [0] * len(starts)
     sums = {o: list(map(sum, zip(zero, *(row[o] for row in rows), strict=True))) for o in _SUMMED}
-    measures = {o: sums.pop(o) for o in accounting.MEASURES}
+    measures = {o: sums.pop(o) for o in _BESIDE}
     return Chart(title, starts, sums, measures)
 
 
