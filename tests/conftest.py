@@ -151,3 +151,24 @@ def _isolated_throttle(settings: object) -> Iterator[str]:
     backends.reset_backend_cache()
     policy.reset()
     usage.reset()
+
+
+@pytest.fixture(scope="session")
+def _pausable_redis() -> Iterator[Any]:
+    """A redis-server of the suite's own that a test may pause, started on first use."""
+    from tests.redis_servers import RedisServer
+
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def hung_redis(_pausable_redis: Any, settings: Any) -> Iterator[str]:
+    """The throttle on a Redis that accepts connections and answers nothing (SIGSTOP: a hung
+    server), with the package's own short timeouts, until the test ends; yields its URL."""
+    settings.DJANGO_THROTTLE_REDIS_URL = _pausable_redis.url
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {}
+    _pausable_redis.pause()
+    yield _pausable_redis.url
+    _pausable_redis.resume()

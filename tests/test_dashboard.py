@@ -4,6 +4,8 @@ and tables show the requests a test made (on Redis and in memory)."""
 from __future__ import annotations
 
 import re
+import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -11,7 +13,9 @@ from django.contrib.auth.models import Permission, User
 
 from django_throttle.admin.views import stacked_bars
 from django_throttle.backends import get_backend
-from django_throttle.backends.redis_nodes import get_breaker
+from django_throttle.backends.redis_nodes import get_breaker, reset_breaker
+from django_throttle.models import UsageCount
+from django_throttle.usage import accounting
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
@@ -274,3 +278,93 @@ def test_the_api_key_action_asks_then_resets_and_is_recorded(
     assert api.get("/api/ping/", HTTP_X_API_KEY=key).status_code == 200
     entry = LogEntry.objects.get(object_id=str(row.pk))
     assert entry.change_message.startswith(f"Reset the rate limit buckets of key:{row.prefix}")
+
+
+# --- an operator's dashboard during an outage -------------------------------------------------
+
+
+def rolled_up(tier_name: str, allowed: int, denied: int, minutes_ago: int = 5) -> None:
+    """A total row the rollup copied to the database: a finished minute of the last hour."""
+    start = datetime.now(tz=UTC).replace(second=0, microsecond=0)
+    UsageCount.objects.create(
+        window_start=start - timedelta(minutes=minutes_ago),
+        client="*",
+        tier=tier_name,
+        endpoint="",
+        allowed=allowed,
+        denied=denied,
+    )
+
+
+def test_a_hung_redis_costs_the_dashboard_its_short_timeouts_not_its_report_timeouts(
+    client: Any, hung_redis: str
+) -> None:
+    """A Redis that accepts connections and answers nothing (SIGSTOP) once held the page for
+    four report timeouts (40 s, past a gunicorn worker's 30 s), while an operator most needs
+    it: the first unanswered call ends the page's reads."""
+    client.force_login(staff("view_usagecount"))
+
+    started = time.monotonic()
+    response = client.get(URL)
+    elapsed = time.monotonic() - started
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "counts are partial" in html
+    assert re.search(r'id="dt-reachable">\s*no', html)
+    assert elapsed < 5, f"{elapsed:.1f} s"
+
+
+def test_minutes_in_the_database_are_shown_when_redis_lost_the_watermark(
+    client: Any, settings: Any, redis_url: str
+) -> None:
+    """After a Redis restart (the rollup's watermark gone) the minutes already copied to the
+    database are still counted, as ``throttle_usage`` counts them: they were left out, and
+    the page said 0 requests for an hour of traffic."""
+    settings.DJANGO_THROTTLE_REDIS_URL = redis_url
+    rolled_up("anonymous", allowed=10, denied=3)
+    client.force_login(staff("view_usagecount"))
+
+    html = client.get(URL).content.decode()
+
+    assert totals(html) == {"allowed": 10, "denied": 3, "shadow_denied": 0}
+    assert "counts are partial" not in html
+
+
+def test_with_redis_down_the_dashboard_says_what_it_could_not_read(
+    client: Any, settings: Any
+) -> None:
+    """Down, the page shows the minutes the database holds, marked as a lower bound, and
+    never claims that nothing was counted or that no client was limited."""
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    rolled_up("anonymous", allowed=10, denied=3)
+    client.force_login(staff("view_usagecount"))
+
+    html = client.get(URL).content.decode()
+
+    assert "counts are partial" in html
+    assert totals(html) == {"allowed": 10, "denied": 3, "shadow_denied": 0}
+    assert html.count('class="dt-at-least"') == 3  # each total marked "at least"
+    assert "No requests counted in this window." not in html
+    assert "No client was limited in this window." not in html
+    limited = html.split('id="limited"', 1)[1]
+    assert "The backend could not be read" in limited
+
+
+def test_requests_served_uncounted_during_an_outage_are_on_the_dashboard(
+    client: Any, hung_redis: str, _pausable_redis: Any
+) -> None:
+    """An hour in which Redis hung for a while: the requests served uncounted then (failed
+    open, the default) were missing from the page, which showed only the counted ones."""
+    tier("anonymous", "1000/h", is_default_anonymous=True)
+    statuses = [client.get("/api/ping/", REMOTE_ADDR="203.0.113.9").status_code for _ in range(3)]
+    assert statuses == [200] * 3
+    _pausable_redis.resume()
+    reset_breaker()  # its cooldown passed
+    accounting.flush_pending()  # what the process's pusher does within a second
+    client.force_login(staff("view_usagecount"))
+
+    html = client.get(URL).content.decode()
+
+    assert totals(html) == {"allowed": 0, "denied": 0, "shadow_denied": 0, "failed_open": 3}
+    assert "served uncounted" in html.split('id="overall"', 1)[1].split("</p>", 1)[0]

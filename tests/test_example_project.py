@@ -188,6 +188,28 @@ def test_run_demo_serves_the_throttled_api(tmp_path: Path, redis_url: str) -> No
     assert (REAL_DB.stat().st_mtime_ns if REAL_DB.exists() else None) == real_db_before
 
 
+def test_run_demo_starts_again_at_once_on_the_port_it_just_left() -> None:
+    """Stopping the demo leaves its port's closed connections in TIME_WAIT for a minute;
+    runserver binds over them, and so must run_demo's check that the port is free (it said
+    "not free (Address already in use)" to a newcomer restarting it). A port someone listens
+    on is still refused."""
+    from django.core.management.base import CommandError
+
+    from example_project.demo.management.commands.run_demo import HOST, check_port_free
+
+    listener = socket.create_server((HOST, 0))
+    port = listener.getsockname()[1]
+    with socket.create_connection((HOST, port)) as visitor:
+        served, _ = listener.accept()
+        served.close()  # the server closes first: its side of the connection waits
+        with pytest.raises(CommandError, match="is not free"):
+            check_port_free(port)  # still listened on
+        listener.close()
+        assert visitor.recv(1) == b""
+
+    check_port_free(port)
+
+
 @spawns_the_demo
 def test_run_demo_starts_and_stops_its_own_redis(tmp_path: Path) -> None:
     with run_demo(tmp_path, redis_url=None) as demo:

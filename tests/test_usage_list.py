@@ -232,3 +232,25 @@ def test_the_dashboard_names_clients_in_words(client: Any, backend: Any) -> None
     assert "Address 203.0.113.9" in limited
     assert f'href="/admin/django_throttle/usagecount/inspect/?client=user%3A{alice.pk}"' in limited
     assert not re.search(r">[^<]*\b(user|username|ip):", limited)  # no raw label as text
+
+
+def test_a_hung_redis_holds_the_list_for_its_short_timeouts_only(
+    client: Any, hung_redis: str
+) -> None:
+    """The list's rollup is bounded (at most 2 s a view), yet a Redis that answers nothing
+    held it for the report timeout (10 s): its first call now has the short timeouts."""
+    minute = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=1)
+    UsageCount.objects.create(
+        window_start=minute, client="*", tier="free", endpoint="ping", allowed=7
+    )
+    operator(client)
+
+    started = time.monotonic()
+    response = client.get(LIST)
+    elapsed = time.monotonic() - started
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "The live counts could not be read" in html
+    assert cells(html, "allowed") == ["7"]
+    assert elapsed < 2, f"{elapsed:.1f} s"

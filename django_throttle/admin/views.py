@@ -70,7 +70,14 @@ from django_throttle.redaction import plain_text
 from django_throttle.request.core import throttled_status
 from django_throttle.usage import accounting
 from django_throttle.usage.names import client_names
-from django_throttle.usage.reports import NO_ENDPOINT, NO_TIER, Report, report
+from django_throttle.usage.reports import (
+    NO_ENDPOINT,
+    NO_TIER,
+    Report,
+    newest_stored,
+    report,
+    stored_through,
+)
 
 #: Clients listed under "most limited".
 TOP_LIMITED = 20
@@ -146,20 +153,23 @@ def load_factors(window: str) -> dict[str, Any]:
 
 
 def _most_limited(window: str) -> dict[str, Any]:
-    """The clients denied most, each with who it is (:func:`client_names`), and which of
-    their figures are estimates (folded: see ``Report.estimated_fields``)."""
+    """The clients denied most, each with who it is (:func:`client_names`), which of their
+    figures are estimates (folded: see ``Report.estimated_fields``), and ``limited_error``:
+    why the backend could not be read (then there is no list to show)."""
     span, _step = WINDOWS[window]
     since = datetime.now(tz=UTC) - timedelta(minutes=span - 1)
+    error = ""
     try:
         result = report(since, "client", None)
-    except BackendError:
-        result = Report(rows=[])
+    except BackendError as exc:  # not "no client was limited": nobody knows
+        result, error = Report(rows=[]), plain_text(f"{type(exc).__name__}: {exc}")
     limited = [row for row in result.rows if row.denied or row.shadow_denied]
     limited = sorted(limited, key=lambda row: (-row.denied, -row.shadow_denied, row.key))
     names = client_names(row.key for row in limited[:TOP_LIMITED])
     return {
         "limited": [{"row": row, "client": names[row.key]} for row in limited[:TOP_LIMITED]],
         "estimated": result.estimated_fields,
+        "limited_error": error,
     }
 
 
@@ -411,8 +421,11 @@ WINDOWS = {"hour": (60, 1), "day": (1440, 15)}
 CHARTED = ("allowed", "denied", "shadow_denied")
 #: What each outcome is called in the legend and tooltips.
 LABELS = {"allowed": "allowed", "denied": "denied", "shadow_denied": "shadow would-deny"}
-#: What a chart sums per bar: the charted outcomes, and the measures it reports beside them.
-_SUMMED = (*CHARTED, *accounting.MEASURES)
+#: What a chart reports beside its bars: the measures, and the requests the backend failed
+#: (served uncounted or refused by the failure mode), which no limit decided.
+_BESIDE = (*accounting.MEASURES, accounting.FAILED_OPEN, accounting.FAILED_CLOSED)
+#: What a chart sums per bar: the charted outcomes, and what it reports beside them.
+_SUMMED = (*CHARTED, *_BESIDE)
 #: Charts drawn per tier or endpoint; the quieter ones are summed into one "(other)" chart.
 MAX_CHARTS = 12
 OTHER = "(other)"
@@ -433,7 +446,8 @@ class Chart:
     starts: list[datetime]
     bars: dict[str, list[int]]
     #: Per bar, each of :data:`~.accounting.MEASURES`: requests served after waiting their
-    #: turn, their waits summed (ms), and requests shed (503).
+    #: turn, their waits summed (ms), and requests shed (503); and the requests the backend
+    #: failed, served uncounted (``failed_open``) or refused (``failed_closed``).
     measures: dict[str, list[int]] = field(default_factory=dict)
 
     @property
@@ -449,6 +463,16 @@ class Chart:
     def shed(self) -> int:
         """Requests refused with 503 to protect the service: part of denied."""
         return sum(self.measures.get(accounting.SHED, ()))
+
+    @property
+    def failed_open(self) -> int:
+        """Requests served uncounted because the backend failed (failure mode open)."""
+        return sum(self.measures.get(accounting.FAILED_OPEN, ()))
+
+    @property
+    def failed_closed(self) -> int:
+        """Requests refused (503) because the backend failed (failure mode closed)."""
+        return sum(self.measures.get(accounting.FAILED_CLOSED, ()))
 
     @property
     def mean_wait(self) -> float:
@@ -481,12 +505,17 @@ def timeline(window: str) -> Timeline:
 
 
 def _timeline(window: str, store: UsageStore) -> Timeline:
+    """Minutes up to the one the database holds last (the watermark, else its newest row, as
+    :func:`~django_throttle.usage.reports.report` splits them) from ``UsageCount`` rows, later
+    ones from the backend. A backend that does not answer its first (short) call is not read
+    again: the page shows the database's minutes, marked partial, at once."""
     span, step = WINDOWS[window]
     partial = False
     try:
         now = store.now_minute()
+        split = stored_through(store)
     except BackendError:
-        now, partial = math.floor(time.time() / 60), True
+        now, split, partial = math.floor(time.time() / 60), newest_stored(), True
     first = now - span + 1
     first -= first % step  # bars start on whole steps (xx:00, xx:15 ...)
     bars = (now - first) // step + 1
@@ -500,25 +529,22 @@ def _timeline(window: str, store: UsageStore) -> Timeline:
                 if outcome in row:
                     row[outcome][index] += n
 
-    watermark = None
-    try:
-        watermark = store.watermark()
-    except BackendError:
-        partial = True
-    if watermark is not None and watermark >= first:
+    if split is not None and split >= first:
         # One row per minute, tier and endpoint (the table's unique constraint): nothing to sum.
         rows = UsageCount.objects.filter(
             client=accounting.ALL,
             window_start__gte=stored_time(first * 60),
-            window_start__lte=stored_time(watermark * 60),
+            window_start__lte=stored_time(split * 60),
         ).values_list("window_start", "tier", "endpoint", *accounting.COLUMNS)
         for start, tier, endpoint, *values in rows:
             add(_minute(start), tier, endpoint, values)
-    live_from = first if watermark is None else max(first, watermark + 1)
-    try:
-        live = store.read(range(live_from, now + 1), totals=True, clients=False)
-    except BackendError:
-        live, partial = {}, True
+    live: dict[int, Any] = {}
+    if not partial:
+        live_from = first if split is None else max(first, split + 1)
+        try:
+            live = store.read(range(live_from, now + 1), totals=True, clients=False)
+        except BackendError:
+            partial = True
     for minute, counts in live.items():
         for usage_field, values in counts.totals.items():
             add(minute, *accounting.split_field(usage_field), values)
@@ -556,7 +582,7 @@ def _sum(title: str, rows: Iterable[dict[str, list[int]]], starts: list[datetime
     """One chart of ``rows`` added up bar by bar (zero bars when there are none)."""
     rows, zero = list(rows), [0] * len(starts)
     sums = {o: list(map(sum, zip(zero, *(row[o] for row in rows), strict=True))) for o in _SUMMED}
-    measures = {o: sums.pop(o) for o in accounting.MEASURES}
+    measures = {o: sums.pop(o) for o in _BESIDE}
     return Chart(title, starts, sums, measures)
 
 

@@ -261,7 +261,10 @@ class RedisUsage(UsageStore):
         return found
 
     def now_minute(self) -> int:
-        seconds, _ = call_backend(self.client.time)
+        """On the backend's own client (short timeouts): the first call of every report,
+        rollup and dashboard, so a Redis that accepts connections and answers nothing fails
+        them within the request path's timeout, not :data:`READ_TIMEOUT` per call."""
+        seconds, _ = call_backend(self.push_client.time)
         return int(seconds) // 60
 
     def read(
@@ -382,7 +385,7 @@ class RedisUsage(UsageStore):
         return evalsha_all(client, sha, source, calls)
 
     def watermark(self) -> int | None:
-        value = call_backend(self.client.get, self._watermark_key)
+        value = call_backend(self.push_client.get, self._watermark_key)  # a small read
         return None if value is None else int(value)
 
     def advance_watermark(self, minute: int) -> None:

@@ -286,11 +286,17 @@ def minute_of(value: datetime) -> int:
 def stored_through(store: UsageStore) -> int | None:
     """The last minute the database holds: the watermark, else (the backend lost it, e.g. a
     Redis restart) the newest row's minute."""
-    from django_throttle.models import UsageCount
-
     watermark = store.watermark()
     if watermark is not None:
         return watermark
+    return newest_stored()
+
+
+def newest_stored() -> int | None:
+    """The newest minute of any row in the database (what it holds when the backend cannot
+    say how far the rollup got)."""
+    from django_throttle.models import UsageCount
+
     last = UsageCount.objects.aggregate(last=Max("window_start"))["last"]
     return None if last is None else minute_of(last)
 

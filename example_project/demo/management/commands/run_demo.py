@@ -50,7 +50,7 @@ class Command(BaseCommand):
         port: int = options["port"]
         verbosity: int = options["verbosity"]
         # runserver exits the process without cleanup when it cannot bind; find out first.
-        _check_port_free(port)
+        check_port_free(port)
         state_file = Path(settings.RUN_DEMO_STATE_FILE)
         running = demo_state.read(state_file)
         if running is not None:
@@ -99,8 +99,11 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def _check_port_free(port: int) -> None:
+def check_port_free(port: int) -> None:
+    """Refuse a port something listens on. Connections a stopped server closed (TIME_WAIT
+    for a minute) do not count: runserver binds over them, so the demo restarts at once."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as runserver's socket
         try:
             sock.bind((HOST, port))
         except OSError as exc:
