@@ -15,6 +15,31 @@ from example_project.private_redis import PrivateRedis
 
 _private: PrivateRedis | None = None
 
+
+def _one_parse_at_a_time() -> None:
+    """Make ``ast.parse`` take a lock, for the suite's process only.
+
+    CPython 3.11 keeps the AST constructor's recursion depth in state shared by every thread
+    (python/cpython#106905 and the reports since), and a traceback formatted in one thread
+    parses its source line (for the ``^^^`` markers) while another thread parses too: now
+    and then one of them fails with "SystemError: AST constructor recursion depth mismatch".
+    The suite's worker threads (usage pushes, concurrency tests, servers) log exceptions
+    while the main thread parses (pytest's assertion rewriting, the layering tests), so
+    without the lock a run under load could fail on an error of the interpreter's."""
+    import ast
+    import threading
+
+    parse, lock = ast.parse, threading.RLock()
+
+    def locked_parse(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return parse(*args, **kwargs)
+
+    ast.parse = locked_parse  # type: ignore[assignment]
+
+
+_one_parse_at_a_time()
+
 #: ``DJANGO_THROTTLE_TEST_ACL=least-privilege``: the throttle counts as an ACL user holding
 #: only :func:`~django_throttle.backends.redis_clients.acl_rules` (on the suite's own server).
 ACL_MODE = "least-privilege"
