@@ -368,3 +368,22 @@ def test_requests_served_uncounted_during_an_outage_are_on_the_dashboard(
 
     assert totals(html) == {"allowed": 0, "denied": 0, "shadow_denied": 0, "failed_open": 3}
     assert "served uncounted" in html.split('id="overall"', 1)[1].split("</p>", 1)[0]
+
+
+def test_with_redis_down_the_most_limited_are_the_databases_clients_at_least(
+    client: Any, settings: Any
+) -> None:
+    """Down, the most limited list was only the error although the database held the
+    clients a rollup copied: they are listed, each count marked a lower bound."""
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    start = datetime.now(tz=UTC).replace(second=0, microsecond=0) - timedelta(minutes=5)
+    UsageCount.objects.create(
+        window_start=start, client="ip:203.0.113.9", tier="*", endpoint="*", allowed=2, denied=7
+    )
+    client.force_login(staff("view_usagecount"))
+
+    limited = client.get(URL).content.decode().split('id="limited"', 1)[1]
+
+    assert 'data-client="ip:203.0.113.9"' in limited
+    assert re.search(r'<span class="dt-at-least">≥</span>7\b', limited)
+    assert "The backend could not be read" in limited and "≥: at least" in limited

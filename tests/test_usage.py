@@ -70,7 +70,7 @@ def by(what: str, *args: str) -> dict[str, dict[str, int]]:
     """The JSON report as {key: {column: count}}."""
     rows = json.loads(run("--by", what, "--format", "json", "--top", "1000", *args))
     for row in rows:  # what tests/test_usage_seams.py checks
-        for extra in ("name", "before_authentication", "estimated"):
+        for extra in ("name", "before_authentication", "estimated", "unread_from"):
             row.pop(extra, None)
         if not row.get("delayed"):  # tests/test_delay_usage.py checks the delays
             row.pop("delayed", None)

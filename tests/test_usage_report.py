@@ -27,7 +27,14 @@ from tests.test_usage import OUTCOMES, by, columns, run, send
 
 pytestmark = pytest.mark.django_db
 
-NONE = {"shadow_denied": 0, "failed_open": 0, "failed_closed": 0, "name": "", "estimated": []}
+NONE = {
+    "shadow_denied": 0,
+    "failed_open": 0,
+    "failed_closed": 0,
+    "name": "",
+    "estimated": [],
+    "unread_from": None,
+}
 ALL = UsageCount.ALL
 
 
@@ -137,10 +144,13 @@ def test_command_csv(traffic: None, group: str, expected: list[list[object]]) ->
 
     second = "name" if group == "client" else "before_authentication"
     delays = [] if group == "client" else ["delayed", "mean_wait_s", "shed"]
-    assert header == [group, second, *OUTCOMES, "total", "denied_percent", *delays, "estimated"]
+    assert header == [
+        *(group, second, *OUTCOMES, "total", "denied_percent", *delays),
+        *("estimated", "unread_from"),
+    ]
     assert [[key, int(a), int(d), int(t)] for key, _, a, d, _, _, _, t, *_ in lines] == expected
     if delays:  # no delaying limit served these, and none was shed
-        assert {(line[-4], line[-3], line[-2]) for line in lines} == {("0", "0.0", "0")}
+        assert {(line[-5], line[-4], line[-3]) for line in lines} == {("0", "0.0", "0")}
 
 
 def test_command_table(traffic: None) -> None:
@@ -170,7 +180,7 @@ def test_command_with_no_usage_prints_a_sentence() -> None:
     assert json.loads(run("--format", "json")) == []
     assert run("--format", "csv") == (
         "client,name,allowed,denied,shadow_denied,failed_open,failed_closed,total,"
-        "denied_percent,estimated\n"
+        "denied_percent,estimated,unread_from\n"
     )
 
 
@@ -245,10 +255,63 @@ def test_command_rejects_bad_keyword_options(options: dict[str, object], message
 
 def test_command_says_when_redis_cannot_answer(settings: Any) -> None:
     settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"
-    with pytest.raises(CommandError, match="Could not read usage from the backend"):
+    with pytest.raises(CommandError, match="could not be read from Redis") as raised:
         run()
+    assert raised.value.returncode == 3
     with pytest.raises(CommandError, match="Could not read usage from the backend"):
         rollup()
+
+
+def copied(minutes_back: int, **counts: Any) -> datetime:
+    """Rows the rollup copied for a finished minute: a total and user:1's row; its start."""
+    start = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=minutes_back)
+    UsageCount.objects.create(window_start=start, client=ALL, tier="pro", endpoint="", **counts)
+    UsageCount.objects.create(window_start=start, client="user:1", tier=ALL, endpoint=ALL, **counts)
+    return start
+
+
+@pytest.mark.parametrize("by_what", ["client", "tier"])
+def test_with_redis_down_the_report_is_the_databases_minutes_marked_lower_bounds(
+    settings: Any, by_what: str
+) -> None:
+    """With Redis down, ``throttle_usage`` refused outright although the database held the
+    minutes a rollup copied: it shows them now, each count marked a lower bound, says from
+    which minute on nothing could be read (stderr and JSON), and exits 3 after writing."""
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    copied(7, allowed=4, denied=1)
+    newest = copied(3, allowed=2, denied=2)
+    unread_from = newest + timedelta(minutes=1)
+
+    out = io.StringIO()
+    with pytest.raises(CommandError) as raised:
+        call_command("throttle_usage", "--by", by_what, "--format", "json", stdout=out)
+
+    assert raised.value.returncode == 3
+    message = str(raised.value)
+    assert f"Minutes from {unread_from:%Y-%m-%d %H:%M} UTC on could not be read" in message
+    assert "lower bounds" in message and "Connection refused" in message
+    assert "\n" not in message
+    [row] = json.loads(out.getvalue())
+    assert (row["allowed"], row["denied"], row["total"]) == (6, 3, 9)
+    assert datetime.fromisoformat(row["unread_from"]) == unread_from
+
+    out = io.StringIO()
+    with pytest.raises(CommandError):
+        call_command("throttle_usage", "--by", by_what, stdout=out)
+    table = out.getvalue()
+    assert "≥6" in table and "≥3" in table and "≥9" in table
+    assert "≥: at least" in table
+
+
+def test_with_redis_down_and_nothing_copied_the_report_never_says_nothing_happened(
+    settings: Any,
+) -> None:
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="could not be read from Redis"):
+        call_command("throttle_usage", stdout=out)
+    assert "No requests recorded" not in out.getvalue()
+    assert "No requests in the database's minutes of the last 1h." in out.getvalue()
 
 
 def test_more_clients_than_the_top_lists_hold_are_estimates(

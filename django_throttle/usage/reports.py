@@ -56,7 +56,7 @@ from django.db import connections, router, transaction
 from django.db.models import Case, Count, F, Max, Q, Sum, Value, When
 from django.utils import timezone
 
-from django_throttle.backends import usage_store
+from django_throttle.backends import BackendError, usage_store
 from django_throttle.backends.usage_store import MinuteCounts, UsageStore
 from django_throttle.conf import app_settings
 from django_throttle.redaction import plain_text
@@ -119,11 +119,15 @@ class Report:
     so clients beyond it may have been folded into those listed or left out (per-client
     counts are then estimates; totals never are). ``uncopied_before``: the window reaches
     minutes that left the backend without a rollup copying them (their start, a UTC
-    datetime), else ``None``."""
+    datetime), else ``None``. ``unread_from``: the backend could not be read (``unread``
+    says why), so the minutes from this instant (UTC) on are missing and every count is a
+    lower bound; ``None`` when every minute was read."""
 
     rows: list[UsageRow]
     estimated: bool = False
     uncopied_before: datetime | None = None
+    unread_from: datetime | None = None
+    unread: str = ""
 
     @property
     def estimated_fields(self) -> tuple[str, ...]:
@@ -142,6 +146,11 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
     keeps the first ``top`` rows; ``None`` keeps all. Writes nothing. Checks before
     authentication are rows of their own; presented usernames that name no user are shown
     as digests.
+
+    A backend that does not answer is not an empty report: the rows the database holds
+    are summed (up to its newest minute when the backend cannot give the watermark) and
+    :attr:`Report.unread_from` says from when the counts are missing. A backend that does
+    not answer its first (short) call is not read again.
     """
     from django_throttle.models import UsageCount
 
@@ -152,10 +161,14 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
     if store is None:  # the configured backend's, with the client it reads on closed after
         with closing(usage.get_store()) as own:
             return report(since, by, top, own)
-    now = store.now_minute()
+    unread = ""
+    try:
+        now = store.now_minute()
+        split = stored_through(store)
+    except BackendError as exc:
+        now, split, unread = math.floor(time.time() / 60), newest_stored(), _why(exc)
     first = now - kept_minutes() + 1
     since_minute = minute_of(since)
-    split = stored_through(store)
     # (key, before authentication) -> counts per outcome
     sums: dict[tuple[str, bool], list[int]] = {}
     copied_full = False
@@ -180,7 +193,14 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
             add_counts(sums, _series(by, key, tier), [int(n or 0) for n in values])
 
     live_from = max(since_minute, first if split is None else max(first, split + 1))
-    live = store.read(range(live_from, now + 1), totals=by != "client", clients=by == "client")
+    live: dict[int, MinuteCounts] = {}
+    if not unread:
+        try:
+            live = store.read(
+                range(live_from, now + 1), totals=by != "client", clients=by == "client"
+            )
+        except BackendError as exc:
+            unread = _why(exc)
     for counts in live.values():
         if by == "client":
             for client, values in counts.clients.items():
@@ -213,7 +233,14 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
         uncopied_before=(
             datetime.fromtimestamp(first * 60, tz=UTC) if missing_from < first else None
         ),
+        unread_from=datetime.fromtimestamp(live_from * 60, tz=UTC) if unread else None,
+        unread=unread,
     )
+
+
+def _why(exc: BackendError) -> str:
+    """Why the backend could not be read, in one line of plain text."""
+    return plain_text(f"{type(exc).__name__}: {exc}")
 
 
 def estimated_minutes(starts: Iterable[datetime], store: UsageStore | None = None) -> bool:

@@ -8,6 +8,13 @@ clients of each minute (see :mod:`django_throttle.usage.reports`), estimates whe
 list was full: every output marks the figures that are estimates (``≈`` in the table,
 ``estimated`` in JSON and CSV). Checks before authentication are rows
 of their own. Every cell is plain text (:mod:`django_throttle.management.output`).
+
+With Redis down the report is the database's minutes (those a rollup copied), every count
+marked a lower bound (``≥`` in the table, ``unread_from`` in JSON and CSV: the first minute
+not read), and the command exits with status :data:`PARTIAL` after writing it, its one line
+on stderr saying what could not be read: a script that checks the status never takes a
+lower bound for the count, and one that wants the partial figures has them on stdout (an
+empty JSON list could not say that it is partial).
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ _ESTIMATED = (
     "totals are exact."
 )
 _READ_ERROR = (BackendError, "Could not read usage from the backend: {}")
+#: The exit status of a report written without the minutes Redis holds (1 is a command that
+#: wrote nothing: a bad option, a backend keeping no usage counts).
+PARTIAL = 3
 
 
 def since_start(text: str) -> datetime:
@@ -132,7 +142,9 @@ class Command(BaseCommand):
             result = report(since=since, by=by, top=top, store=store)
         records = _records(result, by)
         since_text = since_text.strip()
-        if fmt == "table" and not records:
+        if fmt == "table" and not records and result.unread_from is not None:
+            self.stdout.write(f"No requests in the database's minutes of the last {since_text}.")
+        elif fmt == "table" and not records:
             self.stdout.write(f"No requests recorded in the last {since_text}.")
         elif fmt == "table":
             zone = since.tzname() or "local time"
@@ -142,7 +154,7 @@ class Command(BaseCommand):
             first = "name" if by == "client" else "before_authentication"
             columns = [by, first, *usage.OUTCOMES, "total", "denied_percent"]
             columns += [] if by == "client" else [usage.DELAYED, "mean_wait_s", usage.SHED]
-            columns.append("estimated")
+            columns += ["estimated", "unread_from"]
             if fmt == "csv":
                 records = [
                     {**row, "denied_percent": f"{row['denied_percent']:.2f}"}
@@ -159,6 +171,8 @@ class Command(BaseCommand):
             )
         if result.estimated and fmt != "table":
             self.stderr.write(_ESTIMATED)
+        if result.unread_from is not None:
+            raise CommandError(_unread(result), returncode=PARTIAL)
 
     def _rollup(self) -> None:
         with (
@@ -180,6 +194,8 @@ class Command(BaseCommand):
         self, result: Report, records: list[dict[str, Any]], by: str, title: str
     ) -> None:
         notes = [_ESTIMATED] if result.estimated else []
+        if result.unread_from is not None:
+            notes.append("≥: at least; the minutes Redis holds could not be read (see below).")
         figures: tuple[str, ...] = (*usage.OUTCOMES, "total", "denied_percent")
         delays = by != "client" and any(record[usage.DELAYED] for record in records)
         if delays:  # only where a delaying limit served some request late
@@ -196,6 +212,8 @@ class Command(BaseCommand):
                 key = f"{key} {usage.BEFORE_AUTHENTICATION}"
             cells = {field: f"{record[field]:,}" for field in figures}
             cells["denied_percent"] = f"{record['denied_percent']:.1f}"
+            if result.unread_from is not None:  # lower bounds: the share is of what was read
+                cells |= {f: f"≥{cells[f]}" for f in (*usage.OUTCOMES, "total")}
             if delays:
                 cells["mean_wait_s"] = f"{record['mean_wait_s']:.2f}"
             rows.append(
@@ -217,6 +235,15 @@ class Command(BaseCommand):
             figures=figures,
             width=120 + 30 * delays + 15 * shedding,  # room for the columns they add
         )
+
+
+def _unread(result: Report) -> str:
+    """The one line saying which minutes are missing from ``result``, and why."""
+    assert result.unread_from is not None
+    return (
+        f"Minutes from {result.unread_from:%Y-%m-%d %H:%M} UTC on could not be read from "
+        f"Redis ({result.unread}): the counts shown are the database's, lower bounds."
+    )
 
 
 def _parse_top(value: object) -> int:
@@ -242,5 +269,8 @@ def _records(result: Report, by: str) -> list[dict[str, Any]]:
         record.update(total=row.total, denied_percent=round(row.denied_percent, 2))
         if by != "client":
             record.update(delayed=row.delayed, mean_wait_s=round(row.mean_wait, 3), shed=row.shed)
-        records.append({**record, "estimated": list(result.estimated_fields)})
+        unread = None if result.unread_from is None else result.unread_from.isoformat()
+        records.append(
+            {**record, "estimated": list(result.estimated_fields), "unread_from": unread}
+        )
     return records
