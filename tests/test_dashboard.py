@@ -387,3 +387,26 @@ def test_with_redis_down_the_most_limited_are_the_databases_clients_at_least(
     assert 'data-client="ip:203.0.113.9"' in limited
     assert re.search(r'<span class="dt-at-least">≥</span>7\b', limited)
     assert "The backend could not be read" in limited and "≥: at least" in limited
+
+
+def test_with_redis_down_the_inspector_shows_tier_reason_and_limits_not_zeros(
+    client: Any, settings: Any
+) -> None:
+    """Down, the inspector showed only the error, although the tier, why and the limits
+    need no Redis: they are shown, each live counter "unavailable", never a zero."""
+    from django_throttle.models import TierAssignment
+
+    pro = tier("pro", "1000/h")
+    alice = User.objects.create_user("alice")
+    TierAssignment.objects.create(user=alice, tier=pro)
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    client.force_login(staff("view_usagecount"))
+
+    html = client.get(INSPECT, {"client": "alice"}).content.decode()
+
+    assert 'id="dt-error"' not in html
+    assert re.search(r'id="dt-tier">.*<strong>pro</strong> — assigned to &#x27;pro&#x27;', html)
+    assert re.search(r'data-limit="\w+" data-unread="yes"', html)
+    assert "data-remaining" not in html
+    assert html.count('<td class="dt-unavailable">unavailable</td>') == 2
+    assert "The live counters could not be read (ConnectionError: " in html

@@ -299,3 +299,30 @@ def test_a_malformed_redis_url_is_a_one_line_error_naming_the_setting(
     message = str(raised.value)
     assert f"DJANGO_THROTTLE_REDIS_URL = {url!r} cannot be used: " in message
     assert "\n" not in message
+
+
+def test_with_redis_down_inspect_shows_the_tier_and_limits_and_exits_3(
+    policy: Any, settings: Any
+) -> None:
+    """Down, ``throttle_inspect`` refused outright, although the tier, why and the limits
+    need no Redis: they are written, the counters unavailable (null, never 0), exit 3."""
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    out = io.StringIO()
+    with pytest.raises(CommandError) as raised:
+        call_command("throttle_inspect", "alice", "--format", "json", stdout=out)
+
+    assert raised.value.returncode == 3
+    message = str(raised.value)
+    assert "\n" not in message and "Connection refused" in message
+    assert message.startswith("The live counters could not be read from Redis")
+    found = json.loads(out.getvalue())
+    assert (found["tier"], found["reason"]) == ("pro", "assigned to 'pro' directly")
+    assert "Connection refused" in found["unread"]
+    assert found["rows"] and {(r["remaining"], r["reset_seconds"]) for r in found["rows"]} == {
+        (None, None)
+    }
+
+    out = io.StringIO()
+    with pytest.raises(CommandError):
+        call_command("throttle_inspect", "alice", stdout=out)
+    assert "unavailable" in out.getvalue()

@@ -29,13 +29,14 @@ from django.http import HttpRequest
 from django.urls import Resolver404, ResolverMatch, resolve
 from django.utils.translation import gettext as _
 
-from django_throttle.backends import get_backend
+from django_throttle.backends import BackendError, get_backend
 from django_throttle.backends.base import Backend, per_shard
 from django_throttle.conf import app_settings
 from django_throttle.identity import Identity, client_ip, region_code
 from django_throttle.inspection.subjects import Subject, UnknownClient, tier_and_reason
 from django_throttle.policy.live import EndpointPolicy, Policy, TierPolicy, current
 from django_throttle.rates import FLEET, Algorithm, Decision, Limit, rate_text
+from django_throttle.redaction import plain_text
 from django_throttle.request import core
 
 
@@ -43,11 +44,12 @@ from django_throttle.request import core
 class Bucket:
     """One counter's live state. ``where`` says where the limit comes from (the tier, or an
     endpoint rule), ``counted_by`` whose counter it is (``"this client"``, ``"IP …"``,
-    ``"username …"``), ``client`` the counter's key; ``state`` is the peek."""
+    ``"username …"``), ``client`` the counter's key; ``state`` is the peek, ``None`` when
+    the backend could not be read (unknown: never shown as zeros or as a full bucket)."""
 
     limit: Limit
     where: str
-    state: Decision
+    state: Decision | None
     counted_by: str = "this client"
     client: str = ""
     #: A concurrency limit's leases held now, the soonest to end first: each one's
@@ -61,13 +63,16 @@ class Bucket:
 
     @property
     def in_flight(self) -> int | None:
-        """Requests holding a slot now (a concurrency limit; ``None`` for another)."""
-        return len(self.leases) if self.concurrency else None
+        """Requests holding a slot now (a concurrency limit; ``None`` for another, or when
+        the backend could not be read)."""
+        return len(self.leases) if self.concurrency and self.state is not None else None
 
     @property
     def in_flight_text(self) -> str:
         """For a concurrency limit, its slots taken in words ("2 of 3 in flight"); empty
         for another limit."""
+        if self.concurrency and self.state is None:
+            return _("unavailable")
         if self.in_flight is None:
             return ""
         return _("%(held)d of %(slots)d in flight") % {
@@ -107,6 +112,9 @@ class Inspection:
     #: regional limits were counted).
     region: str | None = None
     regional: bool = False
+    #: Why the backend could not be read (then every bucket's ``state`` is ``None``: the
+    #: tier, its reason and the limits need no backend and are shown all the same).
+    unread: str = ""
 
     @property
     def concurrency(self) -> bool:
@@ -193,11 +201,21 @@ def inspect(
     if regional:
         tier = snapshot.in_region(tier, None, region)[0]
     if subject.by_username:
-        found = login_counters(subject.client, subject.username, snapshot)
-        return Inspection(subject, tier, reason, buckets(found), subject.username, region, regional)
-    who = probe(subject, address, username, region)
-    states = buckets(every_counter(who, snapshot))
-    return Inspection(subject, tier, reason, states, who.username, region, regional)
+        found, presented = login_counters(subject.client, subject.username, snapshot), subject.username
+    else:
+        who = probe(subject, address, username, region)
+        found, presented = every_counter(who, snapshot), who.username
+    unread = ""
+    try:
+        states = buckets(found)
+    except BackendError as exc:  # what needs no backend is still worth showing
+        states, unread = [_unread(c) for c in found], plain_text(str(exc))
+    return Inspection(subject, tier, reason, states, presented, region, regional, unread)
+
+
+def _unread(c: Counter) -> Bucket:
+    """A counter whose state the backend could not give."""
+    return Bucket(c.limit, c.where, None, shared_by() if c.limit.shared else c.counted_by, c.client)
 
 
 def buckets(found: Sequence[Counter]) -> list[Bucket]:

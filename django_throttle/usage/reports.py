@@ -240,7 +240,7 @@ def report(since: datetime, by: str, top: int | None, store: UsageStore | None =
 
 def _why(exc: BackendError) -> str:
     """Why the backend could not be read, in one line of plain text."""
-    return plain_text(f"{type(exc).__name__}: {exc}")
+    return plain_text(str(exc))  # a BackendError says the error it stands for
 
 
 def estimated_minutes(starts: Iterable[datetime], store: UsageStore | None = None) -> bool:

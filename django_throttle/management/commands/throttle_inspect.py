@@ -3,6 +3,10 @@ every counter its requests meet (remaining, reset), read without consuming anyth
 tier's and endpoint rules' limits counted by client, by its IP address and by its username,
 and shared ceilings (marked as shared).
 
+With Redis down the tier, its reason and the limits are shown all the same (they need no
+Redis), every live counter ``unavailable`` (``null`` in JSON, never a zero), and the command
+exits with status 3 after writing them, its one line on stderr saying why.
+
 A client is ``user:<username or id>``, ``key:<prefix>``, ``ip:<address>`` or a bare username,
 API key or address (IPv6 addresses are counted by network, as requests are). A user's
 username counters are those of its own username; ``--username`` names the one another client
@@ -14,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from django.core.management.base import CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from django_throttle.backends import BackendError
 from django_throttle.inspection.clients import Bucket, inspect, region_text
@@ -66,8 +70,8 @@ def bucket_row(bucket: Bucket) -> dict[str, Any]:
         "counter": bucket.client,
         "algorithm": str(limit.algorithm),
         "capacity": bucket.capacity,
-        "remaining": bucket.state.remaining,
-        "reset_seconds": round(bucket.state.reset_after, 3),
+        "remaining": None if bucket.state is None else bucket.state.remaining,
+        "reset_seconds": None if bucket.state is None else round(bucket.state.reset_after, 3),
         "shared": limit.shared,
         "shadow": limit.shadow,
         "in_flight": bucket.in_flight,
@@ -86,11 +90,20 @@ def bucket_rows(
     if fmt != "table":
         return rows, COLUMNS
     for row, bucket in zip(rows, buckets, strict=True):
-        row["whole_again"] = format_duration(row["reset_seconds"])
+        if bucket.state is None:  # unknown, not zero: see Bucket.state
+            row["remaining"] = row["whole_again"] = UNAVAILABLE
+        else:
+            row["whole_again"] = format_duration(row["reset_seconds"])
         row["held"] = held_text(bucket)
     if any(bucket.concurrency for bucket in buckets):
         return rows, TABLE_COLUMNS
     return rows, tuple(column for column in TABLE_COLUMNS if column[0] != "held")
+
+
+#: What a table shows for a counter the backend could not give.
+UNAVAILABLE = "unavailable"
+#: The exit status of an answer written without what Redis holds (as ``throttle_usage``'s).
+PARTIAL = 3
 
 
 def held_text(bucket: Bucket) -> str | None:
@@ -98,6 +111,8 @@ def held_text(bucket: Bucket) -> str | None:
     ("1 of 3 in flight; Ab3dE9xk… ends in 58 s"); ``None`` for another limit."""
     if not bucket.concurrency:
         return None
+    if bucket.state is None:
+        return UNAVAILABLE
     ends = (f"{lease} ends in {format_duration(left)}" for lease, left in bucket.leases)
     return "; ".join((bucket.in_flight_text, *ends))
 
@@ -155,5 +170,12 @@ class Command(output.CountersCommand):
                 "username": found.username,
                 "region": found.region,
                 "regional_limits": found.regional,
+                "unread": found.unread or None,
             },
         )
+        if found.unread:
+            raise CommandError(
+                f"The live counters could not be read from Redis ({found.unread}): the tier "
+                "and limits are shown, their state is unavailable.",
+                returncode=PARTIAL,
+            )
