@@ -326,3 +326,27 @@ def test_with_redis_down_inspect_shows_the_tier_and_limits_and_exits_3(
     with pytest.raises(CommandError):
         call_command("throttle_inspect", "alice", stdout=out)
     assert "unavailable" in out.getvalue()
+
+
+def test_with_redis_down_a_command_logs_no_warning_before_its_own_line(
+    policy: Any, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A project logging this package at INFO saw two WARNING lines ("policy version check
+    failed, keeping the current policy", "adaptive factors could not be read, keeping the
+    last") before a command's one line: its first policy load keeps nothing, so warns of
+    nothing. A process that keeps a snapshot because Redis failed still warns."""
+    import logging
+
+    from django_throttle.policy import live
+
+    live.reset()
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    caplog.set_level(logging.INFO, logger="django_throttle")
+
+    with pytest.raises(CommandError):
+        run("throttle_inspect", "alice")
+
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == []
+    live.invalidate()  # a server's reload, its snapshot kept
+    live.current()
+    assert any("keeping the current policy" in r.getMessage() for r in caplog.records)

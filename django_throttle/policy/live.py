@@ -730,13 +730,16 @@ def _auto_factors() -> dict[int, float]:
     from django_throttle.backends.adaptive_store import AdaptiveStore
     from django_throttle.backends.redis_nodes import CircuitOpen, get_breaker
 
+    last = _cache.policy
     try:
         store = AdaptiveStore.of(get_backend())
         return {} if store is None else get_breaker().call(store.factors)
     except (CircuitOpen, BackendError) as exc:
         if not isinstance(exc, CircuitOpen):
-            logger.warning("adaptive factors could not be read, keeping the last: %s", exc)
-        last = _cache.policy
+            # A process's first load keeps nothing (a command's only load: its own output
+            # says what it could not read; a server's breaker logs the outage).
+            level = logging.WARNING if last is not None else logging.DEBUG
+            logger.log(level, "adaptive factors could not be read, keeping the last: %s", exc)
         return dict(last.auto_factors) if last is not None else {}
 
 
@@ -990,7 +993,8 @@ def fresh() -> Policy | None:
 def _shared_version(policy: Policy | None) -> str | None:
     """The backend's policy version, through the circuit breaker; the snapshot's own version
     (no reload) when the backend cannot answer. An open breaker logs nothing here: the breaker
-    itself logs when it opens and closes."""
+    itself logs when it opens and closes. A failure is a warning only when a snapshot is
+    kept because of it."""
     from django_throttle.backends.redis_nodes import CircuitOpen, get_breaker
 
     try:
@@ -998,7 +1002,10 @@ def _shared_version(policy: Policy | None) -> str | None:
     except CircuitOpen:
         pass
     except BackendError as exc:
-        logger.warning("policy version check failed, keeping the current policy: %s", exc)
+        # Without a snapshot the policy is compiled from the database anyway: nothing kept,
+        # nothing to warn of (a command's only load would log it before its own answer).
+        level = logging.WARNING if policy is not None else logging.DEBUG
+        logger.log(level, "policy version check failed, keeping the current policy: %s", exc)
     return policy.version if policy is not None else None
 
 
