@@ -201,7 +201,8 @@ def inspect(
     if regional:
         tier = snapshot.in_region(tier, None, region)[0]
     if subject.by_username:
-        found, presented = login_counters(subject.client, subject.username, snapshot), subject.username
+        found = login_counters(subject.client, subject.username, snapshot)
+        presented = subject.username
     else:
         who = probe(subject, address, username, region)
         found, presented = every_counter(who, snapshot), who.username
