@@ -29,6 +29,7 @@ import ipaddress
 import logging
 import re
 import socket
+import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -201,6 +202,10 @@ MAX_ADDRESS_LENGTH = 100
 NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 
 _warned: set[str] = set()
+#: Seconds between two warnings about an ``X-Forwarded-For`` shorter than the proxy count.
+SHORT_FORWARDED_LOG_INTERVAL = 60.0
+#: When that warning was last logged (``time.monotonic()``), in a list so tests can reset it.
+_short_forwarded_logged = [float("-inf")]
 
 
 def _forwarded(meta: Any) -> list[str]:
@@ -231,12 +236,17 @@ def _through_counted_proxies(meta: Any, remote: str, trust: ProxyTrust) -> str:
         # Each trusted proxy appended the address it saw; the count-th from the right
         # was written by the outermost trusted proxy and is the first we can believe.
         return forwarded[-count]
-    logger.warning(
-        "X-Forwarded-For has %d address(es) but DJANGO_THROTTLE_TRUSTED_PROXIES is "
-        "%d; counting the request by REMOTE_ADDR",
-        len(forwarded),
-        count,
-    )
+    # Any client that reaches the app without passing every proxy sends such a request: the
+    # line is rate limited, so how much is logged is not the client's to choose.
+    now = time.monotonic()
+    if now - _short_forwarded_logged[0] >= SHORT_FORWARDED_LOG_INTERVAL:
+        _short_forwarded_logged[0] = now
+        logger.warning(
+            "X-Forwarded-For has %d address(es) but DJANGO_THROTTLE_TRUSTED_PROXIES is "
+            "%d; counting the request by REMOTE_ADDR. (Logged at most once a minute.)",
+            len(forwarded),
+            count,
+        )
     return remote
 
 

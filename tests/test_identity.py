@@ -38,6 +38,7 @@ def raw_key_resolver(request: HttpRequest) -> Identity:
 def _fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test is a fresh process as far as once-per-process warnings go."""
     monkeypatch.setattr(identity_module, "_warned", set())
+    monkeypatch.setattr(identity_module, "_short_forwarded_logged", [float("-inf")])
 
 
 def make_request(
@@ -177,6 +178,26 @@ def test_missing_forwarded_header_falls_back_and_warns(
 
     assert identity == Identity("ip", "10.0.0.1")
     assert "X-Forwarded-For" in caplog.text
+
+
+@pytest.mark.django_db
+def test_requests_that_skip_the_counted_proxies_log_one_warning_not_one_each(
+    client: Client, settings: Any, caplog: pytest.LogCaptureFixture, backend: Any
+) -> None:
+    """A client that reaches the app directly sends no (or too short an) X-Forwarded-For on
+    every request: it is counted by its address, and how much is logged is not its choice."""
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = 2
+
+    with caplog.at_level(logging.WARNING, logger="django_throttle.identity"):
+        codes = [
+            client.get("/hello/", REMOTE_ADDR="198.51.100.9", **extra).status_code
+            for extra in [{}, {"HTTP_X_FORWARDED_FOR": "203.0.113.7"}] * 20
+        ]
+
+    assert codes == [200] * 5 + [429] * 35  # hello/ allows 5/min, all by REMOTE_ADDR
+    records = [r for r in caplog.records if r.name == "django_throttle.identity"]
+    assert len(records) == 1
+    assert "DJANGO_THROTTLE_TRUSTED_PROXIES is 2" in records[0].getMessage()
 
 
 @pytest.mark.parametrize(
