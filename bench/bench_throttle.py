@@ -133,7 +133,8 @@ def configure_django(
         DJANGO_THROTTLE_REDIS_URL=redis_url,
         DJANGO_THROTTLE_KEY_PREFIX=prefix,
         # A loaded machine (CI, this benchmark's own Redis on the same cores) can stall for
-        # more than the 50 ms production default; a timeout would fail open and skew numbers.
+        # more than the 50 ms production default; a timeout would take the failure mode and
+        # skew numbers.
         DJANGO_THROTTLE_REDIS_OPTIONS=(
             {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}
             if redis_options is None

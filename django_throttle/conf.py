@@ -146,12 +146,16 @@ class Settings:
     #: Redis (or one ACL user may only touch ``<prefix>:*``).
     KEY_PREFIX: Setting[str] = Setting("dt", str)
 
-    #: What a request meets when the backend cannot answer, unless its endpoint rule or tier
-    #: in the admin names a mode: ``"open"`` serves it uncounted, ``"closed"`` refuses it
-    #: (503 with ``Retry-After``), ``"local"`` counts it in a per-process limiter with the
-    #: same semantics. Credential checks (logins, tokens) count ``"local"`` where this says
-    #: ``"open"``. Set it to choose availability or protection for everything at once.
-    FAILURE_MODE: Setting[str] = Setting("open", str)
+    #: What a request meets when the backend cannot answer, unless its view, endpoint rule
+    #: or tier names a mode. ``"local"`` (the default) keeps serving and keeps limiting: each
+    #: process counts its clients in a bounded in-process limiter with the same semantics, so
+    #: a Redis outage never switches limiting off; the limits hold per process meanwhile (with
+    #: W worker processes a client may get up to W x its limit). ``"open"`` serves every
+    #: request uncounted until Redis answers again; ``"closed"`` refuses it (503 with
+    #: ``Retry-After``). Credential checks (logins, tokens) count ``"local"`` even where this
+    #: says ``"open"``. Set it to ``"open"`` for availability without counting, or to
+    #: ``"closed"`` to refuse rather than count per process.
+    FAILURE_MODE: Setting[str] = Setting("local", str)
 
     #: The one way to trust reverse proxies for the client's address: an integer, the number
     #: of proxies in front of Django that append to ``X-Forwarded-For`` (for proxies whose

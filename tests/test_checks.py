@@ -105,6 +105,7 @@ def test_bad_value_has_its_own_id(settings: Any, name: str, value: Any, check_id
         ("REDIS_URL", "unix:///run/redis.sock"),
         ("REDIS_OPTIONS", {}),
         ("KEY_PREFIX", "api-throttle"),
+        ("FAILURE_MODE", "open"),
         ("FAILURE_MODE", "closed"),
         ("FAILURE_MODE", "local"),
         ("TRUSTED_PROXIES", 0),

@@ -426,6 +426,7 @@ def test_a_dead_primarys_breaker_is_its_own_in_logs_signals_and_metrics(
     assert metrics.connect()
     metrics._metrics["open"].set(0)
     settings.DJANGO_THROTTLE_USAGE_RETENTION_DAYS = 0  # see addresses_by_primary
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "open"
     backend_on(settings, cluster.url, **PAUSE_TIMEOUTS)
     client = Client()
     port, (victim, *_) = next(iter(addresses_by_primary(client, cluster, "/hello/").items()))

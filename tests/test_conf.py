@@ -258,6 +258,29 @@ def test_every_setting_is_documented_with_its_reason() -> None:
         assert "Set it" in setting["doc"], setting["name"]
 
 
+def test_unset_an_outage_is_counted_in_the_process() -> None:
+    """The product promises that a Redis outage never switches limiting off: unset, the
+    failure mode is "local" (counted per process), the system check accepts it, and the
+    settings reference (generated from ``conf.py``) shows it with what each mode does."""
+    import sys
+    from pathlib import Path
+
+    from django.conf import settings
+
+    from django_throttle.checks import check_settings
+
+    assert not hasattr(settings, "DJANGO_THROTTLE_FAILURE_MODE")
+    assert app_settings.FAILURE_MODE == "local"
+    assert check_settings() == []
+    sys.path.insert(0, str(Path(__file__).parent.parent / "docs" / "_ext"))
+    from throttle_settings import settings_reference
+
+    (found,) = (s for s in settings_reference() if s["name"] == "DJANGO_THROTTLE_FAILURE_MODE")
+    assert found["default"] == '"local"'
+    assert "W x its limit" in found["doc"]
+    assert all(f'``"{mode}"``' in found["doc"] for mode in ("local", "open", "closed"))
+
+
 @pytest.mark.parametrize(
     ("setting", "view", "credential", "expected"),
     [
@@ -265,6 +288,8 @@ def test_every_setting_is_documented_with_its_reason() -> None:
         ("closed", None, False, "closed"),
         ("open", None, True, "local"),  # a login is never served uncounted by the setting
         ("closed", None, True, "closed"),
+        ("local", None, False, "local"),
+        ("local", None, True, "local"),
         ("open", "closed", False, "closed"),  # the view's own rule in code wins
         ("closed", "open", True, "open"),
     ],

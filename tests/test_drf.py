@@ -158,11 +158,24 @@ def test_wait_matches_the_decision(rf: object) -> None:
     assert excinfo.value.wait == 3600 or excinfo.value.wait == pytest.approx(3600, abs=5)
 
 
-def test_redis_outage_fails_open_by_default(client: Client, settings: object) -> None:
+def test_redis_outage_counts_in_the_process_by_default(client: Client, settings: object) -> None:
+    """An outage never switches limiting off: with no failure mode set, the process counts
+    the client itself (afresh: what Redis counted is out of reach)."""
     tier("anonymous", "1/h", is_default_anonymous=True)
     client.get("/api/ping/")  # load the policy while Redis is reachable
     settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # type: ignore[attr-defined]
     settings.DJANGO_THROTTLE_REDIS_OPTIONS = {}  # type: ignore[attr-defined]
+    responses = [client.get("/api/ping/") for _ in range(3)]
+    assert [r.status_code for r in responses] == [200, 429, 429]
+    assert all(r["X-RateLimit-Degraded"] == "local" for r in responses)
+
+
+def test_redis_outage_fails_open_when_asked(client: Client, settings: object) -> None:
+    tier("anonymous", "1/h", is_default_anonymous=True)
+    client.get("/api/ping/")  # load the policy while Redis is reachable
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # type: ignore[attr-defined]
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {}  # type: ignore[attr-defined]
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "open"  # type: ignore[attr-defined]
     assert statuses(client, "/api/ping/", 3) == [200, 200, 200]
 
 

@@ -226,8 +226,8 @@ def test_every_credential_guard_counts_what_redis_counts_while_the_backend_is_do
     attempt is counted in the process against exactly what Redis counts: the rule's
     counters by username (guesses spread over 20 addresses meet the username's 3) and by
     IP address (one address guessing 20 names meets its 3). ``local`` used to count the
-    client's own limits only: 20 of 20 guesses passed. A view under an ordinary rule keeps
-    the default (open)."""
+    client's own limits only: 20 of 20 guesses passed. A view under an ordinary rule is
+    served meanwhile."""
     user, headers = caller(who, gold)
     settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
     settings.DJANGO_THROTTLE_TRUSTED_PROXIES = 1
@@ -249,6 +249,28 @@ def test_every_credential_guard_counts_what_redis_counts_while_the_backend_is_do
     ]
     assert statuses(one_address) == [401] * 3 + [429] * 17
     assert statuses(send(kind, [("GET", VIEWS["decorator"], {})], user, headers)) == [200]
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+@pytest.mark.parametrize("view", VIEWS)
+@pytest.mark.parametrize("who", ["anonymous", "signed-in"])
+def test_every_adapter_keeps_limiting_by_default_while_the_backend_is_down(
+    gold: Tier, settings: Any, view: str, who: str, kind: str
+) -> None:
+    """The product's promise: a Redis outage never switches limiting off. With no failure
+    mode set anywhere, each adapter (DRF and the decorator, sync and async) keeps serving
+    and counts the caller in the process under its tier's limit: the (limit + 1)-th request
+    of a burst is refused, and every answer says the count is the process's."""
+    from django.conf import settings as django_settings
+
+    assert not hasattr(django_settings, "DJANGO_THROTTLE_FAILURE_MODE")
+    user, _ = caller(who, gold)
+    limit = ANONYMOUS_LIMIT if user is None else GOLD_LIMIT
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    responses = send(kind, [("GET", VIEWS[view], {})] * (limit + 1), user)
+    assert statuses(responses) == [200] * limit + [429]
+    assert [r["X-RateLimit-Degraded"] for r in responses] == ["local"] * (limit + 1)
+    assert int(responses[-1]["Retry-After"]) > 1
 
 
 @pytest.mark.parametrize("kind", ["wsgi", "asgi"])

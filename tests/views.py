@@ -70,7 +70,8 @@ class UnscopedB(View):
 
 @method_decorator(throttle(rate="5/min"), name="dispatch")
 class ThrottledLogin(LoginView):
-    """Django's own login view: a credential endpoint, so it fails closed by default."""
+    """Django's own login view: a credential endpoint, counted in the process (never served
+    uncounted) while Redis is down, unless its mode says otherwise."""
 
 
 class TokenLogin(APIView):

@@ -89,7 +89,8 @@ DJANGO_THROTTLE_KEY_PREFIX = "lt"
 DJANGO_THROTTLE_TRUSTED_PROXIES = 1
 DJANGO_THROTTLE_USAGE_RETENTION_DAYS = 7 if os.environ.get("LOADTEST_USAGE", "1") != "0" else 0
 # Two workers, Redis and wrk share two cores: a stall past the 50 ms production timeout would
-# fail open and look like speed. Failures are logged (below) and counted by load_test.py.
+# take the failure mode (counted in the process) and look like speed. Failures are logged
+# (below) and counted by load_test.py.
 DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}
 
 LOGGING = {
