@@ -171,8 +171,10 @@ def throttle(
         site_zoned = probe is not None and probe.algorithm == Algorithm.CALENDAR and not timezone
         wrapper = guard(view, options if site_zoned else options())
         if probe is None:
-            # The operator tools (throttle_explain) read it to know the rules this view meets.
+            # The operator tools (throttle_explain) read them to know the rules this view
+            # meets, and what it meets while the backend cannot answer.
             wrapper.throttle_policy_scope = scope
+            wrapper.throttle_failure_mode = failure_mode
         return wrapper  # type: ignore[no-any-return]
 
     return decorator

@@ -411,3 +411,35 @@ def test_with_redis_down_the_inspector_shows_tier_reason_and_limits_not_zeros(
     assert "data-remaining" not in html
     assert html.count('<td class="dt-unavailable">unavailable</td>') == 2
     assert "The live counters could not be read (ConnectionError: " in html
+
+
+def test_with_redis_down_the_inspector_explains_a_request_by_its_failure_mode(
+    client: Any, settings: Any
+) -> None:
+    """Down, the inspector's "explain a request" showed only the error, although the
+    checks, rule, tier, cost and limits need no Redis: they are shown, each live counter
+    "unavailable" (never a zero), and the next request's fate is the failure mode it meets
+    (here the tier's) and what it means."""
+    from django_throttle.models import TierAssignment
+
+    pro = tier("pro", "1000/h", failure_mode="closed")
+    endpoint("ping", "route", "ping", limits={pro: "5/h"})
+    alice = User.objects.create_user("alice")
+    TierAssignment.objects.create(user=alice, tier=pro)
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    client.force_login(staff("view_usagecount"))
+
+    html = client.get(INSPECT, {"client": "alice", "path": "/api/ping/"}).content.decode()
+
+    assert 'id="dt-error"' not in html
+    explained = html[html.index('id="dt-explanation"') :]
+    assert re.search(r'id="dt-rule">\s*ping', explained)
+    assert re.search(r'id="dt-checks">PolicyThrottle', explained)
+    assert re.search(
+        r'id="dt-failure-mode" data-mode="closed">its failure mode, as Redis cannot answer '
+        r"— closed: refused 503<",
+        explained,
+    )
+    assert "The live counters could not be read (ConnectionError: " in explained
+    assert "data-remaining" not in explained
+    assert explained.count('<td class="dt-unavailable">unavailable</td>') == 4  # 2 limits

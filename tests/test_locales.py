@@ -159,3 +159,26 @@ def test_every_message_the_templates_mark_is_in_both_catalogues() -> None:
     assert len(marked) > 50
     for language in ("de", "fr"):
         assert sorted(marked - catalogued(language)) == [], language
+
+
+@pytest.mark.parametrize(
+    ("language", "verdict"),
+    [
+        ("de", "sein Fehlermodus, da Redis nicht antworten kann — local: in diesem Prozess"),
+        ("fr", "son mode de défaillance, Redis ne pouvant répondre — local : comptée dans"),
+    ],
+)
+def test_with_redis_down_the_explained_failure_mode_is_translated(
+    client: Any, localized: None, settings: Any, language: str, verdict: str
+) -> None:
+    """Down, the inspector's explained request says the failure mode it meets in the
+    operator's language."""
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    tier("anonymous", "5/h", is_default_anonymous=True)
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    html = client.get(
+        "/admin/django_throttle/usagecount/inspect/",
+        {"client": "203.0.113.9", "path": "/api/ping/"},
+        HTTP_ACCEPT_LANGUAGE=language,
+    ).content.decode()
+    assert verdict in html

@@ -350,3 +350,83 @@ def test_with_redis_down_a_command_logs_no_warning_before_its_own_line(
     live.invalidate()  # a server's reload, its snapshot kept
     live.current()
     assert any("keeping the current policy" in r.getMessage() for r in caplog.records)
+
+
+def test_with_redis_down_explain_shows_checks_rule_limits_and_the_failure_mode_and_exits_3(
+    policy: Any, settings: Any
+) -> None:
+    """Down, ``throttle_explain`` refused outright, although the checks, rule, tier, cost and
+    limits need no Redis: they are written, the counters unavailable (null, never 0), the
+    next request's fate the failure mode it meets (the rule's, else the tier's, else the
+    setting's), exit 3 after writing, one line on stderr."""
+    from django_throttle.models import EndpointRule
+
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    args = ("--user", "alice", "--method", "POST", "--path", "/api/export/")
+    out = io.StringIO()
+    with pytest.raises(CommandError) as raised:
+        call_command("throttle_explain", *args, "--format", "json", stdout=out)
+
+    assert raised.value.returncode == 3
+    message = str(raised.value)
+    assert "\n" not in message and "Connection refused" in message
+    assert message.startswith("The live counters could not be read from Redis")
+    found = json.loads(out.getvalue())
+    assert (found["tier"], found["rule"], found["cost"]) == ("pro", "export", 2)
+    assert found["checks"] == ["PolicyThrottle"]
+    assert "Connection refused" in found["unread"]
+    assert found["failure_mode"] == "local"  # the setting's default
+    assert found["next_request"].endswith("local: counted in this process under the same limits")
+    assert found["retry_after"] is None and found["denied_by"] is None
+    assert {row["from"] for row in found["rows"]} == {"rule 'export'", "tier 'pro'"}
+    assert {(r["remaining"], r["reset_seconds"]) for r in found["rows"]} == {(None, None)}
+
+    rule = EndpointRule.objects.get(name="export")
+    rule.failure_mode = "closed"  # the rule's wins
+    rule.save()
+    out = io.StringIO()
+    with pytest.raises(CommandError):
+        call_command("throttle_explain", *args, stdout=out)
+    table = out.getvalue()
+    assert "closed: refused 503" in table and "unavailable" in table
+    assert re.search(r"Failure mode: closed", table)
+
+
+def test_with_redis_down_explain_names_the_tiers_or_the_settings_failure_mode(
+    policy: Any, settings: Any
+) -> None:
+    """Without a rule's mode, the tier's applies, else the setting's ("open": served
+    uncounted), as the request path resolves it."""
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "open"
+    out = io.StringIO()
+    with pytest.raises(CommandError):
+        call_command(
+            "throttle_explain",
+            "--user",
+            "alice",
+            "--path",
+            "/api/ping/",
+            "--format",
+            "json",
+            stdout=out,
+        )
+    found = json.loads(out.getvalue())
+    assert found["failure_mode"] == "open"
+    assert found["next_request"].endswith("open: served uncounted")
+
+    policy["pro"].failure_mode = "local"
+    policy["pro"].save()
+    out = io.StringIO()
+    with pytest.raises(CommandError):
+        call_command(
+            "throttle_explain",
+            "--user",
+            "alice",
+            "--path",
+            "/api/ping/",
+            "--format",
+            "json",
+            stdout=out,
+        )
+    assert json.loads(out.getvalue())["failure_mode"] == "local"

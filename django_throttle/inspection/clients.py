@@ -293,6 +293,38 @@ class Explanation:
     #: regional limits were counted).
     region: str | None = None
     regional: bool = False
+    #: Why the backend could not be read (then every bucket's ``state`` and the
+    #: ``decision`` are ``None``: the checks, rule, tier, cost and limits need no backend
+    #: and are shown all the same, and the next request meets its failure mode).
+    unread: str = ""
+    #: Each counting check's failure mode, ``(check, mode)`` in the order the checks run,
+    #: resolved as the request path resolves it (``core.failure_mode``).
+    failure_modes: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def failure_mode(self) -> str:
+        """The failure mode the next request meets while the backend cannot answer: its
+        checks' own when they agree, else the one that decides its fate ("closed" refuses
+        it whatever the others do; "local" may refuse it; "open" serves it). Empty when
+        no check counts."""
+        modes = {mode for _check, mode in self.failure_modes}
+        return next((mode for mode in ("closed", "local", "open") if mode in modes), "")
+
+    @property
+    def failure_verdict(self) -> str:
+        """What the server does with the next request while the backend cannot answer, in
+        words ("local: counted in this process under the same limits")."""
+        modes = dict.fromkeys(mode for _check, mode in self.failure_modes)
+        if len(modes) == 1:
+            mode = self.failure_mode
+            return _("its failure mode, as Redis cannot answer — %(mode)s: %(meaning)s") % {
+                "mode": mode,
+                "meaning": failure_meaning(mode),
+            }
+        each = "; ".join(
+            f"{check}: {mode}: {failure_meaning(mode)}" for check, mode in self.failure_modes
+        )
+        return _("its failure modes, as Redis cannot answer — %(each)s") % {"each": each}
 
     @property
     def in_flight(self) -> tuple[str, ...]:
@@ -305,6 +337,16 @@ class Explanation:
             for bucket in self.buckets
             if bucket.concurrency
         )
+
+
+def failure_meaning(mode: str) -> str:
+    """What a request meets in failure ``mode`` while the backend cannot answer."""
+    meanings = {
+        "local": _("counted in this process under the same limits"),
+        "open": _("served uncounted"),
+        "closed": _("refused 503"),
+    }
+    return meanings.get(mode, mode)
 
 
 def explain(
@@ -322,7 +364,9 @@ def explain(
     now (the first check that denies, with the longest ``Retry-After`` of its counters),
     without sending it or consuming. ``address`` is where it comes from (an IP client's
     own by default), ``username`` what it presents at a login (a user's own by default). For
-    a counter by username, the request is an anonymous login presenting that username."""
+    a counter by username, the request is an anonymous login presenting that username.
+    With the backend down, what needs no backend is returned all the same, ``unread``
+    saying why, every counter's state and the decision ``None`` (never zeros)."""
     method = (method or "GET").upper()
     if not path.startswith("/"):
         path = "/" + path
@@ -352,7 +396,14 @@ def explain(
     seen: dict[tuple[str, str], Counter] = {}
     for counter in (counter for plan in plans for counter in plan.counters):
         seen.setdefault((counter.client, counter.limit.id), counter)
-    decision, denied_by = _decide(plans)
+    found = list(seen.values())
+    unread = ""
+    try:
+        states = buckets(found)
+        decision, denied_by = _decide(plans)
+    except BackendError as exc:  # what needs no backend is still worth showing
+        states, unread = [_unread(c) for c in found], plain_text(str(exc))
+        decision, denied_by = None, ""
     ruled = next((plan for plan in plans if plan.rule is not None), None)
     return Explanation(
         subject=subject,
@@ -364,7 +415,7 @@ def explain(
         reason=reason,
         rule=ruled.rule if ruled is not None else None,
         cost=ruled.cost if ruled is not None else 1,
-        buckets=buckets(list(seen.values())),
+        buckets=states,
         decision=decision,
         exempt="" if app_settings.ENABLED else "DJANGO_THROTTLE_ENABLED is off",
         checks=tuple(check.name for check in checks),
@@ -372,6 +423,10 @@ def explain(
         denied_by=denied_by,
         region=region,
         regional=regional,
+        unread=unread,
+        failure_modes=tuple(
+            (plan.check.name, plan.failure_mode) for plan in plans if plan.uncounted is None
+        ),
     )
 
 
@@ -552,6 +607,9 @@ class Check:
     scope: str | None = None
     credential: bool = False
     rule_only: bool = False
+    #: The view's own failure mode (a DRF view's ``throttle_failure_mode``,
+    #: ``@throttle(failure_mode=…)``); ``None``: the policy's.
+    failure_mode: str | None = None
 
 
 @dataclass(frozen=True)
@@ -580,6 +638,8 @@ class Planned:
     uncounted: Decision | None = None
     #: The region whose limits were picked (``None``: the default limits).
     region: str | None = None
+    #: What the check meets while the backend cannot answer (``core.failure_mode``).
+    failure_mode: str = ""
 
     @property
     def counters(self) -> list[Counter]:
@@ -640,6 +700,7 @@ def planned(
         scope=check.scope,
         credential=check.credential,
         rule_only=check.rule_only,
+        failure_mode=check.failure_mode,
         region=probe.region,
     )
     if isinstance(plan, Decision):
@@ -665,7 +726,15 @@ def planned(
             for limit in limits
         )
         groups.append((client, counters))
-    return Planned(check, plan.tier, plan.endpoint, plan.cost, tuple(groups), region=plan.region)
+    return Planned(
+        check,
+        plan.tier,
+        plan.endpoint,
+        plan.cost,
+        tuple(groups),
+        region=plan.region,
+        failure_mode=core.failure_mode(plan),
+    )
 
 
 #: Where the fleet limit comes from, and whose counter it is (the inspector's words).
@@ -693,12 +762,13 @@ def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) 
     request sends ``basic`` credentials; then the view's own throttle (a DRF view's only
     when a ``PolicyThrottle`` is among its throttle classes; any other view is assumed to
     be throttled by the policy, as a path rule or ``@throttle(scope=...)`` would)."""
-    credential_scope = drf_view = None
+    credential_scope = drf_view = own_mode = None
     seen: set[int] = set()
     while func is not None and id(func) not in seen:  # down the __wrapped__ chain
         seen.add(id(func))
         credential_scope = credential_scope or getattr(func, "throttle_credential_scope", None)
         drf_view = drf_view or getattr(func, "cls", None)
+        own_mode = own_mode or getattr(func, "throttle_failure_mode", None)
         func = getattr(func, "__wrapped__", None)
     checks = []
     if credential_scope is not None and method == "POST":
@@ -706,7 +776,7 @@ def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) 
         checks.append(_credential_check(name, str(credential_scope)))
     if drf_view is None:
         if credential_scope is None:
-            checks.append(Check("the view's throttle", scope))
+            checks.append(Check("the view's throttle", scope, failure_mode=_mode(own_mode)))
         return checks
     throttles = getattr(drf_view, "throttle_classes", ()) or ()
     # Reading throttle_classes imported the DRF adapter if the settings name it.
@@ -732,9 +802,15 @@ def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) 
                 "PolicyThrottle",
                 scope if scope is not None else getattr(drf_view, "throttle_scope", None),
                 credential=bool(getattr(drf_view, "throttle_credential", False)),
+                failure_mode=_mode(getattr(drf_view, "throttle_failure_mode", None)),
             )
         )
     return checks
+
+
+def _mode(mode: Any) -> str | None:
+    """A view's own failure mode as its adapter takes it: an unknown one is ignored."""
+    return mode if mode in core.FAILURE_MODES else None
 
 
 def _credential_check(name: str, scope: str) -> Check:

@@ -4,6 +4,12 @@ matches, every counter at what cost (by client, by IP address, by username), and
 and ``Retry-After`` the server would give it right now, before anyone sends it (nothing is
 consumed).
 
+With Redis down the checks, rule, tier, cost and limits are shown all the same (they need
+no Redis), every live counter ``unavailable`` (``null`` in JSON, never a zero), and as the
+next request's fate the failure mode it meets (the rule's, else the tier's, else
+``DJANGO_THROTTLE_FAILURE_MODE``); the command exits with status 3 after writing them, its
+one line on stderr saying why.
+
 Name the client with one of ``--user``, ``--api-key``, ``--ip`` or ``--client``; ``--ip``
 with another says where its request comes from, ``--username`` what it presents at a login.
 """
@@ -22,7 +28,7 @@ from django_throttle.inspection.clients import (
 )
 from django_throttle.inspection.subjects import CLIENT_HELP, parse_client
 from django_throttle.management import output
-from django_throttle.management.commands.throttle_inspect import READ_ERROR, bucket_rows
+from django_throttle.management.commands.throttle_inspect import PARTIAL, READ_ERROR, bucket_rows
 from django_throttle.models.fields import HTTP_METHODS
 from django_throttle.redaction import plain_text
 from django_throttle.request.core import retry_after_seconds, throttled_status
@@ -31,6 +37,8 @@ from django_throttle.request.core import retry_after_seconds, throttled_status
 def verdict(found: Explanation) -> str:
     """The next request's fate in words, as the server would answer it."""
     decision = found.decision
+    if found.unread:  # what the server does now: the request meets its failure mode
+        return found.failure_verdict
     if decision is None:
         return "allowed: no limit applies" + (f" ({found.exempt})" if found.exempt else "")
     if decision.allowed and decision.wait:
@@ -135,10 +143,20 @@ class Command(output.CountersCommand):
             ),
             "in_flight": list(found.in_flight),
             "notes": list(found.notes),
+            "unread": found.unread or None,
+            "failure_mode": found.failure_mode if found.unread else None,
         }
         if fmt == "table":
             for key, value in summary.items():
-                if key in ("denied_by", "retry_after", "in_flight", "notes") and not value:
+                hidden = (
+                    "denied_by",
+                    "retry_after",
+                    "in_flight",
+                    "notes",
+                    "unread",
+                    "failure_mode",
+                )
+                if key in hidden and not value:
                     continue
                 if key == "in_flight":  # one concurrency limit a line
                     for i, line in enumerate(found.in_flight):
@@ -162,3 +180,9 @@ class Command(output.CountersCommand):
             caption=None if found.buckets else "No limits apply.",
             document=summary,
         )
+        if found.unread:
+            raise CommandError(
+                f"The live counters could not be read from Redis ({found.unread}): the checks, "
+                "rule and limits are shown, their state is unavailable.",
+                returncode=PARTIAL,
+            )
