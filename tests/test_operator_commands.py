@@ -392,6 +392,24 @@ def test_with_redis_down_explain_shows_checks_rule_limits_and_the_failure_mode_a
     assert re.search(r"Failure mode: closed", table)
 
 
+def explained_while_down() -> Any:
+    """``throttle_explain --format json`` for alice's ``/api/ping/`` with Redis down: what it
+    wrote before exiting with its one-line error."""
+    out = io.StringIO()
+    with pytest.raises(CommandError):
+        call_command(
+            "throttle_explain",
+            "--user",
+            "alice",
+            "--path",
+            "/api/ping/",
+            "--format",
+            "json",
+            stdout=out,
+        )
+    return json.loads(out.getvalue())
+
+
 def test_with_redis_down_explain_names_the_tiers_or_the_settings_failure_mode(
     policy: Any, settings: Any
 ) -> None:
@@ -399,34 +417,10 @@ def test_with_redis_down_explain_names_the_tiers_or_the_settings_failure_mode(
     uncounted), as the request path resolves it."""
     settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
     settings.DJANGO_THROTTLE_FAILURE_MODE = "open"
-    out = io.StringIO()
-    with pytest.raises(CommandError):
-        call_command(
-            "throttle_explain",
-            "--user",
-            "alice",
-            "--path",
-            "/api/ping/",
-            "--format",
-            "json",
-            stdout=out,
-        )
-    found = json.loads(out.getvalue())
+    found = explained_while_down()
     assert found["failure_mode"] == "open"
     assert found["next_request"].endswith("open: served uncounted")
 
     policy["pro"].failure_mode = "local"
     policy["pro"].save()
-    out = io.StringIO()
-    with pytest.raises(CommandError):
-        call_command(
-            "throttle_explain",
-            "--user",
-            "alice",
-            "--path",
-            "/api/ping/",
-            "--format",
-            "json",
-            stdout=out,
-        )
-    assert json.loads(out.getvalue())["failure_mode"] == "local"
+    assert explained_while_down()["failure_mode"] == "local"
