@@ -8,10 +8,12 @@ output or a debug page. The host, port, database and user name stay, so the text
 which server is meant.
 
 A client label can hold anything a request sent: a username with ``[link=…]`` (rich markup),
-ESC bytes (terminal escape sequences), CR/LF (forged log lines) or right-to-left overrides
-(text that reads differently from what it is). :func:`plain_text` is what every operator
-view shows (tables, CSV, the dashboard): the text with those characters removed.
-:func:`log_text` is what log lines carry: every such character written as a visible escape,
+ESC bytes (terminal escape sequences), CR/LF (forged log lines), right-to-left overrides
+(text that reads differently from what it is) or characters that show nothing (a zero-width
+space, a soft hyphen: ``alice\u200b`` is another label than ``alice`` and must not look like
+it). :func:`plain_text` is what every operator view shows (tables, CSV, the dashboard): the
+text with each such character written as a visible escape (``\u200b``), so no label looks like
+another. :func:`log_text` is what log lines carry: the same escapes, and backslashes doubled,
 so one log record stays one line and says exactly what was sent.
 
 Nothing here does I/O.
@@ -59,32 +61,44 @@ def redact_text(text: str) -> str:
     return _QUERY_PASSWORD.sub(lambda m: f"{m['head']}{MASK}", text)
 
 
-#: Format characters that reorder or hide text (bidirectional overrides and isolates).
-_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 _ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+#: Categories no renderer shows as a glyph of its own: controls, format characters (zero-width
+#: spaces and joiners, soft hyphen, bidi controls), line and paragraph separators, surrogates,
+#: private-use and unassigned code points.
+_UNSHOWN_CATEGORIES = frozenset(("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"))
+#: Unicode's default-ignorable code points outside those categories (DerivedCoreProperties):
+#: the combining grapheme joiner, Hangul fillers, Khmer and Mongolian inherent vowels and
+#: variation selectors, halfwidth filler. Each renders as nothing, or as a blank.
+_IGNORABLE = re.compile(
+    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u3164\ufe00-\ufe0f\uffa0\U000e0100-\U000e01ef]"
+)
 
 
 def _hidden(char: str) -> bool:
-    """Control characters (C0, DEL, C1), line and paragraph separators, and bidi controls."""
-    return char in _BIDI or unicodedata.category(char) in ("Cc", "Zl", "Zp")
+    """Whether ``char`` shows nothing (or moves the text around it) where it is printed:
+    :data:`_UNSHOWN_CATEGORIES` and :data:`_IGNORABLE`."""
+    return unicodedata.category(char) in _UNSHOWN_CATEGORIES or bool(_IGNORABLE.match(char))
 
 
 def plain_text(value: object) -> str:
-    """``value`` as text with control characters, line separators and bidi overrides
-    removed: what a table cell, CSV cell or dashboard label shows. Markup is the caller's
-    to avoid (rich ``Text``, Django's autoescape): this removes what no renderer escapes."""
+    """``value`` as text with every control character, line separator, bidi override and
+    character that shows nothing written as a visible escape (``\\x1b``, ``\\u200b``): what a
+    table cell, CSV cell or dashboard label shows, so two labels that differ never look alike.
+    Markup is the caller's to avoid (rich ``Text``, Django's autoescape): this handles what
+    no renderer escapes. Backslashes stay as they are (``CORP\\alice`` reads as typed)."""
     text = str(value)
-    if text.isprintable():
+    if text.isprintable() and not _IGNORABLE.search(text):
         return text
-    return "".join(char for char in text if not _hidden(char))
+    return "".join(_escape(char) if _hidden(char) else char for char in text)
 
 
 def log_text(value: object) -> str:
     """``value`` for a log line: backslash, CR, LF, tab and every other control character,
-    line separator or bidi override written as an escape (``\\n``, ``\\x1b``, ``\\u202e``),
-    so the record stays one line and shows what was sent. Cheap for ordinary text."""
+    line separator, bidi override or character that shows nothing written as an escape
+    (``\\n``, ``\\x1b``, ``\\u202e``), so the record stays one line and shows what was sent.
+    Cheap for ordinary text."""
     text = str(value)
-    if text.isprintable() and "\\" not in text:
+    if text.isprintable() and "\\" not in text and not _IGNORABLE.search(text):
         return text
     return "".join(map(_escaped, text))
 
@@ -93,7 +107,14 @@ def _escaped(char: str) -> str:
     """One character as :func:`log_text` writes it."""
     if char in _ESCAPES:
         return _ESCAPES[char]
-    if not _hidden(char):
-        return char
+    return _escape(char) if _hidden(char) else char
+
+
+def _escape(char: str) -> str:
+    """``char`` as a visible escape: ``\\n``, ``\\r``, ``\\t``, else its code point."""
+    if char in _ESCAPES and char != "\\":
+        return _ESCAPES[char]
     code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"

@@ -340,7 +340,7 @@ def test_control_characters_never_reach_the_terminal(
         )
         assert not {"\x1b", "\x07", "\r"} & set(out)
         if fmt == "csv":
-            assert "username eve]8;;https://evil.exampleroot" in out
+            assert "username eve\\x1b]8;;https://evil.example\\x07\\r\\nroot" in out
 
 
 def test_a_300_character_username_is_explained_and_reset(

@@ -44,6 +44,7 @@ from tests.views import Ping, hello
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.test_usage_seams")]
 
 DASHBOARD = "/admin/django_throttle/usagecount/dashboard/"
+INSPECTOR = "/admin/django_throttle/usagecount/inspect/"
 #: Usernames an attacker (or a careless user) chooses.
 ODD = [
     "é" * 150,  # the longest username Django (and PostgreSQL's column) takes
@@ -55,6 +56,10 @@ ODD = [
     "rtl\u202eevil",
     '=HYPERLINK("https://x")',
 ]
+#: ``alice`` and three names that look like it where an invisible character is not written
+#: out: a zero-width space, a soft hyphen, a Hangul filler (one NFKC keeps: Django's
+#: ``create_user`` normalizes usernames so).
+LOOKALIKES = ["alice", "ali\u200bce", "alice\u00ad", "\u115falice"]
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202e]")
 
 
@@ -272,6 +277,36 @@ def test_odd_usernames_are_plain_text_in_every_view(
     assert "[/x]" in limited
 
 
+def test_names_that_differ_by_a_character_that_shows_nothing_never_look_alike(
+    client: Any, backend: str, tiers: tuple[Tier, Tier]
+) -> None:
+    """``alice`` and ``ali<zero-width space>ce`` are two accounts: the usage table, its CSV and
+    the dashboard show the second with the invisible character written out, never as a
+    second ``alice`` (it was shown as typed: two rows reading ``alice``)."""
+    _, members = tiers
+    rule = EndpointRule.objects.create(name="ping", match_type="route", pattern="ping")
+    EndpointLimit.objects.create(rule=rule, tier=members, rate="1/h")
+    users = [User.objects.create_user(name, password="pw") for name in LOOKALIKES]
+    for user in users:
+        client.force_login(user)
+        assert [client.get("/api/ping/").status_code for _ in range(2)] == [200, 429]
+        client.logout()
+
+    names = {row["name"] for row in report("client")}
+    assert {"alice", "ali\\u200bce", "alice\\xad", "\\u115falice"} <= names
+    table = run("--top", "1000")
+    csv_text = run("--format", "csv", "--top", "1000")
+    operator(client)
+    limited = dashboard(client).split('id="limited"', 1)[1].split("</section>", 1)[0]
+    for shown in (table, csv_text, limited):
+        assert "ali\\u200bce" in shown and "alice\\xad" in shown and "\\u115falice" in shown
+        assert not any(char in shown for char in "\u200b\u00ad\u115f")
+    inspected = client.get(INSPECTOR, {"client": f"user:{users[1].pk}"})
+    assert inspected.status_code == 200
+    assert "user ali\\u200bce" in inspected.content.decode()
+    assert "\u200b" not in inspected.content.decode()
+
+
 def test_the_rollup_stores_presented_usernames_only_when_they_name_a_user(backend: str) -> None:
     from django_throttle.backends import get_backend
     from tests.test_usage import send
@@ -330,11 +365,18 @@ def test_nothing_has_one_name_in_every_view(client: Any, backend: str) -> None:
     ("value", "shown", "logged"),
     [
         ("alice", "alice", "alice"),
-        ("a\r\nb", "ab", "a\\r\\nb"),
-        ("\x1b[31mx", "[31mx", "\\x1b[31mx"),
+        ("a\r\nb", "a\\r\\nb", "a\\r\\nb"),
+        ("\x1b[31mx", "\\x1b[31mx", "\\x1b[31mx"),
         ("back\\slash", "back\\slash", "back\\\\slash"),
-        ("rtl\u202eevil", "rtlevil", "rtl\\u202eevil"),
+        ("rtl\u202eevil", "rtl\\u202eevil", "rtl\\u202eevil"),
         ("Zoë 東京", "Zoë 東京", "Zoë 東京"),
+        # Characters that show nothing: a label with one never looks like the one without.
+        ("ali\u200bce", "ali\\u200bce", "ali\\u200bce"),
+        ("alice\u00ad", "alice\\xad", "alice\\xad"),
+        ("\ufeffalice", "\\ufeffalice", "\\ufeffalice"),
+        ("ali\u034fce", "ali\\u034fce", "ali\\u034fce"),
+        ("\u3164alice", "\\u3164alice", "\\u3164alice"),
+        ("alice\U000e0101", "alice\\U000e0101", "alice\\U000e0101"),
     ],
 )
 def test_plain_and_log_text(value: str, shown: str, logged: str) -> None:

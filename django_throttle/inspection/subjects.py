@@ -28,6 +28,7 @@ from django.utils.translation import gettext as _
 
 from django_throttle.identity import KEY_SCHEME, MAX_KEY_BYTES, Identity, client_ip, key_prefix
 from django_throttle.policy.live import Policy, TierPolicy
+from django_throttle.redaction import plain_text
 
 #: What the commands' help says a client may be written as.
 CLIENT_HELP = (
@@ -55,6 +56,11 @@ class Subject:
     #: counter, and the username when it is known (``None`` for a long name's digest).
     counter: str = ""
     username: str | None = None
+
+    def __post_init__(self) -> None:
+        # Shown on pages and in commands: a name that differs from another by a character
+        # that shows nothing is written so it never looks like it (see redaction.plain_text).
+        object.__setattr__(self, "label", plain_text(self.label))
 
     @property
     def client(self) -> str:
