@@ -542,3 +542,22 @@ def test_with_redis_down_a_request_under_shedding_meets_its_failure_mode(
     settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
     client = Client(REMOTE_ADDR="203.0.113.9")
     assert [client.get("/api/ping/").status_code for _ in range(5)] == expected
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("url", ["/api/feed/", "/decorated/"], ids=["drf", "decorator"])
+def test_a_shed_requests_ietf_headers_list_the_fleet_they_name(
+    closed_gate: threading.Event, settings: Any, url: str
+) -> None:
+    """A request the fleet refuses is told so in ``RateLimit`` ("fleet", nothing left): the
+    policy it names is then listed in ``RateLimit-Policy`` too, with the capacity
+    ``X-RateLimit-Limit`` shows (it named a policy the list left out)."""
+    settings.DJANGO_THROTTLE_IETF_HEADERS = True
+    rules(capacity=2, default=50, sheddable=50)  # sheddable: 1 slot
+    with reports_held(closed_gate):
+        shed = Client(REMOTE_ADDR="203.0.113.2").get(url)
+    assert shed.status_code == 503
+    assert shed["RateLimit"].startswith('"fleet";r=0;')
+    listed = dict(item.split(";", 1) for item in shed["RateLimit-Policy"].split(", "))
+    assert listed['"fleet"'] == f'q={shed["X-RateLimit-Limit"]};w=60;qu="concurrent-requests"'

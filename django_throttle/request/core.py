@@ -1272,9 +1272,14 @@ def add_headers(headers: HeaderMap, decision: Decision | None) -> None:
     elif decision.wait:
         headers.setdefault(DELAYED_HEADER, f"{decision.wait:.3f}")
     if app_settings.IETF_HEADERS:
-        # The client's quotas: not shadow limits, nor the load shedder's fleet capacity.
+        # The client's quotas: not shadow limits, nor the load shedder's fleet capacity,
+        # unless the fleet is what refused the request: ``RateLimit`` then names it, and
+        # every policy it names must be listed.
+        shed = limit.id == FLEET
         enforced = [
-            _as_met(item) for item in decision.limits if not item.shadow and item.id != FLEET
+            _as_met(item)
+            for item in decision.limits
+            if not item.shadow and (item.id != FLEET or shed)
         ] or [limit]
         headers.setdefault(
             "RateLimit-Policy",
