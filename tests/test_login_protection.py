@@ -976,3 +976,28 @@ def test_a_device_cookie_holds_only_when_every_spelling_presented_is_its_account
     two = {"username": "bf1", "email": "BF1", "password": "right"}
     assert browser.post("/login/", two).status_code == 429
     assert browser.post("/login/", {"username": " bf1 ", "password": "right"}).status_code == 302
+
+
+@pytest.mark.parametrize("url", ["/login/", "/async-login/", "/token/", "/basic/"])
+def test_guesses_spelled_as_a_collation_reads_them_share_the_accounts_counter(
+    rules: Tier, victim: Any, url: str
+) -> None:
+    """Where usernames are compared as MySQL's default collation compares them, ``bf\u0661``
+    (an Arabic-Indic one) and ``b\u0640f1`` (a tatweel inside) sign in as ``bf1``: guesses
+    spelled so, from anywhere, spend ``bf1``'s allowance (before: each spelling had one of
+    its own, and tatweels can be added without end)."""
+    for spelling in ("bf\u0661", "b\u0640f1", "b\u0640\u0640f\u0967"):
+        if url == "/basic/":
+            response = Client().get(
+                url, HTTP_AUTHORIZATION=basic(f"{spelling}:wrong"), REMOTE_ADDR=elsewhere()
+            )
+        else:
+            data = {"username": spelling, "password": "wrong"}
+            response = Client().post(url, data, REMOTE_ADDR=elsewhere())
+        assert response.status_code in (200, 400, 401)
+    if url == "/basic/":
+        right = Client().get(url, HTTP_AUTHORIZATION=basic("bf1:right"), REMOTE_ADDR=elsewhere())
+    else:
+        data = {"username": "bf1", "password": "right"}
+        right = Client().post(url, data, REMOTE_ADDR=elsewhere())
+    assert right.status_code == 429

@@ -128,7 +128,7 @@ def normalise_username(name: str) -> str:
     its counter and two long names never share one.
     """
     for _ in range(MAX_ROUNDS):
-        folded = _fold(unicodedata.normalize("NFKC", name.strip()))
+        folded = _fold(unicodedata.normalize("NFKC", _without_collation_ignored(name.strip())))
         if folded == name:
             break
         name = folded
@@ -154,8 +154,16 @@ def _fold(name: str) -> str:
     - accents and invisible characters: dropped (after NFKD), as MySQL's default collations
       (``utf8mb4_0900_ai_ci``, Django's ``username`` column on MySQL 8) and PostgreSQL's
       nondeterministic ICU collations ignore them: there ``alicé``, ``ali\u200bce`` and
-      ``alice\u00ad`` are ``alice``. A name made of nothing else keeps them (it names an
-      account of its own where names are compared as they are);
+      ``alice\u00ad`` are ``alice``; so are the other characters those collations pass over
+      (:data:`COLLATION_IGNORED`: the Arabic tatweel, spacing signs such as the Devanagari
+      visarga), dropped before NFKC too, since a DRF view hands the name to the database
+      unnormalised. A name made of nothing else keeps them (it names an account of its own
+      where names are compared as they are);
+    - digits of every script (Arabic-Indic ``\u0661``, Devanagari ``\u0967``, Hangzhou
+      numerals…): the digit they stand for, since the Unicode Collation Algorithm weighs
+      every digit as its value, so that there ``bf\u0661`` is ``bf1``; and the letters it
+      weighs as a plain Latin letter that NFKC leaves alone (combining ``\u0363`` is ``a``,
+      negative circled ``\U0001f150`` is ``a``, insular ``\ua77a`` is ``d``);
     - letters with a stroke or a bar, which have no decomposition but which the Unicode
       Collation Algorithm weighs as their base letter with a secondary (accent) difference,
       so that accent-insensitive collations match them to it (:data:`_BASE_LETTERS`: there
@@ -216,21 +224,154 @@ _BASE_LETTERS = {
 _REPLACED = 8
 
 
+#: Characters outside the :data:`_IGNORED` categories that the Unicode Collation Algorithm
+#: ignores at the first (base letter) level, the only level an accent- and case-insensitive
+#: collation compares: ``[.0000…]`` in the DUCET (``allkeys.txt``, Unicode 13), which MySQL's
+#: ``utf8mb4_0900_ai_ci`` and ICU's root collation follow. The information separators
+#: U+001C-U+001F are whitespace to ``str.strip`` but ignored there, inside a name too.
+COLLATION_IGNORED = frozenset(
+    map(
+        chr,
+        (
+            *range(0x1C, 0x20),
+            0x0345,
+            0x0640,
+            0x07FA,
+            0x0824,
+            0x0828,
+            0x0903,
+            0x0982,
+            0x0983,
+            0x0A03,
+            0x0A83,
+            0x0B02,
+            0x0B03,
+            0x0C01,
+            0x0C02,
+            0x0C03,
+            0x0C82,
+            0x0C83,
+            0x0D02,
+            0x0D03,
+            0x0D82,
+            0x0D83,
+            0x0F3E,
+            0x0F3F,
+            0x0F7F,
+            0x1038,
+            0x17C7,
+            0x17C8,
+            0x180A,
+            0x1B04,
+            0x1B82,
+            0x1CD3,
+            0x1CE1,
+            0x1CF2,
+            0x1CF3,
+            0x1CF7,
+            0x302E,
+            0x302F,
+            0xA880,
+            0xA881,
+            0xA983,
+            0xABEC,
+            *range(0xFC5E, 0xFC64),
+            0xFCF2,
+            0xFCF3,
+            0xFCF4,
+            *range(0xFE70, 0xFE75),
+            *range(0xFE76, 0xFE80),
+            0x11000,
+            0x11002,
+            0x11082,
+            0x11182,
+            0x11302,
+            0x11303,
+            0x11445,
+            0x114C1,
+            0x115BE,
+            0x1163E,
+            0x116AC,
+            0x11838,
+            0x119DE,
+            0x119DF,
+            0x11A39,
+            0x11A97,
+            0x11C3E,
+            0x11D96,
+            0x16FF0,
+            0x16FF1,
+            *range(0x1D165, 0x1D167),
+            *range(0x1D16D, 0x1D173),
+        ),
+    )
+)
+#: Categories of the characters that may stand for a digit (``unicodedata.numeric``).
+_NUMBERS = frozenset(("Nd", "Nl", "No"))
+
+
+def _without_collation_ignored(name: str) -> str:
+    """``name`` without the characters of :data:`COLLATION_IGNORED` (most names: no work
+    beyond one look at each distinct character)."""
+    if name.isascii() and name.isprintable():
+        return name
+    for char in COLLATION_IGNORED.intersection(name):
+        name = name.replace(char, "")
+    return name
+
+
+#: Digits the collation weighs as a digit other than their value: the Tibetan half digits
+#: (U+0F2A "half one", worth 0.5, weighs as 1; U+0F33 "half zero" as 0).
+_HALF_DIGITS = {chr(0x0F2A + i): str(i + 1) for i in range(9)} | {"\u0f33": "0"}
+#: Names of letters the collation weighs as a plain Latin letter that neither NFKC nor
+#: :data:`_BASE_LETTERS` map to it: combining Latin letters written above another (which
+#: would else be dropped as accents), negative circled and squared letters, insular letters.
+_NAMED_LETTER = re.compile(
+    r"(?:COMBINING |NEGATIVE CIRCLED |NEGATIVE SQUARED |SQUARED |CIRCLED |PARENTHESIZED )?"
+    r"LATIN (?:SMALL|CAPITAL) LETTER (?:INSULAR )?([A-Z])"
+)
+
+
+def _base(char: str) -> str | None:
+    """The ASCII letter(s) or digit a non-ASCII ``char`` is taken for (see :func:`_fold`),
+    else ``None``: a letter of :data:`_BASE_LETTERS`, a digit of any script or a numeral
+    worth 0-9 as its digit, a letter :data:`_NAMED_LETTER` names."""
+    if (based := _BASE_LETTERS.get(char) or _HALF_DIGITS.get(char)) is not None:
+        return based
+    if unicodedata.category(char) in _NUMBERS:
+        value = unicodedata.numeric(char, None)
+        return str(int(value)) if value is not None and value in range(10) else None
+    named = _NAMED_LETTER.fullmatch(unicodedata.name(char, ""))
+    return named[1].lower() if named else None
+
+
 def _without_ignored(name: str) -> str:
-    """``name`` without the characters of :data:`_IGNORED` categories (whitespace kept), its
-    letters of :data:`_BASE_LETTERS` as their base letters."""
+    """``name`` without the characters of :data:`_IGNORED` categories (whitespace kept) and
+    of :data:`COLLATION_IGNORED`, the letters and digits :func:`_base` knows as ASCII."""
     distinct = set(name)
+    table = {ord(char): base for char in distinct if not char.isascii() and (base := _base(char))}
     ignored = [
-        char for char in distinct if unicodedata.category(char) in _IGNORED and not char.isspace()
+        char
+        for char in distinct
+        if ord(char) not in table
+        and (
+            (unicodedata.category(char) in _IGNORED and not char.isspace())
+            or char in COLLATION_IGNORED
+        )
     ]
-    if len(ignored) > _REPLACED:
+    if ignored and any(char.isspace() for char in distinct):
+        # Whitespace right before them goes too: NFKC makes an Arabic presentation form
+        # that the collation ignores (U+FE70, U+FC5E…) a space and marks, so the name a
+        # login form passes on and the one a DRF view passes on unnormalised (where the
+        # form is dropped whole, see :data:`COLLATION_IGNORED`) keep one counter.
+        marks = "[" + "".join(map(re.escape, ignored)) + "]"
+        name = re.sub(rf"\s+(?={marks})|{marks}+", "", name)
+    elif len(ignored) > _REPLACED:
         name = re.sub("[" + "".join(map(re.escape, ignored)) + "]+", "", name)
     else:
         for char in ignored:
             name = name.replace(char, "")
-    if based := distinct.intersection(_BASE_LETTERS):
-        name = name.translate({ord(char): _BASE_LETTERS[char] for char in based})
-    return name
+    return name.translate(table) if table else name
 
 
 #: The one counter of every request whose username cannot be read: the empty username,
