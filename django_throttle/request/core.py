@@ -1010,7 +1010,8 @@ def _logged_in(sender: Any, request: Any = None, user: Any = None, **kwargs: Any
     account = get_username() if callable(get_username) else None
     target = getattr(request, "_request", request)
     with contextlib.suppress(AttributeError):  # a request object that takes no attributes
-        setattr(target, LOGGED_IN_ATTRIBUTE, account if isinstance(account, str) else True)
+        # A username field that is no text (a number) is known by its text, as a form sends it.
+        setattr(target, LOGGED_IN_ATTRIBUTE, True if account is None else str(account))
 
 
 def _login_failed(sender: Any, credentials: Any = None, request: Any = None, **kwargs: Any) -> None:
