@@ -1001,3 +1001,17 @@ def test_guesses_spelled_as_a_collation_reads_them_share_the_accounts_counter(
         data = {"username": "bf1", "password": "right"}
         right = Client().post(url, data, REMOTE_ADDR=elsewhere())
     assert right.status_code == 429
+
+
+def test_an_account_known_by_a_number_is_remembered_by_its_text() -> None:
+    """A user model whose ``USERNAME_FIELD`` holds a number: the sign-in is marked with the
+    number's text (what a form presents), so the browser still earns its device cookie."""
+    from django_throttle.request import core
+
+    class Numbered:
+        def get_username(self) -> int:
+            return 4711
+
+    request = HttpRequest()
+    core._logged_in(None, request=request, user=Numbered())
+    assert getattr(request, core.LOGGED_IN_ATTRIBUTE) == "4711"
