@@ -46,12 +46,7 @@ from django_throttle.request.core import (
     throttled_response,
     watch_login_failures,
 )
-from django_throttle.request.usernames import (
-    USERNAME_FIELDS,
-    normalise_username,
-    presented_username,
-    remember,
-)
+from django_throttle.request.usernames import USERNAME_FIELDS, remember
 
 require_installed("django_throttle.decorators")
 
@@ -387,19 +382,13 @@ def _served(request: Any, response: Any, decision: Decision, login: bool) -> Non
     advertised: the view's own throttle reports its headers), so an attempt served while
     Redis is down says so as other endpoints do, and, after a real sign-in
     (``user_logged_in`` fired for this request), the browser's device cookie for the
-    username it presented (see :mod:`~django_throttle.request.usernames`)."""
+    account signed in to (see :mod:`~django_throttle.request.usernames`)."""
     if not login:
         add_headers(response.headers, decision)
         return
     degraded = degraded_mode(decision)
     if degraded is not None:
         response.headers.setdefault(DEGRADED_HEADER, degraded)
-    if not getattr(request, LOGGED_IN_ATTRIBUTE, False) or login_failed(request):
-        return
-    username = presented_username(request)
-    if username is None:
-        user = getattr(request, "user", None)
-        get_username = getattr(user, "get_username", None)
-        username = normalise_username(str(get_username())) if get_username else None
-    if username:
-        remember(request, response, username)
+    account = getattr(request, LOGGED_IN_ATTRIBUTE, None)
+    if isinstance(account, str) and account and not login_failed(request):
+        remember(request, response, account)

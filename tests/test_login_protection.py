@@ -935,3 +935,83 @@ def test_operator_tools_see_and_reset_the_shared_counter(rules: Tier, victim: An
     assert "username bf1" in {row["counted_by"] for row in reset["rows"]}
     assert right("/login/") == 302
     assert right("/api/token/") == 200
+
+
+@pytest.mark.parametrize("url, wrong", [("/login/", 200), ("/async-login/", 401)])
+@pytest.mark.parametrize("own", ["BF1", "b\u1e1f1", "\u0180f1"])
+def test_a_device_cookie_of_a_look_alike_account_counts_in_the_shared_counter(
+    rules: Tier, victim: Any, django_user_model: Any, own: str, url: str, wrong: int
+) -> None:
+    """An attacker who owns an account whose name folds to the victim's (``BF1``, ``bḟ1``,
+    ``ƀf1``: accounts of their own where names are compared as they are) signs in to it as
+    often as they like, each time without a cookie: each sign-in gives a new device. Before,
+    every such cookie was a fresh allowance of guesses at the victim's password, so the one
+    counter per username held nothing back."""
+    django_user_model.objects.create_user(own, password="mine")
+    cookies = []
+    for _ in range(3):
+        response = Client().post(url, {"username": own, "password": "mine"})
+        assert response.status_code == 302
+        cookies.append(response.cookies[usernames.COOKIE_NAME].value)
+    statuses = []
+    for value in cookies:
+        attacker = Client()
+        attacker.cookies[usernames.COOKIE_NAME] = value
+        for _ in range(2):
+            data = {"username": "bf1", "password": "wrong"}
+            statuses.append(attacker.post(url, data, REMOTE_ADDR=elsewhere()).status_code)
+    assert statuses == [wrong] * 3 + [429] * 3
+
+
+def test_a_device_cookie_holds_only_when_every_spelling_presented_is_its_accounts(
+    rules: Tier, victim: Any
+) -> None:
+    """The victim's own cookie, with the victim's name in one field and a look-alike in
+    another (both folding to its counter): the request may sign in as either account where
+    names are compared as they are, so it is counted in the shared counter."""
+    browser = Client()
+    assert browser.post("/login/", {"username": "bf1", "password": "right"}).status_code == 302
+    browser.post("/admin/logout/")
+    lock("/login/")
+    two = {"username": "bf1", "email": "BF1", "password": "right"}
+    assert browser.post("/login/", two).status_code == 429
+    assert browser.post("/login/", {"username": " bf1 ", "password": "right"}).status_code == 302
+
+
+@pytest.mark.parametrize("url", ["/login/", "/async-login/", "/token/", "/basic/"])
+def test_guesses_spelled_as_a_collation_reads_them_share_the_accounts_counter(
+    rules: Tier, victim: Any, url: str
+) -> None:
+    """Where usernames are compared as MySQL's default collation compares them, ``bf\u0661``
+    (an Arabic-Indic one) and ``b\u0640f1`` (a tatweel inside) sign in as ``bf1``: guesses
+    spelled so, from anywhere, spend ``bf1``'s allowance (before: each spelling had one of
+    its own, and tatweels can be added without end)."""
+    for spelling in ("bf\u0661", "b\u0640f1", "b\u0640\u0640f\u0967"):
+        if url == "/basic/":
+            response = Client().get(
+                url, HTTP_AUTHORIZATION=basic(f"{spelling}:wrong"), REMOTE_ADDR=elsewhere()
+            )
+        else:
+            data = {"username": spelling, "password": "wrong"}
+            response = Client().post(url, data, REMOTE_ADDR=elsewhere())
+        assert response.status_code in (200, 400, 401)
+    if url == "/basic/":
+        right = Client().get(url, HTTP_AUTHORIZATION=basic("bf1:right"), REMOTE_ADDR=elsewhere())
+    else:
+        data = {"username": "bf1", "password": "right"}
+        right = Client().post(url, data, REMOTE_ADDR=elsewhere())
+    assert right.status_code == 429
+
+
+def test_an_account_known_by_a_number_is_remembered_by_its_text() -> None:
+    """A user model whose ``USERNAME_FIELD`` holds a number: the sign-in is marked with the
+    number's text (what a form presents), so the browser still earns its device cookie."""
+    from django_throttle.request import core
+
+    class Numbered:
+        def get_username(self) -> int:
+            return 4711
+
+    request = HttpRequest()
+    core._logged_in(None, request=request, user=Numbered())
+    assert getattr(request, core.LOGGED_IN_ATTRIBUTE) == "4711"

@@ -138,6 +138,9 @@ ENTRY_POINTS: dict[str, Callable[[str], Any]] = {
 @example(name="\u00a0" * 1_100 + "Caf\u00e9")  # a Latin-1 body: é is one byte, 0xe9
 @example(name="ﬁ" * 600)
 @example(name="﹉bob")
+@example(name="b\ufe70f1")  # NFKC: a space and a mark; unnormalised: ignored whole
+@example(name="b\ufc5e\ufc5ef1")
+@example(name="bf\u03451")  # a mark upper() would make a capital iota
 def test_the_limiter_counts_the_name_the_authenticator_authenticates(
     entry: str, name: str, authenticated: list[str]
 ) -> None:
@@ -188,3 +191,40 @@ def test_letters_a_collation_weighs_as_their_base_letter_fold_to_it(name: str, b
     letter with a secondary difference (``æ`` and ``œ`` as two letters): counted apart, each
     was a fresh budget for one account on MySQL."""
     assert normalise_username(name) == base
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "bf\u0661",  # Arabic-Indic digit one
+        "bf\u06f1",  # extended Arabic-Indic
+        "bf\u0967",  # Devanagari
+        "bf\u0e51",  # Thai
+        "bf\u3021",  # Hangzhou numeral one (Nl)
+        "bf\u0f2a",  # Tibetan "half one", weighed as one
+        "bf\U000104a1",  # Osmanya
+        "b\u0640f1",  # Arabic tatweel, ignored by the collation
+        "b\u0640\u0640\u0640f\u0640\u06401",
+        "bf\u07fa1",  # NKo lajanyalan
+        "b\u0903f1",  # Devanagari visarga (a spacing sign, Mc)
+        "b\U0001d165f1",  # musical combining stem (Mc)
+        "b\x1cf\x1f1",  # information separators: whitespace to str.strip, ignored inside
+        "b\ufc5ef1",  # an Arabic presentation form NFKC makes a space and two marks
+        "\U0001f151f1",  # negative circled B
+        "b\ua77c1",  # insular f
+    ],
+)
+def test_spellings_a_collation_takes_for_the_name_share_its_counter(spelling: str) -> None:
+    """MySQL's ``utf8mb4_0900_ai_ci`` and ICU's root collation weigh a digit of any script
+    as its value and pass over the tatweel, spacing signs and other characters of no weight:
+    there each of these signs in as ``bf1``. Counted apart (before: every one of them), each
+    spelling was a fresh allowance of guesses at one account, and a tatweel can be repeated
+    anywhere, so the allowance had no end."""
+    assert normalise_username(spelling) == "bf1"
+
+
+def test_a_combining_latin_letter_counts_as_its_letter() -> None:
+    """The collation weighs a combining Latin letter as the letter (``bf`` + combining ``a``
+    is ``bfa``), not as an accent to drop."""
+    assert normalise_username("bf\u0363") == normalise_username("bfa") == "bfa"
+    assert normalise_username("bf\u0363\u0301") == "bfa"  # the accent on it still goes

@@ -950,7 +950,8 @@ Steps = Generator[Call, Any, T]
 
 #: Set on the (Django) request when ``user_login_failed`` fires for it.
 FAILED_ATTRIBUTE = "throttle_login_failed"
-#: Set on the (Django) request when ``user_logged_in`` fires for it.
+#: Set on the (Django) request when ``user_logged_in`` fires for it: the signed-in account's
+#: username (``get_username()``), or ``True`` for a user object that has none.
 LOGGED_IN_ATTRIBUTE = "throttle_logged_in"
 #: The request whose login view a login guard is running (in this thread or task, and in the
 #: threads ``sync_to_async`` runs for it): a ``user_login_failed`` sent with no request (a
@@ -999,10 +1000,18 @@ def watch_login_failures() -> None:
 
 
 def _logged_in(sender: Any, request: Any = None, user: Any = None, **kwargs: Any) -> None:
-    """Mark the request of a real sign-in (``django.contrib.auth.login``): the only proof
-    that earns the browser a device cookie (a 200 or 302 alone proves nothing)."""
-    if user is not None:
-        _mark(request, LOGGED_IN_ATTRIBUTE)
+    """Mark the request of a real sign-in (``django.contrib.auth.login``) with the account
+    signed in to: the only proof that earns the browser a device cookie (a 200 or 302 alone
+    proves nothing), and the account that cookie is for (not the name the form presented,
+    which may fold to another account's counter)."""
+    if user is None or request is None:
+        return
+    get_username = getattr(user, "get_username", None)
+    account = get_username() if callable(get_username) else None
+    target = getattr(request, "_request", request)
+    with contextlib.suppress(AttributeError):  # a request object that takes no attributes
+        # A username field that is no text (a number) is known by its text, as a form sends it.
+        setattr(target, LOGGED_IN_ATTRIBUTE, True if account is None else str(account))
 
 
 def _login_failed(sender: Any, credentials: Any = None, request: Any = None, **kwargs: Any) -> None:

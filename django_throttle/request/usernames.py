@@ -10,11 +10,16 @@ A browser that signed in before keeps its own allowance of attempts while its us
 under attack, through a device cookie (OWASP's "Slow down online guessing attacks with device
 cookies"): a limit counted by username is also a lever, since anyone can keep a real user
 locked out by spending the username's allowance. A successful sign-in through
-:func:`~django_throttle.credentials.protect_credentials` sets a signed cookie naming the user
-(by a digest of the normalised username: the cookie shows no name) and a random device id. A
-later attempt that presents a valid cookie for the very username it tries is counted in that
-device's own counter, with the same limits, instead of the username's shared one; an absent,
-forged, expired or other user's cookie counts in the shared counter as before. A device cookie
+:func:`~django_throttle.credentials.protect_credentials` sets a signed cookie naming the
+account signed in to (by a digest of its username, ``get_username()``: the cookie shows no
+name) and a random device id. A later attempt that presents a valid cookie and that username
+itself (stripped and NFKC-normalised, as the login form reads it; every field and header
+that names a user naming it) is counted in that device's own counter, with the same limits,
+instead of the username's shared one; an absent, forged, expired or other account's cookie
+counts in the shared counter as before. The cookie holds for its own account's name only,
+never for another spelling that folds to the same counter: an account of the attacker's own
+whose name folds to the victim's (``BF1``, ``bḟ1`` for ``bf1``) gives cookies that are worth
+nothing against the victim, however many times the attacker signs in to it. A device cookie
 that keeps failing is locked out on its own, like any counter; a stolen one is worth one
 allowance, no more. A browser that never signed in (a new device, cookies cleared) has only the
 shared counter and stays locked out while the attack lasts. The cookie is signed with
@@ -75,7 +80,7 @@ def presented_username(request: Any) -> str | None:
     the user model's ``USERNAME_FIELD``, ``username`` and ``email``. Never raises.
     """
     found = _presented(request)
-    return found[0] if found is not None and len(found) == 1 else None
+    return found[0][0] if found is not None and len(found) == 1 else None
 
 
 def username_counters(request: Any) -> tuple[str, ...]:
@@ -83,8 +88,8 @@ def username_counters(request: Any) -> tuple[str, ...]:
     when it presents no username (nothing for an authenticator to check either).
 
     - each username it presents, read as :func:`presented_username` reads it:
-      ``username:<name>``, unless the request carries a valid device cookie for that very
-      username (see the module docstring): then that device's own counter. A
+      ``username:<name>``, unless the request carries a valid device cookie for the account
+      that name is (see the module docstring): then that device's own counter. A
       request naming several users (a Basic header and a body, or two fields, that
       disagree) is counted under each: an authenticator may check any of them;
     - credentials that cannot be read (a Basic header that does not decode, a body that
@@ -98,8 +103,8 @@ def username_counters(request: Any) -> tuple[str, ...]:
     if not found:
         return ()
     counters = []
-    for name in found:
-        device = device_for(request, name)
+    for name, spellings in found:
+        device = device_for(request, spellings)
         counters.append(
             Identity("username", name).key if device is None else Identity("device", device).key
         )
@@ -123,7 +128,7 @@ def normalise_username(name: str) -> str:
     its counter and two long names never share one.
     """
     for _ in range(MAX_ROUNDS):
-        folded = _fold(unicodedata.normalize("NFKC", name.strip()))
+        folded = _fold(unicodedata.normalize("NFKC", _without_collation_ignored(name.strip())))
         if folded == name:
             break
         name = folded
@@ -149,8 +154,16 @@ def _fold(name: str) -> str:
     - accents and invisible characters: dropped (after NFKD), as MySQL's default collations
       (``utf8mb4_0900_ai_ci``, Django's ``username`` column on MySQL 8) and PostgreSQL's
       nondeterministic ICU collations ignore them: there ``alicé``, ``ali\u200bce`` and
-      ``alice\u00ad`` are ``alice``. A name made of nothing else keeps them (it names an
-      account of its own where names are compared as they are);
+      ``alice\u00ad`` are ``alice``; so are the other characters those collations pass over
+      (:data:`COLLATION_IGNORED`: the Arabic tatweel, spacing signs such as the Devanagari
+      visarga), dropped before NFKC too, since a DRF view hands the name to the database
+      unnormalised. A name made of nothing else keeps them (it names an account of its own
+      where names are compared as they are);
+    - digits of every script (Arabic-Indic ``\u0661``, Devanagari ``\u0967``, Hangzhou
+      numerals…): the digit they stand for, since the Unicode Collation Algorithm weighs
+      every digit as its value, so that there ``bf\u0661`` is ``bf1``; and the letters it
+      weighs as a plain Latin letter that NFKC leaves alone (combining ``\u0363`` is ``a``,
+      negative circled ``\U0001f150`` is ``a``, insular ``\ua77a`` is ``d``);
     - letters with a stroke or a bar, which have no decomposition but which the Unicode
       Collation Algorithm weighs as their base letter with a secondary (accent) difference,
       so that accent-insensitive collations match them to it (:data:`_BASE_LETTERS`: there
@@ -211,21 +224,154 @@ _BASE_LETTERS = {
 _REPLACED = 8
 
 
+#: Characters outside the :data:`_IGNORED` categories that the Unicode Collation Algorithm
+#: ignores at the first (base letter) level, the only level an accent- and case-insensitive
+#: collation compares: ``[.0000…]`` in the DUCET (``allkeys.txt``, Unicode 13), which MySQL's
+#: ``utf8mb4_0900_ai_ci`` and ICU's root collation follow. The information separators
+#: U+001C-U+001F are whitespace to ``str.strip`` but ignored there, inside a name too.
+COLLATION_IGNORED = frozenset(
+    map(
+        chr,
+        (
+            *range(0x1C, 0x20),
+            0x0345,
+            0x0640,
+            0x07FA,
+            0x0824,
+            0x0828,
+            0x0903,
+            0x0982,
+            0x0983,
+            0x0A03,
+            0x0A83,
+            0x0B02,
+            0x0B03,
+            0x0C01,
+            0x0C02,
+            0x0C03,
+            0x0C82,
+            0x0C83,
+            0x0D02,
+            0x0D03,
+            0x0D82,
+            0x0D83,
+            0x0F3E,
+            0x0F3F,
+            0x0F7F,
+            0x1038,
+            0x17C7,
+            0x17C8,
+            0x180A,
+            0x1B04,
+            0x1B82,
+            0x1CD3,
+            0x1CE1,
+            0x1CF2,
+            0x1CF3,
+            0x1CF7,
+            0x302E,
+            0x302F,
+            0xA880,
+            0xA881,
+            0xA983,
+            0xABEC,
+            *range(0xFC5E, 0xFC64),
+            0xFCF2,
+            0xFCF3,
+            0xFCF4,
+            *range(0xFE70, 0xFE75),
+            *range(0xFE76, 0xFE80),
+            0x11000,
+            0x11002,
+            0x11082,
+            0x11182,
+            0x11302,
+            0x11303,
+            0x11445,
+            0x114C1,
+            0x115BE,
+            0x1163E,
+            0x116AC,
+            0x11838,
+            0x119DE,
+            0x119DF,
+            0x11A39,
+            0x11A97,
+            0x11C3E,
+            0x11D96,
+            0x16FF0,
+            0x16FF1,
+            *range(0x1D165, 0x1D167),
+            *range(0x1D16D, 0x1D173),
+        ),
+    )
+)
+#: Categories of the characters that may stand for a digit (``unicodedata.numeric``).
+_NUMBERS = frozenset(("Nd", "Nl", "No"))
+
+
+def _without_collation_ignored(name: str) -> str:
+    """``name`` without the characters of :data:`COLLATION_IGNORED` (most names: no work
+    beyond one look at each distinct character)."""
+    if name.isascii() and name.isprintable():
+        return name
+    for char in COLLATION_IGNORED.intersection(name):
+        name = name.replace(char, "")
+    return name
+
+
+#: Digits the collation weighs as a digit other than their value: the Tibetan half digits
+#: (U+0F2A "half one", worth 0.5, weighs as 1; U+0F33 "half zero" as 0).
+_HALF_DIGITS = {chr(0x0F2A + i): str(i + 1) for i in range(9)} | {"\u0f33": "0"}
+#: Names of letters the collation weighs as a plain Latin letter that neither NFKC nor
+#: :data:`_BASE_LETTERS` map to it: combining Latin letters written above another (which
+#: would else be dropped as accents), negative circled and squared letters, insular letters.
+_NAMED_LETTER = re.compile(
+    r"(?:COMBINING |NEGATIVE CIRCLED |NEGATIVE SQUARED |SQUARED |CIRCLED |PARENTHESIZED )?"
+    r"LATIN (?:SMALL|CAPITAL) LETTER (?:INSULAR )?([A-Z])"
+)
+
+
+def _base(char: str) -> str | None:
+    """The ASCII letter(s) or digit a non-ASCII ``char`` is taken for (see :func:`_fold`),
+    else ``None``: a letter of :data:`_BASE_LETTERS`, a digit of any script or a numeral
+    worth 0-9 as its digit, a letter :data:`_NAMED_LETTER` names."""
+    if (based := _BASE_LETTERS.get(char) or _HALF_DIGITS.get(char)) is not None:
+        return based
+    if unicodedata.category(char) in _NUMBERS:
+        value = unicodedata.numeric(char, None)
+        return str(int(value)) if value is not None and value in range(10) else None
+    named = _NAMED_LETTER.fullmatch(unicodedata.name(char, ""))
+    return named[1].lower() if named else None
+
+
 def _without_ignored(name: str) -> str:
-    """``name`` without the characters of :data:`_IGNORED` categories (whitespace kept), its
-    letters of :data:`_BASE_LETTERS` as their base letters."""
+    """``name`` without the characters of :data:`_IGNORED` categories (whitespace kept) and
+    of :data:`COLLATION_IGNORED`, the letters and digits :func:`_base` knows as ASCII."""
     distinct = set(name)
+    table = {ord(char): base for char in distinct if not char.isascii() and (base := _base(char))}
     ignored = [
-        char for char in distinct if unicodedata.category(char) in _IGNORED and not char.isspace()
+        char
+        for char in distinct
+        if ord(char) not in table
+        and (
+            (unicodedata.category(char) in _IGNORED and not char.isspace())
+            or char in COLLATION_IGNORED
+        )
     ]
-    if len(ignored) > _REPLACED:
+    if ignored and any(char.isspace() for char in distinct):
+        # Whitespace right before them goes too: NFKC makes an Arabic presentation form
+        # that the collation ignores (U+FE70, U+FC5E…) a space and marks, so the name a
+        # login form passes on and the one a DRF view passes on unnormalised (where the
+        # form is dropped whole, see :data:`COLLATION_IGNORED`) keep one counter.
+        marks = "[" + "".join(map(re.escape, ignored)) + "]"
+        name = re.sub(rf"\s+(?={marks})|{marks}+", "", name)
+    elif len(ignored) > _REPLACED:
         name = re.sub("[" + "".join(map(re.escape, ignored)) + "]+", "", name)
     else:
         for char in ignored:
             name = name.replace(char, "")
-    if based := distinct.intersection(_BASE_LETTERS):
-        name = name.translate({ord(char): _BASE_LETTERS[char] for char in based})
-    return name
+    return name.translate(table) if table else name
 
 
 #: The one counter of every request whose username cannot be read: the empty username,
@@ -234,9 +380,12 @@ UNREADABLE_COUNTER = Identity("username", "").key
 #: Most usernames one request is counted under (a Basic header and four fields).
 MAX_NAMES = 5
 
-#: The sorted, distinct usernames presented (empty: none), or ``None``: credentials are
+#: The sorted, distinct usernames presented (empty: none), each with the digests of the
+#: spellings it was presented as (see :func:`_spelling`), or ``None``: credentials are
 #: presented, but no username can be read from them.
-_Found = tuple[str, ...] | None
+_Found = tuple[tuple[str, frozenset[str]], ...] | None
+#: Usernames as :func:`normalise_username` writes them, each with the digests of its spellings.
+_Names = dict[str, set[str]]
 
 
 def unread_username(request: Any, credentials: Any) -> str | None:
@@ -273,8 +422,14 @@ def _read(request: Any, header_only: bool) -> _Found:
     # DRF token view also runs BasicAuthentication).
     if names is not None and request.method == "POST" and not header_only:
         body = _posted_usernames(request)
-        names = None if body is None else names | body
-    return None if names is None else tuple(sorted(names))[:MAX_NAMES]
+        if body is None:
+            names = None
+        else:
+            for name, spellings in body.items():
+                names.setdefault(name, set()).update(spellings)
+    if names is None:
+        return None
+    return tuple((name, frozenset(names[name])) for name in sorted(names))[:MAX_NAMES]
 
 
 def authorization(meta: Any) -> list[bytes]:
@@ -284,12 +439,12 @@ def authorization(meta: Any) -> list[bytes]:
     return header.encode("latin-1", "replace").split() if isinstance(header, str) else []
 
 
-def _basic_username(parts: list[bytes]) -> set[str] | None:
+def _basic_username(parts: list[bytes]) -> _Names | None:
     """The user part of ``Authorization: Basic`` (``parts``: see :func:`authorization`),
     parsed as DRF's ``BasicAuthentication`` parses it: empty for another scheme or no
     header, ``None`` when it cannot be read."""
     if not parts or parts[0].lower() != b"basic":
-        return set()
+        return {}
     if len(parts) != 2:
         return None
     try:
@@ -301,8 +456,8 @@ def _basic_username(parts: list[bytes]) -> set[str] | None:
         name, _ = decoded.split(":", 1)
     except (binascii.Error, ValueError):
         return None
-    name = normalise_username(name)
-    return {name} if name else set()
+    normalised = normalise_username(name)
+    return {normalised: {_spelling(name)}} if normalised else {}
 
 
 def _field_names(request: Any = None) -> tuple[str, ...]:
@@ -315,7 +470,7 @@ def _field_names(request: Any = None) -> tuple[str, ...]:
     return tuple(dict.fromkeys((*own, field, "username", "email")))
 
 
-def _posted_usernames(request: Any) -> set[str] | None:
+def _posted_usernames(request: Any) -> _Names | None:
     """The distinct usernames a POST body presents (empty: none; ``None``: unreadable)."""
     meta = request.META
     media = str(meta.get("CONTENT_TYPE") or "").split(";", 1)[0].strip().lower()
@@ -323,12 +478,12 @@ def _posted_usernames(request: Any) -> set[str] | None:
         if media in FORM_TYPES:
             return _fields(request.POST, request)
         if not int(meta.get("CONTENT_LENGTH") or 0):
-            return set()  # no body: nothing for an authenticator to read either
+            return {}  # no body: nothing for an authenticator to read either
         body = request.body  # bounded by DATA_UPLOAD_MAX_MEMORY_SIZE
     except Exception:  # unreadable body, body already read, too big, bad length
         return None
     if not body.strip():
-        return set()
+        return {}
     try:
         # Decoded as DRF's JSONParser decodes it: the charset the Content-Type names (which
         # Django keeps as ``request.encoding`` when Python knows it), else DEFAULT_CHARSET;
@@ -338,7 +493,7 @@ def _posted_usernames(request: Any) -> set[str] | None:
         pass
     else:
         # A JSON list or number: no authenticator takes fields from it.
-        return _fields(data, request) if isinstance(data, dict) else set()
+        return _fields(data, request) if isinstance(data, dict) else {}
     from django.http import QueryDict
 
     try:  # a form body under another content type (``*/*`` picks DRF's form parser)
@@ -356,16 +511,24 @@ def _charset(request: Any) -> str:
     return str(getattr(request, "encoding", None) or settings.DEFAULT_CHARSET)
 
 
-def _fields(data: Any, request: Any = None) -> set[str]:
-    names = set()
+def _fields(data: Any, request: Any = None) -> _Names:
+    names: _Names = {}
     for field in _field_names(request):
         value = data.get(field)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             value = str(value)  # DRF's CharField takes numbers as their text
         if isinstance(value, str):
-            names.add(normalise_username(value))
-    names.discard("")  # blank, or only what normalising removes
+            name = normalise_username(value)
+            if name:  # not blank, nor only what normalising removes
+                names.setdefault(name, set()).add(_spelling(value))
     return names
+
+
+def _spelling(name: str) -> str:
+    """The digest of ``name`` as a login form gives it to ``authenticate()`` (stripped,
+    NFKC-normalised: Django's ``UsernameField``), and as an account's username is stored
+    (``normalize_username``): what a device cookie's account is compared with, exactly."""
+    return _name_digest(unicodedata.normalize("NFKC", name.strip()))
 
 
 #: The cookie's name.
@@ -374,14 +537,18 @@ COOKIE_NAME = "throttle_device"
 MAX_AGE = 180 * 86400
 #: Longest cookie value read; ours are about 80 characters.
 MAX_COOKIE_CHARS = 200
-#: Keeps these signatures apart from every other use of ``SECRET_KEY`` (the name of the module
-#: that first held the cookies: changing it would void every cookie issued).
-SALT = "django_throttle.request.device_cookies"
+#: Keeps these signatures apart from every other use of ``SECRET_KEY``. Changing it voids every
+#: cookie issued: it was changed once, when cookies came to name the account signed in to
+#: rather than the folded name presented (a cookie of before may be a look-alike account's).
+SALT = "django_throttle.request.device_cookies.account"
 
 
-def device_for(request: Any, username: str) -> str | None:
-    """The device id of the request's valid device cookie for ``username`` (normalised as
-    :func:`~.credentials.normalise_username` does), else ``None``."""
+def device_for(request: Any, spellings: frozenset[str]) -> str | None:
+    """The device id of the request's valid device cookie when ``spellings`` (the digests of
+    every spelling presented of one username, see :func:`_spelling`) is the one name of the
+    cookie's account, else ``None``. Two spellings that fold to one counter (``bf1`` in the
+    form, ``BF1`` as ``email``) are two accounts' names where names are compared as they
+    are: the request is then counted in the shared counter."""
     cookies = getattr(request, "COOKIES", None)
     value = cookies.get(COOKIE_NAME) if cookies else None
     if not value or not isinstance(value, str) or len(value) > MAX_COOKIE_CHARS:
@@ -391,16 +558,19 @@ def device_for(request: Any, username: str) -> str | None:
     except signing.BadSignature:  # forged, garbled or expired (SignatureExpired)
         return None
     device, _, named = signed.partition(":")
-    if not device or not hmac.compare_digest(named, _name_digest(username)):
+    if not device or len(spellings) != 1:
         return None
-    return device
+    (spelling,) = spellings
+    return device if hmac.compare_digest(named, spelling) else None
 
 
-def remember(request: Any, response: Any, username: str) -> None:
-    """Set (or renew) ``response``'s device cookie for ``username``: a browser that already
-    holds one for that user keeps its device id, and so its counter."""
-    device = device_for(request, username) or secrets.token_urlsafe(12)
-    value = signing.TimestampSigner(salt=SALT).sign(f"{device}:{_name_digest(username)}")
+def remember(request: Any, response: Any, account: str) -> None:
+    """Set (or renew) ``response``'s device cookie for the account whose username is
+    ``account`` (``get_username()`` of the user signed in): a browser that already holds one
+    for that account keeps its device id, and so its counter."""
+    spelling = _spelling(account)
+    device = device_for(request, frozenset((spelling,))) or secrets.token_urlsafe(12)
+    value = signing.TimestampSigner(salt=SALT).sign(f"{device}:{spelling}")
     response.set_cookie(
         COOKIE_NAME,
         value,
