@@ -391,6 +391,6 @@ def test_any_client_label_reads_back(backend: Backend) -> None:
     send(backend, odd, "pro", "x\x00y", allowed=2, denied=1)
     send(backend, "user:1", "pro", "x\x00y", allowed=1)
 
-    # Shown as plain text: control characters removed.
-    assert by("client") == {"key:ab|c": columns(2, 1), "user:1": columns(1)}
-    assert by("endpoint") == {"xy": columns(3, 1)}
+    # Shown as plain text: control characters written as escapes.
+    assert by("client") == {"key:a\\x00b|c": columns(2, 1), "user:1": columns(1)}
+    assert by("endpoint") == {"x\\x00y": columns(3, 1)}
