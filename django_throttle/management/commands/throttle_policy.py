@@ -8,9 +8,9 @@ between environments.
 ``import`` prints every change (``+`` added, ``~`` changed, ``-`` deleted); with ``--dry-run``
 it prints them and writes nothing. An import saved while Redis cannot be told of it (down) says
 so and exits with status 3: the running processes apply it only when their snapshots are next
-recompiled, within five minutes, not within a second. A file with any problem is refused whole, each problem
-naming its entry and field. ``from-drf`` turns the ``REST_FRAMEWORK`` throttle settings into a
-policy file, or imports it with ``--apply``.
+recompiled, within five minutes, not within a second. A file with any problem is refused
+whole, each problem naming its entry and field. ``from-drf`` turns the ``REST_FRAMEWORK``
+throttle settings into a policy file, or imports it with ``--apply``.
 """
 
 from __future__ import annotations
