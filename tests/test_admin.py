@@ -1027,3 +1027,51 @@ def test_usage_rows_name_users_and_keys_with_a_link(admin_client: Client) -> Non
     ) in text
     assert '<span title="ip:203.0.113.9">Address 203.0.113.9</span>' in text
     assert '<span title="user:999">User 999 (no such user)</span>' in text
+
+
+def test_deleting_a_tier_that_leaves_clients_unlimited_says_so_before_it_is_confirmed(
+    admin_client: Client, django_user_model: Any
+) -> None:
+    """Clients with no tier are not limited. The confirmation page listed only the rows to be
+    deleted, so deleting the default tier for anonymous clients (with the login limits it
+    carries) switched limiting off for them without a word: now the page says so, for each
+    default and for the users assigned, on the delete page and the "delete selected" action."""
+    from tests.factories import tier
+
+    anonymous = tier("anonymous", "5/min", is_default_anonymous=True)
+    free = tier("free", "60/min", is_default_authenticated=True)
+    pro = tier("pro", "600/min")
+    TierAssignment.objects.create(tier=pro, user=django_user_model.objects.create(username="a"))
+
+    def warnings_deleting(*tiers: Tier) -> list[str]:
+        if len(tiers) == 1:
+            url = reverse("admin:django_throttle_tier_delete", args=[tiers[0].pk])
+            response = admin_client.get(url)
+        else:
+            selected = [str(t.pk) for t in tiers]
+            changelist = reverse("admin:django_throttle_tier_changelist")
+            data = {"action": "delete_selected", "_selected_action": selected}
+            response = admin_client.post(changelist, data)
+        assert response.status_code == 200
+        return [text for level, text in messages_of(response) if level == "warning"]
+
+    assert warnings_deleting(anonymous) == [
+        "Tier “Anonymous” is the default tier for anonymous clients: without it they are not "
+        "limited at all, until another tier is made their default."
+    ]
+    assert warnings_deleting(pro) == [
+        "The users and groups assigned to tier “Pro” (1) are moved to the default tier for "
+        "authenticated users, “Free”."
+    ]
+    assert warnings_deleting(free, pro) == [
+        "Tier “Free” is the default tier for authenticated users: without it, users in no "
+        "other tier are not limited at all, until another tier is made their default.",
+        "The users and groups assigned to tier “Pro” (1) are not limited at all once it is "
+        "deleted: no other tier is the default for authenticated users.",
+    ]
+    assert Tier.objects.count() == 3  # nothing deleted yet
+
+    url = reverse("admin:django_throttle_tier_delete", args=[anonymous.pk])
+    response = admin_client.post(url, {"post": "yes"}, follow=True)
+    assert not Tier.objects.filter(pk=anonymous.pk).exists()
+    assert [text for level, text in messages_of(response) if level == "warning"] == []
