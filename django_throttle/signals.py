@@ -123,6 +123,7 @@ def _bump() -> None:
     )
     if failed is not None:
         unpublished.set(failed)
+        policy.unpublished()
 
 
 def _retime(model: Any, pk: Any, previous: Limit | None) -> None:

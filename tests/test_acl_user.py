@@ -125,7 +125,7 @@ def test_retime_reset_policy_version_and_usage_as_the_least_privilege_user(
 
     assert least.get_policy_version() is None
     least.bump_policy_version()
-    assert least.get_policy_version() == "1"
+    assert least.get_policy_version() is not None
 
     store = RedisUsage(least)
     try:
@@ -266,8 +266,9 @@ def test_a_cluster_needs_the_cluster_commands_and_no_more(settings: Any) -> None
             assert backend.peek(names[0], lim).remaining == LIMIT
         faster = (Limit.build("acl", f"{2 * LIMIT}/d", algorithm=Algorithm.CALENDAR),)
         assert backend.retime(faster, previous=limits(Algorithm.CALENDAR)) >= 6
+        before = backend.get_policy_version()
         backend.bump_policy_version()
-        assert backend.get_policy_version() == "1"
+        assert backend.get_policy_version() not in (None, before)
         store = RedisUsage(backend)
         try:
             minute = store.now_minute()

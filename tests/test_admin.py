@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import html
 import re
+import time
 from typing import Any
 
 import pytest
@@ -270,6 +271,51 @@ def test_a_change_saved_while_redis_is_down_says_it_reaches_the_workers_late(
     assert not Tier.objects.filter(pk=tier.pk).exists()
     warnings = [text for level, text in messages_of(response) if level == "warning"]
     assert [text[:46] for text in warnings] == ["The change is saved, but Redis is unreachable "]
+
+
+@pytest.mark.parametrize("outage", ["refuse", "blackhole"])
+@pytest.mark.django_db(transaction=True)  # the change is published when it commits
+def test_a_change_saved_while_redis_was_out_reaches_the_workers_once_it_answers(
+    admin_client: Client, settings: Any, _pausable_redis: Any, outage: str
+) -> None:
+    """Saved while Redis was unreachable (down, or cut off), the change could not be
+    published; Redis came back with the version it had, so the other processes kept the old
+    policy until their snapshots were five minutes old. Now the process that saved it publishes
+    it at its first version check that Redis answers: the shared version moves within a second
+    or so of Redis answering."""
+    from django_throttle.backends import get_backend
+    from django_throttle.backends.redis_nodes import reset_breaker
+    from tests.faultproxy import FaultProxy
+
+    with FaultProxy(_pausable_redis.port) as proxy:
+        settings.DJANGO_THROTTLE_REDIS_URL = proxy.url
+        settings.DJANGO_THROTTLE_REDIS_OPTIONS = {}
+        add = reverse("admin:django_throttle_tier_add")
+        admin_client.post(add, tier_form(is_default_anonymous="on") | inline([limit_row("50/m")]))
+        tier = Tier.objects.get(slug="pro")
+        before = get_backend().get_policy_version()
+        assert before is not None
+        change = reverse("admin:django_throttle_tier_change", args=[tier.pk])
+        data = tier_form(name="Pro 2", is_default_anonymous="on") | inline(
+            [limit_row("60/min") | {"id": str(tier.limits.get().pk), "tier": str(tier.pk)}],
+            initial=1,
+        )
+        proxy.set_mode(outage)
+        response = admin_client.post(change, data, follow=True)
+        proxy.set_mode("pass")
+        warnings = [text for level, text in messages_of(response) if level == "warning"]
+        assert [text[:46] for text in warnings] == [
+            "The change is saved, but Redis is unreachable "
+        ]
+        reset_breaker()  # its cooldown passed
+        assert get_backend().get_policy_version() == before
+
+        deadline = time.monotonic() + 3
+        while get_backend().get_policy_version() == before and time.monotonic() < deadline:
+            assert admin_client.get("/api/ping/", REMOTE_ADDR="203.0.113.9").status_code == 200
+            time.sleep(0.1)
+
+        assert get_backend().get_policy_version() != before
 
 
 def test_a_warning_never_hides_an_error(admin_client: Client) -> None:
@@ -981,3 +1027,51 @@ def test_usage_rows_name_users_and_keys_with_a_link(admin_client: Client) -> Non
     ) in text
     assert '<span title="ip:203.0.113.9">Address 203.0.113.9</span>' in text
     assert '<span title="user:999">User 999 (no such user)</span>' in text
+
+
+def test_deleting_a_tier_that_leaves_clients_unlimited_says_so_before_it_is_confirmed(
+    admin_client: Client, django_user_model: Any
+) -> None:
+    """Clients with no tier are not limited. The confirmation page listed only the rows to be
+    deleted, so deleting the default tier for anonymous clients (with the login limits it
+    carries) switched limiting off for them without a word: now the page says so, for each
+    default and for the users assigned, on the delete page and the "delete selected" action."""
+    from tests.factories import tier
+
+    anonymous = tier("anonymous", "5/min", is_default_anonymous=True)
+    free = tier("free", "60/min", is_default_authenticated=True)
+    pro = tier("pro", "600/min")
+    TierAssignment.objects.create(tier=pro, user=django_user_model.objects.create(username="a"))
+
+    def warnings_deleting(*tiers: Tier) -> list[str]:
+        if len(tiers) == 1:
+            url = reverse("admin:django_throttle_tier_delete", args=[tiers[0].pk])
+            response = admin_client.get(url)
+        else:
+            selected = [str(t.pk) for t in tiers]
+            changelist = reverse("admin:django_throttle_tier_changelist")
+            data = {"action": "delete_selected", "_selected_action": selected}
+            response = admin_client.post(changelist, data)
+        assert response.status_code == 200
+        return [text for level, text in messages_of(response) if level == "warning"]
+
+    assert warnings_deleting(anonymous) == [
+        "Tier “Anonymous” is the default tier for anonymous clients: without it they are not "
+        "limited at all, until another tier is made their default."
+    ]
+    assert warnings_deleting(pro) == [
+        "The users and groups assigned to tier “Pro” (1) are moved to the default tier for "
+        "authenticated users, “Free”."
+    ]
+    assert warnings_deleting(free, pro) == [
+        "Tier “Free” is the default tier for authenticated users: without it, users in no "
+        "other tier are not limited at all, until another tier is made their default.",
+        "The users and groups assigned to tier “Pro” (1) are not limited at all once it is "
+        "deleted: no other tier is the default for authenticated users.",
+    ]
+    assert Tier.objects.count() == 3  # nothing deleted yet
+
+    url = reverse("admin:django_throttle_tier_delete", args=[anonymous.pk])
+    response = admin_client.post(url, {"post": "yes"}, follow=True)
+    assert not Tier.objects.filter(pk=anonymous.pk).exists()
+    assert [text for level, text in messages_of(response) if level == "warning"] == []

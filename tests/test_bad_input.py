@@ -182,3 +182,28 @@ def test_admin_bad_counted_by_is_an_error_on_that_row(
     formset = response.context["inline_admin_formsets"][0].formset
     assert [list(errors) for errors in formset.errors] == [["counted_by"]]
     assert not EndpointRule.objects.exists()
+
+
+@pytest.mark.parametrize("value", ["abc", "1.5", "\u0663x", "9" * 30])
+@pytest.mark.parametrize(
+    ("model", "field", "data"),
+    [
+        ("tierassignment", "user", {"note": ""}),
+        ("tierassignment", "group", {"note": ""}),
+        ("exemption", "user", {"network": "", "note": ""}),
+        ("apikey", "owner", {"name": "ci", "active": "on"}),
+    ],
+)
+def test_admin_a_related_id_that_is_no_id_is_an_error_on_its_field(
+    admin_client: Client, anonymous: Tier, model: str, field: str, data: dict[str, str], value: str
+) -> None:
+    """The user, group and owner pickers send ids; a value no id can be (a hand-written or
+    tampered POST) was a 500 while the form with its error was drawn: now that error, on the
+    field, and nothing saved."""
+    url = reverse(f"admin:django_throttle_{model}_add")
+    response = admin_client.post(url, data | {"tier": str(anonymous.pk), field: value})
+
+    assert response.status_code == 200
+    form = response.context["adminform"].form
+    assert field in form.errors
+    assert not form.instance.pk

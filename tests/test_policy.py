@@ -511,3 +511,41 @@ def test_an_open_breaker_keeps_the_policy_and_logs_nothing_per_request(
             assert policy.current() is warm
     assert [r for r in caplog.records if r.name == "django_throttle.policy"] == []
     assert breaker.short_circuited == short_circuited + 5
+
+
+def test_an_edit_after_redis_restarted_empty_reaches_a_worker_holding_the_same_count(
+    client: Client,
+    settings: object,
+    clock: FakeClock,
+    _pausable_redis: object,
+) -> None:
+    """The shared version was a counter from 1: Redis restarted empty (or the key lost), the
+    next edit set it to 1 again, and a worker that last read 1 before the restart (idle
+    meanwhile) saw no change: it kept the old policy until its snapshot was five minutes old.
+    Each bump moves the version by a random step now, so no count repeats."""
+    from django_throttle.backends import BackendError
+    from tests.redis_servers import RedisServer
+
+    server = _pausable_redis
+    assert isinstance(server, RedisServer)
+    settings.DJANGO_THROTTLE_REDIS_URL = server.url  # type: ignore[attr-defined]
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {}  # type: ignore[attr-defined]
+    anon = tier("anonymous", "1/h", is_default_anonymous=True)
+    get_backend().bump_policy_version()
+    assert [client.get("/api/ping/").status_code for _ in range(2)] == [200, 429]
+
+    server.restart()  # empty: the version key is gone
+    # Another process's edit once Redis is back (its first call may meet the old connection).
+    TierLimit.objects.filter(tier=anon).update(rate="100/h")
+    for _ in range(3):
+        try:
+            get_backend().bump_policy_version()
+            break
+        except BackendError:
+            continue
+    breaker_module.reset_breaker()
+    clock.now += policy.REFRESH_INTERVAL
+
+    response = client.get("/api/ping/")
+    assert response.status_code == 200
+    assert response["X-RateLimit-Limit"] == "100"

@@ -651,3 +651,35 @@ def test_an_unreadable_file_is_one_line_naming_it(
         run("import", str(path))
     assert str(caught.value).startswith(f"Nothing was imported: {path}: ")
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.django_db(transaction=True)  # the change is published when it commits
+def test_an_import_redis_cannot_publish_says_the_workers_apply_it_late(
+    settings: Any, tmp_path: Path
+) -> None:
+    """With Redis down the import was saved and said "Imported: 1 change." with status 0, as if
+    every worker had it within a second; they apply it only when their snapshots are next
+    recompiled. It says so, in one line, with status 3 (saved, not published)."""
+    tier("free", "100/min", is_default_authenticated=True)
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    document = {
+        "version": 1,
+        "tiers": [{"slug": "free", "name": "Free", "limits": [{"rate": "5/min"}]}],
+    }
+    out = io.StringIO()
+
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(document))
+
+    with pytest.raises(CommandError) as raised:
+        call_command("throttle_policy", "import", str(path), stdout=out, stderr=io.StringIO())
+
+    assert raised.value.returncode == 3
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("Redis is unreachable (")
+    assert message.endswith(
+        "): the running processes apply the import within 5 minutes, not within a second."
+    )
+    assert out.getvalue().splitlines()[-1] == "Imported: 1 change."
+    assert [limit.rate for limit in TierLimit.objects.filter(tier__slug="free")] == ["5/min"]

@@ -19,13 +19,15 @@ It registers nothing: the modules beside it register the models' admins.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.admin.widgets import AutocompleteSelect
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import QuerySet
@@ -81,6 +83,31 @@ POSITIVE_FIELDS = (
 )
 
 
+class IdAutocomplete(AutocompleteSelect):
+    """Django's autocomplete picker, drawing a submitted value that no row's id can be (a
+    hand-written or tampered POST: ``user=abc``) as nothing chosen. Django's own looks the
+    value up to draw its label and raises, so the form with its "Select a valid choice" error
+    became a 500; the error stays on the field."""
+
+    def optgroups(self, name: str, value: Sequence[str], attr: Any = None) -> Any:
+        remote = self.field.remote_field
+        target = remote.model._meta.get_field(remote.field_name)
+        return super().optgroups(name, [v for v in value if _is_id(target, v)], attr)
+
+
+def _is_id(target: Any, value: Any) -> bool:
+    """Whether ``value`` can be looked up as a value of the column ``target``: of its type,
+    and within the range its database column holds (an empty one is kept: the picker draws it
+    as nothing chosen)."""
+    if value in (None, ""):
+        return True
+    try:
+        target.run_validators(target.get_prep_value(target.to_python(value)))
+    except (TypeError, ValueError, ValidationError):
+        return False
+    return True
+
+
 class AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Every page of the app's models loads its stylesheet and ``long_words.js``, which keep
     each page within a 1,280 px window whatever the data (long tokens wrap, ordinary words stay
@@ -104,6 +131,12 @@ class AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         ):
             kwargs.setdefault("min_value", None)
         return super().formfield_for_dbfield(db_field, request, **kwargs)
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name in self.get_autocomplete_fields(request) and "widget" not in kwargs:
+            using = kwargs.get("using")
+            kwargs["widget"] = IdAutocomplete(db_field, self.admin_site, using=using)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def get_autocomplete_fields(self, request: HttpRequest) -> list[str]:
         site, searchable = self.admin_site, []

@@ -25,8 +25,8 @@ from django.urls import reverse
 from django.utils import formats, timezone
 from django.utils.html import format_html
 from django.utils.text import capfirst
+from django.utils.translation import gettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import pgettext_lazy
 
 from django_throttle import models
 from django_throttle.admin.base import (
@@ -132,6 +132,63 @@ class TierAdmin(LimitedAdmin):
     @admin.display(description=_("limits"))
     def limits_summary(self, obj: models.Tier) -> str:
         return ", ".join(str(limit) for limit in obj.limits.all()) or str(_("unlimited"))
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        """What deleting ``objs`` deletes (Django's list), and on the confirmation page (of the
+        delete page and of the "delete selected" action) a warning for each client left with
+        no limit: clients with no tier are not limited, so deleting a default tier (or the tier
+        of assigned users when no default for authenticated users remains) switches limiting
+        off for them, which the list of rows deleted does not say."""
+        if request.POST.get("post") is None:  # the confirmation, not the deletion
+            for text in deletion_warnings(list(objs)):
+                messages.warning(request, text)
+        return super().get_deleted_objects(objs, request)
+
+
+def deletion_warnings(tiers: list[models.Tier]) -> list[str]:
+    """What deleting ``tiers`` does to clients beyond the rows it deletes, in words."""
+    gone = {tier.pk for tier in tiers}
+    remaining = models.Tier.objects.exclude(pk__in=gone)
+    default = remaining.filter(is_default_authenticated=True).first()
+    texts = []
+    for tier in tiers:
+        values = {"tier": tier.name}
+        if tier.is_default_anonymous:
+            texts.append(
+                gettext(
+                    "Tier “%(tier)s” is the default tier for anonymous clients: without it they "
+                    "are not limited at all, until another tier is made their default."
+                )
+                % values
+            )
+        if tier.is_default_authenticated:
+            texts.append(
+                gettext(
+                    "Tier “%(tier)s” is the default tier for authenticated users: without it, "
+                    "users in no other tier are not limited at all, until another tier is made "
+                    "their default."
+                )
+                % values
+            )
+        assigned = tier.assignments.count()
+        if assigned and default is not None:
+            texts.append(
+                gettext(
+                    "The users and groups assigned to tier “%(tier)s” (%(count)d) are moved to "
+                    "the default tier for authenticated users, “%(default)s”."
+                )
+                % (values | {"count": assigned, "default": default.name})
+            )
+        elif assigned:
+            texts.append(
+                gettext(
+                    "The users and groups assigned to tier “%(tier)s” (%(count)d) are not "
+                    "limited at all once it is deleted: no other tier is the default for "
+                    "authenticated users."
+                )
+                % (values | {"count": assigned})
+            )
+    return texts
 
 
 class EndpointLimitInline(LimitInline):

@@ -637,6 +637,9 @@ class MemoryStore(Keyspace):
     def incr(self, key: Any) -> int:
         return int(self.execute(b"INCRBY", key, 1))
 
+    def incrby(self, key: Any, amount: int = 1) -> int:
+        return int(self.execute(b"INCRBY", key, amount))
+
     def expire(self, key: Any, seconds: int) -> bool:
         return bool(self.execute(b"EXPIRE", key, seconds))
 

@@ -40,6 +40,7 @@ import hashlib
 import logging
 import math
 import os
+import secrets
 import threading
 import time
 import uuid
@@ -103,6 +104,10 @@ logger = logging.getLogger("django_throttle.backends")
 
 #: The policy version key outlives any sane gap between edits; missing simply means "reload".
 POLICY_VERSION_TTL = 30 * 86400
+#: Each bump moves the policy version by a random step below this: a counter from 1 would
+#: repeat the count a worker last read once Redis restarts empty (or loses the key), and that
+#: worker would take the next edit for the policy it has.
+POLICY_VERSION_STEP = 2**40
 #: The load shedders' limit ids: a decision denied by one of them was shed (see Tally.add).
 SHEDDERS = (FLEET, WORKER)
 #: Keys asked of each SCAN step, and so at most this many per retime script call.
@@ -521,7 +526,7 @@ class RedisBackend(Backend):
 
     def bump_policy_version(self) -> None:
         pipe = self.client.pipeline(transaction=False)
-        pipe.incr(self._version_key)
+        pipe.incrby(self._version_key, 1 + secrets.randbelow(POLICY_VERSION_STEP))
         pipe.expire(self._version_key, POLICY_VERSION_TTL)
         self._call(pipe.execute)
 

@@ -519,7 +519,7 @@ COMMANDS = {
     ),
     "get": "policy version; counters and state of the fixed-window and calendar algorithms",
     "set": "counters and state written by the scripts, with their expiry",
-    "incrby": "the policy version, bumped when an admin edit must reach every worker (INCR)",
+    "incrby": "the policy version, moved a random step when an admin edit must reach every worker",
     "expire": "every key written expires (policy version, usage minutes)",
     "pexpire": "the scripts' keys expire with their window",
     "del": "reset (manage.py throttle_reset, the admin's reset) and the scripts",

@@ -948,6 +948,9 @@ class _Cache:
     policy: Policy | None = None
     checked_at: float = -math.inf
     changed_here: bool = False
+    #: A change made here that the backend could not be told of (it was down): told at the
+    #: first version check it answers.
+    unpublished: bool = False
 
 
 _cache = _Cache()
@@ -998,7 +1001,10 @@ def _shared_version(policy: Policy | None) -> str | None:
     from django_throttle.backends.redis_nodes import CircuitOpen, get_breaker
 
     try:
-        return get_breaker().call(get_backend().get_policy_version)
+        version = get_breaker().call(get_backend().get_policy_version)
+        if _cache.unpublished:
+            _publish_late()
+        return version
     except CircuitOpen:
         pass
     except BackendError as exc:
@@ -1007,6 +1013,23 @@ def _shared_version(policy: Policy | None) -> str | None:
         level = logging.WARNING if policy is not None else logging.DEBUG
         logger.log(level, "policy version check failed, keeping the current policy: %s", exc)
     return policy.version if policy is not None else None
+
+
+def _publish_late() -> None:
+    """Tell the other processes of a change this process saved while the backend was down, now
+    that it answers: they apply it within a second of their next check, not when their
+    snapshots reach :data:`MAX_AGE`. (Their check reads the moved version; so does this
+    process's next one, which recompiles once more, harmlessly.) A failure keeps it pending."""
+    from django_throttle.backends.redis_nodes import get_breaker
+
+    try:
+        get_breaker().call(get_backend().bump_policy_version)
+    except BackendError as exc:
+        # Said once already, when the change was saved: no line per check while it fails.
+        logger.debug("could not publish the policy change to other processes: %s", exc)
+        return
+    _cache.unpublished = False
+    logger.info("policy change saved while the backend was down published to other processes")
 
 
 def _compile(last: Policy | None, version: str | None) -> Policy:
@@ -1042,10 +1065,17 @@ def invalidate() -> None:
     _cache.checked_at = -math.inf
 
 
+def unpublished() -> None:
+    """The change this process just saved could not be published (the backend is down):
+    publish it at the first version check the backend answers (see :func:`current`)."""
+    _cache.unpublished = True
+
+
 def reset() -> None:
     """Forget the snapshot entirely (tests, settings changes)."""
     with _cache.lock:
         _cache.policy, _cache.changed_here, _cache.checked_at = None, False, -math.inf
+        _cache.unpublished = False
 
 
 #: Unix seconds, for API key expiry; tests replace it to expire a key without sleeping.

@@ -6,9 +6,11 @@ between environments.
     throttle_policy from-drf [--format json|yaml] [--output FILE] [--apply [--dry-run]]
 
 ``import`` prints every change (``+`` added, ``~`` changed, ``-`` deleted); with ``--dry-run``
-it prints them and writes nothing. A file with any problem is refused whole, each problem
-naming its entry and field. ``from-drf`` turns the ``REST_FRAMEWORK`` throttle settings into a
-policy file, or imports it with ``--apply``.
+it prints them and writes nothing. An import saved while Redis cannot be told of it (down) says
+so and exits with status 3: the running processes apply it only when their snapshots are next
+recompiled, within five minutes, not within a second. A file with any problem is refused
+whole, each problem naming its entry and field. ``from-drf`` turns the ``REST_FRAMEWORK``
+throttle settings into a policy file, or imports it with ``--apply``.
 """
 
 from __future__ import annotations
@@ -29,8 +31,13 @@ from django_throttle.policy.files import (
     import_policy,
     load,
 )
+from django_throttle.policy.live import MAX_AGE
+from django_throttle.signals import unpublished
 
 FORMATS = ("json", "yaml")
+#: The exit status of an import saved but not published to the running processes (1 is an
+#: import that wrote nothing), as the other commands exit 3 after a partial answer.
+UNPUBLISHED = 3
 
 
 class Command(BaseCommand):
@@ -89,7 +96,12 @@ class Command(BaseCommand):
     def _apply(self, document: Any, options: dict[str, Any]) -> None:
         """Import ``document`` (or only list its changes, with ``--dry-run``), printing each
         change and a summary line."""
-        changes = import_policy(document, dry_run=options["dry_run"], prune=options["prune"])
+        token = unpublished.set(None)
+        try:
+            changes = import_policy(document, dry_run=options["dry_run"], prune=options["prune"])
+            failed = unpublished.get()
+        finally:
+            unpublished.reset(token)
         for change in changes:
             style = {"+": self.style.SUCCESS, "-": self.style.ERROR}.get(
                 change.action, self.style.WARNING
@@ -102,6 +114,12 @@ class Command(BaseCommand):
             self.stdout.write(f"Dry run: {count} listed, nothing written.")
         else:
             self.stdout.write(f"Imported: {count}.")
+            if failed is not None:
+                raise CommandError(
+                    f"Redis is unreachable ({failed}): the running processes apply the import "
+                    f"within {round(MAX_AGE / 60)} minutes, not within a second.",
+                    returncode=UNPUBLISHED,
+                )
 
     def _write(self, text: str, output: str | None) -> None:
         if output:
