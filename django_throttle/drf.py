@@ -15,6 +15,18 @@ import logging
 import sys
 from typing import Any
 
+try:
+    import rest_framework  # noqa: F401  (without DRF: one line naming the install)
+except ModuleNotFoundError as exc:
+    if exc.name != "rest_framework":
+        raise
+    raise ModuleNotFoundError(
+        "django_throttle.drf is imported, but Django REST framework is not installed: "
+        "pip install 'django-throttle-policies[drf]' (or djangorestframework), or use "
+        "@throttle from django_throttle.decorators on plain Django views.",
+        name="rest_framework",
+    ) from None
+
 from rest_framework.authentication import (
     BasicAuthentication,
     SessionAuthentication,

@@ -1,7 +1,7 @@
-"""URLs of the demo project: the admin (with the throttle dashboard and inspector under
-"Usage counts"), four DRF endpoints, two plain Django views, a login page and a token
-endpoint whose attempts are counted before the password is checked (the admin's login too),
-the OpenAPI schema and Prometheus metrics (for staff only)."""
+"""URLs of the demo project: a home page saying what to try, the admin (with the throttle
+dashboard and inspector under "Usage counts"), four DRF endpoints, two plain Django views, a
+login page and a token endpoint whose attempts are counted before the password is checked
+(the admin's login too), the OpenAPI schema and Prometheus metrics (for staff only)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ urlpatterns = [
     # (before admin.site.urls, which would serve the unprotected view).
     path("admin/login/", protect_credentials(admin.site.login, scope="admin-login")),
     path("admin/", admin.site.urls),
+    path("", views.home, name="home"),  # what to try, for a browser opening the demo's address
     path("api/ping/", views.PingView.as_view(), name="ping"),
     path("api/items/", views.ItemsView.as_view(), name="items"),
     path("api/search/", views.SearchView.as_view(), name="search"),

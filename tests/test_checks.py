@@ -746,3 +746,29 @@ def test_the_app_missing_from_installed_apps_is_named_when_its_faces_are_importe
     )
     assert done.stdout.startswith(f"refused: {module} is imported")
     assert "add 'django_throttle' to INSTALLED_APPS" in done.stdout
+
+
+def test_importing_the_drf_adapter_without_drf_names_the_install() -> None:
+    """A project that installed the package without its ``[drf]`` extra and copied
+    ``PolicyThrottle`` from the README got ``No module named 'rest_framework'`` from deep in
+    the adapter's imports; the error now says what to install (or what to use instead)."""
+    script = (
+        "import sys\n"
+        "sys.modules['rest_framework'] = None  # as in a virtualenv without DRF\n"
+        "import django\n"
+        "from django.conf import settings\n"
+        "settings.configure(INSTALLED_APPS=['django.contrib.contenttypes', "
+        "'django.contrib.auth', 'django_throttle'])\n"
+        "django.setup()\n"
+        "try:\n"
+        "    import django_throttle.drf\n"
+        "except ModuleNotFoundError as exc:\n"
+        "    print('refused:', exc.name, exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.startswith(
+        "refused: rest_framework django_throttle.drf is imported, but Django REST framework is "
+        "not installed: pip install 'django-throttle-policies[drf]'"
+    ), done.stdout

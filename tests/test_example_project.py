@@ -589,6 +589,31 @@ def test_the_demo_is_safe_to_start_from(tmp_path: Path, redis_with_password: str
 # In process: the settings and the debug page ---------------------------------------------------
 
 
+def test_the_demo_home_page_says_what_to_try(settings: Any, client: Any) -> None:
+    """A newcomer opens the address run_demo serves on in a browser: the page names the admin
+    and its login, the users, and lists the banner's curl lines for this host, not a bare
+    "Not Found". It is not throttled: reading it again uses up no bucket."""
+    from example_project.demo.management.commands.run_demo import banner
+    from example_project.demo.tryit import KEY_PLACEHOLDER, try_lines, typed_python
+
+    settings.ROOT_URLCONF = "example_project.urls"
+    for _ in range(20):
+        page = client.get("/")
+        assert page.status_code == 200
+    assert page["Content-Type"].startswith("text/plain")
+    assert not any(name.startswith("X-RateLimit") for name in page.headers)
+    text = page.content.decode()
+    assert "http://testserver/admin/   log in as admin / admin" in text
+    assert "alice / alice (tier free), bob / bob (tier pro)" in text
+    assert try_lines("http://testserver", KEY_PLACEHOLDER, typed_python()) in text
+    assert f'curl -i -H "X-API-Key: {KEY_PLACEHOLDER}" http://testserver/api/ping/' in text
+    # The terminal's banner lists the same lines, with the key it just made.
+    banner = banner(8000, "redis://127.0.0.1:6399/0", "dt_key")
+    assert "http://127.0.0.1:8000/ lists what to try" in banner
+    for line in try_lines("http://127.0.0.1:8000", "dt_key", typed_python()).splitlines():
+        assert ("  " + line if line else line) in banner.splitlines()
+
+
 def _example_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **env: str) -> Any:
     """The demo's settings as a fresh run of their module under the given environment sees
     them (names as attributes)."""

@@ -8,6 +8,9 @@ no sleeps, no wall-clock deadlines."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import Group
@@ -143,6 +146,51 @@ def test_policy_load_failure_does_not_break_requests(
     monkeypatch.setattr(policy, "compile_policy", real_compile)
     clock.now += 3600
     assert [client.get("/api/ping/").status_code for _ in range(2)] == [200, 429]
+
+
+def test_a_database_not_migrated_yet_is_named_with_its_fix(tmp_path: Path) -> None:
+    """A newcomer who added the app but did not run ``migrate`` had every request served
+    unlimited and read "throttle policy could not be loaded: no such table:
+    django_throttle_tierlimit"; the line now ends with the command to run."""
+    script = (
+        "import logging, sys\n"
+        "import django\n"
+        "from django.conf import settings\n"
+        "settings.configure(INSTALLED_APPS=['django.contrib.contenttypes', "
+        "'django.contrib.auth', 'django_throttle'], DJANGO_THROTTLE_REDIS_URL='memory://', "
+        f"DATABASES={{'default': {{'ENGINE': 'django.db.backends.sqlite3', "
+        f"'NAME': {str(tmp_path / 'fresh.sqlite3')!r}}}}})\n"
+        "django.setup()\n"
+        "logging.basicConfig(stream=sys.stdout, format='%(message)s')\n"
+        "from django_throttle.policy import live\n"
+        "print('loaded:', live.current().loaded)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.splitlines()[-1] == "loaded: False", done.stdout + done.stderr
+    [line] = [line for line in done.stdout.splitlines() if "could not be loaded" in line]
+    assert line.startswith("throttle policy could not be loaded: no such table: django_throttle")
+    assert line.endswith("(the django_throttle tables do not exist: run 'manage.py migrate')"), line
+
+
+def test_a_database_error_on_migrated_tables_names_no_migration(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The migrate hint is given only when the tables are really missing, not for any
+    database error (a lost connection, a lock)."""
+    from django.db import DatabaseError
+
+    def broken(version: object = None) -> object:
+        raise DatabaseError("server closed the connection")
+
+    monkeypatch.setattr(policy, "compile_policy", broken)
+    policy.invalidate()
+    with caplog.at_level(logging.ERROR, logger="django_throttle"):
+        policy.current()
+    assert [r.getMessage() for r in caplog.records if "could not be loaded" in r.getMessage()] == [
+        "throttle policy could not be loaded: server closed the connection"
+    ]
 
 
 def test_last_good_policy_survives_a_failed_reload(

@@ -1039,7 +1039,7 @@ def _compile(last: Policy | None, version: str | None) -> Policy:
         policy = compile_policy(version)
     except Exception as exc:
         if isinstance(exc, DatabaseError):
-            logger.error("throttle policy could not be loaded: %s", exc)
+            logger.error("throttle policy could not be loaded: %s%s", exc, _unmigrated_hint())
         else:
             logger.exception("throttle policy could not be compiled")
         if last is not None and last.loaded:
@@ -1050,6 +1050,23 @@ def _compile(last: Policy | None, version: str | None) -> Policy:
     logger.debug("policy loaded (version %s)", version)
     events.send(events.policy_reloaded, Policy, policy=policy, seconds=clock() - policy.compiled_at)
     return policy
+
+
+def _unmigrated_hint() -> str:
+    """The fix when the policy could not be read because the app's tables do not exist yet
+    (``manage.py migrate`` not run: every request is served unlimited meanwhile), else
+    nothing. Asked only after a failed load, so the look at the schema costs no request."""
+    from django.db import connections
+
+    from django_throttle.models import Tier
+
+    try:
+        tables = connections[router.db_for_read(Tier)].introspection.table_names()
+    except DatabaseError:
+        return ""
+    if Tier._meta.db_table in tables:
+        return ""
+    return " (the django_throttle tables do not exist: run 'manage.py migrate')"
 
 
 def last() -> Policy | None:

@@ -3,7 +3,7 @@
 
 ``/api/*`` views get their limits from the tiers and endpoint rules in the admin (through
 ``PolicyThrottle`` in ``REST_FRAMEWORK``); ``/hello/`` and ``/hello-async/`` carry their own
-rate in the decorator.
+rate in the decorator. ``/`` (not throttled) lists what to try.
 """
 
 from __future__ import annotations
@@ -11,19 +11,36 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_throttle.decorators import throttle
+from example_project.demo.tryit import KEY_PLACEHOLDER, try_lines, typed_python
 
 ITEMS = [
     {"id": 1, "name": "Teapot", "price": "18.00"},
     {"id": 2, "name": "Kettle", "price": "32.50"},
     {"id": 3, "name": "Mug", "price": "6.00"},
 ]
+
+
+def home(request: HttpRequest) -> HttpResponse:
+    """The page a browser opens at the demo's address: where the admin is, who to log in as,
+    and the curl lines to try (the banner's), as plain text. Not throttled: reading it twice
+    must not use up the buckets it tells you to drain."""
+    base = request.build_absolute_uri("/").rstrip("/")
+    text = (
+        "django-throttle demo\n\n"
+        f"Admin   {base}/admin/   log in as admin / admin (edit tiers and endpoint rules:\n"
+        "        the server picks changes up within 1 s)\n"
+        "Users   alice / alice (tier free), bob / bob (tier pro)\n"
+        "API key run_demo prints a key of tier partner in its banner (a new one each run)\n\n"
+        "Try, in another terminal:\n\n" + try_lines(base, KEY_PLACEHOLDER, typed_python())
+    )
+    return HttpResponse(text, content_type="text/plain; charset=utf-8")
 
 
 class PingView(APIView):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import sys
 import textwrap
 from pathlib import Path
 from types import FrameType
@@ -25,7 +24,7 @@ from django.core.signals import setting_changed
 from django_throttle.backends.redis_clients import client_for
 from django_throttle.redaction import redact_url
 from example_project import demo_state
-from example_project.load import SIGNAL as DEMO_SIGNAL
+from example_project.demo.tryit import try_lines, typed_python
 from example_project.private_redis import PrivateRedis
 
 HOST = "127.0.0.1"
@@ -81,7 +80,7 @@ class Command(BaseCommand):
 
             call_command("migrate", interactive=False, verbosity=max(0, verbosity - 1))
             call_command("seed_demo", verbosity=verbosity)
-            self.stdout.write(_banner(port, where, _demo_api_key()))
+            self.stdout.write(banner(port, where, _demo_api_key()))
             # With DEBUG off (the default) runserver serves the admin's CSS and scripts only
             # when told to; the demo's server is a development server on 127.0.0.1 anyway.
             call_command("runserver", f"{HOST}:{port}", use_reloader=False, insecure_serving=True)
@@ -157,73 +156,28 @@ def _demo_api_key() -> str:
 DEMO_KEY_NAME = "demo partner"
 
 
-def _python() -> str:
-    """This interpreter as a newcomer would type it here (``.venv/bin/python``)."""
-    executable = Path(sys.executable)
-    try:
-        return str(executable.relative_to(Path.cwd()))
-    except ValueError:
-        return str(executable)
-
-
-def _banner(port: int, redis_where: str, api_key: str) -> str:
+def banner(port: int, redis_where: str, api_key: str) -> str:
+    """What run_demo prints before serving: where the admin, Redis and users are, the API key
+    it just made, and the curl lines to try (the home page's too, from ``tryit``)."""
     base = f"http://{HOST}:{port}"
-    loop = f"for i in $(seq 12); do curl -s -o /dev/null -w '%{{http_code}} ' {base}/api/ping/"
-    paced = (
-        "for i in $(seq 7); do curl -s -o /dev/null -w '%{http_code} %{time_total}s\\n' "
-        f"{base}/api/search/?q=tea & done; wait"
-    )
-    brazil = (
-        "for i in $(seq 7); do curl -s -o /dev/null -w '%{http_code} ' "
-        f"-H 'CF-IPCountry: BR' {base}/api/ping/"
-    )
-    return textwrap.dedent(
-        f"""
-        ─────────────────────────── django-throttle demo ───────────────────────────
-        Admin      {base}/admin/   log in as admin / admin
-                   edit tiers and endpoint rules; the server picks changes up within 1 s
-        Redis      {redis_where}
-                   manage.py commands in another terminal count here too, e.g.
-                   manage.py throttle_inspect alice, manage.py throttle_reset alice
-        Users      alice / alice (tier free), bob / bob (tier pro)
-        API key    {api_key} (tier partner; a new one each run)
+    lines = textwrap.indent(try_lines(base, api_key, typed_python()), "  ")
+    return (
+        textwrap.dedent(
+            f"""
+            ─────────────────────────── django-throttle demo ───────────────────────────
+            Admin      {base}/admin/   log in as admin / admin
+                       edit tiers and endpoint rules; the server picks changes up within 1 s
+            Redis      {redis_where}
+                       manage.py commands in another terminal count here too, e.g.
+                       manage.py throttle_inspect alice, manage.py throttle_reset alice
+            Users      alice / alice (tier free), bob / bob (tier pro)
+            API key    {api_key} (tier partner; a new one each run)
+            Home page  {base}/ lists what to try, as below
 
-        Try, in another terminal:
+            Try, in another terminal:
 
-          # anonymous: token bucket of 10, refilling 2 a second -> 10 x 200, then 429
-          {loop}; done; echo
-
-          # X-RateLimit-* headers; Retry-After when refused
-          curl -i {base}/api/ping/
-
-          # alice's own bucket (tier free: 60/min)
-          curl -i -u alice:alice {base}/api/items/
-
-          # costs 10 tokens of free's 20/h export limit: the third call in a row is refused
-          curl -i -u alice:alice -X POST {base}/api/export/
-
-          # one download at a time (free: a concurrency limit): while this one streams
-          # for 10 s, the same line in a third terminal gets 429 with Retry-After: 1
-          curl -i -u alice:alice "{base}/api/export/download/?seconds=10"
-
-          # paced, not refused (GCRA with a delay): 3 at once, the next 3 half a second
-          # apart (see X-RateLimit-Delayed), the 7th refused
-          {paced}
-
-          # a plain Django view with @throttle(rate="5/min")
-          curl -i {base}/hello/
-
-          # an API key of tier partner (300/min): its own bucket, whatever the address
-          curl -i -H "X-API-Key: {api_key}" {base}/api/ping/
-
-          # a regional limit: from Brazil (CF-IPCountry, believed from the demo's edge
-          # proxy, this machine), anonymous clients get 5 refilling 1 a second -> 5 x 200
-          {brazil}; done; echo
-
-          # adaptive limits: report twice the target load; each step shrinks anonymous
-          # (then free) down to its floor: the first anonymous loop above now stops at 7.
-          # DEMO_LOAD=0.5 gives the tiers back, --clear at once; see the admin's Dashboard
-          DEMO_LOAD=2 {_python()} manage.py throttle_adapt --signal {DEMO_SIGNAL} --once
-        ─────────────────────────────────────────────────────────────────────────────
-        """
+            """
+        )
+        + lines
+        + "─────────────────────────────────────────────────────────────────────────────\n"
     )
