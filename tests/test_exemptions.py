@@ -163,6 +163,13 @@ def test_exempt_requests_cost_no_sql(
         ({"network": "not-an-ip"}, "'not-an-ip' is not an IP address or network"),
         ({"network": "10.0.0.0/33"}, "is not an IP address or network"),
         ({"network": "2001:db8:0:7::1"}, "exempt 2001:db8:0:7::/64 or a wider network"),
+        # Wide enough to exempt much of the internet (10.0.0.0/0 is a typo for /8).
+        ({"network": "10.0.0.0/0"}, "0.0.0.0/0 is wider than /8"),
+        ({"network": "0.0.0.0/0"}, "0.0.0.0/0 is wider than /8"),
+        ({"network": "128.0.0.0/1"}, "128.0.0.0/1 is wider than /8"),
+        ({"network": "::ffff:0.0.0.0/96"}, "0.0.0.0/0 is wider than /8"),
+        ({"network": "::/0"}, "::/0 is wider than /7"),
+        ({"network": "2000::/3"}, "2000::/3 is wider than /7"),
     ],
 )
 def test_bad_rows_get_a_form_error(fields: dict[str, str], error: str) -> None:
@@ -187,6 +194,31 @@ def test_the_admin_adds_an_exemption_and_refuses_a_bad_network(admin_client: Any
     assert good.status_code == 302
     assert Exemption.objects.get().network == "198.51.100.0/24"
     assert policy.current().exemptions.covers_address("198.51.100.20")
+
+
+@pytest.mark.parametrize("network", ["10.0.0.0/8", "fc00::/7"])
+def test_the_widest_private_ranges_may_be_exempt(network: str) -> None:
+    Exemption(network=network).full_clean()
+
+
+def test_a_network_exempting_the_internet_is_refused_on_its_field_and_never_exempts(
+    admin_client: Any, client: Any, limited: None
+) -> None:
+    """``10.0.0.0/0`` (a typo for ``/8``) is every IPv4 address: the admin refuses it on its
+    field, and such a row written around the admin exempts nobody (check names it)."""
+    from django_throttle.checks import check_rows
+
+    url = "/admin/django_throttle/exemption/add/"
+    bad = admin_client.post(url, {"network": "10.0.0.0/0", "note": "office"})
+    assert bad.status_code == 200
+    assert "0.0.0.0/0 is wider than /8" in bad.content.decode()
+    assert not Exemption.objects.exists()
+
+    Exemption.objects.create(network="0.0.0.0/0")
+    Exemption.objects.create(network="::/0")
+    policy.reset()
+    assert statuses(client, REMOTE_ADDR="198.51.100.7") == [200, 200, 429, 429]
+    assert [e.id for e in check_rows()] == ["django_throttle.E105"] * 2
 
 
 def test_a_bad_row_written_around_the_admin_is_skipped_and_named_by_check() -> None:

@@ -17,6 +17,11 @@ from django_throttle.models.fields import optional_one_to_one, subject
 
 #: Longest network text: a full IPv6 address with a /128 suffix.
 NETWORK_MAX_LENGTH = 43
+#: Shortest prefix an exempt network may have, by IP version: the widest private ranges
+#: (``10.0.0.0/8``; ``fc00::/7``, the unique local addresses). A wider network exempts much of
+#: the internet (``10.0.0.0/0``, a typo for ``/8``, is every IPv4 address): limiting off for
+#: every client behind it, which the admin refuses rather than stores.
+WIDEST_PREFIX = {4: 8, 6: 7}
 
 
 def parse_network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
@@ -72,10 +77,18 @@ class Exemption(models.Model):
         """Values the admin would refuse, by field (the compiler skips such a row)."""
         if self.network:
             try:
-                parse_network(self.network)
+                network = parse_network(self.network)
             except ValueError:
                 message = _("'%(value)s' is not an IP address or network (e.g. 198.51.100.0/24)")
                 return {"network": str(message) % {"value": self.network}}
+            widest = WIDEST_PREFIX[network.version]
+            if network.prefixlen < widest:
+                message = _(
+                    "%(network)s is wider than /%(widest)d: it would exempt much of the "
+                    "internet from every limit. Exempt your own networks (at most /8 for "
+                    "IPv4, /7 for IPv6); to turn limiting off, set DJANGO_THROTTLE_ENABLED = False."
+                )
+                return {"network": str(message) % {"network": network, "widest": widest}}
         return {}
 
     def clean(self) -> None:

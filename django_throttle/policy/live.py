@@ -292,10 +292,9 @@ def compile_exemptions() -> Exemptions:
         elif row.group_id is not None:
             groups.append(row.group_id)
         elif row.network:
-            try:
-                network = parse_network(row.network)
-            except ValueError:
+            if row.row_problems():  # not a network, or one wide enough to exempt the internet
                 continue
+            network = parse_network(row.network)
             if network.num_addresses == 1:
                 addresses.add(str(network.network_address))
             else:
