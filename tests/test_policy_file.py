@@ -651,3 +651,168 @@ def test_an_unreadable_file_is_one_line_naming_it(
         run("import", str(path))
     assert str(caught.value).startswith(f"Nothing was imported: {path}: ")
     assert "\n" not in str(caught.value)
+
+
+def _import_text(tmp_path: Path, text: str, fmt: str = "json") -> None:
+    path = tmp_path / f"policy.{fmt}"
+    path.write_text(text, encoding="utf-8")
+    run("import", str(path))
+
+
+_TIER = '{"version": 1, "tiers": [{"slug": "t", "name": "T", %s"limits": [{"rate": "1/s"%s}]}]}'
+
+
+@pytest.mark.parametrize(
+    ("text", "fmt", "expected"),
+    [
+        # Django's to_python truncated 1.5 to a burst of 1 and read true as 1, silently.
+        (_TIER % ("", ', "burst": 1.5'), "json", "'t'.limits[0].burst: must be a whole number"),
+        (_TIER % ("", ', "burst": true'), "json", "'t'.limits[0].burst: must be a number, not"),
+        # int(inf): an OverflowError traceback.
+        (_TIER % ('"priority": 1e400, ', ""), "json", "'t'.priority: must be a finite number"),
+        # YAML reads an unquoted NO (Norway) as false: it became the region 'FALSE'.
+        (
+            "version: 1\ntiers:\n- slug: t\n  name: T\n  limits:\n  - rate: 1/s\n    regions: NO\n",
+            "yaml",
+            "'t'.limits[0].regions: must be text, not false (in YAML, quote it)",
+        ),
+        (
+            "version: 1\ntiers:\n- slug: t\n  name: 2026-01-01\n",
+            "yaml",
+            "'t'.name: must be text, not date 2026-01-01",
+        ),
+    ],
+)
+def test_a_value_of_the_wrong_kind_is_refused_not_converted(
+    tmp_path: Path, text: str, fmt: str, expected: str
+) -> None:
+    with pytest.raises(CommandError, match=r"Nothing was imported: tiers\[0\] " + _re(expected)):
+        _import_text(tmp_path, text, fmt)
+    assert not Tier.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # A lone surrogate failed the slug's lookup (not UTF-8) with a traceback; a NUL is
+        # text PostgreSQL refuses in any query.
+        (
+            '{"version": 1, "tiers": [{"slug": "\\ud800", "name": "T"}]}',
+            "tiers[0].slug: '\\ud800' holds a lone UTF-16 surrogate",
+        ),
+        (
+            '{"version": 1, "tiers": [{"slug": "t", "name": "A\\u0000B"}]}',
+            "tiers[0].name: 'A\\x00B' holds a NUL character",
+        ),
+        (
+            '{"version": 1, "assignments": [{"tier": "t", "user": "\\udfff"}]}',
+            "assignments[0].user: '\\udfff' holds a lone UTF-16 surrogate",
+        ),
+    ],
+)
+def test_text_no_database_stores_is_a_problem_not_a_traceback(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    with pytest.raises(CommandError, match="Nothing was imported: " + _re(expected)):
+        _import_text(tmp_path, text)
+    assert not Tier.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        (
+            {"tiers": [{"slug": "t", "name": "One"}, {"slug": "t", "name": "Two"}]},
+            "tiers[1] 't'.slug: tiers[0] has this slug too; write each tier once",
+        ),
+        (
+            {
+                "rules": [
+                    {"name": "r", "match_type": "scope", "pattern": "a"},
+                    {"name": "r", "match_type": "scope", "pattern": "b"},
+                ]
+            },
+            "rules[1] 'r'.name: rules[0] has this name too; write each rule once",
+        ),
+        (
+            {
+                "assignments": [
+                    {"tier": "free", "user": "alice"},
+                    {"tier": "pro", "user": "alice"},
+                ]
+            },
+            "assignments[1].user: assignments[0] assigns this user too",
+        ),
+    ],
+)
+def test_an_entry_written_twice_is_refused_not_overwritten(
+    tmp_path: Path, document: Any, expected: str
+) -> None:
+    """The second entry with a slug, name or user silently overwrote the first (the dry run
+    listed it as a change of the first)."""
+    tier("free", "1/s")
+    tier("pro", "2/s")
+    User.objects.create_user("alice")
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"version": 1, **document}))
+    for args in (("--dry-run",), ()):
+        with pytest.raises(CommandError, match="Nothing was imported: " + _re(expected)):
+            run("import", *args, str(path))
+    assert sorted(Tier.objects.values_list("slug", flat=True)) == ["free", "pro"]
+    assert not EndpointRule.objects.exists() and not TierAssignment.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "fmt", "expected"),
+    [
+        (
+            '{"version": 1, "tiers": [{"slug": "free", "name": "F", "slug": "pro"}]}',
+            "json",
+            "the key 'slug' is written twice in one object: keep one",
+        ),
+        (
+            "version: 1\ntiers:\n- slug: free\n  name: F\n  slug: pro\n",
+            "yaml",
+            "line 5: the key 'slug' is written twice in one mapping: keep one",
+        ),
+    ],
+)
+def test_a_key_written_twice_in_one_entry_is_refused(
+    tmp_path: Path, text: str, fmt: str, expected: str
+) -> None:
+    """JSON and PyYAML keep a repeated key's last value: the file made tier 'pro' and never
+    said so."""
+    with pytest.raises(CommandError, match=_re(expected)):
+        _import_text(tmp_path, text, fmt)
+    assert not Tier.objects.exists()
+
+
+def test_yaml_merge_keys_still_repeat_fields(tmp_path: Path) -> None:
+    _import_text(
+        tmp_path,
+        "version: 1\ntiers:\n- &base\n  slug: a\n  name: Same\n- <<: *base\n  slug: b\n",
+        "yaml",
+    )
+    assert sorted(Tier.objects.values_list("slug", "name")) == [("a", "Same"), ("b", "Same")]
+
+
+@pytest.mark.parametrize(
+    ("note", "expected"),
+    [
+        ("x" * 256, "assignments[0].note: Ensure this value has at most 255 characters"),
+        (None, "assignments[0].note: must not be null"),
+    ],
+)
+def test_an_assignment_is_validated_as_the_admin_validates_it(
+    tmp_path: Path, note: Any, expected: str
+) -> None:
+    """An assignment's note was saved unchecked: too long for its column (a database error
+    on PostgreSQL) or ``null`` saved as the text 'None'."""
+    tier("pro", "1/s")
+    User.objects.create_user("alice")
+    path = tmp_path / "policy.json"
+    assignment = {"tier": "pro", "user": "alice", "note": note}
+    path.write_text(json.dumps({"version": 1, "assignments": [assignment]}))
+    with pytest.raises(CommandError, match="Nothing was imported: " + _re(expected)):
+        run("import", str(path))
+    assert not TierAssignment.objects.exists()

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -128,9 +129,19 @@ def load(text: str, fmt: str) -> Any:
         if values > MAX_VALUES:
             raise PolicyFileError([_TOO_BIG])
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise PolicyFileError([f"not valid JSON: {exc}"]) from exc
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refused when it writes a key twice: ``json`` keeps the last value, so
+    ``{"slug": "free", "slug": "pro"}`` would silently write tier ``pro``."""
+    document = dict(pairs)
+    if len(document) < len(pairs):
+        twice = next(key for i, (key, _) in enumerate(pairs) if key in dict(pairs[:i]))
+        raise PolicyFileError([f"the key {twice!r} is written twice in one object: keep one"])
+    return document
 
 
 def _load_yaml(text: str) -> Any:
@@ -182,6 +193,7 @@ def _measure(node: Any, known: dict[int, tuple[int, int] | None]) -> tuple[int, 
     children = node.value if node.id == "sequence" else []
     if node.id == "mapping":
         children = [part for pair in node.value for part in pair]
+        _check_keys(node)
     size, height = 1, 1
     for child in children:
         child_size, child_height = _measure(child, known)
@@ -191,6 +203,24 @@ def _measure(node: Any, known: dict[int, tuple[int, int] | None]) -> tuple[int, 
             raise PolicyFileError([_TOO_BIG])
     known[key] = (size, height)
     return size, height
+
+
+def _check_keys(node: Any) -> None:
+    """Refuse a YAML mapping writing one key twice (PyYAML keeps the last value, so a tier
+    written ``slug: free`` then ``slug: pro`` would silently become ``pro``), naming its
+    line. Merge keys (``<<``) are YAML's own way to repeat, and left alone."""
+    seen: set[tuple[str, str]] = set()
+    for key, _ in node.value:
+        if key.id != "scalar" or key.tag == "tag:yaml.org,2002:merge":
+            continue
+        if (key.tag, key.value) in seen:
+            raise PolicyFileError(
+                [
+                    f"line {key.start_mark.line + 1}: the key {key.value!r} is written twice "
+                    "in one mapping: keep one"
+                ]
+            )
+        seen.add((key.tag, key.value))
 
 
 def _yaml() -> Any:
@@ -316,7 +346,32 @@ def _shape_problems(row: Any) -> dict[str, list[str]]:
             problems[f.name] = [f"must not be null{empty}"]
         elif value == "" and not f.empty_strings_allowed:
             problems[f.name] = ["must not be empty" + (" (write null for none)" if f.null else "")]
+        elif value is not None and (problem := _type_problem(f, value)) is not None:
+            problems[f.name] = [problem]
     return problems
+
+
+def _type_problem(f: models.Field[Any, Any], value: Any) -> str | None:
+    """Why ``value`` is not of ``f``'s kind as a file writes it (``None`` when it is).
+
+    Django's ``to_python`` converts what it can, which a file's value must not rely on: it
+    truncates ``1.5`` to a burst of 1, reads ``true`` as 1, turns YAML's unquoted ``NO`` (the
+    boolean ``false``, meant as Norway's region code) into the region ``'FALSE'`` and a YAML
+    date into text, and fails with a traceback on ``1e400`` (infinity) for a whole number."""
+    if isinstance(f, models.IntegerField | models.FloatField):
+        if isinstance(value, bool):
+            return f"must be a number, not {json.dumps(value)}"
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"must be a finite number, not {value!r}"
+        if isinstance(f, models.IntegerField) and isinstance(value, float) and value % 1:
+            return f"must be a whole number, not {value!r}"
+    elif isinstance(f, models.CharField | models.TextField):
+        # A number is read as its text, as the column saves it (region 44, slug 2024).
+        if isinstance(value, bool):  # YAML's unquoted yes, no, on, off (NO: Norway)
+            return f"must be text, not {json.dumps(value)} (in YAML, quote it)"
+        if not isinstance(value, str | int | float):  # a YAML date, say
+            return f"must be text, not {type(value).__name__} {value} (quote it)"
+    return None
 
 
 def _valid(state: Import, where: str, row: Any, exclude: Sequence[str] = ()) -> bool:
@@ -328,7 +383,7 @@ def _valid(state: Import, where: str, row: Any, exclude: Sequence[str] = ()) -> 
             row.full_clean(exclude=exclude)
         except ValidationError as exc:
             problems = {k: [str(m) for m in v] for k, v in exc.message_dict.items()}
-    if not problems:
+    if not problems and hasattr(row, "row_problems"):  # an assignment has no limit to build
         problems = {name: [message] for name, message in row.row_problems().items()}
     for name, messages in sorted(problems.items()):
         column = "" if name == "__all__" else f".{name}"
@@ -519,7 +574,7 @@ def import_policy(document: Any, *, dry_run: bool = False, prune: bool = False) 
 def _check_shape(document: Any) -> None:
     if not isinstance(document, Mapping):
         raise PolicyFileError(["the document must be a mapping with 'version' and sections"])
-    problems = []
+    problems = list(_unstorable_text(document, ""))
     if document.get("version") != FORMAT_VERSION:
         problems.append(f"version: must be {FORMAT_VERSION}, not {document.get('version')!r}")
     unknown = sorted(set(document) - {"version", *SECTIONS, "protection"})
@@ -542,6 +597,33 @@ def _check_shape(document: Any) -> None:
                 problems.append(f"{section}[{i}]: must be a mapping, not {type(entry).__name__}")
     if problems:
         raise PolicyFileError(problems)
+
+
+def _unstorable_text(value: Any, path: str) -> Iterator[str]:
+    """A problem for each text in ``value`` (keys too) that no database stores and no
+    lookup may send: a NUL character (PostgreSQL refuses it), or a lone UTF-16 surrogate (a
+    JSON ``\\ud800`` escape without its pair: not UTF-8). Such text failed a query or a
+    save with a traceback; the admin's form refuses it."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            yield f"{path or 'the document'}: {value!r} holds a NUL character (\\x00)"
+        elif not _encodes(value):
+            yield f"{path or 'the document'}: {value!r} holds a lone UTF-16 surrogate"
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _unstorable_text(key, f"{path}: a key" if path else "a key")
+            yield from _unstorable_text(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _unstorable_text(item, f"{path}[{i}]")
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _import_protection(state: Import, entry: Mapping[str, Any]) -> None:
@@ -575,8 +657,16 @@ def _hand_over_defaults(state: Import, entries: list[Mapping[str, Any]]) -> None
 def _import_parents(state: Import, section: str, entries: list[Mapping[str, Any]]) -> None:
     """Tiers or endpoint rules, each with its limits; a rule's limits name their tier."""
     model, key = _PARENTS[section]
+    seen: dict[Any, int] = {}
     for i, entry in enumerate(entries):
         where = f"{section}[{i}] {entry.get(key)!r}"
+        if (earlier := _seen_before(seen, entry.get(key), i)) is not None:
+            # The second entry would silently overwrite the first: say which to keep.
+            state.problems.append(
+                f"{where}.{key}: {section}[{earlier}] has this {key} too; write each "
+                f"{'tier' if model is Tier else 'rule'} once"
+            )
+            continue
         first = len(state.problems)
         own, limits = split(state, where, model, entry)
         desired: Iterable[tuple[int, Mapping[str, Any]]] = ()
@@ -601,6 +691,17 @@ def _import_parents(state: Import, section: str, entries: list[Mapping[str, Any]
 #: What a problem of an entry names after the entry's own ``where``: a limit (its index)
 #: and a field; neither for one about the entry as a whole.
 _NAMED = re.compile(r"(?:\.limits\[(\d+)\])?(?:\.(\w+))?")
+
+
+def _seen_before(seen: dict[Any, int], key: Any, index: int) -> int | None:
+    """The index of the entry before ``index`` with natural key ``key`` (noting ``key`` as
+    ``index``'s when it is the first). A key that is not text (a list) is left to the
+    entry's own checks."""
+    try:
+        earlier = seen.setdefault(key, index)
+    except TypeError:  # unhashable: its field's check names it
+        return None
+    return None if earlier == index else earlier
 
 
 def _in_file_order(problems: list[str], where: str, entry: Mapping[str, Any]) -> list[str]:
@@ -644,6 +745,7 @@ def _with_tiers(
 def _import_assignments(state: Import, entries: list[Mapping[str, Any]]) -> None:
     user_model = get_user_model()
     wanted: set[tuple[str, Any]] = set()
+    seen: dict[Any, int] = {}
     for i, entry in enumerate(entries):
         where = f"assignments[{i}]"
         unknown = sorted(set(entry) - {"tier", "user", "group", "note"})
@@ -666,16 +768,27 @@ def _import_assignments(state: Import, entries: list[Mapping[str, Any]]) -> None
         if who is None:
             state.problems.append(f"{where}.{kind}: no {kind} {name!r} in the database")
             continue
+        if (earlier := _seen_before(seen, (kind, who.pk), i)) is not None:
+            state.problems.append(
+                f"{where}.{kind}: assignments[{earlier}] assigns this {kind} too; "
+                "a user or group is in one tier: write it once"
+            )
+            continue
         wanted.add((kind, who.pk))
         row = TierAssignment.objects.filter(**{kind: who}).first()
-        note = str(entry.get("note", ""))
+        before = None if row is None else (row.tier, row.note)
+        row = row or TierAssignment(**{kind: who})
+        # Validated as the admin validates it: a note too long for its column, or not text,
+        # is a problem here rather than a database error (or a note of 'None') at the save.
+        row.tier, row.note = tier, entry.get("note", "")
+        if not _valid(state, where, row):
+            continue
         label = f"assignment of {kind} {name!r}"
-        if row is None:
-            TierAssignment.objects.create(tier=tier, note=note, **{kind: who})
+        if before is None:
+            row.save()
             state.changes.append(Change("+", label, f"tier {tier.slug!r}"))
-        elif row.tier_id != tier.pk or row.note != note:
-            detail = f"tier {row.tier.slug!r} → {tier.slug!r}" if row.tier_id != tier.pk else ""
-            row.tier, row.note = tier, note
+        elif before != (tier, row.note):
+            detail = f"tier {before[0].slug!r} → {tier.slug!r}" if before[0] != tier else ""
             row.save()
             state.changes.append(Change("~", label, detail or "note"))
     if state.prune:
