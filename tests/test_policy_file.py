@@ -816,3 +816,20 @@ def test_an_assignment_is_validated_as_the_admin_validates_it(
     with pytest.raises(CommandError, match="Nothing was imported: " + _re(expected)):
         run("import", str(path))
     assert not TierAssignment.objects.exists()
+
+
+def test_a_change_of_whom_an_endpoint_limit_counts_is_shown(tmp_path: Path) -> None:
+    """The dry run showed ``5/min → 5/min`` for a limit moved from counting by IP address
+    to counting by username: it now says what changes, as the import then does."""
+    anonymous = tier("anonymous", "1/s")
+    rule = endpoint("login", "scope", "login")
+    EndpointLimit.objects.create(rule=rule, tier=anonymous, rate="5/min", counted_by="ip")
+    document = json.loads(run("export"))
+    document["rules"][0]["limits"][0]["counted_by"] = "username"
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(document))
+
+    change = "~ rule 'login' limit (anonymous): 5/min, counted by ip → 5/min, counted by username"
+    assert run("import", "--dry-run", str(path)).splitlines()[0] == change
+    assert run("import", str(path)).splitlines()[0] == change
+    assert EndpointLimit.objects.get().counted_by == "username"

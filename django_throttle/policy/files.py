@@ -447,18 +447,29 @@ def sync_limits(
     # counters are re-timed rather than started afresh.
     plan = [(j, fields, new, take(new, False)) for j, fields, new in pending]
     for row in unmatched:
-        state.changes.append(Change("-", _limit_label(parent, row), str(row)))
+        state.changes.append(Change("-", _limit_label(parent, row), _limit_text(row)))
         row.delete()
     for j, fields, candidate, row in plan:
-        before = None if row is None else str(row)
+        before = None if row is None else _limit_text(row)
         row = candidate if row is None else _assign(row, fields)
         if not _valid(state, f"{where}.limits[{j}]", row):
             continue
         row.save()
         if before is None:
-            state.changes.append(Change("+", _limit_label(parent, row), str(row)))
+            state.changes.append(Change("+", _limit_label(parent, row), _limit_text(row)))
         else:
-            state.changes.append(Change("~", _limit_label(parent, row), f"{before} → {row}"))
+            change = f"{before} → {_limit_text(row)}"
+            state.changes.append(Change("~", _limit_label(parent, row), change))
+
+
+def _limit_text(row: Any) -> str:
+    """A limit row's values as a change shows them: an endpoint limit counted by IP address
+    or username says so (a change of whom it counts showed as ``5/min → 5/min``)."""
+    counted_by = getattr(row, "counted_by", EndpointLimit.CountedBy.CLIENT)
+    text = str(row)
+    return (
+        text if counted_by == EndpointLimit.CountedBy.CLIENT else f"{text}, counted by {counted_by}"
+    )
 
 
 def _limit_label(parent: Any, row: Any) -> str:
