@@ -833,3 +833,69 @@ def test_a_change_of_whom_an_endpoint_limit_counts_is_shown(tmp_path: Path) -> N
     assert run("import", "--dry-run", str(path)).splitlines()[0] == change
     assert run("import", str(path)).splitlines()[0] == change
     assert EndpointLimit.objects.get().counted_by == "username"
+
+
+_DRF_RATES = {"anon": "3/min", "user": "5/minute", "export": "2/m", "unused": None}
+_DRF_CLASSES = [
+    "rest_framework.throttling.AnonRateThrottle",
+    "rest_framework.throttling.UserRateThrottle",
+    "rest_framework.throttling.ScopedRateThrottle",
+]
+
+
+def _through_drf_views(monkeypatch: pytest.MonkeyPatch, classes: list[Any]) -> Any:
+    """A function sending a list of (method, path) requests, as an anonymous client or as
+    a signed-in user (a new address and user each call), through the suite's DRF views
+    throttled by ``classes``; it returns each one's statuses."""
+    from django.core.cache import cache
+    from django.test import Client
+    from rest_framework.throttling import SimpleRateThrottle
+    from rest_framework.views import APIView
+
+    # DRF binds both when it is imported; the views read them on each request.
+    monkeypatch.setattr(APIView, "throttle_classes", classes)
+    monkeypatch.setattr(SimpleRateThrottle, "THROTTLE_RATES", _DRF_RATES)
+    cache.clear()
+    calls = iter(range(1, 100))
+
+    def send(requests: list[tuple[str, str]], signed_in: bool) -> list[int]:
+        call = next(calls)
+        client = Client(REMOTE_ADDR=f"198.51.100.{call}")
+        if signed_in:
+            client.force_login(User.objects.get_or_create(username=f"drf-{call}")[0])
+        return [getattr(client, method)(path).status_code for method, path in requests]
+
+    return send
+
+
+@override_settings(
+    REST_FRAMEWORK={
+        "DEFAULT_THROTTLE_CLASSES": _DRF_CLASSES,
+        "DEFAULT_THROTTLE_RATES": _DRF_RATES,
+    }
+)
+def test_a_policy_from_drf_limits_as_drf_did(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same requests through DRF's own throttles and through ``PolicyThrottle`` with the
+    converted policy get the same answers (anonymous: 3/min, and 5/min from
+    UserRateThrottle; users 5/min; the ``export`` scope 2/min for both), but for the one
+    difference the migration guide names: a request one limit refuses uses up no other (DRF
+    counts it against every throttle that let it through)."""
+    from rest_framework.throttling import AnonRateThrottle, ScopedRateThrottle, UserRateThrottle
+
+    from django_throttle.drf import PolicyThrottle
+
+    export, ping = ("post", "/api/export/"), ("get", "/api/ping/")
+    anonymous = [export, export, ping, ping, export]
+    signed_in = [export, export, ping, ping, ping, ping]
+    refused_export_then_pings = [export, export, export, ping, ping, ping]
+
+    send = _through_drf_views(monkeypatch, [AnonRateThrottle, UserRateThrottle, ScopedRateThrottle])
+    drf = (send(anonymous, False), send(signed_in, True), send(refused_export_then_pings, True))
+
+    run("from-drf", "--apply")
+    send = _through_drf_views(monkeypatch, [PolicyThrottle])
+    ours = (send(anonymous, False), send(signed_in, True), send(refused_export_then_pings, True))
+
+    assert drf[:2] == ours[:2] == ([202, 202, 200, 429, 429], [202, 202, 200, 200, 200, 429])
+    assert drf[2] == [202, 202, 429, 200, 200, 429]  # the refused export used up a request
+    assert ours[2] == [202, 202, 429, 200, 200, 200]
