@@ -14,7 +14,14 @@ from django.contrib.auth.models import Group, User
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierAssignment, TierLimit
+from django_throttle.models import (
+    EndpointLimit,
+    EndpointRule,
+    Exemption,
+    Tier,
+    TierAssignment,
+    TierLimit,
+)
 from django_throttle.policy import live as policy
 from tests.factories import endpoint, tier
 
@@ -37,7 +44,8 @@ def run(*args: str, stdin: str | None = None) -> str:
 
 
 def seed() -> None:
-    """A policy with every kind of row: defaults, several algorithms, rules, assignments."""
+    """A policy with every kind of row: defaults, several algorithms, rules, assignments,
+    exemptions."""
     anon = tier("anon", "20/min", is_default_anonymous=True)
     free = tier("free", "100/min", is_default_authenticated=True)
     pro = tier("pro", "600/min", burst=50, priority=10)
@@ -50,6 +58,9 @@ def seed() -> None:
     TierAssignment.objects.create(user=alice, tier=pro, note="paid")
     partners = Group.objects.create(name="partners")
     TierAssignment.objects.create(group=partners, tier=pro)
+    Exemption.objects.create(network="203.0.113.0/24", note="office")
+    Exemption.objects.create(user=User.objects.create_user("monitor"))
+    Exemption.objects.create(group=Group.objects.create(name="staff"), note="ours")
 
 
 def snapshot_shape() -> Any:
@@ -92,7 +103,9 @@ def snapshot_shape() -> Any:
     }
     defaults = (compiled.default_anonymous.slug, compiled.default_authenticated.slug)
     alice = User.objects.get(username="alice")
-    return tiers, endpoints, defaults, slugs[compiled.user_tiers.get(alice.pk)]
+    exempt = compiled.exemptions
+    exemptions = (sorted(exempt.users), sorted(exempt.addresses), [str(n) for n in exempt.networks])
+    return tiers, endpoints, defaults, slugs[compiled.user_tiers.get(alice.pk)], exemptions
 
 
 def test_export_import_round_trip_gives_an_identical_policy(tmp_path: Path) -> None:
@@ -104,6 +117,7 @@ def test_export_import_round_trip_gives_an_identical_policy(tmp_path: Path) -> N
 
     Tier.objects.all().delete()
     EndpointRule.objects.all().delete()
+    Exemption.objects.all().delete()  # they were left out of the file
     assert not TierAssignment.objects.exists()
     output = run("import", str(path))
 
@@ -899,3 +913,53 @@ def test_a_policy_from_drf_limits_as_drf_did(monkeypatch: pytest.MonkeyPatch) ->
     assert drf[:2] == ours[:2] == ([202, 202, 200, 429, 429], [202, 202, 200, 200, 200, 429])
     assert drf[2] == [202, 202, 429, 200, 200, 429]  # the refused export used up a request
     assert ours[2] == [202, 202, 429, 200, 200, 200]
+
+
+def test_exemptions_are_in_the_file_and_pruned_like_assignments(tmp_path: Path) -> None:
+    """Exemptions were never exported: a policy moved to another site lost its office
+    network and uptime monitor, and ``--prune`` left exemptions the file did not list."""
+    seed()
+    exported = json.loads(run("export"))
+    assert exported["exemptions"] == [
+        {"network": "203.0.113.0/24", "note": "office"},
+        {"user": "monitor"},
+        {"group": "staff", "note": "ours"},
+    ]
+    assert "exemptions" not in json.loads(run("export", "--no-assignments"))
+
+    exported["exemptions"][0] = {"network": "203.0.113.7/24", "note": "HQ"}  # the same network
+    del exported["exemptions"][1]
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(exported))
+    changes = [
+        "~ exemption of network '203.0.113.0/24': note: 'office' → 'HQ'",
+        "- exemption of user 'monitor'",
+    ]
+    assert run("import", "--prune", "--dry-run", str(path)).splitlines()[:-1] == changes
+    assert run("import", "--prune", str(path)).splitlines()[:-1] == changes
+    assert sorted(map(str, Exemption.objects.all())) == ["group staff", "network 203.0.113.0/24"]
+    assert "No changes" in run("import", "--prune", str(path))
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ({"network": "203.0.113.999"}, "exemptions[1].network: '203.0.113.999' is not an IP"),
+        ({"user": "ghost"}, "exemptions[1].user: no user 'ghost' in the database"),
+        ({"group": "staff", "user": "alice"}, "exemptions[1]: give exactly one of network, user"),
+        ({"network": "198.51.100.0/24", "why": "x"}, "exemptions[1]: unknown field 'why'"),
+        ({"network": "198.51.100.9/24"}, "exemptions[1].network: exemptions[0] exempts this"),
+        ({"network": ["198.51.100.0/24"]}, "exemptions[1].network: must be one value"),
+    ],
+)
+def test_a_bad_exemption_is_refused_naming_its_field(
+    tmp_path: Path, entry: Any, expected: str
+) -> None:
+    User.objects.create_user("alice")
+    Group.objects.create(name="staff")
+    document = {"version": 1, "exemptions": [{"network": "198.51.100.0/24"}, entry]}
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(CommandError, match="Nothing was imported: " + _re(expected)):
+        run("import", str(path))
+    assert not Exemption.objects.exists()

@@ -1,5 +1,5 @@
-"""Policies as files: export the admin's tiers, endpoint rules, assignments and service
-protection (the load shedder's one row, a ``protection`` mapping) to a document
+"""Policies as files: export the admin's tiers, endpoint rules, assignments, exemptions and
+service protection (the load shedder's one row, a ``protection`` mapping) to a document
 (JSON or YAML) and import one back, so a policy can live in version control and move from
 staging to production.
 
@@ -8,10 +8,10 @@ key; limits are written under their tier or rule. Fields are read from the model
 added by a later migration is exported and imported without changes here.
 
 An import is one transaction: the document's shape is checked first, then its sections are
-applied in order (tiers, rules, assignments), matched by natural keys; tiers and rules the
-document does not name are kept unless pruning. Every entry is validated with the admin's own
-rules, and a single problem refuses the whole file, having written nothing, with a message
-naming the entry and field. Every problem is listed, in the order the file writes what it
+applied in order (tiers, rules, assignments, exemptions), matched by natural keys; tiers and
+rules the document does not name are kept unless pruning. Every entry is validated with the
+admin's own rules, and a single problem refuses the whole file, having written nothing, with a
+message naming the entry and field. Every problem is listed, in the order the file writes what it
 names: a tier whose own fields are wrong still has its limits checked, and an unknown field
 stops nothing else. ``dry_run`` runs the same code and rolls back.
 
@@ -49,7 +49,15 @@ from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
 
-from django_throttle.models import EndpointLimit, EndpointRule, Protection, Tier, TierAssignment
+from django_throttle.models import (
+    EndpointLimit,
+    EndpointRule,
+    Exemption,
+    Protection,
+    Tier,
+    TierAssignment,
+)
+from django_throttle.models.exemptions import parse_network
 from django_throttle.rates import MAX_LOG_COUNT, Algorithm
 
 #: The document's ``version``; an import refuses any other.
@@ -504,7 +512,7 @@ def repeats(rows: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
 
 
 #: Top-level sections, in the order they are written and applied.
-SECTIONS = ("tiers", "rules", "assignments")
+SECTIONS = ("tiers", "rules", "assignments", "exemptions")
 #: The sections of rows with limits: (model, natural key).
 _PARENTS: dict[str, tuple[type[models.Model], str]] = {
     "tiers": (Tier, "slug"),
@@ -524,6 +532,7 @@ def export_policy(*, assignments: bool = True) -> dict[str, Any]:
         ]
     if assignments:
         document["assignments"] = _export_assignments()
+        document["exemptions"] = _export_exemptions()
     protection = Protection.objects.order_by("pk").first()
     if protection is not None:
         document["protection"] = values(protection)
@@ -556,12 +565,30 @@ def _export_assignments() -> list[dict[str, str]]:
     return sorted(out, key=lambda e: (e.get("user", ""), e.get("group", "")))
 
 
+def _export_exemptions() -> list[dict[str, str]]:
+    """Who is never limited: networks (in their normal form), then users, then groups."""
+    username = get_user_model().USERNAME_FIELD
+    out = []
+    for row in Exemption.objects.select_related("user", "group"):
+        if row.user_id is not None:
+            entry = {"user": getattr(row.user, username)}
+        elif row.group_id is not None:
+            entry = {"group": row.group.name}
+        else:
+            entry = {"network": row.network}
+        if row.note:
+            entry["note"] = row.note
+        out.append(entry)
+    order = {"network": 0, "user": 1, "group": 2}
+    return sorted(out, key=lambda e: next((order[k], str(v)) for k, v in e.items()))
+
+
 def import_policy(document: Any, *, dry_run: bool = False, prune: bool = False) -> list[Change]:
     """Make the database hold ``document``'s policy; return what changed.
 
     Tiers and rules are matched by slug and name; those the document does not name are kept,
-    unless ``prune`` (then deleted, as are assignments when the document has an
-    ``assignments`` section). Raises :class:`PolicyFileError` with every problem found, having
+    unless ``prune`` (then deleted, as are assignments and exemptions when the document has
+    those sections). Raises :class:`PolicyFileError` with every problem found, having
     written nothing; with ``dry_run`` the changes are computed and rolled back.
     """
     _check_shape(document)
@@ -572,6 +599,8 @@ def import_policy(document: Any, *, dry_run: bool = False, prune: bool = False) 
             _import_parents(state, section, document.get(section, []))
         if "assignments" in document:
             _import_assignments(state, document["assignments"])
+        if "exemptions" in document:
+            _import_exemptions(state, document["exemptions"])
         if "protection" in document:
             _import_protection(state, document["protection"])
         if state.problems:
@@ -754,7 +783,6 @@ def _with_tiers(
 
 
 def _import_assignments(state: Import, entries: list[Mapping[str, Any]]) -> None:
-    user_model = get_user_model()
     wanted: set[tuple[str, Any]] = set()
     seen: dict[Any, int] = {}
     for i, entry in enumerate(entries):
@@ -771,13 +799,8 @@ def _import_assignments(state: Import, entries: list[Mapping[str, Any]]) -> None
             continue
         kind = "user" if "user" in entry else "group"
         name = entry[kind]
-        who: Any = (
-            user_model._default_manager.filter(**{user_model.USERNAME_FIELD: name}).first()
-            if kind == "user"
-            else Group.objects.filter(name=name).first()
-        )
+        who = _who(state, f"{where}.{kind}", kind, name)
         if who is None:
-            state.problems.append(f"{where}.{kind}: no {kind} {name!r} in the database")
             continue
         if (earlier := _seen_before(seen, (kind, who.pk), i)) is not None:
             state.problems.append(
@@ -810,6 +833,90 @@ def _import_assignments(state: Import, entries: list[Mapping[str, Any]]) -> None
                     Change("-", f"assignment of {kind} {str(getattr(row, kind))!r}")
                 )
                 row.delete()
+
+
+def _who(state: Import, where: str, kind: str, name: Any) -> Any:
+    """The user (by username) or group (by name) ``name`` names; else a problem at
+    ``where``."""
+    user_model = get_user_model()
+    who: Any = (
+        user_model._default_manager.filter(**{user_model.USERNAME_FIELD: name}).first()
+        if kind == "user"
+        else Group.objects.filter(name=name).first()
+    )
+    if who is None:
+        state.problems.append(f"{where}: no {kind} {name!r} in the database")
+    return who
+
+
+_EXEMPT = ("network", "user", "group")
+
+
+def _import_exemptions(state: Import, entries: list[Mapping[str, Any]]) -> None:
+    """Who is never limited, each entry one network, user or group with an optional note,
+    validated as the admin validates it (a network is kept in its normal form, so
+    ``203.0.113.7/24`` matches the row of ``203.0.113.0/24``); with ``prune``, exemptions
+    the file does not list are deleted."""
+    kept: set[int] = set()
+    seen: dict[Any, int] = {}
+    for i, entry in enumerate(entries):
+        where = f"exemptions[{i}]"
+        problem = _unknown(where, set(entry) - {*_EXEMPT, "note"}, {*_EXEMPT, "note"})
+        kinds = [kind for kind in _EXEMPT if kind in entry]
+        if problem is not None or len(kinds) != 1:
+            state.problems.append(problem or f"{where}: give exactly one of {', '.join(_EXEMPT)}")
+            continue
+        (kind,) = kinds
+        name = entry[kind]
+        if kind == "network":
+            row = _exempt_network(name) or Exemption(network=name)
+            row.network = name
+        else:
+            who = _who(state, f"{where}.{kind}", kind, name)
+            if who is None:
+                continue
+            row = Exemption.objects.filter(**{kind: who}).first() or Exemption(**{kind: who})
+        before = row.note if row.pk is not None else None
+        row.note = entry.get("note", "")
+        if not _valid(state, where, row):  # normalises the network
+            continue
+        key = row.network or (kind, getattr(row, f"{kind}_id"))
+        if (earlier := _seen_before(seen, key, i)) is not None:
+            state.problems.append(
+                f"{where}.{kind}: exemptions[{earlier}] exempts this {kind} too: write it once"
+            )
+            continue
+        what = _exemption_label(row)
+        if before is None:
+            row.save()
+            state.changes.append(Change("+", what))
+        elif before != row.note:
+            row.save()
+            state.changes.append(Change("~", what, f"note: {before!r} → {row.note!r}"))
+        kept.add(row.pk)
+    if state.prune:
+        for row in Exemption.objects.exclude(pk__in=kept).select_related("user", "group"):
+            state.changes.append(Change("-", _exemption_label(row)))
+            row.delete()
+
+
+def _exemption_label(row: Exemption) -> str:
+    """An exemption as changes name it, as an assignment is named: its kind and who."""
+    if row.user_id is not None:
+        return f"exemption of user {getattr(row.user, get_user_model().USERNAME_FIELD)!r}"
+    if row.group_id is not None:
+        return f"exemption of group {row.group.name!r}"
+    return f"exemption of network {row.network!r}"
+
+
+def _exempt_network(text: Any) -> Exemption | None:
+    """The exemption row of the network ``text`` names, in its normal form (the admin keeps
+    that), if there is one."""
+    try:
+        network = str(parse_network(text))
+    except (ValueError, TypeError, AttributeError):  # the row's validation names the problem
+        return None
+    return Exemption.objects.filter(network=network).first()
 
 
 def _tier(state: Import, where: str, slug: Any) -> Tier | None:
