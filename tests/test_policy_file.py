@@ -963,3 +963,42 @@ def test_a_bad_exemption_is_refused_naming_its_field(
     with pytest.raises(CommandError, match="Nothing was imported: " + _re(expected)):
         run("import", str(path))
     assert not Exemption.objects.exists()
+
+
+@pytest.mark.parametrize("action", ["export", "from-drf"])
+def test_an_output_file_that_cannot_be_written_is_one_line(tmp_path: Path, action: str) -> None:
+    """``-o`` into a missing folder or onto a directory was a FileNotFoundError or
+    IsADirectoryError traceback."""
+    tier("free", "1/s")
+    rest_framework = {"DEFAULT_THROTTLE_RATES": {"anon": "1/s"}}
+    for output in (tmp_path / "missing" / "policy.json", tmp_path):
+        with (
+            override_settings(REST_FRAMEWORK=rest_framework),
+            pytest.raises(CommandError, match=f"^Cannot write {_re(str(output))}: ") as caught,
+        ):
+            run(action, "-o", str(output))
+        assert "\n" not in str(caught.value)
+
+
+def test_pruning_a_tier_lists_the_rows_deleted_with_it(tmp_path: Path) -> None:
+    """``--prune`` listed only ``- tier 'pro'``: its endpoint limits in the rules the file
+    keeps, and the users and groups assigned to it, went without a line (a file exported
+    with ``--no-assignments`` has no assignments to compare)."""
+    seed()
+    document = json.loads(run("export", "--no-assignments"))
+    document["tiers"] = [t for t in document["tiers"] if t["slug"] != "pro"]
+    for rule in document["rules"]:
+        rule["limits"] = [limit for limit in rule["limits"] if limit["tier"] != "pro"]
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(document))
+    changes = [
+        "- tier 'pro'",
+        "- rule 'search' limit (pro): 50/min",
+        "- assignment of user 'alice'",
+        "- assignment of group 'partners'",
+    ]
+
+    assert run("import", "--prune", "--dry-run", str(path)).splitlines()[:-1] == changes
+    assert run("import", "--prune", str(path)).splitlines()[:-1] == changes
+    assert not TierAssignment.objects.exists()
+    assert not EndpointLimit.objects.filter(tier__slug="pro").exists()

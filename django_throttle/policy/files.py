@@ -725,7 +725,20 @@ def _import_parents(state: Import, section: str, entries: list[Mapping[str, Any]
         named = {str(entry.get(key)) for entry in entries}
         for row in model._default_manager.exclude(**{f"{key}__in": named}):
             state.changes.append(Change("-", label(row)))
+            if isinstance(row, Tier):
+                state.changes.extend(_going_with(row))
             row.delete()
+
+
+def _going_with(tier: Tier) -> Iterator[Change]:
+    """The rows deleting ``tier`` deletes with it: its endpoint limits in every rule and
+    who was assigned to it (those users fall back to the default tier), so the list of
+    changes says what an import deletes, not only the tier."""
+    for limit in tier.endpoint_limits.select_related("rule", "tier").order_by("rule__name", "pk"):
+        yield Change("-", _limit_label(limit.rule, limit), _limit_text(limit))
+    for assignment in tier.assignments.select_related("user", "group").order_by("pk"):
+        kind = "user" if assignment.user_id is not None else "group"
+        yield Change("-", f"assignment of {kind} {str(getattr(assignment, kind))!r}")
 
 
 #: What a problem of an entry names after the entry's own ``where``: a limit (its index)

@@ -111,7 +111,10 @@ class Command(BaseCommand):
 
     def _write(self, text: str, output: str | None) -> None:
         if output:
-            Path(output).write_text(text, encoding="utf-8")
+            try:
+                Path(output).write_text(text, encoding="utf-8")
+            except OSError as exc:  # a missing folder, a directory, no permission
+                raise CommandError(f"Cannot write {output}: {exc.strerror or exc}") from exc
             self.stderr.write(f"Wrote {output}")
         else:
             self.stdout.write(text, ending="")
