@@ -882,21 +882,24 @@ def _through_drf_views(monkeypatch: pytest.MonkeyPatch, classes: list[Any]) -> A
     return send
 
 
-@override_settings(
-    REST_FRAMEWORK={
-        "DEFAULT_THROTTLE_CLASSES": _DRF_CLASSES,
-        "DEFAULT_THROTTLE_RATES": _DRF_RATES,
-    }
-)
-def test_a_policy_from_drf_limits_as_drf_did(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_policy_from_drf_limits_as_drf_did(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
     """The same requests through DRF's own throttles and through ``PolicyThrottle`` with the
     converted policy get the same answers (anonymous: 3/min, and 5/min from
     UserRateThrottle; users 5/min; the ``export`` scope 2/min for both), but for the one
     difference the migration guide names: a request one limit refuses uses up no other (DRF
     counts it against every throttle that let it through)."""
+    # Imported before the settings change: APIView reads its throttle classes on import.
     from rest_framework.throttling import AnonRateThrottle, ScopedRateThrottle, UserRateThrottle
 
+    import tests.urls  # noqa: F401  (the views, and so APIView)
     from django_throttle.drf import PolicyThrottle
+
+    settings.REST_FRAMEWORK = {
+        "DEFAULT_THROTTLE_CLASSES": _DRF_CLASSES,
+        "DEFAULT_THROTTLE_RATES": _DRF_RATES,
+    }
 
     export, ping = ("post", "/api/export/"), ("get", "/api/ping/")
     anonymous = [export, export, ping, ping, export]
