@@ -1005,3 +1005,24 @@ def test_pruning_a_tier_lists_the_rows_deleted_with_it(tmp_path: Path) -> None:
     assert run("import", "--prune", str(path)).splitlines()[:-1] == changes
     assert not TierAssignment.objects.exists()
     assert not EndpointLimit.objects.filter(tier__slug="pro").exists()
+
+
+def test_a_field_of_the_wrong_shape_hides_no_other_problem_of_its_entry(tmp_path: Path) -> None:
+    """Once one column of an entry held a list or a null, the entry's other columns went
+    unchecked: the next import found them, one round at a time."""
+    entry = {
+        "slug": "t",
+        "name": ["T"],
+        "priority": "high",
+        "limits": [{"rate": "1/s", "timezone": None, "burst": "x"}],
+    }
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"version": 1, "tiers": [entry]}))
+    with pytest.raises(CommandError) as caught:
+        run("import", str(path))
+    assert str(caught.value).splitlines()[1:] == [
+        "  tiers[0] 't'.name: must be one value, not a list",
+        "  tiers[0] 't'.priority: “high” value must be an integer.",
+        "  tiers[0] 't'.limits[0].timezone: must not be null (write \"\" for none)",
+        "  tiers[0] 't'.limits[0].burst: “x” value must be an integer.",
+    ]

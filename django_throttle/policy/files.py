@@ -386,11 +386,17 @@ def _valid(state: Import, where: str, row: Any, exclude: Sequence[str] = ()) -> 
     """Note ``row``'s problems as the admin finds them (``exclude``: fields not checked);
     whether it has none."""
     problems = _shape_problems(row)
-    if not problems:
-        try:
-            row.full_clean(exclude=exclude)
-        except ValidationError as exc:
-            problems = {k: [str(m) for m in v] for k, v in exc.message_dict.items()}
+    try:
+        # The other fields are still checked, so one import lists every problem.
+        row.full_clean(exclude=[*exclude, *problems])
+    except ValidationError as exc:
+        for name, messages in exc.message_dict.items():
+            problems.setdefault(name, [str(m) for m in messages])
+    except (TypeError, ValueError, AttributeError, ArithmeticError):
+        # A check reading a column named above (a list, a null) fails on it: that column's
+        # problem is the one to fix first.
+        if not problems:
+            raise
     if not problems and hasattr(row, "row_problems"):  # an assignment has no limit to build
         problems = {name: [message] for name, message in row.row_problems().items()}
     for name, messages in sorted(problems.items()):
