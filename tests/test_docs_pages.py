@@ -169,3 +169,58 @@ def test_the_commands_page_shows_the_tables_the_commands_print() -> None:
     rates = re.findall(r"[\s(│](\d+/\d*[a-z]+)(?= *[│,]| *$)", shown, re.MULTILINE)
     assert rates
     assert [rate_text(Rate.parse(rate)) for rate in rates] == rates
+
+
+@pytest.mark.django_db
+def test_the_commands_page_shows_what_throttle_policy_prints(tmp_path: Path) -> None:
+    """Each ``throttle_policy`` example on the commands page prints what it shows, run on the
+    demo's policy (``seed_demo``): the start of the export, the dry run of an edited file and
+    the conversion of the DRF rates the page names (it still showed ``100/d`` where the dry
+    run prints ``100/day``, eight changes where there are nine, and an export without the
+    columns added since)."""
+    import io
+    import json
+
+    from django.core.management import call_command
+    from django.test import override_settings
+
+    from example_project.demo.management.commands.seed_demo import Command
+
+    Command(stdout=io.StringIO()).handle()
+
+    def run(*args: str) -> str:
+        out = io.StringIO()
+        call_command("throttle_policy", *args, stdout=out, stderr=io.StringIO())
+        return out.getvalue()
+
+    section = _sections(COMMANDS_PAGE.read_text())["throttle_policy"]
+
+    def shown(invocation: str) -> str:
+        """What the page shows under the line ``$ python manage.py <invocation>``, as the
+        command writes it (the block's indent taken off)."""
+        after = section.split(f"   $ python manage.py {invocation}\n", 1)[1]
+        block = re.split(r"\n   \$ |\n\n(?! )", after, maxsplit=1)[0]
+        return "".join(f"{line[3:]}\n" for line in block.split("\n"))
+
+    start = shown("throttle_policy export").removesuffix("...\n")
+    assert start and run("export").startswith(start)
+
+    document = json.loads(run("export"))
+    (rule,) = [rule for rule in document["rules"] if rule["name"] == "export"]
+    (limit,) = [limit for limit in rule["limits"] if limit["tier"] == "free"]
+    limit["rate"] = "30/h"
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps(document))
+    assert run("import", "--dry-run", str(policy)) == shown(
+        "throttle_policy import --dry-run policy.json"
+    )
+    assert run("import", str(policy)) == shown("throttle_policy import policy.json")
+
+    rates = {"anon": "100/day", "user": "1000/day", "uploads": "20/hour"}
+    page = " ".join(COMMANDS_PAGE.read_text().split())
+    assert f"(here ``{json.dumps(rates)}``)" in page
+    with override_settings(REST_FRAMEWORK={"DEFAULT_THROTTLE_RATES": rates}):
+        converted = run("from-drf", "--format", "yaml")
+        dry_run = run("from-drf", "--apply", "--dry-run")
+    assert converted == shown("throttle_policy from-drf --format yaml")
+    assert dry_run == shown("throttle_policy from-drf --apply --dry-run")

@@ -14,7 +14,14 @@ from django.contrib.auth.models import Group, User
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierAssignment, TierLimit
+from django_throttle.models import (
+    EndpointLimit,
+    EndpointRule,
+    Exemption,
+    Tier,
+    TierAssignment,
+    TierLimit,
+)
 from django_throttle.policy import live as policy
 from tests.factories import endpoint, tier
 
@@ -37,7 +44,8 @@ def run(*args: str, stdin: str | None = None) -> str:
 
 
 def seed() -> None:
-    """A policy with every kind of row: defaults, several algorithms, rules, assignments."""
+    """A policy with every kind of row: defaults, several algorithms, rules, assignments,
+    exemptions."""
     anon = tier("anon", "20/min", is_default_anonymous=True)
     free = tier("free", "100/min", is_default_authenticated=True)
     pro = tier("pro", "600/min", burst=50, priority=10)
@@ -50,6 +58,9 @@ def seed() -> None:
     TierAssignment.objects.create(user=alice, tier=pro, note="paid")
     partners = Group.objects.create(name="partners")
     TierAssignment.objects.create(group=partners, tier=pro)
+    Exemption.objects.create(network="203.0.113.0/24", note="office")
+    Exemption.objects.create(user=User.objects.create_user("monitor"))
+    Exemption.objects.create(group=Group.objects.create(name="staff"), note="ours")
 
 
 def snapshot_shape() -> Any:
@@ -92,7 +103,9 @@ def snapshot_shape() -> Any:
     }
     defaults = (compiled.default_anonymous.slug, compiled.default_authenticated.slug)
     alice = User.objects.get(username="alice")
-    return tiers, endpoints, defaults, slugs[compiled.user_tiers.get(alice.pk)]
+    exempt = compiled.exemptions
+    exemptions = (sorted(exempt.users), sorted(exempt.addresses), [str(n) for n in exempt.networks])
+    return tiers, endpoints, defaults, slugs[compiled.user_tiers.get(alice.pk)], exemptions
 
 
 def test_export_import_round_trip_gives_an_identical_policy(tmp_path: Path) -> None:
@@ -104,6 +117,7 @@ def test_export_import_round_trip_gives_an_identical_policy(tmp_path: Path) -> N
 
     Tier.objects.all().delete()
     EndpointRule.objects.all().delete()
+    Exemption.objects.all().delete()  # they were left out of the file
     assert not TierAssignment.objects.exists()
     output = run("import", str(path))
 
@@ -683,3 +697,364 @@ def test_an_import_redis_cannot_publish_says_the_workers_apply_it_late(
     )
     assert out.getvalue().splitlines()[-1] == "Imported: 1 change."
     assert [limit.rate for limit in TierLimit.objects.filter(tier__slug="free")] == ["5/min"]
+
+
+def _import_text(tmp_path: Path, text: str, fmt: str = "json") -> None:
+    path = tmp_path / f"policy.{fmt}"
+    path.write_text(text, encoding="utf-8")
+    run("import", str(path))
+
+
+_TIER = '{"version": 1, "tiers": [{"slug": "t", "name": "T", %s"limits": [{"rate": "1/s"%s}]}]}'
+
+
+@pytest.mark.parametrize(
+    ("text", "fmt", "expected"),
+    [
+        # Django's to_python truncated 1.5 to a burst of 1 and read true as 1, silently.
+        (_TIER % ("", ', "burst": 1.5'), "json", "'t'.limits[0].burst: must be a whole number"),
+        (_TIER % ("", ', "burst": true'), "json", "'t'.limits[0].burst: must be a number, not"),
+        # int(inf): an OverflowError traceback.
+        (_TIER % ('"priority": 1e400, ', ""), "json", "'t'.priority: must be a finite number"),
+        # YAML reads an unquoted NO (Norway) as false: it became the region 'FALSE'.
+        (
+            "version: 1\ntiers:\n- slug: t\n  name: T\n  limits:\n  - rate: 1/s\n    regions: NO\n",
+            "yaml",
+            "'t'.limits[0].regions: must be text, not false (in YAML, quote it)",
+        ),
+        (
+            "version: 1\ntiers:\n- slug: t\n  name: 2026-01-01\n",
+            "yaml",
+            "'t'.name: must be text, not date 2026-01-01",
+        ),
+    ],
+)
+def test_a_value_of_the_wrong_kind_is_refused_not_converted(
+    tmp_path: Path, text: str, fmt: str, expected: str
+) -> None:
+    with pytest.raises(CommandError, match=r"Nothing was imported: tiers\[0\] " + _re(expected)):
+        _import_text(tmp_path, text, fmt)
+    assert not Tier.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # A lone surrogate failed the slug's lookup (not UTF-8) with a traceback; a NUL is
+        # text PostgreSQL refuses in any query.
+        (
+            '{"version": 1, "tiers": [{"slug": "\\ud800", "name": "T"}]}',
+            "tiers[0].slug: '\\ud800' holds a lone UTF-16 surrogate",
+        ),
+        (
+            '{"version": 1, "tiers": [{"slug": "t", "name": "A\\u0000B"}]}',
+            "tiers[0].name: 'A\\x00B' holds a NUL character",
+        ),
+        (
+            '{"version": 1, "assignments": [{"tier": "t", "user": "\\udfff"}]}',
+            "assignments[0].user: '\\udfff' holds a lone UTF-16 surrogate",
+        ),
+    ],
+)
+def test_text_no_database_stores_is_a_problem_not_a_traceback(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    with pytest.raises(CommandError, match="Nothing was imported: " + _re(expected)):
+        _import_text(tmp_path, text)
+    assert not Tier.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        (
+            {"tiers": [{"slug": "t", "name": "One"}, {"slug": "t", "name": "Two"}]},
+            "tiers[1] 't'.slug: tiers[0] has this slug too; write each tier once",
+        ),
+        (
+            {
+                "rules": [
+                    {"name": "r", "match_type": "scope", "pattern": "a"},
+                    {"name": "r", "match_type": "scope", "pattern": "b"},
+                ]
+            },
+            "rules[1] 'r'.name: rules[0] has this name too; write each rule once",
+        ),
+        (
+            {
+                "assignments": [
+                    {"tier": "free", "user": "alice"},
+                    {"tier": "pro", "user": "alice"},
+                ]
+            },
+            "assignments[1].user: assignments[0] assigns this user too",
+        ),
+    ],
+)
+def test_an_entry_written_twice_is_refused_not_overwritten(
+    tmp_path: Path, document: Any, expected: str
+) -> None:
+    """The second entry with a slug, name or user silently overwrote the first (the dry run
+    listed it as a change of the first)."""
+    tier("free", "1/s")
+    tier("pro", "2/s")
+    User.objects.create_user("alice")
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"version": 1, **document}))
+    for args in (("--dry-run",), ()):
+        with pytest.raises(CommandError, match="Nothing was imported: " + _re(expected)):
+            run("import", *args, str(path))
+    assert sorted(Tier.objects.values_list("slug", flat=True)) == ["free", "pro"]
+    assert not EndpointRule.objects.exists() and not TierAssignment.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "fmt", "expected"),
+    [
+        (
+            '{"version": 1, "tiers": [{"slug": "free", "name": "F", "slug": "pro"}]}',
+            "json",
+            "the key 'slug' is written twice in one object: keep one",
+        ),
+        (
+            "version: 1\ntiers:\n- slug: free\n  name: F\n  slug: pro\n",
+            "yaml",
+            "line 5: the key 'slug' is written twice in one mapping: keep one",
+        ),
+    ],
+)
+def test_a_key_written_twice_in_one_entry_is_refused(
+    tmp_path: Path, text: str, fmt: str, expected: str
+) -> None:
+    """JSON and PyYAML keep a repeated key's last value: the file made tier 'pro' and never
+    said so."""
+    with pytest.raises(CommandError, match=_re(expected)):
+        _import_text(tmp_path, text, fmt)
+    assert not Tier.objects.exists()
+
+
+def test_yaml_merge_keys_still_repeat_fields(tmp_path: Path) -> None:
+    _import_text(
+        tmp_path,
+        "version: 1\ntiers:\n- &base\n  slug: a\n  name: Same\n- <<: *base\n  slug: b\n",
+        "yaml",
+    )
+    assert sorted(Tier.objects.values_list("slug", "name")) == [("a", "Same"), ("b", "Same")]
+
+
+@pytest.mark.parametrize(
+    ("note", "expected"),
+    [
+        ("x" * 256, "assignments[0].note: Ensure this value has at most 255 characters"),
+        (None, "assignments[0].note: must not be null"),
+    ],
+)
+def test_an_assignment_is_validated_as_the_admin_validates_it(
+    tmp_path: Path, note: Any, expected: str
+) -> None:
+    """An assignment's note was saved unchecked: too long for its column (a database error
+    on PostgreSQL) or ``null`` saved as the text 'None'."""
+    tier("pro", "1/s")
+    User.objects.create_user("alice")
+    path = tmp_path / "policy.json"
+    assignment = {"tier": "pro", "user": "alice", "note": note}
+    path.write_text(json.dumps({"version": 1, "assignments": [assignment]}))
+    with pytest.raises(CommandError, match="Nothing was imported: " + _re(expected)):
+        run("import", str(path))
+    assert not TierAssignment.objects.exists()
+
+
+def test_a_change_of_whom_an_endpoint_limit_counts_is_shown(tmp_path: Path) -> None:
+    """The dry run showed ``5/min → 5/min`` for a limit moved from counting by IP address
+    to counting by username: it now says what changes, as the import then does."""
+    anonymous = tier("anonymous", "1/s")
+    rule = endpoint("login", "scope", "login")
+    EndpointLimit.objects.create(rule=rule, tier=anonymous, rate="5/min", counted_by="ip")
+    document = json.loads(run("export"))
+    document["rules"][0]["limits"][0]["counted_by"] = "username"
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(document))
+
+    change = "~ rule 'login' limit (anonymous): 5/min, counted by ip → 5/min, counted by username"
+    assert run("import", "--dry-run", str(path)).splitlines()[0] == change
+    assert run("import", str(path)).splitlines()[0] == change
+    assert EndpointLimit.objects.get().counted_by == "username"
+
+
+_DRF_RATES = {"anon": "3/min", "user": "5/minute", "export": "2/m", "unused": None}
+_DRF_CLASSES = [
+    "rest_framework.throttling.AnonRateThrottle",
+    "rest_framework.throttling.UserRateThrottle",
+    "rest_framework.throttling.ScopedRateThrottle",
+]
+
+
+def _through_drf_views(monkeypatch: pytest.MonkeyPatch, classes: list[Any]) -> Any:
+    """A function sending a list of (method, path) requests, as an anonymous client or as
+    a signed-in user (a new address and user each call), through the suite's DRF views
+    throttled by ``classes``; it returns each one's statuses."""
+    from django.core.cache import cache
+    from django.test import Client
+    from rest_framework.throttling import SimpleRateThrottle
+    from rest_framework.views import APIView
+
+    # DRF binds both when it is imported; the views read them on each request.
+    monkeypatch.setattr(APIView, "throttle_classes", classes)
+    monkeypatch.setattr(SimpleRateThrottle, "THROTTLE_RATES", _DRF_RATES)
+    cache.clear()
+    calls = iter(range(1, 100))
+
+    def send(requests: list[tuple[str, str]], signed_in: bool) -> list[int]:
+        call = next(calls)
+        client = Client(REMOTE_ADDR=f"198.51.100.{call}")
+        if signed_in:
+            client.force_login(User.objects.get_or_create(username=f"drf-{call}")[0])
+        return [getattr(client, method)(path).status_code for method, path in requests]
+
+    return send
+
+
+def test_a_policy_from_drf_limits_as_drf_did(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """The same requests through DRF's own throttles and through ``PolicyThrottle`` with the
+    converted policy get the same answers (anonymous: 3/min, and 5/min from
+    UserRateThrottle; users 5/min; the ``export`` scope 2/min for both), but for the one
+    difference the migration guide names: a request one limit refuses uses up no other (DRF
+    counts it against every throttle that let it through)."""
+    # Imported before the settings change: APIView reads its throttle classes on import.
+    from rest_framework.throttling import AnonRateThrottle, ScopedRateThrottle, UserRateThrottle
+
+    import tests.urls  # noqa: F401  (the views, and so APIView)
+    from django_throttle.drf import PolicyThrottle
+
+    settings.REST_FRAMEWORK = {
+        "DEFAULT_THROTTLE_CLASSES": _DRF_CLASSES,
+        "DEFAULT_THROTTLE_RATES": _DRF_RATES,
+    }
+
+    export, ping = ("post", "/api/export/"), ("get", "/api/ping/")
+    anonymous = [export, export, ping, ping, export]
+    signed_in = [export, export, ping, ping, ping, ping]
+    refused_export_then_pings = [export, export, export, ping, ping, ping]
+
+    send = _through_drf_views(monkeypatch, [AnonRateThrottle, UserRateThrottle, ScopedRateThrottle])
+    drf = (send(anonymous, False), send(signed_in, True), send(refused_export_then_pings, True))
+
+    run("from-drf", "--apply")
+    send = _through_drf_views(monkeypatch, [PolicyThrottle])
+    ours = (send(anonymous, False), send(signed_in, True), send(refused_export_then_pings, True))
+
+    assert drf[:2] == ours[:2] == ([202, 202, 200, 429, 429], [202, 202, 200, 200, 200, 429])
+    assert drf[2] == [202, 202, 429, 200, 200, 429]  # the refused export used up a request
+    assert ours[2] == [202, 202, 429, 200, 200, 200]
+
+
+def test_exemptions_are_in_the_file_and_pruned_like_assignments(tmp_path: Path) -> None:
+    """Exemptions were never exported: a policy moved to another site lost its office
+    network and uptime monitor, and ``--prune`` left exemptions the file did not list."""
+    seed()
+    exported = json.loads(run("export"))
+    assert exported["exemptions"] == [
+        {"network": "203.0.113.0/24", "note": "office"},
+        {"user": "monitor"},
+        {"group": "staff", "note": "ours"},
+    ]
+    assert "exemptions" not in json.loads(run("export", "--no-assignments"))
+
+    exported["exemptions"][0] = {"network": "203.0.113.7/24", "note": "HQ"}  # the same network
+    del exported["exemptions"][1]
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(exported))
+    changes = [
+        "~ exemption of network '203.0.113.0/24': note: 'office' → 'HQ'",
+        "- exemption of user 'monitor'",
+    ]
+    assert run("import", "--prune", "--dry-run", str(path)).splitlines()[:-1] == changes
+    assert run("import", "--prune", str(path)).splitlines()[:-1] == changes
+    assert sorted(map(str, Exemption.objects.all())) == ["group staff", "network 203.0.113.0/24"]
+    assert "No changes" in run("import", "--prune", str(path))
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ({"network": "203.0.113.999"}, "exemptions[1].network: '203.0.113.999' is not an IP"),
+        ({"user": "ghost"}, "exemptions[1].user: no user 'ghost' in the database"),
+        ({"group": "staff", "user": "alice"}, "exemptions[1]: give exactly one of network, user"),
+        ({"network": "198.51.100.0/24", "why": "x"}, "exemptions[1]: unknown field 'why'"),
+        ({"network": "198.51.100.9/24"}, "exemptions[1].network: exemptions[0] exempts this"),
+        ({"network": ["198.51.100.0/24"]}, "exemptions[1].network: must be one value"),
+    ],
+)
+def test_a_bad_exemption_is_refused_naming_its_field(
+    tmp_path: Path, entry: Any, expected: str
+) -> None:
+    User.objects.create_user("alice")
+    Group.objects.create(name="staff")
+    document = {"version": 1, "exemptions": [{"network": "198.51.100.0/24"}, entry]}
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(CommandError, match="Nothing was imported: " + _re(expected)):
+        run("import", str(path))
+    assert not Exemption.objects.exists()
+
+
+@pytest.mark.parametrize("action", ["export", "from-drf"])
+def test_an_output_file_that_cannot_be_written_is_one_line(tmp_path: Path, action: str) -> None:
+    """``-o`` into a missing folder or onto a directory was a FileNotFoundError or
+    IsADirectoryError traceback."""
+    tier("free", "1/s")
+    rest_framework = {"DEFAULT_THROTTLE_RATES": {"anon": "1/s"}}
+    for output in (tmp_path / "missing" / "policy.json", tmp_path):
+        with (
+            override_settings(REST_FRAMEWORK=rest_framework),
+            pytest.raises(CommandError, match=f"^Cannot write {_re(str(output))}: ") as caught,
+        ):
+            run(action, "-o", str(output))
+        assert "\n" not in str(caught.value)
+
+
+def test_pruning_a_tier_lists_the_rows_deleted_with_it(tmp_path: Path) -> None:
+    """``--prune`` listed only ``- tier 'pro'``: its endpoint limits in the rules the file
+    keeps, and the users and groups assigned to it, went without a line (a file exported
+    with ``--no-assignments`` has no assignments to compare)."""
+    seed()
+    document = json.loads(run("export", "--no-assignments"))
+    document["tiers"] = [t for t in document["tiers"] if t["slug"] != "pro"]
+    for rule in document["rules"]:
+        rule["limits"] = [limit for limit in rule["limits"] if limit["tier"] != "pro"]
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(document))
+    changes = [
+        "- tier 'pro'",
+        "- rule 'search' limit (pro): 50/min",
+        "- assignment of user 'alice'",
+        "- assignment of group 'partners'",
+    ]
+
+    assert run("import", "--prune", "--dry-run", str(path)).splitlines()[:-1] == changes
+    assert run("import", "--prune", str(path)).splitlines()[:-1] == changes
+    assert not TierAssignment.objects.exists()
+    assert not EndpointLimit.objects.filter(tier__slug="pro").exists()
+
+
+def test_a_field_of_the_wrong_shape_hides_no_other_problem_of_its_entry(tmp_path: Path) -> None:
+    """Once one column of an entry held a list or a null, the entry's other columns went
+    unchecked: the next import found them, one round at a time."""
+    entry = {
+        "slug": "t",
+        "name": ["T"],
+        "priority": "high",
+        "limits": [{"rate": "1/s", "timezone": None, "burst": "x"}],
+    }
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"version": 1, "tiers": [entry]}))
+    with pytest.raises(CommandError) as caught:
+        run("import", str(path))
+    assert str(caught.value).splitlines()[1:] == [
+        "  tiers[0] 't'.name: must be one value, not a list",
+        "  tiers[0] 't'.priority: “high” value must be an integer.",
+        "  tiers[0] 't'.limits[0].timezone: must not be null (write \"\" for none)",
+        "  tiers[0] 't'.limits[0].burst: “x” value must be an integer.",
+    ]

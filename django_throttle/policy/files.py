@@ -1,5 +1,5 @@
-"""Policies as files: export the admin's tiers, endpoint rules, assignments and service
-protection (the load shedder's one row, a ``protection`` mapping) to a document
+"""Policies as files: export the admin's tiers, endpoint rules, assignments, exemptions and
+service protection (the load shedder's one row, a ``protection`` mapping) to a document
 (JSON or YAML) and import one back, so a policy can live in version control and move from
 staging to production.
 
@@ -8,10 +8,10 @@ key; limits are written under their tier or rule. Fields are read from the model
 added by a later migration is exported and imported without changes here.
 
 An import is one transaction: the document's shape is checked first, then its sections are
-applied in order (tiers, rules, assignments), matched by natural keys; tiers and rules the
-document does not name are kept unless pruning. Every entry is validated with the admin's own
-rules, and a single problem refuses the whole file, having written nothing, with a message
-naming the entry and field. Every problem is listed, in the order the file writes what it
+applied in order (tiers, rules, assignments, exemptions), matched by natural keys; tiers and
+rules the document does not name are kept unless pruning. Every entry is validated with the
+admin's own rules, and a single problem refuses the whole file, having written nothing, with a
+message naming the entry and field. Every problem is listed, in the order the file writes what it
 names: a tier whose own fields are wrong still has its limits checked, and an unknown field
 stops nothing else. ``dry_run`` runs the same code and rolls back.
 
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +49,15 @@ from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
 
-from django_throttle.models import EndpointLimit, EndpointRule, Protection, Tier, TierAssignment
+from django_throttle.models import (
+    EndpointLimit,
+    EndpointRule,
+    Exemption,
+    Protection,
+    Tier,
+    TierAssignment,
+)
+from django_throttle.models.exemptions import parse_network
 from django_throttle.rates import MAX_LOG_COUNT, Algorithm
 
 #: The document's ``version``; an import refuses any other.
@@ -128,9 +137,19 @@ def load(text: str, fmt: str) -> Any:
         if values > MAX_VALUES:
             raise PolicyFileError([_TOO_BIG])
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise PolicyFileError([f"not valid JSON: {exc}"]) from exc
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refused when it writes a key twice: ``json`` keeps the last value, so
+    ``{"slug": "free", "slug": "pro"}`` would silently write tier ``pro``."""
+    document = dict(pairs)
+    if len(document) < len(pairs):
+        twice = next(key for i, (key, _) in enumerate(pairs) if key in dict(pairs[:i]))
+        raise PolicyFileError([f"the key {twice!r} is written twice in one object: keep one"])
+    return document
 
 
 def _load_yaml(text: str) -> Any:
@@ -182,6 +201,7 @@ def _measure(node: Any, known: dict[int, tuple[int, int] | None]) -> tuple[int, 
     children = node.value if node.id == "sequence" else []
     if node.id == "mapping":
         children = [part for pair in node.value for part in pair]
+        _check_keys(node)
     size, height = 1, 1
     for child in children:
         child_size, child_height = _measure(child, known)
@@ -191,6 +211,24 @@ def _measure(node: Any, known: dict[int, tuple[int, int] | None]) -> tuple[int, 
             raise PolicyFileError([_TOO_BIG])
     known[key] = (size, height)
     return size, height
+
+
+def _check_keys(node: Any) -> None:
+    """Refuse a YAML mapping writing one key twice (PyYAML keeps the last value, so a tier
+    written ``slug: free`` then ``slug: pro`` would silently become ``pro``), naming its
+    line. Merge keys (``<<``) are YAML's own way to repeat, and left alone."""
+    seen: set[tuple[str, str]] = set()
+    for key, _ in node.value:
+        if key.id != "scalar" or key.tag == "tag:yaml.org,2002:merge":
+            continue
+        if (key.tag, key.value) in seen:
+            raise PolicyFileError(
+                [
+                    f"line {key.start_mark.line + 1}: the key {key.value!r} is written twice "
+                    "in one mapping: keep one"
+                ]
+            )
+        seen.add((key.tag, key.value))
 
 
 def _yaml() -> Any:
@@ -316,19 +354,50 @@ def _shape_problems(row: Any) -> dict[str, list[str]]:
             problems[f.name] = [f"must not be null{empty}"]
         elif value == "" and not f.empty_strings_allowed:
             problems[f.name] = ["must not be empty" + (" (write null for none)" if f.null else "")]
+        elif value is not None and (problem := _type_problem(f, value)) is not None:
+            problems[f.name] = [problem]
     return problems
+
+
+def _type_problem(f: models.Field[Any, Any], value: Any) -> str | None:
+    """Why ``value`` is not of ``f``'s kind as a file writes it (``None`` when it is).
+
+    Django's ``to_python`` converts what it can, which a file's value must not rely on: it
+    truncates ``1.5`` to a burst of 1, reads ``true`` as 1, turns YAML's unquoted ``NO`` (the
+    boolean ``false``, meant as Norway's region code) into the region ``'FALSE'`` and a YAML
+    date into text, and fails with a traceback on ``1e400`` (infinity) for a whole number."""
+    if isinstance(f, models.IntegerField | models.FloatField):
+        if isinstance(value, bool):
+            return f"must be a number, not {json.dumps(value)}"
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"must be a finite number, not {value!r}"
+        if isinstance(f, models.IntegerField) and isinstance(value, float) and value % 1:
+            return f"must be a whole number, not {value!r}"
+    elif isinstance(f, models.CharField | models.TextField):
+        # A number is read as its text, as the column saves it (region 44, slug 2024).
+        if isinstance(value, bool):  # YAML's unquoted yes, no, on, off (NO: Norway)
+            return f"must be text, not {json.dumps(value)} (in YAML, quote it)"
+        if not isinstance(value, str | int | float):  # a YAML date, say
+            return f"must be text, not {type(value).__name__} {value} (quote it)"
+    return None
 
 
 def _valid(state: Import, where: str, row: Any, exclude: Sequence[str] = ()) -> bool:
     """Note ``row``'s problems as the admin finds them (``exclude``: fields not checked);
     whether it has none."""
     problems = _shape_problems(row)
-    if not problems:
-        try:
-            row.full_clean(exclude=exclude)
-        except ValidationError as exc:
-            problems = {k: [str(m) for m in v] for k, v in exc.message_dict.items()}
-    if not problems:
+    try:
+        # The other fields are still checked, so one import lists every problem.
+        row.full_clean(exclude=[*exclude, *problems])
+    except ValidationError as exc:
+        for name, messages in exc.message_dict.items():
+            problems.setdefault(name, [str(m) for m in messages])
+    except (TypeError, ValueError, AttributeError, ArithmeticError):
+        # A check reading a column named above (a list, a null) fails on it: that column's
+        # problem is the one to fix first.
+        if not problems:
+            raise
+    if not problems and hasattr(row, "row_problems"):  # an assignment has no limit to build
         problems = {name: [message] for name, message in row.row_problems().items()}
     for name, messages in sorted(problems.items()):
         column = "" if name == "__all__" else f".{name}"
@@ -392,18 +461,29 @@ def sync_limits(
     # counters are re-timed rather than started afresh.
     plan = [(j, fields, new, take(new, False)) for j, fields, new in pending]
     for row in unmatched:
-        state.changes.append(Change("-", _limit_label(parent, row), str(row)))
+        state.changes.append(Change("-", _limit_label(parent, row), _limit_text(row)))
         row.delete()
     for j, fields, candidate, row in plan:
-        before = None if row is None else str(row)
+        before = None if row is None else _limit_text(row)
         row = candidate if row is None else _assign(row, fields)
         if not _valid(state, f"{where}.limits[{j}]", row):
             continue
         row.save()
         if before is None:
-            state.changes.append(Change("+", _limit_label(parent, row), str(row)))
+            state.changes.append(Change("+", _limit_label(parent, row), _limit_text(row)))
         else:
-            state.changes.append(Change("~", _limit_label(parent, row), f"{before} → {row}"))
+            change = f"{before} → {_limit_text(row)}"
+            state.changes.append(Change("~", _limit_label(parent, row), change))
+
+
+def _limit_text(row: Any) -> str:
+    """A limit row's values as a change shows them: an endpoint limit counted by IP address
+    or username says so (a change of whom it counts showed as ``5/min → 5/min``)."""
+    counted_by = getattr(row, "counted_by", EndpointLimit.CountedBy.CLIENT)
+    text = str(row)
+    return (
+        text if counted_by == EndpointLimit.CountedBy.CLIENT else f"{text}, counted by {counted_by}"
+    )
 
 
 def _limit_label(parent: Any, row: Any) -> str:
@@ -438,7 +518,7 @@ def repeats(rows: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
 
 
 #: Top-level sections, in the order they are written and applied.
-SECTIONS = ("tiers", "rules", "assignments")
+SECTIONS = ("tiers", "rules", "assignments", "exemptions")
 #: The sections of rows with limits: (model, natural key).
 _PARENTS: dict[str, tuple[type[models.Model], str]] = {
     "tiers": (Tier, "slug"),
@@ -458,6 +538,7 @@ def export_policy(*, assignments: bool = True) -> dict[str, Any]:
         ]
     if assignments:
         document["assignments"] = _export_assignments()
+        document["exemptions"] = _export_exemptions()
     protection = Protection.objects.order_by("pk").first()
     if protection is not None:
         document["protection"] = values(protection)
@@ -490,12 +571,30 @@ def _export_assignments() -> list[dict[str, str]]:
     return sorted(out, key=lambda e: (e.get("user", ""), e.get("group", "")))
 
 
+def _export_exemptions() -> list[dict[str, str]]:
+    """Who is never limited: networks (in their normal form), then users, then groups."""
+    username = get_user_model().USERNAME_FIELD
+    out = []
+    for row in Exemption.objects.select_related("user", "group"):
+        if row.user_id is not None:
+            entry = {"user": getattr(row.user, username)}
+        elif row.group_id is not None:
+            entry = {"group": row.group.name}
+        else:
+            entry = {"network": row.network}
+        if row.note:
+            entry["note"] = row.note
+        out.append(entry)
+    order = {"network": 0, "user": 1, "group": 2}
+    return sorted(out, key=lambda e: next((order[k], str(v)) for k, v in e.items()))
+
+
 def import_policy(document: Any, *, dry_run: bool = False, prune: bool = False) -> list[Change]:
     """Make the database hold ``document``'s policy; return what changed.
 
     Tiers and rules are matched by slug and name; those the document does not name are kept,
-    unless ``prune`` (then deleted, as are assignments when the document has an
-    ``assignments`` section). Raises :class:`PolicyFileError` with every problem found, having
+    unless ``prune`` (then deleted, as are assignments and exemptions when the document has
+    those sections). Raises :class:`PolicyFileError` with every problem found, having
     written nothing; with ``dry_run`` the changes are computed and rolled back.
     """
     _check_shape(document)
@@ -506,6 +605,8 @@ def import_policy(document: Any, *, dry_run: bool = False, prune: bool = False) 
             _import_parents(state, section, document.get(section, []))
         if "assignments" in document:
             _import_assignments(state, document["assignments"])
+        if "exemptions" in document:
+            _import_exemptions(state, document["exemptions"])
         if "protection" in document:
             _import_protection(state, document["protection"])
         if state.problems:
@@ -519,7 +620,7 @@ def import_policy(document: Any, *, dry_run: bool = False, prune: bool = False) 
 def _check_shape(document: Any) -> None:
     if not isinstance(document, Mapping):
         raise PolicyFileError(["the document must be a mapping with 'version' and sections"])
-    problems = []
+    problems = list(_unstorable_text(document, ""))
     if document.get("version") != FORMAT_VERSION:
         problems.append(f"version: must be {FORMAT_VERSION}, not {document.get('version')!r}")
     unknown = sorted(set(document) - {"version", *SECTIONS, "protection"})
@@ -542,6 +643,33 @@ def _check_shape(document: Any) -> None:
                 problems.append(f"{section}[{i}]: must be a mapping, not {type(entry).__name__}")
     if problems:
         raise PolicyFileError(problems)
+
+
+def _unstorable_text(value: Any, path: str) -> Iterator[str]:
+    """A problem for each text in ``value`` (keys too) that no database stores and no
+    lookup may send: a NUL character (PostgreSQL refuses it), or a lone UTF-16 surrogate (a
+    JSON ``\\ud800`` escape without its pair: not UTF-8). Such text failed a query or a
+    save with a traceback; the admin's form refuses it."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            yield f"{path or 'the document'}: {value!r} holds a NUL character (\\x00)"
+        elif not _encodes(value):
+            yield f"{path or 'the document'}: {value!r} holds a lone UTF-16 surrogate"
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _unstorable_text(key, f"{path}: a key" if path else "a key")
+            yield from _unstorable_text(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _unstorable_text(item, f"{path}[{i}]")
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _import_protection(state: Import, entry: Mapping[str, Any]) -> None:
@@ -575,8 +703,16 @@ def _hand_over_defaults(state: Import, entries: list[Mapping[str, Any]]) -> None
 def _import_parents(state: Import, section: str, entries: list[Mapping[str, Any]]) -> None:
     """Tiers or endpoint rules, each with its limits; a rule's limits name their tier."""
     model, key = _PARENTS[section]
+    seen: dict[Any, int] = {}
     for i, entry in enumerate(entries):
         where = f"{section}[{i}] {entry.get(key)!r}"
+        if (earlier := _seen_before(seen, entry.get(key), i)) is not None:
+            # The second entry would silently overwrite the first: say which to keep.
+            state.problems.append(
+                f"{where}.{key}: {section}[{earlier}] has this {key} too; write each "
+                f"{'tier' if model is Tier else 'rule'} once"
+            )
+            continue
         first = len(state.problems)
         own, limits = split(state, where, model, entry)
         desired: Iterable[tuple[int, Mapping[str, Any]]] = ()
@@ -595,12 +731,36 @@ def _import_parents(state: Import, section: str, entries: list[Mapping[str, Any]
         named = {str(entry.get(key)) for entry in entries}
         for row in model._default_manager.exclude(**{f"{key}__in": named}):
             state.changes.append(Change("-", label(row)))
+            if isinstance(row, Tier):
+                state.changes.extend(_going_with(row))
             row.delete()
+
+
+def _going_with(tier: Tier) -> Iterator[Change]:
+    """The rows deleting ``tier`` deletes with it: its endpoint limits in every rule and
+    who was assigned to it (those users fall back to the default tier), so the list of
+    changes says what an import deletes, not only the tier."""
+    for limit in tier.endpoint_limits.select_related("rule", "tier").order_by("rule__name", "pk"):
+        yield Change("-", _limit_label(limit.rule, limit), _limit_text(limit))
+    for assignment in tier.assignments.select_related("user", "group").order_by("pk"):
+        kind = "user" if assignment.user_id is not None else "group"
+        yield Change("-", f"assignment of {kind} {str(getattr(assignment, kind))!r}")
 
 
 #: What a problem of an entry names after the entry's own ``where``: a limit (its index)
 #: and a field; neither for one about the entry as a whole.
 _NAMED = re.compile(r"(?:\.limits\[(\d+)\])?(?:\.(\w+))?")
+
+
+def _seen_before(seen: dict[Any, int], key: Any, index: int) -> int | None:
+    """The index of the entry before ``index`` with natural key ``key`` (noting ``key`` as
+    ``index``'s when it is the first). A key that is not text (a list) is left to the
+    entry's own checks."""
+    try:
+        earlier = seen.setdefault(key, index)
+    except TypeError:  # unhashable: its field's check names it
+        return None
+    return None if earlier == index else earlier
 
 
 def _in_file_order(problems: list[str], where: str, entry: Mapping[str, Any]) -> list[str]:
@@ -642,8 +802,8 @@ def _with_tiers(
 
 
 def _import_assignments(state: Import, entries: list[Mapping[str, Any]]) -> None:
-    user_model = get_user_model()
     wanted: set[tuple[str, Any]] = set()
+    seen: dict[Any, int] = {}
     for i, entry in enumerate(entries):
         where = f"assignments[{i}]"
         unknown = sorted(set(entry) - {"tier", "user", "group", "note"})
@@ -658,24 +818,30 @@ def _import_assignments(state: Import, entries: list[Mapping[str, Any]]) -> None
             continue
         kind = "user" if "user" in entry else "group"
         name = entry[kind]
-        who: Any = (
-            user_model._default_manager.filter(**{user_model.USERNAME_FIELD: name}).first()
-            if kind == "user"
-            else Group.objects.filter(name=name).first()
-        )
+        who = _who(state, f"{where}.{kind}", kind, name)
         if who is None:
-            state.problems.append(f"{where}.{kind}: no {kind} {name!r} in the database")
+            continue
+        if (earlier := _seen_before(seen, (kind, who.pk), i)) is not None:
+            state.problems.append(
+                f"{where}.{kind}: assignments[{earlier}] assigns this {kind} too; "
+                "a user or group is in one tier: write it once"
+            )
             continue
         wanted.add((kind, who.pk))
         row = TierAssignment.objects.filter(**{kind: who}).first()
-        note = str(entry.get("note", ""))
+        before = None if row is None else (row.tier, row.note)
+        row = row or TierAssignment(**{kind: who})
+        # Validated as the admin validates it: a note too long for its column, or not text,
+        # is a problem here rather than a database error (or a note of 'None') at the save.
+        row.tier, row.note = tier, entry.get("note", "")
+        if not _valid(state, where, row):
+            continue
         label = f"assignment of {kind} {name!r}"
-        if row is None:
-            TierAssignment.objects.create(tier=tier, note=note, **{kind: who})
+        if before is None:
+            row.save()
             state.changes.append(Change("+", label, f"tier {tier.slug!r}"))
-        elif row.tier_id != tier.pk or row.note != note:
-            detail = f"tier {row.tier.slug!r} → {tier.slug!r}" if row.tier_id != tier.pk else ""
-            row.tier, row.note = tier, note
+        elif before != (tier, row.note):
+            detail = f"tier {before[0].slug!r} → {tier.slug!r}" if before[0] != tier else ""
             row.save()
             state.changes.append(Change("~", label, detail or "note"))
     if state.prune:
@@ -686,6 +852,90 @@ def _import_assignments(state: Import, entries: list[Mapping[str, Any]]) -> None
                     Change("-", f"assignment of {kind} {str(getattr(row, kind))!r}")
                 )
                 row.delete()
+
+
+def _who(state: Import, where: str, kind: str, name: Any) -> Any:
+    """The user (by username) or group (by name) ``name`` names; else a problem at
+    ``where``."""
+    user_model = get_user_model()
+    who: Any = (
+        user_model._default_manager.filter(**{user_model.USERNAME_FIELD: name}).first()
+        if kind == "user"
+        else Group.objects.filter(name=name).first()
+    )
+    if who is None:
+        state.problems.append(f"{where}: no {kind} {name!r} in the database")
+    return who
+
+
+_EXEMPT = ("network", "user", "group")
+
+
+def _import_exemptions(state: Import, entries: list[Mapping[str, Any]]) -> None:
+    """Who is never limited, each entry one network, user or group with an optional note,
+    validated as the admin validates it (a network is kept in its normal form, so
+    ``203.0.113.7/24`` matches the row of ``203.0.113.0/24``); with ``prune``, exemptions
+    the file does not list are deleted."""
+    kept: set[int] = set()
+    seen: dict[Any, int] = {}
+    for i, entry in enumerate(entries):
+        where = f"exemptions[{i}]"
+        problem = _unknown(where, set(entry) - {*_EXEMPT, "note"}, {*_EXEMPT, "note"})
+        kinds = [kind for kind in _EXEMPT if kind in entry]
+        if problem is not None or len(kinds) != 1:
+            state.problems.append(problem or f"{where}: give exactly one of {', '.join(_EXEMPT)}")
+            continue
+        (kind,) = kinds
+        name = entry[kind]
+        if kind == "network":
+            row = _exempt_network(name) or Exemption(network=name)
+            row.network = name
+        else:
+            who = _who(state, f"{where}.{kind}", kind, name)
+            if who is None:
+                continue
+            row = Exemption.objects.filter(**{kind: who}).first() or Exemption(**{kind: who})
+        before = row.note if row.pk is not None else None
+        row.note = entry.get("note", "")
+        if not _valid(state, where, row):  # normalises the network
+            continue
+        key = row.network or (kind, getattr(row, f"{kind}_id"))
+        if (earlier := _seen_before(seen, key, i)) is not None:
+            state.problems.append(
+                f"{where}.{kind}: exemptions[{earlier}] exempts this {kind} too: write it once"
+            )
+            continue
+        what = _exemption_label(row)
+        if before is None:
+            row.save()
+            state.changes.append(Change("+", what))
+        elif before != row.note:
+            row.save()
+            state.changes.append(Change("~", what, f"note: {before!r} → {row.note!r}"))
+        kept.add(row.pk)
+    if state.prune:
+        for row in Exemption.objects.exclude(pk__in=kept).select_related("user", "group"):
+            state.changes.append(Change("-", _exemption_label(row)))
+            row.delete()
+
+
+def _exemption_label(row: Exemption) -> str:
+    """An exemption as changes name it, as an assignment is named: its kind and who."""
+    if row.user_id is not None:
+        return f"exemption of user {getattr(row.user, get_user_model().USERNAME_FIELD)!r}"
+    if row.group_id is not None:
+        return f"exemption of group {row.group.name!r}"
+    return f"exemption of network {row.network!r}"
+
+
+def _exempt_network(text: Any) -> Exemption | None:
+    """The exemption row of the network ``text`` names, in its normal form (the admin keeps
+    that), if there is one."""
+    try:
+        network = str(parse_network(text))
+    except (ValueError, TypeError, AttributeError):  # the row's validation names the problem
+        return None
+    return Exemption.objects.filter(network=network).first()
 
 
 def _tier(state: Import, where: str, slug: Any) -> Tier | None:

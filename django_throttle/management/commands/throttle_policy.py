@@ -41,7 +41,10 @@ UNPUBLISHED = 3
 
 
 class Command(BaseCommand):
-    help = "Export, import or convert throttle policies (tiers, endpoint rules, assignments)."
+    help = (
+        "Export, import or convert throttle policies (tiers, endpoint rules, assignments, "
+        "exemptions)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -51,7 +54,10 @@ class Command(BaseCommand):
         export.add_argument(
             "--no-assignments",
             action="store_true",
-            help="leave out who is in which tier (users and groups differ between sites)",
+            help=(
+                "leave out who is in which tier and who is exempt (users and groups differ "
+                "between sites)"
+            ),
         )
         load_ = actions.add_parser("import", help="make the database hold a policy file")
         load_.add_argument("file", help="a policy file, or - for standard input")
@@ -123,7 +129,10 @@ class Command(BaseCommand):
 
     def _write(self, text: str, output: str | None) -> None:
         if output:
-            Path(output).write_text(text, encoding="utf-8")
+            try:
+                Path(output).write_text(text, encoding="utf-8")
+            except OSError as exc:  # a missing folder, a directory, no permission
+                raise CommandError(f"Cannot write {output}: {exc.strerror or exc}") from exc
             self.stderr.write(f"Wrote {output}")
         else:
             self.stdout.write(text, ending="")
@@ -143,7 +152,10 @@ def _changes(parser: CommandParser) -> None:
     parser.add_argument(
         "--prune",
         action="store_true",
-        help="also delete tiers, rules (and assignments, when the file has them) not in it",
+        help=(
+            "also delete tiers, rules (and assignments and exemptions, when the file has "
+            "them) not in it"
+        ),
     )
 
 
