@@ -113,6 +113,30 @@ def test_tier_with_limits_is_saved(admin_client: Client) -> None:
 
 
 @pytest.mark.parametrize(
+    ("url", "form"),
+    [
+        ("admin:django_throttle_tier_add", tier_form),
+        ("admin:django_throttle_endpointrule_add", rule_form),
+    ],
+)
+def test_a_tampered_row_count_draws_at_most_the_inlines_bound(
+    admin_client: Client, url: str, form: Any
+) -> None:
+    """A form posting 99,999,999 limit rows: Django drew up to 1,000 of them, each with its
+    time-zone list (a minute, 10 MB); now at most ``MAX_LIMIT_ROWS``, and nothing is saved."""
+    from django_throttle.admin.base import MAX_LIMIT_ROWS
+
+    data = form() | inline([limit_row("5/s")])
+    data["limits-TOTAL_FORMS"] = "99999999"
+    response = admin_client.post(reverse(url), data)
+
+    assert response.status_code == 200
+    assert f"Please submit at most {MAX_LIMIT_ROWS} forms." in response.content.decode()
+    assert len(response.context["inline_admin_formsets"][0].formset.forms) <= MAX_LIMIT_ROWS
+    assert not TierLimit.objects.exists() and not EndpointLimit.objects.exists()
+
+
+@pytest.mark.parametrize(
     ("rate", "message"),
     [
         (

@@ -394,6 +394,10 @@ class EndpointRuleForm(forms.ModelForm):  # type: ignore[type-arg]
                 self.warnings.append(_below_costs(limit.tier.name, limit, capacity, rule, fix))
 
 
+#: Most limit rows of one tier or endpoint rule the admin takes (:class:`LimitInline`).
+MAX_LIMIT_ROWS = 100
+
+
 class LimitInline(admin.TabularInline):  # type: ignore[type-arg]
     """A limit row: rate and algorithm, then the burst (bucket algorithms), the delay and
     longest wait (GCRA) or the time zone (calendar quota); ``limit_fields.js`` hides what the
@@ -402,6 +406,15 @@ class LimitInline(admin.TabularInline):  # type: ignore[type-arg]
     form = LimitForm
     fields = ["rate", "algorithm", "burst", "delay", "max_wait", "timezone", "regions"]
     extra = 1
+    #: Most limit rows one tier or rule shows and saves: far more than a policy uses (a
+    #: window per period, per region), and a bound on what a form whose row count was
+    #: tampered with makes the server draw (Django's own bound, 1,000 rows, each with its
+    #: time-zone list, took a minute).
+    max_num = MAX_LIMIT_ROWS
 
     class Media:
         js = ["django_throttle/limit_fields.js"]
+
+    def get_formset(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> Any:
+        kwargs.setdefault("absolute_max", MAX_LIMIT_ROWS)
+        return super().get_formset(request, obj, **kwargs)
