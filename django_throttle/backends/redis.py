@@ -106,8 +106,9 @@ logger = logging.getLogger("django_throttle.backends")
 POLICY_VERSION_TTL = 30 * 86400
 #: Each bump moves the policy version by a random step below this: a counter from 1 would
 #: repeat the count a worker last read once Redis restarts empty (or loses the key), and that
-#: worker would take the next edit for the policy it has.
-POLICY_VERSION_STEP = 2**40
+#: worker would take the next edit for the policy it has (now a 1 in 2**32 chance). Small
+#: enough that Redis's 64-bit counter never overflows: 2**31 bumps of the largest step.
+POLICY_VERSION_STEP = 2**32
 #: The load shedders' limit ids: a decision denied by one of them was shed (see Tally.add).
 SHEDDERS = (FLEET, WORKER)
 #: Keys asked of each SCAN step, and so at most this many per retime script call.
