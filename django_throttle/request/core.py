@@ -73,7 +73,7 @@ from django.utils.translation import gettext, ngettext
 
 from django_throttle import events
 from django_throttle.backends import ArgumentRefused, BackendError, get_backend
-from django_throttle.backends.base import NodeUnavailable
+from django_throttle.backends.base import NodeUnavailable, maybe_leased
 from django_throttle.backends.redis import IF_DENIED
 from django_throttle.backends.redis_nodes import get_breaker
 from django_throttle.conf import FAILURE_STATUS, UNKNOWN_CLIENT, app_settings
@@ -326,6 +326,7 @@ def call_backend(call: Call) -> Any:
             backend = get_backend()
             reply = call.send(backend)
     except BackendError as exc:
+        leases.abandon(maybe_leased(exc))  # slots the call may have taken, given back
         return exc
     # Plain attributes, read without a call: this runs on every request.
     if usage.pending or getattr(getattr(backend, "usage_tally", None), "waiting", False):
@@ -342,7 +343,11 @@ async def acall_backend(call: Call) -> Any:
             backend = get_backend()
             reply = await call.asend(backend)
     except BackendError as exc:
+        leases.abandon(maybe_leased(exc))  # slots the call may have taken, given back
         return exc
+    except asyncio.CancelledError as exc:  # the client went away while Redis counted
+        leases.abandon(maybe_leased(exc))
+        raise
     if usage.pending or getattr(getattr(backend, "usage_tally", None), "waiting", False):
         usage.push_soon()
     return reply

@@ -87,6 +87,18 @@ def hold(
         keeper().keep(request, held)
 
 
+def abandon(found: Sequence[tuple[str, Sequence[Limit], str]]) -> None:
+    """Give back, by id and off the request path (the keeper's thread does), the slots a
+    counting call may have taken before it failed or was cancelled (``found``: its
+    (client, limits, lease id), see :func:`~django_throttle.backends.base.note_lease`):
+    nobody else knows their lease id, so they would stay taken until their lease ends.
+    A lease the call never took releases nothing."""
+    for client, limits, lease in found:
+        held = tuple(limit for limit in limits if limit.algorithm == Algorithm.CONCURRENCY)
+        if held:
+            keeper().abandon(Held(client, held, lease))
+
+
 def count(request: Any) -> int:
     """How many slots ``request`` holds now (a guard gives back only those it took)."""
     return len(getattr(request, ATTRIBUTE, ()))
@@ -269,14 +281,25 @@ class Keeper:
                 finalizer = weakref.finalize(owner, self._orphans.append, one)
                 finalizer.atexit = False  # at exit the process's leases end by themselves
                 self._finalizers[one] = finalizer
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="django-throttle-leases", daemon=True
-                )
-                self._thread.start()
+            self._start()
             count = len(self._due)
         self._wake.set()
         self._announce(count)
+
+    def abandon(self, held: Held) -> None:
+        """Give ``held`` back from this thread, soon (see :func:`abandon`)."""
+        self._orphans.append(held)
+        with self._lock:
+            self._start()
+        self._wake.set()
+
+    def _start(self) -> None:
+        """Start this process's thread unless it runs (called under the lock)."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="django-throttle-leases", daemon=True
+            )
+            self._thread.start()
 
     def forget(self, held: Held) -> None:
         """Stop renewing ``held`` (given back, or its lease ended)."""
