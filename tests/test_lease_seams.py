@@ -3,11 +3,16 @@ given back exactly once, whatever ends it.
 
 - A counting call that Redis ran but whose reply never came (a timeout, the client gone while
   the call was awaited) took a concurrency slot under a lease id only that call knew: it is
-  given back by id, not held until its lease ends, refusing the client meanwhile."""
+  given back by id, not held until its lease ends, refusing the client meanwhile.
+- A request refused because this process's places for waiting requests were taken gives back
+  its tokens with its turn; under a rule counting only successes, the headers middleware does
+  not give them back a second time for the 429 (another request's token).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,9 +22,17 @@ from asgiref.sync import async_to_sync
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client
 from django.urls import path
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from django_throttle.backends import redis_nodes as breaker_module
 from django_throttle.decorators import throttle
+from django_throttle.models import EndpointLimit
+from django_throttle.policy import live as policy
+from django_throttle.request import core
+from tests.factories import endpoint, tier
 from tests.faultproxy import FaultProxy
 from tests.redis_servers import RedisServer
 
@@ -36,9 +49,29 @@ async def one_at_a_time_async(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok")
 
 
+class SuccessesApi(APIView):
+    permission_classes = [AllowAny]
+
+    def get(self, request: Request) -> Response:
+        return Response({"ok": True})
+
+
+@throttle(scope="successes")
+def successes_view(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+@throttle(scope="successes-async")
+async def successes_view_async(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
 urlpatterns = [
     path("one/", one_at_a_time),
     path("one-async/", one_at_a_time_async),
+    path("api/successes/", SuccessesApi.as_view(), name="successes-api"),
+    path("successes/", successes_view),
+    path("successes-async/", successes_view_async),
 ]
 
 
@@ -144,3 +177,52 @@ def test_a_request_cancelled_while_redis_counts_gives_its_slot_back(
     proxy.set_mode("pass")
     wait_for(lambda: held_slots(redis_process) == 0, "the slot the cancelled call took given back")
     assert get("/one-async/").status_code == 200
+
+
+# -- a turn refused by the cap of waiting requests, under a rule counting successes -----------
+
+
+def successes_rule(match_type: str, pattern: str) -> None:
+    """At most one request a minute, four queued; only successes count."""
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    rule = endpoint("successes", match_type, pattern)
+    rule.counts = "success"
+    rule.save()
+    EndpointLimit.objects.create(
+        rule=rule, tier=anonymous, rate="1/m", burst=4, algorithm="gcra", delay=0
+    )
+    policy.reset()
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("route", "match_type", "pattern"),
+    [
+        ("/api/successes/", "route", "successes-api"),
+        ("/successes/", "scope", "successes"),
+        ("/successes-async/", "scope", "successes-async"),
+    ],
+    ids=["drf", "decorator", "decorator-async"],
+)
+def test_a_turn_refused_by_the_cap_gives_its_tokens_back_once(
+    monkeypatch: pytest.MonkeyPatch, route: str, match_type: str, pattern: str
+) -> None:
+    """The refused request gave back its turn, and the headers middleware then gave its
+    reservation back again for the 429 (not a success): another request's token. Every
+    second request was then served at once, however far above its one a minute."""
+    successes_rule(match_type, pattern)
+    places = threading.BoundedSemaphore(1)
+    places.acquire()  # every place taken: a request that would wait is refused at once
+    monkeypatch.setattr(core, "_awaiting" if "async" in route else "_waiting", places)
+
+    async def send(count: int) -> list[int]:
+        client = AsyncClient(REMOTE_ADDR="203.0.113.78")
+        return [(await client.get(route)).status_code for _ in range(count)]
+
+    if "async" in route:
+        statuses = async_to_sync(send)(5)
+    else:
+        client = Client(REMOTE_ADDR="203.0.113.78")
+        statuses = [client.get(route).status_code for _ in range(5)]
+    assert statuses == [200, 429, 429, 429, 429]

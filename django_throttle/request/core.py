@@ -675,6 +675,7 @@ def counted_decision(
             planned.endpoint.name if planned.endpoint is not None else "",
             log_text(planned.client),
         )
+    reservation = None
     if planned.refunds and decision.allowed and planned.endpoint is not None:
         counts = planned.endpoint.counts
         if counts == "failures":
@@ -687,7 +688,9 @@ def counted_decision(
     if decision.wait:
         # What the request took, given back should it not wait for its turn after all.
         groups = ((planned.client, planned.limits), *planned.groups)
-        turn = Reservation("none", planned.cost, groups, decision.taken, local, planned.field)
+        turn = Reservation(
+            "none", planned.cost, groups, decision.taken, local, planned.field, reservation
+        )
         request.throttle_turn = turn
     return decision
 
@@ -804,6 +807,9 @@ def _skip_turn(request: Any) -> Steps[None]:
     if turn is None:
         return
     request.throttle_turn = None
+    if turn.settled is not None:  # its tokens come back with the turn's, not again later
+        reservations = getattr(request, "throttle_reservations", None) or []
+        request.throttle_reservations = [r for r in reservations if r is not turn.settled]
     refunds = _give_back(turn.groups, turn.cost, dict(turn.taken), "a turn of")
     if turn.local:
         run_locally(refunds)
@@ -991,6 +997,9 @@ class Reservation:
     local: bool = False
     #: The usage field the request is counted under (a turn's wait is counted there).
     field: str | None = None
+    #: A turn's: the reservation its check left for :func:`settling`, whose tokens giving
+    #: the turn back returns too (so it is taken off the request then: never given twice).
+    settled: Reservation | None = None
 
 
 @functools.cache
