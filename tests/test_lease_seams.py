@@ -4,6 +4,9 @@ given back exactly once, whatever ends it.
 - A counting call that Redis ran but whose reply never came (a timeout, the client gone while
   the call was awaited) took a concurrency slot under a lease id only that call knew: it is
   given back by id, not held until its lease ends, refusing the client meanwhile.
+- Under ASGI a sync view runs on in its thread when its client goes away (Django cancels the
+  request's task, but cannot stop a thread): its slot is held until the view ends, not given
+  back at the hang-up, or a client that hangs up at once could run any number of them.
 - A request refused because this process's places for waiting requests were taken gives back
   its tokens with its turn; under a rule counting only successes, the headers middleware does
   not give them back a second time for the 429 (another request's token).
@@ -12,13 +15,14 @@ given back exactly once, whatever ends it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client
 from django.urls import path
@@ -66,7 +70,30 @@ async def successes_view_async(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok")
 
 
+gate = threading.Event()
+entered = threading.Event()
+
+
+@throttle(rate="1/min", algorithm="concurrency", scope="lease-seams-blocking")
+def blocking_view(request: HttpRequest) -> HttpResponse:
+    entered.set()
+    gate.wait(10)
+    return HttpResponse("done")
+
+
+class BlockingApi(APIView):
+    permission_classes = [AllowAny]
+    throttle_scope = "blocking"
+
+    def get(self, request: Request) -> Response:
+        entered.set()
+        gate.wait(10)
+        return Response({"done": True})
+
+
 urlpatterns = [
+    path("blocking/", blocking_view),
+    path("api/blocking/", BlockingApi.as_view()),
     path("one/", one_at_a_time),
     path("one-async/", one_at_a_time_async),
     path("api/successes/", SuccessesApi.as_view(), name="successes-api"),
@@ -226,3 +253,44 @@ def test_a_turn_refused_by_the_cap_gives_its_tokens_back_once(
         client = Client(REMOTE_ADDR="203.0.113.78")
         statuses = [client.get(route).status_code for _ in range(5)]
     assert statuses == [200, 429, 429, 429, 429]
+
+
+# -- a sync view under ASGI whose client went away -------------------------------------------
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("route", ["/blocking/", "/api/blocking/"], ids=["decorator", "drf"])
+def test_a_sync_view_whose_client_went_away_holds_its_slot_until_it_ends(
+    proxy: FaultProxy, redis_process: RedisServer, route: str
+) -> None:
+    """The headers middleware gave the slot back when the task was cancelled, while the
+    view still ran in its thread: the client could start another at once."""
+    if route.startswith("/api/"):
+        anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+        endpoint("blocking", "scope", "blocking", limits={anonymous: "1/min"})
+        EndpointLimit.objects.filter(rule__name="blocking").update(algorithm="concurrency")
+        policy.reset()
+        policy.current()  # loaded here: the view's thread reads no database
+    gate.clear()
+    entered.clear()
+
+    async def gone() -> list[int]:
+        request = asyncio.ensure_future(AsyncClient(REMOTE_ADDR=CLIENT).get(route))
+        while not entered.is_set():
+            await asyncio.sleep(0.01)
+        request.cancel()  # the client went away; the view runs on in its thread
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(asyncio.shield(request), 0.3)
+        during = await sync_to_async(held_slots, thread_sensitive=False)(redis_process)
+        gate.set()  # the view ends
+        with contextlib.suppress(asyncio.CancelledError):
+            await request
+        return [during]
+
+    try:
+        (during,) = async_to_sync(gone)()
+    finally:
+        gate.set()
+    assert during == 1  # held while the view ran
+    wait_for(lambda: held_slots(redis_process) == 0, "the slot given back once the view ended")
