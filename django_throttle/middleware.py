@@ -64,18 +64,16 @@ class RateLimitHeadersMiddleware:
         busy = core.busy
         with busy.lock:
             busy.count += 1
-        running_on = False
         try:
             response = await self.get_response(request)
         except asyncio.CancelledError:
-            running_on = _runs_on(request)
+            if _runs_on(request):  # still served, its slots held, until the sync view ends
+                await sync_to_async(_view_ended, thread_sensitive=True)()
             raise
         finally:
             with busy.lock:
                 busy.count -= 1
             if getattr(request, leases.ATTRIBUTE, None):
-                if running_on:  # given back once the sync view has ended, not while it runs
-                    await sync_to_async(_view_ended, thread_sensitive=True)()
                 await leases.afinish(request, response)
         if getattr(request, "throttle_reservations", None):
             await core.asettle(request, response.status_code)
