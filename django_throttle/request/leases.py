@@ -17,7 +17,9 @@ behind a DRF view), the request's garbage collection hands it to the keeper, whi
 back: a slot is never held for longer than its request object lives.
 
 A slot that cannot be given back (Redis down) ends with its lease, within the period; a
-renewal that fails is tried again a third of the period later.
+renewal that fails is tried again a third of the period later. A counting call that failed
+or was cancelled once sent (a timeout, the client gone) may have taken slots under a lease id
+only it knew: the keeper gives them back by id (:func:`abandon`).
 """
 
 from __future__ import annotations
