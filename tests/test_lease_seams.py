@@ -182,27 +182,37 @@ def test_a_counting_call_that_timed_out_gives_its_slot_back(
 @pytest.mark.urls(__name__)
 @pytest.mark.django_db(transaction=True)
 def test_a_request_cancelled_while_redis_counts_gives_its_slot_back(
-    proxy: FaultProxy, redis_process: RedisServer
+    proxy: FaultProxy, redis_process: RedisServer, settings: Any
 ) -> None:
     """The client went away (Django's ASGI handler cancels the view) while the counting call
     was awaited: Redis took the slot, the lease id was lost with the await."""
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 5, "socket_connect_timeout": 5}
     assert get("/one-async/").status_code == 200
-    proxy.set_mode("delay", delay=0.2)  # within the timeout: only the cancellation ends it
-    sent = proxy.scripts_forwarded()
 
-    async def gone() -> None:
+    async def gone() -> bool:
+        """Whether the cancellation reached the request while Redis held its slot: on a
+        loaded machine the cancellation may land once the request is over, and Django's
+        stack then answers it."""
         request = asyncio.ensure_future(AsyncClient(REMOTE_ADDR=CLIENT).get("/one-async/"))
-        deadline = time.monotonic() + 10
-        while proxy.scripts_forwarded() == sent:  # the call reached Redis: it takes the slot
-            assert time.monotonic() < deadline, "the counting call never reached Redis"
+        deadline = time.monotonic() + 0.8
+        while not held_slots(redis_process):  # Redis ran the call; its reply is held back
+            assert time.monotonic() < deadline, "the counting call never took its slot"
             await asyncio.sleep(0.005)
         request.cancel()
-        with pytest.raises(asyncio.CancelledError):
+        try:
             await request
+        except asyncio.CancelledError:
+            return True
+        return False
 
-    async_to_sync(gone)()
-    proxy.set_mode("pass")
-    wait_for(lambda: held_slots(redis_process) == 0, "the slot the cancelled call took given back")
+    for _ in range(5):
+        proxy.set_mode("delay", delay=1.0)  # within the timeout: only the cancellation ends it
+        cancelled = async_to_sync(gone)()
+        proxy.set_mode("pass")
+        wait_for(lambda: held_slots(redis_process) == 0, "the slot the call took given back")
+        if cancelled:
+            break
+    assert cancelled, "no request was cancelled while Redis held its slot"
     assert get("/one-async/").status_code == 200
 
 
