@@ -15,10 +15,11 @@ request without a reservation or a slot costs two attribute lookups and the busy
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.http import HttpRequest
 
 from django_throttle.request import core, leases
@@ -65,6 +66,10 @@ class RateLimitHeadersMiddleware:
             busy.count += 1
         try:
             response = await self.get_response(request)
+        except asyncio.CancelledError:
+            if _runs_on(request):  # still served, its slots held, until the sync view ends
+                await sync_to_async(_view_ended, thread_sensitive=True)()
+            raise
         finally:
             with busy.lock:
                 busy.count -= 1
@@ -76,6 +81,21 @@ class RateLimitHeadersMiddleware:
         if hasattr(request, core.DEGRADED_ATTRIBUTE):  # no call on the request path otherwise
             _add_degraded(request, response)
         return response
+
+
+def _runs_on(request: HttpRequest) -> bool:
+    """Whether the view of ``request``, whose task was just cancelled (its client went away),
+    still runs: an ``async def`` view was cancelled with the task, but a sync view runs on
+    in its worker thread to its end (Django cannot stop a thread), doing the work its
+    concurrency slots stand for. Given back while it runs, a client that hangs up at once
+    could run any number of them."""
+    match = getattr(request, "resolver_match", None)
+    return match is not None and not iscoroutinefunction(match.func)
+
+
+def _view_ended() -> None:
+    """Nothing, run in the request's thread-sensitive thread (where Django runs a sync view
+    under ASGI, one call after the other): it returns once the view that ran there ended."""
 
 
 def _add_degraded(request: HttpRequest, response: Any) -> None:

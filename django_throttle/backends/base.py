@@ -11,6 +11,7 @@ of that shard together: see :func:`shard_of` and :func:`per_shard`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -73,6 +74,30 @@ def async_twin(
 
 class BackendError(Exception):
     """The backend could not answer (connection, timeout, server error)."""
+
+
+#: The attribute :func:`note_lease` sets on a counting call's exception.
+MAYBE_LEASED = "throttle_maybe_leased"
+
+
+def note_lease(exc: BaseException, client: str, limits: Limits, lease: str) -> None:
+    """Say on ``exc``, the failure of a counting call after it was sent (a timeout, a
+    connection lost before the reply, an await cancelled because the client went away),
+    that the backend may have run it and taken concurrency slots of ``client``'s ``limits``
+    under ``lease``, a lease id only this call knew. The request path gives them back by id
+    (:func:`maybe_leased`), which releases nothing if the call never ran; else they would
+    stay taken until their lease ends, refusing the client meanwhile."""
+    found = getattr(exc, MAYBE_LEASED, ())
+    # An exception object takes attributes unless its class has __slots__ (none of ours,
+    # nor asyncio's CancelledError, nor redis-py's).
+    with contextlib.suppress(AttributeError):
+        setattr(exc, MAYBE_LEASED, (*found, (client, tuple(limits), lease)))
+
+
+def maybe_leased(exc: BaseException) -> tuple[tuple[str, tuple[Limit, ...], str], ...]:
+    """The (client, limits, lease id) :func:`note_lease` noted on ``exc``."""
+    found: tuple[tuple[str, tuple[Limit, ...], str], ...] = getattr(exc, MAYBE_LEASED, ())
+    return found
 
 
 class ArgumentRefused(BackendError):

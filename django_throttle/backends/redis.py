@@ -67,6 +67,7 @@ from django_throttle.backends.base import (
     Now,
     Taken,
     Usage,
+    note_lease,
     per_shard,
 )
 from django_throttle.backends.redis_clients import (
@@ -345,7 +346,11 @@ class RedisBackend(Backend):
         call = self._request(client, limits, cost, now, usage)
         args = call.args  # the lease id is the last of a full argument list (lua/driver.lua)
         lease = args[-1] if len(args) == len(call.keys) + 4 else None
-        decision = decision_of(client, limits, self._route.call(call), lease)
+        try:
+            decision = decision_of(client, limits, self._route.call(call), lease)
+        except BaseException as exc:
+            _noted(exc, client, limits, lease)
+            raise
         if usage:
             self.usage_tally.add(
                 usage, client, decision.allowed, decision.shadow, now, decision.limit
@@ -356,7 +361,12 @@ class RedisBackend(Backend):
         self, client: str, limits: Limits, cost: int, now: Now, usage: Usage, peek: bool = False
     ) -> Decision:
         call = self._request(client, limits, cost, now, usage, peek=peek)
-        decision = decision_of(client, limits, self._route.call(call), lease_of(call))
+        lease = lease_of(call)
+        try:
+            decision = decision_of(client, limits, self._route.call(call), lease)
+        except BaseException as exc:
+            _noted(exc, client, limits, lease)
+            raise
         if usage and not peek:
             self.usage_tally.add(
                 usage, client, decision.allowed, decision.shadow, now, decision.limit
@@ -368,7 +378,12 @@ class RedisBackend(Backend):
     ) -> Decision:
         """:meth:`count` on ``redis.asyncio``: the same script call, no thread."""
         call = self._request(client, limits, cost, now, usage, peek=peek)
-        decision = decision_of(client, limits, await self._route.acall(call), lease_of(call))
+        lease = lease_of(call)
+        try:
+            decision = decision_of(client, limits, await self._route.acall(call), lease)
+        except BaseException as exc:  # a timeout, or the await cancelled (the client left)
+            _noted(exc, client, limits, lease)
+            raise
         if usage and not peek:
             self.usage_tally.add(
                 usage, client, decision.allowed, decision.shadow, now, decision.limit
@@ -788,6 +803,13 @@ def lease_of(call: ScriptCall) -> Any:
     argument list is full (see lua/driver.lua), else ``None``."""
     args = call.args
     return args[-1] if len(args) == len(call.keys) + 4 else None
+
+
+def _noted(exc: BaseException, client: str, limits: Limits, lease: Any) -> None:
+    """A counting call under ``lease`` failed with ``exc`` once sent: Redis may have run it
+    and taken its concurrency slots (see :func:`~.base.note_lease`)."""
+    if lease and lease != PEEK_LEASE:
+        note_lease(exc, client, limits, lease.decode())
 
 
 def decision_of(client: str, limits: Limits, reply: Any, lease: Any = None) -> Decision:

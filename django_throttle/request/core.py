@@ -73,7 +73,7 @@ from django.utils.translation import gettext, ngettext
 
 from django_throttle import events
 from django_throttle.backends import ArgumentRefused, BackendError, get_backend
-from django_throttle.backends.base import NodeUnavailable
+from django_throttle.backends.base import NodeUnavailable, maybe_leased
 from django_throttle.backends.redis import IF_DENIED
 from django_throttle.backends.redis_nodes import get_breaker
 from django_throttle.conf import FAILURE_STATUS, UNKNOWN_CLIENT, app_settings
@@ -326,6 +326,7 @@ def call_backend(call: Call) -> Any:
             backend = get_backend()
             reply = call.send(backend)
     except BackendError as exc:
+        leases.abandon(maybe_leased(exc))  # slots the call may have taken, given back
         return exc
     # Plain attributes, read without a call: this runs on every request.
     if usage.pending or getattr(getattr(backend, "usage_tally", None), "waiting", False):
@@ -342,7 +343,11 @@ async def acall_backend(call: Call) -> Any:
             backend = get_backend()
             reply = await call.asend(backend)
     except BackendError as exc:
+        leases.abandon(maybe_leased(exc))  # slots the call may have taken, given back
         return exc
+    except asyncio.CancelledError as exc:  # the client went away while Redis counted
+        leases.abandon(maybe_leased(exc))
+        raise
     if usage.pending or getattr(getattr(backend, "usage_tally", None), "waiting", False):
         usage.push_soon()
     return reply
@@ -670,6 +675,7 @@ def counted_decision(
             planned.endpoint.name if planned.endpoint is not None else "",
             log_text(planned.client),
         )
+    reservation = None
     if planned.refunds and decision.allowed and planned.endpoint is not None:
         counts = planned.endpoint.counts
         if counts == "failures":
@@ -682,7 +688,9 @@ def counted_decision(
     if decision.wait:
         # What the request took, given back should it not wait for its turn after all.
         groups = ((planned.client, planned.limits), *planned.groups)
-        turn = Reservation("none", planned.cost, groups, decision.taken, local, planned.field)
+        turn = Reservation(
+            "none", planned.cost, groups, decision.taken, local, planned.field, reservation
+        )
         request.throttle_turn = turn
     return decision
 
@@ -799,6 +807,9 @@ def _skip_turn(request: Any) -> Steps[None]:
     if turn is None:
         return
     request.throttle_turn = None
+    if turn.settled is not None:  # its tokens come back with the turn's, not again later
+        reservations = getattr(request, "throttle_reservations", None) or []
+        request.throttle_reservations = [r for r in reservations if r is not turn.settled]
     refunds = _give_back(turn.groups, turn.cost, dict(turn.taken), "a turn of")
     if turn.local:
         run_locally(refunds)
@@ -986,6 +997,9 @@ class Reservation:
     local: bool = False
     #: The usage field the request is counted under (a turn's wait is counted there).
     field: str | None = None
+    #: A turn's: the reservation its check left for :func:`settling`, whose tokens giving
+    #: the turn back returns too (so it is taken off the request then: never given twice).
+    settled: Reservation | None = None
 
 
 @functools.cache

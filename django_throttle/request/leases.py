@@ -17,7 +17,9 @@ behind a DRF view), the request's garbage collection hands it to the keeper, whi
 back: a slot is never held for longer than its request object lives.
 
 A slot that cannot be given back (Redis down) ends with its lease, within the period; a
-renewal that fails is tried again a third of the period later.
+renewal that fails is tried again a third of the period later. A counting call that failed
+or was cancelled once sent (a timeout, the client gone) may have taken slots under a lease id
+only it knew: the keeper gives them back by id (:func:`abandon`).
 """
 
 from __future__ import annotations
@@ -85,6 +87,18 @@ def hold(
     if held:
         setattr(request, ATTRIBUTE, [*getattr(request, ATTRIBUTE, ()), *held])
         keeper().keep(request, held)
+
+
+def abandon(found: Sequence[tuple[str, Sequence[Limit], str]]) -> None:
+    """Give back, by id and off the request path (the keeper's thread does), the slots a
+    counting call may have taken before it failed or was cancelled (``found``: its
+    (client, limits, lease id), see :func:`~django_throttle.backends.base.note_lease`):
+    nobody else knows their lease id, so they would stay taken until their lease ends.
+    A lease the call never took releases nothing."""
+    for client, limits, lease in found:
+        held = tuple(limit for limit in limits if limit.algorithm == Algorithm.CONCURRENCY)
+        if held:
+            keeper().abandon(Held(client, held, lease))
 
 
 def count(request: Any) -> int:
@@ -269,14 +283,25 @@ class Keeper:
                 finalizer = weakref.finalize(owner, self._orphans.append, one)
                 finalizer.atexit = False  # at exit the process's leases end by themselves
                 self._finalizers[one] = finalizer
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="django-throttle-leases", daemon=True
-                )
-                self._thread.start()
+            self._start()
             count = len(self._due)
         self._wake.set()
         self._announce(count)
+
+    def abandon(self, held: Held) -> None:
+        """Give ``held`` back from this thread, soon (see :func:`abandon`)."""
+        self._orphans.append(held)
+        with self._lock:
+            self._start()
+        self._wake.set()
+
+    def _start(self) -> None:
+        """Start this process's thread unless it runs (called under the lock)."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="django-throttle-leases", daemon=True
+            )
+            self._thread.start()
 
     def forget(self, held: Held) -> None:
         """Stop renewing ``held`` (given back, or its lease ended)."""

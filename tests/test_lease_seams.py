@@ -1,0 +1,306 @@
+"""Seams of the request path's give-backs, on real Redis servers: what a request took is
+given back exactly once, whatever ends it.
+
+- A counting call that Redis ran but whose reply never came (a timeout, the client gone while
+  the call was awaited) took a concurrency slot under a lease id only that call knew: it is
+  given back by id, not held until its lease ends, refusing the client meanwhile.
+- Under ASGI a sync view runs on in its thread when its client goes away (Django cancels the
+  request's task, but cannot stop a thread): its slot is held until the view ends, not given
+  back at the hang-up, or a client that hangs up at once could run any number of them.
+- A request refused because this process's places for waiting requests were taken gives back
+  its tokens with its turn; under a rule counting only successes, the headers middleware does
+  not give them back a second time for the 429 (another request's token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from django.http import HttpRequest, HttpResponse
+from django.test import AsyncClient, Client
+from django.urls import path
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from django_throttle.backends import redis_nodes as breaker_module
+from django_throttle.decorators import throttle
+from django_throttle.models import EndpointLimit
+from django_throttle.policy import live as policy
+from django_throttle.request import core
+from tests.factories import endpoint, tier
+from tests.faultproxy import FaultProxy
+from tests.redis_servers import RedisServer
+
+CLIENT = "203.0.113.77"
+
+
+@throttle(rate="1/min", algorithm="concurrency", scope="lease-seams")
+def one_at_a_time(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+@throttle(rate="1/min", algorithm="concurrency", scope="lease-seams-async")
+async def one_at_a_time_async(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+class SuccessesApi(APIView):
+    permission_classes = [AllowAny]
+
+    def get(self, request: Request) -> Response:
+        return Response({"ok": True})
+
+
+@throttle(scope="successes")
+def successes_view(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+@throttle(scope="successes-async")
+async def successes_view_async(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+gate = threading.Event()
+entered = threading.Event()
+
+
+@throttle(rate="1/min", algorithm="concurrency", scope="lease-seams-blocking")
+def blocking_view(request: HttpRequest) -> HttpResponse:
+    entered.set()
+    gate.wait(10)
+    return HttpResponse("done")
+
+
+class BlockingApi(APIView):
+    permission_classes = [AllowAny]
+    throttle_scope = "blocking"
+
+    def get(self, request: Request) -> Response:
+        entered.set()
+        gate.wait(10)
+        return Response({"done": True})
+
+
+urlpatterns = [
+    path("blocking/", blocking_view),
+    path("api/blocking/", BlockingApi.as_view()),
+    path("one/", one_at_a_time),
+    path("one-async/", one_at_a_time_async),
+    path("api/successes/", SuccessesApi.as_view(), name="successes-api"),
+    path("successes/", successes_view),
+    path("successes-async/", successes_view_async),
+]
+
+
+# -- a counting call whose reply never came ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def redis_process() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def proxy(
+    redis_process: RedisServer, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[FaultProxy]:
+    """A proxy in front of a private server the app talks to, with short timeouts and a
+    breaker that stays closed (each request meets Redis)."""
+    redis_process.ensure_healthy()
+    with FaultProxy(redis_process.port) as fault_proxy:
+        settings.DJANGO_THROTTLE_REDIS_URL = fault_proxy.url
+        settings.DJANGO_THROTTLE_REDIS_OPTIONS = {
+            "socket_timeout": 0.3,
+            "socket_connect_timeout": 1,
+        }
+        settings.DJANGO_THROTTLE_FAILURE_MODE = "open"
+        monkeypatch.setattr(breaker_module, "THRESHOLD", 1000)
+        yield fault_proxy
+    redis_process.ensure_healthy()
+
+
+def held_slots(server: RedisServer) -> int:
+    """The live leases on ``server``: members of the concurrency limits' sorted sets whose
+    end (their score, in microseconds) is still ahead on the server's clock."""
+    client = server.client()
+    try:
+        seconds, micros = client.time()
+        now = seconds * 1_000_000 + micros
+        return sum(
+            client.zcount(key, f"({now}", "+inf")
+            for key in client.scan_iter(count=1000)
+            if client.type(key) == b"zset"
+        )
+    finally:
+        client.close()
+
+
+def get(route: str) -> HttpResponse:
+    if "async" in route:
+        return async_to_sync(AsyncClient(REMOTE_ADDR=CLIENT).get)(route)
+    return Client(REMOTE_ADDR=CLIENT).get(route)
+
+
+def wait_for(condition: Callable[[], bool], what: str, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("route", ["/one/", "/one-async/"], ids=["sync", "async"])
+def test_a_counting_call_that_timed_out_gives_its_slot_back(
+    proxy: FaultProxy, redis_process: RedisServer, route: str
+) -> None:
+    """Redis ran the call (took the slot) but its reply came after the timeout: the request
+    was served in the failure mode, and the slot was held for the whole lease (a minute),
+    refusing the client's next request although it had none in flight."""
+    assert get(route).status_code == 200  # the script loaded, the slot given back
+    assert held_slots(redis_process) == 0
+    proxy.set_mode("delay", delay=0.8)  # Redis runs each command, its reply comes too late
+    served = get(route)
+    assert (served.status_code, served["X-RateLimit-Degraded"]) == (200, "open")
+    proxy.set_mode("pass")
+    wait_for(lambda: held_slots(redis_process) == 0, "the slot the lost call took given back")
+    assert get(route).status_code == 200
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_a_request_cancelled_while_redis_counts_gives_its_slot_back(
+    proxy: FaultProxy, redis_process: RedisServer, settings: Any
+) -> None:
+    """The client went away (Django's ASGI handler cancels the view) while the counting call
+    was awaited: Redis took the slot, the lease id was lost with the await."""
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 5, "socket_connect_timeout": 5}
+    assert get("/one-async/").status_code == 200
+
+    async def gone() -> bool:
+        """Whether the cancellation reached the request while Redis held its slot: on a
+        loaded machine the cancellation may land once the request is over, and Django's
+        stack then answers it."""
+        request = asyncio.ensure_future(AsyncClient(REMOTE_ADDR=CLIENT).get("/one-async/"))
+        deadline = time.monotonic() + 0.8
+        while not held_slots(redis_process):  # Redis ran the call; its reply is held back
+            assert time.monotonic() < deadline, "the counting call never took its slot"
+            await asyncio.sleep(0.005)
+        request.cancel()
+        try:
+            await request
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    for _ in range(5):
+        proxy.set_mode("delay", delay=1.0)  # within the timeout: only the cancellation ends it
+        cancelled = async_to_sync(gone)()
+        proxy.set_mode("pass")
+        wait_for(lambda: held_slots(redis_process) == 0, "the slot the call took given back")
+        if cancelled:
+            break
+    assert cancelled, "no request was cancelled while Redis held its slot"
+    assert get("/one-async/").status_code == 200
+
+
+# -- a turn refused by the cap of waiting requests, under a rule counting successes -----------
+
+
+def successes_rule(match_type: str, pattern: str) -> None:
+    """At most one request a minute, four queued; only successes count."""
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    rule = endpoint("successes", match_type, pattern)
+    rule.counts = "success"
+    rule.save()
+    EndpointLimit.objects.create(
+        rule=rule, tier=anonymous, rate="1/m", burst=4, algorithm="gcra", delay=0
+    )
+    policy.reset()
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("route", "match_type", "pattern"),
+    [
+        ("/api/successes/", "route", "successes-api"),
+        ("/successes/", "scope", "successes"),
+        ("/successes-async/", "scope", "successes-async"),
+    ],
+    ids=["drf", "decorator", "decorator-async"],
+)
+def test_a_turn_refused_by_the_cap_gives_its_tokens_back_once(
+    monkeypatch: pytest.MonkeyPatch, route: str, match_type: str, pattern: str
+) -> None:
+    """The refused request gave back its turn, and the headers middleware then gave its
+    reservation back again for the 429 (not a success): another request's token. Every
+    second request was then served at once, however far above its one a minute."""
+    successes_rule(match_type, pattern)
+    places = threading.BoundedSemaphore(1)
+    places.acquire()  # every place taken: a request that would wait is refused at once
+    monkeypatch.setattr(core, "_awaiting" if "async" in route else "_waiting", places)
+
+    async def send(count: int) -> list[int]:
+        client = AsyncClient(REMOTE_ADDR="203.0.113.78")
+        return [(await client.get(route)).status_code for _ in range(count)]
+
+    if "async" in route:
+        statuses = async_to_sync(send)(5)
+    else:
+        client = Client(REMOTE_ADDR="203.0.113.78")
+        statuses = [client.get(route).status_code for _ in range(5)]
+    assert statuses == [200, 429, 429, 429, 429]
+
+
+# -- a sync view under ASGI whose client went away -------------------------------------------
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("route", ["/blocking/", "/api/blocking/"], ids=["decorator", "drf"])
+def test_a_sync_view_whose_client_went_away_holds_its_slot_until_it_ends(
+    proxy: FaultProxy, redis_process: RedisServer, route: str
+) -> None:
+    """The headers middleware gave the slot back when the task was cancelled, while the
+    view still ran in its thread: the client could start another at once."""
+    if route.startswith("/api/"):
+        anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+        endpoint("blocking", "scope", "blocking", limits={anonymous: "1/min"})
+        EndpointLimit.objects.filter(rule__name="blocking").update(algorithm="concurrency")
+        policy.reset()
+        policy.current()  # loaded here: the view's thread reads no database
+    gate.clear()
+    entered.clear()
+
+    async def gone() -> list[int]:
+        request = asyncio.ensure_future(AsyncClient(REMOTE_ADDR=CLIENT).get(route))
+        while not entered.is_set():
+            await asyncio.sleep(0.01)
+        request.cancel()  # the client went away; the view runs on in its thread
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(asyncio.shield(request), 0.3)
+        during = await sync_to_async(held_slots, thread_sensitive=False)(redis_process)
+        gate.set()  # the view ends
+        with contextlib.suppress(asyncio.CancelledError):
+            await request
+        return [during]
+
+    try:
+        (during,) = async_to_sync(gone)()
+    finally:
+        gate.set()
+    assert during == 1  # held while the view ran
+    wait_for(lambda: held_slots(redis_process) == 0, "the slot given back once the view ended")
