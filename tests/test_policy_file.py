@@ -985,6 +985,8 @@ def test_exemptions_are_in_the_file_and_pruned_like_assignments(tmp_path: Path) 
         ({"network": "198.51.100.0/24", "why": "x"}, "exemptions[1]: unknown field 'why'"),
         ({"network": "198.51.100.9/24"}, "exemptions[1].network: exemptions[0] exempts this"),
         ({"network": ["198.51.100.0/24"]}, "exemptions[1].network: must be one value"),
+        # 10.0.0.0/0, a slip for /8, is every IPv4 address: limiting off for all of them.
+        ({"network": "10.0.0.0/0"}, "exemptions[1].network: 0.0.0.0/0 is wider than /8"),
     ],
 )
 def test_a_bad_exemption_is_refused_naming_its_field(
