@@ -25,11 +25,11 @@ import math
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django_throttle.backends.base import shard_of
+from django_throttle.backends.base import BackendError, NodeUnavailable, shard_of
 from django_throttle.backends.redis import PendingCount, Tally
 from django_throttle.backends.redis_nodes import patient_client_like
 from django_throttle.backends.scripts import Call, call_backend, evalsha_all, lua_file
@@ -264,8 +264,26 @@ class RedisUsage(UsageStore):
         """On the backend's own client (short timeouts): the first call of every report,
         rollup and dashboard, so a Redis that accepts connections and answers nothing fails
         them within the request path's timeout, not :data:`READ_TIMEOUT` per call."""
-        seconds, _ = call_backend(self.push_client.time)
+        seconds, _ = self._short_read(self.push_client.time)
         return int(seconds) // 60
+
+    def _short_read(self, func: Callable[..., Any], *args: Any) -> Any:
+        """``func(*args)`` on the backend's own client. On a cluster a failure names the
+        primaries that do not answer: the call went to one node (the key's, or any for
+        ``TIME``) and redis-py before 5.1 leaves the node out of its timeout messages, while
+        the operator needs to know which one to look at."""
+        try:
+            return call_backend(func, *args)
+        except BackendError as exc:
+            if self._cluster is None:
+                raise
+            down = [f"{h.name} ({h.error})" for h in self._cluster.primaries_health() if h.error]
+            if not down:
+                raise
+            named = f"{exc}; {', '.join(down)} did not answer"
+            if isinstance(exc, NodeUnavailable):
+                raise NodeUnavailable(named, exc.retry_after) from exc
+            raise BackendError(named) from exc
 
     def read(
         self, minutes: Sequence[int], *, totals: bool = True, clients: bool = True
@@ -385,7 +403,7 @@ class RedisUsage(UsageStore):
         return evalsha_all(client, sha, source, calls)
 
     def watermark(self) -> int | None:
-        value = call_backend(self.push_client.get, self._watermark_key)  # a small read
+        value = self._short_read(self.push_client.get, self._watermark_key)  # a small read
         return None if value is None else int(value)
 
     def advance_watermark(self, minute: int) -> None:
