@@ -1,7 +1,8 @@
 """System checks: one per ``DJANGO_THROTTLE_*`` setting, ids ``django_throttle.E002``…, one
 (W004, or E041 where ignoring it weakens limiting) per setting of earlier versions still set,
 naming what replaces it, one (W001) for a ``DJANGO_THROTTLE_*`` name that is no setting, and
-the checks that read stored rows (E101…E105, W106, W003, W005, W020). :func:`register`
+the checks that read stored rows (E101…E105, W106, W003, W005, W020), and W009: DRF views
+throttled with no headers middleware. :func:`register`
 (called from the app's ``ready()``) registers them all.
 
 Checks read the raw settings (not :mod:`conf`, which converts types) so a bad value is
@@ -14,7 +15,8 @@ Its sections:
   ``REDIS_URL``'s ``?shards=`` (E042), the settings that must agree with each other (E018
   the Redis source, W002 proxy trust), the removed settings (W004, E041), and W001;
 - what each setting may hold: one validator per setting, and the table :data:`SETTINGS`;
-- the checks on stored rows (E101…E105, W106, W003, W005, W020).
+- the checks on stored rows (E101…E105, W106, W003, W005, W020), and W009 (DRF views
+  throttled without the headers middleware), which reads the URLconf.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def register() -> None:
     checks.register(check_settings, checks.Tags.compatibility)
     checks.register(check_settling_middleware, checks.Tags.models)
     checks.register(check_concurrency_middleware, checks.Tags.models)
+    checks.register(check_headers_middleware, checks.Tags.urls)
     checks.register(check_credential_rules, checks.Tags.models)
     checks.register(check_rows, checks.Tags.models)
     # Reads the key table: runs with `manage.py check --database …` (and the test runner),
@@ -688,6 +691,76 @@ def check_concurrency_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
             id="django_throttle.W006",
         )
     ]
+
+
+#: The DRF throttle classes (given by name: importing :mod:`~django_throttle.drf` needs DRF).
+_DRF_THROTTLES = frozenset({"django_throttle.drf.PolicyThrottle"})
+
+
+def check_headers_middleware(**kwargs: Any) -> list[checks.CheckMessage]:
+    """W009: DRF views are throttled by ``PolicyThrottle`` (in ``DEFAULT_THROTTLE_CLASSES`` or
+    a routed view's ``throttle_classes``), but the middleware that writes their
+    ``X-RateLimit-*`` headers is not installed: their responses carry none, and a client
+    cannot see its budget until it is refused. ``@throttle`` writes its own headers, so a
+    project of decorated views only is never told. Anywhere in ``MIDDLEWARE`` will do: it
+    reads the decision the throttle left on the request once the view has answered."""
+    if _MIDDLEWARE_PATH in (getattr(settings, "MIDDLEWARE", None) or ()):
+        return []
+    drf = getattr(settings, "REST_FRAMEWORK", None)
+    listed = drf.get("DEFAULT_THROTTLE_CLASSES") if isinstance(drf, dict) else None
+    where = "REST_FRAMEWORK['DEFAULT_THROTTLE_CLASSES']"
+    if not (isinstance(listed, (list, tuple)) and any(map(_is_drf_throttle, listed))):
+        views = _throttled_views()
+        if not views:
+            return []
+        where = f"the throttle_classes of {', '.join(views)}"
+    return [
+        checks.Warning(
+            f"django_throttle.drf.PolicyThrottle is in {where}, but {_MIDDLEWARE_PATH} is not "
+            "in MIDDLEWARE: DRF responses carry no X-RateLimit-* headers.",
+            hint=f"Add '{_MIDDLEWARE_PATH}' to MIDDLEWARE (anywhere in the list).",
+            id="django_throttle.W009",
+        )
+    ]
+
+
+def _is_drf_throttle(entry: Any) -> bool:
+    """Whether ``entry`` (a class or a dotted path, as DRF takes them) is ``PolicyThrottle`` or
+    a subclass; a path that does not import is DRF's to report, not ours."""
+    if isinstance(entry, str):
+        if entry in _DRF_THROTTLES:
+            return True
+        try:
+            entry = import_string(entry)
+        except ImportError:
+            return False
+    return isinstance(entry, type) and any(
+        f"{base.__module__}.{base.__qualname__}" in _DRF_THROTTLES for base in entry.__mro__
+    )
+
+
+def _throttled_views(limit: int = 3) -> list[str]:
+    """Up to ``limit`` routed DRF views (``as_view()`` keeps the class as ``cls``) whose
+    ``throttle_classes`` hold ``PolicyThrottle``. A URLconf that does not load is reported by
+    Django's own URL checks."""
+    from django.urls import URLPattern, URLResolver, get_resolver
+
+    found: dict[str, None] = {}
+    try:
+        stack = list(get_resolver().url_patterns)
+    except Exception:  # a URLconf that does not load: Django's urls check names it
+        return []
+    while stack and len(found) < limit:
+        entry = stack.pop(0)
+        if isinstance(entry, URLResolver):
+            stack[:0] = entry.url_patterns
+        elif isinstance(entry, URLPattern):
+            view: Any = getattr(entry.callback, "cls", None)
+            if view is not None and any(
+                map(_is_drf_throttle, getattr(view, "throttle_classes", None) or ())
+            ):
+                found[f"{view.__module__}.{view.__qualname__}"] = None
+    return list(found)
 
 
 def check_credential_rules(**kwargs: Any) -> list[checks.CheckMessage]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from io import StringIO
 from typing import Any
 
 import pytest
@@ -772,3 +773,106 @@ def test_importing_the_drf_adapter_without_drf_names_the_install() -> None:
         "refused: rest_framework django_throttle.drf is imported, but Django REST framework is "
         "not installed: pip install 'django-throttle-policies[drf]'"
     ), done.stdout
+
+
+# -- W009: DRF views throttled with no headers middleware ---------------------------------------
+
+HEADERS_MIDDLEWARE = "django_throttle.middleware.RateLimitHeadersMiddleware"
+
+
+def _without_headers_middleware(settings: Any) -> None:
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if m != HEADERS_MIDDLEWARE]
+
+
+def headers_check() -> list[Any]:
+    from django_throttle.checks import check_headers_middleware
+
+    return check_headers_middleware()
+
+
+def test_drf_throttle_in_settings_without_the_middleware_is_a_warning(settings: Any) -> None:
+    _without_headers_middleware(settings)
+
+    [warning] = headers_check()
+
+    assert warning.id == "django_throttle.W009"
+    assert "REST_FRAMEWORK['DEFAULT_THROTTLE_CLASSES']" in warning.msg
+    assert "no X-RateLimit-* headers" in warning.msg
+    assert f"Add '{HEADERS_MIDDLEWARE}' to MIDDLEWARE" in warning.hint
+
+
+def test_a_subclass_of_the_drf_throttle_in_settings_is_seen(settings: Any) -> None:
+    _without_headers_middleware(settings)
+    settings.REST_FRAMEWORK = {
+        "DEFAULT_THROTTLE_CLASSES": ["django_throttle.drf.AsyncPolicyThrottle"]
+    }
+
+    assert [w.id for w in headers_check()] == ["django_throttle.W009"]
+
+
+def test_drf_throttle_on_a_routed_view_without_the_middleware_is_a_warning(settings: Any) -> None:
+    """Not in the settings, but in a view's ``throttle_classes``: the view is named."""
+    _without_headers_middleware(settings)
+    settings.REST_FRAMEWORK = {"DEFAULT_THROTTLE_CLASSES": []}
+    settings.ROOT_URLCONF = "tests.checks_urls"
+
+    [warning] = headers_check()
+
+    assert warning.id == "django_throttle.W009"
+    assert "the throttle_classes of tests.checks_urls.Throttled" in warning.msg
+
+
+def test_decorated_views_only_need_no_middleware(settings: Any) -> None:
+    """``@throttle`` writes its own headers: a project of decorated views is not warned."""
+    _without_headers_middleware(settings)
+    settings.REST_FRAMEWORK = {"DEFAULT_THROTTLE_CLASSES": []}
+    settings.ROOT_URLCONF = "tests.checks_urls_decorated"
+
+    assert headers_check() == []
+
+
+@pytest.mark.parametrize("place", ["first", "last"])
+def test_the_middleware_anywhere_silences_the_warning(settings: Any, place: str) -> None:
+    _without_headers_middleware(settings)
+    rest = list(settings.MIDDLEWARE)
+    settings.MIDDLEWARE = (
+        [HEADERS_MIDDLEWARE, *rest] if place == "first" else [*rest, HEADERS_MIDDLEWARE]
+    )
+
+    assert headers_check() == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("place", ["first", "last", "none"])
+def test_drf_headers_come_from_the_middleware_wherever_it_sits(
+    settings: Any, client: Any, place: str
+) -> None:
+    """What W009 is about, seen by a client: no middleware, no headers; first or last in
+    ``MIDDLEWARE``, the same headers (so the check asks for no particular place)."""
+    from tests.factories import tier
+
+    _without_headers_middleware(settings)
+    rest = list(settings.MIDDLEWARE)
+    settings.MIDDLEWARE = {
+        "first": [HEADERS_MIDDLEWARE, *rest],
+        "last": [*rest, HEADERS_MIDDLEWARE],
+        "none": rest,
+    }[place]
+    tier("anonymous", "1/m", burst=3, is_default_anonymous=True)
+
+    response = client.get("/api/ping/")
+
+    assert response.status_code == 200
+    if place == "none":
+        assert "X-RateLimit-Limit" not in response
+    else:
+        assert response["X-RateLimit-Limit"] == "3"
+
+
+def test_manage_py_check_shows_the_missing_headers_middleware(settings: Any) -> None:
+    _without_headers_middleware(settings)
+    out = StringIO()
+
+    call_command("check", stdout=out, stderr=out)
+
+    assert "django_throttle.W009" in out.getvalue()
