@@ -23,6 +23,7 @@ from django_throttle.models import (
     TierLimit,
 )
 from django_throttle.policy import live as policy
+from django_throttle.policy.files import MAX_BYTES
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
@@ -579,6 +580,54 @@ def test_a_yaml_alias_bomb_is_refused_before_it_is_built(tmp_path: Path, levels:
         "counted as what they expand to); split the policy or write it without repeated aliases"
     )
     assert run("export") == before
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_a_file_above_the_size_bound_is_refused_before_it_is_read(tmp_path: Path, fmt: str) -> None:
+    """A 50 MB file took seconds and hundreds of MB to be refused for its contents; a file
+    above MAX_BYTES is refused by its size in one line naming both (a sparse file here: its
+    bytes are never read)."""
+    tier("anon", "20/min", is_default_anonymous=True)
+    path = tmp_path / f"policy.{fmt}"
+    with path.open("wb") as file:
+        file.write(b"version: 1\n" if fmt == "yaml" else b'{"version": 1}')
+        file.truncate(MAX_BYTES + 1)
+    before = run("export")
+    with pytest.raises(CommandError) as error:
+        run("import", str(path))
+    assert str(error.value) == (
+        f"Nothing was imported: {path} is 16,777,217 bytes, over the 16,777,216 bytes "
+        "(16 MiB) a policy file may weigh."
+    )
+    assert run("export") == before
+
+
+def test_a_file_of_exactly_the_size_bound_is_read(tmp_path: Path) -> None:
+    document = json.dumps({"version": 1, "tiers": []})
+    path = tmp_path / "policy.json"
+    path.write_text(document + " " * (MAX_BYTES - len(document)))
+    assert path.stat().st_size == MAX_BYTES
+    assert "No changes" in run("import", str(path), "--dry-run")
+
+
+@pytest.mark.parametrize("stream", ["bytes", "text"])
+def test_standard_input_above_the_size_bound_is_refused(
+    monkeypatch: pytest.MonkeyPatch, stream: str
+) -> None:
+    """Standard input has no size to look at: it is read up to the bound and one byte more."""
+    data = b'{"version": 1}' + b" " * MAX_BYTES
+    stdin = (
+        io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
+        if stream == "bytes"
+        else io.StringIO(data.decode())
+    )
+    monkeypatch.setattr("sys.stdin", stdin)
+    with pytest.raises(CommandError) as error:
+        call_command("throttle_policy", "import", "-", stdout=io.StringIO())
+    assert str(error.value) == (
+        "Nothing was imported: standard input is more than the 16,777,216 bytes (16 MiB) "
+        "a policy file may weigh."
+    )
 
 
 def test_yaml_aliases_within_bounds_and_a_loop_of_aliases(tmp_path: Path) -> None:

@@ -15,7 +15,8 @@ message naming the entry and field. Every problem is listed, in the order the fi
 names: a tier whose own fields are wrong still has its limits checked, and an unknown field
 stops nothing else. ``dry_run`` runs the same code and rolls back.
 
-Reading a file's text is bounded: a file nested deeper than :data:`MAX_DEPTH`, or holding more
+Reading a file is bounded: a file above :data:`MAX_BYTES` is refused before it is read (by
+``throttle_policy``), and a file nested deeper than :data:`MAX_DEPTH`, or holding more
 than :data:`MAX_VALUES` values, is refused before its values are built, in time proportional
 to its length (YAML aliases count as what they expand to), so an operator's file never ends in
 a ``RecursionError`` nor keeps an import's transaction busy.
@@ -73,6 +74,10 @@ class PolicyFileError(Exception):
         super().__init__("\n".join(self.problems))
 
 
+#: Most bytes a policy file may weigh: a hundred times a big real policy, so a file above it
+#: is no policy (a log, a dump, a runaway string) and is refused before it is read whole.
+#: How it was chosen: docs/explanation/benchmarks.md, "Policy file sizes".
+MAX_BYTES = 16 * 1024 * 1024
 #: Deepest nesting a policy file may have (a document needs 5: sections, entries, limits).
 MAX_DEPTH = 20
 #: Most values (mappings, lists and scalars, each alias counted as what it expands to) a

@@ -15,6 +15,7 @@ throttle settings into a policy file, or imports it with ``--apply``.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_throttle.policy.files import (
+    MAX_BYTES,
     PolicyFileError,
     decode,
     dump,
@@ -160,11 +162,32 @@ def _changes(parser: CommandParser) -> None:
 
 
 def _read(path: str) -> bytes:
-    """The file's bytes (decoded by :func:`decode`, which knows a byte order mark)."""
+    """The file's bytes (decoded by :func:`decode`, which knows a byte order mark), refused
+    above :data:`~django_throttle.policy.files.MAX_BYTES`: a file by its size before any of
+    it is read, standard input (or a file that grows) after ``MAX_BYTES`` and one more byte,
+    so an import never holds more than that in memory."""
     if path == "-":
         stream = getattr(sys.stdin, "buffer", None)
-        return stream.read() if stream is not None else sys.stdin.read().encode()
+        if stream is not None:
+            data = stream.read(MAX_BYTES + 1)
+        else:  # a text stream: at most as many characters, each one byte or more
+            data = sys.stdin.read(MAX_BYTES + 1).encode()
+        if len(data) > MAX_BYTES:
+            raise CommandError(f"Nothing was imported: standard input is {_over('more than')}.")
+        return data
     try:
-        return Path(path).read_bytes()
+        with Path(path).open("rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            data = b"" if size > MAX_BYTES else file.read(MAX_BYTES + 1)
     except OSError as exc:
         raise CommandError(f"Cannot read {path}: {exc.strerror or exc}") from exc
+    if size > MAX_BYTES:
+        raise CommandError(f"Nothing was imported: {path} is {size:,} bytes, {_over('over')}.")
+    if len(data) > MAX_BYTES:  # it grew while being read
+        raise CommandError(f"Nothing was imported: {path} is {_over('more than')}.")
+    return data
+
+
+def _over(words: str) -> str:
+    """The bound, after ``words`` ("over", "more than"), for the line refusing a file."""
+    return f"{words} the {MAX_BYTES:,} bytes ({MAX_BYTES >> 20} MiB) a policy file may weigh"
