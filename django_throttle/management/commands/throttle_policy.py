@@ -169,7 +169,7 @@ def _read(path: str) -> bytes:
     if path == "-":
         stream = getattr(sys.stdin, "buffer", None)
         if stream is not None:
-            data = stream.read(MAX_BYTES + 1)
+            data: bytes = stream.read(MAX_BYTES + 1)
         else:  # a text stream: at most as many characters, each one byte or more
             data = sys.stdin.read(MAX_BYTES + 1).encode()
         if len(data) > MAX_BYTES:
