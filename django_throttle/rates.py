@@ -48,6 +48,16 @@ _RATE_RE = re.compile(
     r"^\s*(?P<count>[+-]?\d+)\s*/\s*(?P<period>(?P<mult>\d+)?\s*(?P<unit>[A-Za-z]+))\s*$",
     re.ASCII,
 )
+
+
+def plain_digits(text: str) -> bool:
+    """Whether ``text`` writes its number in the digits 0-9, as a rate must: ``int()`` and
+    ``float()`` also read full-width and Arabic-Indic digits and ``1_000``, so every number
+    field the operator types (the admin's, a policy file's) asks this too, and a number is
+    read one way wherever it is written."""
+    return text.isascii() and "_" not in text
+
+
 #: Longest period a rate may name; longer windows belong in a quota system, not a throttle.
 MAX_PERIOD = 366 * 86400
 #: Largest count, burst or cost: far beyond any real limit, and exact in a Lua double.

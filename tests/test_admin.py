@@ -185,6 +185,71 @@ def test_huge_burst_is_refused_naming_the_bound(admin_client: Client) -> None:
     assert not Tier.objects.exists()
 
 
+#: Numbers int() and float() read that the rate field refuses: Arabic-Indic, Persian and
+#: full-width digits, and Python's digit separator.
+OTHER_DIGITS = ["\u0661\u0660", "\u06f1\u06f0", "\uff11\uff10", "1_0"]
+
+
+@pytest.mark.parametrize("burst", OTHER_DIGITS)
+def test_a_burst_in_other_digits_is_refused_as_the_rate_is(
+    admin_client: Client, burst: str
+) -> None:
+    """int() read "\u0661\u0660" (Arabic-Indic 10) as a burst of 10, while the rate field
+    beside it refuses "\u0661\u0660/min": numbers are written in 0-9 in every field."""
+    data = tier_form() | inline([limit_row("10/s", burst)])
+    response = admin_client.post(reverse("admin:django_throttle_tier_add"), data)
+    assert response.status_code == 200
+    assert row_errors(response) == [{"burst": ["Enter a whole number."]}]
+    assert not Tier.objects.exists()
+
+
+@pytest.mark.parametrize("value", OTHER_DIGITS)
+def test_every_number_field_takes_the_digits_0_to_9_only(
+    admin_client: Client, free: Tier, value: str
+) -> None:
+    """The tier's priority, the rule's cost, a limit's delay and longest wait (a float), the
+    service protection's capacity: each refuses other digits on its own field."""
+    response = admin_client.post(
+        reverse("admin:django_throttle_tier_add"), tier_form(priority=value) | inline([])
+    )
+    assert form_errors(response) == {"priority": ["Enter a whole number."]}
+    gcra = {"algorithm": "gcra", "tier": str(free.pk)}
+    response = admin_client.post(
+        reverse("admin:django_throttle_endpointrule_add"),
+        rule_form(cost=value)
+        | inline([limit_row("2/s", "5", **gcra, delay=value, max_wait=value)]),
+    )
+    assert form_errors(response) == {"cost": ["Enter a whole number."]}
+    assert row_errors(response) == [
+        {"delay": ["Enter a whole number."], "max_wait": ["Enter a number."]}
+    ]
+    response = admin_client.post(
+        reverse("admin:django_throttle_protection_add"),
+        {
+            "enabled": "on",
+            "in_flight": value,
+            "default_share": "60",
+            "sheddable_share": "50",
+            "lease": "60",
+            "worker_capacity": value,
+            "worker_lag_ms": value,
+        },
+    )
+    assert set(form_errors(response)) == {"in_flight", "worker_capacity", "worker_lag_ms"}
+    assert not Tier.objects.exclude(pk=free.pk).exists()
+    assert not EndpointRule.objects.exists()
+
+
+def test_numbers_in_ascii_digits_with_spaces_and_a_sign_are_still_read(
+    admin_client: Client,
+) -> None:
+    data = tier_form(priority=" -5 ") | inline([limit_row("10/s", " 20 ")])
+    response = admin_client.post(reverse("admin:django_throttle_tier_add"), data)
+    assert response.status_code == 302
+    row = Tier.objects.get(slug="pro")
+    assert (row.priority, row.limits.get().burst) == (-5, 20)
+
+
 def test_burst_that_takes_too_long_to_refill_gets_the_limits_message(
     admin_client: Client,
 ) -> None:

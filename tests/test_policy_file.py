@@ -765,6 +765,22 @@ _TIER = '{"version": 1, "tiers": [{"slug": "t", "name": "T", %s"limits": [{"rate
         (_TIER % ("", ', "burst": true'), "json", "'t'.limits[0].burst: must be a number, not"),
         # int(inf): an OverflowError traceback.
         (_TIER % ('"priority": 1e400, ', ""), "json", "'t'.priority: must be a finite number"),
+        # int() read Arabic-Indic, full-width digits and "1_0" as 10; the admin refuses them.
+        (
+            _TIER % ("", ', "burst": "\u0661\u0660"'),
+            "json",
+            "'t'.limits[0].burst: must be a number written in the digits 0-9, not \"\u0661\u0660\"",
+        ),
+        (
+            _TIER % ('"priority": "\uff11", ', ""),
+            "json",
+            "'t'.priority: must be a number written in the digits 0-9, not \"\uff11\"",
+        ),
+        (
+            "version: 1\ntiers:\n- {slug: t, name: T, limits: [{rate: 1/s, max_wait: '1_0'}]}\n",
+            "yaml",
+            "'t'.limits[0].max_wait: must be a number written in the digits 0-9, not \"1_0\"",
+        ),
         # YAML reads an unquoted NO (Norway) as false: it became the region 'FALSE'.
         (
             "version: 1\ntiers:\n- slug: t\n  name: T\n  limits:\n  - rate: 1/s\n    regions: NO\n",

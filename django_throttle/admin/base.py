@@ -43,7 +43,7 @@ from django.utils.translation import gettext_lazy as _
 from django_throttle.models import EndpointRule, TierLimit
 from django_throttle.models.fields import BadRow
 from django_throttle.models.limits import ALGORITHM_FIELDS, ALGORITHM_HELP
-from django_throttle.rates import WINDOW_ALGORITHMS, Algorithm, InvalidRate, Rate
+from django_throttle.rates import WINDOW_ALGORITHMS, Algorithm, InvalidRate, Rate, plain_digits
 
 # What a list shows in a column, in a word, by stored value (the choices of
 # :mod:`django_throttle.models`); a value written around the admin is shown as it is. The change
@@ -81,6 +81,35 @@ POSITIVE_FIELDS = (
     models.PositiveIntegerField,
     models.PositiveSmallIntegerField,
 )
+
+
+class PlainIntegerField(forms.IntegerField):
+    """Django's whole-number field, reading only the digits 0-9, as the rate beside it does
+    (:func:`~django_throttle.rates.plain_digits`): ``int()`` alone would save a burst written
+    in Arabic-Indic or full-width digits, or ``"1_0"``, as 10, where the rate written so is
+    refused. Django's own "Enter a whole number." is the error."""
+
+    def to_python(self, value: Any) -> int | None:
+        if isinstance(value, str) and not plain_digits(value):
+            raise ValidationError(self.error_messages["invalid"], code="invalid")
+        return super().to_python(value)
+
+
+class PlainFloatField(forms.FloatField):
+    """Django's number field, reading only the digits 0-9 (see :class:`PlainIntegerField`)."""
+
+    def to_python(self, value: Any) -> Any:
+        if isinstance(value, str) and not plain_digits(value):
+            raise ValidationError(self.error_messages["invalid"], code="invalid")
+        return super().to_python(value)
+
+
+def plain_numbers(db_field: Any, kwargs: dict[str, Any]) -> None:
+    """Give a number column's form field the digits 0-9 only (both admins and inlines)."""
+    if isinstance(db_field, models.FloatField):
+        kwargs.setdefault("form_class", PlainFloatField)
+    elif isinstance(db_field, models.IntegerField) and not db_field.is_relation:
+        kwargs.setdefault("form_class", PlainIntegerField)
 
 
 class IdAutocomplete(AutocompleteSelect):
@@ -130,6 +159,7 @@ class AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             isinstance(v, MinValueValidator) and v.limit_value >= 1 for v in validators
         ):
             kwargs.setdefault("min_value", None)
+        plain_numbers(db_field, kwargs)
         return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
@@ -414,6 +444,10 @@ class LimitInline(admin.TabularInline):  # type: ignore[type-arg]
 
     class Media:
         js = ["django_throttle/limit_fields.js"]
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        plain_numbers(db_field, kwargs)
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     def get_formset(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> Any:
         kwargs.setdefault("absolute_max", MAX_LIMIT_ROWS)

@@ -59,7 +59,7 @@ from django_throttle.models import (
     TierAssignment,
 )
 from django_throttle.models.exemptions import parse_network
-from django_throttle.rates import MAX_LOG_COUNT, Algorithm
+from django_throttle.rates import MAX_LOG_COUNT, Algorithm, plain_digits
 
 #: The document's ``version``; an import refuses any other.
 FORMAT_VERSION = 1
@@ -374,6 +374,9 @@ def _type_problem(f: models.Field[Any, Any], value: Any) -> str | None:
     if isinstance(f, models.IntegerField | models.FloatField):
         if isinstance(value, bool):
             return f"must be a number, not {json.dumps(value)}"
+        if isinstance(value, str) and not plain_digits(value):  # int() reads other digits
+            shown = json.dumps(value, ensure_ascii=False)
+            return f"must be a number written in the digits 0-9, not {shown}"
         if isinstance(value, float) and not math.isfinite(value):
             return f"must be a finite number, not {value!r}"
         if isinstance(f, models.IntegerField) and isinstance(value, float) and value % 1:
