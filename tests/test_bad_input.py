@@ -207,3 +207,54 @@ def test_admin_a_related_id_that_is_no_id_is_an_error_on_its_field(
     form = response.context["adminform"].form
     assert field in form.errors
     assert not form.instance.pk
+
+
+@pytest.mark.parametrize("value", ["", " ", "abc", "1.5", "nan", "\x00", "9" * 30])
+@pytest.mark.parametrize(
+    ("model", "action"),
+    [
+        ("tier", "delete_selected"),
+        ("apikey", "delete_selected"),
+        ("apikey", "revoke"),
+        ("apikey", "reset_buckets"),
+        ("exemption", "delete_selected"),
+    ],
+)
+def test_admin_a_list_action_on_a_selection_that_is_no_id_changes_nothing(
+    admin_client: Client, anonymous: Tier, model: str, action: str, value: str
+) -> None:
+    """A list action's checkboxes send ids; a value no id can be (a hand-written or tampered
+    POST) was a 500 for every action, Django's "delete selected" too: now the valid ids are
+    acted on, and with none, Django's "Items must be selected" and nothing changed."""
+    from django_throttle.models import ApiKey
+
+    key, _ = ApiKey.objects.create_key(name="ci", tier=anonymous)
+    url = reverse(f"admin:django_throttle_{model}_changelist")
+    for confirmed in ({}, {"post": "yes"}):
+        data = {"action": action, "_selected_action": value, "index": "0"} | confirmed
+        response = admin_client.post(url, data, follow=True)
+
+        assert response.status_code == 200
+        assert "Items must be selected in order to perform actions on them" in (
+            response.content.decode()
+        )
+    key.refresh_from_db()
+    assert key.active
+    assert Tier.objects.filter(pk=anonymous.pk).exists()
+
+
+def test_admin_a_list_action_acts_on_the_valid_ids_of_a_tampered_selection(
+    admin_client: Client, anonymous: Tier
+) -> None:
+    from django_throttle.models import ApiKey
+
+    key, _ = ApiKey.objects.create_key(name="ci", tier=anonymous)
+    other, _ = ApiKey.objects.create_key(name="other", tier=anonymous)
+    url = reverse("admin:django_throttle_apikey_changelist")
+    data = {"action": "revoke", "_selected_action": ["1.5", str(key.pk)], "index": "0"}
+    response = admin_client.post(url, data, follow=True)
+
+    assert response.status_code == 200
+    key.refresh_from_db()
+    other.refresh_from_db()
+    assert (key.active, other.active) == (False, True)
