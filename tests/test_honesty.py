@@ -7,6 +7,8 @@ from __future__ import annotations
 import io
 import json
 import re
+import threading
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -17,11 +19,16 @@ from django.core.management import call_command
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import AsyncClient, Client
 from django.urls import path, reverse
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
-from django_throttle import backends
+from django_throttle import backends, events
 from django_throttle.decorators import throttle
 from django_throttle.models import EndpointLimit
 from django_throttle.policy import live as policy
+from django_throttle.request import core
 from django_throttle.usage import accounting as usage
 from tests.factories import endpoint, tier
 
@@ -36,10 +43,35 @@ async def honest_view_async(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"ok": True})
 
 
+#: One request at once, then one a minute: a second request sent at once has a turn to wait.
+PACED = {"rate": "1/min", "algorithm": "gcra", "burst": 4, "delay": 0}
+
+
+@throttle(**PACED)
+def paced_view(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"ok": True})
+
+
+@throttle(**PACED)
+async def paced_view_async(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"ok": True})
+
+
+class PacedApi(APIView):
+    permission_classes = [AllowAny]
+    throttle_scope = "paced-api"
+
+    def get(self, request: Request) -> Response:
+        return Response({"ok": True})
+
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("honest/", honest_view),
     path("honest-async/", honest_view_async),
+    path("paced/", paced_view),
+    path("paced-async/", paced_view_async),
+    path("paced-api/", PacedApi.as_view()),
 ]
 
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db(transaction=True)]
@@ -124,3 +156,65 @@ def test_a_refused_turn_of_a_shadow_would_deny_is_counted_denied_in_local_mode(
     usage.flush_pending()
     [row] = usage_rows()
     assert (row["allowed"], row["shadow_denied"], row["denied"]) == (0, 0, 1)
+
+
+def metric_totals(name: str) -> Counter[str]:
+    """A Prometheus counter's samples summed by their ``outcome`` label ("" without one)."""
+    from prometheus_client import REGISTRY
+
+    found: Counter[str] = Counter()
+    for metric in REGISTRY.collect():
+        for sample in metric.samples:
+            if sample.name == name:
+                found[sample.labels.get("outcome", "")] += sample.value
+    return found
+
+
+@pytest.mark.parametrize("route", ["/paced/", "/paced-async/", "/paced-api/"])
+def test_a_refused_turn_is_a_denial_in_signals_and_metrics(
+    route: str, backend: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request given a turn that its process will not wait for (every place for waiting
+    requests taken) is answered 429; the signals and the metrics announced it "allowed"
+    and delayed when its turn was given, and sent no ``request_throttled``. It is announced
+    once its process took the turn or refused it."""
+    from django_throttle import metrics
+
+    settings.DJANGO_THROTTLE_METRICS = True
+    assert metrics.connect()
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    rule = endpoint("paced-api", "scope", "paced-api")
+    EndpointLimit.objects.create(rule=rule, tier=anonymous, **PACED)
+    policy.current()
+    full = threading.BoundedSemaphore(1)
+    full.acquire()  # every place for waiting requests of this process taken
+    monkeypatch.setattr(core, "_awaiting" if "async" in route else "_waiting", full)
+    heard: list[str] = []
+
+    def decided(sender: Any, outcome: str, **kwargs: Any) -> None:
+        heard.append(outcome)
+
+    def throttled(sender: Any, shadow: bool = False, **kwargs: Any) -> None:
+        heard.append("throttled")
+
+    events.request_decided.connect(decided)
+    events.request_throttled.connect(throttled)
+    decisions, delays = (
+        metric_totals("django_throttle_decisions_total"),
+        metric_totals("django_throttle_delays_total"),
+    )
+    try:
+        if "async" in route:
+            client = AsyncClient(REMOTE_ADDR="203.0.113.21")
+            statuses = [async_to_sync(client.get)(route).status_code for _ in range(2)]
+        else:
+            plain = Client(REMOTE_ADDR="203.0.113.21")
+            statuses = [plain.get(route).status_code for _ in range(2)]
+    finally:
+        events.request_decided.disconnect(decided)
+        events.request_throttled.disconnect(throttled)
+    assert statuses == [200, 429]
+    assert heard == ["allowed", "denied", "throttled"]
+    counted = metric_totals("django_throttle_decisions_total") - decisions
+    assert (counted["allowed"], counted["denied"]) == (1, 1)
+    assert metric_totals("django_throttle_delays_total") == delays  # nobody waited
