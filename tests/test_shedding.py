@@ -411,6 +411,36 @@ def test_worker_shedding_without_a_fleet_capacity_adds_no_fleet_limit() -> None:
 
 @pytest.mark.urls(__name__)
 @pytest.mark.django_db(transaction=True)
+def test_explain_counts_the_fleets_free_slots_as_its_in_flight_says(
+    closed_gate: threading.Event,
+) -> None:
+    """Explain showed the fleet's share with 0 remaining (and whole again in 0 s) however
+    few of its slots were held: "1 of 7 in flight", remaining 0, next request allowed. Its
+    remaining is the share's free slots and its reset the end of the last lease held."""
+    import io
+
+    from django.core.management import call_command
+
+    rules(capacity=10, default=90, sheddable=70)
+    with reports_held(closed_gate):  # the report (sheddable) holds one slot of 7
+        out = io.StringIO()
+        call_command(
+            "throttle_explain",
+            "--ip",
+            "203.0.113.5",
+            "--path",
+            "/api/feed/",
+            "--format",
+            "json",
+            stdout=out,
+        )
+    [fleet] = [row for row in json.loads(out.getvalue())["rows"] if row["id"] == "fleet"]
+    assert (fleet["capacity"], fleet["in_flight"], fleet["remaining"]) == (7, 1, 6)
+    assert 0 < fleet["reset_seconds"] <= 60  # the report's lease
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
 def test_the_headers_show_the_clients_own_limits_not_the_fleets() -> None:
     """The fleet's capacity is no client's limit: an allowed request's X-RateLimit-* headers
     show its own limits however few fleet slots are free (the fleet limit is 'quiet')."""
