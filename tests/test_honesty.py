@@ -28,6 +28,7 @@ from django_throttle import backends, events
 from django_throttle.decorators import throttle
 from django_throttle.models import EndpointLimit
 from django_throttle.policy import live as policy
+from django_throttle.rates import Algorithm, Limit, Rate
 from django_throttle.request import core
 from django_throttle.usage import accounting as usage
 from tests.factories import endpoint, tier
@@ -218,3 +219,37 @@ def test_a_refused_turn_is_a_denial_in_signals_and_metrics(
     counted = metric_totals("django_throttle_decisions_total") - decisions
     assert (counted["allowed"], counted["denied"]) == (1, 1)
     assert metric_totals("django_throttle_delays_total") == delays  # nobody waited
+
+
+def test_every_key_the_newer_features_write_expires(
+    settings: Any, redis_client: Any, _isolated_throttle: str
+) -> None:
+    """Regional rows, a delaying limit, a concurrency limit with a slot held, the fleet
+    shedder, an adaptive controller step and the usage push, on the suite's Redis: every key
+    under the test's prefix has a TTL."""
+    from django_throttle.models import Protection, TierLimit
+
+    settings.DJANGO_THROTTLE_REGION_SOURCE = "header:CF-IPCountry"
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = ["10.0.0.0/8"]
+    anonymous = tier("anonymous", "50/m", is_default_anonymous=True)
+    TierLimit.objects.create(tier=anonymous, rate="2/m", regions="FR")
+    TierLimit.objects.create(tier=anonymous, rate="10/s", algorithm="gcra", burst=3, delay=0)
+    rule = endpoint("paced-api", "scope", "paced-api")
+    EndpointLimit.objects.create(rule=rule, tier=anonymous, rate="2/min", algorithm="concurrency")
+    Protection.objects.create(in_flight=10)
+    policy.current()
+    client = Client()
+    edge = {"REMOTE_ADDR": "10.0.0.5", "HTTP_X_FORWARDED_FOR": "203.0.113.9"}
+    assert [
+        client.get("/honest/", **edge, HTTP_CF_IPCOUNTRY="FR").status_code for _ in range(3)
+    ] == [200, 200, 429]
+    assert [client.get("/paced-api/", **edge).status_code for _ in range(2)] == [200, 200]
+    # A slot still held, as by a request in flight (the view's was given back).
+    slots = Limit(id="held", rate=Rate.parse("2/min"), burst=2, algorithm=Algorithm.CONCURRENCY)
+    assert backends.get_backend().hit("ip:203.0.113.9", [slots]).leases
+    call_command("throttle_adapt", "--signal", "tests.test_adaptive.overloaded", "--once")
+    usage.flush_pending()
+    usage.wait_pushed()
+    keys = list(redis_client.scan_iter(match=_isolated_throttle + "*", count=1000))
+    assert len(keys) >= 6
+    assert {key: redis_client.pttl(key) for key in keys if redis_client.pttl(key) < 0} == {}
