@@ -142,6 +142,14 @@ def test_each_criticality_meets_its_share_of_one_fleet_limit() -> None:
         limit.algorithm == Algorithm.CONCURRENCY and limit.shared
         for limit in shedding.fleet.values()
     )
+    # A share's slots are rounded down, at least 1 (the shedding page's 70 % of 15 is 10).
+    uneven = compile_shedding(Protection(in_flight=15, default_share=90, sheddable_share=70))
+    assert uneven is not None
+    assert {c: x.rate.count for c, x in uneven.fleet.items()} == {
+        "critical": 15,
+        "default": 13,
+        "sheddable": 10,
+    }
     assert compile_shedding(None) is None
     assert compile_shedding(Protection(in_flight=None)) is None
     assert compile_shedding(Protection(in_flight=5, enabled=False)) is None
