@@ -221,6 +221,8 @@ class CredentialProtection:
             )
         finally:
             setattr(http_request, HEADER_ONLY, False)
+        if decision.wait and decision.allowed:  # a delaying limit: its turn, as every check's
+            decision = core.wait_turn(http_request, decision)
         degraded = core.degraded_mode(decision)
         if degraded is not None:  # said by the headers middleware, whatever the response
             setattr(http_request, core.DEGRADED_ATTRIBUTE, degraded)

@@ -15,7 +15,7 @@ Metrics (all prefixed ``django_throttle_``):
   ``shadow_denied``, ``failed_open`` or ``failed_closed``;
 - ``decision_seconds``: a histogram of the time a decision took, backend call included;
 - ``delays_total{tier, endpoint}``: requests a delaying limit gave a turn to wait for
-  (counted when decided), and ``delay_seconds``, a histogram of those waits;
+  (counted when the wait begins), and ``delay_seconds``, a histogram of those waits;
 - ``shed_total{tier, endpoint, criticality}``: requests the load shedder refused with 503
   (also in ``decisions_total`` as ``denied``);
 - ``leases_held``: concurrency leases this process's requests hold now (summed over the live

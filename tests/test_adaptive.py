@@ -18,7 +18,7 @@ from django.test import AsyncClient, Client
 from django_throttle.backends import get_backend
 from django_throttle.backends.adaptive_store import AdaptiveStore, parse_factors
 from django_throttle.checks import check_settings
-from django_throttle.models import EndpointLimit, Tier
+from django_throttle.models import EndpointLimit, Tier, TierLimit
 from django_throttle.policy import adaptive
 from django_throttle.policy import live as policy
 from django_throttle.policy.adaptive import Controller
@@ -112,6 +112,23 @@ def test_operator_factor_halves_the_admitted_rate_through_drf() -> None:
     assert response["X-RateLimit-Limit"] == "5"
     assert admitted(client, "203.0.113.1") == 4  # 5 in all with the first
     assert admitted(client, "203.0.113.2") == 5
+
+
+@pytest.mark.parametrize(("algorithm", "after"), [("token_bucket", [429]), ("gcra", [200, 429])])
+def test_a_tightened_limit_carries_its_counter_on(algorithm: str, after: list[int]) -> None:
+    """What the adaptive page promises: a client that had used 8 of 10 meets 5 at 50 % and
+    is refused until it refills, no fresh burst. A GCRA limit keeps its use as time (8 s at
+    1/s), which the halved limit reads as 4 of its 5: one more request, then refusals."""
+    anonymous = tier("anonymous", is_default_anonymous=True)
+    TierLimit.objects.create(tier=anonymous, rate="10/10s", algorithm=algorithm)
+    client = Client(REMOTE_ADDR="203.0.113.3")
+    assert [client.get("/api/ping/").status_code for _ in range(8)] == [200] * 8
+    Tier.objects.filter(pk=anonymous.pk).update(load_factor=50)
+    Tier.objects.get(pk=anonymous.pk).save()  # a save bumps the policy version
+    policy.reset()
+    answers = [client.get("/api/ping/") for _ in after]
+    assert [answer.status_code for answer in answers] == after
+    assert answers[-1]["X-RateLimit-Limit"] == "5"
 
 
 def test_operator_factor_applies_on_the_async_path() -> None:

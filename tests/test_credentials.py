@@ -7,6 +7,7 @@ import base64
 import hashlib
 import io
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -169,6 +170,38 @@ def test_a_429_before_authentication_says_when_to_retry(backend: str, anonymous:
     assert denied.status_code == 429
     assert 1 <= int(denied["Retry-After"]) <= 60
     assert denied.json()["limit"] == "authentication (anonymous) 1/min"
+
+
+def test_a_delaying_credential_limit_makes_basic_attempts_wait_their_turn(
+    backend: str, anonymous: Tier
+) -> None:
+    """A delaying limit on the rule DRF's protected authentication checks: the second
+    attempt sent at once waits its turn, as at a ``protect_credentials`` view, and each
+    attempt is announced once (the second was served at once, never counted delayed, and
+    with announcements made when the wait is taken it was never announced)."""
+    from django_throttle import events
+
+    rule = EndpointRule.objects.create(name="authentication", pattern="authentication")
+    EndpointLimit.objects.create(
+        rule=rule, tier=anonymous, rate="10/s", algorithm="gcra", burst=3, delay=0
+    )
+    outcomes: list[str] = []
+
+    def decided(sender: Any, outcome: str, **kwargs: Any) -> None:
+        outcomes.append(outcome)
+
+    events.request_decided.connect(decided)
+    try:
+        client = Client(REMOTE_ADDR="203.0.113.50")
+        client.get("/api/basic/", HTTP_AUTHORIZATION=basic("nobody", "x"))
+        started = time.monotonic()
+        second = client.get("/api/basic/", HTTP_AUTHORIZATION=basic("nobody", "x"))
+        waited = time.monotonic() - started
+    finally:
+        events.request_decided.disconnect(decided)
+    assert second.status_code == 401
+    assert waited >= 0.05  # its turn, about 0.1 s after the first
+    assert outcomes == ["allowed", "allowed"]
 
 
 def test_a_successful_login_neither_counts_nor_resets_the_ip_bucket(

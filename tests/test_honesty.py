@@ -7,6 +7,8 @@ from __future__ import annotations
 import io
 import json
 import re
+import threading
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -17,11 +19,17 @@ from django.core.management import call_command
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import AsyncClient, Client
 from django.urls import path, reverse
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
-from django_throttle import backends
+from django_throttle import backends, events
 from django_throttle.decorators import throttle
 from django_throttle.models import EndpointLimit
 from django_throttle.policy import live as policy
+from django_throttle.rates import Algorithm, Limit, Rate
+from django_throttle.request import core
 from django_throttle.usage import accounting as usage
 from tests.factories import endpoint, tier
 
@@ -36,10 +44,35 @@ async def honest_view_async(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"ok": True})
 
 
+#: One request at once, then one a minute: a second request sent at once has a turn to wait.
+PACED = {"rate": "1/min", "algorithm": "gcra", "burst": 4, "delay": 0}
+
+
+@throttle(**PACED)
+def paced_view(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"ok": True})
+
+
+@throttle(**PACED)
+async def paced_view_async(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"ok": True})
+
+
+class PacedApi(APIView):
+    permission_classes = [AllowAny]
+    throttle_scope = "paced-api"
+
+    def get(self, request: Request) -> Response:
+        return Response({"ok": True})
+
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("honest/", honest_view),
     path("honest-async/", honest_view_async),
+    path("paced/", paced_view),
+    path("paced-async/", paced_view_async),
+    path("paced-api/", PacedApi.as_view()),
 ]
 
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db(transaction=True)]
@@ -124,3 +157,99 @@ def test_a_refused_turn_of_a_shadow_would_deny_is_counted_denied_in_local_mode(
     usage.flush_pending()
     [row] = usage_rows()
     assert (row["allowed"], row["shadow_denied"], row["denied"]) == (0, 0, 1)
+
+
+def metric_totals(name: str) -> Counter[str]:
+    """A Prometheus counter's samples summed by their ``outcome`` label ("" without one)."""
+    from prometheus_client import REGISTRY
+
+    found: Counter[str] = Counter()
+    for metric in REGISTRY.collect():
+        for sample in metric.samples:
+            if sample.name == name:
+                found[sample.labels.get("outcome", "")] += sample.value
+    return found
+
+
+@pytest.mark.parametrize("route", ["/paced/", "/paced-async/", "/paced-api/"])
+def test_a_refused_turn_is_a_denial_in_signals_and_metrics(
+    route: str, backend: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request given a turn that its process will not wait for (every place for waiting
+    requests taken) is answered 429; the signals and the metrics announced it "allowed"
+    and delayed when its turn was given, and sent no ``request_throttled``. It is announced
+    once its process took the turn or refused it."""
+    from django_throttle import metrics
+
+    settings.DJANGO_THROTTLE_METRICS = True
+    assert metrics.connect()
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    rule = endpoint("paced-api", "scope", "paced-api")
+    EndpointLimit.objects.create(rule=rule, tier=anonymous, **PACED)
+    policy.current()
+    full = threading.BoundedSemaphore(1)
+    full.acquire()  # every place for waiting requests of this process taken
+    monkeypatch.setattr(core, "_awaiting" if "async" in route else "_waiting", full)
+    heard: list[str] = []
+
+    def decided(sender: Any, outcome: str, **kwargs: Any) -> None:
+        heard.append(outcome)
+
+    def throttled(sender: Any, shadow: bool = False, **kwargs: Any) -> None:
+        heard.append("throttled")
+
+    events.request_decided.connect(decided)
+    events.request_throttled.connect(throttled)
+    decisions, delays = (
+        metric_totals("django_throttle_decisions_total"),
+        metric_totals("django_throttle_delays_total"),
+    )
+    try:
+        if "async" in route:
+            client = AsyncClient(REMOTE_ADDR="203.0.113.21")
+            statuses = [async_to_sync(client.get)(route).status_code for _ in range(2)]
+        else:
+            plain = Client(REMOTE_ADDR="203.0.113.21")
+            statuses = [plain.get(route).status_code for _ in range(2)]
+    finally:
+        events.request_decided.disconnect(decided)
+        events.request_throttled.disconnect(throttled)
+    assert statuses == [200, 429]
+    assert heard == ["allowed", "denied", "throttled"]
+    counted = metric_totals("django_throttle_decisions_total") - decisions
+    assert (counted["allowed"], counted["denied"]) == (1, 1)
+    assert metric_totals("django_throttle_delays_total") == delays  # nobody waited
+
+
+def test_every_key_the_newer_features_write_expires(
+    settings: Any, redis_client: Any, _isolated_throttle: str
+) -> None:
+    """Regional rows, a delaying limit, a concurrency limit with a slot held, the fleet
+    shedder, an adaptive controller step and the usage push, on the suite's Redis: every key
+    under the test's prefix has a TTL."""
+    from django_throttle.models import Protection, TierLimit
+
+    settings.DJANGO_THROTTLE_REGION_SOURCE = "header:CF-IPCountry"
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = ["10.0.0.0/8"]
+    anonymous = tier("anonymous", "50/m", is_default_anonymous=True)
+    TierLimit.objects.create(tier=anonymous, rate="2/m", regions="FR")
+    TierLimit.objects.create(tier=anonymous, rate="10/s", algorithm="gcra", burst=3, delay=0)
+    rule = endpoint("paced-api", "scope", "paced-api")
+    EndpointLimit.objects.create(rule=rule, tier=anonymous, rate="2/min", algorithm="concurrency")
+    Protection.objects.create(in_flight=10)
+    policy.current()
+    client = Client()
+    edge = {"REMOTE_ADDR": "10.0.0.5", "HTTP_X_FORWARDED_FOR": "203.0.113.9"}
+    assert [
+        client.get("/honest/", **edge, HTTP_CF_IPCOUNTRY="FR").status_code for _ in range(3)
+    ] == [200, 200, 429]
+    assert [client.get("/paced-api/", **edge).status_code for _ in range(2)] == [200, 200]
+    # A slot still held, as by a request in flight (the view's was given back).
+    slots = Limit(id="held", rate=Rate.parse("2/min"), burst=2, algorithm=Algorithm.CONCURRENCY)
+    assert backends.get_backend().hit("ip:203.0.113.9", [slots]).leases
+    call_command("throttle_adapt", "--signal", "tests.test_adaptive.overloaded", "--once")
+    usage.flush_pending()
+    usage.wait_pushed()
+    keys = list(redis_client.scan_iter(match=_isolated_throttle + "*", count=1000))
+    assert len(keys) >= 6
+    assert {key: redis_client.pttl(key) for key in keys if redis_client.pttl(key) < 0} == {}

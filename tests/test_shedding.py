@@ -142,6 +142,14 @@ def test_each_criticality_meets_its_share_of_one_fleet_limit() -> None:
         limit.algorithm == Algorithm.CONCURRENCY and limit.shared
         for limit in shedding.fleet.values()
     )
+    # A share's slots are rounded down, at least 1 (the shedding page's 70 % of 15 is 10).
+    uneven = compile_shedding(Protection(in_flight=15, default_share=90, sheddable_share=70))
+    assert uneven is not None
+    assert {c: x.rate.count for c, x in uneven.fleet.items()} == {
+        "critical": 15,
+        "default": 13,
+        "sheddable": 10,
+    }
     assert compile_shedding(None) is None
     assert compile_shedding(Protection(in_flight=None)) is None
     assert compile_shedding(Protection(in_flight=5, enabled=False)) is None
@@ -407,6 +415,36 @@ def test_worker_shedding_without_a_fleet_capacity_adds_no_fleet_limit() -> None:
     shedding = compile_shedding(Protection(worker_capacity=8))
     assert shedding is not None and shedding.fleet == {} and shedding.worker_capacity == 8
     assert shedding.fleet_limit(None) is None
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_explain_counts_the_fleets_free_slots_as_its_in_flight_says(
+    closed_gate: threading.Event,
+) -> None:
+    """Explain showed the fleet's share with 0 remaining (and whole again in 0 s) however
+    few of its slots were held: "1 of 7 in flight", remaining 0, next request allowed. Its
+    remaining is the share's free slots and its reset the end of the last lease held."""
+    import io
+
+    from django.core.management import call_command
+
+    rules(capacity=10, default=90, sheddable=70)
+    with reports_held(closed_gate):  # the report (sheddable) holds one slot of 7
+        out = io.StringIO()
+        call_command(
+            "throttle_explain",
+            "--ip",
+            "203.0.113.5",
+            "--path",
+            "/api/feed/",
+            "--format",
+            "json",
+            stdout=out,
+        )
+    [fleet] = [row for row in json.loads(out.getvalue())["rows"] if row["id"] == "fleet"]
+    assert (fleet["capacity"], fleet["in_flight"], fleet["remaining"]) == (7, 1, 6)
+    assert 0 < fleet["reset_seconds"] <= 60  # the report's lease
 
 
 @pytest.mark.urls(__name__)

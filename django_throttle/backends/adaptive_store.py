@@ -1,6 +1,6 @@
 """Where the adaptive load controller keeps what every worker shares: each tier's automatic
 factor, the lock that lets one controller move them per step, and their history for the
-dashboard. Three keys under the key prefix, each with a TTL, on the backend's own client (the
+dashboard. Four keys under the key prefix, each with a TTL, on the backend's own client (the
 in-process store for the memory backend); single-key commands only, so they work on a
 Redis Cluster as on one server.
 
@@ -10,8 +10,9 @@ Redis Cluster as on one server.
   that stopped leaves limits shrunk: the factors then expire and every tier is whole again.
 - ``<prefix>:adaptive:step:<n>``: ``SET NX PX`` per controller step ``n``; the controller
   that sets it moves the factors in that step, any other skips it.
-- ``<prefix>:adaptive:cut``: when (the controller's clock, Unix seconds) a tier was last
-  cut, so no controller cuts again before that cut could show in the load signal.
+- ``<prefix>:adaptive:moved``: when (the controller's clock, Unix seconds) a tier's factor
+  last moved, so no controller moves one again before that move could show in the load
+  signal (``--settle``).
 - ``<prefix>:adaptive:history``: a sorted set, score the minute (since the Unix epoch),
   member ``"<minute>:<tier id>:<factor>"``; the last :data:`HISTORY_MINUTES` minutes only
   (one entry per tier and minute, the minute's last), so it is bounded whatever runs.

@@ -223,17 +223,25 @@ def buckets(found: Sequence[Counter]) -> list[Bucket]:
     """Each counter's live state, read without consuming; a concurrency limit's with the
     leases held in it."""
     backend = get_backend()
-    return [
-        Bucket(
-            c.limit,
-            c.where,
-            backend.peek(c.client, [c.limit]),
-            shared_by() if c.limit.shared else c.counted_by,
-            c.client,
-            _held(backend, c),
-        )
-        for c in found
-    ]
+    states = []
+    for c in found:
+        held = _held(backend, c)
+        state = backend.peek(c.client, [c.limit])
+        if c.limit.id == FLEET and state.allowed and state.limit is None:
+            state = _fleet_state(state, c.limit, held)
+        counted_by = shared_by() if c.limit.shared else c.counted_by
+        states.append(Bucket(c.limit, c.where, state, counted_by, c.client, held))
+    return states
+
+
+def _fleet_state(state: Decision, limit: Limit, held: tuple[tuple[str, float], ...]) -> Decision:
+    """The fleet's ``state`` as its own limit's: an allowed call never reports the fleet
+    (no client's own limit: see ``lua/driver.lua``), so its peek says nothing of it; its free
+    slots and the end of its last lease are those of the ``held`` leases, as the
+    concurrency script counts them."""
+    slots = per_shard(limit, app_settings.key_shards).capacity
+    reset = max((left for _, left in held), default=0.0)
+    return replace(state, limit=limit, remaining=max(0, slots - len(held)), reset_after=reset)
 
 
 def shared_by() -> str:

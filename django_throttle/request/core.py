@@ -249,7 +249,7 @@ def _worker_shed(
         return None
     usage.record_shed(planned.field, planned.client)
     if started:
-        _announce(request, planned, decision, started)
+        _announce(request, planned, decision, time.perf_counter() - started)
     return decision
 
 
@@ -263,7 +263,13 @@ def _finished(
     else:
         decision = counted_decision(planned, reply, request)
     if started:
-        _announce(request, planned, decision, started)
+        seconds = time.perf_counter() - started
+        if decision.wait:
+            # A request given a turn is announced once this process takes the turn or
+            # refuses it (wait_turn): a refused turn is a 429, never an "allowed".
+            request.throttle_announcing = (planned, seconds)
+        else:
+            _announce(request, planned, decision, seconds)
     return decision
 
 
@@ -298,9 +304,9 @@ async def _async_user(request: Any) -> Any:
     return None
 
 
-def _announce(request: Any, planned: Plan, decision: Decision, started: float) -> None:
-    """Tell :mod:`django_throttle.events` listeners about a decision (only called when one
-    listens)."""
+def _announce(request: Any, planned: Plan, decision: Decision, seconds: float) -> None:
+    """Tell :mod:`django_throttle.events` listeners about a decision that took ``seconds``
+    (only called when one listens)."""
     outcome = usage_outcome(decision)
     about = {
         "request": request,
@@ -308,7 +314,6 @@ def _announce(request: Any, planned: Plan, decision: Decision, started: float) -
         "tier": planned.tier.slug if planned.tier is not None else "",
         "endpoint": planned.endpoint.name if planned.endpoint is not None else "",
     }
-    seconds = time.perf_counter() - started
     events.send(events.request_decided, check, outcome=outcome, seconds=seconds, **about)
     if outcome in (usage.DENIED, usage.SHADOW_DENIED):
         shadow = outcome == usage.SHADOW_DENIED
@@ -723,7 +728,8 @@ def wait_turn(request: Any, decision: Decision) -> Decision:
         if turn is not None:
             looking = _state_after(turn)
             state = run_locally(looking) if turn.local else run(looking)
-        return _refused_turn(turn, decision, state)
+        return _announce_turn(request, _refused_turn(turn, decision, state))
+    _announce_turn(request, decision)
     try:
         time.sleep(decision.wait)
     finally:
@@ -746,7 +752,8 @@ async def await_turn(request: Any, decision: Decision) -> Decision:
         if turn is not None:
             looking = _state_after(turn)
             state = run_locally(looking) if turn.local else await arun(looking)
-        return _refused_turn(turn, decision, state)
+        return _announce_turn(request, _refused_turn(turn, decision, state))
+    _announce_turn(request, decision)
     try:
         await asyncio.sleep(decision.wait)
     except asyncio.CancelledError:
@@ -756,6 +763,17 @@ async def await_turn(request: Any, decision: Decision) -> Decision:
     finally:
         _awaiting.release()
     _waited(request, decision)
+    return decision
+
+
+def _announce_turn(request: Any, decision: Decision) -> Decision:
+    """Announce ``decision``, what became of a request given a turn (served after its wait,
+    or refused because this process's places for waiting requests were taken), with the
+    time its check took (see :func:`_finished`); return it."""
+    pending = getattr(request, "throttle_announcing", None)
+    if pending is not None:
+        request.throttle_announcing = None
+        _announce(request, pending[0], decision, pending[1])
     return decision
 
 
