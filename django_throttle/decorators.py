@@ -92,7 +92,8 @@ def throttle(
     ``delay`` (with ``algorithm="gcra"``) holds a request back instead of refusing it, as
     nginx's ``limit_req`` does: of the ``burst`` requests admitted at once, ``delay + 1`` are
     served at once and the rest wait their turn, one interval apart, at most ``max_wait``
-    seconds (see :class:`~django_throttle.rates.Limit`). The response then says how long in
+    seconds (unset: what the burst implies, at most 10 s; see
+    :class:`~django_throttle.rates.Limit`). The response then says how long in
     ``X-RateLimit-Delayed``.
     """
     if callable(scope):  # @throttle without its parentheses: the view came as the scope

@@ -240,6 +240,13 @@ _CALENDAR_BY_PERIOD = {86400: "day", 7 * 86400: "week"}
 #: Longest an empty bucket may take to fill (burst x period / count): keeps every key's
 #: expiry (in ms) far inside what ``SET PX`` accepts.
 MAX_WINDOW = 10 * 366 * 86400
+#: Longest a delaying limit without a ``max_wait`` makes a request wait, in seconds, whatever
+#: its burst implies (``1/h`` with a burst of 10 would imply ten hours): a sync view sleeps
+#: in its thread meanwhile, gunicorn kills a worker silent for 30 s and nginx gives up on a
+#: response after 60 s, so a longer wait would end in a killed worker or a 504 after the
+#: turn was taken. A request that would wait longer is refused (429) with the time after
+#: which its wait would be within it. Set ``max_wait`` for longer waits.
+DEFAULT_MAX_WAIT = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +271,8 @@ class Limit:
     ``delay + 1`` are served at once and the others wait their turn, one ``rate.interval``
     apart (the turn is reserved as the request is counted, so requests waiting together are
     spaced exactly); one that would wait longer than ``max_wait`` seconds (default: as long as
-    the burst implies) or come beyond the burst is refused, nothing reserved. nginx's
+    the burst implies, at most :data:`DEFAULT_MAX_WAIT`) or come beyond the burst is refused,
+    nothing reserved. nginx's
     ``burst=B delay=D`` is ``burst=B + 1, delay=D`` here: this burst counts the request at
     the rate too. ``delay=0`` paces every request after the first; ``delay=burst - 1`` never
     waits (nginx's ``nodelay``, the plain GCRA).
@@ -371,10 +379,10 @@ class Limit:
     @property
     def max_wait_us(self) -> int:
         """The longest wait of a delaying limit in whole microseconds (at least 1): its
-        ``max_wait``, else what its burst implies."""
+        ``max_wait``, else what its burst implies, at most :data:`DEFAULT_MAX_WAIT`."""
         if self.max_wait is not None:
             return max(1, round(self.max_wait * 1e6))
-        return max(1, self.burst * self.emission_us)
+        return max(1, min(self.burst * self.emission_us, DEFAULT_MAX_WAIT * 1_000_000))
 
     def _check_calendar(self) -> None:
         if not self.calendar_unit:

@@ -32,7 +32,7 @@ from django_throttle.decorators import throttle
 from django_throttle.drf import AsyncPolicyThrottle
 from django_throttle.models import EndpointLimit
 from django_throttle.policy import live as policy
-from django_throttle.rates import Algorithm, Decision, InvalidRate, Limit
+from django_throttle.rates import DEFAULT_MAX_WAIT, Algorithm, Decision, InvalidRate, Limit
 from django_throttle.request import core
 from tests.factories import assert_turns_spaced, endpoint, own_connections, tier
 
@@ -133,6 +133,27 @@ def test_with_other_limits_the_longest_wait_counts(backend: Backend) -> None:
     assert waits == [0.0, 1.0, 2.0]
 
 
+def test_without_a_longest_wait_no_request_waits_beyond_the_default(backend: Backend) -> None:
+    """A delaying limit of 1/h with a burst of 10 and no ``max_wait`` made its second request
+    wait an hour (what the burst implies), holding a thread until gunicorn killed the worker or
+    nginx answered 504, the turn taken. Unset, the longest wait is at most
+    ``DEFAULT_MAX_WAIT``: the request is refused with the time after which its wait is within
+    it, and a retry then waits that long."""
+    limit = Limit.build("slow", "1/h", burst=10, algorithm=Algorithm.GCRA, delay=0)
+    assert limit.max_wait_us == DEFAULT_MAX_WAIT * 1_000_000
+    assert seen(backend, limit, 2) == [(True, 0.0, 0.0), (False, 0.0, 3600.0 - DEFAULT_MAX_WAIT)]
+    retry = backend.hit("c", [limit], now=T0 + 3600 - DEFAULT_MAX_WAIT)
+    assert (retry.allowed, retry.wait) == (True, DEFAULT_MAX_WAIT)
+    # A burst whose waits are all shorter keeps them; an explicit max_wait is what it says.
+    assert paced(5).max_wait_us == 2_500_000
+    assert (
+        Limit.build(
+            "x", "1/h", burst=10, algorithm=Algorithm.GCRA, delay=0, max_wait=7200
+        ).max_wait_us
+        == 7_200_000_000
+    )
+
+
 def test_delay_is_refused_where_it_does_not_apply() -> None:
     with pytest.raises(InvalidRate, match="only a GCRA limit delays") as refused:
         Limit.build("x", "2/s", burst=5, algorithm=Algorithm.TOKEN_BUCKET, delay=1)
@@ -201,12 +222,12 @@ async def paced_view_async(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"ok": True})
 
 
-@throttle(rate="1/m", algorithm="gcra", burst=4, delay=0, scope="slow")
+@throttle(rate="1/m", algorithm="gcra", burst=4, delay=0, max_wait=300, scope="slow")
 def slow_view(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"ok": True})
 
 
-@throttle(rate="1/m", algorithm="gcra", burst=4, delay=0, scope="slow-async")
+@throttle(rate="1/m", algorithm="gcra", burst=4, delay=0, max_wait=300, scope="slow-async")
 async def slow_view_async(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"ok": True})
 

@@ -143,7 +143,13 @@ def test_explain_says_how_long_a_delaying_limit_would_hold_the_next_request(
 
     ping = endpoint("ping", "route", "ping")
     EndpointLimit.objects.create(
-        rule=ping, tier=policy["anon"], rate="1/min", burst=3, algorithm="gcra", delay=0
+        rule=ping,
+        tier=policy["anon"],
+        rate="1/min",
+        burst=3,
+        algorithm="gcra",
+        delay=0,
+        max_wait=300,
     )
     assert client.get("/api/ping/", REMOTE_ADDR="203.0.113.44").status_code == 200
 

@@ -151,7 +151,7 @@ class LimitFields(models.Model):
         validators=[MinValueValidator(0.001), MaxValueValidator(float(MAX_WINDOW))],
         help_text=_(
             "with a delay: the longest a request may wait for its turn, in seconds; "
-            "empty = what the burst allows"
+            "empty = what the burst allows, at most 10 s"
         ),
     )
     timezone = models.CharField(
