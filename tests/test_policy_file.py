@@ -1125,3 +1125,31 @@ def test_a_field_of_the_wrong_shape_hides_no_other_problem_of_its_entry(tmp_path
         "  tiers[0] 't'.limits[0].timezone: must not be null (write \"\" for none)",
         "  tiers[0] 't'.limits[0].burst: “x” value must be an integer.",
     ]
+
+
+def test_an_export_an_import_would_refuse_is_not_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A site with many users assigned one by one exported a file above the values an import
+    takes: the operator learnt it only when importing it elsewhere. The export now refuses,
+    naming ``--no-assignments``, and what it does write the import takes (one count)."""
+    from django_throttle.policy import files
+
+    monkeypatch.setattr(files, "MAX_VALUES", 400)
+    seed()
+    pro = Tier.objects.get(slug="pro")
+    users = User.objects.bulk_create(User(username=f"u{n}") for n in range(60))
+    TierAssignment.objects.bulk_create(TierAssignment(user=user, tier=pro) for user in users)
+    out = tmp_path / "policy.json"
+    with pytest.raises(
+        CommandError,
+        match=r"Nothing was written: it holds [\d,]+ values, more "
+        r"than the 400 an import takes; write it with --no-assignments$",
+    ):
+        run("export", "--output", str(out))
+    assert not out.exists()
+    with pytest.raises(files.PolicyFileError, match="the file holds more than"):
+        files.load(files.dump(files.export_policy(), "json"), "json")  # as the import would
+
+    out.write_text(run("export", "--no-assignments"))
+    assert "No changes" in run("import", str(out))  # what it wrote, the import takes

@@ -96,6 +96,27 @@ _TOO_BIG = (
 )
 
 
+def too_big(document: Any, text: str) -> str | None:
+    """Why an import would refuse ``text``, the dump of ``document``, by its size (more than
+    :data:`MAX_BYTES` or :data:`MAX_VALUES` values), or ``None``: an export checks it, so it
+    never writes a file the import refuses."""
+    size = len(text.encode("utf-8"))
+    if size > MAX_BYTES:
+        return f"it weighs {size:,} bytes, more than the {MAX_BYTES:,} an import takes"
+    count, stack = 0, [document]
+    while stack:
+        value = stack.pop()
+        count += 1
+        if isinstance(value, dict):
+            count += len(value)  # the keys
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    if count > MAX_VALUES:
+        return f"it holds {count:,} values, more than the {MAX_VALUES:,} an import takes"
+    return None
+
+
 def dump(document: Mapping[str, Any], fmt: str) -> str:
     """The document as ``json`` or ``yaml`` text."""
     if fmt == "yaml":

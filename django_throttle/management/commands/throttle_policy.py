@@ -32,6 +32,7 @@ from django_throttle.policy.files import (
     from_drf,
     import_policy,
     load,
+    too_big,
 )
 from django_throttle.policy.live import MAX_AGE
 from django_throttle.signals import unpublished
@@ -77,7 +78,12 @@ class Command(BaseCommand):
         try:
             if options["action"] == "export":
                 document = export_policy(assignments=not options["no_assignments"])
-                self._write(dump(document, options["format"]), options["output"])
+                text = dump(document, options["format"])
+                problem = too_big(document, text)
+                if problem is not None:
+                    fix = "" if options["no_assignments"] else "; write it with --no-assignments"
+                    raise CommandError(f"Nothing was written: {problem}{fix}")
+                self._write(text, options["output"])
             elif options["action"] == "import":
                 path = options["file"]
                 fmt = options["format"] or (
