@@ -787,6 +787,17 @@ _TIER = '{"version": 1, "tiers": [{"slug": "t", "name": "T", %s"limits": [{"rate
             "yaml",
             "'t'.limits[0].regions: must be text, not false (in YAML, quote it)",
         ),
+        # Django read 1, 0 and "no" as flags: a file says true or false.
+        (
+            _TIER % ("", ', "shared": 1'),
+            "json",
+            "'t'.limits[0].shared: must be true or false, not 1",
+        ),
+        (
+            _TIER % ("", ', "shared": "no"'),
+            "json",
+            "'t'.limits[0].shared: must be true or false, not \"no\"",
+        ),
         (
             "version: 1\ntiers:\n- slug: t\n  name: 2026-01-01\n",
             "yaml",

@@ -391,7 +391,8 @@ def _type_problem(f: models.Field[Any, Any], value: Any) -> str | None:
     Django's ``to_python`` converts what it can, which a file's value must not rely on: it
     truncates ``1.5`` to a burst of 1, reads ``true`` as 1, turns YAML's unquoted ``NO`` (the
     boolean ``false``, meant as Norway's region code) into the region ``'FALSE'`` and a YAML
-    date into text, and fails with a traceback on ``1e400`` (infinity) for a whole number."""
+    date into text, reads ``1`` or ``"no"`` as a flag, and fails with a traceback on ``1e400``
+    (infinity) for a whole number."""
     if isinstance(f, models.IntegerField | models.FloatField):
         if isinstance(value, bool):
             return f"must be a number, not {json.dumps(value)}"
@@ -408,6 +409,10 @@ def _type_problem(f: models.Field[Any, Any], value: Any) -> str | None:
             return f"must be text, not {json.dumps(value)} (in YAML, quote it)"
         if not isinstance(value, str | int | float):  # a YAML date, say
             return f"must be text, not {type(value).__name__} {value} (quote it)"
+    elif isinstance(f, models.BooleanField) and not isinstance(value, bool):
+        # Django reads 1, 0, "t", "False" as booleans; a file says true or false.
+        shown = json.dumps(value, ensure_ascii=False, default=str)
+        return f"must be true or false, not {shown}"
     return None
 
 
