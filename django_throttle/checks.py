@@ -420,9 +420,19 @@ def _redis_url(value: Any) -> str | None:
             "the process"
         )
     try:
-        path = urlsplit(value).path if scheme != "unix" else ""
+        parts = urlsplit(value)
     except ValueError:  # redis-py cannot read it either: E040 names it
         return None
+    if scheme == "unix":
+        return None
+    try:
+        parts.port  # noqa: B018 - reading it is the check: ValueError for a bad port
+    except ValueError:
+        return (
+            "has a port that is no number from 1 to 65535: write the server as host:port, "
+            "such as 'redis://127.0.0.1:6379/0'"
+        )
+    path = parts.path
     database = unquote(path).replace("/", "")
     if database and not database.isdigit():  # redis-py would count in database 0 instead
         return (

@@ -338,6 +338,27 @@ def test_manage_py_check_fails_on_a_bad_setting(settings: Any) -> None:
 
 
 @pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:abc/0",
+        "rediss://:pw@cache.example.com:637900/0",
+        "valkey://127.0.0.1:6379:6380/0",
+    ],
+)
+def test_a_port_that_is_no_number_is_named_by_e002(settings: Any, url: str) -> None:
+    """A mistyped port was reported by E040 with a hint about DJANGO_THROTTLE_REDIS_OPTIONS,
+    which the project had not set: E002 says the URL's port is wrong and how to write it."""
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+
+    [error] = check_settings()
+
+    assert error.id == "django_throttle.E002"
+    assert "has a port that is no number" in error.msg
+    assert "'redis://127.0.0.1:6379/0'" in error.msg
+    assert ":pw@" not in error.msg
+
+
+@pytest.mark.parametrize(
     "url", ["redis://127.0.0.1:6379/throttle", "rediss://:pw@cache.example.com:6380/1O"]
 )
 def test_a_database_that_is_no_number_is_an_error(settings: Any, url: str) -> None:
