@@ -68,6 +68,18 @@ class Bucket:
         return len(self.leases) if self.concurrency and self.state is not None else None
 
     @property
+    def remaining(self) -> int | None:
+        """What the bucket has left now; ``None`` when the backend could not be read. The
+        counting script never reports the fleet limit (no client's headers show the service's
+        ceiling), so its peek says nothing of it: its slots left are its capacity less the
+        leases held."""
+        if self.state is None:
+            return None
+        if self.limit.id == FLEET:
+            return max(self.capacity - len(self.leases), 0)
+        return self.state.remaining
+
+    @property
     def in_flight_text(self) -> str:
         """For a concurrency limit, its slots taken in words ("2 of 3 in flight"); empty
         for another limit."""
