@@ -94,6 +94,7 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         *_check_removed(),
         *_check_unknown_names(),
         *_check_drf_lists(),
+        *_check_drf_throttles(),
         *_check_middleware_once(),
     ]
 
@@ -137,6 +138,40 @@ def _check_drf_lists() -> list[checks.CheckMessage]:
         )
         for key in DRF_CLASS_LISTS
         if isinstance(drf.get(key), str)
+    ]
+
+
+#: DRF's own rate throttles, which ``throttle_policy from-drf`` turns into tiers and rules.
+DRF_THROTTLES = (
+    "rest_framework.throttling.AnonRateThrottle",
+    "rest_framework.throttling.UserRateThrottle",
+    "rest_framework.throttling.ScopedRateThrottle",
+)
+_POLICY_THROTTLE = "django_throttle.drf.PolicyThrottle"
+
+
+def _check_drf_throttles() -> list[checks.CheckMessage]:
+    """W009: ``PolicyThrottle`` shares ``DEFAULT_THROTTLE_CLASSES`` with DRF's own rate
+    throttles (a migration left half done): DRF still refuses by its
+    ``DEFAULT_THROTTLE_RATES``, counted apart and without the admin's tiers, whatever the
+    admin says."""
+    drf = getattr(settings, "REST_FRAMEWORK", None)
+    classes = drf.get("DEFAULT_THROTTLE_CLASSES") if isinstance(drf, dict) else None
+    if not isinstance(classes, (list, tuple)) or _POLICY_THROTTLE not in classes:
+        return []
+    left = [name for name in classes if name in DRF_THROTTLES]
+    if not left:
+        return []
+    names = ", ".join(name.rpartition(".")[2] for name in left)
+    return [
+        checks.Warning(
+            f"REST_FRAMEWORK['DEFAULT_THROTTLE_CLASSES'] has DRF's {names} next to "
+            f"{_POLICY_THROTTLE}: DRF still refuses requests by its DEFAULT_THROTTLE_RATES, "
+            "counted apart from the admin's tiers, whatever the admin allows.",
+            hint="Remove DRF's throttle classes from the list; 'manage.py throttle_policy "
+            "from-drf --apply' turns their rates into tiers and rules first.",
+            id="django_throttle.W009",
+        )
     ]
 
 

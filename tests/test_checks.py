@@ -478,6 +478,36 @@ def test_drf_class_lists_as_lists_pass(settings: Any) -> None:
     assert check_settings() == []
 
 
+def test_drf_throttles_left_next_to_policy_throttle_are_a_warning(settings: Any) -> None:
+    """A migration from DRF left half done: DRF's throttles still refuse by their own rates,
+    whatever the admin's tiers allow, and nothing said so."""
+    settings.REST_FRAMEWORK = {
+        "DEFAULT_THROTTLE_CLASSES": [
+            "rest_framework.throttling.AnonRateThrottle",
+            "django_throttle.drf.PolicyThrottle",
+            "rest_framework.throttling.ScopedRateThrottle",
+        ],
+        "DEFAULT_THROTTLE_RATES": {"anon": "100/day"},
+    }
+
+    [warning] = check_settings()
+
+    assert warning.id == "django_throttle.W009"
+    assert not warning.is_serious()
+    assert "DRF's AnonRateThrottle, ScopedRateThrottle next to" in warning.msg
+    assert "throttle_policy from-drf --apply" in warning.hint
+
+
+def test_drf_throttles_alone_are_no_concern_of_the_checks(settings: Any) -> None:
+    """A project still on DRF's throttles (before ``from-drf``) is not told off."""
+    settings.REST_FRAMEWORK = {
+        "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.AnonRateThrottle"],
+        "DEFAULT_THROTTLE_RATES": {"anon": "100/day"},
+    }
+
+    assert check_settings() == []
+
+
 def test_the_headers_middleware_listed_twice_is_a_warning(settings: Any) -> None:
     """A settings file adding the middleware to a list that has it already: each request
     then counted twice towards the worker's busy requests, so its shedder shed at half its
