@@ -170,6 +170,8 @@ def throttle(
             # meets, and what it meets while the backend cannot answer.
             wrapper.throttle_policy_scope = scope
             wrapper.throttle_failure_mode = failure_mode
+        else:  # and the inline limit it meets instead of the tier's
+            wrapper.throttle_options = options
         return wrapper  # type: ignore[no-any-return]
 
     return decorator

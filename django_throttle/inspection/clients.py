@@ -622,6 +622,9 @@ class Check:
     #: The view's own failure mode (a DRF view's ``throttle_failure_mode``,
     #: ``@throttle(failure_mode=…)``); ``None``: the policy's.
     failure_mode: str | None = None
+    #: ``@throttle(rate=…)``'s inline limits and cost, met instead of the tier's.
+    limits: tuple[Limit, ...] | None = None
+    cost: int | None = None
 
 
 @dataclass(frozen=True)
@@ -710,6 +713,8 @@ def planned(
         request,
         probe.identity,
         scope=check.scope,
+        limits=check.limits,
+        cost=check.cost,
         credential=check.credential,
         rule_only=check.rule_only,
         failure_mode=check.failure_mode,
@@ -774,18 +779,32 @@ def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) 
     request sends ``basic`` credentials; then the view's own throttle (a DRF view's only
     when a ``PolicyThrottle`` is among its throttle classes; any other view is assumed to
     be throttled by the policy, as a path rule or ``@throttle(scope=...)`` would)."""
-    credential_scope = drf_view = own_mode = None
+    credential_scope = drf_view = own_mode = inline = None
     seen: set[int] = set()
     while func is not None and id(func) not in seen:  # down the __wrapped__ chain
         seen.add(id(func))
         credential_scope = credential_scope or getattr(func, "throttle_credential_scope", None)
         drf_view = drf_view or getattr(func, "cls", None)
         own_mode = own_mode or getattr(func, "throttle_failure_mode", None)
+        inline = inline or getattr(func, "throttle_options", None)
         func = getattr(func, "__wrapped__", None)
     checks = []
     if credential_scope is not None and method == "POST":
         name = f"protect_credentials (scope '{credential_scope}')"
         checks.append(_credential_check(name, str(credential_scope)))
+    if inline is not None:  # @throttle(rate=…): its own limit, not the tier's
+        options = inline()
+        checks.append(
+            Check(
+                "the view's throttle",
+                options["scope"],
+                credential=options["credential"],
+                failure_mode=_mode(options["failure_mode"]),
+                limits=tuple(options["limits"]),
+                cost=options["cost"],
+            )
+        )
+        return checks
     if drf_view is None:
         if credential_scope is None:
             checks.append(Check("the view's throttle", scope, failure_mode=_mode(own_mode)))
