@@ -169,6 +169,7 @@ def test_explain_shows_the_inline_limit_of_a_throttle_decorated_view(
     found = as_json("throttle_explain", "--ip", "203.0.113.77", "--path", path)
 
     assert [(row["capacity"], row["remaining"]) for row in found["rows"]] == [(count, 1)]
+    assert found["rows"][0]["from"] == "the view's @throttle"
     assert found["next_request"] == "allowed"
     assert client.get(path, REMOTE_ADDR="203.0.113.77").status_code == 200
     found = as_json("throttle_explain", "--ip", "203.0.113.77", "--path", path)

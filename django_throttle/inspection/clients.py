@@ -725,6 +725,8 @@ def planned(
     tier_ids = {limit.id for limit in plan.tier.limits} if plan.tier is not None else set()
     tier = f"tier '{plan.tier.slug}'" if plan.tier is not None else ""
     rule = f"rule '{plan.endpoint.name}'" if plan.endpoint is not None else ""
+    if check.limits is not None:
+        rule = INLINE
     network = client_ip({"REMOTE_ADDR": probe.address}) if probe.address is not None else None
     ip_key = Identity("ip", network).key if network is not None else None
     # Whose counter each is: this client's, its address's, else (the only other kind of
@@ -754,6 +756,8 @@ def planned(
     )
 
 
+#: Where a ``@throttle(rate=…)`` view's own limit comes from (the inspector's words).
+INLINE = "the view's @throttle"
 #: Where the fleet limit comes from, and whose counter it is (the inspector's words).
 SERVICE = "service protection"
 EVERY_CLIENT = "every client"
