@@ -148,12 +148,15 @@ def throttle(
         owner = scope or _owner(view)
         is_credential = _is_login_view(view) if credential is None else credential
 
-        def options() -> dict[str, Any]:
+        def options(view_owner: str | None = None) -> dict[str, Any]:
+            """The check's arguments; ``view_owner`` (the operator tools) names the class-based
+            view whose method ``method_decorator`` decorated, as :func:`_owner` would."""
             limits = None
             if probe is not None:
                 # A calendar quota's empty time zone is the setting's, read per request.
                 zone = timezone or (_site_zone() if probe.algorithm == Algorithm.CALENDAR else "")
-                limits = _inline_limits(owner, probe, burst, scope, zone)
+                name = scope or view_owner or owner
+                limits = _inline_limits(name, probe, burst, scope, zone)
             return {
                 "scope": scope,
                 "limits": limits,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -781,17 +782,32 @@ def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) 
     ``protect_credentials`` check before a login's password is read (``POST`` only); on a
     DRF view, the credential check of a protected Basic authentication class when the
     request sends ``basic`` credentials; then the view's own throttle (a DRF view's only
-    when a ``PolicyThrottle`` is among its throttle classes; any other view is assumed to
-    be throttled by the policy, as a path rule or ``@throttle(scope=...)`` would)."""
+    when a ``PolicyThrottle`` is among its throttle classes; another view's only under
+    ``@throttle``: its inline limit, or the rules of its scope, route or path). A view
+    under none of them, or a path no view answers, meets no check: nothing limits it."""
     credential_scope = drf_view = own_mode = inline = None
+    decorated = False  # @throttle(scope=…) somewhere down the chain
+    # A class-based view decorated with method_decorator carries the marks on its methods
+    # (as_view() copies dispatch's onto the view function, but not what names its bucket).
+    view_class: Any = getattr(func, "view_class", None)
+    starts = [
+        *((getattr(view_class, n, None), n) for n in ("dispatch", method.lower())),
+        (func, None),
+    ]
     seen: set[int] = set()
-    while func is not None and id(func) not in seen:  # down the __wrapped__ chain
-        seen.add(id(func))
-        credential_scope = credential_scope or getattr(func, "throttle_credential_scope", None)
-        drf_view = drf_view or getattr(func, "cls", None)
-        own_mode = own_mode or getattr(func, "throttle_failure_mode", None)
-        inline = inline or getattr(func, "throttle_options", None)
-        func = getattr(func, "__wrapped__", None)
+    for func, name in starts:
+        if name is not None and inline is None and hasattr(func, "throttle_options"):
+            # Its unscoped inline limit is named after the class and method (_owner).
+            owner = f"{view_class.__module__}.{view_class.__qualname__}.{name}"
+            inline = functools.partial(func.throttle_options, owner)
+        while func is not None and id(func) not in seen:  # down the __wrapped__ chain
+            seen.add(id(func))
+            decorated = decorated or hasattr(func, "throttle_policy_scope")
+            credential_scope = credential_scope or getattr(func, "throttle_credential_scope", None)
+            drf_view = drf_view or getattr(func, "cls", None)
+            own_mode = own_mode or getattr(func, "throttle_failure_mode", None)
+            inline = inline or getattr(func, "throttle_options", None)
+            func = getattr(func, "__wrapped__", None)
     checks = []
     if credential_scope is not None and method == "POST":
         name = f"protect_credentials (scope '{credential_scope}')"
@@ -810,7 +826,7 @@ def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) 
         )
         return checks
     if drf_view is None:
-        if credential_scope is None:
+        if credential_scope is None and decorated:
             checks.append(Check("the view's throttle", scope, failure_mode=_mode(own_mode)))
         return checks
     throttles = getattr(drf_view, "throttle_classes", ()) or ()
