@@ -97,6 +97,7 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         *_check_removed(),
         *_check_unknown_names(),
         *_check_drf_lists(),
+        *_check_drf_throttles(),
         *_check_middleware_once(),
     ]
 
@@ -140,6 +141,40 @@ def _check_drf_lists() -> list[checks.CheckMessage]:
         )
         for key in DRF_CLASS_LISTS
         if isinstance(drf.get(key), str)
+    ]
+
+
+#: DRF's own rate throttles, which ``throttle_policy from-drf`` turns into tiers and rules.
+DRF_THROTTLES = (
+    "rest_framework.throttling.AnonRateThrottle",
+    "rest_framework.throttling.UserRateThrottle",
+    "rest_framework.throttling.ScopedRateThrottle",
+)
+_POLICY_THROTTLE = "django_throttle.drf.PolicyThrottle"
+
+
+def _check_drf_throttles() -> list[checks.CheckMessage]:
+    """W009: ``PolicyThrottle`` shares ``DEFAULT_THROTTLE_CLASSES`` with DRF's own rate
+    throttles (a migration left half done): DRF still refuses by its
+    ``DEFAULT_THROTTLE_RATES``, counted apart and without the admin's tiers, whatever the
+    admin says."""
+    drf = getattr(settings, "REST_FRAMEWORK", None)
+    classes = drf.get("DEFAULT_THROTTLE_CLASSES") if isinstance(drf, dict) else None
+    if not isinstance(classes, (list, tuple)) or _POLICY_THROTTLE not in classes:
+        return []
+    left = [name for name in classes if name in DRF_THROTTLES]
+    if not left:
+        return []
+    names = ", ".join(name.rpartition(".")[2] for name in left)
+    return [
+        checks.Warning(
+            f"REST_FRAMEWORK['DEFAULT_THROTTLE_CLASSES'] has DRF's {names} next to "
+            f"{_POLICY_THROTTLE}: DRF still refuses requests by its DEFAULT_THROTTLE_RATES, "
+            "counted apart from the admin's tiers, whatever the admin allows.",
+            hint="Remove DRF's throttle classes from the list; 'manage.py throttle_policy "
+            "from-drf --apply' turns their rates into tiers and rules first.",
+            id="django_throttle.W009",
+        )
     ]
 
 
@@ -423,9 +458,19 @@ def _redis_url(value: Any) -> str | None:
             "the process"
         )
     try:
-        path = urlsplit(value).path if scheme != "unix" else ""
+        parts = urlsplit(value)
     except ValueError:  # redis-py cannot read it either: E040 names it
         return None
+    if scheme == "unix":
+        return None
+    try:
+        parts.port  # noqa: B018 - reading it is the check: ValueError for a bad port
+    except ValueError:
+        return (
+            "has a port that is no number from 1 to 65535: write the server as host:port, "
+            "such as 'redis://127.0.0.1:6379/0'"
+        )
+    path = parts.path
     database = unquote(path).replace("/", "")
     if database and not database.isdigit():  # redis-py would count in database 0 instead
         return (

@@ -149,12 +149,15 @@ def throttle(
         owner = scope or _owner(view)
         is_credential = _is_login_view(view) if credential is None else credential
 
-        def options() -> dict[str, Any]:
+        def options(view_owner: str | None = None) -> dict[str, Any]:
+            """The check's arguments; ``view_owner`` (the operator tools) names the class-based
+            view whose method ``method_decorator`` decorated, as :func:`_owner` would."""
             limits = None
             if probe is not None:
                 # A calendar quota's empty time zone is the setting's, read per request.
                 zone = timezone or (_site_zone() if probe.algorithm == Algorithm.CALENDAR else "")
-                limits = _inline_limits(owner, probe, burst, scope, zone)
+                name = scope or view_owner or owner
+                limits = _inline_limits(name, probe, burst, scope, zone)
             return {
                 "scope": scope,
                 "limits": limits,
@@ -171,6 +174,8 @@ def throttle(
             # meets, and what it meets while the backend cannot answer.
             wrapper.throttle_policy_scope = scope
             wrapper.throttle_failure_mode = failure_mode
+        else:  # and the inline limit it meets instead of the tier's
+            wrapper.throttle_options = options
         return wrapper  # type: ignore[no-any-return]
 
     return decorator

@@ -339,6 +339,27 @@ def test_manage_py_check_fails_on_a_bad_setting(settings: Any) -> None:
 
 
 @pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:abc/0",
+        "rediss://:pw@cache.example.com:637900/0",
+        "valkey://127.0.0.1:6379:6380/0",
+    ],
+)
+def test_a_port_that_is_no_number_is_named_by_e002(settings: Any, url: str) -> None:
+    """A mistyped port was reported by E040 with a hint about DJANGO_THROTTLE_REDIS_OPTIONS,
+    which the project had not set: E002 says the URL's port is wrong and how to write it."""
+    settings.DJANGO_THROTTLE_REDIS_URL = url
+
+    [error] = check_settings()
+
+    assert error.id == "django_throttle.E002"
+    assert "has a port that is no number" in error.msg
+    assert "'redis://127.0.0.1:6379/0'" in error.msg
+    assert ":pw@" not in error.msg
+
+
+@pytest.mark.parametrize(
     "url", ["redis://127.0.0.1:6379/throttle", "rediss://:pw@cache.example.com:6380/1O"]
 )
 def test_a_database_that_is_no_number_is_an_error(settings: Any, url: str) -> None:
@@ -453,6 +474,36 @@ def test_drf_class_lists_as_lists_pass(settings: Any) -> None:
     settings.REST_FRAMEWORK = {
         "DEFAULT_THROTTLE_CLASSES": ["django_throttle.drf.PolicyThrottle"],
         "DEFAULT_AUTHENTICATION_CLASSES": (),
+    }
+
+    assert check_settings() == []
+
+
+def test_drf_throttles_left_next_to_policy_throttle_are_a_warning(settings: Any) -> None:
+    """A migration from DRF left half done: DRF's throttles still refuse by their own rates,
+    whatever the admin's tiers allow, and nothing said so."""
+    settings.REST_FRAMEWORK = {
+        "DEFAULT_THROTTLE_CLASSES": [
+            "rest_framework.throttling.AnonRateThrottle",
+            "django_throttle.drf.PolicyThrottle",
+            "rest_framework.throttling.ScopedRateThrottle",
+        ],
+        "DEFAULT_THROTTLE_RATES": {"anon": "100/day"},
+    }
+
+    [warning] = check_settings()
+
+    assert warning.id == "django_throttle.W009"
+    assert not warning.is_serious()
+    assert "DRF's AnonRateThrottle, ScopedRateThrottle next to" in warning.msg
+    assert "throttle_policy from-drf --apply" in warning.hint
+
+
+def test_drf_throttles_alone_are_no_concern_of_the_checks(settings: Any) -> None:
+    """A project still on DRF's throttles (before ``from-drf``) is not told off."""
+    settings.REST_FRAMEWORK = {
+        "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.AnonRateThrottle"],
+        "DEFAULT_THROTTLE_RATES": {"anon": "100/day"},
     }
 
     assert check_settings() == []

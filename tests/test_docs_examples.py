@@ -4,7 +4,7 @@ checks, and every setting and check id of the code is in the reference.
 A Python block in a page under ``docs/`` is run when the line before its fence says so:
 
 - ``% runs-in-tests``: the block runs as a module of its own (imports, views, rows written to
-  the test database; a user ``user`` is there for examples that need an owner);
+  the test database), with nothing given to it: a reader pastes it into ``manage.py shell``;
 - ``% runs-in-tests as myproject.responses``: the same, then importable under that name, so
   a settings example can point a dotted path at it;
 - ``% settings-in-tests``: the block is a settings file. Its ``DJANGO_THROTTLE_*`` values must
@@ -103,9 +103,8 @@ def check_settings_example(namespace: dict[str, Any]) -> None:
     "page", PAGES_WITH_EXAMPLES, ids=[str(p.relative_to(DOCS)) for p in PAGES_WITH_EXAMPLES]
 )
 def test_examples_of_the_page_run(
-    page: Path, monkeypatch: pytest.MonkeyPatch, django_user_model: Any, tmp_path: Path
+    page: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    user = django_user_model.objects.create_user("docs-example", password="docs-example")
     found = examples(page)
     with (
         override_settings(DJANGO_THROTTLE_REDIS_URL="memory://"),
@@ -116,7 +115,6 @@ def test_examples_of_the_page_run(
             if kind != "runs-in-tests":
                 continue
             module = types.ModuleType(name or f"docs_example_{page.stem}_{line}")
-            module.__dict__["user"] = user
             exec(compile(code, f"{page}:{line}", "exec"), module.__dict__)
             if name:
                 parts = name.split(".")

@@ -28,6 +28,16 @@ def my_resolver(request: HttpRequest) -> Identity:
     return Identity("key", request.headers.get("X-Api-Key", "none"))
 
 
+def text_resolver(request: HttpRequest) -> Any:
+    """A resolver with a common mistake: it returns the key as text, not an ``Identity``."""
+    return "tenant:acme"
+
+
+def raising_resolver(request: HttpRequest) -> Identity:
+    """A resolver with a bug: it raises on every request."""
+    raise RuntimeError("the tenant table is gone")
+
+
 def raw_key_resolver(request: HttpRequest) -> Identity:
     """A resolver that passes the header's raw bytes through, undecodable ones included."""
     raw = request.headers.get("X-Api-Key", "").encode("latin-1")
@@ -266,6 +276,49 @@ def test_unimportable_resolver_raises_import_error(settings: Any) -> None:
 
     with pytest.raises(ImportError):
         get_resolver()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("resolver", "says"),
+    [
+        ("tests.test_identity.text_resolver", "returned str, not an Identity"),
+        ("tests.test_identity.raising_resolver", "raised RuntimeError"),
+        ("tests.nowhere.resolver", "raised ModuleNotFoundError"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("path", "allowed"),
+    [("/hello/", 5), ("/hello-async/", 2), ("/api/ping/", 3)],
+)
+def test_a_failing_resolver_counts_by_the_default_and_says_so(
+    client: Client,
+    settings: Any,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    resolver: str,
+    says: str,
+    path: str,
+    allowed: int,
+) -> None:
+    """A resolver that cannot be imported, raises or returns no ``Identity`` is no 500 on
+    the decorator (sync and async) or DRF: the request is counted by its address under its
+    tier, and one ERROR names the setting and what it must return."""
+    from django_throttle.request import core
+    from tests.factories import tier
+
+    tier("anonymous", "1/min", burst=3, is_default_anonymous=True)
+    settings.DJANGO_THROTTLE_IDENTITY_RESOLVER = resolver
+    monkeypatch.setattr(core, "_last_resolver_log", -core.UNIDENTIFIED_LOG_INTERVAL)
+
+    with caplog.at_level(logging.ERROR, logger="django_throttle"):
+        codes = [client.get(path).status_code for _ in range(allowed + 1)]
+
+    assert codes == [200] * allowed + [429]
+    errors = [r.getMessage() for r in caplog.records if "IDENTITY_RESOLVER" in r.getMessage()]
+    assert len(errors) == 1, errors  # once a minute, not once a request
+    assert resolver in errors[0] and says in errors[0]
+    assert "django_throttle.identity.Identity(kind, value)" in errors[0]
 
 
 # --- trusted proxies by network --------------------------------------------------------------

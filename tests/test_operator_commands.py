@@ -160,6 +160,43 @@ def test_explain_says_how_long_a_delaying_limit_would_hold_the_next_request(
     assert found["next_request"].endswith("s for its turn (a delaying limit)")
 
 
+@pytest.mark.parametrize(
+    ("path", "count"), [("/hello/", 5), ("/hello-async/", 2), ("/cbv/", 1), ("/cbv-a/", 1)]
+)
+def test_explain_shows_the_inline_limit_of_a_throttle_decorated_view(
+    client: Any, backend: Any, policy: Any, path: str, count: int
+) -> None:
+    """``@throttle(rate=…)`` counts its own limit, not the tier's: explain showed the
+    anonymous tier's bucket and "allowed" for a view that was refusing."""
+    tier_limit = policy["anon"].limits.get()
+    tier_limit.rate, tier_limit.burst = "2/s", 10  # unlike the views' own limits
+    tier_limit.save()
+    for _ in range(count - 1):
+        assert client.get(path, REMOTE_ADDR="203.0.113.77").status_code == 200
+
+    found = as_json("throttle_explain", "--ip", "203.0.113.77", "--path", path)
+
+    assert [(row["capacity"], row["remaining"]) for row in found["rows"]] == [(count, 1)]
+    assert found["rows"][0]["from"] == "the view's @throttle"
+    assert found["next_request"] == "allowed"
+    assert client.get(path, REMOTE_ADDR="203.0.113.77").status_code == 200
+    found = as_json("throttle_explain", "--ip", "203.0.113.77", "--path", path)
+    assert found["next_request"].startswith("denied (429)")
+    assert client.get(path, REMOTE_ADDR="203.0.113.77").status_code == 429
+
+
+@pytest.mark.parametrize("path", ["/admin/", "/no/such/page/"])
+def test_explain_says_nothing_limits_a_view_without_a_throttle(
+    backend: Any, policy: Any, path: str
+) -> None:
+    """The admin's pages and a path no view answers meet no throttle: explain showed the
+    anonymous tier's bucket as the counter they meet."""
+    found = as_json("throttle_explain", "--ip", "203.0.113.78", "--path", path)
+
+    assert found["rows"] == []
+    assert found["next_request"] == "allowed: no limit applies"
+
+
 def test_explain_as_a_table_reads_like_a_sentence(backend: Any, policy: Any) -> None:
     out = run("throttle_explain", "--user", "alice", "--path", "/api/ping/")
     assert "Tier reason: assigned to 'pro' directly" in out

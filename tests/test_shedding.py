@@ -308,6 +308,43 @@ def test_explain_names_the_fleet_share_a_request_meets() -> None:
     assert "service" in fleet and "every" in fleet  # service protection, every client
 
 
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("command", "free"),
+    [
+        (["throttle_explain", "--ip", "203.0.113.5", "--path", "/api/feed/"], "7"),
+        (["throttle_inspect", "203.0.113.5"], "9"),
+    ],
+)
+def test_the_operator_tools_show_the_fleet_slots_left(command: list[str], free: str) -> None:
+    """The counting script never reports the fleet limit (no client's headers show it), so
+    the tools read its peek as 0 left while no request was in flight."""
+    import io
+
+    from django.core.management import call_command
+
+    rules(capacity=10, default=90, sheddable=70)
+    out = io.StringIO()
+    call_command(*command, stdout=out)
+    fleet = next(line for line in out.getvalue().splitlines() if "│ fleet" in line)
+    cells = [cell.strip() for cell in fleet.split("│")[1:-1]]
+    capacity, remaining = cells[5], cells[6]
+    assert (capacity, remaining) == (free, free), fleet
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admin_inspector_shows_the_fleet_slots_left(admin_client: Any) -> None:
+    rules(capacity=10, default=90, sheddable=70)
+
+    html = admin_client.get(
+        "/admin/django_throttle/usagecount/inspect/", {"client": "203.0.113.5"}
+    ).content.decode()
+
+    row = re.search(r'<tr class="dt-bucket" data-limit="fleet" data-remaining="(\d+)"', html)
+    assert row is not None and row[1] == "9"  # 90 % of 10, none in flight
+
+
 @pytest.mark.django_db
 def test_shedding_without_the_middleware_is_warned(settings: Any) -> None:
     from django.core import checks

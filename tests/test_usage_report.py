@@ -494,6 +494,19 @@ def test_rollup_copies_finished_minutes_and_reports_count_them_once(backend: Bac
     assert by("tier") == {"pro": columns(allowed=4, denied=2)}
 
 
+def test_rollup_says_how_many_of_the_minutes_it_read_had_requests(backend: Backend) -> None:
+    """A rollup reads every minute the backend keeps: "Rolled up 179 minute(s)" on a site up
+    for three minutes read as if it had counted three hours of traffic."""
+    send(backend, "user:1", "pro", "search", allowed=3, at=minutes_ago(10))
+    send(backend, "user:2", "free", "search", allowed=1, at=minutes_ago(4))
+
+    said = rollup()
+
+    assert said.startswith("Rolled up ")
+    assert ", 2 with requests, into 4 row(s);" in said, said
+    assert ", 0 with requests, into 0 row(s);" in rollup()  # nothing new the second time
+
+
 def test_rollup_twice_or_without_its_watermark_writes_the_same_rows(
     redis_client: redis.Redis,
 ) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -66,6 +67,18 @@ class Bucket:
         """Requests holding a slot now (a concurrency limit; ``None`` for another, or when
         the backend could not be read)."""
         return len(self.leases) if self.concurrency and self.state is not None else None
+
+    @property
+    def remaining(self) -> int | None:
+        """What the bucket has left now; ``None`` when the backend could not be read. The
+        counting script never reports the fleet limit (no client's headers show the service's
+        ceiling), so its peek says nothing of it: its slots left are its capacity less the
+        leases held."""
+        if self.state is None:
+            return None
+        if self.limit.id == FLEET:
+            return max(self.capacity - len(self.leases), 0)
+        return self.state.remaining
 
     @property
     def in_flight_text(self) -> str:
@@ -618,6 +631,9 @@ class Check:
     #: The view's own failure mode (a DRF view's ``throttle_failure_mode``,
     #: ``@throttle(failure_mode=…)``); ``None``: the policy's.
     failure_mode: str | None = None
+    #: ``@throttle(rate=…)``'s inline limits and cost, met instead of the tier's.
+    limits: tuple[Limit, ...] | None = None
+    cost: int | None = None
 
 
 @dataclass(frozen=True)
@@ -706,6 +722,8 @@ def planned(
         request,
         probe.identity,
         scope=check.scope,
+        limits=check.limits,
+        cost=check.cost,
         credential=check.credential,
         rule_only=check.rule_only,
         failure_mode=check.failure_mode,
@@ -716,6 +734,8 @@ def planned(
     tier_ids = {limit.id for limit in plan.tier.limits} if plan.tier is not None else set()
     tier = f"tier '{plan.tier.slug}'" if plan.tier is not None else ""
     rule = f"rule '{plan.endpoint.name}'" if plan.endpoint is not None else ""
+    if check.limits is not None:
+        rule = INLINE
     network = client_ip({"REMOTE_ADDR": probe.address}) if probe.address is not None else None
     ip_key = Identity("ip", network).key if network is not None else None
     # Whose counter each is: this client's, its address's, else (the only other kind of
@@ -745,6 +765,8 @@ def planned(
     )
 
 
+#: Where a ``@throttle(rate=…)`` view's own limit comes from (the inspector's words).
+INLINE = "the view's @throttle"
 #: Where the fleet limit comes from, and whose counter it is (the inspector's words).
 SERVICE = "service protection"
 EVERY_CLIENT = "every client"
@@ -768,22 +790,51 @@ def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) 
     ``protect_credentials`` check before a login's password is read (``POST`` only); on a
     DRF view, the credential check of a protected Basic authentication class when the
     request sends ``basic`` credentials; then the view's own throttle (a DRF view's only
-    when a ``PolicyThrottle`` is among its throttle classes; any other view is assumed to
-    be throttled by the policy, as a path rule or ``@throttle(scope=...)`` would)."""
-    credential_scope = drf_view = own_mode = None
+    when a ``PolicyThrottle`` is among its throttle classes; another view's only under
+    ``@throttle``: its inline limit, or the rules of its scope, route or path). A view
+    under none of them, or a path no view answers, meets no check: nothing limits it."""
+    credential_scope = drf_view = own_mode = inline = None
+    decorated = False  # @throttle(scope=…) somewhere down the chain
+    # A class-based view decorated with method_decorator carries the marks on its methods
+    # (as_view() copies dispatch's onto the view function, but not what names its bucket).
+    view_class: Any = getattr(func, "view_class", None)
+    starts = [
+        *((getattr(view_class, n, None), n) for n in ("dispatch", method.lower())),
+        (func, None),
+    ]
     seen: set[int] = set()
-    while func is not None and id(func) not in seen:  # down the __wrapped__ chain
-        seen.add(id(func))
-        credential_scope = credential_scope or getattr(func, "throttle_credential_scope", None)
-        drf_view = drf_view or getattr(func, "cls", None)
-        own_mode = own_mode or getattr(func, "throttle_failure_mode", None)
-        func = getattr(func, "__wrapped__", None)
+    for func, name in starts:
+        if name is not None and inline is None and hasattr(func, "throttle_options"):
+            # Its unscoped inline limit is named after the class and method (_owner).
+            owner = f"{view_class.__module__}.{view_class.__qualname__}.{name}"
+            inline = functools.partial(func.throttle_options, owner)
+        while func is not None and id(func) not in seen:  # down the __wrapped__ chain
+            seen.add(id(func))
+            decorated = decorated or hasattr(func, "throttle_policy_scope")
+            credential_scope = credential_scope or getattr(func, "throttle_credential_scope", None)
+            drf_view = drf_view or getattr(func, "cls", None)
+            own_mode = own_mode or getattr(func, "throttle_failure_mode", None)
+            inline = inline or getattr(func, "throttle_options", None)
+            func = getattr(func, "__wrapped__", None)
     checks = []
     if credential_scope is not None and method == "POST":
         name = f"protect_credentials (scope '{credential_scope}')"
         checks.append(_credential_check(name, str(credential_scope)))
+    if inline is not None:  # @throttle(rate=…): its own limit, not the tier's
+        options = inline()
+        checks.append(
+            Check(
+                "the view's throttle",
+                options["scope"],
+                credential=options["credential"],
+                failure_mode=_mode(options["failure_mode"]),
+                limits=tuple(options["limits"]),
+                cost=options["cost"],
+            )
+        )
+        return checks
     if drf_view is None:
-        if credential_scope is None:
+        if credential_scope is None and decorated:
             checks.append(Check("the view's throttle", scope, failure_mode=_mode(own_mode)))
         return checks
     throttles = getattr(drf_view, "throttle_classes", ()) or ()

@@ -398,6 +398,7 @@ _UNKNOWN_CLIENT_CHOICES = {
 }
 _SHARED_UNKNOWN = Identity("ip", "unknown")
 _last_unidentified_log = -UNIDENTIFIED_LOG_INTERVAL
+_last_resolver_log = -UNIDENTIFIED_LOG_INTERVAL
 
 
 @dataclass(slots=True)
@@ -470,7 +471,12 @@ def make_plan(
     meets them too (only them). ``region`` (the operator tools) stands for the region
     ``DJANGO_THROTTLE_REGION_SOURCE`` would read off the request."""
     if identity is None:
-        identity = import_resolver(app_settings.IDENTITY_RESOLVER)(request)
+        try:
+            identity = import_resolver(app_settings.IDENTITY_RESOLVER)(request)
+        except Exception as exc:  # a project's resolver never makes a 500
+            identity = resolver_failed(request, exc)
+        if not isinstance(identity, Identity):
+            identity = resolver_failed(request, identity)
     exempt = (
         policy is not None
         and policy.exemptions.active
@@ -642,6 +648,34 @@ def _grouped(
     if planned.endpoint is not None and planned.endpoint.counts != "all":
         planned.refunds = tuple((key, tuple(limits)) for key, limits in refunds.items() if limits)
     return planned
+
+
+def resolver_failed(request: Any, problem: object) -> Identity:
+    """The identity of a request the project's ``DJANGO_THROTTLE_IDENTITY_RESOLVER`` failed
+    on (it cannot be imported, it raised ``problem``, or it returned ``problem``, which is no
+    :class:`Identity`): the default resolver's (API key, user or address), so the request is
+    still counted under its tier instead of becoming a 500, and an ERROR at most once a
+    minute per process names the setting and what it must return."""
+    global _last_resolver_log
+    identity = policy_module.resolve_identity(request)  # what it raises is no resolver's fault
+    now = time.monotonic()
+    if now - _last_resolver_log >= UNIDENTIFIED_LOG_INTERVAL:
+        _last_resolver_log = now
+        failure = (
+            f"raised {type(problem).__name__}"
+            if isinstance(problem, BaseException)
+            else f"returned {type(problem).__name__}, not an Identity"
+        )
+        logger.error(
+            "DJANGO_THROTTLE_IDENTITY_RESOLVER %s %s, so requests are counted by the default "
+            "resolver (API key, user or address) instead: make it return "
+            "django_throttle.identity.Identity(kind, value) for every request (see manage.py "
+            "check). (Logged at most once a minute.)",
+            log_text(str(app_settings.IDENTITY_RESOLVER)),
+            failure,
+            exc_info=problem if isinstance(problem, BaseException) else None,
+        )
+    return identity
 
 
 def _unidentified() -> Decision | None:

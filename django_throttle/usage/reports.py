@@ -336,13 +336,15 @@ def add_counts(table: dict[Any, list[int]], key: Any, values: list[int]) -> None
 
 @dataclass(frozen=True, slots=True)
 class Rollup:
-    """What one rollup did: minutes read, rows written, the last minute copied (UTC), and
-    API keys whose ``last_used`` moved forward."""
+    """What one rollup did: minutes read, rows written, the last minute copied (UTC), API
+    keys whose ``last_used`` moved forward, and how many of the minutes read had requests
+    (a rollup reads every minute the backend keeps, most of them empty on a quiet site)."""
 
     minutes: int
     rows: int
     through: datetime | None
     keys: int = 0
+    busy: int = 0
 
 
 def rollup(store: UsageStore | None = None, *, deadline: float | None = None) -> Rollup:
@@ -372,7 +374,7 @@ def rollup(store: UsageStore | None = None, *, deadline: float | None = None) ->
         upsert = {"update_conflicts": True, "update_fields": list(usage.COLUMNS)}
         if features.supports_update_conflicts_with_target:
             upsert["unique_fields"] = _UNIQUE
-    written = 0
+    written = busy = 0
     done: set[int] = set()
     try:
         for at in range(0, len(minutes), CHUNK_MINUTES):
@@ -385,6 +387,7 @@ def rollup(store: UsageStore | None = None, *, deadline: float | None = None) ->
                     UsageCount.objects.using(alias).filter(window_start__in=windows).delete()
                 UsageCount.objects.using(alias).bulk_create(rows, batch_size=500, **upsert)
             written += len(rows)
+            busy += len(found)
             done.update(chunk)
             if chunk[-1] >= start:  # minutes ascend: the redone ones are all before start
                 store.advance_watermark(chunk[-1])
@@ -402,6 +405,7 @@ def rollup(store: UsageStore | None = None, *, deadline: float | None = None) ->
         rows=written,
         through=None if through is None else datetime.fromtimestamp(through * 60, tz=UTC),
         keys=copy_key_use(store),
+        busy=busy,
     )
 
 

@@ -70,7 +70,7 @@ def bucket_row(bucket: Bucket) -> dict[str, Any]:
         "counter": bucket.client,
         "algorithm": str(limit.algorithm),
         "capacity": bucket.capacity,
-        "remaining": None if bucket.state is None else bucket.state.remaining,
+        "remaining": bucket.remaining,
         "reset_seconds": None if bucket.state is None else round(bucket.state.reset_after, 3),
         "shared": limit.shared,
         "shadow": limit.shadow,

@@ -186,7 +186,8 @@ class Command(BaseCommand):
             done = rollup(store)
         through = "nothing yet" if done.through is None else f"{done.through:%Y-%m-%d %H:%M} UTC"
         self.stdout.write(
-            f"Rolled up {done.minutes} minute(s) into {done.rows} row(s); the database holds "
+            f"Rolled up {done.minutes} minute(s), {done.busy} with requests, into {done.rows} "
+            "row(s); the database holds "
             f"usage through {through}. API keys with a newer last use: {done.keys}."
         )
 
