@@ -13,7 +13,7 @@ Its sections:
 
 - the settings checks: each setting that is set against its validator (E002…),
   ``REDIS_URL``'s ``?shards=`` (E042), the settings that must agree with each other (E018
-  the Redis source, W002 proxy trust), the removed settings (W004, E041), and W001;
+  the Redis source, W002 proxy trust, W010 DRF's own throttles beside ours), the removed settings (W004, E041), and W001;
 - what each setting may hold: one validator per setting, and the table :data:`SETTINGS`;
 - the checks on stored rows (E101…E105, W106, W003, W005, W020), and W009 (DRF views
   throttled without the headers middleware), which reads the URLconf.
@@ -154,7 +154,7 @@ _POLICY_THROTTLE = "django_throttle.drf.PolicyThrottle"
 
 
 def _check_drf_throttles() -> list[checks.CheckMessage]:
-    """W009: ``PolicyThrottle`` shares ``DEFAULT_THROTTLE_CLASSES`` with DRF's own rate
+    """W010: ``PolicyThrottle`` shares ``DEFAULT_THROTTLE_CLASSES`` with DRF's own rate
     throttles (a migration left half done): DRF still refuses by its
     ``DEFAULT_THROTTLE_RATES``, counted apart and without the admin's tiers, whatever the
     admin says."""
@@ -173,7 +173,7 @@ def _check_drf_throttles() -> list[checks.CheckMessage]:
             "counted apart from the admin's tiers, whatever the admin allows.",
             hint="Remove DRF's throttle classes from the list; 'manage.py throttle_policy "
             "from-drf --apply' turns their rates into tiers and rules first.",
-            id="django_throttle.W009",
+            id="django_throttle.W010",
         )
     ]
 

@@ -493,7 +493,7 @@ def test_drf_throttles_left_next_to_policy_throttle_are_a_warning(settings: Any)
 
     [warning] = check_settings()
 
-    assert warning.id == "django_throttle.W009"
+    assert warning.id == "django_throttle.W010"
     assert not warning.is_serious()
     assert "DRF's AnonRateThrottle, ScopedRateThrottle next to" in warning.msg
     assert "throttle_policy from-drf --apply" in warning.hint
