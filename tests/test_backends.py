@@ -653,6 +653,31 @@ def test_a_store_full_of_kept_counters_counts_new_clients_together() -> None:
     assert backend.hit("later", [five]).allowed
 
 
+def test_a_bounded_store_keeps_counters_safely_from_many_threads() -> None:
+    """Threads keep their spent counters while others fill the store: every keep and every
+    eviction happens under the store's lock, so none fails and the bound holds."""
+    backend = MemoryBackend(max_entries=64)
+    one = Limit.build("one", "1/h")
+    errors: list[BaseException] = []
+
+    def work(thread: int) -> None:
+        try:
+            for n in range(300):
+                backend.hit(f"t{thread}-{n}", [one])
+                backend.hit(f"t{thread}-{n}", [one])  # denied: kept
+                backend.keep(f"t{thread}-{n - 1}", [one])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    assert len(backend) <= 64 + 1
+
+
 def test_memory_backend_bound_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_entries"):
         MemoryBackend(max_entries=0)

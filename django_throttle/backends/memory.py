@@ -721,6 +721,12 @@ class MemoryStore(Keyspace):
     def __len__(self) -> int:
         return len(self.execute(b"KEYS", b"*"))
 
+    def keep(self, keys: Sequence[bytes]) -> None:
+        """:meth:`Keyspace.keep`, under the store's lock (requests keep counters from any
+        thread)."""
+        with self._lock:
+            super().keep(keys)
+
     @contextlib.contextmanager
     def admitting(
         self, keys: Sequence[str | bytes], overflow: Callable[[bytes], bytes]
