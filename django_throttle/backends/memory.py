@@ -26,8 +26,8 @@ command (the counting call's bytes). Each command, and each script as a whole, r
 lock: a script is atomic, as on Redis. Time is ``clock`` (Unix seconds): ``TIME`` and every
 expiry read it, so a test can move it by hand. ``max_keys`` bounds memory: beyond it, of the
 :data:`EVICTION_CANDIDATES` least recently used keys not kept the one expiring first is
-dropped. An
-expired key is gone when next looked at, and all are swept every :data:`SWEEP_EVERY` commands.
+dropped. An expired key is gone when next looked at, and all are swept every
+:data:`SWEEP_EVERY` commands.
 """
 
 from __future__ import annotations
@@ -315,7 +315,7 @@ class Keyspace:
         self._expires: dict[bytes, int] = {}
         #: The millisecond the running command (or script) sees: read once per command.
         self._now = 0
-        #: The keys of the call running (:meth:`MemoryStore.admit`): never the one forgotten.
+        #: The keys of the call running (:meth:`MemoryStore.admitting`): never the one forgotten.
         self._using: frozenset[bytes] = frozenset()
 
     def command(self, name: bytes, args: tuple[Any, ...]) -> Any:
@@ -366,7 +366,7 @@ class Keyspace:
             self._expires[key] = expires
         if self.max_keys is not None:
             # Only keys that may be forgotten are; a call that found no room for its new
-            # keys counts in the overflow counters instead (:meth:`MemoryStore.admit`).
+            # keys counts in the overflow counters instead (:meth:`MemoryStore.admitting`).
             while len(self._data) + len(self._kept) > self.max_keys and len(self._data) > 1:
                 evictee = self._evictee()
                 if evictee is None:
