@@ -605,6 +605,79 @@ def test_memory_backend_is_bounded_least_recently_used_first() -> None:
     assert backend.hit("client-0", [one], now=T0).allowed  # forgotten: a full bucket again
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_bounded_store_never_forgets_a_counter_that_denied(mode: str) -> None:
+    """A spent 10/h counter, then a fresh client per request whose one request starts a
+    counter living a day (a fixed window of 1000/day): the store filled with keys that
+    outlive the spent one, and it was forgotten after as many requests as the store holds
+    keys, its ten attempts given back. A counter that denied is kept while it lives."""
+    from asgiref.sync import async_to_sync
+
+    now = [T0]
+    backend = MemoryBackend(clock=lambda: now[0], max_entries=100)
+    spent, daily = (
+        Limit.build("name", "10/h"),
+        Limit.build("day", "1000/day", algorithm="fixed_window"),
+    )
+
+    def hit(client: str, limit: Limit) -> bool:
+        if mode == "async":
+            return async_to_sync(backend.ahit)(client, [limit]).allowed
+        return backend.hit(client, [limit]).allowed
+
+    assert [hit("user:victim", spent) for _ in range(11)] == [True] * 10 + [False]
+    for n in range(1000):
+        now[0] += 0.001
+        assert hit(f"key:{n}", daily)
+        assert len(backend) <= 100
+    assert not hit("user:victim", spent)
+
+
+def test_a_store_full_of_kept_counters_counts_new_clients_together() -> None:
+    """When every key is kept, a new client's counter is the shared overflow counter of its
+    limit: limiting goes on, more strictly, and memory stays within the bound plus that
+    counter, whatever the number of clients. Once kept counters expire, new clients get
+    counters of their own again."""
+    now = [T0]
+    backend = MemoryBackend(clock=lambda: now[0], max_entries=50)
+    one, five = Limit.build("one", "1/h"), Limit.build("five", "5/h")
+    for n in range(50):
+        assert backend.hit(f"spent:{n}", [one]).allowed
+        assert not backend.hit(f"spent:{n}", [one]).allowed
+    fresh = [backend.hit(f"fresh:{n}", [five]).allowed for n in range(1000)]
+    assert fresh == [True] * 5 + [False] * 995
+    assert len(backend) == 51
+    assert not any(backend.hit(f"spent:{n}", [one]).allowed for n in range(50))
+    now[0] += 3601  # the kept counters expired: room again
+    assert [backend.hit("late", [five]).allowed for _ in range(6)] == [True] * 5 + [False]
+    assert backend.hit("later", [five]).allowed
+
+
+def test_a_bounded_store_keeps_counters_safely_from_many_threads() -> None:
+    """Threads keep their spent counters while others fill the store: every keep and every
+    eviction happens under the store's lock, so none fails and the bound holds."""
+    backend = MemoryBackend(max_entries=64)
+    one = Limit.build("one", "1/h")
+    errors: list[BaseException] = []
+
+    def work(thread: int) -> None:
+        try:
+            for n in range(300):
+                backend.hit(f"t{thread}-{n}", [one])
+                backend.hit(f"t{thread}-{n}", [one])  # denied: kept
+                backend.keep(f"t{thread}-{n - 1}", [one])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    assert len(backend) <= 64 + 1
+
+
 def test_memory_backend_bound_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_entries"):
         MemoryBackend(max_entries=0)

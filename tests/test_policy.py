@@ -597,3 +597,66 @@ def test_an_edit_after_redis_restarted_empty_reaches_a_worker_holding_the_same_c
     response = client.get("/api/ping/")
     assert response.status_code == 200
     assert response["X-RateLimit-Limit"] == "100"
+
+
+def test_an_unpublished_edit_reaches_a_worker_that_compiled_while_redis_was_empty(
+    client: Client, settings: object, clock: FakeClock, _pausable_redis: object
+) -> None:
+    """A worker compiled while Redis held no policy version (never bumped, or restarted
+    empty); another process saved an edit while Redis was down, could not publish it and
+    exited; Redis restarted empty. The worker read no version again, took that for its own
+    snapshot's, and kept the old policy until the snapshot was five minutes old. A check that
+    finds no version now publishes one, so every process recompiles once."""
+    from tests.redis_servers import RedisServer
+
+    server = _pausable_redis
+    assert isinstance(server, RedisServer)
+    settings.DJANGO_THROTTLE_REDIS_URL = server.url  # type: ignore[attr-defined]
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {}  # type: ignore[attr-defined]
+    server.client().flushall()
+    anon = tier("anonymous", "1/h", is_default_anonymous=True)
+    assert [client.get("/api/ping/").status_code for _ in range(2)] == [200, 429]
+
+    server.kill()
+    TierLimit.objects.filter(tier=anon).update(rate="100/h")  # saved, never published
+    server.restart()  # empty
+    breaker_module.reset_breaker()
+    for _ in range(3):  # the first calls may meet the old connections
+        clock.now += policy.REFRESH_INTERVAL
+        response = client.get("/api/ping/")
+    assert response.status_code == 200
+    assert response["X-RateLimit-Limit"] == "100"
+
+
+@pytest.mark.parametrize("outage", ["refuse", "blackhole"])
+def test_an_unpublished_edit_reaches_a_worker_that_compiled_while_redis_was_unreachable(
+    client: Client, settings: object, clock: FakeClock, _pausable_redis: object, outage: str
+) -> None:
+    """A worker recompiled during an outage (its snapshot five minutes old) and labelled the
+    new snapshot with the version it last read; another process saved an edit, could not
+    publish it and exited; Redis came back with that version, so the worker kept its
+    snapshot, without the edit, five minutes more. A snapshot compiled while the version
+    could not be read is recompiled once at the first check Redis answers."""
+    from tests.faultproxy import FaultProxy
+    from tests.redis_servers import RedisServer
+
+    server = _pausable_redis
+    assert isinstance(server, RedisServer)
+    with FaultProxy(server.port) as proxy:
+        settings.DJANGO_THROTTLE_REDIS_URL = proxy.url  # type: ignore[attr-defined]
+        settings.DJANGO_THROTTLE_REDIS_OPTIONS = {}  # type: ignore[attr-defined]
+        anon = tier("anonymous", "1/h", is_default_anonymous=True)
+        get_backend().bump_policy_version()
+        assert [client.get("/api/ping/").status_code for _ in range(2)] == [200, 429]
+
+        proxy.set_mode(outage)
+        clock.now += policy.MAX_AGE
+        assert client.get("/api/ping/")["X-RateLimit-Degraded"] == "local"  # recompiled
+        TierLimit.objects.filter(tier=anon).update(rate="100/h")  # saved, never published
+        proxy.set_mode("pass")
+        breaker_module.reset_breaker()
+        for _ in range(3):
+            clock.now += policy.REFRESH_INTERVAL
+            response = client.get("/api/ping/")
+        assert response.status_code == 200
+        assert response["X-RateLimit-Limit"] == "100"

@@ -20,8 +20,9 @@ from django_throttle.conf import app_settings
 __all__ = ["ArgumentRefused", "Backend", "BackendError", "get_backend"]
 
 #: Most (client, limit) states the fallback limiter of failure mode ``"local"`` keeps
-#: (beyond it, of the least recently used the one expiring first is forgotten): bounds what an
-#: outage costs a process in memory, whatever the number of clients.
+#: (beyond it, of the least recently used the one expiring first is forgotten, never a counter
+#: that denied or a credential check's; when all are such, new clients share an overflow
+#: counter per limit): bounds what an outage costs a process in memory, whatever clients send.
 LOCAL_FALLBACK_MAX_CLIENTS = 100_000
 
 

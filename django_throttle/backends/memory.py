@@ -9,7 +9,9 @@ made. State lives in this process only: use it with one process, or accept per-p
 It is thread-safe (a script runs under the store's lock) and takes an injectable ``clock`` so
 tests can move time by hand. ``max_entries`` bounds memory: beyond it a key is forgotten (its
 client starts afresh), of the least recently used the one nearest its expiry (see
-:meth:`Keyspace._evictee`).
+:meth:`Keyspace._evictee`), never a kept one (a counter that denied, a credential check's:
+:meth:`MemoryBackend.keep`); when every key is kept, new clients are counted in shared overflow
+counters instead (:meth:`MemoryStore.admitting`).
 
 :class:`MemoryStore` is the part of Redis the throttle uses, kept in this process: the
 package's own Lua scripts run on Lua 5.1 (Redis's Lua, through ``lupa``) against the commands of
@@ -23,13 +25,15 @@ redis-py's reply shapes and error classes; :meth:`MemoryStore.execute_framed` ta
 command (the counting call's bytes). Each command, and each script as a whole, runs under one
 lock: a script is atomic, as on Redis. Time is ``clock`` (Unix seconds): ``TIME`` and every
 expiry read it, so a test can move it by hand. ``max_keys`` bounds memory: beyond it, of the
-:data:`EVICTION_CANDIDATES` least recently used keys the one expiring first is dropped. An
-expired key is gone when next looked at, and all are swept every :data:`SWEEP_EVERY` commands.
+:data:`EVICTION_CANDIDATES` least recently used keys not kept the one expiring first is
+dropped. An expired key is gone when next looked at, and all are swept every
+:data:`SWEEP_EVERY` commands.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import itertools
 import math
@@ -46,10 +50,12 @@ from typing import Any
 from lupa import lua51
 from redis.exceptions import NoScriptError, ResponseError
 
-from django_throttle.backends.redis import RedisBackend
+from django_throttle.backends.base import Limits, Now, Usage
+from django_throttle.backends.redis import DIGEST_KEY_CHARS, SHARED_MARK, RedisBackend
 from django_throttle.backends.redis_nodes import ScriptCall, run_script
 from django_throttle.backends.scripts import Call, evalsha_all
 from django_throttle.backends.usage_store import RedisUsage
+from django_throttle.rates import Decision
 
 __all__ = ["MemoryBackend"]
 
@@ -67,7 +73,9 @@ class MemoryBackend(RedisBackend):
         shards: int | None = None,
     ) -> None:
         self.store = MemoryStore(clock, max_entries)
-        super().__init__(shards=shards, route=InProcess(self.store, type(self)))
+        route = InProcess(self.store, type(self))
+        super().__init__(shards=shards, route=route)
+        route.tags = self._tags
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -89,6 +97,39 @@ class MemoryBackend(RedisBackend):
         """Keys held (counters and usage counts)."""
         return len(self.store)
 
+    def hit(
+        self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, usage: Usage = None
+    ) -> Decision:
+        """:meth:`.RedisBackend.hit`; a counter that denies is kept (:meth:`keep`)."""
+        decision = super().hit(client, limits, cost, now=now, usage=usage)
+        if not decision.allowed:
+            self.keep(client, limits)
+        return decision
+
+    def count(
+        self, client: str, limits: Limits, cost: int, now: Now, usage: Usage, peek: bool = False
+    ) -> Decision:
+        decision = super().count(client, limits, cost, now, usage, peek)
+        if not decision.allowed:
+            self.keep(client, limits)
+        return decision
+
+    async def acount(
+        self, client: str, limits: Limits, cost: int, now: Now, usage: Usage, peek: bool = False
+    ) -> Decision:
+        decision = await super().acount(client, limits, cost, now, usage, peek)
+        if not decision.allowed:
+            self.keep(client, limits)
+        return decision
+
+    def keep(self, client: str, limits: Limits) -> None:
+        """Never forget ``client``'s counters of ``limits`` for a fresh key while they live
+        (see :meth:`Keyspace.keep`): what forgetting them would give back is what a bounded
+        store must not give. Counters that denied are kept by :meth:`hit` itself; the request
+        path keeps a credential check's counters too, whatever they decided."""
+        if self.store.max_keys is not None:
+            self.store.keep([self.key(client, limit).encode() for limit in limits])
+
     @cached_property
     def usage(self) -> RedisUsage:
         """This backend's usage counts, kept and read as on Redis."""
@@ -108,10 +149,19 @@ class InProcess:
 
     def __init__(self, store: MemoryStore, sender: type | None = None) -> None:
         self.client: Any = store
+        self.store = store
         self.sender = sender
+        #: Each shard's key prefix (``<prefix>:{<shard>}``), the client's digest after it.
+        self.tags: tuple[bytes, ...] = ()
 
     def call(self, call: ScriptCall) -> Any:
-        return run_script(self.client, call, self.sender)
+        """Run ``call``; on a bounded store, its new keys counted in the overflow counters
+        when the store has no room for them (:meth:`MemoryStore.admitting`)."""
+        if self.store.max_keys is None:
+            return run_script(self.client, call, self.sender)
+        tag = self.tags[call.shard] if call.shard < len(self.tags) else None
+        with self.store.admitting(call.keys, lambda key: overflow_key(tag, key)) as keys:
+            return run_script(self.client, call._replace(keys=keys), self.sender)
 
     async def acall(self, call: ScriptCall) -> Any:
         return self.call(call)
@@ -139,6 +189,24 @@ class InProcess:
 
 #: Commands between two sweeps of expired keys.
 SWEEP_EVERY = 4096
+#: Seconds between two sweeps a full store makes before it counts a call's new keys in the
+#: overflow counters: expired keys still held must not make room look scarce for long.
+FULL_SWEEP_EVERY = 1.0
+#: What stands in an overflow counter's key for the client digest (never a base64url
+#: character, nor :data:`~.redis.SHARED_MARK`).
+OVERFLOW_MARK = b"+"
+
+
+def overflow_key(tag: bytes | None, key: bytes) -> bytes:
+    """The overflow counter that stands for ``key`` (``<tag><digest><limit>``) when a full
+    store has no room for it: the same limit's, with :data:`OVERFLOW_MARK` for the client's
+    digest, so every client without room shares it. A shared limit's key (or one of
+    another shape) is its own."""
+    if tag is None or not key.startswith(tag) or key[len(tag) : len(tag) + 1] == SHARED_MARK:
+        return key
+    return tag + OVERFLOW_MARK + key[len(tag) + DIGEST_KEY_CHARS :]
+
+
 #: Least recently used keys a full keyspace compares, forgetting the one expiring first
 #: (see :meth:`Keyspace._evictee`): as many as Redis's eviction samples at most.
 EVICTION_CANDIDATES = 16
@@ -240,10 +308,15 @@ class Keyspace:
             raise ValueError(f"max_entries must be at least 1, not {max_keys}")
         self.clock = clock
         self.max_keys = max_keys
+        #: The keys a full keyspace may forget, least recently used first.
         self._data: OrderedDict[bytes, Any] = OrderedDict()
+        #: The keys it never forgets for another (:meth:`keep`); they go when they expire.
+        self._kept: dict[bytes, Any] = {}
         self._expires: dict[bytes, int] = {}
         #: The millisecond the running command (or script) sees: read once per command.
         self._now = 0
+        #: The keys of the call running (:meth:`MemoryStore.admitting`): never the one forgotten.
+        self._using: frozenset[bytes] = frozenset()
 
     def command(self, name: bytes, args: tuple[Any, ...]) -> Any:
         """A command's reply, an error reply returned as a ``ResponseError`` (a script's
@@ -266,33 +339,61 @@ class Keyspace:
         another type than ``kind`` is Redis's WRONGTYPE error."""
         value = self._data.get(key)
         if value is not None:
+            self._data.move_to_end(key)
+        else:
+            value = self._kept.get(key)
+        if value is not None:
             if self._expires.get(key, self._now) < self._now:
                 self._drop(key)
                 return None
-            self._data.move_to_end(key)
             if kind is not None and not isinstance(value, kind):
                 raise _Refused(_WRONG_TYPE)
         return value
 
     def _drop(self, key: bytes) -> bool:
         self._expires.pop(key, None)
-        return self._data.pop(key, None) is not None
+        return self._data.pop(key, None) is not None or self._kept.pop(key, None) is not None
 
     def _put(self, key: bytes, value: Any, expires: int | None = None) -> Any:
-        self._data[key] = value
-        self._data.move_to_end(key)
+        if key in self._kept:
+            self._kept[key] = value
+        else:
+            self._data[key] = value
+            self._data.move_to_end(key)
         if expires is None:
             self._expires.pop(key, None)
         else:
             self._expires[key] = expires
-        while self.max_keys is not None and len(self._data) > self.max_keys:
-            self._drop(self._evictee())
+        if self.max_keys is not None:
+            # Only keys that may be forgotten are; a call that found no room for its new
+            # keys counts in the overflow counters instead (:meth:`MemoryStore.admitting`).
+            while len(self._data) + len(self._kept) > self.max_keys and len(self._data) > 1:
+                evictee = self._evictee()
+                if evictee is None:
+                    break
+                self._drop(evictee)
         return value
 
-    def _evictee(self) -> bytes:
+    def keep(self, keys: Sequence[bytes]) -> None:
+        """Never forget those of ``keys`` that are held in favour of another key: each stays
+        until it expires or is deleted. Kept keys are what a client would gain by losing (a
+        counter that denied, a credential check's counter), so a full keyspace counts new
+        keys in the overflow counters rather than forget them."""
+        for key in keys:
+            value = self._data.pop(key, None)
+            if value is not None:
+                self._kept[key] = value
+
+    def _sweep(self) -> None:
+        """Drop every expired key."""
+        for key in [key for key, at in self._expires.items() if at < self._now]:
+            self._drop(key)
+
+    def _evictee(self) -> bytes | None:
         """The key a full keyspace forgets: of the :data:`EVICTION_CANDIDATES` least recently
-        used (never the key just written), the one whose expiry is nearest (no expiry: last),
-        the least recently used of those expiring together.
+        used that it may forget (never a kept key, the key just written or a key of the call
+        running), the one whose expiry is nearest (no expiry: last), the least recently used
+        of those expiring together; ``None`` when there is none.
 
         A counter's TTL is the time until its state is worth nothing (a bucket refilled, a
         window over), so of old keys the one expiring first is the one whose loss gives its
@@ -301,15 +402,17 @@ class Keyspace:
         it. Recency alone is what let fresh identities flush a spent counter; with both, a
         key goes only after ``max_keys`` others were used since it was, and only once as
         many keys as it is compared with, all used after it, outlive it."""
-        data, expires, never = self._data, self._expires, math.inf
-        candidates = itertools.islice(data, min(EVICTION_CANDIDATES, len(data) - 1))
-        return min(candidates, key=lambda key: expires.get(key, never))
+        data, expires, never, using = self._data, self._expires, math.inf, self._using
+        head = itertools.islice(data, min(EVICTION_CANDIDATES + len(using), len(data) - 1))
+        candidates = [key for key in head if key not in using][:EVICTION_CANDIDATES]
+        return min(candidates, key=lambda key: expires.get(key, never), default=None)
 
     # Commands: ``cmd_<name>`` takes the command's arguments (bytes, a script's numbers as
     # the ``%.17g`` text Redis sends) and returns its reply; a refusal is Redis's error.
     def cmd_keys(self, pattern: bytes) -> list[bytes]:
         match = _glob(encoded(pattern)).fullmatch
-        return [key for key in list(self._data) if match(key) and self._live(key) is not None]
+        held = [*self._data, *self._kept]
+        return [key for key in held if match(key) and self._live(key) is not None]
 
     def cmd_time(self) -> list[bytes]:
         micros = round(self.clock() * 1e6)
@@ -390,7 +493,7 @@ class Keyspace:
         """Store ``found``, or drop the key when it is empty, as Redis does."""
         if not found.scores:
             self._drop(key)
-        elif key not in self._data:
+        elif key not in self._data and key not in self._kept:
             self._put(key, found)
 
     def cmd_zadd(self, key: bytes, *rest: Any) -> Any:
@@ -607,7 +710,8 @@ class MemoryStore(Keyspace):
 
     def __init__(self, clock: Callable[[], float] = time.time, max_keys: int | None = None):
         super().__init__(clock, max_keys)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered by a call under :meth:`admitting`
+        self._swept_at = -math.inf
         self._commands = itertools.count(1)
         self._lua = lua51.LuaRuntime(encoding=None, unpack_returned_tuples=True)
         self._lua.execute(_PRELUDE, self.script_call, _pack, _unpack)
@@ -616,6 +720,52 @@ class MemoryStore(Keyspace):
 
     def __len__(self) -> int:
         return len(self.execute(b"KEYS", b"*"))
+
+    def keep(self, keys: Sequence[bytes]) -> None:
+        """:meth:`Keyspace.keep`, under the store's lock (requests keep counters from any
+        thread)."""
+        with self._lock:
+            super().keep(keys)
+
+    @contextlib.contextmanager
+    def admitting(
+        self, keys: Sequence[str | bytes], overflow: Callable[[bytes], bytes]
+    ) -> Iterator[list[bytes]]:
+        """Hold the store for one call over ``keys`` (a script's, run within) and give the
+        keys it is to use: ``keys`` themselves while the store has room for those it does not
+        hold (keys it may forget make room), else those replaced by ``overflow(key)``, shared
+        counters, kept: a full store keeps counting every new client, more strictly (they
+        share one counter per limit), and never forgets a kept key to make room. Memory stays
+        within ``max_keys`` keys plus one overflow counter per limit (and shard)."""
+        with self._lock:
+            self._now = round(self.clock() * 1e6) // 1000
+            held = [encoded(key) for key in keys]
+            missing = [key for key in held if self._live(key) is None]
+            overflowed = {}
+            if missing and not self._room_for(len(missing), held):
+                overflowed = {key: overflow(key) for key in missing}
+                held = [overflowed.get(key, key) for key in held]
+            self._using = frozenset(held)
+            try:
+                yield held
+            finally:
+                self._using = frozenset()
+                self.keep(list(overflowed.values()))
+
+    def _room_for(self, new: int, held: list[bytes]) -> bool:
+        """Whether ``new`` keys fit beside ``held`` (a call's keys), forgetting keys that may
+        be forgotten, other than ``held``; a store that seems full sweeps its expired keys
+        first, at most every :data:`FULL_SWEEP_EVERY` seconds."""
+        assert self.max_keys is not None
+        for attempt in (0, 1):
+            over = len(self._data) + len(self._kept) + new - self.max_keys
+            if over <= 0 or len(self._data) - sum(key in self._data for key in held) >= over:
+                return True
+            if attempt or self._now - self._swept_at < FULL_SWEEP_EVERY * 1000:
+                break
+            self._swept_at = self._now
+            self._sweep()
+        return False
 
     # What redis-py's client offers (the part the throttle calls), in its reply shapes.
     def pipeline(self, transaction: bool = False) -> Pipeline:
@@ -698,8 +848,7 @@ class MemoryStore(Keyspace):
         with self._lock:
             self._now = round(self.clock() * 1e6) // 1000  # as Redis: whole µs, then ms
             if next(self._commands) % SWEEP_EVERY == 0:
-                for key in [key for key, at in self._expires.items() if at < self._now]:
-                    self._drop(key)
+                self._sweep()
             if command in (b"EVAL", b"EVALSHA"):
                 return self._script(command == b"EVAL", *args)
             reply = self.command(command, args)

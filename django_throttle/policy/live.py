@@ -969,7 +969,7 @@ def current() -> Policy:
         if policy is not None and now - _cache.checked_at < REFRESH_INTERVAL:
             return policy
         _cache.checked_at = now
-        version = _shared_version(policy)
+        version, answered = _shared_version(policy)
         if (
             policy is None
             or not policy.loaded
@@ -979,7 +979,10 @@ def current() -> Policy:
         ):
             # Cleared first: a change signalled while compiling triggers another compile.
             _cache.changed_here = False
-            policy = _cache.policy = _compile(policy, version)
+            # Compiled while the version could not be read, the snapshot is labelled with no
+            # version: an edit another process saved meanwhile (and could not publish) may
+            # be missing from it, so the first check the backend answers recompiles it.
+            policy = _cache.policy = _compile(policy, version if answered else None)
         return policy
 
 
@@ -992,18 +995,25 @@ def fresh() -> Policy | None:
     return None
 
 
-def _shared_version(policy: Policy | None) -> str | None:
-    """The backend's policy version, through the circuit breaker; the snapshot's own version
-    (no reload) when the backend cannot answer. An open breaker logs nothing here: the breaker
-    itself logs when it opens and closes. A failure is a warning only when a snapshot is
-    kept because of it."""
+def _shared_version(policy: Policy | None) -> tuple[str | None, bool]:
+    """The backend's policy version through the circuit breaker, and ``True``; the
+    snapshot's own version (no reload) and ``False`` when the backend cannot answer. An open
+    breaker logs nothing here: the breaker itself logs when it opens and closes. A failure is
+    a warning only when a snapshot is kept because of it.
+
+    A missing version (Redis restarted empty, or the key expired) is not one: the check
+    that finds none publishes one (a bump), so every process recompiles once. Otherwise a
+    process whose snapshot was compiled while the key was missing would take the missing
+    key for its snapshot's version, and miss an edit that a process saved while Redis was
+    down and could not publish before it exited."""
     from django_throttle.backends.redis_nodes import CircuitOpen, get_breaker
 
+    breaker, backend = get_breaker(), get_backend()
     try:
-        version = get_breaker().call(get_backend().get_policy_version)
-        if _cache.unpublished:
-            _publish_late()
-        return version
+        version = breaker.call(backend.get_policy_version)
+        if (_cache.unpublished or version is None) and _publish_late() and version is None:
+            version = breaker.call(backend.get_policy_version)
+        return version, True
     except CircuitOpen:
         pass
     except BackendError as exc:
@@ -1011,14 +1021,16 @@ def _shared_version(policy: Policy | None) -> str | None:
         # nothing to warn of (a command's only load would log it before its own answer).
         level = logging.WARNING if policy is not None else logging.DEBUG
         logger.log(level, "policy version check failed, keeping the current policy: %s", exc)
-    return policy.version if policy is not None else None
+    return (policy.version if policy is not None else None), False
 
 
-def _publish_late() -> None:
-    """Tell the other processes of a change this process saved while the backend was down, now
-    that it answers: they apply it within a second of their next check, not when their
-    snapshots reach :data:`MAX_AGE`. (Their check reads the moved version; so does this
-    process's next one, which recompiles once more, harmlessly.) A failure keeps it pending."""
+def _publish_late() -> bool:
+    """Move the shared version, now that the backend answers, and say whether it moved: to
+    tell the other processes of a change this process saved while the backend was down
+    (they apply it within a second of their next check, not when their snapshots reach
+    :data:`MAX_AGE`), or to give a missing version a value. (Their check reads the moved
+    version; so does this process's next one, which recompiles once more, harmlessly.) A
+    failure keeps the change pending."""
     from django_throttle.backends.redis_nodes import get_breaker
 
     try:
@@ -1026,9 +1038,11 @@ def _publish_late() -> None:
     except BackendError as exc:
         # Said once already, when the change was saved: no line per check while it fails.
         logger.debug("could not publish the policy change to other processes: %s", exc)
-        return
-    _cache.unpublished = False
-    logger.info("policy change saved while the backend was down published to other processes")
+        return False
+    if _cache.unpublished:
+        _cache.unpublished = False
+        logger.info("policy change saved while the backend was down published to other processes")
+    return True
 
 
 def _compile(last: Policy | None, version: str | None) -> Policy:

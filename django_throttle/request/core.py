@@ -891,7 +891,7 @@ def degraded_decision(planned: Plan, error: BackendError, request: Any) -> Decis
         mode = "local"
     decision: Decision | BackendError = _FAILED_OPEN
     if mode == "local":
-        decision = run_locally(planned.deciding())
+        decision = run_locally(planned.deciding(), keep=planned.credential)
         if not isinstance(decision, BackendError):
             decision = counted_decision(planned, replace(decision, local=True), request, local=True)
     if mode == "closed" or isinstance(decision, BackendError):
@@ -1159,10 +1159,15 @@ def settling(request: Any, status: int, first: int = 0) -> Steps[None]:
                 yield from refunds
 
 
-def run_locally(steps: Steps[T]) -> T:
+def run_locally(steps: Steps[T], keep: bool = False) -> T:
     """Make the calls ``steps`` yield on the process's in-process backend (failure mode
     ``local``), blocking: it answers from memory, so an event loop may call it too. Usage is
-    not counted there (the request path records degraded decisions itself)."""
+    not counted there (the request path records degraded decisions itself).
+
+    ``keep`` (a credential check) keeps every counter it counts in the bounded store
+    (:meth:`~django_throttle.backends.memory.MemoryBackend.keep`): forgetting a login's
+    counters, spent or not, would give their attempts back; the store keeps counters that
+    deny itself."""
     from django_throttle.backends import get_local_backend
 
     backend = get_local_backend()
@@ -1174,6 +1179,8 @@ def run_locally(steps: Steps[T]) -> T:
             except BackendError as exc:
                 call = steps.throw(exc)
                 continue
+            if keep and isinstance(call, Hit | Plan):
+                backend.keep(call.client, call.limits)
             call = steps.send(reply)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
