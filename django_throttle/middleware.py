@@ -69,6 +69,9 @@ class RateLimitHeadersMiddleware:
         except asyncio.CancelledError:
             if _runs_on(request):  # still served, its slots held, until the sync view ends
                 await sync_to_async(_view_ended, thread_sensitive=True)()
+            # No view runs for it now; a throttle still deciding in a worker thread (adrf's
+            # initial()) gives back what it takes at once, not when the request is collected.
+            leases.end(request)
             raise
         finally:
             with busy.lock:

@@ -7,6 +7,9 @@ given back exactly once, whatever ends it.
 - Under ASGI a sync view runs on in its thread when its client goes away (Django cancels the
   request's task, but cannot stop a thread): its slot is held until the view ends, not given
   back at the hang-up, or a client that hangs up at once could run any number of them.
+- Under ASGI an adrf view whose client went away while its throttle still decided (adrf runs
+  authentication and throttles in a worker thread, which the cancellation cannot stop) gives
+  back the slot that thread takes at once, not when the request is collected.
 - A request refused because this process's places for waiting requests were taken gives back
   its tokens with its turn; under a rule counting only successes, the headers middleware does
   not give them back a second time for the 429 (another request's token).
@@ -22,10 +25,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from adrf.views import APIView as AsyncAPIView
 from asgiref.sync import async_to_sync, sync_to_async
+from django.core.handlers.asgi import ASGIHandler
+from django.core.signals import request_finished
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client
 from django.urls import path
+from rest_framework.authentication import BaseAuthentication
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -33,6 +40,7 @@ from rest_framework.views import APIView
 
 from django_throttle.backends import redis_nodes as breaker_module
 from django_throttle.decorators import throttle
+from django_throttle.drf import AsyncPolicyThrottle, PolicyThrottle
 from django_throttle.models import EndpointLimit
 from django_throttle.policy import live as policy
 from django_throttle.request import core
@@ -91,7 +99,53 @@ class BlockingApi(APIView):
         return Response({"done": True})
 
 
+#: The requests the adrf views' throttles saw, kept alive: a slot given back only when its
+#: request is collected would stay held.
+throttled: list[Any] = []
+
+
+class SlowAuthentication(BaseAuthentication):
+    """Authentication that waits for the gate: the client goes away before the throttle
+    runs, while adrf's worker thread is still in ``initial()``."""
+
+    def authenticate(self, request: Request) -> None:
+        entered.set()
+        gate.wait(10)
+
+
+class KeptAsyncThrottle(AsyncPolicyThrottle):
+    async def allow_request(self, request: Request, view: Any) -> bool:  # type: ignore[override]
+        throttled.append(request)
+        return await super().allow_request(request, view)
+
+
+class KeptThrottle(PolicyThrottle):
+    def allow_request(self, request: Request, view: Any) -> bool:
+        throttled.append(request)
+        return super().allow_request(request, view)
+
+
+class AsyncThrottledApi(AsyncAPIView):  # type: ignore[misc]
+    permission_classes = [AllowAny]
+    authentication_classes = [SlowAuthentication]
+    throttle_classes = [KeptAsyncThrottle]
+
+    async def get(self, request: Request) -> Response:
+        return Response({"ok": True})
+
+
+class ThrottledInThreadApi(AsyncAPIView):  # type: ignore[misc]
+    permission_classes = [AllowAny]
+    authentication_classes: list[Any] = []
+    throttle_classes = [KeptThrottle]
+
+    async def get(self, request: Request) -> Response:
+        return Response({"ok": True})
+
+
 urlpatterns = [
+    path("api/adrf-async-throttle/", AsyncThrottledApi.as_view()),
+    path("api/adrf-sync-throttle/", ThrottledInThreadApi.as_view()),
     path("blocking/", blocking_view),
     path("api/blocking/", BlockingApi.as_view()),
     path("one/", one_at_a_time),
@@ -304,3 +358,99 @@ def test_a_sync_view_whose_client_went_away_holds_its_slot_until_it_ends(
         gate.set()
     assert during == 1  # held while the view ran
     wait_for(lambda: held_slots(redis_process) == 0, "the slot given back once the view ended")
+
+
+# -- an adrf view whose client went away while its throttle decided ----------------------------
+
+
+async def asgi_get(route: str, gone: asyncio.Event) -> list[dict[str, Any]]:
+    """``GET route`` through Django's ASGI handler, as a server calls it, from a client that
+    hangs up (``http.disconnect``) once ``gone`` is set: the handler cancels the request."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": route,
+        "raw_path": route.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"testserver")],
+        "client": (CLIENT, 50000),
+        "server": ("testserver", 80),
+    }
+    sent: list[dict[str, Any]] = []
+    requested = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal requested
+        if not requested:
+            requested = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await ASGIHandler()(scope, receive, send)
+    return sent
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("throttle_class", ["async", "sync"])
+def test_an_adrf_view_cancelled_while_its_throttle_decides_gives_its_slot_back(
+    proxy: FaultProxy, redis_process: RedisServer, settings: Any, throttle_class: str
+) -> None:
+    """adrf runs ``initial()`` (authentication, throttles) in a worker thread, which runs on
+    when the client goes away: the headers middleware gave back what the request held then
+    (nothing yet), and the slot the throttle took afterwards stayed held until the request
+    was collected, refusing the client meanwhile. ``async``: the client left during a slow
+    authentication, before ``AsyncPolicyThrottle`` ran; ``sync``: while ``PolicyThrottle``'s
+    counting call was in Redis."""
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 5, "socket_connect_timeout": 5}
+    route = f"/api/adrf-{throttle_class}-throttle/"
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    endpoint("adrf", "path", route, limits={anonymous: "1/min"})
+    EndpointLimit.objects.filter(rule__name="adrf").update(algorithm="concurrency")
+    policy.reset()
+    policy.current()  # loaded here: adrf's thread reads no database
+    gate.clear()
+    entered.clear()
+    if throttle_class == "sync":
+        gate.set()  # no authentication to wait for
+
+    async def cancelled() -> list[dict[str, Any]]:
+        gone = asyncio.Event()
+        request = asyncio.ensure_future(asgi_get(route, gone))
+        deadline = time.monotonic() + 5
+        if throttle_class == "sync":
+            proxy.set_mode("delay", delay=1.0)  # the throttle's call waits for its reply
+            while not held_slots(redis_process):
+                assert time.monotonic() < deadline, "the counting call never took its slot"
+                await asyncio.sleep(0.005)
+        else:
+            while not entered.is_set():
+                assert time.monotonic() < deadline, "the view never started"
+                await asyncio.sleep(0.005)
+        gone.set()  # the client hangs up; Django cancels the request
+        return await request
+
+    async def over(**kwargs: Any) -> None:
+        gate.set()  # the request was cancelled and is over: authentication ends
+
+    # Sent once the cancelled request is over, before Django waits for its worker thread.
+    request_finished.connect(over, dispatch_uid="adrf-cancelled")
+    try:
+        sent = async_to_sync(cancelled)()
+        assert sent == []  # nothing was answered: the request was cancelled
+        proxy.set_mode("pass")
+        wait_for(lambda: len(throttled) == 1, "the throttle ran after the cancellation")
+        # Its request is still alive (``throttled``): collecting it gives nothing back.
+        wait_for(lambda: held_slots(redis_process) == 0, "the slot given back", within=3.0)
+    finally:
+        request_finished.disconnect(dispatch_uid="adrf-cancelled")
+        gate.set()
+        throttled.clear()
