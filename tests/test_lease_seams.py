@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +30,7 @@ import pytest
 from adrf.views import APIView as AsyncAPIView
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
+from django.core.management import call_command
 from django.core.signals import request_finished
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client
@@ -113,16 +116,26 @@ class SlowAuthentication(BaseAuthentication):
         gate.wait(10)
 
 
+#: How many of those throttles returned (decided, and waited for any turn).
+returned: list[bool] = []
+
+
 class KeptAsyncThrottle(AsyncPolicyThrottle):
     async def allow_request(self, request: Request, view: Any) -> bool:  # type: ignore[override]
         throttled.append(request)
-        return await super().allow_request(request, view)
+        try:
+            return await super().allow_request(request, view)
+        finally:
+            returned.append(True)
 
 
 class KeptThrottle(PolicyThrottle):
     def allow_request(self, request: Request, view: Any) -> bool:
         throttled.append(request)
-        return super().allow_request(request, view)
+        try:
+            return super().allow_request(request, view)
+        finally:
+            returned.append(True)
 
 
 class AsyncThrottledApi(AsyncAPIView):  # type: ignore[misc]
@@ -146,6 +159,8 @@ class ThrottledInThreadApi(AsyncAPIView):  # type: ignore[misc]
 urlpatterns = [
     path("api/adrf-async-throttle/", AsyncThrottledApi.as_view()),
     path("api/adrf-sync-throttle/", ThrottledInThreadApi.as_view()),
+    path("api/adrf-async-paced/", AsyncThrottledApi.as_view()),
+    path("api/adrf-sync-paced/", ThrottledInThreadApi.as_view()),
     path("blocking/", blocking_view),
     path("api/blocking/", BlockingApi.as_view()),
     path("one/", one_at_a_time),
@@ -398,6 +413,49 @@ async def asgi_get(route: str, gone: asyncio.Event) -> list[dict[str, Any]]:
     return sent
 
 
+def cancelled_while_deciding(
+    proxy: FaultProxy, redis_process: RedisServer, throttle_class: str, route: str
+) -> None:
+    """Send ``GET route`` and hang up while adrf's thread still decides: ``async``, during a
+    slow authentication, before ``AsyncPolicyThrottle`` ran; ``sync``, while
+    ``PolicyThrottle``'s counting call is in Redis. Returns once the throttle has run."""
+    gate.clear()
+    entered.clear()
+    if throttle_class == "sync":
+        gate.set()  # no authentication to wait for
+
+    async def cancelled() -> list[dict[str, Any]]:
+        gone = asyncio.Event()
+        request = asyncio.ensure_future(asgi_get(route, gone))
+        deadline = time.monotonic() + 5
+        if throttle_class == "sync":
+            sent_before = proxy.scripts_forwarded()
+            proxy.set_mode("delay", delay=1.0)  # the throttle's call waits for its reply
+            while proxy.scripts_forwarded() == sent_before:
+                assert time.monotonic() < deadline, "the counting call never reached Redis"
+                await asyncio.sleep(0.005)
+        else:
+            while not entered.is_set():
+                assert time.monotonic() < deadline, "the view never started"
+                await asyncio.sleep(0.005)
+        gone.set()  # the client hangs up; Django cancels the request
+        return await request
+
+    async def over(**kwargs: Any) -> None:
+        gate.set()  # the request was cancelled and is over: authentication ends
+
+    # Sent once the cancelled request is over, before Django waits for its worker thread.
+    request_finished.connect(over, dispatch_uid="adrf-cancelled")
+    try:
+        sent = async_to_sync(cancelled)()
+        assert sent == []  # nothing was answered: the request was cancelled
+        wait_for(lambda: len(throttled) == 1, "the throttle ran after the cancellation")
+    finally:
+        request_finished.disconnect(dispatch_uid="adrf-cancelled")
+        gate.set()
+        proxy.set_mode("pass")
+
+
 @pytest.mark.urls(__name__)
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("throttle_class", ["async", "sync"])
@@ -417,40 +475,53 @@ def test_an_adrf_view_cancelled_while_its_throttle_decides_gives_its_slot_back(
     EndpointLimit.objects.filter(rule__name="adrf").update(algorithm="concurrency")
     policy.reset()
     policy.current()  # loaded here: adrf's thread reads no database
-    gate.clear()
-    entered.clear()
-    if throttle_class == "sync":
-        gate.set()  # no authentication to wait for
-
-    async def cancelled() -> list[dict[str, Any]]:
-        gone = asyncio.Event()
-        request = asyncio.ensure_future(asgi_get(route, gone))
-        deadline = time.monotonic() + 5
-        if throttle_class == "sync":
-            proxy.set_mode("delay", delay=1.0)  # the throttle's call waits for its reply
-            while not held_slots(redis_process):
-                assert time.monotonic() < deadline, "the counting call never took its slot"
-                await asyncio.sleep(0.005)
-        else:
-            while not entered.is_set():
-                assert time.monotonic() < deadline, "the view never started"
-                await asyncio.sleep(0.005)
-        gone.set()  # the client hangs up; Django cancels the request
-        return await request
-
-    async def over(**kwargs: Any) -> None:
-        gate.set()  # the request was cancelled and is over: authentication ends
-
-    # Sent once the cancelled request is over, before Django waits for its worker thread.
-    request_finished.connect(over, dispatch_uid="adrf-cancelled")
     try:
-        sent = async_to_sync(cancelled)()
-        assert sent == []  # nothing was answered: the request was cancelled
-        proxy.set_mode("pass")
-        wait_for(lambda: len(throttled) == 1, "the throttle ran after the cancellation")
+        cancelled_while_deciding(proxy, redis_process, throttle_class, route)
         # Its request is still alive (``throttled``): collecting it gives nothing back.
         wait_for(lambda: held_slots(redis_process) == 0, "the slot given back", within=3.0)
     finally:
-        request_finished.disconnect(dispatch_uid="adrf-cancelled")
-        gate.set()
         throttled.clear()
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("throttle_class", ["async", "sync"])
+def test_an_adrf_view_cancelled_before_its_turn_gives_the_turn_back(
+    proxy: FaultProxy, redis_process: RedisServer, settings: Any, throttle_class: str
+) -> None:
+    """A delaying limit gave the cancelled request a turn a minute away; no view would run
+    for it, yet its throttle (run on in adrf's thread) waited for the turn, and the next
+    request was told to wait two minutes instead of one."""
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 5, "socket_connect_timeout": 5}
+    route = f"/api/adrf-{throttle_class}-paced/"
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    rule = endpoint("adrf-paced", "path", route)
+    EndpointLimit.objects.create(  # one at once, two more queued a minute apart
+        rule=rule, tier=anonymous, rate="1/min", burst=3, algorithm="gcra", delay=0
+    )
+    policy.reset()
+    policy.current()  # loaded here: adrf's thread reads no database
+
+    async def first() -> list[dict[str, Any]]:
+        return await asgi_get(route, asyncio.Event())
+
+    gate.set()
+    assert async_to_sync(first)()[0]["status"] == 200  # served at once
+    served = time.monotonic()  # after the first's decision: its next turn is a minute on
+    throttled.clear()
+    returned.clear()
+    try:
+        cancelled_while_deciding(proxy, redis_process, throttle_class, route)
+        wait_for(lambda: bool(returned), "the throttle returned, not waiting for its turn")
+        out = io.StringIO()
+        asked = time.monotonic()
+        call_command(
+            "throttle_explain", "--ip", CLIENT, "--path", route, "--format", "json", stdout=out
+        )
+    finally:
+        throttled.clear()
+        returned.clear()
+    next_request = json.loads(out.getvalue())["next_request"]
+    wait = float(next_request.split("waiting ")[1].split()[0])
+    # The cancelled request's turn (a minute after the first), not the one after it.
+    assert 0 < wait <= 60 - (asked - served) + 0.01, next_request

@@ -715,6 +715,9 @@ def wait_turn(request: Any, decision: Decision) -> Decision:
     the wait it would have had)."""
     if not decision.wait:
         return decision
+    if leases.ended(request):
+        run(_skip_turn(request))
+        return _gone(decision)
     if not _waiting.acquire(blocking=False):
         turn = getattr(request, "throttle_turn", None)
         run(_skip_turn(request))
@@ -738,6 +741,9 @@ async def await_turn(request: Any, decision: Decision) -> Decision:
     back what it took: its turn goes to the next request."""
     if not decision.wait:
         return decision
+    if leases.ended(request):
+        await arun(_skip_turn(request))
+        return _gone(decision)
     if not _awaiting.acquire(blocking=False):
         turn = getattr(request, "throttle_turn", None)
         await arun(_skip_turn(request))
@@ -757,6 +763,15 @@ async def await_turn(request: Any, decision: Decision) -> Decision:
         _awaiting.release()
     _waited(request, decision)
     return decision
+
+
+def _gone(decision: Decision) -> Decision:
+    """The refusal, never sent, of a request cancelled before its check in a worker thread
+    was done, whose turn was given back for the next request: adrf checks there, and a
+    cancellation cannot stop a thread (see :func:`~django_throttle.request.leases.end`), so
+    no view will run for it. Counted allowed, not delayed, as a request cancelled while it
+    awaits its turn."""
+    return replace(decision, allowed=False, retry_after=decision.wait, wait=0.0, leases=())
 
 
 def _waited(request: Any, decision: Decision) -> None:

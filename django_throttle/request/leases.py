@@ -113,6 +113,11 @@ def end(request: Any) -> None:
         setattr(request, ENDED, True)
 
 
+def ended(request: Any) -> bool:
+    """Whether ``request`` was cancelled before its check was done (see :func:`end`)."""
+    return getattr(request, ENDED, False) is True
+
+
 def abandon(found: Sequence[tuple[str, Sequence[Limit], str]]) -> None:
     """Give back, by id and off the request path (the keeper's thread does), the slots a
     counting call may have taken before it failed or was cancelled (``found``: its
