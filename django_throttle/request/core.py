@@ -731,8 +731,7 @@ def wait_turn(request: Any, decision: Decision) -> Decision:
         time.sleep(decision.wait)
     finally:
         _waiting.release()
-    _waited(request, decision)
-    return decision
+    return _waited(request, decision)
 
 
 async def await_turn(request: Any, decision: Decision) -> Decision:
@@ -761,8 +760,7 @@ async def await_turn(request: Any, decision: Decision) -> Decision:
         raise
     finally:
         _awaiting.release()
-    _waited(request, decision)
-    return decision
+    return _waited(request, decision)
 
 
 def _gone(decision: Decision) -> Decision:
@@ -774,12 +772,15 @@ def _gone(decision: Decision) -> Decision:
     return replace(decision, allowed=False, retry_after=decision.wait, wait=0.0, leases=())
 
 
-def _waited(request: Any, decision: Decision) -> None:
+def _waited(request: Any, decision: Decision) -> Decision:
     """Count the wait ``request`` had in its tier and endpoint's usage (the dashboard's
-    delayed requests and mean wait)."""
+    delayed requests and mean wait); return ``decision`` as it stands now that its turn
+    came: the limit is full again its wait sooner than it was when decided
+    (``X-RateLimit-Reset`` is said from when the response is sent)."""
     turn: Reservation | None = getattr(request, "throttle_turn", None)
     if turn is not None:
         usage.record_delay(turn.field, decision.wait, local=turn.local)
+    return replace(decision, reset_after=max(0.0, decision.reset_after - decision.wait))
 
 
 def _refused_turn(
