@@ -156,7 +156,29 @@ class ThrottledInThreadApi(AsyncAPIView):  # type: ignore[misc]
         return Response({"ok": True})
 
 
+class RunningAsyncApi(AsyncAPIView):  # type: ignore[misc]
+    """Runs until the test's client hangs up (it is cancelled then)."""
+
+    permission_classes = [AllowAny]
+    authentication_classes: list[Any] = []
+    throttle_classes = [AsyncPolicyThrottle]
+
+    async def get(self, request: Request) -> Response:
+        entered.set()
+        await asyncio.sleep(10)
+        return Response({"ok": True})
+
+
+@throttle(scope="successes-running")
+async def running_view(request: HttpRequest) -> HttpResponse:
+    entered.set()
+    await asyncio.sleep(10)
+    return HttpResponse("ok")
+
+
 urlpatterns = [
+    path("api/successes-running/", RunningAsyncApi.as_view(), name="successes-running-api"),
+    path("successes-running/", running_view),
     path("api/adrf-async-throttle/", AsyncThrottledApi.as_view()),
     path("api/adrf-sync-throttle/", ThrottledInThreadApi.as_view()),
     path("api/adrf-async-paced/", AsyncThrottledApi.as_view()),
@@ -525,3 +547,50 @@ def test_an_adrf_view_cancelled_before_its_turn_gives_the_turn_back(
     wait = float(next_request.split("waiting ")[1].split()[0])
     # The cancelled request's turn (a minute after the first), not the one after it.
     assert 0 < wait <= 60 - (asked - served) + 0.01, next_request
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("route", "match_type", "pattern"),
+    [
+        ("/api/successes-running/", "route", "successes-running-api"),
+        ("/successes-running/", "scope", "successes-running"),
+    ],
+    ids=["adrf", "decorator-async"],
+)
+def test_an_async_view_cancelled_under_a_rule_counting_successes_is_not_one(
+    route: str, match_type: str, pattern: str
+) -> None:
+    """An ``async def`` view cancelled while it ran (its client went away) made no
+    response: ``@throttle`` gives its token back under a rule counting only successes, but
+    behind the headers middleware a DRF view's token stayed taken, as if it had succeeded,
+    refusing the client's next request."""
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    rule = endpoint("successes-running", match_type, pattern, limits={anonymous: "1/min"})
+    rule.counts = "success"
+    rule.save()
+    policy.reset()
+    entered.clear()
+
+    async def send() -> int:
+        gone = asyncio.Event()
+        request = asyncio.ensure_future(asgi_get(route, gone))
+        deadline = time.monotonic() + 5
+        while not entered.is_set():
+            assert time.monotonic() < deadline, "the view never started"
+            await asyncio.sleep(0.005)
+        gone.set()  # the client hangs up: Django cancels the view
+        assert await request == []
+        entered.clear()
+        gone = asyncio.Event()
+        after = asyncio.ensure_future(asgi_get(route, gone))
+        while not entered.is_set() and not after.done():
+            await asyncio.sleep(0.005)
+        if after.done():  # refused
+            return int((await after)[0]["status"])
+        gone.set()  # admitted: the view runs
+        await after
+        return 200
+
+    assert async_to_sync(send)() == 200
