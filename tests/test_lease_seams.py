@@ -448,13 +448,13 @@ def cancelled_while_deciding(
 
     async def cancelled() -> list[dict[str, Any]]:
         gone = asyncio.Event()
+        if throttle_class == "sync":
+            proxy.set_mode("delay", delay=1.0)  # the throttle's call waits for its reply
         request = asyncio.ensure_future(asgi_get(route, gone))
         deadline = time.monotonic() + 5
         if throttle_class == "sync":
-            sent_before = proxy.scripts_forwarded()
-            proxy.set_mode("delay", delay=1.0)  # the throttle's call waits for its reply
-            while proxy.scripts_forwarded() == sent_before:
-                assert time.monotonic() < deadline, "the counting call never reached Redis"
+            while not throttled:  # deciding: its counting call's reply is held back
+                assert time.monotonic() < deadline, "the throttle never ran"
                 await asyncio.sleep(0.005)
         else:
             while not entered.is_set():
