@@ -435,9 +435,7 @@ async def asgi_get(route: str, gone: asyncio.Event) -> list[dict[str, Any]]:
     return sent
 
 
-def cancelled_while_deciding(
-    proxy: FaultProxy, redis_process: RedisServer, throttle_class: str, route: str
-) -> None:
+def cancelled_while_deciding(proxy: FaultProxy | None, throttle_class: str, route: str) -> None:
     """Send ``GET route`` and hang up while adrf's thread still decides: ``async``, during a
     slow authentication, before ``AsyncPolicyThrottle`` ran; ``sync``, while
     ``PolicyThrottle``'s counting call is in Redis. Returns once the throttle has run."""
@@ -448,7 +446,7 @@ def cancelled_while_deciding(
 
     async def cancelled() -> list[dict[str, Any]]:
         gone = asyncio.Event()
-        if throttle_class == "sync":
+        if proxy is not None:
             proxy.set_mode("delay", delay=1.0)  # the throttle's call waits for its reply
         request = asyncio.ensure_future(asgi_get(route, gone))
         deadline = time.monotonic() + 5
@@ -475,7 +473,8 @@ def cancelled_while_deciding(
     finally:
         request_finished.disconnect(dispatch_uid="adrf-cancelled")
         gate.set()
-        proxy.set_mode("pass")
+        if proxy is not None:
+            proxy.set_mode("pass")
 
 
 @pytest.mark.urls(__name__)
@@ -498,7 +497,7 @@ def test_an_adrf_view_cancelled_while_its_throttle_decides_gives_its_slot_back(
     policy.reset()
     policy.current()  # loaded here: adrf's thread reads no database
     try:
-        cancelled_while_deciding(proxy, redis_process, throttle_class, route)
+        cancelled_while_deciding(proxy if throttle_class == "sync" else None, throttle_class, route)
         # Its request is still alive (``throttled``): collecting it gives nothing back.
         wait_for(lambda: held_slots(redis_process) == 0, "the slot given back", within=3.0)
     finally:
@@ -533,7 +532,7 @@ def test_an_adrf_view_cancelled_before_its_turn_gives_the_turn_back(
     throttled.clear()
     returned.clear()
     try:
-        cancelled_while_deciding(proxy, redis_process, throttle_class, route)
+        cancelled_while_deciding(proxy if throttle_class == "sync" else None, throttle_class, route)
         wait_for(lambda: bool(returned), "the throttle returned, not waiting for its turn")
         out = io.StringIO()
         asked = time.monotonic()
@@ -594,3 +593,30 @@ def test_an_async_view_cancelled_under_a_rule_counting_successes_is_not_one(
         return 200
 
     assert async_to_sync(send)() == 200
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_an_adrf_slot_taken_after_the_cancellation_goes_back_on_both_backends(
+    backend: Any,
+) -> None:
+    """The same on the suite's Redis and on ``memory://``: the client's next request is
+    served, though the cancelled request is still alive."""
+    route = "/api/adrf-async-throttle/"
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    endpoint("adrf", "path", route, limits={anonymous: "1/min"})
+    EndpointLimit.objects.filter(rule__name="adrf").update(algorithm="concurrency")
+    policy.reset()
+    policy.current()  # loaded here: adrf's thread reads no database
+    try:
+        cancelled_while_deciding(None, "async", route)
+
+        async def next_request() -> int:
+            return int((await asgi_get(route, asyncio.Event()))[0]["status"])
+
+        def served() -> bool:  # the slot goes back from the keeper's thread: soon, not now
+            return async_to_sync(next_request)() == 200
+
+        wait_for(served, "the next request served", within=3.0)
+    finally:
+        throttled.clear()
