@@ -620,3 +620,46 @@ def test_an_adrf_slot_taken_after_the_cancellation_goes_back_on_both_backends(
         wait_for(served, "the next request served", within=3.0)
     finally:
         throttled.clear()
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_a_release_cancelled_before_it_reached_redis_still_gives_the_slot_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The view answered; giving its slot back waited (for a pooled connection, say) when
+    the client went away, so the release never reached Redis. The keeper had already
+    stopped renewing the slot, and nobody else knew its lease id: it stayed taken until its
+    lease ended, refusing the client for a minute."""
+    from django_throttle.backends.redis import RedisBackend
+
+    release = RedisBackend.arelease
+    releasing = threading.Event()
+
+    async def waits_first(self: RedisBackend, *args: Any, **kwargs: Any) -> int:
+        releasing.set()
+        await asyncio.sleep(10)  # a connection of a bounded pool, busy
+        return await release(self, *args, **kwargs)
+
+    monkeypatch.setattr(RedisBackend, "arelease", waits_first)
+
+    async def cancelled() -> list[dict[str, Any]]:
+        gone = asyncio.Event()
+        request = asyncio.ensure_future(asgi_get("/one-async/", gone))
+        deadline = time.monotonic() + 5
+        while not releasing.is_set():
+            assert time.monotonic() < deadline, "the slot was never given back"
+            await asyncio.sleep(0.005)
+        gone.set()  # the client hangs up while the release waits
+        return await request
+
+    async_to_sync(cancelled)()
+    monkeypatch.setattr(RedisBackend, "arelease", release)
+
+    async def next_request() -> int:
+        return int((await asgi_get("/one-async/", asyncio.Event()))[0]["status"])
+
+    def served() -> bool:  # given back from the keeper's thread: soon, not now
+        return async_to_sync(next_request)() == 200
+
+    wait_for(served, "the next request served", within=3.0)

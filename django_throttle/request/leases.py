@@ -26,6 +26,7 @@ only it knew: the keeper gives them back by id (:func:`abandon`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -151,8 +152,7 @@ def release(request: Any, first: int = 0) -> None:
 
 async def arelease(request: Any, first: int = 0) -> None:
     """:func:`release` for async stacks: awaited on the event loop."""
-    for held in _taken(request, first):
-        await agive_back(held)
+    await _agive_back_all(_taken(request, first))
 
 
 def finish(request: Any, response: Any, first: int = 0) -> None:
@@ -192,7 +192,9 @@ def give_back(held: Held) -> None:
 
 
 async def agive_back(held: Held) -> None:
-    """:func:`give_back` on the event loop."""
+    """:func:`give_back` on the event loop. Cancelled (the client went away) before Redis
+    answered, the release may never have reached it (waiting for a pooled connection, say):
+    the keeper's thread gives the slot back by id, as nobody renews it any more."""
     keeper().forget(held)
     try:
         if held.local:
@@ -202,6 +204,21 @@ async def agive_back(held: Held) -> None:
                 await get_backend().arelease(held.client, held.limits, held.lease)
     except BackendError as exc:
         _not_given_back(held, exc)
+    except asyncio.CancelledError:
+        keeper().abandon(held)  # released once: a lease already given back releases nothing
+        raise
+
+
+async def _agive_back_all(held: Sequence[Held]) -> None:
+    """:func:`agive_back` each of ``held``; those after a cancelled one are left to the
+    keeper's thread, as that one is."""
+    for index, one in enumerate(held):
+        try:
+            await agive_back(one)
+        except asyncio.CancelledError:
+            for rest in held[index + 1 :]:
+                keeper().abandon(rest)
+            raise
 
 
 def _not_given_back(held: Held, exc: Exception) -> None:
@@ -271,8 +288,7 @@ class _AsyncReleasing:
             return await anext(self._content)
         except BaseException:
             held, self._held = self._held, []
-            for one in held:
-                await agive_back(one)
+            await _agive_back_all(held)
             raise
 
     def close(self) -> None:
