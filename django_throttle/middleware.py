@@ -4,13 +4,14 @@ settles the counting policy of DRF views.
 DRF throttle classes cannot touch responses, so :class:`~django_throttle.drf.PolicyThrottle`
 leaves its decision on the request and this middleware writes the headers; a rule that counts
 only successes or failures also leaves a reservation, which this middleware gives back once
-the response shows an outcome the rule does not count (without the middleware every request
-counts). A request that holds concurrency slots (a concurrency limit) gives them back here
-once its response is made, or, for a streaming response, once its stream is closed
-(:mod:`~django_throttle.request.leases`). It also counts the requests this process is
-serving, and under ASGI watches its event loop's lag, for the worker's own load shedder
-(:func:`~django_throttle.request.core.worker_refusal`). Works in sync and async stacks; a
-request without a reservation or a slot costs two attribute lookups and the busy count.
+the response shows an outcome the rule does not count, or an async view is cancelled before
+it answered (without the middleware every request counts). A request that holds concurrency
+slots (a concurrency limit) gives them back here once its response is made, or, for a
+streaming response, once its stream is closed (:mod:`~django_throttle.request.leases`). It
+also counts the requests this process is serving, and under ASGI watches its event loop's
+lag, for the worker's own load shedder (:func:`~django_throttle.request.core.worker_refusal`).
+Works in sync and async stacks; a request without a reservation or a slot costs two
+attribute lookups and the busy count.
 """
 
 from __future__ import annotations
@@ -69,6 +70,14 @@ class RateLimitHeadersMiddleware:
         except asyncio.CancelledError:
             if _runs_on(request):  # still served, its slots held, until the sync view ends
                 await sync_to_async(_view_ended, thread_sensitive=True)()
+            elif getattr(request, "throttle_reservations", None):
+                # Cancelled before it answered: neither a success nor a failure, as
+                # @throttle settles an async view that raised (a sync view's outcome is
+                # unknown here: its reservations stay counted).
+                await core.asettle(request, 500)
+            # No view runs for it now; a throttle still deciding in a worker thread (adrf's
+            # initial()) gives back what it takes at once, not when the request is collected.
+            leases.end(request)
             raise
         finally:
             with busy.lock:

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import redis
@@ -491,3 +492,37 @@ def test_async_drf_views_await_their_turn(clear_entered: None) -> None:
 
     assert async_to_sync(run)() == [200, 200, 200]
     assert_paced(entered, 3)
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("route", ["/paced/", "/paced-async/"], ids=["sync", "async"])
+def test_a_delayed_response_says_when_the_limit_is_full_again_from_when_it_is_sent(
+    clear_entered: None, route: str
+) -> None:
+    """``X-RateLimit-Reset`` was worked out when the request was decided, not when it was
+    served: a request that waited its turn said the limit would be full its wait later than
+    it would. Each of three sent at once is served one interval (0.5 s) after the one
+    before, so the limit is full again 0.5 s after each is served: ``1`` for each."""
+    policy.current()  # the policy loaded here: the threads read no database
+    if route == "/paced-async/":
+
+        async def run() -> list[Any]:
+            client = AsyncClient(REMOTE_ADDR="203.0.113.8")
+            return list(await asyncio.gather(*(client.get(route) for _ in range(3))))
+
+        responses = async_to_sync(run)()
+    else:
+        start = threading.Barrier(3)
+
+        @own_connections
+        def get(_: int) -> Any:
+            start.wait()
+            return Client(REMOTE_ADDR="203.0.113.8").get(route)
+
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            responses = list(pool.map(get, range(3)))
+    assert [response.status_code for response in responses] == [200, 200, 200]
+    waits = sorted(float(response.get("X-RateLimit-Delayed", "0")) for response in responses)
+    assert waits[0] == 0 and waits[2] > 0.5  # the third waited for its turn at 1 s
+    assert [response["X-RateLimit-Reset"] for response in responses] == ["1", "1", "1"]

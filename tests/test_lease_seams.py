@@ -7,6 +7,9 @@ given back exactly once, whatever ends it.
 - Under ASGI a sync view runs on in its thread when its client goes away (Django cancels the
   request's task, but cannot stop a thread): its slot is held until the view ends, not given
   back at the hang-up, or a client that hangs up at once could run any number of them.
+- Under ASGI an adrf view whose client went away while its throttle still decided (adrf runs
+  authentication and throttles in a worker thread, which the cancellation cannot stop) gives
+  back the slot that thread takes at once, not when the request is collected.
 - A request refused because this process's places for waiting requests were taken gives back
   its tokens with its turn; under a rule counting only successes, the headers middleware does
   not give them back a second time for the 429 (another request's token).
@@ -16,16 +19,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from adrf.views import APIView as AsyncAPIView
 from asgiref.sync import async_to_sync, sync_to_async
+from django.core.handlers.asgi import ASGIHandler
+from django.core.management import call_command
+from django.core.signals import request_finished
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client
 from django.urls import path
+from rest_framework.authentication import BaseAuthentication
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -33,6 +43,7 @@ from rest_framework.views import APIView
 
 from django_throttle.backends import redis_nodes as breaker_module
 from django_throttle.decorators import throttle
+from django_throttle.drf import AsyncPolicyThrottle, PolicyThrottle
 from django_throttle.models import EndpointLimit
 from django_throttle.policy import live as policy
 from django_throttle.request import core
@@ -91,7 +102,87 @@ class BlockingApi(APIView):
         return Response({"done": True})
 
 
+#: The requests the adrf views' throttles saw, kept alive: a slot given back only when its
+#: request is collected would stay held.
+throttled: list[Any] = []
+
+
+class SlowAuthentication(BaseAuthentication):
+    """Authentication that waits for the gate: the client goes away before the throttle
+    runs, while adrf's worker thread is still in ``initial()``."""
+
+    def authenticate(self, request: Request) -> None:
+        entered.set()
+        gate.wait(10)
+
+
+#: How many of those throttles returned (decided, and waited for any turn).
+returned: list[bool] = []
+
+
+class KeptAsyncThrottle(AsyncPolicyThrottle):
+    async def allow_request(self, request: Request, view: Any) -> bool:  # type: ignore[override]
+        throttled.append(request)
+        try:
+            return await super().allow_request(request, view)
+        finally:
+            returned.append(True)
+
+
+class KeptThrottle(PolicyThrottle):
+    def allow_request(self, request: Request, view: Any) -> bool:
+        throttled.append(request)
+        try:
+            return super().allow_request(request, view)
+        finally:
+            returned.append(True)
+
+
+class AsyncThrottledApi(AsyncAPIView):  # type: ignore[misc]
+    permission_classes = [AllowAny]
+    authentication_classes = [SlowAuthentication]
+    throttle_classes = [KeptAsyncThrottle]
+
+    async def get(self, request: Request) -> Response:
+        return Response({"ok": True})
+
+
+class ThrottledInThreadApi(AsyncAPIView):  # type: ignore[misc]
+    permission_classes = [AllowAny]
+    authentication_classes: list[Any] = []
+    throttle_classes = [KeptThrottle]
+
+    async def get(self, request: Request) -> Response:
+        return Response({"ok": True})
+
+
+class RunningAsyncApi(AsyncAPIView):  # type: ignore[misc]
+    """Runs until the test's client hangs up (it is cancelled then)."""
+
+    permission_classes = [AllowAny]
+    authentication_classes: list[Any] = []
+    throttle_classes = [AsyncPolicyThrottle]
+
+    async def get(self, request: Request) -> Response:
+        entered.set()
+        await asyncio.sleep(10)
+        return Response({"ok": True})
+
+
+@throttle(scope="successes-running")
+async def running_view(request: HttpRequest) -> HttpResponse:
+    entered.set()
+    await asyncio.sleep(10)
+    return HttpResponse("ok")
+
+
 urlpatterns = [
+    path("api/successes-running/", RunningAsyncApi.as_view(), name="successes-running-api"),
+    path("successes-running/", running_view),
+    path("api/adrf-async-throttle/", AsyncThrottledApi.as_view()),
+    path("api/adrf-sync-throttle/", ThrottledInThreadApi.as_view()),
+    path("api/adrf-async-paced/", AsyncThrottledApi.as_view()),
+    path("api/adrf-sync-paced/", ThrottledInThreadApi.as_view()),
     path("blocking/", blocking_view),
     path("api/blocking/", BlockingApi.as_view()),
     path("one/", one_at_a_time),
@@ -304,3 +395,271 @@ def test_a_sync_view_whose_client_went_away_holds_its_slot_until_it_ends(
         gate.set()
     assert during == 1  # held while the view ran
     wait_for(lambda: held_slots(redis_process) == 0, "the slot given back once the view ended")
+
+
+# -- an adrf view whose client went away while its throttle decided ----------------------------
+
+
+async def asgi_get(route: str, gone: asyncio.Event) -> list[dict[str, Any]]:
+    """``GET route`` through Django's ASGI handler, as a server calls it, from a client that
+    hangs up (``http.disconnect``) once ``gone`` is set: the handler cancels the request."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": route,
+        "raw_path": route.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"testserver")],
+        "client": (CLIENT, 50000),
+        "server": ("testserver", 80),
+    }
+    sent: list[dict[str, Any]] = []
+    requested = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal requested
+        if not requested:
+            requested = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await ASGIHandler()(scope, receive, send)
+    return sent
+
+
+def cancelled_while_deciding(proxy: FaultProxy | None, throttle_class: str, route: str) -> None:
+    """Send ``GET route`` and hang up while adrf's thread still decides: ``async``, during a
+    slow authentication, before ``AsyncPolicyThrottle`` ran; ``sync``, while
+    ``PolicyThrottle``'s counting call is in Redis. Returns once the throttle has run."""
+    gate.clear()
+    entered.clear()
+    if throttle_class == "sync":
+        gate.set()  # no authentication to wait for
+
+    async def cancelled() -> list[dict[str, Any]]:
+        gone = asyncio.Event()
+        if proxy is not None:
+            proxy.set_mode("delay", delay=1.0)  # the throttle's call waits for its reply
+        request = asyncio.ensure_future(asgi_get(route, gone))
+        deadline = time.monotonic() + 5
+        if throttle_class == "sync":
+            while not throttled:  # deciding: its counting call's reply is held back
+                assert time.monotonic() < deadline, "the throttle never ran"
+                await asyncio.sleep(0.005)
+        else:
+            while not entered.is_set():
+                assert time.monotonic() < deadline, "the view never started"
+                await asyncio.sleep(0.005)
+        gone.set()  # the client hangs up; Django cancels the request
+        return await request
+
+    async def over(**kwargs: Any) -> None:
+        gate.set()  # the request was cancelled and is over: authentication ends
+
+    # Sent once the cancelled request is over, before Django waits for its worker thread.
+    request_finished.connect(over, dispatch_uid="adrf-cancelled")
+    try:
+        sent = async_to_sync(cancelled)()
+        assert sent == []  # nothing was answered: the request was cancelled
+        wait_for(lambda: len(throttled) == 1, "the throttle ran after the cancellation")
+    finally:
+        request_finished.disconnect(dispatch_uid="adrf-cancelled")
+        gate.set()
+        if proxy is not None:
+            proxy.set_mode("pass")
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("throttle_class", ["async", "sync"])
+def test_an_adrf_view_cancelled_while_its_throttle_decides_gives_its_slot_back(
+    proxy: FaultProxy, redis_process: RedisServer, settings: Any, throttle_class: str
+) -> None:
+    """adrf runs ``initial()`` (authentication, throttles) in a worker thread, which runs on
+    when the client goes away: the headers middleware gave back what the request held then
+    (nothing yet), and the slot the throttle took afterwards stayed held until the request
+    was collected, refusing the client meanwhile. ``async``: the client left during a slow
+    authentication, before ``AsyncPolicyThrottle`` ran; ``sync``: while ``PolicyThrottle``'s
+    counting call was in Redis."""
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 5, "socket_connect_timeout": 5}
+    route = f"/api/adrf-{throttle_class}-throttle/"
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    endpoint("adrf", "path", route, limits={anonymous: "1/min"})
+    EndpointLimit.objects.filter(rule__name="adrf").update(algorithm="concurrency")
+    policy.reset()
+    policy.current()  # loaded here: adrf's thread reads no database
+    try:
+        cancelled_while_deciding(proxy if throttle_class == "sync" else None, throttle_class, route)
+        # Its request is still alive (``throttled``): collecting it gives nothing back.
+        wait_for(lambda: held_slots(redis_process) == 0, "the slot given back", within=3.0)
+    finally:
+        throttled.clear()
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("throttle_class", ["async", "sync"])
+def test_an_adrf_view_cancelled_before_its_turn_gives_the_turn_back(
+    proxy: FaultProxy, redis_process: RedisServer, settings: Any, throttle_class: str
+) -> None:
+    """A delaying limit gave the cancelled request a turn a minute away; no view would run
+    for it, yet its throttle (run on in adrf's thread) waited for the turn, and the next
+    request was told to wait two minutes instead of one."""
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 5, "socket_connect_timeout": 5}
+    route = f"/api/adrf-{throttle_class}-paced/"
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    rule = endpoint("adrf-paced", "path", route)
+    EndpointLimit.objects.create(  # one at once, two more queued a minute apart
+        rule=rule, tier=anonymous, rate="1/min", burst=3, algorithm="gcra", delay=0
+    )
+    policy.reset()
+    policy.current()  # loaded here: adrf's thread reads no database
+
+    async def first() -> list[dict[str, Any]]:
+        return await asgi_get(route, asyncio.Event())
+
+    gate.set()
+    assert async_to_sync(first)()[0]["status"] == 200  # served at once
+    served = time.monotonic()  # after the first's decision: its next turn is a minute on
+    throttled.clear()
+    returned.clear()
+    try:
+        cancelled_while_deciding(proxy if throttle_class == "sync" else None, throttle_class, route)
+        wait_for(lambda: bool(returned), "the throttle returned, not waiting for its turn")
+        out = io.StringIO()
+        asked = time.monotonic()
+        call_command(
+            "throttle_explain", "--ip", CLIENT, "--path", route, "--format", "json", stdout=out
+        )
+    finally:
+        throttled.clear()
+        returned.clear()
+    next_request = json.loads(out.getvalue())["next_request"]
+    wait = float(next_request.split("waiting ")[1].split()[0])
+    # The cancelled request's turn (a minute after the first), not the one after it.
+    assert 0 < wait <= 60 - (asked - served) + 0.01, next_request
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("route", "match_type", "pattern"),
+    [
+        ("/api/successes-running/", "route", "successes-running-api"),
+        ("/successes-running/", "scope", "successes-running"),
+    ],
+    ids=["adrf", "decorator-async"],
+)
+def test_an_async_view_cancelled_under_a_rule_counting_successes_is_not_one(
+    route: str, match_type: str, pattern: str
+) -> None:
+    """An ``async def`` view cancelled while it ran (its client went away) made no
+    response: ``@throttle`` gives its token back under a rule counting only successes, but
+    behind the headers middleware a DRF view's token stayed taken, as if it had succeeded,
+    refusing the client's next request."""
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    rule = endpoint("successes-running", match_type, pattern, limits={anonymous: "1/min"})
+    rule.counts = "success"
+    rule.save()
+    policy.reset()
+    entered.clear()
+
+    async def send() -> int:
+        gone = asyncio.Event()
+        request = asyncio.ensure_future(asgi_get(route, gone))
+        deadline = time.monotonic() + 5
+        while not entered.is_set():
+            assert time.monotonic() < deadline, "the view never started"
+            await asyncio.sleep(0.005)
+        gone.set()  # the client hangs up: Django cancels the view
+        assert await request == []
+        entered.clear()
+        gone = asyncio.Event()
+        after = asyncio.ensure_future(asgi_get(route, gone))
+        while not entered.is_set() and not after.done():
+            await asyncio.sleep(0.005)
+        if after.done():  # refused
+            return int((await after)[0]["status"])
+        gone.set()  # admitted: the view runs
+        await after
+        return 200
+
+    assert async_to_sync(send)() == 200
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_an_adrf_slot_taken_after_the_cancellation_goes_back_on_both_backends(
+    backend: Any,
+) -> None:
+    """The same on the suite's Redis and on ``memory://``: the client's next request is
+    served, though the cancelled request is still alive."""
+    route = "/api/adrf-async-throttle/"
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    endpoint("adrf", "path", route, limits={anonymous: "1/min"})
+    EndpointLimit.objects.filter(rule__name="adrf").update(algorithm="concurrency")
+    policy.reset()
+    policy.current()  # loaded here: adrf's thread reads no database
+    try:
+        cancelled_while_deciding(None, "async", route)
+
+        async def next_request() -> int:
+            return int((await asgi_get(route, asyncio.Event()))[0]["status"])
+
+        def served() -> bool:  # the slot goes back from the keeper's thread: soon, not now
+            return async_to_sync(next_request)() == 200
+
+        wait_for(served, "the next request served", within=3.0)
+    finally:
+        throttled.clear()
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_a_release_cancelled_before_it_reached_redis_still_gives_the_slot_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The view answered; giving its slot back waited (for a pooled connection, say) when
+    the client went away, so the release never reached Redis. The keeper had already
+    stopped renewing the slot, and nobody else knew its lease id: it stayed taken until its
+    lease ended, refusing the client for a minute."""
+    from django_throttle.backends.redis import RedisBackend
+
+    release = RedisBackend.arelease
+    releasing = threading.Event()
+
+    async def waits_first(self: RedisBackend, *args: Any, **kwargs: Any) -> int:
+        releasing.set()
+        await asyncio.sleep(10)  # a connection of a bounded pool, busy
+        return await release(self, *args, **kwargs)
+
+    monkeypatch.setattr(RedisBackend, "arelease", waits_first)
+
+    async def cancelled() -> list[dict[str, Any]]:
+        gone = asyncio.Event()
+        request = asyncio.ensure_future(asgi_get("/one-async/", gone))
+        deadline = time.monotonic() + 5
+        while not releasing.is_set():
+            assert time.monotonic() < deadline, "the slot was never given back"
+            await asyncio.sleep(0.005)
+        gone.set()  # the client hangs up while the release waits
+        return await request
+
+    async_to_sync(cancelled)()
+    monkeypatch.setattr(RedisBackend, "arelease", release)
+
+    async def next_request() -> int:
+        return int((await asgi_get("/one-async/", asyncio.Event()))[0]["status"])
+
+    def served() -> bool:  # given back from the keeper's thread: soon, not now
+        return async_to_sync(next_request)() == 200
+
+    wait_for(served, "the next request served", within=3.0)

@@ -754,6 +754,10 @@ def wait_turn(request: Any, decision: Decision) -> Decision:
     the wait it would have had)."""
     if not decision.wait:
         return decision
+    if leases.ended(request):
+        run(_skip_turn(request))
+        _announce_turn(request, decision)  # as one cancelled while it waits
+        return _gone(decision)
     if not _waiting.acquire(blocking=False):
         turn = getattr(request, "throttle_turn", None)
         run(_skip_turn(request))
@@ -768,8 +772,7 @@ def wait_turn(request: Any, decision: Decision) -> Decision:
         time.sleep(decision.wait)
     finally:
         _waiting.release()
-    _waited(request, decision)
-    return decision
+    return _waited(request, decision)
 
 
 async def await_turn(request: Any, decision: Decision) -> Decision:
@@ -778,6 +781,10 @@ async def await_turn(request: Any, decision: Decision) -> Decision:
     back what it took: its turn goes to the next request."""
     if not decision.wait:
         return decision
+    if leases.ended(request):
+        await arun(_skip_turn(request))
+        _announce_turn(request, decision)  # as one cancelled while it waits
+        return _gone(decision)
     if not _awaiting.acquire(blocking=False):
         turn = getattr(request, "throttle_turn", None)
         await arun(_skip_turn(request))
@@ -796,8 +803,7 @@ async def await_turn(request: Any, decision: Decision) -> Decision:
         raise
     finally:
         _awaiting.release()
-    _waited(request, decision)
-    return decision
+    return _waited(request, decision)
 
 
 def _announce_turn(request: Any, decision: Decision) -> Decision:
@@ -811,12 +817,24 @@ def _announce_turn(request: Any, decision: Decision) -> Decision:
     return decision
 
 
-def _waited(request: Any, decision: Decision) -> None:
+def _gone(decision: Decision) -> Decision:
+    """The refusal, never sent, of a request cancelled before its check in a worker thread
+    was done, whose turn was given back for the next request: adrf checks there, and a
+    cancellation cannot stop a thread (see :func:`~django_throttle.request.leases.end`), so
+    no view will run for it. Counted allowed, not delayed, as a request cancelled while it
+    awaits its turn."""
+    return replace(decision, allowed=False, retry_after=decision.wait, wait=0.0, leases=())
+
+
+def _waited(request: Any, decision: Decision) -> Decision:
     """Count the wait ``request`` had in its tier and endpoint's usage (the dashboard's
-    delayed requests and mean wait)."""
+    delayed requests and mean wait); return ``decision`` as it stands now that its turn
+    came: the limit is full again its wait sooner than it was when decided
+    (``X-RateLimit-Reset`` is said from when the response is sent)."""
     turn: Reservation | None = getattr(request, "throttle_turn", None)
     if turn is not None:
         usage.record_delay(turn.field, decision.wait, local=turn.local)
+    return replace(decision, reset_after=max(0.0, decision.reset_after - decision.wait))
 
 
 def _refused_turn(

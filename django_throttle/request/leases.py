@@ -7,7 +7,9 @@ request path keeps on the request (``throttle_leases``: :func:`hold`). Whoever s
 response gives it back (:func:`finish`): the view decorator after its view, the
 headers middleware after a DRF view; a streaming response only once its stream is closed
 (read to the end, or the client gone), an exception at once. Giving back is idempotent, by
-lease id, so two of them (the decorator inside the middleware) cost one call.
+lease id, so two of them (the decorator inside the middleware) cost one call. A request
+cancelled before its check took its slots (adrf checks in a worker thread, which runs on
+when the client goes away) is marked ended (:func:`end`): what it takes then goes back at once.
 
 While a slot is held, this process's keeper thread (``django-throttle-leases``) renews its
 lease every third of the limit's period, so a request longer than the period keeps its slot
@@ -24,6 +26,8 @@ only it knew: the keeper gives them back by id (:func:`abandon`).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -44,6 +48,11 @@ logger = logging.getLogger("django_throttle")
 
 #: The request attribute holding its :class:`Held` slots.
 ATTRIBUTE = "throttle_leases"
+#: The request attribute :func:`end` sets.
+ENDED = "throttle_leases_ended"
+#: Orders :func:`hold` and :func:`end` across threads: a slot is either kept on the request
+#: (and given back with it) or, taken after its end, given back at once; never both.
+_ending = threading.Lock()
 #: Shortest wait between two renewals of a lease, in seconds (a lease of a second or less).
 MIN_RENEW_EVERY = 0.1
 
@@ -84,9 +93,30 @@ def hold(
         )
         if limits:
             held.append(Held(client, limits, lease, local))
-    if held:
-        setattr(request, ATTRIBUTE, [*getattr(request, ATTRIBUTE, ()), *held])
-        keeper().keep(request, held)
+    if not held:
+        return
+    with _ending:
+        ended = getattr(request, ENDED, False)
+        if not ended:
+            setattr(request, ATTRIBUTE, [*getattr(request, ATTRIBUTE, ()), *held])
+            keeper().keep(request, held)
+    if ended:  # taken by a check that ran on after its request was cancelled
+        for one in held:
+            keeper().abandon(one)
+
+
+def end(request: Any) -> None:
+    """Say that ``request`` was cancelled (its client went away) and will run no view: a
+    check still running for it (adrf decides in a worker thread, which a cancellation
+    cannot stop) gives back the slots it takes at once, instead of keeping them until the
+    request is collected. The slots it holds already are left for :func:`afinish`."""
+    with _ending, contextlib.suppress(AttributeError):  # a request that takes no attributes
+        setattr(request, ENDED, True)
+
+
+def ended(request: Any) -> bool:
+    """Whether ``request`` was cancelled before its check was done (see :func:`end`)."""
+    return getattr(request, ENDED, False) is True
 
 
 def abandon(found: Sequence[tuple[str, Sequence[Limit], str]]) -> None:
@@ -122,8 +152,7 @@ def release(request: Any, first: int = 0) -> None:
 
 async def arelease(request: Any, first: int = 0) -> None:
     """:func:`release` for async stacks: awaited on the event loop."""
-    for held in _taken(request, first):
-        await agive_back(held)
+    await _agive_back_all(_taken(request, first))
 
 
 def finish(request: Any, response: Any, first: int = 0) -> None:
@@ -163,7 +192,9 @@ def give_back(held: Held) -> None:
 
 
 async def agive_back(held: Held) -> None:
-    """:func:`give_back` on the event loop."""
+    """:func:`give_back` on the event loop. Cancelled (the client went away) before Redis
+    answered, the release may never have reached it (waiting for a pooled connection, say):
+    the keeper's thread gives the slot back by id, as nobody renews it any more."""
     keeper().forget(held)
     try:
         if held.local:
@@ -173,6 +204,21 @@ async def agive_back(held: Held) -> None:
                 await get_backend().arelease(held.client, held.limits, held.lease)
     except BackendError as exc:
         _not_given_back(held, exc)
+    except asyncio.CancelledError:
+        keeper().abandon(held)  # released once: a lease already given back releases nothing
+        raise
+
+
+async def _agive_back_all(held: Sequence[Held]) -> None:
+    """:func:`agive_back` each of ``held``; those after a cancelled one are left to the
+    keeper's thread, as that one is."""
+    for index, one in enumerate(held):
+        try:
+            await agive_back(one)
+        except asyncio.CancelledError:
+            for rest in held[index + 1 :]:
+                keeper().abandon(rest)
+            raise
 
 
 def _not_given_back(held: Held, exc: Exception) -> None:
@@ -242,8 +288,7 @@ class _AsyncReleasing:
             return await anext(self._content)
         except BaseException:
             held, self._held = self._held, []
-            for one in held:
-                await agive_back(one)
+            await _agive_back_all(held)
             raise
 
     def close(self) -> None:
