@@ -13,7 +13,8 @@ Its sections:
 
 - the settings checks: each setting that is set against its validator (E002…),
   ``REDIS_URL``'s ``?shards=`` (E042), the settings that must agree with each other (E018
-  the Redis source, W002 proxy trust, W010 DRF's own throttles beside ours), the removed settings (W004, E041), and W001;
+  the Redis source, W002 proxy trust, W010 DRF's own throttles beside ours), the removed
+  settings (W004, E041), and W001;
 - what each setting may hold: one validator per setting, and the table :data:`SETTINGS`;
 - the checks on stored rows (E101…E105, W106, W003, W005, W020), and W009 (DRF views
   throttled without the headers middleware), which reads the URLconf.
