@@ -311,13 +311,13 @@ def test_a_request_cancelled_while_redis_counts_gives_its_slot_back(
 
 
 def successes_rule(match_type: str, pattern: str) -> None:
-    """At most one request a minute, four queued; only successes count."""
+    """At most one request a minute, four queued (for up to 5 minutes); only successes count."""
     anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
     rule = endpoint("successes", match_type, pattern)
     rule.counts = "success"
     rule.save()
     EndpointLimit.objects.create(
-        rule=rule, tier=anonymous, rate="1/m", burst=4, algorithm="gcra", delay=0
+        rule=rule, tier=anonymous, rate="1/m", burst=4, algorithm="gcra", delay=0, max_wait=300
     )
     policy.reset()
 
@@ -518,7 +518,7 @@ def test_an_adrf_view_cancelled_before_its_turn_gives_the_turn_back(
     anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
     rule = endpoint("adrf-paced", "path", route)
     EndpointLimit.objects.create(  # one at once, two more queued a minute apart
-        rule=rule, tier=anonymous, rate="1/min", burst=3, algorithm="gcra", delay=0
+        rule=rule, tier=anonymous, rate="1/min", burst=3, algorithm="gcra", delay=0, max_wait=300
     )
     policy.reset()
     policy.current()  # loaded here: adrf's thread reads no database
