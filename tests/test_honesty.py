@@ -44,8 +44,9 @@ async def honest_view_async(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"ok": True})
 
 
-#: One request at once, then one a minute: a second request sent at once has a turn to wait.
-PACED = {"rate": "1/min", "algorithm": "gcra", "burst": 4, "delay": 0}
+#: One request at once, then one a minute: a second request sent at once has a turn to wait
+#: (for up to 5 minutes: unset, the longest wait is 10 s).
+PACED = {"rate": "1/min", "algorithm": "gcra", "burst": 4, "delay": 0, "max_wait": 300}
 
 
 @throttle(**PACED)
