@@ -1015,3 +1015,34 @@ def test_an_account_known_by_a_number_is_remembered_by_its_text() -> None:
     request = HttpRequest()
     core._logged_in(None, request=request, user=Numbered())
     assert getattr(request, core.LOGGED_IN_ATTRIBUTE) == "4711"
+
+
+#: Spellings of ``carl`` the DUCET weighs as ``carl`` at the first level: combining letters
+#: written below or with an accent of their own, ``\u0140`` (``l`` and a middle dot), as a
+#: DRF view hands it on unnormalised and as NFKC writes it, and a crossed squared letter.
+DUCET_SPELLINGS = ["ca\u1dcal", "\u1dd7arl", "car\u0140", "carl\u00b7", "CAR\u013f"]
+
+
+def spelled_attempt(url: str, username: str, password: str) -> int:
+    if url == "/basic/":
+        header = basic(f"{username}:{password}")
+        response = Client().get(url, HTTP_AUTHORIZATION=header, REMOTE_ADDR=elsewhere())
+        return int(response.status_code)
+    if url == "json":
+        return json_post("/token/", {"username": username, "password": password})
+    data = {"username": username, "password": password}
+    return int(Client().post(url, data, REMOTE_ADDR=elsewhere()).status_code)
+
+
+@pytest.mark.parametrize("url", ["/login/", "/async-login/", "/token/", "json", "/basic/"])
+def test_letters_the_collation_weighs_as_the_accounts_share_its_counter(
+    rules: Tier, django_user_model: Any, url: str
+) -> None:
+    """Three wrong guesses at ``carl`` spelled with letters the collation takes for his
+    (before: each spelling a fresh 3/h, ``\u0140`` on every path) spend his allowance."""
+    django_user_model.objects.create_user("carl", password="right")
+    for spelling in DUCET_SPELLINGS[:3]:
+        assert spelled_attempt(url, spelling, "wrong") in (200, 400, 401)
+    assert spelled_attempt(url, "carl", "right") == 429
+    assert spelled_attempt(url, DUCET_SPELLINGS[3], "right") == 429
+    assert spelled_attempt(url, "\U0001f18aat", "wrong") != 429  # pat: another account

@@ -175,6 +175,8 @@ def _fold(name: str) -> str:
     if name.isascii() and name.isprintable():  # nothing to drop (most names): no more work
         return name
     bare = _without_ignored(unicodedata.normalize("NFKD", name))
+    # ``l`` and a middle dot (what NFKC makes of ``\u0140``) are one ``l`` in the DUCET.
+    bare = bare.replace("l\u00b7", "l") if "\u00b7" in bare else bare
     return unicodedata.normalize("NFKC", bare if bare.strip() else name)
 
 
@@ -332,11 +334,107 @@ _NAMED_LETTER = re.compile(
 )
 
 
+#: The rest of what the DUCET (Unicode 13, ``allkeys.txt``) weighs at the first level as
+#: plain Latin letters and digits, found by reading it whole (tests/test_usernames.py does so
+#: again whenever Perl's copy is installed): combining letters written below or with an
+#: accent of their own (``\u1dca`` is ``r``), ligatures and digraphs the table writes as
+#: their letters (``\ua733`` is ``aa``), squared words and numbers (``\U0001f18a`` is ``p``).
+#: Keys as :func:`_fold` meets them (upper-cased, case-folded, NFKD).
+_COLLATION_LETTERS = {
+    "\u24fe": "10",
+    "\u277f": "10",
+    "\u2789": "10",
+    "\u2793": "10",
+    "\u3248": "10",
+    "\u24eb": "11",
+    "\u24ec": "12",
+    "\U0001f1a4": "120p",
+    "\u24ed": "13",
+    "\u24ee": "14",
+    "\u24ef": "15",
+    "\u24f0": "16",
+    "\u24f1": "17",
+    "\u24f2": "18",
+    "\u24f3": "19",
+    "\u24f4": "20",
+    "\u3249": "20",
+    "\U0001f19d": "2k",
+    "\u324a": "30",
+    "\U0001f19b": "3d",
+    "\u324b": "40",
+    "\U0001f19e": "4k",
+    "\u324c": "50",
+    "\u324d": "60",
+    "\U0001f1a3": "60p",
+    "\u324e": "70",
+    "\u324f": "80",
+    "\U0001f19f": "8k",
+    "\u1dd3": "a",
+    "\u1df2": "a",
+    "\ua79b": "a",
+    "\ua733": "aa",
+    "\U0001f18e": "ab",
+    "\u1dd4": "ae",
+    "\u1dd5": "ao",
+    "\ua735": "ao",
+    "\ua737": "au",
+    "\u1dd6": "av",
+    "\ua739": "av",
+    "\ua73b": "av",
+    "\ua73d": "ay",
+    "\u1dd7": "c",
+    "\U0001f191": "cl",
+    "\U0001f192": "cool",
+    "\u1dd9": "d",
+    "\u0238": "db",
+    "\u02a3": "dz",
+    "\U0001f193": "free",
+    "\U0001f1a6": "hc",
+    "\U0001f1a7": "hdr",
+    "\U0001f18b": "ic",
+    "\U0001f194": "id",
+    "\u1efb": "ll",
+    "\U0001f1a9": "lossless",
+    "\u02aa": "ls",
+    "\u02ab": "lz",
+    "\U0001f195": "new",
+    "\U0001f196": "ng",
+    "\u1ded": "o",
+    "\u1df3": "o",
+    "\ua79d": "o",
+    "\U0001f197": "ok",
+    "\ua74f": "oo",
+    "\U0001f18a": "p",
+    "\U0001f18c": "pa",
+    "\u0239": "qp",
+    "\u1dca": "r",
+    "\u1de5": "s",
+    "\U0001f18d": "sa",
+    "\U0001f1aa": "shv",
+    "\U0001f198": "sos",
+    "\u1d7a": "th",
+    "\u01be": "ts",
+    "\u02a6": "ts",
+    "\ua729": "tz",
+    "\u1df0": "u",
+    "\u1df4": "u",
+    "\ua79f": "u",
+    "\U0001f1ab": "uhd",
+    "\U0001f1ac": "vod",
+    "\U0001f19a": "vs",
+    "\ua761": "vy",
+    "\u1abf": "w",
+    "\U0001f18f": "wc",
+    "\u018d": "zw",
+}
+
+
 def _base(char: str) -> str | None:
     """The ASCII letter(s) or digit a non-ASCII ``char`` is taken for (see :func:`_fold`),
-    else ``None``: a letter of :data:`_BASE_LETTERS`, a digit of any script or a numeral
-    worth 0-9 as its digit, a letter :data:`_NAMED_LETTER` names."""
-    if (based := _BASE_LETTERS.get(char) or _HALF_DIGITS.get(char)) is not None:
+    else ``None``: a letter of :data:`_BASE_LETTERS` or :data:`_COLLATION_LETTERS`, a digit
+    of any script or a numeral worth 0-9 as its digit, a letter :data:`_NAMED_LETTER` names."""
+    based = _BASE_LETTERS.get(char) or _HALF_DIGITS.get(char) or _COLLATION_LETTERS.get(char)
+    if based is not None:
         return based
     if unicodedata.category(char) in _NUMBERS:
         value = unicodedata.numeric(char, None)
