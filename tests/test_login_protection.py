@@ -4,16 +4,19 @@ attack (device cookies); and a worker's memory stays flat whatever clients send.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import gc
 import json
 import logging
+import time
 import tracemalloc
 import unicodedata
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
@@ -32,6 +35,8 @@ from django_throttle.drf import ProtectedBasicAuthentication
 from django_throttle.models import EndpointLimit, EndpointRule, Tier
 from django_throttle.policy import live as policy
 from django_throttle.request import usernames
+from tests.faultproxy import FaultProxy
+from tests.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.test_login_protection")]
 
@@ -1046,3 +1051,60 @@ def test_letters_the_collation_weighs_as_the_accounts_share_its_counter(
     assert spelled_attempt(url, "carl", "right") == 429
     assert spelled_attempt(url, DUCET_SPELLINGS[3], "right") == 429
     assert spelled_attempt(url, "\U0001f18aat", "wrong") != 429  # pat: another account
+
+
+@pytest.fixture(scope="module")
+def redis_process() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def slow_redis(redis_process: RedisServer, settings: Any) -> Iterator[FaultProxy]:
+    """A private Redis behind a proxy that can hold its replies back."""
+    redis_process.ensure_healthy()
+    with FaultProxy(redis_process.port) as proxy:
+        settings.DJANGO_THROTTLE_REDIS_URL = proxy.url
+        settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 5, "socket_connect_timeout": 5}
+        yield proxy
+    redis_process.ensure_healthy()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_check_cancelled_between_its_calls_gives_the_first_calls_tokens_back(
+    slow_redis: FaultProxy, redis_process: RedisServer, victim: Any, settings: Any
+) -> None:
+    """The client went away (Django's ASGI handler cancels the view) after the check counted
+    the address and while it counted the username: the view never ran, so no guess was
+    made, and the address keeps its whole allowance (before: the first call's token stayed
+    taken, an allowance drained by requests that guessed nothing)."""
+    settings.DJANGO_THROTTLE_USAGE_RETENTION_DAYS = 0  # no usage pushes: the check's calls only
+    anonymous = Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
+    rule = EndpointRule.objects.create(name="login", pattern="login", counts="failures")
+    for counted_by, rate in (("ip", "2/h"), ("username", "100/h")):
+        EndpointLimit.objects.create(rule=rule, tier=anonymous, rate=rate, counted_by=counted_by)
+    wrong = {"username": "bf1", "password": "wrong"}
+    warm_up = {"username": "x", "password": "x"}  # the script loaded, the connections made
+    assert Client().post("/async-login/", warm_up, REMOTE_ADDR=elsewhere()).status_code == 401
+
+    async def gone() -> None:
+        attempt = asyncio.ensure_future(AsyncClient().post("/async-login/", wrong))
+        deadline = time.monotonic() + 5
+        while direct.dbsize() < before + 2:  # the username's call ran; its reply is held
+            assert time.monotonic() < deadline, "the check never made its second call"
+            await asyncio.sleep(0.005)
+        attempt.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await attempt
+
+    direct = redis_process.client()
+    before = direct.dbsize()  # the address's counter and the username's are new
+    slow_redis.set_mode("delay", delay=1.0)
+    try:
+        async_to_sync(gone)()
+    finally:
+        slow_redis.set_mode("pass")
+        direct.close()
+    outcomes = [Client().post("/async-login/", wrong).status_code for _ in "123"]
+    assert outcomes == [401, 401, 429]

@@ -365,15 +365,35 @@ def run(steps: Steps[T]) -> T:
         return done.value  # type: ignore[no-any-return]
 
 
-async def arun(steps: Steps[T]) -> T:
-    """:func:`run` on an event loop (:func:`acall_backend`)."""
+async def arun(steps: Steps[T], call: Call | None = None) -> T:
+    """:func:`run` on an event loop (:func:`acall_backend`), from ``call`` when the steps
+    already yielded it.
+
+    A call cancelled while awaited (the client went away: Django's ASGI handler cancels the
+    view) ends the steps as a backend error there would: what their earlier calls took is
+    given back (a check counted in several calls is all or nothing, cancelled or not),
+    shielded from a second cancellation; then the cancellation goes on."""
     try:
-        call = next(steps)
+        call = next(steps) if call is None else call
         while True:
-            reply = await acall_backend(call)
+            try:
+                reply = await acall_backend(call)
+            except asyncio.CancelledError:
+                await _abandon(steps)
+                raise
             call = steps.throw(reply) if isinstance(reply, BackendError) else steps.send(reply)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+
+
+async def _abandon(steps: Steps[Any]) -> None:
+    """Finish ``steps`` whose awaited call was cancelled: the calls they make on being told
+    the backend could not answer (giving back what they took) run in a task of their own."""
+    try:
+        call = steps.throw(BackendError("the client went away while the backend was counting"))
+    except (StopIteration, BackendError):
+        return  # nothing to give back
+    await asyncio.shield(asyncio.ensure_future(arun(steps, call)))
 
 
 logger = logging.getLogger("django_throttle")
