@@ -1110,3 +1110,27 @@ def test_a_check_cancelled_between_its_calls_gives_the_first_calls_tokens_back(
         direct.close()
     outcomes = [Client().post("/async-login/", wrong).status_code for _ in "123"]
     assert outcomes == [401, 401, 429]
+
+
+@pytest.mark.parametrize("url", ["/login/", "/async-login/", "/token/", "/basic/"])
+def test_a_tier_that_fails_open_leaves_the_login_counted_while_redis_is_down(
+    rules: Tier, victim: Any, settings: Any, url: str
+) -> None:
+    """A tier set to fail open (its API stays up through an outage) does not open the login
+    counters to its callers: they protect the account named, whatever the caller's tier, so
+    its guesses are counted in the process (before: served uncounted, any number of them)."""
+    rules.failure_mode = "open"
+    rules.save()
+    policy.reset()
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"
+    assert [collated_attempt(url, "bf1", "wrong") for _ in range(4)][-1] == 429
+
+
+def test_a_rule_that_fails_open_is_served_uncounted_while_redis_is_down(
+    rules: Tier, victim: Any, settings: Any
+) -> None:
+    """The login rule's own mode is the operator's choice for that rule, and holds."""
+    EndpointRule.objects.filter(name="login").update(failure_mode="open")
+    policy.reset()
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"
+    assert 429 not in [collated_attempt("/login/", "bf1", "wrong") for _ in range(5)]
