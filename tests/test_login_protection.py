@@ -1134,3 +1134,16 @@ def test_a_rule_that_fails_open_is_served_uncounted_while_redis_is_down(
     policy.reset()
     settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"
     assert 429 not in [collated_attempt("/login/", "bf1", "wrong") for _ in range(5)]
+
+
+@pytest.mark.parametrize("url", ["/login/", "/async-login/", "/token/", "json", "/basic/"])
+def test_a_username_of_characters_a_collation_passes_over_is_counted(
+    rules: Tier, django_user_model: Any, url: str
+) -> None:
+    """``ـ`` (the Arabic tatweel, a letter to Django's username validator) names an account;
+    a collation that passes over it takes ``ــ``, a zero-width space or a lone accent for
+    it too. Guesses at it spend one counter (before: none at all, unlimited guesses)."""
+    django_user_model.objects.create_user("\u0640", password="right")
+    for spelling in ("\u0640", "\u0640\u0640", "\u200b"):
+        assert spelled_attempt(url, spelling, "wrong") in (200, 400, 401)
+    assert spelled_attempt(url, "\u0640", "right") == 429

@@ -293,3 +293,15 @@ def test_every_string_the_collation_weighs_as_latin_letters_and_digits_folds_to_
         if normalise_username(f"b{text}f1") != f"b{letters}f1":
             apart.append(f"U+{'+'.join(f'{ord(c):04X}' for c in text)} ({letters or 'ignored'})")
     assert apart == []
+
+
+def test_names_of_characters_a_collation_passes_over_share_one_counter() -> None:
+    """Where a collation passes over them, a name of nothing else is the empty name, however
+    many there are: one counter for all such names, never none (``ـ`` is a valid Django
+    username: the tatweel is a letter to its validator)."""
+    names = ["\u0640", "\u0640\u0640", "\u07fa", "\u200b", "\u0301", "\ufe71", "\u0640 \u200b"]
+    counters = {normalise_username(name) for name in names}
+    assert len(counters) == 1
+    assert counters != {""}
+    (counter,) = counters
+    assert normalise_username(counter) == counter

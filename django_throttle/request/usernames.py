@@ -128,7 +128,9 @@ def normalise_username(name: str) -> str:
     its counter and two long names never share one.
     """
     for _ in range(MAX_ROUNDS):
-        folded = _fold(unicodedata.normalize("NFKC", _without_collation_ignored(name.strip())))
+        stripped = name.strip()
+        kept = _without_collation_ignored(stripped)
+        folded = _fold(unicodedata.normalize("NFKC", kept if kept.strip() else stripped))
         if folded == name:
             break
         name = folded
@@ -157,8 +159,8 @@ def _fold(name: str) -> str:
       ``alice\u00ad`` are ``alice``; so are the other characters those collations pass over
       (:data:`COLLATION_IGNORED`: the Arabic tatweel, spacing signs such as the Devanagari
       visarga), dropped before NFKC too, since a DRF view hands the name to the database
-      unnormalised. A name made of nothing else keeps them (it names an account of its own
-      where names are compared as they are);
+      unnormalised. A name made of nothing else is :data:`PASSED_OVER` (it names an account
+      of its own, and never counts under no counter);
     - digits of every script (Arabic-Indic ``\u0661``, Devanagari ``\u0967``, Hangzhou
       numerals…): the digit they stand for, since the Unicode Collation Algorithm weighs
       every digit as its value, so that there ``bf\u0661`` is ``bf1``; and the letters it
@@ -175,9 +177,17 @@ def _fold(name: str) -> str:
     if name.isascii() and name.isprintable():  # nothing to drop (most names): no more work
         return name
     bare = _without_ignored(unicodedata.normalize("NFKD", name))
+    if not bare.strip():
+        return PASSED_OVER
     # ``l`` and a middle dot (what NFKC makes of ``\u0140``) are one ``l`` in the DUCET.
     bare = bare.replace("l\u00b7", "l") if "\u00b7" in bare else bare
-    return unicodedata.normalize("NFKC", bare if bare.strip() else name)
+    return unicodedata.normalize("NFKC", bare)
+
+
+#: The counter of every name made of nothing but characters a collation passes over (``ـ``,
+#: a valid Django username, ``ــ``, a zero-width space, an accent alone): where names are
+#: compared so, they are all one name, so they share one counter (the single tatweel).
+PASSED_OVER = "\u0640"
 
 
 #: Letters (case-folded) that decompose to nothing but that the Unicode Collation Algorithm
