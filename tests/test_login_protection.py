@@ -31,6 +31,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_throttle.credentials import protect_credentials
+from django_throttle.decorators import throttle
 from django_throttle.drf import ProtectedBasicAuthentication
 from django_throttle.models import EndpointLimit, EndpointRule, Tier
 from django_throttle.policy import live as policy
@@ -116,6 +117,10 @@ async def async_field_login(request: HttpRequest) -> HttpResponse:
 urlpatterns = [
     path("field-login/", protect_credentials(field_login)),
     path("named-field-login/", protect_credentials(field_login, username_field="login")),
+    path(
+        "throttled-named-field-login/",
+        throttle(scope="login")(protect_credentials(field_login, username_field="login")),
+    ),
     path(
         "async-named-field-login/",
         protect_credentials(async_field_login, username_field="login"),
@@ -1147,3 +1152,18 @@ def test_a_username_of_characters_a_collation_passes_over_is_counted(
     for spelling in ("\u0640", "\u0640\u0640", "\u200b"):
         assert spelled_attempt(url, spelling, "wrong") in (200, 400, 401)
     assert spelled_attempt(url, "\u0640", "right") == 429
+
+
+def test_a_view_naming_its_username_field_is_counted_under_another_check_too(
+    rules: Tier, victim: Any
+) -> None:
+    """A login view whose guard names its field (``login``) inside a check made before it
+    (``@throttle`` under the same rule): the username the outer check read without that
+    field is not the one the guard counts (before: the guard met the outer check's reading,
+    no username, and guesses spread over addresses were never limited)."""
+    url = "/throttled-named-field-login/"
+    for _ in range(3):
+        data = {"login": "bf1", "password": "wrong"}
+        assert Client().post(url, data, REMOTE_ADDR=elsewhere()).status_code == 401
+    right = {"login": "bf1", "password": "right"}
+    assert Client().post(url, right, REMOTE_ADDR=elsewhere()).status_code == 429

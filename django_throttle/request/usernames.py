@@ -514,14 +514,17 @@ def unread_username(request: Any, credentials: Any) -> str | None:
 
 def _presented(request: Any) -> _Found:
     """What the request presents, worked out once per request and reading (after the view,
-    a body DRF has read can no longer be read again)."""
+    a body DRF has read can no longer be read again): the header only, or the header and
+    the body's fields, with the fields the guard running names (a check made before it,
+    which names none, must not hide the view's own field from it)."""
     header_only = bool(getattr(request, HEADER_ONLY, False))
-    cached: dict[bool, _Found] = getattr(request, USERNAME_ATTRIBUTE, {})
-    if header_only not in cached:
-        cached[header_only] = _read(request, header_only)
+    reading = (header_only, getattr(request, USERNAME_FIELDS, ()))
+    cached: dict[tuple[bool, tuple[str, ...]], _Found] = getattr(request, USERNAME_ATTRIBUTE, {})
+    if reading not in cached:
+        cached[reading] = _read(request, header_only)
         with contextlib.suppress(AttributeError):  # a request object that takes no attributes
             setattr(request, USERNAME_ATTRIBUTE, cached)
-    return cached[header_only]
+    return cached[reading]
 
 
 def _read(request: Any, header_only: bool) -> _Found:
