@@ -371,6 +371,20 @@ def test_a_username_the_limiter_cannot_read_is_logged(
     assert not [r for r in caplog.records if "username_field" in r.getMessage()]
 
 
+def test_a_padded_username_the_limiter_cannot_read_is_logged(
+    rules: Tier, victim: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same, for a name behind more than 1,024 characters of padding (once cut to them
+    before it was stripped: nothing left, no warning)."""
+    from django_throttle.request import core
+
+    core._unread_paths.clear()
+    data = {"login": " " * 1_100 + "bf1", "password": "wrong"}
+    with caplog.at_level(logging.WARNING, logger="django_throttle"):
+        Client().post("/field-login/", data, REMOTE_ADDR=elsewhere())
+    assert [r for r in caplog.records if "username_field" in r.getMessage()]
+
+
 def test_username_field_must_name_a_field() -> None:
     with pytest.raises(TypeError, match="username_field"):
         protect_credentials(field_login, username_field="")

@@ -507,7 +507,7 @@ def unread_username(request: Any, credentials: Any) -> str | None:
     if not isinstance(credentials, dict):
         return None
     for key, value in credentials.items():
-        if key != "password" and isinstance(value, str) and normalise_username(value[:1024]):
+        if key != "password" and isinstance(value, str) and normalise_username(value):
             return str(key)
     return None
 
