@@ -114,6 +114,16 @@ async def async_field_login(request: HttpRequest) -> HttpResponse:
     return HttpResponse("in" if user is not None else "wrong", status=200 if user else 401)
 
 
+@protect_credentials
+def json_login(request: HttpRequest) -> HttpResponse:
+    """A login view of a single-page app: the credentials come as a JSON body."""
+    from django.contrib.auth import authenticate
+
+    data = json.loads(request.body)
+    user = authenticate(request, username=data.get("username"), password=data.get("password"))
+    return HttpResponse("in" if user is not None else "wrong", status=200 if user else 401)
+
+
 urlpatterns = [
     path("field-login/", protect_credentials(field_login)),
     path("named-field-login/", protect_credentials(field_login, username_field="login")),
@@ -1181,3 +1191,33 @@ def test_a_view_naming_its_username_field_is_counted_under_another_check_too(
         assert Client().post(url, data, REMOTE_ADDR=elsewhere()).status_code == 401
     right = {"login": "bf1", "password": "right"}
     assert Client().post(url, right, REMOTE_ADDR=elsewhere()).status_code == 429
+
+
+def chunked_json_login(username: str, password: str) -> int:
+    """A JSON login over ASGI with ``Transfer-Encoding: chunked``: no ``Content-Length``,
+    yet Django reads the whole body."""
+    from io import BytesIO
+
+    from django.core.handlers.asgi import ASGIRequest
+
+    body = json.dumps({"username": username, "password": password}).encode()
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/json-login/",
+        "query_string": b"",
+        "client": (elsewhere(), 40000),
+        "server": ("testserver", 80),
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"transfer-encoding", b"chunked"),
+        ],
+    }
+    return int(json_login(ASGIRequest(scope, BytesIO(body))).status_code)
+
+
+def test_a_json_body_without_a_content_length_is_read(rules: Tier, victim: Any) -> None:
+    """Under ASGI a chunked body has no ``Content-Length``, and Django reads it whole: its
+    username is counted (before: taken for no body, so no username limit held)."""
+    assert [chunked_json_login("bf1", "wrong") for _ in range(3)] == [401] * 3
+    assert chunked_json_login("bf1", "right") == 429

@@ -588,8 +588,8 @@ def _posted_usernames(request: Any) -> _Names | None:
     try:
         if media in FORM_TYPES:
             return _fields(request.POST, request)
-        if not int(meta.get("CONTENT_LENGTH") or 0):
-            return {}  # no body: nothing for an authenticator to read either
+        # Read whatever ``Content-Length`` says: under ASGI a chunked body has none, and
+        # Django reads it whole for a view that reads ``request.body``.
         body = request.body  # bounded by DATA_UPLOAD_MAX_MEMORY_SIZE
     except Exception:  # unreadable body, body already read, too big, bad length
         return None
