@@ -124,6 +124,25 @@ def json_login(request: HttpRequest) -> HttpResponse:
     return HttpResponse("in" if user is not None else "wrong", status=200 if user else 401)
 
 
+def _refuse_wrong_password(request: HttpRequest) -> HttpResponse:
+    """Checks the password itself (no ``authenticate()``, so no ``user_login_failed``) and
+    answers a wrong one by raising ``PermissionDenied`` (Django's 403)."""
+    from django.core.exceptions import PermissionDenied
+
+    user = get_user_model()._default_manager.filter(username=request.POST.get("username")).first()
+    if user is None or not user.check_password(request.POST.get("password")):
+        raise PermissionDenied("wrong username or password")
+    return HttpResponse("in")
+
+
+raising_login = protect_credentials(_refuse_wrong_password)
+
+
+@protect_credentials
+async def async_raising_login(request: HttpRequest) -> HttpResponse:
+    return await sync_to_async(_refuse_wrong_password)(request)
+
+
 urlpatterns = [
     path("field-login/", protect_credentials(field_login)),
     path("named-field-login/", protect_credentials(field_login, username_field="login")),
@@ -136,6 +155,8 @@ urlpatterns = [
         protect_credentials(async_field_login, username_field="login"),
     ),
     path("requestless-login/", requestless_login),
+    path("raising-login/", raising_login),
+    path("async-raising-login/", async_raising_login),
     path("async-requestless-login/", async_requestless_login),
     path("login/", protect_credentials(FormLogin.as_view())),
     path("async-login/", async_login),
@@ -1221,3 +1242,17 @@ def test_a_json_body_without_a_content_length_is_read(rules: Tier, victim: Any) 
     username is counted (before: taken for no body, so no username limit held)."""
     assert [chunked_json_login("bf1", "wrong") for _ in range(3)] == [401] * 3
     assert chunked_json_login("bf1", "right") == 429
+
+
+@pytest.mark.parametrize("url", ["/raising-login/", "/async-raising-login/"])
+def test_a_view_refusing_a_wrong_password_by_raising_counts_it_as_a_failure(
+    rules: Tier, victim: Any, url: str
+) -> None:
+    """``PermissionDenied`` is Django's 403: a failure under a rule counting failures
+    (before: settled as a 500, the tokens given back, and guesses were never limited)."""
+    wrong = {"username": "bf1", "password": "wrong"}
+    assert [Client().post(url, wrong, REMOTE_ADDR=elsewhere()).status_code for _ in "123"] == [
+        403
+    ] * 3
+    right = {"username": "bf1", "password": "right"}
+    assert Client().post(url, right, REMOTE_ADDR=elsewhere()).status_code == 429
