@@ -156,6 +156,7 @@ urlpatterns = [
     ),
     path("requestless-login/", requestless_login),
     path("raising-login/", raising_login),
+    path("json-login/", json_login),
     path("async-raising-login/", async_raising_login),
     path("async-requestless-login/", async_requestless_login),
     path("login/", protect_credentials(FormLogin.as_view())),
@@ -1256,3 +1257,18 @@ def test_a_view_refusing_a_wrong_password_by_raising_counts_it_as_a_failure(
     ] * 3
     right = {"username": "bf1", "password": "right"}
     assert Client().post(url, right, REMOTE_ADDR=elsewhere()).status_code == 429
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/x-www-form-urlencoded", "application/x-www-form-urlencoded; charset=utf-8"],
+)
+def test_a_json_body_sent_as_a_form_is_read(rules: Tier, victim: Any, content_type: str) -> None:
+    """A JSON login view reads ``request.body`` whatever the ``Content-Type``; sent under a
+    form's, the body has no form fields but a JSON username, and it is counted (before: no
+    username, so guesses spread over addresses were never limited)."""
+    for _ in range(3):
+        assert (
+            json_post("/json-login/", {"username": "bf1", "password": "wrong"}, content_type) == 401
+        )
+    assert json_post("/json-login/", {"username": "bf1", "password": "right"}, content_type) == 429

@@ -587,7 +587,12 @@ def _posted_usernames(request: Any) -> _Names | None:
     media = str(meta.get("CONTENT_TYPE") or "").split(";", 1)[0].strip().lower()
     try:
         if media in FORM_TYPES:
-            return _fields(request.POST, request)
+            names = _fields(request.POST, request)
+            if names or media != FORM_TYPES[0]:
+                return names
+            # No field: a JSON login view reads ``request.body`` whatever the type says
+            # (read already for ``request.POST``).
+            return _json_names(request.body, request) or {}
         # Read whatever ``Content-Length`` says: under ASGI a chunked body has none, and
         # Django reads it whole for a view that reads ``request.body``.
         body = request.body  # bounded by DATA_UPLOAD_MAX_MEMORY_SIZE
@@ -595,23 +600,29 @@ def _posted_usernames(request: Any) -> _Names | None:
         return None
     if not body.strip():
         return {}
-    try:
-        # Decoded as DRF's JSONParser decodes it: the charset the Content-Type names (which
-        # Django keeps as ``request.encoding`` when Python knows it), else DEFAULT_CHARSET;
-        # never guessed from the bytes. ``bytes.decode`` takes text codecs only.
-        data = json.loads(body.decode(_charset(request)))
-    except (ValueError, LookupError):  # UnicodeDecodeError is a ValueError
-        pass
-    else:
-        # A JSON list or number: no authenticator takes fields from it.
-        return _fields(data, request) if isinstance(data, dict) else {}
+    in_json = _json_names(body, request)
+    if in_json is not None:
+        return in_json
     from django.http import QueryDict
 
     try:  # a form body under another content type (``*/*`` picks DRF's form parser)
-        names = _fields(QueryDict(body, encoding=request.encoding), request)
+        in_form = _fields(QueryDict(body, encoding=request.encoding), request)
     except Exception:
         return None
-    return names or None  # text, XML, YAML…: a parser of its own may read a name
+    return in_form or None  # text, XML, YAML…: a parser of its own may read a name
+
+
+def _json_names(body: bytes, request: Any) -> _Names | None:
+    """The usernames of a JSON ``body`` (empty for a JSON list or number: no authenticator
+    takes fields from it), or ``None`` when it is no JSON. Decoded as DRF's JSONParser
+    decodes it: the charset the Content-Type names (which Django keeps as
+    ``request.encoding`` when Python knows it), else ``DEFAULT_CHARSET``; never guessed from
+    the bytes. ``bytes.decode`` takes text codecs only."""
+    try:
+        data = json.loads(body.decode(_charset(request)))
+    except (ValueError, LookupError):  # UnicodeDecodeError is a ValueError
+        return None
+    return _fields(data, request) if isinstance(data, dict) else {}
 
 
 def _charset(request: Any) -> str:
