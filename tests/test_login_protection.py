@@ -1153,7 +1153,7 @@ def test_a_check_cancelled_between_its_calls_gives_the_first_calls_tokens_back(
     username_limit = EndpointLimit.objects.get(counted_by="username").pk
     # The counters of the username limit: the warm-up's, then the attempt's.
     pattern = f"{settings.DJANGO_THROTTLE_KEY_PREFIX}:*e{username_limit}"
-    slow_redis.set_mode("delay", delay=1.0)
+    slow_redis.set_mode("delay", delay=2.0)
     try:
         async_to_sync(gone)()
     finally:
