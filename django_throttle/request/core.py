@@ -393,7 +393,14 @@ async def _abandon(steps: Steps[Any]) -> None:
         call = steps.throw(BackendError("the client went away while the backend was counting"))
     except (StopIteration, BackendError):
         return  # nothing to give back
-    await asyncio.shield(asyncio.ensure_future(arun(steps, call)))
+    task = asyncio.ensure_future(arun(steps, call))
+    _giving_back.add(task)  # held until done, should a second cancellation drop the shield
+    task.add_done_callback(_giving_back.discard)
+    await asyncio.shield(task)
+
+
+#: The tasks of :func:`_abandon` still giving back what a cancelled request took.
+_giving_back: set[asyncio.Future[Any]] = set()
 
 
 logger = logging.getLogger("django_throttle")
