@@ -313,7 +313,7 @@ def guard(
                 status = response.status_code
                 _served(request, response, decision, login)
             except BaseException as exc:
-                status = raised_status(exc)
+                status = core.raised_status(exc)
                 raise
             finally:
                 await core.asettle(request, status, first=first)
@@ -353,7 +353,7 @@ def guard(
             else:
                 add_headers(response.headers, decision)
         except BaseException as exc:
-            status = raised_status(exc)
+            status = core.raised_status(exc)
             raise
         finally:
             if len(getattr(request, RESERVATIONS, ())) > first:  # else settle has nothing to do
@@ -363,23 +363,6 @@ def guard(
         return response
 
     return wrapper
-
-
-def raised_status(exc: BaseException) -> int:
-    """The status Django answers a view's exception with: 404 for ``Http404``, 403 for
-    ``PermissionDenied``, 400 for ``BadRequest`` and ``SuspiciousOperation``, else 500. A
-    login view that refuses a wrong password by raising ``PermissionDenied`` failed, and its
-    attempt is counted as one."""
-    from django.core.exceptions import BadRequest, PermissionDenied, SuspiciousOperation
-    from django.http import Http404
-    from django.http.multipartparser import MultiPartParserError
-
-    if isinstance(exc, Http404):
-        return 404
-    if isinstance(exc, PermissionDenied):
-        return 403
-    bad = (BadRequest, SuspiciousOperation, MultiPartParserError)
-    return 400 if isinstance(exc, bad) else 500
 
 
 def _started(request: Any, login: bool, username_fields: tuple[str, ...] = ()) -> int:

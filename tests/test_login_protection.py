@@ -24,6 +24,7 @@ from django.contrib.auth.views import LoginView
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client
 from django.urls import path
+from rest_framework.authentication import BasicAuthentication
 from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -32,7 +33,7 @@ from rest_framework.views import APIView
 
 from django_throttle.credentials import protect_credentials
 from django_throttle.decorators import throttle
-from django_throttle.drf import ProtectedBasicAuthentication
+from django_throttle.drf import ProtectedBasicAuthentication, protect_authentication
 from django_throttle.models import EndpointLimit, EndpointRule, Tier
 from django_throttle.policy import live as policy
 from django_throttle.request import usernames
@@ -58,6 +59,23 @@ class BasicProtected(APIView):
 
     def post(self, request: Request) -> Response:
         return Response({"created": request.data.get("username")}, status=201)
+
+
+class StrictBasic(BasicAuthentication):
+    """Basic authentication checking the password itself and refusing a wrong one with
+    Django's ``PermissionDenied`` (DRF's 403), no ``user_login_failed``."""
+
+    def authenticate_credentials(self, userid: str, password: str, request: Any = None) -> Any:
+        from django.core.exceptions import PermissionDenied
+
+        user = get_user_model()._default_manager.filter(username=userid).first()
+        if user is None or not user.check_password(password):
+            raise PermissionDenied("wrong username or password")
+        return (user, None)
+
+
+class StrictBasicProtected(BasicProtected):
+    authentication_classes = [protect_authentication(StrictBasic)]
 
 
 async def sign_in(request: HttpRequest) -> HttpResponse:
@@ -163,6 +181,7 @@ urlpatterns = [
     path("async-login/", async_login),
     path("token/", protect_credentials(obtain_auth_token)),
     path("basic/", BasicProtected.as_view()),
+    path("strict-basic/", StrictBasicProtected.as_view()),
     path("admin/login/", protect_credentials(admin.site.login)),
     # The same credentials checked under other rules (scopes "token" and "admin-login").
     path("api/token/", protect_credentials(obtain_auth_token, scope="token")),
@@ -1272,3 +1291,19 @@ def test_a_json_body_sent_as_a_form_is_read(rules: Tier, victim: Any, content_ty
             json_post("/json-login/", {"username": "bf1", "password": "wrong"}, content_type) == 401
         )
     assert json_post("/json-login/", {"username": "bf1", "password": "right"}, content_type) == 429
+
+
+def test_an_authentication_class_refusing_by_raising_counts_it_as_a_failure(
+    rules: Tier, victim: Any
+) -> None:
+    """A protected authentication class whose check raises Django's ``PermissionDenied``
+    (DRF's 403) failed (before: settled as a 500, its tokens given back)."""
+    wrong = [
+        Client().get(
+            "/strict-basic/", HTTP_AUTHORIZATION=basic("bf1:wrong"), REMOTE_ADDR=elsewhere()
+        )
+        for _ in "123"
+    ]
+    assert [r.status_code for r in wrong] == [403] * 3
+    right = Client().get("/strict-basic/", HTTP_AUTHORIZATION=basic("bf1:right"))
+    assert right.status_code == 429

@@ -1114,6 +1114,23 @@ def counted(counts: str, status: int, login_failed: bool = False) -> bool:
     return True
 
 
+def raised_status(exc: BaseException) -> int:
+    """The status Django answers a view's exception with: 404 for ``Http404``, 403 for
+    ``PermissionDenied``, 400 for ``BadRequest`` and ``SuspiciousOperation``, else 500. A
+    login view that refuses a wrong password by raising ``PermissionDenied`` failed, and its
+    attempt is counted as one."""
+    from django.core.exceptions import BadRequest, PermissionDenied, SuspiciousOperation
+    from django.http import Http404
+    from django.http.multipartparser import MultiPartParserError
+
+    if isinstance(exc, Http404):
+        return 404
+    if isinstance(exc, PermissionDenied):
+        return 403
+    bad = (BadRequest, SuspiciousOperation, MultiPartParserError)
+    return 400 if isinstance(exc, bad) else 500
+
+
 def settling(request: Any, status: int, first: int = 0) -> Steps[None]:
     """Give back the reservations left on ``request`` whose outcome (``status``, and whether
     ``user_login_failed`` fired for it) their rule does not count; those reservations are
