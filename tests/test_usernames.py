@@ -16,6 +16,7 @@ import contextlib
 import glob
 import json
 import re
+import unicodedata
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,7 +32,13 @@ from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.request import Request
 
 from django_throttle.identity import MAX_KEY_BYTES, Identity
-from django_throttle.request.usernames import MAX_USERNAME, normalise_username, username_counters
+from django_throttle.request.usernames import (
+    MAX_READ,
+    MAX_USERNAME,
+    OVERLONG,
+    normalise_username,
+    username_counters,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -170,7 +177,7 @@ def test_a_normalised_name_is_bounded_and_stable(name: str) -> None:
 
 
 def test_two_long_names_that_start_alike_keep_two_counters() -> None:
-    common = "a" * 2_000
+    common = "a" * (MAX_READ - 1)
     assert normalise_username(common + "b") != normalise_username(common + "c")
     assert normalise_username(" " * 5_000 + common) == normalise_username(common)
 
@@ -305,3 +312,29 @@ def test_names_of_characters_a_collation_passes_over_share_one_counter() -> None
     assert counters != {""}
     (counter,) = counters
     assert normalise_username(counter) == counter
+
+
+@pytest.mark.parametrize("reader", [form_login, token_form, token_json, basic])
+def test_a_name_longer_than_any_account_is_counted_unread_in_one_counter(
+    reader: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Folding took time in proportion to a name's length times what NFKC makes of it: a login
+    naming 800 kB of U+FDFA (18 characters each once normalised) cost the worker seconds of
+    CPU per field read, and a body of 2.5 MB (Django's upload bound) more. A name longer than
+    any account's, once stripped, is now counted unread in one shared counter, whatever pads
+    it (characters a collation ignores included): no counter of its own, no fold."""
+    lengths: list[int] = []
+    normalize = unicodedata.normalize
+
+    def measured(form: str, text: str) -> str:
+        lengths.append(len(text))
+        return normalize(form, text)
+
+    monkeypatch.setattr(unicodedata, "normalize", measured)
+    for name in ("\ufdfa" * 270_000, "bob" + "\u200b" * 5_000, "x" * (MAX_READ + 1)):
+        request, _ = reader(name)
+        assert username_counters(request) == (Identity("username", OVERLONG).key,)
+    assert max(lengths, default=0) <= MAX_READ
+    # Whitespace is stripped first: a name behind any amount of it is read as the name.
+    request, _ = reader(" " * 5_000 + "bob" + " " * 5_000)
+    assert username_counters(request) == (Identity("username", "bob").key,)

@@ -49,6 +49,14 @@ from django_throttle.identity import Identity
 #: Longest username kept as it is: a longer one is written ``#<digest>`` (never cut: two long
 #: names that start alike, or a name behind any amount of padding, keep counters of their own).
 MAX_USERNAME = 256
+#: Longest name read, in characters once stripped: a longer one is :data:`OVERLONG`. No account
+#: comes near it (Django's names are at most 150 characters, an email 254), and folding takes
+#: time in proportion to a name's length times what NFKC makes of it (up to 18 characters of
+#: one: 800 kB of U+FDFA took seconds), so a body cannot buy a worker's CPU.
+MAX_READ = 1024
+#: The name every name longer than :data:`MAX_READ` is counted as: one counter shared by all of
+#: them, so no padding (of characters a collation ignores, say) earns a counter of its own.
+OVERLONG = "#overlong"
 #: Rounds of strip, NFKC and case-folding at most (one or two in practice): see
 #: :func:`normalise_username`.
 MAX_ROUNDS = 8
@@ -125,8 +133,11 @@ def normalise_username(name: str) -> str:
     stripped, or NFKC-normalised) normalises to the same counter as the spelling that was
     sent. A name longer than :data:`MAX_USERNAME` characters after that is ``#`` and 128 bits
     of BLAKE2b over all of it: bounded, yet never cut, so no padding can push a name out of
-    its counter and two long names never share one.
+    its counter and two long names never share one. A name longer than :data:`MAX_READ`
+    once stripped, which no account has, is :data:`OVERLONG`, unread.
     """
+    if len(name) > MAX_READ and len(name.strip()) > MAX_READ:
+        return OVERLONG
     for _ in range(MAX_ROUNDS):
         stripped = name.strip()
         kept = _without_collation_ignored(stripped)
@@ -650,7 +661,10 @@ def _spelling(name: str) -> str:
     """The digest of ``name`` as a login form gives it to ``authenticate()`` (stripped,
     NFKC-normalised: Django's ``UsernameField``), and as an account's username is stored
     (``normalize_username``): what a device cookie's account is compared with, exactly."""
-    return _name_digest(unicodedata.normalize("NFKC", name.strip()))
+    stripped = name.strip()
+    if len(stripped) > MAX_READ:
+        return OVERLONG  # no account's: never a cookie's (see normalise_username)
+    return _name_digest(unicodedata.normalize("NFKC", stripped))
 
 
 #: The cookie's name.
