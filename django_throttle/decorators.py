@@ -9,7 +9,8 @@ it through ``method_decorator``; each class gets its own bucket even though they
 
 A rule that counts only successes or only failures is settled when the view returns: the
 request's reservation is given back when the response's status (or a failed login during
-the request) is an outcome the rule does not count. A view that raises is settled as a 500.
+the request) is an outcome the rule does not count. A view that raises is settled with the
+status Django answers the exception with (403 for ``PermissionDenied``…; 500 for others).
 """
 
 from __future__ import annotations
@@ -275,7 +276,7 @@ def _inline_limits(
 # What both plain Django view adapters build on (``@throttle`` here and ``@protect_credentials``
 # in :mod:`django_throttle.credentials`), sync or async: check before the view runs, refuse with
 # 429 (or the failure status), else run the view and settle the request's reservations once its
-# outcome is known. A view that raises is settled as a 500.
+# outcome is known. A view that raises is settled with the status Django answers it with.
 
 #: The keyword arguments of :func:`~django_throttle.request.core.check` for one request:
 #: the same dict every time, or a function building it per request.
@@ -317,6 +318,9 @@ def guard(
                     response = await view(request, *args, **kwargs)
                 status = response.status_code
                 _served(request, response, decision, login)
+            except BaseException as exc:
+                status = core.raised_status(exc)
+                raise
             finally:
                 await core.asettle(request, status, first=first)
                 if len(getattr(request, leases.ATTRIBUTE, ())) > held:  # this check's slots
@@ -354,6 +358,9 @@ def guard(
                 _served(request, response, decision, login)
             else:
                 add_headers(response.headers, decision)
+        except BaseException as exc:
+            status = core.raised_status(exc)
+            raise
         finally:
             if len(getattr(request, RESERVATIONS, ())) > first:  # else settle has nothing to do
                 core.settle(request, status, first=first)

@@ -236,6 +236,9 @@ class CredentialProtection:
         except APIException as exc:
             status = exc.status_code
             raise
+        except BaseException as exc:  # Django's PermissionDenied, Http404: DRF's 403, 404
+            status = core.raised_status(exc)
+            raise
         finally:
             core.settle(http_request, status, first=first)
 

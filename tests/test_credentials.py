@@ -413,12 +413,14 @@ def test_credential_checks_fail_closed_when_the_operator_chose_closed(
         ({}, {"email": "Eve@Example.com"}, "eve@example.com"),
         ({}, {"username": "   "}, None),
         ({}, {"password": "only"}, None),
-        # Never cut: a digest of the whole name (two long names never share a counter).
+        # Never cut: a digest of the whole name (two long names never share a counter)...
         (
             {},
-            {"username": "x" * 10_000},
-            "#" + hashlib.blake2b(b"x" * 10_000, digest_size=16).hexdigest(),
+            {"username": "x" * 1_000},
+            "#" + hashlib.blake2b(b"x" * 1_000, digest_size=16).hexdigest(),
         ),
+        # ... up to a length no account has: then one counter for every such name.
+        ({}, {"username": "x" * 10_000}, "#overlong"),
     ],
 )
 def test_presented_username(meta: dict[str, str], post: dict[str, str], expected: str) -> None:

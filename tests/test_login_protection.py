@@ -4,16 +4,19 @@ attack (device cookies); and a worker's memory stays flat whatever clients send.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import gc
 import json
 import logging
+import time
 import tracemalloc
 import unicodedata
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
@@ -21,6 +24,7 @@ from django.contrib.auth.views import LoginView
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client
 from django.urls import path
+from rest_framework.authentication import BasicAuthentication
 from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -28,10 +32,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_throttle.credentials import protect_credentials
-from django_throttle.drf import ProtectedBasicAuthentication
+from django_throttle.decorators import throttle
+from django_throttle.drf import ProtectedBasicAuthentication, protect_authentication
 from django_throttle.models import EndpointLimit, EndpointRule, Tier
 from django_throttle.policy import live as policy
 from django_throttle.request import usernames
+from tests.faultproxy import FaultProxy
+from tests.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.test_login_protection")]
 
@@ -52,6 +59,23 @@ class BasicProtected(APIView):
 
     def post(self, request: Request) -> Response:
         return Response({"created": request.data.get("username")}, status=201)
+
+
+class StrictBasic(BasicAuthentication):
+    """Basic authentication checking the password itself and refusing a wrong one with
+    Django's ``PermissionDenied`` (DRF's 403), no ``user_login_failed``."""
+
+    def authenticate_credentials(self, userid: str, password: str, request: Any = None) -> Any:
+        from django.core.exceptions import PermissionDenied
+
+        user = get_user_model()._default_manager.filter(username=userid).first()
+        if user is None or not user.check_password(password):
+            raise PermissionDenied("wrong username or password")
+        return (user, None)
+
+
+class StrictBasicProtected(BasicProtected):
+    authentication_classes = [protect_authentication(StrictBasic)]
 
 
 async def sign_in(request: HttpRequest) -> HttpResponse:
@@ -108,19 +132,56 @@ async def async_field_login(request: HttpRequest) -> HttpResponse:
     return HttpResponse("in" if user is not None else "wrong", status=200 if user else 401)
 
 
+@protect_credentials
+def json_login(request: HttpRequest) -> HttpResponse:
+    """A login view of a single-page app: the credentials come as a JSON body."""
+    from django.contrib.auth import authenticate
+
+    data = json.loads(request.body)
+    user = authenticate(request, username=data.get("username"), password=data.get("password"))
+    return HttpResponse("in" if user is not None else "wrong", status=200 if user else 401)
+
+
+def _refuse_wrong_password(request: HttpRequest) -> HttpResponse:
+    """Checks the password itself (no ``authenticate()``, so no ``user_login_failed``) and
+    answers a wrong one by raising ``PermissionDenied`` (Django's 403)."""
+    from django.core.exceptions import PermissionDenied
+
+    user = get_user_model()._default_manager.filter(username=request.POST.get("username")).first()
+    if user is None or not user.check_password(request.POST.get("password")):
+        raise PermissionDenied("wrong username or password")
+    return HttpResponse("in")
+
+
+raising_login = protect_credentials(_refuse_wrong_password)
+
+
+@protect_credentials
+async def async_raising_login(request: HttpRequest) -> HttpResponse:
+    return await sync_to_async(_refuse_wrong_password)(request)
+
+
 urlpatterns = [
     path("field-login/", protect_credentials(field_login)),
     path("named-field-login/", protect_credentials(field_login, username_field="login")),
+    path(
+        "throttled-named-field-login/",
+        throttle(scope="login")(protect_credentials(field_login, username_field="login")),
+    ),
     path(
         "async-named-field-login/",
         protect_credentials(async_field_login, username_field="login"),
     ),
     path("requestless-login/", requestless_login),
+    path("raising-login/", raising_login),
+    path("json-login/", json_login),
+    path("async-raising-login/", async_raising_login),
     path("async-requestless-login/", async_requestless_login),
     path("login/", protect_credentials(FormLogin.as_view())),
     path("async-login/", async_login),
     path("token/", protect_credentials(obtain_auth_token)),
     path("basic/", BasicProtected.as_view()),
+    path("strict-basic/", StrictBasicProtected.as_view()),
     path("admin/login/", protect_credentials(admin.site.login)),
     # The same credentials checked under other rules (scopes "token" and "admin-login").
     path("api/token/", protect_credentials(obtain_auth_token, scope="token")),
@@ -359,6 +420,20 @@ def test_a_username_the_limiter_cannot_read_is_logged(
     with caplog.at_level(logging.WARNING, logger="django_throttle"):
         Client().post("/named-field-login/", data, REMOTE_ADDR=elsewhere())
     assert not [r for r in caplog.records if "username_field" in r.getMessage()]
+
+
+def test_a_padded_username_the_limiter_cannot_read_is_logged(
+    rules: Tier, victim: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same, for a name behind more than 1,024 characters of padding (once cut to them
+    before it was stripped: nothing left, no warning)."""
+    from django_throttle.request import core
+
+    core._unread_paths.clear()
+    data = {"login": " " * 1_100 + "bf1", "password": "wrong"}
+    with caplog.at_level(logging.WARNING, logger="django_throttle"):
+        Client().post("/field-login/", data, REMOTE_ADDR=elsewhere())
+    assert [r for r in caplog.records if "username_field" in r.getMessage()]
 
 
 def test_username_field_must_name_a_field() -> None:
@@ -1054,3 +1129,220 @@ def test_an_account_known_by_a_number_is_remembered_by_its_text() -> None:
     request = HttpRequest()
     core._logged_in(None, request=request, user=Numbered())
     assert getattr(request, core.LOGGED_IN_ATTRIBUTE) == "4711"
+
+
+#: Spellings of ``carl`` the DUCET weighs as ``carl`` at the first level: combining letters
+#: written below or with an accent of their own, ``\u0140`` (``l`` and a middle dot), as a
+#: DRF view hands it on unnormalised and as NFKC writes it, and a crossed squared letter.
+DUCET_SPELLINGS = ["ca\u1dcal", "\u1dd7arl", "car\u0140", "carl\u00b7", "CAR\u013f"]
+
+
+def spelled_attempt(url: str, username: str, password: str) -> int:
+    if url == "/basic/":
+        header = basic(f"{username}:{password}")
+        response = Client().get(url, HTTP_AUTHORIZATION=header, REMOTE_ADDR=elsewhere())
+        return int(response.status_code)
+    if url == "json":
+        return json_post("/token/", {"username": username, "password": password})
+    data = {"username": username, "password": password}
+    return int(Client().post(url, data, REMOTE_ADDR=elsewhere()).status_code)
+
+
+@pytest.mark.parametrize("url", ["/login/", "/async-login/", "/token/", "json", "/basic/"])
+def test_letters_the_collation_weighs_as_the_accounts_share_its_counter(
+    rules: Tier, django_user_model: Any, url: str
+) -> None:
+    """Three wrong guesses at ``carl`` spelled with letters the collation takes for his
+    (before: each spelling a fresh 3/h, ``\u0140`` on every path) spend his allowance."""
+    django_user_model.objects.create_user("carl", password="right")
+    for spelling in DUCET_SPELLINGS[:3]:
+        assert spelled_attempt(url, spelling, "wrong") in (200, 400, 401)
+    assert spelled_attempt(url, "carl", "right") == 429
+    assert spelled_attempt(url, DUCET_SPELLINGS[3], "right") == 429
+    assert spelled_attempt(url, "\U0001f18aat", "wrong") != 429  # pat: another account
+
+
+@pytest.fixture(scope="module")
+def redis_process() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def slow_redis(redis_process: RedisServer, settings: Any) -> Iterator[FaultProxy]:
+    """A private Redis behind a proxy that can hold its replies back."""
+    redis_process.ensure_healthy()
+    with FaultProxy(redis_process.port) as proxy:
+        settings.DJANGO_THROTTLE_REDIS_URL = proxy.url
+        settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 5, "socket_connect_timeout": 5}
+        yield proxy
+    redis_process.ensure_healthy()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_check_cancelled_between_its_calls_gives_the_first_calls_tokens_back(
+    slow_redis: FaultProxy, redis_process: RedisServer, victim: Any, settings: Any
+) -> None:
+    """The client went away (Django's ASGI handler cancels the view) after the check counted
+    the address and while it counted the username: the view never ran, so no guess was
+    made, and the address keeps its whole allowance (before: the first call's token stayed
+    taken, an allowance drained by requests that guessed nothing)."""
+    settings.DJANGO_THROTTLE_USAGE_RETENTION_DAYS = 0  # no usage pushes: the check's calls only
+    anonymous = Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
+    rule = EndpointRule.objects.create(name="login", pattern="login", counts="failures")
+    for counted_by, rate in (("ip", "2/h"), ("username", "100/h")):
+        EndpointLimit.objects.create(rule=rule, tier=anonymous, rate=rate, counted_by=counted_by)
+    wrong = {"username": "bf1", "password": "wrong"}
+    warm_up = {"username": "x", "password": "x"}  # the script loaded, the connections made
+    assert Client().post("/async-login/", warm_up, REMOTE_ADDR=elsewhere()).status_code == 401
+
+    async def gone() -> None:
+        attempt = asyncio.ensure_future(AsyncClient().post("/async-login/", wrong))
+        deadline = time.monotonic() + 5
+        while len(direct.keys(pattern)) < 2:  # the username's call ran; its reply is held
+            assert time.monotonic() < deadline, "the check never made its second call"
+            await asyncio.sleep(0.005)
+        attempt.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await attempt
+
+    direct = redis_process.client()
+    username_limit = EndpointLimit.objects.get(counted_by="username").pk
+    # The counters of the username limit: the warm-up's, then the attempt's.
+    pattern = f"{settings.DJANGO_THROTTLE_KEY_PREFIX}:*e{username_limit}"
+    slow_redis.set_mode("delay", delay=2.0)
+    try:
+        async_to_sync(gone)()
+    finally:
+        slow_redis.set_mode("pass")
+        direct.close()
+    outcomes = [Client().post("/async-login/", wrong).status_code for _ in "123"]
+    assert outcomes == [401, 401, 429]
+
+
+@pytest.mark.parametrize("url", ["/login/", "/async-login/", "/token/", "/basic/"])
+def test_a_tier_that_fails_open_leaves_the_login_counted_while_redis_is_down(
+    rules: Tier, victim: Any, settings: Any, url: str
+) -> None:
+    """A tier set to fail open (its API stays up through an outage) does not open the login
+    counters to its callers: they protect the account named, whatever the caller's tier, so
+    its guesses are counted in the process (before: served uncounted, any number of them)."""
+    rules.failure_mode = "open"
+    rules.save()
+    policy.reset()
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"
+    assert [collated_attempt(url, "bf1", "wrong") for _ in range(4)][-1] == 429
+
+
+def test_a_rule_that_fails_open_is_served_uncounted_while_redis_is_down(
+    rules: Tier, victim: Any, settings: Any
+) -> None:
+    """The login rule's own mode is the operator's choice for that rule, and holds."""
+    EndpointRule.objects.filter(name="login").update(failure_mode="open")
+    policy.reset()
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"
+    assert 429 not in [collated_attempt("/login/", "bf1", "wrong") for _ in range(5)]
+
+
+@pytest.mark.parametrize("url", ["/login/", "/async-login/", "/token/", "json", "/basic/"])
+def test_a_username_of_characters_a_collation_passes_over_is_counted(
+    rules: Tier, django_user_model: Any, url: str
+) -> None:
+    """``ـ`` (the Arabic tatweel, a letter to Django's username validator) names an account;
+    a collation that passes over it takes ``ــ``, a zero-width space or a lone accent for
+    it too. Guesses at it spend one counter (before: none at all, unlimited guesses)."""
+    django_user_model.objects.create_user("\u0640", password="right")
+    for spelling in ("\u0640", "\u0640\u0640", "\u200b"):
+        assert spelled_attempt(url, spelling, "wrong") in (200, 400, 401)
+    assert spelled_attempt(url, "\u0640", "right") == 429
+
+
+def test_a_view_naming_its_username_field_is_counted_under_another_check_too(
+    rules: Tier, victim: Any
+) -> None:
+    """A login view whose guard names its field (``login``) inside a check made before it
+    (``@throttle`` under the same rule): the username the outer check read without that
+    field is not the one the guard counts (before: the guard met the outer check's reading,
+    no username, and guesses spread over addresses were never limited)."""
+    url = "/throttled-named-field-login/"
+    for _ in range(3):
+        data = {"login": "bf1", "password": "wrong"}
+        assert Client().post(url, data, REMOTE_ADDR=elsewhere()).status_code == 401
+    right = {"login": "bf1", "password": "right"}
+    assert Client().post(url, right, REMOTE_ADDR=elsewhere()).status_code == 429
+
+
+def chunked_json_login(username: str, password: str) -> int:
+    """A JSON login over ASGI with ``Transfer-Encoding: chunked``: no ``Content-Length``,
+    yet Django reads the whole body."""
+    from io import BytesIO
+
+    from django.core.handlers.asgi import ASGIRequest
+
+    body = json.dumps({"username": username, "password": password}).encode()
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/json-login/",
+        "query_string": b"",
+        "client": (elsewhere(), 40000),
+        "server": ("testserver", 80),
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"transfer-encoding", b"chunked"),
+        ],
+    }
+    return int(json_login(ASGIRequest(scope, BytesIO(body))).status_code)
+
+
+def test_a_json_body_without_a_content_length_is_read(rules: Tier, victim: Any) -> None:
+    """Under ASGI a chunked body has no ``Content-Length``, and Django reads it whole: its
+    username is counted (before: taken for no body, so no username limit held)."""
+    assert [chunked_json_login("bf1", "wrong") for _ in range(3)] == [401] * 3
+    assert chunked_json_login("bf1", "right") == 429
+
+
+@pytest.mark.parametrize("url", ["/raising-login/", "/async-raising-login/"])
+def test_a_view_refusing_a_wrong_password_by_raising_counts_it_as_a_failure(
+    rules: Tier, victim: Any, url: str
+) -> None:
+    """``PermissionDenied`` is Django's 403: a failure under a rule counting failures
+    (before: settled as a 500, the tokens given back, and guesses were never limited)."""
+    wrong = {"username": "bf1", "password": "wrong"}
+    assert [Client().post(url, wrong, REMOTE_ADDR=elsewhere()).status_code for _ in "123"] == [
+        403
+    ] * 3
+    right = {"username": "bf1", "password": "right"}
+    assert Client().post(url, right, REMOTE_ADDR=elsewhere()).status_code == 429
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/x-www-form-urlencoded", "application/x-www-form-urlencoded; charset=utf-8"],
+)
+def test_a_json_body_sent_as_a_form_is_read(rules: Tier, victim: Any, content_type: str) -> None:
+    """A JSON login view reads ``request.body`` whatever the ``Content-Type``; sent under a
+    form's, the body has no form fields but a JSON username, and it is counted (before: no
+    username, so guesses spread over addresses were never limited)."""
+    for _ in range(3):
+        assert (
+            json_post("/json-login/", {"username": "bf1", "password": "wrong"}, content_type) == 401
+        )
+    assert json_post("/json-login/", {"username": "bf1", "password": "right"}, content_type) == 429
+
+
+def test_an_authentication_class_refusing_by_raising_counts_it_as_a_failure(
+    rules: Tier, victim: Any
+) -> None:
+    """A protected authentication class whose check raises Django's ``PermissionDenied``
+    (DRF's 403) failed (before: settled as a 500, its tokens given back)."""
+    wrong = [
+        Client().get(
+            "/strict-basic/", HTTP_AUTHORIZATION=basic("bf1:wrong"), REMOTE_ADDR=elsewhere()
+        )
+        for _ in "123"
+    ]
+    assert [r.status_code for r in wrong] == [403] * 3
+    right = Client().get("/strict-basic/", HTTP_AUTHORIZATION=basic("bf1:right"))
+    assert right.status_code == 429

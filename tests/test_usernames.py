@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import glob
 import json
+import re
+import unicodedata
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,7 +32,13 @@ from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.request import Request
 
 from django_throttle.identity import MAX_KEY_BYTES, Identity
-from django_throttle.request.usernames import MAX_USERNAME, normalise_username, username_counters
+from django_throttle.request.usernames import (
+    MAX_READ,
+    MAX_USERNAME,
+    OVERLONG,
+    normalise_username,
+    username_counters,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -168,7 +177,7 @@ def test_a_normalised_name_is_bounded_and_stable(name: str) -> None:
 
 
 def test_two_long_names_that_start_alike_keep_two_counters() -> None:
-    common = "a" * 2_000
+    common = "a" * (MAX_READ - 1)
     assert normalise_username(common + "b") != normalise_username(common + "c")
     assert normalise_username(" " * 5_000 + common) == normalise_username(common)
 
@@ -228,3 +237,104 @@ def test_a_combining_latin_letter_counts_as_its_letter() -> None:
     is ``bfa``), not as an accent to drop."""
     assert normalise_username("bf\u0363") == normalise_username("bfa") == "bfa"
     assert normalise_username("bf\u0363\u0301") == "bfa"  # the accent on it still goes
+
+
+@pytest.mark.parametrize(
+    ("spelling", "name"),
+    [
+        ("ca\u1dcal", "carl"),  # combining r below: a letter written below, not an accent
+        ("\u1dd7arl", "carl"),  # combining c cedilla
+        ("ca\u1abfl", "cawl"),  # combining w below
+        ("\u1dd4on", "aeon"),  # combining ae
+        ("\U0001f18aat", "pat"),  # crossed negative squared P
+        ("car\u0140", "carl"),  # l with middle dot: NFKC makes it l and a middle dot
+        ("CAR\u013f", "carl"),
+        ("carl\u00b7", "carl"),  # the middle dot after an l: the DUCET's contraction
+        ("carl\u0387", "carl"),
+        ("\ua733ron", "aaron"),  # the letter aa
+    ],
+)
+def test_letters_the_collation_weighs_as_latin_letters_fold_to_them(
+    spelling: str, name: str
+) -> None:
+    """Each is one or more plain Latin letters at the first level of the Unicode Collation
+    Algorithm (the only level an accent- and case-insensitive collation compares): counted
+    apart, each was a fresh allowance of guesses at the account (``ca\u1dcal`` is ``carl``
+    where usernames are compared as MySQL's ``utf8mb4_0900_ai_ci`` compares them)."""
+    assert normalise_username(spelling) == name
+
+
+#: The Unicode Collation Algorithm's table (the DUCET) as Perl's ``Unicode::Collate`` ships it.
+ALLKEYS = sorted(glob.glob("/usr/share/perl/*/Unicode/Collate/allkeys.txt"))
+_ENTRY = re.compile(r"^([0-9A-F ]+);\s*((?:\[[.*][0-9A-F.]+\])+)")
+_PRIMARY = re.compile(r"\[[.*]([0-9A-F]+)\.")
+
+
+def _ducet() -> dict[str, tuple[int, ...]]:
+    """Each string the DUCET lists, with its non-zero primary weights."""
+    with open(ALLKEYS[-1], encoding="utf-8") as table:
+        found = (_ENTRY.match(line) for line in table)
+        return {
+            "".join(chr(int(point, 16)) for point in entry[1].split()): tuple(
+                weight for weight in map(lambda w: int(w, 16), _PRIMARY.findall(entry[2])) if weight
+            )
+            for entry in found
+            if entry
+        }
+
+
+@pytest.mark.skipif(not ALLKEYS, reason="Perl's Unicode::Collate (allkeys.txt) is not installed")
+def test_every_string_the_collation_weighs_as_latin_letters_and_digits_folds_to_them() -> None:
+    """Every character (and contraction) whose first-level weights in the DUCET are those of
+    ASCII letters and digits, or none at all, folds to those letters: where usernames are
+    compared at that level (``utf8mb4_0900_ai_ci``, ICU at primary strength), ``b<it>f1``
+    signs in as ``b<letters>f1``, so a spelling counted apart would be a fresh allowance of
+    guesses at the account."""
+    ducet = _ducet()
+    plain = {ducet[char][0]: char for char in "0123456789abcdefghijklmnopqrstuvwxyz"}
+    apart = []
+    for text, weights in ducet.items():
+        if text.isascii() or not all(weight in plain for weight in weights):
+            continue
+        letters = "".join(plain[weight] for weight in weights)
+        if normalise_username(f"b{text}f1") != f"b{letters}f1":
+            apart.append(f"U+{'+'.join(f'{ord(c):04X}' for c in text)} ({letters or 'ignored'})")
+    assert apart == []
+
+
+def test_names_of_characters_a_collation_passes_over_share_one_counter() -> None:
+    """Where a collation passes over them, a name of nothing else is the empty name, however
+    many there are: one counter for all such names, never none (``ـ`` is a valid Django
+    username: the tatweel is a letter to its validator)."""
+    names = ["\u0640", "\u0640\u0640", "\u07fa", "\u200b", "\u0301", "\ufe71", "\u0640 \u200b"]
+    counters = {normalise_username(name) for name in names}
+    assert len(counters) == 1
+    assert counters != {""}
+    (counter,) = counters
+    assert normalise_username(counter) == counter
+
+
+@pytest.mark.parametrize("reader", [form_login, token_form, token_json, basic])
+def test_a_name_longer_than_any_account_is_counted_unread_in_one_counter(
+    reader: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Folding took time in proportion to a name's length times what NFKC makes of it: a login
+    naming 800 kB of U+FDFA (18 characters each once normalised) cost the worker seconds of
+    CPU per field read, and a body of 2.5 MB (Django's upload bound) more. A name longer than
+    any account's, once stripped, is now counted unread in one shared counter, whatever pads
+    it (characters a collation ignores included): no counter of its own, no fold."""
+    lengths: list[int] = []
+    normalize = unicodedata.normalize
+
+    def measured(form: str, text: str) -> str:
+        lengths.append(len(text))
+        return normalize(form, text)
+
+    monkeypatch.setattr(unicodedata, "normalize", measured)
+    for name in ("\ufdfa" * 270_000, "bob" + "\u200b" * 5_000, "x" * (MAX_READ + 1)):
+        request, _ = reader(name)
+        assert username_counters(request) == (Identity("username", OVERLONG).key,)
+    assert max(lengths, default=0) <= MAX_READ
+    # Whitespace is stripped first: a name behind any amount of it is read as the name.
+    request, _ = reader(" " * 5_000 + "bob" + " " * 5_000)
+    assert username_counters(request) == (Identity("username", "bob").key,)

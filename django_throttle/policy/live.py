@@ -579,16 +579,16 @@ class Policy:
         ``throttle_failure_mode``; else the endpoint rule's in the admin), else the tier's,
         else the ``FAILURE_MODE`` setting; except that a ``credential`` check (a login or
         token endpoint, or any check under a credential rule) is never served uncounted by
-        the setting's ``"open"``: it counts ``"local"`` then, so password guessing stays
-        limited through an outage and operators can still sign in to the admin. A rule or
-        tier that names a mode gets that mode. Static: a check made while no policy is
-        compiled is decided the same way."""
+        the setting's ``"open"``, nor by the caller's tier's (its counters protect the
+        account named, whatever the caller's tier): it counts ``"local"`` then, so password
+        guessing stays limited through an outage and operators can still sign in to the
+        admin. A rule that names a mode gets that mode. Static: a check made while no policy
+        is compiled is decided the same way."""
         if view:
             return view
-        for owner in (endpoint, tier):
-            if owner is not None and owner.failure_mode:
-                return owner.failure_mode
-        mode = app_settings.FAILURE_MODE
+        if endpoint is not None and endpoint.failure_mode:
+            return endpoint.failure_mode
+        mode = (tier.failure_mode if tier is not None else "") or app_settings.FAILURE_MODE
         return "local" if credential and mode == "open" else mode
 
 

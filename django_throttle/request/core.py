@@ -370,15 +370,42 @@ def run(steps: Steps[T]) -> T:
         return done.value  # type: ignore[no-any-return]
 
 
-async def arun(steps: Steps[T]) -> T:
-    """:func:`run` on an event loop (:func:`acall_backend`)."""
+async def arun(steps: Steps[T], call: Call | None = None) -> T:
+    """:func:`run` on an event loop (:func:`acall_backend`), from ``call`` when the steps
+    already yielded it.
+
+    A call cancelled while awaited (the client went away: Django's ASGI handler cancels the
+    view) ends the steps as a backend error there would: what their earlier calls took is
+    given back (a check counted in several calls is all or nothing, cancelled or not),
+    shielded from a second cancellation; then the cancellation goes on."""
     try:
-        call = next(steps)
+        call = next(steps) if call is None else call
         while True:
-            reply = await acall_backend(call)
+            try:
+                reply = await acall_backend(call)
+            except asyncio.CancelledError:
+                await _abandon(steps)
+                raise
             call = steps.throw(reply) if isinstance(reply, BackendError) else steps.send(reply)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+
+
+async def _abandon(steps: Steps[Any]) -> None:
+    """Finish ``steps`` whose awaited call was cancelled: the calls they make on being told
+    the backend could not answer (giving back what they took) run in a task of their own."""
+    try:
+        call = steps.throw(BackendError("the client went away while the backend was counting"))
+    except (StopIteration, BackendError):
+        return  # nothing to give back
+    task = asyncio.ensure_future(arun(steps, call))
+    _giving_back.add(task)  # held until done, should a second cancellation drop the shield
+    task.add_done_callback(_giving_back.discard)
+    await asyncio.shield(task)
+
+
+#: The tasks of :func:`_abandon` still giving back what a cancelled request took.
+_giving_back: set[asyncio.Future[Any]] = set()
 
 
 logger = logging.getLogger("django_throttle")
@@ -1155,6 +1182,23 @@ def counted(counts: str, status: int, login_failed: bool = False) -> bool:
     if counts == "failures":
         return login_failed or 400 <= status < 500
     return True
+
+
+def raised_status(exc: BaseException) -> int:
+    """The status Django answers a view's exception with: 404 for ``Http404``, 403 for
+    ``PermissionDenied``, 400 for ``BadRequest`` and ``SuspiciousOperation``, else 500. A
+    login view that refuses a wrong password by raising ``PermissionDenied`` failed, and its
+    attempt is counted as one."""
+    from django.core.exceptions import BadRequest, PermissionDenied, SuspiciousOperation
+    from django.http import Http404
+    from django.http.multipartparser import MultiPartParserError
+
+    if isinstance(exc, Http404):
+        return 404
+    if isinstance(exc, PermissionDenied):
+        return 403
+    bad = (BadRequest, SuspiciousOperation, MultiPartParserError)
+    return 400 if isinstance(exc, bad) else 500
 
 
 def settling(request: Any, status: int, first: int = 0) -> Steps[None]:

@@ -49,6 +49,14 @@ from django_throttle.identity import Identity
 #: Longest username kept as it is: a longer one is written ``#<digest>`` (never cut: two long
 #: names that start alike, or a name behind any amount of padding, keep counters of their own).
 MAX_USERNAME = 256
+#: Longest name read, in characters once stripped: a longer one is :data:`OVERLONG`. No account
+#: comes near it (Django's names are at most 150 characters, an email 254), and folding takes
+#: time in proportion to a name's length times what NFKC makes of it (up to 18 characters of
+#: one: 800 kB of U+FDFA took seconds), so a body cannot buy a worker's CPU.
+MAX_READ = 1024
+#: The name every name longer than :data:`MAX_READ` is counted as: one counter shared by all of
+#: them, so no padding (of characters a collation ignores, say) earns a counter of its own.
+OVERLONG = "#overlong"
 #: Rounds of strip, NFKC and case-folding at most (one or two in practice): see
 #: :func:`normalise_username`.
 MAX_ROUNDS = 8
@@ -125,10 +133,15 @@ def normalise_username(name: str) -> str:
     stripped, or NFKC-normalised) normalises to the same counter as the spelling that was
     sent. A name longer than :data:`MAX_USERNAME` characters after that is ``#`` and 128 bits
     of BLAKE2b over all of it: bounded, yet never cut, so no padding can push a name out of
-    its counter and two long names never share one.
+    its counter and two long names never share one. A name longer than :data:`MAX_READ`
+    once stripped, which no account has, is :data:`OVERLONG`, unread.
     """
+    if len(name) > MAX_READ and len(name.strip()) > MAX_READ:
+        return OVERLONG
     for _ in range(MAX_ROUNDS):
-        folded = _fold(unicodedata.normalize("NFKC", _without_collation_ignored(name.strip())))
+        stripped = name.strip()
+        kept = _without_collation_ignored(stripped)
+        folded = _fold(unicodedata.normalize("NFKC", kept if kept.strip() else stripped))
         if folded == name:
             break
         name = folded
@@ -157,8 +170,8 @@ def _fold(name: str) -> str:
       ``alice\u00ad`` are ``alice``; so are the other characters those collations pass over
       (:data:`COLLATION_IGNORED`: the Arabic tatweel, spacing signs such as the Devanagari
       visarga), dropped before NFKC too, since a DRF view hands the name to the database
-      unnormalised. A name made of nothing else keeps them (it names an account of its own
-      where names are compared as they are);
+      unnormalised. A name made of nothing else is :data:`PASSED_OVER` (it names an account
+      of its own, and never counts under no counter);
     - digits of every script (Arabic-Indic ``\u0661``, Devanagari ``\u0967``, Hangzhou
       numerals…): the digit they stand for, since the Unicode Collation Algorithm weighs
       every digit as its value, so that there ``bf\u0661`` is ``bf1``; and the letters it
@@ -175,7 +188,17 @@ def _fold(name: str) -> str:
     if name.isascii() and name.isprintable():  # nothing to drop (most names): no more work
         return name
     bare = _without_ignored(unicodedata.normalize("NFKD", name))
-    return unicodedata.normalize("NFKC", bare if bare.strip() else name)
+    if not bare.strip():
+        return PASSED_OVER
+    # ``l`` and a middle dot (what NFKC makes of ``\u0140``) are one ``l`` in the DUCET.
+    bare = bare.replace("l\u00b7", "l") if "\u00b7" in bare else bare
+    return unicodedata.normalize("NFKC", bare)
+
+
+#: The counter of every name made of nothing but characters a collation passes over (``ـ``,
+#: a valid Django username, ``ــ``, a zero-width space, an accent alone): where names are
+#: compared so, they are all one name, so they share one counter (the single tatweel).
+PASSED_OVER = "\u0640"
 
 
 #: Letters (case-folded) that decompose to nothing but that the Unicode Collation Algorithm
@@ -332,11 +355,107 @@ _NAMED_LETTER = re.compile(
 )
 
 
+#: The rest of what the DUCET (Unicode 13, ``allkeys.txt``) weighs at the first level as
+#: plain Latin letters and digits, found by reading it whole (tests/test_usernames.py does so
+#: again whenever Perl's copy is installed): combining letters written below or with an
+#: accent of their own (``\u1dca`` is ``r``), ligatures and digraphs the table writes as
+#: their letters (``\ua733`` is ``aa``), squared words and numbers (``\U0001f18a`` is ``p``).
+#: Keys as :func:`_fold` meets them (upper-cased, case-folded, NFKD).
+_COLLATION_LETTERS = {
+    "\u24fe": "10",
+    "\u277f": "10",
+    "\u2789": "10",
+    "\u2793": "10",
+    "\u3248": "10",
+    "\u24eb": "11",
+    "\u24ec": "12",
+    "\U0001f1a4": "120p",
+    "\u24ed": "13",
+    "\u24ee": "14",
+    "\u24ef": "15",
+    "\u24f0": "16",
+    "\u24f1": "17",
+    "\u24f2": "18",
+    "\u24f3": "19",
+    "\u24f4": "20",
+    "\u3249": "20",
+    "\U0001f19d": "2k",
+    "\u324a": "30",
+    "\U0001f19b": "3d",
+    "\u324b": "40",
+    "\U0001f19e": "4k",
+    "\u324c": "50",
+    "\u324d": "60",
+    "\U0001f1a3": "60p",
+    "\u324e": "70",
+    "\u324f": "80",
+    "\U0001f19f": "8k",
+    "\u1dd3": "a",
+    "\u1df2": "a",
+    "\ua79b": "a",
+    "\ua733": "aa",
+    "\U0001f18e": "ab",
+    "\u1dd4": "ae",
+    "\u1dd5": "ao",
+    "\ua735": "ao",
+    "\ua737": "au",
+    "\u1dd6": "av",
+    "\ua739": "av",
+    "\ua73b": "av",
+    "\ua73d": "ay",
+    "\u1dd7": "c",
+    "\U0001f191": "cl",
+    "\U0001f192": "cool",
+    "\u1dd9": "d",
+    "\u0238": "db",
+    "\u02a3": "dz",
+    "\U0001f193": "free",
+    "\U0001f1a6": "hc",
+    "\U0001f1a7": "hdr",
+    "\U0001f18b": "ic",
+    "\U0001f194": "id",
+    "\u1efb": "ll",
+    "\U0001f1a9": "lossless",
+    "\u02aa": "ls",
+    "\u02ab": "lz",
+    "\U0001f195": "new",
+    "\U0001f196": "ng",
+    "\u1ded": "o",
+    "\u1df3": "o",
+    "\ua79d": "o",
+    "\U0001f197": "ok",
+    "\ua74f": "oo",
+    "\U0001f18a": "p",
+    "\U0001f18c": "pa",
+    "\u0239": "qp",
+    "\u1dca": "r",
+    "\u1de5": "s",
+    "\U0001f18d": "sa",
+    "\U0001f1aa": "shv",
+    "\U0001f198": "sos",
+    "\u1d7a": "th",
+    "\u01be": "ts",
+    "\u02a6": "ts",
+    "\ua729": "tz",
+    "\u1df0": "u",
+    "\u1df4": "u",
+    "\ua79f": "u",
+    "\U0001f1ab": "uhd",
+    "\U0001f1ac": "vod",
+    "\U0001f19a": "vs",
+    "\ua761": "vy",
+    "\u1abf": "w",
+    "\U0001f18f": "wc",
+    "\u018d": "zw",
+}
+
+
 def _base(char: str) -> str | None:
     """The ASCII letter(s) or digit a non-ASCII ``char`` is taken for (see :func:`_fold`),
-    else ``None``: a letter of :data:`_BASE_LETTERS`, a digit of any script or a numeral
-    worth 0-9 as its digit, a letter :data:`_NAMED_LETTER` names."""
-    if (based := _BASE_LETTERS.get(char) or _HALF_DIGITS.get(char)) is not None:
+    else ``None``: a letter of :data:`_BASE_LETTERS` or :data:`_COLLATION_LETTERS`, a digit
+    of any script or a numeral worth 0-9 as its digit, a letter :data:`_NAMED_LETTER` names."""
+    based = _BASE_LETTERS.get(char) or _HALF_DIGITS.get(char) or _COLLATION_LETTERS.get(char)
+    if based is not None:
         return based
     if unicodedata.category(char) in _NUMBERS:
         value = unicodedata.numeric(char, None)
@@ -399,21 +518,24 @@ def unread_username(request: Any, credentials: Any) -> str | None:
     if not isinstance(credentials, dict):
         return None
     for key, value in credentials.items():
-        if key != "password" and isinstance(value, str) and normalise_username(value[:1024]):
+        if key != "password" and isinstance(value, str) and normalise_username(value):
             return str(key)
     return None
 
 
 def _presented(request: Any) -> _Found:
     """What the request presents, worked out once per request and reading (after the view,
-    a body DRF has read can no longer be read again)."""
+    a body DRF has read can no longer be read again): the header only, or the header and
+    the body's fields, with the fields the guard running names (a check made before it,
+    which names none, must not hide the view's own field from it)."""
     header_only = bool(getattr(request, HEADER_ONLY, False))
-    cached: dict[bool, _Found] = getattr(request, USERNAME_ATTRIBUTE, {})
-    if header_only not in cached:
-        cached[header_only] = _read(request, header_only)
+    reading = (header_only, getattr(request, USERNAME_FIELDS, ()))
+    cached: dict[tuple[bool, tuple[str, ...]], _Found] = getattr(request, USERNAME_ATTRIBUTE, {})
+    if reading not in cached:
+        cached[reading] = _read(request, header_only)
         with contextlib.suppress(AttributeError):  # a request object that takes no attributes
             setattr(request, USERNAME_ATTRIBUTE, cached)
-    return cached[header_only]
+    return cached[reading]
 
 
 def _read(request: Any, header_only: bool) -> _Found:
@@ -476,31 +598,42 @@ def _posted_usernames(request: Any) -> _Names | None:
     media = str(meta.get("CONTENT_TYPE") or "").split(";", 1)[0].strip().lower()
     try:
         if media in FORM_TYPES:
-            return _fields(request.POST, request)
-        if not int(meta.get("CONTENT_LENGTH") or 0):
-            return {}  # no body: nothing for an authenticator to read either
+            names = _fields(request.POST, request)
+            if names or media != FORM_TYPES[0]:
+                return names
+            # No field: a JSON login view reads ``request.body`` whatever the type says
+            # (read already for ``request.POST``).
+            return _json_names(request.body, request) or {}
+        # Read whatever ``Content-Length`` says: under ASGI a chunked body has none, and
+        # Django reads it whole for a view that reads ``request.body``.
         body = request.body  # bounded by DATA_UPLOAD_MAX_MEMORY_SIZE
     except Exception:  # unreadable body, body already read, too big, bad length
         return None
     if not body.strip():
         return {}
-    try:
-        # Decoded as DRF's JSONParser decodes it: the charset the Content-Type names (which
-        # Django keeps as ``request.encoding`` when Python knows it), else DEFAULT_CHARSET;
-        # never guessed from the bytes. ``bytes.decode`` takes text codecs only.
-        data = json.loads(body.decode(_charset(request)))
-    except (ValueError, LookupError):  # UnicodeDecodeError is a ValueError
-        pass
-    else:
-        # A JSON list or number: no authenticator takes fields from it.
-        return _fields(data, request) if isinstance(data, dict) else {}
+    in_json = _json_names(body, request)
+    if in_json is not None:
+        return in_json
     from django.http import QueryDict
 
     try:  # a form body under another content type (``*/*`` picks DRF's form parser)
-        names = _fields(QueryDict(body, encoding=request.encoding), request)
+        in_form = _fields(QueryDict(body, encoding=request.encoding), request)
     except Exception:
         return None
-    return names or None  # text, XML, YAML…: a parser of its own may read a name
+    return in_form or None  # text, XML, YAML…: a parser of its own may read a name
+
+
+def _json_names(body: bytes, request: Any) -> _Names | None:
+    """The usernames of a JSON ``body`` (empty for a JSON list or number: no authenticator
+    takes fields from it), or ``None`` when it is no JSON. Decoded as DRF's JSONParser
+    decodes it: the charset the Content-Type names (which Django keeps as
+    ``request.encoding`` when Python knows it), else ``DEFAULT_CHARSET``; never guessed from
+    the bytes. ``bytes.decode`` takes text codecs only."""
+    try:
+        data = json.loads(body.decode(_charset(request)))
+    except (ValueError, LookupError):  # UnicodeDecodeError is a ValueError
+        return None
+    return _fields(data, request) if isinstance(data, dict) else {}
 
 
 def _charset(request: Any) -> str:
@@ -528,7 +661,10 @@ def _spelling(name: str) -> str:
     """The digest of ``name`` as a login form gives it to ``authenticate()`` (stripped,
     NFKC-normalised: Django's ``UsernameField``), and as an account's username is stored
     (``normalize_username``): what a device cookie's account is compared with, exactly."""
-    return _name_digest(unicodedata.normalize("NFKC", name.strip()))
+    stripped = name.strip()
+    if len(stripped) > MAX_READ:
+        return OVERLONG  # no account's: never a cookie's (see normalise_username)
+    return _name_digest(unicodedata.normalize("NFKC", stripped))
 
 
 #: The cookie's name.
