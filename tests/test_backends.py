@@ -683,6 +683,33 @@ def test_memory_backend_bound_must_be_positive() -> None:
         MemoryBackend(max_entries=0)
 
 
+@pytest.mark.django_db
+def test_memory_url_keeps_worker_memory_bounded_whatever_addresses_clients_send(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``memory://`` on a site limited per day: 5,000 fresh /64s through the request path,
+    sync and async, leave at most the bound's keys in the worker (each client's counter
+    would otherwise live a day)."""
+    from asgiref.sync import async_to_sync
+    from django.test import RequestFactory
+
+    from django_throttle.backends import memory
+    from django_throttle.request import core
+    from tests.factories import tier
+
+    monkeypatch.setattr(memory, "MAX_ENTRIES", 1000, raising=False)
+    settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
+    tier("anonymous", "100/day", is_default_anonymous=True)
+    rf = RequestFactory()
+    for i in range(5000):
+        request = rf.get(f"/api/ping/?i={i}", REMOTE_ADDR=f"2001:db8:{i >> 8:x}:{i & 255:x}::1")
+        check = core.check if i % 2 else async_to_sync(core.acheck)
+        assert check(request).allowed
+    backend = get_backend()
+    assert isinstance(backend, MemoryBackend)
+    assert len(backend) <= 1000
+
+
 def test_local_fallback_backend_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     from django_throttle.backends import get_local_backend
 

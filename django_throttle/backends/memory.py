@@ -7,11 +7,11 @@ keys, the same Lua scripts (run in this process on Redis's Lua), the same usage 
 operator tools, so a process that falls back to memory makes the decisions Redis would have
 made. State lives in this process only: use it with one process, or accept per-process limits.
 It is thread-safe (a script runs under the store's lock) and takes an injectable ``clock`` so
-tests can move time by hand. ``max_entries`` bounds memory: beyond it a key is forgotten (its
-client starts afresh), of the least recently used the one nearest its expiry (see
-:meth:`Keyspace._evictee`), never a kept one (a counter that denied, a credential check's:
-:meth:`MemoryBackend.keep`); when every key is kept, new clients are counted in shared overflow
-counters instead (:meth:`MemoryStore.admitting`).
+tests can move time by hand. ``max_entries`` (unset: :data:`MAX_ENTRIES`) bounds memory:
+beyond it a key is forgotten (its client starts afresh), of the least recently used the one
+nearest its expiry (see :meth:`Keyspace._evictee`), never a kept one (a counter that denied, a
+credential check's: :meth:`MemoryBackend.keep`); when every key is kept, new clients are
+counted in shared overflow counters instead (:meth:`MemoryStore.admitting`).
 
 :class:`MemoryStore` is the part of Redis the throttle uses, kept in this process: the
 package's own Lua scripts run on Lua 5.1 (Redis's Lua, through ``lupa``) against the commands of
@@ -60,9 +60,17 @@ from django_throttle.rates import Decision
 __all__ = ["MemoryBackend"]
 
 
+#: Most keys a memory backend keeps when not told otherwise (``memory://`` included). A key
+#: lives as long as its state is worth something (a day for a daily limit, a month for a
+#: monthly quota), so without a bound every fresh address a client sends would stay in the
+#: worker's memory that long.
+MAX_ENTRIES = 100_000
+
+
 class MemoryBackend(RedisBackend):
     """Counts in this process's memory, with the Redis backend's scripts.
-    In-process under a short lock and never waiting on I/O, its async methods need no thread."""
+    In-process under a short lock and never waiting on I/O, its async methods need no thread.
+    Keeps at most ``max_entries`` keys (unset: :data:`MAX_ENTRIES`)."""
 
     blocking = False
 
@@ -72,7 +80,7 @@ class MemoryBackend(RedisBackend):
         max_entries: int | None = None,
         shards: int | None = None,
     ) -> None:
-        self.store = MemoryStore(clock, max_entries)
+        self.store = MemoryStore(clock, MAX_ENTRIES if max_entries is None else max_entries)
         route = InProcess(self.store, type(self))
         super().__init__(shards=shards, route=route)
         route.tags = self._tags
