@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from example_project.private_redis import PrivateRedis
+from tests.redis_servers import RedisServer
 
 _private: PrivateRedis | None = None
 
@@ -197,3 +198,12 @@ def hung_redis(_pausable_redis: Any, settings: Any) -> Iterator[str]:
     _pausable_redis.pause()
     yield _pausable_redis.url
     _pausable_redis.resume()
+
+
+@pytest.fixture(scope="module")
+def redis_process() -> Iterator[RedisServer]:
+    """A private redis-server of the module's own (the fault, outage and seam tests stop,
+    pause and restart it), started once for the module and stopped after it."""
+    server = RedisServer().start()
+    yield server
+    server.stop()

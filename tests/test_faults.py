@@ -70,13 +70,6 @@ ASYNC_PATH = "/api/ping-async/"
 # -- fixtures -------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def redis_process() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def server(redis_process: RedisServer) -> Iterator[RedisServer]:
     """The module's server, running, answering, empty and with default limits, before and

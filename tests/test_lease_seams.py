@@ -196,13 +196,6 @@ urlpatterns = [
 # -- a counting call whose reply never came ----------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def redis_process() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def proxy(
     redis_process: RedisServer, settings: Any, monkeypatch: pytest.MonkeyPatch

@@ -1162,13 +1162,6 @@ def test_letters_the_collation_weighs_as_the_accounts_share_its_counter(
     assert spelled_attempt(url, "\U0001f18aat", "wrong") != 429  # pat: another account
 
 
-@pytest.fixture(scope="module")
-def redis_process() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def slow_redis(redis_process: RedisServer, settings: Any) -> Iterator[FaultProxy]:
     """A private Redis behind a proxy that can hold its replies back."""

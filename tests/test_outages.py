@@ -12,7 +12,7 @@ statuses and headers; waits poll with deadlines.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -37,13 +37,6 @@ VIEWS = {
 #: Seconds the breaker waits before it lets one call probe: short, so recovery is quick.
 COOLDOWN = 0.2
 TIMEOUT = 0.3
-
-
-@pytest.fixture(scope="module")
-def redis_process() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
