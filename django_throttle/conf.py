@@ -181,9 +181,10 @@ class Settings:
     #: when some regions get limits of their own.
     REGION_SOURCE: Setting[str | None] = Setting(None, _optional_text)
 
-    #: Key of the HMAC-SHA256 digest API keys are stored as (unset: ``SECRET_KEY``).
-    #: Changing it invalidates every API key issued before. Set it on its own to rotate
-    #: ``SECRET_KEY`` without re-issuing keys.
+    #: Key of the HMAC-SHA256 digest API keys are stored as. Unset: ``SECRET_KEY``, and keys
+    #: issued before a rotation keep working while the old value is in Django's
+    #: ``SECRET_KEY_FALLBACKS``. Changing a key of its own invalidates every API key issued
+    #: before. Set it to keep API keys apart from ``SECRET_KEY`` and its rotations.
     API_KEY_SECRET: Setting[str | None] = Setting(None, _optional_text)
 
     #: Dotted path of ``callable(request) -> Identity`` that names the client. Set it when
@@ -246,9 +247,21 @@ class Settings:
     @cached_property
     def api_key_secret(self) -> bytes:
         """Internal: ``API_KEY_SECRET`` (else ``SECRET_KEY``) encoded once per settings
-        change."""
+        change: the key new API keys are stored under."""
         secret = self.API_KEY_SECRET or str(getattr(settings, "SECRET_KEY", ""))
         return secret.encode()
+
+    @cached_property
+    def api_key_fallbacks(self) -> tuple[bytes, ...]:
+        """Internal: older keys API keys issued before are still verified under: Django's
+        ``SECRET_KEY_FALLBACKS`` when the digest is keyed by ``SECRET_KEY`` (rotating it as
+        Django documents keeps the keys working), none under an ``API_KEY_SECRET`` of its own."""
+        if self.API_KEY_SECRET:
+            return ()
+        fallbacks = getattr(settings, "SECRET_KEY_FALLBACKS", ())
+        if not isinstance(fallbacks, (list, tuple)):
+            return ()
+        return tuple(str(fallback).encode() for fallback in fallbacks if fallback)
 
     @cached_property
     def backend_path(self) -> str:

@@ -185,6 +185,8 @@ def user_deleting(instance: Any, **kwargs: Any) -> None:
 
 
 def settings_changed(setting: str, **kwargs: Any) -> None:
+    if setting in ("SECRET_KEY", "SECRET_KEY_FALLBACKS"):  # what API keys are verified under
+        app_settings.reload()
     if setting.startswith(PREFIX):
         from django_throttle import backends
         from django_throttle.policy import live as policy

@@ -548,3 +548,26 @@ def test_the_database_check_names_five_keys_and_counts_the_rest(
     output = _database_check("default")
     assert "7 active API key(s)" in output and "and 2 more" in output
     assert "'key 4'" in output and "'key 5'" not in output
+
+
+def test_keys_issued_before_a_secret_key_rotation_keep_working_from_its_fallbacks(
+    partner: Tier, settings: Any, client: Client
+) -> None:
+    """Rotating ``SECRET_KEY`` as Django documents it (the old value moved to
+    ``SECRET_KEY_FALLBACKS``) keeps the API keys issued before working, as it keeps sessions
+    and signed values (before: every key fell to the anonymous tier at once); a key of the
+    app's own has no fallbacks, and a fallback dropped ends the old keys."""
+    old_secret = settings.SECRET_KEY
+    _, full_key = ApiKey.objects.create_key(name="before", tier=partner)
+    settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = "n" * 50, [old_secret]
+    _, new_key = ApiKey.objects.create_key(name="after", tier=partner)
+    policy.reset()
+    for key in (full_key, new_key):
+        response = client.get("/api/ping/", **auth(key))
+        assert response["X-RateLimit-Limit"] == str(KEY_LIMIT), key
+    assert policy.verified_api_key(RequestFactory().get("/", **auth(full_key))) is not None
+    settings.SECRET_KEY_FALLBACKS = []
+    assert policy.verified_api_key(RequestFactory().get("/", **auth(full_key))) is None
+    assert policy.verified_api_key(RequestFactory().get("/", **auth(new_key))) is not None
+    settings.SECRET_KEY_FALLBACKS, settings.DJANGO_THROTTLE_API_KEY_SECRET = [old_secret], "o" * 40
+    assert policy.verified_api_key(RequestFactory().get("/", **auth(full_key))) is None

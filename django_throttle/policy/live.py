@@ -488,15 +488,21 @@ class Policy:
     #: changes; no other cache holds anything compiled from the policy.
     compiled: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    def verify_key(self, key: str, secret: bytes, now: float) -> ApiKeyPolicy | None:
+    def verify_key(
+        self, key: str, secret: bytes, now: float, fallbacks: tuple[bytes, ...] = ()
+    ) -> ApiKeyPolicy | None:
         """The active, unexpired API key ``key`` is, else ``None``. No query; every key of a
-        plausible length costs one HMAC and one constant-time comparison, whether its prefix
-        is unknown, its secret wrong, or it is revoked or expired."""
+        plausible length costs one HMAC and one constant-time comparison per secret (the
+        current one and each of ``fallbacks``, the secrets keys issued before a rotation were
+        stored under), whether its prefix is unknown, its secret wrong, or it is revoked or
+        expired."""
         if len(key) > KEY_MAX_LENGTH:
             return None
         found = self.api_keys.get(key_prefix(key))
         expected = _DUMMY_DIGEST if found is None else found.digest
         matches = hmac.compare_digest(key_digest(secret, key), expected)
+        for fallback in fallbacks:  # every one computed: no early exit to time
+            matches |= hmac.compare_digest(key_digest(fallback, key), expected)
         expired = found is not None and found.expires is not None and now >= found.expires
         return None if found is None or not matches or expired else found
 
@@ -1138,7 +1144,9 @@ def _verified(key: str) -> ApiKeyPolicy | None:
     snapshot = _snapshot()
     if snapshot is None:
         return None
-    return snapshot.verify_key(key, app_settings.api_key_secret, key_clock())
+    return snapshot.verify_key(
+        key, app_settings.api_key_secret, key_clock(), app_settings.api_key_fallbacks
+    )
 
 
 def _snapshot() -> Policy | None:
