@@ -95,6 +95,7 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         *errors,
         *(source or ([] if errors else _check_redis_options())),
         *_check_proxy_trust(),
+        *_check_metrics_package(),
         *_check_regions(),
         *_check_removed(),
         *_check_unknown_names(),
@@ -364,6 +365,25 @@ def _check_proxy_trust() -> list[checks.CheckMessage]:
             )
         ]
     return []
+
+
+def _check_metrics_package() -> list[checks.CheckMessage]:
+    """W012: metrics switched on without prometheus_client are silently off."""
+    if getattr(settings, PREFIX + "METRICS", False) is not True:
+        return []
+    from django_throttle.metrics import available
+
+    if available():
+        return []
+    return [
+        checks.Warning(
+            f"{PREFIX}METRICS = True but prometheus_client is not installed: no metric is "
+            "kept and metrics_view answers 404.",
+            hint="pip install 'django-throttle-policies[metrics]' (or prometheus-client), "
+            f"or remove {PREFIX}METRICS.",
+            id="django_throttle.W012",
+        )
+    ]
 
 
 # -- what each setting may hold ----------------------------------------------------------------

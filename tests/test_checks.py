@@ -965,3 +965,32 @@ def test_the_shadowed_login_is_named_by_manage_py_check(settings: Any) -> None:
     call_command("check", stdout=out, stderr=out)
 
     assert "django_throttle.W011" in out.getvalue()
+
+
+# -- W012: metrics switched on without prometheus_client ----------------------------------------
+
+
+def test_metrics_on_without_prometheus_client_is_a_warning(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``DJANGO_THROTTLE_METRICS = True`` in a project installed without the ``[metrics]``
+    extra passed every check while no metric was kept and ``/metrics`` said 404 "Metrics are
+    off (DJANGO_THROTTLE_METRICS)" about a setting that was on."""
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed
+    settings.DJANGO_THROTTLE_METRICS = True
+
+    [warning] = [w for w in check_settings() if w.id == "django_throttle.W012"]
+
+    assert "prometheus_client is not installed" in warning.msg
+    assert "django-throttle-policies[metrics]" in warning.hint
+
+
+def test_metrics_on_with_prometheus_client_or_off_pass(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.DJANGO_THROTTLE_METRICS = True
+    assert check_settings() == []
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    settings.DJANGO_THROTTLE_METRICS = False
+    assert check_settings() == []
