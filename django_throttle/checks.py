@@ -57,6 +57,7 @@ def register() -> None:
     checks.register(check_settling_middleware, checks.Tags.models)
     checks.register(check_concurrency_middleware, checks.Tags.models)
     checks.register(check_headers_middleware, checks.Tags.urls)
+    checks.register(check_shadowed_credential_views, checks.Tags.urls)
     checks.register(check_credential_rules, checks.Tags.models)
     checks.register(check_rows, checks.Tags.models)
     # Reads the key table: runs with `manage.py check --database …` (and the test runner),
@@ -94,6 +95,7 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         *errors,
         *(source or ([] if errors else _check_redis_options())),
         *_check_proxy_trust(),
+        *_check_metrics_package(),
         *_check_regions(),
         *_check_removed(),
         *_check_unknown_names(),
@@ -363,6 +365,25 @@ def _check_proxy_trust() -> list[checks.CheckMessage]:
             )
         ]
     return []
+
+
+def _check_metrics_package() -> list[checks.CheckMessage]:
+    """W012: metrics switched on without prometheus_client are silently off."""
+    if getattr(settings, PREFIX + "METRICS", False) is not True:
+        return []
+    from django_throttle.metrics import available
+
+    if available():
+        return []
+    return [
+        checks.Warning(
+            f"{PREFIX}METRICS = True but prometheus_client is not installed: no metric is "
+            "kept and metrics_view answers 404.",
+            hint="pip install 'django-throttle-policies[metrics]' (or prometheus-client), "
+            f"or remove {PREFIX}METRICS.",
+            id="django_throttle.W012",
+        )
+    ]
 
 
 # -- what each setting may hold ----------------------------------------------------------------
@@ -807,6 +828,60 @@ def _throttled_views(limit: int = 3) -> list[str]:
             ):
                 found[f"{view.__module__}.{view.__qualname__}"] = None
     return list(found)
+
+
+#: Characters of a regex or a path converter: a route holding one has no single path to try.
+_NOT_LITERAL = frozenset("<>^$()[]{}\\?*+|")
+
+
+def _credential_routes() -> list[tuple[str, Any]]:
+    """Each routed ``protect_credentials`` view (it carries ``throttle_credential_scope``)
+    whose route is a literal path (no converter, no regex), with that path."""
+    from django.urls import URLPattern, URLResolver, get_resolver
+
+    try:
+        stack: list[tuple[str, Any]] = [("", entry) for entry in get_resolver().url_patterns]
+    except Exception:  # a URLconf that does not load: Django's urls check names it
+        return []
+    found: list[tuple[str, Any]] = []
+    while stack:
+        prefix, entry = stack.pop(0)
+        route = prefix + str(getattr(entry, "pattern", ""))
+        if _NOT_LITERAL & set(route):
+            continue
+        if isinstance(entry, URLResolver):
+            stack[:0] = [(route, child) for child in entry.url_patterns]
+        elif isinstance(entry, URLPattern) and hasattr(entry.callback, "throttle_credential_scope"):
+            found.append(("/" + route, entry.callback))
+    return found
+
+
+def check_shadowed_credential_views(**kwargs: Any) -> list[checks.CheckMessage]:
+    """W011: a ``protect_credentials`` view whose path an earlier URL pattern already takes
+    (``path("admin/login/", protect_credentials(admin.site.login))`` listed after
+    ``path("admin/", admin.site.urls)``): the guard never runs and the login is unlimited."""
+    from django.urls import Resolver404, resolve
+
+    warnings: list[checks.CheckMessage] = []
+    for path, view in _credential_routes():
+        try:
+            match = resolve(path)
+        except Resolver404:
+            continue
+        if match.func is view:
+            continue
+        warnings.append(
+            checks.Warning(
+                f"protect_credentials on {path!r} never runs: an earlier URL pattern "
+                f"(view {match.view_name!r}) serves that path, so its attempts are not limited.",
+                hint=(
+                    f"List the path({path.lstrip('/')!r}, protect_credentials(…)) entry before "
+                    "the pattern that takes it (e.g. before path('admin/', admin.site.urls))."
+                ),
+                id="django_throttle.W011",
+            )
+        )
+    return warnings
 
 
 def check_credential_rules(**kwargs: Any) -> list[checks.CheckMessage]:

@@ -203,8 +203,10 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     """
     from django_throttle.conf import app_settings
 
-    if not app_settings.METRICS or not available():
+    if not app_settings.METRICS:
         raise Http404("Metrics are off (DJANGO_THROTTLE_METRICS).")
+    if not available():
+        raise Http404("Metrics are off: prometheus_client is not installed.")
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")

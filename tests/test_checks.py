@@ -927,3 +927,70 @@ def test_manage_py_check_shows_the_missing_headers_middleware(settings: Any) -> 
     call_command("check", stdout=out, stderr=out)
 
     assert "django_throttle.W009" in out.getvalue()
+
+
+# -- W011: a guarded login view that an earlier URL pattern shadows -----------------------------
+
+
+def shadow_check() -> list[Any]:
+    from django_throttle.checks import check_shadowed_credential_views
+
+    return check_shadowed_credential_views()
+
+
+def test_guarded_admin_login_after_the_admin_urls_is_a_warning(settings: Any) -> None:
+    """``path("admin/login/", protect_credentials(admin.site.login))`` after
+    ``path("admin/", admin.site.urls)`` is never reached: wrong passwords on the admin's
+    login went uncounted and nothing said so."""
+    settings.ROOT_URLCONF = "tests.checks_urls_shadowed"
+
+    [warning] = shadow_check()
+
+    assert warning.id == "django_throttle.W011"
+    assert "protect_credentials on '/admin/login/' never runs" in warning.msg
+    assert "'admin:login'" in warning.msg
+    assert "before path('admin/', admin.site.urls)" in warning.hint
+
+
+def test_guarded_views_listed_first_are_not_warned(settings: Any) -> None:
+    settings.ROOT_URLCONF = "tests.checks_urls_guarded"
+
+    assert shadow_check() == []
+
+
+def test_the_shadowed_login_is_named_by_manage_py_check(settings: Any) -> None:
+    settings.ROOT_URLCONF = "tests.checks_urls_shadowed"
+    out = StringIO()
+
+    call_command("check", stdout=out, stderr=out)
+
+    assert "django_throttle.W011" in out.getvalue()
+
+
+# -- W012: metrics switched on without prometheus_client ----------------------------------------
+
+
+def test_metrics_on_without_prometheus_client_is_a_warning(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``DJANGO_THROTTLE_METRICS = True`` in a project installed without the ``[metrics]``
+    extra passed every check while no metric was kept and ``/metrics`` said 404 "Metrics are
+    off (DJANGO_THROTTLE_METRICS)" about a setting that was on."""
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed
+    settings.DJANGO_THROTTLE_METRICS = True
+
+    [warning] = [w for w in check_settings() if w.id == "django_throttle.W012"]
+
+    assert "prometheus_client is not installed" in warning.msg
+    assert "django-throttle-policies[metrics]" in warning.hint
+
+
+def test_metrics_on_with_prometheus_client_or_off_pass(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.DJANGO_THROTTLE_METRICS = True
+    assert check_settings() == []
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    settings.DJANGO_THROTTLE_METRICS = False
+    assert check_settings() == []

@@ -347,3 +347,16 @@ def test_leases_held_and_lost_are_counted() -> None:
         assert sample("django_throttle_leases_held") == 0
     finally:
         events.lease_lost.disconnect(on_lost)
+
+
+def test_the_metrics_view_without_prometheus_client_says_so(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On, but the package missing: the 404 named the setting (which was on) as the reason."""
+    from django.http import Http404
+
+    settings.DJANGO_THROTTLE_METRICS = True
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed
+
+    with pytest.raises(Http404, match="prometheus_client is not installed"):
+        metrics.metrics_view(RequestFactory().get("/metrics"))
