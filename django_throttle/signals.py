@@ -124,6 +124,7 @@ def _bump() -> None:
     if failed is not None:
         unpublished.set(failed)
         policy.unpublished()
+        policy.record_unpublished()
 
 
 def _retime(model: Any, pk: Any, previous: Limit | None) -> None:

@@ -47,8 +47,23 @@ class RedisServer(PrivateRedis):
             os.kill(self._process.pid, signal.SIGCONT)
         self.paused = False
 
-    def kill(self) -> None:
-        """SIGKILL: the server is gone; connects are refused until :meth:`restart`."""
+    #: Every key the server held when :meth:`kill` was told to keep them: (key, ms to live
+    #: or 0, ``DUMP``), written back by :meth:`restart`.
+    _kept: list[tuple[bytes, int, bytes]] = []
+
+    def kill(self, *, keep_data: bool = False) -> None:
+        """SIGKILL: the server is gone; connects are refused until :meth:`restart`, which
+        brings back every key it held if ``keep_data`` (a restart from persisted data)."""
+        if keep_data and self._process is not None:
+            client = self.client()
+            try:
+                self._kept = [
+                    (key, max(client.pttl(key), 0), dumped)
+                    for key in client.scan_iter(count=1000)
+                    if (dumped := client.dump(key)) is not None
+                ]
+            finally:
+                client.close()
         if self._process is not None:
             self._process.kill()
             self._process.wait(timeout=10)
@@ -56,9 +71,18 @@ class RedisServer(PrivateRedis):
         self.paused = False
 
     def restart(self) -> Self:
-        """A fresh, empty server on the same port (a crash followed by a supervisor restart)."""
+        """A fresh server on the same port (a crash followed by a supervisor restart): empty,
+        or with the keys :meth:`kill` kept."""
+        kept, self._kept = self._kept, []
         self.kill()
         self.start()
+        if kept:
+            client = self.client()
+            try:
+                for key, ttl, dumped in kept:
+                    client.restore(key, ttl, dumped, replace=True)
+            finally:
+                client.close()
         return self
 
     def ensure_healthy(self) -> None:

@@ -117,6 +117,36 @@ def test_the_admin_falls_back_to_the_rolled_up_time_when_the_backend_cannot_answ
     assert shown(stored) in response.content.decode()
 
 
+@pytest.mark.parametrize("outage", ["down", "hung"])
+def test_with_redis_unavailable_the_admin_never_says_a_key_was_never_used(
+    partner: Tier, admin_client: Client, settings: Any, outage: str, request: Any
+) -> None:
+    """Redis down or hung: the list and the change page said "never (since the last
+    rollup)" of a key Redis alone knew to be in use, and an operator cleaning up idle keys
+    revoked it. They say Redis is unavailable now, and of a key the rollup saw, that time
+    "or later"."""
+    idle, _ = ApiKey.objects.create_key(name="idle", tier=partner)
+    rolled, _ = ApiKey.objects.create_key(name="rolled", tier=partner)
+    stored = datetime(2026, 5, 4, 3, 2, 1, tzinfo=UTC)
+    ApiKey.objects.filter(pk=rolled.pk).update(last_used=stored)
+    if outage == "down":
+        settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    else:
+        request.getfixturevalue("hung_redis")
+
+    started = time.monotonic()
+    page = admin_client.get(reverse("admin:django_throttle_apikey_changelist"))
+    detail = admin_client.get(reverse("admin:django_throttle_apikey_change", args=[idle.pk]))
+    elapsed = time.monotonic() - started
+
+    assert page.status_code == detail.status_code == 200
+    for html in (page.content.decode(), detail.content.decode()):
+        assert "never (since the last rollup)" not in html
+        assert "unknown: Redis is unavailable (none before the last rollup)" in html
+    assert f"{shown(stored)} or later: Redis is unavailable" in page.content.decode()
+    assert elapsed < 5, f"{elapsed:.1f} s"
+
+
 def test_the_rollup_never_moves_last_used_back(backend: Backend, partner: Tier) -> None:
     row, _ = ApiKey.objects.create_key(name="ci", tier=partner)
     later = datetime(2100, 1, 1, tzinfo=UTC)

@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.core.management import CommandError, call_command
 
-from django_throttle.models import ApiKey, TierAssignment
+from django_throttle.models import ApiKey, TierAssignment, TierLimit
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
@@ -295,6 +295,27 @@ def test_with_redis_unreachable_each_command_says_so_in_one_sentence(
     message = str(raised.value)
     assert "\n" not in message and "Connection refused" in message, message
     assert not message.endswith(".."), message
+
+
+@pytest.mark.parametrize("outage", ["down", "hung"])
+@pytest.mark.parametrize("target", [("alice",), ("--ceiling",)], ids=["client", "ceiling"])
+def test_with_redis_unavailable_reset_says_redis_could_not_reset(
+    policy: Any, settings: Any, request: Any, outage: str, target: tuple[str, ...]
+) -> None:
+    """Down or hung, ``throttle_reset`` said only "Could not reset the buckets: Timeout
+    reading from 127.0.0.1:6379", naming neither Redis nor the backend; it names Redis."""
+    if outage == "down":
+        settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    else:
+        request.getfixturevalue("hung_redis")
+    if target == ("--ceiling",):
+        ceiling = TierLimit.objects.create(tier=policy["pro"], rate="3/min", shared=True)
+        target = ("--ceiling", f"t{ceiling.pk}")
+    with pytest.raises(CommandError) as raised:
+        run("throttle_reset", *target)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert re.match(r"Could not reset the (buckets|shared limits) in Redis: \w+Error", message)
 
 
 def test_csv_has_a_header_row(backend: Any, policy: Any) -> None:

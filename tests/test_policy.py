@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -660,3 +661,56 @@ def test_an_unpublished_edit_reaches_a_worker_that_compiled_while_redis_was_unre
             response = client.get("/api/ping/")
         assert response.status_code == 200
         assert response["X-RateLimit-Limit"] == "100"
+
+
+def test_an_edit_saved_during_an_outage_by_a_process_that_exited_reaches_a_worker_that_compiled_before(  # noqa: E501
+    client: Client,
+    settings: object,
+    clock: FakeClock,
+    _pausable_redis: object,
+    monkeypatch: pytest.MonkeyPatch,
+    django_capture_on_commit_callbacks: object,
+) -> None:
+    """A worker compiled before Redis went down; during the outage another process saved an
+    edit, could not publish it and exited; Redis came back with its data, the version
+    unchanged, so the worker kept its snapshot, without the edit, up to five minutes. The
+    failed publish is recorded in the database now, and the first check Redis answers after
+    the worker met the outage reads that record (one query) and publishes it."""
+    from django_throttle import signals
+    from tests.redis_servers import RedisServer
+
+    server = _pausable_redis
+    assert isinstance(server, RedisServer)
+    server.ensure_healthy()
+    settings.DJANGO_THROTTLE_REDIS_URL = server.url  # type: ignore[attr-defined]
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {}  # type: ignore[attr-defined]
+    monkeypatch.setattr(breaker_module, "COOLDOWN", 0.05)
+    anon = tier("anonymous", "1/h", is_default_anonymous=True)
+    get_backend().bump_policy_version()
+    assert [client.get("/api/ping/").status_code for _ in range(2)] == [200, 429]
+    worker = policy._cache
+
+    server.kill(keep_data=True)
+    for _ in range(3):  # the worker meets the outage, and keeps its snapshot
+        clock.now += policy.REFRESH_INTERVAL
+        assert client.get("/api/ping/")["X-RateLimit-Degraded"] == "local"
+    # Another process (a snapshot cache of its own) saves an edit it cannot publish, and exits.
+    monkeypatch.setattr(policy, "_cache", policy._Cache())
+    limit = TierLimit.objects.get(tier=anon)
+    limit.rate = "100/h"
+    with django_capture_on_commit_callbacks(execute=True):  # type: ignore[operator]
+        limit.save()
+    assert signals.unpublished.get() is not None
+    monkeypatch.setattr(policy, "_cache", worker)
+
+    server.restart()  # with its data: the version the worker read before the outage
+    deadline = time.monotonic() + 10
+    while True:
+        clock.now += policy.REFRESH_INTERVAL
+        response = client.get("/api/ping/")
+        if "X-RateLimit-Degraded" not in response or time.monotonic() > deadline:
+            break
+        time.sleep(0.06)  # past the breaker's cooldown: the next call probes
+    assert "X-RateLimit-Degraded" not in response
+    assert response.status_code == 200
+    assert response["X-RateLimit-Limit"] == "100"

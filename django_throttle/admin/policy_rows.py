@@ -341,12 +341,18 @@ class ApiKeyAdmin(AppAdmin):
         if not hasattr(obj, "throttle_last_used"):
             _attach_live_use([obj])
         newest = obj.throttle_last_used  # type: ignore[attr-defined]
+        unread = obj.throttle_live_unread  # type: ignore[attr-defined]
         if newest is None:
+            # With Redis down, a use since the last rollup cannot be ruled out: never "never".
+            if unread:
+                return _("unknown: Redis is unavailable (none before the last rollup)")
             return _("never (since the last rollup)")
         # Written as the admin writes "created" on the same page and in the list (a read-only
         # callable's value would otherwise be printed in ISO form on the change page).
         if settings.USE_TZ and timezone.is_aware(newest):
             newest = timezone.localtime(newest)
+        if unread:
+            return _("%(time)s or later: Redis is unavailable") % {"time": formats.localize(newest)}
         return formats.localize(newest)
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
@@ -404,10 +410,15 @@ def _attach_live_use(keys: Iterable[ApiKey]) -> None:
     column, ``None`` when neither has one."""
     keys = list(keys)
     seen: dict[str, int] = {}
+    unread = False  # the backend could not answer: a use since the last rollup is unknown
     if keys:
-        with suppress(BackendError, usage.UsageUnavailable), closing(usage.get_store()) as store:
-            seen = store.keys_last_used([key.prefix for key in keys])
+        try:
+            with suppress(usage.UsageUnavailable), closing(usage.get_store()) as store:
+                seen = store.keys_last_used([key.prefix for key in keys])
+        except BackendError:
+            unread = True
     for key in keys:
         live = None if key.prefix not in seen else stored_time(seen[key.prefix])
         known = [time for time in (live, key.last_used) if time is not None]
         key.throttle_last_used = max(known, default=None)  # type: ignore[attr-defined]
+        key.throttle_live_unread = unread  # type: ignore[attr-defined]

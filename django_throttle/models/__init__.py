@@ -11,6 +11,9 @@ the admin lists flag it.
 from __future__ import annotations
 
 from django_throttle.models.api_keys import ApiKey
+
+# Internal: policy changes not published to the other processes yet.
+from django_throttle.models.changes import UnpublishedChange as UnpublishedChange
 from django_throttle.models.exemptions import Exemption
 
 # The first migration names the validator by this path.

@@ -956,6 +956,13 @@ class _Cache:
     #: A change made here that the backend could not be told of (it was down): told at the
     #: first version check it answers.
     unpublished: bool = False
+    #: Whether the version check has not answered since the last check that read the
+    #: database's record of unpublished changes, and the breaker (and its ``opened`` count)
+    #: that check saw: an outage met by any call since (or a new breaker, or none checked yet
+    #: in this process) makes the next answered check read the record once.
+    missed: bool = True
+    breaker: Any = None
+    opened: int = 0
 
 
 _cache = _Cache()
@@ -1017,12 +1024,20 @@ def _shared_version(policy: Policy | None) -> tuple[str | None, bool]:
     breaker, backend = get_breaker(), get_backend()
     try:
         version = breaker.call(backend.get_policy_version)
-        if (_cache.unpublished or version is None) and _publish_late() and version is None:
+        recorded = None
+        if _cache.missed or breaker is not _cache.breaker or breaker.opened != _cache.opened:
+            # The first answer after an outage (or in this process): publish what processes
+            # saved meanwhile and could not (one query; they may have exited since).
+            _cache.missed, _cache.breaker, _cache.opened = False, breaker, breaker.opened
+            recorded = _newest_unpublished()
+        pending = _cache.unpublished or version is None or recorded is not None
+        if pending and _publish_late(recorded) and (version is None or recorded is not None):
             version = breaker.call(backend.get_policy_version)
         return version, True
     except CircuitOpen:
-        pass
+        _cache.missed = True
     except BackendError as exc:
+        _cache.missed = True
         # Without a snapshot the policy is compiled from the database anyway: nothing kept,
         # nothing to warn of (a command's only load would log it before its own answer).
         level = logging.WARNING if policy is not None else logging.DEBUG
@@ -1030,13 +1045,14 @@ def _shared_version(policy: Policy | None) -> tuple[str | None, bool]:
     return (policy.version if policy is not None else None), False
 
 
-def _publish_late() -> bool:
+def _publish_late(recorded: int | None = None) -> bool:
     """Move the shared version, now that the backend answers, and say whether it moved: to
     tell the other processes of a change this process saved while the backend was down
     (they apply it within a second of their next check, not when their snapshots reach
-    :data:`MAX_AGE`), or to give a missing version a value. (Their check reads the moved
-    version; so does this process's next one, which recompiles once more, harmlessly.) A
-    failure keeps the change pending."""
+    :data:`MAX_AGE`), or of those the database records (``recorded``: the newest record's
+    id, deleted with every older one once published), or to give a missing version a value.
+    (Their check reads the moved version; so does this process's next one, which recompiles
+    once more, harmlessly.) A failure keeps the change pending."""
     from django_throttle.backends.redis_nodes import get_breaker
 
     try:
@@ -1044,11 +1060,55 @@ def _publish_late() -> bool:
     except BackendError as exc:
         # Said once already, when the change was saved: no line per check while it fails.
         logger.debug("could not publish the policy change to other processes: %s", exc)
+        _cache.missed = True  # the records stay: read them again at the next answer
         return False
-    if _cache.unpublished:
+    if recorded is not None:
+        _forget_unpublished(recorded)
+    if _cache.unpublished or recorded is not None:
         _cache.unpublished = False
         logger.info("policy change saved while the backend was down published to other processes")
     return True
+
+
+def record_unpublished() -> None:
+    """Record in the database that a change saved here could not be published, so that the
+    first process to meet the backend answering again publishes it, should this one exit
+    first (one insert; a database error is logged, and the change then reaches the other
+    processes when they meet :data:`MAX_AGE`)."""
+    from django_throttle.models import UnpublishedChange
+
+    try:
+        with transaction.atomic(using=router.db_for_write(UnpublishedChange)):
+            UnpublishedChange._default_manager.create()
+    except DatabaseError as exc:
+        logger.warning("could not record the unpublished policy change: %s", exc)
+
+
+def _newest_unpublished() -> int | None:
+    """The id of the newest recorded unpublished change, else ``None`` (one query, in a
+    savepoint inside a request's transaction; a database error is ``None``, logged)."""
+    from django_throttle.models import UnpublishedChange
+
+    try:
+        with transaction.atomic(using=router.db_for_read(UnpublishedChange)):
+            newest = UnpublishedChange._default_manager.order_by("-pk").values_list("pk", flat=True)
+            found: int | None = newest.first()
+            return found
+    except DatabaseError as exc:
+        logger.warning("could not read the unpublished policy changes: %s", exc)
+        return None
+
+
+def _forget_unpublished(newest: int) -> None:
+    """Delete the records of published changes: ``newest`` and every older one (a change
+    recorded since stays, for the next process to publish)."""
+    from django_throttle.models import UnpublishedChange
+
+    try:
+        with transaction.atomic(using=router.db_for_write(UnpublishedChange)):
+            UnpublishedChange._default_manager.filter(pk__lte=newest).delete()
+    except DatabaseError as exc:
+        logger.warning("could not delete the published policy changes' records: %s", exc)
 
 
 def _compile(last: Policy | None, version: str | None) -> Policy:
@@ -1112,6 +1172,7 @@ def reset() -> None:
     with _cache.lock:
         _cache.policy, _cache.changed_here, _cache.checked_at = None, False, -math.inf
         _cache.unpublished = False
+        _cache.missed, _cache.breaker, _cache.opened = True, None, 0
 
 
 #: Unix seconds, for API key expiry; tests replace it to expire a key without sleeping.

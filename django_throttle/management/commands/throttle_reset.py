@@ -64,7 +64,7 @@ class Command(output.CountersCommand):
             output.UNKNOWN_CLIENT,
             output.BAD_REGION,  # before WRONG_LIMIT: a ValueError too
             WRONG_LIMIT,
-            (BackendError, "Could not reset the buckets: {}"),
+            (BackendError, "Could not reset the buckets in Redis: {}"),
         ):
             subject = parse_client(options["client"])
             found = reset_counters(
@@ -94,7 +94,7 @@ class Command(output.CountersCommand):
 
     def _reset_ceilings(self, fmt: str, ceilings: list[str]) -> None:
         with output.one_line_errors(
-            WRONG_LIMIT, (BackendError, "Could not reset the shared limits: {}")
+            WRONG_LIMIT, (BackendError, "Could not reset the shared limits in Redis: {}")
         ):
             limits = reset_ceilings(ceilings)
         rows = [limit_row(limit) for limit in limits]
