@@ -800,7 +800,12 @@ def wait_turn(request: Any, decision: Decision) -> Decision:
         time.sleep(decision.wait)
     finally:
         _waiting.release()
-    return _waited(request, decision)
+    turn = getattr(request, "throttle_turn", None)
+    state = None
+    if turn is not None:
+        looking = _state_after(turn)
+        state = run_locally(looking) if turn.local else run(looking)
+    return _waited(request, decision, state)
 
 
 async def await_turn(request: Any, decision: Decision) -> Decision:
@@ -831,7 +836,12 @@ async def await_turn(request: Any, decision: Decision) -> Decision:
         raise
     finally:
         _awaiting.release()
-    return _waited(request, decision)
+    turn = getattr(request, "throttle_turn", None)
+    state = None
+    if turn is not None:
+        looking = _state_after(turn)
+        state = run_locally(looking) if turn.local else await arun(looking)
+    return _waited(request, decision, state)
 
 
 def _announce_turn(request: Any, decision: Decision) -> Decision:
@@ -854,14 +864,22 @@ def _gone(decision: Decision) -> Decision:
     return replace(decision, allowed=False, retry_after=decision.wait, wait=0.0, leases=())
 
 
-def _waited(request: Any, decision: Decision) -> Decision:
+def _waited(request: Any, decision: Decision, state: Decision | None = None) -> Decision:
     """Count the wait ``request`` had in its tier and endpoint's usage (the dashboard's
     delayed requests and mean wait); return ``decision`` as it stands now that its turn
-    came: the limit is full again its wait sooner than it was when decided
-    (``X-RateLimit-Reset`` is said from when the response is sent)."""
+    came: its headers say what the limits hold when the response is sent (``state``, looked
+    at after the wait, see :func:`_state_after`), not when it was decided: the limit earned
+    tokens back meanwhile, so ``X-RateLimit-Remaining`` is what a request sent now really
+    gets, and ``X-RateLimit-Reset`` is counted from now. Without ``state`` (the backend
+    could not be looked at), the limit is full again its wait sooner than it was when
+    decided, and the remaining is as decided (never more than there is)."""
     turn: Reservation | None = getattr(request, "throttle_turn", None)
     if turn is not None:
         usage.record_delay(turn.field, decision.wait, local=turn.local)
+    if state is not None and state.limit is not None:
+        return replace(
+            decision, limit=state.limit, remaining=state.remaining, reset_after=state.reset_after
+        )
     return replace(decision, reset_after=max(0.0, decision.reset_after - decision.wait))
 
 
