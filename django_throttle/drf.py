@@ -41,7 +41,7 @@ from django_throttle.exemptions import is_exempt_view
 from django_throttle.policy import live
 from django_throttle.policy.live import Policy
 from django_throttle.rates import Decision
-from django_throttle.request import core
+from django_throttle.request import core, leases
 from django_throttle.request.core import (
     CheckOptions,
     retry_after_seconds,
@@ -52,6 +52,10 @@ from django_throttle.request.core import (
 from django_throttle.request.usernames import HEADER_ONLY, authorization
 
 require_installed("django_throttle.drf")
+
+#: Where a request keeps the reservations :func:`~django_throttle.request.core.settle` gives
+#: back (a rule counting only successes or failures).
+RESERVATIONS = "throttle_reservations"
 
 __all__ = [
     "ApiKeyAuthentication",
@@ -140,10 +144,16 @@ class PolicyThrottle:
             http_request.user = request.user
         policy = live.current()
         options = policy.compiled.get(type(view)) or _view_options(view, policy)
+        first = len(getattr(http_request, RESERVATIONS, ()))
         decision = core.decide(http_request, policy, options)
         if decision.wait and decision.allowed:
             decision = core.wait_turn(http_request, decision)
         self.decision = http_request.throttle_decision = decision
+        if len(getattr(http_request, RESERVATIONS, ())) > first:
+            if leases.ended(http_request):  # decided after the client went away (adrf)
+                core.settle(http_request, 500)
+            else:
+                core.record_outcome(view, http_request)
         if decision.allowed:
             return True
         raise _refusal(decision)
@@ -175,6 +185,8 @@ class AsyncPolicyThrottle(PolicyThrottle):
         decision = await core.acheck(http_request, user_loaded=True, **_view_options(view))
         if decision.wait and decision.allowed:
             decision = await core.await_turn(http_request, decision)
+        if leases.ended(http_request) and getattr(http_request, RESERVATIONS, None):
+            await core.asettle(http_request, 500)  # see PolicyThrottle.allow_request
         return self._decided(http_request, decision)
 
 

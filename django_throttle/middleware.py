@@ -5,7 +5,8 @@ DRF throttle classes cannot touch responses, so :class:`~django_throttle.drf.Pol
 leaves its decision on the request and this middleware writes the headers; a rule that counts
 only successes or failures also leaves a reservation, which this middleware gives back once
 the response shows an outcome the rule does not count, or an async view is cancelled before
-it answered (without the middleware every request counts). A request that holds concurrency
+it answered (a sync view whose client went away under ASGI: once it ended, by what it
+answered), without the middleware every request counts. A request that holds concurrency
 slots (a concurrency limit) gives them back here once its response is made, or, for a
 streaming response, once its stream is closed (:mod:`~django_throttle.request.leases`). It
 also counts the requests this process is serving, and under ASGI watches its event loop's
@@ -68,16 +69,21 @@ class RateLimitHeadersMiddleware:
         try:
             response = await self.get_response(request)
         except asyncio.CancelledError:
-            if _runs_on(request):  # still served, its slots held, until the sync view ends
+            runs_on = _runs_on(request)
+            if runs_on:  # still served, its slots held, until the sync view ends
                 await sync_to_async(_view_ended, thread_sensitive=True)()
-            elif getattr(request, "throttle_reservations", None):
-                # Cancelled before it answered: neither a success nor a failure, as
-                # @throttle settles an async view that raised (a sync view's outcome is
-                # unknown here: its reservations stay counted).
-                await core.asettle(request, 500)
             # No view runs for it now; a throttle still deciding in a worker thread (adrf's
             # initial()) gives back what it takes at once, not when the request is collected.
+            # Said before its reservations are read: one that thread adds after they were
+            # read is the thread's to settle.
             leases.end(request)
+            if getattr(request, "throttle_reservations", None):
+                # A sync view ran to its end: what it answered (a DRF view left it, see
+                # core.record_outcome), as @throttle settles a sync view. An async view was
+                # cancelled before it answered: neither a success nor a failure, as
+                # @throttle settles an async view that raised.
+                status = getattr(request, core.OUTCOME_ATTRIBUTE, 500) if runs_on else 500
+                await core.asettle(request, status)
             raise
         finally:
             with busy.lock:

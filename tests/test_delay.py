@@ -233,6 +233,16 @@ async def slow_view_async(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"ok": True})
 
 
+@throttle(rate="2/s", algorithm="gcra", burst=4, delay=0, scope="served")
+def served_view(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"ok": True})
+
+
+@throttle(rate="2/s", algorithm="gcra", burst=4, delay=0, scope="served-async")
+async def served_view_async(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"ok": True})
+
+
 class PacedApi(APIView):
     permission_classes = [AllowAny]
 
@@ -258,6 +268,8 @@ urlpatterns = [
     path("paced-async/", paced_view_async),
     path("slow/", slow_view),
     path("slow-async/", slow_view_async),
+    path("served/", served_view),
+    path("served-async/", served_view_async),
 ]
 
 
@@ -526,3 +538,45 @@ def test_a_delayed_response_says_when_the_limit_is_full_again_from_when_it_is_se
     waits = sorted(float(response.get("X-RateLimit-Delayed", "0")) for response in responses)
     assert waits[0] == 0 and waits[2] > 0.5  # the third waited for its turn at 1 s
     assert [response["X-RateLimit-Reset"] for response in responses] == ["1", "1", "1"]
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("route", ["/served/", "/served-async/"], ids=["sync", "async"])
+def test_a_delayed_response_says_what_remains_when_it_is_sent(backend: Backend, route: str) -> None:
+    """``X-RateLimit-Remaining`` was worked out when the request was decided, not when it
+    was served, while ``X-RateLimit-Reset`` is said from when it is sent: at 2/s, burst 4,
+    no delay, a second request sent right after the first waited 0.5 s for its turn and said
+    2 left, though by then the limit had earned a token back and 3 sent at once were
+    admitted (a fourth refused). It says 3, and a full limit half a second away."""
+    policy.current()  # the policy loaded here: the threads read no database
+    client = AsyncClient(REMOTE_ADDR="203.0.113.10")
+
+    async def one() -> Any:
+        return await client.get(route)
+
+    async def burst() -> list[int]:
+        responses = await asyncio.gather(*(client.get(route) for _ in range(4)))
+        return sorted(response.status_code for response in responses)
+
+    start = threading.Barrier(4)
+
+    @own_connections
+    def get(_: int) -> int:
+        start.wait()
+        return int(Client(REMOTE_ADDR="203.0.113.10").get(route).status_code)
+
+    if route == "/served/":
+        sync_client = Client(REMOTE_ADDR="203.0.113.10")
+        first, second = sync_client.get(route), sync_client.get(route)
+    else:
+        first, second = async_to_sync(one)(), async_to_sync(one)()
+    assert (first.status_code, first["X-RateLimit-Remaining"]) == (200, "3")
+    assert second.status_code == 200 and float(second["X-RateLimit-Delayed"]) > 0.4
+    assert (second["X-RateLimit-Remaining"], second["X-RateLimit-Reset"]) == ("3", "1")
+    if route == "/served/":
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            statuses = sorted(pool.map(get, range(4)))
+    else:
+        statuses = async_to_sync(burst)()
+    assert statuses == [200, 200, 200, 429]  # what the following requests get

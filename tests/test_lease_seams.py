@@ -41,6 +41,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from django_throttle import middleware
 from django_throttle.backends import redis_nodes as breaker_module
 from django_throttle.decorators import throttle
 from django_throttle.drf import AsyncPolicyThrottle, PolicyThrottle
@@ -100,6 +101,18 @@ class BlockingApi(APIView):
         entered.set()
         gate.wait(10)
         return Response({"done": True})
+
+
+class BlockingRefusingApi(APIView):
+    """Answers 400 once the gate opens (a wrong one-time code, say)."""
+
+    permission_classes = [AllowAny]
+    authentication_classes: list[Any] = []
+
+    def get(self, request: Request) -> Response:
+        entered.set()
+        gate.wait(10)
+        return Response({"code": "wrong"}, status=400)
 
 
 #: The requests the adrf views' throttles saw, kept alive: a slot given back only when its
@@ -185,6 +198,7 @@ urlpatterns = [
     path("api/adrf-sync-paced/", ThrottledInThreadApi.as_view()),
     path("blocking/", blocking_view),
     path("api/blocking/", BlockingApi.as_view()),
+    path("api/blocking-refusing/", BlockingRefusingApi.as_view()),
     path("one/", one_at_a_time),
     path("one-async/", one_at_a_time_async),
     path("api/successes/", SuccessesApi.as_view(), name="successes-api"),
@@ -388,6 +402,69 @@ def test_a_sync_view_whose_client_went_away_holds_its_slot_until_it_ends(
         gate.set()
     assert during == 1  # held while the view ran
     wait_for(lambda: held_slots(redis_process) == 0, "the slot given back once the view ended")
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("counts", "route", "kept"),
+    [
+        ("failures", "/api/blocking/", False),
+        ("success", "/api/blocking-refusing/", False),
+        ("failures", "/api/blocking-refusing/", True),
+        ("success", "/api/blocking/", True),
+    ],
+    ids=[
+        "failures-answered-200",
+        "success-answered-400",
+        "failures-answered-400",
+        "success-answered-200",
+    ],
+)
+def test_a_sync_drf_view_whose_client_went_away_is_settled_with_what_it_answered(
+    monkeypatch: pytest.MonkeyPatch, counts: str, route: str, kept: bool
+) -> None:
+    """Under ASGI a sync DRF view runs on in its thread when its client hangs up; the headers
+    middleware, cancelled, left its reservation counted whatever the view answered: a view
+    that answered 200 under a rule counting failures refused the client's next request.
+    Settled as ``@throttle`` settles a sync view (its thread ends with the view's own
+    outcome): with what the view answered. Settling it as a 500 instead would give back a
+    wrong one-time code whose client hung up at once: guessing without limit."""
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    rule = endpoint("hung-up", "path", route, limits={anonymous: "1/min"})
+    rule.counts = counts
+    rule.save()
+    policy.reset()
+    policy.current()  # loaded here: the view's thread reads no database
+    gate.clear()
+    entered.clear()
+
+    async def hung_up() -> list[dict[str, Any]]:
+        gone = asyncio.Event()
+        request = asyncio.ensure_future(asgi_get(route, gone))
+        deadline = time.monotonic() + 5
+        while not entered.is_set():
+            assert time.monotonic() < deadline, "the view never started"
+            await asyncio.sleep(0.005)
+        gone.set()  # the client hangs up; the view runs on in its thread
+        return await request
+
+    def runs_on(request: HttpRequest) -> bool:
+        """Asked by the headers middleware once the request was cancelled."""
+        gate.set()  # the view answers, to nobody
+        return runs_on_before(request)
+
+    async def again() -> list[dict[str, Any]]:
+        return await asgi_get(route, asyncio.Event())
+
+    runs_on_before = middleware._runs_on
+    monkeypatch.setattr(middleware, "_runs_on", runs_on)
+    try:
+        assert async_to_sync(hung_up)() == []  # nothing was answered
+    finally:
+        gate.set()
+    after = async_to_sync(again)()
+    assert after[0]["status"] == (429 if kept else 200 if "refusing" not in route else 400)
 
 
 # -- an adrf view whose client went away while its throttle decided ----------------------------
@@ -613,6 +690,39 @@ def test_an_adrf_slot_taken_after_the_cancellation_goes_back_on_both_backends(
         wait_for(served, "the next request served", within=3.0)
     finally:
         throttled.clear()
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("counts", ["success", "failures"])
+@pytest.mark.parametrize("throttle_class", ["async", "sync"])
+def test_an_adrf_token_taken_after_the_cancellation_is_given_back(
+    proxy: FaultProxy, settings: Any, throttle_class: str, counts: str
+) -> None:
+    """Under a rule counting only successes (or only failures) the adrf throttle, run on in
+    its worker thread after the client went away, left its reservation on the request once
+    the headers middleware had settled it: no view would run, yet the token stayed taken
+    and the client's next request was refused for a minute."""
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 5, "socket_connect_timeout": 5}
+    route = f"/api/adrf-{throttle_class}-throttle/"
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    rule = endpoint("adrf", "path", route, limits={anonymous: "1/min"})
+    rule.counts = counts
+    rule.save()
+    policy.reset()
+    policy.current()  # loaded here: adrf's thread reads no database
+    try:
+        cancelled_while_deciding(proxy if throttle_class == "sync" else None, throttle_class, route)
+        wait_for(lambda: bool(returned), "the throttle returned")
+
+        async def next_request() -> int:
+            return int((await asgi_get(route, asyncio.Event()))[0]["status"])
+
+        gate.set()
+        assert async_to_sync(next_request)() == 200
+    finally:
+        throttled.clear()
+        returned.clear()
 
 
 @pytest.mark.urls(__name__)

@@ -747,8 +747,9 @@ def counted_decision(
         if counts == "failures":
             watch_login_failures()
         reservation = Reservation(counts, planned.cost, planned.refunds, decision.taken, local)
-        reservations = getattr(request, "throttle_reservations", ())
-        request.throttle_reservations = [*reservations, reservation]
+        with _reserving:
+            reservations = getattr(request, "throttle_reservations", ())
+            request.throttle_reservations = [*reservations, reservation]
     if decision.leases:
         leases.hold(request, ((planned.client, planned.limits), *planned.groups), decision, local)
     if decision.wait:
@@ -799,7 +800,12 @@ def wait_turn(request: Any, decision: Decision) -> Decision:
         time.sleep(decision.wait)
     finally:
         _waiting.release()
-    return _waited(request, decision)
+    turn = getattr(request, "throttle_turn", None)
+    state = None
+    if turn is not None:
+        looking = _state_after(turn)
+        state = run_locally(looking) if turn.local else run(looking)
+    return _waited(request, decision, state)
 
 
 async def await_turn(request: Any, decision: Decision) -> Decision:
@@ -830,7 +836,12 @@ async def await_turn(request: Any, decision: Decision) -> Decision:
         raise
     finally:
         _awaiting.release()
-    return _waited(request, decision)
+    turn = getattr(request, "throttle_turn", None)
+    state = None
+    if turn is not None:
+        looking = _state_after(turn)
+        state = run_locally(looking) if turn.local else await arun(looking)
+    return _waited(request, decision, state)
 
 
 def _announce_turn(request: Any, decision: Decision) -> Decision:
@@ -853,14 +864,22 @@ def _gone(decision: Decision) -> Decision:
     return replace(decision, allowed=False, retry_after=decision.wait, wait=0.0, leases=())
 
 
-def _waited(request: Any, decision: Decision) -> Decision:
+def _waited(request: Any, decision: Decision, state: Decision | None = None) -> Decision:
     """Count the wait ``request`` had in its tier and endpoint's usage (the dashboard's
     delayed requests and mean wait); return ``decision`` as it stands now that its turn
-    came: the limit is full again its wait sooner than it was when decided
-    (``X-RateLimit-Reset`` is said from when the response is sent)."""
+    came: its headers say what the limits hold when the response is sent (``state``, looked
+    at after the wait, see :func:`_state_after`), not when it was decided: the limit earned
+    tokens back meanwhile, so ``X-RateLimit-Remaining`` is what a request sent now really
+    gets, and ``X-RateLimit-Reset`` is counted from now. Without ``state`` (the backend
+    could not be looked at), the limit is full again its wait sooner than it was when
+    decided, and the remaining is as decided (never more than there is)."""
     turn: Reservation | None = getattr(request, "throttle_turn", None)
     if turn is not None:
         usage.record_delay(turn.field, decision.wait, local=turn.local)
+    if state is not None and state.limit is not None:
+        return replace(
+            decision, limit=state.limit, remaining=state.remaining, reset_after=state.reset_after
+        )
     return replace(decision, reset_after=max(0.0, decision.reset_after - decision.wait))
 
 
@@ -905,8 +924,9 @@ def _skip_turn(request: Any) -> Steps[None]:
         return
     request.throttle_turn = None
     if turn.settled is not None:  # its tokens come back with the turn's, not again later
-        reservations = getattr(request, "throttle_reservations", None) or []
-        request.throttle_reservations = [r for r in reservations if r is not turn.settled]
+        with _reserving:
+            reservations = getattr(request, "throttle_reservations", None) or []
+            request.throttle_reservations = [r for r in reservations if r is not turn.settled]
     refunds = _give_back(turn.groups, turn.cost, dict(turn.taken), "a turn of")
     if turn.local:
         run_locally(refunds)
@@ -1078,6 +1098,32 @@ def guarding(request: Any) -> Iterator[None]:
         _guarded.reset(token)
 
 
+#: Orders the changes to a request's reservations across threads: adrf's worker thread
+#: may add one (its throttle, run on after the client went away) while the event loop's
+#: headers middleware settles the cancelled request's.
+_reserving = threading.Lock()
+#: Where a sync DRF view leaves the status it answered (:func:`record_outcome`).
+OUTCOME_ATTRIBUTE = "throttle_outcome"
+
+
+def record_outcome(view: Any, request: Any) -> None:
+    """Have the DRF view instance ``view`` leave the status it answers on ``request`` (the
+    Django request): under ASGI a sync view runs on in its thread when its client goes away,
+    and the headers middleware, cancelled, settles its reservations with what it answered
+    once it ended, as ``@throttle`` settles a sync view (its response never reaches the
+    middleware). Through ``finalize_response``, which DRF calls on every response the view
+    makes, an exception it handles included."""
+    finalize = view.finalize_response
+
+    def finalize_response(drf_request: Any, response: Any, *args: Any, **kwargs: Any) -> Any:
+        response = finalize(drf_request, response, *args, **kwargs)
+        with contextlib.suppress(AttributeError):  # a request that takes no attributes
+            setattr(request, OUTCOME_ATTRIBUTE, response.status_code)
+        return response
+
+    view.finalize_response = finalize_response
+
+
 @dataclass(frozen=True, slots=True)
 class Reservation:
     """Tokens an allowed request took from its rule's limits, which :func:`settling` gives
@@ -1206,10 +1252,11 @@ def settling(request: Any, status: int, first: int = 0) -> Steps[None]:
     ``user_login_failed`` fired for it) their rule does not count; those reservations are
     used up. A backend error only means the tokens stay taken. ``first`` leaves the
     reservations made before that many alone (a check inside another settles its own)."""
-    reservations: list[Reservation] | None = getattr(request, "throttle_reservations", None)
-    if not reservations or len(reservations) <= first:
-        return
-    request.throttle_reservations, reservations = reservations[:first], reservations[first:]
+    with _reserving:  # taken off the request once: never given back twice
+        reservations: list[Reservation] | None = getattr(request, "throttle_reservations", None)
+        if not reservations or len(reservations) <= first:
+            return
+        request.throttle_reservations, reservations = reservations[:first], reservations[first:]
     failed = login_failed(request)
     for reservation in reservations:
         if not counted(reservation.counts, status, failed):
