@@ -181,12 +181,15 @@ class AsyncPolicyThrottle(PolicyThrottle):
         if is_exempt_view(view):
             return True
         http_request = _django_request(request)
+        first = len(getattr(http_request, RESERVATIONS, ()))
         # DRF authenticated the request (in adrf's worker thread): its user is loaded.
         decision = await core.acheck(http_request, user_loaded=True, **_view_options(view))
         if decision.wait and decision.allowed:
             decision = await core.await_turn(http_request, decision)
         if leases.ended(http_request) and getattr(http_request, RESERVATIONS, None):
             await core.asettle(http_request, 500)  # see PolicyThrottle.allow_request
+        elif len(getattr(http_request, RESERVATIONS, ())) > first:
+            core.record_outcome(view, http_request)  # a sync handler runs on (see there)
         return self._decided(http_request, decision)
 
 

@@ -100,10 +100,13 @@ class RateLimitHeadersMiddleware:
 
 def _runs_on(request: HttpRequest) -> bool:
     """Whether the view of ``request``, whose task was just cancelled (its client went away),
-    still runs: an ``async def`` view was cancelled with the task, but a sync view runs on
-    in its worker thread to its end (Django cannot stop a thread), doing the work its
+    still runs: an ``async def`` view was cancelled with the task, but a sync view (or an
+    async adrf view's sync handler, see :func:`~django_throttle.request.core.record_outcome`)
+    runs on in its worker thread to its end (Django cannot stop a thread), doing the work its
     concurrency slots stand for. Given back while it runs, a client that hangs up at once
     could run any number of them."""
+    if getattr(request, core.HANDLER_THREAD_ATTRIBUTE, False):
+        return True  # an async (adrf) view's sync handler, run in a worker thread
     match = getattr(request, "resolver_match", None)
     return match is not None and not iscoroutinefunction(match.func)
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 from adrf.views import APIView as AsyncAPIView
+from adrf.viewsets import ViewSet as AsyncViewSet
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
 from django.core.management import call_command
@@ -182,6 +183,42 @@ class RunningAsyncApi(AsyncAPIView):  # type: ignore[misc]
         return Response({"ok": True})
 
 
+def adrf_sync_handler(base: type, throttle_class: type, status: int) -> Any:
+    """An adrf view (an ``APIView``, or a ``ViewSet`` with an ``async def`` action beside)
+    whose GET handler is a plain ``def``: it waits for the gate, then answers ``status``."""
+
+    def handler(self: Any, request: Request) -> Response:
+        entered.set()
+        gate.wait(10)
+        return Response({"status": status}, status=status)
+
+    attributes: dict[str, Any] = {
+        "permission_classes": [AllowAny],
+        "authentication_classes": [],
+        "throttle_classes": [throttle_class],
+    }
+    if base is AsyncViewSet:
+
+        async def other(self: Any, request: Request) -> Response:
+            return Response({"ok": True})
+
+        attributes.update(answer=handler, other=other)
+        return type("SyncActionViewSet", (base,), attributes).as_view({"get": "answer"})
+    attributes["get"] = handler
+    return type("SyncHandlerApi", (base,), attributes).as_view()
+
+
+ADRF_SYNC_HANDLERS = [
+    path(
+        f"api/adrf-sync-handler/{shape}/{kind}/{status}/",
+        adrf_sync_handler(base, throttle_class, status),
+    )
+    for shape, base in (("api-view", AsyncAPIView), ("viewset", AsyncViewSet))
+    for kind, throttle_class in (("sync", PolicyThrottle), ("async", AsyncPolicyThrottle))
+    for status in (200, 400)
+]
+
+
 @throttle(scope="successes-running")
 async def running_view(request: HttpRequest) -> HttpResponse:
     entered.set()
@@ -190,6 +227,7 @@ async def running_view(request: HttpRequest) -> HttpResponse:
 
 
 urlpatterns = [
+    *ADRF_SYNC_HANDLERS,
     path("api/successes-running/", RunningAsyncApi.as_view(), name="successes-running-api"),
     path("successes-running/", running_view),
     path("api/adrf-async-throttle/", AsyncThrottledApi.as_view()),
@@ -465,6 +503,73 @@ def test_a_sync_drf_view_whose_client_went_away_is_settled_with_what_it_answered
         gate.set()
     after = async_to_sync(again)()
     assert after[0]["status"] == (429 if kept else 200 if "refusing" not in route else 400)
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("counts", "status", "kept"),
+    [
+        ("failures", 200, False),
+        ("success", 400, False),
+        ("failures", 400, True),
+        ("success", 200, True),
+    ],
+    ids=[
+        "failures-answered-200",
+        "success-answered-400",
+        "failures-answered-400",
+        "success-answered-200",
+    ],
+)
+@pytest.mark.parametrize("kind", ["sync", "async"], ids=["PolicyThrottle", "AsyncPolicyThrottle"])
+@pytest.mark.parametrize("shape", ["api-view", "viewset"])
+def test_an_adrf_sync_handler_whose_client_went_away_is_settled_with_what_it_answered(
+    monkeypatch: pytest.MonkeyPatch, counts: str, status: int, kept: bool, kind: str, shape: str
+) -> None:
+    """An adrf view whose handler is a plain ``def`` runs it in a worker thread, which runs
+    on when the client hangs up: settled as a sync DRF view is, with what it answered. An
+    ``APIView`` with only sync handlers is a sync view; a ``ViewSet`` with an ``async def``
+    action beside is an async view that runs its sync action with ``sync_to_async``: it was
+    settled as a cancelled async view (a 500) at the hang-up, so a wrong one-time code (400)
+    under a rule counting failures was given back (guessing without limit by hanging up),
+    and a success under a rule counting successes was never counted."""
+    route = f"/api/adrf-sync-handler/{shape}/{kind}/{status}/"
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    rule = endpoint("hung-up", "path", route, limits={anonymous: "1/min"})
+    rule.counts = counts
+    rule.save()
+    policy.reset()
+    policy.current()  # loaded here: the view's thread reads no database
+    gate.clear()
+    entered.clear()
+
+    async def hung_up() -> list[dict[str, Any]]:
+        gone = asyncio.Event()
+        request = asyncio.ensure_future(asgi_get(route, gone))
+        deadline = time.monotonic() + 5
+        while not entered.is_set():
+            assert time.monotonic() < deadline, "the view never started"
+            await asyncio.sleep(0.005)
+        gone.set()  # the client hangs up; the handler runs on in its thread
+        return await request
+
+    def runs_on(request: HttpRequest) -> bool:
+        """Asked by the headers middleware once the request was cancelled."""
+        gate.set()  # the handler answers, to nobody
+        return runs_on_before(request)
+
+    async def again() -> list[dict[str, Any]]:
+        return await asgi_get(route, asyncio.Event())
+
+    runs_on_before = middleware._runs_on
+    monkeypatch.setattr(middleware, "_runs_on", runs_on)
+    try:
+        assert async_to_sync(hung_up)() == []  # nothing was answered
+    finally:
+        gate.set()
+    after = async_to_sync(again)()
+    assert after[0]["status"] == (429 if kept else status)
 
 
 # -- an adrf view whose client went away while its throttle decided ----------------------------

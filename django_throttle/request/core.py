@@ -1104,6 +1104,9 @@ def guarding(request: Any) -> Iterator[None]:
 _reserving = threading.Lock()
 #: Where a sync DRF view leaves the status it answered (:func:`record_outcome`).
 OUTCOME_ATTRIBUTE = "throttle_outcome"
+#: Set on a request whose async (adrf) view runs a sync handler in a worker thread, which
+#: runs on when the client goes away (:func:`record_outcome`).
+HANDLER_THREAD_ATTRIBUTE = "throttle_handler_in_thread"
 
 
 def record_outcome(view: Any, request: Any) -> None:
@@ -1122,6 +1125,41 @@ def record_outcome(view: Any, request: Any) -> None:
         return response
 
     view.finalize_response = finalize_response
+    _record_handler_outcome(view, request)
+
+
+def _record_handler_outcome(view: Any, request: Any) -> None:
+    """For an async view (adrf's) whose handler for ``request``'s method is a plain ``def``
+    (a sync action of a ``ViewSet`` with ``async def`` ones beside): adrf runs it with
+    ``sync_to_async``, in the request's thread-sensitive thread, where it runs on when the
+    client goes away, and its ``finalize_response`` (awaited after it) never runs. Say so on
+    the request (:data:`HANDLER_THREAD_ATTRIBUTE`: the headers middleware waits for that
+    thread, as for a sync view) and have the handler itself leave the status it answers, or
+    the one its exception is answered with (a DRF ``APIException``'s ``status_code``)."""
+    if getattr(view, "view_is_async", False) is not True:
+        return
+    method = str(getattr(request, "method", "") or "").lower()
+    handler = getattr(view, method, None) if method else None
+    if handler is None or asyncio.iscoroutinefunction(handler):
+        return
+
+    @functools.wraps(handler)
+    def answering(*args: Any, **kwargs: Any) -> Any:
+        try:
+            response = handler(*args, **kwargs)
+        except Exception as exc:
+            status = getattr(exc, "status_code", None)
+            status = status if isinstance(status, int) else raised_status(exc)
+            with contextlib.suppress(AttributeError):
+                setattr(request, OUTCOME_ATTRIBUTE, status)
+            raise
+        with contextlib.suppress(AttributeError):
+            setattr(request, OUTCOME_ATTRIBUTE, response.status_code)
+        return response
+
+    with contextlib.suppress(AttributeError):
+        setattr(view, method, answering)
+        setattr(request, HANDLER_THREAD_ATTRIBUTE, True)
 
 
 @dataclass(frozen=True, slots=True)
