@@ -1,0 +1,234 @@
+"""Every algorithm, alone and two at once on one request, with costs above 1, on Redis and in
+memory: a denied request retried after its ``Retry-After`` (whole seconds, rounded up) is let
+through; retried at 0.9 of that it is still refused where the wait is exact (the math promises
+it); ``Remaining`` after an allowed request is how many more immediate requests pass; every key
+a request wrote has a TTL. Every call names its instant, so the clock is the test's."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from typing import Any
+
+import pytest
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.test import Client
+from django.urls import path
+
+from django_throttle import backends
+from django_throttle.backends.base import Backend
+from django_throttle.backends.memory import MemoryBackend
+from django_throttle.decorators import throttle
+from django_throttle.models import EndpointLimit, TierLimit
+from django_throttle.policy import live as policy
+from django_throttle.rates import Algorithm, Limit, Rate
+from django_throttle.request.core import retry_after_seconds
+from tests.factories import endpoint, tier
+
+#: A small epoch keeps float seconds exact to far below a microsecond (as the server's integer
+#: clock is): at 1.7e9 s a float's step is 0.24 µs and a sum can round a microsecond short.
+T0 = 200_000.0  # 1970-01-03 07:33:20 UTC: a calendar day before it too
+
+COUNTING = [
+    Algorithm.TOKEN_BUCKET,
+    Algorithm.GCRA,
+    Algorithm.LEAKY_BUCKET,
+    Algorithm.FIXED_WINDOW,
+    Algorithm.SLIDING_LOG,
+    Algorithm.SLIDING_COUNTER,
+    Algorithm.CALENDAR,
+]
+TOKENS = {Algorithm.TOKEN_BUCKET, Algorithm.GCRA, Algorithm.LEAKY_BUCKET}
+
+
+def random_limit(rng: random.Random, algorithm: Algorithm, name: str) -> Limit:
+    if algorithm == Algorithm.CALENDAR:
+        return Limit.build(name, f"{rng.randint(1, 12)}/day", algorithm=algorithm)
+    count = rng.randint(1, 12)
+    period = rng.choice([1, 2, 3, 7, 10, 60, 90])
+    burst = rng.randint(1, 2 * count) if algorithm in TOKENS else None
+    return Limit.build(name, Rate(count, period), burst=burst, algorithm=algorithm)
+
+
+def cases(single: bool) -> list[tuple[Algorithm, ...]]:
+    if single:
+        return [(algorithm,) for algorithm in COUNTING]
+    return list(itertools.combinations(COUNTING, 2))
+
+
+def drain(backend: Backend, client: str, limits: list[Limit], cost: int, at: float) -> Any:
+    """Hit at ``at`` until refused (at most 50 times); the refusal."""
+    for _ in range(50):
+        decision = backend.hit(client, limits, cost=cost, now=at)
+        if not decision.allowed:
+            return decision
+    raise AssertionError(f"never refused: {limits} cost {cost}")
+
+
+def check_retry(backend: Backend, rng: random.Random, algorithms: tuple[Algorithm, ...]) -> None:
+    tag = "-".join(algorithms)
+    for case in range(12):
+        limits = [random_limit(rng, a, f"{tag}{case}n{i}") for i, a in enumerate(algorithms)]
+        smallest = min(limit.capacity for limit in limits)
+        cost = rng.randint(1, smallest)
+        start = T0 + rng.randint(0, 10**6) / 1e6
+        # Some traffic before, then a full drain a little later.
+        early = drain(backend, "a", limits, cost, start)
+        at = start + rng.uniform(0, early.retry_after)
+        for client in ("a", "b"):
+            if client == "b":
+                drain(backend, client, limits, cost, start)
+            denied = drain(backend, client, limits, cost, at)
+        what = (case, [str(limit) for limit in limits], [limit.burst for limit in limits], cost)
+        header = retry_after_seconds(denied.retry_after)
+        assert denied.retry_after > 0, what
+        # The exact wait is the least: a retry sooner than it is refused (this also leaves
+        # client "a" with a refused retry before its real one, as a client polling would).
+        if denied.retry_after > 1e-3:
+            soon = at + 0.9 * denied.retry_after
+            assert not backend.hit("a", limits, cost=cost, now=soon).allowed, ("0.9 exact", what)
+        if 0.9 * header < denied.retry_after:
+            soon = at + 0.9 * header
+            assert not backend.hit("a", limits, cost=cost, now=soon).allowed, ("0.9 header", what)
+        assert backend.hit("a", limits, cost=cost, now=at + header).allowed, ("header a", what)
+        assert backend.hit("b", limits, cost=cost, now=at + denied.retry_after).allowed, (
+            "exact b",
+            what,
+        )
+
+
+@pytest.mark.parametrize("single", [True, False], ids=["one", "two"])
+def test_a_retry_after_retry_after_passes_and_one_sooner_does_not(
+    backend: Backend, single: bool
+) -> None:
+    rng = random.Random(11)
+    for algorithms in cases(single):
+        check_retry(backend, rng, algorithms)
+
+
+def check_remaining(
+    backend: Backend, rng: random.Random, algorithms: tuple[Algorithm, ...]
+) -> None:
+    tag = "-".join(algorithms)
+    for case in range(12):
+        limits = [random_limit(rng, a, f"{tag}{case}r{i}") for i, a in enumerate(algorithms)]
+        cost = rng.randint(1, min(limit.capacity for limit in limits))
+        at = T0 + rng.randint(0, 10**6) / 1e6
+        # Some earlier traffic, a while ago.
+        for _ in range(rng.randint(0, 3)):
+            backend.hit("c", limits, cost=1, now=at - rng.uniform(0, 5))
+        first = backend.hit("c", limits, cost=cost, now=at)
+        what = (case, [str(limit) for limit in limits], cost, first)
+        if not first.allowed:
+            continue
+        assert first.remaining >= 0, what
+        # Reset: the reported limit is whole again then (peeked, nothing taken), not before.
+        reported = first.limit
+        assert reported is not None, what
+        reset = math.ceil(round(first.reset_after, 6))
+        full = backend.peek("c", [reported], now=at + reset)
+        assert full.remaining == reported.capacity, ("reset", reset, full, what)
+        passed = 0
+        while backend.hit("c", limits, cost=cost, now=at).allowed:
+            passed += 1
+            assert passed <= 60, what
+        assert passed == first.remaining // cost, what
+
+
+@pytest.mark.parametrize("single", [True, False], ids=["one", "two"])
+def test_remaining_is_how_many_more_requests_pass_at_once(backend: Backend, single: bool) -> None:
+    rng = random.Random(7)
+    for algorithms in cases(single):
+        check_remaining(backend, rng, algorithms)
+
+
+@pytest.mark.parametrize("single", [True, False], ids=["one", "two"])
+def test_every_key_a_request_wrote_expires(
+    settings: Any, redis_client: Any, _isolated_throttle: str, single: bool
+) -> None:
+    """On the suite's private redis-server, on its own clock: allowed and refused requests
+    of every algorithm and every pair, with costs above 1; every key has a TTL."""
+    from django_throttle.backends import get_backend
+
+    backend = get_backend()
+    rng = random.Random(3)
+    for algorithms in cases(single):
+        tag = "-".join(algorithms)
+        limits = [random_limit(rng, a, f"{tag}t{i}") for i, a in enumerate(algorithms)]
+        cost = rng.randint(1, min(limit.capacity for limit in limits))
+        for client in ("x", "y"):
+            for _ in range(math.ceil(max(limit.capacity for limit in limits) / cost) + 1):
+                backend.hit(client, limits, cost=cost)
+    keys = list(redis_client.scan_iter(match=_isolated_throttle + "*", count=1000))
+    assert len(keys) >= 7
+    assert {key: redis_client.pttl(key) for key in keys if redis_client.pttl(key) < 0} == {}
+
+
+# --- Through the middleware: a tier's limit and an endpoint rule's, cost above 1 ----------
+
+
+@throttle(scope="retry-honest")
+def priced_view(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"ok": True})
+
+
+urlpatterns = [path("priced/", priced_view)]
+
+
+def row_rate(rng: random.Random, algorithm: Algorithm) -> dict[str, Any]:
+    if algorithm == Algorithm.CALENDAR:
+        return {"rate": f"{rng.randint(3, 12)}/day", "algorithm": algorithm}
+    count = rng.randint(3, 12)
+    burst = rng.randint(count, 2 * count) if algorithm in TOKENS else None
+    return {
+        "rate": f"{count}/{rng.choice(['2s', '7s', 'm', '90s'])}",
+        "algorithm": algorithm,
+        "burst": burst,
+    }
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db
+@pytest.mark.parametrize(("tiered", "ruled"), list(itertools.permutations(COUNTING, 2))[::3])
+def test_the_headers_of_a_priced_rule_say_what_the_next_request_gets(
+    settings: Any, tiered: Algorithm, ruled: Algorithm
+) -> None:
+    """In memory, on the backend's injected clock: a tier's limit of one algorithm and an
+    endpoint rule's of another, the rule costing 2 or 3. After each allowed response,
+    ``X-RateLimit-Remaining // cost`` more requests pass at once (``RateLimit`` says the
+    same); after the 429, a retry ``Retry-After`` later passes, one at 0.9 of it (when the
+    exact wait is longer) is refused."""
+    settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
+    settings.DJANGO_THROTTLE_IETF_HEADERS = True
+    counting = backends.get_backend()
+    assert isinstance(counting, MemoryBackend)
+    now = [T0 + 0.123456]
+    counting.clock = lambda: now[0]
+    rng = random.Random(f"{tiered}{ruled}")
+    anonymous = tier("anonymous", is_default_anonymous=True)
+    TierLimit.objects.create(tier=anonymous, **row_rate(rng, tiered))
+    cost = rng.choice([2, 3])
+    rule = endpoint("retry-honest", "scope", "retry-honest", cost=cost)
+    EndpointLimit.objects.create(rule=rule, tier=anonymous, **row_rate(rng, ruled))
+    policy.current()
+    client = Client(REMOTE_ADDR="203.0.113.40")
+
+    first = client.get("/priced/")
+    assert first.status_code == 200, first
+    remaining = int(first["X-RateLimit-Remaining"])
+    assert f";r={remaining};" in first["RateLimit"]
+    more = 0
+    while (response := client.get("/priced/")).status_code == 200:
+        more += 1
+        assert more < 60
+    assert more == remaining // cost, (more, remaining, cost, dict(first.headers))
+    assert response.status_code == 429
+    header = int(response["Retry-After"])
+
+    start = now[0]
+    if 0.9 * header < header - 1:
+        now[0] = start + 0.9 * header
+        assert client.get("/priced/").status_code == 429
+    now[0] = start + header
+    assert client.get("/priced/").status_code == 200, (header, dict(response.headers))
