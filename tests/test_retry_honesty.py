@@ -6,12 +6,17 @@ a request wrote has a TTL. Every call names its instant, so the clock is the tes
 
 from __future__ import annotations
 
+import io
 import itertools
+import json
 import math
 import random
+import re
 from typing import Any
 
 import pytest
+from django.contrib import admin
+from django.core.management import call_command
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import Client
 from django.urls import path
@@ -173,7 +178,16 @@ def priced_view(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"ok": True})
 
 
-urlpatterns = [path("priced/", priced_view)]
+@throttle(scope="retry-plain")
+def plain_view(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"ok": True})
+
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("priced/", priced_view),
+    path("plain/", plain_view),
+]
 
 
 def row_rate(rng: random.Random, algorithm: Algorithm) -> dict[str, Any]:
@@ -232,3 +246,60 @@ def test_the_headers_of_a_priced_rule_say_what_the_next_request_gets(
         assert client.get("/priced/").status_code == 429
     now[0] = start + header
     assert client.get("/priced/").status_code == 200, (header, dict(response.headers))
+
+
+# --- What the operator tools say after a known sequence ---------------------------------------
+
+
+def usage_by(what: str) -> dict[str, dict[str, Any]]:
+    out = io.StringIO()
+    call_command("throttle_usage", "--by", what, "--format", "json", stdout=out)
+    return {row[what]: row for row in json.loads(out.getvalue())}
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db
+def test_usage_dashboard_and_inspector_say_what_happened(
+    backend: Backend, admin_client: Client
+) -> None:
+    """Two clients, a plain rule (2 a minute) and a priced one (cost 3 of 7 a minute): the
+    report by endpoint, tier and client, the dashboard's totals and the inspector's verdict
+    for the next request are exactly the sequence's, none marked an estimate."""
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    plain = endpoint("retry-plain", "scope", "retry-plain")
+    EndpointLimit.objects.create(rule=plain, tier=anonymous, rate="2/min")
+    priced = endpoint("retry-honest", "scope", "retry-honest", cost=3)
+    EndpointLimit.objects.create(rule=priced, tier=anonymous, rate="7/min")
+    policy.current()
+    first, second = Client(REMOTE_ADDR="203.0.113.50"), Client(REMOTE_ADDR="203.0.113.51")
+    statuses = [first.get("/plain/").status_code for _ in range(5)]
+    statuses += [second.get("/plain/").status_code for _ in range(3)]
+    assert statuses == [200, 200, 429, 429, 429, 200, 200, 429]
+    priced_statuses = [first.get("/priced/").status_code for _ in range(4)]
+    assert priced_statuses == [200, 200, 429, 429]  # 7 tokens: two of cost 3, 1 left
+    from django_throttle.usage import accounting as usage
+
+    usage.flush_pending()
+    endpoints = usage_by("endpoint")
+    assert (endpoints["retry-plain"]["allowed"], endpoints["retry-plain"]["denied"]) == (4, 4)
+    assert (endpoints["retry-honest"]["allowed"], endpoints["retry-honest"]["denied"]) == (2, 2)
+    assert {row["delayed"] for row in endpoints.values()} == {0}
+    assert all(not row["estimated"] for row in endpoints.values())
+    tiers = usage_by("tier")
+    assert (tiers["anonymous"]["allowed"], tiers["anonymous"]["denied"]) == (6, 6)
+    clients = usage_by("client")
+    assert (clients["ip:203.0.113.50"]["allowed"], clients["ip:203.0.113.50"]["denied"]) == (4, 5)
+    assert (clients["ip:203.0.113.51"]["allowed"], clients["ip:203.0.113.51"]["denied"]) == (2, 1)
+
+    html = admin_client.get("/admin/django_throttle/usagecount/dashboard/").content.decode()
+    totals = dict(re.findall(r'data-outcome="(\w+)">(\d+)</strong>', html))
+    assert (totals["allowed"], totals["denied"]) == ("6", "6"), totals
+    assert "dt-estimate" not in html
+
+    # One token left of the priced rule's 7: the next request (cost 3) is refused.
+    page = admin_client.get(
+        "/admin/django_throttle/usagecount/inspect/",
+        {"client": "203.0.113.50", "path": "/priced/"},
+    ).content.decode()
+    verdict = re.search(r'id="dt-verdict">(.*?)</td>', page, re.S)
+    assert verdict is not None and "denied (429)" in verdict.group(1), verdict
