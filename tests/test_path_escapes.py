@@ -119,3 +119,40 @@ def test_a_worker_keeps_no_memory_per_path_a_client_makes_up(escapes: Any) -> No
         tracemalloc.stop()
     # 90 paths of 40 kB: 3.6 MB if each were kept.
     assert grown < 2_500_000, grown
+
+
+@pytest.mark.parametrize("method", ["FOO", "PROPFIND", "get"])
+@pytest.mark.parametrize("path", ["/fmt/hello/", "/fmt/ping/"])
+def test_a_method_no_rule_can_name_meets_the_get_rule(escapes: Any, path: str, method: str) -> None:
+    """A function view answers any method with the code its GET runs (a DRF view refuses
+    it with 405): a method the admin cannot name must not escape the GET's limits, as HEAD
+    does not."""
+    endpoint("reads", "path", path, methods="GET", limits={escapes: "1/h"})
+    client = Client()
+    assert client.get(path).status_code == 200
+    assert client.generic(method, path).status_code in (405, 429)
+
+
+def test_an_async_view_meets_the_get_rule_by_any_unnamed_method(escapes: Any) -> None:
+    endpoint("reads", "path", "/fmt/hello-async/", methods="GET", limits={escapes: "1/h"})
+    client = AsyncClient()
+
+    async def both() -> list[int]:
+        first = await client.get("/fmt/hello-async/")
+        return [first.status_code, (await client.generic("FOO", "/fmt/hello-async/")).status_code]
+
+    assert async_to_sync(both)() == [200, 429]
+
+
+def test_a_rule_naming_get_leaves_other_named_methods_alone(escapes: Any) -> None:
+    endpoint("reads", "path", "/fmt/hello/", methods="GET", limits={escapes: "1/h"})
+    client = Client()
+    assert client.get("/fmt/hello/").status_code == 200
+    assert client.post("/fmt/hello/").status_code == 200
+
+
+def test_the_methods_a_rule_can_name_are_the_admins() -> None:
+    from django_throttle.models.fields import HTTP_METHODS
+    from django_throttle.policy.live import NAMEABLE_METHODS
+
+    assert frozenset(HTTP_METHODS) == NAMEABLE_METHODS

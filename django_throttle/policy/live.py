@@ -519,7 +519,7 @@ class Policy:
         with the same pattern, one naming the method beats one for all. HEAD meets the rules
         of GET, after a rule naming HEAD itself: Django (and DRF) answer HEAD with the GET
         handler, so a HEAD costs the server what a GET does and must not escape the GET's
-        limits."""
+        limits; so does a method no rule can name (:data:`NAMEABLE_METHODS`)."""
         for index, name in ((self.by_scope, scope), (self.by_route, route)):
             if name is not None and (found := _pick(index.get(name, ()), method)) is not None:
                 return found
@@ -612,6 +612,7 @@ def _pick(
     covers HEAD only by naming GET yields to a rule of the same pattern naming HEAD, and
     beats one of the same pattern for every method."""
     covering: EndpointPolicy | None = None
+    as_get = method == "HEAD" or method not in NAMEABLE_METHODS
     for rule in rules:
         if paths is not None and not any(rule.matches_path(path) for path in paths):
             continue
@@ -619,9 +620,16 @@ def _pick(
             break
         if not rule.methods or method in rule.methods:
             return covering if covering is not None and not rule.methods else rule
-        if covering is None and method == "HEAD" and "GET" in rule.methods:
+        if covering is None and as_get and "GET" in rule.methods:
             covering = rule
     return covering
+
+
+#: The methods a rule can name (``models.fields.HTTP_METHODS``, not imported: the models
+#: need the app registry). Any other (``FOO``, ``PROPFIND``) meets the rules naming GET, as
+#: HEAD does: a function view answers it with the code its GET runs (a class-based or DRF
+#: view refuses it with 405 after the check), so it must not escape the GET's limits.
+NAMEABLE_METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"))
 
 
 logger = logging.getLogger("django_throttle.policy")
