@@ -507,17 +507,23 @@ class Policy:
         return None if found is None or not matches or expired else found
 
     def match(
-        self, method: str, scope: str | None = None, route: str | None = None, path: str = ""
+        self,
+        method: str,
+        scope: str | None = None,
+        route: str | None = None,
+        path: str | tuple[str, ...] = "",
     ) -> EndpointPolicy | None:
         """The endpoint rule for a request: by scope, else route name, else longest path
-        pattern covering the path (whole segments); among rules with the same pattern, one
-        naming the method beats one for all. HEAD meets the rules of GET, after a rule naming
-        HEAD itself: Django (and DRF) answer HEAD with the GET handler, so a HEAD costs the
-        server what a GET does and must not escape the GET's limits."""
+        pattern covering the path (whole segments), or any of its spellings when ``path`` is
+        a tuple of them (see :func:`~django_throttle.request.core.rule_paths`); among rules
+        with the same pattern, one naming the method beats one for all. HEAD meets the rules
+        of GET, after a rule naming HEAD itself: Django (and DRF) answer HEAD with the GET
+        handler, so a HEAD costs the server what a GET does and must not escape the GET's
+        limits; so does a method no rule can name (:data:`NAMEABLE_METHODS`)."""
         for index, name in ((self.by_scope, scope), (self.by_route, route)):
             if name is not None and (found := _pick(index.get(name, ()), method)) is not None:
                 return found
-        return _pick(self.by_path, method, path)
+        return _pick(self.by_path, method, (path,) if isinstance(path, str) else path)
 
     def tier_for(self, identity: Identity) -> TierPolicy | None:
         """The client's tier: own assignment, else best group assignment, else the default.
@@ -599,23 +605,31 @@ class Policy:
 
 
 def _pick(
-    rules: tuple[EndpointPolicy, ...], method: str, path: str | None = None
+    rules: tuple[EndpointPolicy, ...], method: str, paths: tuple[str, ...] | None = None
 ) -> EndpointPolicy | None:
     """The first of ``rules`` (ordered most specific first: longest pattern, then those
-    naming methods) that covers ``method`` (and ``path``, when given). A rule that covers
-    HEAD only by naming GET yields to a rule of the same pattern naming HEAD, and beats one
-    of the same pattern for every method."""
+    naming methods) that covers ``method`` (and one of ``paths``, when given). A rule that
+    covers HEAD only by naming GET yields to a rule of the same pattern naming HEAD, and
+    beats one of the same pattern for every method."""
     covering: EndpointPolicy | None = None
+    as_get = method == "HEAD" or method not in NAMEABLE_METHODS
     for rule in rules:
-        if path is not None and not rule.matches_path(path):
+        if paths is not None and not any(rule.matches_path(path) for path in paths):
             continue
         if covering is not None and rule.pattern != covering.pattern:
             break
         if not rule.methods or method in rule.methods:
             return covering if covering is not None and not rule.methods else rule
-        if covering is None and method == "HEAD" and "GET" in rule.methods:
+        if covering is None and as_get and "GET" in rule.methods:
             covering = rule
     return covering
+
+
+#: The methods a rule can name (``models.fields.HTTP_METHODS``, not imported: the models
+#: need the app registry). Any other (``FOO``, ``PROPFIND``) meets the rules naming GET, as
+#: HEAD does: a function view answers it with the code its GET runs (a class-based or DRF
+#: view refuses it with 405 after the check), so it must not escape the GET's limits.
+NAMEABLE_METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"))
 
 
 logger = logging.getLogger("django_throttle.policy")

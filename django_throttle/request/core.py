@@ -558,7 +558,7 @@ def make_plan(
     key = (request.method or "GET", scope, route, path, tier_id, rule_only, credential, region)
     found = policy.compiled.get(key)
     if found is None:
-        found = _found(policy, key, tier)
+        found = _found(policy, key, tier, rule_paths(request, path) if path else ())
     if isinstance(found, Decision):  # no rule of a rule-only check's scope
         return found
     endpoint, limits, rule_cost, field, is_credential, own, groups = found
@@ -595,6 +595,65 @@ def _inline_field(scope: str | None, rule_only: bool) -> str | None:
 #: Most entries :func:`_found` keeps per snapshot: a key holds the path when rules match by
 #: path, and paths are chosen by clients.
 MAX_COMPILED = 4096
+#: Longest method plus path :func:`_found` keeps an entry for: a longer one (only a client
+#: making paths up sends it) is worked out on every request, so the store stays a few
+#: megabytes at most however long the paths a server accepts.
+MAX_COMPILED_TEXT = 512
+
+
+def rule_paths(request: Any, path: str) -> tuple[str, ...]:
+    """The spellings of ``path`` (the request's ``path_info``) a path rule covers the request
+    by, so a client cannot leave a rule's counter by writing the path another way its view
+    answers: the path itself; without the language prefix ``i18n_patterns`` resolved it by
+    (``/de/api/x/`` is ``/api/x/``); without the format suffix DRF's
+    ``format_suffix_patterns`` and routers accept (``/api/x.json`` is ``/api/x``); and each
+    of those with a trailing slash (``re_path(r"^api/x/?$")``, DRF's
+    ``trailing_slash="/?"``: ``/api/x`` is ``/api/x/``)."""
+    bare = path
+    match = getattr(request, "resolver_match", None)
+    if match is not None:
+        bare = _without_format(_without_language(request, bare, match), match)
+    spellings = dict.fromkeys((path, bare))
+    for spelling in tuple(spellings):
+        if not spelling.endswith("/"):
+            spellings[spelling + "/"] = None
+    return tuple(spellings)
+
+
+def _without_language(request: Any, path: str, match: Any) -> str:
+    """``path`` without the language prefix the URL conf's ``i18n_patterns`` resolved it by."""
+    from django.conf import settings
+    from django.conf.urls.i18n import is_language_prefix_patterns_used
+    from django.utils.translation import get_language_from_path
+
+    if not settings.USE_I18N:
+        return path
+    urlconf = getattr(request, "urlconf", None) or settings.ROOT_URLCONF
+    if not is_language_prefix_patterns_used(urlconf)[0]:
+        return path
+    language = get_language_from_path(path)
+    if not language or not str(match.route).startswith(f"{language}/"):
+        return path
+    prefix = path[: len(language) + 1]  # "/de", as the client wrote it
+    return path[len(prefix) :] or "/"
+
+
+def _without_format(path: str, match: Any) -> str:
+    """``path`` without the format suffix DRF's ``format_suffix_patterns`` (and routers)
+    resolved it by: ``.json`` in ``/api/x.json`` or ``/api/x.json/``."""
+    from django.conf import settings
+
+    drf = getattr(settings, "REST_FRAMEWORK", None) or {}
+    name = drf.get("FORMAT_SUFFIX_KWARG", "format")
+    captured = getattr(match, "captured_kwargs", None) or {}
+    suffix = captured.get(name)
+    if not isinstance(suffix, str) or not suffix:
+        return path
+    for end in (f".{suffix}", f".{suffix}/"):
+        if path.endswith(end) and len(path) > len(end):
+            return path[: -len(end)]
+    return path
+
 
 _Found = tuple[
     EndpointPolicy | None,
@@ -607,14 +666,17 @@ _Found = tuple[
 ]
 
 
-def _found(policy: Policy, key: tuple[Any, ...], tier: TierPolicy | None) -> _Found | Decision:
+def _found(
+    policy: Policy, key: tuple[Any, ...], tier: TierPolicy | None, paths: tuple[str, ...] = ()
+) -> _Found | Decision:
     """What a request meets under ``policy`` for ``key`` (method, scope, route, path, tier
-    id, rule only, credential; ``tier`` the tier that id names): its rule, its limits, the
-    rule's cost, its usage field, whether it is a credential check, what the rule may give
-    back, and the limits counted by IP address or username. Kept in the snapshot's own store,
-    so it is worked out once per policy version."""
+    id, rule only, credential; ``tier`` the tier that id names; ``paths`` the spellings of
+    the path rules match, :func:`rule_paths`): its rule, its limits, the rule's cost, its
+    usage field, whether it is a credential check, what the rule may give back, and the
+    limits counted by IP address or username. Kept in the snapshot's own store, so it is
+    worked out once per policy version."""
     method, scope, route, path, _tier_id, rule_only, credential, region = key
-    endpoint = policy.match(method, scope, route, path)
+    endpoint = policy.match(method, scope, route, paths or path)
     if region is not None:
         tier, endpoint = policy.in_region(tier, endpoint, region)
     found: _Found | Decision
@@ -645,7 +707,7 @@ def _found(policy: Policy, key: tuple[Any, ...], tier: TierPolicy | None) -> _Fo
             # authentication is not a request of its own: its request is checked again).
             limits = (*limits, fleet)
         found = (endpoint, limits, cost, field, is_credential, own, groups)
-    if len(policy.compiled) < MAX_COMPILED:
+    if len(policy.compiled) < MAX_COMPILED and len(method) + len(path) <= MAX_COMPILED_TEXT:
         policy.compiled[key] = found
     return found
 
