@@ -51,7 +51,13 @@ def least(settings: Any, server: RedisServer) -> Iterator[RedisBackend]:
     """The configured backend, logged in as a user holding exactly ``acl_rules("dt")``."""
     settings.DJANGO_THROTTLE_KEY_PREFIX = PREFIX
     settings.DJANGO_THROTTLE_REDIS_URL = user_url(server, acl_rules(PREFIX))
-    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 2.0, "timeout": 2.0}
+    # Generous timeouts: a burst of async connections on a loaded machine took longer than
+    # the defaults' 50 ms connect timeout; what is tested here is the ACL.
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {
+        "socket_timeout": 2.0,
+        "socket_connect_timeout": 2.0,
+        "timeout": 2.0,
+    }
     reset_backend_cache()
     backend = get_backend()
     assert isinstance(backend, RedisBackend)

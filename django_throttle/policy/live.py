@@ -1094,7 +1094,7 @@ def record_unpublished() -> None:
     try:
         with transaction.atomic(using=router.db_for_write(UnpublishedChange)):
             UnpublishedChange._default_manager.create()
-    except DatabaseError as exc:
+    except Exception as exc:  # never a request's error (as _compile)
         logger.warning("could not record the unpublished policy change: %s", exc)
 
 
@@ -1108,7 +1108,7 @@ def _newest_unpublished() -> int | None:
             newest = UnpublishedChange._default_manager.order_by("-pk").values_list("pk", flat=True)
             found: int | None = newest.first()
             return found
-    except DatabaseError as exc:
+    except Exception as exc:  # never a request's error (as _compile)
         logger.warning("could not read the unpublished policy changes: %s", exc)
         return None
 
@@ -1121,7 +1121,7 @@ def _forget_unpublished(newest: int) -> None:
     try:
         with transaction.atomic(using=router.db_for_write(UnpublishedChange)):
             UnpublishedChange._default_manager.filter(pk__lte=newest).delete()
-    except DatabaseError as exc:
+    except Exception as exc:  # never a request's error (as _compile)
         logger.warning("could not delete the published policy changes' records: %s", exc)
 
 
