@@ -1452,3 +1452,12 @@ def test_a_json_true_is_read_as_the_name_django_looks_up(
     for _ in range(3):
         assert json_post("/json-login/", {"username": True, "password": "wrong"}) == 401
     assert json_post("/json-login/", {"username": "True", "password": "right"}) == 429
+
+
+def test_a_form_too_big_to_read_never_hides_the_json_username(rules: Tier, victim: Any) -> None:
+    """Over ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` as a form, ``request.POST`` fails, yet the
+    JSON login view reads the body (before: counted as unreadable in the shared counter,
+    never the account's)."""
+    lock_json()
+    body = json.dumps({"username": "bf1", "password": "right", "x": "&a" * 1200})
+    assert raw_post("/json-login/", body.encode(), "application/x-www-form-urlencoded") == 429

@@ -631,13 +631,20 @@ def _posted_usernames(request: Any) -> _Names | None:
     a form field hide the JSON's name, or a JSON field the form's."""
     meta = request.META
     media = str(meta.get("CONTENT_TYPE") or "").split(";", 1)[0].strip().lower()
+    if media in FORM_TYPES and request.method == "POST":
+        try:
+            names: _Names | None = _fields(request.POST, request)
+        except Exception:  # too many fields, a broken multipart: no view reads the form
+            names = None
+        if media != FORM_TYPES[0]:
+            return names  # multipart: read from the stream, no view reads it otherwise
+        try:
+            body = request.body  # read already for ``request.POST``, even when it failed
+        except Exception:
+            return names
+        in_json = _json_names(body, request)
+        return None if names is None and in_json is None else _merged(names or {}, in_json or {})
     try:
-        if media in FORM_TYPES and request.method == "POST":
-            names = _fields(request.POST, request)
-            if media != FORM_TYPES[0]:
-                return names  # multipart: read from the stream, no view reads it otherwise
-            # Read already for ``request.POST``.
-            return _merged(names, _json_names(request.body, request) or {})
         # Read whatever ``Content-Length`` says: under ASGI a chunked body has none, and
         # Django reads it whole for a view that reads ``request.body``.
         body = request.body  # bounded by DATA_UPLOAD_MAX_MEMORY_SIZE
