@@ -1461,3 +1461,29 @@ def test_a_form_too_big_to_read_never_hides_the_json_username(rules: Tier, victi
     lock_json()
     body = json.dumps({"username": "bf1", "password": "right", "x": "&a" * 1200})
     assert raw_post("/json-login/", body.encode(), "application/x-www-form-urlencoded") == 429
+
+
+def test_an_unreadable_header_never_hides_the_forms_username(rules: Tier, victim: Any) -> None:
+    """A Basic header that does not decode, which the login form ignores, beside the form's
+    ``bf1`` (before: the whole request was unreadable, counted in the shared counter only)."""
+    lock("/login/")
+    right = {"username": "bf1", "password": "right"}
+    response = Client().post(
+        "/login/", right, HTTP_AUTHORIZATION="Basic !!!", REMOTE_ADDR=elsewhere()
+    )
+    assert response.status_code == 429
+
+
+def test_an_unreadable_body_never_hides_the_headers_username(rules: Tier, victim: Any) -> None:
+    """DRF's token view checks a Basic header (its authentication runs before the body is
+    parsed: 400 for a right password, 401 for a wrong one) beside a body that does not
+    parse (before: counted in the shared counter only, never ``bf1``'s)."""
+    lock("/token/")
+    response = Client().post(
+        "/token/",
+        "<xml/>",
+        content_type="application/xml",
+        HTTP_AUTHORIZATION=basic("bf1:right"),
+        REMOTE_ADDR=elsewhere(),
+    )
+    assert response.status_code == 429

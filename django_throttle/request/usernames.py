@@ -108,7 +108,9 @@ def username_counters(request: Any) -> tuple[str, ...]:
     - credentials that cannot be read (a Basic header that does not decode, a body that
       parses neither as JSON nor as a form, or is over ``DATA_UPLOAD_MAX_MEMORY_SIZE``):
       :data:`UNREADABLE_COUNTER`, one counter shared by every such request, so sending
-      something the limiter cannot read never skips the limit.
+      something the limiter cannot read never skips the limit; beside the names the rest
+      of the request presents, so that a garbled header never hides the body's name (a
+      login form ignores the header) nor a garbled body the header's.
     """
     found = _presented(request)
     if found is None:
@@ -498,8 +500,8 @@ def _without_ignored(name: str) -> str:
     return name.translate(table) if table else name
 
 
-#: The one counter of every request whose username cannot be read: the empty username,
-#: which no request that presents a username is counted under.
+#: The one counter of every request whose credentials cannot be read, in whole or in part:
+#: the empty username, which no username read is counted under.
 UNREADABLE_COUNTER = Identity("username", "").key
 #: Most usernames one request is counted under: a Basic header and four fields, each read
 #: from a form and from JSON decoded two ways, is 13 at most; a request naming more is
@@ -546,13 +548,26 @@ def _presented(request: Any) -> _Found:
 
 
 def _read(request: Any, header_only: bool) -> _Found:
-    names = _basic_username(authorization(request.META))
+    """The header's username and, unless ``header_only``, the body's. One that cannot be read
+    never hides the other (a login form ignores a garbled Basic header; DRF's token view
+    checks the header before it parses a body): the names read are counted, and with them
+    the shared counter of credentials that cannot be read (the name ``""``)."""
+    header = _basic_username(authorization(request.META))
+    unreadable = header is None
+    names: _Names = header or {}
     # A DRF authentication class checks the header only; a login view may check both (a
     # DRF token view also runs BasicAuthentication).
-    if names is not None and not header_only and may_present_credentials(request):
+    if not header_only and may_present_credentials(request):
         body = _posted_usernames(request)
-        names = None if body is None else _merged(names, body)
-    if names is None or len(names) > MAX_NAMES:
+        if body is None:
+            unreadable = True
+        else:
+            names = _merged(names, body)
+    if unreadable:
+        if not names:
+            return None
+        names[""] = set()  # counted as UNREADABLE_COUNTER; no spelling, so never a device's
+    if len(names) > MAX_NAMES:
         return None
     return tuple((name, frozenset(names[name])) for name in sorted(names))
 
