@@ -142,6 +142,18 @@ def json_login(request: HttpRequest) -> HttpResponse:
     return HttpResponse("in" if user is not None else "wrong", status=200 if user else 401)
 
 
+@protect_credentials
+async def async_json_login(request: HttpRequest) -> HttpResponse:
+    """An ``async def`` JSON login view, answering whatever the method."""
+    from django.contrib.auth import aauthenticate
+
+    data = json.loads(request.body)
+    user = await aauthenticate(
+        request, username=data.get("username"), password=data.get("password")
+    )
+    return HttpResponse("in" if user is not None else "wrong", status=200 if user else 401)
+
+
 def _refuse_wrong_password(request: HttpRequest) -> HttpResponse:
     """Checks the password itself (no ``authenticate()``, so no ``user_login_failed``) and
     answers a wrong one by raising ``PermissionDenied`` (Django's 403)."""
@@ -175,6 +187,7 @@ urlpatterns = [
     path("requestless-login/", requestless_login),
     path("raising-login/", raising_login),
     path("json-login/", json_login),
+    path("async-json-login/", async_json_login),
     path("async-raising-login/", async_raising_login),
     path("async-requestless-login/", async_requestless_login),
     path("login/", protect_credentials(FormLogin.as_view())),
@@ -1487,3 +1500,19 @@ def test_an_unreadable_body_never_hides_the_headers_username(rules: Tier, victim
         REMOTE_ADDR=elsewhere(),
     )
     assert response.status_code == 429
+
+
+@pytest.mark.parametrize("method", ["PUT", "GET"])
+def test_an_async_view_checks_credentials_sent_with_any_method(
+    rules: Tier, victim: Any, method: str
+) -> None:
+    """The async guard checks a PUT, and a GET with a body, as the sync one does (before:
+    only a POST)."""
+    lock_json("/async-json-login/")
+    body = json.dumps({"username": "bf1", "password": "right"}).encode()
+
+    async def attempt() -> Any:
+        client = AsyncClient()
+        return await client.generic(method, "/async-json-login/", body, "application/json")
+
+    assert async_to_sync(attempt)().status_code == 429
