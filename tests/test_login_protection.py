@@ -1516,3 +1516,13 @@ def test_an_async_view_checks_credentials_sent_with_any_method(
         return await client.generic(method, "/async-json-login/", body, "application/json")
 
     assert async_to_sync(attempt)().status_code == 429
+
+
+def test_json_nested_too_deep_to_parse_is_unreadable_not_an_error() -> None:
+    """JSON nested deeper than Python's parser goes is no JSON to the limiter: one shared
+    counter (before: ``RecursionError`` escaped the check, which promises never to raise)."""
+    from django.test import RequestFactory
+
+    body = b'{"username":"bf1","pad":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    request = RequestFactory().post("/json-login/", body, content_type="application/json")
+    assert usernames.username_counters(request) == (usernames.UNREADABLE_COUNTER,)

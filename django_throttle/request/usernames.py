@@ -694,13 +694,14 @@ def _json_names(body: bytes, request: Any) -> _Names | None:
     decoded = True
     try:
         found = _json_fields(json.loads(body.decode(_charset(request))), request)
-    except (ValueError, LookupError):  # UnicodeDecodeError is a ValueError
+    # UnicodeDecodeError is a ValueError; RecursionError: nested deeper than json parses.
+    except (ValueError, LookupError, RecursionError):
         decoded = False
     if decoded and _utf8_reading(body) and _is_utf8(_charset(request)):
         return found  # the bytes would read as the same text
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return found
     return _merged(found or {}, _json_fields(data, request))
 
