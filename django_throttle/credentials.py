@@ -37,12 +37,13 @@ def protect_credentials(
 def protect_credentials(
     view: Any = None, *, scope: str = "login", username_field: str | None = None
 ) -> Any:
-    """Check POST requests to a login or token view against the endpoint rules of ``scope``
+    """Check requests to a login or token view that may present credentials (any method but
+    GET, HEAD, OPTIONS and TRACE, and those with a body) against the endpoint rules of ``scope``
     before the view runs (429 with ``Retry-After`` when a limit is reached: the password is
     never checked), and settle after it: an attempt that failed (the view answered 4xx, or
     ``user_login_failed`` fired) keeps its tokens under a rule counting failures; any other
     gives them back (``user_login_failed`` counts even when the view calls ``authenticate()``
-    without the request). Other methods (the GET that shows the form) pass unchecked.
+    without the request). The GET that shows the form passes unchecked.
 
     Works on function views, ``LoginView.as_view()``, the admin's login and DRF's
     ``obtain_auth_token``, sync or async. When the backend cannot answer, the attempt is

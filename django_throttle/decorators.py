@@ -47,7 +47,7 @@ from django_throttle.request.core import (
     throttled_response,
     watch_login_failures,
 )
-from django_throttle.request.usernames import USERNAME_FIELDS, remember
+from django_throttle.request.usernames import USERNAME_FIELDS, may_present_credentials, remember
 
 require_installed("django_throttle.decorators")
 
@@ -290,16 +290,17 @@ def guard(
 ) -> Any:
     """``view`` checked with ``options`` before it runs.
 
-    A ``login`` guard (``@protect_credentials``) checks ``POST`` requests only, watches
-    Django's sign-in signals, leaves no decision on the request (the view's own throttle
-    reports its headers; the guard adds only ``X-RateLimit-Degraded``) and gives a browser
-    that signed in its device cookie. Any other guard leaves the decision on
+    A ``login`` guard (``@protect_credentials``) checks only the requests that may present
+    credentials (``usernames.may_present_credentials``), watches Django's sign-in signals,
+    leaves no decision on the request (the view's own throttle reports its headers; the
+    guard adds only ``X-RateLimit-Degraded``) and gives a browser that signed in its device
+    cookie. Any other guard leaves the decision on
     ``request.throttle_decision`` and adds its headers to the view's response."""
     if iscoroutinefunction(view):
 
         @functools.wraps(view)
         async def async_wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
-            if login and request.method != "POST":
+            if login and not may_present_credentials(request):
                 return await view(request, *args, **kwargs)
             first = _started(request, login, username_fields)
             held = len(getattr(request, leases.ATTRIBUTE, ()))
@@ -331,7 +332,7 @@ def guard(
 
     @functools.wraps(view)
     def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
-        if login and request.method != "POST":
+        if login and not may_present_credentials(request):
             return view(request, *args, **kwargs)
         if login:
             first = _started(request, login, username_fields)

@@ -142,6 +142,18 @@ def json_login(request: HttpRequest) -> HttpResponse:
     return HttpResponse("in" if user is not None else "wrong", status=200 if user else 401)
 
 
+@protect_credentials
+async def async_json_login(request: HttpRequest) -> HttpResponse:
+    """An ``async def`` JSON login view, answering whatever the method."""
+    from django.contrib.auth import aauthenticate
+
+    data = json.loads(request.body)
+    user = await aauthenticate(
+        request, username=data.get("username"), password=data.get("password")
+    )
+    return HttpResponse("in" if user is not None else "wrong", status=200 if user else 401)
+
+
 def _refuse_wrong_password(request: HttpRequest) -> HttpResponse:
     """Checks the password itself (no ``authenticate()``, so no ``user_login_failed``) and
     answers a wrong one by raising ``PermissionDenied`` (Django's 403)."""
@@ -175,6 +187,7 @@ urlpatterns = [
     path("requestless-login/", requestless_login),
     path("raising-login/", raising_login),
     path("json-login/", json_login),
+    path("async-json-login/", async_json_login),
     path("async-raising-login/", async_raising_login),
     path("async-requestless-login/", async_requestless_login),
     path("login/", protect_credentials(FormLogin.as_view())),
@@ -1363,3 +1376,153 @@ def test_an_authentication_class_refusing_by_raising_counts_it_as_a_failure(
     assert [r.status_code for r in wrong] == [403] * 3
     right = Client().get("/strict-basic/", HTTP_AUTHORIZATION=basic("bf1:right"))
     assert right.status_code == 429
+
+
+def lock_json(url: str = "/json-login/") -> None:
+    """``lock`` for a JSON login view (a form body would leave it no ``request.body``)."""
+    for _ in range(3):
+        assert json_post(url, {"username": "bf1", "password": "wrong"}) == 401
+    assert json_post(url, {"username": "bf1", "password": "right"}) == 429
+
+
+def raw_post(url: str, body: bytes, content_type: str, method: str = "POST") -> int:
+    """``body`` sent as it is (the test client re-encodes a body to a charset it names)."""
+    response = Client().generic(
+        method, url, body, content_type=content_type, REMOTE_ADDR=elsewhere()
+    )
+    return int(response.status_code)
+
+
+def test_a_form_field_never_hides_the_json_username(rules: Tier, victim: Any) -> None:
+    """A body that is JSON and, under a form's ``Content-Type``, a form too: the JSON login
+    view reads the JSON's ``bf1`` (before: only the form's field, a fresh name each time,
+    was counted, so guesses at ``bf1`` were never limited)."""
+    lock_json()
+    body = json.dumps({"username": "bf1", "password": "right", "x": "&username=fresh1&"})
+    assert raw_post("/json-login/", body.encode(), "application/x-www-form-urlencoded") == 429
+
+
+@pytest.mark.parametrize("content_type", ["*/*", "application/*", "text/plain"])
+def test_a_json_field_never_hides_the_form_username(
+    rules: Tier, victim: Any, content_type: str
+) -> None:
+    """Under ``*/*`` DRF's token view parses with its first parser, the form parser: a JSON
+    body hiding a form gives it the form's ``bf1`` (before: only the JSON's field, a fresh
+    name each time, was counted, and a locked account's token was handed out)."""
+    lock("/token/")
+    body = json.dumps({"username": "fresh2", "x": "&username=bf1&password=right&"})
+    assert raw_post("/token/", body.encode(), content_type) == 429
+
+
+@pytest.mark.parametrize("method", ["PUT", "PATCH", "DELETE", "GET", "OPTIONS"])
+def test_credentials_sent_with_any_method_are_checked(
+    rules: Tier, victim: Any, method: str
+) -> None:
+    """A JSON login view reads ``request.body`` whatever the method (before: only a POST was
+    checked, so a PUT, or a GET with a body, guessed without limit)."""
+    lock_json()
+    body = json.dumps({"username": "bf1", "password": "right"}).encode()
+    assert raw_post("/json-login/", body, "application/json", method) == 429
+
+
+def test_the_login_form_shown_by_get_is_not_checked(rules: Tier, victim: Any) -> None:
+    """A GET without a body presents no credentials: the form is shown even to a client
+    whose counters are spent."""
+    lock("/login/")
+    assert Client().get("/login/").status_code == 200
+
+
+@pytest.mark.parametrize("codec", ["utf-8-sig", "utf-16", "utf-16-be", "utf-32"])
+def test_json_the_view_decodes_from_its_bytes_is_read(rules: Tier, victim: Any, codec: str) -> None:
+    """``json.loads(request.body)`` tells UTF-16, UTF-32 and a BOM from the bytes (before:
+    such a body was decoded as UTF-8 only, unreadable, and counted in the shared counter
+    instead of the account's)."""
+    lock_json()
+    body = json.dumps({"username": "bf1", "password": "right"}).encode(codec)
+    assert raw_post("/json-login/", body, "application/json") == 429
+
+
+def test_a_charset_that_reads_another_username_is_no_fresh_counter(
+    rules: Tier, victim: Any
+) -> None:
+    """Declared UTF-7, the body reads as ``fresh3`` (a duplicate key hidden in a base64
+    run); ``json.loads(request.body)`` reads it as UTF-8: ``bf1`` (before: only the declared
+    charset was read, a fresh counter for every guess)."""
+    lock_json()
+    hidden = base64.b64encode('","username":"fresh3'.encode("utf-16-be")).rstrip(b"=")
+    body = b'{"username":"bf1","password":"right","a":"+' + hidden + b'-"}'
+    assert json.loads(body)["username"] == "bf1"
+    assert json.loads(body.decode("utf-7"))["username"] == "fresh3"
+    assert raw_post("/json-login/", body, "application/json; charset=utf-7") == 429
+
+
+def test_a_json_true_is_read_as_the_name_django_looks_up(
+    rules: Tier, django_user_model: Any
+) -> None:
+    """``authenticate(username=True)`` finds the account ``True`` (the model field takes
+    it as its text): counted under it (before: no username, never limited)."""
+    django_user_model.objects.create_user("True", password="right")
+    for _ in range(3):
+        assert json_post("/json-login/", {"username": True, "password": "wrong"}) == 401
+    assert json_post("/json-login/", {"username": "True", "password": "right"}) == 429
+
+
+def test_a_form_too_big_to_read_never_hides_the_json_username(rules: Tier, victim: Any) -> None:
+    """Over ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` as a form, ``request.POST`` fails, yet the
+    JSON login view reads the body (before: counted as unreadable in the shared counter,
+    never the account's)."""
+    lock_json()
+    body = json.dumps({"username": "bf1", "password": "right", "x": "&a" * 1200})
+    assert raw_post("/json-login/", body.encode(), "application/x-www-form-urlencoded") == 429
+
+
+def test_an_unreadable_header_never_hides_the_forms_username(rules: Tier, victim: Any) -> None:
+    """A Basic header that does not decode, which the login form ignores, beside the form's
+    ``bf1`` (before: the whole request was unreadable, counted in the shared counter only)."""
+    lock("/login/")
+    right = {"username": "bf1", "password": "right"}
+    response = Client().post(
+        "/login/", right, HTTP_AUTHORIZATION="Basic !!!", REMOTE_ADDR=elsewhere()
+    )
+    assert response.status_code == 429
+
+
+def test_an_unreadable_body_never_hides_the_headers_username(rules: Tier, victim: Any) -> None:
+    """DRF's token view checks a Basic header (its authentication runs before the body is
+    parsed: 400 for a right password, 401 for a wrong one) beside a body that does not
+    parse (before: counted in the shared counter only, never ``bf1``'s)."""
+    lock("/token/")
+    response = Client().post(
+        "/token/",
+        "<xml/>",
+        content_type="application/xml",
+        HTTP_AUTHORIZATION=basic("bf1:right"),
+        REMOTE_ADDR=elsewhere(),
+    )
+    assert response.status_code == 429
+
+
+@pytest.mark.parametrize("method", ["PUT", "GET"])
+def test_an_async_view_checks_credentials_sent_with_any_method(
+    rules: Tier, victim: Any, method: str
+) -> None:
+    """The async guard checks a PUT, and a GET with a body, as the sync one does (before:
+    only a POST)."""
+    lock_json("/async-json-login/")
+    body = json.dumps({"username": "bf1", "password": "right"}).encode()
+
+    async def attempt() -> Any:
+        client = AsyncClient()
+        return await client.generic(method, "/async-json-login/", body, "application/json")
+
+    assert async_to_sync(attempt)().status_code == 429
+
+
+def test_json_nested_too_deep_to_parse_is_unreadable_not_an_error() -> None:
+    """JSON nested deeper than Python's parser goes is no JSON to the limiter: one shared
+    counter (before: ``RecursionError`` escaped the check, which promises never to raise)."""
+    from django.test import RequestFactory
+
+    body = b'{"username":"bf1","pad":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    request = RequestFactory().post("/json-login/", body, content_type="application/json")
+    assert usernames.username_counters(request) == (usernames.UNREADABLE_COUNTER,)

@@ -150,6 +150,7 @@ ENTRY_POINTS: dict[str, Callable[[str], Any]] = {
 @example(name="b\ufe70f1")  # NFKC: a space and a mark; unnormalised: ignored whole
 @example(name="b\ufc5e\ufc5ef1")
 @example(name="bf\u03451")  # a mark upper() would make a capital iota
+@example(name="\u00c2\u0080")  # in Latin-1 the bytes C2 80: UTF-8 too, for U+0080
 def test_the_limiter_counts_the_name_the_authenticator_authenticates(
     entry: str, name: str, authenticated: list[str]
 ) -> None:
@@ -162,7 +163,12 @@ def test_the_limiter_counts_the_name_the_authenticator_authenticates(
     event(f"authenticate() called: {bool(authenticated)}")
     for checked in authenticated:
         if checked.strip():  # a blank name signs nobody in; not counted by username either
-            assert counters == (Identity("username", normalise_username(checked)).key,)
+            expected = Identity("username", normalise_username(checked)).key
+            assert expected in counters
+            if entry != "token latin-1 json":
+                assert counters == (expected,)
+            # A Latin-1 body whose bytes are UTF-8 too names a second user, the one a view
+            # calling ``json.loads(request.body)`` reads: counted under both.
 
 
 @given(name=usernames)

@@ -39,6 +39,7 @@ from django_throttle.policy.live import EndpointPolicy, Policy, TierPolicy, curr
 from django_throttle.rates import FLEET, Algorithm, Decision, Limit, rate_text
 from django_throttle.redaction import plain_text
 from django_throttle.request import core
+from django_throttle.request.usernames import SAFE_METHODS
 
 
 @dataclass(frozen=True)
@@ -817,7 +818,8 @@ def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) 
             inline = inline or getattr(func, "throttle_options", None)
             func = getattr(func, "__wrapped__", None)
     checks = []
-    if credential_scope is not None and method == "POST":
+    # Checked for every method that may carry credentials (a probe of a safe one has no body).
+    if credential_scope is not None and method not in SAFE_METHODS:
         name = f"protect_credentials (scope '{credential_scope}')"
         checks.append(_credential_check(name, str(credential_scope)))
     if inline is not None:  # @throttle(rate=…): its own limit, not the tier's

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import contextlib
 import hashlib
 import hmac
@@ -79,13 +80,17 @@ def presented_username(request: Any) -> str | None:
     Read exactly as the authenticators read it, so that no spelling an authenticator
     accepts escapes the counter: the user part of ``Authorization: Basic`` decoded as DRF's
     ``BasicAuthentication`` decodes it (stray non-base64 characters dropped, UTF-8 else
-    Latin-1); a form body through ``request.POST``; any other POST body whatever its
-    ``Content-Type`` says (DRF matches media types case-insensitively, and ``*/*`` selects
-    one of its parsers) and whatever its size (up to ``DATA_UPLOAD_MAX_MEMORY_SIZE``: DRF
-    parses any), as JSON (decoded with the charset its ``Content-Type`` names, else
-    ``DEFAULT_CHARSET``, as DRF decodes it), else as a form; a number is its text (DRF's
-    ``CharField``). Fields looked at: the view's own (``protect_credentials(username_field=…)``),
-    the user model's ``USERNAME_FIELD``, ``username`` and ``email``. Never raises.
+    Latin-1); the body of any request that may present credentials
+    (:func:`may_present_credentials`), whatever its ``Content-Type`` says (DRF matches media
+    types case-insensitively, ``*/*`` selects one of its parsers, and a plain view may call
+    ``json.loads(request.body)`` under any) and whatever its size (up to
+    ``DATA_UPLOAD_MAX_MEMORY_SIZE``: DRF parses any), as a form (``request.POST``, else
+    parsed as DRF parses it) and as JSON (decoded with the charset its ``Content-Type`` names,
+    else ``DEFAULT_CHARSET``, as DRF decodes it, and from its bytes alone, as ``json.loads``
+    decodes them), every reading's names counted; a number or ``true`` is its text (DRF's
+    ``CharField``, Django's model field). Fields looked at: the view's own
+    (``protect_credentials(username_field=…)``), the user model's ``USERNAME_FIELD``,
+    ``username`` and ``email``. Never raises.
     """
     found = _presented(request)
     return found[0][0] if found is not None and len(found) == 1 else None
@@ -103,7 +108,9 @@ def username_counters(request: Any) -> tuple[str, ...]:
     - credentials that cannot be read (a Basic header that does not decode, a body that
       parses neither as JSON nor as a form, or is over ``DATA_UPLOAD_MAX_MEMORY_SIZE``):
       :data:`UNREADABLE_COUNTER`, one counter shared by every such request, so sending
-      something the limiter cannot read never skips the limit.
+      something the limiter cannot read never skips the limit; beside the names the rest
+      of the request presents, so that a garbled header never hides the body's name (a
+      login form ignores the header) nor a garbled body the header's.
     """
     found = _presented(request)
     if found is None:
@@ -493,11 +500,13 @@ def _without_ignored(name: str) -> str:
     return name.translate(table) if table else name
 
 
-#: The one counter of every request whose username cannot be read: the empty username,
-#: which no request that presents a username is counted under.
+#: The one counter of every request whose credentials cannot be read, in whole or in part:
+#: the empty username, which no username read is counted under.
 UNREADABLE_COUNTER = Identity("username", "").key
-#: Most usernames one request is counted under (a Basic header and four fields).
-MAX_NAMES = 5
+#: Most usernames one request is counted under: a Basic header and four fields, each read
+#: from a form and from JSON decoded two ways, is 13 at most; a request naming more is
+#: counted as unreadable (:data:`UNREADABLE_COUNTER`), never under some of its names only.
+MAX_NAMES = 16
 
 #: The sorted, distinct usernames presented (empty: none), each with the digests of the
 #: spellings it was presented as (see :func:`_spelling`), or ``None``: credentials are
@@ -539,19 +548,54 @@ def _presented(request: Any) -> _Found:
 
 
 def _read(request: Any, header_only: bool) -> _Found:
-    names = _basic_username(authorization(request.META))
+    """The header's username and, unless ``header_only``, the body's. One that cannot be read
+    never hides the other (a login form ignores a garbled Basic header; DRF's token view
+    checks the header before it parses a body): the names read are counted, and with them
+    the shared counter of credentials that cannot be read (the name ``""``)."""
+    header = _basic_username(authorization(request.META))
+    unreadable = header is None
+    names: _Names = header or {}
     # A DRF authentication class checks the header only; a login view may check both (a
     # DRF token view also runs BasicAuthentication).
-    if names is not None and request.method == "POST" and not header_only:
+    if not header_only and may_present_credentials(request):
         body = _posted_usernames(request)
         if body is None:
-            names = None
+            unreadable = True
         else:
-            for name, spellings in body.items():
-                names.setdefault(name, set()).update(spellings)
-    if names is None:
+            names = _merged(names, body)
+    if unreadable:
+        if not names:
+            return None
+        names[""] = set()  # counted as UNREADABLE_COUNTER; no spelling, so never a device's
+    if len(names) > MAX_NAMES:
         return None
-    return tuple((name, frozenset(names[name])) for name in sorted(names))[:MAX_NAMES]
+    return tuple((name, frozenset(names[name])) for name in sorted(names))
+
+
+#: Methods that carry no credentials unless the request has a body (the GET that shows the
+#: login form): every other method may (a view reading ``request.body`` reads it whatever the
+#: method, and DRF parses the body of any method).
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")
+
+
+def may_present_credentials(request: Any) -> bool:
+    """Whether ``request`` may present credentials to a login view: any method but
+    :data:`SAFE_METHODS`, and those too when they carry a body (a view that reads
+    ``json.loads(request.body)`` reads a ``GET``'s, a ``PUT``'s or a ``DELETE``'s as it reads a
+    ``POST``'s). A body that cannot be read counts as one."""
+    if request.method not in SAFE_METHODS:
+        return True
+    try:
+        return bool(request.body)
+    except Exception:  # too big, already read, bad length: it may hold credentials
+        return True
+
+
+def _merged(names: _Names, more: _Names) -> _Names:
+    """``names`` with ``more`` added (each name's spellings joined)."""
+    for name, spellings in more.items():
+        names.setdefault(name, set()).update(spellings)
+    return names
 
 
 def authorization(meta: Any) -> list[bytes]:
@@ -593,17 +637,29 @@ def _field_names(request: Any = None) -> tuple[str, ...]:
 
 
 def _posted_usernames(request: Any) -> _Names | None:
-    """The distinct usernames a POST body presents (empty: none; ``None``: unreadable)."""
+    """The distinct usernames a body presents (empty: none; ``None``: unreadable), in every
+    way a login view may read them: a form through ``request.POST`` (a ``POST``'s), else
+    parsed from the body as DRF's form parser does; and the same body as JSON, whatever the
+    ``Content-Type`` says (a login view calling ``json.loads(request.body)`` never looks;
+    DRF's ``*/*`` picks the view's first parser, the form parser on ``obtain_auth_token``).
+    A body that reads both ways presents the names of both: reading one way only would let
+    a form field hide the JSON's name, or a JSON field the form's."""
     meta = request.META
     media = str(meta.get("CONTENT_TYPE") or "").split(";", 1)[0].strip().lower()
+    if media in FORM_TYPES and request.method == "POST":
+        try:
+            names: _Names | None = _fields(request.POST, request)
+        except Exception:  # too many fields, a broken multipart: no view reads the form
+            names = None
+        if media != FORM_TYPES[0]:
+            return names  # multipart: read from the stream, no view reads it otherwise
+        try:
+            body = request.body  # read already for ``request.POST``, even when it failed
+        except Exception:
+            return names
+        in_json = _json_names(body, request)
+        return None if names is None and in_json is None else _merged(names or {}, in_json or {})
     try:
-        if media in FORM_TYPES:
-            names = _fields(request.POST, request)
-            if names or media != FORM_TYPES[0]:
-                return names
-            # No field: a JSON login view reads ``request.body`` whatever the type says
-            # (read already for ``request.POST``).
-            return _json_names(request.body, request) or {}
         # Read whatever ``Content-Length`` says: under ASGI a chunked body has none, and
         # Django reads it whole for a view that reads ``request.body``.
         body = request.body  # bounded by DATA_UPLOAD_MAX_MEMORY_SIZE
@@ -611,29 +667,63 @@ def _posted_usernames(request: Any) -> _Names | None:
         return None
     if not body.strip():
         return {}
+    if media == FORM_TYPES[1]:  # multipart under another method: DRF parses it, we do not
+        return None
     in_json = _json_names(body, request)
-    if in_json is not None:
-        return in_json
     from django.http import QueryDict
 
-    try:  # a form body under another content type (``*/*`` picks DRF's form parser)
+    try:  # a form body (under another content type, ``*/*`` picks DRF's form parser)
         in_form = _fields(QueryDict(body, encoding=request.encoding), request)
     except Exception:
-        return None
-    return in_form or None  # text, XML, YAML…: a parser of its own may read a name
+        in_form = None
+    if in_json is None:
+        return in_form or None  # text, XML, YAML…: a parser of its own may read a name
+    return _merged(in_json, in_form or {})
 
 
 def _json_names(body: bytes, request: Any) -> _Names | None:
     """The usernames of a JSON ``body`` (empty for a JSON list or number: no authenticator
-    takes fields from it), or ``None`` when it is no JSON. Decoded as DRF's JSONParser
-    decodes it: the charset the Content-Type names (which Django keeps as
-    ``request.encoding`` when Python knows it), else ``DEFAULT_CHARSET``; never guessed from
-    the bytes. ``bytes.decode`` takes text codecs only."""
+    takes fields from it), or ``None`` when it is no JSON. Decoded both ways a login view
+    decodes it: as DRF's JSONParser does, with the charset the Content-Type names (which
+    Django keeps as ``request.encoding`` when Python knows it: ``utf-7`` too), else
+    ``DEFAULT_CHARSET``; and as ``json.loads(request.body)`` does, from the bytes alone (a
+    BOM, UTF-16 or UTF-32 told by its zero bytes, else UTF-8), whatever the charset says.
+    The names of every reading that is JSON: a charset chosen so that one reading names
+    another user never keeps the other's name from its counter."""
+    found: _Names | None = None
+    decoded = True
     try:
-        data = json.loads(body.decode(_charset(request)))
-    except (ValueError, LookupError):  # UnicodeDecodeError is a ValueError
-        return None
+        found = _json_fields(json.loads(body.decode(_charset(request))), request)
+    # UnicodeDecodeError is a ValueError; RecursionError: nested deeper than json parses.
+    except (ValueError, LookupError, RecursionError):
+        decoded = False
+    if decoded and _utf8_reading(body) and _is_utf8(_charset(request)):
+        return found  # the bytes would read as the same text
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return found
+    return _merged(found or {}, _json_fields(data, request))
+
+
+def _json_fields(data: Any, request: Any) -> _Names:
     return _fields(data, request) if isinstance(data, dict) else {}
+
+
+def _utf8_reading(body: bytes) -> bool:
+    """Whether ``json.loads`` reads ``body`` (bytes) as UTF-8: no BOM, no zero byte among its
+    first four (what tells UTF-16 and UTF-32 apart)."""
+    return (
+        not body.startswith((codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))
+        and b"\0" not in body[:4]
+    )
+
+
+def _is_utf8(charset: str) -> bool:
+    try:
+        return codecs.lookup(charset).name == "utf-8"
+    except LookupError:
+        return False
 
 
 def _charset(request: Any) -> str:
@@ -648,8 +738,10 @@ def _fields(data: Any, request: Any = None) -> _Names:
     names: _Names = {}
     for field in _field_names(request):
         value = data.get(field)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = str(value)  # DRF's CharField takes numbers as their text
+        if isinstance(value, (int, float)):
+            # DRF's CharField takes numbers as their text; Django's model field a JSON
+            # ``true`` as ``"True"`` (a plain view handing it to ``authenticate()``).
+            value = str(value)
         if isinstance(value, str):
             name = normalise_username(value)
             if name:  # not blank, nor only what normalising removes
