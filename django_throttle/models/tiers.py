@@ -67,7 +67,8 @@ class Tier(models.Model):
     failure_mode = failure_mode_field(
         _(
             "what this tier's requests meet when Redis cannot answer; an endpoint rule's own "
-            "failure mode wins"
+            "failure mode wins. Credential endpoints (login, token) are counted in each "
+            "process where this says 'open'"
         )
     )
     load_factor = _factor(
