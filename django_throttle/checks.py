@@ -58,6 +58,8 @@ def register() -> None:
     checks.register(check_concurrency_middleware, checks.Tags.models)
     checks.register(check_headers_middleware, checks.Tags.urls)
     checks.register(check_shadowed_credential_views, checks.Tags.urls)
+    checks.register(check_unguarded_token_views, checks.Tags.urls)
+    checks.register(check_drf_throttled_views, checks.Tags.urls)
     checks.register(check_credential_rules, checks.Tags.models)
     checks.register(check_rows, checks.Tags.models)
     # Reads the key table: runs with `manage.py check --database …` (and the test runner),
@@ -879,6 +881,107 @@ def check_shadowed_credential_views(**kwargs: Any) -> list[checks.CheckMessage]:
                     "the pattern that takes it (e.g. before path('admin/', admin.site.urls))."
                 ),
                 id="django_throttle.W011",
+            )
+        )
+    return warnings
+
+
+def _routed_views() -> list[tuple[str, Any, type]]:
+    """Each routed class-based view (``as_view()`` keeps the class as ``cls``; a
+    ``protect_credentials`` wrapper copies it) with its route as written and its callback. A
+    URLconf that does not load is reported by Django's own URL checks."""
+    from django.urls import URLPattern, URLResolver, get_resolver
+
+    try:
+        stack: list[tuple[str, Any]] = [("", entry) for entry in get_resolver().url_patterns]
+    except Exception:  # a URLconf that does not load: Django's urls check names it
+        return []
+    found: list[tuple[str, Any, type]] = []
+    while stack:
+        prefix, entry = stack.pop(0)
+        route = prefix + str(getattr(entry, "pattern", ""))
+        if isinstance(entry, URLResolver):
+            stack[:0] = [(route, child) for child in entry.url_patterns]
+        elif isinstance(entry, URLPattern):
+            view = getattr(entry.callback, "cls", None)
+            if isinstance(view, type):
+                found.append(("/" + route, entry.callback, view))
+    return found
+
+
+#: DRF's token view, named rather than imported (only django_throttle.drf imports DRF).
+_TOKEN_VIEW = "rest_framework.authtoken.views.ObtainAuthToken"
+
+
+def _is_token_view(view: type) -> bool:
+    """Whether ``view`` is DRF's ``ObtainAuthToken`` or a subclass."""
+    return any(f"{base.__module__}.{base.__qualname__}" == _TOKEN_VIEW for base in view.__mro__)
+
+
+def check_unguarded_token_views(**kwargs: Any) -> list[checks.CheckMessage]:
+    """W013: DRF's ``ObtainAuthToken`` (``obtain_auth_token``) or a subclass is routed without
+    ``protect_credentials``. DRF sets its ``throttle_classes = ()``, so ``PolicyThrottle`` in
+    ``DEFAULT_THROTTLE_CLASSES`` never runs on it: every password guess there is checked,
+    unlimited. Not warned when the view's own ``throttle_classes`` hold ``PolicyThrottle``."""
+    warnings: list[checks.CheckMessage] = []
+    for route, callback, view in _routed_views():
+        if not _is_token_view(view) or hasattr(callback, "throttle_credential_scope"):
+            continue
+        if any(map(_is_drf_throttle, getattr(view, "throttle_classes", None) or ())):
+            continue
+        name = f"{view.__module__}.{view.__qualname__}"
+        warnings.append(
+            checks.Warning(
+                f"{name} on {route!r} is not wrapped in protect_credentials: DRF's "
+                "ObtainAuthToken sets throttle_classes = (), so PolicyThrottle (or any "
+                "DEFAULT_THROTTLE_CLASSES entry) never runs on it and password guesses there "
+                "are not limited.",
+                hint=(
+                    "Route it as protect_credentials(obtain_auth_token) (or "
+                    "protect_credentials(MyTokenView.as_view())) and give scope 'login' a rule "
+                    "counting failures (see the 'Protect logins' how-to)."
+                ),
+                id="django_throttle.W013",
+            )
+        )
+    return warnings
+
+
+def check_drf_throttled_views(**kwargs: Any) -> list[checks.CheckMessage]:
+    """W010 (per view): ``PolicyThrottle`` is in ``DEFAULT_THROTTLE_CLASSES`` but a routed
+    view's own ``throttle_classes`` still hold DRF's ``AnonRateThrottle``,
+    ``UserRateThrottle`` or ``ScopedRateThrottle`` (a migration left half done): the view
+    replaces the default list, so the admin's tiers and rules (those ``from-drf`` made for its
+    ``throttle_scope`` too) never apply to it, and DRF refuses by its own rates."""
+    drf = getattr(settings, "REST_FRAMEWORK", None)
+    listed = drf.get("DEFAULT_THROTTLE_CLASSES") if isinstance(drf, dict) else None
+    if not (isinstance(listed, (list, tuple)) and any(map(_is_drf_throttle, listed))):
+        return []
+    warnings: list[checks.CheckMessage] = []
+    seen: set[type] = set()
+    for route, _callback, view in _routed_views():
+        if view in seen:
+            continue
+        seen.add(view)
+        left = [
+            entry.__name__
+            for entry in getattr(view, "throttle_classes", None) or ()
+            if isinstance(entry, type)
+            and f"{entry.__module__}.{entry.__qualname__}" in DRF_THROTTLES
+        ]
+        if not left:
+            continue
+        name = f"{view.__module__}.{view.__qualname__}"
+        warnings.append(
+            checks.Warning(
+                f"{name} (on {route!r}) sets throttle_classes with DRF's {', '.join(left)}: "
+                "it replaces REST_FRAMEWORK['DEFAULT_THROTTLE_CLASSES'], so the admin's tiers "
+                "and rules never apply to it and DRF refuses by its DEFAULT_THROTTLE_RATES.",
+                hint=(
+                    "Set throttle_classes = [PolicyThrottle] (django_throttle.drf) on the view, "
+                    "or remove the attribute; its throttle_scope selects the admin's rules."
+                ),
+                id="django_throttle.W010",
             )
         )
     return warnings

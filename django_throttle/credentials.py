@@ -71,4 +71,11 @@ def protect_credentials(
     wrapper = guard(view, options, login=True, username_fields=fields)
     # The operator tools (throttle_explain) read it to know the check this view makes.
     wrapper.throttle_credential_scope = scope
+    initkwargs = getattr(view, "initkwargs", None)
+    if isinstance(initkwargs, dict) and isinstance(getattr(view, "cls", None), type):
+        # A DRF view (obtain_auth_token): schema generators build an instance from the
+        # callback's ``cls(**initkwargs)``, so a copy naming the scope tells the OpenAPI schema
+        # (django_throttle.openapi) that this route answers 429. Requests still run the
+        # wrapped view with its own initkwargs.
+        wrapper.initkwargs = {**initkwargs, "throttle_credential_scope": scope}
     return wrapper

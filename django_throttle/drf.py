@@ -120,7 +120,8 @@ class PolicyThrottle:
     ``throttle_failure_mode`` ("open", "closed" or "local": beats the admin's and the
     setting's) and ``throttle_credential`` (a login/token view: never served uncounted
     while the backend is down, see :meth:`~django_throttle.policy.live.Policy.failure_mode_for`;
-    DRF's ``ObtainAuthToken`` counts as one).
+    DRF's ``ObtainAuthToken`` counts as one, once given this throttle in its own
+    ``throttle_classes``: DRF sets them to ``()``, so wrap it in ``protect_credentials``).
 
     It implements DRF's throttle interface (``allow_request`` and ``wait``) without subclassing
     ``rest_framework.throttling.BaseThrottle``: importing that module reads DRF's settings at

@@ -2,7 +2,8 @@
 
 Set ``REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"] = "django_throttle.openapi.ThrottledAutoSchema"``,
 or mix :class:`ThrottleSchemaMixin` into your own ``AutoSchema``. Every operation of a view
-guarded by :class:`~django_throttle.drf.PolicyThrottle` then documents:
+guarded by :class:`~django_throttle.drf.PolicyThrottle` (or routed under ``protect_credentials``,
+as DRF's ``obtain_auth_token`` must be) then documents:
 
 - a ``429`` response with ``Retry-After`` and ``X-RateLimit-*`` headers and the JSON body the
   throttle sends (``detail``, ``limit``, ``retry_after``);
@@ -47,8 +48,13 @@ _BODY_FIELDS = {
 
 
 def is_throttled(view: Any) -> bool:
-    """Whether ``view`` runs :class:`~django_throttle.drf.PolicyThrottle` (or a subclass)."""
+    """Whether ``view`` runs :class:`~django_throttle.drf.PolicyThrottle` (or a subclass), or is
+    routed under ``protect_credentials`` (DRF's ``obtain_auth_token``, whose own
+    ``throttle_classes`` are empty: the wrapper's ``initkwargs`` name its scope)."""
     from django_throttle.drf import PolicyThrottle
+
+    if getattr(view, "throttle_credential_scope", None):
+        return True
 
     classes = getattr(view, "throttle_classes", None) or ()
     return any(isinstance(c, type) and issubclass(c, PolicyThrottle) for c in classes)

@@ -994,3 +994,83 @@ def test_metrics_on_with_prometheus_client_or_off_pass(
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     settings.DJANGO_THROTTLE_METRICS = False
     assert check_settings() == []
+
+
+# -- W013: DRF's token view routed without protect_credentials ----------------------------------
+
+
+def token_check() -> list[Any]:
+    from django_throttle.checks import check_unguarded_token_views
+
+    return check_unguarded_token_views()
+
+
+def test_token_views_without_protect_credentials_are_a_warning(settings: Any) -> None:
+    """DRF's ``ObtainAuthToken`` sets ``throttle_classes = ()``: ``PolicyThrottle`` in
+    ``DEFAULT_THROTTLE_CLASSES`` never runs on it or a subclass, so a project moving from
+    DRF's throttles had an unlimited password endpoint and ``manage.py check`` said nothing."""
+    settings.ROOT_URLCONF = "tests.checks_urls_tokens"
+
+    warnings = token_check()
+
+    assert [w.id for w in warnings] == ["django_throttle.W013"] * 2
+    bare, subclass = warnings
+    assert "rest_framework.authtoken.views.ObtainAuthToken on '/api/token/'" in bare.msg
+    assert "throttle_classes = ()" in bare.msg
+    assert "protect_credentials(obtain_auth_token)" in bare.hint
+    assert "tests.checks_urls_tokens.CustomToken on '/api/^token2/$'" in subclass.msg
+
+
+def test_guarded_or_policy_throttled_token_views_are_not_warned(settings: Any) -> None:
+    """Under ``protect_credentials`` (any scope), or with ``PolicyThrottle`` in the view's own
+    ``throttle_classes``, the token view is limited."""
+    settings.ROOT_URLCONF = "tests.checks_urls_tokens"
+
+    text = " ".join(w.msg for w in token_check())
+
+    assert "/api/token/" in text
+    assert "guarded" not in text and "ThrottledToken" not in text
+
+
+def test_an_unguarded_token_view_is_named_by_manage_py_check(settings: Any) -> None:
+    settings.ROOT_URLCONF = "tests.checks_urls_tokens"
+    out = StringIO()
+
+    call_command("check", stdout=out, stderr=out)
+
+    assert out.getvalue().count("django_throttle.W013") == 2
+
+
+# -- W010 per view: DRF's throttles left in a view's own throttle_classes ------------------------
+
+
+def drf_views_check() -> list[Any]:
+    from django_throttle.checks import check_drf_throttled_views
+
+    return check_drf_throttled_views()
+
+
+def test_drf_throttles_left_on_a_view_are_a_warning(settings: Any) -> None:
+    """A view's ``throttle_classes = [ScopedRateThrottle]`` replaces the default list: after
+    ``from-drf --apply`` and ``PolicyThrottle`` in the settings, the admin's rule for its scope
+    never applied to it and DRF still refused by its own rate, silently."""
+    settings.ROOT_URLCONF = "tests.checks_urls_tokens"
+
+    [warning] = drf_views_check()
+
+    assert warning.id == "django_throttle.W010"
+    assert "tests.checks_urls_tokens.Uploads (on '/api/uploads/')" in warning.msg
+    assert "DRF's ScopedRateThrottle, UserRateThrottle" in warning.msg
+    assert "throttle_classes = [PolicyThrottle]" in warning.hint
+
+
+def test_drf_throttles_on_views_before_the_migration_are_not_warned(settings: Any) -> None:
+    """A project still on DRF's throttles (no ``PolicyThrottle`` in the settings) is not told
+    off."""
+    settings.ROOT_URLCONF = "tests.checks_urls_tokens"
+    settings.REST_FRAMEWORK = {
+        "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.AnonRateThrottle"],
+        "DEFAULT_THROTTLE_RATES": {"anon": "100/day", "uploads": "2/min"},
+    }
+
+    assert drf_views_check() == []

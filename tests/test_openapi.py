@@ -12,11 +12,13 @@ from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.utils import extend_schema
 from drf_spectacular.validation import validate_schema
 from rest_framework import serializers
+from rest_framework.authtoken.views import ObtainAuthToken, obtain_auth_token
 from rest_framework.decorators import api_view, throttle_classes
 from rest_framework.decorators import schema as schema_for
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from django_throttle.credentials import protect_credentials
 from django_throttle.drf import PolicyThrottle
 from django_throttle.openapi import ThrottledAutoSchema
 
@@ -53,10 +55,17 @@ def function_view(request: Any) -> Response:
     return Response({"name": "x"})
 
 
+class CustomToken(ObtainAuthToken):
+    pass
+
+
 urlpatterns = [
     path("throttled/", Throttled.as_view()),
     path("plain/", Plain.as_view()),
     path("function/", function_view),
+    path("token/", protect_credentials(obtain_auth_token)),
+    path("token2/", protect_credentials(CustomToken.as_view(), scope="api-login")),
+    path("bare-token/", obtain_auth_token),
 ]
 
 REST = {"DEFAULT_SCHEMA_CLASS": "django_throttle.openapi.ThrottledAutoSchema"}
@@ -119,3 +128,33 @@ def test_the_schema_class_works_when_set_on_a_view() -> None:
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@override_settings(REST_FRAMEWORK=REST)
+def test_token_views_under_protect_credentials_document_429() -> None:
+    """DRF's ``ObtainAuthToken`` has ``throttle_classes = ()``, so only ``protect_credentials``
+    limits it; the schema documented no 429 for a route that answers one."""
+    paths = schema()["paths"]
+
+    for route in ("/token/", "/token2/"):
+        responses = paths[route]["post"]["responses"]
+        assert {"429", "503"} <= set(responses), route
+        assert "Retry-After" in responses["429"]["headers"]
+    assert "429" not in paths["/bare-token/"]["post"]["responses"]
+
+
+@pytest.mark.django_db
+def test_the_guarded_token_view_serves_as_before() -> None:
+    """The copy of ``initkwargs`` is for schema generators only: the wrapped view still runs
+    ``obtain_auth_token`` (a wrong password is its 400), and the original is untouched."""
+    from django.test import RequestFactory
+
+    guarded = protect_credentials(obtain_auth_token)
+    request = RequestFactory().post("/token/", {"username": "nobody", "password": "wrong"})
+
+    response = guarded(request)
+
+    assert response.status_code == 400
+    assert "non_field_errors" in response.data
+    assert guarded.initkwargs is not obtain_auth_token.initkwargs
+    assert "throttle_credential_scope" not in obtain_auth_token.initkwargs

@@ -474,6 +474,24 @@ def test_from_drf_converts_rates_to_tiers_and_scope_rules() -> None:
     assert EndpointRule.objects.get(name="uploads").limits.count() == 2
 
 
+@override_settings(
+    REST_FRAMEWORK={
+        "DEFAULT_THROTTLE_CLASSES": [
+            "rest_framework.throttling.AnonRateThrottle",
+            "rest_framework.throttling.UserRateThrottle",
+        ],
+        "DEFAULT_THROTTLE_RATES": {"anon": "3/min", "user": "5/min"},
+    }
+)
+def test_from_drf_as_yaml_writes_a_shared_limit_out_in_full() -> None:
+    """The ``user`` rate is a limit of both tiers: the YAML printed an ``&id001`` anchor in
+    one and a ``*id001`` alias in the other, which a reader editing the file must untangle."""
+    text = run("from-drf", "--format", "yaml")
+
+    assert "&id" not in text and "*id" not in text
+    assert text.count("rate: 5/m") == 2
+
+
 @override_settings(REST_FRAMEWORK={"DEFAULT_THROTTLE_RATES": {"anon": "many/day"}})
 def test_from_drf_names_a_rate_drf_could_not_read() -> None:
     with pytest.raises(CommandError, match="DEFAULT_THROTTLE_RATES\\['anon'\\]: 'many/day'"):

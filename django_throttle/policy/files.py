@@ -120,7 +120,17 @@ def too_big(document: Any, text: str) -> str | None:
 def dump(document: Mapping[str, Any], fmt: str) -> str:
     """The document as ``json`` or ``yaml`` text."""
     if fmt == "yaml":
-        return str(_yaml().safe_dump(dict(document), sort_keys=False, allow_unicode=True))
+        yaml = _yaml()
+
+        class Dumper(yaml.SafeDumper):  # type: ignore[misc,name-defined]
+            """Writes a value met twice (one limit in two tiers) out in full each time: an
+            ``&id001`` anchor and ``*id001`` alias would tie the copies for whoever edits it."""
+
+            def ignore_aliases(self, data: Any) -> bool:
+                return True
+
+        text = yaml.dump(dict(document), Dumper=Dumper, sort_keys=False, allow_unicode=True)
+        return str(text)
     return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
 
 
