@@ -258,3 +258,195 @@ def test_admin_a_list_action_acts_on_the_valid_ids_of_a_tampered_selection(
     key.refresh_from_db()
     other.refresh_from_db()
     assert (key.active, other.active) == (False, True)
+
+
+# Inline limit rows posted with ids that are not this page's rows ------------------------------
+
+
+def change_page_data(admin_client: Client, url: str) -> dict[str, Any]:
+    """What the change page posts back untouched: its form, and the inline's saved rows."""
+    context = admin_client.get(url).context
+    data: dict[str, Any] = {}
+    forms = [context["adminform"].form]
+    for inline in context["inline_admin_formsets"]:
+        formset = inline.formset
+        management = formset.management_form
+        data |= {
+            management.add_prefix(name): management[name].value() for name in management.fields
+        }
+        data[management.add_prefix("TOTAL_FORMS")] = len(formset.initial_forms)
+        forms += formset.initial_forms
+    for form in forms:
+        for name in form.fields:
+            value = form[name].value()
+            if value is True:
+                data[form.add_prefix(name)] = "on"
+            elif value is not None and value is not False:
+                data[form.add_prefix(name)] = value
+    return data
+
+
+def limit_pages(anonymous: Tier) -> dict[str, tuple[str, Any]]:
+    """A tier with two limit rows and a rule with two: change page and rows, by model."""
+    pro = tier("pro", "5/min", "100/hour")
+    rule = EndpointRule.objects.create(name="export", pattern="export")
+    rule.limits.create(tier=anonymous, rate="5/m")
+    rule.limits.create(tier=pro, rate="5/m")
+    return {
+        "tier": (reverse("admin:django_throttle_tier_change", args=[pro.pk]), pro.limits),
+        "endpointrule": (
+            reverse("admin:django_throttle_endpointrule_change", args=[rule.pk]),
+            rule.limits,
+        ),
+    }
+
+
+def saved_rows(rows: Any) -> list[tuple[Any, ...]]:
+    return list(rows.order_by("pk").values_list("pk", "tier_id", "rate"))
+
+
+@pytest.mark.parametrize("model", ["tier", "endpointrule"])
+def test_admin_a_limit_row_posted_twice_is_an_error_and_loses_no_row(
+    admin_client: Client, anonymous: Tier, model: str
+) -> None:
+    """Two rows of the form carrying one row's id (a tampered or mangled POST) saved both
+    into that one row: its own limit was silently overwritten by the other's copy, one
+    limit lost, the other counted twice. Now an error on the repeated row, nothing saved."""
+    url, rows = limit_pages(anonymous)[model]
+    before = saved_rows(rows)
+    data = change_page_data(admin_client, url)
+    data["limits-1-id"] = data["limits-0-id"]
+
+    response = admin_client.post(url, data)
+
+    assert response.status_code == 200
+    formset = response.context["inline_admin_formsets"][0].formset
+    assert formset.errors[0] == {}
+    assert "twice" in str(formset.errors[1]["__all__"])
+    assert saved_rows(rows) == before
+
+
+@pytest.mark.parametrize("model", ["tier", "endpointrule"])
+def test_admin_a_limit_row_of_another_parent_is_an_error_and_changes_nothing(
+    admin_client: Client, anonymous: Tier, model: str
+) -> None:
+    """A row posting the id of another tier's or rule's limit (a tampered POST, or one row
+    moved meanwhile) was dropped without a word: "changed successfully", its edit lost.
+    Now an error on that row, and neither row changed."""
+    url, rows = limit_pages(anonymous)[model]
+    other = tier("other", "1/min").limits.get()
+    before = [*saved_rows(rows), (other.pk, other.tier_id, other.rate)]
+    data = change_page_data(admin_client, url)
+    data["limits-0-id"] = other.pk
+    data["limits-0-rate"] = "9/min"
+
+    response = admin_client.post(url, data)
+
+    assert response.status_code == 200
+    formset = response.context["inline_admin_formsets"][0].formset
+    assert "reload" in str(formset.errors[0]["__all__"])
+    assert [*saved_rows(rows), (other.pk, other.tier_id, "1/min")] == before
+
+
+@pytest.mark.parametrize("model", ["tier", "endpointrule"])
+def test_admin_a_limit_row_deleted_meanwhile_is_an_error_the_page_shows(
+    admin_client: Client, anonymous: Tier, model: str
+) -> None:
+    """Two operators open the same page; one deletes a limit row, the other then saves an
+    edit of it. The second save is refused (Django's error on the row's hidden id), and the
+    page now says why, on that row, where it said only "Please correct the error below"."""
+    url, rows = limit_pages(anonymous)[model]
+    data = change_page_data(admin_client, url)
+    first = admin_client.post(url, dict(data, **{"limits-0-DELETE": "on"}))
+    assert first.status_code == 302
+    after_first = saved_rows(rows)
+
+    response = admin_client.post(url, dict(data, **{"limits-0-rate": "6/min"}))
+
+    assert response.status_code == 200
+    formset = response.context["inline_admin_formsets"][0].formset
+    assert "reload" in str(formset.errors[0]["__all__"])
+    assert "reload" in response.content.decode()
+    assert saved_rows(rows) == after_first
+
+
+@pytest.mark.parametrize("model", ["tier", "endpointrule"])
+@pytest.mark.parametrize("initial", ["0", "1"])
+def test_admin_saved_rows_posted_as_new_ones_are_an_error_and_copy_nothing(
+    admin_client: Client, anonymous: Tier, model: str, initial: str
+) -> None:
+    """A page whose count of saved rows was lowered (a tampered POST) posts saved rows as
+    new ones: a tier got a copy of each limit, a rule a 500 (the database's unique
+    constraint). Now an error on those rows, nothing saved."""
+    url, rows = limit_pages(anonymous)[model]
+    before = saved_rows(rows)
+    data = change_page_data(admin_client, url) | {"limits-INITIAL_FORMS": initial}
+
+    response = admin_client.post(url, data)
+
+    assert response.status_code == 200
+    formset = response.context["inline_admin_formsets"][0].formset
+    assert "reload" in str(formset.errors[-1]["__all__"])
+    assert saved_rows(rows) == before
+
+
+@pytest.mark.parametrize("model", ["tier", "endpointrule"])
+def test_admin_the_same_new_row_saved_from_two_pages_is_an_error_the_second_time(
+    admin_client: Client, anonymous: Tier, model: str
+) -> None:
+    """Two operators open the same page and add the same limit row. The second save made the
+    tier count that limit twice (a copy the policy ignores, W106), and was a 500 for a rule
+    (the database's unique constraint). Now the second save is an error on its rate."""
+    url, rows = limit_pages(anonymous)[model]
+    data = change_page_data(admin_client, url)
+    new = {
+        "limits-TOTAL_FORMS": 3,
+        "limits-2-rate": "7/min",
+        "limits-2-algorithm": "token_bucket",
+        "limits-2-counted_by": "client",
+    } | ({"limits-2-tier": anonymous.pk} if model == "endpointrule" else {})
+    assert admin_client.post(url, data | new).status_code == 302
+    after_first = saved_rows(rows)
+
+    response = admin_client.post(url, data | new)
+
+    assert response.status_code == 200
+    formset = response.context["inline_admin_formsets"][0].formset
+    assert "since the page was opened" in str(formset.errors[2]["rate"])
+    assert saved_rows(rows) == after_first
+
+
+@pytest.mark.parametrize(
+    ("rows", "changes"),
+    [
+        # (tier, rate) of the two rows, then what the form changes in each
+        ([("anonymous", "5/m"), ("pro", "5/m")], [{"tier": "pro"}, {"tier": "anonymous"}]),
+        ([("anonymous", "5/m"), ("anonymous", "10/m")], [{"rate": "10/m"}, {"rate": "20/m"}]),
+        ([("anonymous", "5/m"), ("anonymous", "10/m")], [{"rate": "10/m"}, {"DELETE": "on"}]),
+    ],
+    ids=["swap-tiers", "pass-on-rate", "take-deleted-rate"],
+)
+def test_admin_rule_rows_passing_on_their_values_in_one_save_are_saved(
+    admin_client: Client, anonymous: Tier, rows: list[tuple[str, str]], changes: list[Any]
+) -> None:
+    """Rule rows are saved one after the other; one taking the values another row gives up
+    in the same save met the unique constraint half way: a 500, though the rows as posted
+    differ. Now saved as posted, each row keeping its id (its counters)."""
+    tiers = {"anonymous": anonymous, "pro": tier("pro")}
+    rule = EndpointRule.objects.create(name="export", pattern="export")
+    made = [rule.limits.create(tier=tiers[slug], rate=rate) for slug, rate in rows]
+    url = reverse("admin:django_throttle_endpointrule_change", args=[rule.pk])
+    data = change_page_data(admin_client, url)
+    index = {data[f"limits-{i}-id"]: i for i in range(2)}
+    expected = {}
+    for row, change in zip(made, changes, strict=True):
+        for field, value in change.items():
+            data[f"limits-{index[row.pk]}-{field}"] = tiers[value].pk if field == "tier" else value
+        if "DELETE" not in change:
+            slug = change.get("tier", row.tier.slug)
+            expected[row.pk] = (tiers[slug].pk, change.get("rate", row.rate))
+
+    response = admin_client.post(url, data)
+
+    assert response.status_code == 302
+    assert {pk: (t, r) for pk, t, r in saved_rows(rule.limits)} == expected

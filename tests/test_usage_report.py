@@ -600,6 +600,19 @@ def test_rollup_deletes_rows_past_retention(settings: Any) -> None:
     assert list(UsageCount.objects.values_list("client", flat=True)) == ["recent"]
 
 
+@pytest.mark.parametrize("days", [800_000, 999_999_999, 10**30])
+def test_a_retention_longer_than_the_calendar_keeps_every_row(settings: Any, days: int) -> None:
+    """A retention reaching back before the year 1 (passed by the check: a whole number,
+    0 or more, "keep it all") was an OverflowError traceback from every rollup, after the
+    minutes were copied: now every row is kept and the rollup prints its line."""
+    settings.DJANGO_THROTTLE_USAGE_RETENTION_DAYS = days
+    old = datetime(1971, 1, 1, tzinfo=UTC)
+    UsageCount.objects.create(window_start=old, client="old")
+
+    assert rollup().startswith("Rolled up")
+    assert list(UsageCount.objects.values_list("client", flat=True)) == ["old"]
+
+
 def test_report_reads_rows_older_than_redis_keeps(traffic: None) -> None:
     three_hours_ago = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=3)
     UsageCount.objects.create(

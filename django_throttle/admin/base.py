@@ -31,7 +31,7 @@ from django.contrib.admin.widgets import AutocompleteSelect
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
-from django.db.models import QuerySet
+from django.db.models import QuerySet, UniqueConstraint
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils import timezone
@@ -41,6 +41,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
 
+from django_throttle import signals
 from django_throttle.models import EndpointRule, TierLimit
 from django_throttle.models.fields import BadRow
 from django_throttle.models.limits import ALGORITHM_FIELDS, ALGORITHM_HELP
@@ -353,7 +354,110 @@ class LimitForm(forms.ModelForm):  # type: ignore[type-arg]
             return value  # the model's validator reports it with the explanation
 
 
-class TierLimitFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
+class OwnRowsFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
+    """Refuse a saved row the page did not draw: one whose id names a row deleted since the
+    page was opened, or a row of another tier or rule (Django saves neither, silently), and
+    a row whose id is posted twice (Django saves both into that one row, overwriting it). An
+    error on the row, asking for a reload; a row being deleted is left alone."""
+
+    def clean(self) -> None:
+        super().clean()
+        model: Any = self.model
+        pk_name = model._meta.pk.name
+        seen: set[Any] = set()
+        for form in self.initial_forms:
+            posted = getattr(form, "cleaned_data", {}).get(pk_name)
+            if getattr(form, "cleaned_data", {}).get("DELETE"):
+                continue
+            pk = form.instance.pk
+            if pk is None or posted is None or posted.pk != pk:
+                form.add_error(
+                    None,
+                    gettext(
+                        "this row is no longer one of the limits here (deleted or changed "
+                        "elsewhere since the page was opened): reload the page and make the "
+                        "change again"
+                    ),
+                )
+            elif pk in seen:
+                form.add_error(
+                    None,
+                    gettext(
+                        "this row is in the form twice (the page was altered): reload the "
+                        "page and make the change again"
+                    ),
+                )
+            seen.add(pk)
+        for form in self.extra_forms:
+            if getattr(form, "cleaned_data", {}).get(pk_name) is not None:
+                form.add_error(
+                    None,
+                    gettext(
+                        "this row is saved already (the page was altered): reload the page "
+                        "and make the change again"
+                    ),
+                )
+        self._check_rows_saved_meanwhile({form.instance.pk for form in self.initial_forms})
+
+    def save_existing_objects(self, commit: bool = True) -> list[Any]:
+        """Save the changed rows as Django does, one after the other, after giving each
+        changed or deleted row a placeholder rate of its own when two or more change: rows
+        swapping or passing on their values (A 5/m → 10/m, B 10/m → 20/m) met the unique
+        constraint half way (a 500) though the rows as posted differ."""
+        model: Any = self.model
+        unique = any(
+            isinstance(constraint, UniqueConstraint) and "rate" in constraint.fields
+            for constraint in model._meta.constraints
+        )
+        moving = [
+            form.instance
+            for form in self.initial_forms
+            if form.instance.pk is not None
+            and (form.cleaned_data.get("DELETE") or form.has_changed())
+        ]
+        if commit and unique and len(moving) > 1:
+            for row in moving:
+                signals.note_stored_limit(row)  # its counters are re-timed from this
+                model._default_manager.filter(pk=row.pk).update(rate=f"~{row.pk}")
+        return super().save_existing_objects(commit)
+
+    def _check_rows_saved_meanwhile(self, drawn: set[Any]) -> None:
+        """A row repeating a row of this tier or rule saved since the page was opened (by
+        another operator, from the same page): the same limit twice, or, for an endpoint
+        limit, the database's unique constraint (a 500 when saved)."""
+        if self.instance.pk is None:
+            return
+        saved = [row for row in self.get_queryset() if row.pk not in drawn]
+        if not saved:
+            return
+        model: Any = self.model
+        columns = [
+            [model._meta.get_field(name).attname for name in constraint.fields]
+            for constraint in model._meta.constraints
+            if isinstance(constraint, UniqueConstraint) and constraint.fields
+        ]
+        keys = {row.duplicate_key(): row for row in saved} | {
+            tuple(getattr(row, name) for name in names): row for names in columns for row in saved
+        }
+        keys.pop(None, None)
+        for form in self.forms:
+            if not getattr(form, "cleaned_data", None) or form.errors:
+                continue
+            if form.cleaned_data.get("DELETE"):
+                continue
+            row = form.instance
+            found = [row.duplicate_key()]
+            found += [tuple(getattr(row, name) for name in names) for names in columns]
+            other = next((keys[key] for key in found if key in keys), None)
+            if other is not None:
+                message = gettext(
+                    "the same limit as a row saved since the page was opened (%(limit)s): "
+                    "reload the page"
+                )
+                form.add_error("rate", message % {"limit": other})
+
+
+class TierLimitFormSet(OwnRowsFormSet):
     """Refuse a limit written twice; warn about a limit smaller than the cost of an enabled
     endpoint rule.
 
@@ -394,7 +498,7 @@ class TierLimitFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
                 )
 
 
-class EndpointLimitFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
+class EndpointLimitFormSet(OwnRowsFormSet):
     """Refuse an endpoint limit smaller than its rule's cost (the rule being edited)."""
 
     def clean(self) -> None:

@@ -397,8 +397,12 @@ def rollup(store: UsageStore | None = None, *, deadline: float | None = None) ->
         store.return_late(m for m in redo if m not in done)
         raise
     store.return_late(m for m in redo if m not in done)  # left for the next run (deadline)
-    cutoff = timezone.now() - timedelta(days=app_settings.USAGE_RETENTION_DAYS)
-    UsageCount.objects.using(alias).filter(window_start__lt=cutoff).delete()
+    try:
+        cutoff = timezone.now() - timedelta(days=app_settings.USAGE_RETENTION_DAYS)
+    except OverflowError:  # further back than the calendar goes: no row is that old
+        pass
+    else:
+        UsageCount.objects.using(alias).filter(window_start__lt=cutoff).delete()
     through = max(done) if done else split
     return Rollup(
         minutes=len(done),
