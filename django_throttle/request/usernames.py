@@ -34,6 +34,7 @@ import base64
 import binascii
 import codecs
 import contextlib
+import functools
 import hashlib
 import hmac
 import json
@@ -58,6 +59,12 @@ MAX_READ = 1024
 #: The name every name longer than :data:`MAX_READ` is counted as: one counter shared by all of
 #: them, so no padding (of characters a collation ignores, say) earns a counter of its own.
 OVERLONG = "#overlong"
+#: Most characters in a row that are combining marks (or decompose to nothing but marks) a
+#: name read may hold: Unicode's Stream-Safe Text Format (UAX #15) allows 30. Python's NFKC
+#: sorts such a run in time that grows with the square of its length (1,024 U+0F75 took
+#: 3.5 ms a call, several calls a field), and no account's name has one: a name with a longer
+#: run is :data:`OVERLONG`, unread, like a name too long to read.
+MAX_NON_STARTERS = 30
 #: Rounds of strip, NFKC and case-folding at most (one or two in practice): see
 #: :func:`normalise_username`.
 MAX_ROUNDS = 8
@@ -144,6 +151,8 @@ def normalise_username(name: str) -> str:
     once stripped, which no account has, is :data:`OVERLONG`, unread.
     """
     if len(name) > MAX_READ and len(name.strip()) > MAX_READ:
+        return OVERLONG
+    if _marks_run_too_long(name):
         return OVERLONG
     for _ in range(MAX_ROUNDS):
         stripped = name.strip()
@@ -338,6 +347,30 @@ COLLATION_IGNORED = frozenset(
 )
 #: Categories of the characters that may stand for a digit (``unicodedata.numeric``).
 _NUMBERS = frozenset(("Nd", "Nl", "No"))
+
+
+def _marks_run_too_long(name: str) -> bool:
+    """Whether ``name`` holds more than :data:`MAX_NON_STARTERS` characters in a row that
+    normalise to combining marks only (see :func:`_non_starter`). One look at each distinct
+    character, and one regular expression over the name when some are marks."""
+    if name.isascii():
+        return False
+    marks = [char for char in set(name) if _non_starter(char)]
+    if not marks:
+        return False
+    run = "[" + "".join(map(re.escape, marks)) + f"]{{{MAX_NON_STARTERS + 1}}}"
+    return re.search(run, name) is not None
+
+
+@functools.lru_cache(maxsize=4096)
+def _non_starter(char: str) -> bool:
+    """Whether ``char`` is, once NFKD-decomposed, nothing but characters of a non-zero
+    combining class (what NFKC reorders: a combining accent, or U+0F75, whose own class is
+    0 but which decomposes to two marks)."""
+    if unicodedata.combining(char):
+        return True
+    decomposed = unicodedata.normalize("NFKD", char)
+    return all(unicodedata.combining(part) for part in decomposed)
 
 
 def _without_collation_ignored(name: str) -> str:
@@ -754,7 +787,7 @@ def _spelling(name: str) -> str:
     NFKC-normalised: Django's ``UsernameField``), and as an account's username is stored
     (``normalize_username``): what a device cookie's account is compared with, exactly."""
     stripped = name.strip()
-    if len(stripped) > MAX_READ:
+    if len(stripped) > MAX_READ or _marks_run_too_long(stripped):
         return OVERLONG  # no account's: never a cookie's (see normalise_username)
     return _name_digest(unicodedata.normalize("NFKC", stripped))
 
