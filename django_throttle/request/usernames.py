@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import codecs
 import contextlib
 import functools
 import hashlib
@@ -724,16 +723,22 @@ def _json_names(body: bytes, request: Any) -> _Names | None:
     The names of every reading that is JSON: a charset chosen so that one reading names
     another user never keeps the other's name from its counter."""
     found: _Names | None = None
-    decoded = True
+    text: str | None = None
     try:
-        found = _json_fields(json.loads(body.decode(_charset(request))), request)
+        text = body.decode(_charset(request))
+        found = _json_fields(json.loads(text), request)
     # UnicodeDecodeError is a ValueError; RecursionError: nested deeper than json parses.
     except (ValueError, LookupError, RecursionError):
-        decoded = False
-    if decoded and _utf8_reading(body) and _is_utf8(_charset(request)):
-        return found  # the bytes would read as the same text
+        pass
     try:
-        data = json.loads(body)
+        # What ``json.loads(body)`` parses: the bytes decoded by what they look like.
+        raw = body.decode(json.detect_encoding(body), "surrogatepass")
+    except (ValueError, LookupError):
+        return found
+    if raw == text:
+        return found  # the same text (a charset that reads the bytes alike): parsed once
+    try:
+        data = json.loads(raw)
     except (ValueError, RecursionError):
         return found
     return _merged(found or {}, _json_fields(data, request))
@@ -741,22 +746,6 @@ def _json_names(body: bytes, request: Any) -> _Names | None:
 
 def _json_fields(data: Any, request: Any) -> _Names:
     return _fields(data, request) if isinstance(data, dict) else {}
-
-
-def _utf8_reading(body: bytes) -> bool:
-    """Whether ``json.loads`` reads ``body`` (bytes) as UTF-8: no BOM, no zero byte among its
-    first four (what tells UTF-16 and UTF-32 apart)."""
-    return (
-        not body.startswith((codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))
-        and b"\0" not in body[:4]
-    )
-
-
-def _is_utf8(charset: str) -> bool:
-    try:
-        return codecs.lookup(charset).name == "utf-8"
-    except LookupError:
-        return False
 
 
 def _charset(request: Any) -> str:
