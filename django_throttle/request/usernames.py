@@ -64,6 +64,11 @@ OVERLONG = "#overlong"
 #: 3.5 ms a call, several calls a field), and no account's name has one: a name with a longer
 #: run is :data:`OVERLONG`, unread, like a name too long to read.
 MAX_NON_STARTERS = 30
+#: Most characters a name read may decompose to (NFKD, what NFKC works on): four per
+#: character of a name of :data:`MAX_READ`. Folding takes time in proportion to it, and a
+#: character may decompose to 18 (U+FDFA): 1,024 of them took 4.4 ms to fold, several names
+#: a request. A name that decomposes to more, which no account's does, is :data:`OVERLONG`.
+MAX_DECOMPOSED = 4 * MAX_READ
 #: Rounds of strip, NFKC and case-folding at most (one or two in practice): see
 #: :func:`normalise_username`.
 MAX_ROUNDS = 8
@@ -147,11 +152,12 @@ def normalise_username(name: str) -> str:
     sent. A name longer than :data:`MAX_USERNAME` characters after that is ``#`` and 128 bits
     of BLAKE2b over all of it: bounded, yet never cut, so no padding can push a name out of
     its counter and two long names never share one. A name longer than :data:`MAX_READ`
-    once stripped, which no account has, is :data:`OVERLONG`, unread.
+    once stripped, or that decomposes to more than :data:`MAX_DECOMPOSED` characters or holds
+    more than :data:`MAX_NON_STARTERS` combining marks in a row (which no account's name
+    does, and which would cost time out of proportion to it), is :data:`OVERLONG`, unread.
     """
-    if len(name) > MAX_READ and len(name.strip()) > MAX_READ:
-        return OVERLONG
-    if _marks_run_too_long(name):
+    stripped = name.strip()
+    if len(stripped) > MAX_READ or _too_costly(stripped):
         return OVERLONG
     for _ in range(MAX_ROUNDS):
         stripped = name.strip()
@@ -348,17 +354,28 @@ COLLATION_IGNORED = frozenset(
 _NUMBERS = frozenset(("Nd", "Nl", "No"))
 
 
-def _marks_run_too_long(name: str) -> bool:
-    """Whether ``name`` holds more than :data:`MAX_NON_STARTERS` characters in a row that
-    normalise to combining marks only (see :func:`_non_starter`). One look at each distinct
-    character, and one regular expression over the name when some are marks."""
+def _too_costly(name: str) -> bool:
+    """Whether ``name`` (of :data:`MAX_READ` characters at most, but for whitespace) decomposes
+    to more than :data:`MAX_DECOMPOSED` characters, or holds more than
+    :data:`MAX_NON_STARTERS` characters in a row that decompose to combining marks only (see
+    :func:`_non_starter`). One look at each character, and one regular expression over the
+    name when some are marks."""
     if name.isascii():
         return False
+    if sum(map(_decomposed_length, name)) > MAX_DECOMPOSED:
+        return True
     marks = [char for char in set(name) if _non_starter(char)]
     if not marks:
         return False
     run = "[" + "".join(map(re.escape, marks)) + f"]{{{MAX_NON_STARTERS + 1}}}"
     return re.search(run, name) is not None
+
+
+@functools.lru_cache(maxsize=4096)
+def _decomposed_length(char: str) -> int:
+    """How many characters ``char`` decomposes to (NFKD): a bound on what it makes of a
+    name's NFKC form (composing only shortens it)."""
+    return len(unicodedata.normalize("NFKD", char))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -776,7 +793,7 @@ def _spelling(name: str) -> str:
     NFKC-normalised: Django's ``UsernameField``), and as an account's username is stored
     (``normalize_username``): what a device cookie's account is compared with, exactly."""
     stripped = name.strip()
-    if len(stripped) > MAX_READ or _marks_run_too_long(stripped):
+    if len(stripped) > MAX_READ or _too_costly(stripped):
         return OVERLONG  # no account's: never a cookie's (see normalise_username)
     return _name_digest(unicodedata.normalize("NFKC", stripped))
 
