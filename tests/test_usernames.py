@@ -33,6 +33,8 @@ from rest_framework.request import Request
 
 from django_throttle.identity import MAX_KEY_BYTES, Identity
 from django_throttle.request.usernames import (
+    MAX_DECOMPOSED,
+    MAX_NON_STARTERS,
     MAX_READ,
     MAX_USERNAME,
     OVERLONG,
@@ -343,4 +345,70 @@ def test_a_name_longer_than_any_account_is_counted_unread_in_one_counter(
     assert max(lengths, default=0) <= MAX_READ
     # Whitespace is stripped first: a name behind any amount of it is read as the name.
     request, _ = reader(" " * 5_000 + "bob" + " " * 5_000)
+    assert username_counters(request) == (Identity("username", "bob").key,)
+
+
+@pytest.mark.parametrize(
+    "name", ["\ufdfa" * 1000, "\ufdfa" * 227, "\u3353" * 1024, "\u0f75" * 1000]
+)
+def test_folding_a_name_works_on_a_bounded_amount_of_text(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Folding takes time in proportion to the text NFKC makes of a name: 1,000 U+FDFA (18
+    characters each once normalised), within MAX_READ, handed 90,000 characters to
+    ``unicodedata.normalize`` and took 4.4 ms per field read, more than 10 plain requests'
+    CPU for a login naming a few of them. A name that decomposes to more than
+    MAX_DECOMPOSED characters, which no account's does, is counted unread (OVERLONG), so a
+    name read never costs more than a few passes over that many."""
+    normalize = unicodedata.normalize
+    lengths: list[int] = []
+
+    def measured(form: str, text: str) -> str:
+        lengths.append(len(text))
+        return normalize(form, text)
+
+    monkeypatch.setattr(unicodedata, "normalize", measured)
+    folded = normalise_username(name)
+    assert sum(lengths) <= 6 * MAX_DECOMPOSED
+    if sum(len(normalize("NFKD", char)) for char in name) > MAX_DECOMPOSED:
+        assert folded == OVERLONG
+
+
+def _longest_marks_run(text: str, normalize: Callable[[str, str], str]) -> int:
+    """The most characters in a row of ``text`` that decompose to combining marks only: what
+    NFKC sorts, in time growing with the square of the run."""
+    longest = run = 0
+    for char in text:
+        marks = all(unicodedata.combining(part) for part in normalize("NFKD", char))
+        run = run + 1 if marks else 0
+        longest = max(longest, run)
+    return longest
+
+
+@pytest.mark.parametrize("reader", [form_login, token_form, token_json, basic])
+def test_a_long_run_of_combining_marks_is_counted_unread_and_never_sorted(
+    reader: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NFKC sorts a run of combining marks in time that grows with the square of its length:
+    1,024 U+0F75 (a character of combining class 0 that decomposes to two marks), within
+    MAX_READ, cost 3.5 ms per normalisation, several per field read, 7 ms per field and
+    more than 10 plain requests' CPU per request. No account's name holds more marks in a
+    row than Unicode's stream-safe 30: such a name is counted unread (OVERLONG), and no run
+    longer than that ever reaches NFKC, so the work stays linear in the name's length."""
+    normalize = unicodedata.normalize
+    runs: list[int] = []
+
+    def measured(form: str, text: str) -> str:
+        if len(text) > 1:
+            runs.append(_longest_marks_run(text, normalize))
+        return normalize(form, text)
+
+    for name in ("\u0f75" * 1000, "bob" + "\u0301\u0316" * 200, "bob" + "\u0344" * 31):
+        request, _ = reader(name)
+        monkeypatch.setattr(unicodedata, "normalize", measured)
+        assert username_counters(request) == (Identity("username", OVERLONG).key,)
+        monkeypatch.setattr(unicodedata, "normalize", normalize)
+    assert max(runs, default=0) <= MAX_NON_STARTERS
+    # Within the bound a name is read as before: its accents are folded away.
+    request, _ = reader("bob" + "\u0301" * MAX_NON_STARTERS)
     assert username_counters(request) == (Identity("username", "bob").key,)
