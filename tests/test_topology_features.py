@@ -1,0 +1,301 @@
+"""Where the request path's features meet a topology's faults: a Sentinel failover (the primary
+killed, a replica promoted) and a Cluster primary killed, while requests go through the login
+guard (``protect_credentials``, sync and async) and hold concurrency slots across the fault.
+
+What must hold: no request is a 500; a credential check is never served uncounted (the local
+fallback counts it while the primary is unreachable, even under failure mode ``open``); slots
+held across a failover are given back on the promoted primary or end with their lease, never
+held for ever; every key the backend wrote has a TTL; the breaker closes once the new primary
+answers and counting is exact again. Marked slow: each failover takes seconds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.test import AsyncClient, Client
+
+from django_throttle.backends import get_backend
+from django_throttle.backends import redis_nodes as breaker_module
+from django_throttle.backends.redis import RedisBackend
+from django_throttle.models import EndpointLimit, EndpointRule
+from django_throttle.policy import live as policy
+from django_throttle.rates import Algorithm, Limit
+from django_throttle.request import leases
+from tests.factories import tier
+from tests.topologies import LocalCluster, LocalSentinel, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+
+TIMEOUTS = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}
+COOLDOWN = 0.2
+LOGINS = {"sync": "/seams/login/", "async": "/seams/login-async/"}
+
+
+@pytest.fixture(scope="module")
+def sentinel_set() -> Iterator[LocalSentinel]:
+    topology = LocalSentinel()
+    try:
+        yield topology.start()
+    finally:
+        topology.stop()
+
+
+@pytest.fixture
+def on_sentinel(
+    settings: Any, sentinel_set: LocalSentinel, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[LocalSentinel]:
+    sentinel_set.wait_settled(60)
+    settings.DJANGO_THROTTLE_REDIS_URL = sentinel_set.url
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = dict(TIMEOUTS)
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = 1
+    monkeypatch.setattr(breaker_module, "COOLDOWN", COOLDOWN)
+    breaker_module.reset_breaker()
+    yield sentinel_set
+    # The killed primary comes back as a replica of the promoted one.
+    for server in sentinel_set.servers:
+        if not server.running():
+            server.start()
+    sentinel_set.wait_settled(60)
+
+
+def login_rule(rate: str = "3/h") -> None:
+    """Rule "seam-login": failed logins counted by username, ``rate`` for anonymous clients."""
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    rule = EndpointRule.objects.create(
+        name="seam-login", pattern="seam-login", counts=EndpointRule.Counts.FAILURES
+    )
+    EndpointLimit.objects.create(rule=rule, tier=anonymous, rate=rate, counted_by="username")
+    policy.reset()
+
+
+_address = iter(range(1, 1_000_000))
+
+
+def attempt(kind: str, username: str) -> Any:
+    """One failed login for ``username`` from a fresh address (only the username counts)."""
+    n = next(_address)
+    headers = {"X-Forwarded-For": f"10.{n // 65536 % 256}.{n // 256 % 256}.{n % 256}"}
+    data = {"username": username, "password": "wrong"}
+    if kind == "async":
+        return async_to_sync(AsyncClient(raise_request_exception=False).post)(
+            LOGINS[kind], data, headers=headers
+        )
+    return Client(raise_request_exception=False).post(LOGINS[kind], data, headers=headers)
+
+
+def outcome(response: Any) -> tuple[int, str | None]:
+    return response.status_code, response.headers.get("X-RateLimit-Degraded")
+
+
+def keys_and_ttls(server: Any, prefix: str) -> dict[bytes, int]:
+    with server.client() as client:
+        return {key: client.pttl(key) for key in client.scan_iter(match=f"{prefix}*", count=1000)}
+
+
+def replicated(topology: LocalSentinel) -> None:
+    """Until every replica has the primary's writes (so the promoted one has them)."""
+    with topology.server_on(topology.primary_port()).client() as client:
+        assert client.wait(len(topology.replicas), 10_000) == len(topology.replicas)
+
+
+def fail_over(topology: LocalSentinel) -> int:
+    """SIGKILL the primary; the port the sentinels promoted (not yet waited for)."""
+    old = topology.primary_port()
+    topology.server_on(old).kill()
+    return old
+
+
+@pytest.mark.parametrize("kind", LOGINS)
+def test_failed_logins_are_counted_through_a_sentinel_failover_under_failure_mode_open(
+    on_sentinel: LocalSentinel, settings: Any, _isolated_throttle: str, kind: str
+) -> None:
+    """Failed logins go on while the primary is killed and a replica promoted, under failure
+    mode ``open`` (which a credential check never takes): no 500; every attempt is counted
+    (on Redis, or in the process with ``X-RateLimit-Degraded: local``), so the username is
+    refused after 3 in the process; the attempts counted on the old primary (replicated) are
+    still there on the promoted one; and once it answers, counting is exact again."""
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "open"
+    login_rule("3/h")
+    assert [outcome(attempt(kind, "spent")) for _ in range(3)] == [(401, None)] * 3
+    replicated(on_sentinel)
+    old = fail_over(on_sentinel)
+    during: list[tuple[int, str | None]] = []
+    deadline = time.monotonic() + 60
+    while on_sentinel.primary_port() == old:
+        during.append(outcome(attempt(kind, "during")))
+        assert time.monotonic() < deadline, "no promotion"
+        time.sleep(0.02)
+    # Once the sentinels promoted a replica: the first attempt counted on Redis again.
+    wait_for(lambda: outcome(attempt(kind, "probe"))[1] is None, 30, "counting on Redis again")
+    assert breaker_module.get_breaker().state == "closed"
+    assert during, "the failover cost no attempt"
+    assert all(status != 500 for status, _ in during), during
+    assert all(degraded in (None, "local") for _, degraded in during), during
+    local = [status for status, degraded in during if degraded == "local"]
+    assert local.count(401) <= 3, during  # the process counted them: at most the limit
+    if len(local) > 3:
+        assert local[3:] == [429] * (len(local) - 3), during
+    # What the old primary counted was replicated: the spent username stays refused.
+    assert outcome(attempt(kind, "spent")) == (429, None)
+    assert [outcome(attempt(kind, "fresh")) for _ in range(4)] == [(401, None)] * 3 + [(429, None)]
+    new = on_sentinel.server_on(on_sentinel.primary_port())
+    ttls = keys_and_ttls(new, _isolated_throttle)
+    assert ttls and all(ttl > 0 for ttl in ttls.values()), ttls
+
+
+def concurrency(name: str, count: int, period: str) -> tuple[Limit, ...]:
+    return (Limit.build(name, f"{count}/{period}", algorithm=Algorithm.CONCURRENCY),)
+
+
+class Owner:
+    """Stands for a request holding slots (the keeper holds its owner weakly)."""
+
+
+def test_slots_held_across_a_sentinel_failover_are_given_back_or_end_with_their_lease(
+    on_sentinel: LocalSentinel, _isolated_throttle: str
+) -> None:
+    """Client "kept" takes 3 slots (a 60 s lease) that the keeper renews, client "dropped" 3
+    slots (a 3 s lease) whose requests never give them back; the primary is killed after the
+    writes are replicated. On the promoted primary the keeper's renewals succeed (no lease
+    lost), giving the kept slots back frees them at once (exactly 3 again), the dropped ones
+    end within their lease, and every key has a TTL."""
+    backend = get_backend()
+    assert isinstance(backend, RedisBackend)
+    kept, dropped = concurrency("kept", 3, "min"), concurrency("dropped", 3, "3s")
+    owner = Owner()
+    held = []
+    for _ in range(3):
+        decision = backend.hit("kept", kept)
+        assert decision.allowed
+        [(client, lease)] = decision.leases
+        held.append(leases.Held(client, kept, lease))
+        assert backend.hit("dropped", dropped).allowed
+    assert not backend.hit("kept", kept).allowed
+    keeper = leases.keeper()
+    keeper.keep(owner, held)
+    lost: list[Any] = []
+
+    def on_lost(sender: Any, **kwargs: Any) -> None:
+        lost.append(kwargs)
+
+    from django_throttle import events
+
+    events.lease_lost.connect(on_lost)
+    try:
+        replicated(on_sentinel)
+        old = fail_over(on_sentinel)
+        wait_for(lambda: on_sentinel.primary_port() != old, 60, "a promotion")
+        wait_for(lambda: _answers(backend, kept), 30, "the promoted primary to answer")
+        # The keeper renews on the new primary: every kept lease is there, none lost.
+        for one in held:
+            keeper.renew_due()
+            assert backend.renew(one.client, one.limits, one.lease) == 1
+        assert not lost, lost
+        assert not backend.hit("kept", kept).allowed  # still held, on the promoted primary
+        for one in held:
+            leases.give_back(one)
+        assert [backend.hit("kept", kept).allowed for _ in range(4)] == [True] * 3 + [False]
+        # The slots nobody gave back end with their lease (3 s), on the promoted primary.
+        wait_for(lambda: backend.peek("dropped", dropped).remaining == 3, 10, "leases to end")
+        assert [backend.hit("dropped", dropped).allowed for _ in range(4)] == [True] * 3 + [False]
+        new = on_sentinel.server_on(on_sentinel.primary_port())
+        ttls = keys_and_ttls(new, _isolated_throttle)
+        assert ttls and all(ttl > 0 for ttl in ttls.values()), ttls
+    finally:
+        events.lease_lost.disconnect(on_lost)
+        for one in held:
+            keeper.forget(one)
+
+
+def _answers(backend: RedisBackend, lim: tuple[Limit, ...]) -> bool:
+    from django_throttle.backends.base import BackendError
+
+    try:
+        backend.peek("probe", lim)
+    except BackendError:
+        return False
+    return True
+
+
+# -- Cluster ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    topology = LocalCluster()
+    try:
+        yield topology.start()
+    finally:
+        topology.stop()
+
+
+@pytest.fixture
+def on_cluster(
+    settings: Any, cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[LocalCluster]:
+    cluster.wait_ok()
+    settings.DJANGO_THROTTLE_REDIS_URL = f"{cluster.url}?shards=16"
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {**TIMEOUTS, "timeout": 5.0}
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = 1
+    monkeypatch.setattr(breaker_module, "COOLDOWN", COOLDOWN)
+    breaker_module.reset_breaker()
+    yield cluster
+    for node in cluster.nodes:
+        if not node.running():
+            node.start()
+    cluster.wait_ok()
+
+
+@pytest.mark.parametrize("kind", LOGINS)
+def test_failed_logins_are_counted_while_a_cluster_primary_dies_and_its_replica_takes_over(
+    on_cluster: LocalCluster, settings: Any, _isolated_throttle: str, kind: str
+) -> None:
+    """Failed logins for usernames on every primary while one primary is killed (failure
+    mode ``open``): no 500, none served uncounted; usernames on the dead primary are counted
+    in the process (refused after 3); once its replica is promoted, every username is
+    counted exactly on the cluster again."""
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "open"
+    login_rule("3/h")
+    backend = get_backend()
+    assert isinstance(backend, RedisBackend) and backend.on_cluster
+    victim = on_cluster.primaries()[0]
+    with victim.client() as client:
+        slot = next(
+            first
+            for first, _last, owner, *_ in client.execute_command("CLUSTER", "SLOTS")
+            if int(owner[1]) == victim.port
+        )
+        assert on_cluster.node_for_slot(slot) is victim
+    before = [outcome(attempt(kind, f"before-{n}")) for n in range(6)]
+    assert before == [(401, None)] * 6
+    with victim.client() as client:
+        client.execute_command("WAIT", 1, 5000)
+    victim.kill()
+    served: dict[str, list[tuple[int, str | None]]] = {}
+    deadline = time.monotonic() + 60
+    while on_cluster.node_for_slot(slot).port == victim.port:
+        assert time.monotonic() < deadline, "no promotion"
+        for n in range(12):
+            name = f"during-{n}"
+            served.setdefault(name, []).append(outcome(attempt(kind, name)))
+        time.sleep(0.02)
+    on_cluster.wait_ok()
+    wait_for(
+        lambda: all(outcome(attempt(kind, f"probe-{n}"))[1] is None for n in range(8)),
+        30,
+        "every username counted on the cluster again",
+    )
+    for name, outcomes in served.items():
+        assert all(status != 500 for status, _ in outcomes), (name, outcomes)
+        assert all(degraded in (None, "local") for _, degraded in outcomes), (name, outcomes)
+        local = [status for status, degraded in outcomes if degraded == "local"]
+        assert local.count(401) <= 3, (name, outcomes)
+    for n in range(8):
+        assert [outcome(attempt(kind, f"after-{n}")) for _ in range(4)] == [(401, None)] * 3 + [
+            (429, None)
+        ], n
+    assert any(degraded == "local" for o in served.values() for _, degraded in o), served
