@@ -10,23 +10,29 @@ answers and counting is exact again. Marked slow: each failover takes seconds.""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client
+from django.urls import path
 
 from django_throttle.backends import get_backend
 from django_throttle.backends import redis_nodes as breaker_module
 from django_throttle.backends.redis import RedisBackend
+from django_throttle.decorators import throttle
 from django_throttle.models import EndpointLimit, EndpointRule
 from django_throttle.policy import live as policy
 from django_throttle.rates import Algorithm, Limit
 from django_throttle.request import leases
-from tests.factories import tier
+from tests.factories import own_connections, tier
 from tests.topologies import LocalCluster, LocalSentinel, wait_for
+from tests.urls import urlpatterns as base_urls
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
@@ -299,3 +305,99 @@ def test_failed_logins_are_counted_while_a_cluster_primary_dies_and_its_replica_
             (429, None)
         ], n
     assert any(degraded == "local" for o in served.values() for _, degraded in o), served
+
+
+# -- Slots and turns through the request path, across a Sentinel failover ------------------
+
+#: Released by the test: a request with ``?hold=1`` holds its slot until then.
+gate = threading.Event()
+#: Requests inside ``slots_view`` holding on the gate now.
+running: list[int] = []
+
+
+@throttle(rate="2/min", algorithm="concurrency", scope="topo-slots", failure_mode="local")
+def slots_view(request: HttpRequest) -> HttpResponse:
+    if request.GET.get("hold"):
+        running.append(1)
+        try:
+            assert gate.wait(60)
+        finally:
+            running.pop()
+    return HttpResponse("ok")
+
+
+@throttle(rate="2/s", algorithm="gcra", burst=4, delay=0, scope="topo-paced", failure_mode="local")
+def paced_view(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+@throttle(rate="2/s", algorithm="gcra", burst=4, delay=0, scope="topo-paced-async",
+          failure_mode="local")  # fmt: skip
+async def paced_view_async(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+urlpatterns = [
+    path("topo/slots/", slots_view),
+    path("topo/paced/", paced_view),
+    path("topo/paced-async/", paced_view_async),
+    *base_urls,
+]
+
+
+def get(url: str, address: str) -> Any:
+    headers = {"X-Forwarded-For": address}
+    if "async" in url:
+        return async_to_sync(AsyncClient(raise_request_exception=False).get)(url, headers=headers)
+    return Client(raise_request_exception=False).get(url, headers=headers)
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_slots_held_by_requests_across_a_failover_are_given_back_on_the_promoted_primary(
+    on_sentinel: LocalSentinel, _isolated_throttle: str
+) -> None:
+    """Two requests hold the client's 2 slots while the primary is killed and a replica
+    promoted; requests meanwhile take slots in the process (never a 500); once the held
+    requests end, on the promoted primary, their slots are free at once (not only when their
+    60 s lease ends): two new held requests are admitted, a third refused, exactly."""
+    gate.clear()
+    policy.current()
+    address = "10.9.0.1"
+
+    @own_connections
+    def held(_: int) -> Any:
+        return get("/topo/slots/?hold=1", address)
+
+    pool = ThreadPoolExecutor(2)
+    try:
+        first = [pool.submit(held, n) for n in range(2)]
+        wait_for(lambda: len(running) == 2, 10, "two requests holding their slots")
+        assert get("/topo/slots/", address).status_code == 429
+        replicated(on_sentinel)
+        old = fail_over(on_sentinel)
+        during = []
+        while on_sentinel.primary_port() == old:
+            during.append(get("/topo/slots/", address))
+            time.sleep(0.05)
+        assert all(r.status_code in (200, 429) for r in during), [r.status_code for r in during]
+        wait_for(
+            lambda: get("/topo/slots/", address).headers.get("X-RateLimit-Degraded") is None,
+            30,
+            "counting on Redis again",
+        )
+        gate.set()
+        assert [f.result(30).status_code for f in first] == [200, 200]
+        gate.clear()
+        second = [pool.submit(held, n) for n in range(2)]
+        wait_for(lambda: len(running) == 2, 10, "two new requests holding their slots")
+        refused = get("/topo/slots/", address)
+        assert refused.status_code == 429 and "X-RateLimit-Degraded" not in refused
+        gate.set()
+        assert [f.result(30).status_code for f in second] == [200, 200]
+    finally:
+        gate.set()
+        pool.shutdown(wait=True)
+    new = on_sentinel.server_on(on_sentinel.primary_port())
+    ttls = keys_and_ttls(new, _isolated_throttle)
+    assert all(ttl > 0 for ttl in ttls.values()), ttls
