@@ -299,3 +299,29 @@ def test_a_usage_read_closes_the_client_it_read_on(
         gc.enable()
         admin.close()
     assert after == before
+
+
+@pytest.mark.parametrize("how", ["closed by the server", "server restarted"])
+def test_a_held_connection_the_server_closed_is_not_a_failed_call(
+    settings: Any, server: RedisServer, how: str
+) -> None:
+    """A thread's own connection that the server closed while the thread was idle (the
+    server's ``timeout``, ``CLIENT KILL``, a restart, a Sentinel failover) is found closed
+    before the next call, as the pool's checkout finds it, and that call goes on a fresh
+    connection: answered, not a failure. (It used to fail: the next decision took the failure
+    mode, and a slot given back then stayed taken until its lease ended.)"""
+    server.ensure_healthy()
+    backend = small_pool_backend(settings, server.url)
+    slots = (Limit.build("slots", "1/h", algorithm="concurrency"),)
+    taken = backend.hit("held", slots)
+    [(client, lease)] = taken.leases
+    assert not backend.hit("held", slots).allowed
+    if how == "server restarted":
+        server.kill(keep_data=True)
+        server.restart()
+    else:
+        with server.client() as admin:
+            assert admin.client_kill_filter(_type="normal", skipme=True) >= 1
+    assert backend.release(client, slots, lease) == 1  # on this thread's connection
+    assert backend.hit("held", slots).allowed
+    assert backend.hit("more", LIMITS).remaining == CAPACITY - 1

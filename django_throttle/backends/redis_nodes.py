@@ -13,9 +13,10 @@ connection whose reply was lost, so no late reply answers the next call.
 A thread counting on one server holds one connection of the client's bounded pool for its
 life (:class:`ThreadConnections`), and sends the script call on it with the connection's own
 ``send_command`` and ``read_response``, so a decision skips the pool's checkout and return
-and the client's per-command bookkeeping; at most half the pool is held so, the rest serving
-every other thread and command. A thread's connection goes back to the pool when the thread
-ends; a forked child drops its parent's and opens its own.
+and the client's per-command bookkeeping (keeping only the checkout's check that the server
+has not closed the connection meanwhile: :func:`closed`); at most half the pool is held so,
+the rest serving every other thread and command. A thread's connection goes back to the pool
+when the thread ends; a forked child drops its parent's and opens its own.
 
 ``async def`` views use a ``redis.asyncio.Redis`` per running event loop (connections belong to
 the loop that opened them), built from the sync client's pool options: the same server,
@@ -546,6 +547,18 @@ def run_on(connection: Any, call: ScriptCall, sender: type | None = None) -> Any
         raise failure(exc) from exc
 
 
+def closed(connection: Any) -> bool:
+    """Whether the server closed a thread's held ``connection`` (or left unread bytes on it)
+    while the thread was idle: the check the pool's checkout makes of each connection it hands
+    out. The server's ``timeout``, ``CLIENT KILL``, a restart or a failover close it between
+    two calls, and a call on it would fail though the server answers. One non-blocking poll
+    of the socket."""
+    try:
+        return bool(connection.can_read())
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        return True
+
+
 class _Held:
     """Stands for a thread's hold on a connection, in the thread's locals: collected with
     them when the thread ends, when the connection goes back to the pool."""
@@ -650,7 +663,18 @@ class OneServer:
         threads = self._threads
         if threads is not None:
             connection = getattr(threads.mine, "connection", None)
+            fresh = connection is None  # the pool's checkout just checked it
             if connection is None:
+                try:
+                    connection = threads.get()
+                except Exception as exc:
+                    raise failure(exc) from exc
+            if connection and not fresh and closed(connection):
+                # Back to the pool, whose checkout connects a fresh one (for a
+                # Sentinel-managed pool, to the primary the sentinels name now: redis-py's
+                # implicit reconnect on send would go back to the old address).
+                connection.disconnect()
+                threads.drop()
                 try:
                     connection = threads.get()
                 except Exception as exc:
