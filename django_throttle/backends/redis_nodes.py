@@ -14,7 +14,7 @@ A thread counting on one server holds one connection of the client's bounded poo
 life (:class:`ThreadConnections`), and sends the script call on it with the connection's own
 ``send_command`` and ``read_response``, so a decision skips the pool's checkout and return
 and the client's per-command bookkeeping (keeping only the checkout's check that the server
-has not closed the connection meanwhile: :func:`closed`); at most half the pool is held so,
+has not closed the connection meanwhile: :meth:`OneServer.call`); at most half the pool is held so,
 the rest serving every other thread and command. A thread's connection goes back to the pool
 when the thread ends; a forked child drops its parent's and opens its own.
 
@@ -547,18 +547,6 @@ def run_on(connection: Any, call: ScriptCall, sender: type | None = None) -> Any
         raise failure(exc) from exc
 
 
-def closed(connection: Any) -> bool:
-    """Whether the server closed a thread's held ``connection`` (or left unread bytes on it)
-    while the thread was idle: the check the pool's checkout makes of each connection it hands
-    out. The server's ``timeout``, ``CLIENT KILL``, a restart or a failover close it between
-    two calls, and a call on it would fail though the server answers. One non-blocking poll
-    of the socket."""
-    try:
-        return bool(connection.can_read())
-    except (redis.ConnectionError, redis.TimeoutError, OSError):
-        return True
-
-
 class _Held:
     """Stands for a thread's hold on a connection, in the thread's locals: collected with
     them when the thread ends, when the connection goes back to the pool."""
@@ -664,12 +652,24 @@ class OneServer:
         if threads is not None:
             connection = getattr(threads.mine, "connection", None)
             fresh = connection is None  # the pool's checkout just checked it
+            stale = False
             if connection is None:
                 try:
                     connection = threads.get()
                 except Exception as exc:
                     raise failure(exc) from exc
-            if connection and not fresh and closed(connection):
+            if connection and not fresh:
+                # The check the pool's checkout makes of each connection it hands out, here
+                # inline (this runs on every call): whether the server closed the held
+                # connection (or left unread bytes on it) while the thread was idle. The
+                # server's ``timeout``, ``CLIENT KILL``, a restart or a failover close it
+                # between two calls, and a call on it would fail though the server answers.
+                # One non-blocking poll of the socket.
+                try:
+                    stale = bool(connection.can_read())
+                except (redis.ConnectionError, redis.TimeoutError, OSError):
+                    stale = True
+            if stale:
                 # Back to the pool, whose checkout connects a fresh one (for a
                 # Sentinel-managed pool, to the primary the sentinels name now: redis-py's
                 # implicit reconnect on send would go back to the old address).
