@@ -414,39 +414,3 @@ def test_admin_the_same_new_row_saved_from_two_pages_is_an_error_the_second_time
     formset = response.context["inline_admin_formsets"][0].formset
     assert "since the page was opened" in str(formset.errors[2]["rate"])
     assert saved_rows(rows) == after_first
-
-
-@pytest.mark.parametrize(
-    ("rows", "changes"),
-    [
-        # (tier, rate) of the two rows, then what the form changes in each
-        ([("anonymous", "5/m"), ("pro", "5/m")], [{"tier": "pro"}, {"tier": "anonymous"}]),
-        ([("anonymous", "5/m"), ("anonymous", "10/m")], [{"rate": "10/m"}, {"rate": "20/m"}]),
-        ([("anonymous", "5/m"), ("anonymous", "10/m")], [{"rate": "10/m"}, {"DELETE": "on"}]),
-    ],
-    ids=["swap-tiers", "pass-on-rate", "take-deleted-rate"],
-)
-def test_admin_rule_rows_passing_on_their_values_in_one_save_are_saved(
-    admin_client: Client, anonymous: Tier, rows: list[tuple[str, str]], changes: list[Any]
-) -> None:
-    """Rule rows are saved one after the other; one taking the values another row gives up
-    in the same save met the unique constraint half way: a 500, though the rows as posted
-    differ. Now saved as posted, each row keeping its id (its counters)."""
-    tiers = {"anonymous": anonymous, "pro": tier("pro")}
-    rule = EndpointRule.objects.create(name="export", pattern="export")
-    made = [rule.limits.create(tier=tiers[slug], rate=rate) for slug, rate in rows]
-    url = reverse("admin:django_throttle_endpointrule_change", args=[rule.pk])
-    data = change_page_data(admin_client, url)
-    index = {data[f"limits-{i}-id"]: i for i in range(2)}
-    expected = {}
-    for row, change in zip(made, changes, strict=True):
-        for field, value in change.items():
-            data[f"limits-{index[row.pk]}-{field}"] = tiers[value].pk if field == "tier" else value
-        if "DELETE" not in change:
-            slug = change.get("tier", row.tier.slug)
-            expected[row.pk] = (tiers[slug].pk, change.get("rate", row.rate))
-
-    response = admin_client.post(url, data)
-
-    assert response.status_code == 302
-    assert {pk: (t, r) for pk, t, r in saved_rows(rule.limits)} == expected

@@ -41,7 +41,6 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
 
-from django_throttle import signals
 from django_throttle.models import EndpointRule, TierLimit
 from django_throttle.models.fields import BadRow
 from django_throttle.models.limits import ALGORITHM_FIELDS, ALGORITHM_HELP
@@ -398,28 +397,6 @@ class OwnRowsFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
                     ),
                 )
         self._check_rows_saved_meanwhile({form.instance.pk for form in self.initial_forms})
-
-    def save_existing_objects(self, commit: bool = True) -> list[Any]:
-        """Save the changed rows as Django does, one after the other, after giving each
-        changed or deleted row a placeholder rate of its own when two or more change: rows
-        swapping or passing on their values (A 5/m → 10/m, B 10/m → 20/m) met the unique
-        constraint half way (a 500) though the rows as posted differ."""
-        model: Any = self.model
-        unique = any(
-            isinstance(constraint, UniqueConstraint) and "rate" in constraint.fields
-            for constraint in model._meta.constraints
-        )
-        moving = [
-            form.instance
-            for form in self.initial_forms
-            if form.instance.pk is not None
-            and (form.cleaned_data.get("DELETE") or form.has_changed())
-        ]
-        if commit and unique and len(moving) > 1:
-            for row in moving:
-                signals.note_stored_limit(row)  # its counters are re-timed from this
-                model._default_manager.filter(pk=row.pk).update(rate=f"~{row.pk}")
-        return super().save_existing_objects(commit)
 
     def _check_rows_saved_meanwhile(self, drawn: set[Any]) -> None:
         """A row repeating a row of this tier or rule saved since the page was opened (by
