@@ -468,73 +468,16 @@ def test_a_sync_drf_view_whose_client_went_away_is_settled_with_what_it_answered
     Settled as ``@throttle`` settles a sync view (its thread ends with the view's own
     outcome): with what the view answered. Settling it as a 500 instead would give back a
     wrong one-time code whose client hung up at once: guessing without limit."""
-    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
-    rule = endpoint("hung-up", "path", route, limits={anonymous: "1/min"})
-    rule.counts = counts
-    rule.save()
-    policy.reset()
-    policy.current()  # loaded here: the view's thread reads no database
-    gate.clear()
-    entered.clear()
-
-    async def hung_up() -> list[dict[str, Any]]:
-        gone = asyncio.Event()
-        request = asyncio.ensure_future(asgi_get(route, gone))
-        deadline = time.monotonic() + 5
-        while not entered.is_set():
-            assert time.monotonic() < deadline, "the view never started"
-            await asyncio.sleep(0.005)
-        gone.set()  # the client hangs up; the view runs on in its thread
-        return await request
-
-    def runs_on(request: HttpRequest) -> bool:
-        """Asked by the headers middleware once the request was cancelled."""
-        gate.set()  # the view answers, to nobody
-        return runs_on_before(request)
-
-    async def again() -> list[dict[str, Any]]:
-        return await asgi_get(route, asyncio.Event())
-
-    runs_on_before = middleware._runs_on
-    monkeypatch.setattr(middleware, "_runs_on", runs_on)
-    try:
-        assert async_to_sync(hung_up)() == []  # nothing was answered
-    finally:
-        gate.set()
-    after = async_to_sync(again)()
+    after = hang_up_then_ask_again(monkeypatch, route, counts)
     assert after[0]["status"] == (429 if kept else 200 if "refusing" not in route else 400)
 
 
-@pytest.mark.urls(__name__)
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize(
-    ("counts", "status", "kept"),
-    [
-        ("failures", 200, False),
-        ("success", 400, False),
-        ("failures", 400, True),
-        ("success", 200, True),
-    ],
-    ids=[
-        "failures-answered-200",
-        "success-answered-400",
-        "failures-answered-400",
-        "success-answered-200",
-    ],
-)
-@pytest.mark.parametrize("kind", ["sync", "async"], ids=["PolicyThrottle", "AsyncPolicyThrottle"])
-@pytest.mark.parametrize("shape", ["api-view", "viewset"])
-def test_an_adrf_sync_handler_whose_client_went_away_is_settled_with_what_it_answered(
-    monkeypatch: pytest.MonkeyPatch, counts: str, status: int, kept: bool, kind: str, shape: str
-) -> None:
-    """An adrf view whose handler is a plain ``def`` runs it in a worker thread, which runs
-    on when the client hangs up: settled as a sync DRF view is, with what it answered. An
-    ``APIView`` with only sync handlers is a sync view; a ``ViewSet`` with an ``async def``
-    action beside is an async view that runs its sync action with ``sync_to_async``: it was
-    settled as a cancelled async view (a 500) at the hang-up, so a wrong one-time code (400)
-    under a rule counting failures was given back (guessing without limit by hanging up),
-    and a success under a rule counting successes was never counted."""
-    route = f"/api/adrf-sync-handler/{shape}/{kind}/{status}/"
+def hang_up_then_ask_again(
+    monkeypatch: pytest.MonkeyPatch, route: str, counts: str
+) -> list[dict[str, Any]]:
+    """Under a 1/min rule counting ``counts`` on ``route``: a client hangs up once the view
+    started (its handler runs on in its thread and answers, to nobody, once the headers
+    middleware saw the cancellation); what the client's next request gets."""
     anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
     rule = endpoint("hung-up", "path", route, limits={anonymous: "1/min"})
     rule.counts = counts
@@ -568,7 +511,40 @@ def test_an_adrf_sync_handler_whose_client_went_away_is_settled_with_what_it_ans
         assert async_to_sync(hung_up)() == []  # nothing was answered
     finally:
         gate.set()
-    after = async_to_sync(again)()
+    return async_to_sync(again)()
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("counts", "status", "kept"),
+    [
+        ("failures", 200, False),
+        ("success", 400, False),
+        ("failures", 400, True),
+        ("success", 200, True),
+    ],
+    ids=[
+        "failures-answered-200",
+        "success-answered-400",
+        "failures-answered-400",
+        "success-answered-200",
+    ],
+)
+@pytest.mark.parametrize("kind", ["sync", "async"], ids=["PolicyThrottle", "AsyncPolicyThrottle"])
+@pytest.mark.parametrize("shape", ["api-view", "viewset"])
+def test_an_adrf_sync_handler_whose_client_went_away_is_settled_with_what_it_answered(
+    monkeypatch: pytest.MonkeyPatch, counts: str, status: int, kept: bool, kind: str, shape: str
+) -> None:
+    """An adrf view whose handler is a plain ``def`` runs it in a worker thread, which runs
+    on when the client hangs up: settled as a sync DRF view is, with what it answered. An
+    ``APIView`` with only sync handlers is a sync view; a ``ViewSet`` with an ``async def``
+    action beside is an async view that runs its sync action with ``sync_to_async``: it was
+    settled as a cancelled async view (a 500) at the hang-up, so a wrong one-time code (400)
+    under a rule counting failures was given back (guessing without limit by hanging up),
+    and a success under a rule counting successes was never counted."""
+    route = f"/api/adrf-sync-handler/{shape}/{kind}/{status}/"
+    after = hang_up_then_ask_again(monkeypatch, route, counts)
     assert after[0]["status"] == (429 if kept else status)
 
 
