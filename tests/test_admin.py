@@ -594,6 +594,15 @@ def test_a_cost_above_a_tier_limit_is_saved_with_a_warning(
     [
         ({"methods": "GET, FETCH"}, "methods", "unknown HTTP method FETCH"),
         ({"match_type": "path", "pattern": "api/"}, "pattern", "starts with '/'"),
+        ({"match_type": "path", "pattern": "/caf%C3%A9/"}, "pattern", "write '/café/'"),
+        ({"match_type": "path", "pattern": "/search/?q=x"}, "pattern", "the path is '/search/'"),
+        ({"match_type": "path", "pattern": "/docs/#top"}, "pattern", "the path is '/docs/'"),
+        (
+            {"match_type": "path", "pattern": "https://example.com/api/"},
+            "pattern",
+            "without scheme or host: '/api/'",
+        ),
+        ({"match_type": "path", "pattern": "/api/*"}, "pattern", "'*' is no wildcard: '/api/'"),
         ({"match_type": "route", "pattern": "api:"}, "pattern", "'namespace:name'"),
     ],
 )

@@ -284,6 +284,19 @@ def test_rule_rejects_unknown_methods_naming_the_field() -> None:
     [
         (EndpointRule.MatchType.PATH, "/api/", True),
         (EndpointRule.MatchType.PATH, "api/", False),
+        # Spellings no request path (decoded, without query or host) can ever be.
+        (EndpointRule.MatchType.PATH, "/caf%C3%A9/", False),
+        (EndpointRule.MatchType.PATH, "/café/", True),
+        (EndpointRule.MatchType.PATH, "/100%/", True),
+        (EndpointRule.MatchType.PATH, "/x%FF/", True),  # not UTF-8: Django keeps it escaped
+        (EndpointRule.MatchType.PATH, "/x%ff/", False),
+        (EndpointRule.MatchType.PATH, "/search?q=1", False),
+        (EndpointRule.MatchType.PATH, "/docs#top", False),
+        (EndpointRule.MatchType.PATH, "https://example.com/api/", False),
+        (EndpointRule.MatchType.PATH, "//example.com/api/", False),
+        (EndpointRule.MatchType.PATH, "/api/*", False),
+        (EndpointRule.MatchType.ROUTE, "v1:items", True),
+        (EndpointRule.MatchType.ROUTE, "outer:v1:items", True),
         (EndpointRule.MatchType.ROUTE, "api:orders", True),
         (EndpointRule.MatchType.ROUTE, "api:", False),
         (EndpointRule.MatchType.SCOPE, "uploads", True),

@@ -209,6 +209,32 @@ def test_an_invalid_file_is_refused_whole_naming_entry_and_field(tmp_path: Path)
     assert run("export") == before  # gold was valid, but nothing was written
 
 
+@pytest.mark.parametrize(
+    ("pattern", "says"),
+    [
+        ("/caf%C3%A9/", "requests are matched by their decoded path: write '/café/'"),
+        ("/search?q=1", "a path prefix never holds a query string ('?'): the path is '/search'"),
+        (
+            "https://example.com/api/",
+            "a path prefix is the path alone, without scheme or host: '/api/'",
+        ),
+    ],
+)
+def test_a_path_rule_no_request_can_meet_is_refused(
+    tmp_path: Path, pattern: str, says: str
+) -> None:
+    """The admin's rule holds for a file: a pattern no decoded request path can be is a
+    problem naming the rule's pattern, not a rule saved dead."""
+    rule = {"name": "cafe", "match_type": "path", "pattern": pattern, "limits": []}
+    document = {"version": 1, "rules": [rule]}
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(document, ensure_ascii=False), encoding="utf-8")
+    with pytest.raises(CommandError) as error:
+        run("import", str(path))
+    assert f"rules[0] 'cafe'.pattern: {says}" in str(error.value)
+    assert not EndpointRule.objects.exists()
+
+
 def test_every_problem_of_an_entry_is_listed_in_file_order(tmp_path: Path) -> None:
     """A tier with bad fields of its own had its limits left unchecked (fix the slug, import
     again, only then hear of the bad rate), an unknown field hid every other problem, a limit

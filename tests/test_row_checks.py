@@ -118,3 +118,13 @@ def test_a_limit_repeated_around_the_admin_is_listed_and_counted_once() -> None:
         (f"t{original.pk}", False),
         (f"t{original.pk + 2}", True),
     ]
+
+
+@pytest.mark.django_db
+def test_a_path_rule_saved_with_an_escape_before_the_admin_refused_it_is_reported() -> None:
+    """A pattern no decoded request path can be (saved before the admin refused it, or
+    around it) never matched: ``check`` names it with the spelling that would."""
+    rule = endpoint("cafe", "path", "/caf%C3%A9/")
+    errors = check_rows()
+    assert [(e.id, e.obj.pk) for e in errors] == [("django_throttle.E103", rule.pk)]
+    assert "pattern: requests are matched by their decoded path: write '/café/'" in errors[0].msg

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from urllib.parse import unquote_to_bytes
+
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.utils.encoding import repercent_broken_unicode
 from django.utils.translation import gettext_lazy as _
 
 from django_throttle.models.fields import (
@@ -141,9 +144,8 @@ class EndpointRule(models.Model):
             errors["pattern"] = str(_("enter a pattern"))
         elif any(c.isspace() for c in pattern):
             errors["pattern"] = str(_("a pattern cannot contain spaces"))
-        elif self.match_type == self.MatchType.PATH and not pattern.startswith("/"):
-            message = _("a path prefix starts with '/', e.g. '/%(pattern)s'")
-            errors["pattern"] = str(message) % {"pattern": pattern}
+        elif self.match_type == self.MatchType.PATH and (problem := path_problem(pattern)):
+            errors["pattern"] = problem
         elif self.match_type == self.MatchType.ROUTE and (
             pattern.startswith(":") or pattern.endswith(":") or "::" in pattern
         ):
@@ -160,6 +162,42 @@ class EndpointRule(models.Model):
             self.methods = ",".join(m for m in HTTP_METHODS if m in self.method_set)
         if errors:
             raise ValidationError(errors)
+
+
+def path_problem(pattern: str) -> str:
+    """Why a path prefix could never match a request's path as Django gives it (decoded, no
+    query string, no scheme or host), with the spelling that would; "" when it could."""
+    if "://" in pattern or pattern.startswith("//"):  # a URL (or one without its scheme)
+        path = "/" + pattern.partition("//")[2].partition("/")[2]
+        message = _("a path prefix is the path alone, without scheme or host: '%(path)s'")
+        return str(message) % {"path": path.partition("?")[0].partition("#")[0]}
+    if not pattern.startswith("/"):
+        return str(_("a path prefix starts with '/', e.g. '/%(pattern)s'")) % {"pattern": pattern}
+    for mark, message in (
+        ("?", _("a path prefix never holds a query string ('?'): the path is '%(path)s'")),
+        ("#", _("a browser never sends the part from '#' on: the path is '%(path)s'")),
+    ):
+        if mark in pattern:
+            return str(message) % {"path": pattern.partition(mark)[0]}
+    if "*" in pattern:
+        message = _(
+            "a path prefix is matched as written, '*' is no wildcard: '%(path)s' covers "
+            "everything below it"
+        )
+        return str(message) % {"path": pattern.partition("*")[0].rpartition("/")[0] + "/"}
+    # Requests are matched by their path as Django decodes it (/caf%C3%A9/ is /café/; bytes
+    # that are not UTF-8 stay escaped, in capitals), so an escape in a pattern never matches.
+    decoded = repercent_broken_unicode(unquote_to_bytes(pattern)).decode()
+    if decoded == pattern:
+        return ""
+    if any(c.isspace() for c in decoded):
+        message = _(
+            "requests are matched by their decoded path, which here holds a space: name "
+            "its view with a route rule instead"
+        )
+        return str(message)
+    message = _("requests are matched by their decoded path: write '%(path)s'")
+    return str(message) % {"path": decoded}
 
 
 class EndpointLimit(LimitFields):
