@@ -1,12 +1,17 @@
 """The test project's URLs plus views a Django project serves under several spellings of one
 path: DRF format suffixes (``format_suffix_patterns`` and ``DefaultRouter``), an optional
-trailing slash, and ``i18n_patterns`` language prefixes (tests/test_path_escapes.py)."""
+trailing slash, and ``i18n_patterns`` language prefixes; under several names (one app's URLs
+included in namespaces ``v1`` and ``v2``, and ``v1`` again inside ``outer``); and a plain
+Django class-based view and a DRF ``@api_view``, which answer OPTIONS themselves
+(tests/test_path_escapes.py)."""
 
 from typing import Any
 
 from django.conf.urls.i18n import i18n_patterns
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import include, path, re_path
+from django.views import View
+from rest_framework.decorators import api_view
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -44,8 +49,30 @@ async def hello_async(request: HttpRequest, **kwargs: Any) -> HttpResponse:
     return JsonResponse({"hello": "async"})
 
 
+class HelloView(View):
+    def get(self, request: HttpRequest) -> HttpResponse:
+        return JsonResponse({"hello": "class"})
+
+
+@api_view(["GET"])
+def hello_api(request: Request) -> Response:
+    return Response({"hello": "api_view"})
+
+
 router = DefaultRouter()
 router.register("items", Items, basename="item")
+
+api_router = DefaultRouter()
+api_router.register("things", Items, basename="thing")
+#: One app's URLs (app namespace "api"), included under two instance namespaces.
+api_patterns = (
+    [
+        path("items/", hello, name="items"),
+        path("items-async/", hello_async, name="items-async"),
+        path("", include(api_router.urls)),
+    ],
+    "api",
+)
 
 urlpatterns = [
     *format_suffix_patterns(
@@ -60,6 +87,11 @@ urlpatterns = [
     re_path(r"^opt/hello-async/?$", hello_async, name="opt-hello-async"),
     path("r/", include(router.urls)),
     path("any/<path:rest>", hello, name="any"),
+    path("cbv/hello/", throttle(scope="escapes")(HelloView.as_view()), name="cbv-hello"),
+    path("api-view/hello/", hello_api, name="api-view-hello"),
+    path("v1/", include(api_patterns, namespace="v1")),
+    path("v2/", include(api_patterns, namespace="v2")),
+    path("outer/", include(([path("v1/", include(api_patterns, namespace="v1"))], "outer"))),
     *base,
     *i18n_patterns(
         path("intl/ping/", FormatPing.as_view(), name="intl-ping"),

@@ -163,3 +163,135 @@ def test_the_methods_a_rule_can_name_are_the_admins() -> None:
     from django_throttle.policy.live import NAMEABLE_METHODS
 
     assert frozenset(HTTP_METHODS) == NAMEABLE_METHODS
+
+
+# OPTIONS and HEAD: a function view answers them with the code its GET runs; a class-based
+# view (Django's View, DRF's APIView and @api_view) answers OPTIONS itself.
+
+
+@pytest.mark.parametrize("method", ["OPTIONS", "HEAD"])
+@pytest.mark.parametrize("path", ["/fmt/hello/", "/opt/hello", "/v1/items/"])
+def test_options_and_head_to_a_function_view_meet_its_get_rule(
+    escapes: Any, path: str, method: str
+) -> None:
+    endpoint("reads", "path", "/", methods="GET", limits={escapes: "1/h"})
+    client = Client()
+    assert client.get(path).status_code == 200
+    assert client.generic(method, path).status_code == 429
+
+
+def test_options_to_an_async_function_view_meets_its_get_rule(escapes: Any) -> None:
+    endpoint("reads", "path", "/fmt/hello-async/", methods="GET", limits={escapes: "1/h"})
+    client = AsyncClient()
+
+    async def both() -> list[int]:
+        first = await client.get("/fmt/hello-async/")
+        return [first.status_code, (await client.options("/fmt/hello-async/")).status_code]
+
+    assert async_to_sync(both)() == [200, 429]
+
+
+def test_a_rule_naming_options_beats_the_get_rule_on_a_function_view(escapes: Any) -> None:
+    endpoint("reads", "path", "/fmt/hello/", methods="GET", limits={escapes: "1/h"})
+    endpoint("probes", "path", "/fmt/hello/", methods="OPTIONS", limits={escapes: "2/h"})
+    client = Client()
+    assert [client.options("/fmt/hello/").status_code for _ in range(3)] == [200, 200, 429]
+    assert [client.get("/fmt/hello/").status_code for _ in range(2)] == [200, 429]
+
+
+@pytest.mark.parametrize("path", ["/fmt/ping/", "/cbv/hello/", "/api-view/hello/", "/r/items/"])
+def test_options_to_a_class_based_view_is_its_own_method(escapes: Any, path: str) -> None:
+    """Django's View and DRF answer OPTIONS themselves (an Allow header, DRF's metadata)
+    without running the GET handler: a rule naming GET leaves it to the tier's limits; a
+    rule naming OPTIONS limits it."""
+    endpoint("reads", "path", path, methods="GET", limits={escapes: "1/h"})
+    client = Client()
+    assert client.get(path).status_code == 200
+    assert [client.options(path).status_code for _ in range(2)] == [200, 200]
+    assert client.head(path).status_code == 429
+    endpoint("probes", "path", path, methods="OPTIONS", limits={escapes: "1/h"})
+    assert [client.options(path).status_code for _ in range(2)] == [200, 429]
+
+
+# Route rules and namespaces: a rule naming ``items`` covers that URL name in any namespace;
+# ``v1:items`` only in v1 (also inside another namespace); the app namespace as ``include()``
+# gives it covers every instance; the most specific name a rule is written for wins.
+
+ROUTES = [
+    # (rule's route name, a path it covers, a path it does not cover or None)
+    ("items", "/v1/items/", None),
+    ("items", "/v2/items/", None),
+    ("items", "/outer/v1/items/", None),
+    ("v1:items", "/v1/items/", "/v2/items/"),
+    ("v1:items", "/outer/v1/items/", "/v2/items/"),
+    ("outer:v1:items", "/outer/v1/items/", "/v1/items/"),
+    ("api:items", "/v2/items/", "/fmt/hello/"),
+    ("thing-list", "/v1/things/", "/v1/things/1/"),
+    ("v2:thing-list", "/v2/things.json", "/v1/things/"),
+    ("v1:thing-detail", "/v1/things/1/", "/v2/things/1/"),
+]
+
+
+@pytest.mark.parametrize(("route", "covered", "other"), ROUTES)
+def test_a_route_rule_covers_its_name_in_namespaces(
+    escapes: Any, route: str, covered: str, other: str | None
+) -> None:
+    endpoint("rule", "route", route, limits={escapes: "1/h"})
+    client = Client()
+    assert [client.get(covered).status_code for _ in range(2)] == [200, 429]
+    if other is not None:
+        assert [client.get(other).status_code for _ in range(2)] == [200, 200]
+
+
+def test_an_async_view_meets_the_route_rule_of_its_url_name(escapes: Any) -> None:
+    endpoint("rule", "route", "items-async", limits={escapes: "1/h"})
+    client = AsyncClient()
+
+    async def both() -> list[int]:
+        first = await client.get("/v1/items-async/")
+        return [first.status_code, (await client.get("/v2/items-async/")).status_code]
+
+    assert async_to_sync(both)() == [200, 429]
+
+
+def test_the_most_specific_route_name_wins(escapes: Any) -> None:
+    endpoint("any", "route", "items", limits={escapes: "1/h"})
+    endpoint("v1", "route", "v1:items", limits={escapes: "3/h"})
+    endpoint("v1 posts", "route", "outer:v1:items", methods="POST", limits={escapes: "1/h"})
+    client = Client()
+    assert [client.get("/v1/items/").status_code for _ in range(4)] == [200, 200, 200, 429]
+    assert [client.get("/v2/items/").status_code for _ in range(2)] == [200, 429]
+    # The POST-only rule does not cover a GET: the next name's rule does (v1:items, spent).
+    assert client.get("/outer/v1/items/").status_code == 429
+    assert [client.post("/outer/v1/items/").status_code for _ in range(2)] == [200, 429]
+
+
+def test_the_admin_takes_a_namespaced_route_rule_that_then_matches(
+    escapes: Any, admin_client: Client
+) -> None:
+    from django.urls import reverse
+
+    from django_throttle.models import EndpointRule
+
+    data = {
+        "name": "v1 items",
+        "match_type": "route",
+        "pattern": "v1:items",
+        "methods": "",
+        "cost": "1",
+        "counts": "all",
+        "criticality": "default",
+        "enabled": "on",
+        "limits-TOTAL_FORMS": "1",
+        "limits-INITIAL_FORMS": "0",
+        "limits-0-tier": str(escapes.pk),
+        "limits-0-rate": "1/h",
+        "limits-0-counted_by": "client",
+        "limits-0-algorithm": "token_bucket",
+    }
+    response = admin_client.post(reverse("admin:django_throttle_endpointrule_add"), data)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert EndpointRule.objects.get().pattern == "v1:items"
+    client = Client()
+    assert [client.get("/v1/items/").status_code for _ in range(2)] == [200, 429]
+    assert [client.get("/v2/items/").status_code for _ in range(2)] == [200, 200]

@@ -441,7 +441,9 @@ def explain(
         decision=decision,
         exempt="" if app_settings.ENABLED else "DJANGO_THROTTLE_ENABLED is off",
         checks=tuple(check.name for check in checks),
-        notes=_notes(plans, who, snapshot, (method, route, path)),
+        notes=_notes(
+            plans, who, snapshot, (method, core.rule_routes(match) if match else None, path)
+        ),
         denied_by=denied_by,
         region=region,
         regional=regional,
@@ -485,7 +487,10 @@ def _decide(plans: Sequence[Planned]) -> tuple[Decision | None, str]:
 
 
 def _notes(
-    plans: Sequence[Planned], who: Probe, snapshot: Policy, request: tuple[str, str | None, str]
+    plans: Sequence[Planned],
+    who: Probe,
+    snapshot: Policy,
+    request: tuple[str, tuple[str, ...] | None, str],
 ) -> tuple[str, ...]:
     """What the rules count that this explanation could not show (a counter by IP address
     when no address is known, by username when none is presented); then each check that

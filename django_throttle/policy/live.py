@@ -510,20 +510,29 @@ class Policy:
         self,
         method: str,
         scope: str | None = None,
-        route: str | None = None,
+        route: str | tuple[str, ...] | None = None,
         path: str | tuple[str, ...] = "",
+        runs_get: bool = False,
     ) -> EndpointPolicy | None:
         """The endpoint rule for a request: by scope, else route name, else longest path
         pattern covering the path (whole segments), or any of its spellings when ``path`` is
         a tuple of them (see :func:`~django_throttle.request.core.rule_paths`); among rules
-        with the same pattern, one naming the method beats one for all. HEAD meets the rules
-        of GET, after a rule naming HEAD itself: Django (and DRF) answer HEAD with the GET
-        handler, so a HEAD costs the server what a GET does and must not escape the GET's
-        limits; so does a method no rule can name (:data:`NAMEABLE_METHODS`)."""
-        for index, name in ((self.by_scope, scope), (self.by_route, route)):
-            if name is not None and (found := _pick(index.get(name, ()), method)) is not None:
+        with the same pattern, one naming the method beats one for all. ``route`` may be the
+        names a namespaced route is known by, most specific first (``v1:items``, then
+        ``items``, see :func:`~django_throttle.request.core.rule_routes`): the first named
+        by a rule covering the method wins. HEAD meets the rules of GET, after a rule naming
+        HEAD itself: Django (and DRF) answer HEAD with the GET handler, so a HEAD costs the
+        server what a GET does and must not escape the GET's limits; so does a method no rule
+        can name (:data:`NAMEABLE_METHODS`), and any method the caller says ``runs_get`` (an
+        OPTIONS to a function view, which answers it with its GET code)."""
+        names = (route,) if isinstance(route, str) else route or ()
+        for index, name in ((self.by_scope, scope), *((self.by_route, n) for n in names)):
+            if name is None:
+                continue
+            if (found := _pick(index.get(name, ()), method, None, runs_get)) is not None:
                 return found
-        return _pick(self.by_path, method, (path,) if isinstance(path, str) else path)
+        paths = (path,) if isinstance(path, str) else path
+        return _pick(self.by_path, method, paths, runs_get)
 
     def tier_for(self, identity: Identity) -> TierPolicy | None:
         """The client's tier: own assignment, else best group assignment, else the default.
@@ -605,14 +614,18 @@ class Policy:
 
 
 def _pick(
-    rules: tuple[EndpointPolicy, ...], method: str, paths: tuple[str, ...] | None = None
+    rules: tuple[EndpointPolicy, ...],
+    method: str,
+    paths: tuple[str, ...] | None = None,
+    runs_get: bool = False,
 ) -> EndpointPolicy | None:
     """The first of ``rules`` (ordered most specific first: longest pattern, then those
     naming methods) that covers ``method`` (and one of ``paths``, when given). A rule that
-    covers HEAD only by naming GET yields to a rule of the same pattern naming HEAD, and
-    beats one of the same pattern for every method."""
+    covers HEAD (or another method that runs the GET code, ``runs_get``) only by naming GET
+    yields to a rule of the same pattern naming that method, and beats one of the same
+    pattern for every method."""
     covering: EndpointPolicy | None = None
-    as_get = method == "HEAD" or method not in NAMEABLE_METHODS
+    as_get = runs_get or method == "HEAD" or method not in NAMEABLE_METHODS
     for rule in rules:
         if paths is not None and not any(rule.matches_path(path) for path in paths):
             continue

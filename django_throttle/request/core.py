@@ -540,10 +540,10 @@ def make_plan(
     if policy is None:
         return UNLIMITED
     tier = policy.tier_for(identity)
+    match = getattr(request, "resolver_match", None)
     if rule_only:  # the rule of ``scope`` alone: no route or path match
         route, path = None, ""
     else:
-        match = getattr(request, "resolver_match", None)
         route = match.view_name if match is not None else None
         # Only rules by path read the path: without any, one entry serves every path.
         path = request.path_info if policy.by_path else ""
@@ -555,10 +555,15 @@ def make_plan(
             region = None
     else:
         region = None
-    key = (request.method or "GET", scope, route, path, tier_id, rule_only, credential, region)
+    method = request.method or "GET"
+    # A function view answers OPTIONS with its GET code; a class-based one (Django's View,
+    # DRF's APIView, viewsets and @api_view) answers it itself, without its GET handler.
+    runs_get = method == "OPTIONS" and match is not None and not _class_based(match.func)
+    key = (method, scope, route, path, tier_id, rule_only, credential, region, runs_get)
     found = policy.compiled.get(key)
     if found is None:
-        found = _found(policy, key, tier, rule_paths(request, path) if path else ())
+        paths = rule_paths(request, path) if path else ()
+        found = _found(policy, key, tier, paths, rule_routes(match) if route else ())
     if isinstance(found, Decision):  # no rule of a rule-only check's scope
         return found
     endpoint, limits, rule_cost, field, is_credential, own, groups = found
@@ -585,6 +590,12 @@ def make_plan(
     if groups:
         return _grouped(planned, request, groups)
     return planned if limits else UNLIMITED
+
+
+def _class_based(view: Any) -> bool:
+    """Whether ``view`` is a class-based view's ``as_view()`` (Django's keeps the class as
+    ``view_class``, DRF's viewsets as ``cls``), also under a decorator that wraps it."""
+    return hasattr(view, "view_class") or hasattr(view, "cls")
 
 
 def _inline_field(scope: str | None, rule_only: bool) -> str | None:
@@ -618,6 +629,23 @@ def rule_paths(request: Any, path: str) -> tuple[str, ...]:
         if not spelling.endswith("/"):
             spellings[spelling + "/"] = None
     return tuple(spellings)
+
+
+def rule_routes(match: Any) -> tuple[str, ...]:
+    """The names a route rule covers the request's URL route by, most specific first: its
+    view name (``outer:v1:items``); the same without each outer instance namespace in turn
+    (``v1:items``); its app namespaces as ``include()`` or ``app_name`` gave them
+    (``api:items``), likewise; and its URL name alone (``items``, in any namespace). A route
+    without a name is known by its view name only."""
+    url_name = match.url_name
+    if not url_name:
+        return (match.view_name,)
+    names = dict.fromkeys((match.view_name,))
+    for chain in (match.namespaces, match.app_names):
+        for start in range(len(chain)):
+            names[":".join((*chain[start:], url_name))] = None
+    names[url_name] = None
+    return tuple(names)
 
 
 def _without_language(request: Any, path: str, match: Any) -> str:
@@ -667,16 +695,21 @@ _Found = tuple[
 
 
 def _found(
-    policy: Policy, key: tuple[Any, ...], tier: TierPolicy | None, paths: tuple[str, ...] = ()
+    policy: Policy,
+    key: tuple[Any, ...],
+    tier: TierPolicy | None,
+    paths: tuple[str, ...] = (),
+    routes: tuple[str, ...] = (),
 ) -> _Found | Decision:
     """What a request meets under ``policy`` for ``key`` (method, scope, route, path, tier
-    id, rule only, credential; ``tier`` the tier that id names; ``paths`` the spellings of
-    the path rules match, :func:`rule_paths`): its rule, its limits, the rule's cost, its
-    usage field, whether it is a credential check, what the rule may give back, and the
-    limits counted by IP address or username. Kept in the snapshot's own store, so it is
-    worked out once per policy version."""
-    method, scope, route, path, _tier_id, rule_only, credential, region = key
-    endpoint = policy.match(method, scope, route, paths or path)
+    id, rule only, credential, region, whether the method runs the view's GET code; ``tier``
+    the tier that id names; ``paths`` the spellings of the path rules match,
+    :func:`rule_paths`; ``routes`` the names route rules match, :func:`rule_routes`): its
+    rule, its limits, the rule's cost, its usage field, whether it is a credential check,
+    what the rule may give back, and the limits counted by IP address or username. Kept in
+    the snapshot's own store, so it is worked out once per policy version."""
+    method, scope, route, path, _tier_id, rule_only, credential, region, runs_get = key
+    endpoint = policy.match(method, scope, routes or route, paths or path, runs_get)
     if region is not None:
         tier, endpoint = policy.in_region(tier, endpoint, region)
     found: _Found | Decision
