@@ -70,9 +70,17 @@ _PREVIOUS = "_django_throttle_previous_limit"
 
 
 def limit_saving(sender: Any, instance: Any, raw: bool = False, **kwargs: Any) -> None:
-    """Note the limit as stored before this save, for :func:`limit_saved` (one query)."""
-    if not raw and instance.pk is not None:
+    """Note the limit as stored before this save, for :func:`limit_saved` (one query),
+    unless :func:`note_stored_limit` noted it already."""
+    if not raw and instance.pk is not None and _PREVIOUS not in instance.__dict__:
         setattr(instance, _PREVIOUS, _stored_limit(sender, instance.pk, kwargs.get("using")))
+
+
+def note_stored_limit(instance: Any, using: str | None = None) -> None:
+    """Note the limit row ``instance`` as stored now, for its next save to re-time its
+    counters from, when the row is written in between (the admin moving rows out of each
+    other's way: see :class:`~django_throttle.admin.base.OwnRowsFormSet`)."""
+    setattr(instance, _PREVIOUS, _stored_limit(type(instance), instance.pk, using))
 
 
 def limit_saved(instance: Any, created: bool, **kwargs: Any) -> None:

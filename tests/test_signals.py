@@ -319,3 +319,30 @@ def test_a_row_that_could_not_be_compiled_is_retimed_without_a_previous_limit(
     [(limits, previous)] = retimed
     assert [str(lim.rate) for lim in limits] == ["5/s"]
     assert previous is None
+
+
+def test_rule_rows_passing_on_their_rates_in_one_admin_save_retime_from_the_old_rates(
+    admin_client: Client, bumps: Callable[..., int], retimed: list[Any]
+) -> None:
+    """The admin moves a row whose rate another row takes out of the way first (a
+    placeholder rate: no unique-constraint 500, see test_bad_input.py); each row's counters
+    are still re-timed from its rate before the save, not from the placeholder (which is no
+    limit: the counters would be re-timed without the old rate)."""
+    from django.urls import reverse
+
+    from tests.test_bad_input import change_page_data
+
+    free = tier("free")
+    rule = endpoint("export", "scope", "export", limits={free: "5/m"})
+    rule.limits.create(tier=free, rate="10/m")
+    url = reverse("admin:django_throttle_endpointrule_change", args=[rule.pk])
+    data = change_page_data(admin_client, url)
+    for index in range(2):
+        data[f"limits-{index}-rate"] = {"5/m": "10/m", "10/m": "20/m"}[data[f"limits-{index}-rate"]]
+
+    assert bumps(lambda: admin_client.post(url, data)) >= 1
+
+    assert sorted((str(new[0].rate), str(old[0].rate)) for new, old in retimed) == [
+        ("10/m", "5/m"),
+        ("20/m", "10/m"),
+    ]
