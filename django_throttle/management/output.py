@@ -156,7 +156,7 @@ class OneLineErrorParser(CommandParser):
     def error(self, message: str) -> NoReturn:
         if self.called_from_command_line:
             self.exit(1, f"CommandError: {message} (see {self.prog} --help).\n")
-        super().error(message)
+        raise CommandError(f"Error: {message}")  # as Django's CommandParser, for call_command
 
 
 class ThrottleCommand(BaseCommand):
