@@ -136,10 +136,9 @@ def test_the_commands_page_shows_the_tables_the_commands_print() -> None:
     from django.core.management import call_command
     from django.test import Client
 
+    from django_throttle.models import Protection
     from django_throttle.rates import Rate, rate_text
     from tests.factories import endpoint, tier
-
-    from django_throttle.models import Protection
 
     anonymous = tier("anonymous", "2/min", is_default_anonymous=True)
     endpoint("export", "scope", "export", limits={anonymous: "1/day"})
