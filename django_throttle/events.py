@@ -1,7 +1,8 @@
 """Django signals for exporters and alerting: connect a receiver to watch what the limiter
 does. The Prometheus metrics in :mod:`django_throttle.metrics` are built on them.
 
-Every signal is sent with ``sender`` set to the class or module that sends it; receivers
+Every signal is sent with ``sender`` set to the class or function that sends it (a
+decision's: :func:`django_throttle.request.core.check`); receivers
 should accept ``**kwargs``. With no receiver connected, a decision does not time itself for
 :data:`request_decided` (:func:`watching`), so leaving the signals unused adds nothing to the
 request path. Receivers run in the request's thread: keep them fast, and never raise (an

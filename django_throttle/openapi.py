@@ -8,8 +8,10 @@ as DRF's ``obtain_auth_token`` must be) then documents:
 - a ``429`` response with ``Retry-After`` and ``X-RateLimit-*`` headers and the JSON body the
   throttle sends (``detail``, ``limit``, ``retry_after``);
 - a ``503`` response with ``Retry-After`` (failing closed when Redis cannot answer);
-- the ``X-RateLimit-*`` headers on its successful responses (and the IETF ``RateLimit`` and
-  ``RateLimit-Policy`` fields when ``DJANGO_THROTTLE_IETF_HEADERS`` is on).
+- the ``X-RateLimit-*`` headers on its successful responses where they carry them (and the
+  IETF ``RateLimit`` and ``RateLimit-Policy`` fields when ``DJANGO_THROTTLE_IETF_HEADERS`` is
+  on): ``PolicyThrottle`` guards the view and ``RateLimitHeadersMiddleware`` is installed
+  (:func:`sends_rate_headers`).
 
 An operation that already documents a 429 or 503 keeps its own.
 """
@@ -24,6 +26,8 @@ from django_throttle.conf import API_KEY_HEADERS, app_settings
 # ThrottledAutoSchema is built by the module __getattr__ below.
 __all__ = ["ThrottleSchemaMixin", "ThrottledAutoSchema"]  # noqa: F822
 
+#: The middleware that adds the ``X-RateLimit-*`` headers to DRF's successful responses.
+_MIDDLEWARE = "django_throttle.middleware.RateLimitHeadersMiddleware"
 #: The component name of the refusal body.
 BODY_COMPONENT = "ThrottledError"
 
@@ -51,13 +55,28 @@ def is_throttled(view: Any) -> bool:
     """Whether ``view`` runs :class:`~django_throttle.drf.PolicyThrottle` (or a subclass), or is
     routed under ``protect_credentials`` (DRF's ``obtain_auth_token``, whose own
     ``throttle_classes`` are empty: the wrapper's ``initkwargs`` name its scope)."""
-    from django_throttle.drf import PolicyThrottle
-
     if getattr(view, "throttle_credential_scope", None):
         return True
+    return _runs_policy_throttle(view)
+
+
+def _runs_policy_throttle(view: Any) -> bool:
+    from django_throttle.drf import PolicyThrottle
 
     classes = getattr(view, "throttle_classes", None) or ()
     return any(isinstance(c, type) and issubclass(c, PolicyThrottle) for c in classes)
+
+
+def sends_rate_headers(view: Any) -> bool:
+    """Whether ``view``'s successful responses carry the ``X-RateLimit-*`` headers:
+    :class:`~django_throttle.drf.PolicyThrottle` runs there and
+    ``RateLimitHeadersMiddleware``, which adds them to DRF responses, is installed. A view
+    limited only by ``protect_credentials`` (DRF's ``obtain_auth_token``) sends none on an
+    answered attempt, only on its 429."""
+    from django.conf import settings
+
+    middleware = getattr(settings, "MIDDLEWARE", None) or ()
+    return _runs_policy_throttle(view) and _MIDDLEWARE in middleware
 
 
 class ThrottleSchemaMixin:
@@ -82,7 +101,11 @@ class ThrottleSchemaMixin:
 
     def _get_response_headers_for_code(self, status_code: str, direction: str = "response") -> Any:
         headers = super()._get_response_headers_for_code(status_code, direction)  # type: ignore[misc]
-        if direction == "response" and str(status_code).startswith("2") and is_throttled(self.view):
+        if (
+            direction == "response"
+            and str(status_code).startswith("2")
+            and sends_rate_headers(self.view)
+        ):
             headers = {**_headers(_rate_headers()), **(headers or {})}
         return headers
 

@@ -136,11 +136,13 @@ def test_the_commands_page_shows_the_tables_the_commands_print() -> None:
     from django.core.management import call_command
     from django.test import Client
 
+    from django_throttle.models import Protection
     from django_throttle.rates import Rate, rate_text
     from tests.factories import endpoint, tier
 
     anonymous = tier("anonymous", "2/min", is_default_anonymous=True)
     endpoint("export", "scope", "export", limits={anonymous: "1/day"})
+    Protection.objects.create(in_flight=20)  # the demo's service protection, as on the page
     Client().post("/api/export/", REMOTE_ADDR="203.0.113.9")
 
     def run(*args: str) -> str:

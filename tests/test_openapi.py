@@ -158,3 +158,40 @@ def test_the_guarded_token_view_serves_as_before() -> None:
     assert "non_field_errors" in response.data
     assert guarded.initkwargs is not obtain_auth_token.initkwargs
     assert "throttle_credential_scope" not in obtain_auth_token.initkwargs
+
+
+@pytest.mark.django_db
+@override_settings(REST_FRAMEWORK=REST, ROOT_URLCONF=__name__)
+def test_successful_responses_document_the_rate_headers_they_carry() -> None:
+    """A success documents ``X-RateLimit-*`` only where the response carries them: a view
+    ``PolicyThrottle`` guards, with ``RateLimitHeadersMiddleware`` installed. A token view
+    limited by ``protect_credentials`` alone answers a right password with no such header
+    (the schema said it sent all three), and without the middleware no view sends them."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from tests.factories import tier
+
+    tier("anonymous", "100/min", is_default_anonymous=True)
+    User.objects.create_user("carol", password="pw")
+    client = Client()
+    token = client.post("/token/", {"username": "carol", "password": "pw"})
+    throttled = client.post("/throttled/")
+    assert token.status_code == throttled.status_code == 200
+    assert "X-RateLimit-Remaining" not in token
+    assert "X-RateLimit-Remaining" in throttled
+
+    paths = schema()["paths"]
+    assert "X-RateLimit-Remaining" not in paths["/token/"]["post"]["responses"]["200"].get(
+        "headers", {}
+    )
+    assert "X-RateLimit-Remaining" in paths["/throttled/"]["post"]["responses"]["200"]["headers"]
+
+    from django.conf import settings
+
+    without = [m for m in settings.MIDDLEWARE if not m.endswith("RateLimitHeadersMiddleware")]
+    with override_settings(MIDDLEWARE=without):
+        assert "X-RateLimit-Remaining" not in Client().post("/throttled/")
+        ok = schema()["paths"]["/throttled/"]["post"]["responses"]["200"]
+        assert "X-RateLimit-Remaining" not in ok.get("headers", {})
+        assert "429" in schema()["paths"]["/throttled/"]["post"]["responses"]

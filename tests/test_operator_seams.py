@@ -590,3 +590,36 @@ def test_an_address_counter_filled_by_signed_in_users_is_inspected_and_reset(
     assert (row["counted_by"], row["remaining"]) == ("this client", 0)
     assert f"e{by_ip.pk}" in {row["id"] for row in reset["rows"]}
     assert guess(client, "bob").status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["throttle_inspect"], "the following arguments are required: client"),
+        (["throttle_inspect", "alice", "--format", "xml"], "argument --format: invalid choice"),
+        (["throttle_explain", "--path", "/x", "--method"], "argument --method: expected one"),
+        (["throttle_reset", "alice", "--nope"], "unrecognized arguments: --nope"),
+        (["throttle_usage", "--by", "minute"], "argument --by: invalid choice"),
+        (["throttle_adapt", "--step"], "argument --step: expected one argument"),
+        (["throttle_policy"], "the following arguments are required: ACTION"),
+        (["throttle_policy", "export", "--format", "xml"], "argument --format: invalid choice"),
+        (["throttle_policy", "import"], "the following arguments are required: file"),
+    ],
+)
+def test_a_command_line_argparse_refuses_is_one_line_with_status_1(
+    argv: list[str], says: str, capsys: Any
+) -> None:
+    """An option argparse refuses is one line, ``CommandError: …``, exit status 1, as the
+    commands reference and troubleshooting page say of every command error (it was
+    argparse's usage text, several lines, then the error, with exit status 2)."""
+    from django.core.management import load_command_class
+
+    with pytest.raises(SystemExit) as exited:
+        load_command_class("django_throttle", argv[0]).run_from_argv(["manage.py", *argv])
+
+    assert exited.value.code == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert line.startswith("CommandError: ") and says in line
+    assert line.endswith(" --help).")

@@ -16,7 +16,7 @@ import json
 import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rich.console import Console
@@ -147,7 +147,30 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-class CountersCommand(BaseCommand):
+class OneLineErrorParser(CommandParser):
+    """A command line argparse refuses (an unknown option, a ``--format`` it does not offer, a
+    missing argument) is one line, ``CommandError: …``, exit status 1, as every other error of
+    the commands: not argparse's usage text and exit status 2. From ``call_command`` it is
+    Django's ``CommandError`` as before."""
+
+    def error(self, message: str) -> NoReturn:
+        if self.called_from_command_line:
+            self.exit(1, f"CommandError: {message} (see {self.prog} --help).\n")
+        raise CommandError(f"Error: {message}")  # as Django's CommandParser, for call_command
+
+
+class ThrottleCommand(BaseCommand):
+    """The base of the package's commands: argparse's refusals are one line
+    (:class:`OneLineErrorParser`); a command with subcommands passes that class to
+    ``add_subparsers(parser_class=...)``."""
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parser.__class__ = OneLineErrorParser
+        return parser
+
+
+class CountersCommand(ThrottleCommand):
     """A command that reads or clears the counters the site's requests made. Run from the
     command line (a process that serves no requests) against a backend counting in this
     process's memory, it refuses with a one-line error instead of showing full buckets or

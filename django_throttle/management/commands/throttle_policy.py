@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from django_throttle.management import output
 from django_throttle.policy.files import (
     MAX_BYTES,
     PolicyFileError,
@@ -43,14 +44,19 @@ FORMATS = ("json", "yaml")
 UNPUBLISHED = 3
 
 
-class Command(BaseCommand):
+class Command(output.ThrottleCommand):
     help = (
         "Export, import or convert throttle policies (tiers, endpoint rules, assignments, "
         "exemptions)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+        actions = parser.add_subparsers(
+            dest="action",
+            required=True,
+            metavar="ACTION",
+            parser_class=output.OneLineErrorParser,
+        )
         export = actions.add_parser("export", help="write the policy in the database to a file")
         _format(export)
         export.add_argument("--output", "-o", help="file to write (default: standard output)")

@@ -24,7 +24,7 @@ from contextlib import closing
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 from django.utils import timezone
 
@@ -76,7 +76,7 @@ def since_start(text: str) -> datetime:
 _NEGATIVE = re.compile(r"^-\d")
 
 
-class Command(BaseCommand):
+class Command(output.ThrottleCommand):
     help = (
         "Show requests per client, tier or endpoint over a recent window, one column per "
         "outcome (allowed, denied, shadow would-deny, failed open, failed closed), busiest "
