@@ -967,16 +967,37 @@ def _guarded_routes() -> list[tuple[str, str]]:
         elif isinstance(entry, URLPattern):
             scope = getattr(entry.callback, "throttle_credential_scope", None)
             if isinstance(scope, str):
-                found.append(("/" + route, scope))
+                found.append((f"protect_credentials on {'/' + route!r}", scope))
+    return found
+
+
+def _guarded_authentication() -> list[tuple[str, str]]:
+    """Each ``REST_FRAMEWORK["DEFAULT_AUTHENTICATION_CLASSES"]`` entry that counts attempts
+    (``ProtectedBasicAuthentication`` and the like carry ``protection_scope``), named, with
+    its scope. An entry that does not import is left to DRF to report."""
+    drf = getattr(settings, "REST_FRAMEWORK", None)
+    listed = drf.get("DEFAULT_AUTHENTICATION_CLASSES") if isinstance(drf, dict) else None
+    found: list[tuple[str, str]] = []
+    for entry in listed if isinstance(listed, (list, tuple)) else ():
+        try:
+            cls = import_string(entry) if isinstance(entry, str) else entry
+        except Exception:
+            continue
+        scope = getattr(cls, "protection_scope", None)
+        if isinstance(scope, str):
+            found.append(
+                (f"{getattr(cls, '__name__', entry)} in DEFAULT_AUTHENTICATION_CLASSES", scope)
+            )
     return found
 
 
 def check_credential_scopes(**kwargs: Any) -> list[checks.CheckMessage]:
-    """W014: a routed ``protect_credentials`` view checks the rules of a scope that no enabled
+    """W014: a routed ``protect_credentials`` view, or a ``Protected*Authentication`` class in
+    DRF's ``DEFAULT_AUTHENTICATION_CLASSES``, checks the rules of a scope that no enabled
     endpoint rule has (``scope="admin-login"`` with only a ``login`` rule made): it counts
     nothing, and every password guess there is checked. Only once the policy has enabled
     rules of some scope, so a fresh database (or a test database) is not warned about."""
-    routes = _guarded_routes()
+    routes = _guarded_routes() + _guarded_authentication()
     if not routes:
         return []
     from django_throttle.models import EndpointRule
@@ -986,19 +1007,20 @@ def check_credential_scopes(**kwargs: Any) -> list[checks.CheckMessage]:
     if not scopes:
         return []
     warnings: list[checks.CheckMessage] = []
-    for route, scope in routes:
+    for guard, scope in routes:
         if scope in scopes:
             continue
         known = ", ".join(repr(name) for name in sorted(scopes))
         warnings.append(
             checks.Warning(
-                f"protect_credentials on {route!r} checks the endpoint rules of scope "
+                f"{guard} checks the endpoint rules of scope "
                 f"{scope!r}, but no enabled rule has that scope (enabled scopes: {known}): "
                 "attempts there are not limited.",
                 hint=(
                     f"Add an endpoint rule in the admin (match type DRF throttle scope, pattern "
                     f"{scope!r}, counts failures, limits counted by IP address and username), "
-                    "or pass the scope of an existing rule to protect_credentials(…, scope=…)."
+                    "or pass the scope of an existing rule (protect_credentials(…, scope=…), "
+                    "or protection_scope on an authentication class)."
                 ),
                 id="django_throttle.W014",
             )

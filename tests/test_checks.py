@@ -1095,6 +1095,33 @@ def test_guarded_views_whose_scopes_have_rules_or_no_rules_yet_pass(settings: An
 
 
 @pytest.mark.django_db
+def test_protected_authentication_without_its_rule_is_a_warning(settings: Any) -> None:
+    """``ProtectedBasicAuthentication`` counts the rules of scope ``authentication``: listed
+    with only a ``login`` rule made, every Basic password was hashed and checked, uncounted."""
+    settings.ROOT_URLCONF = "tests.checks_urls_guarded"
+    settings.REST_FRAMEWORK = {
+        **settings.REST_FRAMEWORK,
+        "DEFAULT_AUTHENTICATION_CLASSES": [
+            "rest_framework.authentication.SessionAuthentication",
+            "django_throttle.drf.ProtectedBasicAuthentication",
+            "no.such.Authentication",  # DRF reports it; the check passes over it
+        ],
+    }
+    scope_rule("login")
+    scope_rule("admin-login")
+
+    [warning] = scope_check()
+
+    assert warning.msg.startswith(
+        "ProtectedBasicAuthentication in DEFAULT_AUTHENTICATION_CLASSES checks the endpoint "
+        "rules of scope 'authentication', but no enabled rule has that scope"
+    )
+
+    scope_rule("authentication")
+    assert scope_check() == []
+
+
+@pytest.mark.django_db
 def test_a_scope_without_a_rule_is_named_by_manage_py_check(settings: Any) -> None:
     settings.ROOT_URLCONF = "tests.checks_urls_guarded"
     scope_rule("login")
