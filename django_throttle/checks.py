@@ -59,6 +59,8 @@ def register() -> None:
     checks.register(check_headers_middleware, checks.Tags.urls)
     checks.register(check_shadowed_credential_views, checks.Tags.urls)
     checks.register(check_unguarded_token_views, checks.Tags.urls)
+    checks.register(check_credential_scopes, checks.Tags.urls)
+    checks.register(check_token_app, checks.Tags.urls)
     checks.register(check_drf_throttled_views, checks.Tags.urls)
     checks.register(check_credential_rules, checks.Tags.models)
     checks.register(check_rows, checks.Tags.models)
@@ -942,6 +944,108 @@ def check_unguarded_token_views(**kwargs: Any) -> list[checks.CheckMessage]:
                     "counting failures (see the 'Protect logins' how-to)."
                 ),
                 id="django_throttle.W013",
+            )
+        )
+    return warnings
+
+
+def _guarded_routes() -> list[tuple[str, str]]:
+    """Each routed ``protect_credentials`` view, converters and regexes included, as its
+    route as written and the scope it checks."""
+    from django.urls import URLPattern, URLResolver, get_resolver
+
+    try:
+        stack: list[tuple[str, Any]] = [("", entry) for entry in get_resolver().url_patterns]
+    except Exception:  # a URLconf that does not load: Django's urls check names it
+        return []
+    found: list[tuple[str, str]] = []
+    while stack:
+        prefix, entry = stack.pop(0)
+        route = prefix + str(getattr(entry, "pattern", ""))
+        if isinstance(entry, URLResolver):
+            stack[:0] = [(route, child) for child in entry.url_patterns]
+        elif isinstance(entry, URLPattern):
+            scope = getattr(entry.callback, "throttle_credential_scope", None)
+            if isinstance(scope, str):
+                found.append((f"protect_credentials on {'/' + route!r}", scope))
+    return found
+
+
+def _guarded_authentication() -> list[tuple[str, str]]:
+    """Each ``REST_FRAMEWORK["DEFAULT_AUTHENTICATION_CLASSES"]`` entry that counts attempts
+    (``ProtectedBasicAuthentication`` and the like carry ``protection_scope``), named, with
+    its scope. An entry that does not import is left to DRF to report."""
+    drf = getattr(settings, "REST_FRAMEWORK", None)
+    listed = drf.get("DEFAULT_AUTHENTICATION_CLASSES") if isinstance(drf, dict) else None
+    found: list[tuple[str, str]] = []
+    for entry in listed if isinstance(listed, (list, tuple)) else ():
+        try:
+            cls = import_string(entry) if isinstance(entry, str) else entry
+        except Exception:
+            continue
+        scope = getattr(cls, "protection_scope", None)
+        if isinstance(scope, str):
+            found.append(
+                (f"{getattr(cls, '__name__', entry)} in DEFAULT_AUTHENTICATION_CLASSES", scope)
+            )
+    return found
+
+
+def check_credential_scopes(**kwargs: Any) -> list[checks.CheckMessage]:
+    """W014: a routed ``protect_credentials`` view, or a ``Protected*Authentication`` class in
+    DRF's ``DEFAULT_AUTHENTICATION_CLASSES``, checks the rules of a scope that no enabled
+    endpoint rule has (``scope="admin-login"`` with only a ``login`` rule made): it counts
+    nothing, and every password guess there is checked. Only once the policy has enabled
+    rules of some scope, so a fresh database (or a test database) is not warned about."""
+    routes = _guarded_routes() + _guarded_authentication()
+    if not routes:
+        return []
+    from django_throttle.models import EndpointRule
+
+    rules = EndpointRule.objects.filter(enabled=True, match_type=EndpointRule.MatchType.SCOPE)
+    scopes = _read(EndpointRule.objects.db, lambda: set(rules.values_list("pattern", flat=True)))
+    if not scopes:
+        return []
+    warnings: list[checks.CheckMessage] = []
+    for guard, scope in routes:
+        if scope in scopes:
+            continue
+        known = ", ".join(repr(name) for name in sorted(scopes))
+        warnings.append(
+            checks.Warning(
+                f"{guard} checks the endpoint rules of scope "
+                f"{scope!r}, but no enabled rule has that scope (enabled scopes: {known}): "
+                "attempts there are not limited.",
+                hint=(
+                    f"Add an endpoint rule in the admin (match type DRF throttle scope, pattern "
+                    f"{scope!r}, counts failures, limits counted by IP address and username), "
+                    "or pass the scope of an existing rule (protect_credentials(…, scope=…), "
+                    "or protection_scope on an authentication class)."
+                ),
+                id="django_throttle.W014",
+            )
+        )
+    return warnings
+
+
+def check_token_app(**kwargs: Any) -> list[checks.CheckMessage]:
+    """W015: DRF's ``ObtainAuthToken`` (``obtain_auth_token``) or a subclass is routed while
+    ``rest_framework.authtoken`` is not in ``INSTALLED_APPS``: DRF's ``Token`` model is then
+    abstract, so a correct password there is a 500 (``Token`` has no ``objects``)."""
+    if "rest_framework.authtoken" in getattr(settings, "INSTALLED_APPS", ()):
+        return []
+    warnings: list[checks.CheckMessage] = []
+    for route, _callback, view in _routed_views():
+        if not _is_token_view(view):
+            continue
+        name = f"{view.__module__}.{view.__qualname__}"
+        warnings.append(
+            checks.Warning(
+                f"{name} on {route!r} needs 'rest_framework.authtoken' in INSTALLED_APPS: "
+                "without it DRF's Token model has no table, and a correct password there is a "
+                "500.",
+                hint="Add 'rest_framework.authtoken' to INSTALLED_APPS and run manage.py migrate.",
+                id="django_throttle.W015",
             )
         )
     return warnings

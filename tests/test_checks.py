@@ -1041,6 +1041,132 @@ def test_an_unguarded_token_view_is_named_by_manage_py_check(settings: Any) -> N
     assert out.getvalue().count("django_throttle.W013") == 2
 
 
+# -- W014: a guarded login view whose scope no enabled rule has -----------------------------------
+
+
+def scope_check() -> list[Any]:
+    from django_throttle.checks import check_credential_scopes
+
+    return check_credential_scopes()
+
+
+def scope_rule(pattern: str, enabled: bool = True) -> None:
+    from django_throttle.models import EndpointRule
+
+    EndpointRule.objects.create(
+        name=pattern,
+        match_type=EndpointRule.MatchType.SCOPE,
+        pattern=pattern,
+        counts=EndpointRule.Counts.FAILURES,
+        enabled=enabled,
+    )
+
+
+@pytest.mark.django_db
+def test_a_guarded_view_whose_scope_has_no_rule_is_a_warning(settings: Any) -> None:
+    """The login how-to makes a rule of scope ``login`` and routes the admin's login as
+    ``protect_credentials(admin.site.login, scope="admin-login")``: followed as written, wrong
+    admin passwords went uncounted (7 x 200 from one address under a 5/min rule) and
+    ``manage.py check`` said "no issues"."""
+    settings.ROOT_URLCONF = "tests.checks_urls_guarded"
+    scope_rule("login")
+    scope_rule("admin-login", enabled=False)
+
+    [warning] = scope_check()
+
+    assert warning.id == "django_throttle.W014"
+    assert "protect_credentials on '/admin/login/'" in warning.msg
+    assert "scope 'admin-login', but no enabled rule has that scope" in warning.msg
+    assert "enabled scopes: 'login'" in warning.msg
+    assert "pattern 'admin-login'" in warning.hint
+
+
+@pytest.mark.django_db
+def test_guarded_views_whose_scopes_have_rules_or_no_rules_yet_pass(settings: Any) -> None:
+    """A fresh (or test) database with no rules is not warned about; with a rule for every
+    guarded scope nothing is."""
+    settings.ROOT_URLCONF = "tests.checks_urls_guarded"
+    assert scope_check() == []
+
+    scope_rule("login")
+    scope_rule("admin-login")
+
+    assert scope_check() == []
+
+
+@pytest.mark.django_db
+def test_protected_authentication_without_its_rule_is_a_warning(settings: Any) -> None:
+    """``ProtectedBasicAuthentication`` counts the rules of scope ``authentication``: listed
+    with only a ``login`` rule made, every Basic password was hashed and checked, uncounted."""
+    settings.ROOT_URLCONF = "tests.checks_urls_guarded"
+    settings.REST_FRAMEWORK = {
+        **settings.REST_FRAMEWORK,
+        "DEFAULT_AUTHENTICATION_CLASSES": [
+            "rest_framework.authentication.SessionAuthentication",
+            "django_throttle.drf.ProtectedBasicAuthentication",
+            "no.such.Authentication",  # DRF reports it; the check passes over it
+        ],
+    }
+    scope_rule("login")
+    scope_rule("admin-login")
+
+    [warning] = scope_check()
+
+    assert warning.msg.startswith(
+        "ProtectedBasicAuthentication in DEFAULT_AUTHENTICATION_CLASSES checks the endpoint "
+        "rules of scope 'authentication', but no enabled rule has that scope"
+    )
+
+    scope_rule("authentication")
+    assert scope_check() == []
+
+
+@pytest.mark.django_db
+def test_a_scope_without_a_rule_is_named_by_manage_py_check(settings: Any) -> None:
+    settings.ROOT_URLCONF = "tests.checks_urls_guarded"
+    scope_rule("login")
+    out = StringIO()
+
+    call_command("check", stdout=out, stderr=out)
+
+    assert "django_throttle.W014" in out.getvalue()
+
+
+# -- W015: DRF's token view routed without rest_framework.authtoken ------------------------------
+
+
+def token_app_check() -> list[Any]:
+    from django_throttle.checks import check_token_app
+
+    return check_token_app()
+
+
+def test_a_token_view_without_the_authtoken_app_is_a_warning(settings: Any) -> None:
+    """The login how-to's URLconf routes ``obtain_auth_token``; in a project made by
+    ``startproject`` without ``rest_framework.authtoken`` the URLconf imports, ``manage.py
+    check`` said "no issues", and the first correct password was a 500 ("type object 'Token'
+    has no attribute 'objects'")."""
+    settings.ROOT_URLCONF = "tests.checks_urls_tokens"
+    settings.INSTALLED_APPS = [
+        app for app in settings.INSTALLED_APPS if app != "rest_framework.authtoken"
+    ]
+
+    warnings = token_app_check()
+
+    assert warnings and {w.id for w in warnings} == {"django_throttle.W015"}
+    assert any(
+        "ObtainAuthToken on '/api/token/' needs 'rest_framework.authtoken'" in w.msg
+        for w in warnings
+    )
+    assert "INSTALLED_APPS" in warnings[0].hint
+
+
+def test_a_token_view_with_the_authtoken_app_passes(settings: Any) -> None:
+    settings.ROOT_URLCONF = "tests.checks_urls_tokens"
+
+    assert token_app_check() == []
+
+
 # -- W010 per view: DRF's throttles left in a view's own throttle_classes ------------------------
 
 

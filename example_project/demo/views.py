@@ -9,7 +9,8 @@ rate in the decorator. ``/`` (not throttled) lists what to try.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from rest_framework.permissions import AllowAny, IsAuthenticated
@@ -19,6 +20,24 @@ from rest_framework.views import APIView
 
 from django_throttle.decorators import throttle
 from example_project.demo.tryit import KEY_PLACEHOLDER, try_lines, typed_python
+
+try:
+    from drf_spectacular.types import OpenApiTypes
+    from drf_spectacular.utils import extend_schema
+except ImportError:  # the demo extra installs it; without it there is no schema page
+    JSON: Any = None
+    CSV: Any = None
+
+    def extend_schema(**kwargs: Any) -> Callable[[_View], _View]:
+        return lambda view: view
+
+else:
+    # What each view answers, for /api/schema/: without it drf-spectacular prints "unable to
+    # guess serializer" for every APIView into the demo's terminal.
+    JSON = OpenApiTypes.OBJECT
+    CSV = {(200, "text/csv"): OpenApiTypes.STR}
+
+_View = TypeVar("_View")
 
 ITEMS = [
     {"id": 1, "name": "Teapot", "price": "18.00"},
@@ -48,6 +67,7 @@ class PingView(APIView):
 
     permission_classes = [AllowAny]
 
+    @extend_schema(responses=JSON)
     def get(self, request: Request) -> Response:
         return Response({"pong": True})
 
@@ -59,6 +79,7 @@ class SearchView(APIView):
     permission_classes = [AllowAny]
     throttle_scope = "search"
 
+    @extend_schema(responses=JSON)
     def get(self, request: Request) -> Response:
         query = request.query_params.get("q", "")
         return Response({"q": query, "items": [item for item in ITEMS if query in str(item)]})
@@ -69,6 +90,7 @@ class ItemsView(APIView):
 
     permission_classes = [IsAuthenticated]
 
+    @extend_schema(responses=JSON)
     def get(self, request: Request) -> Response:
         return Response({"user": request.user.get_username(), "items": ITEMS})
 
@@ -79,6 +101,7 @@ class ExportView(APIView):
     permission_classes = [IsAuthenticated]
     throttle_scope = "export"
 
+    @extend_schema(request=None, responses={202: JSON})
     def post(self, request: Request) -> Response:
         return Response({"status": "queued"}, status=202)
 
@@ -92,6 +115,7 @@ class ExportDownloadView(APIView):
     permission_classes = [IsAuthenticated]
     throttle_scope = "export-download"
 
+    @extend_schema(responses=CSV)
     def get(self, request: Request) -> StreamingHttpResponse:
         try:
             seconds = min(max(float(request.query_params.get("seconds", "3")), 0.0), 30.0)
