@@ -714,3 +714,68 @@ def test_an_edit_saved_during_an_outage_by_a_process_that_exited_reaches_a_worke
     assert "X-RateLimit-Degraded" not in response
     assert response.status_code == 200
     assert response["X-RateLimit-Limit"] == "100"
+
+
+def test_an_edit_saved_during_an_outage_reaches_a_worker_idle_through_it(
+    client: Client,
+    settings: object,
+    clock: FakeClock,
+    _pausable_redis: object,
+    monkeypatch: pytest.MonkeyPatch,
+    django_capture_on_commit_callbacks: object,
+) -> None:
+    """A worker compiled before Redis went down and got no request during the outage (it
+    never met it); another process saved an edit, could not publish it and exited; Redis
+    came back with its data. The worker's first check read the unchanged version and kept
+    its snapshot, without the edit, up to five minutes. A check after a quiet spell (two
+    refresh intervals without one) reads the database's record once: the edit applies at
+    the worker's first request once Redis answers."""
+    from tests.redis_servers import RedisServer
+
+    server = _pausable_redis
+    assert isinstance(server, RedisServer)
+    server.ensure_healthy()
+    settings.DJANGO_THROTTLE_REDIS_URL = server.url  # type: ignore[attr-defined]
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {}  # type: ignore[attr-defined]
+    anon = tier("anonymous", "1/h", is_default_anonymous=True)
+    get_backend().bump_policy_version()
+    assert [client.get("/api/ping/").status_code for _ in range(2)] == [200, 429]
+    worker = policy._cache
+
+    server.kill(keep_data=True)  # the worker makes no call meanwhile
+    monkeypatch.setattr(policy, "_cache", policy._Cache())  # another process, which exits
+    limit = TierLimit.objects.get(tier=anon)
+    limit.rate = "100/h"
+    with django_capture_on_commit_callbacks(execute=True):  # type: ignore[operator]
+        limit.save()
+    monkeypatch.setattr(policy, "_cache", worker)
+    server.restart()  # with its data: the version the worker read before the outage
+
+    clock.now += policy.QUIET_INTERVALS * policy.REFRESH_INTERVAL
+    response = client.get("/api/ping/")
+    assert "X-RateLimit-Degraded" not in response
+    assert response.status_code == 200
+    assert response["X-RateLimit-Limit"] == "100"
+
+
+def test_steady_traffic_costs_no_query_though_its_checks_may_read_the_record(
+    client: Client, clock: FakeClock, django_assert_num_queries: object
+) -> None:
+    """Requests a tenth of a second apart, 10 s of them (10 version checks): no query; the
+    record of unpublished changes is read only after a quiet spell (one query, in a
+    savepoint inside the test's transaction)."""
+    tier("anonymous", "100000/h", is_default_anonymous=True)
+    client.get("/api/ping/")  # warm the policy
+    with django_assert_num_queries(0):  # type: ignore[operator]
+        for _ in range(100):
+            clock.now += policy.REFRESH_INTERVAL / 10
+            assert client.get("/api/ping/").status_code == 200
+    clock.now += policy.QUIET_INTERVALS * policy.REFRESH_INTERVAL
+    with CaptureQueriesContext(connection) as quiet:
+        assert client.get("/api/ping/").status_code == 200
+    reads = [q["sql"] for q in quiet.captured_queries if "SAVEPOINT" not in q["sql"]]
+    assert len(reads) == 1 and "unpublished" in reads[0].lower(), reads
+    with django_assert_num_queries(0):  # type: ignore[operator]
+        for _ in range(100):
+            clock.now += policy.REFRESH_INTERVAL / 10
+            assert client.get("/api/ping/").status_code == 200

@@ -329,21 +329,47 @@ def no_cluster_retries() -> dict[str, Any]:
     return {"cluster_error_retry_attempts": 0} if major < 6 else {}
 
 
+#: Times ``RedisCluster`` may ask another primary for the command table while it starts,
+#: after the first one it asks (the primary serving slot 0) did not answer.
+COMMAND_TABLE_RETRIES = 3
+
+
 def cluster_client(url: str, options: dict[str, Any]) -> RedisCluster:
     """redis-py's ``RedisCluster`` for ``url`` (it asks a seed node for the slot map now, and
     raises if none answers), retries off, ``options`` on every node's connections. It never
-    needs every slot covered: while one primary is down, the others' slots still work."""
+    needs every slot covered: while one primary is down, the others' slots still work.
+
+    While it starts, ``RedisCluster`` also reads the command table (``COMMAND``) from one
+    primary, the first of its slot map: the primary serving slot 0. Should that one be dead
+    and not yet replaced, redis-py's own retry asks another primary (it replaces the node it
+    asks after a connection error), so the client starts and counts on the live primaries.
+    ``COMMAND`` only reads, so asking again is safe; the retries are turned off (the client's
+    public ``set_retry``, or ``cluster_error_retry_attempts`` before redis-py 6) before the
+    client is handed out, so that no counting call is ever sent twice."""
     parsed = parse_cluster_url(url)
     options = {k: v for k, v in options.items() if k not in ("retry", "timeout")}
     seeds = [ClusterNode(host, port) for host, port in parsed.nodes[1:]]  # type: ignore[no-untyped-call]
-    return RedisCluster(
+    before_6 = bool(no_cluster_retries())
+    # Before redis-py 6, ``retry`` is the nodes' connections' (kept off) and
+    # ``cluster_error_retry_attempts`` the client's; from 6 on, ``retry`` is the client's.
+    retries: dict[str, Any] = (
+        {"retry": Retry(NoBackoff(), 0), "cluster_error_retry_attempts": COMMAND_TABLE_RETRIES}
+        if before_6
+        else {"retry": Retry(NoBackoff(), COMMAND_TABLE_RETRIES)}
+    )
+    client: Any = RedisCluster(
         url=parsed.node_url,
         startup_nodes=seeds,
-        retry=Retry(NoBackoff(), 0),
         require_full_coverage=False,
-        **no_cluster_retries(),
+        **retries,
         **options,
     )
+    if before_6:
+        client.cluster_error_retry_attempts = 0
+    else:
+        client.set_retry(Retry(NoBackoff(), 0))
+    built: RedisCluster = client
+    return built
 
 
 def cluster_option_problem(url: str, options: dict[str, Any]) -> str | None:

@@ -656,6 +656,11 @@ REFRESH_INTERVAL = 1.0
 #: bounds how long a change no signal sees (``QuerySet.update``, ``bulk_create``, raw SQL)
 #: takes to apply, for one compile per process every five minutes.
 MAX_AGE = 300.0
+#: Refresh intervals without a version check (no request in this process) after which the
+#: next check also reads the database's record of changes saved while the backend was down
+#: (one query): an outage may have begun and ended while the process was idle, unseen by it.
+#: So reads come at most once per this many intervals, never under steady traffic.
+QUIET_INTERVALS = 2
 _DEFAULT_FLAGS = ("is_default_anonymous", "is_default_authenticated")
 
 
@@ -984,12 +989,12 @@ class _Cache:
     #: first version check it answers.
     unpublished: bool = False
     #: Whether the version check has not answered since the last check that read the
-    #: database's record of unpublished changes, and the breaker (and its ``opened`` count)
+    #: database's record of unpublished changes, and the breaker (and its ``failures`` count)
     #: that check saw: an outage met by any call since (or a new breaker, or none checked yet
     #: in this process) makes the next answered check read the record once.
     missed: bool = True
     breaker: Any = None
-    opened: int = 0
+    failures: int = 0
 
 
 _cache = _Cache()
@@ -1008,8 +1013,9 @@ def current() -> Policy:
         policy = _cache.policy
         if policy is not None and now - _cache.checked_at < REFRESH_INTERVAL:
             return policy
+        quiet = now - _cache.checked_at >= QUIET_INTERVALS * REFRESH_INTERVAL
         _cache.checked_at = now
-        version, answered = _shared_version(policy)
+        version, answered = _shared_version(policy, quiet)
         if (
             policy is None
             or not policy.loaded
@@ -1035,11 +1041,18 @@ def fresh() -> Policy | None:
     return None
 
 
-def _shared_version(policy: Policy | None) -> tuple[str | None, bool]:
+def _shared_version(policy: Policy | None, quiet: bool = False) -> tuple[str | None, bool]:
     """The backend's policy version through the circuit breaker, and ``True``; the
-    snapshot's own version (no reload) and ``False`` when the backend cannot answer. An open
-    breaker logs nothing here: the breaker itself logs when it opens and closes. A failure is
-    a warning only when a snapshot is kept because of it.
+    snapshot's own version (no reload) and ``False`` when the backend cannot answer.
+
+    The database's record of changes saved while the backend was down (and never published:
+    their process may have exited) is read once when the backend answers after this process
+    met an outage (a failed call of any kind), or, ``quiet``, after it checked nothing for
+    :data:`QUIET_INTERVALS` refresh intervals (an outage may have come and gone unseen), so
+    such a change reaches every process within a second of the backend answering again.
+
+    An open breaker logs nothing here: the breaker itself logs when it opens and closes. A
+    failure is a warning only when a snapshot is kept because of it.
 
     A missing version (Redis restarted empty, or the key expired) is not one: the check
     that finds none publishes one (a bump), so every process recompiles once. Otherwise a
@@ -1052,10 +1065,16 @@ def _shared_version(policy: Policy | None) -> tuple[str | None, bool]:
     try:
         version = breaker.call(backend.get_policy_version)
         recorded = None
-        if _cache.missed or breaker is not _cache.breaker or breaker.opened != _cache.opened:
-            # The first answer after an outage (or in this process): publish what processes
-            # saved meanwhile and could not (one query; they may have exited since).
-            _cache.missed, _cache.breaker, _cache.opened = False, breaker, breaker.opened
+        if (
+            quiet
+            or _cache.missed
+            or breaker is not _cache.breaker
+            or breaker.failures != _cache.failures
+        ):
+            # The first answer after an outage (or in this process, or after a quiet spell):
+            # publish what processes saved meanwhile and could not (one query; they may have
+            # exited since).
+            _cache.missed, _cache.breaker, _cache.failures = False, breaker, breaker.failures
             recorded = _newest_unpublished()
         pending = _cache.unpublished or version is None or recorded is not None
         if pending and _publish_late(recorded) and (version is None or recorded is not None):
@@ -1199,7 +1218,7 @@ def reset() -> None:
     with _cache.lock:
         _cache.policy, _cache.changed_here, _cache.checked_at = None, False, -math.inf
         _cache.unpublished = False
-        _cache.missed, _cache.breaker, _cache.opened = True, None, 0
+        _cache.missed, _cache.breaker, _cache.failures = True, None, 0
 
 
 #: Unix seconds, for API key expiry; tests replace it to expire a key without sleeping.
