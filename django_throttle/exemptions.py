@@ -18,7 +18,8 @@ V = TypeVar("V", bound=Callable[..., Any])
 
 
 def throttle_exempt(view: V) -> V:
-    """Never limit this view. Works on a function view (above or below ``@api_view``), a
+    """Never limit this view. Works on a function view (for DRF, above ``@api_view``: below
+    it, ``@api_view`` builds its view class without the mark, and the view stays limited), a
     class-based view class, or the result of ``as_view()``."""
     view.throttle_exempt = True  # type: ignore[attr-defined]
     for attribute in ("cls", "view_class"):  # DRF's and Django's as_view() results

@@ -75,6 +75,34 @@ def test_zero_queries_per_request_once_warm(
     assert user.pk
 
 
+@pytest.mark.parametrize("users", [0, 40])
+def test_a_reload_runs_the_handful_of_queries_the_docs_say_whatever_the_users(
+    django_user_model: type, users: int
+) -> None:
+    """docs/explanation/counting.md: "A reload is a fixed handful of queries per process (not
+    per user): 8, whatever the number of users" (one query per model the snapshot holds: tier
+    limits, tiers, endpoint limits, rules, assignments, API keys, exemptions, the service
+    protection). The docs said 7 after the service protection had added its query."""
+    from django_throttle.models import ApiKey, Exemption, Protection
+
+    anonymous = tier("anonymous", "10/min", is_default_anonymous=True)
+    pro = tier("pro", "100/min", is_default_authenticated=True)
+    endpoint("export", "scope", "export", limits={anonymous: "5/min"})
+    group = Group.objects.create(name="customers")
+    TierAssignment.objects.create(group=group, tier=pro)
+    for n in range(users):
+        user = django_user_model.objects.create_user(f"user{n}")
+        TierAssignment.objects.create(user=user, tier=pro)
+        user.groups.add(group)
+    Exemption.objects.create(network="198.51.100.0/24")
+    ApiKey.objects.create_key(name="partner", tier=pro)
+    Protection.objects.create(in_flight=10, lease=60)
+    with CaptureQueriesContext(connection) as ctx:
+        policy.compile_policy()
+    selects = [q["sql"] for q in ctx.captured_queries if q["sql"].startswith("SELECT")]
+    assert len(selects) == 8, selects
+
+
 def test_admin_edit_reaches_another_process_within_refresh_interval(
     client: Client,
     settings: object,
