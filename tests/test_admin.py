@@ -572,6 +572,42 @@ def test_raising_the_cost_above_existing_endpoint_limits_is_refused(
     assert rule.cost == 1
 
 
+def test_a_limit_saved_elsewhere_between_validation_and_save_is_a_form_error(
+    admin_client: Client, free: Tier
+) -> None:
+    """Another operator commits the limit this page sets (same rule, tier, rate and regions)
+    after the page's form passed validation, before its rows are saved: the unique constraint
+    refused the save, an IntegrityError and a 500. Now nothing is saved and the page is drawn
+    again with what was posted and an error saying why."""
+    from django.db.models.signals import pre_save
+
+    rule = EndpointRule.objects.create(name="export", pattern="export", cost=1)
+    limit = EndpointLimit.objects.create(rule=rule, tier=free, rate="5/min")
+    data = rule_form(cost="2") | inline(
+        [limit_row("10/min", id=str(limit.pk), rule=str(rule.pk), tier=str(free.pk))], initial=1
+    )
+    raced = []
+
+    def meanwhile(sender: Any, instance: EndpointLimit, **kwargs: Any) -> None:
+        if instance.pk == limit.pk and not raced:  # the other operator's commit, just before
+            clash = EndpointLimit(rule=rule, tier=free, rate=instance.rate)  # as the form wrote it
+            raced.append(EndpointLimit.objects.bulk_create([clash]))  # (no signal: no recursion)
+
+    pre_save.connect(meanwhile, sender=EndpointLimit)
+    try:
+        url = reverse("admin:django_throttle_endpointrule_change", args=[rule.pk])
+        response = admin_client.post(url, data)
+    finally:
+        pre_save.disconnect(meanwhile, sender=EndpointLimit)
+
+    assert raced and response.status_code == 200
+    assert "Nothing was saved" in form_errors(response)["__all__"][0]
+    assert 'value="10/min"' in response.content.decode()  # what was posted, drawn again
+    rule.refresh_from_db()
+    limit.refresh_from_db()
+    assert (rule.cost, limit.rate) == (1, "5/min")
+
+
 def test_a_cost_above_a_tier_limit_is_saved_with_a_warning(
     admin_client: Client, free: Tier
 ) -> None:

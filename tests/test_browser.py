@@ -140,7 +140,7 @@ def test_inspect_explain_and_reset_a_client(browser: Any, live_server: Any) -> N
     assert "Clear every rate limit bucket of IP 203.0.113.9?" in page.inner_text("#content")
     page.click("#dt-confirm-reset")
     page.wait_for_selector("#dt-inspection")
-    assert "Reset 2 bucket(s) of IP 203.0.113.9." in page.inner_text(".messagelist")
+    assert "Cleared 2 of the 2 counter(s) of IP 203.0.113.9." in page.inner_text(".messagelist")
     assert Client().get("/api/ping/", REMOTE_ADDR="203.0.113.9").status_code == 200
     page.goto(f"{live_server.url}/admin/")
     assert "IP 203.0.113.9" in page.inner_text("#recent-actions-module")

@@ -105,7 +105,7 @@ def test_the_operator_tools_while_one_primary_does_not_answer(
         assert "Next request: allowed" in run(
             "throttle_explain", "--user", alive.username, "--path", "/api/ping/"
         )
-        assert run("throttle_reset", alive.username).startswith("Reset 1 bucket(s)")
+        assert run("throttle_reset", alive.username).startswith("Cleared 1 counter(s)")
 
         for user in (users[0], alive):
             page = admin.get(INSPECT, {"client": f"user:{user.pk}", "path": "/api/ping/"})

@@ -226,3 +226,32 @@ def test_the_commands_page_shows_what_throttle_policy_prints(tmp_path: Path) -> 
         dry_run = run("from-drf", "--apply", "--dry-run")
     assert converted == shown("throttle_policy from-drf --format yaml")
     assert dry_run == shown("throttle_policy from-drf --apply --dry-run")
+
+
+def test_the_troubleshooting_page_quotes_each_message_of_e044(
+    settings: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """E044 says "… cannot be imported" without the geoip2 package and "… cannot be opened"
+    without a database: the page quoted the second alone."""
+    import sys
+
+    from django_throttle.checks import check_settings
+    from django_throttle.policy import live
+
+    settings.DJANGO_THROTTLE_REGION_SOURCE = "geoip"  # type: ignore[attr-defined]
+    settings.GEOIP_PATH = str(tmp_path / "nowhere")  # type: ignore[attr-defined]
+
+    def message() -> str:
+        live.forget_geoip()
+        (error,) = [m for m in check_settings() if m.id == "django_throttle.E044"]
+        return str(error.msg).split(" (", 1)[0]  # the reason's own words follow
+
+    cannot_open = message()
+    monkeypatch.setitem(sys.modules, "django.contrib.gis.geoip2", None)  # not installed
+    cannot_import = message()
+    live.forget_geoip()
+
+    page = " ".join(TROUBLESHOOTING_PAGE.read_text().split())
+    assert "cannot be imported" in cannot_import and "cannot be opened" in cannot_open
+    assert f'"{cannot_import} (…)"' in page
+    assert f'but {cannot_open.split(" but ", 1)[1]} (…)"' in page

@@ -13,7 +13,8 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.core.management import CommandError, call_command
 
-from django_throttle.models import ApiKey, TierAssignment, TierLimit
+from django_throttle.models import ApiKey, EndpointLimit, TierAssignment, TierLimit
+from django_throttle.rates import Rate, rate_text
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
@@ -212,14 +213,16 @@ def test_reset_clears_one_clients_buckets_only(client: Any, backend: Any, policy
 
     out = run("throttle_reset", "203.0.113.9")
 
-    assert "Reset 2 bucket(s) of IP 203.0.113.9" in out
+    # The tier's counter held state; the export rule's, never met, held nothing.
+    assert "Cleared 1 counter(s) of IP 203.0.113.9 (ip:203.0.113.9); 1 held nothing" in out
     assert client.get("/api/ping/", REMOTE_ADDR="203.0.113.9").status_code == 200
     assert client.get("/api/ping/", REMOTE_ADDR="203.0.113.10").status_code == 429
 
 
 def test_reset_of_one_limit_and_unknown_limit_ids(client: Any, backend: Any, policy: Any) -> None:
     limit_id = f"t{policy['anon'].limits.get().pk}"
-    assert as_json("throttle_reset", "203.0.113.9", "--limit", limit_id)["reset"] == 1
+    found = as_json("throttle_reset", "203.0.113.9", "--limit", limit_id)
+    assert (found["reset"], found["counters"], found["rows"][0]["id"]) == (0, 1, limit_id)
     with pytest.raises(CommandError, match=r"not a limit of IP 203\.0\.113\.9: nope"):
         run("throttle_reset", "203.0.113.9", "--limit", "nope")
 
@@ -488,3 +491,106 @@ def test_with_redis_down_explain_names_the_tiers_or_the_settings_failure_mode(
     policy["pro"].failure_mode = "local"
     policy["pro"].save()
     assert explained_while_down()["failure_mode"] == "local"
+
+
+# --- what the tools say about the demo's policy (seed_demo) ------------------------------------
+
+
+@pytest.fixture
+def demo(db: Any) -> None:
+    """The example project's policy: its tiers, rules (three credential rules counting
+    failures alike) and service protection (20 requests in flight)."""
+    from example_project.demo.management.commands.seed_demo import Command
+
+    Command(stdout=io.StringIO()).handle()
+
+
+def test_the_service_protection_inspect_calls_shared_is_a_ceiling_reset_refills(
+    backend: Any, demo: None
+) -> None:
+    """throttle_inspect shows the fleet limit as shared; throttle_reset --ceiling fleet
+    refilled nothing but answered "not a shared limit: fleet (shared limits: none)". It now
+    frees every slot held, and says when none was."""
+    from django_throttle.policy.live import current
+
+    fleet = current().shedding.fleet["default"]  # type: ignore[union-attr]
+    backend.hit("ip:203.0.113.9", [fleet])  # a request in flight
+    (row,) = [r for r in as_json("throttle_inspect", "203.0.113.9")["rows"] if r["id"] == "fleet"]
+    assert (row["shared"], row["in_flight"]) == (True, 1)
+
+    done = as_json("throttle_reset", "--ceiling", "fleet")
+
+    assert done["ceilings"] == 1 and done["rows"][0]["id"] == "fleet"
+    (row,) = [r for r in as_json("throttle_inspect", "203.0.113.9")["rows"] if r["id"] == "fleet"]
+    assert row["in_flight"] == 0
+    assert run("throttle_reset", "--ceiling", "fleet").startswith("Nothing to reset")
+
+
+def test_reset_says_how_many_counters_held_something_not_how_many_limits_apply(
+    client: Any, backend: Any, demo: None
+) -> None:
+    """``throttle_reset username:root`` with no attempt said "Reset 1 bucket(s)": it
+    counted the limits that apply, whole ones too."""
+    assert run("throttle_reset", "username:root").startswith(
+        "Nothing to reset for username root (username:root): none of its 1 counter(s) held"
+    )
+    assert as_json("throttle_reset", "username:root")["reset"] == 0
+
+    client.get("/api/ping/", REMOTE_ADDR="203.0.113.9")  # the anonymous tier's counter
+    done = as_json("throttle_reset", "203.0.113.9")
+
+    assert done["reset"] == 1 and done["counters"] > 1
+    assert [row["id"] for row in done["rows"] if row["cleared"]] == [
+        f"t{TierLimit.objects.get(tier__slug='anonymous', regions='').pk}"
+    ]
+    assert "held nothing" in run("throttle_reset", "203.0.113.9")
+
+
+def test_a_shared_failure_counter_has_one_name_in_every_tool(backend: Any, demo: None) -> None:
+    """The demo's three credential rules write "10/h by username" alike: one counter, the
+    login rule's (id e.g. e10). throttle_inspect called it "admin-login (anonymous) 10/h",
+    explain "authentication (anonymous) 10/h" or "login" depending on the view. Now the
+    owning row's name and rule everywhere."""
+    login = EndpointLimit.objects.get(rule__name="login", counted_by="username")
+    shown = set()
+    for row in as_json("throttle_inspect", "203.0.113.9", "--username", "root")["rows"]:
+        if row["id"] == f"e{login.pk}":
+            shown.add((row["limit"], row["from"]))
+    for scope in ("login", "admin-login", "authentication"):
+        explained = as_json(
+            "throttle_explain",
+            *("--ip", "203.0.113.9", "--username", "root", "--method", "POST"),
+            *("--path", "/api/token/", "--scope", scope),
+        )
+        for row in explained["rows"]:
+            if row["id"] == f"e{login.pk}":
+                shown.add((row["limit"], row["from"]))
+    assert shown == {(f"login (anonymous) {rate_text(Rate.parse('10/h'))}", "rule 'login'")}
+
+
+def test_the_admin_resets_the_service_protection_ceiling_and_says_what_a_reset_did(
+    client: Any, backend: Any, demo: None
+) -> None:
+    """The inspector offered "reset for every client…" on the fleet row, and the page it led
+    to answered "'fleet' is not a shared limit."; a client's reset said "Reset 1 bucket(s)"
+    when nothing was held."""
+    from django_throttle.policy.live import current
+
+    admin_client = client
+    admin_client.force_login(User.objects.create_superuser("operator", "op@example.com", "pw"))
+    page = "/admin/django_throttle/usagecount/inspect/"
+    backend.hit("ip:203.0.113.9", [current().shedding.fleet["default"]])  # type: ignore[union-attr]
+    assert "ceiling=fleet" in admin_client.get(page, {"client": "203.0.113.9"}).content.decode()
+
+    confirm = admin_client.get(f"{page}reset/", {"ceiling": "fleet"})
+    done = admin_client.post(f"{page}reset/", {"ceiling": "fleet"}, follow=True)
+    again = admin_client.post(f"{page}reset/", {"ceiling": "fleet"}, follow=True)
+    nothing = admin_client.post(f"{page}reset/", {"client": "username:root"}, follow=True)
+
+    assert confirm.status_code == 200 and "in every key shard" in confirm.content.decode()
+    said = [[str(m) for m in r.context["messages"]] for r in (done, again, nothing)]
+    assert said == [
+        ["Reset the shared limit service protection for every client."],
+        ["Nothing to reset: no key shard held state of the shared limit service protection."],
+        ["Nothing to reset for username root: none of its 1 counter(s) held anything."],
+    ]

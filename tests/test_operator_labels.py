@@ -140,7 +140,7 @@ def test_a_username_lockout_is_lifted_from_its_row(
     assert "denied (429) by login (anonymous) 3/h" in explained
     out = run("throttle_reset", label)
 
-    assert "Reset 1 bucket(s)" in out
+    assert "Cleared 1 counter(s)" in out
     assert guess(client, username=name, address="203.0.113.99").status_code == 400
     if password is not None:
         response = client.post(TOKEN, {"username": name, "password": password})

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,7 +31,7 @@ from django.contrib.admin import helpers
 from django.contrib.admin.widgets import AutocompleteSelect
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
-from django.db import models
+from django.db import IntegrityError, models
 from django.db.models import QuerySet, UniqueConstraint
 from django.forms.models import InlineForeignKeyField
 from django.http import HttpRequest
@@ -237,10 +238,50 @@ class AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return TemplateResponse(request, f"admin/django_throttle/{template}.html", context)
 
 
+#: Set while a page is drawn again after its save met a unique constraint (see
+#: :meth:`LimitedAdmin.changeform_view`).
+_clashed: ContextVar[bool] = ContextVar("clashed", default=False)
+CLASHED = _(
+    "Nothing was saved: a row saved by someone else while this page was being saved clashes "
+    "with this change (the same limit twice: tier, rate and regions). Check the rows, "
+    "reload the page if needed, and save again."
+)
+
+
 class LimitedAdmin(AppAdmin):
     """The pages of a row with limits inline (a tier, an endpoint rule): the "problems" and
     failure-mode columns, and the warnings the forms leave (see
     :class:`TierLimitFormSet`), shown once the change is saved."""
+
+    def changeform_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        """The page, its form shown again with an error when the save met a unique
+        constraint after validation passed: a row another operator saved in between (the same
+        tier, rate and regions as one of this rule's limits). Django's save is one
+        transaction, rolled back whole: nothing is saved, and the form is drawn again with
+        what was posted (not a 500)."""
+        if request.method != "POST":
+            return super().changeform_view(request, *args, **kwargs)
+        try:
+            return super().changeform_view(request, *args, **kwargs)
+        except IntegrityError:
+            token = _clashed.set(True)
+            try:
+                return super().changeform_view(request, *args, **kwargs)
+            finally:
+                _clashed.reset(token)
+
+    def get_form(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        form = super().get_form(request, *args, **kwargs)
+        if not _clashed.get():
+            return form
+
+        class Clashed(form):  # type: ignore[misc, valid-type]
+            def clean(self) -> Any:
+                cleaned = super().clean()
+                self.add_error(None, CLASHED)
+                return cleaned
+
+        return Clashed
 
     @admin.display(description=_("failure mode"), ordering="failure_mode")
     def failure_mode_word(self, obj: Any) -> str:

@@ -390,6 +390,7 @@ class ApiKeyAdmin(AppAdmin):
                 action_checkbox_name=helpers.ACTION_CHECKBOX_NAME,
                 action="reset_buckets",
             )
+        cleared = 0
         for api_key in keys:
             label = f"API key {api_key.prefix} ({api_key.name})"
             subject = Subject(Identity("key", api_key.prefix), label, api_key=api_key)
@@ -399,8 +400,12 @@ class ApiKeyAdmin(AppAdmin):
                 self.message_user(request, backend_failed(request, exc), messages.ERROR)
                 return None
             log_reset(request, subject, limits)
-        message = _("Reset the buckets of %(count)d API key(s).") % {"count": len(keys)}
-        self.message_user(request, message)
+            cleared += len(limits)
+        if cleared:
+            message = _("Cleared %(cleared)d counter(s) of %(count)d API key(s).")
+        else:
+            message = _("Nothing to reset: no counter of these %(count)d API key(s) held anything.")
+        self.message_user(request, message % {"cleared": cleared, "count": len(keys)})
         return None
 
 

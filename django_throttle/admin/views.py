@@ -327,12 +327,11 @@ def reset_client(request: HttpRequest, model_admin: AppAdmin) -> HttpResponse:
         return _back(request, reverse(INSPECT), backend_failed(request, exc), messages.ERROR)
     try:
         if request.method == "POST":
-            found = reset_counters(
+            done = reset_counters(
                 subject, username=query.username, address=query.address, region=query.region
             )
-            log_reset(request, subject, [counter.limit for counter in found])
-            done = _("Reset %(count)d bucket(s) of %(client)s.")
-            return _back(request, query.url, done % {"count": len(found), "client": subject.label})
+            log_reset(request, subject, [counter.limit for counter, held in done if held])
+            return _back(request, query.url, reset_done(subject.label, done))
         found = [
             c
             for c in counters(subject, query.username, query.address, checked_region(query.region))
@@ -368,12 +367,35 @@ def _reset_ceiling(
             request, "reset_confirmation", title, ceiling=limit, back=query.url, **query._asdict()
         )
     try:
-        reset_ceilings([limit_id])
+        ((_limit, held),) = reset_ceilings([limit_id])
     except BackendError as exc:
         return _back(request, query.url, backend_failed(request, exc), messages.ERROR)
+    if not held:
+        done = _("Nothing to reset: no key shard held state of the shared limit %(limit)s.")
+        return _back(request, query.url, done % {"limit": name})
     _log(request, None, name, f"Reset the shared limit {name} in every key shard")
     done = _("Reset the shared limit %(limit)s for every client.") % {"limit": name}
     return _back(request, query.url, done)
+
+
+def reset_done(client: str, found: Sequence[tuple[Any, bool]]) -> str:
+    """What a reset of ``client`` did, in words: how many of the ``found`` counters (each
+    with whether it held state) were cleared; a whole bucket holds none."""
+    cleared = sum(held for _counter, held in found)
+    if not found:
+        return _("Nothing to reset for %(client)s: no limits apply to it.") % {"client": client}
+    if not cleared:
+        return _(
+            "Nothing to reset for %(client)s: none of its %(count)d counter(s) held anything."
+        ) % {
+            "client": client,
+            "count": len(found),
+        }
+    return _("Cleared %(cleared)d of the %(count)d counter(s) of %(client)s.") % {
+        "cleared": cleared,
+        "count": len(found),
+        "client": client,
+    }
 
 
 def backend_failed(request: HttpRequest, exc: BackendError) -> str:

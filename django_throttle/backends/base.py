@@ -224,14 +224,17 @@ class Backend(ABC):
         raise NotImplementedError(f"{type(self).__name__} keeps no concurrency limits")
 
     @abstractmethod
-    def reset(self, client: str, limits: Limits) -> None:
-        """Refill the client's buckets for these limits (forget their state)."""
+    def reset(self, client: str, limits: Limits) -> list[bool]:
+        """Refill the client's buckets for these limits (forget their state). Returns, for
+        each limit, whether its bucket held state (``False``: it was whole, nothing was
+        cleared)."""
 
     @abstractmethod
-    def reset_shared(self, limits: Limits) -> None:
+    def reset_shared(self, limits: Limits) -> list[int]:
         """Refill these shared limits in every key shard: the whole ceiling, for every client
         at once (:meth:`reset` of a client leaves a shared limit alone, since it is not the
-        client's own). Limits that are not shared are ignored."""
+        client's own). Limits that are not shared are ignored (0). Returns, for each limit,
+        how many key shards held state of it."""
 
     @abstractmethod
     def retime(self, limits: Limits, *, now: Now = None, previous: Limits | None = None) -> int:

@@ -459,24 +459,33 @@ class RedisBackend(Backend):
             for lease, end in held
         ]
 
-    def reset(self, client: str, limits: Limits) -> None:
-        if limits:
-            self._call(self.client.delete, *(self.key(client, limit) for limit in limits))
+    def reset(self, client: str, limits: Limits) -> list[bool]:
+        """Delete the client's key of each limit: one ``DEL`` per key, pipelined, so each
+        reply says whether that key held state."""
+        if not limits:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for limit in limits:
+            pipe.delete(self.key(client, limit))
+        return [bool(deleted) for deleted in self._call(pipe.execute)]
 
-    def reset_shared(self, limits: Limits) -> None:
+    def reset_shared(self, limits: Limits) -> list[int]:
         """Delete every shard's key of these shared limits: one ``DEL`` per key (each shard
         is a Cluster slot of its own), pipelined."""
         keys = [
-            (tag + SHARED_MARK).decode() + key_suffix(limit)
-            for limit in limits
+            (index, (tag + SHARED_MARK).decode() + key_suffix(limit))
+            for index, limit in enumerate(limits)
             if limit.shared
             for tag in self._tags
         ]
+        held = [0] * len(limits)
         if keys:
             pipe = self.client.pipeline(transaction=False)
-            for key in keys:
+            for _index, key in keys:
                 pipe.delete(key)
-            self._call(pipe.execute)
+            for (index, _key), deleted in zip(keys, self._call(pipe.execute), strict=True):
+                held[index] += int(bool(deleted))
+        return held
 
     def retime(self, limits: Limits, *, now: Now = None, previous: Limits | None = None) -> int:
         """SCAN each limit's keys (never KEYS: no long server stall) and re-time them in

@@ -538,12 +538,13 @@ def reset_counters(
     username: str | None = None,
     address: str | None = None,
     region: str | None = None,
-) -> list[Counter]:
+) -> list[tuple[Counter, bool]]:
     """Forget the client's state in every counter its requests meet (its tier's and
     rules' limits, by client, by its address, by its username), or only the limits whose
     ids are in ``limit_ids``: the client starts afresh, a locked-out login included.
     Shared ceilings are left alone (they are every client's of a key shard: see
-    :func:`reset_ceilings`). Returns the counters reset. Raises ``ValueError`` naming ids
+    :func:`reset_ceilings`). Returns the counters reset, each with whether it held state
+    (``False``: it was whole already, nothing was cleared). Raises ``ValueError`` naming ids
     that are not among the client's limits."""
     found = counters(subject, username, checked_address(address), checked_region(region))
     own = [counter for counter in found if not counter.limit.shared]
@@ -565,31 +566,42 @@ def reset_counters(
         own = [counter for counter in own if counter.limit.id in limit_ids]
     backend = get_backend()
     client = attrgetter("client")
+    held: dict[tuple[str, str], bool] = {}
     for key, group in groupby(sorted(own, key=client), key=client):
-        backend.reset(key, [counter.limit for counter in group])
-    return own
+        limits = [counter.limit for counter in group]
+        for limit, had in zip(limits, backend.reset(key, limits), strict=True):
+            held[key, limit.id] = had
+    return [(counter, held[counter.client, counter.limit.id]) for counter in own]
 
 
 def reset(subject: Subject, limit_ids: Sequence[str] | None = None) -> list[Limit]:
-    """:func:`reset_counters`, answering with the limits reset."""
-    return [counter.limit for counter in reset_counters(subject, limit_ids)]
+    """:func:`reset_counters`, answering with the limits whose counters held state (and
+    were cleared)."""
+    return [counter.limit for counter, held in reset_counters(subject, limit_ids) if held]
 
 
 def shared_limits(snapshot: Policy | None = None) -> dict[str, Limit]:
-    """Every shared limit (ceiling) of the policy, by id."""
+    """Every shared limit (ceiling) of the policy, by id: those of its tiers and rules, and
+    the service protection's fleet limit (:data:`FLEET`: every criticality's share is
+    counted in its one set of leases, so refilling it frees every slot held)."""
     snapshot = snapshot or current()
     every = [limit for tier in snapshot.tiers.values() for limit in tier.limits]
     for rule in rules(snapshot):
         every.extend(chain.from_iterable(rule.limits_by_tier.values()))
         for groups in rule.groups_by_tier.values():
             every.extend(limit for _kind, limits in groups for limit in limits)
-    return {limit.id: limit for limit in reversed(every) if limit.shared}  # the first of an id
+    found = {limit.id: limit for limit in reversed(every) if limit.shared}  # the first of an id
+    fleet = snapshot.shedding.fleet.get("critical") if snapshot.shedding is not None else None
+    if fleet is not None:  # its whole capacity (the critical share), as the service's
+        found[FLEET] = replace(fleet, name=SERVICE)
+    return found
 
 
-def reset_ceilings(limit_ids: Sequence[str]) -> list[Limit]:
+def reset_ceilings(limit_ids: Sequence[str]) -> list[tuple[Limit, int]]:
     """Refill these shared limits in every key shard (every client's share of them): the
-    explicit action a ceiling needs, since resetting a client never touches it. Raises
-    ``ValueError`` naming ids that are not shared limits of the policy."""
+    explicit action a ceiling needs, since resetting a client never touches it. Returns
+    each limit with the number of its key shards that held state (0: nothing to refill).
+    Raises ``ValueError`` naming ids that are not shared limits of the policy."""
     shared = shared_limits()
     unknown = [i for i in limit_ids if i not in shared]
     if unknown:
@@ -598,8 +610,8 @@ def reset_ceilings(limit_ids: Sequence[str]) -> list[Limit]:
             f"(shared limits: {', '.join(sorted(shared)) or 'none'})"
         )
     limits = [shared[i] for i in dict.fromkeys(limit_ids)]
-    get_backend().reset_shared(limits)
-    return limits
+    held = get_backend().reset_shared(limits)
+    return list(zip(limits, held, strict=True))
 
 
 # -- the requests the tools build --------------------------------------------------------------
@@ -747,7 +759,8 @@ def planned(
     # Whose counter each is: this client's, its address's, else (the only other kind of
     # counter a plan holds) the presented username's.
     whose = {ip_key: f"IP {network}", probe.identity.key: "this client"}
-    # A counter a rule counting failures shares with another is told by the rule writing it.
+    # A counter rules counting failures share is told by the rule owning it, whichever rule
+    # meets it (the policy counts it under that rule's row: its id and name).
     others = plan.endpoint.others if plan.endpoint is not None else {}
     where = {i: f"rule '{name}'" for i, name in others.items()} | dict.fromkeys(tier_ids, tier)
     groups = []

@@ -376,8 +376,9 @@ class EndpointPolicy:
     #: failures meets those of every such rule, one counter per limit written alike (see
     #: :func:`_shared_failure_counters`).
     credential_groups: tuple[CountedGroup, ...] = ()
-    #: The limits of :attr:`credential_groups` written in other rules' rows: limit id -> the
-    #: name of that rule (what the operator tools say a counter comes from).
+    #: The counters of :attr:`credential_groups` another rule owns (written in its rows, or
+    #: a row of this rule written alike, counted under the other's id and name): limit id ->
+    #: the name of that rule (what the operator tools say a counter comes from).
     others: dict[str, str] = field(default_factory=dict)
     #: A login or token endpoint's rule by its rows: one with a limit counted by username
     #: (only credential requests present one), or one counting failures. Its checks are
@@ -858,9 +859,9 @@ def _shared_failure_counters(rules: list[EndpointPolicy]) -> list[EndpointPolicy
     such rule, so an account's failures count together wherever they are tried (the web
     login, the token view, the admin's login) and its budget is the strictest limit written,
     not their sum. Rows written alike (same algorithm, rate, burst…) are one counter, under
-    the id of the first of them; each other limit keeps its own row's counter, so a key is
-    only ever read with the one rate it was written with. A rule keeps its own rows' names,
-    and meets the others' under theirs.
+    the id and name of the first of them (one counter has one name, in a refusal and in the
+    operator tools, whichever rule meets it); each other limit keeps its own row's counter,
+    so a key is only ever read with the one rate it was written with.
 
     Rules counting every attempt, or successes, keep their own counters: charging another
     rule's failure counter for their successes would lock the account out for signing in."""
@@ -886,7 +887,11 @@ def _shared_failure_counters(rules: list[EndpointPolicy]) -> list[EndpointPolicy
             for kind, limits in rule.credential_groups:
                 for limit in limits if kind == counter else ():
                     shape = _shape(limit)
-                    met.setdefault(shape, replace(limit, id=first[counter, shape][0].id))
+                    owned, owner = first[counter, shape]
+                    # One counter, one name: the row owning it (the 429's and the tools').
+                    met.setdefault(shape, replace(limit, id=owned.id, name=owned.name))
+                    if owner != rule.name:  # its own row, written alike: the other's counter
+                        others[owned.id] = owner
             for (kind, shape), (limit, owner) in first.items():
                 if kind == counter and shape not in met:
                     met[shape] = limit

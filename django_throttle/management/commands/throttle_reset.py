@@ -79,17 +79,32 @@ class Command(output.CountersCommand):
                 **limit_row(counter.limit),
                 "counted_by": counter.counted_by,
                 "counter": counter.client,
+                "cleared": held,
             }
-            for counter in found
+            for counter, held in found
         ]
+        cleared = sum(held for _counter, held in found)
+        if fmt == "table":
+            for row in rows:
+                row["cleared"] = "cleared" if row["cleared"] else "held nothing"
         output.write_rows(
             self,
             fmt,
             rows,
-            (("limit", "Limit"), ("id", "Id"), ("counted_by", "Counted by")),
-            title=f"Reset {len(rows)} bucket(s) of {subject.label} ({subject.client})",
+            (
+                ("limit", "Limit"),
+                ("id", "Id"),
+                ("counted_by", "Counted by"),
+                ("cleared", "Cleared"),
+            ),
+            title=reset_summary(f"{subject.label} ({subject.client})", cleared, len(rows)),
             caption=None if rows else "No limits apply to this client: nothing to reset.",
-            document={"client": subject.client, "label": subject.label, "reset": len(rows)},
+            document={
+                "client": subject.client,
+                "label": subject.label,
+                "reset": cleared,
+                "counters": len(rows),
+            },
         )
 
     def _reset_ceilings(self, fmt: str, ceilings: list[str]) -> None:
@@ -97,12 +112,30 @@ class Command(output.CountersCommand):
             WRONG_LIMIT, (BackendError, "Could not reset the shared limits in Redis: {}")
         ):
             limits = reset_ceilings(ceilings)
-        rows = [limit_row(limit) for limit in limits]
+        rows = [{**limit_row(limit), "shards_cleared": held} for limit, held in limits]
+        cleared = sum(1 for _limit, held in limits if held)
+        if cleared:
+            title = f"Reset {cleared} shared limit(s) in every key shard"
+        else:
+            title = "Nothing to reset: no key shard held state of these shared limits"
         output.write_rows(
             self,
             fmt,
             rows,
-            (("limit", "Limit"), ("id", "Id")),
-            title=f"Reset {len(rows)} shared limit(s) in every key shard",
-            document={"ceilings": len(rows)},
+            (("limit", "Limit"), ("id", "Id"), ("shards_cleared", "Key shards cleared")),
+            title=title,
+            document={"ceilings": cleared},
         )
+
+
+def reset_summary(client: str, cleared: int, counters: int) -> str:
+    """What a reset of ``client`` did, in words: how many of its ``counters`` held state and
+    were cleared (a whole bucket holds none: its reset changes nothing)."""
+    if not counters:
+        return f"Nothing to reset for {client}: no limits apply to it"
+    if not cleared:
+        return f"Nothing to reset for {client}: none of its {counters} counter(s) held anything"
+    whole = counters - cleared
+    return f"Cleared {cleared} counter(s) of {client}" + (
+        f"; {whole} held nothing" if whole else ""
+    )
