@@ -1090,6 +1090,34 @@ def test_a_device_cookie_of_a_look_alike_account_counts_in_the_shared_counter(
     assert statuses == [wrong] * 3 + [429] * 3
 
 
+@pytest.mark.parametrize("own", ["bf1 ", "\u00a0bf1", "\uff42\uff46\uff11"])
+def test_an_account_named_as_no_form_reads_a_name_gets_no_device_cookie(
+    rules: Tier, victim: Any, django_user_model: Any, own: str
+) -> None:
+    """An account of the attacker's own saved as ``bf1`` with a space, or fullwidth (a
+    signup that neither strips nor normalises; the database keeps it apart from ``bf1``),
+    signed in to through a view that does neither either: its cookie compared names as the
+    login form reads them, ``bf1``, so each sign-in was a fresh allowance of guesses at
+    ``bf1``'s password at the login form, locked or not (before: 3 per cookie here, any
+    number of cookies). Such an account gets no cookie."""
+    mine = django_user_model(username=own)
+    mine.set_password("mine")
+    mine.save()
+    attackers = []
+    for _ in range(3):
+        attacker = Client()
+        response = attacker.post("/async-login/", {"username": own, "password": "mine"})
+        assert response.status_code == 302
+        assert usernames.COOKIE_NAME not in response.cookies
+        attackers.append(attacker)
+    statuses = []
+    for attacker in attackers:
+        for _ in range(2):
+            data = {"username": "bf1", "password": "wrong"}
+            statuses.append(attacker.post("/login/", data, REMOTE_ADDR=elsewhere()).status_code)
+    assert statuses == [200] * 3 + [429] * 3
+
+
 def test_a_device_cookie_holds_only_when_every_spelling_presented_is_its_accounts(
     rules: Tier, victim: Any
 ) -> None:
@@ -1430,6 +1458,24 @@ def test_the_login_form_shown_by_get_is_not_checked(rules: Tier, victim: Any) ->
     whose counters are spent."""
     lock("/login/")
     assert Client().get("/login/").status_code == 200
+
+
+@pytest.mark.parametrize("method", ["get", "head", "options"])
+def test_basic_credentials_sent_with_a_safe_method_are_checked(
+    rules: Tier, victim: Any, method: str
+) -> None:
+    """DRF authenticates a GET, a HEAD or an OPTIONS of the token view before it answers 405
+    or its metadata: the password is checked (403 when wrong, 405 or 200 when right). Such
+    a request is counted as a POST is (before: never, so any number of guesses, and the
+    right password told apart while the account was locked)."""
+    send = getattr(Client(), method)
+    statuses = [
+        send("/token/", HTTP_AUTHORIZATION=basic("bf1:wrong"), REMOTE_ADDR=elsewhere()).status_code
+        for _ in range(4)
+    ]
+    assert statuses == [403, 403, 403, 429]
+    right = send("/token/", HTTP_AUTHORIZATION=basic("bf1:right"), REMOTE_ADDR=elsewhere())
+    assert right.status_code == 429
 
 
 @pytest.mark.parametrize("codec", ["utf-8-sig", "utf-16", "utf-16-be", "utf-32"])

@@ -622,9 +622,9 @@ def _read(request: Any, header_only: bool) -> _Found:
     return tuple((name, frozenset(names[name])) for name in sorted(names))
 
 
-#: Methods that carry no credentials unless the request has a body (the GET that shows the
-#: login form): every other method may (a view reading ``request.body`` reads it whatever the
-#: method, and DRF parses the body of any method).
+#: Methods that carry no credentials unless the request has a body or an ``Authorization``
+#: header (the GET that shows the login form): every other method may (a view reading
+#: ``request.body`` reads it whatever the method, and DRF parses the body of any method).
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")
 
 
@@ -632,8 +632,11 @@ def may_present_credentials(request: Any) -> bool:
     """Whether ``request`` may present credentials to a login view: any method but
     :data:`SAFE_METHODS`, and those too when they carry a body (a view that reads
     ``json.loads(request.body)`` reads a ``GET``'s, a ``PUT``'s or a ``DELETE``'s as it reads a
-    ``POST``'s). A body that cannot be read counts as one."""
-    if request.method not in SAFE_METHODS:
+    ``POST``'s) or an ``Authorization`` header (DRF authenticates a ``GET``, a ``HEAD`` or an
+    ``OPTIONS`` of the token view before it answers 405 or its metadata, and a view checking
+    Basic credentials itself reads them whatever the method). A body that cannot be read
+    counts as one."""
+    if request.method not in SAFE_METHODS or request.META.get("HTTP_AUTHORIZATION"):
         return True
     try:
         return bool(request.body)
@@ -835,8 +838,17 @@ def device_for(request: Any, spellings: frozenset[str]) -> str | None:
 def remember(request: Any, response: Any, account: str) -> None:
     """Set (or renew) ``response``'s device cookie for the account whose username is
     ``account`` (``get_username()`` of the user signed in): a browser that already holds one
-    for that account keeps its device id, and so its counter."""
+    for that account keeps its device id, and so its counter.
+
+    None for an account whose stored name is not what a login form makes of a name typed
+    (padded with whitespace, or not NFKC-normalised: saved without ``normalize_username``):
+    the cookie compares names as the form reads them, so it would hold for another account's
+    name (``bf1`` for an account of the attacker's own named ``bf1`` and a space, or a
+    fullwidth ``bf1``, which a view that signs in without stripping and normalising lets
+    them into), a fresh allowance of guesses at that account with every sign-in."""
     spelling = _spelling(account)
+    if spelling != _name_digest(account):
+        return
     device = device_for(request, frozenset((spelling,))) or secrets.token_urlsafe(12)
     value = signing.TimestampSigner(salt=SALT).sign(f"{device}:{spelling}")
     response.set_cookie(
