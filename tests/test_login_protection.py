@@ -20,6 +20,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
+from django.contrib.auth.hashers import MD5PasswordHasher
 from django.contrib.auth.views import LoginView
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client
@@ -1277,6 +1278,63 @@ def test_a_check_cancelled_between_its_calls_gives_the_first_calls_tokens_back(
         Client().post("/async-login/", wrong, REMOTE_ADDR=address).status_code for _ in "123"
     ]
     assert outcomes == [401, 401, 429]
+
+
+#: Passwords the hasher below was asked to check, in the order asked.
+HASHED: list[str] = []
+
+
+class SlowHasher(MD5PasswordHasher):
+    """A hasher as slow as a real one (PBKDF2's 0.3 s), that says when it starts."""
+
+    def verify(self, password: str, encoded: str) -> bool:
+        HASHED.append(password)
+        time.sleep(0.3)
+        return super().verify(password, encoded)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("url", ["/async-login/", "/async-json-login/"])
+def test_an_async_login_view_whose_client_hangs_up_while_it_hashes_is_counted(
+    backend: str, victim: Any, settings: Any, url: str
+) -> None:
+    """The client hangs up (Django's ASGI handler cancels the view) while ``aauthenticate``
+    hashes its guess in a worker thread, which runs on: the guess was made and the hash paid,
+    and the attempt is counted as a failure (before: settled as a 500, neither, its tokens
+    came back: any number of hashes, at no cost to the address's 2/h)."""
+    anonymous = Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
+    rule = EndpointRule.objects.create(name="login", pattern="login", counts="failures")
+    EndpointLimit.objects.create(rule=rule, tier=anonymous, rate="2/h", counted_by="ip")
+    settings.PASSWORD_HASHERS = ["tests.test_login_protection.SlowHasher"]
+    HASHED.clear()
+    body = json.dumps({"username": "bf1", "password": "wrong"})
+    address = elsewhere()
+
+    async def hang_up() -> str:
+        attempt = asyncio.ensure_future(
+            AsyncClient().post(url, body, content_type="application/json", REMOTE_ADDR=address)
+            if "json" in url
+            else AsyncClient().post(url, json.loads(body), REMOTE_ADDR=address)
+        )
+        asked = len(HASHED)
+        deadline = time.monotonic() + 10
+        while len(HASHED) == asked and not attempt.done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        if attempt.done():
+            return str((await attempt).status_code)
+        attempt.cancel()
+        try:
+            return str((await attempt).status_code)
+        except asyncio.CancelledError:
+            return "gone"
+
+    async def attempts() -> list[str]:
+        outcomes = [await hang_up() for _ in range(3)]
+        await asyncio.sleep(0.4)  # the last hash ends in its thread
+        return outcomes
+
+    assert async_to_sync(attempts)() == ["gone", "gone", "429"]
+    assert len(HASHED) == 2
 
 
 @pytest.mark.parametrize("url", ["/login/", "/async-login/", "/token/", "/basic/"])
