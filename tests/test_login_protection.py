@@ -155,6 +155,25 @@ async def async_json_login(request: HttpRequest) -> HttpResponse:
     return HttpResponse("in" if user is not None else "wrong", status=200 if user else 401)
 
 
+@protect_credentials
+def query_login(request: HttpRequest) -> HttpResponse:
+    """A login view taking the credentials from the query string, whatever the method."""
+    from django.contrib.auth import authenticate
+
+    username, password = request.GET.get("username"), request.GET.get("password")
+    user = authenticate(request, username=username, password=password)
+    return HttpResponse("in" if user is not None else "wrong", status=200 if user else 401)
+
+
+@protect_credentials
+async def async_query_login(request: HttpRequest) -> HttpResponse:
+    from django.contrib.auth import aauthenticate
+
+    username, password = request.GET.get("username"), request.GET.get("password")
+    user = await aauthenticate(request, username=username, password=password)
+    return HttpResponse("in" if user is not None else "wrong", status=200 if user else 401)
+
+
 def _refuse_wrong_password(request: HttpRequest) -> HttpResponse:
     """Checks the password itself (no ``authenticate()``, so no ``user_login_failed``) and
     answers a wrong one by raising ``PermissionDenied`` (Django's 403)."""
@@ -186,6 +205,8 @@ urlpatterns = [
         protect_credentials(async_field_login, username_field="login"),
     ),
     path("requestless-login/", requestless_login),
+    path("query-login/", query_login),
+    path("async-query-login/", async_query_login),
     path("raising-login/", raising_login),
     path("json-login/", json_login),
     path("async-json-login/", async_json_login),
@@ -1534,6 +1555,31 @@ def test_basic_credentials_sent_with_a_safe_method_are_checked(
     assert statuses == [403, 403, 403, 429]
     right = send("/token/", HTTP_AUTHORIZATION=basic("bf1:right"), REMOTE_ADDR=elsewhere())
     assert right.status_code == 429
+
+
+@pytest.mark.parametrize("method", ["get", "post"])
+@pytest.mark.parametrize("url", ["/query-login/", "/async-query-login/"])
+def test_credentials_in_the_query_string_are_checked(
+    rules: Tier, victim: Any, url: str, method: str
+) -> None:
+    """A view taking the credentials from ``request.GET``: a GET naming them is checked and
+    counted under the name it presents, a POST too (before: a GET was never checked, and a
+    POST's username never read, so no limit by username held; nor was a warning logged)."""
+    send = getattr(Client(), method)
+    statuses = [
+        send(f"{url}?username=BF1&password=wrong", REMOTE_ADDR=elsewhere()).status_code
+        for _ in range(4)
+    ]
+    assert statuses == [401, 401, 401, 429]
+    right = send(f"{url}?username=bf1&password=right", REMOTE_ADDR=elsewhere())
+    assert right.status_code == 429
+
+
+def test_a_query_string_naming_no_credentials_is_not_checked(rules: Tier, victim: Any) -> None:
+    """``?next=…`` on the GET that shows the login form presents nothing: shown even to a
+    client whose counters are spent."""
+    lock("/login/")
+    assert Client().get("/login/?next=/admin/").status_code == 200
 
 
 @pytest.mark.parametrize("codec", ["utf-8-sig", "utf-16", "utf-16-be", "utf-32"])
