@@ -59,6 +59,7 @@ def register() -> None:
     checks.register(check_headers_middleware, checks.Tags.urls)
     checks.register(check_shadowed_credential_views, checks.Tags.urls)
     checks.register(check_unguarded_token_views, checks.Tags.urls)
+    checks.register(check_unguarded_login_views, checks.Tags.urls)
     checks.register(check_credential_scopes, checks.Tags.urls)
     checks.register(check_token_app, checks.Tags.urls)
     checks.register(check_drf_throttled_views, checks.Tags.urls)
@@ -1046,6 +1047,94 @@ def check_token_app(**kwargs: Any) -> list[checks.CheckMessage]:
                 "500.",
                 hint="Add 'rest_framework.authtoken' to INSTALLED_APPS and run manage.py migrate.",
                 id="django_throttle.W015",
+            )
+        )
+    return warnings
+
+
+def _login_view_name(callback: Any) -> str | None:
+    """The name of the login view ``callback`` serves, when it is Django's ``LoginView`` (or
+    a subclass: DRF's browsable-API login in ``rest_framework.urls`` is one) or an admin
+    site's ``login``; else ``None``."""
+    from django.apps import apps
+
+    view_class = getattr(callback, "view_class", None)
+    if isinstance(view_class, type):
+        from django.contrib.auth.views import LoginView
+
+        if issubclass(view_class, LoginView):
+            return f"{view_class.__module__}.{view_class.__qualname__}"
+    site = getattr(callback, "__self__", None)
+    if getattr(callback, "__name__", None) == "login" and apps.is_installed("django.contrib.admin"):
+        from django.contrib.admin import AdminSite
+
+        if isinstance(site, AdminSite):
+            return f"The login of admin site {site.name!r}"
+    return None
+
+
+def _throttled_class(callback: Any) -> bool:
+    """Whether the class-based view ``callback`` serves is under ``@throttle``
+    (``method_decorator`` on its ``dispatch`` or ``post``): its attempts are limited."""
+    view_class = getattr(callback, "view_class", None)
+    for name in ("dispatch", "post"):
+        func = getattr(view_class, name, None)
+        seen: set[int] = set()
+        while func is not None and id(func) not in seen:
+            seen.add(id(func))
+            if hasattr(func, "throttle_policy_scope") or hasattr(func, "throttle_options"):
+                return True
+            func = getattr(func, "__wrapped__", None)
+    return False
+
+
+def check_unguarded_login_views(**kwargs: Any) -> list[checks.CheckMessage]:
+    """W016: a login view the URLconf serves (Django's ``LoginView`` or a subclass, such as
+    the one ``include("django.contrib.auth.urls")`` or DRF's ``include("rest_framework.urls")``
+    routes, or an admin site's login) without ``protect_credentials`` or ``@throttle``: password
+    guesses there are not counted, so an attacker tries them there, whatever the guarded
+    login views allow. Routes with converters or regexes are not checked; a route an earlier
+    pattern serves is not reached and not warned (the reached one is)."""
+    from django.urls import Resolver404, URLPattern, URLResolver, get_resolver, resolve
+
+    try:
+        stack: list[tuple[str, Any]] = [("", entry) for entry in get_resolver().url_patterns]
+    except Exception:  # a URLconf that does not load: Django's urls check names it
+        return []
+    warnings: list[checks.CheckMessage] = []
+    while stack:
+        prefix, entry = stack.pop(0)
+        route = prefix + str(getattr(entry, "pattern", ""))
+        if _NOT_LITERAL & set(route):
+            continue
+        if isinstance(entry, URLResolver):
+            stack[:0] = [(route, child) for child in entry.url_patterns]
+            continue
+        if not isinstance(entry, URLPattern):
+            continue
+        callback = entry.callback
+        name = _login_view_name(callback)
+        if name is None or hasattr(callback, "throttle_credential_scope"):
+            continue
+        if _throttled_class(callback):
+            continue
+        try:
+            reached = resolve("/" + route).func
+        except Resolver404:
+            continue
+        if reached is not callback and reached != callback:  # a bound method is made anew
+            continue
+        warnings.append(
+            checks.Warning(
+                f"{name} on {'/' + route!r} is not wrapped in protect_credentials: password "
+                "guesses there are not counted, whatever the guarded login views allow.",
+                hint=(
+                    f"Route path({route!r}, protect_credentials(…)) before the pattern that "
+                    "serves it (e.g. protect_credentials(admin.site.login) before "
+                    "path('admin/', admin.site.urls)), or leave the view out (see the "
+                    "'Protect logins' how-to)."
+                ),
+                id="django_throttle.W016",
             )
         )
     return warnings

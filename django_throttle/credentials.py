@@ -38,12 +38,13 @@ def protect_credentials(
     view: Any = None, *, scope: str = "login", username_field: str | None = None
 ) -> Any:
     """Check requests to a login or token view that may present credentials (any method but
-    GET, HEAD, OPTIONS and TRACE, and those with a body) against the endpoint rules of ``scope``
-    before the view runs (429 with ``Retry-After`` when a limit is reached: the password is
-    never checked), and settle after it: an attempt that failed (the view answered 4xx, or
-    ``user_login_failed`` fired) keeps its tokens under a rule counting failures; any other
-    gives them back (``user_login_failed`` counts even when the view calls ``authenticate()``
-    without the request). The GET that shows the form passes unchecked.
+    GET, HEAD, OPTIONS and TRACE, and those with a body or an ``Authorization`` header)
+    against the endpoint rules of ``scope`` before the view runs (429 with ``Retry-After``
+    when a limit is reached: the password is never checked), and settle after it: an
+    attempt that failed (the view answered 4xx, or ``user_login_failed`` fired) keeps its
+    tokens under a rule counting failures; any other gives them back
+    (``user_login_failed`` counts even when the view calls ``authenticate()`` without the
+    request). The GET that shows the form passes unchecked.
 
     Works on function views, ``LoginView.as_view()``, the admin's login and DRF's
     ``obtain_auth_token``, sync or async. When the backend cannot answer, the attempt is

@@ -15,6 +15,7 @@ status Django answers the exception with (403 for ``PermissionDenied``…; 500 f
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -283,6 +284,13 @@ def _inline_limits(
 Options = dict[str, Any] | Callable[[], dict[str, Any]]
 #: Where a request keeps the reservations :func:`~django_throttle.request.core.settle` gives back.
 RESERVATIONS = "throttle_reservations"
+#: The status an ``async def`` login view cancelled while it ran (its client went away) is
+#: settled with, nginx's "client closed request": a failure, whatever it would have answered.
+#: Its password check runs on in a worker thread (``acheck_password`` hashes in one, which a
+#: cancellation cannot stop), so the hash was paid and the guess made; settled as a 500
+#: (neither), its tokens came back and a client that hung up at once guessed, and had the
+#: server hash, without limit.
+CLIENT_GONE = 499
 
 
 def guard(
@@ -321,6 +329,8 @@ def guard(
                 _served(request, response, decision, login)
             except BaseException as exc:
                 status = core.raised_status(exc)
+                if login and isinstance(exc, asyncio.CancelledError):
+                    status = CLIENT_GONE
                 raise
             finally:
                 await core.asettle(request, status, first=first)

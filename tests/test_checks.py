@@ -1167,6 +1167,37 @@ def test_a_token_view_with_the_authtoken_app_passes(settings: Any) -> None:
     assert token_app_check() == []
 
 
+# -- W016: a login view routed without protect_credentials ---------------------------------------
+
+
+def test_login_views_without_protect_credentials_are_a_warning(settings: Any) -> None:
+    """The admin's login and DRF's browsable-API login (``include("rest_framework.urls")``,
+    the DRF tutorial's) served unguarded beside guarded ones: every guess there was checked
+    and never counted, so a locked account's password was still tried there, and
+    ``manage.py check`` said nothing. A login guarded before the include that also routes
+    it, and a ``LoginView`` under ``@throttle``, are not warned."""
+    from django_throttle.checks import check_unguarded_login_views
+
+    settings.ROOT_URLCONF = "tests.checks_urls_logins"
+
+    warnings = check_unguarded_login_views()
+
+    assert [w.id for w in warnings] == ["django_throttle.W016"] * 2
+    admin_login, drf_login = warnings
+    assert "The login of admin site 'admin' on '/admin/login/'" in admin_login.msg
+    assert "protect_credentials(admin.site.login)" in admin_login.hint
+    assert "django.contrib.auth.views.LoginView on '/api-auth/login/'" in drf_login.msg
+    assert "path('api-auth/login/', protect_credentials(…))" in drf_login.hint
+
+
+def test_guarded_login_views_are_not_warned(settings: Any) -> None:
+    from django_throttle.checks import check_unguarded_login_views
+
+    settings.ROOT_URLCONF = "tests.checks_urls_guarded"
+
+    assert check_unguarded_login_views() == []
+
+
 # -- W010 per view: DRF's throttles left in a view's own throttle_classes ------------------------
 
 

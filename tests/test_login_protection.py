@@ -20,6 +20,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
+from django.contrib.auth.hashers import MD5PasswordHasher
 from django.contrib.auth.views import LoginView
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client
@@ -154,6 +155,25 @@ async def async_json_login(request: HttpRequest) -> HttpResponse:
     return HttpResponse("in" if user is not None else "wrong", status=200 if user else 401)
 
 
+@protect_credentials
+def query_login(request: HttpRequest) -> HttpResponse:
+    """A login view taking the credentials from the query string, whatever the method."""
+    from django.contrib.auth import authenticate
+
+    username, password = request.GET.get("username"), request.GET.get("password")
+    user = authenticate(request, username=username, password=password)
+    return HttpResponse("in" if user is not None else "wrong", status=200 if user else 401)
+
+
+@protect_credentials
+async def async_query_login(request: HttpRequest) -> HttpResponse:
+    from django.contrib.auth import aauthenticate
+
+    username, password = request.GET.get("username"), request.GET.get("password")
+    user = await aauthenticate(request, username=username, password=password)
+    return HttpResponse("in" if user is not None else "wrong", status=200 if user else 401)
+
+
 def _refuse_wrong_password(request: HttpRequest) -> HttpResponse:
     """Checks the password itself (no ``authenticate()``, so no ``user_login_failed``) and
     answers a wrong one by raising ``PermissionDenied`` (Django's 403)."""
@@ -185,6 +205,8 @@ urlpatterns = [
         protect_credentials(async_field_login, username_field="login"),
     ),
     path("requestless-login/", requestless_login),
+    path("query-login/", query_login),
+    path("async-query-login/", async_query_login),
     path("raising-login/", raising_login),
     path("json-login/", json_login),
     path("async-json-login/", async_json_login),
@@ -1090,6 +1112,34 @@ def test_a_device_cookie_of_a_look_alike_account_counts_in_the_shared_counter(
     assert statuses == [wrong] * 3 + [429] * 3
 
 
+@pytest.mark.parametrize("own", ["bf1 ", "\u00a0bf1", "\uff42\uff46\uff11"])
+def test_an_account_named_as_no_form_reads_a_name_gets_no_device_cookie(
+    rules: Tier, victim: Any, django_user_model: Any, own: str
+) -> None:
+    """An account of the attacker's own saved as ``bf1`` with a space, or fullwidth (a
+    signup that neither strips nor normalises; the database keeps it apart from ``bf1``),
+    signed in to through a view that does neither either: its cookie compared names as the
+    login form reads them, ``bf1``, so each sign-in was a fresh allowance of guesses at
+    ``bf1``'s password at the login form, locked or not (before: 3 per cookie here, any
+    number of cookies). Such an account gets no cookie."""
+    mine = django_user_model(username=own)
+    mine.set_password("mine")
+    mine.save()
+    attackers = []
+    for _ in range(3):
+        attacker = Client()
+        response = attacker.post("/async-login/", {"username": own, "password": "mine"})
+        assert response.status_code == 302
+        assert usernames.COOKIE_NAME not in response.cookies
+        attackers.append(attacker)
+    statuses = []
+    for attacker in attackers:
+        for _ in range(2):
+            data = {"username": "bf1", "password": "wrong"}
+            statuses.append(attacker.post("/login/", data, REMOTE_ADDR=elsewhere()).status_code)
+    assert statuses == [200] * 3 + [429] * 3
+
+
 def test_a_device_cookie_holds_only_when_every_spelling_presented_is_its_accounts(
     rules: Tier, victim: Any
 ) -> None:
@@ -1249,6 +1299,63 @@ def test_a_check_cancelled_between_its_calls_gives_the_first_calls_tokens_back(
         Client().post("/async-login/", wrong, REMOTE_ADDR=address).status_code for _ in "123"
     ]
     assert outcomes == [401, 401, 429]
+
+
+#: Passwords the hasher below was asked to check, in the order asked.
+HASHED: list[str] = []
+
+
+class SlowHasher(MD5PasswordHasher):
+    """A hasher as slow as a real one (PBKDF2's 0.3 s), that says when it starts."""
+
+    def verify(self, password: str, encoded: str) -> bool:
+        HASHED.append(password)
+        time.sleep(0.3)
+        return super().verify(password, encoded)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("url", ["/async-login/", "/async-json-login/"])
+def test_an_async_login_view_whose_client_hangs_up_while_it_hashes_is_counted(
+    backend: str, victim: Any, settings: Any, url: str
+) -> None:
+    """The client hangs up (Django's ASGI handler cancels the view) while ``aauthenticate``
+    hashes its guess in a worker thread, which runs on: the guess was made and the hash paid,
+    and the attempt is counted as a failure (before: settled as a 500, neither, its tokens
+    came back: any number of hashes, at no cost to the address's 2/h)."""
+    anonymous = Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
+    rule = EndpointRule.objects.create(name="login", pattern="login", counts="failures")
+    EndpointLimit.objects.create(rule=rule, tier=anonymous, rate="2/h", counted_by="ip")
+    settings.PASSWORD_HASHERS = ["tests.test_login_protection.SlowHasher"]
+    HASHED.clear()
+    body = json.dumps({"username": "bf1", "password": "wrong"})
+    address = elsewhere()
+
+    async def hang_up() -> str:
+        attempt = asyncio.ensure_future(
+            AsyncClient().post(url, body, content_type="application/json", REMOTE_ADDR=address)
+            if "json" in url
+            else AsyncClient().post(url, json.loads(body), REMOTE_ADDR=address)
+        )
+        asked = len(HASHED)
+        deadline = time.monotonic() + 10
+        while len(HASHED) == asked and not attempt.done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        if attempt.done():
+            return str((await attempt).status_code)
+        attempt.cancel()
+        try:
+            return str((await attempt).status_code)
+        except asyncio.CancelledError:
+            return "gone"
+
+    async def attempts() -> list[str]:
+        outcomes = [await hang_up() for _ in range(3)]
+        await asyncio.sleep(0.4)  # the last hash ends in its thread
+        return outcomes
+
+    assert async_to_sync(attempts)() == ["gone", "gone", "429"]
+    assert len(HASHED) == 2
 
 
 @pytest.mark.parametrize("url", ["/login/", "/async-login/", "/token/", "/basic/"])
@@ -1430,6 +1537,49 @@ def test_the_login_form_shown_by_get_is_not_checked(rules: Tier, victim: Any) ->
     whose counters are spent."""
     lock("/login/")
     assert Client().get("/login/").status_code == 200
+
+
+@pytest.mark.parametrize("method", ["get", "head", "options"])
+def test_basic_credentials_sent_with_a_safe_method_are_checked(
+    rules: Tier, victim: Any, method: str
+) -> None:
+    """DRF authenticates a GET, a HEAD or an OPTIONS of the token view before it answers 405
+    or its metadata: the password is checked (403 when wrong, 405 or 200 when right). Such
+    a request is counted as a POST is (before: never, so any number of guesses, and the
+    right password told apart while the account was locked)."""
+    send = getattr(Client(), method)
+    statuses = [
+        send("/token/", HTTP_AUTHORIZATION=basic("bf1:wrong"), REMOTE_ADDR=elsewhere()).status_code
+        for _ in range(4)
+    ]
+    assert statuses == [403, 403, 403, 429]
+    right = send("/token/", HTTP_AUTHORIZATION=basic("bf1:right"), REMOTE_ADDR=elsewhere())
+    assert right.status_code == 429
+
+
+@pytest.mark.parametrize("method", ["get", "post"])
+@pytest.mark.parametrize("url", ["/query-login/", "/async-query-login/"])
+def test_credentials_in_the_query_string_are_checked(
+    rules: Tier, victim: Any, url: str, method: str
+) -> None:
+    """A view taking the credentials from ``request.GET``: a GET naming them is checked and
+    counted under the name it presents, a POST too (before: a GET was never checked, and a
+    POST's username never read, so no limit by username held; nor was a warning logged)."""
+    send = getattr(Client(), method)
+    statuses = [
+        send(f"{url}?username=BF1&password=wrong", REMOTE_ADDR=elsewhere()).status_code
+        for _ in range(4)
+    ]
+    assert statuses == [401, 401, 401, 429]
+    right = send(f"{url}?username=bf1&password=right", REMOTE_ADDR=elsewhere())
+    assert right.status_code == 429
+
+
+def test_a_query_string_naming_no_credentials_is_not_checked(rules: Tier, victim: Any) -> None:
+    """``?next=…`` on the GET that shows the login form presents nothing: shown even to a
+    client whose counters are spent."""
+    lock("/login/")
+    assert Client().get("/login/?next=/admin/").status_code == 200
 
 
 @pytest.mark.parametrize("codec", ["utf-8-sig", "utf-16", "utf-16-be", "utf-32"])

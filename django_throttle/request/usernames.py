@@ -102,7 +102,7 @@ def presented_username(request: Any) -> str | None:
     decodes them), every reading's names counted; a number or ``true`` is its text (DRF's
     ``CharField``, Django's model field). Fields looked at: the view's own
     (``protect_credentials(username_field=…)``), the user model's ``USERNAME_FIELD``,
-    ``username`` and ``email``. Never raises.
+    ``username`` and ``email``, in the body and in the query string. Never raises.
     """
     found = _presented(request)
     return found[0][0] if found is not None and len(found) == 1 else None
@@ -554,9 +554,10 @@ def _without_ignored(name: str) -> str:
 #: the empty username, which no username read is counted under.
 UNREADABLE_COUNTER = Identity("username", "").key
 #: Most usernames one request is counted under: a Basic header and four fields, each read
-#: from a form and from JSON decoded two ways, is 13 at most; a request naming more is
-#: counted as unreadable (:data:`UNREADABLE_COUNTER`), never under some of its names only.
-MAX_NAMES = 16
+#: from the query string, from a form and from JSON decoded two ways, is 17 at most; a
+#: request naming more is counted as unreadable (:data:`UNREADABLE_COUNTER`), never under
+#: some of its names only.
+MAX_NAMES = 20
 
 #: The sorted, distinct usernames presented (empty: none), each with the digests of the
 #: spellings it was presented as (see :func:`_spelling`), or ``None``: credentials are
@@ -613,6 +614,9 @@ def _read(request: Any, header_only: bool) -> _Found:
             unreadable = True
         else:
             names = _merged(names, body)
+        # A view may take them from the query string (``request.GET``, DRF's
+        # ``query_params``), a GET's or a POST's.
+        names = _merged(names, _query_usernames(request))
     if unreadable:
         if not names:
             return None
@@ -622,9 +626,10 @@ def _read(request: Any, header_only: bool) -> _Found:
     return tuple((name, frozenset(names[name])) for name in sorted(names))
 
 
-#: Methods that carry no credentials unless the request has a body (the GET that shows the
-#: login form): every other method may (a view reading ``request.body`` reads it whatever the
-#: method, and DRF parses the body of any method).
+#: Methods that carry no credentials unless the request has a body, an ``Authorization``
+#: header or credentials in its query string (the GET that shows the login form): every
+#: other method may (a view reading ``request.body`` reads it whatever the method, and DRF
+#: parses the body of any method).
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")
 
 
@@ -632,13 +637,40 @@ def may_present_credentials(request: Any) -> bool:
     """Whether ``request`` may present credentials to a login view: any method but
     :data:`SAFE_METHODS`, and those too when they carry a body (a view that reads
     ``json.loads(request.body)`` reads a ``GET``'s, a ``PUT``'s or a ``DELETE``'s as it reads a
-    ``POST``'s). A body that cannot be read counts as one."""
-    if request.method not in SAFE_METHODS:
+    ``POST``'s) or an ``Authorization`` header (DRF authenticates a ``GET``, a ``HEAD`` or an
+    ``OPTIONS`` of the token view before it answers 405 or its metadata, and a view checking
+    Basic credentials itself reads them whatever the method) or a query string naming a
+    username field or a ``password`` (a view reading ``request.GET``). A body that cannot be
+    read counts as one."""
+    if request.method not in SAFE_METHODS or request.META.get("HTTP_AUTHORIZATION"):
         return True
+    if request.META.get("QUERY_STRING") and _in_query(request):
+        return True  # ``?username=…&password=…``: a view reading ``request.GET`` checks them
     try:
         return bool(request.body)
     except Exception:  # too big, already read, bad length: it may hold credentials
         return True
+
+
+def _in_query(request: Any) -> bool:
+    """Whether the query string names a username field (:func:`_field_names`) or a
+    ``password``."""
+    try:
+        query = request.GET
+        return any(field in query for field in (*_field_names(request), "password"))
+    except Exception:  # too many fields: Django refuses it to the view too (400)
+        return False
+
+
+def _query_usernames(request: Any) -> _Names:
+    """The usernames the query string presents, read as a form's fields are; none when it
+    cannot be parsed (Django refuses it to a view reading it too)."""
+    if not request.META.get("QUERY_STRING"):
+        return {}
+    try:
+        return _fields(request.GET, request)
+    except Exception:  # too many fields
+        return {}
 
 
 def _merged(names: _Names, more: _Names) -> _Names:
@@ -835,8 +867,17 @@ def device_for(request: Any, spellings: frozenset[str]) -> str | None:
 def remember(request: Any, response: Any, account: str) -> None:
     """Set (or renew) ``response``'s device cookie for the account whose username is
     ``account`` (``get_username()`` of the user signed in): a browser that already holds one
-    for that account keeps its device id, and so its counter."""
+    for that account keeps its device id, and so its counter.
+
+    None for an account whose stored name is not what a login form makes of a name typed
+    (padded with whitespace, or not NFKC-normalised: saved without ``normalize_username``):
+    the cookie compares names as the form reads them, so it would hold for another account's
+    name (``bf1`` for an account of the attacker's own named ``bf1`` and a space, or a
+    fullwidth ``bf1``, which a view that signs in without stripping and normalising lets
+    them into), a fresh allowance of guesses at that account with every sign-in."""
     spelling = _spelling(account)
+    if spelling != _name_digest(account):
+        return
     device = device_for(request, frozenset((spelling,))) or secrets.token_urlsafe(12)
     value = signing.TimestampSigner(salt=SALT).sign(f"{device}:{spelling}")
     response.set_cookie(
