@@ -191,7 +191,10 @@ def test_the_example_project_dashboard_inspector_explain_and_reset(
         page.click("#dt-reset")
         page.click("#dt-confirm-reset")
         page.wait_for_selector("#dt-inspection")
-        assert "Reset" in page.inner_text(".messagelist")
+        # The bucket refilling 2 tokens a second may have emptied (its key expired) by now: the
+        # message says which happened.
+        message = page.inner_text(".messagelist")
+        assert message.startswith(("Cleared", "Nothing to reset for IP")), message
         assert demo.get("/api/ping/")[0] == 200
         page.close()
 
