@@ -10,7 +10,9 @@ it through ``method_decorator``; each class gets its own bucket even though they
 A rule that counts only successes or only failures is settled when the view returns: the
 request's reservation is given back when the response's status (or a failed login during
 the request) is an outcome the rule does not count. A view that raises is settled with the
-status Django answers the exception with (403 for ``PermissionDenied``…; 500 for others).
+status Django answers the exception with (403 for ``PermissionDenied``…; 500 for others); an
+``async def`` view cancelled while it ran (its client went away under ASGI) as 499, a failure
+(:data:`~django_throttle.request.core.CLIENT_GONE`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from django_throttle.rates import (
 )
 from django_throttle.request import core, leases
 from django_throttle.request.core import (
+    CLIENT_GONE,
     DEGRADED_HEADER,
     LOGGED_IN_ATTRIBUTE,
     add_headers,
@@ -284,13 +287,6 @@ def _inline_limits(
 Options = dict[str, Any] | Callable[[], dict[str, Any]]
 #: Where a request keeps the reservations :func:`~django_throttle.request.core.settle` gives back.
 RESERVATIONS = "throttle_reservations"
-#: The status an ``async def`` login view cancelled while it ran (its client went away) is
-#: settled with, nginx's "client closed request": a failure, whatever it would have answered.
-#: Its password check runs on in a worker thread (``acheck_password`` hashes in one, which a
-#: cancellation cannot stop), so the hash was paid and the guess made; settled as a 500
-#: (neither), its tokens came back and a client that hung up at once guessed, and had the
-#: server hash, without limit.
-CLIENT_GONE = 499
 
 
 def guard(
@@ -328,9 +324,10 @@ def guard(
                 status = response.status_code
                 _served(request, response, decision, login)
             except BaseException as exc:
-                status = core.raised_status(exc)
-                if login and isinstance(exc, asyncio.CancelledError):
-                    status = CLIENT_GONE
+                # Cancelled while it ran (its client went away): its work may have run on
+                # in a worker thread, so a failure (CLIENT_GONE), not a 500 (neither).
+                cancelled = isinstance(exc, asyncio.CancelledError)
+                status = CLIENT_GONE if cancelled else core.raised_status(exc)
                 raise
             finally:
                 await core.asettle(request, status, first=first)

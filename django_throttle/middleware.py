@@ -4,13 +4,15 @@ settles the counting policy of DRF views.
 DRF throttle classes cannot touch responses, so :class:`~django_throttle.drf.PolicyThrottle`
 leaves its decision on the request and this middleware writes the headers; a rule that counts
 only successes or failures also leaves a reservation, which this middleware gives back once
-the response shows an outcome the rule does not count, or an async view is cancelled before
-it answered (a sync view whose client went away under ASGI: once it ended, by what it
-answered), without the middleware every request counts. A request that holds concurrency
-slots (a concurrency limit) gives them back here once its response is made, or, for a
-streaming response, once its stream is closed (:mod:`~django_throttle.request.leases`). It
-also counts the requests this process is serving, and under ASGI watches its event loop's
-lag, for the worker's own load shedder (:func:`~django_throttle.request.core.worker_refusal`).
+the response shows an outcome the rule does not count (a sync view whose client went away
+under ASGI: once it ended, by what it answered; an async view cancelled while it ran: as
+:data:`~django_throttle.request.core.CLIENT_GONE`, a failure; one cancelled before it
+started: as nothing ran), without the middleware every request counts. A request that
+holds concurrency slots (a concurrency limit) gives them back here once its response is
+made, or, for a streaming response, once its stream is closed
+(:mod:`~django_throttle.request.leases`). It also counts the requests this process is
+serving, and under ASGI watches its event loop's lag, for the worker's own load shedder
+(:func:`~django_throttle.request.core.worker_refusal`).
 Works in sync and async stacks; a request without a reservation or a slot costs two
 attribute lookups and the busy count.
 """
@@ -78,12 +80,7 @@ class RateLimitHeadersMiddleware:
             # read is the thread's to settle.
             leases.end(request)
             if getattr(request, "throttle_reservations", None):
-                # A sync view ran to its end: what it answered (a DRF view left it, see
-                # core.record_outcome), as @throttle settles a sync view. An async view was
-                # cancelled before it answered: neither a success nor a failure, as
-                # @throttle settles an async view that raised.
-                status = getattr(request, core.OUTCOME_ATTRIBUTE, 500) if runs_on else 500
-                await core.asettle(request, status)
+                await core.asettle(request, _cancelled_status(request, runs_on))
             raise
         finally:
             with busy.lock:
@@ -109,6 +106,23 @@ def _runs_on(request: HttpRequest) -> bool:
         return True  # an async (adrf) view's sync handler, run in a worker thread
     match = getattr(request, "resolver_match", None)
     return match is not None and not iscoroutinefunction(match.func)
+
+
+def _cancelled_status(request: HttpRequest, runs_on: bool) -> int:
+    """The status a request whose task was cancelled is settled with. A sync view ran to its
+    end: what it answered (a DRF view left it, see
+    :func:`~django_throttle.request.core.record_outcome`), as ``@throttle`` settles a sync
+    view. An async view that answered before the cancellation reached it: what it answered.
+    One cancelled while it ran: :data:`~django_throttle.request.core.CLIENT_GONE`, a failure,
+    as ``@throttle`` settles it (what it awaited in a worker thread runs on: its work may be
+    done). One cancelled before it started (adrf's throttle still deciding in its worker
+    thread): a 500, neither a success nor a failure, since nothing ran."""
+    outcome = getattr(request, core.OUTCOME_ATTRIBUTE, None)
+    if isinstance(outcome, int):
+        return outcome
+    if runs_on:
+        return 500
+    return core.CLIENT_GONE if getattr(request, core.VIEW_STARTED_ATTRIBUTE, False) else 500
 
 
 def _view_ended() -> None:

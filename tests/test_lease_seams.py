@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from adrf.views import APIView as AsyncAPIView
@@ -36,6 +37,7 @@ from django.core.signals import request_finished
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client
 from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -226,8 +228,74 @@ async def running_view(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok")
 
 
+#: The one-time codes the reset views checked, each once its check ended (in a worker thread).
+CHECKED: list[str] = []
+RESET_CODE = "731904"
+
+
+def consume_code(code: str) -> bool:
+    """A password reset's check of its one-time code, blocking (a query, say), run with
+    ``sync_to_async``: it waits for the gate, then the code is checked (and a right one used
+    up), whether or not anybody still waits for the answer."""
+    entered.set()
+    gate.wait(10)
+    CHECKED.append(code)
+    return code == RESET_CODE
+
+
+@csrf_exempt
+@throttle(scope="reset")
+async def reset_view(request: HttpRequest) -> HttpResponse:
+    """``POST {code, new_password}``: 400 for a wrong code."""
+    done = await sync_to_async(consume_code)(request.POST.get("code", ""))
+    return HttpResponse("reset" if done else "wrong code", status=200 if done else 400)
+
+
+async def reset_handler(self: Any, request: Request) -> Response:
+    done = await sync_to_async(consume_code)(request.data.get("code", ""))
+    return Response({"reset": done}, status=200 if done else 400)
+
+
+class GateThrottle:
+    """A throttle after the policy's that waits for the gate: the client goes away once
+    ``PolicyThrottle`` counted, before the view's handler started."""
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        entered.set()
+        gate.wait(10)
+        return True
+
+    def wait(self) -> None:
+        return None
+
+
+def adrf_reset(base: type, throttle_class: type, *, gated: bool = False) -> Any:
+    """An adrf view (an ``APIView``, or a ``ViewSet``'s action) whose ``async def`` POST
+    handler is :func:`reset_handler`."""
+    attributes: dict[str, Any] = {
+        "permission_classes": [AllowAny],
+        "authentication_classes": [],
+        "throttle_classes": [throttle_class, GateThrottle] if gated else [throttle_class],
+    }
+    if base is AsyncViewSet:
+        attributes["reset"] = reset_handler
+        return type("ResetViewSet", (base,), attributes).as_view({"post": "reset"})
+    attributes["post"] = reset_handler
+    return type("ResetApi", (base,), attributes).as_view()
+
+
+ADRF_RESETS = [
+    path(f"api/reset/{shape}/{kind}/", adrf_reset(base, throttle_class))
+    for shape, base in (("api-view", AsyncAPIView), ("viewset", AsyncViewSet))
+    for kind, throttle_class in (("sync", PolicyThrottle), ("async", AsyncPolicyThrottle))
+]
+
+
 urlpatterns = [
     *ADRF_SYNC_HANDLERS,
+    *ADRF_RESETS,
+    path("api/reset-gated/", adrf_reset(AsyncAPIView, PolicyThrottle, gated=True)),
+    path("reset/", reset_view),
     path("api/successes-running/", RunningAsyncApi.as_view(), name="successes-running-api"),
     path("successes-running/", running_view),
     path("api/adrf-async-throttle/", AsyncThrottledApi.as_view()),
@@ -551,20 +619,28 @@ def test_an_adrf_sync_handler_whose_client_went_away_is_settled_with_what_it_ans
 # -- an adrf view whose client went away while its throttle decided ----------------------------
 
 
-async def asgi_get(route: str, gone: asyncio.Event) -> list[dict[str, Any]]:
-    """``GET route`` through Django's ASGI handler, as a server calls it, from a client that
-    hangs up (``http.disconnect``) once ``gone`` is set: the handler cancels the request."""
+async def asgi_get(
+    route: str, gone: asyncio.Event, form: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """``GET route`` (``POST`` of ``form``) through Django's ASGI handler, as a server calls
+    it, from a client that hangs up (``http.disconnect``) once ``gone`` is set: the handler
+    cancels the request."""
+    body = b"" if form is None else urlencode(form).encode()
+    headers = [(b"host", b"testserver")]
+    if form is not None:
+        headers.append((b"content-type", b"application/x-www-form-urlencoded"))
+        headers.append((b"content-length", str(len(body)).encode()))
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
-        "method": "GET",
+        "method": "GET" if form is None else "POST",
         "scheme": "http",
         "path": route,
         "raw_path": route.encode(),
         "query_string": b"",
         "root_path": "",
-        "headers": [(b"host", b"testserver")],
+        "headers": headers,
         "client": (CLIENT, 50000),
         "server": ("testserver", 80),
     }
@@ -575,7 +651,7 @@ async def asgi_get(route: str, gone: asyncio.Event) -> list[dict[str, Any]]:
         nonlocal requested
         if not requested:
             requested = True
-            return {"type": "http.request", "body": b"", "more_body": False}
+            return {"type": "http.request", "body": body, "more_body": False}
         await gone.wait()
         return {"type": "http.disconnect"}
 
@@ -744,6 +820,129 @@ def test_an_async_view_cancelled_under_a_rule_counting_successes_is_not_one(
         return 200
 
     assert async_to_sync(send)() == 200
+
+
+# -- an async view cancelled while it ran, under a rule counting failures ---------------------
+
+
+def guess_then_hang_up(route: str, match_type: str, pattern: str, counts: str) -> int:
+    """Under a 1/min rule counting ``counts``: a client posts a wrong reset code and hangs up
+    while the view awaits its check (``sync_to_async``, which runs on in its worker thread
+    and checks the code, to nobody); then it posts the right code. What that second request
+    gets."""
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    rule = endpoint("reset", match_type, pattern, limits={anonymous: "1/min"})
+    rule.counts = counts
+    rule.save()
+    policy.reset()
+    policy.current()  # loaded here: adrf's thread reads no database
+    gate.clear()
+    entered.clear()
+    CHECKED.clear()
+
+    async def hung_up() -> list[dict[str, Any]]:
+        gone = asyncio.Event()
+        guess = {"code": "000000", "new_password": "attacker's"}
+        request = asyncio.ensure_future(asgi_get(route, gone, guess))
+        deadline = time.monotonic() + 5
+        while not entered.is_set():
+            assert time.monotonic() < deadline, "the view never started"
+            await asyncio.sleep(0.005)
+        gone.set()  # the client hangs up: Django cancels the view, the check runs on
+        return await request
+
+    async def over(**kwargs: Any) -> None:
+        gate.set()  # the cancelled request is over: its check ends, answering nobody
+
+    # Sent once the cancelled request is over, before Django waits for its worker thread.
+    request_finished.connect(over, dispatch_uid="reset-hung-up")
+    try:
+        assert async_to_sync(hung_up)() == []  # nothing was answered
+    finally:
+        request_finished.disconnect(dispatch_uid="reset-hung-up")
+        gate.set()
+    wait_for(lambda: CHECKED == ["000000"], "the guess was checked after the hang-up")
+
+    async def again() -> int:
+        right = {"code": RESET_CODE, "new_password": "attacker's"}
+        return int((await asgi_get(route, asyncio.Event(), right))[0]["status"])
+
+    return async_to_sync(again)()
+
+
+RESET_ROUTES = [
+    pytest.param("/reset/", "scope", "reset", id="decorator"),
+    *(
+        pytest.param(f"/api/reset/{shape}/{kind}/", "path", f"/api/reset/{shape}/{kind}/", id=name)
+        for shape in ("api-view", "viewset")
+        for kind, name in (("sync", "PolicyThrottle"), ("async", "AsyncPolicyThrottle"))
+        for name in (f"adrf-{shape}-{name}",)
+    ),
+]
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("counts", "next_status"), [("failures", 429), ("success", 200)])
+@pytest.mark.parametrize(("route", "match_type", "pattern"), RESET_ROUTES)
+def test_an_async_view_cancelled_while_it_ran_is_counted_as_a_failure(
+    route: str, match_type: str, pattern: str, counts: str, next_status: int
+) -> None:
+    """An ``async def`` view cancelled while it ran (its client hung up under ASGI) was
+    settled as a 500, neither a success nor a failure, so under a rule counting failures its
+    token came back, though what it awaited in a worker thread ran on: a password reset by
+    one-time code checked every guess of a client that hung up at once, at no cost, and the
+    right one silently reset the password (the next request, the right code, was served).
+    Now settled as 499 (a client that went away), a failure: the guess keeps its token,
+    through ``@throttle`` and through adrf's throttles behind the headers middleware alike.
+    Under a rule counting successes it is still given back (499 is no success)."""
+    assert guess_then_hang_up(route, match_type, pattern, counts) == next_status
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_an_adrf_view_cancelled_before_its_handler_started_gives_its_token_back() -> None:
+    """The client went away once ``PolicyThrottle`` had counted, while a later throttle still
+    decided in adrf's worker thread: the handler never ran (nothing was guessed), so under
+    a rule counting failures the token is given back, not counted as a client gone (499)."""
+    route = "/api/reset-gated/"
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    rule = endpoint("reset", "path", route, limits={anonymous: "1/min"})
+    rule.counts = "failures"
+    rule.save()
+    policy.reset()
+    policy.current()  # loaded here: adrf's thread reads no database
+    gate.clear()
+    entered.clear()
+    CHECKED.clear()
+
+    async def hung_up() -> list[dict[str, Any]]:
+        gone = asyncio.Event()
+        request = asyncio.ensure_future(asgi_get(route, gone, {"code": "000000"}))
+        deadline = time.monotonic() + 5
+        while not entered.is_set():  # the policy counted; the gate throttle waits
+            assert time.monotonic() < deadline, "the throttles never ran"
+            await asyncio.sleep(0.005)
+        gone.set()
+        return await request
+
+    async def over(**kwargs: Any) -> None:
+        gate.set()
+
+    request_finished.connect(over, dispatch_uid="reset-gated")
+    try:
+        assert async_to_sync(hung_up)() == []
+    finally:
+        request_finished.disconnect(dispatch_uid="reset-gated")
+        gate.set()
+    assert CHECKED == []  # the handler never ran
+
+    async def again() -> int:
+        right = {"code": RESET_CODE}
+        return int((await asgi_get(route, asyncio.Event(), right))[0]["status"])
+
+    assert async_to_sync(again)() == 200
+    assert CHECKED == [RESET_CODE]
 
 
 @pytest.mark.urls(__name__)

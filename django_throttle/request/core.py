@@ -1202,6 +1202,19 @@ OUTCOME_ATTRIBUTE = "throttle_outcome"
 #: Set on a request whose async (adrf) view runs a sync handler in a worker thread, which
 #: runs on when the client goes away (:func:`record_outcome`).
 HANDLER_THREAD_ATTRIBUTE = "throttle_handler_in_thread"
+#: Set on a request once its async (adrf) view's ``async def`` handler started
+#: (:func:`record_outcome`): cancelled after that, it is settled as :data:`CLIENT_GONE`.
+VIEW_STARTED_ATTRIBUTE = "throttle_view_started"
+#: The status an ``async def`` view cancelled while it ran (its client went away under
+#: ASGI) is settled with, nginx's "client closed request": a failure (4xx), whatever it
+#: would have answered, so a rule counting failures keeps its tokens and one counting
+#: successes gives them back. Its work may have run: what it awaited in a worker thread
+#: (``sync_to_async``; ``acheck_password`` hashes in one) runs on, which a cancellation cannot
+#: stop. Settled as a 500 (neither), its tokens came back, and a client hanging up at once
+#: guessed a one-time code (or had the server hash a password) without limit. A request
+#: cancelled before its view ran (while its check counted, or adrf's throttle decided) gives
+#: its tokens back: nothing ran.
+CLIENT_GONE = 499
 
 
 def record_outcome(view: Any, request: Any) -> None:
@@ -1230,12 +1243,16 @@ def _record_handler_outcome(view: Any, request: Any) -> None:
     client goes away, and its ``finalize_response`` (awaited after it) never runs. Say so on
     the request (:data:`HANDLER_THREAD_ATTRIBUTE`: the headers middleware waits for that
     thread, as for a sync view) and have the handler itself leave the status it answers, or
-    the one its exception is answered with (a DRF ``APIException``'s ``status_code``)."""
+    the one its exception is answered with (a DRF ``APIException``'s ``status_code``). An
+    ``async def`` handler says when it starts instead (:func:`_record_start`)."""
     if getattr(view, "view_is_async", False) is not True:
         return
     method = str(getattr(request, "method", "") or "").lower()
     handler = getattr(view, method, None) if method else None
-    if handler is None or asyncio.iscoroutinefunction(handler):
+    if handler is None:
+        return
+    if asyncio.iscoroutinefunction(handler):
+        _record_start(view, method, handler, request)
         return
 
     @functools.wraps(handler)
@@ -1255,6 +1272,22 @@ def _record_handler_outcome(view: Any, request: Any) -> None:
     with contextlib.suppress(AttributeError):
         setattr(view, method, answering)
         setattr(request, HANDLER_THREAD_ATTRIBUTE, True)
+
+
+def _record_start(view: Any, method: str, handler: Any, request: Any) -> None:
+    """For an async (adrf) view's ``async def`` handler: say on ``request`` that it started
+    (:data:`VIEW_STARTED_ATTRIBUTE`), so that the headers middleware settles a request
+    cancelled after that as :data:`CLIENT_GONE`, and one cancelled before (while adrf's
+    ``initial()`` still ran in its worker thread) as nothing ran."""
+
+    @functools.wraps(handler)
+    async def starting(*args: Any, **kwargs: Any) -> Any:
+        with contextlib.suppress(AttributeError):
+            setattr(request, VIEW_STARTED_ATTRIBUTE, True)
+        return await handler(*args, **kwargs)
+
+    with contextlib.suppress(AttributeError):
+        setattr(view, method, starting)
 
 
 @dataclass(frozen=True, slots=True)
