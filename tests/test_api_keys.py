@@ -155,6 +155,24 @@ def test_an_async_view_counts_a_key_in_its_own_bucket(
     assert keyed == [200, 200, 429]
 
 
+def test_a_revoked_key_stops_at_once_on_an_async_view_with_an_inline_rate(
+    api_key: tuple[ApiKey, str], client: Client, django_capture_on_commit_callbacks: Any
+) -> None:
+    """The async ``@throttle(rate=...)`` path refreshes the snapshot as the admin-policy path
+    does: it used to check keys against the last snapshot held, never refreshed there, so a
+    revoked key kept a bucket of its own (apart from its IP's) in a process serving only such
+    views, for as long as the process lived."""
+    row, full_key = api_key
+    assert client.get("/api/ping/", **auth(full_key))["X-RateLimit-Limit"] == str(KEY_LIMIT)
+    with django_capture_on_commit_callbacks(execute=True):
+        row.active = False
+        row.save()
+    anonymous = [client.get("/hello-async/").status_code for _ in range(2)]
+    assert anonymous == [200, 200]  # hello-async: 2/min, the IP's bucket is now spent
+    assert client.get("/hello-async/", **auth(full_key)).status_code == 429  # that bucket
+    assert client.get("/hello-async/", HTTP_X_API_KEY=full_key).status_code == 429
+
+
 def test_another_authorization_scheme_is_not_a_key(
     api_key: tuple[ApiKey, str], client: Client
 ) -> None:

@@ -115,6 +115,20 @@ def test_group_members_are_exempt_and_joining_takes_effect(client: Any, limited:
     assert statuses(client) == [200] * 4
 
 
+def test_a_removed_exemption_ends_on_an_async_view_with_an_inline_rate(
+    client: Any, limited: None, django_capture_on_commit_callbacks: Any
+) -> None:
+    """An async ``@throttle(rate=...)`` view reads exemptions from a refreshed snapshot, as
+    every other view does: it used to read the last snapshot held without refreshing it, so
+    in a process serving only such views an address stayed exempt after its row was deleted."""
+    row = Exemption.objects.create(network="203.0.113.9")
+    assert statuses(client, REMOTE_ADDR="203.0.113.9") == [200] * 4  # compiled: exempt
+    with django_capture_on_commit_callbacks(execute=True):
+        row.delete()
+
+    assert statuses(client, "/hello-async/", 3, REMOTE_ADDR="203.0.113.9") == [200, 200, 429]
+
+
 @pytest.mark.parametrize(
     ("network", "address", "exempt"),
     [

@@ -1263,7 +1263,7 @@ def _verified(key: str) -> ApiKeyPolicy | None:
 
 def _snapshot() -> Policy | None:
     """The policy snapshot; on an event loop, never one that needs the database (the async
-    core has refreshed it already when the view uses the admin policy)."""
+    core has refreshed it already, inline rate or not)."""
     snapshot = fresh()
     if snapshot is not None:
         return snapshot

@@ -198,7 +198,10 @@ async def acheck(
     started = time.perf_counter() if watched else 0.0
     counted_as = None if user_loaded else await _async_user(request)
     snapshot = policy_module.fresh()
-    if snapshot is None and options.get("limits") is None:
+    if snapshot is None:
+        # Refreshed for an inline rate too: its exemptions and API keys come from the
+        # snapshot, so a revoked key or a deleted exemption must end here within the refresh
+        # interval, as on every other path (at most one thread per interval).
         snapshot = await sync_to_async(policy_module.current)()
     if counted_as is not None:
         # Shown to the identity resolver and the exemptions only (planning never awaits, so
