@@ -253,8 +253,11 @@ def test_the_command_line_refuses_an_in_process_backend(
     from django.core.management import load_command_class
 
     settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
+    # --skip-checks: the system checks' own report (this test project's URLconf guards scopes
+    # the policy has no rule for, W014) is not the command's error.
+    argv = ["manage.py", command, *argv, "--skip-checks"]
     with pytest.raises(SystemExit) as exited:
-        load_command_class("django_throttle", command).run_from_argv(["manage.py", command, *argv])
+        load_command_class("django_throttle", command).run_from_argv(argv)
 
     assert exited.value.code == 1
     captured = capsys.readouterr()
