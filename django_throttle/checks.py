@@ -61,6 +61,7 @@ def register() -> None:
     checks.register(check_unguarded_token_views, checks.Tags.urls)
     checks.register(check_unguarded_login_views, checks.Tags.urls)
     checks.register(check_credential_scopes, checks.Tags.urls)
+    checks.register(check_credential_scopes_before_deploy, checks.Tags.security, deploy=True)
     checks.register(check_token_app, checks.Tags.urls)
     checks.register(check_drf_throttled_views, checks.Tags.urls)
     checks.register(check_credential_rules, checks.Tags.models)
@@ -997,7 +998,19 @@ def check_credential_scopes(**kwargs: Any) -> list[checks.CheckMessage]:
     DRF's ``DEFAULT_AUTHENTICATION_CLASSES``, checks the rules of a scope that no enabled
     endpoint rule has (``scope="admin-login"`` with only a ``login`` rule made): it counts
     nothing, and every password guess there is checked. Only once the policy has enabled
-    rules of some scope, so a fresh database (or a test database) is not warned about."""
+    rules of some scope, so a fresh database (or a test database) is not warned about;
+    ``check --deploy`` warns there too (:func:`check_credential_scopes_before_deploy`)."""
+    return _credential_scopes(before_deploy=False)
+
+
+def check_credential_scopes_before_deploy(**kwargs: Any) -> list[checks.CheckMessage]:
+    """W014 under ``manage.py check --deploy``, also on a database with no scope rules at all:
+    a project about to deploy guarded logins whose rules it never made would count nothing
+    (the plain check stays quiet there, as on every fresh or test database)."""
+    return _credential_scopes(before_deploy=True)
+
+
+def _credential_scopes(*, before_deploy: bool) -> list[checks.CheckMessage]:
     routes = _guarded_routes() + _guarded_authentication()
     if not routes:
         return []
@@ -1005,13 +1018,13 @@ def check_credential_scopes(**kwargs: Any) -> list[checks.CheckMessage]:
 
     rules = EndpointRule.objects.filter(enabled=True, match_type=EndpointRule.MatchType.SCOPE)
     scopes = _read(EndpointRule.objects.db, lambda: set(rules.values_list("pattern", flat=True)))
-    if not scopes:
-        return []
+    if scopes is None or bool(scopes) == before_deploy:
+        return []  # unreadable; or the other check of the pair says it
     warnings: list[checks.CheckMessage] = []
     for guard, scope in routes:
         if scope in scopes:
             continue
-        known = ", ".join(repr(name) for name in sorted(scopes))
+        known = ", ".join(repr(name) for name in sorted(scopes)) or "none"
         warnings.append(
             checks.Warning(
                 f"{guard} checks the endpoint rules of scope "

@@ -1132,6 +1132,28 @@ def test_a_scope_without_a_rule_is_named_by_manage_py_check(settings: Any) -> No
     assert "django_throttle.W014" in out.getvalue()
 
 
+@pytest.mark.django_db
+def test_guarded_views_without_any_rule_are_named_before_a_deploy(settings: Any) -> None:
+    """A project that guards its logins and never made a rule counts nothing there: the plain
+    check stays quiet on such a database (every fresh or test database is one), ``check
+    --deploy`` names each guarded scope."""
+    from django_throttle.checks import check_credential_scopes_before_deploy
+
+    settings.ROOT_URLCONF = "tests.checks_urls_guarded"
+    assert scope_check() == []
+
+    warnings = check_credential_scopes_before_deploy()
+
+    assert warnings and {w.id for w in warnings} == {"django_throttle.W014"}
+    assert all("(enabled scopes: none)" in w.msg for w in warnings)
+    out = StringIO()
+    call_command("check", "--deploy", stdout=out, stderr=out)
+    assert "django_throttle.W014" in out.getvalue()
+
+    scope_rule("login")  # from here on the plain check names what is missing, once
+    assert check_credential_scopes_before_deploy() == []
+
+
 # -- W015: DRF's token view routed without rest_framework.authtoken ------------------------------
 
 
