@@ -1106,10 +1106,15 @@ def check_unguarded_login_views(**kwargs: Any) -> list[checks.CheckMessage]:
     the one ``include("django.contrib.auth.urls")`` or DRF's ``include("rest_framework.urls")``
     routes, or an admin site's login) without ``protect_credentials`` or ``@throttle``: password
     guesses there are not counted, so an attacker tries them there, whatever the guarded
-    login views allow. Routes with converters or regexes are not checked; a route an earlier
-    pattern serves is not reached and not warned (the reached one is)."""
+    login views allow. Only in a project that guards a login (a routed ``protect_credentials``
+    view, or a ``Protected*Authentication`` class in DRF's defaults): one that protects none
+    has not asked for it, and its every ``manage.py`` command would print the admin's. Routes
+    with converters or regexes are not checked; a route an earlier pattern serves is not
+    reached and not warned (the reached one is)."""
     from django.urls import Resolver404, URLPattern, URLResolver, get_resolver, resolve
 
+    if not (_guarded_routes() or _guarded_authentication()):
+        return []
     try:
         stack: list[tuple[str, Any]] = [("", entry) for entry in get_resolver().url_patterns]
     except Exception:  # a URLconf that does not load: Django's urls check names it

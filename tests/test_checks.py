@@ -1212,6 +1212,16 @@ def test_login_views_without_protect_credentials_are_a_warning(settings: Any) ->
     assert "path('api-auth/login/', protect_credentials(…))" in drf_login.hint
 
 
+def test_a_project_guarding_no_login_is_not_warned_about_its_login_views(settings: Any) -> None:
+    """W016 is for a project that guards some logins and left others open: one that guards
+    none (the tutorial's, an API-only project) got it on every ``manage.py`` command for the
+    admin's login."""
+    from django_throttle.checks import check_unguarded_login_views
+
+    settings.ROOT_URLCONF = "tests.checks_urls_admin_only"
+    assert check_unguarded_login_views() == []
+
+
 def test_guarded_login_views_are_not_warned(settings: Any) -> None:
     from django_throttle.checks import check_unguarded_login_views
 
