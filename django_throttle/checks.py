@@ -840,26 +840,38 @@ def _throttled_views(limit: int = 3) -> list[str]:
 _NOT_LITERAL = frozenset("<>^$()[]{}\\?*+|")
 
 
-def _credential_routes() -> list[tuple[str, Any]]:
-    """Each routed ``protect_credentials`` view (it carries ``throttle_credential_scope``)
-    whose route is a literal path (no converter, no regex), with that path."""
+def _url_patterns(*, literal: bool = False) -> list[tuple[str, Any]]:
+    """Each ``URLPattern`` of the URLconf, in the order Django tries them, with its route as
+    written (no leading slash); ``literal``: only routes with no converter and no regex (an
+    ``include`` whose prefix has one is passed over whole). None when the URLconf does not
+    load: Django's own URL checks name it."""
     from django.urls import URLPattern, URLResolver, get_resolver
 
     try:
         stack: list[tuple[str, Any]] = [("", entry) for entry in get_resolver().url_patterns]
-    except Exception:  # a URLconf that does not load: Django's urls check names it
+    except Exception:
         return []
     found: list[tuple[str, Any]] = []
     while stack:
         prefix, entry = stack.pop(0)
         route = prefix + str(getattr(entry, "pattern", ""))
-        if _NOT_LITERAL & set(route):
+        if literal and _NOT_LITERAL & set(route):
             continue
         if isinstance(entry, URLResolver):
             stack[:0] = [(route, child) for child in entry.url_patterns]
-        elif isinstance(entry, URLPattern) and hasattr(entry.callback, "throttle_credential_scope"):
-            found.append(("/" + route, entry.callback))
+        elif isinstance(entry, URLPattern):
+            found.append((route, entry))
     return found
+
+
+def _credential_routes() -> list[tuple[str, Any]]:
+    """Each routed ``protect_credentials`` view (it carries ``throttle_credential_scope``)
+    whose route is a literal path (no converter, no regex), with that path."""
+    return [
+        ("/" + route, entry.callback)
+        for route, entry in _url_patterns(literal=True)
+        if hasattr(entry.callback, "throttle_credential_scope")
+    ]
 
 
 def check_shadowed_credential_views(**kwargs: Any) -> list[checks.CheckMessage]:
@@ -892,24 +904,12 @@ def check_shadowed_credential_views(**kwargs: Any) -> list[checks.CheckMessage]:
 
 def _routed_views() -> list[tuple[str, Any, type]]:
     """Each routed class-based view (``as_view()`` keeps the class as ``cls``; a
-    ``protect_credentials`` wrapper copies it) with its route as written and its callback. A
-    URLconf that does not load is reported by Django's own URL checks."""
-    from django.urls import URLPattern, URLResolver, get_resolver
-
-    try:
-        stack: list[tuple[str, Any]] = [("", entry) for entry in get_resolver().url_patterns]
-    except Exception:  # a URLconf that does not load: Django's urls check names it
-        return []
+    ``protect_credentials`` wrapper copies it) with its route as written and its callback."""
     found: list[tuple[str, Any, type]] = []
-    while stack:
-        prefix, entry = stack.pop(0)
-        route = prefix + str(getattr(entry, "pattern", ""))
-        if isinstance(entry, URLResolver):
-            stack[:0] = [(route, child) for child in entry.url_patterns]
-        elif isinstance(entry, URLPattern):
-            view = getattr(entry.callback, "cls", None)
-            if isinstance(view, type):
-                found.append(("/" + route, entry.callback, view))
+    for route, entry in _url_patterns():
+        view = getattr(entry.callback, "cls", None)
+        if isinstance(view, type):
+            found.append(("/" + route, entry.callback, view))
     return found
 
 
@@ -954,22 +954,11 @@ def check_unguarded_token_views(**kwargs: Any) -> list[checks.CheckMessage]:
 def _guarded_routes() -> list[tuple[str, str]]:
     """Each routed ``protect_credentials`` view, converters and regexes included, as its
     route as written and the scope it checks."""
-    from django.urls import URLPattern, URLResolver, get_resolver
-
-    try:
-        stack: list[tuple[str, Any]] = [("", entry) for entry in get_resolver().url_patterns]
-    except Exception:  # a URLconf that does not load: Django's urls check names it
-        return []
     found: list[tuple[str, str]] = []
-    while stack:
-        prefix, entry = stack.pop(0)
-        route = prefix + str(getattr(entry, "pattern", ""))
-        if isinstance(entry, URLResolver):
-            stack[:0] = [(route, child) for child in entry.url_patterns]
-        elif isinstance(entry, URLPattern):
-            scope = getattr(entry.callback, "throttle_credential_scope", None)
-            if isinstance(scope, str):
-                found.append((f"protect_credentials on {'/' + route!r}", scope))
+    for route, entry in _url_patterns():
+        scope = getattr(entry.callback, "throttle_credential_scope", None)
+        if isinstance(scope, str):
+            found.append((f"protect_credentials on {'/' + route!r}", scope))
     return found
 
 
@@ -1111,25 +1100,12 @@ def check_unguarded_login_views(**kwargs: Any) -> list[checks.CheckMessage]:
     has not asked for it, and its every ``manage.py`` command would print the admin's. Routes
     with converters or regexes are not checked; a route an earlier pattern serves is not
     reached and not warned (the reached one is)."""
-    from django.urls import Resolver404, URLPattern, URLResolver, get_resolver, resolve
+    from django.urls import Resolver404, resolve
 
     if not (_guarded_routes() or _guarded_authentication()):
         return []
-    try:
-        stack: list[tuple[str, Any]] = [("", entry) for entry in get_resolver().url_patterns]
-    except Exception:  # a URLconf that does not load: Django's urls check names it
-        return []
     warnings: list[checks.CheckMessage] = []
-    while stack:
-        prefix, entry = stack.pop(0)
-        route = prefix + str(getattr(entry, "pattern", ""))
-        if _NOT_LITERAL & set(route):
-            continue
-        if isinstance(entry, URLResolver):
-            stack[:0] = [(route, child) for child in entry.url_patterns]
-            continue
-        if not isinstance(entry, URLPattern):
-            continue
+    for route, entry in _url_patterns(literal=True):
         callback = entry.callback
         name = _login_view_name(callback)
         if name is None or hasattr(callback, "throttle_credential_scope"):
