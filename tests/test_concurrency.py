@@ -38,6 +38,7 @@ from django_throttle.models import EndpointLimit
 from django_throttle.policy import live as policy
 from django_throttle.rates import Algorithm, InvalidRate, Limit
 from django_throttle.request import core, leases
+from tests.clients import AddressedAsyncClient
 from tests.factories import endpoint, own_connections, tier
 
 T0 = 1_800_000_000.0
@@ -398,7 +399,7 @@ def test_async_drf_behind_the_middleware_holds_and_gives_back(closed_gate: threa
     EndpointLimit.objects.create(rule=rule, tier=anonymous, rate="1/min", algorithm="concurrency")
 
     async def run() -> list[int]:
-        client = AsyncClient(REMOTE_ADDR="203.0.113.77")
+        client = AddressedAsyncClient("203.0.113.77")
         running = asyncio.ensure_future(client.get("/api/held-async/"))
         await _entered(1)
         during = await client.get("/api/held-async/")

@@ -19,7 +19,7 @@ import redis
 from adrf.views import APIView as AsyncAPIView
 from asgiref.sync import async_to_sync
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.test import AsyncClient, Client
+from django.test import Client
 from django.urls import path
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -35,6 +35,7 @@ from django_throttle.models import EndpointLimit
 from django_throttle.policy import live as policy
 from django_throttle.rates import DEFAULT_MAX_WAIT, Algorithm, Decision, InvalidRate, Limit
 from django_throttle.request import core
+from tests.clients import AddressedAsyncClient
 from tests.factories import assert_turns_spaced, endpoint, own_connections, tier
 
 T0 = 1_800_000_000.0
@@ -313,7 +314,7 @@ def test_a_sync_view_is_entered_one_interval_apart(clear_entered: None) -> None:
 @pytest.mark.django_db(transaction=True)
 def test_async_views_await_their_turn(clear_entered: None) -> None:
     async def run() -> list[int]:
-        client = AsyncClient(REMOTE_ADDR="203.0.113.6")
+        client = AddressedAsyncClient("203.0.113.6")
         responses = await asyncio.gather(*(client.get("/paced-async/") for _ in range(3)))
         return sorted(response.status_code for response in responses)
 
@@ -370,7 +371,7 @@ def test_a_client_gone_while_waiting_gives_its_turn_back(
     sent: list[float] = []  # the server's clock read just before each request was sent
 
     async def run() -> int:
-        client = AsyncClient(REMOTE_ADDR="203.0.113.7")
+        client = AddressedAsyncClient("203.0.113.7")
         sent.append(_now())
         await client.get("/paced-async/")  # served at once
         sent.append(_now())
@@ -448,7 +449,7 @@ def test_a_request_refused_by_the_cap_shows_the_limit_as_it_gave_it_back(
     route = "/slow-async/" if asynchronous else "/slow/"
 
     async def two() -> list[HttpResponse]:
-        client = AsyncClient(REMOTE_ADDR="203.0.113.9")
+        client = AddressedAsyncClient("203.0.113.9")
         return [await client.get(route), await client.get(route)]
 
     if asynchronous:
@@ -498,7 +499,7 @@ def test_async_drf_views_await_their_turn(clear_entered: None) -> None:
     paced_rule("paced-api-async")
 
     async def run() -> list[int]:
-        client = AsyncClient(REMOTE_ADDR="203.0.113.66")
+        client = AddressedAsyncClient("203.0.113.66")
         responses = await asyncio.gather(*(client.get("/api/paced-async/") for _ in range(3)))
         return sorted(response.status_code for response in responses)
 
@@ -520,7 +521,7 @@ def test_a_delayed_response_says_when_the_limit_is_full_again_from_when_it_is_se
     if route == "/paced-async/":
 
         async def run() -> list[Any]:
-            client = AsyncClient(REMOTE_ADDR="203.0.113.8")
+            client = AddressedAsyncClient("203.0.113.8")
             return list(await asyncio.gather(*(client.get(route) for _ in range(3))))
 
         responses = async_to_sync(run)()
@@ -550,7 +551,7 @@ def test_a_delayed_response_says_what_remains_when_it_is_sent(backend: Backend, 
     2 left, though by then the limit had earned a token back and 3 sent at once were
     admitted (a fourth refused). It says 3, and a full limit half a second away."""
     policy.current()  # the policy loaded here: the threads read no database
-    client = AsyncClient(REMOTE_ADDR="203.0.113.10")
+    client = AddressedAsyncClient("203.0.113.10")
 
     async def one() -> Any:
         return await client.get(route)

@@ -18,7 +18,7 @@ from adrf.views import APIView as AsyncAPIView
 from asgiref.sync import async_to_sync
 from django.contrib import admin
 from django.contrib.auth.models import Permission, User
-from django.test import AsyncClient, Client
+from django.test import Client
 from django.urls import path
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -31,6 +31,7 @@ from django_throttle.models import EndpointLimit, UsageCount
 from django_throttle.policy import live as policy
 from django_throttle.request import core
 from django_throttle.usage import accounting as usage
+from tests.clients import AddressedAsyncClient
 from tests.factories import endpoint, own_connections, tier
 from tests.test_usage import run
 
@@ -143,7 +144,7 @@ def test_delays_of_async_views_are_counted_too(backend: Any) -> None:
     paced_rule("paced-async")
 
     async def run_requests() -> list[Any]:
-        client = AsyncClient(REMOTE_ADDR="203.0.113.41")
+        client = AddressedAsyncClient("203.0.113.41")
         return list(await asyncio.gather(*(client.get("/api/paced-async/") for _ in range(4))))
 
     answers = async_to_sync(run_requests)()

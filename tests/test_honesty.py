@@ -31,6 +31,7 @@ from django_throttle.policy import live as policy
 from django_throttle.rates import Algorithm, Limit, Rate
 from django_throttle.request import core
 from django_throttle.usage import accounting as usage
+from tests.clients import AddressedAsyncClient
 from tests.factories import endpoint, tier
 
 
@@ -207,7 +208,7 @@ def test_a_refused_turn_is_a_denial_in_signals_and_metrics(
     )
     try:
         if "async" in route:
-            client = AsyncClient(REMOTE_ADDR="203.0.113.21")
+            client = AddressedAsyncClient("203.0.113.21")
             statuses = [async_to_sync(client.get)(route).status_code for _ in range(2)]
         else:
             plain = Client(REMOTE_ADDR="203.0.113.21")

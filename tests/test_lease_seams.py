@@ -35,7 +35,7 @@ from django.core.handlers.asgi import ASGIHandler
 from django.core.management import call_command
 from django.core.signals import request_finished
 from django.http import HttpRequest, HttpResponse
-from django.test import AsyncClient, Client
+from django.test import Client
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.authentication import BaseAuthentication
@@ -51,6 +51,7 @@ from django_throttle.drf import AsyncPolicyThrottle, PolicyThrottle
 from django_throttle.models import EndpointLimit
 from django_throttle.policy import live as policy
 from django_throttle.request import core
+from tests.clients import AddressedAsyncClient
 from tests.factories import endpoint, tier
 from tests.faultproxy import FaultProxy
 from tests.redis_servers import RedisServer
@@ -353,7 +354,7 @@ def held_slots(server: RedisServer) -> int:
 
 def get(route: str) -> HttpResponse:
     if "async" in route:
-        return async_to_sync(AsyncClient(REMOTE_ADDR=CLIENT).get)(route)
+        return async_to_sync(AddressedAsyncClient(CLIENT).get)(route)
     return Client(REMOTE_ADDR=CLIENT).get(route)
 
 
@@ -397,7 +398,7 @@ def test_a_request_cancelled_while_redis_counts_gives_its_slot_back(
         """Whether the cancellation reached the request while Redis held its slot: on a
         loaded machine the cancellation may land once the request is over, and Django's
         stack then answers it."""
-        request = asyncio.ensure_future(AsyncClient(REMOTE_ADDR=CLIENT).get("/one-async/"))
+        request = asyncio.ensure_future(AddressedAsyncClient(CLIENT).get("/one-async/"))
         # The first request of a loaded process compiles its policy before it counts (seen
         # over 0.8 s in CI's oldest pass); a slot seen late is a retry below, not a failure.
         deadline = time.monotonic() + 5
@@ -460,7 +461,7 @@ def test_a_turn_refused_by_the_cap_gives_its_tokens_back_once(
     monkeypatch.setattr(core, "_awaiting" if "async" in route else "_waiting", places)
 
     async def send(count: int) -> list[int]:
-        client = AsyncClient(REMOTE_ADDR="203.0.113.78")
+        client = AddressedAsyncClient("203.0.113.78")
         return [(await client.get(route)).status_code for _ in range(count)]
 
     if "async" in route:
@@ -492,7 +493,7 @@ def test_a_sync_view_whose_client_went_away_holds_its_slot_until_it_ends(
     entered.clear()
 
     async def gone() -> list[int]:
-        request = asyncio.ensure_future(AsyncClient(REMOTE_ADDR=CLIENT).get(route))
+        request = asyncio.ensure_future(AddressedAsyncClient(CLIENT).get(route))
         while not entered.is_set():
             await asyncio.sleep(0.01)
         request.cancel()  # the client went away; the view runs on in its thread

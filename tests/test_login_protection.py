@@ -38,6 +38,7 @@ from django_throttle.drf import ProtectedBasicAuthentication, protect_authentica
 from django_throttle.models import EndpointLimit, EndpointRule, Tier
 from django_throttle.policy import live as policy
 from django_throttle.request import usernames
+from tests.clients import AddressedAsyncClient
 from tests.faultproxy import FaultProxy
 from tests.redis_servers import RedisServer
 
@@ -383,7 +384,7 @@ def test_an_async_view_authenticating_without_the_request_is_counted(
         data = {"username": "bf1", "password": "wrong"}
         return [
             (
-                await AsyncClient().post("/async-requestless-login/", data, REMOTE_ADDR=elsewhere())
+                await AddressedAsyncClient(elsewhere()).post("/async-requestless-login/", data)
             ).status_code
             for _ in range(5)
         ]
@@ -807,8 +808,8 @@ def test_an_async_login_view_gives_a_device_cookie_too(rules: Tier, victim: Any)
         await browser.post("/admin/logout/")
         statuses = [signed_in.status_code]
         for _ in range(4):  # an attacker, from anywhere
-            attempt = await AsyncClient().post(
-                "/async-login/", {"username": "bf1", "password": "wrong"}, REMOTE_ADDR=elsewhere()
+            attempt = await AddressedAsyncClient(elsewhere()).post(
+                "/async-login/", {"username": "bf1", "password": "wrong"}
             )
             statuses.append(attempt.status_code)
         again = await browser.post("/async-login/", {"username": "bf1", "password": "right"})
@@ -1257,8 +1258,8 @@ def test_a_check_cancelled_between_its_calls_gives_the_first_calls_tokens_back(
         machine the attempt may be over first: then it is tried again, elsewhere)."""
         before = len(direct.keys(pattern))
         attempt = asyncio.ensure_future(
-            AsyncClient().post(
-                "/async-login/", {"username": username, "password": "wrong"}, REMOTE_ADDR=address
+            AddressedAsyncClient(address).post(
+                "/async-login/", {"username": username, "password": "wrong"}
             )
         )
         # On a loaded machine (CI ran four suites at once) the first call's held reply took
@@ -1333,9 +1334,9 @@ def test_an_async_login_view_whose_client_hangs_up_while_it_hashes_is_counted(
 
     async def hang_up() -> str:
         attempt = asyncio.ensure_future(
-            AsyncClient().post(url, body, content_type="application/json", REMOTE_ADDR=address)
+            AddressedAsyncClient(address).post(url, body, content_type="application/json")
             if "json" in url
-            else AsyncClient().post(url, json.loads(body), REMOTE_ADDR=address)
+            else AddressedAsyncClient(address).post(url, json.loads(body))
         )
         asked = len(HASHED)
         deadline = time.monotonic() + 10

@@ -42,6 +42,7 @@ from django_throttle.decorators import throttle
 from django_throttle.drf import AsyncPolicyThrottle
 from django_throttle.models import EndpointLimit, Tier, TierAssignment
 from django_throttle.policy import live as policy
+from tests.clients import AddressedAsyncClient
 from tests.factories import endpoint, own_connections, tier
 
 # -- views under the admin rules "flight" (requests in flight) and "paced" (delay) -----------
@@ -215,21 +216,6 @@ def present() -> list[str]:
 def long_username_fits(identity: str) -> None:
     if identity not in present():
         pytest.skip("this database enforces auth_user.username's 150 characters")
-
-
-class AddressedAsyncClient(AsyncClient):
-    """``AsyncClient`` sending from ``address``: an ASGI request's address is its scope's
-    "client", and ``AsyncClient(REMOTE_ADDR=...)`` only adds a header (the request still
-    comes from 127.0.0.1)."""
-
-    def __init__(self, address: str, **defaults: Any) -> None:
-        super().__init__(**defaults)
-        self.address = address
-
-    def _base_scope(self, **request: Any) -> dict[str, Any]:
-        scope: dict[str, Any] = super()._base_scope(**request)  # type: ignore[misc]
-        scope["client"] = [self.address, 0]
-        return scope
 
 
 class Caller:

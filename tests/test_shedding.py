@@ -35,6 +35,7 @@ from django_throttle.models import EndpointRule, Protection
 from django_throttle.policy import live as policy
 from django_throttle.policy.live import compile_shedding
 from django_throttle.rates import FLEET, Algorithm
+from tests.clients import AddressedAsyncClient
 from tests.factories import endpoint, own_connections, tier
 from tests.test_usage import run
 
@@ -187,7 +188,7 @@ def test_async_drf_and_the_decorator_are_shed_too(closed_gate: threading.Event) 
     rules(capacity=2, default=50, sheddable=50)
 
     async def feed() -> tuple[int, str]:
-        response = await AsyncClient(REMOTE_ADDR="2001:db8::9").get("/api/feed-async/")
+        response = await AddressedAsyncClient("2001:db8::9").get("/api/feed-async/")
         return response.status_code, response.get("Retry-After", "")
 
     with reports_held(closed_gate):
