@@ -1012,8 +1012,8 @@ def test_an_async_view_and_a_sync_one_share_the_budget(rules: Tier, victim: Any)
     async def scenario() -> list[int]:
         statuses = []
         for url in ("/api/async-login/", "/async-login/", "/api/async-login/"):
-            attempt = await AsyncClient().post(
-                url, {"username": "bf1", "password": "wrong"}, REMOTE_ADDR=elsewhere()
+            attempt = await AddressedAsyncClient(elsewhere()).post(
+                url, {"username": "bf1", "password": "wrong"}
             )
             statuses.append(attempt.status_code)
         again = await AsyncClient().post("/async-login/", {"username": "bf1", "password": "right"})
