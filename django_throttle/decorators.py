@@ -37,7 +37,7 @@ from django_throttle.rates import (
     InvalidRate,
     Limit,
     Rate,
-    rate_text,
+    limit_text,
 )
 from django_throttle.request import core, leases
 from django_throttle.request.core import (
@@ -272,7 +272,7 @@ def _inline_limits(
     names the owner, the rate, the burst and the algorithm (a new algorithm, a new counter)."""
     key = f"{owner}|{probe.rate}|{burst}|{probe.algorithm.value}"
     digest = hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
-    name = scope or rate_text(probe.rate)
+    name = scope or limit_text(probe.rate, probe.algorithm)
     return (dataclasses.replace(probe, id=f"i{digest}", name=name, timezone=zone),)
 
 

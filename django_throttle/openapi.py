@@ -33,9 +33,17 @@ BODY_COMPONENT = "ThrottledError"
 
 _INTEGER = {"type": "integer", "minimum": 0}
 _RATE_HEADERS = {
-    "X-RateLimit-Limit": ("The request limit that applies (the tightest one).", _INTEGER),
+    "X-RateLimit-Limit": (
+        "The request limit that applies (the tightest one); for a concurrency limit, the "
+        "requests it lets run at once.",
+        _INTEGER,
+    ),
     "X-RateLimit-Remaining": ("Requests left before this limit denies.", _INTEGER),
-    "X-RateLimit-Reset": ("Seconds until the limit is whole again.", _INTEGER),
+    "X-RateLimit-Reset": (
+        "Seconds until the limit is whole again (for a concurrency limit, until the last "
+        "lease held now ends unless renewed; a slot frees sooner when a request ends).",
+        _INTEGER,
+    ),
 }
 _STRING = {"type": "string"}
 _IETF_HEADERS = {
@@ -91,7 +99,11 @@ class ThrottleSchemaMixin:
             return responses
         body = {"application/json": {"schema": self._body_reference()}}
         refusals = {
-            "429": ("Too many requests: a rate limit denied this request.", _rate_headers()),
+            "429": (
+                "Too many requests: a rate limit, or a limit on requests in flight at once, "
+                "denied this request.",
+                _rate_headers(),
+            ),
             "503": ("Rate limiting is unavailable and this endpoint fails closed.", {}),
         }
         for code, (text, headers) in refusals.items():

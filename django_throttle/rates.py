@@ -187,6 +187,16 @@ def rate_text(rate: Rate | str) -> str:
     return f"{parsed.count}/{'' if mult == 1 else mult}{unit}"
 
 
+def limit_text(rate: Rate, algorithm: str) -> str:
+    """What a limit of ``rate`` counted by ``algorithm`` allows, as its name says it to people
+    (the 429 body's ``limit``, explain, the inspector, the usage tools): :func:`rate_text`,
+    but a concurrency limit's "2 in flight" (its count is requests at the same time; its
+    period is only the lease, which no client meets: "2/min" would read as two a minute)."""
+    if algorithm == Algorithm.CONCURRENCY:
+        return f"{rate.count} in flight"
+    return rate_text(rate)
+
+
 class Algorithm(models.TextChoices):
     """How a limit counts (see the README's algorithm table). Stored in the admin's rows."""
 

@@ -36,7 +36,7 @@ from django_throttle.conf import app_settings
 from django_throttle.identity import Identity, client_ip, region_code
 from django_throttle.inspection.subjects import Subject, UnknownClient, tier_and_reason
 from django_throttle.policy.live import EndpointPolicy, Policy, TierPolicy, current
-from django_throttle.rates import FLEET, Algorithm, Decision, Limit, rate_text
+from django_throttle.rates import FLEET, Algorithm, Decision, Limit, limit_text
 from django_throttle.redaction import plain_text
 from django_throttle.request import core
 from django_throttle.request.usernames import SAFE_METHODS
@@ -354,7 +354,7 @@ class Explanation:
         and whether the next request would get one ("exports: 3 of 3 in flight; the next
         request is refused until one ends ...")."""
         return tuple(
-            f"{bucket.limit.name or rate_text(bucket.limit.rate)}: "
+            f"{bucket.limit.name or limit_text(bucket.limit.rate, bucket.limit.algorithm)}: "
             + "; ".join(filter(None, (bucket.in_flight_text, bucket.next_slot_text)))
             for bucket in self.buckets
             if bucket.concurrency

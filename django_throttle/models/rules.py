@@ -19,7 +19,7 @@ from django_throttle.models.fields import (
 )
 from django_throttle.models.limits import LimitFields
 from django_throttle.models.tiers import Tier
-from django_throttle.rates import MAX_COUNT, Rate, rate_text
+from django_throttle.rates import MAX_COUNT, Rate, limit_text
 
 
 class EndpointRule(models.Model):
@@ -248,4 +248,5 @@ class EndpointLimit(LimitFields):
         return super().row_problems() | counted_by
 
     def limit_name(self, rate: Rate) -> str:
-        return f"{self.rule.name} ({self.tier.slug}) {rate_text(rate)}{self.region_suffix()}"
+        text = limit_text(rate, self.algorithm)
+        return f"{self.rule.name} ({self.tier.slug}) {text}{self.region_suffix()}"

@@ -20,7 +20,7 @@ from django_throttle.models.fields import (
     subject,
 )
 from django_throttle.models.limits import LimitFields
-from django_throttle.rates import Rate, rate_text
+from django_throttle.rates import Rate, limit_text
 
 if TYPE_CHECKING:
     from django_throttle.models.fields import StrOrPromise
@@ -169,7 +169,7 @@ class TierLimit(LimitFields):
     def limit_name(self, rate: Rate) -> str:
         # The policy compiler loads tiers with select_related, so this costs no query there.
         shared = " shared" if self.shared else ""
-        return f"{self.tier.slug} {rate_text(rate)}{shared}{self.region_suffix()}"
+        return f"{self.tier.slug} {limit_text(rate, self.algorithm)}{shared}{self.region_suffix()}"
 
     def __str__(self) -> str:
         text = super().__str__()

@@ -20,7 +20,7 @@ from django_throttle.rates import (
     InvalidRate,
     Limit,
     Rate,
-    rate_text,
+    limit_text,
 )
 
 logger = logging.getLogger("django_throttle.policy")
@@ -54,7 +54,8 @@ def _with_count(limit: Limit, count: int, factor: float) -> Limit:
     delay = limit.delay
     if delay is not None:
         delay = min(delay, burst - 1)
-    name = limit.name.replace(rate_text(limit.rate), rate_text(rate), 1)
+    shown = limit_text(limit.rate, limit.algorithm)
+    name = limit.name.replace(shown, limit_text(rate, limit.algorithm), 1)
     return dataclasses.replace(limit, rate=rate, burst=burst, delay=delay, name=name)
 
 

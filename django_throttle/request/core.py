@@ -1684,6 +1684,14 @@ def throttled_status(decision: Decision) -> int:
     return FAILURE_STATUS if decision.unavailable or decision.shed else 429
 
 
+def in_flight(decision: Decision) -> bool:
+    """Refused by a client's concurrency limit (its requests in flight), not by a rate: the
+    refusal says so, since its wait is no time a slot is known to free."""
+    limit = decision.limit
+    refused = not decision.allowed and not decision.shed  # shed: the fleet's slots, not its own
+    return refused and limit is not None and limit.algorithm == CONCURRENCY
+
+
 def throttled_body(decision: Decision) -> dict[str, Any]:
     """The JSON body of a refusal: what was exceeded (or why nothing could be decided) and
     when to retry."""
@@ -1710,6 +1718,17 @@ def throttled_body(decision: Decision) -> dict[str, Any]:
             "The service is busy. Try again in %(wait)d seconds.",
             wait,
         )
+    elif in_flight(decision):
+        # No clock says when a slot frees: "expected available" would promise what the
+        # retry may not get (another request may still run then).
+        detail = ngettext(
+            "Too many requests in progress at once. Try again in %(wait)d second, once one "
+            "of them has ended.",
+            "Too many requests in progress at once. Try again in %(wait)d seconds, once one "
+            "of them has ended.",
+            wait,
+        )
+        limit = decision.limit.name if decision.limit is not None else None
     else:
         detail = ngettext(
             "Request was throttled. Expected available in %(wait)d second.",
@@ -1819,6 +1838,7 @@ def throttled_page(
         "status": status,
         "unavailable": decision.unavailable,
         "unidentified": decision.unidentified,
+        "in_flight": in_flight(decision),
         "limit": None if decision.limit is None else decision.limit.name,
         "retry_after": wait,
         "wait": None if wait is None else human_wait(wait),

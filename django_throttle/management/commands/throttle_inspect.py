@@ -24,7 +24,7 @@ from django_throttle.backends import BackendError
 from django_throttle.inspection.clients import Bucket, inspect, region_text
 from django_throttle.inspection.subjects import CLIENT_HELP, parse_client
 from django_throttle.management import output
-from django_throttle.rates import Limit, format_duration, rate_text
+from django_throttle.rates import Limit, format_duration, limit_text
 
 #: The message of a backend error while counters are read.
 READ_ERROR = (BackendError, "Could not read the buckets from the backend: {}")
@@ -57,7 +57,7 @@ TABLE_COLUMNS = tuple(
 
 def limit_row(limit: Limit) -> dict[str, Any]:
     """The cells every command's rows start with: the limit's name (else its rate), id."""
-    return {"limit": limit.name or rate_text(limit.rate), "id": limit.id}
+    return {"limit": limit.name or limit_text(limit.rate, limit.algorithm), "id": limit.id}
 
 
 def bucket_row(bucket: Bucket) -> dict[str, Any]:
