@@ -421,7 +421,9 @@ def test_the_counting_script_leaves_the_retime_functions_out() -> None:
 
 
 @pytest.mark.parametrize("taken_at", [(), (("user:42", 5),), 1.5, "5", True])
-def test_a_refund_given_no_instant_is_a_clear_type_error(backend: Backend, taken_at: object) -> None:
+def test_a_refund_given_no_instant_is_a_clear_type_error(
+    backend: Backend, taken_at: object
+) -> None:
     """The migrating page's refund: ``taken_at`` is the instant of the client's pair in
     ``Decision.taken``. Given the tuple itself (what "its Decision.taken" read as) or anything
     but an int, it was a BackendError "TypeError: not enough arguments for format string"

@@ -51,6 +51,7 @@ def check_taken_at(taken_at: object) -> None:
             f"Decision.taken: dict(decision.taken).get(client)), or None, not {taken_at!r}"
         )
 
+
 #: Each algorithm's code: in a limit spec and key (lua/prelude.lua ``limit_spec``).
 ALGORITHM_CODES = {
     Algorithm.TOKEN_BUCKET: "t",
