@@ -1134,6 +1134,18 @@ def check_unguarded_login_views(**kwargs: Any) -> list[checks.CheckMessage]:
     return warnings
 
 
+#: DRF's ``APIView``: its ``throttle_classes`` is ``DEFAULT_THROTTLE_CLASSES`` as read when
+#: DRF was imported, so a view that inherits the attribute from it sets none of its own.
+_DRF_API_VIEW = "rest_framework.views.APIView"
+
+
+def _inherits_drf_default(view: type) -> bool:
+    """Whether ``view`` takes ``throttle_classes`` from DRF's ``APIView`` (the default list,
+    which the settings' W010 already names) rather than setting its own."""
+    owner = next((base for base in view.__mro__ if "throttle_classes" in vars(base)), None)
+    return owner is not None and f"{owner.__module__}.{owner.__qualname__}" == _DRF_API_VIEW
+
+
 def check_drf_throttled_views(**kwargs: Any) -> list[checks.CheckMessage]:
     """W010 (per view): ``PolicyThrottle`` is in ``DEFAULT_THROTTLE_CLASSES`` but a routed
     view's own ``throttle_classes`` still hold DRF's ``AnonRateThrottle``,
@@ -1147,7 +1159,7 @@ def check_drf_throttled_views(**kwargs: Any) -> list[checks.CheckMessage]:
     warnings: list[checks.CheckMessage] = []
     seen: set[type] = set()
     for route, _callback, view in _routed_views():
-        if view in seen:
+        if view in seen or _inherits_drf_default(view):
             continue
         seen.add(view)
         left = [

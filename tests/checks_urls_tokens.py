@@ -37,6 +37,13 @@ class Orders(APIView):
         return Response([])
 
 
+class Status(APIView):
+    """Sets no ``throttle_classes``: DRF's default list, inherited from ``APIView``."""
+
+    def get(self, request: HttpRequest) -> Response:
+        return Response({"ok": True})
+
+
 urlpatterns = [
     path("api/token/", obtain_auth_token),
     path("api/", include([re_path(r"^token2/$", CustomToken.as_view())])),
@@ -45,4 +52,5 @@ urlpatterns = [
     path("api/throttled-token/", ThrottledToken.as_view()),
     path("api/uploads/", Uploads.as_view()),
     path("api/orders/", Orders.as_view()),
+    path("api/status/", Status.as_view()),
 ]

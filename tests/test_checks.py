@@ -1253,6 +1253,35 @@ def test_drf_throttles_left_on_a_view_are_a_warning(settings: Any) -> None:
     assert "throttle_classes = [PolicyThrottle]" in warning.hint
 
 
+def test_views_that_inherit_a_half_migrated_default_list_are_not_named(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With DRF's throttle left next to ``PolicyThrottle`` in ``DEFAULT_THROTTLE_CLASSES``
+    (the settings' W010), DRF's ``APIView.throttle_classes`` is that list, read when DRF was
+    imported: a view that sets no ``throttle_classes`` of its own inherits it and must not be
+    named as one that "sets throttle_classes" (the example project got one such warning per
+    routed DRF view). The view that does set DRF's throttles is still named, once."""
+    from rest_framework.throttling import AnonRateThrottle
+    from rest_framework.views import APIView
+
+    from django_throttle.drf import PolicyThrottle
+
+    settings.ROOT_URLCONF = "tests.checks_urls_tokens"
+    settings.REST_FRAMEWORK = {
+        "DEFAULT_THROTTLE_CLASSES": [
+            "django_throttle.drf.PolicyThrottle",
+            "rest_framework.throttling.AnonRateThrottle",
+        ],
+        "DEFAULT_THROTTLE_RATES": {"anon": "100/day"},
+    }
+    # What DRF's import did with these settings: the class attribute is the default list.
+    monkeypatch.setattr(APIView, "throttle_classes", [PolicyThrottle, AnonRateThrottle])
+
+    warnings = drf_views_check()
+
+    assert [w.msg.split(" (on ")[0] for w in warnings] == ["tests.checks_urls_tokens.Uploads"]
+
+
 def test_drf_throttles_on_views_before_the_migration_are_not_warned(settings: Any) -> None:
     """A project still on DRF's throttles (no ``PolicyThrottle`` in the settings) is not told
     off."""

@@ -418,3 +418,23 @@ def test_the_counting_script_leaves_the_retime_functions_out() -> None:
     assert "RETIME = true" in load_script(RETIME_FILES)
     assert "RETIME = true" not in load_script(SCRIPT_FILES)
     assert "expire_or_delete = function" not in load_script(SCRIPT_FILES)
+
+
+@pytest.mark.parametrize("taken_at", [(), (("user:42", 5),), 1.5, "5", True])
+def test_a_refund_given_no_instant_is_a_clear_type_error(
+    backend: Backend, taken_at: object
+) -> None:
+    """The migrating page's refund: ``taken_at`` is the instant of the client's pair in
+    ``Decision.taken``. Given the tuple itself (what "its Decision.taken" read as) or anything
+    but an int, it was a BackendError "TypeError: not enough arguments for format string"
+    from building the script's arguments; now a TypeError saying what to give, on both
+    paths, and nothing is given back."""
+    limits = [Limit.build("burst", "10/s"), Limit.build("daily", "1000/day", algorithm="gcra")]
+    decision = backend.hit("user:42", limits)
+    with pytest.raises(TypeError, match=r"dict\(decision.taken\).get\(client\)"):
+        backend.refund("user:42", limits, taken_at=taken_at)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="taken_at must be the hit's instant"):
+        asyncio.run(backend.arefund("user:42", limits, taken_at=taken_at))  # type: ignore[arg-type]
+    assert backend.peek("user:42", limits).remaining == 9
+    backend.refund("user:42", limits, taken_at=dict(decision.taken).get("user:42"))
+    assert backend.peek("user:42", limits).remaining == 10

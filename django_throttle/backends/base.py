@@ -36,8 +36,21 @@ Limits = Sequence[Limit]
 Now = float | None
 #: A usage field (``None``: count no usage).
 Usage = str | None
-#: A hit's instant (``Decision.taken``), or ``None``.
+#: A hit's instant (the instant of a ``(client, instant)`` pair of ``Decision.taken``), or
+#: ``None``.
 Taken = int | None
+
+
+def check_taken_at(taken_at: object) -> None:
+    """A ``taken_at`` given to ``refund`` that is no instant is the caller's mistake (such as
+    the whole ``Decision.taken`` tuple): a ``TypeError`` saying what to give, not a backend
+    error about the script's arguments."""
+    if taken_at is not None and (isinstance(taken_at, bool) or not isinstance(taken_at, int)):
+        raise TypeError(
+            "taken_at must be the hit's instant, an int of microseconds (its client's pair in "
+            f"Decision.taken: dict(decision.taken).get(client)), or None, not {taken_at!r}"
+        )
+
 
 #: Each algorithm's code: in a limit spec and key (lua/prelude.lua ``limit_spec``).
 ALGORITHM_CODES = {
@@ -186,7 +199,8 @@ class Backend(ABC):
         :meth:`hit` that was allowed (a reservation whose request did not count), as one
         atomic step.
 
-        ``taken_at`` is the instant that hit took its tokens (its ``Decision.taken``): the
+        ``taken_at`` is the instant that hit took its tokens (``client``'s pair in its
+        ``Decision.taken``: ``dict(decision.taken).get(client)``, ``None`` when it has none): the
         refund then gives back what that hit took and nothing another request took since (a
         sliding log's entries of that instant, a window's count only if the hit was counted
         in the current window); ``None`` gives back the newest.

@@ -67,6 +67,7 @@ from django_throttle.backends.base import (
     Now,
     Taken,
     Usage,
+    check_taken_at,
     note_lease,
     per_shard,
 )
@@ -395,6 +396,7 @@ class RedisBackend(Backend):
     ) -> None:
         """One EVALSHA of refund.lua over the keys the hit used (same slot); ``taken_at``
         travels as ARGV[1]'s ``#<taken>``."""
+        check_taken_at(taken_at)
         if limits:
             self._route.call(self._request(client, limits, cost, now, None, True, taken_at))
 
@@ -402,6 +404,7 @@ class RedisBackend(Backend):
         self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, taken_at: Taken = None
     ) -> None:
         """:meth:`refund` on ``redis.asyncio``, as :meth:`acount`."""
+        check_taken_at(taken_at)
         if limits:
             call = self._request(client, limits, cost, now, None, True, taken_at)
             await self._route.acall(call)
