@@ -211,6 +211,10 @@ def test_every_form_of_a_client_is_read(policy: Any, text: str, client: str) -> 
         ("username:#0123456789abcdef", "no recent login presented the username"),
         ("user:ghost", "no user with the username or id 'ghost'"),
         ("key:dt_nope", "no API key"),
+        # digits Python's isdigit() takes that are no id: ValueError, a 500 in the admin
+        ("user:²", "no user with the username or id '²'"),
+        ("²", "no user with the username or id '²'"),
+        ("user:①", "no user with the username or id '①'"),
     ],
 )
 def test_unknown_labels_are_a_clear_error(
@@ -223,6 +227,20 @@ def test_unknown_labels_are_a_clear_error(
     response = admin_client().get(INSPECT, {"client": text})
     assert response.status_code == 200
     assert "Unknown client" in response.content.decode()
+
+
+@pytest.mark.parametrize("text", ["user:\udcff", "\udcffalice", "key:dt_\udcff", "alice\x00"])
+def test_a_label_no_database_can_hold_is_a_clear_error(
+    backend: Any, policy: Any, text: str
+) -> None:
+    """A command line's bytes that are not UTF-8 reach the command as lone surrogates, which
+    the database driver refused with a traceback (UnicodeEncodeError); a NUL PostgreSQL
+    refuses alike."""
+    with pytest.raises(UnknownClient, match="holds a NUL or bytes that are not UTF-8"):
+        parse_client(text)
+    for command in ("throttle_inspect", "throttle_reset"):
+        with pytest.raises(CommandError, match=r"^Unknown client: .* not UTF-8"):
+            run(command, text)
 
 
 def test_the_operate_howto_examples_are_read(policy: Any) -> None:
