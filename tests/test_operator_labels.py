@@ -275,3 +275,24 @@ def test_a_digest_label_with_the_backend_down_is_an_error_not_a_500(
     assert "The backend could not reset" in posted.content.decode()
     with pytest.raises(CommandError, match="Could not read the buckets from the backend"):
         run("throttle_inspect", label)
+
+
+@pytest.mark.parametrize("kind", ["user", "username"])
+def test_a_name_that_ends_like_a_label_names_its_own_client(
+    client: Any, backend: Any, policy: Any, kind: str
+) -> None:
+    """A username chosen to end like a bracketed label, ``mallory (user:<pk>)``: the label
+    ``user:<that name>`` (or ``username:<that name>``) names its own client, never the one in
+    the brackets (whose counters a reset would clear)."""
+    victim = policy["alice"]
+    name = f"mallory (user:{victim.pk})"
+    mallory = User.objects.create_user(name, password="pw")
+
+    found = parse_client(f"{kind}:{name}")
+
+    assert victim.pk != mallory.pk
+    expected = f"user:{mallory.pk}" if kind == "user" else f"username:{name}"
+    assert found.client == expected
+    assert as_json("throttle_inspect", f"{kind}:{name}")["client"] == expected
+    if kind == "user":  # the tools' title, "user <name> (user:<pk>)", names it by its pk
+        assert parse_client(f"{found.label} ({found.client})").client == expected

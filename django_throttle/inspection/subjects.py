@@ -93,7 +93,9 @@ def parse_client(text: str) -> Subject:
             _("%(value)r holds a NUL or bytes that are not UTF-8: no client is named so")
             % {"value": text}
         )
-    bracketed = _BRACKETED.match(text)
+    # A label's own kind comes first: "user:<name>" names that user even when the name ends
+    # like a bracketed label ("mallory (user:1)" would otherwise name user 1).
+    bracketed = None if _KIND.match(text) else _BRACKETED.match(text)
     if bracketed is not None and _KIND.match(bracketed["label"]):
         text = bracketed["label"].strip()
     for word, kind in _WORDS:
