@@ -296,3 +296,24 @@ def test_a_name_that_ends_like_a_label_names_its_own_client(
     assert as_json("throttle_inspect", f"{kind}:{name}")["client"] == expected
     if kind == "user":  # the tools' title, "user <name> (user:<pk>)", names it by its pk
         assert parse_client(f"{found.label} ({found.client})").client == expected
+
+
+FULL_WIDTH_BOB = "\uff42\uff4f\uff42"
+
+
+@pytest.mark.parametrize(
+    "typed", [FULL_WIDTH_BOB, f"user:{FULL_WIDTH_BOB}", f"user {FULL_WIDTH_BOB}"]
+)
+def test_a_username_is_found_as_its_user_typed_it(
+    client: Any, backend: Any, policy: Any, typed: str
+) -> None:
+    """Django stores and signs in a username NFKC-normalised (the full-width bob signs in as
+    ``bob``): the tools find the user by the name as typed at sign-up, as they find a
+    ``username:`` login counter by it."""
+    bob = User.objects.create_user(FULL_WIDTH_BOB, password="pw")
+    assert bob.get_username() == "bob"
+
+    assert parse_client(typed).client == f"user:{bob.pk}"
+    assert as_json("throttle_inspect", typed)["client"] == f"user:{bob.pk}"
+    response = admin_client().get(INSPECT, {"client": typed})
+    assert "Unknown client" not in response.content.decode()

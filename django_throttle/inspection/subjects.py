@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import unicodedata
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
@@ -134,7 +135,13 @@ def _is_unicode(text: str) -> bool:
 
 def _user(value: str) -> Subject:
     model = get_user_model()
-    user = model._default_manager.filter(**{model.USERNAME_FIELD: value}).first()
+    user = None
+    # as typed, then NFKC-normalised as Django stores and signs in a username (full-width
+    # "\uff42\uff4f\uff42" is bob)
+    for name in dict.fromkeys((value, unicodedata.normalize("NFKC", value))):
+        user = model._default_manager.filter(**{model.USERNAME_FIELD: name}).first()
+        if user is not None:
+            break
     if user is None:
         try:  # an id as the model's primary key reads it: 42, or a UUID; "²" is no id
             pk = model._meta.pk.to_python(value)
