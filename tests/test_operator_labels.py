@@ -211,6 +211,10 @@ def test_every_form_of_a_client_is_read(policy: Any, text: str, client: str) -> 
         ("username:#0123456789abcdef", "no recent login presented the username"),
         ("user:ghost", "no user with the username or id 'ghost'"),
         ("key:dt_nope", "no API key"),
+        # digits Python's isdigit() takes that are no id: ValueError, a 500 in the admin
+        ("user:²", "no user with the username or id '²'"),
+        ("²", "no user with the username or id '²'"),
+        ("user:①", "no user with the username or id '①'"),
     ],
 )
 def test_unknown_labels_are_a_clear_error(
@@ -223,6 +227,20 @@ def test_unknown_labels_are_a_clear_error(
     response = admin_client().get(INSPECT, {"client": text})
     assert response.status_code == 200
     assert "Unknown client" in response.content.decode()
+
+
+@pytest.mark.parametrize("text", ["user:\udcff", "\udcffalice", "key:dt_\udcff", "alice\x00"])
+def test_a_label_no_database_can_hold_is_a_clear_error(
+    backend: Any, policy: Any, text: str
+) -> None:
+    """A command line's bytes that are not UTF-8 reach the command as lone surrogates, which
+    the database driver refused with a traceback (UnicodeEncodeError); a NUL PostgreSQL
+    refuses alike."""
+    with pytest.raises(UnknownClient, match="holds a NUL or bytes that are not UTF-8"):
+        parse_client(text)
+    for command in ("throttle_inspect", "throttle_reset"):
+        with pytest.raises(CommandError, match=r"^Unknown client: .* not UTF-8"):
+            run(command, text)
 
 
 def test_the_operate_howto_examples_are_read(policy: Any) -> None:
@@ -257,3 +275,45 @@ def test_a_digest_label_with_the_backend_down_is_an_error_not_a_500(
     assert "The backend could not reset" in posted.content.decode()
     with pytest.raises(CommandError, match="Could not read the buckets from the backend"):
         run("throttle_inspect", label)
+
+
+@pytest.mark.parametrize("kind", ["user", "username"])
+def test_a_name_that_ends_like_a_label_names_its_own_client(
+    client: Any, backend: Any, policy: Any, kind: str
+) -> None:
+    """A username chosen to end like a bracketed label, ``mallory (user:<pk>)``: the label
+    ``user:<that name>`` (or ``username:<that name>``) names its own client, never the one in
+    the brackets (whose counters a reset would clear)."""
+    victim = policy["alice"]
+    name = f"mallory (user:{victim.pk})"
+    mallory = User.objects.create_user(name, password="pw")
+
+    found = parse_client(f"{kind}:{name}")
+
+    assert victim.pk != mallory.pk
+    expected = f"user:{mallory.pk}" if kind == "user" else f"username:{name}"
+    assert found.client == expected
+    assert as_json("throttle_inspect", f"{kind}:{name}")["client"] == expected
+    if kind == "user":  # the tools' title, "user <name> (user:<pk>)", names it by its pk
+        assert parse_client(f"{found.label} ({found.client})").client == expected
+
+
+FULL_WIDTH_BOB = "\uff42\uff4f\uff42"
+
+
+@pytest.mark.parametrize(
+    "typed", [FULL_WIDTH_BOB, f"user:{FULL_WIDTH_BOB}", f"user {FULL_WIDTH_BOB}"]
+)
+def test_a_username_is_found_as_its_user_typed_it(
+    client: Any, backend: Any, policy: Any, typed: str
+) -> None:
+    """Django stores and signs in a username NFKC-normalised (the full-width bob signs in as
+    ``bob``): the tools find the user by the name as typed at sign-up, as they find a
+    ``username:`` login counter by it."""
+    bob = User.objects.create_user(FULL_WIDTH_BOB, password="pw")
+    assert bob.get_username() == "bob"
+
+    assert parse_client(typed).client == f"user:{bob.pk}"
+    assert as_json("throttle_inspect", typed)["client"] == f"user:{bob.pk}"
+    response = admin_client().get(INSPECT, {"client": typed})
+    assert "Unknown client" not in response.content.decode()

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import unicodedata
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.utils.translation import gettext as _
 
 from django_throttle.identity import KEY_SCHEME, MAX_KEY_BYTES, Identity, client_ip, key_prefix
@@ -87,7 +89,14 @@ def parse_client(text: str) -> Subject:
     text = (text or "").strip()
     if not text:
         raise UnknownClient(_("none was named (a username, an IP address or an API key)"))
-    bracketed = _BRACKETED.match(text)
+    if "\0" in text or not _is_unicode(text):  # no database stores either: a clear error
+        raise UnknownClient(
+            _("%(value)r holds a NUL or bytes that are not UTF-8: no client is named so")
+            % {"value": text}
+        )
+    # A label's own kind comes first: "user:<name>" names that user even when the name ends
+    # like a bracketed label ("mallory (user:1)" would otherwise name user 1).
+    bracketed = None if _KIND.match(text) else _BRACKETED.match(text)
     if bracketed is not None and _KIND.match(bracketed["label"]):
         text = bracketed["label"].strip()
     for word, kind in _WORDS:
@@ -114,11 +123,32 @@ def parse_client(text: str) -> Subject:
         raise
 
 
+def _is_unicode(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8: a command line's bytes that are not UTF-8 arrive
+    as lone surrogates (``surrogateescape``), which no database query takes."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _user(value: str) -> Subject:
     model = get_user_model()
-    user = model._default_manager.filter(**{model.USERNAME_FIELD: value}).first()
-    if user is None and value.isdigit():
-        user = model._default_manager.filter(pk=value).first()
+    user = None
+    # as typed, then NFKC-normalised as Django stores and signs in a username (full-width
+    # "\uff42\uff4f\uff42" is bob)
+    for name in dict.fromkeys((value, unicodedata.normalize("NFKC", value))):
+        user = model._default_manager.filter(**{model.USERNAME_FIELD: name}).first()
+        if user is not None:
+            break
+    if user is None:
+        try:  # an id as the model's primary key reads it: 42, or a UUID; "²" is no id
+            pk = model._meta.pk.to_python(value)
+        except (ValidationError, ValueError, TypeError):
+            pk = None
+        if pk is not None:
+            user = model._default_manager.filter(pk=pk).first()
     if user is None:
         raise UnknownClient(_("no user with the username or id %(value)r") % {"value": value})
     return Subject(
