@@ -182,3 +182,52 @@ def test_with_redis_down_the_explained_failure_mode_is_translated(
         HTTP_ACCEPT_LANGUAGE=language,
     ).content.decode()
     assert verdict in html
+
+
+def test_the_compiled_catalogues_hold_every_message_of_their_sources() -> None:
+    """Each ``django.mo`` answers every message of its ``django.po`` as the ``.po`` says: a
+    merge that keeps one side's compiled file, or a ``compilemessages`` that found the ``.mo``
+    newer than its source, ships messages the site never translates."""
+    import gettext
+    from pathlib import Path
+
+    import django_throttle
+
+    def unescape(text: str) -> str:
+        return text.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+
+    root = Path(django_throttle.__file__).parent / "locale"
+    for language in ("de", "fr"):
+        folder = root / language / "LC_MESSAGES"
+        with (folder / "django.mo").open("rb") as compiled:
+            catalogue = gettext.GNUTranslations(compiled)
+        po = (folder / "django.po").read_text(encoding="utf-8")
+        stale = []
+        for block in po.split("\n\n"):
+            fields = _fields(block)
+            if "msgid_plural" in fields or not fields.get("msgid"):
+                continue
+            msgid, msgstr = unescape(fields["msgid"]), unescape(fields["msgstr"])
+            if "msgctxt" in fields:
+                found = catalogue.pgettext(unescape(fields["msgctxt"]), msgid)
+            else:
+                found = catalogue.gettext(msgid)
+            if found != msgstr:
+                stale.append(msgid)
+        assert stale == [], f"{language}: django.mo lacks {len(stale)}: {stale[:3]}"
+
+
+def _fields(block: str) -> dict[str, str]:
+    """The fields of one .po entry (msgctxt, msgid, msgstr...), continuation lines joined."""
+    fields: dict[str, str] = {}
+    current = None
+    for line in block.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        if line.startswith('"'):
+            if current is not None:
+                fields[current] += line[1:-1]
+            continue
+        current, _, value = line.partition(" ")
+        fields[current] = value[1:-1]
+    return fields
