@@ -167,3 +167,30 @@ def test_a_hung_redis_costs_the_inspector_one_policy_version_check_not_one_per_r
     checks = [r for r in caplog.records if "policy version check failed" in r.getMessage()]
     assert len(checks) == 1  # the version, asked once
     assert elapsed < 2.8, f"{elapsed:.1f} s"
+
+
+def test_a_hung_redis_costs_the_dashboard_one_socket_timeout_not_one_per_section(
+    proxy: FaultProxy, settings: Any
+) -> None:
+    """The dashboard's timeline, health, load factors and most limited clients each asked a
+    hung Redis in turn, each waiting out the socket timeout: four timeouts for one page (8 s
+    at ``socket_timeout=2``; 40 s, past a gunicorn worker's 30 s, at 10). The first read
+    that goes unanswered now ends the page's reads: every section says why at once."""
+    import re
+
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 1, "socket_connect_timeout": 1}
+    rows()
+    client = Client(raise_request_exception=False)
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    url = f"{BASE}usagecount/dashboard/"
+    assert client.get(url).status_code == 200  # policy compiled, connections made
+    proxy.set_mode("blackhole")
+
+    response, elapsed = timed(lambda: client.get(url))
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "counts are partial" in html
+    assert re.search(r'id="dt-reachable">\s*no', html)
+    assert "Timeout" in html.split('id="limited"', 1)[1]  # the list says why it is partial
+    assert elapsed < 1.8, f"{elapsed:.1f} s"
