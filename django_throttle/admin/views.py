@@ -95,6 +95,12 @@ def dashboard(request: HttpRequest, model_admin: AppAdmin) -> HttpResponse:
     window = request.GET.get("window", "hour")
     window = window if window in WINDOWS else "hour"
     data = timeline(window)
+    # A Redis that did not answer the timeline is not asked again by this page: each other
+    # section shows that error at once, instead of waiting out a socket timeout of its own
+    # (four timeouts for one page, with a hung Redis). Not on a Redis Cluster, whose other
+    # reads may be on primaries that answer (its health lists each primary's answer).
+    clustered = bool(getattr(get_backend(), "on_cluster", False))
+    unanswered = "" if clustered else data.unread
     return model_admin.render_page(
         request,
         "dashboard",
@@ -103,17 +109,21 @@ def dashboard(request: HttpRequest, model_admin: AppAdmin) -> HttpResponse:
         windows=list(WINDOWS),
         timeline=data,
         outcomes=[(name, LABELS[name], data.overall.totals[name]) for name in CHARTED],
-        health=_health(),
-        load_factors=load_factors(window),
-        **_most_limited(window),
+        health=_health(unanswered),
+        load_factors=load_factors(window, unanswered),
+        **_most_limited(window, unanswered),
     )
 
 
-def load_factors(window: str) -> dict[str, Any]:
+def load_factors(window: str, unanswered: str = "") -> dict[str, Any]:
     """Each tier's automatic factor over the window (the adaptive controller's history: one
     backend read) as a line chart, with its load factor and floor; only tiers whose limits
-    are or were scaled in the window. ``error``: the history could not be read."""
+    are or were scaled in the window. ``error``: the history could not be read (not read
+    when ``unanswered`` says why the backend did not answer this page)."""
     from django_throttle.models import Tier
+
+    if unanswered:
+        return {"charts": [], "error": unanswered}
 
     span, _step = WINDOWS[window]
     now = math.floor(time.time() / 60)
@@ -151,14 +161,17 @@ def load_factors(window: str) -> dict[str, Any]:
     return {"charts": charts, "error": ""}
 
 
-def _most_limited(window: str) -> dict[str, Any]:
+def _most_limited(window: str, unanswered: str = "") -> dict[str, Any]:
     """The clients denied most, each with who it is (:func:`client_names`), which of their
     figures are estimates (folded: see ``Report.estimated_fields``), and ``limited_error``:
     why the backend could not be read (then the list is the database's minutes only, each
-    count a lower bound: not "no client was limited", which nobody knows)."""
+    count a lower bound: not "no client was limited", which nobody knows). ``unanswered``:
+    the backend did not answer this page; the database's minutes only, at once."""
     span, _step = WINDOWS[window]
     since = datetime.now(tz=UTC) - timedelta(minutes=span - 1)
-    result = report(since, "client", None)
+    with closing(accounting.get_store()) as store:
+        reader = _Unanswered(store, unanswered) if unanswered else store
+        result = report(since, "client", None, reader)  # type: ignore[arg-type]
     error = result.unread
     limited = [row for row in result.rows if row.denied or row.shadow_denied]
     limited = sorted(limited, key=lambda row: (-row.denied, -row.shadow_denied, row.key))
@@ -170,15 +183,35 @@ def _most_limited(window: str) -> dict[str, Any]:
     }
 
 
-def _health() -> dict[str, Any]:
+class _Unanswered:
+    """A usage store whose backend did not answer this page: its figures (``top_size``...)
+    are the store's, every read fails at once with the error the page met."""
+
+    def __init__(self, store: UsageStore, error: str) -> None:
+        self._store, self._error = store, error
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._store, name)
+        if not callable(value):
+            return value
+
+        def unanswered(*args: Any, **kwargs: Any) -> Any:
+            raise BackendError(self._error)
+
+        return unanswered
+
+
+def _health(unanswered: str = "") -> dict[str, Any]:
     """Whether the backend answers (and how fast), the breaker, and the policy snapshot; on a
-    Redis Cluster, each primary's answer and breaker too."""
+    Redis Cluster, each primary's answer and breaker too. ``unanswered``: why the backend did
+    not answer this page (then it is not asked again)."""
     breaker, snapshot = get_breaker(), policy_module.last()
-    started, error = time.perf_counter(), ""
-    try:
-        get_backend().get_policy_version()  # the smallest call that reaches the backend
-    except BackendError as exc:
-        error = plain_text(f"{type(exc).__name__}: {exc}")
+    started, error = time.perf_counter(), unanswered
+    if not error:
+        try:
+            get_backend().get_policy_version()  # the smallest call that reaches the backend
+        except BackendError as exc:
+            error = plain_text(f"{type(exc).__name__}: {exc}")
     primaries: list[Any] = []
     health_of = getattr(get_backend(), "primaries_health", None)
     if callable(health_of):
@@ -515,6 +548,8 @@ class Timeline:
     by_endpoint: list[Chart]
     partial: bool
     before_authentication: list[Chart]
+    #: Why the backend could not be read (plain text), when it could not.
+    unread: str = ""
 
 
 def timeline(window: str) -> Timeline:
@@ -529,12 +564,13 @@ def _timeline(window: str, store: UsageStore) -> Timeline:
     ones from the backend. A backend that does not answer its first (short) call is not read
     again: the page shows the database's minutes, marked partial, at once."""
     span, step = WINDOWS[window]
-    partial = False
+    partial, unread = False, ""
     try:
         now = store.now_minute()
         split = stored_through(store)
-    except BackendError:
+    except BackendError as exc:
         now, split, partial = math.floor(time.time() / 60), newest_stored(), True
+        unread = plain_text(f"{type(exc).__name__}: {exc}")
     first = now - span + 1
     first -= first % step  # bars start on whole steps (xx:00, xx:15 ...)
     bars = (now - first) // step + 1
@@ -562,8 +598,8 @@ def _timeline(window: str, store: UsageStore) -> Timeline:
         live_from = first if split is None else max(first, split + 1)
         try:
             live = store.read(range(live_from, now + 1), totals=True, clients=False)
-        except BackendError:
-            partial = True
+        except BackendError as exc:
+            partial, unread = True, plain_text(f"{type(exc).__name__}: {exc}")
     for minute, counts in live.items():
         for usage_field, values in counts.totals.items():
             add(minute, *accounting.split_field(usage_field), values)
@@ -577,6 +613,7 @@ def _timeline(window: str, store: UsageStore) -> Timeline:
         by_endpoint=_charts(served, 1, starts, NO_ENDPOINT),
         partial=partial,
         before_authentication=_charts(checks, 1, starts, NO_ENDPOINT),
+        unread=unread,
     )
 
 

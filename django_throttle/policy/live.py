@@ -1021,6 +1021,10 @@ def current() -> Policy:
         quiet = now - _cache.checked_at >= QUIET_INTERVALS * REFRESH_INTERVAL
         _cache.checked_at = now
         version, answered = _shared_version(policy, quiet)
+        # The interval counts from the check's answer: a check that waited out a long socket
+        # timeout (a hung Redis, ``socket_timeout`` of a second or more) must not leave the
+        # next call due at once, or one admin page (or request) pays the timeout per call.
+        _cache.checked_at = clock()
         if (
             policy is None
             or not policy.loaded

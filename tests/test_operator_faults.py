@@ -1,0 +1,196 @@
+"""An operator's tools while Redis is sick, through :class:`tests.faultproxy.FaultProxy`
+(refused, hung, slow, replies dropped, replies torn): the guarded and the plain admin
+login, every admin page, saving a rule and a tier, and the management commands answer
+promptly with no 500, saying where Redis could not be read; once the fault clears,
+everything reads Redis again without a restart. (``tests/test_operator_outages.py`` covers
+a Redis with nothing listening and one SIGSTOPped.)"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import Client
+
+from tests.faultproxy import FaultProxy
+from tests.redis_servers import RedisServer
+from tests.test_operator_outages import rows
+
+pytestmark = pytest.mark.django_db(transaction=True)  # a change is published when it commits
+
+BASE = "/admin/django_throttle/"
+#: Seconds any one page or command may take with the package's own short timeouts.
+PROMPT = 5.0
+
+
+@pytest.fixture
+def proxy(redis_process: RedisServer, settings: Any) -> Iterator[FaultProxy]:
+    """The throttle on a private Redis behind a fault proxy, with the package's timeouts."""
+    redis_process.ensure_healthy()
+    with FaultProxy(redis_process.port) as fault_proxy:
+        settings.DJANGO_THROTTLE_REDIS_URL = fault_proxy.url
+        settings.DJANGO_THROTTLE_REDIS_OPTIONS = {}
+        yield fault_proxy
+    redis_process.ensure_healthy()
+
+
+def timed(call: Any) -> tuple[Any, float]:
+    started = time.monotonic()
+    result = call()
+    return result, time.monotonic() - started
+
+
+def pages(made: dict[str, Any]) -> list[str]:
+    urls = ["/admin/", BASE]
+    for model in ("tier", "endpointrule", "tierassignment", "exemption", "apikey", "protection"):
+        urls += [f"{BASE}{model}/", f"{BASE}{model}/add/"]
+    urls += [f"{BASE}{model}/{row.pk}/change/" for model, row in made.items()]
+    return [
+        *urls,
+        f"{BASE}usagecount/",
+        f"{BASE}usagecount/dashboard/",
+        f"{BASE}usagecount/inspect/?client=ip:1.2.3.4",
+        f"{BASE}usagecount/inspect/?client=ip:1.2.3.4&path=/api/ping/&method=GET",
+        f"{BASE}usagecount/inspect/?client=key:{made['apikey'].prefix}",
+        f"{BASE}usagecount/inspect/reset/?client=ip:1.2.3.4",
+    ]
+
+
+def run(*command: str) -> tuple[int, str]:
+    """A command's exit status and its output (a one-line error's text)."""
+    out = io.StringIO()
+    try:
+        call_command(command[0], "--skip-checks", *command[1:], stdout=out, stderr=io.StringIO())
+    except CommandError as exc:
+        return exc.returncode, str(exc)
+    return 0, out.getvalue()
+
+
+COMMANDS = [
+    ("throttle_inspect", "ip:1.2.3.4"),
+    ("throttle_explain", "--client", "ip:1.2.3.4", "--path", "/api/ping/"),
+    ("throttle_reset", "ip:1.2.3.4"),
+    ("throttle_usage",),
+    ("throttle_policy", "export"),
+]
+
+
+@pytest.mark.parametrize("mode", ["refuse", "blackhole", "delay", "drop_reply", "reset"])
+def test_every_operator_tool_answers_a_sick_redis_and_recovers_without_a_restart(
+    mode: str, proxy: FaultProxy, settings: Any
+) -> None:
+    from tests.test_admin_history import change_data
+
+    settings.ROOT_URLCONF = "tests.checks_urls_guarded"  # the admin login under the guard
+    made = rows()
+    User.objects.create_superuser("root", "root@example.com", "pw")
+    guarded = Client(raise_request_exception=False)
+    assert run("throttle_inspect", "ip:1.2.3.4")[0] == 0  # scripts loaded, connections made
+    proxy.set_mode(mode, delay=1.0)  # slower than the package's timeouts
+
+    problems = []
+    login = {"username": "root", "password": "pw"}
+    response, elapsed = timed(lambda: guarded.post("/admin/login/?next=/admin/", login))
+    if response.status_code != 302 or elapsed > PROMPT:
+        problems.append(("guarded login", response.status_code, round(elapsed, 1)))
+    for url in pages(made):
+        response, elapsed = timed(lambda url=url: guarded.get(url))
+        if response.status_code >= 400 or elapsed > PROMPT:
+            problems.append((url, response.status_code, round(elapsed, 1)))
+    inspected = guarded.get(f"{BASE}usagecount/inspect/?client=ip:1.2.3.4").content.decode()
+    if "The live counters could not be read" not in inspected:
+        problems.append(("the inspector does not say Redis could not be read", mode))
+    for model in ("endpointrule", "tier"):
+        data = change_data(model, made[model]) | (
+            {"is_default_anonymous": "on"} if model == "tier" else {}
+        )
+        url = f"{BASE}{model}/{made[model].pk}/change/"
+        response, elapsed = timed(lambda url=url, data=data: guarded.post(url, data, follow=True))
+        said = " ".join(str(m) for m in response.context["messages"]) if response.context else ""
+        if response.status_code != 200 or elapsed > PROMPT or "Redis is unreachable" not in said:
+            problems.append((f"save {model}", response.status_code, round(elapsed, 1), said))
+    settings.ROOT_URLCONF = "tests.urls"  # the plain admin login; /api/ping/ routed
+    for command in COMMANDS:
+        (code, said), elapsed = timed(lambda command=command: run(*command))
+        export = command[0] == "throttle_policy"
+        # Exit 3: the answer is shown without what Redis holds, and says so; 1: an error.
+        if (code != 0 if export else code not in (1, 3) or "Redis" not in said) or (
+            elapsed > PROMPT
+        ):
+            problems.append((command[0], code, said[:200], round(elapsed, 1)))
+    plain = Client(raise_request_exception=False)
+    response, elapsed = timed(lambda: plain.post("/admin/login/?next=/admin/", login))
+    if response.status_code != 302 or elapsed > PROMPT:
+        problems.append(("plain login", response.status_code, round(elapsed, 1)))
+    assert problems == []
+
+    proxy.set_mode("pass")
+    healed = time.monotonic()
+    while "The live counters could not be read" in (
+        guarded.get(f"{BASE}usagecount/inspect/?client=ip:1.2.3.4").content.decode()
+    ):
+        assert time.monotonic() - healed < 3, "the inspector still cannot read Redis"
+        time.sleep(0.05)
+    assert run("throttle_inspect", "ip:1.2.3.4")[0] == 0
+    assert run("throttle_usage")[0] == 0
+    assert run("throttle_reset", "ip:1.2.3.4")[0] == 0
+
+
+def test_a_hung_redis_costs_the_inspector_one_policy_version_check_not_one_per_read(
+    proxy: FaultProxy, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With a socket timeout of a second (as long as the policy's refresh interval), every
+    read of the policy during one inspector page found its check due again once the last
+    check had waited out its timeout: the page asked a hung Redis for the version three
+    times, 4.2 s for one page at ``socket_timeout=1``. The interval counts from the check's
+    answer: one version check per page, a timeout for it and one for the counters."""
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 1, "socket_connect_timeout": 1}
+    rows()
+    client = Client(raise_request_exception=False)
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    url = f"{BASE}usagecount/inspect/?client=ip:1.2.3.4"
+    assert client.get(url).status_code == 200  # policy compiled, connections made
+    time.sleep(1.1)  # the next read of the policy checks its version
+    proxy.set_mode("blackhole")
+    caplog.clear()
+
+    response, elapsed = timed(lambda: client.get(url))
+
+    assert response.status_code == 200
+    assert "The live counters could not be read" in response.content.decode()
+    checks = [r for r in caplog.records if "policy version check failed" in r.getMessage()]
+    assert len(checks) == 1  # the version, asked once
+    assert elapsed < 2.8, f"{elapsed:.1f} s"
+
+
+def test_a_hung_redis_costs_the_dashboard_one_socket_timeout_not_one_per_section(
+    proxy: FaultProxy, settings: Any
+) -> None:
+    """The dashboard's timeline, health, load factors and most limited clients each asked a
+    hung Redis in turn, each waiting out the socket timeout: four timeouts for one page (8 s
+    at ``socket_timeout=2``; 40 s, past a gunicorn worker's 30 s, at 10). The first read
+    that goes unanswered now ends the page's reads: every section says why at once."""
+    import re
+
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 1, "socket_connect_timeout": 1}
+    rows()
+    client = Client(raise_request_exception=False)
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    url = f"{BASE}usagecount/dashboard/"
+    assert client.get(url).status_code == 200  # policy compiled, connections made
+    proxy.set_mode("blackhole")
+
+    response, elapsed = timed(lambda: client.get(url))
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "counts are partial" in html
+    assert re.search(r'id="dt-reachable">\s*no', html)
+    assert "Timeout" in html.split('id="limited"', 1)[1]  # the list says why it is partial
+    assert elapsed < 1.8, f"{elapsed:.1f} s"
