@@ -224,7 +224,7 @@ class Settings:
         return ProxyTrust(
             configured=count > 0 or bool(networks),
             proxy_count=count,
-            v4=tuple(n for n in networks if isinstance(n, ipaddress.IPv4Network)),
+            v4=_ipv4_networks(networks),
             v6=tuple(n for n in networks if isinstance(n, ipaddress.IPv6Network)),
             header=None if header is None else "HTTP_" + header.upper().replace("-", "_"),
         )
@@ -359,6 +359,32 @@ def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network
         with contextlib.suppress(TypeError, ValueError):
             networks.append(ipaddress.ip_network(entry, strict=False))
     return tuple(networks)
+
+
+#: IPv6 prefixes whose addresses carry an IPv4 address in their last 32 bits, which the client
+#: IP path reads as that IPv4 address: IPv4-mapped (``::ffff:10.0.0.1``, what a dual-stack
+#: socket gives as ``REMOTE_ADDR``) and RFC 6052's well-known NAT64 prefix.
+IPV4_CARRIERS = (ipaddress.IPv6Network("::ffff:0:0/96"), ipaddress.IPv6Network("64:ff9b::/96"))
+
+
+def _ipv4_networks(
+    networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...],
+) -> tuple[ipaddress.IPv4Network, ...]:
+    """The IPv4 networks ``networks`` trust: the IPv4 ones, and the IPv4 addresses an IPv6
+    one names through :data:`IPV4_CARRIERS` (``::ffff:10.0.0.0/104`` is ``10.0.0.0/8``). The
+    client IP path reads a mapped address as IPv4, so without these a proxy listed in mapped
+    form would never be trusted, and every client behind it would be counted as the proxy."""
+    found = [n for n in networks if isinstance(n, ipaddress.IPv4Network)]
+    for network in networks:
+        if not isinstance(network, ipaddress.IPv6Network):
+            continue
+        for carrier in IPV4_CARRIERS:
+            if carrier.subnet_of(network):  # ``::/0``: every address it carries
+                found.append(ipaddress.IPv4Network("0.0.0.0/0"))
+            elif network.subnet_of(carrier):
+                low = int(network.network_address) & 0xFFFFFFFF
+                found.append(ipaddress.IPv4Network((low, network.prefixlen - 96)))
+    return tuple(dict.fromkeys(found))
 
 
 #: The one settings object every reader goes through.

@@ -212,6 +212,14 @@ def test_a_redis_url_is_connected_to(settings: Any) -> None:
         (2, 2, (), ()),
         (["10.0.0.0/8", "2001:db8::/32"], 0, ("10.0.0.0/8",), ("2001:db8::/32",)),
         (["10.0.0.0/8", "not a network"], 0, ("10.0.0.0/8",), ()),  # trusting less
+        # Mapped and NAT64 IPv6 (read as the IPv4 they carry) trust those IPv4 addresses too.
+        (
+            ["::ffff:10.0.0.0/104", "64:ff9b::192.0.2.0/120"],
+            0,
+            ("10.0.0.0/8", "192.0.2.0/24"),
+            ("::ffff:a00:0/104", "64:ff9b::c000:200/120"),
+        ),
+        (["::/0"], 0, ("0.0.0.0/0",), ("::/0",)),
     ],
 )
 def test_proxies_are_trusted_by_count_or_by_network_in_one_setting(

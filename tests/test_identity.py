@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import redis
+from asgiref.sync import async_to_sync
 from django.contrib.auth.models import AnonymousUser
 from django.http import HttpRequest
 from django.test import Client, RequestFactory
@@ -18,6 +19,7 @@ from django_throttle.backends.redis import RedisBackend
 from django_throttle.identity import UNIDENTIFIED, Identity
 from django_throttle.policy.live import get_resolver, resolve_identity
 from django_throttle.rates import Limit
+from tests.clients import AddressedAsyncClient
 from tests.factories import with_shards
 
 PROXIES = ["10.0.0.0/8", "2001:db8::/32"]
@@ -571,6 +573,45 @@ def test_clients_behind_trusted_proxies_get_their_own_buckets_through_a_view(
     assert codes("1.1.1.1, 198.51.100.2") == [200] * 5 + [429]
     # The client's own prefix does not buy it a new bucket: the proxy appended the real one.
     assert codes("1.1.1.2, 198.51.100.2")[0] == 429
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+@pytest.mark.parametrize(
+    ("listed", "proxy"),
+    [
+        ("::ffff:10.0.0.0/104", "::ffff:10.0.0.1"),  # a dual-stack socket's REMOTE_ADDR
+        ("::ffff:10.0.0.0/104", "10.0.0.1"),
+        ("10.0.0.0/8", "::ffff:10.0.0.1"),
+        ("64:ff9b::10.0.0.0/104", "10.0.0.1"),  # NAT64, read as the IPv4 it carries
+    ],
+)
+def test_a_proxy_listed_in_ipv4_mapped_form_is_trusted_through_a_view(
+    settings: Any, kind: str, listed: str, proxy: str
+) -> None:
+    """The client IP path reads ``::ffff:10.0.0.1`` as ``10.0.0.1``: a proxy listed in mapped
+    form (``::ffff:10.0.0.0/104``, as a dual-stack server shows it) was never trusted, so every
+    client behind it was counted as the proxy: one client's requests refused all of them."""
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = [listed]
+
+    def codes(forwarded: str, address: str = proxy) -> list[int]:
+        headers = {"X-Forwarded-For": forwarded}
+        if kind == "wsgi":
+            client = Client(REMOTE_ADDR=address)
+            return [client.get("/hello/", headers=headers).status_code for _ in range(6)]
+
+        async def run() -> list[int]:
+            client = AddressedAsyncClient(address)
+            return [(await client.get("/hello/", headers=headers)).status_code for _ in range(6)]
+
+        return async_to_sync(run)()
+
+    assert codes("198.51.100.1") == [200] * 5 + [429]
+    assert codes("198.51.100.2") == [200] * 5 + [429]  # another client: a bucket of its own
+    assert codes("1.1.1.1, 198.51.100.2")[0] == 429  # its own prefix buys it nothing
+    # A peer outside the list: the header is ignored, whatever it says.
+    assert codes("198.51.100.3", "::ffff:11.0.0.1") == [200] * 5 + [429]
+    assert codes("198.51.100.4", "::ffff:11.0.0.1")[0] == 429
 
 
 # --- identity strings as Redis keys -----------------------------------------------------------
