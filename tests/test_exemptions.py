@@ -136,6 +136,13 @@ def test_a_removed_exemption_ends_on_an_async_view_with_an_inline_rate(
         ("198.51.100.0/24", "198.51.101.7", False),
         ("203.0.113.9", "203.0.113.9", True),
         ("::ffff:203.0.113.9", "203.0.113.9", True),
+        ("::ffff:198.51.100.0/120", "::ffff:198.51.100.7", True),
+        # NAT64 (RFC 6052): clients in that form are counted as their IPv4 address, so an
+        # exemption written in it is that IPv4 network (it was refused as a too-narrow IPv6
+        # network, with advice to exempt 64:ff9b::/64, which never matched either).
+        ("64:ff9b::198.51.100.0/120", "64:ff9b::198.51.100.7", True),
+        ("64:ff9b::198.51.100.0/120", "198.51.100.7", True),
+        ("64:ff9b::198.51.100.0/120", "198.51.101.7", False),
         ("2001:db8::/48", "2001:db8:0:7::1", True),  # counted as 2001:db8:0:7::/64, inside
         ("2001:db8::/48", "2001:db9::1", False),
     ],

@@ -12,7 +12,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
-from django_throttle.conf import IPV6_PREFIX
+from django_throttle.conf import IPV4_CARRIERS, IPV6_PREFIX
 from django_throttle.models.fields import optional_one_to_one, subject
 
 #: Longest network text: a full IPv6 address with a /128 suffix.
@@ -28,10 +28,12 @@ def parse_network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     """``text`` as a network (a bare address is a /32 or /128; host bits are dropped:
     ``203.0.113.7/24`` is ``203.0.113.0/24``). Raises ``ValueError``."""
     network = ipaddress.ip_network(text.strip(), strict=False)
-    mapped = getattr(network.network_address, "ipv4_mapped", None)
-    if mapped is not None and network.prefixlen >= 96:
-        # ::ffff:a.b.c.d is counted as a.b.c.d: exempt it the same way.
-        network = ipaddress.ip_network(f"{mapped}/{network.prefixlen - 96}")
+    if isinstance(network, ipaddress.IPv6Network) and network.prefixlen >= 96:
+        for carrier in IPV4_CARRIERS:
+            if network.subnet_of(carrier):
+                # ::ffff:a.b.c.d and 64:ff9b::a.b.c.d are counted as a.b.c.d: exempt the same.
+                low = int(network.network_address) & 0xFFFFFFFF
+                return ipaddress.IPv4Network((low, network.prefixlen - 96))
     return network
 
 
