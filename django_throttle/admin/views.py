@@ -50,6 +50,7 @@ from django_throttle.backends.adaptive_store import AdaptiveStore
 from django_throttle.backends.redis_nodes import get_breaker
 from django_throttle.backends.usage_store import UsageStore
 from django_throttle.conf import app_settings
+from django_throttle.inspection.budget import ReadBudget, SlowRead
 from django_throttle.inspection.clients import (
     BadAddress,
     BadRegion,
@@ -94,13 +95,19 @@ def dashboard(request: HttpRequest, model_admin: AppAdmin) -> HttpResponse:
         raise PermissionDenied
     window = request.GET.get("window", "hour")
     window = window if window in WINDOWS else "hour"
-    data = timeline(window)
+    budget = ReadBudget()
+    data = timeline(window, budget)
     # A Redis that did not answer the timeline is not asked again by this page: each other
     # section shows that error at once, instead of waiting out a socket timeout of its own
     # (four timeouts for one page, with a hung Redis). Not on a Redis Cluster, whose other
-    # reads may be on primaries that answer (its health lists each primary's answer).
+    # reads may be on primaries that answer (its health lists each primary's answer). A
+    # Redis that answers slowly is read until the page's budget is spent (ReadBudget), on
+    # any topology; a cluster's health is read all the same, as it tells which primary is slow.
     clustered = bool(getattr(get_backend(), "on_cluster", False))
     unanswered = "" if clustered else data.unread
+    slow = "" if unanswered else budget.exhausted()
+    health = _health() if clustered else _health(unanswered or slow, slow=bool(slow))
+    factors = load_factors(window, unanswered or budget.exhausted())
     return model_admin.render_page(
         request,
         "dashboard",
@@ -109,9 +116,9 @@ def dashboard(request: HttpRequest, model_admin: AppAdmin) -> HttpResponse:
         windows=list(WINDOWS),
         timeline=data,
         outcomes=[(name, LABELS[name], data.overall.totals[name]) for name in CHARTED],
-        health=_health(unanswered),
-        load_factors=load_factors(window, unanswered),
-        **_most_limited(window, unanswered),
+        health=health,
+        load_factors=factors,
+        **_most_limited(window, unanswered, budget),
     )
 
 
@@ -161,16 +168,19 @@ def load_factors(window: str, unanswered: str = "") -> dict[str, Any]:
     return {"charts": charts, "error": ""}
 
 
-def _most_limited(window: str, unanswered: str = "") -> dict[str, Any]:
+def _most_limited(
+    window: str, unanswered: str = "", budget: ReadBudget | None = None
+) -> dict[str, Any]:
     """The clients denied most, each with who it is (:func:`client_names`), which of their
     figures are estimates (folded: see ``Report.estimated_fields``), and ``limited_error``:
     why the backend could not be read (then the list is the database's minutes only, each
     count a lower bound: not "no client was limited", which nobody knows). ``unanswered``:
-    the backend did not answer this page; the database's minutes only, at once."""
+    the backend did not answer this page; the database's minutes only, at once. Once the
+    page's ``budget`` is spent, its reads are not made either."""
     span, _step = WINDOWS[window]
     since = datetime.now(tz=UTC) - timedelta(minutes=span - 1)
     with closing(accounting.get_store()) as store:
-        reader = _Unanswered(store, unanswered) if unanswered else store
+        reader = _Unanswered(store, unanswered, budget) if unanswered or budget else store
         result = report(since, "client", None, reader)  # type: ignore[arg-type]
     error = result.unread
     limited = [row for row in result.rows if row.denied or row.shadow_denied]
@@ -185,10 +195,11 @@ def _most_limited(window: str, unanswered: str = "") -> dict[str, Any]:
 
 class _Unanswered:
     """A usage store whose backend did not answer this page: its figures (``top_size``...)
-    are the store's, every read fails at once with the error the page met."""
+    are the store's, every read fails at once with the error the page met (``error``), or
+    with :class:`SlowRead` once the page's ``budget`` is spent."""
 
-    def __init__(self, store: UsageStore, error: str) -> None:
-        self._store, self._error = store, error
+    def __init__(self, store: UsageStore, error: str, budget: ReadBudget | None = None) -> None:
+        self._store, self._error, self._budget = store, error, budget
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._store, name)
@@ -196,15 +207,20 @@ class _Unanswered:
             return value
 
         def unanswered(*args: Any, **kwargs: Any) -> Any:
-            raise BackendError(self._error)
+            if self._error:
+                raise BackendError(self._error)
+            if self._budget is not None:
+                self._budget.check()
+            return value(*args, **kwargs)
 
         return unanswered
 
 
-def _health(unanswered: str = "") -> dict[str, Any]:
+def _health(unanswered: str = "", slow: bool = False) -> dict[str, Any]:
     """Whether the backend answers (and how fast), the breaker, and the policy snapshot; on a
     Redis Cluster, each primary's answer and breaker too. ``unanswered``: why the backend did
-    not answer this page (then it is not asked again)."""
+    not answer this page (then it is not asked again); ``slow``: it answered, but too slowly
+    for the page to ask it more (``unanswered`` says so)."""
     breaker, snapshot = get_breaker(), policy_module.last()
     started, error = time.perf_counter(), unanswered
     if not error:
@@ -225,6 +241,8 @@ def _health(unanswered: str = "") -> dict[str, Any]:
         "backend": app_settings.backend_path.rsplit(".", 1)[-1],
         "reachable": not error,
         "error": error,
+        #: Not asked: the page's budget for Redis was spent (it answers, slowly).
+        "slow": slow,
         "latency_ms": None if error else (time.perf_counter() - started) * 1e3,
         "breaker": breaker,
         "last_error": plain_text(breaker.last_error or ""),
@@ -301,9 +319,12 @@ def inspector(request: HttpRequest, model_admin: AppAdmin) -> HttpResponse:
     path = request.GET.get("path", "").strip()
     context: dict[str, Any] = {}
     if query.client_text:
+        budget = ReadBudget()  # the explanation's reads share it (see ReadBudget)
         try:
             subject = query.subject()
-            context["inspection"] = inspect(subject, query.username, query.address, query.region)
+            context["inspection"] = inspect(
+                subject, query.username, query.address, query.region, budget
+            )
             if path:
                 context["explanation"] = explain(
                     subject,
@@ -312,6 +333,7 @@ def inspector(request: HttpRequest, model_admin: AppAdmin) -> HttpResponse:
                     address=query.address,
                     username=query.username,
                     region=query.region,
+                    budget=budget,
                 )
                 # 503 for a request the service sheds, as the server answers it.
                 decision = context["explanation"].decision
@@ -552,10 +574,12 @@ class Timeline:
     unread: str = ""
 
 
-def timeline(window: str) -> Timeline:
-    """Per-bar counts for ``window`` (a key of :data:`WINDOWS`) ending with the current minute."""
+def timeline(window: str, budget: ReadBudget | None = None) -> Timeline:
+    """Per-bar counts for ``window`` (a key of :data:`WINDOWS`) ending with the current minute;
+    the backend's reads stop once ``budget`` (the page's) is spent, the counts then partial."""
     with closing(accounting.get_store()) as store:  # the client it reads on closed after
-        return _timeline(window, store)
+        reader = _Unanswered(store, "", budget) if budget is not None else store
+        return _timeline(window, reader)  # type: ignore[arg-type]
 
 
 def _timeline(window: str, store: UsageStore) -> Timeline:
@@ -570,7 +594,7 @@ def _timeline(window: str, store: UsageStore) -> Timeline:
         split = stored_through(store)
     except BackendError as exc:
         now, split, partial = math.floor(time.time() / 60), newest_stored(), True
-        unread = plain_text(f"{type(exc).__name__}: {exc}")
+        unread = _why(exc)
     first = now - span + 1
     first -= first % step  # bars start on whole steps (xx:00, xx:15 ...)
     bars = (now - first) // step + 1
@@ -599,7 +623,7 @@ def _timeline(window: str, store: UsageStore) -> Timeline:
         try:
             live = store.read(range(live_from, now + 1), totals=True, clients=False)
         except BackendError as exc:
-            partial, unread = True, plain_text(f"{type(exc).__name__}: {exc}")
+            partial, unread = True, _why(exc)
     for minute, counts in live.items():
         for usage_field, values in counts.totals.items():
             add(minute, *accounting.split_field(usage_field), values)
@@ -615,6 +639,12 @@ def _timeline(window: str, store: UsageStore) -> Timeline:
         before_authentication=_charts(checks, 1, starts, NO_ENDPOINT),
         unread=unread,
     )
+
+
+def _why(exc: BackendError) -> str:
+    """Why the backend was not read, as the page says it: the error, or the page's spent
+    budget in words (a read not made raised no error of Redis's)."""
+    return str(exc) if isinstance(exc, SlowRead) else plain_text(f"{type(exc).__name__}: {exc}")
 
 
 def _charts(cells: _Cells, part: int, starts: list[datetime], blank: str) -> list[Chart]:

@@ -34,6 +34,7 @@ from django_throttle.backends import BackendError, get_backend
 from django_throttle.backends.base import Backend, per_shard
 from django_throttle.conf import app_settings
 from django_throttle.identity import Identity, client_ip, region_code
+from django_throttle.inspection.budget import ReadBudget, SlowRead
 from django_throttle.inspection.subjects import Subject, UnknownClient, tier_and_reason
 from django_throttle.policy.live import EndpointPolicy, Policy, TierPolicy, current
 from django_throttle.rates import FLEET, Algorithm, Decision, Limit, limit_text
@@ -203,10 +204,13 @@ def inspect(
     username: str | None = None,
     address: str | None = None,
     region: str | None = None,
+    budget: ReadBudget | None = None,
 ) -> Inspection:
     """The client's tier, why, and the state of every counter its requests meet, read
     without consuming: its tier's and rules' limits, counters by its IP address and by its
-    username (a user's own; ``username`` for another client), and shared ceilings."""
+    username (a user's own; ``username`` for another client), and shared ceilings. With a
+    ``budget`` (an admin page's), the counters left once it is spent are not read:
+    ``unread`` says so."""
     snapshot = current()
     tier, reason = tier_and_reason(subject, snapshot)
     checked_address(address)
@@ -220,11 +224,7 @@ def inspect(
     else:
         who = probe(subject, address, username, region)
         found, presented = every_counter(who, snapshot), who.username
-    unread = ""
-    try:
-        states = buckets(found)
-    except BackendError as exc:  # what needs no backend is still worth showing
-        states, unread = [_unread(c) for c in found], plain_text(str(exc))
+    states, unread = read_buckets(found, budget)
     return Inspection(subject, tier, reason, states, presented, region, regional, unread)
 
 
@@ -233,12 +233,32 @@ def _unread(c: Counter) -> Bucket:
     return Bucket(c.limit, c.where, None, shared_by() if c.limit.shared else c.counted_by, c.client)
 
 
-def buckets(found: Sequence[Counter]) -> list[Bucket]:
+def read_buckets(
+    found: Sequence[Counter], budget: ReadBudget | None = None
+) -> tuple[list[Bucket], str]:
+    """:func:`buckets`, and why some could not be read: the backend failed (then none
+    is read), or ``budget`` was spent (then those read are kept, the rest are unread)."""
+    states: list[Bucket] = []
+    try:
+        buckets(found, budget, states)
+    except SlowRead as exc:  # keep what was read
+        return [*states, *(_unread(c) for c in found[len(states) :])], str(exc)
+    except BackendError as exc:  # what needs no backend is still worth showing
+        return [_unread(c) for c in found], plain_text(str(exc))
+    return states, ""
+
+
+def buckets(
+    found: Sequence[Counter], budget: ReadBudget | None = None, states: list[Bucket] | None = None
+) -> list[Bucket]:
     """Each counter's live state, read without consuming; a concurrency limit's with the
-    leases held in it."""
+    leases held in it. Appended to ``states`` as they are read (given one); raises
+    :class:`SlowRead` before a read once ``budget`` is spent."""
     backend = get_backend()
-    states = []
+    states = [] if states is None else states
     for c in found:
+        if budget is not None:
+            budget.check()
         held = _held(backend, c)
         state = backend.peek(c.client, [c.limit])
         if c.limit.id == FLEET and state.allowed and state.limit is None:
@@ -380,6 +400,7 @@ def explain(
     address: str | None = None,
     username: str | None = None,
     region: str | None = None,
+    budget: ReadBudget | None = None,
 ) -> Explanation:
     """Which checks a ``method`` request to ``path`` from this client meets, which rule
     each matches, every counter at what cost, and the decision the server would give it
@@ -388,7 +409,9 @@ def explain(
     own by default), ``username`` what it presents at a login (a user's own by default). For
     a counter by username, the request is an anonymous login presenting that username.
     With the backend down, what needs no backend is returned all the same, ``unread``
-    saying why, every counter's state and the decision ``None`` (never zeros)."""
+    saying why, every counter's state and the decision ``None`` (never zeros). With a
+    ``budget`` (an admin page's), what is left once it is spent is not read: the counters
+    not read and the decision are ``None``, ``unread`` saying so."""
     method = (method or "GET").upper()
     if not path.startswith("/"):
         path = "/" + path
@@ -419,13 +442,15 @@ def explain(
     for counter in (counter for plan in plans for counter in plan.counters):
         seen.setdefault((counter.client, counter.limit.id), counter)
     found = list(seen.values())
-    unread = ""
-    try:
-        states = buckets(found)
-        decision, denied_by = _decide(plans)
-    except BackendError as exc:  # what needs no backend is still worth showing
-        states, unread = [_unread(c) for c in found], plain_text(str(exc))
-        decision, denied_by = None, ""
+    states, unread = read_buckets(found, budget)
+    decision, denied_by = None, ""
+    if not unread:
+        try:
+            decision, denied_by = _decide(plans, budget)
+        except SlowRead as exc:  # every counter's state is shown, not the decision
+            unread = str(exc)
+        except BackendError as exc:  # what needs no backend is still worth showing
+            states, unread = [_unread(c) for c in found], plain_text(str(exc))
     ruled = next((plan for plan in plans if plan.rule is not None), None)
     return Explanation(
         subject=subject,
@@ -463,7 +488,9 @@ def region_text(region: str | None, regional: bool) -> str:
     return f"{region} (no limit names it: the default limits)"
 
 
-def _decide(plans: Sequence[Planned]) -> tuple[Decision | None, str]:
+def _decide(
+    plans: Sequence[Planned], budget: ReadBudget | None = None
+) -> tuple[Decision | None, str]:
     """The server's answer: checks run in order and the first that denies answers; within
     one check every counter is asked with the request's cost, and a denial reports the
     longest wait among the counters that deny (the retry must really succeed). Allowed:
@@ -471,10 +498,13 @@ def _decide(plans: Sequence[Planned]) -> tuple[Decision | None, str]:
     backend = get_backend()
     allowed: list[Decision] = []
     for plan in plans:
-        decisions = [
-            backend.peek(client, [counter.limit for counter in found], cost=plan.cost)
-            for client, found in plan.groups
-        ]
+        decisions = []
+        for client, found in plan.groups:
+            if budget is not None:
+                budget.check()
+            decisions.append(
+                backend.peek(client, [counter.limit for counter in found], cost=plan.cost)
+            )
         denied = [d for d in decisions if not d.allowed]
         if denied:
             return max(denied, key=lambda d: d.retry_after), plan.check.name
