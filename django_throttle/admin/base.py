@@ -28,6 +28,7 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.widgets import AutocompleteSelect
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
@@ -180,6 +181,17 @@ class AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             posted.setlist(helpers.ACTION_CHECKBOX_NAME, kept)
             request.POST = posted  # type: ignore[assignment]  # Django's own is immutable
         return super().response_action(request, queryset, *args, **kwargs)
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        """The list, with a filter value out of every range the database holds
+        (``?tier=1000000000000000000000000000000``, a ``window_start__year`` of 30 digits) read
+        as the wacky lookup it is: Django then draws the list unfiltered with its own "?e=1"
+        note. Django turns most bad values into that, but a number too large for the
+        database's integers, or for a date, fails only when the query runs: it was a 500."""
+        try:
+            return super().get_changelist_instance(request)
+        except OverflowError as exc:
+            raise IncorrectLookupParameters(exc) from exc
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         if db_field.name in self.get_autocomplete_fields(request) and "widget" not in kwargs:
