@@ -404,7 +404,8 @@ def test_a_name_of_only_whitespace_is_refused_as_the_admin_refuses_it(
     path = tmp_path / "policy.json"
     path.write_text(json.dumps({"version": 1, **filled}))
     with pytest.raises(
-        CommandError, match=r"(?s)Nothing was imported.*" + _re(expected.replace("{!r}", repr(blank)))
+        CommandError,
+        match=r"(?s)Nothing was imported.*" + _re(expected.replace("{!r}", repr(blank))),
     ):
         run("import", str(path))
     assert not Tier.objects.exists() and not EndpointRule.objects.exists()
