@@ -406,6 +406,35 @@ def test_admin_bad_values_are_field_errors(partner: Tier, admin_client: Client) 
     assert not ApiKey.objects.exists()
 
 
+@pytest.mark.parametrize("change", [False, True])
+def test_an_expiry_past_the_last_storable_time_is_a_field_error(
+    partner: Tier, admin_client: Client, settings: Any, change: bool
+) -> None:
+    """9999-12-31 23:59 in a time zone behind UTC is past the last datetime there is once
+    converted to UTC, as the database keeps it: the save failed (a 500), on the add page
+    and on a key's change page."""
+    settings.TIME_ZONE = "America/New_York"
+    key, _full = ApiKey.objects.create_key(name="ci", tier=partner)
+    url = reverse("admin:django_throttle_apikey_add")
+    if change:
+        url = reverse("admin:django_throttle_apikey_change", args=[key.pk])
+    data = {
+        "name": "x",
+        "tier": partner.pk,
+        "active": "on",
+        "expires_0": "9999-12-31",
+        "expires_1": "23:59:59",
+    }
+    response = admin_client.post(url, data)
+
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert list(errors) == ["expires"]
+    assert "too far ahead" in str(errors["expires"])
+    key.refresh_from_db()
+    assert (ApiKey.objects.count(), key.name, key.expires) == (1, "ci", None)
+
+
 def test_the_admin_revoke_action_deactivates_and_logs(
     api_key: tuple[ApiKey, str], admin_client: Client
 ) -> None:

@@ -260,6 +260,86 @@ def test_admin_a_list_action_acts_on_the_valid_ids_of_a_tampered_selection(
     assert (key.active, other.active) == (False, True)
 
 
+HUGE = "1" + "0" * 30
+
+
+@pytest.mark.parametrize(
+    ("model", "query"),
+    [
+        ("apikey", {"tier": HUGE}),
+        ("tierassignment", {"tier": HUGE}),
+        ("tierassignment", {"user": HUGE}),
+        ("exemption", {"user": HUGE}),
+        ("usagecount", {"window_start__year": HUGE}),
+        ("usagecount", {"window_start__year": "2026", "window_start__month": HUGE}),
+    ],
+)
+def test_admin_a_list_filtered_by_a_number_too_large_is_drawn_unfiltered(
+    admin_client: Client, anonymous: Tier, model: str, query: dict[str, str]
+) -> None:
+    """A list's filter value beyond what the database's integers (or a date) hold, typed
+    in the address bar: it failed only when the query ran, a 500. Now Django's answer to a
+    filter it cannot apply: the list unfiltered, with its "?e=1" note."""
+    from django_throttle.models import ApiKey
+
+    ApiKey.objects.create_key(name="ci", tier=anonymous)
+    url = reverse(f"admin:django_throttle_{model}_changelist")
+    response = admin_client.get(url, query)
+
+    assert response.status_code == 302
+    assert response["Location"] == f"{url}?e=1"
+    assert admin_client.get(response["Location"]).status_code == 200
+
+
+def list_edit(rule_id: str, **fields: str) -> dict[str, str]:
+    """The rule list's in-place edit of one row, as the page posts it."""
+    return {
+        "form-TOTAL_FORMS": "1",
+        "form-INITIAL_FORMS": "1",
+        "form-MIN_NUM_FORMS": "0",
+        "form-MAX_NUM_FORMS": "1000",
+        "form-0-id": rule_id,
+        "_save": "Save",
+        **fields,
+    }
+
+
+@pytest.mark.parametrize("value", ["", "abc", "-1", "1.5", HUGE])
+def test_admin_a_list_edit_of_a_row_that_is_no_id_is_an_error_and_changes_nothing(
+    admin_client: Client, value: str
+) -> None:
+    """The rule list's enabled/shadow boxes post each row's id; a value no row's id can be
+    (a tampered POST) was a 500: the rule's own check of its pattern, on the blank row it
+    became, named a field the list does not have, and 30 digits failed the query."""
+    rule = EndpointRule.objects.create(name="export", pattern="export")
+    url = reverse("admin:django_throttle_endpointrule_changelist")
+    response = admin_client.post(url, list_edit(value, **{"form-0-shadow": "on"}))
+
+    assert response.status_code == 200
+    assert response.context["cl"].formset.errors[0]["id"]
+    rule.refresh_from_db()
+    assert (rule.enabled, rule.shadow) == (True, False)
+
+
+def test_admin_a_rule_the_policy_skips_can_be_switched_off_from_the_list(
+    admin_client: Client, anonymous: Tier
+) -> None:
+    """A rule whose pattern was written around the admin (flagged in the list's "problems"
+    column): unticking "enabled" in the list was a 500, the rule's check of the pattern
+    naming a field the list does not show. The list saves what it edits; the pattern's
+    error stays the change page's."""
+    rule = EndpointRule.objects.create(name="export", match_type="path", pattern="/api/*")
+    url = reverse("admin:django_throttle_endpointrule_changelist")
+    response = admin_client.post(url, list_edit(str(rule.pk)))  # "enabled" unticked
+
+    assert response.status_code == 302
+    rule.refresh_from_db()
+    assert not rule.enabled
+    change = reverse("admin:django_throttle_endpointrule_change", args=[rule.pk])
+    page = admin_client.get(change)
+    assert page.status_code == 200
+
+
 # Inline limit rows posted with ids that are not this page's rows ------------------------------
 
 

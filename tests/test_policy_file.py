@@ -385,6 +385,52 @@ def test_an_empty_or_list_value_is_a_problem_naming_the_field_not_a_traceback(
     assert not Tier.objects.exists() and not EndpointRule.objects.exists()
 
 
+@pytest.mark.parametrize("blank", [" ", "   \t", "\n"])
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        ({"tiers": [{"slug": "t", "name": "{}"}]}, "tiers[0] 't'.name: must not be empty"),
+        ({"rules": [{"name": "{}", "pattern": "r"}]}, "rules[0] {!r}.name: must not be empty"),
+    ],
+)
+def test_a_name_of_only_whitespace_is_refused_as_the_admin_refuses_it(
+    tmp_path: Path, admin_client: Any, blank: str, document: Any, expected: str
+) -> None:
+    """The admin strips a name before checking it is given ("This field is required." for
+    a tier or rule named " "); the file's same value was imported as the name."""
+    from django.urls import reverse
+
+    filled = json.loads(json.dumps(document).replace("{}", json.dumps(blank)[1:-1]))
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"version": 1, **filled}))
+    with pytest.raises(
+        CommandError,
+        match=r"(?s)Nothing was imported.*" + _re(expected.replace("{!r}", repr(blank))),
+    ):
+        run("import", str(path))
+    assert not Tier.objects.exists() and not EndpointRule.objects.exists()
+
+    # The admin's refusal of the same value.
+    model = "tier" if "tiers" in document else "endpointrule"
+    data = {
+        "slug": "t",
+        "name": blank,
+        "priority": "0",
+        "load_factor": "100",
+        "min_factor": "10",
+        "match_type": "scope",
+        "pattern": "r",
+        "cost": "1",
+        "counts": "all",
+        "criticality": "default",
+        "limits-TOTAL_FORMS": "0",
+        "limits-INITIAL_FORMS": "0",
+    }
+    response = admin_client.post(reverse(f"admin:django_throttle_{model}_add"), data)
+    assert response.status_code == 200
+    assert list(response.context["adminform"].form.errors) == ["name"]
+
+
 def test_an_endpoint_limit_with_a_list_for_its_count_is_a_problem(tmp_path: Path) -> None:
     tier("free", "10/s")
     rule = {"name": "r", "pattern": "r", "limits": [{"tier": "free", "rate": "1/s"}]}

@@ -28,8 +28,9 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.widgets import AutocompleteSelect
-from django.core.exceptions import ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MinValueValidator
 from django.db import IntegrityError, models
 from django.db.models import QuerySet, UniqueConstraint
@@ -141,6 +142,29 @@ def _is_id(target: Any, value: Any) -> bool:
     return True
 
 
+class RowIdField(forms.ModelChoiceField):  # type: ignore[type-arg]
+    """The hidden id of a row a list edits in place, refusing a value no id can be (a
+    tampered POST: 30 digits) with Django's "Select a valid choice": Django looked it up,
+    and one beyond the database's integers failed the query (a 500)."""
+
+    def to_python(self, value: Any) -> Any:
+        model: Any = getattr(self.queryset, "model", None)
+        if value not in self.empty_values and not _is_id(model._meta.pk, value):
+            raise ValidationError(self.error_messages["invalid_choice"], code="invalid_choice")
+        return super().to_python(value)
+
+
+class ListEditFormSet(forms.BaseModelFormSet):  # type: ignore[type-arg]
+    """The rows a list edits in place, each id read by :class:`RowIdField`."""
+
+    def add_fields(self, form: Any, index: Any) -> None:
+        super().add_fields(form, index)
+        model: Any = self.model
+        field = form.fields.get(model._meta.pk.name)
+        if type(field) is forms.ModelChoiceField:
+            field.__class__ = RowIdField
+
+
 class AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Every page of the app's models loads its stylesheet and ``long_words.js``, which keep
     each page within a 1,280 px window whatever the data (long tokens wrap, ordinary words stay
@@ -180,6 +204,56 @@ class AppAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             posted.setlist(helpers.ACTION_CHECKBOX_NAME, kept)
             request.POST = posted  # type: ignore[assignment]  # Django's own is immutable
         return super().response_action(request, queryset, *args, **kwargs)
+
+    def get_changelist_form(self, request: HttpRequest, **kwargs: Any) -> Any:
+        """The form of a row the list edits in place (``list_editable``): it edits a few
+        columns (a rule's "enabled" and "shadow"), and the model's ``clean()`` judges the
+        whole row. Its errors on a column the list does not show (a rule's pattern written
+        around the admin, flagged in the "problems" column) were a 500 (Django raises on an
+        error for a field the form lacks), so unticking "enabled" on that rule could only be
+        done on its change page. They are the change page's to show; the list saves what it
+        edits."""
+        form = super().get_changelist_form(request, **kwargs)
+
+        class ListEditForm(form):  # type: ignore[misc, valid-type]
+            def add_error(self, field: Any, error: Any) -> None:
+                if field is None and hasattr(error, "error_dict"):
+                    kept = {
+                        name: errors
+                        for name, errors in error.error_dict.items()
+                        if name == NON_FIELD_ERRORS or name in self.fields
+                    }
+                    if not kept:
+                        return
+                    error = ValidationError(kept)
+                super().add_error(field, error)
+
+        return ListEditForm
+
+    def get_changelist_formset(self, request: HttpRequest, **kwargs: Any) -> Any:
+        kwargs.setdefault("formset", ListEditFormSet)
+        return super().get_changelist_formset(request, **kwargs)
+
+    def _get_list_editable_queryset(self, request: HttpRequest, prefix: str) -> Any:
+        # Django reads the posted ids to narrow the rows it loads, and gives that up for an
+        # id it cannot read; one that reads but is beyond the database's integers (30
+        # digits) failed the query instead: given up the same way (the row's RowIdField
+        # then refuses it).
+        pks = self._get_edited_object_pks(request, prefix)
+        if not all(_is_id(self.opts.pk, pk) for pk in pks):
+            return self.get_queryset(request)
+        return super()._get_list_editable_queryset(request, prefix)
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        """The list, with a filter value out of every range the database holds
+        (``?tier=1000000000000000000000000000000``, a ``window_start__year`` of 30 digits) read
+        as the wacky lookup it is: Django then draws the list unfiltered with its own "?e=1"
+        note. Django turns most bad values into that, but a number too large for the
+        database's integers, or for a date, fails only when the query runs: it was a 500."""
+        try:
+            return super().get_changelist_instance(request)
+        except OverflowError as exc:
+            raise IncorrectLookupParameters(exc) from exc
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         if db_field.name in self.get_autocomplete_fields(request) and "widget" not in kwargs:

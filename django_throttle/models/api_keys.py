@@ -9,7 +9,7 @@ once, by :meth:`ApiKeyManager.create_key`, and cannot be recovered afterwards.
 from __future__ import annotations
 
 import secrets
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -117,5 +117,16 @@ class ApiKey(models.Model):
         return full_key
 
     def clean(self) -> None:
+        if self.expires is not None and timezone.is_aware(self.expires):
+            # The database keeps UTC: the last hours of 9999-12-31 in a zone behind UTC
+            # are past the last datetime there is, and failed the save (a 500).
+            try:
+                self.expires.astimezone(UTC)
+            except OverflowError:
+                message = _(
+                    "This date is too far ahead to be stored; leave the field empty for a "
+                    "key that never expires."
+                )
+                raise ValidationError({"expires": message}) from None
         if self._state.adding and self.expires is not None and self.expires <= timezone.now():
             raise ValidationError({"expires": _("A new key must expire in the future.")})

@@ -390,6 +390,10 @@ def _shape_problems(row: Any) -> dict[str, list[str]]:
             problems[f.name] = [f"must not be null{empty}"]
         elif value == "" and not f.empty_strings_allowed:
             problems[f.name] = ["must not be empty" + (" (write null for none)" if f.null else "")]
+        elif isinstance(value, str) and value and not value.strip() and not f.blank:
+            # The admin's form strips a value before checking it is there: only spaces is
+            # none, refused there as "This field is required." (a tier or rule named " ").
+            problems[f.name] = ["must not be empty (it is only whitespace)"]
         elif value is not None and (problem := _type_problem(f, value)) is not None:
             problems[f.name] = [problem]
     return problems
