@@ -325,7 +325,10 @@ def test_an_imported_edit_reaches_every_worker_within_about_a_second(stack: Stac
         assert Counter(r.status_code for r in responses) == {200: 20, 429: 20}
 
 
-def test_a_client_gone_from_a_slow_async_view_is_counted_as_the_docs_say(stack: Stack) -> None:
+@pytest.mark.parametrize("kind", ["async", "adrf"])
+def test_a_client_gone_from_a_slow_async_view_is_counted_as_the_docs_say(
+    stack: Stack, kind: str
+) -> None:
     """docs/howto/async.md: an ``async def`` view whose client hangs up is settled as 499, a
     failure: it keeps its token under a rule counting failures, and gives it back under one
     counting successes (499 is no success). Checked after the view would have finished, so a
@@ -334,10 +337,10 @@ def test_a_client_gone_from_a_slow_async_view_is_counted_as_the_docs_say(stack: 
     clients = {scope: fresh_client() for scope in ("slow", "slow-ok")}
     for scope, headers in clients.items():
         with pytest.raises(httpx.ReadTimeout):
-            httpx.get(f"{url}/async/{scope}/?sleep=3", headers=headers, timeout=0.5)
+            httpx.get(f"{url}/{kind}/{scope}/?sleep=3", headers=headers, timeout=0.5)
     time.sleep(4)
     remaining = {
-        scope: httpx.get(f"{url}/async/{scope}/", headers=headers).headers["X-RateLimit-Remaining"]
+        scope: httpx.get(f"{url}/{kind}/{scope}/", headers=headers).headers["X-RateLimit-Remaining"]
         for scope, headers in clients.items()
     }
     # The next request's own token is taken when it is decided (and given back afterwards).

@@ -37,6 +37,9 @@ class AdrfView(AsyncAPIView):
         return super().get_throttles()
 
     async def get(self, request: Request, scope: str) -> Response:
+        seconds = float(request.query_params.get("sleep", "0"))
+        if seconds:
+            await asyncio.sleep(seconds)
         return Response({"scope": scope})
 
 
