@@ -144,7 +144,7 @@ class PolicyThrottle:
         if getattr(http_request, "user", None) is not request.user:
             http_request.user = request.user
         policy = live.current()
-        options = policy.compiled.get(type(view)) or _view_options(view, policy)
+        options = _view_options(view, policy)
         first = len(getattr(http_request, RESERVATIONS, ()))
         decision = core.decide(http_request, policy, options)
         if decision.wait and decision.allowed:
@@ -308,15 +308,29 @@ def _django_request(request: Request) -> Any:
 
 
 def _view_options(view: Any, policy: Policy | None = None) -> CheckOptions:
-    """The check's keyword arguments the view's class attributes give; kept in ``policy``'s
-    store by view class when given (read once per policy version)."""
+    """The check's keyword arguments the view's attributes give; kept in ``policy``'s store
+    (read once per policy version) by view class *and* the values the instance holds: a view
+    may set ``throttle_scope`` per instance (``as_view(throttle_scope=...)``, or per action in
+    ``get_throttles``), and each instance is then counted under its own scope."""
+    said = (
+        type(view),
+        getattr(view, "throttle_scope", None),
+        getattr(view, "throttle_failure_mode", None),
+        getattr(view, "throttle_credential", None),
+    )
+    try:
+        found: CheckOptions | None = None if policy is None else policy.compiled.get(said)
+    except TypeError:  # an unhashable value (a list for a mode): worked out, never stored
+        found, policy = None, None
+    if found is not None:
+        return found
     options: CheckOptions = {
-        "scope": getattr(view, "throttle_scope", None),
+        "scope": said[1],
         "failure_mode": _failure_mode(view),
         "credential": _is_credential_view(view),
     }
-    if policy is not None:
-        policy.compiled[type(view)] = options
+    if policy is not None and len(policy.compiled) < core.MAX_COMPILED:
+        policy.compiled[said] = options
     return options
 
 

@@ -274,3 +274,36 @@ def test_an_unknown_view_failure_mode_is_logged_and_ignored(
                 throttle.allow_request(request, view=Sideways())
 
     assert caplog.text.count("throttle_failure_mode = 'sideways'") == 1
+
+
+def test_one_view_class_mounted_with_two_scopes_counts_each_under_its_own(
+    client: Client,
+) -> None:
+    """``as_view(throttle_scope=...)`` sets the scope on the instance: each mount of the class
+    is counted under its own rule, however many requests the other mount served first (the
+    view's options were kept by class alone, so every mount took the first one's scope)."""
+    anon = tier("anonymous", "1000/s", is_default_anonymous=True)
+    endpoint("a", "scope", "scoped-a", limits={anon: "1/h"})
+    endpoint("b", "scope", "scoped-b", limits={anon: "3/h"})
+    assert statuses(client, "/api/scoped-a/", 2) == [200, 429]
+    assert statuses(client, "/api/scoped-b/", 4) == [200, 200, 200, 429]
+    assert client.get("/api/scoped-b/")["X-RateLimit-Limit"] == "3"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_async_view_class_mounted_with_two_scopes_counts_each_under_its_own() -> None:
+    """The same through adrf's async APIView and AsyncPolicyThrottle, from one address."""
+    from asgiref.sync import async_to_sync
+
+    from tests.clients import AddressedAsyncClient
+
+    anon = tier("anonymous", "1000/s", is_default_anonymous=True)
+    endpoint("a", "scope", "scoped-a", limits={anon: "1/h"})
+    endpoint("b", "scope", "scoped-b", limits={anon: "3/h"})
+
+    async def run() -> list[int]:
+        client = AddressedAsyncClient("10.9.8.7")
+        codes = [(await client.get("/api/scoped-async-a/")).status_code for _ in range(2)]
+        return codes + [(await client.get("/api/scoped-async-b/")).status_code for _ in range(4)]
+
+    assert async_to_sync(run)() == [200, 429, 200, 200, 200, 429]

@@ -8,6 +8,11 @@ urlpatterns = [
     path("api/ping/", views.Ping.as_view(), name="ping"),
     path("api/export/", views.Export.as_view(), name="export"),
     path("api/reports/<int:pk>/", views.Ping.as_view(), name="report"),
+    # One class, two scopes (tests/test_drf.py).
+    path("api/scoped-a/", views.Scoped.as_view(throttle_scope="scoped-a")),
+    path("api/scoped-b/", views.Scoped.as_view(throttle_scope="scoped-b")),
+    path("api/scoped-async-a/", views.ScopedAsync.as_view(throttle_scope="scoped-a")),
+    path("api/scoped-async-b/", views.ScopedAsync.as_view(throttle_scope="scoped-b")),
     path("hello/", views.hello, name="hello"),
     path("hello-async/", views.hello_async, name="hello-async"),
     path("login/", views.login, name="login"),

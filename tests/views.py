@@ -30,6 +30,25 @@ class Export(APIView):
         return Response({"status": "queued"}, status=202)
 
 
+class Scoped(APIView):
+    """Mounted twice, each time with its own ``as_view(throttle_scope=...)``."""
+
+    permission_classes = [AllowAny]
+    throttle_scope = "scoped"
+
+    def get(self, request: Request) -> Response:
+        return Response({"scope": self.throttle_scope})
+
+
+class ScopedAsync(AsyncAPIView):  # type: ignore[misc]
+    permission_classes = [AllowAny]
+    throttle_classes = [AsyncPolicyThrottle]
+    throttle_scope = "scoped"
+
+    async def get(self, request: Request) -> Response:
+        return Response({"scope": self.throttle_scope})
+
+
 @throttle(rate="5/min")
 def hello(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"hello": "world"})
