@@ -144,7 +144,17 @@ class PolicyThrottle:
         if getattr(http_request, "user", None) is not request.user:
             http_request.user = request.user
         policy = live.current()
-        options = _view_options(view, policy)
+        # _view_options's store, read here without a call on the path every request takes.
+        said = (
+            type(view),
+            getattr(view, "throttle_scope", None),
+            getattr(view, "throttle_failure_mode", None),
+            getattr(view, "throttle_credential", None),
+        )
+        try:
+            options = policy.compiled.get(said) or _view_options(view, policy)
+        except TypeError:  # an unhashable value: worked out, never stored (see there)
+            options = _view_options(view, policy)
         first = len(getattr(http_request, RESERVATIONS, ()))
         decision = core.decide(http_request, policy, options)
         if decision.wait and decision.allowed:
