@@ -575,9 +575,15 @@ def test_a_delayed_response_says_what_remains_when_it_is_sent(backend: Backend, 
     assert (first.status_code, first["X-RateLimit-Remaining"]) == (200, "3")
     assert second.status_code == 200 and float(second["X-RateLimit-Delayed"]) > 0.4
     assert (second["X-RateLimit-Remaining"], second["X-RateLimit-Reset"]) == ("3", "1")
+    began = time.monotonic()  # 3 left as the second was sent, a token back each 0.5 s
     if route == "/served/":
         with ThreadPoolExecutor(max_workers=4) as pool:
             statuses = sorted(pool.map(get, range(4)))
     else:
         statuses = async_to_sync(burst)()
-    assert statuses == [200, 200, 200, 429]  # what the following requests get
+    earned = int((time.monotonic() - began) / 0.5)
+    if earned == 0:
+        assert statuses == [200, 200, 200, 429]  # what the following requests get
+    else:  # a loaded machine spread the four over a refill (AsyncClient serialises its
+        # requests' sync parts on one thread): what they get is what remained then
+        assert statuses.count(200) in range(3, 4 + earned), statuses
