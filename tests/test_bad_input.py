@@ -14,6 +14,7 @@ import base64
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
@@ -278,17 +279,21 @@ def test_admin_a_list_filtered_by_a_number_too_large_is_drawn_unfiltered(
     admin_client: Client, anonymous: Tier, model: str, query: dict[str, str]
 ) -> None:
     """A list's filter value beyond what the database's integers (or a date) hold, typed
-    in the address bar: it failed only when the query ran, a 500. Now Django's answer to a
-    filter it cannot apply: the list unfiltered, with its "?e=1" note."""
+    in the address bar: on SQLite it failed only when the query ran, a 500. Now Django's
+    answer to a filter it cannot apply: the list unfiltered, with its "?e=1" note. PostgreSQL
+    compares such a number as a numeric and draws the list filtered to nothing: no 500
+    either."""
     from django_throttle.models import ApiKey
 
     ApiKey.objects.create_key(name="ci", tier=anonymous)
     url = reverse(f"admin:django_throttle_{model}_changelist")
     response = admin_client.get(url, query)
 
-    assert response.status_code == 302
-    assert response["Location"] == f"{url}?e=1"
-    assert admin_client.get(response["Location"]).status_code == 200
+    if response.status_code == 302:
+        assert response["Location"] == f"{url}?e=1"
+        assert admin_client.get(response["Location"]).status_code == 200
+    else:
+        assert (response.status_code, connection.vendor) == (200, "postgresql")
 
 
 def list_edit(rule_id: str, **fields: str) -> dict[str, str]:
