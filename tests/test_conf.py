@@ -4,6 +4,7 @@ shards, else 1 (one exact shared ceiling) except on a Redis Cluster URL, where i
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 import pytest
@@ -233,7 +234,9 @@ def test_proxies_are_trusted_by_count_or_by_network_in_one_setting(
     assert trust.configured is bool(count or v4 or v6)
     assert trust.proxy_count == count
     assert tuple(map(str, trust.v4)) == v4
-    assert tuple(map(str, trust.v6)) == v6
+    # Compared as networks: Python 3.13 writes a mapped one dotted (::ffff:10.0.0.0/104),
+    # earlier versions in hex (::ffff:a00:0/104).
+    assert trust.v6 == tuple(map(ipaddress.ip_network, v6))
     assert trust.header == "HTTP_X_REAL_IP"
 
 
