@@ -61,17 +61,7 @@ def translations(po: str) -> list[tuple[str, list[str]]]:
     """(msgid, its msgstr values) for each entry of a .po file, continuation lines joined."""
     entries = []
     for block in po.split("\n\n"):
-        fields: dict[str, str] = {}
-        current = None
-        for line in block.splitlines():
-            if line.startswith("#") or not line.strip():
-                continue
-            if line.startswith('"'):
-                if current is not None:
-                    fields[current] += line[1:-1]
-                continue
-            current, _, value = line.partition(" ")
-            fields[current] = value[1:-1]
+        fields = _fields(block)
         if fields.get("msgid"):
             entries.append(
                 (fields["msgid"], [v for k, v in fields.items() if k.startswith("msgstr")])
