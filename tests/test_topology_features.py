@@ -195,13 +195,19 @@ def test_slots_held_across_a_sentinel_failover_are_given_back_or_end_with_their_
     events.lease_lost.connect(on_lost)
     try:
         replicated(on_sentinel)
+        started = time.monotonic()
         old = fail_over(on_sentinel)
         wait_for(lambda: on_sentinel.primary_port() != old, 60, "a promotion")
+        promoted = time.monotonic() - started
         wait_for(lambda: _answers(backend, kept), 30, "the promoted primary to answer")
+        answered = time.monotonic() - started
         # The keeper renews on the new primary: every kept lease is there, none lost.
         for one in held:
             keeper.renew_due()
-            assert backend.renew(one.client, one.limits, one.lease) == 1
+            renewed = backend.renew(one.client, one.limits, one.lease)
+            assert renewed == 1, _where_leases_are(
+                on_sentinel, backend.key(one.client, kept[0]), one.lease, promoted, answered
+            )
         assert not lost, lost
         assert not backend.hit("kept", kept).allowed  # still held, on the promoted primary
         for one in held:
@@ -217,6 +223,27 @@ def test_slots_held_across_a_sentinel_failover_are_given_back_or_end_with_their_
         events.lease_lost.disconnect(on_lost)
         for one in held:
             keeper.forget(one)
+
+
+def _where_leases_are(
+    topology: LocalSentinel, key: str, lease: str, promoted: float, answered: float
+) -> str:
+    """What each live server holds of ``key`` and ``lease``, for a failure's message."""
+    lines = [f"promoted after {promoted:.2f} s, answered after {answered:.2f} s"]
+    for server in topology.servers:
+        if not server.running():
+            lines.append(f"{server.port}: not running")
+            continue
+        with server.client() as client:
+            role = client.info("replication").get("role")
+            seconds, micros = client.time()
+            lines.append(
+                f"{server.port}: {role}, now {seconds * 1_000_000 + micros}, "
+                f"score {client.zscore(key, lease)}, members {client.zrange(key, 0, -1)}, "
+                f"pttl {client.pttl(key)}"
+            )
+    lines.append(f"sentinels say the primary is {topology.primary_port()}")
+    return "\n".join(lines)
 
 
 def _answers(backend: RedisBackend, lim: tuple[Limit, ...]) -> bool:
