@@ -33,7 +33,7 @@ from django_throttle.checks import check_settings
 from django_throttle.rates import Algorithm, Limit
 from django_throttle.usage.accounting import get_store
 from tests.redis_servers import LOOPBACK
-from tests.topologies import LocalSentinel, wait_for
+from tests.topologies import LocalSentinel, replicated, wait_for
 
 #: Generous timeouts: the machine is shared and loaded; a kill is refused at once anyway.
 SLOW_MACHINE = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0, "timeout": 1.0}
@@ -495,7 +495,7 @@ def test_every_key_has_a_ttl_on_the_primary_and_the_replicas_only_replicate(
     assert len(keys) > len(counters), sorted(keys)  # and the usage counts
     assert all(ttl > 0 for ttl in keys.values()), {k: t for k, t in keys.items() if t <= 0}
     with primary.client() as client:
-        assert client.wait(len(replicas), 10_000) == len(replicas)
+        replicated(client, len(replicas))
     for replica in replicas:
         # WAIT says each replica took the writes; a replica the sentinels reconfigured after
         # an earlier test's failover may still be finishing a full resync (its key space is

@@ -9,8 +9,8 @@ import time
 import pytest
 import redis
 
-from tests.redis_servers import LOOPBACK
-from tests.topologies import SLOTS, LocalCluster, LocalSentinel, running, wait_for
+from tests.redis_servers import LOOPBACK, RedisServer
+from tests.topologies import SLOTS, LocalCluster, LocalSentinel, replicated, running, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ def test_a_local_cluster_serves_every_slot_and_fails_over() -> None:
             victim = cluster.node_for_slot(slot)
             direct = victim.client()
             # Its replica has the writes (it may still be in its first sync on a loaded machine).
-            wait_for(lambda: direct.execute_command("WAIT", 1, 1000) == 1, 30, "the replica")
+            replicated(direct, 1, timeout=30)
             direct.close()
             victim.kill()
             started = time.monotonic()
@@ -58,3 +58,28 @@ def test_a_local_sentinel_set_announces_its_failover() -> None:
         wait_for(lambda: primary.set("after", 2), 30, "the client to follow the new primary")
         assert sentinel.discover_master(topology.service)[1] == topology.primary_port()
         assert int(primary.get("before")) == 1
+
+
+def test_replicated_waits_for_writes_made_on_another_connection() -> None:
+    """``replicated`` holds until the replica has what other clients wrote: on Valkey, a bare
+    ``WAIT`` on a connection that wrote nothing answers at once with every connected replica
+    (the Sentinel lease test's failover lost writes this way), so a hung replica makes
+    ``replicated`` fail, not pass, and once it answers its copy holds the write."""
+    primary = RedisServer().start()
+    replica = RedisServer(extra_args=("--replicaof", LOOPBACK, str(primary.port))).start()
+    try:
+        with primary.client() as writer, primary.client() as waiter:
+            replicated(writer, 1, timeout=30)  # the first sync is done
+            replica.pause()
+            writer.set("written", 1, px=60_000)
+            # A bare WAIT here answers "1 replica" at once on Valkey 9 (Redis 7.0 waits).
+            with pytest.raises(AssertionError, match="0 of 1 replicas"):
+                replicated(waiter, 1, timeout=0.5)
+            replica.resume()
+            replicated(waiter, 1)
+        with replica.client() as copy:
+            assert copy.get("written") == b"1"
+    finally:
+        replica.resume()
+        replica.stop()
+        primary.stop()

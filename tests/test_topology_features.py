@@ -32,6 +32,7 @@ from django_throttle.models import EndpointLimit, EndpointRule
 from django_throttle.policy import live as policy
 from django_throttle.rates import Algorithm, Limit
 from django_throttle.request import leases
+from tests import topologies
 from tests.factories import own_connections, tier
 from tests.topologies import SLOTS, LocalCluster, LocalSentinel, wait_for
 from tests.urls import urlpatterns as base_urls
@@ -107,7 +108,7 @@ def keys_and_ttls(server: Any, prefix: str) -> dict[bytes, int]:
 def replicated(topology: LocalSentinel) -> None:
     """Until every replica has the primary's writes (so the promoted one has them)."""
     with topology.server_on(topology.primary_port()).client() as client:
-        assert client.wait(len(topology.replicas), 10_000) == len(topology.replicas)
+        topologies.replicated(client, len(topology.replicas))
 
 
 def fail_over(topology: LocalSentinel) -> int:
@@ -308,7 +309,7 @@ def test_failed_logins_are_counted_while_a_cluster_primary_dies_and_its_replica_
     before = [outcome(attempt(kind, f"before-{n}")) for n in range(6)]
     assert before == [(401, None)] * 6
     with victim.client() as client:
-        client.execute_command("WAIT", 1, 5000)
+        topologies.replicated(client, 1)
     victim.kill()
     served: dict[str, list[tuple[int, str | None]]] = {}
     deadline = time.monotonic() + 60

@@ -79,6 +79,35 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
         time.sleep(0.05)
 
 
+def replicated(primary: redis.Redis, replicas: int, timeout: float = 10.0) -> None:
+    """Until ``replicas`` replicas hold every write ``primary`` (a connection to one node) took
+    so far, from any client.
+
+    ``WAIT`` counts the replicas that acknowledged *this connection's* last write; on a
+    connection that wrote nothing, Valkey 9 returns at once with every connected replica,
+    whatever they hold (Redis 7.0 waits). So this connection writes first (a marker key with a TTL, in a slot the node
+    serves when it is a cluster node), then waits: its write's offset is past every earlier
+    write of the node."""
+    key = "dtt-test:replicated"
+    if primary.info("cluster").get("cluster_enabled"):
+        from redis.crc import key_slot
+
+        port = primary.connection_pool.connection_kwargs["port"]
+        served = [
+            range(first, last + 1)
+            for first, last, owner, *_ in primary.execute_command("CLUSTER", "SLOTS")
+            if int(owner[1]) == port
+        ]
+        key = next(
+            f"dtt-test:replicated:{n}"
+            for n in range(100_000)
+            if any(key_slot(f"dtt-test:replicated:{n}".encode()) in slots for slots in served)
+        )
+    primary.set(key, 1, px=60_000)
+    acknowledged = primary.wait(replicas, round(timeout * 1000))
+    assert acknowledged >= replicas, f"{acknowledged} of {replicas} replicas took the writes"
+
+
 class LocalCluster:
     """A Redis Cluster of ``primaries`` primaries with ``replicas`` replicas each."""
 
