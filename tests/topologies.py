@@ -85,9 +85,9 @@ def replicated(primary: redis.Redis, replicas: int, timeout: float = 10.0) -> No
 
     ``WAIT`` counts the replicas that acknowledged *this connection's* last write; on a
     connection that wrote nothing, Valkey 9 returns at once with every connected replica,
-    whatever they hold (Redis 7.0 waits). So this connection writes first (a marker key with a TTL, in a slot the node
-    serves when it is a cluster node), then waits: its write's offset is past every earlier
-    write of the node."""
+    whatever they hold (Redis 7.0 waits). So this connection writes first (a marker key with
+    a TTL, in a slot the node serves when it is a cluster node), then waits: its write's
+    offset is past every earlier write of the node."""
     key = "dtt-test:replicated"
     if primary.info("cluster").get("cluster_enabled"):
         from redis.crc import key_slot
