@@ -910,3 +910,32 @@ def _cluster_retries(client: Any) -> int:
     if int(redis.__version__.split(".")[0]) < 6:
         return int(client.cluster_error_retry_attempts)
     return int(client.retry.get_retries())
+
+
+def test_a_login_counted_by_address_and_username_is_one_call_when_their_slot_is_one(
+    backend: RedisBackend, cluster: LocalCluster
+) -> None:
+    """``hit_together`` (a login's client, address and username counters): one EVALSHA over
+    both counters when their keys share a slot, all or nothing (the username's denial takes
+    nothing from the address); nothing sent when their slots differ (``CROSSSLOT``: the
+    request path then counts them one call each)."""
+    by_address, by_name = limits(name="addr"), limits(name="name")
+    slots: dict[int, list[str]] = {}
+    for n in range(400):
+        slots.setdefault(key_slot(backend.key(f"user:{n}", by_address[0]).encode()), []).append(
+            f"user:{n}"
+        )
+    address, name = next(names for names in slots.values() if len(names) >= 2)[:2]
+    elsewhere = next(names[0] for names in slots.values() if names[0] != address)
+    before = evalsha_calls(cluster)
+    decisions = backend.hit_together(((address, by_address), (name, by_name)))
+    assert decisions is not None and [d.allowed for d in decisions] == [True, True]
+    assert evalsha_calls(cluster) - before == 1
+    for _ in range(LIMIT - 1):
+        backend.hit(name, by_name)  # the name's allowance spent
+    decisions = backend.hit_together(((address, by_address), (name, by_name)))
+    assert decisions is not None and [d.allowed for d in decisions] == [True, False]
+    assert backend.peek(address, by_address).remaining == LIMIT - 1  # nothing taken
+    before = evalsha_calls(cluster)
+    assert backend.hit_together(((elsewhere, by_address), (name, by_name))) is None
+    assert evalsha_calls(cluster) == before

@@ -281,8 +281,17 @@ def test_the_usage_report_counts_each_attempt_once_with_its_real_outcome(
     assert (row["allowed"], row["denied"], row["total"]) == (2, 2, 4)
 
 
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"ip": "5/min"},
+        # Counted by address and by username in one call: the username's 5 hold.
+        {"ip": "1000/min", "username": "5/h"},
+        {"ip": "5/min", "username": "1000/h"},
+    ],
+)
 def test_many_concurrent_bad_logins_let_exactly_the_limit_through(
-    anonymous: Tier, settings: Any
+    anonymous: Tier, settings: Any, limits: dict[str, str]
 ) -> None:
     """100 threads at once against real Redis (a pool as large as the crowd, so none waits
     for a connection and fails closed): exactly 5 reach the view, the rest get 429."""
@@ -291,7 +300,7 @@ def test_many_concurrent_bad_logins_let_exactly_the_limit_through(
         **settings.DJANGO_THROTTLE_REDIS_OPTIONS,
         "max_connections": 100,
     }
-    credential_rule(anonymous, "login", ip="5/min")
+    credential_rule(anonymous, "login", **limits)
     policy.current()  # compiled here: the threads only read the snapshot
     entered = 0
     barrier = threading.Barrier(100)

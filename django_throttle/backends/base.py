@@ -214,6 +214,59 @@ class Backend(ABC):
 
     arefund = async_twin(refund)
 
+    def hit_together(
+        self,
+        groups: Sequence[tuple[str, Limits]],
+        cost: int = 1,
+        *,
+        now: Now = None,
+        usage: Usage = None,
+    ) -> list[Decision] | None:
+        """:meth:`hit` of several clients' limits (``groups``: ``(client, limits)`` pairs) as
+        one atomic step, all or nothing across them: each group's decision as :meth:`hit`
+        would make it alone, nothing taken anywhere unless every group allows. ``usage``
+        counts the request once: under the first group that denied, else under the last.
+
+        ``None`` (the default) when this backend cannot count them in one step (the request
+        path then counts them one group at a time, giving back what it took when one
+        denies); nothing is counted then."""
+        return None
+
+    async def ahit_together(
+        self,
+        groups: Sequence[tuple[str, Limits]],
+        cost: int = 1,
+        *,
+        now: Now = None,
+        usage: Usage = None,
+    ) -> list[Decision] | None:
+        """:meth:`hit_together` for ``async def`` views."""
+        return None
+
+    def refund_together(
+        self,
+        groups: Sequence[tuple[str, Limits]],
+        cost: int = 1,
+        *,
+        now: Now = None,
+        taken_at: Sequence[Taken] = (),
+    ) -> bool:
+        """:meth:`refund` of several clients' limits (``taken_at``: each group's instant, as
+        :meth:`refund` takes it) as one step; ``False`` (the default) when this backend
+        cannot, and gave nothing back."""
+        return False
+
+    async def arefund_together(
+        self,
+        groups: Sequence[tuple[str, Limits]],
+        cost: int = 1,
+        *,
+        now: Now = None,
+        taken_at: Sequence[Taken] = (),
+    ) -> bool:
+        """:meth:`refund_together` for ``async def`` views."""
+        return False
+
     def release(self, client: str, limits: Limits, lease: str, *, now: Now = None) -> int:
         """Give back the slots ``client``'s hit took under ``lease`` (its
         ``Decision.leases``) in the concurrency limits among ``limits`` (the others are

@@ -88,8 +88,10 @@ from django_throttle.backends.redis_nodes import OneServer, ScriptCall
 from django_throttle.backends.scripts import (
     LEASE_FILES,
     REFUND_FILES,
+    REFUND_TOGETHER_FILES,
     RETIME_FILES,
     SCRIPT_FILES,
+    TOGETHER_FILES,
     Call,
     call_backend,
     failure,
@@ -240,6 +242,9 @@ class RedisBackend(Backend):
         self._tags = tuple(tag.encode() for tag in self.shard_tags())
         self._calls = Calls(partial(self._script_for, SCRIPT_FILES), self.shards, self.local_time)
         self._refunds = Calls(partial(self._script_for, REFUND_FILES), self.shards, self.local_time)
+        # Only their scripts are used: a group's keys and specs are its counting call's.
+        self._together = Calls(partial(self._script_for, TOGETHER_FILES))
+        self._refunds_together = Calls(partial(self._script_for, REFUND_TOGETHER_FILES))
         self._route: Route
         if route is not None:
             self._route = route
@@ -408,6 +413,156 @@ class RedisBackend(Backend):
         if limits:
             call = self._request(client, limits, cost, now, None, True, taken_at)
             await self._route.acall(call)
+
+    def hit_together(
+        self,
+        groups: Sequence[tuple[str, Limits]],
+        cost: int = 1,
+        *,
+        now: Now = None,
+        usage: Usage = None,
+    ) -> list[Decision] | None:
+        """One EVALSHA of together.lua over every group's keys, when they may share one
+        (:meth:`_together_call`): a login counted by its client, its IP address and its
+        username is one round trip. ``None`` (nothing sent) when they may not."""
+        call = self._together_call(groups, cost, now)
+        if call is None:
+            return None
+        return self._together_decided(groups, self._route.call(call), now, usage)
+
+    async def ahit_together(
+        self,
+        groups: Sequence[tuple[str, Limits]],
+        cost: int = 1,
+        *,
+        now: Now = None,
+        usage: Usage = None,
+    ) -> list[Decision] | None:
+        """:meth:`hit_together` on ``redis.asyncio``, as :meth:`acount`."""
+        call = self._together_call(groups, cost, now)
+        if call is None:
+            return None
+        return self._together_decided(groups, await self._route.acall(call), now, usage)
+
+    def refund_together(
+        self,
+        groups: Sequence[tuple[str, Limits]],
+        cost: int = 1,
+        *,
+        now: Now = None,
+        taken_at: Sequence[Taken] = (),
+    ) -> bool:
+        """One EVALSHA of refund_together.lua over every group's keys, when they may share
+        one (as :meth:`hit_together`); ``False`` (nothing sent) when they may not."""
+        call = self._together_call(groups, cost, now, taken_at or (None,) * len(groups))
+        if call is None:
+            return False
+        self._route.call(call)
+        return True
+
+    async def arefund_together(
+        self,
+        groups: Sequence[tuple[str, Limits]],
+        cost: int = 1,
+        *,
+        now: Now = None,
+        taken_at: Sequence[Taken] = (),
+    ) -> bool:
+        """:meth:`refund_together` on ``redis.asyncio``."""
+        call = self._together_call(groups, cost, now, taken_at or (None,) * len(groups))
+        if call is None:
+            return False
+        await self._route.acall(call)
+        return True
+
+    def _together_call(
+        self,
+        groups: Sequence[tuple[str, Limits]],
+        cost: int,
+        now: Now,
+        taken_at: Sequence[Taken] | None = None,
+    ) -> ScriptCall | None:
+        """The one call of together.lua (with ``taken_at``, of refund_together.lua) over
+        ``groups``' keys, or ``None`` where they must be counted one group at a time:
+
+        - on a Redis Cluster when the groups' clients are in different shards (their keys
+          are in different hash slots, which no one script may touch: ``CROSSSLOT``). A
+          client's shard is its digest's, so a login's address and username share one in
+          one case out of ``shards`` (the one shard of a URL without ``?shards=``);
+        - when a group holds a concurrency limit (it is taken under a lease of the group's
+          own, released call by call: see lua/driver.lua);
+        - when two groups name one key (a shared limit counted under two clients of one
+          shard): one script decides each on the state before it writes, so the key would
+          be counted once where two calls count it twice;
+        - on any other route (the in-process store counts call by call, as ever).
+        """
+        if len(groups) < 2 or not isinstance(self._route, OneServer | ClusterRoute):
+            return None
+        refund = taken_at is not None
+        counting = self._refunds if refund else self._calls
+        for taken in taken_at or ():
+            check_taken_at(taken)
+        now_us = None if now is None else round(now * 1e6)
+        try:
+            keys: list[bytes] = []
+            specs: list[bytes] = []
+            every: list[Limit] = []
+            sizes: list[str] = []
+            shards: set[int] = set()
+            for n, (client, limits) in enumerate(groups):
+                if not limits:
+                    return None
+                encoded = counting.encoded(limits, now_us)
+                if encoded.leased:
+                    return None
+                shard, tag = self._client_tag(client)
+                shards.add(shard)
+                keys.extend(counting.keys(encoded, tag))
+                specs.extend(encoded.specs)
+                every.extend(limits)
+                if refund:
+                    taken = taken_at[n] if taken_at is not None and n < len(taken_at) else None
+                    sizes.append(f"{len(limits)}:{'' if taken is None else taken}")
+                else:
+                    sizes.append(str(len(limits)))
+            if len(shards) > 1 and self.on_cluster:
+                return None
+            if len(set(keys)) < len(keys):
+                return None
+            when = b"" if now_us is None else b"%d" % now_us
+            listed = ",".join(sizes).encode()
+            args: tuple[bytes, ...]
+            if refund:
+                sha, source = self._refunds_together.script(every)
+                args = (str(cost).encode(), when, listed, *specs)
+            else:
+                sha, source = self._together.script(every)
+                args = (str(cost).encode(), listed, *specs)
+                if now_us is not None:
+                    args = (*args, when)
+        except Exception as exc:
+            raise failure(exc) from exc
+        return ScriptCall(self._client_tag(groups[0][0])[0], sha, source, keys, args)
+
+    def _together_decided(
+        self, groups: Sequence[tuple[str, Limits]], reply: Any, now: Now, usage: Usage
+    ) -> list[Decision]:
+        """Each group's decision from together.lua's ``reply`` (one driver reply per group),
+        the request counted in usage once: under the first group that denied, else the
+        last (as the calls one group at a time count it)."""
+        if type(reply) is not list or len(reply) != len(groups):
+            raise failure(ValueError(f"unexpected reply {reply!r}"))
+        decisions = [
+            decision_of(client, limits, one)
+            for (client, limits), one in zip(groups, reply, strict=True)
+        ]
+        if usage:
+            at = next((n for n, d in enumerate(decisions) if not d.allowed), len(groups) - 1)
+            decision = decisions[at]
+            self.usage_tally.add(
+                usage, groups[at][0], decision.allowed, decision.shadow, now, decision.limit
+            )
+        return decisions
 
     def release(self, client: str, limits: Limits, lease: str, *, now: Now = None) -> int:
         """One EVALSHA of lease.lua over ``client``'s keys of the concurrency limits among

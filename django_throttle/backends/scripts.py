@@ -37,6 +37,17 @@ RETIME_FILES = ("prelude.lua", "clock.lua", "retiming.lua", *ALGORITHM_FILES, "r
 #: ``refunding.lua`` has the algorithm files define their refund functions, which the
 #: counting script leaves out.
 REFUND_FILES = ("prelude.lua", "clock.lua", "refunding.lua", *ALGORITHM_FILES, "refund.lua")
+#: The counting script of several counters at once (a login counted by its client, its IP
+#: address and its username: one call where the keys share a node, see ``hit_together``).
+TOGETHER_FILES = ("prelude.lua", *ALGORITHM_FILES, "together.lua")
+#: The refund script of several counters at once (see ``refund_together``).
+REFUND_TOGETHER_FILES = (
+    "prelude.lua",
+    "clock.lua",
+    "refunding.lua",
+    *ALGORITHM_FILES,
+    "refund_together.lua",
+)
 #: The script that releases and renews a request's concurrency leases (see ``release``).
 LEASE_FILES = ("prelude.lua", "clock.lua", "lease.lua")
 #: The KEYS and ARGV of one script call.

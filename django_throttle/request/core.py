@@ -16,12 +16,15 @@ awaited, through the process's circuit breaker. Counts kept while the backend wa
 pushed once it answers again.
 
 **Reservations**: an endpoint rule's limits counted by IP address or username (rather than by
-client) are one more call per such counter, after the client's: all are taken, or, when one
-denies, those already taken are given back (:func:`hit_groups`), so a denied request consumes
-nothing anywhere. A rule that counts only successes or only failures (``EndpointRule.counts``)
-reserves like any other, so concurrent requests never pass its limits together; the
-:class:`Reservation` is left on the request and :func:`settle` gives it back once the response
-shows an outcome the rule does not count (a status, or Django's ``user_login_failed`` for it).
+client) are counted with the client's in one call where the backend can (:class:`HitTogether`:
+one server or Sentinel always, a Cluster when the keys share a slot), all or nothing across
+the counters; else one more call per such counter, after the client's: all are taken, or,
+when one denies, those already taken are given back (:func:`hit_groups`). Either way a
+denied request consumes nothing anywhere. A rule that counts only successes or only
+failures (``EndpointRule.counts``) reserves like any other, so concurrent requests never
+pass its limits together; the :class:`Reservation` is left on the request and :func:`settle`
+gives it back once the response shows an outcome the rule does not count (a status, or
+Django's ``user_login_failed`` for it).
 
 **Finish**: a reply the backend made becomes the decision as it is; a
 :class:`~django_throttle.backends.BackendError` becomes the decision of the failure mode that
@@ -158,7 +161,7 @@ def decide(request: Any, policy: Policy | None, options: CheckOptions) -> Decisi
         if shed is not None:
             return shed
     # One call (no groups counted by IP address or username): made without steps around it.
-    reply = run(planned.deciding()) if planned.groups else call_backend(planned)
+    reply = run(planned.deciding(together=True)) if planned.groups else call_backend(planned)
     if (
         started
         or isinstance(reply, BackendError)
@@ -219,7 +222,7 @@ async def acheck(
         if shed is not None:
             return shed
     if planned.groups:
-        reply = await arun(planned.deciding())
+        reply = await arun(planned.deciding(together=True))
     else:
         reply = await acall_backend(planned)
     return _finished(planned, reply, request, started)
@@ -468,17 +471,27 @@ class Plan:
             self.client, self.limits, self.cost, usage=field
         )
 
-    def deciding(self) -> Steps[Decision | BackendError]:
+    def deciding(self, together: bool = False) -> Steps[Decision | BackendError]:
         """The request's backend calls: the first group's (the plan itself), then the further
         ``groups``' (:func:`hit_groups`); ends with the decision, or the error that stopped
-        them."""
+        them. ``together``: first ask the backend to count every group in one call
+        (:class:`HitTogether`), as one round trip; where it cannot, it sends nothing and the
+        groups are counted one call each. The in-process backend of failure mode ``local``
+        is always run one call each."""
+        head = (self.client, self.limits)
+        if together and self.groups:
+            try:
+                decisions = yield HitTogether((head, *self.groups), self.cost, self.field)
+            except BackendError as exc:
+                return exc
+            if decisions is not None:
+                return together_decision(head, self.groups, decisions)
         try:
             first = yield self
         except BackendError as exc:
             return exc
         if not self.groups:
             return first  # type: ignore[no-any-return]
-        head = (self.client, self.limits)
         return (yield from hit_groups(head, self.groups, self.cost, first, self.field))
 
 
@@ -1116,6 +1129,56 @@ class Hit:
 
 
 @dataclass(frozen=True, slots=True)
+class HitTogether:
+    """Count ``cost`` against every group's limits in one backend call, all or nothing
+    across them (the backend's ``hit_together``): each group's decision, or ``None`` when
+    the backend cannot (nothing counted: the groups are then counted one call each)."""
+
+    groups: tuple[Group, ...]
+    cost: int
+    usage: str | None
+
+    def send(self, backend: Any, *, usage: bool = True) -> list[Decision] | None:
+        hit_together = getattr(backend, "hit_together", None)
+        if hit_together is None:  # a backend of the project's own, not derived from Backend
+            return None
+        return hit_together(  # type: ignore[no-any-return]
+            self.groups, self.cost, usage=self.usage if usage else None
+        )
+
+    async def asend(self, backend: Any) -> list[Decision] | None:
+        ahit_together = getattr(backend, "ahit_together", None)
+        if ahit_together is None:
+            return None
+        return await ahit_together(  # type: ignore[no-any-return]
+            self.groups, self.cost, usage=self.usage
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RefundTogether:
+    """Give ``cost`` back to every group's limits in one backend call (the backend's
+    ``refund_together``), each as of the instant ``taken_at`` names for it: ``False`` when
+    the backend cannot (nothing given back: each group is then refunded on its own)."""
+
+    groups: tuple[Group, ...]
+    cost: int
+    taken_at: tuple[int | None, ...]
+
+    def send(self, backend: Any, *, usage: bool = True) -> bool:
+        refund_together = getattr(backend, "refund_together", None)
+        if refund_together is None:
+            return False
+        return bool(refund_together(self.groups, self.cost, taken_at=self.taken_at))
+
+    async def asend(self, backend: Any) -> bool:
+        arefund_together = getattr(backend, "arefund_together", None)
+        if arefund_together is None:
+            return False
+        return bool(await arefund_together(self.groups, self.cost, taken_at=self.taken_at))
+
+
+@dataclass(frozen=True, slots=True)
 class Peek:
     """Whether ``cost`` would pass ``client``'s limits, nothing taken (the backend's ``peek``)."""
 
@@ -1170,7 +1233,7 @@ class Release:
 #: One backend call, as a typed value: the runners call its ``send`` (blocking) or await its
 #: ``asend``, which call the backend's method by name in the code, so mypy and "find
 #: usages" see every call.
-Call = Hit | Peek | Refund | Release | Plan
+Call = Hit | HitTogether | Peek | Refund | RefundTogether | Release | Plan
 #: Steps that make backend calls and end with a ``T`` (see the module docstring).
 Steps = Generator[Call, Any, T]
 
@@ -1430,7 +1493,13 @@ def settling(request: Any, status: int, first: int = 0) -> Steps[None]:
     for reservation in reservations:
         if not counted(reservation.counts, status, failed):
             at = dict(reservation.taken)
-            refunds = _give_back(reservation.groups, reservation.cost, at, "a reservation of")
+            refunds = _give_back(
+                reservation.groups,
+                reservation.cost,
+                at,
+                "a reservation of",
+                together=not reservation.local,
+            )
             if reservation.local:
                 run_locally(refunds)
             else:
@@ -1499,6 +1568,21 @@ def hit_groups(
     return _reported(head, groups, decisions)
 
 
+def together_decision(head: Group, groups: Sequence[Group], decisions: list[Decision]) -> Decision:
+    """The decision :func:`hit_groups` makes, from the decisions of every group counted in
+    one call (``head`` and ``groups`` in order): when some denied (nothing was taken), the
+    denial with the longest wait, the first of those that wait as long (as
+    :func:`longest_wait` picks it); else the most restrictive of all."""
+    denied = [decision for decision in decisions if not decision.allowed]
+    if denied:
+        worst = denied[0]
+        for decision in denied[1:]:
+            if decision.retry_after > worst.retry_after:
+                worst = decision
+        return _reported(head, groups, [worst])
+    return _reported(head, groups, decisions)
+
+
 def longest_wait(denied: Decision, rest: Sequence[Group], cost: int) -> Steps[Decision]:
     """The denial to report when ``denied`` stopped a request before the groups in ``rest``
     were counted: of ``denied`` and those groups' own denials (looked at, nothing taken),
@@ -1526,9 +1610,23 @@ def _taken_at(decisions: list[Decision]) -> dict[str, int]:
     return dict(pair for decision in decisions for pair in decision.taken)
 
 
-def _give_back(groups: Sequence[Group], cost: int, at: dict[str, int], what: str) -> Steps[None]:
+def _give_back(
+    groups: Sequence[Group], cost: int, at: dict[str, int], what: str, together: bool = False
+) -> Steps[None]:
     """Refund ``cost`` to each group, each to the instant ``at`` names for its client; a
-    refund the backend cannot make is logged (``what`` the client's tokens are) and left."""
+    refund the backend cannot make is logged (``what`` the client's tokens are) and left.
+    ``together``: every group in one call (:class:`RefundTogether`) where the backend can
+    make it, else one call each."""
+    if together and len(groups) > 1:
+        taken = tuple(at.get(client) for client, _limits in groups)
+        try:
+            done = yield RefundTogether(tuple(groups), cost, taken)
+        except BackendError as exc:
+            clients = ", ".join(log_text(client) for client, _limits in groups)
+            logger.warning("%s %s could not be given back: %s", what, clients, exc)
+            return
+        if done:
+            return
     for client, limits in groups:
         try:
             yield Refund(client, limits, cost, at.get(client))
