@@ -165,6 +165,18 @@ class Rate:
         return f"{self.count}/{'' if mult == 1 else mult}{unit}"
 
 
+def canonical_rate(text: str) -> str:
+    """``text`` as the admin stores a rate: ``str(Rate.parse(text))``, one spelling per rate
+    (``' 5 / min '``, ``'5/60s'`` and ``'+5/1m'`` are all ``'5/m'``); anything that is no
+    rate unchanged, for the rate field's validator to explain. The admin's form and a
+    policy file's import both store this, and an export writes it, so a rate reads one way
+    whichever way it came in, and export and import round trips are stable."""
+    try:
+        return str(Rate.parse(text))
+    except InvalidRate:
+        return text
+
+
 def rate_text(rate: Rate | str) -> str:
     """``rate`` as the app shows it to people, one way everywhere (admin lists and captions,
     the inspector, explain, the commands, the 429 body's limit name): in the units of the

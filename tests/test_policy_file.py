@@ -24,6 +24,7 @@ from django_throttle.models import (
 )
 from django_throttle.policy import live as policy
 from django_throttle.policy.files import MAX_BYTES
+from django_throttle.rates import canonical_rate
 from tests.factories import endpoint, tier
 
 pytestmark = pytest.mark.django_db
@@ -127,6 +128,117 @@ def test_export_import_round_trip_gives_an_identical_policy(tmp_path: Path) -> N
     assert snapshot_shape() == shape
 
 
+#: Rates as an operator may write them in a file, each with what the admin's form stores.
+ODD_SPELLINGS = [
+    ("5 / m", "5/m"),
+    (" 5/min ", "5/m"),
+    ("5/minute", "5/m"),
+    ("+5/1m", "5/m"),
+    ("005/60s", "5/m"),
+    ("5/60 s", "5/m"),
+    ("100/hour", "100/h"),
+    ("3/86400s", "3/d"),
+    ("7/1w", "7/7d"),
+    ("20/15min", "20/15m"),
+    ("10000/months", "10000/month"),
+    ("10000/mo", "10000/month"),
+]
+
+
+def admin_stores(client: Any, rate: str, algorithm: str) -> str:
+    """What the admin stores for ``rate`` typed in a new tier's limit row."""
+    from django.urls import reverse
+
+    from tests.test_admin import inline, limit_row, tier_form
+
+    data = tier_form(slug="via-admin", name="Via admin")
+    data |= inline([limit_row(rate, algorithm=algorithm)])
+    response = client.post(reverse("admin:django_throttle_tier_add"), data)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    stored = TierLimit.objects.get(tier__slug="via-admin")
+    Tier.objects.filter(slug="via-admin").delete()
+    return str(stored.rate)
+
+
+@pytest.mark.parametrize(("written", "stored"), ODD_SPELLINGS)
+def test_an_import_stores_a_rate_as_the_admin_stores_it(
+    tmp_path: Path, admin_client: Any, written: str, stored: str
+) -> None:
+    """A rate is stored in one spelling, whichever way it came in: the import stored it as
+    written ("5 / m"), the admin's form as it reads ("5/m")."""
+    algorithm = "calendar_quota" if "mo" in written else "token_bucket"
+    document = {
+        "version": 1,
+        "tiers": [
+            {"slug": "odd", "name": "Odd", "limits": [{"rate": written, "algorithm": algorithm}]}
+        ],
+        "rules": [
+            {
+                "name": "odd-rule",
+                "match_type": "scope",
+                "pattern": "odd",
+                "limits": [{"tier": "odd", "rate": written, "algorithm": algorithm}],
+            }
+        ],
+    }
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(document))
+
+    run("import", str(path))
+
+    assert admin_stores(admin_client, written, algorithm) == stored
+    assert TierLimit.objects.get(tier__slug="odd").rate == stored
+    assert EndpointLimit.objects.get(rule__name="odd-rule").rate == stored
+    # import → export → import: the second import changes nothing, and the export writes
+    # the stored spelling.
+    exported = run("export")
+    assert [lim["rate"] for t in json.loads(exported)["tiers"] for lim in t["limits"]] == [stored]
+    path.write_text(exported)
+    assert "No changes" in run("import", str(path))
+    assert run("export") == exported
+    # The file as first written, imported again: nothing to change either.
+    path.write_text(json.dumps(document))
+    assert "No changes" in run("import", str(path))
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_export_import_export_is_identical_with_rows_saved_in_other_spellings(
+    tmp_path: Path, fmt: str
+) -> None:
+    """Rows saved before imports stored the admin's spelling (or through the ORM) hold
+    '20/min', '5 / m': an export writes each as the admin stores it, and importing that
+    export changes nothing (no '~ 20/min → 20/min', no row rewritten) and exports the same
+    file again."""
+    seed()
+    odd = tier("odd", "5 / m")
+    TierLimit.objects.create(tier=odd, rate=" 100/hour ", algorithm="gcra")
+    rule = endpoint("odd-rule", "scope", "odd", limits={odd: "+3/60s"})
+    first = run("export", "--format", fmt)
+    rows = {row.pk: row.rate for row in TierLimit.objects.all()}
+    rows |= {row.pk: row.rate for row in EndpointLimit.objects.filter(rule=rule)}
+    path = tmp_path / f"policy.{fmt}"
+    path.write_text(first)
+
+    assert "No changes" in run("import", str(path))
+    assert run("export", "--format", fmt) == first
+    document = json.loads(run("export"))
+    rates = [lim["rate"] for t in document["tiers"] for lim in t["limits"]]
+    rates += [lim["rate"] for r in document["rules"] for lim in r["limits"]]
+    assert {"5/m", "100/h", "3/m", "20/m"} <= set(rates)
+    assert all(canonical_rate(rate) == rate for rate in rates)
+    # Nothing rewritten: the rows (and so their counters) are the same, as saved.
+    now = {row.pk: row.rate for row in TierLimit.objects.all()}
+    now |= {row.pk: row.rate for row in EndpointLimit.objects.filter(rule=rule)}
+    assert now == rows
+
+    # Deleted and imported from the export: stored as the admin stores them, exported alike.
+    Tier.objects.all().delete()
+    EndpointRule.objects.all().delete()
+    run("import", str(path))
+    assert run("export", "--format", fmt) == first
+    assert set(TierLimit.objects.values_list("rate", flat=True)) <= set(rates)
+
+
 def test_import_twice_changes_nothing_and_keeps_every_limit_row(tmp_path: Path) -> None:
     seed()
     path = tmp_path / "policy.json"
@@ -156,7 +268,7 @@ def test_a_changed_rate_edits_the_row_in_place_so_counters_are_kept(tmp_path: Pa
     assert "~ tier 'free': priority: 0 → 5" in output
     assert "~ tier 'free' limit: 100/min → 120/min" in output
     row.refresh_from_db()
-    assert row.rate == "120/min"  # same row, same counter id
+    assert row.rate == "120/m"  # same row, same counter id; stored as the admin stores it
 
 
 def test_dry_run_prints_the_diff_and_writes_nothing(tmp_path: Path) -> None:
@@ -835,7 +947,8 @@ def test_an_import_redis_cannot_publish_says_the_workers_apply_it_late(
         "): the running processes apply the import within 5 minutes, not within a second."
     )
     assert out.getvalue().splitlines()[-1] == "Imported: 1 change."
-    assert [limit.rate for limit in TierLimit.objects.filter(tier__slug="free")] == ["5/min"]
+    # Stored as the admin stores it (the file says 5/min).
+    assert [limit.rate for limit in TierLimit.objects.filter(tier__slug="free")] == ["5/m"]
 
 
 def _import_text(tmp_path: Path, text: str, fmt: str = "json") -> None:

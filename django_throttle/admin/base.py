@@ -48,7 +48,12 @@ from django_throttle import signals
 from django_throttle.models import EndpointRule, TierLimit
 from django_throttle.models.fields import BadRow
 from django_throttle.models.limits import ALGORITHM_FIELDS, ALGORITHM_HELP
-from django_throttle.rates import WINDOW_ALGORITHMS, Algorithm, InvalidRate, Rate, plain_digits
+from django_throttle.rates import (
+    WINDOW_ALGORITHMS,
+    Algorithm,
+    canonical_rate,
+    plain_digits,
+)
 
 # What a list shows in a column, in a word, by stored value (the choices of
 # :mod:`django_throttle.models`); a value written around the admin is shown as it is. The change
@@ -463,11 +468,8 @@ class LimitForm(forms.ModelForm):  # type: ignore[type-arg]
         self.fields["timezone"].widget.attrs["placeholder"] = settings.TIME_ZONE or "UTC"
 
     def clean_rate(self) -> str:
-        value: str = self.cleaned_data["rate"]
-        try:
-            return str(Rate.parse(value))
-        except InvalidRate:
-            return value  # the model's validator reports it with the explanation
+        # A rate that is none is kept: the model's validator reports it with the explanation.
+        return canonical_rate(self.cleaned_data["rate"])
 
     def validate_constraints(self) -> None:
         """Check the row's constraints as Django 6 does, except those naming the tier or rule

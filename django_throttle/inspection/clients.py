@@ -19,7 +19,8 @@ import base64
 import dataclasses
 import functools
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from itertools import chain, groupby
 from operator import attrgetter
@@ -36,7 +37,14 @@ from django_throttle.conf import app_settings
 from django_throttle.identity import Identity, client_ip, region_code
 from django_throttle.inspection.budget import ReadBudget, SlowRead
 from django_throttle.inspection.subjects import Subject, UnknownClient, tier_and_reason
-from django_throttle.policy.live import EndpointPolicy, Policy, TierPolicy, current
+from django_throttle.policy.live import (
+    EndpointPolicy,
+    Policy,
+    TierPolicy,
+    VersionGate,
+    current,
+    version_checks_while,
+)
 from django_throttle.rates import FLEET, Algorithm, Decision, Limit, limit_text
 from django_throttle.redaction import plain_text
 from django_throttle.request import core
@@ -130,6 +138,9 @@ class Inspection:
     #: Why the backend could not be read (then every bucket's ``state`` is ``None``: the
     #: tier, its reason and the limits need no backend and are shown all the same).
     unread: str = ""
+    #: Said when the page's read budget was spent before the policy's version was checked:
+    #: the policy shown is the last one this process read (see :func:`budgeted_policy`).
+    policy_unchecked: str = ""
 
     @property
     def concurrency(self) -> bool:
@@ -199,6 +210,32 @@ def checked_region(region: str | None) -> str | None:
     return code
 
 
+@contextmanager
+def budgeted_policy(budget: ReadBudget | None) -> Iterator[VersionGate | None]:
+    """Within the block, the policy's version check (one backend read, due once a second)
+    counts against ``budget`` as the page's other reads do: once the budget is spent, it is
+    not made, and the snapshot this process holds is used (its gate then says how long ago
+    its version was last checked; see :func:`policy_unchecked`). It was made whenever due,
+    after the budget was spent: "explain" on a Redis answering each read 1.6 s late paid a
+    second check, 4.8 s for the page where its budget allows 3.2 s. No budget (a
+    command): every due check is made."""
+    if budget is None:
+        yield None
+        return
+    with version_checks_while(lambda: not budget.exhausted()) as gate:
+        yield gate
+
+
+def policy_unchecked(gate: VersionGate | None) -> str:
+    """What a page says when ``gate`` held the policy unchecked (else nothing), translated."""
+    if gate is None or gate.unchecked_for is None:
+        return ""
+    return _(
+        "The policy shown is the last one read, %(seconds).1f s ago: Redis answered too "
+        "slowly for its version to be checked again."
+    ) % {"seconds": gate.unchecked_for}
+
+
 def inspect(
     subject: Subject,
     username: str | None = None,
@@ -210,7 +247,20 @@ def inspect(
     without consuming: its tier's and rules' limits, counters by its IP address and by its
     username (a user's own; ``username`` for another client), and shared ceilings. With a
     ``budget`` (an admin page's), the counters left once it is spent are not read:
-    ``unread`` says so."""
+    ``unread`` says so; nor is the policy's version checked (:func:`budgeted_policy`):
+    ``policy_unchecked`` says so."""
+    with budgeted_policy(budget) as gate:
+        found = _inspect(subject, username, address, region, budget)
+    return replace(found, policy_unchecked=policy_unchecked(gate))
+
+
+def _inspect(
+    subject: Subject,
+    username: str | None,
+    address: str | None,
+    region: str | None,
+    budget: ReadBudget | None,
+) -> Inspection:
     snapshot = current()
     tier, reason = tier_and_reason(subject, snapshot)
     checked_address(address)
@@ -342,6 +392,8 @@ class Explanation:
     #: Each counting check's failure mode, ``(check, mode)`` in the order the checks run,
     #: resolved as the request path resolves it (``core.failure_mode``).
     failure_modes: tuple[tuple[str, str], ...] = ()
+    #: As :attr:`Inspection.policy_unchecked`.
+    policy_unchecked: str = ""
 
     @property
     def failure_mode(self) -> str:
@@ -411,7 +463,33 @@ def explain(
     With the backend down, what needs no backend is returned all the same, ``unread``
     saying why, every counter's state and the decision ``None`` (never zeros). With a
     ``budget`` (an admin page's), what is left once it is spent is not read: the counters
-    not read and the decision are ``None``, ``unread`` saying so."""
+    not read and the decision are ``None``, ``unread`` saying so. Nor, then, is the
+    policy's version checked (:func:`budgeted_policy`): ``policy_unchecked`` says so."""
+    with budgeted_policy(budget) as gate:
+        found = _explain(
+            subject,
+            method,
+            path,
+            scope,
+            address=address,
+            username=username,
+            region=region,
+            budget=budget,
+        )
+    return replace(found, policy_unchecked=policy_unchecked(gate))
+
+
+def _explain(
+    subject: Subject,
+    method: str,
+    path: str,
+    scope: str | None,
+    *,
+    address: str | None,
+    username: str | None,
+    region: str | None,
+    budget: ReadBudget | None,
+) -> Explanation:
     method = (method or "GET").upper()
     if not path.startswith("/"):
         path = "/" + path

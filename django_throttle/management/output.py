@@ -10,6 +10,7 @@ itself."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
@@ -18,7 +19,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import (
+    BaseCommand,
+    CommandError,
+    CommandParser,
+    DjangoHelpFormatter,
+)
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -161,13 +167,69 @@ class OneLineErrorParser(CommandParser):
 
 class ThrottleCommand(BaseCommand):
     """The base of the package's commands: argparse's refusals are one line
-    (:class:`OneLineErrorParser`); a command with subcommands passes that class to
-    ``add_subparsers(parser_class=...)``."""
+    (:class:`OneLineErrorParser`). A command with subcommands makes them with
+    :meth:`add_subcommands` and :meth:`add_subcommand`, which take Django's own options
+    (``--skip-checks``, ``--verbosity``, …) after the subcommand's name too."""
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         parser = super().create_parser(prog_name, subcommand, **kwargs)
         parser.__class__ = OneLineErrorParser
         return parser
+
+    def add_subcommands(
+        self, parser: CommandParser, **kwargs: Any
+    ) -> argparse._SubParsersAction[CommandParser]:
+        """The subcommands of ``parser``, whose refusals are one line too."""
+        return parser.add_subparsers(parser_class=OneLineErrorParser, **kwargs)
+
+    def add_subcommand(
+        self, actions: argparse._SubParsersAction[CommandParser], name: str, **kwargs: Any
+    ) -> CommandParser:
+        """A subcommand that takes Django's options after its name as the command does
+        before it: ``throttle_policy export --skip-checks`` (argparse hands everything after
+        ``export`` to the subcommand's parser, which refused them as unrecognized)."""
+        sub = actions.add_parser(name, formatter_class=DjangoHelpFormatter, **kwargs)
+        self.add_django_arguments(sub)
+        return sub
+
+    def add_django_arguments(self, parser: CommandParser) -> None:
+        """Django's own options (those :meth:`BaseCommand.create_parser` gives the command),
+        on a subcommand's parser. Each defaults to nothing (``SUPPRESS``): a subcommand that
+        is not given one leaves the command's value (``throttle_policy -v 2 export``)."""
+        quiet: dict[str, Any] = {"default": argparse.SUPPRESS}
+        self.add_base_argument(
+            parser,
+            "--version",
+            action="version",
+            version=self.get_version(),
+            help="Show program's version number and exit.",
+        )
+        self.add_base_argument(
+            parser,
+            "-v",
+            "--verbosity",
+            type=int,
+            choices=[0, 1, 2, 3],
+            help="Verbosity level; 0=minimal output, 1=normal output, 2=verbose output, "
+            "3=very verbose output",
+            **quiet,
+        )
+        self.add_base_argument(
+            parser, "--settings", help="The Python path to a settings module.", **quiet
+        )
+        self.add_base_argument(
+            parser, "--pythonpath", help="A directory to add to the Python path.", **quiet
+        )
+        for option, text in (
+            ("--traceback", "Display a full stack trace on CommandError exceptions."),
+            ("--no-color", "Don't colorize the command output."),
+            ("--force-color", "Force colorization of the command output."),
+        ):
+            self.add_base_argument(parser, option, action="store_true", help=text, **quiet)
+        if self.requires_system_checks:
+            parser.add_argument(
+                "--skip-checks", action="store_true", help="Skip system checks.", **quiet
+            )
 
 
 class CountersCommand(ThrottleCommand):

@@ -59,7 +59,7 @@ from django_throttle.models import (
     TierAssignment,
 )
 from django_throttle.models.exemptions import parse_network
-from django_throttle.rates import MAX_LOG_COUNT, Algorithm, plain_digits
+from django_throttle.rates import MAX_LOG_COUNT, Algorithm, canonical_rate, plain_digits
 
 #: The document's ``version``; an import refuses any other.
 FORMAT_VERSION = 1
@@ -481,6 +481,8 @@ def sync_limits(
             refused = True
             continue
         fields = {**defaults, **entry}
+        if isinstance(fields["rate"], str):  # stored as the admin stores it: '5 / min' is 5/m
+            fields["rate"] = canonical_rate(fields["rate"])
         candidate = _assign(new(), fields)
         # The parent may be unsaved: its own link is checked once it is written. An endpoint
         # limit whose tier is not there (noted already) has its other fields checked.
@@ -495,10 +497,12 @@ def sync_limits(
     unmatched = list(parent.limits.select_related("tier").order_by("pk"))
 
     def take(candidate: Any, same_values: bool) -> Any:
-        """The first unmatched row of ``candidate``'s tier (and values), no longer unmatched."""
+        """The first unmatched row of ``candidate``'s tier (and values, a rate compared as
+        the admin stores it: a row saved as ``20/min`` is the file's ``20/m``, kept as it
+        is), no longer unmatched."""
         for row in unmatched:
             if row.tier_id == candidate.tier_id and (
-                not same_values or values(row) == values(candidate)
+                not same_values or _limit_values(row) == _limit_values(candidate)
             ):
                 unmatched.remove(row)
                 return row
@@ -522,6 +526,15 @@ def sync_limits(
         else:
             change = f"{before} → {_limit_text(row)}"
             state.changes.append(Change("~", _limit_label(parent, row), change))
+
+
+def _limit_values(row: Any) -> dict[str, Any]:
+    """A limit row's values, its rate as the admin stores it (:func:`canonical_rate`): what
+    an export writes, and what an import compares."""
+    found = values(row)
+    if isinstance(found.get("rate"), str):
+        found["rate"] = canonical_rate(found["rate"])
+    return found
 
 
 def _limit_text(row: Any) -> str:
@@ -601,7 +614,7 @@ def _limits(parent: Any) -> list[Any]:
 def _limit_entry(limit: models.Model) -> dict[str, Any]:
     """A limit as written under its parent: an endpoint limit names its tier first."""
     tier = {"tier": limit.tier.slug} if isinstance(limit, EndpointLimit) else {}
-    return {**tier, **values(limit)}
+    return {**tier, **_limit_values(limit)}
 
 
 def _export_assignments() -> list[dict[str, str]]:

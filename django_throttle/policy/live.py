@@ -51,6 +51,8 @@ import time
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from itertools import chain
 from typing import Any, Protocol
@@ -1005,14 +1007,50 @@ class _Cache:
 _cache = _Cache()
 
 
+@dataclass
+class VersionGate:
+    """Whether :func:`current` may check the shared version now (``allows``, asked only when
+    a check is due), and, once it held a snapshot unchecked, how long before that the
+    snapshot's version had last been checked (``unchecked_for``, seconds; ``None`` while no
+    check was skipped)."""
+
+    allows: Callable[[], bool]
+    unchecked_for: float | None = None
+
+
+_gate: ContextVar[VersionGate | None] = ContextVar("django_throttle_version_gate", default=None)
+
+
+@contextmanager
+def version_checks_while(allows: Callable[[], bool]) -> Iterator[VersionGate]:
+    """Within the block, a due version check is made only while ``allows()``; otherwise
+    :func:`current` returns the snapshot this process holds, unchecked (one that holds none
+    still compiles it). For an operator page reading a slow backend under a read budget
+    (:class:`~django_throttle.inspection.budget.ReadBudget`): the check is one more backend
+    read, and once the page's budget is spent it must cost no more than the reads it
+    skips. The gate says whether a check was skipped, so the page can say that the policy
+    shown is the last one read."""
+    gate = VersionGate(allows)
+    token = _gate.set(gate)
+    try:
+        yield gate
+    finally:
+        _gate.reset(token)
+
+
 def current() -> Policy:
     """The snapshot to use now; reloads when the shared version moved, when this process
     changed the policy, or when the snapshot is older than :data:`MAX_AGE` (all checked
     at most once per refresh interval, so most calls touch neither the database nor the
-    backend). Other threads keep the previous snapshot while one thread recompiles."""
+    backend). Other threads keep the previous snapshot while one thread recompiles. Within
+    :func:`version_checks_while`, a check its gate does not allow is not made."""
     policy = _cache.policy
     if policy is not None and clock() - _cache.checked_at < REFRESH_INTERVAL:
         return policy  # fresh(), read here without a call: this runs on every request
+    gate = _gate.get()
+    if policy is not None and gate is not None and not gate.allows():
+        gate.unchecked_for = clock() - _cache.checked_at
+        return policy
     with _cache.lock:
         now = clock()
         policy = _cache.policy

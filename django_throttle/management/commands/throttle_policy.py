@@ -51,13 +51,10 @@ class Command(output.ThrottleCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        actions = parser.add_subparsers(
-            dest="action",
-            required=True,
-            metavar="ACTION",
-            parser_class=output.OneLineErrorParser,
+        actions = self.add_subcommands(parser, dest="action", required=True, metavar="ACTION")
+        export = self.add_subcommand(
+            actions, "export", help="write the policy in the database to a file"
         )
-        export = actions.add_parser("export", help="write the policy in the database to a file")
         _format(export)
         export.add_argument("--output", "-o", help="file to write (default: standard output)")
         export.add_argument(
@@ -68,12 +65,12 @@ class Command(output.ThrottleCommand):
                 "between sites)"
             ),
         )
-        load_ = actions.add_parser("import", help="make the database hold a policy file")
+        load_ = self.add_subcommand(actions, "import", help="make the database hold a policy file")
         load_.add_argument("file", help="a policy file, or - for standard input")
         _format(load_, default=None)
         _changes(load_)
-        drf = actions.add_parser(
-            "from-drf", help="convert REST_FRAMEWORK's DEFAULT_THROTTLE_RATES to a policy"
+        drf = self.add_subcommand(
+            actions, "from-drf", help="convert REST_FRAMEWORK's DEFAULT_THROTTLE_RATES to a policy"
         )
         _format(drf)
         drf.add_argument("--output", "-o", help="file to write (default: standard output)")
