@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -32,6 +33,7 @@ from django_throttle.backends.redis_nodes import COOLDOWN, CircuitBreaker, get_b
 from django_throttle.backends.usage_store import RedisUsage
 from django_throttle.checks import check_settings
 from django_throttle.rates import Algorithm, Limit
+from django_throttle.request.core import Plan, Reservation, run, settling
 from tests.redis_servers import LOOPBACK
 from tests.topologies import LocalCluster, cluster_port, wait_for
 
@@ -939,3 +941,61 @@ def test_a_login_counted_by_address_and_username_is_one_call_when_their_slot_is_
     before = evalsha_calls(cluster)
     assert backend.hit_together(((elsewhere, by_address), (name, by_name))) is None
     assert evalsha_calls(cluster) == before
+
+
+def test_a_login_in_two_slots_is_counted_one_call_each_and_one_in_one_slot_given_back_at_once(
+    backend: RedisBackend, cluster: LocalCluster
+) -> None:
+    """The request path's steps (``Plan.deciding(together=True)``, as a login check makes
+    them): counters in two slots fall back to one call each, all or nothing (the username's
+    denial gives the address's token back); counters in one slot are one call, and a
+    successful login's reservation goes back in one call of refund_together.lua; every key
+    written has a TTL."""
+    by_address, by_name = limits(name="addr"), limits(name="name")
+    slots: dict[int, list[str]] = {}
+    for n in range(400):
+        client = f"user:{n}"
+        slots.setdefault(key_slot(backend.key(client, by_address[0]).encode()), []).append(client)
+    address, name = next(names for names in slots.values() if len(names) >= 2)[:2]
+    elsewhere = next(names[0] for names in slots.values() if names[0] != address)
+
+    def check(client: str) -> Any:
+        plan = Plan(client, by_address, 1, None, None, True, None, None, None, ((name, by_name),))
+        return run(plan.deciding(together=True))
+
+    for _ in range(LIMIT):
+        backend.hit(name, by_name)  # the username's allowance spent
+    before = evalsha_calls(cluster)
+    assert not check(elsewhere).allowed
+    assert evalsha_calls(cluster) - before >= 3  # the address's hit, the name's, the refund
+    assert backend.peek(elsewhere, by_address).remaining == LIMIT  # given back
+    groups = ((address, by_address), (name, by_name))
+    cluster.flushall()
+    warm = check(address)  # the scripts loaded (a script's first call may be EVAL)
+    run(
+        settling(
+            SimpleNamespace(throttle_reservations=[Reservation("failures", 1, groups, warm.taken)]),
+            200,
+        )
+    )
+    cluster.flushall()
+    before = evalsha_calls(cluster)
+    decision = check(address)
+    assert decision.allowed and evalsha_calls(cluster) - before == 1
+    before = evalsha_calls(cluster)
+    run(
+        settling(
+            SimpleNamespace(
+                throttle_reservations=[Reservation("failures", 1, groups, decision.taken)]
+            ),
+            200,
+        )
+    )
+    assert evalsha_calls(cluster) - before == 1
+    assert [backend.peek(c, lim).remaining for c, lim in groups] == [LIMIT, LIMIT]
+    check(address)
+    for node in cluster.primaries():
+        with node.client() as client:
+            assert {
+                key: client.pttl(key) for key in client.scan_iter() if client.pttl(key) < 0
+            } == {}

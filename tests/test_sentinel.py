@@ -123,6 +123,39 @@ def test_every_algorithm_admits_exactly_its_limit_through_the_sentinels(
     assert backend.peek("sync-client", limits(algorithm)).remaining == 0
 
 
+def test_a_login_counted_by_address_and_username_is_one_call_on_the_primary(
+    settings: Any, sentinel_set: LocalSentinel, _isolated_throttle: str
+) -> None:
+    """``hit_together`` through the sentinels (one script call over both counters): threads
+    logging in from two addresses as one username admit exactly the username's limit, no
+    address is charged for a login the username refused, a reservation goes back in one call
+    (refund_together.lua), and every key written on the primary has a TTL."""
+    backend = backend_on(settings, sentinel_set.url)
+    by_address = (Limit.build("a", f"{LIMIT + 1}/d"),)
+    by_name = (Limit.build("n", f"{LIMIT}/d", algorithm=Algorithm.SLIDING_LOG),)
+    addresses = ("ip:192.0.2.1", "ip:192.0.2.2")
+
+    def login(n: int) -> tuple[str, bool]:
+        address = addresses[n % 2]
+        decisions = backend.hit_together(((address, by_address), ("username:x", by_name)))
+        assert decisions is not None  # one server: always one call
+        return address, all(decision.allowed for decision in decisions)
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(login, range(LIMIT * 3)))
+    admitted = {a: sum(ok for address, ok in results if address == a) for a in addresses}
+    assert sum(admitted.values()) == LIMIT
+    for address in addresses:
+        assert backend.peek(address, by_address).remaining == LIMIT + 1 - admitted[address]
+    groups = ((addresses[0], by_address), ("username:x", by_name))
+    assert backend.refund_together(groups)  # a successful login's reservation, given back
+    assert backend.peek(addresses[0], by_address).remaining == LIMIT + 2 - admitted[addresses[0]]
+    assert backend.peek("username:x", by_name).remaining == 1
+    primary = sentinel_set.server_on(sentinel_set.primary_port())
+    keys = keys_with_ttls(primary, _isolated_throttle)
+    assert len(keys) == 3 and all(ttl > 0 for ttl in keys.values()), keys
+
+
 def test_counting_connections_are_on_the_primary_only(
     settings: Any, sentinel_set: LocalSentinel
 ) -> None:
