@@ -531,6 +531,10 @@ class Decision:
     took a slot: (client, lease id), which ``Backend.release`` gives back and
     ``Backend.renew`` keeps. ``wait`` is, for an allowed request, the seconds until the turn
     a delaying limit reserved for it (``Limit.delay``); 0 when it may proceed at once.
+    ``spared`` names, for an allowed hit, each shadow limit that would have denied it:
+    (client, limit). Such a limit is left unchanged (it never holds a request back), so it
+    took nothing, and a refund of the hit leaves it out: given back, it would be credited
+    tokens never taken, and would report fewer would-denies than happened.
     """
 
     allowed: bool
@@ -547,6 +551,7 @@ class Decision:
     taken: tuple[tuple[str, int], ...] = ()
     leases: tuple[tuple[str, str], ...] = ()
     wait: float = 0.0
+    spared: tuple[tuple[str, Limit], ...] = ()
 
     @property
     def shed(self) -> bool:

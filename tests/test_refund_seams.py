@@ -145,3 +145,50 @@ def test_an_awaited_refund_removes_that_hits_entry(backend: Backend) -> None:
     async_to_sync(backend.arefund)("c", limits, now=T0 + 31, taken_at=first.taken[0][1])
     assert backend.hit("c", limits, now=T0 + 61).allowed
     assert not backend.hit("c", limits, now=T0 + 62).allowed
+
+
+@pytest.mark.parametrize("where", ["redis", "memory"])
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_refund_leaves_out_the_shadow_limit_its_hit_never_charged(
+    settings: Any, redis_url: str, where: str, kind: str
+) -> None:
+    """A shadow rule that would deny leaves its counter unchanged (the request passes), so
+    giving that request's tokens back must leave the shadow counter out: credited a token it
+    never took, a spent 1/min shadow limit reported the next request as passing it (one
+    would-deny where two happened)."""
+    from django.test import Client
+
+    from django_throttle import events
+
+    settings.DJANGO_THROTTLE_REDIS_URL = "memory://" if where == "memory" else redis_url
+    anonymous = Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
+    anonymous.limits.create(rate="1000/min")
+    rule = EndpointRule.objects.create(name="login", pattern="login", counts="success", shadow=True)
+    EndpointLimit.objects.create(rule=rule, tier=anonymous, rate="1/min")
+    policy.current()
+    would_deny: list[bool] = []
+
+    def seen(sender: Any, decision: Any, **kwargs: Any) -> None:
+        would_deny.append(decision.shadow)
+
+    events.request_decided.connect(seen)
+    try:
+        if kind == "sync":
+            client = Client()
+            statuses = [client.get("/login/", {"status": s}).status_code for s in (200, 500, 200)]
+        else:
+
+            async def run() -> list[int]:
+                client = AsyncClient()
+                return [
+                    (await client.get("/login/", {"status": s})).status_code
+                    for s in (200, 500, 200)
+                ]
+
+            statuses = async_to_sync(run)()
+    finally:
+        events.request_decided.disconnect(seen)
+    # The first is counted; the second would be denied and is given back (500 is not a
+    # success); the third would still be denied: the second took nothing to give back.
+    assert statuses == [200, 500, 200]
+    assert would_deny == [False, True, True]

@@ -8,10 +8,8 @@ concurrency limit, the in-process backend).
   through both paths, on two fresh key prefixes of the suite's one Redis, and once more per
   counter on the in-process backend: the same decisions, remaining counts, resets and
   Retry-After at every step (:func:`test_together_decides_as_the_counters_one_by_one`).
-  Shadow limits are left out: a refund gives a shadow limit back a token the refunded hit
-  did not take when the shadow limit would have denied it (refund.lua refunds every limit),
-  so the per-counter path, which gives the address's tokens back when the username denies,
-  leaves a spent shadow limit whole where the one call never took anything.
+  Shadow limits among them: a refund leaves out those its hit spared (``Decision.spared``:
+  a shadow limit that would deny is left unchanged, so it took nothing to give back).
 - N threads against a limit L, each login one call over both counters: exactly L admitted,
   and both counters spent exactly (:func:`test_threads_through_one_call_admit_exactly_the_limit`).
 - Every key the two scripts write has a TTL.
@@ -48,6 +46,7 @@ from django_throttle.request.core import (
     Refund,
     RefundTogether,
     Reservation,
+    charged,
     retry_after_seconds,
     settling,
 )
@@ -130,7 +129,9 @@ def login(
     decision: Decision = run_at(plan.deciding(together=True), backend, now, calls, together)
     if decision.allowed and refunds:
         request = SimpleNamespace(
-            throttle_reservations=[Reservation("failures", cost, tuple(refunds), decision.taken)]
+            throttle_reservations=[
+                Reservation("failures", cost, charged(refunds, decision.spared), decision.taken)
+            ]
         )
         run_at(settling(request, 200 if succeeded else 401), backend, now, calls, together)
     return decision
@@ -169,14 +170,15 @@ UNITS = {Algorithm.CALENDAR: ("d",)}
 
 
 @st.composite
-def limit_of(draw: st.DrawFn, id: str) -> Limit:
+def limit_of(draw: st.DrawFn, id: str, shadow: bool = False) -> Limit:
     algorithm = draw(st.sampled_from(RATE_ALGORITHMS))
     unit = draw(st.sampled_from(UNITS.get(algorithm, ("s", "10s", "min", "h"))))
     count = draw(st.integers(1, 5))
     burst = None
     if algorithm in (Algorithm.TOKEN_BUCKET, Algorithm.GCRA, Algorithm.LEAKY_BUCKET):
         burst = draw(st.one_of(st.none(), st.integers(1, 6)))
-    return Limit.build(id, f"{count}/{unit}", burst=burst, algorithm=algorithm)
+    shadow = shadow and draw(st.booleans())
+    return Limit.build(id, f"{count}/{unit}", burst=burst, algorithm=algorithm, shadow=shadow)
 
 
 @st.composite
@@ -184,10 +186,10 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
     """A login rule (the client's tier limit, the rule's own by client, by address, by
     username; sometimes a third counter) and a sequence of logins against it."""
     tier = draw(limit_of("t1"))
-    own = draw(st.lists(limit_of("r1"), max_size=1))
+    own = draw(st.lists(limit_of("r1", shadow=True), max_size=1))
     by_address = (draw(limit_of("r2")),)
     if draw(st.booleans()):
-        by_address = (*by_address, draw(limit_of("r4")))
+        by_address = (*by_address, draw(limit_of("r4", shadow=True)))
     by_name = (draw(limit_of("r3")),)
     third = draw(st.booleans())
     steps = draw(

@@ -207,9 +207,10 @@ class Backend(ABC):
 
         Each limit is clamped so its state never goes below "nothing used"; a missing or
         expired state stays missing; a window that is no longer the current one is left as
-        it is; shadow limits are refunded too (the hit consumed them). A request must never
-        fail because its reservation could not be given back: the request path logs a
-        :class:`BackendError` raised here and goes on.
+        it is; a shadow limit is refunded like the others, so leave out those the hit
+        spared (``Decision.spared``: they would have denied, so took nothing), as the
+        request path does. A request must never fail because its reservation could not be
+        given back: the request path logs a :class:`BackendError` raised here and goes on.
         """
 
     arefund = async_twin(refund)

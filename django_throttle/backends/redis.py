@@ -981,20 +981,24 @@ def _noted(exc: BaseException, client: str, limits: Limits, lease: Any) -> None:
 
 def decision_of(client: str, limits: Limits, reply: Any, lease: Any = None) -> Decision:
     """Read the counting script's array reply ``[allowed, index, remaining, reset_us,
-    retry_us, shadow_denied, taken_us, wait_us]`` (see lua/driver.lua; trailing zeros left
-    out, down to four elements): a nonzero ``taken_us`` is the hit's ``Decision.taken``, and the
-    ``lease`` (:func:`lease_of`) an allowed hit took its concurrency slots under its
+    retry_us, spared, taken_us, wait_us]`` (see lua/driver.lua; trailing zeros left
+    out, down to four elements): a nonzero ``spared`` (the 1-based indexes of the shadow
+    limits that would have denied, as text) is the hit's ``Decision.shadow`` and
+    ``Decision.spared``, a nonzero ``taken_us`` its ``Decision.taken``, and the ``lease``
+    (:func:`lease_of`) an allowed hit took its concurrency slots under its
     ``Decision.leases`` (none for :data:`PEEK_LEASE`). A reply of another shape is a
     :class:`BackendError`."""
     try:
         padding = REPLY_PADDING.get(len(reply)) if type(reply) is list else None
         if padding is None:
             raise ValueError(f"unexpected reply {reply!r}")
-        allowed, index, remaining, reset_us, retry_us, shadow, taken_us, wait_us = map(
-            int, reply + padding
-        )
-        if allowed not in (0, 1) or shadow not in (0, 1) or not 0 <= index <= len(limits):
+        fields = reply + padding
+        indexes = fields[5]
+        fields[5] = 0
+        allowed, index, remaining, reset_us, retry_us, _, taken_us, wait_us = map(int, fields)
+        if allowed not in (0, 1) or not 0 <= index <= len(limits):
             raise ValueError(f"unexpected reply {reply!r}")
+        spared = _spared(client, limits, indexes) if indexes else ()
     except Exception as exc:
         raise failure(exc) from exc
     # Positional, in Decision's field order (as base.decision_from): index 0 when no enforced
@@ -1006,7 +1010,7 @@ def decision_of(client: str, limits: Limits, reply: Any, lease: Any = None) -> D
         reset_us / 1e6,
         retry_us / 1e6,
         tuple(limits),
-        shadow == 1,
+        bool(spared),
         False,
         False,
         False,
@@ -1014,7 +1018,19 @@ def decision_of(client: str, limits: Limits, reply: Any, lease: Any = None) -> D
         ((client, taken_us),) if taken_us else (),
         ((client, lease.decode()),) if lease and allowed == 1 and lease != PEEK_LEASE else (),
         wait_us / 1e6,
+        spared,
     )
+
+
+def _spared(client: str, limits: Limits, indexes: bytes) -> tuple[tuple[str, Limit], ...]:
+    """The shadow limits a reply's ``spared`` field names (``b"2,5"``: 1-based indexes)."""
+    spared = []
+    for text in indexes.split(b","):
+        n = int(text)
+        if not 1 <= n <= len(limits) or not limits[n - 1].shadow:
+            raise ValueError(f"unexpected spared limits {indexes!r}")
+        spared.append((client, limits[n - 1]))
+    return tuple(spared)
 
 
 #: Prefix of a usage field counted only when the request is denied (see :meth:`Tally.add`):

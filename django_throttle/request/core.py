@@ -857,7 +857,8 @@ def counted_decision(
         counts = planned.endpoint.counts
         if counts == "failures":
             watch_login_failures()
-        reservation = Reservation(counts, planned.cost, planned.refunds, decision.taken, local)
+        refunds = charged(planned.refunds, decision.spared)
+        reservation = Reservation(counts, planned.cost, refunds, decision.taken, local)
         with _reserving:
             reservations = getattr(request, "throttle_reservations", ())
             request.throttle_reservations = [*reservations, reservation]
@@ -865,7 +866,7 @@ def counted_decision(
         leases.hold(request, ((planned.client, planned.limits), *planned.groups), decision, local)
     if decision.wait:
         # What the request took, given back should it not wait for its turn after all.
-        groups = ((planned.client, planned.limits), *planned.groups)
+        groups = charged(((planned.client, planned.limits), *planned.groups), decision.spared)
         turn = Reservation(
             "none", planned.cost, groups, decision.taken, local, planned.field, reservation
         )
@@ -1555,14 +1556,21 @@ def hit_groups(
             usage = field if n == len(groups) else only_if_denied(field)
             decision = yield Hit(client, limits, cost, usage)
             if not decision.allowed:
-                yield from _give_back(taken, cost, _taken_at(decisions), "tokens taken from")
+                yield from _give_back(
+                    charged(taken, _spared(decisions)),
+                    cost,
+                    _taken_at(decisions),
+                    "tokens taken from",
+                )
                 yield from _let_go(taken, decisions)
                 denied = yield from longest_wait(decision, groups[n:], cost)
                 return _reported(head, groups, [denied])
             taken.append((client, limits))
             decisions.append(decision)
     except BackendError as exc:
-        yield from _give_back(taken, cost, _taken_at(decisions), "tokens taken from")
+        yield from _give_back(
+            charged(taken, _spared(decisions)), cost, _taken_at(decisions), "tokens taken from"
+        )
         yield from _let_go(taken, decisions)
         return exc
     return _reported(head, groups, decisions)
@@ -1608,6 +1616,22 @@ def only_if_denied(field: str | None) -> str | None:
 
 def _taken_at(decisions: list[Decision]) -> dict[str, int]:
     return dict(pair for decision in decisions for pair in decision.taken)
+
+
+def _spared(decisions: list[Decision]) -> tuple[tuple[str, Limit], ...]:
+    return tuple(pair for decision in decisions for pair in decision.spared)
+
+
+def charged(groups: Sequence[Group], spared: tuple[tuple[str, Limit], ...]) -> tuple[Group, ...]:
+    """``groups`` without the shadow limits their hit left unchanged (``Decision.spared``):
+    what a refund of that hit gives back to. A group left with no limit is dropped."""
+    if not spared:
+        return tuple(groups)
+    left = (
+        (client, tuple(limit for limit in limits if (client, limit) not in spared))
+        for client, limits in groups
+    )
+    return tuple((client, limits) for client, limits in left if limits)
 
 
 def _give_back(
@@ -1656,10 +1680,11 @@ def _reported(head: Group, groups: Sequence[Group], decisions: list[Decision]) -
     every = tuple(head[1]) + tuple(limit for _client, limits in groups for limit in limits)
     shadow = any(d.shadow for d in decisions)
     taken = tuple(pair for d in decisions for pair in d.taken) if worst.allowed else ()
+    spared = _spared(decisions) if worst.allowed else ()
     held = tuple(pair for d in decisions for pair in d.leases) if worst.allowed else ()
     wait = max(d.wait for d in decisions) if worst.allowed else 0.0  # each call's turn
     return dataclasses.replace(
-        worst, limits=every, shadow=shadow, taken=taken, leases=held, wait=wait
+        worst, limits=every, shadow=shadow, taken=taken, leases=held, wait=wait, spared=spared
     )
 
 

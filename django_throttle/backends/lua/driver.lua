@@ -20,7 +20,9 @@
 --   3 remaining      whole tokens left in it
 --   4 reset_us       microseconds until it is full again (rounded up)
 --   5 retry_us       microseconds until the same request would be allowed (0 when allowed)
---   6 shadow_denied  1 when a shadow limit would have denied, else 0
+--   6 spared         0, or, when shadow limits would have denied, their indexes as text
+--                    ("2" or "2,5"): each was left unchanged (see below), so a refund of
+--                    this hit must leave it out (it would give back tokens never taken)
 --   7 taken_us       for an allowed hit (not a peek) with a limit whose refund depends on when
 --                    it was taken (sliding log, windows, calendar quota: `stamped` in their
 --                    ALGORITHMS entry), the microsecond its tokens were taken at, which
@@ -91,7 +93,7 @@ for i = 1, n do
   end
 end
 
-local allowed, shadow_denied = true, 0
+local allowed, spared = true, 0
 local pick, pick_remaining, pick_reset, pick_retry = 0, nil, 0, -1
 local wait = 0
 for i = 1, n do
@@ -109,7 +111,7 @@ for i = 1, n do
     end
   elseif shadow then
     p.pending = nil
-    shadow_denied = 1
+    spared = spared == 0 and tostring(i) or spared .. ',' .. i
   else
     if allowed or retry > pick_retry then
       pick, pick_remaining, pick_reset, pick_retry = i, remaining, reset, retry
@@ -138,10 +140,10 @@ if allowed and not peek and stamped then taken = now end
 pick_retry, wait = math.ceil(pick_retry), math.ceil(wait)
 local head = allowed and 1 or 0
 pick_remaining, pick_reset = math.floor(pick_remaining or 0), math.ceil(pick_reset)
-if wait == 0 and taken == 0 and shadow_denied == 0 and pick_retry == 0 then
+if wait == 0 and taken == 0 and spared == 0 and pick_retry == 0 then
   return {head, pick, pick_remaining, pick_reset}
 end
-local reply = {head, pick, pick_remaining, pick_reset, pick_retry, shadow_denied, taken, wait}
+local reply = {head, pick, pick_remaining, pick_reset, pick_retry, spared, taken, wait}
 local size = 8
 while reply[size] == 0 do
   reply[size] = nil

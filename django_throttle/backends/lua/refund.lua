@@ -12,7 +12,8 @@
 --            took (a sliding log's entries of that microsecond, a window's count only if the
 --            hit was counted in the window stored now), never another request's
 -- ARGV[3+i]  limit i's spec "<code>[!]<capacity>:<parameters>", see limit_spec; a shadow
---            limit is refunded like the others (the hit consumed it)
+--            limit is refunded like the others: the caller leaves out the ones the hit
+--            spared (driver.lua's reply field 6: they would have denied, so took nothing)
 -- Reply: the number of keys given back to (an integer), or an error naming the first bad
 --        argument, with nothing written.
 -- Each limit follows its algorithm's "Refund" rule (in its file): its state never goes below

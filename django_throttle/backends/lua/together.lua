@@ -13,8 +13,8 @@
 --            prelude; no concurrency limit (a call taking slots is made alone, see driver.lua)
 -- ARGV[3+n]  optional: now in whole microseconds since the Unix epoch (tests); absent or ""
 --            for the server's TIME
--- Reply: one array per group, in order: driver.lua's reply for that group's limits (index
--- within the group), with nothing written unless every group allowed; taken_us is set only
+-- Reply: one array per group, in order: driver.lua's reply for that group's limits (its index
+-- and spared ones within the group), with nothing written unless every group allowed; taken_us is set only
 -- when every group allowed, and a group that allowed beside one that denied took nothing.
 -- Or an error naming the first bad argument, with nothing written.
 local n, argc = #KEYS, #ARGV
@@ -68,7 +68,7 @@ local groups = {}
 local first = 1
 for g = 1, #sizes do
   local last = first + sizes[g] - 1
-  local allowed, shadow_denied, stamped = true, 0, false
+  local allowed, spared, stamped = true, 0, false
   local pick, pick_remaining, pick_reset, pick_retry = 0, nil, 0, -1
   local wait = 0
   for i = first, last do
@@ -87,7 +87,7 @@ for g = 1, #sizes do
       end
     elseif shadow then
       p.pending = nil
-      shadow_denied = 1
+      spared = spared == 0 and tostring(i - first + 1) or spared .. ',' .. (i - first + 1)
     else
       if allowed or retry > pick_retry then
         pick, pick_remaining, pick_reset, pick_retry = i - first + 1, remaining, reset, retry
@@ -96,7 +96,7 @@ for g = 1, #sizes do
     end
   end
   if not allowed then every = false end
-  groups[g] = {allowed, pick, pick_remaining, pick_reset, pick_retry, shadow_denied, stamped, wait}
+  groups[g] = {allowed, pick, pick_remaining, pick_reset, pick_retry, spared, stamped, wait}
   first = last + 1
 end
 
@@ -116,13 +116,13 @@ end
 
 local replies = {}
 for g = 1, #groups do
-  local allowed, pick, pick_remaining, pick_reset, pick_retry, shadow_denied, stamped, wait =
+  local allowed, pick, pick_remaining, pick_reset, pick_retry, spared, stamped, wait =
     unpack(groups[g])
   if allowed then pick_retry = 0 else wait = 0 end
   local taken = 0
   if every and stamped then taken = now end
   local reply = {allowed and 1 or 0, pick, math.floor(pick_remaining or 0), math.ceil(pick_reset),
-    math.ceil(pick_retry), shadow_denied, taken, math.ceil(wait)}
+    math.ceil(pick_retry), spared, taken, math.ceil(wait)}
   local size = 8
   while size > 4 and reply[size] == 0 do
     reply[size] = nil
