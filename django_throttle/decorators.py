@@ -83,12 +83,13 @@ def throttle(
 ) -> Callable[[View], View]:
     """Limit a view; a denied request gets 429 with ``Retry-After`` and a JSON body.
 
-    ``rate``, ``burst``, ``algorithm``, ``timezone``, ``cost`` and ``failure_mode`` are
-    checked here, so a bad value fails at import time with a message saying what is wrong,
-    not on the first request. ``algorithm`` (an :class:`~django_throttle.rates.Algorithm`
-    value such as ``"gcra"`` or ``"calendar_quota"``) and ``timezone`` (a calendar quota's;
-    empty = the ``TIME_ZONE`` setting) shape the inline limit. ``failure_mode`` ("open",
-    "closed" or "local") overrides the policy's choice for when the backend cannot answer.
+    ``scope``, ``rate``, ``burst``, ``algorithm``, ``timezone``, ``cost`` and
+    ``failure_mode`` are checked here, so a bad value fails at import time with a message
+    saying what is wrong, not on the first request. ``algorithm`` (an
+    :class:`~django_throttle.rates.Algorithm` value such as ``"gcra"`` or ``"calendar_quota"``)
+    and ``timezone`` (a calendar quota's; empty = the ``TIME_ZONE`` setting) shape the inline
+    limit. ``failure_mode`` ("open", "closed" or "local") overrides the policy's choice for
+    when the backend cannot answer.
     ``credential=True`` marks a login or token view: unless a mode is given here or in the
     admin, it is counted in the process while the backend is down (never uncounted), or
     refused when the setting says ``closed``. Django's ``LoginView`` (and subclasses)
@@ -108,6 +109,12 @@ def throttle(
         )
     if scope is None and rate is None:
         raise TypeError("throttle() needs scope='…' (admin rules) or rate='…' (inline limit)")
+    if scope is not None and (not isinstance(scope, str) or not scope.strip()):
+        # Taken, it failed every request to the view (a 500), or matched no rule ever.
+        raise TypeError(
+            f"throttle(scope={scope!r}): a scope is the name of endpoint rules of type "
+            "'DRF throttle scope' in the admin, such as scope='login'"
+        )
     if rate is None and _is_rate(scope):  # @throttle("5/min"): a scope that limits nothing
         raise TypeError(
             f"throttle({scope!r}): the first argument is a scope name (admin rules); for an "
@@ -122,6 +129,9 @@ def throttle(
             "give rate='…' "
             "too, or set them on the scope's limits in the admin"
         )
+    if cost is not None and (isinstance(cost, bool) or not isinstance(cost, int)):
+        # Taken, Redis refused it on every request: the view answered by its failure mode.
+        raise TypeError(f"throttle(cost={cost!r}): cost is a whole number of tokens, e.g. cost=10")
     if cost is not None and not 1 <= cost <= MAX_COUNT:
         raise ValueError(f"throttle(cost={cost}): cost must be between 1 and {MAX_COUNT:,}")
     if failure_mode is not None and failure_mode not in core.FAILURE_MODES:

@@ -136,6 +136,27 @@ def test_bad_arguments_fail_at_decoration_time(kwargs: dict[str, object], messag
         throttle(**kwargs)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        # Each used to be taken, and then every request to the view failed: a 500 (a scope
+        # that is not text) or a 503 (a cost Redis refuses), or a bare TypeError of Python's.
+        ({"scope": 5}, r"throttle\(scope=5\): a scope is the name"),
+        ({"scope": ["login"]}, r"throttle\(scope=\['login'\]\): a scope is the name"),
+        ({"scope": ""}, r"throttle\(scope=''\): a scope is the name"),
+        ({"scope": "  ", "rate": "5/m"}, r"throttle\(scope='  '\): a scope is the name"),
+        ({"scope": "login", "cost": 2.5}, r"throttle\(cost=2.5\): cost is a whole number"),
+        ({"scope": "login", "cost": "2"}, r"throttle\(cost='2'\): cost is a whole number"),
+        ({"rate": "5/m", "cost": True}, r"throttle\(cost=True\): cost is a whole number"),
+    ],
+)
+def test_arguments_of_the_wrong_kind_fail_at_decoration_time(
+    kwargs: dict[str, object], message: str
+) -> None:
+    with pytest.raises(TypeError, match=message):
+        throttle(**kwargs)  # type: ignore[arg-type]
+
+
 # Algorithms ---------------------------------------------------------------------------------
 
 

@@ -1,6 +1,7 @@
 """The tutorial's blocks build a working project as they are: a fresh ``startproject``, the
-settings, view and URLs pasted in, the commands run, and the throttled endpoint answers 200s
-and then 429 with ``Retry-After``, with the admin's CSS served.
+settings, views and URLs pasted in, the commands run, and the throttled endpoint answers 200s
+and then 429 with ``Retry-After``, the views of steps 6 and 7 answer at their URLs, and the
+admin's CSS is served.
 
 A block of ``docs/tutorial.md`` takes part when the line before its fence (MyST comments,
 unseen by readers) says what to do with it:
@@ -63,6 +64,9 @@ def test_the_tutorial_marks_its_project_blocks() -> None:
     assert ("write", "mysite/urls.py") in actions
     assert ("write", "mysite/views.py") in actions
     assert ("shell", None) in actions
+    # Steps 6 and 7: each view the tutorial adds is appended, and urls.py is given whole.
+    assert actions.count(("append", "mysite/views.py")) == 2
+    assert actions.count(("write", "mysite/urls.py")) == 3
     for action, path, lang, code in found:
         assert lang == ("sh" if action == "run" else "python"), (action, path)
         if path is not None:
@@ -98,9 +102,10 @@ def _command(line: str, port: int) -> list[str]:
     return [sys.executable, "manage.py", *args]
 
 
-def _get(url: str) -> tuple[int, dict[str, str], bytes]:
+def _get(url: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, method=method)
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, dict(response.headers), response.read()
     except urllib.error.HTTPError as error:
         return error.code, dict(error.headers), error.read()
@@ -212,6 +217,23 @@ def test_the_tutorial_builds_a_working_project(
     refused = answers[-1][1]
     assert int(refused["Retry-After"]) >= 1
     assert refused["X-RateLimit-Remaining"] == "0"
+
+    # Steps 6 and 7: the views the tutorial adds answer at the URLs it gives them. The inline
+    # 5/min of @throttle is the hello view's own, not the tier's; the others take a token of
+    # the anonymous bucket, which refills 2 a second.
+    time.sleep(1.5)
+    codes = [_get(f"{base}/hello/")[0] for _ in range(6)]
+    assert codes == [200] * 5 + [429], codes
+    status, headers, _ = _get(f"{base}/hello/")
+    assert (status, headers["X-RateLimit-Limit"], headers["X-RateLimit-Remaining"]) == (
+        429,
+        "5",
+        "0",
+    )
+    status, headers, body = _get(f"{base}/login/")
+    assert (status, body, headers["X-RateLimit-Limit"]) == (200, b"welcome", "10")
+    status, _, body = _get(f"{base}/api/export/", method="POST")
+    assert (status, body) == (202, b'{"status":"queued"}')
 
     # The admin has its CSS: staticfiles is installed and runserver (DEBUG) serves it.
     status, _, page = _get(f"{base}/admin/login/")
