@@ -488,7 +488,7 @@ class RedisBackend(Backend):
         - on a Redis Cluster when the groups' clients are in different shards (their keys
           are in different hash slots, which no one script may touch: ``CROSSSLOT``). A
           client's shard is its digest's, so a login's address and username share one in
-          one case out of ``shards`` (the one shard of a URL without ``?shards=``);
+          one case out of ``shards`` (16 on a cluster URL without ``?shards=``);
         - when a group holds a concurrency limit (it is taken under a lease of the group's
           own, released call by call: see lua/driver.lua);
         - when two groups name one key (a shared limit counted under two clients of one
