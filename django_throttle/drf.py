@@ -196,7 +196,8 @@ class AsyncPolicyThrottle(PolicyThrottle):
         # DRF authenticated the request (in adrf's worker thread): its user is loaded.
         decision = await core.acheck(http_request, user_loaded=True, **_view_options(view))
         if decision.wait and decision.allowed:
-            decision = await core.await_turn(http_request, decision)
+            # adrf awaits this from initial() in a worker thread, blocked while it waits.
+            decision = await core.await_turn(http_request, decision, holds_a_thread=True)
         if leases.ended(http_request) and getattr(http_request, RESERVATIONS, None):
             await core.asettle(http_request, 500)  # see PolicyThrottle.allow_request
         elif len(getattr(http_request, RESERVATIONS, ())) > first:

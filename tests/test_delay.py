@@ -589,3 +589,25 @@ def test_a_delayed_response_says_what_remains_when_it_is_sent(backend: Backend, 
     else:  # a loaded machine spread the four over a refill (AsyncClient serialises its
         # requests' sync parts on one thread): what they get is what remained then
         assert statuses.count(200) in range(3, 4 + earned), statuses
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("full", ["_waiting", "_awaiting"])
+def test_an_adrf_view_waits_in_a_place_of_the_blocking_views(
+    monkeypatch: pytest.MonkeyPatch, clear_entered: None, full: str
+) -> None:
+    """adrf awaits ``AsyncPolicyThrottle`` from a worker thread that stays blocked for the
+    whole wait, so its waits take the blocking views' places (``MAX_WAITING``, which bound
+    the threads a process holds asleep), not the async views' 1,000: a burst of adrf
+    requests could hold a thousand threads of one process."""
+    paced_rule("paced-api-async")
+    places = threading.BoundedSemaphore(1)
+    places.acquire()  # the one place taken
+    monkeypatch.setattr(core, full, places)
+
+    async def run() -> list[int]:
+        client = AddressedAsyncClient("203.0.113.67")
+        return [(await client.get("/api/paced-async/")).status_code for _ in range(2)]
+
+    assert async_to_sync(run)() == ([200, 429] if full == "_waiting" else [200, 200])

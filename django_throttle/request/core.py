@@ -920,17 +920,21 @@ def wait_turn(request: Any, decision: Decision) -> Decision:
     return _waited(request, decision, state)
 
 
-async def await_turn(request: Any, decision: Decision) -> Decision:
+async def await_turn(request: Any, decision: Decision, holds_a_thread: bool = False) -> Decision:
     """:func:`wait_turn` on the event loop (no thread held; the cap is
     :data:`MAX_AWAITING`). A request cancelled while it waits (the client went away) gives
-    back what it took: its turn goes to the next request."""
+    back what it took: its turn goes to the next request. ``holds_a_thread``: the caller
+    awaits this from a thread that stays blocked until it ends (adrf checks throttles in a
+    worker thread), so it takes one of the blocking views' :data:`MAX_WAITING` places, which
+    bound the threads a process holds asleep."""
     if not decision.wait:
         return decision
     if leases.ended(request):
         await arun(_skip_turn(request))
         _announce_turn(request, decision)  # as one cancelled while it waits
         return _gone(decision)
-    if not _awaiting.acquire(blocking=False):
+    places = _waiting if holds_a_thread else _awaiting
+    if not places.acquire(blocking=False):
         turn = getattr(request, "throttle_turn", None)
         await arun(_skip_turn(request))
         await leases.arelease(request)
@@ -947,7 +951,7 @@ async def await_turn(request: Any, decision: Decision) -> Decision:
         await leases.arelease(request)
         raise
     finally:
-        _awaiting.release()
+        places.release()
     turn = getattr(request, "throttle_turn", None)
     state = None
     if turn is not None:
