@@ -207,3 +207,33 @@ def test_one_call_decides_as_one_call_per_counter(
     settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
     policy.reset()
     assert alike(answers(url), together)
+
+
+def test_a_login_is_one_call_only_for_counters_of_one_key_shard(redis_url: str) -> None:
+    """On one server with several key shards (``?shards=4``) a login's counters go in one
+    call only when they share a shard's hash tag, as on a Cluster: one endpoint may be a
+    proxy that clusters behind it and refuses a script over two tags (``CROSSSLOT``), which
+    the request path would read as an outage. A pair in two shards is counted one call per
+    counter (``None``: nothing sent)."""
+    from django.test import override_settings
+
+    from django_throttle.rates import Limit
+
+    url = f"{redis_url}{'&' if '?' in redis_url else '?'}shards=4"
+    with override_settings(DJANGO_THROTTLE_REDIS_URL=url):
+        backend = RedisBackend()
+    try:
+        limits = (Limit.build("one-shard", "5/m"),)
+
+        def tag(client: str) -> str:
+            return backend.key(client, limits[0]).partition("}")[0]
+
+        address = "ip:192.0.2.1"
+        names = [f"username:user{n}" for n in range(64)]
+        apart = next(name for name in names if tag(name) != tag(address))
+        beside = next(name for name in names if tag(name) == tag(address))
+        assert backend.hit_together(((address, limits), (apart, limits))) is None
+        decisions = backend.hit_together(((address, limits), (beside, limits)))
+        assert decisions is not None and [d.remaining for d in decisions] == [4, 4]
+    finally:
+        backend.close()

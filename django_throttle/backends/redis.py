@@ -485,10 +485,13 @@ class RedisBackend(Backend):
         """The one call of together.lua (with ``taken_at``, of refund_together.lua) over
         ``groups``' keys, or ``None`` where they must be counted one group at a time:
 
-        - on a Redis Cluster when the groups' clients are in different shards (their keys
-          are in different hash slots, which no one script may touch: ``CROSSSLOT``). A
-          client's shard is its digest's, so a login's address and username share one in
-          one case out of ``shards`` (16 on a cluster URL without ``?shards=``);
+        - when the groups' clients are in different shards (their keys under different hash
+          tags). On a Redis Cluster they are in different slots, which no script may touch
+          (``CROSSSLOT``); one endpoint may be a proxy clustering behind it (Redis
+          Enterprise's), which refuses them too: a call keeps to one tag everywhere, as
+          driver.lua's calls do. A client's shard is its digest's, so a login's address and
+          username share one in one case out of ``shards`` (16 on a cluster URL without
+          ``?shards=``; always on one server, whose default is 1);
         - when a group holds a concurrency limit (it is taken under a lease of the group's
           own, released call by call: see lua/driver.lua);
         - when two groups name one key (a shared limit counted under two clients of one
@@ -525,7 +528,7 @@ class RedisBackend(Backend):
                     sizes.append(f"{len(limits)}:{'' if taken is None else taken}")
                 else:
                     sizes.append(str(len(limits)))
-            if len(shards) > 1 and self.on_cluster:
+            if len(shards) > 1:
                 return None
             if len(set(keys)) < len(keys):
                 return None

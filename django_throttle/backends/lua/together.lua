@@ -4,8 +4,8 @@
 -- call, on the state before any write. Usage is counted in the calling process.
 --
 -- KEYS[i]    counter of limit i (i = 1 .. n, n = #KEYS): the groups' keys one group after the
---            other; every key on one node (one server, or one Redis Cluster slot: the caller
---            sends the groups together only when their hash tags are one)
+--            other, all under one hash tag (the caller sends the groups together only then),
+--            so in one Redis Cluster slot
 -- ARGV[1]    cost: whole tokens in [0, 1e9], clamped per limit to its capacity
 -- ARGV[2]    the groups' sizes, "<n1>,<n2>,...": group g is the next n_g keys (each at least
 --            1, summing to n)
