@@ -145,6 +145,37 @@ def test_the_inspector_never_shows_a_retry_after_shorter_than_the_header(
     assert "Retry-After 2 min</span>" in verdict.group(1)
 
 
+def test_a_shadow_limit_shows_what_it_holds_in_the_inspector(admin_client: Client) -> None:
+    """A shadow limit's row in the inspector and ``throttle_inspect`` said 0 remaining, whole
+    again in 0 s, whatever it held: a client that had never met it looked spent, one that
+    had spent it looked whole at once. A shadow limit is never reported to clients, so its
+    peek said nothing of it; it is read as the limit it would be if enforced."""
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    rule = endpoint("honest", "scope", "honest", shadow=True)
+    shadow = EndpointLimit.objects.create(rule=rule, tier=anonymous, rate="3/min")
+    policy.current()
+    client = Client(REMOTE_ADDR="203.0.113.9")
+    assert [client.get("/honest/").status_code for _ in range(5)] == [200] * 5
+    shadow_id = f"e{shadow.pk}"
+    url = reverse("admin:django_throttle_usagecount_inspect")
+
+    def row(address: str) -> tuple[str, str]:
+        page = admin_client.get(url, {"client": address}).content.decode()
+        found = re.search(rf'<tr class="dt-bucket" data-limit="{shadow_id}".*?</tr>', page, re.S)
+        assert found is not None, page
+        cells = [re.sub(r"<[^>]+>", "", cell) for cell in re.findall(r"<td>(.*?)</td>", found[0])]
+        return cells[5], cells[6]  # Remaining, Whole again in
+
+    # Spent: 3 taken (the would-denies took nothing); the third token is a minute away.
+    assert row("203.0.113.9") == ("0", "1 min")
+    assert row("203.0.113.10") == ("3", "0 s")  # never met it: whole
+    out = io.StringIO()
+    call_command("throttle_inspect", "203.0.113.9", "--format", "json", stdout=out)
+    [listed] = [b for b in json.loads(out.getvalue())["rows"] if b["id"] == shadow_id]
+    assert (listed["remaining"], listed["shadow"]) == (0, True)
+    assert 59 < listed["reset_seconds"] <= 60
+
+
 def test_a_refused_turn_of_a_shadow_would_deny_is_counted_denied_in_local_mode(
     settings: Any,
 ) -> None:

@@ -310,12 +310,23 @@ def buckets(
         if budget is not None:
             budget.check()
         held = _held(backend, c)
-        state = backend.peek(c.client, [c.limit])
+        state = _peek(backend, c)
         if c.limit.id == FLEET and state.allowed and state.limit is None:
             state = _fleet_state(state, c.limit, held)
         counted_by = shared_by() if c.limit.shared else c.counted_by
         states.append(Bucket(c.limit, c.where, state, counted_by, c.client, held))
     return states
+
+
+def _peek(backend: Backend, c: Counter) -> Decision:
+    """``c``'s state, nothing taken. A shadow limit is never reported (no client's headers
+    show it), so a peek of it alone says nothing of it: 0 remaining, whole in 0 s, whatever
+    it holds. It is read as the enforced limit it stands for, whose counter is the same (a
+    limit's key does not depend on ``shadow``), and shown as the shadow limit it is."""
+    if not c.limit.shadow:
+        return backend.peek(c.client, [c.limit])
+    state = backend.peek(c.client, [replace(c.limit, shadow=False)])
+    return replace(state, limit=c.limit if state.limit is not None else None)
 
 
 def _fleet_state(state: Decision, limit: Limit, held: tuple[tuple[str, float], ...]) -> Decision:
