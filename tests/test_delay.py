@@ -156,6 +156,28 @@ def test_without_a_longest_wait_no_request_waits_beyond_the_default(backend: Bac
     )
 
 
+def test_a_request_costing_more_than_the_longest_wait_admits_passes_when_the_bucket_is_full(
+    backend: Backend,
+) -> None:
+    """At 1/s, burst 10, no delay and a longest wait of 3 s, a request costing 8 waits 7 s for
+    its last token's turn even with the bucket full: it was refused forever, each time with
+    ``Retry-After: 4`` (when its wait would be within 3 s, which never came). It waits for
+    the turn of the last of its tokens the longest wait admits and is charged its whole cost,
+    as a cost above the capacity is charged the capacity: it passes when the bucket is full
+    rather than never, and a retry after its ``Retry-After`` passes, not one sooner."""
+    limit = Limit.build("costly", "1/s", burst=10, algorithm=Algorithm.GCRA, delay=0, max_wait=3)
+    first = backend.hit("c", [limit], cost=8, now=T0)
+    assert (first.allowed, first.wait, first.remaining) == (True, 3.0, 0)
+    refused = backend.hit("c", [limit], cost=8, now=T0)
+    assert (refused.allowed, refused.retry_after) == (False, 8.0)  # the 8 tokens come back
+    assert not backend.peek("c", [limit], cost=8, now=T0 + 8 - 1e-6).allowed
+    retry = backend.hit("c", [limit], cost=8, now=T0 + 8)
+    assert (retry.allowed, retry.wait) == (True, 3.0)
+    # Its whole cost was charged: a request of cost 1 sent with it waits for its turn after
+    # all 8 tokens (the ninth turn, 8 s on), beyond the longest wait.
+    assert backend.peek("c", [limit], cost=1, now=T0 + 8).retry_after == 5.0
+
+
 def test_delay_is_refused_where_it_does_not_apply() -> None:
     with pytest.raises(InvalidRate, match="only a GCRA limit delays") as refused:
         Limit.build("x", "2/s", burst=5, algorithm=Algorithm.TOKEN_BUCKET, delay=1)

@@ -18,11 +18,12 @@
 --            writes new (if new > now) with TTL new - now
 --   denied:  remaining = floor((C x E - (tat - now)) / E), reset = tat - now,
 --            retry = new - now - C x E
--- Delaying: wait = max(0, new - now - at_once x E), the time until the request's reserved
--- turn; allowed iff new - now <= C x E and wait <= max_wait: then as above, and the decision
+-- Delaying: wait = max(0, tat + min(c, floor(room / E)) x E - now - at_once x E), the time
+-- until the request's reserved turn (room below: a request costing more than room admits
+-- waits for the turn of the last token that fits, and still takes c); allowed iff new - now <= C x E and wait <= max_wait: then as above, and the decision
 -- carries the wait (its turn is reserved: new is written, so requests waiting together are
 -- spaced exactly E apart); else denied, nothing reserved, retry = the time until both hold
--- for the same request: max(new - now - C x E, new - now - at_once x E - max_wait).
+-- for the same request: max(new - now - C x E, wait - max_wait).
 -- Remaining then counts within room = min(C x E, at_once x E + max_wait) instead of C x E
 -- (at least 0): a request whose wait would pass max_wait is refused however much of the
 -- burst is free, so it is the number of requests sent now that are really admitted.
@@ -87,11 +88,16 @@ local function gcra_decide(key, now, p, cost)
     end
     return false, math.floor((limit - (tat - now)) / emission), tat - now, new - now - limit, nil
   end
-  local wait = math.max(0, new - now - at_once * emission)
   -- How far ahead of now turns may be reserved: the burst, or less when the longest wait
   -- refuses a request before the burst is used up. Remaining counts within it: the requests
   -- sent now that are really admitted.
   local room = math.min(limit, at_once * emission + p.max_wait)
+  -- The request's turn is that of its last token, or of the last that fits in room when it
+  -- costs more: else it would wait longer than max_wait even with the bucket full, and never
+  -- pass. It is charged its whole cost all the same (as a cost above the capacity is charged
+  -- the capacity): it passes when the bucket is full rather than never.
+  local turn = tat + math.min(cost, math.floor(room / emission)) * emission
+  local wait = math.max(0, turn - now - at_once * emission)
   if new - now <= limit and wait <= p.max_wait then
     return true, math.max(0, math.floor((room - (new - now)) / emission)), new - now, 0,
       new > now and new or nil, wait
