@@ -1,18 +1,23 @@
 """Every algorithm, alone and two at once on one request, with costs above 1, on Redis and in
 memory: a denied request retried after its ``Retry-After`` (whole seconds, rounded up) is let
-through; retried at 0.9 of that it is still refused where the wait is exact (the math promises
-it); ``Remaining`` after an allowed request is how many more immediate requests pass; every key
-a request wrote has a TTL. Every call names its instant, so the clock is the test's."""
+through; retried at 0.9 of that, or a millisecond before the exact wait, it is still refused
+(the math promises it); so with shadow limits beside, a cost above a limit's capacity, and a
+calendar quota over a clock change; ``Remaining`` after an allowed request is how many more
+immediate requests pass; every key a request wrote has a TTL. Every call names its instant, so
+the clock is the test's."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import json
 import math
 import random
 import re
+from datetime import date, datetime, time, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.contrib import admin
@@ -91,6 +96,8 @@ def check_retry(backend: Backend, rng: random.Random, algorithms: tuple[Algorith
         # The exact wait is the least: a retry sooner than it is refused (this also leaves
         # client "a" with a refused retry before its real one, as a client polling would).
         if denied.retry_after > 1e-3:
+            soon = at + denied.retry_after - 1e-3
+            assert not backend.peek("a", limits, cost=cost, now=soon).allowed, ("1 ms", what)
             soon = at + 0.9 * denied.retry_after
             assert not backend.hit("a", limits, cost=cost, now=soon).allowed, ("0.9 exact", what)
         if 0.9 * header < denied.retry_after:
@@ -110,6 +117,123 @@ def test_a_retry_after_retry_after_passes_and_one_sooner_does_not(
     rng = random.Random(11)
     for algorithms in cases(single):
         check_retry(backend, rng, algorithms)
+
+
+def delaying_limit(rng: random.Random, name: str) -> Limit:
+    count, period = rng.randint(1, 10), rng.choice([1, 2, 7, 60])
+    burst = rng.randint(1, 2 * count)
+    return Limit.build(
+        name,
+        Rate(count, period),
+        burst=burst,
+        algorithm=Algorithm.GCRA,
+        delay=rng.randint(0, burst - 1),
+        max_wait=rng.choice([None, 0.5, 3, 100]),
+    )
+
+
+def test_a_delaying_limit_s_retry_after_passes_and_one_sooner_does_not(backend: Backend) -> None:
+    """The same of a GCRA limit that delays (``delay``, ``max_wait``), alone and beside a
+    limit of another algorithm, with costs up to the burst: a cost whose wait alone passes
+    the longest wait was refused for good, with a ``Retry-After`` that never held."""
+    rng = random.Random(13)
+    for case in range(80):
+        limits = [delaying_limit(rng, f"d{case}")]
+        if rng.random() < 0.5:
+            limits.append(random_limit(rng, rng.choice(COUNTING), f"o{case}"))
+        cost = rng.randint(1, min(limit.capacity for limit in limits))
+        at = T0 + rng.randint(0, 10**6) / 1e6
+        denied = drain(backend, f"c{case}", limits, cost, at)
+        what = (case, [str(limit) for limit in limits], limits[0].delay, cost)
+        exact = denied.retry_after
+        if exact > 1e-3:
+            sooner = backend.peek(f"c{case}", limits, cost=cost, now=at + exact - 1e-3)
+            assert not sooner.allowed, what
+        later = backend.hit(f"c{case}", limits, cost=cost, now=at + exact)
+        assert later.allowed, what
+        assert later.wait <= limits[0].max_wait_us / 1e6, what
+
+
+@pytest.mark.parametrize("enforced", COUNTING)
+def test_a_shadow_limit_beside_changes_no_retry_after(
+    backend: Backend, enforced: Algorithm
+) -> None:
+    """A shadow limit of every algorithm, tighter or not, beside an enforced one: the wait is
+    the enforced limit's, exact to a millisecond, and the shadow limit is never reported."""
+    rng = random.Random(f"shadow{enforced}")
+    for case, shadowed in enumerate(COUNTING):
+        shadow = dataclasses.replace(random_limit(rng, shadowed, f"s{case}"), shadow=True)
+        limits = [random_limit(rng, enforced, f"e{case}"), shadow]
+        cost = rng.randint(1, min(limit.capacity for limit in limits))
+        at = T0 + rng.randint(0, 10**6) / 1e6
+        denied = drain(backend, f"m{case}", limits, cost, at)
+        what = (case, [str(limit) for limit in limits], cost)
+        assert denied.limit is not None and not denied.limit.shadow, what
+        if denied.retry_after > 1e-3:
+            soon = at + denied.retry_after - 1e-3
+            assert not backend.peek(f"m{case}", limits, cost=cost, now=soon).allowed, what
+        later = backend.hit(f"m{case}", limits, cost=cost, now=at + denied.retry_after)
+        assert later.allowed and not later.limit.shadow, what
+
+
+@pytest.mark.parametrize("algorithm", COUNTING)
+def test_a_cost_above_the_capacity_is_admitted_when_the_limit_is_whole(
+    backend: Backend, algorithm: Algorithm
+) -> None:
+    """A request costing more than a limit holds is charged its capacity (docs: reference/
+    policies): refused while the limit is not whole, ``Retry-After`` says when it is, and
+    a retry then passes, a millisecond sooner not; beside a larger limit that takes it all."""
+    for capacity in (1, 2, 5):
+        if algorithm == Algorithm.CALENDAR:
+            small = Limit.build(f"q{capacity}", f"{capacity}/day", algorithm=algorithm)
+        else:
+            burst = capacity if algorithm in TOKENS else None
+            small = Limit.build(
+                f"q{capacity}", Rate(capacity, 10), burst=burst, algorithm=algorithm
+            )
+        limits = [small, Limit.build(f"big{capacity}", Rate(100, 10), burst=100)]
+        for cost in (capacity + 1, 3 * capacity):
+            client = f"x{capacity}-{cost}"
+            assert backend.hit(client, limits, cost=cost, now=T0).allowed
+            denied = drain(backend, client, limits, cost, T0)
+            soon = T0 + denied.retry_after - 1e-3
+            assert not backend.peek(client, limits, cost=cost, now=soon).allowed, (capacity, cost)
+            later = backend.hit(client, limits, cost=cost, now=T0 + denied.retry_after)
+            assert later.allowed, (capacity, cost)
+
+
+#: Days the clocks change (23- and 25-hour days), in zones either side of UTC.
+CLOCK_CHANGES = [
+    ("America/New_York", (2026, 3, 8)),
+    ("America/New_York", (2026, 11, 1)),
+    ("Europe/Berlin", (2026, 3, 29)),
+    ("Europe/Berlin", (2026, 10, 25)),
+    ("Australia/Lord_Howe", (2026, 4, 5)),  # half an hour back
+]
+
+
+@pytest.mark.parametrize(("zone", "day"), CLOCK_CHANGES)
+def test_a_calendar_quota_s_retry_after_over_a_clock_change(
+    backend: Backend, zone: str, day: tuple[int, int, int]
+) -> None:
+    """A quota per day, week and month in a zone whose clocks change that day, spent at
+    hours before and after the change: ``Retry-After`` and the reset are the real time to
+    the next window's local midnight (not 24 h), exact to a millisecond."""
+    tz = ZoneInfo(zone)
+    for unit in ("day", "week", "month"):
+        limit = Limit.build(f"q{unit}", f"3/{unit}", algorithm=Algorithm.CALENDAR, timezone=zone)
+        for hour in (0, 1, 3, 12, 23):
+            at = datetime(*day, hour, 30, tzinfo=tz).timestamp() + 0.25
+            client = f"{unit}{hour}"
+            first = backend.hit(client, [limit], now=at)
+            denied = drain(backend, client, [limit], 1, at)
+            end = datetime.fromtimestamp(at + denied.retry_after, tz)
+            what = (unit, hour, end.isoformat())
+            assert (end.hour, end.minute, end.second, end.microsecond) == (0, 0, 0, 0), what
+            assert abs(first.reset_after - denied.retry_after) < 1e-6, what
+            soon = at + denied.retry_after - 1e-3
+            assert not backend.peek(client, [limit], cost=1, now=soon).allowed, what
+            assert backend.hit(client, [limit], now=at + denied.retry_after).allowed, what
 
 
 def check_remaining(
@@ -246,6 +370,45 @@ def test_the_headers_of_a_priced_rule_say_what_the_next_request_gets(
         assert client.get("/priced/").status_code == 429
     now[0] = start + header
     assert client.get("/priced/").status_code == 200, (header, dict(response.headers))
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db
+@pytest.mark.parametrize(("zone", "day"), CLOCK_CHANGES[:2])
+def test_a_tier_calendar_quota_s_headers_over_a_clock_change(
+    settings: Any, zone: str, day: tuple[int, int, int]
+) -> None:
+    """A tier's quota of 2 a day in New York, spent at 01:30 on the days the clocks change
+    (a 23- and a 25-hour day): ``Retry-After``, ``X-RateLimit-Reset`` and ``RateLimit``'s
+    ``t`` are the seconds to the real local midnight; a request a millisecond before it is
+    refused, one at ``Retry-After`` passes."""
+    settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
+    settings.DJANGO_THROTTLE_IETF_HEADERS = True
+    counting = backends.get_backend()
+    assert isinstance(counting, MemoryBackend)
+    tz = ZoneInfo(zone)
+    now = [datetime(*day, 1, 30, tzinfo=tz).timestamp() + 0.25]
+    counting.clock = lambda: now[0]
+    anonymous = tier("anonymous", is_default_anonymous=True)
+    TierLimit.objects.create(
+        tier=anonymous, rate="2/day", algorithm=Algorithm.CALENDAR, timezone=zone
+    )
+    policy.current()
+    client = Client(REMOTE_ADDR="203.0.113.81")
+    assert [client.get("/plain/").status_code for _ in range(2)] == [200, 200]
+    refused = client.get("/plain/")
+    assert refused.status_code == 429
+    midnight = datetime.combine(date(*day) + timedelta(days=1), time(), tzinfo=tz).timestamp()
+    wait = math.ceil(midnight - now[0])
+    assert wait != 86400 - 5400  # the day is not 24 hours long
+    assert int(refused["Retry-After"]) == int(refused["X-RateLimit-Reset"]) == wait
+    assert refused["RateLimit"].endswith(f";r=0;t={wait}")
+    assert refused["RateLimit-Policy"].endswith(";q=2;w=86400")  # the nominal day
+    start = now[0]
+    now[0] = midnight - 1e-3
+    assert client.get("/plain/").status_code == 429
+    now[0] = start + wait
+    assert client.get("/plain/").status_code == 200
 
 
 # --- What the operator tools say after a known sequence ---------------------------------------
