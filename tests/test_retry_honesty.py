@@ -307,10 +307,16 @@ def plain_view(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"ok": True})
 
 
+@throttle(scope="retry-failing")
+def failing_view(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"ok": True}, status=int(request.GET.get("status", "200")))
+
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("priced/", priced_view),
     path("plain/", plain_view),
+    path("failing/", failing_view),
 ]
 
 
@@ -466,3 +472,61 @@ def test_usage_dashboard_and_inspector_say_what_happened(
     ).content.decode()
     verdict = re.search(r'id="dt-verdict">(.*?)</td>', page, re.S)
     assert verdict is not None and "denied (429)" in verdict.group(1), verdict
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db
+def test_shadow_would_denies_and_refunds_are_counted_as_they_happened(
+    backend: Backend, admin_client: Client
+) -> None:
+    """A rule counting failures only (3 a minute) and a shadow rule (2 a minute): successes
+    given their tokens back are still served (allowed), would-denies of the shadow rule are
+    served and counted apart. The report by endpoint, tier and client, the dashboard and the
+    inspector say exactly that; the inspector shows the shadow rule's counter as it stands."""
+    anonymous = tier("anonymous", "1000/h", is_default_anonymous=True)
+    failures = endpoint("retry-failing", "scope", "retry-failing")
+    failures.counts = failures.Counts.FAILURES
+    failures.save()
+    limit = EndpointLimit.objects.create(rule=failures, tier=anonymous, rate="3/min")
+    shadow_rule = endpoint("retry-plain", "scope", "retry-plain", shadow=True)
+    shadow = EndpointLimit.objects.create(rule=shadow_rule, tier=anonymous, rate="2/min")
+    policy.current()
+    first, second = Client(REMOTE_ADDR="203.0.113.52"), Client(REMOTE_ADDR="203.0.113.53")
+    statuses = [first.get("/failing/").status_code for _ in range(4)]  # given back
+    statuses += [first.get("/failing/", {"status": 404}).status_code for _ in range(5)]
+    statuses += [first.get("/failing/").status_code for _ in range(2)]
+    assert statuses == [200] * 4 + [404] * 3 + [429] * 4
+    assert [second.get("/plain/").status_code for _ in range(5)] == [200] * 5
+    from django_throttle.usage import accounting as usage
+
+    usage.flush_pending()
+    figures = ("allowed", "denied", "shadow_denied")
+    endpoints = usage_by("endpoint")
+    assert [endpoints["retry-failing"][f] for f in figures] == [7, 4, 0]
+    assert [endpoints["retry-plain"][f] for f in figures] == [2, 0, 3]
+    assert [usage_by("tier")["anonymous"][f] for f in figures] == [9, 4, 3]
+    clients = usage_by("client")
+    assert [clients["ip:203.0.113.52"][f] for f in figures] == [7, 4, 0]
+    assert [clients["ip:203.0.113.53"][f] for f in figures] == [2, 0, 3]
+    assert all(not row["estimated"] for row in [*endpoints.values(), *clients.values()])
+
+    html = admin_client.get("/admin/django_throttle/usagecount/dashboard/").content.decode()
+    totals = dict(re.findall(r'data-outcome="(\w+)">(\d+)</strong>', html))
+    assert [totals[f] for f in figures] == ["9", "4", "3"]
+    assert "retry-failing <small>(7 allowed, 4 denied, 0 shadow)" in html
+    assert "retry-plain <small>(2 allowed, 0 denied, 3 shadow)" in html
+    assert "dt-estimate" not in html
+
+    def bucket(address: str, row: EndpointLimit) -> list[str]:
+        page = admin_client.get(
+            "/admin/django_throttle/usagecount/inspect/", {"client": address}
+        ).content.decode()
+        found = re.search(rf'<tr class="dt-bucket" data-limit="e{row.pk}".*?</tr>', page, re.S)
+        assert found is not None, page
+        return [re.sub(r"<[^>]+>", "", cell) for cell in re.findall(r"<td>(.*?)</td>", found[0])]
+
+    # Remaining and whole again in: the 3 failures took the rule's 3 tokens, 20 s apart each;
+    # the shadow rule's 2 were taken by the first two requests, its would-denies took none.
+    assert bucket("203.0.113.52", limit)[5:7] == ["0", "1 min"]
+    assert bucket("203.0.113.53", shadow)[5:7] == ["0", "1 min"]
+    assert bucket("203.0.113.52", shadow)[5:7] == ["2", "0 s"]
