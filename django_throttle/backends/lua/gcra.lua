@@ -20,9 +20,10 @@
 --            retry = new - now - C x E
 -- Delaying: wait = max(0, tat + min(c, floor(room / E)) x E - now - at_once x E), the time
 -- until the request's reserved turn (room below: a request costing more than room admits
--- waits for the turn of the last token that fits, and still takes c); allowed iff new - now <= C x E and wait <= max_wait: then as above, and the decision
--- carries the wait (its turn is reserved: new is written, so requests waiting together are
--- spaced exactly E apart); else denied, nothing reserved, retry = the time until both hold
+-- waits for the turn of the last token that fits, and still takes c); allowed iff
+-- new - now <= C x E and wait <= max_wait: then as above, and the decision carries the wait
+-- (its turn is reserved: new is written, so requests waiting together are spaced exactly E
+-- apart); else denied, nothing reserved, retry = the time until both hold
 -- for the same request: max(new - now - C x E, wait - max_wait).
 -- Remaining then counts within room = min(C x E, at_once x E + max_wait) instead of C x E
 -- (at least 0): a request whose wait would pass max_wait is refused however much of the

@@ -6,9 +6,9 @@
 -- State per key: a sorted set with one member per unit of cost taken, scored by the
 -- microsecond it was taken at; member "<now base 36>.<n>", n counting on from the highest
 -- number already taken in that microsecond (0 in a new one), so members of one microsecond
--- stay unique even after the period shrank (an edit) and older entries left the count. Live entries: score > now - P (a score
--- in the future, from a clock that stepped back, is live). A key of another type reads as
--- nothing used and is replaced on the next write.
+-- stay unique even after the period shrank (an edit) and older entries left the count.
+-- Live entries: score > now - P (a score in the future, from a clock that stepped back, is
+-- live). A key of another type reads as nothing used and is replaced on the next write.
 -- Decide at now with cost c: count = live entries; allowed iff count + c <= C.
 --   allowed: remaining = C - count - c, reset = newest live score (now, if c > 0) + P - now,
 --            retry 0; writes: drops dead entries, adds c members at now, TTL = reset

@@ -13,9 +13,10 @@
 --            prelude; no concurrency limit (a call taking slots is made alone, see driver.lua)
 -- ARGV[3+n]  optional: now in whole microseconds since the Unix epoch (tests); absent or ""
 --            for the server's TIME
--- Reply: one array per group, in order: driver.lua's reply for that group's limits (its index
--- and spared ones within the group), with nothing written unless every group allowed; taken_us is set only
--- when every group allowed, and a group that allowed beside one that denied took nothing.
+-- Reply: one array per group, in order: driver.lua's reply for that group's limits (its
+-- index and spared ones within the group), with nothing written unless every group
+-- allowed; taken_us is set only when every group allowed, and a group that allowed beside
+-- one that denied took nothing.
 -- Or an error naming the first bad argument, with nothing written.
 local n, argc = #KEYS, #ARGV
 if argc < 2 + n or argc > 3 + n then
