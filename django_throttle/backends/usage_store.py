@@ -56,10 +56,6 @@ USAGE_TTL = 3 * 3600
 #: inherits its count (Space-Saving): a minute's memory is bounded whatever the number of
 #: clients, while every client with a noticeable share of the traffic is listed.
 TOP_CLIENTS = 1000
-#: Allowed requests stand in the per-client lists one in this many, each counting that many
-#: (reports mark such figures as estimates). Decisions are counted in the process, where
-#: every one costs the same, so every request is counted: 1.
-CLIENT_SAMPLE = 1
 
 
 @dataclass(slots=True)
