@@ -256,3 +256,33 @@ def test_a_slow_redis_costs_an_admin_page_its_read_budget_not_a_delay_per_read(
     assert "The policy shown is the last one read" in html
     assert "not read: Redis answered slowly" in html
     assert elapsed < 2.8, f"explain {elapsed:.1f} s"  # budget 1.3 s + the read in flight
+
+
+def test_a_slow_redis_costs_the_usage_list_its_rollup_budget_not_a_delay_per_read(
+    proxy: FaultProxy, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The usage list copies what Redis holds before it lists (the rollup), for at most its
+    budget: the deadline was checked only after a chunk of minutes, so a Redis answering
+    each read 0.4 s late still cost the view the time, the watermark, the late minutes, a
+    chunk, its watermark and the API keys' last use, one slow reply each, whatever the
+    budget. The rollup now starts no read once its budget is spent, and the list says the
+    minutes it did not copy; a later view copies them."""
+    from django_throttle.admin import usage_counts
+
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
+    monkeypatch.setattr(usage_counts, "ROLLUP_BUDGET", 0.5)
+    client = Client(raise_request_exception=False)
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    usage_list = f"{BASE}usagecount/"
+    assert client.get(f"{BASE}usagecount/dashboard/").status_code == 200  # connections made
+    proxy.set_mode("delay", delay=0.4)  # nothing copied yet: three hours of minutes to copy
+    usage_counts.forget_rollup()
+
+    try:
+        response, elapsed = timed(lambda: client.get(usage_list))
+    finally:
+        usage_counts.forget_rollup()
+    assert response.status_code == 200
+    assert elapsed < 1.7, f"{elapsed:.1f} s"  # 3 reads before the budget's first check
+    said = " ".join(str(m) for m in response.context["messages"])
+    assert "The live counts could not be read (copying stopped after" in said, said
