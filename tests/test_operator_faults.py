@@ -256,3 +256,78 @@ def test_a_slow_redis_costs_an_admin_page_its_read_budget_not_a_delay_per_read(
     assert "The policy shown is the last one read" in html
     assert "not read: Redis answered slowly" in html
     assert elapsed < 2.8, f"explain {elapsed:.1f} s"  # budget 1.3 s + the read in flight
+
+
+def test_a_slow_redis_costs_the_usage_list_its_rollup_budget_not_a_delay_per_read(
+    proxy: FaultProxy, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The usage list copies what Redis holds before it lists (the rollup), for at most its
+    budget: the deadline was checked only after a chunk of minutes, so a Redis answering
+    each read 0.4 s late still cost the view the time, the watermark, the late minutes, a
+    chunk, its watermark and the API keys' last use, one slow reply each, whatever the
+    budget. The rollup now starts no read once its budget is spent, and the list says the
+    minutes it did not copy; a later view copies them."""
+    from django_throttle.admin import usage_counts
+
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
+    monkeypatch.setattr(usage_counts, "ROLLUP_BUDGET", 0.5)
+    client = Client(raise_request_exception=False)
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    usage_list = f"{BASE}usagecount/"
+    assert client.get(f"{BASE}usagecount/dashboard/").status_code == 200  # connections made
+    proxy.set_mode("delay", delay=0.4)  # nothing copied yet: three hours of minutes to copy
+    usage_counts.forget_rollup()
+
+    try:
+        response, elapsed = timed(lambda: client.get(usage_list))
+    finally:
+        usage_counts.forget_rollup()
+    assert response.status_code == 200
+    assert elapsed < 1.7, f"{elapsed:.1f} s"  # 3 reads before the budget's first check
+    said = " ".join(str(m) for m in response.context["messages"])
+    assert "The live counts could not be read (copying stopped after" in said, said
+
+
+def test_a_slow_redis_costs_each_operator_tool_a_few_slow_replies_at_most(
+    proxy: FaultProxy, settings: Any
+) -> None:
+    """Redis answering each read 0.25 s late, under a socket timeout of 0.3 s (slow, but
+    never timing out): every admin page, the guarded admin login and each command answers
+    with no error, a page within its read budget (1 s) and the read in flight, the usage
+    list within its copy's (2 s) and the chunk in flight, a command within a few replies
+    (commands have no budget: a script waits for its reads). The fault test above delays
+    replies past the package's default timeouts, which is a hung Redis to the client."""
+    from django_throttle.admin import usage_counts
+
+    settings.ROOT_URLCONF = "tests.checks_urls_guarded"  # the admin login under the guard
+    settings.DJANGO_THROTTLE_REDIS_OPTIONS = {"socket_timeout": 0.3, "socket_connect_timeout": 0.3}
+    made = rows()
+    User.objects.create_superuser("root", "root@example.com", "pw")
+    client = Client(raise_request_exception=False)
+    login = {"username": "root", "password": "pw"}
+    assert client.post("/admin/login/?next=/admin/", login).status_code == 302
+    # The inspector's explanation and a key's inspection: their own test above.
+    urls = [url for url in pages(made) if "&path=" not in url and "client=key:" not in url]
+    for url in urls:  # policy compiled, connections made
+        assert client.get(url).status_code == 200, url
+    proxy.set_mode("delay", delay=0.25)
+
+    problems = []
+    response, elapsed = timed(lambda: Client().post("/admin/login/?next=/admin/", login))
+    if response.status_code != 302 or elapsed > 2.0:
+        problems.append(("guarded login", response.status_code, round(elapsed, 1)))
+    usage_counts.forget_rollup()
+    try:
+        for url in [*urls, f"{BASE}usagecount/?kind=clients"]:
+            response, elapsed = timed(lambda url=url: client.get(url))
+            bound = 3.0 if url.endswith("usagecount/") else 2.0
+            if response.status_code != 200 or elapsed > bound:
+                problems.append((url, response.status_code, round(elapsed, 1)))
+    finally:
+        usage_counts.forget_rollup()
+    settings.ROOT_URLCONF = "tests.urls"  # /api/ping/ routed
+    for command in COMMANDS:
+        (code, said), elapsed = timed(lambda command=command: run(*command))
+        if code != 0 or elapsed > 3.0:
+            problems.append((command[0], code, said[:200], round(elapsed, 1)))
+    assert problems == []

@@ -42,8 +42,8 @@ from django_throttle.usage.reports import NO_ENDPOINT, NO_TIER, estimated_minute
 #: Seconds between two rollups the usage list runs in one process: opening the list again
 #: and again costs the backend nothing more.
 ROLLUP_EVERY = 30.0
-#: Seconds one page view may spend copying (whole chunks of minutes): the first view after a
-#: long quiet copies the rest over the next views.
+#: Seconds after which one page view starts no more of the copy's reads (the chunk of minutes
+#: in flight ends): the first view after a long quiet copies the rest over the next views.
 ROLLUP_BUDGET = 2.0
 
 
@@ -58,8 +58,10 @@ class _LastRollup:
 def roll_up_if_due() -> str:
     """Copy the backend's finished minutes to the database (:func:`~django_throttle.usage.
     reports.rollup`) unless this process did within :data:`ROLLUP_EVERY` seconds or another
-    thread is at it; through the circuit breaker, for at most :data:`ROLLUP_BUDGET` seconds.
-    Returns why the live counts could not be read (``""``: they were, or need not be yet).
+    thread is at it; through the circuit breaker, starting no read after
+    :data:`ROLLUP_BUDGET` seconds (a Redis that answers each read slowly costs the view the
+    budget and the reads in flight, not a delay per minute it holds). Returns why the live
+    counts could not be read, or not all of them (``""``: they were, or need not be yet).
     Never raises for a backend that is down or keeps no counts: the list still renders."""
     if not _LastRollup.lock.acquire(blocking=False):
         return _LastRollup.error
@@ -74,9 +76,14 @@ def roll_up_if_due() -> str:
             _LastRollup.error = plain_text(str(exc))
             return _LastRollup.error
         try:
-            get_breaker().call(rollup, store, deadline=now + ROLLUP_BUDGET)
+            done = get_breaker().call(rollup, store, deadline=now + ROLLUP_BUDGET)
         except BackendError as exc:
             _LastRollup.error = plain_text(f"{type(exc).__name__}: {exc}")
+        else:
+            if done.left:  # a slow backend, or a long backlog: later views copy the rest
+                _LastRollup.error = gettext(
+                    "copying stopped after %(seconds).1f s, %(left)d minute(s) not copied yet"
+                ) % {"seconds": time.monotonic() - now, "left": done.left}
         finally:
             store.close()
         return _LastRollup.error

@@ -44,7 +44,7 @@ import heapq
 import math
 import operator
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import closing
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -345,21 +345,31 @@ class Rollup:
     through: datetime | None
     keys: int = 0
     busy: int = 0
+    #: Minutes the backend holds that were not copied: the deadline passed first.
+    left: int = 0
 
 
-def rollup(store: UsageStore | None = None, *, deadline: float | None = None) -> Rollup:
+def rollup(
+    store: UsageStore | None = None,
+    *,
+    deadline: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Rollup:
     """Copy every finished minute the database lacks from the backend into UsageCount rows,
     then delete rows older than ``DJANGO_THROTTLE_USAGE_RETENTION_DAYS``. Idempotent.
 
-    ``deadline`` (a :func:`time.monotonic` instant) stops the copy after the chunk of
-    :data:`CHUNK_MINUTES` minutes that passes it: the watermark says how far it got, so the
-    next rollup goes on from there (what a page view may spend is bounded, nothing is lost
-    while the backend still holds the minutes)."""
+    ``deadline`` (an instant of ``clock``, :func:`time.monotonic` by default) is checked
+    before each chunk of :data:`CHUNK_MINUTES` minutes and before the API keys' last use
+    is copied: once it has passed, the copy starts no more reads (``left`` says how many
+    minutes wait). The watermark says how far it got, so the next rollup goes on from there:
+    what a page view may spend is bounded (by the deadline and the chunk in flight, with a
+    Redis that answers each read slowly too), nothing is lost while the backend still holds
+    the minutes."""
     from django_throttle.models import UsageCount
 
     if store is None:  # the configured backend's, with the client it reads on closed after
         with closing(usage.get_store()) as own:
-            return rollup(own, deadline=deadline)
+            return rollup(own, deadline=deadline, clock=clock)
     now = store.now_minute()
     first = now - kept_minutes() + 1
     split = stored_through(store)
@@ -378,6 +388,8 @@ def rollup(store: UsageStore | None = None, *, deadline: float | None = None) ->
     done: set[int] = set()
     try:
         for at in range(0, len(minutes), CHUNK_MINUTES):
+            if deadline is not None and clock() >= deadline:
+                break
             chunk = minutes[at : at + CHUNK_MINUTES]
             found = store.read(chunk)
             rows = [UsageCount(**row) for row in _rows(found)]
@@ -391,8 +403,6 @@ def rollup(store: UsageStore | None = None, *, deadline: float | None = None) ->
             done.update(chunk)
             if chunk[-1] >= start:  # minutes ascend: the redone ones are all before start
                 store.advance_watermark(chunk[-1])
-            if deadline is not None and time.monotonic() >= deadline:
-                break
     except BaseException:
         store.return_late(m for m in redo if m not in done)
         raise
@@ -404,12 +414,14 @@ def rollup(store: UsageStore | None = None, *, deadline: float | None = None) ->
     else:
         UsageCount.objects.using(alias).filter(window_start__lt=cutoff).delete()
     through = max(done) if done else split
+    late_for_keys = deadline is not None and clock() >= deadline  # copied by the next run
     return Rollup(
         minutes=len(done),
         rows=written,
         through=None if through is None else datetime.fromtimestamp(through * 60, tz=UTC),
-        keys=copy_key_use(store),
+        keys=0 if late_for_keys else copy_key_use(store),
         busy=busy,
+        left=len(minutes) - len(done),
     )
 
 
