@@ -67,11 +67,17 @@ def protect_credentials(
         )
     if view is None:
         return functools.partial(protect_credentials, scope=scope, username_field=username_field)
-    options = {"scope": scope, "credential": True, "rule_only": True}
+    options: dict[str, Any] = {"scope": scope, "credential": True, "rule_only": True}
+    if _is_admin_login(view):
+        # The operators' way in is never refused for an outage: a 'closed' rule, tier or
+        # setting would lock them out of the admin while Redis is down. Counted in the
+        # process instead, so password guessing stays limited.
+        options["failure_mode"] = "local"
     fields = () if username_field is None else (username_field,)
     wrapper = guard(view, options, login=True, username_fields=fields)
-    # The operator tools (throttle_explain) read it to know the check this view makes.
+    # The operator tools (throttle_explain) read them to know the check this view makes.
     wrapper.throttle_credential_scope = scope
+    wrapper.throttle_credential_failure_mode = options.get("failure_mode")
     initkwargs = getattr(view, "initkwargs", None)
     if isinstance(initkwargs, dict) and isinstance(getattr(view, "cls", None), type):
         # A DRF view (obtain_auth_token): schema generators build an instance from the
@@ -80,3 +86,15 @@ def protect_credentials(
         # wrapped view with its own initkwargs.
         wrapper.initkwargs = {**initkwargs, "throttle_credential_scope": scope}
     return wrapper
+
+
+def _is_admin_login(view: Any) -> bool:
+    """Whether ``view`` is an admin site's ``login`` (``admin.site.login``, bound)."""
+    site = getattr(view, "__self__", None)
+    if site is None or getattr(view, "__name__", None) != "login":
+        return False
+    try:
+        from django.contrib.admin.sites import AdminSite
+    except Exception:  # the admin not importable: no admin login to guard
+        return False
+    return isinstance(site, AdminSite)

@@ -2,9 +2,11 @@
 
 A browser (``Accept`` preferring ``text/html``) gets the 429 and the 503 as a page in words,
 with the same status and headers; an API client gets the JSON body as before. An operator who
-signs in to the admin while Redis is down under failure mode ``closed`` meets a page saying
-rate limiting is unavailable and when to try again, not raw JSON; under ``local`` or ``open``
-the sign-in is served and says it was degraded (``X-RateLimit-Degraded``). Redis is "down" as
+signs in while Redis is down under failure mode ``closed`` meets a page saying rate limiting
+is unavailable and when to try again, not raw JSON; under ``local`` or ``open`` the sign-in
+is served and says it was degraded (``X-RateLimit-Degraded``). The admin's own login is never
+refused for an outage, whatever the mode: it is counted in the process, so an operator can
+always sign in. Redis is "down" as
 a closed port: no server listens there, so every connection is refused for real.
 """
 
@@ -15,6 +17,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from django.contrib import admin
+from django.contrib.auth.views import LoginView
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client
 from django.urls import path
@@ -43,13 +46,19 @@ async def async_login(request: HttpRequest) -> HttpResponse:
 
 urlpatterns = [
     path("admin/login/", protect_credentials(admin.site.login, scope="admin-login")),
+    path(
+        "accounts/login/",
+        protect_credentials(
+            LoginView.as_view(template_name="admin/login.html"), scope="admin-login"
+        ),
+    ),
     path("admin/", admin.site.urls),
     path("async-login/", async_login),
     path("page/", page),
 ]
 
-#: A sync admin login and an async login view, both behind ``protect_credentials``.
-LOGINS = ["/admin/login/", "/async-login/"]
+#: Django's login view and an async login view, both behind ``protect_credentials``.
+LOGINS = ["/accounts/login/", "/async-login/"]
 
 API_CLIENTS = ["application/json", "*/*", None]
 
@@ -138,6 +147,36 @@ def test_a_login_served_while_redis_is_down_says_it_was_degraded(
     assert response.status_code in (200, 401)  # the view answered: a wrong password
     assert response["X-RateLimit-Degraded"] == mode
     assert "X-RateLimit-Remaining" not in response  # a login advertises no counts
+
+
+@pytest.mark.parametrize("where", ["rule", "setting"])
+def test_the_admin_login_is_never_refused_for_an_outage(
+    where: str, settings: Any, django_user_model: Any
+) -> None:
+    """'closed' on the admin-login rule or in the setting refused every sign-in to the admin
+    while Redis was down: the operators were locked out of their own tools. The admin's
+    login is counted in the process instead (``local``): the operator signs in, and a
+    guesser is still held to the rule's limit."""
+    django_user_model.objects.create_superuser("root", password="right")
+    settings.DJANGO_THROTTLE_REDIS_URL = DOWN
+    if where == "setting":
+        settings.DJANGO_THROTTLE_FAILURE_MODE = "closed"
+        admin_login_rule(rate="3/h")
+    else:
+        admin_login_rule(failure_mode="closed", rate="3/h")
+    operator = Client()
+    signed_in = operator.post(
+        "/admin/login/?next=/admin/", {"username": "root", "password": "right"}
+    )
+    assert signed_in.status_code == 302, signed_in.content[:300]
+    assert signed_in["X-RateLimit-Degraded"] == "local"
+    assert operator.get("/admin/").status_code == 200
+    guesser = Client(REMOTE_ADDR="203.0.113.77")
+    guesses = [
+        guesser.post("/admin/login/", {"username": "root", "password": f"guess{n}"}).status_code
+        for n in range(5)
+    ]
+    assert guesses == [200, 200, 200, 429, 429]  # the form again, wrong password; then held
 
 
 @pytest.mark.parametrize("url", LOGINS)

@@ -931,7 +931,7 @@ def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) 
     when a ``PolicyThrottle`` is among its throttle classes; another view's only under
     ``@throttle``: its inline limit, or the rules of its scope, route or path). A view
     under none of them, or a path no view answers, meets no check: nothing limits it."""
-    credential_scope = drf_view = own_mode = inline = None
+    credential_scope = credential_mode = drf_view = own_mode = inline = None
     decorated = False  # @throttle(scope=…) somewhere down the chain
     # A class-based view decorated with method_decorator carries the marks on its methods
     # (as_view() copies dispatch's onto the view function, but not what names its bucket).
@@ -950,6 +950,9 @@ def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) 
             seen.add(id(func))
             decorated = decorated or hasattr(func, "throttle_policy_scope")
             credential_scope = credential_scope or getattr(func, "throttle_credential_scope", None)
+            credential_mode = credential_mode or getattr(
+                func, "throttle_credential_failure_mode", None
+            )
             drf_view = drf_view or getattr(func, "cls", None)
             own_mode = own_mode or getattr(func, "throttle_failure_mode", None)
             inline = inline or getattr(func, "throttle_options", None)
@@ -958,7 +961,7 @@ def view_checks(func: Any, method: str, scope: str | None, basic: bool = False) 
     # Checked for every method that may carry credentials (a probe of a safe one has no body).
     if credential_scope is not None and method not in SAFE_METHODS:
         name = f"protect_credentials (scope '{credential_scope}')"
-        checks.append(_credential_check(name, str(credential_scope)))
+        checks.append(_credential_check(name, str(credential_scope), credential_mode))
     if inline is not None:  # @throttle(rate=…): its own limit, not the tier's
         options = inline()
         checks.append(
@@ -1011,10 +1014,11 @@ def _mode(mode: Any) -> str | None:
     return mode if mode in core.FAILURE_MODES else None
 
 
-def _credential_check(name: str, scope: str) -> Check:
+def _credential_check(name: str, scope: str, failure_mode: str | None = None) -> Check:
     """A credential rule's check (``protect_credentials``, a protected authentication
-    class): it counts only when a rule matches."""
-    return Check(name, scope, credential=True, rule_only=True)
+    class): it counts only when a rule matches; ``failure_mode``, the guard's own (the
+    admin's login: ``local``)."""
+    return Check(name, scope, credential=True, rule_only=True, failure_mode=failure_mode)
 
 
 def every_counter(probe: Probe, snapshot: Policy) -> list[Counter]:
