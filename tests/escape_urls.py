@@ -87,6 +87,13 @@ urlpatterns = [
     re_path(r"^opt/hello-async/?$", hello_async, name="opt-hello-async"),
     path("r/", include(router.urls)),
     path("any/<path:rest>", hello, name="any"),
+    # A converter reads several spellings as one value: /int/hello/01/ is pk 1.
+    path("int/hello/<int:pk>/", hello, name="int-hello"),
+    path("int/hello-async/<int:pk>/", hello_async, name="int-hello-async"),
+    path("int/extra/<int:pk>/", hello, {"extra": True}, name="int-extra"),
+    # One name, two routes: reverse() writes one of them for both.
+    path("dup/a/<int:pk>/", hello, name="dup"),
+    path("dup/b/<int:pk>/", hello, name="dup"),
     path("cbv/hello/", throttle(scope="escapes")(HelloView.as_view()), name="cbv-hello"),
     path("api-view/hello/", hello_api, name="api-view-hello"),
     path("v1/", include(api_patterns, namespace="v1")),

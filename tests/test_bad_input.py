@@ -14,11 +14,13 @@ import base64
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
 from django_throttle.models import EndpointRule, Tier
+from tests.clients import AddressedAsyncClient
 from tests.factories import tier
 
 pytestmark = pytest.mark.django_db
@@ -94,6 +96,46 @@ def test_bad_header_is_counted_in_the_remote_addr_bucket(
     assert codes == [200] * 5 + [429]
     assert without == 429  # the same bucket: not a fresh one per bad value
     assert other == 200  # not shared with other clients sending the same value
+
+
+#: What a client writes in front of the hop the trusted proxy appends, or as its key.
+CLIENT_WRITTEN = [
+    pytest.param("X-Forwarded-For", "garbage, {hop}", id="xff-garbage"),
+    pytest.param("X-Forwarded-For", ", ".join(["198.51.100.7"] * 10_000) + ", {hop}", id="xff-10k"),
+    pytest.param("X-Forwarded-For", "fe80::1%eth0, [::1]:80, 010.0.0.1, {hop}", id="xff-forms"),
+    pytest.param("X-Forwarded-For", f"1.2.3.4\x00{EMOJI}, {{hop}}", id="xff-nul-emoji"),
+    pytest.param("Authorization", "Api-Key dt_" + "a" * 10_000, id="authorization-10kb"),
+    pytest.param("X-API-Key", f"dt_{EMOJI}_{INVALID_UTF8}", id="x-api-key-bytes"),
+]
+
+
+@pytest.mark.parametrize("path", ["/hello/", "/hello-async/", "/api/ping/", "/api/scoped-async-a/"])
+@pytest.mark.parametrize("server", ["wsgi", "asgi"])
+@pytest.mark.parametrize(("header", "value"), CLIENT_WRITTEN)
+def test_what_a_client_writes_is_counted_by_its_address_on_every_kind_of_view(
+    settings: Any, path: str, server: str, header: str, value: str
+) -> None:
+    """Through a proxy (``TRUSTED_PROXIES = 1``), on ``@throttle`` views sync and async, a
+    DRF view and an adrf one, under WSGI and ASGI: whatever a client writes before the hop
+    the proxy appends, or as a key, it is counted by that hop until refused, then a request
+    without it is refused too (no counter of its own), and never a 500."""
+    settings.DJANGO_THROTTLE_TRUSTED_PROXIES = 1
+    tier("partner", "1000/min")
+    tier("anonymous", "2/min", is_default_anonymous=True)
+    hop = "203.0.113.9"
+    headers = {"X-Forwarded-For": hop, header: value.format(hop=hop)}
+
+    def get(headers: dict[str, str]) -> int:
+        if server == "wsgi":
+            return Client().get(path, REMOTE_ADDR="10.0.0.1", headers=headers).status_code
+        client = AddressedAsyncClient("10.0.0.1")
+        return int(async_to_sync(client.get)(path, headers=headers).status_code)
+
+    codes: list[int] = []
+    while 429 not in codes and len(codes) < 6:  # the views allow 2 to 5 a minute
+        codes.append(get(headers))
+    assert codes[-1] == 429 and set(codes[:-1]) == {200}
+    assert get({"X-Forwarded-For": hop}) == 429
 
 
 def test_duplicate_forwarded_for_headers_count_the_hop_the_proxy_appended(

@@ -59,6 +59,12 @@ CASES = [
     # i18n_patterns: every language's prefix (and none, for the default language).
     ("/intl/ping/", "/intl/ping/", "/de/intl/ping/"),
     ("/intl/hello/", "/intl/hello/", "/de/intl/hello/"),
+    # A converter's other spellings of one value: <int:pk> reads 01 and 0001 as 1.
+    ("/int/hello/1/", "/int/hello/1/", "/int/hello/01/"),
+    ("/int/hello/1", "/int/hello/1/", "/int/hello/0001/"),
+    ("/int/extra/1/", "/int/extra/1/", "/int/extra/01/"),
+    ("/api/reports/1/", "/api/reports/1/", "/api/reports/01/"),
+    ("/de/intl/ping/", "/de/intl/ping/", "/de/intl/ping.json"),
     # Spellings that held before: Django decodes escapes and resolves nothing else.
     ("/fmt/ping", "/fmt/ping/", "/fmt/%70ing/"),
     ("/fmt/ping", "/fmt/ping/", "/fmt%2Fping/"),
@@ -84,6 +90,7 @@ ASYNC_CASES = [
     ("/fmt/hello-async", "/fmt/hello-async/", "/fmt/hello-async.json"),
     ("/opt/hello-async/", "/opt/hello-async/", "/opt/hello-async"),
     ("/intl/hello-async/", "/intl/hello-async/", "/de/intl/hello-async/"),
+    ("/int/hello-async/1/", "/int/hello-async/1/", "/int/hello-async/01/"),
 ]
 
 
@@ -100,6 +107,20 @@ def test_an_async_view_meets_its_path_rule_however_spelt(
     first, second = async_to_sync(both)()
     assert first == 200
     assert second in (429, *NO_VIEW)
+
+
+@pytest.mark.parametrize(("ruled", "other"), [("a", "b"), ("b", "a")])
+def test_a_path_rule_stays_on_its_route_when_another_has_its_name(
+    escapes: Any, ruled: str, other: str
+) -> None:
+    """The path ``reverse()`` writes for a route's name is another spelling only when it
+        resolves back to that route: of two routes sharing a name, one's rule never counts the
+        other's requests, however their arguments are spelt (nor, for the route ``reverse()`` does
+    not write, are its other spellings of an argument covered: the limit of a shared name)."""
+    endpoint("rule", "path", f"/dup/{ruled}/1/", limits={escapes: "1/h"})
+    client = Client()
+    assert [client.get(f"/dup/{other}/{pk}/").status_code for pk in ("1", "01", "001")] == [200] * 3
+    assert [client.get(f"/dup/{ruled}/1/").status_code for _ in range(2)] == [200, 429]
 
 
 def test_a_rule_for_one_language_stays_that_languages(escapes: Any) -> None:

@@ -61,6 +61,7 @@ import logging
 import math
 import threading
 import time
+import urllib.parse
 import weakref
 from collections.abc import Generator, Iterator, Sequence
 from contextvars import ContextVar
@@ -633,18 +634,50 @@ def rule_paths(request: Any, path: str) -> tuple[str, ...]:
     by, so a client cannot leave a rule's counter by writing the path another way its view
     answers: the path itself; without the language prefix ``i18n_patterns`` resolved it by
     (``/de/api/x/`` is ``/api/x/``); without the format suffix DRF's
-    ``format_suffix_patterns`` and routers accept (``/api/x.json`` is ``/api/x``); and each
+    ``format_suffix_patterns`` and routers accept (``/api/x.json`` is ``/api/x``); the path
+    ``reverse()`` writes for the route and the arguments it resolved to (an ``<int:pk>``
+    converter reads ``/api/r/01/`` as ``/api/r/1/``), also without those prefixes; and each
     of those with a trailing slash (``re_path(r"^api/x/?$")``, DRF's
     ``trailing_slash="/?"``: ``/api/x`` is ``/api/x/``)."""
-    bare = path
+    spellings = dict.fromkeys((path,))
     match = getattr(request, "resolver_match", None)
     if match is not None:
-        bare = _without_format(_without_language(request, bare, match), match)
-    spellings = dict.fromkeys((path, bare))
+        for spelling in (path, _reversed(request, match)):
+            if spelling is not None:
+                spellings[spelling] = None
+                bare = _without_format(_without_language(request, spelling, match), match)
+                spellings[bare] = None
     for spelling in tuple(spellings):
         if not spelling.endswith("/"):
             spellings[spelling + "/"] = None
     return tuple(spellings)
+
+
+def _reversed(request: Any, match: Any) -> str | None:
+    """The path (as ``path_info`` holds it) ``reverse()`` writes for the named route
+    ``match`` resolved and the arguments it captured: the one spelling of those arguments,
+    where the client's path may be another the route's converters read the same (``01`` for
+    an ``<int:pk>`` of 1). ``None`` for a route that captured nothing (its path is the one
+    spelling), an unnamed route, and a path that does not resolve back to the same route and
+    arguments (a name given to two routes, a ``re_path`` reverse cannot write): a rule of
+    another route's path must never apply, so the path the client wrote is then the only
+    one."""
+    if not match.url_name or not (match.args or match.kwargs):
+        return None
+    from django.urls import get_script_prefix, resolve, reverse
+
+    urlconf = getattr(request, "urlconf", None)
+    try:
+        url = reverse(match.view_name, urlconf=urlconf, args=match.args, kwargs=match.kwargs)
+        prefix = get_script_prefix()
+        if url.startswith(prefix):
+            url = "/" + url[len(prefix) :]
+        url = urllib.parse.unquote(url)
+        back = resolve(url, urlconf=urlconf)
+    except Exception:  # NoReverseMatch, Resolver404, a converter refusing the value
+        return None
+    same = (back.route, back.view_name, back.args, back.kwargs)
+    return url if same == (match.route, match.view_name, match.args, match.kwargs) else None
 
 
 def rule_routes(match: Any) -> tuple[str, ...]:
