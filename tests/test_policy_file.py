@@ -395,12 +395,13 @@ def test_every_problem_of_an_entry_is_listed_in_file_order(tmp_path: Path) -> No
         f"{tier}.limits[4].algorithm",
         f"{tier}.priority",
         f"{rule}.limits[0].tier",
-        f"{rule}.limits[1].tier",  # its tier was refused: no such tier
+        f"{rule}.limits[1].tier",  # its tier was refused
         f"{rule}.limits[1].rate",
         f"{rule}.cost",
     ], lines
     assert "unknown field 'colour'" in lines[0]
     assert "'lots' is not a rate" in lines[3]
+    assert lines[10].endswith(": tier 'bad slug!' is refused for its own problems (above)")
     assert not Tier.objects.exists() and not EndpointRule.objects.exists()
 
 
@@ -1547,3 +1548,29 @@ def test_pruning_a_tier_api_keys_are_in_is_refused_naming_them(tmp_path: Path) -
         )
     assert sorted(Tier.objects.values_list("slug", flat=True)) == ["free", "pro"]
     assert "No changes" in run("import", str(path))  # without --prune: nothing to delete
+
+
+def test_a_tier_with_problems_is_said_to_be_refused_where_the_file_names_it(
+    tmp_path: Path,
+) -> None:
+    """A new tier refused for its own fields was "no tier 'x' in the file or the database"
+    in every rule limit and assignment naming it: its author went looking for a tier the
+    file has. They say it is refused now."""
+    Group.objects.create(name="partners")
+    document = {
+        "version": 1,
+        "tiers": [{"slug": "x", "name": "X", "priority": "high"}],
+        "rules": [{"name": "r", "pattern": "r", "limits": [{"tier": "x", "rate": "5/m"}]}],
+        "assignments": [{"tier": "x", "group": "partners"}, {"tier": "y", "group": "partners"}],
+    }
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(CommandError) as caught:
+        run("import", str(path))
+    assert str(caught.value).splitlines()[1:] == [
+        "  tiers[0] 'x'.priority: “high” value must be an integer.",
+        "  rules[0] 'r'.limits[0].tier: tier 'x' is refused for its own problems (above)",
+        "  assignments[0].tier: tier 'x' is refused for its own problems (above)",
+        "  assignments[1].tier: no tier 'y' in the file or the database",
+    ]
+    assert not Tier.objects.exists()

@@ -311,12 +311,14 @@ class Change:
 
 @dataclass
 class Import:
-    """One import's state: what changed, what was wrong, the tiers written so far."""
+    """One import's state: what changed, what was wrong, the tiers written so far and the
+    slugs of those the file writes that could not be (their problems are listed)."""
 
     prune: bool
     changes: list[Change] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     tiers: dict[str, Tier] = field(default_factory=dict)
+    refused_tiers: set[str] = field(default_factory=set)
 
 
 def columns(model: type[models.Model]) -> list[models.Field[Any, Any]]:
@@ -825,6 +827,8 @@ def _import_parents(state: Import, section: str, entries: list[Mapping[str, Any]
         row = upsert(state, where, target, own)
         if isinstance(row, Tier):
             state.tiers[row.slug] = row
+        elif model is Tier and row is None and isinstance(entry.get(key), str):
+            state.refused_tiers.add(entry[key])
         if limits is not None:
             sync_limits(state, where, target, desired, write=row is not None)
         state.problems[first:] = _in_file_order(state.problems[first:], where, entry)
@@ -1060,13 +1064,19 @@ def _exempt_network(text: Any) -> Exemption | None:
 
 
 def _tier(state: Import, where: str, slug: Any) -> Tier | None:
-    """The tier ``slug`` names, in the file or the database; else a problem at ``where``."""
+    """The tier ``slug`` names, in the file or the database; else a problem at ``where``:
+    a tier the file writes with problems of its own is said to be refused ("no tier 'x' in
+    the file" sent its author looking for a tier that is there)."""
     found = None
     if isinstance(slug, str):
         found = state.tiers.get(slug) or Tier.objects.filter(slug=slug).first()
-    if found is None:
+    if found is not None:
+        return found
+    if isinstance(slug, str) and slug in state.refused_tiers:
+        state.problems.append(f"{where}: tier {slug!r} is refused for its own problems (above)")
+    else:
         state.problems.append(f"{where}: no tier {slug!r} in the file or the database")
-    return found
+    return None
 
 
 _USER = "rest_framework.throttling.UserRateThrottle"
