@@ -1574,3 +1574,23 @@ def test_a_tier_with_problems_is_said_to_be_refused_where_the_file_names_it(
         "  assignments[1].tier: no tier 'y' in the file or the database",
     ]
     assert not Tier.objects.exists()
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+@pytest.mark.parametrize(
+    "text",
+    ["NO", "007", "null", "a: b", "#x", "  lead", "line\nbreak", "a\x85b", "a\u2028b", "ünï 🎉"],
+)
+def test_text_of_any_kind_survives_export_and_import(tmp_path: Path, fmt: str, text: str) -> None:
+    """A description holding U+0085 (NEXT LINE) came back from a YAML file with a space in
+    its place: PyYAML wrote it raw in single quotes and read it as a line break."""
+    Tier.objects.create(slug="t", name=text, description=text)
+    exported = run("export", "--format", fmt)
+    path = tmp_path / f"policy.{fmt}"
+    path.write_text(exported, encoding="utf-8")
+    Tier.objects.all().delete()
+
+    run("import", str(path))
+
+    assert Tier.objects.get().description == text
+    assert run("export", "--format", fmt) == exported

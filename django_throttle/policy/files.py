@@ -127,11 +127,20 @@ def dump(document: Mapping[str, Any], fmt: str) -> str:
 
         class Dumper(yaml.SafeDumper):  # type: ignore[misc,name-defined]
             """Writes a value met twice (one limit in two tiers) out in full each time: an
-            ``&id001`` anchor and ``*id001`` alias would tie the copies for whoever edits it."""
+            ``&id001`` anchor and ``*id001`` alias would tie the copies for whoever edits it.
+            Text holding U+0085 (NEXT LINE) is written double-quoted, where it is escaped:
+            PyYAML writes it raw in single quotes, and reads it back as a line break folded
+            into a space, so a description changed on its way through a file."""
 
             def ignore_aliases(self, data: Any) -> bool:
                 return True
 
+            def represent_str(self, data: str) -> Any:
+                if "\x85" in data:
+                    return self.represent_scalar("tag:yaml.org,2002:str", data, style='"')
+                return super().represent_str(data)
+
+        Dumper.add_representer(str, Dumper.represent_str)
         text = yaml.dump(dict(document), Dumper=Dumper, sort_keys=False, allow_unicode=True)
         return str(text)
     return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
