@@ -1011,6 +1011,7 @@ def _import_exemptions(state: Import, entries: list[Mapping[str, Any]]) -> None:
     the file does not list are deleted."""
     kept: set[int] = set()
     seen: dict[Any, int] = {}
+    networks = _exempt_networks()
     for i, entry in enumerate(entries):
         where = f"exemptions[{i}]"
         problem = _unknown(where, set(entry) - {*_EXEMPT, "note"}, {*_EXEMPT, "note"})
@@ -1021,7 +1022,7 @@ def _import_exemptions(state: Import, entries: list[Mapping[str, Any]]) -> None:
         (kind,) = kinds
         name = entry[kind]
         if kind == "network":
-            row = _exempt_network(name) or Exemption(network=name)
+            row = networks.get(_normal_network(name)) or Exemption(network=name)
             row.network = name
         else:
             who = _who(state, f"{where}.{kind}", kind, name)
@@ -1061,15 +1062,15 @@ def _exemption_label(row: Exemption) -> str:
     return f"exemption of network {row.network!r}"
 
 
-def _exempt_network(text: Any) -> Exemption | None:
-    """The exemption row of the network ``text`` names, if there is one: compared in the
-    normal form, as a row saved another way (``192.0.2.1`` for ``192.0.2.1/32``) is read
-    alike; an import adding a second row of it would list it twice."""
-    network = _normal_network(text)
-    if network is None:
-        return None
-    rows = Exemption.objects.exclude(network="").order_by("pk")
-    return next((row for row in rows if _normal_network(row.network) == network), None)
+def _exempt_networks() -> dict[str | None, Exemption]:
+    """The network exemptions in the database by their normal form (the first row of each),
+    read once per import: a row saved another way (``192.0.2.1`` for ``192.0.2.1/32``) is
+    read alike by the limiter, and an import adding a second row of it would list it twice."""
+    found: dict[str | None, Exemption] = {}
+    for row in Exemption.objects.exclude(network="").order_by("pk"):
+        found.setdefault(_normal_network(row.network), row)
+    found.pop(None, None)  # a row the admin would refuse matches no entry
+    return found
 
 
 def _tier(state: Import, where: str, slug: Any) -> Tier | None:
