@@ -212,3 +212,24 @@ def test_policy_export_with_skip_checks_writes_the_policy(
     ManagementUtility(["manage.py", "throttle_policy", "export", "--skip-checks"]).execute()
     document = json.loads(capsys.readouterr().out)
     assert [row["name"] for row in document["tiers"]] == ["Anonymous"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[name] for name in COMMANDS]
+    + [["throttle_policy", action] for action in ("export", "import", "from-drf")],
+    ids=" ".join,
+)
+def test_help_of_every_command_and_subcommand_exits_0(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--help`` prints the usage on standard output and exits 0: nothing else runs (no
+    checks, no database, no Redis), so an operator can read it anywhere."""
+    with pytest.raises(SystemExit) as exited:
+        load_command_class("django_throttle", argv[0]).run_from_argv(["manage.py", *argv, "--help"])
+
+    assert exited.value.code == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith(f"usage: manage.py {' '.join(argv)} ")
+    assert "--skip-checks" in captured.out
+    assert captured.err == ""

@@ -195,3 +195,48 @@ def test_successful_responses_document_the_rate_headers_they_carry() -> None:
         ok = schema()["paths"]["/throttled/"]["post"]["responses"]["200"]
         assert "X-RateLimit-Remaining" not in ok.get("headers", {})
         assert "429" in schema()["paths"]["/throttled/"]["post"]["responses"]
+
+
+def _sent(response: Any) -> set[str]:
+    return {
+        name
+        for name in response.headers
+        if name.lower().startswith(("x-ratelimit-", "ratelimit", "retry-after"))
+    }
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("ietf", [False, True])
+def test_a_real_refusal_carries_what_the_schema_documents(settings: Any, ietf: bool) -> None:
+    """The 429 of a ``PolicyThrottle`` view and of a token view under
+    ``protect_credentials``, and the fail-closed 503, send exactly the headers and body
+    fields their operations document (the IETF fields too when switched on)."""
+    from django.test import Client
+
+    from django_throttle.models import EndpointLimit, EndpointRule
+    from tests.factories import tier
+
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, **REST}
+    settings.ROOT_URLCONF = __name__
+    settings.DJANGO_THROTTLE_IETF_HEADERS = ietf
+    anonymous = tier("anonymous", "1/h", is_default_anonymous=True)
+    login = EndpointRule.objects.create(name="login", match_type="scope", pattern="login")
+    EndpointLimit.objects.create(rule=login, tier=anonymous, rate="1/h", counted_by="ip")
+    client = Client()
+    paths = schema()["paths"]
+    body = schema()["components"]["schemas"]["ThrottledError"]["required"]
+
+    for route, method in (("/throttled/", "get"), ("/token/", "post")):
+        for _ in range(2):
+            refused = getattr(client, method)(route, {"username": "x", "password": "y"})
+        assert refused.status_code == 429, route
+        documented = paths[route][method]["responses"]["429"]["headers"]
+        assert _sent(refused) == set(documented), route
+        assert sorted(refused.json()) == sorted(body), route
+
+    settings.DJANGO_THROTTLE_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens
+    settings.DJANGO_THROTTLE_FAILURE_MODE = "closed"
+    closed = Client().get("/throttled/")
+    assert closed.status_code == 503
+    assert _sent(closed) == set(paths["/throttled/"]["get"]["responses"]["503"]["headers"])
+    assert sorted(closed.json()) == sorted(body)

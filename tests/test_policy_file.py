@@ -18,6 +18,7 @@ from django_throttle.models import (
     EndpointLimit,
     EndpointRule,
     Exemption,
+    Protection,
     Tier,
     TierAssignment,
     TierLimit,
@@ -394,12 +395,13 @@ def test_every_problem_of_an_entry_is_listed_in_file_order(tmp_path: Path) -> No
         f"{tier}.limits[4].algorithm",
         f"{tier}.priority",
         f"{rule}.limits[0].tier",
-        f"{rule}.limits[1].tier",  # its tier was refused: no such tier
+        f"{rule}.limits[1].tier",  # its tier was refused
         f"{rule}.limits[1].rate",
         f"{rule}.cost",
     ], lines
     assert "unknown field 'colour'" in lines[0]
     assert "'lots' is not a rate" in lines[3]
+    assert lines[10].endswith(": tier 'bad slug!' is refused for its own problems (above)")
     assert not Tier.objects.exists() and not EndpointRule.objects.exists()
 
 
@@ -1367,3 +1369,228 @@ def test_an_export_an_import_would_refuse_is_not_written(
 
     out.write_text(run("export", "--no-assignments"))
     assert "No changes" in run("import", str(out))  # what it wrote, the import takes
+
+
+def seed_every_kind() -> None:
+    """A policy with every kind of row and value, as the admin stores them: each algorithm,
+    bursts, delays, calendar quotas in time zones, shared and regional limits, every match
+    type, counting policy, failure mode and counter, assignments, exemptions of every kind
+    (IPv6, an IPv4-mapped range stored as IPv4) and service protection."""
+    anon = Tier.objects.create(slug="anon", name="Anon", is_default_anonymous=True)
+    anon.failure_mode = "open"
+    anon.save()
+    free = Tier.objects.create(
+        slug="free", name="Frée", is_default_authenticated=True, failure_mode="closed"
+    )
+    pro = Tier.objects.create(
+        slug="pro", name="Pro", priority=10, failure_mode="local", load_factor=80, min_factor=20
+    )
+    for owner, fields in [
+        (anon, {"rate": "10/s", "burst": 20}),
+        (anon, {"rate": "1000/m", "shared": True}),
+        (free, {"rate": "5/s", "algorithm": "gcra", "burst": 10, "delay": 2, "max_wait": 1.5}),
+        (free, {"rate": "5/s", "algorithm": "leaky_bucket", "burst": 7}),
+        (free, {"rate": "100/m", "algorithm": "fixed_window"}),
+        (free, {"rate": "100/h", "algorithm": "sliding_window_log"}),
+        (free, {"rate": "1000/d", "algorithm": "sliding_window_counter", "regions": "DE,FR"}),
+        (pro, {"rate": "100000/month", "algorithm": "calendar_quota", "timezone": "Asia/Kolkata"}),
+        (pro, {"rate": "500/d", "algorithm": "calendar_quota"}),
+        (pro, {"rate": "3/m", "algorithm": "concurrency"}),
+    ]:
+        TierLimit.objects.create(tier=owner, **fields)
+    login = EndpointRule.objects.create(
+        name="login", match_type="path", pattern="/login/", methods="POST", counts="failures",
+        failure_mode="closed", criticality="critical",
+    )  # fmt: skip
+    EndpointLimit.objects.create(rule=login, tier=anon, rate="5/m", counted_by="ip")
+    EndpointLimit.objects.create(rule=login, tier=anon, rate="10/h", counted_by="username")
+    orders = EndpointRule.objects.create(
+        name="orders", match_type="route", pattern="api:orders", methods="GET,POST", cost=3,
+        counts="success", shadow=True, criticality="sheddable",
+    )  # fmt: skip
+    EndpointLimit.objects.create(rule=orders, tier=pro, rate="2/m", algorithm="concurrency")
+    EndpointLimit.objects.create(
+        rule=orders, tier=free, rate="100/month", algorithm="calendar_quota", timezone="UTC"
+    )
+    search = endpoint("search", "scope", "search", cost=100)
+    EndpointLimit.objects.create(rule=search, tier=free, rate="20/m", algorithm="gcra", burst=5)
+    TierAssignment.objects.create(user=User.objects.create_user("alice"), tier=pro, note="paid")
+    TierAssignment.objects.create(group=Group.objects.create(name="partners"), tier=pro)
+    Exemption.objects.create(network="203.0.113.0/24", note="office")
+    Exemption.objects.create(network="2001:db8::/48")
+    Exemption.objects.create(network="198.51.100.0/24")  # the admin's ::ffff:198.51.100.0/120
+    Exemption.objects.create(user=User.objects.create_user("bøb"))
+    Exemption.objects.create(group=Group.objects.create(name="staff"), note="ours")
+    Protection.objects.create(in_flight=100, default_share=80, sheddable_share=50)
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_every_kind_of_row_survives_export_import_export_byte_for_byte(
+    tmp_path: Path, fmt: str
+) -> None:
+    """Imported into a database holding none of the policy (its users and groups only),
+    an export gives back the file it came from, byte for byte, and enforces the same."""
+    seed_every_kind()
+    exported = run("export", "--format", fmt)
+    shape = snapshot_shape()
+    path = tmp_path / f"policy.{fmt}"
+    path.write_text(exported, encoding="utf-8")
+    for model in (Tier, EndpointRule, Exemption, Protection):
+        model.objects.all().delete()
+
+    assert "Imported: " in run("import", str(path))
+    assert run("export", "--format", fmt) == exported
+    assert snapshot_shape() == shape
+    assert "No changes" in run("import", str(path))
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_rows_saved_in_other_spellings_export_as_stored_and_import_as_no_change(
+    tmp_path: Path, fmt: str
+) -> None:
+    """Rows saved around the admin (the ORM, a data migration) may hold 'fr, de' for
+    regions, 'post, get' for methods, '192.0.2.1' for a network: the export wrote them so
+    (an import then stored another spelling, and export → import → export differed), and
+    importing the site's own export edited the limit (re-timing its counters) and added a
+    second exemption of each such network."""
+    pro = tier("pro")
+    TierLimit.objects.create(tier=pro, rate="5/min", regions="fr, de")
+    rule = endpoint("orders", "scope", "orders", methods="post, get", limits={pro: "5/m"})
+    EndpointLimit.objects.filter(rule=rule).update(regions=" no")
+    Exemption.objects.create(network="192.0.2.1")
+    Exemption.objects.create(network="::ffff:198.51.100.0/120")
+    rows = sorted(TierLimit.objects.values_list()) + sorted(EndpointLimit.objects.values_list())
+    exported = run("export", "--format", fmt)
+    document = yaml.safe_load(exported)
+    assert document["tiers"][0]["limits"][0]["regions"] == "DE,FR"
+    assert document["rules"][0]["methods"] == "GET,POST"
+    assert document["rules"][0]["limits"][0]["regions"] == "NO"
+    assert document["exemptions"] == [{"network": "192.0.2.1/32"}, {"network": "198.51.100.0/24"}]
+    path = tmp_path / f"policy.{fmt}"
+    path.write_text(exported, encoding="utf-8")
+
+    assert "No changes" in run("import", str(path))
+    assert run("import", str(path), "--prune").startswith("No changes")
+    after = sorted(TierLimit.objects.values_list()) + sorted(EndpointLimit.objects.values_list())
+    assert after == rows  # the rows (and their counters) kept as they were
+    assert Exemption.objects.count() == 2
+    assert run("export", "--format", fmt) == exported
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("version: 1\ntiers:\n- slug: t\n  name: T\n  1: x\n  '1': y\n", "unknown field '1', 1"),
+        ("version: 1\n1: x\nx: 1\n", "unknown section 'x', 1"),
+        ("version: 1\nassignments:\n- {tier: t, 1: x, x: 1}\n", "unknown field 'x', 1"),
+        ("version: 1\nexemptions:\n- {1: x, x: 1}\n", "unknown field 'x', 1"),
+        ("version: 1\nprotection: {1: x, x: 1}\n", "unknown field 'x', 1"),
+    ],
+)
+def test_unknown_keys_of_mixed_kinds_are_listed_not_a_traceback(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    """A YAML mapping with a number key and a text key was a TypeError traceback: the
+    unknown keys were sorted, and 1 and '1' do not compare."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    with pytest.raises(CommandError, match=f"^Nothing was imported: .*{_re(expected)}"):
+        run("import", str(path))
+    assert not Tier.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("bad-date.yaml", "version: 1\ntiers:\n- {slug: 2024-02-30, name: T}\n", "day is out"),
+        ("long.yaml", f"version: 1\ntiers:\n- {{slug: t, priority: 1{'0' * 5000}}}\n", ""),
+        ("long.json", f'{{"version": 1, "tiers": [{{"priority": 1{"0" * 5000}}}]}}', ""),
+    ],
+)  # fmt: skip
+def test_a_value_the_parser_cannot_build_is_one_line(
+    tmp_path: Path, name: str, text: str, expected: str
+) -> None:
+    """A YAML date that is no date, or a number of 5,000 digits (Python reads at most 4,300
+    into an int), was a ValueError traceback: PyYAML raises no YAMLError there, nor json a
+    JSONDecodeError."""
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(CommandError) as caught:
+        run("import", str(path))
+    message = str(caught.value)
+    assert message.startswith(f"Nothing was imported: {path}: not valid "), message
+    assert expected in message
+    assert "\n" not in message
+    assert "set_int_max_str_digits" not in message  # advice for programmers, not operators
+
+
+def test_pruning_a_tier_api_keys_are_in_is_refused_naming_them(tmp_path: Path) -> None:
+    """An API key's tier is protected (a key is never in a file, so an import cannot move
+    it): ``--prune`` of a tier holding keys was a ProtectedError traceback, dry run too."""
+    from django_throttle.models import ApiKey
+
+    tier("free")
+    pro = tier("pro", "10/s")
+    ApiKey.objects.create_key(name="ci", tier=pro)
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"version": 1, "tiers": [{"slug": "free", "name": "Free"}]}))
+
+    for dry_run in (["--dry-run"], []):
+        with pytest.raises(CommandError) as caught:
+            run("import", str(path), "--prune", *dry_run)
+        message = str(caught.value)
+        assert message.startswith(
+            "Nothing was imported: tier 'pro': not in the file, so --prune would delete it, "
+            "but 1 API key is in it (ci ("
+        ), message
+        assert message.endswith(
+            "move it to another tier in the admin, or keep the tier in the file"
+        )
+    assert sorted(Tier.objects.values_list("slug", flat=True)) == ["free", "pro"]
+    assert "No changes" in run("import", str(path))  # without --prune: nothing to delete
+
+
+def test_a_tier_with_problems_is_said_to_be_refused_where_the_file_names_it(
+    tmp_path: Path,
+) -> None:
+    """A new tier refused for its own fields was "no tier 'x' in the file or the database"
+    in every rule limit and assignment naming it: its author went looking for a tier the
+    file has. They say it is refused now."""
+    Group.objects.create(name="partners")
+    document = {
+        "version": 1,
+        "tiers": [{"slug": "x", "name": "X", "priority": "high"}],
+        "rules": [{"name": "r", "pattern": "r", "limits": [{"tier": "x", "rate": "5/m"}]}],
+        "assignments": [{"tier": "x", "group": "partners"}, {"tier": "y", "group": "partners"}],
+    }
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(CommandError) as caught:
+        run("import", str(path))
+    assert str(caught.value).splitlines()[1:] == [
+        "  tiers[0] 'x'.priority: “high” value must be an integer.",
+        "  rules[0] 'r'.limits[0].tier: tier 'x' is refused for its own problems (above)",
+        "  assignments[0].tier: tier 'x' is refused for its own problems (above)",
+        "  assignments[1].tier: no tier 'y' in the file or the database",
+    ]
+    assert not Tier.objects.exists()
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+@pytest.mark.parametrize(
+    "text",
+    ["NO", "007", "null", "a: b", "#x", "  lead", "line\nbreak", "a\x85b", "a\u2028b", "ünï 🎉"],
+)
+def test_text_of_any_kind_survives_export_and_import(tmp_path: Path, fmt: str, text: str) -> None:
+    """A description holding U+0085 (NEXT LINE) came back from a YAML file with a space in
+    its place: PyYAML wrote it raw in single quotes and read it as a line break."""
+    Tier.objects.create(slug="t", name=text, description=text)
+    exported = run("export", "--format", fmt)
+    path = tmp_path / f"policy.{fmt}"
+    path.write_text(exported, encoding="utf-8")
+    Tier.objects.all().delete()
+
+    run("import", str(path))
+
+    assert Tier.objects.get().description == text
+    assert run("export", "--format", fmt) == exported

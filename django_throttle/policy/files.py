@@ -50,6 +50,7 @@ from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
 
+from django_throttle.identity import region_codes
 from django_throttle.models import (
     EndpointLimit,
     EndpointRule,
@@ -59,6 +60,8 @@ from django_throttle.models import (
     TierAssignment,
 )
 from django_throttle.models.exemptions import parse_network
+from django_throttle.models.fields import HTTP_METHODS
+from django_throttle.models.limits import LimitFields
 from django_throttle.rates import MAX_LOG_COUNT, Algorithm, canonical_rate, plain_digits
 
 #: The document's ``version``; an import refuses any other.
@@ -124,11 +127,20 @@ def dump(document: Mapping[str, Any], fmt: str) -> str:
 
         class Dumper(yaml.SafeDumper):  # type: ignore[misc,name-defined]
             """Writes a value met twice (one limit in two tiers) out in full each time: an
-            ``&id001`` anchor and ``*id001`` alias would tie the copies for whoever edits it."""
+            ``&id001`` anchor and ``*id001`` alias would tie the copies for whoever edits it.
+            Text holding U+0085 (NEXT LINE) is written double-quoted, where it is escaped:
+            PyYAML writes it raw in single quotes, and reads it back as a line break folded
+            into a space, so a description changed on its way through a file."""
 
             def ignore_aliases(self, data: Any) -> bool:
                 return True
 
+            def represent_str(self, data: str) -> Any:
+                if "\x85" in data:
+                    return self.represent_scalar("tag:yaml.org,2002:str", data, style='"')
+                return super().represent_str(data)
+
+        Dumper.add_representer(str, Dumper.represent_str)
         text = yaml.dump(dict(document), Dumper=Dumper, sort_keys=False, allow_unicode=True)
         return str(text)
     return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
@@ -174,8 +186,15 @@ def load(text: str, fmt: str) -> Any:
             raise PolicyFileError([_TOO_BIG])
     try:
         return json.loads(text, object_pairs_hook=_unique_keys)
-    except json.JSONDecodeError as exc:
-        raise PolicyFileError([f"not valid JSON: {exc}"]) from exc
+    except ValueError as exc:  # a syntax error, or a number too long to read
+        raise PolicyFileError([f"not valid JSON: {_unreadable(exc)}"]) from exc
+
+
+def _unreadable(exc: ValueError) -> str:
+    """Why a value could not be read, for an operator: Python's refusal of a number of
+    thousands of digits ends with advice to call ``sys.set_int_max_str_digits()``, which a
+    policy file's author cannot follow (no limit is that long)."""
+    return str(exc).partition("; use sys.set_int_max_str_digits")[0]
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -217,6 +236,12 @@ def _load_yaml(text: str) -> Any:
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
         raise PolicyFileError([f"not valid YAML: {' '.join(str(exc).split())}"]) from exc
+    except ValueError as exc:
+        # A value YAML resolves by its look but cannot build: a date that is not one
+        # (2024-02-30), a number of thousands of digits. PyYAML raises no YAMLError there.
+        raise PolicyFileError(
+            [f"not valid YAML: {_unreadable(exc)} (quote the value to keep it as text)"]
+        ) from exc
     finally:
         loader.dispose()
 
@@ -295,12 +320,14 @@ class Change:
 
 @dataclass
 class Import:
-    """One import's state: what changed, what was wrong, the tiers written so far."""
+    """One import's state: what changed, what was wrong, the tiers written so far and the
+    slugs of those the file writes that could not be (their problems are listed)."""
 
     prune: bool
     changes: list[Change] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     tiers: dict[str, Tier] = field(default_factory=dict)
+    refused_tiers: set[str] = field(default_factory=set)
 
 
 def columns(model: type[models.Model]) -> list[models.Field[Any, Any]]:
@@ -318,14 +345,48 @@ def values(row: models.Model) -> dict[str, Any]:
     return {f.name: f.value_from_object(row) for f in columns(type(row))}
 
 
+def stored(row: models.Model) -> dict[str, Any]:
+    """``row``'s values by its policy columns, each value that has several spellings the
+    limiter reads alike written as the admin stores it: a rate (``20/min`` is ``20/m``), a
+    limit's regions (``fr, de`` is ``DE,FR``), a rule's methods (``post, get`` is
+    ``GET,POST``). A row saved another way (through the ORM, a data migration, ``loaddata``)
+    may hold any spelling: an export writes this form, so export → import → export gives the
+    same file, and an import compares it, so a row the file matches is kept as it is (a
+    limit with its counters). A value the admin would refuse is written as it is."""
+    found = values(row)
+    if isinstance(found.get("rate"), str):
+        found["rate"] = canonical_rate(found["rate"])
+    if isinstance(row, LimitFields) and isinstance(found.get("regions"), str):
+        codes, bad = region_codes(found["regions"])
+        if not bad:
+            found["regions"] = ",".join(codes)
+    methods = row.method_set if isinstance(row, EndpointRule) else None
+    if methods is not None and methods.issubset(HTTP_METHODS):
+        found["methods"] = ",".join(m for m in HTTP_METHODS if m in methods)
+    return found
+
+
+def _normal_network(text: Any) -> str | None:
+    """The network ``text`` names in the normal form the admin stores (``192.0.2.1`` is
+    ``192.0.2.1/32``, ``::ffff:198.51.100.0/120`` is ``198.51.100.0/24``), or ``None``."""
+    try:
+        return str(parse_network(text))
+    except (ValueError, TypeError, AttributeError):  # the row's validation names the problem
+        return None
+
+
 def _unknown(where: str, unknown: set[str], known: set[str]) -> str | None:
     """The problem of an entry with fields no column has, naming those it may have."""
     if not unknown:
         return None
-    return (
-        f"{where}: unknown field {', '.join(map(repr, sorted(unknown)))} "
-        f"(known: {', '.join(sorted(known))})"
-    )
+    return f"{where}: unknown field {_names(unknown)} (known: {', '.join(sorted(known))})"
+
+
+def _names(keys: Iterable[Any]) -> str:
+    """Keys a file wrote, as a problem lists them: each as written (``'colour'``, ``1``),
+    sorted by that text, so a YAML mapping with a number and a text key (``1:`` and
+    ``'1':``) is listed too, not a ``TypeError`` comparing them."""
+    return ", ".join(sorted(map(repr, keys)))
 
 
 def label(row: Any) -> str:
@@ -359,10 +420,10 @@ def _assign(row: Any, fields: Mapping[str, Any]) -> Any:
 
 def upsert(state: Import, where: str, row: models.Model, own: Mapping[str, Any]) -> Any:
     """Set ``own`` on ``row``, validate it as the admin would, save it when it changed."""
-    before = values(row) if row.pk is not None else None
+    before = stored(row) if row.pk is not None else None
     if not _valid(state, where, _assign(row, own)):
         return None
-    after = values(row)
+    after = stored(row)
     if before is None:
         row.save()
         state.changes.append(Change("+", label(row)))
@@ -502,7 +563,7 @@ def sync_limits(
         is), no longer unmatched."""
         for row in unmatched:
             if row.tier_id == candidate.tier_id and (
-                not same_values or _limit_values(row) == _limit_values(candidate)
+                not same_values or stored(row) == stored(candidate)
             ):
                 unmatched.remove(row)
                 return row
@@ -526,15 +587,6 @@ def sync_limits(
         else:
             change = f"{before} → {_limit_text(row)}"
             state.changes.append(Change("~", _limit_label(parent, row), change))
-
-
-def _limit_values(row: Any) -> dict[str, Any]:
-    """A limit row's values, its rate as the admin stores it (:func:`canonical_rate`): what
-    an export writes, and what an import compares."""
-    found = values(row)
-    if isinstance(found.get("rate"), str):
-        found["rate"] = canonical_rate(found["rate"])
-    return found
 
 
 def _limit_text(row: Any) -> str:
@@ -594,7 +646,7 @@ def export_policy(*, assignments: bool = True) -> dict[str, Any]:
     for section, (model, key) in _PARENTS.items():
         parents: Any = model._default_manager.order_by(key).prefetch_related("limits__tier")
         document[section] = [
-            {**values(parent), "limits": [_limit_entry(row) for row in _limits(parent)]}
+            {**stored(parent), "limits": [_limit_entry(row) for row in _limits(parent)]}
             for parent in parents
         ]
     if assignments:
@@ -602,7 +654,7 @@ def export_policy(*, assignments: bool = True) -> dict[str, Any]:
         document["exemptions"] = _export_exemptions()
     protection = Protection.objects.order_by("pk").first()
     if protection is not None:
-        document["protection"] = values(protection)
+        document["protection"] = stored(protection)
     return document
 
 
@@ -614,7 +666,7 @@ def _limits(parent: Any) -> list[Any]:
 def _limit_entry(limit: models.Model) -> dict[str, Any]:
     """A limit as written under its parent: an endpoint limit names its tier first."""
     tier = {"tier": limit.tier.slug} if isinstance(limit, EndpointLimit) else {}
-    return {**tier, **_limit_values(limit)}
+    return {**tier, **stored(limit)}
 
 
 def _export_assignments() -> list[dict[str, str]]:
@@ -642,7 +694,7 @@ def _export_exemptions() -> list[dict[str, str]]:
         elif row.group_id is not None:
             entry = {"group": row.group.name}
         else:
-            entry = {"network": row.network}
+            entry = {"network": _normal_network(row.network) or row.network}
         if row.note:
             entry["note"] = row.note
         out.append(entry)
@@ -684,11 +736,10 @@ def _check_shape(document: Any) -> None:
     problems = list(_unstorable_text(document, ""))
     if document.get("version") != FORMAT_VERSION:
         problems.append(f"version: must be {FORMAT_VERSION}, not {document.get('version')!r}")
-    unknown = sorted(set(document) - {"version", *SECTIONS, "protection"})
+    unknown = set(document) - {"version", *SECTIONS, "protection"}
     if unknown:
         problems.append(
-            f"unknown section {', '.join(map(repr, unknown))}: use "
-            f"{', '.join((*SECTIONS, 'protection'))}"
+            f"unknown section {_names(unknown)}: use {', '.join((*SECTIONS, 'protection'))}"
         )
     if "protection" in document and not isinstance(document["protection"], Mapping):
         problems.append(
@@ -785,16 +836,37 @@ def _import_parents(state: Import, section: str, entries: list[Mapping[str, Any]
         row = upsert(state, where, target, own)
         if isinstance(row, Tier):
             state.tiers[row.slug] = row
+        elif model is Tier and row is None and isinstance(entry.get(key), str):
+            state.refused_tiers.add(entry[key])
         if limits is not None:
             sync_limits(state, where, target, desired, write=row is not None)
         state.problems[first:] = _in_file_order(state.problems[first:], where, entry)
     if state.prune:
         named = {str(entry.get(key)) for entry in entries}
         for row in model._default_manager.exclude(**{f"{key}__in": named}):
+            if isinstance(row, Tier) and (problem := _keys_of(row)) is not None:
+                state.problems.append(problem)
+                continue
             state.changes.append(Change("-", label(row)))
             if isinstance(row, Tier):
                 state.changes.extend(_going_with(row))
             row.delete()
+
+
+def _keys_of(tier: Tier) -> str | None:
+    """Why pruning ``tier`` is refused: API keys are in it (a key's tier is protected, and
+    keys are never in a policy file, so the import cannot move them), else ``None``."""
+    count = tier.api_keys.count()
+    if not count:
+        return None
+    shown = ", ".join(str(key) for key in tier.api_keys.order_by("name", "pk")[:3])
+    more = f" and {count - 3:,} more" if count > 3 else ""
+    them = "them" if count > 1 else "it"
+    return (
+        f"tier {tier.slug!r}: not in the file, so --prune would delete it, but "
+        f"{count:,} API key{'s are' if count > 1 else ' is'} in it ({shown}{more}): move "
+        f"{them} to another tier in the admin, or keep the tier in the file"
+    )
 
 
 def _going_with(tier: Tier) -> Iterator[Change]:
@@ -867,9 +939,9 @@ def _import_assignments(state: Import, entries: list[Mapping[str, Any]]) -> None
     seen: dict[Any, int] = {}
     for i, entry in enumerate(entries):
         where = f"assignments[{i}]"
-        unknown = sorted(set(entry) - {"tier", "user", "group", "note"})
+        unknown = set(entry) - {"tier", "user", "group", "note"}
         if unknown:
-            state.problems.append(f"{where}: unknown field {', '.join(map(repr, unknown))}")
+            state.problems.append(f"{where}: unknown field {_names(unknown)}")
             continue
         if ("user" in entry) == ("group" in entry):
             state.problems.append(f"{where}: give exactly one of 'user' and 'group'")
@@ -939,6 +1011,7 @@ def _import_exemptions(state: Import, entries: list[Mapping[str, Any]]) -> None:
     the file does not list are deleted."""
     kept: set[int] = set()
     seen: dict[Any, int] = {}
+    networks = _exempt_networks()
     for i, entry in enumerate(entries):
         where = f"exemptions[{i}]"
         problem = _unknown(where, set(entry) - {*_EXEMPT, "note"}, {*_EXEMPT, "note"})
@@ -949,7 +1022,7 @@ def _import_exemptions(state: Import, entries: list[Mapping[str, Any]]) -> None:
         (kind,) = kinds
         name = entry[kind]
         if kind == "network":
-            row = _exempt_network(name) or Exemption(network=name)
+            row = networks.get(_normal_network(name)) or Exemption(network=name)
             row.network = name
         else:
             who = _who(state, f"{where}.{kind}", kind, name)
@@ -989,24 +1062,31 @@ def _exemption_label(row: Exemption) -> str:
     return f"exemption of network {row.network!r}"
 
 
-def _exempt_network(text: Any) -> Exemption | None:
-    """The exemption row of the network ``text`` names, in its normal form (the admin keeps
-    that), if there is one."""
-    try:
-        network = str(parse_network(text))
-    except (ValueError, TypeError, AttributeError):  # the row's validation names the problem
-        return None
-    return Exemption.objects.filter(network=network).first()
+def _exempt_networks() -> dict[str | None, Exemption]:
+    """The network exemptions in the database by their normal form (the first row of each),
+    read once per import: a row saved another way (``192.0.2.1`` for ``192.0.2.1/32``) is
+    read alike by the limiter, and an import adding a second row of it would list it twice."""
+    found: dict[str | None, Exemption] = {}
+    for row in Exemption.objects.exclude(network="").order_by("pk"):
+        found.setdefault(_normal_network(row.network), row)
+    found.pop(None, None)  # a row the admin would refuse matches no entry
+    return found
 
 
 def _tier(state: Import, where: str, slug: Any) -> Tier | None:
-    """The tier ``slug`` names, in the file or the database; else a problem at ``where``."""
+    """The tier ``slug`` names, in the file or the database; else a problem at ``where``:
+    a tier the file writes with problems of its own is said to be refused ("no tier 'x' in
+    the file" sent its author looking for a tier that is there)."""
     found = None
     if isinstance(slug, str):
         found = state.tiers.get(slug) or Tier.objects.filter(slug=slug).first()
-    if found is None:
+    if found is not None:
+        return found
+    if isinstance(slug, str) and slug in state.refused_tiers:
+        state.problems.append(f"{where}: tier {slug!r} is refused for its own problems (above)")
+    else:
         state.problems.append(f"{where}: no tier {slug!r} in the file or the database")
-    return found
+    return None
 
 
 _USER = "rest_framework.throttling.UserRateThrottle"
