@@ -299,3 +299,28 @@ def test_an_operator_signs_in_and_sees_the_dashboard_while_redis_is_down(setting
         for n in range(8)
     ]
     assert statuses.count(429) >= 3, statuses  # 5 a minute, the operator's sign-in included
+
+
+def test_explain_shows_the_admin_login_counting_locally_in_an_outage(settings: Any) -> None:
+    """The operator tools say what the admin's login meets while Redis is down: ``local``,
+    even under a rule set to ``closed`` (which a guarded login of the site's own meets)."""
+    import json
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    settings.DJANGO_THROTTLE_REDIS_URL = DOWN
+    admin_login_rule(failure_mode="closed")
+
+    def explained(path: str) -> Any:
+        out = StringIO()
+        with pytest.raises(CommandError, match="could not be read"):  # written, then said
+            call_command(
+                "throttle_explain",
+                *("--ip", "203.0.113.9", "--method", "POST", "--path", path, "--format", "json"),
+                stdout=out,
+            )
+        return json.loads(out.getvalue())["failure_mode"]
+
+    assert explained("/admin/login/") == "local"
+    assert explained("/accounts/login/") == "closed"
