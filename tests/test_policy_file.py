@@ -1477,6 +1477,33 @@ def test_rows_saved_in_other_spellings_export_as_stored_and_import_as_no_change(
     assert run("export", "--format", fmt) == exported
 
 
+def test_a_network_saved_twice_in_two_spellings_is_exported_once(tmp_path: Path) -> None:
+    """Rows saved around the admin as '192.0.2.1' and '192.0.2.1/32' were exported as two
+    identical entries, and importing that file was refused ("exempts this network too"):
+    what an export writes, an import must take."""
+    Exemption.objects.create(network="192.0.2.1", note="office")
+    Exemption.objects.create(network="192.0.2.1/32", note="again")
+    Exemption.objects.create(network="198.51.100.0/24")
+    exported = run("export")
+    assert json.loads(exported)["exemptions"] == [
+        {"network": "192.0.2.1/32", "note": "office"},  # the first row, as an import matches
+        {"network": "198.51.100.0/24"},
+    ]
+    path = tmp_path / "policy.json"
+    path.write_text(exported)
+
+    assert "No changes" in run("import", str(path))
+    assert run("export") == exported
+    assert run("import", "--prune", str(path)).splitlines()[:-1] == [
+        "- exemption of network '192.0.2.1/32'"  # the repeat, not the row the file names
+    ]
+    assert sorted(Exemption.objects.values_list("network", "note")) == [
+        ("192.0.2.1", "office"),
+        ("198.51.100.0/24", ""),
+    ]
+    assert run("export") == exported
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

@@ -685,16 +685,26 @@ def _export_assignments() -> list[dict[str, str]]:
 
 
 def _export_exemptions() -> list[dict[str, str]]:
-    """Who is never limited: networks (in their normal form), then users, then groups."""
+    """Who is never limited: networks (in their normal form), then users, then groups.
+
+    Each network is written once: rows saved around the admin in several spellings of one
+    network (``192.0.2.1`` and ``192.0.2.1/32``) are one exemption to the limiter, and an
+    import refuses a file listing a network twice. The first row (by primary key) is written,
+    with its note, as an import matches the first row of each network."""
     username = get_user_model().USERNAME_FIELD
     out = []
-    for row in Exemption.objects.select_related("user", "group"):
+    networks: set[str] = set()
+    for row in Exemption.objects.select_related("user", "group").order_by("pk"):
         if row.user_id is not None:
             entry = {"user": getattr(row.user, username)}
         elif row.group_id is not None:
             entry = {"group": row.group.name}
         else:
-            entry = {"network": _normal_network(row.network) or row.network}
+            network = _normal_network(row.network) or row.network
+            if network in networks:
+                continue
+            networks.add(network)
+            entry = {"network": network}
         if row.note:
             entry["note"] = row.note
         out.append(entry)
