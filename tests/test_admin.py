@@ -1104,6 +1104,22 @@ def test_the_inspector_names_algorithms_and_writes_durations_in_units(
     assert "Retry-After 3 d</span>" in verdict.group(1)
 
 
+def test_the_inspector_explains_the_path_of_a_url_without_its_query(
+    admin_client: Client,
+) -> None:
+    """A URL pasted into the explain form ('https://example.com/api/ping/?page=2') was
+    explained as the path '/https://example.com/api/ping/?page=2', which no view answers."""
+    url = reverse("admin:django_throttle_usagecount_inspect")
+    pasted = "https://example.com/api/ping/?page=2#top"
+
+    page = admin_client.get(url, {"client": "203.0.113.9", "path": pasted}).content.decode()
+    plain = admin_client.get(url, {"client": "203.0.113.9", "path": "/api/ping/"})
+
+    explained = re.sub(r'value="[^"]*"', "", page)  # the form shows the path as typed
+    assert explained == re.sub(r'value="[^"]*"', "", plain.content.decode())
+    assert "/api/ping/" in page and "?page=2</" not in page
+
+
 def test_lists_show_failure_modes_and_counting_in_a_word(admin_client: Client) -> None:
     """The tier list repeated the long failure-mode text on every row, pushing the limits
     off screen; a tier's own page offered "inherit (tier, else …)" though a tier inherits

@@ -186,6 +186,29 @@ def test_explain_shows_the_inline_limit_of_a_throttle_decorated_view(
     assert client.get(path, REMOTE_ADDR="203.0.113.77").status_code == 429
 
 
+@pytest.mark.parametrize(
+    "written",
+    [
+        "/hello/?y=1",
+        "/hello/#top",
+        "http://example.com/hello/?y=1",
+        "https://example.com:8443/hello/",
+    ],
+)
+def test_explain_takes_the_path_of_a_url_without_its_query(
+    backend: Any, policy: Any, written: str
+) -> None:
+    """``--path "/x?y=1"`` was explained with the query string in the path (a path no view
+    answers), and ``--path http://example.com/x`` as ``/http://example.com/x``."""
+    expected = as_json("throttle_explain", "--ip", "203.0.113.79", "--path", "/hello/")
+
+    found = as_json("throttle_explain", "--ip", "203.0.113.79", "--path", written)
+
+    assert (found["path"], found["route"]) == ("/hello/", expected["route"])
+    assert found["route"] is not None
+    assert found == expected
+
+
 @pytest.mark.parametrize("path", ["/admin/", "/no/such/page/"])
 def test_explain_says_nothing_limits_a_view_without_a_throttle(
     backend: Any, policy: Any, path: str

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import functools
+import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -490,6 +491,21 @@ def explain(
     return replace(found, policy_unchecked=policy_unchecked(gate))
 
 
+#: A full URL's scheme and host (``https://example.com``), which a request path never holds.
+_ORIGIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*")
+
+
+def request_path(text: str) -> str:
+    """The path the server would match for a request an operator names by ``text``: a full
+    URL's path (its scheme and host dropped), without a query string or fragment (neither is
+    part of the path a rule or URL pattern matches), starting with ``/``. Everything else is
+    kept as written, so a path is explained as the server resolves it."""
+    origin = _ORIGIN.match(text)
+    path = text[origin.end() :] if origin is not None else text
+    path = path.split("#", 1)[0].split("?", 1)[0]
+    return path if path.startswith("/") else "/" + path
+
+
 def _explain(
     subject: Subject,
     method: str,
@@ -502,8 +518,7 @@ def _explain(
     budget: ReadBudget | None,
 ) -> Explanation:
     method = (method or "GET").upper()
-    if not path.startswith("/"):
-        path = "/" + path
+    path = request_path(path)
     try:
         match: ResolverMatch | None = resolve(path)
     except Resolver404:
