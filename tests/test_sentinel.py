@@ -147,13 +147,17 @@ def test_a_login_counted_by_address_and_username_is_one_call_on_the_primary(
     assert sum(admitted.values()) == LIMIT
     for address in addresses:
         assert backend.peek(address, by_address).remaining == LIMIT + 1 - admitted[address]
-    groups = ((addresses[0], by_address), ("username:x", by_name))
+    busiest = max(addresses, key=admitted.__getitem__)  # admitted at least one login
+    groups = ((busiest, by_address), ("username:x", by_name))
     assert backend.refund_together(groups)  # a successful login's reservation, given back
-    assert backend.peek(addresses[0], by_address).remaining == LIMIT + 2 - admitted[addresses[0]]
+    assert backend.peek(busiest, by_address).remaining == LIMIT + 2 - admitted[busiest]
     assert backend.peek("username:x", by_name).remaining == 1
     primary = sentinel_set.server_on(sentinel_set.primary_port())
     keys = keys_with_ttls(primary, _isolated_throttle)
-    assert len(keys) == 3 and all(ttl > 0 for ttl in keys.values()), keys
+    # An address whose every login the username refused was never charged, so it has no key:
+    # the threads may well admit all of the username's logins from one address.
+    charged = sum(1 for address in addresses if admitted[address])
+    assert len(keys) == charged + 1 and all(ttl > 0 for ttl in keys.values()), keys
 
 
 def test_counting_connections_are_on_the_primary_only(
