@@ -15,15 +15,18 @@ import asyncio
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient
 from django.urls import path
 
 from django_throttle.backends import get_backend
 from django_throttle.backends.base import Backend
+from django_throttle.credentials import protect_credentials
 from django_throttle.decorators import throttle
-from django_throttle.models import EndpointLimit, EndpointRule, Tier
+from django_throttle.inspection.clients import inspect
+from django_throttle.inspection.subjects import parse_client
+from django_throttle.models import EndpointLimit, EndpointRule, Tier, TierAssignment
 from django_throttle.policy import live as policy
 from django_throttle.rates import Algorithm, Limit
 
@@ -44,7 +47,22 @@ async def login(request: HttpRequest) -> HttpResponse:
     return HttpResponse("", status=int(request.GET.get("status", "200")))
 
 
-urlpatterns = [path("login/", login)]
+def answer(request: HttpRequest) -> HttpResponse:
+    """A sign-in form (a signed-in user confirming their password, say): answers ``?status``."""
+    return HttpResponse("", status=int(request.GET.get("status", "200")))
+
+
+async def aanswer(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("", status=int(request.GET.get("status", "200")))
+
+
+# Two checks per request: the view's throttle under the rules of scope "login" (the tier's
+# limits and the rule's), then the credential check of scope "guard" (its rule's alone).
+urlpatterns = [
+    path("login/", login),
+    path("confirm/", throttle(scope="login")(protect_credentials(answer, scope="guard"))),
+    path("async-confirm/", throttle(scope="login")(protect_credentials(aanswer, scope="guard"))),
+]
 
 
 @pytest.mark.parametrize("counts", ["failures", "success"])
@@ -192,3 +210,112 @@ def test_a_refund_leaves_out_the_shadow_limit_its_hit_never_charged(
     # success); the third would still be denied: the second took nothing to give back.
     assert statuses == [200, 500, 200]
     assert would_deny == [False, True, True]
+
+
+#: Usernames an attacker or a user may choose: over the 256 characters a counter keeps as they
+#: are (a digest then), unicode, markup.
+ODD_USERNAMES = [
+    "long-" + "\u00fc" * 295,
+    "\u00dcn\u00efc\u00f8d\u00e9-\u7528\u6237",
+    "<script>alert(1)</script>",
+]
+
+
+def remaining(user: Any) -> dict[tuple[str, str], int | None]:
+    """What the inspector reads of every counter ``user``'s requests from 127.0.0.1 presenting
+    their own username meet: (where the limit comes from, whose counter) -> tokens left."""
+    found = inspect(parse_client(f"user:{user.pk}"), address="127.0.0.1")
+    return {
+        (bucket.where, bucket.counted_by.split(" ", 1)[0]): bucket.remaining
+        for bucket in found.buckets
+    }
+
+
+@pytest.mark.parametrize("where", ["redis", "memory"])
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("counts", ["failures", "success"])
+@pytest.mark.parametrize("username", ODD_USERNAMES, ids=["300-chars", "unicode", "markup"])
+def test_a_signed_in_users_refund_leaves_out_the_shadow_limits_its_hit_spared(
+    settings: Any,
+    redis_url: str,
+    django_user_model: Any,
+    where: str,
+    kind: str,
+    counts: str,
+    username: str,
+) -> None:
+    """A signed-in user of a tier that is no default, whose username is long, unicode or
+    markup, presents it at a view under a shadow rule (one request by client, by IP address
+    and by username) counting ``counts``, and under an enforced credential rule counting failures.
+    The second request would be denied by every shadow limit, which leave it unchanged; its
+    outcome is one the shadow rule does not count, so its reservation is given back: every
+    shadow counter stays spent (credited a token it never took, it would let the third
+    request pass unreported). The enforced counters are what their rules say: the tier's
+    keeps every request, the credential rule's keeps the failures."""
+    from django.test import Client
+
+    from django_throttle import events
+
+    settings.DJANGO_THROTTLE_REDIS_URL = "memory://" if where == "memory" else redis_url
+    Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
+    Tier.objects.create(slug="free", name="Free", is_default_authenticated=True)
+    gold = Tier.objects.create(slug="gold", name="Gold")
+    gold.limits.create(rate="100/min")
+    user = django_user_model.objects.create_user(username, password="right")
+    TierAssignment.objects.create(tier=gold, user=user)
+    shadow = EndpointRule.objects.create(name="login", pattern="login", counts=counts, shadow=True)
+    guard = EndpointRule.objects.create(name="guard", pattern="guard", counts="failures")
+    # One row per rate (a rule holds a rate once per tier).
+    for counted_by, rate in (("client", "1/min"), ("ip", "1/h"), ("username", "1/d")):
+        EndpointLimit.objects.create(rule=shadow, tier=gold, rate=rate, counted_by=counted_by)
+    for counted_by, rate in (("ip", "10/min"), ("username", "10/h")):
+        EndpointLimit.objects.create(rule=guard, tier=gold, rate=rate, counted_by=counted_by)
+    policy.current()
+    counted, uncounted = (401, 200) if counts == "failures" else (200, 401)
+    statuses = [counted, uncounted, counted]
+    would_deny: list[bool] = []
+    seen: list[dict[tuple[str, str], int | None]] = []
+
+    def decided(sender: Any, decision: Any, **kwargs: Any) -> None:
+        if decision.limits and any(limit.shadow for limit in decision.limits):
+            would_deny.append(decision.shadow)
+
+    form = {"username": username, "password": "wrong"}
+    events.request_decided.connect(decided)
+    try:
+        if kind == "sync":
+            client = Client()
+            client.force_login(user)
+            for status in statuses:
+                answered = client.post(f"/confirm/?status={status}", form)
+                assert answered.status_code == status
+                seen.append(remaining(user))
+        else:
+
+            async def run() -> None:
+                client = AsyncClient()
+                await client.aforce_login(user)
+                for status in statuses:
+                    answered = await client.post(f"/async-confirm/?status={status}", form)
+                    assert answered.status_code == status
+                    seen.append(await sync_to_async(remaining)(user))
+
+            async_to_sync(run)()
+    finally:
+        events.request_decided.disconnect(decided)
+    # The first is counted; the second would be denied and is given back; the third would
+    # still be denied: the second took nothing to give back.
+    assert would_deny == [False, True, True]
+    shadow_counters = {
+        (key, left) for state in seen for key, left in state.items() if key[0] == "rule 'login'"
+    }
+    assert shadow_counters == {
+        (("rule 'login'", "this"), 0),
+        (("rule 'login'", "IP"), 0),
+        (("rule 'login'", "username"), 0),
+    }
+    failures = [sum(400 <= s < 500 for s in statuses[: n + 1]) for n in range(len(statuses))]
+    for n, state in enumerate(seen):
+        assert state[("tier 'gold'", "this")] == 100 - (n + 1)  # a tier's limit is never refunded
+        assert state[("rule 'guard'", "IP")] == 10 - failures[n]
+        assert state[("rule 'guard'", "username")] == 10 - failures[n]
