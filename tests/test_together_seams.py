@@ -20,7 +20,9 @@ call by call: :meth:`RedisBackend._together_call`); its answers are the per-coun
 
 from __future__ import annotations
 
+import unicodedata
 import uuid
+from collections import Counter
 from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,13 +32,16 @@ from typing import Any
 
 import pytest
 import redis
-from django.test import override_settings
+from asgiref.sync import async_to_sync
+from django.test import Client, override_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from django_throttle.backends.base import Backend
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis import RedisBackend
+from django_throttle.models import Tier
+from django_throttle.policy import live as policy
 from django_throttle.rates import RATE_ALGORITHMS, Algorithm, Decision, Limit
 from django_throttle.request.core import (
     Hit,
@@ -50,6 +55,7 @@ from django_throttle.request.core import (
     retry_after_seconds,
     settling,
 )
+from tests.clients import AddressedAsyncClient
 
 T0 = 1_700_000_000.0
 
@@ -395,3 +401,169 @@ def test_every_key_the_together_scripts_write_expires(
         assert {key: redis_client.pttl(key) for key in keys if redis_client.pttl(key) < 0} == {}
     finally:
         backend.close()
+
+
+# --- Odd usernames through the real login views ---------------------------------------------
+
+#: Usernames an attacker or a user may choose: the account's stored name (``None``: no
+#: account can be named so) and the spellings three failed attempts present.
+ODD_LOGINS = {
+    # Over the 256 characters a counter keeps as they are (a digest then), and over the 150
+    # of Django's username field (its login form still checks the password of such a name).
+    "300-chars": ("long-" + "\u00fc" * 295, ["long-" + "\u00fc" * 295] * 3),
+    "unicode": (
+        "\u00dcn\u00efc\u00f8d\u00e9-\u7528\u6237",
+        [
+            "\u00dcn\u00efc\u00f8d\u00e9-\u7528\u6237",
+            unicodedata.normalize("NFD", "\u00dcn\u00efc\u00f8d\u00e9-\u7528\u6237"),
+            "\u00fcn\u00efc\u00f8d\u00e9-\u7528\u6237",
+        ],
+    ),
+    # Fullwidth (NFKC), upper case and plain: one account's one counter.
+    "nfkc": ("bf1", ["\uff42\uff46\uff11", "BF1", "bf1"]),
+    "markup": (
+        "<script>alert(1)</script>",
+        ["<script>alert(1)</script>", " <script>alert(1)</script> ", "<SCRIPT>alert(1)</SCRIPT>"],
+    ),
+    # Refused unchecked by Django's forms and DRF's serializer (a NUL is no character of a
+    # name); counted under the name without it, which only ever limits more.
+    "nul": (None, ["b\x00f1", "bf1\x00", "b\x00f1"]),
+    "empty": (None, ["", " ", ""]),
+}
+#: The login views, and whether each is a form that refuses a name it cannot hold unchecked.
+LOGIN_VIEWS = {
+    "/login/": True,  # Django's LoginView
+    "/admin/login/": True,  # the admin's
+    "/async-login/": False,  # an ``async def`` view calling aauthenticate()
+    "/token/": False,  # DRF's obtain_auth_token
+}
+#: What the right password gets at each view.
+SIGNED_IN = {"/login/": 302, "/admin/login/": 302, "/async-login/": 302, "/token/": 200}
+ADDRESSES = ("198.51.100.1", "198.51.100.1", "198.51.100.2")
+BY_IP, BY_NAME = 100, 5
+
+
+def form_refuses(name: str) -> bool:
+    """Whether Django's login form refuses ``name`` before checking a password (blank, or
+    holding a NUL): no failed login, nothing counted."""
+    stripped = name.strip()
+    return not stripped or "\x00" in stripped
+
+
+def attempt(url: str, address: str, username: str, password: str) -> int:
+    form = {"username": username, "password": password}
+    if url.startswith("/async"):
+        response = async_to_sync(AddressedAsyncClient(address).post)(url, form)
+    else:
+        response = Client().post(url, form, REMOTE_ADDR=address)
+    return int(response.status_code)
+
+
+def login_counters(addresses: Sequence[str], spellings: Sequence[str]) -> dict[str, int | None]:
+    """What the inspector reads of the login rule's counters a login from each of
+    ``addresses`` presenting each of ``spellings`` meets: backend label -> tokens left."""
+    from django_throttle.inspection.clients import buckets, every_counter, login_probe
+    from django_throttle.policy.live import current
+
+    found = [
+        counter
+        for address in addresses
+        for spelling in spellings
+        for counter in every_counter(login_probe(address, spelling), current())
+        if counter.where == "rule 'login'"
+    ]
+    return {bucket.client: bucket.remaining for bucket in buckets(found)}
+
+
+def odd_logins(url: str, account: str | None, spellings: list[str]) -> list[dict[str, Any]]:
+    """Three failed attempts (two addresses), then the right password from the first: the
+    counters after each."""
+    seen = []
+    for address, spelling in zip(ADDRESSES, spellings, strict=True):
+        attempt(url, address, spelling, "wrong")
+        seen.append(login_counters(sorted(set(ADDRESSES)), spellings))
+    if account is not None:
+        assert attempt(url, ADDRESSES[0], account, "right") == SIGNED_IN[url]
+        seen.append(login_counters(sorted(set(ADDRESSES)), spellings))
+    return seen
+
+
+def made_together(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
+    """Each one-call hit and refund the backend is asked for, as it is asked (the real
+    method runs): its name, and whether it was made in one call (else nothing was sent)."""
+    made: list[tuple[str, bool]] = []
+    for name in ("hit_together", "refund_together"):
+        blocking, awaited = getattr(RedisBackend, name), getattr(RedisBackend, "a" + name)
+
+        def spy(self: Any, *args: Any, _real: Any = blocking, _name: str = name, **kw: Any) -> Any:
+            found = _real(self, *args, **kw)
+            made.append((_name, found not in (None, False)))
+            return found
+
+        async def aspy(
+            self: Any, *args: Any, _real: Any = awaited, _name: str = name, **kw: Any
+        ) -> Any:
+            found = await _real(self, *args, **kw)
+            made.append((_name, found not in (None, False)))
+            return found
+
+        monkeypatch.setattr(RedisBackend, name, spy)
+        monkeypatch.setattr(RedisBackend, "a" + name, aspy)
+    return made
+
+
+@pytest.mark.django_db
+@pytest.mark.urls("tests.test_login_protection")
+@pytest.mark.parametrize("url", list(LOGIN_VIEWS))
+@pytest.mark.parametrize("case", list(ODD_LOGINS))
+def test_odd_usernames_are_counted_once_and_given_back_as_the_memory_store_counts_them(
+    settings: Any,
+    django_user_model: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    url: str,
+    case: str,
+) -> None:
+    """Failed logins presenting a long, unicode, NFKC-variant, markup, NUL or empty username
+    at Django's LoginView, the admin's login, an ``async def`` view and DRF's
+    obtain_auth_token, counted by address and by username in one call of together.lua:
+    each failure takes one token from its address's counter and one from its username's
+    (every spelling of one name one counter; none for a blank name), a name the form refuses
+    unchecked takes nothing, and the right password gives back what it took from both. The
+    in-process store (one call per counter) reads the same counters alike at every step."""
+    from django_throttle.identity import Identity
+    from django_throttle.request.usernames import normalise_username
+    from tests.test_login_protection import guard
+
+    account, spellings = ODD_LOGINS[case]
+    if account is not None:
+        django_user_model.objects.create_user(account, password="right", is_staff=True)
+    anonymous = Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
+    anonymous.limits.create(rate="1000/min")
+    guard("login", anonymous, by_username=f"{BY_NAME}/h", by_ip=f"{BY_IP}/min")
+
+    made = made_together(monkeypatch)
+    on_redis = odd_logins(url, account, spellings)
+    # Each attempt naming a user was one call over its address and its username, and so
+    # was each refund of both.
+    named = sum(bool(normalise_username(s)) for s in spellings) + (account is not None)
+    assert [ok for call, ok in made if call == "hit_together"] == [True] * named
+    assert all(ok for call, ok in made if call == "refund_together")
+    made.clear()
+    settings.DJANGO_THROTTLE_REDIS_URL = "memory://"
+    policy.reset()
+    assert odd_logins(url, account, spellings) == on_redis
+    assert not any(ok for _call, ok in made)  # the in-process store: one call per counter
+
+    # Each failure the view checked takes a token from its address's counter and from its
+    # username's (the one its spelling normalises to; none for a blank name).
+    labels = {address: Identity("ip", address).key for address in ADDRESSES}
+    names = {s: Identity("username", n).key for s in spellings if (n := normalise_username(s))}
+    taken: Counter[str] = Counter()
+    for n, (address, spelling) in enumerate(zip(ADDRESSES, spellings, strict=True)):
+        if not (LOGIN_VIEWS[url] and form_refuses(spelling)):
+            taken.update([labels[address], *([names[spelling]] if spelling in names else [])])
+        expected = {label: BY_IP - taken[label] for label in labels.values()}
+        expected |= {label: BY_NAME - taken[label] for label in names.values()}
+        assert on_redis[n] == expected, n
+    if account is not None:
+        assert on_redis[-1] == on_redis[-2]  # the right password gave both back
