@@ -27,7 +27,9 @@ pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.seams_urls")]
 DASHBOARD = "/admin/django_throttle/usagecount/dashboard/"
 INSPECT = "/admin/django_throttle/usagecount/inspect/"
 LONG = "l" * 150  # its counter is the digest label username#<hex>
-ODD = ["zoë_日本語", "<b>x</b>", LONG]
+#: Longer than a counter keeps a name as it is: its counter is ``username:#<32 hex>``.
+LONGER = "long-" + "ü" * 295
+ODD = ["zoë_日本語", "<b>x</b>", LONG, LONGER]
 
 
 @pytest.fixture
@@ -97,7 +99,8 @@ def test_every_inspect_link_of_the_dashboard_opens_its_client(
     rows = dashboard_rows(admin)
     kinds = {re.split("[:#]", label, maxsplit=1)[0] for label, _link in rows}
     assert kinds == {"username", "ip", "key", "user"}
-    assert sum(label.startswith("username:#") for label, _link in rows) == 3  # bf8, zoë, <b>
+    # bf8, zoë and <b> kept private, the longer one by its counter's own digest
+    assert sum(label.startswith("username:#") for label, _link in rows) == 4
     assert any(label.startswith("username#") for label, _link in rows)  # the long one
     for label, link in rows:
         response = admin.get(link)
@@ -145,6 +148,27 @@ def test_a_username_lockout_is_lifted_from_its_row(
     if password is not None:
         response = client.post(TOKEN, {"username": name, "password": password})
         assert response.status_code == 200
+
+
+def test_a_name_too_long_to_keep_is_read_by_the_label_its_counter_is_shown_with(
+    client: Any, backend: Any, policy: Any
+) -> None:
+    """A username over 256 characters is counted as ``#`` and its 32-hex digest, and the
+    inspector shows that counter as ``username:#<32 hex>`` ("counted by" ``username
+    #<32 hex>``). Both were read as a usage digest (``username:#<16 hex>``) and refused as
+    "no recent login presented the username": the counter shown could be neither inspected
+    nor reset by the label it was shown with."""
+    lock_username(client, LONGER, 1)
+    shown = as_json("throttle_inspect", f"username:{LONGER}")
+    (row,) = shown["rows"]
+    assert re.fullmatch(r"username:#[0-9a-f]{32}", row["counter"])
+    assert (row["capacity"], row["remaining"]) == (3, 0)
+    upper = "username:" + row["counter"].partition(":")[2].upper()
+    for label in (row["counter"], row["counted_by"], upper):
+        (again,) = as_json("throttle_inspect", label)["rows"]
+        assert (again["counter"], again["remaining"]) == (row["counter"], 0), label
+    assert "Cleared 1 counter(s)" in run("throttle_reset", row["counted_by"])
+    assert guess(client, username=LONGER, address="203.0.113.99").status_code == 400
 
 
 def test_the_admin_resets_a_username_lockout_from_its_row(

@@ -190,11 +190,12 @@ def _address(value: str) -> Subject:
 
 def _username(value: str) -> Subject:
     """A counter by presented username: ``username:<name>`` (normalised as the request path
-    counts it), ``username:#<digest>`` (the private label of one the usage counts saw)."""
-    from django_throttle.request.usernames import normalise_username
+    counts it), ``username:#<digest>`` (the private label of one the usage counts saw), and
+    ``username:#<32 hex>``, the counter of a name too long to keep, as the tools show it."""
+    from django_throttle.request.usernames import LONG_NAME, normalise_username
     from django_throttle.usage.names import DIGEST_MARK, USERNAME
 
-    if value.startswith(DIGEST_MARK):
+    if value.startswith(DIGEST_MARK) and not LONG_NAME.fullmatch(value):
         name = presented_username(USERNAME + value)
         if name is None:
             raise UnknownClient(

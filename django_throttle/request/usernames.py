@@ -173,6 +173,12 @@ def normalise_username(name: str) -> str:
     return "#" + hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
+#: What :func:`normalise_username` makes of a name longer than :data:`MAX_USERNAME`: ``#`` and
+#: 32 hex digits. A counter's own name, unlike the 16 of a usage report's private label
+#: (``username:#<16 hex>``), which the operator tools look up among the names presented.
+LONG_NAME = re.compile(r"#[0-9a-f]{32}", re.IGNORECASE)
+
+
 #: Categories of the characters a collation that ignores accents passes over: combining
 #: marks (an accent written apart, or left by decomposing an accented letter), format
 #: characters (zero-width space and joiners, soft hyphen, direction marks) and control
