@@ -77,7 +77,7 @@ from django.utils.translation import gettext, ngettext
 
 from django_throttle import events
 from django_throttle.backends import ArgumentRefused, BackendError, get_backend
-from django_throttle.backends.base import NodeUnavailable, maybe_leased
+from django_throttle.backends.base import Backend, NodeUnavailable, maybe_leased
 from django_throttle.backends.redis import IF_DENIED
 from django_throttle.backends.redis_nodes import get_breaker
 from django_throttle.conf import FAILURE_STATUS, UNKNOWN_CLIENT, app_settings
@@ -459,18 +459,16 @@ class Plan:
     #: else ``None`` (the default limits).
     region: str | None = None
 
-    def send(self, backend: Any, *, usage: bool = True) -> Decision:
+    def send(self, backend: Backend, *, usage: bool = True) -> Decision:
         """Count ``cost`` against the first group's limits, all or nothing (the backend's
         ``hit``), counted in usage under ``field``; only if it denies when further groups
         follow (the last call counts the request: see :func:`hit_groups`)."""
         field = (only_if_denied(self.field) if self.groups else self.field) if usage else None
-        return backend.hit(self.client, self.limits, self.cost, usage=field)  # type: ignore[no-any-return]
+        return backend.hit(self.client, self.limits, self.cost, usage=field)
 
-    async def asend(self, backend: Any) -> Decision:
+    async def asend(self, backend: Backend) -> Decision:
         field = only_if_denied(self.field) if self.groups else self.field
-        return await backend.ahit(  # type: ignore[no-any-return]
-            self.client, self.limits, self.cost, usage=field
-        )
+        return await backend.ahit(self.client, self.limits, self.cost, usage=field)
 
     def deciding(self, together: bool = False) -> Steps[Decision | BackendError]:
         """The request's backend calls: the first group's (the plan itself), then the further
@@ -1155,15 +1153,11 @@ class Hit:
     cost: int
     usage: str | None
 
-    def send(self, backend: Any, *, usage: bool = True) -> Decision:
-        return backend.hit(  # type: ignore[no-any-return]
-            self.client, self.limits, self.cost, usage=self.usage if usage else None
-        )
+    def send(self, backend: Backend, *, usage: bool = True) -> Decision:
+        return backend.hit(self.client, self.limits, self.cost, usage=self.usage if usage else None)
 
-    async def asend(self, backend: Any) -> Decision:
-        return await backend.ahit(  # type: ignore[no-any-return]
-            self.client, self.limits, self.cost, usage=self.usage
-        )
+    async def asend(self, backend: Backend) -> Decision:
+        return await backend.ahit(self.client, self.limits, self.cost, usage=self.usage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1176,21 +1170,11 @@ class HitTogether:
     cost: int
     usage: str | None
 
-    def send(self, backend: Any, *, usage: bool = True) -> list[Decision] | None:
-        hit_together = getattr(backend, "hit_together", None)
-        if hit_together is None:  # a backend of the project's own, not derived from Backend
-            return None
-        return hit_together(  # type: ignore[no-any-return]
-            self.groups, self.cost, usage=self.usage if usage else None
-        )
+    def send(self, backend: Backend, *, usage: bool = True) -> list[Decision] | None:
+        return backend.hit_together(self.groups, self.cost, usage=self.usage if usage else None)
 
-    async def asend(self, backend: Any) -> list[Decision] | None:
-        ahit_together = getattr(backend, "ahit_together", None)
-        if ahit_together is None:
-            return None
-        return await ahit_together(  # type: ignore[no-any-return]
-            self.groups, self.cost, usage=self.usage
-        )
+    async def asend(self, backend: Backend) -> list[Decision] | None:
+        return await backend.ahit_together(self.groups, self.cost, usage=self.usage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1203,17 +1187,11 @@ class RefundTogether:
     cost: int
     taken_at: tuple[int | None, ...]
 
-    def send(self, backend: Any, *, usage: bool = True) -> bool:
-        refund_together = getattr(backend, "refund_together", None)
-        if refund_together is None:
-            return False
-        return bool(refund_together(self.groups, self.cost, taken_at=self.taken_at))
+    def send(self, backend: Backend, *, usage: bool = True) -> bool:
+        return backend.refund_together(self.groups, self.cost, taken_at=self.taken_at)
 
-    async def asend(self, backend: Any) -> bool:
-        arefund_together = getattr(backend, "arefund_together", None)
-        if arefund_together is None:
-            return False
-        return bool(await arefund_together(self.groups, self.cost, taken_at=self.taken_at))
+    async def asend(self, backend: Backend) -> bool:
+        return await backend.arefund_together(self.groups, self.cost, taken_at=self.taken_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1224,13 +1202,11 @@ class Peek:
     limits: Sequence[Limit]
     cost: int
 
-    def send(self, backend: Any, *, usage: bool = True) -> Decision:
-        return backend.peek(self.client, self.limits, cost=self.cost)  # type: ignore[no-any-return]
+    def send(self, backend: Backend, *, usage: bool = True) -> Decision:
+        return backend.peek(self.client, self.limits, cost=self.cost)
 
-    async def asend(self, backend: Any) -> Decision:
-        return await backend.apeek(  # type: ignore[no-any-return]
-            self.client, self.limits, cost=self.cost
-        )
+    async def asend(self, backend: Backend) -> Decision:
+        return await backend.apeek(self.client, self.limits, cost=self.cost)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1243,10 +1219,10 @@ class Refund:
     cost: int
     taken_at: int | None
 
-    def send(self, backend: Any, *, usage: bool = True) -> None:
+    def send(self, backend: Backend, *, usage: bool = True) -> None:
         backend.refund(self.client, self.limits, self.cost, taken_at=self.taken_at)
 
-    async def asend(self, backend: Any) -> None:
+    async def asend(self, backend: Backend) -> None:
         await backend.arefund(self.client, self.limits, self.cost, taken_at=self.taken_at)
 
 
@@ -1259,13 +1235,11 @@ class Release:
     limits: Sequence[Limit]
     lease: str
 
-    def send(self, backend: Any, *, usage: bool = True) -> int:
-        return backend.release(self.client, self.limits, self.lease)  # type: ignore[no-any-return]
+    def send(self, backend: Backend, *, usage: bool = True) -> int:
+        return backend.release(self.client, self.limits, self.lease)
 
-    async def asend(self, backend: Any) -> int:
-        return await backend.arelease(  # type: ignore[no-any-return]
-            self.client, self.limits, self.lease
-        )
+    async def asend(self, backend: Backend) -> int:
+        return await backend.arelease(self.client, self.limits, self.lease)
 
 
 #: One backend call, as a typed value: the runners call its ``send`` (blocking) or await its
