@@ -9,7 +9,8 @@ it through ``method_decorator``; each class gets its own bucket even though they
 
 A rule that counts only successes or only failures is settled when the view returns: the
 request's reservation is given back when the response's status (or a failed login during
-the request) is an outcome the rule does not count. A view that raises is settled with the
+the request) is an outcome the rule does not count, before the headers are written (so
+``X-RateLimit-Remaining`` counts the tokens given back). A view that raises is settled with the
 status Django answers the exception with (403 for ``PermissionDenied``…; 500 for others); an
 ``async def`` view cancelled while it ran (its client went away under ASGI) as 499, a failure
 (:data:`~django_throttle.request.core.CLIENT_GONE`).
@@ -332,7 +333,6 @@ def guard(
                 else:
                     response = await view(request, *args, **kwargs)
                 status = response.status_code
-                _served(request, response, decision, login)
             except BaseException as exc:
                 # Cancelled while it ran (its client went away): its work may have run on
                 # in a worker thread, so a failure (CLIENT_GONE), not a 500 (neither).
@@ -340,9 +340,15 @@ def guard(
                 status = CLIENT_GONE if cancelled else core.raised_status(exc)
                 raise
             finally:
-                await core.asettle(request, status, first=first)
+                # Settled before the headers are written: they count the tokens given back.
+                shown = await core.asettle(request, status, first=first, shown=decision)
                 if len(getattr(request, leases.ATTRIBUTE, ())) > held:  # this check's slots
                     await leases.afinish(request, response, held)
+            if shown is not None and shown is not decision:
+                decision = shown
+                if not login:
+                    request.throttle_decision = decision
+            _served(request, response, decision, login)
             return response
 
         return markcoroutinefunction(async_wrapper)
@@ -372,18 +378,21 @@ def guard(
             else:
                 response = view(request, *args, **kwargs)
             status = response.status_code
-            if login:
-                _served(request, response, decision, login)
-            else:
-                add_headers(response.headers, decision)
         except BaseException as exc:
             status = core.raised_status(exc)
             raise
         finally:
             if len(getattr(request, RESERVATIONS, ())) > first:  # else settle has nothing to do
-                core.settle(request, status, first=first)
+                # Settled before the headers are written: they count the tokens given back.
+                decision = core.settle(request, status, first=first, shown=decision) or decision
+                if not login:
+                    request.throttle_decision = decision
             if len(getattr(request, leases.ATTRIBUTE, ())) > held:  # this check's slots
                 leases.finish(request, response, held)
+        if login:
+            _served(request, response, decision, login)
+        else:
+            add_headers(response.headers, decision)
         return response
 
     return wrapper

@@ -4,7 +4,8 @@ settles the counting policy of DRF views.
 DRF throttle classes cannot touch responses, so :class:`~django_throttle.drf.PolicyThrottle`
 leaves its decision on the request and this middleware writes the headers; a rule that counts
 only successes or failures also leaves a reservation, which this middleware gives back once
-the response shows an outcome the rule does not count (a sync view whose client went away
+the response shows an outcome the rule does not count, before it writes the headers (so
+``X-RateLimit-Remaining`` counts the tokens given back) (a sync view whose client went away
 under ASGI: once it ended, by what it answered; an async view cancelled while it ran: as
 :data:`~django_throttle.request.core.CLIENT_GONE`, a failure; one cancelled before it
 started: as nothing ran), without the middleware every request counts. A request that
@@ -55,9 +56,11 @@ class RateLimitHeadersMiddleware:
                 busy.count -= 1
             if getattr(request, leases.ATTRIBUTE, None):
                 leases.finish(request, response)
+        decision = getattr(request, "throttle_decision", None)
         if getattr(request, "throttle_reservations", None):
-            core.settle(request, response.status_code)
-        core.add_headers(response.headers, getattr(request, "throttle_decision", None))
+            # Settled before the headers are written: they count the tokens given back.
+            decision = core.settle(request, response.status_code, shown=decision)
+        core.add_headers(response.headers, decision)
         if hasattr(request, core.DEGRADED_ATTRIBUTE):  # no call on the request path otherwise
             _add_degraded(request, response)
         return response
@@ -87,9 +90,10 @@ class RateLimitHeadersMiddleware:
                 busy.count -= 1
             if getattr(request, leases.ATTRIBUTE, None):
                 await leases.afinish(request, response)
+        decision = getattr(request, "throttle_decision", None)
         if getattr(request, "throttle_reservations", None):
-            await core.asettle(request, response.status_code)
-        core.add_headers(response.headers, getattr(request, "throttle_decision", None))
+            decision = await core.asettle(request, response.status_code, shown=decision)
+        core.add_headers(response.headers, decision)
         if hasattr(request, core.DEGRADED_ATTRIBUTE):  # no call on the request path otherwise
             _add_degraded(request, response)
         return response

@@ -215,6 +215,26 @@ class Backend(ABC):
 
     arefund = async_twin(refund)
 
+    def refund_peek(
+        self,
+        client: str,
+        limits: Limits,
+        cost: int = 1,
+        *,
+        looked: Limits = (),
+        now: Now = None,
+        taken_at: Taken = None,
+    ) -> Decision | None:
+        """:meth:`refund`, then, in the same step, what :meth:`peek` would report on
+        ``limits`` and ``looked`` (more of ``client``'s limits, given nothing back: a
+        tier's beside a rule's): what a response's rate limit headers show once its
+        reservation is back. ``None`` when this backend cannot look in the same step (the
+        default: :meth:`refund` alone, the headers then show the state before it)."""
+        self.refund(client, limits, cost, now=now, taken_at=taken_at)
+        return None
+
+    arefund_peek = async_twin(refund_peek)
+
     def hit_together(
         self,
         groups: Sequence[tuple[str, Limits]],
@@ -267,6 +287,32 @@ class Backend(ABC):
     ) -> bool:
         """:meth:`refund_together` for ``async def`` views."""
         return False
+
+    def refund_together_peek(
+        self,
+        groups: Sequence[tuple[str, Limits]],
+        cost: int = 1,
+        *,
+        looked: Sequence[Limits] = (),
+        now: Now = None,
+        taken_at: Sequence[Taken] = (),
+    ) -> list[Decision] | None:
+        """:meth:`refund_together`, then, in the same step, each group's :meth:`refund_peek`
+        report (``looked``: each group's limits given nothing back, by position); ``None``
+        (the default) when this backend cannot, and gave nothing back."""
+        return None
+
+    async def arefund_together_peek(
+        self,
+        groups: Sequence[tuple[str, Limits]],
+        cost: int = 1,
+        *,
+        looked: Sequence[Limits] = (),
+        now: Now = None,
+        taken_at: Sequence[Taken] = (),
+    ) -> list[Decision] | None:
+        """:meth:`refund_together_peek` for ``async def`` views."""
+        return None
 
     def release(self, client: str, limits: Limits, lease: str, *, now: Now = None) -> int:
         """Give back the slots ``client``'s hit took under ``lease`` (its

@@ -414,6 +414,39 @@ class RedisBackend(Backend):
             call = self._request(client, limits, cost, now, None, True, taken_at)
             await self._route.acall(call)
 
+    def refund_peek(
+        self,
+        client: str,
+        limits: Limits,
+        cost: int = 1,
+        *,
+        looked: Limits = (),
+        now: Now = None,
+        taken_at: Taken = None,
+    ) -> Decision | None:
+        """:meth:`refund`'s one EVALSHA of refund.lua, ``looked`` among its keys and the
+        count given back as its last argument: it answers what the headers report."""
+        check_taken_at(taken_at)
+        every = (*limits, *looked)
+        call = self._request(client, every, cost, now, None, True, taken_at, given=len(limits))
+        return shown_of(every, self._route.call(call))
+
+    async def arefund_peek(
+        self,
+        client: str,
+        limits: Limits,
+        cost: int = 1,
+        *,
+        looked: Limits = (),
+        now: Now = None,
+        taken_at: Taken = None,
+    ) -> Decision | None:
+        """:meth:`refund_peek` on ``redis.asyncio``, as :meth:`acount`."""
+        check_taken_at(taken_at)
+        every = (*limits, *looked)
+        call = self._request(client, every, cost, now, None, True, taken_at, given=len(limits))
+        return shown_of(every, await self._route.acall(call))
+
     def hit_together(
         self,
         groups: Sequence[tuple[str, Limits]],
@@ -475,12 +508,51 @@ class RedisBackend(Backend):
         await self._route.acall(call)
         return True
 
+    def refund_together_peek(
+        self,
+        groups: Sequence[tuple[str, Limits]],
+        cost: int = 1,
+        *,
+        looked: Sequence[Limits] = (),
+        now: Now = None,
+        taken_at: Sequence[Taken] = (),
+    ) -> list[Decision] | None:
+        """:meth:`refund_together`'s one EVALSHA, each group's ``looked`` limits among its
+        keys, answering what the headers report on each group (see lua/refund_together.lua);
+        ``None`` (nothing sent) when the groups may not share one call."""
+        every = _with_looked(groups, looked)
+        call = self._together_call(
+            every, cost, now, taken_at or (None,) * len(groups), [len(lim) for _, lim in groups]
+        )
+        if call is None:
+            return None
+        return shown_together(every, self._route.call(call))
+
+    async def arefund_together_peek(
+        self,
+        groups: Sequence[tuple[str, Limits]],
+        cost: int = 1,
+        *,
+        looked: Sequence[Limits] = (),
+        now: Now = None,
+        taken_at: Sequence[Taken] = (),
+    ) -> list[Decision] | None:
+        """:meth:`refund_together_peek` on ``redis.asyncio``."""
+        every = _with_looked(groups, looked)
+        call = self._together_call(
+            every, cost, now, taken_at or (None,) * len(groups), [len(lim) for _, lim in groups]
+        )
+        if call is None:
+            return None
+        return shown_together(every, await self._route.acall(call))
+
     def _together_call(
         self,
         groups: Sequence[tuple[str, Limits]],
         cost: int,
         now: Now,
         taken_at: Sequence[Taken] | None = None,
+        given: Sequence[int] | None = None,
     ) -> ScriptCall | None:
         """The one call of together.lua (with ``taken_at``, of refund_together.lua) over
         ``groups``' keys, or ``None`` where they must be counted one group at a time:
@@ -498,6 +570,9 @@ class RedisBackend(Backend):
           shard): one script decides each on the state before it writes, so the key would
           be counted once where two calls count it twice;
         - on any other route (the in-process store counts call by call, as ever).
+
+        ``given`` (a refund's): how many of each group's limits are given back, the first
+        ones; the others are only looked at (refund_together.lua's last argument).
         """
         if len(groups) < 2 or not isinstance(self._route, OneServer | ClusterRoute):
             return None
@@ -538,6 +613,8 @@ class RedisBackend(Backend):
             if refund:
                 sha, source = self._refunds_together.script(every)
                 args = (str(cost).encode(), when, listed, *specs)
+                if given is not None:
+                    args = (*args, ",".join(map(str, given)).encode())
             else:
                 sha, source = self._together.script(every)
                 args = (str(cost).encode(), listed, *specs)
@@ -740,13 +817,16 @@ class RedisBackend(Backend):
         refund: bool = False,
         taken_at: Taken = None,
         peek: bool = False,
+        given: int | None = None,
     ) -> ScriptCall:
         """The call of the counting script (or with ``refund`` of refund.lua) for ``client``'s
         keys of ``limits``, in the arguments the script's header lists. ``peek``: decide on
-        ``cost``, write nothing. ``usage`` is counted in the process (:attr:`usage_tally`),
-        never sent. Every argument is bounded here (a cost outside [0, MAX_COUNT] is our
-        caller's bug, refused by the script as such); what cannot be encoded (a client no
-        UTF-8 encodes) is a :class:`BackendError`."""
+        ``cost``, write nothing. ``given`` (a refund's): only the first that many limits are
+        given back, the others looked at, and the reply says what the headers report.
+        ``usage`` is counted in the process (:attr:`usage_tally`), never sent. Every argument
+        is bounded here (a cost outside [0, MAX_COUNT] is our caller's bug, refused by the
+        script as such); what cannot be encoded (a client no UTF-8 encodes) is a
+        :class:`BackendError`."""
         calls = self._refunds if refund else self._calls
         now_us = None if now is None else round(now * 1e6)
         when = b"" if now_us is None else b"%d" % now_us
@@ -757,6 +837,8 @@ class RedisBackend(Backend):
             if refund:
                 taken = b"" if taken_at is None else b"%d" % taken_at
                 args = (str(1 if cost is None else cost).encode(), when, taken, *encoded.specs)
+                if given is not None:
+                    args = (*args, str(given).encode())
             elif encoded.leased:  # the clock ("": the server's), then the request's lease
                 lease = PEEK_LEASE if peek or not cost else new_lease()
                 args = (
@@ -1023,6 +1105,50 @@ def decision_of(client: str, limits: Limits, reply: Any, lease: Any = None) -> D
         wait_us / 1e6,
         spared,
     )
+
+
+def shown_of(limits: Limits, reply: Any) -> Decision:
+    """What a response's headers report once a refund is done, from refund.lua's reply
+    ``[touched, index, remaining, reset_us]`` (see its header): an allowed decision on
+    ``limits`` (no limit for index 0). A reply of another shape is a :class:`BackendError`."""
+    try:
+        if type(reply) is not list or len(reply) != 4:
+            raise ValueError(f"unexpected reply {reply!r}")
+        return _shown(limits, reply[1:])
+    except Exception as exc:
+        raise failure(exc) from exc
+
+
+def shown_together(groups: Sequence[tuple[str, Limits]], reply: Any) -> list[Decision]:
+    """Each group's :func:`shown_of`, from refund_together.lua's reply ``[touched,
+    [index, remaining, reset_us], ...]``."""
+    try:
+        if type(reply) is not list or len(reply) != len(groups) + 1:
+            raise ValueError(f"unexpected reply {reply!r}")
+        return [
+            _shown(limits, one) for (_client, limits), one in zip(groups, reply[1:], strict=True)
+        ]
+    except Exception as exc:
+        raise failure(exc) from exc
+
+
+def _shown(limits: Limits, triple: Any) -> Decision:
+    index, remaining, reset_us = map(int, triple)
+    if not 0 <= index <= len(limits) or remaining < 0 or reset_us < 0:
+        raise ValueError(f"unexpected reply {triple!r}")
+    return Decision(
+        True, limits[index - 1] if index else None, remaining, reset_us / 1e6, 0.0, tuple(limits)
+    )
+
+
+def _with_looked(
+    groups: Sequence[tuple[str, Limits]], looked: Sequence[Limits]
+) -> list[tuple[str, Limits]]:
+    """``groups`` with each group's ``looked`` limits (by position) after its own."""
+    return [
+        (client, (*limits, *looked[n]) if n < len(looked) else tuple(limits))
+        for n, (client, limits) in enumerate(groups)
+    ]
 
 
 def _spared(client: str, limits: Limits, indexes: bytes) -> tuple[tuple[str, Limit], ...]:

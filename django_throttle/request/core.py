@@ -229,17 +229,25 @@ async def acheck(
     return _finished(planned, reply, request, started)
 
 
-def settle(request: Any, status: int, *, first: int = 0) -> None:
+def settle(
+    request: Any, status: int, *, first: int = 0, shown: Decision | None = None
+) -> Decision | None:
     """Give back the reservations left on ``request`` whose outcome (``status``, and whether
     ``user_login_failed`` fired for it) their rule does not count. Call it once the outcome
     is known; a backend error only means the tokens stay taken. ``first`` leaves the
-    reservations made before that many alone (a check inside another settles its own)."""
-    run(settling(request, status, first))
+    reservations made before that many alone (a check inside another settles its own).
+
+    Returns ``shown`` (the decision whose headers the response gets) as it stands once the
+    tokens are back: the refund's own call says what its limits hold then, so
+    ``X-RateLimit-Remaining`` counts the tokens given back (see :func:`settling`)."""
+    return run(settling(request, status, first, shown))
 
 
-async def asettle(request: Any, status: int, *, first: int = 0) -> None:
+async def asettle(
+    request: Any, status: int, *, first: int = 0, shown: Decision | None = None
+) -> Decision | None:
     """:func:`settle` for async stacks: the refunds are awaited on the event loop."""
-    await arun(settling(request, status, first))
+    return await arun(settling(request, status, first, shown))
 
 
 def _worker_shed(
@@ -889,7 +897,17 @@ def counted_decision(
         if counts == "failures":
             watch_login_failures()
         refunds = charged(planned.refunds, decision.spared)
-        reservation = Reservation(counts, planned.cost, refunds, decision.taken, local)
+        own = next((limits for key, limits in planned.refunds if key == planned.client), ())
+        looked = (planned.client, tuple(limit for limit in planned.limits if limit not in own))
+        reservation = Reservation(
+            counts,
+            planned.cost,
+            refunds,
+            decision.taken,
+            local,
+            looked=looked,
+            limits=decision.limits,
+        )
         with _reserving:
             reservations = getattr(request, "throttle_reservations", ())
             request.throttle_reservations = [*reservations, reservation]
@@ -1181,16 +1199,32 @@ class HitTogether:
 class RefundTogether:
     """Give ``cost`` back to every group's limits in one backend call (the backend's
     ``refund_together``), each as of the instant ``taken_at`` names for it: ``False`` when
-    the backend cannot (nothing given back: each group is then refunded on its own)."""
+    the backend cannot (nothing given back: each group is then refunded on its own). With
+    ``looked`` (each group's limits given nothing back), the call also reports each group's
+    limits once the tokens are back (``refund_together_peek``): those reports, a list (or,
+    where it cannot look, ``refund_together``'s answer)."""
 
     groups: tuple[Group, ...]
     cost: int
     taken_at: tuple[int | None, ...]
+    looked: tuple[Sequence[Limit], ...] | None = None
 
-    def send(self, backend: Backend, *, usage: bool = True) -> bool:
+    def send(self, backend: Backend, *, usage: bool = True) -> bool | list[Decision]:
+        if self.looked is not None:
+            shown = backend.refund_together_peek(
+                self.groups, self.cost, looked=self.looked, taken_at=self.taken_at
+            )
+            if shown is not None:
+                return shown  # else given back without looking, where it can be
         return backend.refund_together(self.groups, self.cost, taken_at=self.taken_at)
 
-    async def asend(self, backend: Backend) -> bool:
+    async def asend(self, backend: Backend) -> bool | list[Decision]:
+        if self.looked is not None:
+            shown = await backend.arefund_together_peek(
+                self.groups, self.cost, looked=self.looked, taken_at=self.taken_at
+            )
+            if shown is not None:
+                return shown  # else given back without looking, where it can be
         return await backend.arefund_together(self.groups, self.cost, taken_at=self.taken_at)
 
 
@@ -1212,18 +1246,31 @@ class Peek:
 @dataclass(frozen=True, slots=True)
 class Refund:
     """Give ``cost`` back to ``client``'s limits, as of the instant the tokens were taken
-    (``taken_at``; the backend's ``refund``)."""
+    (``taken_at``; the backend's ``refund``). With ``looked`` (more of ``client``'s limits,
+    given nothing back), the call also reports every one of them once the tokens are back
+    (the backend's ``refund_peek``): that report, or ``None`` when the backend cannot."""
 
     client: str
     limits: Sequence[Limit]
     cost: int
     taken_at: int | None
+    looked: Sequence[Limit] | None = None
 
-    def send(self, backend: Backend, *, usage: bool = True) -> None:
+    def send(self, backend: Backend, *, usage: bool = True) -> Decision | None:
+        if self.looked is not None:
+            return backend.refund_peek(
+                self.client, self.limits, self.cost, looked=self.looked, taken_at=self.taken_at
+            )
         backend.refund(self.client, self.limits, self.cost, taken_at=self.taken_at)
+        return None
 
-    async def asend(self, backend: Backend) -> None:
+    async def asend(self, backend: Backend) -> Decision | None:
+        if self.looked is not None:
+            return await backend.arefund_peek(
+                self.client, self.limits, self.cost, looked=self.looked, taken_at=self.taken_at
+            )
         await backend.arefund(self.client, self.limits, self.cost, taken_at=self.taken_at)
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -1387,6 +1434,12 @@ class Reservation:
     #: A turn's: the reservation its check left for :func:`settling`, whose tokens giving
     #: the turn back returns too (so it is taken off the request then: never given twice).
     settled: Reservation | None = None
+    #: The limits of the check's first call that are not given back (the tier's beside the
+    #: rule's), with its client: looked at in the refund's own call, so the headers report
+    #: every limit of the decision as it stands once the tokens are back.
+    looked: Group | None = None
+    #: ``Decision.limits`` of the check that made it: which decision its refund reports on.
+    limits: tuple[Limit, ...] = ()
 
 
 @functools.cache
@@ -1491,31 +1544,51 @@ def raised_status(exc: BaseException) -> int:
     return 400 if isinstance(exc, bad) else 500
 
 
-def settling(request: Any, status: int, first: int = 0) -> Steps[None]:
+def settling(
+    request: Any, status: int, first: int = 0, shown: Decision | None = None
+) -> Steps[Decision | None]:
     """Give back the reservations left on ``request`` whose outcome (``status``, and whether
     ``user_login_failed`` fired for it) their rule does not count; those reservations are
     used up. A backend error only means the tokens stay taken. ``first`` leaves the
-    reservations made before that many alone (a check inside another settles its own)."""
+    reservations made before that many alone (a check inside another settles its own).
+
+    Ends with ``shown`` (the allowed decision whose headers the response gets) as it stands
+    once the tokens are back: when a reservation given back is that decision's, its refund
+    calls also look at every limit of the decision, in the same calls (no round trip
+    more), and the reported limit, remaining and reset are theirs. Where that would take
+    one more call (see :func:`_give_back`), or a call failed, ``shown`` stays as decided."""
     with _reserving:  # taken off the request once: never given back twice
         reservations: list[Reservation] | None = getattr(request, "throttle_reservations", None)
         if not reservations or len(reservations) <= first:
-            return
+            return shown
         request.throttle_reservations, reservations = reservations[:first], reservations[first:]
     failed = login_failed(request)
     for reservation in reservations:
         if not counted(reservation.counts, status, failed):
-            at = dict(reservation.taken)
+            reports = (
+                shown is not None
+                and shown.allowed
+                and reservation.looked is not None
+                and shown.limits == reservation.limits
+            )
             refunds = _give_back(
                 reservation.groups,
                 reservation.cost,
-                at,
+                dict(reservation.taken),
                 "a reservation of",
                 together=not reservation.local,
+                looked=reservation.looked if reports else None,
+                local=reservation.local,
             )
             if reservation.local:
-                run_locally(refunds)
+                seen = run_locally(refunds)
             else:
-                yield from refunds
+                seen = yield from refunds
+            if seen is not None and shown is not None:
+                shown = replace(
+                    shown, limit=seen.limit, remaining=seen.remaining, reset_after=seen.reset_after
+                )
+    return shown
 
 
 def run_locally(steps: Steps[T], keep: bool = False) -> T:
@@ -1646,27 +1719,70 @@ def charged(groups: Sequence[Group], spared: tuple[tuple[str, Limit], ...]) -> t
 
 
 def _give_back(
-    groups: Sequence[Group], cost: int, at: dict[str, int], what: str, together: bool = False
-) -> Steps[None]:
+    groups: Sequence[Group],
+    cost: int,
+    at: dict[str, int],
+    what: str,
+    together: bool = False,
+    looked: Group | None = None,
+    local: bool = False,
+) -> Steps[Decision | None]:
     """Refund ``cost`` to each group, each to the instant ``at`` names for its client; a
     refund the backend cannot make is logged (``what`` the client's tokens are) and left.
     ``together``: every group in one call (:class:`RefundTogether`) where the backend can
-    make it, else one call each."""
+    make it, else one call each.
+
+    ``looked`` (a client and limits of its given nothing back): the calls also look at
+    those and at every limit they give back to, and the steps end with what the headers
+    report once the tokens are back (the most restrictive of the calls' reports); else, or
+    when a call failed or a limit could not be looked at, ``None``. Given one call each,
+    ``looked``'s limits are looked at only beside a refund of its client's, or in a call of
+    their own when the backend is in the process (``local``, or ``memory://``): one more
+    round trip to Redis costs more than the figure is worth."""
+    groups = tuple(groups)
+    looks: tuple[Sequence[Limit], ...] | None = None
+    if looked is not None:
+        client, extra = looked
+        looks = tuple(extra if key == client else () for key, _limits in groups)
+        if extra and all(key != client for key, _limits in groups):
+            groups, looks = (*groups, (client, ())), (*looks, extra)
     if together and len(groups) > 1:
         taken = tuple(at.get(client) for client, _limits in groups)
         try:
-            done = yield RefundTogether(tuple(groups), cost, taken)
+            done = yield RefundTogether(groups, cost, taken, looks)
         except BackendError as exc:
             clients = ", ".join(log_text(client) for client, _limits in groups)
             logger.warning("%s %s could not be given back: %s", what, clients, exc)
-            return
+            return None
         if done:
-            return
-    for client, limits in groups:
+            return _most_restrictive(done) if isinstance(done, list) else None
+    seen: list[Decision | None] = []
+    for n, (client, limits) in enumerate(groups):
+        also = looks[n] if looks is not None else None
+        if not limits and not (local or _in_process()):
+            seen.append(None)  # only looked at: a call of its own (see above)
+            continue
         try:
-            yield Refund(client, limits, cost, at.get(client))
+            seen.append((yield Refund(client, limits, cost, at.get(client), also)))
         except BackendError as exc:
             logger.warning("%s %s could not be given back: %s", what, log_text(client), exc)
+            seen.append(None)
+    return _most_restrictive(seen) if looks is not None else None
+
+
+def _most_restrictive(seen: Sequence[Decision | None]) -> Decision | None:
+    """What the headers report of the refunds' looks (one per call): the most restrictive,
+    as :func:`_reported` picks it; ``None`` when one is missing or none reports a limit."""
+    if not seen or any(decision is None for decision in seen):
+        return None
+    worst = min((d for d in seen if d is not None), key=_restrictive)
+    return worst if worst.limit is not None else None
+
+
+def _in_process() -> bool:
+    """Whether the backend counts in this process (``memory://``): a call costs no round
+    trip."""
+    return not get_backend().blocking
 
 
 def _let_go(groups: Sequence[Group], decisions: list[Decision]) -> Steps[None]:

@@ -14,13 +14,28 @@
 -- ARGV[3+i]  limit i's spec "<code>[!]<capacity>:<parameters>", see limit_spec; a shadow
 --            limit is refunded like the others: the caller leaves out the ones the hit
 --            spared (driver.lua's reply field 6: they would have denied, so took nothing)
--- Reply: the number of keys given back to (an integer), or an error naming the first bad
---        argument, with nothing written.
+-- ARGV[4+n]  optional: m, how many of the limits are given back, the first m (whole, in
+--            [0, n]); the others are only looked at (the rest of the limits a response's
+--            headers report on, such as the tier's beside a rule's)
+-- Reply: without ARGV[4+n], the number of keys given back to (an integer); with it, an array
+--        {touched, index, remaining, reset_us}: that number, then what the headers report
+--        once the tokens are back (see `reported` in refunding.lua: every one of the n
+--        limits looked at with cost 0, nothing more written; index 1-based, 0 when no
+--        enforced limit is among them). Or an error naming the first bad argument, with
+--        nothing written.
 -- Each limit follows its algorithm's "Refund" rule (in its file): its state never goes below
 -- nothing used, a missing key stays missing, and every write sets the TTL a hit would.
-if #ARGV ~= 3 + #KEYS then
-  return redis.error_reply(ERROR .. 'expected ' .. (3 + #KEYS) .. ' arguments for ' .. #KEYS
-    .. ' keys, got ' .. #ARGV)
+if #ARGV ~= 3 + #KEYS and #ARGV ~= 4 + #KEYS then
+  return redis.error_reply(ERROR .. 'expected ' .. (3 + #KEYS) .. ' or ' .. (4 + #KEYS)
+    .. ' arguments for ' .. #KEYS .. ' keys, got ' .. #ARGV)
+end
+local given = #KEYS
+if #ARGV == 4 + #KEYS then
+  given = whole(ARGV[4 + #KEYS], 0, #KEYS)
+  if given == nil then
+    return redis.error_reply(ERROR .. 'ARGV[' .. (4 + #KEYS) .. '] must be how many limits are '
+      .. 'given back, a whole number in [0, ' .. #KEYS .. '], not ' .. ARGV[4 + #KEYS])
+  end
 end
 local cost = whole(ARGV[1], 0, MAX_COUNT)
 if cost == nil then
@@ -44,9 +59,11 @@ for i = 1, #KEYS do
 end
 local touched = 0
 if cost > 0 then
-  for i = 1, #KEYS do
+  for i = 1, given do
     touched = touched + algorithms[i].refund(KEYS[i], now, params[i],
       math.min(cost, params[i].capacity), taken)
   end
 end
-return touched
+if #ARGV == 3 + #KEYS then return touched end
+local shown = reported(params, 1, #KEYS, now)
+return {touched, shown[1], shown[2], shown[3]}

@@ -12,11 +12,17 @@
 --            least 1 each, summing to n), and taken_g the microsecond its tokens were taken at
 --            (refund.lua's ARGV[3]), or nothing when unknown ("<n>:")
 -- ARGV[3+i]  limit i's spec "<code>[!]<capacity>:<parameters>", see limit_spec
--- Reply: the number of keys given back to (an integer), or an error naming the first bad
---        argument, with nothing written.
-if #ARGV ~= 3 + #KEYS then
-  return redis.error_reply(ERROR .. 'expected ' .. (3 + #KEYS) .. ' arguments for ' .. #KEYS
-    .. ' keys, got ' .. #ARGV)
+-- ARGV[4+n]  optional: "<m1>,<m2>,...", how many of each group's limits are given back, its
+--            first m_g (whole, in [0, n_g]); the others are only looked at (refund.lua's
+--            ARGV[4+n], per group)
+-- Reply: without ARGV[4+n], the number of keys given back to (an integer); with it, an array
+--        {touched, {index, remaining, reset_us}, ...}: that number, then one triple per group,
+--        in order, as refund.lua's reply gives it for that group's limits (index within
+--        the group). Or an error naming the first bad argument, with nothing written.
+local looking = #ARGV == 4 + #KEYS
+if #ARGV ~= 3 + #KEYS and not looking then
+  return redis.error_reply(ERROR .. 'expected ' .. (3 + #KEYS) .. ' or ' .. (4 + #KEYS)
+    .. ' arguments for ' .. #KEYS .. ' keys, got ' .. #ARGV)
 end
 local cost = whole(ARGV[1], 0, MAX_COUNT)
 if cost == nil then
@@ -25,18 +31,36 @@ if cost == nil then
 end
 local now, err = clock(ARGV[2], 2)
 if err then return err end
-local takens, total = {}, 0
+local takens, sizes, total = {}, {}, 0
 for size, taken in string.gmatch(ARGV[3], '([^,:]*):([^,]*)') do
   local k = whole(size, 1, #KEYS)
   local at = nil
   if taken ~= '' then at = whole(taken, 0, 2 ^ 53) end
   if k == nil or (taken ~= '' and at == nil) then total = -1 break end
   for _ = 1, k do takens[#takens + 1] = at or false end
+  sizes[#sizes + 1] = k
   total = total + k
 end
 if total ~= #KEYS then
   return redis.error_reply(ERROR .. 'ARGV[3] groups must be <size>:<taken> pairs whose sizes '
     .. 'sum to ' .. #KEYS .. ', not ' .. ARGV[3])
+end
+-- Whether limit i is given back (all are without ARGV[4+n]).
+local gives = {}
+if looking then
+  local g, first = 0, 1
+  for text in string.gmatch(ARGV[4 + #KEYS], '[^,]+') do
+    g = g + 1
+    local m = sizes[g] and whole(text, 0, sizes[g])
+    if m == nil then g = -1 break end
+    for i = first, first + sizes[g] - 1 do gives[i] = i < first + m end
+    first = first + sizes[g]
+  end
+  if g ~= #sizes then
+    return redis.error_reply(ERROR .. 'ARGV[' .. (4 + #KEYS) .. '] must say how many of each '
+      .. "group's limits are given back, one whole number per group within its size, not "
+      .. ARGV[4 + #KEYS])
+  end
 end
 local algorithms, params = {}, {}
 for i = 1, #KEYS do
@@ -47,8 +71,16 @@ end
 local touched = 0
 if cost > 0 then
   for i = 1, #KEYS do
-    touched = touched + algorithms[i].refund(KEYS[i], now, params[i],
-      math.min(cost, params[i].capacity), takens[i] or nil)
+    if not looking or gives[i] then
+      touched = touched + algorithms[i].refund(KEYS[i], now, params[i],
+        math.min(cost, params[i].capacity), takens[i] or nil)
+    end
   end
 end
-return touched
+if not looking then return touched end
+local reply, first = {touched}, 1
+for g = 1, #sizes do
+  reply[g + 1] = reported(params, first, first + sizes[g] - 1, now)
+  first = first + sizes[g]
+end
+return reply
