@@ -126,3 +126,20 @@ def assert_turns_spaced(
     assert origin_at_least <= origin_at_most + 2e-6, turns
     for earliest, latest, released in turns:
         assert earliest - 2e-6 <= released <= latest + interval, (earliest, latest, released)
+
+
+def push_kept(rounds: int = 100) -> None:
+    """Push every usage count this process kept (an outage's), as the pusher thread does
+    within a few seconds, and wait for a push of the thread's own still in flight: it may
+    have taken a batch (before the backend came back, then kept it again) just as the test
+    pushes the rest, so one ``flush_pending()`` can leave a batch out of what the test
+    reads next."""
+    from django_throttle.usage import accounting as usage
+
+    assert usage.wait_pushed()
+    for _ in range(rounds):
+        if not usage.pending:
+            break
+        usage.flush_pending()
+    assert not usage.pending, "the kept counts could not be pushed"
+    assert usage.wait_pushed()

@@ -32,7 +32,7 @@ from django_throttle.rates import Algorithm, Limit, Rate
 from django_throttle.request import core
 from django_throttle.usage import accounting as usage
 from tests.clients import AddressedAsyncClient
-from tests.factories import endpoint, tier
+from tests.factories import endpoint, push_kept, tier
 
 
 @throttle(scope="honest")
@@ -119,7 +119,7 @@ def test_local_mode_counts_shadow_would_denials_as_redis_does(
     # Redis is back: the counts kept in process are pushed.
     settings.DJANGO_THROTTLE_REDIS_URL = redis_url
     backends.reset_backend_cache()
-    usage.flush_pending()
+    push_kept()
     [row] = usage_rows()
     assert (row["allowed"], row["shadow_denied"], row["denied"]) == (2, 3, 0)
 
