@@ -90,7 +90,7 @@ def login_rule(tier_rate: str, counted_by: str = "client") -> None:
     anonymous = Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
     anonymous.limits.create(rate=tier_rate)
     rule = EndpointRule.objects.create(name="login", pattern="login", counts="failures")
-    EndpointLimit.objects.create(rule=rule, tier=anonymous, rate="5/min", counted_by=counted_by)
+    EndpointLimit.objects.create(rule=rule, tier=anonymous, rate="5/h", counted_by=counted_by)
     policy.current()
 
 
@@ -99,7 +99,7 @@ def login_rule(tier_rate: str, counted_by: str = "client") -> None:
 def test_a_successful_login_shows_its_token_given_back(
     backend: Backend, settings: Any, url: str, asgi: bool, counted_by: str
 ) -> None:
-    """5 failures a minute: a failed login leaves 4, a successful one gives its token back
+    """5 failures an hour: a failed login leaves 4, a successful one gives its token back
     and says so (4, not 3), in the IETF fields too. Counted by username, the tier's limits
     (counted by client, not given back) are looked at in the same refund call."""
     settings.DJANGO_THROTTLE_IETF_HEADERS = True
@@ -115,10 +115,10 @@ def test_a_successful_login_shows_its_token_given_back(
 def test_the_tier_limit_is_reported_once_it_has_fewer_left(
     backend: Backend, url: str, asgi: bool
 ) -> None:
-    """The tier's limit (7 a minute, every request counted) overtakes the rule's (5
+    """The tier's limit (7 an hour, every request counted) overtakes the rule's (5
     failures) as successes keep coming: once the rule's token is back the tier's has fewer
     left, and the headers report it, never the rule's higher count."""
-    login_rule("7/min")
+    login_rule("7/h")
     seen = attempts(url, asgi, "wrong", "wrong", "right", "right", "right")
     assert remaining(seen) == [4, 3, 3, 3, 2]
     assert seen[-1]["X-RateLimit-Limit"] == "7"

@@ -260,15 +260,15 @@ def test_a_signed_in_users_refund_leaves_out_the_shadow_limits_its_hit_spared(
     Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
     Tier.objects.create(slug="free", name="Free", is_default_authenticated=True)
     gold = Tier.objects.create(slug="gold", name="Gold")
-    gold.limits.create(rate="100/min")
+    gold.limits.create(rate="100/d")  # no token refills while the test runs
     user = django_user_model.objects.create_user(username, password="right")
     TierAssignment.objects.create(tier=gold, user=user)
     shadow = EndpointRule.objects.create(name="login", pattern="login", counts=counts, shadow=True)
     guard = EndpointRule.objects.create(name="guard", pattern="guard", counts="failures")
     # One row per rate (a rule holds a rate once per tier).
-    for counted_by, rate in (("client", "1/min"), ("ip", "1/h"), ("username", "1/d")):
+    for counted_by, rate in (("client", "1/w"), ("ip", "1/h"), ("username", "1/d")):
         EndpointLimit.objects.create(rule=shadow, tier=gold, rate=rate, counted_by=counted_by)
-    for counted_by, rate in (("ip", "10/min"), ("username", "10/h")):
+    for counted_by, rate in (("ip", "10/d"), ("username", "10/h")):
         EndpointLimit.objects.create(rule=guard, tier=gold, rate=rate, counted_by=counted_by)
     policy.current()
     counted, uncounted = (401, 200) if counts == "failures" else (200, 401)

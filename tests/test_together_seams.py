@@ -539,7 +539,7 @@ def test_odd_usernames_are_counted_once_and_given_back_as_the_memory_store_count
         django_user_model.objects.create_user(account, password="right", is_staff=True)
     anonymous = Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
     anonymous.limits.create(rate="1000/min")
-    guard("login", anonymous, by_username=f"{BY_NAME}/h", by_ip=f"{BY_IP}/min")
+    guard("login", anonymous, by_username=f"{BY_NAME}/h", by_ip=f"{BY_IP}/d")
 
     made = made_together(monkeypatch)
     on_redis = odd_logins(url, account, spellings)
