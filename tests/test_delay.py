@@ -596,8 +596,10 @@ def test_a_delayed_response_says_what_remains_when_it_is_sent(backend: Backend, 
         first, second = async_to_sync(one)(), async_to_sync(one)()
     assert (first.status_code, first["X-RateLimit-Remaining"]) == (200, "3")
     # Its turn is 0.5 s after the first's: it waits what is left of that once it is decided
-    # (a loaded machine sent it 0.36 s after the first: it waited 0.14 s).
-    assert second.status_code == 200 and 0 < float(second["X-RateLimit-Delayed"]) <= 0.5
+    # (a loaded machine sent it 0.36 s after the first: it waited 0.14 s; one that sent it
+    # half a second or more after the first found its turn come and sent it at once).
+    assert second.status_code == 200
+    assert 0 <= float(second.headers.get("X-RateLimit-Delayed", "0")) <= 0.5
     assert (second["X-RateLimit-Remaining"], second["X-RateLimit-Reset"]) == ("3", "1")
     began = time.monotonic()  # 3 left as the second was sent, a token back each 0.5 s
     if route == "/served/":

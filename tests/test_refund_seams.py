@@ -252,10 +252,13 @@ def test_a_signed_in_users_refund_leaves_out_the_shadow_limits_its_hit_spared(
     shadow counter stays spent (credited a token it never took, it would let the third
     request pass unreported). The enforced counters are what their rules say: the tier's
     keeps every request, the credential rule's keeps the failures."""
+    from django.db import connection
     from django.test import Client
 
     from django_throttle import events
 
+    if connection.vendor != "sqlite" and len(username) > 150:
+        pytest.skip("this database enforces auth_user.username's 150 characters")
     settings.DJANGO_THROTTLE_REDIS_URL = "memory://" if where == "memory" else redis_url
     Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
     Tier.objects.create(slug="free", name="Free", is_default_authenticated=True)

@@ -398,7 +398,9 @@ def test_every_key_the_together_scripts_write_expires(
         assert decisions is not None
         keys = list(redis_client.scan_iter(match=f"{_isolated_throttle}:*"))
         assert keys, "the scripts wrote nothing"
-        assert {key: redis_client.pttl(key) for key in keys if redis_client.pttl(key) < 0} == {}
+        assert [
+            key for key in keys if redis_client.pttl(key) == -1
+        ] == []  # -1: no TTL; -2: expired since the scan
     finally:
         backend.close()
 
@@ -530,11 +532,20 @@ def test_odd_usernames_are_counted_once_and_given_back_as_the_memory_store_count
     (every spelling of one name one counter; none for a blank name), a name the form refuses
     unchecked takes nothing, and the right password gives back what it took from both. The
     in-process store (one call per counter) reads the same counters alike at every step."""
+    from django.db import connection
+
     from django_throttle.identity import Identity
     from django_throttle.request.usernames import normalise_username
     from tests.test_login_protection import guard
 
     account, spellings = ODD_LOGINS[case]
+    if connection.vendor != "sqlite":
+        if account is not None and len(account) > 150:
+            pytest.skip("this database enforces auth_user.username's 150 characters")
+        if case == "nul" and url == "/async-login/":
+            # The test's own view hands the name to aauthenticate, whose query PostgreSQL
+            # refuses (a NUL in text); Django's forms and DRF's serializer refuse it first.
+            pytest.skip("this database refuses a NUL in a query's text")
     if account is not None:
         django_user_model.objects.create_user(account, password="right", is_staff=True)
     anonymous = Tier.objects.create(slug="anonymous", name="Anonymous", is_default_anonymous=True)
