@@ -132,7 +132,7 @@ def test_counters_given_back_one_call_each_keep_the_decided_figure(
     the tier's limits share no call with a refund when the rule counts by username: looking
     at them would take one round trip more, so the headers keep the figure decided with the
     request (fewer than there are, never more)."""
-    for name in ("refund_together_peek", "arefund_together_peek"):
+    for name in ("refund_together", "arefund_together"):
         monkeypatch.setattr(RedisBackend, name, getattr(Backend, name))
     login_rule("1000/min", "username")
     assert remaining(attempts(url, asgi, "wrong", "right")) == [4, 3]

@@ -193,8 +193,15 @@ class Backend(ABC):
 
     @abstractmethod
     def refund(
-        self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, taken_at: Taken = None
-    ) -> None:
+        self,
+        client: str,
+        limits: Limits,
+        cost: int = 1,
+        *,
+        looked: Limits | None = None,
+        now: Now = None,
+        taken_at: Taken = None,
+    ) -> Decision | None:
         """Give ``cost`` tokens back to each of ``limits`` for ``client``: the undo of a
         :meth:`hit` that was allowed (a reservation whose request did not count), as one
         atomic step.
@@ -211,29 +218,16 @@ class Backend(ABC):
         spared (``Decision.spared``: they would have denied, so took nothing), as the
         request path does. A request must never fail because its reservation could not be
         given back: the request path logs a :class:`BackendError` raised here and goes on.
+
+        With ``looked`` (more of ``client``'s limits, given nothing back: a tier's beside a
+        rule's; ``()`` for none), the same step also answers what :meth:`peek` would report
+        on ``limits`` and ``looked`` once the tokens are back: what a response's rate limit
+        headers show once its reservation is back, with no round trip more. ``None`` without
+        ``looked``, or from a backend that cannot look in the same step (the headers then
+        show the state before the refund).
         """
 
     arefund = async_twin(refund)
-
-    def refund_peek(
-        self,
-        client: str,
-        limits: Limits,
-        cost: int = 1,
-        *,
-        looked: Limits = (),
-        now: Now = None,
-        taken_at: Taken = None,
-    ) -> Decision | None:
-        """:meth:`refund`, then, in the same step, what :meth:`peek` would report on
-        ``limits`` and ``looked`` (more of ``client``'s limits, given nothing back: a
-        tier's beside a rule's): what a response's rate limit headers show once its
-        reservation is back. ``None`` when this backend cannot look in the same step (the
-        default: :meth:`refund` alone, the headers then show the state before it)."""
-        self.refund(client, limits, cost, now=now, taken_at=taken_at)
-        return None
-
-    arefund_peek = async_twin(refund_peek)
 
     def hit_together(
         self,
@@ -269,12 +263,15 @@ class Backend(ABC):
         groups: Sequence[tuple[str, Limits]],
         cost: int = 1,
         *,
+        looked: Sequence[Limits] | None = None,
         now: Now = None,
         taken_at: Sequence[Taken] = (),
-    ) -> bool:
+    ) -> bool | list[Decision]:
         """:meth:`refund` of several clients' limits (``taken_at``: each group's instant, as
         :meth:`refund` takes it) as one step; ``False`` (the default) when this backend
-        cannot, and gave nothing back."""
+        cannot, and gave nothing back. With ``looked`` (each group's limits given nothing
+        back, by position), each group's report as :meth:`refund` gives it, a list, in place
+        of ``True``."""
         return False
 
     async def arefund_together(
@@ -282,37 +279,12 @@ class Backend(ABC):
         groups: Sequence[tuple[str, Limits]],
         cost: int = 1,
         *,
+        looked: Sequence[Limits] | None = None,
         now: Now = None,
         taken_at: Sequence[Taken] = (),
-    ) -> bool:
+    ) -> bool | list[Decision]:
         """:meth:`refund_together` for ``async def`` views."""
         return False
-
-    def refund_together_peek(
-        self,
-        groups: Sequence[tuple[str, Limits]],
-        cost: int = 1,
-        *,
-        looked: Sequence[Limits] = (),
-        now: Now = None,
-        taken_at: Sequence[Taken] = (),
-    ) -> list[Decision] | None:
-        """:meth:`refund_together`, then, in the same step, each group's :meth:`refund_peek`
-        report (``looked``: each group's limits given nothing back, by position); ``None``
-        (the default) when this backend cannot, and gave nothing back."""
-        return None
-
-    async def arefund_together_peek(
-        self,
-        groups: Sequence[tuple[str, Limits]],
-        cost: int = 1,
-        *,
-        looked: Sequence[Limits] = (),
-        now: Now = None,
-        taken_at: Sequence[Taken] = (),
-    ) -> list[Decision] | None:
-        """:meth:`refund_together_peek` for ``async def`` views."""
-        return None
 
     def release(self, client: str, limits: Limits, lease: str, *, now: Now = None) -> int:
         """Give back the slots ``client``'s hit took under ``lease`` (its

@@ -397,55 +397,58 @@ class RedisBackend(Backend):
         return decision
 
     def refund(
-        self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, taken_at: Taken = None
-    ) -> None:
+        self,
+        client: str,
+        limits: Limits,
+        cost: int = 1,
+        *,
+        looked: Limits | None = None,
+        now: Now = None,
+        taken_at: Taken = None,
+    ) -> Decision | None:
         """One EVALSHA of refund.lua over the keys the hit used (same slot); ``taken_at``
-        travels as ARGV[1]'s ``#<taken>``."""
-        check_taken_at(taken_at)
-        if limits:
-            self._route.call(self._request(client, limits, cost, now, None, True, taken_at))
+        travels as ARGV[1]'s ``#<taken>``. With ``looked``, their keys too and the count
+        given back as its last argument: it answers what the headers report."""
+        every, call = self._refund_call(client, limits, cost, looked, now, taken_at)
+        if call is None:
+            return None
+        reply = self._route.call(call)
+        return None if looked is None else shown_of(every, reply)
 
     async def arefund(
-        self, client: str, limits: Limits, cost: int = 1, *, now: Now = None, taken_at: Taken = None
-    ) -> None:
+        self,
+        client: str,
+        limits: Limits,
+        cost: int = 1,
+        *,
+        looked: Limits | None = None,
+        now: Now = None,
+        taken_at: Taken = None,
+    ) -> Decision | None:
         """:meth:`refund` on ``redis.asyncio``, as :meth:`acount`."""
-        check_taken_at(taken_at)
-        if limits:
-            call = self._request(client, limits, cost, now, None, True, taken_at)
-            await self._route.acall(call)
+        every, call = self._refund_call(client, limits, cost, looked, now, taken_at)
+        if call is None:
+            return None
+        reply = await self._route.acall(call)
+        return None if looked is None else shown_of(every, reply)
 
-    def refund_peek(
+    def _refund_call(
         self,
         client: str,
         limits: Limits,
-        cost: int = 1,
-        *,
-        looked: Limits = (),
-        now: Now = None,
-        taken_at: Taken = None,
-    ) -> Decision | None:
-        """:meth:`refund`'s one EVALSHA of refund.lua, ``looked`` among its keys and the
-        count given back as its last argument: it answers what the headers report."""
+        cost: int,
+        looked: Limits | None,
+        now: Now,
+        taken_at: Taken,
+    ) -> tuple[Limits, ScriptCall | None]:
+        """The limits :meth:`refund` reports on and its call of refund.lua (``None``: no
+        limit to give back, nothing to look at)."""
         check_taken_at(taken_at)
-        every = (*limits, *looked)
-        call = self._request(client, every, cost, now, None, True, taken_at, given=len(limits))
-        return shown_of(every, self._route.call(call))
-
-    async def arefund_peek(
-        self,
-        client: str,
-        limits: Limits,
-        cost: int = 1,
-        *,
-        looked: Limits = (),
-        now: Now = None,
-        taken_at: Taken = None,
-    ) -> Decision | None:
-        """:meth:`refund_peek` on ``redis.asyncio``, as :meth:`acount`."""
-        check_taken_at(taken_at)
-        every = (*limits, *looked)
-        call = self._request(client, every, cost, now, None, True, taken_at, given=len(limits))
-        return shown_of(every, await self._route.acall(call))
+        every = tuple(limits) if looked is None else (*limits, *looked)
+        if not every:
+            return every, None
+        given = None if looked is None else len(limits)
+        return every, self._request(client, every, cost, now, None, True, taken_at, given=given)
 
     def hit_together(
         self,
@@ -482,69 +485,52 @@ class RedisBackend(Backend):
         groups: Sequence[tuple[str, Limits]],
         cost: int = 1,
         *,
+        looked: Sequence[Limits] | None = None,
         now: Now = None,
         taken_at: Sequence[Taken] = (),
-    ) -> bool:
+    ) -> bool | list[Decision]:
         """One EVALSHA of refund_together.lua over every group's keys, when they may share
-        one (as :meth:`hit_together`); ``False`` (nothing sent) when they may not."""
-        call = self._together_call(groups, cost, now, taken_at or (None,) * len(groups))
+        one (as :meth:`hit_together`); ``False`` (nothing sent) when they may not. With
+        ``looked``, each group's ``looked`` limits among its keys: it answers what the
+        headers report on each group (see lua/refund_together.lua)."""
+        every, call = self._refund_together_call(groups, cost, looked, now, taken_at)
         if call is None:
             return False
-        self._route.call(call)
-        return True
+        reply = self._route.call(call)
+        return True if looked is None else shown_together(every, reply)
 
     async def arefund_together(
         self,
         groups: Sequence[tuple[str, Limits]],
         cost: int = 1,
         *,
+        looked: Sequence[Limits] | None = None,
         now: Now = None,
         taken_at: Sequence[Taken] = (),
-    ) -> bool:
+    ) -> bool | list[Decision]:
         """:meth:`refund_together` on ``redis.asyncio``."""
-        call = self._together_call(groups, cost, now, taken_at or (None,) * len(groups))
+        every, call = self._refund_together_call(groups, cost, looked, now, taken_at)
         if call is None:
             return False
-        await self._route.acall(call)
-        return True
+        reply = await self._route.acall(call)
+        return True if looked is None else shown_together(every, reply)
 
-    def refund_together_peek(
+    def _refund_together_call(
         self,
         groups: Sequence[tuple[str, Limits]],
-        cost: int = 1,
-        *,
-        looked: Sequence[Limits] = (),
-        now: Now = None,
-        taken_at: Sequence[Taken] = (),
-    ) -> list[Decision] | None:
-        """:meth:`refund_together`'s one EVALSHA, each group's ``looked`` limits among its
-        keys, answering what the headers report on each group (see lua/refund_together.lua);
-        ``None`` (nothing sent) when the groups may not share one call."""
+        cost: int,
+        looked: Sequence[Limits] | None,
+        now: Now,
+        taken_at: Sequence[Taken],
+    ) -> tuple[Sequence[tuple[str, Limits]], ScriptCall | None]:
+        """The groups :meth:`refund_together` reports on (each with its ``looked`` limits)
+        and its call of refund_together.lua, or ``None`` (see :meth:`_together_call`)."""
+        taken = taken_at or (None,) * len(groups)
+        if looked is None:
+            return groups, self._together_call(groups, cost, now, taken)
         every = _with_looked(groups, looked)
-        call = self._together_call(
-            every, cost, now, taken_at or (None,) * len(groups), [len(lim) for _, lim in groups]
-        )
-        if call is None:
-            return None
-        return shown_together(every, self._route.call(call))
-
-    async def arefund_together_peek(
-        self,
-        groups: Sequence[tuple[str, Limits]],
-        cost: int = 1,
-        *,
-        looked: Sequence[Limits] = (),
-        now: Now = None,
-        taken_at: Sequence[Taken] = (),
-    ) -> list[Decision] | None:
-        """:meth:`refund_together_peek` on ``redis.asyncio``."""
-        every = _with_looked(groups, looked)
-        call = self._together_call(
-            every, cost, now, taken_at or (None,) * len(groups), [len(lim) for _, lim in groups]
-        )
-        if call is None:
-            return None
-        return shown_together(every, await self._route.acall(call))
+        given = [len(limits) for _, limits in groups]
+        return every, self._together_call(every, cost, now, taken, given)
 
     def _together_call(
         self,

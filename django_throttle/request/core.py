@@ -1201,8 +1201,7 @@ class RefundTogether:
     ``refund_together``), each as of the instant ``taken_at`` names for it: ``False`` when
     the backend cannot (nothing given back: each group is then refunded on its own). With
     ``looked`` (each group's limits given nothing back), the call also reports each group's
-    limits once the tokens are back (``refund_together_peek``): those reports, a list (or,
-    where it cannot look, ``refund_together``'s answer)."""
+    limits once the tokens are back: those reports, a list."""
 
     groups: tuple[Group, ...]
     cost: int
@@ -1210,22 +1209,14 @@ class RefundTogether:
     looked: tuple[Sequence[Limit], ...] | None = None
 
     def send(self, backend: Backend, *, usage: bool = True) -> bool | list[Decision]:
-        if self.looked is not None:
-            shown = backend.refund_together_peek(
-                self.groups, self.cost, looked=self.looked, taken_at=self.taken_at
-            )
-            if shown is not None:
-                return shown  # else given back without looking, where it can be
-        return backend.refund_together(self.groups, self.cost, taken_at=self.taken_at)
+        return backend.refund_together(
+            self.groups, self.cost, looked=self.looked, taken_at=self.taken_at
+        )
 
     async def asend(self, backend: Backend) -> bool | list[Decision]:
-        if self.looked is not None:
-            shown = await backend.arefund_together_peek(
-                self.groups, self.cost, looked=self.looked, taken_at=self.taken_at
-            )
-            if shown is not None:
-                return shown  # else given back without looking, where it can be
-        return await backend.arefund_together(self.groups, self.cost, taken_at=self.taken_at)
+        return await backend.arefund_together(
+            self.groups, self.cost, looked=self.looked, taken_at=self.taken_at
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -1247,8 +1238,8 @@ class Peek:
 class Refund:
     """Give ``cost`` back to ``client``'s limits, as of the instant the tokens were taken
     (``taken_at``; the backend's ``refund``). With ``looked`` (more of ``client``'s limits,
-    given nothing back), the call also reports every one of them once the tokens are back
-    (the backend's ``refund_peek``): that report, or ``None`` when the backend cannot."""
+    given nothing back), the call also reports every one of them once the tokens are back:
+    that report, or ``None`` when the backend cannot look in the same step."""
 
     client: str
     limits: Sequence[Limit]
@@ -1257,20 +1248,14 @@ class Refund:
     looked: Sequence[Limit] | None = None
 
     def send(self, backend: Backend, *, usage: bool = True) -> Decision | None:
-        if self.looked is not None:
-            return backend.refund_peek(
-                self.client, self.limits, self.cost, looked=self.looked, taken_at=self.taken_at
-            )
-        backend.refund(self.client, self.limits, self.cost, taken_at=self.taken_at)
-        return None
+        return backend.refund(
+            self.client, self.limits, self.cost, looked=self.looked, taken_at=self.taken_at
+        )
 
     async def asend(self, backend: Backend) -> Decision | None:
-        if self.looked is not None:
-            return await backend.arefund_peek(
-                self.client, self.limits, self.cost, looked=self.looked, taken_at=self.taken_at
-            )
-        await backend.arefund(self.client, self.limits, self.cost, taken_at=self.taken_at)
-        return None
+        return await backend.arefund(
+            self.client, self.limits, self.cost, looked=self.looked, taken_at=self.taken_at
+        )
 
 
 @dataclass(frozen=True, slots=True)
