@@ -394,3 +394,38 @@ def test_any_client_label_reads_back(backend: Backend) -> None:
     # Shown as plain text: control characters written as escapes.
     assert by("client") == {"key:a\\x00b|c": columns(2, 1), "user:1": columns(1)}
     assert by("endpoint") == {"x\\x00y": columns(3, 1)}
+
+
+def test_a_push_waits_for_the_batch_another_thread_has_in_flight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two pushes of kept counts at once (the pusher thread's and a command's): the second
+    returns only once the first's batch reached Redis, so a reader right after sees it (it
+    returned at once, the batch still in flight: tests had to wait for the thread)."""
+    monkeypatch.setattr(usage, "PUSH_PER_CALL", 1)
+    usage.record_degraded("pro|search", "ip:198.51.100.1", usage.FAILED_OPEN)
+    usage.record_degraded("pro|search", "ip:198.51.100.2", usage.FAILED_CLOSED)
+    store_class = type(usage._push_store(get_backend()))
+    real_push = store_class.push
+    sending, go = threading.Event(), threading.Event()
+
+    def held_push(self: Any, batch: str, counts: Any) -> Any:
+        if not sending.is_set():  # the first batch waits, sent, for the test
+            sending.set()
+            assert go.wait(10)
+        return real_push(self, batch, counts)
+
+    monkeypatch.setattr(store_class, "push", held_push)
+    first = threading.Thread(target=usage.flush_pending)
+    first.start()
+    assert sending.wait(10)
+    second = threading.Thread(target=usage.flush_pending)
+    second.start()
+    second.join(0.3)
+    assert second.is_alive()  # waits for the batch in flight
+    go.set()
+    first.join(10)
+    second.join(10)
+
+    assert not usage.pending
+    assert by("client") == {"ip:198.51.100.1": columns(fo=1), "ip:198.51.100.2": columns(fc=1)}

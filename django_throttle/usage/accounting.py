@@ -108,6 +108,10 @@ pending: set[str] = set()
 _counts: dict[tuple[int, str, str, str], int] = {}
 _unsent: list[tuple[str, list[PendingCount]]] = []  # (batch id, counts) whose push failed
 _lock = threading.Lock()
+#: Held while a batch of kept counts is pushed: a second :func:`flush_pending` (a command's, a
+#: test's) waits for the pusher thread's batch in flight, so it returns with that batch
+#: pushed or kept again, never while it is neither here nor on the server.
+_pushing = threading.Lock()
 _owner: int | None = None  # pid that recorded the counts (a forked child drops its copy)
 _clock = time.time
 
@@ -382,12 +386,14 @@ def flush_pending() -> None:
     """Push the backend's tally of decisions when a push is due (at most once per
     :data:`~.redis.PUSH_EVERY`), and one batch of at most :data:`PUSH_PER_CALL` of the
     counts :func:`record_degraded` kept, each through the circuit breaker in one pipeline;
-    what is left stays :data:`pending` for the next call (the pusher's next, a second
-    later at most), so no
-    push carries an outage's whole backlog. A batch whose push failed is retried first, whole and
-    under its own id (a retry after a lost reply is a no-op). Never raises: on failure the
-    counts stay for the next call. Blocking: the request path calls :func:`push_soon`, which
-    runs this in the pusher thread; tests and commands call it to push now."""
+    what is left stays :data:`pending` for the next call (the pusher's next, a second later
+    at most), so no push carries an outage's whole backlog. A batch whose push failed is
+    retried first, whole and under its own id (a retry after a lost reply is a no-op). One
+    batch is pushed at a time: a call waits for another's push in flight (the pusher
+    thread's), so the batch it took is pushed or :data:`pending` again when this returns.
+    Never raises: on failure the counts stay for the next call. Blocking: the request path
+    calls :func:`push_soon`, which runs this in the pusher thread; tests and commands call
+    it to push now."""
     backend = get_backend()
     tally = getattr(backend, "usage_tally", None)
     if isinstance(tally, Tally) and tally.due():
@@ -399,6 +405,11 @@ def flush_pending() -> None:
 
 
 def _flush_degraded() -> None:
+    with _pushing:
+        _flush_batch()
+
+
+def _flush_batch() -> None:
     with _lock:
         if _owner != os.getpid():  # forked: the counts are the parent's to push
             _forget()
