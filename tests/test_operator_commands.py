@@ -228,6 +228,29 @@ def test_explain_as_a_table_reads_like_a_sentence(backend: Any, policy: Any) -> 
     assert "1000/m" in out
 
 
+def test_explain_takes_the_client_as_inspect_and_reset_take_it(backend: Any, policy: Any) -> None:
+    """``throttle_explain ip:203.0.113.9 --path …`` (the label ``throttle_inspect`` shows and
+    takes, a bare address or username too) explains as ``--client`` does; a client named
+    twice, or not at all, is one line saying how to name it."""
+    by_option = as_json("throttle_explain", "--client", "user:alice", "--path", "/api/ping/")
+    for label in ("user:alice", "alice"):
+        found = as_json("throttle_explain", label, "--path", "/api/ping/")
+        assert found == by_option
+    by_address = as_json("throttle_explain", "203.0.113.9", "--path", "/api/ping/")
+    assert by_address["client"] == "ip:203.0.113.9"
+    assert as_json("throttle_explain", "--ip", "203.0.113.9", "--path", "/api/ping/") == (
+        by_address
+    )
+
+    for args, words in (
+        (("ip:203.0.113.9", "--user", "alice"), "Name the client once"),
+        ((), "Name the client: as the first argument"),
+    ):
+        with pytest.raises(CommandError) as raised:
+            call_command("throttle_explain", *args, "--path", "/api/ping/", stdout=io.StringIO())
+        assert str(raised.value).startswith(words) and "\n" not in str(raised.value)
+
+
 def test_reset_clears_one_clients_buckets_only(client: Any, backend: Any, policy: Any) -> None:
     for address in ("203.0.113.9", "203.0.113.10"):
         for _ in range(5):

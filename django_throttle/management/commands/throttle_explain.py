@@ -61,6 +61,10 @@ class Command(output.CountersCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
+        # The client as throttle_inspect and throttle_reset take it (or one of the options).
+        parser.add_argument(
+            "label", nargs="?", metavar="client", help=CLIENT_HELP + " (as --client)"
+        )
         parser.add_argument("--user", help="a username (or user id)")
         parser.add_argument("--api-key", help="an API key or its prefix")
         parser.add_argument(
@@ -90,14 +94,25 @@ class Command(output.CountersCommand):
         fmt = output.checked_choice(options["format"])
         named = [
             prefix + str(options[option])
-            for option, prefix in (("user", "user:"), ("api_key", "key:"), ("client", ""))
+            for option, prefix in (
+                ("label", ""),
+                ("user", "user:"),
+                ("api_key", "key:"),
+                ("client", ""),
+            )
             if options.get(option)
         ]
         address = options.get("ip") or None
         if len(named) > 1:
-            raise CommandError("Name the client with one of --user, --api-key or --client.")
+            raise CommandError(
+                "Name the client once: as the first argument, or with one of --user, "
+                "--api-key or --client."
+            )
         if not named and address is None:
-            raise CommandError("Name the client with --user, --api-key, --ip or --client.")
+            raise CommandError(
+                "Name the client: as the first argument (e.g. ip:203.0.113.9 or user:alice), "
+                "or with --user, --api-key, --ip or --client."
+            )
         text = named[0] if named else f"ip:{address}"
         method = str(options["method"]).strip().upper()
         if method not in HTTP_METHODS:
