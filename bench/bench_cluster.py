@@ -347,21 +347,21 @@ def spread(topology: Topology, shards: int, clients: int) -> dict[str, Any]:
         rows: list[dict[str, Any]] = []
         for primary in topology.primaries:
             stats = commandstats(primary)
-            evalsha, scripted = (int(stats.get(c, {}).get("calls", 0)) for c in ("evalsha", "eval"))
+            counting = ("fcall", "evalsha", "eval")
+            fcall, evalsha, scripted = (int(stats.get(c, {}).get("calls", 0)) for c in counting)
             rows.append(
                 {
                     "primary": primary.name,
                     "port": primary.port,
                     "slots": primary.slot_text,
                     "keys": int(primary.client.dbsize()),
-                    "counting_commands": evalsha + scripted,
-                    "server_us": sum(
-                        int(stats.get(c, {}).get("usec", 0)) for c in ("evalsha", "eval")
-                    ),
+                    "counting_commands": fcall + evalsha + scripted,
+                    "server_us": sum(int(stats.get(c, {}).get("usec", 0)) for c in counting),
+                    "fcall": fcall,
                     "evalsha": evalsha,
                     "eval": scripted,
                     "failed_calls": sum(
-                        int(stats.get(c, {}).get("failed_calls", 0)) for c in ("evalsha", "eval")
+                        int(stats.get(c, {}).get("failed_calls", 0)) for c in counting
                     ),
                 }
             )
@@ -688,14 +688,15 @@ def print_report(report: dict[str, Any]) -> None:
                 + ("" if row["expiry_paused"] else " (active expiry NOT paused: keys undercounted)")
             )
         )
-        for column in ("primary", "slots", "keys", "counting commands (evalsha + eval)"):
+        for column in ("primary", "slots", "keys", "counting commands (fcall + evalsha + eval)"):
             table.add_column(column, justify="left" if column in ("primary", "slots") else "right")
         for primary in row["primaries"]:
             table.add_row(
                 f"{primary['primary']} (:{primary['port']})",
                 primary["slots"],
                 _number(primary["keys"]),
-                f"{primary['counting_commands']:,} ({primary['evalsha']:,} + {primary['eval']:,})",
+                f"{primary['counting_commands']:,} ({primary['fcall']:,} + {primary['evalsha']:,}"
+                f" + {primary['eval']:,})",
             )
         console.print(table)
     computed = Table(title="Computed from the slot map (nothing sent): clients per primary")
@@ -752,6 +753,7 @@ def write_results(report: dict[str, Any], directory: Path) -> None:
         "slots",
         "keys",
         "counting_commands",
+        "fcall",
         "evalsha",
         "eval",
     )

@@ -114,7 +114,7 @@ class Wire:
     def _record(self, args: list[bytes]) -> None:
         name = args[0].decode().lower()
         self.commands[name] += 1
-        if name in ("evalsha", "eval"):
+        if name in ("evalsha", "eval", "fcall"):
             keys = args[3 : 3 + int(args[2])]
         elif name in ("set", "setex") and len(args) > 1:
             keys = args[1:2]

@@ -11,7 +11,9 @@ callgrind, the script is loaded and warmed up (200 calls), the counters are zero
 ``--calls`` decisions for clients never seen before (one limit of the algorithm, framed as the
 backend frames them: ``RedisBackend._calls``) are sent pipelined. The figure is the
 instructions executed inside ``evalShaCommand`` per call (inclusive: the script, the commands it
-runs, its share of Lua's garbage collector), the same span ``INFO commandstats`` times. The
+runs, its share of Lua's garbage collector), the same span ``INFO commandstats`` times; and the
+same decisions as the package sends them, ``FCALL`` of its function library
+(``scripts.library``: the definitions run once, when it loads), inside ``fcallCommand``. The
 same for the benchmark's own minimal token bucket (``bench_paths.MINIMAL_BUCKET``, sharing no
 code with the package) and, for the token bucket, the decision written flat
 (``bench/flat_token_bucket.lua``). Instructions are not time (a cache miss costs more than an
@@ -44,6 +46,8 @@ TOOLS = ("valgrind", "callgrind_control", "callgrind_annotate")
 WARM_UP = 200
 #: The function whose inclusive count is a call's: what ``INFO commandstats`` times for EVALSHA.
 MEASURED = "evalShaCommand"
+#: The same for FCALL.
+MEASURED_FCALL = "fcallCommand"
 
 
 def free_port() -> int:
@@ -53,10 +57,15 @@ def free_port() -> int:
 
 
 def instructions_per_call(
-    source: str, args_for: Callable[[int], Sequence[Any]], calls: int, workdir: str
+    source: str,
+    args_for: Callable[[int], Sequence[Any]],
+    calls: int,
+    workdir: str,
+    function: tuple[str, str] | None = None,
 ) -> float:
     """Instructions inside ``evalShaCommand`` per call of ``source`` with ``args_for(i)``
-    (numkeys, keys and arguments), on a fresh ``redis-server`` under callgrind."""
+    (numkeys, keys and arguments), on a fresh ``redis-server`` under callgrind; with
+    ``function`` (its name and library), inside ``fcallCommand`` per ``FCALL`` of it."""
     import redis
 
     port = free_port()
@@ -90,11 +99,16 @@ def instructions_per_call(
                 if time.monotonic() > deadline or server.poll() is not None:
                     raise SystemExit("redis-server under valgrind did not start") from None
                 time.sleep(0.2)
-        sha = client.script_load(source)
-        send(client, sha, args_for, range(-WARM_UP, 0))
+        if function is None:
+            sha = client.script_load(source)
+        else:
+            sha = function[0]
+            client.function_load(function[1], replace=True)
+        command = "EVALSHA" if function is None else "FCALL"
+        send(client, command, sha, args_for, range(-WARM_UP, 0))
         zero = ["callgrind_control", "--zero", str(server.pid)]
         subprocess.run(zero, check=True, capture_output=True)
-        send(client, sha, args_for, range(calls))
+        send(client, command, sha, args_for, range(calls))
         client.shutdown(nosave=True)
     except redis.ConnectionError:
         pass  # the shutdown's own answer: the server is gone
@@ -111,16 +125,19 @@ def instructions_per_call(
         capture_output=True,
         text=True,
     ).stdout
+    measured = MEASURED if function is None else MEASURED_FCALL
     for line in annotated.splitlines():
-        if MEASURED in line:
+        if measured in line:
             return int(line.split()[0].replace(",", "")) / calls
-    raise SystemExit(f"{MEASURED} not in callgrind's output (a redis-server without symbols?)")
+    raise SystemExit(f"{measured} not in callgrind's output (a redis-server without symbols?)")
 
 
-def send(client: Any, sha: str, args_for: Callable[[int], Sequence[Any]], numbers: range) -> None:
+def send(
+    client: Any, command: str, name: str, args_for: Callable[[int], Sequence[Any]], numbers: range
+) -> None:
     pipe = client.pipeline(transaction=False)
     for n in numbers:
-        pipe.evalsha(sha, *args_for(n))
+        pipe.execute_command(command, name, *args_for(n))
     for reply in pipe.execute(raise_on_error=False):
         if isinstance(reply, Exception):
             raise SystemExit(f"the script refused a call: {reply}")
@@ -133,6 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # The backend only frames the calls here (scripts, keys, specs): it never connects.
     configure_django("redis://127.0.0.1:1/0", "dt")
     from django_throttle.backends import get_backend
+    from django_throttle.backends.scripts import function_name, library
     from django_throttle.rates import Limit
 
     backend = get_backend()
@@ -147,7 +165,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rate = "10000/month" if algorithm == "calendar_quota" else "1000/hour"
             limits = (Limit.build("t12", rate, algorithm=algorithm),)
             encoded = backend._calls.encoded(limits)
-            source = backend._calls.script(limits)[1]
+            sha, source = backend._calls.script(limits)
 
             def framed(n: int, encoded: Any = encoded) -> tuple[Any, ...]:
                 tag = backend._client_tag(f"ip:10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}")[1]
@@ -156,6 +174,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
             row = {"package": instructions_per_call(source, framed, args.calls, workdir)}
             row["package / minimal"] = row["package"] / minimal
+            function = (function_name(sha), library(sha, source))
+            row["function"] = instructions_per_call(source, framed, args.calls, workdir, function)
+            row["function / minimal"] = row["function"] / minimal
             if algorithm == "token_bucket":
                 row["flat"] = instructions_per_call(flat_source, framed, args.calls, workdir)
                 row["flat / minimal"] = row["flat"] / minimal
@@ -182,21 +203,32 @@ def print_table(result: dict[str, Any]) -> None:
 
     table = Table(
         title=(
-            f"Instructions per counting call (valgrind, inside {MEASURED}; "
+            f"Instructions per counting call (valgrind, inside {MEASURED_FCALL} or {MEASURED}; "
             f"{result['calls']:,} calls, Redis {result['redis']})"
         )
     )
-    for column in ("algorithm", "package", "÷ minimal", "flat", "flat ÷ minimal"):
+    columns = (
+        "algorithm",
+        "package (FCALL)",
+        "÷ minimal",
+        "script (EVALSHA)",
+        "÷ minimal",
+        "flat",
+        "flat ÷ minimal",
+    )
+    for column in columns:
         table.add_column(column, justify="left" if column == "algorithm" else "right")
     for algorithm, row in result["instructions_per_call"].items():
         table.add_row(
             algorithm,
+            f"{row['function']:,.0f}",
+            f"{row['function / minimal']:.2f}",
             f"{row['package']:,.0f}",
             f"{row['package / minimal']:.2f}",
             f"{row['flat']:,.0f}" if "flat" in row else "",
             f"{row['flat / minimal']:.2f}" if "flat" in row else "",
         )
-    table.add_row("minimal bucket", f"{result['minimal']:,.0f}", "1.00", "", "")
+    table.add_row("minimal bucket", f"{result['minimal']:,.0f}", "1.00", "", "", "", "")
     Console().print(table)
 
 

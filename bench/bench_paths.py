@@ -229,7 +229,7 @@ def build_paths(ctx: dict[str, Any]) -> list[Path]:
     def sequence(build: Callable[[int], Any]) -> Source:
         return Source(lambda start, n: [build(i) for i in range(start, start + n)])
 
-    evalsha_keys = ("evalsha", "eval")
+    evalsha_keys = ("evalsha", "eval", "fcall")  # the package counts with FCALL
     return [
         Path("ping", "0   PING, plain redis-py client", ping, constant(None)),
         Path("ping_raw", "0b  PING, raw socket (no redis-py)", raw_ping, constant(None)),

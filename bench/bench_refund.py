@@ -46,7 +46,7 @@ def main() -> None:
             for i in range(CALLS):
                 call(f"ip:10.0.{i >> 8 & 255}.{i & 255}")
             wall = (time.perf_counter() - started) / CALLS * 1e6
-            stats = client.info("commandstats").get("cmdstat_evalsha", {})
+            stats = client.info("commandstats").get("cmdstat_fcall", {})
             print(f"{label}: script {stats.get('usec_per_call')} µs/call, wall {wall:.1f} µs/call")
 
         for _ in range(2):

@@ -18,8 +18,8 @@ own (see ``bench_paths.MINIMAL_BUCKET``, 15 lines of Lua), each sent by redis-py
 ``execute_command``. For the token bucket, a third framing in the same laps: the same decision
 written flat for that one algorithm and one limit (``bench/flat_token_bucket.lua``: the same
 arguments, checks, state and placeholder ``SET``, no functions or tables), which shows what
-the shared driver costs; and on servers with functions, the package's own mix defined once as
-a function library (``FUNCTION LOAD``, called with ``FCALL``).
+the shared driver costs; and on servers with functions, the package's own mix as the package
+calls it, a function library (``FUNCTION LOAD``, called with ``FCALL``: "defined once").
 """
 
 from __future__ import annotations
@@ -62,9 +62,7 @@ def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
     from django_throttle.backends.scripts import (
         ALGORITHM_FILES,
         SCRIPT_FILES,
-        files_for,
         load_script,
-        lua_file,
     )
     from django_throttle.rates import Limit
 
@@ -95,7 +93,7 @@ def run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
     for algorithm in ALGORITHMS:
         chosen = "10000/month" if algorithm == "calendar_quota" else rate
         limits = (Limit.build("t12", chosen, algorithm=algorithm),)
-        once = functions and define_once(plain, limits, files_for, lua_file, SCRIPT_FILES)
+        once = functions and define_once(plain, backend._calls, limits)
         written_flat = algorithm == "token_bucket"
         names = (
             *framings,
@@ -173,25 +171,15 @@ def has_functions(client: Any) -> bool:
     return True
 
 
-def define_once(client: Any, limits: Any, files_for: Any, lua_file: Any, script_files: Any) -> str:
-    """Load the counting script of ``limits``' algorithms as a function library: the
-    prelude and the algorithm files run once, at load; the driver is the function's body,
-    reading ``KEYS`` and ``ARGV`` from the call (and the prelude's per-call ``LEASE`` reset).
-    Returns the function's name."""
-    from django_throttle.backends.base import ALGORITHM_CODES
+def define_once(client: Any, calls: Any, limits: Any) -> str:
+    """Load the counting script of ``limits``' algorithms as the package loads it, a function
+    library (``scripts.library``: the prelude and the algorithm files run once, at load; the
+    driver is the function's body). Returns the function's name."""
+    from django_throttle.backends.scripts import function_name, library
 
-    codes = {ALGORITHM_CODES[limit.algorithm] for limit in limits}
-    files = files_for(script_files, codes)
-    definitions = "\n".join(map(lua_file, files[:-1]))
-    name = "bench_mix_" + "".join(sorted(codes))
-    library = (
-        f"#!lua name={name}\nlocal KEYS, ARGV\n{definitions}\n"
-        "local function count(keys, args)\n  KEYS, ARGV, LEASE = keys, args, nil\n"
-        f"{lua_file(files[-1])}\nend\n"
-        f"redis.register_function('{name}', count)\n"
-    )
-    client.function_load(library, replace=True)
-    return name
+    sha, source = calls.script(limits)
+    client.function_load(library(sha, source), replace=True)
+    return function_name(sha)
 
 
 def print_table(result: dict[str, Any]) -> None:

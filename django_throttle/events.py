@@ -21,8 +21,8 @@ exception in a receiver is logged and swallowed, so it cannot fail a request).
   Redis Cluster primary's ``host:port`` for that primary's own).
 - :data:`policy_reloaded`: this process compiled a new policy snapshot (``policy``,
   ``seconds``).
-- :data:`script_loaded`: the backend (re)loaded its Lua script into Redis (after a restart
-  or ``SCRIPT FLUSH``).
+- :data:`script_loaded`: the backend (re)loaded its Lua into Redis (a function library, or
+  a script after ``NOSCRIPT``: after a restart, a failover or a flush).
 - :data:`leases_held`: the concurrency leases this process's requests hold changed
   (``held``: how many it holds now; a lease is one request's slots of one client).
 - :data:`lease_lost`: a renewal found a held lease already ended (``client``): its slot may

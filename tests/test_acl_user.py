@@ -183,14 +183,15 @@ def test_glob_characters_in_the_prefix_are_matched_literally(server: RedisServer
         client.delete(f"{prefix}:k")
 
 
-@pytest.mark.parametrize("missing", ["evalsha", "time"])
+@pytest.mark.parametrize("missing", [("time",), ("fcall", "evalsha")], ids=" and ".join)
 def test_a_user_without_a_command_it_needs_is_an_outage_not_an_error(
-    least: RedisBackend, settings: Any, server: RedisServer, missing: str
+    least: RedisBackend, settings: Any, server: RedisServer, missing: tuple[str, ...]
 ) -> None:
     """A command taken away (an operator's rules older than this release): the decision is a
     :class:`BackendError` the breaker counts, and a view answers by its failure mode."""
+    taken = {f"+{command}" for command in missing}
     settings.DJANGO_THROTTLE_REDIS_URL = user_url(
-        server, [rule for rule in acl_rules(PREFIX) if rule != f"+{missing}"], name="short"
+        server, [rule for rule in acl_rules(PREFIX) if rule not in taken], name="short"
     )
     reset_backend_cache()
     backend = get_backend()
@@ -206,6 +207,39 @@ def test_a_user_without_a_command_it_needs_is_an_outage_not_an_error(
     assert opened["X-RateLimit-Degraded"] == "open"
     closed = Client().get("/login-closed/", REMOTE_ADDR="10.31.0.2")
     assert closed.status_code == 503
+
+
+@pytest.mark.parametrize("missing", [("fcall", "function|load"), ("function|load",)])
+def test_a_user_without_functions_counts_with_evalsha(
+    least: RedisBackend,
+    settings: Any,
+    server: RedisServer,
+    missing: tuple[str, ...],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The rules of an earlier release (no ``FCALL``, or no ``FUNCTION LOAD``: an operator
+    may leave it out where other applications share the server, since it may replace any
+    library): the throttle says so once and counts exactly with ``EVALSHA``, sync and async,
+    never an outage."""
+    taken = {f"+{command}" for command in missing}
+    settings.DJANGO_THROTTLE_REDIS_URL = user_url(
+        server, [rule for rule in acl_rules(PREFIX) if rule not in taken], name="older"
+    )
+    with server.client() as admin:
+        admin.function_flush()  # none of the package's functions loaded yet
+    reset_backend_cache()
+    backend = get_backend()
+    lim = limits(Algorithm.TOKEN_BUCKET, "older")
+    with caplog.at_level("WARNING", logger="django_throttle.backends"):
+        allowed = [backend.hit("sync", lim).allowed for _ in range(LIMIT + 1)]
+
+        async def hits() -> list[bool]:
+            return [(await backend.ahit("async", lim)).allowed for _ in range(LIMIT + 1)]
+
+        allowed += asyncio.run(hits())
+    assert allowed == ([True] * LIMIT + [False]) * 2
+    warned = [r for r in caplog.records if "EVALSHA" in r.getMessage()]
+    assert len(warned) == 1 and "+fcall and +function|load" in warned[0].getMessage()
 
 
 def test_the_docs_print_exactly_the_rules_for_the_default_prefix() -> None:

@@ -15,7 +15,7 @@ from django.urls import path
 from django_throttle import backends
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.decorators import throttle
-from tests.factories import tier
+from tests.factories import forget_code, tier
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -153,7 +153,7 @@ def test_async_path_recovers_a_flushed_script_cache(redis_client: Any) -> None:
 
     async def run() -> list[int]:
         first = await backend.ahit("ip:10.20.0.9", limit)
-        redis_client.script_flush()
+        forget_code(redis_client)
         second = await backend.ahit("ip:10.20.0.9", limit)
         return [first.remaining, second.remaining]
 

@@ -5,8 +5,10 @@ The Redis backend runs against the real redis-server the suite started; there is
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import math
 import multiprocessing
 import random
@@ -23,11 +25,12 @@ from django_throttle.backends import BackendError, get_backend, reset_backend_ca
 from django_throttle.backends.base import Backend
 from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis import RedisBackend
-from django_throttle.backends.scripts import RETIME_FILES, load_script
+from django_throttle.backends.scripts import RETIME_FILES, function_name, library, load_script
 from django_throttle.rates import Limit, Rate
 from django_throttle.request.core import retry_after_seconds, whole_seconds
 from django_throttle.usage.accounting import get_store
 from tests.bucket_state import pack_bucket, unpack_bucket
+from tests.factories import forget_code, script_calls_of
 from tests.redis_servers import attempts
 
 T0 = 1_700_000_000.0
@@ -284,8 +287,7 @@ def test_one_round_trip_per_hit(redis_backend: RedisBackend, redis_client: redis
 
 
 def _evalsha_calls(client: redis.Redis) -> int:
-    stats = client.info("commandstats")
-    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+    return script_calls_of(client)
 
 
 def test_script_cache_loss_is_recovered(
@@ -293,7 +295,7 @@ def test_script_cache_loss_is_recovered(
 ) -> None:
     one = Limit.build("one", "1/m", burst=2)
     assert redis_backend.hit("c", [one]).allowed
-    redis_client.script_flush()
+    forget_code(redis_client)
     assert redis_backend.hit("c", [one]).allowed
     assert not redis_backend.hit("c", [one]).allowed
 
@@ -319,13 +321,25 @@ def test_each_mix_of_algorithms_runs_a_script_defining_only_those_algorithms(
     assert defined[(quota,)] == {"f", "c"}
     assert defined[mixes[-1]] == {"t", "l", "g", "f", "c"}
     for round_ in range(2):
-        redis_client.script_flush()
+        forget_code(redis_client)
         for n, mix in enumerate(mixes):
             decision = redis_backend.hit(f"mix-{round_}-{n}", mix)
             assert decision.allowed and decision.remaining == 4
     shas = [redis_backend._calls.script(mix)[0] for mix in mixes]
     assert len(set(shas)) == len(mixes)
-    assert redis_client.script_exists(*shas) == [True] * len(mixes)
+    loaded = {entry["library_name"] for entry in _libraries(redis_client)}
+    assert {function_name(sha).encode() for sha in shas} <= loaded
+
+
+def _libraries(client: redis.Redis) -> list[dict[str, Any]]:
+    """The server's function libraries (``FUNCTION LIST``), each a dict of its fields."""
+    found = []
+    for entry in client.function_list():
+        fields = (
+            entry if isinstance(entry, dict) else dict(zip(entry[::2], entry[1::2], strict=True))
+        )
+        found.append({(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()})
+    return found
 
 
 @pytest.mark.parametrize(
@@ -371,21 +385,21 @@ def test_window_stamps_are_written_in_base_36_on_both_paths(redis_client: redis.
 def test_script_cache_flushed_again_during_the_reload_is_recovered(
     redis_backend: RedisBackend, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A SCRIPT FLUSH (or failover) between a reload and the retried EVALSHA: redis-py's
-    register_script fails with a second NOSCRIPT; the script is then sent with EVAL instead,
-    and it counts exactly once."""
-    load = redis_backend.client.script_load
+    """Functions flushed (or a failover) between the library's load and the call sent again:
+    that call answers "no such function" again (nothing ran); the script is then sent with
+    EVAL, which carries its source, and it counts exactly once."""
+    from django_throttle.backends import redis_nodes
 
-    def load_then_flush(script: str) -> Any:
-        sha = load(script)
-        redis_client.script_flush()
-        return sha
+    def other_library(sha: str, source: str) -> str:  # loads, but not the function called
+        return library("f" * 40, source)
 
-    monkeypatch.setattr(redis_backend.client, "script_load", load_then_flush)
+    monkeypatch.setattr(redis_nodes, "library", other_library)
     one = Limit.build("one", "1/m", burst=3)
-    redis_client.script_flush()
+    forget_code(redis_client)
     assert redis_backend.hit("c", [one]).allowed
     assert redis_backend.peek("c", [one]).remaining == 2
+    forget_code(redis_client)
+    assert asyncio.run(redis_backend.ahit("c", [one])).remaining == 1
 
 
 def test_server_clock_is_used(redis_backend: RedisBackend) -> None:
@@ -1434,3 +1448,68 @@ def test_slow_bucket_retry_after_a_hit_the_tolerance_admitted_passes(
     wait_us = math.ceil(denied.retry_after * 1e6)
     assert wait_us <= day_us
     assert backend.hit("c", [limit], now=(t2_us + wait_us) / 1e6).allowed
+
+
+def test_every_script_called_as_a_function_loads_as_a_library_with_every_algorithm(
+    redis_client: redis.Redis,
+) -> None:
+    """Each script the backend calls with ``FCALL`` (counting, refund, together, their
+    refund, leases), with every algorithm, loads as a Redis function library: within Lua's
+    limits (60 upvalues per function, 200 locals), and its definitions need nothing at load
+    that Redis gives a library only at call time (``KEYS``, ``ipairs``)."""
+    from django_throttle.backends.base import ALGORITHM_CODES
+    from django_throttle.backends.scripts import (
+        LEASE_FILES,
+        REFUND_FILES,
+        REFUND_TOGETHER_FILES,
+        SCRIPT_FILES,
+        TOGETHER_FILES,
+        files_for,
+    )
+
+    every = set(ALGORITHM_CODES.values())
+    for files in (SCRIPT_FILES, REFUND_FILES, TOGETHER_FILES, REFUND_TOGETHER_FILES, LEASE_FILES):
+        source = load_script(files_for(files, every))
+        sha = hashlib.sha1(source.encode()).hexdigest()
+        assert redis_client.function_load(library(sha, source), replace=True).decode() == (
+            function_name(sha)
+        )
+        redis_client.function_delete(function_name(sha))
+
+
+def test_a_server_without_functions_counts_with_evalsha_sync_and_async(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server that does not know ``FCALL`` (Redis 6.2; here a server whose ``FCALL`` and
+    ``FUNCTION`` are renamed away, which answers as 6.2 does: "unknown command"): the
+    backend says so once and counts every decision exactly with ``EVALSHA``, reloading a
+    flushed script with ``EVAL`` as before."""
+    from tests.redis_servers import RedisServer
+
+    server = RedisServer(
+        extra_args=("--rename-command", "FCALL", "", "--rename-command", "FUNCTION", "")
+    ).start()
+    try:
+        settings.DJANGO_THROTTLE_REDIS_URL = server.url
+        reset_backend_cache()
+        backend = get_backend()
+        one = (Limit.build("old", "3/h"),)
+        with caplog.at_level("WARNING", logger="django_throttle.backends"):
+            allowed = [backend.hit("sync", one).allowed for _ in range(2)]
+            with server.client() as admin:
+                admin.script_flush()
+            allowed += [backend.hit("sync", one).allowed for _ in range(2)]
+
+            async def hits() -> list[bool]:
+                return [(await backend.ahit("async", one)).allowed for _ in range(4)]
+
+            allowed += asyncio.run(hits())
+        assert allowed == [True, True, True, False] * 2
+        warned = [r for r in caplog.records if "EVALSHA" in r.getMessage()]
+        assert len(warned) == 1
+        with server.client() as admin:
+            assert admin.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0) >= 7
+    finally:
+        backend.close()
+        reset_backend_cache()
+        server.stop()

@@ -42,7 +42,7 @@ def test_bench_counts_one_round_trip_and_no_sql_per_decision(redis_url: str) -> 
     # One round trip per decision, plus the occasional policy version check or reconnect.
     for key in ONE_ROUND_TRIP:
         assert 1.0 <= paths[key]["round_trips"] <= 1.05, (key, paths[key])
-    assert paths["full_anon"]["commands"]["evalsha"] == pytest.approx(1.0)
+    assert paths["full_anon"]["commands"]["fcall"] == pytest.approx(1.0)
     assert paths["drf"]["round_trips"] == pytest.approx(2.0)  # its GET and its SET
     for key in ("full_anon", "full_hot", "hit", "drf"):
         assert paths[key]["sql_queries"] == 0, (key, paths[key])
@@ -190,6 +190,7 @@ def test_instructions_bench_counts_the_calls_of_the_package_and_both_baselines()
     report = run_json("bench_instructions.py", "--calls", "20", "--algorithms", "token_bucket")
     row = report["instructions_per_call"]["token_bucket"]
     assert report["minimal"] > 0 and row["package"] > 0 and row["flat"] > 0
+    assert row["function"] > 0  # the package's FCALL
 
 
 def test_the_flat_bucket_of_the_benchmark_decides_as_the_package_does(

@@ -34,6 +34,7 @@ from django_throttle.backends.usage_store import RedisUsage
 from django_throttle.checks import check_settings
 from django_throttle.rates import Algorithm, Limit
 from django_throttle.request.core import Plan, Reservation, run, settling
+from tests.factories import forget_code, script_calls_of
 from tests.redis_servers import LOOPBACK
 from tests.topologies import LocalCluster, cluster_port, wait_for
 
@@ -95,17 +96,29 @@ def primary_of(backend: RedisBackend, cluster: LocalCluster, client: str) -> int
 
 
 def evalsha_calls(cluster: LocalCluster) -> int:
-    """EVALSHA calls the primaries have served (commands inside scripts are counted apart)."""
+    """Counting calls (``FCALL``, ``EVALSHA``) the primaries have served (commands inside
+    them are counted apart)."""
     total = 0
     for node in cluster.primaries():
         with node.client() as client:
-            total += int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+            total += script_calls_of(client)
     return total
 
 
 #: What redis-py's ``RedisCluster`` sends on its start (redis-py before 8 reads the command
 #: table with ``COMMAND`` then, on a connection whose last command it stays).
 STARTUP = {"command"}
+
+
+def key_lookups(cluster: LocalCluster) -> int:
+    """``COMMAND GETKEYS`` calls the nodes have served (how redis-py routes a command whose
+    keys it cannot find itself)."""
+    total = 0
+    for node in cluster.nodes:
+        with node.client() as client:
+            stats = client.info("commandstats")
+        total += int(stats.get("cmdstat_command|getkeys", {}).get("calls", 0))
+    return total
 
 
 def last_commands(cluster: LocalCluster, name: str) -> set[str]:
@@ -224,12 +237,14 @@ def test_one_command_per_decision_and_every_key_in_its_slot_with_a_ttl(
     every = tuple(Limit.build(f"l{n}", f"{LIMIT}/d", algorithm=a) for n, a in enumerate(Algorithm))
     for name in names:  # warm-up: scripts loaded on each primary, connections open
         backend.hit(name, every, usage="pro|search")
-    before = evalsha_calls(cluster)
+    before, lookups = evalsha_calls(cluster), key_lookups(cluster)
     for name in names:
         for _ in range(3):
             backend.hit(name, every, usage="pro|search")
     assert evalsha_calls(cluster) - before == 3 * len(names)
-    assert last_commands(cluster, "throttle-cluster-test") == {"evalsha"}
+    assert last_commands(cluster, "throttle-cluster-test") == {"fcall"}
+    # Sent to the slot's primary by name: no COMMAND GETKEYS to route an FCALL (redis-py < 8).
+    assert key_lookups(cluster) == lookups
     keys = every_key(cluster)
     assert {port for port, _, _ in keys} == {node.port for node in cluster.primaries()}
     assert all(ttl > 0 for _, _, ttl in keys), [k for k in keys if k[2] <= 0]
@@ -281,7 +296,7 @@ def test_a_flushed_script_cache_on_every_node_costs_no_decision(
         backend.hit(name, limits())
     for node in cluster.nodes:
         with node.client() as client:
-            client.script_flush()
+            forget_code(client)
 
     async def hits() -> list[bool]:
         decisions = await asyncio.gather(*(backend.ahit("a" + name, limits()) for name in names))
@@ -290,7 +305,7 @@ def test_a_flushed_script_cache_on_every_node_costs_no_decision(
     assert all(backend.hit(name, limits()).allowed for name in names)
     for node in cluster.primaries():
         with node.client() as client:
-            client.script_flush()
+            forget_code(client)
     assert all(asyncio.run(hits()))
     assert backend.peek(names[0], limits()).remaining == LIMIT - 2
 

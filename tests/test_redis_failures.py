@@ -47,7 +47,8 @@ class OwnRedis(PrivateRedis):
 
 class FakeRedis:
     """A loopback listener that counts connections. ``reply=None``: it never answers (a hung
-    Redis); otherwise it answers the handshake and sends ``reply`` to EVALSHA."""
+    Redis); otherwise it answers the handshake and sends ``reply`` to a counting call
+    (``FCALL``, ``EVALSHA``)."""
 
     def __init__(self, reply: bytes | None = None) -> None:
         self.reply = reply
@@ -72,7 +73,7 @@ class FakeRedis:
             while data := conn.recv(65536):
                 if self.reply is None:
                     continue
-                if b"EVALSHA" in data:
+                if b"FCALL" in data or b"EVALSHA" in data:
                     conn.sendall(self.reply)
                 elif b"HELLO" in data:
                     conn.sendall(b"%2\r\n+server\r\n+redis\r\n+proto\r\n:3\r\n")

@@ -25,6 +25,7 @@ from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.backends.scripts import REFUND_FILES, load_script
 from django_throttle.rates import RATE_ALGORITHMS, Algorithm, Decision, Limit
+from tests.factories import forget_code
 from tests.test_model import SHORT_PX_MS, AlgorithmMachine, inspector
 
 T0 = 1_700_000_000.0
@@ -315,7 +316,7 @@ def test_refund_survives_a_flushed_script_cache(redis_client: redis.Redis) -> No
     backend = get_backend()
     limits = [limit_for(Algorithm.GCRA)]
     hits(backend, "c", limits, 3, T0)
-    redis_client.script_flush()
+    forget_code(redis_client)
     backend.refund("c", limits, now=T0)
     assert backend.peek("c", limits, now=T0).remaining == CAPACITY - 2
 

@@ -18,6 +18,7 @@ from django_throttle.backends.base import BackendError
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.backends.redis_nodes import CircuitBreaker
 from django_throttle.rates import Algorithm, Limit
+from tests.factories import forget_code
 from tests.test_algorithm_concurrency import quiet_limit
 
 #: Hits past the limit in each client's round: they must all be denied.
@@ -166,7 +167,9 @@ def flush_scripts(
     pause: float = 0.02,
     enough: Callable[[int], bool] | None = None,
 ) -> int:
-    """``SCRIPT FLUSH`` (``SYNC`` and ``ASYNC`` in turn) on every one of ``nodes`` (servers
+    """``SCRIPT FLUSH`` and ``FUNCTION FLUSH`` (``SYNC`` and ``ASYNC`` in turn: what a
+    restart or a failover to an empty server does to the package's scripts and functions) on
+    every one of ``nodes`` (servers
     of :mod:`tests.redis_servers` or :mod:`tests.topologies`), again every ``pause`` seconds
     for ``seconds``, and after that until ``enough(flushes)`` holds (at most a minute more:
     a loaded machine flushes and counts less in the same time); how many times each node
@@ -179,7 +182,7 @@ def flush_scripts(
             enough is not None and time.monotonic() < deadline + 60 and not enough(flushes)
         ):
             for client in clients:
-                client.script_flush("ASYNC" if flushes % 2 else "SYNC")
+                forget_code(client, "ASYNC" if flushes % 2 else "SYNC")
             flushes += 1
             time.sleep(pause)
         return flushes
@@ -189,24 +192,30 @@ def flush_scripts(
 
 
 def noscript_replies(nodes: Sequence[Any]) -> int:
-    """How many ``NOSCRIPT`` error replies ``nodes`` have given since they started."""
+    """How many times ``nodes`` were sent the package's code again since they started: their
+    ``NOSCRIPT`` error replies (a script sent whole with ``EVAL`` next) and the libraries
+    loaded (``FUNCTION LOAD``, after a function call answered "not found")."""
     total = 0
     for node in nodes:
         client = node.client()
         try:
-            stats = client.info("errorstats")
+            errors = client.info("errorstats")
+            commands = client.info("commandstats")
         finally:
             client.close()
-        total += int(stats.get("errorstat_NOSCRIPT", {}).get("count", 0))
+        total += int(errors.get("errorstat_NOSCRIPT", {}).get("count", 0))
+        total += int(commands.get("cmdstat_function|load", {}).get("calls", 0))
     return total
 
 
 def script_calls(node: Any) -> int:
-    """How many ``EVAL`` / ``EVALSHA`` (and ``_RO``) calls ``node`` has served since it started."""
+    """How many script and function calls (``EVAL``, ``EVALSHA``, ``FCALL`` and their
+    ``_RO``) ``node`` has served since it started."""
     client = node.client()
     try:
         stats = client.info("commandstats")
     finally:
         client.close()
     names = ("cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro")
+    names += ("cmdstat_fcall", "cmdstat_fcall_ro")
     return sum(int(stats.get(name, {}).get("calls", 0)) for name in names)

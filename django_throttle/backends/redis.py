@@ -1,4 +1,4 @@
-"""Redis backend: every limit of a request checked in one EVALSHA, on the server's clock; the
+"""Redis backend: every limit of a request checked in one script call, on the server's clock; the
 call's arguments, its reply read as a decision, and the decisions counted in the process for
 the usage reports.
 
@@ -8,11 +8,13 @@ calendar quota): the hash tag is the shard, so all keys of one call, and that sh
 counters, share a Redis Cluster slot. A shared limit's key has ``*`` in place of the client digest,
 ``<prefix>:{<shard>}*<suffix>``: one state per shard for every client of that shard, still in
 the calling client's slot, each enforcing its share of the capacity (:func:`.base.per_shard`).
-Scripts ship as ``.lua`` files in this package (assembled by :mod:`.scripts`) and run by
-EVALSHA through redis-py's own clients (``Redis``, ``RedisCluster``, Sentinel's
-``master_for``, and their ``redis.asyncio`` twins for ``async def`` views); on NOSCRIPT (the
-script did not run) they are sent once more with EVAL, which carries the source. Nothing else
-is ever replayed, because a call that timed out may already have counted: the clients it builds
+Scripts ship as ``.lua`` files in this package (assembled by :mod:`.scripts`) and run as Redis
+functions (``FCALL``; :class:`.redis_nodes.Functions`) through redis-py's own clients
+(``Redis``, ``RedisCluster``, Sentinel's ``master_for``, and their ``redis.asyncio`` twins for
+``async def`` views), or by ``EVALSHA`` where a server has no functions or the user may not
+load them; a server without the call's code (the call did not run) gets it and the call once
+more (``FUNCTION LOAD``, or ``EVAL`` after ``NOSCRIPT``). Nothing else is ever replayed,
+because a call that timed out may already have counted: the clients it builds
 (:func:`.redis_clients.build_client`) have retries off, short timeouts and a bounded pool, and
 every failure (redis-py's errors, socket errors, a garbled reply) surfaces as
 :class:`BackendError`; an error reply of the counting script itself (an argument it refuses)
@@ -134,7 +136,8 @@ class Route(Protocol):
 
     def call(self, call: ScriptCall) -> Any:
         """The script's reply to ``call``, untouched; a failure as :func:`.scripts.failure`
-        makes it. Never sent twice, except ``EVAL`` after ``NOSCRIPT`` (nothing ran)."""
+        makes it. Never sent twice, except after "no such function" or ``NOSCRIPT`` (nothing
+        ran)."""
 
     async def acall(self, call: ScriptCall) -> Any:
         """:meth:`call` without blocking the running event loop."""
@@ -210,7 +213,7 @@ def unusable_settings(exc: Exception) -> str:
 
 class RedisBackend(Backend):
     """Counts in Redis (single server, Sentinel-managed primary or Redis Cluster; anything
-    speaking its protocol with EVALSHA).
+    speaking its protocol with ``FCALL`` or ``EVALSHA``).
 
     A ``client`` passed in (``redis.Redis`` or ``RedisCluster``) is used as it is: give it
     short timeouts and no retries (see :mod:`.redis_clients`). Counting calls go through its
@@ -406,7 +409,7 @@ class RedisBackend(Backend):
         now: Now = None,
         taken_at: Taken = None,
     ) -> Decision | None:
-        """One EVALSHA of refund.lua over the keys the hit used (same slot); ``taken_at``
+        """One call of refund.lua over the keys the hit used (same slot); ``taken_at``
         travels as ARGV[1]'s ``#<taken>``. With ``looked``, their keys too and the count
         given back as its last argument: it answers what the headers report."""
         every, call = self._refund_call(client, limits, cost, looked, now, taken_at)
@@ -458,7 +461,7 @@ class RedisBackend(Backend):
         now: Now = None,
         usage: Usage = None,
     ) -> list[Decision] | None:
-        """One EVALSHA of together.lua over every group's keys, when they may share one
+        """One call of together.lua over every group's keys, when they may share one
         (:meth:`_together_call`): a login counted by its client, its IP address and its
         username is one round trip. ``None`` (nothing sent) when they may not."""
         call = self._together_call(groups, cost, now)
@@ -489,7 +492,7 @@ class RedisBackend(Backend):
         now: Now = None,
         taken_at: Sequence[Taken] = (),
     ) -> bool | list[Decision]:
-        """One EVALSHA of refund_together.lua over every group's keys, when they may share
+        """One call of refund_together.lua over every group's keys, when they may share
         one (as :meth:`hit_together`); ``False`` (nothing sent) when they may not. With
         ``looked``, each group's ``looked`` limits among its keys: it answers what the
         headers report on each group (see lua/refund_together.lua)."""
@@ -631,7 +634,7 @@ class RedisBackend(Backend):
         return decisions
 
     def release(self, client: str, limits: Limits, lease: str, *, now: Now = None) -> int:
-        """One EVALSHA of lease.lua over ``client``'s keys of the concurrency limits among
+        """One call of lease.lua over ``client``'s keys of the concurrency limits among
         ``limits`` (the others are ignored): the slots held under ``lease`` are given back.
         Idempotent. Returns the number of slots released."""
         call = self._lease_call("release", client, limits, lease, now)

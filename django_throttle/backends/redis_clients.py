@@ -537,7 +537,13 @@ def async_twin(pool: SentinelConnectionPool, **kwargs: Any) -> AsyncSentinelPool
 #: connect is left out: redis-py ignores its refusal, and Redis before 7.2 has no such
 #: command for an ACL rule to name.
 COMMANDS = {
-    "evalsha": "every decision, peek, refund, retime batch and usage push: one script call",
+    "fcall": "every decision, peek, refund and lease given back: one call of a function",
+    "function|load": (
+        "the package's functions loaded where the server lacks them (a restart, a failover, "
+        "a new release)"
+    ),
+    "evalsha": "every retime batch and usage push: one script call (and every call, where "
+    "functions are refused)",
     "eval": "the same script sent whole when the server has not cached it (NOSCRIPT)",
     "time": (
         "the scripts read the server's clock, so every worker counts on one clock; the "

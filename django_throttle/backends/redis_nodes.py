@@ -5,10 +5,13 @@ to the primary a set of sentinels names (:class:`OneServer`; every shard is on i
 wraps the calls to a node (:class:`CircuitBreaker`: the process's own around every backend call,
 and one per cluster primary).
 
-A call is one ``EVALSHA`` through the client's own command path; ``NOSCRIPT`` (the script did
-not run) is answered with ``EVAL`` of the source. Nothing else is ever sent twice: the clients
-have retries off (a call that timed out may already have counted), and redis-py disconnects a
-connection whose reply was lost, so no late reply answers the next call.
+A call is one ``FCALL`` of the package's function through the client's own command path
+(:class:`Functions`: "no such function", after a restart or a failover, is answered by loading
+the library and calling once more), or one ``EVALSHA`` where the server has no functions;
+``NOSCRIPT`` (the script did not run) is answered with ``EVAL`` of the source. Nothing else is
+ever sent twice: the clients have retries off (a call that timed out may already have
+counted), and redis-py disconnects a connection whose reply was lost, so no late reply answers
+the next call.
 
 A thread counting on one server holds one connection of the client's bounded pool for its
 life (:class:`ThreadConnections`), and sends the script call on it with the connection's own
@@ -67,15 +70,24 @@ from redis.asyncio import sentinel as aio_sentinel
 from redis.asyncio.client import Redis as AsyncRedis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 from redis.sentinel import SentinelConnectionPool
 
 from django_throttle import events
 from django_throttle.backends.base import ArgumentRefused, BackendError, NodeUnavailable
 from django_throttle.backends.redis_clients import async_twin
-from django_throttle.backends.scripts import Call, evalsha_all, failure
+from django_throttle.backends.scripts import (
+    FUNCTION_DIGITS,
+    FUNCTION_PREFIX,
+    Call,
+    evalsha_all,
+    failure,
+    library,
+)
 
 logger = logging.getLogger("django_throttle.backends.breaker")
+#: Where a server without functions is said (once per route).
+backends_logger = logging.getLogger("django_throttle.backends")
 
 T = TypeVar("T")
 
@@ -340,7 +352,8 @@ def reset_breaker() -> None:
 
 
 class ScriptCall(NamedTuple):
-    """One counting (or refund) script call: what redis-py's evalsha/eval send. A named tuple,
+    """One counting (or refund) script call: what ``FCALL`` (of :func:`.scripts.function_name`
+    of ``sha``) or ``EVALSHA`` send. A named tuple,
     so that making one (once per decision) runs no Python of ours."""
 
     shard: int  # the client's shard (0..shards-1): which cluster slot / breaker
@@ -371,12 +384,102 @@ _SYNC_ONLY = (
 )
 
 
-def run_script(client: Any, call: ScriptCall, sender: type | None = None) -> Any:
-    """Send ``call`` as one ``EVALSHA`` through ``client``'s command path and return its reply
-    untouched; on ``NOSCRIPT`` (nothing ran) send ``EVAL`` of its source, and tell
-    :data:`~django_throttle.events.script_loaded` (``sender``). Any failure raises what
+class Functions:
+    """Whether a route calls the package's scripts as Redis functions (``FCALL`` of the
+    library :func:`.scripts.library` makes, loaded with ``FUNCTION LOAD`` where a server
+    answers that it has no such function: after a restart, a failover, a new release). A
+    function runs only the body of each call; ``EVALSHA`` builds every definition of the
+    script again on every call, a sixth of the counting call's script time.
+
+    Off for good, with one WARNING, where the server has no functions (Redis before 7) or the
+    user may not call or load them (an ACL user of an earlier release's rules): the calls then
+    go as ``EVALSHA``, which runs the same script. Nothing is sent twice: a call answered
+    "no such function" or refused did not run."""
+
+    def __init__(self) -> None:
+        self.on = True
+
+    def refused(self, exc: ResponseError) -> bool:
+        """Whether ``exc``, an error reply to ``FCALL`` or ``FUNCTION LOAD``, says this
+        server or user has no functions; then they are off (logged once)."""
+        text = str(exc)
+        lowered = text.lower()
+        command = "fcall" in lowered or "function" in lowered  # not a key's permission
+        if not ((isinstance(exc, NoPermissionError) and command) or "unknown command" in lowered):
+            return False
+        if self.on:
+            self.on = False
+            backends_logger.warning(
+                "Redis refused a function call or load (%s: %s): the throttle calls its "
+                "scripts with EVALSHA, which takes Redis more time per decision. Grant "
+                "+fcall and +function|load (Redis 7 or later, Valkey) to call them as "
+                "functions.",
+                type(exc).__name__,
+                text,
+            )
+        return True
+
+
+def _missing(exc: ResponseError) -> bool:
+    """A server's answer that it holds no function of that name (nothing ran)."""
+    return "function not found" in str(exc).lower()
+
+
+def _fcall(client: Any, call: ScriptCall, node: Callable[[], Any] | None) -> Any:
+    """``FCALL`` of ``call``'s function, to ``node()`` when given (a cluster's primary of the
+    call's slot: redis-py before 8 asks a node ``COMMAND GETKEYS`` to route an ``FCALL``)."""
+    name = FUNCTION_PREFIX + call.sha[:FUNCTION_DIGITS]  # function_name, inline: per call
+    if node is None:
+        return client.execute_command("FCALL", name, len(call.keys), *call.keys, *call.args)
+    return client.execute_command(
+        "FCALL", name, len(call.keys), *call.keys, *call.args, target_nodes=node()
+    )
+
+
+def _load(client: Any, call: ScriptCall, node: Callable[[], Any] | None) -> Any:
+    """``FUNCTION LOAD REPLACE`` of ``call``'s library (to ``node()`` when given)."""
+    text = library(call.sha, call.source)
+    if node is None:
+        return client.execute_command("FUNCTION LOAD", "REPLACE", text)
+    return client.execute_command("FUNCTION LOAD", "REPLACE", text, target_nodes=node())
+
+
+def run_script(
+    client: Any,
+    call: ScriptCall,
+    sender: type | None = None,
+    functions: Functions | None = None,
+    node: Callable[[], Any] | None = None,
+) -> Any:
+    """Send ``call`` through ``client``'s command path and return its reply untouched: as one
+    ``FCALL`` while ``functions`` are on (a server without the function gets its library
+    first, and tells :data:`~django_throttle.events.script_loaded`; flushed again before the
+    call, which then did not run, the script goes with ``EVAL``), else as one ``EVALSHA``,
+    ``NOSCRIPT`` (nothing ran) answered with ``EVAL`` of the source. Any failure raises what
     :func:`.scripts.failure` makes of it."""
     try:
+        if functions is not None and functions.on:
+            try:
+                return _fcall(client, call, node)
+            except ResponseError as exc:
+                if not _missing(exc):
+                    if not functions.refused(exc):
+                        raise
+                else:
+                    try:
+                        _load(client, call, node)
+                    except ResponseError as denied:
+                        if not functions.refused(denied):
+                            raise
+                    else:
+                        if sender is not None:
+                            events.send(events.script_loaded, sender)
+                        try:
+                            return _fcall(client, call, node)
+                        except ResponseError as again:
+                            if not _missing(again):  # else flushed since: EVAL below
+                                raise
+                        return client.eval(call.source, len(call.keys), *call.keys, *call.args)
         try:
             return client.evalsha(call.sha, len(call.keys), *call.keys, *call.args)
         except NoScriptError:
@@ -388,9 +491,39 @@ def run_script(client: Any, call: ScriptCall, sender: type | None = None) -> Any
         raise failure(exc) from exc
 
 
-async def arun_script(client: Any, call: ScriptCall, sender: type | None = None) -> Any:
+async def arun_script(
+    client: Any,
+    call: ScriptCall,
+    sender: type | None = None,
+    functions: Functions | None = None,
+    node: Callable[[], Any] | None = None,
+) -> Any:
     """:func:`run_script` on a ``redis.asyncio`` client."""
     try:
+        if functions is not None and functions.on:
+            try:
+                return await _fcall(client, call, node)
+            except ResponseError as exc:
+                if not _missing(exc):
+                    if not functions.refused(exc):
+                        raise
+                else:
+                    try:
+                        await _load(client, call, node)
+                    except ResponseError as denied:
+                        if not functions.refused(denied):
+                            raise
+                    else:
+                        if sender is not None:
+                            events.send(events.script_loaded, sender)
+                        try:
+                            return await _fcall(client, call, node)
+                        except ResponseError as again:
+                            if not _missing(again):  # else flushed since: EVAL below
+                                raise
+                        return await client.eval(
+                            call.source, len(call.keys), *call.keys, *call.args
+                        )
         try:
             return await client.evalsha(call.sha, len(call.keys), *call.keys, *call.args)
         except NoScriptError:
@@ -525,20 +658,55 @@ def connection_getter(pool: Any) -> Callable[[], Any]:
     return getter
 
 
-def run_on(connection: Any, call: ScriptCall, sender: type | None = None) -> Any:
+def run_on(
+    connection: Any,
+    call: ScriptCall,
+    sender: type | None = None,
+    functions: Functions | None = None,
+) -> Any:
     """:func:`run_script` on one connection of a redis-py pool, the command sent and its reply
     read by the connection's own ``send_command`` and ``read_response`` (what the client's
     command path does, without its per-command pool checkout). An error reply leaves the
     connection as it is; any other failure disconnects it (a timed-out call's late reply
     must never answer the next one)."""
+    keys, args = call.keys, call.args
     try:
+        if functions is not None and functions.on:
+            name = FUNCTION_PREFIX + call.sha[:FUNCTION_DIGITS]  # function_name, inline: per call
+            try:
+                connection.send_command("FCALL", name, len(keys), *keys, *args)
+                return connection.read_response()
+            except ResponseError as exc:
+                if not _missing(exc):
+                    if not functions.refused(exc):
+                        raise
+                else:
+                    try:
+                        connection.send_command(
+                            "FUNCTION LOAD", "REPLACE", library(call.sha, call.source)
+                        )
+                        connection.read_response()
+                    except ResponseError as denied:
+                        if not functions.refused(denied):
+                            raise
+                    else:
+                        if sender is not None:
+                            events.send(events.script_loaded, sender)
+                        try:
+                            connection.send_command("FCALL", name, len(keys), *keys, *args)
+                            return connection.read_response()
+                        except ResponseError as again:
+                            if not _missing(again):  # else flushed since: EVAL below
+                                raise
+                        connection.send_command("EVAL", call.source, len(keys), *keys, *args)
+                        return connection.read_response()
         try:
-            connection.send_command("EVALSHA", call.sha, len(call.keys), *call.keys, *call.args)
+            connection.send_command("EVALSHA", call.sha, len(keys), *keys, *args)
             return connection.read_response()
         except NoScriptError:
             if sender is not None:
                 events.send(events.script_loaded, sender)
-            connection.send_command("EVAL", call.source, len(call.keys), *call.keys, *call.args)
+            connection.send_command("EVAL", call.source, len(keys), *keys, *args)
             return connection.read_response()
     except ResponseError as exc:  # Redis answered: the connection is in step
         raise failure(exc) from exc
@@ -635,6 +803,7 @@ class OneServer:
     def __init__(self, client: redis.Redis, sender: type | None = None) -> None:
         self.client: Any = client
         self.sender = sender
+        self.functions = Functions()
         self._threads = (
             ThreadConnections(client.connection_pool)
             if isinstance(client, redis.Redis) and client.connection is None
@@ -681,18 +850,18 @@ class OneServer:
                     raise failure(exc) from exc
             if connection:
                 try:
-                    return run_on(connection, call, self.sender)
+                    return run_on(connection, call, self.sender, self.functions)
                 except BaseException:
                     threads.drop()  # the next call takes one as the pool hands it out
                     raise
-        return run_script(self.client, call, self.sender)
+        return run_script(self.client, call, self.sender, self.functions)
 
     async def acall(self, call: ScriptCall) -> Any:
         try:
             client = await self._async.client()
         except Exception as exc:
             raise failure(exc) from exc
-        return await arun_script(client, call, self.sender)
+        return await arun_script(client, call, self.sender, self.functions)
 
     def evalsha_all(
         self, sha: str, source: str, calls: Sequence[Call], client: Any = None
