@@ -206,6 +206,8 @@ async def _burst(url: str, path: str, headers: dict[str, str], n: int) -> list[A
 
 #: (server, view kind): the sync DRF view under both servers, the async ones under uvicorn.
 VIEWS = [("gunicorn", "sync"), ("uvicorn", "sync"), ("uvicorn", "async"), ("uvicorn", "adrf")]
+#: Bursts sent until one reached both workers of a server.
+BURSTS = 30
 
 
 @pytest.mark.parametrize("scope", ALGORITHMS)
@@ -217,7 +219,9 @@ def test_a_concurrent_burst_across_two_workers_admits_exactly_the_limit(
     worker accepts a connection is the kernel's choice), each admits exactly the limit."""
     url = stack.servers[server].url
     workers = set(_worker_pids(stack, server))
-    for _ in range(8):
+    # Up to 30 bursts: on a loaded machine one worker's accept loop may win 8 in a row (a CI
+    # run's failure on Valkey).
+    for _ in range(BURSTS):
         responses = asyncio.run(_burst(url, f"/{kind}/{scope}/", fresh_client(), 50))
         assert not [r for r in responses if "X-RateLimit-Degraded" in r.headers], "Redis timeout"
         statuses = Counter(response.status_code for response in responses)
@@ -231,7 +235,7 @@ def test_a_concurrent_burst_across_two_workers_admits_exactly_the_limit(
         if {response.headers["X-Served-By"] for response in responses} == workers:
             break
     else:
-        pytest.fail(f"no burst of 8 reached both workers of {server}")
+        pytest.fail(f"no burst of {BURSTS} reached both workers of {server}")
 
 
 def _worker_pids(stack: Stack, server: str) -> list[str]:
