@@ -1477,18 +1477,19 @@ def test_every_script_called_as_a_function_loads_as_a_library_with_every_algorit
         redis_client.function_delete(function_name(sha))
 
 
+@pytest.mark.parametrize("renamed", [("FCALL", "FUNCTION"), ("FUNCTION",)], ids=" and ".join)
 def test_a_server_without_functions_counts_with_evalsha_sync_and_async(
-    settings: Any, caplog: pytest.LogCaptureFixture
+    settings: Any, caplog: pytest.LogCaptureFixture, renamed: tuple[str, ...]
 ) -> None:
     """A server that does not know ``FCALL`` (Redis 6.2; here a server whose ``FCALL`` and
-    ``FUNCTION`` are renamed away, which answers as 6.2 does: "unknown command"): the
-    backend says so once and counts every decision exactly with ``EVALSHA``, reloading a
-    flushed script with ``EVAL`` as before."""
+    ``FUNCTION`` are renamed away, which answers as 6.2 does: "unknown command"), or whose
+    ``FUNCTION LOAD`` fails (a managed service's own refusal): the backend says so once and
+    counts every decision exactly with ``EVALSHA``, reloading a flushed script with ``EVAL``
+    as before."""
     from tests.redis_servers import RedisServer
 
-    server = RedisServer(
-        extra_args=("--rename-command", "FCALL", "", "--rename-command", "FUNCTION", "")
-    ).start()
+    args = tuple(arg for command in renamed for arg in ("--rename-command", command, ""))
+    server = RedisServer(extra_args=args).start()
     try:
         settings.DJANGO_THROTTLE_REDIS_URL = server.url
         reset_backend_cache()

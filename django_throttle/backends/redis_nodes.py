@@ -399,13 +399,18 @@ class Functions:
     def __init__(self) -> None:
         self.on = True
 
-    def refused(self, exc: ResponseError) -> bool:
-        """Whether ``exc``, an error reply to ``FCALL`` or ``FUNCTION LOAD``, says this
-        server or user has no functions; then they are off (logged once)."""
+    def refused(self, exc: ResponseError, loading: bool = False) -> bool:
+        """Whether ``exc``, an error reply to ``FCALL``, says this server or user has no
+        functions, or (``loading``) ``FUNCTION LOAD`` failed at all (refused, unknown, a
+        managed service's own error): then they are off (logged once), and the call goes as
+        ``EVALSHA``, which needs nothing loaded."""
         text = str(exc)
         lowered = text.lower()
         command = "fcall" in lowered or "function" in lowered  # not a key's permission
-        if not ((isinstance(exc, NoPermissionError) and command) or "unknown command" in lowered):
+        unavailable = (isinstance(exc, NoPermissionError) and command) or (
+            "unknown command" in lowered
+        )
+        if not (loading or unavailable):
             return False
         if self.on:
             self.on = False
@@ -469,8 +474,7 @@ def run_script(
                     try:
                         _load(client, call, node)
                     except ResponseError as denied:
-                        if not functions.refused(denied):
-                            raise
+                        functions.refused(denied, loading=True)
                     else:
                         if sender is not None:
                             events.send(events.script_loaded, sender)
@@ -511,8 +515,7 @@ async def arun_script(
                     try:
                         await _load(client, call, node)
                     except ResponseError as denied:
-                        if not functions.refused(denied):
-                            raise
+                        functions.refused(denied, loading=True)
                     else:
                         if sender is not None:
                             events.send(events.script_loaded, sender)
@@ -687,8 +690,7 @@ def run_on(
                         )
                         connection.read_response()
                     except ResponseError as denied:
-                        if not functions.refused(denied):
-                            raise
+                        functions.refused(denied, loading=True)
                     else:
                         if sender is not None:
                             events.send(events.script_loaded, sender)
