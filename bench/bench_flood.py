@@ -8,7 +8,7 @@ Run from the repository root::
 One run starts a private ``redis-server`` (never any other Redis) and sends ``--clients``
 requests, each from a distinct IPv4 address (``ip:10.x.y.z``, as the identity resolver names
 an anonymous client), through the production counting script: the bytes of each call are
-built by ``RedisBackend`` itself (the ``EVALSHA`` it would send for ``hit(client, limits,
+built by ``RedisBackend`` itself (the ``FCALL`` it would send for ``hit(client, limits,
 usage=field)``), written to one socket in batches of ``--batch`` and the replies read back,
 so Python's per-call overhead does not bound the rate. The anonymous tier is one token bucket,
 ``--rate`` per client, with usage counted.
@@ -74,8 +74,12 @@ def _replies(sock: socket.socket, count: int, buffer: bytes) -> tuple[int, bytes
 
 
 def command(call: Any) -> bytes:
-    """The RESP bytes of ``call`` (a ``ScriptCall``) as one ``EVALSHA``."""
-    parts = [b"EVALSHA", call.sha.encode(), b"%d" % len(call.keys), *call.keys, *call.args]
+    """The RESP bytes of ``call`` (a ``ScriptCall``) as the package sends it: one ``FCALL`` of
+    its function (the warm-up's ``hit`` loaded the library)."""
+    from django_throttle.backends.scripts import function_name
+
+    name = function_name(call.sha).encode()
+    parts = [b"FCALL", name, b"%d" % len(call.keys), *call.keys, *call.args]
     encoded = [part if isinstance(part, bytes) else str(part).encode() for part in parts]
     return b"*%d\r\n" % len(encoded) + b"".join(
         b"$%d\r\n%s\r\n" % (len(part), part) for part in encoded
@@ -94,7 +98,7 @@ def flood(
     own: the request bytes are the backend's own (``RedisBackend._request``), so keys, hash
     tags, specs and usage counting are exactly production's. Returns decisions, allowed,
     seconds."""
-    backend.hit("ip:warm-up", limits, usage=field)  # loads the script (EVAL after NOSCRIPT)
+    backend.hit("ip:warm-up", limits, usage=field)  # loads the library (FUNCTION LOAD)
     kwargs = backend.client.connection_pool.connection_kwargs
     sock = socket.create_connection((kwargs.get("host", "127.0.0.1"), kwargs.get("port", 6379)))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -130,3 +130,25 @@ def connection_getter(pool: Any) -> Callable[[], Any]:
         return partial(pool.get_connection, "PING")
     getter: Callable[[], Any] = pool.get_connection
     return getter
+
+
+def forget_code(client: Any, mode: str = "SYNC") -> None:
+    """What a restart or a failover to an empty server does to the package's code on
+    ``client``'s server: its scripts (``SCRIPT FLUSH``) and functions (``FUNCTION FLUSH``)
+    gone. Only on the suite's own servers."""
+    client.script_flush(mode)
+    # A replica refuses it: it follows its primary's.
+    with contextlib.suppress(redis.exceptions.ReadOnlyError):
+        client.function_flush(mode)
+
+
+def script_calls_of(client: Any) -> int:
+    """How many counting calls ``client``'s server has run: ``FCALL``, ``EVALSHA`` and
+    ``EVAL`` that did not fail (a call answered "no such function" or ``NOSCRIPT`` ran
+    nothing; the commands run inside them are counted apart)."""
+    stats = client.info("commandstats")
+    names = ("cmdstat_fcall", "cmdstat_evalsha", "cmdstat_eval")
+    return sum(
+        int(stats.get(name, {}).get("calls", 0)) - int(stats.get(name, {}).get("failed_calls", 0))
+        for name in names
+    )

@@ -15,7 +15,8 @@ from django.urls import path
 from django_throttle import backends
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.decorators import throttle
-from tests.factories import forget_code, tier
+from tests.factories import tier
+from tests.redis_servers import forget_code
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -30,8 +30,7 @@ from django_throttle.rates import Limit, Rate
 from django_throttle.request.core import retry_after_seconds, whole_seconds
 from django_throttle.usage.accounting import get_store
 from tests.bucket_state import pack_bucket, unpack_bucket
-from tests.factories import forget_code, script_calls_of
-from tests.redis_servers import attempts
+from tests.redis_servers import attempts, forget_code, script_calls_of
 
 T0 = 1_700_000_000.0
 REFERENCE = Limit.build("ref", "2/s", burst=10)

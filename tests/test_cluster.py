@@ -34,8 +34,7 @@ from django_throttle.backends.usage_store import RedisUsage
 from django_throttle.checks import check_settings
 from django_throttle.rates import Algorithm, Limit
 from django_throttle.request.core import Plan, Reservation, run, settling
-from tests.factories import forget_code, script_calls_of
-from tests.redis_servers import LOOPBACK
+from tests.redis_servers import LOOPBACK, forget_code, script_calls_of
 from tests.topologies import LocalCluster, cluster_port, wait_for
 
 #: Generous timeouts: the machine is shared and loaded; a kill is refused at once anyway.

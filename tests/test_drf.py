@@ -13,7 +13,8 @@ from django_throttle.backends import get_backend
 from django_throttle.drf import PolicyThrottle
 from django_throttle.policy import live as policy
 from django_throttle.usage import accounting as usage
-from tests.factories import endpoint, script_calls_of, tier
+from tests.factories import endpoint, tier
+from tests.redis_servers import script_calls_of
 
 pytestmark = pytest.mark.django_db
 

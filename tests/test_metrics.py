@@ -22,7 +22,8 @@ from django_throttle.models import EndpointLimit
 from django_throttle.policy import live as policy
 from django_throttle.rates import Algorithm, Limit
 from django_throttle.request import core, leases
-from tests.factories import endpoint, forget_code, tier
+from tests.factories import endpoint, tier
+from tests.redis_servers import forget_code
 
 pytestmark = pytest.mark.django_db
 

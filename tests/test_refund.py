@@ -25,7 +25,7 @@ from django_throttle.backends.memory import MemoryBackend
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.backends.scripts import REFUND_FILES, load_script
 from django_throttle.rates import RATE_ALGORITHMS, Algorithm, Decision, Limit
-from tests.factories import forget_code
+from tests.redis_servers import forget_code
 from tests.test_model import SHORT_PX_MS, AlgorithmMachine, inspector
 
 T0 = 1_700_000_000.0

@@ -18,7 +18,7 @@ from django_throttle.backends.base import BackendError
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.backends.redis_nodes import CircuitBreaker
 from django_throttle.rates import Algorithm, Limit
-from tests.factories import forget_code
+from tests.redis_servers import forget_code
 from tests.test_algorithm_concurrency import quiet_limit
 
 #: Hits past the limit in each client's round: they must all be denied.
