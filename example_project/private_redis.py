@@ -131,6 +131,10 @@ class PrivateRedis:
             try:
                 self._process.wait(timeout=5)
             except subprocess.TimeoutExpired:
+                # SIGKILL, and wait for it: a server still shutting down would keep its ports
+                # (a cluster node its bus port, which the next cluster's node may take) and be
+                # reported running when its Popen is collected.
                 self._process.kill()
+                self._process.wait(timeout=30)
         self._process = None
         self._dir.cleanup()
