@@ -430,23 +430,15 @@ def _missing(exc: ResponseError) -> bool:
     return "function not found" in str(exc).lower()
 
 
-def _fcall(client: Any, call: ScriptCall, node: Callable[[], Any] | None) -> Any:
-    """``FCALL`` of ``call``'s function, to ``node()`` when given (a cluster's primary of the
-    call's slot: redis-py before 8 asks a node ``COMMAND GETKEYS`` to route an ``FCALL``)."""
+def _fcall(client: Any, call: ScriptCall) -> Any:
+    """``FCALL`` of ``call``'s function."""
     name = FUNCTION_PREFIX + call.sha[:FUNCTION_DIGITS]  # function_name, inline: per call
-    if node is None:
-        return client.execute_command("FCALL", name, len(call.keys), *call.keys, *call.args)
-    return client.execute_command(
-        "FCALL", name, len(call.keys), *call.keys, *call.args, target_nodes=node()
-    )
+    return client.execute_command("FCALL", name, len(call.keys), *call.keys, *call.args)
 
 
-def _load(client: Any, call: ScriptCall, node: Callable[[], Any] | None) -> Any:
-    """``FUNCTION LOAD REPLACE`` of ``call``'s library (to ``node()`` when given)."""
-    text = library(call.sha, call.source)
-    if node is None:
-        return client.execute_command("FUNCTION LOAD", "REPLACE", text)
-    return client.execute_command("FUNCTION LOAD", "REPLACE", text, target_nodes=node())
+def _load(client: Any, call: ScriptCall) -> Any:
+    """``FUNCTION LOAD REPLACE`` of ``call``'s library."""
+    return client.execute_command("FUNCTION LOAD", "REPLACE", library(call.sha, call.source))
 
 
 def run_script(
@@ -454,7 +446,6 @@ def run_script(
     call: ScriptCall,
     sender: type | None = None,
     functions: Functions | None = None,
-    node: Callable[[], Any] | None = None,
 ) -> Any:
     """Send ``call`` through ``client``'s command path and return its reply untouched: as one
     ``FCALL`` while ``functions`` are on (a server without the function gets its library
@@ -465,21 +456,21 @@ def run_script(
     try:
         if functions is not None and functions.on:
             try:
-                return _fcall(client, call, node)
+                return _fcall(client, call)
             except ResponseError as exc:
                 if not _missing(exc):
                     if not functions.refused(exc):
                         raise
                 else:
                     try:
-                        _load(client, call, node)
+                        _load(client, call)
                     except ResponseError as denied:
                         functions.refused(denied, loading=True)
                     else:
                         if sender is not None:
                             events.send(events.script_loaded, sender)
                         try:
-                            return _fcall(client, call, node)
+                            return _fcall(client, call)
                         except ResponseError as again:
                             if not _missing(again):  # else flushed since: EVAL below
                                 raise
@@ -500,27 +491,26 @@ async def arun_script(
     call: ScriptCall,
     sender: type | None = None,
     functions: Functions | None = None,
-    node: Callable[[], Any] | None = None,
 ) -> Any:
     """:func:`run_script` on a ``redis.asyncio`` client."""
     try:
         if functions is not None and functions.on:
             try:
-                return await _fcall(client, call, node)
+                return await _fcall(client, call)
             except ResponseError as exc:
                 if not _missing(exc):
                     if not functions.refused(exc):
                         raise
                 else:
                     try:
-                        await _load(client, call, node)
+                        await _load(client, call)
                     except ResponseError as denied:
                         functions.refused(denied, loading=True)
                     else:
                         if sender is not None:
                             events.send(events.script_loaded, sender)
                         try:
-                            return await _fcall(client, call, node)
+                            return await _fcall(client, call)
                         except ResponseError as again:
                             if not _missing(again):  # else flushed since: EVAL below
                                 raise
