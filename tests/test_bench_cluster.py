@@ -33,9 +33,8 @@ def test_every_path_is_one_round_trip_per_decision(report: dict[str, Any]) -> No
         # One round trip per call, plus the occasional reconnect.
         assert 1.0 <= row["round_trips"] <= 1.05, (key, row)
         assert row["client_cpu_us"] is not None and row["server_us"] >= 0, (key, row)
-    # One server counts with FCALL, a cluster with EVALSHA (see ClusterRoute).
-    for key, command in (("hit_single", "fcall"), ("hit_cluster", "evalsha")):
-        assert paths[key]["commands"] == {command: pytest.approx(1.0)}, paths[key]
+    for key in ("hit_single", "hit_cluster"):
+        assert paths[key]["commands"] == {"fcall": pytest.approx(1.0)}, paths[key]
     assert set(report["cluster_vs_single"]) == {"hit_vs_ping", "hit", "ping"}
 
 

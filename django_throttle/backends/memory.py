@@ -148,10 +148,10 @@ class InProcess:
     """The route of a backend's script calls to a :class:`MemoryStore`
     (a :class:`~.redis.Route`): every shard is in it, and every call runs there at once.
 
-    The store answers the redis-py client methods the backend uses (``evalsha``, ``eval``,
-    pipelines, ``GET``, ``SCAN``), so the calls go through :func:`.redis_nodes.run_script`
-    as on a server: ``NOSCRIPT`` is answered with ``EVAL`` and tells
-    :data:`~django_throttle.events.script_loaded` (``sender``), a script's error reply is
+    The store answers the redis-py client methods the backend uses (``execute_command``,
+    ``evalsha``, ``eval``, pipelines, ``GET``, ``SCAN``), so the calls go through
+    :func:`.redis_nodes.run_script` as on a server: ``NOSCRIPT`` is answered with ``EVAL`` and
+    tells :data:`~django_throttle.events.script_loaded` (``sender``), a script's error reply is
     what :func:`.scripts.failure` makes of it. A script runs under the store's lock and never
     waits on I/O, so :meth:`acall` runs it on the calling loop's thread."""
 
@@ -839,6 +839,11 @@ class MemoryStore(Keyspace):
 
     def eval(self, source: str, numkeys: int, *keys_and_args: Any) -> Any:
         return self.execute(b"EVAL", source, numkeys, *keys_and_args)
+
+    def execute_command(self, *args: Any) -> Any:
+        """:meth:`execute` by redis-py's name for it: :func:`.redis_nodes.run_script` sends
+        a call's commands so, as to a server."""
+        return self.execute(*args)
 
     def close(self) -> None:
         """Nothing to close: the store is this process's memory."""

@@ -56,6 +56,7 @@ from django_throttle.backends.base import ArgumentRefused, BackendError, NodeUna
 from django_throttle.backends.redis_clients import no_cluster_retries
 from django_throttle.backends.redis_nodes import (
     CircuitBreaker,
+    Functions,
     PerLoop,
     ScriptCall,
     arun_script,
@@ -202,10 +203,7 @@ class ClusterRoute:
         self._breakers: dict[str, CircuitBreaker] = {}
         self._lock = threading.Lock()
         self._async = PerLoop(self._make_async)
-        # No functions on a cluster yet: an FCALL sent to a slot's primary by name (redis-py
-        # before 8 would ask COMMAND GETKEYS to route it) names a node the async client may
-        # have dropped while a primary was down, and its connections then leak (redis-py
-        # 5.0.8); the calls go as EVALSHA, whose node redis-py picks.
+        self.functions = Functions()
 
     @property
     def client(self) -> RedisCluster:
@@ -255,6 +253,14 @@ class ClusterRoute:
         except Exception as exc:  # the slot is not covered (its primary failed, no replica)
             raise NodeUnavailable(f"{type(exc).__name__}: {exc}") from exc
 
+    def _node_of(self, client: Any, shard: int) -> Callable[[], Any]:
+        """The primary the slot map names for ``shard``'s slot, asked when a call is sent: an
+        ``FCALL`` goes to it by name (redis-py before 8 would ask a node ``COMMAND GETKEYS``
+        first, a second round trip per decision), and ``RedisCluster`` follows a ``MOVED``
+        reply as for any command."""
+        slot = self._slots[shard]
+        return lambda: client.nodes_manager.get_node_from_slot(slot)
+
     def call(self, call: ScriptCall) -> Any:
         """Send a counting call for its shard and return its reply."""
         client = self.client
@@ -262,7 +268,9 @@ class ClusterRoute:
         breaker = self.breaker(name)
         try:
             with breaker.guard():
-                return run_script(client, call, self.sender)
+                return run_script(
+                    client, call, self.sender, self.functions, self._node_of(client, call.shard)
+                )
         except ArgumentRefused:
             raise
         except BackendError as exc:
@@ -281,7 +289,9 @@ class ClusterRoute:
         breaker = self.breaker(name)
         try:
             with breaker.guard():
-                return await arun_script(client, call, self.sender)
+                return await arun_script(
+                    client, call, self.sender, self.functions, self._node_of(client, call.shard)
+                )
         except ArgumentRefused:
             raise
         except BackendError as exc:

@@ -59,7 +59,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple, TypeVar
@@ -430,15 +430,86 @@ def _missing(exc: ResponseError) -> bool:
     return "function not found" in str(exc).lower()
 
 
-def _fcall(client: Any, call: ScriptCall) -> Any:
-    """``FCALL`` of ``call``'s function."""
-    name = FUNCTION_PREFIX + call.sha[:FUNCTION_DIGITS]  # function_name, inline: per call
-    return client.execute_command("FCALL", name, len(call.keys), *call.keys, *call.args)
+#: One command of a script call, as ``execute_command`` and ``send_command`` take it.
+Command = tuple[Any, ...]
 
 
-def _load(client: Any, call: ScriptCall) -> Any:
-    """``FUNCTION LOAD REPLACE`` of ``call``'s library."""
-    return client.execute_command("FUNCTION LOAD", "REPLACE", library(call.sha, call.source))
+def first_command(call: ScriptCall, functions: Functions | None) -> Command:
+    """The command a call is sent as: ``FCALL`` of its function while ``functions`` are on,
+    else ``EVALSHA`` of its script (made once per decision: no call of ours inside)."""
+    if functions is not None and functions.on:
+        name = FUNCTION_PREFIX + call.sha[:FUNCTION_DIGITS]  # function_name, inline: per call
+        return ("FCALL", name, len(call.keys), *call.keys, *call.args)
+    return ("EVALSHA", call.sha, len(call.keys), *call.keys, *call.args)
+
+
+def _loaded(sender: type | None) -> None:
+    if sender is not None:
+        events.send(events.script_loaded, sender)
+
+
+def answering(
+    refused: ResponseError,
+    first: Command,
+    call: ScriptCall,
+    sender: type | None,
+    functions: Functions | None,
+) -> Generator[Command, Any, Any]:
+    """The commands that send ``call`` again after the server refused its ``first`` command
+    with ``refused`` (nothing ran), each yielded to the caller, which sends it and sends its
+    reply back in (or throws its error reply in); returns the call's reply. Raises
+    ``refused`` when it is no refusal to answer.
+
+    - "Function not found" (a restart, a failover, a flush, a new release): the library is
+      loaded (``FUNCTION LOAD REPLACE``, told to :data:`~django_throttle.events.script_loaded`)
+      and the ``FCALL`` sent once more; flushed again in between, the call goes as ``EVAL``.
+    - No functions on this server or for this user, or a load that failed
+      (:meth:`Functions.refused`): the call goes as ``EVALSHA``.
+    - ``NOSCRIPT`` to an ``EVALSHA``: ``EVAL`` of the source.
+
+    One generator for the three ways a call is sent (a client, a ``redis.asyncio`` client,
+    one held connection): each only sends what it is given."""
+    script = (len(call.keys), *call.keys, *call.args)
+    if first[0] == "FCALL" and functions is not None:
+        if not _missing(refused):
+            if not functions.refused(refused):
+                raise refused
+        else:
+            try:
+                yield ("FUNCTION LOAD", "REPLACE", library(call.sha, call.source))
+            except ResponseError as denied:
+                functions.refused(denied, loading=True)
+            else:
+                _loaded(sender)
+                try:
+                    return (yield first)
+                except ResponseError as again:
+                    if not _missing(again):  # else flushed since: EVAL below
+                        raise
+                return (yield ("EVAL", call.source, *script))
+        try:
+            return (yield ("EVALSHA", call.sha, *script))
+        except NoScriptError:
+            pass
+    elif not isinstance(refused, NoScriptError):
+        raise refused
+    _loaded(sender)
+    return (yield ("EVAL", call.source, *script))
+
+
+def _answer(steps: Generator[Command, Any, Any], send: Callable[[Command], Any]) -> Any:
+    """Send each command ``steps`` yields with ``send``; the reply ``steps`` returns."""
+    try:
+        command = next(steps)
+        while True:
+            try:
+                reply = send(command)
+            except ResponseError as exc:
+                command = steps.throw(exc)
+            else:
+                command = steps.send(reply)
+    except StopIteration as done:
+        return done.value
 
 
 def run_script(
@@ -446,42 +517,27 @@ def run_script(
     call: ScriptCall,
     sender: type | None = None,
     functions: Functions | None = None,
+    node: Callable[[], Any] | None = None,
 ) -> Any:
-    """Send ``call`` through ``client``'s command path and return its reply untouched: as one
-    ``FCALL`` while ``functions`` are on (a server without the function gets its library
-    first, and tells :data:`~django_throttle.events.script_loaded`; flushed again before the
-    call, which then did not run, the script goes with ``EVAL``), else as one ``EVALSHA``,
-    ``NOSCRIPT`` (nothing ran) answered with ``EVAL`` of the source. Any failure raises what
+    """Send ``call`` through ``client``'s command path and return its reply untouched: one
+    :func:`first_command`, and when the server refuses it, what :func:`answering` says (a
+    function loaded, ``EVALSHA``, ``EVAL``). ``node`` names a cluster's primary of the call's
+    slot, asked as each command is sent: the commands go to it by name (``RedisCluster``
+    follows a ``MOVED`` reply as for any command; redis-py before 8 would ask a node
+    ``COMMAND GETKEYS`` to route an ``FCALL``, a second round trip). Any failure raises what
     :func:`.scripts.failure` makes of it."""
+
+    def send(command: Command) -> Any:
+        if node is None:
+            return client.execute_command(*command)
+        return client.execute_command(*command, target_nodes=node())
+
+    first = first_command(call, functions)
     try:
-        if functions is not None and functions.on:
-            try:
-                return _fcall(client, call)
-            except ResponseError as exc:
-                if not _missing(exc):
-                    if not functions.refused(exc):
-                        raise
-                else:
-                    try:
-                        _load(client, call)
-                    except ResponseError as denied:
-                        functions.refused(denied, loading=True)
-                    else:
-                        if sender is not None:
-                            events.send(events.script_loaded, sender)
-                        try:
-                            return _fcall(client, call)
-                        except ResponseError as again:
-                            if not _missing(again):  # else flushed since: EVAL below
-                                raise
-                        return client.eval(call.source, len(call.keys), *call.keys, *call.args)
         try:
-            return client.evalsha(call.sha, len(call.keys), *call.keys, *call.args)
-        except NoScriptError:
-            # Redis lost the script (restart, failover, SCRIPT FLUSH): EVAL loads it again.
-            if sender is not None:
-                events.send(events.script_loaded, sender)
-            return client.eval(call.source, len(call.keys), *call.keys, *call.args)
+            return send(first)
+        except ResponseError as refused:
+            return _answer(answering(refused, first, call, sender, functions), send)
     except Exception as exc:
         raise failure(exc) from exc
 
@@ -491,38 +547,36 @@ async def arun_script(
     call: ScriptCall,
     sender: type | None = None,
     functions: Functions | None = None,
+    node: Callable[[], Any] | None = None,
 ) -> Any:
-    """:func:`run_script` on a ``redis.asyncio`` client."""
+    """:func:`run_script` on a ``redis.asyncio`` client. On a cluster (``node``) the client is
+    brought up to date first (``initialize()``, which does nothing unless a failure closed it
+    since): redis-py's async cluster drops and rebuilds its nodes then, and a node asked of
+    the slot map before that would be one it no longer closes."""
+
+    async def send(command: Command) -> Any:
+        if node is None:
+            return await client.execute_command(*command)
+        await client.initialize()
+        return await client.execute_command(*command, target_nodes=node())
+
+    first = first_command(call, functions)
     try:
-        if functions is not None and functions.on:
-            try:
-                return await _fcall(client, call)
-            except ResponseError as exc:
-                if not _missing(exc):
-                    if not functions.refused(exc):
-                        raise
-                else:
-                    try:
-                        await _load(client, call)
-                    except ResponseError as denied:
-                        functions.refused(denied, loading=True)
-                    else:
-                        if sender is not None:
-                            events.send(events.script_loaded, sender)
-                        try:
-                            return await _fcall(client, call)
-                        except ResponseError as again:
-                            if not _missing(again):  # else flushed since: EVAL below
-                                raise
-                        return await client.eval(
-                            call.source, len(call.keys), *call.keys, *call.args
-                        )
         try:
-            return await client.evalsha(call.sha, len(call.keys), *call.keys, *call.args)
-        except NoScriptError:
-            if sender is not None:
-                events.send(events.script_loaded, sender)
-            return await client.eval(call.source, len(call.keys), *call.keys, *call.args)
+            return await send(first)
+        except ResponseError as refused:
+            steps = answering(refused, first, call, sender, functions)
+            try:
+                command = next(steps)
+                while True:
+                    try:
+                        reply = await send(command)
+                    except ResponseError as exc:
+                        command = steps.throw(exc)
+                    else:
+                        command = steps.send(reply)
+            except StopIteration as done:
+                return done.value
     except Exception as exc:
         raise failure(exc) from exc
 
@@ -662,44 +716,23 @@ def run_on(
     command path does, without its per-command pool checkout). An error reply leaves the
     connection as it is; any other failure disconnects it (a timed-out call's late reply
     must never answer the next one)."""
-    keys, args = call.keys, call.args
+
+    def send(command: Command) -> Any:
+        connection.send_command(*command)
+        return connection.read_response()
+
+    # first_command, inline: this is every sync decision's path on one server.
+    if functions is not None and functions.on:
+        name = FUNCTION_PREFIX + call.sha[:FUNCTION_DIGITS]
+        first: Command = ("FCALL", name, len(call.keys), *call.keys, *call.args)
+    else:
+        first = ("EVALSHA", call.sha, len(call.keys), *call.keys, *call.args)
     try:
-        if functions is not None and functions.on:
-            name = FUNCTION_PREFIX + call.sha[:FUNCTION_DIGITS]  # function_name, inline: per call
-            try:
-                connection.send_command("FCALL", name, len(keys), *keys, *args)
-                return connection.read_response()
-            except ResponseError as exc:
-                if not _missing(exc):
-                    if not functions.refused(exc):
-                        raise
-                else:
-                    try:
-                        connection.send_command(
-                            "FUNCTION LOAD", "REPLACE", library(call.sha, call.source)
-                        )
-                        connection.read_response()
-                    except ResponseError as denied:
-                        functions.refused(denied, loading=True)
-                    else:
-                        if sender is not None:
-                            events.send(events.script_loaded, sender)
-                        try:
-                            connection.send_command("FCALL", name, len(keys), *keys, *args)
-                            return connection.read_response()
-                        except ResponseError as again:
-                            if not _missing(again):  # else flushed since: EVAL below
-                                raise
-                        connection.send_command("EVAL", call.source, len(keys), *keys, *args)
-                        return connection.read_response()
         try:
-            connection.send_command("EVALSHA", call.sha, len(keys), *keys, *args)
+            connection.send_command(*first)
             return connection.read_response()
-        except NoScriptError:
-            if sender is not None:
-                events.send(events.script_loaded, sender)
-            connection.send_command("EVAL", call.source, len(keys), *keys, *args)
-            return connection.read_response()
+        except ResponseError as refused:
+            return _answer(answering(refused, first, call, sender, functions), send)
     except ResponseError as exc:  # Redis answered: the connection is in step
         raise failure(exc) from exc
     except BaseException as exc:
