@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -240,6 +241,61 @@ def test_a_user_without_functions_counts_with_evalsha(
     assert allowed == ([True] * LIMIT + [False]) * 2
     warned = [r for r in caplog.records if "EVALSHA" in r.getMessage()]
     assert len(warned) == 1 and "+fcall and +function|load" in warned[0].getMessage()
+
+
+def test_functions_granted_later_are_called_after_the_retry_without_a_restart(
+    least: RedisBackend,
+    settings: Any,
+    server: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An operator who reads the warning and grants ``+function|load`` (or upgrades the
+    server) gets functions back within :data:`~.redis_nodes.RETRY_FUNCTIONS_AFTER` seconds,
+    sync and async, counting exactly throughout; a retry still refused is said at DEBUG."""
+    from django_throttle.backends import redis_nodes
+
+    monkeypatch.setattr(redis_nodes, "RETRY_FUNCTIONS_AFTER", 0.3)
+    settings.DJANGO_THROTTLE_REDIS_URL = user_url(
+        server, [rule for rule in acl_rules(PREFIX) if rule != "+function|load"], name="later"
+    )
+    with server.client() as admin:
+        admin.function_flush()
+    reset_backend_cache()
+    backend = get_backend()
+    lim = limits(Algorithm.TOKEN_BUCKET, "later")
+
+    def fcalls() -> int:
+        """``FCALL`` s that ran (one answered "no such function" ran nothing)."""
+        with server.client() as admin:
+            stats = admin.info("commandstats").get("cmdstat_fcall", {})
+        return int(stats.get("calls", 0)) - int(stats.get("failed_calls", 0))
+
+    async def ahit() -> bool:
+        return (await backend.ahit("async", lim)).allowed
+
+    sync: list[bool] = []
+    aio: list[bool] = []
+    with caplog.at_level("DEBUG", logger="django_throttle.backends"):
+        sync.append(backend.hit("sync", lim).allowed)
+        aio.append(asyncio.run(ahit()))
+        time.sleep(0.4)  # tried again, still refused: EVALSHA again
+        sync.append(backend.hit("sync", lim).allowed)
+        aio.append(asyncio.run(ahit()))
+        before = fcalls()
+        with server.client() as admin:
+            admin.execute_command("ACL", "SETUSER", "later", "+function|load")
+        sync += [backend.hit("sync", lim).allowed for _ in range(2)]
+        assert fcalls() == before  # within the retry period: still EVALSHA
+        time.sleep(0.4)
+        sync.append(backend.hit("sync", lim).allowed)  # loads the library, then FCALL
+        aio += [asyncio.run(ahit()) for _ in range(LIMIT - 1)]
+        sync.append(backend.hit("sync", lim).allowed)
+        assert fcalls() == before + 1 + (LIMIT - 1) + 1
+    assert sync == [True] * LIMIT + [False]
+    assert aio == [True] * LIMIT + [False]
+    said = [r for r in caplog.records if "EVALSHA" in r.getMessage()]
+    assert [r.levelname for r in said] == ["WARNING", "DEBUG"]
 
 
 def test_the_docs_print_exactly_the_rules_for_the_default_prefix() -> None:

@@ -384,6 +384,14 @@ _SYNC_ONLY = (
 )
 
 
+#: Seconds a route that was refused functions sends ``EVALSHA`` before it tries them again:
+#: an operator may grant ``+fcall +function|load`` or upgrade the server after reading the
+#: warning, and a load refused for a while (a replica's ``READONLY`` during a failover, a
+#: full server's ``OOM``) may succeed later. A retry still refused costs one ``FCALL``
+#: answered at once.
+RETRY_FUNCTIONS_AFTER = 60.0
+
+
 class Functions:
     """Whether a route calls the package's scripts as Redis functions (``FCALL`` of the
     library :func:`.scripts.library` makes, loaded with ``FUNCTION LOAD`` where a server
@@ -391,19 +399,31 @@ class Functions:
     function runs only the body of each call; ``EVALSHA`` builds every definition of the
     script again on every call, a sixth of the counting call's script time.
 
-    Off for good, with one WARNING, where the server has no functions (Redis before 7) or the
-    user may not call or load them (an ACL user of an earlier release's rules): the calls then
-    go as ``EVALSHA``, which runs the same script. Nothing is sent twice: a call answered
-    "no such function" or refused did not run."""
+    Off, with a WARNING the first time, where the server has no functions (Redis before 7),
+    the user may not call or load them (an ACL user of an earlier release's rules) or a load
+    fails: the calls then go as ``EVALSHA``, which runs the same script, and functions are
+    tried again after :data:`RETRY_FUNCTIONS_AFTER` seconds (:meth:`due`). Nothing is sent
+    twice: a call answered "no such function" or refused did not run."""
 
     def __init__(self) -> None:
         self.on = True
+        #: When (``time.monotonic()``) functions are tried again while off.
+        self.again_at = 0.0
+        self.warned = False
+
+    def due(self) -> bool:
+        """Whether functions, off, are to be tried again now (then they are on)."""
+        if time.monotonic() < self.again_at:
+            return False
+        self.on = True
+        return True
 
     def refused(self, exc: ResponseError, loading: bool = False) -> bool:
         """Whether ``exc``, an error reply to ``FCALL``, says this server or user has no
         functions, or (``loading``) ``FUNCTION LOAD`` failed at all (refused, unknown, a
-        managed service's own error): then they are off (logged once), and the call goes as
-        ``EVALSHA``, which needs nothing loaded."""
+        managed service's own error): then they are off until :data:`RETRY_FUNCTIONS_AFTER`
+        seconds from now (said at WARNING the first time, later at DEBUG), and the call goes
+        as ``EVALSHA``, which needs nothing loaded."""
         text = str(exc)
         lowered = text.lower()
         command = "fcall" in lowered or "function" in lowered  # not a key's permission
@@ -414,14 +434,18 @@ class Functions:
             return False
         if self.on:
             self.on = False
-            backends_logger.warning(
+            self.again_at = time.monotonic() + RETRY_FUNCTIONS_AFTER
+            backends_logger.log(
+                logging.DEBUG if self.warned else logging.WARNING,
                 "Redis refused a function call or load (%s: %s): the throttle calls its "
-                "scripts with EVALSHA, which takes Redis more time per decision. Grant "
-                "+fcall and +function|load (Redis 7 or later, Valkey) to call them as "
-                "functions.",
+                "scripts with EVALSHA, which takes Redis more time per decision, and tries "
+                "functions again in %.0f s. Grant +fcall and +function|load (Redis 7 or "
+                "later, Valkey) to call them as functions.",
                 type(exc).__name__,
                 text,
+                RETRY_FUNCTIONS_AFTER,
             )
+            self.warned = True
         return True
 
 
@@ -437,7 +461,7 @@ Command = tuple[Any, ...]
 def first_command(call: ScriptCall, functions: Functions | None) -> Command:
     """The command a call is sent as: ``FCALL`` of its function while ``functions`` are on,
     else ``EVALSHA`` of its script (made once per decision: no call of ours inside)."""
-    if functions is not None and functions.on:
+    if functions is not None and (functions.on or functions.due()):
         name = FUNCTION_PREFIX + call.sha[:FUNCTION_DIGITS]  # function_name, inline: per call
         return ("FCALL", name, len(call.keys), *call.keys, *call.args)
     return ("EVALSHA", call.sha, len(call.keys), *call.keys, *call.args)
@@ -722,7 +746,7 @@ def run_on(
         return connection.read_response()
 
     # first_command, inline: this is every sync decision's path on one server.
-    if functions is not None and functions.on:
+    if functions is not None and (functions.on or functions.due()):
         name = FUNCTION_PREFIX + call.sha[:FUNCTION_DIGITS]
         first: Command = ("FCALL", name, len(call.keys), *call.keys, *call.args)
     else:
