@@ -729,6 +729,11 @@ def connection_getter(pool: Any) -> Callable[[], Any]:
     return getter
 
 
+def _send_on(connection: Any, command: Command) -> Any:
+    connection.send_command(*command)
+    return connection.read_response()
+
+
 def run_on(
     connection: Any,
     call: ScriptCall,
@@ -740,11 +745,6 @@ def run_on(
     command path does, without its per-command pool checkout). An error reply leaves the
     connection as it is; any other failure disconnects it (a timed-out call's late reply
     must never answer the next one)."""
-
-    def send(command: Command) -> Any:
-        connection.send_command(*command)
-        return connection.read_response()
-
     # first_command, inline: this is every sync decision's path on one server.
     if functions is not None and (functions.on or functions.due()):
         name = FUNCTION_PREFIX + call.sha[:FUNCTION_DIGITS]
@@ -756,7 +756,8 @@ def run_on(
             connection.send_command(*first)
             return connection.read_response()
         except ResponseError as refused:
-            return _answer(answering(refused, first, call, sender, functions), send)
+            steps = answering(refused, first, call, sender, functions)
+            return _answer(steps, partial(_send_on, connection))
     except ResponseError as exc:  # Redis answered: the connection is in step
         raise failure(exc) from exc
     except BaseException as exc:
