@@ -9,6 +9,7 @@ import asyncio
 import gc
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from django_throttle.backends import get_backend
+from django_throttle.backends import redis_nodes
 from django_throttle.backends.base import BackendError
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.rates import Limit
@@ -322,6 +324,26 @@ def test_a_held_connection_the_server_closed_is_not_a_failed_call(
     else:
         with server.client() as admin:
             assert admin.client_kill_filter(_type="normal", skipme=True) >= 1
+    time.sleep(redis_nodes.POLL_IDLE_AFTER)  # the thread idle since
     assert backend.release(client, slots, lease) == 1  # on this thread's connection
     assert backend.hit("held", slots).allowed
     assert backend.hit("more", LIMITS).remaining == CAPACITY - 1
+
+
+def test_a_busy_threads_connection_closed_since_its_last_answer_fails_one_call(
+    settings: Any, server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection that answered under :data:`~.redis_nodes.POLL_IDLE_AFTER` ago is sent
+    the next call unpolled (a busy thread saves the poll's system calls): when the server
+    closed it in that time (here: the bound made long, so the ``CLIENT KILL`` surely falls in
+    it), that one call fails, as a call in flight does, and the next goes on a fresh
+    connection with nothing lost."""
+    monkeypatch.setattr(redis_nodes, "POLL_IDLE_AFTER", 3600.0)
+    server.ensure_healthy()
+    backend = small_pool_backend(settings, server.url)
+    assert backend.hit("busy", LIMITS).remaining == CAPACITY - 1
+    with server.client() as admin:
+        assert admin.client_kill_filter(_type="normal", skipme=True) >= 1
+    with pytest.raises(BackendError):
+        backend.hit("busy", LIMITS)
+    assert backend.hit("busy", LIMITS).remaining == CAPACITY - 2

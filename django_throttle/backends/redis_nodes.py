@@ -16,8 +16,9 @@ the next call.
 A thread counting on one server holds one connection of the client's bounded pool for its
 life (:class:`ThreadConnections`), and sends the script call on it with the connection's own
 ``send_command`` and ``read_response``, so a decision skips the pool's checkout and return
-and the client's per-command bookkeeping (keeping only the checkout's check that the server
-has not closed the connection meanwhile: :meth:`OneServer.call`); at most half the pool is held so,
+and the client's per-command bookkeeping (keeping the checkout's check that the server has
+not closed the connection meanwhile for a connection idle :data:`POLL_IDLE_AFTER` or longer:
+:meth:`OneServer.call`); at most half the pool is held so,
 the rest serving every other thread and command. A thread's connection goes back to the pool
 when the thread ends; a forked child drops its parent's and opens its own.
 
@@ -92,6 +93,14 @@ backends_logger = logging.getLogger("django_throttle.backends")
 T = TypeVar("T")
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
+#: Seconds a thread's connection may have been idle since its last answer and still be
+#: sent a call without first polling it for the server having closed it (:meth:`OneServer.call`).
+#: The server's ``timeout`` closes only connections idle a whole second or more, so the poll
+#: finds every such closing; what closes a connection within this bound of its last answer
+#: (``CLIENT KILL``, a restart, a failover) fails that one call, as it fails a call in flight.
+#: The poll costs a busy thread ~3 µs a call (two ``fcntl`` and a ``recv`` system call), ~10%
+#: of the whole DRF path's speed in ``bench/bench_throttle.py``.
+POLL_IDLE_AFTER = 0.05
 #: Seconds between two error lines about refused arguments, per breaker.
 REFUSED_LOG_INTERVAL = 60.0
 #: Consecutive failures that open the process's breaker: one timeout is noise, three in a row
@@ -796,6 +805,7 @@ class ThreadConnections:
     def forget(self) -> None:
         """Start afresh: no thread holds a connection."""
         #: ``connection``: this thread's connection; ``False`` when it counts through the pool.
+        #: ``answered``: when it last answered (monotonic seconds; :meth:`OneServer.call`).
         self.mine = threading.local()
         self.held = 0
         self._lock = threading.Lock()
@@ -817,6 +827,7 @@ class ThreadConnections:
             with self._lock:
                 self.held -= 1
             raise
+        mine.answered = time.monotonic()  # the pool's checkout has just polled it
         mine.held = held = _Held()
         mine.release = weakref.finalize(held, self._released, self._lock, connection)
         mine.connection = connection
@@ -869,21 +880,23 @@ class OneServer:
     def call(self, call: ScriptCall) -> Any:
         threads = self._threads
         if threads is not None:
-            connection = getattr(threads.mine, "connection", None)
-            fresh = connection is None  # the pool's checkout just checked it
+            mine = threads.mine
+            connection = getattr(mine, "connection", None)
             stale = False
+            now = time.monotonic()
             if connection is None:
                 try:
                     connection = threads.get()
                 except Exception as exc:
                     raise failure(exc) from exc
-            if connection and not fresh:
+            elif connection and now - mine.answered >= POLL_IDLE_AFTER:
                 # The check the pool's checkout makes of each connection it hands out, here
-                # inline (this runs on every call): whether the server closed the held
-                # connection (or left unread bytes on it) while the thread was idle. The
-                # server's ``timeout``, ``CLIENT KILL``, a restart or a failover close it
-                # between two calls, and a call on it would fail though the server answers.
-                # One non-blocking poll of the socket.
+                # inline for a connection idle since its last answer: whether the server
+                # closed it (or left unread bytes on it) meanwhile. The server's
+                # ``timeout``, ``CLIENT KILL``, a restart or a failover close it between
+                # two calls, and a call on it would fail though the server answers. One
+                # non-blocking poll of the socket (:data:`POLL_IDLE_AFTER`: a busy thread
+                # skips it).
                 try:
                     stale = bool(connection.can_read())
                 except (redis.ConnectionError, redis.TimeoutError, OSError):
@@ -900,10 +913,12 @@ class OneServer:
                     raise failure(exc) from exc
             if connection:
                 try:
-                    return run_on(connection, call, self.sender, self.functions)
+                    answer = run_on(connection, call, self.sender, self.functions)
                 except BaseException:
                     threads.drop()  # the next call takes one as the pool hands it out
                     raise
+                mine.answered = now
+                return answer
         return run_script(self.client, call, self.sender, self.functions)
 
     async def acall(self, call: ScriptCall) -> Any:
