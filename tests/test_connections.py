@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from django_throttle.backends import get_backend
-from django_throttle.backends import redis_nodes
+from django_throttle.backends import get_backend, redis_nodes
 from django_throttle.backends.base import BackendError
 from django_throttle.backends.redis import RedisBackend
 from django_throttle.rates import Limit
