@@ -65,7 +65,7 @@ def cluster_port() -> int:
     raise RuntimeError("no free port pair for a cluster node")
 
 
-#: Seconds a cluster node may not know every other before it meets the first node again.
+#: Seconds a cluster node may not know every other before it meets the nodes it lacks again.
 MEET_AGAIN_AFTER = 3.0
 
 

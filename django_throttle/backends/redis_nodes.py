@@ -98,8 +98,7 @@ CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
 #: The server's ``timeout`` closes only connections idle a whole second or more, so the poll
 #: finds every such closing; what closes a connection within this bound of its last answer
 #: (``CLIENT KILL``, a restart, a failover) fails that one call, as it fails a call in flight.
-#: The poll costs a busy thread ~3 µs a call (two ``fcntl`` and a ``recv`` system call), ~10%
-#: of the whole DRF path's speed in ``bench/bench_throttle.py``.
+#: A busy thread so skips the poll's system calls (measured in docs/explanation/benchmarks.md).
 POLL_IDLE_AFTER = 0.05
 #: Seconds between two error lines about refused arguments, per breaker.
 REFUSED_LOG_INTERVAL = 60.0
